@@ -1,0 +1,39 @@
+# The README's two commands. Both work from a fresh clone with nothing installed:
+# they create .venv if needed, install loaderkit with its extras under
+# constraints.txt, and re-install only when pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The stamp's name carries the hash of what the install depends on, so editing
+# either file makes the next run re-install, and an unchanged tree skips it.
+HASH   := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+STAMP  := $(VENV)/.installed-$(HASH)
+
+.PHONY: setup demo test lint typecheck pytest clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,vision]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: setup
+	$(BIN)/loaderkit demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy loaderkit
+
+pytest: setup
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""loaderkit: the data layer for PyTorch Lightning training.
+
+Padding collate, a resumable sample plan split across ranks, seeded
+per-sample randomness, and accelerator-aware transfer. Everything public is
+imported here; modules starting with ``_`` are private.
+"""
+
+from loaderkit.collate import PadCollate, PaddedBatch
+from loaderkit.datasets import ArrayDataset, TensorDataset
+from loaderkit.env import WorkerEnv, detect
+from loaderkit.errors import CollateError, LoaderkitError, StateMismatchError, WorkerError
+from loaderkit.loader import ResumableDataLoader
+from loaderkit.plan import Plan, SamplePlan, Schedule
+from loaderkit.samplers import PlanBatchSampler, check_resumable_sampler
+from loaderkit.seeding import (
+    derive_seed,
+    sample_generator,
+    sample_numpy_rng,
+    sample_seed,
+    seed_global_rngs,
+    seeded_sample,
+    worker_init_fn,
+    worker_seed,
+)
+from loaderkit.transfer import (
+    DevicePrefetcher,
+    move_to_device,
+    non_blocking_for,
+    pin_batch,
+    resolve_pin_memory,
+    select_device,
+    should_pin_memory,
+)
+from loaderkit.types import Stateful
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArrayDataset",
+    "CollateError",
+    "DevicePrefetcher",
+    "LoaderkitError",
+    "PadCollate",
+    "PaddedBatch",
+    "Plan",
+    "PlanBatchSampler",
+    "ResumableDataLoader",
+    "SamplePlan",
+    "Schedule",
+    "StateMismatchError",
+    "Stateful",
+    "TensorDataset",
+    "WorkerEnv",
+    "WorkerError",
+    "check_resumable_sampler",
+    "derive_seed",
+    "detect",
+    "move_to_device",
+    "non_blocking_for",
+    "pin_batch",
+    "resolve_pin_memory",
+    "sample_generator",
+    "sample_numpy_rng",
+    "sample_seed",
+    "seed_global_rngs",
+    "seeded_sample",
+    "select_device",
+    "should_pin_memory",
+    "worker_init_fn",
+    "worker_seed",
+]

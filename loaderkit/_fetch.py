@@ -1,0 +1,111 @@
+"""Turning one batch of planned indices into a collated batch, in a worker or in-process.
+
+Shared by both loader paths so a batch is built by the same code whichever
+process builds it: that is what makes ``num_workers`` invisible in the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, default_collate
+
+from loaderkit.errors import WorkerError
+from loaderkit.seeding import seeded_sample
+
+__all__ = ["BatchFetcher", "KeyedDataset", "identity"]
+
+
+def identity(batch: Any) -> Any:
+    """Collate function of the inner DataLoader: batches arrive already collated."""
+    return batch
+
+
+class BatchFetcher:
+    """Fetch and collate the samples of one batch (picklable for worker processes).
+
+    Three ways, fastest first: a dataset with ``get_batch(indices)`` (loaderkit's
+    tensor and array datasets) returns a collated batch in one call and is used
+    when no ``collate_fn`` is given; a dataset with ``__getitems__`` gets the
+    whole index list at once; otherwise samples are read one by one, each under
+    :func:`~loaderkit.seeding.seeded_sample` when ``per_sample_seeding`` is on.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        *,
+        seed: int,
+        per_sample_seeding: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.per_sample_seeding = per_sample_seeding
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        if collate_fn is None and callable(getattr(dataset, "get_batch", None)):
+            self.mode = "get_batch"
+        elif callable(getattr(dataset, "__getitems__", None)) and not per_sample_seeding:
+            self.mode = "getitems"
+        else:
+            self.mode = "single"
+
+    def __call__(self, epoch: int, indices: np.ndarray) -> Any:
+        if self.mode == "get_batch":
+            return self._batched(self.dataset.get_batch, epoch, indices)
+        if self.mode == "getitems":
+            samples = self._batched(self.dataset.__getitems__, epoch, indices.tolist())
+        else:
+            samples = [self._one(epoch, int(i)) for i in indices]
+        return self.collate_fn(samples)
+
+    def _one(self, epoch: int, index: int) -> Any:
+        try:
+            if self.per_sample_seeding:
+                with seeded_sample(self.seed, epoch, index):
+                    return self.dataset[index]
+            return self.dataset[index]
+        except Exception as exc:
+            raise WorkerError(
+                f"loading sample index {index} (epoch {epoch}) failed with "
+                f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
+                f"dataset's __getitem__ for index {index}.",
+                index=index,
+            ) from exc
+
+    def _batched(self, fetch: Callable[[Any], Any], epoch: int, indices: Any) -> Any:
+        try:
+            return fetch(indices)
+        except Exception as exc:
+            shown = list(indices[:8])
+            more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
+            raise WorkerError(
+                f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
+                f"{type(exc).__name__}: {exc}. The original traceback is chained above.",
+                index=shown,
+            ) from exc
+
+
+class KeyedDataset(Dataset[Any]):
+    """What the inner ``torch.utils.data.DataLoader`` sees: keys in, collated batches out.
+
+    Its batch sampler yields ``(epoch, indices)`` keys, which torch's fetcher
+    passes whole to ``__getitems__``; the epoch travels with the indices so a
+    worker can seed each sample by ``(seed, epoch, index)``.
+    """
+
+    def __init__(self, fetch: BatchFetcher, size: int) -> None:
+        self.fetch = fetch
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: Any) -> Any:  # pragma: no cover - torch calls __getitems__
+        raise TypeError("KeyedDataset is read through __getitems__ only")
+
+    def __getitems__(self, key: Sequence[Any]) -> Any:
+        epoch, indices = key
+        return self.fetch(epoch, indices)

@@ -1,0 +1,124 @@
+"""In-memory map-style datasets that fetch a whole batch in one indexing call.
+
+``torch.utils.data.TensorDataset`` reads a batch of 256 rows as 256 Python
+calls and then stacks them again in ``default_collate``. These datasets add
+``get_batch(indices)``, which :class:`~loaderkit.ResumableDataLoader` calls
+once per batch: one ``index_select`` per tensor (or one fancy-index per
+array), the same work as slicing the data by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+__all__ = ["ArrayDataset", "TensorDataset"]
+
+
+def _common_length(kind: str, lengths: Sequence[int]) -> int:
+    if not lengths:
+        raise ValueError(f"{kind}: pass at least one {kind.removesuffix('Dataset').lower()}.")
+    if len(set(lengths)) != 1:
+        raise ValueError(
+            f"{kind}: all inputs must have the same first dimension, got sizes "
+            f"{list(lengths)}; slice them to a common length."
+        )
+    return lengths[0]
+
+
+class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
+    """Rows of one or more tensors that share their first dimension.
+
+    Args:
+        *tensors: Tensors with equal ``size(0)``.
+
+    Example:
+        >>> ds = TensorDataset(torch.arange(6).view(3, 2), torch.tensor([0, 1, 0]))
+        >>> ds[1]
+        (tensor([2, 3]), tensor(1))
+        >>> ds.get_batch(torch.tensor([2, 0]))
+        (tensor([[4, 5],
+                [0, 1]]), tensor([0, 0]))
+    """
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"TensorDataset: argument {i} must be a torch.Tensor, got "
+                    f"{type(t).__name__}; use ArrayDataset for numpy arrays."
+                )
+            if t.dim() == 0:
+                raise ValueError(
+                    f"TensorDataset: argument {i} is a 0-d tensor; rows need a first "
+                    "dimension, e.g. pass t.reshape(1) or t.unsqueeze(0)."
+                )
+        self.size = _common_length("TensorDataset", [t.size(0) for t in tensors])
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def get_batch(self, indices: Any) -> tuple[torch.Tensor, ...]:
+        """The rows at ``indices`` (a 1-D int sequence, array or tensor), already batched."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return tuple(t.index_select(0, idx) for t in self.tensors)
+
+
+class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
+    """Rows of one or more numpy arrays (``np.memmap`` too), returned as tensors.
+
+    Only the requested rows are read, so a memory-mapped array larger than RAM
+    works; each batch is one fancy-indexing read per array.
+
+    Args:
+        *arrays: Arrays with equal ``shape[0]``.
+
+    Example:
+        >>> ds = ArrayDataset(np.arange(6).reshape(3, 2))
+        >>> ds.get_batch(np.array([2, 0]))
+        (tensor([[4, 5],
+                [0, 1]]),)
+    """
+
+    def __init__(self, *arrays: np.ndarray) -> None:
+        for i, a in enumerate(arrays):
+            if not isinstance(a, np.ndarray):
+                raise TypeError(
+                    f"ArrayDataset: argument {i} must be a numpy array, got "
+                    f"{type(a).__name__}; use TensorDataset for tensors."
+                )
+            if a.ndim == 0:
+                raise ValueError(
+                    f"ArrayDataset: argument {i} is a 0-d array; rows need a first "
+                    "dimension, e.g. pass a.reshape(1)."
+                )
+            try:  # fail here, not at the first batch, on dtypes torch has no tensor for
+                torch.from_numpy(np.empty(0, dtype=a.dtype))
+            except TypeError as exc:
+                raise TypeError(
+                    f"ArrayDataset: argument {i} has dtype {a.dtype}, which torch cannot hold "
+                    f"({exc}); convert it to a numeric dtype first."
+                ) from exc
+        self.size = _common_length("ArrayDataset", [a.shape[0] for a in arrays])
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        # A copy, as get_batch makes: a view would let an in-place transform write
+        # into the dataset, or into a read-only memmap (undefined behaviour in torch).
+        return tuple(torch.from_numpy(np.array(a[index])) for a in self.arrays)
+
+    def get_batch(self, indices: Any) -> tuple[torch.Tensor, ...]:
+        """The rows at ``indices``, read in one call per array, as tensors."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return tuple(torch.from_numpy(np.ascontiguousarray(a[idx])) for a in self.arrays)

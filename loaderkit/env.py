@@ -1,0 +1,107 @@
+"""Where this code runs: the (rank, world_size, worker_id, num_workers) topology.
+
+The topology is a frozen, keyword-only dataclass so tests can construct any
+point of a 8-rank x 4-worker grid directly instead of spawning processes.
+:func:`detect` reads it from ``torch.distributed`` and
+``torch.utils.data.get_worker_info()`` at the moment it is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.utils.data import get_worker_info
+
+__all__ = ["WorkerEnv", "detect"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerEnv:
+    """One slot of the rank x worker grid.
+
+    Args:
+        rank: This process's rank in ``[0, world_size)``.
+        world_size: Number of data-parallel processes.
+        worker_id: DataLoader worker id in ``[0, max(num_workers, 1))``; 0 in the
+            main process.
+        num_workers: The DataLoader's ``num_workers`` (0: load in the main process).
+
+    Example:
+        >>> env = WorkerEnv(rank=1, world_size=2, worker_id=0, num_workers=2)
+        >>> env.slot, env.num_slots
+        (2, 4)
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("rank", "world_size", "worker_id", "num_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(
+                    f"WorkerEnv: {name} must be an int, got {value!r} "
+                    f"({type(value).__name__}); pass a plain Python int."
+                )
+        if self.world_size < 1:
+            raise ValueError(
+                f"WorkerEnv: world_size must be >= 1, got {self.world_size}; "
+                "use 1 for a single process."
+            )
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"WorkerEnv: rank must be in [0, world_size={self.world_size}), got "
+                f"{self.rank}; pass the process's torch.distributed rank."
+            )
+        if self.num_workers < 0:
+            raise ValueError(
+                f"WorkerEnv: num_workers must be >= 0, got {self.num_workers}; "
+                "use 0 to load in the main process."
+            )
+        if not 0 <= self.worker_id < self.workers_per_rank:
+            raise ValueError(
+                f"WorkerEnv: worker_id must be in [0, {self.workers_per_rank}) for "
+                f"num_workers={self.num_workers}, got {self.worker_id}."
+            )
+
+    @property
+    def workers_per_rank(self) -> int:
+        """Loading slots per rank: ``num_workers``, or 1 for main-process loading."""
+        return max(self.num_workers, 1)
+
+    @property
+    def num_slots(self) -> int:
+        """Loading slots over all ranks."""
+        return self.world_size * self.workers_per_rank
+
+    @property
+    def slot(self) -> int:
+        """This slot's global index, rank-major: ``rank * workers_per_rank + worker_id``."""
+        return self.rank * self.workers_per_rank + self.worker_id
+
+
+def detect(*, rank: int | None = None, world_size: int | None = None) -> WorkerEnv:
+    """Read the topology of the calling process.
+
+    Args:
+        rank: Override the rank (default: ``torch.distributed`` if initialised, else 0).
+        world_size: Override the world size (default: ``torch.distributed`` or 1).
+
+    Returns:
+        The :class:`WorkerEnv` of the caller, with the worker fields filled in
+        when called inside a DataLoader worker.
+    """
+    initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    info = get_worker_info()
+    if info is None:
+        return WorkerEnv(rank=rank, world_size=world_size)
+    return WorkerEnv(
+        rank=rank, world_size=world_size, worker_id=info.id, num_workers=info.num_workers
+    )

@@ -1,0 +1,41 @@
+"""The exception types users catch.
+
+Every loaderkit error is a ``ValueError`` or ``TypeError`` subclass, so code
+that already guards ``torch.utils.data`` calls keeps working, and every one
+also derives from :class:`LoaderkitError` so a caller can catch them all.
+Messages name the parameter, the rule, the value received and the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollateError",
+    "LoaderkitError",
+    "StateMismatchError",
+    "WorkerError",
+]
+
+
+class LoaderkitError(Exception):
+    """Base class of every error raised by loaderkit itself."""
+
+
+class CollateError(LoaderkitError, ValueError):
+    """A batch could not be collated: names the key, the sample index and the fix."""
+
+
+class StateMismatchError(LoaderkitError, ValueError):
+    """A state dict does not fit the object it is loaded into.
+
+    Raised when resuming would not be exact: the state was saved for a
+    different dataset size, seed, batch size or shuffle setting, or is from a
+    newer loaderkit version. The message names the field and both values.
+    """
+
+
+class WorkerError(LoaderkitError, RuntimeError):
+    """A sample failed to load; carries the sample index and the original traceback."""
+
+    def __init__(self, message: str, *, index: object = None) -> None:
+        super().__init__(message)
+        self.index = index

@@ -1,0 +1,427 @@
+"""``ResumableDataLoader``: a DataLoader whose position is a point in the sample plan.
+
+Why it is built on ``torch.utils.data.DataLoader`` and not on torchdata's
+``StatefulDataLoader``: the plan (:mod:`loaderkit.plan`) already decides every
+batch in the main process from ``(seed, epoch, position)``, so workers hold no
+state worth snapshotting; they only turn index batches into tensors.
+``StatefulDataLoader``'s worker snapshots would cost a round trip per state,
+replay stateless iterables from the start, and refuse a different
+``num_workers`` on resume. Here the state is two integers, resume is O(1) in
+the position, and ``num_workers`` or the world size may change.
+
+Three more choices, each answering a measured failure of Lightning 2.6 with
+torchdata 0.11 (see ``../shared/DESIGN.md``):
+
+- Consumption is counted when a batch is handed to the caller, not when a
+  worker is asked for it, so prefetching never leaks into the state.
+- The epoch is fixed at the first ``next()``, not at ``iter()``: Lightning
+  creates the iterator before it calls ``set_epoch``.
+- The state has no rank in it (every rank is at the same position), so the
+  rank-0 checkpoint is right for all ranks.
+
+The class is deliberately *not* a ``torch.utils.data.DataLoader`` subclass:
+Lightning re-instantiates DataLoader subclasses to inject a
+``DistributedSampler``, which would throw the plan away. It splits across
+ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
+from loaderkit._state import check_state, new_state
+from loaderkit.env import detect
+from loaderkit.plan import Plan, SamplePlan, Schedule
+from loaderkit.samplers import check_resumable_sampler
+from loaderkit.seeding import derive_seed, worker_init_fn as make_worker_init_fn
+from loaderkit.transfer import pin_batch, resolve_pin_memory, select_device
+
+__all__ = ["ResumableDataLoader"]
+
+
+def _int_arg(name: str, value: object, minimum: int, fix: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(
+            f"ResumableDataLoader: {name} must be an int, got {value!r} "
+            f"({type(value).__name__}); {fix}."
+        )
+    if value < minimum:
+        raise ValueError(
+            f"ResumableDataLoader: {name} must be >= {minimum}, got {value}; {fix}."
+        )
+    return value
+
+
+class ResumableDataLoader:
+    """A map-style DataLoader with exact, O(1), elastic mid-epoch resume.
+
+    Takes the keyword arguments of ``torch.utils.data.DataLoader`` plus
+    ``seed``, ``rank``/``world_size`` and ``per_sample_seeding``. Each new
+    ``iter()`` starts the next epoch unless :meth:`set_epoch` said otherwise;
+    after :meth:`load_state_dict`, the next ``iter()`` yields exactly the
+    remaining batches of the saved epoch, and the one after that the next epoch.
+
+    Args:
+        dataset: A map-style dataset (``__len__`` and ``__getitem__``). Datasets
+            with ``get_batch(indices)`` (loaderkit's tensor/array datasets) or
+            ``__getitems__`` are fetched a whole batch per call.
+        batch_size: Samples per batch on each rank.
+        shuffle: Shuffle per ``(seed, epoch)``.
+        sampler: Only a ``SequentialSampler`` (the default order); samplers
+            whose order cannot be restored exactly are refused.
+        batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
+            :class:`~loaderkit.PlanBatchSampler`); its plan replaces
+            ``batch_size``/``shuffle``/``drop_last``.
+        num_workers: Worker processes (0: load in this process).
+        collate_fn: Merges a list of samples into a batch (default:
+            ``default_collate``; not called for ``get_batch`` datasets).
+        pin_memory: ``True``, ``False`` or ``"auto"`` (pin when the current
+            accelerator is CUDA).
+        drop_last: Drop the tail that does not fill a global step of
+            ``world_size * batch_size``; else ranks' last batches are filled by
+            wrapping to the start of the order (those samples repeat).
+        timeout: Seconds to wait for a worker's batch (0: forever).
+        worker_init_fn: Called in each worker after loaderkit seeded it.
+        multiprocessing_context: As in ``DataLoader``.
+        generator: Used only to pick ``seed`` when ``seed`` is None.
+        prefetch_factor: Batches loaded ahead per worker (``num_workers > 0``).
+        persistent_workers: Keep workers alive across epochs.
+        seed: Seed of the order and of per-sample randomness. ``None``: taken
+            from ``generator`` or ``torch.initial_seed()``, and replaced by the
+            saved seed on :meth:`load_state_dict`.
+        rank: This process's rank (default: ``torch.distributed``, else 0).
+        world_size: Number of ranks (default: ``torch.distributed``, else 1).
+        per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
+            seeded from ``(seed, e, i)``, so random augmentation is the same
+            for any ``num_workers`` and after a resume. ``"auto"``: on unless
+            the dataset fetches whole batches.
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import ResumableDataLoader
+        >>> data = list(range(10))
+        >>> loader = ResumableDataLoader(data, batch_size=4, shuffle=True, seed=0)
+        >>> it = iter(loader); first = next(it)
+        >>> state = loader.state_dict()
+        >>> resumed = ResumableDataLoader(data, batch_size=4, shuffle=True, seed=0)
+        >>> resumed.load_state_dict(state)
+        >>> rest = list(resumed)
+        >>> sorted(torch.cat([first, *rest]).tolist()) == data
+        True
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool | Literal["auto"] = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        per_sample_seeding: bool | Literal["auto"] = "auto",
+    ) -> None:
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            raise TypeError(
+                f"ResumableDataLoader: dataset must be map-style (with __len__ and "
+                f"__getitem__), got {type(dataset).__name__}; wrap streams in loaderkit's "
+                "sharded datasets, which know their position."
+            )
+        size = len(dataset)
+        if size == 0:
+            raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ResumableDataLoader: {name} must be a bool, got {flag!r}.")
+        if sampler is not None:
+            if shuffle:
+                raise ValueError(
+                    "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
+                    f"sampler ({type(sampler).__name__}); pass one or the other."
+                )
+            check_resumable_sampler(sampler, parameter="sampler")
+        self._seed_explicit = seed is not None
+        if seed is None:
+            seed = (generator.initial_seed() if generator is not None else torch.initial_seed())
+            seed %= 2**63
+        self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
+        self.plan: Plan
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
+                    "shuffle, sampler and drop_last; set those on the batch sampler's plan."
+                )
+            check_resumable_sampler(batch_sampler, parameter="batch_sampler")
+            self.plan = batch_sampler.plan
+            rank = batch_sampler.rank if rank is None else rank
+            world_size = batch_sampler.world_size if world_size is None else world_size
+        else:
+            _int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
+            self.plan = SamplePlan(
+                num_samples=size,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=self.seed,
+                drop_last=drop_last,
+            )
+        if self.plan.num_samples != size:
+            raise ValueError(
+                f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
+                f"samples but the dataset has {size}; build the plan with num_samples={size}."
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = _int_arg("num_workers", num_workers, 0, "use 0 to load in-process")
+        if timeout < 0:
+            raise ValueError(f"ResumableDataLoader: timeout must be >= 0, got {timeout}.")
+        if prefetch_factor is not None and num_workers == 0:
+            raise ValueError(
+                "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
+                f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
+            )
+        if persistent_workers and num_workers == 0:
+            raise ValueError(
+                "ResumableDataLoader: persistent_workers=True needs num_workers > 0."
+            )
+        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
+        if pin_memory not in (True, False, "auto"):
+            raise ValueError(
+                f"ResumableDataLoader: pin_memory must be True, False or 'auto', got "
+                f"{pin_memory!r}."
+            )
+        self.pin_memory = resolve_pin_memory(pin_memory, select_device())
+        if per_sample_seeding not in (True, False, "auto"):
+            raise ValueError(
+                "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
+                f"{per_sample_seeding!r}."
+            )
+        batched = callable(getattr(dataset, "get_batch", None)) or callable(
+            getattr(dataset, "__getitems__", None)
+        )
+        per_sample = (not batched) if per_sample_seeding == "auto" else per_sample_seeding
+        self._fetch = BatchFetcher(dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample)
+        self._rank, self._world_size = rank, world_size
+        self._user_worker_init = worker_init_fn
+        self._timeout = timeout
+        self._mp_context = multiprocessing_context
+        self._prefetch_factor = prefetch_factor
+        self._persistent = persistent_workers
+        self._inner: DataLoader[Any] | None = None
+        self._keys = _KeySource()
+        # Position: the epoch of the current (or last) iteration, how far its
+        # order was consumed, and how many steps this rank took in it.
+        self._epoch = 0
+        self._position = 0
+        self._steps_done = 0
+        self._started = False
+        self._resume = False
+        self._explicit_epoch: int | None = None
+        self._live: _EpochIterator | None = None
+
+    # ----------------------------------------------------------------- epochs
+    def _topology(self) -> tuple[int, int]:
+        env = detect(rank=self._rank, world_size=self._world_size)
+        return env.rank, env.world_size
+
+    def _upcoming(self) -> tuple[int, int, int]:
+        """(epoch, start, steps already done in it) of the next iteration."""
+        complete = self._position >= self.plan.epoch_length
+        resume_epoch = self._epoch + 1 if complete else self._epoch
+        if self._resume and self._explicit_epoch in (None, resume_epoch):
+            if complete:
+                return resume_epoch, 0, 0
+            return self._epoch, self._position, self._steps_done
+        if self._explicit_epoch is not None:
+            return self._explicit_epoch, 0, 0
+        return (self._epoch + 1 if self._started else self._epoch), 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``."""
+        _int_arg("epoch", epoch, 0, "pass the trainer's current epoch")
+        self._explicit_epoch = epoch
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current (or next) epoch, resumed steps included."""
+        live = self._live
+        if live is not None and live.schedule is not None:
+            return live.steps_before + live.schedule.num_steps
+        _, start, steps_done = self._upcoming()
+        _, world_size = self._topology()
+        return steps_done + self.plan.num_steps(start=start, world_size=world_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._live = _EpochIterator(self)
+        return self._live
+
+    def _begin(self) -> tuple[Schedule, int]:
+        epoch, start, steps_done = self._upcoming()
+        self._resume, self._explicit_epoch, self._started = False, None, True
+        self._epoch, self._position, self._steps_done = epoch, start, steps_done
+        rank, world_size = self._topology()
+        sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        if sched.num_steps == 0 and start > 0:
+            self._position = self.plan.epoch_length  # a dropped tail: the epoch is over
+        elif sched.num_steps == 0:
+            raise ValueError(
+                f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
+                f"batch on {world_size} rank(s) with this batch size and drop_last=True; "
+                "lower batch_size or set drop_last=False."
+            )
+        return sched, steps_done
+
+    def _consumed(self, position: int) -> None:
+        self._position = position
+        self._steps_done += 1
+
+    def _inner_loader(self, epoch: int) -> DataLoader[Any]:
+        rank, _ = self._topology()
+        # Seed keyed by epoch: non-persistent workers restart every epoch and
+        # must not replay the previous epoch's streams.
+        init = make_worker_init_fn(
+            derive_seed(self.seed, "workers", epoch), rank=rank, user_fn=self._user_worker_init
+        )
+        if self._inner is None:
+            self._inner = DataLoader(
+                KeyedDataset(self._fetch, self.plan.num_samples),
+                batch_sampler=cast("Iterable[list[Any]]", self._keys),  # yields (epoch, indices) keys
+                num_workers=self.num_workers,
+                collate_fn=identity,
+                pin_memory=self.pin_memory,
+                timeout=self._timeout,
+                worker_init_fn=init,
+                multiprocessing_context=self._mp_context,
+                # Our own generator: torch would otherwise draw the workers' base
+                # seed from the global RNG and perturb the model's randomness.
+                generator=torch.Generator().manual_seed(derive_seed(self.seed, "base")),
+                prefetch_factor=self._prefetch_factor,
+                persistent_workers=self._persistent,
+            )
+        else:
+            self._inner.worker_init_fn = init
+        return self._inner
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the batches handed out so far; the same on every rank."""
+        _, world_size = self._topology()
+        return new_state(
+            epoch=self._epoch,
+            position=self._position,
+            steps_done=self._steps_done,
+            plan=self.plan.fingerprint(),
+            world_size=world_size,
+            num_workers=self.num_workers,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at a saved position: the next ``iter()`` yields the rest of its epoch.
+
+        Raises:
+            StateMismatchError: the state was saved for a different dataset size,
+                seed, batch size, shuffle or drop_last setting, or is malformed.
+        """
+        adopt = () if self._seed_explicit else ("seed",)
+        state = check_state(
+            state_dict, self.plan.fingerprint(), owner="ResumableDataLoader", adopt=adopt
+        )
+        saved_seed = state["plan"]["seed"]
+        if saved_seed != self.seed and isinstance(self.plan, SamplePlan):
+            self._adopt_seed(saved_seed)
+        if state["position"] > self.plan.epoch_length:
+            raise ValueError(
+                f"ResumableDataLoader.load_state_dict: field 'position' is "
+                f"{state['position']}, past the epoch length {self.plan.epoch_length}."
+            )
+        self._epoch, self._position = state["epoch"], state["position"]
+        self._steps_done = state["steps_done"]
+        self._resume, self._explicit_epoch, self._live = True, None, None
+
+    def _adopt_seed(self, seed: int) -> None:
+        assert isinstance(self.plan, SamplePlan)
+        old = self.plan
+        self.seed = seed
+        self.plan = SamplePlan(
+            num_samples=old.num_samples,
+            batch_size=old.batch_size,
+            shuffle=old.shuffle,
+            seed=seed,
+            drop_last=old.drop_last,
+        )
+        self._fetch.seed = seed
+        self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
+
+
+class _KeySource:
+    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
+
+    schedule: Schedule | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        sched = self.schedule
+        assert sched is not None
+        for step in range(sched.num_steps):
+            yield sched.epoch, sched.indices(step).numpy()
+
+    def __len__(self) -> int:
+        return 0 if self.schedule is None else self.schedule.num_steps
+
+
+class _EpochIterator(Iterator[Any]):
+    """One epoch's iteration; decides its epoch at the first ``next()``."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        self.loader = loader
+        self.schedule: Schedule | None = None
+        self.steps_before = 0
+        self._batches: Iterator[Any] | None = None
+
+    def __next__(self) -> Any:
+        loader = self.loader
+        if loader._live is not self:
+            raise RuntimeError(
+                "ResumableDataLoader: this iterator was superseded by a newer iter() or "
+                "load_state_dict(); iterate the loader again."
+            )
+        if self._batches is None:
+            self.schedule, self.steps_before = loader._begin()
+            self._batches = self._run(self.schedule)
+        return next(self._batches)
+
+    def _run(self, sched: Schedule) -> Iterator[Any]:
+        loader = self.loader
+        consumed = loader._consumed
+        if loader.num_workers == 0:
+            fetch, pin = loader._fetch, loader.pin_memory
+            for step in range(sched.num_steps):
+                batch = fetch(sched.epoch, sched.indices(step).numpy())
+                if pin:
+                    batch = pin_batch(batch)
+                consumed(sched.position_after(step))
+                yield batch
+            return
+        loader._keys.schedule = sched
+        inner = loader._inner_loader(sched.epoch)
+        for step, batch in enumerate(inner):
+            consumed(sched.position_after(step))
+            yield batch

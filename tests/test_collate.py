@@ -1,0 +1,597 @@
+"""Tests of loaderkit.collate: PadCollate against a pad_sequence reference, and its errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import math
+import pickle
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+import loaderkit.collate
+from loaderkit.collate import PadCollate, PaddedBatch
+from loaderkit.errors import CollateError, LoaderkitError
+
+Pair = namedtuple("Pair", ["tokens", "label"])
+
+
+@dataclasses.dataclass
+class Example:
+    tokens: torch.Tensor
+    label: int
+    derived: int = dataclasses.field(init=False, default=-1)
+
+
+def reference(
+    seqs: list[torch.Tensor], value: float = 0, side: str = "right", size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The obvious implementation: pad_sequence, then widen to ``size``, plus lengths and mask."""
+    padded = pad_sequence(seqs, batch_first=True, padding_value=value, padding_side=side)
+    lengths = torch.tensor([len(s) for s in seqs])
+    width = padded.shape[1] if size is None else size
+    out = padded.new_full((len(seqs), width, *padded.shape[2:]), value)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, n in enumerate(lengths.tolist()):
+        rows = slice(0, n) if side == "right" else slice(width - n, width)
+        out[i, rows] = seqs[i]
+        mask[i, rows] = True
+    return out, lengths, mask
+
+
+def seqs_of(lengths: list[int], dtype: torch.dtype = torch.int64, trail: tuple = ()) -> list:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(1, 100, (n, *trail), generator=gen).to(dtype) for n in lengths]
+
+
+def assert_matches(batch: PaddedBatch, seqs: list[torch.Tensor], **ref: Any) -> None:
+    out, lengths, mask = reference(seqs, **ref)
+    assert batch.values.dtype == out.dtype
+    both_nan = (batch.values != batch.values) & (out != out)  # NaN padding compares unequal
+    assert batch.values.shape == out.shape and bool(((batch.values == out) | both_nan).all())
+    assert torch.equal(batch.lengths, lengths) and batch.lengths.dtype == torch.int64
+    assert torch.equal(batch.mask, mask) and batch.mask.dtype == torch.bool
+
+
+# --- every input kind --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_bare_tensors_match_reference(side: str) -> None:
+    seqs = seqs_of([3, 5, 1, 4])
+    batch = PadCollate(padding_side=side)(seqs)
+    assert isinstance(batch, PaddedBatch) and batch.sort_indices is None
+    assert_matches(batch, seqs, side=side)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.uint8, np.bool_])
+def test_numpy_arrays_keep_their_dtype(dtype: type) -> None:
+    arrays = [np.arange(n).astype(dtype) for n in (2, 4, 3)]
+    batch = PadCollate()(arrays)
+    assert_matches(batch, [torch.from_numpy(a) for a in arrays])
+
+
+@pytest.mark.parametrize(
+    ("lists", "dtype"),
+    [
+        ([[1, 2, 3], [4], []], torch.int64),
+        ([[1.5, 2.0], [3.25]], torch.get_default_dtype()),
+        ([[True, False], [True]], torch.bool),
+        ([[1.5, 2], [3.0]], torch.get_default_dtype()),  # ints among floats: a float field
+    ],
+)
+def test_lists_of_numbers(lists: list, dtype: torch.dtype) -> None:
+    batch = PadCollate(padding_side="left")(lists)
+    assert_matches(batch, [torch.tensor(v, dtype=dtype) for v in lists], side="left")
+
+
+def test_nested_lists_become_tensors() -> None:
+    batch = PadCollate()([[[1, 2], [3, 4]], [[5, 6]]])
+    assert_matches(batch, [torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, 6]])])
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        *(torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16),
+        *(torch.bfloat16, torch.float32, torch.float64, torch.bool, torch.complex64),
+    ],
+)
+def test_dtype_is_preserved(dtype: torch.dtype) -> None:
+    seqs = seqs_of([2, 5, 3], dtype)
+    assert_matches(PadCollate()(seqs), seqs)
+
+
+def test_trailing_dims_are_kept() -> None:
+    seqs = seqs_of([3, 1, 2], trail=(4, 2))
+    assert_matches(PadCollate(padding_side="left")(seqs), seqs, side="left")
+
+
+@pytest.mark.parametrize("pad_dim", [1, -1])
+def test_pad_dim_other_than_the_first(pad_dim: int) -> None:
+    seqs = seqs_of([3, 1, 2], trail=(2,))  # (L, 2): pad as (2, L)
+    batch = PadCollate(pad_dim=pad_dim, pad_value=-1)([s.T for s in seqs])
+    out, lengths, mask = reference(seqs, value=-1)
+    assert torch.equal(batch.values, out.transpose(1, 2)) and batch.values.is_contiguous()
+    assert torch.equal(batch.lengths, lengths) and torch.equal(batch.mask, mask)
+
+
+def test_tensors_that_require_grad_keep_autograd() -> None:
+    seqs = [torch.ones(n, requires_grad=True) for n in (2, 3)]
+    batch = PadCollate()(seqs)
+    batch.values.sum().backward()
+    assert seqs[0].grad is not None and torch.equal(seqs[0].grad, torch.ones(2))
+
+
+# --- sizes: pad_to_multiple_of, max_length, truncate -------------------------------------
+
+
+@pytest.mark.parametrize(("multiple", "width"), [(1, 5), (4, 8), (5, 5), (8, 8)])
+def test_pad_to_multiple_of(multiple: int, width: int) -> None:
+    seqs = seqs_of([3, 5, 2])
+    assert_matches(PadCollate(pad_to_multiple_of=multiple)(seqs), seqs, size=width)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_max_length_pads_to_exactly_that(side: str) -> None:
+    seqs = seqs_of([3, 5, 2])
+    batch = PadCollate(max_length=8, pad_to_multiple_of=4, padding_side=side)(seqs)
+    assert_matches(batch, seqs, size=8, side=side)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "array", "list"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_truncate_keeps_the_chosen_end(kind: str, side: str) -> None:
+    full = [torch.arange(1, 7), torch.arange(1, 3)]
+    samples: list[Any] = {
+        "tensor": full,
+        "array": [t.numpy() for t in full],
+        "list": [t.tolist() for t in full],
+    }[kind]
+    batch = PadCollate(max_length=4, truncate=True, truncation_side=side)(samples)
+    kept = full[0][:4] if side == "right" else full[0][-4:]
+    assert_matches(batch, [kept, full[1]], size=4)
+
+
+def test_truncate_along_another_dim() -> None:
+    samples = [torch.arange(12).reshape(2, 6), torch.arange(4).reshape(2, 2)]
+    batch = PadCollate(pad_dim=1, max_length=3, truncate=True)(samples)
+    assert torch.equal(batch.values[0], samples[0][:, :3])
+    assert batch.lengths.tolist() == [3, 2]
+
+
+# --- containers: dicts, tuples, namedtuples, dataclasses ---------------------------------
+
+
+def token_dicts() -> list[dict[str, Any]]:
+    return [
+        {"input_ids": [5, 6, 7], "labels": torch.tensor([1, 2, 3]), "id": 0, "text": "abc"},
+        {"input_ids": [8], "labels": torch.tensor([4]), "id": 1, "text": "d"},
+        {"input_ids": [9, 10], "labels": torch.tensor([5, 6]), "id": 2, "text": "ef"},
+    ]
+
+
+def test_dict_per_key_pad_values_and_fallback() -> None:
+    batch = PadCollate(pad_value={"labels": -100}, default_pad_value=3)(token_dicts())
+    assert list(batch) == ["input_ids", "labels", "id", "text", "lengths", "attention_mask"]
+    ids, lengths, mask = reference(
+        [torch.tensor([5, 6, 7]), torch.tensor([8]), torch.tensor([9, 10])], value=3
+    )
+    assert torch.equal(batch["input_ids"], ids)
+    assert batch["labels"].tolist() == [[1, 2, 3], [4, -100, -100], [5, 6, -100]]
+    assert torch.equal(batch["lengths"], lengths) and torch.equal(batch["attention_mask"], mask)
+    assert torch.equal(batch["id"], torch.tensor([0, 1, 2]))  # default_collate
+    assert batch["text"] == ["abc", "d", "ef"]
+
+
+def test_dict_output_key_names_and_omission() -> None:
+    collate = PadCollate(lengths_key="seq_len", mask_key=None)
+    batch = collate(token_dicts())
+    assert "seq_len" in batch and "attention_mask" not in batch and "lengths" not in batch
+    assert "lengths" not in PadCollate(lengths_key=None)(token_dicts())
+
+
+def test_length_field_picks_the_field() -> None:
+    samples = [{"a": torch.ones(2), "b": torch.ones(n)} for n in (4, 1)]
+    assert PadCollate()(samples)["lengths"].tolist() == [4, 1]  # first padded field: b
+    assert PadCollate(length_field="a")(samples)["lengths"].tolist() == [2, 2]
+
+
+def test_equal_shapes_are_stacked_unless_named() -> None:
+    samples = [{"image": torch.ones(3, 2), "ids": torch.ones(n)} for n in (2, 4)]
+    batch = PadCollate(max_length=6)(samples)
+    assert batch["image"].shape == (2, 3, 2) and batch["ids"].shape == (2, 6)
+    same = [{"ids": torch.ones(3), "x": torch.zeros(2)} for _ in range(2)]
+    assert PadCollate(max_length=6)(same)["ids"].shape == (2, 3)
+    assert PadCollate(max_length=6, pad_keys=["ids"])(same)["ids"].shape == (2, 6)
+    assert PadCollate(max_length=6, pad_value={"ids": 0})(same)["ids"].shape == (2, 6)
+
+
+def test_nothing_to_pad_still_returns_lengths_and_mask() -> None:
+    batch = PadCollate()([{"x": torch.ones(3), "y": 1}, {"x": torch.ones(3), "y": 2}])
+    assert batch["lengths"].tolist() == [3, 3] and batch["attention_mask"].all()
+    assert batch["attention_mask"].shape == (2, 3)
+    labels = PadCollate()([{"y": torch.tensor(1), "x": torch.ones(2)}] * 2)
+    assert labels["lengths"].tolist() == [2, 2]  # a 0-d tensor has no length
+    scalars = PadCollate()([{"y": 1}, {"y": 2}])
+    assert set(scalars) == {"y"}
+
+
+def test_plain_tuples_use_positions() -> None:
+    batch = PadCollate(pad_value={1: -1})([(torch.ones(2), [1]), (torch.ones(2), [2, 3])])
+    assert isinstance(batch, PaddedBatch) and isinstance(batch.values, tuple)
+    assert batch.values[0].shape == (2, 2) and batch.values[1].tolist() == [[1, -1], [2, 3]]
+    assert batch.lengths.tolist() == [1, 2]  # first padded field: position 1
+
+
+def test_namedtuples_keep_their_type() -> None:
+    batch = PadCollate(padding_side="left")([Pair([1, 2], 0), Pair([3], 1)])
+    assert type(batch.values) is Pair
+    assert batch.values.tokens.tolist() == [[1, 2], [0, 3]]
+    assert batch.values.label.tolist() == [0, 1]
+    assert batch.mask.tolist() == [[True, True], [False, True]]
+
+
+def test_dataclasses_keep_their_type() -> None:
+    batch = PadCollate()([Example(torch.ones(3), 0), Example(torch.ones(1), 1)])
+    assert type(batch.values) is Example
+    assert batch.values.tokens.shape == (2, 3) and batch.values.label.tolist() == [0, 1]
+    assert batch.lengths.tolist() == [3, 1]
+
+
+def test_mapping_key_order_may_differ() -> None:
+    batch = PadCollate()([{"a": [1], "b": 0}, {"b": 1, "a": [2, 3]}])
+    assert batch["a"].tolist() == [[1, 0], [2, 3]]
+
+
+# --- sorting -----------------------------------------------------------------------------
+
+
+def test_sort_by_length_permutation_and_pack_padded_sequence() -> None:
+    seqs = seqs_of([2, 5, 3, 5, 1])
+    batch = PadCollate(sort_by_length=True)(seqs)
+    assert batch.sort_indices.tolist() == [1, 3, 2, 0, 4]  # stable for the two 5s
+    for row, i in enumerate(batch.sort_indices.tolist()):
+        n = len(seqs[i])
+        assert torch.equal(batch.values[row, :n], seqs[i]) and batch.lengths[row] == n
+    packed = pack_padded_sequence(batch.values, batch.lengths, batch_first=True)
+    unpacked, lengths = pad_packed_sequence(packed, batch_first=True)
+    assert torch.equal(unpacked, batch.values) and torch.equal(lengths, batch.lengths)
+
+
+def test_sort_by_length_in_dicts_moves_every_field() -> None:
+    batch = PadCollate(sort_by_length=True)(token_dicts())
+    assert batch["sort_indices"].tolist() == [0, 2, 1]
+    assert batch["id"].tolist() == [0, 2, 1] and batch["text"] == ["abc", "ef", "d"]
+    assert batch["lengths"].tolist() == [3, 2, 1]
+    assert "sort_indices" not in PadCollate(sort_by_length=True, sort_indices_key=None)(
+        token_dicts()
+    )
+
+
+def test_sort_with_truncation_sorts_by_truncated_length() -> None:
+    batch = PadCollate(sort_by_length=True, max_length=2, truncate=True)(seqs_of([1, 3, 2]))
+    assert batch.sort_indices.tolist() == [1, 2, 0] and batch.lengths.tolist() == [2, 2, 1]
+
+
+# --- pickling, DataLoader, doctest -------------------------------------------------------
+
+
+def test_pickle_round_trip() -> None:
+    collate = PadCollate(pad_value={"labels": -100}, max_length=8, sort_by_length=True)
+    clone = pickle.loads(pickle.dumps(collate))
+    assert repr(clone) == repr(collate) and "max_length=8" in repr(clone)
+    a, b = collate(token_dicts()), clone(token_dicts())
+    assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "labels", "attention_mask"))
+
+
+class TokenDataset(Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": list(range(1, i + 2)), "label": i}
+
+
+def test_inside_a_dataloader() -> None:
+    loader = DataLoader(TokenDataset(), batch_size=4, collate_fn=PadCollate(), num_workers=0)
+    batches = list(loader)
+    assert [b["input_ids"].shape for b in batches] == [(4, 4), (4, 8), (2, 10)]
+    assert batches[2]["lengths"].tolist() == [9, 10] and batches[2]["label"].tolist() == [8, 9]
+
+
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(loaderkit.collate, raise_on_error=False).failed == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_samples_stay_on_the_device() -> None:
+    seqs = [s.cuda() for s in seqs_of([3, 1, 2])]
+    batch = PadCollate(padding_side="left")(seqs)
+    assert batch.values.is_cuda and batch.mask.is_cuda and not batch.lengths.is_cuda
+    assert_matches(
+        PaddedBatch(*(t.cpu() for t in batch[:3]), None), [s.cpu() for s in seqs], side="left"
+    )
+
+
+# --- property test against the reference -------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    trail=st.sampled_from([(), (2,), (1, 3)]),
+    side=st.sampled_from(["right", "left"]),
+    multiple=st.sampled_from([None, 1, 3, 8]),
+    value=st.sampled_from([0, -1, 7]),
+    kind=st.sampled_from(["tensor", "array", "list"]),
+)
+def test_matches_pad_sequence_reference(
+    lengths: list[int], trail: tuple, side: str, multiple: int | None, value: int, kind: str
+) -> None:
+    seqs = seqs_of(lengths, trail=trail)
+    if kind == "list" and trail:
+        kind = "tensor"
+    samples: list[Any] = {"tensor": seqs, "array": [s.numpy() for s in seqs], "list": []}[kind]
+    if kind == "list":
+        samples = [s.tolist() for s in seqs]
+    batch = PadCollate(pad_value=value, padding_side=side, pad_to_multiple_of=multiple)(samples)
+    width = max(lengths)
+    size = width if multiple is None else math.ceil(width / multiple) * multiple
+    assert_matches(batch, seqs, value=value, side=side, size=size)
+
+
+# --- bad input: every message names the key / parameter, the sample and the fix ---------
+
+
+def test_errors_are_loaderkit_value_errors() -> None:
+    assert issubclass(CollateError, ValueError) and issubclass(CollateError, LoaderkitError)
+
+
+def test_empty_batch() -> None:
+    with pytest.raises(CollateError, match=r"empty batch \(0 samples\).*batch_size"):
+        PadCollate()([])
+
+
+@pytest.mark.parametrize(
+    ("samples", "pattern"),
+    [
+        (
+            [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.int32)],
+            r"samples: sample 1 has dtype torch.int32 but sample 0 has torch.int64; cast",
+        ),
+        ([np.ones(2, np.int64), np.ones(1, np.float32)], r"samples: sample 1 has dtype float32"),
+        ([[1, 2], [3], [1.5]], r"samples: sample 2 has dtype float64 but sample 0 has int64"),
+        ([[1, 2], [True]], r"samples: sample 1 has dtype bool"),
+        ([[1, 2], [3, 2.5]], r"samples: sample 1 mixes int items"),
+    ],
+)
+def test_mixed_dtypes(samples: list, pattern: str) -> None:
+    with pytest.raises(CollateError, match=pattern):
+        PadCollate()(samples)
+
+
+def test_mixed_dtypes_under_a_dict_key() -> None:
+    samples = [{"ids": torch.ones(2, dtype=torch.int64)} for _ in range(3)]
+    samples[2]["ids"] = samples[2]["ids"].float()
+    with pytest.raises(CollateError, match=r"key 'ids': sample 2 has dtype torch.float32"):
+        PadCollate()(samples)
+
+
+def test_mixed_field_types() -> None:
+    with pytest.raises(
+        TypeError, match=r"key 'ids': sample 1 is a ndarray but sample 0 is a Tensor"
+    ):
+        PadCollate()([{"ids": torch.ones(2)}, {"ids": np.ones(3)}])
+    with pytest.raises(TypeError, match=r"samples: sample 1 is a list but sample 0 is a Tensor"):
+        PadCollate()([torch.ones(2), [1.0]])
+
+
+@pytest.mark.parametrize(
+    ("second", "pattern"),
+    [
+        (
+            torch.ones(4, 2),
+            r"key 'x': sample 1 has shape \(4, 2\) but sample 0 has \(3, 3\); only dim 0",
+        ),
+        (torch.ones(4), r"key 'x': sample 1 has shape \(4,\) but sample 0 has \(3, 3\)"),
+    ],
+)
+def test_different_trailing_dims(second: torch.Tensor, pattern: str) -> None:
+    with pytest.raises(CollateError, match=pattern):
+        PadCollate()([{"x": torch.ones(3, 3)}, {"x": second}])
+
+
+def test_different_trailing_dims_in_arrays() -> None:
+    with pytest.raises(CollateError, match=r"samples: sample 2 has shape \(1, 5\)"):
+        PadCollate()([np.ones((2, 4)), np.ones((3, 4)), np.ones((1, 5))])
+
+
+def test_missing_and_extra_keys() -> None:
+    good = {"ids": [1], "labels": [2]}
+    with pytest.raises(
+        CollateError, match=r"sample 2 lacks keys \['labels'\] and has extra keys \[\]"
+    ):
+        PadCollate()([good, good, {"ids": [1]}])
+    with pytest.raises(
+        CollateError, match=r"sample 1 lacks keys \[\] and has extra keys \['foo'\]"
+    ):
+        PadCollate()([good, {**good, "foo": 1}])
+    with pytest.raises(CollateError, match=r"sample 1 lacks keys \[1\]"):
+        PadCollate()([([1], [2]), ([1],)])
+
+
+def test_mixed_and_unsupported_sample_types() -> None:
+    with pytest.raises(TypeError, match=r"sample 1 is a tuple but sample 0 is a dict"):
+        PadCollate()([{"a": [1]}, ([1],)])
+    with pytest.raises(TypeError, match=r"sample 0 is a int; samples must be tensors"):
+        PadCollate()([1, 2])
+    with pytest.raises(TypeError, match=r"sample 1 is a Pair but sample 0 is a tuple"):
+        PadCollate()([([1], 0), Pair([1], 0)])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "pattern"),
+    [
+        (
+            torch.uint8,
+            -100,
+            r"pad value -100 is not representable in torch.uint8 \(needs an integer in 0..255\)",
+        ),
+        (torch.int64, 0.5, r"pad value 0.5 is not representable in torch.int64"),
+        (torch.float16, 1e40, r"pad value 1e\+40 is not representable in torch.float16"),
+        (
+            torch.bfloat16,
+            1e40,
+            r"pad value 1e\+40 .* torch.bfloat16 \(needs \|value\| <= 3.38953e\+38",
+        ),
+        (torch.bool, 2, r"pad value 2 is not representable in torch.bool"),
+        (torch.int8, 128, r"pad value 128 .* torch.int8 \(needs an integer in -128..127\)"),
+    ],
+)
+def test_pad_value_not_representable(dtype: torch.dtype, value: float, pattern: str) -> None:
+    samples = [{"ids": torch.zeros(n, dtype=dtype)} for n in (1, 2)]
+    with pytest.raises(CollateError, match=r"key 'ids': " + pattern):
+        PadCollate(pad_value={"ids": value})(samples)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 65504.0])
+def test_inf_and_nan_pad_floats(value: float) -> None:
+    batch = PadCollate(pad_value=value)(
+        [torch.ones(1, dtype=torch.float16), torch.ones(2, dtype=torch.float16)]
+    )
+    assert_matches(
+        batch, [torch.ones(1, dtype=torch.float16), torch.ones(2, dtype=torch.float16)], value=value
+    )
+
+
+def test_integral_float_pads_an_int_field() -> None:
+    assert PadCollate(pad_value=2.0)([[1], [1, 1]]).values.tolist() == [[1, 2], [1, 1]]
+
+
+def test_too_long_without_truncate() -> None:
+    samples = [{"ids": [1, 2]}, {"ids": [1, 2, 3, 4, 5]}]
+    with pytest.raises(
+        CollateError,
+        match=r"key 'ids': sample 1 has length 5 along dim 0, above max_length=4; "
+        r"pass truncate=True",
+    ):
+        PadCollate(max_length=4)(samples)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"pad_keys": ["idz"]}, {"pad_value": {"idz": 0}}, {"length_field": "idz"}],
+)
+def test_unknown_key_named(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(
+        CollateError,
+        match=r"'idz' is named in pad_keys, pad_value or length_field but sample 0 has "
+        r"keys \['ids'\]",
+    ):
+        PadCollate(**kwargs)([{"ids": [1]}])
+    with pytest.raises(CollateError, match=r"'idz' .* sample 0 has bare samples"):
+        PadCollate(**kwargs)([[1]])
+
+
+@pytest.mark.parametrize("kwargs", [{"pad_keys": ["text"]}, {"length_field": "text"}])
+def test_named_key_that_cannot_be_padded(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match=r"key 'text': sample 0 holds a str, which cannot be"):
+        PadCollate(**kwargs)(token_dicts())
+
+
+def test_bare_samples_that_cannot_be_padded() -> None:
+    with pytest.raises(TypeError, match=r"samples: sample 0 holds a list, which cannot be"):
+        PadCollate()([["a", "b"], ["c"]])
+
+
+def test_output_key_collides_with_a_sample_key() -> None:
+    with pytest.raises(CollateError, match=r"already have a key 'lengths'.*lengths_key"):
+        PadCollate()([{"ids": [1], "lengths": 1}])
+
+
+def test_pad_dim_out_of_range() -> None:
+    with pytest.raises(
+        CollateError,
+        match=r"key 'ids': pad_dim=1 is out of range for sample 0 with 1 dims; "
+        r"pass a pad_dim in -1..0",
+    ):
+        PadCollate(pad_dim=1)([{"ids": torch.ones(2)}, {"ids": torch.ones(3)}])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        (
+            {"pad_to_multiple_of": 0},
+            ValueError,
+            r"pad_to_multiple_of must be a positive int or None, got 0",
+        ),
+        ({"pad_to_multiple_of": -8}, ValueError, r"pad_to_multiple_of .* got -8"),
+        ({"pad_to_multiple_of": 2.5}, ValueError, r"pad_to_multiple_of .* got 2.5"),
+        ({"pad_to_multiple_of": True}, ValueError, r"pad_to_multiple_of .* got True"),
+        ({"max_length": 0}, ValueError, r"max_length must be a positive int or None, got 0"),
+        (
+            {"max_length": 10, "pad_to_multiple_of": 8},
+            ValueError,
+            r"max_length=10 is not a multiple of pad_to_multiple_of=8",
+        ),
+        (
+            {"padding_side": "center"},
+            ValueError,
+            r"padding_side must be 'right' or 'left', got 'center'",
+        ),
+        (
+            {"truncation_side": "both"},
+            ValueError,
+            r"truncation_side must be 'right' or 'left', got 'both'",
+        ),
+        (
+            {"truncate": True},
+            ValueError,
+            r"truncate=True needs max_length; pass e.g. max_length=512",
+        ),
+        ({"truncate": 1, "max_length": 4}, TypeError, r"truncate must be a bool, got 1"),
+        ({"sort_by_length": "yes"}, TypeError, r"sort_by_length must be a bool, got 'yes'"),
+        ({"pad_value": "0"}, TypeError, r"pad_value must be a bool, int or float, got '0'"),
+        ({"pad_value": {"labels": None}}, TypeError, r"pad_value\['labels'\] must be .* got None"),
+        (
+            {"pad_value": {}, "default_pad_value": "x"},
+            TypeError,
+            r"default_pad_value must be .* got 'x'",
+        ),
+        (
+            {"pad_value": 1, "default_pad_value": 2},
+            ValueError,
+            r"default_pad_value=2 only applies with a mapping pad_value, but pad_value=1",
+        ),
+        ({"pad_dim": 0.0}, TypeError, r"pad_dim must be an int, got 0.0"),
+        ({"pad_keys": "input_ids"}, TypeError, r"pad_keys must be a list of keys, got 'input_ids'"),
+        ({"pad_keys": 3}, TypeError, r"pad_keys must be a list of keys, got 3"),
+        (
+            {"mask_key": "lengths"},
+            ValueError,
+            r"lengths_key, mask_key and sort_indices_key must differ",
+        ),
+        ({"lengths_key": 1}, TypeError, r"lengths_key must be a str or None, got 1"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs: dict[str, Any], error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        PadCollate(**kwargs)
+
+
+def test_empty_pad_value_mapping_uses_the_default() -> None:
+    assert PadCollate(pad_value={}, default_pad_value=9)([[1], [1, 1]]).values.tolist() == [
+        [1, 9],
+        [1, 1],
+    ]

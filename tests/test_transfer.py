@@ -1,0 +1,685 @@
+"""Tests for loaderkit.transfer: device choice, pin policy, batch moves, prefetching."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import transfer
+from loaderkit.transfer import (
+    DevicePrefetcher,
+    move_to_device,
+    non_blocking_for,
+    pin_batch,
+    resolve_pin_memory,
+    select_device,
+    should_pin_memory,
+)
+
+CUDA = torch.cuda.is_available()
+META = torch.device("meta")
+
+
+@pytest.fixture
+def no_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        torch.accelerator, "current_accelerator", lambda check_available=False: None
+    )
+
+
+def _fake_accelerator(monkeypatch: pytest.MonkeyPatch, kind: str, count: int = 2) -> None:
+    monkeypatch.setattr(
+        torch.accelerator,
+        "current_accelerator",
+        lambda check_available=False: torch.device(kind),
+    )
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: count)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_accelerator(monkeypatch, "cuda")
+
+
+# --- device selection ---------------------------------------------------------------------
+
+
+def test_select_device_falls_back_to_cpu(no_accelerator: None) -> None:
+    assert select_device() == torch.device("cpu")
+    assert select_device("cpu") == torch.device("cpu")
+    assert select_device(torch.device("cpu")) == torch.device("cpu")
+    assert select_device("cpu:0") == torch.device("cpu")
+
+
+def test_select_device_picks_current_accelerator(fake_cuda: None) -> None:
+    assert select_device() == torch.device("cuda", 0)
+    assert select_device("cuda") == torch.device("cuda", 0)
+    assert select_device("cuda:1") == torch.device("cuda", 1)
+    assert select_device(1) == torch.device("cuda", 1)
+    assert select_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
+def test_select_device_without_accelerator_is_cpu_for_real() -> None:
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator")
+    assert select_device() == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [
+        ("cuda", ValueError, r"select_device: device 'cuda' is not available \(no accelerator"),
+        ("cuda:1", ValueError, r"device 'cuda:1' is not available.*pass device=None"),
+        ("gpu", ValueError, r"device 'gpu' is not a valid device string; pass e\.g\. 'cpu'"),
+        ("cuda:x", ValueError, r"not a valid device string"),
+        (1.5, TypeError, r"device must be a torch\.device, a str.*got 1\.5 \(float\)"),
+        (True, TypeError, r"got True \(bool\)"),
+        (-1, ValueError, r"device index must be >= 0, got -1"),
+    ],
+)
+def test_select_device_rejects_bad_values(
+    no_accelerator: None, device: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        select_device(device)
+
+
+def test_select_device_rejects_other_accelerator_and_bad_index(fake_cuda: None) -> None:
+    with pytest.raises(ValueError, match=r"'mps' is not available \(only 'cuda' is available"):
+        select_device("mps")
+    with pytest.raises(ValueError, match=r"'cuda:2' is out of range: 2 cuda device\(s\).*\[0, 2\)"):
+        select_device("cuda:2")
+
+
+# --- pin policy ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps", "cuda", "cuda:0", "xpu", torch.device("cpu")])
+def test_should_pin_memory_false_without_accelerator(no_accelerator: None, device: Any) -> None:
+    assert should_pin_memory(device) is False
+
+
+def test_should_pin_memory_only_for_available_cuda(fake_cuda: None) -> None:
+    assert should_pin_memory("cuda") is True
+    assert should_pin_memory(torch.device("cuda", 1)) is True
+    assert should_pin_memory("cpu") is False
+    assert should_pin_memory("mps") is False
+    assert should_pin_memory("xpu") is False  # pinnable type, but not the available one
+
+
+def test_should_pin_memory_never_for_mps(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_accelerator(monkeypatch, "mps", count=1)
+    assert should_pin_memory("mps") is False
+
+
+def test_should_pin_memory_for_available_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_accelerator(monkeypatch, "xpu", count=1)
+    assert should_pin_memory("xpu") is True
+
+
+def test_should_pin_memory_validates(no_accelerator: None) -> None:
+    with pytest.raises(ValueError, match=r"should_pin_memory: device 'gpu' is not a valid"):
+        should_pin_memory("gpu")
+
+
+def test_resolve_pin_memory_auto_and_false(no_accelerator: None) -> None:
+    assert resolve_pin_memory("auto", "cpu") is False
+    assert resolve_pin_memory("auto", "cuda") is False
+    assert resolve_pin_memory(False, "cuda") is False
+
+
+def test_resolve_pin_memory_auto_with_cuda(fake_cuda: None) -> None:
+    assert resolve_pin_memory("auto", "cuda") is True
+    assert resolve_pin_memory("auto", "cpu") is False
+    assert resolve_pin_memory(True, "cuda:0") is True
+    assert resolve_pin_memory(False, "cuda") is False
+
+
+def test_resolve_pin_memory_true_where_useless_warns(no_accelerator: None) -> None:
+    with pytest.warns(UserWarning, match=r"pin_memory=True has no effect for device 'cuda'"):
+        assert resolve_pin_memory(True, "cuda") is False
+
+
+def test_resolve_pin_memory_true_for_cpu_target_warns(fake_cuda: None) -> None:
+    with pytest.warns(UserWarning, match=r"no effect for device 'cpu'.*pin_memory='auto'"):
+        assert resolve_pin_memory(True, "cpu") is False
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_resolve_pin_memory_rejects_bad_values(value: Any) -> None:
+    with pytest.raises(TypeError, match=r"pin_memory must be True, False or 'auto', got"):
+        resolve_pin_memory(value, "cpu")
+
+
+# --- non_blocking policy ------------------------------------------------------------------
+
+
+@pytest.fixture
+def pinned_looking(monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+    tensor = torch.ones(3)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self is tensor)
+    return tensor
+
+
+CUDA_DEVICE = torch.device("cuda", 0)
+
+
+def test_non_blocking_auto_only_for_pinned_host_to_cuda(pinned_looking: torch.Tensor) -> None:
+    pageable = torch.ones(3)
+    assert non_blocking_for(pinned_looking, CUDA_DEVICE) is True
+    assert non_blocking_for(pinned_looking, torch.device("xpu")) is True
+    assert non_blocking_for(pageable, CUDA_DEVICE) is False
+    assert non_blocking_for(pinned_looking, torch.device("cpu")) is False
+    assert non_blocking_for(pinned_looking, torch.device("mps")) is False
+    assert non_blocking_for(pinned_looking, META) is False
+    assert non_blocking_for(torch.ones(3, device=META), CUDA_DEVICE) is False
+    assert non_blocking_for(pinned_looking, "cuda:0") is True
+    with pytest.raises(ValueError, match=r"non_blocking_for: device 'gpu' is not a valid"):
+        non_blocking_for(pinned_looking, "gpu")
+
+
+def test_non_blocking_explicit_is_respected_only_where_safe(
+    pinned_looking: torch.Tensor,
+) -> None:
+    pageable = torch.ones(3)
+    assert non_blocking_for(pageable, CUDA_DEVICE, True) is True  # safe, if pointless
+    assert non_blocking_for(pinned_looking, CUDA_DEVICE, False) is False
+    assert non_blocking_for(pinned_looking, torch.device("cpu"), True) is False  # D2H race
+    assert non_blocking_for(pinned_looking, torch.device("mps"), True) is False
+    assert non_blocking_for(pageable, META, True) is True
+
+
+# --- move_to_device / pin_batch: containers -----------------------------------------------
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    label: str
+
+
+@dataclass
+class Sample:
+    x: torch.Tensor
+    ids: list[torch.Tensor]
+    name: str = "s"
+    derived: int = field(default=0, init=False)
+
+
+@dataclass(frozen=True)
+class Frozen:
+    x: torch.Tensor
+    n: int
+
+
+@dataclass
+class Checked:
+    x: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.x.device.type != "cpu":
+            raise AssertionError("__post_init__ must not run again")
+
+
+class CustomBatch:
+    """A user batch type with its own ``.to()`` and ``.pin_memory()``."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.to_calls: list[tuple[Any, dict[str, Any]]] = []
+        self.pinned = False
+
+    def to(self, device: Any, non_blocking: bool = False) -> CustomBatch:
+        moved = CustomBatch(self.x.to(device))
+        moved.to_calls = [*self.to_calls, (device, {"non_blocking": non_blocking})]
+        return moved
+
+    def pin_memory(self) -> CustomBatch:
+        pinned = CustomBatch(self.x)
+        pinned.pinned = True
+        return pinned
+
+
+class PlainTo:
+    """``.to(device)`` without a non_blocking parameter."""
+
+    def __init__(self) -> None:
+        self.devices: list[Any] = []
+
+    def to(self, device: Any) -> PlainTo:
+        self.devices.append(device)
+        return self
+
+
+class MyDict(dict[str, Any]):
+    pass
+
+
+class MyList(list[Any]):
+    pass
+
+
+def test_move_recurses_through_every_container_kind() -> None:
+    array = np.arange(3)
+    inner: defaultdict[str, Any] = defaultdict(list, {"t": torch.ones(1)})
+    batch: dict[str, Any] = {
+        "tensor": torch.ones(2),
+        "nested": {"deep": {"t": torch.zeros(2), "n": 7}},
+        "list": [torch.ones(1), "text", None],
+        "tuple": (torch.ones(1), 3.5),
+        "pair": Pair(torch.ones(1), "label"),
+        "sample": Sample(torch.ones(1), [torch.ones(1)]),
+        "frozen": Frozen(torch.ones(1), 4),
+        "checked": Checked(torch.ones(1)),
+        "ordered": OrderedDict([("b", torch.ones(1)), ("a", torch.ones(1))]),
+        "default": inner,
+        "mine": MyDict(t=torch.ones(1)),
+        "mylist": MyList([torch.ones(1)]),
+        "proxy": MappingProxyType({"t": torch.ones(1)}),
+        "size": torch.Size([2, 3]),
+        "array": array,
+        "custom": CustomBatch(torch.ones(1)),
+    }
+    moved = move_to_device(batch, META)
+
+    assert moved["tensor"].device == META
+    assert moved["nested"]["deep"]["t"].device == META and moved["nested"]["deep"]["n"] == 7
+    assert moved["list"][0].device == META and moved["list"][1:] == ["text", None]
+    assert type(moved["tuple"]) is tuple and moved["tuple"][0].device == META
+    assert type(moved["pair"]) is Pair and moved["pair"].x.device == META
+    assert moved["pair"].label == "label"
+    sample = moved["sample"]
+    assert type(sample) is Sample and sample.x.device == META and sample.ids[0].device == META
+    assert sample.name == "s"
+    assert type(moved["frozen"]) is Frozen and moved["frozen"].x.device == META
+    assert moved["checked"].x.device == META
+    assert type(moved["ordered"]) is OrderedDict and list(moved["ordered"]) == ["b", "a"]
+    assert type(moved["default"]) is defaultdict and moved["default"].default_factory is list
+    assert moved["default"]["t"].device == META
+    assert type(moved["mine"]) is MyDict and moved["mine"]["t"].device == META
+    assert type(moved["mylist"]) is MyList and moved["mylist"][0].device == META
+    assert type(moved["proxy"]) is MappingProxyType and moved["proxy"]["t"].device == META
+    assert moved["size"] == torch.Size([2, 3])
+    assert moved["array"] is array
+    assert moved["custom"].x.device == META
+    assert moved["custom"].to_calls == [(META, {"non_blocking": False})]
+    # The input is not modified.
+    assert batch["tensor"].device.type == "cpu" and inner["t"].device.type == "cpu"
+    assert batch["sample"].x.device.type == "cpu"
+
+
+def test_move_dataclass_keeps_init_false_fields() -> None:
+    sample = Sample(torch.ones(1), [])
+    sample.derived = 5
+    assert move_to_device(sample, META).derived == 5
+
+
+def test_move_leaves_non_tensors_alone() -> None:
+    for leaf in [1, 2.5, "s", b"b", None, np.ones(2), {1, 2}, Sample]:
+        assert move_to_device(leaf, META) is leaf
+
+
+def test_move_to_device_validates_arguments() -> None:
+    with pytest.raises(ValueError, match=r"move_to_device: device 'gpu' is not a valid"):
+        move_to_device(torch.ones(1), "gpu")
+    with pytest.raises(TypeError, match=r"non_blocking must be None, True or False, got 'yes'"):
+        move_to_device(torch.ones(1), "cpu", non_blocking="yes")  # type: ignore[arg-type]
+
+
+def test_move_passes_the_non_blocking_decision(
+    monkeypatch: pytest.MonkeyPatch, pinned_looking: torch.Tensor
+) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def fake_to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> Any:
+        seen.append(("pinned" if self is pinned_looking else "pageable", non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    batch = [pinned_looking, torch.ones(1)]
+    move_to_device(batch, "cuda")
+    move_to_device(batch, "cuda", non_blocking=False)
+    move_to_device(batch, "cuda", non_blocking=True)
+    move_to_device(batch, "cpu", non_blocking=True)
+    assert seen == [
+        ("pinned", True),
+        ("pageable", False),
+        ("pinned", False),
+        ("pageable", False),
+        ("pinned", True),
+        ("pageable", True),
+        ("pinned", False),
+        ("pageable", False),
+    ]
+
+
+def test_move_custom_types_get_non_blocking_only_when_explicit_safe_and_accepted() -> None:
+    custom, plain = CustomBatch(torch.ones(1)), PlainTo()
+    assert move_to_device(custom, META, non_blocking=True).to_calls == [
+        (META, {"non_blocking": True})
+    ]
+    assert move_to_device(custom, META).to_calls == [(META, {"non_blocking": False})]
+    cpu = torch.device("cpu")
+    assert move_to_device(custom, cpu, non_blocking=True).to_calls == [
+        (cpu, {"non_blocking": False})
+    ]
+    move_to_device(plain, META, non_blocking=True)
+    assert plain.devices == [META]
+
+
+@pytest.fixture
+def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Pretend pinning works on this CPU-only machine; returns the pinned copies."""
+    pinned: list[torch.Tensor] = []
+
+    def fake_pin(self: torch.Tensor) -> torch.Tensor:
+        copy = self.clone()
+        pinned.append(copy)
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: any(self is p for p in pinned))
+    return pinned
+
+
+def test_pin_batch_pins_cpu_tensors_and_custom_types(fake_pinning: list[torch.Tensor]) -> None:
+    array = np.ones(2)
+    batch: dict[str, Any] = {
+        "x": torch.arange(3),
+        "pair": Pair(torch.ones(1), "l"),
+        "sample": Sample(torch.ones(2), [torch.zeros(1)]),
+        "meta": torch.ones(1, device=META),
+        "custom": CustomBatch(torch.ones(1)),
+        "plain": PlainTo(),
+        "array": array,
+        "n": 3,
+    }
+    out = pin_batch(batch)
+    assert len(fake_pinning) == 4  # x, pair.x, sample.x, sample.ids[0]
+    assert out["x"] is fake_pinning[0] and torch.equal(out["x"], batch["x"])
+    assert type(out["pair"]) is Pair and out["pair"].x is fake_pinning[1]
+    assert out["sample"].ids[0] is fake_pinning[3]
+    assert out["meta"] is batch["meta"]
+    assert out["custom"].pinned is True
+    assert out["plain"] is batch["plain"] and out["array"] is array and out["n"] == 3
+    again = pin_batch(out)  # already pinned: no new copies
+    assert len(fake_pinning) == 4 and again["x"] is out["x"]
+
+
+# --- DevicePrefetcher on CPU --------------------------------------------------------------
+
+
+class CountingIterable:
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.iter_calls = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.iter_calls += 1
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def test_prefetcher_cpu_is_a_pass_through(no_accelerator: None) -> None:
+    batches = [{"x": torch.full((2,), float(i)), "i": i} for i in range(5)]
+    source = CountingIterable(batches)
+    prefetcher = DevicePrefetcher(source, "cpu")
+    assert prefetcher.device == torch.device("cpu") and prefetcher.pin_memory is False
+    assert len(prefetcher) == 5
+    first = list(prefetcher)
+    assert all(a is b for a, b in zip(first, batches, strict=True))
+    assert [b["i"] for b in prefetcher] == [0, 1, 2, 3, 4]
+    assert source.iter_calls == 2  # a fresh iter(iterable) per iter()
+    assert DevicePrefetcher(source).device == torch.device("cpu")
+
+
+def test_prefetcher_without_length(no_accelerator: None) -> None:
+    prefetcher = DevicePrefetcher((torch.ones(1) for _ in range(2)), "cpu")
+    with pytest.raises(TypeError, match=r"wrapped generator has no length"):
+        len(prefetcher)
+    assert len(list(prefetcher)) == 2
+
+
+def test_prefetcher_exposes_no_loader_state(no_accelerator: None) -> None:
+    class StatefulSource(CountingIterable):
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+    prefetcher = DevicePrefetcher(StatefulSource([]), "cpu")
+    assert not hasattr(prefetcher, "state_dict")
+    assert not hasattr(prefetcher, "load_state_dict")
+    assert repr(prefetcher) == "DevicePrefetcher(StatefulSource, device='cpu', pin_memory=False)"
+
+
+def test_prefetcher_validates(no_accelerator: None) -> None:
+    with pytest.raises(TypeError, match=r"DevicePrefetcher: iterable must be iterable.*int"):
+        DevicePrefetcher(3, "cpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"device 'cuda' is not available"):
+        DevicePrefetcher([], "cuda")
+    with pytest.raises(TypeError, match=r"pin_memory must be True, False or 'auto'"):
+        DevicePrefetcher([], "cpu", pin_memory="always")  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match=r"pin_memory=True has no effect"):
+        assert DevicePrefetcher([], "cpu", pin_memory=True).pin_memory is False
+
+
+def test_prefetcher_moves_to_other_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_accelerator(monkeypatch, "meta", count=1)
+    batches = [(torch.ones(2), i) for i in range(3)]
+    prefetcher = DevicePrefetcher(batches, "meta")
+    out = list(prefetcher)
+    assert [i for _, i in out] == [0, 1, 2]
+    assert all(x.device.type == "meta" for x, _ in out)
+
+
+class _FakeStream:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        self.log.append(f"{self.name} waits {other.name}")
+
+
+def test_prefetcher_cuda_protocol_with_fake_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path's ordering, checked on CPU: copy n+1 is issued before batch n is
+    handed over, the consumer waits for the side stream first, every handed tensor is
+    record_stream-ed on the consumer stream, and copies run inside the side stream."""
+    log: list[str] = []
+    side, consumer = _FakeStream("side", log), _FakeStream("consumer", log)
+    active: list[str] = []
+
+    class StreamContext:
+        def __init__(self, stream: _FakeStream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            active.append(self.stream.name)
+
+        def __exit__(self, *exc: object) -> None:
+            active.pop()
+
+    def fake_move(batch: Any, device: Any, non_blocking: bool | None = None) -> Any:
+        log.append(f"copy {batch['i']} on {active[-1] if active else 'default'}")
+        return batch
+
+    def fake_record(batch: Any, stream: _FakeStream) -> None:
+        log.append(f"record {batch['i']} on {stream.name}")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: consumer)
+    monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+    monkeypatch.setattr(transfer, "move_to_device", fake_move)
+    monkeypatch.setattr(transfer, "_record_stream", fake_record)
+
+    prefetcher = DevicePrefetcher([{"i": 0}, {"i": 1}], "cpu")
+    prefetcher.device = torch.device("cuda", 0)  # the CUDA path, without CUDA
+    out = []
+    for batch in prefetcher._cuda_batches():
+        log.append(f"consume {batch['i']}")
+        out.append(batch["i"])
+    assert out == [0, 1]
+    assert log == [
+        "side waits consumer",
+        "copy 0 on side",
+        "consumer waits side",
+        "record 0 on consumer",
+        "side waits consumer",
+        "copy 1 on side",
+        "consume 0",
+        "consumer waits side",
+        "record 1 on consumer",
+        "consume 1",
+    ]
+
+
+def test_record_stream_reaches_every_cuda_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorded: list[str] = []
+    monkeypatch.setattr(
+        torch.Tensor, "record_stream", lambda self, stream: recorded.append("tensor")
+    )
+
+    class WithRecord:
+        def record_stream(self, stream: Any) -> None:
+            recorded.append("custom")
+
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: CUDA_DEVICE))
+    transfer._record_stream(
+        {"a": torch.ones(1), "b": [Sample(torch.ones(1), [torch.ones(1)])], "c": WithRecord()},
+        "stream",  # type: ignore[arg-type]
+    )
+    assert sorted(recorded) == ["custom", "tensor", "tensor", "tensor"]
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_move_lands_on_cuda_with_equal_values(pinned: bool) -> None:
+    batch: dict[str, Any] = {
+        "x": torch.randn(256, 256),
+        "pair": Pair(torch.arange(10), "l"),
+        "n": 1,
+    }
+    source = pin_batch(batch) if pinned else batch
+    if pinned:
+        assert source["x"].is_pinned() and source["pair"].x.is_pinned()
+        assert non_blocking_for(source["x"], torch.device("cuda")) is True
+    moved = move_to_device(source, "cuda")
+    assert moved["x"].is_cuda and moved["pair"].x.is_cuda and moved["n"] == 1
+    assert torch.equal(moved["x"].cpu(), batch["x"])
+    assert torch.equal(moved["pair"].x.cpu(), batch["pair"].x)
+    back = move_to_device(moved, "cpu", non_blocking=True)  # downgraded: safe to read at once
+    assert torch.equal(back["x"], batch["x"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_pinned_tensors_are_copied_non_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags: list[bool] = []
+    original = torch.Tensor.to
+
+    def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        flags.append(bool(kwargs.get("non_blocking", False)))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    move_to_device([torch.ones(4).pin_memory(), torch.ones(4)], "cuda")
+    assert flags == [True, False]
+
+
+def _heavy(work: torch.Tensor, steps: int = 20) -> torch.Tensor:
+    for _ in range(steps):
+        work = torch.tanh(work @ work)
+    return work
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("pin_memory", ["auto", False])
+def test_gpu_prefetcher_reads_at_once_get_the_right_batches(pin_memory: Any) -> None:
+    # Large batches and an immediate read on an idle consumer stream: without the
+    # consumer waiting on the side stream, reads would overtake the copies.
+    batches = [{"x": torch.full((4096, 1024), float(i)), "i": i} for i in range(12)]
+    prefetcher = DevicePrefetcher(batches, "cuda", pin_memory=pin_memory)
+    torch.cuda.synchronize()
+    clones, indices = [], []
+    for batch in prefetcher:
+        assert batch["x"].is_cuda
+        clones.append(batch["x"][::512, ::128].clone())
+        indices.append(batch["i"])
+    torch.cuda.synchronize()
+    assert indices == list(range(12))
+    for i, clone in enumerate(clones):
+        assert torch.all(clone == float(i)), f"batch {i} read before its copy finished"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_prefetcher_memory_is_not_reused_while_in_use() -> None:
+    # The consumer queues heavy work, then a read and an in-place update of the
+    # batch, and drops it at once: if the allocator handed its memory to the next
+    # copy before those kernels ran, they would see the next batch's values.
+    device = torch.device("cuda")
+    work = torch.randn(1024, 1024, device=device) / 32
+    batches = [torch.full((2048, 1024), float(i)) for i in range(30)]
+    results = []
+    for batch in DevicePrefetcher(batches, device):
+        _heavy(work)
+        batch.add_(1)
+        results.append(batch[::256, ::256].clone())
+        del batch
+    torch.cuda.synchronize()
+    for i, result in enumerate(results):
+        assert torch.all(result == float(i + 1)), f"batch {i} was overwritten"
+    assert all(torch.all(b == float(i)) for i, b in enumerate(batches))  # sources untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_prefetcher_many_mixed_batches_with_compute() -> None:
+    device = torch.device("cuda")
+    work = torch.randn(512, 512, device=device) / 16
+    batches: list[dict[str, Any]] = [
+        {
+            "x": torch.randn(64, 512),
+            "pair": Pair(torch.arange(i, i + 8), "l"),
+            "custom": Sample(torch.full((3,), float(i)), [torch.tensor([i])]),
+        }
+        for i in range(100)
+    ]
+    prefetcher = DevicePrefetcher(batches, device)
+    assert len(prefetcher) == 100
+    for _epoch in range(2):
+        seen = 0
+        for i, batch in enumerate(prefetcher):
+            out = _heavy(work, steps=4) + batch["x"].sum()
+            assert torch.isfinite(out).all()
+            assert torch.equal(batch["x"].cpu(), batches[i]["x"])
+            assert torch.equal(batch["pair"].x.cpu(), batches[i]["pair"].x)
+            assert batch["custom"].x.is_cuda and batch["custom"].ids[0].item() == i
+            seen += 1
+        assert seen == 100
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_prefetcher_respects_consumer_stream() -> None:
+    device = torch.device("cuda")
+    batches = [torch.full((1024, 1024), float(i)) for i in range(8)]
+    other = torch.cuda.Stream(device=device)
+    sums = []
+    with torch.cuda.stream(other):
+        for batch in DevicePrefetcher(batches, device):
+            sums.append(batch.sum())
+    torch.cuda.synchronize()
+    assert [s.item() for s in sums] == [float(i) * 1024 * 1024 for i in range(8)]
