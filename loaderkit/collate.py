@@ -23,6 +23,7 @@ the default float dtype tensors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -82,6 +83,7 @@ def _check_size(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int or None, got {value!r}; pass e.g. 8")
 
 
+@functools.lru_cache(maxsize=256)  # iinfo / finfo cost microseconds, per field and batch
 def _check_pad_value(where: str, value: PadScalar, dtype: torch.dtype) -> None:
     if dtype.is_complex:
         return
@@ -102,7 +104,7 @@ def _check_pad_value(where: str, value: PadScalar, dtype: torch.dtype) -> None:
 
 
 def _is_flat_list(col: list[Any]) -> bool:
-    """Whether a column holds lists of Python numbers (judged by each list's first item)."""
+    """Whether a column holds lists of Python numbers, judged by sample 0's first item."""
     return isinstance(col[0], list) and {type(v[0]) for v in col[:1] if v} <= _KINDS.keys()
 
 
@@ -201,11 +203,11 @@ def _scatter(flat: Tensor, lengths: list[int], size: int, value: PadScalar, left
         zero = value == 0 and math.copysign(1, value) > 0
         out_np = np.zeros(shape, src.dtype) if zero else np.full(shape, value, src.dtype)
         out_np[mask] = src
-        out = torch.from_numpy(out_np)
-    else:
-        out = flat.new_full(shape, value)
-        out[torch.from_numpy(mask).to(flat.device)] = flat
-    return out, torch.from_numpy(lens), torch.from_numpy(mask).to(flat.device)
+        return torch.from_numpy(out_np), torch.from_numpy(lens), torch.from_numpy(mask)
+    mask_t = torch.from_numpy(mask).to(flat.device)
+    out = flat.new_full(shape, value)
+    out[mask_t] = flat
+    return out, torch.from_numpy(lens), mask_t
 
 
 def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
@@ -402,7 +404,7 @@ class PadCollate:
                     f"{where}: sample {i} has length {lengths[i]} along dim {dim}, above "
                     f"max_length={limit}; pass truncate=True or raise max_length"
                 )
-            # Slicing a sample, not the batch: rows keep their own real items.
+            # Slices are views: truncation copies nothing before the one concatenation.
             cut = (slice(None),) * dim
             keep = [
                 slice(n - limit, n) if self.truncation_side == "left" else slice(limit)
@@ -467,8 +469,9 @@ class PadCollate:
         """The keys to pad in this batch, and the key whose lengths and mask are returned."""
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
-            if isinstance(col[0], list) and not _is_flat_list(col) and isinstance(col[0][0], list):
-                columns[k] = col = [torch.as_tensor(v) for v in col]  # nested lists
+            nested = isinstance(col[0], list) and not _is_flat_list(col)
+            if nested and isinstance(col[0][0], (list, np.generic)):  # or numpy scalars
+                columns[k] = col = [torch.as_tensor(np.asarray(v)) for v in col]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
             elif k in named or k is _BARE:
@@ -494,13 +497,14 @@ class PadCollate:
         if isinstance(first, Mapping):
             names = (self.lengths_key, self.mask_key, self.sort_indices_key)
             for name, value in zip(names, extra, strict=True):
+                if name is None or value is None:
+                    continue
                 if name in out:
                     raise CollateError(
                         f"PadCollate: the samples already have a key {name!r}, the name of an "
                         f"output entry; pass another lengths_key / mask_key / sort_indices_key"
                     )
-                if name is not None and value is not None:
-                    out[name] = value
+                out[name] = value
             return out
         cls: Any = type(first)
         if _BARE in out:

@@ -98,6 +98,11 @@ def test_nested_lists_become_tensors() -> None:
     assert_matches(batch, [torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, 6]])])
 
 
+def test_lists_of_numpy_scalars_keep_their_dtype() -> None:
+    batch = PadCollate()([list(np.arange(3, dtype=np.int32)), list(np.arange(1, dtype=np.int32))])
+    assert_matches(batch, [torch.arange(3, dtype=torch.int32), torch.arange(1, dtype=torch.int32)])
+
+
 @pytest.mark.parametrize(
     "dtype",
     [

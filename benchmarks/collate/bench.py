@@ -13,8 +13,9 @@ pads them to the batch max on the right with 0. What each one computes:
 
 Length distributions: ``uniform`` draws integers in 16..512; ``lognormal`` draws
 ``exp(N(mu=5.5, sigma=1.0))`` (median ~245 tokens, long tail) clipped to 16..4096.
-A repeat times every competitor once over the same pool of batches (interleaved, so machine
-noise hits all alike); the table shows the median over repeats, after one warm-up repeat.
+A repeat times every competitor once over the same pool of batches, in a shuffled order (so
+machine noise and cache state hit all alike); the table shows the median over repeats, after
+one warm-up repeat.
 
 Torch runs with one intra-op thread by default (``--threads 1``) because that is what a
 DataLoader worker, where a collate_fn runs, sets. On a busy machine more threads can make
@@ -26,6 +27,8 @@ Run: ``python benchmarks/collate/bench.py --repeats 20 --batch-size 64 --seed 0`
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -77,9 +80,10 @@ def check_agree(batch: list[torch.Tensor]) -> None:
     rows = [s.tolist() for s in batch]
     expected = pad_sequence_and_mask(batch)
     collate = pad_collate(PadCollate())
-    for got in (collate(batch), collate(rows), naive_loop(rows)):
-        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-    assert torch.equal(pad_sequence_only(batch), expected[0])
+    outputs = [collate(batch), collate(rows), naive_loop(rows), (pad_sequence_only(batch),)]
+    for got in outputs:
+        if not all(torch.equal(a, b) for a, b in zip(got, expected, strict=False)):
+            raise RuntimeError("competitors disagree on the padded batch; fix before timing")
 
 
 def bench(dist: str, args: argparse.Namespace) -> dict[str, float]:
@@ -102,8 +106,12 @@ def bench(dist: str, args: argparse.Namespace) -> dict[str, float]:
         "naive loop (lists)": (naive_loop, lists),
     }
     times: dict[str, list[float]] = {name: [] for name in competitors}
+    order = list(competitors)
     for repeat in range(args.repeats + 1):
-        for name, (fn, pool) in competitors.items():
+        # A fresh order each repeat: no competitor always runs on the caches another left.
+        rng.shuffle(order)
+        for name in order:
+            fn, pool = competitors[name]
             start = time.perf_counter()
             for batch in pool:
                 fn(batch)
@@ -123,6 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
+        f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
         f"torch {torch.__version__}, numpy {np.__version__}, {torch.get_num_threads()} torch "
         f"threads; batch size {args.batch_size}, {args.batches} batches x {args.repeats} "
         f"repeats, seed {args.seed}; Mtokens/s (real tokens, median), higher is better\n"
