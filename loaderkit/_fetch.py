@@ -31,6 +31,8 @@ class BatchFetcher:
     when no ``collate_fn`` is given; a dataset with ``__getitems__`` gets the
     whole index list at once; otherwise samples are read one by one, each under
     :func:`~loaderkit.seeding.seeded_sample` when ``per_sample_seeding`` is on.
+    Asking for per-sample seeding turns the two batched ways off: a batched
+    call cannot be seeded sample by sample.
     """
 
     def __init__(
@@ -45,7 +47,11 @@ class BatchFetcher:
         self.seed = seed
         self.per_sample_seeding = per_sample_seeding
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
-        if collate_fn is None and callable(getattr(dataset, "get_batch", None)):
+        if (
+            collate_fn is None
+            and callable(getattr(dataset, "get_batch", None))
+            and not per_sample_seeding
+        ):
             self.mode = "get_batch"
         elif callable(getattr(dataset, "__getitems__", None)) and not per_sample_seeding:
             self.mode = "getitems"
@@ -79,7 +85,8 @@ class BatchFetcher:
         try:
             return fetch(indices)
         except Exception as exc:
-            shown = list(indices[:8])
+            head = indices[:8]
+            shown = head.tolist() if isinstance(head, np.ndarray) else list(head)
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
             raise WorkerError(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "

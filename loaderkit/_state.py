@@ -71,7 +71,11 @@ def check_state(
             f"pass what {owner}.state_dict() returned, unmodified."
         )
     version = state["version"]
-    if not isinstance(version, int) or version > STATE_VERSION or version < 1:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or not 1 <= version <= STATE_VERSION
+    ):
         raise StateMismatchError(
             f"{owner}.load_state_dict: field 'version' is {version!r}, this loaderkit reads "
             f"version {STATE_VERSION}; upgrade loaderkit to load this checkpoint."

@@ -19,6 +19,19 @@ from torch.utils.data import Dataset
 __all__ = ["ArrayDataset", "TensorDataset"]
 
 
+def _index_tensor(indices: Any) -> torch.Tensor:
+    # The loader passes writable int64 arrays: wrapping one is ~1 us, while
+    # as_tensor(..., dtype=long) takes ~2.5 us per batch.
+    if (
+        type(indices) is np.ndarray
+        and indices.dtype == np.int64
+        and indices.ndim == 1
+        and indices.flags.writeable
+    ):
+        return torch.from_numpy(indices)
+    return torch.as_tensor(indices, dtype=torch.long)
+
+
 def _common_length(kind: str, lengths: Sequence[int]) -> int:
     if not lengths:
         raise ValueError(f"{kind}: pass at least one {kind.removesuffix('Dataset').lower()}.")
@@ -68,8 +81,8 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 
     def get_batch(self, indices: Any) -> tuple[torch.Tensor, ...]:
         """The rows at ``indices`` (a 1-D int sequence, array or tensor), already batched."""
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        return tuple(t.index_select(0, idx) for t in self.tensors)
+        idx = _index_tensor(indices)
+        return tuple([t.index_select(0, idx) for t in self.tensors])
 
 
 class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):

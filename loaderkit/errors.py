@@ -8,12 +8,17 @@ Messages name the parameter, the rule, the value received and the fix.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "CollateError",
     "LoaderkitError",
     "StateMismatchError",
     "WorkerError",
 ]
+
+
+_INDEX_IN_MESSAGE = re.compile(r"loading sample index (\d+) ")
 
 
 class LoaderkitError(Exception):
@@ -38,4 +43,9 @@ class WorkerError(LoaderkitError, RuntimeError):
 
     def __init__(self, message: str, *, index: object = None) -> None:
         super().__init__(message)
+        if index is None:
+            # torch re-raises a worker's exception in the main process as
+            # ``type(exc)(message)``: recover the index from the message.
+            found = _INDEX_IN_MESSAGE.search(message)
+            index = int(found.group(1)) if found else None
         self.index = index

@@ -27,7 +27,8 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -39,7 +40,8 @@ from loaderkit._state import check_state, new_state
 from loaderkit.env import detect
 from loaderkit.plan import Plan, SamplePlan, Schedule
 from loaderkit.samplers import check_resumable_sampler
-from loaderkit.seeding import derive_seed, worker_init_fn as make_worker_init_fn
+from loaderkit.seeding import derive_seed
+from loaderkit.seeding import worker_init_fn as make_worker_init_fn
 from loaderkit.transfer import pin_batch, resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
@@ -52,9 +54,7 @@ def _int_arg(name: str, value: object, minimum: int, fix: str) -> int:
             f"({type(value).__name__}); {fix}."
         )
     if value < minimum:
-        raise ValueError(
-            f"ResumableDataLoader: {name} must be >= {minimum}, got {value}; {fix}."
-        )
+        raise ValueError(f"ResumableDataLoader: {name} must be >= {minimum}, got {value}; {fix}.")
     return value
 
 
@@ -159,8 +159,10 @@ class ResumableDataLoader:
                 )
             check_resumable_sampler(sampler, parameter="sampler")
         self._seed_explicit = seed is not None
+        if seed is None and batch_sampler is not None and hasattr(batch_sampler, "plan"):
+            seed = batch_sampler.plan.fingerprint().get("seed")
         if seed is None:
-            seed = (generator.initial_seed() if generator is not None else torch.initial_seed())
+            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
             seed %= 2**63
         self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
         self.plan: Plan
@@ -199,9 +201,7 @@ class ResumableDataLoader:
                 f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
             )
         if persistent_workers and num_workers == 0:
-            raise ValueError(
-                "ResumableDataLoader: persistent_workers=True needs num_workers > 0."
-            )
+            raise ValueError("ResumableDataLoader: persistent_workers=True needs num_workers > 0.")
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
@@ -220,7 +220,9 @@ class ResumableDataLoader:
             getattr(dataset, "__getitems__", None)
         )
         per_sample = (not batched) if per_sample_seeding == "auto" else per_sample_seeding
-        self._fetch = BatchFetcher(dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample)
+        self._fetch = BatchFetcher(
+            dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
+        )
         self._rank, self._world_size = rank, world_size
         self._user_worker_init = worker_init_fn
         self._timeout = timeout
@@ -237,7 +239,12 @@ class ResumableDataLoader:
         self._started = False
         self._resume = False
         self._explicit_epoch: int | None = None
-        self._live: _EpochIterator | None = None
+        # A weak reference: a strong one would put the live iterator, its
+        # generator and the inner DataLoader's worker iterator in a reference
+        # cycle. torch's worker iterator freed by the cycle collector loses its
+        # queues' feeder threads first, never tells its workers to stop, and
+        # waits 5 s per worker in join() (measured: 10 s with 2 workers).
+        self._live: weakref.ref[_EpochIterator] | None = None
 
     # ----------------------------------------------------------------- epochs
     def _topology(self) -> tuple[int, int]:
@@ -262,17 +269,40 @@ class ResumableDataLoader:
         self._explicit_epoch = epoch
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current (or next) epoch, resumed steps included."""
-        live = self._live
-        if live is not None and live.schedule is not None:
-            return live.steps_before + live.schedule.num_steps
-        _, start, steps_done = self._upcoming()
+        """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
+
+        Under the saving topology that is exact. After a resume with another
+        world size it is the larger of (steps done + steps remaining) and a
+        whole epoch under the new topology: Lightning reads the length once
+        per ``fit`` and stops an epoch when its count reaches it, so the
+        length must cover both the resumed epoch and the whole epochs after
+        it. An epoch that yields fewer ends with ``StopIteration``, which
+        Lightning handles.
+        """
         _, world_size = self._topology()
-        return steps_done + self.plan.num_steps(start=start, world_size=world_size)
+        whole = self.plan.num_steps(start=0, world_size=world_size)
+        live = self._live_iterator()
+        if live is not None and live.schedule is not None:
+            return max(whole, live.steps_before + live.schedule.num_steps)
+        _, start, steps_done = self._upcoming()
+        return max(whole, steps_done + self.plan.num_steps(start=start, world_size=world_size))
 
     def __iter__(self) -> Iterator[Any]:
-        self._live = _EpochIterator(self)
-        return self._live
+        self._supersede()
+        live = _EpochIterator(self)
+        self._live = weakref.ref(live)
+        return live
+
+    def _live_iterator(self) -> _EpochIterator | None:
+        return None if self._live is None else self._live()
+
+    def _supersede(self) -> None:
+        # Stop the workers of an iterator that can no longer yield, now rather
+        # than whenever its holder drops it.
+        old = self._live_iterator()
+        if old is not None:
+            old.close()
+        self._live = None
 
     def _begin(self) -> tuple[Schedule, int]:
         epoch, start, steps_done = self._upcoming()
@@ -304,7 +334,8 @@ class ResumableDataLoader:
         if self._inner is None:
             self._inner = DataLoader(
                 KeyedDataset(self._fetch, self.plan.num_samples),
-                batch_sampler=cast("Iterable[list[Any]]", self._keys),  # yields (epoch, indices) keys
+                # Yields (epoch, indices) keys, not index lists.
+                batch_sampler=cast("Iterable[list[Any]]", self._keys),
                 num_workers=self.num_workers,
                 collate_fn=identity,
                 pin_memory=self.pin_memory,
@@ -355,7 +386,8 @@ class ResumableDataLoader:
             )
         self._epoch, self._position = state["epoch"], state["position"]
         self._steps_done = state["steps_done"]
-        self._resume, self._explicit_epoch, self._live = True, None, None
+        self._supersede()
+        self._resume, self._explicit_epoch = True, None
 
     def _adopt_seed(self, seed: int) -> None:
         assert isinstance(self.plan, SamplePlan)
@@ -394,34 +426,41 @@ class _EpochIterator(Iterator[Any]):
         self.loader = loader
         self.schedule: Schedule | None = None
         self.steps_before = 0
-        self._batches: Iterator[Any] | None = None
+        self._batches: Generator[Any, None, None] | None = None
 
     def __next__(self) -> Any:
         loader = self.loader
-        if loader._live is not self:
+        if loader._live_iterator() is not self:
             raise RuntimeError(
                 "ResumableDataLoader: this iterator was superseded by a newer iter() or "
                 "load_state_dict(); iterate the loader again."
             )
         if self._batches is None:
             self.schedule, self.steps_before = loader._begin()
-            self._batches = self._run(self.schedule)
+            self._batches = _run_epoch(loader, self.schedule)
         return next(self._batches)
 
-    def _run(self, sched: Schedule) -> Iterator[Any]:
-        loader = self.loader
-        consumed = loader._consumed
-        if loader.num_workers == 0:
-            fetch, pin = loader._fetch, loader.pin_memory
-            for step in range(sched.num_steps):
-                batch = fetch(sched.epoch, sched.indices(step).numpy())
-                if pin:
-                    batch = pin_batch(batch)
-                consumed(sched.position_after(step))
-                yield batch
-            return
-        loader._keys.schedule = sched
-        inner = loader._inner_loader(sched.epoch)
-        for step, batch in enumerate(inner):
+    def close(self) -> None:
+        """Stop this iteration (and its workers) now."""
+        if self._batches is not None:
+            self._batches.close()
+
+
+def _run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, None, None]:
+    # A function, not an _EpochIterator method: the generator must not
+    # reference the iterator that owns it (see ResumableDataLoader._live).
+    consumed = loader._consumed
+    if loader.num_workers == 0:
+        fetch, pin = loader._fetch, loader.pin_memory
+        for step in range(sched.num_steps):
+            batch = fetch(sched.epoch, sched.indices(step).numpy())
+            if pin:
+                batch = pin_batch(batch)
             consumed(sched.position_after(step))
             yield batch
+        return
+    loader._keys.schedule = sched
+    inner = loader._inner_loader(sched.epoch)
+    for step, batch in enumerate(inner):
+        consumed(sched.position_after(step))
+        yield batch

@@ -222,6 +222,7 @@ class _FixedSchedule:
         "_full",
         "_global",
         "_n",
+        "_np_order",
         "_order",
         "_rank",
         "_tail",
@@ -237,6 +238,9 @@ class _FixedSchedule:
         self.epoch = epoch
         self.start = start
         self._order = order
+        # Slicing numpy and wrapping the slice is ~2x cheaper than slicing the
+        # tensor (~1 us vs ~2.5 us), paid once per batch.
+        self._np_order = order.numpy()
         self._n = plan.num_samples
         self._rank = rank
         self._batch = plan.batch_size
@@ -259,7 +263,7 @@ class _FixedSchedule:
     def indices(self, step: int) -> torch.Tensor:
         if step < self._full:
             lo = self.start + step * self._global + self._rank * self._batch
-            return self._order[lo : lo + self._batch]
+            return torch.from_numpy(self._np_order[lo : lo + self._batch])
         if step == self._full and self._tail is not None:
             return self._tail
         raise IndexError(f"step must be in [0, {self.num_steps}), got {step}.")

@@ -128,11 +128,14 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     Raises:
         TypeError: ``sampler`` is not sequential and carries no loaderkit plan.
     """
-    if isinstance(sampler, SequentialSampler) or hasattr(sampler, "plan"):
+    if hasattr(sampler, "plan"):
+        return
+    if isinstance(sampler, SequentialSampler) and parameter != "batch_sampler":
         return
     raise TypeError(
         f"{parameter}={type(sampler).__name__} cannot be resumed exactly: its order after a "
         "resume is not a function of a saved position (an unseeded random sampler resumed "
         "by skipping items of a new permutation loses and repeats samples). Use "
-        "shuffle=True with seed=<int> instead, or pass a loaderkit PlanBatchSampler."
+        "shuffle=True with seed=<int> instead (or batch_size=... for a sequential order), or "
+        "pass a loaderkit PlanBatchSampler."
     )

@@ -28,10 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lightning as L  # noqa: E402
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
-
-from helpers import IdDataModule, IdModule, Interrupted, trainer_kwargs  # noqa: E402
+import lightning as L
+from helpers import IdDataModule, IdModule, Interrupted, trainer_kwargs
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 
 class DumpLoaderState(Callback):

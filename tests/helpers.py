@@ -13,6 +13,7 @@ records, in order, are its sample stream. The oracle compares such streams.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,6 +39,7 @@ __all__ = [
     "assert_epochs_exactly_once",
     "assert_resume_exact",
     "by_epoch",
+    "log_tail",
     "read_records",
     "run_script",
     "trainer_kwargs",
@@ -238,7 +240,7 @@ def assert_resume_exact(
         want = full[step] if step < len(full) else None
         got = joined[step] if step < len(joined) else None
         same = want is not None and got is not None
-        if same and (want["epoch"], want["ids"]) == (got["epoch"], got["ids"]):  # type: ignore[index]
+        if same and (want["epoch"], want["ids"]) == (got["epoch"], got["ids"]):
             continue
         side = "before" if step < k else f"after resume (resumed step {step - k})"
         problems.append(
@@ -248,7 +250,8 @@ def assert_resume_exact(
         break
     if len(joined) != len(full):
         problems.append(
-            f"step count: uninterrupted {len(full)}, before {k} + after {len(after)} = {len(joined)}"
+            f"step count: uninterrupted {len(full)}, "
+            f"before {k} + after {len(after)} = {len(joined)}"
         )
     want_epochs, got_epochs = by_epoch(full), by_epoch(joined)
     for epoch in sorted(set(want_epochs) | set(got_epochs)):
@@ -283,6 +286,7 @@ def run_script(script: Path, args: Sequence[str], log: Path, timeout: float = 18
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
+    rc: int | None = None
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, str(script), *args],
@@ -295,9 +299,11 @@ def run_script(script: Path, args: Sequence[str], log: Path, timeout: float = 18
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            rc = None
+            pass
         finally:
-            _end_session(proc.pid, grace=0 if rc is None else 10)
+            # A clean exit may leave a DDP rank finishing; anything else is ended now.
+            _end_session(proc.pid, grace=10 if rc == 0 else 0)
+            proc.wait()
     if rc is None:
         raise AssertionError(
             f"{script.name} {' '.join(args)} ran past {timeout} s (hang?); log:\n{_tail(log)}"
@@ -313,10 +319,8 @@ def _end_session(pgid: int, grace: float) -> None:
         except ProcessLookupError:
             return
         if time.monotonic() >= deadline:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             return
         time.sleep(0.1)
 

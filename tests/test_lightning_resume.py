@@ -14,17 +14,13 @@ failures of Lightning 2.6.6 + torchdata 0.11 listed in ``shared/DESIGN.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
-from torch.utils.data import RandomSampler
-
 from helpers import (
     TESTS_DIR,
     IdDataModule,
@@ -38,9 +34,16 @@ from helpers import (
     run_script,
     trainer_kwargs,
 )
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from torch.utils.data import RandomSampler
+
 from loaderkit import ResumableDataLoader
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
 
 SIZE, BATCH = 64, 8
 STEPS_PER_EPOCH = SIZE // BATCH
@@ -71,9 +74,7 @@ class Run:
     records: list[dict[str, Any]]
     features: list[torch.Tensor]
     probe: Probe
-    trainer: L.Trainer
     ckpt: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def fit(
@@ -108,7 +109,7 @@ def fit(
     else:
         trainer.fit(model, datamodule=dm, ckpt_path=resume)
     ckpt = root / f"step{fail_at:03d}.ckpt" if fail_at is not None else None
-    return Run(model.records, model.features, probe, trainer, ckpt)
+    return Run(model.records, model.features, probe, ckpt)
 
 
 class Runs:
@@ -189,17 +190,14 @@ def test_resume_after_kill_9_is_exact(runs: Runs, tmp_path: Path, nw: int) -> No
     first, second = tmp_path / "killed", tmp_path / "resumed"
     job = ["--num-workers", str(nw), "--size", str(SIZE), "--batch-size", str(BATCH)]
     rc = run_script(script, [*job, "--out", str(first), "--kill-at", str(k)], tmp_path / "a.log")
-    assert rc == -9, f"expected death by SIGKILL, got exit status {rc}:\n{log_tail(tmp_path / 'a.log')}"
+    assert rc == -9, f"expected death by SIGKILL, got {rc}:\n{log_tail(tmp_path / 'a.log')}"
     ckpt = first / "ckpt" / f"step{k:03d}.ckpt"
     assert ckpt.exists()
     assert not (first / "ckpt" / f"step{k + 1:03d}.ckpt").exists()
-    rc = run_script(
-        script, [*job, "--out", str(second), "--resume", str(ckpt)], tmp_path / "b.log"
-    )
+    rc = run_script(script, [*job, "--out", str(second), "--resume", str(ckpt)], tmp_path / "b.log")
     assert rc == 0, log_tail(tmp_path / "b.log")
-    before, after = read_records(first / "records-rank0.jsonl"), read_records(
-        second / "records-rank0.jsonl"
-    )
+    before = read_records(first / "records-rank0.jsonl")
+    after = read_records(second / "records-rank0.jsonl")
     assert len(before) == k
     assert_resume_exact(runs.full(nw).records, before, after)
 
@@ -254,7 +252,12 @@ def test_checkpointed_loader_state_is_rank_symmetric(runs: Runs, tmp_path: Path)
 
     def make(rank: int, nw: int = 0) -> ResumableDataLoader:
         return ResumableDataLoader(
-            IdDataset(SIZE), batch_size=BATCH, shuffle=True, seed=0, rank=rank, world_size=ws,
+            IdDataset(SIZE),
+            batch_size=BATCH,
+            shuffle=True,
+            seed=0,
+            rank=rank,
+            world_size=ws,
             num_workers=nw,
         )
 
@@ -272,9 +275,8 @@ def test_checkpointed_loader_state_is_rank_symmetric(runs: Runs, tmp_path: Path)
 
     resumed = make(1, nw=2)
     resumed.load_state_dict(states[0])
-    assert [b["id"].tolist() for b in resumed] + [
-        b["id"].tolist() for b in resumed
-    ] == rank1_stream
+    resumed_stream = [b["id"].tolist() for b in resumed] + [b["id"].tolist() for b in resumed]
+    assert resumed_stream == rank1_stream
 
     cut = fit(tmp_path, num_workers=0, fail_at=k, dm_kwargs={"rank": 0, "world_size": ws})
     assert cut.ckpt is not None
@@ -341,12 +343,18 @@ def test_lightning_does_not_prefetch_past_the_checkpoint(runs: Runs, nw: int) ->
     ("size", "batch", "world_size", "drop_last"),
     [(64, 8, 1, False), (61, 8, 1, False), (61, 8, 1, True), (61, 4, 2, False), (61, 4, 3, True)],
 )
-def test_len_equals_batches_yielded(size: int, batch: int, world_size: int, drop_last: bool) -> None:
+def test_len_equals_batches_yielded(
+    size: int, batch: int, world_size: int, drop_last: bool
+) -> None:
     """``len(loader)`` is what an epoch yields on every rank, fresh and after a resume (where it
     counts the steps done before the checkpoint too, as Lightning's batch index does)."""
     for rank in range(world_size):
         kwargs = dict(
-            batch_size=batch, shuffle=True, seed=1, rank=rank, world_size=world_size,
+            batch_size=batch,
+            shuffle=True,
+            seed=1,
+            rank=rank,
+            world_size=world_size,
             drop_last=drop_last,
         )
         loader = ResumableDataLoader(list(range(size)), **kwargs)
@@ -370,3 +378,29 @@ def test_unseeded_random_sampler_is_refused() -> None:
         ResumableDataLoader(data, batch_size=2, sampler=RandomSampler(data))
     with pytest.raises(TypeError, match=r"shuffle=True with seed=<int>"):
         ResumableDataLoader(data, batch_size=2, sampler=RandomSampler(data))
+
+
+def test_abandoned_iterator_stops_its_workers_promptly() -> None:
+    """A bug found by these tests: an epoch iterator abandoned mid-epoch (an exception in
+    ``training_step``, a dropped loader, a newer ``iter()``) was only freed by the cycle
+    collector, where torch's worker iterator cannot reach its workers and waits 5 s per
+    worker. Dropping it, or superseding it, must stop the workers at once."""
+    import gc
+    import multiprocessing
+    import time
+
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(IdDataset(SIZE), batch_size=BATCH, seed=0, num_workers=2)
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    assert len(multiprocessing.active_children()) == 2
+    start = time.monotonic()
+    it2 = iter(loader)  # supersedes the first: its workers stop now
+    assert not multiprocessing.active_children()
+    next(it2)
+    del it, it2, loader
+    gc.collect()
+    assert not multiprocessing.active_children()
+    assert time.monotonic() - start < 3

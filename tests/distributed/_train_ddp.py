@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _lightning_job import main  # noqa: E402
+from _lightning_job import main
 
 if __name__ == "__main__":
     sys.exit(main())

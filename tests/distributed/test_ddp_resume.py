@@ -1,0 +1,155 @@
+"""Exact resume under real Lightning DDP: 2 CPU processes over gloo.
+
+``lightning.Trainer(strategy="ddp", accelerator="cpu", devices=2)`` runs in a
+subprocess (``_train_ddp.py``; Lightning's launcher re-runs that script for
+rank 1) with a time limit, so a hang fails the test instead of blocking CI.
+Each rank writes the ids it trained on to ``records-rank{R}.jsonl``.
+
+64 samples, batch size 8 per rank, 2 ranks: 4 steps an epoch, 8 in all. The
+dataset size is a multiple of ``world_size * batch_size``, so no wrap-around
+padding repeats a sample and "each id exactly once per epoch" is exact.
+
+Three launches in all (about 10-20 s each on 2 cores): the uninterrupted run
+(checkpointing every step), a run interrupted after step 6 (inside epoch 1)
+with ``num_workers=2``, and its 2-process resume. The elastic resume (2 ranks
+saved, 1 process resumes) runs in the test process: one process is no DDP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from helpers import (
+    IdDataModule,
+    IdModule,
+    assert_epochs_exactly_once,
+    assert_resume_exact,
+    by_epoch,
+    log_tail,
+    read_records,
+    run_script,
+    trainer_kwargs,
+)
+
+from loaderkit import ResumableDataLoader
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+SCRIPT = Path(__file__).resolve().parent / "_train_ddp.py"
+SIZE, BATCH, WORLD = 64, 8, 2
+STEPS_PER_EPOCH = SIZE // (BATCH * WORLD)
+TIMEOUT_S = 180
+
+
+def launch(out: Path, *extra: str, num_workers: int = 0, devices: int = WORLD) -> list[Path]:
+    """Run the DDP script; returns its per-rank records files. Fails on a hang."""
+    args = [
+        "--out", str(out), "--devices", str(devices), "--num-workers", str(num_workers),
+        "--size", str(SIZE), "--batch-size", str(BATCH), *extra,
+    ]  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "run.log"
+    rc = run_script(SCRIPT, args, log, timeout=TIMEOUT_S)
+    expected = 3 if "--fail-at" in extra else 0
+    assert rc == expected, f"exit status {rc}, expected {expected}; log:\n{log_tail(log)}"
+    return [out / f"records-rank{r}.jsonl" for r in range(devices)]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted 2-rank run, checkpointing every step."""
+    out = tmp_path_factory.mktemp("ddp-full")
+    files = launch(out, "--every", "1")
+    return {"out": out, "records": [read_records(f) for f in files]}
+
+
+def test_ranks_step_equally_and_cover_each_id_once_per_epoch(full: dict[str, Any]) -> None:
+    """Both ranks step the same number of times (no DDP hang), each rank's stream is its own
+    half, and per epoch the union over ranks is every id exactly once."""
+    r0, r1 = full["records"]
+    assert len(r0) == len(r1) == 2 * STEPS_PER_EPOCH
+    assert [r["rank"] for r in r0] == [0] * len(r0) and [r["rank"] for r in r1] == [1] * len(r1)
+    assert [(r["epoch"], r["step"]) for r in r0] == [(r["epoch"], r["step"]) for r in r1]
+    e0, e1 = by_epoch(r0), by_epoch(r1)
+    union = {epoch: e0[epoch] + e1[epoch] for epoch in (0, 1)}
+    assert_epochs_exactly_once(union, SIZE, epochs=2)
+    assert union[0] != union[1], "epoch 1 must be reshuffled"
+
+
+def test_every_rank_holds_the_state_rank_0_checkpointed(full: dict[str, Any]) -> None:
+    """DESIGN fact 3 under real DDP: at every checkpointed step both ranks' own loader states
+    are equal, and equal to the one rank 0 wrote into the checkpoint file."""
+    import json
+
+    out: Path = full["out"]
+    for step in range(1, 2 * STEPS_PER_EPOCH + 1):
+        s0, s1 = (
+            json.loads((out / f"loader-state-rank{r}-step{step}.json").read_text())
+            for r in range(WORLD)
+        )
+        assert s0 == s1, f"step {step}: rank states differ:\n{s0}\n{s1}"
+        assert s0["topology"]["world_size"] == WORLD
+        if step in (2, 6):
+            ckpt = torch.load(out / "ckpt" / f"step{step:03d}.ckpt", weights_only=False)
+            assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [s0]
+
+
+def test_ddp_resume_after_exception_is_exact_per_rank(full: dict[str, Any], tmp_path: Path) -> None:
+    """An exception on both ranks right after the step-6 checkpoint (inside epoch 1), then a
+    2-process resume: per rank, before + after equals the uninterrupted run. Run with
+    ``num_workers=2`` against the ``num_workers=0`` reference, so it also shows the stream
+    does not depend on the workers."""
+    k = 6
+    before_files = launch(tmp_path / "cut", "--fail-at", str(k), "--every", str(k), num_workers=2)
+    ckpt = tmp_path / "cut" / "ckpt" / f"step{k:03d}.ckpt"
+    assert ckpt.exists()
+    after_files = launch(tmp_path / "resumed", "--resume", str(ckpt), "--every", "100",
+                         num_workers=2)  # fmt: skip
+    for rank in range(WORLD):
+        before, after = read_records(before_files[rank]), read_records(after_files[rank])
+        assert len(before) == k, f"rank {rank}"
+        assert len(after) == 2 * STEPS_PER_EPOCH - k, f"rank {rank}"
+        try:
+            assert_resume_exact(full["records"][rank], before, after)
+        except AssertionError as exc:
+            raise AssertionError(f"rank {rank}: {exc}") from None
+
+
+@pytest.fixture(scope="module")
+def elastic(full: dict[str, Any]) -> dict[str, Any]:
+    """Saved by 2 DDP ranks after step 2 (inside epoch 0), resumed by 1 process (no DDP)."""
+    k = 2
+    ckpt = full["out"] / "ckpt" / f"step{k:03d}.ckpt"
+    model = IdModule()
+    trainer = L.Trainer(**trainer_kwargs())
+    trainer.fit(model, datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=ckpt)
+    before = [i for rank in range(WORLD) for r in full["records"][rank][:k] for i in r["ids"]]
+    return {"k": k, "before": before, "after": by_epoch(model.records)}
+
+
+def test_elastic_resume_two_ranks_to_one_process_finishes_the_epoch_exactly(
+    elastic: dict[str, Any],
+) -> None:
+    """The ids both ranks trained on before the step-2 checkpoint plus the ids one process
+    trained on after resuming from it are every id of epoch 0 exactly once."""
+    before, after = elastic["before"], elastic["after"]
+    assert len(before) == elastic["k"] * WORLD * BATCH
+    assert_epochs_exactly_once({0: before + after[0]}, SIZE, epochs=1)
+
+
+def test_elastic_resume_two_ranks_to_one_process_next_epoch_is_complete(
+    elastic: dict[str, Any],
+) -> None:
+    """After that elastic resume, epoch 1 is complete, in the 1-process order."""
+    single = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, shuffle=True, seed=0)
+    list(single)
+    assert elastic["after"][1] == torch.cat(list(single)).tolist()
