@@ -5,6 +5,7 @@ per-sample randomness, and accelerator-aware transfer. Everything public is
 imported here; modules starting with ``_`` are private.
 """
 
+from loaderkit.callbacks import ElasticResume
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.datasets import ArrayDataset, TensorDataset
 from loaderkit.env import WorkerEnv, detect
@@ -39,6 +40,7 @@ __all__ = [
     "ArrayDataset",
     "CollateError",
     "DevicePrefetcher",
+    "ElasticResume",
     "LoaderkitError",
     "PadCollate",
     "PaddedBatch",

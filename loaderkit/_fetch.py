@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, default_collate
 
 from loaderkit.errors import WorkerError
@@ -27,12 +28,14 @@ class BatchFetcher:
     """Fetch and collate the samples of one batch (picklable for worker processes).
 
     Three ways, fastest first: a dataset with ``get_batch(indices)`` (loaderkit's
-    tensor and array datasets) returns a collated batch in one call and is used
-    when no ``collate_fn`` is given; a dataset with ``__getitems__`` gets the
-    whole index list at once; otherwise samples are read one by one, each under
-    :func:`~loaderkit.seeding.seeded_sample` when ``per_sample_seeding`` is on.
-    Asking for per-sample seeding turns the two batched ways off: a batched
-    call cannot be seeded sample by sample.
+    tensor and array datasets, which hold no randomness) returns a collated
+    batch in one call, used when no ``collate_fn`` is given and per-sample
+    seeding is off; a dataset with ``__getitems__`` gets the whole index list
+    at once; otherwise samples are read one by one. With ``per_sample_seeding``
+    each sample is read under :func:`~loaderkit.seeding.seeded_sample` keyed by
+    its index; a ``__getitems__`` call, which cannot be split, runs under the
+    generators of its batch's first sample: still independent of which worker
+    reads it and the same after a resume under the same world size.
     """
 
     def __init__(
@@ -53,18 +56,24 @@ class BatchFetcher:
             and not per_sample_seeding
         ):
             self.mode = "get_batch"
-        elif callable(getattr(dataset, "__getitems__", None)) and not per_sample_seeding:
+        elif callable(getattr(dataset, "__getitems__", None)):
             self.mode = "getitems"
         else:
             self.mode = "single"
 
-    def __call__(self, epoch: int, indices: np.ndarray) -> Any:
+    def __call__(self, epoch: int, indices: np.ndarray | torch.Tensor) -> Any:
+        """The collated batch of ``indices`` (int64, 1-D) in ``epoch``."""
         if self.mode == "get_batch":
             return self._batched(self.dataset.get_batch, epoch, indices)
+        index_list: list[int] = indices.tolist()
         if self.mode == "getitems":
-            samples = self._batched(self.dataset.__getitems__, epoch, indices.tolist())
+            if self.per_sample_seeding:
+                with seeded_sample(self.seed, epoch, index_list[0]):
+                    samples = self._batched(self.dataset.__getitems__, epoch, index_list)
+            else:
+                samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         else:
-            samples = [self._one(epoch, int(i)) for i in indices]
+            samples = [self._one(epoch, i) for i in index_list]
         return self.collate_fn(samples)
 
     def _one(self, epoch: int, index: int) -> Any:
@@ -86,7 +95,7 @@ class BatchFetcher:
             return fetch(indices)
         except Exception as exc:
             head = indices[:8]
-            shown = head.tolist() if isinstance(head, np.ndarray) else list(head)
+            shown = head if isinstance(head, list) else head.tolist()
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
             raise WorkerError(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "

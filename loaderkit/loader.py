@@ -158,14 +158,6 @@ class ResumableDataLoader:
                     f"sampler ({type(sampler).__name__}); pass one or the other."
                 )
             check_resumable_sampler(sampler, parameter="sampler")
-        self._seed_explicit = seed is not None
-        if seed is None and batch_sampler is not None and hasattr(batch_sampler, "plan"):
-            seed = batch_sampler.plan.fingerprint().get("seed")
-        if seed is None:
-            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-            seed %= 2**63
-        self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
-        self.plan: Plan
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError(
@@ -173,6 +165,22 @@ class ResumableDataLoader:
                     "shuffle, sampler and drop_last; set those on the batch sampler's plan."
                 )
             check_resumable_sampler(batch_sampler, parameter="batch_sampler")
+        self._seed_explicit = seed is not None
+        plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
+        if plan_seed is not None and seed is not None and seed != plan_seed:
+            raise ValueError(
+                f"ResumableDataLoader: seed={seed} differs from the batch sampler's plan seed "
+                f"{plan_seed}; leave seed=None to use the plan's, so order and augmentation "
+                "share one saved seed."
+            )
+        if seed is None:
+            seed = plan_seed
+        if seed is None:
+            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+            seed %= 2**63
+        self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
+        self.plan: Plan
+        if batch_sampler is not None:
             self.plan = batch_sampler.plan
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
@@ -205,24 +213,25 @@ class ResumableDataLoader:
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
-        if pin_memory not in (True, False, "auto"):
+        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
             raise ValueError(
                 f"ResumableDataLoader: pin_memory must be True, False or 'auto', got "
                 f"{pin_memory!r}."
             )
         self.pin_memory = resolve_pin_memory(pin_memory, select_device())
-        if per_sample_seeding not in (True, False, "auto"):
+        if not (isinstance(per_sample_seeding, bool) or per_sample_seeding == "auto"):
             raise ValueError(
                 "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
                 f"{per_sample_seeding!r}."
             )
-        batched = callable(getattr(dataset, "get_batch", None)) or callable(
-            getattr(dataset, "__getitems__", None)
-        )
-        per_sample = (not batched) if per_sample_seeding == "auto" else per_sample_seeding
+        # loaderkit's get_batch datasets hold no randomness; every other dataset may.
+        has_get_batch = callable(getattr(dataset, "get_batch", None))
+        per_sample = not has_get_batch if per_sample_seeding == "auto" else per_sample_seeding
         self._fetch = BatchFetcher(
             dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
         )
+        if rank is not None or world_size is not None:
+            detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         self._rank, self._world_size = rank, world_size
         self._user_worker_init = worker_init_fn
         self._timeout = timeout
@@ -245,10 +254,17 @@ class ResumableDataLoader:
         # queues' feeder threads first, never tells its workers to stop, and
         # waits 5 s per worker in join() (measured: 10 s with 2 workers).
         self._live: weakref.ref[_EpochIterator] | None = None
+        self._topology_cache: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- epochs
     def _topology(self) -> tuple[int, int]:
+        if self._topology_cache is not None:
+            return self._topology_cache
         env = detect(rank=self._rank, world_size=self._world_size)
+        if self._started:
+            # Fixed from the first batch on: the process group exists by then
+            # (Lightning builds loaders after it), and state_dict() stays cheap.
+            self._topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 
     def _upcoming(self) -> tuple[int, int, int]:
@@ -282,7 +298,11 @@ class ResumableDataLoader:
         _, world_size = self._topology()
         whole = self.plan.num_steps(start=0, world_size=world_size)
         live = self._live_iterator()
-        if live is not None and live.schedule is not None:
+        if (
+            live is not None
+            and live.schedule is not None
+            and self._position < self.plan.epoch_length
+        ):
             return max(whole, live.steps_before + live.schedule.num_steps)
         _, start, steps_done = self._upcoming()
         return max(whole, steps_done + self.plan.num_steps(start=start, world_size=world_size))
@@ -453,7 +473,7 @@ def _run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, N
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
-            batch = fetch(sched.epoch, sched.indices(step).numpy())
+            batch = fetch(sched.epoch, sched.indices(step))
             if pin:
                 batch = pin_batch(batch)
             consumed(sched.position_after(step))
@@ -461,6 +481,26 @@ def _run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, N
         return
     loader._keys.schedule = sched
     inner = loader._inner_loader(sched.epoch)
-    for step, batch in enumerate(inner):
-        consumed(sched.position_after(step))
-        yield batch
+    workers = iter(inner)
+    try:
+        for step, batch in enumerate(workers):
+            consumed(sched.position_after(step))
+            yield batch
+    except GeneratorExit:
+        if not loader._persistent:
+            _stop_workers(inner, workers)
+        raise
+    except BaseException:
+        # A worker's exception holds torch's worker iterator in a reference
+        # cycle through its traceback: without this, the workers live until
+        # the cycle collector runs, then stall 5 s each in join().
+        _stop_workers(inner, workers)
+        raise
+
+
+def _stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
+    shutdown = getattr(workers, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+    if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
+        inner._iterator = None

@@ -53,6 +53,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.epoch = 0
         self.position = 0
+        self.steps_done = 0
         self._explicit_epoch: int | None = None
         self._resume = False
         self._started = False
@@ -78,6 +79,8 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch, start = self._next_epoch_start()
+        if start == 0:  # only a resume starts mid-epoch, with the loaded steps_done
+            self.steps_done = 0
         self._resume, self._explicit_epoch, self._started = False, None, True
         self.epoch, self.position = epoch, start
         rank, world_size = self._topology()
@@ -85,6 +88,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         for step in range(sched.num_steps):
             batch = sched.indices(step).tolist()
             self.position = sched.position_after(step)
+            self.steps_done += 1
             yield batch
 
     def __len__(self) -> int:
@@ -98,7 +102,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         return new_state(
             epoch=self.epoch,
             position=self.position,
-            steps_done=0,
+            steps_done=self.steps_done,
             plan=self.plan.fingerprint(),
             world_size=world_size,
             num_workers=0,
@@ -114,6 +118,7 @@ class PlanBatchSampler(Sampler[list[int]]):
                 f"past the epoch length {self.plan.epoch_length}."
             )
         self.epoch, self.position = state["epoch"], state["position"]
+        self.steps_done = state["steps_done"]
         self._resume, self._explicit_epoch = True, None
 
 

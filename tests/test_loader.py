@@ -451,6 +451,19 @@ def test_a_failing_sample_names_its_index_and_keeps_the_original_traceback(
     traceback.clear_frames(info.value.__traceback__)
 
 
+def test_a_worker_error_stops_the_workers_at_once() -> None:
+    existing = {p.pid for p in multiprocessing.active_children()}
+    gc.disable()  # only what the loader does, not the cycle collector
+    try:
+        with pytest.raises(WorkerError) as info:
+            list(make(2, dataset=_Failing(), shuffle=False))
+        workers = _new_workers(existing)  # the caller still holds the exception
+    finally:
+        traceback.clear_frames(info.value.__traceback__)  # frees them by refcount now
+        gc.enable()
+    assert workers == [], f"{len(workers)} workers still running 2 s after the error"
+
+
 def test_worker_error_from_a_worker_process_keeps_its_index() -> None:
     with pytest.raises(WorkerError) as info:
         list(make(2, dataset=_Failing(), shuffle=False))
