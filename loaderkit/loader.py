@@ -198,6 +198,8 @@ class ResumableDataLoader:
                 f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
                 f"samples but the dataset has {size}; build the plan with num_samples={size}."
             )
+        # Cached: state_dict() runs every step under Lightning checkpointing.
+        self._fingerprint = self.plan.fingerprint()
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = _int_arg("num_workers", num_workers, 0, "use 0 to load in-process")
@@ -269,7 +271,7 @@ class ResumableDataLoader:
 
     def _upcoming(self) -> tuple[int, int, int]:
         """(epoch, start, steps already done in it) of the next iteration."""
-        complete = self._position >= self.plan.epoch_length
+        complete = self._position >= self.plan.epoch_length(self._epoch)
         resume_epoch = self._epoch + 1 if complete else self._epoch
         if self._resume and self._explicit_epoch in (None, resume_epoch):
             if complete:
@@ -296,16 +298,18 @@ class ResumableDataLoader:
         Lightning handles.
         """
         _, world_size = self._topology()
-        whole = self.plan.num_steps(start=0, world_size=world_size)
         live = self._live_iterator()
         if (
             live is not None
             and live.schedule is not None
-            and self._position < self.plan.epoch_length
+            and self._position < self.plan.epoch_length(self._epoch)
         ):
+            whole = self.plan.num_steps(self._epoch, start=0, world_size=world_size)
             return max(whole, live.steps_before + live.schedule.num_steps)
-        _, start, steps_done = self._upcoming()
-        return max(whole, steps_done + self.plan.num_steps(start=start, world_size=world_size))
+        epoch, start, steps_done = self._upcoming()
+        whole = self.plan.num_steps(epoch, start=0, world_size=world_size)
+        rest = self.plan.num_steps(epoch, start=start, world_size=world_size)
+        return max(whole, steps_done + rest)
 
     def __iter__(self) -> Iterator[Any]:
         self._supersede()
@@ -331,7 +335,7 @@ class ResumableDataLoader:
         rank, world_size = self._topology()
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         if sched.num_steps == 0 and start > 0:
-            self._position = self.plan.epoch_length  # a dropped tail: the epoch is over
+            self._position = self.plan.epoch_length(epoch)  # a dropped tail: the epoch is over
         elif sched.num_steps == 0:
             raise ValueError(
                 f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
@@ -380,7 +384,7 @@ class ResumableDataLoader:
             epoch=self._epoch,
             position=self._position,
             steps_done=self._steps_done,
-            plan=self.plan.fingerprint(),
+            plan=self._fingerprint,
             world_size=world_size,
             num_workers=self.num_workers,
         )
@@ -399,10 +403,11 @@ class ResumableDataLoader:
         saved_seed = state["plan"]["seed"]
         if saved_seed != self.seed and isinstance(self.plan, SamplePlan):
             self._adopt_seed(saved_seed)
-        if state["position"] > self.plan.epoch_length:
+        length = self.plan.epoch_length(state["epoch"])
+        if state["position"] > length:
             raise ValueError(
                 f"ResumableDataLoader.load_state_dict: field 'position' is "
-                f"{state['position']}, past the epoch length {self.plan.epoch_length}."
+                f"{state['position']}, past the epoch length {length}."
             )
         self._epoch, self._position = state["epoch"], state["position"]
         self._steps_done = state["steps_done"]
@@ -421,6 +426,7 @@ class ResumableDataLoader:
             drop_last=old.drop_last,
         )
         self._fetch.seed = seed
+        self._fingerprint = self.plan.fingerprint()
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
 
 

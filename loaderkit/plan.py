@@ -79,17 +79,16 @@ class Plan(Protocol):
         """Dataset size: positions run from 0 to the end of an epoch's order."""
         ...
 
-    @property
-    def epoch_length(self) -> int:
-        """Position reached when an epoch is complete."""
+    def epoch_length(self, epoch: int) -> int:
+        """Position reached when ``epoch`` is complete."""
         ...
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> Schedule:
         """The batches ``rank`` yields in ``epoch`` from position ``start``."""
         ...
 
-    def num_steps(self, *, start: int, world_size: int) -> int:
-        """Batches per rank from position ``start`` to the end of an epoch."""
+    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
+        """Batches per rank from position ``start`` to the end of ``epoch``."""
         ...
 
     def fingerprint(self) -> dict[str, Any]:
@@ -137,9 +136,8 @@ class SamplePlan:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}.")
 
-    @property
-    def epoch_length(self) -> int:
-        """Position reached when an epoch is complete: ``num_samples``."""
+    def epoch_length(self, epoch: int) -> int:
+        """Position reached when an epoch is complete: ``num_samples``, in every epoch."""
         return self.num_samples
 
     def order(self, epoch: int) -> torch.Tensor:
@@ -182,8 +180,11 @@ class SamplePlan:
                 "a position past the end of the epoch means the epoch is complete."
             )
 
-    def num_steps(self, *, start: int, world_size: int) -> int:
-        """Batches per rank from ``start`` to the end of an epoch, without the order."""
+    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
+        """Batches per rank from ``start`` to the end of an epoch, without the order.
+
+        The same for every epoch: ``epoch`` is taken for the :class:`Plan` protocol.
+        """
         self._check_position(start, world_size)
         full, tail = divmod(self.num_samples - start, world_size * self.batch_size)
         return full + (1 if tail and not self.drop_last else 0)

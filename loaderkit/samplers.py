@@ -69,7 +69,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._explicit_epoch = epoch
 
     def _next_epoch_start(self) -> tuple[int, int]:
-        resume_epoch = self.epoch + (self.position >= self.plan.epoch_length)
+        resume_epoch = self.epoch + (self.position >= self.plan.epoch_length(self.epoch))
         if self._resume and self._explicit_epoch in (None, resume_epoch):
             start = self.position if resume_epoch == self.epoch else 0
             return resume_epoch, start
@@ -92,9 +92,9 @@ class PlanBatchSampler(Sampler[list[int]]):
             yield batch
 
     def __len__(self) -> int:
-        _, start = self._next_epoch_start()
+        epoch, start = self._next_epoch_start()
         _, world_size = self._topology()
-        return self.plan.num_steps(start=start, world_size=world_size)
+        return self.plan.num_steps(epoch, start=start, world_size=world_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
@@ -111,11 +111,12 @@ class PlanBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
         state = check_state(state_dict, self.plan.fingerprint(), owner="PlanBatchSampler")
-        if state["position"] > self.plan.epoch_length:
+        length = self.plan.epoch_length(state["epoch"])
+        if state["position"] > length:
             # Else _next_epoch_start would read it as a finished epoch and move on silently.
             raise ValueError(
                 f"PlanBatchSampler.load_state_dict: field 'position' is {state['position']}, "
-                f"past the epoch length {self.plan.epoch_length}."
+                f"past the epoch length {length}."
             )
         self.epoch, self.position = state["epoch"], state["position"]
         self.steps_done = state["steps_done"]

@@ -99,7 +99,7 @@ def resume(
     """
     loader.load_state_dict(state)
     assert loader.state_dict()["position"] == state["position"]
-    first = state["epoch"] + (state["position"] == loader.plan.epoch_length)
+    first = state["epoch"] + (state["position"] == loader.plan.epoch_length(state["epoch"]))
     after: list[torch.Tensor] = []
     for epoch in range(first, epochs):
         it = iter(loader)

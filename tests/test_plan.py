@@ -47,7 +47,7 @@ def deal(plan: SamplePlan, epoch: int, start: int, world_size: int) -> list[list
     counts = {s.num_steps for s in schedules}
     assert len(counts) == 1, f"ranks step different counts: {counts}"
     (num_steps,) = counts
-    assert num_steps == plan.num_steps(start=start, world_size=world_size)
+    assert num_steps == plan.num_steps(0, start=start, world_size=world_size)
     return [[s.indices(step).tolist() for s in schedules] for step in range(num_steps)]
 
 
@@ -152,7 +152,7 @@ def test_resume_with_a_different_world_size_covers_the_rest_exactly_once(
 @given(plan=PLANS, world_size=st.integers(1, 8))
 def test_a_start_at_the_end_of_the_epoch_yields_nothing(plan: SamplePlan, world_size: int) -> None:
     n = plan.num_samples
-    assert plan.num_steps(start=n, world_size=world_size) == 0
+    assert plan.num_steps(0, start=n, world_size=world_size) == 0
     assert plan.schedule(0, start=n, rank=0, world_size=world_size).num_steps == 0
 
 
@@ -207,7 +207,7 @@ def test_fingerprint_lists_the_settings_a_position_depends_on() -> None:
     assert SamplePlan(num_samples=10, batch_size=2).fingerprint()["order_check"] == 0
     # The world size is not in it: a position is valid under any topology.
     assert "world_size" not in plan.fingerprint()
-    assert plan.epoch_length == 10
+    assert plan.epoch_length(0) == 10
 
 
 def test_tiny_dataset_wraps_more_than_once() -> None:
@@ -269,7 +269,7 @@ def test_bad_schedule_arguments_are_named(kwargs: dict, error: type, match: str)
 )
 def test_bad_num_steps_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        SamplePlan(num_samples=10, batch_size=2).num_steps(**kwargs)
+        SamplePlan(num_samples=10, batch_size=2).num_steps(0, **kwargs)
 
 
 def test_negative_epoch_is_refused() -> None:
