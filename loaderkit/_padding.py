@@ -6,6 +6,7 @@ nothing of sample structure, which :mod:`loaderkit.collate` handles.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any, NoReturn, TypeAlias
@@ -25,6 +26,7 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=256)  # iinfo / finfo cost microseconds, per field and batch
 def _check_pad_value(where: str, value: PadScalar, dtype: torch.dtype) -> None:
     if dtype.is_complex:
         return

@@ -23,7 +23,6 @@ the default float dtype tensors.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -84,7 +83,6 @@ def _check_size(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int or None, got {value!r}; pass e.g. 8")
 
 
-@functools.lru_cache(maxsize=256)  # iinfo / finfo cost microseconds, per field and batch
 def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
     """The container kind of a sample and its field keys."""
     if isinstance(sample, Mapping):
