@@ -9,7 +9,14 @@ from loaderkit.callbacks import ElasticResume
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.datasets import ArrayDataset, TensorDataset
 from loaderkit.env import WorkerEnv, detect
-from loaderkit.errors import CollateError, LoaderkitError, StateMismatchError, WorkerError
+from loaderkit.errors import (
+    CollateError,
+    LoaderkitError,
+    MissingShardError,
+    ShardError,
+    StateMismatchError,
+    WorkerError,
+)
 from loaderkit.loader import ResumableDataLoader
 from loaderkit.plan import Plan, SamplePlan, Schedule
 from loaderkit.samplers import PlanBatchSampler, check_resumable_sampler
@@ -22,6 +29,15 @@ from loaderkit.seeding import (
     seeded_sample,
     worker_init_fn,
     worker_seed,
+)
+from loaderkit.sharding import (
+    JsonlReader,
+    OpenShard,
+    ShardedDataset,
+    ShardPlan,
+    ShardReader,
+    TokenReader,
+    write_shards,
 )
 from loaderkit.transfer import (
     DevicePrefetcher,
@@ -41,7 +57,10 @@ __all__ = [
     "CollateError",
     "DevicePrefetcher",
     "ElasticResume",
+    "JsonlReader",
     "LoaderkitError",
+    "MissingShardError",
+    "OpenShard",
     "PadCollate",
     "PaddedBatch",
     "Plan",
@@ -49,9 +68,14 @@ __all__ = [
     "ResumableDataLoader",
     "SamplePlan",
     "Schedule",
+    "ShardError",
+    "ShardPlan",
+    "ShardReader",
+    "ShardedDataset",
     "StateMismatchError",
     "Stateful",
     "TensorDataset",
+    "TokenReader",
     "WorkerEnv",
     "WorkerError",
     "check_resumable_sampler",
@@ -70,4 +94,5 @@ __all__ = [
     "should_pin_memory",
     "worker_init_fn",
     "worker_seed",
+    "write_shards",
 ]

@@ -13,6 +13,8 @@ import re
 __all__ = [
     "CollateError",
     "LoaderkitError",
+    "MissingShardError",
+    "ShardError",
     "StateMismatchError",
     "WorkerError",
 ]
@@ -49,3 +51,18 @@ class WorkerError(LoaderkitError, RuntimeError):
             found = _INDEX_IN_MESSAGE.search(message)
             index = int(found.group(1)) if found else None
         self.index = index
+
+
+class ShardError(LoaderkitError, ValueError):
+    """A shard or its index cannot be used: missing, corrupt, truncated, or changed since indexing.
+
+    The message names the file, what is wrong and the fix; ``path`` holds the file.
+    """
+
+    def __init__(self, message: str, *, path: object = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class MissingShardError(ShardError, FileNotFoundError):
+    """A shard file (or its offsets sidecar) does not exist."""

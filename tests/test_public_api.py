@@ -15,6 +15,7 @@ def test_every_name_in_all_imports() -> None:
 
 def test_all_lists_every_public_module_name() -> None:
     for module_name in (
+        "callbacks",
         "collate",
         "datasets",
         "errors",
@@ -22,6 +23,7 @@ def test_all_lists_every_public_module_name() -> None:
         "plan",
         "samplers",
         "seeding",
+        "sharding",
         "transfer",
     ):
         module = importlib.import_module(f"loaderkit.{module_name}")

@@ -1,0 +1,207 @@
+"""Read throughput of memory-mapped token shards: ShardedDataset vs a naive iterable vs raw reads.
+
+Data: ``--shards`` ``.npy`` shards of about ``--tokens`` uint16 tokens each
+(default 4 shards of 24M-40M tokens, 256 MiB in all; uneven, as real shards
+are), written once into a temporary directory (so they are in the page cache:
+this measures the loader, not the disk), cut into samples of ``--seq-len``
+tokens (1024, 2 KB each), batches of ``--batch-size`` (32). A shard holds
+about 4x the default window of 8192 samples, so about one window in four spans
+two shards (a real 100M-token shard holds 12 windows); a batch from such a
+window is read with one gather per shard and a scatter, about 3x the cost of a
+batch inside one shard. For each ``--workers`` value (default 0 and 2):
+
+- (a) ``ResumableDataLoader(ShardedDataset(...), batch_sampler=ds.batch_sampler(...))``:
+  shards shuffled, samples shuffled in windows of ``--window`` (8192), one
+  fancy-indexing read per batch out of the memory map, returned as ``int64``
+  (``TokenReader``'s default, what an embedding takes).
+- (a16) the same with ``TokenReader(out_dtype=None)``: the stored ``uint16``
+  tokens, no widening (convert on the device).
+- (b) naive: an ``IterableDataset`` that memory-maps each shard in file order
+  and yields sample ``i`` when ``i % num_workers == worker_id``
+  (``get_worker_info()`` striding, the hand-rolled pattern), each sample as an
+  ``int64`` tensor, batched by ``torch.utils.data.DataLoader`` (``default_collate``).
+  It does not shuffle and is not resumable; it is the speed users give up.
+- (r) the bound: the same bytes read raw, in this process: for each shard, a copy
+  of each contiguous ``batch_size * seq_len`` range of the map (``np.array(mm[lo:hi])``),
+  in file order. Listed under every ``num_workers`` for the ratio; never uses workers.
+
+Method: every repeat runs each competitor in a shuffled order over one whole
+epoch (``num_workers=0``) or its first ``--worker-batches`` batches (workers);
+the first repeat is a warm-up; the table shows the median and the best of
+``--repeats``. The first batch of a run is untimed (worker start-up). GB/s
+counts the stored bytes (2 per token) of the samples delivered.
+
+Run: ``python benchmarks/shards/bench.py`` (about 45 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import loaderkit
+from loaderkit import ResumableDataLoader
+from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
+
+NAMES = {
+    "a": "(a) ShardedDataset + ResumableDataLoader, int64 out",
+    "a16": "(a16) ShardedDataset + ResumableDataLoader, uint16 out",
+    "b": "(b) naive IterableDataset, get_worker_info() striding",
+    "r": "(r) bound: raw contiguous reads of the map (np.array(mm[lo:hi]))",
+    "r64": "(r64) bound for int64 out: (r), then .astype(np.int64)",
+}
+
+
+class NaiveShards(IterableDataset[torch.Tensor]):
+    """(b): shards in file order, sample-level striding over the DataLoader workers."""
+
+    def __init__(self, paths: list[Path], seq_len: int) -> None:
+        self.paths, self.seq_len = paths, seq_len
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        i, length = 0, self.seq_len
+        for path in self.paths:
+            tokens = np.load(path, mmap_mode="r")
+            for k in range(len(tokens) // length):
+                if i % nw == wid:
+                    yield torch.from_numpy(tokens[k * length : (k + 1) * length].astype(np.int64))
+                i += 1
+
+
+def raw_batches(paths: list[Path], seq_len: int, batch_size: int) -> Iterator[np.ndarray]:
+    span = seq_len * batch_size
+    for path in paths:
+        tokens = np.load(path, mmap_mode="r")
+        usable = len(tokens) // seq_len * seq_len
+        for lo in range(0, usable, span):
+            yield np.array(tokens[lo : min(lo + span, usable)]).reshape(-1, seq_len)
+
+
+def raw_batches_int64(paths: list[Path], seq_len: int, batch_size: int) -> Iterator[np.ndarray]:
+    for batch in raw_batches(paths, seq_len, batch_size):
+        yield batch.astype(np.int64)
+
+
+def timed(batches: Iterator[Any], limit: int | None = None) -> tuple[float, int]:
+    """(seconds, samples) over the batches after the first (untimed) one, up to ``limit``."""
+    next(batches)
+    samples = 0
+    start = time.perf_counter()
+    for count, batch in enumerate(batches, 1):
+        samples += len(batch)
+        if count == limit:
+            break
+    elapsed = time.perf_counter() - start
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()  # stop the workers of a run cut short now
+    return elapsed, samples
+
+
+def make_runners(
+    paths: list[Path], args: argparse.Namespace, nw: int
+) -> dict[str, Callable[[], tuple[float, int]]]:
+    runners: dict[str, Callable[[], tuple[float, int]]] = {}
+    limit = args.worker_batches if nw else None
+    for key, out_dtype in (("a", torch.int64), ("a16", None)):
+        ds = ShardedDataset(paths, TokenReader(seq_len=args.seq_len, out_dtype=out_dtype))
+        sampler = ds.batch_sampler(args.batch_size, seed=0, window=args.window)
+        loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=nw)
+        runners[key] = lambda loader=loader: timed(iter(loader), limit)
+    naive = DataLoader(NaiveShards(paths, args.seq_len), batch_size=args.batch_size, num_workers=nw)
+    runners["b"] = lambda: timed(iter(naive), limit)
+    runners["r"] = lambda: timed(raw_batches(paths, args.seq_len, args.batch_size))
+    runners["r64"] = lambda: timed(raw_batches_int64(paths, args.seq_len, args.batch_size))
+    return runners
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32 * 2**20, help="mean tokens per shard")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker-batches", type=int, default=400)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+
+    print(
+        f"torch {torch.__version__}, numpy {np.__version__}, loaderkit {loaderkit.__version__}, "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print("load average at start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="loaderkit-bench-shards-") as tmp:
+        # Uneven sizes (0.75x .. 1.25x the mean), so windows do not line up with shards.
+        scale = np.linspace(0.75, 1.25, args.shards) if args.shards > 1 else np.ones(1)
+        lengths = [int(args.tokens * f) for f in scale]
+        data = (rng.integers(0, 50257, n, dtype=np.uint16) for n in lengths)
+        paths = write_shards(tmp, data, TokenReader(seq_len=args.seq_len))
+        samples = sum(n // args.seq_len for n in lengths)
+        print(
+            f"data {args.shards} shards of {min(lengths):,}..{max(lengths):,} uint16 tokens = "
+            f"{sum(lengths) * 2 / 2**20:.0f} MiB (page cache), {samples:,} samples of "
+            f"{args.seq_len} tokens, batch {args.batch_size}, window {args.window}; "
+            f"{args.repeats} repeats after 1 warm-up; a run is one epoch (num_workers=0) or "
+            f"{args.worker_batches} batches (workers), first batch untimed\n"
+        )
+        results: dict[int, dict[str, list[float]]] = {}
+        order = random.Random(0)
+        for nw in args.workers:
+            runners = make_runners(paths, args, nw)
+            rates: dict[str, list[float]] = {k: [] for k in runners}
+            for repeat in range(args.repeats + 1):
+                keys = list(runners)
+                order.shuffle(keys)
+                for key in keys:
+                    seconds, n = runners[key]()
+                    if repeat:
+                        rates[key].append(n / seconds)
+            results[nw] = rates
+
+    sample_bytes = args.seq_len * 2
+    print("| num_workers | reader | samples/s, median | GB/s, median | samples/s, best |")
+    print("|---:|---|---:|---:|---:|")
+    for nw, rates in results.items():
+        for key in ("a", "a16", "b", "r", "r64"):
+            r = rates[key]
+            med = statistics.median(r)
+            print(
+                f"| {nw} | {NAMES[key]} | {med:,.0f} | {med * sample_bytes / 1e9:.2f} | "
+                f"{max(r):,.0f} |"
+            )
+    print()
+    for nw, rates in results.items():
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        line = ", ".join(
+            f"{k}/{d} = {med[k] / med[d]:.2f}x"
+            for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a", "b"))
+        )
+        goal = ""
+        if nw == 0:
+            met = "met" if med["a"] / med["r"] >= 0.5 else "MISSED"
+            goal = f" (goal a/r >= 0.5x at num_workers=0: {met})"
+        print(f"num_workers={nw}, median: {line}{goal}")
+    print(f"\ntotal bench time {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
