@@ -5,6 +5,7 @@ per-sample randomness, and accelerator-aware transfer. Everything public is
 imported here; modules starting with ``_`` are private.
 """
 
+from loaderkit._bucketing import BucketPlan
 from loaderkit.callbacks import ElasticResume
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.datasets import ArrayDataset, TensorDataset
@@ -19,7 +20,12 @@ from loaderkit.errors import (
 )
 from loaderkit.loader import ResumableDataLoader
 from loaderkit.plan import Plan, SamplePlan, Schedule
-from loaderkit.samplers import PlanBatchSampler, check_resumable_sampler
+from loaderkit.samplers import (
+    BucketBatchSampler,
+    PlanBatchSampler,
+    check_resumable_sampler,
+    compute_lengths,
+)
 from loaderkit.seeding import (
     derive_seed,
     sample_generator,
@@ -54,6 +60,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
+    "BucketBatchSampler",
+    "BucketPlan",
     "CollateError",
     "DevicePrefetcher",
     "ElasticResume",
@@ -79,6 +87,7 @@ __all__ = [
     "WorkerEnv",
     "WorkerError",
     "check_resumable_sampler",
+    "compute_lengths",
     "derive_seed",
     "detect",
     "move_to_device",

@@ -1,15 +1,24 @@
 """Lightning callbacks for loaderkit's loaders.
 
-:class:`ElasticResume` makes a mid-epoch resume with *more* ranks than the
-checkpoint was saved with exact under Lightning. Lightning (2.6) takes the
-train loader's length, and with it the number of batches of the epoch, once
-per ``fit`` and *before* it restores the loader's state: a whole epoch under
-the new world size. Its own step counter, restored from the checkpoint,
-counts the steps already done under the old world size. With more ranks the
-two together can fall short of the batches that remain, and Lightning would
-end the resumed epoch early, leaving samples untrained. The callback re-reads
-the loaders' lengths after the state is restored. Resuming with the same or
-fewer ranks needs no callback.
+:class:`ElasticResume` keeps Lightning's count of an epoch's batches equal to
+what loaderkit's train loader yields. Lightning (2.6) takes the train loader's
+length, and with it the number of batches of the epoch (and the batch at which
+validation runs), once per ``fit`` and *before* it restores the loader's state.
+Two cases need it:
+
+- Plans whose epoch length varies from epoch to epoch, like
+  :class:`~loaderkit.BucketBatchSampler` under a token budget: Lightning would
+  end a longer epoch early, leaving batches untrained, and validate mid-epoch
+  or not at all. (The loader warns when a longer epoch starts without it.)
+- A mid-epoch resume with *more* ranks than the checkpoint was saved with:
+  Lightning's own step counter, restored from the checkpoint, counts the steps
+  done under the old world size; with the new world size's whole-epoch length,
+  the two together can fall short of the batches that remain.
+
+The callback re-reads the loaders' lengths after the state is restored and at
+the start of every epoch, and recomputes the validation batch of a fractional
+``val_check_interval``. Fixed-size plans resumed with the same or fewer ranks
+need no callback.
 """
 
 from __future__ import annotations
@@ -23,12 +32,18 @@ from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batch
 from lightning.pytorch.trainer.states import RunningStage
 
 from loaderkit.loader import ResumableDataLoader
+from loaderkit.samplers import PlanBatchSampler
 
 __all__ = ["ElasticResume"]
 
 
 class ElasticResume(Callback):
-    """Re-read the lengths of loaderkit train loaders once Lightning restored their state.
+    """Re-read the lengths of loaderkit train loaders every epoch and after a restore.
+
+    Covers :class:`~loaderkit.ResumableDataLoader` and torch ``DataLoader`` objects
+    whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler` (e.g. a
+    :class:`~loaderkit.BucketBatchSampler`). Needed for token-budget batches
+    and for resuming with more ranks (see the module docstring).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
@@ -47,13 +62,17 @@ def _sync_lengths(trainer: L.Trainer) -> None:
     """Recompute ``trainer.num_training_batches`` from the (restored) loaders."""
     loop = trainer.fit_loop
     combined = loop._combined_loader
-    if combined is None or not any(
-        isinstance(dl, ResumableDataLoader) for dl in combined.flattened
-    ):
+    if combined is None or not any(_is_planned(dl) for dl in combined.flattened):
         return
+    for dl in combined.flattened:
+        # Tell the loader its length is kept in sync, so it does not warn about it.
+        for owner in (dl, getattr(dl, "batch_sampler", None)):
+            watch = getattr(owner, "_len_watch", None)
+            if watch is not None:
+                watch.managed = True
     combined.limits = [
         _parse_num_batches(RunningStage.TRAINING, len(dl), trainer.limit_train_batches)
-        if isinstance(dl, ResumableDataLoader)
+        if _is_planned(dl)
         else limit
         for dl, limit in zip(combined.flattened, combined.limits or [], strict=False)
     ]
@@ -67,3 +86,19 @@ def _sync_lengths(trainer: L.Trainer) -> None:
     if loop._data_fetcher is not None:
         loop._data_fetcher.length = length
         loop._data_fetcher.done = loop._data_fetcher.fetched >= length
+    # Lightning derives the validation batch from the first length it read, as in
+    # FitLoop.setup_data: redo it, or a longer or shorter epoch validates mid-epoch or never.
+    interval = trainer.val_check_interval
+    if (
+        isinstance(interval, float)
+        and getattr(trainer, "_val_check_time_interval", None) is None
+        and trainer.val_check_batch not in (None, float("inf"))
+    ):
+        trainer.val_check_batch = max(1, int(length * interval))
+
+
+def _is_planned(loader: object) -> bool:
+    """A loader whose length comes from a loaderkit plan."""
+    return isinstance(loader, ResumableDataLoader) or isinstance(
+        getattr(loader, "batch_sampler", None), PlanBatchSampler
+    )

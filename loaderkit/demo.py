@@ -3,9 +3,13 @@
 Every machine with Python has the standard library's ``.py`` files, so the
 data needs no download: each file's first bytes are one variable-length
 sample. The job shows the pieces working together under a real
-``lightning.Trainer``: :class:`~loaderkit.PadCollate` pads each batch (with a
-mask that keeps padding out of the loss), :class:`~loaderkit.ResumableDataLoader`
-seeds its workers and saves its position in Lightning's checkpoint, and
+``lightning.Trainer``: :class:`~loaderkit.BucketBatchSampler` groups blocks of
+similar length into batches under a token budget (the summary compares the
+padding with random batches of ``batch_size``), :class:`~loaderkit.PadCollate`
+pads each batch (with a mask that keeps padding out of the loss),
+:class:`~loaderkit.ResumableDataLoader` seeds its workers and saves its
+position in Lightning's checkpoint, :class:`~loaderkit.ElasticResume` keeps
+Lightning's count of batches right when it changes from epoch to epoch, and
 :func:`~loaderkit.move_to_device` moves batches (non_blocking where it is safe).
 
 To show that resume is exact, training is interrupted by an exception in the
@@ -31,8 +35,10 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 
+from loaderkit.callbacks import ElasticResume
 from loaderkit.collate import PadCollate
 from loaderkit.loader import ResumableDataLoader
+from loaderkit.samplers import BucketBatchSampler, compute_lengths
 from loaderkit.transfer import move_to_device
 
 __all__ = ["DemoConfig", "DemoResult", "StdlibBytes", "run_demo"]
@@ -117,12 +123,36 @@ class ByteLM(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
-class StdlibDataModule(L.LightningDataModule):
-    """Serves :class:`StdlibBytes` through a padded, seeded, resumable loader."""
+def _input_length(sample: dict[str, Any]) -> int:
+    return int(sample["input_ids"].shape[0])
 
-    def __init__(self, dataset: StdlibBytes, *, batch_size: int, num_workers: int, seed: int):
+
+class StdlibDataModule(L.LightningDataModule):
+    """Serves :class:`StdlibBytes` through a bucketed, padded, seeded, resumable loader.
+
+    Args:
+        dataset: The samples.
+        lengths: ``input_ids`` length of each sample (:func:`~loaderkit.compute_lengths`).
+        max_tokens: Token budget per batch (rows x padded length).
+        batch_size: Rows of the random batches the padding is compared with.
+        num_workers: DataLoader worker processes.
+        seed: Seed of the order and of per-sample randomness.
+    """
+
+    def __init__(
+        self,
+        dataset: StdlibBytes,
+        *,
+        lengths: Any,
+        max_tokens: int,
+        batch_size: int,
+        num_workers: int,
+        seed: int,
+    ):
         super().__init__()
         self.dataset = dataset
+        self.lengths = lengths
+        self.max_tokens = max_tokens
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
@@ -139,15 +169,24 @@ class StdlibDataModule(L.LightningDataModule):
         return move_to_device(batch, device)
 
     def train_dataloader(self) -> ResumableDataLoader:
+        sampler = BucketBatchSampler(self.lengths, max_tokens=self.max_tokens, seed=self.seed)
+        return ResumableDataLoader(
+            self.dataset,
+            batch_sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=self.collate,
+            pin_memory="auto",
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def random_dataloader(self) -> ResumableDataLoader:
+        """The "before": random batches of ``batch_size`` rows, only to measure their padding."""
         return ResumableDataLoader(
             self.dataset,
             batch_size=self.batch_size,
             shuffle=True,
-            num_workers=self.num_workers,
             collate_fn=self.collate,
-            pin_memory="auto",
             seed=self.seed,
-            persistent_workers=self.num_workers > 0,
         )
 
 
@@ -189,11 +228,18 @@ class _Clock(Callback):
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Knobs of the demo; the defaults run in about a minute on two CPU cores."""
+    """Knobs of the demo; the defaults run in about a minute on two CPU cores.
+
+    ``max_tokens`` (default ``batch_size * max_len``, the most a random batch of
+    ``batch_size`` rows pads to) is the token budget of the bucketed batches
+    the model trains on; ``batch_size`` sizes the random batches whose padding
+    the summary shows for comparison.
+    """
 
     max_samples: int = 3000
     max_len: int = 256
     batch_size: int = 32
+    max_tokens: int | None = None
     epochs: int = 2
     num_workers: int = 2
     seed: int = 0
@@ -209,6 +255,9 @@ class DemoResult:
     steps: int
     seconds: float
     padded_fraction: float
+    padded_fraction_random: float
+    batch_size: int
+    max_tokens: int
     final_loss: float
     interrupted_at: int
     resume_exact: bool
@@ -224,7 +273,9 @@ class DemoResult:
                 f"  trained        {self.steps} steps, {self.samples} samples in "
                 f"{self.seconds:.1f} s of training loop ({self.samples / self.seconds:.0f} "
                 "samples/s)",
-                f"  padding        {self.padded_fraction:.1%} of tokens are padding (PadCollate)",
+                f"  padding        {self.padded_fraction_random:.1%} of tokens with random "
+                f"batches of {self.batch_size} -> {self.padded_fraction:.1%} with length "
+                f"buckets (max_tokens={self.max_tokens}, BucketBatchSampler + PadCollate)",
                 f"  final loss     {self.final_loss:.3f} (byte-level cross-entropy, nats)",
                 f"  resume         interrupted at step {self.interrupted_at}, resumed from its "
                 f"checkpoint: sample stream {verdict} vs an uninterrupted run "
@@ -234,6 +285,7 @@ class DemoResult:
 
 
 def _padding_fraction(loader: ResumableDataLoader) -> float:
+    """Padded share of ``input_ids`` over one epoch of ``loader``."""
     real = padded = 0
     for batch in loader:
         real += int(batch["lengths"].sum())
@@ -246,7 +298,8 @@ def _trainer(config: DemoConfig, callbacks: list[Callback]) -> L.Trainer:
         max_epochs=config.epochs,
         accelerator="auto",
         devices=1,
-        callbacks=callbacks,
+        # Token-budget epochs differ in batch count; Lightning reads it once per fit.
+        callbacks=[ElasticResume(), *callbacks],
         logger=False,
         enable_model_summary=False,
         enable_progress_bar=config.progress_bar,
@@ -262,15 +315,23 @@ def run_demo(config: DemoConfig) -> DemoResult:
         The figures of the summary.
     """
     dataset = StdlibBytes(config.max_samples, max_len=config.max_len + 1)
+    lengths = compute_lengths(dataset, _input_length, progress=False)
+    max_tokens = config.max_tokens or config.batch_size * config.max_len
 
     def datamodule() -> StdlibDataModule:
         return StdlibDataModule(
-            dataset, batch_size=config.batch_size, num_workers=config.num_workers, seed=config.seed
+            dataset,
+            lengths=lengths,
+            max_tokens=max_tokens,
+            batch_size=config.batch_size,
+            num_workers=config.num_workers,
+            seed=config.seed,
         )
 
-    steps_per_epoch = len(datamodule().train_dataloader())
+    plan = datamodule().train_dataloader().plan
+    steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]
     # Mid-way through the last epoch (or the only one).
-    interrupt_at = (config.epochs - 1) * steps_per_epoch + max(1, steps_per_epoch // 2)
+    interrupt_at = sum(steps[:-1]) + max(1, steps[-1] // 2)
     ckpt_dir = config.workdir / "checkpoints"
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     checkpoint = ModelCheckpoint(
@@ -291,7 +352,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
     resumed = _trainer(config, [clock])
     resumed.fit(second, datamodule=datamodule(), ckpt_path=ckpt_dir / "last.ckpt")
 
-    # The uninterrupted reference needs no training: the loader alone decides the stream.
+    # The uninterrupted reference needs no training: the same bucketed loader alone decides
+    # the stream.
     loader = datamodule().train_dataloader()
     reference = [i for _ in range(config.epochs) for b in loader for i in b["id"].tolist()]
     trained = first.seen_ids + second.seen_ids
@@ -301,6 +363,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
         steps=resumed.global_step,
         seconds=clock.seconds,
         padded_fraction=_padding_fraction(datamodule().train_dataloader()),
+        padded_fraction_random=_padding_fraction(datamodule().random_dataloader()),
+        batch_size=config.batch_size,
+        max_tokens=max_tokens,
         final_loss=second.last_loss,
         interrupted_at=interrupt_at,
         resume_exact=trained == reference,

@@ -39,7 +39,7 @@ from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
 from loaderkit._state import check_state, new_state
 from loaderkit.env import detect
 from loaderkit.plan import Plan, SamplePlan, Schedule
-from loaderkit.samplers import check_resumable_sampler
+from loaderkit.samplers import _LenWatch, check_resumable_sampler
 from loaderkit.seeding import derive_seed
 from loaderkit.seeding import worker_init_fn as make_worker_init_fn
 from loaderkit.transfer import pin_batch, resolve_pin_memory, select_device
@@ -257,6 +257,8 @@ class ResumableDataLoader:
         # waits 5 s per worker in join() (measured: 10 s with 2 workers).
         self._live: weakref.ref[_EpochIterator] | None = None
         self._topology_cache: tuple[int, int] | None = None
+        # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
+        self._len_watch = _LenWatch()
 
     # ----------------------------------------------------------------- epochs
     def _topology(self) -> tuple[int, int]:
@@ -305,10 +307,13 @@ class ResumableDataLoader:
             and self._position < self.plan.epoch_length(self._epoch)
         ):
             whole = self.plan.num_steps(self._epoch, start=0, world_size=world_size)
-            return max(whole, live.steps_before + live.schedule.num_steps)
+            length = max(whole, live.steps_before + live.schedule.num_steps)
+            self._len_watch.answered(length)
+            return length
         epoch, start, steps_done = self._upcoming()
         whole = self.plan.num_steps(epoch, start=0, world_size=world_size)
         rest = self.plan.num_steps(epoch, start=start, world_size=world_size)
+        self._len_watch.answered(max(whole, steps_done + rest))
         return max(whole, steps_done + rest)
 
     def __iter__(self) -> Iterator[Any]:
@@ -334,6 +339,7 @@ class ResumableDataLoader:
         self._epoch, self._position, self._steps_done = epoch, start, steps_done
         rank, world_size = self._topology()
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)
         if sched.num_steps == 0 and start > 0:
             self._position = self.plan.epoch_length(epoch)  # a dropped tail: the epoch is over
         elif sched.num_steps == 0:
@@ -396,7 +402,10 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
-        adopt = () if self._seed_explicit else ("seed",)
+        # Only a SamplePlan can be rebuilt with the saved seed; any other plan's seed
+        # is the user's explicit choice, and a different saved one is a mismatch.
+        can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan)
+        adopt = ("seed",) if can_adopt else ()
         state = check_state(
             state_dict, self.plan.fingerprint(), owner="ResumableDataLoader", adopt=adopt
         )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loaderkit.demo import DemoConfig, StdlibBytes, run_demo
+from loaderkit.samplers import BucketBatchSampler
 
 
 def test_stdlib_blocks_are_variable_length_and_stable() -> None:
@@ -39,11 +40,17 @@ def test_demo_resumes_exactly(tmp_path: Path) -> None:
     )
     result = run_demo(config)
     assert result.resume_exact and result.repeated == 0 and result.skipped == 0
-    assert result.samples == 2 * 160 and result.steps == 20
-    assert result.interrupted_at == 15
-    assert 0.0 < result.padded_fraction < 1.0
+    # The demo trains on token-budget buckets: batch counts come from the bucketing plan.
+    lengths = [len(s) - 1 for s in StdlibBytes(160, max_len=65).samples]
+    plan = BucketBatchSampler(lengths, max_tokens=16 * 64, seed=0).plan
+    g0, g1 = plan.epoch_length(0), plan.epoch_length(1)
+    assert result.samples == 2 * 160 and result.steps == g0 + g1 < 20
+    assert result.interrupted_at == g0 + g1 // 2
+    assert result.max_tokens == 16 * 64 and result.batch_size == 16
+    assert 0.0 <= result.padded_fraction < result.padded_fraction_random / 2
     summary = result.summary()
     assert "sample stream exact" in summary and "samples/s" in summary
+    assert "with random batches of 16 ->" in summary and "with length buckets" in summary
 
 
 @pytest.mark.slow
