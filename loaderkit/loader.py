@@ -28,13 +28,13 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, cast
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from loaderkit._epoch import EpochIterator, KeySource
 from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
 from loaderkit._state import check_state, new_state
 from loaderkit.env import detect
@@ -42,7 +42,7 @@ from loaderkit.plan import Plan, SamplePlan, Schedule
 from loaderkit.samplers import _LenWatch, check_resumable_sampler
 from loaderkit.seeding import derive_seed
 from loaderkit.seeding import worker_init_fn as make_worker_init_fn
-from loaderkit.transfer import pin_batch, resolve_pin_memory, select_device
+from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
 
@@ -241,7 +241,7 @@ class ResumableDataLoader:
         self._prefetch_factor = prefetch_factor
         self._persistent = persistent_workers
         self._inner: DataLoader[Any] | None = None
-        self._keys = _KeySource()
+        self._keys = KeySource()
         # Position: the epoch of the current (or last) iteration, how far its
         # order was consumed, and how many steps this rank took in it.
         self._epoch = 0
@@ -255,7 +255,7 @@ class ResumableDataLoader:
         # cycle. torch's worker iterator freed by the cycle collector loses its
         # queues' feeder threads first, never tells its workers to stop, and
         # waits 5 s per worker in join() (measured: 10 s with 2 workers).
-        self._live: weakref.ref[_EpochIterator] | None = None
+        self._live: weakref.ref[EpochIterator] | None = None
         self._topology_cache: tuple[int, int] | None = None
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
@@ -318,11 +318,11 @@ class ResumableDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._supersede()
-        live = _EpochIterator(self)
+        live = EpochIterator(self)
         self._live = weakref.ref(live)
         return live
 
-    def _live_iterator(self) -> _EpochIterator | None:
+    def _live_iterator(self) -> EpochIterator | None:
         return None if self._live is None else self._live()
 
     def _supersede(self) -> None:
@@ -437,85 +437,3 @@ class ResumableDataLoader:
         self._fetch.seed = seed
         self._fingerprint = self.plan.fingerprint()
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
-
-
-class _KeySource:
-    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
-
-    schedule: Schedule | None = None
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        sched = self.schedule
-        assert sched is not None
-        for step in range(sched.num_steps):
-            yield sched.epoch, sched.indices(step).numpy()
-
-    def __len__(self) -> int:
-        return 0 if self.schedule is None else self.schedule.num_steps
-
-
-class _EpochIterator(Iterator[Any]):
-    """One epoch's iteration; decides its epoch at the first ``next()``."""
-
-    def __init__(self, loader: ResumableDataLoader) -> None:
-        self.loader = loader
-        self.schedule: Schedule | None = None
-        self.steps_before = 0
-        self._batches: Generator[Any, None, None] | None = None
-
-    def __next__(self) -> Any:
-        loader = self.loader
-        if loader._live_iterator() is not self:
-            raise RuntimeError(
-                "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict(); iterate the loader again."
-            )
-        if self._batches is None:
-            self.schedule, self.steps_before = loader._begin()
-            self._batches = _run_epoch(loader, self.schedule)
-        return next(self._batches)
-
-    def close(self) -> None:
-        """Stop this iteration (and its workers) now."""
-        if self._batches is not None:
-            self._batches.close()
-
-
-def _run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, None, None]:
-    # A function, not an _EpochIterator method: the generator must not
-    # reference the iterator that owns it (see ResumableDataLoader._live).
-    consumed = loader._consumed
-    if loader.num_workers == 0:
-        fetch, pin = loader._fetch, loader.pin_memory
-        for step in range(sched.num_steps):
-            batch = fetch(sched.epoch, sched.indices(step))
-            if pin:
-                batch = pin_batch(batch)
-            consumed(sched.position_after(step))
-            yield batch
-        return
-    loader._keys.schedule = sched
-    inner = loader._inner_loader(sched.epoch)
-    workers = iter(inner)
-    try:
-        for step, batch in enumerate(workers):
-            consumed(sched.position_after(step))
-            yield batch
-    except GeneratorExit:
-        if not loader._persistent:
-            _stop_workers(inner, workers)
-        raise
-    except BaseException:
-        # A worker's exception holds torch's worker iterator in a reference
-        # cycle through its traceback: without this, the workers live until
-        # the cycle collector runs, then stall 5 s each in join().
-        _stop_workers(inner, workers)
-        raise
-
-
-def _stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-    shutdown = getattr(workers, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
-    if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
-        inner._iterator = None
