@@ -25,7 +25,8 @@ from typing import Any
 
 from torch.utils.data import Sampler, SequentialSampler
 
-from loaderkit._bucketing import BucketPlan, Oversize, compute_lengths
+from loaderkit._bucketing import BucketPlan, Oversize
+from loaderkit._lengths import compute_lengths
 from loaderkit._state import check_state, new_state
 from loaderkit.env import detect
 from loaderkit.plan import Plan

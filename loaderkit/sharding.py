@@ -72,10 +72,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from loaderkit._jsonl import JsonlReader
 from loaderkit._shard_index import IndexEntry, load_or_build_index, write_shards
 from loaderkit._shard_open import OpenShards, resolve_shards, shard_name
 from loaderkit._shard_plan import DEFAULT_WINDOW, ShardPlan
-from loaderkit._shard_readers import JsonlReader, OpenShard, ShardReader, TokenReader
+from loaderkit._shard_readers import OpenShard, ShardReader, TokenReader
 from loaderkit.errors import CollateError, ShardError
 from loaderkit.plan import _check_int
 from loaderkit.samplers import PlanBatchSampler

@@ -28,6 +28,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import loaderkit._jsonl
 import loaderkit._shard_index
 import loaderkit._shard_plan
 import loaderkit._shard_readers
@@ -81,6 +82,7 @@ def loader(ds: ShardedDataset, num_workers: int = 0, **kwargs: Any) -> Resumable
         loaderkit.sharding,
         loaderkit._shard_plan,
         loaderkit._shard_readers,
+        loaderkit._jsonl,
         loaderkit._shard_index,
     ],
 )
