@@ -103,7 +103,11 @@ class Shards(L.LightningDataModule):
     def train_dataloader(self) -> Any:
         ds = ShardedDataset(self.root, token_reader())  # sizes come from the index
         sampler = ds.batch_sampler(BATCH, seed=0, window=64)  # rank/world size: from DDP
-        return ResumableDataLoader(ds, batch_sampler=sampler, num_workers=2)
+        # Workers forked once per fit: forking afresh at each epoch from a DDP
+        # (gloo) process intermittently deadlocked in os.fork in our tests.
+        return ResumableDataLoader(
+            ds, batch_sampler=sampler, num_workers=2, persistent_workers=True
+        )
 
 
 def main() -> None:

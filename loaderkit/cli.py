@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-samples", type=_positive, default=3000)
     demo.add_argument("--max-len", type=_positive, default=256)
     demo.add_argument("--batch-size", type=_positive, default=32)
+    demo.add_argument(
+        "--max-tokens", type=_positive, default=None, help="token budget per batch (rows x length)"
+    )
     demo.add_argument("--epochs", type=_positive, default=2)
     demo.add_argument("--num-workers", type=_non_negative, default=2)
     demo.add_argument("--seed", type=_non_negative, default=0)
@@ -55,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_samples=args.max_samples,
                     max_len=args.max_len,
                     batch_size=args.batch_size,
+                    max_tokens=args.max_tokens,
                     epochs=args.epochs,
                     num_workers=args.num_workers,
                     seed=args.seed,

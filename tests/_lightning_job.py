@@ -74,8 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         kill_when=kill_when,
         records_path=str(args.out / f"records-rank{rank}.jsonl"),
     )
-    dm = IdDataModule(size=args.size, batch_size=args.batch_size, num_workers=args.num_workers)
     ddp = args.devices > 1
+    # Under DDP, workers forked afresh at each epoch intermittently deadlocked in
+    # os.fork (see tests/distributed/_train_shards.py): fork them once per fit.
+    dm = IdDataModule(
+        size=args.size,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        persistent_workers=ddp and args.num_workers > 0,
+    )
     trainer = L.Trainer(
         **trainer_kwargs(
             devices=args.devices,

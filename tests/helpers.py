@@ -89,9 +89,11 @@ class IdDataModule(L.LightningDataModule):
         rank: int | None = None,
         world_size: int | None = None,
         noise: bool = True,
+        persistent_workers: bool = False,
     ) -> None:
         super().__init__()
         self.size, self.batch_size, self.num_workers = size, batch_size, num_workers
+        self.persistent_workers = persistent_workers
         self.seed, self.rank, self.world_size, self.noise = seed, rank, world_size, noise
         self.loader: ResumableDataLoader | None = None
 
@@ -102,6 +104,7 @@ class IdDataModule(L.LightningDataModule):
             shuffle=True,
             seed=self.seed,
             num_workers=self.num_workers,
+            persistent_workers=self.persistent_workers,
             rank=self.rank,
             world_size=self.world_size,
         )

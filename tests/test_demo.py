@@ -66,6 +66,8 @@ def test_cli_demo_runs_as_a_user_would(tmp_path: Path) -> None:
         "48",
         "--batch-size",
         "16",
+        "--max-tokens",
+        "600",
         "--num-workers",
         "2",
         "--no-progress-bar",
@@ -76,6 +78,7 @@ def test_cli_demo_runs_as_a_user_would(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "loaderkit demo summary" in done.stdout
     assert "sample stream exact" in done.stdout
+    assert "max_tokens=600" in done.stdout
 
 
 def test_cli_rejects_bad_arguments_with_one_line() -> None:

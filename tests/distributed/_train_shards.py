@@ -61,7 +61,15 @@ class ShardData(L.LightningDataModule):
         a = self.args
         ds = ShardedDataset(a.data, TokenReader(seq_len=SEQ_LEN))
         sampler = ds.batch_sampler(a.batch_size, seed=a.seed, window=a.window)
-        return ResumableDataLoader(ds, batch_sampler=sampler, num_workers=a.num_workers)
+        # persistent_workers: forking a fresh set of workers at every epoch from a
+        # DDP (gloo) process intermittently deadlocked the child inside os.fork
+        # (1 run in 3 over 6 epochs); forking once per fit did not.
+        return ResumableDataLoader(
+            ds,
+            batch_sampler=sampler,
+            num_workers=a.num_workers,
+            persistent_workers=a.num_workers > 0,
+        )
 
 
 def main() -> int:
