@@ -67,7 +67,7 @@ class EpochIterator(Iterator[Any]):
 def run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, None, None]:
     # A function, not an EpochIterator method: the generator must not
     # reference the iterator that owns it (see ResumableDataLoader._live).
-    consumed = loader._consumed
+    consumed = loader._cursor.consumed
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):

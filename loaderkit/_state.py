@@ -7,7 +7,7 @@ from typing import Any
 
 from loaderkit.errors import StateMismatchError
 
-__all__ = ["STATE_VERSION", "check_state", "new_state"]
+__all__ = ["STATE_VERSION", "PlanCursor", "check_state", "new_state"]
 
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "position", "steps_done", "plan", "topology")
@@ -18,7 +18,7 @@ def new_state(
     epoch: int,
     position: int,
     steps_done: int,
-    plan: dict[str, Any],
+    plan: Mapping[str, Any],
     world_size: int,
     num_workers: int,
 ) -> dict[str, Any]:
@@ -108,3 +108,95 @@ def check_state(
                 f"be exact; build it with {key}={saved[key]!r} or start without the state."
             )
     return dict(state)
+
+
+class PlanCursor:
+    """Where a loader or sampler stands in its plan, and which epoch it iterates next.
+
+    The one place that keeps a position: ``(epoch, position, steps_done)`` plus
+    the rules for the next iteration. Each new iteration starts the next epoch
+    unless :meth:`set_epoch` named one; after :meth:`load`, the next iteration
+    is the rest of the saved epoch (or the epoch after it, if it was complete),
+    unless :meth:`set_epoch` named another.
+    """
+
+    __slots__ = ("_explicit", "_resume", "_started", "epoch", "position", "steps_done")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.position = 0
+        self.steps_done = 0
+        self._explicit: int | None = None
+        self._resume = False
+        self._started = False
+
+    @property
+    def started(self) -> bool:
+        """Whether an iteration has begun since construction."""
+        return self._started
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration ``epoch``."""
+        self._explicit = epoch
+
+    def upcoming(self, plan: Any) -> tuple[int, int, int]:
+        """``(epoch, start, steps already done in it)`` of the next iteration."""
+        complete = self.position >= plan.epoch_length(self.epoch)
+        resume_epoch = self.epoch + 1 if complete else self.epoch
+        if self._resume and self._explicit in (None, resume_epoch):
+            if complete:
+                return resume_epoch, 0, 0
+            return self.epoch, self.position, self.steps_done
+        if self._explicit is not None:
+            return self._explicit, 0, 0
+        return (self.epoch + 1 if self._started else self.epoch), 0, 0
+
+    def begin(self, plan: Any) -> tuple[int, int, int]:
+        """Start the next iteration; returns what :meth:`upcoming` said."""
+        epoch, start, steps_done = self.upcoming(plan)
+        self._resume, self._explicit, self._started = False, None, True
+        self.epoch, self.position, self.steps_done = epoch, start, steps_done
+        return epoch, start, steps_done
+
+    def consumed(self, position: int) -> None:
+        """One more batch of this rank was handed out; the plan is now at ``position``."""
+        self.position = position
+        self.steps_done += 1
+
+    def state(
+        self, fingerprint: Mapping[str, Any], *, world_size: int, num_workers: int
+    ) -> dict[str, Any]:
+        """The state dict of this position (see :func:`new_state`)."""
+        return new_state(
+            epoch=self.epoch,
+            position=self.position,
+            steps_done=self.steps_done,
+            plan=fingerprint,
+            world_size=world_size,
+            num_workers=num_workers,
+        )
+
+    def load(
+        self, state_dict: object, plan: Any, *, owner: str, adopt: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """Validate ``state_dict`` against ``plan`` and resume at its position.
+
+        Returns:
+            The validated state (its ``plan`` field holds the saved settings).
+
+        Raises:
+            StateMismatchError: see :func:`check_state`.
+            ValueError: the position lies past the end of its epoch.
+        """
+        state = check_state(state_dict, plan.fingerprint(), owner=owner, adopt=adopt)
+        length = plan.epoch_length(state["epoch"])
+        if state["position"] > length:
+            # Else upcoming() would read it as a finished epoch and move on silently.
+            raise ValueError(
+                f"{owner}.load_state_dict: field 'position' is {state['position']}, "
+                f"past the epoch length {length}."
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.steps_done = state["steps_done"]
+        self._resume, self._explicit = True, None
+        return state

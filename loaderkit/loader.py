@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit._epoch import EpochIterator, KeySource
 from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
-from loaderkit._state import check_state, new_state
+from loaderkit._state import PlanCursor
 from loaderkit.env import detect
 from loaderkit.plan import Plan, SamplePlan, Schedule
 from loaderkit.samplers import _LenWatch, check_resumable_sampler
@@ -242,14 +242,9 @@ class ResumableDataLoader:
         self._persistent = persistent_workers
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
-        # Position: the epoch of the current (or last) iteration, how far its
-        # order was consumed, and how many steps this rank took in it.
-        self._epoch = 0
-        self._position = 0
-        self._steps_done = 0
-        self._started = False
-        self._resume = False
-        self._explicit_epoch: int | None = None
+        # The epoch of the current (or last) iteration, how far its order was
+        # consumed, how many steps this rank took in it, and what comes next.
+        self._cursor = PlanCursor()
         # A weak reference: a strong one would put the live iterator, its
         # generator and the inner DataLoader's worker iterator in a reference
         # cycle. torch's worker iterator freed by the cycle collector loses its
@@ -265,28 +260,16 @@ class ResumableDataLoader:
         if self._topology_cache is not None:
             return self._topology_cache
         env = detect(rank=self._rank, world_size=self._world_size)
-        if self._started:
+        if self._cursor.started:
             # Fixed from the first batch on: the process group exists by then
             # (Lightning builds loaders after it), and state_dict() stays cheap.
             self._topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 
-    def _upcoming(self) -> tuple[int, int, int]:
-        """(epoch, start, steps already done in it) of the next iteration."""
-        complete = self._position >= self.plan.epoch_length(self._epoch)
-        resume_epoch = self._epoch + 1 if complete else self._epoch
-        if self._resume and self._explicit_epoch in (None, resume_epoch):
-            if complete:
-                return resume_epoch, 0, 0
-            return self._epoch, self._position, self._steps_done
-        if self._explicit_epoch is not None:
-            return self._explicit_epoch, 0, 0
-        return (self._epoch + 1 if self._started else self._epoch), 0, 0
-
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``."""
         _int_arg("epoch", epoch, 0, "pass the trainer's current epoch")
-        self._explicit_epoch = epoch
+        self._cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
@@ -301,16 +284,17 @@ class ResumableDataLoader:
         """
         _, world_size = self._topology()
         live = self._live_iterator()
+        cursor = self._cursor
         if (
             live is not None
             and live.schedule is not None
-            and self._position < self.plan.epoch_length(self._epoch)
+            and cursor.position < self.plan.epoch_length(cursor.epoch)
         ):
-            whole = self.plan.num_steps(self._epoch, start=0, world_size=world_size)
+            whole = self.plan.num_steps(cursor.epoch, start=0, world_size=world_size)
             length = max(whole, live.steps_before + live.schedule.num_steps)
             self._len_watch.answered(length)
             return length
-        epoch, start, steps_done = self._upcoming()
+        epoch, start, steps_done = cursor.upcoming(self.plan)
         whole = self.plan.num_steps(epoch, start=0, world_size=world_size)
         rest = self.plan.num_steps(epoch, start=start, world_size=world_size)
         self._len_watch.answered(max(whole, steps_done + rest))
@@ -334,14 +318,12 @@ class ResumableDataLoader:
         self._live = None
 
     def _begin(self) -> tuple[Schedule, int]:
-        epoch, start, steps_done = self._upcoming()
-        self._resume, self._explicit_epoch, self._started = False, None, True
-        self._epoch, self._position, self._steps_done = epoch, start, steps_done
+        epoch, start, steps_done = self._cursor.begin(self.plan)
         rank, world_size = self._topology()
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)
         if sched.num_steps == 0 and start > 0:
-            self._position = self.plan.epoch_length(epoch)  # a dropped tail: the epoch is over
+            self._cursor.position = self.plan.epoch_length(epoch)  # a dropped tail: it is over
         elif sched.num_steps == 0:
             raise ValueError(
                 f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
@@ -349,10 +331,6 @@ class ResumableDataLoader:
                 "lower batch_size or set drop_last=False."
             )
         return sched, steps_done
-
-    def _consumed(self, position: int) -> None:
-        self._position = position
-        self._steps_done += 1
 
     def _inner_loader(self, epoch: int) -> DataLoader[Any]:
         rank, _ = self._topology()
@@ -386,13 +364,8 @@ class ResumableDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far; the same on every rank."""
         _, world_size = self._topology()
-        return new_state(
-            epoch=self._epoch,
-            position=self._position,
-            steps_done=self._steps_done,
-            plan=self._fingerprint,
-            world_size=world_size,
-            num_workers=self.num_workers,
+        return self._cursor.state(
+            self._fingerprint, world_size=world_size, num_workers=self.num_workers
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -406,22 +379,11 @@ class ResumableDataLoader:
         # is the user's explicit choice, and a different saved one is a mismatch.
         can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan)
         adopt = ("seed",) if can_adopt else ()
-        state = check_state(
-            state_dict, self.plan.fingerprint(), owner="ResumableDataLoader", adopt=adopt
-        )
+        state = self._cursor.load(state_dict, self.plan, owner="ResumableDataLoader", adopt=adopt)
         saved_seed = state["plan"]["seed"]
         if saved_seed != self.seed and isinstance(self.plan, SamplePlan):
             self._adopt_seed(saved_seed)
-        length = self.plan.epoch_length(state["epoch"])
-        if state["position"] > length:
-            raise ValueError(
-                f"ResumableDataLoader.load_state_dict: field 'position' is "
-                f"{state['position']}, past the epoch length {length}."
-            )
-        self._epoch, self._position = state["epoch"], state["position"]
-        self._steps_done = state["steps_done"]
         self._supersede()
-        self._resume, self._explicit_epoch = True, None
 
     def _adopt_seed(self, seed: int) -> None:
         assert isinstance(self.plan, SamplePlan)

@@ -27,7 +27,7 @@ from torch.utils.data import Sampler, SequentialSampler
 
 from loaderkit._bucketing import BucketPlan, Oversize
 from loaderkit._lengths import compute_lengths
-from loaderkit._state import check_state, new_state
+from loaderkit._state import PlanCursor
 from loaderkit.env import detect
 from loaderkit.plan import Plan
 
@@ -59,13 +59,23 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.plan = plan
         self.rank = rank
         self.world_size = world_size
-        self.epoch = 0
-        self.position = 0
-        self.steps_done = 0
-        self._explicit_epoch: int | None = None
-        self._resume = False
-        self._started = False
+        self._cursor = PlanCursor()
         self._len_watch = _LenWatch()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or last) iteration."""
+        return self._cursor.epoch
+
+    @property
+    def position(self) -> int:
+        """Global position in that epoch's plan after the batches drawn so far."""
+        return self._cursor.position
+
+    @property
+    def steps_done(self) -> int:
+        """Batches this rank drew in that epoch."""
+        return self._cursor.steps_done
 
     def _topology(self) -> tuple[int, int]:
         env = detect(rank=self.rank, world_size=self.world_size)
@@ -75,34 +85,21 @@ class PlanBatchSampler(Sampler[list[int]]):
         """Make the next iteration yield ``epoch`` (from its start, unless resuming it)."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}.")
-        self._explicit_epoch = epoch
-
-    def _next_epoch_start(self) -> tuple[int, int]:
-        resume_epoch = self.epoch + (self.position >= self.plan.epoch_length(self.epoch))
-        if self._resume and self._explicit_epoch in (None, resume_epoch):
-            start = self.position if resume_epoch == self.epoch else 0
-            return resume_epoch, start
-        if self._explicit_epoch is not None:
-            return self._explicit_epoch, 0
-        return (self.epoch + 1 if self._started else self.epoch), 0
+        self._cursor.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        epoch, start = self._next_epoch_start()
-        if start == 0:  # only a resume starts mid-epoch, with the loaded steps_done
-            self.steps_done = 0
-        self._resume, self._explicit_epoch, self._started = False, None, True
-        self.epoch, self.position = epoch, start
+        cursor = self._cursor
+        epoch, start, _ = cursor.begin(self.plan)
         rank, world_size = self._topology()
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("PlanBatchSampler", epoch, sched.num_steps)
         for step in range(sched.num_steps):
             batch = sched.indices(step).tolist()
-            self.position = sched.position_after(step)
-            self.steps_done += 1
+            cursor.consumed(sched.position_after(step))
             yield batch
 
     def __len__(self) -> int:
-        epoch, start = self._next_epoch_start()
+        epoch, start, _ = self._cursor.upcoming(self.plan)
         _, world_size = self._topology()
         length = self.plan.num_steps(epoch, start=start, world_size=world_size)
         if start == 0:  # a resumed epoch's rest is no whole epoch's length
@@ -112,28 +109,11 @@ class PlanBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
         _, world_size = self._topology()
-        return new_state(
-            epoch=self.epoch,
-            position=self.position,
-            steps_done=self.steps_done,
-            plan=self.plan.fingerprint(),
-            world_size=world_size,
-            num_workers=0,
-        )
+        return self._cursor.state(self.plan.fingerprint(), world_size=world_size, num_workers=0)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
-        state = check_state(state_dict, self.plan.fingerprint(), owner="PlanBatchSampler")
-        length = self.plan.epoch_length(state["epoch"])
-        if state["position"] > length:
-            # Else _next_epoch_start would read it as a finished epoch and move on silently.
-            raise ValueError(
-                f"PlanBatchSampler.load_state_dict: field 'position' is {state['position']}, "
-                f"past the epoch length {length}."
-            )
-        self.epoch, self.position = state["epoch"], state["position"]
-        self.steps_done = state["steps_done"]
-        self._resume, self._explicit_epoch = True, None
+        self._cursor.load(state_dict, self.plan, owner="PlanBatchSampler")
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
