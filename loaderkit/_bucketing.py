@@ -61,7 +61,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from loaderkit.plan import permutation_check
+from loaderkit.plan import SamplePlan, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
 
 __all__ = ["BucketPlan", "as_lengths"]
@@ -293,8 +293,10 @@ class BucketPlan:
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from position ``start`` to the end of ``epoch``."""
         total = self._check_position(epoch, start, world_size)
-        full, rest = divmod(total - start, world_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        if total == 0:
+            return 0
+        dealing = SamplePlan(num_samples=total, batch_size=1, drop_last=self.drop_last)
+        return dealing.num_steps(epoch, start=start, world_size=world_size)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
@@ -304,8 +306,7 @@ class BucketPlan:
             raise ValueError(
                 f"BucketBatchSampler: rank must be < world_size={world_size}, got {rank}."
             )
-        steps = self.num_steps(epoch, start=start, world_size=world_size)
-        return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, steps)
+        return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a saved position is only meaningful for (lengths by checksum)."""
@@ -446,38 +447,36 @@ def _greedy_starts(
 
 
 class _BucketSchedule:
-    """One rank's rest-of-epoch under a :class:`BucketPlan` (see the module docstring)."""
+    """One rank's rest-of-epoch under a :class:`BucketPlan`.
 
-    __slots__ = (
-        "_bounds",
-        "_order",
-        "_rank",
-        "_seq",
-        "_total",
-        "_ws",
-        "epoch",
-        "num_steps",
-        "start",
-    )
+    Dealing the global batch sequence to the ranks is the sample plan's own
+    dealing with one "sample" per batch: :class:`~loaderkit.plan.SamplePlan`'s
+    schedule over the batch ids (W consecutive ids per global step, the tail
+    dropped or repeated from the start), mapped here to each batch's samples.
+    """
+
+    __slots__ = ("_bounds", "_dealt", "_order", "epoch", "num_steps", "start")
 
     def __init__(
-        self, ep: _Epoch, epoch: int, start: int, rank: int, world_size: int, steps: int
+        self, ep: _Epoch, epoch: int, start: int, rank: int, world_size: int, drop_last: bool
     ) -> None:
-        self.epoch, self.start, self.num_steps = epoch, start, steps
-        self._order, self._bounds, self._seq = ep.order, ep.bounds, ep.sequence
-        self._total = int(ep.sequence.size)
-        self._rank, self._ws = rank, world_size
+        self.epoch, self.start = epoch, start
+        self._order, self._bounds = ep.order, ep.bounds
+        total = int(ep.sequence.size)
+        self._dealt: _FixedSchedule | None = None
+        self.num_steps = 0
+        if total:  # a plan of no batch (all dropped) deals nothing
+            dealing = SamplePlan(num_samples=total, batch_size=1, drop_last=drop_last)
+            ids = torch.from_numpy(ep.sequence.astype(np.int64, copy=False))
+            self._dealt = _FixedSchedule(dealing, ids, epoch, start, rank, world_size)
+            self.num_steps = self._dealt.num_steps
 
     def indices(self, step: int) -> torch.Tensor:
-        if not 0 <= step < self.num_steps:
-            raise IndexError(f"step must be in [0, {self.num_steps}), got {step}.")
-        g = self.start + step * self._ws + self._rank
-        if g >= self._total:  # the padded last step: repeat from the epoch's first batches
-            g = (g - self._total) % self._total
-        b = self._seq[g]
+        if self._dealt is None:
+            raise IndexError(f"step must be in [0, 0), got {step}.")
+        b = self._dealt.indices_numpy(step)[0]
         return torch.from_numpy(self._order[self._bounds[b] : self._bounds[b + 1]])
 
     def position_after(self, step: int) -> int:
-        if step + 1 >= self.num_steps:
-            return self._total  # the epoch is complete, whatever was dropped or repeated
-        return self.start + (step + 1) * self._ws
+        assert self._dealt is not None
+        return self._dealt.position_after(step)

@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from loaderkit.seeding import derive_seed
@@ -262,11 +263,15 @@ class _FixedSchedule:
         return self._order[wrapped[lo : lo + self._tail_batch]]
 
     def indices(self, step: int) -> torch.Tensor:
+        return torch.from_numpy(self.indices_numpy(step))
+
+    def indices_numpy(self, step: int) -> np.ndarray:
+        """:meth:`indices` as a numpy view, for callers that index with it themselves."""
         if step < self._full:
             lo = self.start + step * self._global + self._rank * self._batch
-            return torch.from_numpy(self._np_order[lo : lo + self._batch])
+            return self._np_order[lo : lo + self._batch]
         if step == self._full and self._tail is not None:
-            return self._tail
+            return self._tail.numpy()
         raise IndexError(f"step must be in [0, {self.num_steps}), got {step}.")
 
     def position_after(self, step: int) -> int:
