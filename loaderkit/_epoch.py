@@ -53,7 +53,9 @@ class EpochIterator(Iterator[Any]):
                 "ResumableDataLoader: this iterator was superseded by a newer iter() or "
                 "load_state_dict(); iterate the loader again."
             )
-        if self._batches is None:
+        if self._batches is None and loader._stream is not None:
+            self._batches = loader._stream.iterate()
+        elif self._batches is None:
             self.schedule, self.steps_before = loader._begin()
             self._batches = run_epoch(loader, self.schedule)
         return next(self._batches)

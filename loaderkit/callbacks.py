@@ -23,6 +23,7 @@ need no callback.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import lightning as L
@@ -51,11 +52,35 @@ class ElasticResume(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
+        _watch_prefetch(trainer)
         _sync_lengths(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Each new epoch is a whole epoch again under the current world size."""
+        _watch_prefetch(trainer)
         _sync_lengths(trainer)
+
+
+class _HeldBatches:
+    """How many batches Lightning's train fetcher took from the loader but has not
+    trained on yet (weakly bound: the loader must not keep the trainer alive)."""
+
+    def __init__(self, trainer: L.Trainer) -> None:
+        self._loop = weakref.ref(trainer.fit_loop)
+
+    def __call__(self) -> int:
+        loop = self._loop()
+        fetcher = None if loop is None else loop._data_fetcher
+        return len(getattr(fetcher, "batches", ()) or ())
+
+
+def _watch_prefetch(trainer: L.Trainer) -> None:
+    """Let unsized stream loaders subtract the batch Lightning prefetched from their state."""
+    combined = trainer.fit_loop._combined_loader
+    for dl in [] if combined is None else combined.flattened:
+        engine = getattr(dl, "_stream", None) if isinstance(dl, ResumableDataLoader) else None
+        if engine is not None:
+            engine.held_batches = _HeldBatches(trainer)
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:
@@ -98,7 +123,7 @@ def _sync_lengths(trainer: L.Trainer) -> None:
 
 
 def _is_planned(loader: object) -> bool:
-    """A loader whose length comes from a loaderkit plan."""
-    return isinstance(loader, ResumableDataLoader) or isinstance(
-        getattr(loader, "batch_sampler", None), PlanBatchSampler
-    )
+    """A loader whose length comes from a loaderkit plan (unsized streams have none)."""
+    if isinstance(loader, ResumableDataLoader):
+        return sized_len(loader) is not None
+    return isinstance(getattr(loader, "batch_sampler", None), PlanBatchSampler)

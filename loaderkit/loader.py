@@ -37,6 +37,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from loaderkit._epoch import EpochIterator, KeySource
 from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
 from loaderkit._state import PlanCursor
+from loaderkit._stream import StreamingShardedDataset
+from loaderkit._stream_loader import StreamEngine
 from loaderkit.env import detect
 from loaderkit.plan import Plan, SamplePlan, Schedule
 from loaderkit.samplers import _LenWatch, check_resumable_sampler
@@ -139,14 +141,23 @@ class ResumableDataLoader:
         world_size: int | None = None,
         per_sample_seeding: bool | Literal["auto"] = "auto",
     ) -> None:
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        stream = isinstance(dataset, StreamingShardedDataset)
+        if not stream and (
+            isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
+        ):
             raise TypeError(
                 f"ResumableDataLoader: dataset must be map-style (with __len__ and "
-                f"__getitem__), got {type(dataset).__name__}; wrap streams in loaderkit's "
-                "sharded datasets, which know their position."
+                f"__getitem__) or a StreamingShardedDataset, got {type(dataset).__name__}; wrap "
+                "streams in loaderkit's sharded datasets, which know their position."
             )
-        size = len(dataset)
-        if size == 0:
+        if stream and (sampler is not None or batch_sampler is not None or shuffle):
+            raise ValueError(
+                "ResumableDataLoader: a StreamingShardedDataset takes no sampler, batch_sampler "
+                "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
+                "them unset."
+            )
+        size = 0 if stream else len(dataset)
+        if size == 0 and not stream:
             raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
@@ -180,7 +191,11 @@ class ResumableDataLoader:
             seed %= 2**63
         self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
         self.plan: Plan
-        if batch_sampler is not None:
+        if stream:
+            _int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
+            # Stands in for the plan in code shared with map-style data; never iterated.
+            self.plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=self.seed)
+        elif batch_sampler is not None:
             self.plan = batch_sampler.plan
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
@@ -193,7 +208,7 @@ class ResumableDataLoader:
                 seed=self.seed,
                 drop_last=drop_last,
             )
-        if self.plan.num_samples != size:
+        if self.plan.num_samples != size and not stream:
             raise ValueError(
                 f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
                 f"samples but the dataset has {size}; build the plan with num_samples={size}."
@@ -254,13 +269,24 @@ class ResumableDataLoader:
         self._topology_cache: tuple[int, int] | None = None
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
+        self._stream: StreamEngine | None = None
+        if stream:
+            self._stream = StreamEngine(
+                self,
+                dataset,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                collate_fn=collate_fn,
+                # Streams have no get_batch: every sample may carry randomness.
+                per_sample_seeding=per_sample_seeding is not False,
+            )
 
     # ----------------------------------------------------------------- epochs
     def _topology(self) -> tuple[int, int]:
         if self._topology_cache is not None:
             return self._topology_cache
         env = detect(rank=self._rank, world_size=self._world_size)
-        if self._cursor.started:
+        if self._cursor.started or (self._stream is not None and self._stream.started):
             # Fixed from the first batch on: the process group exists by then
             # (Lightning builds loaders after it), and state_dict() stays cheap.
             self._topology_cache = (env.rank, env.world_size)
@@ -269,6 +295,9 @@ class ResumableDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``."""
         _int_arg("epoch", epoch, 0, "pass the trainer's current epoch")
+        if self._stream is not None:
+            self._stream.set_epoch(epoch)
+            return
         self._cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
@@ -282,6 +311,8 @@ class ResumableDataLoader:
         it. An epoch that yields fewer ends with ``StopIteration``, which
         Lightning handles.
         """
+        if self._stream is not None:
+            return self._stream.length()
         _, world_size = self._topology()
         live = self._live_iterator()
         cursor = self._cursor
@@ -362,7 +393,13 @@ class ResumableDataLoader:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The position of the batches handed out so far; the same on every rank."""
+        """The position of the batches handed out so far; the same on every rank.
+
+        For a :class:`~loaderkit.StreamingShardedDataset` under DDP this gathers
+        every rank's cursors, so every rank must call it (Lightning does).
+        """
+        if self._stream is not None:
+            return self._stream.state()
         _, world_size = self._topology()
         return self._cursor.state(
             self._fingerprint, world_size=world_size, num_workers=self.num_workers
@@ -377,6 +414,12 @@ class ResumableDataLoader:
         """
         # Only a SamplePlan can be rebuilt with the saved seed; any other plan's seed
         # is the user's explicit choice, and a different saved one is a mismatch.
+        if self._stream is not None:
+            self._supersede()
+            adopted = self._stream.load(state_dict, adopt_seed=not self._seed_explicit)
+            if adopted is not None:
+                self.seed = adopted
+            return
         can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan)
         adopt = ("seed",) if can_adopt else ()
         state = self._cursor.load(state_dict, self.plan, owner="ResumableDataLoader", adopt=adopt)
