@@ -37,11 +37,14 @@ from loaderkit.seeding import (
     worker_seed,
 )
 from loaderkit.sharding import (
+    IterableReader,
     JsonlReader,
     OpenShard,
     ShardedDataset,
     ShardPlan,
     ShardReader,
+    StreamingShardedDataset,
+    StreamReader,
     TokenReader,
     write_shards,
 )
@@ -65,6 +68,7 @@ __all__ = [
     "CollateError",
     "DevicePrefetcher",
     "ElasticResume",
+    "IterableReader",
     "JsonlReader",
     "LoaderkitError",
     "MissingShardError",
@@ -82,6 +86,8 @@ __all__ = [
     "ShardedDataset",
     "StateMismatchError",
     "Stateful",
+    "StreamReader",
+    "StreamingShardedDataset",
     "TensorDataset",
     "TokenReader",
     "WorkerEnv",

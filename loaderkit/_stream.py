@@ -46,6 +46,7 @@ from loaderkit.seeding import derive_seed, seeded_sample
 __all__ = ["Cursor", "IterableReader", "StreamReader", "StreamingShardedDataset", "slot_stream"]
 
 _OFFSET_BITS = 40  # a sample's seeding key is shard << 40 | offset
+EMPTY_PASSES = 32  # consecutive passes without a sample before a slot is declared starved
 
 
 @runtime_checkable
@@ -335,6 +336,7 @@ def slot_stream(
     cycle mode (it could never fill its share of an epoch).
     """
     pass_, pos, offset, seen = cursor
+    empty = 0
     while True:
         shards, stride = ds.slot_shards(seed, pass_, slot, slots)
         took = False
@@ -359,12 +361,15 @@ def slot_stream(
             pos, offset = pos + 1, 0
         if not cycle:
             return
-        if not took and cursor == Cursor.start(pass_):
+        empty = 0 if took else empty + 1
+        # A pass may give a slot only empty shards; the next pass deals them anew.
+        # Without shuffling, or after many such passes, it never will get any.
+        if empty >= (EMPTY_PASSES if ds.shuffle_shards else 1):
+            names = [shard_name(ds.shards[s]) for s in shards]
             raise LoaderkitError(
-                f"StreamingShardedDataset: slot {slot} of {slots} read no sample in a whole "
-                f"pass over its shards {[shard_name(ds.shards[s]) for s in shards]}, so it "
-                "cannot fill its share of steps_per_epoch; use more (non-empty) shards than "
-                "ranks x workers, or fewer workers."
+                f"StreamingShardedDataset: slot {slot} of {slots} read no sample in {empty} "
+                f"whole pass(es) over its shards (last: {names}), "
+                "so it cannot fill its share of steps_per_epoch; use more (non-empty) shards "
+                "than ranks x workers, or fewer workers."
             )
         pass_, pos, offset, seen = pass_ + 1, 0, 0, 0
-        cursor = Cursor.start(pass_)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,10 @@ class _SlotBatches(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[tuple[int, Cursor, Any]]:
         info = get_worker_info()
-        worker = 0 if info is None else info.id
+        return self.batches(0 if info is None else info.id)
+
+    def batches(self, worker: int) -> Iterator[tuple[int, Cursor, Any]]:
+        """Worker ``worker``'s batches: ``(local slot, cursor after, batch)``."""
         if self._iterations == 0:
             local = (worker + self.rotation) % self.workers
             steps_done, cursor = self.steps_done, self.cursors[local]
@@ -120,7 +124,9 @@ class StreamEngine:
         collate_fn: Callable[[list[Any]], Any] | None,
         per_sample_seeding: bool,
     ) -> None:
-        self.loader = loader
+        # Weak: the loader holds this engine, and a reference cycle would leave
+        # persistent workers to the cycle collector (5 s join stall per worker).
+        self._loader = weakref.ref(loader)
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -142,6 +148,12 @@ class StreamEngine:
         self._inner_next: int | None = None  # epoch persistent workers would serve next
         self.held_batches: Callable[[], int] | None = None
         self._warned = False
+
+    @property
+    def loader(self) -> ResumableDataLoader:
+        loader = self._loader()
+        assert loader is not None, "the engine outlived its loader"
+        return loader
 
     @property
     def started(self) -> bool:
@@ -248,8 +260,7 @@ class StreamEngine:
         loader = self.loader
         if self._inner is not None and self._inner_next == self.epoch and rotation == 0:
             return self._inner  # persistent workers already at this epoch's cursors
-        if self._inner is not None:
-            self._inner = None  # its workers stop when the DataLoader is collected
+        self.close()
         rank, _ = loader._topology()
         # A resumed epoch that starts mid-turn needs its own workers: persistent
         # ones keep playing the slot they started with.
@@ -282,7 +293,10 @@ class StreamEngine:
             self._inner, self._inner_next = None, None
 
     def close(self) -> None:
-        """Forget persistent workers (a state was loaded or the epoch was abandoned)."""
+        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
+        inner = self._inner
+        if inner is not None and inner._iterator is not None:
+            stop_workers(inner, inner._iterator)
         self._inner, self._inner_next = None, None
 
     # ------------------------------------------------------------------ state
@@ -317,11 +331,12 @@ class StreamEngine:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
         mine = {"cursors": [None if c is None else list(c) for c in cursors], "next": next_local}
-        _, world_size = self.loader._topology()
-        ranks: list[Any] = [mine]
+        rank, world_size = self.loader._topology()
+        ranks: list[Any] = [None] * world_size
         if world_size > 1 and dist.is_available() and dist.is_initialized():
-            ranks = [None] * world_size
             dist.all_gather_object(ranks, mine)
+        else:  # ranks simulated without a process group: each state holds its own rank only
+            ranks[rank] = mine
         return {
             "version": STATE_VERSION,
             "kind": "stream",
@@ -377,6 +392,12 @@ class StreamEngine:
                 "resume."
             )
         mine = state["ranks"][rank]
+        if not isinstance(mine, dict):
+            raise StateMismatchError(
+                f"{owner}: the state holds no cursors for rank {rank} (it was saved without a "
+                "torch.distributed process group, so each rank's state_dict() holds only its "
+                "own); save it under torch.distributed, or load each rank its own state."
+            )
         self.cursors = [None if c is None else Cursor(*c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
         self.epoch, self.steps_done = int(state["epoch"]), int(state["steps_done"])

@@ -77,16 +77,20 @@ from loaderkit._shard_index import IndexEntry, load_or_build_index, write_shards
 from loaderkit._shard_open import OpenShards, resolve_shards, shard_name
 from loaderkit._shard_plan import DEFAULT_WINDOW, ShardPlan
 from loaderkit._shard_readers import OpenShard, ShardReader, TokenReader
+from loaderkit._stream import IterableReader, StreamingShardedDataset, StreamReader
 from loaderkit.errors import CollateError, ShardError
 from loaderkit.plan import _check_int
 from loaderkit.samplers import PlanBatchSampler
 
 __all__ = [
+    "IterableReader",
     "JsonlReader",
     "OpenShard",
     "ShardPlan",
     "ShardReader",
     "ShardedDataset",
+    "StreamReader",
+    "StreamingShardedDataset",
     "TokenReader",
     "write_shards",
 ]
