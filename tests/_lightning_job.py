@@ -4,6 +4,7 @@ Usage::
 
     python tests/_lightning_job.py --out DIR [--num-workers N] [--devices D]
         [--every K] [--kill-at K | --fail-at K] [--resume CKPT]
+        [--stream [--steps-per-epoch N]]
 
 Writes ``DIR/records-rank{R}.jsonl`` (one line per trained batch, flushed at
 once, so a killed run leaves a complete trail), checkpoints every ``--every``
@@ -32,6 +33,8 @@ import lightning as L
 from helpers import IdDataModule, IdModule, Interrupted, trainer_kwargs
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from loaderkit import ElasticResume
+
 
 class DumpLoaderState(Callback):
     """Every rank writes its own loader state at each checkpointed step."""
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--resume", type=str, default=None)
+    parser.add_argument("--stream", action="store_true", help="a StreamingShardedDataset")
+    parser.add_argument("--steps-per-epoch", type=int, default=None)
     args = parser.parse_args(argv)
 
     warnings.filterwarnings("ignore")  # keep the logs the tests print on failure readable
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         persistent_workers=ddp and args.num_workers > 0,
+        stream=args.stream,
+        steps_per_epoch=args.steps_per_epoch,
     )
     trainer = L.Trainer(
         **trainer_kwargs(
@@ -97,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     save_top_k=-1,
                 ),
                 DumpLoaderState(args.out, args.every),
+                # Rewinds the batch Lightning prefetches from a stream without a length.
+                ElasticResume(),
             ],
         )
     )

@@ -14,6 +14,7 @@ records, in order, are its sample stream. The oracle compares such streams.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ import lightning as L
 import torch
 from torch.utils.data import Dataset
 
-from loaderkit import ResumableDataLoader
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
 
 __all__ = [
     "IdDataModule",
@@ -77,8 +78,34 @@ class IdDataset(Dataset[dict[str, Any]]):
         return {"id": index, "x": x}
 
 
+# Uneven stream shards (fractions of the dataset), one of them empty.
+_STREAM_CUTS = (0.0, 0.2, 0.2, 0.35, 0.65, 0.72, 1.0)
+
+
+def id_stream_shards(size: int) -> list[tuple[int, int]]:
+    """``(first id, count)`` shards covering ``range(size)``: uneven, one empty."""
+    cuts = [round(f * size) for f in _STREAM_CUTS]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
+
+
+def read_id_shard(shard: tuple[int, int]) -> Any:
+    """The samples of an id stream shard (a generator: a stream of unknown length)."""
+    start, n = shard
+    for i in range(start, start + n):
+        yield {"id": i, "x": torch.full((4,), i / 64)}
+
+
+def add_noise(sample: dict[str, Any]) -> dict[str, Any]:
+    """A random augmentation drawing from torch's global RNG."""
+    return {**sample, "x": sample["x"] + torch.rand(4)}
+
+
 class IdDataModule(L.LightningDataModule):
-    """A DataModule whose train loader is a fresh :class:`ResumableDataLoader` per call."""
+    """A DataModule whose train loader is a fresh :class:`ResumableDataLoader` per call.
+
+    ``stream=True`` serves the ids as a :class:`StreamingShardedDataset` over
+    :func:`id_stream_shards` (``steps_per_epoch`` optional) instead of a map-style dataset.
+    """
 
     def __init__(
         self,
@@ -90,18 +117,29 @@ class IdDataModule(L.LightningDataModule):
         world_size: int | None = None,
         noise: bool = True,
         persistent_workers: bool = False,
+        stream: bool = False,
+        steps_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
+        self.stream, self.steps_per_epoch = stream, steps_per_epoch
         self.size, self.batch_size, self.num_workers = size, batch_size, num_workers
         self.persistent_workers = persistent_workers
         self.seed, self.rank, self.world_size, self.noise = seed, rank, world_size, noise
         self.loader: ResumableDataLoader | None = None
 
     def train_dataloader(self) -> ResumableDataLoader:
+        dataset: Any = IdDataset(self.size, noise=self.noise)
+        if self.stream:
+            dataset = StreamingShardedDataset(
+                id_stream_shards(self.size),
+                IterableReader(read_id_shard),
+                transform=add_noise if self.noise else None,
+                steps_per_epoch=self.steps_per_epoch,
+            )
         self.loader = ResumableDataLoader(
-            IdDataset(self.size, noise=self.noise),
+            dataset,
             batch_size=self.batch_size,
-            shuffle=True,
+            shuffle=not self.stream,
             seed=self.seed,
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers,
