@@ -30,7 +30,8 @@ is printed for reference.
 
 Streams (``--stream-samples``, default 2M, in ``--stream-shards`` generator
 shards): ``StreamingShardedDataset`` (per-slot cursors: resume skips whole
-shards unopened and drops at most one shard's head) vs ``StatefulDataLoader``
+shards unopened; seeks inside a seekable shard, drops the head of a generator
+shard) vs ``StatefulDataLoader``
 over the same shards as one plain ``IterableDataset`` (resumed by replay).
 
 Run: ``python benchmarks/resume/bench.py`` (about 70 s on 2 cores).
@@ -280,6 +281,16 @@ def read_span(shard: tuple[int, int]) -> Any:
     return iter(range(start, start + n))
 
 
+class SeekableSpans:
+    """The same shards in a format that can seek (like a memory map): ``iter_from`` jumps."""
+
+    suffixes = ()
+
+    def iter_from(self, shard: tuple[int, int], offset: int) -> Any:
+        start, n = shard
+        return iter(range(start + offset, start + n))
+
+
 class SpanStream(IterableDataset[int]):
     """The same shards as one plain iterable (what StatefulDataLoader resumes by replay)."""
 
@@ -296,9 +307,13 @@ def stream_rows(args: argparse.Namespace) -> list[Ratio]:
     n, bs, k = args.stream_samples, args.batch_size, args.stream_shards
     shards = [(i * n // k, (i + 1) * n // k - i * n // k) for i in range(k)]
     ds = StreamingShardedDataset(shards, IterableReader(read_span), shuffle_shards=False)
+    seekable = StreamingShardedDataset(shards, SeekableSpans(), shuffle_shards=False)
     makers: dict[str, Callable[[], Any]] = {
-        "ResumableDataLoader(StreamingShardedDataset)": lambda: ResumableDataLoader(
-            ds, batch_size=bs, seed=0
+        "ResumableDataLoader(StreamingShardedDataset), seekable shards": lambda: (
+            ResumableDataLoader(seekable, batch_size=bs, seed=0)
+        ),
+        "ResumableDataLoader(StreamingShardedDataset), generator shards": lambda: (
+            ResumableDataLoader(ds, batch_size=bs, seed=0)
         ),
         "torchdata StatefulDataLoader(IterableDataset)": lambda: StatefulDataLoader(
             SpanStream(shards), batch_size=bs
@@ -343,17 +358,24 @@ def stream_rows(args: argparse.Namespace) -> list[Ratio]:
     for name, t in times.items():
         cells = " | ".join(_seconds(t[f]) for f in FRACTIONS)
         print(f"| {name} | {cells} | {t[0.9] / t[0.0]:.2f}x |")
-    ours, theirs = times.values()
-    ratio = ours[0.9] / ours[0.0]
-    verdict = "met" if ratio <= 1.2 else "MISSED"
+    seek, gen, theirs = times.values()
+    ratios = []
+    for label, ours in (("seekable shards", seek), ("generator shards", gen)):
+        ratio = ours[0.9] / ours[0.0]
+        verdict = "met" if ratio <= 1.2 else "MISSED"
+        print(
+            f"Goal stream ({label}) 90 % <= 1.2x 0 %: {ratio:.2f}x, {verdict}; "
+            f"StatefulDataLoader is {theirs[0.9] / ours[0.9]:.0f}x slower at 90 %"
+        )
+        ratios += [
+            Ratio(f"90 % / 0 %, stream, {label}", ratio, 1.2, higher_is_better=False),
+            Ratio(f"StatefulDataLoader / this at 90 %, stream, {label}", theirs[0.9] / ours[0.9]),
+        ]
     print(
-        f"Goal stream 90 % <= 1.2x 0 %: {ratio:.2f}x, {verdict}; StatefulDataLoader "
-        f"{theirs[0.9] / theirs[0.0]:.1f}x, {theirs[0.9] / ours[0.9]:.0f}x slower at 90 %"
+        f"Generator shards drop the head of the shard they resume in (up to {n // k:,} "
+        "samples here): bounded by the shard size, not by the position."
     )
-    return [
-        Ratio("90 % / 0 %, stream", ratio, 1.2, higher_is_better=False),
-        Ratio("StatefulDataLoader / this at 90 %, stream", theirs[0.9] / ours[0.9]),
-    ]
+    return ratios
 
 
 if __name__ == "__main__":
