@@ -16,7 +16,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,vision]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,vision,examples,bench]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

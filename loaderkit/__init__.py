@@ -1,18 +1,28 @@
 """loaderkit: the data layer for PyTorch Lightning training.
 
 Padding collate, a resumable sample plan split across ranks, seeded
-per-sample randomness, and accelerator-aware transfer. Everything public is
+per-sample randomness, accelerator-aware transfer, and ready
+LightningDataModules. Everything public is
 imported here; modules starting with ``_`` are private.
 """
 
 from loaderkit._bucketing import BucketPlan
 from loaderkit.callbacks import ElasticResume
 from loaderkit.collate import PadCollate, PaddedBatch
+from loaderkit.datamodules import (
+    ArrayDataModule,
+    ImageFolderDataModule,
+    LoaderDataModule,
+    SequenceDataModule,
+    ShardedDataModule,
+    TensorDataModule,
+)
 from loaderkit.datasets import ArrayDataset, TensorDataset
 from loaderkit.env import WorkerEnv, detect
 from loaderkit.errors import (
     CollateError,
     LoaderkitError,
+    MissingDependencyError,
     MissingShardError,
     ShardError,
     StateMismatchError,
@@ -62,15 +72,19 @@ from loaderkit.types import Stateful
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArrayDataModule",
     "ArrayDataset",
     "BucketBatchSampler",
     "BucketPlan",
     "CollateError",
     "DevicePrefetcher",
     "ElasticResume",
+    "ImageFolderDataModule",
     "IterableReader",
     "JsonlReader",
+    "LoaderDataModule",
     "LoaderkitError",
+    "MissingDependencyError",
     "MissingShardError",
     "OpenShard",
     "PadCollate",
@@ -80,14 +94,17 @@ __all__ = [
     "ResumableDataLoader",
     "SamplePlan",
     "Schedule",
+    "SequenceDataModule",
     "ShardError",
     "ShardPlan",
     "ShardReader",
+    "ShardedDataModule",
     "ShardedDataset",
     "StateMismatchError",
     "Stateful",
     "StreamReader",
     "StreamingShardedDataset",
+    "TensorDataModule",
     "TensorDataset",
     "TokenReader",
     "WorkerEnv",

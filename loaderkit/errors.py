@@ -13,6 +13,7 @@ import re
 __all__ = [
     "CollateError",
     "LoaderkitError",
+    "MissingDependencyError",
     "MissingShardError",
     "ShardError",
     "StateMismatchError",
@@ -66,3 +67,7 @@ class ShardError(LoaderkitError, ValueError):
 
 class MissingShardError(ShardError, FileNotFoundError):
     """A shard file (or its offsets sidecar) does not exist."""
+
+
+class MissingDependencyError(LoaderkitError, ImportError):
+    """An optional dependency (an extra such as ``loaderkit[vision]``) is not installed."""

@@ -17,6 +17,7 @@ def test_all_lists_every_public_module_name() -> None:
     for module_name in (
         "callbacks",
         "collate",
+        "datamodules",
         "datasets",
         "errors",
         "loader",

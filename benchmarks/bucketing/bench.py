@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from loaderkit._bench_cli import Ratio, report
 from loaderkit.collate import PadCollate
 from loaderkit.plan import SamplePlan
 from loaderkit.samplers import BucketBatchSampler
@@ -270,6 +271,17 @@ def main() -> None:
             f"{100 * row['share']:.3f}% |"
         )
     print(f"\nbench wall time {time.perf_counter() - start:.0f} s")
+    # For `loaderkit bench`: the padding goal per loaderkit row, then the training speed-ups.
+    ratios = [
+        Ratio(f"padded %, {r['dist']}, {r['name']}", 100 * r["padded"], 3.0, False, "%")
+        for r in loaderkit
+    ]
+    for r in loaderkit:
+        base = next(b for b in rows if b["dist"] == r["dist"] and b["name"].startswith("random"))
+        ratios.append(
+            Ratio(f"tok/s vs random, {r['dist']}, {r['name']}", r["mtok_s"] / base["mtok_s"])
+        )
+    report(ratios)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from loaderkit._bench_cli import Ratio, report
 from loaderkit.collate import PadCollate
 
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -150,6 +151,14 @@ def main() -> None:
     for label, (num, den) in ratios.items():
         cells = " | ".join(f"**{results[d][num] / results[d][den]:.2f}x**" for d in dists)
         print(f"| {label} | {cells} |")
+    # For `loaderkit bench` (a no-op otherwise); goal: PadCollate >= 1.0x pad_sequence.
+    report(
+        [
+            Ratio(f"{label}, {d}", results[d][num] / results[d][den], goal=1.0 if i == 0 else None)
+            for i, (label, (num, den)) in enumerate(ratios.items())
+            for d in dists
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import loaderkit
 from loaderkit import ResumableDataLoader
+from loaderkit._bench_cli import Ratio, report
 from loaderkit._state import new_state
 from loaderkit.env import detect
 
+SHORT = {"b": "DataLoader", "c": "StatefulDataLoader", "d": "slicing bound", "e": "worker floor"}
 NAMES = {
     "a": "(a) ResumableDataLoader + loaderkit.TensorDataset",
     "b": "(b) torch DataLoader + torch TensorDataset",
@@ -171,7 +173,7 @@ def throughput(x: torch.Tensor, args: argparse.Namespace) -> dict[int, dict[str,
     return results
 
 
-def state_dict_cost(x: torch.Tensor, args: argparse.Namespace) -> None:
+def state_dict_cost(x: torch.Tensor, args: argparse.Namespace) -> Ratio:
     bs = args.batch_size
     loader = ResumableDataLoader(loaderkit.TensorDataset(x), batch_size=bs, shuffle=True, seed=0)
 
@@ -254,6 +256,7 @@ def state_dict_cost(x: torch.Tensor, args: argparse.Namespace) -> None:
         f"{(best_state / best_plain - 1) * 100:.1f} % |"
     )
     print(f"| one state_dict() call, mean of {n} mid-epoch | {call * 1e6:.2f} us | |")
+    share = Ratio("state_dict() call / loop step", call / step_plain * 100, 1.0, False, "%")
     print(
         f"| one call / one loop step (goal < 1 %) | {call / step_plain * 100:.1f} % | "
         f"{call / best_plain * 100:.1f} % |"
@@ -265,6 +268,7 @@ def state_dict_cost(x: torch.Tensor, args: argparse.Namespace) -> None:
     print("|---|---:|")
     for name, t in parts.items():
         print(f"| {name} | {t * 1e6:.2f} |")
+    return share
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -310,7 +314,13 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     results = throughput(x, args)
     print()
+    ratios = []  # for `loaderkit bench`, from the medians
     for nw, rates in results.items():
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        for key, goal in (("b", 25.0 if nw == 0 else None), ("c", None), ("d", 0.6), ("e", None)):
+            if key in med:
+                name = f"a/{key} (vs {SHORT[key]}), num_workers={nw}"
+                ratios.append(Ratio(name, med["a"] / med[key], goal))
         for label, pick in (("median", statistics.median), ("best", max)):
             r = {k: pick(v) for k, v in rates.items()}
             line = (
@@ -324,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
                 goals.append(f"a/b >= 25x: {'met' if r['a'] / r['b'] >= 25 else 'MISSED'}")
             goals.append(f"a/d >= 0.6x: {'met' if r['a'] / r['d'] >= 0.6 else 'MISSED'}")
             print(f"{line} (goals: {'; '.join(goals)})")
-    state_dict_cost(x, args)
+    ratios.append(state_dict_cost(x, args))
+    report(ratios)
     print()
     print(f"total bench time {time.perf_counter() - start:.1f} s")
 

@@ -53,8 +53,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import loaderkit
 from loaderkit import ResumableDataLoader
+from loaderkit._bench_cli import Ratio, report
 from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
 
+SHORT = {"a": "int64", "a16": "uint16", "b": "naive", "r": "raw read", "r64": "raw + int64"}
 NAMES = {
     "a": "(a) ShardedDataset + ResumableDataLoader, int64 out",
     "a16": "(a16) ShardedDataset + ResumableDataLoader, uint16 out",
@@ -189,8 +191,13 @@ def main() -> None:
                 f"{max(r):,.0f} |"
             )
     print()
+    ratios = []  # for `loaderkit bench`
     for nw, rates in results.items():
         med = {k: statistics.median(v) for k, v in rates.items()}
+        for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a", "b")):
+            goal = 0.5 if (k, d, nw) == ("a", "r", 0) else None
+            name = f"{k}/{d} ({SHORT[k]} / {SHORT[d]}), num_workers={nw}"
+            ratios.append(Ratio(name, med[k] / med[d], goal))
         line = ", ".join(
             f"{k}/{d} = {med[k] / med[d]:.2f}x"
             for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a", "b"))
@@ -201,6 +208,7 @@ def main() -> None:
             goal = f" (goal a/r >= 0.5x at num_workers=0: {met})"
         print(f"num_workers={nw}, median: {line}{goal}")
     print(f"\ntotal bench time {time.perf_counter() - t0:.1f} s")
+    report(ratios)
 
 
 if __name__ == "__main__":

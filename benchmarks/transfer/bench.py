@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from loaderkit._bench_cli import Ratio, report
 from loaderkit.transfer import DevicePrefetcher
 
 MIB = 1024 * 1024
@@ -40,7 +41,8 @@ def h2d_gbps(src: torch.Tensor, dst: torch.Tensor, *, non_blocking: bool, repeat
     return src.numel() * src.element_size() * repeats / seconds / 1e9
 
 
-def copy_table(sizes_mib: list[int], device: torch.device) -> None:
+def copy_table(sizes_mib: list[int], device: torch.device) -> list[Ratio]:
+    ratios = []
     print("## H2D copy throughput (GB/s, CUDA events)\n")
     print(
         "| size | pageable blocking | pageable non_blocking | pinned blocking "
@@ -61,8 +63,10 @@ def copy_table(sizes_mib: list[int], device: torch.device) -> None:
         ratio = max(row[2:]) / max(row[:2])
         cells = " | ".join(f"{v:.1f}" for v in row)
         print(f"| {size} MiB | {cells} | {ratio:.2f}x |")
+        ratios.append(Ratio(f"H2D pinned / pageable, {size} MiB", ratio))
         del pageable, pinned, dst
     print()
+    return ratios
 
 
 def timed_loop(
@@ -83,7 +87,7 @@ def best_of(repeats: int, run: Callable[[], float]) -> float:
     return min(run() for _ in range(repeats))
 
 
-def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> None:
+def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Ratio]:
     numel = args.batch_mib * MIB // 4
     pageable = [torch.randn(numel) for _ in range(args.batches)]
     pinned = [b.pin_memory() for b in pageable]
@@ -120,14 +124,18 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> None:
     print("| loop | batches/s | vs plain pageable |")
     print("|---|---:|---:|")
     baseline = None
-    for name, run in rows.items():
+    ratios = []
+    for i, (name, run) in enumerate(rows.items()):
         rate = args.batches / best_of(args.repeats, run)
         baseline = baseline or rate
         print(f"| {name} | {rate:.1f} | {rate / baseline:.2f}x |")
+        if i:
+            ratios.append(Ratio(f"loop: {name} / plain pageable", rate / baseline))
     print()
+    return ratios
 
 
-def cpu_overhead_table(args: argparse.Namespace) -> None:
+def cpu_overhead_table(args: argparse.Namespace) -> list[Ratio]:
     batches = [torch.randn(64, 64) for _ in range(args.cpu_batches)]
     cpu = torch.device("cpu")
 
@@ -155,6 +163,8 @@ def cpu_overhead_table(args: argparse.Namespace) -> None:
             f"| {(seconds - baseline) / n * 1e6:+.2f} |"
         )
     print()
+    name = "CPU: DevicePrefetcher(cpu) / plain loop"
+    return [Ratio(name, baseline / best["DevicePrefetcher(cpu)"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     print(f"torch {torch.__version__}")
+    ratios = []
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         print(f"device: {torch.cuda.get_device_name(device)}\n")
-        copy_table(args.sizes_mib, device)
-        cuda_loop_table(args, device)
+        ratios += copy_table(args.sizes_mib, device)
+        ratios += cuda_loop_table(args, device)
     else:
         print("CUDA is not available: skipping the H2D copy and CUDA prefetch benchmarks.\n")
-    cpu_overhead_table(args)
+    ratios += cpu_overhead_table(args)
+    report(ratios)  # for `loaderkit bench`; a no-op otherwise
     return 0
 
 

@@ -1,0 +1,233 @@
+"""Private helpers of the DataModules: argument checks, the seeded split, the worker probe.
+
+Kept apart from :mod:`loaderkit.datamodules.base` so the base class reads as
+the loader policy alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from loaderkit.seeding import derive_seed
+
+__all__ = [
+    "batch_rows",
+    "bulky_args",
+    "check_bool",
+    "check_choice",
+    "check_fraction",
+    "check_int",
+    "check_path",
+    "cpu_budget",
+    "index_subset",
+    "split_indices",
+    "time_loader",
+]
+
+
+def check_int(owner: str, name: str, value: object, minimum: int, fix: str) -> int:
+    """``value`` as an int ``>= minimum``, or a TypeError/ValueError naming ``name`` and the fix."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"{owner}: {name} must be an int, got {value!r} ({type(value).__name__}); {fix}."
+        )
+    if value < minimum:
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value}; {fix}.")
+    return int(value)
+
+
+def check_bool(owner: str, name: str, value: object) -> bool:
+    """``value`` if it is a bool, else a TypeError naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name} must be a bool, got {value!r} ({type(value).__name__}); "
+            f"pass {name}=True or {name}=False."
+        )
+    return value
+
+
+def check_choice(owner: str, name: str, value: object, choices: Sequence[object]) -> Any:
+    """``value`` if it is one of ``choices``, else a ValueError listing them."""
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(
+            f"{owner}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}."
+        )
+    return value
+
+
+def check_fraction(owner: str, name: str, value: object) -> float:
+    """``value`` as a float in ``[0, 1)``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name} must be a float in [0, 1), got {value!r} "
+            f"({type(value).__name__}); pass e.g. {name}=0.1."
+        )
+    if not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"{owner}: {name} must be in [0, 1), got {value}; pass e.g. {name}=0.1 to hold "
+            "out 10% of the training samples, or 0 for none."
+        )
+    return float(value)
+
+
+def check_path(owner: str, name: str, value: object, suffixes: Sequence[str]) -> str:
+    """``value`` as the path of an existing file with one of ``suffixes``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: {name} must be a path (str), got {type(value).__name__}; pass the path "
+            f"of a {'/'.join(suffixes)} file."
+        )
+    path = os.fspath(value)
+    if not path.endswith(tuple(suffixes)):
+        raise ValueError(
+            f"{owner}: {name}={path!r} must end with {' or '.join(suffixes)}; convert the data "
+            "to one of these formats."
+        )
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{owner}: {name}={path!r} does not exist; check the path.")
+    return path
+
+
+def cpu_budget(processes: int = 1) -> int:
+    """CPU cores this process may use, shared among ``processes`` processes on the machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, processes))
+
+
+def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """Disjoint ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``.
+
+    Each part is sorted so reads stay in storage order (memory maps, files).
+    """
+    n_val = round(size * fraction)
+    if n_val < 1 or n_val >= size:
+        raise ValueError(
+            f"{owner}: val_fraction={fraction} of {size} training samples leaves "
+            f"{n_val} for validation and {size - n_val} for training; both need at least one: "
+            "change val_fraction or pass more data."
+        )
+    gen = torch.Generator().manual_seed(derive_seed(seed, "val_split"))
+    perm = torch.randperm(size, generator=gen).numpy()
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class _Subset(Dataset[Any]):
+    """The samples of ``dataset`` at ``indices``; unlike ``torch.utils.data.Subset`` it
+    keeps the batched fetch paths only where the dataset has them, so per-sample seeding
+    stays per sample."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+
+class _BatchedSubset(_Subset):
+    def get_batch(self, indices: Any) -> Any:
+        return self.dataset.get_batch(self.indices[np.asarray(indices, dtype=np.int64)])
+
+
+class _ItemsSubset(_Subset):
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        return self.dataset.__getitems__(self.indices[np.asarray(indices)].tolist())
+
+
+class _BothSubset(_BatchedSubset, _ItemsSubset):
+    pass
+
+
+def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
+    """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
+    batched = callable(getattr(dataset, "get_batch", None))
+    items = callable(getattr(dataset, "__getitems__", None))
+    kind = {
+        (False, False): _Subset,
+        (True, False): _BatchedSubset,
+        (False, True): _ItemsSubset,
+        (True, True): _BothSubset,
+    }[(batched, items)]
+    return kind(dataset, indices)
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows of a collated batch: the first dim of its first tensor (dicts, tuples, ...)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        parts: Any = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        parts = batch
+    else:
+        parts = vars(batch).values() if hasattr(batch, "__dict__") else ()
+    for part in parts:
+        if part is None:
+            continue
+        rows = batch_rows(part)
+        if rows:
+            return rows
+    return 0
+
+
+def time_loader(make: Callable[[], Any], budget_s: float, max_batches: int) -> float:
+    """Samples per second of a loader's steady state, within about ``budget_s`` seconds.
+
+    Worker start-up is left out of the rate (it is paid once per epoch, or once
+    with persistent workers), but counts against the budget.
+    """
+    start = time.perf_counter()
+    deadline = start + budget_s
+    it: Iterator[Any] = iter(make())
+    try:
+        first = next(it, None)
+        if first is None:
+            return 0.0
+        t0, rows, batches = time.perf_counter(), 0, 0
+        while batches < max_batches and time.perf_counter() < deadline:
+            batch = next(it, None)
+            if batch is None:
+                break
+            rows += batch_rows(batch)
+            batches += 1
+        elapsed = time.perf_counter() - t0
+        if batches == 0:  # a one-batch epoch: all we have is the first batch, start-up included
+            rows, elapsed = batch_rows(first), t0 - start
+        return rows / elapsed if elapsed > 0 else float("inf")
+    finally:
+        close = getattr(it, "close", None)
+        if callable(close):
+            close()  # stop the workers now, not when the iterator is collected
+
+
+def bulky_args(obj: object, names: Sequence[str], frame: types.FrameType | None) -> list[str]:
+    """The arguments ``names`` of ``obj.__init__`` that hold data rather than a path (or None).
+
+    Paths stay in ``hparams``, so a config or checkpoint rebuilds the module;
+    tensors, arrays and sample lists would bloat every checkpoint and log.
+    Their values are read from the ``__init__`` frames of ``obj``, as Lightning
+    reads every argument.
+    """
+    values: dict[str, Any] = {}
+    while frame is not None and frame.f_code.co_name == "__init__":
+        if frame.f_locals.get("self") is not obj:
+            break
+        for name in names:
+            if name in frame.f_locals:
+                values.setdefault(name, frame.f_locals[name])
+        frame = frame.f_back
+    return [n for n in names if not isinstance(values.get(n), (str, os.PathLike, type(None)))]

@@ -1,0 +1,229 @@
+"""``ShardedDataModule``: token or JSON-lines shards through :class:`~loaderkit.ShardedDataset`.
+
+The shards' sample counts are known (from the shard index), so the sample plan
+covers them: shards and windows shuffled per ``(seed, epoch)``, every sample
+exactly once per epoch across DDP ranks and workers, every rank the same
+number of steps, exact resume. A streaming variant (unknown lengths) would
+subclass :class:`~loaderkit.datamodules.LoaderDataModule` with its own
+``loader()``; this module covers the planned case only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from loaderkit._shard_plan import DEFAULT_WINDOW
+from loaderkit.collate import PadCollate
+from loaderkit.datamodules._util import check_bool, check_choice, check_int
+from loaderkit.datamodules.base import LoaderDataModule
+from loaderkit.sharding import JsonlReader, ShardedDataset, ShardReader, TokenReader
+
+__all__ = ["ShardedDataModule"]
+
+Shards = str | list[str]
+
+
+class ShardedDataModule(LoaderDataModule):
+    """Shards of known size (flat token files or ``.jsonl``), planned across ranks and workers.
+
+    ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids (raw ones
+    need ``dtype``), cut into ``seq_len``-token samples (``targets=True``: one
+    more, for next-token targets) and batched as one ``(B, seq_len)`` int64
+    tensor; or, with ``eos`` instead of ``seq_len``, one sample per document,
+    padded by :class:`~loaderkit.PadCollate`. ``reader="jsonl"``: one JSON value
+    per line, padded by ``PadCollate`` (dicts of lists of numbers, say).
+    Write shards with :func:`loaderkit.write_shards`, which also writes the index.
+
+    Under DDP with ``num_workers > 0`` pass ``persistent_workers=True`` (see
+    the README's known issue on forking workers from gloo processes).
+
+    Args:
+        shards: The train shards: a directory (its files with the reader's
+            suffixes, sorted), one shard file, or a list of shard files.
+        val_shards: Val shards, the same way. ``val_fraction`` is not
+            supported: a sample-level split would break shard-local reads.
+        test_shards: Test shards.
+        reader: ``"tokens"`` or ``"jsonl"``; Python code may pass any
+            :class:`~loaderkit.ShardReader` object instead.
+        seq_len: Tokens per sample (``reader="tokens"``).
+        targets: Add the next token to each sample (``seq_len + 1`` tokens).
+        eos: Instead of ``seq_len``: one sample per document ending in this token.
+        dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
+        window: Samples shuffled together inside a shard (larger: more random, less local).
+        on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
+        max_open_shards: Shards each process keeps open.
+        pad_value: Pad value of variable-length samples.
+        pad_to_multiple_of: Round their padded length up to a multiple of this.
+        **kwargs: The loader policy of :class:`~loaderkit.datamodules.LoaderDataModule`.
+
+    Example:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from loaderkit import TokenReader, write_shards
+        >>> from loaderkit.datamodules import ShardedDataModule
+        >>> root = tempfile.mkdtemp()
+        >>> _ = write_shards(root, [np.arange(64), np.arange(40)], TokenReader(seq_len=8))
+        >>> dm = ShardedDataModule(root, seq_len=8, batch_size=4)
+        >>> dm.setup("fit")
+        >>> len(dm.train_dataset), next(iter(dm.train_dataloader())).shape
+        (13, torch.Size([4, 8]))
+    """
+
+    data_args: ClassVar[tuple[str, ...]] = ("reader",)
+
+    def __init__(
+        self,
+        shards: Shards,
+        val_shards: Shards | None = None,
+        test_shards: Shards | None = None,
+        *,
+        reader: Literal["tokens", "jsonl"] | ShardReader = "tokens",
+        seq_len: int | None = None,
+        targets: bool = False,
+        eos: int | None = None,
+        dtype: str | None = None,
+        window: int = DEFAULT_WINDOW,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_open_shards: int | None = 128,
+        pad_value: int | float = 0,
+        pad_to_multiple_of: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        if self.val_fraction:
+            raise ValueError(
+                f"{owner}: val_fraction={self.val_fraction} is not supported for shards: a "
+                "sample-level split would break shard-local reads; pass val_shards=[...] "
+                "(held-out shard files) instead."
+            )
+        self.shards: dict[str, Shards] = {}
+        for split, name, value in (
+            ("train", "shards", shards),
+            ("val", "val_shards", val_shards),
+            ("test", "test_shards", test_shards),
+        ):
+            if value is not None:
+                self.shards[split] = _shard_list(owner, name, value)
+        self.reader = self._make_reader(owner, reader, seq_len, targets, eos, dtype)
+        self.window = check_int(owner, "window", window, 1, "pass samples per window, e.g. 8192")
+        self.on_error = check_choice(owner, "on_error", on_error, ("raise", "skip"))
+        if max_open_shards is not None:
+            check_int(owner, "max_open_shards", max_open_shards, 1, "or None to keep all open")
+        self.max_open_shards = max_open_shards
+        if pad_to_multiple_of is not None:
+            check_int(owner, "pad_to_multiple_of", pad_to_multiple_of, 1, "pass e.g. 8, or None")
+        # Fixed-length token samples stack in one read per shard; documents and JSON lines
+        # vary in length and need padding. A custom reader's samples go to the dataset's own
+        # batching (default_collate), as with ShardedDataset alone.
+        varying = isinstance(self.reader, JsonlReader) or (
+            isinstance(self.reader, TokenReader) and self.reader.eos is not None
+        )
+        self._collate = (
+            PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of) if varying else None
+        )
+
+    @staticmethod
+    def _make_reader(
+        owner: str,
+        reader: Any,
+        seq_len: int | None,
+        targets: bool,
+        eos: int | None,
+        dtype: str | None,
+    ) -> ShardReader:
+        check_bool(owner, "targets", targets)
+        if not isinstance(reader, str):
+            if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
+                raise TypeError(
+                    f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
+                    f"count() and open()), got {type(reader).__name__}."
+                )
+            return reader
+        check_choice(owner, "reader", reader, ("tokens", "jsonl"))
+        if reader == "jsonl":
+            given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise ValueError(
+                    f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+                    "reader='jsonl'; drop them."
+                )
+            return JsonlReader()
+        if (seq_len is None) == (eos is None):
+            raise ValueError(
+                f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
+                f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
+                "pass e.g. seq_len=1024."
+            )
+        if seq_len is not None:
+            check_int(owner, "seq_len", seq_len, 1, "pass tokens per sample, e.g. 1024")
+        if eos is not None:
+            check_int(owner, "eos", eos, 0, "pass the end-of-document token id")
+        if dtype is not None:
+            try:
+                kind = np.dtype(dtype).kind
+            except TypeError as exc:
+                raise ValueError(f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}).") from exc
+            if kind not in "iu":
+                raise ValueError(
+                    f"{owner}: dtype must be an integer dtype such as 'uint16', got {dtype!r}."
+                )
+        return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
+
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index)."""
+        return {
+            split: ShardedDataset(
+                paths,
+                self.reader,
+                on_error=self.on_error,
+                max_open_shards=self.max_open_shards,
+            )
+            for split, paths in self.shards.items()
+        }
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
+        """The dataset's own plan: shard order, then windows, shuffled (train only)."""
+        train = split == "train"
+        return dataset.batch_sampler(
+            batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle and train,
+            window=self.window,
+            drop_last=self.drop_last and train,
+        )
+
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """None for fixed-length tokens (stacked by the dataset), else a ``PadCollate``."""
+        return self._collate
+
+    def padding_fraction(self, split: str) -> float | None:
+        """0 for fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
+        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
+        return 0.0 if fixed else None
+
+
+def _shard_list(owner: str, name: str, value: object) -> Shards:
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if os.path.isdir(path):
+            return path
+        value = [path]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise TypeError(
+            f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
+            f"files, got {value!r}."
+        )
+    paths = []
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"{owner}: {name} must list paths, got {item!r}.")
+        if not os.path.exists(item):
+            raise FileNotFoundError(f"{owner}: {name}: shard {os.fspath(item)!r} does not exist.")
+        paths.append(os.fspath(item))
+    return paths

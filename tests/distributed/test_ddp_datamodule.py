@@ -1,0 +1,34 @@
+"""ShardedDataModule under real Lightning DDP: 2 CPU processes over gloo, 2 workers each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import TESTS_DIR, by_epoch, log_tail, read_records, run_script
+
+from loaderkit import TokenReader, write_shards
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharded_datamodule_under_real_ddp(tmp_path: Path) -> None:
+    """``strategy="ddp"``, 2 CPU ranks (gloo), 2 workers each: both ranks step the same count
+    and together train every sample once per epoch (plus the documented tail repeat)."""
+    sizes, first, arrays = (9, 0, 14, 6), 0, []  # 29 samples: 3 global steps of 8, tail 5
+    for n in sizes:
+        arrays.append(np.repeat(np.arange(first, first + n), 4).astype(np.uint16))
+        first += n
+    write_shards(tmp_path / "data", arrays, TokenReader(seq_len=4))
+    out = tmp_path / "out"
+    args = ["--data", str(tmp_path / "data"), "--out", str(out)]
+    rc = run_script(TESTS_DIR / "_datamodule_ddp.py", args, tmp_path / "run.log", timeout=180)
+    assert rc == 0, log_tail(tmp_path / "run.log")
+    r0, r1 = (read_records(out / f"records-rank{r}.jsonl") for r in (0, 1))
+    assert len(r0) == len(r1) == 2 * 4  # ceil(29 / 8) steps per epoch on each rank
+    for epoch in (0, 1):
+        ids = by_epoch(r0)[epoch] + by_epoch(r1)[epoch]
+        assert set(ids) == set(range(29)) and len(ids) == 29 + 1  # tail 5 dealt as 3 + 3
