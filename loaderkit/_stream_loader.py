@@ -277,7 +277,7 @@ class StreamEngine:
                 rank=rank,
                 user_fn=loader._user_worker_init,
             ),
-            multiprocessing_context=loader._mp_context,
+            multiprocessing_context=loader._worker_context(),
             generator=torch.Generator().manual_seed(derive_seed(self.seed, "base")),
             prefetch_factor=loader._prefetch_factor,
             persistent_workers=persistent,

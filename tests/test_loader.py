@@ -685,3 +685,21 @@ def test_state_dicts_taken_at_different_steps_are_independent() -> None:
     resumed = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=0)
     resumed.load_state_dict(second)
     assert len(list(resumed)) == 3
+
+
+def test_workers_start_by_forkserver_inside_a_process_group(tmp_path: Path) -> None:
+    """Forking a process that runs gloo's threads can deadlock the child (seen in DDP runs)."""
+    import torch.distributed as dist
+
+    loader = ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)
+    assert loader._worker_context() is None  # no process group: torch's default (fork)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert loader._worker_context().get_start_method() == "forkserver"
+        chosen = ResumableDataLoader(
+            list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn"
+        )
+        assert chosen._worker_context() == "spawn"  # the user's choice wins
+        assert sorted(int(i) for b in loader for i in b) == list(range(8))
+    finally:
+        dist.destroy_process_group()
