@@ -18,6 +18,7 @@ import time
 import traceback
 import weakref
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
