@@ -22,7 +22,6 @@ a collective under DDP: every rank must call it (Lightning does).
 
 from __future__ import annotations
 
-import sys
 import warnings
 import weakref
 from collections import deque
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
+from loaderkit._callers import under_lightning_loop
 from loaderkit._epoch import stop_workers
 from loaderkit._fetch import identity
 from loaderkit._state import STATE_VERSION
@@ -312,7 +312,7 @@ class StreamEngine:
         held = 0
         if self.held_batches is not None:
             held = self.held_batches()
-        elif self.steps is None and _under_lightning_loop():
+        elif self.steps is None and under_lightning_loop():
             raise LoaderkitError(
                 "ResumableDataLoader: Lightning is saving the state of a stream without a length, "
                 "and it holds a prefetched batch this loader already handed out, so a resume "
@@ -407,15 +407,3 @@ class StreamEngine:
         self.close()
         return adopted
 
-
-def _under_lightning_loop() -> bool:
-    """Whether a Lightning training loop is on the call stack (it prefetches unsized loaders)."""
-    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
-        return False
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if name.startswith(("lightning.pytorch.loops", "pytorch_lightning.loops")):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False

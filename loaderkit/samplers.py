@@ -18,7 +18,6 @@ This module also decides which user samplers can be resumed exactly at all
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -26,9 +25,11 @@ from typing import Any
 from torch.utils.data import Sampler, SequentialSampler
 
 from loaderkit._bucketing import BucketPlan, Oversize
+from loaderkit._callers import under_lightning_loop
 from loaderkit._lengths import compute_lengths
 from loaderkit._state import PlanCursor
 from loaderkit.env import detect
+from loaderkit.errors import LoaderkitError
 from loaderkit.plan import Plan
 
 __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler", "compute_lengths"]
@@ -141,25 +142,25 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
 
 
 class _LenWatch:
-    """Remembers the first ``len()`` answer, to warn when an epoch yields more than that.
+    """Remembers the first ``len()`` answer, to refuse an epoch Lightning would cut short.
 
     A plan whose epoch length varies (token budgets) yields a different number
     of batches each epoch. Lightning takes ``len()`` once per ``fit`` (before it
     restores a checkpoint) and, although it calls ``len()`` again every epoch,
     caps it at that first answer: a longer epoch is stopped early and its last
-    batches are silently skipped. So only the first answer tells, and only
-    where Lightning is imported: a loop of one's own that iterates each epoch to
-    its end is unaffected. :class:`~loaderkit.ElasticResume` sets ``managed``
-    on the loaders it keeps in sync. Used by :class:`PlanBatchSampler` and
-    :class:`~loaderkit.ResumableDataLoader`; warns once per object.
+    batches are silently skipped. So when an epoch outgrows the first answer
+    and Lightning's loop is the caller, this is an error (a loop of one's own
+    that iterates each epoch to its end is unaffected).
+    :class:`~loaderkit.ElasticResume` sets ``managed`` on the loaders it keeps
+    in sync. Used by :class:`PlanBatchSampler` and
+    :class:`~loaderkit.ResumableDataLoader`.
     """
 
-    __slots__ = ("first", "managed", "warned")
+    __slots__ = ("first", "managed")
 
     def __init__(self) -> None:
         self.first: int | None = None
         self.managed = False
-        self.warned = False
 
     def answered(self, length: int) -> None:
         """``len()`` answered ``length`` batches (for a whole epoch)."""
@@ -168,20 +169,16 @@ class _LenWatch:
 
     def check(self, owner: str, epoch: int, batches: int) -> None:
         """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them)."""
-        if self.managed or self.warned or self.first is None or batches <= self.first:
+        if self.managed or self.first is None or batches <= self.first:
             return
-        if not any(name in sys.modules for name in ("lightning", "pytorch_lightning")):
+        if not under_lightning_loop():
             return
-        self.warned = True
-        warnings.warn(
+        raise LoaderkitError(
             f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} "
             "len() first answered (this plan's epoch length varies, as under token budgets, "
             "or the world size grew on resume). Lightning takes len() once per fit and would "
-            f"stop this epoch after {self.first} batches, skipping the rest: add "
-            "loaderkit.ElasticResume() to the Trainer's callbacks. (A loop that iterates "
-            "each epoch to its end is unaffected.)",
-            UserWarning,
-            stacklevel=4,
+            f"stop this epoch after {self.first} batches, silently skipping the rest: add "
+            "loaderkit.ElasticResume() to the Trainer's callbacks."
         )
 
 

@@ -34,7 +34,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import IdModule, Interrupted, assert_resume_exact, by_epoch, trainer_kwargs
+from helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -42,7 +42,13 @@ from torch.utils.data import DataLoader, Dataset
 
 import loaderkit._bucketing
 import loaderkit.samplers
-from loaderkit import ElasticResume, PadCollate, ResumableDataLoader, StateMismatchError
+from loaderkit import (
+    ElasticResume,
+    LoaderkitError,
+    PadCollate,
+    ResumableDataLoader,
+    StateMismatchError,
+)
 from loaderkit._bucketing import BucketPlan
 from loaderkit.samplers import BucketBatchSampler, compute_lengths
 
@@ -530,27 +536,15 @@ PLAN = bucket_loader(seed=SEED).plan
 G0, G1 = PLAN.epoch_length(0), PLAN.epoch_length(1)
 
 
-def test_loader_warns_when_an_epoch_outgrows_the_first_len() -> None:
-    """Lightning takes len() once per fit (later reads are capped at it): a longer epoch
-    would be cut short. The loader cannot see the cap, so it compares with the first len(),
-    where lightning is imported (as here)."""
+def test_a_loop_of_ones_own_may_see_epoch_lengths_vary() -> None:
+    """Lightning caps an epoch at the first len() (tested with Lightning below, where a
+    longer epoch is an error); a loop that iterates each epoch to its end is unaffected."""
     loader = bucket_loader(seed=SEED)
-    assert len(loader) == G0
-    for _ in loader:
-        pass
-    with pytest.warns(
-        UserWarning,
-        match=rf"epoch 1 yields {G1} batches, more than the {G0} len\(\) first answered .*"
-        r"add loaderkit.ElasticResume\(\) to the Trainer's callbacks",
-    ):
-        for _ in loader:
-            pass
-    quiet = bucket_loader(seed=SEED)  # never asked for its length
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for _ in range(2):
-            for _ in quiet:
-                pass
+    lengths = []
+    for _ in range(2):
+        lengths.append(len(loader))
+        assert sum(1 for _ in loader) == lengths[-1]
+    assert lengths == [G0, G1]
 
 
 # ------------------------------------------------------------------------------- Lightning
@@ -649,14 +643,12 @@ def test_lightning_trains_every_batch_of_two_token_budget_epochs_exactly_once(
 
 
 @pytest.mark.filterwarnings("ignore:.*LeafSpec")
-def test_without_elastic_resume_lightning_cuts_the_longer_epoch_and_the_loader_warns(
+def test_without_elastic_resume_the_longer_epoch_is_an_error_not_a_silent_cut(
     tmp_path: Path,
 ) -> None:
-    with pytest.warns(UserWarning, match=r"epoch 1 yields .*ElasticResume"):
-        run = fit(tmp_path, 0, elastic=False)
-    per_epoch = by_epoch(run.records)
-    assert len(per_epoch[0]) == LENGTHS.size
-    assert len([r for r in run.records if r["epoch"] == 1]) == G0 < G1  # the shortfall
+    """Lightning would stop epoch 1 after G0 of its G1 batches: the loader refuses to start it."""
+    with pytest.raises(LoaderkitError, match=r"epoch 1 yields \d+ batches.*ElasticResume"):
+        fit(tmp_path, 0, elastic=False)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore:.*LeafSpec")
