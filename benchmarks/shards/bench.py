@@ -24,6 +24,9 @@ batch inside one shard. For each ``--workers`` value (default 0 and 2):
 - (r) the bound: the same bytes read raw, in this process: for each shard, a copy
   of each contiguous ``batch_size * seq_len`` range of the map (``np.array(mm[lo:hi])``),
   in file order. Listed under every ``num_workers`` for the ratio; never uses workers.
+- (g) the bound for what (a) reads: the same rows in the same shuffled order,
+  one ``np.take`` per batch (and shard) straight from the maps, the shard and
+  row indices of every batch computed before the clock starts; no loader.
 
 Method: every repeat runs each competitor in a shuffled order over one whole
 epoch (``num_workers=0``) or its first ``--worker-batches`` batches (workers);
@@ -56,13 +59,21 @@ from loaderkit import ResumableDataLoader
 from loaderkit._bench_cli import Ratio, report
 from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
 
-SHORT = {"a": "int64", "a16": "uint16", "b": "naive", "r": "raw read", "r64": "raw + int64"}
+SHORT = {
+    "a": "int64",
+    "a16": "uint16",
+    "b": "naive",
+    "r": "raw read",
+    "r64": "raw + int64",
+    "g": "raw gather",
+}
 NAMES = {
     "a": "(a) ShardedDataset + ResumableDataLoader, int64 out",
     "a16": "(a16) ShardedDataset + ResumableDataLoader, uint16 out",
     "b": "(b) naive IterableDataset, get_worker_info() striding",
     "r": "(r) bound: raw contiguous reads of the map (np.array(mm[lo:hi]))",
     "r64": "(r64) bound for int64 out: (r), then .astype(np.int64)",
+    "g": "(g) bound for the same rows: np.take of each batch's shuffled rows, uint16",
 }
 
 
@@ -91,6 +102,27 @@ def raw_batches(paths: list[Path], seq_len: int, batch_size: int) -> Iterator[np
         usable = len(tokens) // seq_len * seq_len
         for lo in range(0, usable, span):
             yield np.array(tokens[lo : min(lo + span, usable)]).reshape(-1, seq_len)
+
+
+def gather_batches(
+    paths: list[Path], seq_len: int, batch_size: int, window: int
+) -> Iterator[np.ndarray]:
+    """(g): the rows (a) reads, in its order, gathered straight from the maps (no loader)."""
+    ds = ShardedDataset(paths, TokenReader(seq_len=seq_len, out_dtype=None))
+    sched = ds.plan(batch_size, seed=0, window=window).schedule(0, start=0, rank=0, world_size=1)
+    rows = [ds._handle(s).rows for s in range(len(paths))]  # type: ignore[attr-defined]
+    starts = np.cumsum([0, *ds.sizes])
+    # Which shard and rows each batch reads: decided before the first (untimed) batch.
+    plan: list[list[tuple[int, np.ndarray]]] = []
+    for step in range(sched.num_steps):
+        idx = sched.indices_numpy(step)
+        shard_of = np.searchsorted(starts, idx, side="right") - 1
+        plan.append([(s, idx[shard_of == s] - starts[s]) for s in np.unique(shard_of)])
+    for parts in plan:
+        if len(parts) == 1:
+            yield np.take(rows[parts[0][0]], parts[0][1], axis=0)
+        else:
+            yield np.concatenate([np.take(rows[s], local, axis=0) for s, local in parts])
 
 
 def raw_batches_int64(paths: list[Path], seq_len: int, batch_size: int) -> Iterator[np.ndarray]:
@@ -128,6 +160,7 @@ def make_runners(
     runners["b"] = lambda: timed(iter(naive), limit)
     runners["r"] = lambda: timed(raw_batches(paths, args.seq_len, args.batch_size))
     runners["r64"] = lambda: timed(raw_batches_int64(paths, args.seq_len, args.batch_size))
+    runners["g"] = lambda: timed(gather_batches(paths, args.seq_len, args.batch_size, args.window))
     return runners
 
 
@@ -183,7 +216,7 @@ def main() -> None:
     print("| num_workers | reader | samples/s, median | GB/s, median | samples/s, best |")
     print("|---:|---|---:|---:|---:|")
     for nw, rates in results.items():
-        for key in ("a", "a16", "b", "r", "r64"):
+        for key in ("a", "a16", "b", "r", "r64", "g"):
             r = rates[key]
             med = statistics.median(r)
             print(
@@ -194,13 +227,20 @@ def main() -> None:
     ratios = []  # for `loaderkit bench`
     for nw, rates in results.items():
         med = {k: statistics.median(v) for k, v in rates.items()}
-        for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a", "b")):
+        for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a16", "g"), ("a", "b")):
             goal = 0.5 if (k, d, nw) == ("a", "r", 0) else None
             name = f"{k}/{d} ({SHORT[k]} / {SHORT[d]}), num_workers={nw}"
             ratios.append(Ratio(name, med[k] / med[d], goal))
         line = ", ".join(
             f"{k}/{d} = {med[k] / med[d]:.2f}x"
-            for k, d in (("a", "r"), ("a16", "r"), ("a", "r64"), ("a", "b"))
+            for k, d in (
+                ("a", "r"),
+                ("a16", "r"),
+                ("a", "r64"),
+                ("a16", "g"),
+                ("g", "r"),
+                ("a", "b"),
+            )
         )
         goal = ""
         if nw == 0:
