@@ -15,10 +15,9 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import pytest
 import torch
-from helpers import IdModule, Interrupted, trainer_kwargs
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from helpers import IdModule, fit_or_interrupt, step_checkpoints, trainer_kwargs
+from lightning.pytorch.callbacks import Callback
 
 __all__ = [
     "AnyBatchModule",
@@ -139,22 +138,10 @@ def fit_recording(
     model = RecordingModule(fail_at=fail_at)
     cbs = list(callbacks)
     if fail_at is not None:
-        cbs.append(
-            ModelCheckpoint(
-                dirpath=root,
-                filename="step{step:03d}",
-                auto_insert_metric_name=False,
-                every_n_train_steps=1,
-                save_top_k=-1,
-            )
-        )
+        cbs.append(step_checkpoints(root, 1))
     kwargs = trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=cbs)
     kwargs.update(trainer_overrides)
     trainer = L.Trainer(**kwargs)
     dm = make_dm()
-    if fail_at is not None:
-        with pytest.raises(Interrupted):
-            trainer.fit(model, datamodule=dm)
-    else:
-        trainer.fit(model, datamodule=dm, ckpt_path=resume)
+    fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
     return FitRun(model.records, root if fail_at is not None else None, model, trainer)

@@ -28,6 +28,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
 from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
@@ -40,9 +41,11 @@ __all__ = [
     "assert_epochs_exactly_once",
     "assert_resume_exact",
     "by_epoch",
+    "fit_or_interrupt",
     "log_tail",
     "read_records",
     "run_script",
+    "step_checkpoints",
     "trainer_kwargs",
 ]
 
@@ -226,6 +229,36 @@ def trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     }
     kwargs.update(overrides)
     return kwargs
+
+
+def step_checkpoints(root: str | Path, every: int) -> ModelCheckpoint:
+    """Keep a checkpoint ``root/step{S:03d}.ckpt`` every ``every`` global steps."""
+    return ModelCheckpoint(
+        dirpath=root,
+        filename="step{step:03d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=every,
+        save_top_k=-1,
+    )
+
+
+def fit_or_interrupt(
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    dm: L.LightningDataModule,
+    *,
+    interrupted: bool,
+    resume: str | Path | None = None,
+) -> None:
+    """``trainer.fit``; with ``interrupted`` the planned :class:`Interrupted` must end it."""
+    if not interrupted:
+        trainer.fit(model, datamodule=dm, ckpt_path=resume)
+        return
+    try:
+        trainer.fit(model, datamodule=dm)
+    except Interrupted:
+        return
+    raise AssertionError("the run ended without its planned interruption")
 
 
 def read_records(path: str | Path) -> list[Record]:

@@ -26,15 +26,16 @@ from helpers import (
     IdDataModule,
     IdDataset,
     IdModule,
-    Interrupted,
     assert_resume_exact,
     by_epoch,
+    fit_or_interrupt,
     log_tail,
     read_records,
     run_script,
+    step_checkpoints,
     trainer_kwargs,
 )
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
 from torch.utils.data import RandomSampler
 
@@ -91,23 +92,11 @@ def fit(
     probe = Probe()
     callbacks: list[Callback] = [probe]
     if fail_at is not None:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=root,
-                filename="step{step:03d}",
-                auto_insert_metric_name=False,
-                every_n_train_steps=fail_at,
-                save_top_k=-1,
-            )
-        )
+        callbacks.append(step_checkpoints(root, fail_at))
     trainer = L.Trainer(
         **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
     )
-    if fail_at is not None:
-        with pytest.raises(Interrupted):
-            trainer.fit(model, datamodule=dm)
-    else:
-        trainer.fit(model, datamodule=dm, ckpt_path=resume)
+    fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
     ckpt = root / f"step{fail_at:03d}.ckpt" if fail_at is not None else None
     return Run(model.records, model.features, probe, ckpt)
 

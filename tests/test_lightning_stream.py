@@ -25,16 +25,17 @@ from helpers import (
     TESTS_DIR,
     IdDataModule,
     IdModule,
-    Interrupted,
     assert_epochs_exactly_once,
     assert_resume_exact,
     by_epoch,
+    fit_or_interrupt,
     log_tail,
     read_records,
     run_script,
+    step_checkpoints,
     trainer_kwargs,
 )
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 
 from loaderkit import ElasticResume, LoaderkitError
 
@@ -61,23 +62,11 @@ def fit(
     )
     callbacks: list[Callback] = [ElasticResume()] if elastic else []
     if fail_at is not None:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=root,
-                filename="step{step:03d}",
-                auto_insert_metric_name=False,
-                every_n_train_steps=fail_at,
-                save_top_k=-1,
-            )
-        )
+        callbacks.append(step_checkpoints(root, fail_at))
     trainer = L.Trainer(
         **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
     )
-    if fail_at is not None:
-        with pytest.raises(Interrupted):
-            trainer.fit(model, datamodule=dm)
-    else:
-        trainer.fit(model, datamodule=dm, ckpt_path=resume)
+    fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
     return model.records
 
 
