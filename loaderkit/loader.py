@@ -74,7 +74,10 @@ class ResumableDataLoader:
     Args:
         dataset: A map-style dataset (``__len__`` and ``__getitem__``). Datasets
             with ``get_batch(indices)`` (loaderkit's tensor/array datasets) or
-            ``__getitems__`` are fetched a whole batch per call.
+            ``__getitems__`` are fetched a whole batch per call. Or a
+            :class:`~loaderkit.StreamingShardedDataset` (sizes unknown): its
+            position is a cursor per (rank, worker), exact under the same
+            topology (see :mod:`loaderkit._stream_loader`).
         batch_size: Samples per batch on each rank.
         shuffle: Shuffle per ``(seed, epoch)``.
         sampler: Only a ``SequentialSampler`` (the default order); samplers
