@@ -28,32 +28,33 @@ def shard_name(shard: Any) -> str:
     return repr(str(shard)) if isinstance(shard, Path) else repr(shard)
 
 
-def resolve_shards(shards: Any, reader: ShardReader) -> list[Any]:
+def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: paths (a directory's files with the
     reader's suffixes, sorted) or objects, checked for emptiness, duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
         if not root.is_dir():
             raise ValueError(
-                f"ShardedDataset: shards={str(root)!r} is not a directory; pass a directory "
+                f"{owner}: shards={str(root)!r} is not a directory; pass a directory "
                 "of shards or a list of shard paths."
             )
-        found = sorted(p for p in root.iterdir() if p.suffix in reader.suffixes)
+        # By name, not Path.suffix: suffixes such as ".jsonl.gz" span two dots.
+        found = sorted(p for p in root.iterdir() if p.name.endswith(tuple(reader.suffixes)))
         if not found:
             raise ValueError(
-                f"ShardedDataset: no file ending in {list(reader.suffixes)} in {str(root)!r}."
+                f"{owner}: no file ending in {list(reader.suffixes)} in {str(root)!r}."
             )
         return found
     items = list(shards)
     if not items:
-        raise ValueError("ShardedDataset: shards is empty; pass at least one shard.")
+        raise ValueError(f"{owner}: shards is empty; pass at least one shard.")
     if all(isinstance(s, str | os.PathLike) for s in items):
         paths = [Path(s) for s in items]
         if len({p.resolve() for p in paths}) != len(paths):
-            raise ValueError("ShardedDataset: a shard path is listed twice; list each once.")
+            raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):
-        raise TypeError("ShardedDataset: shards must be all paths or all objects, not a mix.")
+        raise TypeError(f"{owner}: shards must be all paths or all objects, not a mix.")
     return items
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
@@ -215,9 +216,21 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 f"(got {steps_per_epoch} and {samples_per_epoch})."
             )
         if steps_per_epoch is not None:
-            _check_int("steps_per_epoch", steps_per_epoch, 1)
+            _check_int(
+                "steps_per_epoch",
+                steps_per_epoch,
+                1,
+                owner="StreamingShardedDataset",
+                fix="pass the batches each rank takes per epoch, or None for one pass",
+            )
         if samples_per_epoch is not None:
-            _check_int("samples_per_epoch", samples_per_epoch, 1)
+            _check_int(
+                "samples_per_epoch",
+                samples_per_epoch,
+                1,
+                owner="StreamingShardedDataset",
+                fix="pass the samples of an epoch over all ranks, or None for one pass",
+            )
         if transform is not None and not callable(transform):
             raise TypeError(
                 f"StreamingShardedDataset: transform must be callable, got {transform!r}."
@@ -226,17 +239,28 @@ class StreamingShardedDataset(IterableDataset[Any]):
             reader_suffixes: tuple[str, ...] = ()
             if isinstance(shards, str | os.PathLike):
                 raise ValueError(
-                    "StreamingShardedDataset: a directory of shards needs reader.suffixes to "
-                    "list it; pass a list of shards instead."
+                    f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
+                    f"reader {type(reader).__name__} has no suffixes to list it by; give the "
+                    "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
                 )
         else:
             reader_suffixes = tuple(reader.suffixes)
         self.reader = reader
-        self.shards = resolve_shards(shards, cast("ShardReader", _Suffixes(reader_suffixes)))
+        self.shards = resolve_shards(
+            shards, cast("ShardReader", _Suffixes(reader_suffixes)), owner="StreamingShardedDataset"
+        )
         self.shuffle_shards = shuffle_shards
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_epoch = samples_per_epoch
         self.transform = transform
+        names = "\n".join(s.name if isinstance(s, Path) else repr(s) for s in self.shards)
+        self._fingerprint = {
+            "num_shards": len(self.shards),
+            "shard_names_crc32": zlib.crc32(names.encode()),
+            "shuffle_shards": shuffle_shards,
+            "steps_per_epoch": steps_per_epoch,
+            "samples_per_epoch": samples_per_epoch,
+        }
 
     def __repr__(self) -> str:
         return f"StreamingShardedDataset({len(self.shards)} shards, {self.reader!r})"
@@ -269,13 +293,12 @@ class StreamingShardedDataset(IterableDataset[Any]):
         return steps
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved cursor depends on (compared on resume)."""
-        return {
-            "shards": [shard_name(s) for s in self.shards],
-            "shuffle_shards": self.shuffle_shards,
-            "steps_per_epoch": self.steps_per_epoch,
-            "samples_per_epoch": self.samples_per_epoch,
-        }
+        """What a saved cursor depends on (compared on resume).
+
+        The shards by count and a checksum of their file names (not paths): the
+        same files moved to another folder or node still resume.
+        """
+        return dict(self._fingerprint)
 
     # ------------------------------------------------------------ assignment
     def pass_order(self, seed: int, pass_: int) -> list[int]:
@@ -337,9 +360,11 @@ def slot_stream(
     """
     pass_, pos, offset, seen = cursor
     empty = 0
+    # The rest of a pass resumed mid-way may be empty (the cursor sat at its end):
+    # that says nothing about starvation, so it never counts as an empty pass.
+    took = (pos, offset, seen) != (0, 0, 0)
     while True:
         shards, stride = ds.slot_shards(seed, pass_, slot, slots)
-        took = False
         while pos < len(shards):
             shard = shards[pos]
             for sample in ds.read_from(shard, offset):
@@ -373,3 +398,4 @@ def slot_stream(
                 "than ranks x workers, or fewer workers."
             )
         pass_, pos, offset, seen = pass_ + 1, 0, 0, 0
+        took = False

@@ -239,7 +239,14 @@ class StreamEngine:
         try:
             yield from self._hand_out(workers, pin=False)
         except GeneratorExit:
-            self._drop_inner(inner, workers)
+            steps = self.steps
+            if self._inner is inner and steps is not None and self.steps_done >= steps:
+                # Every batch of the epoch was handed out; a consumer that stops at
+                # len() (Lightning) never asks for the end. The workers made exactly
+                # their share and wait at the next epoch's cursors: keep them.
+                self._inner_next = self.epoch + 1
+            else:
+                self._drop_inner(inner, workers)
             raise
         except BaseException:
             self._drop_inner(inner, workers)
@@ -406,4 +413,3 @@ class StreamEngine:
         self._history.clear()
         self.close()
         return adopted
-

@@ -4,7 +4,7 @@
 what loaderkit's train loader yields. Lightning (2.6) takes the train loader's
 length, and with it the number of batches of the epoch (and the batch at which
 validation runs), once per ``fit`` and *before* it restores the loader's state.
-Two cases need it:
+Two cases of length need it:
 
 - Plans whose epoch length varies from epoch to epoch, like
   :class:`~loaderkit.BucketBatchSampler` under a token budget: Lightning would
@@ -19,6 +19,13 @@ The callback re-reads the loaders' lengths after the state is restored and at
 the start of every epoch, and recomputes the validation batch of a fractional
 ``val_check_interval``. Fixed-size plans resumed with the same or fewer ranks
 need no callback.
+
+A third case: a :class:`~loaderkit.StreamingShardedDataset` without
+``steps_per_epoch`` has no length, so Lightning prefetches one batch ahead of
+training, and a state saved at a checkpoint would count that batch as done.
+The callback tells such loaders how many batches Lightning holds, and their
+``state_dict()`` leaves those out (without the callback, saving the state
+inside Lightning's loop is an error, not a silently skipped batch).
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ class ElasticResume(Callback):
 
     Covers :class:`~loaderkit.ResumableDataLoader` and torch ``DataLoader`` objects
     whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler` (e.g. a
-    :class:`~loaderkit.BucketBatchSampler`). Needed for token-budget batches
-    and for resuming with more ranks (see the module docstring).
+    :class:`~loaderkit.BucketBatchSampler`). Needed for token-budget batches,
+    for resuming with more ranks, and for streams without a length (see the
+    module docstring).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
@@ -60,6 +68,11 @@ class ElasticResume(Callback):
         _watch_prefetch(trainer)
         _sync_lengths(trainer)
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """Unhook the stream loaders: a later fit without this callback must not be told
+        that no batch is held (its saves would then be one batch ahead)."""
+        _watch_prefetch(trainer, unhook=True)
+
 
 class _HeldBatches:
     """How many batches Lightning's train fetcher took from the loader but has not
@@ -74,13 +87,13 @@ class _HeldBatches:
         return len(getattr(fetcher, "batches", ()) or ())
 
 
-def _watch_prefetch(trainer: L.Trainer) -> None:
+def _watch_prefetch(trainer: L.Trainer, *, unhook: bool = False) -> None:
     """Let unsized stream loaders subtract the batch Lightning prefetched from their state."""
     combined = trainer.fit_loop._combined_loader
     for dl in [] if combined is None else combined.flattened:
         engine = getattr(dl, "_stream", None) if isinstance(dl, ResumableDataLoader) else None
         if engine is not None:
-            engine.held_batches = _HeldBatches(trainer)
+            engine.held_batches = None if unhook else _HeldBatches(trainer)
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

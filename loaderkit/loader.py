@@ -226,8 +226,17 @@ class ResumableDataLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = _int_arg("num_workers", num_workers, 0, "use 0 to load in-process")
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+            raise TypeError(
+                f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
+                f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
+            )
         if timeout < 0:
-            raise ValueError(f"ResumableDataLoader: timeout must be >= 0, got {timeout}.")
+            raise ValueError(
+                f"ResumableDataLoader: timeout must be >= 0, got {timeout}; pass 0 to wait forever."
+            )
+        if prefetch_factor is not None:
+            _int_arg("prefetch_factor", prefetch_factor, 1, "pass batches per worker, e.g. 2")
         if prefetch_factor is not None and num_workers == 0:
             raise ValueError(
                 "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "

@@ -97,11 +97,15 @@ class Plan(Protocol):
         ...
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
+def _check_int(name: str, value: object, minimum: int, *, owner: str = "", fix: str = "") -> int:
+    head = f"{owner}: " if owner else ""
+    tail = f"; {fix}" if fix else ""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
+        raise TypeError(
+            f"{head}{name} must be an int, got {value!r} ({type(value).__name__}){tail}."
+        )
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+        raise ValueError(f"{head}{name} must be >= {minimum}, got {value}{tail}.")
     return value
 
 
