@@ -34,32 +34,22 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from loaderkit._epoch import EpochIterator, KeySource
 from loaderkit._fetch import BatchFetcher, KeyedDataset, identity
+from loaderkit._loader_args import check_sources, check_worker_args, int_arg
 from loaderkit._state import PlanCursor
 from loaderkit._stream import StreamingShardedDataset
 from loaderkit._stream_loader import StreamEngine
 from loaderkit.env import detect
 from loaderkit.plan import Plan, SamplePlan, Schedule
-from loaderkit.samplers import _LenWatch, check_resumable_sampler
+from loaderkit.samplers import _LenWatch
 from loaderkit.seeding import derive_seed
 from loaderkit.seeding import worker_init_fn as make_worker_init_fn
 from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
-
-
-def _int_arg(name: str, value: object, minimum: int, fix: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(
-            f"ResumableDataLoader: {name} must be an int, got {value!r} "
-            f"({type(value).__name__}); {fix}."
-        )
-    if value < minimum:
-        raise ValueError(f"ResumableDataLoader: {name} must be >= {minimum}, got {value}; {fix}.")
-    return value
 
 
 class ResumableDataLoader:
@@ -149,40 +139,7 @@ class ResumableDataLoader:
         per_sample_seeding: bool | Literal["auto"] = "auto",
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
-        if not stream and (
-            isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
-        ):
-            raise TypeError(
-                f"ResumableDataLoader: dataset must be map-style (with __len__ and "
-                f"__getitem__) or a StreamingShardedDataset, got {type(dataset).__name__}; wrap "
-                "streams in loaderkit's sharded datasets, which know their position."
-            )
-        if stream and (sampler is not None or batch_sampler is not None or shuffle):
-            raise ValueError(
-                "ResumableDataLoader: a StreamingShardedDataset takes no sampler, batch_sampler "
-                "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
-                "them unset."
-            )
-        size = 0 if stream else len(dataset)
-        if size == 0 and not stream:
-            raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"ResumableDataLoader: {name} must be a bool, got {flag!r}.")
-        if sampler is not None:
-            if shuffle:
-                raise ValueError(
-                    "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
-                    f"sampler ({type(sampler).__name__}); pass one or the other."
-                )
-            check_resumable_sampler(sampler, parameter="sampler")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
-                    "shuffle, sampler and drop_last; set those on the batch sampler's plan."
-                )
-            check_resumable_sampler(batch_sampler, parameter="batch_sampler")
+        size = check_sources(dataset, sampler, batch_sampler, batch_size, shuffle, drop_last)
         self._seed_explicit = seed is not None
         plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
         if plan_seed is not None and seed is not None and seed != plan_seed:
@@ -196,10 +153,10 @@ class ResumableDataLoader:
         if seed is None:
             seed = generator.initial_seed() if generator is not None else torch.initial_seed()
             seed %= 2**63
-        self.seed = _int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
+        self.seed = int_arg("seed", seed, 0, "pass a non-negative int such as seed=0")
         self.plan: Plan
         if stream:
-            _int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
+            int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
             # Stands in for the plan in code shared with map-style data; never iterated.
             self.plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=self.seed)
         elif batch_sampler is not None:
@@ -207,7 +164,7 @@ class ResumableDataLoader:
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
         else:
-            _int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
+            int_arg("batch_size", batch_size, 1, "pass the number of samples per batch")
             self.plan = SamplePlan(
                 num_samples=size,
                 batch_size=batch_size,
@@ -225,39 +182,17 @@ class ResumableDataLoader:
         self._skeleton: dict[str, Any] | None = None  # state_dict()'s constant part
         self.dataset = dataset
         self.batch_size = batch_size
-        self.num_workers = _int_arg("num_workers", num_workers, 0, "use 0 to load in-process")
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-            raise TypeError(
-                f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
-                f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
-            )
-        if timeout < 0:
-            raise ValueError(
-                f"ResumableDataLoader: timeout must be >= 0, got {timeout}; pass 0 to wait forever."
-            )
-        if prefetch_factor is not None:
-            _int_arg("prefetch_factor", prefetch_factor, 1, "pass batches per worker, e.g. 2")
-        if prefetch_factor is not None and num_workers == 0:
-            raise ValueError(
-                "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
-                f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
-            )
-        if persistent_workers and num_workers == 0:
-            raise ValueError("ResumableDataLoader: persistent_workers=True needs num_workers > 0.")
-        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
-        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
-            raise ValueError(
-                f"ResumableDataLoader: pin_memory must be True, False or 'auto', got "
-                f"{pin_memory!r}."
-            )
+        self.num_workers = check_worker_args(
+            num_workers=num_workers,
+            timeout=timeout,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            collate_fn=collate_fn,
+            worker_init_fn=worker_init_fn,
+            pin_memory=pin_memory,
+            per_sample_seeding=per_sample_seeding,
+        )
         self.pin_memory = resolve_pin_memory(pin_memory, select_device())
-        if not (isinstance(per_sample_seeding, bool) or per_sample_seeding == "auto"):
-            raise ValueError(
-                "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
-                f"{per_sample_seeding!r}."
-            )
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
         has_get_batch = callable(getattr(dataset, "get_batch", None))
         per_sample = not has_get_batch if per_sample_seeding == "auto" else per_sample_seeding
@@ -311,7 +246,7 @@ class ResumableDataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``."""
-        _int_arg("epoch", epoch, 0, "pass the trainer's current epoch")
+        int_arg("epoch", epoch, 0, "pass the trainer's current epoch")
         if self._stream is not None:
             self._stream.set_epoch(epoch)
             return
