@@ -32,7 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from loaderkit.datamodules import LoaderDataModule
 
 
 def _positive(text: str) -> int:
@@ -64,55 +68,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- training (subprocess)
+# At module level, not inside train(): loader workers started with spawn (the macOS and
+# Windows default) unpickle the dataset by its qualified name, which a class defined in a
+# function does not have ("Can't pickle local object").
+class NoisyIds(torch.utils.data.Dataset):
+    """Sample ``i`` is its id and features with random noise (an augmentation)."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        # Global RNG on purpose: what torchvision-style augmentations draw from.
+        return {"id": index, "x": torch.full((4,), index / self.samples) + torch.rand(4)}
+
+
+class Data(LoaderDataModule):
+    """``samples`` noisy ids as the train split, under loaderkit's loader policy."""
+
+    def __init__(self, samples: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.samples = samples
+
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        return {"train": NoisyIds(self.samples)}
+
+
+class Model(L.LightningModule):
+    """Records ``{"step", "epoch", "ids", "noise"}`` per step; pauses after step ``pause_at``'s
+    checkpoint until this script's main process kills it."""
+
+    def __init__(self, records: Path, workdir: Path, pause_at: int | None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.records, self.workdir, self.pause_at = records, workdir, pause_at
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        record = {
+            "step": self.global_step,
+            "epoch": self.current_epoch,
+            "ids": batch["id"].tolist(),
+            "noise": round(float(batch["x"].sum()), 5),
+        }
+        with open(self.records, "a") as f:  # flushed per step: SIGKILL loses nothing
+            f.write(json.dumps(record) + "\n")
+        return self.layer(batch["x"]).pow(2).mean()
+
+    def on_train_batch_end(self, *_: Any) -> None:
+        # Runs after ModelCheckpoint's hook: this step's checkpoint is on disk.
+        if self.global_step == self.pause_at:
+            (self.workdir / "checkpoint-written").touch()
+            time.sleep(600)  # wait for the SIGKILL
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
 def train(args: argparse.Namespace) -> None:
     """One training run; records ``{"step", "epoch", "ids", "noise"}`` per step."""
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from loaderkit.datamodules import LoaderDataModule
-
     # Keep the output to this script's lines: Lightning's banner repeats for every run.
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-
-    class NoisyIds(torch.utils.data.Dataset):
-        """Sample ``i`` is its id and features with random noise (an augmentation)."""
-
-        def __len__(self) -> int:
-            return args.samples
-
-        def __getitem__(self, index: int) -> dict[str, Any]:
-            # Global RNG on purpose: what torchvision-style augmentations draw from.
-            return {"id": index, "x": torch.full((4,), index / args.samples) + torch.rand(4)}
-
-    class Data(LoaderDataModule):
-        def build_datasets(self, stage: str) -> dict[str, Any]:
-            return {"train": NoisyIds()}
-
-    class Model(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-            record = {
-                "step": self.global_step,
-                "epoch": self.current_epoch,
-                "ids": batch["id"].tolist(),
-                "noise": round(float(batch["x"].sum()), 5),
-            }
-            with open(args.records, "a") as f:  # flushed per step: SIGKILL loses nothing
-                f.write(json.dumps(record) + "\n")
-            return self.layer(batch["x"]).pow(2).mean()
-
-        def on_train_batch_end(self, *_: Any) -> None:
-            # Runs after ModelCheckpoint's hook: this step's checkpoint is on disk.
-            if self.global_step == args.pause_at:
-                (args.workdir / "checkpoint-written").touch()
-                time.sleep(600)  # wait for the SIGKILL
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     every = args.pause_at or args.kill_at
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -131,12 +148,14 @@ def train(args: argparse.Namespace) -> None:
         ],
     )
     data = Data(
+        args.samples,
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         persistent_workers=args.num_workers > 0,
         seed=0,
     )
-    trainer.fit(Model(), datamodule=data, ckpt_path=args.resume)
+    model = Model(args.records, args.workdir, args.pause_at)
+    trainer.fit(model, datamodule=data, ckpt_path=args.resume)
 
 
 # ---------------------------------------------------------------- orchestration

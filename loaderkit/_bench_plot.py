@@ -1,4 +1,9 @@
-"""``loaderkit bench`` output files: ``results.png`` (one panel per bench) and ``results.md``."""
+"""``loaderkit bench`` output files: ``results.png`` (one panel per bench) and ``results-table.md``.
+
+The table is not called ``results.md``: on a case-insensitive filesystem (the
+macOS and Windows default) that name is the curated ``benchmarks/RESULTS.md``,
+which a bench run would overwrite.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,10 @@ from loaderkit._bench_cli import BenchResult, Ratio, ratio_table
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["write_markdown", "write_plot"]
+__all__ = ["MARKDOWN_NAME", "PLOT_NAME", "write_markdown", "write_plot"]
+
+#: File names ``loaderkit bench`` writes in its output folder.
+MARKDOWN_NAME, PLOT_NAME = "results-table.md", "results.png"
 
 _MET, _MISSED, _NO_GOAL = "#2e7d32", "#c62828", "#90a4ae"
 
@@ -102,7 +110,7 @@ def write_markdown(results: Sequence[BenchResult], path: Path, *, quick: bool) -
         + (", CUDA: " + torch.cuda.get_device_name() if torch.cuda.is_available() else ", no CUDA")
         + (" — `--quick`: smaller data, fewer repeats, noisier ratios" if quick else ""),
         "",
-        "Written by `loaderkit bench`; the plot is `results.png` next to this file.",
+        f"Written by `loaderkit bench`; the plot is `{PLOT_NAME}` next to this file.",
     ]
     for result in results:
         lines += [

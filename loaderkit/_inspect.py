@@ -16,11 +16,14 @@ use, and whether a resumed run continues at the exact next sample.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import itertools
 import sys
 from collections.abc import Sized
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = ["build_datamodule", "inspect_target", "load_object"]
@@ -48,11 +51,7 @@ def load_object(spec: str) -> Any:
         path = Path(module_name)
         if not path.is_file():
             raise FileNotFoundError(f"no file {module_name!r} (from {spec!r}); {_FIX_TARGET}")
-        loaded = importlib.util.spec_from_file_location(path.stem, path)
-        assert loaded is not None and loaded.loader is not None  # a .py file always has both
-        module = importlib.util.module_from_spec(loaded)
-        sys.modules[path.stem] = module  # pickling under spawn finds classes by module name
-        loaded.loader.exec_module(module)
+        module = _load_file(path)
     else:
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
@@ -72,6 +71,44 @@ def load_object(spec: str) -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def _load_file(path: Path) -> ModuleType:
+    """The module of the file ``path``, registered without shadowing any other module.
+
+    Registering it under its stem would let ``./yaml.py`` replace the real
+    ``yaml`` for the whole process. When the stem imports as this very file (its
+    folder is on ``sys.path``), the ordinary import is used, so classes defined
+    there pickle by name into workers started with spawn; otherwise the module
+    gets a private name of its own.
+    """
+    stem = path.stem
+    if stem.isidentifier():
+        try:
+            found = importlib.util.find_spec(stem)
+        except (ImportError, ValueError):  # ValueError: a module with no __spec__, e.g. __main__
+            found = None
+        origin = getattr(found, "origin", None)
+        if origin and Path(origin).resolve() == path.resolve():
+            return importlib.import_module(stem)
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    base = f"_loaderkit_inspect_{stem if stem.isidentifier() else 'file'}_{digest}"
+    name = base
+    for n in itertools.count(2):  # the same file loaded again: a fresh module beside the old
+        if name not in sys.modules:
+            break
+        name = f"{base}_{n}"
+    loaded = importlib.util.spec_from_file_location(name, path)
+    assert loaded is not None and loaded.loader is not None  # a .py file always has both
+    module = importlib.util.module_from_spec(loaded)
+    # Registered before it runs: dataclasses and pickling look classes up by module name.
+    sys.modules[name] = module
+    try:
+        loaded.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _instantiate(node: Any, where: str) -> Any:
@@ -145,6 +182,13 @@ def build_datamodule(target: str) -> Any:
 
 
 def _steps(loader: Any, world_size: int) -> int | None:
+    """Batches per rank in epoch 0, or None when the loader cannot know."""
+    if getattr(loader, "_stream", None) is not None:
+        # A ResumableDataLoader over a StreamingShardedDataset: its plan is a one-sample
+        # stand-in, so the epoch comes from the stream's limit (None: one pass).
+        from loaderkit.datamodules._util import stream_epoch_steps
+
+        return stream_epoch_steps(loader, world_size)
     plan = getattr(loader, "plan", None)
     if plan is not None:
         return int(plan.num_steps(0, start=0, world_size=world_size))
@@ -158,6 +202,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         for split, info in facts["splits"].items():
             loader = dm.loader(split, num_workers=0, pin_memory=False)
             info["batches_per_rank"] = _steps(loader, world_size)
+            info["stream"] = loader._stream is not None
         facts["probe"] = dm.probe_num_workers(max_workers)
         facts["best"] = dm.num_workers_best
         return facts
@@ -168,26 +213,33 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
     dataset = getattr(loader, "dataset", None)
     resumable = isinstance(loader, ResumableDataLoader)
+    stream = resumable and loader._stream is not None
+    reason = (
+        "the train loader is a loaderkit ResumableDataLoader: its position is saved in "
+        "the checkpoint"
+        if resumable
+        else f"train_dataloader() returns a {type(loader).__name__}; a resumed run restarts "
+        "or replays the epoch - return a loaderkit.ResumableDataLoader, or build the module "
+        "on loaderkit.datamodules.LoaderDataModule"
+    )
+    if stream:
+        from loaderkit.datamodules._util import stream_resume_reason
+
+        reason = stream_resume_reason(dataset)
     return {
         "datamodule": type(dm).__name__,
         "splits": {
             "train": {
                 "samples": len(dataset) if isinstance(dataset, Sized) else None,
                 "batches_per_rank": _steps(loader, world_size),
+                "stream": stream,
             }
         },
         "padding_fraction": None,
         "probe": None,
         "best": None,
         "resumable_exactly": resumable,
-        "resumable_reason": (
-            "the train loader is a loaderkit ResumableDataLoader: its position is saved in "
-            "the checkpoint"
-            if resumable
-            else f"train_dataloader() returns a {type(loader).__name__}; a resumed run restarts "
-            "or replays the epoch - return a loaderkit.ResumableDataLoader, or build the module "
-            "on loaderkit.datamodules.LoaderDataModule"
-        ),
+        "resumable_reason": reason,
     }
 
 
@@ -221,6 +273,11 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
     def num(value: Any) -> str:
         return "unknown" if value is None else f"{value:,}"
 
+    def batches(info: dict[str, Any]) -> str:
+        if info["batches_per_rank"] is None and info.get("stream"):
+            return "unknown (one pass, length unknown)"
+        return num(info["batches_per_rank"])
+
     lines = [f"loaderkit inspect: {facts['datamodule']} (from {target})"]
     splits = facts["splits"]
     lines.append(
@@ -228,7 +285,7 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
     )
     lines.append(
         f"  batches / epoch  per rank at world size {world_size}: "
-        + ", ".join(f"{s} {num(i['batches_per_rank'])}" for s, i in splits.items())
+        + ", ".join(f"{s} {batches(i)}" for s, i in splits.items())
         + " (epoch 0)"
     )
     pad = facts.get("padding_fraction")

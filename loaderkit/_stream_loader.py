@@ -239,7 +239,10 @@ class StreamEngine:
         try:
             yield from self._hand_out(workers, pin=False)
         except GeneratorExit:
-            steps = self.steps
+            # Closed by a dropped iterator: the loader may be gone already (then so is
+            # any reason to keep workers).
+            alive = self._loader() is not None
+            steps = self.steps if alive else None
             if self._inner is inner and steps is not None and self.steps_done >= steps:
                 # Every batch of the epoch was handed out; a consumer that stops at
                 # len() (Lightning) never asks for the end. The workers made exactly

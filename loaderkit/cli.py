@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="folder for results.png / results.md (default: the benchmarks folder)",
+        help="folder for results.png / results-table.md (default: the benchmarks folder)",
     )
     bench.add_argument("--no-plot", action="store_true", help="skip results.png")
     bench.add_argument("--no-progress-bar", action="store_true")
@@ -129,7 +129,7 @@ def _bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from loaderkit._bench_cli import discover, find_benchmarks, ratio_table, run_bench
-    from loaderkit._bench_plot import write_markdown, write_plot
+    from loaderkit._bench_plot import MARKDOWN_NAME, PLOT_NAME, write_markdown, write_plot
 
     bench_dir = find_benchmarks()
     scripts = discover(bench_dir, args.only)
@@ -143,9 +143,9 @@ def _bench(args: argparse.Namespace) -> int:
         results.append(result)
         # tqdm.write keeps the tables above the bar instead of tearing through it.
         tqdm.write(f"\n## {result.name} ({result.seconds:.1f} s)\n\n{ratio_table(result)}")
-    written = [write_markdown(results, out / "results.md", quick=args.quick)]
+    written = [write_markdown(results, out / MARKDOWN_NAME, quick=args.quick)]
     if not args.no_plot and any(r.ratios for r in results):
-        written.append(write_plot(results, out / "results.png"))
+        written.append(write_plot(results, out / PLOT_NAME))
     print(f"\nwrote {', '.join(map(str, written))}")
     failed = [r.name for r in results if not r.ok]
     if failed:

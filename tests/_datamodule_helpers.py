@@ -8,6 +8,7 @@ only adapts each DataModule's batch to the ``{"id": ..., "x": ...}`` batch that
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "fit_recording",
     "make_image_tree",
     "sequence_samples",
+    "write_id_token_shards",
 ]
 
 
@@ -37,6 +39,17 @@ def sequence_samples(size: int, max_len: int = 24, seed: int = 0) -> list[dict[s
         {"id": i, "input_ids": torch.arange(int(n), dtype=torch.long) + i}
         for i, n in enumerate(lengths)
     ]
+
+
+def write_id_token_shards(root: Path, size: int = 64) -> Path:
+    """Token shards under ``root`` where sample ``i`` (``seq_len=4``) is ``[i, i, i, i]``:
+    five uneven shards, one of them empty, so streams cross shard ends mid-batch."""
+    from loaderkit import TokenReader, write_shards
+
+    cuts = [0, 20, 27, 27, 40, size]
+    ids = [np.arange(lo, hi) for lo, hi in itertools.pairwise(cuts)]
+    write_shards(root, [np.repeat(a, 4) for a in ids], TokenReader(seq_len=4))
+    return root
 
 
 def make_image_tree(
@@ -55,7 +68,10 @@ def make_image_tree(
 
 
 def _as_id_batch(batch: Any) -> dict[str, torch.Tensor]:
-    """The ``{"id", "x"}`` batch of IdModule from a TensorDataModule or SequenceDataModule batch."""
+    """The ``{"id", "x"}`` batch of IdModule from a TensorDataModule or SequenceDataModule batch,
+    or a ShardedDataModule token batch whose rows repeat their id (``write_id_token_shards``)."""
+    if isinstance(batch, torch.Tensor):  # (B, 4) token rows [i, i, i, i]
+        return {"id": batch[:, 0], "x": batch[:, :4].float() / 100}
     if isinstance(batch, dict):  # SequenceDataModule, dict samples
         lengths = batch["lengths"].float()
         x = torch.stack([lengths, batch["input_ids"].sum(1).float() / 100, lengths, lengths], 1)

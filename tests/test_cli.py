@@ -43,10 +43,22 @@ def test_bench_quick_prints_ratio_tables_and_writes_png_and_md(tmp_path: Path) -
     assert "CPU: DevicePrefetcher(cpu) / plain loop" in done.stdout
     png = (tmp_path / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
-    md = (tmp_path / "results.md").read_text()
+    assert not (tmp_path / "results.md").exists()
+    md = (tmp_path / "results-table.md").read_text()
     assert "## collate" in md and "## transfer" in md and ">= 1.00x" in md
     assert "python benchmarks/collate/bench.py --repeats 3" in md  # the quick command, shown
     assert "<details><summary>full output</summary>" in md
+
+
+def test_bench_outputs_never_clobber_the_curated_results_on_case_insensitive_disks() -> None:
+    """macOS and Windows fold case by default: the table written into benchmarks/ by default
+    must not be benchmarks/RESULTS.md, the hand-curated results file, under any casing."""
+    from loaderkit._bench_plot import MARKDOWN_NAME, PLOT_NAME
+
+    curated = find_benchmarks() / "RESULTS.md"
+    assert curated.is_file()  # the file this guards
+    for written in (MARKDOWN_NAME, PLOT_NAME):
+        assert written.casefold() != curated.name.casefold()
 
 
 def test_bench_unknown_name_is_one_line_with_the_choices(capsys: pytest.CaptureFixture) -> None:
@@ -151,6 +163,100 @@ def test_inspect_plain_lightning_module_is_not_resumable(
     assert "samples          train 100" in out and "train 10 (epoch 0)" in out
     assert "num_workers      not probed" in out
     assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
+
+
+@pytest.fixture
+def stream_project(tmp_path: Path) -> Path:
+    """A user's folder with 160 token samples in two shards and streaming DataModules."""
+    import numpy as np
+
+    from loaderkit import TokenReader, write_shards
+
+    write_shards(tmp_path / "shards", [np.arange(400), np.arange(240)], TokenReader(seq_len=4))
+    (tmp_path / "streams.py").write_text(
+        textwrap.dedent(
+            """\
+            import lightning as L
+            from loaderkit import ResumableDataLoader, StreamingShardedDataset, TokenReader
+            from loaderkit.datamodules import ShardedDataModule
+
+            def one_pass():
+                return ShardedDataModule("shards", seq_len=4, batch_size=8, streaming=True)
+
+            def limited():
+                return ShardedDataModule(
+                    "shards", seq_len=4, batch_size=8, streaming=True, samples_per_epoch=160
+                )
+
+            class Plain(L.LightningDataModule):
+                def train_dataloader(self):
+                    reader = TokenReader(seq_len=4)
+                    ds = StreamingShardedDataset("shards", reader, steps_per_epoch=20)
+                    return ResumableDataLoader(ds, batch_size=8, seed=0)
+            """
+        )
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "batches", "elastic"),
+    [
+        ("streams.py:Plain", [], "train 20 (epoch 0)", False),
+        ("streams.py:one_pass", [], "train unknown (one pass, length unknown) (epoch 0)", True),
+        ("streams.py:limited", ["--world-size", "2"], "world size 2: train 10 (epoch 0)", False),
+    ],
+)
+def test_inspect_streams_reports_their_epoch_and_resume_topology(
+    stream_project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    target: str,
+    args: list[str],
+    batches: str,
+    elastic: bool,
+) -> None:
+    """A stream's loader carries a one-sample stand-in plan: the batches come from its
+    steps_per_epoch / samples_per_epoch (160 / (2 ranks * 8) = 10), or are unknown."""
+    monkeypatch.chdir(stream_project)
+    assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar", *args]) == 0
+    out = capsys.readouterr().out
+    assert batches in out, out
+    assert "samples          train unknown" in out, out
+    assert "exact resume     yes: the train loader streams a StreamingShardedDataset" in out
+    assert "exact only under the same world size and num_workers" in out
+    assert "elastic resume needs sample counts" in out
+    assert ("ElasticResume()" in out) is elastic
+
+
+def test_load_object_from_a_file_never_shadows_a_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``loaderkit inspect ./yaml.py:make`` must not replace the real yaml for the process."""
+    import yaml
+
+    from loaderkit._inspect import load_object
+
+    (tmp_path / "yaml.py").write_text("def make():\n    return 'mine'\n")
+    monkeypatch.chdir(tmp_path)
+    names = set()
+    for _ in range(2):
+        make = load_object("./yaml.py:make")
+        assert make() == "mine"
+        assert sys.modules["yaml"] is yaml and yaml.safe_load("a: 1") == {"a": 1}
+        assert make.__module__.startswith("_loaderkit_inspect_yaml_")
+        assert sys.modules[make.__module__].make is make
+        names.add(make.__module__)
+    assert len(names) == 2  # loaded again: a fresh module beside the first, not over it
+    # A file that imports as itself (its folder on sys.path) keeps its name: classes in
+    # it pickle by name into workers started with spawn.
+    (tmp_path / "lk_inspect_own_name.py").write_text("def make():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lk_inspect_own_name", raising=False)
+    own = load_object(f"{tmp_path}/lk_inspect_own_name.py:make")
+    assert own.__module__ == "lk_inspect_own_name" and own() == 1
+    for name in names:
+        del sys.modules[name]
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,18 @@ from _datamodule_helpers import (
     fit_recording,
     make_image_tree,
     sequence_samples,
+    write_id_token_shards,
 )
 from helpers import assert_resume_exact, by_epoch, trainer_kwargs
 
 import loaderkit.datamodules.base as base_module
-from loaderkit import ElasticResume, JsonlReader, TokenReader, write_shards
+from loaderkit import (
+    ElasticResume,
+    JsonlReader,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
 from loaderkit.datamodules import (
     ArrayDataModule,
     ImageFolderDataModule,
@@ -333,6 +340,93 @@ def test_sharded_datamodule_splits_across_ranks(
     assert set(both) == set(range(17)) and len(both) == 18
 
 
+# ------------------------------------------------------------------ streamed shards
+
+
+@pytest.fixture(scope="module")
+def id_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_id_token_shards(tmp_path_factory.mktemp("id-shards"), SIZE)
+
+
+def stream_dm(root: Path, **kwargs: Any) -> ShardedDataModule:
+    kwargs = {"seq_len": 4, "batch_size": BATCH, "streaming": True, "seed": SEED, **kwargs}
+    return ShardedDataModule(str(root), **kwargs)
+
+
+@pytest.mark.parametrize("limit", [{}, {"steps_per_epoch": 5}], ids=["one-pass", "steps"])
+def test_streamed_shards_train_and_resume_exactly(
+    tmp_path: Path, id_shards: Path, limit: dict[str, int]
+) -> None:
+    """ShardedDataModule(streaming=True) under a CPU Trainer, resumed from its checkpoints
+    inside epoch 0 and inside epoch 1: the oracle holds. An epoch of unknown length (one pass)
+    needs ElasticResume; a fixed one does not."""
+
+    def fit(name: str, **kwargs: Any) -> FitRun:
+        callbacks = [] if limit else [ElasticResume()]
+        path = tmp_path / name
+        path.mkdir()
+        return fit_recording(
+            path, lambda: stream_dm(id_shards, **limit), callbacks=callbacks, **kwargs
+        )
+
+    full = fit("full")
+    steps = 5 if limit else SIZE // BATCH
+    assert len(full.records) == 2 * steps
+    if not limit:  # one pass per epoch: every sample once, shard order reshuffled
+        epochs = by_epoch(full.records)
+        assert all(sorted(ids) == list(range(SIZE)) for ids in epochs.values())
+        assert epochs[0] != epochs[1]
+    cut_at = steps + 2
+    cut = fit("cut", fail_at=cut_at)
+    for k in (3, cut_at):
+        after = fit(f"resumed-{k}", resume=cut.ckpt(k))
+        assert_resume_exact(full.records, cut.records[:k], after.records)
+
+
+def test_streamed_shards_describe_and_split_across_ranks(
+    id_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """describe() never asks a stream for its length: samples unknown, batches from the limit;
+    the resume reason says the topology must stay. Val shards stay planned (counted)."""
+    one_pass = stream_dm(id_shards).describe()
+    assert one_pass["splits"]["train"] == {
+        "samples": None,
+        "batch_size": BATCH,
+        "batches_per_epoch": None,
+    }
+    assert one_pass["resumable_exactly"] is True
+    assert "exact only under the same world size and num_workers" in one_pass["resumable_reason"]
+    assert "ElasticResume()" in one_pass["resumable_reason"]
+    limited = stream_dm(id_shards, samples_per_epoch=40, val_shards=str(id_shards)).describe()
+    assert limited["splits"]["train"]["batches_per_epoch"] == 5
+    assert limited["splits"]["val"] == {
+        "samples": SIZE,
+        "batch_size": BATCH,
+        "batches_per_epoch": 8,
+    }
+    assert "ElasticResume" not in limited["resumable_reason"]
+
+    class Streamed(LoaderDataModule):  # the base class hosts a stream from any subclass
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": StreamingShardedDataset(str(id_shards), TokenReader(seq_len=4))}
+
+    assert len(list(Streamed(batch_size=BATCH).train_dataloader())) == SIZE // BATCH
+    with pytest.raises(ValueError, match=r"val_fraction=0.25 needs a train split of known size"):
+        Streamed(val_fraction=0.25).setup("fit")
+    # Simulated rank 1 of 2: the limit makes every rank step the same count; no limit refuses.
+    from loaderkit.env import WorkerEnv
+
+    env = WorkerEnv(rank=1, world_size=2)
+    for module in ("loaderkit.loader", "loaderkit.datamodules.base"):
+        monkeypatch.setattr(f"{module}.detect", lambda env=env, **_: env)
+    ranked = stream_dm(id_shards, samples_per_epoch=32)
+    assert ranked.describe()["splits"]["train"]["batches_per_epoch"] == 2  # 32 / (2 ranks * 8)
+    loader = ranked.train_dataloader()
+    assert len(loader) == 2 and len(list(loader)) == 2
+    with pytest.raises(LoaderkitError, match=r"steps_per_epoch= \(batches per rank\)"):
+        len(stream_dm(id_shards).train_dataloader())
+
+
 # ----------------------------------------------------------------------- the policy
 
 
@@ -472,7 +566,14 @@ BAD_INPUT: list[tuple[str, Any, type[Exception], str]] = [
     ("oversize", lambda: sequence_dm(oversize="cut"), ValueError, r"oversize must be one of"),
     ("pad value", lambda: sequence_dm(pad_value="x"), TypeError, r"pad_value must be a bool, int"),
     ("image root", lambda: ImageFolderDataModule("/nonexistent"), ValueError, r"not a directory"),
-    ("shards", lambda: ShardedDataModule([]), TypeError, r"shards must be a directory"),
+    ("shards empty", lambda: ShardedDataModule([]), ValueError, r"shards is an empty list; pass"),
+    ("shards type", lambda: ShardedDataModule(5), TypeError, r"shards must be a directory"),
+    (
+        "val shards empty",
+        lambda: ShardedDataModule("/tmp", val_shards=[], seq_len=4),
+        ValueError,
+        r"val_shards is an empty list",
+    ),
     (
         "missing shard",
         lambda: ShardedDataModule(["/nonexistent.npy"], seq_len=4),
@@ -501,6 +602,19 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
         (lambda: ImageFolderDataModule(str(root), color_jitter=-1), ValueError, r"color_jitter"),
         (lambda: ImageFolderDataModule(str(root), crop_fraction=2), ValueError, r"crop_fraction"),
         (
+            lambda: ImageFolderDataModule(str(root), crop_fraction=True),
+            TypeError,
+            r"crop_fraction must be a number in \(0, 1\], got True \(bool\)",
+        ),
+        (
+            lambda: ImageFolderDataModule(str(root), crop_fraction="0.9"),
+            TypeError,
+            r"crop_fraction must be a number",
+        ),
+        (lambda: ImageFolderDataModule(str(root), color_jitter=True), TypeError, r"color_jitter"),
+        (lambda: ImageFolderDataModule(str(root), mean=(True, 0, 0)), ValueError, r"mean must"),
+        (lambda: tensor_dm(val_fraction=True), TypeError, r"val_fraction must be a float"),
+        (
             lambda: ImageFolderDataModule(str(root), train_transform=3),
             TypeError,
             r"train_transform must be callable",
@@ -519,6 +633,45 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
         ),
         (lambda: ShardedDataModule(shards, seq_len=4, dtype="f4"), ValueError, r"integer dtype"),
         (lambda: ShardedDataModule(shards, reader=object()), TypeError, r"or a ShardReader"),
+        (lambda: ShardedDataModule(shards, seq_len=4, pad_value="x"), TypeError, r"pad_value"),
+        (lambda: ShardedDataModule(shards, seq_len=4, window=True), TypeError, r"window must"),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=1),
+            TypeError,
+            r"streaming must be a bool, got 1",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, steps_per_epoch=10),
+            ValueError,
+            r"steps_per_epoch=10 only applies with streaming=True.*pass streaming=True",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, samples_per_epoch=80),
+            ValueError,
+            r"samples_per_epoch=80 only applies with streaming=True",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, steps_per_epoch=True),
+            TypeError,
+            r"steps_per_epoch must be an int, got True \(bool\)",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, samples_per_epoch=0),
+            ValueError,
+            r"samples_per_epoch must be >= 1, got 0",
+        ),
+        (
+            lambda: ShardedDataModule(
+                shards, seq_len=4, streaming=True, steps_per_epoch=2, samples_per_epoch=8
+            ),
+            ValueError,
+            r"pass steps_per_epoch or samples_per_epoch, not both",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, on_error="skip"),
+            ValueError,
+            r"on_error='skip' needs the planned dataset.*streaming=False",
+        ),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):

@@ -66,3 +66,29 @@ def test_resume_mid_epoch_rejects_a_kill_step_past_the_run(tmp_path: Path) -> No
     args = ["--samples", "16", "--kill-at", "99", "--workdir", str(tmp_path)]
     rc, out = _run(tmp_path, "resume_mid_epoch.py", *args)
     assert rc == 1 and "--kill-at must be in 1..3" in out and "got 99" in out
+
+
+def test_resume_mid_epoch_classes_pickle_for_spawned_workers() -> None:
+    """Loader workers started with spawn (macOS/Windows) unpickle the dataset by name: the
+    example's classes must live at module level, not inside a function."""
+    import importlib.util
+    import pickle
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "resume_mid_epoch", EXAMPLES / "resume_mid_epoch.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as spawn's re-import of the script provides it
+    try:
+        spec.loader.exec_module(module)
+        for name in ("NoisyIds", "Data", "Model"):
+            assert "<locals>" not in getattr(module, name).__qualname__, name
+        dataset = pickle.loads(pickle.dumps(module.NoisyIds(5)))
+        assert len(dataset) == 5 and dataset[3]["id"] == 3
+        data = module.Data(5, batch_size=2)
+        data.setup("fit")
+        assert len(pickle.loads(pickle.dumps(data.train_dataset))) == 5
+    finally:
+        del sys.modules[spec.name]

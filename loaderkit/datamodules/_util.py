@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from loaderkit.seeding import derive_seed
 
 __all__ = [
+    "STREAM_RESUME_REASON",
     "batch_rows",
     "bulky_args",
     "check_bool",
@@ -29,8 +30,18 @@ __all__ = [
     "cpu_budget",
     "index_subset",
     "split_indices",
+    "stream_epoch_steps",
+    "stream_resume_reason",
     "time_loader",
 ]
+
+#: Why a resume of a streamed train split is exact, and under what (topology-bound cursors).
+STREAM_RESUME_REASON = (
+    "the train loader streams a StreamingShardedDataset and saves one cursor per (rank, "
+    "worker) in the Lightning checkpoint: a resume is exact only under the same world size "
+    "and num_workers (any other is refused); an elastic resume needs sample counts: use "
+    "ShardedDataset (streaming=False)"
+)
 
 
 def check_int(owner: str, name: str, value: object, minimum: int, fix: str) -> int:
@@ -94,6 +105,33 @@ def check_path(owner: str, name: str, value: object, suffixes: Sequence[str]) ->
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{owner}: {name}={path!r} does not exist; check the path.")
     return path
+
+
+def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
+    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset``.
+
+    ``None`` when an epoch is one pass of unknown length (no ``steps_per_epoch``
+    or ``samples_per_epoch``). The loader's ``plan`` is a stand-in for streams,
+    so it cannot say; ``len(loader)`` can, but only at the loader's own world
+    size, so this asks the dataset the same question for ``world_size``.
+    """
+    try:
+        steps: int | None = loader.dataset.epoch_steps(loader.batch_size, world_size)
+    except ValueError:  # samples_per_epoch below one global step: iterating it says so
+        return None
+    return steps
+
+
+def stream_resume_reason(dataset: Any) -> str:
+    """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
+    if dataset.limited:
+        return STREAM_RESUME_REASON
+    # Lightning prefetches a batch ahead from a loader without a length; the callback
+    # tells the loader so its saved position is not one batch ahead.
+    return (
+        STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
+        "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
+    )
 
 
 def cpu_budget(processes: int = 1) -> int:

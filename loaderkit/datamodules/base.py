@@ -5,7 +5,10 @@ and optionally how it is batched and collated); this class says *how* it is
 loaded: every loader is a :class:`~loaderkit.ResumableDataLoader`, so the
 train loader's position goes into the Lightning checkpoint (Lightning's fit
 loop saves any train loader with ``state_dict``) and a resume is exact, for
-any ``num_workers`` and world size.
+any ``num_workers`` and world size. A split may also be a
+:class:`~loaderkit.StreamingShardedDataset`: it is batched by the stream
+itself (no shuffle or batch sampler; its shards are shuffled per pass) and
+resumes exactly under the same world size and ``num_workers`` only.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from loaderkit.datamodules._util import (
     cpu_budget,
     index_subset,
     split_indices,
+    stream_epoch_steps,
+    stream_resume_reason,
     time_loader,
 )
 from loaderkit.env import detect
 from loaderkit.loader import ResumableDataLoader
+from loaderkit.sharding import StreamingShardedDataset
 from loaderkit.transfer import select_device, should_pin_memory
 
 __all__ = ["LoaderDataModule"]
@@ -164,8 +170,11 @@ class LoaderDataModule(L.LightningDataModule):
 
     def resume_info(self) -> tuple[bool, str]:
         """Whether a Lightning resume of this module's train loader is exact, and why."""
-        if "train" not in self._datasets:
+        train = self._datasets.get("train")
+        if train is None:
             return False, "no train split: there is no training position to resume"
+        if isinstance(train, StreamingShardedDataset):
+            return True, stream_resume_reason(train)
         return True, (
             "the train loader (ResumableDataLoader) saves its position in the sample plan in "
             "the Lightning checkpoint; resume is exact for any num_workers and world size "
@@ -194,6 +203,12 @@ class LoaderDataModule(L.LightningDataModule):
                     "val data was given too; pass one or the other."
                 )
             train = fresh["train"]
+            if isinstance(train, StreamingShardedDataset):
+                raise ValueError(
+                    f"{owner}: val_fraction={self.val_fraction} needs a train split of known "
+                    "size, but it is a StreamingShardedDataset; pass separate val data and "
+                    "val_fraction=0."
+                )
             train_idx, val_idx = split_indices(owner, len(train), self.val_fraction, self.seed)
             fresh["val"] = index_subset(self.val_view(train), val_idx)
             fresh["train"] = index_subset(train, train_idx)
@@ -274,6 +289,12 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": self.per_sample_seeding(split),
         }
+        if isinstance(dataset, StreamingShardedDataset):
+            # A stream batches itself and shuffles its shards per pass (shuffle_shards):
+            # ResumableDataLoader refuses shuffle and batch samplers for it.
+            return ResumableDataLoader(
+                dataset, batch_size=batch_size, drop_last=self.drop_last and train, **common
+            )
         sampler = self.batch_sampler(split, dataset, batch_size)
         if sampler is not None:
             return ResumableDataLoader(dataset, batch_sampler=sampler, **common)
@@ -348,7 +369,9 @@ class LoaderDataModule(L.LightningDataModule):
 
         Returns:
             A dict with ``datamodule``, ``world_size``, per-split ``splits``
-            (``samples``, ``batch_size``, ``batches_per_epoch`` per rank, epoch 0),
+            (``samples``, ``batch_size``, ``batches_per_epoch`` per rank, epoch 0;
+            a stream's ``samples`` is None, and so are its ``batches_per_epoch``
+            when an epoch is one pass of unknown length),
             ``num_workers`` (as given), ``num_workers_probe``/``num_workers_best``
             (after a probe), ``pin_memory`` (resolved), ``seed``,
             ``padding_fraction`` (train, when known, else None),
@@ -360,11 +383,17 @@ class LoaderDataModule(L.LightningDataModule):
         world_size = trainer.world_size if trainer is not None else detect().world_size
         splits: dict[str, dict[str, Any]] = {}
         for split, dataset in self._datasets.items():
-            plan = self.loader(split, num_workers=0, pin_memory=False).plan
+            loader = self.loader(split, num_workers=0, pin_memory=False)
+            if isinstance(dataset, StreamingShardedDataset):
+                # Its plan is a stand-in: a stream's size is unknown until read.
+                samples, batches = None, stream_epoch_steps(loader, world_size)
+            else:
+                samples = len(dataset)
+                batches = loader.plan.num_steps(0, start=0, world_size=world_size)
             splits[split] = {
-                "samples": len(dataset),
+                "samples": samples,
                 "batch_size": self.batch_size if split == "train" else self.eval_batch_size,
-                "batches_per_epoch": plan.num_steps(0, start=0, world_size=world_size),
+                "batches_per_epoch": batches,
             }
         resumable, reason = self.resume_info()
         return {

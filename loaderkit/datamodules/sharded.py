@@ -1,11 +1,15 @@
-"""``ShardedDataModule``: token or JSON-lines shards through :class:`~loaderkit.ShardedDataset`.
+"""``ShardedDataModule``: token or JSON-lines shards, planned or streamed.
 
-The shards' sample counts are known (from the shard index), so the sample plan
-covers them: shards and windows shuffled per ``(seed, epoch)``, every sample
-exactly once per epoch across DDP ranks and workers, every rank the same
-number of steps, exact resume. A streaming variant (unknown lengths) would
-subclass :class:`~loaderkit.datamodules.LoaderDataModule` with its own
-``loader()``; this module covers the planned case only.
+Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
+counts are known (from the shard index), so the sample plan covers them:
+shards and windows shuffled per ``(seed, epoch)``, every sample exactly once
+per epoch across DDP ranks and workers, every rank the same number of steps,
+exact resume on any world size and ``num_workers``.
+
+Streamed (``streaming=True``, :class:`~loaderkit.StreamingShardedDataset`):
+the train shards are read front to back without counting them first; each
+(rank, worker) reads its own shards and keeps a cursor, so a resume is exact
+under the same world size and ``num_workers`` only.
 """
 
 from __future__ import annotations
@@ -20,7 +24,13 @@ from loaderkit._shard_plan import DEFAULT_WINDOW
 from loaderkit.collate import PadCollate
 from loaderkit.datamodules._util import check_bool, check_choice, check_int
 from loaderkit.datamodules.base import LoaderDataModule
-from loaderkit.sharding import JsonlReader, ShardedDataset, ShardReader, TokenReader
+from loaderkit.sharding import (
+    JsonlReader,
+    ShardedDataset,
+    ShardReader,
+    StreamingShardedDataset,
+    TokenReader,
+)
 
 __all__ = ["ShardedDataModule"]
 
@@ -28,7 +38,7 @@ Shards = str | list[str]
 
 
 class ShardedDataModule(LoaderDataModule):
-    """Shards of known size (flat token files or ``.jsonl``), planned across ranks and workers.
+    """Token or ``.jsonl`` shards, planned across ranks and workers, or streamed.
 
     ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids (raw ones
     need ``dtype``), cut into ``seq_len``-token samples (``targets=True``: one
@@ -41,9 +51,19 @@ class ShardedDataModule(LoaderDataModule):
     Under DDP with ``num_workers > 0`` pass ``persistent_workers=True`` (see
     the README's known issue on forking workers from gloo processes).
 
+    ``streaming=True`` streams the train shards instead of planning them (no
+    shard index built or read up front): shard order shuffled per pass when
+    ``shuffle``, no ``window`` shuffle inside a shard. An epoch is one pass
+    over the shards, of unknown length, unless ``steps_per_epoch`` or
+    ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
+    them, or ranks would step different numbers of times. Lightning needs
+    :class:`loaderkit.ElasticResume` in the Trainer's callbacks to save the
+    position of an epoch of unknown length. Val and test shards stay planned
+    (every sample once on every world size, no limit needed under DDP).
+
     Args:
         shards: The train shards: a directory (its files with the reader's
-            suffixes, sorted), one shard file, or a list of shard files.
+            suffixes, sorted), one shard file, or a non-empty list of shard files.
         val_shards: Val shards, the same way. ``val_fraction`` is not
             supported: a sample-level split would break shard-local reads.
         test_shards: Test shards.
@@ -58,6 +78,9 @@ class ShardedDataModule(LoaderDataModule):
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
+        streaming: Stream the train shards (see above) instead of planning them.
+        steps_per_epoch: With ``streaming``: batches per rank per epoch.
+        samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
         **kwargs: The loader policy of :class:`~loaderkit.datamodules.LoaderDataModule`.
 
     Example:
@@ -91,6 +114,9 @@ class ShardedDataModule(LoaderDataModule):
         max_open_shards: int | None = 128,
         pad_value: int | float = 0,
         pad_to_multiple_of: int | None = None,
+        streaming: bool = False,
+        steps_per_epoch: int | None = None,
+        samples_per_epoch: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -100,6 +126,15 @@ class ShardedDataModule(LoaderDataModule):
                 f"{owner}: val_fraction={self.val_fraction} is not supported for shards: a "
                 "sample-level split would break shard-local reads; pass val_shards=[...] "
                 "(held-out shard files) instead."
+            )
+        self.streaming = check_bool(owner, "streaming", streaming)
+        self.steps_per_epoch, self.samples_per_epoch = _epoch_limit(
+            owner, streaming, steps_per_epoch, samples_per_epoch
+        )
+        if streaming and on_error != "raise":
+            raise ValueError(
+                f"{owner}: on_error={on_error!r} needs the planned dataset (a stream cannot "
+                "skip a sample it has not counted); pass on_error='raise' or streaming=False."
             )
         self.shards: dict[str, Shards] = {}
         for split, name, value in (
@@ -123,9 +158,9 @@ class ShardedDataModule(LoaderDataModule):
         varying = isinstance(self.reader, JsonlReader) or (
             isinstance(self.reader, TokenReader) and self.reader.eos is not None
         )
-        self._collate = (
-            PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of) if varying else None
-        )
+        # Built either way: it checks pad_value now, not at the first varying batch.
+        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+        self._collate = pad if varying else None
 
     @staticmethod
     def _make_reader(
@@ -176,19 +211,30 @@ class ShardedDataModule(LoaderDataModule):
         return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index)."""
-        return {
-            split: ShardedDataset(
-                paths,
-                self.reader,
-                on_error=self.on_error,
-                max_open_shards=self.max_open_shards,
-            )
-            for split, paths in self.shards.items()
-        }
+        """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index);
+        with ``streaming``, a :class:`~loaderkit.StreamingShardedDataset` for train."""
+        datasets: dict[str, Any] = {}
+        for split, paths in self.shards.items():
+            if self.streaming and split == "train":
+                datasets[split] = StreamingShardedDataset(
+                    paths,
+                    self.reader,
+                    shuffle_shards=self.shuffle,
+                    steps_per_epoch=self.steps_per_epoch,
+                    samples_per_epoch=self.samples_per_epoch,
+                )
+            else:
+                datasets[split] = ShardedDataset(
+                    paths,
+                    self.reader,
+                    on_error=self.on_error,
+                    max_open_shards=self.max_open_shards,
+                )
+        return datasets
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
-        """The dataset's own plan: shard order, then windows, shuffled (train only)."""
+        """The dataset's own plan: shard order, then windows, shuffled (train only).
+        Not asked for a stream, which batches itself."""
         train = split == "train"
         return dataset.batch_sampler(
             batch_size,
@@ -214,10 +260,15 @@ def _shard_list(owner: str, name: str, value: object) -> Shards:
         if os.path.isdir(path):
             return path
         value = [path]
-    if not isinstance(value, (list, tuple)) or not value:
+    if not isinstance(value, (list, tuple)):
         raise TypeError(
             f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
-            f"files, got {value!r}."
+            f"files, got {value!r} ({type(value).__name__})."
+        )
+    if not value:
+        raise ValueError(
+            f"{owner}: {name} is an empty list; pass at least one shard file, or a directory "
+            "of shards (write them with loaderkit.write_shards)."
         )
     paths = []
     for item in value:
@@ -227,3 +278,24 @@ def _shard_list(owner: str, name: str, value: object) -> Shards:
             raise FileNotFoundError(f"{owner}: {name}: shard {os.fspath(item)!r} does not exist.")
         paths.append(os.fspath(item))
     return paths
+
+
+def _epoch_limit(
+    owner: str, streaming: bool, steps: int | None, samples: int | None
+) -> tuple[int | None, int | None]:
+    """``(steps_per_epoch, samples_per_epoch)`` checked: ints >= 1, at most one, streams only."""
+    for name, value in (("steps_per_epoch", steps), ("samples_per_epoch", samples)):
+        if value is None:
+            continue
+        if not streaming:
+            raise ValueError(
+                f"{owner}: {name}={value!r} only applies with streaming=True (a planned epoch "
+                f"covers every sample once); pass streaming=True, or drop {name}."
+            )
+        check_int(owner, name, value, 1, f"pass e.g. {name}=1000, or None")
+    if steps is not None and samples is not None:
+        raise ValueError(
+            f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
+            f"steps_per_epoch={steps}, samples_per_epoch={samples})."
+        )
+    return steps, samples

@@ -130,7 +130,13 @@ class ImageFolderDataModule(LoaderDataModule):
         if color_jitter < 0:
             raise ValueError(f"{owner}: color_jitter must be >= 0 (0: none), got {color_jitter}.")
         self.color_jitter = float(color_jitter)
-        if not isinstance(crop_fraction, (int, float)) or not 0 < crop_fraction <= 1:
+        # bool is an int: crop_fraction=True would pass as 1.0 without the explicit check.
+        if not isinstance(crop_fraction, (int, float)) or isinstance(crop_fraction, bool):
+            raise TypeError(
+                f"{owner}: crop_fraction must be a number in (0, 1], got {crop_fraction!r} "
+                f"({type(crop_fraction).__name__}); pass e.g. 0.875."
+            )
+        if not 0 < crop_fraction <= 1:
             raise ValueError(
                 f"{owner}: crop_fraction must be in (0, 1], got {crop_fraction!r}; pass e.g. 0.875."
             )
