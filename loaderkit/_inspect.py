@@ -192,7 +192,12 @@ def _steps(loader: Any, world_size: int) -> int | None:
     plan = getattr(loader, "plan", None)
     if plan is not None:
         return int(plan.num_steps(0, start=0, world_size=world_size))
-    return len(loader) if world_size == 1 and hasattr(loader, "__len__") else None
+    if world_size != 1:
+        return None
+    try:  # a torch DataLoader over an IterableDataset has __len__ but no length
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
@@ -203,6 +208,12 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
             loader = dm.loader(split, num_workers=0, pin_memory=False)
             info["batches_per_rank"] = _steps(loader, world_size)
             info["stream"] = loader._stream is not None
+            if info["stream"]:
+                from loaderkit.datamodules._util import stream_refusal
+
+                info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
+        # Judged for the world size asked about, not the one of this process.
+        facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
         facts["probe"] = dm.probe_num_workers(max_workers)
         facts["best"] = dm.num_workers_best
         return facts
@@ -274,6 +285,8 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
         return "unknown" if value is None else f"{value:,}"
 
     def batches(info: dict[str, Any]) -> str:
+        if info.get("refusal"):
+            return f"refused ({info['refusal']})"
         if info["batches_per_rank"] is None and info.get("stream"):
             return "unknown (one pass, length unknown)"
         return num(info["batches_per_rank"])

@@ -345,6 +345,14 @@ class StreamEngine:
         ranks: list[Any] = [None] * world_size
         if world_size > 1 and dist.is_available() and dist.is_initialized():
             dist.all_gather_object(ranks, mine)
+            counts = sorted({len(r["cursors"]) for r in ranks})
+            if len(counts) > 1:  # every rank sees the same list, so every rank raises
+                raise LoaderkitError(
+                    f"ResumableDataLoader: the ranks stream with different num_workers "
+                    f"({[len(r['cursors']) for r in ranks]} worker slots per rank); shards are "
+                    "dealt to rank x worker slots, so some were read twice and others never. "
+                    "Use the same num_workers on every rank."
+                )
         else:  # ranks simulated without a process group: each state holds its own rank only
             ranks[rank] = mine
         return {

@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="folder for results.png / results-table.md (default: the benchmarks folder)",
+        help="folder for results.png / results-table.md (default: the benchmarks folder for "
+        "a full run of every bench, runs/bench for --quick or --only, so a partial or noisy "
+        "run never replaces the committed full one)",
     )
     bench.add_argument("--no-plot", action="store_true", help="skip results.png")
     bench.add_argument("--no-progress-bar", action="store_true")
@@ -125,6 +127,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_output_dir(
+    bench_dir: Path, *, quick: bool, only: Sequence[str] | None, out: Path | None
+) -> Path:
+    """Where ``loaderkit bench`` writes: ``out``, else ``benchmarks/`` for a full run of
+    every bench, else ``runs/bench/`` (the committed results are a full run; a quick or
+    partial one must not replace them)."""
+    if out is not None:
+        return out
+    return bench_dir.parent / "runs" / "bench" if quick or only else bench_dir
+
+
 def _bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -133,7 +146,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     bench_dir = find_benchmarks()
     scripts = discover(bench_dir, args.only)
-    out = args.out or bench_dir
+    out = bench_output_dir(bench_dir, quick=args.quick, only=args.only, out=args.out)
+    out.mkdir(parents=True, exist_ok=True)
     results = []
     # disable=None: no bar when stderr is not a terminal (logs, pipes, CI).
     bar = tqdm(scripts, desc="bench", unit="bench", disable=True if args.no_progress_bar else None)

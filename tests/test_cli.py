@@ -303,3 +303,29 @@ def test_config_without_class_path_names_the_key(
     monkeypatch.chdir(project)
     with pytest.raises(ValueError, match="no class_path under 'data' or at the top level"):
         main(["--debug", "inspect", "bad.yaml"])
+
+
+def test_quick_or_partial_bench_runs_never_replace_the_committed_full_run(tmp_path: Path) -> None:
+    from loaderkit.cli import bench_output_dir
+
+    bench = tmp_path / "benchmarks"
+    assert bench_output_dir(bench, quick=False, only=None, out=None) == bench
+    for quick, only in ((True, None), (False, ["collate"]), (True, ["loader"])):
+        assert bench_output_dir(bench, quick=quick, only=only, out=None) == (
+            tmp_path / "runs" / "bench"
+        )
+    assert bench_output_dir(bench, quick=True, only=None, out=tmp_path / "x") == tmp_path / "x"
+
+
+def test_inspect_counts_a_torch_loader_over_an_iterable_as_unknown() -> None:
+    """DataLoader has __len__ even when its IterableDataset has no length."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from loaderkit._inspect import _steps
+
+    class Feed(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(range(10))
+
+    assert _steps(DataLoader(Feed(), batch_size=4), 1) is None
+    assert _steps(DataLoader(list(range(10)), batch_size=4), 1) == 3

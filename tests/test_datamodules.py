@@ -672,6 +672,21 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
             ValueError,
             r"on_error='skip' needs the planned dataset.*streaming=False",
         ),
+        (  # the value is checked before the streaming rule, so the advice is right
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, on_error="Skip"),
+            ValueError,
+            r"on_error must be one of",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, window=4),
+            ValueError,
+            r"window=4 applies to planned shards only.*drop window or use streaming=False",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, max_open_shards=1),
+            ValueError,
+            r"max_open_shards=1 applies to planned shards only",
+        ),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -696,3 +711,33 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
     no_key = SequenceDataModule([{"ids": [1]}])
     with pytest.raises(ValueError, match=r"sample 0 has no 'input_ids' field.*length_key="):
         no_key.setup("fit")
+
+
+def test_streams_refuse_auto_workers_and_a_mismatched_shuffle(id_shards: Path) -> None:
+    """Each rank would probe its own num_workers; a stream's shards are dealt to rank x
+    worker slots, so different picks read some shards twice and others never."""
+    auto = stream_dm(id_shards, num_workers="auto", steps_per_epoch=2)
+    auto.setup("fit")
+    with pytest.raises(ValueError, match=r"num_workers='auto' cannot serve a stream"):
+        auto.train_dataloader()
+
+    class Unshuffled(LoaderDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": StreamingShardedDataset(id_shards, TokenReader(seq_len=4))}
+
+    dm = Unshuffled(shuffle=False)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"shuffle_shards=True.*build the dataset with"):
+        dm.train_dataloader()
+
+
+def test_stream_resume_verdict_depends_on_the_world_size(id_shards: Path) -> None:
+    one_pass = stream_dm(id_shards)
+    one_pass.setup("fit")
+    assert one_pass.resume_info(1)[0] is True
+    ok, reason = one_pass.resume_info(2)
+    assert not ok and "refused on 2 ranks" in reason and "steps_per_epoch" in reason
+    small = stream_dm(id_shards, samples_per_epoch=BATCH)
+    small.setup("fit")
+    ok, reason = small.resume_info(2)
+    assert not ok and "less than one global step" in reason

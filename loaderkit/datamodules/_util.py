@@ -31,6 +31,7 @@ __all__ = [
     "index_subset",
     "split_indices",
     "stream_epoch_steps",
+    "stream_refusal",
     "stream_resume_reason",
     "time_loader",
 ]
@@ -120,6 +121,20 @@ def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
     except ValueError:  # samples_per_epoch below one global step: iterating it says so
         return None
     return steps
+
+
+def stream_refusal(dataset: Any, batch_size: int, world_size: int) -> str | None:
+    """Why a ``StreamingShardedDataset`` cannot train on ``world_size`` ranks (None: it can)."""
+    if world_size > 1 and not dataset.limited:
+        return (
+            f"a stream without steps_per_epoch or samples_per_epoch is refused on {world_size} "
+            "ranks: ranks would step different numbers of times and hang DDP; set one of them"
+        )
+    try:
+        dataset.epoch_steps(batch_size, world_size)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def stream_resume_reason(dataset: Any) -> str:

@@ -30,6 +30,7 @@ from loaderkit.datamodules._util import (
     index_subset,
     split_indices,
     stream_epoch_steps,
+    stream_refusal,
     stream_resume_reason,
     time_loader,
 )
@@ -168,12 +169,22 @@ class LoaderDataModule(L.LightningDataModule):
         """Fraction of padded tokens in an epoch of ``split``, when the module pads."""
         return None
 
-    def resume_info(self) -> tuple[bool, str]:
-        """Whether a Lightning resume of this module's train loader is exact, and why."""
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
+        """Whether a Lightning resume of this module's train loader is exact, and why.
+
+        Args:
+            world_size: The ranks to judge for (default: the trainer's, else detected).
+        """
         train = self._datasets.get("train")
         if train is None:
             return False, "no train split: there is no training position to resume"
         if isinstance(train, StreamingShardedDataset):
+            if world_size is None:
+                trainer = self.trainer
+                world_size = trainer.world_size if trainer is not None else detect().world_size
+            refusal = stream_refusal(train, self.batch_size, world_size)
+            if refusal is not None:
+                return False, refusal
             return True, stream_resume_reason(train)
         return True, (
             "the train loader (ResumableDataLoader) saves its position in the sample plan in "
@@ -280,6 +291,24 @@ class LoaderDataModule(L.LightningDataModule):
         dataset = self._dataset(split)
         train = split == "train"
         batch_size = self.batch_size if train else self.eval_batch_size
+        stream = isinstance(dataset, StreamingShardedDataset)
+        if stream and num_workers is None and self.num_workers == "auto":
+            # Each rank would probe (and pick) on its own; a stream's shards are dealt
+            # to rank x worker slots, so different picks would read some shards twice
+            # and others never, and the saved cursors would fit no later pick.
+            raise ValueError(
+                f"{type(self).__name__}: num_workers='auto' cannot serve a stream "
+                f"({split} split): its cursors are per (rank, worker) slot and every rank "
+                "must use the same count; pass an int, e.g. num_workers=2."
+            )
+        if stream and dataset.shuffle_shards != (self.shuffle and train):
+            raise ValueError(
+                f"{type(self).__name__}: the {split} split's StreamingShardedDataset has "
+                f"shuffle_shards={dataset.shuffle_shards}, but this module's loaders "
+                f"{'shuffle' if self.shuffle and train else 'do not shuffle'} the {split} "
+                f"split (shuffle={self.shuffle}); build the dataset with "
+                f"shuffle_shards={self.shuffle and train}."
+            )
         workers = self.resolve_num_workers() if num_workers is None else num_workers
         common: dict[str, Any] = {
             "num_workers": workers,
@@ -289,7 +318,7 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": self.per_sample_seeding(split),
         }
-        if isinstance(dataset, StreamingShardedDataset):
+        if stream:
             # A stream batches itself and shuffles its shards per pass (shuffle_shards):
             # ResumableDataLoader refuses shuffle and batch samplers for it.
             return ResumableDataLoader(
@@ -395,7 +424,7 @@ class LoaderDataModule(L.LightningDataModule):
                 "batch_size": self.batch_size if split == "train" else self.eval_batch_size,
                 "batches_per_epoch": batches,
             }
-        resumable, reason = self.resume_info()
+        resumable, reason = self.resume_info(world_size)
         return {
             "datamodule": type(self).__name__,
             "world_size": world_size,

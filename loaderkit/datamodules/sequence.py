@@ -224,9 +224,9 @@ class SequenceDataModule(LoaderDataModule):
             padded += longest * len(rows)
         return 1.0 - real / padded if padded else 0.0
 
-    def resume_info(self) -> tuple[bool, str]:
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
         """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
-        ok, reason = super().resume_info()
+        ok, reason = super().resume_info(world_size)
         if ok and self.max_tokens is not None:
             reason += (
                 "; under max_tokens the number of batches changes from epoch to epoch: add "

@@ -37,6 +37,9 @@ __all__ = ["ShardedDataModule"]
 Shards = str | list[str]
 
 
+_MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
+
+
 class ShardedDataModule(LoaderDataModule):
     """Token or ``.jsonl`` shards, planned across ranks and workers, or streamed.
 
@@ -48,8 +51,9 @@ class ShardedDataModule(LoaderDataModule):
     per line, padded by ``PadCollate`` (dicts of lists of numbers, say).
     Write shards with :func:`loaderkit.write_shards`, which also writes the index.
 
-    Under DDP with ``num_workers > 0`` pass ``persistent_workers=True`` (see
-    the README's known issue on forking workers from gloo processes).
+    Under DDP, workers start by ``forkserver`` (forking a process with gloo's
+    threads can deadlock); ``persistent_workers=True`` saves starting them
+    every epoch.
 
     ``streaming=True`` streams the train shards instead of planning them (no
     shard index built or read up front): shard order shuffled per pass when
@@ -111,7 +115,7 @@ class ShardedDataModule(LoaderDataModule):
         dtype: str | None = None,
         window: int = DEFAULT_WINDOW,
         on_error: Literal["raise", "skip"] = "raise",
-        max_open_shards: int | None = 128,
+        max_open_shards: int | None = _MAX_OPEN_DEFAULT,
         pad_value: int | float = 0,
         pad_to_multiple_of: int | None = None,
         streaming: bool = False,
@@ -131,11 +135,23 @@ class ShardedDataModule(LoaderDataModule):
         self.steps_per_epoch, self.samples_per_epoch = _epoch_limit(
             owner, streaming, steps_per_epoch, samples_per_epoch
         )
+        check_choice(owner, "on_error", on_error, ("raise", "skip"))
         if streaming and on_error != "raise":
             raise ValueError(
                 f"{owner}: on_error={on_error!r} needs the planned dataset (a stream cannot "
                 "skip a sample it has not counted); pass on_error='raise' or streaming=False."
             )
+        # Settings of the planned dataset only: silently ignoring them would mislead.
+        planned_only = {
+            "window": (window, DEFAULT_WINDOW),
+            "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
+        }
+        for setting, (given, default) in planned_only.items():
+            if streaming and given != default:
+                raise ValueError(
+                    f"{owner}: {setting}={given!r} applies to planned shards only (a stream "
+                    f"reads each shard front to back); drop {setting} or use streaming=False."
+                )
         self.shards: dict[str, Shards] = {}
         for split, name, value in (
             ("train", "shards", shards),
