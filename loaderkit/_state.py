@@ -196,7 +196,10 @@ class PlanCursor:
                 f"{owner}.load_state_dict: field 'position' is {state['position']}, "
                 f"past the epoch length {length}."
             )
-        self.epoch, self.position = state["epoch"], state["position"]
-        self.steps_done = state["steps_done"]
-        self._resume, self._explicit = True, None
+        self.resume_at(state["epoch"], state["position"], state["steps_done"])
         return state
+
+    def resume_at(self, epoch: int, position: int, steps_done: int) -> None:
+        """Resume at a validated position: the next iteration is the rest of its epoch."""
+        self.epoch, self.position, self.steps_done = epoch, position, steps_done
+        self._resume, self._explicit = True, None

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from loaderkit._callers import under_lightning_loop
 from loaderkit._epoch import stop_workers
 from loaderkit._fetch import identity
-from loaderkit._state import STATE_VERSION
+from loaderkit._state import STATE_VERSION, PlanCursor
 from loaderkit._stream import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.seeding import derive_seed
@@ -133,14 +133,13 @@ class StreamEngine:
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
         self.workers = max(loader.num_workers, 1)
-        self.epoch = 0
-        self.steps_done = 0
-        self.complete = False
+        # The epoch and this rank's batches handed out in it (its position), with the
+        # same next-epoch and resume rules as map-style data; the slot cursors below
+        # say where in the shards those batches end.
+        self._position = PlanCursor()
+        self.complete = False  # the pass of an epoch without a length ended
         self.cursors: list[Cursor | None] = [None] * self.workers  # None: start of the pass
         self.next_local = 0
-        self._started = False
-        self._resume = False
-        self._explicit: int | None = None
         # (local slot, its cursor, next_local, complete) before each hand-out, to
         # take back batches a consumer holds unused (Lightning's prefetch).
         self._history: deque[tuple[int, Cursor | None, int, bool]] = deque(maxlen=16)
@@ -157,7 +156,24 @@ class StreamEngine:
 
     @property
     def started(self) -> bool:
-        return self._started
+        return self._position.started
+
+    @property
+    def epoch(self) -> int:
+        return self._position.epoch
+
+    @property
+    def steps_done(self) -> int:
+        """Batches of the current epoch handed out on this rank."""
+        return self._position.steps_done
+
+    def epoch_length(self, epoch: int) -> int:
+        """Batches in the current epoch, as :class:`PlanCursor` asks a plan: the limit, or
+        for one pass of unknown length, the batches so far (plus one while it goes on)."""
+        steps = self.steps
+        if steps is not None:
+            return steps
+        return self.steps_done + (not self.complete)
 
     @property
     def seed(self) -> int:
@@ -193,27 +209,17 @@ class StreamEngine:
         return steps
 
     def set_epoch(self, epoch: int) -> None:
-        self._explicit = epoch
+        self._position.set_epoch(epoch)
 
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
-        steps = self.steps
-        finished = self.complete or (steps is not None and self.steps_done >= steps)
-        if self._resume and self._explicit in (None, self.epoch + finished):
-            self._resume, self._explicit = False, None
-            if not finished:
-                self._started = True
-                return self.next_local
-            epoch = self.epoch + 1
-        elif self._explicit is not None:
-            epoch = self._explicit
-        else:
-            epoch = self.epoch + 1 if self._started else self.epoch
-        self._resume, self._explicit, self._started = False, None, True
-        if steps is None:
+        _, start, _ = self._position.begin(self)
+        if start > 0:  # the rest of a resumed epoch: go on from the saved turn
+            return self.next_local
+        if self.steps is None:  # a new pass; with a limit the streams go on
             self.cursors = [None] * self.workers
-        self.epoch, self.steps_done, self.complete, self.next_local = epoch, 0, False, 0
+        self.complete, self.next_local = False, 0
         self._history.clear()
         return 0
 
@@ -261,7 +267,7 @@ class StreamEngine:
         for local, after, batch in batches:
             self._history.append((local, self.cursors[local], self.next_local, self.complete))
             self.cursors[local] = after
-            self.steps_done += 1
+            self._position.consumed(self._position.position + 1)
             self.next_local = (local + 1) % self.workers
             yield pin_batch(batch) if pin else batch
         self.complete = True
@@ -418,9 +424,9 @@ class StreamEngine:
             )
         self.cursors = [None if c is None else Cursor(*c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
-        self.epoch, self.steps_done = int(state["epoch"]), int(state["steps_done"])
+        steps_done = int(state["steps_done"])
+        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
         self.complete = bool(state["complete"])
-        self._resume, self._explicit, self._started = True, None, True
         self._history.clear()
         self.close()
         return adopted
