@@ -55,16 +55,16 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
 
+from loaderkit._bucket_order import as_lengths, greedy_starts, sort_windows
 from loaderkit.plan import SamplePlan, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
 
-__all__ = ["BucketPlan", "as_lengths"]
+__all__ = ["BucketPlan"]
 
 Oversize = Literal["error", "skip", "truncate"]
 _OVERSIZE = ("error", "skip", "truncate")
@@ -90,39 +90,6 @@ def _arg_bool(name: str, value: object) -> bool:
             f"pass {name}=True or {name}=False."
         )
     return value
-
-
-def as_lengths(lengths: object) -> np.ndarray:
-    """``lengths`` as a 1-D int64 array of non-negative token counts, or a clear error."""
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
-        raise TypeError(
-            f"BucketBatchSampler: lengths must be a sequence or array of ints (one token count "
-            f"per dataset index), got {type(lengths).__name__}; compute them with "
-            "loaderkit.compute_lengths(dataset, length_fn)."
-        )
-    array = np.asarray(lengths)
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(
-            f"BucketBatchSampler: lengths must be 1-D and non-empty, got shape {array.shape}; "
-            "pass one length per dataset index."
-        )
-    if array.dtype.kind not in "iu":
-        raise TypeError(
-            f"BucketBatchSampler: lengths must hold ints, got dtype {array.dtype} (e.g. "
-            f"{array[0]!r} at index 0); pass token counts as ints, e.g. "
-            "np.asarray(lengths, dtype=np.int64)."
-        )
-    array = array.astype(np.int64)
-    negative = np.flatnonzero(array < 0)
-    if negative.size:
-        i = int(negative[0])
-        raise ValueError(
-            f"BucketBatchSampler: lengths must be >= 0, got lengths[{i}] = {array[i]}; "
-            "pass each sample's token count."
-        )
-    return array
 
 
 class _Epoch(NamedTuple):
@@ -389,7 +356,7 @@ class BucketPlan:
             perm = torch.randperm(n, generator=gen).numpy()
             # Without skipped samples, eligible is arange(n): skip a 10M-entry gather.
             order = perm if n == self.num_samples else order[perm]
-        order = order[_sort_windows(self._batch_len[order], self.window)]
+        order = order[sort_windows(self._batch_len[order], self.window)]
         if self.max_tokens is None:
             assert self.batch_size is not None
             starts = np.arange(0, n, self.batch_size)
@@ -398,7 +365,7 @@ class BucketPlan:
                 n = int(starts[-1])
                 starts = starts[:-1]
         else:
-            starts = _greedy_starts(self._rows_from, order, self.window)
+            starts = greedy_starts(self._rows_from, order, self.window)
         bounds = np.append(starts, n).astype(np.int64)
         count = starts.size
         if self.shuffle:
@@ -407,43 +374,6 @@ class BucketPlan:
         else:
             sequence = np.arange(count)
         return _Epoch(order, bounds, sequence)
-
-
-def _sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:
-    """Positions that sort each ``window``-long run of ``lengths`` longest first, stably."""
-    n = lengths.size
-    window = min(window, n)  # a window larger than the data is the whole data
-    rows = -(-n // window)
-    top = int(lengths.max()) + 1
-    # Longest first as an ascending key; the sentinel pads the last window and sorts last.
-    # uint16 keys take numpy's radix sort: O(n) for the common case of lengths < 65535.
-    dtype = np.uint16 if top < 2**16 else np.int64
-    keys = np.full(rows * window, top, dtype=dtype)
-    keys[:n] = top - 1 - lengths
-    within = np.argsort(keys.reshape(rows, window), axis=1, kind="stable")
-    positions = (within + (np.arange(rows) * window)[:, None]).ravel()
-    return positions[positions < n] if rows * window != n else positions
-
-
-def _greedy_starts(
-    rows_from: Callable[[np.ndarray], np.ndarray], order: np.ndarray, window: int
-) -> np.ndarray:
-    """Batch starts in ``order`` when a batch holds ``rows_from(its first sample)`` samples.
-
-    Batches are cut front to back within each window. All windows are walked at
-    once, one numpy step per batch of the longest window; only batch starts are
-    looked at, never every sample.
-    """
-    n = order.size
-    pos = np.arange(0, n, window)
-    end = np.minimum(pos + window, n)
-    found = []
-    while pos.size:
-        found.append(pos)
-        pos = pos + rows_from(order[pos])
-        alive = pos < end
-        pos, end = pos[alive], end[alive]
-    return np.sort(np.concatenate(found))
 
 
 class _BucketSchedule:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit._bucketing import as_lengths
+from loaderkit._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
 
