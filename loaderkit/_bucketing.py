@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from loaderkit._bucket_order import as_lengths, greedy_starts, sort_windows
-from loaderkit.plan import SamplePlan, _FixedSchedule, permutation_check
+from loaderkit.plan import SamplePlan, _check_int, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
 
 __all__ = ["BucketPlan"]
@@ -73,14 +73,7 @@ _CACHED_EPOCHS = 2  # a loader asks for the current epoch and, for len(), the ne
 
 
 def _arg_int(name: str, value: object, minimum: int, fix: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
-        raise TypeError(
-            f"BucketBatchSampler: {name} must be an int, got {value!r} "
-            f"({type(value).__name__}); {fix}."
-        )
-    if value < minimum:
-        raise ValueError(f"BucketBatchSampler: {name} must be >= {minimum}, got {value}; {fix}.")
-    return int(value)
+    return _check_int(name, value, minimum, owner="BucketBatchSampler", fix=fix, numpy_ok=True)
 
 
 def _arg_bool(name: str, value: object) -> bool:

@@ -12,20 +12,14 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from loaderkit._stream import StreamingShardedDataset
+from loaderkit.plan import _check_int
 from loaderkit.samplers import check_resumable_sampler
 
 __all__ = ["check_sources", "check_worker_args", "int_arg"]
 
 
 def int_arg(name: str, value: object, minimum: int, fix: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(
-            f"ResumableDataLoader: {name} must be an int, got {value!r} "
-            f"({type(value).__name__}); {fix}."
-        )
-    if value < minimum:
-        raise ValueError(f"ResumableDataLoader: {name} must be >= {minimum}, got {value}; {fix}.")
-    return value
+    return _check_int(name, value, minimum, owner="ResumableDataLoader", fix=fix)
 
 
 def check_sources(

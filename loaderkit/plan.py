@@ -97,16 +97,28 @@ class Plan(Protocol):
         ...
 
 
-def _check_int(name: str, value: object, minimum: int, *, owner: str = "", fix: str = "") -> int:
+def _check_int(
+    name: str,
+    value: object,
+    minimum: int,
+    *,
+    owner: str = "",
+    fix: str = "",
+    numpy_ok: bool = False,
+) -> int:
+    """``value`` as an int ``>= minimum``, else a TypeError/ValueError naming ``owner``,
+    ``name``, the value and the ``fix``: loaderkit's one integer argument check.
+    ``numpy_ok`` also takes numpy integers (as from an array of sizes)."""
     head = f"{owner}: " if owner else ""
     tail = f"; {fix}" if fix else ""
-    if not isinstance(value, int) or isinstance(value, bool):
+    kinds = (int, np.integer) if numpy_ok else int
+    if not isinstance(value, kinds) or isinstance(value, (bool, np.bool_)):
         raise TypeError(
             f"{head}{name} must be an int, got {value!r} ({type(value).__name__}){tail}."
         )
     if value < minimum:
         raise ValueError(f"{head}{name} must be >= {minimum}, got {value}{tail}.")
-    return value
+    return int(value)
 
 
 @dataclass(frozen=True, kw_only=True)

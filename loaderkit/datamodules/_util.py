@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from loaderkit.plan import _check_int
 from loaderkit.seeding import derive_seed
 
 __all__ = [
@@ -47,13 +48,7 @@ STREAM_RESUME_REASON = (
 
 def check_int(owner: str, name: str, value: object, minimum: int, fix: str) -> int:
     """``value`` as an int ``>= minimum``, or a TypeError/ValueError naming ``name`` and the fix."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
-        raise TypeError(
-            f"{owner}: {name} must be an int, got {value!r} ({type(value).__name__}); {fix}."
-        )
-    if value < minimum:
-        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value}; {fix}.")
-    return int(value)
+    return _check_int(name, value, minimum, owner=owner, fix=fix, numpy_ok=True)
 
 
 def check_bool(owner: str, name: str, value: object) -> bool:
