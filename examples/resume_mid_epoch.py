@@ -36,7 +36,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from loaderkit.datamodules import LoaderDataModule
+from loaderkit import LoaderDataModule
 
 
 def _positive(text: str) -> int:

@@ -3,10 +3,10 @@
     python examples/train_shards_ddp.py
 
 The script writes 7 token shards of uneven sizes into a temporary directory
-with :func:`loaderkit.sharding.write_shards` (which also writes their index),
+with :func:`loaderkit.data.sharded.write_shards` (which also writes their index),
 then trains with ``Trainer(strategy="ddp", accelerator="cpu", devices=2)``.
 The data path is the three lines in ``train_dataloader``: a
-:class:`~loaderkit.sharding.ShardedDataset`, its batch sampler (shards shuffled
+:class:`~loaderkit.data.sharded.ShardedDataset`, its batch sampler (shards shuffled
 per epoch, samples shuffled within a window, split across the ranks), and a
 :class:`~loaderkit.ResumableDataLoader` with 2 workers per rank.
 
@@ -27,8 +27,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from loaderkit import ResumableDataLoader
-from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
+from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
 
 VOCAB, SEQ_LEN, BATCH = 64, 32, 16
 SAMPLES_PER_SHARD = (70, 12, 101, 33, 58, 6, 104)  # 384 = 12 steps x 2 ranks x 16

@@ -5,9 +5,9 @@
     python examples/train_text.py --resume last          # continue from the last checkpoint
 
 The corpus is the code blocks of this interpreter's own ``.py`` files
-(:class:`loaderkit.demo.StdlibBytes`: no download), and the model the demo's
+(:class:`loaderkit.lightning.demo.StdlibBytes`: no download), and the model the demo's
 small causal convolutional byte model. The data path is one
-:class:`~loaderkit.datamodules.SequenceDataModule`: samples of similar length
+:class:`~loaderkit.lightning.datamodules.SequenceDataModule`: samples of similar length
 are batched together under a token budget (``--max-tokens``, rows x padded
 length) and padded by :class:`~loaderkit.PadCollate` with a mask that keeps
 the padding out of the loss; 5% of the blocks are held out (seeded) for
@@ -28,9 +28,8 @@ import lightning as L
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from loaderkit import ElasticResume
-from loaderkit.datamodules import SequenceDataModule
-from loaderkit.demo import PAD_ID, ByteLM, StdlibBytes
+from loaderkit import ElasticResume, SequenceDataModule
+from loaderkit.lightning.demo import PAD_ID, ByteLM, StdlibBytes
 
 
 def _positive(text: str) -> int:

@@ -6,7 +6,7 @@
 The images are scikit-learn's bundled handwritten digits (1,797 scans of 8x8
 pixels, no download: ``pip install 'loaderkit[examples]'``), written once as
 PNG files into an ImageFolder tree, ``DATA_DIR/{train,val}/<digit>/<n>.png``
-(an 80/20 seeded split). :class:`~loaderkit.datamodules.ImageFolderDataModule`
+(an 80/20 seeded split). :class:`~loaderkit.lightning.datamodules.ImageFolderDataModule`
 reads them with torchvision's ``ImageFolder`` and augments the train images
 with random crops and rotations. The augmentation is seeded per sample from
 ``(seed, epoch, index)``, so the batches are the same with any
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loaderkit.datamodules import ImageFolderDataModule
+from loaderkit import ImageFolderDataModule
 
 
 def _positive(text: str) -> int:

@@ -2,22 +2,27 @@
 
 Padding collate, a resumable sample plan split across ranks, seeded
 per-sample randomness, accelerator-aware transfer, and ready
-LightningDataModules. Everything public is
-imported here; modules starting with ``_`` are private.
+LightningDataModules. Everything public is imported here; modules and
+packages starting with ``_`` are private.
+
+``import loaderkit`` does not import Lightning: the names that need it
+(the DataModules and :class:`ElasticResume`) are loaded from
+:mod:`loaderkit.lightning` on first access. Worker processes import
+loaderkit, so this keeps their start-up at the cost of ``import torch``.
 """
 
-from loaderkit._bucketing import BucketPlan
-from loaderkit.callbacks import ElasticResume
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from loaderkit.collate import PadCollate, PaddedBatch
-from loaderkit.datamodules import (
-    ArrayDataModule,
-    ImageFolderDataModule,
-    LoaderDataModule,
-    SequenceDataModule,
-    ShardedDataModule,
-    TensorDataModule,
-)
-from loaderkit.datasets import ArrayDataset, TensorDataset
+from loaderkit.data.index import write_shards
+from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.memory import ArrayDataset, TensorDataset
+from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
+from loaderkit.data.sharded import ShardedDataset
+from loaderkit.data.streaming import IterableReader, StreamingShardedDataset, StreamReader
 from loaderkit.env import WorkerEnv, detect
 from loaderkit.errors import (
     CollateError,
@@ -28,14 +33,11 @@ from loaderkit.errors import (
     StateMismatchError,
     WorkerError,
 )
-from loaderkit.loader import ResumableDataLoader
-from loaderkit.plan import Plan, SamplePlan, Schedule
-from loaderkit.samplers import (
-    BucketBatchSampler,
-    PlanBatchSampler,
-    check_resumable_sampler,
-    compute_lengths,
-)
+from loaderkit.loader.resumable import ResumableDataLoader
+from loaderkit.plan.bucket import BucketPlan
+from loaderkit.plan.sample import Plan, SamplePlan, Schedule
+from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
+from loaderkit.plan.shard import ShardPlan
 from loaderkit.seeding import (
     derive_seed,
     sample_generator,
@@ -45,18 +47,6 @@ from loaderkit.seeding import (
     seeded_sample,
     worker_init_fn,
     worker_seed,
-)
-from loaderkit.sharding import (
-    IterableReader,
-    JsonlReader,
-    OpenShard,
-    ShardedDataset,
-    ShardPlan,
-    ShardReader,
-    StreamingShardedDataset,
-    StreamReader,
-    TokenReader,
-    write_shards,
 )
 from loaderkit.transfer import (
     DevicePrefetcher,
@@ -68,6 +58,46 @@ from loaderkit.transfer import (
     should_pin_memory,
 )
 from loaderkit.types import Stateful
+
+if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads them
+    from loaderkit.lightning import (
+        ArrayDataModule,
+        ElasticResume,
+        ImageFolderDataModule,
+        LoaderDataModule,
+        SequenceDataModule,
+        ShardedDataModule,
+        TensorDataModule,
+    )
+
+_LIGHTNING_NAMES = frozenset(
+    {
+        "ArrayDataModule",
+        "ElasticResume",
+        "ImageFolderDataModule",
+        "LoaderDataModule",
+        "SequenceDataModule",
+        "ShardedDataModule",
+        "TensorDataModule",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the Lightning-backed names cost Lightning's import (seconds), so
+    # only code that uses them pays it.
+    if name in _LIGHTNING_NAMES:
+        import loaderkit.lightning
+
+        value = getattr(loaderkit.lightning, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'loaderkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LIGHTNING_NAMES)
+
 
 __version__ = "0.1.0"
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
+from loaderkit._checks import check_bool
 from loaderkit._padding import (
     PadScalar,
     _check_pad_value,
@@ -215,9 +216,8 @@ class PadCollate:
                 f"max_length={max_length} is not a multiple of pad_to_multiple_of="
                 f"{pad_to_multiple_of}; round max_length up or drop one of them"
             )
-        for name, flag in (("truncate", truncate), ("sort_by_length", sort_by_length)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}; pass True or False")
+        check_bool("truncate", truncate, owner="PadCollate")
+        check_bool("sort_by_length", sort_by_length, owner="PadCollate")
         if truncate and max_length is None:
             raise ValueError("truncate=True needs max_length; pass e.g. max_length=512")
         if isinstance(pad_keys, (str, bytes)) or not isinstance(pad_keys, Iterable):

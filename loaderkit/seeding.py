@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from loaderkit._checks import check_int
+
 __all__ = [
     "derive_seed",
     "sample_generator",
@@ -57,25 +59,6 @@ _TORCH_SEED_LIMIT = 2**64
 _SMALL_KEY = 2**31
 _BIG_INT_HEADER = 0x8000_0000
 _STR_HEADER = 0xC000_0000
-
-
-def _check_int(func: str, name: str, value: object, *, limit: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(
-            f"{func}: {name} must be a non-negative int, got {value!r} "
-            f"({type(value).__name__}); pass a plain Python int such as {name}=0."
-        )
-    if value < 0 or (limit is not None and value >= limit):
-        bound = "" if limit is None else f" below {_pow2(limit)}"
-        raise ValueError(
-            f"{func}: {name} must be a non-negative int{bound}, got {value}; "
-            f"pass a value in [0, {_pow2(limit) if limit else 'inf'})."
-        )
-    return value
-
-
-def _pow2(limit: int) -> str:
-    return f"2**{limit.bit_length() - 1}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,7 +97,13 @@ def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
 def _seed_sequence(func: str, seed: object, keys: tuple[object, ...]) -> np.random.SeedSequence:
     # SeedSequence pads entropy shorter than 4 words when a spawn_key follows, so
     # bounding the seed to 128 bits keeps (seed, keys) -> words injective.
-    seed = _check_int(func, "seed", seed, limit=_SEED_LIMIT)
+    seed = check_int(
+        "seed",
+        seed,
+        owner=func,
+        fix="pass a non-negative Python int such as seed=0",
+        limit=_SEED_LIMIT,
+    )
     words: list[int] = []
     for position, key in enumerate(keys):
         words.extend(_key_words(func, position, key))
@@ -158,8 +147,15 @@ def worker_seed(seed: int, rank: int, worker_id: int) -> int:
 
     Equal to ``derive_seed(seed, "worker", rank, worker_id)``.
     """
-    _check_int("worker_seed", "rank", rank)
-    _check_int("worker_seed", "worker_id", worker_id)
+    check_int(
+        "rank", rank, owner="worker_seed", fix="pass a non-negative Python int such as rank=0"
+    )
+    check_int(
+        "worker_id",
+        worker_id,
+        owner="worker_seed",
+        fix="pass a non-negative Python int such as worker_id=0",
+    )
     return _seed_from(_seed_sequence("worker_seed", seed, ("worker", rank, worker_id)))
 
 
@@ -168,8 +164,12 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
     Independent of the worker, rank or process that loads the sample.
     """
-    _check_int("sample_seed", "epoch", epoch)
-    _check_int("sample_seed", "index", index)
+    check_int(
+        "epoch", epoch, owner="sample_seed", fix="pass a non-negative Python int such as epoch=0"
+    )
+    check_int(
+        "index", index, owner="sample_seed", fix="pass a non-negative Python int such as index=0"
+    )
     return _seed_from(_seed_sequence("sample_seed", seed, ("sample", epoch, index)))
 
 
@@ -190,8 +190,18 @@ def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     Seeded from the same SeedSequence as :func:`sample_seed` (its full 128-bit
     pool, not the 63-bit int), so it is stable across processes and runs.
     """
-    _check_int("sample_numpy_rng", "epoch", epoch)
-    _check_int("sample_numpy_rng", "index", index)
+    check_int(
+        "epoch",
+        epoch,
+        owner="sample_numpy_rng",
+        fix="pass a non-negative Python int such as epoch=0",
+    )
+    check_int(
+        "index",
+        index,
+        owner="sample_numpy_rng",
+        fix="pass a non-negative Python int such as index=0",
+    )
     sequence = _seed_sequence("sample_numpy_rng", seed, ("sample", epoch, index))
     return np.random.Generator(np.random.PCG64(sequence))
 
@@ -206,7 +216,13 @@ def seed_global_rngs(seed: int) -> None:
     Args:
         seed: An int in ``[0, 2**64)`` (the range torch accepts).
     """
-    _check_int("seed_global_rngs", "seed", seed, limit=_TORCH_SEED_LIMIT)
+    check_int(
+        "seed",
+        seed,
+        owner="seed_global_rngs",
+        fix="pass a non-negative Python int such as seed=0",
+        limit=_TORCH_SEED_LIMIT,
+    )
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -251,12 +267,20 @@ def worker_init_fn(
         ...     range(8), num_workers=2, worker_init_fn=worker_init_fn(42, rank=0)
         ... )
     """
-    _check_int("worker_init_fn", "seed", seed, limit=_SEED_LIMIT)
+    check_int(
+        "seed",
+        seed,
+        owner="worker_init_fn",
+        fix="pass a non-negative Python int such as seed=0",
+        limit=_SEED_LIMIT,
+    )
     if rank is None:
         from loaderkit.env import detect
 
         rank = detect().rank
-    _check_int("worker_init_fn", "rank", rank)
+    check_int(
+        "rank", rank, owner="worker_init_fn", fix="pass a non-negative Python int such as rank=0"
+    )
     if user_fn is not None and not callable(user_fn):
         raise TypeError(
             f"worker_init_fn: user_fn must be callable as user_fn(worker_id), got {user_fn!r} "

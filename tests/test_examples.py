@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from helpers import REPO_ROOT, log_tail, run_script
+from tests.support.helpers import REPO_ROOT, log_tail, run_script
 
 EXAMPLES = REPO_ROOT / "examples"
 

@@ -45,10 +45,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from loaderkit._bench_cli import Ratio, report
+from loaderkit import BucketBatchSampler, SamplePlan
+from loaderkit.cli.bench import Ratio, report
 from loaderkit.collate import PadCollate
-from loaderkit.plan import SamplePlan
-from loaderkit.samplers import BucketBatchSampler
 
 VOCAB = 1024
 WIDTH = 32

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from loaderkit._bench_cli import Ratio, report
+from loaderkit.cli.bench import Ratio, report
 from loaderkit.collate import PadCollate
 
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

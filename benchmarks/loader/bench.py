@@ -57,9 +57,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import loaderkit
 from loaderkit import ResumableDataLoader
-from loaderkit._bench_cli import Ratio, report
-from loaderkit._state import new_state
+from loaderkit.cli.bench import Ratio, report
 from loaderkit.env import detect
+from loaderkit.plan._cursor import new_state
 
 SHORT = {"b": "DataLoader", "c": "StatefulDataLoader", "d": "slicing bound", "e": "worker floor"}
 NAMES = {

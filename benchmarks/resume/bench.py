@@ -56,7 +56,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import loaderkit
 from loaderkit import IterableReader, ResumableDataLoader, SamplePlan, StreamingShardedDataset
-from loaderkit._bench_cli import Ratio, report
+from loaderkit.cli.bench import Ratio, report
 
 FRACTIONS = (0.0, 0.1, 0.5, 0.9)
 

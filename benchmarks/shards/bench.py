@@ -55,9 +55,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import loaderkit
-from loaderkit import ResumableDataLoader
-from loaderkit._bench_cli import Ratio, report
-from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
+from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit.cli.bench import Ratio, report
 
 SHORT = {
     "a": "int64",

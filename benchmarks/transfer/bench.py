@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from loaderkit._bench_cli import Ratio, report
+from loaderkit.cli.bench import Ratio, report
 from loaderkit.transfer import DevicePrefetcher
 
 MIB = 1024 * 1024

@@ -5,7 +5,7 @@
 
 Trains a tiny model on the token shards in ``--data`` (written by the test with
 ``write_shards``; every token of global sample ``i`` is ``i``) through a
-:class:`~loaderkit.sharding.ShardedDataset` and its plan, and writes
+:class:`~loaderkit.data.sharded.ShardedDataset` and its plan, and writes
 ``OUT/records-rank{R}.jsonl``: one line per trained batch with the sample ids.
 Lightning's DDP launcher re-runs this command line for rank 1, so it is a script.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from loaderkit import ResumableDataLoader
-from loaderkit.sharding import ShardedDataset, TokenReader
+from loaderkit import ResumableDataLoader, TokenReader
+from loaderkit.data.sharded import ShardedDataset
 
 SEQ_LEN = 4
 

@@ -23,7 +23,9 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from helpers import (
+
+from loaderkit import ResumableDataLoader
+from tests.support.helpers import (
     IdDataModule,
     IdModule,
     assert_epochs_exactly_once,
@@ -34,8 +36,6 @@ from helpers import (
     run_script,
     trainer_kwargs,
 )
-
-from loaderkit import ResumableDataLoader
 
 pytestmark = [
     pytest.mark.distributed,

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import REPO_ROOT, by_epoch, log_tail, read_records, run_script
 
-from loaderkit.sharding import ShardedDataset, TokenReader, write_shards
+from loaderkit import TokenReader, write_shards
+from loaderkit.data.sharded import ShardedDataset
+from tests.support.helpers import REPO_ROOT, by_epoch, log_tail, read_records, run_script
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

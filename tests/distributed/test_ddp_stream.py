@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import assert_resume_exact, log_tail, read_records, run_script
+
+from tests.support.helpers import assert_resume_exact, log_tail, read_records, run_script
 
 pytestmark = [
     pytest.mark.distributed,

@@ -1,0 +1,125 @@
+"""Argument checks shared by every public entry point (private).
+
+One home for the checks, so every message has the same shape: who refused
+(``owner``), the parameter, the rule, the value received and what to pass
+instead. Each raises ``TypeError`` for a value of the wrong kind and
+``ValueError`` for one out of range, never ``assert``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_bool", "check_choice", "check_fraction", "check_int", "check_path", "pow2"]
+
+
+def _head(owner: str) -> str:
+    return f"{owner}: " if owner else ""
+
+
+def pow2(limit: int) -> str:
+    """``2**k`` for a power of two ``limit`` (how limits read in messages)."""
+    return f"2**{limit.bit_length() - 1}"
+
+
+def check_int(
+    name: str,
+    value: object,
+    minimum: int = 0,
+    *,
+    owner: str = "",
+    fix: str = "",
+    numpy_ok: bool = False,
+    limit: int | None = None,
+) -> int:
+    """``value`` as an int in ``[minimum, limit)``, else an error naming all of it.
+
+    Args:
+        name: The parameter, as the caller spelled it.
+        value: What was passed.
+        minimum: The smallest value allowed.
+        owner: The function or class refusing it (the message's prefix).
+        fix: What to pass instead; appended after ``; ``.
+        numpy_ok: Also take numpy integers (as from an array of sizes).
+        limit: If given, values must be below it (a power of two, shown as ``2**k``).
+
+    Returns:
+        ``value`` as a plain ``int``.
+
+    Raises:
+        TypeError: ``value`` is not an int (bools are refused: ``True`` is no count).
+        ValueError: ``value`` is out of range.
+    """
+    head, tail = _head(owner), f"; {fix}" if fix else ""
+    kinds = (int, np.integer) if numpy_ok else int
+    if not isinstance(value, kinds) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"{head}{name} must be an int, got {value!r} ({type(value).__name__}){tail}."
+        )
+    if value < minimum:
+        raise ValueError(f"{head}{name} must be >= {minimum}, got {value}{tail}.")
+    if limit is not None and value >= limit:
+        raise ValueError(
+            f"{head}{name} must be < {pow2(limit)}, got {value}; pass a value in "
+            f"[{minimum}, {pow2(limit)})."
+        )
+    return int(value)
+
+
+def check_bool(name: str, value: object, *, owner: str = "") -> bool:
+    """``value`` if it is a bool, else a ``TypeError`` naming ``name`` and the fix."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{_head(owner)}{name} must be a bool, got {value!r} ({type(value).__name__}); "
+            f"pass {name}=True or {name}=False."
+        )
+    return value
+
+
+def check_choice(name: str, value: object, choices: Sequence[object], *, owner: str = "") -> Any:
+    """``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(
+            f"{_head(owner)}{name} must be one of {', '.join(map(repr, choices))}, "
+            f"got {value!r}; pass one of these."
+        )
+    return value
+
+
+def check_fraction(name: str, value: object, *, owner: str = "") -> float:
+    """``value`` as a float in ``[0, 1)``."""
+    head = _head(owner)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(
+            f"{head}{name} must be a float in [0, 1), got {value!r} "
+            f"({type(value).__name__}); pass e.g. {name}=0.1."
+        )
+    if not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"{head}{name} must be in [0, 1), got {value}; pass e.g. {name}=0.1 to hold "
+            "out 10% of the training samples, or 0 for none."
+        )
+    return float(value)
+
+
+def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str = "") -> str:
+    """``value`` as the path of an existing file with one of ``suffixes``."""
+    head = _head(owner)
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{head}{name} must be a path (str), got {type(value).__name__}; pass the path "
+            f"of a {'/'.join(suffixes)} file."
+        )
+    path = os.fspath(value)
+    if not path.endswith(tuple(suffixes)):
+        raise ValueError(
+            f"{head}{name}={path!r} must end with {' or '.join(suffixes)}; convert the data "
+            "to one of these formats."
+        )
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{head}{name}={path!r} does not exist; check the path.")
+    return path

@@ -1,0 +1,164 @@
+"""Which shards a dataset has, and the shards one process holds open (private to sharding).
+
+:class:`OpenShards` is the per-process part of a
+:class:`~loaderkit.data.sharded.ShardedDataset`: a least-recently-used table of open
+shards, each checked against the shard index when it is opened. It pickles
+empty, so a worker started with ``spawn`` opens its own (a pickled memory map
+would copy the data); a ``fork``-ed worker inherits the parent's open maps,
+which is safe (nothing has a file position) and costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loaderkit.data.index import IndexEntry
+from loaderkit.data.readers import OpenShard, ShardReader
+from loaderkit.errors import MissingShardError, ShardError
+
+__all__ = ["OpenShards", "resolve_shards", "shard_name"]
+
+
+def shard_name(shard: Any) -> str:
+    """How messages name a shard: its path, or the repr of a shard object."""
+    return repr(str(shard)) if isinstance(shard, Path) else repr(shard)
+
+
+def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
+    """The shard list of ``ShardedDataset(shards, ...)``: paths (a directory's files with the
+    reader's suffixes, sorted) or objects, checked for emptiness, duplicates and mixing."""
+    if isinstance(shards, str | os.PathLike):
+        root = Path(shards)
+        if not root.is_dir():
+            raise ValueError(
+                f"{owner}: shards={str(root)!r} is not a directory; pass a directory "
+                "of shards or a list of shard paths."
+            )
+        # By name, not Path.suffix: suffixes such as ".jsonl.gz" span two dots.
+        found = sorted(p for p in root.iterdir() if p.name.endswith(tuple(reader.suffixes)))
+        if not found:
+            raise ValueError(
+                f"{owner}: no file ending in {list(reader.suffixes)} in {str(root)!r}."
+            )
+        return found
+    items = list(shards)
+    if not items:
+        raise ValueError(f"{owner}: shards is empty; pass at least one shard.")
+    if all(isinstance(s, str | os.PathLike) for s in items):
+        paths = [Path(s) for s in items]
+        if len({p.resolve() for p in paths}) != len(paths):
+            raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
+        return paths
+    if any(isinstance(s, str | os.PathLike) for s in items):
+        raise TypeError(f"{owner}: shards must be all paths or all objects, not a mix.")
+    return items
+
+
+class OpenShards:
+    """The shards this process holds open, at most ``max_open`` (least recently used closed).
+
+    Args:
+        shards: Paths or shard objects.
+        reader: Their :class:`~loaderkit.data.sharded.ShardReader`.
+        sizes: Indexed sample count per shard; an opened shard must have as many.
+        entries: Index entries (size, mtime) to check a path against when opened.
+        index_path: For messages.
+        max_open: Open shards kept (``None``: all).
+        remember_failures: Keep a shard that failed to open as failed (``on_error="skip"``)
+            instead of trying again on its next sample.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[Any],
+        reader: ShardReader,
+        sizes: Sequence[int],
+        entries: Sequence[IndexEntry] | None,
+        index_path: Path | None,
+        *,
+        max_open: int | None,
+        remember_failures: bool,
+    ) -> None:
+        self.shards, self.reader, self.sizes = shards, reader, sizes
+        self.entries, self.index_path = entries, index_path
+        self.max_open, self.remember_failures = max_open, remember_failures
+        self._reset()
+
+    def _reset(self) -> None:
+        self.open: OrderedDict[int, OpenShard] = OrderedDict()
+        self.broken: dict[int, Exception] = {}
+        self.warned: set[int] = set()
+        self.opens = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("open", "broken", "warned", "opens"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def get(self, shard: int) -> OpenShard:
+        """Shard ``shard``, opened now unless already open in this process."""
+        handle = self.open.get(shard)
+        if handle is not None:
+            self.open.move_to_end(shard)
+            return handle
+        if shard in self.broken:
+            raise self.broken[shard]
+        if self.max_open is not None and len(self.open) >= self.max_open:
+            _, old = self.open.popitem(last=False)
+            close = getattr(old, "close", None)
+            if callable(close):
+                close()
+        try:
+            handle = self._open_checked(shard)
+        except Exception as exc:
+            if self.remember_failures:
+                self.broken[shard] = exc
+            raise
+        self.open[shard] = handle
+        return handle
+
+    def _open_checked(self, shard: int) -> OpenShard:
+        entry = None if self.entries is None else self.entries[shard]
+        index = str(self.index_path)
+        if entry is not None:
+            why = entry.changed()
+            if why == "missing":
+                raise MissingShardError(
+                    f"shard file {str(entry.path)!r} disappeared after it was indexed; restore "
+                    "it (the plan counts its samples).",
+                    path=entry.path,
+                )
+            if why is not None:
+                raise ShardError(
+                    f"shard {str(entry.path)!r} changed after it was indexed ({why}); the "
+                    f"index {index!r} and every saved position are stale: delete the index "
+                    "and restart.",
+                    path=entry.path,
+                )
+        name = shard_name(self.shards[shard])
+        try:
+            handle = self.reader.open(self.shards[shard])
+        except ShardError:
+            raise
+        except Exception as exc:
+            raise ShardError(
+                f"opening shard {name} failed with {type(exc).__name__}: {exc}",
+                path=self.shards[shard],
+            ) from exc
+        self.opens += 1
+        if len(handle) != self.sizes[shard]:
+            raise ShardError(
+                f"shard {name} has {len(handle)} samples, the index says {self.sizes[shard]}: "
+                f"it changed after it was counted; delete the index {index!r} and restart.",
+                path=self.shards[shard],
+            )
+        return handle

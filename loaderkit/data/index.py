@@ -1,0 +1,237 @@
+"""The shard index: how many samples each shard holds, counted once and checked on every use.
+
+A small JSON file lists, for each shard, its path (relative to the index),
+byte size, modification time (ns) and sample count, plus the reader settings
+the counts were made under and a checksum of the file list. Opening a
+:class:`~loaderkit.data.sharded.ShardedDataset` stats every shard and compares:
+a shard whose size or mtime changed since it was counted is an error naming
+the file, because the plan's order and every saved position were computed
+from the indexed counts.
+
+By default the index lives next to the first shard, as
+``.loaderkit-index-<key>.json`` where the key hashes the reader settings and
+the shard names: other readers (another ``seq_len``) or another list of shards
+get their own index; the same ones always find theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loaderkit.data.readers import ShardReader, _missing
+from loaderkit.errors import ShardError
+
+__all__ = [
+    "INDEX_VERSION",
+    "IndexEntry",
+    "default_index_path",
+    "load_or_build_index",
+    "write_shards",
+]
+
+INDEX_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One shard as indexed: where, which bytes, and how many samples."""
+
+    path: Path
+    size: int
+    mtime_ns: int
+    samples: int
+
+    def changed(self) -> str | None:
+        """Why the file no longer matches this entry, or None."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return "missing"
+        if st.st_size != self.size:
+            return f"its size is {st.st_size} bytes, {self.size} when indexed"
+        if st.st_mtime_ns != self.mtime_ns:
+            return f"it was modified (mtime {st.st_mtime_ns} ns, {self.mtime_ns} when indexed)"
+        return None
+
+
+def _key(paths: Sequence[Path], spec: dict[str, Any]) -> str:
+    blob = json.dumps({"spec": spec, "names": [p.name for p in paths]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
+    """Where the index of these shards under this reader lives unless one is given."""
+    return paths[0].parent / f".loaderkit-index-{_key(paths, reader.spec())}.json"
+
+
+def _checksum(rows: list[list[Any]]) -> str:
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return os.path.relpath(path.resolve(), base.resolve())
+    except ValueError:  # another drive on Windows
+        return str(path.resolve())
+
+
+def build_index(paths: Sequence[Path], reader: ShardReader, index: Path) -> list[IndexEntry]:
+    """Count every shard and write the index atomically (ranks may build it at once)."""
+    entries = []
+    for path in paths:
+        try:
+            before = path.stat()
+        except FileNotFoundError:
+            raise _missing(path) from None
+        samples = reader.count(path)
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise TypeError(
+                f"{type(reader).__name__}.count({str(path)!r}) returned {samples!r}; it must "
+                "return the shard's number of samples as an int >= 0."
+            )
+        entries.append(IndexEntry(path, before.st_size, before.st_mtime_ns, samples))
+    base = index.parent
+    rows = [[_rel(e.path, base), e.size, e.mtime_ns, e.samples] for e in entries]
+    doc = {
+        "version": INDEX_VERSION,
+        "reader": reader.spec(),
+        "shards": rows,
+        "checksum": _checksum(rows),
+    }
+    tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, index)
+    except OSError as exc:
+        raise ShardError(
+            f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable "
+            "path, e.g. ShardedDataset(..., index='/tmp/my-index.json').",
+            path=index,
+        ) from exc
+    return entries
+
+
+def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
+    try:
+        doc = json.loads(index.read_text())
+        rows = doc["shards"]
+        ok = doc["version"] == INDEX_VERSION and doc["checksum"] == _checksum(rows)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(
+            f"shard index {str(index)!r} is unreadable ({type(exc).__name__}: {exc}); delete "
+            "it so the shards are counted again.",
+            path=index,
+        ) from exc
+    if not ok:
+        raise ShardError(
+            f"shard index {str(index)!r} fails its checksum or is from another loaderkit "
+            "version; delete it so the shards are counted again.",
+            path=index,
+        )
+    if doc["reader"] != reader.spec():
+        raise ShardError(
+            f"shard index {str(index)!r} was counted with reader settings {doc['reader']}, "
+            f"this reader has {reader.spec()}; pass another index= path, or delete it.",
+            path=index,
+        )
+    base = index.parent
+    by_name = {(base / r[0]).resolve(): r for r in rows}
+    wanted = [p.resolve() for p in paths]
+    for path, resolved in zip(paths, wanted, strict=True):
+        if resolved not in by_name:
+            raise ShardError(
+                f"shard {str(path)!r} is not in the shard index {str(index)!r}; pass the "
+                "shards it was built for, or delete it so the new list is counted.",
+                path=path,
+            )
+    if len(set(wanted)) != len(rows):
+        extra = sorted(str(p) for p in set(by_name) - set(wanted))
+        raise ShardError(
+            f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
+            "given); pass every shard it was built for, or delete it to count this list.",
+            path=index,
+        )
+    entries = [
+        IndexEntry(p, int(by_name[r][1]), int(by_name[r][2]), int(by_name[r][3]))
+        for p, r in zip(paths, wanted, strict=True)
+    ]
+    for entry in entries:
+        why = entry.changed()
+        if why == "missing":
+            raise _missing(entry.path)
+        if why is not None:
+            raise ShardError(
+                f"shard {str(entry.path)!r} no longer matches the shard index "
+                f"{str(index)!r}: {why}. The sample counts, and with them the order and any "
+                "saved position, would be wrong; delete the index so the shards are "
+                "counted again (and restart the run: a saved position does not carry over).",
+                path=entry.path,
+            )
+    return entries
+
+
+def load_or_build_index(
+    paths: Sequence[Path], reader: ShardReader, index: Path | None
+) -> tuple[list[IndexEntry], Path]:
+    """The checked index of ``paths``: read from ``index`` (default path if None), else built."""
+    index = default_index_path(paths, reader) if index is None else index
+    if index.exists():
+        return _read_index(index, paths, reader), index
+    for path in paths:
+        if not path.exists():
+            raise _missing(path)
+    return build_index(paths, reader, index), index
+
+
+def write_shards(
+    directory: str | os.PathLike[str],
+    shards: Iterable[Any],
+    reader: Any,
+    *,
+    suffix: str | None = None,
+    prefix: str = "shard",
+    index: str | os.PathLike[str] | None = None,
+) -> list[Path]:
+    """Write one file per item of ``shards`` with ``reader.write`` and index them.
+
+    Args:
+        directory: Created if needed.
+        shards: One item per shard: token arrays for :class:`TokenReader`,
+            iterables of JSON-able samples for :class:`JsonlReader`.
+        reader: A :class:`ShardReader` with a ``write(path, data)`` method.
+        suffix: File suffix (default: the reader's first, e.g. ``.npy``).
+        prefix: Files are named ``{prefix}-00000{suffix}``, ...
+        index: Where to write the index (default: where :class:`ShardedDataset`
+            looks for it).
+
+    Returns:
+        The shard paths, in order: pass them (or ``directory``) to :class:`ShardedDataset`.
+
+    Example:
+        >>> import tempfile
+        >>> from loaderkit import JsonlReader, ShardedDataset
+        >>> data = [[{"a": 1}], [{"a": 2}, {"a": 3}]]
+        >>> paths = write_shards(tempfile.mkdtemp(), data, JsonlReader())
+        >>> [p.name for p in paths], ShardedDataset(paths, JsonlReader()).sizes
+        (['shard-00000.jsonl', 'shard-00001.jsonl'], (1, 2))
+    """
+    write = getattr(reader, "write", None)
+    if not callable(write):
+        raise TypeError(
+            f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
+        )
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    ext = suffix if suffix is not None else reader.suffixes[0]
+    paths = [Path(write(root / f"{prefix}-{i:05d}{ext}", data)) for i, data in enumerate(shards)]
+    if not paths:
+        raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
+    target = default_index_path(paths, reader) if index is None else Path(index)
+    build_index(paths, reader, target)
+    return paths

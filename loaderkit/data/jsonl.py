@@ -1,0 +1,116 @@
+""":class:`JsonlReader`: ``.jsonl`` shards, one sample per line, read through a line-offset index.
+
+Exported from :mod:`loaderkit`. The offsets sidecar lets a
+sample be read with one seek instead of a scan of the lines before it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loaderkit.data.readers import (
+    _CHUNK,
+    OpenShard,
+    _missing,
+    _read_offsets,
+    _write_offsets,
+)
+from loaderkit.errors import ShardError
+
+__all__ = ["JsonlReader"]
+
+
+class JsonlReader:
+    """``.jsonl`` shards: one JSON value per line, read by line offset without scanning.
+
+    Counting a shard scans it once for newlines and writes the line offsets to
+    ``<shard>.lkoffsets``; after that, sample ``i`` is one slice of the
+    memory-mapped file and one ``json.loads``. A line that is not valid JSON
+    raises :class:`ShardError` naming the file and line (or is skipped under
+    ``ShardedDataset(..., on_error="skip")``).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> reader = JsonlReader()
+        >>> _ = reader.write(d / "a.jsonl", [{"text": "hi"}, {"text": "there"}])
+        >>> reader.count(d / "a.jsonl")
+        2
+        >>> reader.open(d / "a.jsonl").read(1)
+        {'text': 'there'}
+    """
+
+    suffixes: tuple[str, ...] = (".jsonl",)
+
+    def __repr__(self) -> str:
+        return "JsonlReader()"
+
+    def spec(self) -> dict[str, Any]:
+        """The settings a shard's sample count depends on (none)."""
+        return {"kind": "jsonl"}
+
+    @staticmethod
+    def _bytes(path: Path) -> np.ndarray:
+        if not path.exists():
+            raise _missing(path)
+        if path.stat().st_size == 0:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(path, dtype=np.uint8, mode="r")
+
+    def count(self, path: Path) -> int:
+        """Lines in the shard; writes the line offsets sidecar."""
+        path = Path(path)
+        data = self._bytes(path)
+        ends = [
+            np.flatnonzero(data[lo : lo + _CHUNK] == 10) + (lo + 1)
+            for lo in range(0, len(data), _CHUNK)
+        ]
+        offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
+        if offsets[-1] != len(data):  # a last line without a newline
+            offsets = np.append(offsets, len(data))
+        _write_offsets(path, "", offsets)
+        return len(offsets) - 1
+
+    def open(self, path: Path) -> OpenShard:
+        """Memory-map the shard and its line offsets."""
+        path = Path(path)
+        data = self._bytes(path)
+        return _Lines(path, data, _read_offsets(path, "", len(data)))
+
+    def write(self, path: Path, samples: Iterable[Any]) -> Path:
+        """Write one JSON line per sample to ``path``."""
+        path = Path(path)
+        with open(path, "w", encoding="utf-8") as f:
+            for sample in samples:
+                f.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        return path
+
+
+class _Lines:
+    def __init__(self, path: Path, data: np.ndarray, offsets: np.ndarray) -> None:
+        self.path = path
+        self.data = data
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def read(self, index: int) -> Any:
+        lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
+        raw = self.data[lo:hi].tobytes()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ShardError(
+                f"shard {str(self.path)!r} line {index + 1} is not valid JSON ({exc}): "
+                f"{raw[:80]!r}; fix the line, or pass on_error='skip' to drop such samples.",
+                path=self.path,
+            ) from exc
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        return [self.read(int(i)) for i in indices]

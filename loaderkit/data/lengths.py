@@ -1,0 +1,160 @@
+"""Sample lengths for length bucketing: measured once over a dataset, cached on disk.
+
+:func:`compute_lengths` is exported from :mod:`loaderkit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loaderkit.plan._bucket_order import as_lengths
+
+__all__ = ["compute_lengths"]
+
+
+def compute_lengths(
+    dataset: Any,
+    length_fn: Callable[[Any], int] | None = None,
+    *,
+    cache: str | os.PathLike[str] | None = None,
+    key: str = "",
+    progress: bool = True,
+) -> np.ndarray:
+    """Each sample's length, computed once over the dataset, with a progress bar and a cache.
+
+    Args:
+        dataset: A map-style dataset (``len`` and ``[i]``).
+        length_fn: Maps a sample to its token count; default ``len(sample)``
+            (or ``shape[0]`` of an array). Dict and tuple samples need one,
+            e.g. ``lambda s: len(s["input_ids"])``.
+        cache: A ``.npy`` path. If it holds lengths saved for the same key,
+            they are loaded instead of computed; else they are computed and
+            saved there (with a ``.json`` sidecar holding the key and a
+            checksum of the array, so a torn or stale file is recomputed).
+        key: Part of the cache key, with the dataset's type, its length and
+            ``length_fn``'s name. The cache cannot see the samples' content:
+            pass a data version or file hash here when the data may change.
+        progress: Show a tqdm progress bar while computing.
+
+    Returns:
+        int64 lengths, one per dataset index.
+
+    Example:
+        >>> compute_lengths([[1, 2], [3], [4, 5, 6]], progress=False).tolist()
+        [2, 1, 3]
+    """
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise TypeError(
+            f"compute_lengths: dataset must be map-style (len and [i]), got "
+            f"{type(dataset).__name__}; pass the dataset you index, or the lengths themselves."
+        )
+    if length_fn is not None and not callable(length_fn):
+        raise TypeError(f"compute_lengths: length_fn must be callable, got {length_fn!r}.")
+    size = len(dataset)
+    fn = _default_length if length_fn is None else length_fn
+    path = meta_path = None
+    ident = ""
+    if cache is not None:
+        path = Path(cache)
+        if path.suffix != ".npy":
+            raise ValueError(
+                f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
+                "cache='lengths.npy'."
+            )
+        meta_path = path.with_name(path.name + ".json")
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        described = f"{type(dataset).__module__}.{type(dataset).__qualname__}|{size}|{name}|{key}"
+        ident = hashlib.sha256(described.encode()).hexdigest()[:16]
+        cached = _load_cached_lengths(path, meta_path, ident, size)
+        if cached is not None:
+            return cached
+    out = np.empty(size, dtype=np.int64)
+    for i in _progress(size, progress):
+        value = fn(dataset[i])
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(
+                f"compute_lengths: length_fn returned {value!r} ({type(value).__name__}) for "
+                f"sample {i}; it must return the sample's token count as an int."
+            )
+        if value < 0:
+            raise ValueError(
+                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be >= 0."
+            )
+        out[i] = value
+    if path is not None and meta_path is not None:
+        _save_cached_lengths(path, meta_path, ident, out)
+    return out
+
+
+def _default_length(sample: Any) -> int:
+    if isinstance(sample, (Mapping, tuple)):
+        raise TypeError(
+            f"compute_lengths: samples are {type(sample).__name__}s, whose len() is not a "
+            "token count; pass length_fn, e.g. length_fn=lambda s: len(s['input_ids'])."
+        )
+    shape = getattr(sample, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    return len(sample)
+
+
+def _progress(size: int, show: bool) -> Iterator[int]:
+    if not show:
+        yield from range(size)
+        return
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with lightning
+        yield from range(size)
+        return
+    with tqdm(total=size, desc="loaderkit: lengths", unit="sample", mininterval=0.5) as bar:
+        for i in range(size):
+            yield i
+            bar.update()
+
+
+def _load_cached_lengths(path: Path, meta_path: Path, ident: str, size: int) -> np.ndarray | None:
+    if not path.exists() or not meta_path.exists():
+        return None
+    why = ""
+    try:
+        meta = json.loads(meta_path.read_text())
+        lengths = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        why = f"it cannot be read ({exc})"
+    else:
+        if meta.get("key") != ident:
+            why = "it was saved for another dataset, length_fn or key"
+        elif lengths.shape != (size,) or lengths.dtype != np.int64:
+            why = f"it holds {lengths.shape} {lengths.dtype}, not {size} int64 lengths"
+        elif meta.get("crc32") != zlib.crc32(lengths.tobytes()):
+            why = "its checksum does not match (a torn write?)"
+        else:
+            return as_lengths(lengths)
+    warnings.warn(
+        f"compute_lengths: recomputing the lengths cached at {path}: {why}.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return None
+
+
+def _save_cached_lengths(path: Path, meta_path: Path, ident: str, lengths: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside, then renamed: a killed process leaves the old cache or none, never half.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
+    np.save(tmp, lengths)
+    os.replace(tmp, path)
+    meta = {"key": ident, "num_samples": int(lengths.size), "crc32": zlib.crc32(lengths.tobytes())}
+    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
+    tmp_meta.write_text(json.dumps(meta))
+    os.replace(tmp_meta, meta_path)

@@ -1,0 +1,398 @@
+"""Streaming sharded data: shards whose sample counts are not known in advance.
+
+Public names are exported from :mod:`loaderkit`.
+
+A stream cannot have a sample plan (nobody knows where sample ``i`` is), so
+loaderkit gives it the next best thing: a pure *assignment* of shards to
+slots, and a cursor per slot. A slot is one (rank, worker) pair: ``slot =
+rank * workers + worker`` with ``workers = max(num_workers, 1)``.
+
+- Pass ``p`` (an epoch, or one round of a slot through its shards) puts the
+  shards in an order drawn from ``(seed, p)``; slot ``s`` of ``S`` reads the
+  shards at positions ``s, s + S, s + 2S, ...`` front to back. With fewer
+  shards than slots every slot reads every shard and keeps every ``S``-th
+  sample (striding: correct, but each slot reads all the bytes; a warning
+  says so once).
+- A slot's cursor is ``(pass, shard position, offset, seen)``: the next
+  sample to read. Resuming at a cursor skips the earlier shards without
+  opening them and seeks inside the shard (``iter_from(shard, offset)``) —
+  never a replay of what was read before.
+- Randomness inside a sample (``transform``) is keyed by the sample, not the
+  worker: ``(seed, pass, shard, offset)``.
+
+The cursors are only meaningful under the topology that made them, so a
+stream resumes exactly under the same world size and ``num_workers`` and
+refuses any other (:class:`~loaderkit.errors.StateMismatchError`): an elastic
+resume needs sample counts, i.e. :class:`~loaderkit.ShardedDataset`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
+
+import torch
+from torch.utils.data import IterableDataset
+
+from loaderkit._checks import check_bool, check_int
+from loaderkit.data._open import resolve_shards, shard_name
+from loaderkit.data.readers import ShardReader
+from loaderkit.errors import LoaderkitError, ShardError
+from loaderkit.seeding import derive_seed, seeded_sample
+
+__all__ = ["Cursor", "IterableReader", "StreamReader", "StreamingShardedDataset", "slot_stream"]
+
+_OFFSET_BITS = 40  # a sample's seeding key is shard << 40 | offset
+EMPTY_PASSES = 32  # consecutive passes without a sample before a slot is declared starved
+
+
+@runtime_checkable
+class StreamReader(Protocol):
+    """A format read front to back: what :class:`StreamingShardedDataset` needs.
+
+    ``iter_from(shard, offset)`` yields the samples of ``shard`` from sample
+    ``offset`` on; it should seek where the format allows and must otherwise
+    skip (not yield) the first ``offset`` samples. Any :class:`ShardReader`
+    (``open``/``read``, e.g. :class:`TokenReader`, :class:`JsonlReader`) works
+    too: it seeks by index. Readers must be picklable (workers get a copy).
+    """
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        """File suffixes of the format, to list a directory of shards."""
+        ...
+
+    def iter_from(self, shard: Any, offset: int) -> Iterator[Any]:
+        """The samples of ``shard`` from ``offset`` on."""
+        ...
+
+
+class IterableReader:
+    """A :class:`StreamReader` from a function ``shard -> iterable of samples``.
+
+    For generators and compressed files, which can only be read front to
+    back: resuming at ``offset`` reads and drops the shard's first ``offset``
+    samples (never the shards before it). Use a module-level function so
+    workers started with ``spawn`` can unpickle it.
+
+    Args:
+        fn: Opens a shard and yields its samples.
+        suffixes: File suffixes, to list a directory of shards.
+
+    Example:
+        >>> import gzip, json, tempfile
+        >>> def read_jsonl_gz(path):
+        ...     with gzip.open(path, "rt") as f:
+        ...         yield from map(json.loads, f)
+        >>> d = Path(tempfile.mkdtemp())
+        >>> with gzip.open(d / "a.jsonl.gz", "wt") as f:
+        ...     _ = f.write('{"t": 1}\\n{"t": 2}\\n')
+        >>> list(IterableReader(read_jsonl_gz, suffixes=(".gz",)).iter_from(d / "a.jsonl.gz", 1))
+        [{'t': 2}]
+    """
+
+    def __init__(self, fn: Callable[[Any], Iterable[Any]], suffixes: Iterable[str] = ()) -> None:
+        if not callable(fn):
+            raise TypeError(f"IterableReader: fn must be callable, got {fn!r}.")
+        self.fn = fn
+        self.suffixes = tuple(suffixes)
+
+    def __repr__(self) -> str:
+        return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
+
+    def iter_from(self, shard: Any, offset: int) -> Iterator[Any]:
+        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped)."""
+        return itertools.islice(iter(self.fn(shard)), offset, None)
+
+
+def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
+    """``iter_from`` for a :class:`ShardReader`: open (counting once if it needs a sidecar)."""
+    try:
+        handle = reader.open(shard)
+    except Exception:
+        if not (isinstance(shard, Path) and shard.exists() and callable(reader.count)):
+            raise
+        reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
+        handle = reader.open(shard)
+    try:
+        for i in range(offset, len(handle)):
+            yield handle.read(i)
+    finally:
+        close = getattr(handle, "close", None)
+        if callable(close):
+            close()
+
+
+class Cursor(NamedTuple):
+    """The next sample of one slot: in pass ``pass_``, shard position ``shard`` of the
+    slot's list, sample ``offset`` of that shard; ``seen`` counts the samples of the
+    pass read so far (only striding uses it)."""
+
+    pass_: int
+    shard: int
+    offset: int
+    seen: int
+
+    @classmethod
+    def start(cls, pass_: int) -> Cursor:
+        """The beginning of pass ``pass_``."""
+        return cls(pass_, 0, 0, 0)
+
+
+class StreamingShardedDataset(IterableDataset[Any]):
+    """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
+
+    Iterate it through :class:`~loaderkit.ResumableDataLoader`, which assigns
+    shards to its ranks and workers, batches each slot's stream, and keeps a
+    cursor per slot in its state (module :mod:`loaderkit.data.streaming` docstring).
+
+    Epochs, two ways:
+
+    - no limit (default): an epoch is one pass over all shards; each slot's
+      stream ends with its shards. Ranks would step different numbers of times,
+      so this is single-process only (more ranks: an error explains the hang).
+    - ``steps_per_epoch`` (per rank) or ``samples_per_epoch`` (all ranks
+      together, divided by ``world_size * batch_size``): every rank yields
+      exactly that many batches per epoch, so DDP never waits on a rank that
+      ran out. Each slot's stream goes on across epochs and starts its next
+      pass (shards reshuffled) when its shards run out, so a sample is seen
+      once per pass of its slot; passes of different slots are not aligned.
+
+    Args:
+        shards: A directory (its files with the reader's suffixes, sorted), a
+            list of paths, or a list of objects the reader accepts.
+        reader: A :class:`StreamReader` (``iter_from``) or a
+            :class:`~loaderkit.ShardReader` (``open``, seeks by index).
+        shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
+        steps_per_epoch: Batches per rank per epoch (see above).
+        samples_per_epoch: Samples per epoch over all ranks (see above).
+        transform: Applied to each sample, under per-sample seeding when the
+            loader's ``per_sample_seeding`` is on (the default for streams).
+
+    Example:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from loaderkit import ResumableDataLoader, TokenReader, write_shards
+        >>> reader = TokenReader(seq_len=2)
+        >>> paths = write_shards(tempfile.mkdtemp(), [np.arange(8), np.arange(8, 12)], reader)
+        >>> ds = StreamingShardedDataset(paths, reader)
+        >>> loader = ResumableDataLoader(ds, batch_size=2, seed=0)
+        >>> it = iter(loader); first = next(it); state = loader.state_dict()
+        >>> again = ResumableDataLoader(ds, batch_size=2, seed=0)
+        >>> again.load_state_dict(state)
+        >>> sorted(int(s[0]) for b in [first, *again] for s in b)
+        [0, 2, 4, 6, 8, 10]
+    """
+
+    def __init__(
+        self,
+        shards: str | os.PathLike[str] | Iterable[Any],
+        reader: Any,
+        *,
+        shuffle_shards: bool = True,
+        steps_per_epoch: int | None = None,
+        samples_per_epoch: int | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if not callable(getattr(reader, "iter_from", None)) and not callable(
+            getattr(reader, "open", None)
+        ):
+            raise TypeError(
+                "StreamingShardedDataset: reader must have iter_from(shard, offset) (a "
+                "StreamReader such as IterableReader) or open(shard) (a ShardReader such as "
+                f"TokenReader), got {type(reader).__name__}."
+            )
+        check_bool("shuffle_shards", shuffle_shards, owner="StreamingShardedDataset")
+        if steps_per_epoch is not None and samples_per_epoch is not None:
+            raise ValueError(
+                "StreamingShardedDataset: pass steps_per_epoch or samples_per_epoch, not both "
+                f"(got {steps_per_epoch} and {samples_per_epoch})."
+            )
+        if steps_per_epoch is not None:
+            check_int(
+                "steps_per_epoch",
+                steps_per_epoch,
+                1,
+                owner="StreamingShardedDataset",
+                fix="pass the batches each rank takes per epoch, or None for one pass",
+            )
+        if samples_per_epoch is not None:
+            check_int(
+                "samples_per_epoch",
+                samples_per_epoch,
+                1,
+                owner="StreamingShardedDataset",
+                fix="pass the samples of an epoch over all ranks, or None for one pass",
+            )
+        if transform is not None and not callable(transform):
+            raise TypeError(
+                f"StreamingShardedDataset: transform must be callable, got {transform!r}."
+            )
+        if not hasattr(reader, "suffixes"):
+            reader_suffixes: tuple[str, ...] = ()
+            if isinstance(shards, str | os.PathLike):
+                raise ValueError(
+                    f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
+                    f"reader {type(reader).__name__} has no suffixes to list it by; give the "
+                    "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
+                )
+        else:
+            reader_suffixes = tuple(reader.suffixes)
+        self.reader = reader
+        self.shards = resolve_shards(
+            shards, cast("ShardReader", _Suffixes(reader_suffixes)), owner="StreamingShardedDataset"
+        )
+        self.shuffle_shards = shuffle_shards
+        self.steps_per_epoch = steps_per_epoch
+        self.samples_per_epoch = samples_per_epoch
+        self.transform = transform
+        names = "\n".join(s.name if isinstance(s, Path) else repr(s) for s in self.shards)
+        self._fingerprint = {
+            "num_shards": len(self.shards),
+            "shard_names_crc32": zlib.crc32(names.encode()),
+            "shuffle_shards": shuffle_shards,
+            "steps_per_epoch": steps_per_epoch,
+            "samples_per_epoch": samples_per_epoch,
+        }
+
+    def __repr__(self) -> str:
+        return f"StreamingShardedDataset({len(self.shards)} shards, {self.reader!r})"
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError(
+            "StreamingShardedDataset: iterate it through loaderkit.ResumableDataLoader, which "
+            "splits its shards across ranks and workers and keeps each one's position; a plain "
+            "DataLoader would give every worker and rank all of it."
+        )
+
+    @property
+    def limited(self) -> bool:
+        """Whether epochs have a fixed number of steps (streams then go on across epochs)."""
+        return self.steps_per_epoch is not None or self.samples_per_epoch is not None
+
+    def epoch_steps(self, batch_size: int, world_size: int) -> int | None:
+        """Batches per rank per epoch, or ``None`` when an epoch is one pass."""
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        if self.samples_per_epoch is None:
+            return None
+        steps = self.samples_per_epoch // (world_size * batch_size)
+        if steps == 0:
+            raise ValueError(
+                f"StreamingShardedDataset: samples_per_epoch={self.samples_per_epoch} is less "
+                f"than one global step of world_size * batch_size = {world_size * batch_size}; "
+                "raise samples_per_epoch."
+            )
+        return steps
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a saved cursor depends on (compared on resume).
+
+        The shards by count and a checksum of their file names (not paths): the
+        same files moved to another folder or node still resume.
+        """
+        return dict(self._fingerprint)
+
+    # ------------------------------------------------------------ assignment
+    def pass_order(self, seed: int, pass_: int) -> list[int]:
+        """Shard ids in the order of pass ``pass_``."""
+        n = len(self.shards)
+        if not self.shuffle_shards:
+            return list(range(n))
+        g = torch.Generator().manual_seed(derive_seed(seed, "stream-shards", pass_))
+        return torch.randperm(n, generator=g).tolist()
+
+    def slot_shards(self, seed: int, pass_: int, slot: int, slots: int) -> tuple[list[int], bool]:
+        """The shards slot ``slot`` of ``slots`` reads in pass ``pass_``, and whether it strides."""
+        order = self.pass_order(seed, pass_)
+        if len(order) >= slots:
+            return order[slot::slots], False
+        return order, True
+
+    def read_from(self, shard: int, offset: int) -> Iterator[Any]:
+        """The samples of shard id ``shard`` from ``offset`` on; errors name the file."""
+        path = self.shards[shard]
+        iter_from = getattr(self.reader, "iter_from", None)
+        try:
+            source = (
+                iter_from(path, offset)
+                if callable(iter_from)
+                else _seek_by_index(self.reader, path, offset)
+            )
+            yield from source
+        except ShardError:
+            raise
+        except Exception as exc:
+            raise ShardError(
+                f"reading shard {shard_name(path)} from sample {offset} on failed with "
+                f"{type(exc).__name__}: {exc}; fix or remove the shard.",
+                path=path,
+            ) from exc
+
+
+class _Suffixes:
+    def __init__(self, suffixes: tuple[str, ...]) -> None:
+        self.suffixes = suffixes
+
+
+def slot_stream(
+    ds: StreamingShardedDataset,
+    *,
+    seed: int,
+    slot: int,
+    slots: int,
+    cursor: Cursor,
+    cycle: bool,
+    per_sample_seeding: bool,
+) -> Iterator[tuple[Any, Cursor]]:
+    """The samples of one slot from ``cursor`` on, each with the cursor after it.
+
+    One pass (``cycle=False``), or pass after pass (``cycle=True``). Raises
+    :class:`LoaderkitError` when a whole pass gives the slot nothing to read in
+    cycle mode (it could never fill its share of an epoch).
+    """
+    pass_, pos, offset, seen = cursor
+    empty = 0
+    # The rest of a pass resumed mid-way may be empty (the cursor sat at its end):
+    # that says nothing about starvation, so it never counts as an empty pass.
+    took = (pos, offset, seen) != (0, 0, 0)
+    while True:
+        shards, stride = ds.slot_shards(seed, pass_, slot, slots)
+        while pos < len(shards):
+            shard = shards[pos]
+            for sample in ds.read_from(shard, offset):
+                key = (shard << _OFFSET_BITS) | offset
+                offset += 1
+                keep = not stride or seen % slots == slot
+                seen += 1
+                if not keep:
+                    continue
+                took = True
+                after = Cursor(pass_, pos, offset, seen)
+                if ds.transform is not None and per_sample_seeding:
+                    # Not yielding inside the block: the consumer must run unseeded.
+                    with seeded_sample(seed, pass_, key):
+                        sample = ds.transform(sample)
+                elif ds.transform is not None:
+                    sample = ds.transform(sample)
+                yield sample, after
+            pos, offset = pos + 1, 0
+        if not cycle:
+            return
+        empty = 0 if took else empty + 1
+        # A pass may give a slot only empty shards; the next pass deals them anew.
+        # Without shuffling, or after many such passes, it never will get any.
+        if empty >= (EMPTY_PASSES if ds.shuffle_shards else 1):
+            names = [shard_name(ds.shards[s]) for s in shards]
+            raise LoaderkitError(
+                f"StreamingShardedDataset: slot {slot} of {slots} read no sample in {empty} "
+                f"whole pass(es) over its shards (last: {names}), "
+                "so it cannot fill its share of steps_per_epoch; use more (non-empty) shards "
+                "than ranks x workers, or fewer workers."
+            )
+        pass_, pos, offset, seen = pass_ + 1, 0, 0, 0
+        took = False

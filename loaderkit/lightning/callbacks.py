@@ -1,0 +1,142 @@
+"""Lightning callbacks for loaderkit's loaders.
+
+:class:`ElasticResume` keeps Lightning's count of an epoch's batches equal to
+what loaderkit's train loader yields. Lightning (2.6) takes the train loader's
+length, and with it the number of batches of the epoch (and the batch at which
+validation runs), once per ``fit`` and *before* it restores the loader's state.
+Two cases of length need it:
+
+- Plans whose epoch length varies from epoch to epoch, like
+  :class:`~loaderkit.BucketBatchSampler` under a token budget: Lightning would
+  end a longer epoch early, leaving batches untrained, and validate mid-epoch
+  or not at all. (The loader warns when a longer epoch starts without it.)
+- A mid-epoch resume with *more* ranks than the checkpoint was saved with:
+  Lightning's own step counter, restored from the checkpoint, counts the steps
+  done under the old world size; with the new world size's whole-epoch length,
+  the two together can fall short of the batches that remain.
+
+The callback re-reads the loaders' lengths after the state is restored and at
+the start of every epoch, and recomputes the validation batch of a fractional
+``val_check_interval``. Fixed-size plans resumed with the same or fewer ranks
+need no callback.
+
+A third case: a :class:`~loaderkit.StreamingShardedDataset` without
+``steps_per_epoch`` has no length, so Lightning prefetches one batch ahead of
+training, and a state saved at a checkpoint would count that batch as done.
+The callback tells such loaders how many batches Lightning holds, and their
+``state_dict()`` leaves those out (without the callback, saving the state
+inside Lightning's loop is an error, not a silently skipped batch).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+from lightning.pytorch.trainer.states import RunningStage
+
+from loaderkit.loader.resumable import ResumableDataLoader
+from loaderkit.plan.samplers import PlanBatchSampler
+
+__all__ = ["ElasticResume"]
+
+
+class ElasticResume(Callback):
+    """Re-read the lengths of loaderkit train loaders every epoch and after a restore.
+
+    Covers :class:`~loaderkit.ResumableDataLoader` and torch ``DataLoader`` objects
+    whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler` (e.g. a
+    :class:`~loaderkit.BucketBatchSampler`). Needed for token-budget batches,
+    for resuming with more ranks, and for streams without a length (see the
+    module docstring).
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
+        _watch_prefetch(trainer)
+        _sync_lengths(trainer)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """Each new epoch is a whole epoch again under the current world size."""
+        _watch_prefetch(trainer)
+        _sync_lengths(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """Unhook the stream loaders: a later fit without this callback must not be told
+        that no batch is held (its saves would then be one batch ahead)."""
+        _watch_prefetch(trainer, unhook=True)
+
+
+class _HeldBatches:
+    """How many batches Lightning's train fetcher took from the loader but has not
+    trained on yet (weakly bound: the loader must not keep the trainer alive)."""
+
+    def __init__(self, trainer: L.Trainer) -> None:
+        self._loop = weakref.ref(trainer.fit_loop)
+
+    def __call__(self) -> int:
+        loop = self._loop()
+        fetcher = None if loop is None else loop._data_fetcher
+        return len(getattr(fetcher, "batches", ()) or ())
+
+
+def _watch_prefetch(trainer: L.Trainer, *, unhook: bool = False) -> None:
+    """Let unsized stream loaders subtract the batch Lightning prefetched from their state."""
+    combined = trainer.fit_loop._combined_loader
+    for dl in [] if combined is None else combined.flattened:
+        engine = getattr(dl, "_stream", None) if isinstance(dl, ResumableDataLoader) else None
+        if engine is not None:
+            engine.held_batches = None if unhook else _HeldBatches(trainer)
+
+
+def _sync_lengths(trainer: L.Trainer) -> None:
+    """Recompute ``trainer.num_training_batches`` from the (restored) loaders."""
+    loop = trainer.fit_loop
+    combined = loop._combined_loader
+    if combined is None or not any(_is_planned(dl) for dl in combined.flattened):
+        return
+    for dl in combined.flattened:
+        # Tell the loader its length is kept in sync, so it does not warn about it.
+        for owner in (dl, getattr(dl, "batch_sampler", None)):
+            watch = getattr(owner, "_len_watch", None)
+            if watch is not None:
+                watch.managed = True
+    combined.limits = [
+        _parse_num_batches(RunningStage.TRAINING, len(dl), trainer.limit_train_batches)
+        if _is_planned(dl)
+        else limit
+        for dl, limit in zip(combined.flattened, combined.limits or [], strict=False)
+    ]
+    # The live iterator copied the limits when it was created; it answers len().
+    if combined._iterator is not None:
+        combined._iterator.limits = combined.limits
+    length = sized_len(combined)
+    if length is None:
+        return
+    loop.max_batches = length
+    if loop._data_fetcher is not None:
+        loop._data_fetcher.length = length
+        loop._data_fetcher.done = loop._data_fetcher.fetched >= length
+    # Lightning derives the validation batch from the first length it read, as in
+    # FitLoop.setup_data: redo it, or a longer or shorter epoch validates mid-epoch or never.
+    interval = trainer.val_check_interval
+    if (
+        isinstance(interval, float)
+        and getattr(trainer, "_val_check_time_interval", None) is None
+        and trainer.val_check_batch not in (None, float("inf"))
+    ):
+        trainer.val_check_batch = max(1, int(length * interval))
+
+
+def _is_planned(loader: object) -> bool:
+    """A loader whose length comes from a loaderkit plan (unsized streams have none)."""
+    if isinstance(loader, ResumableDataLoader):
+        return sized_len(loader) is not None
+    return isinstance(getattr(loader, "batch_sampler", None), PlanBatchSampler)

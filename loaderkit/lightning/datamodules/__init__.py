@@ -1,0 +1,23 @@
+"""LightningDataModules built on loaderkit's resumable loaders.
+
+Every module shares the loader policy of :class:`LoaderDataModule` (batch
+sizes, workers, pinning, seed, a seeded val split) and returns
+:class:`~loaderkit.ResumableDataLoader` loaders, so a Lightning checkpoint
+resumes training at the exact next sample. They live in
+:mod:`loaderkit.lightning`, the only package of loaderkit that imports Lightning.
+"""
+
+from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.lightning.datamodules.sequence import SequenceDataModule
+from loaderkit.lightning.datamodules.sharded import ShardedDataModule
+from loaderkit.lightning.datamodules.tensors import ArrayDataModule, TensorDataModule
+from loaderkit.lightning.datamodules.vision import ImageFolderDataModule
+
+__all__ = [
+    "ArrayDataModule",
+    "ImageFolderDataModule",
+    "LoaderDataModule",
+    "SequenceDataModule",
+    "ShardedDataModule",
+    "TensorDataModule",
+]

@@ -1,0 +1,218 @@
+"""Private helpers of the DataModules: argument checks, the seeded split, the worker probe.
+
+Kept apart from :mod:`loaderkit.lightning.datamodules.base` so the base class reads as
+the loader policy alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from loaderkit.seeding import derive_seed
+
+__all__ = [
+    "STREAM_RESUME_REASON",
+    "batch_rows",
+    "bulky_args",
+    "cpu_budget",
+    "index_subset",
+    "split_indices",
+    "stream_epoch_steps",
+    "stream_refusal",
+    "stream_resume_reason",
+    "time_loader",
+]
+
+#: Why a resume of a streamed train split is exact, and under what (topology-bound cursors).
+STREAM_RESUME_REASON = (
+    "the train loader streams a StreamingShardedDataset and saves one cursor per (rank, "
+    "worker) in the Lightning checkpoint: a resume is exact only under the same world size "
+    "and num_workers (any other is refused); an elastic resume needs sample counts: use "
+    "ShardedDataset (streaming=False)"
+)
+
+
+def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
+    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset``.
+
+    ``None`` when an epoch is one pass of unknown length (no ``steps_per_epoch``
+    or ``samples_per_epoch``). The loader's ``plan`` is a stand-in for streams,
+    so it cannot say; ``len(loader)`` can, but only at the loader's own world
+    size, so this asks the dataset the same question for ``world_size``.
+    """
+    try:
+        steps: int | None = loader.dataset.epoch_steps(loader.batch_size, world_size)
+    except ValueError:  # samples_per_epoch below one global step: iterating it says so
+        return None
+    return steps
+
+
+def stream_refusal(dataset: Any, batch_size: int, world_size: int) -> str | None:
+    """Why a ``StreamingShardedDataset`` cannot train on ``world_size`` ranks (None: it can)."""
+    if world_size > 1 and not dataset.limited:
+        return (
+            f"a stream without steps_per_epoch or samples_per_epoch is refused on {world_size} "
+            "ranks: ranks would step different numbers of times and hang DDP; set one of them"
+        )
+    try:
+        dataset.epoch_steps(batch_size, world_size)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def stream_resume_reason(dataset: Any) -> str:
+    """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
+    if dataset.limited:
+        return STREAM_RESUME_REASON
+    # Lightning prefetches a batch ahead from a loader without a length; the callback
+    # tells the loader so its saved position is not one batch ahead.
+    return (
+        STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
+        "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
+    )
+
+
+def cpu_budget(processes: int = 1) -> int:
+    """CPU cores this process may use, shared among ``processes`` processes on the machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, processes))
+
+
+def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """Disjoint ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``.
+
+    Each part is sorted so reads stay in storage order (memory maps, files).
+    """
+    n_val = round(size * fraction)
+    if n_val < 1 or n_val >= size:
+        raise ValueError(
+            f"{owner}: val_fraction={fraction} of {size} training samples leaves "
+            f"{n_val} for validation and {size - n_val} for training; both need at least one: "
+            "change val_fraction or pass more data."
+        )
+    gen = torch.Generator().manual_seed(derive_seed(seed, "val_split"))
+    perm = torch.randperm(size, generator=gen).numpy()
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class _Subset(Dataset[Any]):
+    """The samples of ``dataset`` at ``indices``; unlike ``torch.utils.data.Subset`` it
+    keeps the batched fetch paths only where the dataset has them, so per-sample seeding
+    stays per sample."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+
+class _BatchedSubset(_Subset):
+    def get_batch(self, indices: Any) -> Any:
+        return self.dataset.get_batch(self.indices[np.asarray(indices, dtype=np.int64)])
+
+
+class _ItemsSubset(_Subset):
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        return self.dataset.__getitems__(self.indices[np.asarray(indices)].tolist())
+
+
+class _BothSubset(_BatchedSubset, _ItemsSubset):
+    pass
+
+
+def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
+    """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
+    batched = callable(getattr(dataset, "get_batch", None))
+    items = callable(getattr(dataset, "__getitems__", None))
+    kind = {
+        (False, False): _Subset,
+        (True, False): _BatchedSubset,
+        (False, True): _ItemsSubset,
+        (True, True): _BothSubset,
+    }[(batched, items)]
+    return kind(dataset, indices)
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows of a collated batch: the first dim of its first tensor (dicts, tuples, ...)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, Mapping):
+        parts: Any = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        parts = batch
+    else:
+        parts = vars(batch).values() if hasattr(batch, "__dict__") else ()
+    for part in parts:
+        if part is None:
+            continue
+        rows = batch_rows(part)
+        if rows:
+            return rows
+    return 0
+
+
+def time_loader(make: Callable[[], Any], budget_s: float, max_batches: int) -> float:
+    """Samples per second of a loader's steady state, within about ``budget_s`` seconds.
+
+    Worker start-up is left out of the rate (it is paid once per epoch, or once
+    with persistent workers), but counts against the budget.
+    """
+    start = time.perf_counter()
+    deadline = start + budget_s
+    it: Iterator[Any] = iter(make())
+    try:
+        first = next(it, None)
+        if first is None:
+            return 0.0
+        t0, rows, batches = time.perf_counter(), 0, 0
+        while batches < max_batches and time.perf_counter() < deadline:
+            batch = next(it, None)
+            if batch is None:
+                break
+            rows += batch_rows(batch)
+            batches += 1
+        elapsed = time.perf_counter() - t0
+        if batches == 0:  # a one-batch epoch: all we have is the first batch, start-up included
+            rows, elapsed = batch_rows(first), t0 - start
+        return rows / elapsed if elapsed > 0 else float("inf")
+    finally:
+        close = getattr(it, "close", None)
+        if callable(close):
+            close()  # stop the workers now, not when the iterator is collected
+
+
+def bulky_args(obj: object, names: Sequence[str], frame: types.FrameType | None) -> list[str]:
+    """The arguments ``names`` of ``obj.__init__`` that hold data rather than a path (or None).
+
+    Paths stay in ``hparams``, so a config or checkpoint rebuilds the module;
+    tensors, arrays and sample lists would bloat every checkpoint and log.
+    Their values are read from the ``__init__`` frames of ``obj``, as Lightning
+    reads every argument.
+    """
+    values: dict[str, Any] = {}
+    while frame is not None and frame.f_code.co_name == "__init__":
+        if frame.f_locals.get("self") is not obj:
+            break
+        for name in names:
+            if name in frame.f_locals:
+                values.setdefault(name, frame.f_locals[name])
+        frame = frame.f_back
+    return [n for n in names if not isinstance(values.get(n), (str, os.PathLike, type(None)))]

@@ -1,0 +1,467 @@
+"""``LoaderDataModule``: the loader policy every loaderkit DataModule shares.
+
+A subclass says *what* the data is (:meth:`LoaderDataModule.build_datasets`,
+and optionally how it is batched and collated); this class says *how* it is
+loaded: every loader is a :class:`~loaderkit.ResumableDataLoader`, so the
+train loader's position goes into the Lightning checkpoint (Lightning's fit
+loop saves any train loader with ``state_dict``) and a resume is exact, for
+any ``num_workers`` and world size. A split may also be a
+:class:`~loaderkit.StreamingShardedDataset`: it is batched by the stream
+itself (no shuffle or batch sampler; its shards are shuffled per pass) and
+resumes exactly under the same world size and ``num_workers`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from loaderkit._checks import check_bool, check_fraction, check_int
+from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.env import detect
+from loaderkit.lightning.datamodules._util import (
+    bulky_args,
+    cpu_budget,
+    index_subset,
+    split_indices,
+    stream_epoch_steps,
+    stream_refusal,
+    stream_resume_reason,
+    time_loader,
+)
+from loaderkit.loader.resumable import ResumableDataLoader
+from loaderkit.transfer import select_device, should_pin_memory
+
+__all__ = ["LoaderDataModule"]
+
+SPLITS = ("train", "val", "test", "predict")
+_STAGES = ("fit", "validate", "test", "predict")
+
+
+class LoaderDataModule(L.LightningDataModule):
+    """Base class: resumable loaders for every split, under one loader policy.
+
+    Subclasses implement :meth:`build_datasets` and may override
+    :meth:`batch_sampler`, :meth:`collate_fn`, :meth:`val_view`,
+    :meth:`padding_fraction` and :meth:`resume_info`. The train loader
+    shuffles per ``(seed, epoch)``; val/test/predict loaders never shuffle nor
+    drop samples. Every argument is keyword-only.
+
+    Args:
+        batch_size: Samples per train batch on each rank.
+        eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
+        num_workers: Loader worker processes, or ``"auto"``: the first loader
+            runs :meth:`probe_num_workers` (about two seconds) and uses the
+            fewest workers within 10% of the best measured throughput.
+        pin_memory: ``"auto"`` pins when the trainer's device (or, with no
+            trainer attached, :func:`~loaderkit.select_device`) is CUDA/XPU.
+        persistent_workers: Keep workers alive across epochs (needs workers).
+        seed: Seed of the shuffle, of per-sample randomness and of the
+            ``val_fraction`` split.
+        val_fraction: Hold out this fraction of the train samples as the val
+            split (a seeded, disjoint split) when the subclass has no val data.
+        shuffle: Shuffle the train split.
+        drop_last: Drop the train tail that does not fill a global step.
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import LoaderDataModule
+        >>> class Squares(LoaderDataModule):
+        ...     def build_datasets(self, stage):
+        ...         return {"train": [torch.tensor([i, i * i]) for i in range(10)]}
+        >>> dm = Squares(batch_size=4, val_fraction=0.2)
+        >>> dm.setup("fit")
+        >>> len(dm.train_dataset), len(dm.val_dataset), len(dm.train_dataloader())
+        (8, 2, 2)
+    """
+
+    #: ``__init__`` arguments that hold data: left out of ``hparams`` (and checkpoints).
+    data_args: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int | Literal["auto"] = 0,
+        pin_memory: bool | Literal["auto"] = "auto",
+        persistent_workers: bool = False,
+        seed: int = 0,
+        val_fraction: float = 0.0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.batch_size = check_int(
+            "batch_size",
+            batch_size,
+            1,
+            owner=owner,
+            fix="pass the samples per batch, e.g. batch_size=32",
+            numpy_ok=True,
+        )
+        self.eval_batch_size = self.batch_size
+        if eval_batch_size is not None:
+            self.eval_batch_size = check_int(
+                "eval_batch_size",
+                eval_batch_size,
+                1,
+                owner=owner,
+                fix="or leave it None for batch_size",
+                numpy_ok=True,
+            )
+        self.num_workers: int | Literal["auto"] = "auto"
+        if not (isinstance(num_workers, str) and num_workers == "auto"):
+            self.num_workers = check_int(
+                "num_workers",
+                num_workers,
+                0,
+                owner=owner,
+                fix="use 0 to load in-process, or 'auto'",
+                numpy_ok=True,
+            )
+        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
+            raise ValueError(
+                f"{owner}: pin_memory must be True, False or 'auto', got {pin_memory!r}; "
+                "'auto' pins only for CUDA/XPU, where it helps."
+            )
+        self.pin_memory = pin_memory
+        self.persistent_workers = check_bool("persistent_workers", persistent_workers, owner=owner)
+        if persistent_workers and num_workers == 0:
+            raise ValueError(
+                f"{owner}: persistent_workers=True needs worker processes, got num_workers=0; "
+                "set num_workers >= 1 (or 'auto'), or persistent_workers=False."
+            )
+        self.seed = check_int(
+            "seed",
+            seed,
+            0,
+            owner=owner,
+            fix="pass a non-negative int such as seed=0",
+            numpy_ok=True,
+        )
+        self.val_fraction = check_fraction("val_fraction", val_fraction, owner=owner)
+        self.shuffle = check_bool("shuffle", shuffle, owner=owner)
+        self.drop_last = check_bool("drop_last", drop_last, owner=owner)
+        # Lightning collects the subclass's arguments too, walking the __init__ frames.
+        self.save_hyperparameters(ignore=bulky_args(self, self.data_args, inspect.currentframe()))
+        #: Samples/s per ``num_workers`` measured by :meth:`probe_num_workers`.
+        self.num_workers_probe: dict[int, float] | None = None
+        #: The ``num_workers`` the probe picked.
+        self.num_workers_best: int | None = None
+        #: ``(train, val)`` indices into the original train data after a ``val_fraction`` split.
+        self.split: tuple[Any, Any] | None = None
+        self._datasets: dict[str, Any] = {}
+        self._stages: set[str] = set()
+
+    # --------------------------------------------------------------- hooks
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """The map-style datasets of this module, keyed by ``"train"``/``"val"``/``"test"``/
+        ``"predict"``. Return every split the module has; ``stage`` (``"fit"``,
+        ``"validate"``, ``"test"``, ``"predict"``) only lets costly splits wait until needed."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_datasets(stage)")
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
+        """A loaderkit batch sampler for ``split`` (e.g. bucketing), or None for fixed batches."""
+        return None
+
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """The ``collate_fn`` of ``split``'s loader (None: the dataset's batched fetch or
+        ``default_collate``)."""
+        return None
+
+    def per_sample_seeding(self, split: str) -> bool | Literal["auto"]:
+        """The loader's ``per_sample_seeding``: ``"auto"`` seeds per sample unless the
+        dataset fetches whole batches; a module whose samples hold no randomness says False."""
+        return "auto"
+
+    def val_view(self, train: Any) -> Any:
+        """The train data as a ``val_fraction`` val split sees it (e.g. without augmentation)."""
+        return train
+
+    def padding_fraction(self, split: str) -> float | None:
+        """Fraction of padded tokens in an epoch of ``split``, when the module pads."""
+        return None
+
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
+        """Whether a Lightning resume of this module's train loader is exact, and why.
+
+        Args:
+            world_size: The ranks to judge for (default: the trainer's, else detected).
+        """
+        train = self._datasets.get("train")
+        if train is None:
+            return False, "no train split: there is no training position to resume"
+        if isinstance(train, StreamingShardedDataset):
+            if world_size is None:
+                trainer = self.trainer
+                world_size = trainer.world_size if trainer is not None else detect().world_size
+            refusal = stream_refusal(train, self.batch_size, world_size)
+            if refusal is not None:
+                return False, refusal
+            return True, stream_resume_reason(train)
+        return True, (
+            "the train loader (ResumableDataLoader) saves its position in the sample plan in "
+            "the Lightning checkpoint; resume is exact for any num_workers and world size "
+            "(add loaderkit.ElasticResume() to resume on more ranks than it was saved with)"
+        )
+
+    # --------------------------------------------------------------- setup
+    def setup(self, stage: str) -> None:
+        """Build the datasets (once per stage) and apply ``val_fraction``."""
+        owner = type(self).__name__
+        if stage not in _STAGES:
+            raise ValueError(f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}.")
+        if stage in self._stages:
+            return
+        built = dict(self.build_datasets(stage))
+        unknown = sorted(set(built) - set(SPLITS))
+        if unknown:
+            raise ValueError(
+                f"{owner}.build_datasets returned unknown splits {unknown}; use {SPLITS}."
+            )
+        fresh = {k: v for k, v in built.items() if k not in self._datasets}
+        if self.val_fraction and "train" in fresh:
+            if "val" in built:
+                raise ValueError(
+                    f"{owner}: val_fraction={self.val_fraction} splits the train data, but "
+                    "val data was given too; pass one or the other."
+                )
+            train = fresh["train"]
+            if isinstance(train, StreamingShardedDataset):
+                raise ValueError(
+                    f"{owner}: val_fraction={self.val_fraction} needs a train split of known "
+                    "size, but it is a StreamingShardedDataset; pass separate val data and "
+                    "val_fraction=0."
+                )
+            train_idx, val_idx = split_indices(owner, len(train), self.val_fraction, self.seed)
+            fresh["val"] = index_subset(self.val_view(train), val_idx)
+            fresh["train"] = index_subset(train, train_idx)
+            self.split = (train_idx, val_idx)
+        self._datasets.update(fresh)
+        self._stages.add(stage)
+
+    def _dataset(self, split: str) -> Any:
+        if not self._stages:
+            self.setup("fit")
+        if split not in self._datasets:
+            raise ValueError(
+                f"{type(self).__name__} has no {split} data (it has {sorted(self._datasets)}); "
+                f"pass {split} data when building it"
+                + (", or set val_fraction to hold out train samples" if split == "val" else "")
+                + "."
+            )
+        return self._datasets[split]
+
+    @property
+    def train_dataset(self) -> Any | None:
+        """The train split (after ``val_fraction``), or None before ``setup``/without one."""
+        return self._datasets.get("train")
+
+    @property
+    def val_dataset(self) -> Any | None:
+        """The val split, or None."""
+        return self._datasets.get("val")
+
+    @property
+    def test_dataset(self) -> Any | None:
+        """The test split, or None."""
+        return self._datasets.get("test")
+
+    @property
+    def predict_dataset(self) -> Any | None:
+        """The predict split, or None."""
+        return self._datasets.get("predict")
+
+    # -------------------------------------------------------------- loaders
+    def train_dataloader(self) -> ResumableDataLoader:
+        """Shuffled per ``(seed, epoch)``; its state goes into the Lightning checkpoint."""
+        return self.loader("train")
+
+    def val_dataloader(self) -> ResumableDataLoader | list[Any]:
+        """In order; ``[]`` (no validation) when there is no val split."""
+        if not self._stages:
+            self.setup("validate")
+        return self.loader("val") if "val" in self._datasets else []
+
+    def test_dataloader(self) -> ResumableDataLoader:
+        """In order."""
+        return self.loader("test")
+
+    def predict_dataloader(self) -> ResumableDataLoader:
+        """In order."""
+        return self.loader("predict")
+
+    def loader(
+        self,
+        split: str,
+        *,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
+    ) -> ResumableDataLoader:
+        """A fresh loader of ``split`` under this module's policy (overrides for tooling)."""
+        if split not in SPLITS:
+            raise ValueError(f"{type(self).__name__}.loader: split must be one of {SPLITS}.")
+        dataset = self._dataset(split)
+        train = split == "train"
+        batch_size = self.batch_size if train else self.eval_batch_size
+        stream = isinstance(dataset, StreamingShardedDataset)
+        if stream and num_workers is None and self.num_workers == "auto":
+            # Each rank would probe (and pick) on its own; a stream's shards are dealt
+            # to rank x worker slots, so different picks would read some shards twice
+            # and others never, and the saved cursors would fit no later pick.
+            raise ValueError(
+                f"{type(self).__name__}: num_workers='auto' cannot serve a stream "
+                f"({split} split): its cursors are per (rank, worker) slot and every rank "
+                "must use the same count; pass an int, e.g. num_workers=2."
+            )
+        if stream and dataset.shuffle_shards != (self.shuffle and train):
+            raise ValueError(
+                f"{type(self).__name__}: the {split} split's StreamingShardedDataset has "
+                f"shuffle_shards={dataset.shuffle_shards}, but this module's loaders "
+                f"{'shuffle' if self.shuffle and train else 'do not shuffle'} the {split} "
+                f"split (shuffle={self.shuffle}); build the dataset with "
+                f"shuffle_shards={self.shuffle and train}."
+            )
+        workers = self.resolve_num_workers() if num_workers is None else num_workers
+        common: dict[str, Any] = {
+            "num_workers": workers,
+            "collate_fn": self.collate_fn(split),
+            "pin_memory": self.resolve_pin_memory() if pin_memory is None else pin_memory,
+            "persistent_workers": self.persistent_workers and workers > 0,
+            "seed": self.seed,
+            "per_sample_seeding": self.per_sample_seeding(split),
+        }
+        if stream:
+            # A stream batches itself and shuffles its shards per pass (shuffle_shards):
+            # ResumableDataLoader refuses shuffle and batch samplers for it.
+            return ResumableDataLoader(
+                dataset, batch_size=batch_size, drop_last=self.drop_last and train, **common
+            )
+        sampler = self.batch_sampler(split, dataset, batch_size)
+        if sampler is not None:
+            return ResumableDataLoader(dataset, batch_sampler=sampler, **common)
+        return ResumableDataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=self.shuffle and train,
+            drop_last=self.drop_last and train,
+            **common,
+        )
+
+    # --------------------------------------------------------------- policy
+    def resolve_pin_memory(self) -> bool:
+        """``pin_memory`` as the loaders get it: ``"auto"`` follows the trainer's device."""
+        if isinstance(self.pin_memory, bool):
+            return self.pin_memory
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer is not None else select_device()
+        return should_pin_memory(device)
+
+    def resolve_num_workers(self) -> int:
+        """``num_workers`` as the loaders get it; ``"auto"`` probes once, on first use."""
+        if self.num_workers != "auto":
+            return self.num_workers
+        if self.num_workers_best is None:
+            self.probe_num_workers()
+        assert self.num_workers_best is not None
+        return self.num_workers_best
+
+    def probe_num_workers(
+        self, max_workers: int | None = None, *, budget_s: float = 2.0
+    ) -> dict[int, float]:
+        """Time the train loader with 0..``max_workers`` workers; samples/s per count.
+
+        Each count gets an equal share of ``budget_s`` (worker start-up counts
+        against it but not in the rate). Records the result in
+        :attr:`num_workers_probe` and the pick (the fewest workers within 10% of
+        the best: workers cost memory and start-up, and the probe is short, so
+        its noise is about that size) in :attr:`num_workers_best`.
+
+        Args:
+            max_workers: The most workers tried (default: the cores this process
+                may use, shared among the trainer's devices, at most 8).
+            budget_s: Total seconds to spend, roughly.
+        """
+        owner = f"{type(self).__name__}.probe_num_workers"
+        if max_workers is None:
+            devices = self.trainer.num_devices if self.trainer is not None else 1
+            max_workers = min(cpu_budget(devices), 8)
+        check_int(
+            "max_workers",
+            max_workers,
+            0,
+            owner=owner,
+            fix="pass e.g. max_workers=4, or None",
+            numpy_ok=True,
+        )
+        if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
+            raise ValueError(f"{owner}: budget_s must be a number > 0, got {budget_s!r}.")
+        self._dataset("train")
+        share = budget_s / (max_workers + 1)
+        rates: dict[int, float] = {}
+        for workers in range(max_workers + 1):
+            make = functools.partial(self.loader, "train", num_workers=workers, pin_memory=False)
+            rates[workers] = time_loader(make, share, max_batches=200)
+        best = max(rates.values())
+        self.num_workers_probe = rates
+        self.num_workers_best = min(w for w, r in rates.items() if r >= 0.9 * best)
+        shown = ", ".join(f"{w}: {r:,.0f}" for w, r in rates.items())
+        rank_zero_info(
+            f"{type(self).__name__}: num_workers={self.num_workers_best} "
+            f"(train samples/s by num_workers: {shown})"
+        )
+        return rates
+
+    # -------------------------------------------------------------- describe
+    def describe(self) -> dict[str, Any]:
+        """What the loaders will do, for ``loaderkit inspect`` and logs.
+
+        Returns:
+            A dict with ``datamodule``, ``world_size``, per-split ``splits``
+            (``samples``, ``batch_size``, ``batches_per_epoch`` per rank, epoch 0;
+            a stream's ``samples`` is None, and so are its ``batches_per_epoch``
+            when an epoch is one pass of unknown length),
+            ``num_workers`` (as given), ``num_workers_probe``/``num_workers_best``
+            (after a probe), ``pin_memory`` (resolved), ``seed``,
+            ``padding_fraction`` (train, when known, else None),
+            ``resumable_exactly`` and ``resumable_reason``.
+        """
+        if not self._stages:
+            self.setup("fit")
+        trainer = self.trainer
+        world_size = trainer.world_size if trainer is not None else detect().world_size
+        splits: dict[str, dict[str, Any]] = {}
+        for split, dataset in self._datasets.items():
+            loader = self.loader(split, num_workers=0, pin_memory=False)
+            if isinstance(dataset, StreamingShardedDataset):
+                # Its plan is a stand-in: a stream's size is unknown until read.
+                samples, batches = None, stream_epoch_steps(loader, world_size)
+            else:
+                samples = len(dataset)
+                batches = loader.plan.num_steps(0, start=0, world_size=world_size)
+            splits[split] = {
+                "samples": samples,
+                "batch_size": self.batch_size if split == "train" else self.eval_batch_size,
+                "batches_per_epoch": batches,
+            }
+        resumable, reason = self.resume_info(world_size)
+        return {
+            "datamodule": type(self).__name__,
+            "world_size": world_size,
+            "splits": splits,
+            "num_workers": self.num_workers,
+            "num_workers_probe": self.num_workers_probe,
+            "num_workers_best": self.num_workers_best,
+            "pin_memory": self.resolve_pin_memory(),
+            "seed": self.seed,
+            "padding_fraction": self.padding_fraction("train") if "train" in splits else None,
+            "resumable_exactly": resumable,
+            "resumable_reason": reason,
+        }

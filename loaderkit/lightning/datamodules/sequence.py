@@ -1,0 +1,280 @@
+"""``SequenceDataModule``: variable-length samples, padded, optionally bucketed by length."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, cast
+
+import numpy as np
+import torch
+
+from loaderkit._checks import check_bool, check_choice, check_int, check_path
+from loaderkit.collate import PadCollate
+from loaderkit.lightning.datamodules.base import SPLITS, LoaderDataModule
+from loaderkit.plan.samplers import BucketBatchSampler
+
+__all__ = ["SequenceDataModule"]
+
+Samples = str | Sequence[Any]
+PadValue = int | float | dict[str, float]
+
+
+class SequenceDataModule(LoaderDataModule):
+    """Variable-length samples, padded by :class:`~loaderkit.PadCollate`, bucketed on request.
+
+    A sample is a 1-D sequence (a tensor, numpy array or list of numbers), or a
+    dict whose ``length_key`` field is one (other fields are padded when their
+    lengths differ, or stacked). Bare samples batch into a
+    :class:`~loaderkit.PaddedBatch` ``(values, lengths, mask, sort_indices)``;
+    dict samples into a dict with ``"lengths"`` and ``"attention_mask"`` added.
+
+    With ``bucket=True`` the train batches are cut from length-sorted windows
+    by a :class:`~loaderkit.BucketBatchSampler` (far less padding, same
+    randomness guarantees); with ``max_tokens`` they also hold as many rows as
+    fit the token budget (rows x padded length), ignoring ``batch_size``.
+    Token-budget epochs change length from epoch to epoch: add
+    :class:`loaderkit.ElasticResume` to the Trainer's callbacks, or Lightning
+    stops a longer epoch early and resumes it wrong. Eval splits use fixed
+    ``eval_batch_size`` batches, length-sorted when bucketing.
+
+    Args:
+        train: The train samples, or the path of a ``.jsonl`` file with one
+            sample per line (a JSON list of numbers, or an object).
+        val: The val split, the same way (or use ``val_fraction``).
+        test: The test split.
+        predict: The predict split.
+        length_key: The field of dict samples whose length counts (and is padded).
+        bucket: Batch samples of similar length together.
+        max_tokens: Token budget per train batch; implies ``bucket``.
+        pad_to_multiple_of: Round each batch's padded length up to a multiple of this.
+        pad_value: The pad value, or one per dict key.
+        window: Samples per length-sorted window (see ``BucketBatchSampler``).
+        oversize: A sample longer than ``max_tokens`` allows: ``"error"`` or ``"skip"``.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import SequenceDataModule
+        >>> g = torch.Generator().manual_seed(0)
+        >>> lengths = torch.randint(1, 64, (200,), generator=g)
+        >>> seqs = [torch.ones(int(n), dtype=torch.long) for n in lengths]
+        >>> dm = SequenceDataModule(seqs, max_tokens=256, seed=0)
+        >>> dm.setup("fit")
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.values.numel() <= 256, round(dm.describe()["padding_fraction"], 3)
+        (True, 0.046)
+        >>> round(SequenceDataModule(seqs, batch_size=32).describe()["padding_fraction"], 3)
+        0.495
+    """
+
+    data_args: ClassVar[tuple[str, ...]] = SPLITS
+
+    def __init__(
+        self,
+        train: Samples | None = None,
+        val: Samples | None = None,
+        test: Samples | None = None,
+        predict: Samples | None = None,
+        *,
+        length_key: str = "input_ids",
+        bucket: bool = False,
+        max_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        pad_value: PadValue = 0,
+        window: int | None = None,
+        oversize: Literal["error", "skip"] = "error",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        if not isinstance(length_key, str):
+            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
+        self.length_key = length_key
+        self.bucket = check_bool("bucket", bucket, owner=owner)
+        self.max_tokens = max_tokens
+        if max_tokens is not None:
+            check_int(
+                "max_tokens",
+                max_tokens,
+                1,
+                owner=owner,
+                fix="pass the token budget, e.g. 8192",
+                numpy_ok=True,
+            )
+            self.bucket = True
+        self.pad_to_multiple_of = pad_to_multiple_of
+        if pad_to_multiple_of is not None:
+            check_int(
+                "pad_to_multiple_of",
+                pad_to_multiple_of,
+                1,
+                owner=owner,
+                fix="pass e.g. 8, or None",
+                numpy_ok=True,
+            )
+        if window is not None:
+            check_int(
+                "window",
+                window,
+                1,
+                owner=owner,
+                fix="pass samples per window, or None",
+                numpy_ok=True,
+            )
+        self.window = window
+        self.oversize = check_choice("oversize", oversize, ("error", "skip"), owner=owner)
+        # Any: PadCollate's Mapping[Hashable, ...] is invariant in its key type.
+        self.pad_value = cast(Any, pad_value)
+        PadCollate(self.pad_value)  # checks the pad value now, not at the first batch
+        self._sources: dict[str, Any] = {}
+        for split, source in (("train", train), ("val", val), ("test", test), ("predict", predict)):
+            if source is None:
+                continue
+            if isinstance(source, (str, os.PathLike)):
+                self._sources[split] = check_path(split, source, (".jsonl",), owner=owner)
+            elif isinstance(source, Sequence) and not isinstance(source, bytes):
+                if not len(source):
+                    raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
+                self._sources[split] = source
+            else:
+                raise TypeError(
+                    f"{owner}: {split} must be a list of samples or a .jsonl path, got "
+                    f"{type(source).__name__}."
+                )
+        if not self._sources:
+            raise ValueError(
+                f"{owner}: no data; pass train=[...] (1-D sequences, or dicts with a "
+                f"{length_key!r} field) or a .jsonl path, or val/test/predict."
+            )
+        self._lengths: dict[str, np.ndarray] = {}
+        self._keyed: bool | None = None
+
+    # --------------------------------------------------------------- datasets
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """Every split, with the length of each sample measured once."""
+        out = {}
+        for split, source in self._sources.items():
+            if split in self._datasets:  # built (and maybe split) by an earlier stage's setup
+                continue
+            samples = (
+                _read_jsonl(type(self).__name__, source) if isinstance(source, str) else source
+            )
+            self._lengths[split] = self._measure(split, samples)
+            out[split] = samples
+        return out
+
+    def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
+        owner = type(self).__name__
+        keyed = isinstance(samples[0], Mapping)
+        if self._keyed is not None and keyed != self._keyed:
+            raise TypeError(f"{owner}: {split} mixes dict and bare samples with other splits.")
+        self._keyed = keyed
+        lengths = np.empty(len(samples), dtype=np.int64)
+        for i, sample in enumerate(samples):
+            seq = sample
+            if keyed:
+                if not isinstance(sample, Mapping) or self.length_key not in sample:
+                    raise ValueError(
+                        f"{owner}: {split} sample {i} has no {self.length_key!r} field; give "
+                        "every sample that field, or set length_key= to the sequence field."
+                    )
+                seq = sample[self.length_key]
+            if isinstance(seq, (torch.Tensor, np.ndarray)) and seq.ndim >= 1:
+                lengths[i] = seq.shape[0]
+            elif isinstance(seq, (list, tuple)):
+                lengths[i] = len(seq)
+            else:
+                raise TypeError(
+                    f"{owner}: {split} sample {i} is a {type(seq).__name__}; a sequence must be "
+                    "a 1-D tensor, numpy array or list of numbers."
+                )
+        return lengths
+
+    def setup(self, stage: str) -> None:
+        """As the base, then carries the lengths over to a ``val_fraction`` split."""
+        super().setup(stage)
+        if self.split is not None and "val" not in self._lengths:
+            full = self._lengths["train"]
+            self._lengths["train"], self._lengths["val"] = full[self.split[0]], full[self.split[1]]
+
+    # ---------------------------------------------------------------- loaders
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
+        """A :class:`~loaderkit.PadCollate` with this module's padding."""
+        length_field = self.length_key if self._keyed else None
+        return PadCollate(
+            self.pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
+        )
+
+    def per_sample_seeding(self, split: str) -> bool:
+        """Off: stored sequences hold no randomness, and seeding costs time per sample."""
+        return False
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
+        """A :class:`~loaderkit.BucketBatchSampler` when bucketing, else None."""
+        if not self.bucket:
+            return None
+        train = split == "train"
+        budget = self.max_tokens if train else None
+        return BucketBatchSampler(
+            self._lengths[split],
+            batch_size=None if budget is not None else batch_size,
+            max_tokens=budget,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            seed=self.seed,
+            shuffle=self.shuffle and train,
+            window=self.window,
+            drop_last=self.drop_last and train,
+            oversize=self.oversize,
+        )
+
+    # --------------------------------------------------------------- describe
+    def padding_fraction(self, split: str) -> float | None:
+        """Padded tokens / all tokens over epoch 0 of ``split`` on one rank."""
+        if split not in self._lengths:
+            return None
+        lengths, plan = self._lengths[split], self.loader(split, num_workers=0).plan
+        multiple = self.pad_to_multiple_of or 1
+        real = padded = 0
+        sched = plan.schedule(0, start=0, rank=0, world_size=1)
+        for step in range(sched.num_steps):
+            rows = lengths[sched.indices(step).numpy()]
+            longest = -(-int(rows.max()) // multiple) * multiple
+            real += int(rows.sum())
+            padded += longest * len(rows)
+        return 1.0 - real / padded if padded else 0.0
+
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
+        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
+        ok, reason = super().resume_info(world_size)
+        if ok and self.max_tokens is not None:
+            reason += (
+                "; under max_tokens the number of batches changes from epoch to epoch: add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
+                "longer epoch early"
+            )
+        return ok, reason
+
+
+def _read_jsonl(owner: str, path: str) -> list[Any]:
+    samples = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                sample = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{owner}: {path!r} line {number} is not valid JSON ({exc}); fix the line."
+                ) from exc
+            if not isinstance(sample, (list, dict)):
+                raise ValueError(
+                    f"{owner}: {path!r} line {number} is a {type(sample).__name__}; each line "
+                    "must be a JSON list of numbers or an object."
+                )
+            samples.append(sample)
+    if not samples:
+        raise ValueError(f"{owner}: {path!r} holds no samples; write one JSON value per line.")
+    return samples

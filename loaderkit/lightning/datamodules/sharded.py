@@ -1,0 +1,344 @@
+"""``ShardedDataModule``: token or JSON-lines shards, planned or streamed.
+
+Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
+counts are known (from the shard index), so the sample plan covers them:
+shards and windows shuffled per ``(seed, epoch)``, every sample exactly once
+per epoch across DDP ranks and workers, every rank the same number of steps,
+exact resume on any world size and ``num_workers``.
+
+Streamed (``streaming=True``, :class:`~loaderkit.StreamingShardedDataset`):
+the train shards are read front to back without counting them first; each
+(rank, worker) reads its own shards and keeps a cursor, so a resume is exact
+under the same world size and ``num_workers`` only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from loaderkit._checks import check_bool, check_choice, check_int
+from loaderkit.collate import PadCollate
+from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.sharded import ShardedDataset
+from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.plan.shard import DEFAULT_WINDOW
+
+__all__ = ["ShardedDataModule"]
+
+Shards = str | list[str]
+
+
+_MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
+
+
+class ShardedDataModule(LoaderDataModule):
+    """Token or ``.jsonl`` shards, planned across ranks and workers, or streamed.
+
+    ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids (raw ones
+    need ``dtype``), cut into ``seq_len``-token samples (``targets=True``: one
+    more, for next-token targets) and batched as one ``(B, seq_len)`` int64
+    tensor; or, with ``eos`` instead of ``seq_len``, one sample per document,
+    padded by :class:`~loaderkit.PadCollate`. ``reader="jsonl"``: one JSON value
+    per line, padded by ``PadCollate`` (dicts of lists of numbers, say).
+    Write shards with :func:`loaderkit.write_shards`, which also writes the index.
+
+    Under DDP, workers start by ``forkserver`` (forking a process with gloo's
+    threads can deadlock); ``persistent_workers=True`` saves starting them
+    every epoch.
+
+    ``streaming=True`` streams the train shards instead of planning them (no
+    shard index built or read up front): shard order shuffled per pass when
+    ``shuffle``, no ``window`` shuffle inside a shard. An epoch is one pass
+    over the shards, of unknown length, unless ``steps_per_epoch`` or
+    ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
+    them, or ranks would step different numbers of times. Lightning needs
+    :class:`loaderkit.ElasticResume` in the Trainer's callbacks to save the
+    position of an epoch of unknown length. Val and test shards stay planned
+    (every sample once on every world size, no limit needed under DDP).
+
+    Args:
+        shards: The train shards: a directory (its files with the reader's
+            suffixes, sorted), one shard file, or a non-empty list of shard files.
+        val_shards: Val shards, the same way. ``val_fraction`` is not
+            supported: a sample-level split would break shard-local reads.
+        test_shards: Test shards.
+        reader: ``"tokens"`` or ``"jsonl"``; Python code may pass any
+            :class:`~loaderkit.ShardReader` object instead.
+        seq_len: Tokens per sample (``reader="tokens"``).
+        targets: Add the next token to each sample (``seq_len + 1`` tokens).
+        eos: Instead of ``seq_len``: one sample per document ending in this token.
+        dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
+        window: Samples shuffled together inside a shard (larger: more random, less local).
+        on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
+        max_open_shards: Shards each process keeps open.
+        pad_value: Pad value of variable-length samples.
+        pad_to_multiple_of: Round their padded length up to a multiple of this.
+        streaming: Stream the train shards (see above) instead of planning them.
+        steps_per_epoch: With ``streaming``: batches per rank per epoch.
+        samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
+
+    Example:
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from loaderkit import TokenReader, write_shards
+        >>> from loaderkit import ShardedDataModule
+        >>> root = tempfile.mkdtemp()
+        >>> _ = write_shards(root, [np.arange(64), np.arange(40)], TokenReader(seq_len=8))
+        >>> dm = ShardedDataModule(root, seq_len=8, batch_size=4)
+        >>> dm.setup("fit")
+        >>> len(dm.train_dataset), next(iter(dm.train_dataloader())).shape
+        (13, torch.Size([4, 8]))
+    """
+
+    data_args: ClassVar[tuple[str, ...]] = ("reader",)
+
+    def __init__(
+        self,
+        shards: Shards,
+        val_shards: Shards | None = None,
+        test_shards: Shards | None = None,
+        *,
+        reader: Literal["tokens", "jsonl"] | ShardReader = "tokens",
+        seq_len: int | None = None,
+        targets: bool = False,
+        eos: int | None = None,
+        dtype: str | None = None,
+        window: int = DEFAULT_WINDOW,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_open_shards: int | None = _MAX_OPEN_DEFAULT,
+        pad_value: int | float = 0,
+        pad_to_multiple_of: int | None = None,
+        streaming: bool = False,
+        steps_per_epoch: int | None = None,
+        samples_per_epoch: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        if self.val_fraction:
+            raise ValueError(
+                f"{owner}: val_fraction={self.val_fraction} is not supported for shards: a "
+                "sample-level split would break shard-local reads; pass val_shards=[...] "
+                "(held-out shard files) instead."
+            )
+        self.streaming = check_bool("streaming", streaming, owner=owner)
+        self.steps_per_epoch, self.samples_per_epoch = _epoch_limit(
+            owner, streaming, steps_per_epoch, samples_per_epoch
+        )
+        check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
+        if streaming and on_error != "raise":
+            raise ValueError(
+                f"{owner}: on_error={on_error!r} needs the planned dataset (a stream cannot "
+                "skip a sample it has not counted); pass on_error='raise' or streaming=False."
+            )
+        # Settings of the planned dataset only: silently ignoring them would mislead.
+        planned_only = {
+            "window": (window, DEFAULT_WINDOW),
+            "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
+        }
+        for setting, (given, default) in planned_only.items():
+            if streaming and given != default:
+                raise ValueError(
+                    f"{owner}: {setting}={given!r} applies to planned shards only (a stream "
+                    f"reads each shard front to back); drop {setting} or use streaming=False."
+                )
+        self.shards: dict[str, Shards] = {}
+        for split, name, value in (
+            ("train", "shards", shards),
+            ("val", "val_shards", val_shards),
+            ("test", "test_shards", test_shards),
+        ):
+            if value is not None:
+                self.shards[split] = _shard_list(owner, name, value)
+        self.reader = self._make_reader(owner, reader, seq_len, targets, eos, dtype)
+        self.window = check_int(
+            "window",
+            window,
+            1,
+            owner=owner,
+            fix="pass samples per window, e.g. 8192",
+            numpy_ok=True,
+        )
+        self.on_error = check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
+        if max_open_shards is not None:
+            check_int(
+                "max_open_shards",
+                max_open_shards,
+                1,
+                owner=owner,
+                fix="or None to keep all open",
+                numpy_ok=True,
+            )
+        self.max_open_shards = max_open_shards
+        if pad_to_multiple_of is not None:
+            check_int(
+                "pad_to_multiple_of",
+                pad_to_multiple_of,
+                1,
+                owner=owner,
+                fix="pass e.g. 8, or None",
+                numpy_ok=True,
+            )
+        # Fixed-length token samples stack in one read per shard; documents and JSON lines
+        # vary in length and need padding. A custom reader's samples go to the dataset's own
+        # batching (default_collate), as with ShardedDataset alone.
+        varying = isinstance(self.reader, JsonlReader) or (
+            isinstance(self.reader, TokenReader) and self.reader.eos is not None
+        )
+        # Built either way: it checks pad_value now, not at the first varying batch.
+        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+        self._collate = pad if varying else None
+
+    @staticmethod
+    def _make_reader(
+        owner: str,
+        reader: Any,
+        seq_len: int | None,
+        targets: bool,
+        eos: int | None,
+        dtype: str | None,
+    ) -> ShardReader:
+        check_bool("targets", targets, owner=owner)
+        if not isinstance(reader, str):
+            if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
+                raise TypeError(
+                    f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
+                    f"count() and open()), got {type(reader).__name__}."
+                )
+            return reader
+        check_choice("reader", reader, ("tokens", "jsonl"), owner=owner)
+        if reader == "jsonl":
+            given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise ValueError(
+                    f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+                    "reader='jsonl'; drop them."
+                )
+            return JsonlReader()
+        if (seq_len is None) == (eos is None):
+            raise ValueError(
+                f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
+                f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
+                "pass e.g. seq_len=1024."
+            )
+        if seq_len is not None:
+            check_int(
+                "seq_len",
+                seq_len,
+                1,
+                owner=owner,
+                fix="pass tokens per sample, e.g. 1024",
+                numpy_ok=True,
+            )
+        if eos is not None:
+            check_int(
+                "eos", eos, 0, owner=owner, fix="pass the end-of-document token id", numpy_ok=True
+            )
+        if dtype is not None:
+            try:
+                kind = np.dtype(dtype).kind
+            except TypeError as exc:
+                raise ValueError(f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}).") from exc
+            if kind not in "iu":
+                raise ValueError(
+                    f"{owner}: dtype must be an integer dtype such as 'uint16', got {dtype!r}."
+                )
+        return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
+
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index);
+        with ``streaming``, a :class:`~loaderkit.StreamingShardedDataset` for train."""
+        datasets: dict[str, Any] = {}
+        for split, paths in self.shards.items():
+            if self.streaming and split == "train":
+                datasets[split] = StreamingShardedDataset(
+                    paths,
+                    self.reader,
+                    shuffle_shards=self.shuffle,
+                    steps_per_epoch=self.steps_per_epoch,
+                    samples_per_epoch=self.samples_per_epoch,
+                )
+            else:
+                datasets[split] = ShardedDataset(
+                    paths,
+                    self.reader,
+                    on_error=self.on_error,
+                    max_open_shards=self.max_open_shards,
+                )
+        return datasets
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
+        """The dataset's own plan: shard order, then windows, shuffled (train only).
+        Not asked for a stream, which batches itself."""
+        train = split == "train"
+        return dataset.batch_sampler(
+            batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle and train,
+            window=self.window,
+            drop_last=self.drop_last and train,
+        )
+
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """None for fixed-length tokens (stacked by the dataset), else a ``PadCollate``."""
+        return self._collate
+
+    def padding_fraction(self, split: str) -> float | None:
+        """0 for fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
+        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
+        return 0.0 if fixed else None
+
+
+def _shard_list(owner: str, name: str, value: object) -> Shards:
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if os.path.isdir(path):
+            return path
+        value = [path]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
+            f"files, got {value!r} ({type(value).__name__})."
+        )
+    if not value:
+        raise ValueError(
+            f"{owner}: {name} is an empty list; pass at least one shard file, or a directory "
+            "of shards (write them with loaderkit.write_shards)."
+        )
+    paths = []
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"{owner}: {name} must list paths, got {item!r}.")
+        if not os.path.exists(item):
+            raise FileNotFoundError(f"{owner}: {name}: shard {os.fspath(item)!r} does not exist.")
+        paths.append(os.fspath(item))
+    return paths
+
+
+def _epoch_limit(
+    owner: str, streaming: bool, steps: int | None, samples: int | None
+) -> tuple[int | None, int | None]:
+    """``(steps_per_epoch, samples_per_epoch)`` checked: ints >= 1, at most one, streams only."""
+    for name, value in (("steps_per_epoch", steps), ("samples_per_epoch", samples)):
+        if value is None:
+            continue
+        if not streaming:
+            raise ValueError(
+                f"{owner}: {name}={value!r} only applies with streaming=True (a planned epoch "
+                f"covers every sample once); pass streaming=True, or drop {name}."
+            )
+        check_int(name, value, 1, owner=owner, fix=f"pass e.g. {name}=1000, or None", numpy_ok=True)
+    if steps is not None and samples is not None:
+        raise ValueError(
+            f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
+            f"steps_per_epoch={steps}, samples_per_epoch={samples})."
+        )
+    return steps, samples

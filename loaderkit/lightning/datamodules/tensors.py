@@ -1,0 +1,215 @@
+"""DataModules over in-memory columns: ``TensorDataModule`` and ``ArrayDataModule``.
+
+Both fetch a whole batch per indexing call (loaderkit's :class:`~loaderkit.TensorDataset`
+and :class:`~loaderkit.ArrayDataset`), so a batch costs one ``index_select``
+per column instead of ``batch_size`` Python calls. Each split is either the
+data itself (Python) or the path of a file holding it (config files, the
+command line).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from loaderkit._checks import check_bool, check_path
+from loaderkit.data.memory import ArrayDataset, TensorDataset
+from loaderkit.lightning.datamodules.base import SPLITS, LoaderDataModule
+
+__all__ = ["ArrayDataModule", "TensorDataModule"]
+
+Source = str | os.PathLike[str]
+
+
+class _ColumnsDataModule(LoaderDataModule):
+    """Shared by both: splits given as data (checked now) or as paths (read in ``setup``)."""
+
+    data_args: ClassVar[tuple[str, ...]] = SPLITS
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = ""
+
+    def _set_sources(self, columns: tuple[Any, ...], splits: dict[str, Any]) -> None:
+        # A method, not an __init__: Lightning would save an __init__'s data arguments.
+        owner = type(self).__name__
+        if columns:
+            if splits["train"] is not None:
+                raise ValueError(
+                    f"{owner}: train data was passed both positionally ({len(columns)} "
+                    f"{self.kind}s) and as train=; pass it one way."
+                )
+            splits["train"] = columns
+        self._sources: dict[str, Any] = {}
+        for split, source in splits.items():
+            if source is None:
+                continue
+            if isinstance(source, (str, os.PathLike)):
+                self._sources[split] = check_path(split, source, self.suffixes, owner=owner)
+            else:
+                self._sources[split] = self._columns(split, source)
+        if not self._sources:
+            raise ValueError(
+                f"{owner}: no data; pass {self.kind}s, e.g. {owner}(x, y), or train=... (the "
+                f"{self.kind}s or a {'/'.join(self.suffixes)} path), val=..., test=..., "
+                "predict=..."
+            )
+
+    def _columns(self, split: str, source: Any) -> Any:
+        raise NotImplementedError
+
+    def _read(self, split: str, path: str) -> Any:
+        raise NotImplementedError
+
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """Every split; a path is read here (in each process, after the fork)."""
+        return {
+            split: self._read(split, src) if isinstance(src, str) else src
+            for split, src in self._sources.items()
+            if split not in self._datasets  # built by an earlier stage's setup
+        }
+
+
+def _as_tuple(owner: str, split: str, source: Any, kind: type, name: str) -> tuple[Any, ...]:
+    if isinstance(source, kind):
+        return (source,)
+    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+        return tuple(source)
+    raise TypeError(
+        f"{owner}: {split} must be a {name}, a tuple of {name}s or a path, got "
+        f"{type(source).__name__}."
+    )
+
+
+def _checked(owner: str, split: str, build: Any, columns: tuple[Any, ...]) -> Any:
+    try:
+        return build(*columns)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{owner}: {split}: {exc}") from exc
+
+
+class TensorDataModule(_ColumnsDataModule):
+    """Rows of tensors that share their first dimension; batches are tuples of tensors.
+
+    Args:
+        *tensors: The train tensors (shorthand for ``train=``).
+        train: The train split: a tensor, a tuple of tensors, or the path of a
+            ``.pt``/``.pth`` file that ``torch.save`` wrote from one of those
+            (loaded with ``weights_only=True`` and memory-mapped).
+        val: The val split, the same way (or use ``val_fraction``).
+        test: The test split.
+        predict: The predict split.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`
+            (``batch_size``, ``num_workers``, ``seed``, ``val_fraction``, ...).
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import TensorDataModule
+        >>> x, y = torch.randn(100, 8), torch.randint(0, 2, (100,))
+        >>> dm = TensorDataModule(x, y, batch_size=16, val_fraction=0.2, seed=0)
+        >>> dm.setup("fit")
+        >>> xb, yb = next(iter(dm.train_dataloader()))
+        >>> xb.shape, len(dm.val_dataset)
+        (torch.Size([16, 8]), 20)
+    """
+
+    suffixes = (".pt", ".pth")
+    kind = "tensor"
+
+    def __init__(
+        self,
+        *tensors: torch.Tensor,
+        train: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
+        val: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
+        test: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
+        predict: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._set_sources(tensors, {"train": train, "val": val, "test": test, "predict": predict})
+
+    def _columns(self, split: str, source: Any) -> TensorDataset:
+        owner = type(self).__name__
+        columns = _as_tuple(owner, split, source, torch.Tensor, "tensor")
+        return _checked(owner, split, TensorDataset, columns)
+
+    def _read(self, split: str, path: str) -> TensorDataset:
+        # mmap: a file larger than RAM is paged in as batches touch it.
+        return self._columns(split, torch.load(path, mmap=True, weights_only=True))
+
+
+class ArrayDataModule(_ColumnsDataModule):
+    """Rows of numpy arrays (``np.memmap`` too) that share their first dimension.
+
+    Only the rows of each batch are read, so memory-mapped arrays larger than
+    RAM work. Batches are tuples of tensors.
+
+    Args:
+        *arrays: The train arrays (shorthand for ``train=``).
+        train: The train split: an array, a tuple of arrays, or a path: a
+            ``.npy`` file (one array, memory-mapped when ``mmap``) or a
+            ``.npz`` file (its arrays in ``keys`` order; read into memory).
+        val: The val split, the same way (or use ``val_fraction``).
+        test: The test split.
+        predict: The predict split.
+        keys: The arrays of a ``.npz`` file, in batch order (default: all, in
+            the order they were saved).
+        mmap: Memory-map ``.npy`` files instead of reading them.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
+
+    Example:
+        >>> import numpy as np
+        >>> from loaderkit import ArrayDataModule
+        >>> x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+        >>> dm = ArrayDataModule(x, np.arange(50), batch_size=10)
+        >>> dm.setup("fit")
+        >>> [b.shape[0] for b, _ in dm.train_dataloader()]
+        [10, 10, 10, 10, 10]
+    """
+
+    suffixes = (".npy", ".npz")
+    kind = "array"
+
+    def __init__(
+        self,
+        *arrays: np.ndarray,
+        train: str | np.ndarray | Sequence[np.ndarray] | None = None,
+        val: str | np.ndarray | Sequence[np.ndarray] | None = None,
+        test: str | np.ndarray | Sequence[np.ndarray] | None = None,
+        predict: str | np.ndarray | Sequence[np.ndarray] | None = None,
+        keys: list[str] | None = None,
+        mmap: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        owner = type(self).__name__
+        if keys is not None and (
+            isinstance(keys, str) or not all(isinstance(k, str) for k in keys) or not keys
+        ):
+            raise TypeError(
+                f"{owner}: keys must be a non-empty list of .npz array names, got {keys!r}; "
+                "pass e.g. keys=['x', 'y']."
+            )
+        check_bool("mmap", mmap, owner=owner)
+        self.keys, self.mmap = keys, mmap
+        super().__init__(**kwargs)
+        self._set_sources(arrays, {"train": train, "val": val, "test": test, "predict": predict})
+
+    def _columns(self, split: str, source: Any) -> ArrayDataset:
+        owner = type(self).__name__
+        columns = _as_tuple(owner, split, source, np.ndarray, "numpy array")
+        return _checked(owner, split, ArrayDataset, columns)
+
+    def _read(self, split: str, path: str) -> ArrayDataset:
+        if path.endswith(".npy"):
+            return self._columns(split, np.load(path, mmap_mode="r" if self.mmap else None))
+        with np.load(path) as npz:
+            keys = self.keys if self.keys is not None else list(npz.files)
+            missing = [k for k in keys if k not in npz.files]
+            if missing:
+                raise ValueError(
+                    f"{type(self).__name__}: keys {missing} are not in {path!r} (it has "
+                    f"{npz.files}); fix keys=."
+                )
+            return self._columns(split, tuple(npz[k] for k in keys))

@@ -1,0 +1,208 @@
+"""``ImageFolderDataModule``: class-per-folder images with reproducible augmentation.
+
+torchvision is an optional extra (``pip install 'loaderkit[vision]'``),
+imported only when the module is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from loaderkit._checks import check_int
+from loaderkit.errors import MissingDependencyError
+from loaderkit.lightning.datamodules.base import LoaderDataModule
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ImageFolderDataModule"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_SPLIT_ROOTS = (("train", "root"), ("val", "val_root"), ("test", "test_root"))
+
+
+def _torchvision() -> tuple[Any, Any]:
+    """``(torchvision.datasets, torchvision.transforms.v2)``, or an error saying what to install."""
+    try:
+        from torchvision import datasets
+        from torchvision.transforms import v2
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"ImageFolderDataModule needs torchvision, which is not installed ({exc}); "
+            "install it with: pip install 'loaderkit[vision]'"
+        ) from exc
+    return datasets, v2
+
+
+def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float, float, float]:
+    numbers = (
+        list(value)
+        if isinstance(value, (tuple, list))
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        else []
+    )
+    if len(numbers) != 3 or (positive and min(numbers) <= 0):
+        rule = "3 numbers > 0" if positive else "3 numbers"
+        raise ValueError(
+            f"{owner}: {name} must be {rule}, one per RGB channel, got {value!r}; "
+            f"pass e.g. {name}={IMAGENET_STD if positive else IMAGENET_MEAN}."
+        )
+    return (float(numbers[0]), float(numbers[1]), float(numbers[2]))
+
+
+class ImageFolderDataModule(LoaderDataModule):
+    """Images in one folder per class (torchvision ``ImageFolder``), augmented for training.
+
+    Train: ``RandomResizedCrop(image_size)``, ``RandomHorizontalFlip``,
+    ``ColorJitter(color_jitter)``, ``ToDtype(float32)``, ``Normalize(mean, std)``.
+    Val/test/predict: ``Resize(image_size / crop_fraction)``,
+    ``CenterCrop(image_size)``, ``ToDtype``, ``Normalize`` (torchvision
+    ``transforms.v2``). Batches are ``(images, labels)``: float32
+    ``(B, 3, image_size, image_size)`` and int64 ``(B,)``.
+
+    The augmentation is reproducible: each sample is loaded under generators
+    seeded from ``(seed, epoch, index)`` (the loader's per-sample seeding), so
+    batches are bit-identical with any ``num_workers`` and after a resume.
+
+    Args:
+        root: The train images: ``root/<class>/<image>``.
+        val_root: The val images, with the same class folders (or use ``val_fraction``:
+            the held-out images then get the eval transform).
+        test_root: The test images, with the same class folders.
+        image_size: Side of the square crops.
+        mean: Per-channel mean of ``Normalize`` (default ImageNet's).
+        std: Per-channel std of ``Normalize`` (default ImageNet's).
+        color_jitter: Brightness, contrast and saturation jitter (0: none).
+        crop_fraction: Eval crops are this fraction of the resized side (0.875: 224 of 256).
+        train_transform: Replaces the train transform (a callable on a PIL image).
+        eval_transform: Replaces the val/test transform.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
+
+    Raises:
+        MissingDependencyError: torchvision is not installed (an ``ImportError``).
+
+    Example:
+        >>> from loaderkit import ImageFolderDataModule
+        >>> dm = ImageFolderDataModule("data/train", val_root="data/val", image_size=64,
+        ...                            batch_size=32, num_workers=4)  # doctest: +SKIP
+    """
+
+    data_args: ClassVar[tuple[str, ...]] = ("train_transform", "eval_transform")
+
+    def __init__(
+        self,
+        root: str,
+        val_root: str | None = None,
+        test_root: str | None = None,
+        *,
+        image_size: int = 224,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        color_jitter: float = 0.4,
+        crop_fraction: float = 0.875,
+        train_transform: Callable[[Any], Any] | None = None,
+        eval_transform: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        _torchvision()  # fail now, with the install command, not at setup
+        self.roots: dict[str, str] = {}
+        for split, name in _SPLIT_ROOTS:
+            value = {"root": root, "val_root": val_root, "test_root": test_root}[name]
+            if value is None:
+                continue
+            if not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"{owner}: {name} must be a directory path, got {value!r}.")
+            if not os.path.isdir(value):
+                raise ValueError(
+                    f"{owner}: {name}={os.fspath(value)!r} is not a directory; pass a folder "
+                    "with one subfolder of images per class."
+                )
+            self.roots[split] = os.fspath(value)
+        self.image_size = check_int(
+            "image_size", image_size, 1, owner=owner, fix="pass e.g. 224", numpy_ok=True
+        )
+        self.mean = _triple(owner, "mean", mean, positive=False)
+        self.std = _triple(owner, "std", std, positive=True)
+        if not isinstance(color_jitter, (int, float)) or isinstance(color_jitter, bool):
+            raise TypeError(f"{owner}: color_jitter must be a number >= 0, got {color_jitter!r}.")
+        if color_jitter < 0:
+            raise ValueError(f"{owner}: color_jitter must be >= 0 (0: none), got {color_jitter}.")
+        self.color_jitter = float(color_jitter)
+        # bool is an int: crop_fraction=True would pass as 1.0 without the explicit check.
+        if not isinstance(crop_fraction, (int, float)) or isinstance(crop_fraction, bool):
+            raise TypeError(
+                f"{owner}: crop_fraction must be a number in (0, 1], got {crop_fraction!r} "
+                f"({type(crop_fraction).__name__}); pass e.g. 0.875."
+            )
+        if not 0 < crop_fraction <= 1:
+            raise ValueError(
+                f"{owner}: crop_fraction must be in (0, 1], got {crop_fraction!r}; pass e.g. 0.875."
+            )
+        self.crop_fraction = float(crop_fraction)
+        for name, fn in (("train_transform", train_transform), ("eval_transform", eval_transform)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{owner}: {name} must be callable or None, got {fn!r}.")
+        self.train_transform = train_transform or self._default_train_transform()
+        self.eval_transform = eval_transform or self._default_eval_transform()
+
+    def _default_train_transform(self) -> Callable[[Any], Any]:
+        v2 = _torchvision()[1]
+        jitter = self.color_jitter
+        return v2.Compose(
+            [
+                v2.ToImage(),
+                v2.RandomResizedCrop(self.image_size, antialias=True),
+                v2.RandomHorizontalFlip(),
+                *([v2.ColorJitter(jitter, jitter, jitter)] if jitter else []),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(self.mean, self.std),
+            ]
+        )
+
+    def _default_eval_transform(self) -> Callable[[Any], Any]:
+        v2 = _torchvision()[1]
+        return v2.Compose(
+            [
+                v2.ToImage(),
+                v2.Resize(round(self.image_size / self.crop_fraction), antialias=True),
+                v2.CenterCrop(self.image_size),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(self.mean, self.std),
+            ]
+        )
+
+    def _folder(self, root: str, transform: Callable[[Any], Any]) -> Any:
+        return _torchvision()[0].ImageFolder(root, transform=transform)
+
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """``ImageFolder`` datasets; every split must have the train split's classes."""
+        out = {}
+        for split, root in self.roots.items():
+            if split in self._datasets:  # built by an earlier stage's setup
+                continue
+            transform = self.train_transform if split == "train" else self.eval_transform
+            out[split] = self._folder(root, transform)
+        first = out["train"].classes if "train" in out else self.classes
+        for split, ds in out.items():
+            if ds.classes != first:
+                raise ValueError(
+                    f"{type(self).__name__}: the {split} folder has classes {ds.classes}, but "
+                    f"the train folder has {first}; give every split the same class folders."
+                )
+        return out
+
+    def val_view(self, train: Any) -> Any:
+        """The train images under the eval transform, for a ``val_fraction`` split."""
+        return self._folder(self.roots["train"], self.eval_transform)
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names (folder names, sorted); index = label."""
+        dataset = self._dataset("train")
+        while hasattr(dataset, "dataset"):  # a val_fraction subset
+            dataset = dataset.dataset
+        return list(dataset.classes)

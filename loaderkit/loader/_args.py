@@ -1,0 +1,116 @@
+"""Checking the ``torch.utils.data.DataLoader`` keyword arguments of ``ResumableDataLoader``.
+
+Private. Every message names the argument, the value received and the fix
+(``../shared/DESIGN.md``); the loader keeps only what it builds from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+from loaderkit._checks import check_bool, check_int
+from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.plan.samplers import check_resumable_sampler
+
+__all__ = ["check_sources", "check_worker_args"]
+
+
+def check_sources(
+    dataset: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+) -> int:
+    """Validate the dataset and how it is sampled; returns its size (0 for a stream)."""
+    stream = isinstance(dataset, StreamingShardedDataset)
+    if not stream and (isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")):
+        raise TypeError(
+            f"ResumableDataLoader: dataset must be map-style (with __len__ and "
+            f"__getitem__) or a StreamingShardedDataset, got {type(dataset).__name__}; wrap "
+            "streams in loaderkit's sharded datasets, which know their position."
+        )
+    if stream and (sampler is not None or batch_sampler is not None or shuffle):
+        raise ValueError(
+            "ResumableDataLoader: a StreamingShardedDataset takes no sampler, batch_sampler "
+            "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
+            "them unset."
+        )
+    size = 0 if stream else len(dataset)
+    if size == 0 and not stream:
+        raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
+    check_bool("shuffle", shuffle, owner="ResumableDataLoader")
+    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+    if sampler is not None:
+        if shuffle:
+            raise ValueError(
+                "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
+                f"sampler ({type(sampler).__name__}); pass one or the other."
+            )
+        check_resumable_sampler(sampler, parameter="sampler")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
+                "shuffle, sampler and drop_last; set those on the batch sampler's plan."
+            )
+        check_resumable_sampler(batch_sampler, parameter="batch_sampler")
+    return size
+
+
+def check_worker_args(
+    *,
+    num_workers: Any,
+    timeout: Any,
+    prefetch_factor: Any,
+    persistent_workers: bool,
+    collate_fn: Callable[..., Any] | None,
+    worker_init_fn: Callable[..., Any] | None,
+    pin_memory: Any,
+    per_sample_seeding: Any,
+) -> int:
+    """Validate the worker and transfer settings; returns ``num_workers``."""
+    workers = check_int(
+        "num_workers", num_workers, 0, owner="ResumableDataLoader", fix="use 0 to load in-process"
+    )
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError(
+            f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
+            f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
+        )
+    if timeout < 0:
+        raise ValueError(
+            f"ResumableDataLoader: timeout must be >= 0, got {timeout}; pass 0 to wait forever."
+        )
+    if prefetch_factor is not None:
+        check_int(
+            "prefetch_factor",
+            prefetch_factor,
+            1,
+            owner="ResumableDataLoader",
+            fix="pass batches per worker, e.g. 2",
+        )
+    if prefetch_factor is not None and num_workers == 0:
+        raise ValueError(
+            "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
+            f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError("ResumableDataLoader: persistent_workers=True needs num_workers > 0.")
+    for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
+    if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
+        raise ValueError(
+            f"ResumableDataLoader: pin_memory must be True, False or 'auto', got {pin_memory!r}."
+        )
+    if not (isinstance(per_sample_seeding, bool) or per_sample_seeding == "auto"):
+        raise ValueError(
+            "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
+            f"{per_sample_seeding!r}."
+        )
+    return workers

@@ -1,0 +1,106 @@
+"""One epoch of a :class:`~loaderkit.ResumableDataLoader`: the in-process and the worker path.
+
+Private. The loader decides *which* batches (its plan and position); this
+module hands them out, counting each batch as consumed when the caller gets
+it, and stops worker processes as soon as an iteration can no longer yield.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from loaderkit.plan.sample import Schedule
+from loaderkit.transfer import pin_batch
+
+if TYPE_CHECKING:
+    from loaderkit.loader.resumable import ResumableDataLoader
+
+__all__ = ["EpochIterator", "KeySource", "run_epoch", "stop_workers"]
+
+
+class KeySource:
+    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
+
+    schedule: Schedule | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        sched = self.schedule
+        assert sched is not None
+        for step in range(sched.num_steps):
+            yield sched.epoch, sched.indices(step).numpy()
+
+    def __len__(self) -> int:
+        return 0 if self.schedule is None else self.schedule.num_steps
+
+
+class EpochIterator(Iterator[Any]):
+    """One epoch's iteration; decides its epoch at the first ``next()``."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        self.loader = loader
+        self.schedule: Schedule | None = None
+        self.steps_before = 0
+        self._batches: Generator[Any, None, None] | None = None
+
+    def __next__(self) -> Any:
+        loader = self.loader
+        if loader._live_iterator() is not self:
+            raise RuntimeError(
+                "ResumableDataLoader: this iterator was superseded by a newer iter() or "
+                "load_state_dict(); iterate the loader again."
+            )
+        if self._batches is None and loader._stream is not None:
+            self._batches = loader._stream.iterate()
+        elif self._batches is None:
+            self.schedule, self.steps_before = loader._begin()
+            self._batches = run_epoch(loader, self.schedule)
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Stop this iteration (and its workers) now."""
+        if self._batches is not None:
+            self._batches.close()
+
+
+def run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, None, None]:
+    # A function, not an EpochIterator method: the generator must not
+    # reference the iterator that owns it (see ResumableDataLoader._live).
+    consumed = loader._cursor.consumed
+    if loader.num_workers == 0:
+        fetch, pin = loader._fetch, loader.pin_memory
+        for step in range(sched.num_steps):
+            batch = fetch(sched.epoch, sched.indices(step))
+            if pin:
+                batch = pin_batch(batch)
+            consumed(sched.position_after(step))
+            yield batch
+        return
+    loader._keys.schedule = sched
+    inner = loader._inner_loader(sched.epoch)
+    workers = iter(inner)
+    try:
+        for step, batch in enumerate(workers):
+            consumed(sched.position_after(step))
+            yield batch
+    except GeneratorExit:
+        if not loader._persistent:
+            stop_workers(inner, workers)
+        raise
+    except BaseException:
+        # A worker's exception holds torch's worker iterator in a reference
+        # cycle through its traceback: without this, the workers live until
+        # the cycle collector runs, then stall 5 s each in join().
+        stop_workers(inner, workers)
+        raise
+
+
+def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
+    shutdown = getattr(workers, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+    if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
+        inner._iterator = None

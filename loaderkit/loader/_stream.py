@@ -1,0 +1,432 @@
+"""How :class:`~loaderkit.ResumableDataLoader` iterates a :class:`StreamingShardedDataset`.
+
+Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`),
+batches its stream and sends every batch with the slot's cursor after it;
+the main process records that cursor when it hands the batch out, so the
+state never includes what workers prefetched.
+
+Order: torch hands out the batches of an iterable dataset from workers in
+turn (0, 1, ..., skipping workers whose stream ended). A new epoch starts at
+worker 0. A resumed epoch starts at the slot whose turn was next, by letting
+worker ``w`` play slot ``(w + r) % workers``: the batches after a resume are
+the ones the uninterrupted run yields, in the same order. Persistent workers
+keep their own cursors across epochs and are reused only when the next epoch
+follows the last one completely; otherwise the workers are started afresh
+from the saved cursors.
+
+Under DDP, cursors are rank-local, so :meth:`StreamEngine.state` gathers them
+from all ranks (``all_gather_object``): the state is the same on every rank
+and rank 0's checkpoint holds everyone's cursors. That makes ``state_dict()``
+a collective under DDP: every rank must call it (Lightning does).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+
+from loaderkit._callers import under_lightning_loop
+from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
+from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.loader._fetch import identity
+from loaderkit.loader._planned import stop_workers
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor
+from loaderkit.seeding import derive_seed
+from loaderkit.seeding import worker_init_fn as make_worker_init_fn
+from loaderkit.transfer import pin_batch
+
+if TYPE_CHECKING:
+    from loaderkit.loader.resumable import ResumableDataLoader
+
+__all__ = ["StreamEngine"]
+
+_KEYS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
+
+
+class _SlotBatches(IterableDataset[Any]):
+    """What the inner DataLoader iterates: this rank's slots, batched, with cursors."""
+
+    def __init__(self, engine: StreamEngine, rotation: int) -> None:
+        self.ds = engine.dataset
+        self.seed = engine.seed
+        self.batch_size = engine.batch_size
+        self.drop_last = engine.drop_last
+        self.collate = engine.collate_fn
+        self.per_sample = engine.per_sample_seeding
+        self.steps = engine.steps  # per epoch, None: one pass
+        self.rank, self.world_size = engine.loader._topology()
+        self.workers, self.rotation = engine.workers, rotation
+        self.epoch, self.steps_done = engine.epoch, engine.steps_done
+        self.cursors = list(engine.cursors)
+        self._iterations = 0  # a persistent worker's copy counts its epochs
+
+    def __iter__(self) -> Iterator[tuple[int, Cursor, Any]]:
+        info = get_worker_info()
+        return self.batches(0 if info is None else info.id)
+
+    def batches(self, worker: int) -> Iterator[tuple[int, Cursor, Any]]:
+        """Worker ``worker``'s batches: ``(local slot, cursor after, batch)``."""
+        if self._iterations == 0:
+            local = (worker + self.rotation) % self.workers
+            steps_done, cursor = self.steps_done, self.cursors[local]
+        else:  # the next whole epoch of a persistent worker: it kept its own cursor
+            local, steps_done = worker, 0
+            cursor = self.cursors[local] if self.steps is not None else None
+        epoch = self.epoch + self._iterations
+        self._iterations += 1
+        if cursor is None:
+            cursor = Cursor.start(epoch)
+        limit = None
+        if self.steps is not None:  # this worker's turns among the epoch's remaining steps
+            limit = len(range(worker, self.steps - steps_done, self.workers))
+        stream = slot_stream(
+            self.ds,
+            seed=self.seed,
+            slot=self.rank * self.workers + local,
+            slots=self.workers * self.world_size,
+            cursor=cursor,
+            cycle=self.steps is not None,
+            per_sample_seeding=self.per_sample,
+        )
+        made = 0
+        while limit is None or made < limit:
+            samples = []
+            for sample, cursor in stream:  # noqa: B007 - the cursor after the last sample
+                samples.append(sample)
+                if len(samples) == self.batch_size:
+                    break
+            if not samples or (len(samples) < self.batch_size and self.drop_last):
+                return
+            self.cursors[local] = cursor
+            made += 1
+            yield local, cursor, self.collate(samples)
+            if len(samples) < self.batch_size:
+                return
+
+
+class StreamEngine:
+    """Epochs, cursors and state of a loader over a :class:`StreamingShardedDataset`."""
+
+    def __init__(
+        self,
+        loader: ResumableDataLoader,
+        dataset: StreamingShardedDataset,
+        *,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        per_sample_seeding: bool,
+    ) -> None:
+        # Weak: the loader holds this engine, and a reference cycle would leave
+        # persistent workers to the cycle collector (5 s join stall per worker).
+        self._loader = weakref.ref(loader)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.per_sample_seeding = per_sample_seeding
+        self.workers = max(loader.num_workers, 1)
+        # The epoch and this rank's batches handed out in it (its position), with the
+        # same next-epoch and resume rules as map-style data; the slot cursors below
+        # say where in the shards those batches end.
+        self._position = PlanCursor()
+        self.complete = False  # the pass of an epoch without a length ended
+        self.cursors: list[Cursor | None] = [None] * self.workers  # None: start of the pass
+        self.next_local = 0
+        # (local slot, its cursor, next_local, complete) before each hand-out, to
+        # take back batches a consumer holds unused (Lightning's prefetch).
+        self._history: deque[tuple[int, Cursor | None, int, bool]] = deque(maxlen=16)
+        self._inner: DataLoader[Any] | None = None
+        self._inner_next: int | None = None  # epoch persistent workers would serve next
+        self.held_batches: Callable[[], int] | None = None
+        self._warned = False
+
+    @property
+    def loader(self) -> ResumableDataLoader:
+        loader = self._loader()
+        assert loader is not None, "the engine outlived its loader"
+        return loader
+
+    @property
+    def started(self) -> bool:
+        return self._position.started
+
+    @property
+    def epoch(self) -> int:
+        return self._position.epoch
+
+    @property
+    def steps_done(self) -> int:
+        """Batches of the current epoch handed out on this rank."""
+        return self._position.steps_done
+
+    def epoch_length(self, epoch: int) -> int:
+        """Batches in the current epoch, as :class:`PlanCursor` asks a plan: the limit, or
+        for one pass of unknown length, the batches so far (plus one while it goes on)."""
+        steps = self.steps
+        if steps is not None:
+            return steps
+        return self.steps_done + (not self.complete)
+
+    @property
+    def seed(self) -> int:
+        return self.loader.seed
+
+    @property
+    def steps(self) -> int | None:
+        _, world_size = self.loader._topology()
+        return self.dataset.epoch_steps(self.batch_size, world_size)
+
+    # ----------------------------------------------------------------- epochs
+    def check_world(self) -> None:
+        _, world_size = self.loader._topology()
+        if world_size > 1 and not self.dataset.limited:
+            raise LoaderkitError(
+                f"ResumableDataLoader: a StreamingShardedDataset without steps_per_epoch or "
+                f"samples_per_epoch on {world_size} ranks would let ranks step different "
+                "numbers of times (their shards hold different numbers of samples) and hang "
+                "DDP in the first collective after the shortest rank stops; pass "
+                "steps_per_epoch= (batches per rank) or samples_per_epoch= to the dataset, or "
+                "use ShardedDataset when shard sizes are known."
+            )
+
+    def length(self) -> int:
+        self.check_world()
+        steps = self.steps
+        if steps is None:
+            raise TypeError(
+                "ResumableDataLoader over a StreamingShardedDataset has no length (an epoch is "
+                "one pass over shards of unknown size); pass steps_per_epoch= to the dataset "
+                "for a fixed one."
+            )
+        return steps
+
+    def set_epoch(self, epoch: int) -> None:
+        self._position.set_epoch(epoch)
+
+    def _begin(self) -> int:
+        """Fix the epoch of a new iteration; returns the worker rotation."""
+        self.check_world()
+        _, start, _ = self._position.begin(self)
+        if start > 0:  # the rest of a resumed epoch: go on from the saved turn
+            return self.next_local
+        if self.steps is None:  # a new pass; with a limit the streams go on
+            self.cursors = [None] * self.workers
+        self.complete, self.next_local = False, 0
+        self._history.clear()
+        return 0
+
+    def iterate(self) -> Generator[Any, None, None]:
+        """One epoch's batches (a generator; see :class:`.._planned.EpochIterator`)."""
+        rotation = self._begin()
+        source = _SlotBatches(self, rotation)
+        slots = self.workers * source.world_size
+        if len(self.dataset.shards) < slots and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"StreamingShardedDataset: {len(self.dataset.shards)} shards for {slots} "
+                "(rank, worker) slots, so every slot reads every shard and keeps every "
+                f"{slots}-th sample; use at least {slots} shards to read each byte once.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if self.loader.num_workers == 0:
+            yield from self._hand_out(iter(source), pin=self.loader.pin_memory)
+            return
+        inner = self._inner_loader(source, rotation)
+        workers = iter(inner)
+        try:
+            yield from self._hand_out(workers, pin=False)
+        except GeneratorExit:
+            # Closed by a dropped iterator: the loader may be gone already (then so is
+            # any reason to keep workers).
+            alive = self._loader() is not None
+            steps = self.steps if alive else None
+            if self._inner is inner and steps is not None and self.steps_done >= steps:
+                # Every batch of the epoch was handed out; a consumer that stops at
+                # len() (Lightning) never asks for the end. The workers made exactly
+                # their share and wait at the next epoch's cursors: keep them.
+                self._inner_next = self.epoch + 1
+            else:
+                self._drop_inner(inner, workers)
+            raise
+        except BaseException:
+            self._drop_inner(inner, workers)
+            raise
+        if self._inner is inner:
+            self._inner_next = self.epoch + 1
+
+    def _hand_out(self, batches: Iterator[Any], *, pin: bool) -> Generator[Any, None, None]:
+        for local, after, batch in batches:
+            self._history.append((local, self.cursors[local], self.next_local, self.complete))
+            self.cursors[local] = after
+            self._position.consumed(self._position.position + 1)
+            self.next_local = (local + 1) % self.workers
+            yield pin_batch(batch) if pin else batch
+        self.complete = True
+
+    def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
+        loader = self.loader
+        if self._inner is not None and self._inner_next == self.epoch and rotation == 0:
+            return self._inner  # persistent workers already at this epoch's cursors
+        self.close()
+        rank, _ = loader._topology()
+        # A resumed epoch that starts mid-turn needs its own workers: persistent
+        # ones keep playing the slot they started with.
+        persistent = loader._persistent and rotation == 0
+        inner = DataLoader(
+            source,
+            batch_size=None,
+            num_workers=loader.num_workers,
+            collate_fn=identity,
+            pin_memory=loader.pin_memory,
+            timeout=loader._timeout,
+            worker_init_fn=make_worker_init_fn(
+                derive_seed(self.seed, "workers", self.epoch),
+                rank=rank,
+                user_fn=loader._user_worker_init,
+            ),
+            multiprocessing_context=loader._worker_context(),
+            generator=torch.Generator().manual_seed(derive_seed(self.seed, "base")),
+            prefetch_factor=loader._prefetch_factor,
+            persistent_workers=persistent,
+        )
+        if persistent:
+            self._inner, self._inner_next = inner, None
+        return inner
+
+    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
+        # Persistent workers ran ahead of what was handed out: their cursors are stale.
+        stop_workers(inner, workers)
+        if self._inner is inner:
+            self._inner, self._inner_next = None, None
+
+    def close(self) -> None:
+        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
+        inner = self._inner
+        if inner is not None and inner._iterator is not None:
+            stop_workers(inner, inner._iterator)
+        self._inner, self._inner_next = None, None
+
+    # ------------------------------------------------------------------ state
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            **self.dataset.fingerprint(),
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def state(self) -> dict[str, Any]:
+        held = 0
+        if self.held_batches is not None:
+            held = self.held_batches()
+        elif self.steps is None and under_lightning_loop():
+            raise LoaderkitError(
+                "ResumableDataLoader: Lightning is saving the state of a stream without a length, "
+                "and it holds a prefetched batch this loader already handed out, so a resume "
+                "would skip it. Add loaderkit.ElasticResume() to the Trainer's callbacks (it "
+                "tells the loader how many batches Lightning holds), or give the dataset "
+                "steps_per_epoch= so it has a length and Lightning does not prefetch."
+            )
+        cursors, next_local = list(self.cursors), self.next_local
+        steps_done, complete = self.steps_done, self.complete
+        if held > len(self._history):
+            raise LoaderkitError(
+                f"ResumableDataLoader: the consumer holds {held} batches but only "
+                f"{len(self._history)} hand-outs are remembered; the state cannot be exact."
+            )
+        for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
+            cursors[local], next_local, complete = cursor, nxt, was_complete
+            steps_done -= 1
+        mine = {"cursors": [None if c is None else list(c) for c in cursors], "next": next_local}
+        rank, world_size = self.loader._topology()
+        ranks: list[Any] = [None] * world_size
+        if world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.all_gather_object(ranks, mine)
+            counts = sorted({len(r["cursors"]) for r in ranks})
+            if len(counts) > 1:  # every rank sees the same list, so every rank raises
+                raise LoaderkitError(
+                    f"ResumableDataLoader: the ranks stream with different num_workers "
+                    f"({[len(r['cursors']) for r in ranks]} worker slots per rank); shards are "
+                    "dealt to rank x worker slots, so some were read twice and others never. "
+                    "Use the same num_workers on every rank."
+                )
+        else:  # ranks simulated without a process group: each state holds its own rank only
+            ranks[rank] = mine
+        return {
+            "version": STATE_VERSION,
+            "kind": "stream",
+            "epoch": self.epoch,
+            "steps_done": steps_done,
+            "complete": complete,
+            "stream": self.fingerprint(),
+            "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+            "ranks": ranks,
+        }
+
+    def load(self, state: Any, *, adopt_seed: bool) -> int | None:
+        """Resume at ``state``; returns the saved seed when it is adopted."""
+        owner = "ResumableDataLoader.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
+                "state_dict() returned."
+            )
+        missing = [k for k in _KEYS if k not in state]
+        unknown = sorted(set(state) - set(_KEYS))
+        if missing or unknown:
+            raise StateMismatchError(
+                f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
+                "map-style data cannot resume a stream. Pass what state_dict() returned."
+            )
+        if state["version"] != STATE_VERSION or state["kind"] != "stream":
+            raise StateMismatchError(
+                f"{owner}: field 'version'/'kind' is {state['version']!r}/{state['kind']!r}, "
+                f"expected {STATE_VERSION}/'stream'; upgrade loaderkit to load this checkpoint."
+            )
+        saved, here = dict(state["stream"]), self.fingerprint()
+        adopted = None
+        if adopt_seed and saved.get("seed") != here["seed"]:
+            adopted = saved["seed"]
+            here["seed"] = adopted
+        for key in sorted(set(saved) | set(here)):
+            if saved.get(key) != here.get(key):
+                raise StateMismatchError(
+                    f"{owner}: field {key!r} differs: saved {saved.get(key)!r}, here "
+                    f"{here.get(key)!r}. A stream resumes exactly only with the same shards and "
+                    "settings; build the loader with the saved value or start without the state."
+                )
+        rank, world_size = self.loader._topology()
+        topo = state["topology"]
+        if topo != {"world_size": world_size, "num_workers": self.loader.num_workers}:
+            raise StateMismatchError(
+                f"{owner}: the stream was saved with world_size={topo.get('world_size')}, "
+                f"num_workers={topo.get('num_workers')}; this loader has world_size="
+                f"{world_size}, num_workers={self.loader.num_workers}. A stream's position is "
+                "a cursor per (rank, worker) slot, which cannot be re-split: resume with the "
+                "saved topology, or use ShardedDataset (sample counts known) for an elastic "
+                "resume."
+            )
+        mine = state["ranks"][rank]
+        if not isinstance(mine, dict):
+            raise StateMismatchError(
+                f"{owner}: the state holds no cursors for rank {rank} (it was saved without a "
+                "torch.distributed process group, so each rank's state_dict() holds only its "
+                "own); save it under torch.distributed, or load each rank its own state."
+            )
+        self.cursors = [None if c is None else Cursor(*c) for c in mine["cursors"]]
+        self.next_local = int(mine["next"])
+        steps_done = int(state["steps_done"])
+        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
+        self.complete = bool(state["complete"])
+        self._history.clear()
+        self.close()
+        return adopted

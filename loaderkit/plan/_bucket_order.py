@@ -1,0 +1,86 @@
+"""Lengths into batches: the array work of :class:`~loaderkit.plan.bucket.BucketPlan` (private).
+
+Pure functions of numpy arrays, no plan state: checking the lengths a user
+passes, sorting each window of the epoch's order by length, and cutting the
+sorted windows into batches whose size depends on their first (longest)
+sample. Kept apart so the plan module reads as the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["as_lengths", "greedy_starts", "sort_windows"]
+
+
+def as_lengths(lengths: object) -> np.ndarray:
+    """``lengths`` as a 1-D int64 array of non-negative token counts, or a clear error."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
+        raise TypeError(
+            f"BucketBatchSampler: lengths must be a sequence or array of ints (one token count "
+            f"per dataset index), got {type(lengths).__name__}; compute them with "
+            "loaderkit.compute_lengths(dataset, length_fn)."
+        )
+    array = np.asarray(lengths)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(
+            f"BucketBatchSampler: lengths must be 1-D and non-empty, got shape {array.shape}; "
+            "pass one length per dataset index."
+        )
+    if array.dtype.kind not in "iu":
+        raise TypeError(
+            f"BucketBatchSampler: lengths must hold ints, got dtype {array.dtype} (e.g. "
+            f"{array[0]!r} at index 0); pass token counts as ints, e.g. "
+            "np.asarray(lengths, dtype=np.int64)."
+        )
+    array = array.astype(np.int64)
+    negative = np.flatnonzero(array < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise ValueError(
+            f"BucketBatchSampler: lengths must be >= 0, got lengths[{i}] = {array[i]}; "
+            "pass each sample's token count."
+        )
+    return array
+
+
+def sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:
+    """Positions that sort each ``window``-long run of ``lengths`` longest first, stably."""
+    n = lengths.size
+    window = min(window, n)  # a window larger than the data is the whole data
+    rows = -(-n // window)
+    top = int(lengths.max()) + 1
+    # Longest first as an ascending key; the sentinel pads the last window and sorts last.
+    # uint16 keys take numpy's radix sort: O(n) for the common case of lengths < 65535.
+    dtype = np.uint16 if top < 2**16 else np.int64
+    keys = np.full(rows * window, top, dtype=dtype)
+    keys[:n] = top - 1 - lengths
+    within = np.argsort(keys.reshape(rows, window), axis=1, kind="stable")
+    positions = (within + (np.arange(rows) * window)[:, None]).ravel()
+    return positions[positions < n] if rows * window != n else positions
+
+
+def greedy_starts(
+    rows_from: Callable[[np.ndarray], np.ndarray], order: np.ndarray, window: int
+) -> np.ndarray:
+    """Batch starts in ``order`` when a batch holds ``rows_from(its first sample)`` samples.
+
+    Batches are cut front to back within each window. All windows are walked at
+    once, one numpy step per batch of the longest window; only batch starts are
+    looked at, never every sample.
+    """
+    n = order.size
+    pos = np.arange(0, n, window)
+    end = np.minimum(pos + window, n)
+    found = []
+    while pos.size:
+        found.append(pos)
+        pos = pos + rows_from(order[pos])
+        alive = pos < end
+        pos, end = pos[alive], end[alive]
+    return np.sort(np.concatenate(found))

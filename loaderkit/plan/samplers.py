@@ -1,0 +1,325 @@
+"""Resumable, distributed-aware batch samplers on top of the sample plan.
+
+:class:`PlanBatchSampler` yields this rank's index batches of a
+:class:`~loaderkit.plan.sample.Plan` and can be handed to a plain
+``torch.utils.data.DataLoader`` or to :class:`~loaderkit.ResumableDataLoader`.
+Its state is the position of the batches it has *drawn*; a DataLoader with
+workers draws ahead of what the training loop consumed, so exact resume with
+workers needs :class:`~loaderkit.ResumableDataLoader`, which counts consumed
+batches instead (and uses this sampler's plan).
+
+:class:`BucketBatchSampler` is a :class:`PlanBatchSampler` over a length-bucketing
+plan: batches of similar lengths, fixed-size or under a token budget, and
+:func:`compute_lengths` gets the lengths from a dataset once (cached on disk).
+
+This module also decides which user samplers can be resumed exactly at all
+(:func:`check_resumable_sampler`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import Sampler, SequentialSampler
+
+from loaderkit._callers import under_lightning_loop
+from loaderkit._checks import check_int
+from loaderkit.env import detect
+from loaderkit.errors import LoaderkitError
+from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.sample import Plan
+
+__all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
+
+
+class PlanBatchSampler(Sampler[list[int]]):
+    """Yield this rank's batches of a plan; resumable with ``state_dict``.
+
+    Args:
+        plan: The sample plan, e.g. ``SamplePlan(num_samples=..., batch_size=...)``.
+        rank: This process's rank (default: from ``torch.distributed``, else 0).
+        world_size: Number of ranks (default: from ``torch.distributed``, else 1).
+
+    Example:
+        >>> from loaderkit import SamplePlan
+        >>> s = PlanBatchSampler(SamplePlan(num_samples=5, batch_size=2), rank=0, world_size=1)
+        >>> list(s)
+        [[0, 1], [2, 3], [4]]
+        >>> s.state_dict()["position"]
+        5
+    """
+
+    def __init__(self, plan: Plan, *, rank: int | None = None, world_size: int | None = None):
+        if not all(hasattr(plan, a) for a in ("schedule", "fingerprint", "num_steps")):
+            raise TypeError(
+                f"plan must be a loaderkit Plan (e.g. SamplePlan), got {type(plan).__name__}."
+            )
+        self.plan = plan
+        self.rank = rank
+        self.world_size = world_size
+        self._cursor = PlanCursor()
+        self._len_watch = _LenWatch()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or last) iteration."""
+        return self._cursor.epoch
+
+    @property
+    def position(self) -> int:
+        """Global position in that epoch's plan after the batches drawn so far."""
+        return self._cursor.position
+
+    @property
+    def steps_done(self) -> int:
+        """Batches this rank drew in that epoch."""
+        return self._cursor.steps_done
+
+    def _topology(self) -> tuple[int, int]:
+        env = detect(rank=self.rank, world_size=self.world_size)
+        return env.rank, env.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration yield ``epoch`` (from its start, unless resuming it)."""
+        check_int(
+            "epoch",
+            epoch,
+            0,
+            owner=f"{type(self).__name__}.set_epoch",
+            fix="pass the epoch about to start",
+        )
+        self._cursor.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        cursor = self._cursor
+        epoch, start, _ = cursor.begin(self.plan)
+        rank, world_size = self._topology()
+        sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        self._len_watch.check("PlanBatchSampler", epoch, sched.num_steps)
+        for step in range(sched.num_steps):
+            batch = sched.indices(step).tolist()
+            cursor.consumed(sched.position_after(step))
+            yield batch
+
+    def __len__(self) -> int:
+        epoch, start, _ = self._cursor.upcoming(self.plan)
+        _, world_size = self._topology()
+        length = self.plan.num_steps(epoch, start=start, world_size=world_size)
+        if start == 0:  # a resumed epoch's rest is no whole epoch's length
+            self._len_watch.answered(length)
+        return length
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the batches drawn so far (rank-symmetric)."""
+        _, world_size = self._topology()
+        return self._cursor.state(self.plan.fingerprint(), world_size=world_size, num_workers=0)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at a saved position; the next iteration yields the rest of its epoch."""
+        self._cursor.load(state_dict, self.plan, owner="PlanBatchSampler")
+
+
+def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
+    """Refuse a sampler whose position cannot be restored exactly.
+
+    A random sampler without its own seeded state is resumed by other loaders
+    by skipping items of a *new* permutation: measured with torchdata 0.11,
+    1000 draws after such a resume held only 790 unique samples. loaderkit
+    refuses it instead.
+
+    Raises:
+        TypeError: ``sampler`` is not sequential and carries no loaderkit plan.
+    """
+    if hasattr(sampler, "plan"):
+        return
+    if isinstance(sampler, SequentialSampler) and parameter != "batch_sampler":
+        return
+    raise TypeError(
+        f"{parameter}={type(sampler).__name__} cannot be resumed exactly: its order after a "
+        "resume is not a function of a saved position (an unseeded random sampler resumed "
+        "by skipping items of a new permutation loses and repeats samples). Use "
+        "shuffle=True with seed=<int> instead (or batch_size=... for a sequential order), or "
+        "pass a loaderkit PlanBatchSampler."
+    )
+
+
+class _LenWatch:
+    """Remembers the first ``len()`` answer, to refuse an epoch Lightning would cut short.
+
+    A plan whose epoch length varies (token budgets) yields a different number
+    of batches each epoch. Lightning takes ``len()`` once per ``fit`` (before it
+    restores a checkpoint) and, although it calls ``len()`` again every epoch,
+    caps it at that first answer: a longer epoch is stopped early and its last
+    batches are silently skipped. So when an epoch outgrows the first answer
+    and Lightning's loop is the caller, this is an error (a loop of one's own
+    that iterates each epoch to its end is unaffected).
+    :class:`~loaderkit.ElasticResume` sets ``managed`` on the loaders it keeps
+    in sync. Used by :class:`PlanBatchSampler` and
+    :class:`~loaderkit.ResumableDataLoader`.
+    """
+
+    __slots__ = ("first", "managed")
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.managed = False
+
+    def answered(self, length: int) -> None:
+        """``len()`` answered ``length`` batches (for a whole epoch)."""
+        if self.first is None:
+            self.first = length
+
+    def check(self, owner: str, epoch: int, batches: int) -> None:
+        """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them)."""
+        if self.managed or self.first is None or batches <= self.first:
+            return
+        if not under_lightning_loop():
+            return
+        raise LoaderkitError(
+            f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} "
+            "len() first answered (this plan's epoch length varies, as under token budgets, "
+            "or the world size grew on resume). Lightning takes len() once per fit and would "
+            f"stop this epoch after {self.first} batches, silently skipping the rest: add "
+            "loaderkit.ElasticResume() to the Trainer's callbacks."
+        )
+
+
+class BucketBatchSampler(PlanBatchSampler):
+    """Batches of similar lengths, fixed-size or under a token budget; distributed, resumable.
+
+    Each epoch's global sequence of batches is a pure function of ``(seed,
+    epoch)``: the indices are shuffled, cut into windows of ``window``
+    samples, each window is sorted by length (longest first) and cut into
+    batches, and the batch order is shuffled (details in
+    :mod:`loaderkit.plan.bucket`). A global step deals ``world_size``
+    consecutive batches of that sequence to the ranks, rank ``r`` taking the
+    ``r``-th: every rank yields the same number of batches, even though under a
+    token budget its batches hold varying numbers of rows. When the epoch's
+    batch count ``G`` is not a multiple of ``world_size``, ``drop_last=True``
+    drops the last ``G % world_size`` batches (each rank yields ``G //
+    world_size``), else each rank yields ``ceil(G / world_size)`` and the
+    ranks left over in the last step repeat batches 0, 1, ... of the same
+    epoch. Every sample is in exactly one of the ``G`` batches (except those
+    left out by ``oversize="skip"``, and, in fixed-size mode with
+    ``drop_last=True``, the one short batch's).
+
+    The state (``state_dict``) is the number of global batches consumed, the
+    same on every rank; resuming under another world size re-deals the rest.
+    Under a token budget ``G`` changes from epoch to epoch: under Lightning,
+    add :class:`~loaderkit.ElasticResume` to the Trainer's callbacks so it
+    re-reads the length every epoch (where lightning is imported, the loader
+    warns if a longer epoch than its first ``len()`` starts without it).
+
+    Args:
+        lengths: Token count of each dataset index (a sequence, numpy array or
+            tensor of non-negative ints), e.g. from :func:`compute_lengths`.
+        batch_size: Rows per batch (fixed-size mode); with ``max_tokens``, an
+            upper bound on the rows.
+        max_tokens: Token budget per batch: rows x padded length, the padded
+            length being the batch's longest sample rounded up to
+            ``pad_to_multiple_of``, stays ``<= max_tokens``.
+        pad_to_multiple_of: The rounding your collate pads to (e.g.
+            ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
+        seed: Seed of both shuffles (and of the loader's per-sample seeding).
+        shuffle: Shuffle indices and batch order per ``(seed, epoch)``; else
+            windows of the index order, sorted, batches in order.
+        window: Samples per length-sorted window: larger means less padding
+            (about inversely: measured on lognormal lengths at batch 64, 5.2%
+            padded tokens at 100 batches per window, 1.9% at 256, 0.6% at
+            1000), smaller means more randomness in which samples share a
+            batch, and token-budget epochs whose batch counts vary more.
+            Default: 256 batches' worth (``256 * batch_size``, or ``256 *
+            max_tokens / mean padded length``); rounded up to a multiple of
+            ``batch_size`` in fixed-size mode. A window as large as the
+            dataset sorts it whole.
+        drop_last: Drop the batches that do not fill a global step instead of
+            repeating; in fixed-size mode also the one short batch.
+        oversize: A sample longer than ``max_tokens`` allows (``max_length``):
+            ``"error"`` raises, naming it; ``"skip"`` leaves it out of every
+            epoch (``num_skipped``, one warning); ``"truncate"`` batches it alone
+            (``num_truncated``, one warning): cut it to ``max_length`` tokens
+            in the dataset, so the batch stays within budget.
+        rank: This process's rank (default: ``torch.distributed``, else 0).
+        world_size: Number of ranks (default: ``torch.distributed``, else 1).
+
+    Raises:
+        ValueError: a bad argument, or a sample too long for ``max_tokens``
+            with ``oversize="error"``.
+        TypeError: an argument of the wrong type.
+
+    Example:
+        >>> s = BucketBatchSampler([5, 1, 4, 2, 8, 3], max_tokens=8, shuffle=False)
+        >>> list(s)
+        [[4], [0], [2, 5], [3, 1]]
+        >>> len(s), s.plan.epoch_length(0)
+        (4, 4)
+
+        With a loader and padding collate::
+
+            sampler = BucketBatchSampler(lengths, max_tokens=16384, pad_to_multiple_of=8)
+            loader = ResumableDataLoader(
+                dataset, batch_sampler=sampler, collate_fn=PadCollate(pad_to_multiple_of=8)
+            )
+    """
+
+    plan: BucketPlan
+
+    def __init__(
+        self,
+        lengths: Any,
+        *,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        window: int | None = None,
+        drop_last: bool = False,
+        oversize: Oversize = "error",
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        plan = BucketPlan(
+            lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            window=window,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            oversize=oversize,
+        )
+        if rank is not None or world_size is not None:
+            detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
+        super().__init__(plan, rank=rank, world_size=world_size)
+        if plan.oversize_indices.size:
+            verb = "skipped" if oversize == "skip" else "batched alone, to be truncated to"
+            warnings.warn(
+                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} "
+                f"samples are longer than max_length={plan.max_length} tokens (max_tokens="
+                f"{max_tokens}) and are {verb}"
+                + (f" {plan.max_length} tokens" if oversize == "truncate" else "")
+                + f" (oversize={oversize!r}); the first is sample "
+                f"{int(plan.oversize_indices[0])} with {plan.lengths[plan.oversize_indices[0]]}.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def num_skipped(self) -> int:
+        """Samples left out of every epoch (``oversize="skip"``)."""
+        return self.plan.num_skipped
+
+    @property
+    def num_truncated(self) -> int:
+        """Samples batched alone, to be cut to ``max_length`` (``oversize="truncate"``)."""
+        return self.plan.num_truncated
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest sample one batch holds under ``max_tokens`` (``None``: fixed-size)."""
+        return self.plan.max_length

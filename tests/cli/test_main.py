@@ -1,0 +1,331 @@
+"""``loaderkit bench`` and ``loaderkit inspect``, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from loaderkit.cli.bench import QUICK_ARGS, REPORT_ENV, Ratio, discover, find_benchmarks, report
+from loaderkit.cli.commands import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def loaderkit(
+    *args: str, cwd: Path = REPO_ROOT, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """``loaderkit ARGS`` in a fresh interpreter (stdout/stderr captured, no progress bar)."""
+    return subprocess.run(
+        [sys.executable, "-m", "loaderkit.cli.commands", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+    )
+
+
+# ------------------------------------------------------------------ bench
+def test_bench_quick_prints_ratio_tables_and_writes_png_and_md(tmp_path: Path) -> None:
+    done = loaderkit("bench", "--quick", "--only", "collate", "transfer", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "## collate" in done.stdout and "## transfer" in done.stdout
+    assert "| ratio | value | goal | |" in done.stdout
+    assert "| PadCollate / pad_sequence, uniform |" in done.stdout
+    assert "CPU: DevicePrefetcher(cpu) / plain loop" in done.stdout
+    png = (tmp_path / "results.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert not (tmp_path / "results.md").exists()
+    md = (tmp_path / "results-table.md").read_text()
+    assert "## collate" in md and "## transfer" in md and ">= 1.00x" in md
+    assert "python benchmarks/collate/bench.py --repeats 3" in md  # the quick command, shown
+    assert "<details><summary>full output</summary>" in md
+
+
+def test_bench_outputs_never_clobber_the_curated_results_on_case_insensitive_disks() -> None:
+    """macOS and Windows fold case by default: the table written into benchmarks/ by default
+    must not be benchmarks/RESULTS.md, the hand-curated results file, under any casing."""
+    from loaderkit.cli._bench_plot import MARKDOWN_NAME, PLOT_NAME
+
+    curated = find_benchmarks() / "RESULTS.md"
+    assert curated.is_file()  # the file this guards
+    for written in (MARKDOWN_NAME, PLOT_NAME):
+        assert written.casefold() != curated.name.casefold()
+
+
+def test_bench_unknown_name_is_one_line_with_the_choices(capsys: pytest.CaptureFixture) -> None:
+    assert main(["bench", "--only", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no bench named 'nope'" in err and "choose from bucketing, collate" in err
+
+
+def test_find_benchmarks_outside_a_checkout_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no benchmarks/<name>/bench.py in .* run"):
+        find_benchmarks(tmp_path, installed_checkout=False)
+    assert find_benchmarks(REPO_ROOT / "loaderkit") == REPO_ROOT / "benchmarks"
+
+
+def test_every_bench_has_quick_args_and_reports() -> None:
+    names = [p.parent.name for p in discover(REPO_ROOT / "benchmarks")]
+    assert names and sorted(names) == sorted(QUICK_ARGS)
+    for name in names:  # each bench hands its ratios to `loaderkit bench`
+        assert "report(" in (REPO_ROOT / "benchmarks" / name / "bench.py").read_text(), name
+
+
+def test_report_writes_only_under_loaderkit_bench(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ratios = [Ratio("a / b", 2.0, goal=1.0), Ratio("padded", 4.0, 3.0, False, "%")]
+    monkeypatch.delenv(REPORT_ENV, raising=False)
+    report(ratios)  # run by hand: nothing written, nothing raised
+    out = tmp_path / "r.json"
+    monkeypatch.setenv(REPORT_ENV, str(out))
+    report(ratios)
+    back = [Ratio(**r) for r in json.loads(out.read_text())]
+    assert back == ratios
+    assert [r.met for r in back] == [True, False]
+    assert [r.goal_text() for r in back] == [">= 1.00x", "<= 3.00%"]
+
+
+# ---------------------------------------------------------------- inspect
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's folder: a tensor file, a YAML config and a module with a factory."""
+    torch.save((torch.randn(1000, 8), torch.randint(0, 2, (1000,))), tmp_path / "data.pt")
+    (tmp_path / "config.yaml").write_text(
+        textwrap.dedent(
+            """\
+            trainer: {max_epochs: 1}
+            data:
+              class_path: loaderkit.lightning.datamodules.TensorDataModule
+              init_args: {train: data.pt, batch_size: 64, val_fraction: 0.1}
+            """
+        )
+    )
+    (tmp_path / "mydata.py").write_text(
+        textwrap.dedent(
+            """\
+            import lightning as L
+            import torch
+            from loaderkit.lightning.datamodules import SequenceDataModule
+
+            def make():
+                seqs = [torch.ones(n % 50 + 1, dtype=torch.long) for n in range(400)]
+                return SequenceDataModule(seqs, batch_size=16, bucket=True)
+
+            class Plain(L.LightningDataModule):
+                def train_dataloader(self):
+                    return torch.utils.data.DataLoader(list(range(100)), batch_size=10)
+            """
+        )
+    )
+    return tmp_path
+
+
+def test_inspect_yaml_config(project: Path) -> None:
+    done = loaderkit(
+        "inspect", "config.yaml", "--max-workers", "1", "--world-size", "2", cwd=project
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "loaderkit inspect: TensorDataModule (from config.yaml)" in out
+    assert "samples          train 900, val 100" in out
+    assert "per rank at world size 2: train 8, val 1" in out  # ceil(900 / 64 / 2), ceil(100/128)
+    assert re.search(r"by num_workers: 0: [\d,]+, 1: [\d,]+", out), out
+    assert re.search(r"num_workers      suggested [01] ", out), out
+    assert "exact resume     yes:" in out
+
+
+def test_inspect_module_factory(project: Path) -> None:
+    done = loaderkit("inspect", "mydata:make", "--max-workers", "0", cwd=project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SequenceDataModule (from mydata:make)" in done.stdout
+    assert "samples          train 400" in done.stdout
+    assert "per rank at world size 1: train 25 " in done.stdout  # 400 / 16
+    assert re.search(r"padding          \d+\.\d% of train tokens", done.stdout), done.stdout
+
+
+def test_inspect_plain_lightning_module_is_not_resumable(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(project)
+    assert main(["inspect", "mydata.py:Plain", "--no-progress-bar"]) == 0
+    out = capsys.readouterr().out
+    assert "samples          train 100" in out and "train 10 (epoch 0)" in out
+    assert "num_workers      not probed" in out
+    assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
+
+
+@pytest.fixture
+def stream_project(tmp_path: Path) -> Path:
+    """A user's folder with 160 token samples in two shards and streaming DataModules."""
+    import numpy as np
+
+    from loaderkit import TokenReader, write_shards
+
+    write_shards(tmp_path / "shards", [np.arange(400), np.arange(240)], TokenReader(seq_len=4))
+    (tmp_path / "streams.py").write_text(
+        textwrap.dedent(
+            """\
+            import lightning as L
+            from loaderkit import ResumableDataLoader, StreamingShardedDataset, TokenReader
+            from loaderkit.lightning.datamodules import ShardedDataModule
+
+            def one_pass():
+                return ShardedDataModule("shards", seq_len=4, batch_size=8, streaming=True)
+
+            def limited():
+                return ShardedDataModule(
+                    "shards", seq_len=4, batch_size=8, streaming=True, samples_per_epoch=160
+                )
+
+            class Plain(L.LightningDataModule):
+                def train_dataloader(self):
+                    reader = TokenReader(seq_len=4)
+                    ds = StreamingShardedDataset("shards", reader, steps_per_epoch=20)
+                    return ResumableDataLoader(ds, batch_size=8, seed=0)
+            """
+        )
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "batches", "elastic"),
+    [
+        ("streams.py:Plain", [], "train 20 (epoch 0)", False),
+        ("streams.py:one_pass", [], "train unknown (one pass, length unknown) (epoch 0)", True),
+        ("streams.py:limited", ["--world-size", "2"], "world size 2: train 10 (epoch 0)", False),
+    ],
+)
+def test_inspect_streams_reports_their_epoch_and_resume_topology(
+    stream_project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    target: str,
+    args: list[str],
+    batches: str,
+    elastic: bool,
+) -> None:
+    """A stream's loader carries a one-sample stand-in plan: the batches come from its
+    steps_per_epoch / samples_per_epoch (160 / (2 ranks * 8) = 10), or are unknown."""
+    monkeypatch.chdir(stream_project)
+    assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar", *args]) == 0
+    out = capsys.readouterr().out
+    assert batches in out, out
+    assert "samples          train unknown" in out, out
+    assert "exact resume     yes: the train loader streams a StreamingShardedDataset" in out
+    assert "exact only under the same world size and num_workers" in out
+    assert "elastic resume needs sample counts" in out
+    assert ("ElasticResume()" in out) is elastic
+
+
+def test_load_object_from_a_file_never_shadows_a_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``loaderkit inspect ./yaml.py:make`` must not replace the real yaml for the process."""
+    import yaml
+
+    from loaderkit.cli.inspect import load_object
+
+    (tmp_path / "yaml.py").write_text("def make():\n    return 'mine'\n")
+    monkeypatch.chdir(tmp_path)
+    names = set()
+    for _ in range(2):
+        make = load_object("./yaml.py:make")
+        assert make() == "mine"
+        assert sys.modules["yaml"] is yaml and yaml.safe_load("a: 1") == {"a": 1}
+        assert make.__module__.startswith("_loaderkit_inspect_yaml_")
+        assert sys.modules[make.__module__].make is make
+        names.add(make.__module__)
+    assert len(names) == 2  # loaded again: a fresh module beside the first, not over it
+    # A file that imports as itself (its folder on sys.path) keeps its name: classes in
+    # it pickle by name into workers started with spawn.
+    (tmp_path / "lk_inspect_own_name.py").write_text("def make():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lk_inspect_own_name", raising=False)
+    own = load_object(f"{tmp_path}/lk_inspect_own_name.py:make")
+    assert own.__module__ == "lk_inspect_own_name" and own() == 1
+    for name in names:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("missing.yaml", "no config file 'missing.yaml'; pass a LightningCLI YAML config"),
+        ("no_such_module:make", "cannot import 'no_such_module'"),
+        ("mydata:nope", "'mydata' has no attribute 'nope'"),
+        ("mydata", "don't know how to read 'mydata'"),
+    ],
+)
+def test_inspect_bad_target_is_one_line_exit_2(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    target: str,
+    message: str,
+) -> None:
+    monkeypatch.chdir(project)
+    assert main(["inspect", target]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("loaderkit inspect: error: ")
+    assert message in err and "(run with --debug for the traceback)" in err
+
+
+def test_inspect_bad_path_as_a_user_sees_it(project: Path) -> None:
+    done = loaderkit("inspect", "does/not/exist.yaml", cwd=project)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "no config file 'does/not/exist.yaml'" in done.stderr
+
+
+def test_debug_shows_the_traceback(project: Path) -> None:
+    done = loaderkit("inspect", "mydata:nope", "--debug", cwd=project)
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "ImportError: 'mydata' has no attribute 'nope'" in done.stderr
+
+
+def test_config_without_class_path_names_the_key(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (project / "bad.yaml").write_text("data:\n  init_args: {batch_size: 4}\n")
+    monkeypatch.chdir(project)
+    with pytest.raises(ValueError, match="no class_path under 'data' or at the top level"):
+        main(["--debug", "inspect", "bad.yaml"])
+
+
+def test_quick_or_partial_bench_runs_never_replace_the_committed_full_run(tmp_path: Path) -> None:
+    from loaderkit.cli.commands import bench_output_dir
+
+    bench = tmp_path / "benchmarks"
+    assert bench_output_dir(bench, quick=False, only=None, out=None) == bench
+    for quick, only in ((True, None), (False, ["collate"]), (True, ["loader"])):
+        assert bench_output_dir(bench, quick=quick, only=only, out=None) == (
+            tmp_path / "runs" / "bench"
+        )
+    assert bench_output_dir(bench, quick=True, only=None, out=tmp_path / "x") == tmp_path / "x"
+
+
+def test_inspect_counts_a_torch_loader_over_an_iterable_as_unknown() -> None:
+    """DataLoader has __len__ even when its IterableDataset has no length."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from loaderkit.cli.inspect import _steps
+
+    class Feed(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(range(10))
+
+    assert _steps(DataLoader(Feed(), batch_size=4), 1) is None
+    assert _steps(DataLoader(list(range(10)), batch_size=4), 1) == 3

@@ -1,0 +1,630 @@
+"""Planned sharded data: ShardPlan, ShardedDataset, the readers, the index, errors and file opens.
+
+The central property (hypothesis, over random shard sizes with empty shards
+and one huge shard, world sizes 1..8 and workers 0..4 before and after a
+resume at a random position): the rank x worker slots together see every
+sample of the epoch exactly once (plus the documented wrap-around padding, or
+minus the dropped tail), and every rank steps the same number of times.
+
+Token shards in these tests encode the sample: every token of global sample
+``i`` is ``i`` (``ids()`` reads column 0), so a batch says which samples it holds.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import pickle
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import loaderkit.data.index
+import loaderkit.data.jsonl
+import loaderkit.data.readers
+import loaderkit.data.sharded
+import loaderkit.plan.shard
+from loaderkit import (
+    JsonlReader,
+    PadCollate,
+    ResumableDataLoader,
+    ShardPlan,
+    StateMismatchError,
+    TokenReader,
+    WorkerError,
+    write_shards,
+)
+from loaderkit.data.sharded import ShardedDataset
+from loaderkit.errors import MissingShardError, ShardError
+from loaderkit.plan._cursor import check_state
+
+SEQ = 4
+SIZES = (5, 0, 13, 2, 21, 1, 8)  # 50 samples in 7 uneven shards, one empty
+
+
+def id_shards(sizes: Sequence[int], seq: int = SEQ) -> list[np.ndarray]:
+    """Token arrays where every token of global sample ``i`` is ``i``."""
+    out, first = [], 0
+    for n in sizes:
+        out.append(np.repeat(np.arange(first, first + n), seq).astype(np.uint16))
+        first += n
+    return out
+
+
+def ids(batches: Sequence[torch.Tensor]) -> list[int]:
+    return [int(i) for b in batches for i in b[:, 0]]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return write_shards(tmp_path / "data", id_shards(SIZES), TokenReader(seq_len=SEQ))
+
+
+def loader(ds: ShardedDataset, num_workers: int = 0, **kwargs: Any) -> ResumableDataLoader:
+    sampler_args: dict[str, Any] = {"batch_size": 4, "seed": 3, "window": 6}
+    for key in ("batch_size", "seed", "window", "drop_last", "rank", "world_size", "shuffle"):
+        if key in kwargs:
+            sampler_args[key] = kwargs.pop(key)
+    return ResumableDataLoader(
+        ds, batch_sampler=ds.batch_sampler(**sampler_args), num_workers=num_workers, **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        loaderkit.data.sharded,
+        loaderkit.plan.shard,
+        loaderkit.data.readers,
+        loaderkit.data.jsonl,
+        loaderkit.data.index,
+    ],
+)
+def test_docstring_examples_run(module: Any) -> None:
+    result = doctest.testmod(module, raise_on_error=False, verbose=False)
+    assert result.failed == 0
+
+
+# --------------------------------------------------------------------- the plan
+def laid_out(plan: ShardPlan, epoch: int) -> np.ndarray:
+    """The epoch's samples shard after shard, before the window shuffle."""
+    return np.concatenate(
+        [np.arange(lo, hi) for _, lo, hi in plan.shuffle_blocks(epoch)] or [np.empty(0, int)]
+    )
+
+
+def test_order_is_a_pure_function_of_seed_epoch_sizes_and_window() -> None:
+    plan = ShardPlan(shard_sizes=SIZES, batch_size=4, seed=7, window=6)
+    e0, e1 = plan.order(0), plan.order(1)
+    assert sorted(e0.tolist()) == list(range(50)) and e0.dtype == torch.int64
+    assert torch.equal(e0, ShardPlan(shard_sizes=SIZES, batch_size=9, seed=7, window=6).order(0))
+    assert torch.equal(plan.order(0), e0) and not torch.equal(e0, e1)
+    for other in (
+        ShardPlan(shard_sizes=SIZES, batch_size=4, seed=8, window=6),
+        ShardPlan(shard_sizes=SIZES, batch_size=4, seed=7, window=5),
+        ShardPlan(shard_sizes=(*SIZES[:-2], 8, 1), batch_size=4, seed=7, window=6),
+    ):
+        assert not torch.equal(other.order(0), e0)
+
+
+def assert_local(plan: ShardPlan, epoch: int) -> None:
+    """Shards one after another in the epoch's shard order, each window a permutation of
+    its own range of its shard."""
+    order, w, pos = plan.order(epoch).tolist(), plan.window, 0
+    for _, first, end in plan.shuffle_blocks(epoch):
+        run = order[pos : pos + end - first]
+        for lo in range(0, len(run), w):
+            assert sorted(run[lo : lo + w]) == list(range(first + lo, min(first + lo + w, end)))
+        pos += end - first
+
+
+def test_shards_are_shuffled_then_samples_within_bounded_windows_of_each_shard() -> None:
+    plan = ShardPlan(shard_sizes=SIZES, batch_size=4, seed=1, window=6)
+    for epoch in range(4):
+        assert_local(plan, epoch)
+    firsts = {tuple(int(s) for s in plan.shard_order(e)) for e in range(6)}
+    assert len(firsts) > 1, "shard order must change with the epoch"
+    assert plan.order(0).tolist() != laid_out(plan, 0).tolist(), "windows must be shuffled"
+    # window=1: shards shuffled, samples in file order; shuffle=False: the identity.
+    w1 = ShardPlan(shard_sizes=SIZES, batch_size=4, seed=1, window=1)
+    assert w1.order(2).tolist() == laid_out(w1, 2).tolist()
+    ident = ShardPlan(shard_sizes=SIZES, batch_size=4, shuffle=False)
+    assert ident.order(3).tolist() == list(range(50))
+
+
+def test_fingerprint_pins_sizes_and_settings_and_a_resume_under_others_is_refused(
+    shards: list[Path],
+) -> None:
+    fp = ShardPlan(shard_sizes=SIZES, batch_size=4, seed=3, window=6).fingerprint()
+    assert fp["kind"] == "shards" and fp["num_samples"] == 50 and fp["num_shards"] == 7
+    assert fp["window"] == 6 and fp["seed"] == 3 and fp["order_check"] != 0
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    run = loader(ds)
+    next(iter(run))
+    state = run.state_dict()
+    with pytest.raises(StateMismatchError, match="window"):
+        loader(ds, window=7).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="seed"):
+        loader(ds, seed=4).load_state_dict(state)
+    other = ShardPlan(shard_sizes=(5, 0, 13, 2, 20, 2, 8), batch_size=4, seed=3, window=6)
+    with pytest.raises(StateMismatchError, match="shard_sizes_crc32"):
+        check_state(state, other.fingerprint(), owner="ResumableDataLoader")
+
+
+def test_plan_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="hold no sample"):
+        ShardPlan(shard_sizes=(0, 0), batch_size=2)
+    with pytest.raises(ValueError, match=r"shard_sizes\[1\] must be an int >= 0"):
+        ShardPlan(shard_sizes=(3, -1), batch_size=2)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        ShardPlan(shard_sizes=(3,), batch_size=2, window=0)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ShardPlan(shard_sizes=(3,), batch_size=0)
+
+
+SHARD_SIZES = st.lists(st.integers(0, 40), min_size=1, max_size=12).flatmap(
+    lambda sizes: st.tuples(st.just(sizes), st.integers(0, len(sizes)), st.integers(0, 1500))
+)  # (sizes, where to insert a huge shard, its size; 0 = no huge shard)
+
+
+def slot_batches(
+    plan: ShardPlan, epoch: int, start: int, world_size: int, workers: int
+) -> dict[tuple[int, int], list[list[int]]]:
+    """Each (rank, worker) slot's batches, dealt as ResumableDataLoader deals them: a rank's
+    step ``s`` goes to worker ``s % max(workers, 1)``. Checks equal step counts per rank."""
+    slots: dict[tuple[int, int], list[list[int]]] = {}
+    counts = set()
+    for rank in range(world_size):
+        sched = plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        counts.add(sched.num_steps)
+        for step in range(sched.num_steps):
+            slot = (rank, step % max(workers, 1))
+            slots.setdefault(slot, []).append(sched.indices(step).tolist())
+    assert len(counts) == 1, f"ranks step different counts: {counts}"
+    assert counts == {plan.num_steps(epoch, start=start, world_size=world_size)}
+    return slots
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    shard_spec=SHARD_SIZES,
+    batch_size=st.integers(1, 40),
+    window=st.integers(1, 64),
+    seed=st.integers(0, 2**31),
+    drop_last=st.booleans(),
+    topo_before=st.tuples(st.integers(1, 8), st.integers(0, 4)),
+    topo_after=st.tuples(st.integers(1, 8), st.integers(0, 4)),
+    stop_frac=st.floats(0, 1),
+    epoch=st.integers(0, 2),
+)
+def test_every_slot_together_sees_each_sample_once_across_a_resume_with_a_new_topology(
+    shard_spec: tuple[list[int], int, int],
+    batch_size: int,
+    window: int,
+    seed: int,
+    drop_last: bool,
+    topo_before: tuple[int, int],
+    topo_after: tuple[int, int],
+    stop_frac: float,
+    epoch: int,
+) -> None:
+    sizes, at, huge = shard_spec
+    sizes = [*sizes[:at], huge, *sizes[at:]] if huge else sizes
+    if sum(sizes) == 0:
+        sizes = [*sizes, 1]
+    plan = ShardPlan(
+        shard_sizes=tuple(sizes), batch_size=batch_size, seed=seed, window=window,
+        drop_last=drop_last,
+    )  # fmt: skip
+    n, order = plan.num_samples, plan.order(epoch).tolist()
+    assert_local(plan, epoch)
+    (ws0, nw0), (ws1, nw1) = topo_before, topo_after
+    first = slot_batches(plan, epoch, 0, ws0, nw0)
+    steps0 = plan.num_steps(epoch, start=0, world_size=ws0)
+    # Stop after k consumed steps (all ranks in lockstep), before the last.
+    k = min(int(stop_frac * steps0), max(steps0 - 1, 0))
+    position = 0
+    if k:
+        position = plan.schedule(epoch, start=0, rank=0, world_size=ws0).position_after(k - 1)
+    seen = [
+        i
+        for (rank, worker), batches in first.items()
+        for j, batch in enumerate(batches)
+        if j * max(nw0, 1) + worker < k  # slot's j-th batch is its rank's step j*nw + worker
+        for i in batch
+    ]
+    assert Counter(seen) == Counter(order[:position]), "before the stop: duplicates or losses"
+    rest = [i for batches in slot_batches(plan, epoch, position, ws1, nw1).values()
+            for batch in batches for i in batch]  # fmt: skip
+    both = Counter(seen + rest)
+    if drop_last:
+        assert max(both.values(), default=1) == 1, "a duplicate under drop_last"
+        lost = n - sum(both.values())
+        assert 0 <= lost < ws1 * batch_size, "lost more than the dropped tail"
+        assert set(both) == set(order[: n - lost])  # the dropped tail is the order's end
+    else:
+        assert set(both) == set(range(n)), f"lost {sorted(set(range(n)) - set(both))}"
+        extra = both - Counter(range(n))
+        assert sum(extra.values()) < ws1  # padding: fewer than one repeat per rank
+        assert set(extra) <= set(order[: sum(extra.values())])  # ... from the order's start
+
+
+# ------------------------------------------------------------- through the loader
+@pytest.mark.parametrize(("nw_before", "nw_after"), [(0, 0), (2, 2), (0, 2)])
+def test_resume_oracle_over_two_epochs(shards: list[Path], nw_before: int, nw_after: int) -> None:
+    """First k batches + the run resumed at k == the uninterrupted run, k in epoch 0 and 1."""
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    full_run = loader(ds, nw_before)
+    full = [ids([b]) for _ in range(2) for b in full_run]
+    assert len(full) == 2 * 13  # 50 samples, 4 per batch: 12 full + a tail of 2
+    for epoch_ids in (full[:13], full[13:]):
+        assert sorted(i for b in epoch_ids for i in b) == list(range(50))
+    for k in (5, 13 + 7):
+        run, before = loader(ds, nw_before), []
+        for _ in range(2):
+            for batch in run:
+                before.append(ids([batch]))
+                if len(before) == k:
+                    break
+            if len(before) == k:
+                break
+        state = run.state_dict()
+        resumed = loader(ds, nw_after)
+        resumed.load_state_dict(state)
+        after = [ids([b]) for _ in range(2 - state["epoch"]) for b in resumed]
+        assert before + after == full, f"resume at {k} is not exact"
+
+
+def test_elastic_resume_two_ranks_to_three_with_workers(shards: list[Path]) -> None:
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    ranks = [loader(ds, rank=r, world_size=2, batch_size=3) for r in (0, 1)]
+    its = [iter(r) for r in ranks]
+    seen = [i for _ in range(3) for it in its for i in ids([next(it)])]
+    state = ranks[0].state_dict()
+    assert state == ranks[1].state_dict() and state["position"] == 18
+    after = [loader(ds, 2, rank=r, world_size=3, batch_size=3) for r in range(3)]
+    rest = []
+    for run in after:
+        run.load_state_dict(state)
+        rest.append([ids([b]) for b in run])
+    assert len({len(r) for r in rest}) == 1, "ranks step different counts after the resume"
+    counts = Counter(seen + [i for r in rest for b in r for i in b])
+    assert set(counts) == set(range(50)) and sum(counts.values()) - 50 < 3
+
+
+def test_num_workers_do_not_change_the_batches(shards: list[Path]) -> None:
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    runs = [[b for _ in range(2) for b in loader(ds, nw)] for nw in (0, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_drop_last_drops_less_than_a_global_step(shards: list[Path]) -> None:
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    got = ids(list(loader(ds, drop_last=True, rank=0, world_size=1)))
+    assert len(got) == 48 and len(set(got)) == 48
+
+
+# -------------------------------------------------------------------- readers
+def test_token_reader_npy_and_bin_fixed_length_and_targets(tmp_path: Path) -> None:
+    tokens = [np.arange(10), np.arange(10, 23)]
+    for suffix in (".npy", ".bin"):
+        reader = TokenReader(seq_len=4, dtype=np.int32)
+        paths = write_shards(tmp_path / suffix[1:], tokens, reader, suffix=suffix)
+        ds = ShardedDataset(paths, reader)
+        assert ds.sizes == (2, 3) and len(ds) == 5
+        assert ds[2].tolist() == [10, 11, 12, 13] and ds[2].dtype == torch.int64
+        batch = ds.get_batch(np.array([4, 0, 3]))
+        assert batch.tolist() == [[18, 19, 20, 21], [0, 1, 2, 3], [14, 15, 16, 17]]
+        assert [t.tolist() for t in ds.__getitems__([1, 2])] == [[4, 5, 6, 7], [10, 11, 12, 13]]
+        with_targets = TokenReader(seq_len=4, targets=True, dtype=np.int32)
+        ds = ShardedDataset(paths, with_targets)
+        assert ds.sizes == (2, 3)  # (10 - 1) // 4, (13 - 1) // 4
+        assert ds[1].tolist() == [4, 5, 6, 7, 8] and ds[4].tolist() == [18, 19, 20, 21, 22]
+    raw = ShardedDataset(paths, TokenReader(seq_len=4, dtype=np.int32, out_dtype=None))
+    assert raw.get_batch([0, 1]).dtype == torch.int32
+
+
+def test_token_reader_documents_by_eos_need_a_padding_collate(tmp_path: Path) -> None:
+    eos = 0
+    docs = [np.array([5, 6, 0, 7, 0, 8, 9, 9]), np.array([3, 0])]
+    reader = TokenReader(eos=eos, dtype=np.uint16)
+    paths = write_shards(tmp_path, docs, reader)
+    ds = ShardedDataset(paths, reader)
+    assert ds.sizes == (3, 1)  # a last document without eos is kept
+    assert [ds[i].tolist() for i in range(4)] == [[5, 6, 0], [7, 0], [8, 9, 9], [3, 0]]
+    assert Path(f"{paths[0]}.eos0.lkoffsets").exists()
+    with pytest.raises(Exception, match="PadCollate"):
+        ds.get_batch([0, 1])
+    run = ResumableDataLoader(
+        ds, batch_sampler=ds.batch_sampler(2, seed=0), collate_fn=PadCollate(), num_workers=0
+    )
+    lengths = sorted(int(n) for batch in run for n in batch.lengths)
+    assert lengths == [2, 2, 3, 3]
+
+
+def test_jsonl_reader_reads_by_line_offset(tmp_path: Path) -> None:
+    rows = [[{"i": i, "text": "x" * i} for i in range(a, b)] for a, b in ((0, 3), (3, 3), (3, 7))]
+    paths = write_shards(tmp_path, rows, JsonlReader())
+    assert Path(f"{paths[0]}.lkoffsets").exists()
+    ds = ShardedDataset(tmp_path, JsonlReader())  # a directory: its .jsonl files, sorted
+    assert ds.sizes == (3, 0, 4) and ds[5] == {"i": 5, "text": "xxxxx"}
+    assert ds.__getitems__([6, 1]) == [{"i": 6, "text": "x" * 6}, {"i": 1, "text": "x"}]
+    batch = ds.get_batch([0, 4])  # default_collate over dicts
+    assert batch["i"].tolist() == [0, 4] and batch["text"] == ["", "xxxx"]
+    # A last line without a newline is a sample too.
+    Path(tmp_path / "tail.jsonl").write_text('{"a": 1}\n{"a": 2}')
+    assert JsonlReader().count(tmp_path / "tail.jsonl") == 2
+
+
+class ListReader:
+    """A user format: shards are in-memory lists; no read_batch (sample-by-sample path)."""
+
+    suffixes = (".list",)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "list"}
+
+    def count(self, shard: list[int]) -> int:
+        return len(shard)
+
+    def open(self, shard: list[int]) -> Any:
+        class Open:
+            def __len__(self) -> int:
+                return len(shard)
+
+            def read(self, i: int) -> torch.Tensor:
+                return torch.tensor([shard[i]])
+
+        return Open()
+
+
+def test_a_user_reader_over_objects(tmp_path: Path) -> None:
+    ds = ShardedDataset([[10, 11], [], [12, 13, 14]], ListReader())
+    assert ds.sizes == (2, 0, 3) and ds.index_path is None
+    run = ResumableDataLoader(ds, batch_sampler=ds.batch_sampler(2, seed=1, window=2))
+    assert sorted(int(i) for b in run for i in b.view(-1)) == [10, 11, 12, 13, 14]
+
+
+# ---------------------------------------------------------------------- index
+class CountingReader(TokenReader):
+    counted: list[str] = []  # noqa: RUF012 - one log for the test
+
+    def count(self, path: Path) -> int:
+        CountingReader.counted.append(Path(path).name)
+        return super().count(path)
+
+
+def test_index_is_written_once_and_reused(tmp_path: Path) -> None:
+    CountingReader.counted = []
+    reader = CountingReader(seq_len=SEQ)
+    paths = write_shards(tmp_path, id_shards((3, 4)), reader)
+    assert len(CountingReader.counted) == 2
+    ds = ShardedDataset(paths, reader)
+    assert ds.sizes == (3, 4) and len(CountingReader.counted) == 2  # read from the index
+    doc = json.loads(ds.index_path.read_text())  # type: ignore[union-attr]
+    assert doc["reader"]["seq_len"] == SEQ and [r[3] for r in doc["shards"]] == [3, 4]
+    # Other reader settings count again into their own index, next to the data.
+    other = ShardedDataset(paths, CountingReader(seq_len=2))
+    assert other.sizes == (6, 8) and other.index_path != ds.index_path
+    assert len(CountingReader.counted) == 4
+
+
+def test_counted_once_and_cached_when_not_written_by_write_shards(tmp_path: Path) -> None:
+    CountingReader.counted = []
+    for i, arr in enumerate(id_shards((2, 5))):
+        np.save(tmp_path / f"part{i}.npy", arr)
+    first = ShardedDataset(tmp_path, CountingReader(seq_len=SEQ))
+    second = ShardedDataset(tmp_path, CountingReader(seq_len=SEQ))
+    assert first.sizes == second.sizes == (2, 5)
+    assert CountingReader.counted == ["part0.npy", "part1.npy"]
+
+
+def test_a_shard_changed_after_indexing_is_an_error_naming_it(shards: list[Path]) -> None:
+    reader = TokenReader(seq_len=SEQ)
+    with open(shards[2], "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(ShardError, match=r"shard-00002\.npy.*no longer matches.*size"):
+        ShardedDataset(shards, reader)
+    shards[2].unlink()
+    with pytest.raises(MissingShardError, match=r"shard-00002\.npy.*does not exist"):
+        ShardedDataset(shards, reader)
+    with pytest.raises(FileNotFoundError):
+        ShardedDataset(shards, reader)
+
+
+def test_a_touched_shard_is_an_error(shards: list[Path]) -> None:
+    st_ = shards[4].stat()
+    os.utime(shards[4], ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+    with pytest.raises(ShardError, match=r"shard-00004\.npy.*modified"):
+        ShardedDataset(shards, TokenReader(seq_len=SEQ))
+
+
+def test_a_shard_changed_after_the_dataset_was_built_fails_on_open(shards: list[Path]) -> None:
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    np.save(shards[0], np.zeros(4 * 9, np.uint16))
+    with pytest.raises(ShardError, match=r"shard-00000\.npy.*changed after it was indexed"):
+        ds[0]
+    with pytest.raises(WorkerError, match=r"shard-00000\.npy"):
+        list(loader(ds, 2, shuffle=False))
+    shards[3].unlink()  # samples 18 and 19
+    with pytest.raises(MissingShardError, match=r"shard-00003\.npy.*disappeared"):
+        ds.get_batch([19])
+
+
+def test_explicit_index_mismatches_are_named(shards: list[Path], tmp_path: Path) -> None:
+    reader = TokenReader(seq_len=SEQ)
+    index = tmp_path / "my-index.json"
+    ShardedDataset(shards[:3], reader, index=index)
+    with pytest.raises(ShardError, match=r"shard-00003\.npy.*is not in the shard index"):
+        ShardedDataset(shards[:4], reader, index=index)
+    with pytest.raises(ShardError, match=r"also lists .*shard-00002\.npy"):
+        ShardedDataset(shards[:2], reader, index=index)
+    with pytest.raises(ShardError, match="counted with reader settings"):
+        ShardedDataset(shards[:3], TokenReader(seq_len=2), index=index)
+    doc = json.loads(index.read_text())
+    doc["shards"][0][3] += 1  # hand-edited counts fail the checksum
+    index.write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match="checksum"):
+        ShardedDataset(shards[:3], reader, index=index)
+    index.write_text("{not json")
+    with pytest.raises(ShardError, match=r"my-index\.json.*unreadable"):
+        ShardedDataset(shards[:3], reader, index=index)
+
+
+# --------------------------------------------------------------------- errors
+def test_corrupt_and_truncated_shards_are_named_when_counted(tmp_path: Path) -> None:
+    (tmp_path / "bad.npy").write_bytes(b"not an npy file at all" * 10)
+    with pytest.raises(ShardError, match=r"bad\.npy.*corrupt or truncated"):
+        ShardedDataset([tmp_path / "bad.npy"], TokenReader(seq_len=4))
+    np.save(tmp_path / "cut.npy", np.arange(100, dtype=np.uint16))
+    data = (tmp_path / "cut.npy").read_bytes()
+    (tmp_path / "cut.npy").write_bytes(data[:-10])
+    with pytest.raises(ShardError, match=r"cut\.npy.*corrupt or truncated"):
+        ShardedDataset([tmp_path / "cut.npy"], TokenReader(seq_len=4))
+    (tmp_path / "odd.bin").write_bytes(b"\0" * 7)
+    with pytest.raises(ShardError, match=r"odd\.bin.*not a multiple of the uint16"):
+        ShardedDataset([tmp_path / "odd.bin"], TokenReader(seq_len=4, dtype=np.uint16))
+    with pytest.raises(ValueError, match=r"odd\.bin.*pass dtype="):
+        ShardedDataset([tmp_path / "odd.bin"], TokenReader(seq_len=4))
+    np.save(tmp_path / "f.npy", np.zeros((2, 3), np.uint16))
+    with pytest.raises(ShardError, match=r"f\.npy.*1-D integer"):
+        ShardedDataset([tmp_path / "f.npy"], TokenReader(seq_len=4))
+    with pytest.raises(MissingShardError, match=r"nope\.npy"):
+        ShardedDataset([tmp_path / "nope.npy"], TokenReader(seq_len=4))
+
+
+def corrupt_keeping_size_and_mtime(path: Path) -> None:
+    st_ = path.stat()
+    path.write_bytes(b"\x93GARBAGE" + b"\0" * (st_.st_size - 8))
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_error_skip_counts_warns_and_substitutes_the_next_readable_sample(
+    shards: list[Path], num_workers: int
+) -> None:
+    corrupt_keeping_size_and_mtime(shards[4])  # 21 samples, ids 20..40
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    with pytest.raises(WorkerError, match=r"shard-00004\.npy"):
+        list(loader(ds, num_workers))
+    skipping = ShardedDataset(shards, TokenReader(seq_len=SEQ), on_error="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(loader(skipping, num_workers))
+    assert [len(b) for b in batches] == [4] * 12 + [2], "batches must keep their size"
+    got = Counter(ids(batches))
+    assert skipping.skipped == 21
+    assert set(got) == {i for i in range(50) if not 20 <= i < 41}
+    # Each of the 21 skipped places went to sample 41, the next readable one after the shard.
+    assert got[41] == 22 and sum(got.values()) == 50
+    if num_workers == 0:  # worker processes print their warnings to stderr instead
+        assert any("shard-00004.npy" in str(w.message) for w in caught)
+    again = ShardedDataset(shards, TokenReader(seq_len=SEQ), on_error="skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        same = list(loader(again, 2 - num_workers))
+    assert all(torch.equal(a, b) for a, b in zip(batches, same, strict=True))
+
+
+def test_skip_substitutes_only_the_bad_lines_of_a_jsonl_shard(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"i": 0}\n{"i": 1}\n{broken\n{"i": 3}\n')
+    strict = ShardedDataset([path], JsonlReader())
+    with pytest.raises(ShardError, match=r"a\.jsonl.*line 3 is not valid JSON"):
+        strict.get_batch([0, 2])
+    ds = ShardedDataset([path], JsonlReader(), on_error="skip")
+    with pytest.warns(RuntimeWarning, match=r"a\.jsonl"):
+        assert ds.__getitems__([3, 2, 0]) == [{"i": 3}, {"i": 3}, {"i": 0}]
+    assert ds.get_batch([1, 2])["i"].tolist() == [1, 3]
+    assert ds.skipped == 2
+    bad = tmp_path / "b.jsonl"
+    bad.write_text("{broken\n")
+    hopeless = ShardedDataset([bad], JsonlReader(), on_error="skip")
+    with pytest.warns(RuntimeWarning), pytest.raises(ShardError, match="no readable sample"):
+        hopeless.get_batch([0])
+
+
+def test_bad_arguments_are_named(shards: list[Path]) -> None:
+    with pytest.raises(ValueError, match="exactly one of seq_len"):
+        TokenReader()
+    with pytest.raises(ValueError, match="on_error must be"):
+        ShardedDataset(shards, TokenReader(seq_len=SEQ), on_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reader must have"):
+        ShardedDataset(shards, object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="listed twice"):
+        ShardedDataset([shards[0], shards[0]], TokenReader(seq_len=SEQ))
+    with pytest.raises(IndexError, match="out of range"):
+        ShardedDataset(shards, TokenReader(seq_len=SEQ))[50]
+
+
+# ----------------------------------------------------------------- file opens
+class LoggingReader(TokenReader):
+    """Appends ``pid shard`` to a log file on every open, from any process."""
+
+    def __init__(self, log: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log = str(log)
+
+    def open(self, path: Path) -> Any:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {Path(path).name}\n")
+        return super().open(path)
+
+
+def opens(log: Path) -> Counter[tuple[str, str]]:
+    return Counter(tuple(line.split()) for line in log.read_text().splitlines())  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_each_worker_opens_each_shard_at_most_once(shards: list[Path], persistent: bool) -> None:
+    """Non-persistent workers are new processes each epoch: each opens a shard at most once
+    per epoch. Persistent workers keep their maps: at most once over both epochs."""
+    log = shards[0].parent / "opens.log"
+    ds = ShardedDataset(shards, LoggingReader(log, seq_len=SEQ))
+    run = loader(ds, 2, persistent_workers=persistent)
+    for _ in range(2):
+        assert len(ids(list(run))) == 50
+    per_process = opens(log)
+    assert max(per_process.values()) == 1, per_process
+    pids = {pid for pid, _ in per_process}
+    assert len(pids) == (2 if persistent else 4)
+    # Every non-empty shard was read by some worker in each epoch.
+    assert {name for _, name in per_process} == {
+        p.name for p, n in zip(shards, SIZES, strict=True) if n
+    }
+
+
+def test_with_a_bounded_cache_each_shard_is_opened_once_per_epoch(tmp_path: Path) -> None:
+    """40 shards of 3 samples, batches of 2: 2 consecutive samples span at most k = 2 shards,
+    so 2k - 1 = 3 open shards are enough for one open per shard per epoch (the documented
+    bound); with 1, the same run reopens shards (the count is real)."""
+    paths = write_shards(tmp_path, id_shards([3] * 40), TokenReader(seq_len=SEQ))
+    for cap, bounded in ((3, True), (1, False)):
+        log = tmp_path / f"opens-{cap}.log"
+        ds = ShardedDataset(paths, LoggingReader(log, seq_len=SEQ), max_open_shards=cap)
+        run = loader(ds, 0, batch_size=2, window=2, drop_last=True)
+        for _ in range(2):
+            assert len(ids(list(run))) == 120
+        counts = Counter(name for _, name in opens(log).elements())
+        if bounded:
+            assert set(counts.values()) == {2}, counts  # 2 epochs, once each
+        else:
+            assert max(counts.values()) > 2
+
+
+def test_pickling_leaves_the_maps_behind(shards: list[Path]) -> None:
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    ds.get_batch(np.arange(50))
+    assert ds.opens == 6 and len(ds._files.open) == 6
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.opens == 0 and not copy._files.open
+    assert torch.equal(copy.get_batch(np.arange(50)), ds.get_batch(np.arange(50)))

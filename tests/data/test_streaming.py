@@ -1,0 +1,566 @@
+"""StreamingShardedDataset through ResumableDataLoader: per-slot cursors, exact resume.
+
+The oracle of a slot's stream is written here from the spec (module docstring
+of ``loaderkit.data.streaming``), independently of the code: pass ``p`` orders the
+shards by ``dataset.pass_order``; slot ``s`` of ``S`` reads
+``order[s::S]`` front to back, or with fewer shards than slots every shard,
+keeping every ``S``-th sample. Worker processes are emulated in-process
+(torch's turn order: workers in turn, skipping those whose stream ended);
+``test_real_workers_*`` checks the emulation against real worker processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loaderkit import (
+    IterableReader,
+    LoaderkitError,
+    ResumableDataLoader,
+    ShardError,
+    StateMismatchError,
+    StreamingShardedDataset,
+)
+from loaderkit.data.streaming import EMPTY_PASSES
+from loaderkit.loader._stream import StreamEngine, _SlotBatches
+
+SEED = 5
+FIXTURE_HEALTH = HealthCheck.function_scoped_fixture  # the fixture only patches a class
+
+
+# ----------------------------------------------------------------- the data
+def read_range(shard: tuple[int, int]) -> Iterator[int]:
+    """Shard ``(start, n)`` holds the sample ids ``start .. start + n - 1``."""
+    start, n = shard
+    return iter(range(start, start + n))
+
+
+def make_shards(sizes: list[int]) -> list[tuple[int, int]]:
+    starts = itertools.accumulate([0, *sizes[:-1]])
+    return [(s, n) for s, n in zip(starts, sizes, strict=True)]
+
+
+class CountingReader:
+    """A StreamReader that records every ``iter_from`` call."""
+
+    suffixes = ()
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[int, int], int]] = []
+
+    def iter_from(self, shard: tuple[int, int], offset: int) -> Iterator[int]:
+        self.calls.append((shard, offset))
+        start, n = shard
+        return iter(range(start + offset, start + n))
+
+
+def slot_oracle(ds: StreamingShardedDataset, slot: int, slots: int, passes: int) -> list[int]:
+    return list(slot_passes(ds, slot, slots, passes))
+
+
+def slot_passes(
+    ds: StreamingShardedDataset, slot: int, slots: int, passes: int | None = None
+) -> Iterator[int]:
+    """The samples slot ``slot`` reads, pass after pass (forever when ``passes`` is None)."""
+    for p in itertools.count() if passes is None else range(passes):
+        yield from one_pass(ds, slot, slots, p)
+
+
+def one_pass(ds: StreamingShardedDataset, slot: int, slots: int, p: int) -> list[int]:
+    """The samples slot ``slot`` reads in pass ``p``."""
+    order = ds.pass_order(SEED, p)
+    if len(order) >= slots:
+        return [i for shard in order[slot::slots] for i in read_range(ds.shards[shard])]
+    every = [i for shard in order for i in read_range(ds.shards[shard])]
+    return every[slot::slots]
+
+
+# ------------------------------------------------------- emulated workers
+class EmulatedWorkers:
+    """In-process stand-in for the inner DataLoader: each worker a copy, taking turns."""
+
+    _iterator = None
+
+    def __init__(self, source: _SlotBatches, workers: int) -> None:
+        self.source, self.workers = source, workers
+
+    def __iter__(self) -> Iterator[Any]:
+        its = [copy.deepcopy(self.source).batches(w) for w in range(self.workers)]
+        alive = [True] * self.workers
+        w = 0
+        while any(alive):
+            if alive[w]:
+                try:
+                    yield next(its[w])
+                except StopIteration:
+                    alive[w] = False
+            w = (w + 1) % self.workers
+
+
+@pytest.fixture
+def emulate(monkeypatch: pytest.MonkeyPatch) -> None:
+    def inner(self: StreamEngine, source: _SlotBatches, rotation: int) -> EmulatedWorkers:
+        return EmulatedWorkers(source, self.loader.num_workers)
+
+    monkeypatch.setattr(StreamEngine, "_inner_loader", inner)
+
+
+def loader(ds: Any, nw: int = 0, **kw: Any) -> ResumableDataLoader:
+    kw.setdefault("batch_size", 3)
+    return ResumableDataLoader(ds, seed=SEED, num_workers=nw, **kw)
+
+
+def ids(batch: Any) -> list[int]:
+    return [int(i) for i in batch]
+
+
+def take(dl: ResumableDataLoader, k: int) -> list[list[int]]:
+    """The first k batches over epochs, starting a new epoch whenever one ends."""
+    got: list[list[int]] = []
+    it = iter(dl)
+    while len(got) < k:
+        try:
+            got.append(ids(next(it)))
+        except StopIteration:
+            it = iter(dl)
+    return got
+
+
+def epochs(dl: ResumableDataLoader, n: int) -> list[list[list[int]]]:
+    return [[ids(b) for b in dl] for _ in range(n)]
+
+
+def resumed(ds: Any, state: dict[str, Any], nw: int, n: int, **kw: Any) -> list[list[int]]:
+    dl = loader(ds, nw, **kw)
+    dl.load_state_dict(state)
+    out: list[list[int]] = []
+    for _ in range(4):
+        out += [ids(b) for b in dl]
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+sizes_st = st.lists(
+    st.one_of(st.integers(0, 12), st.just(0), st.integers(60, 120)), min_size=1, max_size=9
+)
+
+
+# -------------------------------------------------------- one pass per epoch
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=sizes_st,
+    nw=st.integers(0, 4),
+    batch=st.integers(1, 5),
+    drop=st.booleans(),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_pass_per_epoch_exactly_once_and_exact_resume(
+    emulate: None, sizes: list[int], nw: int, batch: int, drop: bool, shuffle: bool, data: Any
+) -> None:
+    ds = StreamingShardedDataset(
+        make_shards(sizes), IterableReader(read_range), shuffle_shards=shuffle
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # fewer shards than slots
+        full = epochs(loader(ds, nw, batch_size=batch, drop_last=drop), 2)
+        for e, epoch in enumerate(full):
+            seen = Counter(i for b in epoch for i in b)
+            assert max(seen.values(), default=1) == 1, f"epoch {e} repeats a sample"
+            lost = sum(sizes) - len(seen)
+            if drop:  # only the partial tail of each slot, never a whole batch
+                assert 0 <= lost <= (batch - 1) * max(nw, 1)
+                assert all(len(b) == batch for b in epoch)
+            else:
+                assert lost == 0
+            # Each slot's stream of pass e, cut into batches, appears in the epoch in order.
+            slot_of = {}
+            for slot in range(max(nw, 1)):
+                stream = one_pass(ds, slot, max(nw, 1), e)
+                chunks = [stream[i : i + batch] for i in range(0, len(stream), batch)]
+                if drop and chunks and len(chunks[-1]) < batch:
+                    chunks.pop()
+                slot_of.update({tuple(c): slot for c in chunks})
+                assert [b for b in epoch if slot_of.get(tuple(b)) == slot] == chunks
+            assert len(slot_of) == len(epoch)
+        flat = [b for epoch in full for b in epoch]
+        if not flat:
+            return
+        k = data.draw(st.integers(0, len(flat)), label="resume after k batches")
+        dl = loader(ds, nw, batch_size=batch, drop_last=drop)
+        before = take(dl, k) if k else []
+        after = resumed(ds, dl.state_dict(), nw, len(flat) - k, batch_size=batch, drop_last=drop)
+    assert before + after == flat
+
+
+# ------------------------------------------------------ fixed steps per epoch
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=sizes_st,
+    world=st.integers(1, 8),
+    nw=st.integers(0, 4),
+    batch=st.integers(1, 4),
+    steps=st.integers(1, 6),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
+    emulate: None,
+    sizes: list[int],
+    world: int,
+    nw: int,
+    batch: int,
+    steps: int,
+    shuffle: bool,
+    data: Any,
+) -> None:
+    ds = StreamingShardedDataset(
+        make_shards(sizes),
+        IterableReader(read_range),
+        steps_per_epoch=steps,
+        shuffle_shards=shuffle,
+    )
+    workers = max(nw, 1)
+    slots = world * workers
+    # A slot with no sample in EMPTY_PASSES passes can never fill its turns (worker w has
+    # turns iff w < steps).
+    starved = {
+        s // workers
+        for s in range(slots)
+        if s % workers < steps and not slot_oracle(ds, s, slots, EMPTY_PASSES if shuffle else 1)
+    }
+    per_rank = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for rank in range(world):
+            dl = loader(ds, nw, batch_size=batch, rank=rank, world_size=world)
+            assert len(dl) == steps
+            if rank in starved:
+                with pytest.raises(LoaderkitError, match=r"read no sample in (32|1) whole pass"):
+                    epochs(dl, 2)
+            else:
+                per_rank.append(epochs(dl, 2))
+    if starved:
+        return
+    # Every rank steps the same number of times, every batch is full.
+    assert all(len(epoch) == steps for r in per_rank for epoch in r)
+    assert all(len(b) == batch for r in per_rank for epoch in r for b in epoch)
+    # Worker w of a rank takes the epoch's batches w, w + workers, ...; each slot's
+    # batches, in order, are a prefix of its stream (no sample skipped or repeated).
+    for rank, rank_epochs in enumerate(per_rank):
+        for local in range(workers):
+            mine = [
+                i
+                for epoch in rank_epochs
+                for j, b in enumerate(epoch)
+                if j % workers == local
+                for i in b
+            ]
+            oracle = slot_passes(ds, rank * workers + local, slots)
+            assert mine == list(itertools.islice(oracle, len(mine))), f"rank {rank} slot {local}"
+    # Pass 0 of all slots together is every sample exactly once.
+    pass0 = [i for s in range(slots) for i in slot_oracle(ds, s, slots, 1)]
+    assert sorted(pass0) == list(range(sum(sizes)))
+    # Resume every rank after k batches (the same k: DDP ranks step together).
+    k = data.draw(st.integers(0, 2 * steps), label="k")
+    states = []
+    for rank in range(world):
+        dl = loader(ds, nw, batch_size=batch, rank=rank, world_size=world)
+        take(dl, k)
+        states.append(dl.state_dict())
+    state = copy.deepcopy(states[0])
+    state["ranks"] = [s["ranks"][r] for r, s in enumerate(states)]  # what all_gather builds
+    for rank in range(world):
+        flat = [b for epoch in per_rank[rank] for b in epoch]
+        after = resumed(ds, state, nw, 2 * steps - k, batch_size=batch, rank=rank, world_size=world)
+        assert flat[:k] + after == flat, f"rank {rank} resumed at {k}"
+
+
+# ------------------------------------------------------------ real workers
+@pytest.mark.parametrize("persistent", [False, True])
+def test_real_workers_match_emulation_and_resume(persistent: bool) -> None:
+    ds = StreamingShardedDataset(make_shards([5, 0, 9, 3, 12, 7, 1]), IterableReader(read_range))
+    kw = {"persistent_workers": persistent}
+    full = epochs(loader(ds, 2, **kw), 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            StreamEngine,
+            "_inner_loader",
+            lambda self, source, rotation: EmulatedWorkers(source, 2),
+        )
+        assert epochs(loader(ds, 2), 2) == full
+    flat = [b for e in full for b in e]
+    for k in (3, len(full[0]), len(full[0]) + 2):
+        dl = loader(ds, 2, **kw)
+        before = take(dl, k)
+        assert before + resumed(ds, dl.state_dict(), 2, len(flat) - k, **kw) == flat
+
+
+def test_resume_skips_earlier_shards_without_opening_them() -> None:
+    reader = CountingReader()
+    ds = StreamingShardedDataset(make_shards([4, 4, 4, 4]), reader, shuffle_shards=False)
+    dl = loader(ds, batch_size=3)
+    take(dl, 3)  # 9 samples: shards 0, 1 and the first of shard 2
+    state = dl.state_dict()
+    reader.calls.clear()
+    dl2 = loader(ds, batch_size=3)
+    dl2.load_state_dict(state)
+    rest = [i for b in dl2 for i in ids(b)]
+    assert rest == list(range(9, 16))
+    assert reader.calls == [((8, 4), 1), ((12, 4), 0)]  # seeks into shard 2, never 0 or 1
+
+
+def test_token_shards_seek_by_index(tmp_path: Path) -> None:
+    import numpy as np
+
+    from loaderkit import JsonlReader, TokenReader, write_shards
+
+    reader = TokenReader(seq_len=2)
+    paths = write_shards(tmp_path / "t", [np.arange(10), np.arange(10, 16)], reader)
+    ds = StreamingShardedDataset(tmp_path / "t", reader, shuffle_shards=False)
+    dl = loader(ds, batch_size=2)
+    got = [b[:, 0].tolist() for b in dl]
+    assert got == [[0, 2], [4, 6], [8, 10], [12, 14]]
+    assert [str(p) for p in ds.shards] == [str(p) for p in paths]
+    jr = JsonlReader()
+    (tmp_path / "j").mkdir()
+    jr.write(tmp_path / "j" / "a.jsonl", [{"i": i} for i in range(5)])  # never counted
+    dl = loader(StreamingShardedDataset(tmp_path / "j", jr), batch_size=2)
+    assert [b["i"].tolist() for b in dl] == [[0, 1], [2, 3], [4]]
+
+
+def test_per_sample_transform_same_for_any_workers_and_after_resume(emulate: None) -> None:
+    def noisy(i: int) -> torch.Tensor:
+        return torch.tensor([float(i)]) + torch.rand(1)
+
+    ds = StreamingShardedDataset(
+        make_shards([6, 5, 7, 4]), IterableReader(read_range), transform=noisy, steps_per_epoch=3
+    )
+    runs = {}
+    for nw in (0, 2):
+        dl = loader(ds, nw, batch_size=2)
+        runs[nw] = [b for _ in range(2) for b in dl]
+    # The same samples in other batches: compare value per sample id.
+    by_id = [{int(x): float(x) for b in run for x in b} for run in runs.values()]
+    common = set(by_id[0]) & set(by_id[1])
+    assert common and all(by_id[0][i] == by_id[1][i] for i in common)
+    dl = loader(ds, 2, batch_size=2)
+    take(dl, 2)
+    dl2 = loader(ds, 2, batch_size=2)
+    dl2.load_state_dict(dl.state_dict())
+    assert torch.equal(torch.cat(list(dl2)), torch.cat(runs[2][2:3]))
+
+
+def test_fewer_shards_than_slots_warns_once(emulate: None) -> None:
+    ds = StreamingShardedDataset(make_shards([10]), IterableReader(read_range))
+    dl = loader(ds, 3, batch_size=2)
+    with pytest.warns(RuntimeWarning, match="1 shards for 3 .rank, worker. slots"):
+        first = epochs(dl, 1)
+    assert sorted(i for b in first[0] for i in b) == list(range(10))
+
+
+# ---------------------------------------------------------------- refusals
+def test_topology_change_is_refused_with_the_reason(emulate: None) -> None:
+    ds = StreamingShardedDataset(make_shards([5, 5, 5, 5]), IterableReader(read_range))
+    dl = loader(ds, 2)
+    take(dl, 2)
+    state = dl.state_dict()
+    for nw in (0, 3):
+        with pytest.raises(StateMismatchError, match=r"cannot be re-split.*ShardedDataset"):
+            loader(ds, nw).load_state_dict(state)
+    ds_l = StreamingShardedDataset(
+        make_shards([5, 5, 5, 5]), IterableReader(read_range), steps_per_epoch=2
+    )
+    dl = loader(ds_l, rank=0, world_size=2)
+    take(dl, 1)
+    with pytest.raises(StateMismatchError, match=r"world_size=2.*world_size=1"):
+        loader(ds_l).load_state_dict(dl.state_dict())
+    with pytest.raises(StateMismatchError, match="no cursors for rank 1"):
+        loader(ds_l, rank=1, world_size=2).load_state_dict(dl.state_dict())
+
+
+def test_state_mismatch_and_malformed_states() -> None:
+    ds = StreamingShardedDataset(make_shards([5, 5]), IterableReader(read_range))
+    dl = loader(ds)
+    take(dl, 1)
+    state = dl.state_dict()
+    with pytest.raises(StateMismatchError, match="field 'batch_size' differs: saved 3"):
+        loader(ds, batch_size=2).load_state_dict(state)
+    other = StreamingShardedDataset(make_shards([5, 6]), IterableReader(read_range))
+    with pytest.raises(StateMismatchError, match="field 'shard_names_crc32' differs"):
+        loader(other).load_state_dict(state)
+    explicit = ResumableDataLoader(ds, batch_size=3, seed=SEED + 1)
+    with pytest.raises(StateMismatchError, match="field 'seed' differs"):
+        explicit.load_state_dict(state)
+    adopting = ResumableDataLoader(ds, batch_size=3)
+    adopting.load_state_dict(state)
+    assert adopting.seed == SEED
+    with pytest.raises(TypeError, match="must be a dict, got list"):
+        loader(ds).load_state_dict([])  # type: ignore[arg-type]
+    with pytest.raises(StateMismatchError, match=r"missing keys \['ranks'\]"):
+        loader(ds).load_state_dict({k: v for k, v in state.items() if k != "ranks"})
+    with pytest.raises(StateMismatchError, match="map-style data cannot resume a stream"):
+        loader(ds).load_state_dict(ResumableDataLoader(list(range(4))).state_dict())
+    with pytest.raises(StateMismatchError, match="upgrade loaderkit"):
+        loader(ds).load_state_dict({**state, "version": 99})
+
+
+def test_ddp_without_a_limit_is_refused_explaining_the_hang() -> None:
+    ds = StreamingShardedDataset(make_shards([5, 5]), IterableReader(read_range))
+    dl = loader(ds, rank=0, world_size=2)
+    with pytest.raises(LoaderkitError, match=r"hang DDP.*steps_per_epoch"):
+        next(iter(dl))
+    with pytest.raises(LoaderkitError, match="hang DDP"):
+        len(dl)
+
+
+def test_length() -> None:
+    unsized = loader(StreamingShardedDataset(make_shards([5]), IterableReader(read_range)))
+    with pytest.raises(TypeError, match=r"has no length.*steps_per_epoch"):
+        len(unsized)
+    by_samples = StreamingShardedDataset(
+        make_shards([50]), IterableReader(read_range), samples_per_epoch=40
+    )
+    assert len(loader(by_samples, batch_size=4, rank=1, world_size=2)) == 5
+    with pytest.raises(ValueError, match="samples_per_epoch=4 is less than one global step"):
+        len(
+            loader(
+                by_samples_small := StreamingShardedDataset(
+                    make_shards([5]), IterableReader(read_range), samples_per_epoch=4
+                ),
+                batch_size=4,
+                rank=0,
+                world_size=2,
+            )
+        )
+    del by_samples_small
+
+
+def test_read_error_names_the_shard() -> None:
+    def broken(shard: tuple[int, int]) -> Iterator[int]:
+        yield shard[0]
+        raise OSError("truncated gzip stream")
+
+    ds = StreamingShardedDataset(make_shards([3]), IterableReader(broken))
+    with pytest.raises(
+        ShardError, match=r"reading shard \(0, 3\) from sample 0 on failed with OSError: truncated"
+    ):
+        list(loader(ds))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"reader": object()}, TypeError, "reader must have iter_from"),
+        ({"shuffle_shards": 1}, TypeError, "shuffle_shards must be a bool, got 1"),
+        ({"steps_per_epoch": 2, "samples_per_epoch": 8}, ValueError, "not both"),
+        ({"steps_per_epoch": 0}, ValueError, "steps_per_epoch"),
+        ({"samples_per_epoch": "8"}, TypeError, "samples_per_epoch"),
+        ({"transform": 3}, TypeError, "transform must be callable, got 3"),
+        ({"shards": []}, ValueError, "shards is empty"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    args: dict[str, Any] = {"shards": make_shards([3]), "reader": IterableReader(read_range)}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        StreamingShardedDataset(**args)
+
+
+def test_misuse_through_torch_dataloader_and_samplers() -> None:
+    ds = StreamingShardedDataset(make_shards([3]), IterableReader(read_range))
+    with pytest.raises(TypeError, match=r"iterate it through loaderkit.ResumableDataLoader"):
+        list(torch.utils.data.DataLoader(ds))
+    with pytest.raises(ValueError, match="takes no sampler, batch_sampler or shuffle"):
+        ResumableDataLoader(ds, shuffle=True)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        IterableReader(3)  # type: ignore[arg-type]
+
+
+def test_a_pass_ending_exactly_at_a_batch_boundary_is_not_starvation() -> None:
+    """Regression: the cursor at the very end of a pass (the last batch ended with the
+    last shard) used to count the empty rest of that pass as a starved pass."""
+    ds = StreamingShardedDataset(
+        make_shards([8]), IterableReader(read_range), shuffle_shards=False, steps_per_epoch=2
+    )
+    dl = loader(ds, batch_size=4)
+    assert epochs(dl, 3) == [[[0, 1, 2, 3], [4, 5, 6, 7]]] * 3
+    resumed_dl = loader(ds, batch_size=4)
+    resumed_dl.load_state_dict(dl.state_dict())
+    assert [ids(b) for b in resumed_dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_persistent_workers_survive_epochs_taken_to_their_length() -> None:
+    """Lightning takes len() batches and never asks for the end of a sized epoch: the
+    persistent workers, idle at the next epoch's cursors, are kept."""
+    ds = StreamingShardedDataset(
+        make_shards([9, 7, 11, 5]), IterableReader(read_range), steps_per_epoch=3
+    )
+    dl = loader(ds, 2, batch_size=2, persistent_workers=True)
+    inners, got = [], []
+    for _ in range(3):
+        it = iter(dl)
+        got.append([ids(next(it)) for _ in range(len(dl))])
+        inners.append(dl._stream._inner)
+        del it
+    assert inners[0] is not None and all(i is inners[0] for i in inners)
+    assert got == epochs(loader(ds, 2, batch_size=2), 3)  # the same batches as fresh workers
+
+
+def test_a_stream_resumes_after_its_shard_folder_moved(tmp_path: Path) -> None:
+    """Checkpoints name shards by file name, not path: copied to local scratch, they resume."""
+    import shutil
+
+    import numpy as np
+
+    from loaderkit import TokenReader, write_shards
+
+    reader = TokenReader(seq_len=2)
+    write_shards(tmp_path / "a", [np.arange(10), np.arange(10, 16)], reader)
+    dl = loader(StreamingShardedDataset(tmp_path / "a", reader, shuffle_shards=False), batch_size=2)
+    it = iter(dl)
+    next(it), next(it)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    moved = loader(
+        StreamingShardedDataset(tmp_path / "b", reader, shuffle_shards=False), batch_size=2
+    )
+    moved.load_state_dict(dl.state_dict())
+    assert [b[:, 0].tolist() for b in moved] == [[8, 10], [12, 14]]
+
+
+def test_ranks_with_different_num_workers_are_refused_at_the_state_gather(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shards are dealt by rank x workers: ranks with different worker counts read some
+    shards twice. The gathered state shows it, on every rank alike (no hang)."""
+    import loaderkit.loader._stream as engine_module
+
+    ds = StreamingShardedDataset(
+        make_shards([5, 5, 5, 5]), IterableReader(read_range), steps_per_epoch=2
+    )
+    dl = loader(ds, rank=0, world_size=2)
+    take(dl, 1)
+
+    def gather(out: list[Any], mine: Any) -> None:
+        out[0], out[1] = mine, {"cursors": [None, None], "next": 0}  # rank 1: 2 workers
+
+    monkeypatch.setattr(engine_module.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(engine_module.dist, "all_gather_object", gather)
+    with pytest.raises(LoaderkitError, match=r"different num_workers \(\[1, 2\] worker slots"):
+        dl.state_dict()

@@ -1,0 +1,747 @@
+"""loaderkit.lightning.datamodules: every DataModule trains under a CPU ``lightning.Trainer``,
+resumes exactly from a Lightning checkpoint (the oracle of ``tests/support/helpers.py``), and
+checks its input.
+
+Tiny data throughout: 64 samples, two epochs, a few batches each.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+import loaderkit.lightning.datamodules.base as base_module
+from loaderkit import (
+    ElasticResume,
+    JsonlReader,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
+from loaderkit.errors import LoaderkitError, MissingDependencyError
+from loaderkit.lightning.datamodules import (
+    ArrayDataModule,
+    ImageFolderDataModule,
+    LoaderDataModule,
+    SequenceDataModule,
+    ShardedDataModule,
+    TensorDataModule,
+)
+from loaderkit.lightning.datamodules._util import cpu_budget
+from loaderkit.transfer import select_device, should_pin_memory
+from tests.support.datamodules import (
+    AnyBatchModule,
+    FitRun,
+    fit_recording,
+    make_image_tree,
+    sequence_samples,
+    write_id_token_shards,
+)
+from tests.support.helpers import assert_resume_exact, by_epoch, trainer_kwargs
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+SIZE, BATCH, SEED = 64, 8, 3
+FEATURES = torch.randn(SIZE, 4, generator=torch.Generator().manual_seed(0))
+
+
+def tensor_dm(nw: int = 0, **kwargs: Any) -> TensorDataModule:
+    kwargs = {"batch_size": BATCH, "num_workers": nw, "seed": SEED, **kwargs}
+    return TensorDataModule(torch.arange(SIZE), FEATURES, **kwargs)
+
+
+def sequence_dm(nw: int = 0, **kwargs: Any) -> SequenceDataModule:
+    # A small window and this seed: epoch 1 has more batches than epoch 0 (21, then 23).
+    kwargs = {
+        "max_tokens": 64,
+        "pad_to_multiple_of": 4,
+        "window": 16,
+        "num_workers": nw,
+        "seed": 1,
+        **kwargs,
+    }
+    return SequenceDataModule(sequence_samples(SIZE), **kwargs)
+
+
+def fit_any(dm: L.LightningDataModule, **overrides: Any) -> tuple[AnyBatchModule, L.Trainer]:
+    model = AnyBatchModule()
+    trainer = L.Trainer(**trainer_kwargs(**overrides))
+    trainer.fit(model, datamodule=dm)
+    return model, trainer
+
+
+# ------------------------------------------------------------ resume through Lightning
+
+KINDS: dict[str, Any] = {
+    "tensor": (tensor_dm, lambda: []),
+    # Token-budget epochs change length: ElasticResume keeps Lightning's count in step.
+    "sequence": (sequence_dm, lambda: [ElasticResume()]),
+}
+
+
+def epoch_lengths(kind: str) -> tuple[int, ...]:
+    dm = KINDS[kind][0]()
+    dm.setup("fit")
+    plan = dm.train_dataloader().plan
+    return tuple(plan.num_steps(e, start=0, world_size=1) for e in (0, 1))
+
+
+class Runs:
+    """Each distinct fit once per module: uninterrupted, cut (checkpoint every step), resumed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[tuple[Any, ...], FitRun] = {}
+
+    def _get(self, key: tuple[Any, ...], **kwargs: Any) -> FitRun:
+        if key not in self._cache:
+            kind, nw = key[0], key[1]
+            make, callbacks = KINDS[kind]
+            path = self.root.joinpath("-".join(map(str, key)))
+            path.mkdir(parents=True)
+            self._cache[key] = fit_recording(
+                path, lambda: make(nw), callbacks=callbacks(), **kwargs
+            )
+        return self._cache[key]
+
+    def full(self, kind: str, nw: int) -> FitRun:
+        return self._get((kind, nw, "full"))
+
+    def cut(self, kind: str, nw: int, at: int) -> FitRun:
+        return self._get((kind, nw, "cut", at), fail_at=at)
+
+    def resumed(self, kind: str, nw: int, k: int, cut_at: int) -> FitRun:
+        ckpt = self.cut(kind, nw, cut_at).ckpt(k)
+        return self._get((kind, nw, "resumed", k), resume=ckpt)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("dm-runs"))
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("kind", ["tensor", "sequence"])
+def test_resume_from_lightning_checkpoint_is_exact(runs: Runs, kind: str, nw: int) -> None:
+    """A fit interrupted inside epoch 1, resumed from its checkpoints at a step inside epoch 0
+    and one inside epoch 1 with a fresh model and DataModule: the oracle holds each time.
+    The sequence case batches under a token budget (epochs of different lengths)."""
+    e0, e1 = epoch_lengths(kind)
+    if kind == "sequence":
+        assert e0 < e1, "the token-budget case should have a longer epoch 1"
+    full = runs.full(kind, nw)
+    assert len(full.records) == e0 + e1
+    assert sorted(by_epoch(full.records)[0]) == list(range(SIZE))
+    cut_at = e0 + 2
+    cut = runs.cut(kind, nw, cut_at)
+    assert len(cut.records) == cut_at
+    for k in (3, cut_at):
+        after = runs.resumed(kind, nw, k, cut_at)
+        assert_resume_exact(full.records, cut.records[:k], after.records)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "sequence"])
+def test_sample_stream_does_not_depend_on_num_workers(runs: Runs, kind: str) -> None:
+    assert runs.full(kind, 0).records == runs.full(kind, 2).records
+
+
+# ------------------------------------------------------------- each module trains
+
+
+def test_tensor_datamodule_trains_with_a_seeded_val_split() -> None:
+    dm = tensor_dm(val_fraction=0.25, eval_batch_size=5)
+    model, trainer = fit_any(dm, limit_val_batches=1.0)
+    assert model.rows == {0: 48, 1: 48}
+    assert model.val_batches == 2 * 4  # 16 val samples in batches of 5, after each epoch
+    assert isinstance(trainer.train_dataloader, base_module.ResumableDataLoader)
+
+
+def test_array_datamodule_trains_from_npy_and_npz_paths(tmp_path: Path) -> None:
+    x = np.arange(SIZE * 3, dtype=np.float32).reshape(SIZE, 3)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "val.npz", y=np.arange(10), x=x[:10])
+    dm = ArrayDataModule(
+        train=str(tmp_path / "x.npy"), val=str(tmp_path / "val.npz"), keys=["x", "y"], batch_size=16
+    )
+    model, _ = fit_any(dm)
+    assert model.rows == {0: SIZE, 1: SIZE}
+    assert isinstance(dm.train_dataset.arrays[0], np.memmap)  # read lazily, not loaded
+    xb, yb = next(iter(dm.val_dataloader()))
+    assert xb.shape == (10, 3) and yb.tolist() == list(range(10))
+    arrays = ArrayDataModule(x, np.arange(SIZE), batch_size=32)
+    model, _ = fit_any(arrays, max_epochs=1)
+    assert model.rows == {0: SIZE}
+
+
+def test_tensor_datamodule_reads_pt_files(tmp_path: Path) -> None:
+    torch.save((torch.arange(SIZE), FEATURES), tmp_path / "train.pt")
+    torch.save(FEATURES[:7], tmp_path / "test.pt")
+    dm = TensorDataModule(train=str(tmp_path / "train.pt"), test=str(tmp_path / "test.pt"))
+    assert dm.hparams["train"] == str(tmp_path / "train.pt")  # paths stay in hparams
+    dm.setup("fit")
+    dm.setup("test")
+    assert len(dm.train_dataset) == SIZE
+    (xb,) = next(iter(dm.test_dataloader()))
+    assert torch.equal(xb, FEATURES[:7])
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+def test_sequence_datamodule_trains_and_pads(bucket: bool) -> None:
+    dm = sequence_dm(max_tokens=None, bucket=bucket, batch_size=8, val_fraction=0.25)
+    model, _ = fit_any(dm)
+    assert model.rows == {0: 48, 1: 48}
+    assert model.val_batches == 2 * 2
+    batch = model.last_batch
+    assert batch["input_ids"].shape[1] % 4 == 0
+    assert batch["attention_mask"].sum(1).tolist() == batch["lengths"].tolist()
+
+
+def test_sequence_lengths_follow_the_val_split() -> None:
+    """Bucketing reads the lengths by dataset index: after a val_fraction split they must be
+    the lengths of the subset's samples, or batches would be planned on the wrong lengths."""
+    dm = sequence_dm(max_tokens=48, val_fraction=0.3, pad_to_multiple_of=None)
+    dm.setup("fit")
+    dm.setup("test")  # a later stage must not re-measure the split's lengths
+    samples = sequence_samples(SIZE)
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        for batch in loader:
+            want = [len(samples[i]["input_ids"]) for i in batch["id"].tolist()]
+            assert batch["lengths"].tolist() == want
+            assert batch["input_ids"].numel() <= 48 or loader is not dm.train_dataloader()
+
+
+def test_sequence_datamodule_reads_jsonl_and_bare_samples(tmp_path: Path) -> None:
+    path = tmp_path / "seqs.jsonl"
+    path.write_text("\n".join(json.dumps(list(range(n))) for n in (3, 1, 5, 2, 4)) + "\n")
+    dm = SequenceDataModule(str(path), batch_size=2, shuffle=False, pad_value=-1)
+    dm.setup("fit")
+    first = next(iter(dm.train_dataloader()))
+    assert first.values.tolist() == [[0, 1, 2], [0, -1, -1]]
+    assert first.lengths.tolist() == [3, 1]
+
+
+def test_image_folder_datamodule_trains(tmp_path: Path) -> None:
+    root = make_image_tree(tmp_path / "train")
+    val = make_image_tree(tmp_path / "val", per_class=2)
+    dm = ImageFolderDataModule(str(root), val_root=str(val), image_size=8, batch_size=4)
+    model, _ = fit_any(dm)
+    assert model.rows == {0: 12, 1: 12}
+    assert model.val_batches == 2
+    images, labels = model.last_batch
+    assert images.shape[1:] == (3, 8, 8) and images.dtype == torch.float32
+    assert dm.classes == ["cat", "dog"] and set(labels.tolist()) <= {0, 1}
+
+
+def test_image_augmentation_is_bit_identical_across_workers_and_resume(tmp_path: Path) -> None:
+    root = str(make_image_tree(tmp_path / "imgs"))
+
+    def loader(nw: int) -> Any:
+        dm = ImageFolderDataModule(root, image_size=8, batch_size=4, num_workers=nw, seed=1)
+        dm.setup("fit")
+        return dm.train_dataloader()
+
+    runs = {}
+    for nw in (0, 2):
+        it = loader(nw)
+        runs[nw] = [batch for _ in range(2) for batch in it]  # two epochs
+    assert len(runs[0]) == 6
+    for (x0, y0), (x2, y2) in zip(runs[0], runs[2], strict=True):
+        assert torch.equal(x0, x2) and torch.equal(y0, y2)
+    saving = loader(2)
+    it = iter(saving)
+    next(it), next(it)
+    resumed = loader(0)
+    resumed.load_state_dict(saving.state_dict())
+    rest = [*resumed, *resumed]
+    for (xa, ya), (xb, yb) in zip(rest, runs[0][2:], strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    # The augmentation is random: the same image differs from epoch to epoch.
+    dm = ImageFolderDataModule(root, image_size=8, batch_size=12, shuffle=False, seed=1)
+    dm.setup("fit")
+    sequential = dm.train_dataloader()
+    (e0, _), (e1, _) = next(iter(sequential)), next(iter(sequential))
+    assert not torch.equal(e0, e1)
+
+
+def test_image_val_fraction_uses_the_eval_transform(tmp_path: Path) -> None:
+    root = str(make_image_tree(tmp_path / "imgs"))
+    dm = ImageFolderDataModule(root, image_size=8, batch_size=3, val_fraction=0.25, seed=0)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
+    first = [x for x, _ in dm.val_dataloader()]
+    again = [x for x, _ in dm.val_dataloader()]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert dm.val_dataset.dataset.transform is dm.eval_transform
+
+
+def test_missing_torchvision_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision now fails
+    with pytest.raises(ImportError, match=r"pip install 'loaderkit\[vision\]'") as info:
+        ImageFolderDataModule(str(tmp_path))
+    assert isinstance(info.value, (MissingDependencyError, LoaderkitError))
+
+
+def test_sharded_datamodule_trains_on_tokens_and_jsonl(tmp_path: Path) -> None:
+    reader = TokenReader(seq_len=4)
+    write_shards(tmp_path / "tok", [np.arange(n * 4) for n in (20, 7, 13)], reader)
+    val = write_shards(tmp_path / "tokval", [np.arange(40)], reader)
+    dm = ShardedDataModule(
+        str(tmp_path / "tok"), val_shards=[str(p) for p in val], seq_len=4, batch_size=8
+    )
+    model, _ = fit_any(dm)
+    assert model.rows == {0: 40, 1: 40}
+    assert model.val_batches == 2 * 2
+    assert model.last_batch.dtype == torch.int64 and model.last_batch.shape[1] == 4
+    docs = [[{"input_ids": list(range(i % 5 + 1)), "label": i % 2} for i in range(9)]] * 2
+    write_shards(tmp_path / "js", docs, JsonlReader())
+    dm = ShardedDataModule(str(tmp_path / "js"), reader="jsonl", batch_size=4, pad_value=-1)
+    model, _ = fit_any(dm, max_epochs=1)
+    assert model.rows == {0: 18}
+    assert set(model.last_batch) >= {"input_ids", "label", "lengths", "attention_mask"}
+
+
+def test_sharded_datamodule_splits_across_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DDP every rank builds the same module; the loaders read their rank from
+    torch.distributed. Simulated here: each rank yields the same number of batches and the
+    ranks together see every sample once (the tail padded by repeats, as documented)."""
+    from loaderkit.env import WorkerEnv
+
+    # Sample i of the 17 is the tokens [2i, 2i + 1].
+    tokens = [np.arange(0, 22), np.arange(0), np.arange(22, 34)]
+    write_shards(tmp_path, tokens, TokenReader(seq_len=2))
+    seen: dict[int, list[int]] = {}
+    for rank in (0, 1):
+        env = WorkerEnv(rank=rank, world_size=2)
+        for module in (
+            "loaderkit.loader.resumable",
+            "loaderkit.plan.samplers",
+            "loaderkit.lightning.datamodules.base",
+        ):
+            monkeypatch.setattr(f"{module}.detect", lambda env=env, **_: env)
+        dm = ShardedDataModule(str(tmp_path), seq_len=2, batch_size=4, seed=5)
+        dm.setup("fit")
+        seen[rank] = [int(row[0]) // 2 for batch in dm.train_dataloader() for row in batch]
+        assert dm.describe()["splits"]["train"]["batches_per_epoch"] == 3
+    # Two global steps of 8 and a tail of 1, dealt as 1 + 1: one sample seen twice.
+    assert len(seen[0]) == len(seen[1]) == 9
+    both = sorted(seen[0] + seen[1])
+    assert set(both) == set(range(17)) and len(both) == 18
+
+
+# ------------------------------------------------------------------ streamed shards
+
+
+@pytest.fixture(scope="module")
+def id_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_id_token_shards(tmp_path_factory.mktemp("id-shards"), SIZE)
+
+
+def stream_dm(root: Path, **kwargs: Any) -> ShardedDataModule:
+    kwargs = {"seq_len": 4, "batch_size": BATCH, "streaming": True, "seed": SEED, **kwargs}
+    return ShardedDataModule(str(root), **kwargs)
+
+
+@pytest.mark.parametrize("limit", [{}, {"steps_per_epoch": 5}], ids=["one-pass", "steps"])
+def test_streamed_shards_train_and_resume_exactly(
+    tmp_path: Path, id_shards: Path, limit: dict[str, int]
+) -> None:
+    """ShardedDataModule(streaming=True) under a CPU Trainer, resumed from its checkpoints
+    inside epoch 0 and inside epoch 1: the oracle holds. An epoch of unknown length (one pass)
+    needs ElasticResume; a fixed one does not."""
+
+    def fit(name: str, **kwargs: Any) -> FitRun:
+        callbacks = [] if limit else [ElasticResume()]
+        path = tmp_path / name
+        path.mkdir()
+        return fit_recording(
+            path, lambda: stream_dm(id_shards, **limit), callbacks=callbacks, **kwargs
+        )
+
+    full = fit("full")
+    steps = 5 if limit else SIZE // BATCH
+    assert len(full.records) == 2 * steps
+    if not limit:  # one pass per epoch: every sample once, shard order reshuffled
+        epochs = by_epoch(full.records)
+        assert all(sorted(ids) == list(range(SIZE)) for ids in epochs.values())
+        assert epochs[0] != epochs[1]
+    cut_at = steps + 2
+    cut = fit("cut", fail_at=cut_at)
+    for k in (3, cut_at):
+        after = fit(f"resumed-{k}", resume=cut.ckpt(k))
+        assert_resume_exact(full.records, cut.records[:k], after.records)
+
+
+def test_streamed_shards_describe_and_split_across_ranks(
+    id_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """describe() never asks a stream for its length: samples unknown, batches from the limit;
+    the resume reason says the topology must stay. Val shards stay planned (counted)."""
+    one_pass = stream_dm(id_shards).describe()
+    assert one_pass["splits"]["train"] == {
+        "samples": None,
+        "batch_size": BATCH,
+        "batches_per_epoch": None,
+    }
+    assert one_pass["resumable_exactly"] is True
+    assert "exact only under the same world size and num_workers" in one_pass["resumable_reason"]
+    assert "ElasticResume()" in one_pass["resumable_reason"]
+    limited = stream_dm(id_shards, samples_per_epoch=40, val_shards=str(id_shards)).describe()
+    assert limited["splits"]["train"]["batches_per_epoch"] == 5
+    assert limited["splits"]["val"] == {
+        "samples": SIZE,
+        "batch_size": BATCH,
+        "batches_per_epoch": 8,
+    }
+    assert "ElasticResume" not in limited["resumable_reason"]
+
+    class Streamed(LoaderDataModule):  # the base class hosts a stream from any subclass
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": StreamingShardedDataset(str(id_shards), TokenReader(seq_len=4))}
+
+    assert len(list(Streamed(batch_size=BATCH).train_dataloader())) == SIZE // BATCH
+    with pytest.raises(ValueError, match=r"val_fraction=0.25 needs a train split of known size"):
+        Streamed(val_fraction=0.25).setup("fit")
+    # Simulated rank 1 of 2: the limit makes every rank step the same count; no limit refuses.
+    from loaderkit.env import WorkerEnv
+
+    env = WorkerEnv(rank=1, world_size=2)
+    for module in ("loaderkit.loader.resumable", "loaderkit.lightning.datamodules.base"):
+        monkeypatch.setattr(f"{module}.detect", lambda env=env, **_: env)
+    ranked = stream_dm(id_shards, samples_per_epoch=32)
+    assert ranked.describe()["splits"]["train"]["batches_per_epoch"] == 2  # 32 / (2 ranks * 8)
+    loader = ranked.train_dataloader()
+    assert len(loader) == 2 and len(list(loader)) == 2
+    with pytest.raises(LoaderkitError, match=r"steps_per_epoch= \(batches per rank\)"):
+        len(stream_dm(id_shards).train_dataloader())
+
+
+# ----------------------------------------------------------------------- the policy
+
+
+def test_val_fraction_split_is_seeded_deterministic_and_disjoint() -> None:
+    def split(seed: int) -> tuple[list[int], list[int]]:
+        dm = TensorDataModule(torch.arange(100), val_fraction=0.2, seed=seed)
+        dm.setup("fit")
+        (train,) = dm.train_dataset.get_batch(np.arange(len(dm.train_dataset)))
+        (val,) = dm.val_dataset.get_batch(np.arange(len(dm.val_dataset)))
+        return train.tolist(), val.tolist()
+
+    train, val = split(0)
+    assert (train, val) == split(0)
+    assert len(val) == 20 and not set(train) & set(val)
+    assert sorted(train + val) == list(range(100))
+    assert split(1)[1] != val
+
+
+def test_val_loader_is_empty_without_val_data_and_test_needs_data() -> None:
+    dm = tensor_dm()
+    model, _ = fit_any(dm, max_epochs=1)
+    assert model.val_batches == 0 and dm.val_dataloader() == []
+    with pytest.raises(ValueError, match=r"TensorDataModule has no test data .*pass test data"):
+        dm.test_dataloader()
+
+
+def test_num_workers_auto_picks_a_value_within_bounds_quickly() -> None:
+    dm = TensorDataModule(torch.randn(512, 4), batch_size=16, num_workers="auto")
+    start = time.perf_counter()
+    loader = dm.train_dataloader()
+    elapsed = time.perf_counter() - start
+    most = min(cpu_budget(), 8)
+    assert elapsed < 6, f"the probe took {elapsed:.1f} s"
+    assert dm.num_workers_probe is not None and sorted(dm.num_workers_probe) == [*range(most + 1)]
+    assert all(rate > 0 for rate in dm.num_workers_probe.values())
+    assert 0 <= loader.num_workers == dm.num_workers_best <= most
+    assert dm.describe()["num_workers_best"] == loader.num_workers
+    assert sorted(dm.probe_num_workers(max_workers=1, budget_s=0.5)) == [0, 1]
+
+
+def test_pin_memory_auto_follows_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = tensor_dm()
+    _, trainer = fit_any(dm, max_epochs=1)
+    assert trainer.train_dataloader.pin_memory is False
+    assert dm.resolve_pin_memory() is False
+    assert tensor_dm().resolve_pin_memory() is should_pin_memory(select_device())
+    # The decision is asked for the trainer's device, not the machine's default.
+    asked: list[torch.device] = []
+    monkeypatch.setattr(base_module, "should_pin_memory", lambda d: asked.append(d) or True)
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 1)))
+    assert dm.resolve_pin_memory() is True and asked == [torch.device("cuda", 1)]
+    assert tensor_dm(pin_memory=False).resolve_pin_memory() is False
+
+
+def test_hparams_keep_settings_but_not_data() -> None:
+    dm = tensor_dm(val_fraction=0.5)
+    assert dm.hparams["batch_size"] == BATCH and dm.hparams["val_fraction"] == 0.5
+    assert "tensors" not in dm.hparams
+    assert not any(isinstance(v, torch.Tensor) for v in dm.hparams.values())
+    assert "train" not in TensorDataModule(train=(torch.ones(3),)).hparams
+    seq = sequence_dm()
+    assert "train" not in seq.hparams and seq.hparams["max_tokens"] == 64
+
+
+def test_describe_reports_batches_padding_and_resume() -> None:
+    plain = sequence_dm(max_tokens=None, batch_size=8).describe()
+    bucketed = sequence_dm().describe()
+    assert plain["splits"]["train"] == {"samples": SIZE, "batch_size": 8, "batches_per_epoch": 8}
+    assert 0 < bucketed["padding_fraction"] < plain["padding_fraction"]
+    assert bucketed["resumable_exactly"] is True
+    assert "ElasticResume" in bucketed["resumable_reason"]
+    tensors = tensor_dm(val_fraction=0.25).describe()
+    assert tensors["splits"]["val"] == {"samples": 16, "batch_size": 8, "batches_per_epoch": 2}
+    assert tensors["padding_fraction"] is None and tensors["pin_memory"] is False
+    assert tensors["world_size"] == 1 and tensors["num_workers"] == 0
+
+
+def test_a_subclass_only_builds_datasets() -> None:
+    class Squares(LoaderDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": [torch.tensor([i, i * i]) for i in range(10)]}
+
+    dm = Squares(batch_size=4, val_fraction=0.2)
+    model, _ = fit_any(dm, max_epochs=1)
+    assert model.rows == {0: 8} and model.val_batches == 1
+
+
+# -------------------------------------------------------------------- bad input
+
+BAD_INPUT: list[tuple[str, Any, type[Exception], str]] = [
+    ("batch_size 0", lambda: tensor_dm(batch_size=0), ValueError, r"batch_size must be >= 1"),
+    ("batch_size str", lambda: tensor_dm(batch_size="8"), TypeError, r"batch_size must be an int"),
+    ("eval_batch_size", lambda: tensor_dm(eval_batch_size=0), ValueError, r"eval_batch_size"),
+    ("num_workers", lambda: tensor_dm(num_workers=-1), ValueError, r"num_workers must be >= 0"),
+    ("num_workers str", lambda: tensor_dm(num_workers="all"), TypeError, r"or 'auto'"),
+    ("pin_memory", lambda: tensor_dm(pin_memory="yes"), ValueError, r"pin_memory must be True"),
+    (
+        "persistent",
+        lambda: tensor_dm(persistent_workers=True),
+        ValueError,
+        r"persistent_workers=True needs worker processes, got num_workers=0",
+    ),
+    ("seed", lambda: tensor_dm(seed=-1), ValueError, r"seed must be >= 0"),
+    ("val_fraction", lambda: tensor_dm(val_fraction=1.0), ValueError, r"val_fraction must be in"),
+    ("shuffle", lambda: tensor_dm(shuffle=1), TypeError, r"shuffle must be a bool"),
+    ("no data", lambda: TensorDataModule(), ValueError, r"TensorDataModule: no data; pass tensor"),
+    (
+        "both train",
+        lambda: TensorDataModule(torch.ones(2), train=torch.ones(2)),
+        ValueError,
+        r"both positionally .* and as train=",
+    ),
+    (
+        "uneven",
+        lambda: TensorDataModule(torch.ones(3), torch.ones(2)),
+        ValueError,
+        r"TensorDataModule: train: .*same first dimension",
+    ),
+    (
+        "array type",
+        lambda: ArrayDataModule(train=[torch.ones(2)]),
+        TypeError,
+        r"ArrayDataModule: train: .*must be a numpy array",
+    ),
+    ("path suffix", lambda: TensorDataModule(train="x.csv"), ValueError, r"must end with \.pt"),
+    (
+        "missing path",
+        lambda: ArrayDataModule(val="/nonexistent/x.npy"),
+        FileNotFoundError,
+        r"val='/nonexistent/x.npy' does not exist",
+    ),
+    ("keys", lambda: ArrayDataModule(np.ones(2), keys="x"), TypeError, r"keys must be a non-empty"),
+    ("seq empty", lambda: SequenceDataModule([]), ValueError, r"train is empty"),
+    ("seq type", lambda: SequenceDataModule(5), TypeError, r"train must be a list of samples"),
+    ("max_tokens", lambda: sequence_dm(max_tokens=0), ValueError, r"max_tokens must be >= 1"),
+    ("pad multiple", lambda: sequence_dm(pad_to_multiple_of=0), ValueError, r"pad_to_multiple_of"),
+    ("oversize", lambda: sequence_dm(oversize="cut"), ValueError, r"oversize must be one of"),
+    ("pad value", lambda: sequence_dm(pad_value="x"), TypeError, r"pad_value must be a bool, int"),
+    ("image root", lambda: ImageFolderDataModule("/nonexistent"), ValueError, r"not a directory"),
+    ("shards empty", lambda: ShardedDataModule([]), ValueError, r"shards is an empty list; pass"),
+    ("shards type", lambda: ShardedDataModule(5), TypeError, r"shards must be a directory"),
+    (
+        "val shards empty",
+        lambda: ShardedDataModule("/tmp", val_shards=[], seq_len=4),
+        ValueError,
+        r"val_shards is an empty list",
+    ),
+    (
+        "missing shard",
+        lambda: ShardedDataModule(["/nonexistent.npy"], seq_len=4),
+        FileNotFoundError,
+        r"shard '/nonexistent.npy' does not exist",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "exc", "match"), [case[1:] for case in BAD_INPUT], ids=[c[0] for c in BAD_INPUT]
+)
+def test_bad_input_is_refused_with_the_fix(make: Any, exc: type[Exception], match: str) -> None:
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def test_bad_input_needing_files(tmp_path: Path) -> None:
+    root = make_image_tree(tmp_path / "imgs", per_class=1)
+    other = make_image_tree(tmp_path / "other", classes=("cat", "emu"), per_class=1)
+    shards = write_shards(tmp_path / "tok", [np.arange(8)], TokenReader(seq_len=4))
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (lambda: ImageFolderDataModule(str(root), image_size=0), ValueError, r"image_size"),
+        (lambda: ImageFolderDataModule(str(root), mean=(0.5,)), ValueError, r"mean must be 3"),
+        (lambda: ImageFolderDataModule(str(root), std=(1, 0, 1)), ValueError, r"std must be 3"),
+        (lambda: ImageFolderDataModule(str(root), color_jitter=-1), ValueError, r"color_jitter"),
+        (lambda: ImageFolderDataModule(str(root), crop_fraction=2), ValueError, r"crop_fraction"),
+        (
+            lambda: ImageFolderDataModule(str(root), crop_fraction=True),
+            TypeError,
+            r"crop_fraction must be a number in \(0, 1\], got True \(bool\)",
+        ),
+        (
+            lambda: ImageFolderDataModule(str(root), crop_fraction="0.9"),
+            TypeError,
+            r"crop_fraction must be a number",
+        ),
+        (lambda: ImageFolderDataModule(str(root), color_jitter=True), TypeError, r"color_jitter"),
+        (lambda: ImageFolderDataModule(str(root), mean=(True, 0, 0)), ValueError, r"mean must"),
+        (lambda: tensor_dm(val_fraction=True), TypeError, r"val_fraction must be a float"),
+        (
+            lambda: ImageFolderDataModule(str(root), train_transform=3),
+            TypeError,
+            r"train_transform must be callable",
+        ),
+        (
+            lambda: ShardedDataModule(str(tmp_path / "tok"), seq_len=4, val_fraction=0.1),
+            ValueError,
+            r"val_fraction=0.1 is not supported for shards.*val_shards",
+        ),
+        (lambda: ShardedDataModule(shards), ValueError, r"exactly one of seq_len .* and eos"),
+        (lambda: ShardedDataModule(shards, reader="csv"), ValueError, r"reader must be one of"),
+        (
+            lambda: ShardedDataModule(shards, reader="jsonl", seq_len=4),
+            ValueError,
+            r"seq_len only apply to reader='tokens'",
+        ),
+        (lambda: ShardedDataModule(shards, seq_len=4, dtype="f4"), ValueError, r"integer dtype"),
+        (lambda: ShardedDataModule(shards, reader=object()), TypeError, r"or a ShardReader"),
+        (lambda: ShardedDataModule(shards, seq_len=4, pad_value="x"), TypeError, r"pad_value"),
+        (lambda: ShardedDataModule(shards, seq_len=4, window=True), TypeError, r"window must"),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=1),
+            TypeError,
+            r"streaming must be a bool, got 1",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, steps_per_epoch=10),
+            ValueError,
+            r"steps_per_epoch=10 only applies with streaming=True.*pass streaming=True",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, samples_per_epoch=80),
+            ValueError,
+            r"samples_per_epoch=80 only applies with streaming=True",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, steps_per_epoch=True),
+            TypeError,
+            r"steps_per_epoch must be an int, got True \(bool\)",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, samples_per_epoch=0),
+            ValueError,
+            r"samples_per_epoch must be >= 1, got 0",
+        ),
+        (
+            lambda: ShardedDataModule(
+                shards, seq_len=4, streaming=True, steps_per_epoch=2, samples_per_epoch=8
+            ),
+            ValueError,
+            r"pass steps_per_epoch or samples_per_epoch, not both",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, on_error="skip"),
+            ValueError,
+            r"on_error='skip' needs the planned dataset.*streaming=False",
+        ),
+        (  # the value is checked before the streaming rule, so the advice is right
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, on_error="Skip"),
+            ValueError,
+            r"on_error must be one of",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, window=4),
+            ValueError,
+            r"window=4 applies to planned shards only.*drop window or use streaming=False",
+        ),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, streaming=True, max_open_shards=1),
+            ValueError,
+            r"max_open_shards=1 applies to planned shards only",
+        ),
+    ]
+    for make, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            make()
+    mixed = ImageFolderDataModule(str(root), val_root=str(other))
+    with pytest.raises(ValueError, match=r"the val folder has classes \['cat', 'emu'\]"):
+        mixed.setup("fit")
+    small = TensorDataModule(torch.ones(3), val_fraction=0.1)
+    with pytest.raises(ValueError, match=r"leaves 0 for validation"):
+        small.setup("fit")
+    both = TensorDataModule(torch.ones(8), val=torch.ones(2), val_fraction=0.5)
+    with pytest.raises(ValueError, match=r"val data was given too; pass one or the other"):
+        both.setup("fit")
+    with pytest.raises(ValueError, match=r"stage must be one of"):
+        tensor_dm().setup("train")
+    with pytest.raises(ValueError, match=r"max_workers must be >= 0"):
+        tensor_dm().probe_num_workers(max_workers=-1)
+    bad_line = tmp_path / "bad.jsonl"
+    bad_line.write_text("[1, 2]\n{oops\n")
+    with pytest.raises(ValueError, match=r"line 2 is not valid JSON"):
+        SequenceDataModule(str(bad_line)).setup("fit")
+    no_key = SequenceDataModule([{"ids": [1]}])
+    with pytest.raises(ValueError, match=r"sample 0 has no 'input_ids' field.*length_key="):
+        no_key.setup("fit")
+
+
+def test_streams_refuse_auto_workers_and_a_mismatched_shuffle(id_shards: Path) -> None:
+    """Each rank would probe its own num_workers; a stream's shards are dealt to rank x
+    worker slots, so different picks read some shards twice and others never."""
+    auto = stream_dm(id_shards, num_workers="auto", steps_per_epoch=2)
+    auto.setup("fit")
+    with pytest.raises(ValueError, match=r"num_workers='auto' cannot serve a stream"):
+        auto.train_dataloader()
+
+    class Unshuffled(LoaderDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": StreamingShardedDataset(id_shards, TokenReader(seq_len=4))}
+
+    dm = Unshuffled(shuffle=False)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"shuffle_shards=True.*build the dataset with"):
+        dm.train_dataloader()
+
+
+def test_stream_resume_verdict_depends_on_the_world_size(id_shards: Path) -> None:
+    one_pass = stream_dm(id_shards)
+    one_pass.setup("fit")
+    assert one_pass.resume_info(1)[0] is True
+    ok, reason = one_pass.resume_info(2)
+    assert not ok and "refused on 2 ranks" in reason and "steps_per_epoch" in reason
+    small = stream_dm(id_shards, samples_per_epoch=BATCH)
+    small.setup("fit")
+    ok, reason = small.resume_info(2)
+    assert not ok and "less than one global step" in reason

@@ -1,0 +1,182 @@
+"""Every DataModule builds from ``lightning.pytorch.cli.LightningCLI``: flags and YAML configs.
+
+LightningCLI reads the DataModules' typed ``__init__`` signatures (and, through
+``**kwargs``, the loader policy of ``LoaderDataModule``) with jsonargparse.
+Each test builds a module from command-line flags and one from a config file,
+checks that the values arrived, and loads a batch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from loaderkit import JsonlReader, TokenReader, write_shards
+from loaderkit.lightning.datamodules import (
+    ArrayDataModule,
+    ImageFolderDataModule,
+    SequenceDataModule,
+    ShardedDataModule,
+    TensorDataModule,
+)
+from tests.support.datamodules import make_image_tree
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    # lightning 2.6 calls jsonargparse APIs that jsonargparse >= 4.49 deprecates.
+    pytest.mark.filterwarnings(
+        r"ignore:(?s).*(was deprecated in v4|JsonargparseDeprecationWarning):DeprecationWarning"
+    ),
+]
+
+TRAINER = ["--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.max_epochs=1"]
+
+
+class TinyModel(L.LightningModule):
+    def __init__(self, hidden: int = 2) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(hidden, 1)
+
+
+def from_flags(datamodule_class: type, *flags: str) -> Any:
+    cli = LightningCLI(
+        TinyModel,
+        datamodule_class,
+        run=False,
+        args=[*TRAINER, *flags],
+        save_config_callback=None,
+        seed_everything_default=False,
+    )
+    return cli.datamodule
+
+
+def from_yaml(datamodule_class: type, tmp_path: Path, data: dict[str, Any]) -> Any:
+    # JSON is YAML: the config file is written without a YAML library.
+    config = tmp_path / f"{datamodule_class.__name__}.yaml"
+    config.write_text(
+        json.dumps({"trainer": {"accelerator": "cpu", "logger": False}, "data": data})
+    )
+    return from_flags(datamodule_class, f"--config={config}")
+
+
+def first_batch(dm: Any) -> Any:
+    dm.setup("fit")
+    return next(iter(dm.train_dataloader()))
+
+
+def test_tensor_datamodule(tmp_path: Path) -> None:
+    torch.save((torch.randn(20, 3), torch.arange(20)), tmp_path / "train.pt")
+    torch.save((torch.randn(4, 3), torch.arange(4)), tmp_path / "val.pt")
+    dm = from_flags(
+        TensorDataModule,
+        f"--data.train={tmp_path / 'train.pt'}",
+        f"--data.val={tmp_path / 'val.pt'}",
+        "--data.batch_size=4",
+        "--data.num_workers=auto",
+        "--data.pin_memory=false",
+        "--data.seed=7",
+    )
+    assert isinstance(dm, TensorDataModule)
+    assert (dm.batch_size, dm.num_workers, dm.pin_memory, dm.seed) == (4, "auto", False, 7)
+    dm.num_workers = 0  # the probe is tested elsewhere
+    x, _ = first_batch(dm)
+    assert x.shape == (4, 3) and len(dm.val_dataset) == 4
+    dm = from_yaml(
+        TensorDataModule,
+        tmp_path,
+        {"train": str(tmp_path / "train.pt"), "val_fraction": 0.25, "eval_batch_size": 3},
+    )
+    dm.setup("fit")
+    assert (dm.val_fraction, dm.eval_batch_size, len(dm.val_dataset)) == (0.25, 3, 5)
+    assert dm.hparams["train"] == str(tmp_path / "train.pt")
+
+
+def test_array_datamodule(tmp_path: Path) -> None:
+    np.savez(tmp_path / "data.npz", x=np.ones((12, 2), np.float32), y=np.arange(12))
+    np.save(tmp_path / "x.npy", np.zeros((10, 5), np.float32))
+    dm = from_flags(
+        ArrayDataModule,
+        f"--data.train={tmp_path / 'data.npz'}",
+        "--data.keys=[y, x]",
+        "--data.batch_size=6",
+        "--data.shuffle=false",
+    )
+    assert dm.keys == ["y", "x"] and dm.shuffle is False
+    y, x = first_batch(dm)
+    assert y.tolist() == list(range(6)) and x.shape == (6, 2)
+    dm = from_yaml(ArrayDataModule, tmp_path, {"train": str(tmp_path / "x.npy"), "mmap": False})
+    (x,) = first_batch(dm)
+    assert dm.mmap is False and x.shape == (10, 5)
+
+
+def test_sequence_datamodule(tmp_path: Path) -> None:
+    path = tmp_path / "train.jsonl"
+    rows = [{"input_ids": list(range(n)), "label": n % 2} for n in (5, 3, 8, 2, 7, 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dm = from_flags(
+        SequenceDataModule,
+        f"--data.train={path}",
+        "--data.max_tokens=16",
+        "--data.pad_to_multiple_of=4",
+        "--data.window=4",
+    )
+    assert (dm.max_tokens, dm.pad_to_multiple_of, dm.window, dm.bucket) == (16, 4, 4, True)
+    batch = first_batch(dm)
+    assert batch["input_ids"].numel() <= 16 and batch["input_ids"].shape[1] % 4 == 0
+    inline = {"train": [[1, 2, 3], [4, 5], [6]], "batch_size": 2, "pad_value": -1}
+    dm = from_yaml(SequenceDataModule, tmp_path, {**inline, "shuffle": False})
+    assert first_batch(dm).values.tolist() == [[1, 2, 3], [4, 5, -1]]
+
+
+def test_image_folder_datamodule(tmp_path: Path) -> None:
+    root = make_image_tree(tmp_path / "train", per_class=2)
+    val = make_image_tree(tmp_path / "val", per_class=1)
+    dm = from_flags(
+        ImageFolderDataModule,
+        f"--data.root={root}",
+        f"--data.val_root={val}",
+        "--data.image_size=6",
+        "--data.mean=[0.5, 0.5, 0.5]",
+        "--data.color_jitter=0",
+        "--data.batch_size=2",
+    )
+    assert (dm.image_size, dm.mean, dm.color_jitter) == (6, (0.5, 0.5, 0.5), 0.0)
+    images, _ = first_batch(dm)
+    assert images.shape == (2, 3, 6, 6) and len(dm.val_dataset) == 2
+    dm = from_yaml(
+        ImageFolderDataModule,
+        tmp_path,
+        {"root": str(root), "std": [0.2, 0.2, 0.2], "val_fraction": 0.5, "image_size": 4},
+    )
+    dm.setup("fit")
+    assert dm.std == (0.2, 0.2, 0.2) and len(dm.val_dataset) == 2
+
+
+def test_sharded_datamodule(tmp_path: Path) -> None:
+    write_shards(tmp_path / "tok", [np.arange(32), np.arange(16)], TokenReader(seq_len=4))
+    dm = from_flags(
+        ShardedDataModule,
+        f"--data.shards={tmp_path / 'tok'}",
+        "--data.seq_len=4",
+        "--data.window=2",
+        "--data.batch_size=3",
+    )
+    assert (dm.reader.seq_len, dm.window, dm.batch_size) == (4, 2, 3)
+    assert first_batch(dm).shape == (3, 4)
+    paths = write_shards(
+        tmp_path / "js", [[{"input_ids": [1, 2]}, {"input_ids": [3]}]] * 2, JsonlReader()
+    )
+    dm = from_yaml(
+        ShardedDataModule,
+        tmp_path,
+        {"shards": [str(p) for p in paths], "reader": "jsonl", "batch_size": 2},
+    )
+    assert isinstance(dm.reader, JsonlReader)
+    assert first_batch(dm)["input_ids"].shape[0] == 2

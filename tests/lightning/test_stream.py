@@ -1,0 +1,138 @@
+"""A StreamingShardedDataset under a real ``lightning.Trainer`` (CPU): exact resume.
+
+DESIGN fact 1: Lightning prefetches one batch ahead from a loader without a
+length, so a state read at checkpoint time is one batch ahead. A stream with
+no ``steps_per_epoch`` is such a loader; :class:`loaderkit.ElasticResume`
+tells it how many batches Lightning holds, and without the callback saving
+its state under Lightning is an error, never a silent skip. The oracle is the
+one of ``tests/support/helpers.py``: the first k steps plus the steps resumed from the
+step-k checkpoint equal the uninterrupted run, over two epochs, for k inside
+epoch 0 and inside epoch 1, with ``num_workers`` 0 and 2.
+
+64 ids in 6 uneven shards (one empty), batches of 8; ``num_workers=2`` gives
+two streams per epoch, each ending in a partial batch.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+from lightning.pytorch.callbacks import Callback
+
+from loaderkit import ElasticResume, LoaderkitError
+from tests.support.helpers import (
+    SUPPORT_DIR,
+    IdDataModule,
+    IdModule,
+    assert_epochs_exactly_once,
+    assert_resume_exact,
+    by_epoch,
+    fit_or_interrupt,
+    log_tail,
+    read_records,
+    run_script,
+    step_checkpoints,
+    trainer_kwargs,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+SIZE, BATCH = 64, 8
+
+
+def fit(
+    root: Path,
+    *,
+    nw: int,
+    fail_at: int | None = None,
+    resume: Path | None = None,
+    steps_per_epoch: int | None = None,
+    elastic: bool = True,
+) -> list[dict[str, Any]]:
+    model = IdModule(fail_at=fail_at)
+    dm = IdDataModule(
+        size=SIZE, batch_size=BATCH, num_workers=nw, stream=True, steps_per_epoch=steps_per_epoch
+    )
+    callbacks: list[Callback] = [ElasticResume()] if elastic else []
+    if fail_at is not None:
+        callbacks.append(step_checkpoints(root, fail_at))
+    trainer = L.Trainer(
+        **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
+    )
+    fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
+    return model.records
+
+
+@cache
+def _full(root: Path, nw: int, steps_per_epoch: int | None) -> tuple[dict[str, Any], ...]:
+    return tuple(fit(root / f"full-{nw}-{steps_per_epoch}", nw=nw, steps_per_epoch=steps_per_epoch))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stream")
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("where", ["epoch0", "epoch1"])
+def test_unsized_stream_resume_after_exception_is_exact(root: Path, nw: int, where: str) -> None:
+    full = list(_full(root, nw, None))
+    epoch0 = len(by_epoch(full)[0]) // BATCH  # a lower bound: partial batches count once
+    first_epoch1 = next(i for i, r in enumerate(full) if r["epoch"] == 1)
+    k = 3 if where == "epoch0" else first_epoch1 + 2
+    assert 0 < k < len(full) and epoch0 > 3
+    cut_dir = root / f"cut-{nw}-{k}"
+    before = fit(cut_dir, nw=nw, fail_at=k)
+    after = fit(root / f"resumed-{nw}-{k}", nw=nw, resume=cut_dir / f"step{k:03d}.ckpt")
+    assert_resume_exact(full, before, after)
+    assert_epochs_exactly_once(by_epoch(full), SIZE, 2)
+
+
+def test_unsized_stream_without_the_callback_refuses_to_save(root: Path) -> None:
+    """Lightning would checkpoint a state one batch ahead: an error, not a silent skip."""
+    with pytest.raises(LoaderkitError, match=r"ElasticResume\(\)"):
+        fit(root / "no-callback", nw=0, fail_at=2, elastic=False)
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_stream_with_steps_per_epoch_resumes_exactly(root: Path, nw: int) -> None:
+    """A length: Lightning does not prefetch, and epochs continue the streams."""
+    full = list(_full(root, nw, 5))
+    assert [r["epoch"] for r in full] == [0] * 5 + [1] * 5
+    cut_dir = root / f"cut-limited-{nw}"
+    before = fit(cut_dir, nw=nw, fail_at=7, steps_per_epoch=5)
+    after = fit(
+        root / f"resumed-limited-{nw}",
+        nw=nw,
+        resume=cut_dir / "step007.ckpt",
+        steps_per_epoch=5,
+    )
+    assert_resume_exact(full, before, after)
+
+
+def test_unsized_stream_resume_after_kill_9_is_exact(tmp_path: Path) -> None:
+    script = SUPPORT_DIR / "lightning_job.py"
+    job = ["--size", str(SIZE), "--batch-size", str(BATCH), "--num-workers", "2", "--stream"]
+    full_dir, first, second = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
+    for out, extra in ((full_dir, []), (first, ["--kill-at", "5"])):
+        rc = run_script(
+            script, [*job, "--out", str(out), "--every", "1", *extra], tmp_path / "a.log"
+        )
+        assert rc == (-9 if extra else 0), log_tail(tmp_path / "a.log")
+    ckpt = first / "ckpt" / "step005.ckpt"
+    rc = run_script(script, [*job, "--out", str(second), "--resume", str(ckpt)], tmp_path / "b.log")
+    assert rc == 0, log_tail(tmp_path / "b.log")
+    before = read_records(first / "records-rank0.jsonl")
+    assert len(before) == 5
+    assert_resume_exact(
+        read_records(full_dir / "records-rank0.jsonl"),
+        before,
+        read_records(second / "records-rank0.jsonl"),
+    )
