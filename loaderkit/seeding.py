@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_int
+from loaderkit._tags import SeedTag
 
 __all__ = [
     "derive_seed",
@@ -156,7 +157,7 @@ def worker_seed(seed: int, rank: int, worker_id: int) -> int:
         owner="worker_seed",
         fix="pass a non-negative Python int such as worker_id=0",
     )
-    return _seed_from(_seed_sequence("worker_seed", seed, ("worker", rank, worker_id)))
+    return _seed_from(_seed_sequence("worker_seed", seed, (SeedTag.WORKER, rank, worker_id)))
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -170,7 +171,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     check_int(
         "index", index, owner="sample_seed", fix="pass a non-negative Python int such as index=0"
     )
-    return _seed_from(_seed_sequence("sample_seed", seed, ("sample", epoch, index)))
+    return _seed_from(_seed_sequence("sample_seed", seed, (SeedTag.SAMPLE, epoch, index)))
 
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -202,7 +203,7 @@ def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
         owner="sample_numpy_rng",
         fix="pass a non-negative Python int such as index=0",
     )
-    sequence = _seed_sequence("sample_numpy_rng", seed, ("sample", epoch, index))
+    sequence = _seed_sequence("sample_numpy_rng", seed, (SeedTag.SAMPLE, epoch, index))
     return np.random.Generator(np.random.PCG64(sequence))
 
 

@@ -171,14 +171,10 @@ def build_datamodule(target: str) -> Any:
         dm = obj()
     else:
         raise ValueError(f"don't know how to read {target!r}; {_FIX_TARGET}")
-    import lightning as L  # here, not above: a mistyped path fails without the slow import
+    # Here, not above: a mistyped path fails without Lightning's slow import.
+    from loaderkit.lightning.datamodules._util import require_datamodule
 
-    if not isinstance(dm, L.LightningDataModule):
-        raise TypeError(
-            f"{target} gave a {type(dm).__name__}, not a LightningDataModule; return one "
-            "(e.g. a loaderkit.lightning.datamodules class)"
-        )
-    return dm
+    return require_datamodule(dm, target)
 
 
 def _steps(loader: Any, world_size: int) -> int | None:

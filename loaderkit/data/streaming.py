@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit._tags import SeedTag
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.errors import LoaderkitError, ShardError
@@ -303,7 +304,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         n = len(self.shards)
         if not self.shuffle_shards:
             return list(range(n))
-        g = torch.Generator().manual_seed(derive_seed(seed, "stream-shards", pass_))
+        g = torch.Generator().manual_seed(derive_seed(seed, SeedTag.STREAM_SHARDS, pass_))
         return torch.randperm(n, generator=g).tolist()
 
     def slot_shards(self, seed: int, pass_: int, slot: int, slots: int) -> tuple[list[int], bool]:

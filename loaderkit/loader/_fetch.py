@@ -6,7 +6,7 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,9 +14,10 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from loaderkit.errors import WorkerError
+from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import seeded_sample
 
-__all__ = ["BatchFetcher", "KeyedDataset", "identity"]
+__all__ = ["BatchFetcher", "KeySource", "KeyedDataset", "identity"]
 
 
 def identity(batch: Any) -> Any:
@@ -125,3 +126,18 @@ class KeyedDataset(Dataset[Any]):
     def __getitems__(self, key: Sequence[Any]) -> Any:
         epoch, indices = key
         return self.fetch(epoch, indices)
+
+
+class KeySource:
+    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
+
+    schedule: Schedule | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        sched = self.schedule
+        assert sched is not None
+        for step in range(sched.num_steps):
+            yield sched.epoch, sched.indices(step).numpy()
+
+    def __len__(self) -> int:
+        return 0 if self.schedule is None else self.schedule.num_steps

@@ -8,39 +8,20 @@ it, and stops worker processes as soon as an iteration can no longer yield.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-from torch.utils.data import DataLoader
-
+from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._workers import stop_workers
 from loaderkit.plan.sample import Schedule
 from loaderkit.transfer import pin_batch
 
-if TYPE_CHECKING:
-    from loaderkit.loader.resumable import ResumableDataLoader
-
-__all__ = ["EpochIterator", "KeySource", "run_epoch", "stop_workers"]
-
-
-class KeySource:
-    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
-
-    schedule: Schedule | None = None
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        sched = self.schedule
-        assert sched is not None
-        for step in range(sched.num_steps):
-            yield sched.epoch, sched.indices(step).numpy()
-
-    def __len__(self) -> int:
-        return 0 if self.schedule is None else self.schedule.num_steps
+__all__ = ["EpochIterator", "run_epoch"]
 
 
 class EpochIterator(Iterator[Any]):
     """One epoch's iteration; decides its epoch at the first ``next()``."""
 
-    def __init__(self, loader: ResumableDataLoader) -> None:
+    def __init__(self, loader: LoaderHost) -> None:
         self.loader = loader
         self.schedule: Schedule | None = None
         self.steps_before = 0
@@ -66,7 +47,7 @@ class EpochIterator(Iterator[Any]):
             self._batches.close()
 
 
-def run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, None, None]:
+def run_epoch(loader: LoaderHost, sched: Schedule) -> Generator[Any, None, None]:
     # A function, not an EpochIterator method: the generator must not
     # reference the iterator that owns it (see ResumableDataLoader._live).
     consumed = loader._cursor.consumed
@@ -87,7 +68,7 @@ def run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, No
             consumed(sched.position_after(step))
             yield batch
     except GeneratorExit:
-        if not loader._persistent:
+        if not loader._pool.persistent:
             stop_workers(inner, workers)
         raise
     except BaseException:
@@ -96,11 +77,3 @@ def run_epoch(loader: ResumableDataLoader, sched: Schedule) -> Generator[Any, No
         # the cycle collector runs, then stall 5 s each in join().
         stop_workers(inner, workers)
         raise
-
-
-def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-    shutdown = getattr(workers, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
-    if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
-        inner._iterator = None

@@ -26,24 +26,18 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from loaderkit._callers import under_lightning_loop
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._fetch import identity
-from loaderkit.loader._planned import stop_workers
+from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._workers import stop_workers
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor
-from loaderkit.seeding import derive_seed
-from loaderkit.seeding import worker_init_fn as make_worker_init_fn
 from loaderkit.transfer import pin_batch
-
-if TYPE_CHECKING:
-    from loaderkit.loader.resumable import ResumableDataLoader
 
 __all__ = ["StreamEngine"]
 
@@ -116,7 +110,7 @@ class StreamEngine:
 
     def __init__(
         self,
-        loader: ResumableDataLoader,
+        loader: LoaderHost,
         dataset: StreamingShardedDataset,
         *,
         batch_size: int,
@@ -149,7 +143,7 @@ class StreamEngine:
         self._warned = False
 
     @property
-    def loader(self) -> ResumableDataLoader:
+    def loader(self) -> LoaderHost:
         loader = self._loader()
         assert loader is not None, "the engine outlived its loader"
         return loader
@@ -280,23 +274,9 @@ class StreamEngine:
         rank, _ = loader._topology()
         # A resumed epoch that starts mid-turn needs its own workers: persistent
         # ones keep playing the slot they started with.
-        persistent = loader._persistent and rotation == 0
-        inner = DataLoader(
-            source,
-            batch_size=None,
-            num_workers=loader.num_workers,
-            collate_fn=identity,
-            pin_memory=loader.pin_memory,
-            timeout=loader._timeout,
-            worker_init_fn=make_worker_init_fn(
-                derive_seed(self.seed, "workers", self.epoch),
-                rank=rank,
-                user_fn=loader._user_worker_init,
-            ),
-            multiprocessing_context=loader._worker_context(),
-            generator=torch.Generator().manual_seed(derive_seed(self.seed, "base")),
-            prefetch_factor=loader._prefetch_factor,
-            persistent_workers=persistent,
+        persistent = loader._pool.persistent and rotation == 0
+        inner = loader._pool.build(
+            source, seed=self.seed, epoch=self.epoch, rank=rank, persistent=persistent
         )
         if persistent:
             self._inner, self._inner_next = inner, None

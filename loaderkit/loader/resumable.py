@@ -10,7 +10,7 @@ replay stateless iterables from the start, and refuse a different
 the position, and ``num_workers`` or the world size may change.
 
 Three more choices, each answering a measured failure of Lightning 2.6 with
-torchdata 0.11 (see ``../shared/DESIGN.md``):
+torchdata 0.11 (``docs/design.md``):
 
 - Consumption is counted when a batch is handed to the caller, not when a
   worker is asked for it, so prefetching never leaks into the state.
@@ -27,27 +27,24 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 
 from __future__ import annotations
 
-import multiprocessing
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, cast
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
 from loaderkit.loader._args import check_sources, check_worker_args
-from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, identity
-from loaderkit.loader._planned import EpochIterator, KeySource
+from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource
+from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
+from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
-from loaderkit.seeding import derive_seed
-from loaderkit.seeding import worker_init_fn as make_worker_init_fn
 from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
@@ -221,11 +218,15 @@ class ResumableDataLoader:
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         self._rank, self._world_size = rank, world_size
-        self._user_worker_init = worker_init_fn
-        self._timeout = timeout
-        self._mp_context = multiprocessing_context
-        self._prefetch_factor = prefetch_factor
-        self._persistent = persistent_workers
+        self._pool = WorkerPool(
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            timeout=timeout,
+            prefetch_factor=prefetch_factor,
+            persistent=persistent_workers,
+            user_init=worker_init_fn,
+            start_method=multiprocessing_context,
+        )
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
         # The epoch of the current (or last) iteration, how far its order was
@@ -338,52 +339,17 @@ class ResumableDataLoader:
 
     def _inner_loader(self, epoch: int) -> DataLoader[Any]:
         rank, _ = self._topology()
-        # Seed keyed by epoch: non-persistent workers restart every epoch and
-        # must not replay the previous epoch's streams.
-        init = make_worker_init_fn(
-            derive_seed(self.seed, "workers", epoch), rank=rank, user_fn=self._user_worker_init
-        )
         if self._inner is None:
-            self._inner = DataLoader(
+            self._inner = self._pool.build(
                 KeyedDataset(self._fetch, self.plan.num_samples),
-                # Yields (epoch, indices) keys, not index lists.
-                batch_sampler=cast("Iterable[list[Any]]", self._keys),
-                num_workers=self.num_workers,
-                collate_fn=identity,
-                pin_memory=self.pin_memory,
-                timeout=self._timeout,
-                worker_init_fn=init,
-                multiprocessing_context=self._worker_context(),
-                # Our own generator: torch would otherwise draw the workers' base
-                # seed from the global RNG and perturb the model's randomness.
-                generator=torch.Generator().manual_seed(derive_seed(self.seed, "base")),
-                prefetch_factor=self._prefetch_factor,
-                persistent_workers=self._persistent,
+                seed=self.seed,
+                epoch=epoch,
+                rank=rank,
+                batch_sampler=self._keys,  # yields (epoch, indices) keys, not index lists
             )
         else:
-            self._inner.worker_init_fn = init
+            self._inner.worker_init_fn = self._pool.init_fn(self.seed, epoch, rank)
         return self._inner
-
-    def _worker_context(self) -> Any:
-        """How worker processes start: the user's choice, else ``forkserver`` under DDP.
-
-        A process in a torch.distributed group runs communication threads
-        (gloo's, NCCL's), and ``fork`` copies whatever locks they hold at that
-        instant into the child, which can then wait on them forever. Measured:
-        DDP runs on 2 CPU ranks with forked workers intermittently hung with a
-        worker stuck inside ``os.fork`` (2 in ~20 loaded runs). A forkserver
-        forks from a clean single-threaded server instead; the cost is a
-        one-off server start and unpickling the dataset in each worker.
-        """
-        if self._mp_context is not None or self.num_workers == 0:
-            return self._mp_context
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        ctx = multiprocessing.get_context("forkserver")
-        # Import the heavy modules once in the server, not in every worker.
-        # "__main__" (the default) lets workers unpickle classes defined in the script.
-        ctx.set_forkserver_preload(["__main__", "torch", "loaderkit"])
-        return ctx
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit._tags import SeedTag
 from loaderkit.plan._bucket_order import as_lengths, greedy_starts, sort_windows
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
@@ -399,7 +400,7 @@ class BucketPlan:
         order = self._eligible
         n = order.size
         if self.shuffle:
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, "bucket-order", epoch))
+            gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.BUCKET_ORDER, epoch))
             perm = torch.randperm(n, generator=gen).numpy()
             # Without skipped samples, eligible is arange(n): skip a 10M-entry gather.
             order = perm if n == self.num_samples else order[perm]
@@ -416,7 +417,9 @@ class BucketPlan:
         bounds = np.append(starts, n).astype(np.int64)
         count = starts.size
         if self.shuffle:
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, "bucket-batches", epoch))
+            gen = torch.Generator().manual_seed(
+                derive_seed(self.seed, SeedTag.BUCKET_BATCHES, epoch)
+            )
             sequence = torch.randperm(count, generator=gen).numpy()
         else:
             sequence = np.arange(count)

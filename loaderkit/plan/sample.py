@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit._tags import SeedTag
 from loaderkit.seeding import derive_seed
 
 __all__ = ["Plan", "SamplePlan", "Schedule"]
@@ -148,7 +149,7 @@ class SamplePlan:
         if cached is not None:
             return cached
         if self.shuffle:
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, "order", epoch))
+            gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.ORDER, epoch))
             order = torch.randperm(self.num_samples, generator=gen)
         else:
             order = torch.arange(self.num_samples)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit._tags import SeedTag
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule
 from loaderkit.seeding import derive_seed
 
@@ -105,7 +106,7 @@ class ShardPlan:
         n = len(self.shard_sizes)
         if not self.shuffle:
             return np.arange(n)
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, "shards", epoch))
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.SHARDS, epoch))
         return torch.randperm(n, generator=gen).numpy()
 
     def shuffle_blocks(self, epoch: int) -> list[tuple[int, int, int]]:
@@ -138,7 +139,7 @@ class ShardPlan:
             # Sequence k of the laid-out shards: starts[shard] + (k - where that shard begins).
             seq = np.repeat(starts[shards] - (np.cumsum(laid) - laid), laid) + np.arange(n)
             if self.window > 1:
-                gen = torch.Generator().manual_seed(derive_seed(self.seed, "window", epoch))
+                gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.WINDOW, epoch))
                 w, pos = self.window, 0
                 for size in laid.tolist():  # windows never cross a shard boundary
                     for lo in range(pos, pos + size, w):

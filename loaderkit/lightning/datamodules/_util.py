@@ -12,13 +12,16 @@ import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from loaderkit._tags import SeedTag
 from loaderkit.seeding import derive_seed
 
 __all__ = [
+    "require_datamodule",
     "STREAM_RESUME_REASON",
     "batch_rows",
     "bulky_args",
@@ -102,7 +105,7 @@ def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np
             f"{n_val} for validation and {size - n_val} for training; both need at least one: "
             "change val_fraction or pass more data."
         )
-    gen = torch.Generator().manual_seed(derive_seed(seed, "val_split"))
+    gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.VAL_SPLIT))
     perm = torch.randperm(size, generator=gen).numpy()
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
@@ -216,3 +219,13 @@ def bulky_args(obj: object, names: Sequence[str], frame: types.FrameType | None)
                 values.setdefault(name, frame.f_locals[name])
         frame = frame.f_back
     return [n for n in names if not isinstance(values.get(n), (str, os.PathLike, type(None)))]
+
+
+def require_datamodule(obj: Any, target: str) -> Any:
+    """``obj`` if it is a LightningDataModule, else a TypeError naming ``target`` and the fix."""
+    if not isinstance(obj, L.LightningDataModule):
+        raise TypeError(
+            f"{target} gave a {type(obj).__name__}, not a LightningDataModule; return one "
+            "(e.g. a loaderkit.lightning.datamodules class)"
+        )
+    return obj

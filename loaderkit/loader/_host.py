@@ -1,0 +1,50 @@
+"""What the engines need of the loader that drives them (private).
+
+The engines (:mod:`._planned`, :mod:`._stream`) are driven by
+:class:`~loaderkit.ResumableDataLoader`; typing them against this protocol
+instead of the class keeps the import graph one-way (the front end imports
+the engines, never the reverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, Protocol
+
+from torch.utils.data import DataLoader
+
+from loaderkit.loader._fetch import BatchFetcher, KeySource
+from loaderkit.loader._workers import WorkerPool
+from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan.sample import Schedule
+
+__all__ = ["LoaderHost", "StreamBatches"]
+
+
+class StreamBatches(Protocol):
+    """The stream engine as the planned engine's iterator sees it."""
+
+    def iterate(self) -> Generator[Any, None, None]: ...
+
+
+class LoaderHost(Protocol):
+    """The loader as its engines see it."""
+
+    seed: int
+    num_workers: int
+    pin_memory: bool
+    _cursor: PlanCursor
+    _fetch: BatchFetcher
+    _keys: KeySource
+    _pool: WorkerPool
+
+    @property
+    def _stream(self) -> StreamBatches | None: ...
+
+    def _topology(self) -> tuple[int, int]: ...
+
+    def _begin(self) -> tuple[Schedule, int]: ...
+
+    def _live_iterator(self) -> object | None: ...
+
+    def _inner_loader(self, epoch: int) -> DataLoader[Any]: ...
