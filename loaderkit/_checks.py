@@ -29,7 +29,7 @@ def pow2(limit: int) -> str:
 def check_int(
     name: str,
     value: object,
-    minimum: int = 0,
+    minimum: int | None = 0,
     *,
     owner: str = "",
     fix: str = "",
@@ -41,7 +41,7 @@ def check_int(
     Args:
         name: The parameter, as the caller spelled it.
         value: What was passed.
-        minimum: The smallest value allowed.
+        minimum: The smallest value allowed (None: no lower bound).
         owner: The function or class refusing it (the message's prefix).
         fix: What to pass instead; appended after ``; ``.
         numpy_ok: Also take numpy integers (as from an array of sizes).
@@ -60,12 +60,12 @@ def check_int(
         raise TypeError(
             f"{head}{name} must be an int, got {value!r} ({type(value).__name__}){tail}."
         )
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{head}{name} must be >= {minimum}, got {value}{tail}.")
     if limit is not None and value >= limit:
         raise ValueError(
             f"{head}{name} must be < {pow2(limit)}, got {value}; pass a value in "
-            f"[{minimum}, {pow2(limit)})."
+            f"[{minimum if minimum is not None else '-inf'}, {pow2(limit)})."
         )
     return int(value)
 

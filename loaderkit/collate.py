@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
-from loaderkit._checks import check_bool
+from loaderkit._checks import check_bool, check_int
 from loaderkit._padding import (
     PadScalar,
     _check_pad_value,
@@ -80,8 +80,8 @@ def _check_scalar(name: str, value: object) -> None:
 
 
 def _check_size(name: str, value: object) -> None:
-    if value is not None and (type(value) is not int or value <= 0):
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}; pass e.g. 8")
+    if value is not None:
+        check_int(name, value, 1, owner="PadCollate", fix="pass e.g. 8, or None for no limit")
 
 
 def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
@@ -204,8 +204,7 @@ class PadCollate:
                     f"default_pad_value={default_pad_value!r} only applies with a mapping "
                     f"pad_value, but pad_value={pad_value!r}; pass one scalar pad_value"
                 )
-        if type(pad_dim) is not int:
-            raise TypeError(f"pad_dim must be an int, got {pad_dim!r}; pass e.g. 0 or -1")
+        check_int("pad_dim", pad_dim, None, owner="PadCollate", fix="pass e.g. 0 or -1")
         for name, side in (("padding_side", padding_side), ("truncation_side", truncation_side)):
             if side not in ("right", "left"):
                 raise ValueError(f"{name} must be 'right' or 'left', got {side!r}")

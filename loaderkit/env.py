@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
+from loaderkit._checks import check_int
+
 __all__ = ["WorkerEnv", "detect"]
 
 
@@ -40,12 +42,9 @@ class WorkerEnv:
 
     def __post_init__(self) -> None:
         for name in ("rank", "world_size", "worker_id", "num_workers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(
-                    f"WorkerEnv: {name} must be an int, got {value!r} "
-                    f"({type(value).__name__}); pass a plain Python int."
-                )
+            check_int(
+                name, getattr(self, name), None, owner="WorkerEnv", fix="pass a plain Python int"
+            )
         if self.world_size < 1:
             raise ValueError(
                 f"WorkerEnv: world_size must be >= 1, got {self.world_size}; "

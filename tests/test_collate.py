@@ -539,12 +539,12 @@ def test_pad_dim_out_of_range() -> None:
         (
             {"pad_to_multiple_of": 0},
             ValueError,
-            r"pad_to_multiple_of must be a positive int or None, got 0",
+            r"PadCollate: pad_to_multiple_of must be >= 1, got 0; pass e.g. 8, or None",
         ),
         ({"pad_to_multiple_of": -8}, ValueError, r"pad_to_multiple_of .* got -8"),
-        ({"pad_to_multiple_of": 2.5}, ValueError, r"pad_to_multiple_of .* got 2.5"),
-        ({"pad_to_multiple_of": True}, ValueError, r"pad_to_multiple_of .* got True"),
-        ({"max_length": 0}, ValueError, r"max_length must be a positive int or None, got 0"),
+        ({"pad_to_multiple_of": 2.5}, TypeError, r"pad_to_multiple_of must be an int, got 2.5"),
+        ({"pad_to_multiple_of": True}, TypeError, r"pad_to_multiple_of .* got True \(bool\)"),
+        ({"max_length": 0}, ValueError, r"max_length must be >= 1, got 0; pass e.g. 8, or None"),
         (
             {"max_length": 10, "pad_to_multiple_of": 8},
             ValueError,

@@ -27,13 +27,8 @@ from typing import Any
 from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import ShardError
 
-__all__ = [
-    "INDEX_VERSION",
-    "IndexEntry",
-    "default_index_path",
-    "load_or_build_index",
-    "write_shards",
-]
+# The public name; the index helpers below serve the sharded and streaming datasets.
+__all__ = ["write_shards"]
 
 INDEX_VERSION = 1
 

@@ -45,7 +45,8 @@ from loaderkit.data.readers import ShardReader
 from loaderkit.errors import LoaderkitError, ShardError
 from loaderkit.seeding import derive_seed, seeded_sample
 
-__all__ = ["Cursor", "IterableReader", "StreamReader", "StreamingShardedDataset", "slot_stream"]
+# The public names; Cursor and slot_stream serve the stream engine (loaderkit.loader).
+__all__ = ["IterableReader", "StreamReader", "StreamingShardedDataset"]
 
 _OFFSET_BITS = 40  # a sample's seeding key is shard << 40 | offset
 EMPTY_PASSES = 32  # consecutive passes without a sample before a slot is declared starved

@@ -1,7 +1,7 @@
 """Checking the ``torch.utils.data.DataLoader`` keyword arguments of ``ResumableDataLoader``.
 
 Private. Every message names the argument, the value received and the fix
-(``../shared/DESIGN.md``); the loader keeps only what it builds from them.
+(``docs/design.md``); the loader keeps only what it builds from them.
 """
 
 from __future__ import annotations

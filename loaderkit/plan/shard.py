@@ -20,7 +20,7 @@ from loaderkit._tags import SeedTag
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule
 from loaderkit.seeding import derive_seed
 
-__all__ = ["DEFAULT_WINDOW", "ShardPlan"]
+__all__ = ["ShardPlan"]
 
 DEFAULT_WINDOW = 8192
 

@@ -1,0 +1,255 @@
+"""The package layout holds: layers import downward only, no cycles, Lightning in one place.
+
+Read off the source with ``ast`` (nothing is imported), so a violation fails
+here with the offending module and line, not as an obscure import error
+somewhere else.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "loaderkit"
+
+# Each layer may import itself and the layers before it, never one after it.
+LAYERS = ("base", "plan", "data", "loader", "lightning", "cli")
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module
+    target: str  # imported loaderkit module
+    line: int
+    top_level: bool  # executed at import time (module body or its if-blocks)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str:
+    """The loaderkit module a dotted import lands in (a name may be an attribute)."""
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement, with whether it runs when the module is imported."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def walk(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, top))
+            inner = top and not isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
+            walk(child, inner)
+
+    walk(tree, True)
+    return found
+
+
+def edges() -> list[Edge]:
+    known = modules()
+    out = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node, top in _imports(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:  # relative imports are not used; resolve them anyway
+                    base = name.split(".")
+                    if path.name != "__init__.py":
+                        base = base[:-1]
+                    base = base[: len(base) - node.level + 1]
+                    target_mod = ".".join([*base, node.module] if node.module else base)
+                else:
+                    target_mod = node.module or ""
+                targets = [f"{target_mod}.{a.name}" for a in node.names] or [target_mod]
+            else:
+                targets = [a.name for a in node.names]
+            for target in targets:
+                if target == "loaderkit" or target.startswith("loaderkit."):
+                    out.append(Edge(name, _resolve(target, known), node.lineno, top))
+    return out
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "base"
+
+
+def test_the_tree_has_one_package_per_concept() -> None:
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert packages == sorted(LAYERS[1:])
+
+
+def test_layers_import_downward_only() -> None:
+    bad = []
+    for e in edges():
+        if e.source == "loaderkit":  # the facade re-exports every layer
+            continue
+        if LAYERS.index(layer(e.target)) > LAYERS.index(layer(e.source)):
+            bad.append(f"{e.source}:{e.line} imports {e.target}")
+    assert not bad, "a lower layer imports a higher one:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_the_facade() -> None:
+    # `from loaderkit import X` inside the package re-enters __init__ half-built.
+    bad = [f"{e.source}:{e.line}" for e in edges() if e.target == "loaderkit" and e.top_level]
+    assert not bad
+
+
+def test_no_import_cycles() -> None:
+    # Import-time edges, TYPE_CHECKING blocks included: a cycle there is still a cycle
+    # for the reader and the type checker. The facade's lazy __getattr__ is a
+    # function-level import and does not count.
+    graph: dict[str, set[str]] = {}
+    for e in edges():
+        if e.top_level and e.source != e.target:
+            graph.setdefault(e.source, set()).add(e.target)
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = [*stack[stack.index(nxt) :], nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_cycle_check_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The check above must be able to fail: feed it a two-module cycle.
+    fake = [
+        Edge("loaderkit.a", "loaderkit.b", 1, True),
+        Edge("loaderkit.b", "loaderkit.a", 1, True),
+    ]
+    monkeypatch.setattr(sys.modules[__name__], "edges", lambda: fake)
+    with pytest.raises(
+        pytest.fail.Exception, match=r"loaderkit\.a -> loaderkit\.b -> loaderkit\.a"
+    ):
+        test_no_import_cycles()
+
+
+def _lightning_imports(path: Path) -> list[int]:
+    lines = []
+    for node, _ in _imports(ast.parse(path.read_text())):
+        names = (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+        if any(n.split(".")[0] in ("lightning", "pytorch_lightning") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_lightning_package_imports_lightning() -> None:
+    bad = [
+        f"{name}:{line}"
+        for name, path in modules().items()
+        if layer(name) != "lightning"
+        for line in _lightning_imports(path)
+    ]
+    assert not bad, "lightning imported outside loaderkit/lightning/: " + ", ".join(bad)
+
+
+def _fresh(code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    return out.stdout.strip()
+
+
+def test_import_loaderkit_does_not_import_lightning() -> None:
+    code = (
+        "import sys, loaderkit\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lightning', 'pytorch_lightning', 'lightning_fabric')))\n"
+        "loaderkit.TensorDataModule\n"  # the lazy names still resolve, and then load it
+        "print('lightning' in sys.modules)"
+    )
+    assert _fresh(code).splitlines() == ["[]", "True"]
+
+
+def test_the_lightning_package_imports_lightning() -> None:
+    assert _fresh("import sys, loaderkit.lightning; print('lightning' in sys.modules)") == "True"
+
+
+def test_public_classes_live_in_public_modules() -> None:
+    import loaderkit
+
+    bad = []
+    for name in loaderkit.__all__:
+        obj = getattr(loaderkit, name)
+        home = getattr(obj, "__module__", None)
+        if home is None or not home.startswith("loaderkit"):
+            continue
+        if any(part.startswith("_") for part in home.split(".")):
+            bad.append(f"{name} ({home})")
+    assert not bad, "public names defined in private modules: " + ", ".join(bad)
+
+
+def _tag_arguments(call: ast.Call) -> list[ast.expr]:
+    """The arguments of a seeding call that are keys (where a tag would go)."""
+    name = getattr(call.func, "id", None)
+    if name == "derive_seed":  # derive_seed(seed, *keys)
+        return list(call.args[1:])
+    if name == "_seed_sequence" and len(call.args) == 3:  # (caller's name, seed, keys)
+        keys = call.args[2]
+        return list(keys.elts) if isinstance(keys, ast.Tuple) else []
+    return []
+
+
+def test_seed_tags_come_from_the_one_registry() -> None:
+    from loaderkit._tags import SeedTag
+
+    tags = SeedTag.all()
+    assert len(tags) >= 10 and len(set(tags.values())) == len(tags), "two tags share a value"
+    bad = [
+        f"{name}:{node.lineno} {arg.value!r}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        for arg in _tag_arguments(node)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    ]
+    assert not bad, "seed tags spelled as literals (use loaderkit._tags.SeedTag): " + str(bad)
+
+
+def test_argument_checks_have_one_home() -> None:
+    # The rule messages of the shared checks are written once, in _checks.py.
+    phrases = ("must be an int, got", "must be a bool, got")
+    bad = [
+        f"{name}: {phrase!r}"
+        for name, path in modules().items()
+        if name != "loaderkit._checks"
+        for phrase in phrases
+        if phrase in path.read_text()
+    ]
+    assert not bad, "argument checks written outside loaderkit/_checks.py: " + ", ".join(bad)
+
+
+def test_no_docstring_points_outside_the_repository() -> None:
+    bad = [name for name, path in modules().items() if "../shared" in path.read_text()]
+    assert not bad
