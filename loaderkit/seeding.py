@@ -230,11 +230,22 @@ def seed_global_rngs(seed: int) -> None:
 
 
 def _init_worker(
-    worker_id: int, *, seed: int, rank: int, user_fn: Callable[[int], Any] | None
+    worker_id: int,
+    *,
+    seed: int,
+    rank: int,
+    user_fn: Callable[[int], Any] | None,
+    per_iterator: bool = True,
 ) -> None:
     # Module-level (not a closure) so the partial built by worker_init_fn
     # pickles by reference under the spawn and forkserver start methods.
-    seed_global_rngs(worker_seed(seed, rank, worker_id))
+    info = torch.utils.data.get_worker_info()
+    if per_iterator and info is not None:
+        # torch gives worker i the seed base + i, base drawn anew for each iterator.
+        base = (info.seed - info.id) % 2**64
+        seed_global_rngs(derive_seed(seed, SeedTag.WORKER, rank, worker_id, base))
+    else:
+        seed_global_rngs(worker_seed(seed, rank, worker_id))
     if user_fn is not None:
         user_fn(worker_id)
 
@@ -242,18 +253,23 @@ def _init_worker(
 def worker_init_fn(
     seed: int, *, rank: int | None = None, user_fn: Callable[[int], Any] | None = None
 ) -> functools.partial[None]:
-    """Build a DataLoader ``worker_init_fn`` seeding each worker from ``(seed, rank, worker_id)``.
+    """Build a DataLoader ``worker_init_fn`` seeding each worker from ``seed``, its rank and id.
 
     In worker ``worker_id`` it seeds :mod:`random`, numpy's global state and
-    torch with :func:`worker_seed` ``(seed, rank, worker_id)``, replacing the
-    seeds torch derived from the loader's base seed, then calls ``user_fn(worker_id)``
-    if given. The result is a :func:`functools.partial` of a module-level
-    function, so it pickles under every start method (``user_fn`` must pickle
-    too when workers are spawned).
+    torch from ``derive_seed(seed, "worker", rank, worker_id, base)``, where
+    ``base`` is the base seed torch draws for each new iterator (each epoch)
+    from the DataLoader's ``generator`` (else torch's global generator). So
+    every epoch's workers draw new streams, distinct across ranks and workers,
+    and a run is reproducible when that generator is seeded (e.g.
+    ``torch.manual_seed`` or ``DataLoader(generator=...)``). Then it calls
+    ``user_fn(worker_id)`` if given. The result is a :func:`functools.partial`
+    of a module-level function, so it pickles under every start method
+    (``user_fn`` must pickle too when workers are spawned).
 
-    Worker seeds do not depend on the epoch: with ``persistent_workers=False``
-    every epoch's workers restart the same streams. Key randomness by the
-    sample instead (:func:`seeded_sample`, :func:`sample_generator`).
+    Worker streams still depend on which worker loads a sample, so they
+    change with ``num_workers``; key randomness by the sample instead
+    (:func:`seeded_sample`, :func:`sample_generator`; ``ResumableDataLoader``
+    does this for you).
 
     Args:
         seed: The run's seed, an int in ``[0, 2**128)``.
@@ -288,6 +304,20 @@ def worker_init_fn(
             f"({type(user_fn).__name__}); pass a function or None."
         )
     return functools.partial(_init_worker, seed=seed, rank=rank, user_fn=user_fn)
+
+
+def epoch_worker_init_fn(
+    seed: int, rank: int, user_fn: Callable[[int], Any] | None
+) -> functools.partial[None]:
+    """loaderkit's own engines' ``worker_init_fn``: ``seed`` already keys the epoch.
+
+    Their DataLoader's base seed comes from a generator rebuilt with the
+    loader, so it differs between an uninterrupted and a resumed run; mixing
+    it in would make worker streams differ after a resume.
+    """
+    return functools.partial(
+        _init_worker, seed=seed, rank=rank, user_fn=user_fn, per_iterator=False
+    )
 
 
 # numpy's global RandomState: get_state()/set_state() copy the 624-word

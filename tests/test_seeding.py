@@ -179,20 +179,41 @@ def test_seed_global_rngs_seeds_all_three() -> None:
 # --- worker init --------------------------------------------------------------------------
 
 
-def _worker_streams(
-    *, seed: int, rank: int, method: str | None, user_fn: Any = None
-) -> dict[int, list[tuple[float, float, float]]]:
+LOADER_SEED = 5  # the DataLoader's own generator: torch draws each iterator's base seed from it
+
+
+def _base_seed(draw: int = 0) -> int:
+    """The base seed torch hands the workers of the ``draw``-th iterator of a loader."""
+    gen = torch.Generator().manual_seed(LOADER_SEED)
+    for _ in range(draw):
+        torch.empty((), dtype=torch.int64).random_(generator=gen)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+
+
+def _epochs(
+    *, seed: int, rank: int, method: str | None, user_fn: Any = None, epochs: int = 1
+) -> list[dict[int, list[tuple[float, float, float]]]]:
     loader = DataLoader(
         helpers.RandomDrawDataset(6),
         batch_size=None,
         num_workers=2,
         multiprocessing_context=method,
         worker_init_fn=worker_init_fn(seed, rank=rank, user_fn=user_fn),
+        generator=torch.Generator().manual_seed(LOADER_SEED),
     )
-    streams: dict[int, list[tuple[float, float, float]]] = {}
-    for _index, worker_id, r, n, t, _calls in loader:
-        streams.setdefault(int(worker_id), []).append((float(r), float(n), float(t)))
-    return streams
+    runs = []
+    for _ in range(epochs):
+        streams: dict[int, list[tuple[float, float, float]]] = {}
+        for _index, worker_id, r, n, t, _calls in loader:
+            streams.setdefault(int(worker_id), []).append((float(r), float(n), float(t)))
+        runs.append(streams)
+    return runs
+
+
+def _worker_streams(
+    *, seed: int, rank: int, method: str | None, user_fn: Any = None
+) -> dict[int, list[tuple[float, float, float]]]:
+    return _epochs(seed=seed, rank=rank, method=method, user_fn=user_fn)[0]
 
 
 @pytest.fixture(scope="module")
@@ -213,12 +234,26 @@ def test_worker_streams_follow_worker_seed(
     fork_streams: dict[int, list[tuple[float, float, float]]],
 ) -> None:
     for worker_id, stream in fork_streams.items():
-        seed_global_rngs(worker_seed(11, 0, worker_id))
+        seed_global_rngs(derive_seed(11, "worker", 0, worker_id, _base_seed()))
         expected = [
             (random.random(), float(np.random.random_sample()), torch.rand(1).item())
             for _ in stream
         ]
         assert stream == expected
+
+
+def test_each_epoch_draws_new_worker_streams() -> None:
+    # A plain DataLoader restarts its workers every epoch; seeding them from the
+    # seed alone would replay the same augmentation each epoch.
+    first, second = _epochs(seed=11, rank=0, method="fork", epochs=2)
+    assert first[0] != second[0] and first[1] != second[1]
+    for worker_id, stream in second.items():
+        seed_global_rngs(derive_seed(11, "worker", 0, worker_id, _base_seed(draw=1)))
+        assert stream[0] == (
+            random.random(),
+            float(np.random.random_sample()),
+            torch.rand(1).item(),
+        )
 
 
 def test_same_seed_same_streams_across_runs(

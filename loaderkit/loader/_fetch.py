@@ -17,7 +17,24 @@ from loaderkit.errors import WorkerError
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import seeded_sample
 
-__all__ = ["BatchFetcher", "KeySource", "KeyedDataset", "identity"]
+__all__ = ["BatchFetcher", "KeySource", "KeyedDataset", "batch_fetch_is_faithful", "identity"]
+
+
+def batch_fetch_is_faithful(dataset: Any) -> bool:
+    """Whether ``dataset.get_batch(indices)`` returns what its ``__getitem__`` would.
+
+    A subclass of a ``get_batch`` dataset that overrides ``__getitem__`` or
+    ``__getitems__`` (to augment, say) must be read through them: ``get_batch``
+    would silently bypass the override.
+    """
+    if not callable(getattr(dataset, "get_batch", None)):
+        return False
+    for cls in type(dataset).__mro__:
+        if "get_batch" in vars(cls):
+            return True  # reached the class that defines get_batch: no override before it
+        if "__getitem__" in vars(cls) or "__getitems__" in vars(cls):
+            return False
+    return False
 
 
 def identity(batch: Any) -> Any:
@@ -51,11 +68,7 @@ class BatchFetcher:
         self.seed = seed
         self.per_sample_seeding = per_sample_seeding
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
-        if (
-            collate_fn is None
-            and callable(getattr(dataset, "get_batch", None))
-            and not per_sample_seeding
-        ):
+        if collate_fn is None and batch_fetch_is_faithful(dataset) and not per_sample_seeding:
             self.mode = "get_batch"
         elif callable(getattr(dataset, "__getitems__", None)):
             self.mode = "getitems"

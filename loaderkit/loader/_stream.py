@@ -219,6 +219,7 @@ class StreamEngine:
 
     def iterate(self) -> Generator[Any, None, None]:
         """One epoch's batches (a generator; see :class:`.._planned.EpochIterator`)."""
+        self.loader._settle_seed()
         rotation = self._begin()
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from loaderkit._tags import SeedTag
 from loaderkit.loader._fetch import identity
-from loaderkit.seeding import derive_seed, worker_init_fn
+from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
 __all__ = ["WorkerPool", "stop_workers"]
 
@@ -74,9 +74,7 @@ class WorkerPool:
         Keyed by epoch: non-persistent workers restart every epoch and must not
         replay the previous epoch's random streams.
         """
-        return worker_init_fn(
-            derive_seed(seed, SeedTag.WORKERS, epoch), rank=rank, user_fn=self.user_init
-        )
+        return epoch_worker_init_fn(derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init)
 
     def build(
         self,

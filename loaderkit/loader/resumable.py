@@ -38,7 +38,7 @@ from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
 from loaderkit.loader._args import check_sources, check_worker_args
-from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource
+from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource, batch_fetch_is_faithful
 from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._workers import WorkerPool
@@ -48,6 +48,20 @@ from loaderkit.plan.samplers import _LenWatch
 from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
+
+# The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
+# script moved from it keeps its order.
+DDP_DEFAULT_SEED = 0
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """A seed in ``[0, 2**63)`` drawn from ``generator`` (else torch's global one).
+
+    Drawing (not ``initial_seed()``) makes two loaders built one after the other
+    differ, as two shuffled ``DataLoader`` s do, while ``torch.manual_seed``
+    still makes a run reproducible.
+    """
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 class ResumableDataLoader:
@@ -86,11 +100,16 @@ class ResumableDataLoader:
         multiprocessing_context: As in ``DataLoader``. Default: ``fork``, but
             ``forkserver`` inside a torch.distributed process group, where
             forking a process with communication threads can deadlock.
-        generator: Used only to pick ``seed`` when ``seed`` is None.
+        generator: Used only to draw ``seed`` when ``seed`` is None.
         prefetch_factor: Batches loaded ahead per worker (``num_workers > 0``).
         persistent_workers: Keep workers alive across epochs.
-        seed: Seed of the order and of per-sample randomness. ``None``: taken
-            from ``generator`` or ``torch.initial_seed()``, and replaced by the
+        seed: Seed of the order and of per-sample randomness. ``None``: in
+            one process, drawn from ``generator`` (else torch's global
+            generator), as ``DataLoader`` draws its shuffle order, so two
+            loaders differ and ``torch.manual_seed`` makes them reproducible;
+            across ranks (``world_size > 1`` at the first batch), ``0``, the
+            ``DistributedSampler`` default, since processes draw different
+            seeds and every rank must split the same order. Replaced by the
             saved seed on :meth:`load_state_dict`.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
@@ -148,9 +167,12 @@ class ResumableDataLoader:
             )
         if seed is None:
             seed = plan_seed
+        # A seed drawn here is provisional: under DDP each process would draw its
+        # own, and ranks splitting one order by different seeds lose samples
+        # silently. It is settled when the topology is (the first batch).
+        self._seed_drawn = seed is None
         if seed is None:
-            seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-            seed %= 2**63
+            seed = draw_seed(generator)
         self.seed = check_int(
             "seed",
             seed,
@@ -210,8 +232,8 @@ class ResumableDataLoader:
         )
         self.pin_memory = resolve_pin_memory(pin_memory, select_device())
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
-        has_get_batch = callable(getattr(dataset, "get_batch", None))
-        per_sample = not has_get_batch if per_sample_seeding == "auto" else per_sample_seeding
+        batched = batch_fetch_is_faithful(dataset)
+        per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
         self._fetch = BatchFetcher(
             dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
         )
@@ -322,7 +344,17 @@ class ResumableDataLoader:
             old.close()
         self._live = None
 
+    def _settle_seed(self) -> None:
+        """Fix a drawn seed before the first batch: ranks must agree without talking."""
+        if not self._seed_drawn:
+            return
+        self._seed_drawn = False
+        _, world_size = self._topology()
+        if world_size > 1 and self.seed != DDP_DEFAULT_SEED:
+            self._adopt_seed(DDP_DEFAULT_SEED)
+
     def _begin(self) -> tuple[Schedule, int]:
+        self._settle_seed()
         epoch, start, steps_done = self._cursor.begin(self.plan)
         rank, world_size = self._topology()
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
@@ -391,6 +423,7 @@ class ResumableDataLoader:
             adopted = self._stream.load(state_dict, adopt_seed=not self._seed_explicit)
             if adopted is not None:
                 self.seed = adopted
+            self._seed_drawn = False  # the saved run's seed is the one to keep
             return
         can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan)
         adopt = ("seed",) if can_adopt else ()
@@ -398,12 +431,14 @@ class ResumableDataLoader:
         saved_seed = state["plan"]["seed"]
         if saved_seed != self.seed and isinstance(self.plan, SamplePlan):
             self._adopt_seed(saved_seed)
+        self._seed_drawn = False  # the saved run's seed is the one to keep
         self._supersede()
 
     def _adopt_seed(self, seed: int) -> None:
         assert isinstance(self.plan, SamplePlan)
         old = self.plan
         self.seed = seed
+        self._seed_drawn = False
         self.plan = SamplePlan(
             num_samples=old.num_samples,
             batch_size=old.batch_size,

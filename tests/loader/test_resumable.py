@@ -536,13 +536,6 @@ def test_seed_none_adopts_the_saved_seed() -> None:
     assert_same_batches(before + after, [b for _ in range(2) for b in reference])
 
 
-def test_seed_none_defaults_to_the_generator_or_torch_seed() -> None:
-    assert make(seed=None, generator=torch.Generator().manual_seed(5)).seed == 5
-    with torch.random.fork_rng():
-        torch.manual_seed(9)
-        assert make(seed=None).seed == 9
-
-
 def test_batch_sampler_resume_reproduces_augmentation_without_an_explicit_seed() -> None:
     def loader() -> ResumableDataLoader:
         plan = SamplePlan(num_samples=N, batch_size=B, shuffle=True, seed=3)

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loaderkit._tags import SeedTag
+from loaderkit.loader._fetch import batch_fetch_is_faithful
 from loaderkit.seeding import derive_seed
 
 __all__ = [
@@ -142,7 +143,7 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
 
 def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
     """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
-    batched = callable(getattr(dataset, "get_batch", None))
+    batched = batch_fetch_is_faithful(dataset)  # else a subset would bypass an override
     items = callable(getattr(dataset, "__getitems__", None))
     kind = {
         (False, False): _Subset,
