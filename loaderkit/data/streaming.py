@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
+from loaderkit._worker_info import as_one_worker
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.errors import LoaderkitError, ShardError
@@ -107,8 +108,13 @@ class IterableReader:
         return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
 
     def iter_from(self, shard: Any, offset: int) -> Iterator[Any]:
-        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped)."""
-        return itertools.islice(iter(self.fn(shard)), offset, None)
+        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped).
+
+        ``fn`` runs seeing one DataLoader worker: loaderkit deals whole shards to
+        workers, so a function that splits its samples by ``get_worker_info()``
+        must not split them again.
+        """
+        return itertools.islice(as_one_worker(self.fn, shard), offset, None)
 
 
 def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:

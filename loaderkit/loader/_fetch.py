@@ -130,6 +130,11 @@ class KeyedDataset(Dataset[Any]):
         self.fetch = fetch
         self.size = size
 
+    @property
+    def user_dataset(self) -> Any:
+        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        return self.fetch.dataset
+
     def __len__(self) -> int:
         return self.size
 

@@ -61,6 +61,11 @@ class _SlotBatches(IterableDataset[Any]):
         self.cursors = list(engine.cursors)
         self._iterations = 0  # a persistent worker's copy counts its epochs
 
+    @property
+    def user_dataset(self) -> Any:
+        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        return self.ds
+
     def __iter__(self) -> Iterator[tuple[int, Cursor, Any]]:
         info = get_worker_info()
         return self.batches(0 if info is None else info.id)

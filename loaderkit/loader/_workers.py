@@ -8,6 +8,7 @@ the shutdown rules are the same for both.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from loaderkit._tags import SeedTag
+from loaderkit._worker_info import show_user_dataset
 from loaderkit.loader._fetch import identity
 from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
@@ -74,7 +76,10 @@ class WorkerPool:
         Keyed by epoch: non-persistent workers restart every epoch and must not
         replay the previous epoch's random streams.
         """
-        return epoch_worker_init_fn(derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init)
+        seeding = epoch_worker_init_fn(
+            derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
+        )
+        return functools.partial(_start_worker, init=seeding)
 
     def build(
         self,
@@ -112,6 +117,13 @@ class WorkerPool:
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent if persistent is None else persistent,
         )
+
+
+def _start_worker(worker_id: int, *, init: Callable[[int], None]) -> None:
+    # Module-level for pickling under spawn/forkserver. The user's dataset is shown
+    # before the user's worker_init_fn (called by ``init``) runs.
+    show_user_dataset()
+    init(worker_id)
 
 
 def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
