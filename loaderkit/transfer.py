@@ -352,9 +352,13 @@ class DevicePrefetcher:
     Each ``iter()`` starts over from a fresh ``iter(iterable)``; ``len()``
     is the iterable's length when it has one.
 
-    It deliberately exposes no ``state_dict``: on CUDA the wrapped iterator is
-    one batch ahead of what the consumer has seen, so delegating its state
-    would resume one batch late. Resume is the loader's job.
+    On CUDA the wrapped iterator is one batch ahead of what the consumer has
+    seen, so its own state would resume one batch late (a batch skipped).
+    When the iterable is stateful (``state_dict()``), the prefetcher takes a
+    snapshot of that state before each look-ahead; :meth:`state_dict` returns
+    it, and a :class:`~loaderkit.ResumableDataLoader` returns it from its own
+    ``state_dict()`` while the prefetcher holds a batch, so saving either is
+    exact.
 
     Args:
         iterable: Anything iterable yielding batches, typically a DataLoader.
@@ -383,6 +387,36 @@ class DevicePrefetcher:
         self.iterable = iterable
         self.device = select_device(device)
         self.pin_memory = resolve_pin_memory(pin_memory, self.device)
+        # The iterable's state as of the last batch handed over, while one is held ahead.
+        self._held: dict[str, Any] | None = None
+
+    def held_state(self) -> dict[str, Any] | None:
+        """The wrapped iterable's state as the consumer has seen it, while a batch is held."""
+        return self._held
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped iterable's state as of the last batch handed over.
+
+        Raises:
+            TypeError: the iterable has no ``state_dict()``.
+        """
+        if self._held is not None:
+            return self._held
+        return dict(self._stateful("state_dict").state_dict())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the wrapped iterable at ``state_dict`` (from :meth:`state_dict`)."""
+        self._stateful("load_state_dict").load_state_dict(state_dict)
+        self._held = None
+
+    def _stateful(self, method: str) -> Any:
+        if not callable(getattr(self.iterable, method, None)):
+            raise TypeError(
+                f"DevicePrefetcher.{method}: the wrapped {type(self.iterable).__name__} has no "
+                f"{method}(); wrap a stateful loader (e.g. loaderkit.ResumableDataLoader) to "
+                "save and resume its position."
+            )
+        return self.iterable
 
     def __len__(self) -> int:
         if not isinstance(self.iterable, Sized):
@@ -411,14 +445,25 @@ class DevicePrefetcher:
     def _cuda_batches(self) -> Iterator[Batch]:
         side = torch.cuda.Stream(device=self.device)
         iterator = iter(self.iterable)
-        upcoming = self._copy_next(iterator, side)
-        while upcoming is not _END:
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_stream(side)
-            _record_stream(upcoming, consumer)
-            batch = upcoming
-            upcoming = self._copy_next(iterator, side)  # overlaps the consumer's work on batch
-            yield batch
+        stateful = callable(getattr(self.iterable, "state_dict", None))
+        register = getattr(self.iterable, "_register_lookahead", None)
+        if callable(register):
+            register(self)  # the loader's own state_dict() answers with held_state()
+        self._held = None
+        try:
+            upcoming = self._copy_next(iterator, side)
+            while upcoming is not _END:
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_stream(side)
+                _record_stream(upcoming, consumer)
+                batch = upcoming
+                if stateful:  # the state once `batch` is consumed, before the look-ahead
+                    self._held = None
+                    self._held = dict(self.iterable.state_dict())  # type: ignore[attr-defined]
+                upcoming = self._copy_next(iterator, side)  # overlaps the consumer's work
+                yield batch
+        finally:
+            self._held = None
 
     def _copy_next(self, iterator: Iterator[Batch], side: torch.cuda.Stream) -> Any:
         try:

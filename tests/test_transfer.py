@@ -449,15 +449,85 @@ def test_prefetcher_without_length(no_accelerator: None) -> None:
     assert len(list(prefetcher)) == 2
 
 
-def test_prefetcher_exposes_no_loader_state(no_accelerator: None) -> None:
-    class StatefulSource(CountingIterable):
-        def state_dict(self) -> dict[str, Any]:
-            return {}
+def test_prefetcher_state_needs_a_stateful_iterable(no_accelerator: None) -> None:
+    prefetcher = DevicePrefetcher(CountingIterable([]), "cpu")
+    with pytest.raises(TypeError, match=r"state_dict: the wrapped CountingIterable has no"):
+        prefetcher.state_dict()
+    with pytest.raises(TypeError, match=r"load_state_dict: .* wrap a stateful loader"):
+        prefetcher.load_state_dict({})
+    assert repr(prefetcher) == "DevicePrefetcher(CountingIterable, device='cpu', pin_memory=False)"
 
-    prefetcher = DevicePrefetcher(StatefulSource([]), "cpu")
-    assert not hasattr(prefetcher, "state_dict")
-    assert not hasattr(prefetcher, "load_state_dict")
-    assert repr(prefetcher) == "DevicePrefetcher(StatefulSource, device='cpu', pin_memory=False)"
+
+class _NoopStream:
+    """Stands in for torch.cuda.Stream: the look-ahead logic runs, the copies are no-ops."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def __enter__(self) -> _NoopStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def stubbed_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DevicePrefetcher's CUDA path on a CPU machine: streams and copies stubbed."""
+    import loaderkit.transfer as transfer
+
+    monkeypatch.setattr(torch.cuda, "Stream", _NoopStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _NoopStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: _NoopStream())
+    monkeypatch.setattr(transfer, "_record_stream", lambda batch, stream: None)
+    monkeypatch.setattr(transfer, "move_to_device", lambda batch, device: batch)
+
+
+def _cuda_prefetcher(iterable: Any) -> DevicePrefetcher:
+    prefetcher = DevicePrefetcher(iterable, "cpu")
+    prefetcher.device = torch.device("cuda", 0)  # takes the look-ahead path
+    return prefetcher
+
+
+@pytest.mark.parametrize("save", ["loader", "prefetcher"])
+def test_prefetcher_look_ahead_does_not_leak_into_the_saved_state(
+    stubbed_cuda: None, save: str
+) -> None:
+    # Measured: the loader's state_dict() under a CUDA prefetcher was one batch ahead,
+    # so a resume skipped a batch.
+    from loaderkit import ResumableDataLoader
+
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=3)
+
+    reference = [b.tolist() for b in loader()]
+    source = loader()
+    prefetcher = _cuda_prefetcher(source)
+    seen = []
+    for batch in prefetcher:
+        seen.append(batch.tolist())
+        if len(seen) == 3:
+            state = (source if save == "loader" else prefetcher).state_dict()
+            break
+    assert state["position"] == 12  # 3 batches of 4 consumed, not 4
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + [b.tolist() for b in resumed] == reference
+
+
+def test_a_finished_prefetcher_no_longer_answers_for_the_loader(stubbed_cuda: None) -> None:
+    from loaderkit import ResumableDataLoader
+
+    source = ResumableDataLoader(list(range(8)), batch_size=4)
+    prefetcher = _cuda_prefetcher(source)
+    assert len(list(prefetcher)) == 2
+    assert prefetcher.held_state() is None
+    it = iter(source)  # a plain iteration after it: the loader's own state
+    next(it)
+    assert source.state_dict()["position"] == 4
 
 
 def test_prefetcher_validates(no_accelerator: None) -> None:

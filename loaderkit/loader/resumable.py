@@ -261,6 +261,7 @@ class ResumableDataLoader:
         # waits 5 s per worker in join() (measured: 10 s with 2 workers).
         self._live: weakref.ref[EpochIterator] | None = None
         self._topology_cache: tuple[int, int] | None = None
+        self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
         self._stream: StreamEngine | None = None
@@ -328,6 +329,7 @@ class ResumableDataLoader:
         return max(whole, steps_done + rest)
 
     def __iter__(self) -> Iterator[Any]:
+        self._lookahead = None  # a prefetcher iterating this registers after iter()
         self._supersede()
         live = EpochIterator(self)
         self._live = weakref.ref(live)
@@ -384,12 +386,27 @@ class ResumableDataLoader:
         return self._inner
 
     # ------------------------------------------------------------------ state
+    def _register_lookahead(self, holder: Any) -> None:
+        """A consumer that holds batches ahead (``DevicePrefetcher``) answers ``state_dict()``.
+
+        ``holder.held_state()`` is the state as of the last batch it handed on,
+        or None when it holds nothing. Held weakly: a dropped prefetcher stops counting.
+        """
+        self._lookahead = weakref.ref(holder)
+
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far; the same on every rank.
+
+        While a :class:`~loaderkit.DevicePrefetcher` holds a batch ahead, the
+        position of the batches it handed on (the consumer's view).
 
         For a :class:`~loaderkit.StreamingShardedDataset` under DDP this gathers
         every rank's cursors, so every rank must call it (Lightning does).
         """
+        holder = self._lookahead() if self._lookahead is not None else None
+        held = holder.held_state() if holder is not None else None
+        if held is not None:
+            return dict(held)
         if self._stream is not None:
             return self._stream.state()
         skeleton = self._skeleton
@@ -416,6 +433,7 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
+        self._lookahead = None  # the loaded state is the position now
         # Only a SamplePlan can be rebuilt with the saved seed; any other plan's seed
         # is the user's explicit choice, and a different saved one is a mismatch.
         if self._stream is not None:
