@@ -41,6 +41,7 @@ from loaderkit.loader._args import check_sources, check_worker_args
 from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource, batch_fetch_is_faithful
 from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
+from loaderkit.loader._views import PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
@@ -249,6 +250,20 @@ class ResumableDataLoader:
             user_init=worker_init_fn,
             start_method=multiprocessing_context,
         )
+        # DataLoader's attributes, as code written for it reads them.
+        self.collate_fn = self._fetch.collate_fn
+        self.drop_last = getattr(self.plan, "drop_last", drop_last)
+        self.generator = generator
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers
+        # Views of the plan: Lightning calls sampler.set_epoch(e) (and
+        # batch_sampler.sampler.set_epoch(e)) at every epoch start, never the loader's.
+        order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
+        self.sampler: Any = sampler if sampler is not None else order
+        self.batch_sampler: Any = batch_sampler if batch_sampler is not None else PlanBatches(order)
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
         # The epoch of the current (or last) iteration, how far its order was

@@ -174,3 +174,44 @@ def test_worker_info_shows_the_users_dataset() -> None:
     assert sorted(rows[:, 0].tolist()) == list(range(8))
     assert rows[:, 1].all(), "get_worker_info().dataset was not the user's dataset"
     assert rows[:, 2].all(), "per-worker set-up on get_worker_info().dataset had no effect"
+
+
+# ------------------------------------------------------ DataLoader attributes
+def test_sampler_set_epoch_drives_the_loader() -> None:
+    # Lightning calls loader.sampler.set_epoch(e) (and batch_sampler.sampler's),
+    # never the loader's own set_epoch.
+    loader = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    reference = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    reference.set_epoch(3)
+    loader.sampler.set_epoch(3)
+    assert epoch_ids(loader) == epoch_ids(reference)
+    assert loader.batch_sampler.sampler is loader.sampler
+
+
+def test_sampler_and_batch_sampler_list_the_next_epoch() -> None:
+    loader = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True, seed=1)
+    batches = list(loader.batch_sampler)
+    assert list(loader.sampler) == [i for b in batches for i in b]
+    assert len(loader.sampler) == 20 and len(loader.batch_sampler) == 5
+    assert [b.tolist() for b in loader] == batches  # what the loader then yields
+
+
+def test_an_unshuffled_loader_has_a_sequential_sampler() -> None:
+    # Lightning checks isinstance(sampler, SequentialSampler), e.g. for overfit_batches.
+    from torch.utils.data import SequentialSampler
+
+    assert isinstance(ResumableDataLoader(list(range(4))).sampler, SequentialSampler)
+    assert not isinstance(
+        ResumableDataLoader(list(range(4)), shuffle=True, seed=0).sampler, SequentialSampler
+    )
+
+
+def test_dataloader_attributes_are_there() -> None:
+    gen = torch.Generator()
+    loader = ResumableDataLoader(
+        list(range(8)), batch_size=2, drop_last=True, generator=gen, timeout=5, seed=0
+    )
+    assert loader.drop_last is True and loader.generator is gen and loader.timeout == 5
+    assert loader.collate_fn is torch.utils.data.default_collate
+    assert loader.persistent_workers is False and loader.prefetch_factor is None
+    assert loader.worker_init_fn is None and loader.multiprocessing_context is None

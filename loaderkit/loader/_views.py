@@ -1,0 +1,81 @@
+"""``loader.sampler`` and ``loader.batch_sampler`` of a ResumableDataLoader (private).
+
+Code written for ``torch.utils.data.DataLoader`` reaches into these two
+attributes; above all ``sampler.set_epoch(e)``, which Lightning's fit loop
+calls on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at the start
+of every epoch (and never on the loader itself). Here they are views of the
+loader's plan: ``set_epoch`` drives the loader, and iterating them lists the
+indices the loader's next epoch yields on this rank.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import Sampler, SequentialSampler
+
+__all__ = ["PlanBatches", "PlanOrder", "plan_order"]
+
+
+class PlanOrder(Sampler[int]):
+    """This rank's sample order in the loader's next epoch; ``set_epoch`` sets that epoch."""
+
+    def __init__(self, loader: Any) -> None:
+        # Weak: the loader holds this view; a cycle would delay freeing its workers.
+        self._loader = weakref.ref(loader)
+
+    def _owner(self) -> Any:
+        loader = self._loader()
+        if loader is None:
+            raise ReferenceError("this sampler's ResumableDataLoader no longer exists")
+        return loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the loader's next iteration ``epoch``, as ``DistributedSampler.set_epoch`` does."""
+        self._owner().set_epoch(epoch)
+
+    def _batches(self) -> Iterator[list[int]]:
+        loader = self._owner()
+        if loader._stream is not None:
+            raise TypeError(
+                "ResumableDataLoader.sampler: a StreamingShardedDataset has no sample order "
+                "to list (its sizes are unknown); only set_epoch() applies to it."
+            )
+        epoch, start, _ = loader._cursor.upcoming(loader.plan)
+        rank, world_size = loader._topology()
+        sched = loader.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        for step in range(sched.num_steps):
+            yield sched.indices(step).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self._batches():
+            yield from batch
+
+    def __len__(self) -> int:
+        return sum(len(batch) for batch in self._batches())
+
+
+class SequentialPlanOrder(PlanOrder, SequentialSampler):
+    """:class:`PlanOrder` of an unshuffled plan: a ``SequentialSampler`` to code that checks."""
+
+    # SequentialSampler's __init__ is not called: the order comes from the plan.
+
+
+def plan_order(loader: Any, shuffled: bool) -> PlanOrder:
+    """The ``sampler`` view of ``loader``; sequential when the plan does not shuffle."""
+    return PlanOrder(loader) if shuffled else SequentialPlanOrder(loader)
+
+
+class PlanBatches(Sampler[list[int]]):
+    """The loader's next epoch as index batches; ``.sampler`` is its :class:`PlanOrder`."""
+
+    def __init__(self, order: PlanOrder) -> None:
+        self.sampler = order
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler._batches()
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.sampler._batches())
