@@ -29,6 +29,8 @@ class SeedTag:
     # Length bucketing: the order of the sorted windows, and of the batches cut from them.
     BUCKET_ORDER: Final = "bucket-order"
     BUCKET_BATCHES: Final = "bucket-batches"
+    # A user's torch sampler (RandomSampler, ...): the generator loaderkit gives it per epoch.
+    SAMPLER: Final = "sampler"
     # Streams: the shard order of one pass.
     STREAM_SHARDS: Final = "stream-shards"
     # Per-sample randomness: sample `index` of `epoch` (seeding.sample_seed).

@@ -45,13 +45,11 @@ def check_sources(
         raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
     check_bool("shuffle", shuffle, owner="ResumableDataLoader")
     check_bool("drop_last", drop_last, owner="ResumableDataLoader")
-    if sampler is not None:
-        if shuffle:
-            raise ValueError(
-                "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
-                f"sampler ({type(sampler).__name__}); pass one or the other."
-            )
-        check_resumable_sampler(sampler, parameter="sampler")
+    if sampler is not None and shuffle:
+        raise ValueError(
+            "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
+            f"sampler ({type(sampler).__name__}); pass one or the other."
+        )
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError(
@@ -114,3 +112,38 @@ def check_worker_args(
             f"{per_sample_seeding!r}."
         )
     return workers
+
+
+def from_distributed_sampler(
+    sampler: Any, size: int, seed: int | None, rank: int | None, world_size: int | None
+) -> tuple[int, int, int, bool, bool]:
+    """A ``DistributedSampler``'s settings as the loader's own: it splits by itself.
+
+    The loader deals one order across ranks already; running the sampler's own
+    split under it would split twice. So the sampler is read for its seed,
+    shuffle, drop_last and topology, and the loader's plan takes its place.
+
+    Returns:
+        ``(seed, rank, world_size, shuffle, drop_last)``.
+
+    Raises:
+        ValueError: an explicit argument contradicts the sampler, or the sampler
+            covers another dataset size.
+    """
+    owner = "ResumableDataLoader"
+    if len(sampler.dataset) != size:
+        raise ValueError(
+            f"{owner}: the DistributedSampler covers {len(sampler.dataset)} samples but the "
+            f"dataset has {size}; build the sampler over this dataset."
+        )
+    for name, given, its in (
+        ("seed", seed, sampler.seed),
+        ("rank", rank, sampler.rank),
+        ("world_size", world_size, sampler.num_replicas),
+    ):
+        if given is not None and given != its:
+            raise ValueError(
+                f"{owner}: {name}={given} differs from the DistributedSampler's {its}; leave "
+                f"{name} unset to take the sampler's."
+            )
+    return sampler.seed, sampler.rank, sampler.num_replicas, sampler.shuffle, sampler.drop_last

@@ -27,23 +27,25 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
-from loaderkit.loader._args import check_sources, check_worker_args
+from loaderkit.loader._args import check_sources, check_worker_args, from_distributed_sampler
 from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource, batch_fetch_is_faithful
 from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._sampler_plan import SamplerPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
 from loaderkit.transfer import resolve_pin_memory, select_device
@@ -158,6 +160,11 @@ class ResumableDataLoader:
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
         size = check_sources(dataset, sampler, batch_sampler, batch_size, shuffle, drop_last)
+        if isinstance(sampler, DistributedSampler):
+            seed, rank, world_size, shuffle, sampler_drop = from_distributed_sampler(
+                sampler, size, seed, rank, world_size
+            )
+            drop_last = drop_last or sampler_drop
         self._seed_explicit = seed is not None
         plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
         if plan_seed is not None and seed is not None and seed != plan_seed:
@@ -196,6 +203,15 @@ class ResumableDataLoader:
             self.plan = batch_sampler.plan
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
+        elif sampler is not None and type(sampler) not in (SequentialSampler, DistributedSampler):
+            # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks.
+            self.plan = SamplerPlan(
+                sampler=sampler,
+                dataset_size=size,
+                batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
+                seed=self.seed,
+                drop_last=drop_last,
+            )
         else:
             check_int(
                 "batch_size",
@@ -211,7 +227,7 @@ class ResumableDataLoader:
                 seed=self.seed,
                 drop_last=drop_last,
             )
-        if self.plan.num_samples != size and not stream:
+        if self.plan.num_samples != size and not stream and not isinstance(self.plan, SamplerPlan):
             raise ValueError(
                 f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
                 f"samples but the dataset has {size}; build the plan with num_samples={size}."
@@ -458,27 +474,20 @@ class ResumableDataLoader:
                 self.seed = adopted
             self._seed_drawn = False  # the saved run's seed is the one to keep
             return
-        can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan)
+        can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan | SamplerPlan)
         adopt = ("seed",) if can_adopt else ()
         state = self._cursor.load(state_dict, self.plan, owner="ResumableDataLoader", adopt=adopt)
         saved_seed = state["plan"]["seed"]
-        if saved_seed != self.seed and isinstance(self.plan, SamplePlan):
+        if saved_seed != self.seed and isinstance(self.plan, SamplePlan | SamplerPlan):
             self._adopt_seed(saved_seed)
         self._seed_drawn = False  # the saved run's seed is the one to keep
         self._supersede()
 
     def _adopt_seed(self, seed: int) -> None:
-        assert isinstance(self.plan, SamplePlan)
-        old = self.plan
+        assert isinstance(self.plan, SamplePlan | SamplerPlan)
         self.seed = seed
         self._seed_drawn = False
-        self.plan = SamplePlan(
-            num_samples=old.num_samples,
-            batch_size=old.batch_size,
-            shuffle=old.shuffle,
-            seed=seed,
-            drop_last=old.drop_last,
-        )
+        self.plan = dataclasses.replace(self.plan, seed=seed)
         self._fetch.seed = seed
         self._fingerprint = self.plan.fingerprint()
         self._skeleton = None

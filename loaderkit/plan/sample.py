@@ -166,22 +166,14 @@ class SamplePlan:
         return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
 
     def _check_position(self, start: int, world_size: int) -> None:
-        check_int("world_size", world_size, 1)
-        check_int("start", start, 0)
-        if start > self.num_samples:
-            raise ValueError(
-                f"start must be <= num_samples={self.num_samples}, got {start}; "
-                "a position past the end of the epoch means the epoch is complete."
-            )
+        steps_from(self, start, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of an epoch, without the order.
 
         The same for every epoch: ``epoch`` is taken for the :class:`Plan` protocol.
         """
-        self._check_position(start, world_size)
-        full, tail = divmod(self.num_samples - start, world_size * self.batch_size)
-        return full + (1 if tail and not self.drop_last else 0)
+        return steps_from(self, start, world_size)
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a position is only meaningful for."""
@@ -193,6 +185,24 @@ class SamplePlan:
             "drop_last": self.drop_last,
             "order_check": permutation_check() if self.shuffle else 0,
         }
+
+
+def steps_from(plan: Dealt, start: int, world_size: int) -> int:
+    """Batches per rank from position ``start`` to the end of an epoch of ``plan``.
+
+    The dealing rule of :class:`_FixedSchedule`, counted without the order: full
+    global steps of ``world_size * batch_size``, plus one short step for a tail
+    unless ``drop_last``. Validates ``start`` and ``world_size``.
+    """
+    check_int("world_size", world_size, 1)
+    check_int("start", start, 0)
+    if start > plan.num_samples:
+        raise ValueError(
+            f"start must be <= num_samples={plan.num_samples}, got {start}; "
+            "a position past the end of the epoch means the epoch is complete."
+        )
+    full, tail = divmod(plan.num_samples - start, world_size * plan.batch_size)
+    return full + (1 if tail and not plan.drop_last else 0)
 
 
 @functools.cache
@@ -207,6 +217,19 @@ def permutation_check() -> int:
     """
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
+
+
+class Dealt(Protocol):
+    """What the dealing schedule needs of a plan: its size, batch size and tail policy."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def drop_last(self) -> bool: ...
 
 
 class _FixedSchedule:
@@ -228,7 +251,7 @@ class _FixedSchedule:
     )
 
     def __init__(
-        self, plan: SamplePlan, order: torch.Tensor, epoch: int, start: int, rank: int, ws: int
+        self, plan: Dealt, order: torch.Tensor, epoch: int, start: int, rank: int, ws: int
     ) -> None:
         self.epoch = epoch
         self.start = start

@@ -22,13 +22,14 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import Sampler, SequentialSampler
+from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
 from loaderkit._callers import under_lightning_loop
 from loaderkit._checks import check_int
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
 from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._sampler_plan import check_reproducible
 from loaderkit.plan.bucket import BucketPlan, Oversize
 from loaderkit.plan.sample import Plan
 
@@ -125,25 +126,30 @@ class PlanBatchSampler(Sampler[list[int]]):
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     """Refuse a sampler whose position cannot be restored exactly.
 
-    A random sampler without its own seeded state is resumed by other loaders
-    by skipping items of a *new* permutation: measured with torchdata 0.11,
-    1000 draws after such a resume held only 790 unique samples. loaderkit
-    refuses it instead.
+    A sampler resumes exactly when its order is a function of ``(seed, epoch)``:
+    ``SequentialSampler``, ``DistributedSampler`` (read for its settings), a
+    sampler with ``set_epoch`` or a ``generator`` that loaderkit seeds per epoch
+    (``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``), or
+    any sampler that lists the same order twice. One that draws from an
+    unseeded source would be resumed by skipping items of a *new* order:
+    measured with torchdata 0.11, 1000 draws after such a resume held only 790
+    unique samples. A ``batch_sampler`` must carry a loaderkit plan.
 
     Raises:
-        TypeError: ``sampler`` is not sequential and carries no loaderkit plan.
+        TypeError: ``sampler`` lists a different order each time, or is a batch
+            sampler without a plan.
     """
     if hasattr(sampler, "plan"):
         return
-    if isinstance(sampler, SequentialSampler) and parameter != "batch_sampler":
+    if parameter == "batch_sampler":
+        raise TypeError(
+            f"batch_sampler={type(sampler).__name__} cannot be resumed exactly: a batch "
+            "sampler's position is only known for a loaderkit plan. Pass a PlanBatchSampler "
+            "(or BucketBatchSampler), or pass sampler=... with batch_size=... instead."
+        )
+    if isinstance(sampler, (SequentialSampler, DistributedSampler)):
         return
-    raise TypeError(
-        f"{parameter}={type(sampler).__name__} cannot be resumed exactly: its order after a "
-        "resume is not a function of a saved position (an unseeded random sampler resumed "
-        "by skipping items of a new permutation loses and repeats samples). Use "
-        "shuffle=True with seed=<int> instead (or batch_size=... for a sequential order), or "
-        "pass a loaderkit PlanBatchSampler."
-    )
+    check_reproducible(sampler, owner="check_resumable_sampler", parameter=parameter)
 
 
 class _LenWatch:

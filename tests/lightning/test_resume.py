@@ -358,15 +358,23 @@ def test_len_equals_batches_yielded(
         assert 2 + len(list(resumed)) == n
 
 
-def test_unseeded_random_sampler_is_refused() -> None:
+def test_unseeded_random_sampler_resumes_without_loss() -> None:
     """DESIGN fact 8: a random sampler without its own state is resumed by skipping items of a
-    *new* permutation (torchdata: 790 unique samples in 1000 draws). loaderkit refuses it,
-    with a message that says what to use instead."""
-    data = list(range(10))
-    with pytest.raises(TypeError, match=r"sampler=RandomSampler cannot be resumed exactly"):
-        ResumableDataLoader(data, batch_size=2, sampler=RandomSampler(data))
-    with pytest.raises(TypeError, match=r"shuffle=True with seed=<int>"):
-        ResumableDataLoader(data, batch_size=2, sampler=RandomSampler(data))
+    *new* permutation (torchdata: 790 unique samples in 1000 draws). loaderkit seeds its
+    generator from (seed, epoch), so the resumed epoch is the rest of the same order."""
+    data = list(range(1000))
+
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(data, batch_size=10, sampler=RandomSampler(data), seed=4)
+
+    loader = make()
+    it = iter(loader)
+    first = [i for _ in range(37) for i in next(it).tolist()]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    rest = [i for batch in resumed for i in batch.tolist()]
+    assert sorted(first + rest) == data  # 1000 unique of 1000
+    assert first + rest == [i for batch in make() for i in batch.tolist()]
 
 
 def test_abandoned_iterator_stops_its_workers_promptly() -> None:

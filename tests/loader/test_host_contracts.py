@@ -215,3 +215,105 @@ def test_dataloader_attributes_are_there() -> None:
     assert loader.collate_fn is torch.utils.data.default_collate
     assert loader.persistent_workers is False and loader.prefetch_factor is None
     assert loader.worker_init_fn is None and loader.multiprocessing_context is None
+
+
+# ---------------------------------------------------------------- samplers
+def run_and_resume(make: Any, k: int) -> tuple[list[int], list[int]]:
+    """Two epochs uninterrupted, and the same cut after k batches and resumed."""
+    loader = make()
+    full = epoch_ids(loader) + epoch_ids(loader)
+    cut = make()
+    it = iter(cut)
+    before = [i for _ in range(k) for i in next(it).tolist()]
+    resumed = make()
+    resumed.load_state_dict(cut.state_dict())
+    after = epoch_ids(resumed) + epoch_ids(resumed)
+    return full, before + after
+
+
+def test_distributed_sampler_is_not_a_second_split() -> None:
+    from torch.utils.data import DistributedSampler
+
+    data = list(range(40))
+    per_rank = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        loader = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+        assert (loader.seed, loader._topology()) == (7, (rank, 2))
+        per_rank.append(epoch_ids(loader))
+    assert [len(ids) for ids in per_rank] == [20, 20]  # split once, not twice (10 each)
+    assert sorted(per_rank[0] + per_rank[1]) == data
+
+
+def test_distributed_sampler_settings_that_contradict_the_loader_are_refused() -> None:
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(list(range(8)), num_replicas=2, rank=0, seed=7)
+    with pytest.raises(ValueError, match=r"seed=3 differs from the DistributedSampler's 7"):
+        ResumableDataLoader(list(range(8)), sampler=sampler, seed=3)
+    with pytest.raises(ValueError, match=r"covers 8 samples but the dataset has 9"):
+        ResumableDataLoader(list(range(9)), sampler=sampler)
+
+
+@pytest.mark.parametrize("k", [1, 5, 8])
+def test_random_subset_and_weighted_samplers_resume_exactly(k: int) -> None:
+    from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+
+    data = list(range(50))
+    weights = torch.tensor([0.0] * 10 + [1.0] * 40)
+    makers = {
+        "random": lambda: RandomSampler(data),
+        "subset": lambda: SubsetRandomSampler(list(range(0, 50, 2))),
+        "weighted": lambda: WeightedRandomSampler(weights, num_samples=40),
+    }
+    for name, sampler in makers.items():
+        full, joined = run_and_resume(
+            lambda sampler=sampler: ResumableDataLoader(
+                data, batch_size=3, sampler=sampler(), seed=5
+            ),
+            k,
+        )
+        assert joined == full, name
+        epoch0, epoch1 = full[: len(full) // 2], full[len(full) // 2 :]
+        assert epoch0 != epoch1, f"{name}: every epoch had the same order"
+        if name == "subset":
+            assert sorted(epoch0) == list(range(0, 50, 2))
+        if name == "weighted":
+            assert min(full) >= 10  # weight 0 is never drawn
+
+
+def test_a_sampler_with_set_epoch_is_driven_by_the_epoch() -> None:
+    class Rotating(torch.utils.data.Sampler[int]):
+        def __init__(self) -> None:
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            return iter([(i + self.epoch) % 6 for i in range(6)])
+
+        def __len__(self) -> int:
+            return 6
+
+    loader = ResumableDataLoader(list(range(6)), batch_size=2, sampler=Rotating(), seed=0)
+    assert epoch_ids(loader) == [0, 1, 2, 3, 4, 5]
+    assert epoch_ids(loader) == [1, 2, 3, 4, 5, 0]
+
+
+def test_a_random_sampler_is_dealt_across_ranks_once() -> None:
+    from torch.utils.data import RandomSampler
+
+    data = list(range(30))
+    seen = []
+    for rank in (0, 1):
+        loader = ResumableDataLoader(
+            data, batch_size=5, sampler=RandomSampler(data), seed=9, rank=rank, world_size=2
+        )
+        seen += epoch_ids(loader)
+    assert sorted(seen) == data
+
+
+def test_a_sampler_index_outside_the_dataset_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"yielded index 9 in epoch 0, outside the dataset's"):
+        ResumableDataLoader(list(range(5)), sampler=[0, 9, 1])

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import Dataset, IterableDataset, SequentialSampler
 
 from loaderkit import (
     PlanBatchSampler,
@@ -606,11 +606,16 @@ def test_negative_epoch_in_set_epoch_is_refused() -> None:
         make().set_epoch(1.0)  # type: ignore[arg-type]
 
 
-def test_an_unseeded_random_sampler_is_refused_with_the_fix() -> None:
-    with pytest.raises(
-        TypeError, match=r"sampler=RandomSampler cannot be resumed exactly.*shuffle=True with seed="
-    ):
-        ResumableDataLoader(AugDataset(), batch_size=B, sampler=RandomSampler(range(N)))
+def test_a_sampler_that_changes_its_order_is_refused_with_the_fix() -> None:
+    class Unseeded(torch.utils.data.Sampler[int]):
+        def __iter__(self) -> Any:
+            return iter(torch.randperm(N).tolist())
+
+        def __len__(self) -> int:
+            return N
+
+    with pytest.raises(TypeError, match=r"sampler=Unseeded lists a different order.*set_epoch"):
+        ResumableDataLoader(AugDataset(), batch_size=B, sampler=Unseeded())
 
 
 def test_a_sequential_sampler_is_accepted() -> None:

@@ -1,0 +1,173 @@
+"""A torch ``Sampler``'s order as a plan (private): samplers passed to ResumableDataLoader.
+
+A sampler can be resumed exactly when its order is a function of ``(seed,
+epoch)``. loaderkit makes the common ones so: before each epoch it calls the
+sampler's ``set_epoch(epoch)`` when it has one, and gives a sampler with a
+``generator`` attribute (``RandomSampler``, ``SubsetRandomSampler``,
+``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)``.
+The epoch's order is then listed once and dealt to ranks by the same
+schedule as a :class:`~loaderkit.SamplePlan`, so a position means the same on
+every rank and after a resume.
+
+Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
+refuses a sampler whose order differs (it draws from an unseeded source), and
+the fingerprint carries a checksum of epoch 0's order, so a state saved with
+another sampler (other weights, another subset) is a StateMismatchError.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaderkit._checks import check_bool, check_int
+from loaderkit._tags import SeedTag
+from loaderkit.plan.sample import _FixedSchedule, steps_from
+from loaderkit.seeding import derive_seed
+
+__all__ = ["SamplerPlan", "check_reproducible", "sampler_order"]
+
+
+def sampler_order(sampler: Any, seed: int, epoch: int) -> torch.Tensor:
+    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+    if hasattr(sampler, "generator"):
+        gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
+        sampler.generator = gen
+    return torch.as_tensor(np.fromiter((int(i) for i in sampler), dtype=np.int64))
+
+
+# The order listed for the fingerprint's checksum is keyed to this seed, not the
+# loader's: a loader that adopts a saved seed must still match the saved checksum.
+_PROBE_SEED = 0
+
+
+def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Tensor:
+    """Epoch 0's order under the probe seed, refusing a sampler that does not give it twice.
+
+    Raises:
+        TypeError: ``sampler`` is not iterable, or its order for the same seed and
+            epoch differs between two listings.
+    """
+    if not callable(getattr(sampler, "__iter__", None)):
+        raise TypeError(
+            f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
+            f"Sampler), got {type(sampler).__name__}."
+        )
+    first = sampler_order(sampler, _PROBE_SEED, 0)
+    second = sampler_order(sampler, _PROBE_SEED, 0)
+    if not torch.equal(first, second):
+        raise TypeError(
+            f"{owner}: {parameter}={type(sampler).__name__} lists a different order each time "
+            "for the same seed and epoch, so a resumed run could not find its position (it "
+            "would repeat and skip samples). Give the sampler a set_epoch(epoch) or a "
+            "`generator` attribute that loaderkit seeds per epoch, or use shuffle=True."
+        )
+    return first
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SamplerPlan:
+    """The plan of a torch sampler: its per-epoch order, dealt like a SamplePlan's.
+
+    Args:
+        sampler: Yields dataset indices; its length is the epoch's length.
+        dataset_size: Indices must be in ``[0, dataset_size)``.
+        batch_size: Samples per batch on each rank.
+        seed: Keys the sampler's epoch (its generator, when it has one).
+        drop_last: As in :class:`~loaderkit.SamplePlan`.
+    """
+
+    sampler: Any
+    dataset_size: int
+    batch_size: int
+    seed: int
+    drop_last: bool = False
+    shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
+    _cache: dict[int, torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _length: int = field(default=0, init=False, repr=False, compare=False)
+    _check: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owner = "ResumableDataLoader"
+        check_int("batch_size", self.batch_size, 1, owner=owner)
+        check_int("seed", self.seed, 0, owner=owner)
+        check_bool("drop_last", self.drop_last, owner=owner)
+        first = check_reproducible(self.sampler, owner=owner, parameter="sampler")
+        if first.numel() == 0:
+            raise ValueError(
+                f"{owner}: sampler={type(self.sampler).__name__} yields no index; pass a "
+                "sampler over a non-empty dataset."
+            )
+        self._validate(first, 0)
+        object.__setattr__(self, "_length", int(first.numel()))
+        object.__setattr__(self, "_check", zlib.crc32(first.numpy().tobytes()))
+
+    def _validate(self, order: torch.Tensor, epoch: int) -> None:
+        low, high = int(order.min()), int(order.max())
+        if low < 0 or high >= self.dataset_size:
+            raise ValueError(
+                f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded index "
+                f"{low if low < 0 else high} in epoch {epoch}, outside the dataset's "
+                f"[0, {self.dataset_size}); pass a sampler over this dataset."
+            )
+
+    @property
+    def num_samples(self) -> int:
+        """Entries in an epoch's order (the sampler's length)."""
+        return self._length
+
+    def epoch_length(self, epoch: int) -> int:
+        """Position reached when an epoch is complete."""
+        return self.num_samples
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The sampler's order in ``epoch``, keyed to ``(seed, epoch)``."""
+        check_int("epoch", epoch, 0)
+        cached = self._cache.get(epoch)
+        if cached is not None:
+            return cached
+        order = sampler_order(self.sampler, self.seed, epoch)
+        if order.numel() != self.num_samples:
+            raise ValueError(
+                f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "
+                f"{order.numel()} indices in epoch {epoch} but {self.num_samples} before; "
+                "an epoch's length must not change."
+            )
+        self._validate(order, epoch)
+        self._cache.clear()  # a loader asks for one epoch at a time
+        self._cache[epoch] = order
+        return order
+
+    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
+        """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
+        check_int("rank", rank, 0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
+        steps_from(self, start, world_size)  # validates the position
+        return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
+
+    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
+        """Batches per rank from ``start`` to the end of ``epoch``."""
+        return steps_from(self, start, world_size)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a position is only meaningful for (epoch 0's order by checksum)."""
+        cls = type(self.sampler)
+        return {
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "order_check": self._check,
+            "sampler": f"{cls.__module__}.{cls.__qualname__}",
+        }
