@@ -22,7 +22,7 @@ def check_sources(
     dataset: Any,
     sampler: Any,
     batch_sampler: Any,
-    batch_size: int,
+    batch_size: int | None,
     shuffle: bool,
     drop_last: bool,
 ) -> int:
@@ -112,6 +112,23 @@ def check_worker_args(
             f"{per_sample_seeding!r}."
         )
     return workers
+
+
+def check_torch_only_args(*, pin_memory_device: Any, in_order: Any) -> None:
+    """DataLoader arguments the loader takes for compatibility, checked."""
+    owner = "ResumableDataLoader"
+    if not isinstance(pin_memory_device, str):
+        raise TypeError(
+            f"{owner}: pin_memory_device must be a str, got {pin_memory_device!r}; pass e.g. "
+            "'cuda', or leave it '' for the current accelerator."
+        )
+    check_bool("in_order", in_order, owner=owner)
+    if not in_order:
+        raise ValueError(
+            f"{owner}: in_order=False lets workers hand batches out of order, and a saved "
+            "position would then not say which batches were consumed; pass in_order=True "
+            "(a slow sample then delays its batch, as with DataLoader's default)."
+        )
 
 
 def from_distributed_sampler(

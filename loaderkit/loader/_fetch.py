@@ -11,13 +11,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, default_convert
 
 from loaderkit.errors import WorkerError
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import seeded_sample
 
-__all__ = ["BatchFetcher", "KeySource", "KeyedDataset", "batch_fetch_is_faithful", "identity"]
+__all__ = [
+    "BatchFetcher",
+    "KeySource",
+    "KeyedDataset",
+    "Unbatched",
+    "batch_fetch_is_faithful",
+    "identity",
+]
 
 
 def batch_fetch_is_faithful(dataset: Any) -> bool:
@@ -35,6 +42,22 @@ def batch_fetch_is_faithful(dataset: Any) -> bool:
         if "__getitem__" in vars(cls) or "__getitems__" in vars(cls):
             return False
     return False
+
+
+class Unbatched:
+    """The collate function of ``batch_size=None``: each "batch" is one sample, as is.
+
+    torch calls ``collate_fn`` on every single sample then (default:
+    ``default_convert``, which turns numpy arrays into tensors but adds no batch
+    dimension). A class, not a closure, so it pickles for worker processes.
+    """
+
+    def __init__(self, collate_fn: Callable[[Any], Any] | None) -> None:
+        self.collate_fn = collate_fn if collate_fn is not None else default_convert
+
+    def __call__(self, samples: list[Any]) -> Any:
+        (sample,) = samples
+        return self.collate_fn(sample)
 
 
 def identity(batch: Any) -> Any:

@@ -38,8 +38,19 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
-from loaderkit.loader._args import check_sources, check_worker_args, from_distributed_sampler
-from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource, batch_fetch_is_faithful
+from loaderkit.loader._args import (
+    check_sources,
+    check_torch_only_args,
+    check_worker_args,
+    from_distributed_sampler,
+)
+from loaderkit.loader._fetch import (
+    BatchFetcher,
+    KeyedDataset,
+    KeySource,
+    Unbatched,
+    batch_fetch_is_faithful,
+)
 from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import PlanBatches, plan_order
@@ -83,7 +94,9 @@ class ResumableDataLoader:
             :class:`~loaderkit.StreamingShardedDataset` (sizes unknown): its
             position is a cursor per (rank, worker), exact under the same
             topology (see :mod:`loaderkit.loader._stream`).
-        batch_size: Samples per batch on each rank.
+        batch_size: Samples per batch on each rank; ``None`` yields single samples,
+            unbatched, as ``DataLoader`` does (``collate_fn`` then sees one sample,
+            default: ``default_convert``).
         shuffle: Shuffle per ``(seed, epoch)``.
         sampler: Only a ``SequentialSampler`` (the default order); samplers
             whose order cannot be restored exactly are refused.
@@ -116,6 +129,10 @@ class ResumableDataLoader:
             saved seed on :meth:`load_state_dict`.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
+        pin_memory_device: Accepted as ``DataLoader`` does (deprecated there):
+            batches are pinned for the current accelerator.
+        in_order: Must be ``True``: batches keep the plan's order, which is what
+            makes a saved position exact.
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
             seeded from ``(seed, e, i)``, so random augmentation is the same
             for any ``num_workers`` and after a resume. ``"auto"``: on unless
@@ -138,7 +155,7 @@ class ResumableDataLoader:
     def __init__(
         self,
         dataset: Any,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         shuffle: bool = False,
         sampler: Any = None,
         batch_sampler: Any = None,
@@ -157,9 +174,19 @@ class ResumableDataLoader:
         rank: int | None = None,
         world_size: int | None = None,
         per_sample_seeding: bool | Literal["auto"] = "auto",
+        pin_memory_device: str = "",
+        in_order: bool = True,
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
+        check_torch_only_args(pin_memory_device=pin_memory_device, in_order=in_order)
+        # batch_size=None: torch's unbatched loading, one sample per step; the plan
+        # deals batches of one and the collate function sees each sample alone.
+        unbatched = batch_size is None and batch_sampler is None
+        if unbatched:
+            batch_size, collate_fn = 1, Unbatched(collate_fn)
         size = check_sources(dataset, sampler, batch_sampler, batch_size, shuffle, drop_last)
+        # check_sources refused None with a batch_sampler; otherwise None became 1 above.
+        batch_size = 1 if batch_size is None else batch_size
         if isinstance(sampler, DistributedSampler):
             seed, rank, world_size, shuffle, sampler_drop = from_distributed_sampler(
                 sampler, size, seed, rank, world_size
@@ -236,7 +263,9 @@ class ResumableDataLoader:
         self._fingerprint = self.plan.fingerprint()
         self._skeleton: dict[str, Any] | None = None  # state_dict()'s constant part
         self.dataset = dataset
-        self.batch_size = batch_size
+        self.batch_size = None if unbatched else batch_size
+        self.pin_memory_device = pin_memory_device
+        self.in_order = in_order
         self.num_workers = check_worker_args(
             num_workers=num_workers,
             timeout=timeout,
@@ -267,7 +296,10 @@ class ResumableDataLoader:
             start_method=multiprocessing_context,
         )
         # DataLoader's attributes, as code written for it reads them.
-        self.collate_fn = self._fetch.collate_fn
+        fetch_collate = self._fetch.collate_fn
+        self.collate_fn = (
+            fetch_collate.collate_fn if isinstance(fetch_collate, Unbatched) else fetch_collate
+        )
         self.drop_last = getattr(self.plan, "drop_last", drop_last)
         self.generator = generator
         self.timeout = timeout

@@ -317,3 +317,43 @@ def test_a_random_sampler_is_dealt_across_ranks_once() -> None:
 def test_a_sampler_index_outside_the_dataset_is_refused() -> None:
     with pytest.raises(ValueError, match=r"yielded index 9 in epoch 0, outside the dataset's"):
         ResumableDataLoader(list(range(5)), sampler=[0, 9, 1])
+
+
+# ------------------------------------------------------------ loading modes
+def test_batch_size_none_yields_single_samples_like_dataloader() -> None:
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    data = [np.array([i, i + 1]) for i in range(6)]
+    ours = list(ResumableDataLoader(data, batch_size=None, seed=0))
+    theirs = list(DataLoader(data, batch_size=None))
+    assert len(ours) == 6
+    assert all(torch.equal(a, b) and a.shape == (2,) for a, b in zip(ours, theirs, strict=True))
+    loader = ResumableDataLoader(data, batch_size=None, shuffle=True, seed=0)
+    it = iter(loader)
+    first = [next(it) for _ in range(2)]
+    resumed = ResumableDataLoader(data, batch_size=None, shuffle=True, seed=0)
+    resumed.load_state_dict(loader.state_dict())
+    rest = list(resumed)
+    assert sorted(int(x[0]) for x in first + rest) == list(range(6))
+    assert loader.batch_size is None and loader.collate_fn is torch.utils.data.default_convert
+
+
+def test_batch_size_none_calls_collate_fn_on_each_sample() -> None:
+    calls = []
+
+    def collate(sample: Any) -> Any:
+        calls.append(sample)
+        return sample * 10
+
+    loader = ResumableDataLoader(list(range(4)), batch_size=None, collate_fn=collate, seed=0)
+    assert list(loader) == [0, 10, 20, 30] and calls == [0, 1, 2, 3]
+
+
+def test_in_order_false_is_refused_and_pin_memory_device_accepted() -> None:
+    with pytest.raises(ValueError, match=r"in_order=False .* pass in_order=True"):
+        ResumableDataLoader(list(range(4)), in_order=False)
+    with pytest.raises(TypeError, match=r"pin_memory_device must be a str, got 3"):
+        ResumableDataLoader(list(range(4)), pin_memory_device=3)  # type: ignore[arg-type]
+    loader = ResumableDataLoader(list(range(4)), pin_memory_device="cuda")
+    assert loader.pin_memory_device == "cuda" and loader.in_order is True

@@ -554,7 +554,7 @@ def test_batch_sampler_resume_reproduces_augmentation_without_an_explicit_seed()
 BAD_ARGS: list[tuple[dict[str, Any], type, str]] = [
     ({"batch_size": 0}, ValueError, r"batch_size must be >= 1, got 0"),
     ({"batch_size": 2.0}, TypeError, r"batch_size must be an int, got 2.0"),
-    ({"batch_size": None}, TypeError, r"batch_size must be an int"),
+    ({"batch_size": 2.5}, TypeError, r"batch_size must be an int, got 2.5"),
     ({"sampler": SequentialSampler(range(N))}, ValueError, r"shuffle=True cannot be combined"),
     ({"seed": "0"}, TypeError, r"seed must be an int, got '0'.*seed=0"),
     ({"seed": -1}, ValueError, r"seed must be >= 0, got -1"),
