@@ -364,12 +364,13 @@ class ResumableDataLoader:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
 
         Under the saving topology that is exact. After a resume with another
-        world size it is the larger of (steps done + steps remaining) and a
-        whole epoch under the new topology: Lightning reads the length once
-        per ``fit`` and stops an epoch when its count reaches it, so the
-        length must cover both the resumed epoch and the whole epochs after
-        it. An epoch that yields fewer ends with ``StopIteration``, which
-        Lightning handles.
+        world size the resumed epoch (steps done + steps remaining) and a whole
+        epoch differ. With :class:`~loaderkit.ElasticResume`, which re-reads the
+        length at every epoch start, it is the current epoch's exact count, so
+        Lightning validates at its end. Without it, Lightning reads the length
+        once per ``fit``, so it is the larger of the two (no batch is cut), and a
+        shorter epoch inside Lightning's loop is an error (Lightning would skip
+        its end-of-epoch validation).
         """
         if self._stream is not None:
             return self._stream.length()
@@ -382,14 +383,14 @@ class ResumableDataLoader:
             and cursor.position < self.plan.epoch_length(cursor.epoch)
         ):
             whole = self.plan.num_steps(cursor.epoch, start=0, world_size=world_size)
-            length = max(whole, live.steps_before + live.schedule.num_steps)
-            self._len_watch.answered(length)
-            return length
-        epoch, start, steps_done = cursor.upcoming(self.plan)
-        whole = self.plan.num_steps(epoch, start=0, world_size=world_size)
-        rest = self.plan.num_steps(epoch, start=start, world_size=world_size)
-        self._len_watch.answered(max(whole, steps_done + rest))
-        return max(whole, steps_done + rest)
+            exact = live.steps_before + live.schedule.num_steps
+        else:
+            epoch, start, steps_done = cursor.upcoming(self.plan)
+            whole = self.plan.num_steps(epoch, start=0, world_size=world_size)
+            exact = steps_done + self.plan.num_steps(epoch, start=start, world_size=world_size)
+        length = exact if self._len_watch.managed else max(whole, exact)
+        self._len_watch.answered(length)
+        return length
 
     def __iter__(self) -> Iterator[Any]:
         self._lookahead = None  # a prefetcher iterating this registers after iter()

@@ -180,10 +180,18 @@ class _LenWatch:
 
     def check(self, owner: str, epoch: int, batches: int) -> None:
         """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them)."""
-        if self.managed or self.first is None or batches <= self.first:
+        if self.managed or self.first is None or batches == self.first:
             return
         if not under_lightning_loop():
             return
+        if batches < self.first:
+            raise LoaderkitError(
+                f"{owner}: epoch {epoch} yields {batches} batches, fewer than the {self.first} "
+                "len() first answered (the world size shrank on resume, or this plan's epoch "
+                "length varies). Lightning takes len() once per fit and validates at the "
+                f"batch it expects last ({self.first}), so this epoch would end without its "
+                "validation: add loaderkit.ElasticResume() to the Trainer's callbacks."
+            )
         raise LoaderkitError(
             f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} "
             "len() first answered (this plan's epoch length varies, as under token budgets, "

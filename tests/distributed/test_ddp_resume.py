@@ -24,7 +24,7 @@ import lightning as L
 import pytest
 import torch
 
-from loaderkit import ResumableDataLoader
+from loaderkit import ElasticResume, LoaderkitError, ResumableDataLoader
 from tests.support.helpers import (
     IdDataModule,
     IdModule,
@@ -130,7 +130,8 @@ def elastic(full: dict[str, Any]) -> dict[str, Any]:
     k = 2
     ckpt = full["out"] / "ckpt" / f"step{k:03d}.ckpt"
     model = IdModule()
-    trainer = L.Trainer(**trainer_kwargs())
+    # The resumed epoch is shorter than a whole one: ElasticResume tells Lightning.
+    trainer = L.Trainer(**trainer_kwargs(callbacks=[ElasticResume()]))
     trainer.fit(model, datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=ckpt)
     before = [i for rank in range(WORLD) for r in full["records"][rank][:k] for i in r["ids"]]
     return {"k": k, "before": before, "after": by_epoch(model.records)}
@@ -144,6 +145,20 @@ def test_elastic_resume_two_ranks_to_one_process_finishes_the_epoch_exactly(
     before, after = elastic["before"], elastic["after"]
     assert len(before) == elastic["k"] * WORLD * BATCH
     assert_epochs_exactly_once({0: before + after[0]}, SIZE, epochs=1)
+
+
+def test_fewer_ranks_without_elastic_resume_is_refused_with_the_fix(full: dict[str, Any]) -> None:
+    """Without the callback Lightning would end the shorter resumed epoch without its
+    end-of-epoch validation: an error naming the fix, not a silently skipped validation."""
+    ckpt = full["out"] / "ckpt" / "step002.ckpt"
+    trainer = L.Trainer(**trainer_kwargs())
+    with pytest.raises(
+        LoaderkitError,
+        match=r"yields \d+ batches, fewer than the \d+ len\(\) first answered.*ElasticResume",
+    ):
+        trainer.fit(
+            IdModule(), datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=ckpt
+        )
 
 
 def test_elastic_resume_two_ranks_to_one_process_next_epoch_is_complete(

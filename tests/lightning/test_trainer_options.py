@@ -12,8 +12,10 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback
 
+from loaderkit import ElasticResume, ResumableDataLoader
 from tests.support.helpers import (
     IdDataModule,
     IdModule,
@@ -104,3 +106,39 @@ def test_limited_epochs_restart_the_order_after_an_end_of_epoch_resume(tmp_path:
     before = fit(tmp_path / "cut", options, fail_at=3)
     after = fit(tmp_path / "resumed", options, resume=tmp_path / "cut" / "step003.ckpt")
     assert by_epoch(before + after)[1] == by_epoch(full)[1]
+
+
+class _ValidatingModule(IdModule):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validated: list[tuple[int, int]] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self.validated.append((self.current_epoch, self.global_step))
+
+
+class _WithVal(IdDataModule):
+    def val_dataloader(self) -> ResumableDataLoader:
+        data = [{"id": i, "x": torch.zeros(4)} for i in range(4)]
+        return ResumableDataLoader(data, batch_size=2, seed=0, rank=0, world_size=1)
+
+
+def test_resumed_on_fewer_ranks_validates_at_the_end_of_the_resumed_epoch(tmp_path: Path) -> None:
+    # Measured: saved on 2 ranks, resumed on 1, the resumed epoch (shorter than len())
+    # ended without its validation, with or without ElasticResume.
+    def fit_on(world_size: int, **kwargs: Any) -> _ValidatingModule:
+        model = _ValidatingModule(fail_at=kwargs.pop("fail_at", None))
+        dm = _WithVal(size=64, batch_size=8, rank=0, world_size=world_size)
+        callbacks = [step_checkpoints(tmp_path, 1), ElasticResume()]
+        trainer = L.Trainer(
+            **trainer_kwargs(enable_checkpointing=True, callbacks=callbacks, limit_val_batches=1)
+        )
+        fit_or_interrupt(trainer, model, dm, interrupted=model.fail_at is not None, **kwargs)
+        return model
+
+    fit_on(2, fail_at=2)  # 2 steps of 2 ranks x 8: 32 of 64 samples done
+    resumed = fit_on(1, resume=tmp_path / "step002.ckpt")
+    # Epoch 0 resumes at step 2 and has 4 steps left on one rank; epoch 1 is whole (8).
+    assert resumed.validated == [(0, 6), (1, 14)]
+    assert [r["epoch"] for r in resumed.records].count(0) == 4
