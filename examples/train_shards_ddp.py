@@ -3,7 +3,7 @@
     python examples/train_shards_ddp.py
 
 The script writes 7 token shards of uneven sizes into a temporary directory
-with :func:`loaderkit.data.sharded.write_shards` (which also writes their index),
+with :func:`loaderkit.write_shards` (which also writes their index),
 then trains with ``Trainer(strategy="ddp", accelerator="cpu", devices=2)``.
 The data path is the three lines in ``train_dataloader``: a
 :class:`~loaderkit.data.sharded.ShardedDataset`, its batch sampler (shards shuffled

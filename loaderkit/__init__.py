@@ -13,6 +13,7 @@ loaderkit, so this keeps their start-up at the cost of ``import torch``.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from loaderkit.collate import PadCollate, PaddedBatch
@@ -83,21 +84,29 @@ _LIGHTNING_NAMES = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: the Lightning-backed names cost Lightning's import (seconds), so
-    # only code that uses them pays it.
-    if name in _LIGHTNING_NAMES:
-        import loaderkit.lightning
+if not TYPE_CHECKING:  # for the type checker the names are the imports above; typos stay errors
 
-        value = getattr(loaderkit.lightning, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'loaderkit' has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        # PEP 562: the Lightning-backed names cost Lightning's import (seconds), so
+        # only code that uses them pays it.
+        if name in _LIGHTNING_NAMES:
+            import loaderkit.lightning
+
+            value = getattr(loaderkit.lightning, name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module 'loaderkit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | _LIGHTNING_NAMES)
 
+
+# Where Lightning is already loaded (a training script, LightningCLI) the names cost
+# nothing more, and LightningCLI finds DataModules and callbacks by their short class
+# names only among classes already imported: load them now.
+if "lightning.pytorch" in sys.modules:
+    import loaderkit.lightning  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Which shards a dataset has, and the shards one process holds open (private to sharding).
+"""Which shards a dataset has, and the shards one process holds open (private to loaderkit.data).
 
 :class:`OpenShards` is the per-process part of a
 :class:`~loaderkit.data.sharded.ShardedDataset`: a least-recently-used table of open

@@ -2,7 +2,7 @@
 
 A reader is a small stateless object that knows one format. It *counts* a
 shard's samples once (when the shard index is built), *opens* a shard in each
-process that reads it, and *writes* shards for :func:`~loaderkit.data.sharded.write_shards`.
+process that reads it, and *writes* shards for :func:`~loaderkit.write_shards`.
 An open shard is a memory map (or holds one), so it costs a file descriptor
 and no memory, is safe to inherit across ``fork`` (nothing has a file
 position), and reads sample ``i`` without scanning anything before it.
@@ -62,7 +62,7 @@ class ShardReader(Protocol):
 
     Attributes:
         suffixes: File suffixes of this format, used to list a directory of
-            shards and to name the shards :func:`~loaderkit.data.sharded.write_shards`
+            shards and to name the shards :func:`~loaderkit.write_shards`
             writes (the first one).
 
     A reader must be picklable (workers receive a copy) and its methods pure:

@@ -1,7 +1,7 @@
 """Sharded datasets: many files, one plan, every sample exactly once across ranks and workers.
 
 :class:`ShardedDataset` is a map-style dataset over a list of shards whose
-sample counts are known (from a small index, see :func:`write_shards`), and
+sample counts are known (from a small index, see :func:`~loaderkit.write_shards`), and
 :class:`ShardPlan` is its sample plan. The plan's order of an epoch is a pure
 function of ``(seed, epoch, shard sizes, window)``:
 

@@ -9,16 +9,18 @@ Two cases of length need it:
 - Plans whose epoch length varies from epoch to epoch, like
   :class:`~loaderkit.BucketBatchSampler` under a token budget: Lightning would
   end a longer epoch early, leaving batches untrained, and validate mid-epoch
-  or not at all. (The loader warns when a longer epoch starts without it.)
-- A mid-epoch resume with *more* ranks than the checkpoint was saved with:
-  Lightning's own step counter, restored from the checkpoint, counts the steps
-  done under the old world size; with the new world size's whole-epoch length,
-  the two together can fall short of the batches that remain.
+  or not at all. (The loader raises when such an epoch starts without it.)
+- A mid-epoch resume on a different number of ranks: Lightning's own step
+  counter, restored from the checkpoint, counts the steps done under the old
+  world size. With *more* ranks, that count plus the new whole-epoch length can
+  fall short of the batches that remain; with *fewer*, the resumed epoch ends
+  before the batch Lightning validates at.
 
 The callback re-reads the loaders' lengths after the state is restored and at
 the start of every epoch, and recomputes the validation batch of a fractional
-``val_check_interval``. Fixed-size plans resumed with the same or fewer ranks
-need no callback.
+``val_check_interval``; the loaders it manages answer ``len()`` with the
+current epoch's exact count. Fixed-size plans resumed with the same number of
+ranks need no callback.
 
 A third case: a :class:`~loaderkit.StreamingShardedDataset` without
 ``steps_per_epoch`` has no length, so Lightning prefetches one batch ahead of

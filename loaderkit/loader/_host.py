@@ -31,12 +31,16 @@ class LoaderHost(Protocol):
     """The loader as its engines see it."""
 
     seed: int
-    num_workers: int
-    pin_memory: bool
     _cursor: PlanCursor
     _fetch: BatchFetcher
     _keys: KeySource
     _pool: WorkerPool
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def pin_memory(self) -> bool: ...
 
     @property
     def _stream(self) -> StreamBatches | None: ...

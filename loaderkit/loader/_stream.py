@@ -223,7 +223,7 @@ class StreamEngine:
         return 0
 
     def iterate(self) -> Generator[Any, None, None]:
-        """One epoch's batches (a generator; see :class:`.._planned.EpochIterator`)."""
+        """One epoch's batches (a generator, like ``_planned.EpochIterator``'s)."""
         self.loader._settle_seed()
         rotation = self._begin()
         source = _SlotBatches(self, rotation)

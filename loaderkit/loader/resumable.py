@@ -266,7 +266,7 @@ class ResumableDataLoader:
         self.batch_size = None if unbatched else batch_size
         self.pin_memory_device = pin_memory_device
         self.in_order = in_order
-        self.num_workers = check_worker_args(
+        workers = check_worker_args(
             num_workers=num_workers,
             timeout=timeout,
             prefetch_factor=prefetch_factor,
@@ -276,7 +276,7 @@ class ResumableDataLoader:
             pin_memory=pin_memory,
             per_sample_seeding=per_sample_seeding,
         )
-        self.pin_memory = resolve_pin_memory(pin_memory, select_device())
+        pinned = resolve_pin_memory(pin_memory, select_device())
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
         batched = batch_fetch_is_faithful(dataset)
         per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
@@ -287,8 +287,8 @@ class ResumableDataLoader:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         self._rank, self._world_size = rank, world_size
         self._pool = WorkerPool(
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            num_workers=workers,
+            pin_memory=pinned,
             timeout=timeout,
             prefetch_factor=prefetch_factor,
             persistent=persistent_workers,
@@ -340,6 +340,17 @@ class ResumableDataLoader:
             )
 
     # ----------------------------------------------------------------- epochs
+    @property
+    def num_workers(self) -> int:
+        """Worker processes (0: load in this process). Fixed at construction, as the
+        worker pool and a saved state's topology are built from it."""
+        return self._pool.num_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether batches are pinned (``"auto"`` resolved at construction)."""
+        return self._pool.pin_memory
+
     def _topology(self) -> tuple[int, int]:
         if self._topology_cache is not None:
             return self._topology_cache

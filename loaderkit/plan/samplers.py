@@ -10,7 +10,7 @@ batches instead (and uses this sampler's plan).
 
 :class:`BucketBatchSampler` is a :class:`PlanBatchSampler` over a length-bucketing
 plan: batches of similar lengths, fixed-size or under a token budget, and
-:func:`compute_lengths` gets the lengths from a dataset once (cached on disk).
+:func:`~loaderkit.compute_lengths` gets the lengths from a dataset once (cached on disk).
 
 This module also decides which user samplers can be resumed exactly at all
 (:func:`check_resumable_sampler`).
@@ -229,7 +229,7 @@ class BucketBatchSampler(PlanBatchSampler):
 
     Args:
         lengths: Token count of each dataset index (a sequence, numpy array or
-            tensor of non-negative ints), e.g. from :func:`compute_lengths`.
+            tensor of non-negative ints), e.g. from :func:`~loaderkit.compute_lengths`.
         batch_size: Rows per batch (fixed-size mode); with ``max_tokens``, an
             upper bound on the rows.
         max_tokens: Token budget per batch: rows x padded length, the padded

@@ -1,6 +1,6 @@
 """The plan of sharded data: shuffled shard order, then shuffled windows.
 
-Public as :class:`loaderkit.data.sharded.ShardPlan`; this module holds only the order. The
+Public as :class:`loaderkit.ShardPlan`; this module holds only the order. The
 rank split, the tail policy and the positions are :class:`~loaderkit.plan.sample.SamplePlan`'s,
 reused through its schedule, so the two plans deal batches identically.
 """

@@ -180,3 +180,24 @@ def test_sharded_datamodule(tmp_path: Path) -> None:
     )
     assert isinstance(dm.reader, JsonlReader)
     assert first_batch(dm)["input_ids"].shape[0] == 2
+
+
+def test_short_class_names_resolve_after_import_loaderkit() -> None:
+    # `import loaderkit` defers Lightning; where Lightning is already loaded it loads the
+    # DataModules and callbacks at once, since LightningCLI resolves short class names
+    # only among imported classes. A fresh interpreter: this process imported them long ago.
+    import subprocess
+    import sys
+
+    code = (
+        "from lightning.pytorch.cli import LightningCLI\n"
+        "from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule\n"
+        "import loaderkit\n"
+        "cli = LightningCLI(BoringModel, BoringDataModule, run=False, args=[\n"
+        "    '--trainer.callbacks+=ElasticResume', '--trainer.logger=false',\n"
+        "    '--trainer.enable_checkpointing=false'])\n"
+        "print(sum(type(c).__name__ == 'ElasticResume' for c in cli.trainer.callbacks))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1"

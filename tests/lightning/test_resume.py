@@ -9,7 +9,7 @@ epoch 1). Runs are shared between tests through a module-scoped cache: each
 distinct run happens once.
 
 The named tests below each prove that loaderkit does not have one of the
-failures of Lightning 2.6.6 + torchdata 0.11 listed in ``shared/DESIGN.md``.
+failures of Lightning 2.6.6 + torchdata 0.11 listed in ``docs/design.md``.
 """
 
 from __future__ import annotations

@@ -357,3 +357,12 @@ def test_in_order_false_is_refused_and_pin_memory_device_accepted() -> None:
         ResumableDataLoader(list(range(4)), pin_memory_device=3)  # type: ignore[arg-type]
     loader = ResumableDataLoader(list(range(4)), pin_memory_device="cuda")
     assert loader.pin_memory_device == "cuda" and loader.in_order is True
+
+
+def test_worker_settings_cannot_drift_from_the_pool() -> None:
+    # The worker pool and a saved state's topology are built from them at construction.
+    loader = ResumableDataLoader(list(range(4)), num_workers=0)
+    with pytest.raises(AttributeError):
+        loader.num_workers = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        loader.pin_memory = True  # type: ignore[misc]

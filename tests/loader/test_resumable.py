@@ -1,6 +1,6 @@
 """ResumableDataLoader: exact resume, worker-count invariance, elastic resume, errors.
 
-The resume oracle (DESIGN.md): the first k batches of a run plus the batches
+The resume oracle (docs/design.md): the first k batches of a run plus the batches
 of a fresh loader resumed at k equal the uninterrupted run, over two epochs,
 with k inside epoch 0, at the boundary and inside epoch 1, and num_workers in
 {0, 2}. The data carries a random augmentation drawn from the global torch,

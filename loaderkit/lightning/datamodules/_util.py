@@ -15,19 +15,16 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from loaderkit._tags import SeedTag
-from loaderkit.loader._fetch import batch_fetch_is_faithful
 from loaderkit.seeding import derive_seed
 
 __all__ = [
-    "require_datamodule",
     "STREAM_RESUME_REASON",
     "batch_rows",
     "bulky_args",
     "cpu_budget",
-    "index_subset",
+    "require_datamodule",
     "split_indices",
     "stream_epoch_steps",
     "stream_refusal",
@@ -109,49 +106,6 @@ def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np
     gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.VAL_SPLIT))
     perm = torch.randperm(size, generator=gen).numpy()
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
-
-
-class _Subset(Dataset[Any]):
-    """The samples of ``dataset`` at ``indices``; unlike ``torch.utils.data.Subset`` it
-    keeps the batched fetch paths only where the dataset has them, so per-sample seeding
-    stays per sample."""
-
-    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
-        self.dataset = dataset
-        self.indices = np.asarray(indices, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[int(self.indices[index])]
-
-
-class _BatchedSubset(_Subset):
-    def get_batch(self, indices: Any) -> Any:
-        return self.dataset.get_batch(self.indices[np.asarray(indices, dtype=np.int64)])
-
-
-class _ItemsSubset(_Subset):
-    def __getitems__(self, indices: Sequence[int]) -> Any:
-        return self.dataset.__getitems__(self.indices[np.asarray(indices)].tolist())
-
-
-class _BothSubset(_BatchedSubset, _ItemsSubset):
-    pass
-
-
-def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
-    """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
-    batched = batch_fetch_is_faithful(dataset)  # else a subset would bypass an override
-    items = callable(getattr(dataset, "__getitems__", None))
-    kind = {
-        (False, False): _Subset,
-        (True, False): _BatchedSubset,
-        (False, True): _ItemsSubset,
-        (True, True): _BothSubset,
-    }[(batched, items)]
-    return kind(dataset, indices)
 
 
 def batch_rows(batch: Any) -> int:

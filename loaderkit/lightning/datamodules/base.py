@@ -27,13 +27,13 @@ from loaderkit.env import detect
 from loaderkit.lightning.datamodules._util import (
     bulky_args,
     cpu_budget,
-    index_subset,
     split_indices,
     stream_epoch_steps,
     stream_refusal,
     stream_resume_reason,
     time_loader,
 )
+from loaderkit.loader._subset import index_subset
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.transfer import select_device, should_pin_memory
 
