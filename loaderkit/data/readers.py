@@ -44,7 +44,12 @@ class OpenShard(Protocol):
     one call (one fancy-indexing read of a memory map) returns either a list of
     samples or an array / tensor whose first dimension is the samples, which
     :class:`~loaderkit.data.sharded.ShardedDataset` then passes on without
-    splitting. ``close()`` is optional too.
+    splitting. ``close()`` is optional too. A shard of fixed-shape samples may
+    also have ``row(index)``, sample ``index`` as a numpy array (a view of the
+    map is fine: it is copied), and ``dtype``, the numpy dtype ``read_batch``
+    returns: a batch that spans shards (as a mixing plan's do) is then built
+    by copying each row straight into it, one call per sample instead of one
+    gather and scatter per shard.
     """
 
     def __len__(self) -> int:
@@ -391,6 +396,15 @@ class _FixedTokens:
         # rows[indices] for 2 KB rows (measured, numpy 2.4).
         rows = np.take(self.rows, indices, axis=0)
         return rows if rows.dtype == self.out else rows.astype(self.out)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the rows :meth:`read_batch` returns."""
+        return self.out
+
+    def row(self, index: int) -> np.ndarray:
+        """Sample ``index`` as stored: a read-only view of the map (copied by the caller)."""
+        return self.rows[index]
 
 
 class _Documents:
