@@ -7,6 +7,7 @@ Tiny data throughout: 64 samples, two epochs, a few batches each.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -506,6 +507,39 @@ def test_describe_reports_batches_padding_and_resume() -> None:
     assert tensors["splits"]["val"] == {"samples": 16, "batch_size": 8, "batches_per_epoch": 2}
     assert tensors["padding_fraction"] is None and tensors["pin_memory"] is False
     assert tensors["world_size"] == 1 and tensors["num_workers"] == 0
+    assert tensors["shards_per_batch"] is None and tensors["single_shard_batches"] is None
+
+
+def test_describe_reports_shards_per_batch_and_mix_shards_sets_it(tmp_path: Path) -> None:
+    """16 uneven shards (sample i's tokens are all i), batch 8: the default mixing puts 8
+    shards in every batch, mix_shards=4 four (a few more where a lane passes from one shard
+    to the next), mix_shards=1 one; what describe() says is what the loader yields."""
+    sizes = [int(30 * f) for f in np.linspace(0.75, 1.25, 16)]
+    firsts = np.cumsum([0, *sizes])
+    write_shards(
+        tmp_path,
+        [np.repeat(np.arange(a, b), 2) for a, b in itertools.pairwise(firsts)],
+        TokenReader(seq_len=2, dtype=np.int32),
+    )
+    for mix, mean, single in ((None, 8.0, 0.0), (4, 4.0, 0.0), (1, 1.0, 0.75)):
+        dm = ShardedDataModule(
+            str(tmp_path), seq_len=2, dtype="int32", batch_size=8, seed=1,
+            **({} if mix is None else {"mix_shards": mix}),
+        )  # fmt: skip
+        info = dm.describe()
+        got = [
+            len(set(np.searchsorted(firsts, batch[:, 0].numpy(), side="right").tolist()))
+            for batch in dm.train_dataloader()
+        ]
+        assert info["shards_per_batch"] == pytest.approx(np.mean(got))
+        assert mean <= info["shards_per_batch"] <= min(mean + 0.3, 8)
+        assert info["single_shard_batches"] == pytest.approx(np.mean(np.equal(got, 1)))
+        assert info["single_shard_batches"] >= single
+    assert stream_dm_describe(tmp_path)["shards_per_batch"] is None
+
+
+def stream_dm_describe(root: Path) -> dict[str, Any]:
+    return ShardedDataModule(str(root), seq_len=2, dtype="int32", streaming=True).describe()
 
 
 def test_a_subclass_only_builds_datasets() -> None:

@@ -2,7 +2,9 @@
 
 Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
 counts are known (from the shard index), so the sample plan covers them:
-shards and windows shuffled per ``(seed, epoch)``, every sample exactly once
+shards shuffled per ``(seed, epoch)`` and read ``mix_shards`` at a time (a
+batch draws from that many shards) with windows shuffled inside each,
+every sample exactly once
 per epoch across DDP ranks and workers, every rank the same number of steps,
 exact resume on any world size and ``num_workers``.
 
@@ -27,7 +29,7 @@ from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
-from loaderkit.plan.shard import DEFAULT_WINDOW
+from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 
 __all__ = ["ShardedDataModule"]
 
@@ -75,6 +77,10 @@ class ShardedDataModule(LoaderDataModule):
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         window: Samples shuffled together inside a shard (larger: more random, less local).
+        mix_shards: Shards read at once, interleaved: a batch of ``b`` draws from
+            ``min(b, mix_shards)`` of them when shards are smaller than
+            ``1 / mix_shards`` of the data (see :class:`~loaderkit.ShardPlan`);
+            1 reads one shard at a time (most local, but one shard per batch).
         on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
@@ -111,6 +117,7 @@ class ShardedDataModule(LoaderDataModule):
         eos: int | None = None,
         dtype: str | None = None,
         window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
         on_error: Literal["raise", "skip"] = "raise",
         max_open_shards: int | None = _MAX_OPEN_DEFAULT,
         pad_value: int | float = 0,
@@ -141,6 +148,7 @@ class ShardedDataModule(LoaderDataModule):
         # Settings of the planned dataset only: silently ignoring them would mislead.
         planned_only = {
             "window": (window, DEFAULT_WINDOW),
+            "mix_shards": (mix_shards, DEFAULT_MIX),
             "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
         }
         for setting, (given, default) in planned_only.items():
@@ -164,6 +172,14 @@ class ShardedDataModule(LoaderDataModule):
             1,
             owner=owner,
             fix="pass samples per window, e.g. 8192",
+            numpy_ok=True,
+        )
+        self.mix_shards = check_int(
+            "mix_shards",
+            mix_shards,
+            1,
+            owner=owner,
+            fix=f"pass the shards a batch draws from, e.g. {DEFAULT_MIX}, or 1",
             numpy_ok=True,
         )
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
@@ -276,14 +292,15 @@ class ShardedDataModule(LoaderDataModule):
         return datasets
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
-        """The dataset's own plan: shard order, then windows, shuffled (train only).
-        Not asked for a stream, which batches itself."""
+        """The dataset's own plan: shard order shuffled, ``mix_shards`` read at once, windows
+        shuffled (train only). Not asked for a stream, which batches itself."""
         train = split == "train"
         return dataset.batch_sampler(
             batch_size,
             seed=self.seed,
             shuffle=self.shuffle and train,
             window=self.window,
+            mix_shards=self.mix_shards,
             drop_last=self.drop_last and train,
         )
 
