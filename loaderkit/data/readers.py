@@ -45,11 +45,11 @@ class OpenShard(Protocol):
     samples or an array / tensor whose first dimension is the samples, which
     :class:`~loaderkit.data.sharded.ShardedDataset` then passes on without
     splitting. ``close()`` is optional too. A shard of fixed-shape samples may
-    also have ``row(index)``, sample ``index`` as a numpy array (a view of the
-    map is fine: it is copied), and ``dtype``, the numpy dtype ``read_batch``
-    returns: a batch that spans shards (as a mixing plan's do) is then built
-    by copying each row straight into it, one call per sample instead of one
-    gather and scatter per shard.
+    also have ``rows``, an array whose row ``i`` is sample ``i`` as stored (a
+    view of the map: it is only read), and ``dtype``, the numpy dtype
+    ``read_batch`` returns: a batch that spans shards (as a mixing plan's do)
+    is then built by copying each row straight into it, instead of one gather
+    and scatter per shard.
     """
 
     def __len__(self) -> int:
@@ -384,6 +384,7 @@ class _FixedTokens:
             tokens, shape=(count, span), strides=(seq_len * item, item), writeable=False
         )
         self.out = out
+        self.dtype = out  # what read_batch returns; rows holds the samples as stored
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -396,15 +397,6 @@ class _FixedTokens:
         # rows[indices] for 2 KB rows (measured, numpy 2.4).
         rows = np.take(self.rows, indices, axis=0)
         return rows if rows.dtype == self.out else rows.astype(self.out)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype of the rows :meth:`read_batch` returns."""
-        return self.out
-
-    def row(self, index: int) -> np.ndarray:
-        """Sample ``index`` as stored: a read-only view of the map (copied by the caller)."""
-        return self.rows[index]
 
 
 class _Documents:

@@ -322,29 +322,32 @@ class ShardedDataset(Dataset[Any]):
 
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
         """The batch at ``values`` (in range) as one array, each sample's row copied straight
-        into it from its shard; ``None`` when a shard cannot (no ``row``/``dtype``, see
-        :class:`~loaderkit.data.readers.OpenShard`), or anything fails
-        (the per-shard path then raises or skips as ``on_error`` says).
+        into it from its shard's ``rows``; ``None`` when a shard has no ``rows``/``dtype``
+        (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the per-shard
+        path then raises or skips as ``on_error`` says).
 
         The batches of a mixing plan (``mix_shards > 1``) hold one or two samples per
         shard, where grouping by shard costs ~10 us per shard in numpy calls; a row copy
         costs ~1 us (``benchmarks/shards``).
         """
-        ends, starts, files = self._end_list, self._start_list, self._files
-        out: np.ndarray | None = None
+        ends, starts, get = self._end_list, self._start_list, self._files.get
+        out: Any = None
+        shape = dtype = None
+        seen: dict[int, Any] = {}  # shard -> its rows, checked once per batch
         try:
             for k, g in enumerate(values):
                 shard = bisect.bisect_right(ends, g)
-                handle = files.get(shard)
-                row, dtype = getattr(handle, "row", None), getattr(handle, "dtype", None)
-                if row is None or dtype is None:
-                    return None
-                sample = row(g - starts[shard])
-                if out is None:
-                    out = np.empty((len(values), *sample.shape), dtype=dtype)
-                elif sample.shape != out.shape[1:]:
-                    return None
-                out[k] = sample
+                rows = seen.get(shard)
+                if rows is None:
+                    handle: Any = get(shard)
+                    rows = handle.rows  # no rows or dtype: AttributeError, the per-shard path
+                    if out is None:
+                        shape, dtype = rows.shape[1:], handle.dtype
+                        out = np.empty((len(values), *shape), dtype=dtype)
+                    elif rows.shape[1:] != shape or handle.dtype != dtype:
+                        return None
+                    seen[shard] = rows
+                out[k] = rows[g - starts[shard]]
         except Exception:
             return None
         return out

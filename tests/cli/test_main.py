@@ -94,6 +94,7 @@ def test_report_writes_only_under_loaderkit_bench(
     assert back == ratios
     assert [r.met for r in back] == [True, False]
     assert [r.goal_text() for r in back] == [">= 1.00x", "<= 3.00%"]
+    assert Ratio("shards per batch", 8.0, 4.0, unit="shards").goal_text() == ">= 4.00 shards"
 
 
 # ---------------------------------------------------------------- inspect
