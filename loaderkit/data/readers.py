@@ -49,7 +49,9 @@ class OpenShard(Protocol):
     view of the map: it is only read), and ``dtype``, the numpy dtype
     ``read_batch`` returns: a batch that spans shards (as a mixing plan's do)
     is then built by copying each row straight into it, instead of one gather
-    and scatter per shard.
+    and scatter per shard. ``lengths()``, each sample's token count without
+    reading the samples, serves :meth:`~loaderkit.ShardedDataset.lengths`
+    (token budgets).
     """
 
     def __len__(self) -> int:
@@ -389,6 +391,10 @@ class _FixedTokens:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def lengths(self) -> np.ndarray:
+        """Each sample's tokens: all the same."""
+        return np.full(len(self.rows), self.rows.shape[1], dtype=np.int64)
+
     def read(self, index: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self.rows[index], dtype=self.out))
 
@@ -417,6 +423,10 @@ class _Documents:
 
     def read_batch(self, indices: np.ndarray) -> list[torch.Tensor]:
         return [self.read(int(i)) for i in indices]
+
+    def lengths(self) -> np.ndarray:
+        """Each document's tokens, from the offsets (no token is read)."""
+        return np.diff(np.asarray(self.offsets, dtype=np.int64))
 
 
 # ------------------------------------------------------------------- jsonl

@@ -77,7 +77,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,9 +88,11 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from loaderkit._checks import check_int
 from loaderkit.data._open import OpenShards, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
+from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader
 from loaderkit.errors import CollateError, ShardError
-from loaderkit.plan.samplers import PlanBatchSampler
+from loaderkit.plan.bucket import Oversize
+from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
 
 __all__ = ["ShardedDataset"]
@@ -463,3 +465,92 @@ class ShardedDataset(Dataset[Any]):
             drop_last=drop_last,
         )
         return PlanBatchSampler(plan, rank=rank, world_size=world_size)
+
+    def lengths(
+        self,
+        length_fn: Callable[[Any], int] | None = None,
+        *,
+        cache: str | os.PathLike[str] | None = None,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Each sample's token count, in global index order (for token budgets).
+
+        Without ``length_fn``, from each open shard's ``lengths()`` when its
+        reader has one (:class:`TokenReader`: fixed-length samples, or
+        documents from their offsets: no token is read); otherwise, and with
+        ``length_fn``, by reading every sample once through
+        :func:`~loaderkit.compute_lengths` (``cache``, ``progress``: its own).
+
+        Raises:
+            TypeError: samples whose ``len()`` is no token count (dicts of a
+                ``.jsonl``) and no ``length_fn``; pass e.g.
+                ``length_fn=lambda s: len(s["input_ids"])``.
+        """
+        if length_fn is None:
+            parts = []
+            for shard in range(len(self.shards)):
+                per_sample = getattr(self._handle(shard), "lengths", None)
+                if not callable(per_sample):
+                    break
+                parts.append(np.asarray(per_sample(), dtype=np.int64))
+            else:
+                return np.concatenate(parts)
+        return compute_lengths(self, length_fn, cache=cache, key=repr(self), progress=progress)
+
+    def bucket_batch_sampler(
+        self,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        lengths: Any = None,
+        pad_to_multiple_of: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        window: int | None = None,
+        shard_window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
+        drop_last: bool = False,
+        oversize: Oversize = "error",
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> BucketBatchSampler:
+        """Length-bucketed batches over these shards, fixed-size or under a token budget.
+
+        A :class:`~loaderkit.BucketBatchSampler` over a
+        :class:`~loaderkit.ShardBucketPlan`: the shard plan's order
+        (``mix_shards`` at a time, ``shard_window`` shuffled inside shards),
+        windows of ``window`` samples sorted by length and cut into batches,
+        shuffled within their window, so a batch draws from many shards and
+        reads stay local. ``lengths`` default to :meth:`lengths`; the other
+        arguments are ``BucketBatchSampler``'s. Give the loader a padding
+        ``collate_fn`` (``PadCollate``).
+
+        Example:
+            >>> import tempfile
+            >>> from loaderkit import PadCollate, ResumableDataLoader, TokenReader, write_shards
+            >>> reader = TokenReader(eos=0)  # one sample per document, ending in token 0
+            >>> docs = [[5, 5, 0, 6, 0, 7, 7, 7, 0], [8, 0, 9, 9, 0]]
+            >>> ds = ShardedDataset(write_shards(tempfile.mkdtemp(), docs, reader), reader)
+            >>> ds.lengths().tolist()
+            [3, 2, 4, 2, 3]
+            >>> sampler = ds.bucket_batch_sampler(max_tokens=6, mix_shards=2, seed=0)
+            >>> loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=PadCollate())
+            >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
+            ([1, 2, 2], 1.6666666666666667)
+        """
+        return BucketBatchSampler(
+            self.lengths() if lengths is None else lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=seed,
+            shuffle=shuffle,
+            window=window,
+            drop_last=drop_last,
+            oversize=oversize,
+            shard_sizes=self.sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            rank=rank,
+            world_size=world_size,
+        )
