@@ -7,9 +7,12 @@ from typing import Any
 
 from loaderkit.errors import StateMismatchError
 
-__all__ = ["STATE_VERSION", "PlanCursor", "check_state", "new_state"]
+__all__ = ["STATE_VERSION", "STREAM_STATE_VERSION", "PlanCursor", "check_state", "new_state"]
 
-STATE_VERSION = 1
+STATE_VERSION = 1  # a position in a plan (the plan's own settings say how it orders)
+# A stream's per-slot cursors. 2: a cursor per open shard (lanes, mix_shards); 1, one per
+# slot, is refused by name.
+STREAM_STATE_VERSION = 2
 _KEYS = ("version", "epoch", "position", "steps_done", "plan", "topology")
 
 

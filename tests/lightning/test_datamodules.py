@@ -558,7 +558,14 @@ def test_describe_reports_shards_per_batch_and_mix_shards_sets_it(tmp_path: Path
         assert mean <= info["shards_per_batch"] <= min(mean + 0.3, 8)
         assert info["single_shard_batches"] == pytest.approx(np.mean(np.equal(got, 1)))
         assert info["single_shard_batches"] >= single
-    assert stream_dm_describe(tmp_path)["shards_per_batch"] is None
+    assert stream_dm_describe(tmp_path)["shards_per_batch"] is None  # a stream: not known
+    streamed = ShardedDataModule(
+        str(tmp_path), seq_len=2, dtype="int32", streaming=True, mix_shards=3, batch_size=3
+    )
+    streamed.setup("fit")
+    assert streamed.train_dataset.mix_shards == 3
+    first = next(iter(streamed.train_dataloader()))[:, 0].numpy()
+    assert len(set(np.searchsorted(firsts, first, side="right").tolist())) == 3
 
 
 def stream_dm_describe(root: Path) -> dict[str, Any]:

@@ -56,7 +56,8 @@ class ShardedDataModule(LoaderDataModule):
 
     ``streaming=True`` streams the train shards instead of planning them (no
     shard index built or read up front): shard order shuffled per pass when
-    ``shuffle``, no ``window`` shuffle inside a shard. An epoch is one pass
+    ``shuffle``, each (rank, worker) reading ``mix_shards`` of its shards at
+    once, in turn, no ``window`` shuffle inside a shard. An epoch is one pass
     over the shards, of unknown length, unless ``steps_per_epoch`` or
     ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
     them, or ranks would step different numbers of times. Lightning needs
@@ -79,8 +80,9 @@ class ShardedDataModule(LoaderDataModule):
         window: Samples shuffled together inside a shard (larger: more random, less local).
         mix_shards: Shards read at once, interleaved: a batch of ``b`` draws from
             ``min(b, mix_shards)`` of them when shards are smaller than
-            ``1 / mix_shards`` of the data (see :class:`~loaderkit.ShardPlan`);
-            1 reads one shard at a time (most local, but one shard per batch).
+            ``1 / mix_shards`` of the data (see :class:`~loaderkit.ShardPlan`;
+            streamed: each slot's ``mix_shards`` open shards in turn); 1 reads
+            one shard at a time (most local, but one shard per batch).
         on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
@@ -161,7 +163,6 @@ class ShardedDataModule(LoaderDataModule):
         # Settings of the planned dataset only: silently ignoring them would mislead.
         planned_only = {
             "window": (window, DEFAULT_WINDOW),
-            "mix_shards": (mix_shards, DEFAULT_MIX),
             "max_tokens": (max_tokens, None),
             "bucket_window": (bucket_window, None),
             "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
@@ -323,6 +324,7 @@ class ShardedDataModule(LoaderDataModule):
                     paths,
                     self.reader,
                     shuffle_shards=self.shuffle,
+                    mix_shards=self.mix_shards,
                     steps_per_epoch=self.steps_per_epoch,
                     samples_per_epoch=self.samples_per_epoch,
                 )
