@@ -47,7 +47,9 @@ tokens, batches of ``--mix-batch-size`` (8), shuffled, ``num_workers=0``,
   loaderkit with a global permutation (``SamplePlan``);
 - (mK) ``ResumableDataLoader`` over ``ds.batch_sampler(..., mix_shards=K)``
   for each ``--mix-k``: the shard plan reading K shards at once; ``m1`` is
-  the windowed plan of loaderkit 0.1 (one shard at a time).
+  the windowed plan of loaderkit 0.1 (one shard at a time);
+- (m8wW) the default ``mix_shards=8`` with ``window=W`` for each
+  ``--mix-windows`` (the default window is 8192: whole shards here).
 
 Shards per batch (mean distinct shards over the epoch's batches, and the
 share of batches from one shard) come from each loader's own order: the
@@ -234,6 +236,12 @@ def mixing(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list
         what = "one shard at a time (loaderkit 0.1's windowed plan)" if k == 1 else "at once"
         default = ", the default" if k == DEFAULT_MIX else ""
         names[f"m{k}"] = f"(m{k}) ShardedDataset plan, mix_shards={k}: {k} shard(s) {what}{default}"
+    for w in args.mix_windows:  # the default K with other windows inside the shards
+        key = f"m{DEFAULT_MIX}w{w}"
+        sampler_w = ds.batch_sampler(batch, seed=0, mix_shards=DEFAULT_MIX, window=w)
+        loaders[key] = ResumableDataLoader(ds, batch_sampler=sampler_w)
+        mixes[key] = sampler_w.plan.batch_mix(0)
+        names[key] = f"({key}) ShardedDataset plan, mix_shards={DEFAULT_MIX}, window={w}"
     rates: dict[str, list[float]] = {key: [] for key in loaders}
     cpu_rates: dict[str, list[float]] = {key: [] for key in loaders}
     order = random.Random(1)
@@ -327,6 +335,9 @@ def main() -> None:
     parser.add_argument("--mix-batch-size", type=int, default=8)
     parser.add_argument("--mix-k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--mix-repeats", type=int, default=9)
+    parser.add_argument(
+        "--mix-windows", type=int, nargs="*", default=[1, 256], help="windows tried at mix_shards=8"
+    )
     args = parser.parse_args()
     t0 = time.perf_counter()
 

@@ -101,7 +101,7 @@ class ShardPlan:
         window: Samples of a shard shuffled together (1: shard order only,
             samples in file order). Bigger mixes more and reads less locally.
         mix_shards: Lanes read at once (``K`` above): the shards a batch draws
-            from. 1 reads one shard at a time (the order of loaderkit < 0.2).
+            from. 1 reads one shard at a time (the windowed order of loaderkit 0.1).
         drop_last: Drop the tail that does not fill a global step instead of
             padding it by repeating the first samples of the order.
 
