@@ -51,6 +51,11 @@ tokens, batches of ``--mix-batch-size`` (8), shuffled, ``num_workers=0``,
 - (m8wW) the default ``mix_shards=8`` with ``window=W`` for each
   ``--mix-windows`` (the default window is 8192: whole shards here).
 
+Token budgets over shards (plans only, nothing read): ``--budget-docs``
+documents of lognormal lengths in 16 uneven shards, ``--max-tokens`` per
+batch: shards per batch and padded tokens of a global ``BucketBatchSampler``
+and of ``ShardBucketPlan`` with ``mix_shards`` 1 and 8.
+
 Shards per batch (mean distinct shards over the epoch's batches, and the
 share of batches from one shard) come from each loader's own order: the
 plan's (``ShardPlan.batch_mix``, what ``describe()`` reports) or the
@@ -80,12 +85,20 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import loaderkit
-from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit import (
+    BucketBatchSampler,
+    ResumableDataLoader,
+    ShardBucketPlan,
+    ShardedDataset,
+    TokenReader,
+    write_shards,
+)
 from loaderkit.cli.bench import Ratio, report
 from loaderkit.plan.shard import DEFAULT_MIX, BatchMix, batch_mix
 
 SHORT = {
     "a": "int64",
+    "a1": "int64, mix_shards=1",
     "a16": "uint16",
     "b": "naive",
     "r": "raw read",
@@ -94,6 +107,7 @@ SHORT = {
 }
 NAMES = {
     "a": "(a) ShardedDataset + ResumableDataLoader, int64 out",
+    "a1": "(a1) the same, mix_shards=1 (one shard at a time, loaderkit 0.1's plan)",
     "a16": "(a16) ShardedDataset + ResumableDataLoader, uint16 out",
     "b": "(b) naive IterableDataset, get_worker_info() striding",
     "r": "(r) bound: raw contiguous reads of the map (np.array(mm[lo:hi]))",
@@ -256,18 +270,20 @@ def mixing(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list
                 rates[key].append(count / seconds)
                 cpu_rates[key].append(count / cpu)
     med = {key: statistics.median(r) for key, r in rates.items()}
+    best = {key: max(r) for key, r in rates.items()}
     cpu_med = {key: statistics.median(r) for key, r in cpu_rates.items()}
     print(
         "| loader | shards / batch, mean | single-shard batches | samples/s, median "
-        "| vs (d) | vs (m1) | samples per CPU s, median | vs (d) |"
+        "| vs (d) | vs (m1) | samples/s, best | vs (d) | samples per CPU s, median | vs (d) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key in loaders:
         m = mixes[key]
         vs_window = f"{med[key] / med['m1']:.2f}x" if "m1" in med else "-"
         print(
             f"| {names[key]} | {m.mean:.2f} | {m.single:.1%} | {med[key]:,.0f} | "
-            f"{med[key] / med['d']:.2f}x | {vs_window} | {cpu_med[key]:,.0f} | "
+            f"{med[key] / med['d']:.2f}x | {vs_window} | {best[key]:,.0f} | "
+            f"{best[key] / best['d']:.2f}x | {cpu_med[key]:,.0f} | "
             f"{cpu_med[key] / cpu_med['d']:.2f}x |"
         )
     ratios: list[Ratio] = []
@@ -301,14 +317,49 @@ def mixing(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list
     return ratios
 
 
+def token_budgets(args: argparse.Namespace) -> None:
+    """Shards per batch and padding of token-budget batches over shards (plans only)."""
+    sizes = [int(args.budget_docs / 16 * f) for f in np.linspace(0.75, 1.25, 16)]
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(5.5, 1.0, sum(sizes)), 16, 4096).astype(np.int64)
+    ends = np.cumsum(sizes)
+    budget = {"max_tokens": args.max_tokens, "pad_to_multiple_of": 8, "seed": 0}
+    print(
+        f"\n## token budgets over shards: 16 shards of {min(sizes):,}..{max(sizes):,} documents "
+        f"(lognormal lengths exp(N(5.5, 1)) in 16..4096), max_tokens={args.max_tokens}, "
+        "pad_to_multiple_of=8; epoch 0 of each plan (no reading: the plans' batches)\n"
+    )
+    print("| batches | shards / batch, mean | single-shard batches | padded tokens | batches |")
+    print("|---|---:|---:|---:|---:|")
+    global_plan = BucketBatchSampler(lengths, **budget).plan
+    batches = [b.numpy() for b in global_plan.batches(0)]
+    rows: list[tuple[str, Any, BatchMix]] = [
+        ("BucketBatchSampler, a global shuffle (reads every shard all the time)", global_plan,
+         mix_of(batches, ends)),
+    ]  # fmt: skip
+    for k in (1, DEFAULT_MIX):
+        plan = ShardBucketPlan(lengths, shard_sizes=sizes, mix_shards=k, **budget)
+        what = "one shard at a time" if k == 1 else "the default"
+        rows.append((f"ShardBucketPlan, mix_shards={k} ({what})", plan, plan.batch_mix(0)))
+    for name, plan, m in rows:
+        real, padded = plan.token_counts(0)
+        print(
+            f"| {name} | {m.mean:.2f} | {m.single:.1%} | {1 - real / padded:.2%} | {m.batches:,} |"
+        )
+
+
 def make_runners(
     paths: list[Path], args: argparse.Namespace, nw: int
 ) -> dict[str, Callable[[], tuple[float, int]]]:
     runners: dict[str, Callable[[], tuple[float, int]]] = {}
     limit = args.worker_batches if nw else None
-    for key, out_dtype in (("a", torch.int64), ("a16", None)):
+    for key, out_dtype, mix in (
+        ("a", torch.int64, DEFAULT_MIX),
+        ("a1", torch.int64, 1),
+        ("a16", None, DEFAULT_MIX),
+    ):
         ds = ShardedDataset(paths, TokenReader(seq_len=args.seq_len, out_dtype=out_dtype))
-        sampler = ds.batch_sampler(args.batch_size, seed=0, window=args.window)
+        sampler = ds.batch_sampler(args.batch_size, seed=0, window=args.window, mix_shards=mix)
         loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=nw)
         runners[key] = lambda loader=loader: timed(iter(loader), limit)
     naive = DataLoader(NaiveShards(paths, args.seq_len), batch_size=args.batch_size, num_workers=nw)
@@ -335,6 +386,8 @@ def main() -> None:
     parser.add_argument("--mix-batch-size", type=int, default=8)
     parser.add_argument("--mix-k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--mix-repeats", type=int, default=9)
+    parser.add_argument("--budget-docs", type=int, default=200_000, help="documents in all")
+    parser.add_argument("--max-tokens", type=int, default=16_384)
     parser.add_argument(
         "--mix-windows", type=int, nargs="*", default=[1, 256], help="windows tried at mix_shards=8"
     )
@@ -380,7 +433,7 @@ def main() -> None:
     print("| num_workers | reader | samples/s, median | GB/s, median | samples/s, best |")
     print("|---:|---|---:|---:|---:|")
     for nw, rates in results.items():
-        for key in ("a", "a16", "b", "r", "r64", "g"):
+        for key in ("a", "a1", "a16", "b", "r", "r64", "g"):
             r = rates[key]
             med = statistics.median(r)
             print(
@@ -404,6 +457,7 @@ def main() -> None:
                 ("a16", "g"),
                 ("g", "r"),
                 ("a", "b"),
+                ("a", "a1"),
             )
         )
         goal = ""
@@ -414,6 +468,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loaderkit-bench-mix-") as tmp:
         print()
         ratios += mixing(args, tmp, np.random.default_rng(1))
+    token_budgets(args)
     print(f"\ntotal bench time {time.perf_counter() - t0:.1f} s")
     report(ratios)
 

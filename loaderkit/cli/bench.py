@@ -47,7 +47,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "--state-calls 2000 --state-epochs 2",
         "resume": "--samples 500000 --repeats 2 --stream-samples 200000",
         "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2 --mix-tokens 4000000 "
-        "--mix-k 1 8 --mix-repeats 2",
+        "--mix-k 1 8 --mix-repeats 2 --budget-docs 20000",
         "transfer": "--sizes-mib 1 16 --batches 10 --cpu-batches 1000 --repeats 2",
     }.items()
 }
