@@ -38,7 +38,8 @@ from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
-from loaderkit.plan.shard import ShardPlan
+from loaderkit.plan.shard import BatchMix, ShardPlan, batch_mix
+from loaderkit.plan.shard_bucket import ShardBucketPlan
 from loaderkit.seeding import (
     derive_seed,
     sample_generator,
@@ -113,6 +114,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArrayDataModule",
     "ArrayDataset",
+    "BatchMix",
     "BucketBatchSampler",
     "BucketPlan",
     "CollateError",
@@ -134,6 +136,7 @@ __all__ = [
     "SamplePlan",
     "Schedule",
     "SequenceDataModule",
+    "ShardBucketPlan",
     "ShardError",
     "ShardPlan",
     "ShardReader",
@@ -148,6 +151,7 @@ __all__ = [
     "TokenReader",
     "WorkerEnv",
     "WorkerError",
+    "batch_mix",
     "check_resumable_sampler",
     "compute_lengths",
     "derive_seed",

@@ -34,7 +34,37 @@ the first repeat is a warm-up; the table shows the median and the best of
 ``--repeats``. The first batch of a run is untimed (worker start-up). GB/s
 counts the stored bytes (2 per token) of the samples delivered.
 
-Run: ``python benchmarks/shards/bench.py`` (about 45 s on 2 cores).
+Mixing (issue 15): which shards a batch draws from, and what reading them
+costs. Data: ``--mix-tokens`` uint16 tokens (default 50M) in ``--mix-shards``
+uneven shards (16, 0.75x-1.25x the mean), samples of ``--mix-seq-len`` (2048)
+tokens, batches of ``--mix-batch-size`` (8), shuffled, ``num_workers=0``,
+``int64`` out, one whole epoch per run:
+
+- (d) ``torch.utils.data.DataLoader(shuffle=True)`` over a map-style dataset
+  of the same memory maps (``__getitem__`` slices a sample and widens it to
+  int64, ``default_collate``): a global permutation, the usual baseline;
+- (p) ``ResumableDataLoader(ShardedDataset, batch_size=..., shuffle=True)``:
+  loaderkit with a global permutation (``SamplePlan``);
+- (mK) ``ResumableDataLoader`` over ``ds.batch_sampler(..., mix_shards=K)``
+  for each ``--mix-k``: the shard plan reading K shards at once; ``m1`` is
+  the windowed plan of loaderkit 0.1 (one shard at a time);
+- (m8wW) the default ``mix_shards=8`` with ``window=W`` for each
+  ``--mix-windows`` (the default window is 8192: whole shards here).
+
+Token budgets over shards (plans only, nothing read): ``--budget-docs``
+documents of lognormal lengths in 16 uneven shards, ``--max-tokens`` per
+batch: shards per batch and padded tokens of a global ``BucketBatchSampler``
+and of ``ShardBucketPlan`` with ``mix_shards`` 1 and 8.
+
+Shards per batch (mean distinct shards over the epoch's batches, and the
+share of batches from one shard) come from each loader's own order: the
+plan's (``ShardPlan.batch_mix``, what ``describe()`` reports) or the
+``RandomSampler`` permutation with the DataLoader's seed. Throughput is the
+median over ``--mix-repeats`` epochs per loader (after a warm-up, loaders
+in a shuffled order each repeat), by wall clock and by this process's CPU
+time. The read section above uses the default plan (``mix_shards=8``).
+
+Run: ``python benchmarks/shards/bench.py`` (about 60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -55,11 +85,20 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import loaderkit
-from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit import (
+    BucketBatchSampler,
+    ResumableDataLoader,
+    ShardBucketPlan,
+    ShardedDataset,
+    TokenReader,
+    write_shards,
+)
 from loaderkit.cli.bench import Ratio, report
+from loaderkit.plan.shard import DEFAULT_MIX, BatchMix, batch_mix
 
 SHORT = {
     "a": "int64",
+    "a1": "int64, mix_shards=1",
     "a16": "uint16",
     "b": "naive",
     "r": "raw read",
@@ -68,6 +107,7 @@ SHORT = {
 }
 NAMES = {
     "a": "(a) ShardedDataset + ResumableDataLoader, int64 out",
+    "a1": "(a1) the same, mix_shards=1 (one shard at a time, loaderkit 0.1's plan)",
     "a16": "(a16) ShardedDataset + ResumableDataLoader, uint16 out",
     "b": "(b) naive IterableDataset, get_worker_info() striding",
     "r": "(r) bound: raw contiguous reads of the map (np.array(mm[lo:hi]))",
@@ -145,14 +185,181 @@ def timed(batches: Iterator[Any], limit: int | None = None) -> tuple[float, int]
     return elapsed, samples
 
 
+class MemmapTokens(torch.utils.data.Dataset[torch.Tensor]):
+    """(d): the shards' memory maps as a map-style dataset, one int64 sample per ``[i]``."""
+
+    def __init__(self, paths: list[Path], seq_len: int) -> None:
+        self.maps = [np.load(p, mmap_mode="r") for p in paths]
+        self.seq_len = seq_len
+        self.ends = np.cumsum([len(m) // seq_len for m in self.maps])
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        shard = int(np.searchsorted(self.ends, index, side="right"))
+        row = index - int(self.ends[shard - 1] if shard else 0)
+        tokens = self.maps[shard][row * self.seq_len : (row + 1) * self.seq_len]
+        return torch.from_numpy(tokens.astype(np.int64))
+
+
+def mix_of(batches: list[np.ndarray], ends: np.ndarray) -> BatchMix:
+    """Shards per batch of explicit index batches."""
+    flat = np.concatenate(batches)
+    bounds = np.concatenate(([0], np.cumsum([len(b) for b in batches])))
+    return batch_mix(np.searchsorted(ends, flat, side="right"), bounds)
+
+
+def mixing(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list[Ratio]:
+    """The mixing section (module docstring): shards per batch and throughput per loader."""
+    n_shards, seq, batch = args.mix_shards, args.mix_seq_len, args.mix_batch_size
+    mean = args.mix_tokens // n_shards
+    lengths = [int(mean * f) for f in np.linspace(0.75, 1.25, n_shards)]
+    data = (rng.integers(0, 50257, n, dtype=np.uint16) for n in lengths)
+    paths = write_shards(Path(tmp) / "mix", data, TokenReader(seq_len=seq))
+    ds = ShardedDataset(paths, TokenReader(seq_len=seq))
+    ends = np.cumsum(ds.sizes)
+    print(
+        f"## mixing: {n_shards} shards of {min(lengths):,}..{max(lengths):,} uint16 tokens "
+        f"({sum(lengths):,} in all, {len(ds):,} samples of {seq} tokens), batch {batch}, "
+        f"shuffled, num_workers=0, int64 out; a run is one epoch (first batch untimed); "
+        f"median of {args.mix_repeats} repeats after 1 warm-up, wall clock and this "
+        "process's CPU time (the latter less sensitive to other load on the machine)\n"
+    )
+    gen = torch.Generator().manual_seed(0)
+    sampler = torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(range(len(ds)), generator=gen), batch, drop_last=False
+    )
+    torch_loader = DataLoader(MemmapTokens(paths, seq), batch_sampler=sampler)
+    global_loader = ResumableDataLoader(ds, batch_size=batch, shuffle=True, seed=0)
+    loaders: dict[str, Any] = {"d": torch_loader, "p": global_loader}
+    mixes = {
+        "d": mix_of([np.asarray(b) for b in sampler], ends),
+        "p": mix_of(
+            np.split(global_loader.plan.order(0).numpy(), range(batch, len(ds), batch)), ends
+        ),
+    }
+    names = {
+        "d": "(d) DataLoader(shuffle=True) over the memory maps: global permutation",
+        "p": "(p) ResumableDataLoader(ShardedDataset, shuffle=True): global permutation",
+    }
+    for k in args.mix_k:
+        sampler_k = ds.batch_sampler(batch, seed=0, mix_shards=k)
+        loaders[f"m{k}"] = ResumableDataLoader(ds, batch_sampler=sampler_k)
+        mixes[f"m{k}"] = sampler_k.plan.batch_mix(0)
+        what = "one shard at a time (loaderkit 0.1's windowed plan)" if k == 1 else "at once"
+        default = ", the default" if k == DEFAULT_MIX else ""
+        names[f"m{k}"] = f"(m{k}) ShardedDataset plan, mix_shards={k}: {k} shard(s) {what}{default}"
+    for w in args.mix_windows:  # the default K with other windows inside the shards
+        key = f"m{DEFAULT_MIX}w{w}"
+        sampler_w = ds.batch_sampler(batch, seed=0, mix_shards=DEFAULT_MIX, window=w)
+        loaders[key] = ResumableDataLoader(ds, batch_sampler=sampler_w)
+        mixes[key] = sampler_w.plan.batch_mix(0)
+        names[key] = f"({key}) ShardedDataset plan, mix_shards={DEFAULT_MIX}, window={w}"
+    rates: dict[str, list[float]] = {key: [] for key in loaders}
+    cpu_rates: dict[str, list[float]] = {key: [] for key in loaders}
+    order = random.Random(1)
+    for repeat in range(args.mix_repeats + 1):
+        keys = list(loaders)
+        order.shuffle(keys)
+        for key in keys:
+            cpu = time.process_time()
+            seconds, count = timed(iter(loaders[key]))
+            cpu = time.process_time() - cpu
+            if repeat:
+                rates[key].append(count / seconds)
+                cpu_rates[key].append(count / cpu)
+    med = {key: statistics.median(r) for key, r in rates.items()}
+    best = {key: max(r) for key, r in rates.items()}
+    cpu_med = {key: statistics.median(r) for key, r in cpu_rates.items()}
+    print(
+        "| loader | shards / batch, mean | single-shard batches | samples/s, median "
+        "| vs (d) | vs (m1) | samples/s, best | vs (d) | samples per CPU s, median | vs (d) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for key in loaders:
+        m = mixes[key]
+        vs_window = f"{med[key] / med['m1']:.2f}x" if "m1" in med else "-"
+        print(
+            f"| {names[key]} | {m.mean:.2f} | {m.single:.1%} | {med[key]:,.0f} | "
+            f"{med[key] / med['d']:.2f}x | {vs_window} | {best[key]:,.0f} | "
+            f"{best[key] / best['d']:.2f}x | {cpu_med[key]:,.0f} | "
+            f"{cpu_med[key] / cpu_med['d']:.2f}x |"
+        )
+    ratios: list[Ratio] = []
+    default = f"m{DEFAULT_MIX}"
+    if default in med:
+        m = mixes[default]
+        checks = [
+            (f"shards per batch of {batch}, mean", m.mean, 4.0, True, "shards"),
+            ("single-shard batches", 100 * m.single, 5.0, False, "%"),
+            ("read speed / DataLoader global permutation", med[default] / med["d"], 3.0, True, "x"),
+        ]
+        print()
+        for what, value, goal, higher, unit in checks:
+            ratio = Ratio(f"mix_shards={DEFAULT_MIX}: {what}", value, goal, higher, unit)
+            ratios.append(ratio)
+            print(
+                f"goal {ratio.name} {ratio.goal_text()}: {ratio.format()}, "
+                + ("met" if ratio.met else "MISSED")
+            )
+        if "m1" in med:
+            ratios.append(
+                Ratio(
+                    f"mix_shards={DEFAULT_MIX} / mix_shards=1, samples/s", med[default] / med["m1"]
+                )
+            )
+            print(
+                f"mix_shards={DEFAULT_MIX} reads at {med[default] / med['m1']:.2f}x the "
+                "windowed plan (m1)"
+            )
+    ratios.append(Ratio("ResumableDataLoader global permutation / DataLoader", med["p"] / med["d"]))
+    return ratios
+
+
+def token_budgets(args: argparse.Namespace) -> None:
+    """Shards per batch and padding of token-budget batches over shards (plans only)."""
+    sizes = [int(args.budget_docs / 16 * f) for f in np.linspace(0.75, 1.25, 16)]
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(5.5, 1.0, sum(sizes)), 16, 4096).astype(np.int64)
+    ends = np.cumsum(sizes)
+    budget = {"max_tokens": args.max_tokens, "pad_to_multiple_of": 8, "seed": 0}
+    print(
+        f"\n## token budgets over shards: 16 shards of {min(sizes):,}..{max(sizes):,} documents "
+        f"(lognormal lengths exp(N(5.5, 1)) in 16..4096), max_tokens={args.max_tokens}, "
+        "pad_to_multiple_of=8; epoch 0 of each plan (no reading: the plans' batches)\n"
+    )
+    print("| batches | shards / batch, mean | single-shard batches | padded tokens | batches |")
+    print("|---|---:|---:|---:|---:|")
+    global_plan = BucketBatchSampler(lengths, **budget).plan
+    batches = [b.numpy() for b in global_plan.batches(0)]
+    rows: list[tuple[str, Any, BatchMix]] = [
+        ("BucketBatchSampler, a global shuffle (reads every shard all the time)", global_plan,
+         mix_of(batches, ends)),
+    ]  # fmt: skip
+    for k in (1, DEFAULT_MIX):
+        plan = ShardBucketPlan(lengths, shard_sizes=sizes, mix_shards=k, **budget)
+        what = "one shard at a time" if k == 1 else "the default"
+        rows.append((f"ShardBucketPlan, mix_shards={k} ({what})", plan, plan.batch_mix(0)))
+    for name, plan, m in rows:
+        real, padded = plan.token_counts(0)
+        print(
+            f"| {name} | {m.mean:.2f} | {m.single:.1%} | {1 - real / padded:.2%} | {m.batches:,} |"
+        )
+
+
 def make_runners(
     paths: list[Path], args: argparse.Namespace, nw: int
 ) -> dict[str, Callable[[], tuple[float, int]]]:
     runners: dict[str, Callable[[], tuple[float, int]]] = {}
     limit = args.worker_batches if nw else None
-    for key, out_dtype in (("a", torch.int64), ("a16", None)):
+    for key, out_dtype, mix in (
+        ("a", torch.int64, DEFAULT_MIX),
+        ("a1", torch.int64, 1),
+        ("a16", None, DEFAULT_MIX),
+    ):
         ds = ShardedDataset(paths, TokenReader(seq_len=args.seq_len, out_dtype=out_dtype))
-        sampler = ds.batch_sampler(args.batch_size, seed=0, window=args.window)
+        sampler = ds.batch_sampler(args.batch_size, seed=0, window=args.window, mix_shards=mix)
         loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=nw)
         runners[key] = lambda loader=loader: timed(iter(loader), limit)
     naive = DataLoader(NaiveShards(paths, args.seq_len), batch_size=args.batch_size, num_workers=nw)
@@ -173,6 +380,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--worker-batches", type=int, default=400)
+    parser.add_argument("--mix-tokens", type=int, default=50_000_000, help="tokens in all")
+    parser.add_argument("--mix-shards", type=int, default=16)
+    parser.add_argument("--mix-seq-len", type=int, default=2048)
+    parser.add_argument("--mix-batch-size", type=int, default=8)
+    parser.add_argument("--mix-k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--mix-repeats", type=int, default=9)
+    parser.add_argument("--budget-docs", type=int, default=200_000, help="documents in all")
+    parser.add_argument("--max-tokens", type=int, default=16_384)
+    parser.add_argument(
+        "--mix-windows", type=int, nargs="*", default=[1, 256], help="windows tried at mix_shards=8"
+    )
     args = parser.parse_args()
     t0 = time.perf_counter()
 
@@ -215,7 +433,7 @@ def main() -> None:
     print("| num_workers | reader | samples/s, median | GB/s, median | samples/s, best |")
     print("|---:|---|---:|---:|---:|")
     for nw, rates in results.items():
-        for key in ("a", "a16", "b", "r", "r64", "g"):
+        for key in ("a", "a1", "a16", "b", "r", "r64", "g"):
             r = rates[key]
             med = statistics.median(r)
             print(
@@ -239,6 +457,7 @@ def main() -> None:
                 ("a16", "g"),
                 ("g", "r"),
                 ("a", "b"),
+                ("a", "a1"),
             )
         )
         goal = ""
@@ -246,6 +465,10 @@ def main() -> None:
             met = "met" if med["a"] / med["r"] >= 0.5 else "MISSED"
             goal = f" (goal a/r >= 0.5x at num_workers=0: {met})"
         print(f"num_workers={nw}, median: {line}{goal}")
+    with tempfile.TemporaryDirectory(prefix="loaderkit-bench-mix-") as tmp:
+        print()
+        ratios += mixing(args, tmp, np.random.default_rng(1))
+    token_budgets(args)
     print(f"\ntotal bench time {time.perf_counter() - t0:.1f} s")
     report(ratios)
 

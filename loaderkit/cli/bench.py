@@ -47,7 +47,8 @@ QUICK_ARGS: dict[str, list[str]] = {
         "loader": "--samples 20000 --workers 0 --repeats 2 --fast-epochs 1 --torch-batches 40 "
         "--state-calls 2000 --state-epochs 2",
         "resume": "--samples 500000 --repeats 2 --stream-samples 200000",
-        "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2",
+        "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2 --mix-tokens 4000000 "
+        "--mix-k 1 8 --mix-repeats 2 --budget-docs 20000",
         "transfer": "--sizes-mib 1 16 --batches 10 --cpu-batches 1000 --repeats 2",
     }.items()
 }
@@ -55,14 +56,15 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 @dataclass(frozen=True)
 class Ratio:
-    """One figure a bench reports: a ratio (``unit="x"``) or a share (``unit="%"``).
+    """One figure a bench reports: a ratio (``unit="x"``), a share (``unit="%"``) or a count
+    (any other unit, e.g. ``"shards"``).
 
     Args:
         name: What is compared, e.g. ``"PadCollate / pad_sequence, uniform"``.
         value: The measured figure.
         goal: The figure to reach, or ``None`` where the bench sets no goal.
         higher_is_better: Whether the goal is a floor (``True``) or a ceiling.
-        unit: ``"x"`` for ratios, ``"%"`` for shares.
+        unit: ``"x"`` for ratios, ``"%"`` for shares, else the unit of a count.
     """
 
     name: str
@@ -79,9 +81,11 @@ class Ratio:
         return self.value >= self.goal if self.higher_is_better else self.value <= self.goal
 
     def format(self, value: float | None = None) -> str:
-        """``value`` (default: this ratio's) with the unit, e.g. ``1.39x`` or ``0.6%``."""
+        """``value`` (default: this ratio's) with its unit: ``1.39x``, ``0.6%``, ``8.00 shards``."""
         v = self.value if value is None else value
-        return f"{v:.2f}x" if self.unit == "x" else f"{v:.2f}%"
+        if self.unit in ("x", "%"):
+            return f"{v:.2f}{self.unit}"
+        return f"{v:.2f} {self.unit}"
 
     def goal_text(self) -> str:
         """The goal as ``>= 25.00x`` / ``<= 3.00%``, or an empty string."""

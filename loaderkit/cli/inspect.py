@@ -10,8 +10,9 @@ The target is either a LightningCLI-style YAML config::
 (``path/to/file.py:name`` works too), where ``name`` is a DataModule class or
 a callable returning a DataModule, called without arguments. The report says
 how many samples and batches per rank an epoch has, how much of it is
-padding, how fast the train loader runs for each ``num_workers`` and which to
-use, and whether a resumed run continues at the exact next sample.
+padding, how many shards a batch draws from (sharded data), how fast the
+train loader runs for each ``num_workers`` and which to use, and whether a
+resumed run continues at the exact next sample.
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
             }
         },
         "padding_fraction": None,
+        "shards_per_batch": None,
         "probe": None,
         "best": None,
         "resumable_exactly": resumable,
@@ -302,6 +304,12 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
         "  padding          "
         + ("not known for this module" if pad is None else f"{pad:.1%} of train tokens")
     )
+    mix = facts.get("shards_per_batch")
+    if mix is not None:
+        lines.append(
+            f"  shards / batch   {mix:.2f} on average, {facts['single_shard_batches']:.1%} of "
+            "train batches from a single shard (epoch 0, all ranks)"
+        )
     probe = facts.get("probe")
     if probe:
         rates = ", ".join(f"{w}: {r:,.0f}" for w, r in probe.items())

@@ -44,7 +44,14 @@ class OpenShard(Protocol):
     one call (one fancy-indexing read of a memory map) returns either a list of
     samples or an array / tensor whose first dimension is the samples, which
     :class:`~loaderkit.data.sharded.ShardedDataset` then passes on without
-    splitting. ``close()`` is optional too.
+    splitting. ``close()`` is optional too. A shard of fixed-shape samples may
+    also have ``rows``, an array whose row ``i`` is sample ``i`` as stored (a
+    view of the map: it is only read), and ``dtype``, the numpy dtype
+    ``read_batch`` returns: a batch that spans shards (as a mixing plan's do)
+    is then built by copying each row straight into it, instead of one gather
+    and scatter per shard. ``lengths()``, each sample's token count without
+    reading the samples, serves :meth:`~loaderkit.ShardedDataset.lengths`
+    (token budgets).
     """
 
     def __len__(self) -> int:
@@ -379,9 +386,14 @@ class _FixedTokens:
             tokens, shape=(count, span), strides=(seq_len * item, item), writeable=False
         )
         self.out = out
+        self.dtype = out  # what read_batch returns; rows holds the samples as stored
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def lengths(self) -> np.ndarray:
+        """Each sample's tokens: all the same."""
+        return np.full(len(self.rows), self.rows.shape[1], dtype=np.int64)
 
     def read(self, index: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self.rows[index], dtype=self.out))
@@ -411,6 +423,10 @@ class _Documents:
 
     def read_batch(self, indices: np.ndarray) -> list[torch.Tensor]:
         return [self.read(int(i)) for i in indices]
+
+    def lengths(self) -> np.ndarray:
+        """Each document's tokens, from the offsets (no token is read)."""
+        return np.diff(np.asarray(self.offsets, dtype=np.int64))
 
 
 # ------------------------------------------------------------------- jsonl

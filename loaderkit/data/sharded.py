@@ -3,17 +3,25 @@
 :class:`ShardedDataset` is a map-style dataset over a list of shards whose
 sample counts are known (from a small index, see :func:`~loaderkit.write_shards`), and
 :class:`ShardPlan` is its sample plan. The plan's order of an epoch is a pure
-function of ``(seed, epoch, shard sizes, window)``:
+function of ``(seed, epoch, shard sizes, window, mix_shards)``:
 
 1. the shards are put in a random order (per seed and epoch) and their
    samples laid end to end;
-2. each shard's run is cut into consecutive windows of ``window`` samples
-   (the last one shorter; a window never spans two shards) and each window is
-   shuffled on its own.
+2. that sequence is cut into ``mix_shards`` (K) equal *lanes*; a lane
+   boundary may cut a shard in two *pieces*;
+3. each piece is cut into consecutive windows of ``window`` samples (the
+   last one shorter) and each window is shuffled on its own;
+4. the lanes are interleaved, one sample of each in turn.
 
-So a batch reads from one shard, or two where the order passes from one shard
-to the next (more only when shards hold fewer than ``batch_size`` samples),
-and any process reads each shard front to back, window by window.
+So ``K`` consecutive samples of the order come from ``K`` lanes: a batch of
+``b <= K`` samples draws from ``b`` shards when every shard holds fewer
+than ``1/K`` of the samples (:class:`ShardPlan` states the general bound),
+while each lane reads its shards front to back, window by window, and a
+process reading a batch reads one row from each of a few open shards.
+``mix_shards=1`` reads one shard at a time: a batch reads from one shard, or
+two where the order passes from one shard to the next (more only when shards
+hold fewer than ``batch_size`` samples), at the price of batches that are
+correlated (one document source, time range... per step).
 
 The plan deals the order to ranks exactly as :class:`~loaderkit.SamplePlan`
 does (rank ``r`` takes the ``r``-th block of ``batch_size`` of every global
@@ -34,17 +42,22 @@ sharding-specific code in the loader:
 Opening shards: each process keeps the shards it read open (memory maps),
 up to ``max_open_shards``, least recently used closed first. What is
 guaranteed: a process opens a shard at most once in the lifetime of its copy
-of the dataset when the dataset has at most ``max_open_shards`` shards; with
-more, at most once per epoch as long as ``max_open_shards >= 2 * k - 1``,
-where ``k`` is the most shards that ``batch_size`` consecutive samples of the
-order can span (2 when every non-empty shard holds at least ``batch_size``
-samples, so 3 open shards suffice), except that the wrap-around padding of
-the epoch's last batch may reopen the epoch's first shard, and so may the
-substitutes of ``on_error="skip"``. (Why: a process
-reads its batches in order, so between two reads of a shard it reads only
-the shards its batches straddle at that shard's two ends.) Non-persistent
-DataLoader workers are new processes every epoch, so each opens a shard at
-most once per epoch; persistent ones keep theirs open across epochs.
+of the dataset when the dataset has at most ``max_open_shards`` shards. With
+more, a process opens each *piece* (each shard with ``mix_shards=1``; at
+most ``K - 1`` shards per epoch are cut into two or more) at most once per
+epoch as long as ``max_open_shards >= 2 * k - 1`` when ``batch_size >= K``,
+or ``>= (K + 1) * k`` when ``batch_size < K``, where ``k`` is the most shards
+one batch spans (at most ``batch_size``; with ``mix_shards=1``, 2 when every
+non-empty shard holds at least ``batch_size`` samples, so 3 open shards
+suffice), except that the wrap-around padding of the epoch's last batch may
+reopen the epoch's first shards, and so may the substitutes of
+``on_error="skip"``. (Why: a process reads its batches in order, a lane
+reads its pieces in order, and a batch of ``b >= K`` samples reads every
+lane, so between two reads of a piece a process reads only the shards of
+those two batches; with ``b < K`` the lanes a process reads rotate, and come
+back to a lane within ``K`` of its batches.) Non-persistent DataLoader
+workers are new processes every epoch, so each opens a shard at most once
+per piece and epoch; persistent ones keep theirs open across epochs.
 
 Errors: a missing shard, a shard changed since it was indexed, or a corrupt
 or truncated one raises :class:`ShardError` (``FileNotFoundError`` too for a
@@ -64,7 +77,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,10 +88,12 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from loaderkit._checks import check_int
 from loaderkit.data._open import OpenShards, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
+from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader
 from loaderkit.errors import CollateError, ShardError
-from loaderkit.plan.samplers import PlanBatchSampler
-from loaderkit.plan.shard import DEFAULT_WINDOW, ShardPlan
+from loaderkit.plan.bucket import Oversize
+from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
+from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
 
 __all__ = ["ShardedDataset"]
 
@@ -91,8 +106,9 @@ class ShardedDataset(Dataset[Any]):
 
     Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (the shards in
     the given order, or sorted by name for a directory). Fetch it through
-    :meth:`batch_sampler`, whose plan shuffles shards and then windows and
-    splits them across ranks and workers (module docstring).
+    :meth:`batch_sampler`, whose plan shuffles shards, reads ``mix_shards`` of
+    them at once with windows shuffled inside each, and splits the order
+    across ranks and workers (module docstring).
 
     Args:
         shards: A directory (its files with the reader's suffixes, sorted), a
@@ -270,21 +286,28 @@ class ShardedDataset(Dataset[Any]):
                 out.append(_SKIPPED)
         return out
 
-    def _gather(self, indices: Any) -> tuple[list[Any], list[np.ndarray | None]]:
+    def _gather(
+        self, indices: Any, *, rows: bool = False
+    ) -> tuple[list[Any], list[np.ndarray | None]]:
         """Per-shard reads of ``indices``, and where in the batch each read's samples go
-        (``None``: the whole batch, in order; the common case, kept cheap)."""
+        (``None``: the whole batch, in order; the common case, kept cheap). ``rows``: a
+        batch across shards may come back as one array of rows (:meth:`_rows_across`)."""
         if isinstance(indices, torch.Tensor):
             indices = indices.numpy()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             return [], []
-        # Fast path (a batch inside one shard, as the windowed order makes most): min and
-        # max over a Python list beat numpy reductions on ~32 entries (~1 us against ~4).
+        # Fast path (a batch inside one shard): min and max over a Python list beat numpy
+        # reductions on ~32 entries (~1 us against ~4).
         values = idx.tolist()
         lo, hi = min(values), max(values)
         shard = bisect.bisect_right(self._end_list, lo)
         if lo >= 0 and shard < len(self._end_list) and hi < self._end_list[shard]:
             return [self._read_group(shard, idx - self._start_list[shard])], [None]
+        if rows and lo >= 0 and hi < len(self):
+            across = self._rows_across(values)
+            if across is not None:
+                return [across], [None]
         n = len(self)
         if int(idx.min()) < -n or int(idx.max()) >= n:
             raise IndexError(f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}.")
@@ -298,6 +321,38 @@ class ShardedDataset(Dataset[Any]):
             parts.append(self._read_group(shard, local[w]))
             where.append(w)
         return parts, where
+
+    def _rows_across(self, values: list[int]) -> np.ndarray | None:
+        """The batch at ``values`` (in range) as one array, each sample's row copied straight
+        into it from its shard's ``rows``; ``None`` when a shard has no ``rows``/``dtype``
+        (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the per-shard
+        path then raises or skips as ``on_error`` says).
+
+        The batches of a mixing plan (``mix_shards > 1``) hold one or two samples per
+        shard, where grouping by shard costs ~10 us per shard in numpy calls; a row copy
+        costs ~1 us (``benchmarks/shards``).
+        """
+        ends, starts, get = self._end_list, self._start_list, self._files.get
+        out: Any = None
+        shape = dtype = None
+        seen: dict[int, Any] = {}  # shard -> its rows, checked once per batch
+        try:
+            for k, g in enumerate(values):
+                shard = bisect.bisect_right(ends, g)
+                rows = seen.get(shard)
+                if rows is None:
+                    handle: Any = get(shard)
+                    rows = handle.rows  # no rows or dtype: AttributeError, the per-shard path
+                    if out is None:
+                        shape, dtype = rows.shape[1:], handle.dtype
+                        out = np.empty((len(values), *shape), dtype=dtype)
+                    elif rows.shape[1:] != shape or handle.dtype != dtype:
+                        return None
+                    seen[shard] = rows
+                out[k] = rows[g - starts[shard]]
+        except Exception:
+            return None
+        return out
 
     def _samples(self, parts: list[Any], where: list[np.ndarray | None], indices: Any) -> list[Any]:
         """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`)."""
@@ -341,7 +396,7 @@ class ShardedDataset(Dataset[Any]):
 
     def get_batch(self, indices: Any) -> Any:
         """The batch at ``indices``: rows stacked in one read per shard, or default-collated."""
-        parts, where = self._gather(indices)
+        parts, where = self._gather(indices, rows=True)
         if len(parts) == 1 and where[0] is None and isinstance(parts[0], np.ndarray):
             return torch.from_numpy(parts[0])
         if parts and all(isinstance(p, np.ndarray) for p in parts):
@@ -370,6 +425,7 @@ class ShardedDataset(Dataset[Any]):
         seed: int = 0,
         shuffle: bool = True,
         window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
         drop_last: bool = False,
     ) -> ShardPlan:
         """This dataset's :class:`ShardPlan` (the arguments are ShardPlan's)."""
@@ -379,6 +435,7 @@ class ShardedDataset(Dataset[Any]):
             shuffle=shuffle,
             seed=seed,
             window=window,
+            mix_shards=mix_shards,
             drop_last=drop_last,
         )
 
@@ -389,6 +446,7 @@ class ShardedDataset(Dataset[Any]):
         seed: int = 0,
         shuffle: bool = True,
         window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
@@ -398,5 +456,101 @@ class ShardedDataset(Dataset[Any]):
         ``rank``/``world_size`` default to ``torch.distributed``'s when the
         loader starts (so build it before or after the process group exists).
         """
-        plan = self.plan(batch_size, seed=seed, shuffle=shuffle, window=window, drop_last=drop_last)
+        plan = self.plan(
+            batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            window=window,
+            mix_shards=mix_shards,
+            drop_last=drop_last,
+        )
         return PlanBatchSampler(plan, rank=rank, world_size=world_size)
+
+    def lengths(
+        self,
+        length_fn: Callable[[Any], int] | None = None,
+        *,
+        cache: str | os.PathLike[str] | None = None,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Each sample's token count, in global index order (for token budgets).
+
+        Without ``length_fn``, from each open shard's ``lengths()`` when its
+        reader has one (:class:`TokenReader`: fixed-length samples, or
+        documents from their offsets: no token is read); otherwise, and with
+        ``length_fn``, by reading every sample once through
+        :func:`~loaderkit.compute_lengths` (``cache``, ``progress``: its own).
+
+        Raises:
+            TypeError: samples whose ``len()`` is no token count (dicts of a
+                ``.jsonl``) and no ``length_fn``; pass e.g.
+                ``length_fn=lambda s: len(s["input_ids"])``.
+        """
+        if length_fn is None:
+            parts = []
+            for shard in range(len(self.shards)):
+                per_sample = getattr(self._handle(shard), "lengths", None)
+                if not callable(per_sample):
+                    break
+                parts.append(np.asarray(per_sample(), dtype=np.int64))
+            else:
+                return np.concatenate(parts)
+        return compute_lengths(self, length_fn, cache=cache, key=repr(self), progress=progress)
+
+    def bucket_batch_sampler(
+        self,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        lengths: Any = None,
+        pad_to_multiple_of: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        window: int | None = None,
+        shard_window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
+        drop_last: bool = False,
+        oversize: Oversize = "error",
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> BucketBatchSampler:
+        """Length-bucketed batches over these shards, fixed-size or under a token budget.
+
+        A :class:`~loaderkit.BucketBatchSampler` over a
+        :class:`~loaderkit.ShardBucketPlan`: the shard plan's order
+        (``mix_shards`` at a time, ``shard_window`` shuffled inside shards),
+        windows of ``window`` samples sorted by length and cut into batches,
+        shuffled within their window, so a batch draws from many shards and
+        reads stay local. ``lengths`` default to :meth:`lengths`; the other
+        arguments are ``BucketBatchSampler``'s. Give the loader a padding
+        ``collate_fn`` (``PadCollate``).
+
+        Example:
+            >>> import tempfile
+            >>> from loaderkit import PadCollate, ResumableDataLoader, TokenReader, write_shards
+            >>> reader = TokenReader(eos=0)  # one sample per document, ending in token 0
+            >>> docs = [[5, 5, 0, 6, 0, 7, 7, 7, 0], [8, 0, 9, 9, 0]]
+            >>> ds = ShardedDataset(write_shards(tempfile.mkdtemp(), docs, reader), reader)
+            >>> ds.lengths().tolist()
+            [3, 2, 4, 2, 3]
+            >>> sampler = ds.bucket_batch_sampler(max_tokens=6, mix_shards=2, seed=0)
+            >>> loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=PadCollate())
+            >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
+            ([1, 2, 2], 1.6666666666666667)
+        """
+        return BucketBatchSampler(
+            self.lengths() if lengths is None else lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=seed,
+            shuffle=shuffle,
+            window=window,
+            drop_last=drop_last,
+            oversize=oversize,
+            shard_sizes=self.sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            rank=rank,
+            world_size=world_size,
+        )

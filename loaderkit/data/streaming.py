@@ -9,14 +9,22 @@ rank * workers + worker`` with ``workers = max(num_workers, 1)``.
 
 - Pass ``p`` (an epoch, or one round of a slot through its shards) puts the
   shards in an order drawn from ``(seed, p)``; slot ``s`` of ``S`` reads the
-  shards at positions ``s, s + S, s + 2S, ...`` front to back. With fewer
-  shards than slots every slot reads every shard and keeps every ``S``-th
-  sample (striding: correct, but each slot reads all the bytes; a warning
-  says so once).
-- A slot's cursor is ``(pass, shard position, offset, seen)``: the next
-  sample to read. Resuming at a cursor skips the earlier shards without
-  opening them and seeks inside the shard (``iter_from(shard, offset)``) —
-  never a replay of what was read before.
+  shards at positions ``s, s + S, s + 2S, ...`` of it. With fewer shards
+  than slots every slot reads every shard and keeps every ``S``-th sample
+  (striding: correct, but each slot reads all the bytes; a warning says so
+  once).
+- A slot reads ``mix_shards`` (K) of its shards at once, each front to back,
+  in *lanes* that take turns, one sample each: lane ``j`` starts with the
+  slot's ``j``-th shard; when a lane's shard ends it goes on with the slot's
+  next shard not yet started, or, with none left, drops out (the turn passes
+  to the next lane). So consecutive samples of a slot, and a batch, come
+  from K shards (until the slot's last shards), and every shard is still
+  read front to back. ``mix_shards=1`` reads one shard after another.
+- A slot's cursor is ``(pass, next shard position, lanes, turn, seen)``,
+  ``lanes`` holding each open lane's ``(shard position, offset)``: the next
+  sample of every open shard. Resuming at a cursor skips the finished shards
+  without opening them and seeks inside each open one
+  (``iter_from(shard, offset)``) — never a replay of what was read before.
 - Randomness inside a sample (``transform``) is keyed by the sample, not the
   worker: ``(seed, pass, shard, offset)``.
 
@@ -44,6 +52,7 @@ from loaderkit._worker_info import as_one_worker
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.errors import LoaderkitError, ShardError
+from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
 # The public names; Cursor and slot_stream serve the stream engine (loaderkit.loader).
@@ -51,6 +60,7 @@ __all__ = ["IterableReader", "StreamReader", "StreamingShardedDataset"]
 
 _OFFSET_BITS = 40  # a sample's seeding key is shard << 40 | offset
 EMPTY_PASSES = 32  # consecutive passes without a sample before a slot is declared starved
+_END = object()  # a lane's shard has no sample left
 
 
 @runtime_checkable
@@ -136,19 +146,33 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
 
 
 class Cursor(NamedTuple):
-    """The next sample of one slot: in pass ``pass_``, shard position ``shard`` of the
-    slot's list, sample ``offset`` of that shard; ``seen`` counts the samples of the
-    pass read so far (only striding uses it)."""
+    """Where one slot stands in pass ``pass_``: ``next`` is the position in the slot's shard
+    list of the next shard to start, ``lanes`` the open lanes' ``(shard position, offset)``
+    (their next samples), ``turn`` the lane that reads next, ``seen`` the samples of the
+    pass read so far (only striding uses it). No lane and ``next == 0``: the pass's start."""
 
     pass_: int
-    shard: int
-    offset: int
+    next: int
+    lanes: tuple[tuple[int, int], ...]
+    turn: int
     seen: int
 
     @classmethod
     def start(cls, pass_: int) -> Cursor:
         """The beginning of pass ``pass_``."""
-        return cls(pass_, 0, 0, 0)
+        return cls(pass_, 0, (), 0, 0)
+
+    def to_state(self) -> list[Any]:
+        """Plain lists and ints, for a checkpoint."""
+        return [self.pass_, self.next, [list(lane) for lane in self.lanes], self.turn, self.seen]
+
+    @classmethod
+    def from_state(cls, saved: Any) -> Cursor:
+        """The cursor of :meth:`to_state`'s list."""
+        pass_, nxt, lanes, turn, seen = saved
+        return cls(
+            int(pass_), int(nxt), tuple((int(p), int(o)) for p, o in lanes), int(turn), int(seen)
+        )
 
 
 class StreamingShardedDataset(IterableDataset[Any]):
@@ -176,6 +200,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
         reader: A :class:`StreamReader` (``iter_from``) or a
             :class:`~loaderkit.ShardReader` (``open``, seeks by index).
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
+        mix_shards: Shards each slot reads at once, interleaved (lanes, module
+            docstring): a batch draws from that many; 1 reads one at a time.
         steps_per_epoch: Batches per rank per epoch (see above).
         samples_per_epoch: Samples per epoch over all ranks (see above).
         transform: Applied to each sample, under per-sample seeding when the
@@ -202,6 +228,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         reader: Any,
         *,
         shuffle_shards: bool = True,
+        mix_shards: int = DEFAULT_MIX,
         steps_per_epoch: int | None = None,
         samples_per_epoch: int | None = None,
         transform: Callable[[Any], Any] | None = None,
@@ -215,6 +242,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 f"TokenReader), got {type(reader).__name__}."
             )
         check_bool("shuffle_shards", shuffle_shards, owner="StreamingShardedDataset")
+        mix_shards = check_int(
+            "mix_shards",
+            mix_shards,
+            1,
+            owner="StreamingShardedDataset",
+            fix=f"pass the shards a slot reads at once, e.g. {DEFAULT_MIX}, or 1",
+            numpy_ok=True,
+        )
         if steps_per_epoch is not None and samples_per_epoch is not None:
             raise ValueError(
                 "StreamingShardedDataset: pass steps_per_epoch or samples_per_epoch, not both "
@@ -255,6 +290,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
             shards, cast("ShardReader", _Suffixes(reader_suffixes)), owner="StreamingShardedDataset"
         )
         self.shuffle_shards = shuffle_shards
+        self.mix_shards = mix_shards
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_epoch = samples_per_epoch
         self.transform = transform
@@ -263,6 +299,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
             "num_shards": len(self.shards),
             "shard_names_crc32": zlib.crc32(names.encode()),
             "shuffle_shards": shuffle_shards,
+            "mix_shards": mix_shards,
             "steps_per_epoch": steps_per_epoch,
             "samples_per_epoch": samples_per_epoch,
         }
@@ -363,32 +400,49 @@ def slot_stream(
     :class:`LoaderkitError` when a whole pass gives the slot nothing to read in
     cycle mode (it could never fill its share of an epoch).
     """
-    pass_, pos, offset, seen = cursor
+    pass_, nxt, saved, turn, seen = cursor
     empty = 0
     # The rest of a pass resumed mid-way may be empty (the cursor sat at its end):
     # that says nothing about starvation, so it never counts as an empty pass.
-    took = (pos, offset, seen) != (0, 0, 0)
+    took = cursor != Cursor.start(pass_)
     while True:
         shards, stride = ds.slot_shards(seed, pass_, slot, slots)
-        while pos < len(shards):
-            shard = shards[pos]
-            for sample in ds.read_from(shard, offset):
-                key = (shard << _OFFSET_BITS) | offset
-                offset += 1
-                keep = not stride or seen % slots == slot
-                seen += 1
-                if not keep:
-                    continue
-                took = True
-                after = Cursor(pass_, pos, offset, seen)
-                if ds.transform is not None and per_sample_seeding:
-                    # Not yielding inside the block: the consumer must run unseeded.
-                    with seeded_sample(seed, pass_, key):
-                        sample = ds.transform(sample)
-                elif ds.transform is not None:
+        if nxt == 0 and not saved:  # the pass's start: the first K shards open
+            nxt = min(ds.mix_shards, len(shards))
+            saved = tuple((p, 0) for p in range(nxt))
+        lanes = [list(lane) for lane in saved]  # [shard position, offset], mutable
+        readers: list[Iterator[Any] | None] = [None] * len(lanes)  # opened on first use
+        while lanes:
+            lane = lanes[turn]
+            reader = readers[turn]
+            if reader is None:
+                reader = readers[turn] = ds.read_from(shards[lane[0]], lane[1])
+            sample = next(reader, _END)
+            if sample is _END:  # this lane's shard ended: its next shard, or it drops out
+                if nxt < len(shards):
+                    lanes[turn], readers[turn] = [nxt, 0], None
+                    nxt += 1
+                else:
+                    del lanes[turn], readers[turn]
+                    turn = turn % len(lanes) if lanes else 0
+                continue
+            shard = shards[lane[0]]
+            key = (shard << _OFFSET_BITS) | lane[1]
+            lane[1] += 1
+            turn = (turn + 1) % len(lanes)
+            keep = not stride or seen % slots == slot
+            seen += 1
+            if not keep:
+                continue
+            took = True
+            after = Cursor(pass_, nxt, tuple((p, o) for p, o in lanes), turn, seen)
+            if ds.transform is not None and per_sample_seeding:
+                # Not yielding inside the block: the consumer must run unseeded.
+                with seeded_sample(seed, pass_, key):
                     sample = ds.transform(sample)
-                yield sample, after
-            pos, offset = pos + 1, 0
+            elif ds.transform is not None:
+                sample = ds.transform(sample)
+            yield sample, after
         if not cycle:
             return
         empty = 0 if took else empty + 1
@@ -402,5 +456,5 @@ def slot_stream(
                 "so it cannot fill its share of steps_per_epoch; use more (non-empty) shards "
                 "than ranks x workers, or fewer workers."
             )
-        pass_, pos, offset, seen = pass_ + 1, 0, 0, 0
+        pass_, nxt, saved, turn, seen = pass_ + 1, 0, (), 0, 0
         took = False

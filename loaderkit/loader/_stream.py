@@ -36,7 +36,7 @@ from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_strea
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import stop_workers
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor
+from loaderkit.plan._cursor import STREAM_STATE_VERSION, PlanCursor
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
@@ -332,7 +332,10 @@ class StreamEngine:
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
-        mine = {"cursors": [None if c is None else list(c) for c in cursors], "next": next_local}
+        mine = {
+            "cursors": [None if c is None else c.to_state() for c in cursors],
+            "next": next_local,
+        }
         rank, world_size = self.loader._topology()
         ranks: list[Any] = [None] * world_size
         if world_size > 1 and dist.is_available() and dist.is_initialized():
@@ -348,7 +351,7 @@ class StreamEngine:
         else:  # ranks simulated without a process group: each state holds its own rank only
             ranks[rank] = mine
         return {
-            "version": STATE_VERSION,
+            "version": STREAM_STATE_VERSION,
             "kind": "stream",
             "epoch": self.epoch,
             "steps_done": steps_done,
@@ -373,10 +376,19 @@ class StreamEngine:
                 f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
                 "map-style data cannot resume a stream. Pass what state_dict() returned."
             )
-        if state["version"] != STATE_VERSION or state["kind"] != "stream":
+        if state["kind"] == "stream" and state["version"] == 1:
+            raise StateMismatchError(
+                f"{owner}: field 'version' is 1: the stream state of loaderkit 0.1, whose "
+                "slots read one shard at a time with a single cursor each; this loaderkit "
+                f"keeps a cursor per open shard (version {STREAM_STATE_VERSION}) and cannot "
+                "continue those cursors exactly. Finish that run with the loaderkit that "
+                "saved it, or start without the state."
+            )
+        if state["version"] != STREAM_STATE_VERSION or state["kind"] != "stream":
             raise StateMismatchError(
                 f"{owner}: field 'version'/'kind' is {state['version']!r}/{state['kind']!r}, "
-                f"expected {STATE_VERSION}/'stream'; upgrade loaderkit to load this checkpoint."
+                f"expected {STREAM_STATE_VERSION}/'stream'; upgrade loaderkit to load this "
+                "checkpoint."
             )
         saved, here = dict(state["stream"]), self.fingerprint()
         adopted = None
@@ -408,7 +420,7 @@ class StreamEngine:
                 "torch.distributed process group, so each rank's state_dict() holds only its "
                 "own); save it under torch.distributed, or load each rank its own state."
             )
-        self.cursors = [None if c is None else Cursor(*c) for c in mine["cursors"]]
+        self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
         steps_done = int(state["steps_done"])
         self._position.resume_at(int(state["epoch"]), steps_done, steps_done)

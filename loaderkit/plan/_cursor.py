@@ -7,9 +7,12 @@ from typing import Any
 
 from loaderkit.errors import StateMismatchError
 
-__all__ = ["STATE_VERSION", "PlanCursor", "check_state", "new_state"]
+__all__ = ["STATE_VERSION", "STREAM_STATE_VERSION", "PlanCursor", "check_state", "new_state"]
 
-STATE_VERSION = 1
+STATE_VERSION = 1  # a position in a plan (the plan's own settings say how it orders)
+# A stream's per-slot cursors. 2: a cursor per open shard (lanes, mix_shards); 1, one per
+# slot, is refused by name.
+STREAM_STATE_VERSION = 2
 _KEYS = ("version", "epoch", "position", "steps_done", "plan", "topology")
 
 
@@ -87,6 +90,22 @@ def check_state(
                 f"{owner}.load_state_dict: field {key!r} must be a non-negative int, got {value!r}."
             )
     saved = state["plan"]
+    if (
+        isinstance(saved, Mapping)
+        and fingerprint.get("kind") is not None
+        and saved.get("kind") == fingerprint.get("kind")
+        and set(saved) < set(fingerprint)
+    ):
+        # The same kind of plan, saved before a setting existed: name the setting.
+        new = sorted(set(fingerprint) - set(saved))
+        raise StateMismatchError(
+            f"{owner}.load_state_dict: field 'plan' has no {', '.join(map(repr, new))}: the "
+            f"state was saved by an older loaderkit, whose plan had no such setting and so "
+            f"ordered the samples differently from this one ({', '.join(new)}="
+            f"{', '.join(repr(fingerprint[k]) for k in new)} here). Resuming would repeat and "
+            "skip samples; finish that run with the loaderkit that saved it, or start without "
+            "the state."
+        )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         raise StateMismatchError(
             f"{owner}.load_state_dict: field 'plan' has fields "

@@ -397,13 +397,8 @@ class BucketPlan:
             fix="pass the epoch number",
             numpy_ok=True,
         )
-        order = self._eligible
+        order = self._unsorted(epoch)
         n = order.size
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.BUCKET_ORDER, epoch))
-            perm = torch.randperm(n, generator=gen).numpy()
-            # Without skipped samples, eligible is arange(n): skip a 10M-entry gather.
-            order = perm if n == self.num_samples else order[perm]
         order = order[sort_windows(self._batch_len[order], self.window)]
         if self.max_tokens is None:
             assert self.batch_size is not None
@@ -415,15 +410,26 @@ class BucketPlan:
         else:
             starts = greedy_starts(self._rows_from, order, self.window)
         bounds = np.append(starts, n).astype(np.int64)
+        return _Epoch(order, bounds, self._sequence(epoch, starts))
+
+    def _unsorted(self, epoch: int) -> np.ndarray:
+        """Step 1: the epoch's eligible indices, before the windows are sorted."""
+        order = self._eligible
+        if not self.shuffle:
+            return order
+        n = order.size
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.BUCKET_ORDER, epoch))
+        perm = torch.randperm(n, generator=gen).numpy()
+        # Without skipped samples, eligible is arange(n): skip a 10M-entry gather.
+        return perm if n == self.num_samples else order[perm]
+
+    def _sequence(self, epoch: int, starts: np.ndarray) -> np.ndarray:
+        """Step 4: the batches (by where they start in the sorted order) in training order."""
         count = starts.size
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(
-                derive_seed(self.seed, SeedTag.BUCKET_BATCHES, epoch)
-            )
-            sequence = torch.randperm(count, generator=gen).numpy()
-        else:
-            sequence = np.arange(count)
-        return _Epoch(order, bounds, sequence)
+        if not self.shuffle:
+            return np.arange(count)
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.BUCKET_BATCHES, epoch))
+        return torch.randperm(count, generator=gen).numpy()
 
 
 class _BucketSchedule:

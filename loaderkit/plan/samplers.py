@@ -19,7 +19,7 @@ This module also decides which user samplers can be resumed exactly at all
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
@@ -32,6 +32,8 @@ from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
 from loaderkit.plan.bucket import BucketPlan, Oversize
 from loaderkit.plan.sample import Plan
+from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
+from loaderkit.plan.shard_bucket import ShardBucketPlan
 
 __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
 
@@ -256,6 +258,14 @@ class BucketBatchSampler(PlanBatchSampler):
             epoch (``num_skipped``, one warning); ``"truncate"`` batches it alone
             (``num_truncated``, one warning): cut it to ``max_length`` tokens
             in the dataset, so the batch stays within budget.
+        shard_sizes: Samples per shard, when the dataset is shards laid end to
+            end (a :class:`~loaderkit.ShardedDataset`; its
+            :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler` passes them):
+            the order then follows the shards, ``mix_shards`` at a time, and
+            batches are shuffled within their window instead of over the epoch,
+            so reads stay local (:class:`~loaderkit.ShardBucketPlan`).
+        mix_shards: With ``shard_sizes``: shards read at once (batches draw from them).
+        shard_window: With ``shard_sizes``: samples of a shard shuffled together.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
 
@@ -293,20 +303,43 @@ class BucketBatchSampler(PlanBatchSampler):
         window: int | None = None,
         drop_last: bool = False,
         oversize: Oversize = "error",
+        shard_sizes: Sequence[int] | None = None,
+        mix_shards: int = DEFAULT_MIX,
+        shard_window: int = DEFAULT_WINDOW,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        plan = BucketPlan(
-            lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            window=window,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-        )
+        settings: dict[str, Any] = {
+            "batch_size": batch_size,
+            "max_tokens": max_tokens,
+            "pad_to_multiple_of": pad_to_multiple_of,
+            "window": window,
+            "shuffle": shuffle,
+            "seed": seed,
+            "drop_last": drop_last,
+            "oversize": oversize,
+        }
+        plan: BucketPlan
+        if shard_sizes is not None:
+            plan = ShardBucketPlan(
+                lengths,
+                shard_sizes=shard_sizes,
+                mix_shards=mix_shards,
+                shard_window=shard_window,
+                **settings,
+            )
+        else:
+            for name, given, default in (
+                ("mix_shards", mix_shards, DEFAULT_MIX),
+                ("shard_window", shard_window, DEFAULT_WINDOW),
+            ):
+                if given != default:
+                    raise ValueError(
+                        f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
+                        "shard_sizes= (e.g. ShardedDataset.bucket_batch_sampler() does) or "
+                        f"drop {name}."
+                    )
+            plan = BucketPlan(lengths, **settings)
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)

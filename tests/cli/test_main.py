@@ -94,6 +94,7 @@ def test_report_writes_only_under_loaderkit_bench(
     assert back == ratios
     assert [r.met for r in back] == [True, False]
     assert [r.goal_text() for r in back] == [">= 1.00x", "<= 3.00%"]
+    assert Ratio("shards per batch", 8.0, 4.0, unit="shards").goal_text() == ">= 4.00 shards"
 
 
 # ---------------------------------------------------------------- inspect
@@ -187,6 +188,12 @@ def stream_project(tmp_path: Path) -> Path:
                 return ShardedDataModule(
                     "shards", seq_len=4, batch_size=8, streaming=True, samples_per_epoch=160
                 )
+
+            def planned(mix_shards=2):
+                return ShardedDataModule("shards", seq_len=4, batch_size=8, mix_shards=mix_shards)
+
+            def one_at_a_time():
+                return planned(mix_shards=1)
 
             class Plain(L.LightningDataModule):
                 def train_dataloader(self):
@@ -329,3 +336,29 @@ def test_inspect_counts_a_torch_loader_over_an_iterable_as_unknown() -> None:
 
     assert _steps(DataLoader(Feed(), batch_size=4), 1) is None
     assert _steps(DataLoader(list(range(10)), batch_size=4), 1) == 3
+
+
+@pytest.mark.parametrize(
+    ("target", "line"),
+    [
+        # Shards of 100 and 60 samples, 2 lanes of 80: the larger shard fills a lane and a
+        # quarter of the next, so a quarter of the batches of 8 read it in both lanes.
+        ("streams.py:planned", "shards / batch   1.75 on average, 25.0% of train batches"),
+        # One shard at a time: one batch of the 20 straddles the two shards.
+        ("streams.py:one_at_a_time", "shards / batch   1.05 on average, 95.0% of train batches"),
+    ],
+)
+def test_inspect_reports_shards_per_batch_next_to_padding(
+    stream_project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    target: str,
+    line: str,
+) -> None:
+    monkeypatch.chdir(stream_project)
+    assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar"]) == 0
+    out = capsys.readouterr().out
+    assert "padding          0.0% of train tokens\n  " + line in out, out
+    assert "from a single shard (epoch 0, all ranks)" in out
+    main(["inspect", "streams.py:limited", "--max-workers", "0", "--no-progress-bar"])
+    assert "shards / batch" not in capsys.readouterr().out  # a stream: not known

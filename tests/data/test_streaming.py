@@ -77,13 +77,41 @@ def slot_passes(
         yield from one_pass(ds, slot, slots, p)
 
 
+def interleave(runs: list[list[int]], k: int) -> list[int]:
+    """K lanes over runs, as the spec says: lane j starts with run j, the lanes take turns one
+    sample each, a lane whose run ends goes on with the next run not yet started, or drops
+    out (the turn passes to the next lane)."""
+    pending = [list(r) for r in runs]
+    lanes = [pending.pop(0) for _ in range(min(k, len(pending)))]
+    out, turn = [], 0
+    while lanes:
+        if lanes[turn]:
+            out.append(lanes[turn].pop(0))
+            turn = (turn + 1) % len(lanes)
+        elif pending:
+            lanes[turn] = pending.pop(0)
+        else:
+            lanes.pop(turn)
+            turn = turn % len(lanes) if lanes else 0
+    return out
+
+
 def one_pass(ds: StreamingShardedDataset, slot: int, slots: int, p: int) -> list[int]:
     """The samples slot ``slot`` reads in pass ``p``."""
     order = ds.pass_order(SEED, p)
     if len(order) >= slots:
-        return [i for shard in order[slot::slots] for i in read_range(ds.shards[shard])]
-    every = [i for shard in order for i in read_range(ds.shards[shard])]
+        runs = [list(read_range(ds.shards[shard])) for shard in order[slot::slots]]
+        return interleave(runs, ds.mix_shards)
+    every = interleave([list(read_range(ds.shards[shard])) for shard in order], ds.mix_shards)
     return every[slot::slots]
+
+
+def test_interleave_oracle_by_hand() -> None:
+    runs = [[0, 1, 2], [10], [], [20, 21], [30]]
+    assert interleave(runs, 1) == [0, 1, 2, 10, 20, 21, 30]
+    # Lane 1 ends run 1 first: it takes run 2 (empty), then run 3; lane 0 then takes run 4.
+    assert interleave(runs, 2) == [0, 10, 1, 20, 2, 21, 30]
+    assert interleave(runs, 9) == [0, 10, 20, 30, 1, 21, 2]
 
 
 # ------------------------------------------------------- emulated workers
@@ -167,13 +195,21 @@ sizes_st = st.lists(
     batch=st.integers(1, 5),
     drop=st.booleans(),
     shuffle=st.booleans(),
+    mix=st.integers(1, 4),
     data=st.data(),
 )
 def test_pass_per_epoch_exactly_once_and_exact_resume(
-    emulate: None, sizes: list[int], nw: int, batch: int, drop: bool, shuffle: bool, data: Any
+    emulate: None,
+    sizes: list[int],
+    nw: int,
+    batch: int,
+    drop: bool,
+    shuffle: bool,
+    mix: int,
+    data: Any,
 ) -> None:
     ds = StreamingShardedDataset(
-        make_shards(sizes), IterableReader(read_range), shuffle_shards=shuffle
+        make_shards(sizes), IterableReader(read_range), shuffle_shards=shuffle, mix_shards=mix
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # fewer shards than slots
@@ -218,6 +254,7 @@ def test_pass_per_epoch_exactly_once_and_exact_resume(
     batch=st.integers(1, 4),
     steps=st.integers(1, 6),
     shuffle=st.booleans(),
+    mix=st.integers(1, 4),
     data=st.data(),
 )
 def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
@@ -228,6 +265,7 @@ def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
     batch: int,
     steps: int,
     shuffle: bool,
+    mix: int,
     data: Any,
 ) -> None:
     ds = StreamingShardedDataset(
@@ -235,6 +273,7 @@ def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
         IterableReader(read_range),
         steps_per_epoch=steps,
         shuffle_shards=shuffle,
+        mix_shards=mix,
     )
     workers = max(nw, 1)
     slots = world * workers
@@ -314,7 +353,9 @@ def test_real_workers_match_emulation_and_resume(persistent: bool) -> None:
 
 def test_resume_skips_earlier_shards_without_opening_them() -> None:
     reader = CountingReader()
-    ds = StreamingShardedDataset(make_shards([4, 4, 4, 4]), reader, shuffle_shards=False)
+    ds = StreamingShardedDataset(
+        make_shards([4, 4, 4, 4]), reader, shuffle_shards=False, mix_shards=1
+    )
     dl = loader(ds, batch_size=3)
     take(dl, 3)  # 9 samples: shards 0, 1 and the first of shard 2
     state = dl.state_dict()
@@ -324,6 +365,45 @@ def test_resume_skips_earlier_shards_without_opening_them() -> None:
     rest = [i for b in dl2 for i in ids(b)]
     assert rest == list(range(9, 16))
     assert reader.calls == [((8, 4), 1), ((12, 4), 0)]  # seeks into shard 2, never 0 or 1
+
+
+def test_lanes_mix_shards_in_a_batch_and_resume_seeks_each_open_shard() -> None:
+    """Two lanes over five shards of 4: a batch of 2 holds one sample of each open shard;
+    the state keeps a cursor per open shard, and a resume seeks into each of them (and
+    opens no finished shard)."""
+    reader = CountingReader()
+    ds = StreamingShardedDataset(
+        make_shards([4, 4, 4, 4, 4]), reader, shuffle_shards=False, mix_shards=2
+    )
+    dl = loader(ds, batch_size=2)
+    first = take(dl, 5)
+    assert first == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12]]
+    state = dl.state_dict()
+    assert state["version"] == 2
+    assert state["ranks"][0]["cursors"] == [[0, 4, [[2, 1], [3, 1]], 0, 10]]
+    reader.calls.clear()
+    dl2 = loader(ds, batch_size=2)
+    dl2.load_state_dict(state)
+    rest = [ids(b) for b in dl2]
+    # Shard 4 is the last: once lane 1 ends shard 3 it drops out, lane 0 reads shard 4 alone.
+    assert rest == [[9, 13], [10, 14], [11, 15], [16, 17], [18, 19]]
+    # Seeks into the two open shards mid-way, then opens the last; never a finished one.
+    assert reader.calls == [((8, 4), 1), ((12, 4), 1), ((16, 4), 0)]
+    assert first + rest == [ids(b) for b in loader(ds, batch_size=2)]
+
+
+def test_a_stream_state_of_loaderkit_0_1_is_refused_by_version() -> None:
+    ds = StreamingShardedDataset(make_shards([4, 4]), IterableReader(read_range))
+    dl = loader(ds)
+    take(dl, 1)
+    state = dl.state_dict()
+    state["version"] = 1
+    state["ranks"][0]["cursors"] = [[0, 0, 3, 3]]
+    with pytest.raises(StateMismatchError, match=r"field 'version' is 1: the stream state of"):
+        loader(ds).load_state_dict(state)
+    state = dl.state_dict()
+    with pytest.raises(StateMismatchError, match=r"field 'mix_shards' differs: saved 8, here 1"):
+        loader(StreamingShardedDataset(ds.shards, ds.reader, mix_shards=1)).load_state_dict(state)
 
 
 def test_token_shards_seek_by_index(tmp_path: Path) -> None:
@@ -336,6 +416,11 @@ def test_token_shards_seek_by_index(tmp_path: Path) -> None:
     ds = StreamingShardedDataset(tmp_path / "t", reader, shuffle_shards=False)
     dl = loader(ds, batch_size=2)
     got = [b[:, 0].tolist() for b in dl]
+    assert got == [[0, 10], [2, 12], [4, 14], [6, 8]]  # the two shards' samples in turn
+    one_at_a_time = StreamingShardedDataset(
+        tmp_path / "t", reader, shuffle_shards=False, mix_shards=1
+    )
+    got = [b[:, 0].tolist() for b in loader(one_at_a_time, batch_size=2)]
     assert got == [[0, 2], [4, 6], [8, 10], [12, 14]]
     assert [str(p) for p in ds.shards] == [str(p) for p in paths]
     jr = JsonlReader()
@@ -541,7 +626,7 @@ def test_a_stream_resumes_after_its_shard_folder_moved(tmp_path: Path) -> None:
         StreamingShardedDataset(tmp_path / "b", reader, shuffle_shards=False), batch_size=2
     )
     moved.load_state_dict(dl.state_dict())
-    assert [b[:, 0].tolist() for b in moved] == [[8, 10], [12, 14]]
+    assert [b[:, 0].tolist() for b in moved] == [[4, 14], [6, 8]]  # after [0, 10], [2, 12]
 
 
 def test_ranks_with_different_num_workers_are_refused_at_the_state_gather(

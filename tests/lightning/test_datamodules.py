@@ -7,6 +7,7 @@ Tiny data throughout: 64 samples, two epochs, a few batches each.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -44,6 +45,7 @@ from tests.support.datamodules import (
     fit_recording,
     make_image_tree,
     sequence_samples,
+    write_id_documents,
     write_id_token_shards,
 )
 from tests.support.helpers import assert_resume_exact, by_epoch, trainer_kwargs
@@ -84,15 +86,31 @@ def fit_any(dm: L.LightningDataModule, **overrides: Any) -> tuple[AnyBatchModule
 
 # ------------------------------------------------------------ resume through Lightning
 
+
+def document_dm(nw: int = 0, *, root: Path, **kwargs: Any) -> ShardedDataModule:
+    """Token budgets over ``write_id_documents`` shards (64 documents in 5 shards), read 4
+    shards at a time."""
+    kwargs = {
+        "max_tokens": 40,
+        "bucket_window": 16,
+        "mix_shards": 4,
+        "num_workers": nw,
+        "seed": 1,
+        **kwargs,
+    }
+    return ShardedDataModule(str(root), eos=0, dtype="int32", **kwargs)
+
+
 KINDS: dict[str, Any] = {
     "tensor": (tensor_dm, lambda: []),
     # Token-budget epochs change length: ElasticResume keeps Lightning's count in step.
     "sequence": (sequence_dm, lambda: [ElasticResume()]),
+    "documents": (document_dm, lambda: [ElasticResume()]),
 }
 
 
-def epoch_lengths(kind: str) -> tuple[int, ...]:
-    dm = KINDS[kind][0]()
+def epoch_lengths(kind: str, runs: Runs) -> tuple[int, ...]:
+    dm = runs.make(kind, 0)
     dm.setup("fit")
     plan = dm.train_dataloader().plan
     return tuple(plan.num_steps(e, start=0, world_size=1) for e in (0, 1))
@@ -103,16 +121,21 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.documents = write_id_documents(root / "documents", SIZE)
         self._cache: dict[tuple[Any, ...], FitRun] = {}
+
+    def make(self, kind: str, nw: int) -> L.LightningDataModule:
+        extra = {"root": self.documents} if kind == "documents" else {}
+        return KINDS[kind][0](nw, **extra)
 
     def _get(self, key: tuple[Any, ...], **kwargs: Any) -> FitRun:
         if key not in self._cache:
             kind, nw = key[0], key[1]
-            make, callbacks = KINDS[kind]
+            callbacks = KINDS[kind][1]
             path = self.root.joinpath("-".join(map(str, key)))
             path.mkdir(parents=True)
             self._cache[key] = fit_recording(
-                path, lambda: make(nw), callbacks=callbacks(), **kwargs
+                path, lambda: self.make(kind, nw), callbacks=callbacks(), **kwargs
             )
         return self._cache[key]
 
@@ -133,13 +156,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 @pytest.mark.parametrize("nw", [0, 2])
-@pytest.mark.parametrize("kind", ["tensor", "sequence"])
+@pytest.mark.parametrize("kind", ["tensor", "sequence", "documents"])
 def test_resume_from_lightning_checkpoint_is_exact(runs: Runs, kind: str, nw: int) -> None:
     """A fit interrupted inside epoch 1, resumed from its checkpoints at a step inside epoch 0
     and one inside epoch 1 with a fresh model and DataModule: the oracle holds each time.
-    The sequence case batches under a token budget (epochs of different lengths)."""
-    e0, e1 = epoch_lengths(kind)
-    if kind == "sequence":
+    The sequence and documents cases batch under a token budget (epochs of different
+    lengths); documents are shards read 4 at a time."""
+    e0, e1 = epoch_lengths(kind, runs)
+    if kind in ("sequence", "documents"):
         assert e0 < e1, "the token-budget case should have a longer epoch 1"
     full = runs.full(kind, nw)
     assert len(full.records) == e0 + e1
@@ -152,7 +176,7 @@ def test_resume_from_lightning_checkpoint_is_exact(runs: Runs, kind: str, nw: in
         assert_resume_exact(full.records, cut.records[:k], after.records)
 
 
-@pytest.mark.parametrize("kind", ["tensor", "sequence"])
+@pytest.mark.parametrize("kind", ["tensor", "sequence", "documents"])
 def test_sample_stream_does_not_depend_on_num_workers(runs: Runs, kind: str) -> None:
     assert runs.full(kind, 0).records == runs.full(kind, 2).records
 
@@ -506,6 +530,46 @@ def test_describe_reports_batches_padding_and_resume() -> None:
     assert tensors["splits"]["val"] == {"samples": 16, "batch_size": 8, "batches_per_epoch": 2}
     assert tensors["padding_fraction"] is None and tensors["pin_memory"] is False
     assert tensors["world_size"] == 1 and tensors["num_workers"] == 0
+    assert tensors["shards_per_batch"] is None and tensors["single_shard_batches"] is None
+
+
+def test_describe_reports_shards_per_batch_and_mix_shards_sets_it(tmp_path: Path) -> None:
+    """16 uneven shards (sample i's tokens are all i), batch 8: the default mixing puts 8
+    shards in every batch, mix_shards=4 four (a few more where a lane passes from one shard
+    to the next), mix_shards=1 one; what describe() says is what the loader yields."""
+    sizes = [int(30 * f) for f in np.linspace(0.75, 1.25, 16)]
+    firsts = np.cumsum([0, *sizes])
+    write_shards(
+        tmp_path,
+        [np.repeat(np.arange(a, b), 2) for a, b in itertools.pairwise(firsts)],
+        TokenReader(seq_len=2, dtype=np.int32),
+    )
+    for mix, mean, single in ((None, 8.0, 0.0), (4, 4.0, 0.0), (1, 1.0, 0.75)):
+        dm = ShardedDataModule(
+            str(tmp_path), seq_len=2, dtype="int32", batch_size=8, seed=1,
+            **({} if mix is None else {"mix_shards": mix}),
+        )  # fmt: skip
+        info = dm.describe()
+        got = [
+            len(set(np.searchsorted(firsts, batch[:, 0].numpy(), side="right").tolist()))
+            for batch in dm.train_dataloader()
+        ]
+        assert info["shards_per_batch"] == pytest.approx(np.mean(got))
+        assert mean <= info["shards_per_batch"] <= min(mean + 0.3, 8)
+        assert info["single_shard_batches"] == pytest.approx(np.mean(np.equal(got, 1)))
+        assert info["single_shard_batches"] >= single
+    assert stream_dm_describe(tmp_path)["shards_per_batch"] is None  # a stream: not known
+    streamed = ShardedDataModule(
+        str(tmp_path), seq_len=2, dtype="int32", streaming=True, mix_shards=3, batch_size=3
+    )
+    streamed.setup("fit")
+    assert streamed.train_dataset.mix_shards == 3
+    first = next(iter(streamed.train_dataloader()))[:, 0].numpy()
+    assert len(set(np.searchsorted(firsts, first, side="right").tolist())) == 3
+
+
+def stream_dm_describe(root: Path) -> dict[str, Any]:
+    return ShardedDataModule(str(root), seq_len=2, dtype="int32", streaming=True).describe()
 
 
 def test_a_subclass_only_builds_datasets() -> None:
@@ -745,3 +809,31 @@ def test_stream_resume_verdict_depends_on_the_world_size(id_shards: Path) -> Non
     small.setup("fit")
     ok, reason = small.resume_info(2)
     assert not ok and "less than one global step" in reason
+
+
+def test_sharded_token_budget_batches_mix_shards_and_describe_padding(tmp_path: Path) -> None:
+    """max_tokens over document and .jsonl shards: every batch within the budget, every
+    sample once an epoch, batches drawn from several shards; describe() reports both."""
+    root = write_id_documents(tmp_path / "docs", SIZE)
+    dm = document_dm(root=root, bucket_window=None, max_tokens=64, pad_to_multiple_of=4)
+    info = dm.describe()
+    seen = []
+    for batch in dm.train_dataloader():
+        assert batch.values.numel() <= 64 and batch.values.shape[1] % 4 == 0
+        seen += (batch.values[:, 0] - 1).tolist()
+    assert sorted(seen) == list(range(SIZE))
+    assert 0 < info["padding_fraction"] < 0.25
+    assert info["shards_per_batch"] > 2 and info["single_shard_batches"] < 0.2
+    assert "ElasticResume" in info["resumable_reason"]
+    docs = [[{"input_ids": [s] * (i % 5 + 1), "s": s} for i in range(9)] for s in range(3)]
+    write_shards(tmp_path / "js", docs, JsonlReader())
+    js = ShardedDataModule(str(tmp_path / "js"), reader="jsonl", max_tokens=10, mix_shards=3)
+    rows = [b["s"].tolist() for b in js.train_dataloader()]
+    assert sum(map(len, rows)) == 27 and js.describe()["shards_per_batch"] > 1
+    keyed = ShardedDataModule(str(tmp_path / "js"), reader="jsonl", max_tokens=10, length_key="x")
+    with pytest.raises(KeyError, match=r"no field 'x' \(fields \['input_ids', 's'\]\); pass"):
+        keyed.train_dataloader()
+    with pytest.raises(ValueError, match=r"bucket_window=8 applies with max_tokens only"):
+        ShardedDataModule(str(root), eos=0, bucket_window=8)
+    with pytest.raises(ValueError, match=r"max_tokens=64 applies to planned shards only"):
+        ShardedDataModule(str(root), eos=0, max_tokens=64, streaming=True)

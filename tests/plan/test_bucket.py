@@ -3,7 +3,8 @@
 The central properties, checked with hypothesis over lengths (1..600 samples of
 1..512 tokens), fixed batch sizes, token budgets (with ``pad_to_multiple_of``,
 a row cap and the oversize policies), windows, world sizes 1..8, ``drop_last``
-and start positions:
+and start positions, for a global shuffle and over random shard layouts
+(``ShardBucketPlan``, its own properties in ``test_shard_bucket.py``):
 
 - an epoch's global batch sequence is a pure function of ``(seed, epoch)``;
 - it holds every (non-skipped) sample exactly once, and every batch fits
@@ -51,6 +52,7 @@ from loaderkit import (
 )
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.samplers import BucketBatchSampler
+from loaderkit.plan.shard_bucket import ShardBucketPlan
 from tests.support.helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
 
 
@@ -94,6 +96,11 @@ def bucket_configs(draw: st.DrawFn) -> tuple[np.ndarray, dict[str, Any]]:
         "drop_last": draw(st.booleans()),
         "window": draw(st.one_of(st.none(), st.integers(1, 700))),
     }
+    if draw(st.booleans()):  # over shards: a ShardBucketPlan (uneven shards, some empty)
+        cuts = sorted(draw(st.lists(st.integers(0, n), max_size=12)))
+        kwargs["shard_sizes"] = tuple(np.diff([0, *cuts, n]).tolist())
+        kwargs["mix_shards"] = draw(st.integers(1, 10))
+        kwargs["shard_window"] = draw(st.integers(1, 64))
     mode = draw(st.sampled_from(["fixed", "tokens", "tokens+rows"]))
     if mode == "fixed":
         kwargs["batch_size"] = draw(st.integers(1, 64))
@@ -113,6 +120,8 @@ def bucket_configs(draw: st.DrawFn) -> tuple[np.ndarray, dict[str, Any]]:
 
 
 def make_plan(lengths: np.ndarray, kwargs: dict[str, Any]) -> BucketPlan:
+    if "shard_sizes" in kwargs:
+        return ShardBucketPlan(lengths, **kwargs)
     return BucketPlan(lengths, **kwargs)
 
 

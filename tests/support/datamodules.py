@@ -53,6 +53,21 @@ def write_id_token_shards(root: Path, size: int = 64) -> Path:
     return root
 
 
+def write_id_documents(root: Path, size: int = 64) -> Path:
+    """Document shards under ``root`` (``TokenReader(eos=0)``): document ``i`` is ``i + 1``
+    repeated 1 to 12 times, then the end token 0; five uneven shards."""
+    from loaderkit import TokenReader, write_shards
+
+    lengths = np.random.default_rng(7).integers(1, 13, size)
+    cuts = [0, 11, 30, 34, 50, size]
+    shards = [
+        np.concatenate([[i + 1] * int(lengths[i]) + [0] for i in range(lo, hi)])
+        for lo, hi in itertools.pairwise(cuts)
+    ]
+    write_shards(root, shards, TokenReader(eos=0, dtype=np.int32))
+    return root
+
+
 def make_image_tree(
     root: Path, classes: Sequence[str] = ("cat", "dog"), per_class: int = 6
 ) -> Path:
@@ -70,9 +85,14 @@ def make_image_tree(
 
 def _as_id_batch(batch: Any) -> dict[str, torch.Tensor]:
     """The ``{"id", "x"}`` batch of IdModule from a TensorDataModule or SequenceDataModule batch,
-    or a ShardedDataModule token batch whose rows repeat their id (``write_id_token_shards``)."""
+    or a ShardedDataModule token batch whose rows repeat their id (``write_id_token_shards``),
+    or its padded documents of ``write_id_documents``."""
     if isinstance(batch, torch.Tensor):  # (B, 4) token rows [i, i, i, i]
         return {"id": batch[:, 0], "x": batch[:, :4].float() / 100}
+    if hasattr(batch, "values") and hasattr(batch, "lengths"):  # id documents, padded
+        lengths = batch.lengths.float()
+        x = torch.stack([lengths, batch.values.sum(1).float() / 100, lengths, lengths], 1)
+        return {"id": batch.values[:, 0] - 1, "x": x}
     if isinstance(batch, dict):  # SequenceDataModule, dict samples
         lengths = batch["lengths"].float()
         x = torch.stack([lengths, batch["input_ids"].sum(1).float() / 100, lengths, lengths], 1)

@@ -431,6 +431,9 @@ class LoaderDataModule(L.LightningDataModule):
             ``num_workers`` (as given), ``num_workers_probe``/``num_workers_best``
             (after a probe), ``pin_memory`` (resolved), ``seed``,
             ``padding_fraction`` (train, when known, else None),
+            ``shards_per_batch`` and ``single_shard_batches`` (train over
+            shards: distinct shards per batch, mean over epoch 0's batches of
+            all ranks, and the fraction of batches from one shard; else None),
             ``resumable_exactly`` and ``resumable_reason``.
         """
         if not self._stages:
@@ -452,6 +455,10 @@ class LoaderDataModule(L.LightningDataModule):
                 "batches_per_epoch": batches,
             }
         resumable, reason = self.resume_info(world_size)
+        mix = None
+        if "train" in splits and not isinstance(self._datasets["train"], StreamingShardedDataset):
+            batch_mix = getattr(self.loader("train", num_workers=0).plan, "batch_mix", None)
+            mix = None if batch_mix is None else batch_mix(0, world_size=world_size)
         return {
             "datamodule": type(self).__name__,
             "world_size": world_size,
@@ -462,6 +469,8 @@ class LoaderDataModule(L.LightningDataModule):
             "pin_memory": self.resolve_pin_memory(),
             "seed": self.seed,
             "padding_fraction": self.padding_fraction("train") if "train" in splits else None,
+            "shards_per_batch": None if mix is None else mix.mean,
+            "single_shard_batches": None if mix is None else mix.single,
             "resumable_exactly": resumable,
             "resumable_reason": reason,
         }

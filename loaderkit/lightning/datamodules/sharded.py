@@ -2,7 +2,9 @@
 
 Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
 counts are known (from the shard index), so the sample plan covers them:
-shards and windows shuffled per ``(seed, epoch)``, every sample exactly once
+shards shuffled per ``(seed, epoch)`` and read ``mix_shards`` at a time (a
+batch draws from that many shards) with windows shuffled inside each,
+every sample exactly once
 per epoch across DDP ranks and workers, every rank the same number of steps,
 exact resume on any world size and ``num_workers``.
 
@@ -27,7 +29,7 @@ from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
-from loaderkit.plan.shard import DEFAULT_WINDOW
+from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 
 __all__ = ["ShardedDataModule"]
 
@@ -54,7 +56,8 @@ class ShardedDataModule(LoaderDataModule):
 
     ``streaming=True`` streams the train shards instead of planning them (no
     shard index built or read up front): shard order shuffled per pass when
-    ``shuffle``, no ``window`` shuffle inside a shard. An epoch is one pass
+    ``shuffle``, each (rank, worker) reading ``mix_shards`` of its shards at
+    once, in turn, no ``window`` shuffle inside a shard. An epoch is one pass
     over the shards, of unknown length, unless ``steps_per_epoch`` or
     ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
     them, or ranks would step different numbers of times. Lightning needs
@@ -75,10 +78,25 @@ class ShardedDataModule(LoaderDataModule):
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         window: Samples shuffled together inside a shard (larger: more random, less local).
+        mix_shards: Shards read at once, interleaved: a batch of ``b`` draws from
+            ``min(b, mix_shards)`` of them when shards are smaller than
+            ``1 / mix_shards`` of the data (see :class:`~loaderkit.ShardPlan`;
+            streamed: each slot's ``mix_shards`` open shards in turn); 1 reads
+            one shard at a time (most local, but one shard per batch).
         on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
+        max_tokens: Token budget per train batch (rows x padded length, the
+            batch's samples of similar length): documents (``eos``) or
+            ``.jsonl`` samples, through
+            :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler`, which still
+            reads ``mix_shards`` shards at once. Epochs then differ in length:
+            add :class:`loaderkit.ElasticResume` to the Trainer's callbacks.
+        length_key: With ``max_tokens`` and ``.jsonl`` dict samples: the field
+            whose ``len()`` is a sample's token count.
+        bucket_window: With ``max_tokens``: samples per length-sorted window
+            (``BucketBatchSampler``'s ``window``; default 256 batches' worth).
         streaming: Stream the train shards (see above) instead of planning them.
         steps_per_epoch: With ``streaming``: batches per rank per epoch.
         samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
@@ -111,10 +129,14 @@ class ShardedDataModule(LoaderDataModule):
         eos: int | None = None,
         dtype: str | None = None,
         window: int = DEFAULT_WINDOW,
+        mix_shards: int = DEFAULT_MIX,
         on_error: Literal["raise", "skip"] = "raise",
         max_open_shards: int | None = _MAX_OPEN_DEFAULT,
         pad_value: int | float = 0,
         pad_to_multiple_of: int | None = None,
+        max_tokens: int | None = None,
+        length_key: str = "input_ids",
+        bucket_window: int | None = None,
         streaming: bool = False,
         steps_per_epoch: int | None = None,
         samples_per_epoch: int | None = None,
@@ -141,6 +163,8 @@ class ShardedDataModule(LoaderDataModule):
         # Settings of the planned dataset only: silently ignoring them would mislead.
         planned_only = {
             "window": (window, DEFAULT_WINDOW),
+            "max_tokens": (max_tokens, None),
+            "bucket_window": (bucket_window, None),
             "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
         }
         for setting, (given, default) in planned_only.items():
@@ -166,6 +190,42 @@ class ShardedDataModule(LoaderDataModule):
             fix="pass samples per window, e.g. 8192",
             numpy_ok=True,
         )
+        self.mix_shards = check_int(
+            "mix_shards",
+            mix_shards,
+            1,
+            owner=owner,
+            fix=f"pass the shards a batch draws from, e.g. {DEFAULT_MIX}, or 1",
+            numpy_ok=True,
+        )
+        if max_tokens is not None:
+            check_int(
+                "max_tokens",
+                max_tokens,
+                1,
+                owner=owner,
+                fix="pass the token budget per batch, e.g. 16384, or None",
+                numpy_ok=True,
+            )
+        if not isinstance(length_key, str):
+            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
+        if bucket_window is not None:
+            check_int(
+                "bucket_window",
+                bucket_window,
+                1,
+                owner=owner,
+                fix="pass samples per length-sorted window, or None",
+                numpy_ok=True,
+            )
+            if max_tokens is None:
+                raise ValueError(
+                    f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only "
+                    "(fixed-size batches are not sorted by length); pass max_tokens or drop "
+                    "bucket_window."
+                )
+        self.max_tokens, self.length_key = max_tokens, length_key
+        self.bucket_window = bucket_window
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
         if max_open_shards is not None:
             check_int(
@@ -177,6 +237,7 @@ class ShardedDataModule(LoaderDataModule):
                 numpy_ok=True,
             )
         self.max_open_shards = max_open_shards
+        self.pad_to_multiple_of = pad_to_multiple_of
         if pad_to_multiple_of is not None:
             check_int(
                 "pad_to_multiple_of",
@@ -263,6 +324,7 @@ class ShardedDataModule(LoaderDataModule):
                     paths,
                     self.reader,
                     shuffle_shards=self.shuffle,
+                    mix_shards=self.mix_shards,
                     steps_per_epoch=self.steps_per_epoch,
                     samples_per_epoch=self.samples_per_epoch,
                 )
@@ -276,14 +338,27 @@ class ShardedDataModule(LoaderDataModule):
         return datasets
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
-        """The dataset's own plan: shard order, then windows, shuffled (train only).
-        Not asked for a stream, which batches itself."""
+        """The dataset's own plan: shard order shuffled, ``mix_shards`` read at once, windows
+        shuffled (train only). Not asked for a stream, which batches itself."""
         train = split == "train"
+        if train and self.max_tokens is not None:
+            return dataset.bucket_batch_sampler(
+                max_tokens=self.max_tokens,
+                lengths=self._lengths(dataset),
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                window=self.bucket_window,
+                shard_window=self.window,
+                mix_shards=self.mix_shards,
+                drop_last=self.drop_last,
+            )
         return dataset.batch_sampler(
             batch_size,
             seed=self.seed,
             shuffle=self.shuffle and train,
             window=self.window,
+            mix_shards=self.mix_shards,
             drop_last=self.drop_last and train,
         )
 
@@ -291,10 +366,50 @@ class ShardedDataModule(LoaderDataModule):
         """None for fixed-length tokens (stacked by the dataset), else a ``PadCollate``."""
         return self._collate
 
+    def _lengths(self, dataset: ShardedDataset) -> np.ndarray:
+        """Each train sample's tokens: from the shards' offsets (documents), else read once."""
+        if isinstance(self.reader, JsonlReader):
+            return dataset.lengths(_KeyLength(self.length_key), progress=False)
+        return dataset.lengths()
+
     def padding_fraction(self, split: str) -> float | None:
-        """0 for fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
+        """Under ``max_tokens``, padded tokens / all tokens of epoch 0's train batches; 0 for
+        fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
+        if split == "train" and self.max_tokens is not None and not self.streaming:
+            plan: Any = self.loader(split, num_workers=0).plan
+            real, padded = plan.token_counts(0)
+            return 1.0 - real / padded if padded else 0.0
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         return 0.0 if fixed else None
+
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
+        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
+        ok, reason = super().resume_info(world_size)
+        if ok and self.max_tokens is not None:
+            reason += (
+                "; under max_tokens the number of batches changes from epoch to epoch: add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
+                "longer epoch early"
+            )
+        return ok, reason
+
+
+class _KeyLength:
+    """A ``.jsonl`` sample's token count: ``len(sample[key])`` for a dict, else ``len``
+    (a class, not a closure: it pickles, and names the field in errors)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, sample: Any) -> int:
+        if isinstance(sample, dict):
+            if self.key not in sample:
+                raise KeyError(
+                    f"ShardedDataModule: a .jsonl sample has no field {self.key!r} (fields "
+                    f"{sorted(sample)[:8]}); pass length_key= naming the token field."
+                )
+            return len(sample[self.key])
+        return len(sample)
 
 
 def _shard_list(owner: str, name: str, value: object) -> Shards:
