@@ -107,8 +107,26 @@ class IterableReader:
         return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
 
     def iter_from(self, shard: Any, offset: int) -> Iterator[Any]:
-        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped)."""
-        return itertools.islice(iter(self.fn(shard)), offset, None)
+        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped).
+
+        Raises:
+            ShardError: the shard ends before ``offset`` (a saved cursor past its end).
+        """
+        samples = iter(self.fn(shard))
+        skipped = sum(1 for _ in itertools.islice(samples, offset))
+        if skipped < offset:
+            raise _past_end(shard, offset, skipped)
+        yield from samples
+
+
+def _past_end(shard: Any, offset: int, length: int) -> ShardError:
+    return ShardError(
+        f"shard {shard_name(shard)} holds {length} samples, but the cursor resumes it at "
+        f"sample {offset}: the shard shrank since the state was saved (or the state does not "
+        "belong to these shards), so the samples in between would be lost silently. Restore "
+        "the shard, or start the loader without the saved state.",
+        path=shard,
+    )
 
 
 def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
@@ -121,6 +139,8 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
         reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
         handle = reader.open(shard)
     try:
+        if offset > len(handle):
+            raise _past_end(shard, offset, len(handle))
         for i in range(offset, len(handle)):
             yield handle.read(i)
     finally:

@@ -36,12 +36,13 @@ from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_strea
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import stop_workers
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
 
-_KEYS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
+_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
+_KEYS = (*_FIELDS, "checksum")
 
 
 class _SlotBatches(IterableDataset[Any]):
@@ -341,16 +342,19 @@ class StreamEngine:
                 )
         else:  # ranks simulated without a process group: each state holds its own rank only
             ranks[rank] = mine
-        return {
-            "version": STATE_VERSION,
-            "kind": "stream",
-            "epoch": self.epoch,
-            "steps_done": steps_done,
-            "complete": complete,
-            "stream": self.fingerprint(),
-            "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
-            "ranks": ranks,
-        }
+        return seal(
+            {
+                "version": STATE_VERSION,
+                "kind": "stream",
+                "epoch": self.epoch,
+                "steps_done": steps_done,
+                "complete": complete,
+                "stream": self.fingerprint(),
+                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "ranks": ranks,
+            },
+            _FIELDS,
+        )
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
@@ -360,6 +364,7 @@ class StreamEngine:
                 f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
                 "state_dict() returned."
             )
+        check_version(state, owner=owner)
         missing = [k for k in _KEYS if k not in state]
         unknown = sorted(set(state) - set(_KEYS))
         if missing or unknown:
@@ -367,10 +372,11 @@ class StreamEngine:
                 f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
                 "map-style data cannot resume a stream. Pass what state_dict() returned."
             )
-        if state["version"] != STATE_VERSION or state["kind"] != "stream":
+        check_seal(state, _FIELDS, owner=owner)
+        if state["kind"] != "stream":
             raise StateMismatchError(
-                f"{owner}: field 'version'/'kind' is {state['version']!r}/{state['kind']!r}, "
-                f"expected {STATE_VERSION}/'stream'; upgrade loaderkit to load this checkpoint."
+                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the state "
+                "of a loader over a StreamingShardedDataset."
             )
         saved, here = dict(state["stream"]), self.fingerprint()
         adopted = None

@@ -34,6 +34,7 @@ from loaderkit import (
 )
 from loaderkit.data.streaming import EMPTY_PASSES
 from loaderkit.loader._stream import StreamEngine, _SlotBatches
+from loaderkit.plan._cursor import seal
 
 SEED = 5
 FIXTURE_HEALTH = HealthCheck.function_scoped_fixture  # the fixture only patches a class
@@ -286,6 +287,7 @@ def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
         states.append(dl.state_dict())
     state = copy.deepcopy(states[0])
     state["ranks"] = [s["ranks"][r] for r, s in enumerate(states)]  # what all_gather builds
+    seal(state)
     for rank in range(world):
         flat = [b for epoch in per_rank[rank] for b in epoch]
         after = resumed(ds, state, nw, 2 * steps - k, batch_size=batch, rank=rank, world_size=world)

@@ -49,6 +49,7 @@ from loaderkit import (
     StateMismatchError,
     compute_lengths,
 )
+from loaderkit.plan._cursor import seal
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.samplers import BucketBatchSampler
 from tests.support.helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
@@ -418,6 +419,9 @@ def test_state_dict_round_trip_and_mismatches() -> None:
     with pytest.raises(StateMismatchError, match=r"saved by a different kind of plan"):
         planned.load_state_dict(state)
     past = dict(state, position=saving.plan.epoch_length(0) + 1)
+    with pytest.raises(StateMismatchError, match=r"field 'position' does not match"):
+        sampler().load_state_dict(past)
+    seal(past)
     with pytest.raises(ValueError, match=r"field 'position' is \d+, past the epoch length"):
         sampler().load_state_dict(past)
     # The loader refuses a different saved seed instead of silently keeping its own order.
