@@ -28,9 +28,9 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 from __future__ import annotations
 
 import weakref
-from zlib import crc32
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
+from zlib import crc32
 
 import torch
 from torch.utils.data import DataLoader
