@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit._atomic import atomic_write
 from loaderkit.plan._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
@@ -151,10 +152,6 @@ def _load_cached_lengths(path: Path, meta_path: Path, ident: str, size: int) -> 
 def _save_cached_lengths(path: Path, meta_path: Path, ident: str, lengths: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside, then renamed: a killed process leaves the old cache or none, never half.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
-    np.save(tmp, lengths)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, lengths))
     meta = {"key": ident, "num_samples": int(lengths.size), "crc32": zlib.crc32(lengths.tobytes())}
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)
+    atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
