@@ -36,6 +36,7 @@ from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_strea
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import stop_workers
+from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
 
@@ -209,6 +210,13 @@ class StreamEngine:
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
+        rank, world_size = self.loader._topology()
+        epoch, start, steps_done = self._position.upcoming(self)
+        fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
+        fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
+        agree_across_ranks(
+            "ResumableDataLoader", fields, rank=rank, world_size=world_size, epoch=epoch
+        )
         _, start, _ = self._position.begin(self)
         if start > 0:  # the rest of a resumed epoch: go on from the saved turn
             return self.next_local

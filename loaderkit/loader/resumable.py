@@ -38,11 +38,13 @@ from torch.utils.data import DataLoader
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
+from loaderkit.errors import StateMismatchError
 from loaderkit.loader._args import check_sources, check_worker_args
 from loaderkit.loader._fetch import BatchFetcher, KeyedDataset, KeySource
 from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._workers import WorkerPool
+from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
@@ -208,6 +210,7 @@ class ResumableDataLoader:
             worker_init_fn=worker_init_fn,
             pin_memory=pin_memory,
             per_sample_seeding=per_sample_seeding,
+            multiprocessing_context=multiprocessing_context,
         )
         self.pin_memory = resolve_pin_memory(pin_memory, select_device())
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
@@ -324,8 +327,32 @@ class ResumableDataLoader:
         self._live = None
 
     def _begin(self) -> tuple[Schedule, int]:
-        epoch, start, steps_done = self._cursor.begin(self.plan)
+        size = len(self.dataset)
+        if size != self.plan.num_samples:
+            # Else the plan (and any saved position) silently keeps the old length.
+            raise StateMismatchError(
+                f"ResumableDataLoader: the dataset has {size} samples now, "
+                f"{self.plan.num_samples} when the loader was built; its plan (and any saved "
+                "position) covers the old length, so samples would be left out or indexed "
+                "past the end. Build a new loader for the new dataset (a dataset must not grow "
+                "or shrink while a loader iterates it)."
+            )
         rank, world_size = self._topology()
+        epoch, start, steps_done = self._cursor.upcoming(self.plan)
+        agree_across_ranks(
+            "ResumableDataLoader",
+            {
+                **self._fingerprint,
+                "world_size": world_size,
+                "epoch": epoch,
+                "position": start,
+                "steps_done": steps_done,
+            },
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+        )
+        epoch, start, steps_done = self._cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)
         if sched.num_steps == 0 and start > 0:

@@ -589,7 +589,11 @@ BAD_ARGS: list[tuple[dict[str, Any], type, str]] = [
     ({"shuffle": "yes"}, TypeError, r"shuffle must be a bool, got 'yes'"),
     ({"drop_last": None}, TypeError, r"drop_last must be a bool, got None"),
     ({"per_sample_seeding": "on"}, ValueError, r"per_sample_seeding must be True, False or"),
-    ({"timeout": -1}, ValueError, r"timeout must be >= 0, got -1"),
+    (
+        {"timeout": -1},
+        ValueError,
+        r"timeout must be a finite number of seconds >= 0, got -1; pass e\.g\. timeout=60",
+    ),
     ({"collate_fn": 3}, TypeError, r"collate_fn must be callable"),
     ({"worker_init_fn": "f"}, TypeError, r"worker_init_fn must be callable"),
     ({"dataset": []}, ValueError, r"dataset is empty"),
