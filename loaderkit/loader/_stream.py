@@ -26,16 +26,18 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from functools import partial
 from typing import Any
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from loaderkit._callers import under_lightning_loop
+from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
-from loaderkit.loader._workers import stop_workers
+from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
@@ -246,7 +248,8 @@ class StreamEngine:
         inner = self._inner_loader(source, rotation)
         workers = iter(inner)
         try:
-            yield from self._hand_out(workers, pin=False)
+            guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
+            yield from self._hand_out(guarded, pin=False)
         except GeneratorExit:
             # Closed by a dropped iterator: the loader may be gone already (then so is
             # any reason to keep workers).
@@ -265,6 +268,25 @@ class StreamEngine:
             raise
         if self._inner is inner:
             self._inner_next = self.epoch + 1
+
+    def _in_flight(self, source: _SlotBatches, rotation: int, task: int, worker: int) -> Any:
+        """What a dead worker was loading: the batch after its slot's last known cursor."""
+        local = (worker + rotation) % self.workers
+        slot = source.rank * self.workers + local
+        cursor = self.cursors[local] or Cursor.start(self.epoch)
+        shards, _ = self.dataset.slot_shards(
+            self.seed, cursor.pass_, slot, source.world_size * self.workers
+        )
+        where = (
+            shard_name(self.dataset.shards[shards[cursor.shard]])
+            if cursor.shard < len(shards)
+            else "the end of its shards"
+        )
+        return (
+            f"a batch of stream slot {slot} after shard {where} sample {cursor.offset} "
+            f"(pass {cursor.pass_}; the cursor of the last batch handed out)",
+            None,
+        )
 
     def _hand_out(self, batches: Iterator[Any], *, pin: bool) -> Generator[Any, None, None]:
         for local, after, batch in batches:
