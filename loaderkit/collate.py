@@ -98,6 +98,20 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
     )
 
 
+def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
+    """A sample given as nested lists, as one tensor; ragged rows are named, not numpy's error."""
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (ValueError, TypeError) as exc:
+        rows = [len(r) if isinstance(r, (list, tuple)) else type(r).__name__ for r in value[:8]]
+        raise CollateError(
+            f"PadCollate: {where}: sample {index} is a ragged nested list (row lengths "
+            f"{rows}{'...' if len(value) > 8 else ''}): a sample must be rectangular, only "
+            "pad_dim may differ between samples. Pad its rows in the dataset, return one "
+            "tensor per row, or flatten it."
+        ) from exc
+
+
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     """Columns of the batch keyed by field, after checking every sample has the same fields."""
     if isinstance(samples[0], (Tensor, np.ndarray, list)):
@@ -343,7 +357,7 @@ class PadCollate:
         for k, col in columns.items():
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             if nested and isinstance(col[0][0], (list, np.generic)):  # or numpy scalars
-                columns[k] = col = [torch.as_tensor(np.asarray(v)) for v in col]
+                columns[k] = col = [_nested_tensor(_where(k), i, v) for i, v in enumerate(col)]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
             elif k in named or k is _BARE:
