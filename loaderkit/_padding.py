@@ -85,7 +85,10 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
                 f"{where}: sample {i} has dtype {dtype} but sample {ref[0]} has {ref[1]}; "
                 f"cast every sample of this field to one dtype in the dataset"
             )
-    raise CollateError(f"{where}: samples could not be concatenated: {cause}") from cause
+    raise CollateError(
+        f"{where}: samples could not be concatenated: {cause}; return samples of one type "
+        "and dtype whose shapes differ only along pad_dim"
+    ) from cause
 
 
 def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:

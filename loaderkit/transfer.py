@@ -405,8 +405,8 @@ class DevicePrefetcher:
     ) -> None:
         if not isinstance(iterable, Iterable):
             raise TypeError(
-                f"DevicePrefetcher: iterable must be iterable (e.g. a DataLoader), got "
-                f"{type(iterable).__name__}."
+                f"DevicePrefetcher: iterable must be iterable, got {type(iterable).__name__}; "
+                "pass a DataLoader (or any iterable of batches)."
             )
         self.iterable = iterable
         self.device = select_device(device)
@@ -415,7 +415,8 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         if not isinstance(self.iterable, Sized):
             raise TypeError(
-                f"DevicePrefetcher: the wrapped {type(self.iterable).__name__} has no length."
+                f"DevicePrefetcher: the wrapped {type(self.iterable).__name__} has no length; "
+                "iterate it without len(), or wrap a loader that has one."
             )
         return len(self.iterable)
 

@@ -88,7 +88,10 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):
-        raise TypeError(f"{owner}: shards must be all paths or all objects, not a mix.")
+        raise TypeError(
+            f"{owner}: shards must be all paths or all objects, not a mix; pass a list of "
+            "paths (or a directory), or a list of the objects the reader opens."
+        )
     return items
 
 
@@ -185,7 +188,9 @@ class OpenShards:
             raise
         except Exception as exc:
             raise ShardError(
-                f"opening shard {name} failed with {type(exc).__name__}: {exc}",
+                f"opening shard {name} failed with {type(exc).__name__}: {exc}; check that it "
+                "is a complete shard of this reader's format (rewrite it, and delete the shard "
+                "index), or pass on_error='skip' to leave its samples out.",
                 path=self.shards[shard],
             ) from exc
         self.opens += 1

@@ -59,7 +59,10 @@ def compute_lengths(
             f"{type(dataset).__name__}; pass the dataset you index, or the lengths themselves."
         )
     if length_fn is not None and not callable(length_fn):
-        raise TypeError(f"compute_lengths: length_fn must be callable, got {length_fn!r}.")
+        raise TypeError(
+            f"compute_lengths: length_fn must be callable, got {length_fn!r}; pass e.g. "
+            "length_fn=lambda s: len(s['input_ids']), or None for len(sample)."
+        )
     size = len(dataset)
     fn = _default_length if length_fn is None else length_fn
     path = meta_path = None
@@ -88,7 +91,8 @@ def compute_lengths(
             )
         if value < 0:
             raise ValueError(
-                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be >= 0."
+                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be "
+                "token counts >= 0: fix length_fn for that sample."
             )
         out[i] = value
     if path is not None and meta_path is not None:

@@ -25,6 +25,7 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from loaderkit._atomic import atomic_write
+from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import MissingShardError, ShardError
 
 __all__ = [
@@ -337,23 +338,41 @@ class TokenReader:
                 "TokenReader: pass exactly one of seq_len (fixed-length samples) and eos "
                 f"(one sample per document), got seq_len={seq_len!r}, eos={eos!r}."
             )
-        if seq_len is not None and (
-            not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1
-        ):
-            raise ValueError(f"TokenReader: seq_len must be an int >= 1, got {seq_len!r}.")
-        if eos is not None and (not isinstance(eos, int) or isinstance(eos, bool) or eos < 0):
-            raise ValueError(f"TokenReader: eos must be a token id (int >= 0), got {eos!r}.")
+        if seq_len is not None:
+            check_int(
+                "seq_len",
+                seq_len,
+                1,
+                owner="TokenReader",
+                fix="pass the tokens per sample, e.g. 1024",
+            )
+        if eos is not None:
+            check_int("eos", eos, 0, owner="TokenReader", fix="pass the end-of-document token id")
+        check_bool("targets", targets, owner="TokenReader")
         if targets and seq_len is None:
-            raise ValueError("TokenReader: targets=True needs seq_len (fixed-length samples).")
+            raise ValueError(
+                "TokenReader: targets=True needs seq_len (fixed-length samples); pass seq_len=, "
+                "or targets=False with eos=."
+            )
         self.seq_len = seq_len
         self.targets = bool(targets)
         self.eos = eos
-        self.dtype = None if dtype is None else np.dtype(dtype)
+        try:
+            self.dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(
+                f"TokenReader: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. "
+                "dtype=np.uint16."
+            ) from exc
         if self.dtype is not None and self.dtype.kind not in "iu":
-            raise ValueError(f"TokenReader: dtype must be an integer dtype, got {self.dtype}.")
+            raise ValueError(
+                f"TokenReader: dtype must be an integer dtype, got {self.dtype}; pass the token "
+                "dtype, e.g. dtype=np.uint16 (or np.int32 for vocabularies over 65535)."
+            )
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(
-                f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}."
+                f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}; pass "
+                "e.g. torch.int64 (what embeddings take), or None to keep the stored dtype."
             )
         self.out_dtype = out_dtype
 

@@ -222,7 +222,8 @@ class ShardedDataset(Dataset[Any]):
     def _read_error(self, shard: int, local: int, exc: Exception) -> ShardError:
         return ShardError(
             f"reading sample {local} of shard {self._name(shard)} failed with "
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {exc}; fix or rewrite the shard (and delete the shard "
+            "index), or pass on_error='skip' to leave unreadable samples out.",
             path=self.shards[shard],
         )
 
@@ -287,7 +288,10 @@ class ShardedDataset(Dataset[Any]):
             return [self._read_group(shard, idx - self._start_list[shard])], [None]
         n = len(self)
         if int(idx.min()) < -n or int(idx.max()) >= n:
-            raise IndexError(f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}.")
+            raise IndexError(
+                f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}; pass indices "
+                f"in [-{n}, {n})."
+            )
         idx = idx % n
         shard_of = np.searchsorted(self._ends, idx, side="right")
         local = idx - self._starts[shard_of]

@@ -99,7 +99,10 @@ class IterableReader:
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]], suffixes: Iterable[str] = ()) -> None:
         if not callable(fn):
-            raise TypeError(f"IterableReader: fn must be callable, got {fn!r}.")
+            raise TypeError(
+                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function "
+                "that opens a shard and yields its samples."
+            )
         self.fn = fn
         self.suffixes = tuple(suffixes)
 
@@ -252,7 +255,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
             )
         if transform is not None and not callable(transform):
             raise TypeError(
-                f"StreamingShardedDataset: transform must be callable, got {transform!r}."
+                f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
+                "module-level function of one sample, or None."
             )
         if not hasattr(reader, "suffixes"):
             reader_suffixes: tuple[str, ...] = ()

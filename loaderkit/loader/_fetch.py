@@ -100,7 +100,8 @@ class BatchFetcher:
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
             raise WorkerError(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
-                f"{type(exc).__name__}: {exc}. The original traceback is chained above.",
+                f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
+                "dataset's batch read (get_batch / __getitems__) for these indices.",
                 index=shown,
             ) from exc
 

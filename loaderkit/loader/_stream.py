@@ -352,7 +352,8 @@ class StreamEngine:
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact."
+                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
+                "save the state while the consumer holds at most that many batches."
             )
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete

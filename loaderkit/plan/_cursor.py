@@ -180,7 +180,8 @@ def check_state(
         raise StateMismatchError(
             f"{owner}.load_state_dict: field 'plan' has fields "
             f"{sorted(saved) if isinstance(saved, Mapping) else saved!r}, expected "
-            f"{sorted(fingerprint)}: the state was saved by a different kind of plan."
+            f"{sorted(fingerprint)}: the state was saved by a different kind of plan; load it "
+            "into the kind of loader or sampler that saved it, or start without the state."
         )
     for key, expected in fingerprint.items():
         if key == "order_check" and saved[key] != expected:

@@ -56,7 +56,8 @@ class PlanBatchSampler(Sampler[list[int]]):
     def __init__(self, plan: Plan, *, rank: int | None = None, world_size: int | None = None):
         if not all(hasattr(plan, a) for a in ("schedule", "fingerprint", "num_steps")):
             raise TypeError(
-                f"plan must be a loaderkit Plan (e.g. SamplePlan), got {type(plan).__name__}."
+                f"plan must be a loaderkit Plan, got {type(plan).__name__}; pass a SamplePlan, "
+                "a ShardPlan (ShardedDataset.plan()) or a BucketPlan."
             )
         self.plan = plan
         self.rank = rank
