@@ -139,7 +139,8 @@ class ShardedDataset(Dataset[Any]):
                 )
         if on_error not in ("raise", "skip"):
             raise ValueError(
-                f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}."
+                f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}; pass one "
+                "of these ('skip' leaves unreadable samples out, counted and warned about)."
             )
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1)

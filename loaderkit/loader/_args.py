@@ -66,9 +66,15 @@ def check_sources(
         check_resumable_sampler(sampler, parameter="sampler")
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
+            given["drop_last"] = drop_last
+            clash = ", ".join(
+                f"{k}={v!r}" for k, v in given.items() if v not in (None, False, 1) or v is True
+            )
             raise ValueError(
                 "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
-                "shuffle, sampler and drop_last; set those on the batch sampler's plan."
+                f"shuffle, sampler and drop_last, got {clash}; set those on the batch sampler's "
+                "plan and leave them at their defaults here."
             )
         check_resumable_sampler(batch_sampler, parameter="batch_sampler")
     return size
