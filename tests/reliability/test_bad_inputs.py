@@ -1097,7 +1097,7 @@ SHARDS = [
         "jsonl bad line",
         lambda tmp: (
             jsonl_shards(tmp / "j"),
-            open(tmp / "j" / "bad.jsonl", "w").write('{"i": 1}\n{oops\n'),
+            (tmp / "j" / "bad.jsonl").write_text('{"i": 1}\n{oops\n'),
             JsonlReader().count(tmp / "j" / "bad.jsonl"),
             JsonlReader().open(tmp / "j" / "bad.jsonl").read(1),
         ),
@@ -1110,7 +1110,7 @@ SHARDS = [
         "jsonl sidecar stale",
         lambda tmp: (
             jsonl_shards(tmp / "k"),
-            open(tmp / "k" / "shard-00000.jsonl", "a").write('{"i": 9}\n'),
+            append_line(tmp / "k" / "shard-00000.jsonl", '{"i": 9}'),
             JsonlReader().open(tmp / "k" / "shard-00000.jsonl"),
         ),
         ShardError,
@@ -1231,6 +1231,11 @@ SHARDS = [
         "raise samples_per_epoch",
     ),
 ]
+
+
+def append_line(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 class CountingReader:
