@@ -30,6 +30,7 @@ from loaderkit.errors import (
     MissingDependencyError,
     MissingShardError,
     ShardError,
+    ShardReadError,
     StateMismatchError,
     WorkerError,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "SequenceDataModule",
     "ShardError",
     "ShardPlan",
+    "ShardReadError",
     "ShardReader",
     "ShardedDataModule",
     "ShardedDataset",
