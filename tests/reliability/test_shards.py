@@ -154,7 +154,7 @@ def test_jsonl_and_document_shards_are_guarded_too(tmp_path: Path) -> None:
     (path,) = write_shards(tmp_path / "j", [[{"i": i} for i in range(500)]], JsonlReader())
     handle = JsonlReader().open(path)
     os.truncate(path, 100)
-    with pytest.raises(ShardError, match="shard-00000.jsonl' changed while"):
+    with pytest.raises(ShardError, match=r"shard-00000\.jsonl' changed while"):
         handle.read(400)
     reader = TokenReader(eos=0, dtype=np.uint16)
     (doc,) = write_shards(tmp_path / "d", [np.tile([5, 6, 0], 3000)], reader)
