@@ -46,6 +46,7 @@ from loaderkit import (
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import MissingShardError, ShardError
 from loaderkit.plan._cursor import check_state
+from tests.support.proptest import examples
 
 SEQ = 4
 SIZES = (5, 0, 13, 2, 21, 1, 8)  # 50 samples in 7 uneven shards, one empty
@@ -194,7 +195,7 @@ def slot_batches(
     return slots
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     shard_spec=SHARD_SIZES,
     batch_size=st.integers(1, 40),

@@ -35,6 +35,7 @@ from loaderkit import (
 from loaderkit.data.streaming import EMPTY_PASSES
 from loaderkit.loader._stream import StreamEngine, _SlotBatches
 from loaderkit.plan._cursor import seal
+from tests.support.proptest import examples
 
 SEED = 5
 FIXTURE_HEALTH = HealthCheck.function_scoped_fixture  # the fixture only patches a class
@@ -160,7 +161,9 @@ sizes_st = st.lists(
 
 # -------------------------------------------------------- one pass per epoch
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     sizes=sizes_st,
@@ -210,7 +213,9 @@ def test_pass_per_epoch_exactly_once_and_exact_resume(
 
 # ------------------------------------------------------ fixed steps per epoch
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     sizes=sizes_st,

@@ -53,6 +53,7 @@ from loaderkit.plan._cursor import seal
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.samplers import BucketBatchSampler
 from tests.support.helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
+from tests.support.proptest import examples
 
 
 def padded(n: int, multiple: int | None) -> int:
@@ -120,7 +121,7 @@ def make_plan(lengths: np.ndarray, kwargs: dict[str, Any]) -> BucketPlan:
 # ------------------------------------------------------------------ the plan, by hypothesis
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(config=bucket_configs(), world_size=st.integers(1, 8))
 def test_epochs_are_pure_exactly_once_within_budget_and_dealt_evenly(
     config: tuple[np.ndarray, dict[str, Any]], world_size: int
@@ -160,7 +161,7 @@ def test_epochs_are_pure_exactly_once_within_budget_and_dealt_evenly(
             assert dealt == documented_deal(seq, 0, world_size, kwargs["drop_last"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     config=bucket_configs(),
     world_size=st.integers(1, 8),

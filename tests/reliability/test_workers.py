@@ -28,7 +28,7 @@ import pytest
 
 from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, WorkerError
 from loaderkit.loader import _workers
-from tests.reliability._cases import Faulty, read_range
+from tests.reliability._cases import Faulty
 from tests.support.helpers import REPO_ROOT
 
 
