@@ -433,8 +433,9 @@ def run_script(
             proc.wait()
     if rc is None:
         what = f" ({phase})" if phase else ""
+        command = "".join(f" {a}" for a in args)
         raise AssertionError(
-            f"{script.name}{what} {' '.join(args)} ran past {timeout} s: it hung in phase "
+            f"{script.name}{what}{command} ran past {timeout} s: it hung in phase "
             f"{last_phase(log)!r}; log:\n{_tail(log)}"
         )
     return rc
