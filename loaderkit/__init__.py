@@ -31,6 +31,7 @@ from loaderkit.errors import (
     MissingDependencyError,
     MissingShardError,
     ShardError,
+    ShardReadError,
     StateMismatchError,
     WorkerError,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "ShardBucketPlan",
     "ShardError",
     "ShardPlan",
+    "ShardReadError",
     "ShardReader",
     "ShardedDataModule",
     "ShardedDataset",

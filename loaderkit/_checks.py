@@ -54,7 +54,9 @@ def check_int(
         TypeError: ``value`` is not an int (bools are refused: ``True`` is no count).
         ValueError: ``value`` is out of range.
     """
-    head, tail = _head(owner), f"; {fix}" if fix else ""
+    if not fix:
+        fix = f"pass an int >= {minimum}" if minimum is not None else "pass an int"
+    head, tail = _head(owner), f"; {fix}"
     kinds = (int, np.integer) if numpy_ok else int
     if not isinstance(value, kinds) or isinstance(value, (bool, np.bool_)):
         raise TypeError(

@@ -85,15 +85,41 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
                 f"{where}: sample {i} has dtype {dtype} but sample {ref[0]} has {ref[1]}; "
                 f"cast every sample of this field to one dtype in the dataset"
             )
-    raise CollateError(f"{where}: samples could not be concatenated: {cause}") from cause
+    raise CollateError(
+        f"{where}: samples could not be concatenated: {cause}; return samples of one type "
+        "and dtype whose shapes differ only along pad_dim"
+    ) from cause
+
+
+def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
+    """Name the first sample whose list holds something other than numbers (nested lists)."""
+    for i, v in enumerate(col):
+        for j, item in enumerate(v):
+            if type(item) not in _KINDS:
+                raise CollateError(
+                    f"{where}: sample {i} holds a {type(item).__name__} at item {j} "
+                    f"({item!r:.40}); PadCollate pads lists of numbers (bool, int, float) "
+                    "along their length: return a tensor or numpy array for a nested sample "
+                    "(padded along pad_dim), or flatten it in the dataset"
+                )
+    raise CollateError(  # pragma: no cover - a non-number is always found above
+        f"{where}: the samples are not flat lists of numbers; return tensors or flat lists"
+    )
 
 
 def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
     """Concatenate flat lists of Python numbers with one numpy call: no loop per token."""
     kinds = {type(v[0]) for v in col if v}
+    if not kinds <= _KINDS.keys():
+        _not_flat(where, col)
     # np.array infers one dtype over all items, so one float among ints shows as a float
     # dtype, without a Python-level check per item.
-    flat = np.array(list(itertools.chain.from_iterable(col)))
+    try:
+        flat = np.array(list(itertools.chain.from_iterable(col)))
+    except (ValueError, TypeError):  # ragged nested lists deeper in a sample
+        _not_flat(where, col)
+    if flat.ndim != 1:
+        _not_flat(where, col)
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
     if kinds == {float}:

@@ -98,6 +98,20 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
     )
 
 
+def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
+    """A sample given as nested lists, as one tensor; ragged rows are named, not numpy's error."""
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (ValueError, TypeError) as exc:
+        rows = [len(r) if isinstance(r, (list, tuple)) else type(r).__name__ for r in value[:8]]
+        raise CollateError(
+            f"PadCollate: {where}: sample {index} is a ragged nested list (row lengths "
+            f"{rows}{'...' if len(value) > 8 else ''}): a sample must be rectangular, only "
+            "pad_dim may differ between samples. Pad its rows in the dataset, return one "
+            "tensor per row, or flatten it."
+        ) from exc
+
+
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     """Columns of the batch keyed by field, after checking every sample has the same fields."""
     if isinstance(samples[0], (Tensor, np.ndarray, list)):
@@ -207,7 +221,9 @@ class PadCollate:
         check_int("pad_dim", pad_dim, None, owner="PadCollate", fix="pass e.g. 0 or -1")
         for name, side in (("padding_side", padding_side), ("truncation_side", truncation_side)):
             if side not in ("right", "left"):
-                raise ValueError(f"{name} must be 'right' or 'left', got {side!r}")
+                raise ValueError(
+                    f"PadCollate: {name} must be 'right' or 'left', got {side!r}; pass one of these"
+                )
         _check_size("pad_to_multiple_of", pad_to_multiple_of)
         _check_size("max_length", max_length)
         if max_length and pad_to_multiple_of and max_length % pad_to_multiple_of:
@@ -225,10 +241,16 @@ class PadCollate:
         out_keys["sort_indices_key"] = sort_indices_key
         for name, key in out_keys.items():
             if key is not None and not isinstance(key, str):
-                raise TypeError(f"{name} must be a str or None, got {key!r}")
+                raise TypeError(
+                    f"PadCollate: {name} must be a str or None, got {key!r}; pass a key name "
+                    f"such as {name.removesuffix('_key')!r}, or None to leave it out"
+                )
         names = [k for k in out_keys.values() if k is not None]
         if len(set(names)) != len(names):
-            raise ValueError(f"lengths_key, mask_key and sort_indices_key must differ: {out_keys}")
+            raise ValueError(
+                f"PadCollate: lengths_key, mask_key and sort_indices_key must differ, got "
+                f"{out_keys}; give each its own name (or None)"
+            )
         self.pad_values: dict[Hashable, PadScalar] = {}
         self.default_pad_value: PadScalar = default_pad_value
         if isinstance(pad_value, Mapping):
@@ -343,13 +365,14 @@ class PadCollate:
         for k, col in columns.items():
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             if nested and isinstance(col[0][0], (list, np.generic)):  # or numpy scalars
-                columns[k] = col = [torch.as_tensor(np.asarray(v)) for v in col]
+                columns[k] = col = [_nested_tensor(_where(k), i, v) for i, v in enumerate(col)]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
             elif k in named or k is _BARE:
                 raise TypeError(
                     f"{_where(k)}: sample 0 holds a {type(col[0]).__name__}, which cannot be "
-                    f"padded; only tensors, numpy arrays and lists of numbers can"
+                    f"padded; only tensors, numpy arrays and lists of numbers can: return one "
+                    "of those for this field, or leave it out of pad_keys"
                 )
         padded = [k for k in seqs if k is _BARE or k in named or self._varies(k, columns[k])]
         if self.length_field is not None:

@@ -63,7 +63,8 @@ class WorkerEnv:
         if not 0 <= self.worker_id < self.workers_per_rank:
             raise ValueError(
                 f"WorkerEnv: worker_id must be in [0, {self.workers_per_rank}) for "
-                f"num_workers={self.num_workers}, got {self.worker_id}."
+                f"num_workers={self.num_workers}, got {self.worker_id}; pass a worker id in "
+                f"that range (0 when num_workers=0)."
             )
 
     @property

@@ -16,12 +16,14 @@ __all__ = [
     "MissingDependencyError",
     "MissingShardError",
     "ShardError",
+    "ShardReadError",
     "StateMismatchError",
     "WorkerError",
 ]
 
 
 _INDEX_IN_MESSAGE = re.compile(r"loading sample index (\d+) ")
+_INDICES_IN_MESSAGE = re.compile(r"loading the batch of sample indices \[([\d, ]*)\]")
 
 
 class LoaderkitError(Exception):
@@ -50,7 +52,11 @@ class WorkerError(LoaderkitError, RuntimeError):
             # torch re-raises a worker's exception in the main process as
             # ``type(exc)(message)``: recover the index from the message.
             found = _INDEX_IN_MESSAGE.search(message)
-            index = int(found.group(1)) if found else None
+            batch = _INDICES_IN_MESSAGE.search(message)
+            if found:
+                index = int(found.group(1))
+            elif batch:
+                index = [int(i) for i in batch.group(1).split(",") if i.strip()]
         self.index = index
 
 
@@ -71,3 +77,13 @@ class MissingShardError(ShardError, FileNotFoundError):
 
 class MissingDependencyError(LoaderkitError, ImportError):
     """An optional dependency (an extra such as ``loaderkit[vision]``) is not installed."""
+
+
+class ShardReadError(WorkerError, ShardError):
+    """A shard failed while a batch was loaded from it: names the file and the sample indices.
+
+    Both a :class:`WorkerError` (the batch, ``index``) and a :class:`ShardError`
+    (the file): catch either. Raised, for example, when a shard was truncated
+    or rewritten while memory-mapped, instead of the zeros or the SIGBUS the
+    read would otherwise give.
+    """

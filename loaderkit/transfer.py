@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sized
@@ -73,6 +74,32 @@ def _parse_device(func: str, device: object) -> torch.device:
 
 def _available_accelerator() -> torch.device | None:
     return torch.accelerator.current_accelerator(check_available=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _unavailable(target: torch.device) -> str | None:
+    """Why ``target`` cannot take tensors here, or None (cached: called per batch)."""
+    if target.type in ("cpu", "meta"):
+        return None
+    accelerator = _available_accelerator()
+    if accelerator is None or accelerator.type != target.type:
+        found = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
+        return f"{found} is available to torch.accelerator"
+    count = torch.accelerator.device_count()
+    if target.index is not None and target.index >= count:
+        return (
+            f"{count} {target.type} device(s) are visible, so index {target.index} is out of range"
+        )
+    return None
+
+
+def _check_available(func: str, target: torch.device) -> None:
+    why = _unavailable(target)
+    if why is not None:
+        raise ValueError(
+            f"{func}: device {str(target)!r} is not available ({why}); pass an available "
+            "device (select_device() picks the current accelerator, or 'cpu')."
+        )
 
 
 def select_device(device: DeviceLike | None = None) -> torch.device:
@@ -274,6 +301,7 @@ def move_to_device(batch: Batch, device: DeviceLike, non_blocking: bool | None =
         {'x': tensor([1., 1.]), 'n': 3}
     """
     target = _parse_device("move_to_device", device)
+    _check_available("move_to_device", target)
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(
             f"move_to_device: non_blocking must be None, True or False, got {non_blocking!r}; "
@@ -381,8 +409,8 @@ class DevicePrefetcher:
     ) -> None:
         if not isinstance(iterable, Iterable):
             raise TypeError(
-                f"DevicePrefetcher: iterable must be iterable (e.g. a DataLoader), got "
-                f"{type(iterable).__name__}."
+                f"DevicePrefetcher: iterable must be iterable, got {type(iterable).__name__}; "
+                "pass a DataLoader (or any iterable of batches)."
             )
         self.iterable = iterable
         self.device = select_device(device)
@@ -421,7 +449,8 @@ class DevicePrefetcher:
     def __len__(self) -> int:
         if not isinstance(self.iterable, Sized):
             raise TypeError(
-                f"DevicePrefetcher: the wrapped {type(self.iterable).__name__} has no length."
+                f"DevicePrefetcher: the wrapped {type(self.iterable).__name__} has no length; "
+                "iterate it without len(), or wrap a loader that has one."
             )
         return len(self.iterable)
 

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 import loaderkit.collate
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.errors import CollateError, LoaderkitError
+from tests.support.proptest import examples
 
 Pair = namedtuple("Pair", ["tokens", "label"])
 
@@ -331,7 +332,7 @@ def test_cuda_samples_stay_on_the_device() -> None:
 # --- property test against the reference -------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 12), min_size=1, max_size=6),
     trail=st.sampled_from([(), (2,), (1, 3)]),

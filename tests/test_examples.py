@@ -12,7 +12,7 @@ EXAMPLES = REPO_ROOT / "examples"
 
 def _run(tmp_path: Path, script: str, *args: str, name: str = "log") -> tuple[int, str]:
     log = tmp_path / f"{name}.txt"
-    rc = run_script(EXAMPLES / script, list(args), log, timeout=180)
+    rc = run_script(EXAMPLES / script, list(args), log, phase=f"example {script}")
     return rc, log.read_text(errors="replace")
 
 
@@ -54,7 +54,7 @@ def test_resume_mid_epoch_after_sigkill_is_exact(tmp_path: Path) -> None:
     # 96 samples / 8 = 12 steps per epoch; the default kill is at step 18, mid 2nd epoch.
     args = ["--samples", "96", "--workdir", str(tmp_path / "run")]
     log = tmp_path / "log.txt"
-    rc = run_script(EXAMPLES / "resume_mid_epoch.py", args, log, timeout=240)
+    rc = run_script(EXAMPLES / "resume_mid_epoch.py", args, log, phase="example resume")
     out = log.read_text(errors="replace")
     assert rc == 0, log_tail(log)
     assert "SIGKILL after the step-18 checkpoint" in out

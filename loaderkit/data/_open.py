@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loaderkit.data.index import IndexEntry
-from loaderkit.data.readers import OpenShard, ShardReader
+from loaderkit.data.index import INDEX_PREFIX, IndexEntry
+from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader
 from loaderkit.errors import MissingShardError, ShardError
 
-__all__ = ["OpenShards", "resolve_shards", "shard_name"]
+__all__ = ["OpenShards", "never_a_shard", "resolve_shards", "shard_name"]
 
 
 def shard_name(shard: Any) -> str:
@@ -28,9 +28,30 @@ def shard_name(shard: Any) -> str:
     return repr(str(shard)) if isinstance(shard, Path) else repr(shard)
 
 
+def never_a_shard(name: str) -> str | None:
+    """Why a file of this name is never a shard, or None.
+
+    Hidden files (``.name``, which includes macOS's ``._name`` AppleDouble
+    companions and every temporary file loaderkit writes) and loaderkit's own
+    files (the shard index, offsets and dtype sidecars). Measured before: an
+    AppleDouble ``._shard.bin`` next to the shards turned 147 samples into
+    403, and a reader with suffix ``.json`` listed the shard index.
+    """
+    if name.startswith("._"):
+        return "a macOS AppleDouble metadata file"
+    if name.startswith(INDEX_PREFIX):
+        return "loaderkit's shard index"
+    if name.startswith("."):
+        return "a hidden file"
+    if name.endswith(OWN_SUFFIXES):
+        return "a loaderkit sidecar file"
+    return None
+
+
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: paths (a directory's files with the
-    reader's suffixes, sorted) or objects, checked for emptiness, duplicates and mixing."""
+    reader's suffixes, sorted, hidden and loaderkit's own files left out) or objects, checked
+    for emptiness, duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
         if not root.is_dir():
@@ -39,10 +60,16 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
                 "of shards or a list of shard paths."
             )
         # By name, not Path.suffix: suffixes such as ".jsonl.gz" span two dots.
-        found = sorted(p for p in root.iterdir() if p.name.endswith(tuple(reader.suffixes)))
+        found = sorted(
+            p
+            for p in root.iterdir()
+            if p.name.endswith(tuple(reader.suffixes)) and never_a_shard(p.name) is None
+        )
         if not found:
             raise ValueError(
-                f"{owner}: no file ending in {list(reader.suffixes)} in {str(root)!r}."
+                f"{owner}: no file ending in {list(reader.suffixes)} in {str(root)!r} "
+                "(hidden files and loaderkit's own index and sidecar files are never shards); "
+                "pass the directory that holds the shards, or a reader with their suffix."
             )
         return found
     items = list(shards)
@@ -50,11 +77,21 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         raise ValueError(f"{owner}: shards is empty; pass at least one shard.")
     if all(isinstance(s, str | os.PathLike) for s in items):
         paths = [Path(s) for s in items]
+        for path in paths:
+            why = never_a_shard(path.name)
+            if why is not None and why != "a hidden file":
+                raise ValueError(
+                    f"{owner}: shards lists {str(path)!r}, {why}, not a shard; leave it out of "
+                    "the list (a directory listing skips it)."
+                )
         if len({p.resolve() for p in paths}) != len(paths):
             raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):
-        raise TypeError(f"{owner}: shards must be all paths or all objects, not a mix.")
+        raise TypeError(
+            f"{owner}: shards must be all paths or all objects, not a mix; pass a list of "
+            "paths (or a directory), or a list of the objects the reader opens."
+        )
     return items
 
 
@@ -151,7 +188,9 @@ class OpenShards:
             raise
         except Exception as exc:
             raise ShardError(
-                f"opening shard {name} failed with {type(exc).__name__}: {exc}",
+                f"opening shard {name} failed with {type(exc).__name__}: {exc}; check that it "
+                "is a complete shard of this reader's format (rewrite it, and delete the shard "
+                "index), or pass on_error='skip' to leave its samples out.",
                 path=self.shards[shard],
             ) from exc
         self.opens += 1

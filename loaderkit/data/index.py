@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loaderkit._atomic import atomic_write
 from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import ShardError
 
@@ -31,6 +32,7 @@ from loaderkit.errors import ShardError
 __all__ = ["write_shards"]
 
 INDEX_VERSION = 1
+INDEX_PREFIX = ".loaderkit-index-"
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def _key(paths: Sequence[Path], spec: dict[str, Any]) -> str:
 
 def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
     """Where the index of these shards under this reader lives unless one is given."""
-    return paths[0].parent / f".loaderkit-index-{_key(paths, reader.spec())}.json"
+    return paths[0].parent / f"{INDEX_PREFIX}{_key(paths, reader.spec())}.json"
 
 
 def _checksum(rows: list[list[Any]]) -> str:
@@ -76,8 +78,14 @@ def _rel(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
-def build_index(paths: Sequence[Path], reader: ShardReader, index: Path) -> list[IndexEntry]:
-    """Count every shard and write the index atomically (ranks may build it at once)."""
+def build_index(
+    paths: Sequence[Path], reader: ShardReader, index: Path, *, exclusive: bool = False
+) -> list[IndexEntry]:
+    """Count every shard and write the index atomically (ranks may build it at once).
+
+    With ``exclusive``, an index another process or thread wrote in the meantime
+    wins: it is read (and checked) instead, so concurrent builders agree.
+    """
     entries = []
     for path in paths:
         try:
@@ -99,16 +107,18 @@ def build_index(paths: Sequence[Path], reader: ShardReader, index: Path) -> list
         "shards": rows,
         "checksum": _checksum(rows),
     }
-    tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, index)
+        written = atomic_write(
+            index, lambda f: f.write(json.dumps(doc, indent=1).encode()), exclusive=exclusive
+        )
     except OSError as exc:
         raise ShardError(
             f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable "
             "path, e.g. ShardedDataset(..., index='/tmp/my-index.json').",
             path=index,
         ) from exc
+    if not written:  # another builder finished first: use its index
+        return _read_index(index, paths, reader)
     return entries
 
 
@@ -181,7 +191,7 @@ def load_or_build_index(
     for path in paths:
         if not path.exists():
             raise _missing(path)
-    return build_index(paths, reader, index), index
+    return build_index(paths, reader, index, exclusive=True), index
 
 
 def write_shards(

@@ -15,8 +15,11 @@ import numpy as np
 
 from loaderkit.data.readers import (
     _CHUNK,
+    MappedFiles,
     OpenShard,
+    _map_raw,
     _missing,
+    _offsets_path,
     _read_offsets,
     _write_offsets,
 )
@@ -60,7 +63,7 @@ class JsonlReader:
             raise _missing(path)
         if path.stat().st_size == 0:
             return np.empty(0, dtype=np.uint8)
-        return np.memmap(path, dtype=np.uint8, mode="r")
+        return _map_raw(path, np.dtype(np.uint8))
 
     def count(self, path: Path) -> int:
         """Lines in the shard; writes the line offsets sidecar."""
@@ -80,7 +83,10 @@ class JsonlReader:
         """Memory-map the shard and its line offsets."""
         path = Path(path)
         data = self._bytes(path)
-        return _Lines(path, data, _read_offsets(path, "", len(data)))
+        offsets = _read_offsets(path, "", len(data))
+        return _Lines(
+            path, data, offsets, MappedFiles((path, data), (_offsets_path(path, ""), offsets))
+        )
 
     def write(self, path: Path, samples: Iterable[Any]) -> Path:
         """Write one JSON line per sample to ``path``."""
@@ -92,17 +98,22 @@ class JsonlReader:
 
 
 class _Lines:
-    def __init__(self, path: Path, data: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(
+        self, path: Path, data: np.ndarray, offsets: np.ndarray, guard: MappedFiles
+    ) -> None:
         self.path = path
         self.data = data
         self.offsets = offsets
+        self.guard = guard
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def read(self, index: int) -> Any:
+        self.guard.check()
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         raw = self.data[lo:hi].tobytes()
+        self.guard.check()
         try:
             return json.loads(raw)
         except ValueError as exc:

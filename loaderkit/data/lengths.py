@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit._atomic import atomic_write
 from loaderkit.plan._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
@@ -58,7 +59,10 @@ def compute_lengths(
             f"{type(dataset).__name__}; pass the dataset you index, or the lengths themselves."
         )
     if length_fn is not None and not callable(length_fn):
-        raise TypeError(f"compute_lengths: length_fn must be callable, got {length_fn!r}.")
+        raise TypeError(
+            f"compute_lengths: length_fn must be callable, got {length_fn!r}; pass e.g. "
+            "length_fn=lambda s: len(s['input_ids']), or None for len(sample)."
+        )
     size = len(dataset)
     fn = _default_length if length_fn is None else length_fn
     path = meta_path = None
@@ -87,7 +91,8 @@ def compute_lengths(
             )
         if value < 0:
             raise ValueError(
-                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be >= 0."
+                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be "
+                "token counts >= 0: fix length_fn for that sample."
             )
         out[i] = value
     if path is not None and meta_path is not None:
@@ -151,10 +156,6 @@ def _load_cached_lengths(path: Path, meta_path: Path, ident: str, size: int) -> 
 def _save_cached_lengths(path: Path, meta_path: Path, ident: str, lengths: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside, then renamed: a killed process leaves the old cache or none, never half.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
-    np.save(tmp, lengths)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.save(f, lengths))
     meta = {"key": ident, "num_samples": int(lengths.size), "crc32": zlib.crc32(lengths.tobytes())}
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp_meta.write_text(json.dumps(meta))
-    os.replace(tmp_meta, meta_path)
+    atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))

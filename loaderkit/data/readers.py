@@ -16,14 +16,16 @@ shard's length, so a sidecar that no longer fits its shard is detected on open.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
 
+from loaderkit._atomic import atomic_write
+from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import MissingShardError, ShardError
 
 __all__ = [
@@ -34,6 +36,10 @@ __all__ = [
 
 # Elements scanned per step when counting, so counting a shard stays in bounded memory.
 _CHUNK = 1 << 26
+# Files loaderkit writes next to shards: never listed as shards themselves.
+OFFSETS_SUFFIX = ".lkoffsets"
+DTYPE_SUFFIX = ".lkdtype"
+OWN_SUFFIXES = (OFFSETS_SUFFIX, DTYPE_SUFFIX)
 
 
 @runtime_checkable
@@ -134,16 +140,15 @@ def _missing(path: Path, what: str = "shard") -> MissingShardError:
 
 
 def _offsets_path(path: Path, tag: str) -> Path:
-    return path.with_name(f"{path.name}{tag}.lkoffsets")
+    return path.with_name(f"{path.name}{tag}{OFFSETS_SUFFIX}")
 
 
 def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
     target = _offsets_path(path, tag)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            np.save(f, offsets.astype(np.int64, copy=False))
-        os.replace(tmp, target)  # atomic: DDP ranks may count the same shard at once
+        # Atomic, under a unique temporary name: DDP ranks (or threads) may count the
+        # same shard at once, and they write the same content.
+        atomic_write(target, lambda f: np.save(f, offsets.astype(np.int64, copy=False)))
     except OSError as exc:
         raise ShardError(
             f"cannot write the offsets sidecar {str(target)!r} of shard {str(path)!r} ({exc}); "
@@ -156,7 +161,7 @@ def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
 def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
     side = _offsets_path(path, tag)
     try:
-        offsets: np.ndarray = np.load(side, mmap_mode="r")
+        offsets: np.ndarray = _map_npy(side)
     except FileNotFoundError:
         raise _missing(side, "offsets sidecar") from None
     except (ValueError, OSError) as exc:
@@ -174,6 +179,109 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             path=path,
         )
     return offsets
+
+
+def _map_npy(path: Path) -> np.ndarray:
+    """``np.load(path, mmap_mode="r")``, refusing a file that changes while it is mapped."""
+    before = path.stat()
+    arr: np.ndarray = np.load(path, mmap_mode="r")
+    _check_mapped_size(path, arr, before.st_size)
+    return arr
+
+
+def _map_raw(path: Path, dtype: np.dtype) -> np.ndarray:
+    before = path.stat()
+    arr: np.ndarray = np.memmap(path, dtype=dtype, mode="r")
+    _check_mapped_size(path, arr, before.st_size)
+    return arr
+
+
+def _check_mapped_size(path: Path, arr: np.ndarray, size: int) -> None:
+    now = MappedFiles.size_of(path, arr)
+    if now != size:
+        raise _changed(path, now, size)
+
+
+def _changed(path: Path, now: int, size: int) -> ShardError:
+    return ShardError(
+        f"file {str(path)!r} changed while it was memory-mapped: it is {now} bytes now, "
+        f"{size} when it was mapped (truncated or rewritten under a live mapping, which reads "
+        "as zeros or kills the process with SIGBUS). Restore the file (or rewrite the shards "
+        "and delete their index), then restart the run.",
+        path=path,
+    )
+
+
+class MappedFiles:
+    """The memory maps an open shard reads, checked before and after every read.
+
+    A file truncated under a live mapping reads as zeros up to the end of its
+    last page, and kills the process with SIGBUS past it (measured: a
+    DataLoader worker then "exited unexpectedly"). Each read therefore checks
+    every mapped file's size first (an ``fstat`` of the map's own descriptor,
+    about 0.3 us) and refuses a changed file with a :class:`ShardError` naming
+    it, and checks again after copying, so bytes copied from a file that was
+    cut during the copy are never returned. What remains is a truncation that
+    lands between the two checks, inside the copy itself (microseconds): that
+    SIGBUS cannot be caught in Python; in a DataLoader worker loaderkit reports
+    it as a :class:`~loaderkit.errors.WorkerError` naming the signal.
+    """
+
+    __slots__ = ("files",)
+
+    def __init__(self, *arrays: tuple[Path, np.ndarray]) -> None:
+        self.files: list[tuple[Path, Callable[[], int], int]] = []
+        for path, arr in arrays:
+            size = self._sizer(path, arr)
+            self.files.append((path, size, size()))
+
+    @staticmethod
+    def _sizer(path: Path, arr: np.ndarray) -> Callable[[], int]:
+        """A function giving the current size of the file behind ``arr``: the map's own
+        ``size()`` (an fstat of its descriptor), else a stat of ``path``."""
+        base: Any = arr
+        while base is not None and not hasattr(base, "_mmap"):
+            base = getattr(base, "base", None)
+        mm = getattr(base, "_mmap", None)
+        if mm is not None:
+            return cast("Callable[[], int]", mm.size)
+        return lambda: path.stat().st_size
+
+    @classmethod
+    def size_of(cls, path: Path, arr: np.ndarray) -> int:
+        """The current size of the file behind ``arr`` (-1: it is gone)."""
+        try:
+            return cls._sizer(path, arr)()
+        except (OSError, ValueError):
+            return -1
+
+    def check(self) -> None:
+        """Raise :class:`ShardError` if a mapped file's size changed since it was mapped."""
+        for path, size, expected in self.files:
+            try:
+                now = size()
+            except (OSError, ValueError):  # a closed map, or a file gone
+                now = -1
+            if now != expected:
+                raise _changed(path, now, expected)
+
+
+def _read_dtype(path: Path) -> np.dtype | None:
+    """The dtype recorded in a raw shard's sidecar header, or None without one."""
+    side = path.with_name(path.name + DTYPE_SUFFIX)
+    try:
+        text = side.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        dtype = np.dtype(text)
+    except TypeError as exc:
+        raise ShardError(
+            f"dtype header {str(side)!r} holds {text!r}, not a numpy dtype ({exc}); delete it "
+            "and pass dtype= to TokenReader.",
+            path=side,
+        ) from exc
+    return dtype
 
 
 def _out_numpy_dtype(out_dtype: torch.dtype | None, stored: np.dtype) -> np.dtype:
@@ -237,23 +345,41 @@ class TokenReader:
                 "TokenReader: pass exactly one of seq_len (fixed-length samples) and eos "
                 f"(one sample per document), got seq_len={seq_len!r}, eos={eos!r}."
             )
-        if seq_len is not None and (
-            not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1
-        ):
-            raise ValueError(f"TokenReader: seq_len must be an int >= 1, got {seq_len!r}.")
-        if eos is not None and (not isinstance(eos, int) or isinstance(eos, bool) or eos < 0):
-            raise ValueError(f"TokenReader: eos must be a token id (int >= 0), got {eos!r}.")
+        if seq_len is not None:
+            check_int(
+                "seq_len",
+                seq_len,
+                1,
+                owner="TokenReader",
+                fix="pass the tokens per sample, e.g. 1024",
+            )
+        if eos is not None:
+            check_int("eos", eos, 0, owner="TokenReader", fix="pass the end-of-document token id")
+        check_bool("targets", targets, owner="TokenReader")
         if targets and seq_len is None:
-            raise ValueError("TokenReader: targets=True needs seq_len (fixed-length samples).")
+            raise ValueError(
+                "TokenReader: targets=True needs seq_len (fixed-length samples); pass seq_len=, "
+                "or targets=False with eos=."
+            )
         self.seq_len = seq_len
         self.targets = bool(targets)
         self.eos = eos
-        self.dtype = None if dtype is None else np.dtype(dtype)
+        try:
+            self.dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(
+                f"TokenReader: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. "
+                "dtype=np.uint16."
+            ) from exc
         if self.dtype is not None and self.dtype.kind not in "iu":
-            raise ValueError(f"TokenReader: dtype must be an integer dtype, got {self.dtype}.")
+            raise ValueError(
+                f"TokenReader: dtype must be an integer dtype, got {self.dtype}; pass the token "
+                "dtype, e.g. dtype=np.uint16 (or np.int32 for vocabularies over 65535)."
+            )
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(
-                f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}."
+                f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}; pass "
+                "e.g. torch.int64 (what embeddings take), or None to keep the stored dtype."
             )
         self.out_dtype = out_dtype
 
@@ -278,7 +404,9 @@ class TokenReader:
             raise _missing(path)
         if path.suffix == ".npy":
             try:
-                arr: np.ndarray = np.load(path, mmap_mode="r")
+                arr: np.ndarray = _map_npy(path)
+            except ShardError:
+                raise
             except (ValueError, OSError, EOFError) as exc:
                 raise ShardError(
                     f"shard {str(path)!r} is not a readable .npy token array ({exc}): the file "
@@ -298,21 +426,34 @@ class TokenReader:
                     path=path,
                 )
             return arr
-        if self.dtype is None:
+        header = _read_dtype(path)
+        if self.dtype is not None and header is not None and header != self.dtype:
+            raise ShardError(
+                f"shard {str(path)!r} holds {header} tokens (its header "
+                f"{path.name + DTYPE_SUFFIX!r} says so), the reader was given dtype={self.dtype}; "
+                f"reading it as {self.dtype} would give garbage tokens. Pass "
+                f"dtype=np.{header.name} (or leave dtype=None to follow the header).",
+                path=path,
+            )
+        dtype = self.dtype if self.dtype is not None else header
+        if dtype is None:
             raise ValueError(
-                f"TokenReader: raw shard {str(path)!r} has no header, so the token dtype is "
-                "unknown; pass dtype=, e.g. TokenReader(seq_len=..., dtype=np.uint16)."
+                f"TokenReader: raw shard {str(path)!r} has no header (no "
+                f"{path.name + DTYPE_SUFFIX!r} next to it), so its token dtype is unknown and "
+                "a guess would read garbage tokens; pass dtype=, e.g. TokenReader(seq_len=..., "
+                "dtype=np.uint16), or write the shards with TokenReader.write, which records it."
             )
         size = path.stat().st_size
-        if size % self.dtype.itemsize:
+        if size % dtype.itemsize:
             raise ShardError(
-                f"shard {str(path)!r} is {size} bytes, not a multiple of the {self.dtype} "
-                f"item size {self.dtype.itemsize}: it is truncated or not of this dtype.",
+                f"shard {str(path)!r} is {size} bytes, not a multiple of the {dtype} "
+                f"item size {dtype.itemsize}: it is truncated or not of this dtype; pass the "
+                "dtype it was written with, or rewrite it.",
                 path=path,
             )
         if size == 0:
-            return np.empty(0, dtype=self.dtype)
-        return np.memmap(path, dtype=self.dtype, mode="r")
+            return np.empty(0, dtype=dtype)
+        return _map_raw(path, dtype)
 
     def _doc_offsets(self, tokens: np.ndarray) -> np.ndarray:
         ends = [
@@ -341,11 +482,11 @@ class TokenReader:
         tokens = self.tokens(path)
         out = _out_numpy_dtype(self.out_dtype, tokens.dtype)
         if self.eos is not None:
-            return _Documents(
-                path, tokens, _read_offsets(path, f".eos{self.eos}", len(tokens)), out
-            )
+            offsets = _read_offsets(path, f".eos{self.eos}", len(tokens))
+            guard = MappedFiles((path, tokens), (_offsets_path(path, f".eos{self.eos}"), offsets))
+            return _Documents(path, tokens, offsets, out, guard)
         assert self.seq_len is not None
-        return _FixedTokens(tokens, self.seq_len, self.targets, out)
+        return _FixedTokens(tokens, self.seq_len, self.targets, out, MappedFiles((path, tokens)))
 
     def write(self, path: Path, data: Any) -> Path:
         """Write 1-D token ids to ``path`` (``.npy``, else raw bytes of ``dtype``)."""
@@ -371,13 +512,18 @@ class TokenReader:
                 np.save(f, arr)
         else:
             arr.tofile(path)
+            # Raw bytes carry no dtype: record it, so a reader with another one is refused.
+            header = path.with_name(path.name + DTYPE_SUFFIX)
+            atomic_write(header, lambda f: f.write(dtype.str.encode()))
         return path
 
 
 class _FixedTokens:
     """Fixed-length samples: a strided, read-only view of the memory-mapped tokens."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, targets: bool, out: np.dtype) -> None:
+    def __init__(
+        self, tokens: np.ndarray, seq_len: int, targets: bool, out: np.dtype, guard: MappedFiles
+    ) -> None:
         span = seq_len + targets
         count = max(len(tokens) - targets, 0) // seq_len
         item = tokens.dtype.itemsize
@@ -387,6 +533,7 @@ class _FixedTokens:
         )
         self.out = out
         self.dtype = out  # what read_batch returns; rows holds the samples as stored
+        self.guard = guard
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -396,33 +543,55 @@ class _FixedTokens:
         return np.full(len(self.rows), self.rows.shape[1], dtype=np.int64)
 
     def read(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.rows[index], dtype=self.out))
+        self.guard.check()
+        row = np.array(self.rows[index], dtype=self.out)
+        self.guard.check()
+        return torch.from_numpy(row)
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         # One gather out of the map: the bytes are read here. take() is ~25% faster than
         # rows[indices] for 2 KB rows (measured, numpy 2.4).
+        self.guard.check()
         rows = np.take(self.rows, indices, axis=0)
+        self.guard.check()
         return rows if rows.dtype == self.out else rows.astype(self.out)
 
 
 class _Documents:
     """Variable-length samples at the offsets of the sidecar."""
 
-    def __init__(self, path: Path, tokens: np.ndarray, offsets: np.ndarray, out: np.dtype) -> None:
+    def __init__(
+        self,
+        path: Path,
+        tokens: np.ndarray,
+        offsets: np.ndarray,
+        out: np.dtype,
+        guard: MappedFiles,
+    ) -> None:
         self.path = path
         self.tokens = tokens
         self.offsets = offsets
         self.out = out
+        self.guard = guard
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def read(self, index: int) -> torch.Tensor:
+    def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         return torch.from_numpy(np.array(self.tokens[lo:hi], dtype=self.out))
 
+    def read(self, index: int) -> torch.Tensor:
+        self.guard.check()
+        doc = self._copy(index)
+        self.guard.check()
+        return doc
+
     def read_batch(self, indices: np.ndarray) -> list[torch.Tensor]:
-        return [self.read(int(i)) for i in indices]
+        self.guard.check()
+        docs = [self._copy(int(i)) for i in indices]
+        self.guard.check()
+        return docs
 
     def lengths(self) -> np.ndarray:
         """Each document's tokens, from the offsets (no token is read)."""

@@ -155,7 +155,8 @@ class ShardedDataset(Dataset[Any]):
                 )
         if on_error not in ("raise", "skip"):
             raise ValueError(
-                f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}."
+                f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}; pass one "
+                "of these ('skip' leaves unreadable samples out, counted and warned about)."
             )
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1)
@@ -238,7 +239,8 @@ class ShardedDataset(Dataset[Any]):
     def _read_error(self, shard: int, local: int, exc: Exception) -> ShardError:
         return ShardError(
             f"reading sample {local} of shard {self._name(shard)} failed with "
-            f"{type(exc).__name__}: {exc}",
+            f"{type(exc).__name__}: {exc}; fix or rewrite the shard (and delete the shard "
+            "index), or pass on_error='skip' to leave unreadable samples out.",
             path=self.shards[shard],
         )
 
@@ -310,7 +312,10 @@ class ShardedDataset(Dataset[Any]):
                 return [across], [None]
         n = len(self)
         if int(idx.min()) < -n or int(idx.max()) >= n:
-            raise IndexError(f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}.")
+            raise IndexError(
+                f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}; pass indices "
+                f"in [-{n}, {n})."
+            )
         idx = idx % n
         shard_of = np.searchsorted(self._ends, idx, side="right")
         local = idx - self._starts[shard_of]

@@ -110,7 +110,10 @@ class IterableReader:
 
     def __init__(self, fn: Callable[[Any], Iterable[Any]], suffixes: Iterable[str] = ()) -> None:
         if not callable(fn):
-            raise TypeError(f"IterableReader: fn must be callable, got {fn!r}.")
+            raise TypeError(
+                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function "
+                "that opens a shard and yields its samples."
+            )
         self.fn = fn
         self.suffixes = tuple(suffixes)
 
@@ -123,8 +126,25 @@ class IterableReader:
         ``fn`` runs seeing one DataLoader worker: loaderkit deals whole shards to
         workers, so a function that splits its samples by ``get_worker_info()``
         must not split them again.
+
+        Raises:
+            ShardError: the shard ends before ``offset`` (a saved cursor past its end).
         """
-        return itertools.islice(as_one_worker(self.fn, shard), offset, None)
+        samples = as_one_worker(self.fn, shard)
+        skipped = sum(1 for _ in itertools.islice(samples, offset))
+        if skipped < offset:
+            raise _past_end(shard, offset, skipped)
+        yield from samples
+
+
+def _past_end(shard: Any, offset: int, length: int) -> ShardError:
+    return ShardError(
+        f"shard {shard_name(shard)} holds {length} samples, but the cursor resumes it at "
+        f"sample {offset}: the shard shrank since the state was saved (or the state does not "
+        "belong to these shards), so the samples in between would be lost silently. Restore "
+        "the shard, or start the loader without the saved state.",
+        path=shard,
+    )
 
 
 def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
@@ -137,6 +157,8 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
         reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
         handle = reader.open(shard)
     try:
+        if offset > len(handle):
+            raise _past_end(shard, offset, len(handle))
         for i in range(offset, len(handle)):
             yield handle.read(i)
     finally:
@@ -273,7 +295,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
             )
         if transform is not None and not callable(transform):
             raise TypeError(
-                f"StreamingShardedDataset: transform must be callable, got {transform!r}."
+                f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
+                "module-level function of one sample, or None."
             )
         if not hasattr(reader, "suffixes"):
             reader_suffixes: tuple[str, ...] = ()

@@ -65,10 +65,13 @@ class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
         self, max_samples: int, *, min_len: int = 16, max_len: int = 256, root: Path | None = None
     ) -> None:
         if max_samples < 1:
-            raise ValueError(f"StdlibBytes: max_samples must be >= 1, got {max_samples}.")
+            raise ValueError(
+                f"StdlibBytes: max_samples must be >= 1, got {max_samples}; pass e.g. 1000."
+            )
         if not 2 <= min_len <= max_len:
             raise ValueError(
-                f"StdlibBytes: need 2 <= min_len <= max_len, got {min_len} and {max_len}."
+                f"StdlibBytes: need 2 <= min_len <= max_len, got {min_len} and {max_len}; pass "
+                "e.g. min_len=16, max_len=256."
             )
         base = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
         self.samples: list[bytes] = []
@@ -80,7 +83,10 @@ class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
                 if len(block) >= min_len and len(self.samples) < max_samples:
                     self.samples.append(block)
         if not self.samples:
-            raise ValueError(f"StdlibBytes: no code block of >= {min_len} bytes under {base}.")
+            raise ValueError(
+                f"StdlibBytes: no code block of >= {min_len} bytes under {base}; pass a root "
+                "with .py files, or a smaller min_len."
+            )
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -6,6 +6,9 @@ Private. Every message names the argument, the value received and the fix
 
 from __future__ import annotations
 
+import math
+import multiprocessing
+import multiprocessing.context
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +18,7 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.plan.samplers import check_resumable_sampler
 
-__all__ = ["check_sources", "check_worker_args"]
+__all__ = ["check_sources", "check_start_method", "check_worker_args"]
 
 
 def check_sources(
@@ -40,9 +43,18 @@ def check_sources(
             "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
             "them unset."
         )
+    if not stream and not callable(getattr(dataset, "__len__", None)):
+        raise TypeError(
+            f"ResumableDataLoader: dataset {type(dataset).__name__} has __getitem__ but no "
+            "__len__, so no plan can cover it; add __len__ to the dataset (the number of "
+            "samples), or wrap a stream of unknown length in a StreamingShardedDataset."
+        )
     size = 0 if stream else len(dataset)
     if size == 0 and not stream:
-        raise ValueError("ResumableDataLoader: dataset is empty (len 0); pass data.")
+        raise ValueError(
+            "ResumableDataLoader: dataset is empty (len 0); pass a dataset with at least "
+            "one sample."
+        )
     check_bool("shuffle", shuffle, owner="ResumableDataLoader")
     check_bool("drop_last", drop_last, owner="ResumableDataLoader")
     if sampler is not None and shuffle:
@@ -52,9 +64,15 @@ def check_sources(
         )
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
+            given["drop_last"] = drop_last
+            clash = ", ".join(
+                f"{k}={v!r}" for k, v in given.items() if v not in (None, False, 1) or v is True
+            )
             raise ValueError(
                 "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
-                "shuffle, sampler and drop_last; set those on the batch sampler's plan."
+                f"shuffle, sampler and drop_last, got {clash}; set those on the batch sampler's "
+                "plan and leave them at their defaults here."
             )
         check_resumable_sampler(batch_sampler, parameter="batch_sampler")
     return size
@@ -70,6 +88,7 @@ def check_worker_args(
     worker_init_fn: Callable[..., Any] | None,
     pin_memory: Any,
     per_sample_seeding: Any,
+    multiprocessing_context: Any = None,
 ) -> int:
     """Validate the worker and transfer settings; returns ``num_workers``."""
     workers = check_int(
@@ -80,9 +99,18 @@ def check_worker_args(
             f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
             f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
         )
-    if timeout < 0:
+    if not math.isfinite(timeout) or timeout < 0:
+        # nan compares false with everything (it meant "no timeout"); inf crashed in torch.
         raise ValueError(
-            f"ResumableDataLoader: timeout must be >= 0, got {timeout}; pass 0 to wait forever."
+            f"ResumableDataLoader: timeout must be a finite number of seconds >= 0, got "
+            f"{timeout}; pass e.g. timeout=60, or 0 to wait forever."
+        )
+    if timeout > 0 and workers == 0:
+        raise ValueError(
+            f"ResumableDataLoader: timeout={timeout} needs num_workers >= 1: it bounds the wait "
+            "for a worker process, and a batch loaded in this process (num_workers=0) cannot "
+            "be interrupted, so it would never apply; pass num_workers=1 (or more) to enforce "
+            "it, or timeout=0."
         )
     if prefetch_factor is not None:
         check_int(
@@ -97,20 +125,30 @@ def check_worker_args(
             "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
             f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
         )
+    check_bool("persistent_workers", persistent_workers, owner="ResumableDataLoader")
     if persistent_workers and num_workers == 0:
-        raise ValueError("ResumableDataLoader: persistent_workers=True needs num_workers > 0.")
+        raise ValueError(
+            "ResumableDataLoader: persistent_workers=True needs num_workers > 0, got "
+            "num_workers=0; pass num_workers=1 (or more), or persistent_workers=False."
+        )
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
         if fn is not None and not callable(fn):
-            raise TypeError(f"ResumableDataLoader: {name} must be callable, got {fn!r}.")
+            raise TypeError(
+                f"ResumableDataLoader: {name} must be callable, got {fn!r} "
+                f"({type(fn).__name__}); pass a function (module-level, so workers can "
+                "unpickle it), or None for the default."
+            )
     if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
         raise ValueError(
-            f"ResumableDataLoader: pin_memory must be True, False or 'auto', got {pin_memory!r}."
+            f"ResumableDataLoader: pin_memory must be True, False or 'auto', got "
+            f"{pin_memory!r}; pass one of these."
         )
     if not (isinstance(per_sample_seeding, bool) or per_sample_seeding == "auto"):
         raise ValueError(
             "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
-            f"{per_sample_seeding!r}."
+            f"{per_sample_seeding!r}; pass one of these."
         )
+    check_start_method(multiprocessing_context, workers)
     return workers
 
 
@@ -164,3 +202,29 @@ def from_distributed_sampler(
                 f"{name} unset to take the sampler's."
             )
     return sampler.seed, sampler.rank, sampler.num_replicas, sampler.shuffle, sampler.drop_last
+
+
+def check_start_method(context: Any, workers: int) -> None:
+    """``multiprocessing_context``: None, a start method's name, or a multiprocessing context."""
+    if context is None:
+        return
+    methods = multiprocessing.get_all_start_methods()
+    if isinstance(context, str):
+        if context not in methods:
+            raise ValueError(
+                f"ResumableDataLoader: multiprocessing_context={context!r} is not a start "
+                f"method of this platform; pass one of {', '.join(map(repr, methods))}, a "
+                "multiprocessing context, or None for the default."
+            )
+    elif not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError(
+            f"ResumableDataLoader: multiprocessing_context must be a start method name or a "
+            f"multiprocessing context, got {context!r} ({type(context).__name__}); pass e.g. "
+            "'spawn' or multiprocessing.get_context('spawn'), or None for the default."
+        )
+    if workers == 0:
+        raise ValueError(
+            f"ResumableDataLoader: multiprocessing_context={context!r} needs num_workers >= 1 "
+            "(it says how worker processes start); pass num_workers=1 (or more), or leave it "
+            "None."
+        )

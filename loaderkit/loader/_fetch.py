@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, default_convert
 
-from loaderkit.errors import WorkerError
+from loaderkit.errors import ShardError, ShardReadError, WorkerError
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import seeded_sample
 
@@ -120,7 +120,8 @@ class BatchFetcher:
                     return self.dataset[index]
             return self.dataset[index]
         except Exception as exc:
-            raise WorkerError(
+            kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
+            raise kind(
                 f"loading sample index {index} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
                 f"dataset's __getitem__ for index {index}.",
@@ -134,9 +135,11 @@ class BatchFetcher:
             head = indices[:8]
             shown = head if isinstance(head, list) else head.tolist()
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
-            raise WorkerError(
+            kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
+            raise kind(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
-                f"{type(exc).__name__}: {exc}. The original traceback is chained above.",
+                f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
+                "dataset's batch read (get_batch / __getitems__) for these indices.",
                 index=shown,
             ) from exc
 

@@ -8,14 +8,15 @@ it, and stops worker processes as soon as an iteration can no longer yield.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+from functools import partial
 from typing import Any
 
 from loaderkit.loader._host import LoaderHost
-from loaderkit.loader._workers import stop_workers
+from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan.sample import Schedule
 from loaderkit.transfer import pin_batch
 
-__all__ = ["EpochIterator", "run_epoch"]
+__all__ = ["EpochIterator", "describe_step", "run_epoch"]
 
 
 class EpochIterator(Iterator[Any]):
@@ -64,7 +65,8 @@ def run_epoch(loader: LoaderHost, sched: Schedule) -> Generator[Any, None, None]
     inner = loader._inner_loader(sched.epoch)
     workers = iter(inner)
     try:
-        for step, batch in enumerate(workers):
+        # Task k of torch's worker iterator is step k of the schedule (keys in order).
+        for step, batch in enumerate(guard_workers(workers, partial(describe_step, sched))):
             consumed(sched.position_after(step))
             yield batch
     except GeneratorExit:
@@ -77,3 +79,12 @@ def run_epoch(loader: LoaderHost, sched: Schedule) -> Generator[Any, None, None]
         # the cycle collector runs, then stall 5 s each in join().
         stop_workers(inner, workers)
         raise
+
+
+def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:
+    """What batch ``task`` of ``sched`` holds, for a message about a dead worker."""
+    if not 0 <= task < sched.num_steps:
+        return f"batch {task} (past the epoch's {sched.num_steps})", None
+    indices = sched.indices(task).tolist()
+    shown = indices if len(indices) <= 16 else [*indices[:16], "..."]
+    return f"sample indices {shown} (epoch {sched.epoch}, batch {task})", indices

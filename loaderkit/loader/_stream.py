@@ -26,22 +26,26 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from functools import partial
 from typing import Any
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from loaderkit._callers import under_lightning_loop
+from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
-from loaderkit.loader._workers import stop_workers
-from loaderkit.plan._cursor import STREAM_STATE_VERSION, PlanCursor
+from loaderkit.loader._workers import guard_workers, stop_workers
+from loaderkit.plan._agree import agree_across_ranks
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
 
-_KEYS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
+_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
+_KEYS = (*_FIELDS, "checksum")
 
 
 class _SlotBatches(IterableDataset[Any]):
@@ -213,6 +217,13 @@ class StreamEngine:
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
+        rank, world_size = self.loader._topology()
+        epoch, start, steps_done = self._position.upcoming(self)
+        fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
+        fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
+        agree_across_ranks(
+            "ResumableDataLoader", fields, rank=rank, world_size=world_size, epoch=epoch
+        )
         _, start, _ = self._position.begin(self)
         if start > 0:  # the rest of a resumed epoch: go on from the saved turn
             return self.next_local
@@ -243,7 +254,8 @@ class StreamEngine:
         inner = self._inner_loader(source, rotation)
         workers = iter(inner)
         try:
-            yield from self._hand_out(workers, pin=False)
+            guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
+            yield from self._hand_out(guarded, pin=False)
         except GeneratorExit:
             # Closed by a dropped iterator: the loader may be gone already (then so is
             # any reason to keep workers).
@@ -262,6 +274,26 @@ class StreamEngine:
             raise
         if self._inner is inner:
             self._inner_next = self.epoch + 1
+
+    def _in_flight(self, source: _SlotBatches, rotation: int, task: int, worker: int) -> Any:
+        """What a dead worker was loading: the batch after its slot's last known cursor."""
+        local = (worker + rotation) % self.workers
+        slot = source.rank * self.workers + local
+        cursor = self.cursors[local] or Cursor.start(self.epoch)
+        shards, _ = self.dataset.slot_shards(
+            self.seed, cursor.pass_, slot, source.world_size * self.workers
+        )
+        lanes = ", ".join(
+            f"{shard_name(self.dataset.shards[shards[pos]])} at sample {offset}"
+            for pos, offset in cursor.lanes
+            if pos < len(shards)
+        )
+        return (
+            f"a batch of stream slot {slot} (pass {cursor.pass_}; open shards: "
+            f"{lanes or 'none'}; next shard {cursor.next} of {len(shards)}; the cursor of the "
+            "last batch handed out)",
+            None,
+        )
 
     def _hand_out(self, batches: Iterator[Any], *, pin: bool) -> Generator[Any, None, None]:
         for local, after, batch in batches:
@@ -327,7 +359,8 @@ class StreamEngine:
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact."
+                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
+                "save the state while the consumer holds at most that many batches."
             )
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete
@@ -350,16 +383,19 @@ class StreamEngine:
                 )
         else:  # ranks simulated without a process group: each state holds its own rank only
             ranks[rank] = mine
-        return {
-            "version": STREAM_STATE_VERSION,
-            "kind": "stream",
-            "epoch": self.epoch,
-            "steps_done": steps_done,
-            "complete": complete,
-            "stream": self.fingerprint(),
-            "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
-            "ranks": ranks,
-        }
+        return seal(
+            {
+                "version": STATE_VERSION,
+                "kind": "stream",
+                "epoch": self.epoch,
+                "steps_done": steps_done,
+                "complete": complete,
+                "stream": self.fingerprint(),
+                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "ranks": ranks,
+            },
+            _FIELDS,
+        )
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
@@ -369,6 +405,7 @@ class StreamEngine:
                 f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
                 "state_dict() returned."
             )
+        check_version(state, owner=owner)
         missing = [k for k in _KEYS if k not in state]
         unknown = sorted(set(state) - set(_KEYS))
         if missing or unknown:
@@ -376,19 +413,11 @@ class StreamEngine:
                 f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
                 "map-style data cannot resume a stream. Pass what state_dict() returned."
             )
-        if state["kind"] == "stream" and state["version"] == 1:
+        check_seal(state, _FIELDS, owner=owner)
+        if state["kind"] != "stream":
             raise StateMismatchError(
-                f"{owner}: field 'version' is 1: the stream state of loaderkit 0.1, whose "
-                "slots read one shard at a time with a single cursor each; this loaderkit "
-                f"keeps a cursor per open shard (version {STREAM_STATE_VERSION}) and cannot "
-                "continue those cursors exactly. Finish that run with the loaderkit that "
-                "saved it, or start without the state."
-            )
-        if state["version"] != STREAM_STATE_VERSION or state["kind"] != "stream":
-            raise StateMismatchError(
-                f"{owner}: field 'version'/'kind' is {state['version']!r}/{state['kind']!r}, "
-                f"expected {STREAM_STATE_VERSION}/'stream'; upgrade loaderkit to load this "
-                "checkpoint."
+                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the state "
+                "of a loader over a StreamingShardedDataset."
             )
         saved, here = dict(state["stream"]), self.fingerprint()
         adopted = None

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
-from collections.abc import Callable, Iterable, Iterator
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -20,10 +28,19 @@ from torch.utils.data import DataLoader, Dataset
 
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import show_user_dataset
+from loaderkit.errors import WorkerError
 from loaderkit.loader._fetch import identity
 from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
-__all__ = ["WorkerPool", "stop_workers"]
+__all__ = ["Describe", "WorkerPool", "guard_workers", "stop_workers"]
+
+# How often a worker looks for its parent, and the main process for dead workers.
+PARENT_POLL_S = 0.25
+DEATH_POLL_S = 1.0
+ORPHAN_EXIT_CODE = 75  # a worker that found its parent gone (EX_TEMPFAIL)
+
+# What a batch in flight was: (text for the message, its sample indices or None).
+Describe = Callable[[int, int], tuple[str, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +96,7 @@ class WorkerPool:
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
-        return functools.partial(_start_worker, init=seeding)
+        return functools.partial(start_worker, os.getpid(), seeding)
 
     def build(
         self,
@@ -119,13 +136,6 @@ class WorkerPool:
         )
 
 
-def _start_worker(worker_id: int, *, init: Callable[[int], None]) -> None:
-    # Module-level for pickling under spawn/forkserver. The user's dataset is shown
-    # before the user's worker_init_fn (called by ``init``) runs.
-    show_user_dataset()
-    init(worker_id)
-
-
 def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
     """Shut down the worker processes behind ``workers`` now, not at garbage collection."""
     shutdown = getattr(workers, "_shutdown_workers", None)
@@ -133,3 +143,248 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         shutdown()
     if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
         inner._iterator = None
+
+
+# ------------------------------------------------------------------ in the worker
+def start_worker(parent: int, init: Callable[[int], None], worker_id: int) -> None:
+    """Every worker's ``worker_init_fn``: watch the parent, then seed (and the user's init).
+
+    A module-level function under :func:`functools.partial`, so it pickles
+    under every start method.
+    """
+    watch_parent(parent)
+    show_user_dataset()  # before the user's worker_init_fn (called by ``init``) runs
+    init(worker_id)
+
+
+def watch_parent(parent: int, interval: float = PARENT_POLL_S) -> threading.Thread:
+    """Exit this process within ``interval`` seconds of its parent's death.
+
+    torch's own check runs between tasks, so a worker stuck inside
+    ``__getitem__`` when its parent was SIGKILLed lived on (measured: one was
+    still running 65 minutes later, parent pid 1). This daemon thread polls
+    instead: the parent process is gone when this process was re-parented
+    (its ``getppid()`` changed; under ``forkserver`` the server exits with the
+    main process) or when ``parent`` (the main process) no longer runs. It
+    needs the GIL only every ``interval`` seconds, which even a worker stuck in
+    a Python loop hands over.
+    """
+    ppid = os.getppid()
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != ppid or not process_alive(parent):
+                os._exit(ORPHAN_EXIT_CODE)
+
+    thread = threading.Thread(target=loop, name="loaderkit-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: kill() said it exists
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+# --------------------------------------------------------------- in the main process
+_TORCH_FAILURE = re.compile(
+    r"DataLoader worker \(pid|DataLoader timed out after|Pin memory thread exited unexpectedly"
+)
+
+
+def _poll(ref: weakref.ref[Any], timeout: float = DEATH_POLL_S) -> Any:
+    workers = ref()
+    assert workers is not None
+    return type(workers)._try_get_data(workers, timeout)
+
+
+def _take_over_failure_checks(workers: Any) -> None:
+    """Make a dead worker surface here, in ``next()``, within about a second.
+
+    torch reports a dead worker from a SIGCHLD handler, which raises its
+    RuntimeError wherever the main thread happens to be (in the training
+    step, often), and otherwise checks every 5 s. loaderkit unregisters the
+    workers from that handler and has torch check their liveness every
+    ``DEATH_POLL_S`` while it waits for a batch, so the failure is raised from
+    the loader, where it becomes a :class:`WorkerError` naming the batches in flight.
+    """
+    if getattr(workers, "_loaderkit_guarded", False) or not hasattr(workers, "_task_info"):
+        return
+    if getattr(workers, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(workers))
+        workers._worker_pids_set = False
+    # Weakly bound: a strong self-reference would leave the iterator to the cycle collector.
+    workers._try_get_data = functools.partial(_poll, weakref.ref(workers))
+    workers._loaderkit_guarded = True
+    workers._loaderkit_oom = oom_kills()
+
+
+def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, None, None]:
+    """The batches of ``workers`` (an iterator of a DataLoader); a worker that died or a
+    timeout becomes a :class:`WorkerError` naming the worker, how it ended and the
+    sample indices it was loading (``describe(task, worker)``)."""
+    _take_over_failure_checks(workers)
+    while True:
+        try:
+            batch = next(workers)
+        except StopIteration:
+            return
+        except RuntimeError as exc:
+            if isinstance(exc, WorkerError) or not _TORCH_FAILURE.search(str(exc)):
+                raise
+            raise worker_failure(workers, exc, describe) from exc
+        except (OSError, EOFError) as exc:
+            # A worker that dies while the main process unpickles its last batch breaks
+            # the connection its tensors' file descriptors come through (measured:
+            # ConnectionResetError from torch's queue). A dead worker explains it.
+            if not _any_dead(workers):
+                raise
+            raise worker_failure(workers, exc, describe) from exc
+        yield batch
+
+
+def _any_dead(workers: Any, wait: float = 2.0) -> bool:
+    """Whether a worker process of ``workers`` ended (waiting up to ``wait`` s for it to be
+    reaped: the error that reveals a death can arrive before the exit status)."""
+    procs = list(getattr(workers, "_workers", []))
+    deadline = time.monotonic() + wait
+    while procs:
+        if any(not p.is_alive() for p in procs):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _in_flight(workers: Any, worker: int) -> list[int]:
+    info: dict[int, tuple[Any, ...]] = getattr(workers, "_task_info", {})
+    return sorted(task for task, entry in info.items() if len(entry) == 1 and entry[0] == worker)
+
+
+def _how_it_ended(exitcode: int | None, oom: bool) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = {
+            "SIGSEGV": "a segmentation fault: a crash in native code, such as a C extension "
+            "or a library the dataset calls",
+            "SIGBUS": "a bus error: a memory-mapped file (a shard?) was truncated while "
+            "it was being read",
+            "SIGKILL": "the kernel's out-of-memory killer sends SIGKILL when memory runs out "
+            + (
+                "(and it did: the cgroup's oom_kill count rose)"
+                if oom
+                else "(check dmesg or the container's memory limit)"
+            )
+            + ", as does `kill -9` from another process",
+            "SIGABRT": "an abort: a failed assertion in native code",
+            "SIGTERM": "another process asked it to stop",
+        }.get(name, "")
+        return f"was killed by {name}" + (f" ({why})" if why else "")
+    if exitcode == 1:  # Python's status for an exception no one caught
+        return (
+            "exited with code 1: an uncaught exception outside the batch loading (e.g. the "
+            "dataset could not be unpickled in a spawned worker; its traceback is on "
+            "stderr), or sys.exit(1)"
+        )
+    return (
+        f"exited with code {exitcode} without raising an error (os._exit() or sys.exit() "
+        "inside the dataset, collate_fn or worker_init_fn?)"
+    )
+
+
+def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> WorkerError:
+    """The :class:`WorkerError` for torch's report ``exc`` of a dead worker or a timeout."""
+    procs = list(getattr(workers, "_workers", []))
+    dead = [w for w, p in enumerate(procs) if not p.is_alive()]
+    timed_out = "timed out" in str(exc)
+    before = getattr(workers, "_loaderkit_oom", None)
+    now = oom_kills()
+    oom = before is not None and now is not None and now > before
+    parts: list[str] = []
+    indices: list[Any] = []
+    for w in dead if not timed_out else range(len(procs)):
+        proc = procs[w]
+        tasks = _in_flight(workers, w)
+        loading = []
+        for task in tasks:
+            text, idx = describe(task, w)
+            loading.append(text)
+            if idx is not None:
+                indices.append(idx)
+        what = "; ".join(loading) if loading else "no batch (it was idle)"
+        if timed_out:
+            parts.append(f"worker {w} (pid {proc.pid}) held {what}")
+        else:
+            how = _how_it_ended(proc.exitcode, oom)
+            parts.append(f"worker {w} (pid {proc.pid}) {how}; batches it had not delivered: {what}")
+    if timed_out:
+        timeout = getattr(workers, "_timeout", "?")
+        message = (
+            f"no batch arrived from the DataLoader workers within timeout={timeout} s: "
+            + "; ".join(parts)
+            + ". A __getitem__ hangs or is slower than the timeout: load those samples with "
+            "num_workers=0 to see where, or raise timeout=."
+        )
+    elif not dead:
+        message = (
+            f"{exc}; no worker process is dead now, so the batches in flight are unknown. "
+            "Load with num_workers=0 to reproduce the failure in this process."
+        )
+    else:
+        fix = (
+            "Give the workers more memory (fewer workers, a smaller prefetch_factor or batch)"
+            if oom
+            else "Load those samples with num_workers=0 to reproduce the failure in this "
+            "process and fix the dataset (or give the workers more memory if the kernel "
+            "killed them for it)"
+        )
+        message = "DataLoader " + "; ".join(parts) + f". {fix}."
+    return WorkerError(message, index=indices[0] if len(indices) == 1 else indices or None)
+
+
+def oom_kills() -> int | None:
+    """This process's cgroup's count of out-of-memory kills (None where it cannot be read)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            candidates.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(","):
+            candidates.append(
+                Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+            )
+    for candidate in candidates:
+        try:
+            text = candidate.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None

@@ -31,6 +31,7 @@ import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
+from zlib import crc32
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
@@ -38,6 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
+from loaderkit.errors import StateMismatchError
 from loaderkit.loader._args import (
     check_sources,
     check_torch_only_args,
@@ -55,6 +57,7 @@ from loaderkit.loader._planned import EpochIterator
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
+from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import SamplerPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
@@ -275,6 +278,7 @@ class ResumableDataLoader:
             worker_init_fn=worker_init_fn,
             pin_memory=pin_memory,
             per_sample_seeding=per_sample_seeding,
+            multiprocessing_context=multiprocessing_context,
         )
         pinned = resolve_pin_memory(pin_memory, select_device())
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
@@ -432,8 +436,34 @@ class ResumableDataLoader:
 
     def _begin(self) -> tuple[Schedule, int]:
         self._settle_seed()
-        epoch, start, steps_done = self._cursor.begin(self.plan)
+        size = len(self.dataset)
+        # A sampler's plan counts the sampler's indices; its dataset size is kept apart.
+        if size != getattr(self.plan, "dataset_size", self.plan.num_samples):
+            # Else the plan (and any saved position) silently keeps the old length.
+            raise StateMismatchError(
+                f"ResumableDataLoader: the dataset has {size} samples now, "
+                f"{getattr(self.plan, 'dataset_size', self.plan.num_samples)} when the loader "
+                "was built; its plan (and any saved "
+                "position) covers the old length, so samples would be left out or indexed "
+                "past the end. Build a new loader for the new dataset (a dataset must not grow "
+                "or shrink while a loader iterates it)."
+            )
         rank, world_size = self._topology()
+        epoch, start, steps_done = self._cursor.upcoming(self.plan)
+        agree_across_ranks(
+            "ResumableDataLoader",
+            {
+                **self._fingerprint,
+                "world_size": world_size,
+                "epoch": epoch,
+                "position": start,
+                "steps_done": steps_done,
+            },
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+        )
+        epoch, start, steps_done = self._cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)
         if sched.num_steps == 0 and start > 0:
@@ -497,8 +527,15 @@ class ResumableDataLoader:
         # keeps a call at ~0.25 us, under 1% of a step even at 30 us per step.
         state = skeleton.copy()
         cursor = self._cursor
-        state["epoch"], state["position"] = cursor.epoch, cursor.position
-        state["steps_done"] = cursor.steps_done
+        epoch, position, steps_done = cursor.epoch, cursor.position, cursor.steps_done
+        state["epoch"], state["position"], state["steps_done"] = epoch, position, steps_done
+        # The constant fields' digests are the skeleton's; only the position's change
+        # (inlined field_digest: this runs every step).
+        checksum = skeleton["checksum"].copy()
+        checksum["epoch"] = crc32(b"epoch=%d" % epoch)
+        checksum["position"] = crc32(b"position=%d" % position)
+        checksum["steps_done"] = crc32(b"steps_done=%d" % steps_done)
+        state["checksum"] = checksum
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

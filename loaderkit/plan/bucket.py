@@ -160,8 +160,8 @@ class BucketPlan:
         if oversize not in _OVERSIZE:
             raise ValueError(
                 f"BucketBatchSampler: oversize must be 'error', 'skip' or 'truncate', got "
-                f"{oversize!r}; 'skip' drops samples longer than max_tokens, 'truncate' "
-                "batches each alone."
+                f"{oversize!r}; pass one of these ('skip' drops samples longer than "
+                "max_tokens, 'truncate' batches each alone)."
             )
         if oversize != "error" and max_tokens is None:
             raise ValueError(
@@ -298,7 +298,8 @@ class BucketPlan:
         )
         if rank >= world_size:
             raise ValueError(
-                f"BucketBatchSampler: rank must be < world_size={world_size}, got {rank}."
+                f"BucketBatchSampler: rank must be < world_size={world_size}, got {rank}; pass "
+                f"a rank in [0, {world_size})."
             )
         return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
 

@@ -162,7 +162,10 @@ class SamplePlan:
         self._check_position(start, world_size)
         check_int("rank", rank, 0)
         if rank >= world_size:
-            raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
+            raise ValueError(
+                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
+                f"[0, {world_size})."
+            )
         return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
 
     def _check_position(self, start: int, world_size: int) -> None:

@@ -28,6 +28,7 @@ from loaderkit._callers import under_lightning_loop
 from loaderkit._checks import check_int
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
+from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
 from loaderkit.plan.bucket import BucketPlan, Oversize
@@ -58,7 +59,8 @@ class PlanBatchSampler(Sampler[list[int]]):
     def __init__(self, plan: Plan, *, rank: int | None = None, world_size: int | None = None):
         if not all(hasattr(plan, a) for a in ("schedule", "fingerprint", "num_steps")):
             raise TypeError(
-                f"plan must be a loaderkit Plan (e.g. SamplePlan), got {type(plan).__name__}."
+                f"plan must be a loaderkit Plan, got {type(plan).__name__}; pass a SamplePlan, "
+                "a ShardPlan (ShardedDataset.plan()) or a BucketPlan."
             )
         self.plan = plan
         self.rank = rank
@@ -98,8 +100,14 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         cursor = self._cursor
-        epoch, start, _ = cursor.begin(self.plan)
         rank, world_size = self._topology()
+        epoch, start, steps_done = cursor.upcoming(self.plan)
+        fields = {**self.plan.fingerprint(), "world_size": world_size}
+        fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
+        agree_across_ranks(
+            type(self).__name__, fields, rank=rank, world_size=world_size, epoch=epoch
+        )
+        epoch, start, _ = cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("PlanBatchSampler", epoch, sched.num_steps)
         for step in range(sched.num_steps):

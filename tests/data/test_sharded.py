@@ -46,6 +46,7 @@ from loaderkit import (
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import MissingShardError, ShardError
 from loaderkit.plan._cursor import check_state
+from tests.support.proptest import examples
 
 SEQ = 4
 SIZES = (5, 0, 13, 2, 21, 1, 8)  # 50 samples in 7 uneven shards, one empty
@@ -211,9 +212,17 @@ def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[P
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
     run = loader(ds, mix_shards=1)
     next(iter(run))
+    from loaderkit.plan._cursor import seal
+
     state = run.state_dict()
     del state["plan"]["mix_shards"]
     state["plan"]["order_check"] = 829552864  # loaderkit 0.1's checksum of its shard order
+    # A real 0.1 state is also refused for its format version (it has no checksum) ...
+    old = {k: v for k, v in state.items() if k != "checksum"} | {"version": 1}
+    with pytest.raises(StateMismatchError, match=r"field 'version' is 1"):
+        loader(ds, mix_shards=8).load_state_dict(old)
+    # ... and a current-format state of a plan without mixing names mix_shards.
+    seal(state)
     for mix in (1, 8):
         with pytest.raises(
             StateMismatchError, match=rf"field 'plan' has no 'mix_shards'.*mix_shards={mix} here"
@@ -279,7 +288,7 @@ def assert_mixed(plan: ShardPlan, epoch: int, batches: list[list[int]]) -> None:
         assert len(shards) >= -(-min(b, k) // c), (batch, shards, c)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     shard_spec=SHARD_SIZES,
     batch_size=st.integers(1, 40),

@@ -34,6 +34,8 @@ from loaderkit import (
 )
 from loaderkit.data.streaming import EMPTY_PASSES
 from loaderkit.loader._stream import StreamEngine, _SlotBatches
+from loaderkit.plan._cursor import seal
+from tests.support.proptest import examples
 
 SEED = 5
 FIXTURE_HEALTH = HealthCheck.function_scoped_fixture  # the fixture only patches a class
@@ -187,7 +189,9 @@ sizes_st = st.lists(
 
 # -------------------------------------------------------- one pass per epoch
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     sizes=sizes_st,
@@ -245,7 +249,9 @@ def test_pass_per_epoch_exactly_once_and_exact_resume(
 
 # ------------------------------------------------------ fixed steps per epoch
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     sizes=sizes_st,
@@ -325,6 +331,7 @@ def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
         states.append(dl.state_dict())
     state = copy.deepcopy(states[0])
     state["ranks"] = [s["ranks"][r] for r, s in enumerate(states)]  # what all_gather builds
+    seal(state)
     for rank in range(world):
         flat = [b for epoch in per_rank[rank] for b in epoch]
         after = resumed(ds, state, nw, 2 * steps - k, batch_size=batch, rank=rank, world_size=world)
@@ -399,7 +406,9 @@ def test_a_stream_state_of_loaderkit_0_1_is_refused_by_version() -> None:
     state = dl.state_dict()
     state["version"] = 1
     state["ranks"][0]["cursors"] = [[0, 0, 3, 3]]
-    with pytest.raises(StateMismatchError, match=r"field 'version' is 1: the stream state of"):
+    with pytest.raises(
+        StateMismatchError, match=r"field 'version' is 1: the state was saved by an older"
+    ):
         loader(ds).load_state_dict(state)
     state = dl.state_dict()
     with pytest.raises(StateMismatchError, match=r"field 'mix_shards' differs: saved 8, here 1"):

@@ -25,6 +25,7 @@ import torch
 
 from loaderkit import ResumableDataLoader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
+from tests.support.helpers import PhaseLog
 
 SEQ_LEN = 4
 
@@ -96,6 +97,7 @@ def main() -> int:
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
+        callbacks=[PhaseLog()],
     )
     trainer.fit(RecordIds(args.out / f"records-rank{rank}.jsonl"), datamodule=ShardData(args))
     return 0

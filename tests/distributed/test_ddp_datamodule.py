@@ -25,7 +25,9 @@ def test_sharded_datamodule_under_real_ddp(tmp_path: Path) -> None:
     write_shards(tmp_path / "data", arrays, TokenReader(seq_len=4))
     out = tmp_path / "out"
     args = ["--data", str(tmp_path / "data"), "--out", str(out)]
-    rc = run_script(SUPPORT_DIR / "datamodule_ddp.py", args, tmp_path / "run.log", timeout=180)
+    rc = run_script(
+        SUPPORT_DIR / "datamodule_ddp.py", args, tmp_path / "run.log", phase="DDP DataModule fit"
+    )
     assert rc == 0, log_tail(tmp_path / "run.log")
     r0, r1 = (read_records(out / f"records-rank{r}.jsonl") for r in (0, 1))
     assert len(r0) == len(r1) == 2 * 4  # ceil(29 / 8) steps per epoch on each rank

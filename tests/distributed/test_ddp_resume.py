@@ -47,7 +47,6 @@ pytestmark = [
 SCRIPT = Path(__file__).resolve().parent / "_train_ddp.py"
 SIZE, BATCH, WORLD = 64, 8, 2
 STEPS_PER_EPOCH = SIZE // (BATCH * WORLD)
-TIMEOUT_S = 180
 
 
 def launch(out: Path, *extra: str, num_workers: int = 0, devices: int = WORLD) -> list[Path]:
@@ -58,7 +57,7 @@ def launch(out: Path, *extra: str, num_workers: int = 0, devices: int = WORLD) -
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     log = out / "run.log"
-    rc = run_script(SCRIPT, args, log, timeout=TIMEOUT_S)
+    rc = run_script(SCRIPT, args, log, phase="DDP fit")
     expected = 3 if "--fail-at" in extra else 0
     assert rc == expected, f"exit status {rc}, expected {expected}; log:\n{log_tail(log)}"
     return [out / f"records-rank{r}.jsonl" for r in range(devices)]

@@ -33,7 +33,6 @@ EXAMPLE = REPO_ROOT / "examples" / "train_shards_ddp.py"
 SIZES = (23, 7, 41, 0, 18, 11, 33)  # 133 samples
 SEQ, BATCH, WORLD, WINDOW, SEED, EPOCHS = 4, 8, 2, 16, 0, 2
 STEPS_PER_EPOCH = 9
-TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--window", str(WINDOW), "--seed", str(SEED)]  # fmt: skip
     out.mkdir(parents=True)
     log = out / "run.log"
-    rc = run_script(SCRIPT, args, log, timeout=TIMEOUT_S)
+    rc = run_script(SCRIPT, args, log, phase="DDP fit over shards")
     assert rc == 0, f"exit status {rc}; log:\n{log_tail(log)}"
     records = [read_records(out / f"records-rank{r}.jsonl") for r in range(WORLD)]
     return {"data": root / "data", "records": records}
@@ -87,7 +86,7 @@ def test_union_over_ranks_is_each_sample_once_plus_the_documented_padding(
 
 def test_the_example_trains_on_shards_with_two_processes(tmp_path: Path) -> None:
     log = tmp_path / "example.log"
-    rc = run_script(EXAMPLE, [], log, timeout=TIMEOUT_S)
+    rc = run_script(EXAMPLE, [], log, phase="DDP shards example")
     text = log.read_text()
     assert rc == 0, f"exit status {rc}; log:\n{log_tail(log)}"
     assert "every sample exactly once" in text, log_tail(log)

@@ -33,7 +33,7 @@ def launch(out: Path, *extra: str) -> list[list[dict[str, object]]]:
         "--batch-size", "8", "--stream", "--steps-per-epoch", str(STEPS), *extra,
     ]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    rc = run_script(SCRIPT, args, out / "run.log", timeout=180)
+    rc = run_script(SCRIPT, args, out / "run.log", phase=f"DDP stream fit {out.name}")
     expected = 3 if "--fail-at" in extra else 0
     assert rc == expected, f"exit status {rc}; log:\n{log_tail(out / 'run.log')}"
     return [read_records(out / f"records-rank{r}.jsonl") for r in range(2)]

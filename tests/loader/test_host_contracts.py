@@ -209,11 +209,12 @@ def test_an_unshuffled_loader_has_a_sequential_sampler() -> None:
 def test_dataloader_attributes_are_there() -> None:
     gen = torch.Generator()
     loader = ResumableDataLoader(
-        list(range(8)), batch_size=2, drop_last=True, generator=gen, timeout=5, seed=0
+        list(range(8)), batch_size=2, drop_last=True, generator=gen, timeout=5, num_workers=1
     )
     assert loader.drop_last is True and loader.generator is gen and loader.timeout == 5
     assert loader.collate_fn is torch.utils.data.default_collate
     assert loader.persistent_workers is False and loader.prefetch_factor is None
+    assert loader.num_workers == 1
     assert loader.worker_init_fn is None and loader.multiprocessing_context is None
 
 

@@ -34,6 +34,7 @@ from loaderkit import (
     TensorDataset,
     WorkerError,
 )
+from loaderkit.plan._cursor import seal
 
 N, B = 22, 4  # 6 batches per epoch, the last one of 2 samples
 STEPS = 6
@@ -135,11 +136,9 @@ def test_resume_oracle(k: int, nw_before: int, nw_after: int, lightning: bool) -
     after = resume(resumed, state, lightning)
     assert_same_batches(before + after, full)
     # Past the resumed epoch the state counts on as if never interrupted.
-    assert resumed.state_dict() == make(nw_after).state_dict() | {
-        "epoch": 1,
-        "position": N,
-        "steps_done": STEPS,
-    }
+    assert resumed.state_dict() == seal(
+        make(nw_after).state_dict() | {"epoch": 1, "position": N, "steps_done": STEPS}
+    )
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
@@ -283,7 +282,15 @@ def test_state_dict_is_rank_symmetric() -> None:
     ranks = [make(rank=r, world_size=2) for r in (0, 1)]
     _lockstep(ranks, 2)
     state = ranks[0].state_dict()
-    assert set(state) == {"version", "epoch", "position", "steps_done", "plan", "topology"}
+    assert set(state) == {
+        "version",
+        "epoch",
+        "position",
+        "steps_done",
+        "plan",
+        "topology",
+        "checksum",
+    }
     assert "rank" not in state["topology"]
 
 
@@ -509,20 +516,29 @@ def test_malformed_states_are_refused() -> None:
         loader.load_state_dict(missing)
     with pytest.raises(StateMismatchError, match=r"unknown keys \['rank'\]"):
         loader.load_state_dict(good | {"rank": 0})
-    with pytest.raises(StateMismatchError, match=r"'version' is 2.*upgrade loaderkit"):
-        loader.load_state_dict(good | {"version": 2})
+    with pytest.raises(StateMismatchError, match=r"'version' is 3.*upgrade loaderkit"):
+        loader.load_state_dict(good | {"version": 3})
+    with pytest.raises(
+        StateMismatchError,
+        match=r"'version' is 1: .*older loaderkit.*reads "
+        r"version 2; resume with the loaderkit version that saved it",
+    ):
+        loader.load_state_dict(good | {"version": 1})
     with pytest.raises(StateMismatchError, match=r"'version' is True"):
         loader.load_state_dict(good | {"version": True})
-    with pytest.raises(StateMismatchError, match=r"'position' must be a non-negative int"):
-        loader.load_state_dict(good | {"position": -1})
-    with pytest.raises(ValueError, match=r"'position' is 23, past the epoch length 22"):
+    # Edited fields fail the checksum, named; re-sealed ones still fail their own checks.
+    with pytest.raises(StateMismatchError, match=r"field 'position' does not match"):
         loader.load_state_dict(good | {"position": 23})
+    with pytest.raises(StateMismatchError, match=r"'position' must be a non-negative int"):
+        loader.load_state_dict(seal(good | {"position": -1}))
+    with pytest.raises(ValueError, match=r"'position' is 23, past the epoch length 22"):
+        loader.load_state_dict(seal(good | {"position": 23, "steps_done": 1}))
     plan = dict(good["plan"])
     del plan["drop_last"]
     with pytest.raises(StateMismatchError, match=r"field 'plan' has fields"):
-        loader.load_state_dict(good | {"plan": plan})
+        loader.load_state_dict(seal(good | {"plan": plan}))
     with pytest.raises(StateMismatchError, match=r"'order_check' differs"):
-        loader.load_state_dict(good | {"plan": good["plan"] | {"order_check": 1}})
+        loader.load_state_dict(seal(good | {"plan": good["plan"] | {"order_check": 1}}))
 
 
 def test_seed_none_adopts_the_saved_seed() -> None:
@@ -566,7 +582,11 @@ BAD_ARGS: list[tuple[dict[str, Any], type, str]] = [
     ({"shuffle": "yes"}, TypeError, r"shuffle must be a bool, got 'yes'"),
     ({"drop_last": None}, TypeError, r"drop_last must be a bool, got None"),
     ({"per_sample_seeding": "on"}, ValueError, r"per_sample_seeding must be True, False or"),
-    ({"timeout": -1}, ValueError, r"timeout must be >= 0, got -1"),
+    (
+        {"timeout": -1},
+        ValueError,
+        r"timeout must be a finite number of seconds >= 0, got -1; pass e\.g\. timeout=60",
+    ),
     ({"collate_fn": 3}, TypeError, r"collate_fn must be callable"),
     ({"worker_init_fn": "f"}, TypeError, r"worker_init_fn must be callable"),
     ({"dataset": []}, ValueError, r"dataset is empty"),

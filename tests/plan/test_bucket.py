@@ -50,10 +50,12 @@ from loaderkit import (
     StateMismatchError,
     compute_lengths,
 )
+from loaderkit.plan._cursor import seal
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.samplers import BucketBatchSampler
 from loaderkit.plan.shard_bucket import ShardBucketPlan
 from tests.support.helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
+from tests.support.proptest import examples
 
 
 def padded(n: int, multiple: int | None) -> int:
@@ -128,7 +130,7 @@ def make_plan(lengths: np.ndarray, kwargs: dict[str, Any]) -> BucketPlan:
 # ------------------------------------------------------------------ the plan, by hypothesis
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(config=bucket_configs(), world_size=st.integers(1, 8))
 def test_epochs_are_pure_exactly_once_within_budget_and_dealt_evenly(
     config: tuple[np.ndarray, dict[str, Any]], world_size: int
@@ -168,7 +170,7 @@ def test_epochs_are_pure_exactly_once_within_budget_and_dealt_evenly(
             assert dealt == documented_deal(seq, 0, world_size, kwargs["drop_last"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     config=bucket_configs(),
     world_size=st.integers(1, 8),
@@ -427,6 +429,9 @@ def test_state_dict_round_trip_and_mismatches() -> None:
     with pytest.raises(StateMismatchError, match=r"saved by a different kind of plan"):
         planned.load_state_dict(state)
     past = dict(state, position=saving.plan.epoch_length(0) + 1)
+    with pytest.raises(StateMismatchError, match=r"field 'position' does not match"):
+        sampler().load_state_dict(past)
+    seal(past)
     with pytest.raises(ValueError, match=r"field 'position' is \d+, past the epoch length"):
         sampler().load_state_dict(past)
     # The loader refuses a different saved seed instead of silently keeping its own order.

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import loaderkit.plan.sample
 from loaderkit import SamplePlan
 from loaderkit.plan.sample import permutation_check
+from tests.support.proptest import examples
 
 PLANS = st.builds(
     SamplePlan,
@@ -55,7 +56,7 @@ def flat(steps: list[list[list[int]]]) -> list[int]:
     return [i for step in steps for batch in step for i in batch]
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(
     plan=PLANS,
     world_size=st.integers(1, 8),
@@ -96,7 +97,7 @@ def test_ranks_cover_the_rest_of_the_order_exactly_once(
     assert len(flat(steps[:-1])) <= remaining  # repeats only in the last step
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(plan=PLANS, world_size=st.integers(1, 8), start_frac=st.floats(0, 1))
 def test_positions_are_monotone_and_end_at_num_samples(
     plan: SamplePlan, world_size: int, start_frac: float
@@ -116,7 +117,7 @@ def test_positions_are_monotone_and_end_at_num_samples(
             assert pos == start + (s + 1) * global_step
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     plan=PLANS,
     before=st.integers(1, 8),
@@ -148,7 +149,7 @@ def test_resume_with_a_different_world_size_covers_the_rest_exactly_once(
         assert len(both) - n < after
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plan=PLANS, world_size=st.integers(1, 8))
 def test_a_start_at_the_end_of_the_epoch_yields_nothing(plan: SamplePlan, world_size: int) -> None:
     n = plan.num_samples

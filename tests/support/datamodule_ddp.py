@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from loaderkit.lightning.datamodules import ShardedDataModule
+from tests.support.helpers import PhaseLog
 
 SEQ_LEN = 4
 
@@ -66,6 +67,7 @@ def main() -> int:
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
+        callbacks=[PhaseLog()],
     )
     trainer.fit(RecordIds(args.out / f"records-rank{rank}.jsonl"), datamodule=dm)
     return 0

@@ -38,11 +38,14 @@ __all__ = [
     "IdDataset",
     "IdModule",
     "Interrupted",
+    "PhaseLog",
     "assert_epochs_exactly_once",
     "assert_resume_exact",
     "by_epoch",
     "fit_or_interrupt",
+    "last_phase",
     "log_tail",
+    "mark_phase",
     "read_records",
     "run_script",
     "step_checkpoints",
@@ -348,13 +351,63 @@ def assert_epochs_exactly_once(ids_per_epoch: dict[int, list[int]], size: int, e
         raise AssertionError("not every id exactly once per epoch:\n  " + "\n  ".join(problems))
 
 
-def run_script(script: Path, args: Sequence[str], log: Path, timeout: float = 180) -> int:
+PHASE_MARK = "[loaderkit-test phase]"
+
+
+def mark_phase(name: str) -> None:
+    """Print a phase marker: a script that hangs is reported with the last one it reached."""
+    print(f"{PHASE_MARK} {name}", flush=True)
+
+
+class PhaseLog(L.Callback):
+    """Marks the phases of a Lightning run (fit start, each epoch's start and first batch, end)."""
+
+    def _mark(self, trainer: L.Trainer, what: str) -> None:
+        mark_phase(f"rank {trainer.global_rank}: {what}")
+
+    def on_fit_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._mark(trainer, "fit started (DDP set up)")
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._mark(trainer, f"epoch {trainer.current_epoch} started")
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._mark(trainer, f"epoch {trainer.current_epoch}, step {trainer.global_step} done")
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._mark(trainer, "training ended")
+
+
+def last_phase(log: Path) -> str:
+    """The last phase marker in a script's log, or a note that it reached none."""
+    marks = [
+        line[len(PHASE_MARK) :].strip()
+        for line in log.read_text(errors="replace").splitlines()
+        if line.startswith(PHASE_MARK)
+    ]
+    return marks[-1] if marks else "none (it hung before its first phase marker: start-up)"
+
+
+# Generous: a DDP run takes ~170 s alone on 2 cores and over twice that when the
+# machine is oversubscribed; a hang still fails, naming the phase it hung in.
+SCRIPT_TIMEOUT_S = 900
+
+
+def run_script(
+    script: Path,
+    args: Sequence[str],
+    log: Path,
+    timeout: float = SCRIPT_TIMEOUT_S,
+    phase: str | None = None,
+) -> int:
     """Run ``python script args`` in its own session and return its exit status.
 
     Output goes to ``log`` rather than a pipe: DataLoader workers or DDP ranks
     that outlive the main process would hold a pipe open. On a timeout the test
-    fails instead of hanging. Whatever the script left running in its session
-    (orphaned workers, a DDP rank) is ended before returning.
+    fails instead of hanging, naming ``phase`` (what the script does) and the
+    last phase marker it printed (:func:`mark_phase`, :class:`PhaseLog`).
+    Whatever the script left running in its session (orphaned workers, a DDP
+    rank) is ended before returning.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -379,8 +432,11 @@ def run_script(script: Path, args: Sequence[str], log: Path, timeout: float = 18
             _end_session(proc.pid, grace=10 if rc == 0 else 0)
             proc.wait()
     if rc is None:
+        what = f" ({phase})" if phase else ""
+        command = "".join(f" {a}" for a in args)
         raise AssertionError(
-            f"{script.name} {' '.join(args)} ran past {timeout} s (hang?); log:\n{_tail(log)}"
+            f"{script.name}{what}{command} ran past {timeout} s: it hung in phase "
+            f"{last_phase(log)!r}; log:\n{_tail(log)}"
         )
     return rc
 

@@ -31,7 +31,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from loaderkit import ElasticResume
-from tests.support.helpers import IdDataModule, IdModule, Interrupted, trainer_kwargs
+from tests.support.helpers import IdDataModule, IdModule, Interrupted, PhaseLog, trainer_kwargs
 
 
 class DumpLoaderState(Callback):
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 DumpLoaderState(args.out, args.every),
                 # Rewinds the batch Lightning prefetches from a stream without a length.
                 ElasticResume(),
+                PhaseLog(),
             ],
         )
     )

@@ -129,7 +129,7 @@ class LoaderDataModule(L.LightningDataModule):
         if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
             raise ValueError(
                 f"{owner}: pin_memory must be True, False or 'auto', got {pin_memory!r}; "
-                "'auto' pins only for CUDA/XPU, where it helps."
+                "pass one of these ('auto' pins only for CUDA/XPU, where it helps)."
             )
         self.pin_memory = pin_memory
         self.persistent_workers = check_bool("persistent_workers", persistent_workers, owner=owner)
@@ -217,7 +217,10 @@ class LoaderDataModule(L.LightningDataModule):
         """Build the datasets (once per stage) and apply ``val_fraction``."""
         owner = type(self).__name__
         if stage not in _STAGES:
-            raise ValueError(f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}.")
+            raise ValueError(
+                f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}; pass one of these "
+                "(the Trainer does)."
+            )
         if stage in self._stages:
             return
         built = dict(self.build_datasets(stage))
@@ -402,7 +405,9 @@ class LoaderDataModule(L.LightningDataModule):
             numpy_ok=True,
         )
         if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
-            raise ValueError(f"{owner}: budget_s must be a number > 0, got {budget_s!r}.")
+            raise ValueError(
+                f"{owner}: budget_s must be a number > 0, got {budget_s!r}; pass e.g. budget_s=2.0."
+            )
         self._dataset("train")
         share = budget_s / (max_workers + 1)
         rates: dict[int, float] = {}

@@ -90,7 +90,10 @@ class SequenceDataModule(LoaderDataModule):
         super().__init__(**kwargs)
         owner = type(self).__name__
         if not isinstance(length_key, str):
-            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
+            raise TypeError(
+                f"{owner}: length_key must be a str, got {length_key!r}; pass the key of the "
+                "field whose length buckets samples, e.g. length_key='input_ids'."
+            )
         self.length_key = length_key
         self.bucket = check_bool("bucket", bucket, owner=owner)
         self.max_tokens = max_tokens

@@ -307,10 +307,13 @@ class ShardedDataModule(LoaderDataModule):
             try:
                 kind = np.dtype(dtype).kind
             except TypeError as exc:
-                raise ValueError(f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}).") from exc
+                raise ValueError(
+                    f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. 'uint16'."
+                ) from exc
             if kind not in "iu":
                 raise ValueError(
-                    f"{owner}: dtype must be an integer dtype such as 'uint16', got {dtype!r}."
+                    f"{owner}: dtype must be an integer dtype, got {dtype!r}; pass the token "
+                    "dtype, e.g. 'uint16'."
                 )
         return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
 
@@ -431,9 +434,14 @@ def _shard_list(owner: str, name: str, value: object) -> Shards:
     paths = []
     for item in value:
         if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(f"{owner}: {name} must list paths, got {item!r}.")
+            raise TypeError(
+                f"{owner}: {name} must list paths, got {item!r}; pass a directory or a list of "
+                "shard paths."
+            )
         if not os.path.exists(item):
-            raise FileNotFoundError(f"{owner}: {name}: shard {os.fspath(item)!r} does not exist.")
+            raise FileNotFoundError(
+                f"{owner}: {name}: shard {os.fspath(item)!r} does not exist; check the path."
+            )
         paths.append(os.fspath(item))
     return paths
 

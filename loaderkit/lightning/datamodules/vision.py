@@ -115,7 +115,10 @@ class ImageFolderDataModule(LoaderDataModule):
             if value is None:
                 continue
             if not isinstance(value, (str, os.PathLike)):
-                raise TypeError(f"{owner}: {name} must be a directory path, got {value!r}.")
+                raise TypeError(
+                    f"{owner}: {name} must be a directory path, got {value!r}; pass a folder "
+                    "with one subfolder of images per class."
+                )
             if not os.path.isdir(value):
                 raise ValueError(
                     f"{owner}: {name}={os.fspath(value)!r} is not a directory; pass a folder "
@@ -128,9 +131,15 @@ class ImageFolderDataModule(LoaderDataModule):
         self.mean = _triple(owner, "mean", mean, positive=False)
         self.std = _triple(owner, "std", std, positive=True)
         if not isinstance(color_jitter, (int, float)) or isinstance(color_jitter, bool):
-            raise TypeError(f"{owner}: color_jitter must be a number >= 0, got {color_jitter!r}.")
+            raise TypeError(
+                f"{owner}: color_jitter must be a number >= 0, got {color_jitter!r}; pass e.g. "
+                "0.4, or 0 for none."
+            )
         if color_jitter < 0:
-            raise ValueError(f"{owner}: color_jitter must be >= 0 (0: none), got {color_jitter}.")
+            raise ValueError(
+                f"{owner}: color_jitter must be >= 0, got {color_jitter}; pass e.g. 0.4, or 0 for "
+                "none."
+            )
         self.color_jitter = float(color_jitter)
         # bool is an int: crop_fraction=True would pass as 1.0 without the explicit check.
         if not isinstance(crop_fraction, (int, float)) or isinstance(crop_fraction, bool):
@@ -145,7 +154,10 @@ class ImageFolderDataModule(LoaderDataModule):
         self.crop_fraction = float(crop_fraction)
         for name, fn in (("train_transform", train_transform), ("eval_transform", eval_transform)):
             if fn is not None and not callable(fn):
-                raise TypeError(f"{owner}: {name} must be callable or None, got {fn!r}.")
+                raise TypeError(
+                    f"{owner}: {name} must be callable or None, got {fn!r}; pass a transform "
+                    "such as torchvision.transforms.v2.Compose([...]), or None for the default."
+                )
         self.train_transform = train_transform or self._default_train_transform()
         self.eval_transform = eval_transform or self._default_eval_transform()
 

@@ -1,0 +1,163 @@
+"""Ranks compare their plans once when an epoch starts (private).
+
+Every rank computes its share of an epoch from the same few integers (seed,
+dataset size, batch size, topology, epoch, position). Nothing forces those to
+be equal across processes, and when they are not, nothing fails where the
+cause is: measured under 2-process gloo, ranks given different seeds silently
+lost 68 and repeated 69 of 290 samples per epoch, and ranks given datasets of
+different sizes crashed later in gloo with "Connection closed by peer".
+
+So when an epoch starts under an initialized ``torch.distributed`` group, each
+rank publishes a small fingerprint of its plan and reads everyone else's; any
+difference is a :class:`~loaderkit.errors.StateMismatchError` raised on every
+rank, naming the field, the values and the ranks that hold them. It is not
+done in ``state_dict()`` (which must stay free of collectives).
+
+The exchange goes through the process group's key-value store, with a
+timeout, rather than a collective: it never waits on a GPU stream and cannot
+hang forever. Assumption (which Lightning's loops meet, and which DDP needs
+anyway for ranks to step together): every rank iterates the same loaders'
+epochs in the same order. A rank that starts an epoch the others never start
+waits ``LOADERKIT_RANK_CHECK_TIMEOUT`` seconds (default 300), then raises an
+error saying so instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from loaderkit.errors import LoaderkitError, StateMismatchError
+
+__all__ = ["agree_across_ranks"]
+
+_ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
+_DEFAULT_TIMEOUT_S = 300.0
+_round = 0  # comparisons this process made: the n-th of every rank pair up
+
+_FIXES = {
+    "seed": "pass the same seed= on every rank (e.g. seed=0), or call "
+    "lightning.seed_everything(<int>) on every rank before building the loaders "
+    "(seed=None takes torch.initial_seed(), which differs between processes)",
+    "epoch": "resume every rank from the same checkpoint and call set_epoch() with the same "
+    "epoch on every rank",
+    "position": "resume every rank from the same checkpoint (the state rank 0 saved is right "
+    "for all ranks)",
+    "steps_done": "resume every rank from the same checkpoint",
+    "world_size": "let the loader read rank and world size from torch.distributed (leave "
+    "rank=/world_size= unset), or pass the same world_size on every rank",
+    "num_workers": "pass the same num_workers on every rank (a stream deals its shards to "
+    "rank x worker slots)",
+}
+_DATA_FIX = (
+    "every rank must read the same dataset (the same files in the same order, the same "
+    "length); build it from the same source on every rank"
+)
+_DATA_FIELDS = (
+    "num_samples",
+    "num_shards",
+    "shard_sizes_crc32",
+    "shard_names_crc32",
+    "lengths_crc32",
+    "dataset_size",
+)
+
+
+def _timeout() -> float:
+    raw = os.environ.get(_ENV_TIMEOUT, "")
+    try:
+        value = float(raw) if raw else _DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = _DEFAULT_TIMEOUT_S
+    return value if value > 0 else _DEFAULT_TIMEOUT_S
+
+
+def _group_matches(rank: int, world_size: int) -> bool:
+    if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
+        return False
+    # Ranks simulated with explicit rank=/world_size= inside another group compare nothing.
+    return dist.get_world_size() == world_size and dist.get_rank() == rank
+
+
+def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> list[str]:
+    """Every rank's fingerprint (as JSON text), in rank order."""
+    global _round
+    _round += 1
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+    except Exception:  # no store to use: a collective (no timeout of our own)
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        return [str(g) for g in gathered]
+    key = f"loaderkit/agree/{_round}"
+    keys = [f"{key}/{r}" for r in range(world_size)]
+    store.set(keys[rank], mine)
+    timeout = _timeout()
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except Exception as exc:
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise LoaderkitError(
+            f"{owner}: rank {rank} started epoch {epoch} and waited {timeout:.0f} s for ranks "
+            f"{missing} to start it too ({type(exc).__name__}: {exc}). loaderkit compares the "
+            "plan across ranks when an epoch starts and assumes every rank iterates the same "
+            "loaders' epochs in the same order (Lightning does; DDP needs it for ranks to "
+            "step together); iterate this loader on every rank, or raise "
+            f"{_ENV_TIMEOUT} if ranks are that far apart."
+        ) from exc
+    multi_get = getattr(store, "multi_get", None)
+    raw = multi_get(keys) if callable(multi_get) else [store.get(k) for k in keys]
+    if _round > 1:  # every rank set this round, so all have read the previous one
+        # Stores without delete keep a few bytes per epoch.
+        with contextlib.suppress(Exception):
+            store.delete_key(f"loaderkit/agree/{_round - 1}/{rank}")
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+
+
+def agree_across_ranks(
+    owner: str, fields: Mapping[str, Any], *, rank: int, world_size: int, epoch: int
+) -> None:
+    """Raise on every rank if the ranks' ``fields`` differ (no-op outside a process group).
+
+    Args:
+        owner: Names the loader or sampler in messages.
+        fields: JSON-able plan settings that must be equal on every rank.
+        rank: This process's rank as the loader sees it.
+        world_size: The number of ranks as the loader sees it.
+        epoch: The epoch that starts (for messages).
+
+    Raises:
+        StateMismatchError: some field differs between ranks (on every rank).
+        LoaderkitError: another rank did not start the epoch within the timeout.
+    """
+    if not _group_matches(rank, world_size):
+        return
+    mine = json.dumps(dict(fields), sort_keys=True, default=repr)
+    everyone = [json.loads(text) for text in _exchange(mine, rank, world_size, owner, epoch)]
+    names = sorted({k for fp in everyone for k in fp})
+    for name in names:
+        values = [fp.get(name) for fp in everyone]
+        if all(v == values[0] for v in values):
+            continue
+        groups: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            groups.setdefault(json.dumps(v), []).append(r)
+        held = "; ".join(f"{v} on rank(s) {rs}" for v, rs in groups.items())
+        differ = [r for r, v in enumerate(values) if v != values[0]]
+        fix = _FIXES.get(name, _DATA_FIX if name in _DATA_FIELDS else None)
+        if fix is None:
+            fix = "build the loader with the same arguments on every rank"
+        raise StateMismatchError(
+            f"{owner}: the ranks disagree on {name!r} at the start of epoch {epoch}: {held} "
+            f"(ranks {differ} differ from rank 0). Each rank would take its share of a "
+            "different plan, silently losing and repeating samples (or stepping different "
+            f"numbers of times and hanging DDP); {fix}."
+        )

@@ -1,0 +1,174 @@
+"""State integrity: a state carries a per-field checksum; any edit is refused, naming the field.
+
+Measured before the checksum: a hand-edited position off a batch boundary
+yielded 119 ids for 100 samples, an edited ``steps_done`` made ``len()``
+disagree with what the epoch yields, and a stream cursor past a shard's end
+silently dropped 100 of 177 samples. Each is shown here to have been silent
+(the data would be wrong) and to be refused now.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from loaderkit import (
+    IterableReader,
+    PlanBatchSampler,
+    ResumableDataLoader,
+    SamplePlan,
+    ShardError,
+    StateMismatchError,
+    StreamingShardedDataset,
+)
+from loaderkit.plan._cursor import STATE_VERSION, field_digest, seal
+from tests.reliability._cases import ids, read_range
+
+N, B = 100, 7
+
+
+def planned(**kwargs: Any) -> ResumableDataLoader:
+    kwargs.setdefault("shuffle", True)
+    return ResumableDataLoader(list(range(N)), batch_size=B, seed=3, **kwargs)
+
+
+def after(loader: ResumableDataLoader, k: int) -> dict[str, Any]:
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    return loader.state_dict()
+
+
+def test_every_state_carries_a_checksum_of_every_field() -> None:
+    st = after(planned(), 3)
+    assert st["version"] == STATE_VERSION == 2
+    assert sorted(st["checksum"]) == sorted(k for k in st if k != "checksum")
+    for name, digest in st["checksum"].items():
+        assert digest == field_digest(name, st[name])
+
+
+def test_a_state_survives_json_and_torch_save_round_trips(tmp_path: Path) -> None:
+    loader = planned()
+    st = after(loader, 3)
+    through_json = json.loads(json.dumps(st))
+    torch.save(st, tmp_path / "s.pt")
+    through_torch = torch.load(tmp_path / "s.pt", weights_only=True)
+    full = ids(planned())
+    for saved in (through_json, through_torch):
+        resumed = planned()
+        resumed.load_state_dict(saved)
+        assert ids(list(iter(planned()))[:3]) + ids(resumed) == full
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epoch", 1), ("position", 25), ("steps_done", 2), ("version", 1)],
+)
+def test_each_edited_field_is_named(field: str, value: Any) -> None:
+    st = after(planned(), 3)
+    edited = {**st, field: value}
+    pattern = f"field '{field}'" if field != "version" else "field 'version' is 1"
+    with pytest.raises(StateMismatchError, match=pattern):
+        planned().load_state_dict(edited)
+
+
+def test_position_off_a_batch_boundary_was_silent_and_is_refused() -> None:
+    st = after(planned(), 3)  # position 21
+    edited = {**st, "position": 24}
+    # What the loader would have yielded without the checksum (the same edit, resealed):
+    # the rest of the epoch from 24 overlaps nothing and skips 21..23 of the order.
+    resumed = planned()
+    resumed.load_state_dict(seal(copy.deepcopy(edited)))
+    seen = ids(list(iter(planned()))[:3]) + ids(resumed)
+    assert (len(seen), len(set(seen))) == (97, 97)  # 3 samples lost, silently
+    with pytest.raises(StateMismatchError, match=r"field 'position' does not match .*value 24"):
+        planned().load_state_dict(edited)
+
+
+def test_edited_steps_done_was_a_wrong_len_and_is_refused() -> None:
+    st = after(planned(), 3)
+    wrong = planned()
+    wrong.load_state_dict(seal({**st, "steps_done": 9}))
+    claimed = len(wrong)
+    batches = list(wrong)
+    # The epoch has 15 batches (3 done + 12 left); len() claimed 9 + 12 = 21.
+    assert (len(planned()), len(batches), claimed) == (15, 12, 21)
+    with pytest.raises(StateMismatchError, match=r"field 'steps_done' does not match .*value 9"):
+        planned().load_state_dict({**st, "steps_done": 9})
+
+
+def test_sampler_states_are_sealed_too() -> None:
+    sampler = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, shuffle=True), rank=0)
+    it = iter(sampler)
+    next(it)
+    st = sampler.state_dict()
+    again = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, shuffle=True), rank=0)
+    again.load_state_dict(st)
+    with pytest.raises(StateMismatchError, match="field 'position' does not match"):
+        again.load_state_dict({**st, "position": 3})
+
+
+# ------------------------------------------------------------------- streams
+SHARDS = [(0, 100), (100, 77)]  # 177 samples
+
+
+def stream() -> ResumableDataLoader:
+    ds = StreamingShardedDataset(SHARDS, IterableReader(read_range), shuffle_shards=False)
+    return ResumableDataLoader(ds, batch_size=10, seed=0)
+
+
+def test_stream_states_are_sealed_and_round_trip() -> None:
+    loader = stream()
+    first = ids(list(iter(loader))[:0])
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    st = loader.state_dict()
+    assert sorted(st["checksum"]) == sorted(k for k in st if k != "checksum")
+    resumed = stream()
+    resumed.load_state_dict(json.loads(json.dumps(st)))
+    assert first + ids(head) + ids(resumed) == list(range(177))
+
+
+def test_stream_cursor_past_a_shard_end_was_silent_and_is_refused() -> None:
+    loader = stream()
+    it = iter(loader)
+    next(it)
+    st = loader.state_dict()
+    cursor = st["ranks"][0]["cursors"][0]
+    assert cursor[:3] == [0, 0, 10]
+    edited = copy.deepcopy(st)
+    edited["ranks"][0]["cursors"][0] = [0, 0, 200, 200]  # past the first shard's 100
+    with pytest.raises(StateMismatchError, match="field 'ranks' does not match"):
+        stream().load_state_dict(edited)
+    # Resealed (or a shard that shrank since the save): reading stops with the file named,
+    # where before 100 - 10 samples of the first shard were dropped without a word.
+    resumed = stream()
+    resumed.load_state_dict(seal(edited))
+    with pytest.raises(
+        ShardError, match=r"holds 100 samples, but the cursor resumes it at sample 200"
+    ):
+        list(resumed)
+
+
+def test_a_stream_shard_that_shrank_since_the_save_is_named(tmp_path: Path) -> None:
+    from loaderkit import JsonlReader, write_shards
+
+    paths = write_shards(tmp_path, [[{"i": i} for i in range(30)], [{"i": 99}]], JsonlReader())
+    ds = StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False)
+    loader = ResumableDataLoader(ds, batch_size=4, seed=0)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)  # cursor at sample 20 of shard 0
+    st = loader.state_dict()
+    write_shards(tmp_path, [[{"i": i} for i in range(12)], [{"i": 99}]], JsonlReader())
+    resumed = ResumableDataLoader(
+        StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False), batch_size=4, seed=0
+    )
+    resumed.load_state_dict(st)
+    with pytest.raises(ShardError, match=r"shard-00000.jsonl.*holds 12 samples.*at sample 20"):
+        list(resumed)

@@ -1,0 +1,165 @@
+"""Dying workers are named with the samples they held; orphaned workers exit on their own.
+
+Measured before: a worker that segfaulted, called ``os._exit`` or was
+SIGKILLed surfaced as torch's "killed by signal" with no sample index (the
+loader knew which indices it had dispatched to that worker); ``timeout=2``
+with ``num_workers=0`` was accepted and never applied; a worker stuck inside
+``__getitem__`` when its parent was SIGKILLed stayed alive (one was still
+running 65 minutes later, parent pid 1).
+
+The out-of-memory kill cannot be provoked safely on a shared machine (it
+needs a memory cgroup of one's own): the kernel's OOM killer sends SIGKILL,
+which is tested here, and the message's OOM wording follows the cgroup's
+``oom_kill`` counter, which is faked here.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, WorkerError
+from loaderkit.loader import _workers
+from tests.reliability._cases import Faulty
+from tests.support.helpers import REPO_ROOT
+
+
+def no_children_left(wait: float = 10.0) -> bool:
+    deadline = time.monotonic() + wait
+    while multiprocessing.active_children():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize(
+    ("how", "ending"),
+    [
+        ("segfault", r"was killed by SIGSEGV \(a segmentation fault"),
+        ("exit", r"exited with code 3 without raising an error \(os._exit\(\)"),
+        ("exit0", r"exited with code 0 without raising an error"),
+        ("sigkill", r"was killed by SIGKILL \(the kernel's out-of-memory killer"),
+    ],
+)
+def test_a_dead_worker_is_named_with_the_indices_it_held(how: str, ending: str) -> None:
+    loader = ResumableDataLoader(Faulty(how, 17), batch_size=4, num_workers=2, seed=0)
+    got: list[int] = []
+    with pytest.raises(WorkerError, match=rf"DataLoader worker 0 \(pid \d+\) {ending}") as info:
+        for batch in loader:
+            got += batch.tolist()
+    # Batch 4 (indices 16..19) went to worker 0 (batches alternate between the workers).
+    assert "sample indices [16, 17, 18, 19] (epoch 0, batch 4)" in str(info.value)
+    held = info.value.index if isinstance(info.value.index[0], list) else [info.value.index]
+    assert [16, 17, 18, 19] in held
+    assert got == list(range(len(got))) and len(got) <= 16  # nothing after the dead batch
+    assert no_children_left(), "the other worker was left running"
+
+
+def test_an_oom_kill_is_named_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = iter([0, 1])  # the cgroup's oom_kill count, at the start and at the death
+    monkeypatch.setattr(_workers, "oom_kills", lambda: next(counts))
+    loader = ResumableDataLoader(Faulty("sigkill", 5), batch_size=4, num_workers=1, seed=0)
+    with pytest.raises(
+        WorkerError,
+        match=r"SIGKILL \(.*\(and it did: the cgroup's oom_kill count rose\).*"
+        r"sample indices \[4, 5, 6, 7\].*Give the workers more memory",
+    ):
+        list(loader)
+
+
+def test_a_persistent_worker_that_dies_in_a_later_epoch_is_named() -> None:
+    loader = ResumableDataLoader(
+        Faulty("exit", 37, size=40), batch_size=4, num_workers=2, persistent_workers=True, seed=0
+    )
+    loader.set_epoch(0)
+    with pytest.raises(WorkerError, match=r"exited with code 3.*sample indices \[36, 37, 38, 39\]"):
+        list(loader)
+    assert no_children_left()
+
+
+def boom_at(shard: tuple[int, int]) -> object:
+    start, n = shard
+    for i in range(start, start + n):
+        if i == 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield i
+
+
+def test_a_dead_stream_worker_is_named_with_its_slot_and_shard() -> None:
+    ds = StreamingShardedDataset(
+        [(0, 4), (4, 6), (10, 4), (14, 4)], IterableReader(boom_at), shuffle_shards=False
+    )
+    loader = ResumableDataLoader(ds, batch_size=2, num_workers=2, seed=0)
+    with pytest.raises(
+        WorkerError,
+        match=r"worker 0 \(pid \d+\) was killed by SIGKILL.*a batch of stream slot 0 after shard "
+        r"\(0, 4\)|worker 1 \(pid \d+\) was killed by SIGKILL.*stream slot 1 after shard \(4, 6\)",
+    ):
+        list(loader)
+    assert no_children_left()
+
+
+def test_a_worker_timeout_is_applied_and_named() -> None:
+    loader = ResumableDataLoader(Faulty("hang", 9), batch_size=4, num_workers=1, timeout=1, seed=0)
+    with pytest.raises(
+        WorkerError, match=r"within timeout=1 s: worker 0 \(pid \d+\) held sample indices \[8, 9"
+    ):
+        list(loader)
+    assert no_children_left(30)
+
+
+def test_a_timeout_without_workers_is_refused_not_ignored() -> None:
+    with pytest.raises(ValueError, match=r"timeout=2 needs num_workers >= 1.*never apply"):
+        ResumableDataLoader(Faulty("hang", 9), batch_size=4, timeout=2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("method", "mode"),
+    [("fork", "sleep"), ("fork", "busy"), pytest.param("spawn", "sleep", marks=pytest.mark.slow)],
+)
+def test_workers_exit_within_seconds_of_their_parents_death(method: str, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability._stuck_parent", method, mode],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, "the parent did not start its workers"
+        info = json.loads(line)
+        children = info["children"]
+        assert len(children) >= 2 and all(_alive(p) for p in children)
+        os.kill(info["parent"], signal.SIGKILL)
+        proc.wait(timeout=30)
+        died = time.monotonic()
+        while any(_alive(p) for p in children) and time.monotonic() - died < 10:
+            time.sleep(0.05)
+        left = [p for p in children if _alive(p)]
+        # The watchdog polls every 0.25 s; seconds allow for a loaded machine.
+        assert not left, f"workers {left} outlived their parent by 10 s"
+    finally:
+        proc.kill()
+        for pid in info.get("children", []) if "info" in locals() else []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
