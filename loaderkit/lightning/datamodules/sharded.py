@@ -226,6 +226,7 @@ class ShardedDataModule(LoaderDataModule):
                 )
         self.max_tokens, self.length_key = max_tokens, length_key
         self.bucket_window = bucket_window
+        self._length_cache: tuple[ShardedDataset, np.ndarray] | None = None
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
         if max_open_shards is not None:
             check_int(
@@ -370,10 +371,16 @@ class ShardedDataModule(LoaderDataModule):
         return self._collate
 
     def _lengths(self, dataset: ShardedDataset) -> np.ndarray:
-        """Each train sample's tokens: from the shards' offsets (documents), else read once."""
-        if isinstance(self.reader, JsonlReader):
-            return dataset.lengths(_KeyLength(self.length_key), progress=False)
-        return dataset.lengths()
+        """Each train sample's tokens: from the shards' offsets (documents), else read once
+        (kept: describe() and every train loader ask again)."""
+        cached = self._length_cache
+        if cached is None or cached[0] is not dataset:
+            if isinstance(self.reader, JsonlReader):
+                lengths = dataset.lengths(_KeyLength(self.length_key), progress=False)
+            else:
+                lengths = dataset.lengths()
+            cached = self._length_cache = (dataset, lengths)
+        return cached[1]
 
     def padding_fraction(self, split: str) -> float | None:
         """Under ``max_tokens``, padded tokens / all tokens of epoch 0's train batches; 0 for
