@@ -341,12 +341,19 @@ class ShardedDataset(Dataset[Any]):
         out: Any = None
         shape = dtype = None
         seen: dict[int, Any] = {}  # shard -> its rows, checked once per batch
+        guards: list[Any] = []
         try:
             for k, g in enumerate(values):
                 shard = bisect.bisect_right(ends, g)
                 rows = seen.get(shard)
                 if rows is None:
                     handle: Any = get(shard)
+                    # A file truncated under its mapping reads as zeros or raises SIGBUS:
+                    # check it before the copy, as the shard's own read would.
+                    guard = getattr(handle, "guard", None)
+                    if guard is not None:
+                        guard.check()
+                        guards.append(guard)
                     rows = handle.rows  # no rows or dtype: AttributeError, the per-shard path
                     if out is None:
                         shape, dtype = rows.shape[1:], handle.dtype
@@ -355,7 +362,11 @@ class ShardedDataset(Dataset[Any]):
                         return None
                     seen[shard] = rows
                 out[k] = rows[g - starts[shard]]
+            for guard in guards:  # ... and after it (a change during the copy)
+                guard.check()
         except Exception:
+            # The per-shard path then raises (a changed file: ShardError naming it) or
+            # skips as on_error says.
             return None
         return out
 
@@ -500,7 +511,14 @@ class ShardedDataset(Dataset[Any]):
                 parts.append(np.asarray(per_sample(), dtype=np.int64))
             else:
                 return np.concatenate(parts)
-        return compute_lengths(self, length_fn, cache=cache, key=repr(self), progress=progress)
+        # The cache key names the shards' content as far as the index knows it (path,
+        # bytes, mtime): two datasets of equal counts must not share cached lengths.
+        if self.entries is not None:
+            content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
+        else:
+            content = ";".join(shard_name(shard) for shard in self.shards)
+        key = f"{self!r}|{content}"
+        return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
 
     def bucket_batch_sampler(
         self,

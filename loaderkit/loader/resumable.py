@@ -524,7 +524,8 @@ class ResumableDataLoader:
                 self._skeleton = skeleton
         # A shallow copy: the nested plan/topology dicts are shared between the
         # states returned (read-only, like the tensors of a torch state_dict), which
-        # keeps a call at ~0.25 us, under 1% of a step even at 30 us per step.
+        # keeps a call at ~2 us with its checksum (measured on a busy 2-core machine), a few
+        # percent of even a 50 us step.
         state = skeleton.copy()
         cursor = self._cursor
         epoch, position, steps_done = cursor.epoch, cursor.position, cursor.steps_done

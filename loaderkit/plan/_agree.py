@@ -32,19 +32,21 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
 
 __all__ = ["agree_across_ranks"]
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
-_DEFAULT_TIMEOUT_S = 300.0
+# torch's own default for a process group's collectives (30 min): ranks that would
+# simply wait in the next collective without this check wait as long here.
+_DEFAULT_TIMEOUT_S = default_pg_timeout.total_seconds()
 _round = 0  # comparisons this process made: the n-th of every rank pair up
 
 _FIXES = {
-    "seed": "pass the same seed= on every rank (e.g. seed=0), or call "
-    "lightning.seed_everything(<int>) on every rank before building the loaders "
-    "(seed=None takes torch.initial_seed(), which differs between processes)",
+    "seed": "pass the same seed= on every rank (e.g. seed=0), or leave seed=None, which "
+    "every rank settles to the same value",
     "epoch": "resume every rank from the same checkpoint and call set_epoch() with the same "
     "epoch on every rank",
     "position": "resume every rank from the same checkpoint (the state rank 0 saved is right "
@@ -105,12 +107,18 @@ def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> 
         store.wait(keys, timedelta(seconds=timeout))
     except Exception as exc:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        # Take this round back: the ranks that never came are still one round behind,
+        # and the next comparison must pair the same loaders' epochs again.
+        _round -= 1
+        with contextlib.suppress(Exception):
+            store.delete_key(keys[rank])
         raise LoaderkitError(
             f"{owner}: rank {rank} started epoch {epoch} and waited {timeout:.0f} s for ranks "
             f"{missing} to start it too ({type(exc).__name__}: {exc}). loaderkit compares the "
             "plan across ranks when an epoch starts and assumes every rank iterates the same "
             "loaders' epochs in the same order (Lightning does; DDP needs it for ranks to "
-            "step together); iterate this loader on every rank, or raise "
+            "step together). Iterate this loader on every rank; or, for a loader meant for "
+            "this rank alone, build it with rank=0, world_size=1; or raise "
             f"{_ENV_TIMEOUT} if ranks are that far apart."
         ) from exc
     multi_get = getattr(store, "multi_get", None)

@@ -109,6 +109,9 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         return ids(ResumableDataLoader(data, BATCH, True, seed=7))
 
     case("only_rank0", rank, results, only_rank0)
+    # The same loader on both ranks afterwards: the rank that waited alone must not stay
+    # a comparison round ahead (it would compare against another loader's fingerprint).
+    case("after_alone", rank, results, lambda: ids(ResumableDataLoader(data, BATCH, True, seed=7)))
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 

@@ -66,8 +66,15 @@ def test_a_rank_iterating_alone_gets_an_error_not_a_hang(results: list[dict[str,
     got = results[0]["only_rank0"]
     assert got.get("error") == "LoaderkitError", got
     assert "waited 3 s for ranks [1] to start it too" in got["message"]
-    assert "iterate this loader on every rank" in got["message"]
+    assert "Iterate this loader on every rank" in got["message"]
+    assert "rank=0, world_size=1" in got["message"]
     assert results[1]["only_rank0"] == {"ids": []}
+
+
+def test_ranks_agree_again_after_a_rank_waited_alone(results: list[dict[str, Any]]) -> None:
+    got = [results[rank]["after_alone"] for rank in range(2)]
+    assert all("ids" in g for g in got), got
+    assert sorted(got[0]["ids"] + got[1]["ids"]) == list(range(SIZE))
 
 
 def test_no_sample_was_lost_silently_before_the_errors(results: list[dict[str, Any]]) -> None:

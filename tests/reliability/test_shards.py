@@ -263,3 +263,36 @@ def test_processes_building_one_index_agree(tmp_path: Path) -> None:
 
 def test_ids_helper_sanity() -> None:
     assert ids([np.array([1, 2]), np.array([[3], [4]])]) == [1, 2, 3, 4]
+
+
+def test_a_truncated_shard_is_named_in_a_batch_across_shards(tmp_path: Path) -> None:
+    # Mixed plans batch across shards through a row-copy path: it must check the
+    # mapping as the one-shard read does (it returned zero rows instead).
+    import os
+
+    import numpy as np
+
+    from loaderkit import ShardedDataset, ShardError, TokenReader, write_shards
+
+    reader = TokenReader(seq_len=4, dtype=np.uint16)
+    docs = [np.arange(1, 4097, dtype=np.uint16) + i * 5000 for i in range(3)]
+    ds = ShardedDataset(write_shards(tmp_path, docs, reader), reader)
+    assert ds.get_batch([0, 1024, 2048]).shape == (3, 4)
+    victim = ds.shards[1]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) - 8)
+    with pytest.raises(ShardError, match=r"shard-00001.* changed while it was memory-mapped"):
+        ds.get_batch([0, 2047, 2047])
+
+
+def test_cached_lengths_are_not_shared_by_datasets_of_equal_counts(tmp_path: Path) -> None:
+    from loaderkit import JsonlReader, ShardedDataset, write_shards
+
+    def lengths(name: str, width: int) -> list[int]:
+        docs = [[{"t": [0] * width}] * 2, [{"t": [0] * width}]]
+        ds = ShardedDataset(write_shards(tmp_path / name, docs, JsonlReader()), JsonlReader())
+        return ds.lengths(lambda s: len(s["t"]), cache=tmp_path / "len.npy").tolist()
+
+    assert lengths("a", 3) == [3, 3, 3]
+    with pytest.warns(UserWarning, match="recomputing the lengths"):
+        assert lengths("b", 6) == [6, 6, 6]
