@@ -329,9 +329,17 @@ def pin_batch(batch: Batch) -> Batch:
 
     Recurses like :func:`move_to_device`; tensors already pinned or not on the
     CPU are kept as they are, and custom types with a ``.pin_memory()`` method
-    are pinned by it. Needs an accelerator that supports pinning (torch raises
-    otherwise): guard with :func:`should_pin_memory`.
+    are pinned by it. Needs an accelerator that supports pinning: without one
+    it raises a ``ValueError`` saying so; guard with :func:`should_pin_memory`.
     """
+    accelerator = _available_accelerator()
+    if accelerator is None or accelerator.type not in _PINNABLE:
+        found = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
+        raise ValueError(
+            f"pin_batch: pinned memory needs a CUDA or XPU device, and {found} is available "
+            "to torch.accelerator; pass pin_memory=False (or 'auto', which pins only where "
+            "it helps), or call pin_batch only when should_pin_memory(device) is True."
+        )
 
     def leaf(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):

@@ -388,6 +388,11 @@ def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: any(self is p for p in pinned))
+    # pin_batch checks that a pinning accelerator exists before it pins anything.
+    real = transfer._available_accelerator
+    monkeypatch.setattr(
+        transfer, "_available_accelerator", lambda: real() or torch.device("cuda", 0)
+    )
     return pinned
 
 

@@ -232,6 +232,11 @@ def write_shards(
             f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
         )
     root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise ValueError(
+            f"write_shards: directory={str(root)!r} is a file, not a directory; pass the "
+            "path of a directory (it is created if needed)."
+        )
     root.mkdir(parents=True, exist_ok=True)
     ext = suffix if suffix is not None else reader.suffixes[0]
     paths = [Path(write(root / f"{prefix}-{i:05d}{ext}", data)) for i, data in enumerate(shards)]

@@ -92,8 +92,16 @@ class JsonlReader:
         """Write one JSON line per sample to ``path``."""
         path = Path(path)
         with open(path, "w", encoding="utf-8") as f:
-            for sample in samples:
-                f.write(json.dumps(sample, separators=(",", ":")) + "\n")
+            for i, sample in enumerate(samples):
+                try:
+                    line = json.dumps(sample, separators=(",", ":"))
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(
+                        f"JsonlReader.write: sample {i} for {str(path)!r} is not JSON-able "
+                        f"({exc}); convert it to dicts, lists, str, numbers, bools and None "
+                        "first (e.g. tensor.tolist())."
+                    ) from exc
+                f.write(line + "\n")
         return path
 
 

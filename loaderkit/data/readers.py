@@ -495,7 +495,8 @@ class TokenReader:
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(
                 f"TokenReader.write: a token shard is a 1-D integer array, got dtype "
-                f"{arr.dtype} and shape {arr.shape} for {str(path)!r}."
+                f"{arr.dtype} and shape {arr.shape} for {str(path)!r}; pass integer token ids, "
+                "flattened (arr.reshape(-1))."
             )
         if self.dtype is not None:
             dtype = self.dtype

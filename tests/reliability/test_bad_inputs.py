@@ -53,6 +53,7 @@ from loaderkit import (
     derive_seed,
     detect,
     move_to_device,
+    pin_batch,
     resolve_pin_memory,
     select_device,
     worker_init_fn,
@@ -1674,6 +1675,54 @@ TRANSFER_AND_MORE = [
     ),
 ]
 
+
+def pin_without_accelerator() -> None:
+    """pin_batch where torch.accelerator reports none (as on this CPU machine)."""
+    from loaderkit import transfer
+
+    real = transfer._available_accelerator
+    transfer._available_accelerator = lambda: None  # type: ignore[assignment]
+    try:
+        pin_batch(torch.ones(2))
+    finally:
+        transfer._available_accelerator = real  # type: ignore[assignment]
+
+
+MORE = [
+    Bad(
+        "write_shards into a file",  # was a raw FileExistsError
+        lambda tmp: ((tmp / "f").write_text(""), write_shards(tmp / "f", [[1]], JsonlReader())),
+        ValueError,
+        "directory=",
+        "is a file",
+        "pass the path of a directory",
+    ),
+    Bad(
+        "JsonlReader.write unserializable",  # was json's raw TypeError
+        lambda tmp: JsonlReader().write(tmp / "y.jsonl", [{"a": 1}, object()]),
+        TypeError,
+        "sample 1",
+        "not JSON-able",
+        "tensor.tolist",
+    ),
+    Bad(
+        "TokenReader.write 2-D",
+        lambda tmp: TokenReader(2).write(tmp / "x.npy", np.ones((2, 2), dtype=int)),
+        ValueError,
+        "TokenReader.write",
+        r"shape \(2, 2\)",
+        "arr.reshape",
+    ),
+    Bad(
+        "pin_batch without an accelerator",  # was torch's "Found no NVIDIA driver"
+        lambda tmp: pin_without_accelerator(),
+        ValueError,
+        "pin_batch: pinned memory needs a CUDA or XPU device",
+        "no accelerator is available",
+        "pass pin_memory=False",
+    ),
+]
+
 WORKER_FAULTS = [
     Bad(
         "worker segfault",  # was torch's "killed by signal", no sample index
@@ -1732,6 +1781,7 @@ TABLE = [
     *[("shards", c) for c in SHARDS],
     *[("collate inputs", c) for c in COLLATE],
     *[("transfer, seeding, datasets, DataModules", c) for c in TRANSFER_AND_MORE],
+    *[("writers and pinning", c) for c in MORE],
     *[("worker faults", c) for c in WORKER_FAULTS],
 ]
 
