@@ -288,10 +288,15 @@ class StreamEngine:
             for pos, offset in cursor.lanes
             if pos < len(shards)
         )
+        upcoming = (
+            shard_name(self.dataset.shards[shards[cursor.next]])
+            if cursor.next < len(shards)
+            else "none (all opened)"
+        )
         return (
             f"a batch of stream slot {slot} (pass {cursor.pass_}; open shards: "
-            f"{lanes or 'none'}; next shard {cursor.next} of {len(shards)}; the cursor of the "
-            "last batch handed out)",
+            f"{lanes or 'none'}; next shard to open: {upcoming}; as of the last batch "
+            "handed out)",
             None,
         )
 

@@ -118,7 +118,10 @@ SHARDS = [(0, 100), (100, 77)]  # 177 samples
 
 
 def stream() -> ResumableDataLoader:
-    ds = StreamingShardedDataset(SHARDS, IterableReader(read_range), shuffle_shards=False)
+    # One shard at a time (mix_shards=1): the stream reads 0..176 in order.
+    ds = StreamingShardedDataset(
+        SHARDS, IterableReader(read_range), shuffle_shards=False, mix_shards=1
+    )
     return ResumableDataLoader(ds, batch_size=10, seed=0)
 
 
@@ -140,9 +143,9 @@ def test_stream_cursor_past_a_shard_end_was_silent_and_is_refused() -> None:
     next(it)
     st = loader.state_dict()
     cursor = st["ranks"][0]["cursors"][0]
-    assert cursor[:3] == [0, 0, 10]
+    assert cursor[:3] == [0, 1, [[0, 10]]]  # pass 0, next shard 1, shard 0 open at 10
     edited = copy.deepcopy(st)
-    edited["ranks"][0]["cursors"][0] = [0, 0, 200, 200]  # past the first shard's 100
+    edited["ranks"][0]["cursors"][0] = [0, 1, [[0, 200]], 0, 200]  # past the shard's 100
     with pytest.raises(StateMismatchError, match="field 'ranks' does not match"):
         stream().load_state_dict(edited)
     # Resealed (or a shard that shrank since the save): reading stops with the file named,
@@ -159,7 +162,7 @@ def test_a_stream_shard_that_shrank_since_the_save_is_named(tmp_path: Path) -> N
     from loaderkit import JsonlReader, write_shards
 
     paths = write_shards(tmp_path, [[{"i": i} for i in range(30)], [{"i": 99}]], JsonlReader())
-    ds = StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False)
+    ds = StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False, mix_shards=1)
     loader = ResumableDataLoader(ds, batch_size=4, seed=0)
     it = iter(loader)
     for _ in range(5):
@@ -167,7 +170,9 @@ def test_a_stream_shard_that_shrank_since_the_save_is_named(tmp_path: Path) -> N
     st = loader.state_dict()
     write_shards(tmp_path, [[{"i": i} for i in range(12)], [{"i": 99}]], JsonlReader())
     resumed = ResumableDataLoader(
-        StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False), batch_size=4, seed=0
+        StreamingShardedDataset(paths, JsonlReader(), shuffle_shards=False, mix_shards=1),
+        batch_size=4,
+        seed=0,
     )
     resumed.load_state_dict(st)
     with pytest.raises(ShardError, match=r"shard-00000.jsonl.*holds 12 samples.*at sample 20"):
