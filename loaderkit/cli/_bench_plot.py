@@ -52,7 +52,10 @@ def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
         ) from exc
     shown = [r for r in results if r.ratios]
     if not shown:
-        raise ValueError("no bench reported ratios, so there is nothing to plot")
+        raise ValueError(
+            "no bench reported ratios, so there is nothing to plot; run a bench that prints "
+            "ratios, or pass --no-plot"
+        )
     heights = [len(r.ratios) + 1.5 for r in shown]
     fig, axes = plt.subplots(
         len(shown),

@@ -19,14 +19,14 @@ from pathlib import Path
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}; pass a positive integer")
     return value
 
 
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}; pass 0 or a positive integer")
     return value
 
 

@@ -136,7 +136,10 @@ def _instantiate(node: Any, where: str) -> Any:
     cls = load_object(f"{module}:{name}")
     args = node.get("init_args") or {}
     if not isinstance(args, dict):
-        raise ValueError(f"{where}.init_args must be a mapping, got {type(args).__name__}")
+        raise ValueError(
+            f"{where}.init_args must be a mapping, got {type(args).__name__}; write "
+            "init_args: {name: value, ...}"
+        )
     kwargs = {k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()}
     return cls(**kwargs)
 
@@ -157,7 +160,10 @@ def build_datamodule(target: str) -> Any:
             raise FileNotFoundError(f"no config file {target!r}; {_FIX_TARGET}")
         config = yaml.safe_load(path.read_text()) or {}
         if not isinstance(config, dict):
-            raise ValueError(f"{target}: expected a mapping at the top, got {type(config)}")
+            raise ValueError(
+                f"{target}: expected a mapping at the top, got {type(config).__name__}; write "
+                "data: {class_path: loaderkit.lightning.datamodules.X, init_args: {...}}"
+            )
         node, where = (config["data"], "data") if "data" in config else (config, target)
         if not isinstance(node, dict) or "class_path" not in node:
             raise ValueError(
@@ -168,7 +174,10 @@ def build_datamodule(target: str) -> Any:
     elif ":" in target:
         obj = load_object(target)
         if not callable(obj):
-            raise TypeError(f"{target} is a {type(obj).__name__}, not a class or factory")
+            raise TypeError(
+                f"{target} is a {type(obj).__name__}, not a class or factory; point it at a "
+                "LightningDataModule class or a function returning one"
+            )
         dm = obj()
     else:
         raise ValueError(f"don't know how to read {target!r}; {_FIX_TARGET}")
@@ -266,7 +275,7 @@ def inspect_target(
     from tqdm import tqdm
 
     if world_size < 1:
-        raise ValueError(f"--world-size must be >= 1, got {world_size}")
+        raise ValueError(f"--world-size must be >= 1, got {world_size}; pass 1 or more")
     # disable=None: no bar when stderr is not a terminal (logs, pipes, CI).
     with tqdm(total=2, desc="inspect", disable=None if progress else True, leave=False) as bar:
         bar.set_postfix_str("building the DataModule")

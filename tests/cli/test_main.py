@@ -362,3 +362,45 @@ def test_inspect_reports_shards_per_batch_next_to_padding(
     assert "from a single shard (epoch 0, all ranks)" in out
     main(["inspect", "streams.py:limited", "--max-workers", "0", "--no-progress-bar"])
     assert "shards / batch" not in capsys.readouterr().out  # a stream: not known
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        ("- a\n- b\n", ValueError, r"expected a mapping at the top, got list; write data:"),
+        (
+            "data:\n  class_path: mydata.make\n  init_args: [1, 2]\n",
+            ValueError,
+            r"init_args must be a mapping, got list; write init_args: \{name: value",
+        ),
+    ],
+)
+def test_config_errors_name_the_fix(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: str,
+    error: type[Exception],
+    message: str,
+) -> None:
+    (project / "bad.yaml").write_text(config)
+    monkeypatch.chdir(project)
+    with pytest.raises(error, match=message):
+        main(["--debug", "inspect", "bad.yaml"])
+
+
+def test_inspect_target_that_is_not_callable_names_the_fix(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "consts.py").write_text("VALUE = 3\n")
+    monkeypatch.chdir(project)
+    with pytest.raises(TypeError, match=r"consts:VALUE is a int, not a class or factory; point"):
+        main(["--debug", "inspect", "consts:VALUE"])
+
+
+def test_inspect_world_size_and_step_arguments_name_the_fix(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(project)
+    with pytest.raises(SystemExit):
+        main(["inspect", "config.yaml", "--world-size", "0"])
+    assert "must be >= 1, got 0; pass a positive integer" in capsys.readouterr().err
