@@ -157,9 +157,9 @@ class StreamEngine:
         self.held_batches: Callable[[], int] | None = None
         self._warned = False
         # Peers' cursors: the ring this rank publishes into (None without a store),
-        # the comparison round of the current epoch start (None: no iteration since
-        # construction or load), and the ranks of a loaded state, which stay the
-        # state until the next epoch starts.
+        # the comparison round of the current epoch start (None: no epoch compared
+        # across ranks since construction or load), and the ranks of a loaded
+        # state, which stay the state until the next epoch starts.
         self._ring: PeerRing | None = None
         self._round: int | None = None
         self._loaded_ranks: list[Any] | None = None
@@ -437,10 +437,10 @@ class StreamEngine:
     def _ranks(self, mine: Any, rank: int, world_size: int, steps_done: int) -> list[Any]:
         """Every rank's entry at this rank's ``(epoch, steps_done)``; never a collective."""
         ranks: list[Any] = [None] * world_size
-        if self._round is None:  # no epoch started since construction or load
+        if self._round is None:  # no epoch compared across ranks since construction or load
             if self._loaded_ranks is not None:  # nobody moved: the loaded state still holds
                 ranks = copy.deepcopy(self._loaded_ranks)
-            elif world_size > 1 and group_store(rank, world_size) is not None:
+            elif not self.started and world_size > 1 and group_store(rank, world_size) is not None:
                 # Not started: every rank is at the start of its streams, as this one is.
                 ranks = [copy.deepcopy(mine) for _ in range(world_size)]
         elif self._ring is not None:

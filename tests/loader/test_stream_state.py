@@ -322,3 +322,15 @@ def test_a_loader_dropped_by_a_peer_is_an_error_not_a_wait(
         "before any rank drops the loader",
     ):
         dls[0].state_dict()
+
+
+def test_a_loader_started_before_the_group_claims_no_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started with no group (nothing published), a group that appears later must not make
+    its state pass this rank's cursors off as the others'."""
+    dl = rank_loader(0)
+    list(itertools.islice(batches(dl), 2))
+    monkeypatch.setattr(engine_module, "group_store", lambda rank, world_size: dist.HashStore())
+    state = dl.state_dict()
+    assert state["ranks"][0] is not None and state["ranks"][1] is None
