@@ -14,14 +14,20 @@ keep their own cursors across epochs and are reused only when the next epoch
 follows the last one completely; otherwise the workers are started afresh
 from the saved cursors.
 
-Under DDP, cursors are rank-local, so :meth:`StreamEngine.state` gathers them
-from all ranks (``all_gather_object``): the state is the same on every rank
-and rank 0's checkpoint holds everyone's cursors. That makes ``state_dict()``
-a collective under DDP: every rank must call it (Lightning does).
+Under DDP, cursors are rank-local, yet rank 0's checkpoint must hold every
+rank's (Lightning writes only rank 0's, and every rank loads it). Each rank
+publishes its cursors into the process group's store as it hands a batch
+out, and :meth:`StreamEngine.state` reads the peers' for its own epoch and
+step (:mod:`._stream_ring`): the state is the same on every rank, and
+``state_dict()`` is never a collective, so rank 0 may call it alone. Where no
+store is reachable (ranks simulated with ``rank=``/``world_size=``), a state
+holds its own rank's cursors only, and loading it on another rank is a
+:class:`~loaderkit.errors.StateMismatchError`.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from collections import deque
@@ -29,7 +35,6 @@ from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from loaderkit._callers import under_lightning_loop
@@ -37,8 +42,9 @@ from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers, stop_workers
-from loaderkit.plan._agree import agree_across_ranks
+from loaderkit.plan._agree import agree_across_ranks, group_store, rank_check_timeout
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
 
@@ -150,6 +156,13 @@ class StreamEngine:
         self._inner_next: int | None = None  # epoch persistent workers would serve next
         self.held_batches: Callable[[], int] | None = None
         self._warned = False
+        # Peers' cursors: the ring this rank publishes into (None without a store),
+        # the comparison round of the current epoch start (None: no epoch compared
+        # across ranks since construction or load), and the ranks of a loaded
+        # state, which stay the state until the next epoch starts.
+        self._ring: PeerRing | None = None
+        self._round: int | None = None
+        self._loaded_ranks: list[Any] | None = None
 
     @property
     def loader(self) -> LoaderHost:
@@ -221,17 +234,41 @@ class StreamEngine:
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
-        agree_across_ranks(
+        round_ = agree_across_ranks(
             "ResumableDataLoader", fields, rank=rank, world_size=world_size, epoch=epoch
         )
-        _, start, _ = self._position.begin(self)
-        if start > 0:  # the rest of a resumed epoch: go on from the saved turn
-            return self.next_local
-        if self.steps is None:  # a new pass; with a limit the streams go on
-            self.cursors = [None] * self.workers
-        self.complete, self.next_local = False, 0
-        self._history.clear()
-        return 0
+        _, start, steps_done = self._position.begin(self)
+        rotation = self.next_local
+        if start == 0:
+            if self.steps is None:  # a new pass; with a limit the streams go on
+                self.cursors = [None] * self.workers
+            self.complete, self.next_local, rotation = False, 0, 0
+            self._history.clear()
+        # else the rest of a resumed epoch: go on from the saved turn
+        self._round, self._loaded_ranks = round_, None
+        if round_ is not None:
+            self._publish_from(round_, rank, world_size, steps_done)
+        return rotation
+
+    def _publish_from(self, round_: int, rank: int, world_size: int, steps_done: int) -> None:
+        """Open this loader's ring at its first epoch start; publish the epoch's start."""
+        store = group_store(rank, world_size)
+        if store is None:
+            self._ring = None
+            return
+        flush_retired(store)
+        if self._ring is None or self._ring.store is not store:
+            # Named by the first round: every rank shares it for this loader.
+            self._ring = PeerRing(
+                store,
+                namespace=round_,
+                rank=rank,
+                world_size=world_size,
+                window=ring_window(),
+                timeout=rank_check_timeout(),
+            )
+            weakref.finalize(self, self._ring.retire)
+        self._ring.publish(round_, self.epoch, steps_done, self._entry(self.cursors))
 
     def iterate(self) -> Generator[Any, None, None]:
         """One epoch's batches (a generator, like ``_planned.EpochIterator``'s)."""
@@ -306,6 +343,9 @@ class StreamEngine:
             self.cursors[local] = after
             self._position.consumed(self._position.position + 1)
             self.next_local = (local + 1) % self.workers
+            if self._ring is not None and self._round is not None:
+                entry = self._entry(self.cursors)
+                self._ring.publish(self._round, self.epoch, self.steps_done, entry)
             yield pin_batch(batch) if pin else batch
         self.complete = True
 
@@ -370,24 +410,9 @@ class StreamEngine:
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
-        mine = {
-            "cursors": [None if c is None else c.to_state() for c in cursors],
-            "next": next_local,
-        }
+        mine = self._entry(cursors, next_local)
         rank, world_size = self.loader._topology()
-        ranks: list[Any] = [None] * world_size
-        if world_size > 1 and dist.is_available() and dist.is_initialized():
-            dist.all_gather_object(ranks, mine)
-            counts = sorted({len(r["cursors"]) for r in ranks})
-            if len(counts) > 1:  # every rank sees the same list, so every rank raises
-                raise LoaderkitError(
-                    f"ResumableDataLoader: the ranks stream with different num_workers "
-                    f"({[len(r['cursors']) for r in ranks]} worker slots per rank); shards are "
-                    "dealt to rank x worker slots, so some were read twice and others never. "
-                    "Use the same num_workers on every rank."
-                )
-        else:  # ranks simulated without a process group: each state holds its own rank only
-            ranks[rank] = mine
+        ranks = self._ranks(mine, rank, world_size, steps_done)
         return seal(
             {
                 "version": STATE_VERSION,
@@ -401,6 +426,36 @@ class StreamEngine:
             },
             _FIELDS,
         )
+
+    def _entry(self, cursors: list[Cursor | None], next_local: int | None = None) -> dict[str, Any]:
+        """One rank's part of the state: its slots' cursors and the slot whose turn is next."""
+        return {
+            "cursors": [None if c is None else c.to_state() for c in cursors],
+            "next": self.next_local if next_local is None else next_local,
+        }
+
+    def _ranks(self, mine: Any, rank: int, world_size: int, steps_done: int) -> list[Any]:
+        """Every rank's entry at this rank's ``(epoch, steps_done)``; never a collective."""
+        ranks: list[Any] = [None] * world_size
+        if self._round is None:  # no epoch compared across ranks since construction or load
+            if self._loaded_ranks is not None:  # nobody moved: the loaded state still holds
+                ranks = copy.deepcopy(self._loaded_ranks)
+            elif not self.started and world_size > 1 and group_store(rank, world_size) is not None:
+                # Not started: every rank is at the start of its streams, as this one is.
+                ranks = [copy.deepcopy(mine) for _ in range(world_size)]
+        elif self._ring is not None:
+            owner = "ResumableDataLoader.state_dict"
+            ranks = self._ring.read(self._round, self.epoch, steps_done, owner=owner)
+        ranks[rank] = mine
+        counts = [len(r["cursors"]) for r in ranks if r is not None]
+        if len(set(counts)) > 1:
+            raise LoaderkitError(
+                f"ResumableDataLoader: the ranks stream with different num_workers "
+                f"({[None if r is None else len(r['cursors']) for r in ranks]} worker slots per "
+                "rank); shards are dealt to rank x worker slots, so some were read twice and "
+                "others never. Use the same num_workers on every rank."
+            )
+        return ranks
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
@@ -449,10 +504,13 @@ class StreamEngine:
             )
         mine = state["ranks"][rank]
         if not isinstance(mine, dict):
+            saved_by = [r for r, entry in enumerate(state["ranks"]) if entry is not None]
             raise StateMismatchError(
-                f"{owner}: the state holds no cursors for rank {rank} (it was saved without a "
-                "torch.distributed process group, so each rank's state_dict() holds only its "
-                "own); save it under torch.distributed, or load each rank its own state."
+                f"{owner}: the state holds no cursors for rank {rank}, only for rank(s) "
+                f"{saved_by}: it was saved where no torch.distributed process group (and its "
+                "store) was reachable, so each rank's state_dict() holds its own cursors only. "
+                "Save each rank's state_dict() and load each rank its own, or save under an "
+                "initialized process group (then rank 0's state holds every rank's)."
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
@@ -460,5 +518,6 @@ class StreamEngine:
         self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
         self.complete = bool(state["complete"])
         self._history.clear()
+        self._round, self._loaded_ranks = None, list(state["ranks"])
         self.close()
         return adopted

@@ -505,8 +505,12 @@ class ResumableDataLoader:
         While a :class:`~loaderkit.DevicePrefetcher` holds a batch ahead, the
         position of the batches it handed on (the consumer's view).
 
-        For a :class:`~loaderkit.StreamingShardedDataset` under DDP this gathers
-        every rank's cursors, so every rank must call it (Lightning does).
+        Never a collective: one rank may call it alone. For a
+        :class:`~loaderkit.StreamingShardedDataset` under DDP it reads the other
+        ranks' cursors at this rank's step from the process group's store (each
+        rank publishes them as it hands a batch out), waiting only for a rank
+        that has not handed that batch out yet; where no store is reachable the
+        state holds this rank's cursors only.
         """
         holder = self._lookahead() if self._lookahead is not None else None
         held = holder.held_state() if holder is not None else None

@@ -36,7 +36,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
 
-__all__ = ["agree_across_ranks"]
+__all__ = ["agree_across_ranks", "group_store", "rank_check_timeout"]
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
 # torch's own default for a process group's collectives (30 min): ranks that would
@@ -71,7 +71,8 @@ _DATA_FIELDS = (
 )
 
 
-def _timeout() -> float:
+def rank_check_timeout() -> float:
+    """Seconds a rank waits for its peers (``LOADERKIT_RANK_CHECK_TIMEOUT``, default 1800)."""
     raw = os.environ.get(_ENV_TIMEOUT, "")
     try:
         value = float(raw) if raw else _DEFAULT_TIMEOUT_S
@@ -87,22 +88,35 @@ def _group_matches(rank: int, world_size: int) -> bool:
     return dist.get_world_size() == world_size and dist.get_rank() == rank
 
 
+def group_store(rank: int, world_size: int) -> dist.Store | None:
+    """The default process group's key-value store, if the loader's ranks are that group's.
+
+    None outside a process group of ``world_size`` ranks in which this process
+    is ``rank``, and where the group has no store to reach.
+    """
+    if not _group_matches(rank, world_size):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:
+        return None
+
+
 def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> list[str]:
     """Every rank's fingerprint (as JSON text), in rank order."""
     global _round
     _round += 1
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        store = _get_default_store()
-    except Exception:  # no store to use: a collective (no timeout of our own)
+    store = group_store(rank, world_size)
+    if store is None:  # no store to use: a collective (no timeout of our own)
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, mine)
         return [str(g) for g in gathered]
     key = f"loaderkit/agree/{_round}"
     keys = [f"{key}/{r}" for r in range(world_size)]
     store.set(keys[rank], mine)
-    timeout = _timeout()
+    timeout = rank_check_timeout()
     try:
         store.wait(keys, timedelta(seconds=timeout))
     except Exception as exc:
@@ -132,8 +146,12 @@ def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> 
 
 def agree_across_ranks(
     owner: str, fields: Mapping[str, Any], *, rank: int, world_size: int, epoch: int
-) -> None:
+) -> int | None:
     """Raise on every rank if the ranks' ``fields`` differ (no-op outside a process group).
+
+    Returns the number of this comparison round, which every rank shares for
+    the same loader's same epoch start (a stream's peer cursors are keyed by
+    it, ``loader/_stream_ring.py``), or None where nothing was compared.
 
     Args:
         owner: Names the loader or sampler in messages.
@@ -147,7 +165,7 @@ def agree_across_ranks(
         LoaderkitError: another rank did not start the epoch within the timeout.
     """
     if not _group_matches(rank, world_size):
-        return
+        return None
     mine = json.dumps(dict(fields), sort_keys=True, default=repr)
     everyone = [json.loads(text) for text in _exchange(mine, rank, world_size, owner, epoch)]
     names = sorted({k for fp in everyone for k in fp})
@@ -169,3 +187,4 @@ def agree_across_ranks(
             "different plan, silently losing and repeating samples (or stepping different "
             f"numbers of times and hanging DDP); {fix}."
         )
+    return _round
