@@ -193,7 +193,9 @@ class _Mesh:
 
 def test_a_strategy_without_rank_and_replicas_is_an_error_naming_the_fix() -> None:
     class Odd:
-        distributed_sampler_kwargs = {"replicas": 2}
+        @property
+        def distributed_sampler_kwargs(self) -> dict[str, int]:
+            return {"replicas": 2}
 
     with pytest.raises(LoaderkitError, match=r"Odd.distributed_sampler_kwargs is \{'replicas'.*"
                        r"Pass rank= and world_size="):  # fmt: skip
