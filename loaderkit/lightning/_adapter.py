@@ -32,7 +32,10 @@ What the loader learns, and from which internal:
   (``limits``, and its live ``_iterator``'s copy), ``fit_loop.max_batches``,
   the fetcher's ``length``/``done``/``fetched`` and ``trainer.val_check_batch``
   (with ``_parse_num_batches`` applying ``limit_train_batches``). Redone from
-  the loaders' current lengths after a restore and at each epoch start.
+  the loaders' current lengths after a restore and at each epoch start. After
+  a restore from an end-of-epoch checkpoint, also the training epoch loop's
+  ``batch_progress`` (``restarted_on_train_batch_end``, ``is_last_batch``,
+  ``current.completed``), which decides whether the next epoch starts afresh.
 
 Why read internals at all: Lightning has no public way to ask for the
 data-parallel group of the running strategy from inside a loader, nor to say
@@ -219,6 +222,15 @@ def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
     if length is None:
         return
     loop.max_batches = length
+    # Restored from a checkpoint saved after the last batch of an epoch, Lightning starts
+    # the next epoch afresh only if the batches it counted reach the epoch's length
+    # (_TrainingEpochLoop.reset). Under fewer ranks the length grew, so it would count
+    # the saved epoch's batches as done in the next one and end that one early: make
+    # its own end-of-epoch test hold (it then resets the count itself).
+    epoch_loop = loop.epoch_loop
+    progress = epoch_loop.batch_progress
+    if epoch_loop.restarted_on_train_batch_end and progress.is_last_batch:
+        progress.current.completed = max(progress.current.completed, length - 1)
     fetcher = loop._data_fetcher
     if fetcher is not None:
         fetcher.length = length

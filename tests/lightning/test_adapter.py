@@ -26,7 +26,13 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from loaderkit import LoaderkitError, ResumableDataLoader, _callers
 from loaderkit.lightning import _adapter
-from tests.support.helpers import IdDataModule, IdDataset, IdModule, trainer_kwargs
+from tests.support.helpers import (
+    IdDataModule,
+    IdDataset,
+    IdModule,
+    step_checkpoints,
+    trainer_kwargs,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -308,6 +314,40 @@ def test_an_epoch_is_resized_through_the_lengths_lightning_derived_it_from() -> 
         "how a fractional val_check_interval becomes trainer.val_check_batch",
         "resize_train_epoch",
     )
+
+
+class _RestartSpy(L.Callback):
+    def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
+        epoch_loop = trainer.fit_loop.epoch_loop
+        progress = epoch_loop.batch_progress
+        self.seen = (
+            epoch_loop.restarted_on_train_batch_end,
+            progress.is_last_batch,
+            progress.current.completed,
+        )
+
+
+def test_a_restore_after_an_epochs_last_batch_is_marked_in_the_batch_progress(
+    tmp_path: Path,
+) -> None:
+    # resize_train_epoch lifts current.completed so that Lightning's own end-of-epoch
+    # test (completed >= the epoch's length) holds when fewer ranks made the epoch longer.
+    first = L.Trainer(
+        **trainer_kwargs(
+            max_epochs=1, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+        )
+    )
+    first.fit(_Linear(), train_dataloaders=_Probe())
+    spy = _RestartSpy()
+    model = _Linear()
+    second = L.Trainer(**trainer_kwargs(callbacks=[spy]))
+    second.fit(model, train_dataloaders=_Probe(), ckpt_path=tmp_path / "step004.ckpt")
+    assert spy.seen == (True, True, 3), changed(
+        "fit_loop.epoch_loop.restarted_on_train_batch_end / batch_progress.is_last_batch / "
+        f"batch_progress.current.completed after an end-of-epoch restore (got {spy.seen})",
+        "resize_train_epoch",
+    )
+    assert model.steps == [(1, i) for i in range(4)]
 
 
 class _FabricDataParallelOf(L.fabric.strategies.SingleDeviceStrategy):
