@@ -22,9 +22,9 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from packaging.version import Version
 from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from packaging.version import Version
 
 from loaderkit import LoaderkitError, ResumableDataLoader, _callers
 from loaderkit.lightning import _adapter
