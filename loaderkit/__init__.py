@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.data.index import write_shards
 from loaderkit.data.jsonl import JsonlReader
@@ -104,11 +105,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _LIGHTNING_NAMES)
 
 
+def _load_lightning() -> None:
+    import loaderkit.lightning  # noqa: F401  (registers the Lightning host adapter)
+
+
 # Where Lightning is already loaded (a training script, LightningCLI) the names cost
 # nothing more, and LightningCLI finds DataModules and callbacks by their short class
-# names only among classes already imported: load them now.
+# names only among classes already imported: load them now. Where Lightning comes
+# later, the loaders still learn of its runs: the first question about a host loads
+# the adapter (loaderkit._callers.host).
 if "lightning.pytorch" in sys.modules:
-    import loaderkit.lightning  # noqa: F401
+    _load_lightning()
+else:
+    _callers.load_when_imported("lightning.pytorch", _load_lightning)
+    _callers.load_when_imported("pytorch_lightning", _load_lightning)
 
 __version__ = "0.1.0"
 

@@ -1,28 +1,98 @@
-"""Who is iterating a loader: the one fact loaderkit needs about its caller (private).
+"""What loaderkit asks of the host that drives a loader: the registration hook (private).
 
-Lightning's training loop treats loaders in two ways that lose batches
-silently: it prefetches a batch ahead of a loader without a length, and it
-caps an epoch at the first ``len()`` it read. Both are only a problem when
-Lightning's loop is the caller, so loaderkit raises its errors for them only
-then; a loop of one's own is unaffected.
+A host is a framework that iterates loaders in its own loop: Lightning's
+``Trainer`` or Lightning Fabric. loaderkit needs two facts from it, asked at
+the moment they matter:
+
+- whether the host's training loop is the caller. Lightning's loop treats
+  loaders in two ways that lose batches silently (it prefetches a batch ahead
+  of a loader without a length, and caps an epoch at the first ``len()`` it
+  read), so loaderkit raises its errors for those only when that loop calls;
+  a loop of one's own is unaffected.
+- the data-parallel rank and size of the run. With tensor or model
+  parallelism they differ from the global process group's: the peers of one
+  data-parallel rank must all get the same batches, which only the host
+  knows (Lightning: ``strategy.distributed_sampler_kwargs``).
+
+Everything outside :mod:`loaderkit.lightning` knows nothing of Lightning, so
+the answers come through inversion: :mod:`loaderkit.lightning` registers a
+:class:`HostAdapter` here when it is imported (its ``_adapter`` module holds
+every read of Lightning's internals). The facade asks for that import to
+happen once ``lightning.pytorch`` is loaded (:func:`load_when_imported`), so
+the adapter is in place whichever of the two was imported first. Without a
+registered adapter there is no host: no loop is calling and the topology is
+``torch.distributed``'s.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["under_lightning_loop"]
+__all__ = [
+    "HostAdapter",
+    "host",
+    "host_topology",
+    "load_when_imported",
+    "register",
+    "under_lightning_loop",
+]
 
-_LOOP_MODULES = ("lightning.pytorch.loops", "pytorch_lightning.loops")
+
+class HostAdapter(Protocol):
+    """What a host tells loaderkit (implemented by ``loaderkit.lightning._adapter``)."""
+
+    def loop_is_calling(self) -> bool:
+        """Whether the host's training loop is on the call stack."""
+        ...
+
+    def data_parallel(self) -> tuple[int, int] | None:
+        """``(rank, world_size)`` of the data-parallel group of the run driving the caller,
+        or None when no run of this host is driving it."""
+        ...
+
+
+_adapter: HostAdapter | None = None
+# (module, load): once ``module`` is imported, ``load()`` registers the adapter.
+_pending: list[tuple[str, Callable[[], None]]] = []
+
+
+def register(adapter: HostAdapter) -> None:
+    """Make ``adapter`` the host adapter (the last registration wins)."""
+    global _adapter
+    _adapter = adapter
+
+
+def load_when_imported(module: str, load: Callable[[], None]) -> None:
+    """Call ``load`` (which registers an adapter) the first time a host is asked about
+    while ``module`` is imported, e.g. Lightning imported after loaderkit."""
+    _pending.append((module, load))
+
+
+def _imported(name: str) -> bool:
+    module = sys.modules.get(name)
+    # A module half-way through its own import is not usable yet.
+    return module is not None and not getattr(module.__spec__, "_initializing", False)
+
+
+def host() -> HostAdapter | None:
+    """The registered adapter, loading a pending one whose host is imported by now."""
+    if _adapter is None and _pending:
+        for entry in list(_pending):
+            if _imported(entry[0]):
+                _pending.remove(entry)
+                entry[1]()
+    return _adapter
 
 
 def under_lightning_loop() -> bool:
-    """Whether a Lightning training loop is on the call stack."""
-    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(_LOOP_MODULES):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+    """Whether a host's training loop (Lightning's) is on the call stack."""
+    adapter = host()
+    return adapter is not None and adapter.loop_is_calling()
+
+
+def host_topology() -> tuple[int, int] | None:
+    """The data-parallel ``(rank, world_size)`` of the host run driving the caller, or None."""
+    adapter = host()
+    return None if adapter is None else adapter.data_parallel()

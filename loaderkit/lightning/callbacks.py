@@ -28,19 +28,21 @@ training, and a state saved at a checkpoint would count that batch as done.
 The callback tells such loaders how many batches Lightning holds, and their
 ``state_dict()`` leaves those out (without the callback, saving the state
 inside Lightning's loop is an error, not a silently skipped batch).
+
+What the callback reads of Lightning's fit loop (the fetcher's held batches,
+the lengths Lightning derived an epoch from) is read in
+:mod:`loaderkit.lightning._adapter`, the one module that touches Lightning's internals.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
-from lightning.pytorch.trainer.states import RunningStage
 
+from loaderkit.lightning._adapter import held_batches, resize_train_epoch, train_loaders
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import PlanBatchSampler
 
@@ -76,65 +78,26 @@ class ElasticResume(Callback):
         _watch_prefetch(trainer, unhook=True)
 
 
-class _HeldBatches:
-    """How many batches Lightning's train fetcher took from the loader but has not
-    trained on yet (weakly bound: the loader must not keep the trainer alive)."""
-
-    def __init__(self, trainer: L.Trainer) -> None:
-        self._loop = weakref.ref(trainer.fit_loop)
-
-    def __call__(self) -> int:
-        loop = self._loop()
-        fetcher = None if loop is None else loop._data_fetcher
-        return len(getattr(fetcher, "batches", ()) or ())
-
-
 def _watch_prefetch(trainer: L.Trainer, *, unhook: bool = False) -> None:
     """Let unsized stream loaders subtract the batch Lightning prefetched from their state."""
-    combined = trainer.fit_loop._combined_loader
-    for dl in [] if combined is None else combined.flattened:
+    for dl in train_loaders(trainer):
         engine = getattr(dl, "_stream", None) if isinstance(dl, ResumableDataLoader) else None
         if engine is not None:
-            engine.held_batches = None if unhook else _HeldBatches(trainer)
+            engine.held_batches = None if unhook else held_batches(trainer)
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:
-    """Recompute ``trainer.num_training_batches`` from the (restored) loaders."""
-    loop = trainer.fit_loop
-    combined = loop._combined_loader
-    if combined is None or not any(_is_planned(dl) for dl in combined.flattened):
+    """Make Lightning's epoch the (restored) loaders' current length."""
+    loaders = train_loaders(trainer)
+    if not any(_is_planned(dl) for dl in loaders):
         return
-    for dl in combined.flattened:
+    for dl in loaders:
         # Tell the loader its length is kept in sync, so it does not warn about it.
         for owner in (dl, getattr(dl, "batch_sampler", None)):
             watch = getattr(owner, "_len_watch", None)
             if watch is not None:
                 watch.managed = True
-    combined.limits = [
-        _parse_num_batches(RunningStage.TRAINING, len(dl), trainer.limit_train_batches)
-        if _is_planned(dl)
-        else limit
-        for dl, limit in zip(combined.flattened, combined.limits or [], strict=False)
-    ]
-    # The live iterator copied the limits when it was created; it answers len().
-    if combined._iterator is not None:
-        combined._iterator.limits = combined.limits
-    length = sized_len(combined)
-    if length is None:
-        return
-    loop.max_batches = length
-    if loop._data_fetcher is not None:
-        loop._data_fetcher.length = length
-        loop._data_fetcher.done = loop._data_fetcher.fetched >= length
-    # Lightning derives the validation batch from the first length it read, as in
-    # FitLoop.setup_data: redo it, or a longer or shorter epoch validates mid-epoch or never.
-    interval = trainer.val_check_interval
-    if (
-        isinstance(interval, float)
-        and getattr(trainer, "_val_check_time_interval", None) is None
-        and trainer.val_check_batch not in (None, float("inf"))
-    ):
-        trainer.val_check_batch = max(1, int(length * interval))
+    resize_train_epoch(trainer, _is_planned)
 
 
 def _is_planned(loader: object) -> bool:

@@ -84,7 +84,11 @@ def rank_check_timeout() -> float:
 def _group_matches(rank: int, world_size: int) -> bool:
     if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
         return False
-    # Ranks simulated with explicit rank=/world_size= inside another group compare nothing.
+    # Only when the loader's ranks are the process group's: ranks simulated with explicit
+    # rank=/world_size= inside another group, and a data-parallel group smaller than the
+    # global one (tensor/model parallelism: a Trainer's or Fabric's strategy names it),
+    # compare nothing. The store holds one slot per global rank, and peers of one
+    # data-parallel rank do not know each other's global ranks from here.
     return dist.get_world_size() == world_size and dist.get_rank() == rank
 
 

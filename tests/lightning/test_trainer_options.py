@@ -3,6 +3,12 @@
 The oracle is the one of ``tests/support/helpers.py``: the first k steps of a
 run plus the run resumed from its step-k checkpoint equal the uninterrupted
 run, over three epochs. k covers a mid-epoch and an end-of-epoch checkpoint.
+The options: reloading loaders, limited epochs, validation intervals (int
+and float, every n epochs), gradient accumulation, max_steps, and resuming
+on fewer and more ranks than were saved (ranks simulated in this process
+with explicit ``rank=``/``world_size=``; there the oracle is the global
+sequence: each step's batches of all ranks in rank order, which every world
+size deals alike). The ``num_workers=2`` cases are slow-marked.
 """
 
 from __future__ import annotations
@@ -34,6 +40,30 @@ pytestmark = [
 SIZE, BATCH, EPOCHS = 40, 4, 3
 
 
+class _ValidatingModule(IdModule):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validated: list[tuple[int, int]] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self.validated.append((self.current_epoch, self.global_step))
+
+
+class _WithVal(IdDataModule):
+    def val_dataloader(self) -> ResumableDataLoader:
+        data = [{"id": i, "x": torch.zeros(4)} for i in range(4)]
+        return ResumableDataLoader(data, batch_size=2, seed=0, rank=0, world_size=1)
+
+
+class Run:
+    """What one ``fit`` trained on (``records``) and when it validated (``validated``)."""
+
+    def __init__(self, model: IdModule) -> None:
+        self.records = model.records
+        self.validated = getattr(model, "validated", [])
+
+
 def fit(
     root: Path,
     options: dict[str, Any],
@@ -43,19 +73,42 @@ def fit(
     resume: Path | None = None,
 ) -> list[dict[str, Any]]:
     """One ``trainer.fit`` over EPOCHS epochs with a fresh model and DataModule."""
-    model = IdModule(fail_at=fail_at)
-    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=num_workers)
+    return fit_run(root, options, num_workers=num_workers, fail_at=fail_at, resume=resume).records
+
+
+def fit_run(
+    root: Path,
+    options: dict[str, Any],
+    *,
+    num_workers: int = 0,
+    fail_at: int | None = None,
+    resume: Path | None = None,
+    size: int = SIZE,
+    rank: int | None = None,
+    world_size: int | None = None,
+    epochs: int = EPOCHS,
+    extra_callbacks: tuple[Callback, ...] = (),
+) -> Run:
+    """:func:`fit` with a validation loader where ``limit_val_batches`` asks for one, and
+    simulated ranks."""
+    validating = options.get("limit_val_batches", 0) != 0
+    model = _ValidatingModule(fail_at=fail_at) if validating else IdModule(fail_at=fail_at)
+    kind = _WithVal if validating else IdDataModule
+    dm = kind(
+        size=size, batch_size=BATCH, num_workers=num_workers, rank=rank, world_size=world_size
+    )
     callbacks: list[Callback] = [step_checkpoints(root, 1)] if fail_at is not None else []
+    callbacks.extend(extra_callbacks)
     trainer = L.Trainer(
         **trainer_kwargs(
-            max_epochs=EPOCHS,
+            max_epochs=epochs,
             enable_checkpointing=fail_at is not None,
             callbacks=callbacks,
             **options,
         )
     )
     fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
-    return model.records
+    return Run(model)
 
 
 def steps_per_epoch(options: dict[str, Any]) -> int:
@@ -68,21 +121,114 @@ OPTIONS = {
     "limit_train_batches": {"limit_train_batches": 3},
     "limit_and_reload": {"limit_train_batches": 3, "reload_dataloaders_every_n_epochs": 1},
     "val_check_interval_int": {"val_check_interval": 4, "limit_val_batches": 0},
+    "val_check_interval_float": {"val_check_interval": 0.5, "limit_val_batches": 1},
+    "check_val_every_n_epoch": {"check_val_every_n_epoch": 2, "limit_val_batches": 1},
     "accumulate_grad_batches": {"accumulate_grad_batches": 2},
+    # Stops inside the last epoch (EPOCHS * 10 batches would be 30).
+    "max_steps": {"max_steps": 25},
 }
+# The options added for issue 11 also run with workers (slow: each fit starts them).
+_WITH_WORKERS = ("val_check_interval_float", "check_val_every_n_epoch", "max_steps")
 
 
-@pytest.mark.parametrize("name", sorted(OPTIONS))
-@pytest.mark.parametrize("where", ["mid_epoch", "end_of_epoch"])
-def test_resume_is_exact_under_trainer_options(tmp_path: Path, name: str, where: str) -> None:
+def _cases() -> list[Any]:
+    cases: list[Any] = []
+    for name in sorted(OPTIONS):
+        for where in ("mid_epoch", "end_of_epoch"):
+            cases.append(pytest.param(name, where, 0, id=f"{name}-{where}-0"))
+        if name in _WITH_WORKERS:
+            cases.append(
+                pytest.param(name, "mid_epoch", 2, id=f"{name}-mid_epoch-2", marks=pytest.mark.slow)
+            )
+    return cases
+
+
+@pytest.mark.parametrize(("name", "where", "num_workers"), _cases())
+def test_resume_is_exact_under_trainer_options(
+    tmp_path: Path, name: str, where: str, num_workers: int
+) -> None:
     options = OPTIONS[name]
     per_epoch = steps_per_epoch(options)
     k = per_epoch + 1 if where == "mid_epoch" else per_epoch
-    full = fit(tmp_path / "full", options)
-    before = fit(tmp_path / "cut", options, fail_at=k)
-    after = fit(tmp_path / "resumed", options, resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
-    assert len(full) == EPOCHS * per_epoch
-    assert_resume_exact(full, before, after)
+    full = fit_run(tmp_path / "full", options, num_workers=num_workers)
+    before = fit_run(tmp_path / "cut", options, num_workers=num_workers, fail_at=k)
+    after = fit_run(
+        tmp_path / "resumed",
+        options,
+        num_workers=num_workers,
+        resume=tmp_path / "cut" / f"step{k:03d}.ckpt",
+    )
+    assert len(full.records) == min(EPOCHS * per_epoch, options.get("max_steps", 10**9))
+    assert_resume_exact(full.records, before.records, after.records)
+    # Validation runs at the same steps: the resumed epoch is as long as the saved one.
+    assert sorted(set(before.validated + after.validated)) == full.validated
+    if options.get("limit_val_batches"):
+        assert full.validated, "the validation these options schedule never ran"
+
+
+def _global_sequence(runs: list[Run]) -> dict[int, list[int]]:
+    """Per epoch, every rank's batches step by step in rank order: the plan's global order."""
+    out: dict[int, list[int]] = {}
+    for step in zip(*(run.records for run in runs), strict=True):
+        assert len({r["epoch"] for r in step}) == 1, f"ranks in different epochs: {step}"
+        for record in step:
+            out.setdefault(record["epoch"], []).extend(record["ids"])
+    return out
+
+
+RANKS_SIZE, SAVED_WORLD, RANKS_EPOCHS = 48, 2, 2
+
+
+@pytest.mark.parametrize(
+    ("world_size", "where", "num_workers"),
+    [
+        (1, "mid_epoch", 0),
+        (1, "end_of_epoch", 0),
+        (4, "mid_epoch", 0),
+        (4, "end_of_epoch", 0),
+        pytest.param(1, "mid_epoch", 2, marks=pytest.mark.slow),
+        pytest.param(4, "mid_epoch", 2, marks=pytest.mark.slow),
+    ],
+)
+def test_resume_on_fewer_and_more_ranks_is_exact(
+    tmp_path: Path, world_size: int, where: str, num_workers: int
+) -> None:
+    # Saved by 2 ranks (6 steps an epoch), resumed by 1 (12) or 4 (3). The mid-epoch
+    # k leaves 32 samples of epoch 1: whole steps for 1 and for 4 ranks.
+    per_epoch = RANKS_SIZE // (BATCH * SAVED_WORLD)
+    k = per_epoch + 2 if where == "mid_epoch" else per_epoch
+
+    def ranks(root: Path, world: int, **kwargs: Any) -> list[Run]:
+        return [
+            fit_run(
+                root / f"rank{r}",
+                {},
+                size=RANKS_SIZE,
+                rank=r,
+                world_size=world,
+                epochs=RANKS_EPOCHS,
+                num_workers=num_workers,
+                extra_callbacks=(ElasticResume(),),
+                **kwargs,
+            )
+            for r in range(world)
+        ]
+
+    full = _global_sequence(ranks(tmp_path / "full", 1))
+    before = ranks(tmp_path / "cut", SAVED_WORLD, fail_at=k)
+    # The state is rank-symmetric: rank 0's checkpoint resumes every rank.
+    after = ranks(
+        tmp_path / "resumed", world_size, resume=tmp_path / "cut/rank0" / f"step{k:03d}.ckpt"
+    )
+    steps = {len(run.records) for run in after}
+    assert len(steps) == 1, f"resumed ranks step different counts: {steps}"
+    joined = _global_sequence(before)
+    for epoch, ids in _global_sequence(after).items():
+        joined.setdefault(epoch, []).extend(ids)
+    assert joined == full, (
+        f"saved on {SAVED_WORLD} ranks at step {k}, resumed on {world_size}: the global "
+        "sequence differs from the uninterrupted run's"
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -106,22 +252,6 @@ def test_limited_epochs_restart_the_order_after_an_end_of_epoch_resume(tmp_path:
     before = fit(tmp_path / "cut", options, fail_at=3)
     after = fit(tmp_path / "resumed", options, resume=tmp_path / "cut" / "step003.ckpt")
     assert by_epoch(before + after)[1] == by_epoch(full)[1]
-
-
-class _ValidatingModule(IdModule):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validated: list[tuple[int, int]] = []
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        if batch_idx == 0:
-            self.validated.append((self.current_epoch, self.global_step))
-
-
-class _WithVal(IdDataModule):
-    def val_dataloader(self) -> ResumableDataLoader:
-        data = [{"id": i, "x": torch.zeros(4)} for i in range(4)]
-        return ResumableDataLoader(data, batch_size=2, seed=0, rank=0, world_size=1)
 
 
 def test_resumed_on_fewer_ranks_validates_at_the_end_of_the_resumed_epoch(tmp_path: Path) -> None:

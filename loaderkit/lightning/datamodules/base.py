@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from loaderkit._checks import check_bool, check_fraction, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
+from loaderkit.lightning._adapter import data_parallel_size
 from loaderkit.lightning.datamodules._util import (
     bulky_args,
     cpu_budget,
@@ -201,7 +202,9 @@ class LoaderDataModule(L.LightningDataModule):
         if isinstance(train, StreamingShardedDataset):
             if world_size is None:
                 trainer = self.trainer
-                world_size = trainer.world_size if trainer is not None else detect().world_size
+                world_size = (
+                    data_parallel_size(trainer) if trainer is not None else detect().world_size
+                )
             refusal = stream_refusal(train, self.batch_size, world_size)
             if refusal is not None:
                 return False, refusal
@@ -444,7 +447,7 @@ class LoaderDataModule(L.LightningDataModule):
         if not self._stages:
             self.setup("fit")
         trainer = self.trainer
-        world_size = trainer.world_size if trainer is not None else detect().world_size
+        world_size = data_parallel_size(trainer) if trainer is not None else detect().world_size
         splits: dict[str, dict[str, Any]] = {}
         for split, dataset in self._datasets.items():
             loader = self.loader(split, num_workers=0, pin_memory=False)

@@ -1,0 +1,54 @@
+"""2 Lightning DDP ranks over gloo under a strategy whose data-parallel group has 1 rank.
+
+Run by ``test_data_parallel_group.py``: ``python _dp_group.py OUT``. The
+strategy is a ``DDPStrategy`` whose ``distributed_sampler_kwargs`` name one
+data-parallel replica (as ``ModelParallelStrategy`` does for tensor-parallel
+peers, which needs CUDA), so both processes must train on the same batches.
+Each rank writes ``OUT/records-rank{R}.jsonl``. Lightning's launcher re-runs
+this command line for rank 1, which is why it is a script.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.strategies import DDPStrategy
+
+from tests.support.helpers import IdDataModule, IdModule, PhaseLog, trainer_kwargs
+
+SIZE, BATCH, EPOCHS = 32, 4, 2
+
+
+class OneDataParallelRank(DDPStrategy):
+    """DDP over every process, but one data-parallel replica: all processes are its peers."""
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": 1, "rank": 0}
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    model = IdModule(records_path=str(out / f"records-rank{rank}.jsonl"))
+    trainer = L.Trainer(
+        **trainer_kwargs(
+            max_epochs=EPOCHS,
+            devices=2,
+            strategy=OneDataParallelRank(process_group_backend="gloo"),
+            callbacks=[PhaseLog()],
+        )
+    )
+    trainer.fit(model, datamodule=IdDataModule(size=SIZE, batch_size=BATCH))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
