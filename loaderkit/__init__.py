@@ -34,6 +34,7 @@ from loaderkit.errors import (
     ShardReadError,
     StateMismatchError,
     WorkerError,
+    WorkerStartError,
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
@@ -153,6 +154,7 @@ __all__ = [
     "TokenReader",
     "WorkerEnv",
     "WorkerError",
+    "WorkerStartError",
     "batch_mix",
     "check_resumable_sampler",
     "compute_lengths",
