@@ -28,6 +28,7 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -39,7 +40,7 @@ from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
-from loaderkit.errors import StateMismatchError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._args import (
     check_sources,
     check_torch_only_args,
@@ -53,7 +54,7 @@ from loaderkit.loader._fetch import (
     Unbatched,
     batch_fetch_is_faithful,
 )
-from loaderkit.loader._planned import EpochIterator
+from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
@@ -321,17 +322,23 @@ class ResumableDataLoader:
         # The epoch of the current (or last) iteration, how far its order was
         # consumed, how many steps this rank took in it, and what comes next.
         self._cursor = PlanCursor()
-        # A weak reference: a strong one would put the live iterator, its
-        # generator and the inner DataLoader's worker iterator in a reference
-        # cycle. torch's worker iterator freed by the cycle collector loses its
-        # queues' feeder threads first, never tells its workers to stop, and
-        # waits 5 s per worker in join() (measured: 10 s with 2 workers).
+        # The current iterator (the one that began last; its position is the
+        # state) and every live one. Weak references: a strong one would put the
+        # live iterator, its generator and the inner DataLoader's worker iterator
+        # in a reference cycle. torch's worker iterator freed by the cycle
+        # collector loses its queues' feeder threads first, never tells its
+        # workers to stop, and waits 5 s per worker in join() (measured: 10 s with
+        # 2 workers).
         self._live: weakref.ref[EpochIterator] | None = None
+        self._iterators: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
+        self._current: Run | None = None
+        self._ticks = itertools.count(1)
         self._topology_cache: tuple[int, int] | None = None
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
         self._stream: StreamEngine | None = None
+        self._iterable: Any = None  # the engine of an IterableDataset passed directly
         if stream:
             self._stream = StreamEngine(
                 self,
@@ -408,22 +415,62 @@ class ResumableDataLoader:
         return length
 
     def __iter__(self) -> Iterator[Any]:
+        """A new iterator over the next epoch (see :meth:`set_epoch`).
+
+        Iterators are independent, as ``DataLoader``'s are: an older one goes on
+        with its own epoch in its own workers, and :meth:`state_dict` is the
+        position of the one that began (drew its first batch) last. Two
+        exceptions, where the loader has one set of workers or cursors: with
+        ``persistent_workers=True`` (torch's ``DataLoader`` resets its one worker
+        iterator too) and over a ``StreamingShardedDataset``, a new ``iter()``
+        supersedes the old iterator, whose ``next()`` then raises.
+        """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
-        self._supersede()
+        if self._stream is not None or self._pool.persistent:
+            self._supersede()
         live = EpochIterator(self)
-        self._live = weakref.ref(live)
+        self._iterators.add(live)
         return live
 
     def _live_iterator(self) -> EpochIterator | None:
+        """The current iterator: the one whose position :meth:`state_dict` reports."""
         return None if self._live is None else self._live()
 
+    def _began(self, iterator: EpochIterator) -> None:
+        """``iterator`` drew its first batch: its position is the loader's from now on."""
+        iterator.run.began = next(self._ticks)
+        self._current = iterator.run
+        self._live = weakref.ref(iterator)
+
+    def _handed(self, run: Run) -> None:
+        run.last = next(self._ticks)
+
     def _supersede(self) -> None:
-        # Stop the workers of an iterator that can no longer yield, now rather
-        # than whenever its holder drops it.
-        old = self._live_iterator()
-        if old is not None:
+        # Stop the workers of iterators that can no longer yield, now rather
+        # than whenever their holders drop them.
+        for old in list(self._iterators):
+            old.superseded = True
             old.close()
-        self._live = None
+        self._iterators = weakref.WeakSet()
+        self._live, self._current = None, None
+
+    def _check_one_position(self) -> None:
+        """Refuse a state while two live iterators have both moved since the newer began."""
+        current = self._current
+        if current is None:
+            return
+        for other in list(self._iterators):
+            run = other.run
+            if run is current or run.finished or run.last <= current.began:
+                continue
+            raise LoaderkitError(
+                "ResumableDataLoader.state_dict: two live iterators over this loader are both "
+                "part-way through their epochs, and the older one handed out batches after the "
+                "newer one began. A state holds one position (the newer iterator's), so "
+                "resuming from it would silently drop the rest of the older iterator's epoch. "
+                "Finish or drop (del) one of them before saving, or use one loader per "
+                "iterator."
+            )
 
     def _settle_seed(self) -> None:
         """Fix a drawn seed before the first batch: ranks must agree without talking."""
@@ -476,18 +523,35 @@ class ResumableDataLoader:
             )
         return sched, steps_done
 
-    def _inner_loader(self, epoch: int) -> DataLoader[Any]:
+    def _inner_loader(self, sched: Schedule) -> DataLoader[Any]:
+        """The worker DataLoader of one epoch's schedule.
+
+        Persistent workers serve one iteration at a time (a new ``iter()``
+        supersedes the old); otherwise each iteration gets its own DataLoader
+        and key source, so live iterators stay independent.
+        """
         rank, _ = self._topology()
+        if not self._pool.persistent:
+            keys = KeySource()
+            keys.schedule = sched
+            return self._pool.build(
+                KeyedDataset(self._fetch, self.plan.num_samples),
+                seed=self.seed,
+                epoch=sched.epoch,
+                rank=rank,
+                batch_sampler=keys,  # yields (epoch, indices) keys, not index lists
+            )
+        self._keys.schedule = sched
         if self._inner is None:
             self._inner = self._pool.build(
                 KeyedDataset(self._fetch, self.plan.num_samples),
                 seed=self.seed,
-                epoch=epoch,
+                epoch=sched.epoch,
                 rank=rank,
-                batch_sampler=self._keys,  # yields (epoch, indices) keys, not index lists
+                batch_sampler=self._keys,
             )
-        else:
-            self._inner.worker_init_fn = self._pool.init_fn(self.seed, epoch, rank)
+        else:  # workers stopped since (a failure, a dropped iterator) restart keyed to this epoch
+            self._inner.worker_init_fn = self._pool.init_fn(self.seed, sched.epoch, rank)
         return self._inner
 
     # ------------------------------------------------------------------ state
@@ -512,6 +576,7 @@ class ResumableDataLoader:
         held = holder.held_state() if holder is not None else None
         if held is not None:
             return dict(held)
+        self._check_one_position()
         if self._stream is not None:
             return self._stream.state()
         skeleton = self._skeleton

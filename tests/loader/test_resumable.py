@@ -411,16 +411,26 @@ def test_dropping_a_mid_epoch_loader_stops_its_workers_at_once() -> None:
     assert workers == [], f"{len(workers)} workers of the dropped loader still running after 2 s"
 
 
-def test_a_superseded_iterator_stops_its_workers_at_once() -> None:
-    existing = {p.pid for p in multiprocessing.active_children()}
-    loader = make(2)
+def test_a_new_iterator_supersedes_a_persistent_one() -> None:
+    # persistent_workers: one set of workers, which torch also resets for each iter().
+    loader = make(2, persistent_workers=True)
     old = iter(loader)
     next(old)
-    new = iter(loader)  # starts nothing before its first next()
-    assert _new_workers(existing) == []
-    with pytest.raises(RuntimeError, match=r"superseded by a newer iter\(\)"):
+    new = iter(loader)
+    with pytest.raises(RuntimeError, match=r"superseded by a newer iter\(\).*persistent_workers"):
         next(old)
     assert len(list(new)) == STEPS
+
+
+def test_a_second_iterator_leaves_the_first_running() -> None:
+    # Without persistent workers, iterators are independent, as DataLoader's are.
+    loader = make(2)
+    old = iter(loader)
+    first = next(old)
+    new = iter(loader)
+    assert len(list(new)) == STEPS  # the next epoch, in its own workers
+    rest = list(old)
+    assert sorted(ids([first, *rest])) == list(range(N))  # epoch 0 goes on, whole
 
 
 # ---------------------------------------------------------------- failures
