@@ -35,7 +35,13 @@ from typing import Any, Literal
 from zlib import crc32
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    SequentialSampler,
+)
 
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -54,9 +60,10 @@ from loaderkit.loader._fetch import (
     Unbatched,
     batch_fetch_is_faithful,
 )
+from loaderkit.loader._iterable import IterableEngine, is_stateful
 from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
-from loaderkit.loader._views import PlanBatches, plan_order
+from loaderkit.loader._views import IterableOrder, PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
@@ -182,6 +189,7 @@ class ResumableDataLoader:
         in_order: bool = True,
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
+        iterable = isinstance(dataset, IterableDataset) and not stream
         check_torch_only_args(pin_memory_device=pin_memory_device, in_order=in_order)
         # batch_size=None: torch's unbatched loading, one sample per step; the plan
         # deals batches of one and the collate function sees each sample alone.
@@ -220,7 +228,14 @@ class ResumableDataLoader:
             fix="pass a non-negative int such as seed=0",
         )
         self.plan: Plan
-        if stream:
+        if iterable and per_sample_seeding is True:
+            raise ValueError(
+                "ResumableDataLoader: per_sample_seeding=True keys randomness by sample index, "
+                f"and an IterableDataset ({type(dataset).__name__}) has none; leave it 'auto' "
+                "(each worker's RNGs are seeded from (seed, epoch, rank, worker), as "
+                "DataLoader seeds them per worker) or draw from the dataset's own generator."
+            )
+        if stream or iterable:
             check_int(
                 "batch_size",
                 batch_size,
@@ -258,7 +273,11 @@ class ResumableDataLoader:
                 seed=self.seed,
                 drop_last=drop_last,
             )
-        if self.plan.num_samples != size and not stream and not isinstance(self.plan, SamplerPlan):
+        if (
+            self.plan.num_samples != size
+            and not (stream or iterable)
+            and not isinstance(self.plan, SamplerPlan)
+        ):
             raise ValueError(
                 f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
                 f"samples but the dataset has {size}; build the plan with num_samples={size}."
@@ -285,6 +304,7 @@ class ResumableDataLoader:
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
         batched = batch_fetch_is_faithful(dataset)
         per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
+        per_sample = per_sample and not iterable
         self._fetch = BatchFetcher(
             dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
         )
@@ -305,7 +325,7 @@ class ResumableDataLoader:
         self.collate_fn = (
             fetch_collate.collate_fn if isinstance(fetch_collate, Unbatched) else fetch_collate
         )
-        self.drop_last = getattr(self.plan, "drop_last", drop_last)
+        self.drop_last = drop_last if iterable else getattr(self.plan, "drop_last", drop_last)
         self.generator = generator
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
@@ -314,9 +334,19 @@ class ResumableDataLoader:
         self.persistent_workers = persistent_workers
         # Views of the plan: Lightning calls sampler.set_epoch(e) (and
         # batch_sampler.sampler.set_epoch(e)) at every epoch start, never the loader's.
-        order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
-        self.sampler: Any = sampler if sampler is not None else order
-        self.batch_sampler: Any = batch_sampler if batch_sampler is not None else PlanBatches(order)
+        self.sampler: Any
+        self.batch_sampler: Any
+        if iterable:
+            # As DataLoader's: an endless constant sampler (here its set_epoch drives the
+            # loader) and a BatchSampler over it, or none when unbatched.
+            self.sampler = IterableOrder(self)
+            self.batch_sampler = (
+                None if unbatched else BatchSampler(self.sampler, batch_size, self.drop_last)
+            )
+        else:
+            order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
+            self.sampler = sampler if sampler is not None else order
+            self.batch_sampler = batch_sampler if batch_sampler is not None else PlanBatches(order)
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
         # The epoch of the current (or last) iteration, how far its order was
@@ -338,7 +368,15 @@ class ResumableDataLoader:
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
         self._stream: StreamEngine | None = None
-        self._iterable: Any = None  # the engine of an IterableDataset passed directly
+        self._iterable: IterableEngine | None = None
+        if iterable:
+            self._iterable = IterableEngine(
+                self,
+                dataset,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                collate_fn=self._fetch.collate_fn,
+            )
         if stream:
             self._stream = StreamEngine(
                 self,
@@ -366,7 +404,8 @@ class ResumableDataLoader:
         if self._topology_cache is not None:
             return self._topology_cache
         env = detect(rank=self._rank, world_size=self._world_size)
-        if self._cursor.started or (self._stream is not None and self._stream.started):
+        engine = self._stream or self._iterable
+        if self._cursor.started or (engine is not None and engine.started):
             # Fixed from the first batch on: the process group exists by then
             # (Lightning builds loaders after it), and state_dict() stays cheap.
             self._topology_cache = (env.rank, env.world_size)
@@ -377,8 +416,9 @@ class ResumableDataLoader:
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )
-        if self._stream is not None:
-            self._stream.set_epoch(epoch)
+        engine = self._stream or self._iterable
+        if engine is not None:
+            engine.set_epoch(epoch)
             return
         self._cursor.set_epoch(epoch)
 
@@ -396,6 +436,8 @@ class ResumableDataLoader:
         """
         if self._stream is not None:
             return self._stream.length()
+        if self._iterable is not None:
+            return self._iterable.length()
         _, world_size = self._topology()
         live = self._live_iterator()
         cursor = self._cursor
@@ -554,6 +596,62 @@ class ResumableDataLoader:
             self._inner.worker_init_fn = self._pool.init_fn(self.seed, sched.epoch, rank)
         return self._inner
 
+    def describe(self) -> dict[str, Any]:
+        """How this loader iterates and resumes, for logs and ``loaderkit inspect``.
+
+        Returns:
+            A dict with ``engine``: ``"plan"`` (map-style data), ``"stream"``
+            (a :class:`~loaderkit.StreamingShardedDataset`) or ``"iterable"`` (an
+            ``IterableDataset`` passed directly); ``resume``: ``"position"``
+            (a position in the sample plan: O(1), any ``num_workers`` and world
+            size), ``"cursors"`` (a cursor per (rank, worker) slot: same
+            topology), ``"state"`` (each worker's dataset or iterator state) or
+            ``"replay"`` (each worker's stream replayed and skipped: O(position),
+            exact only for a deterministic stream, which is checked);
+            ``resume_reason`` (the same in words); ``num_workers`` and
+            ``batch_size``.
+        """
+        info: dict[str, Any] = {"num_workers": self.num_workers, "batch_size": self.batch_size}
+        if self._stream is not None:
+            return {
+                **info,
+                "engine": "stream",
+                "resume": "cursors",
+                "resume_reason": "a cursor per (rank, worker) slot and open shard: exact under "
+                "the same world size and num_workers",
+            }
+        if self._iterable is not None:
+            name = type(self.dataset).__name__
+            if self._iterable.method() == "state":
+                owner = name if is_stateful(self.dataset) else f"iter({name})"
+                reason = (
+                    f"{owner} has state_dict()/load_state_dict(): each worker's state as of its "
+                    "last batch handed out is saved and loaded (O(1) in the position); exact "
+                    "under the same num_workers, on one process"
+                )
+            else:
+                reason = (
+                    f"replay-and-skip: {name} has no state_dict()/load_state_dict(), so each "
+                    "worker iterates its stream again and skips what it handed out (cost "
+                    "grows with the position); exact for a deterministic stream (a replay "
+                    "that differs is a StateMismatchError), under the same num_workers, on "
+                    "one process. Give the dataset state_dict()/load_state_dict() to resume "
+                    "in O(1)"
+                )
+            return {
+                **info,
+                "engine": "iterable",
+                "resume": self._iterable.method(),
+                "resume_reason": reason,
+            }
+        return {
+            **info,
+            "engine": "plan",
+            "resume": "position",
+            "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
+            "and world size",
+        }
+
     # ------------------------------------------------------------------ state
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer that holds batches ahead (``DevicePrefetcher``) answers ``state_dict()``.
@@ -579,6 +677,8 @@ class ResumableDataLoader:
         self._check_one_position()
         if self._stream is not None:
             return self._stream.state()
+        if self._iterable is not None:
+            return self._iterable.state()
         skeleton = self._skeleton
         if skeleton is None:
             _, world_size = self._topology()
@@ -614,9 +714,10 @@ class ResumableDataLoader:
         self._lookahead = None  # the loaded state is the position now
         # Only a SamplePlan can be rebuilt with the saved seed; any other plan's seed
         # is the user's explicit choice, and a different saved one is a mismatch.
-        if self._stream is not None:
+        engine = self._stream or self._iterable
+        if engine is not None:
             self._supersede()
-            adopted = self._stream.load(state_dict, adopt_seed=not self._seed_explicit)
+            adopted = engine.load(state_dict, adopt_seed=not self._seed_explicit)
             if adopted is not None:
                 self.seed = adopted
             self._seed_drawn = False  # the saved run's seed is the one to keep
