@@ -620,13 +620,15 @@ def test_batch_sampler_plan_must_cover_the_dataset() -> None:
         ResumableDataLoader(AugDataset(), batch_sampler=sampler)
 
 
-def test_stream_datasets_are_refused() -> None:
+def test_an_iterable_dataset_takes_no_sampler_or_shuffle() -> None:
     class Stream(IterableDataset[int]):
         def __iter__(self) -> Any:
             return iter(range(3))
 
-    with pytest.raises(TypeError, match=r"dataset must be map-style.*got Stream"):
-        ResumableDataLoader(Stream())
+    with pytest.raises(ValueError, match=r"IterableDataset takes no shuffle, got shuffle=True"):
+        ResumableDataLoader(Stream(), shuffle=True)
+    with pytest.raises(TypeError, match=r"dataset must be map-style.*got int"):
+        ResumableDataLoader(3)
 
 
 def test_negative_epoch_in_set_epoch_is_refused() -> None:
