@@ -294,6 +294,11 @@ def share_tensors(dataset: Any) -> int:
 
 def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
     """Shut down the worker processes behind ``workers`` now, not at garbage collection."""
+    owner = getattr(workers, "_loaderkit_pid", None)
+    if owner is not None and owner != os.getpid():
+        # A forked worker's inherited copy of another loader's iterator, closed by the
+        # worker's garbage collector: those workers are not its to stop.
+        return
     shutdown = getattr(workers, "_shutdown_workers", None)
     if callable(shutdown):
         shutdown()
@@ -377,6 +382,7 @@ def _take_over_failure_checks(workers: Any) -> None:
     """
     if getattr(workers, "_loaderkit_guarded", False) or not hasattr(workers, "_task_info"):
         return
+    workers._loaderkit_pid = os.getpid()
     if getattr(workers, "_worker_pids_set", False):
         from torch.utils.data._utils import signal_handling
 
