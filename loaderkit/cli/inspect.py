@@ -245,7 +245,9 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         reason = stream_resume_reason(dataset)
     elif resumable and loader._iterable is not None:
         # Says which method resumes it: the dataset's own state, or replay-and-skip.
-        reason = f"resume method {loader.describe()['resume']!r}: {loader.describe()['resume_reason']}"
+        reason = (
+            f"resume method {loader.describe()['resume']!r}: {loader.describe()['resume_reason']}"
+        )
         if world_size > 1:
             resumable = False
             reason = (

@@ -565,9 +565,10 @@ class IterableEngine:
             )
         records = state["workers"]
         if not isinstance(records, list) or len(records) != max(workers, 1):
+            held = len(records) if isinstance(records, list) else repr(records)
             raise StateMismatchError(
-                f"{owner}: field 'workers' holds {len(records) if isinstance(records, list) else records!r} "
-                f"records for num_workers={workers}; pass what state_dict() returned, unmodified."
+                f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
+                "what state_dict() returned, unmodified."
             )
         self.records = [{k: r[k] for k in _RECORD} for r in records]
         steps_done = int(state["steps_done"])

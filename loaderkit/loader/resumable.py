@@ -99,7 +99,10 @@ class ResumableDataLoader:
     remaining batches of the saved epoch, and the one after that the next epoch.
 
     Args:
-        dataset: A map-style dataset (``__len__`` and ``__getitem__``). Datasets
+        dataset: A map-style dataset (``__len__`` and ``__getitem__``), or a torch
+            ``IterableDataset``, iterated as ``DataLoader`` iterates it (see
+            :mod:`loaderkit.loader._iterable`: one process, resumed from its
+            state or by a checked replay, under the same ``num_workers``). Datasets
             with ``get_batch(indices)`` (loaderkit's tensor/array datasets) or
             ``__getitems__`` are fetched a whole batch per call. Or a
             :class:`~loaderkit.StreamingShardedDataset` (sizes unknown): its
@@ -109,11 +112,14 @@ class ResumableDataLoader:
             unbatched, as ``DataLoader`` does (``collate_fn`` then sees one sample,
             default: ``default_convert``).
         shuffle: Shuffle per ``(seed, epoch)``.
-        sampler: Only a ``SequentialSampler`` (the default order); samplers
-            whose order cannot be restored exactly are refused.
+        sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
+            with a ``generator`` (given one seeded per epoch), one with
+            ``set_epoch``, a ``DistributedSampler`` (its settings become the
+            plan's); one that lists a different order twice is refused.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
-            ``batch_size``/``shuffle``/``drop_last``.
+            ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
+            taken as its ``sampler``, ``batch_size`` and ``drop_last``.
         num_workers: Worker processes (0: load in this process).
         collate_fn: Merges a list of samples into a batch (default:
             ``default_collate``; not called for ``get_batch`` datasets).
@@ -190,6 +196,17 @@ class ResumableDataLoader:
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
         iterable = isinstance(dataset, IterableDataset) and not stream
+        given_batch_sampler = batch_sampler
+        if type(batch_sampler) is BatchSampler and (batch_size, shuffle, sampler, drop_last) == (
+            1,
+            False,
+            None,
+            False,
+        ):
+            # torch's BatchSampler only cuts its sampler's order into batches: the same as
+            # sampler=, batch_size=, drop_last=, which the plan resumes exactly.
+            sampler, batch_size = batch_sampler.sampler, batch_sampler.batch_size
+            drop_last, batch_sampler = batch_sampler.drop_last, None
         check_torch_only_args(pin_memory_device=pin_memory_device, in_order=in_order)
         # batch_size=None: torch's unbatched loading, one sample per step; the plan
         # deals batches of one and the collate function sees each sample alone.
@@ -346,7 +363,9 @@ class ResumableDataLoader:
         else:
             order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
             self.sampler = sampler if sampler is not None else order
-            self.batch_sampler = batch_sampler if batch_sampler is not None else PlanBatches(order)
+            self.batch_sampler = (
+                given_batch_sampler if given_batch_sampler is not None else PlanBatches(order)
+            )
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
         # The epoch of the current (or last) iteration, how far its order was

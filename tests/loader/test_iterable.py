@@ -26,7 +26,7 @@ def split(start: int, end: int) -> range:
     info = get_worker_info()
     if info is None:
         return range(start, end)
-    per = int(math.ceil((end - start) / float(info.num_workers)))
+    per = math.ceil((end - start) / info.num_workers)
     lo = start + info.id * per
     return range(lo, min(lo + per, end))
 
@@ -154,8 +154,12 @@ def assert_resume_exact(make: Any, ks: list[int]) -> None:
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("batch_size", [None, 4])
 def test_batches_are_dataloaders(num_workers: int, batch_size: int | None) -> None:
-    torch_batches = values(list(DataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers)))
-    ours = values(list(ResumableDataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers)))
+    torch_batches = values(
+        list(DataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers))
+    )
+    ours = values(
+        list(ResumableDataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers))
+    )
     assert ours == torch_batches  # same samples, same round-robin order of workers
     flat = [x for b in ours for x in (b if isinstance(b, list) else [b])]
     assert sorted(flat) == list(range(N))  # the worker-info split loses nothing
@@ -255,7 +259,11 @@ def test_a_stream_that_replays_differently_is_a_named_error() -> None:
     del it
     fresh = ResumableDataLoader(Unseeded(), batch_size=4, seed=0)
     fresh.load_state_dict(state)
-    with pytest.raises(StateMismatchError, match=r"different sample at position 3.*not deterministic.*state_dict\(\)/load_state_dict\(\)"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"different sample at position 3.*not deterministic.*"
+        r"state_dict\(\)/load_state_dict\(\)",
+    ):
         next(iter(fresh))
 
 
@@ -275,7 +283,10 @@ def test_a_stream_that_got_shorter_is_a_named_error() -> None:
 def test_another_num_workers_is_a_named_error() -> None:
     loader = ResumableDataLoader(Sharded(), batch_size=4, num_workers=2, seed=0)
     next(iter(loader))
-    with pytest.raises(StateMismatchError, match=r"saved with num_workers=2, this loader has num_workers=0.*resume with num_workers=2"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"saved with num_workers=2, this loader has num_workers=0.*resume with num_workers=2",
+    ):
         ResumableDataLoader(Sharded(), batch_size=4, seed=0).load_state_dict(loader.state_dict())
     with pytest.raises(StateMismatchError, match=r"field 'batch_size' differs: saved 4, here 5"):
         ResumableDataLoader(Sharded(), batch_size=5, num_workers=2, seed=0).load_state_dict(
@@ -286,13 +297,17 @@ def test_another_num_workers_is_a_named_error() -> None:
 def test_a_map_style_state_is_refused_by_name() -> None:
     planned = ResumableDataLoader(list(range(8)), batch_size=4, seed=0)
     next(iter(planned))
-    with pytest.raises(StateMismatchError, match=r"missing keys .*not saved by a loader over an IterableDataset"):
+    with pytest.raises(
+        StateMismatchError, match=r"missing keys .*not saved by a loader over an IterableDataset"
+    ):
         ResumableDataLoader(Sharded(), batch_size=4, seed=0).load_state_dict(planned.state_dict())
 
 
 def test_more_than_one_rank_is_refused_with_the_fix() -> None:
     loader = ResumableDataLoader(Sharded(), batch_size=4, rank=1, world_size=2)
-    with pytest.raises(LoaderkitError, match=r"runs on one process .*world_size=2.*StreamingShardedDataset"):
+    with pytest.raises(
+        LoaderkitError, match=r"runs on one process .*world_size=2.*StreamingShardedDataset"
+    ):
         next(iter(loader))
 
 

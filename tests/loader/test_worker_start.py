@@ -90,7 +90,10 @@ def test_an_object_that_does_not_pickle_is_named_with_the_fixes(what: str) -> No
 
 def test_module_level_objects_pass_the_same_check() -> None:
     loader = ResumableDataLoader(
-        list(range(8)), batch_size=2, num_workers=1, collate_fn=_double,
+        list(range(8)),
+        batch_size=2,
+        num_workers=1,
+        collate_fn=_double,
         multiprocessing_context="spawn",
     )
     # Built, not started: building pickles nothing, and these would pickle.
