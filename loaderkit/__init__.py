@@ -35,6 +35,7 @@ from loaderkit.errors import (
     ShardReadError,
     StateMismatchError,
     WorkerError,
+    WorkerStartError,
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
@@ -163,6 +164,7 @@ __all__ = [
     "TokenReader",
     "WorkerEnv",
     "WorkerError",
+    "WorkerStartError",
     "batch_mix",
     "check_resumable_sampler",
     "compute_lengths",

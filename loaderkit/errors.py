@@ -19,6 +19,7 @@ __all__ = [
     "ShardReadError",
     "StateMismatchError",
     "WorkerError",
+    "WorkerStartError",
 ]
 
 
@@ -58,6 +59,16 @@ class WorkerError(LoaderkitError, RuntimeError):
             elif batch:
                 index = [int(i) for i in batch.group(1).split(",") if i.strip()]
         self.index = index
+
+
+class WorkerStartError(LoaderkitError, TypeError):
+    """Worker processes could not start: what they need could not be pickled.
+
+    Raised under the ``spawn`` and ``forkserver`` start methods (loaderkit picks
+    ``forkserver`` inside a torch.distributed process group), which send the
+    dataset, ``collate_fn`` and ``worker_init_fn`` to each worker by pickling.
+    The message names the object that failed and the fixes.
+    """
 
 
 class ShardError(LoaderkitError, ValueError):

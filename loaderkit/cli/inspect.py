@@ -195,6 +195,15 @@ def _steps(loader: Any, world_size: int) -> int | None:
         from loaderkit.lightning.datamodules._util import stream_epoch_steps
 
         return stream_epoch_steps(loader, world_size)
+    if getattr(loader, "_iterable", None) is not None:
+        # An IterableDataset passed directly: DataLoader's length (from len(dataset)), on
+        # one process only.
+        if world_size != 1:
+            return None
+        try:
+            return len(loader)
+        except TypeError:
+            return None
     plan = getattr(loader, "plan", None)
     if plan is not None:
         return int(plan.num_steps(0, start=0, world_size=world_size))
@@ -243,6 +252,17 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         from loaderkit.lightning.datamodules._util import stream_resume_reason
 
         reason = stream_resume_reason(dataset)
+    elif resumable and loader._iterable is not None:
+        # Says which method resumes it: the dataset's own state, or replay-and-skip.
+        reason = (
+            f"resume method {loader.describe()['resume']!r}: {loader.describe()['resume_reason']}"
+        )
+        if world_size > 1:
+            resumable = False
+            reason = (
+                f"an IterableDataset passed directly runs on one process, not {world_size} ranks "
+                "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
+            )
     return {
         "datamodule": type(dm).__name__,
         "splits": {

@@ -29,13 +29,19 @@ def check_sources(
     shuffle: bool,
     drop_last: bool,
 ) -> int:
-    """Validate the dataset and how it is sampled; returns its size (0 for a stream)."""
+    """Validate the dataset and how it is sampled; returns its size (0 for a stream).
+
+    An ``IterableDataset`` is taken as ``DataLoader`` takes it: it decides its
+    own order, so it takes no sampler, batch_sampler or shuffle.
+    """
     stream = isinstance(dataset, StreamingShardedDataset)
-    if not stream and (isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")):
+    iterable = isinstance(dataset, IterableDataset) and not stream
+    if not stream and not iterable and not hasattr(dataset, "__getitem__"):
         raise TypeError(
             f"ResumableDataLoader: dataset must be map-style (with __len__ and "
-            f"__getitem__) or a StreamingShardedDataset, got {type(dataset).__name__}; wrap "
-            "streams in loaderkit's sharded datasets, which know their position."
+            f"__getitem__), a torch IterableDataset or a StreamingShardedDataset, got "
+            f"{type(dataset).__name__}; wrap streams in a torch IterableDataset or in "
+            "loaderkit's sharded datasets, which know their position."
         )
     if stream and (sampler is not None or batch_sampler is not None or shuffle):
         raise ValueError(
@@ -43,11 +49,22 @@ def check_sources(
             "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
             "them unset."
         )
+    if iterable:
+        given = {"sampler": sampler, "batch_sampler": batch_sampler, "shuffle": shuffle}
+        for name, value in given.items():
+            if value not in (None, False):
+                raise ValueError(
+                    f"ResumableDataLoader: an IterableDataset takes no {name}, got "
+                    f"{name}={value!r} ({type(dataset).__name__} decides its own order, as "
+                    "with DataLoader); leave it unset and shuffle inside the dataset."
+                )
+        check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+        return 0
     if not stream and not callable(getattr(dataset, "__len__", None)):
         raise TypeError(
             f"ResumableDataLoader: dataset {type(dataset).__name__} has __getitem__ but no "
             "__len__, so no plan can cover it; add __len__ to the dataset (the number of "
-            "samples), or wrap a stream of unknown length in a StreamingShardedDataset."
+            "samples), or make it a torch IterableDataset (a stream of unknown length)."
         )
     size = 0 if stream else len(dataset)
     if size == 0 and not stream:

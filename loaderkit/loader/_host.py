@@ -18,13 +18,19 @@ from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan.sample import Schedule
 
-__all__ = ["LoaderHost", "StreamBatches"]
+__all__ = ["IterableBatches", "LoaderHost", "StreamBatches"]
 
 
 class StreamBatches(Protocol):
     """The stream engine as the planned engine's iterator sees it."""
 
     def iterate(self) -> Generator[Any, None, None]: ...
+
+
+class IterableBatches(Protocol):
+    """The engine of an ``IterableDataset`` passed directly, as the iterator sees it."""
+
+    def iterate(self, run: Any) -> Generator[Any, None, None]: ...
 
 
 class LoaderHost(Protocol):
@@ -45,12 +51,22 @@ class LoaderHost(Protocol):
     @property
     def _stream(self) -> StreamBatches | None: ...
 
+    @property
+    def _iterable(self) -> IterableBatches | None: ...
+
+    @property
+    def _current(self) -> object | None: ...
+
     def _topology(self) -> tuple[int, int]: ...
 
     def _settle_seed(self) -> None: ...
 
     def _begin(self) -> tuple[Schedule, int]: ...
 
+    def _began(self, iterator: Any) -> None: ...
+
+    def _handed(self, run: Any) -> None: ...
+
     def _live_iterator(self) -> object | None: ...
 
-    def _inner_loader(self, epoch: int) -> DataLoader[Any]: ...
+    def _inner_loader(self, sched: Schedule) -> DataLoader[Any]: ...

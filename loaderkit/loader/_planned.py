@@ -16,31 +16,67 @@ from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan.sample import Schedule
 from loaderkit.transfer import pin_batch
 
-__all__ = ["EpochIterator", "describe_step", "run_epoch"]
+__all__ = ["EpochIterator", "Run", "describe_step", "run_epoch"]
+
+
+class Run:
+    """One iteration's place among a loader's live iterations (no reference to its iterator).
+
+    The loader's state is the position of its *current* run, the one that began
+    last; ``last`` (a tick of the loader's clock) says whether an older run kept
+    handing out batches after that, which would make a single saved position
+    ambiguous.
+    """
+
+    __slots__ = ("began", "finished", "last")
+
+    def __init__(self) -> None:
+        self.began = 0  # the tick of its first batch; 0: not begun
+        self.last = 0  # the tick of its latest batch
+        self.finished = False
 
 
 class EpochIterator(Iterator[Any]):
-    """One epoch's iteration; decides its epoch at the first ``next()``."""
+    """One epoch's iteration; decides its epoch at the first ``next()``.
+
+    Independent of the loader's other iterators, as ``DataLoader``'s are,
+    except where the loader marks it ``superseded`` (persistent workers, which
+    torch also resets, and streams, whose cursors are the loader's).
+    """
 
     def __init__(self, loader: LoaderHost) -> None:
         self.loader = loader
+        self.run = Run()
         self.schedule: Schedule | None = None
         self.steps_before = 0
+        self.superseded = False
         self._batches: Generator[Any, None, None] | None = None
 
     def __next__(self) -> Any:
         loader = self.loader
-        if loader._live_iterator() is not self:
+        if self.superseded:
             raise RuntimeError(
                 "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict(); iterate the loader again."
+                "load_state_dict() (with persistent_workers=True the loader has one set of "
+                "workers, which torch's DataLoader also resets for each iter(); a stream's "
+                "cursors belong to the loader); iterate the loader again."
             )
-        if self._batches is None and loader._stream is not None:
-            self._batches = loader._stream.iterate()
-        elif self._batches is None:
-            self.schedule, self.steps_before = loader._begin()
-            self._batches = run_epoch(loader, self.schedule)
-        return next(self._batches)
+        if self._batches is None:
+            if loader._stream is not None:
+                self._batches = loader._stream.iterate()
+            elif loader._iterable is not None:
+                self._batches = loader._iterable.iterate(self.run)
+            else:
+                self.schedule, self.steps_before = loader._begin()
+                self._batches = run_epoch(loader, self.schedule, self.run)
+            loader._began(self)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self.run.finished = True
+            raise
+        loader._handed(self.run)
+        return batch
 
     def close(self) -> None:
         """Stop this iteration (and its workers) now."""
@@ -48,10 +84,17 @@ class EpochIterator(Iterator[Any]):
             self._batches.close()
 
 
-def run_epoch(loader: LoaderHost, sched: Schedule) -> Generator[Any, None, None]:
+def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, None, None]:
     # A function, not an EpochIterator method: the generator must not
     # reference the iterator that owns it (see ResumableDataLoader._live).
-    consumed = loader._cursor.consumed
+    cursor = loader._cursor
+
+    def consumed(position: int) -> None:
+        # Only the current run moves the loader's position; an older live iterator
+        # yields its own epoch without touching it (as a second DataLoader iterator does).
+        if loader._current is run:
+            cursor.consumed(position)
+
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
@@ -61,8 +104,7 @@ def run_epoch(loader: LoaderHost, sched: Schedule) -> Generator[Any, None, None]
             consumed(sched.position_after(step))
             yield batch
         return
-    loader._keys.schedule = sched
-    inner = loader._inner_loader(sched.epoch)
+    inner = loader._inner_loader(sched)
     workers = iter(inner)
     try:
         # Task k of torch's worker iterator is step k of the schedule (keys in order).

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import Sampler, SequentialSampler
 
-__all__ = ["PlanBatches", "PlanOrder", "plan_order"]
+__all__ = ["IterableOrder", "PlanBatches", "PlanOrder", "plan_order"]
 
 
 class PlanOrder(Sampler[int]):
@@ -79,3 +79,24 @@ class PlanBatches(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self.sampler._batches())
+
+
+class IterableOrder(Sampler[None]):
+    """``loader.sampler`` over an ``IterableDataset``: like ``DataLoader``'s, an endless
+    sampler of ``None`` (the dataset decides its order), whose ``set_epoch`` drives the
+    loader, as Lightning's fit loop expects of ``loader.sampler``."""
+
+    def __init__(self, loader: Any) -> None:
+        # Weak: the loader holds this view; a cycle would delay freeing its workers.
+        self._loader = weakref.ref(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the loader's next iteration ``epoch``."""
+        loader = self._loader()
+        if loader is None:
+            raise ReferenceError("this sampler's ResumableDataLoader no longer exists")
+        loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None

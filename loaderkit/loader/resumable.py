@@ -28,18 +28,25 @@ ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 from zlib import crc32
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    SequentialSampler,
+)
 
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
-from loaderkit.errors import StateMismatchError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._args import (
     check_sources,
     check_torch_only_args,
@@ -53,9 +60,10 @@ from loaderkit.loader._fetch import (
     Unbatched,
     batch_fetch_is_faithful,
 )
-from loaderkit.loader._planned import EpochIterator
+from loaderkit.loader._iterable import IterableEngine, is_stateful
+from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
-from loaderkit.loader._views import PlanBatches, plan_order
+from loaderkit.loader._views import IterableOrder, PlanBatches, plan_order
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
@@ -91,7 +99,10 @@ class ResumableDataLoader:
     remaining batches of the saved epoch, and the one after that the next epoch.
 
     Args:
-        dataset: A map-style dataset (``__len__`` and ``__getitem__``). Datasets
+        dataset: A map-style dataset (``__len__`` and ``__getitem__``), or a torch
+            ``IterableDataset``, iterated as ``DataLoader`` iterates it (see
+            :mod:`loaderkit.loader._iterable`: one process, resumed from its
+            state or by a checked replay, under the same ``num_workers``). Datasets
             with ``get_batch(indices)`` (loaderkit's tensor/array datasets) or
             ``__getitems__`` are fetched a whole batch per call. Or a
             :class:`~loaderkit.StreamingShardedDataset` (sizes unknown): its
@@ -101,11 +112,14 @@ class ResumableDataLoader:
             unbatched, as ``DataLoader`` does (``collate_fn`` then sees one sample,
             default: ``default_convert``).
         shuffle: Shuffle per ``(seed, epoch)``.
-        sampler: Only a ``SequentialSampler`` (the default order); samplers
-            whose order cannot be restored exactly are refused.
+        sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
+            with a ``generator`` (given one seeded per epoch), one with
+            ``set_epoch``, a ``DistributedSampler`` (its settings become the
+            plan's); one that lists a different order twice is refused.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
-            ``batch_size``/``shuffle``/``drop_last``.
+            ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
+            taken as its ``sampler``, ``batch_size`` and ``drop_last``.
         num_workers: Worker processes (0: load in this process).
         collate_fn: Merges a list of samples into a batch (default:
             ``default_collate``; not called for ``get_batch`` datasets).
@@ -181,6 +195,18 @@ class ResumableDataLoader:
         in_order: bool = True,
     ) -> None:
         stream = isinstance(dataset, StreamingShardedDataset)
+        iterable = isinstance(dataset, IterableDataset) and not stream
+        given_batch_sampler = batch_sampler
+        if type(batch_sampler) is BatchSampler and (batch_size, shuffle, sampler, drop_last) == (
+            1,
+            False,
+            None,
+            False,
+        ):
+            # torch's BatchSampler only cuts its sampler's order into batches: the same as
+            # sampler=, batch_size=, drop_last=, which the plan resumes exactly.
+            sampler, batch_size = batch_sampler.sampler, batch_sampler.batch_size
+            drop_last, batch_sampler = batch_sampler.drop_last, None
         check_torch_only_args(pin_memory_device=pin_memory_device, in_order=in_order)
         # batch_size=None: torch's unbatched loading, one sample per step; the plan
         # deals batches of one and the collate function sees each sample alone.
@@ -219,7 +245,14 @@ class ResumableDataLoader:
             fix="pass a non-negative int such as seed=0",
         )
         self.plan: Plan
-        if stream:
+        if iterable and per_sample_seeding is True:
+            raise ValueError(
+                "ResumableDataLoader: per_sample_seeding=True keys randomness by sample index, "
+                f"and an IterableDataset ({type(dataset).__name__}) has none; leave it 'auto' "
+                "(each worker's RNGs are seeded from (seed, epoch, rank, worker), as "
+                "DataLoader seeds them per worker) or draw from the dataset's own generator."
+            )
+        if stream or iterable:
             check_int(
                 "batch_size",
                 batch_size,
@@ -257,7 +290,11 @@ class ResumableDataLoader:
                 seed=self.seed,
                 drop_last=drop_last,
             )
-        if self.plan.num_samples != size and not stream and not isinstance(self.plan, SamplerPlan):
+        if (
+            self.plan.num_samples != size
+            and not (stream or iterable)
+            and not isinstance(self.plan, SamplerPlan)
+        ):
             raise ValueError(
                 f"ResumableDataLoader: the batch sampler's plan covers {self.plan.num_samples} "
                 f"samples but the dataset has {size}; build the plan with num_samples={size}."
@@ -284,6 +321,7 @@ class ResumableDataLoader:
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
         batched = batch_fetch_is_faithful(dataset)
         per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
+        per_sample = per_sample and not iterable
         self._fetch = BatchFetcher(
             dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
         )
@@ -304,7 +342,7 @@ class ResumableDataLoader:
         self.collate_fn = (
             fetch_collate.collate_fn if isinstance(fetch_collate, Unbatched) else fetch_collate
         )
-        self.drop_last = getattr(self.plan, "drop_last", drop_last)
+        self.drop_last = drop_last if iterable else getattr(self.plan, "drop_last", drop_last)
         self.generator = generator
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
@@ -313,25 +351,51 @@ class ResumableDataLoader:
         self.persistent_workers = persistent_workers
         # Views of the plan: Lightning calls sampler.set_epoch(e) (and
         # batch_sampler.sampler.set_epoch(e)) at every epoch start, never the loader's.
-        order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
-        self.sampler: Any = sampler if sampler is not None else order
-        self.batch_sampler: Any = batch_sampler if batch_sampler is not None else PlanBatches(order)
+        self.sampler: Any
+        self.batch_sampler: Any
+        if iterable:
+            # As DataLoader's: an endless constant sampler (here its set_epoch drives the
+            # loader) and a BatchSampler over it, or none when unbatched.
+            self.sampler = IterableOrder(self)
+            self.batch_sampler = (
+                None if unbatched else BatchSampler(self.sampler, batch_size, self.drop_last)
+            )
+        else:
+            order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
+            self.sampler = sampler if sampler is not None else order
+            self.batch_sampler = (
+                given_batch_sampler if given_batch_sampler is not None else PlanBatches(order)
+            )
         self._inner: DataLoader[Any] | None = None
         self._keys = KeySource()
         # The epoch of the current (or last) iteration, how far its order was
         # consumed, how many steps this rank took in it, and what comes next.
         self._cursor = PlanCursor()
-        # A weak reference: a strong one would put the live iterator, its
-        # generator and the inner DataLoader's worker iterator in a reference
-        # cycle. torch's worker iterator freed by the cycle collector loses its
-        # queues' feeder threads first, never tells its workers to stop, and
-        # waits 5 s per worker in join() (measured: 10 s with 2 workers).
+        # The current iterator (the one that began last; its position is the
+        # state) and every live one. Weak references: a strong one would put the
+        # live iterator, its generator and the inner DataLoader's worker iterator
+        # in a reference cycle. torch's worker iterator freed by the cycle
+        # collector loses its queues' feeder threads first, never tells its
+        # workers to stop, and waits 5 s per worker in join() (measured: 10 s with
+        # 2 workers).
         self._live: weakref.ref[EpochIterator] | None = None
+        self._iterators: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
+        self._current: Run | None = None
+        self._ticks = itertools.count(1)
         self._topology_cache: tuple[int, int] | None = None
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
         self._stream: StreamEngine | None = None
+        self._iterable: IterableEngine | None = None
+        if iterable:
+            self._iterable = IterableEngine(
+                self,
+                dataset,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                collate_fn=self._fetch.collate_fn,
+            )
         if stream:
             self._stream = StreamEngine(
                 self,
@@ -359,7 +423,8 @@ class ResumableDataLoader:
         if self._topology_cache is not None:
             return self._topology_cache
         env = detect(rank=self._rank, world_size=self._world_size)
-        if self._cursor.started or (self._stream is not None and self._stream.started):
+        engine = self._stream or self._iterable
+        if self._cursor.started or (engine is not None and engine.started):
             # Fixed from the first batch on: the process group exists by then
             # (Lightning builds loaders after it), and state_dict() stays cheap.
             self._topology_cache = (env.rank, env.world_size)
@@ -370,8 +435,9 @@ class ResumableDataLoader:
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )
-        if self._stream is not None:
-            self._stream.set_epoch(epoch)
+        engine = self._stream or self._iterable
+        if engine is not None:
+            engine.set_epoch(epoch)
             return
         self._cursor.set_epoch(epoch)
 
@@ -389,6 +455,8 @@ class ResumableDataLoader:
         """
         if self._stream is not None:
             return self._stream.length()
+        if self._iterable is not None:
+            return self._iterable.length()
         _, world_size = self._topology()
         live = self._live_iterator()
         cursor = self._cursor
@@ -408,22 +476,62 @@ class ResumableDataLoader:
         return length
 
     def __iter__(self) -> Iterator[Any]:
+        """A new iterator over the next epoch (see :meth:`set_epoch`).
+
+        Iterators are independent, as ``DataLoader``'s are: an older one goes on
+        with its own epoch in its own workers, and :meth:`state_dict` is the
+        position of the one that began (drew its first batch) last. Two
+        exceptions, where the loader has one set of workers or cursors: with
+        ``persistent_workers=True`` (torch's ``DataLoader`` resets its one worker
+        iterator too) and over a ``StreamingShardedDataset``, a new ``iter()``
+        supersedes the old iterator, whose ``next()`` then raises.
+        """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
-        self._supersede()
+        if self._stream is not None or self._pool.persistent:
+            self._supersede()
         live = EpochIterator(self)
-        self._live = weakref.ref(live)
+        self._iterators.add(live)
         return live
 
     def _live_iterator(self) -> EpochIterator | None:
+        """The current iterator: the one whose position :meth:`state_dict` reports."""
         return None if self._live is None else self._live()
 
+    def _began(self, iterator: EpochIterator) -> None:
+        """``iterator`` drew its first batch: its position is the loader's from now on."""
+        iterator.run.began = next(self._ticks)
+        self._current = iterator.run
+        self._live = weakref.ref(iterator)
+
+    def _handed(self, run: Run) -> None:
+        run.last = next(self._ticks)
+
     def _supersede(self) -> None:
-        # Stop the workers of an iterator that can no longer yield, now rather
-        # than whenever its holder drops it.
-        old = self._live_iterator()
-        if old is not None:
+        # Stop the workers of iterators that can no longer yield, now rather
+        # than whenever their holders drop them.
+        for old in list(self._iterators):
+            old.superseded = True
             old.close()
-        self._live = None
+        self._iterators = weakref.WeakSet()
+        self._live, self._current = None, None
+
+    def _check_one_position(self) -> None:
+        """Refuse a state while two live iterators have both moved since the newer began."""
+        current = self._current
+        if current is None:
+            return
+        for other in list(self._iterators):
+            run = other.run
+            if run is current or run.finished or run.last <= current.began:
+                continue
+            raise LoaderkitError(
+                "ResumableDataLoader.state_dict: two live iterators over this loader are both "
+                "part-way through their epochs, and the older one handed out batches after the "
+                "newer one began. A state holds one position (the newer iterator's), so "
+                "resuming from it would silently drop the rest of the older iterator's epoch. "
+                "Finish or drop (del) one of them before saving, or use one loader per "
+                "iterator."
+            )
 
     def _settle_seed(self) -> None:
         """Fix a drawn seed before the first batch: ranks must agree without talking."""
@@ -476,19 +584,92 @@ class ResumableDataLoader:
             )
         return sched, steps_done
 
-    def _inner_loader(self, epoch: int) -> DataLoader[Any]:
+    def _inner_loader(self, sched: Schedule) -> DataLoader[Any]:
+        """The worker DataLoader of one epoch's schedule.
+
+        Persistent workers serve one iteration at a time (a new ``iter()``
+        supersedes the old); otherwise each iteration gets its own DataLoader
+        and key source, so live iterators stay independent.
+        """
         rank, _ = self._topology()
+        if not self._pool.persistent:
+            keys = KeySource()
+            keys.schedule = sched
+            return self._pool.build(
+                KeyedDataset(self._fetch, self.plan.num_samples),
+                seed=self.seed,
+                epoch=sched.epoch,
+                rank=rank,
+                batch_sampler=keys,  # yields (epoch, indices) keys, not index lists
+            )
+        self._keys.schedule = sched
         if self._inner is None:
             self._inner = self._pool.build(
                 KeyedDataset(self._fetch, self.plan.num_samples),
                 seed=self.seed,
-                epoch=epoch,
+                epoch=sched.epoch,
                 rank=rank,
-                batch_sampler=self._keys,  # yields (epoch, indices) keys, not index lists
+                batch_sampler=self._keys,
             )
-        else:
-            self._inner.worker_init_fn = self._pool.init_fn(self.seed, epoch, rank)
+        else:  # workers stopped since (a failure, a dropped iterator) restart keyed to this epoch
+            self._inner.worker_init_fn = self._pool.init_fn(self.seed, sched.epoch, rank)
         return self._inner
+
+    def describe(self) -> dict[str, Any]:
+        """How this loader iterates and resumes, for logs and ``loaderkit inspect``.
+
+        Returns:
+            A dict with ``engine``: ``"plan"`` (map-style data), ``"stream"``
+            (a :class:`~loaderkit.StreamingShardedDataset`) or ``"iterable"`` (an
+            ``IterableDataset`` passed directly); ``resume``: ``"position"``
+            (a position in the sample plan: O(1), any ``num_workers`` and world
+            size), ``"cursors"`` (a cursor per (rank, worker) slot: same
+            topology), ``"state"`` (each worker's dataset or iterator state) or
+            ``"replay"`` (each worker's stream replayed and skipped: O(position),
+            exact only for a deterministic stream, which is checked);
+            ``resume_reason`` (the same in words); ``num_workers`` and
+            ``batch_size``.
+        """
+        info: dict[str, Any] = {"num_workers": self.num_workers, "batch_size": self.batch_size}
+        if self._stream is not None:
+            return {
+                **info,
+                "engine": "stream",
+                "resume": "cursors",
+                "resume_reason": "a cursor per (rank, worker) slot and open shard: exact under "
+                "the same world size and num_workers",
+            }
+        if self._iterable is not None:
+            name = type(self.dataset).__name__
+            if self._iterable.method() == "state":
+                owner = name if is_stateful(self.dataset) else f"iter({name})"
+                reason = (
+                    f"{owner} has state_dict()/load_state_dict(): each worker's state as of its "
+                    "last batch handed out is saved and loaded (O(1) in the position); exact "
+                    "under the same num_workers, on one process"
+                )
+            else:
+                reason = (
+                    f"replay-and-skip: {name} has no state_dict()/load_state_dict(), so each "
+                    "worker iterates its stream again and skips what it handed out (cost "
+                    "grows with the position); exact for a deterministic stream (a replay "
+                    "that differs is a StateMismatchError), under the same num_workers, on "
+                    "one process. Give the dataset state_dict()/load_state_dict() to resume "
+                    "in O(1)"
+                )
+            return {
+                **info,
+                "engine": "iterable",
+                "resume": self._iterable.method(),
+                "resume_reason": reason,
+            }
+        return {
+            **info,
+            "engine": "plan",
+            "resume": "position",
+            "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
+            "and world size",
+        }
 
     # ------------------------------------------------------------------ state
     def _register_lookahead(self, holder: Any) -> None:
@@ -516,8 +697,11 @@ class ResumableDataLoader:
         held = holder.held_state() if holder is not None else None
         if held is not None:
             return dict(held)
+        self._check_one_position()
         if self._stream is not None:
             return self._stream.state()
+        if self._iterable is not None:
+            return self._iterable.state()
         skeleton = self._skeleton
         if skeleton is None:
             _, world_size = self._topology()
@@ -553,9 +737,10 @@ class ResumableDataLoader:
         self._lookahead = None  # the loaded state is the position now
         # Only a SamplePlan can be rebuilt with the saved seed; any other plan's seed
         # is the user's explicit choice, and a different saved one is a mismatch.
-        if self._stream is not None:
+        engine = self._stream or self._iterable
+        if engine is not None:
             self._supersede()
-            adopted = self._stream.load(state_dict, adopt_seed=not self._seed_explicit)
+            adopted = engine.load(state_dict, adopt_seed=not self._seed_explicit)
             if adopted is not None:
                 self.seed = adopted
             self._seed_drawn = False  # the saved run's seed is the one to keep

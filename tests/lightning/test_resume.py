@@ -381,7 +381,7 @@ def test_abandoned_iterator_stops_its_workers_promptly() -> None:
     """A bug found by these tests: an epoch iterator abandoned mid-epoch (an exception in
     ``training_step``, a dropped loader, a newer ``iter()``) was only freed by the cycle
     collector, where torch's worker iterator cannot reach its workers and waits 5 s per
-    worker. Dropping it, or superseding it, must stop the workers at once."""
+    worker. Dropping it must stop the workers at once."""
     import gc
     import multiprocessing
     import time
@@ -394,10 +394,11 @@ def test_abandoned_iterator_stops_its_workers_promptly() -> None:
     next(it)
     assert len(multiprocessing.active_children()) == 2
     start = time.monotonic()
-    it2 = iter(loader)  # supersedes the first: its workers stop now
+    it2 = iter(loader)  # an independent iterator, as DataLoader's: the first keeps its workers
+    del it  # dropping the first stops its workers now
     assert not multiprocessing.active_children()
     next(it2)
-    del it, it2, loader
+    del it2, loader
     gc.collect()
     assert not multiprocessing.active_children()
     assert time.monotonic() - start < 3

@@ -411,16 +411,26 @@ def test_dropping_a_mid_epoch_loader_stops_its_workers_at_once() -> None:
     assert workers == [], f"{len(workers)} workers of the dropped loader still running after 2 s"
 
 
-def test_a_superseded_iterator_stops_its_workers_at_once() -> None:
-    existing = {p.pid for p in multiprocessing.active_children()}
-    loader = make(2)
+def test_a_new_iterator_supersedes_a_persistent_one() -> None:
+    # persistent_workers: one set of workers, which torch also resets for each iter().
+    loader = make(2, persistent_workers=True)
     old = iter(loader)
     next(old)
-    new = iter(loader)  # starts nothing before its first next()
-    assert _new_workers(existing) == []
-    with pytest.raises(RuntimeError, match=r"superseded by a newer iter\(\)"):
+    new = iter(loader)
+    with pytest.raises(RuntimeError, match=r"superseded by a newer iter\(\).*persistent_workers"):
         next(old)
     assert len(list(new)) == STEPS
+
+
+def test_a_second_iterator_leaves_the_first_running() -> None:
+    # Without persistent workers, iterators are independent, as DataLoader's are.
+    loader = make(2)
+    old = iter(loader)
+    first = next(old)
+    new = iter(loader)
+    assert len(list(new)) == STEPS  # the next epoch, in its own workers
+    rest = list(old)
+    assert sorted(ids([first, *rest])) == list(range(N))  # epoch 0 goes on, whole
 
 
 # ---------------------------------------------------------------- failures
@@ -610,13 +620,15 @@ def test_batch_sampler_plan_must_cover_the_dataset() -> None:
         ResumableDataLoader(AugDataset(), batch_sampler=sampler)
 
 
-def test_stream_datasets_are_refused() -> None:
+def test_an_iterable_dataset_takes_no_sampler_or_shuffle() -> None:
     class Stream(IterableDataset[int]):
         def __iter__(self) -> Any:
             return iter(range(3))
 
-    with pytest.raises(TypeError, match=r"dataset must be map-style.*got Stream"):
-        ResumableDataLoader(Stream())
+    with pytest.raises(ValueError, match=r"IterableDataset takes no shuffle, got shuffle=True"):
+        ResumableDataLoader(Stream(), shuffle=True)
+    with pytest.raises(TypeError, match=r"dataset must be map-style.*got int"):
+        ResumableDataLoader(3)
 
 
 def test_negative_epoch_in_set_epoch_is_refused() -> None:

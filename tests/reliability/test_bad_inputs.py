@@ -34,6 +34,7 @@ from loaderkit import (
     IterableReader,
     JsonlReader,
     LoaderDataModule,
+    LoaderkitError,
     MissingShardError,
     PadCollate,
     PlanBatchSampler,
@@ -329,12 +330,20 @@ ARGUMENTS = [
         "add __len__",
     ),
     Bad(
-        "dataset iterable",
-        lambda tmp: loader_of(Stream()),
-        TypeError,
-        "dataset must be map-style",
-        "got Stream",
-        "wrap streams",
+        "dataset iterable with a sampler",  # an IterableDataset decides its own order
+        lambda tmp: loader_of(Stream(), sampler=SequentialSampler(range(4))),
+        ValueError,
+        "an IterableDataset takes no sampler",
+        "sampler=<torch.utils.data.sampler.SequentialSampler",
+        "leave it unset",
+    ),
+    Bad(
+        "dataset iterable on two ranks",  # torch does not split iterables across ranks
+        lambda tmp: first_batch(loader_of(Stream(), rank=0, world_size=2)),
+        LoaderkitError,
+        "runs on one process",
+        "world_size=2",
+        "StreamingShardedDataset",
     ),
     Bad("dataset int", lambda tmp: loader_of(5), TypeError, "dataset", "got int", "wrap streams"),
     Bad(

@@ -1,0 +1,579 @@
+"""How :class:`~loaderkit.ResumableDataLoader` iterates an ``IterableDataset`` passed directly.
+
+Private. The loader behaves as ``torch.utils.data.DataLoader`` does with an
+iterable dataset:
+
+- each worker iterates its own copy of the dataset, with
+  ``get_worker_info()`` showing its real ``id``, ``num_workers`` and that
+  copy as ``dataset`` (so a dataset that shards itself by worker info, as in
+  torch's docs, yields every sample once); ``worker_init_fn`` sees the same;
+- a worker takes ``batch_size`` samples per batch (a short last batch unless
+  ``drop_last``), or one sample per step with ``batch_size=None``;
+- batches are handed out in torch's order: workers in turn, by rounds
+  (worker 0's k-th batch, worker 1's k-th, ...), skipping workers whose
+  stream ended.
+
+Resume, by the most efficient exact method the dataset allows (the order of
+torchdata's ``StatefulDataLoader``, so datasets written for it work here):
+
+- *state*: the dataset or the iterator it returns implements
+  ``state_dict()``/``load_state_dict()``. Each worker sends its state after
+  every batch; the main process keeps the one of each worker's last batch
+  handed out, and a resumed worker loads it (dataset first, then
+  ``iter()``, then the iterator's). O(1) in the position.
+- *replay*: otherwise each worker iterates its stream again from the start
+  and skips the samples its handed-out batches held: O(position), and exact
+  only for a deterministic stream. That is checked: the worker compares a
+  digest of the last sample it skips with the one saved, and a stream that
+  replays differently (or ends early) is a :class:`StateMismatchError`, not
+  silently different data.
+
+The state records, per worker, the batches handed out, the samples they
+held, the digest and the states; the order after a resume follows from those
+counts (the next batch is the one of the lowest worker among those with the
+fewest batches), so the batches after a resume are the ones the
+uninterrupted run yields, in the same order. A state resumes only under the
+same ``num_workers`` (each worker's stream is its own: no way to re-split it)
+and batch size; anything else is a :class:`StateMismatchError`.
+
+One process only: torch does not split an iterable across ranks, so every
+rank would read all of it (each sample ``world_size`` times), or, if it splits
+itself by rank, ranks could step different numbers of times and hang DDP,
+and a checkpoint written by rank 0 would hold rank 0's positions only. Under
+``world_size > 1`` the loader raises and names the fix
+(``StreamingShardedDataset`` with ``steps_per_epoch``, or ``ShardedDataset``).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import weakref
+import zlib
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from loaderkit._callers import under_lightning_loop
+from loaderkit._tags import SeedTag
+from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._workers import guard_workers, stop_workers
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
+from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
+from loaderkit.transfer import pin_batch
+
+__all__ = ["IterableEngine", "is_stateful", "sample_digest"]
+
+_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "iterable", "topology", "workers")
+_KEYS = (*_FIELDS, "checksum")
+_RECORD = ("batches", "yielded", "digest", "ended", "dataset_state", "iterator_state")
+_BATCH, _END = "batch", "end"
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether ``obj`` has ``state_dict()`` and ``load_state_dict()`` (torchdata's ``Stateful``)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def fresh_record() -> dict[str, Any]:
+    """A worker that has handed out nothing."""
+    return {
+        "batches": 0,
+        "yielded": 0,
+        "digest": None,
+        "ended": False,
+        "dataset_state": None,
+        "iterator_state": None,
+    }
+
+
+def sample_digest(sample: Any) -> int:
+    """A CRC-32 of a sample's values (tensors, arrays, numbers, strings, containers).
+
+    Compares a replayed sample with the one handed out before the state was
+    saved, in another process and possibly another run: so it hashes values,
+    never object identities.
+    """
+    state = [0]
+
+    def feed(data: bytes) -> None:
+        state[0] = zlib.crc32(data, state[0])
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().to("cpu").contiguous()
+            feed(f"T{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                feed(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, np.ndarray) and obj.dtype != object:
+            feed(f"A{obj.dtype.str}{obj.shape}".encode())
+            feed(np.ascontiguousarray(obj).tobytes())
+        elif isinstance(obj, str | bytes | int | float | complex | bool | type(None)):
+            feed(f"{type(obj).__name__}:{obj!r}".encode())
+        elif isinstance(obj, dict):
+            feed(b"{")
+            for key, value in obj.items():
+                walk(key)
+                walk(value)
+            feed(b"}")
+        elif isinstance(obj, list | tuple):
+            feed(f"{type(obj).__name__}[".encode())
+            for item in obj:
+                walk(item)
+            feed(b"]")
+        else:
+            try:
+                feed(pickle.dumps(obj, protocol=4))
+            except Exception:
+                feed(f"<{type(obj).__qualname__}>".encode())
+
+    walk(sample)
+    return state[0]
+
+
+def worker_batches(
+    dataset: Any,
+    worker: int,
+    start: dict[str, Any],
+    *,
+    batch_size: int,
+    drop_last: bool,
+    collate: Callable[[list[Any]], Any],
+    in_process: bool,
+) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
+    """One worker's stream as ``(kind, worker, record after, batch)``, ending with an end mark.
+
+    ``start`` is the worker's record as of the last batch handed out (fresh:
+    from the beginning). ``record after`` is what the main process keeps once
+    it hands the batch out.
+    """
+    if start["ended"]:  # it had handed out everything before the state was saved
+        yield _END, worker, None, None
+        return
+    if start["dataset_state"] is not None and is_stateful(dataset):
+        dataset.load_state_dict(start["dataset_state"])
+    it = iter(dataset)
+    stateful_dataset = is_stateful(dataset)
+    stateful_iter = it is not dataset and is_stateful(it)
+    if start["iterator_state"] is not None and stateful_iter:
+        it.load_state_dict(start["iterator_state"])
+    yielded = int(start["yielded"])
+    restored = start["dataset_state"] is not None or start["iterator_state"] is not None
+    if yielded and not restored:
+        _skip(it, yielded, start["digest"], worker)
+
+    def state_of(obj: Any) -> Any:
+        # A worker's state is pickled on its way to the main process; in-process it must
+        # be copied, or the dataset's next batch would change the one kept.
+        state = obj.state_dict()
+        return copy.deepcopy(state) if in_process else state
+
+    while True:
+        samples = list(islice(it, batch_size))
+        if not samples or (len(samples) < batch_size and drop_last):
+            break
+        yielded += len(samples)
+        record = {
+            "yielded": yielded,
+            "digest": sample_digest(samples[-1]),
+            "dataset_state": state_of(dataset) if stateful_dataset else None,
+            "iterator_state": state_of(it) if stateful_iter else None,
+        }
+        yield _BATCH, worker, record, collate(samples)
+        if len(samples) < batch_size:
+            break
+    yield _END, worker, None, None
+
+
+def _skip(it: Iterator[Any], count: int, digest: int | None, worker: int) -> None:
+    """Replay ``count`` samples of a worker's stream, checking the last against ``digest``."""
+    seen, last = 0, None
+    for seen, last in enumerate(islice(it, count), 1):  # noqa: B007 - the last one counts
+        pass
+    if seen < count:
+        raise StateMismatchError(
+            f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
+            f"IterableDataset gave {seen} samples, but {count} were handed out before the state "
+            "was saved: the dataset yields fewer samples now (its data or its split by worker "
+            "changed). Resume with the same data and num_workers, or give the dataset "
+            "state_dict()/load_state_dict() to resume from its own state."
+        )
+    if digest is not None and sample_digest(last) != digest:
+        raise StateMismatchError(
+            f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
+            f"IterableDataset gave a different sample at position {count - 1} than the run "
+            "that saved the state: the stream is not deterministic (an unseeded shuffle, data "
+            "that changed, randomness drawn outside the worker's seeded RNGs), so skipping "
+            f"{count} samples would repeat some and lose others. Make its order a function of "
+            "the data and the seed, or give the dataset (or its iterator) "
+            "state_dict()/load_state_dict() so it resumes from its own state."
+        )
+
+
+class _WorkerStreams(IterableDataset[Any]):
+    """What the inner DataLoader's workers iterate: their own streams, batched, with records."""
+
+    def __init__(
+        self, engine: IterableEngine, starts: list[dict[str, Any]], *, epoch: int, rank: int
+    ) -> None:
+        self.ds = engine.dataset
+        self.batch_size = engine.batch_size
+        self.drop_last = engine.drop_last
+        self.collate = engine.collate_fn
+        self.starts = starts
+        self.seed, self.epoch, self.rank = engine.loader.seed, epoch, rank
+        self._passes = 0  # a persistent worker's copy counts its passes
+
+    @property
+    def user_dataset(self) -> Any:
+        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        return self.ds
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        # A persistent worker's later epochs start fresh (it is reused only for whole epochs).
+        start, self.starts[worker] = self.starts[worker], fresh_record()
+        if self._passes and info is not None:
+            # Seeded as a worker started for this epoch would be (worker_init_fn seeded the
+            # first pass), so a resumed epoch's fresh workers replay the same randomness.
+            epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
+            seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
+        self._passes += 1
+        return worker_batches(
+            self.ds,
+            worker,
+            start,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            collate=self.collate,
+            in_process=info is None,
+        )
+
+
+class IterableEngine:
+    """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
+
+    def __init__(
+        self,
+        loader: LoaderHost,
+        dataset: Any,
+        *,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any],
+    ) -> None:
+        # Weak: the loader holds this engine (a cycle would delay freeing workers).
+        self._loader = weakref.ref(loader)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.workers = max(loader.num_workers, 1)
+        self._position = PlanCursor()
+        self.complete = False  # every worker's stream of the current epoch ended
+        # Per worker, as of its last batch handed out in the current epoch.
+        self.records: list[dict[str, Any]] = [fresh_record() for _ in range(self.workers)]
+        self._history: deque[tuple[int, dict[str, Any], bool]] = deque(maxlen=16)
+        self._inner: DataLoader[Any] | None = None  # persistent workers between whole epochs
+        self._inner_next: int | None = None
+        self.held_batches: Callable[[], int] | None = None  # set by ElasticResume
+        self.state_seen = False  # a worker reported an iterator state
+
+    @property
+    def loader(self) -> LoaderHost:
+        loader = self._loader()
+        assert loader is not None, "the engine outlived its loader"
+        return loader
+
+    @property
+    def started(self) -> bool:
+        return self._position.started
+
+    @property
+    def epoch(self) -> int:
+        return self._position.epoch
+
+    def epoch_length(self, epoch: int) -> int:
+        """Batches in the current epoch as :class:`PlanCursor` asks a plan: the batches so
+        far, plus one while the epoch goes on (its length is unknown until it ends)."""
+        return self._position.steps_done + (not self.complete)
+
+    def method(self) -> str:
+        """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
+        return "state" if is_stateful(self.dataset) or self.state_seen else "replay"
+
+    def set_epoch(self, epoch: int) -> None:
+        self._position.set_epoch(epoch)
+
+    def length(self) -> int:
+        """Batches per epoch, as ``DataLoader`` counts them: from ``len(dataset)``."""
+        size = len(self.dataset)  # TypeError without __len__, as with DataLoader
+        if self.drop_last:
+            return size // self.batch_size
+        return -(-size // self.batch_size)
+
+    # ----------------------------------------------------------------- epochs
+    def check_world(self) -> None:
+        _, world_size = self.loader._topology()
+        if world_size > 1:
+            raise LoaderkitError(
+                f"ResumableDataLoader: an IterableDataset passed directly runs on one process "
+                f"(world_size=1), got world_size={world_size}. torch's DataLoader does not split "
+                "an iterable across ranks: every rank would read all of it (each sample "
+                f"{world_size} times), or, if it splits itself by rank, ranks could step "
+                "different numbers of times and hang DDP, and rank 0's checkpoint would hold "
+                "rank 0's positions only. Wrap the data in StreamingShardedDataset(shards, "
+                "IterableReader(fn), steps_per_epoch=...) (split by rank and worker, every rank "
+                "the same steps), or use ShardedDataset when sample counts are known."
+            )
+
+    def iterate(self, run: Any) -> Generator[Any, None, None]:
+        """One epoch's batches; ``run`` is the iteration's place among the loader's."""
+        loader = self.loader
+        loader._settle_seed()
+        self.check_world()
+        epoch, start, _ = self._position.begin(self)
+        if start > 0:  # the rest of a resumed epoch
+            records = [dict(r) for r in self.records]
+        else:
+            records = [fresh_record() for _ in range(self.workers)]
+            self.complete = False
+        self.records = records
+        self._history.clear()
+        resumed = start > 0
+        if loader.num_workers == 0:
+            source: Iterator[Any] = worker_batches(
+                self.dataset,
+                0,
+                records[0],
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                collate=self.collate_fn,
+                in_process=True,
+            )
+            yield from self._hand_out(source, records, run, pin=loader.pin_memory)
+            return
+        inner = self._inner_loader(records, epoch, resumed)
+        workers = iter(inner)
+        try:
+            guarded = guard_workers(workers, self._in_flight)
+            yield from self._hand_out(guarded, records, run, pin=False)
+            for extra in guarded:  # only torch's end marks are left; a batch here is a bug
+                raise RuntimeError(f"ResumableDataLoader: a worker sent {extra[0]!r} after its end")
+        except BaseException:
+            # Abandoned or failed mid-epoch: its workers (persistent ones too) ran ahead
+            # of what was handed out, so they cannot serve the next epoch.
+            self._drop_inner(inner, workers)
+            raise
+        if self._inner is inner:
+            self._inner_next = epoch + 1
+
+    def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
+        record = self.records[worker] if worker < len(self.records) else fresh_record()
+        return (
+            f"a batch of worker {worker}'s stream of the IterableDataset (after its "
+            f"{record['yielded']} samples handed out)",
+            None,
+        )
+
+    def _hand_out(
+        self, source: Iterator[Any], records: list[dict[str, Any]], run: Any, *, pin: bool
+    ) -> Generator[Any, None, None]:
+        """Hand out in torch's order, whatever order the workers' batches arrive in.
+
+        A fresh epoch arrives in that order already; a resumed one starts at the
+        worker whose turn was next, while torch's iterator starts at worker 0, so
+        up to one round of batches waits here.
+        """
+        loader = self.loader
+        pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
+        while True:
+            active = [w for w in range(self.workers) if not records[w]["ended"]]
+            if not active:
+                break
+            turn = min(active, key=lambda w: (records[w]["batches"], w))
+            while not pending[turn]:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    raise RuntimeError(
+                        f"ResumableDataLoader: worker {turn}'s stream ended without its end mark"
+                    ) from None
+                pending[item[1]].append(item)
+            kind, worker, after, batch = pending[turn].popleft()
+            if kind == _END:
+                records[worker] = {**records[worker], "ended": True}
+                continue
+            assert after is not None
+            self.state_seen = self.state_seen or after["iterator_state"] is not None
+            before = records[worker]
+            records[worker] = {**after, "batches": before["batches"] + 1, "ended": False}
+            if loader._current is run:
+                # Only the current iteration moves the loader's position (see __iter__).
+                self._history.append((worker, before, self.complete))
+                self._position.consumed(self._position.position + 1)
+            yield pin_batch(batch) if pin else batch
+        if loader._current is run:
+            self.complete = True
+
+    def _inner_loader(
+        self, records: list[dict[str, Any]], epoch: int, resumed: bool
+    ) -> DataLoader[Any]:
+        loader = self.loader
+        pool = loader._pool
+        rank, _ = loader._topology()
+        if pool.persistent and not resumed:
+            if self._inner is not None and self._inner_next == epoch:
+                return self._inner  # its workers start their next whole pass
+            self.close()
+            self._inner = pool.build(
+                _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
+                seed=loader.seed,
+                epoch=epoch,
+                rank=rank,
+            )
+            self._inner_next = None
+            return self._inner
+        # A resumed epoch (or no persistence): workers of its own, told where to start.
+        return pool.build(
+            _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
+            seed=loader.seed,
+            epoch=epoch,
+            rank=rank,
+            persistent=False,
+        )
+
+    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
+        stop_workers(inner, workers)
+        if self._inner is inner:
+            self._inner, self._inner_next = None, None
+
+    def close(self) -> None:
+        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
+        inner = self._inner
+        if inner is not None and inner._iterator is not None:
+            stop_workers(inner, inner._iterator)
+        self._inner, self._inner_next = None, None
+
+    # ------------------------------------------------------------------ state
+    def fingerprint(self) -> dict[str, Any]:
+        dataset = type(self.dataset)
+        return {
+            "dataset": f"{dataset.__module__}.{dataset.__qualname__}",
+            "seed": self.loader.seed,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def state(self) -> dict[str, Any]:
+        held = 0
+        if self.held_batches is not None:
+            held = self.held_batches()
+        elif under_lightning_loop():
+            try:
+                self.length()
+            except TypeError:
+                raise LoaderkitError(
+                    "ResumableDataLoader: Lightning is saving the state of an IterableDataset "
+                    "without __len__, and it holds a prefetched batch this loader already "
+                    "handed out, so a resume would skip it. Give the dataset __len__ (then "
+                    "Lightning does not prefetch), or wrap the data in StreamingShardedDataset "
+                    "and add loaderkit.ElasticResume() to the Trainer's callbacks."
+                ) from None
+        if held > len(self._history):
+            raise LoaderkitError(
+                f"ResumableDataLoader: the consumer holds {held} batches but only "
+                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
+                "save the state while the consumer holds at most that many batches."
+            )
+        records, complete = list(self.records), self.complete
+        steps_done = self._position.steps_done
+        for worker, before, was_complete in list(self._history)[::-1][:held]:
+            records[worker], complete = before, was_complete
+            steps_done -= 1
+        _, world_size = self.loader._topology()
+        return seal(
+            {
+                "version": STATE_VERSION,
+                "kind": "iterable",
+                "epoch": self.epoch,
+                "steps_done": steps_done,
+                "complete": complete,
+                "iterable": {**self.fingerprint(), "resume": self.method()},
+                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "workers": [{k: r[k] for k in _RECORD} for r in records],
+            },
+            _FIELDS,
+        )
+
+    def load(self, state: Any, *, adopt_seed: bool) -> int | None:
+        """Resume at ``state``; returns the saved seed when it is adopted."""
+        owner = "ResumableDataLoader.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
+                "state_dict() returned."
+            )
+        check_version(state, owner=owner)
+        missing = [k for k in _KEYS if k not in state]
+        unknown = sorted(set(state) - set(_KEYS))
+        if missing or unknown:
+            raise StateMismatchError(
+                f"{owner}: missing keys {missing}, unknown keys {unknown}; the state was not "
+                "saved by a loader over an IterableDataset. Pass what state_dict() returned by "
+                "a loader over the same dataset."
+            )
+        check_seal(state, _FIELDS, owner=owner)
+        if state["kind"] != "iterable":
+            raise StateMismatchError(
+                f"{owner}: field 'kind' is {state['kind']!r}, expected 'iterable'; pass the "
+                "state of a loader over an IterableDataset."
+            )
+        saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
+        here = self.fingerprint()
+        adopted = None
+        if adopt_seed and saved.get("seed") != here["seed"]:
+            adopted = saved["seed"]
+            here["seed"] = adopted
+        for key in sorted(set(saved) | set(here)):
+            if saved.get(key) != here.get(key):
+                raise StateMismatchError(
+                    f"{owner}: field {key!r} differs: saved {saved.get(key)!r}, here "
+                    f"{here.get(key)!r}. An IterableDataset resumes exactly only with the same "
+                    "dataset and settings; build the loader with the saved value or start "
+                    "without the state."
+                )
+        topo = state["topology"]
+        workers = self.loader.num_workers
+        if topo.get("num_workers") != workers:
+            raise StateMismatchError(
+                f"{owner}: the IterableDataset was saved with num_workers="
+                f"{topo.get('num_workers')}, this loader has num_workers={workers}. Each worker "
+                "iterates its own stream (torch's split of an iterable by worker), and a "
+                "stream's position cannot be moved to another worker: resume with "
+                f"num_workers={topo.get('num_workers')}, or use ShardedDataset (sample counts "
+                "known) for a resume under any num_workers."
+            )
+        records = state["workers"]
+        if not isinstance(records, list) or len(records) != max(workers, 1):
+            held = len(records) if isinstance(records, list) else repr(records)
+            raise StateMismatchError(
+                f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
+                "what state_dict() returned, unmodified."
+            )
+        self.records = [{k: r[k] for k in _RECORD} for r in records]
+        steps_done = int(state["steps_done"])
+        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
+        self.complete = bool(state["complete"])
+        self._history.clear()
+        self.close()
+        return adopted

@@ -1,0 +1,337 @@
+"""An ``IterableDataset`` passed directly to ResumableDataLoader: DataLoader's behaviour, and
+exact resume by the best method the dataset allows (its own state, else a checked replay).
+
+The resume oracle (docs/design.md): the first k batches plus the batches of a fresh
+loader resumed at k equal the uninterrupted run, over two epochs, num_workers 0 and 2.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from loaderkit import LoaderkitError, ResumableDataLoader, StateMismatchError
+
+N = 23
+
+
+def split(start: int, end: int) -> range:
+    """The torch docs' split of [start, end) by worker info (the whole range in-process)."""
+    info = get_worker_info()
+    if info is None:
+        return range(start, end)
+    per = math.ceil((end - start) / info.num_workers)
+    lo = start + info.id * per
+    return range(lo, min(lo + per, end))
+
+
+class Sharded(IterableDataset[int]):
+    """torch's docs example: each worker yields its own slice of [start, end)."""
+
+    def __init__(self, start: int = 0, end: int = N) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(split(self.start, self.end))
+
+
+class Jittered(Sharded):
+    """Sharded, plus noise from the worker's global RNG (loaderkit seeds it per epoch)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in split(self.start, self.end):
+            yield torch.tensor([float(i), torch.rand(()).item()])
+
+
+class Positioned(IterableDataset[int]):
+    """A Stateful dataset (torchdata's protocol): keeps its position, restarts from it.
+
+    Every worker's copy strides over [0, size) by worker; ``pos`` counts its own samples.
+    """
+
+    def __init__(self, size: int = N) -> None:
+        self.size, self.pos, self.replayed = size, 0, 0
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        while worker + self.pos * workers < self.size:
+            self.pos += 1
+            yield worker + (self.pos - 1) * workers
+        self.pos = 0  # the next pass starts over
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+class StatefulIter:
+    """An iterator with state_dict/load_state_dict (the dataset itself has none)."""
+
+    def __init__(self, items: range) -> None:
+        self.items, self.pos = items, 0
+
+    def __iter__(self) -> StatefulIter:
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+class IterState(Sharded):
+    def __iter__(self) -> Iterator[int]:
+        return StatefulIter(split(self.start, self.end))
+
+
+class Unseeded(IterableDataset[int]):
+    """A different order every pass (OS entropy): cannot be replayed."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(random.Random().sample(range(100), 20))
+
+
+class Sized(Sharded):
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+def values(batches: list[Any]) -> list[list[float]]:
+    return [torch.as_tensor(b).tolist() for b in batches]
+
+
+def run(loader: ResumableDataLoader, epochs: int = 2) -> list[Any]:
+    return values([b for _ in range(epochs) for b in loader])
+
+
+def resumed_at(make: Any, k: int, epochs: int = 2) -> tuple[list[Any], ResumableDataLoader]:
+    """The first k batches of a run (over ``epochs``), then a fresh loader resumed there."""
+    loader = make()
+    first: list[Any] = []
+    for _ in range(epochs):
+        it = iter(loader)
+        while len(first) < k:
+            try:
+                first.append(next(it))
+            except StopIteration:
+                break
+        if len(first) == k:
+            break
+    state = loader.state_dict()
+    del it
+    fresh = make()
+    fresh.load_state_dict(state)
+    return values(first), fresh
+
+
+def assert_resume_exact(make: Any, ks: list[int]) -> None:
+    whole = run(make())
+    for k in ks:
+        first, fresh = resumed_at(make, k)
+        rest = values(list(fresh))
+        if len(first) + len(rest) < len(whole):  # resumed inside epoch 0: epoch 1 follows
+            rest += values(list(fresh))
+        assert first + rest == whole, f"resumed at batch {k}"
+
+
+# ------------------------------------------------------------- like DataLoader
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_batches_are_dataloaders(num_workers: int, batch_size: int | None) -> None:
+    torch_batches = values(
+        list(DataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers))
+    )
+    ours = values(
+        list(ResumableDataLoader(Sharded(), batch_size=batch_size, num_workers=num_workers))
+    )
+    assert ours == torch_batches  # same samples, same round-robin order of workers
+    flat = [x for b in ours for x in (b if isinstance(b, list) else [b])]
+    assert sorted(flat) == list(range(N))  # the worker-info split loses nothing
+
+
+def test_drop_last_drops_each_workers_short_batch_as_dataloader_does() -> None:
+    want = values(list(DataLoader(Sharded(), batch_size=5, num_workers=2, drop_last=True)))
+    got = values(list(ResumableDataLoader(Sharded(), batch_size=5, num_workers=2, drop_last=True)))
+    assert got == want and all(len(b) == 5 for b in got)
+
+
+def test_len_is_dataloaders() -> None:
+    assert len(ResumableDataLoader(Sized(), batch_size=4)) == len(DataLoader(Sized(), batch_size=4))
+    assert len(ResumableDataLoader(Sized(), batch_size=4, drop_last=True)) == N // 4
+    with pytest.raises(TypeError):
+        len(ResumableDataLoader(Sharded(), batch_size=4))  # no __len__: as DataLoader
+
+
+def test_sampler_attributes_and_set_epoch() -> None:
+    loader = ResumableDataLoader(Sharded(), batch_size=4, drop_last=True)
+    assert loader.batch_sampler.batch_size == 4 and loader.drop_last is True
+    assert ResumableDataLoader(Sharded(), batch_size=None).batch_sampler is None
+    loader.sampler.set_epoch(5)  # what Lightning's fit loop calls
+    list(loader)
+    assert loader.state_dict()["epoch"] == 5
+
+
+def test_workers_see_their_real_id_and_the_users_dataset() -> None:
+    seen = list(ResumableDataLoader(WhoAmI(), batch_size=None, num_workers=2))
+    assert sorted(map(tuple, seen)) == [(0, 2, "WhoAmI"), (1, 2, "WhoAmI")]
+
+
+class WhoAmI(IterableDataset[tuple[int, int, str]]):
+    def __iter__(self) -> Iterator[tuple[int, int, str]]:
+        info = get_worker_info()
+        assert info is not None
+        yield info.id, info.num_workers, type(info.dataset).__name__
+
+
+# ---------------------------------------------------------------------- resume
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_replay_resume_is_exact(num_workers: int) -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(Sharded(), batch_size=4, num_workers=num_workers, seed=3)
+
+    assert make().describe()["resume"] == "replay"
+    assert_resume_exact(make, [0, 1, 3, 6, 8])  # 6 batches per epoch: inside, at, after the end
+
+
+def test_replay_resume_reproduces_worker_randomness() -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(Jittered(), batch_size=3, num_workers=2, seed=3)
+
+    assert_resume_exact(make, [1, 4, 10])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("dataset", [Positioned, IterState])
+def test_a_stateful_dataset_or_iterator_resumes_from_its_own_state(
+    num_workers: int, dataset: type
+) -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(dataset(), batch_size=4, num_workers=num_workers, seed=3)
+
+    # Positioned would skip its samples twice if the loader replayed it after loading its state.
+    assert_resume_exact(make, [1, 3, 7])
+    loader = make()
+    if dataset is IterState:  # known once a worker reported its iterator's state
+        assert loader.describe()["resume"] == "replay"
+        next(iter(loader))
+    assert loader.describe()["resume"] == "state"
+    assert "state_dict()/load_state_dict()" in loader.describe()["resume_reason"]
+
+
+def test_unbatched_resume_is_exact() -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(Sharded(), batch_size=None, num_workers=2, seed=3)
+
+    assert_resume_exact(make, [1, 5, 30])
+
+
+def test_persistent_workers_match_fresh_workers_and_resume() -> None:
+    def make(persistent: bool = True) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            Jittered(), batch_size=3, num_workers=2, seed=3, persistent_workers=persistent
+        )
+
+    assert run(make(), epochs=3) == run(make(False), epochs=3)
+    assert_resume_exact(make, [2, 10])
+
+
+def test_a_stream_that_replays_differently_is_a_named_error() -> None:
+    loader = ResumableDataLoader(Unseeded(), batch_size=4, seed=0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    fresh = ResumableDataLoader(Unseeded(), batch_size=4, seed=0)
+    fresh.load_state_dict(state)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"different sample at position 3.*not deterministic.*"
+        r"state_dict\(\)/load_state_dict\(\)",
+    ):
+        next(iter(fresh))
+
+
+def test_a_stream_that_got_shorter_is_a_named_error() -> None:
+    loader = ResumableDataLoader(Sharded(0, 20), batch_size=4, num_workers=2, seed=0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    del it  # not left to the traceback's reference cycle (its workers would wait for the GC)
+    fresh = ResumableDataLoader(Sharded(0, 10), batch_size=4, num_workers=2, seed=0)
+    fresh.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"worker 0's stream .* gave 5 samples, but 8"):
+        list(fresh)
+
+
+def test_another_num_workers_is_a_named_error() -> None:
+    loader = ResumableDataLoader(Sharded(), batch_size=4, num_workers=2, seed=0)
+    next(iter(loader))
+    with pytest.raises(
+        StateMismatchError,
+        match=r"saved with num_workers=2, this loader has num_workers=0.*resume with num_workers=2",
+    ):
+        ResumableDataLoader(Sharded(), batch_size=4, seed=0).load_state_dict(loader.state_dict())
+    with pytest.raises(StateMismatchError, match=r"field 'batch_size' differs: saved 4, here 5"):
+        ResumableDataLoader(Sharded(), batch_size=5, num_workers=2, seed=0).load_state_dict(
+            loader.state_dict()
+        )
+
+
+def test_a_map_style_state_is_refused_by_name() -> None:
+    planned = ResumableDataLoader(list(range(8)), batch_size=4, seed=0)
+    next(iter(planned))
+    with pytest.raises(
+        StateMismatchError, match=r"missing keys .*not saved by a loader over an IterableDataset"
+    ):
+        ResumableDataLoader(Sharded(), batch_size=4, seed=0).load_state_dict(planned.state_dict())
+
+
+def test_more_than_one_rank_is_refused_with_the_fix() -> None:
+    loader = ResumableDataLoader(Sharded(), batch_size=4, rank=1, world_size=2)
+    with pytest.raises(
+        LoaderkitError, match=r"runs on one process .*world_size=2.*StreamingShardedDataset"
+    ):
+        next(iter(loader))
+
+
+def test_per_sample_seeding_needs_indices() -> None:
+    with pytest.raises(ValueError, match=r"per_sample_seeding=True .*Sharded.*leave it 'auto'"):
+        ResumableDataLoader(Sharded(), batch_size=4, per_sample_seeding=True)
+
+
+def test_inspect_names_the_resume_method() -> None:
+    from loaderkit.cli.inspect import _facts
+
+    class Module:  # what inspect asks of any LightningDataModule
+        def __init__(self, dataset: Any) -> None:
+            self.dataset = dataset
+
+        def setup(self, stage: str) -> None:
+            pass
+
+        def train_dataloader(self) -> ResumableDataLoader:
+            return ResumableDataLoader(self.dataset, batch_size=4)
+
+    facts = _facts(Module(Sized()), 1, None)
+    assert facts["resumable_exactly"] and "'replay'" in facts["resumable_reason"]
+    assert facts["splits"]["train"]["batches_per_rank"] == 6
+    assert "'state'" in _facts(Module(Positioned()), 1, None)["resumable_reason"]
+    two = _facts(Module(Sized()), 2, None)
+    assert not two["resumable_exactly"] and "one process" in two["resumable_reason"]

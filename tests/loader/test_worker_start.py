@@ -1,0 +1,127 @@
+"""How workers start under a process group (issue 11, F8): said once, pickling failures named
+with their fixes, and large in-memory tensors shared instead of pickled per worker."""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, Subset
+
+from loaderkit import ResumableDataLoader, TensorDataset, WorkerStartError
+from loaderkit.loader import _workers
+from loaderkit.loader._workers import SHARE_MIN_BYTES, share_tensors
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Any:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_switch_to_forkserver_is_said_once_with_how_to_choose(
+    process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_workers, "_announced_forkserver", False)
+    loader = ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)
+    with pytest.warns(RuntimeWarning, match=r"forkserver.*deadlock.*multiprocessing_context="):
+        assert loader._pool.context().get_start_method() == "forkserver"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second loader, a second epoch: silent
+        ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)._pool.context()
+        loader._pool.context()
+        # the user's explicit choice is never announced
+        ResumableDataLoader(
+            list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork"
+        )._pool.context()
+
+
+def test_no_notice_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_workers, "_announced_forkserver", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ResumableDataLoader([1, 2], num_workers=2)._pool.context() is None
+
+
+def _double(batch: Any) -> Any:
+    return batch
+
+
+def local_objects() -> dict[str, dict[str, Any]]:
+    class LocalDataset(Dataset[int]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, index: int) -> int:
+            return index
+
+    return {
+        "the dataset": {"dataset": LocalDataset()},
+        "collate_fn": {"dataset": list(range(8)), "collate_fn": lambda b: b},
+        "worker_init_fn": {"dataset": list(range(8)), "worker_init_fn": lambda w: None},
+    }
+
+
+@pytest.mark.parametrize("what", ["the dataset", "collate_fn", "worker_init_fn"])
+def test_an_object_that_does_not_pickle_is_named_with_the_fixes(what: str) -> None:
+    kwargs = local_objects()[what]
+    dataset = kwargs.pop("dataset")
+    before = set(multiprocessing.active_children())
+    loader = ResumableDataLoader(
+        dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn", **kwargs
+    )
+    with pytest.raises(
+        WorkerStartError,
+        match=rf"start by 'spawn' \(multiprocessing_context='spawn'\).*{what} \(local_objects\."
+        r"<locals>\..*cannot be pickled.*module level.*multiprocessing_context='fork'.*"
+        r"num_workers=0",
+    ):
+        next(iter(loader))
+    assert set(multiprocessing.active_children()) <= before  # no worker was left behind
+
+
+def test_module_level_objects_pass_the_same_check() -> None:
+    loader = ResumableDataLoader(
+        list(range(8)),
+        batch_size=2,
+        num_workers=1,
+        collate_fn=_double,
+        multiprocessing_context="spawn",
+    )
+    # Built, not started: building pickles nothing, and these would pickle.
+    inner = loader._inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
+    assert _workers._first_unpicklable(inner.dataset, "the dataset") is None
+
+
+def test_large_tensors_of_tensor_datasets_move_to_shared_memory() -> None:
+    rows = SHARE_MIN_BYTES // 4 // 16 + 1
+    big, small = torch.randn(rows, 16), torch.arange(4)
+    ours = TensorDataset(big, small[:1].expand(rows))
+    assert share_tensors(ours) == 1
+    assert big.is_shared() and not small.is_shared()  # small ones are not worth an fd
+    assert share_tensors(ours) == 0  # already shared
+    theirs = torch.utils.data.TensorDataset(torch.randn(rows, 16))
+    assert share_tensors(Subset(Subset(theirs, range(5)), range(2))) == 1  # through subsets
+    assert theirs.tensors[0].is_shared()
+    assert share_tensors(list(range(3))) == 0
+
+
+def test_pickled_workers_get_shared_tensors_fork_does_not_need_them() -> None:
+    rows = SHARE_MIN_BYTES // 4 // 16 + 1
+    for method, shared in (("spawn", True), ("fork", False)):
+        x = torch.randn(rows, 16)
+        expected = x.clone()
+        loader = ResumableDataLoader(
+            TensorDataset(x), batch_size=4, num_workers=1, multiprocessing_context=method
+        )
+        loader._inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
+        assert x.is_shared() is shared, method
+        assert torch.equal(x, expected)  # moved, values kept
