@@ -341,7 +341,9 @@ class _NumpyRng(GlobalRng):
         if not self._sentinel.size:
             self._sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
         ctypes.memmove(global_mt().ctypes.state_address, self._sentinel.ctypes.data, _NP_BYTES)
-        self._last = -1
+        # Compared at the next install: a batch that drew while parked may have
+        # left a cached Gaussian, which the batch's reload must not see.
+        self._last = self._sentinel.ctypes.data
 
     def moved(self) -> bool:
         raw = ctypes.string_at(global_mt().ctypes.state_address, _NP_BYTES)
@@ -364,7 +366,7 @@ class _PythonRng(GlobalRng):
     name = "random"
 
     def __init__(self) -> None:
-        self.inst: random.Random = random.random.__self__  # type: ignore[assignment]
+        self.inst: random.Random = random.random.__self__  # type: ignore[attr-defined]
         self._address = self._raw_address()
         sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
         self._sentinel = sentinel
