@@ -26,12 +26,12 @@ import ctypes
 import random
 import struct
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["GlobalRng", "global_rngs", "mix64", "mix64_array", "mt_words"]
+__all__ = ["GlobalRng", "Prepared", "global_rngs", "mix64", "mix64_array", "mt_words"]
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
@@ -65,6 +65,21 @@ def mix64_array(z: np.ndarray) -> np.ndarray:
     return z
 
 
+# mt_words' working array, reused: a fresh one per batch costs more in page faults
+# (~6 us per sample on a busy machine) than the hashing itself. Its result is
+# copied out before the next call (no caller keeps it).
+_WORK = np.empty((0, MT_N // 2), dtype=np.uint64)
+
+
+def _grown(buffer: np.ndarray, count: int) -> np.ndarray:
+    """``buffer``, or a new one of twice its rows (at least ``count``) when it is too short.
+
+    A new array, not ``resize``: views of the old one stay valid."""
+    if buffer.shape[0] >= count:
+        return buffer
+    return np.empty((max(count, 2 * buffer.shape[0]), *buffer.shape[1:]), dtype=buffer.dtype)
+
+
 def mt_words(keys: np.ndarray) -> np.ndarray:
     """The MT19937 state of each 64-bit stream key: shape ``(len(keys), 624)``, uint32.
 
@@ -73,8 +88,14 @@ def mt_words(keys: np.ndarray) -> np.ndarray:
     word 0 is then ``0x80000000``, as after MT's ``init_by_array`` (the
     generator reads only its top bit). Distinct keys give distinct states: word
     pair (1, 2)... is a bijection of the key.
+
+    The result is a view of a reused array: valid until the next call.
     """
-    z = np.add.outer(keys.astype(np.uint64, copy=False), _STEPS)
+    global _WORK
+    if _WORK.shape[0] < keys.size:
+        _WORK = np.empty((max(keys.size, 2 * _WORK.shape[0]), MT_N // 2), dtype=np.uint64)
+    z = _WORK[: keys.size]
+    np.add.outer(keys.astype(np.uint64, copy=False), _STEPS, out=z)
     mix64_array(z)
     if sys.byteorder == "little":
         words = z.view(np.uint32)
@@ -86,6 +107,19 @@ def mt_words(keys: np.ndarray) -> np.ndarray:
     return words
 
 
+class Prepared(NamedTuple):
+    """The keyed states of a batch for one generator: row ``i`` at ``address + i * stride``."""
+
+    rows: Any  # an array of raw states, or (numpy's non-MT19937 path) a list of int keys
+    address: int
+    stride: int
+
+
+def _prepared(rows: np.ndarray) -> Prepared:
+    # ctypes.data costs ~0.8 us: read it once per batch, not per sample.
+    return Prepared(rows, rows.ctypes.data, rows.strides[0])
+
+
 class GlobalRng:
     """One global generator: keyed states in, parking and saving around a batch.
 
@@ -95,10 +129,12 @@ class GlobalRng:
 
     name = ""
 
-    def prepare(self, keys: np.ndarray) -> Any:
+    def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
+        """The states of ``keys``; ``reuse``: in this generator's batch buffer (valid
+        until the next ``reuse`` call), else in a new array."""
         raise NotImplementedError
 
-    def install(self, prepared: Any, i: int) -> None:
+    def install(self, prepared: Prepared, i: int) -> None:
         raise NotImplementedError
 
     def save(self) -> Any:
@@ -149,9 +185,10 @@ class _TorchRng(GlobalRng):
         self._template = template
         self._buf = torch.empty(_TORCH_BYTES, dtype=torch.uint8)
         self._buf_ptr = self._buf.data_ptr()
-        sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
-        self._sentinel = torch.from_numpy(sentinel[0].copy())
-        self._sentinel_bytes = sentinel[0].tobytes()
+        self._batch = np.empty((0, _TORCH_BYTES), dtype=np.uint8)
+        sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64)).rows[0]
+        self._sentinel = torch.from_numpy(sentinel.copy())
+        self._sentinel_bytes = sentinel.tobytes()
         probe.set_state(self._sentinel)  # torch validates the state: fail here, not mid-epoch
         if probe.get_state().numpy().tobytes() != self._sentinel_bytes:
             raise RuntimeError(
@@ -159,23 +196,25 @@ class _TorchRng(GlobalRng):
                 "per-sample seeding cannot set 64-bit states (pass per_sample_seeding=False)."
             )
 
-    def prepare(self, keys: np.ndarray) -> np.ndarray:
-        rows = np.tile(self._template, (keys.size, 1))
+    def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
+        if reuse:
+            self._batch = _grown(self._batch, keys.size)
+            rows = self._batch[: keys.size]
+        else:
+            rows = np.empty((keys.size, _TORCH_BYTES), dtype=np.uint8)
+        rows[:] = self._template
         view = rows.view(np.uint64)
         view[:, 0] = keys  # what torch.initial_seed() reports inside the sample
-        view[:, _TORCH_WORDS] = mt_words(keys)
-        return rows
+        # copyto: a plain assignment of uint32 into this strided uint64 view is ~5x slower.
+        np.copyto(view[:, _TORCH_WORDS], mt_words(keys), casting="safe")
+        return _prepared(rows)
 
-    def install(self, prepared: np.ndarray, i: int) -> None:
+    def install(self, prepared: Prepared, i: int) -> None:
         # One reused tensor: set_state copies it. (A row view of a 2-D tensor is
         # read from its storage's start by set_state; torch.from_numpy per row
         # costs ~0.8 us more.)
-        ctypes.memmove(self._buf_ptr, prepared.ctypes.data + i * _TORCH_BYTES, _TORCH_BYTES)
+        ctypes.memmove(self._buf_ptr, prepared.address + i * _TORCH_BYTES, _TORCH_BYTES)
         self.generator.set_state(self._buf)
-
-    def state_tensor(self, prepared: np.ndarray, i: int) -> torch.Tensor:
-        """State ``i`` of ``prepared`` as a tensor for ``Generator.set_state``."""
-        return torch.from_numpy(prepared[i].copy())
 
     def save(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -287,8 +326,10 @@ class _NumpyRng(GlobalRng):
     name = "numpy"
 
     def __init__(self) -> None:
-        self._sentinel = np.empty(0, dtype=np.uint32)
+        self._sentinel: Prepared | None = None
         self._last = -1  # address of the state installed last; -1: none since save()
+        self._address = 0  # the global MT19937's C state, read at save()
+        self._batch = np.empty((0, MT_N + 1), dtype=np.uint32)
 
     @staticmethod
     def _raw() -> Any:
@@ -301,33 +342,38 @@ class _NumpyRng(GlobalRng):
         """Whether :meth:`park` and :meth:`moved` work (the raw state is reachable)."""
         return self._raw() is not None
 
-    def prepare(self, keys: np.ndarray) -> Any:
+    def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
         if global_mt() is None:
-            return [int(k) for k in keys]
-        rows = np.empty((keys.size, MT_N + 1), dtype=np.uint32)
+            return Prepared([int(k) for k in keys], 0, 0)
+        if reuse:
+            self._batch = _grown(self._batch, keys.size)
+            rows = self._batch[: keys.size]
+        else:
+            rows = np.empty((keys.size, MT_N + 1), dtype=np.uint32)
         rows[:, :MT_N] = mt_words(keys)
         rows[:, MT_N] = MT_N  # pos: the next draw regenerates the block
-        return rows
+        return _prepared(rows)
 
-    def install(self, prepared: Any, i: int) -> None:
-        if isinstance(prepared, list):
-            np.random.seed(prepared[i])
+    def install(self, prepared: Prepared, i: int) -> None:
+        if not prepared.address:
+            np.random.seed(prepared.rows[i])
             return
-        bitgen = self._raw()
-        if bitgen is None:
-            np.random.set_state(("MT19937", prepared[i, :MT_N], MT_N, 0, 0.0))
+        address = self._address
+        if not address:
+            np.random.set_state(("MT19937", prepared.rows[i, :MT_N], MT_N, 0, 0.0))
             return
-        address = bitgen.ctypes.state_address
         if self._last != -1 and ctypes.string_at(address, _NP_BYTES) != ctypes.string_at(
             self._last, _NP_BYTES
         ):
             np.random.seed(0)  # the last sample drew: it may have left a cached Gaussian
-        source = prepared.ctypes.data + i * _NP_BYTES
+        source = prepared.address + i * _NP_BYTES
         ctypes.memmove(address, source, _NP_BYTES)
         self._last = source
 
     def save(self) -> Any:
         saved = save_numpy()
+        bitgen = self._raw()
+        self._address = 0 if bitgen is None else bitgen.ctypes.state_address
         if saved[0] is not None:
             np.random.seed(0)  # save_numpy's probe may have left a cached Gaussian
         self._last = -1
@@ -338,20 +384,21 @@ class _NumpyRng(GlobalRng):
         restore_numpy(saved)
 
     def park(self) -> None:
-        if not self._sentinel.size:
+        if self._sentinel is None:
             self._sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
-        ctypes.memmove(global_mt().ctypes.state_address, self._sentinel.ctypes.data, _NP_BYTES)
+            self._sentinel_bytes = self._sentinel.rows.tobytes()
+        ctypes.memmove(self._address, self._sentinel.address, _NP_BYTES)
         # Compared at the next install: a batch that drew while parked may have
         # left a cached Gaussian, which the batch's reload must not see.
-        self._last = self._sentinel.ctypes.data
+        self._last = self._sentinel.address
 
     def moved(self) -> bool:
-        raw = ctypes.string_at(global_mt().ctypes.state_address, _NP_BYTES)
-        return raw != self._sentinel.tobytes()
+        return ctypes.string_at(self._address, _NP_BYTES) != self._sentinel_bytes
 
 
 # ---------------------------------------------------------------------- random
 _PY_VERSION = 3  # random.getstate()'s format version
+_PY_BYTES = 4 * (MT_N + 1)  # int index; uint32_t state[624]
 
 
 class _PythonRng(GlobalRng):
@@ -368,9 +415,10 @@ class _PythonRng(GlobalRng):
     def __init__(self) -> None:
         self.inst: random.Random = random.random.__self__  # type: ignore[attr-defined]
         self._address = self._raw_address()
-        sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
-        self._sentinel = sentinel
-        self._sentinel_state = self._as_state(sentinel, 0)
+        self._batch = np.empty((0, MT_N + 1), dtype=np.uint32)
+        self._sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
+        self._sentinel_bytes = self._sentinel.rows.tobytes()
+        self._sentinel_state = self._as_state(self._sentinel, 0)
 
     def _raw_address(self) -> int:
         inst = self.inst
@@ -389,27 +437,31 @@ class _PythonRng(GlobalRng):
             inst.setstate(saved)
         return id(inst) + offset if ok else 0
 
-    def prepare(self, keys: np.ndarray) -> np.ndarray:
-        rows = np.empty((keys.size, MT_N + 1), dtype=np.uint32)
+    def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
+        if reuse:
+            self._batch = _grown(self._batch, keys.size)
+            rows = self._batch[: keys.size]
+        else:
+            rows = np.empty((keys.size, MT_N + 1), dtype=np.uint32)
         rows[:, 0] = MT_N  # index: the next draw regenerates the block
         rows[:, 1:] = mt_words(keys)
-        return rows
+        return _prepared(rows)
 
     @staticmethod
-    def _as_state(prepared: np.ndarray, i: int) -> tuple[Any, ...]:
-        row = prepared[i].tolist()
+    def _as_state(prepared: Prepared, i: int) -> tuple[Any, ...]:
+        row = prepared.rows[i].tolist()
         return (_PY_VERSION, (*row[1:], row[0]), None)
 
-    def install(self, prepared: np.ndarray, i: int) -> None:
+    def install(self, prepared: Prepared, i: int) -> None:
         if self._address:
-            ctypes.memmove(self._address, prepared.ctypes.data + i * 4 * (MT_N + 1), 4 * (MT_N + 1))
+            ctypes.memmove(self._address, prepared.address + i * _PY_BYTES, _PY_BYTES)
             self.inst.gauss_next = None  # type: ignore[attr-defined]
         else:
             self.inst.setstate(self._as_state(prepared, i))
 
     def save(self) -> Any:
         if self._address:
-            return (ctypes.string_at(self._address, 4 * (MT_N + 1)), self.inst.gauss_next)  # type: ignore[attr-defined]
+            return (ctypes.string_at(self._address, _PY_BYTES), self.inst.gauss_next)  # type: ignore[attr-defined]
         return self.inst.getstate()
 
     def restore(self, saved: Any) -> None:
@@ -426,7 +478,7 @@ class _PythonRng(GlobalRng):
     def moved(self) -> bool:
         if self._address:
             return (
-                ctypes.string_at(self._address, 4 * (MT_N + 1)) != self._sentinel.tobytes()
+                ctypes.string_at(self._address, _PY_BYTES) != self._sentinel_bytes
                 or self.inst.gauss_next is not None  # type: ignore[attr-defined]
             )
         return bool(self.inst.getstate() != self._sentinel_state)

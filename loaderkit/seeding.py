@@ -266,7 +266,7 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     torch_rng = global_rngs()[0]
     prepared = torch_rng.prepare(_stream_keys(seed, epoch, index, StreamTag.TORCH))
     generator = torch.Generator()
-    generator.set_state(torch.from_numpy(prepared[0]))
+    generator.set_state(torch.from_numpy(prepared.rows[0]))
     return generator
 
 
@@ -516,7 +516,12 @@ class SampleSeeder:
                         if keys is None:
                             keys = sample_keys(seed, epoch, np.asarray(indices))
                         seeded.append(
-                            (rng, rng.prepare(sample_stream_keys(keys, _STREAM_TAGS[slot])))
+                            (
+                                rng,
+                                rng.prepare(
+                                    sample_stream_keys(keys, _STREAM_TAGS[slot]), reuse=True
+                                ),
+                            )
                         )
                     else:
                         rng.park()
