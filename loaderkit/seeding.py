@@ -500,10 +500,19 @@ class SampleSeeder:
         self.lazy, self.in_use = state
 
     def load(
-        self, seed: int, epoch: int, indices: list[int], load_one: Callable[[int], Any]
+        self,
+        seed: int,
+        epoch: int,
+        indices: list[int],
+        getitem: Callable[[int], Any],
+        out: list[Any],
     ) -> list[Any]:
-        """``[load_one(i) for i in indices]``, each sample under the states keyed by
-        ``(seed, epoch, i)``."""
+        """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample under the
+        states keyed by ``(seed, epoch, i)``; returns ``out``.
+
+        If ``getitem`` raises, ``out`` holds the samples before the failing one
+        (``indices[len(out)]`` failed) and the caller's states are restored.
+        """
         rngs = global_rngs()
         keys: np.ndarray | None = None
         saved = [rng.save() for rng in rngs]
@@ -515,25 +524,24 @@ class SampleSeeder:
                     if self.in_use[slot] or not rng.lazy_ok:
                         if keys is None:
                             keys = sample_keys(seed, epoch, np.asarray(indices))
-                        seeded.append(
-                            (
-                                rng,
-                                rng.prepare(
-                                    sample_stream_keys(keys, _STREAM_TAGS[slot]), reuse=True
-                                ),
-                            )
-                        )
+                        stream = sample_stream_keys(keys, _STREAM_TAGS[slot])
+                        seeded.append((rng.install, rng.prepare(stream, reuse=True)))
                     else:
                         rng.park()
                         parked.append(slot)
-                samples = []
-                for pos, index in enumerate(indices):
-                    for rng, prepared in seeded:
-                        rng.install(prepared, pos)
-                    samples.append(load_one(index))
+                out.clear()
+                append = out.append
+                if not seeded:  # the common case: a plain loop, ~0.1 us per sample
+                    for index in indices:
+                        append(getitem(index))
+                else:
+                    for pos, index in enumerate(indices):
+                        for install, prepared in seeded:
+                            install(prepared, pos)
+                        append(getitem(index))
                 moved = [slot for slot in parked if rngs[slot].moved()]
                 if not moved:
-                    return samples
+                    return out
                 for slot in moved:  # a sample drew from it unseeded: load the batch again
                     self.in_use[slot] = True
         finally:

@@ -126,7 +126,7 @@ def test_lazy_seeding_equals_eager_seeding_in_any_batch_order(
     load = _draws(mask)
     lazy = SampleSeeder(lazy=True)
     for batch in batches:
-        assert lazy.load(7, 1, batch, load) == _eager(batch, load)
+        assert lazy.load(7, 1, batch, load, []) == _eager(batch, load)
     drew = any(i % 3 == 0 for batch in batches for i in batch)
     # A generator no sample drew from is never seeded; one that some sample drew from is.
     assert lazy.in_use == [bool(mask & bit) and drew for bit in (1, 2, 4)]
@@ -139,10 +139,10 @@ def test_a_generator_first_drawn_late_is_seeded_from_then_on() -> None:
         return torch.rand(1).item() if index in draws_from else None
 
     seeder = SampleSeeder(lazy=True)
-    assert seeder.load(0, 0, [1, 2, 3], load) == [None] * 3
+    assert seeder.load(0, 0, [1, 2, 3], load, []) == [None] * 3
     assert seeder.in_use == [False, False, False]
     # Sample 11 comes first in the batch: the unseeded draw of 10 is noticed and redone.
-    got = seeder.load(0, 0, [11, 10], load)
+    got = seeder.load(0, 0, [11, 10], load, [])
     assert seeder.in_use == [True, False, False]
     assert got == _eager([11, 10], load, seed=0, epoch=0)
 
@@ -159,7 +159,7 @@ def test_the_callers_generators_are_restored_after_a_batch() -> None:
     np.random.set_state(states[1])
     random.setstate(states[2])
     for lazy in (True, False):
-        SampleSeeder(lazy=lazy).load(0, 0, [1, 2, 3], _draws(7))
+        SampleSeeder(lazy=lazy).load(0, 0, [1, 2, 3], _draws(7), [])
     got = torch.rand(3), np.random.standard_normal(3), random.gauss(0, 1)
     assert torch.equal(got[0], expected[0])
     assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]
@@ -170,8 +170,8 @@ def test_a_cached_gaussian_does_not_leak_into_the_next_sample() -> None:
         return float(np.random.standard_normal())  # one of a pair: the other stays cached
 
     seeder = SampleSeeder(lazy=False)
-    together = seeder.load(0, 0, [1, 2, 3], load)
-    alone = [seeder.load(0, 0, [i], load)[0] for i in (1, 2, 3)]
+    together = seeder.load(0, 0, [1, 2, 3], load, [])
+    alone = [seeder.load(0, 0, [i], load, [])[0] for i in (1, 2, 3)]
     assert together == alone
 
 
@@ -185,7 +185,7 @@ def test_a_failing_sample_restores_the_callers_state() -> None:
         raise RuntimeError("bad sample")
 
     with pytest.raises(RuntimeError, match="bad sample"):
-        SampleSeeder(lazy=True).load(0, 0, [1], load)
+        SampleSeeder(lazy=True).load(0, 0, [1], load, [])
     assert torch.equal(torch.rand(2), expected)
 
 

@@ -101,8 +101,8 @@ def seeding_cost(args: argparse.Namespace) -> list[Ratio]:
             runners: dict[str, Callable[[list[int]], Any]] = {
                 "bare": lambda b, load=load: [load(i) for i in b],
                 "previous": lambda b, load=load: _previous(0, 0, b, load),
-                "eager": lambda b, load=load, s=eager: s.load(0, 0, b, load),
-                "lazy": lambda b, load=load, s=lazy: s.load(0, 0, b, load),
+                "eager": lambda b, load=load, s=eager: s.load(0, 0, b, load, []),
+                "lazy": lambda b, load=load, s=lazy: s.load(0, 0, b, load, []),
             }
             for run in runners.values():
                 run(batches[0])  # lazy: the first batch finds the generators in use

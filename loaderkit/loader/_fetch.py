@@ -6,7 +6,6 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -116,18 +115,24 @@ class BatchFetcher:
                     samples = self._batched(self.dataset.__getitems__, epoch, index_list)
             else:
                 samples = self._batched(self.dataset.__getitems__, epoch, index_list)
-        elif self.seeder is not None:
-            samples = self.seeder.load(
-                self.seed, epoch, index_list, functools.partial(self._one, epoch)
-            )
         else:
-            samples = [self._one(epoch, i) for i in index_list]
+            samples = self._samples(epoch, index_list)
         return self.collate_fn(samples)
 
-    def _one(self, epoch: int, index: int) -> Any:
+    def _samples(self, epoch: int, index_list: list[int]) -> list[Any]:
+        # One try around the loop, not one per sample: the failing index is the
+        # one after the samples already loaded.
+        samples: list[Any] = []
+        getitem = self.dataset.__getitem__
         try:
-            return self.dataset[index]
+            if self.seeder is not None:
+                return self.seeder.load(self.seed, epoch, index_list, getitem, samples)
+            append = samples.append
+            for index in index_list:
+                append(getitem(index))
+            return samples
         except Exception as exc:
+            index = index_list[len(samples)]
             kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
             raise kind(
                 f"loading sample index {index} (epoch {epoch}) failed with "
