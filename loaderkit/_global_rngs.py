@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from loaderkit.errors import LoaderkitError
+
 __all__ = ["GlobalRng", "Prepared", "global_rngs", "mix64", "mix64_array", "mt_words"]
 
 M64 = (1 << 64) - 1
@@ -191,7 +193,7 @@ class _TorchRng(GlobalRng):
         self._sentinel_bytes = sentinel.tobytes()
         probe.set_state(self._sentinel)  # torch validates the state: fail here, not mid-epoch
         if probe.get_state().numpy().tobytes() != self._sentinel_bytes:
-            raise RuntimeError(
+            raise LoaderkitError(
                 f"torch {torch.__version__} does not round-trip a CPU generator state; "
                 "per-sample seeding cannot set 64-bit states (pass per_sample_seeding=False)."
             )
@@ -245,7 +247,7 @@ def _check_torch_layout(state: np.ndarray) -> None:
         and int(words[2]) == 0
         and [int(w) for w in words[3:6]] == expected
     ):
-        raise RuntimeError(
+        raise LoaderkitError(
             f"torch {torch.__version__}: the CPU generator's state layout is not the one "
             "loaderkit writes per-sample states in; pass per_sample_seeding=False (or seed "
             "explicitly with loaderkit.sample_generator) and report the torch version."
