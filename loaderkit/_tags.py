@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["SeedTag"]
+__all__ = ["SeedTag", "StreamTag"]
 
 
 class SeedTag:
@@ -47,5 +47,24 @@ class SeedTag:
 
     @classmethod
     def all(cls) -> dict[str, str]:
+        """Every tag by its name."""
+        return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+
+class StreamTag:
+    """The integer tags of the per-sample generator streams (seeding.sample_stream_keys).
+
+    A sample's 64-bit key is XORed with the tag of a generator, then mixed,
+    so torch, numpy and :mod:`random` draw unrelated streams for one sample.
+    Part of the checkpoint format like :class:`SeedTag`: a change changes
+    every resumed run's augmentation.
+    """
+
+    TORCH: Final = 0x7430_7263_6800_0001
+    NUMPY: Final = 0x6E75_6D70_7900_0002
+    RANDOM: Final = 0x7261_6E64_6F6D_0003
+
+    @classmethod
+    def all(cls) -> dict[str, int]:
         """Every tag by its name."""
         return {k: v for k, v in vars(cls).items() if k.isupper()}

@@ -7,9 +7,11 @@ starting with a string tag so the two families never collide:
 
 - DataLoader workers: ``derive_seed(seed, "worker", rank, worker_id)``
   (:func:`worker_seed`, used by :func:`worker_init_fn`).
-- Samples: ``derive_seed(seed, "sample", epoch, index)`` (:func:`sample_seed`,
-  used by :func:`sample_generator`, :func:`sample_numpy_rng` and
-  :func:`seeded_sample`).
+- Samples: a 64-bit key per ``(seed, epoch, index)`` (:func:`sample_seed`:
+  ``derive_seed(seed, "sample")`` once, then splitmix64 integer mixing, so a
+  key costs well under a microsecond), from which each global generator gets
+  a full 64-bit-keyed state (:func:`seeded_sample`, :func:`sample_generator`,
+  :func:`sample_numpy_rng`, and :class:`SampleSeeder` in the loaders).
 
 Randomness inside a sample should be keyed by the sample, not by the worker
 that happens to load it: then a run gives bit-identical batches with 0 or 8
@@ -17,8 +19,6 @@ workers and after a resume. Worker seeds only make the worker-level streams
 reproducible (and distinct across ranks and workers).
 
 Example:
-    >>> derive_seed(42, "sample", 0, 7) == sample_seed(42, 0, 7)
-    True
     >>> with seeded_sample(42, epoch=0, index=7):
     ...     a = torch.rand(2)
     >>> with seeded_sample(42, epoch=0, index=7):
@@ -29,11 +29,9 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import random
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,7 +40,8 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_int
-from loaderkit._tags import SeedTag
+from loaderkit._global_rngs import GOLDEN, M64, global_rngs, mix64, mix64_array
+from loaderkit._tags import SeedTag, StreamTag
 
 __all__ = [
     "derive_seed",
@@ -57,6 +56,7 @@ __all__ = [
 
 _SEED_LIMIT = 2**128  # SeedSequence's own entropy size; see _seed_sequence for why it is a bound
 _TORCH_SEED_LIMIT = 2**64
+_KEY_LIMIT = 2**64  # epochs and indices: the per-sample key mixes them modulo 2**64
 _SMALL_KEY = 2**31
 _BIG_INT_HEADER = 0x8000_0000
 _STR_HEADER = 0xC000_0000
@@ -160,36 +160,123 @@ def worker_seed(seed: int, rank: int, worker_id: int) -> int:
     return _seed_from(_seed_sequence("worker_seed", seed, (SeedTag.WORKER, rank, worker_id)))
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The seed of sample ``index`` in ``epoch``: ``derive_seed(seed, "sample", epoch, index)``.
+def _position(func: str, name: str, value: object) -> int:
+    return check_int(
+        name,
+        value,
+        0,
+        owner=func,
+        fix=f"pass a non-negative Python int such as {name}=0",
+        limit=_KEY_LIMIT,
+    )
 
-    Independent of the worker, rank or process that loads the sample.
+
+@functools.lru_cache(maxsize=64)
+def _sample_base(seed: int) -> int:
+    # The one SeedSequence per seed (~20 us, cached); the per-sample part is integer mixing.
+    return derive_seed(seed, SeedTag.SAMPLE)
+
+
+def _epoch_key(func: str, seed: object, epoch: object) -> int:
+    seed = check_int(
+        "seed",
+        seed,
+        owner=func,
+        fix="pass a non-negative Python int such as seed=0",
+        limit=_SEED_LIMIT,
+    )
+    epoch = _position(func, "epoch", epoch)
+    return mix64((_sample_base(seed) + (epoch + 1) * GOLDEN) & M64)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The 64-bit key of sample ``index`` in ``epoch``: what per-sample randomness is seeded from.
+
+    Independent of the worker, rank or process that loads the sample. The
+    derivation (pinned by tests; part of the checkpoint format):
+
+    - ``base = derive_seed(seed, "sample")``, once per seed;
+    - ``e = mix64(base + (epoch + 1) * G)``, once per epoch;
+    - ``key = mix64(e + (index + 1) * G)``,
+
+    all modulo ``2**64``, where ``G = 0x9E3779B97F4A7C15`` and ``mix64`` is
+    the splitmix64 finaliser (a bijection of 64-bit ints). So the keys of one
+    epoch are splitmix64's outputs from state ``e``: distinct for distinct
+    indices (a bijection of ``index``), and a key costs a few integer
+    operations (vectorised per batch by the loaders) instead of a SeedSequence.
+
+    Args:
+        seed: The run's seed, an int in ``[0, 2**128)``.
+        epoch: The epoch, an int in ``[0, 2**64)``.
+        index: The sample's dataset index, an int in ``[0, 2**64)``.
+
+    Returns:
+        An int in ``[0, 2**64)``.
+
+    Example:
+        >>> sample_seed(0, 0, 0) != sample_seed(0, 0, 1) != sample_seed(0, 1, 0)
+        True
     """
-    check_int(
-        "epoch", epoch, owner="sample_seed", fix="pass a non-negative Python int such as epoch=0"
-    )
-    check_int(
-        "index", index, owner="sample_seed", fix="pass a non-negative Python int such as index=0"
-    )
-    return _seed_from(_seed_sequence("sample_seed", seed, (SeedTag.SAMPLE, epoch, index)))
+    e = _epoch_key("sample_seed", seed, epoch)
+    index = _position("sample_seed", "index", index)
+    return mix64((e + (index + 1) * GOLDEN) & M64)
+
+
+def sample_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
+    """:func:`sample_seed` of every index in ``indices`` (non-negative ints), as ``uint64``.
+
+    Example:
+        >>> int(sample_keys(3, 1, np.array([5]))[0]) == sample_seed(3, 1, 5)
+        True
+    """
+    e = _epoch_key("sample_keys", seed, epoch)
+    keys = np.asarray(indices).astype(np.uint64)  # a copy: mixed in place below
+    keys += np.uint64(1)
+    keys *= np.uint64(GOLDEN)
+    keys += np.uint64(e)
+    return mix64_array(keys)
+
+
+def sample_stream_keys(keys: np.ndarray, tag: int) -> np.ndarray:
+    """The stream key of one generator (a :class:`~loaderkit._tags.StreamTag`) per sample key:
+    ``mix64(key ^ tag)``. Each generator's 624-word state is
+    :func:`loaderkit._global_rngs.mt_words` of it (Python's random: the same words)."""
+    return mix64_array(keys ^ np.uint64(tag))
+
+
+def _stream_keys(seed: int, epoch: int, index: int, tag: int) -> np.ndarray:
+    key = np.array([sample_seed(seed, epoch, index)], dtype=np.uint64)
+    return sample_stream_keys(key, tag)
 
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A fresh CPU :class:`torch.Generator` seeded with :func:`sample_seed`.
+    """A fresh CPU :class:`torch.Generator` in the state sample ``index`` of ``epoch`` gets.
 
-    Pass it explicitly to ``torch.rand(..., generator=g)`` or to transforms
-    that accept one; it touches no global state.
+    The same state :func:`seeded_sample` gives ``torch.default_generator``
+    (64 bits of key; ``manual_seed`` would keep only 32). Pass it explicitly
+    to ``torch.rand(..., generator=g)`` or to transforms that accept one; it
+    touches no global state.
+
+    Example:
+        >>> with seeded_sample(1, 2, 3):
+        ...     a = torch.rand(2)
+        >>> torch.equal(a, torch.rand(2, generator=sample_generator(1, 2, 3)))
+        True
     """
+    torch_rng = global_rngs()[0]
+    prepared = torch_rng.prepare(_stream_keys(seed, epoch, index, StreamTag.TORCH))
     generator = torch.Generator()
-    generator.manual_seed(sample_seed(seed, epoch, index))
+    generator.set_state(torch.from_numpy(prepared.rows[0]))
     return generator
 
 
 def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """A fresh :class:`numpy.random.Generator` for sample ``index`` in ``epoch``.
 
-    Seeded from the same SeedSequence as :func:`sample_seed` (its full 128-bit
-    pool, not the 63-bit int), so it is stable across processes and runs.
+    A PCG64 seeded with the sample's numpy stream key (64 bits, through
+    numpy's SeedSequence), so it is stable across processes and runs. Not the
+    stream of the global ``np.random`` inside :func:`seeded_sample` (that one
+    is a legacy MT19937).
     """
     check_int(
         "epoch",
@@ -203,8 +290,8 @@ def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
         owner="sample_numpy_rng",
         fix="pass a non-negative Python int such as index=0",
     )
-    sequence = _seed_sequence("sample_numpy_rng", seed, (SeedTag.SAMPLE, epoch, index))
-    return np.random.Generator(np.random.PCG64(sequence))
+    key = int(_stream_keys(seed, epoch, index, StreamTag.NUMPY)[0])
+    return np.random.Generator(np.random.PCG64(key))
 
 
 def seed_global_rngs(seed: int) -> None:
@@ -320,58 +407,7 @@ def epoch_worker_init_fn(
     )
 
 
-# numpy's global RandomState: get_state()/set_state() copy the 624-word
-# Mersenne Twister key through a Python-level loop (~60 us each). The fast
-# path copies the raw C state (uint32 key[624]; int pos) through numpy's
-# public ctypes interface, checked once against get_state() before use. The
-# legacy Gaussian cache is not reachable that way, so it is probed: draw one
-# standard normal; if the MT words did not move, the draw was the cached value.
-_MT_KEY_BYTES = 624 * 4
-_MT_STATE_BYTES = _MT_KEY_BYTES + ctypes.sizeof(ctypes.c_int)
-_fast_numpy_ok: bool | None = None
-
-
-def _global_mt() -> Any:
-    """The global RandomState's bit generator if it is an MT19937, else None."""
-    bitgen = getattr(np.random.mtrand._rand, "_bit_generator", None)
-    return bitgen if type(bitgen) is np.random.MT19937 else None
-
-
-def _fast_numpy_usable(bitgen: Any) -> bool:
-    global _fast_numpy_ok
-    if _fast_numpy_ok is None:
-        raw = ctypes.string_at(bitgen.ctypes.state_address, _MT_STATE_BYTES)
-        _, key, pos, _, _ = np.random.get_state(legacy=True)
-        _fast_numpy_ok = raw[:_MT_KEY_BYTES] == np.asarray(
-            key, dtype=np.uint32
-        ).tobytes() and pos == int.from_bytes(raw[_MT_KEY_BYTES:], sys.byteorder, signed=True)
-    return _fast_numpy_ok
-
-
-def _save_numpy() -> tuple[Any, ...]:
-    bitgen = _global_mt()
-    if bitgen is None or not _fast_numpy_usable(bitgen):
-        return (None, np.random.get_state(legacy=False))
-    address = bitgen.ctypes.state_address
-    raw = ctypes.string_at(address, _MT_STATE_BYTES)
-    probe = np.random.standard_normal()
-    cached = ctypes.string_at(address, _MT_STATE_BYTES) == raw
-    return (bitgen, raw, probe if cached else None)
-
-
-def _restore_numpy(saved: tuple[Any, ...]) -> None:
-    bitgen = saved[0]
-    if bitgen is None:
-        np.random.set_state(saved[1])
-        return
-    _, raw, gauss = saved
-    if gauss is None:
-        np.random.seed(0)  # clears the Gaussian cache; the MT words are overwritten next
-        ctypes.memmove(bitgen.ctypes.state_address, raw, _MT_STATE_BYTES)
-    else:  # rare: the caller left half of a Gaussian pair cached
-        key = np.frombuffer(raw, dtype=np.uint32, count=624)
-        pos = int.from_bytes(raw[_MT_KEY_BYTES:], sys.byteorder, signed=True)
-        np.random.set_state(("MT19937", key, pos, 1, gauss))
+_STREAM_TAGS = (StreamTag.TORCH, StreamTag.NUMPY, StreamTag.RANDOM)  # global_rngs() order
 
 
 @contextmanager
@@ -379,22 +415,23 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
     """Seed the global RNGs for loading one sample, then restore them.
 
     Inside the block, torch's default CPU generator, numpy's global
-    ``RandomState`` and :mod:`random` are seeded from :func:`sample_seed`
-    ``(seed, epoch, index)``, so transforms that draw from global RNGs (e.g.
-    torchvision's) give the same result for the same sample whichever worker
-    or process loads it. On exit the previous states are restored, so loading
-    in the main process does not perturb the model's RNG (e.g. dropout).
+    ``RandomState`` and :mod:`random` are each in a state derived from the
+    64-bit :func:`sample_seed` ``(seed, epoch, index)`` (a stream per
+    generator, see :func:`sample_stream_keys`), so transforms that draw from
+    global RNGs (e.g. torchvision's) give the same result for the same sample
+    whichever worker or process loads it. On exit the previous states are
+    restored, so loading in the main process does not perturb the model's RNG
+    (e.g. dropout).
 
     Accelerator generators (CUDA, ...) are neither seeded nor touched: only
     ``torch.default_generator`` is. Not thread-safe (global state): use it in
     the process that loads the sample, one sample at a time.
 
-    Cost: about 55 us per sample (measured on an idle 2-core x86 VM, torch
-    2.14, numpy 2.4): SeedSequence ~19 us, :mod:`random`'s
-    getstate/seed/setstate ~24 us, numpy ~8 us (its state is copied raw
-    instead of ~120 us through get_state/set_state), torch ~4 us. Negligible
-    next to decoding an image; noticeable only for samples that load in a few
-    microseconds.
+    Cost: about 15 us per call (measured on a 2-core x86 VM): the keyed states
+    of three generators plus saving and restoring the caller's. The loaders
+    do not call this per sample: they save and restore once per batch, derive
+    the keys of a batch at once, and seed only the generators the dataset
+    draws from (:class:`SampleSeeder`), about 1-2 us per sample and generator.
 
     Args:
         seed: The run's seed.
@@ -411,16 +448,102 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         True
     """
     value = sample_seed(seed, epoch, index)
-    generator = torch.default_generator
-    torch_state = generator.get_state()
-    python_state = random.getstate()
-    numpy_state = _save_numpy()
+    rngs = global_rngs()
+    saved = [rng.save() for rng in rngs]
     try:
-        generator.manual_seed(value)
-        random.seed(value)
-        np.random.seed(value % 2**32)
+        key = np.array([value], dtype=np.uint64)
+        for rng, tag in zip(rngs, _STREAM_TAGS, strict=True):
+            rng.install(rng.prepare(sample_stream_keys(key, tag)), 0)
         yield value
     finally:
-        generator.set_state(torch_state)
-        random.setstate(python_state)
-        _restore_numpy(numpy_state)
+        for rng, state in zip(rngs, saved, strict=True):
+            rng.restore(state)
+
+
+class SampleSeeder:
+    """Loads a batch's samples one by one, each under its keyed global RNG states.
+
+    What :class:`~loaderkit.ResumableDataLoader` runs per batch (one per
+    loader and process; it travels to worker processes with the fetcher).
+    The caller's states are saved before the batch and restored after it,
+    once (the main process's own code, e.g. dropout, never sees the samples'
+    draws). The batch's keys are derived at once (:func:`sample_keys`).
+
+    Lazy (the default of the loaders): a generator the dataset has not been
+    seen drawing from is not seeded per sample but *parked* in a fixed
+    sentinel state for the batch. If a parked generator moved by the end of
+    the batch, some sample drew from it: it is marked in use (seeded for every
+    sample from then on) and the batch is loaded again, which is exact since
+    a sample's output depends only on its index and its keyed states. So the
+    result is the one of seeding every generator for every sample, except for
+    a sample that draws from a global generator and restores its state before
+    returning (``torch.random.fork_rng``, ``get_state``/``set_state``) or reads
+    its seed (``torch.initial_seed()``) without drawing: that is not seen as
+    use, and the sample sees the sentinel state. ``lazy=False`` seeds all three
+    generators for every sample (``per_sample_seeding=True``).
+
+    Args:
+        lazy: Seed only the generators seen in use (see above).
+    """
+
+    __slots__ = ("in_use", "lazy")
+
+    def __init__(self, *, lazy: bool) -> None:
+        self.lazy = lazy
+        # torch, numpy, random (global_rngs() order): seeded per sample when True.
+        self.in_use = [not lazy] * 3
+
+    def __getstate__(self) -> tuple[bool, list[bool]]:
+        return self.lazy, self.in_use
+
+    def __setstate__(self, state: tuple[bool, list[bool]]) -> None:
+        self.lazy, self.in_use = state
+
+    def load(
+        self,
+        seed: int,
+        epoch: int,
+        indices: list[int],
+        getitem: Callable[[int], Any],
+        out: list[Any],
+    ) -> list[Any]:
+        """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample under the
+        states keyed by ``(seed, epoch, i)``; returns ``out``.
+
+        If ``getitem`` raises, ``out`` holds the samples before the failing one
+        (``indices[len(out)]`` failed) and the caller's states are restored.
+        """
+        rngs = global_rngs()
+        keys: np.ndarray | None = None
+        saved = [rng.save() for rng in rngs]
+        try:
+            while True:
+                seeded = []
+                parked = []
+                for slot, rng in enumerate(rngs):
+                    if self.in_use[slot] or not rng.lazy_ok:
+                        if keys is None:
+                            keys = sample_keys(seed, epoch, np.asarray(indices))
+                        stream = sample_stream_keys(keys, _STREAM_TAGS[slot])
+                        seeded.append((rng.install, rng.prepare(stream, reuse=True)))
+                    else:
+                        rng.park()
+                        parked.append(slot)
+                out.clear()
+                append = out.append
+                if not seeded:  # the common case: a plain loop, ~0.1 us per sample
+                    for index in indices:
+                        append(getitem(index))
+                else:
+                    for pos, index in enumerate(indices):
+                        for install, prepared in seeded:
+                            install(prepared, pos)
+                        append(getitem(index))
+                moved = [slot for slot in parked if rngs[slot].moved()]
+                if not moved:
+                    return out
+                for slot in moved:  # a sample drew from it unseeded: load the batch again
+                    self.in_use[slot] = True
+        finally:
+            for rng, state in zip(rngs, saved, strict=True):
+                rng.restore(state)

@@ -43,9 +43,11 @@ QUICK_ARGS: dict[str, list[str]] = {
     for name, args in {
         "bucketing": "--samples 100000 --train-samples 512 --repeats 1 --big 200000",
         "collate": "--repeats 3 --batches 4",
-        "imports": "--repeats 1",
+        "imports": "--repeats 1 --first-batch-repeats 1",
         "loader": "--samples 20000 --workers 0 --repeats 2 --fast-epochs 1 --torch-batches 40 "
         "--state-calls 2000 --state-epochs 2",
+        "seeding": "--repeats 1 --seed-batches 2 --samples 5000 --batches 5 --png-samples 256 "
+        "--png-batches 2 --workers 0",
         "resume": "--samples 500000 --repeats 2 --stream-samples 200000",
         "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2 --mix-tokens 4000000 "
         "--mix-k 1 8 --mix-repeats 2 --budget-docs 20000",

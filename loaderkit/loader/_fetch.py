@@ -7,7 +7,7 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, default_collate, default_convert
 
 from loaderkit.errors import ShardError, ShardReadError, WorkerError
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import seeded_sample
+from loaderkit.seeding import SampleSeeder, seeded_sample
 
 __all__ = [
     "BatchFetcher",
@@ -73,10 +73,13 @@ class BatchFetcher:
     batch in one call, used when no ``collate_fn`` is given and per-sample
     seeding is off; a dataset with ``__getitems__`` gets the whole index list
     at once; otherwise samples are read one by one. With ``per_sample_seeding``
-    each sample is read under :func:`~loaderkit.seeding.seeded_sample` keyed by
-    its index; a ``__getitems__`` call, which cannot be split, runs under the
-    generators of its batch's first sample: still independent of which worker
-    reads it and the same after a resume under the same world size.
+    each sample is read under global RNG states keyed by ``(seed, epoch,
+    index)`` (:class:`~loaderkit.seeding.SampleSeeder`: ``"auto"`` seeds only
+    the generators the dataset is seen drawing from, ``True`` all three); a
+    ``__getitems__`` call, which cannot be split, runs under the generators of
+    its batch's first sample (:func:`~loaderkit.seeding.seeded_sample`): still
+    independent of which worker reads it and the same after a resume under the
+    same world size.
     """
 
     def __init__(
@@ -85,13 +88,16 @@ class BatchFetcher:
         collate_fn: Callable[[list[Any]], Any] | None,
         *,
         seed: int,
-        per_sample_seeding: bool,
+        per_sample_seeding: bool | Literal["auto"],
     ) -> None:
         self.dataset = dataset
         self.seed = seed
-        self.per_sample_seeding = per_sample_seeding
+        self.per_sample_seeding = bool(per_sample_seeding)
+        self.seeder = (
+            SampleSeeder(lazy=per_sample_seeding == "auto") if per_sample_seeding else None
+        )
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
-        if collate_fn is None and batch_fetch_is_faithful(dataset) and not per_sample_seeding:
+        if collate_fn is None and batch_fetch_is_faithful(dataset) and not self.per_sample_seeding:
             self.mode = "get_batch"
         elif callable(getattr(dataset, "__getitems__", None)):
             self.mode = "getitems"
@@ -110,16 +116,23 @@ class BatchFetcher:
             else:
                 samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         else:
-            samples = [self._one(epoch, i) for i in index_list]
+            samples = self._samples(epoch, index_list)
         return self.collate_fn(samples)
 
-    def _one(self, epoch: int, index: int) -> Any:
+    def _samples(self, epoch: int, index_list: list[int]) -> list[Any]:
+        # One try around the loop, not one per sample: the failing index is the
+        # one after the samples already loaded.
+        samples: list[Any] = []
+        getitem = self.dataset.__getitem__
         try:
-            if self.per_sample_seeding:
-                with seeded_sample(self.seed, epoch, index):
-                    return self.dataset[index]
-            return self.dataset[index]
+            if self.seeder is not None:
+                return self.seeder.load(self.seed, epoch, index_list, getitem, samples)
+            append = samples.append
+            for index in index_list:
+                append(getitem(index))
+            return samples
         except Exception as exc:
+            index = index_list[len(samples)]
             kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
             raise kind(
                 f"loading sample index {index} (epoch {epoch}) failed with "

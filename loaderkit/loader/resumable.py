@@ -153,7 +153,9 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
             seeded from ``(seed, e, i)``, so random augmentation is the same
             for any ``num_workers`` and after a resume. ``"auto"``: on unless
-            the dataset fetches whole batches.
+            the dataset fetches whole batches, seeding only the generators the
+            dataset is seen drawing from (:class:`~loaderkit.seeding.SampleSeeder`);
+            ``True``: all three for every sample.
 
     Example:
         >>> import torch
@@ -323,7 +325,11 @@ class ResumableDataLoader:
         per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
         per_sample = per_sample and not iterable
         self._fetch = BatchFetcher(
-            dataset, collate_fn, seed=self.seed, per_sample_seeding=per_sample
+            # "auto" stays "auto" (lazy seeding) where seeding is on.
+            dataset,
+            collate_fn,
+            seed=self.seed,
+            per_sample_seeding=per_sample and per_sample_seeding,
         )
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch

@@ -28,7 +28,14 @@ __all__ = [
 ]
 
 # 2: states carry a per-field checksum (version 1 had none).
-STATE_VERSION = 2
+# 3: per-sample randomness is keyed by 64-bit splitmix keys (seeding.sample_seed);
+#    a version-2 position resumed here would augment the rest of its epoch differently.
+STATE_VERSION = 3
+# What each older version lacks, for the message that refuses it.
+_OLDER = {
+    1: "without a checksum",
+    2: "whose per-sample augmentation seeds were derived differently (32-bit)",
+}
 _FIELDS = ("version", "epoch", "position", "steps_done", "plan", "topology")
 _KEYS = (*_FIELDS, "checksum")
 
@@ -63,7 +70,7 @@ def check_version(state: Mapping[str, Any], *, owner: str) -> None:
     if type(version) is int and 1 <= version < STATE_VERSION:
         raise StateMismatchError(
             f"{owner}: field 'version' is {version}: the state was saved by an older loaderkit "
-            f"(state version {version}, without a checksum), this loaderkit reads version "
+            f"(state version {version}, {_OLDER[version]}), this loaderkit reads version "
             f"{STATE_VERSION}; resume with the loaderkit version that saved it, or start the "
             "loader without this state (its epoch then restarts from the beginning)."
         )

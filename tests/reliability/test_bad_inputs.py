@@ -592,11 +592,11 @@ STATES = [
         "resume with the loaderkit version that saved it",
     ),
     Bad(
-        "state version 3",
-        lambda tmp: load(state(version=3)),
+        "state version 4",
+        lambda tmp: load(state(version=4)),
         StateMismatchError,
         "field 'version'",
-        "is 3",
+        "is 4",
         "upgrade loaderkit",
     ),
     Bad(
