@@ -9,6 +9,9 @@ the moment they matter:
   of a loader without a length, and caps an epoch at the first ``len()`` it
   read), so loaderkit raises its errors for those only when that loop calls;
   a loop of one's own is unaffected.
+- how many batches of the epoch the host's training loop counts as done:
+  the loader's own count must agree, or the host ends the epoch early (or
+  late) and batches are silently left out.
 - the data-parallel rank and size of the run. With tensor or model
   parallelism they differ from the global process group's: the peers of one
   data-parallel rank must all get the same batches, which only the host
@@ -33,6 +36,7 @@ from typing import Protocol
 __all__ = [
     "HostAdapter",
     "host",
+    "host_batches_done",
     "host_topology",
     "load_when_imported",
     "register",
@@ -50,6 +54,11 @@ class HostAdapter(Protocol):
     def data_parallel(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of the data-parallel group of the run driving the caller,
         or None when no run of this host is driving it."""
+        ...
+
+    def batches_done(self, loader: object) -> int | None:
+        """How many of the current epoch's batches the host's training loop counts as
+        done, when ``loader`` is its only training loader; else None."""
         ...
 
 
@@ -96,3 +105,10 @@ def host_topology() -> tuple[int, int] | None:
     """The data-parallel ``(rank, world_size)`` of the host run driving the caller, or None."""
     adapter = host()
     return None if adapter is None else adapter.data_parallel()
+
+
+def host_batches_done(loader: object) -> int | None:
+    """The batches of the current epoch the host's training loop counts as done for
+    ``loader`` (its only train loader), or None when no host loop drives it."""
+    adapter = host()
+    return None if adapter is None else adapter.batches_done(loader)

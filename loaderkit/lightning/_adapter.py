@@ -27,6 +27,15 @@ What the loader learns, and from which internal:
 - **The batches Lightning's fetcher holds** (:func:`held_batches`):
   ``trainer.fit_loop._data_fetcher.batches``, the batches the fetcher took
   from a loader ahead of training (one, for a loader without a length).
+- **The batches Lightning counts as done in the epoch**
+  (:meth:`LightningHost.batches_done`):
+  ``fit_loop.epoch_loop.batch_progress.current.completed`` when the loader
+  draws its epoch's first batch (the loop's ``on_run_start`` creates the
+  iterator after ``reset()`` settled the count). The loader compares it with
+  its own position: they differ when a checkpoint is restored in a way
+  Lightning counts differently (an end-of-epoch checkpoint resumed on fewer
+  ranks without :class:`~loaderkit.ElasticResume`), and Lightning would end
+  the epoch early, silently skipping its last batches.
 - **The epoch length** (:func:`resize_train_epoch`): Lightning reads the
   train loaders' lengths once per ``fit``, into ``fit_loop._combined_loader``
   (``limits``, and its live ``_iterator``'s copy), ``fit_loop.max_batches``,
@@ -169,6 +178,19 @@ class LightningHost:
         """The data-parallel ``(rank, world_size)`` of the run driving the caller, if any."""
         driver = driver_on_stack(depth=2)
         return None if driver is None else data_parallel_of(driver)
+
+    def batches_done(self, loader: object) -> int | None:
+        """The batches of the current epoch Lightning's fit loop counts as done, when a
+        Trainer is training with ``loader`` as its only train loader; else None."""
+        trainer: Any = driver_on_stack(depth=2)
+        if trainer is None or not hasattr(trainer, "fit_loop"):
+            return None  # Fabric, or no run: the caller's loop keeps its own count
+        if not trainer.training:
+            return None
+        loaders = train_loaders(trainer)
+        if len(loaders) != 1 or loaders[0] is not loader:
+            return None  # combined loaders cycle or stop at their own lengths
+        return int(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
 
 
 def train_loaders(trainer: Any) -> list[Any]:

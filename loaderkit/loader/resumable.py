@@ -43,6 +43,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from loaderkit._callers import host_batches_done
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import detect
@@ -577,6 +578,19 @@ class ResumableDataLoader:
             world_size=world_size,
             epoch=epoch,
         )
+        # Lightning counts the epoch's batches itself and ends the epoch by that count;
+        # if it disagrees with the position, it silently cuts or overruns the epoch.
+        counted = host_batches_done(self)
+        if counted is not None and counted != steps_done:
+            raise StateMismatchError(
+                f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
+                f"{epoch} as done, but the loader's position is {steps_done} batches into it "
+                f"(on {world_size} rank(s)), so Lightning would end the epoch "
+                f"{abs(counted - steps_done)} batches early or late, silently skipping or "
+                "repeating samples. Resumed on a different number of ranks: add "
+                "Trainer(callbacks=[loaderkit.ElasticResume()]); otherwise restore the loader "
+                "from the same checkpoint as the trainer (trainer.fit(..., ckpt_path=...))."
+            )
         epoch, start, steps_done = self._cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
         self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)

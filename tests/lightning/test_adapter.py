@@ -473,3 +473,42 @@ def test_the_adapter_contracts_hold_on_the_oldest_declared_lightning(tmp_path: P
         capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, f"lightning {version}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"
+
+
+class _CountProbe(_Probe):
+    """Records what the adapter says Lightning counts as done when an epoch's first batch is
+    drawn (where ResumableDataLoader fixes its epoch and compares)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done_at_first: list[int | None] = []
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i, batch in enumerate(super().__iter__()):
+            if i == 0:
+                self.done_at_first.append(_callers.host_batches_done(self))
+            yield batch
+
+
+def test_the_batch_progress_counts_an_epochs_done_batches_when_its_iterator_is_made(
+    tmp_path: Path,
+) -> None:
+    # ResumableDataLoader compares this count with its own position at an epoch's first
+    # batch: a fresh epoch must read 0, a restored mid-epoch run the batches done (step 6
+    # of 4-batch epochs: 2 of epoch 1). The sanity check's validation draws none here.
+    first = _CountProbe()
+    L.Trainer(
+        **trainer_kwargs(
+            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+        )
+    ).fit(_Linear(), train_dataloaders=first)
+    resumed = _CountProbe()
+    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+        _Linear(), train_dataloaders=resumed, ckpt_path=tmp_path / "step006.ckpt"
+    )
+    assert (first.done_at_first, resumed.done_at_first) == ([0, 0], [2]), changed(
+        "fit_loop.epoch_loop.batch_progress.current.completed when the epoch loop creates "
+        f"the train iterator (got {first.done_at_first}, {resumed.done_at_first})",
+        "LightningHost.batches_done",
+    )
+    assert _callers.host_batches_done(first) is None  # no run on the stack

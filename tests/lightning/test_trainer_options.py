@@ -21,7 +21,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from loaderkit import ElasticResume, ResumableDataLoader
+from loaderkit import ElasticResume, ResumableDataLoader, StateMismatchError
 from tests.support.helpers import (
     IdDataModule,
     IdModule,
@@ -272,3 +272,36 @@ def test_resumed_on_fewer_ranks_validates_at_the_end_of_the_resumed_epoch(tmp_pa
     # Epoch 0 resumes at step 2 and has 4 steps left on one rank; epoch 1 is whole (8).
     assert resumed.validated == [(0, 6), (1, 14)]
     assert [r["epoch"] for r in resumed.records].count(0) == 4
+
+
+def test_end_of_epoch_resume_on_fewer_ranks_without_elastic_resume_is_an_error(
+    tmp_path: Path,
+) -> None:
+    # Measured: saved on 2 ranks at the end of epoch 0 (6 steps), resumed on 1 rank
+    # without ElasticResume, Lightning counted the 6 steps as done in the 12-step epoch 1
+    # and trained only 6 of its batches, silently.
+    per_epoch = RANKS_SIZE // (BATCH * SAVED_WORLD)
+    for r in range(SAVED_WORLD):
+        fit_run(
+            tmp_path / "cut" / f"rank{r}",
+            {},
+            size=RANKS_SIZE,
+            rank=r,
+            world_size=SAVED_WORLD,
+            epochs=RANKS_EPOCHS,
+            fail_at=per_epoch,
+        )
+    with pytest.raises(
+        StateMismatchError,
+        match=rf"counts {per_epoch} batches of epoch 1 as done, but the loader's position is 0 "
+        r"batches into it \(on 1 rank\(s\)\).*ElasticResume",
+    ):
+        fit_run(
+            tmp_path / "resumed",
+            {},
+            size=RANKS_SIZE,
+            rank=0,
+            world_size=1,
+            epochs=RANKS_EPOCHS,
+            resume=tmp_path / "cut/rank0" / f"step{per_epoch:03d}.ckpt",
+        )
