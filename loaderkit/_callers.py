@@ -9,6 +9,9 @@ the moment they matter:
   of a loader without a length, and caps an epoch at the first ``len()`` it
   read), so loaderkit raises its errors for those only when that loop calls;
   a loop of one's own is unaffected.
+- how many batches a loader handed out the host still holds untrained
+  (Lightning prefetches one from a loader without a length): a state saved
+  meanwhile must not count them.
 - how many batches of the epoch the host's training loop counts as done:
   the loader's own count must agree, or the host ends the epoch early (or
   late) and batches are silently left out.
@@ -37,6 +40,7 @@ __all__ = [
     "HostAdapter",
     "host",
     "host_batches_done",
+    "host_held_batches",
     "host_topology",
     "load_when_imported",
     "register",
@@ -54,6 +58,11 @@ class HostAdapter(Protocol):
     def data_parallel(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of the data-parallel group of the run driving the caller,
         or None when no run of this host is driving it."""
+        ...
+
+    def held_batches(self, loader: object) -> int | None:
+        """How many batches ``loader`` handed out that the host's training loop holds
+        untrained (prefetched), when ``loader`` is one of its train loaders; else None."""
         ...
 
     def batches_done(self, loader: object) -> int | None:
@@ -112,3 +121,10 @@ def host_batches_done(loader: object) -> int | None:
     ``loader`` (its only train loader), or None when no host loop drives it."""
     adapter = host()
     return None if adapter is None else adapter.batches_done(loader)
+
+
+def host_held_batches(loader: object) -> int | None:
+    """The batches ``loader`` handed out that a host's training loop still holds, or None
+    when no host loop drives it (the caller's own loop holds none it did not ask for)."""
+    adapter = host()
+    return None if adapter is None else adapter.held_batches(loader)

@@ -24,7 +24,9 @@ What the loader learns, and from which internal:
   model parallelism is not the global process group. Whether Lightning's
   loop is the caller at all is read off the stack too (frames of
   ``lightning.pytorch.loops``).
-- **The batches Lightning's fetcher holds** (:func:`held_batches`):
+- **The batches Lightning's fetcher holds** (:func:`held_batches`,
+  :meth:`LightningHost.held_batches` for a loader whose state is taken while a
+  Trainer on the stack trains on it):
   ``trainer.fit_loop._data_fetcher.batches``, the batches the fetcher took
   from a loader ahead of training (one, for a loader without a length).
 - **The batches Lightning counts as done in the epoch**
@@ -178,6 +180,16 @@ class LightningHost:
         """The data-parallel ``(rank, world_size)`` of the run driving the caller, if any."""
         driver = driver_on_stack(depth=2)
         return None if driver is None else data_parallel_of(driver)
+
+    def held_batches(self, loader: object) -> int | None:
+        """The batches the fit loop's fetcher took from ``loader`` and holds untrained,
+        when a Trainer on the stack trains on it; else None."""
+        trainer: Any = driver_on_stack(depth=2)
+        if trainer is None or not hasattr(trainer, "fit_loop"):
+            return None
+        if not any(dl is loader for dl in train_loaders(trainer)):
+            return None
+        return held_batches(trainer)()
 
     def batches_done(self, loader: object) -> int | None:
         """The batches of the current epoch Lightning's fit loop counts as done, when a

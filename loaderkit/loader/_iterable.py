@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaderkit._callers import under_lightning_loop
+from loaderkit._callers import host_held_batches, under_lightning_loop
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
@@ -476,8 +476,11 @@ class IterableEngine:
 
     def state(self) -> dict[str, Any]:
         held = 0
+        hosted = host_held_batches(self.loader) if self.held_batches is None else None
         if self.held_batches is not None:
             held = self.held_batches()
+        elif hosted is not None:
+            held = hosted
         elif under_lightning_loop():
             try:
                 self.length()

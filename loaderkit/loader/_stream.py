@@ -37,7 +37,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from loaderkit._callers import under_lightning_loop
+from loaderkit._callers import host_held_batches, under_lightning_loop
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
@@ -389,8 +389,11 @@ class StreamEngine:
 
     def state(self) -> dict[str, Any]:
         held = 0
+        hosted = host_held_batches(self.loader) if self.held_batches is None else None
         if self.held_batches is not None:
             held = self.held_batches()
+        elif hosted is not None:
+            held = hosted
         elif self.steps is None and under_lightning_loop():
             raise LoaderkitError(
                 "ResumableDataLoader: Lightning is saving the state of a stream without a length, "

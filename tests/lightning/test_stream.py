@@ -2,9 +2,9 @@
 
 DESIGN fact 1: Lightning prefetches one batch ahead from a loader without a
 length, so a state read at checkpoint time is one batch ahead. A stream with
-no ``steps_per_epoch`` is such a loader; :class:`loaderkit.ElasticResume`
-tells it how many batches Lightning holds, and without the callback saving
-its state under Lightning is an error, never a silent skip. The oracle is the
+no ``steps_per_epoch`` is such a loader; the Lightning adapter tells it how
+many batches Lightning's fetcher holds (so does :class:`loaderkit.ElasticResume`),
+and it leaves them out of the state. The oracle is the
 one of ``tests/support/helpers.py``: the first k steps plus the steps resumed from the
 step-k checkpoint equal the uninterrupted run, over two epochs, for k inside
 epoch 0 and inside epoch 1, with ``num_workers`` 0 and 2.
@@ -95,10 +95,17 @@ def test_unsized_stream_resume_after_exception_is_exact(root: Path, nw: int, whe
     assert_epochs_exactly_once(by_epoch(full), SIZE, 2)
 
 
-def test_unsized_stream_without_the_callback_refuses_to_save(root: Path) -> None:
-    """Lightning would checkpoint a state one batch ahead: an error, not a silent skip."""
-    with pytest.raises(LoaderkitError, match=r"ElasticResume\(\)"):
-        fit(root / "no-callback", nw=0, fail_at=2, elastic=False)
+def test_unsized_stream_without_the_callback_resumes_exactly(root: Path) -> None:
+    """Lightning checkpoints while it holds a prefetched batch: the loader asks the
+    Lightning adapter how many it holds (was: an error asking for ElasticResume)."""
+    full = list(_full(root, 0, None))
+    k = 3
+    cut_dir = root / "no-callback-cut"
+    before = fit(cut_dir, nw=0, fail_at=k, elastic=False)
+    after = fit(
+        root / "no-callback-resumed", nw=0, resume=cut_dir / f"step{k:03d}.ckpt", elastic=False
+    )
+    assert_resume_exact(full, before, after)
 
 
 @pytest.mark.parametrize("nw", [0, 2])

@@ -1,0 +1,92 @@
+"""A torch ``IterableDataset`` passed directly to ``ResumableDataLoader``, under a real Trainer.
+
+Without ``__len__`` Lightning prefetches a batch ahead of the loader, so a
+checkpoint is taken while Lightning holds a batch the loader already handed
+out. The loader learns that count from the Lightning adapter and leaves the
+batch out of its state: the first k steps plus the steps resumed from the
+step-k checkpoint equal the uninterrupted run, over two epochs, with no
+callback, with ``num_workers`` 0 and 2 (the dataset shards itself by
+``get_worker_info()``, the torch docs' pattern).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from loaderkit import ResumableDataLoader
+from tests.support.helpers import (
+    IdModule,
+    assert_resume_exact,
+    by_epoch,
+    fit_or_interrupt,
+    step_checkpoints,
+    trainer_kwargs,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+SIZE, BATCH = 48, 4
+
+
+class WorkerSharded(IterableDataset[dict[str, Any]]):
+    """Ids 0..size-1, split between workers by ``get_worker_info()`` (no ``__len__``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(worker, self.size, workers):
+            yield {"id": i, "x": torch.full((4,), i / self.size)}
+
+
+class IterableModule(L.LightningDataModule):
+    def __init__(self, num_workers: int) -> None:
+        super().__init__()
+        self.num_workers = num_workers
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            WorkerSharded(SIZE), batch_size=BATCH, num_workers=self.num_workers
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
+def fit(root: Path, nw: int, *, fail_at: int | None = None, resume: Path | None = None) -> Any:
+    model = IdModule(fail_at=fail_at)
+    callbacks = [step_checkpoints(root, 1)] if fail_at is not None else []
+    trainer = L.Trainer(
+        **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
+    )
+    fit_or_interrupt(
+        trainer, model, IterableModule(nw), interrupted=fail_at is not None, resume=resume
+    )
+    return model.records
+
+
+@pytest.mark.parametrize(
+    ("nw", "k"),
+    [(0, 3), (0, 14), pytest.param(2, 5, marks=pytest.mark.slow)],
+)
+def test_unsized_iterable_resumes_exactly_under_the_trainer(
+    tmp_path: Path, nw: int, k: int
+) -> None:
+    full = fit(tmp_path / "full", nw)
+    epochs = by_epoch(full)
+    assert sorted(epochs[0]) == list(range(SIZE)) == sorted(epochs[1])
+    before = fit(tmp_path / "cut", nw, fail_at=k)
+    after = fit(tmp_path / "resumed", nw, resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
+    assert_resume_exact(full, before, after)
