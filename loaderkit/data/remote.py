@@ -705,7 +705,8 @@ class RemoteShards:
 
     def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
         """Batch with first index ``first`` is being read: lease and prefetch the shards of
-        this process's next batches. Returns the shards in use, or None when no
+        this process's next batches. Returns the shards it still needs (in use and
+        next), or None when no
         prediction matches (the read then fetches on demand)."""
         self._here()
         pred = self._current
@@ -721,7 +722,7 @@ class RemoteShards:
         pred.next = step + 1
         in_use, upcoming = pred.window(step, self.cache.prefetch)
         self.want(in_use, upcoming)
-        return in_use
+        return [*in_use, *upcoming]
 
     def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
         """The prediction whose first batch starts at ``first``: one of the schedules the
