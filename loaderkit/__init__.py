@@ -134,6 +134,7 @@ __all__ = [
     "PaddedBatch",
     "Plan",
     "PlanBatchSampler",
+    "RemoteCache",
     "ResumableDataLoader",
     "SamplePlan",
     "Schedule",

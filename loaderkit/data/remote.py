@@ -145,8 +145,10 @@ class RemoteCache:
         if self.max_bytes is None:
             env = os.environ.get("LOADERKIT_CACHE_BYTES")
             object.__setattr__(self, "max_bytes", int(env) if env else DEFAULT_CACHE_BYTES)
-        check_int("max_bytes", self.max_bytes, 1, owner=owner, fix="pass a byte count, e.g. 64 << 30")
-        check_int("prefetch", self.prefetch, 0, owner=owner, fix="pass shards to fetch ahead, e.g. 4")
+        check_int(
+            "max_bytes", self.max_bytes, 1, owner=owner, fix="pass a byte count, e.g. 1 << 36"
+        )
+        check_int("prefetch", self.prefetch, 0, owner=owner, fix="pass shards to fetch ahead: 4")
         check_int("retries", self.retries, 0, owner=owner, fix="pass a retry count, e.g. 5")
         if not isinstance(self.backoff_s, int | float) or not self.backoff_s >= 0:
             raise ValueError(
@@ -411,9 +413,7 @@ class RemoteShards:
                 )
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
-                folders[folder] = _listed_shards(
-                    self.storage, folder, self.storage.listing(folder)
-                )
+                folders[folder] = _listed_shards(self.storage, folder, self.storage.listing(folder))
             if name not in folders[folder]:
                 raise MissingShardError(
                     f"{owner}: shard {url!r} does not exist (not listed in {folder!r}); check "
@@ -431,10 +431,14 @@ class RemoteShards:
         names = [s.name for s in self.shards]
         listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
         default = join_url(self.folder, remote_index_name(names, reader))
-        local = self.root_dir / "indexes" / (
-            hashlib.sha256(self.folder.encode()).hexdigest()[:16]
-            + "-"
-            + remote_index_name(names, reader).lstrip(".")
+        local = (
+            self.root_dir
+            / "indexes"
+            / (
+                hashlib.sha256(self.folder.encode()).hexdigest()[:16]
+                + "-"
+                + remote_index_name(names, reader).lstrip(".")
+            )
         )
         if index is not None:
             where = str(index)
@@ -449,7 +453,7 @@ class RemoteShards:
                 return read_remote_index(self.storage.read_bytes(default), default, reader, listed)
             if local.exists():
                 return read_remote_index(local.read_bytes(), str(local), reader, listed)
-        rows = []
+        rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
             samples = reader.count(self.local(i))
             self._release_all()
@@ -471,7 +475,7 @@ class RemoteShards:
                 raise
             local.parent.mkdir(parents=True, exist_ok=True)  # a read-only folder
             atomic_write(local, lambda f: f.write(doc))
-        return [r[3] for r in rows]
+        return [int(r[3]) for r in rows]
 
     # ----------------------------------------------------------------- stats
     def _slot(self) -> int:
@@ -662,7 +666,8 @@ class RemoteShards:
         if self.cache.prefetch == 0:
             return
         with self._wake:
-            self._queue = [i for i in (*in_use, *upcoming) if not self._paths(self.shards[i])[0].exists()]
+            wanted = (*in_use, *upcoming)
+            self._queue = [i for i in wanted if not self._paths(self.shards[i])[0].exists()]
             if self._queue and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
@@ -681,8 +686,8 @@ class RemoteShards:
             except _NoRoom:
                 with self._wake:  # wait for the next batch's window (a lease ends)
                     self._queue = []
-            except Exception:  # noqa: S110 - the read of this shard fetches it and raises
-                pass
+            except Exception:
+                pass  # the read of this shard fetches it again and raises, naming the URL
 
     def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
         """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""

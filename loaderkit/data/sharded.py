@@ -170,7 +170,9 @@ class ShardedDataset(Dataset[Any]):
             check_int("max_open_shards", max_open_shards, 1)
         self.reader = reader
         self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")
-        self.shards = resolve_shards(shards, reader) if self._remote is None else self._remote.shards
+        self.shards: list[Any] = (
+            resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
+        )
         self.entries: list[IndexEntry] | None = None
         self.index_path: Path | None = None
         if self._remote is not None:

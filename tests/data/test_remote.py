@@ -315,9 +315,7 @@ def test_a_network_error_is_retried_with_backoff_then_names_the_url(tmp_path: Pa
         "secret": "s",
         "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
     }
-    remote = RemoteCache(
-        cache_dir=tmp_path, storage_options=options, retries=2, backoff_s=0.01
-    )
+    remote = RemoteCache(cache_dir=tmp_path, storage_options=options, retries=2, backoff_s=0.01)
     with pytest.raises(ShardError, match=r"listing 's3://b/c' failed 3 time\(s\).*network"):
         ShardedDataset("s3://b/c", READER, remote=remote)
 
