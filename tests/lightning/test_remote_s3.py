@@ -88,3 +88,12 @@ def test_kill_9_while_training_from_s3_resumes_exactly(
     assert before + after == expected
     info = json.loads((resumed / "describe-rank0.json").read_text())["remote"]
     assert info["unplanned"] == 0, info  # the resumed workers predicted their batches too
+
+
+def test_the_example_trains_from_s3_and_resumes_exactly(tmp_path: Path) -> None:
+    log = tmp_path / "example.log"
+    rc = run_script(REPO_ROOT / "examples" / "train_from_s3.py", [], log, phase="s3 example")
+    text = log.read_text()
+    assert rc == 0, log_tail(log)
+    assert "resumed from its checkpoint with a cold cache: exact" in text, log_tail(log)
+    assert "unplanned 0" in text, log_tail(log)
