@@ -159,7 +159,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
             url, shards, TokenReader(seq_len=SEQ, dtype=np.uint16), storage_options=options
         )
         print(
-            f"train_from_s3: wrote {args.shards} shards to {url} (moto on {options['endpoint_url']})"
+            f"train_from_s3: wrote {args.shards} shards to {url} "
+            f"(moto on {options['endpoint_url']})"
         )
 
         def data(cache: str) -> S3Data:

@@ -304,6 +304,9 @@ class _Prediction:
         self.firsts = firsts
         self.first_step, self.last_step = first_step, last_step
         self.next = 0  # the batch expected next
+        # The window changes only at a batch where some shard is first or no longer read.
+        self.changes = {*first_step.tolist(), *(last_step + 1).tolist()}
+        self._last: tuple[int, tuple[list[int], list[int]]] | None = None
 
     def find(self, first: int, reach: int = 8) -> int | None:
         """Where a batch starting at ``first`` is among the next ``reach`` expected ones."""
@@ -315,11 +318,14 @@ class _Prediction:
     def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
         """The shards batch ``step`` reads or a later one still reads (in use), and the
         next ``prefetch`` shards first read after it, in the order they are first read."""
+        if self._last is not None and self._last[0] == step - 1 and step not in self.changes:
+            self._last = (step, self._last[1])
+            return self._last[1]
         in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
-        later = np.flatnonzero(self.first_step > step)
+        later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))  # read at all
         later = later[np.argsort(self.first_step[later], kind="stable")][:prefetch]
-        # In use: the shards of this batch first, then those read again later.
-        return in_use.tolist(), later.tolist()
+        self._last = (step, (in_use.tolist(), later.tolist()))
+        return self._last[1]
 
 
 class _NoRoom(Exception):
@@ -360,6 +366,8 @@ class RemoteShards:
         self._last: _Prediction | None = None  # the last matched, kept across unplanned reads
         self._planned = False  # whether the shards read now come from want()
         self._warned = False
+        self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
+        self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("cache", "owner", "root_dir", "stats_table", "storage", "shards", "folder", "board")
@@ -503,17 +511,21 @@ class RemoteShards:
 
     # ----------------------------------------------------------------- cache
     def _paths(self, shard: RemoteShard) -> tuple[Path, Path, Path]:
-        key = shard.key
-        locks = self.root_dir / "locks"
-        return self.root_dir / "objects" / key / shard.name, locks / key, locks / f"{key}.dl"
+        found = self._path_cache.get(shard.url)
+        if found is None:  # built once per shard: per batch, Path joins and hashing add up
+            key = shard.key
+            locks = self.root_dir / "locks"
+            found = (self.root_dir / "objects" / key / shard.name, locks / key, locks / f"{key}.dl")
+            self._path_cache[shard.url] = found
+        return found
 
     def _lease(self, shard: RemoteShard) -> None:
         """Hold a shared lock on ``shard`` so no process evicts it while this one needs it."""
-        key = shard.key
+        _, lease, _ = self._paths(shard)
+        key = lease.name
         with self._lock:
             if key in self._leases:
                 return
-        _, lease, _ = self._paths(shard)
         lease.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor deletes it
@@ -657,7 +669,11 @@ class RemoteShards:
         """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
         release every other shard's lease, and fetch the missing ones in the background."""
         self._here()
-        keep = {self.shards[i].key for i in (*in_use, *upcoming)}
+        window = (tuple(in_use), tuple(upcoming))
+        if window == self._window and self._planned:
+            return  # the same shards as for the last batch: nothing to do
+        self._window = window
+        keep = {self._paths(self.shards[i])[1].name for i in (*in_use, *upcoming)}
         with self._lock:
             drop = [k for k in self._leases if k not in keep]
         self._release(drop)
@@ -695,13 +711,12 @@ class RemoteShards:
 
     def read_unplanned(self, index: int) -> None:
         """A read with no prediction: keep a lease on the last few shards read this way."""
-        key = self.shards[index].key
+        self._window = None
         self._unplanned[index] = None
         self._unplanned.move_to_end(index)
         while len(self._unplanned) > _MAX_UNPLANNED_LEASES:
             old, _ = self._unplanned.popitem(last=False)
-            if self.shards[old].key != key:
-                self._release([self.shards[old].key])
+            self._release([self._paths(self.shards[old])[1].name])
 
     # --------------------------------------------------- map-style: the plan
     def observe(self, plan: Any) -> Any:
