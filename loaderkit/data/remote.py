@@ -332,6 +332,10 @@ class _NoRoom(Exception):
     """The budget is full of shards that live processes still need (prefetch waits)."""
 
 
+class _Busy(Exception):
+    """Another process or thread is downloading this shard (prefetch moves on)."""
+
+
 class RemoteShards:
     """The shards of one dataset at URLs, their cache, and this process's prefetcher."""
 
@@ -617,7 +621,12 @@ class RemoteShards:
             return target
         fd = os.open(dl_lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one download per shard per machine
+            try:
+                # One download per shard per machine. The prefetcher does not wait for
+                # another's download of a shard: it fetches the next one meanwhile.
+                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+            except BlockingIOError:
+                raise _Busy from None
             if target.exists():  # another process or thread fetched it meanwhile
                 if not ahead:
                     self._count("waited")
@@ -702,6 +711,8 @@ class RemoteShards:
             except _NoRoom:
                 with self._wake:  # wait for the next batch's window (a lease ends)
                     self._queue = []
+            except _Busy:
+                pass  # its downloader finishes it; the next batch's window re-checks it
             except Exception:
                 pass  # the read of this shard fetches it again and raises, naming the URL
 
