@@ -73,7 +73,7 @@ import shutil
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,7 @@ STATS = (
     "unplanned",  # batches read without a prediction of the next ones
 )
 _MAX_UNPLANNED_LEASES = 16
+_RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -560,12 +561,26 @@ class RemoteShards:
             size = 0
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 for f in os.scandir(d.path):
-                    with contextlib.suppress(FileNotFoundError):
-                        size += f.stat().st_size
+                    with contextlib.suppress(FileNotFoundError, ValueError):
+                        if f.name == _RESERVED:  # a download in flight counts in full
+                            size += int(Path(f.path).read_text() or 0)
+                        elif not f.name.endswith(".tmp"):
+                            size += f.stat().st_size
             with contextlib.suppress(FileNotFoundError):
                 entries.append((d.stat().st_mtime, d.name, size))
             total += size
         return total, entries
+
+    @contextlib.contextmanager
+    def _budget_lock(self) -> Iterator[None]:
+        path = self.root_dir / "locks" / ".budget"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _make_room(self, need: int) -> bool:
         """Evict unleased shards, least recently used first, until ``need`` more bytes fit."""
@@ -633,19 +648,29 @@ class RemoteShards:
                 return target
             if not ahead:
                 self._count("waited")
-            if not self._make_room(shard.total_bytes):
-                if ahead:
+            reserved = target.parent / _RESERVED
+            # Room is made and reserved under one machine-wide lock, so two downloads that
+            # start at once cannot both count on the same free bytes.
+            with self._budget_lock():
+                room = self._make_room(shard.total_bytes)
+                if not room and ahead:
                     raise _NoRoom
+                target.parent.mkdir(parents=True, exist_ok=True)
+                reserved.write_text(str(shard.total_bytes))
+            if not room:
                 self._over_budget(shard)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for stale in target.parent.glob(".*.tmp"):  # left by a killed download
+            try:
+                for stale in target.parent.glob(".*.tmp"):  # left by a killed download
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
+                for name, size, _ in shard.sidecars:
+                    side = target.parent / name
+                    if not side.exists():
+                        self.storage.download(join_url(self.folder_of(shard), name), side, size)
+                self.storage.download(shard.url, target, shard.size)
+            finally:
                 with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
-            for name, size, _ in shard.sidecars:
-                side = target.parent / name
-                if not side.exists():
-                    self.storage.download(join_url(self.folder_of(shard), name), side, size)
-            self.storage.download(shard.url, target, shard.size)
+                    reserved.unlink()
             self._count("fetched")
             self._count("fetched_bytes", shard.total_bytes)
             if ahead:
