@@ -257,7 +257,17 @@ class Storage:
 
 def version_of(entry: dict[str, Any]) -> str:
     """What identifies one version of an object in a listing: its ETag, else its mtime."""
-    keys = ("ETag", "etag", "md5", "sha", "LastModified", "last_modified", "mtime", "updated", "created")
+    keys = (
+        "ETag",
+        "etag",
+        "md5",
+        "sha",
+        "LastModified",
+        "last_modified",
+        "mtime",
+        "updated",
+        "created",
+    )
     for key in keys:
         value = entry.get(key)
         if value not in (None, ""):

@@ -69,7 +69,9 @@ def cache(s3: LocalS3, tmp_path: Path, **kwargs: Any) -> RemoteCache:
 
 
 def cached_names(root: Path) -> list[str]:
-    return sorted(p.name for p in (root / "cache" / "objects").glob("*/*"))
+    # Complete shards only: a downloader removes its hidden reservation file just after
+    # the shard appears (and a reader may already have read it).
+    return sorted(p.name for p in (root / "cache" / "objects").glob("*/[!.]*"))
 
 
 def ids(batches: list[torch.Tensor]) -> list[list[int]]:
