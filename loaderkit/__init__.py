@@ -23,6 +23,7 @@ from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
 from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
+from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import IterableReader, StreamingShardedDataset, StreamReader
 from loaderkit.env import WorkerEnv, detect
@@ -144,6 +145,7 @@ __all__ = [
     "PaddedBatch",
     "Plan",
     "PlanBatchSampler",
+    "RemoteCache",
     "ResumableDataLoader",
     "SamplePlan",
     "Schedule",

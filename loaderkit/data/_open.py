@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,8 @@ class OpenShards:
         max_open: Open shards kept (``None``: all).
         remember_failures: Keep a shard that failed to open as failed (``on_error="skip"``)
             instead of trying again on its next sample.
+        fetch: For shards at URLs: the local file of shard ``i`` (fetched into the
+            cache), which the reader opens in place of the shard.
     """
 
     def __init__(
@@ -119,8 +121,10 @@ class OpenShards:
         *,
         max_open: int | None,
         remember_failures: bool,
+        fetch: Callable[[int], Path] | None = None,
     ) -> None:
         self.shards, self.reader, self.sizes = shards, reader, sizes
+        self.fetch = fetch
         self.entries, self.index_path = entries, index_path
         self.max_open, self.remember_failures = max_open, remember_failures
         self._reset()
@@ -183,7 +187,10 @@ class OpenShards:
                 )
         name = shard_name(self.shards[shard])
         try:
-            handle = self.reader.open(self.shards[shard])
+            if self.fetch is None:
+                handle = self.reader.open(self.shards[shard])
+            else:
+                handle = self._open_fetched(shard)
         except ShardError:
             raise
         except Exception as exc:
@@ -201,3 +208,23 @@ class OpenShards:
                 path=self.shards[shard],
             )
         return handle
+
+    def _open_fetched(self, shard: int) -> OpenShard:
+        assert self.fetch is not None
+        local = self.fetch(shard)
+        try:
+            return self.reader.open(local)
+        except MissingShardError as exc:
+            if exc.path == local:
+                raise
+            # A sidecar the folder does not hold (shards uploaded without them): counting
+            # the cached copy writes it next to it.
+            self.reader.count(local)
+            return self.reader.open(local)
+
+    def close(self, shard: int) -> None:
+        """Close shard ``shard`` if it is open here."""
+        handle = self.open.pop(shard, None)
+        close = getattr(handle, "close", None)
+        if callable(close):
+            close()

@@ -19,13 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
-from loaderkit.data.readers import ShardReader, _missing
+from loaderkit.data._fs import Storage, is_url, join_url
+from loaderkit.data.readers import OWN_SUFFIXES, ShardReader, _missing
 from loaderkit.errors import ShardError
 
 # The public name; the index helpers below serve the sharded and streaming datasets.
@@ -181,6 +183,129 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
     return entries
 
 
+# ------------------------------------------------------------- remote folders
+# A remote folder's index has the same name and layout, with an object's
+# version (ETag, else its modification time, as the listing gives it) where a
+# local index has an mtime: rows are [name, size, version, samples].
+
+
+def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
+    """The index file name of shards ``names`` under ``reader`` (as for a local folder)."""
+    return f"{INDEX_PREFIX}{_key([Path(n) for n in names], reader.spec())}.json"
+
+
+def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
+    """The index document of ``rows`` (``[name, size, version, samples]`` each)."""
+    doc = {
+        "version": INDEX_VERSION,
+        "remote": True,
+        "reader": reader.spec(),
+        "shards": rows,
+        "checksum": _checksum(rows),
+    }
+    return json.dumps(doc, indent=1).encode()
+
+
+def read_remote_index(
+    data: bytes, where: str, reader: ShardReader, listed: Sequence[tuple[str, str, int, str]]
+) -> list[int]:
+    """The sample counts of the shards ``listed`` (``(url, name, size, version)`` each, as
+    listed now) from the index document ``data`` found at ``where``, checked against the
+    listing: an object that changed since it was counted is an error naming its URL."""
+    try:
+        doc = json.loads(data)
+        rows = doc["shards"]
+        ok = (
+            doc["version"] == INDEX_VERSION
+            and doc.get("remote") is True
+            and doc["checksum"] == _checksum(rows)
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(
+            f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it so "
+            "the shards are counted again.",
+            path=where,
+        ) from exc
+    if not ok:
+        raise ShardError(
+            f"shard index {where!r} fails its checksum or is not a remote folder's index of "
+            "this loaderkit version; delete it so the shards are counted again.",
+            path=where,
+        )
+    if doc["reader"] != reader.spec():
+        raise ShardError(
+            f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
+            f"reader has {reader.spec()}; pass another index=, or delete it.",
+            path=where,
+        )
+    by_name = {str(r[0]): r for r in rows}
+    names = [name for _, name, _, _ in listed]
+    if sorted(by_name) != sorted(names):
+        missing = sorted(set(names) - set(by_name))[:3]
+        extra = sorted(set(by_name) - set(names))[:3]
+        raise ShardError(
+            f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
+            f"in it: {extra}); pass the shards it was built for, or delete it so this list is "
+            "counted.",
+            path=where,
+        )
+    samples = []
+    for url, name, size, version in listed:
+        _, isize, iversion, count = by_name[name]
+        if int(isize) != size or str(iversion) != version:
+            raise ShardError(
+                f"shard {url!r} changed after it was indexed (now {size} bytes, version "
+                f"{version!r}; indexed: {isize} bytes, {iversion!r}): the sample counts, the "
+                f"order and every saved position would be wrong; delete the index {where!r} "
+                "and restart the run.",
+                path=url,
+            )
+        samples.append(int(count))
+    return samples
+
+
+def _write_remote(
+    url: str,
+    shards: Iterable[Any],
+    reader: Any,
+    ext: str,
+    prefix: str,
+    index: str | os.PathLike[str] | None,
+    storage: Storage,
+) -> list[str]:
+    """write_shards to a URL: write each shard locally, upload it with its sidecars, and
+    upload the index last (an index in the folder implies its shards are there)."""
+    urls: list[str] = []
+    rows: list[list[Any]] = []
+    with tempfile.TemporaryDirectory(prefix=".loaderkit-upload-") as staging:
+        for i, data in enumerate(shards):
+            local = Path(reader.write(Path(staging) / f"{prefix}-{i:05d}{ext}", data))
+            samples = reader.count(local)  # also writes any sidecar the reader needs
+            for side in sorted(Path(staging).iterdir()):
+                if side.name.startswith(local.name) and side.name.endswith(OWN_SUFFIXES):
+                    storage.upload(side, join_url(url, side.name))
+                    side.unlink()
+            target = join_url(url, local.name)
+            storage.upload(local, target)
+            local.unlink()  # one shard on local disk at a time
+            urls.append(target)
+            rows.append([local.name, 0, "", int(samples)])
+    if not urls:
+        raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
+    listed = {entry["name"]: entry for entry in storage.listing(url)}
+    for row in rows:
+        row[1], row[2] = listed[row[0]]["size"], listed[row[0]]["version"]
+    doc = remote_index_doc(rows, reader)
+    names = [r[0] for r in rows]
+    if index is None:
+        storage.write_bytes(join_url(url, remote_index_name(names, reader)), doc)
+    elif is_url(str(index)):
+        storage.write_bytes(str(index), doc)
+    else:
+        atomic_write(Path(index), lambda f: f.write(doc))
+    return urls
+
+
 def load_or_build_index(
     paths: Sequence[Path], reader: ShardReader, index: Path | None
 ) -> tuple[list[IndexEntry], Path]:
@@ -202,21 +327,28 @@ def write_shards(
     suffix: str | None = None,
     prefix: str = "shard",
     index: str | os.PathLike[str] | None = None,
-) -> list[Path]:
+    storage_options: dict[str, Any] | None = None,
+) -> list[Any]:
     """Write one file per item of ``shards`` with ``reader.write`` and index them.
 
     Args:
-        directory: Created if needed.
+        directory: Created if needed; or a folder URL (``s3://bucket/corpus``,
+            anything fsspec resolves; needs ``loaderkit[remote]``): each shard is
+            written locally, uploaded with its sidecars and deleted, and the
+            index is uploaded last.
         shards: One item per shard: token arrays for :class:`TokenReader`,
             iterables of JSON-able samples for :class:`JsonlReader`.
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
         suffix: File suffix (default: the reader's first, e.g. ``.npy``).
         prefix: Files are named ``{prefix}-00000{suffix}``, ...
         index: Where to write the index (default: where :class:`ShardedDataset`
-            looks for it).
+            looks for it); a path, or a URL for a remote folder.
+        storage_options: The fsspec filesystem's options for a URL (e.g.
+            ``{"endpoint_url": ...}``).
 
     Returns:
-        The shard paths, in order: pass them (or ``directory``) to :class:`ShardedDataset`.
+        The shard paths (URLs for a URL), in order: pass them (or ``directory``) to
+        :class:`ShardedDataset`.
 
     Example:
         >>> import tempfile
@@ -231,6 +363,15 @@ def write_shards(
         raise TypeError(
             f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
         )
+    ext = suffix if suffix is not None else reader.suffixes[0]
+    if is_url(directory):
+        storage = Storage(str(directory), storage_options)
+        return _write_remote(str(directory), shards, reader, ext, prefix, index, storage)
+    if storage_options is not None:
+        raise ValueError(
+            f"write_shards: storage_options is for a URL, but directory={str(directory)!r} is "
+            "a local path; leave storage_options out, or pass a URL."
+        )
     root = Path(directory)
     if root.exists() and not root.is_dir():
         raise ValueError(
@@ -238,7 +379,6 @@ def write_shards(
             "path of a directory (it is created if needed)."
         )
     root.mkdir(parents=True, exist_ok=True)
-    ext = suffix if suffix is not None else reader.suffixes[0]
     paths = [Path(write(root / f"{prefix}-{i:05d}{ext}", data)) for i, data in enumerate(shards)]
     if not paths:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")

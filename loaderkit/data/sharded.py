@@ -90,6 +90,7 @@ from loaderkit.data._open import OpenShards, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader
+from loaderkit.data.remote import RemoteCache, remote_source
 from loaderkit.errors import CollateError, ShardError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -113,7 +114,9 @@ class ShardedDataset(Dataset[Any]):
     Args:
         shards: A directory (its files with the reader's suffixes, sorted), a
             list of paths, or a list of objects the reader's ``count``/``open``
-            accept (counted at construction, no index).
+            accept (counted at construction, no index); or a folder URL, or a
+            list of shard URLs (``s3://``, ``gs://``, ``https://``, ``hf://``:
+            anything fsspec resolves; :mod:`loaderkit.data.remote`).
         reader: The format, e.g. :class:`TokenReader` or :class:`JsonlReader`,
             or any :class:`ShardReader`.
         index: The shard index file (default: next to the first shard, named
@@ -123,6 +126,10 @@ class ShardedDataset(Dataset[Any]):
             read is counted in :attr:`skipped`, warned about, and replaced in its
             batch by the next readable sample (module docstring).
         max_open_shards: Shards each process keeps open (``None``: all).
+        remote: For shards at URLs: the local cache and the storage options
+            (:class:`~loaderkit.RemoteCache`; default ``RemoteCache()``). The
+            index of a folder URL is read from the folder (``write_shards`` puts
+            it there), else counted once and written there or into the cache.
 
     Example:
         >>> import tempfile
@@ -146,6 +153,7 @@ class ShardedDataset(Dataset[Any]):
         index: str | os.PathLike[str] | None = None,
         on_error: Literal["raise", "skip"] = "raise",
         max_open_shards: int | None = 128,
+        remote: RemoteCache | None = None,
     ) -> None:
         for attr in ("spec", "count", "open"):
             if not callable(getattr(reader, attr, None)):
@@ -161,10 +169,15 @@ class ShardedDataset(Dataset[Any]):
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1)
         self.reader = reader
-        self.shards = resolve_shards(shards, reader)
+        self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")
+        self.shards: list[Any] = (
+            resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
+        )
         self.entries: list[IndexEntry] | None = None
         self.index_path: Path | None = None
-        if isinstance(self.shards[0], Path):
+        if self._remote is not None:
+            sizes = self._remote.count(reader, index)
+        elif isinstance(self.shards[0], Path):
             self.entries, self.index_path = load_or_build_index(
                 self.shards, reader, None if index is None else Path(index)
             )
@@ -191,6 +204,7 @@ class ShardedDataset(Dataset[Any]):
             self.index_path,
             max_open=max_open_shards,
             remember_failures=on_error == "skip",
+            fetch=None if self._remote is None else self._remote.local,
         )
 
     # --------------------------------------------------------------- basics
@@ -204,6 +218,16 @@ class ShardedDataset(Dataset[Any]):
     def opens(self) -> int:
         """Shards this process opened so far (for tests and curiosity)."""
         return self._files.opens
+
+    def describe(self) -> dict[str, Any]:
+        """Shards and samples; for shards at URLs, the cache's counts over this process and
+        its workers (``remote``: fetched, prefetched, hits, waited, retries, evicted,
+        over_budget, unplanned, bytes), else ``remote`` is None."""
+        return {
+            "shards": len(self.shards),
+            "samples": len(self),
+            "remote": None if self._remote is None else self._remote.stats(),
+        }
 
     @property
     def skipped(self) -> int:
@@ -302,6 +326,8 @@ class ShardedDataset(Dataset[Any]):
         # Fast path (a batch inside one shard): min and max over a Python list beat numpy
         # reductions on ~32 entries (~1 us against ~4).
         values = idx.tolist()
+        if self._remote is not None:
+            self._ahead(values[0])
         lo, hi = min(values), max(values)
         shard = bisect.bisect_right(self._end_list, lo)
         if lo >= 0 and shard < len(self._end_list) and hi < self._end_list[shard]:
@@ -326,6 +352,16 @@ class ShardedDataset(Dataset[Any]):
             parts.append(self._read_group(shard, local[w]))
             where.append(w)
         return parts, where
+
+    def _ahead(self, first: int) -> None:
+        """Shards at URLs: fetch the shards of this process's next batches in the background,
+        and close those it no longer reads (their cache space can then be reclaimed)."""
+        assert self._remote is not None
+        keep = self._remote.note_batch(first, self._ends)
+        if keep is not None:
+            needed = set(keep)
+            for shard in [s for s in self._files.open if s not in needed]:
+                self._files.close(shard)
 
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
         """The batch at ``values`` (in range) as one array, each sample's row copied straight
@@ -444,8 +480,12 @@ class ShardedDataset(Dataset[Any]):
         mix_shards: int = DEFAULT_MIX,
         drop_last: bool = False,
     ) -> ShardPlan:
-        """This dataset's :class:`ShardPlan` (the arguments are ShardPlan's)."""
-        return ShardPlan(
+        """This dataset's :class:`ShardPlan` (the arguments are ShardPlan's).
+
+        For shards at URLs the plan also tells the dataset which schedule the
+        loader starts, so workers fetch the shards of their next batches ahead.
+        """
+        plan = ShardPlan(
             shard_sizes=self.sizes,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -454,6 +494,7 @@ class ShardedDataset(Dataset[Any]):
             mix_shards=mix_shards,
             drop_last=drop_last,
         )
+        return plan if self._remote is None else self._remote.observe(plan)
 
     def batch_sampler(
         self,
@@ -513,7 +554,9 @@ class ShardedDataset(Dataset[Any]):
                 return np.concatenate(parts)
         # The cache key names the shards' content as far as the index knows it (path,
         # bytes, mtime): two datasets of equal counts must not share cached lengths.
-        if self.entries is not None:
+        if self._remote is not None:
+            content = ";".join(f"{s.url}:{s.size}:{s.version}" for s in self._remote.shards)
+        elif self.entries is not None:
             content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
         else:
             content = ";".join(shard_name(shard) for shard in self.shards)
@@ -561,7 +604,7 @@ class ShardedDataset(Dataset[Any]):
             >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
             ([1, 2, 2], 1.6666666666666667)
         """
-        return BucketBatchSampler(
+        sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             batch_size=batch_size,
             max_tokens=max_tokens,
@@ -577,3 +620,6 @@ class ShardedDataset(Dataset[Any]):
             rank=rank,
             world_size=world_size,
         )
+        if self._remote is not None:
+            sampler.plan = self._remote.observe(sampler.plan)
+        return sampler

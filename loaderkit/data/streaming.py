@@ -51,6 +51,7 @@ from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
+from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
 from loaderkit.errors import LoaderkitError, ShardError
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
@@ -218,7 +219,9 @@ class StreamingShardedDataset(IterableDataset[Any]):
 
     Args:
         shards: A directory (its files with the reader's suffixes, sorted), a
-            list of paths, or a list of objects the reader accepts.
+            list of paths, or a list of objects the reader accepts; or a folder
+            URL or a list of shard URLs (read from a local cache, each slot
+            fetching its own shards ahead: :mod:`loaderkit.data.remote`).
         reader: A :class:`StreamReader` (``iter_from``) or a
             :class:`~loaderkit.ShardReader` (``open``, seeks by index).
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
@@ -228,6 +231,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
         samples_per_epoch: Samples per epoch over all ranks (see above).
         transform: Applied to each sample, under per-sample seeding when the
             loader's ``per_sample_seeding`` is on (the default for streams).
+        remote: For shards at URLs: the cache and storage options
+            (:class:`~loaderkit.RemoteCache`; default ``RemoteCache()``).
 
     Example:
         >>> import tempfile
@@ -254,6 +259,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         steps_per_epoch: int | None = None,
         samples_per_epoch: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        remote: RemoteCache | None = None,
     ) -> None:
         if not callable(getattr(reader, "iter_from", None)) and not callable(
             getattr(reader, "open", None)
@@ -309,15 +315,23 @@ class StreamingShardedDataset(IterableDataset[Any]):
         else:
             reader_suffixes = tuple(reader.suffixes)
         self.reader = reader
-        self.shards = resolve_shards(
-            shards, cast("ShardReader", _Suffixes(reader_suffixes)), owner="StreamingShardedDataset"
-        )
+        self._remote = remote_source(shards, reader_suffixes, remote, "StreamingShardedDataset")
+        if self._remote is not None:
+            self.shards: list[Any] = list(self._remote.shards)
+        else:
+            self.shards = resolve_shards(
+                shards,
+                cast("ShardReader", _Suffixes(reader_suffixes)),
+                owner="StreamingShardedDataset",
+            )
         self.shuffle_shards = shuffle_shards
         self.mix_shards = mix_shards
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_epoch = samples_per_epoch
         self.transform = transform
-        names = "\n".join(s.name if isinstance(s, Path) else repr(s) for s in self.shards)
+        names = "\n".join(
+            s.name if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards
+        )
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": zlib.crc32(names.encode()),
@@ -336,6 +350,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
             "splits its shards across ranks and workers and keeps each one's position; a plain "
             "DataLoader would give every worker and rank all of it."
         )
+
+    def describe(self) -> dict[str, Any]:
+        """Shards; for shards at URLs, the cache's counts over this process and its workers
+        (``remote``, as :meth:`ShardedDataset.describe`), else ``remote`` is None."""
+        return {
+            "shards": len(self.shards),
+            "remote": None if self._remote is None else self._remote.stats(),
+        }
 
     @property
     def limited(self) -> bool:
@@ -386,10 +408,11 @@ class StreamingShardedDataset(IterableDataset[Any]):
         path = self.shards[shard]
         iter_from = getattr(self.reader, "iter_from", None)
         try:
+            local = path if self._remote is None else self._remote.local(shard)
             source = (
-                iter_from(path, offset)
+                iter_from(local, offset)
                 if callable(iter_from)
-                else _seek_by_index(self.reader, path, offset)
+                else _seek_by_index(self.reader, local, offset)
             )
             yield from source
         except ShardError:
@@ -439,6 +462,8 @@ def slot_stream(
             lane = lanes[turn]
             reader = readers[turn]
             if reader is None:
+                if ds._remote is not None:  # fetch the open lanes' shards and the next ones
+                    ds._remote.note_lanes([shards[p] for p, _ in lanes], shards[nxt:])
                 reader = readers[turn] = ds.read_from(shards[lane[0]], lane[1])
             sample = next(reader, _END)
             if sample is _END:  # this lane's shard ended: its next shard, or it drops out

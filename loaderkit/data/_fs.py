@@ -1,0 +1,275 @@
+"""Object storage through fsspec: listing, atomic downloads, uploads, retries (private).
+
+Everything that talks to a remote filesystem goes through :class:`Storage`, so
+every call gets the same treatment:
+
+- fsspec (and the protocol's package: s3fs, gcsfs, ...) is imported on first
+  use; a missing one is a :class:`~loaderkit.errors.MissingDependencyError`
+  naming the extra to install;
+- a transient error (a reset connection, a timeout, a 5xx) is retried with
+  exponential backoff, each retry counted; what is never transient (a missing
+  object, a refused permission) is raised at once; every error names the URL;
+- a download goes to a hidden temporary name next to its target, is checked
+  against the size the listing gave, and only then renamed into place, so a
+  partial download never looks like a complete file.
+
+A :class:`Storage` pickles without its filesystem object (each process makes
+its own: an s3fs client holds an event loop and sockets that must not cross a
+``fork``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from loaderkit._atomic import temp_path
+from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
+
+__all__ = ["REMOTE_EXTRA", "Storage", "is_url", "join_url", "url_name"]
+
+REMOTE_EXTRA = "loaderkit[remote]"
+# The package behind each protocol fsspec itself does not implement.
+_PACKAGES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "hf": "huggingface_hub",
+    "az": "adlfs",
+    "abfs": "adlfs",
+}
+_CHUNK = 8 << 20  # bytes copied per read while downloading
+_MAX_BACKOFF_S = 30.0
+# Errors that say the request itself is wrong: retrying cannot help.
+_PERMANENT = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ImportError,
+    TypeError,
+    NotImplementedError,
+)
+
+T = TypeVar("T")
+
+
+def is_url(value: Any) -> bool:
+    """Whether ``value`` names a shard folder or file by URL (``s3://...``, ``https://...``)."""
+    return isinstance(value, str) and "://" in value and not value.startswith("file://")
+
+
+def join_url(root: str, name: str) -> str:
+    """``root/name`` with exactly one slash between them."""
+    return f"{root.rstrip('/')}/{name}"
+
+
+def url_name(url: str) -> str:
+    """The last part of a URL's path (its object's file name)."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def protocol_of(url: str) -> str:
+    """The URL's scheme (``s3`` for ``s3://bucket/x``)."""
+    return url.split("://", 1)[0].lower()
+
+
+def _import_fsspec() -> Any:
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "reading or writing shards at a URL needs fsspec, which is not installed; "
+            f"install the extra: pip install '{REMOTE_EXTRA}' (fsspec, s3fs, gcsfs)."
+        ) from exc
+    return fsspec
+
+
+class Storage:
+    """One remote location and the settings of every call made to it.
+
+    Args:
+        url: A URL under the filesystem (its protocol picks the filesystem).
+        storage_options: Keyword arguments of the fsspec filesystem (e.g.
+            ``{"endpoint_url": ..., "key": ..., "secret": ...}`` for s3fs).
+        retries: Attempts after the first for a transient error.
+        backoff_s: The first retry waits this long; each next one twice as long
+            (at most 30 s).
+        on_retry: Called once per retry (counting them).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
+        self.protocol = protocol_of(url)
+        self.storage_options = dict(storage_options or {})
+        self.retries, self.backoff_s = retries, backoff_s
+        self.on_retry = on_retry
+        self._fs: Any = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"], state["_pid"] = None, -1
+        return state
+
+    @property
+    def fs(self) -> Any:
+        """This process's fsspec filesystem (made on first use, again after a fork)."""
+        if self._fs is None or self._pid != os.getpid():
+            fsspec = _import_fsspec()
+            try:
+                # skip_instance_cache: a cached instance may come from the parent
+                # process, with its event loop and connections.
+                self._fs = fsspec.filesystem(
+                    self.protocol, skip_instance_cache=True, **self.storage_options
+                )
+            except ImportError as exc:
+                package = _PACKAGES.get(self.protocol, "the package fsspec names")
+                raise MissingDependencyError(
+                    f"{self.protocol}:// URLs need {package}, which is not installed ({exc}); "
+                    f"install it: pip install '{REMOTE_EXTRA}' (s3fs, gcsfs) or pip install "
+                    f"{package}."
+                ) from exc
+            except ValueError as exc:
+                raise ValueError(
+                    f"no filesystem for {self.protocol}:// URLs ({exc}); pass an s3://, gs://, "
+                    "https://, hf:// ... URL that fsspec knows, or a local path."
+                ) from exc
+            self._pid = os.getpid()
+        return self._fs
+
+    def call(self, what: str, url: str, fn: Callable[[], T]) -> T:
+        """``fn()``, retried with backoff on transient errors; errors name ``url``."""
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except FileNotFoundError as exc:
+                raise MissingShardError(
+                    f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
+                    "upload it (write_shards(url, ...) writes shards and their index).",
+                    path=url,
+                ) from exc
+            except PermissionError as exc:
+                raise ShardError(
+                    f"{what} {url!r}: permission denied ({exc}); check the credentials "
+                    "(storage_options=, or the provider's environment variables).",
+                    path=url,
+                ) from exc
+            except (MissingDependencyError, ShardError):
+                raise
+            except _PERMANENT as exc:
+                raise ShardError(
+                    f"{what} {url!r} failed with {type(exc).__name__}: {exc}; check the URL "
+                    "and storage_options.",
+                    path=url,
+                ) from exc
+            except Exception as exc:
+                if attempt >= self.retries:
+                    raise ShardError(
+                        f"{what} {url!r} failed {attempt + 1} time(s), the last with "
+                        f"{type(exc).__name__}: {exc}; check the network and the endpoint "
+                        "(storage_options=), or raise RemoteCache(retries=...).",
+                        path=url,
+                    ) from exc
+                time.sleep(min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S))
+                attempt += 1
+                if self.on_retry is not None:
+                    self.on_retry()
+
+    # ------------------------------------------------------------ operations
+    def listing(self, url: str) -> list[dict[str, Any]]:
+        """The files directly under folder ``url``: ``{"name", "size", "version"}`` each."""
+
+        def ls() -> list[dict[str, Any]]:
+            self.fs.invalidate_cache()  # a listing must see what is there now
+            return list(self.fs.ls(url, detail=True))
+
+        out = []
+        for entry in self.call("listing", url, ls):
+            if entry.get("type", "file") != "file":
+                continue
+            out.append(
+                {
+                    "name": url_name(str(entry["name"])),
+                    "size": int(entry.get("size") or 0),
+                    "version": version_of(entry),
+                }
+            )
+        return out
+
+    def is_dir(self, url: str) -> bool:
+        """Whether ``url`` is a folder (a prefix with objects under it)."""
+        return bool(self.call("looking up", url, lambda: self.fs.isdir(url)))
+
+    def exists(self, url: str) -> bool:
+        """Whether an object exists at ``url``."""
+        return bool(self.call("looking up", url, lambda: self.fs.exists(url)))
+
+    def read_bytes(self, url: str) -> bytes:
+        """The whole object at ``url``."""
+        return bytes(self.call("reading", url, lambda: self.fs.cat_file(url)))
+
+    def write_bytes(self, url: str, data: bytes) -> None:
+        """Write ``data`` as the object ``url`` (one PUT: atomic on object stores)."""
+        self.call("writing", url, lambda: self.fs.pipe_file(url, data))
+
+    def upload(self, local: Path, url: str) -> None:
+        """Copy the local file ``local`` to ``url``."""
+        self.call("uploading to", url, lambda: self.fs.put_file(str(local), url))
+
+    def download(self, url: str, target: Path, size: int) -> None:
+        """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes.
+
+        A download cut short (a dropped connection the client did not notice)
+        is retried like any transient error; ``target`` appears complete or
+        not at all.
+        """
+
+        def get() -> None:
+            tmp = temp_path(target)
+            try:
+                with self.fs.open(url, "rb") as src, open(tmp, "wb") as dst:
+                    while chunk := src.read(_CHUNK):
+                        dst.write(chunk)
+                got = tmp.stat().st_size
+                if got != size:
+                    raise OSError(f"the download ended after {got} of {size} bytes")
+                os.replace(tmp, target)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+        self.call("downloading", url, get)
+
+
+def version_of(entry: dict[str, Any]) -> str:
+    """What identifies one version of an object in a listing: its ETag, else its mtime."""
+    keys = (
+        "ETag",
+        "etag",
+        "md5",
+        "sha",
+        "LastModified",
+        "last_modified",
+        "mtime",
+        "updated",
+        "created",
+    )
+    for key in keys:
+        value = entry.get(key)
+        if value not in (None, ""):
+            return str(value).strip('"')
+    return ""

@@ -1,0 +1,822 @@
+"""Shards at URLs: a local cache with a byte budget, filled ahead of the plan.
+
+:class:`ShardedDataset` and :class:`StreamingShardedDataset` accept a folder
+URL (``s3://bucket/corpus``, ``gs://...``, ``https://...``, ``hf://...``:
+anything fsspec resolves) or a list of shard URLs. Readers still read local
+files: each shard is downloaded whole into a local cache directory and read
+from there (memory-mapped, as a local shard).
+
+The cache (:class:`RemoteCache`):
+
+- Layout: ``<cache_dir>/objects/<key>/<name>`` plus the shard's sidecars in
+  the same folder, ``key`` a hash of the URL, size and version (ETag) of the
+  object, so a changed object is never served from an old copy. Lock files
+  live in ``<cache_dir>/locks``.
+- Complete or absent: a download goes to a hidden temporary name, is checked
+  against the listed size, and is renamed into place (sidecars first, the
+  shard last); a killed download leaves only a temporary file, removed by the
+  next download of that shard or by eviction.
+- Shared: all processes of a machine (DDP ranks, DataLoader workers) may use
+  one cache directory. A shard is downloaded once: whoever downloads it holds
+  an exclusive ``flock`` on its download lock while the others wait on it.
+- Budget and eviction: every process holds a shared ``flock`` (a *lease*) on
+  each shard its plan still needs (the ones it reads now and the next
+  ``prefetch``). Before a download, the cache evicts least recently used
+  shards that no live process leases (an evictor must get an exclusive lock on
+  the lease file), until the new shard fits in ``max_bytes``. Locks die with
+  their process, so a ``kill -9`` leaves nothing locked. The prefetcher never
+  exceeds the budget (it waits); a read that needs a shard now fetches it even
+  over budget, counts it (``over_budget``) and warns once: raise ``max_bytes``
+  to hold what the processes of a machine read at once. A process that still
+  has an evicted shard open keeps reading it (POSIX keeps a deleted file's
+  data while it is open or mapped).
+
+Fetched ahead of the plan: each process that reads (a DataLoader worker, or
+the main process with ``num_workers=0``) runs one background thread that
+downloads the shards its next batches read, in the order it reads them:
+
+- :class:`ShardedDataset`: the loader's plan decides which batches each rank
+  and worker reads. The dataset's plans (:meth:`ShardedDataset.plan`,
+  ``batch_sampler``, ``bucket_batch_sampler``) note the schedule the loader
+  starts (epoch, position, rank, world size) on the dataset, which the workers
+  receive with it; a worker computes its own batches from that schedule
+  (worker ``w`` of ``n`` reads the schedule's batches ``w, w + n, ...``, as
+  torch deals them), checks each batch it gets against the prediction, and
+  fetches exactly the shards of its next batches; a resumed run starts from
+  the resumed position, so it fetches only what the rest of the epoch needs.
+  Persistent workers follow into the next epoch. A batch that matches no
+  prediction (a loader not built from the dataset's plans) is read with
+  on-demand fetching, counted as ``unplanned``.
+- :class:`StreamingShardedDataset`: a slot (rank, worker) reads its own
+  shards, in an order known per pass; it fetches the shards of its open lanes
+  and the next ``prefetch`` of its shards.
+
+So each process fetches only shards it reads. Under a mixing plan
+(``mix_shards > 1``) the batches of every worker draw from every shard of the
+current lanes, so the workers of a machine read the same shards; the shared
+cache downloads each one once per machine.
+
+Failures: a missing object or a refused permission raises at once
+(:class:`~loaderkit.errors.MissingShardError` / :class:`~loaderkit.errors.ShardError`)
+naming the URL; any other error is retried ``retries`` times with
+exponential backoff, each retry counted, and then raised naming the URL and
+the attempts. :meth:`ShardedDataset.describe` reports the counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from loaderkit._atomic import atomic_write
+from loaderkit._checks import check_int
+from loaderkit.data._fs import Storage, is_url, join_url, url_name
+from loaderkit.data._open import never_a_shard
+from loaderkit.data.index import read_remote_index, remote_index_doc, remote_index_name
+from loaderkit.data.readers import OWN_SUFFIXES, ShardReader
+from loaderkit.errors import MissingShardError, ShardError
+
+# RemoteShards and RemoteShard serve the sharded and streaming datasets.
+__all__ = ["RemoteCache"]
+
+DEFAULT_CACHE_BYTES = 32 << 30
+_SLOTS = 257  # counters: the main process and 256 workers, one writer each
+STATS = (
+    "fetched",  # shards downloaded by this process
+    "fetched_bytes",
+    "prefetched",  # ... of which by the prefetch thread, ahead of the read
+    "hits",  # reads that found their shard in the cache
+    "waited",  # reads that had to fetch (or wait for) their shard
+    "retries",  # transient errors retried
+    "evicted",  # shards this process evicted to stay within the budget
+    "over_budget",  # shards fetched although the budget was full (a read needed them)
+    "unplanned",  # batches read without a prediction of the next ones
+)
+_MAX_UNPLANNED_LEASES = 16
+_RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteCache:
+    """Where and how shards at URLs are cached on local disk (module docstring).
+
+    Args:
+        cache_dir: The cache directory, shared by all processes of a machine
+            (default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
+        max_bytes: Bytes of shards the cache may hold (default:
+            ``$LOADERKIT_CACHE_BYTES``, else 32 GiB). It must hold at least the
+            shards the processes of a machine read at once.
+        storage_options: Options of the fsspec filesystem (for s3fs e.g.
+            ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``);
+            default: the provider's own environment variables.
+        prefetch: Shards each reading process fetches ahead of the ones it
+            reads now (0: fetch only when read).
+        retries: Retries of a transient error (network, timeout, 5xx).
+        backoff_s: Wait before the first retry; doubled for each next one.
+
+    Example:
+        >>> cache = RemoteCache(cache_dir="/tmp/shard-cache", max_bytes=1 << 30, prefetch=2)
+        >>> cache.directory.name, cache.max_bytes
+        ('shard-cache', 1073741824)
+    """
+
+    cache_dir: str | os.PathLike[str] | None = None
+    max_bytes: int | None = None
+    storage_options: dict[str, Any] | None = field(default=None, hash=False)
+    prefetch: int = 4
+    retries: int = 5
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        owner = "RemoteCache"
+        if self.max_bytes is None:
+            env = os.environ.get("LOADERKIT_CACHE_BYTES")
+            object.__setattr__(self, "max_bytes", int(env) if env else DEFAULT_CACHE_BYTES)
+        check_int(
+            "max_bytes", self.max_bytes, 1, owner=owner, fix="pass a byte count, e.g. 1 << 36"
+        )
+        check_int("prefetch", self.prefetch, 0, owner=owner, fix="pass shards to fetch ahead: 4")
+        check_int("retries", self.retries, 0, owner=owner, fix="pass a retry count, e.g. 5")
+        if not isinstance(self.backoff_s, int | float) or not self.backoff_s >= 0:
+            raise ValueError(
+                f"RemoteCache: backoff_s must be a number of seconds >= 0, got "
+                f"{self.backoff_s!r}; pass e.g. 0.5."
+            )
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise TypeError(
+                f"RemoteCache: storage_options must be a dict of fsspec filesystem options, "
+                f"got {type(self.storage_options).__name__}; pass e.g. "
+                "{'endpoint_url': 'http://127.0.0.1:9000'}."
+            )
+
+    @property
+    def directory(self) -> Path:
+        """The cache directory."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        env = os.environ.get("LOADERKIT_CACHE_DIR")
+        return Path(env) if env else Path.home() / ".cache" / "loaderkit" / "shards"
+
+
+@dataclass(frozen=True)
+class RemoteShard:
+    """One shard object as listed: its URL, file name, byte size, version, and sidecars
+    (``(name, size, version)`` each). Messages name it by its URL."""
+
+    url: str
+    name: str
+    size: int
+    version: str
+    sidecars: tuple[tuple[str, int, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return repr(self.url)
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def key(self) -> str:
+        """The cache key of this version of the object."""
+        blob = f"{self.url}\n{self.size}\n{self.version}".encode()
+        return hashlib.sha256(blob).hexdigest()[:24]
+
+    @property
+    def total_bytes(self) -> int:
+        """The shard's bytes with its sidecars'."""
+        return self.size + sum(size for _, size, _ in self.sidecars)
+
+
+def remote_source(
+    shards: Any, suffixes: Sequence[str], remote: RemoteCache | None, owner: str
+) -> RemoteShards | None:
+    """The :class:`RemoteShards` of ``shards`` if they are URLs, else None (local shards)."""
+    urls: list[str] | None = None
+    if is_url(shards):
+        urls = None
+    elif isinstance(shards, list | tuple) and shards and all(is_url(s) for s in shards):
+        urls = [str(s) for s in shards]
+    elif isinstance(shards, list | tuple) and any(is_url(s) for s in shards):
+        raise TypeError(
+            f"{owner}: shards mixes URLs and other items; pass all URLs (or a folder URL), "
+            "or all local paths."
+        )
+    else:
+        if remote is not None:
+            raise ValueError(
+                f"{owner}: remote= is for shards at URLs, but shards is not a URL "
+                f"({str(shards)[:80]!r}); leave remote out, or pass an s3://, gs://, ... URL."
+            )
+        return None
+    if remote is not None and not isinstance(remote, RemoteCache):
+        raise TypeError(
+            f"{owner}: remote must be a RemoteCache, got {type(remote).__name__}; pass e.g. "
+            "remote=RemoteCache(cache_dir=..., max_bytes=...)."
+        )
+    cache = remote if remote is not None else RemoteCache()
+    return RemoteShards(str(shards) if urls is None else urls, tuple(suffixes), cache, owner)
+
+
+def _listed_shards(storage: Storage, folder: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each listed file of ``folder`` by name, with its sidecars attached."""
+    by_name = {e["name"]: e for e in entries}
+    out = {}
+    for name, entry in by_name.items():
+        sidecars = tuple(
+            (other, int(o["size"]), str(o["version"]))
+            for other, o in sorted(by_name.items())
+            if other != name and other.startswith(name) and other.endswith(OWN_SUFFIXES)
+        )
+        out[name] = RemoteShard(
+            join_url(folder, name), name, int(entry["size"]), str(entry["version"]), sidecars
+        )
+    return out
+
+
+class _Board:
+    """The schedules the loader last started on this dataset's plans (main process).
+
+    Plain data: it travels with the dataset to the workers, which predict
+    their batches from it.
+    """
+
+    def __init__(self) -> None:
+        self.plan: Any = None
+        self.recent: list[tuple[int, int, int, int]] = []  # (epoch, start, rank, world_size)
+
+    def note(self, plan: Any, epoch: int, start: int, rank: int, world_size: int) -> None:
+        if plan is not self.plan:
+            self.plan, self.recent = plan, []
+        entry = (epoch, start, rank, world_size)
+        if entry in self.recent:
+            self.recent.remove(entry)
+        self.recent = [entry, *self.recent][:4]
+
+
+class _WatchedPlan:
+    """A plan that notes each schedule it starts on the dataset's :class:`_Board`.
+
+    Everything else is the plan's own (attributes are looked up on it).
+    """
+
+    def __init__(self, plan: Any, board: _Board) -> None:
+        self.inner = plan
+        self.board = board
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("inner", "board"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> Any:
+        """The plan's schedule, noted on the board."""
+        self.board.note(self.inner, epoch, start, rank, world_size)
+        return self.inner.schedule(epoch, start=start, rank=rank, world_size=world_size)
+
+
+class _Prediction:
+    """One process's batches of one schedule: which shards each reads, first and last."""
+
+    def __init__(
+        self,
+        key: tuple[int, int, int, int],
+        firsts: list[int],
+        first_step: np.ndarray,
+        last_step: np.ndarray,
+    ) -> None:
+        self.key = key  # (epoch, start, rank, world_size) of the schedule
+        self.firsts = firsts
+        self.first_step, self.last_step = first_step, last_step
+        self.next = 0  # the batch expected next
+        # The window changes only at a batch where some shard is first or no longer read.
+        self.changes = {*first_step.tolist(), *(last_step + 1).tolist()}
+        self._last: tuple[int, tuple[list[int], list[int]]] | None = None
+
+    def find(self, first: int, reach: int = 8) -> int | None:
+        """Where a batch starting at ``first`` is among the next ``reach`` expected ones."""
+        for j in range(self.next, min(self.next + reach, len(self.firsts))):
+            if self.firsts[j] == first:
+                return j
+        return None
+
+    def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
+        """The shards batch ``step`` reads or a later one still reads (in use), and the
+        next ``prefetch`` shards first read after it, in the order they are first read."""
+        if self._last is not None and self._last[0] == step - 1 and step not in self.changes:
+            self._last = (step, self._last[1])
+            return self._last[1]
+        in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
+        later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))  # read at all
+        later = later[np.argsort(self.first_step[later], kind="stable")][:prefetch]
+        self._last = (step, (in_use.tolist(), later.tolist()))
+        return self._last[1]
+
+
+class _NoRoom(Exception):
+    """The budget is full of shards that live processes still need (prefetch waits)."""
+
+
+class _Busy(Exception):
+    """Another process or thread is downloading this shard (prefetch moves on)."""
+
+
+class RemoteShards:
+    """The shards of one dataset at URLs, their cache, and this process's prefetcher."""
+
+    def __init__(
+        self, source: str | list[str], suffixes: tuple[str, ...], cache: RemoteCache, owner: str
+    ) -> None:
+        self.cache, self.owner = cache, owner
+        self.root_dir = cache.directory
+        first = source if isinstance(source, str) else source[0]
+        self.stats_table = torch.zeros((_SLOTS, len(STATS)), dtype=torch.int64)
+        self.stats_table.share_memory_()  # workers count into it; the main process reads it
+        self.storage = Storage(
+            first, cache.storage_options, retries=cache.retries, backoff_s=cache.backoff_s
+        )
+        self.storage.on_retry = self._count_retry
+        self.shards = self._list(source, suffixes)
+        self.folder = self.shards[0].url.rsplit("/", 1)[0]
+        self.board = _Board()
+        self._reset()
+
+    # ------------------------------------------------------------- pickling
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._leases: dict[str, int] = {}  # shard key -> fd holding a shared flock
+        self._unplanned: OrderedDict[int, None] = OrderedDict()
+        self._queue: list[int] = []
+        self._thread: threading.Thread | None = None
+        self._predictions: dict[tuple[int, int, int, int], _Prediction] = {}
+        self._current: _Prediction | None = None
+        self._last: _Prediction | None = None  # the last matched, kept across unplanned reads
+        self._planned = False  # whether the shards read now come from want()
+        self._warned = False
+        self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
+        self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("cache", "owner", "root_dir", "stats_table", "storage", "shards", "folder", "board")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.storage.on_retry = self._count_retry
+        self._reset()
+
+    def _here(self) -> None:
+        """Start afresh in a forked child (its parent's locks and thread are not its own)."""
+        if self._pid != os.getpid():
+            self._reset()
+
+    # --------------------------------------------------------------- listing
+    def _list(self, source: str | list[str], suffixes: tuple[str, ...]) -> list[RemoteShard]:
+        owner = self.owner
+        if isinstance(source, str):
+            entries = self.storage.listing(source)
+            if not entries and not self.storage.is_dir(source):
+                raise MissingShardError(
+                    f"{owner}: shards={source!r} is no folder of shards (nothing is listed "
+                    "under it); pass the folder URL that holds them, or a list of shard URLs.",
+                    path=source,
+                )
+            listed = _listed_shards(self.storage, source.rstrip("/"), entries)
+            found = [
+                listed[name]
+                for name in sorted(listed)
+                if name.endswith(tuple(suffixes)) and never_a_shard(name) is None
+            ]
+            if not found:
+                raise ValueError(
+                    f"{owner}: no file ending in {list(suffixes)} in {source!r} (hidden files "
+                    "and loaderkit's own index and sidecar files are never shards); pass the "
+                    "folder that holds the shards, or a reader with their suffix."
+                )
+            return found
+        if len(set(source)) != len(source):
+            raise ValueError(f"{owner}: a shard URL is listed twice; list each once.")
+        folders: dict[str, dict[str, Any]] = {}
+        out = []
+        for url in source:
+            name = url_name(url)
+            why = never_a_shard(name)
+            if why is not None and why != "a hidden file":
+                raise ValueError(
+                    f"{owner}: shards lists {url!r}, {why}, not a shard; leave it out of the "
+                    "list (a folder listing skips it)."
+                )
+            folder = url.rstrip("/").rsplit("/", 1)[0]
+            if folder not in folders:
+                folders[folder] = _listed_shards(self.storage, folder, self.storage.listing(folder))
+            if name not in folders[folder]:
+                raise MissingShardError(
+                    f"{owner}: shard {url!r} does not exist (not listed in {folder!r}); check "
+                    "the URL, or upload it.",
+                    path=url,
+                )
+            out.append(folders[folder][name])
+        return out
+
+    # ----------------------------------------------------------------- index
+    def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
+        """The sample count of every shard: from the folder's shard index, checked against
+        the listing; without one, each shard is fetched and counted once and the index
+        written (to the folder, else into the cache directory)."""
+        names = [s.name for s in self.shards]
+        listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
+        default = join_url(self.folder, remote_index_name(names, reader))
+        local = (
+            self.root_dir
+            / "indexes"
+            / (
+                hashlib.sha256(self.folder.encode()).hexdigest()[:16]
+                + "-"
+                + remote_index_name(names, reader).lstrip(".")
+            )
+        )
+        if index is not None:
+            where = str(index)
+            if is_url(where):
+                if self.storage.exists(where):
+                    data = self.storage.read_bytes(where)
+                    return read_remote_index(data, where, reader, listed)
+            elif Path(where).exists():
+                return read_remote_index(Path(where).read_bytes(), where, reader, listed)
+        else:
+            if self.storage.exists(default):
+                return read_remote_index(self.storage.read_bytes(default), default, reader, listed)
+            if local.exists():
+                return read_remote_index(local.read_bytes(), str(local), reader, listed)
+        rows: list[list[Any]] = []
+        for i, shard in enumerate(self.shards):
+            samples = reader.count(self.local(i))
+            self._release_all()
+            if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+                raise TypeError(
+                    f"{type(reader).__name__}.count({shard.url!r}) returned {samples!r}; it "
+                    "must return the shard's number of samples as an int >= 0."
+                )
+            rows.append([shard.name, shard.size, shard.version, samples])
+        doc = remote_index_doc(rows, reader)
+        target = str(index) if index is not None else default
+        try:
+            if is_url(target):
+                self.storage.write_bytes(target, doc)
+            else:
+                atomic_write(Path(target), lambda f: f.write(doc))
+        except (ShardError, OSError):
+            if index is not None:
+                raise
+            local.parent.mkdir(parents=True, exist_ok=True)  # a read-only folder
+            atomic_write(local, lambda f: f.write(doc))
+        return [int(r[3]) for r in rows]
+
+    # ----------------------------------------------------------------- stats
+    def _slot(self) -> int:
+        info = get_worker_info()
+        return 0 if info is None else 1 + info.id % (_SLOTS - 1)
+
+    def _count(self, stat: str, value: int = 1) -> None:
+        self.stats_table[self._slot(), STATS.index(stat)] += value
+
+    def _count_retry(self) -> None:
+        self._count("retries")
+
+    def stats(self) -> dict[str, Any]:
+        """The cache's counts over this process and its workers (names: ``STATS``)."""
+        totals = self.stats_table.sum(dim=0).tolist()
+        out: dict[str, Any] = dict(zip(STATS, (int(t) for t in totals), strict=True))
+        out.update(
+            url=self.folder,
+            cache_dir=str(self.root_dir),
+            max_bytes=self.cache.max_bytes,
+            cached_bytes=self._used()[0],
+            prefetch=self.cache.prefetch,
+        )
+        return out
+
+    # ----------------------------------------------------------------- cache
+    def _paths(self, shard: RemoteShard) -> tuple[Path, Path, Path]:
+        found = self._path_cache.get(shard.url)
+        if found is None:  # built once per shard: per batch, Path joins and hashing add up
+            key = shard.key
+            locks = self.root_dir / "locks"
+            found = (self.root_dir / "objects" / key / shard.name, locks / key, locks / f"{key}.dl")
+            self._path_cache[shard.url] = found
+        return found
+
+    def _lease(self, shard: RemoteShard) -> None:
+        """Hold a shared lock on ``shard`` so no process evicts it while this one needs it."""
+        _, lease, _ = self._paths(shard)
+        key = lease.name
+        with self._lock:
+            if key in self._leases:
+                return
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor deletes it
+        with self._lock:
+            if key in self._leases:
+                os.close(fd)
+            else:
+                self._leases[key] = fd
+
+    def _release(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            fds = [self._leases.pop(k) for k in list(keys) if k in self._leases]
+        for fd in fds:
+            os.close(fd)  # closing the descriptor drops its lock
+
+    def _release_all(self) -> None:
+        self._release(list(self._leases))
+
+    def _used(self) -> tuple[int, list[tuple[float, str, int]]]:
+        """Bytes in the cache, and ``(last use, key, bytes)`` of each cached shard."""
+        objects = self.root_dir / "objects"
+        entries, total = [], 0
+        try:
+            dirs = list(os.scandir(objects))
+        except FileNotFoundError:
+            return 0, []
+        for d in dirs:
+            size = 0
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for f in os.scandir(d.path):
+                    with contextlib.suppress(FileNotFoundError, ValueError):
+                        if f.name == _RESERVED:  # a download in flight counts in full
+                            size += int(Path(f.path).read_text() or 0)
+                        elif not f.name.endswith(".tmp"):
+                            size += f.stat().st_size
+            with contextlib.suppress(FileNotFoundError):
+                entries.append((d.stat().st_mtime, d.name, size))
+            total += size
+        return total, entries
+
+    @contextlib.contextmanager
+    def _budget_lock(self) -> Iterator[None]:
+        path = self.root_dir / "locks" / ".budget"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _make_room(self, need: int) -> bool:
+        """Evict unleased shards, least recently used first, until ``need`` more bytes fit."""
+        budget = self.cache.max_bytes
+        assert budget is not None
+        used, entries = self._used()
+        if used + need <= budget:
+            return True
+        with self._lock:
+            mine = set(self._leases)
+        for _, key, size in sorted(entries):
+            if key in mine:
+                continue
+            lease = self.root_dir / "locks" / key
+            lease.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live process needs it
+                folder = self.root_dir / "objects" / key
+                # The shard first, so no one finds its folder complete while it goes.
+                for f in sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None):
+                    with contextlib.suppress(FileNotFoundError):
+                        f.unlink()
+                shutil.rmtree(folder, ignore_errors=True)
+                self._count("evicted")
+                used -= size
+            finally:
+                os.close(fd)
+            if used + need <= budget:
+                return True
+        return False
+
+    def local(self, index: int, *, ahead: bool = False) -> Path:
+        """The local path of shard ``index``, fetched into the cache first if needed.
+
+        Holds a lease on it. With ``ahead`` (the prefetcher) a full budget raises
+        :class:`_NoRoom` instead of fetching over it.
+        """
+        self._here()
+        shard = self.shards[index]
+        target, _, dl_lock = self._paths(shard)
+        self._lease(shard)
+        if not ahead and not self._planned:
+            self.read_unplanned(index)
+        if target.exists():
+            if not ahead:
+                self._count("hits")
+                with contextlib.suppress(OSError):
+                    os.utime(target.parent)  # recently used: evicted last
+            return target
+        fd = os.open(dl_lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                # One download per shard per machine. The prefetcher does not wait for
+                # another's download of a shard: it fetches the next one meanwhile.
+                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+            except BlockingIOError:
+                raise _Busy from None
+            if target.exists():  # another process or thread fetched it meanwhile
+                if not ahead:
+                    self._count("waited")
+                return target
+            if not ahead:
+                self._count("waited")
+            reserved = target.parent / _RESERVED
+            # Room is made and reserved under one machine-wide lock, so two downloads that
+            # start at once cannot both count on the same free bytes.
+            with self._budget_lock():
+                room = self._make_room(shard.total_bytes)
+                if not room and ahead:
+                    raise _NoRoom
+                target.parent.mkdir(parents=True, exist_ok=True)
+                reserved.write_text(str(shard.total_bytes))
+            if not room:
+                self._over_budget(shard)
+            try:
+                for stale in target.parent.glob(".*.tmp"):  # left by a killed download
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
+                for name, size, _ in shard.sidecars:
+                    side = target.parent / name
+                    if not side.exists():
+                        self.storage.download(join_url(self.folder_of(shard), name), side, size)
+                self.storage.download(shard.url, target, shard.size)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    reserved.unlink()
+            self._count("fetched")
+            self._count("fetched_bytes", shard.total_bytes)
+            if ahead:
+                self._count("prefetched")
+            return target
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def folder_of(shard: RemoteShard) -> str:
+        """The folder URL ``shard`` is in."""
+        return shard.url.rsplit("/", 1)[0]
+
+    def _over_budget(self, shard: RemoteShard) -> None:
+        self._count("over_budget")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.owner}: the shard cache {str(self.root_dir)!r} is full "
+                f"(max_bytes={self.cache.max_bytes}) of shards that running processes still "
+                f"read, so {shard.url!r} is fetched over the budget; raise "
+                "RemoteCache(max_bytes=...) to hold the shards the processes of this machine "
+                "read at once (or lower prefetch=, mix_shards= or num_workers).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    # -------------------------------------------------------------- prefetch
+    def want(self, in_use: Sequence[int], upcoming: Sequence[int]) -> None:
+        """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
+        release every other shard's lease, and fetch the missing ones in the background."""
+        self._here()
+        window = (tuple(in_use), tuple(upcoming))
+        if window == self._window and self._planned:
+            return  # the same shards as for the last batch: nothing to do
+        self._window = window
+        keep = {self._paths(self.shards[i])[1].name for i in (*in_use, *upcoming)}
+        with self._lock:
+            drop = [k for k in self._leases if k not in keep]
+        self._release(drop)
+        self._unplanned.clear()
+        self._planned = True
+        if self.cache.prefetch == 0:
+            return
+        with self._wake:
+            wanted = (*in_use, *upcoming)
+            self._queue = [i for i in wanted if not self._paths(self.shards[i])[0].exists()]
+            if self._queue and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                index = self._queue.pop(0)
+            try:
+                self.local(index, ahead=True)
+            except _NoRoom:
+                with self._wake:  # wait for the next batch's window (a lease ends)
+                    self._queue = []
+            except _Busy:
+                pass  # its downloader finishes it; the next batch's window re-checks it
+            except Exception:
+                pass  # the read of this shard fetches it again and raises, naming the URL
+
+    def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
+        """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""
+        self.want(list(reading), list(rest)[: self.cache.prefetch])
+
+    def read_unplanned(self, index: int) -> None:
+        """A read with no prediction: keep a lease on the last few shards read this way."""
+        self._window = None
+        self._unplanned[index] = None
+        self._unplanned.move_to_end(index)
+        while len(self._unplanned) > _MAX_UNPLANNED_LEASES:
+            old, _ = self._unplanned.popitem(last=False)
+            self._release([self._paths(self.shards[old])[1].name])
+
+    # --------------------------------------------------- map-style: the plan
+    def observe(self, plan: Any) -> Any:
+        """``plan``, noting on this dataset each schedule the loader starts with it."""
+        return _WatchedPlan(plan, self.board)
+
+    def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
+        """Batch with first index ``first`` is being read: lease and prefetch the shards of
+        this process's next batches. Returns the shards it still needs (in use and
+        next), or None when no
+        prediction matches (the read then fetches on demand)."""
+        self._here()
+        pred = self._current
+        step = None if pred is None else pred.find(first)
+        if pred is None or step is None:
+            pred = self._anchor(first, ends)
+            self._current = pred
+            if pred is None:
+                self._planned = False
+                self._count("unplanned")
+                return None
+            step = 0
+        pred.next = step + 1
+        in_use, upcoming = pred.window(step, self.cache.prefetch)
+        self.want(in_use, upcoming)
+        return [*in_use, *upcoming]
+
+    def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
+        """The prediction whose first batch starts at ``first``: one of the schedules the
+        loader started, or the next epoch of the current one (persistent workers)."""
+        plan = self.board.plan
+        if plan is None:
+            return None
+        candidates = list(self.board.recent)
+        for pred in (self._current, self._last):
+            if pred is not None:
+                epoch, _, rank, world = pred.key
+                candidates.append((epoch + 1, 0, rank, world))
+        for key in candidates:
+            if key not in self._predictions:
+                self._predictions[key] = self._predict(plan, key, ends)
+            pred = self._predictions[key]
+            if pred.firsts and pred.firsts[0] == first:
+                self._last = pred
+                return pred
+        return None
+
+    @staticmethod
+    def _predict(plan: Any, key: tuple[int, int, int, int], ends: np.ndarray) -> _Prediction:
+        epoch, start, rank, world_size = key
+        sched = plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        n = len(ends)
+        first_step = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        last_step = np.full(n, -1, dtype=np.int64)
+        firsts = []
+        for j, step in enumerate(range(worker, sched.num_steps, workers)):
+            idx = np.asarray(sched.indices(step), dtype=np.int64).reshape(-1)
+            if idx.size == 0:
+                firsts.append(-1)
+                continue
+            firsts.append(int(idx[0]))
+            shards = np.unique(np.searchsorted(ends, idx % int(ends[-1]), side="right"))
+            first_step[shards] = np.minimum(first_step[shards], j)
+            last_step[shards] = j
+        return _Prediction(key, firsts, first_step, last_step)

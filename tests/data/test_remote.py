@@ -1,0 +1,384 @@
+"""Shards at s3:// URLs, against a real S3-compatible server (moto's, on localhost).
+
+The server runs in its own process for this module (``tests/support/s3.py``);
+shards are written with ``write_shards`` straight to the bucket. Each test
+gets its own folder and cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import (
+    MissingDependencyError,
+    MissingShardError,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardedDataset,
+    ShardError,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
+from loaderkit.data import _fs
+from tests.support.s3 import LocalS3
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+SEQ = 4
+SIZES = (12, 7, 16, 9, 12, 8)  # 64 samples, uneven shards
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = LocalS3(log=tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+def shard_arrays(sizes: tuple[int, ...] = SIZES) -> list[np.ndarray]:
+    """Every token of global sample ``i`` is ``i``."""
+    arrays, first = [], 0
+    for n in sizes:
+        arrays.append(np.repeat(np.arange(first, first + n), SEQ).astype(np.uint16))
+        first += n
+    return arrays
+
+
+@pytest.fixture
+def folder(s3: LocalS3, request: pytest.FixtureRequest) -> str:
+    url = f"s3://{s3.bucket}/{request.node.name.replace('[', '-').rstrip(']')}"
+    write_shards(url, shard_arrays(), READER, storage_options=s3.options)
+    return url
+
+
+def cache(s3: LocalS3, tmp_path: Path, **kwargs: Any) -> RemoteCache:
+    return RemoteCache(cache_dir=tmp_path / "cache", storage_options=s3.options, **kwargs)
+
+
+def cached_names(root: Path) -> list[str]:
+    # Complete shards only: a downloader removes its hidden reservation file just after
+    # the shard appears (and a reader may already have read it).
+    return sorted(p.name for p in (root / "cache" / "objects").glob("*/[!.]*"))
+
+
+def ids(batches: list[torch.Tensor]) -> list[list[int]]:
+    return [b[:, 0].tolist() for b in batches]
+
+
+def loader(ds: ShardedDataset, num_workers: int, **plan: Any) -> ResumableDataLoader:
+    sampler = ds.batch_sampler(4, seed=3, window=4, **plan)
+    return ResumableDataLoader(ds, batch_sampler=sampler, num_workers=num_workers)
+
+
+# ----------------------------------------------------------------- writing
+def test_write_shards_uploads_shards_and_index_and_the_dataset_counts_nothing(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder))
+    assert names[0].startswith(".loaderkit-index-") and names[0].endswith(".json")
+    assert names[1:] == [f"shard-{i:05d}.npy" for i in range(len(SIZES))]
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+    assert ds.sizes == SIZES
+    assert ds.describe()["remote"]["fetched"] == 0  # the sizes came from the index
+    assert repr(ds.shards[0]) == repr(f"{folder}/shard-00000.npy")  # messages name the URL
+
+
+def test_hidden_and_own_files_in_a_remote_folder_are_never_shards(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    fs.pipe_file(f"{folder}/._shard-00000.npy", b"AppleDouble")
+    fs.pipe_file(f"{folder}/.partial.npy", b"junk")
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+    assert [s.name for s in ds.shards] == [f"shard-{i:05d}.npy" for i in range(len(SIZES))]
+
+
+# ------------------------------------------------------------ reading, resume
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_training_from_s3_resumes_exactly(
+    s3: LocalS3, folder: str, tmp_path: Path, num_workers: int
+) -> None:
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+    full_loader = loader(ds, num_workers, mix_shards=2)
+    full = []
+    for _ in range(2):
+        full += ids(list(full_loader))
+    # The same batches as from local copies of the shards.
+    local = ShardedDataset(write_shards(tmp_path / "local", shard_arrays(), READER), READER)
+    ref_loader = loader(local, 0, mix_shards=2)
+    assert full == ids(list(ref_loader)) + ids(list(ref_loader))
+    for epoch in range(2):
+        seen = Counter(i for b in full[epoch * 16 : (epoch + 1) * 16] for i in b)
+        assert sorted(seen) == list(range(64)) and set(seen.values()) == {1}
+
+    # Stop after 5 batches, resume with a fresh dataset, loader and (cold) cache.
+    first = loader(ds, num_workers, mix_shards=2)
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    del it
+    again = ShardedDataset(folder, READER, remote=cache(s3, tmp_path / "resumed"))
+    resumed = loader(again, num_workers, mix_shards=2)
+    resumed.load_state_dict(state)
+    tail = ids(list(resumed)) + ids(list(resumed))
+    assert ids(head) + tail == full
+    info = again.describe()["remote"]
+    assert info["unplanned"] == 0, info  # every batch was predicted from the plan
+    assert info["retries"] == 0 and info["over_budget"] == 0
+
+
+def test_a_resumed_run_fetches_only_what_the_rest_of_the_epoch_reads(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path / "a"))
+    first = loader(ds, 0, mix_shards=1)
+    it = iter(first)
+    for _ in range(11):  # 11 of 16 batches
+        next(it)
+    state = first.state_dict()
+    del it
+    again = ShardedDataset(folder, READER, remote=cache(s3, tmp_path / "b"))
+    resumed = loader(again, 0, mix_shards=1)
+    resumed.load_state_dict(state)
+    rest = [i for b in ids(list(resumed)) for i in b]
+    assert len(rest) == 5 * 4
+    wanted = sorted({f"shard-{again.locate(i)[0]:05d}.npy" for i in rest})
+    assert len(wanted) < len(SIZES)  # the test means something: some shards are not read
+    assert cached_names(tmp_path / "b") == wanted
+
+
+def test_each_worker_fetches_only_the_shards_of_its_own_batches(
+    s3: LocalS3, folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Workers are forked, so they inherit this wrapper: it logs who downloaded what.
+    log = tmp_path / "downloads.jsonl"
+    real = _fs.Storage.download
+
+    def logged(self: _fs.Storage, url: str, target: Path, size: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        with open(log, "a") as f:
+            f.write(json.dumps({"worker": None if info is None else info.id, "url": url}) + "\n")
+        real(self, url, target, size)
+
+    monkeypatch.setattr(_fs.Storage, "download", logged)
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+    plan_loader = loader(ds, 2, mix_shards=1)
+    if sys.platform != "linux":
+        pytest.skip("needs fork-started workers")
+    batches = ids(list(plan_loader))
+    sched = ds.plan(4, seed=3, window=4, mix_shards=1).schedule(0, start=0, rank=0, world_size=1)
+    assert batches == [sched.indices(s).tolist() for s in range(sched.num_steps)]
+    own = {
+        w: {ds.locate(i)[0] for b in batches[w::2] for i in b}  # torch deals batches in turn
+        for w in (0, 1)
+    }
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["worker"] for r in records} <= {0, 1}
+    for r in records:
+        shard = int(r["url"].rsplit("-", 1)[1].split(".")[0])
+        assert shard in own[r["worker"]], (r, own)
+    # Each shard downloaded once for the machine: the workers share the cache.
+    assert sorted(Counter(r["url"] for r in records).values()) == [1] * len(SIZES)
+
+
+def test_the_cache_stays_within_its_budget_by_evicting_what_the_plan_is_done_with(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    shard_bytes = max(s.size for s in ShardedDataset(folder, READER, remote=cache(
+        s3, tmp_path / "probe")).shards)  # fmt: skip
+    budget = 3 * shard_bytes
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path, max_bytes=budget, prefetch=1))
+    got = []
+    one = loader(ds, 0, mix_shards=1)
+    for _ in range(2):
+        got += ids(list(one))
+        used = sum(p.stat().st_size for p in (tmp_path / "cache" / "objects").glob("*/*"))
+        assert used <= budget
+    assert sorted(i for b in got for i in b) == sorted(list(range(64)) * 2)
+    info = ds.describe()["remote"]
+    assert info["evicted"] > 0 and info["over_budget"] == 0, info
+
+
+def test_a_budget_too_small_for_the_shards_in_use_warns_and_still_reads(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path, max_bytes=1, prefetch=0))
+    with pytest.warns(RuntimeWarning, match=r"max_bytes=1.*raise RemoteCache\(max_bytes"):
+        got = [i for b in ids(list(loader(ds, 0, mix_shards=2))) for i in b]
+    assert sorted(got) == list(range(64))
+    assert ds.describe()["remote"]["over_budget"] > 0
+
+
+# --------------------------------------------------------------------- streams
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_from_s3_resumes_exactly(
+    s3: LocalS3, folder: str, tmp_path: Path, num_workers: int
+) -> None:
+    def make(root: Path) -> ResumableDataLoader:
+        ds = StreamingShardedDataset(folder, READER, mix_shards=2, remote=cache(s3, root))
+        return ResumableDataLoader(ds, batch_size=4, seed=5, num_workers=num_workers)
+
+    full = ids(list(make(tmp_path / "full")))
+    assert sorted(i for b in full for i in b) == list(range(64))
+    first = make(tmp_path / "first")
+    it = iter(first)
+    head = ids([next(it) for _ in range(4)])
+    state = first.state_dict()
+    del it
+    resumed = make(tmp_path / "resumed")
+    resumed.load_state_dict(state)
+    assert head + ids(list(resumed)) == full
+
+
+# ------------------------------------------------------------------- failures
+def test_a_partial_download_never_enters_the_cache_and_is_retried(
+    s3: LocalS3, folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path, prefetch=0, backoff_s=0.01))
+    real_open = ds._remote.storage.fs.open  # type: ignore[union-attr]
+    cut = {"left": 2}
+
+    class Truncated:
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def __enter__(self) -> Truncated:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def read(self, n: int) -> bytes:
+            data = self.f.read(n)
+            return data[: len(data) // 2]  # the connection "drops" half-way, unnoticed
+
+    def flaky_open(url: str, mode: str = "rb", **kw: Any) -> Any:
+        f = real_open(url, mode, **kw)
+        if cut["left"] > 0:
+            cut["left"] -= 1
+            return Truncated(f)
+        return f
+
+    monkeypatch.setattr(ds._remote.storage.fs, "open", flaky_open)  # type: ignore[union-attr]
+    assert ds[0].tolist() == [0] * SEQ
+    info = ds.describe()["remote"]
+    assert info["retries"] == 2 and info["fetched"] == 1
+    objects = tmp_path / "cache" / "objects"
+    assert [p.name for p in objects.glob("*/*")] == ["shard-00000.npy"]
+    assert not list(objects.glob("*/.*"))  # no temporary file left behind
+
+
+def test_a_missing_object_names_its_url(s3: LocalS3, folder: str, tmp_path: Path) -> None:
+    import s3fs
+
+    ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+    s3fs.S3FileSystem(skip_instance_cache=True, **s3.options).rm(f"{folder}/shard-00002.npy")
+    with pytest.raises(MissingShardError, match=r"shard-00002\.npy.*does not exist"):
+        ds[SIZES[0] + SIZES[1]]
+    with pytest.raises(MissingShardError, match=r"does not exist"):
+        ShardedDataset([f"{folder}/shard-00002.npy"], READER, remote=cache(s3, tmp_path))
+
+
+def test_an_object_changed_after_indexing_is_refused_by_url(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    with fs.open(f"{folder}/shard-00001.npy", "wb") as f:
+        np.save(f, np.zeros(4 * SEQ, dtype=np.uint16))
+    with pytest.raises(ShardError, match=r"shard-00001\.npy' changed after it was indexed"):
+        ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+
+
+def test_a_network_error_is_retried_with_backoff_then_names_the_url(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    options = {
+        "endpoint_url": closed,
+        "key": "k",
+        "secret": "s",
+        "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+    }
+    remote = RemoteCache(cache_dir=tmp_path, storage_options=options, retries=2, backoff_s=0.01)
+    with pytest.raises(ShardError, match=r"listing 's3://b/c' failed 3 time\(s\).*network"):
+        ShardedDataset("s3://b/c", READER, remote=remote)
+
+
+def _closed_port() -> int:
+    from tests.support.s3 import free_port
+
+    return free_port()
+
+
+def test_missing_fsspec_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[remote\]'"):
+        ShardedDataset("s3://bucket/data", READER, remote=RemoteCache(cache_dir=tmp_path))
+
+
+def test_a_protocol_without_its_package_names_it(tmp_path: Path) -> None:
+    if _installed("gcsfs"):
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(MissingDependencyError, match=r"gs:// URLs need gcsfs.*loaderkit\[remote\]"):
+        ShardedDataset("gs://bucket/data", READER, remote=RemoteCache(cache_dir=tmp_path))
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_bytes": 0}, ValueError, r"max_bytes.*pass a byte count"),
+        ({"prefetch": -1}, ValueError, r"prefetch.*pass shards to fetch ahead"),
+        ({"retries": 1.5}, TypeError, r"retries.*pass a retry count"),
+        ({"backoff_s": -1}, ValueError, r"backoff_s must be .* >= 0, got -1; pass e.g. 0.5"),
+        ({"storage_options": "x"}, TypeError, r"storage_options must be a dict"),
+    ],
+)
+def test_remote_cache_arguments_are_checked(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        RemoteCache(**kwargs)
+
+
+def test_remote_options_for_local_shards_are_refused(tmp_path: Path) -> None:
+    paths = write_shards(tmp_path / "d", shard_arrays(), READER)
+    with pytest.raises(ValueError, match=r"remote= is for shards at URLs.*leave remote out"):
+        ShardedDataset(paths, READER, remote=RemoteCache(cache_dir=tmp_path))
+    with pytest.raises(TypeError, match=r"mixes URLs and other items"):
+        ShardedDataset([str(paths[0]), "s3://b/x.npy"], READER)
+    with pytest.raises(ValueError, match=r"storage_options is for a URL"):
+        write_shards(tmp_path / "e", shard_arrays(), READER, storage_options={})
+
+
+def test_the_cache_directory_defaults_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LOADERKIT_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("LOADERKIT_CACHE_BYTES", "12345")
+    remote = RemoteCache()
+    assert remote.directory == tmp_path / "c" and remote.max_bytes == 12345
+    assert os.environ["LOADERKIT_CACHE_DIR"] == str(remote.directory)
