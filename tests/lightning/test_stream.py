@@ -23,7 +23,7 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import Callback
 
-from loaderkit import ElasticResume, LoaderkitError
+from loaderkit import ElasticResume
 from tests.support.helpers import (
     SUPPORT_DIR,
     IdDataModule,
