@@ -68,6 +68,7 @@ from loaderkit.types import Stateful
 if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads them
     from loaderkit.lightning import (
         ArrayDataModule,
+        DataWaitMonitor,
         ElasticResume,
         ImageFolderDataModule,
         LoaderDataModule,
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads t
 _LIGHTNING_NAMES = frozenset(
     {
         "ArrayDataModule",
+        "DataWaitMonitor",
         "ElasticResume",
         "ImageFolderDataModule",
         "LoaderDataModule",
@@ -131,6 +133,7 @@ __all__ = [
     "BucketBatchSampler",
     "BucketPlan",
     "CollateError",
+    "DataWaitMonitor",
     "DevicePrefetcher",
     "ElasticResume",
     "ImageFolderDataModule",

@@ -20,9 +20,11 @@ from loaderkit.lightning.datamodules import (
     ShardedDataModule,
     TensorDataModule,
 )
+from loaderkit.lightning.telemetry import DataWaitMonitor
 
 __all__ = [
     "ArrayDataModule",
+    "DataWaitMonitor",
     "ElasticResume",
     "ImageFolderDataModule",
     "LoaderDataModule",

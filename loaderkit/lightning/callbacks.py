@@ -25,9 +25,8 @@ ranks need no callback.
 A third case: a :class:`~loaderkit.StreamingShardedDataset` without
 ``steps_per_epoch`` has no length, so Lightning prefetches one batch ahead of
 training, and a state saved at a checkpoint would count that batch as done.
-The callback tells such loaders how many batches Lightning holds, and their
-``state_dict()`` leaves those out (without the callback, saving the state
-inside Lightning's loop is an error, not a silently skipped batch).
+Such loaders ask the Lightning adapter how many batches Lightning holds
+(the callback tells them too), and their ``state_dict()`` leaves those out.
 
 What the callback reads of Lightning's fit loop (the fetcher's held batches,
 the lengths Lightning derived an epoch from) is read in
