@@ -592,11 +592,11 @@ STATES = [
         "resume with the loaderkit version that saved it",
     ),
     Bad(
-        "state version 4",
-        lambda tmp: load(state(version=4)),
+        "state version 5",
+        lambda tmp: load(state(version=5)),
         StateMismatchError,
         "field 'version'",
-        "is 4",
+        "is 5",
         "upgrade loaderkit",
     ),
     Bad(
