@@ -89,17 +89,17 @@ class KeyedPermutation:
         Positions are not range-checked here (callers pass positions they
         computed); one outside ``[0, n)`` maps to an unspecified entry.
         """
-        x = np.asarray(positions).astype(np.uint64, copy=True)
+        given = np.asarray(positions)
         if self.n == 1:
-            return np.zeros(x.shape, dtype=np.int64)
-        y = self._encrypt(x)
+            return np.zeros(given.shape, dtype=np.int64)
+        y = self._encrypt(given.astype(np.uint64).reshape(-1))
         n = np.uint64(self.n)
         out = np.flatnonzero(y >= n)
         while out.size:  # cycle walking, only over the entries still outside [0, n)
             again = self._encrypt(y[out])
             y[out] = again
             out = out[again >= n]
-        return y.astype(np.int64)
+        return y.view(np.int64).reshape(given.shape)  # every entry < n <= 2**63
 
 
 @functools.cache
