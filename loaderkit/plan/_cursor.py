@@ -216,8 +216,8 @@ def check_state(
                 f"{owner}.load_state_dict: field 'order_check' differs ({saved[key]} saved, "
                 f"{expected} here): this torch and loaderkit compute a different order than "
                 "the one the state was saved with (torch or loaderkit version changed?), so the "
-                "saved position would repeat and skip samples. Resume with the versions that "
-                "saved it."
+                "saved position would repeat and skip samples. Resume with the torch and "
+                "loaderkit versions that saved it."
             )
         if key not in adopt and saved[key] != expected:
             raise StateMismatchError(

@@ -741,7 +741,7 @@ STATES = [
         StateMismatchError,
         "field 'order_check' differs",
         "1 saved",
-        "Resume with the torch version that saved it",
+        "Resume with the torch and loaderkit versions that saved it",
     ),
     Bad(
         "sampler state edited",
