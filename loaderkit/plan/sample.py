@@ -3,8 +3,9 @@
 An epoch's *order* is one sequence of dataset indices, a permutation computed
 from ``(seed, epoch)`` alone: a keyed bijection of positions to indices
 (:mod:`loaderkit.plan._permutation`), evaluated only at the positions a rank
-deals, so no per-sample array of the epoch's size is ever built. A *position* is how many entries of that order
-have been consumed globally, by all ranks together. Because the order does not
+deals, so no per-sample array of the epoch's size is ever built. A *position*
+is how many entries of that order have been consumed globally, by all ranks
+together. Because the order does not
 depend on the topology, a position means the same thing on every rank and
 under any world size: resuming at a position with a different world size (or a
 different ``num_workers``, which the plan never sees) re-splits only the
