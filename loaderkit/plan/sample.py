@@ -362,6 +362,10 @@ class _FixedSchedule:
     def indices(self, step: int) -> torch.Tensor:
         return torch.from_numpy(self.indices_numpy(step))
 
+    def num_indices(self) -> int:
+        """Indices this rank yields over all its steps, counted without mapping a position."""
+        return self._full * self._batch + self._tail_batch
+
     def indices_numpy(self, step: int) -> np.ndarray:
         """:meth:`indices` as a numpy array, for callers that index with it themselves.
 

@@ -187,3 +187,18 @@ def test_module_docstring_example() -> None:
     result = doctest.testmod(loaderkit.plan._permutation, raise_on_error=False, verbose=False)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_num_indices_counts_what_the_schedule_yields() -> None:
+    for n, batch, ws, drop in (
+        (1, 4, 3, False),
+        (100, 7, 3, False),
+        (100, 7, 3, True),
+        (64, 8, 2, False),
+    ):
+        plan = SamplePlan(num_samples=n, batch_size=batch, shuffle=True, drop_last=drop)
+        for start in (0, n // 3, n):
+            for rank in range(ws):
+                sched = plan.schedule(0, start=start, rank=rank, world_size=ws)
+                yielded = sum(len(sched.indices(s)) for s in range(sched.num_steps))
+                assert sched.num_indices() == yielded, (n, batch, ws, drop, start, rank)
