@@ -36,7 +36,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 CHILD = r"""
 import json, sys, time
