@@ -40,7 +40,7 @@ from loaderkit.errors import (
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
-from loaderkit.plan.sample import Plan, SamplePlan, Schedule
+from loaderkit.plan.sample import Plan, PositionMap, SamplePlan, Schedule
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
 from loaderkit.plan.shard import BatchMix, ShardPlan, batch_mix
 from loaderkit.plan.shard_bucket import ShardBucketPlan
@@ -148,6 +148,7 @@ __all__ = [
     "PaddedBatch",
     "Plan",
     "PlanBatchSampler",
+    "PositionMap",
     "RemoteCache",
     "ResumableDataLoader",
     "SamplePlan",

@@ -24,9 +24,11 @@ Loaders:
   ``--sdl-samples`` samples (default: the same 10M), stopped (state_dict taken)
   at each position in turn; each resume is timed once (it takes seconds).
 
-The resume time of ResumableDataLoader is dominated by the epoch's
-``randperm``, computed once per epoch whatever the position; that time alone
-is printed for reference.
+Before state version 4 the resume time of ResumableDataLoader was dominated
+by the epoch's ``randperm``, computed once per epoch whatever the position;
+that time alone is still printed for reference. Since then the order is a
+keyed permutation evaluated per position (``benchmarks/plans``), so the
+"warm" row no longer holds anything a cold resume lacks.
 
 Streams (``--stream-samples``, default 2M, in ``--stream-shards`` generator
 shards): ``StreamingShardedDataset`` (per-slot cursors: resume skips whole

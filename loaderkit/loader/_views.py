@@ -36,7 +36,7 @@ class PlanOrder(Sampler[int]):
         """Make the loader's next iteration ``epoch``, as ``DistributedSampler.set_epoch`` does."""
         self._owner().set_epoch(epoch)
 
-    def _batches(self) -> Iterator[list[int]]:
+    def _schedule(self) -> Any:
         loader = self._owner()
         if loader._stream is not None:
             raise TypeError(
@@ -45,7 +45,11 @@ class PlanOrder(Sampler[int]):
             )
         epoch, start, _ = loader._cursor.upcoming(loader.plan)
         rank, world_size = loader._topology()
-        sched = loader.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        return loader.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+
+    def _batches(self) -> Iterator[list[int]]:
+        # One batch at a time: a plan's order is never listed whole (10^10 samples fit no list).
+        sched = self._schedule()
         for step in range(sched.num_steps):
             yield sched.indices(step).tolist()
 
@@ -54,7 +58,14 @@ class PlanOrder(Sampler[int]):
             yield from batch
 
     def __len__(self) -> int:
-        return sum(len(batch) for batch in self._batches())
+        sched = self._schedule()
+        # A sample plan's schedule counts its indices without mapping a position
+        # (len() of a 10^10-sample epoch would otherwise map all of them); other
+        # plans' batches vary in size and are counted.
+        count = getattr(sched, "num_indices", None)
+        if count is not None:
+            return int(count())
+        return sum(len(sched.indices(step)) for step in range(sched.num_steps))
 
 
 class SequentialPlanOrder(PlanOrder, SequentialSampler):
@@ -78,7 +89,7 @@ class PlanBatches(Sampler[list[int]]):
         return self.sampler._batches()
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.sampler._batches())
+        return int(self.sampler._schedule().num_steps)
 
 
 class IterableOrder(Sampler[None]):

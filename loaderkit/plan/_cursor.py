@@ -30,11 +30,15 @@ __all__ = [
 # 2: states carry a per-field checksum (version 1 had none).
 # 3: per-sample randomness is keyed by 64-bit splitmix keys (seeding.sample_seed);
 #    a version-2 position resumed here would augment the rest of its epoch differently.
-STATE_VERSION = 3
+# 4: SamplePlan's shuffled order is a keyed Feistel permutation evaluated per position
+#    (plan/_permutation.py), no longer a materialized torch.randperm; a version-3
+#    position would point into a different order.
+STATE_VERSION = 4
 # What each older version lacks, for the message that refuses it.
 _OLDER = {
     1: "without a checksum",
     2: "whose per-sample augmentation seeds were derived differently (32-bit)",
+    3: "whose shuffled sample order was a torch.randperm, not today's keyed permutation",
 }
 _FIELDS = ("version", "epoch", "position", "steps_done", "plan", "topology")
 _KEYS = (*_FIELDS, "checksum")
@@ -210,9 +214,10 @@ def check_state(
         if key == "order_check" and saved[key] != expected:
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field 'order_check' differs ({saved[key]} saved, "
-                f"{expected} here): this torch's randperm gives a different order than the "
-                "one the state was saved with (torch version changed?), so the saved position "
-                "would repeat and skip samples. Resume with the torch version that saved it."
+                f"{expected} here): this torch and loaderkit compute a different order than "
+                "the one the state was saved with (torch or loaderkit version changed?), so the "
+                "saved position would repeat and skip samples. Resume with the torch and "
+                "loaderkit versions that saved it."
             )
         if key not in adopt and saved[key] != expected:
             raise StateMismatchError(

@@ -1,8 +1,11 @@
 """The sample plan: which samples each rank gets, as a pure function of a few integers.
 
 An epoch's *order* is one sequence of dataset indices, a permutation computed
-from ``(seed, epoch)`` alone. A *position* is how many entries of that order
-have been consumed globally, by all ranks together. Because the order does not
+from ``(seed, epoch)`` alone: a keyed bijection of positions to indices
+(:mod:`loaderkit.plan._permutation`), evaluated only at the positions a rank
+deals, so no per-sample array of the epoch's size is ever built. A *position*
+is how many entries of that order have been consumed globally, by all ranks
+together. Because the order does not
 depend on the topology, a position means the same thing on every rank and
 under any world size: resuming at a position with a different world size (or a
 different ``num_workers``, which the plan never sees) re-splits only the
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,9 +41,33 @@ import torch
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
+from loaderkit.plan._permutation import KeyedPermutation, permutation_digest
 from loaderkit.seeding import derive_seed
 
-__all__ = ["Plan", "SamplePlan", "Schedule"]
+__all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
+
+_MAX_SAMPLES = 2**63
+# Positions a lazy schedule maps at once: one numpy pass over 64k positions costs
+# ~60 ns each (per batch of 256 it would be ~700 ns each, numpy's per-call overhead),
+# and its arrays (a few MB) stay constant in the dataset size.
+CHUNK = 1 << 16
+
+
+class PositionMap(Protocol):
+    """An epoch's order as a function: the dataset indices at any positions."""
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """Dataset indices (int64, same shape) at ``positions`` (ints in ``[0, n)``)."""
+        ...
+
+
+class _Identity:
+    """The unshuffled order: position ``p`` holds sample ``p``."""
+
+    __slots__ = ()
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(positions).astype(np.int64)
 
 
 class Schedule(Protocol):
@@ -117,14 +144,10 @@ class SamplePlan:
     shuffle: bool = False
     seed: int = 0
     drop_last: bool = False
-    # One epoch's order is kept: a loader asks for the same epoch once per batch.
-    # init=False: dataclasses.replace() must not hand one plan's orders to another.
-    _cache: dict[int, torch.Tensor] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
 
     def __post_init__(self) -> None:
-        check_int("num_samples", self.num_samples, 1)
+        # < 2**63: indices are int64, as torch's are.
+        check_int("num_samples", self.num_samples, 1, limit=_MAX_SAMPLES)
         check_int("batch_size", self.batch_size, 1)
         check_int("seed", self.seed, 0)
         check_bool("shuffle", self.shuffle)
@@ -134,28 +157,52 @@ class SamplePlan:
         """Position reached when an epoch is complete: ``num_samples``, in every epoch."""
         return self.num_samples
 
-    def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's order of dataset indices (int64, read-only by convention).
+    def order_map(self, epoch: int) -> PositionMap:
+        """The epoch's order as a map from positions to dataset indices, never materialized.
 
-        A seeded ``torch.randperm``: 0.34 s for 10M samples on one core, paid
-        once per epoch, which is cheaper per batch than evaluating a
-        cipher-style permutation batch by batch (measured in
-        ``benchmarks/resume``). The algorithm's output is checked on resume
-        (:func:`permutation_check`) so a torch upgrade that changed it is an error,
-        not a silently different order.
+        Shuffled: a :class:`~loaderkit.plan._permutation.KeyedPermutation` of
+        ``[0, num_samples)`` keyed by ``derive_seed(seed, "order", epoch)``; any
+        batch of positions costs O(batch) time and memory, whatever the dataset
+        size (the first batch after a resume at 90 % of a 10^10-sample epoch
+        takes milliseconds; ``benchmarks/plans``). Unshuffled: the identity.
         """
         check_int("epoch", epoch, 0)
-        cached = self._cache.get(epoch)
-        if cached is not None:
-            return cached
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.ORDER, epoch))
-            order = torch.randperm(self.num_samples, generator=gen)
-        else:
-            order = torch.arange(self.num_samples)
-        self._cache.clear()
-        self._cache[epoch] = order
-        return order
+        if not self.shuffle:
+            return _Identity()
+        return KeyedPermutation(self.num_samples, derive_seed(self.seed, SeedTag.ORDER, epoch))
+
+    def order_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Dataset indices at ``positions`` of the epoch's order (int64, same shape).
+
+        Raises:
+            ValueError: a position outside ``[0, num_samples)``.
+        """
+        pos = np.asarray(positions)
+        if pos.dtype.kind not in "iu":
+            raise TypeError(
+                f"positions must be an integer array, got dtype {pos.dtype}; pass e.g. "
+                "np.arange(lo, hi)."
+            )
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self.num_samples):
+            raise ValueError(
+                f"positions must lie in [0, num_samples={self.num_samples}), got "
+                f"[{int(pos.min())}, {int(pos.max())}]; a position counts entries of one epoch."
+            )
+        return self.order_map(epoch).at(pos)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The whole epoch's order of dataset indices (int64), materialized.
+
+        O(num_samples) time and memory, computed chunk by chunk from
+        :meth:`order_map`: for inspection and tests. Loaders and samplers never
+        call it; their schedules evaluate only the positions they deal.
+        """
+        mapping = self.order_map(epoch)
+        out = np.empty(self.num_samples, dtype=np.int64)
+        for lo in range(0, self.num_samples, CHUNK):
+            hi = min(lo + CHUNK, self.num_samples)
+            out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
+        return torch.from_numpy(out)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
@@ -166,7 +213,7 @@ class SamplePlan:
                 f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
                 f"[0, {world_size})."
             )
-        return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
+        return _FixedSchedule(self, self.order_map(epoch), epoch, start, rank, world_size)
 
     def _check_position(self, start: int, world_size: int) -> None:
         steps_from(self, start, world_size)
@@ -186,7 +233,7 @@ class SamplePlan:
             "shuffle": self.shuffle,
             "seed": self.seed,
             "drop_last": self.drop_last,
-            "order_check": permutation_check() if self.shuffle else 0,
+            "order_check": permutation_digest() if self.shuffle else 0,
         }
 
 
@@ -210,7 +257,11 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
 
 @functools.cache
 def permutation_check() -> int:
-    """A checksum of a small seeded ``torch.randperm``, stored in every saved state.
+    """A checksum of a small seeded ``torch.randperm``, stored in the states of plans using it.
+
+    (:class:`~loaderkit.plan.bucket.BucketPlan` orders its windows with
+    ``randperm``; :class:`SamplePlan` stores
+    :func:`~loaderkit.plan._permutation.permutation_digest` instead.)
 
     A torch release that changed ``randperm``'s algorithm would give a resumed
     run a different order than the one its position refers to; comparing this
@@ -236,16 +287,25 @@ class Dealt(Protocol):
 
 
 class _FixedSchedule:
-    """One rank's rest-of-epoch under a :class:`SamplePlan` (see module docstring)."""
+    """One rank's rest-of-epoch under a :class:`SamplePlan` (see module docstring).
+
+    ``order`` is either a materialized order (a tensor: shard, bucket and
+    sampler plans build one) or a :class:`PositionMap` (:class:`SamplePlan`);
+    of a map, only the positions this rank deals are evaluated,
+    :data:`CHUNK` at a time, so memory stays constant in the dataset size.
+    """
 
     __slots__ = (
         "_batch",
+        "_chunk",
+        "_chunk_lo",
         "_full",
         "_global",
+        "_map",
         "_n",
         "_np_order",
-        "_order",
         "_rank",
+        "_rows",
         "_tail",
         "_tail_batch",
         "epoch",
@@ -254,44 +314,84 @@ class _FixedSchedule:
     )
 
     def __init__(
-        self, plan: Dealt, order: torch.Tensor, epoch: int, start: int, rank: int, ws: int
+        self,
+        plan: Dealt,
+        order: torch.Tensor | PositionMap,
+        epoch: int,
+        start: int,
+        rank: int,
+        ws: int,
     ) -> None:
         self.epoch = epoch
         self.start = start
-        self._order = order
-        # Slicing numpy and wrapping the slice is ~2x cheaper than slicing the
-        # tensor (~1 us vs ~2.5 us), paid once per batch.
-        self._np_order = order.numpy()
+        if isinstance(order, torch.Tensor):
+            # Slicing numpy and wrapping the slice is ~2x cheaper than slicing the
+            # tensor (~1 us vs ~2.5 us), paid once per batch.
+            self._np_order: np.ndarray | None = order.numpy()
+            self._map: PositionMap | None = None
+        else:
+            self._np_order, self._map = None, order
         self._n = plan.num_samples
         self._rank = rank
         self._batch = plan.batch_size
         self._global = ws * plan.batch_size
+        # Whole batches per chunk: a row of the chunk is one step's batch.
+        self._rows = max(1, CHUNK // plan.batch_size)
+        self._chunk: np.ndarray | None = None
+        self._chunk_lo = 0
         remaining = self._n - start
         self._full, tail = divmod(remaining, self._global)
         self._tail_batch = 0 if plan.drop_last or tail == 0 else -(-tail // ws)
         self._tail = self._tail_indices(ws) if self._tail_batch else None
         self.num_steps = self._full + (1 if self._tail_batch else 0)
 
-    def _tail_indices(self, ws: int) -> torch.Tensor:
+    def _at(self, positions: np.ndarray) -> np.ndarray:
+        if self._np_order is not None:
+            return self._np_order[positions]
+        assert self._map is not None
+        return self._map.at(positions)
+
+    def _tail_indices(self, ws: int) -> np.ndarray:
         base = self.start + self._full * self._global
-        need = self._tail_batch * ws
+        lo = self._rank * self._tail_batch
         # Wrap around to the start of the order for the missing entries; modulo
         # because a tiny dataset may need to wrap more than once.
-        wrapped = torch.arange(base, base + need) % self._n
-        lo = self._rank * self._tail_batch
-        return self._order[wrapped[lo : lo + self._tail_batch]]
+        wrapped = np.arange(base + lo, base + lo + self._tail_batch, dtype=np.int64) % self._n
+        return self._at(wrapped)
 
     def indices(self, step: int) -> torch.Tensor:
         return torch.from_numpy(self.indices_numpy(step))
 
+    def num_indices(self) -> int:
+        """Indices this rank yields over all its steps, counted without mapping a position."""
+        return self._full * self._batch + self._tail_batch
+
     def indices_numpy(self, step: int) -> np.ndarray:
-        """:meth:`indices` as a numpy view, for callers that index with it themselves."""
-        if step < self._full:
-            lo = self.start + step * self._global + self._rank * self._batch
-            return self._np_order[lo : lo + self._batch]
+        """:meth:`indices` as a numpy array, for callers that index with it themselves.
+
+        Do not modify it: it may be a view of the order or of a chunk other steps share.
+        """
+        if 0 <= step < self._full:
+            if self._np_order is not None:
+                lo = self.start + step * self._global + self._rank * self._batch
+                return self._np_order[lo : lo + self._batch]
+            chunk = self._chunk
+            if chunk is None or not self._chunk_lo <= step < self._chunk_lo + len(chunk):
+                chunk = self._fill(step)
+            return chunk[step - self._chunk_lo]
         if step == self._full and self._tail is not None:
-            return self._tail.numpy()
+            return self._tail
         raise IndexError(f"step must be in [0, {self.num_steps}), got {step}.")
+
+    def _fill(self, step: int) -> np.ndarray:
+        """Map the positions of steps ``step ..`` (up to a chunk) at once; rows are batches."""
+        steps = np.arange(step, min(step + self._rows, self._full), dtype=np.int64)
+        first = self.start + self._rank * self._batch
+        positions = (first + steps * self._global)[:, None] + np.arange(self._batch)
+        # A new array each time, never refilled in place: a caller may still hold a row.
+        self._chunk = self._at(positions)
+        self._chunk_lo = step
+        return self._chunk
 
     def position_after(self, step: int) -> int:
         if step + 1 >= self.num_steps:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import loaderkit.plan.sample
 from loaderkit import SamplePlan
-from loaderkit.plan.sample import permutation_check
+from loaderkit.plan._permutation import permutation_digest
 from tests.support.proptest import examples
 
 PLANS = st.builds(
@@ -166,7 +166,7 @@ def test_order_is_a_deterministic_permutation_per_seed_and_epoch() -> None:
     assert sorted(e0.tolist()) == list(range(1000))
     assert torch.equal(e0, again.order(0))
     assert torch.equal(e1, again.order(1))
-    assert torch.equal(plan.order(0), e0)  # asked again after another epoch was cached
+    assert torch.equal(plan.order(0), e0)  # asked again after another epoch
     assert not torch.equal(e0, e1)
     assert not torch.equal(e0, other_seed.order(0))
     assert not torch.equal(e0, torch.arange(1000))
@@ -183,7 +183,7 @@ def test_unshuffled_order_is_the_identity_every_epoch() -> None:
         assert plan.order(epoch).tolist() == list(range(17))
 
 
-def test_replace_does_not_share_the_order_cache() -> None:
+def test_replace_gives_the_order_of_the_new_settings() -> None:
     plan = SamplePlan(num_samples=50, batch_size=4, shuffle=True, seed=0)
     plan.order(0)
     other = dataclasses.replace(plan, seed=1)
@@ -200,11 +200,11 @@ def test_fingerprint_lists_the_settings_a_position_depends_on() -> None:
         "shuffle": True,
         "seed": 5,
         "drop_last": True,
-        "order_check": permutation_check(),
+        "order_check": permutation_digest(),
     }
-    assert isinstance(permutation_check(), int)
-    assert permutation_check() == permutation_check()
-    # Without shuffling there is no randperm to check.
+    assert isinstance(permutation_digest(), int)
+    assert permutation_digest() == permutation_digest()
+    # Without shuffling there is no permutation to check.
     assert SamplePlan(num_samples=10, batch_size=2).fingerprint()["order_check"] == 0
     # The world size is not in it: a position is valid under any topology.
     assert "world_size" not in plan.fingerprint()

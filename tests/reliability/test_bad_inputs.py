@@ -592,11 +592,11 @@ STATES = [
         "resume with the loaderkit version that saved it",
     ),
     Bad(
-        "state version 4",
-        lambda tmp: load(state(version=4)),
+        "state version 5",
+        lambda tmp: load(state(version=5)),
         StateMismatchError,
         "field 'version'",
-        "is 4",
+        "is 5",
         "upgrade loaderkit",
     ),
     Bad(
@@ -741,7 +741,7 @@ STATES = [
         StateMismatchError,
         "field 'order_check' differs",
         "1 saved",
-        "Resume with the torch version that saved it",
+        "Resume with the torch and loaderkit versions that saved it",
     ),
     Bad(
         "sampler state edited",

@@ -1,0 +1,115 @@
+"""A keyed bijection of ``[0, n)`` evaluated at any positions, without materializing it.
+
+The shuffled order of a :class:`~loaderkit.plan.sample.SamplePlan` epoch is
+``KeyedPermutation(n, key).at(positions)``: entry ``p`` of the order, for any
+batch of positions, in O(len(positions)) time and memory, whatever ``n`` is.
+A materialized ``randperm`` costs O(n) at every epoch start and every resume
+(10.5 s and 400 MB at 5x10^7 samples; ~75 GiB at 10^10).
+
+The construction: a balanced Feistel network over ``[0, 4**h)``, the smallest
+power of four holding ``n``, with :data:`ROUNDS` rounds whose round function
+is the splitmix64 finaliser of the right half XOR a round key; positions that
+land outside ``[0, n)`` are encrypted again (*cycle walking*) until they land
+inside, which keeps the map a bijection of ``[0, n)`` (the walk from an entry
+of ``[0, n)`` only passes through entries outside it, so two walks never end
+on one value). The domain is under ``4 n``, so a walk takes fewer than 4
+encryptions on average.
+
+Not uniform over all ``n!`` orders (no keyed permutation family of 64-bit keys
+is, and a Feistel network on 2-bit halves yields only even permutations); it
+is a well-mixed shuffle, which is what a training order needs.
+
+The algorithm fixes every shuffled order a saved position refers to: a change
+to it needs a new state version (``plan/_cursor.py``), and
+:func:`permutation_digest` (stored in every state) pins it.
+
+Example:
+    >>> perm = KeyedPermutation(10, key=7)
+    >>> sorted(perm.at(np.arange(10)).tolist()) == list(range(10))
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import numpy as np
+
+from loaderkit._checks import check_int
+from loaderkit._global_rngs import GOLDEN, M64, mix64, mix64_array
+
+__all__ = ["ROUNDS", "KeyedPermutation", "permutation_digest"]
+
+# Luby-Rackoff: 4 rounds of independent random round functions give a strong
+# pseudorandom permutation; 6 leave a margin for the tiny halves of small n.
+ROUNDS = 6
+_KEY_LIMIT = 2**64
+_MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
+
+
+class KeyedPermutation:
+    """A bijection of ``[0, n)`` chosen by a 64-bit ``key`` (see the module docstring).
+
+    Args:
+        n: Size of the domain (>= 1, < 2**63).
+        key: The key (an int in ``[0, 2**64)``); distinct keys give unrelated orders.
+    """
+
+    __slots__ = ("_half", "_keys", "_mask", "_shift", "n")
+
+    def __init__(self, n: int, key: int) -> None:
+        self.n = check_int("n", n, 1, owner="KeyedPermutation", limit=_MAX_N)
+        key = check_int("key", key, 0, owner="KeyedPermutation", limit=_KEY_LIMIT)
+        bits = max(2, (n - 1).bit_length())
+        self._half = (bits + 1) // 2  # balanced: both halves this wide, domain 4**half
+        self._mask = np.uint64((1 << self._half) - 1)
+        # The round function keeps the top bits of mix64's output: its best-mixed ones.
+        self._shift = np.uint64(64 - self._half)
+        # Round keys: splitmix64's outputs from state `key` (as seeding.sample_seed does).
+        self._keys = [np.uint64(mix64((key + (r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        """One pass of the Feistel network over ``[0, 4**half)`` (uint64 in, uint64 out)."""
+        half = np.uint64(self._half)
+        left = x >> half
+        right = x & self._mask
+        for k in self._keys:
+            f = mix64_array(right ^ k)
+            f >>= self._shift
+            left ^= f
+            left, right = right, left
+        left <<= half
+        left |= right
+        return left
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """Entries of the permutation at ``positions`` (each in ``[0, n)``), as int64.
+
+        Positions are not range-checked here (callers pass positions they
+        computed); one outside ``[0, n)`` maps to an unspecified entry.
+        """
+        given = np.asarray(positions)
+        if self.n == 1:
+            return np.zeros(given.shape, dtype=np.int64)
+        y = self._encrypt(given.astype(np.uint64).reshape(-1))
+        n = np.uint64(self.n)
+        out = np.flatnonzero(y >= n)
+        while out.size:  # cycle walking, only over the entries still outside [0, n)
+            again = self._encrypt(y[out])
+            y[out] = again
+            out = out[again >= n]
+        return y.view(np.int64).reshape(given.shape)  # every entry < n <= 2**63
+
+
+@functools.cache
+def permutation_digest() -> int:
+    """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state.
+
+    A loaderkit (or numpy) that computed a different order from the same key
+    makes a resumed position point elsewhere; comparing this checksum turns
+    that into a :class:`~loaderkit.StateMismatchError` instead of silently
+    repeated and skipped samples. Computed once per process.
+    """
+    perm = KeyedPermutation(257, key=20240917).at(np.arange(257, dtype=np.uint64))
+    return zlib.crc32(perm.tobytes())
