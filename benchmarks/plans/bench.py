@@ -37,6 +37,8 @@ import statistics
 import subprocess
 import sys
 
+from loaderkit.cli.bench import Ratio, report
+
 CHILD = r"""
 import json, sys, time
 import numpy as np, torch
@@ -158,6 +160,22 @@ def main() -> None:
         sec = keyed_at[10**10]
         verdict = "met" if sec < 1.0 else "missed"
         print(f"\ngoal first batch at 90 % of a 10^10 epoch < 1 s: {sec:.4f} s, {verdict}")
+    largest = max(keyed_at)
+    report(
+        [
+            Ratio(
+                f"first batch after a 90 % resume, {largest:.0e} samples",
+                keyed_at[largest],
+                1.0,
+                higher_is_better=False,
+                unit="s",
+            ),
+            Ratio(
+                "keyed / randperm, us per batch (steady state)",
+                s["keyed_us_per_batch"] / s["randperm_us_per_batch"],
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "--state-calls 2000 --state-epochs 2",
         "seeding": "--repeats 1 --seed-batches 2 --samples 5000 --batches 5 --png-samples 256 "
         "--png-batches 2 --workers 0",
+        "plans": "--samples 1000000 10000000000 --repeats 1 --old-max 1000000 --steady-batches 200",
         "remote": "--shards 4 --tokens 200000 --workers 0 --repeats 1",
         "resume": "--samples 500000 --repeats 2 --stream-samples 200000",
         "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2 --mix-tokens 4000000 "
