@@ -10,6 +10,7 @@ of the data-parallel group from the host driving the caller (a Lightning
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -18,7 +19,7 @@ from torch.utils.data import get_worker_info
 from loaderkit._callers import host_topology
 from loaderkit._checks import check_int
 
-__all__ = ["WorkerEnv", "detect"]
+__all__ = ["WorkerEnv", "cpu_budget", "detect"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,3 +122,12 @@ def detect(*, rank: int | None = None, world_size: int | None = None) -> WorkerE
     return WorkerEnv(
         rank=rank, world_size=world_size, worker_id=info.id, num_workers=info.num_workers
     )
+
+
+def cpu_budget(processes: int = 1) -> int:
+    """CPU cores this process may use, shared among ``processes`` processes on the machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, processes))

@@ -41,6 +41,7 @@ REPORT_ENV = "LOADERKIT_BENCH_JSON"
 QUICK_ARGS: dict[str, list[str]] = {
     name: args.split()
     for name, args in {
+        "autoworkers": "--tensor-samples 5000 --png-samples 128 --png-side 64 --repeats 1",
         "bucketing": "--samples 100000 --train-samples 512 --repeats 1 --big 200000",
         "collate": "--repeats 3 --batches 4",
         "imports": "--repeats 1 --first-batch-repeats 1",

@@ -18,7 +18,12 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.plan.samplers import check_resumable_sampler
 
-__all__ = ["check_sources", "check_start_method", "check_worker_args"]
+__all__ = [
+    "check_auto_workers",
+    "check_sources",
+    "check_start_method",
+    "check_worker_args",
+]
 
 
 def check_sources(
@@ -109,7 +114,11 @@ def check_worker_args(
 ) -> int:
     """Validate the worker and transfer settings; returns ``num_workers``."""
     workers = check_int(
-        "num_workers", num_workers, 0, owner="ResumableDataLoader", fix="use 0 to load in-process"
+        "num_workers",
+        num_workers,
+        0,
+        owner="ResumableDataLoader",
+        fix="use 0 to load in-process, or 'auto' to choose from measurement",
     )
     if not isinstance(timeout, int | float) or isinstance(timeout, bool):
         raise TypeError(
@@ -244,4 +253,22 @@ def check_start_method(context: Any, workers: int) -> None:
             f"ResumableDataLoader: multiprocessing_context={context!r} needs num_workers >= 1 "
             "(it says how worker processes start); pass num_workers=1 (or more), or leave it "
             "None."
+        )
+
+
+def check_auto_workers(dataset: Any, *, iterable: bool, per_sample_seeding: Any) -> None:
+    """Refuse ``num_workers="auto"`` where switching workers mid-epoch would change the data."""
+    if iterable:
+        raise ValueError(
+            f"ResumableDataLoader: num_workers='auto' starts workers part-way through an epoch "
+            f"at a position of the sample plan, and {type(dataset).__name__} is an iterable "
+            "stream without one (its state is a cursor per worker, so the worker count must "
+            "stay fixed); pass an int num_workers, e.g. num_workers=2."
+        )
+    if per_sample_seeding is False:
+        raise ValueError(
+            "ResumableDataLoader: num_workers='auto' may switch between loading in this "
+            "process and in workers mid-epoch, and with per_sample_seeding=False random "
+            "augmentation depends on which process loaded a sample; leave per_sample_seeding "
+            "'auto' (or True), or pass an int num_workers."
         )

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
+from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import BatchFetcher, KeySource
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan._cursor import PlanCursor
@@ -41,6 +42,7 @@ class LoaderHost(Protocol):
     _fetch: BatchFetcher
     _keys: KeySource
     _pool: WorkerPool
+    _auto: AutoWorkers | None
 
     @property
     def num_workers(self) -> int: ...
@@ -70,3 +72,7 @@ class LoaderHost(Protocol):
     def _live_iterator(self) -> object | None: ...
 
     def _inner_loader(self, sched: Schedule) -> DataLoader[Any]: ...
+
+    def _use_workers(self, count: int) -> None: ...
+
+    def _rest_of_epoch(self, epoch: int, position: int) -> Schedule: ...

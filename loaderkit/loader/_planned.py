@@ -7,7 +7,8 @@ it, and stops worker processes as soon as an iteration can no longer yield.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
@@ -95,22 +96,27 @@ def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, N
         if loader._current is run:
             cursor.consumed(position)
 
+    if loader._auto is not None and not loader._auto.settled:
+        yield from _run_auto(loader, sched, consumed)
+        return
+    for step, batch in _batches(loader, sched):
+        consumed(sched.position_after(step))
+        yield batch
+
+
+def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
+    """``(step, batch)`` of ``sched``, in this process or from the loader's workers."""
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
             batch = fetch(sched.epoch, sched.indices(step))
-            if pin:
-                batch = pin_batch(batch)
-            consumed(sched.position_after(step))
-            yield batch
+            yield step, pin_batch(batch) if pin else batch
         return
     inner = loader._inner_loader(sched)
     workers = iter(inner)
     try:
         # Task k of torch's worker iterator is step k of the schedule (keys in order).
-        for step, batch in enumerate(guard_workers(workers, partial(describe_step, sched))):
-            consumed(sched.position_after(step))
-            yield batch
+        yield from enumerate(guard_workers(workers, partial(describe_step, sched)))
     except GeneratorExit:
         if not loader._pool.persistent:
             stop_workers(inner, workers)
@@ -121,6 +127,41 @@ def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, N
         # the cycle collector runs, then stall 5 s each in join().
         stop_workers(inner, workers)
         raise
+
+
+def _run_auto(
+    loader: LoaderHost, sched: Schedule, consumed: Callable[[int], None]
+) -> Generator[Any, None, None]:
+    """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch boundary.
+
+    A switch starts the new way of loading at the plan position reached so far
+    (as a resume with another ``num_workers`` would): batches the old workers
+    had prefetched are dropped, never handed out, so nothing repeats or skips.
+    """
+    auto = loader._auto
+    assert auto is not None
+    while True:
+        source = _batches(loader, sched)
+        switch_to: int | None = None
+        asked = time.perf_counter()
+        for step, batch in source:
+            got = time.perf_counter()
+            consumed(sched.position_after(step))
+            yield batch
+            back = time.perf_counter()
+            auto.record(got - asked, back - got)
+            asked = back
+            switch_to = auto.decide()
+            if switch_to is not None and step + 1 < sched.num_steps:
+                position = sched.position_after(step)
+                break
+            switch_to = None
+        else:
+            return
+        source.close()
+        loader._use_workers(switch_to)
+        # The rest of the epoch, dealt from the position reached (as a resume deals it).
+        sched = loader._rest_of_epoch(sched.epoch, position)
 
 
 def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:

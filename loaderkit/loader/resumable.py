@@ -46,14 +46,16 @@ from torch.utils.data import (
 from loaderkit._callers import host_batches_done
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
-from loaderkit.env import detect
+from loaderkit.env import cpu_budget, detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._args import (
+    check_auto_workers,
     check_sources,
     check_torch_only_args,
     check_worker_args,
     from_distributed_sampler,
 )
+from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
 from loaderkit.loader._fetch import (
     BatchFetcher,
     KeyedDataset,
@@ -65,7 +67,7 @@ from loaderkit.loader._iterable import IterableEngine, is_stateful
 from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, plan_order
-from loaderkit.loader._workers import WorkerPool
+from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import SamplerPlan
@@ -121,7 +123,12 @@ class ResumableDataLoader:
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
             ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
             taken as its ``sampler``, ``batch_size`` and ``drop_last``.
-        num_workers: Worker processes (0: load in this process).
+        num_workers: Worker processes (0: load in this process), or ``"auto"``:
+            start each epoch's first batches in this process, time how long
+            the loop waits for them against its step, and start workers at the
+            current position only if they shorten the step (kept only if
+            measured to); map-style data only. The choice changes when batches
+            are loaded, never which (see :meth:`describe`, ``"auto_workers"``).
         collate_fn: Merges a list of samples into a batch (default:
             ``default_collate``; not called for ``get_batch`` datasets).
         pin_memory: ``True``, ``False`` or ``"auto"`` (pin when the current
@@ -179,7 +186,7 @@ class ResumableDataLoader:
         shuffle: bool = False,
         sampler: Any = None,
         batch_sampler: Any = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool | Literal["auto"] = False,
         drop_last: bool = False,
@@ -309,8 +316,14 @@ class ResumableDataLoader:
         self.batch_size = None if unbatched else batch_size
         self.pin_memory_device = pin_memory_device
         self.in_order = in_order
+        auto = isinstance(num_workers, str) and num_workers == "auto"
+        if auto:
+            check_auto_workers(
+                dataset, iterable=iterable or stream, per_sample_seeding=per_sample_seeding
+            )
         workers = check_worker_args(
-            num_workers=num_workers,
+            # "auto" may start workers: their settings are checked as for num_workers=1.
+            num_workers=1 if auto else num_workers,
             timeout=timeout,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
@@ -335,6 +348,12 @@ class ResumableDataLoader:
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         self._rank, self._world_size = rank, world_size
+        # The measurements and choice of num_workers="auto" (None: a fixed count).
+        self._auto: AutoWorkers | None = None
+        if auto:
+            local = local_processes(detect(rank=rank, world_size=world_size).world_size)
+            self._auto = AutoWorkers(cap=min(cpu_budget(local), MAX_AUTO_WORKERS))
+            workers = 0
         self._pool = WorkerPool(
             num_workers=workers,
             pin_memory=pinned,
@@ -417,9 +436,23 @@ class ResumableDataLoader:
     # ----------------------------------------------------------------- epochs
     @property
     def num_workers(self) -> int:
-        """Worker processes (0: load in this process). Fixed at construction, as the
-        worker pool and a saved state's topology are built from it."""
+        """Worker processes loading now (0: in this process). Fixed at construction,
+        except under ``num_workers="auto"``, where it is the current choice."""
         return self._pool.num_workers
+
+    def _use_workers(self, count: int) -> None:
+        """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
+        if self._inner is not None:
+            # Persistent workers of the old count: stop them now, not at garbage collection.
+            inner, self._inner = self._inner, None
+            if inner._iterator is not None:
+                stop_workers(inner, inner._iterator)
+        self._pool = dataclasses.replace(self._pool, num_workers=count)
+
+    def _rest_of_epoch(self, epoch: int, position: int) -> Schedule:
+        """This rank's schedule for the rest of ``epoch`` from the global ``position``."""
+        rank, world_size = self._topology()
+        return self.plan.schedule(epoch, start=position, rank=rank, world_size=world_size)
 
     @property
     def pin_memory(self) -> bool:
@@ -651,6 +684,8 @@ class ResumableDataLoader:
             ``batch_size``.
         """
         info: dict[str, Any] = {"num_workers": self.num_workers, "batch_size": self.batch_size}
+        if self._auto is not None:
+            info["auto_workers"] = self._auto.describe()
         if self._stream is not None:
             return {
                 **info,

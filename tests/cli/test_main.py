@@ -65,7 +65,7 @@ def test_bench_unknown_name_is_one_line_with_the_choices(capsys: pytest.CaptureF
     assert main(["bench", "--only", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "no bench named 'nope'" in err and "choose from bucketing, collate" in err
+    assert "no bench named 'nope'" in err and "choose from autoworkers, bucketing, collate" in err
 
 
 def test_find_benchmarks_outside_a_checkout_names_the_fix(tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ __all__ = [
     "STREAM_RESUME_REASON",
     "batch_rows",
     "bulky_args",
-    "cpu_budget",
     "require_datamodule",
     "split_indices",
     "stream_epoch_steps",
@@ -80,15 +79,6 @@ def stream_resume_reason(dataset: Any) -> str:
         STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
         "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
     )
-
-
-def cpu_budget(processes: int = 1) -> int:
-    """CPU cores this process may use, shared among ``processes`` processes on the machine."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, processes))
 
 
 def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:

@@ -23,11 +23,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from loaderkit._checks import check_bool, check_fraction, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
-from loaderkit.env import detect
+from loaderkit.env import cpu_budget, detect
 from loaderkit.lightning._adapter import data_parallel_size
 from loaderkit.lightning.datamodules._util import (
     bulky_args,
-    cpu_budget,
     split_indices,
     stream_epoch_steps,
     stream_refusal,
@@ -56,9 +55,11 @@ class LoaderDataModule(L.LightningDataModule):
     Args:
         batch_size: Samples per train batch on each rank.
         eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
-        num_workers: Loader worker processes, or ``"auto"``: the first loader
-            runs :meth:`probe_num_workers` (about two seconds) and uses the
-            fewest workers within 10% of the best measured throughput.
+        num_workers: Loader worker processes, or ``"auto"``: each map-style
+            loader measures, inside the run, how long the training step waits
+            for its batches and starts workers only when they shorten it
+            (``ResumableDataLoader(num_workers="auto")``); streams need an int.
+            :meth:`probe_num_workers` measures throughput alone, for tooling.
         pin_memory: ``"auto"`` pins when the trainer's device (or, with no
             trainer attached, :func:`~loaderkit.select_device`) is CUDA/XPU.
         persistent_workers: Keep workers alive across epochs (needs workers).
@@ -335,14 +336,19 @@ class LoaderDataModule(L.LightningDataModule):
                 f"split (shuffle={self.shuffle}); build the dataset with "
                 f"shuffle_shards={self.shuffle and train}."
             )
-        workers = self.resolve_num_workers() if num_workers is None else num_workers
+        workers: int | Literal["auto"] = self.num_workers if num_workers is None else num_workers
+        seeding = self.per_sample_seeding(split)
+        if workers == "auto" and seeding is False:
+            # Lazy seeding costs nothing for samples without randomness, and keeps the
+            # loader's mid-epoch switch between in-process and worker loading exact.
+            seeding = "auto"
         common: dict[str, Any] = {
             "num_workers": workers,
             "collate_fn": self.collate_fn(split),
             "pin_memory": self.resolve_pin_memory() if pin_memory is None else pin_memory,
-            "persistent_workers": self.persistent_workers and workers > 0,
+            "persistent_workers": self.persistent_workers and (workers == "auto" or workers > 0),
             "seed": self.seed,
-            "per_sample_seeding": self.per_sample_seeding(split),
+            "per_sample_seeding": seeding,
         }
         if stream:
             # A stream batches itself and shuffles its shards per pass (shuffle_shards):
@@ -369,15 +375,6 @@ class LoaderDataModule(L.LightningDataModule):
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer is not None else select_device()
         return should_pin_memory(device)
-
-    def resolve_num_workers(self) -> int:
-        """``num_workers`` as the loaders get it; ``"auto"`` probes once, on first use."""
-        if self.num_workers != "auto":
-            return self.num_workers
-        if self.num_workers_best is None:
-            self.probe_num_workers()
-        assert self.num_workers_best is not None
-        return self.num_workers_best
 
     def probe_num_workers(
         self, max_workers: int | None = None, *, budget_s: float = 2.0
