@@ -60,14 +60,14 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int
-from loaderkit._global_rngs import GOLDEN, M64, mix64
+from loaderkit._global_rngs import GOLDEN, M64, mix64_array
 from loaderkit._tags import SeedTag
-from loaderkit.plan._permutation import KeyedPermutation, permutation_digest
+from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
 from loaderkit.plan.bucket import BucketPlan, Oversize
 from loaderkit.plan.sample import CHUNK, SamplePlan, _FixedSchedule, steps_from
 from loaderkit.seeding import derive_seed
 
-__all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
+__all__ = ["MixBucketPlan", "MixPlan", "keyed_at", "mix_allotments"]
 
 _MAX = 2**63
 _OWNER = "MixedDataset"
@@ -184,10 +184,48 @@ def mix_allotments(
     return tuple(out)
 
 
+def keyed_at(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``KeyedPermutation(n, keys[i]).at(positions[i])`` for every ``i``, in one pass.
+
+    The same Feistel network and cycle walking as
+    :class:`~loaderkit.plan._permutation.KeyedPermutation`, with a key per
+    element (uint64 ``keys``), so a batch that draws from many source-epochs
+    costs one vectorised evaluation instead of one permutation per source-epoch.
+    """
+    x = np.asarray(positions).astype(np.uint64)
+    if n == 1:
+        return np.zeros(x.shape, dtype=np.int64)
+    bits = max(2, (n - 1).bit_length())
+    half = (bits + 1) // 2
+    width, mask = np.uint64(half), np.uint64((1 << half) - 1)
+    shift = np.uint64(64 - half)
+    rounds = [mix64_array(keys + np.uint64(((r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
+
+    def encrypt(y: np.ndarray, which: np.ndarray | slice) -> np.ndarray:
+        left, right = y >> width, y & mask
+        for key in rounds:
+            f = mix64_array(right ^ key[which])
+            f >>= shift
+            left ^= f
+            left, right = right, left
+        left <<= width
+        left |= right
+        return left
+
+    y = encrypt(x, slice(None))
+    bound = np.uint64(n)
+    out = np.flatnonzero(y >= bound)
+    while out.size:
+        again = encrypt(y[out], out)
+        y[out] = again
+        out = out[again >= bound]
+    return y.view(np.int64)
+
+
 class _MixMap:
     """One epoch's mix order as a function of positions (see the module docstring)."""
 
-    __slots__ = ("_bases", "_cache", "_drawn", "_ends", "_offsets", "_perm", "_sizes", "_starts")
+    __slots__ = ("_bases", "_drawn", "_ends", "_offsets", "_perm", "_sizes", "_starts")
 
     def __init__(self, plan: MixPlan, epoch: int) -> None:
         length = plan.epoch_length(epoch)
@@ -204,7 +242,6 @@ class _MixMap:
             self._bases = [
                 derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(len(plan.per_epoch))
             ]
-        self._cache: dict[tuple[int, int], KeyedPermutation] = {}
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` (int64, flat)."""
@@ -218,30 +255,21 @@ class _MixMap:
         return source, k, local
 
     def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
+        assert self._bases is not None
         out = local.copy()
-        # A chunk of positions touches few (source, source-epoch) pairs: a source
-        # passes through at most ceil(draws / size) + 1 source-epochs per epoch.
-        pairs, inverse = np.unique(np.stack((source, k)), axis=1, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        for j in range(pairs.shape[1]):
-            s, ep = int(pairs[0, j]), int(pairs[1, j])
-            if int(self._sizes[s]) == 1:
+        # One vectorised pass per source, whatever the number of source-epochs a
+        # chunk touches (a small upsampled source passes through thousands).
+        for s in np.unique(source).tolist():
+            n = int(self._sizes[s])
+            if n == 1:
                 continue
-            mask = inverse == j
-            out[mask] = self._source_perm(s, ep).at(local[mask])
+            mask = source == s
+            # splitmix64's (k+1)-th output from the source's base: distinct k, distinct keys.
+            keys = k[mask].astype(np.uint64) + np.uint64(1)
+            keys *= np.uint64(GOLDEN)
+            keys += np.uint64(self._bases[s])
+            out[mask] = keyed_at(n, mix64_array(keys), local[mask])
         return out
-
-    def _source_perm(self, s: int, k: int) -> KeyedPermutation:
-        perm = self._cache.get((s, k))
-        if perm is None:
-            assert self._bases is not None
-            # splitmix64's k-th output from the source's base: distinct k, distinct keys.
-            key = mix64((self._bases[s] + (k + 1) * GOLDEN) & M64)
-            perm = KeyedPermutation(int(self._sizes[s]), key)
-            if len(self._cache) >= 256:
-                self._cache.clear()
-            self._cache[(s, k)] = perm
-        return perm
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         given = np.asarray(positions)
