@@ -41,7 +41,7 @@ from loaderkit.errors import (
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
-from loaderkit.plan.mix import MixBucketPlan, MixPlan
+from loaderkit.plan.mix import MixBucketPlan, MixPlan, mix_allotments
 from loaderkit.plan.sample import Plan, PositionMap, SamplePlan, Schedule
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
 from loaderkit.plan.shard import BatchMix, ShardPlan, batch_mix
@@ -181,6 +181,7 @@ __all__ = [
     "compute_lengths",
     "derive_seed",
     "detect",
+    "mix_allotments",
     "move_to_device",
     "non_blocking_for",
     "pin_batch",

@@ -67,7 +67,7 @@ from loaderkit.plan.bucket import BucketPlan, Oversize
 from loaderkit.plan.sample import CHUNK, SamplePlan, _FixedSchedule, steps_from
 from loaderkit.seeding import derive_seed
 
-__all__ = ["MixBucketPlan", "MixPlan", "keyed_at", "mix_allotments"]
+__all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
 
 _MAX = 2**63
 _OWNER = "MixedDataset"
