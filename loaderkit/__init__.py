@@ -22,6 +22,7 @@ from loaderkit.data.index import write_shards
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
+from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
@@ -40,6 +41,7 @@ from loaderkit.errors import (
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.bucket import BucketPlan
+from loaderkit.plan.mix import MixBucketPlan, MixPlan, mix_allotments
 from loaderkit.plan.sample import Plan, PositionMap, SamplePlan, Schedule
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
 from loaderkit.plan.shard import BatchMix, ShardPlan, batch_mix
@@ -143,6 +145,9 @@ __all__ = [
     "LoaderkitError",
     "MissingDependencyError",
     "MissingShardError",
+    "MixBucketPlan",
+    "MixPlan",
+    "MixedDataset",
     "OpenShard",
     "PadCollate",
     "PaddedBatch",
@@ -176,6 +181,7 @@ __all__ = [
     "compute_lengths",
     "derive_seed",
     "detect",
+    "mix_allotments",
     "move_to_device",
     "non_blocking_for",
     "pin_batch",

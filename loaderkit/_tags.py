@@ -29,6 +29,10 @@ class SeedTag:
     # Length bucketing: the order of the sorted windows, and of the batches cut from them.
     BUCKET_ORDER: Final = "bucket-order"
     BUCKET_BATCHES: Final = "bucket-batches"
+    # Weighted mixing (plan/mix.py): the epoch's interleave of the sources, and each
+    # source's own permutation per source-epoch.
+    MIX_ORDER: Final = "mix-order"
+    MIX_SOURCE: Final = "mix-source"
     # A user's torch sampler (RandomSampler, ...): the generator loaderkit gives it per epoch.
     SAMPLER: Final = "sampler"
     # Streams: the shard order of one pass.

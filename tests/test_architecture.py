@@ -249,6 +249,8 @@ def test_seed_tags_come_from_the_one_registry() -> None:
         "WINDOW": "window",
         "BUCKET_ORDER": "bucket-order",
         "BUCKET_BATCHES": "bucket-batches",
+        "MIX_ORDER": "mix-order",
+        "MIX_SOURCE": "mix-source",
         "SAMPLER": "sampler",
         "STREAM_SHARDS": "stream-shards",
         "SAMPLE": "sample",

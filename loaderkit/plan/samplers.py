@@ -32,6 +32,7 @@ from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
 from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.mix import MixBucketPlan
 from loaderkit.plan.sample import Plan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 from loaderkit.plan.shard_bucket import ShardBucketPlan
@@ -274,6 +275,12 @@ class BucketBatchSampler(PlanBatchSampler):
             so reads stay local (:class:`~loaderkit.ShardBucketPlan`).
         mix_shards: With ``shard_sizes``: shards read at once (batches draw from them).
         shard_window: With ``shard_sizes``: samples of a shard shuffled together.
+        source_sizes: Samples per source, when the dataset is a weighted mix
+            (a :class:`~loaderkit.MixedDataset`; its
+            :meth:`~loaderkit.MixedDataset.bucket_batch_sampler` passes them
+            with ``per_epoch``): each epoch's order is the mix's, upsampled
+            samples repeated (:class:`~loaderkit.MixBucketPlan`).
+        per_epoch: With ``source_sizes``: draws per epoch from each source.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
 
@@ -314,6 +321,8 @@ class BucketBatchSampler(PlanBatchSampler):
         shard_sizes: Sequence[int] | None = None,
         mix_shards: int = DEFAULT_MIX,
         shard_window: int = DEFAULT_WINDOW,
+        source_sizes: Sequence[int] | None = None,
+        per_epoch: Sequence[int] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -328,6 +337,15 @@ class BucketBatchSampler(PlanBatchSampler):
             "oversize": oversize,
         }
         plan: BucketPlan
+        if (source_sizes is None) != (per_epoch is None) or (
+            source_sizes is not None and shard_sizes is not None
+        ):
+            raise ValueError(
+                "BucketBatchSampler: source_sizes and per_epoch go together (a mix of sources, "
+                "as MixedDataset.bucket_batch_sampler() passes them) and exclude shard_sizes; "
+                f"got source_sizes={source_sizes!r}, per_epoch={per_epoch!r}, "
+                f"shard_sizes={shard_sizes!r}."
+            )
         if shard_sizes is not None:
             plan = ShardBucketPlan(
                 lengths,
@@ -347,7 +365,12 @@ class BucketBatchSampler(PlanBatchSampler):
                         "shard_sizes= (e.g. ShardedDataset.bucket_batch_sampler() does) or "
                         f"drop {name}."
                     )
-            plan = BucketPlan(lengths, **settings)
+            if source_sizes is not None and per_epoch is not None:
+                plan = MixBucketPlan(
+                    lengths, source_sizes=source_sizes, per_epoch=per_epoch, **settings
+                )
+            else:
+                plan = BucketPlan(lengths, **settings)
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)

@@ -1,0 +1,297 @@
+"""Weighted mixing of datasets: one map-style dataset, one plan, exact resume.
+
+:class:`MixedDataset` lays several map-style datasets (*sources*) end to end
+and gives them a :class:`~loaderkit.MixPlan`: each epoch draws a fixed number
+of samples from each source (by ``weights`` of an ``epoch_size``, or by
+``repeat`` passes over each source, like mosaic streaming's
+``proportion``/``repeat``), interleaved at random, each source permuted afresh
+per *source-epoch* so that each of its samples is drawn exactly once per
+source-epoch. The plan is a pure function of ``(seed, epoch, position)``
+(:mod:`loaderkit.plan.mix`), so :class:`~loaderkit.ResumableDataLoader` gives
+it what it gives every plan: O(1) exact resume, a re-split of the rest of the
+epoch under another world size or ``num_workers``, equal steps per rank and
+per-sample seeding, with no mixing code in the loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from loaderkit._checks import check_int
+from loaderkit.data.lengths import compute_lengths
+from loaderkit.plan.bucket import Oversize
+from loaderkit.plan.mix import MixPlan, mix_allotments
+from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
+
+__all__ = ["MixedDataset"]
+
+_OWNER = "MixedDataset"
+
+
+def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
+    """``weights``/``repeat`` given as a mapping by source name, as a list in source order."""
+    if not isinstance(value, Mapping):
+        return value
+    if not named:
+        raise TypeError(
+            f"{_OWNER}: {name} is a mapping but the sources are a sequence (no names); pass "
+            f"{name} as a list in source order, or the sources as a dict."
+        )
+    if set(value) != set(names):
+        missing = sorted(set(names) - set(value))
+        unknown = sorted(set(value) - set(names), key=str)
+        raise ValueError(
+            f"{_OWNER}: {name} must name every source once; missing {missing}, unknown "
+            f"{unknown}; pass one value per source name in {names}."
+        )
+    return [value[n] for n in names]
+
+
+class MixedDataset(Dataset[Any]):
+    """Several map-style datasets mixed by weights or repeats, with their own :class:`MixPlan`.
+
+    Global index ``offset[s] + i`` is sample ``i`` of source ``s`` (the sources
+    in the given order). Fetch it through :meth:`batch_sampler` (fixed-size
+    batches) or :meth:`bucket_batch_sampler` (length-bucketed, token budgets).
+
+    Args:
+        sources: The datasets, as a dict by name or a sequence (named
+            ``"0"``, ``"1"``, ...); each needs ``len()`` >= 1 and ``[i]``.
+        weights: Proportions of an epoch, one per source (a list in source
+            order, or a dict by name; any positive scale): each epoch draws
+            ``weights[s] / sum(weights) * epoch_size`` samples from source ``s``
+            (largest-remainder rounding, adding up to ``epoch_size``).
+        repeat: Passes over each source per epoch instead (``2.0``: every sample
+            twice, ``0.5``: half the source per epoch, the other half the next):
+            ``round(repeat[s] * len(source))`` draws. Not with ``weights``.
+        epoch_size: Samples per epoch with ``weights`` (default: the sources'
+            total, ``len(self)``).
+
+    Neither ``weights`` nor ``repeat``: every source once per epoch, a shuffled
+    concatenation.
+
+    Each source's samples are drawn exactly once per *source-epoch* (a fresh
+    permutation of the source each), over as many epochs as that takes: a
+    source allotted fewer draws than it holds carries its source-epoch into the
+    next epoch. Per-sample seeding keys augmentation by ``(seed, epoch, global
+    index)``, so an upsampled sample drawn twice in one epoch gets the same
+    random draws both times (different ones next epoch).
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import ResumableDataLoader, TensorDataset
+        >>> web = TensorDataset(torch.arange(100))
+        >>> books = TensorDataset(torch.arange(100, 110))
+        >>> mix = MixedDataset({"web": web, "books": books}, weights={"web": 3, "books": 1},
+        ...                    epoch_size=40)
+        >>> mix.per_epoch, len(mix)
+        ((30, 10), 110)
+        >>> loader = ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(8, seed=0))
+        >>> drawn = torch.cat([b[0] for b in loader])  # TensorDataset: (rows,)
+        >>> int((drawn >= 100).sum()), sorted(drawn[drawn >= 100].tolist()) == list(range(100, 110))
+        (10, True)
+        >>> mix.describe(epoch=1)["sources"]["web"]["source_epochs"]  # draws 30-59 of 100
+        [0, 0]
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Any] | Sequence[Any],
+        *,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        repeat: Mapping[str, float] | Sequence[float] | None = None,
+        epoch_size: int | None = None,
+    ) -> None:
+        named = isinstance(sources, Mapping)
+        if named:
+            assert isinstance(sources, Mapping)
+            self.names = [str(k) for k in sources]
+            datasets = list(sources.values())
+        elif isinstance(sources, Sequence) and not isinstance(sources, str | bytes):
+            self.names = [str(i) for i in range(len(sources))]
+            datasets = list(sources)
+        else:
+            raise TypeError(
+                f"{_OWNER}: sources must be a dict of datasets by name or a list of datasets, "
+                f"got {type(sources).__name__}; pass e.g. {{'web': web, 'books': books}}."
+            )
+        if not datasets:
+            raise ValueError(f"{_OWNER}: sources is empty; pass at least one dataset.")
+        sizes = []
+        for name, ds in zip(self.names, datasets, strict=True):
+            if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+                raise TypeError(
+                    f"{_OWNER}: source {name!r} must be a map-style dataset (len() and [i]), "
+                    f"got {type(ds).__name__}; streams cannot be mixed by position."
+                )
+            if len(ds) < 1:
+                raise ValueError(
+                    f"{_OWNER}: source {name!r} is empty (len 0); drop it from sources."
+                )
+            sizes.append(len(ds))
+        self.sources = datasets
+        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.per_epoch: tuple[int, ...] = mix_allotments(
+            self.sizes,
+            weights=_by_source("weights", weights, self.names, named),
+            repeat=_by_source("repeat", repeat, self.names, named),
+            epoch_size=epoch_size,
+        )
+        self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
+        self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
+
+    # --------------------------------------------------------------- basics
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{n}: {size} x{a / size:.3g}"
+            for n, size, a in zip(self.names, self.sizes, self.per_epoch, strict=True)
+        )
+        return f"MixedDataset({parts}; {self.epoch_size} samples per epoch)"
+
+    @property
+    def epoch_size(self) -> int:
+        """Samples drawn per epoch: ``sum(per_epoch)``."""
+        return sum(self.per_epoch)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Each source's share of an epoch, as allotted (``per_epoch / epoch_size``)."""
+        return tuple(a / self.epoch_size for a in self.per_epoch)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(source, sample in source)`` of global ``index``."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"{_OWNER}: index {index} out of range for {n} samples.")
+        index %= n
+        source = int(np.searchsorted(self._ends, index, side="right"))
+        return source, index - int(self._starts[source])
+
+    def source_of(self, indices: Any) -> np.ndarray:
+        """The source number of each global index (int64, same shape), e.g. to count a batch."""
+        return np.searchsorted(self._ends, np.asarray(indices), side="right").astype(np.int64)
+
+    def __getitem__(self, index: int) -> Any:
+        source, local = self.locate(int(index))
+        return self.sources[source][local]
+
+    def describe(self, epoch: int = 0) -> dict[str, Any]:
+        """The mix in numbers: per source its size, weight, draws per epoch, passes per
+        epoch (``repeat``) and the source-epochs ``epoch``'s draws fall in (first, last)."""
+        epoch = check_int("epoch", epoch, 0, owner=f"{_OWNER}.describe")
+        # The source-epoch bounds are the plan's, which needs no batch size or seed.
+        plan = MixPlan(source_sizes=self.sizes, per_epoch=self.per_epoch, batch_size=1)
+        spans = plan.source_epochs(epoch)
+        return {
+            "samples": len(self),
+            "epoch_size": self.epoch_size,
+            "sources": {
+                name: {
+                    "samples": size,
+                    "weight": a / self.epoch_size,
+                    "per_epoch": a,
+                    "repeat": a / size,
+                    "source_epochs": list(span),
+                }
+                for name, size, a, span in zip(
+                    self.names, self.sizes, self.per_epoch, spans, strict=True
+                )
+            },
+        }
+
+    # ----------------------------------------------------------------- plan
+    def plan(
+        self, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False
+    ) -> MixPlan:
+        """This dataset's :class:`~loaderkit.MixPlan` (the arguments are MixPlan's)."""
+        return MixPlan(
+            source_sizes=self.sizes,
+            per_epoch=self.per_epoch,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+
+    def batch_sampler(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> PlanBatchSampler:
+        """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``.
+
+        ``rank``/``world_size`` default to ``torch.distributed``'s when the loader starts.
+        """
+        plan = self.plan(batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        return PlanBatchSampler(plan, rank=rank, world_size=world_size)
+
+    def lengths(
+        self, length_fn: Callable[[Any], int] | None = None, *, progress: bool = False
+    ) -> np.ndarray:
+        """Each sample's token count in global index order: the sources' lengths, concatenated.
+
+        A source with a ``lengths()`` method (``ShardedDataset``) answers it
+        (with ``length_fn``, when it takes one); the others are read once
+        through :func:`~loaderkit.compute_lengths` (``len(sample)`` by default).
+        """
+        parts = []
+        for source in self.sources:
+            own = getattr(source, "lengths", None)
+            if callable(own):
+                got = own() if length_fn is None else own(length_fn)
+            else:
+                got = compute_lengths(source, length_fn, progress=progress)
+            parts.append(np.asarray(got, dtype=np.int64).reshape(-1))
+        return np.concatenate(parts)
+
+    def bucket_batch_sampler(
+        self,
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        lengths: Any = None,
+        pad_to_multiple_of: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        window: int | None = None,
+        drop_last: bool = False,
+        oversize: Oversize = "error",
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> BucketBatchSampler:
+        """Length-bucketed batches over the mix, fixed-size or under a token budget.
+
+        A :class:`~loaderkit.BucketBatchSampler` over a
+        :class:`~loaderkit.MixBucketPlan`: each epoch's mix order (upsampled
+        samples repeated) cut into windows sorted by length and into batches.
+        ``lengths`` default to :meth:`lengths`; the other arguments are
+        ``BucketBatchSampler``'s. Give the loader a padding ``collate_fn``
+        (``PadCollate``).
+        """
+        return BucketBatchSampler(
+            self.lengths() if lengths is None else lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            seed=seed,
+            shuffle=shuffle,
+            window=window,
+            drop_last=drop_last,
+            oversize=oversize,
+            source_sizes=self.sizes,
+            per_epoch=self.per_epoch,
+            rank=rank,
+            world_size=world_size,
+        )

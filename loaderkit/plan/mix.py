@@ -1,0 +1,509 @@
+"""Weighted mixing: several sources, one plan, still a pure function of ``(seed, epoch, position)``.
+
+:class:`MixPlan` is the plan of a :class:`~loaderkit.MixedDataset`: the
+sources laid end to end (global index ``offset[s] + i`` is sample ``i`` of
+source ``s``), and an epoch that draws ``per_epoch[s]`` samples from source
+``s`` (its *allotment*: more than the source holds to upsample it, fewer to
+downsample it). The epoch's length is ``L = sum(per_epoch)``. Position ``p``
+of epoch ``e`` maps to a sample in O(1), evaluated only where a rank deals:
+
+1. ``q = perm_e(p)``, a :class:`~loaderkit.plan._permutation.KeyedPermutation`
+   of ``[0, L)`` keyed by ``(seed, epoch)`` (``shuffle=False``: ``q = p``),
+   which interleaves the sources at random, each in its exact proportion;
+2. ``q`` falls in source ``s``'s block ``[C_s, C_s + per_epoch[s])`` of the
+   unshuffled epoch: it is the ``j = q - C_s``-th draw from ``s`` this epoch;
+3. source ``s`` made ``e * per_epoch[s]`` draws before epoch ``e``, so this is
+   its draw ``d = e * per_epoch[s] + j`` overall: draw ``o = d mod n_s`` of
+   *source-epoch* ``k = d // n_s`` (``n_s`` the source's size);
+4. the sample is ``perm_{s,k}(o)``, a keyed permutation of ``[0, n_s)`` keyed
+   by ``(seed, s, k)`` (``shuffle=False``: ``o``).
+
+So each source runs through its samples in a fresh order per source-epoch,
+and sees every one exactly once per source-epoch: an upsampled source (say
+``per_epoch = 2.5 n``) passes through 2.5 source-epochs per epoch, a
+downsampled one (``0.5 n``) takes two epochs for one source-epoch, carrying
+its source-epoch across the epoch boundary. None of it depends on history: a
+resume at any position, under any world size or ``num_workers``, evaluates
+the same map. Dealing to ranks is :class:`~loaderkit.SamplePlan`'s (global
+steps of ``world_size * batch_size`` positions, the tail padded by wrapping or
+dropped), so every rank steps the same number of times.
+
+Exactly-once per source-epoch counts the draws of positions that are dealt:
+``drop_last=True`` leaves an epoch's last ``< world_size * batch_size``
+positions out (their draws are skipped), and ``drop_last=False`` repeats the
+epoch's first positions to fill the last step, as the sample plan does.
+
+:class:`MixBucketPlan` is the token-budget form: the mix order of an epoch
+(materialized: bucketing sorts it) cut into length-sorted windows and batches
+exactly as :class:`~loaderkit.BucketPlan` does.
+
+Example:
+    >>> plan = MixPlan(source_sizes=(4, 2), per_epoch=(2, 4), batch_size=3, seed=0)
+    >>> order = plan.order(0).tolist()
+    >>> len(order), sorted(i >= 4 for i in order)  # 2 draws of source 0, 4 of source 1
+    (6, [False, False, True, True, True, True])
+    >>> sorted(i for i in order if i >= 4)  # source 1 (indices 4, 5): two source-epochs
+    [4, 4, 5, 5]
+    >>> plan.source_epochs(1)  # epoch 1: source 0 finishes source-epoch 0, source 1 runs 2-3
+    ((0, 0), (2, 3))
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaderkit._checks import check_bool, check_int
+from loaderkit._global_rngs import GOLDEN, M64, mix64_array
+from loaderkit._tags import SeedTag
+from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
+from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.sample import CHUNK, SamplePlan, _FixedSchedule, steps_from
+from loaderkit.seeding import derive_seed
+
+__all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
+
+_MAX = 2**63
+_OWNER = "MixedDataset"
+
+
+def _positive_numbers(name: str, values: Sequence[Any], count: int, owner: str) -> list[Fraction]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise TypeError(
+            f"{owner}: {name} must be a sequence of {count} positive numbers (one per source) "
+            f"or a mapping by source name, got {type(values).__name__}; pass e.g. "
+            f"{name}={[1.0] * count}."
+        )
+    if len(values) != count:
+        raise ValueError(
+            f"{owner}: {name} must hold one number per source ({count}), got {len(values)}: "
+            f"{list(values)!r}; pass {count} numbers."
+        )
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            raise TypeError(
+                f"{owner}: {name}[{i}] must be a number, got {v!r} ({type(v).__name__}); pass "
+                "a positive int or float."
+            )
+        if not np.isfinite(v) or v <= 0:
+            raise ValueError(
+                f"{owner}: {name}[{i}] must be a finite number > 0, got {v!r}; pass a positive "
+                "value (leave a source you do not want out of sources)."
+            )
+        out.append(Fraction(float(v)))
+    return out
+
+
+def mix_allotments(
+    source_sizes: Sequence[int],
+    *,
+    weights: Sequence[float] | None = None,
+    repeat: Sequence[float] | None = None,
+    epoch_size: int | None = None,
+    owner: str = _OWNER,
+) -> tuple[int, ...]:
+    """Draws per epoch from each source: from ``weights`` (and ``epoch_size``) or ``repeat``.
+
+    ``weights``: proportions of an epoch of ``epoch_size`` samples (default: all
+    the sources' samples), rounded by largest remainder so the allotments add up
+    to ``epoch_size`` exactly (ties to the earlier source). ``repeat``: each
+    source's passes per epoch, ``round(repeat[s] * size[s])`` draws (1.0 once,
+    2.0 twice, 0.5 half a pass). Neither: every source once.
+
+    Example:
+        >>> mix_allotments((100, 10), weights=(0.5, 0.5))
+        (55, 55)
+        >>> mix_allotments((100, 10), repeat=(0.5, 3))
+        (50, 30)
+
+    Raises:
+        ValueError: both ``weights`` and ``repeat``, ``epoch_size`` without
+            ``weights``, a value out of range, or a source allotted no draw.
+        TypeError: a value of the wrong type.
+    """
+    sizes = [check_int("source size", s, 1, owner=owner, numpy_ok=True) for s in source_sizes]
+    if not sizes:
+        raise ValueError(f"{owner}: sources is empty; pass at least one dataset.")
+    if weights is not None and repeat is not None:
+        raise ValueError(
+            f"{owner}: pass weights= or repeat=, not both (got weights={list(weights)!r}, "
+            f"repeat={list(repeat)!r}); weights are proportions of an epoch of epoch_size "
+            "samples, repeat is passes over each source per epoch."
+        )
+    if epoch_size is not None and weights is None:
+        raise ValueError(
+            f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= or "
+            "neither, the epoch is what the sources' passes add up to); pass weights= or drop "
+            "epoch_size."
+        )
+    if weights is None:
+        passes = [Fraction(1)] * len(sizes) if repeat is None else None
+        if passes is None:
+            assert repeat is not None
+            passes = _positive_numbers("repeat", repeat, len(sizes), owner)
+        out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
+        for i, a in enumerate(out):
+            if a == 0:
+                raise ValueError(
+                    f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} "
+                    f"samples rounds to 0 draws per epoch; pass repeat[{i}] >= "
+                    f"{0.5 / sizes[i]:.3g}."
+                )
+        return tuple(out)
+    ws = _positive_numbers("weights", weights, len(sizes), owner)
+    total = sum(sizes) if epoch_size is None else epoch_size
+    total = check_int(
+        "epoch_size",
+        total,
+        1,
+        owner=owner,
+        fix="pass the samples per epoch, e.g. epoch_size=100_000, or None",
+        numpy_ok=True,
+        limit=_MAX,
+    )
+    scale = Fraction(total) / sum(ws)
+    quotas = [w * scale for w in ws]
+    out = [int(q) for q in quotas]  # floor: quotas are positive
+    by_remainder = sorted(range(len(ws)), key=lambda i: (-(quotas[i] - out[i]), i))
+    for i in by_remainder[: total - sum(out)]:
+        out[i] += 1
+    for i, a in enumerate(out):
+        if a == 0:
+            raise ValueError(
+                f"{owner}: weights[{i}]={float(ws[i])} gets 0 of epoch_size={total} samples "
+                f"per epoch; raise epoch_size to at least {int(-(-sum(ws) // ws[i]))} or the "
+                "weight."
+            )
+    return tuple(out)
+
+
+def keyed_at(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``KeyedPermutation(n, keys[i]).at(positions[i])`` for every ``i``, in one pass.
+
+    The same Feistel network and cycle walking as
+    :class:`~loaderkit.plan._permutation.KeyedPermutation`, with a key per
+    element (uint64 ``keys``), so a batch that draws from many source-epochs
+    costs one vectorised evaluation instead of one permutation per source-epoch.
+    """
+    x = np.asarray(positions).astype(np.uint64)
+    if n == 1:
+        return np.zeros(x.shape, dtype=np.int64)
+    bits = max(2, (n - 1).bit_length())
+    half = (bits + 1) // 2
+    width, mask = np.uint64(half), np.uint64((1 << half) - 1)
+    shift = np.uint64(64 - half)
+    rounds = [mix64_array(keys + np.uint64(((r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
+
+    def encrypt(y: np.ndarray, which: np.ndarray | slice) -> np.ndarray:
+        left, right = y >> width, y & mask
+        for key in rounds:
+            f = mix64_array(right ^ key[which])
+            f >>= shift
+            left ^= f
+            left, right = right, left
+        left <<= width
+        left |= right
+        return left
+
+    y = encrypt(x, slice(None))
+    bound = np.uint64(n)
+    out = np.flatnonzero(y >= bound)
+    while out.size:
+        again = encrypt(y[out], out)
+        y[out] = again
+        out = out[again >= bound]
+    return y.view(np.int64)
+
+
+class _MixMap:
+    """One epoch's mix order as a function of positions (see the module docstring)."""
+
+    __slots__ = ("_bases", "_drawn", "_ends", "_offsets", "_perm", "_sizes", "_starts")
+
+    def __init__(self, plan: MixPlan, epoch: int) -> None:
+        length = plan.epoch_length(epoch)
+        per = np.asarray(plan.per_epoch, dtype=np.int64)
+        self._ends = np.cumsum(per)
+        self._starts = self._ends - per
+        self._sizes = np.asarray(plan.source_sizes, dtype=np.int64)
+        self._offsets = np.cumsum(self._sizes) - self._sizes
+        self._drawn = per * epoch  # each source's draws before this epoch (checked < 2**63)
+        self._perm: KeyedPermutation | None = None
+        self._bases: list[int] | None = None
+        if plan.shuffle:
+            self._perm = KeyedPermutation(length, derive_seed(plan.seed, SeedTag.MIX_ORDER, epoch))
+            self._bases = [
+                derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(len(plan.per_epoch))
+            ]
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(source, source_epoch, sample in source)`` at ``positions`` (int64, flat)."""
+        flat = np.asarray(positions).reshape(-1).astype(np.int64)
+        q = flat if self._perm is None else self._perm.at(flat)
+        source = np.searchsorted(self._ends, q, side="right")
+        draw = self._drawn[source] + (q - self._starts[source])
+        k, local = np.divmod(draw, self._sizes[source])
+        if self._perm is not None:
+            local = self._permute(source, k, local)
+        return source, k, local
+
+    def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
+        assert self._bases is not None
+        out = local.copy()
+        # One vectorised pass per source, whatever the number of source-epochs a
+        # chunk touches (a small upsampled source passes through thousands).
+        for s in np.unique(source).tolist():
+            n = int(self._sizes[s])
+            if n == 1:
+                continue
+            mask = source == s
+            # splitmix64's (k+1)-th output from the source's base: distinct k, distinct keys.
+            keys = k[mask].astype(np.uint64) + np.uint64(1)
+            keys *= np.uint64(GOLDEN)
+            keys += np.uint64(self._bases[s])
+            out[mask] = keyed_at(n, mix64_array(keys), local[mask])
+        return out
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        given = np.asarray(positions)
+        source, _, local = self.locate(given)
+        return (self._offsets[source] + local).reshape(given.shape)
+
+
+class MixPlan:
+    """Fixed-size batches over a weighted mix of sources (see the module docstring).
+
+    Built by :meth:`loaderkit.MixedDataset.plan`; ``per_epoch`` usually comes
+    from :func:`mix_allotments`.
+
+    Args:
+        source_sizes: Samples per source (each >= 1), laid end to end.
+        per_epoch: Draws per epoch from each source (each >= 1).
+        batch_size: Samples per batch on each rank.
+        shuffle: Interleave the sources and permute each source per
+            source-epoch, keyed by ``seed``; else the sources' blocks in order,
+            each read front to back (cycling).
+        seed: Non-negative seed.
+        drop_last: As :class:`~loaderkit.SamplePlan`'s.
+
+    Attributes:
+        num_samples: The dataset's size, ``sum(source_sizes)`` (global indices).
+        offsets: The first global index of each source.
+    """
+
+    def __init__(
+        self,
+        *,
+        source_sizes: Sequence[int],
+        per_epoch: Sequence[int],
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        owner = "MixPlan"
+        self.source_sizes = tuple(
+            check_int("source_sizes[]", n, 1, owner=owner, numpy_ok=True) for n in source_sizes
+        )
+        self.per_epoch = tuple(
+            check_int("per_epoch[]", a, 1, owner=owner, numpy_ok=True) for a in per_epoch
+        )
+        if not self.source_sizes or len(self.per_epoch) != len(self.source_sizes):
+            raise ValueError(
+                f"{owner}: per_epoch must hold one count per source ({len(self.source_sizes)}), "
+                f"got {len(self.per_epoch)}; pass one per source (at least one source)."
+            )
+        self.batch_size = check_int("batch_size", batch_size, 1, owner=owner)
+        self.shuffle = check_bool("shuffle", shuffle, owner=owner)
+        self.seed = check_int("seed", seed, 0, owner=owner)
+        self.drop_last = check_bool("drop_last", drop_last, owner=owner)
+        self.num_samples = sum(self.source_sizes)
+        length = sum(self.per_epoch)
+        if self.num_samples >= _MAX or length >= _MAX:
+            raise ValueError(f"{owner}: sources and epoch must hold < 2**63 samples.")
+        self.offsets = tuple(np.cumsum((0, *self.source_sizes[:-1])).tolist())
+        # Positions are dealt as a sample plan over the epoch's L positions deals them.
+        self._dealing = SamplePlan(
+            num_samples=length, batch_size=self.batch_size, drop_last=self.drop_last
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MixPlan(source_sizes={self.source_sizes}, per_epoch={self.per_epoch}, "
+            f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"drop_last={self.drop_last})"
+        )
+
+    def epoch_length(self, epoch: int) -> int:
+        """Positions per epoch: ``sum(per_epoch)``, in every epoch."""
+        return self._dealing.num_samples
+
+    def _epoch(self, epoch: int) -> int:
+        epoch = check_int("epoch", epoch, 0, owner="MixPlan", numpy_ok=True)
+        if (epoch + 1) * max(self.per_epoch) >= _MAX:
+            raise ValueError(f"MixPlan: epoch {epoch} counts more than 2**63 draws of a source.")
+        return epoch
+
+    def order_map(self, epoch: int) -> _MixMap:
+        """The epoch's order as a map from positions to global indices, never materialized."""
+        return _MixMap(self, self._epoch(epoch))
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The whole epoch's order of global indices (int64, ``sum(per_epoch)`` long), materialized.
+
+        O(epoch length): for inspection, tests and :class:`MixBucketPlan`.
+        """
+        mapping = self.order_map(epoch)
+        length = self.epoch_length(epoch)
+        out = np.empty(length, dtype=np.int64)
+        for lo in range(0, length, CHUNK):
+            hi = min(lo + CHUNK, length)
+            out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
+        return torch.from_numpy(out)
+
+    def locate(self, epoch: int, positions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(source, source_epoch, sample in source)`` at ``positions`` of ``epoch`` (flat)."""
+        pos = np.asarray(positions)
+        length = self.epoch_length(epoch)
+        if pos.dtype.kind not in "iu":
+            raise TypeError(f"MixPlan: positions must be integers, got dtype {pos.dtype}.")
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= length):
+            raise ValueError(
+                f"MixPlan: positions must lie in [0, {length}) (one epoch), got "
+                f"[{int(pos.min())}, {int(pos.max())}]."
+            )
+        return self.order_map(epoch).locate(pos)
+
+    def source_epochs(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """Per source, the first and last source-epoch that ``epoch``'s draws fall in."""
+        epoch = self._epoch(epoch)
+        return tuple(
+            (epoch * a // n, ((epoch + 1) * a - 1) // n)
+            for a, n in zip(self.per_epoch, self.source_sizes, strict=True)
+        )
+
+    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
+        """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
+        steps_from(self._dealing, start, world_size)
+        check_int("rank", rank, 0, owner="MixPlan")
+        if rank >= world_size:
+            raise ValueError(
+                f"MixPlan: rank must be < world_size={world_size}, got {rank}; pass a rank in "
+                f"[0, {world_size})."
+            )
+        return _FixedSchedule(self._dealing, self.order_map(epoch), epoch, start, rank, world_size)
+
+    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
+        """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""
+        return steps_from(self._dealing, start, world_size)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a saved position is only meaningful for."""
+        return {
+            "kind": "mix",
+            "num_samples": self.num_samples,
+            "source_sizes": list(self.source_sizes),
+            "per_epoch": list(self.per_epoch),
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "order_check": _mix_check() if self.shuffle else 0,
+        }
+
+
+class MixBucketPlan(BucketPlan):
+    """Length-bucketed batches (fixed-size or under a token budget) over a mix's order.
+
+    :class:`~loaderkit.BucketPlan` whose step 1 is the epoch's :class:`MixPlan`
+    order (upsampled samples repeated, downsampled sources cut), samples left
+    out by ``oversize="skip"`` dropped from it; windows, batches, dealing and
+    positions are the bucket plan's. Built by
+    :meth:`loaderkit.MixedDataset.bucket_batch_sampler`.
+
+    Args:
+        lengths: Token count per global index (the sources laid end to end).
+        source_sizes: Samples per source; they must add up to ``len(lengths)``.
+        per_epoch: Draws per epoch from each source.
+        **kwargs: :class:`~loaderkit.BucketPlan`'s.
+    """
+
+    def __init__(
+        self,
+        lengths: object,
+        *,
+        source_sizes: Sequence[int],
+        per_epoch: Sequence[int],
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        window: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        oversize: Oversize = "error",
+    ) -> None:
+        super().__init__(
+            lengths,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            window=window,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            oversize=oversize,
+        )
+        self.mix = MixPlan(
+            source_sizes=source_sizes,
+            per_epoch=per_epoch,
+            batch_size=1,  # only the order is used; the batches are cut here
+            shuffle=self.shuffle,
+            seed=self.seed,
+        )
+        if self.mix.num_samples != self.num_samples:
+            raise ValueError(
+                f"MixBucketPlan: the sources hold {self.mix.num_samples} samples in all but "
+                f"there are {self.num_samples} lengths; pass one length per sample of the "
+                "sources, laid end to end (MixedDataset.lengths())."
+            )
+        self._eligible_mask = np.zeros(self.num_samples, dtype=bool)
+        self._eligible_mask[self._eligible] = True
+
+    def epoch_length(self, epoch: int) -> int:
+        """Number of global batches of ``epoch`` (the mix's order cut into batches)."""
+        check_int("epoch", epoch, 0, owner="BucketBatchSampler", numpy_ok=True)
+        return int(self._epoch(epoch).sequence.size)
+
+    def _unsorted(self, epoch: int) -> np.ndarray:
+        order = self.mix.order(epoch).numpy()
+        if self._eligible.size == self.num_samples:
+            return order
+        return order[self._eligible_mask[order]]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """:class:`~loaderkit.BucketPlan`'s settings and the mix's."""
+        mix = self.mix.fingerprint()
+        return {
+            **super().fingerprint(),
+            "kind": "mix-bucket",
+            "source_sizes": mix["source_sizes"],
+            "per_epoch": mix["per_epoch"],
+            "mix_check": mix["order_check"],
+        }
+
+
+@functools.cache
+def _mix_check() -> int:
+    """Checksum of a small mix's order: an algorithm (or numpy) that maps positions
+    differently is an error on resume, not silently different data."""
+    plan = MixPlan(source_sizes=(7, 1, 30), per_epoch=(20, 3, 11), batch_size=1, seed=20240917)
+    digest = zlib.crc32(plan.order(3).numpy().tobytes())
+    return zlib.crc32(permutation_digest().to_bytes(8, "little"), digest)

@@ -1,0 +1,342 @@
+"""MixedDataset / MixPlan: weights, exactly-once per source-epoch, resume, elastic re-split."""
+
+from __future__ import annotations
+
+import doctest
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import loaderkit.data.mixing
+import loaderkit.plan.mix
+from loaderkit import (
+    MixBucketPlan,
+    MixedDataset,
+    MixPlan,
+    PadCollate,
+    ResumableDataLoader,
+    StateMismatchError,
+)
+from loaderkit.plan.mix import mix_allotments
+from tests.support.helpers import assert_resume_exact
+
+
+class Source(Dataset[dict[str, Any]]):
+    """Item ``i`` is ``{"id": base + i, "x": torch.rand(2)}`` (a random augmentation)."""
+
+    def __init__(self, size: int, base: int) -> None:
+        self.size, self.base = size, base
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        return {"id": self.base + index, "x": torch.rand(2)}
+
+
+SIZES = (30, 7, 12)  # global ids: 0-29, 1000-1006, 2000-2011
+
+
+def mixed(**kwargs: Any) -> MixedDataset:
+    if not kwargs:
+        kwargs = {"repeat": {"a": 0.5, "b": 2.5, "c": 1}}  # 15 + 18 (rounded) + 12 = 45
+    sources = {
+        name: Source(n, 1000 * i) for i, (name, n) in enumerate(zip("abc", SIZES, strict=True))
+    }
+    return MixedDataset(sources, **kwargs)
+
+
+def loader(ds: MixedDataset, num_workers: int = 0, **kwargs: Any) -> ResumableDataLoader:
+    args: dict[str, Any] = {"batch_size": 4, "seed": 5}
+    for key in ("batch_size", "seed", "shuffle", "drop_last", "rank", "world_size"):
+        if key in kwargs:
+            args[key] = kwargs.pop(key)
+    return ResumableDataLoader(
+        ds, batch_sampler=ds.batch_sampler(**args), num_workers=num_workers, **kwargs
+    )
+
+
+@pytest.mark.parametrize("module", [loaderkit.plan.mix, loaderkit.data.mixing])
+def test_docstring_examples_run(module: Any) -> None:
+    assert doctest.testmod(module, raise_on_error=False, verbose=False).failed == 0
+
+
+# ------------------------------------------------------------------- weights
+def test_allotments_add_up_and_follow_weights_repeat_and_defaults() -> None:
+    assert mix_allotments((10, 20)) == (10, 20)
+    assert mix_allotments((10, 20), repeat=(3, 0.25)) == (30, 5)
+    got = mix_allotments((5, 5, 5), weights=(1, 1, 1), epoch_size=100)
+    assert got == (34, 33, 33) and sum(got) == 100  # largest remainder, ties to the first
+    assert mix_allotments((1, 10**6), weights=(0.7, 0.3)) == (700001, 300000)
+    ds = mixed()
+    assert ds.per_epoch == (15, 18, 12) and ds.epoch_size == 45 and len(ds) == sum(SIZES)
+
+
+def test_weights_are_respected_within_one_percent_over_1e5_samples() -> None:
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    ds = mixed(weights=weights, epoch_size=250_000)
+    plan = ds.plan(500, seed=11)
+    drawn: list[np.ndarray] = []
+    sched = [plan.schedule(0, start=0, rank=r, world_size=2) for r in range(2)]
+    for step in range(100):  # 100 steps x 2 ranks x 500 = 10^5 samples, a partial epoch
+        drawn.extend(s.indices(step).numpy() for s in sched)
+    counts = np.bincount(ds.source_of(np.concatenate(drawn)), minlength=3)
+    assert counts.sum() == 10**5
+    for share, want in zip(counts / 10**5, weights.values(), strict=True):
+        assert abs(share - want) < 0.01 * want, (counts, weights)
+    # Over a whole epoch the allotment is exact.
+    whole = np.bincount(ds.source_of(plan.order(0).numpy()), minlength=3)
+    assert whole.tolist() == [125_000, 75_000, 50_000] == list(ds.per_epoch)
+
+
+# -------------------------------------------------------- exactly once per source-epoch
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_source_sample_exactly_once_per_source_epoch(shuffle: bool) -> None:
+    ds = mixed()
+    plan = ds.plan(4, seed=3, shuffle=shuffle)
+    per: dict[tuple[int, int], list[int]] = {}
+    epochs = 7
+    for epoch in range(epochs):
+        source, k, local = plan.locate(epoch, np.arange(plan.epoch_length(epoch)))
+        glob = plan.order(epoch).numpy()
+        assert (glob == np.asarray(plan.offsets)[source] + local).all()
+        for s, kk, i in zip(source.tolist(), k.tolist(), local.tolist(), strict=True):
+            per.setdefault((s, kk), []).append(i)
+    for s, (n, a) in enumerate(zip(SIZES, ds.per_epoch, strict=True)):
+        complete = epochs * a // n  # source-epochs finished within the epochs drawn
+        assert complete >= 2
+        for k in range(complete):
+            assert sorted(per[(s, k)]) == list(range(n)), f"source {s}, source-epoch {k}"
+        # a source-epoch's orders differ (shuffled), and source-epochs follow each other
+        if shuffle and n > 3:
+            assert per[(s, 0)] != per[(s, 1)]
+        assert plan.source_epochs(epochs - 1)[s][1] == (epochs * a - 1) // n
+
+
+def ids_of(ds: MixedDataset, indices: Any) -> list[int]:
+    """The ``Source`` ids of global indices."""
+    table = np.concatenate([1000 * s + np.arange(n) for s, n in enumerate(ds.sizes)])
+    return table[np.asarray(indices)].tolist()
+
+
+def test_through_the_loader_on_two_ranks_each_epoch_is_the_plans_order() -> None:
+    ds = mixed(repeat=[0.5, 2, 1])  # 15 + 14 + 12 = 41 per epoch
+    runs = [loader(ds, rank=r, world_size=2, batch_size=3) for r in range(2)]
+    plan = ds.plan(3, seed=5)
+    for epoch in range(4):
+        got = [i for run in runs for b in run for i in b["id"].tolist()]
+        order = plan.order(epoch).numpy()
+        # 41 positions in steps of 2 x 3: the last step pads by wrapping to position 0
+        want = Counter(ids_of(ds, order)) + Counter(ids_of(ds, order[:1]))
+        assert Counter(got) == want, f"epoch {epoch}"
+        counts = np.bincount(ds.source_of(order), minlength=3)
+        assert counts.tolist() == list(ds.per_epoch)
+
+
+# ------------------------------------------------------------------- resume
+def run_records(run: ResumableDataLoader, epochs: range, stop: int | None = None) -> list[Any]:
+    """``{"epoch", "ids", "x"}`` per batch over ``epochs``; stop after ``stop`` batches."""
+    out: list[Any] = []
+    for epoch in epochs:
+        run.sampler.set_epoch(epoch)
+        for batch in run:
+            out.append({"epoch": epoch, "ids": batch["id"].tolist(), "x": batch["x"]})
+            if stop is not None and len(out) == stop:
+                return out
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_oracle_over_two_epochs(num_workers: int) -> None:
+    """First k batches + the run resumed at k == the uninterrupted run (ids and augmentation)."""
+    ds = mixed()
+    full = run_records(loader(ds, num_workers), range(2))
+    assert len(full) == 2 * 12  # 45 positions, batches of 4: 11 full + a tail
+    for k in (5, 12 + 7):
+        first = loader(ds, num_workers)
+        before = run_records(first, range(2), stop=k)
+        state = first.state_dict()
+        resumed = loader(ds, num_workers)
+        resumed.load_state_dict(state)
+        after = run_records(resumed, range(state["epoch"], 2))
+        assert_resume_exact(full, before, after)
+        for want, got in zip(full, [*before, *after], strict=True):
+            assert torch.equal(want["x"], got["x"]), "augmentation differs after the resume"
+
+
+def test_a_changed_mix_refuses_the_saved_position() -> None:
+    run = loader(mixed())
+    next(iter(run))
+    state = run.state_dict()
+    other = loader(mixed(repeat={"a": 1, "b": 2.5, "c": 1}))
+    with pytest.raises(StateMismatchError, match="per_epoch"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("after_ranks", [1, 3])
+def test_elastic_resume_from_two_ranks(after_ranks: int) -> None:
+    ds = mixed()
+    plan = ds.plan(3, seed=5)
+    before = [loader(ds, rank=r, world_size=2, batch_size=3) for r in range(2)]
+    its = [iter(r) for r in before]
+    seen = [i for _ in range(3) for it in its for i in next(it)["id"].tolist()]
+    state = before[0].state_dict()
+    assert state == before[1].state_dict() and state["position"] == 18
+    after = [
+        loader(ds, 2 if r == 0 else 0, rank=r, world_size=after_ranks, batch_size=3)
+        for r in range(after_ranks)
+    ]
+    rest = []
+    for run in after:
+        run.load_state_dict(state)
+        rest.append([b["id"].tolist() for b in run])
+    assert len({len(r) for r in rest}) == 1, "ranks step different counts after the resume"
+    order = plan.order(0).numpy()
+    tail = (45 - 18) % (3 * after_ranks)
+    pad = (-tail) % after_ranks if tail else 0  # positions wrapped to fill the last step
+    want = Counter(ids_of(ds, order)) + Counter(ids_of(ds, order[:pad]))
+    assert Counter(seen + [i for r in rest for b in r for i in b]) == want
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_equal_steps_per_rank(world_size: int) -> None:
+    ds = mixed()
+    for drop_last in (False, True):
+        runs = [
+            loader(ds, rank=r, world_size=world_size, drop_last=drop_last)
+            for r in range(world_size)
+        ]
+        steps = [len(list(run)) for run in runs]
+        assert len(set(steps)) == 1 and steps[0] == len(runs[0]), steps
+        full = 45 // (4 * world_size)
+        assert steps[0] == (full if drop_last else -(-45 // (4 * world_size)))
+
+
+# ------------------------------------------------------------- token budgets
+def test_token_budget_batches_over_a_mix_resume_exactly() -> None:
+    gen = torch.Generator().manual_seed(0)
+    short = [torch.full((int(n),), 1) for n in torch.randint(1, 9, (40,), generator=gen)]
+    long = [torch.full((int(n),), 2) for n in torch.randint(8, 30, (10,), generator=gen)]
+    ds = MixedDataset({"short": short, "long": long}, weights={"short": 1, "long": 1})
+    assert ds.per_epoch == (25, 25) and ds.lengths().tolist() == [len(t) for t in short + long]
+
+    def rows(batch: Any) -> list[int]:  # a row as (source token, length): hashable ids
+        return [
+            int(v) * 100 + int(n) for v, n in zip(batch.values[:, 0], batch.lengths, strict=True)
+        ]
+
+    def make() -> ResumableDataLoader:
+        sampler = ds.bucket_batch_sampler(max_tokens=64, seed=2, window=16)
+        return ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=PadCollate())
+
+    run = make()
+    assert isinstance(run.plan, MixBucketPlan)
+    full = []
+    for epoch in range(2):
+        run.sampler.set_epoch(epoch)
+        batches = list(run)
+        for b in batches:
+            assert b.values.numel() <= 64
+        drawn = [int(x) for b in batches for x in b.lengths]
+        order = run.plan.mix.order(epoch).numpy()
+        assert sorted(drawn) == sorted(ds.lengths()[order].tolist())
+        sources = Counter(int(b.values[i, 0]) for b in batches for i in range(len(b.lengths)))
+        assert sources == {1: 25, 2: 25}  # upsampled long, downsampled short: 1:1
+        full.extend({"epoch": epoch, "ids": rows(b)} for b in batches)
+    first = make()
+    before = []
+    for batch in first:
+        before.append({"epoch": 0, "ids": rows(batch)})
+        if len(before) == 3:
+            break
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    after = []
+    for epoch in range(2):
+        resumed.sampler.set_epoch(epoch)
+        after.extend({"epoch": epoch, "ids": rows(b)} for b in resumed)
+    assert_resume_exact(full, before, after)
+
+
+# ----------------------------------------------------------------- describe
+def test_describe_counts_weights_and_source_epochs() -> None:
+    ds = mixed()
+    info = ds.describe(epoch=3)
+    assert info["samples"] == 49 and info["epoch_size"] == 45
+    a, b = info["sources"]["a"], info["sources"]["b"]
+    assert a == {
+        "samples": 30,
+        "weight": 15 / 45,
+        "per_epoch": 15,
+        "repeat": 0.5,
+        "source_epochs": [1, 1],  # draws 45-59 of a 30-sample source
+    }
+    assert b["per_epoch"] == 18 and b["source_epochs"] == [7, 10]  # draws 54-71 of 7
+    assert "a: 30 x0.5" in repr(ds)
+
+
+# ----------------------------------------------------------------- arguments
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"weights": [1, 2]}, ValueError, r"weights must hold one number per source \(3\), got 2"),
+        ({"weights": [1, 0, 1]}, ValueError, r"weights\[1\] must be a finite number > 0, got 0"),
+        ({"weights": [1, "x", 1]}, TypeError, r"weights\[1\] must be a number, got 'x'"),
+        ({"weights": 3}, TypeError, "weights must be a sequence of 3 positive numbers"),
+        ({"repeat": [1, -1, 1]}, ValueError, r"repeat\[1\] must be a finite number > 0"),
+        ({"repeat": [1, float("nan"), 1]}, ValueError, r"repeat\[1\] must be a finite"),
+        ({"repeat": [0.01, 1, 1]}, ValueError, r"repeat\[0\]=0.01 .* rounds to 0 draws"),
+        ({"weights": [1, 1, 1], "repeat": [1, 1, 1]}, ValueError, "pass weights= or repeat="),
+        ({"epoch_size": 10}, ValueError, "epoch_size=10 applies to weights= only"),
+        ({"weights": [1, 1, 1], "epoch_size": 0}, ValueError, "epoch_size must be >= 1, got 0"),
+        ({"weights": [100, 1, 1], "epoch_size": 10}, ValueError, r"weights\[1\]=1.0 gets 0 of"),
+        ({"weights": {"a": 1, "b": 1}}, ValueError, r"missing \['c'\]"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str) -> None:
+    sources = (
+        [Source(n, 0) for n in SIZES]
+        if "weights" not in kwargs or not isinstance(kwargs["weights"], dict)
+        else {name: Source(n, 0) for name, n in zip("abc", SIZES, strict=True)}
+    )
+    with pytest.raises(error, match=match):
+        MixedDataset(sources, **kwargs)
+
+
+def test_bad_sources_are_named() -> None:
+    with pytest.raises(ValueError, match="sources is empty"):
+        MixedDataset([])
+    with pytest.raises(ValueError, match="source 'b' is empty"):
+        MixedDataset({"a": [1], "b": []})
+    with pytest.raises(TypeError, match="source '0' must be a map-style dataset"):
+        MixedDataset([iter([1, 2])])
+    with pytest.raises(TypeError, match="sources must be a dict of datasets by name"):
+        MixedDataset("abc")
+    with pytest.raises(TypeError, match="weights is a mapping but the sources are a sequence"):
+        MixedDataset([[1], [2]], weights={"0": 1, "1": 1})
+    with pytest.raises(ValueError, match="MixPlan: per_epoch must hold one count per source"):
+        MixPlan(source_sizes=(3, 4), per_epoch=(1,), batch_size=2)
+    with pytest.raises(ValueError, match="MixPlan: rank must be < world_size=2, got 2"):
+        mixed().plan(2).schedule(0, start=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, 45\)"):
+        mixed().plan(2).locate(0, [45])
+    with pytest.raises(ValueError, match="source_sizes and per_epoch go together"):
+        from loaderkit import BucketBatchSampler
+
+        BucketBatchSampler([1, 2, 3], batch_size=2, source_sizes=(3,))
+
+
+def test_vectorised_source_permutation_is_the_keyed_permutation() -> None:
+    from loaderkit.plan._permutation import KeyedPermutation
+    from loaderkit.plan.mix import keyed_at
+
+    for n in (2, 3, 7, 100, 1001):
+        for key in (0, 5, 2**63 + 7):
+            got = keyed_at(n, np.full(n, key, dtype=np.uint64), np.arange(n))
+            assert (got == KeyedPermutation(n, key).at(np.arange(n))).all()
