@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.data.index import write_shards
+from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
@@ -82,6 +84,7 @@ _LIGHTNING_NAMES = frozenset(
         "ArrayDataModule",
         "DataWaitMonitor",
         "ElasticResume",
+    "HFDataset",
         "ImageFolderDataModule",
         "LoaderDataModule",
         "SequenceDataModule",
@@ -136,6 +139,7 @@ __all__ = [
     "DataWaitMonitor",
     "DevicePrefetcher",
     "ElasticResume",
+    "HFDataset",
     "ImageFolderDataModule",
     "IterableReader",
     "JsonlReader",
@@ -146,6 +150,7 @@ __all__ = [
     "OpenShard",
     "PadCollate",
     "PaddedBatch",
+    "ParquetReader",
     "Plan",
     "PlanBatchSampler",
     "PositionMap",
