@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
-from loaderkit.data.index import write_shards
 from loaderkit.data.hf import HFDataset
+from loaderkit.data.index import write_shards
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
@@ -84,7 +84,7 @@ _LIGHTNING_NAMES = frozenset(
         "ArrayDataModule",
         "DataWaitMonitor",
         "ElasticResume",
-    "HFDataset",
+        "HFDataset",
         "ImageFolderDataModule",
         "LoaderDataModule",
         "SequenceDataModule",

@@ -34,7 +34,7 @@ def import_pyarrow(extra: str = "parquet") -> Any:
     try:
         import pyarrow
         import pyarrow.compute
-        import pyarrow.parquet  # noqa: F401  (loaded for pyarrow.parquet below)
+        import pyarrow.parquet
     except ImportError as exc:
         raise MissingDependencyError(
             f"reading Parquet or Arrow data needs pyarrow, which is not installed; install "
@@ -86,8 +86,7 @@ def table_columns(table: Any, where: str) -> dict[str, Any]:
     """The columns of a ``pyarrow.Table`` converted as the module docstring says."""
     pa = import_pyarrow()
     return {
-        name: _column(pa, name, table.column(i), where)
-        for i, name in enumerate(table.column_names)
+        name: _column(pa, name, table.column(i), where) for i, name in enumerate(table.column_names)
     }
 
 
@@ -133,9 +132,10 @@ class Columns(Sequence[dict[str, Any]]):
         out: dict[str, Any] = {}
         for name in names:
             cols = [p.data[name] for p in parts]
-            if all(isinstance(c, torch.Tensor) for c in cols) and len(
-                {(c.dtype, c.shape[1:]) for c in cols}
-            ) == 1:
+            if (
+                all(isinstance(c, torch.Tensor) for c in cols)
+                and len({(c.dtype, c.shape[1:]) for c in cols}) == 1
+            ):
                 merged = torch.empty((total, *cols[0].shape[1:]), dtype=cols[0].dtype)
                 for col, w in zip(cols, where, strict=True):
                     merged[torch.from_numpy(np.asarray(w))] = col

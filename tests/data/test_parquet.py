@@ -192,7 +192,7 @@ def test_bad_arguments_are_named(shards: list[Path], tmp_path: Path) -> None:
         dataset(shards, length_column="nope").lengths()
     with pytest.raises(TypeError, match="length_column 'name' is string"):
         dataset(shards, length_column="name").lengths()
-    with pytest.raises(TypeError, match="ParquetReader.write: data must be"):
+    with pytest.raises(TypeError, match=r"ParquetReader\.write: data must be"):
         ParquetReader().write(tmp_path / "x.parquet", 3)
     bad = tmp_path / "bad" / "x.parquet"
     bad.parent.mkdir()
@@ -232,7 +232,7 @@ def test_parquet_at_an_s3_url(tmp_path: Path) -> None:
         url = f"s3://{s3.bucket}/parquet"
         reader = ParquetReader(row_group_size=ROW_GROUP)
         urls = write_shards(url, tables(), reader, storage_options=s3.options)
-        assert [u.rsplit("/", 1)[1] for u in urls][:2] == ["shard-00000.parquet", "shard-00001.parquet"]
+        assert urls[0] == f"{url}/shard-00000.parquet"
         cache = RemoteCache(cache_dir=tmp_path / "cache", storage_options=s3.options)
         ds = ShardedDataset(url, ParquetReader(columns=["id", "tokens"]), remote=cache)
         assert ds.sizes == SIZES
