@@ -58,9 +58,8 @@ def make_data(folder: str, files: int = 4, rows: int = 200, seed: int = 0) -> li
     for _ in range(files):
         lengths = rng.integers(4, 49, rows)
         starts = rng.integers(0, VOCAB, rows)
-        tables.append(
-            {"input_ids": [[(s + k) % VOCAB for k in range(n)] for s, n in zip(starts, lengths)]}
-        )
+        pairs = zip(starts.tolist(), lengths.tolist(), strict=True)
+        tables.append({"input_ids": [[(s + k) % VOCAB for k in range(n)] for s, n in pairs]})
     return write_shards(folder, tables, ParquetReader(row_group_size=64))
 
 

@@ -122,5 +122,5 @@ def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) ->
         SequenceDataModule("s3://bucket/train.jsonl")
     with pytest.raises(ValueError, match="storage_options and cache_dir are for a Parquet URL"):
         SequenceDataModule(path, storage_options={})
-    with pytest.raises(ValueError, match="must end with .jsonl or .arrow or .parquet or .pq"):
+    with pytest.raises(ValueError, match=r"must end with \.jsonl or \.arrow or \.parquet or \.pq"):
         SequenceDataModule(str(tmp_path / "x.csv"))

@@ -1,4 +1,4 @@
-"""``ShardedDataModule``: token, JSON-lines or Parquet shards, local or at URLs, planned or streamed.
+"""``ShardedDataModule``: token, JSON-lines or Parquet shards (local or URLs), planned or streamed.
 
 Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
 counts are known (from the shard index), so the sample plan covers them:
