@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
+from loaderkit.data.hf import HFDataset
 from loaderkit.data.index import write_shards
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
 from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
@@ -138,6 +140,7 @@ __all__ = [
     "DataWaitMonitor",
     "DevicePrefetcher",
     "ElasticResume",
+    "HFDataset",
     "ImageFolderDataModule",
     "IterableReader",
     "JsonlReader",
@@ -151,6 +154,7 @@ __all__ = [
     "OpenShard",
     "PadCollate",
     "PaddedBatch",
+    "ParquetReader",
     "Plan",
     "PlanBatchSampler",
     "PositionMap",

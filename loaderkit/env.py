@@ -19,7 +19,8 @@ from torch.utils.data import get_worker_info
 from loaderkit._callers import host_topology
 from loaderkit._checks import check_int
 
-__all__ = ["WorkerEnv", "cpu_budget", "detect"]
+# cpu_budget is shared by the loader and the DataModules, not part of the public API.
+__all__ = ["WorkerEnv", "detect"]
 
 
 @dataclass(frozen=True, kw_only=True)

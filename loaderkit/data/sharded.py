@@ -86,6 +86,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from loaderkit._checks import check_int
+from loaderkit.data._arrow import Columns
 from loaderkit.data._open import OpenShards, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
@@ -447,8 +448,11 @@ class ShardedDataset(Dataset[Any]):
         return self._samples(parts, where, indices)
 
     def get_batch(self, indices: Any) -> Any:
-        """The batch at ``indices``: rows stacked in one read per shard, or default-collated."""
+        """The batch at ``indices``: rows stacked in one read per shard, column batches
+        (:class:`~loaderkit.ParquetReader`) merged into one dict of columns, or default-collated."""
         parts, where = self._gather(indices, rows=True)
+        if parts and all(isinstance(p, Columns) for p in parts):
+            return Columns.scatter(parts, where)  # column batches (ParquetReader)
         if len(parts) == 1 and where[0] is None and isinstance(parts[0], np.ndarray):
             return torch.from_numpy(parts[0])
         if parts and all(isinstance(p, np.ndarray) for p in parts):

@@ -201,3 +201,29 @@ def test_short_class_names_resolve_after_import_loaderkit() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_parquet_example_config_trains(tmp_path: Path) -> None:
+    # examples/parquet_cli.yaml as a user runs it: demo Parquet data, then `fit --config`.
+    pytest.importorskip("pyarrow")
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    spec = importlib.util.spec_from_file_location("train_cli", root / "train_cli.py")
+    assert spec is not None and spec.loader is not None
+    train_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_cli)
+    train_cli.main(["make-data", str(tmp_path / "pq")])
+    args = [
+        "fit",
+        f"--config={root / 'parquet_cli.yaml'}",
+        f"--data.init_args.shards={tmp_path / 'pq'}",
+        "--trainer.max_steps=3",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    train_cli.main(args)
+    checkpoints = list((tmp_path / "run").rglob("*.ckpt"))
+    assert len(checkpoints) == 1 and "step=3" in checkpoints[0].name

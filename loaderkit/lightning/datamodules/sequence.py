@@ -1,4 +1,11 @@
-"""``SequenceDataModule``: variable-length samples, padded, optionally bucketed by length."""
+"""``SequenceDataModule``: variable-length samples, padded, optionally bucketed by length.
+
+Samples come from a list, a ``.jsonl`` file, a Parquet file (a path or a URL,
+:class:`~loaderkit.ParquetReader`), an ``.arrow`` file or a Hugging Face
+``datasets.Dataset`` (:class:`~loaderkit.HFDataset`). The last three are read
+a batch at a time, and their lengths come from the ``length_key`` column
+alone, never from reading every sample.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,11 @@ import torch
 
 from loaderkit._checks import check_bool, check_choice, check_int, check_path
 from loaderkit.collate import PadCollate
+from loaderkit.data._fs import is_url
+from loaderkit.data.hf import HFDataset
+from loaderkit.data.parquet import ParquetReader
+from loaderkit.data.remote import RemoteCache
+from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules.base import SPLITS, LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
 
@@ -41,7 +53,10 @@ class SequenceDataModule(LoaderDataModule):
 
     Args:
         train: The train samples, or the path of a ``.jsonl`` file with one
-            sample per line (a JSON list of numbers, or an object).
+            sample per line (a JSON list of numbers, or an object), of a
+            ``.parquet`` file (or its URL: ``s3://...``; one row a dict
+            sample), of an ``.arrow`` file (``datasets``' format), or a
+            ``datasets.Dataset``.
         val: The val split, the same way (or use ``val_fraction``).
         test: The test split.
         predict: The predict split.
@@ -52,6 +67,9 @@ class SequenceDataModule(LoaderDataModule):
         pad_value: The pad value, or one per dict key.
         window: Samples per length-sorted window (see ``BucketBatchSampler``).
         oversize: A sample longer than ``max_tokens`` allows: ``"error"`` or ``"skip"``.
+        columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
+        storage_options: For a Parquet URL: the fsspec filesystem's options.
+        cache_dir: For a Parquet URL: the local cache directory.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
@@ -85,6 +103,9 @@ class SequenceDataModule(LoaderDataModule):
         pad_value: PadValue = 0,
         window: int | None = None,
         oversize: Literal["error", "skip"] = "error",
+        columns: list[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -135,16 +156,26 @@ class SequenceDataModule(LoaderDataModule):
         for split, source in (("train", train), ("val", val), ("test", test), ("predict", predict)):
             if source is None:
                 continue
-            if isinstance(source, (str, os.PathLike)):
-                self._sources[split] = check_path(split, source, (".jsonl",), owner=owner)
+            if _is_hf(source):
+                self._sources[split] = source
+            elif is_url(source):
+                if not str(source).endswith(ParquetReader.suffixes):
+                    raise ValueError(
+                        f"{owner}: {split}={source!r} is a URL; URLs must name a Parquet file "
+                        "(.parquet): download other formats first."
+                    )
+                self._sources[split] = str(source)
+            elif isinstance(source, (str, os.PathLike)):
+                suffixes = (".jsonl", ".arrow", *ParquetReader.suffixes)
+                self._sources[split] = check_path(split, source, suffixes, owner=owner)
             elif isinstance(source, Sequence) and not isinstance(source, bytes):
                 if not len(source):
                     raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
                 self._sources[split] = source
             else:
                 raise TypeError(
-                    f"{owner}: {split} must be a list of samples or a .jsonl path, got "
-                    f"{type(source).__name__}."
+                    f"{owner}: {split} must be a list of samples, a .jsonl, .parquet or .arrow "
+                    f"path, or a datasets.Dataset, got {type(source).__name__}."
                 )
         if not self._sources:
             raise ValueError(
@@ -153,20 +184,61 @@ class SequenceDataModule(LoaderDataModule):
             )
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
+        tabular = [s for s in self._sources.values() if _is_hf(s) or _is_table_path(s)]
+        if columns is not None:
+            if not tabular:
+                raise ValueError(
+                    f"{owner}: columns={columns!r} applies to Parquet, Arrow and datasets "
+                    "sources only; drop it."
+                )
+            if length_key not in columns:
+                raise ValueError(
+                    f"{owner}: columns={columns!r} leaves out length_key={length_key!r}, the "
+                    "column samples are padded and bucketed by; add it to columns."
+                )
+        self.columns = columns
+        self.reader = ParquetReader(columns, length_column=length_key)
+        urls = [s for s in self._sources.values() if is_url(s)]
+        if (storage_options is not None or cache_dir is not None) and not urls:
+            raise ValueError(
+                f"{owner}: storage_options and cache_dir are for a Parquet URL, but no split "
+                "is a URL; drop them."
+            )
+        self.remote = (
+            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
+        )
 
     # --------------------------------------------------------------- datasets
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """Every split, with the length of each sample measured once."""
-        out = {}
+        out: dict[str, Any] = {}
         for split, source in self._sources.items():
             if split in self._datasets:  # built (and maybe split) by an earlier stage's setup
                 continue
-            samples = (
+            table = self._table(split, source)
+            if table is not None:  # lengths from the length column alone
+                self._keyed = True
+                self._lengths[split] = table.lengths()
+                out[split] = table
+                continue
+            samples: Sequence[Any] = (
                 _read_jsonl(type(self).__name__, source) if isinstance(source, str) else source
             )
             self._lengths[split] = self._measure(split, samples)
             out[split] = samples
         return out
+
+    def _table(self, split: str, source: Any) -> HFDataset | ShardedDataset | None:
+        """The dataset of a Parquet, Arrow or ``datasets`` source; None for the others."""
+        owner = type(self).__name__
+        if self._keyed is False:
+            raise TypeError(f"{owner}: {split} mixes dict and bare samples with other splits.")
+        if _is_hf(source) or (isinstance(source, str) and source.endswith(".arrow")):
+            return HFDataset(source, self.columns, length_column=self.length_key)
+        if _is_table_path(source):
+            remote = self.remote if is_url(source) else None
+            return ShardedDataset([source], self.reader, remote=remote)
+        return None
 
     def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
         owner = type(self).__name__
@@ -258,6 +330,15 @@ class SequenceDataModule(LoaderDataModule):
                 "longer epoch early"
             )
         return ok, reason
+
+
+def _is_hf(source: Any) -> bool:
+    """A ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported to ask)."""
+    return type(source).__name__ == "Dataset" and callable(getattr(source, "with_format", None))
+
+
+def _is_table_path(source: Any) -> bool:
+    return isinstance(source, str) and source.endswith((".arrow", *ParquetReader.suffixes))
 
 
 def _read_jsonl(owner: str, path: str) -> list[Any]:

@@ -1,4 +1,4 @@
-"""``ShardedDataModule``: token or JSON-lines shards, planned or streamed.
+"""``ShardedDataModule``: token, JSON-lines or Parquet shards (local or URLs), planned or streamed.
 
 Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
 counts are known (from the shard index), so the sample plan covers them:
@@ -24,8 +24,11 @@ import numpy as np
 
 from loaderkit._checks import check_bool, check_choice, check_int
 from loaderkit.collate import PadCollate
+from loaderkit.data._fs import is_url
 from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
@@ -40,7 +43,7 @@ _MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
 
 class ShardedDataModule(LoaderDataModule):
-    """Token or ``.jsonl`` shards, planned across ranks and workers, or streamed.
+    """Token, ``.jsonl`` or Parquet shards, planned across ranks and workers, or streamed.
 
     ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids (raw ones
     need ``dtype``), cut into ``seq_len``-token samples (``targets=True``: one
@@ -48,6 +51,13 @@ class ShardedDataModule(LoaderDataModule):
     tensor; or, with ``eos`` instead of ``seq_len``, one sample per document,
     padded by :class:`~loaderkit.PadCollate`. ``reader="jsonl"``: one JSON value
     per line, padded by ``PadCollate`` (dicts of lists of numbers, say).
+    ``reader="parquet"``: ``.parquet`` files, one row a sample (a dict of its
+    ``columns``), read a row group at a time (:class:`~loaderkit.ParquetReader`),
+    padded by ``PadCollate``; ``length_key`` names the column of token ids
+    whose lengths ``max_tokens`` budgets.
+    Shards may be URLs (``s3://bucket/corpus``, a folder, or a list of files):
+    they are fetched into a local cache (``cache_dir``, ``storage_options``:
+    :class:`~loaderkit.RemoteCache`'s).
     Write shards with :func:`loaderkit.write_shards`, which also writes the index.
 
     Under DDP, workers start by ``forkserver`` (forking a process with gloo's
@@ -67,12 +77,14 @@ class ShardedDataModule(LoaderDataModule):
 
     Args:
         shards: The train shards: a directory (its files with the reader's
-            suffixes, sorted), one shard file, or a non-empty list of shard files.
+            suffixes, sorted), one shard file, or a non-empty list of shard files;
+            or a folder URL, one shard URL, or a list of shard URLs.
         val_shards: Val shards, the same way. ``val_fraction`` is not
             supported: a sample-level split would break shard-local reads.
         test_shards: Test shards.
-        reader: ``"tokens"`` or ``"jsonl"``; Python code may pass any
+        reader: ``"tokens"``, ``"jsonl"`` or ``"parquet"``; Python code may pass any
             :class:`~loaderkit.ShardReader` object instead.
+        columns: With ``reader="parquet"``: the columns to read (default: all).
         seq_len: Tokens per sample (``reader="tokens"``).
         targets: Add the next token to each sample (``seq_len + 1`` tokens).
         eos: Instead of ``seq_len``: one sample per document ending in this token.
@@ -93,13 +105,18 @@ class ShardedDataModule(LoaderDataModule):
             :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler`, which still
             reads ``mix_shards`` shards at once. Epochs then differ in length:
             add :class:`loaderkit.ElasticResume` to the Trainer's callbacks.
-        length_key: With ``max_tokens`` and ``.jsonl`` dict samples: the field
-            whose ``len()`` is a sample's token count.
+        length_key: With ``max_tokens``: the ``.jsonl`` field whose ``len()`` is a
+            sample's token count, or the Parquet column (a list column, or an
+            integer column of lengths).
         bucket_window: With ``max_tokens``: samples per length-sorted window
             (``BucketBatchSampler``'s ``window``; default 256 batches' worth).
         streaming: Stream the train shards (see above) instead of planning them.
         steps_per_epoch: With ``streaming``: batches per rank per epoch.
         samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
+        storage_options: For shards at URLs: the fsspec filesystem's options
+            (e.g. ``{"endpoint_url": ...}``).
+        cache_dir: For shards at URLs: the local cache directory (default
+            ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
@@ -123,7 +140,8 @@ class ShardedDataModule(LoaderDataModule):
         val_shards: Shards | None = None,
         test_shards: Shards | None = None,
         *,
-        reader: Literal["tokens", "jsonl"] | ShardReader = "tokens",
+        reader: Literal["tokens", "jsonl", "parquet"] | ShardReader = "tokens",
+        columns: list[str] | None = None,
         seq_len: int | None = None,
         targets: bool = False,
         eos: int | None = None,
@@ -140,6 +158,8 @@ class ShardedDataModule(LoaderDataModule):
         streaming: bool = False,
         steps_per_epoch: int | None = None,
         samples_per_epoch: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -181,7 +201,29 @@ class ShardedDataModule(LoaderDataModule):
         ):
             if value is not None:
                 self.shards[split] = _shard_list(owner, name, value)
-        self.reader = self._make_reader(owner, reader, seq_len, targets, eos, dtype)
+        urls = [s for s in self.shards.values() if _is_remote(s)]
+        if (storage_options is not None or cache_dir is not None) and not urls:
+            raise ValueError(
+                f"{owner}: storage_options and cache_dir are for shards at URLs, but no split's "
+                "shards are URLs; drop them, or pass s3://... URLs."
+            )
+        self.remote = (
+            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
+        )
+        if reader == "parquet":
+            if any(v is not None for v in (seq_len, eos, dtype)) or targets:
+                raise ValueError(
+                    f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', "
+                    "got reader='parquet'; drop them (choose Parquet columns with columns=)."
+                )
+            self.reader: ShardReader = ParquetReader(columns, length_column=length_key)
+        elif columns is not None:
+            raise ValueError(
+                f"{owner}: columns={columns!r} applies to reader='parquet' only; drop it or "
+                "pass reader='parquet'."
+            )
+        else:
+            self.reader = self._make_reader(owner, reader, seq_len, targets, eos, dtype)
         self.window = check_int(
             "window",
             window,
@@ -251,7 +293,7 @@ class ShardedDataModule(LoaderDataModule):
         # Fixed-length token samples stack in one read per shard; documents and JSON lines
         # vary in length and need padding. A custom reader's samples go to the dataset's own
         # batching (default_collate), as with ShardedDataset alone.
-        varying = isinstance(self.reader, JsonlReader) or (
+        varying = isinstance(self.reader, JsonlReader | ParquetReader) or (
             isinstance(self.reader, TokenReader) and self.reader.eos is not None
         )
         # Built either way: it checks pad_value now, not at the first varying batch.
@@ -275,7 +317,7 @@ class ShardedDataModule(LoaderDataModule):
                     f"count() and open()), got {type(reader).__name__}."
                 )
             return reader
-        check_choice("reader", reader, ("tokens", "jsonl"), owner=owner)
+        check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
         if reader == "jsonl":
             given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
             extra = [k for k, v in given.items() if v is not None]
@@ -329,6 +371,7 @@ class ShardedDataModule(LoaderDataModule):
                     self.reader,
                     shuffle_shards=self.shuffle,
                     mix_shards=self.mix_shards,
+                    remote=self.remote,
                     steps_per_epoch=self.steps_per_epoch,
                     samples_per_epoch=self.samples_per_epoch,
                 )
@@ -338,6 +381,7 @@ class ShardedDataModule(LoaderDataModule):
                     self.reader,
                     on_error=self.on_error,
                     max_open_shards=self.max_open_shards,
+                    remote=self.remote if _is_remote(paths) else None,
                 )
         return datasets
 
@@ -422,7 +466,15 @@ class _KeyLength:
         return len(sample)
 
 
+def _is_remote(shards: Shards) -> bool:
+    return is_url(shards) or (isinstance(shards, list) and is_url(shards[0]))
+
+
 def _shard_list(owner: str, name: str, value: object) -> Shards:
+    if is_url(value):
+        return str(value)
+    if isinstance(value, (list, tuple)) and value and all(is_url(v) for v in value):
+        return [str(v) for v in value]
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
         if os.path.isdir(path):

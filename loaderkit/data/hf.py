@@ -1,0 +1,181 @@
+"""A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a planned, batch-fetched dataset.
+
+:class:`HFDataset` is a map-style dataset, so the loader's sample plan covers
+it (every row exactly once across ranks and workers, exact O(1) resume,
+per-sample seeding), and it fetches a batch in one call: ``get_batch`` /
+``__getitems__`` index the dataset once with the whole index list
+(``dataset[indices]``, Arrow format: one ``take`` over the memory-mapped
+table) and convert each column once, as :class:`~loaderkit.ParquetReader`
+does (numbers -> a tensor, ``list<number>`` -> a list of 1-D tensors). The
+Arrow format, not ``"torch"``: the torch format returns a 2-D tensor for a
+batch whose lists happen to be of equal length and a list otherwise, so a
+batch's structure would depend on its contents.
+
+``lengths()`` reads the ``length_column`` alone (list lengths, or the values
+of an integer column) for token budgets
+(:class:`~loaderkit.BucketBatchSampler` ``max_tokens``).
+
+Arrow files written by ``datasets`` (``Dataset.save_to_disk``'s
+``data-*.arrow``, its cache files) are opened with ``Dataset.from_file``
+(memory-mapped; workers receive the path, not the data).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit.errors import MissingDependencyError
+
+__all__ = ["HFDataset"]
+
+HF_EXTRA = "loaderkit[hf]"
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "HFDataset needs the Hugging Face datasets library, which is not installed; "
+            f"install the extra: pip install '{HF_EXTRA}'."
+        ) from exc
+    return datasets
+
+
+class HFDataset(Dataset[dict[str, Any]]):
+    """A ``datasets.Dataset`` or ``.arrow`` file(s), rows as dicts, fetched a batch at a time.
+
+    Args:
+        data: A ``datasets.Dataset`` (``load_dataset(...)``, ``Dataset.from_dict``,
+            after ``select``/``shuffle`` too), the path of an ``.arrow`` file,
+            or a list of them (concatenated in order).
+        columns: The columns to return (default: all).
+        length_column: The column giving each row's token count (a list
+            column, or an integer column of lengths), for :meth:`lengths`.
+
+    Example:
+        >>> import datasets
+        >>> from loaderkit import PadCollate, ResumableDataLoader
+        >>> hf = datasets.Dataset.from_dict({"ids": [[1, 2], [3], [4, 5, 6]], "y": [0, 1, 0]})
+        >>> ds = HFDataset(hf, length_column="ids")
+        >>> ds[2]["ids"].tolist(), ds.lengths().tolist()
+        ([4, 5, 6], [2, 1, 3])
+        >>> batch = ds.get_batch([2, 1])
+        >>> batch["y"], [t.tolist() for t in batch["ids"]]
+        (tensor([0, 1]), [[4, 5, 6], [3]])
+        >>> loader = ResumableDataLoader(ds, batch_size=3, collate_fn=PadCollate())
+        >>> next(iter(loader))["ids"].shape
+        torch.Size([3, 3])
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        columns: Sequence[str] | None = None,
+        *,
+        length_column: str | None = None,
+    ) -> None:
+        owner = "HFDataset"
+        if isinstance(data, str | os.PathLike) or (
+            isinstance(data, list | tuple) and data and isinstance(data[0], str | os.PathLike)
+        ):
+            hf = _datasets()
+            paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
+            for path in paths:
+                if not isinstance(path, str | os.PathLike) or not os.fspath(path).endswith(
+                    ".arrow"
+                ):
+                    raise ValueError(
+                        f"{owner}: data must be .arrow file paths, got {path!r}; pass the "
+                        "data-*.arrow files of Dataset.save_to_disk, or a datasets.Dataset."
+                    )
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"{owner}: Arrow file {path!r} does not exist.")
+            parts = [hf.Dataset.from_file(os.fspath(p)) for p in paths]
+            data = parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
+        elif not (
+            callable(getattr(data, "with_format", None))
+            and callable(getattr(data, "__getitems__", None))
+            and hasattr(data, "column_names")
+        ):
+            raise TypeError(
+                f"{owner}: data must be a datasets.Dataset or .arrow file path(s), got "
+                f"{type(data).__name__}; an IterableDataset (streaming=True) has no length "
+                "to plan: load it without streaming, or use loaderkit's streaming datasets."
+            )
+        import_pyarrow("hf")
+        names = list(data.column_names)
+        if columns is not None:
+            if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+                raise TypeError(
+                    f"{owner}: columns must be a list of column names, got {columns!r}."
+                )
+            missing = [c for c in columns if c not in names]
+            if missing or not columns:
+                raise ValueError(
+                    f"{owner}: columns {missing or columns!r} not in the dataset's columns "
+                    f"{names}; pass names it has."
+                )
+        if length_column is not None and length_column not in names:
+            raise ValueError(
+                f"{owner}: length_column={length_column!r} is not a column (the dataset has "
+                f"{names}); pass the token-ids column, e.g. length_column='input_ids'."
+            )
+        self.dataset = data
+        self.columns = list(columns) if columns is not None else names
+        self.length_column = length_column
+        self._arrow = data.with_format("arrow", columns=self.columns)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __repr__(self) -> str:
+        return f"HFDataset({len(self)} rows, columns={self.columns})"
+
+    def _columns(self, indices: Any) -> Columns:
+        if isinstance(indices, torch.Tensor):
+            indices = indices.numpy()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+            raise IndexError(f"HFDataset: indices {idx[:8]} out of range for {n} rows.")
+        table = self._arrow[(idx % max(n, 1)).tolist()]
+        return Columns(table_columns(table, "HFDataset"), len(idx))
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self._columns([int(index)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``)."""
+        return list(self._columns(indices))
+
+    def get_batch(self, indices: Any) -> dict[str, Any]:
+        """The batch at ``indices``: column -> tensor, or list of 1-D tensors (lists)."""
+        return self._columns(indices).as_batch()
+
+    def lengths(self) -> np.ndarray:
+        """Each row's token count from ``length_column``, that column read alone."""
+        pa = import_pyarrow("hf")
+        name = self.length_column
+        if name is None:
+            raise TypeError(
+                "HFDataset: no length_column, so a row's token count is unknown; pass "
+                "HFDataset(..., length_column='input_ids')."
+            )
+        col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
+        t = col.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            col = pa.compute.list_value_length(col)
+        elif not pa.types.is_integer(t):
+            raise TypeError(
+                f"HFDataset: length_column {name!r} is {t}; it must be a list column (token "
+                "ids) or an integer column (lengths)."
+            )
+        return np.asarray(col.to_numpy(), dtype=np.int64)

@@ -1,0 +1,285 @@
+"""Parquet files as shards: one file a shard, one row a sample, one row group the unit of reading.
+
+:class:`ParquetReader` is a :class:`~loaderkit.ShardReader`, so Parquet files
+get everything :class:`~loaderkit.ShardedDataset` gives token shards: the
+shard plan (shards shuffled per epoch, windows shuffled inside each, every
+row exactly once across ranks and workers), exact O(1) resume, and files at
+URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
+
+- **Counting** reads only each file's footer (``num_rows`` of its metadata);
+  the shard index records the row count per file, as for any shard, and the
+  row-group boundaries come from the same footer when a process opens the
+  file (it must read the footer to read anything). No data page is read.
+- **Reading** a batch groups its rows by row group: each row group it needs
+  is decoded once (only the selected ``columns``), kept in a small
+  least-recently-used cache per process (``cache_row_groups``), and the
+  batch's rows are gathered with one ``take`` over those row groups, then
+  converted column by column (numbers -> a tensor; ``list<number>`` -> a list
+  of 1-D tensors, for :class:`~loaderkit.PadCollate`): no per-row Python.
+  The shard plan reads a file window by window, so with windows of about a
+  row group's size each row group is decoded about once per epoch per reader.
+- **Lengths** for token budgets: ``length_column``, a ``list`` column (each
+  row's list length) or an integer column (the lengths themselves), read
+  alone (:meth:`~loaderkit.ShardedDataset.lengths`).
+
+A forked DataLoader worker re-opens the file it inherited (the parent's file
+handle and Arrow's thread pool do not cross a ``fork`` safely) and decodes
+with ``use_threads=False``: the workers are the parallelism.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loaderkit._checks import check_int
+from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit.data.readers import OpenShard, _missing
+from loaderkit.errors import ShardError
+
+__all__ = ["ParquetReader"]
+
+
+class ParquetReader:
+    """Parquet files as shards of rows (module docstring).
+
+    Args:
+        columns: The columns to read (default: all). Every file must have them.
+        length_column: The column giving each row's token count, for
+            ``ShardedDataset.lengths()`` and token budgets: a list column
+            (its lengths) or an integer column (its values).
+        cache_row_groups: Decoded row groups each process keeps per open file.
+        row_group_size: Rows per row group when :meth:`write` writes a file
+            (default: pyarrow's).
+
+    Samples are dicts ``{column: value}``; ``ShardedDataset.get_batch``
+    returns a dict of column -> tensor (numbers), or a list of 1-D tensors
+    (``list<number>``); give the loader ``collate_fn=PadCollate()`` to pad
+    those.
+
+    Example:
+        >>> import tempfile
+        >>> from loaderkit import ShardedDataset, write_shards
+        >>> reader = ParquetReader(row_group_size=2)
+        >>> rows = [{"ids": [1, 2, 3], "y": 0}, {"ids": [4], "y": 1}, {"ids": [5, 6], "y": 0}]
+        >>> paths = write_shards(tempfile.mkdtemp(), [rows[:2], rows[2:]], reader)
+        >>> ds = ShardedDataset(paths, reader)
+        >>> ds.sizes, ds[2]["ids"].tolist()
+        ((2, 1), [5, 6])
+        >>> batch = ds.get_batch([2, 0])
+        >>> batch["y"], [t.tolist() for t in batch["ids"]]
+        (tensor([0, 0]), [[5, 6], [1, 2, 3]])
+    """
+
+    suffixes: tuple[str, ...] = (".parquet", ".pq")
+
+    def __init__(
+        self,
+        columns: list[str] | tuple[str, ...] | None = None,
+        *,
+        length_column: str | None = None,
+        cache_row_groups: int = 4,
+        row_group_size: int | None = None,
+    ) -> None:
+        if columns is not None:
+            if isinstance(columns, str) or not isinstance(columns, list | tuple):
+                raise TypeError(
+                    f"ParquetReader: columns must be a list of column names or None, got "
+                    f"{columns!r}; pass e.g. columns=['input_ids', 'label']."
+                )
+            if not columns or not all(isinstance(c, str) for c in columns):
+                raise ValueError(
+                    f"ParquetReader: columns must be a non-empty list of names, got {columns!r}; "
+                    "pass e.g. columns=['input_ids'], or None for all."
+                )
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"ParquetReader: columns lists a name twice: {columns!r}.")
+        if length_column is not None and not isinstance(length_column, str):
+            raise TypeError(
+                f"ParquetReader: length_column must be a column name or None, got "
+                f"{length_column!r}."
+            )
+        check_int(
+            "cache_row_groups",
+            cache_row_groups,
+            1,
+            owner="ParquetReader",
+            fix="pass decoded row groups to keep per file, e.g. 4",
+        )
+        if row_group_size is not None:
+            check_int(
+                "row_group_size",
+                row_group_size,
+                1,
+                owner="ParquetReader",
+                fix="pass rows per row group, e.g. 8192, or None",
+            )
+        self.columns = None if columns is None else list(columns)
+        self.length_column = length_column
+        self.cache_row_groups = cache_row_groups
+        self.row_group_size = row_group_size
+
+    def __repr__(self) -> str:
+        return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
+
+    def spec(self) -> dict[str, Any]:
+        """A file's row count depends on nothing but the file."""
+        return {"kind": "parquet"}
+
+    def _file(self, path: Path) -> Any:
+        pa = import_pyarrow()
+        if not path.exists():
+            raise _missing(path)
+        try:
+            return pa.parquet.ParquetFile(path)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise ShardError(
+                f"shard {str(path)!r} is not a readable Parquet file ({exc}): it is corrupt or "
+                "truncated; rewrite it (and delete the shard index).",
+                path=path,
+            ) from exc
+
+    def count(self, path: Path) -> int:
+        """Rows in the file, from its footer (no data page is read)."""
+        return int(self._file(Path(path)).metadata.num_rows)
+
+    def open(self, path: Path) -> OpenShard:
+        """Read the footer and check the columns; row groups are decoded on demand."""
+        path = Path(path)
+        return _ParquetShard(path, self, self._file(path))
+
+    def write(self, path: Path, data: Any) -> Path:
+        """Write ``data`` (a ``pyarrow.Table``, a dict of columns, a pandas DataFrame or a
+        list of row dicts) to ``path`` as Parquet."""
+        pa = import_pyarrow()
+        path = Path(path)
+        if isinstance(data, pa.Table):
+            table = data
+        elif isinstance(data, dict):
+            table = pa.table(data)
+        elif isinstance(data, list | tuple):
+            table = pa.Table.from_pylist(list(data))
+        elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
+            table = pa.Table.from_pandas(data, preserve_index=False)
+        else:
+            raise TypeError(
+                f"ParquetReader.write: data must be a pyarrow.Table, a dict of columns, a "
+                f"pandas DataFrame or a list of row dicts, got {type(data).__name__}."
+            )
+        pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
+        return path
+
+
+class _ParquetShard:
+    """One Parquet file opened in one process: its row-group boundaries and a small
+    cache of decoded row groups."""
+
+    def __init__(self, path: Path, reader: ParquetReader, file: Any) -> None:
+        self.path = path
+        self.reader = reader
+        self._file_obj = file
+        self._pid = os.getpid()
+        meta = file.metadata
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
+        self.num_rows = int(meta.num_rows)
+        names = file.schema_arrow.names
+        wanted = reader.columns if reader.columns is not None else names
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise ShardError(
+                f"shard {str(path)!r} has no column(s) {missing} (it has {names}); pass columns "
+                "that every file has.",
+                path=path,
+            )
+        self.columns = list(wanted)
+        self.names = names
+        self._cache: OrderedDict[int, Any] = OrderedDict()
+        self.decoded = 0  # row groups decoded (for tests and curiosity)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def _where(self) -> str:
+        return f"Parquet shard {str(self.path)!r}"
+
+    def _handle(self) -> Any:
+        if os.getpid() != self._pid:  # a forked worker: open its own file, own cache
+            self._file_obj = self.reader._file(self.path)
+            self._cache = OrderedDict()
+            self._pid = os.getpid()
+        return self._file_obj
+
+    def _row_group(self, group: int) -> Any:
+        cached = self._cache.get(group)
+        if cached is not None:
+            self._cache.move_to_end(group)
+            return cached
+        table = self._handle().read_row_group(group, columns=self.columns, use_threads=False)
+        self.decoded += 1
+        self._cache[group] = table
+        while len(self._cache) > self.reader.cache_row_groups:
+            self._cache.popitem(last=False)
+        return table
+
+    def read_batch(self, indices: Any) -> Columns:
+        """Rows ``indices`` (in the file), by column: each row group read once, one take."""
+        pa = import_pyarrow()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.num_rows):
+            raise IndexError(f"{self._where()}: rows {idx[:8]} out of range for {self.num_rows}.")
+        group_of = np.searchsorted(self.ends, idx, side="right")
+        groups = sorted(set(group_of.tolist()))
+        if len(groups) == 1:
+            table = self._row_group(groups[0])
+            local = idx - self.starts[groups[0]]
+        else:
+            # The row groups end to end (no copy), each row's position in that concatenation.
+            tables = [self._row_group(g) for g in groups]
+            base = np.zeros(int(group_of.max()) + 1, dtype=np.int64)
+            offset = 0
+            for g, t in zip(groups, tables, strict=True):
+                base[g] = offset - int(self.starts[g])
+                offset += t.num_rows
+            table = pa.concat_tables(tables)
+            local = idx + base[group_of]
+        taken = table.take(pa.array(local, type=pa.int64()))
+        return Columns(table_columns(taken, self._where()), len(idx))
+
+    def read(self, index: int) -> dict[str, Any]:
+        return self.read_batch(np.asarray([index]))[0]
+
+    def lengths(self) -> np.ndarray:
+        """Each row's token count from ``length_column`` (that column read alone)."""
+        pa = import_pyarrow()
+        name = self.reader.length_column
+        if name is None:
+            raise TypeError(
+                f"{self._where()}: ParquetReader has no length_column, so a row's token count "
+                "is unknown; pass ParquetReader(length_column='input_ids') (a list column, or "
+                "an integer column of lengths)."
+            )
+        if name not in self.names:
+            raise ShardError(
+                f"{self._where()} has no length_column {name!r} (it has {self.names}); pass "
+                "the column whose list lengths are the token counts.",
+                path=self.path,
+            )
+        col = self._handle().read(columns=[name], use_threads=False).column(0)
+        t = col.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            col = pa.compute.list_value_length(col)
+        elif not pa.types.is_integer(t):
+            raise TypeError(
+                f"{self._where()}: length_column {name!r} is {t}; it must be a list column "
+                "(token ids) or an integer column (lengths)."
+            )
+        out = np.asarray(col.to_numpy(zero_copy_only=False))
+        if col.null_count:
+            raise ValueError(f"{self._where()}: length_column {name!r} has null values.")
+        return out.astype(np.int64, copy=False)

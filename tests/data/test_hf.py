@@ -1,0 +1,158 @@
+"""HFDataset: a Hugging Face ``datasets.Dataset`` or its ``.arrow`` files as a planned dataset.
+
+Row ``i`` holds ``id = i`` and ``tokens``, ``1 + i % 4`` copies of ``i``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+
+from loaderkit import (  # noqa: E402
+    BucketBatchSampler,
+    HFDataset,
+    MissingDependencyError,
+    PadCollate,
+    ResumableDataLoader,
+)
+from loaderkit.data import hf as hf_module  # noqa: E402
+from tests.support.loops import check_resume_oracle  # noqa: E402
+
+N = 42
+
+
+def make_hf(n: int = N) -> Any:
+    return datasets.Dataset.from_dict(
+        {
+            "id": list(range(n)),
+            "tokens": [[i] * (1 + i % 4) for i in range(n)],
+            "text": [f"t{i}" for i in range(n)],
+        }
+    )
+
+
+def batch_ids(batch: Any) -> list[int]:
+    return [int(i) for i in batch["id"]]
+
+
+def test_rows_equal_the_dataset_and_batches_are_one_call() -> None:
+    hf = make_hf()
+    ds = HFDataset(hf)
+    assert len(ds) == N and ds.columns == ["id", "tokens", "text"]
+    frame = hf.to_pandas()
+    idx = np.random.default_rng(0).permutation(N)[:15]
+    batch = ds.get_batch(idx)
+    assert batch["id"].tolist() == frame["id"][idx].tolist() and batch["id"].dtype == torch.int64
+    assert [t.tolist() for t in batch["tokens"]] == [list(x) for x in frame["tokens"][idx]]
+    assert batch["text"] == frame["text"][idx].tolist()
+    assert ds[5]["tokens"].tolist() == hf[5]["tokens"]
+    rows = ds.__getitems__(idx.tolist())
+    assert [int(r["id"]) for r in rows] == idx.tolist()
+    # select/shuffle keep working: the indices mapping is the dataset's own
+    shuffled = HFDataset(hf.shuffle(seed=0), columns=["id"])
+    assert shuffled.get_batch([0, 1])["id"].tolist() == hf.shuffle(seed=0)["id"][:2]
+
+
+def test_arrow_files(tmp_path: Path) -> None:
+    make_hf().save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    files = sorted((tmp_path / "saved").glob("data-*.arrow"))
+    assert len(files) == 2
+    ds = HFDataset([str(f) for f in files], columns=["id"])
+    assert len(ds) == N and ds.get_batch([0, N - 1])["id"].tolist() == [0, N - 1]
+    one = HFDataset(str(files[0]))
+    assert len(one) == N // 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exactly_once_across_ranks_and_workers(num_workers: int) -> None:
+    ds = HFDataset(make_hf(), columns=["id"])
+    seen, steps = [], []
+    for rank in range(3):
+        loader = ResumableDataLoader(
+            ds,
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            rank=rank,
+            world_size=3,
+            num_workers=num_workers,
+        )
+        batches = [batch_ids(b) for b in loader]
+        steps.append(len(batches))
+        seen += [i for b in batches for i in b]
+    assert len(set(steps)) == 1
+    counts = Counter(seen)  # 42 rows = 14 per rank: each exactly once, no padding needed
+    assert set(counts) == set(range(N)) and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_oracle(num_workers: int) -> None:
+    ds = HFDataset(make_hf(), columns=["id", "tokens"])
+
+    def make(nw: int) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            ds,
+            batch_size=5,
+            shuffle=True,
+            seed=2,
+            num_workers=nw,
+            collate_fn=PadCollate(length_field="tokens"),
+        )
+
+    full = check_resume_oracle(make, batch_ids, cuts=(2, 9 + 4), num_workers=num_workers)
+    assert len(full) == 2 * 9
+
+
+def test_token_budget_from_the_length_column() -> None:
+    ds = HFDataset(make_hf(), length_column="tokens")
+    assert ds.lengths().tolist() == [1 + i % 4 for i in range(N)]
+    sampler = BucketBatchSampler(ds.lengths(), max_tokens=10, seed=0, window=16)
+    loader = ResumableDataLoader(
+        ds, batch_sampler=sampler, collate_fn=PadCollate(length_field="tokens")
+    )
+    seen = []
+    for batch in loader:
+        assert batch["tokens"].numel() <= 10
+        seen += batch_ids(batch)
+    assert sorted(seen) == list(range(N))
+    assert HFDataset(make_hf(), length_column="id").lengths().tolist() == list(range(N))
+
+
+def test_bad_arguments_are_named(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"data must be a datasets\.Dataset or \.arrow file"):
+        HFDataset([1, 2, 3])
+    with pytest.raises(TypeError, match="IterableDataset"):
+        HFDataset(make_hf().to_iterable_dataset())
+    with pytest.raises(ValueError, match=r"data must be \.arrow file paths"):
+        HFDataset(str(tmp_path / "x.parquet"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFDataset(str(tmp_path / "x.arrow"))
+    with pytest.raises(ValueError, match=r"columns \['nope'\] not in the dataset's columns"):
+        HFDataset(make_hf(), columns=["nope"])
+    with pytest.raises(TypeError, match="columns must be a list of column names"):
+        HFDataset(make_hf(), columns="id")
+    with pytest.raises(ValueError, match="length_column='nope' is not a column"):
+        HFDataset(make_hf(), length_column="nope")
+    with pytest.raises(TypeError, match="no length_column"):
+        HFDataset(make_hf()).lengths()
+    with pytest.raises(TypeError, match="length_column 'text' is string"):
+        HFDataset(make_hf(), length_column="text").lengths()
+    with pytest.raises(IndexError, match="out of range for 42 rows"):
+        HFDataset(make_hf()).get_batch([42])
+
+
+def test_missing_datasets_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[hf\]'"):
+        hf_module._datasets()
+    (tmp_path / "x.arrow").write_bytes(b"")
+    with pytest.raises(MissingDependencyError, match=r"loaderkit\[hf\]"):
+        HFDataset(str(tmp_path / "x.arrow"))

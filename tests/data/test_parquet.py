@@ -1,0 +1,245 @@
+"""Parquet shards: ParquetReader under ShardedDataset.
+
+Every row holds its global sample id in column ``id``, and ``tokens``, a list
+of ``1 + id % 5`` copies of the id (variable-length token sequences), so a
+batch says which samples it holds and how long each is.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from loaderkit import (  # noqa: E402
+    MissingDependencyError,
+    PadCollate,
+    ParquetReader,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardedDataset,
+    ShardError,
+    write_shards,
+)
+from loaderkit.data import _arrow  # noqa: E402
+from tests.support.loops import check_resume_oracle  # noqa: E402
+
+SIZES = (11, 0, 23, 4, 17)  # 55 rows in 5 files, one empty
+ROW_GROUP = 5
+
+
+def tables(sizes: tuple[int, ...] = SIZES) -> list[Any]:
+    out, first = [], 0
+    for n in sizes:
+        ids = list(range(first, first + n))
+        out.append(
+            pa.table(
+                {
+                    "id": pa.array(ids, pa.int64()),
+                    "score": pa.array([i / 2 for i in ids], pa.float32()),
+                    "tokens": pa.array([[i] * (1 + i % 5) for i in ids], pa.list_(pa.int32())),
+                    "name": [f"row{i}" for i in ids],
+                }
+            )
+        )
+        first += n
+    return out
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return write_shards(tmp_path / "pq", tables(), ParquetReader(row_group_size=ROW_GROUP))
+
+
+def dataset(shards: Any, **kwargs: Any) -> ShardedDataset:
+    reader_args = {k: kwargs.pop(k) for k in ("columns", "length_column") if k in kwargs}
+    return ShardedDataset(shards, ParquetReader(**reader_args), **kwargs)
+
+
+def batch_ids(batch: Any) -> list[int]:
+    return [int(i) for i in batch["id"]]
+
+
+def test_rows_equal_pyarrow_and_pandas(shards: list[Path]) -> None:
+    ds = dataset(shards)
+    frame = pq.read_table(shards).to_pandas()  # every file, end to end
+    assert ds.sizes == SIZES and len(ds) == len(frame) == sum(SIZES)
+    for i in (0, 10, 11, 33, 54, -1):
+        row, want = ds[i], frame.iloc[i]
+        assert int(row["id"]) == want["id"] and row["name"] == want["name"]
+        assert float(row["score"]) == pytest.approx(want["score"])
+        assert row["tokens"].tolist() == list(want["tokens"])
+    idx = np.random.default_rng(0).permutation(len(ds))[:20]  # across files and row groups
+    batch = ds.get_batch(idx)
+    assert batch["id"].dtype == torch.int64 and batch["id"].tolist() == frame["id"][idx].tolist()
+    assert batch["score"].dtype == torch.float32
+    assert batch["name"] == frame["name"][idx].tolist()
+    assert [t.tolist() for t in batch["tokens"]] == [list(x) for x in frame["tokens"][idx]]
+    assert all(t.dtype == torch.int32 for t in batch["tokens"])
+    rows = ds.__getitems__(idx.tolist())
+    assert [int(r["id"]) for r in rows] == frame["id"][idx].tolist()
+
+
+def test_count_reads_the_footer_only(shards: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_data(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("counting read a data page")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", no_data)
+    monkeypatch.setattr(pq.ParquetFile, "read", no_data)
+    reader = ParquetReader()
+    assert [reader.count(p) for p in shards] == list(SIZES)
+    assert ShardedDataset(shards, reader, index=shards[0].parent / "other.json").sizes == SIZES
+
+
+def test_a_batch_reads_each_row_group_once_and_the_cache_is_bounded(shards: list[Path]) -> None:
+    ds = dataset(shards, columns=["id"])
+    shard = 2  # 23 rows: row groups of 5
+    start = sum(SIZES[:shard])
+    local = [0, 14, 1, 3, 6, 13, 2]  # row groups 0, 2, 1, 0, 1, 2, 0
+    batch = ds.get_batch([start + i for i in local])
+    assert batch["id"].tolist() == [start + i for i in local] and list(batch) == ["id"]
+    handle: Any = ds._handle(shard)
+    assert handle.decoded == 3
+    ds.get_batch([start + 4, start + 12])  # cached: nothing decoded
+    assert handle.decoded == 3
+    for group in range(5):  # 5 groups through a cache of 4: group 0 is evicted ...
+        ds.get_batch([start + ROW_GROUP * group])
+    assert handle.decoded == 5 and len(handle._cache) == 4
+    ds.get_batch([start])  # ... and decoded again
+    assert handle.decoded == 6 and len(handle._cache) == 4
+    assert ds.get_batch([start])["id"].tolist() == [start]
+
+
+def test_columns_select(shards: list[Path]) -> None:
+    ds = dataset(shards, columns=["tokens", "id"])
+    assert set(ds[3]) == {"tokens", "id"}
+    with pytest.raises(ShardError, match=r"has no column\(s\) \['nope'\]"):
+        dataset(shards, columns=["id", "nope"])[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exactly_once_across_ranks_and_workers(shards: list[Path], num_workers: int) -> None:
+    ds = dataset(shards, columns=["id"])
+    world = 3
+    seen: list[int] = []
+    steps = []
+    for rank in range(world):
+        sampler = ds.batch_sampler(4, seed=1, window=6, rank=rank, world_size=world, drop_last=True)
+        loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=num_workers)
+        batches = [batch_ids(b) for b in loader]
+        steps.append(len(batches))
+        seen += [i for b in batches for i in b]
+    assert len(set(steps)) == 1  # every rank steps the same number of times
+    counts = Counter(seen)
+    assert max(counts.values()) == 1 and len(seen) == 55 // 12 * 12
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_oracle(shards: list[Path], num_workers: int) -> None:
+    ds = dataset(shards, columns=["id", "tokens"])
+
+    def make(nw: int) -> ResumableDataLoader:
+        sampler = ds.batch_sampler(4, seed=3, window=6, mix_shards=2)
+        return ResumableDataLoader(
+            ds, batch_sampler=sampler, num_workers=nw, collate_fn=PadCollate(length_field="tokens")
+        )
+
+    full = check_resume_oracle(make, batch_ids, cuts=(3, 14 + 5), num_workers=num_workers)
+    assert len(full) == 2 * 14
+    for epoch in (0, 1):
+        assert sorted(i for r in full if r["epoch"] == epoch for i in r["ids"]) == list(range(55))
+
+
+def test_token_budget_from_the_length_column(shards: list[Path]) -> None:
+    ds = dataset(shards, length_column="tokens")
+    assert ds.lengths().tolist() == [1 + i % 5 for i in range(55)]
+    sampler = ds.bucket_batch_sampler(max_tokens=12, seed=0, window=16)
+    loader = ResumableDataLoader(
+        ds, batch_sampler=sampler, collate_fn=PadCollate(length_field="tokens")
+    )
+    seen = []
+    for batch in loader:
+        assert batch["tokens"].numel() <= 12
+        assert batch["lengths"].tolist() == [1 + int(i) % 5 for i in batch["id"]]
+        seen += batch_ids(batch)
+    assert sorted(seen) == list(range(55))
+    lengths_of_ints = ShardedDataset(shards, ParquetReader(length_column="id")).lengths()
+    assert lengths_of_ints.tolist() == list(range(55))
+
+
+def test_bad_arguments_are_named(shards: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="columns must be a list of column names"):
+        ParquetReader(columns="id")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="columns must be a non-empty list"):
+        ParquetReader(columns=[])
+    with pytest.raises(ValueError, match="columns lists a name twice"):
+        ParquetReader(columns=["id", "id"])
+    with pytest.raises(ValueError, match="cache_row_groups"):
+        ParquetReader(cache_row_groups=0)
+    with pytest.raises(TypeError, match="length_column must be a column name"):
+        ParquetReader(length_column=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="has no length_column"):
+        dataset(shards).lengths()
+    with pytest.raises(ShardError, match="has no length_column 'nope'"):
+        dataset(shards, length_column="nope").lengths()
+    with pytest.raises(TypeError, match="length_column 'name' is string"):
+        dataset(shards, length_column="name").lengths()
+    with pytest.raises(TypeError, match=r"ParquetReader\.write: data must be"):
+        ParquetReader().write(tmp_path / "x.parquet", 3)
+    bad = tmp_path / "bad" / "x.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(ShardError, match="is not a readable Parquet file"):
+        ShardedDataset([bad], ParquetReader())
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"x": pa.array([1, None], pa.int64())}), nulls)
+    with pytest.raises(ValueError, match=r"column 'x' has 1 null value"):
+        ShardedDataset([nulls], ParquetReader()).get_batch([0, 1])
+
+
+def test_missing_pyarrow_names_the_extra(
+    shards: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[parquet\]'"):
+        ParquetReader().count(shards[0])
+    with pytest.raises(ImportError):  # a MissingDependencyError is an ImportError too
+        _arrow.import_pyarrow()
+
+
+def test_fixed_size_lists_are_one_tensor(tmp_path: Path) -> None:
+    path = tmp_path / "f.parquet"
+    values = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float64(), 2))
+    pq.write_table(pa.table({"v": values}), path)
+    batch = ShardedDataset([path], ParquetReader()).get_batch([2, 0])
+    assert batch["v"].tolist() == [[5.0, 6.0], [1.0, 2.0]]
+
+
+def test_parquet_at_an_s3_url(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.support.s3 import LocalS3
+
+    with LocalS3(log=tmp_path / "moto.log") as s3:
+        url = f"s3://{s3.bucket}/parquet"
+        reader = ParquetReader(row_group_size=ROW_GROUP)
+        urls = write_shards(url, tables(), reader, storage_options=s3.options)
+        assert urls[0] == f"{url}/shard-00000.parquet"
+        cache = RemoteCache(cache_dir=tmp_path / "cache", storage_options=s3.options)
+        ds = ShardedDataset(url, ParquetReader(columns=["id", "tokens"]), remote=cache)
+        assert ds.sizes == SIZES
+        sampler = ds.batch_sampler(5, seed=2, window=4)
+        loader = ResumableDataLoader(
+            ds, batch_sampler=sampler, num_workers=2, collate_fn=PadCollate(length_field="tokens")
+        )
+        seen = [i for b in loader for i in batch_ids(b)]
+        assert sorted(seen) == list(range(55))
+        assert ds.describe()["remote"]["fetched"] >= 1

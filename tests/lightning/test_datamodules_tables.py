@@ -1,0 +1,126 @@
+"""ShardedDataModule and SequenceDataModule over Parquet files (local and at an s3:// URL),
+``.arrow`` files and Hugging Face ``datasets.Dataset`` objects."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+
+from loaderkit import ParquetReader, SequenceDataModule, ShardedDataModule, write_shards  # noqa: E402
+
+N = 40
+
+
+def rows(first: int, n: int) -> list[dict[str, Any]]:
+    return [{"id": i, "input_ids": [i] * (1 + i % 6)} for i in range(first, first + n)]
+
+
+@pytest.fixture
+def parquet_dir(tmp_path: Path) -> Path:
+    write_shards(tmp_path / "pq", [rows(0, 15), rows(15, 25)], ParquetReader(row_group_size=4))
+    return tmp_path / "pq"
+
+
+def epoch_ids(dm: Any, split: str = "train") -> list[int]:
+    loader = dm.train_dataloader() if split == "train" else dm.val_dataloader()
+    return [int(i) for batch in loader for i in batch["id"]]
+
+
+def test_sharded_datamodule_reads_parquet(parquet_dir: Path) -> None:
+    dm = ShardedDataModule(
+        str(parquet_dir),
+        reader="parquet",
+        columns=["id", "input_ids"],
+        batch_size=6,
+        window=4,
+        seed=1,
+    )
+    dm.setup("fit")
+    assert isinstance(dm.reader, ParquetReader) and dm.train_dataset.sizes == (15, 25)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape[0] == 6 and "attention_mask" in batch
+    assert sorted(epoch_ids(dm)) == list(range(N))
+    budget = ShardedDataModule(str(parquet_dir), reader="parquet", max_tokens=12, seed=0)
+    budget.setup("fit")
+    seen = []
+    for batch in budget.train_dataloader():
+        assert batch["input_ids"].numel() <= 12
+        seen += [int(i) for i in batch["id"]]
+    assert sorted(seen) == list(range(N))
+    assert budget.describe()["padding_fraction"] is not None
+
+
+def test_sharded_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="columns=\\['id'\\] applies to reader='parquet' only"):
+        ShardedDataModule(str(parquet_dir), columns=["id"], seq_len=4)
+    with pytest.raises(ValueError, match="seq_len, eos, dtype and targets only apply"):
+        ShardedDataModule(str(parquet_dir), reader="parquet", seq_len=4)
+    with pytest.raises(ValueError, match="storage_options and cache_dir are for shards at URLs"):
+        ShardedDataModule(str(parquet_dir), reader="parquet", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="reader must be one of"):
+        ShardedDataModule(str(parquet_dir), reader="csv")  # type: ignore[arg-type]
+
+
+def test_sharded_datamodule_parquet_at_an_s3_url(tmp_path: Path) -> None:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.support.s3 import LocalS3
+
+    with LocalS3(log=tmp_path / "moto.log") as s3:
+        url = f"s3://{s3.bucket}/dm"
+        write_shards(url, [rows(0, 15), rows(15, 25)], ParquetReader(), storage_options=s3.options)
+        dm = ShardedDataModule(
+            url,
+            reader="parquet",
+            batch_size=8,
+            storage_options=s3.options,
+            cache_dir=str(tmp_path / "cache"),
+            num_workers=2,
+        )
+        dm.setup("fit")
+        assert sorted(epoch_ids(dm)) == list(range(N))
+        assert dm.train_dataset.describe()["remote"]["fetched"] >= 2
+
+
+def test_sequence_datamodule_reads_parquet_arrow_and_datasets(
+    parquet_dir: Path, tmp_path: Path
+) -> None:
+    path = str(sorted(parquet_dir.glob("*.parquet"))[1])  # ids 15..39
+    dm = SequenceDataModule(path, max_tokens=16, val_fraction=0.2, seed=0)
+    dm.setup("fit")
+    assert dm._lengths["train"].sum() + dm._lengths["val"].sum() == sum(
+        1 + i % 6 for i in range(15, N)
+    )
+    train, val = epoch_ids(dm), epoch_ids(dm, "val")
+    assert sorted(train + val) == list(range(15, N)) and len(val) == 5
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_list(rows(0, N))
+    dm = SequenceDataModule(hf, columns=["id", "input_ids"], batch_size=7, bucket=True)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert Counter(int(i) for b in batches for i in b["id"]) == Counter(range(N))
+    assert all(int(b["lengths"].max()) == b["input_ids"].shape[1] for b in batches)
+    hf.save_to_disk(str(tmp_path / "saved"))
+    arrow = str(next((tmp_path / "saved").glob("data-*.arrow")))
+    dm = SequenceDataModule(train=arrow, batch_size=10)
+    dm.setup("fit")
+    assert sorted(epoch_ids(dm)) == list(range(N))
+
+
+def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
+    path = str(next(parquet_dir.glob("*.parquet")))
+    with pytest.raises(ValueError, match="leaves out length_key='input_ids'"):
+        SequenceDataModule(path, columns=["id"])
+    with pytest.raises(ValueError, match="columns=\\['id'\\] applies to Parquet, Arrow"):
+        SequenceDataModule([[1, 2]], columns=["id"])
+    with pytest.raises(ValueError, match="URLs must name a Parquet file"):
+        SequenceDataModule("s3://bucket/train.jsonl")
+    with pytest.raises(ValueError, match="storage_options and cache_dir are for a Parquet URL"):
+        SequenceDataModule(path, storage_options={})
+    with pytest.raises(ValueError, match=r"must end with \.jsonl or \.arrow or \.parquet or \.pq"):
+        SequenceDataModule(str(tmp_path / "x.csv"))
