@@ -49,6 +49,7 @@ from torch.utils.data import IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
+from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
@@ -409,6 +410,9 @@ class StreamingShardedDataset(IterableDataset[Any]):
         iter_from = getattr(self.reader, "iter_from", None)
         try:
             local = path if self._remote is None else self._remote.local(shard)
+            if self._remote is None and isinstance(path, Path) and is_compressed(path.name):
+                # Decoded once per machine into the cache, then read front to back.
+                local = decode_into(path, local_decode_dir(path, default_cache_root()))
             source = (
                 iter_from(local, offset)
                 if callable(iter_from)
