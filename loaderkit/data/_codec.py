@@ -150,7 +150,9 @@ def compress_file(src: Path, dst: Path, level: int) -> None:
     """Compress ``src`` into ``dst`` (streaming; ``dst`` appears complete or not at all)."""
     zstd = _zstd()
     size = src.stat().st_size
-    cctx = zstd.ZstdCompressor(level=level)
+    # The frame's checksum (of the content) makes a corrupted shard fail its decode even
+    # without a content hash in the index.
+    cctx = zstd.ZstdCompressor(level=level, write_checksum=True)
 
     def write(out: Any) -> None:
         with open(src, "rb") as f:

@@ -28,7 +28,7 @@ from loaderkit.data._codec import (
 )
 from loaderkit.data.index import INDEX_PREFIX, IndexEntry
 from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader
-from loaderkit.errors import MissingShardError, ShardError
+from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
 
 __all__ = ["OpenShards", "never_a_shard", "resolve_shards", "shard_name"]
 
@@ -204,7 +204,7 @@ class OpenShards:
                 handle = self._open_local(shard, entry)
             else:
                 handle = self._open_fetched(shard)
-        except ShardError:
+        except (ShardError, MissingDependencyError):
             raise
         except Exception as exc:
             raise ShardError(

@@ -53,7 +53,7 @@ from loaderkit.data._codec import decode_into, default_cache_root, is_compressed
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
-from loaderkit.errors import LoaderkitError, ShardError
+from loaderkit.errors import LoaderkitError, MissingDependencyError, ShardError
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
@@ -419,7 +419,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 else _seek_by_index(self.reader, local, offset)
             )
             yield from source
-        except ShardError:
+        except (ShardError, MissingDependencyError):
             raise
         except Exception as exc:
             raise ShardError(
