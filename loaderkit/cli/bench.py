@@ -44,6 +44,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "autoworkers": "--tensor-samples 5000 --png-samples 128 --png-side 64 --repeats 1",
         "bucketing": "--samples 100000 --train-samples 512 --repeats 1 --big 200000",
         "collate": "--repeats 3 --batches 4",
+        "compression": "--shards 4 --tokens 500000 --repeats 1",
         "imports": "--repeats 1 --first-batch-repeats 1",
         "loader": "--samples 20000 --workers 0 --repeats 2 --fast-epochs 1 --torch-batches 40 "
         "--state-calls 2000 --state-epochs 2",

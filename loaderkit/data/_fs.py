@@ -230,8 +230,11 @@ class Storage:
         """Copy the local file ``local`` to ``url``."""
         self.call("uploading to", url, lambda: self.fs.put_file(str(local), url))
 
-    def download(self, url: str, target: Path, size: int) -> None:
-        """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes.
+    def download(
+        self, url: str, target: Path, size: int, check: Callable[[Path], None] | None = None
+    ) -> None:
+        """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes
+        (and by ``check``, e.g. its content hash, which raises to keep it out).
 
         A download cut short (a dropped connection the client did not notice)
         is retried like any transient error; ``target`` appears complete or
@@ -247,6 +250,8 @@ class Storage:
                 got = tmp.stat().st_size
                 if got != size:
                     raise OSError(f"the download ended after {got} of {size} bytes")
+                if check is not None:
+                    check(tmp)
                 os.replace(tmp, target)
             finally:
                 with contextlib.suppress(FileNotFoundError):

@@ -10,15 +10,25 @@ which is safe (nothing has a file position) and costs nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from loaderkit.data._codec import (
+    decode_into,
+    default_cache_root,
+    is_compressed,
+    local_decode_dir,
+    verify,
+    with_compressed,
+)
 from loaderkit.data.index import INDEX_PREFIX, IndexEntry
 from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader
-from loaderkit.errors import MissingShardError, ShardError
+from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
 
 __all__ = ["OpenShards", "never_a_shard", "resolve_shards", "shard_name"]
 
@@ -63,11 +73,13 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         found = sorted(
             p
             for p in root.iterdir()
-            if p.name.endswith(tuple(reader.suffixes)) and never_a_shard(p.name) is None
+            if p.name.endswith(with_compressed(tuple(reader.suffixes)))
+            and never_a_shard(p.name) is None
         )
         if not found:
             raise ValueError(
-                f"{owner}: no file ending in {list(reader.suffixes)} in {str(root)!r} "
+                f"{owner}: no file ending in {list(reader.suffixes)} (or those with .zst "
+                f"appended) in {str(root)!r} "
                 "(hidden files and loaderkit's own index and sidecar files are never shards); "
                 "pass the directory that holds the shards, or a reader with their suffix."
             )
@@ -127,6 +139,7 @@ class OpenShards:
         self.fetch = fetch
         self.entries, self.index_path = entries, index_path
         self.max_open, self.remember_failures = max_open, remember_failures
+        self.cache_root = default_cache_root()  # decoded copies, verified markers
         self._reset()
 
     def _reset(self) -> None:
@@ -188,10 +201,10 @@ class OpenShards:
         name = shard_name(self.shards[shard])
         try:
             if self.fetch is None:
-                handle = self.reader.open(self.shards[shard])
+                handle = self._open_local(shard, entry)
             else:
                 handle = self._open_fetched(shard)
-        except ShardError:
+        except (ShardError, MissingDependencyError):
             raise
         except Exception as exc:
             raise ShardError(
@@ -209,16 +222,43 @@ class OpenShards:
             )
         return handle
 
+    def _open_local(self, shard: int, entry: IndexEntry | None) -> OpenShard:
+        """Open a local shard: a compressed one from its decoded copy (decoded now if needed),
+        and a shard with a content hash checked first (once per machine: a verified marker)."""
+        path = self.shards[shard]
+        if not isinstance(path, Path):
+            return self.reader.open(path)
+        digest = None if entry is None else entry.digest
+        if is_compressed(path.name):
+            decoded = decode_into(
+                path,
+                local_decode_dir(path, self.cache_root),
+                check=None if digest is None else partial(self._verify, digest=digest),
+            )
+            return self._open_or_count(decoded)
+        if digest is not None:
+            self._verify(path, digest)
+        return self.reader.open(path)
+
+    def _verify(self, path: Path, digest: str) -> None:
+        verify(path, digest, marker=self._marker(path))
+
+    def _marker(self, path: Path) -> Path:
+        key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+        return self.cache_root / "verified" / key
+
     def _open_fetched(self, shard: int) -> OpenShard:
         assert self.fetch is not None
-        local = self.fetch(shard)
+        return self._open_or_count(self.fetch(shard))
+
+    def _open_or_count(self, local: Path) -> OpenShard:
         try:
             return self.reader.open(local)
         except MissingShardError as exc:
             if exc.path == local:
                 raise
-            # A sidecar the folder does not hold (shards uploaded without them): counting
-            # the cached copy writes it next to it.
+            # A sidecar the folder does not hold (shards uploaded or compressed without
+            # them): counting the cached or decoded copy writes it next to it.
             self.reader.count(local)
             return self.reader.open(local)
 

@@ -26,6 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
+from loaderkit.data._codec import (
+    ZSTD_SUFFIX,
+    check_compression,
+    check_hash,
+    compress_file,
+    decode_into,
+    default_cache_root,
+    file_digest,
+    is_compressed,
+    local_decode_dir,
+)
 from loaderkit.data._fs import Storage, is_url, join_url
 from loaderkit.data.readers import OWN_SUFFIXES, ShardReader, _missing
 from loaderkit.errors import ShardError
@@ -33,7 +44,8 @@ from loaderkit.errors import ShardError
 # The public name; the index helpers below serve the sharded and streaming datasets.
 __all__ = ["write_shards"]
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, hash)
+_READABLE_VERSIONS = (1, 2)
 INDEX_PREFIX = ".loaderkit-index-"
 
 
@@ -45,6 +57,17 @@ class IndexEntry:
     size: int
     mtime_ns: int
     samples: int
+    extras: dict[str, Any] | None = None  # compression, raw_size, hash
+
+    @property
+    def compression(self) -> str | None:
+        """``"zstd"`` for a compressed shard, else None."""
+        return None if self.extras is None else self.extras.get("compression")
+
+    @property
+    def digest(self) -> str | None:
+        """The shard file's content hash, ``<algo>:<hex>``, or None."""
+        return None if self.extras is None else self.extras.get("hash")
 
     def changed(self) -> str | None:
         """Why the file no longer matches this entry, or None."""
@@ -80,13 +103,33 @@ def _rel(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
+def _row(path: Path, base: Path, e: IndexEntry) -> list[Any]:
+    row: list[Any] = [_rel(path, base), e.size, e.mtime_ns, e.samples]
+    return [*row, e.extras] if e.extras else row
+
+
+def count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
+    """A local shard's sample count, and its index extras (a compressed one is decoded into
+    the cache and counted there)."""
+    if not is_compressed(path.name):
+        return reader.count(path), None
+    decoded = decode_into(path, local_decode_dir(path, default_cache_root()))
+    return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
+
+
 def build_index(
-    paths: Sequence[Path], reader: ShardReader, index: Path, *, exclusive: bool = False
+    paths: Sequence[Path],
+    reader: ShardReader,
+    index: Path,
+    *,
+    exclusive: bool = False,
+    known: dict[Path, tuple[int, dict[str, Any] | None]] | None = None,
 ) -> list[IndexEntry]:
     """Count every shard and write the index atomically (ranks may build it at once).
 
     With ``exclusive``, an index another process or thread wrote in the meantime
     wins: it is read (and checked) instead, so concurrent builders agree.
+    ``known``: counts and extras already known (``write_shards``), by path.
     """
     entries = []
     for path in paths:
@@ -94,17 +137,20 @@ def build_index(
             before = path.stat()
         except FileNotFoundError:
             raise _missing(path) from None
-        samples = reader.count(path)
+        if known is not None and path in known:
+            samples, extras = known[path]
+        else:
+            samples, extras = count_local(path, reader)
         if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
             raise TypeError(
                 f"{type(reader).__name__}.count({str(path)!r}) returned {samples!r}; it must "
                 "return the shard's number of samples as an int >= 0."
             )
-        entries.append(IndexEntry(path, before.st_size, before.st_mtime_ns, samples))
+        entries.append(IndexEntry(path, before.st_size, before.st_mtime_ns, samples, extras))
     base = index.parent
-    rows = [[_rel(e.path, base), e.size, e.mtime_ns, e.samples] for e in entries]
+    rows = [_row(e.path, base, e) for e in entries]
     doc = {
-        "version": INDEX_VERSION,
+        "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
         "reader": reader.spec(),
         "shards": rows,
         "checksum": _checksum(rows),
@@ -128,7 +174,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
     try:
         doc = json.loads(index.read_text())
         rows = doc["shards"]
-        ok = doc["version"] == INDEX_VERSION and doc["checksum"] == _checksum(rows)
+        ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == _checksum(rows)
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardError(
             f"shard index {str(index)!r} is unreadable ({type(exc).__name__}: {exc}); delete "
@@ -165,7 +211,13 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
             path=index,
         )
     entries = [
-        IndexEntry(p, int(by_name[r][1]), int(by_name[r][2]), int(by_name[r][3]))
+        IndexEntry(
+            p,
+            int(by_name[r][1]),
+            int(by_name[r][2]),
+            int(by_name[r][3]),
+            by_name[r][4] if len(by_name[r]) > 4 else None,
+        )
         for p, r in zip(paths, wanted, strict=True)
     ]
     for entry in entries:
@@ -186,7 +238,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
 # ------------------------------------------------------------- remote folders
 # A remote folder's index has the same name and layout, with an object's
 # version (ETag, else its modification time, as the listing gives it) where a
-# local index has an mtime: rows are [name, size, version, samples].
+# local index has an mtime: rows are [name, size, version, samples] (and extras, as locally).
 
 
 def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
@@ -195,9 +247,9 @@ def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
 
 
 def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
-    """The index document of ``rows`` (``[name, size, version, samples]`` each)."""
+    """The index document of ``rows`` (``[name, size, version, samples(, extras)]`` each)."""
     doc = {
-        "version": INDEX_VERSION,
+        "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
         "remote": True,
         "reader": reader.spec(),
         "shards": rows,
@@ -208,15 +260,15 @@ def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
 
 def read_remote_index(
     data: bytes, where: str, reader: ShardReader, listed: Sequence[tuple[str, str, int, str]]
-) -> list[int]:
-    """The sample counts of the shards ``listed`` (``(url, name, size, version)`` each, as
-    listed now) from the index document ``data`` found at ``where``, checked against the
-    listing: an object that changed since it was counted is an error naming its URL."""
+) -> tuple[list[int], list[dict[str, Any] | None]]:
+    """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``
+    each, as listed now) from the index document ``data`` found at ``where``, checked against
+    the listing: an object that changed since it was counted is an error naming its URL."""
     try:
         doc = json.loads(data)
         rows = doc["shards"]
         ok = (
-            doc["version"] == INDEX_VERSION
+            doc["version"] in _READABLE_VERSIONS
             and doc.get("remote") is True
             and doc["checksum"] == _checksum(rows)
         )
@@ -249,9 +301,12 @@ def read_remote_index(
             "counted.",
             path=where,
         )
-    samples = []
+    samples: list[int] = []
+    extras: list[dict[str, Any] | None] = []
     for url, name, size, version in listed:
-        _, isize, iversion, count = by_name[name]
+        row = by_name[name]
+        _, isize, iversion, count = row[:4]
+        extras.append(row[4] if len(row) > 4 else None)
         if int(isize) != size or str(iversion) != version:
             raise ShardError(
                 f"shard {url!r} changed after it was indexed (now {size} bytes, version "
@@ -261,7 +316,29 @@ def read_remote_index(
                 path=url,
             )
         samples.append(int(count))
-    return samples
+    return samples, extras
+
+
+def _write_one(
+    reader: Any, target: Path, data: Any, compression: str | None, level: int, algo: str | None
+) -> tuple[Path, int, dict[str, Any] | None]:
+    """Write one shard (compressed and hashed as asked): its final path, samples, extras."""
+    path = Path(reader.write(target, data))
+    samples = reader.count(path)  # also writes any sidecar the reader needs
+    extras: dict[str, Any] = {}
+    if compression is not None:
+        packed = path.with_name(path.name + ZSTD_SUFFIX)
+        compress_file(path, packed, level)
+        extras.update(compression=compression, raw_size=path.stat().st_size)
+        # Sidecars follow the compressed file's name, so listings attach them to it.
+        for side in sorted(path.parent.glob(f"{path.name}*")):
+            if side.name != path.name and side.name.endswith(OWN_SUFFIXES):
+                side.replace(packed.with_name(packed.name + side.name[len(path.name) :]))
+        path.unlink()
+        path = packed
+    if algo is not None:
+        extras["hash"] = file_digest(path, algo)
+    return path, samples, extras or None
 
 
 def _write_remote(
@@ -272,6 +349,7 @@ def _write_remote(
     prefix: str,
     index: str | os.PathLike[str] | None,
     storage: Storage,
+    codec: tuple[str | None, int, str | None],
 ) -> list[str]:
     """write_shards to a URL: write each shard locally, upload it with its sidecars, and
     upload the index last (an index in the folder implies its shards are there)."""
@@ -279,8 +357,9 @@ def _write_remote(
     rows: list[list[Any]] = []
     with tempfile.TemporaryDirectory(prefix=".loaderkit-upload-") as staging:
         for i, data in enumerate(shards):
-            local = Path(reader.write(Path(staging) / f"{prefix}-{i:05d}{ext}", data))
-            samples = reader.count(local)  # also writes any sidecar the reader needs
+            local, samples, extras = _write_one(
+                reader, Path(staging) / f"{prefix}-{i:05d}{ext}", data, *codec
+            )
             for side in sorted(Path(staging).iterdir()):
                 if side.name.startswith(local.name) and side.name.endswith(OWN_SUFFIXES):
                     storage.upload(side, join_url(url, side.name))
@@ -289,7 +368,7 @@ def _write_remote(
             storage.upload(local, target)
             local.unlink()  # one shard on local disk at a time
             urls.append(target)
-            rows.append([local.name, 0, "", int(samples)])
+            rows.append([local.name, 0, "", int(samples), *([extras] if extras else [])])
     if not urls:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     listed = {entry["name"]: entry for entry in storage.listing(url)}
@@ -328,6 +407,9 @@ def write_shards(
     prefix: str = "shard",
     index: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
+    level: int | None = None,
+    hash: str | None = None,
 ) -> list[Any]:
     """Write one file per item of ``shards`` with ``reader.write`` and index them.
 
@@ -345,6 +427,18 @@ def write_shards(
             looks for it); a path, or a URL for a remote folder.
         storage_options: The fsspec filesystem's options for a URL (e.g.
             ``{"endpoint_url": ...}``).
+        compression: ``"zstd"``: each shard is compressed whole and named with
+            ``.zst`` appended (``shard-00000.bin.zst``); the index records it, so
+            every reader reads it with no flag (it is decoded once per machine
+            into the local cache, then memory-mapped: :mod:`loaderkit.data._codec`).
+            Needs ``loaderkit[zstd]``. Default None: plain files.
+        level: The zstd level (default 3; -7 to 22, higher is smaller and slower
+            to write; reading speed barely changes).
+        hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or
+            ``"xxh3_128"`` (the xxh ones need ``loaderkit[zstd]``): each shard
+            file's digest is stored in the index and checked the first time a
+            machine reads the file (a shard at a URL: after its download, before
+            it enters the cache); a mismatch is a :class:`ShardError`.
 
     Returns:
         The shard paths (URLs for a URL), in order: pass them (or ``directory``) to
@@ -364,9 +458,11 @@ def write_shards(
             f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
         )
     ext = suffix if suffix is not None else reader.suffixes[0]
+    comp, lvl = check_compression(compression, level, "write_shards")
+    codec = (comp, lvl, check_hash(hash, "write_shards"))
     if is_url(directory):
         storage = Storage(str(directory), storage_options)
-        return _write_remote(str(directory), shards, reader, ext, prefix, index, storage)
+        return _write_remote(str(directory), shards, reader, ext, prefix, index, storage, codec)
     if storage_options is not None:
         raise ValueError(
             f"write_shards: storage_options is for a URL, but directory={str(directory)!r} is "
@@ -379,9 +475,13 @@ def write_shards(
             "path of a directory (it is created if needed)."
         )
     root.mkdir(parents=True, exist_ok=True)
-    paths = [Path(write(root / f"{prefix}-{i:05d}{ext}", data)) for i, data in enumerate(shards)]
+    known: dict[Path, tuple[int, dict[str, Any] | None]] = {}
+    for i, data in enumerate(shards):
+        path, samples, extras = _write_one(reader, root / f"{prefix}-{i:05d}{ext}", data, *codec)
+        known[path] = (samples, extras)
+    paths = list(known)
     if not paths:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     target = default_index_path(paths, reader) if index is None else Path(index)
-    build_index(paths, reader, target)
+    build_index(paths, reader, target, known=known)
     return paths

@@ -84,6 +84,16 @@ from torch.utils.data import get_worker_info
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_int
+from loaderkit.data._codec import (
+    DigestMismatch,
+    decode_into,
+    decoded_name,
+    digest_error,
+    file_digest,
+    is_compressed,
+    verify,
+    with_compressed,
+)
 from loaderkit.data._fs import Storage, is_url, join_url, url_name
 from loaderkit.data._open import never_a_shard
 from loaderkit.data.index import read_remote_index, remote_index_doc, remote_index_name
@@ -105,6 +115,7 @@ STATS = (
     "evicted",  # shards this process evicted to stay within the budget
     "over_budget",  # shards fetched although the budget was full (a read needed them)
     "unplanned",  # batches read without a prediction of the next ones
+    "corrupt",  # files that failed their content hash (removed and fetched again once)
 )
 _MAX_UNPLANNED_LEASES = 16
 _RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
@@ -353,6 +364,8 @@ class RemoteShards:
         )
         self.storage.on_retry = self._count_retry
         self.shards = self._list(source, suffixes)
+        # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
+        self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
         self.folder = self.shards[0].url.rsplit("/", 1)[0]
         self.board = _Board()
         self._reset()
@@ -373,9 +386,20 @@ class RemoteShards:
         self._warned = False
         self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
         self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._verified: set[int] = set()  # cached shards this process checked the hash of
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("cache", "owner", "root_dir", "stats_table", "storage", "shards", "folder", "board")
+        keep = (
+            "cache",
+            "owner",
+            "root_dir",
+            "stats_table",
+            "storage",
+            "shards",
+            "extras",
+            "folder",
+            "board",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -403,7 +427,7 @@ class RemoteShards:
             found = [
                 listed[name]
                 for name in sorted(listed)
-                if name.endswith(tuple(suffixes)) and never_a_shard(name) is None
+                if name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
             ]
             if not found:
                 raise ValueError(
@@ -453,29 +477,36 @@ class RemoteShards:
                 + remote_index_name(names, reader).lstrip(".")
             )
         )
+        found: tuple[bytes, str] | None = None
         if index is not None:
             where = str(index)
             if is_url(where):
                 if self.storage.exists(where):
-                    data = self.storage.read_bytes(where)
-                    return read_remote_index(data, where, reader, listed)
+                    found = self.storage.read_bytes(where), where
             elif Path(where).exists():
-                return read_remote_index(Path(where).read_bytes(), where, reader, listed)
-        else:
-            if self.storage.exists(default):
-                return read_remote_index(self.storage.read_bytes(default), default, reader, listed)
-            if local.exists():
-                return read_remote_index(local.read_bytes(), str(local), reader, listed)
+                found = Path(where).read_bytes(), where
+        elif self.storage.exists(default):
+            found = self.storage.read_bytes(default), default
+        elif local.exists():
+            found = local.read_bytes(), str(local)
+        if found is not None:
+            counts, self.extras = read_remote_index(found[0], found[1], reader, listed)
+            return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            samples = reader.count(self.local(i))
+            decoded = self.local(i)
+            samples = reader.count(decoded)
             self._release_all()
             if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
                 raise TypeError(
                     f"{type(reader).__name__}.count({shard.url!r}) returned {samples!r}; it "
                     "must return the shard's number of samples as an int >= 0."
                 )
-            rows.append([shard.name, shard.size, shard.version, samples])
+            row: list[Any] = [shard.name, shard.size, shard.version, samples]
+            if is_compressed(shard.name):
+                self.extras[i] = {"compression": "zstd", "raw_size": decoded.stat().st_size}
+                row.append(self.extras[i])
+            rows.append(row)
         doc = remote_index_doc(rows, reader)
         target = str(index) if index is not None else default
         try:
@@ -617,23 +648,28 @@ class RemoteShards:
         return False
 
     def local(self, index: int, *, ahead: bool = False) -> Path:
-        """The local path of shard ``index``, fetched into the cache first if needed.
+        """The local path of shard ``index``, fetched into the cache first if needed (and
+        decoded there if compressed: the path is then the decoded copy's).
 
         Holds a lease on it. With ``ahead`` (the prefetcher) a full budget raises
-        :class:`_NoRoom` instead of fetching over it.
+        :class:`_NoRoom` instead of fetching over it. A shard with a content hash is
+        checked after its download, before it enters the cache, and a cached copy on
+        this process's first read of it (a verified marker spares the hashing): a
+        corrupted copy is removed and fetched again once, counted (``corrupt``).
         """
         self._here()
         shard = self.shards[index]
         target, _, dl_lock = self._paths(shard)
+        final = target.with_name(decoded_name(target.name))
         self._lease(shard)
         if not ahead and not self._planned:
             self.read_unplanned(index)
-        if target.exists():
+        if final.exists() and self._cached_ok(index, target):
             if not ahead:
                 self._count("hits")
                 with contextlib.suppress(OSError):
                     os.utime(target.parent)  # recently used: evicted last
-            return target
+            return final
         fd = os.open(dl_lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             try:
@@ -642,21 +678,22 @@ class RemoteShards:
                 fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
             except BlockingIOError:
                 raise _Busy from None
-            if target.exists():  # another process or thread fetched it meanwhile
+            if final.exists():  # another process or thread fetched it meanwhile
                 if not ahead:
                     self._count("waited")
-                return target
+                return final
             if not ahead:
                 self._count("waited")
             reserved = target.parent / _RESERVED
+            need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
             # Room is made and reserved under one machine-wide lock, so two downloads that
             # start at once cannot both count on the same free bytes.
             with self._budget_lock():
-                room = self._make_room(shard.total_bytes)
+                room = self._make_room(need)
                 if not room and ahead:
                     raise _NoRoom
                 target.parent.mkdir(parents=True, exist_ok=True)
-                reserved.write_text(str(shard.total_bytes))
+                reserved.write_text(str(need))
             if not room:
                 self._over_budget(shard)
             try:
@@ -667,7 +704,9 @@ class RemoteShards:
                     side = target.parent / name
                     if not side.exists():
                         self.storage.download(join_url(self.folder_of(shard), name), side, size)
-                self.storage.download(shard.url, target, shard.size)
+                self._download_checked(index, target)
+                if final != target:
+                    decode_into(target, target.parent)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     reserved.unlink()
@@ -675,9 +714,62 @@ class RemoteShards:
             self._count("fetched_bytes", shard.total_bytes)
             if ahead:
                 self._count("prefetched")
-            return target
+            return final
         finally:
             os.close(fd)
+
+    def _digest(self, index: int) -> str | None:
+        extras = self.extras[index]
+        return None if extras is None else extras.get("hash")
+
+    def _download_checked(self, index: int, target: Path) -> None:
+        """Download shard ``index`` to ``target``; with a content hash, a download that fails
+        it never enters the cache and is fetched again once, then raises."""
+        shard, digest = self.shards[index], self._digest(index)
+        if digest is None:
+            self.storage.download(shard.url, target, shard.size)
+            return
+
+        def check(tmp: Path) -> None:
+            actual = file_digest(tmp, digest.split(":", 1)[0])
+            if actual != digest:
+                raise digest_error(
+                    shard.url,
+                    digest,
+                    actual,
+                    "it was fetched twice with the same result, so the object itself differs "
+                    "from what was indexed: restore it, or rewrite the shards with "
+                    "write_shards (which indexes them again).",
+                )
+
+        try:
+            self.storage.download(shard.url, target, shard.size, check=check)
+        except DigestMismatch:
+            self._count("corrupt")
+            self.storage.download(shard.url, target, shard.size, check=check)
+        with contextlib.suppress(OSError):
+            verify(target, digest)  # the marker: other processes skip the hashing
+        self._verified.add(index)
+
+    def _cached_ok(self, index: int, target: Path) -> bool:
+        """Whether the cached copy of shard ``index`` may be read: unhashed, checked by this
+        process already, or hashing to its digest now (else removed, to be fetched again)."""
+        digest = self._digest(index)
+        if digest is None or index in self._verified:
+            return True
+        try:
+            verify(target, digest, name=self.shards[index].url)
+        except FileNotFoundError:
+            pass  # evicted meanwhile (a decoded copy stays readable): fetched again if gone
+        except DigestMismatch:
+            self._count("corrupt")
+            for f in target.parent.iterdir():
+                if f.name != _RESERVED:
+                    with contextlib.suppress(FileNotFoundError):
+                        f.unlink()
+            return False
+        self._verified.add(index)
+        return True
 
     @staticmethod
     def folder_of(shard: RemoteShard) -> str:

@@ -92,7 +92,7 @@ from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader
 from loaderkit.data.remote import RemoteCache, remote_source
-from loaderkit.errors import CollateError, ShardError
+from loaderkit.errors import CollateError, MissingDependencyError, ShardError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
@@ -256,7 +256,7 @@ class ShardedDataset(Dataset[Any]):
         shard, local = self.locate(int(index))
         try:
             return self._handle(shard).read(local)
-        except ShardError:
+        except (ShardError, MissingDependencyError):
             raise
         except Exception as exc:
             raise self._read_error(shard, local, exc) from exc

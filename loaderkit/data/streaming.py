@@ -49,10 +49,11 @@ from torch.utils.data import IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
+from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
 from loaderkit.data._open import resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
-from loaderkit.errors import LoaderkitError, ShardError
+from loaderkit.errors import LoaderkitError, MissingDependencyError, ShardError
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
@@ -409,13 +410,16 @@ class StreamingShardedDataset(IterableDataset[Any]):
         iter_from = getattr(self.reader, "iter_from", None)
         try:
             local = path if self._remote is None else self._remote.local(shard)
+            if self._remote is None and isinstance(path, Path) and is_compressed(path.name):
+                # Decoded once per machine into the cache, then read front to back.
+                local = decode_into(path, local_decode_dir(path, default_cache_root()))
             source = (
                 iter_from(local, offset)
                 if callable(iter_from)
                 else _seek_by_index(self.reader, local, offset)
             )
             yield from source
-        except ShardError:
+        except (ShardError, MissingDependencyError):
             raise
         except Exception as exc:
             raise ShardError(

@@ -1,0 +1,272 @@
+"""Compressed shards and content hashes (private to loaderkit.data).
+
+A zstd-compressed shard is the shard's file compressed whole and named with
+``.zst`` appended (``shard-00000.bin.zst``); its sidecars are named after the
+compressed file (``shard-00000.bin.zst.lkdtype``). Readers never see it: before
+a shard is opened it is decoded, streaming, into a local folder (the decode
+cache for local shards, the shard's own cache folder for shards at URLs) under
+its plain name, with its sidecars copied next to it under theirs, and the reader
+memory-maps that file as any other. So:
+
+- random access stays one memory-mapped read (the planned dataset reads
+  windows across several shards at once), and streams read it front to back;
+- memory: decoding holds one ``_CHUNK`` of input and output at a time, and an
+  open decoded shard costs what an open plain shard costs (a map, page cache);
+  the cost is disk: one decoded copy per compressed shard read on the machine.
+
+Content hashes: ``<algo>:<hex>`` of the shard's file as stored (compressed
+bytes for a compressed shard), kept in the shard index and checked the first
+time a machine uses the file (``verify``); a verified marker records the file's
+size and mtime so other processes and later runs skip the hashing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loaderkit._atomic import atomic_write, temp_path
+from loaderkit.data.readers import OWN_SUFFIXES
+from loaderkit.errors import MissingDependencyError, ShardError
+
+__all__ = [
+    "COMPRESSIONS",
+    "DigestMismatch",
+    "HASHES",
+    "ZSTD_EXTRA",
+    "ZSTD_SUFFIX",
+    "check_compression",
+    "check_hash",
+    "compress_file",
+    "decode_into",
+    "decoded_name",
+    "file_digest",
+    "is_compressed",
+    "verify",
+    "with_compressed",
+]
+
+ZSTD_SUFFIX = ".zst"
+ZSTD_EXTRA = "loaderkit[zstd]"
+COMPRESSIONS = ("zstd",)
+# hashlib's, and xxhash's (faster than disk; in the [zstd] extra).
+HASHES = ("sha256", "blake2b", "xxh64", "xxh3_64", "xxh3_128")
+_CHUNK = 1 << 20
+DEFAULT_LEVEL = 3
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "zstd-compressed shards need the zstandard package, which is not installed; "
+            f"install the extra: pip install '{ZSTD_EXTRA}'."
+        ) from exc
+    return zstandard
+
+
+def _new_hasher(algo: str) -> Any:
+    if algo.startswith("xxh"):
+        try:
+            import xxhash
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"hash={algo!r} needs the xxhash package, which is not installed; install the "
+                f"extra: pip install '{ZSTD_EXTRA}', or pass hash='sha256'."
+            ) from exc
+        return getattr(xxhash, algo)()
+    return hashlib.new(algo)
+
+
+def is_compressed(name: str) -> bool:
+    """Whether a shard file of this name is zstd-compressed (by the ``.zst`` convention)."""
+    return name.endswith(ZSTD_SUFFIX)
+
+
+def decoded_name(name: str) -> str:
+    """The plain name of a compressed shard (``a.bin.zst`` -> ``a.bin``)."""
+    return name[: -len(ZSTD_SUFFIX)] if is_compressed(name) else name
+
+
+def with_compressed(suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    """A reader's suffixes and their compressed forms: what a directory listing accepts."""
+    return (*suffixes, *(s + ZSTD_SUFFIX for s in suffixes))
+
+
+def check_compression(compression: Any, level: Any, owner: str) -> tuple[str | None, int]:
+    """``compression`` and ``level`` checked: ``(None | "zstd", level)``."""
+    if compression is not None and compression not in COMPRESSIONS:
+        raise ValueError(
+            f"{owner}: compression must be None or one of {list(COMPRESSIONS)}, got "
+            f"{compression!r}; pass compression='zstd' or leave it out."
+        )
+    if level is None:
+        return compression, DEFAULT_LEVEL
+    if compression is None:
+        raise ValueError(
+            f"{owner}: level={level!r} is the zstd level, but compression is None; pass "
+            "compression='zstd' with it, or leave level out."
+        )
+    if not isinstance(level, int) or isinstance(level, bool) or not -7 <= level <= 22:
+        raise ValueError(
+            f"{owner}: level must be an int in [-7, 22] (zstd's levels: higher is smaller and "
+            f"slower to write, reading speed barely changes), got {level!r}; pass e.g. 3."
+        )
+    if compression == "zstd":
+        _zstd()
+    return compression, level
+
+
+def check_hash(algo: Any, owner: str) -> str | None:
+    """``hash`` checked: None or one of :data:`HASHES` (its library importable)."""
+    if algo is None:
+        return None
+    if algo not in HASHES:
+        raise ValueError(
+            f"{owner}: hash must be None or one of {list(HASHES)}, got {algo!r}; pass "
+            "hash='sha256' (or 'xxh3_64', faster) or leave it out."
+        )
+    _new_hasher(algo)
+    return str(algo)
+
+
+def file_digest(path: Path, algo: str) -> str:
+    """``<algo>:<hex>`` of the file's bytes, read in chunks."""
+    h = _new_hasher(algo)
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return f"{algo}:{h.hexdigest()}"
+
+
+def compress_file(src: Path, dst: Path, level: int) -> None:
+    """Compress ``src`` into ``dst`` (streaming; ``dst`` appears complete or not at all)."""
+    zstd = _zstd()
+    size = src.stat().st_size
+    # The frame's checksum (of the content) makes a corrupted shard fail its decode even
+    # without a content hash in the index.
+    cctx = zstd.ZstdCompressor(level=level, write_checksum=True)
+
+    def write(out: Any) -> None:
+        with open(src, "rb") as f:
+            cctx.copy_stream(f, out, size=size, read_size=_CHUNK, write_size=_CHUNK)
+
+    atomic_write(dst, write)
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lkverified")
+
+
+class DigestMismatch(ShardError):
+    """A file's bytes do not hash to the digest in the shard index (a ShardError)."""
+
+
+def digest_error(path: Any, expected: str, actual: str, fix: str) -> DigestMismatch:
+    """The error for a file whose bytes do not hash to the index's digest."""
+    return DigestMismatch(
+        f"shard {str(path)!r} fails its content hash: the index says {expected}, the file "
+        f"hashes to {actual} (corrupted on disk or in transfer, or rewritten with its mtime "
+        f"kept); {fix}",
+        path=path,
+    )
+
+
+def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None = None) -> None:
+    """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless a verified marker for its
+    current size and mtime exists; write that marker when it matches.
+
+    Raises:
+        ShardError: the digest differs (naming ``name``, default the path).
+    """
+    marker = _marker(path) if marker is None else marker
+    st = path.stat()
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{expected}"
+    with contextlib.suppress(OSError):
+        if marker.read_text() == stamp:
+            return
+    actual = file_digest(path, expected.split(":", 1)[0])
+    if actual != expected:
+        raise digest_error(
+            path if name is None else name,
+            expected,
+            actual,
+            "restore the file from its source (or rewrite the shards with write_shards, "
+            "which indexes them again).",
+        )
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(marker, lambda f: f.write(stamp.encode()))
+
+
+def _decompress(src: Path, dst: Path) -> None:
+    zstd = _zstd()
+    tmp = temp_path(dst)
+    try:
+        with open(src, "rb") as f, open(tmp, "wb") as out:
+            zstd.ZstdDecompressor().copy_stream(f, out, read_size=_CHUNK, write_size=_CHUNK)
+        os.replace(tmp, dst)
+    except zstd.ZstdError as exc:
+        raise ShardError(
+            f"shard {str(src)!r} is not a readable zstd stream ({exc}): it is corrupt or "
+            "truncated; rewrite it (and delete the shard index).",
+            path=src,
+        ) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
+    """The decoded copy of the compressed shard ``src`` in ``folder`` (decoded once per machine).
+
+    The sidecars next to ``src`` are copied first under their plain names, then
+    the shard is decompressed through a temporary file: the decoded shard's
+    presence means everything is there. One process decodes while the others
+    wait (an ``flock``). ``check`` runs on ``src`` before it is decoded (its
+    content hash).
+    """
+    target = folder / decoded_name(src.name)
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / f".{target.name}.lkdecode.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        if check is not None:
+            check(src)
+        for side in src.parent.glob(f"{src.name}*"):
+            if side.name != src.name and side.name.endswith(OWN_SUFFIXES):
+                plain = folder / (target.name + side.name[len(src.name) :])
+                if plain.resolve() != side.resolve():
+                    tmp = temp_path(plain)
+                    shutil.copyfile(side, tmp)
+                    os.replace(tmp, plain)
+        _decompress(src, target)
+        return target
+    finally:
+        os.close(fd)
+
+
+def local_decode_dir(path: Path, root: Path) -> Path:
+    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, the key a hash of
+    its resolved path, size and mtime (a rewritten shard is decoded again)."""
+    st = path.stat()
+    blob = f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}".encode()
+    return root / "decoded" / hashlib.sha256(blob).hexdigest()[:24]
+
+
+def default_cache_root() -> Path:
+    """The machine's cache directory: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``
+    (the same default as :class:`~loaderkit.RemoteCache`)."""
+    env = os.environ.get("LOADERKIT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "loaderkit" / "shards"
