@@ -96,7 +96,8 @@ class ShardPlan:
        lane runs through its shards one after another; a lane boundary may
        cut a shard into two *pieces* (at most ``K - 1`` cuts per epoch);
     3. each piece is cut into consecutive windows of ``window`` samples (the
-       last one shorter) and each window is shuffled on its own;
+       last one shorter) and each window is shuffled on its own, by the
+       keyed permutation of its size keyed by ``(seed, epoch, window start)``;
     4. the lanes are interleaved: position ``p`` of the order takes the next
        sample of lane ``p % K``.
 
@@ -109,6 +110,12 @@ class ShardPlan:
     is one lane: shard after shard, a batch inside one shard (the most local
     reads, the most correlated batches). ``shuffle=False`` is the identity
     order, shard after shard, whatever ``mix_shards`` says.
+
+    The order is never materialized on a loader's path: :meth:`order_map`
+    evaluates any position from O(num_shards) arrays (the shard order is a
+    :class:`~loaderkit.plan._permutation.KeyedPermutation` too), so a plan
+    over 10^10 samples in 10^5 shards takes a few MiB and resumes at any
+    position in milliseconds. :meth:`order` materializes it, for inspection.
 
     Args:
         shard_sizes: Samples per shard (zeros allowed; at least one sample in all).
