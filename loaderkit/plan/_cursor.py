@@ -33,12 +33,17 @@ __all__ = [
 # 4: SamplePlan's shuffled order is a keyed Feistel permutation evaluated per position
 #    (plan/_permutation.py), no longer a materialized torch.randperm; a version-3
 #    position would point into a different order.
-STATE_VERSION = 4
+# 5: ShardPlan's order is evaluated per position too: shards ordered and windows shuffled
+#    by keyed permutations (plan/shard.py), no longer torch.randperm; a version-4
+#    position of a sharded dataset would point into a different order.
+STATE_VERSION = 5
 # What each older version lacks, for the message that refuses it.
 _OLDER = {
     1: "without a checksum",
     2: "whose per-sample augmentation seeds were derived differently (32-bit)",
     3: "whose shuffled sample order was a torch.randperm, not today's keyed permutation",
+    4: "whose sharded order (ShardPlan) shuffled shards and windows with torch.randperm, "
+    "not today's keyed permutations",
 }
 _FIELDS = ("version", "epoch", "position", "steps_done", "plan", "topology")
 _KEYS = (*_FIELDS, "checksum")

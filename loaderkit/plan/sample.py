@@ -177,17 +177,7 @@ class SamplePlan:
         Raises:
             ValueError: a position outside ``[0, num_samples)``.
         """
-        pos = np.asarray(positions)
-        if pos.dtype.kind not in "iu":
-            raise TypeError(
-                f"positions must be an integer array, got dtype {pos.dtype}; pass e.g. "
-                "np.arange(lo, hi)."
-            )
-        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self.num_samples):
-            raise ValueError(
-                f"positions must lie in [0, num_samples={self.num_samples}), got "
-                f"[{int(pos.min())}, {int(pos.max())}]; a position counts entries of one epoch."
-            )
+        pos = check_positions(positions, self.num_samples)
         return self.order_map(epoch).at(pos)
 
     def order(self, epoch: int) -> torch.Tensor:
@@ -197,12 +187,7 @@ class SamplePlan:
         :meth:`order_map`: for inspection and tests. Loaders and samplers never
         call it; their schedules evaluate only the positions they deal.
         """
-        mapping = self.order_map(epoch)
-        out = np.empty(self.num_samples, dtype=np.int64)
-        for lo in range(0, self.num_samples, CHUNK):
-            hi = min(lo + CHUNK, self.num_samples)
-            out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
-        return torch.from_numpy(out)
+        return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
@@ -235,6 +220,32 @@ class SamplePlan:
             "drop_last": self.drop_last,
             "order_check": permutation_digest() if self.shuffle else 0,
         }
+
+
+def materialize(mapping: PositionMap, n: int) -> torch.Tensor:
+    """Entries ``0 .. n - 1`` of an order map as one int64 tensor, mapped :data:`CHUNK` at a
+    time (O(n) memory: for inspection and tests, never on a loader's path)."""
+    out = np.empty(n, dtype=np.int64)
+    for lo in range(0, n, CHUNK):
+        hi = min(lo + CHUNK, n)
+        out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
+    return torch.from_numpy(out)
+
+
+def check_positions(positions: np.ndarray, n: int) -> np.ndarray:
+    """``positions`` as an integer array inside ``[0, n)``, or a TypeError/ValueError naming it."""
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        raise TypeError(
+            f"positions must be an integer array, got dtype {pos.dtype}; pass e.g. "
+            "np.arange(lo, hi)."
+        )
+    if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
+        raise ValueError(
+            f"positions must lie in [0, num_samples={n}), got "
+            f"[{int(pos.min())}, {int(pos.max())}]; a position counts entries of one epoch."
+        )
+    return pos
 
 
 def steps_from(plan: Dealt, start: int, world_size: int) -> int:

@@ -16,8 +16,18 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
-from loaderkit.plan.sample import SamplePlan, _FixedSchedule
+from loaderkit.plan._permutation import KeyedPermutation, permute_many
+from loaderkit.plan.sample import (
+    CHUNK,
+    PositionMap,
+    SamplePlan,
+    _FixedSchedule,
+    _Identity,
+    check_positions,
+    materialize,
+)
 from loaderkit.seeding import derive_seed
 
 __all__ = ["BatchMix", "ShardPlan", "batch_mix"]
@@ -47,20 +57,28 @@ def batch_mix(shard_of: np.ndarray, bounds: np.ndarray) -> BatchMix:
         >>> batch_mix(np.array([0, 0, 1, 2, 2, 2]), np.array([0, 3, 6]))
         BatchMix(mean=1.5, single=0.5, batches=2)
     """
+    return _mix_of(*_mix_counts(shard_of, bounds))
+
+
+def _mix_of(distinct: int, single: int, batches: int) -> BatchMix:
+    if batches == 0:
+        return BatchMix(0.0, 0.0, 0)
+    return BatchMix(distinct / batches, single / batches, batches)
+
+
+def _mix_counts(shard_of: np.ndarray, bounds: np.ndarray) -> tuple[int, int, int]:
+    """Distinct shards summed over the non-empty batches, the single-shard ones, and their count
+    (integers: sums over chunks of an epoch stay exact)."""
     count = bounds.size - 1
     if count <= 0:
-        return BatchMix(0.0, 0.0, 0)
+        return 0, 0, 0
     lengths = np.diff(bounds)
     batch = np.repeat(np.arange(count, dtype=np.int64), lengths)
     width = int(shard_of.max(initial=0)) + 1
     # Each (batch, shard) pair once: the distinct shards of each batch, counted.
     pairs = np.unique(batch * width + shard_of[bounds[0] : bounds[-1]])
-    per_batch = np.bincount(pairs // width, minlength=count)
-    filled = lengths > 0
-    if not filled.any():
-        return BatchMix(0.0, 0.0, 0)
-    per_batch = per_batch[filled]
-    return BatchMix(float(per_batch.mean()), float((per_batch == 1).mean()), int(filled.sum()))
+    per_batch = np.bincount(pairs // width, minlength=count)[lengths > 0]
+    return int(per_batch.sum()), int((per_batch == 1).sum()), int(per_batch.size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +96,8 @@ class ShardPlan:
        lane runs through its shards one after another; a lane boundary may
        cut a shard into two *pieces* (at most ``K - 1`` cuts per epoch);
     3. each piece is cut into consecutive windows of ``window`` samples (the
-       last one shorter) and each window is shuffled on its own;
+       last one shorter) and each window is shuffled on its own, by the
+       keyed permutation of its size keyed by ``(seed, epoch, window start)``;
     4. the lanes are interleaved: position ``p`` of the order takes the next
        sample of lane ``p % K``.
 
@@ -91,6 +110,12 @@ class ShardPlan:
     is one lane: shard after shard, a batch inside one shard (the most local
     reads, the most correlated batches). ``shuffle=False`` is the identity
     order, shard after shard, whatever ``mix_shards`` says.
+
+    The order is never materialized on a loader's path: :meth:`order_map`
+    evaluates any position from O(num_shards) arrays (the shard order is a
+    :class:`~loaderkit.plan._permutation.KeyedPermutation` too), so a plan
+    over 10^10 samples in 10^5 shards takes a few MiB and resumes at any
+    position in milliseconds. :meth:`order` materializes it, for inspection.
 
     Args:
         shard_sizes: Samples per shard (zeros allowed; at least one sample in all).
@@ -108,14 +133,14 @@ class ShardPlan:
     Example:
         >>> plan = ShardPlan(shard_sizes=(3, 0, 2, 3), batch_size=2, seed=0, window=4, mix_shards=2)
         >>> plan.order(0).tolist()
-        [0, 4, 1, 6, 2, 5, 3, 7]
+        [0, 6, 2, 7, 1, 4, 5, 3]
         >>> s = plan.schedule(0, start=0, rank=0, world_size=2)
         >>> s.num_steps, plan.num_steps(0, start=0, world_size=2), s.indices(0).tolist()
-        (2, 2, [0, 4])
+        (2, 2, [0, 6])
         >>> plan.shuffle_blocks(0)  # shard order of epoch 0, as (shard, first, last + 1)
-        [(1, 3, 3), (0, 0, 3), (2, 3, 5), (3, 5, 8)]
+        [(0, 0, 3), (3, 5, 8), (2, 3, 5), (1, 3, 3)]
         >>> plan.lanes(0)  # each lane's pieces in read order, (shard, first, last + 1)
-        [[(0, 0, 3), (2, 3, 4)], [(2, 4, 5), (3, 5, 8)]]
+        [[(0, 0, 3), (3, 5, 6)], [(3, 6, 8), (2, 3, 5)]]
         >>> plan.batch_mix(0)  # every batch of 2 from 2 shards (mix_shards=1: 1.5, half single)
         BatchMix(mean=2.0, single=0.0, batches=4)
     """
@@ -128,7 +153,8 @@ class ShardPlan:
     mix_shards: int = DEFAULT_MIX
     drop_last: bool = False
     _split: SamplePlan = field(init=False, repr=False, compare=False)
-    _cache: dict[int, torch.Tensor] = field(
+    # The last epoch's order map: O(num_shards) arrays, never O(num_samples).
+    _cache: dict[int, PositionMap] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -174,13 +200,13 @@ class ShardPlan:
         return self.num_samples
 
     def shard_order(self, epoch: int) -> np.ndarray:
-        """The order the shards are laid out in ``epoch``."""
+        """The order the shards are laid out in ``epoch`` (a keyed permutation of the shards)."""
         check_int("epoch", epoch, 0)
         n = len(self.shard_sizes)
         if not self.shuffle:
             return np.arange(n)
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.SHARDS, epoch))
-        return torch.randperm(n, generator=gen).numpy()
+        key = derive_seed(self.seed, SeedTag.SHARDS, epoch)
+        return KeyedPermutation(n, key).at(np.arange(n, dtype=np.int64))
 
     def shuffle_blocks(self, epoch: int) -> list[tuple[int, int, int]]:
         """``(shard, first, end)`` global index ranges in the epoch's shard order."""
@@ -213,50 +239,53 @@ class ShardPlan:
             pos += end - first
         return lanes
 
-    def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's order of global sample indices (int64; cached, do not modify).
+    def order_map(self, epoch: int) -> PositionMap:
+        """The epoch's order as a map from positions to global indices, never materialized.
 
-        Cost: one ``randperm`` of the shards, then one per window (about
-        ``num_samples / window + num_shards + mix_shards`` small calls) and two
-        gathers: 0.1-0.5 s for 10M samples with the default window on one
-        core, once per epoch (and once on resume).
+        Built from O(num_shards) arrays (the shard order, its cumulative sizes,
+        the piece boundaries); a position is mapped by arithmetic (lane and
+        offset), a binary search for its piece and window, the window's
+        :class:`~loaderkit.plan._permutation.KeyedPermutation` (keyed by the
+        epoch and the window's first laid-out position), and a binary search for
+        its shard. So memory is O(num_shards + positions asked), whatever the
+        number of samples (``benchmarks/plans``: the first batch after a resume
+        at 90 % of a 10^10-sample epoch in 10^5 shards, in milliseconds).
         """
-        cached = self._cache.get(epoch)
-        if cached is not None:
-            return cached
-        n = self.num_samples
-        shards = self.shard_order(epoch)
+        check_int("epoch", epoch, 0)
         if not self.shuffle:
-            order = torch.arange(n)
-        else:
-            sizes = np.asarray(self.shard_sizes, dtype=np.int64)
-            starts = np.cumsum(sizes) - sizes
-            laid = sizes[shards]
-            # Sequence k of the laid-out shards: starts[shard] + (k - where that shard begins).
-            seq = np.repeat(starts[shards] - (np.cumsum(laid) - laid), laid) + np.arange(n)
-            lanes = self._lane_starts()
-            if self.window > 1:
-                # Pieces: the runs between shard boundaries and lane starts (with one lane,
-                # the shards themselves, so mix_shards=1 is the windowed order exactly).
-                cuts = np.union1d(np.cumsum(laid), lanes)
-                pieces = np.diff(cuts[cuts > 0], prepend=0)
-                gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.WINDOW, epoch))
-                w, pos = self.window, 0
-                for size in pieces.tolist():  # windows never cross a piece boundary
-                    for lo in range(pos, pos + size, w):
-                        hi = min(lo + w, pos + size)
-                        # numpy gathers: torch's indexing spins up threads per call (~7 ms
-                        # each for 8192 entries on a busy 2-core machine, 0.05 ms here).
-                        perm = torch.randperm(hi - lo, generator=gen).numpy()
-                        seq[lo:hi] = seq[lo:hi][perm]
-                    pos += size
-            k = lanes.size - 1
-            if k > 1:
-                seq = seq[_interleave(n, k, lanes)]
-            order = torch.from_numpy(seq)
-        self._cache.clear()
-        self._cache[epoch] = order
-        return order
+            return _Identity()
+        cached = self._cache.get(epoch)
+        if cached is None:
+            cached = _ShardOrder(
+                np.asarray(self.shard_sizes, dtype=np.int64),
+                self.shard_order(epoch),
+                self._lane_starts(),
+                self.window,
+                derive_seed(self.seed, SeedTag.WINDOW, epoch),
+            )
+            self._cache.clear()  # one epoch at a time: loaders go forward
+            self._cache[epoch] = cached
+        return cached
+
+    def order_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Global indices at ``positions`` of the epoch's order (int64, same shape).
+
+        Raises:
+            TypeError: ``positions`` is not an integer array.
+            ValueError: a position outside ``[0, num_samples)``.
+        """
+        pos = check_positions(positions, self.num_samples)
+        return self.order_map(epoch).at(pos)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The whole epoch's order of global sample indices (int64), materialized.
+
+        O(num_samples) time and memory, mapped chunk by chunk from
+        :meth:`order_map`: for inspection and tests (and
+        :class:`~loaderkit.ShardBucketPlan`, which holds a length per sample
+        anyway). Loaders never call it; schedules map only the positions they deal.
+        """
+        return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from position ``start``."""
@@ -264,26 +293,38 @@ class ShardPlan:
         check_int("rank", rank, 0)
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
-        return _FixedSchedule(self._split, self.order(epoch), epoch, start, rank, world_size)
+        return _FixedSchedule(self._split, self.order_map(epoch), epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of an epoch (equal on every rank)."""
         return self._split.num_steps(epoch, start=start, world_size=world_size)
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
-        """How many shards the batches of ``epoch`` draw from, over all ranks' batches."""
+        """How many shards the batches of ``epoch`` draw from, over all ranks' batches.
+
+        O(num_samples) time (every batch is looked at), O(:data:`CHUNK`) memory:
+        the order is mapped a chunk of whole batches at a time.
+        """
         check_int("world_size", world_size, 1)
-        order = self.order(epoch).numpy()
+        mapping = self.order_map(epoch)
         ends = np.cumsum(np.asarray(self.shard_sizes, dtype=np.int64))
         scheds = [
             self.schedule(epoch, start=0, rank=r, world_size=world_size) for r in range(world_size)
         ]
-        full = scheds[0]._full * world_size * self.batch_size  # whole steps: the order, in rows
+        b = self.batch_size
+        full = scheds[0]._full * world_size * b  # whole steps: a prefix of the order, in rows
+        totals = np.zeros(3, dtype=np.int64)
+        span = max(1, CHUNK // b) * b
+        for lo in range(0, full, span):
+            hi = min(lo + span, full)
+            shard_of = np.searchsorted(ends, mapping.at(np.arange(lo, hi)), side="right")
+            totals += _mix_counts(shard_of, np.arange(0, hi - lo + 1, b, dtype=np.int64))
         tails = [s.indices_numpy(s.num_steps - 1) for s in scheds if s.num_steps > s._full]
-        samples = np.concatenate([order[:full], *tails])
-        sizes = [self.batch_size] * (full // self.batch_size) + [len(t) for t in tails]
-        bounds = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
-        return batch_mix(np.searchsorted(ends, samples, side="right"), bounds)
+        if tails:
+            bounds = np.concatenate(([0], np.cumsum([len(t) for t in tails], dtype=np.int64)))
+            shard_of = np.searchsorted(ends, np.concatenate(tails), side="right")
+            totals += _mix_counts(shard_of, bounds)
+        return _mix_of(*(int(t) for t in totals))
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a saved position is only meaningful for."""
@@ -303,16 +344,60 @@ class ShardPlan:
         }
 
 
-def _interleave(n: int, k: int, lanes: np.ndarray) -> np.ndarray:
-    """Laid-out position read at each position of the order: lane ``p % k``, its next sample."""
-    base = n // k
-    p = np.arange(n, dtype=np.int64)
-    lane, offset = p % k, p // k
-    # The last, partial round: the lanes holding one more sample (the first n % k).
-    tail = p >= base * k
-    lane[tail] = p[tail] - base * k
-    offset[tail] = base
-    return lanes[lane] + offset
+class _ShardOrder:
+    """A shuffled epoch of a :class:`ShardPlan` as a :class:`PositionMap` (steps 1-4 of its
+    docstring), from O(num_shards + mix_shards) arrays.
+
+    Position ``p`` is sample ``p // K`` of lane ``p % K`` (the last, partial
+    round: of lane ``p - K * (N // K)``), i.e. laid-out position ``q``; ``q``'s
+    window is a run of ``window`` laid-out positions from the start of its
+    piece (the last one of a piece shorter), shuffled by the keyed permutation
+    of the window's size keyed by ``(epoch key, window start)``; the piece
+    (one binary search over O(num_shards) cuts) lies in one shard, which gives
+    the global index.
+    """
+
+    __slots__ = ("_cuts", "_first", "_k", "_key", "_lanes", "_n", "_window")
+
+    def __init__(
+        self, sizes: np.ndarray, shards: np.ndarray, lanes: np.ndarray, window: int, key: int
+    ) -> None:
+        laid = sizes[shards]
+        laid_ends = np.cumsum(laid)
+        # Global index of laid-out position q in laid shard j: q + first[j].
+        first = (np.cumsum(sizes) - sizes)[shards] - (laid_ends - laid)
+        self._lanes = lanes
+        self._n = int(lanes[-1])
+        self._k = lanes.size - 1
+        # Pieces: the runs between shard boundaries and lane starts; windows never cross
+        # one (with one lane, the pieces are the shards themselves).
+        cuts = np.sort(np.concatenate(([0], laid_ends, lanes)))
+        self._cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]  # np.union1d hashes: ~20x slower
+        # A piece lies in one shard and a window in one piece: the piece names the shard.
+        self._first = first[np.searchsorted(laid_ends, self._cuts[:-1], side="right")]
+        self._window = window
+        self._key = np.uint64(key)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        p = np.asarray(positions).astype(np.int64)
+        k, base = self._k, self._n // self._k
+        lane, offset = p % k, p // k
+        tail = p >= base * k  # the last, partial round: the first n % k lanes
+        lane[tail] = p[tail] - base * k
+        offset[tail] = base
+        q = self._lanes[lane] + offset
+        piece = np.searchsorted(self._cuts, q, side="right") - 1
+        if self._window > 1:
+            lo, end = self._cuts[piece], self._cuts[piece + 1]
+            start = lo + (q - lo) // self._window * self._window
+            size = np.minimum(start + self._window, end) - start
+            # Distinct window starts give distinct keys (GOLDEN is odd: a bijection mod 2**64).
+            keys = mix64_array(self._key + (start.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
+            q = start + permute_many(size, keys, q - start)
+        return q + self._first[piece]
+
+
+_GOLDEN = np.uint64(GOLDEN)
 
 
 @functools.cache

@@ -30,9 +30,9 @@ Example:
     ...     lengths, shard_sizes=(4, 4), max_tokens=18, mix_shards=2, window=4, seed=1
     ... )
     >>> plan.shards.order(0).tolist()  # the shard plan's order: the two lanes in turn
-    [7, 0, 5, 3, 6, 1, 4, 2]
+    [2, 7, 3, 5, 1, 6, 0, 4]
     >>> [b.tolist() for b in plan.batches(0)]  # windows of 4 sorted, cut, shuffled inside
-    [[3, 5], [7, 0], [2, 4], [1, 6]]
+    [[3, 5], [7, 2], [0, 4], [1, 6]]
     >>> plan.batch_mix(0)  # every batch from both shards
     BatchMix(mean=2.0, single=0.0, batches=4)
 """

@@ -174,14 +174,21 @@ def test_shards_are_shuffled_then_read_k_at_a_time_in_bounded_windows() -> None:
         assert ident.order(3).tolist() == list(range(50))
 
 
-def test_mix_shards_1_is_the_windowed_order_of_loaderkit_0_1() -> None:
-    """The order of mix_shards=1 is the one states saved before mixing refer to, pinned by
-    value (written by loaderkit 0.1.0's ShardPlan with these settings)."""
+def test_mix_shards_1_reads_shard_after_shard_window_by_window() -> None:
+    """mix_shards=1 is the windowed order of loaderkit 0.1 in structure: the shards in the
+    epoch's shard order, each read front to back, each window of a shard a permutation of its
+    own range. (Its values changed with state version 5: windows are shuffled by keyed
+    permutations now, so 0.1's order is no longer pinned by value; its states are refused by
+    version.)"""
     plan = ShardPlan(shard_sizes=SIZES, batch_size=4, seed=7, window=6, mix_shards=1)
-    assert plan.order(1).tolist()[:20] == OLD_ORDER_HEAD
-
-
-OLD_ORDER_HEAD = [3, 1, 0, 2, 4, 41, 7, 6, 5, 10, 8, 9, 12, 16, 14, 11, 13, 15, 17, 19]
+    for epoch in range(3):
+        order, pos = plan.order(epoch).tolist(), 0
+        for _, first, end in plan.shuffle_blocks(epoch):
+            for lo in range(first, end, 6):
+                hi = min(lo + 6, end)
+                assert sorted(order[pos : pos + hi - lo]) == list(range(lo, hi))
+                pos += hi - lo
+        assert pos == 50
 
 
 def test_fingerprint_pins_sizes_and_settings_and_a_resume_under_others_is_refused(

@@ -386,7 +386,7 @@ def test_lanes_mix_shards_in_a_batch_and_resume_seeks_each_open_shard() -> None:
     first = take(dl, 5)
     assert first == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12]]
     state = dl.state_dict()
-    assert state["version"] == 4
+    assert state["version"] == 5
     assert state["ranks"][0]["cursors"] == [[0, 4, [[2, 1], [3, 1]], 0, 10]]
     reader.calls.clear()
     dl2 = loader(ds, batch_size=2)

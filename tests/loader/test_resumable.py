@@ -526,27 +526,34 @@ def test_malformed_states_are_refused() -> None:
         loader.load_state_dict(missing)
     with pytest.raises(StateMismatchError, match=r"unknown keys \['rank'\]"):
         loader.load_state_dict(good | {"rank": 0})
-    with pytest.raises(StateMismatchError, match=r"'version' is 5.*upgrade loaderkit"):
-        loader.load_state_dict(good | {"version": 5})
+    with pytest.raises(StateMismatchError, match=r"'version' is 6.*upgrade loaderkit"):
+        loader.load_state_dict(good | {"version": 6})
     with pytest.raises(
         StateMismatchError,
         match=r"'version' is 1: .*older loaderkit.*reads "
-        r"version 4; resume with the loaderkit version that saved it",
+        r"version 5; resume with the loaderkit version that saved it",
     ):
         loader.load_state_dict(good | {"version": 1})
     with pytest.raises(
         StateMismatchError,
         match=r"'version' is 2: .*older loaderkit \(state version 2, whose per-sample "
-        r"augmentation seeds were derived differently \(32-bit\)\), this loaderkit reads version 4",
+        r"augmentation seeds were derived differently \(32-bit\)\), this loaderkit reads version 5",
     ):
         loader.load_state_dict(good | {"version": 2})
     with pytest.raises(
         StateMismatchError,
         match=r"'version' is 3: .*older loaderkit \(state version 3, whose shuffled sample "
         r"order was a torch.randperm, not today's keyed permutation\), this loaderkit reads "
-        r"version 4",
+        r"version 5",
     ):
         loader.load_state_dict(good | {"version": 3})
+    with pytest.raises(
+        StateMismatchError,
+        match=r"'version' is 4: .*older loaderkit \(state version 4, whose sharded order "
+        r"\(ShardPlan\) shuffled shards and windows with torch.randperm, not today's keyed "
+        r"permutations\), this loaderkit reads version 5",
+    ):
+        loader.load_state_dict(good | {"version": 4})
     with pytest.raises(StateMismatchError, match=r"'version' is True"):
         loader.load_state_dict(good | {"version": True})
     # Edited fields fail the checksum, named; re-sealed ones still fail their own checks.

@@ -119,7 +119,7 @@ def test_state_is_rank_symmetric_and_versioned() -> None:
         next(it)
         states.append(sampler.state_dict())
     assert states[0] == states[1]
-    assert states[0]["version"] == 4
+    assert states[0]["version"] == 5
     assert states[0]["position"] == 2 * B
     assert states[0]["topology"] == {"world_size": 2, "num_workers": 0}
     assert "rank" not in states[0]

@@ -592,11 +592,19 @@ STATES = [
         "resume with the loaderkit version that saved it",
     ),
     Bad(
-        "state version 5",
-        lambda tmp: load(state(version=5)),
+        "state version 4",
+        lambda tmp: load(state(version=4)),
         StateMismatchError,
         "field 'version'",
-        "is 5",
+        "is 4",
+        "resume with the loaderkit version that saved it",
+    ),
+    Bad(
+        "state version 6",
+        lambda tmp: load(state(version=6)),
+        StateMismatchError,
+        "field 'version'",
+        "is 6",
         "upgrade loaderkit",
     ),
     Bad(

@@ -46,7 +46,7 @@ def after(loader: ResumableDataLoader, k: int) -> dict[str, Any]:
 
 def test_every_state_carries_a_checksum_of_every_field() -> None:
     st = after(planned(), 3)
-    assert st["version"] == STATE_VERSION == 4
+    assert st["version"] == STATE_VERSION == 5
     assert sorted(st["checksum"]) == sorted(k for k in st if k != "checksum")
     for name, digest in st["checksum"].items():
         assert digest == field_digest(name, st[name])
