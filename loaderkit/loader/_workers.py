@@ -206,7 +206,7 @@ class _WorkerLoader(DataLoader[Any]):
             with warnings.catch_warnings():
                 # torch's own hint for this failure; the error raised below names the object.
                 warnings.filterwarnings("ignore", message="Got pickle error", category=UserWarning)
-                workers = super()._get_iterator()
+                workers: Any = super()._get_iterator()
             if transport is not None:
                 workers._loaderkit_transport = transport  # maps its arenas while it lives
             return workers
