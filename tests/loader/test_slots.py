@@ -388,3 +388,24 @@ def test_resume_oracle_through_slots() -> None:
         assert before + after == full, f"resume at {k}"
         assert resumed.describe()["transport"]["slot_batches"] == len(after)
         assert resumed.describe()["transport"]["torch_path_batches"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pin_memory)")
+def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory() -> None:
+    spec = ("pair", [("tensor", torch.float32, (3, 2), "transposed"), ("str",)])
+    want, _ = run(spec, 0, False, slots=False)
+    _slots.ENABLED = True
+    loader = ResumableDataLoader(
+        Ids(),
+        batch_size=B,
+        shuffle=True,
+        seed=3,
+        num_workers=2,
+        pin_memory=True,
+        collate_fn=functools.partial(collate_spec, spec),
+    )
+    got = list(loader)
+    assert_identical(got, want)
+    assert all(b["ids"].is_pinned() and b["body"].first.is_pinned() for b in got)
+    assert loader.describe()["transport"]["slot_batches"] == len(got)
