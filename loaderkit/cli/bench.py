@@ -56,6 +56,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "shards": "--shards 2 --tokens 1048576 --workers 0 --repeats 2 --mix-tokens 4000000 "
         "--mix-k 1 8 --mix-repeats 2 --budget-docs 20000",
         "transfer": "--sizes-mib 1 16 --batches 10 --cpu-batches 1000 --repeats 2",
+        "transport": "--rows 50000 --tokens 4000000 --batches 100 --repeats 1",
         "workers": "--mib 16 --repeats 1",
     }.items()
 }

@@ -20,7 +20,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +34,7 @@ from loaderkit._tags import SeedTag
 from loaderkit._worker_info import show_user_dataset
 from loaderkit.data.memory import TensorDataset
 from loaderkit.errors import WorkerError, WorkerStartError
+from loaderkit.loader import _slots
 from loaderkit.loader._fetch import identity
 from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
@@ -76,6 +77,7 @@ class WorkerPool:
         persistent: Keep workers alive across epochs.
         user_init: The user's ``worker_init_fn``, called after loaderkit seeds the worker.
         start_method: The user's ``multiprocessing_context``, or None for the default.
+        stats: How this loader's batches crossed from its workers (slots or torch's path).
     """
 
     num_workers: int
@@ -85,6 +87,9 @@ class WorkerPool:
     persistent: bool
     user_init: Callable[[int], None] | None
     start_method: Any
+    stats: _slots.TransportStats = field(
+        default_factory=_slots.TransportStats, compare=False, repr=False
+    )
 
     def context(self) -> Any:
         """How worker processes start: the user's choice, else ``forkserver`` under DDP.
@@ -175,18 +180,36 @@ class WorkerPool:
 
 
 class _WorkerLoader(DataLoader[Any]):
-    """The inner DataLoader: names what failed to pickle when its workers cannot start."""
+    """The inner DataLoader: batches cross from its workers through shared-memory slots
+    (``_slots.py``); names what failed to pickle when its workers cannot start."""
 
     def __init__(self, pool: WorkerPool, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._loaderkit_pool = pool
 
     def _get_iterator(self) -> Any:
+        transport = None
+        if self.num_workers > 0 and _slots.ENABLED:
+            # Slots of their own for each worker iterator: the workers it starts are new.
+            pool = self._loaderkit_pool
+            transport = _slots.Transport(
+                self.num_workers,
+                _slots.slots_per_worker(self.prefetch_factor),
+                # torch's rule for pinning in its pin thread (which then finds them pinned)
+                pin=self.pin_memory and torch.accelerator.is_available(),
+                stats=pool.stats,
+            )
+            self.collate_fn = functools.partial(_slots.pack, transport.writer())
+        else:
+            self.collate_fn = identity
         try:
             with warnings.catch_warnings():
                 # torch's own hint for this failure; the error raised below names the object.
                 warnings.filterwarnings("ignore", message="Got pickle error", category=UserWarning)
-                return super()._get_iterator()
+                workers: Any = super()._get_iterator()
+            if transport is not None:
+                workers._loaderkit_transport = transport  # maps its arenas while it lives
+            return workers
         except Exception as exc:
             if not _is_pickling_error(exc):
                 raise

@@ -681,9 +681,16 @@ class ResumableDataLoader:
             ``"replay"`` (each worker's stream replayed and skipped: O(position),
             exact only for a deterministic stream, which is checked);
             ``resume_reason`` (the same in words); ``num_workers`` and
-            ``batch_size``.
+            ``batch_size``; ``transport``: how batches crossed from worker
+            processes so far (``slot_batches`` through reused shared-memory
+            slots, ``torch_path_batches`` through torch's own path and the
+            ``torch_path_reasons``, arenas received and their bytes).
         """
-        info: dict[str, Any] = {"num_workers": self.num_workers, "batch_size": self.batch_size}
+        info: dict[str, Any] = {
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+            "transport": self._pool.stats.describe(),
+        }
         if self._auto is not None:
             info["auto_workers"] = self._auto.describe()
         if self._stream is not None:

@@ -1,0 +1,316 @@
+"""Batches from worker processes through reused shared-memory slots (private).
+
+Used only by ``_workers.py``. torch sends every tensor of every batch through
+its own new shared-memory segment (created, its file descriptor passed over a
+socket, mapped, unmapped), which at num_workers=2 caps a loader at a few
+thousand small batches a second. Here each worker owns ``prefetch_factor + 2``
+slots: shared-memory arenas it creates on first use (sized from the batch,
+re-created larger when one does not fit) and sends to the main process once.
+A batch is then pickled with its tensors replaced by ``(offset, dtype, shape)``
+in a free slot of that worker; only this small skeleton and the slot's number
+cross torch's result queue. The main process copies the tensors out (into
+pinned memory when the loader pins) while it unpickles the result, then marks
+the slot free in a shared flag array: a worker only writes a slot whose flag
+the main process cleared after copying it out.
+
+Why the worker, not the main process, creates the arenas: the size of a
+batch is first known in the worker, and a new arena then travels with the
+batch that needs it, with no second channel. torch's default sharing
+strategy (``file_descriptor``) unlinks a segment from ``/dev/shm`` as soon as
+it is created, so an arena is freed when the last process mapping it lets
+go: a killed worker leaves nothing behind, and the main process's mappings
+go with the worker iterator that holds them.
+
+What does not fit a slot (a tensor subclass, a sparse or quantized tensor,
+one that requires grad, one on another device, a batch that does not pickle
+without torch's reducers, or no free slot) goes through torch's own path,
+counted in :class:`TransportStats` (``ResumableDataLoader.describe()``).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import itertools
+import os
+import pickle
+import sys
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+from torch.utils.data._utils import ExceptionWrapper
+
+__all__ = ["ENABLED", "Transport", "TransportStats", "pack"]
+
+# Whether new worker iterators send batches through slots (benchmarks and tests switch it).
+ENABLED = True
+
+# Slots per worker beyond its prefetch_factor: the batch being copied out, and slack.
+EXTRA_SLOTS = 2
+ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
+GROWTH = 1.25  # an arena re-created for a batch that did not fit leaves this headroom
+MIN_ARENA = 1 << 16
+
+_DTYPES = frozenset(
+    d
+    for d in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        getattr(torch, "uint16", None),
+        getattr(torch, "uint32", None),
+        getattr(torch, "uint64", None),
+    )
+    if d is not None
+)
+
+# Transports alive in this (the main) process, by token: how a result finds its slots.
+_LIVE: weakref.WeakValueDictionary[int, Transport] = weakref.WeakValueDictionary()
+_tokens = itertools.count(1)
+
+
+@dataclass
+class TransportStats:
+    """How a loader's batches crossed from its workers (main process, one per loader).
+
+    Attributes:
+        slot_batches: Batches that came through slots.
+        torch_batches: Batches that went through torch's path, by reason.
+        arenas: Arenas received from workers (first use of a slot, or re-created larger).
+        arena_bytes: Their total size.
+    """
+
+    slot_batches: int = 0
+    torch_batches: collections.Counter[str] = field(default_factory=collections.Counter)
+    arenas: int = 0
+    arena_bytes: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        """The figures as a plain dict (``ResumableDataLoader.describe()["transport"]``)."""
+        return {
+            "slot_batches": self.slot_batches,
+            "torch_path_batches": sum(self.torch_batches.values()),
+            "torch_path_reasons": dict(self.torch_batches),
+            "arenas_received": self.arenas,
+            "arena_bytes_received": self.arena_bytes,
+        }
+
+
+class Transport:
+    """The main process's side of one worker iterator's slots.
+
+    Created before that iterator's workers start (its flag array must be
+    shared with them); held by the iterator, so its arenas are unmapped here
+    when the iterator goes.
+    """
+
+    def __init__(self, num_workers: int, slots: int, pin: bool, stats: TransportStats) -> None:
+        self.token = (os.getpid() << 20) ^ next(_tokens)
+        self.slots = slots
+        self.pin = pin
+        self.stats = stats
+        # 0: free (the worker may write it); 1: written, not yet copied out here.
+        self.flags = torch.zeros(num_workers * slots, dtype=torch.uint8).share_memory_()
+        self._flags = self.flags.numpy()
+        self.arenas: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}
+        _LIVE[self.token] = self
+
+    def writer(self) -> SlotWriter:
+        """What the workers receive (pickled or inherited with the collate function)."""
+        return SlotWriter(self.token, self.flags, self.slots)
+
+    def receive(
+        self,
+        worker: int,
+        slot: int,
+        skeleton: bytes,
+        metas: list[tuple[int, int, torch.dtype, tuple[int, ...]]],
+        arena: torch.Tensor | None,
+    ) -> Any:
+        """The batch in ``worker``'s ``slot``: tensors copied out, then the slot freed."""
+        key = (worker, slot)
+        if arena is not None:
+            # Replaces (and unmaps) the slot's smaller arena.
+            self.arenas[key] = (arena, arena.numpy())
+            self.stats.arenas += 1
+            self.stats.arena_bytes += arena.numel()
+        source = self.arenas[key][1]
+        tensors = []
+        for offset, nbytes, dtype, shape in metas:
+            out = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+            if nbytes:
+                # numpy's copy, on this thread: torch's copy_ would wake its intra-op
+                # threads, whose spinning takes the cores the workers need (measured:
+                # the main process at 1.4 cores with 2 workers on 2 cores).
+                np.copyto(out.numpy(), source[offset : offset + nbytes])
+            tensors.append(out.view(dtype).view(shape))
+        # Only now may the worker write this slot again.
+        self._flags[worker * self.slots + slot] = 0
+        self.stats.slot_batches += 1
+        return _SkeletonUnpickler(io.BytesIO(skeleton), tensors).load()
+
+
+class SlotWriter:
+    """The worker's side: which slots are free, and this process's arenas."""
+
+    def __init__(self, token: int, flags: torch.Tensor, slots: int) -> None:
+        self.token = token
+        self.flags = flags
+        self.slots = slots
+        self._local: tuple[int, Any, list[torch.Tensor | None]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"token": self.token, "flags": self.flags, "slots": self.slots, "_local": None}
+
+    def local(self) -> tuple[Any, list[torch.Tensor | None]]:
+        """This process's view of the flags and its arenas (a forked worker starts afresh)."""
+        pid = os.getpid()
+        if self._local is None or self._local[0] != pid:
+            self._local = (pid, self.flags.numpy(), [None] * self.slots)
+        return self._local[1], self._local[2]
+
+
+class _Unsupported(Exception):
+    pass
+
+
+class _SkeletonPickler(ForkingPickler):
+    """Pickles a batch with each plain CPU tensor replaced by its index in ``tensors``."""
+
+    def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.tensors = tensors
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if not isinstance(obj, torch.Tensor):
+            return None
+        if type(obj) is not torch.Tensor:
+            raise _Unsupported(f"a tensor subclass ({type(obj).__qualname__})")
+        if obj.layout != torch.strided or obj.device.type != "cpu":
+            raise _Unsupported(f"a {obj.layout} tensor on {obj.device.type}")
+        if obj.requires_grad:
+            raise _Unsupported("a tensor that requires grad")
+        if obj.dtype not in _DTYPES:
+            raise _Unsupported(f"a tensor of dtype {obj.dtype}")
+        self.tensors.append(obj)
+        return len(self.tensors) - 1
+
+
+class _SkeletonUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        return self.tensors[pid]
+
+
+class _SlotBatch:
+    """What a worker returns for a batch in a slot; unpickled, it is the batch."""
+
+    __slots__ = ("arena", "metas", "skeleton", "slot", "token", "worker")
+
+    def __init__(self, token: int, worker: int, slot: int, skeleton: bytes, metas: Any) -> None:
+        self.token, self.worker, self.slot = token, worker, slot
+        self.skeleton, self.metas = skeleton, metas
+        self.arena: torch.Tensor | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.token, self.worker, self.slot, self.skeleton, self.metas, self.arena)
+        return (_receive, args)
+
+
+class _TorchPath:
+    """A batch sent by torch's own path; unpickled, it is the batch (and is counted)."""
+
+    __slots__ = ("batch", "reason", "token")
+
+    def __init__(self, token: int, batch: Any, reason: str) -> None:
+        self.token, self.batch, self.reason = token, batch, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_counted, (self.token, self.batch, self.reason))
+
+
+def _receive(token: int, *args: Any) -> Any:
+    # Runs while torch unpickles a worker's result (main thread, or the pin thread):
+    # an error here must come out of the loader, not kill torch's pin thread.
+    try:
+        transport = _LIVE.get(token)
+        if transport is None:
+            raise RuntimeError(
+                "loaderkit: a batch arrived from a worker whose loader iterator is gone"
+            )
+        return transport.receive(*args)
+    except Exception:
+        return ExceptionWrapper(sys.exc_info(), where="in loaderkit's worker transport")
+
+
+def _counted(token: int, batch: Any, reason: str) -> Any:
+    transport = _LIVE.get(token)
+    if transport is not None:
+        transport.stats.torch_batches[reason] += 1
+    return batch
+
+
+def pack(writer: SlotWriter, batch: Any) -> Any:
+    """The worker's ``collate_fn``: ``batch`` (already whole) into a free slot.
+
+    Returns what the worker puts on torch's result queue: a slot's descriptor,
+    or the batch wrapped to go through torch's path (and be counted).
+    """
+    info = get_worker_info()
+    if info is None:  # not in a worker: nothing crosses a process
+        return batch
+    flags, arenas = writer.local()
+    base = info.id * writer.slots
+    for slot in range(writer.slots):
+        if flags[base + slot] == 0:
+            break
+    else:
+        return _TorchPath(writer.token, batch, "no free slot")
+    tensors: list[torch.Tensor] = []
+    buffer = io.BytesIO()
+    try:
+        _SkeletonPickler(buffer, tensors).dump(batch)
+    except _Unsupported as why:
+        return _TorchPath(writer.token, batch, f"{why}")
+    except Exception as exc:  # torch's path pickles differently: let it succeed or say why
+        return _TorchPath(writer.token, batch, f"did not pickle ({type(exc).__name__})")
+    metas = []
+    end = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        metas.append((end, nbytes, tensor.dtype, tuple(tensor.shape)))
+        end += -(-nbytes // ALIGN) * ALIGN
+    result = _SlotBatch(writer.token, info.id, slot, buffer.getvalue(), metas)
+    arena = arenas[slot]
+    if arena is None or arena.numel() < end:
+        arena = torch.empty(max(int(end * GROWTH), MIN_ARENA), dtype=torch.uint8)
+        arena.share_memory_()
+        arenas[slot] = arena
+        result.arena = arena  # the main process maps it once, when this batch arrives
+    flags[base + slot] = 1
+    for tensor, (offset, nbytes, dtype, shape) in zip(tensors, metas, strict=True):
+        if nbytes:
+            arena[offset : offset + nbytes].view(dtype).view(shape).copy_(tensor)
+    return result
+
+
+def slots_per_worker(prefetch_factor: int | None) -> int:
+    """Slots each worker gets: its prefetched batches, plus :data:`EXTRA_SLOTS`."""
+    return (2 if prefetch_factor is None else prefetch_factor) + EXTRA_SLOTS

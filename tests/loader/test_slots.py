@@ -1,0 +1,411 @@
+"""The worker transport: batches cross from workers through reused shared-memory slots.
+
+Checked against torch's own path (``_slots.ENABLED = False``): the same batches
+(values, dtypes, shapes, container types) for any batch structure, any
+num_workers, persistent or not; a worker that dies mid-batch is still named
+with its sample indices; nothing is left in ``/dev/shm`` or mapped in this
+process once the loader is gone, even after a worker was killed.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import multiprocessing
+import os
+import signal
+import traceback
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import Dataset
+
+from loaderkit import ResumableDataLoader, WorkerError
+from loaderkit.loader import _slots
+from tests.support.proptest import examples
+
+N = 12
+B = 4
+
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+@dataclass
+class Box:
+    first: Any
+    second: Any
+
+
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
+
+
+def build(spec: Any, base: int) -> Any:
+    """The batch structure ``spec`` describes, its values keyed by ``base``."""
+    kind = spec[0]
+    if kind == "tensor":
+        _, dtype, shape, layout = spec
+        count = 1
+        for size in shape:
+            count *= size
+        if layout == "scalar":
+            return torch.tensor(base % 7, dtype=torch.float64).to(dtype)
+        values = torch.arange(base, base + 2 * count, dtype=torch.float64) % 11 - 3
+        if dtype is torch.bool:
+            values = values > 0
+        tensor = values.to(dtype)
+        if layout == "strided":  # every other element: a non-contiguous view
+            return tensor[::2].view(*shape) if count else tensor[:0].view(*shape)
+        if layout == "transposed" and len(shape) == 2:
+            return tensor[:count].view(shape[1], shape[0]).t()
+        return tensor[:count].view(*shape)
+    if kind == "str":
+        return f"batch-{base}"
+    if kind == "int":
+        return base
+    if kind == "none":
+        return None
+    children = [build(child, base + i) for i, child in enumerate(spec[1])]
+    if kind == "dict":
+        return {f"k{i}": child for i, child in enumerate(children)}
+    if kind == "tuple":
+        return tuple(children)
+    if kind == "list":
+        return children
+    if kind == "pair":
+        return Pair(*children)
+    if kind == "box":
+        return Box(*children)
+    raise AssertionError(kind)
+
+
+def collate_spec(spec: Any, samples: list[int]) -> Any:
+    """A module-level collate_fn (it pickles): the batch ``spec`` keyed by its samples."""
+    return {"ids": torch.tensor(samples), "body": build(spec, sum(samples))}
+
+
+class Ids(Dataset[int]):
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def assert_identical(got: Any, want: Any, where: str = "batch") -> None:
+    assert type(got) is type(want), f"{where}: {type(got)} != {type(want)}"
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(got, want), f"{where}: {got} != {want}"
+    elif isinstance(want, dict):
+        assert list(got) == list(want), where
+        for key in want:
+            assert_identical(got[key], want[key], f"{where}[{key!r}]")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_identical(g, w, f"{where}[{i}]")
+    elif is_dataclass(want):
+        for f in fields(want):
+            assert_identical(getattr(got, f.name), getattr(want, f.name), f"{where}.{f.name}")
+    else:
+        assert got == want, where
+
+
+def run(spec: Any, num_workers: int, persistent: bool, slots: bool) -> tuple[list[Any], Any]:
+    _slots.ENABLED = slots
+    try:
+        loader = ResumableDataLoader(
+            Ids(),
+            batch_size=B,
+            shuffle=True,
+            seed=3,
+            num_workers=num_workers,
+            persistent_workers=persistent and num_workers > 0,
+            collate_fn=functools.partial(collate_spec, spec),
+        )
+        epochs = 2 if persistent else 1
+        batches = [batch for _ in range(epochs) for batch in loader]
+        return batches, loader.describe()["transport"]
+    finally:
+        _slots.ENABLED = True
+
+
+# ------------------------------------------------------------- batch structures
+SHAPES = st.lists(st.integers(0, 3), min_size=1, max_size=3).map(tuple)
+TENSORS = st.tuples(
+    st.just("tensor"),
+    st.sampled_from(DTYPES),
+    SHAPES,
+    st.sampled_from(["contiguous", "strided", "transposed", "scalar"]),
+)
+LEAVES = TENSORS | st.sampled_from([("str",), ("int",), ("none",)])
+STRUCTURES = st.recursive(
+    LEAVES,
+    lambda children: (
+        st.tuples(st.sampled_from(["dict", "tuple", "list"]), st.lists(children, max_size=3))
+        | st.tuples(st.sampled_from(["pair", "box"]), st.lists(children, min_size=2, max_size=2))
+    ),
+    max_leaves=6,
+)
+
+
+@settings(
+    max_examples=examples(4),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(spec=STRUCTURES, num_workers=st.integers(0, 4), persistent=st.booleans())
+def test_slots_give_the_batches_of_torchs_path(
+    spec: Any, num_workers: int, persistent: bool
+) -> None:
+    want, _ = run(spec, num_workers, persistent, slots=False)
+    got, transport = run(spec, num_workers, persistent, slots=True)
+    assert len(got) == len(want) == (2 if persistent else 1) * (N // B)
+    assert_identical(got, want)
+    if num_workers > 0:
+        assert transport["slot_batches"] == len(got), transport
+        assert transport["torch_path_batches"] == 0, transport
+
+
+def test_a_fixed_rich_structure_with_every_worker_count() -> None:
+    spec = (
+        "dict",
+        [
+            ("tensor", torch.float16, (3, 2), "transposed"),
+            ("pair", [("tensor", torch.bool, (5,), "strided"), ("str",)]),
+            ("box", [("tensor", torch.int64, (0, 3), "contiguous"), ("none",)]),
+            ("list", [("tensor", torch.bfloat16, (), "scalar"), ("int",)]),
+        ],
+    )
+    reference, _ = run(spec, 0, False, slots=False)
+    for num_workers, persistent in [(1, False), (2, True), (4, False)]:
+        want, _ = run(spec, num_workers, persistent, slots=False)
+        got, transport = run(spec, num_workers, persistent, slots=True)
+        assert_identical(got, want)
+        assert_identical(got[: len(reference)], reference)
+        assert transport["torch_path_batches"] == 0
+
+
+# ------------------------------------------------------------- the fallback
+def collate_with_grad(samples: list[int]) -> Any:
+    return {"x": torch.tensor(samples, dtype=torch.float32, requires_grad=True), "n": len(samples)}
+
+
+def test_what_cannot_go_through_a_slot_takes_torchs_path_and_is_counted() -> None:
+    loader = ResumableDataLoader(Ids(), batch_size=B, num_workers=2, collate_fn=collate_with_grad)
+    batches = list(loader)
+    assert [b["x"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert all(b["x"].requires_grad for b in batches)
+    transport = loader.describe()["transport"]
+    assert transport["slot_batches"] == 0
+    assert transport["torch_path_batches"] == N // B
+    assert transport["torch_path_reasons"] == {"a tensor that requires grad": N // B}
+
+
+def collate_growing(samples: list[int]) -> torch.Tensor:
+    # Batches that grow: each slot's arena is re-created larger, then reused.
+    return torch.full((samples[0] + 1, 20000), samples[0], dtype=torch.int64)
+
+
+def test_a_batch_that_outgrows_its_slot_gets_a_larger_arena() -> None:
+    loader = ResumableDataLoader(
+        Ids(40), batch_size=1, num_workers=2, collate_fn=collate_growing, prefetch_factor=1
+    )
+    batches = list(loader)
+    assert [int(b[0, 0]) for b in batches] == list(range(40))
+    assert [b.shape[0] for b in batches] == list(range(1, 41))
+    transport = loader.describe()["transport"]
+    assert transport["slot_batches"] == 40 and transport["torch_path_batches"] == 0
+    assert transport["arenas_received"] < 40  # grown with headroom, not once per batch
+
+
+def test_persistent_workers_free_the_slots_of_an_abandoned_epoch() -> None:
+    # torch drains an abandoned epoch's batches when the next starts: their slots
+    # must come back, or the workers would run out and fall back to torch's path.
+    loader = ResumableDataLoader(Ids(64), batch_size=2, num_workers=2, persistent_workers=True)
+    for _ in range(4):
+        it = iter(loader)
+        next(it)
+        del it
+    assert len(list(loader)) == 32
+    transport = loader.describe()["transport"]
+    assert transport["torch_path_batches"] == 0, transport
+
+
+# ------------------------------------------------------------- worker deaths
+class Dies(Dataset[int]):
+    """Sample 7 ends its worker: ``os._exit`` or SIGKILL."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, index: int) -> int:
+        if index == 7 and torch.utils.data.get_worker_info() is not None:
+            if self.how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_worker_dying_mid_batch_is_named_with_its_sample_indices(how: str) -> None:
+    loader = ResumableDataLoader(Dies(how), batch_size=B, num_workers=2)
+    with pytest.raises(WorkerError, match=r"sample indices \[4, 5, 6, 7\]") as info:
+        list(loader)
+    assert info.value.index == [4, 5, 6, 7]
+    traceback.clear_frames(info.value.__traceback__)
+
+
+def dying_pack(writer: Any, batch: Any) -> Any:
+    # Claims a slot and dies while writing it: the slot is lost with the worker.
+    if isinstance(batch, torch.Tensor) and int(batch[0]) == 4:
+        flags, _ = writer.local()
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        flags[info.id * writer.slots] = 1
+        os.kill(os.getpid(), signal.SIGKILL)
+    return REAL_PACK(writer, batch)
+
+
+REAL_PACK = _slots.pack
+
+
+def test_a_worker_killed_while_writing_a_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_slots, "pack", dying_pack)  # forked workers inherit it
+    loader = ResumableDataLoader(Ids(), batch_size=B, num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(WorkerError, match=r"SIGKILL.*sample indices \[4, 5, 6, 7\]") as info:
+        list(loader)
+    traceback.clear_frames(info.value.__traceback__)
+    monkeypatch.undo()
+    assert len(list(loader)) == N // B  # new workers, new slots
+
+
+# ------------------------------------------------------------- nothing left behind
+def shm_entries() -> set[str]:
+    # Semaphores (sem.*) come and go with any multiprocessing user on the machine.
+    return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
+
+
+def mapped_segments() -> set[str]:
+    """The shared-memory segments this process maps (torch's are named torch_*)."""
+    maps = Path(f"/proc/{os.getpid()}/maps").read_text().splitlines()
+    return {line.split(maxsplit=5)[-1] for line in maps if "/dev/shm/" in line or "/torch_" in line}
+
+
+def big_batches(samples: list[int]) -> torch.Tensor:
+    return torch.full((len(samples), 50000), samples[0], dtype=torch.float32)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_no_shared_memory_left_after_the_loader_is_closed(persistent: bool) -> None:
+    gc.collect()
+    entries, mapped = shm_entries(), mapped_segments()
+    loader = ResumableDataLoader(
+        Ids(), batch_size=B, num_workers=2, collate_fn=big_batches, persistent_workers=persistent
+    )
+    it = iter(loader)
+    next(it)
+    assert mapped_segments() - mapped  # the arenas are mapped here while the loader runs
+    rest = list(it)
+    assert len(rest) == N // B - 1
+    assert loader.describe()["transport"]["slot_batches"] == N // B
+    del it, rest, loader
+    gc.collect()
+    assert shm_entries() - entries == set()
+    assert mapped_segments() - mapped == set()
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_no_shared_memory_left_after_a_worker_is_killed() -> None:
+    gc.collect()
+    entries, mapped = shm_entries(), mapped_segments()
+    loader = ResumableDataLoader(Ids(40), batch_size=B, num_workers=2, collate_fn=big_batches)
+    existing = {p.pid for p in multiprocessing.active_children()}
+    it = iter(loader)
+    next(it)
+    workers = [p for p in multiprocessing.active_children() if p.pid not in existing]
+    assert len(workers) == 2
+    os.kill(workers[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
+    with pytest.raises(WorkerError, match="SIGKILL") as info:
+        list(it)
+    traceback.clear_frames(info.value.__traceback__)
+    del info, it, loader
+    gc.collect()
+    assert shm_entries() - entries == set()
+    assert mapped_segments() - mapped == set()
+
+
+# ------------------------------------------------------------- resume
+def test_resume_oracle_through_slots() -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(Ids(), batch_size=B, shuffle=True, seed=5, num_workers=2)
+
+    steps = N // B
+    uninterrupted = make()
+    full = [b.tolist() for _ in range(2) for b in uninterrupted]
+    for k in (2, steps + 1):  # inside epoch 0, inside epoch 1
+        loader = make()
+        before = [b.tolist() for b in loader][: min(k, steps)]
+        if k > steps:
+            it = iter(loader)
+            before.append(next(it).tolist())
+        else:  # state after k batches of epoch 0
+            loader = make()
+            it = iter(loader)
+            before = [next(it).tolist() for _ in range(k)]
+        state = loader.state_dict()
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        after = [b.tolist() for b in resumed]
+        if k <= steps:
+            after += [b.tolist() for b in resumed]
+        assert before + after == full, f"resume at {k}"
+        assert resumed.describe()["transport"]["slot_batches"] == len(after)
+        assert resumed.describe()["transport"]["torch_path_batches"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pin_memory)")
+def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory() -> None:
+    spec = ("pair", [("tensor", torch.float32, (3, 2), "transposed"), ("str",)])
+    want, _ = run(spec, 0, False, slots=False)
+    _slots.ENABLED = True
+    loader = ResumableDataLoader(
+        Ids(),
+        batch_size=B,
+        shuffle=True,
+        seed=3,
+        num_workers=2,
+        pin_memory=True,
+        collate_fn=functools.partial(collate_spec, spec),
+    )
+    got = list(loader)
+    assert_identical(got, want)
+    assert all(b["ids"].is_pinned() and b["body"].first.is_pinned() for b in got)
+    assert loader.describe()["transport"]["slot_batches"] == len(got)
