@@ -94,7 +94,8 @@ def document_dm(nw: int = 0, *, root: Path, **kwargs: Any) -> ShardedDataModule:
         "bucket_window": 16,
         "mix_shards": 4,
         "num_workers": nw,
-        "seed": 1,
+        # A seed whose two epochs differ in length (17 and 18 batches under ShardPlan v5).
+        "seed": 4,
         **kwargs,
     }
     return ShardedDataModule(str(root), eos=0, dtype="int32", **kwargs)

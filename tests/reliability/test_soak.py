@@ -94,7 +94,10 @@ def job(kind: str, data: Path, out: Path, pace: float) -> None:
                 if kind != "map" and batch.ndim > 1:
                     batch = batch[:, 0]
                 workers = [p.pid for p in multiprocessing.active_children()]
-                (out / f"workers-{os.getpid()}.json").write_text(json.dumps(workers))
+                # Atomically: the parent may SIGKILL this process mid-write and read the file.
+                tmp = out / f".workers-{os.getpid()}.json.tmp"
+                tmp.write_text(json.dumps(workers))
+                os.replace(tmp, out / f"workers-{os.getpid()}.json")
                 epoch = loader.state_dict()["epoch"]
                 f.write(json.dumps({"epoch": epoch, "ids": batch.tolist()}) + "\n")
                 f.flush()
