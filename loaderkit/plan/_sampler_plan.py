@@ -29,15 +29,26 @@ from loaderkit._tags import SeedTag
 from loaderkit.plan.sample import _FixedSchedule, steps_from
 from loaderkit.seeding import derive_seed
 
-__all__ = ["SamplerPlan", "check_reproducible", "sampler_order"]
+__all__ = ["UNHOOKED", "SamplerPlan", "check_reproducible", "sampler_order"]
+
+# The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
+UNHOOKED = "_loaderkit_unhooked"
 
 
 def sampler_order(sampler: Any, seed: int, epoch: int) -> torch.Tensor:
     """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``."""
     set_epoch = getattr(sampler, "set_epoch", None)
+    # The loader hooks the set_epoch of the sampler it exposes (so a caller's
+    # sampler.set_epoch(e) drives it); listing an order must not move the loader.
+    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     if callable(set_epoch):
         set_epoch(epoch)
-    if hasattr(sampler, "generator"):
+    # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
+    # Any other generator (numpy's, say) is the sampler's business; if it makes the
+    # order differ between listings, check_reproducible refuses the sampler by name.
+    if hasattr(sampler, "generator") and (
+        sampler.generator is None or isinstance(sampler.generator, torch.Generator)
+    ):
         gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
         sampler.generator = gen
     return torch.as_tensor(np.fromiter((int(i) for i in sampler), dtype=np.int64))
@@ -63,11 +74,19 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
     first = sampler_order(sampler, _PROBE_SEED, 0)
     second = sampler_order(sampler, _PROBE_SEED, 0)
     if not torch.equal(first, second):
+        generator = getattr(sampler, "generator", None)
+        foreign = (
+            f"its `generator` is a {type(generator).__module__}.{type(generator).__qualname__}, "
+            "which loaderkit does not reseed (only a torch.Generator or None); "
+            if generator is not None and not isinstance(generator, torch.Generator)
+            else ""
+        )
         raise TypeError(
             f"{owner}: {parameter}={type(sampler).__name__} lists a different order each time "
             "for the same seed and epoch, so a resumed run could not find its position (it "
-            "would repeat and skip samples). Give the sampler a set_epoch(epoch) or a "
-            "`generator` attribute that loaderkit seeds per epoch, or use shuffle=True."
+            f"would repeat and skip samples). {foreign}Give the sampler a set_epoch(epoch) "
+            "that reseeds its randomness from the epoch, or a `generator` attribute holding a "
+            "torch.Generator (or None) that loaderkit seeds per epoch, or use shuffle=True."
         )
     return first
 
