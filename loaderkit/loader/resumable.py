@@ -54,6 +54,7 @@ from loaderkit.loader._args import (
     check_torch_only_args,
     check_worker_args,
     from_distributed_sampler,
+    whole_order_sampler,
 )
 from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
 from loaderkit.loader._fetch import (
@@ -90,6 +91,18 @@ def draw_seed(generator: torch.Generator | None) -> int:
     still makes a run reproducible.
     """
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def plain_sampler(sampler: Any, size: int) -> bool:
+    """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
+
+    Exact types only: a subclass may override ``__iter__``. A ``SequentialSampler``
+    over another source (``SequentialSampler(range(4))`` with a 16-sample
+    dataset) yields its own length, as under ``DataLoader``.
+    """
+    if type(sampler) is DistributedSampler:
+        return True
+    return type(sampler) is SequentialSampler and len(sampler) == size
 
 
 class ResumableDataLoader:
@@ -276,10 +289,16 @@ class ResumableDataLoader:
             self.plan = batch_sampler.plan
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
-        elif sampler is not None and type(sampler) not in (SequentialSampler, DistributedSampler):
+        elif sampler is not None and not plain_sampler(sampler, size):
             # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks.
+            # A DistributedSampler subclass lists its whole order here (its own __iter__
+            # yields one rank's share); rank and world size came from it above.
             self.plan = SamplerPlan(
-                sampler=sampler,
+                sampler=(
+                    whole_order_sampler(sampler)
+                    if isinstance(sampler, DistributedSampler)
+                    else sampler
+                ),
                 dataset_size=size,
                 batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
                 seed=self.seed,

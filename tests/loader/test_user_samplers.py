@@ -58,3 +58,70 @@ def test_a_numpy_generator_reseeded_by_set_epoch_is_kept() -> None:
     first, second = epoch_ids(loader), epoch_ids(loader)
     assert first == np.random.default_rng(0).permutation(8).tolist()
     assert second == np.random.default_rng(1).permutation(8).tolist()
+
+
+# ------------------------------------------- samplers the plan must not replace
+class Balanced(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+    """A subclass with its own ``__iter__`` (here DistributedSampler's order, as a list)."""
+
+    def __iter__(self) -> Any:
+        return iter(list(super().__iter__()))
+
+
+def distributed_sampler_wrapper(data: list[int], rank: int) -> Any:
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from torch.utils.data import SequentialSampler
+
+    return DistributedSamplerWrapper(
+        SequentialSampler(data), num_replicas=2, rank=rank, shuffle=False
+    )
+
+
+@pytest.mark.parametrize("kind", ["subclass", "lightning_wrapper"])
+def test_a_distributed_sampler_subclass_is_split_once(kind: str) -> None:
+    # Its own order is one rank's share; dealt across ranks again, each epoch lost half.
+    data = list(range(16))
+
+    def make(rank: int) -> Any:
+        if kind == "subclass":
+            return Balanced(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        return distributed_sampler_wrapper(data, rank)
+
+    for epoch in range(2):
+        seen: list[int] = []
+        for rank in (0, 1):
+            loader = ResumableDataLoader(data, batch_size=2, sampler=make(rank))
+            assert loader._topology() == (rank, 2)
+            loader.set_epoch(epoch)
+            seen += epoch_ids(loader)
+        assert sorted(seen) == data, f"epoch {epoch}: {sorted(seen)}"
+
+
+def test_a_distributed_sampler_subclass_resumes_exactly() -> None:
+    data = list(range(16))
+
+    def make() -> ResumableDataLoader:
+        sampler = Balanced(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+        return ResumableDataLoader(data, batch_size=2, sampler=sampler)
+
+    loader = make()
+    full = epoch_ids(loader) + epoch_ids(loader)
+    cut = make()
+    it = iter(cut)
+    before = [int(i) for _ in range(3) for i in next(it)]
+    resumed = make()
+    resumed.load_state_dict(cut.state_dict())
+    assert before + epoch_ids(resumed) + epoch_ids(resumed) == full
+
+
+def test_a_sequential_sampler_over_another_source_yields_its_own_length() -> None:
+    # SequentialSampler(range(4)) with 16 samples: torch yields 0..3, it yielded 0..15.
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    data = list(range(16))
+    sampler = SequentialSampler(range(4))
+    expected = [int(i) for b in DataLoader(data, batch_size=3, sampler=sampler) for i in b]
+    assert epoch_ids(ResumableDataLoader(data, batch_size=3, sampler=sampler)) == expected
+    assert expected == [0, 1, 2, 3]
+    whole = SequentialSampler(data)  # over the dataset itself: the loader's own plan
+    assert epoch_ids(ResumableDataLoader(data, batch_size=3, sampler=whole)) == data
