@@ -161,7 +161,8 @@ class ResumableDataLoader:
             one process, drawn from ``generator`` (else torch's global
             generator), as ``DataLoader`` draws its shuffle order, so two
             loaders differ and ``torch.manual_seed`` makes them reproducible;
-            across ranks (``world_size > 1`` at the first batch), ``0``, the
+            across ranks (``world_size > 1`` known at construction, at a
+            ``state_dict()`` or at the first batch), ``0``, the
             ``DistributedSampler`` default, since processes draw different
             seeds and every rank must split the same order. Replaced by the
             saved seed on :meth:`load_state_dict`.
@@ -451,6 +452,9 @@ class ResumableDataLoader:
                 # Streams have no get_batch: every sample may carry randomness.
                 per_sample_seeding=per_sample_seeding is not False,
             )
+        # Where the ranks are known already (rank=/world_size=, a process group, a
+        # Trainer building the loader), the seed is the ranks' common one from the start.
+        self._settle_seed(final=False)
 
     # ----------------------------------------------------------------- epochs
     @property
@@ -592,14 +596,24 @@ class ResumableDataLoader:
                 "iterator."
             )
 
-    def _settle_seed(self) -> None:
-        """Fix a drawn seed before the first batch: ranks must agree without talking."""
+    def _settle_seed(self, *, final: bool = True) -> None:
+        """Fix a drawn seed before the first batch: ranks must agree without talking.
+
+        Args:
+            final: At the first batch the topology is the run's, and a drawn seed
+                is kept from then on. Earlier (at construction, in ``state_dict()``)
+                only a known ``world_size > 1`` settles it: a process group may
+                still be set up after that.
+        """
         if not self._seed_drawn:
             return
-        self._seed_drawn = False
         _, world_size = self._topology()
-        if world_size > 1 and self.seed != DDP_DEFAULT_SEED:
-            self._adopt_seed(DDP_DEFAULT_SEED)
+        if world_size > 1:
+            self._seed_drawn = False
+            if self.seed != DDP_DEFAULT_SEED:
+                self._adopt_seed(DDP_DEFAULT_SEED)
+        elif final:
+            self._seed_drawn = False
 
     def _begin(self) -> tuple[Schedule, int]:
         self._settle_seed()
@@ -771,6 +785,10 @@ class ResumableDataLoader:
         held = holder.held_state() if holder is not None else None
         if held is not None:
             return dict(held)
+        if self._seed_drawn:
+            # Before the first batch: a state must not carry the provisional seed that
+            # the first batch replaces under DDP (a resumed run would adopt it).
+            self._settle_seed(final=False)
         self._check_one_position()
         if self._stream is not None:
             return self._stream.state()

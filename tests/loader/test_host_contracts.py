@@ -367,3 +367,30 @@ def test_worker_settings_cannot_drift_from_the_pool() -> None:
         loader.num_workers = 2  # type: ignore[misc]
     with pytest.raises(AttributeError):
         loader.pin_memory = True  # type: ignore[misc]
+
+
+def test_a_state_before_the_first_batch_carries_the_ranks_common_seed() -> None:
+    # seed=None on 2 ranks: a state taken before the first batch carried the drawn,
+    # provisional seed; the resumed run adopted it and listed another order.
+    def make(rank: int) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            list(range(16)), batch_size=2, shuffle=True, rank=rank, world_size=2
+        )
+
+    full = {rank: epoch_ids(make(rank)) for rank in (0, 1)}
+    state = make(0).state_dict()
+    assert state["plan"]["seed"] == 0
+    for rank in (0, 1):
+        resumed = make(rank)
+        resumed.load_state_dict(state)
+        assert epoch_ids(resumed) == full[rank]
+
+
+def test_a_state_settles_the_seed_once_the_ranks_are_known() -> None:
+    # The topology may become known after construction (a process group set up later).
+    torch.manual_seed(3)
+    loader = ResumableDataLoader(list(range(16)), batch_size=2, shuffle=True)
+    drawn = loader.seed
+    assert drawn != 0 and loader.state_dict()["plan"]["seed"] == drawn  # one process: kept
+    loader._rank, loader._world_size = 0, 2  # as if torch.distributed came up now
+    assert loader.state_dict()["plan"]["seed"] == 0 == loader.seed
