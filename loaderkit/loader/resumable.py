@@ -67,7 +67,7 @@ from loaderkit.loader._fetch import (
 from loaderkit.loader._iterable import IterableEngine, is_stateful
 from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
-from loaderkit.loader._views import IterableOrder, PlanBatches, plan_order
+from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
@@ -131,7 +131,9 @@ class ResumableDataLoader:
         sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
             with a ``generator`` (given one seeded per epoch), one with
             ``set_epoch``, a ``DistributedSampler`` (its settings become the
-            plan's); one that lists a different order twice is refused.
+            plan's; a subclass is listed whole and dealt once); one that lists a
+            different order twice is refused. It stays ``loader.sampler`` (same
+            object and class); its ``set_epoch(e)`` also sets the loader's epoch.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
             ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
@@ -409,6 +411,8 @@ class ResumableDataLoader:
         else:
             order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
             self.sampler = sampler if sampler is not None else order
+            if sampler is not None:
+                hook_set_epoch(sampler, self)  # sampler.set_epoch(e) sets the loader's epoch
             self.batch_sampler = (
                 given_batch_sampler if given_batch_sampler is not None else PlanBatches(order)
             )

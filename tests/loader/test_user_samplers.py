@@ -125,3 +125,91 @@ def test_a_sequential_sampler_over_another_source_yields_its_own_length() -> Non
     assert expected == [0, 1, 2, 3]
     whole = SequentialSampler(data)  # over the dataset itself: the loader's own plan
     assert epoch_ids(ResumableDataLoader(data, batch_size=3, sampler=whole)) == data
+
+
+# ------------------------------------------------- sampler.set_epoch(e) is heard
+class EpochSampler(Sampler[int]):
+    """A custom sampler whose order is a function of the epoch set on it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        gen = torch.Generator().manual_seed(100 + self.epoch)
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+
+SET_EPOCH_SAMPLERS = {
+    "distributed": lambda data: torch.utils.data.DistributedSampler(
+        data, num_replicas=1, rank=0, shuffle=True, seed=7
+    ),
+    "custom": lambda data: EpochSampler(len(data)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SET_EPOCH_SAMPLERS))
+def test_the_ddp_idiom_sampler_set_epoch_drives_the_loader(kind: str) -> None:
+    # for epoch in range(start, E): loader.sampler.set_epoch(epoch); for batch in loader
+    # restarted at epoch 2 yielded epoch 0's order: the call never reached the loader.
+    data = list(range(12))
+    make = SET_EPOCH_SAMPLERS[kind]
+    uninterrupted = ResumableDataLoader(data, batch_size=4, sampler=make(data))
+    epochs = []
+    for epoch in range(3):
+        uninterrupted.sampler.set_epoch(epoch)
+        epochs.append(epoch_ids(uninterrupted))
+    assert epochs[0] != epochs[2]
+    sampler = make(data)
+    restarted = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    assert restarted.sampler is sampler and type(sampler) is type(make(data))
+    sampler.set_epoch(2)
+    assert sampler.epoch == 2  # the sampler's own set_epoch ran too
+    assert epoch_ids(restarted) == epochs[2]
+
+
+def test_a_hooked_sampler_copies_pickles_and_drives_every_loader_sharing_it() -> None:
+    import copy
+    import pickle
+
+    data = list(range(12))
+    sampler = EpochSampler(12)
+    a = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    b = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    reference = ResumableDataLoader(data, batch_size=4, sampler=EpochSampler(12))
+    reference.set_epoch(1)
+    expected = epoch_ids(reference)
+    sampler.set_epoch(1)
+    assert epoch_ids(a) == expected == epoch_ids(b)
+    next_epoch = epoch_ids(reference)
+    for clone in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
+        clone.set_epoch(5)  # its own method, tied to no loader
+        assert (clone.epoch, sampler.epoch) == (5, 1)
+    assert epoch_ids(a) == next_epoch  # a's next epoch is still 2
+
+
+def test_a_slotted_sampler_with_set_epoch_is_refused_by_name() -> None:
+    class Slotted:
+        __slots__ = ("epoch",)
+
+        def __init__(self) -> None:
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            return iter(range(4))
+
+        def __len__(self) -> int:
+            return 4
+
+    with pytest.raises(
+        TypeError, match=r"sampler=Slotted has set_epoch\(\), but loaderkit cannot.*__slots__"
+    ):
+        ResumableDataLoader(list(range(4)), batch_size=2, sampler=Slotted())
