@@ -217,9 +217,10 @@ def from_distributed_sampler(
     owner = "ResumableDataLoader"
     # A subclass may draw from another source (Lightning's DistributedSamplerWrapper
     # wraps a sampler); its indices are checked against the dataset as it lists them.
-    if type(sampler) is DistributedSampler and len(sampler.dataset) != size:
+    covered = len(sampler.dataset)
+    if type(sampler) is DistributedSampler and covered != size:
         raise ValueError(
-            f"{owner}: the DistributedSampler covers {len(sampler.dataset)} samples but the "
+            f"{owner}: the DistributedSampler covers {covered} samples but the "
             f"dataset has {size}; build the sampler over this dataset."
         )
     for name, given, its in (

@@ -43,7 +43,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from loaderkit._callers import host_batches_done
+from loaderkit._callers import host_batches_done, host_restarting_mid_epoch
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
@@ -506,7 +506,44 @@ class ResumableDataLoader:
         if engine is not None:
             engine.set_epoch(epoch)
             return
+        loaded = self._cursor.loaded(self.plan)
+        if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
+            return
         self._cursor.set_epoch(epoch)
+
+    def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
+        """Whether ``set_epoch(epoch)`` replaces a loaded position that resumes epoch
+        ``resumes`` (False: the position wins and the call is ignored).
+
+        Raises:
+            StateMismatchError: the call would silently discard a position part-way
+                through its epoch.
+        """
+        restarting = host_restarting_mid_epoch(self)
+        if restarting is False:
+            # Lightning starts its epoch afresh here, as the uninterrupted run did (a
+            # loader cut short by limit_train_batches, or cycled by a CombinedLoader,
+            # at the end of the trainer's epoch): the loaded position is over.
+            return True
+        if restarting and epoch < resumes:
+            # Lightning restores a mid-epoch checkpoint and replays its epoch start's
+            # set_epoch; this loader was re-iterated (cycled by CombinedLoader
+            # "max_size_cycle") into a later epoch of its own since that call, as the
+            # loaded position says. The uninterrupted run went on from there.
+            return False
+        if not mid_epoch and not restarting:
+            return True  # nothing of the loaded epoch is left to lose
+        cursor = self._cursor
+        length = self.plan.epoch_length(cursor.epoch)
+        raise StateMismatchError(
+            f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
+            f"load_state_dict() is part-way through epoch {resumes} (position "
+            f"{cursor.position} of {length}); starting epoch {epoch} would silently discard "
+            f"that position and yield other samples than the saved run. Call "
+            f"set_epoch({resumes}) (or none) to resume the saved epoch; to start epoch {epoch} "
+            "from its beginning, do not load the state (build the loader with the saved "
+            "seed instead)."
+        )
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.

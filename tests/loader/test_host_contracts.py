@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from loaderkit import ResumableDataLoader, TensorDataset
+from loaderkit import ResumableDataLoader, StateMismatchError, TensorDataset
 
 N = 1000
 
@@ -394,3 +394,45 @@ def test_a_state_settles_the_seed_once_the_ranks_are_known() -> None:
     assert drawn != 0 and loader.state_dict()["plan"]["seed"] == drawn  # one process: kept
     loader._rank, loader._world_size = 0, 2  # as if torch.distributed came up now
     assert loader.state_dict()["plan"]["seed"] == 0 == loader.seed
+
+
+# ------------------------------------------------- set_epoch after a loaded state
+def _state_at(epoch: int, batches: int) -> dict[str, Any]:
+    loader = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    for _ in range(epoch):
+        epoch_ids(loader)
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+def _resumed(state: dict[str, Any]) -> ResumableDataLoader:
+    loader = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    loader.load_state_dict(state)
+    return loader
+
+
+def test_set_epoch_of_another_epoch_after_a_mid_epoch_state_is_refused() -> None:
+    # It silently started that epoch from its beginning: the loaded position was lost.
+    loader = _resumed(_state_at(1, 2))
+    with pytest.raises(
+        StateMismatchError,
+        match=r"set_epoch: epoch=0, but the state loaded by load_state_dict\(\) is part-way "
+        r"through epoch 1 \(position 8 of 12\).*Call set_epoch\(1\) \(or none\)",
+    ):
+        loader.sampler.set_epoch(0)
+
+
+def test_set_epoch_that_agrees_with_the_loaded_state_resumes_it() -> None:
+    reference = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    epochs = [epoch_ids(reference) for _ in range(3)]
+    mid = _resumed(_state_at(1, 2))
+    mid.set_epoch(1)  # Lightning's resume: the saved epoch
+    assert epoch_ids(mid) == epochs[1][8:]
+    finished = _resumed(_state_at(1, 3))
+    finished.set_epoch(2)  # an epoch's end moving on to the next one
+    assert epoch_ids(finished) == epochs[2]
+    skipped = _resumed(_state_at(1, 0))
+    skipped.set_epoch(2)  # epoch 0 finished, epoch 1 never drawn from: nothing to lose
+    assert epoch_ids(skipped) == epochs[2]
