@@ -26,7 +26,7 @@ import torch
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
-from loaderkit.plan.sample import _FixedSchedule, steps_from
+from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
 from loaderkit.seeding import derive_seed
 
 __all__ = ["UNHOOKED", "SamplerPlan", "check_reproducible", "sampler_order"]
@@ -112,6 +112,9 @@ class SamplerPlan:
     _cache: dict[int, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _keys: dict[int, torch.Tensor | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _length: int = field(default=0, init=False, repr=False, compare=False)
     _check: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -164,6 +167,8 @@ class SamplerPlan:
         self._validate(order, epoch)
         self._cache.clear()  # a loader asks for one epoch at a time
         self._cache[epoch] = order
+        self._keys.clear()
+        self._keys[epoch] = occurrence_keys(order, self.dataset_size)
         return order
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
@@ -172,7 +177,13 @@ class SamplerPlan:
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
         steps_from(self, start, world_size)  # validates the position
-        return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
+        order = self.order(epoch)
+        keys = self._keys.get(epoch)
+        if keys is None:
+            return _FixedSchedule(self, order, epoch, start, rank, world_size)
+        # An index drawn twice (WeightedRandomSampler(replacement=True), say) is
+        # seeded per draw: each copy gets its own augmentation, as under DataLoader.
+        return _KeyedSchedule(self, order, keys, epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of ``epoch``."""
@@ -189,4 +200,7 @@ class SamplerPlan:
             "drop_last": self.drop_last,
             "order_check": self._check,
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
+            # A repeated index is seeded per draw (occurrence_keys); states saved when
+            # every draw of an index shared one seed lack this and are refused by name.
+            "repeat_seeding": "per_draw",
         }

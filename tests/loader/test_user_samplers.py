@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import Sampler
 
-from loaderkit import ResumableDataLoader
+from loaderkit import ResumableDataLoader, StateMismatchError
 
 
 def epoch_ids(loader: ResumableDataLoader) -> list[int]:
@@ -213,3 +213,52 @@ def test_a_slotted_sampler_with_set_epoch_is_refused_by_name() -> None:
         TypeError, match=r"sampler=Slotted has set_epoch\(\), but loaderkit cannot.*__slots__"
     ):
         ResumableDataLoader(list(range(4)), batch_size=2, sampler=Slotted())
+
+
+# ------------------------------------- an index drawn twice gets fresh randomness
+class Augmenting(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, int(torch.randint(0, 10**9, ()))])
+
+
+def _weighted(num_workers: int) -> ResumableDataLoader:
+    from torch.utils.data import WeightedRandomSampler
+
+    sampler = WeightedRandomSampler([1.0, 1.0, 1.0, 1.0], num_samples=32, replacement=True)
+    return ResumableDataLoader(
+        Augmenting(), batch_size=8, sampler=sampler, seed=0, num_workers=num_workers
+    )
+
+
+def test_each_draw_of_a_repeated_index_gets_its_own_augmentation() -> None:
+    # Keyed by (seed, epoch, index), every copy of an oversampled index was identical.
+    batches = torch.cat(list(_weighted(0)))
+    draws = batches[:, 1]
+    assert draws.unique().numel() == draws.numel() == 32
+    assert torch.equal(torch.cat(list(_weighted(2))), batches)  # any num_workers
+
+
+def test_repeated_draws_resume_with_the_same_augmentation() -> None:
+    loader = _weighted(0)
+    full = torch.cat(list(loader) + list(loader))
+    cut = _weighted(0)
+    it = iter(cut)
+    before = [next(it) for _ in range(2)]
+    resumed = _weighted(0)
+    resumed.load_state_dict(cut.state_dict())
+    assert torch.equal(torch.cat(before + list(resumed) + list(resumed)), full)
+
+
+def test_a_state_saved_when_repeated_draws_shared_a_seed_is_refused_by_name() -> None:
+    from loaderkit.plan._cursor import seal
+
+    loader = _weighted(0)
+    next(iter(loader))
+    state = loader.state_dict()
+    old = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "repeat_seeding"}}
+    seal(old, ("version", "epoch", "position", "steps_done", "plan", "topology"))
+    with pytest.raises(StateMismatchError, match=r"field 'plan' has fields .*repeat_seeding"):
+        _weighted(0).load_state_dict(old)
