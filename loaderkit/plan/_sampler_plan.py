@@ -76,8 +76,8 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
     if not torch.equal(first, second):
         generator = getattr(sampler, "generator", None)
         foreign = (
-            f"its `generator` is a {type(generator).__module__}.{type(generator).__qualname__}, "
-            "which loaderkit does not reseed (only a torch.Generator or None); "
+            f"Its `generator` is a {type(generator).__module__}.{type(generator).__qualname__}, "
+            "which loaderkit does not reseed (only a torch.Generator or None). "
             if generator is not None and not isinstance(generator, torch.Generator)
             else ""
         )

@@ -45,7 +45,7 @@ def test_a_numpy_generator_is_not_replaced_and_an_unseeded_one_is_refused_by_nam
     # It was overwritten with a torch.Generator: AttributeError from inside __iter__.
     with pytest.raises(
         TypeError,
-        match=r"sampler=NumpySampler lists a different order each time.*its `generator` is a "
+        match=r"sampler=NumpySampler lists a different order each time.*Its `generator` is a "
         r"numpy\.random\._generator\.Generator, which loaderkit does not reseed.*set_epoch",
     ):
         ResumableDataLoader(list(range(8)), batch_size=2, sampler=NumpySampler(8))
