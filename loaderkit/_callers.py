@@ -1,7 +1,7 @@
 """What loaderkit asks of the host that drives a loader: the registration hook (private).
 
 A host is a framework that iterates loaders in its own loop: Lightning's
-``Trainer`` or Lightning Fabric. loaderkit needs two facts from it, asked at
+``Trainer`` or Lightning Fabric. loaderkit needs a few facts from it, asked at
 the moment they matter:
 
 - whether the host's training loop is the caller. Lightning's loop treats
@@ -15,6 +15,9 @@ the moment they matter:
 - how many batches of the epoch the host's training loop counts as done:
   the loader's own count must agree, or the host ends the epoch early (or
   late) and batches are silently left out.
+- whether the host's loop, setting a loader's epoch, restarts that epoch
+  from a checkpoint taken part-way through it (the loader's loaded position
+  then wins over the epoch start the loop replays) or starts it afresh.
 - the data-parallel rank and size of the run. With tensor or model
   parallelism they differ from the global process group's: the peers of one
   data-parallel rank must all get the same batches, which only the host
@@ -41,6 +44,7 @@ __all__ = [
     "host",
     "host_batches_done",
     "host_held_batches",
+    "host_restarting_mid_epoch",
     "host_topology",
     "load_when_imported",
     "register",
@@ -68,6 +72,12 @@ class HostAdapter(Protocol):
     def batches_done(self, loader: object) -> int | None:
         """How many of the current epoch's batches the host's training loop counts as
         done, when ``loader`` is its only training loader; else None."""
+        ...
+
+    def restarting_mid_epoch(self, loader: object) -> bool | None:
+        """Whether the host's training loop, setting ``loader``'s epoch, is restarting in
+        the middle of that epoch (True) or starting it (False); None when ``loader`` is
+        not one of the train loaders of a host loop on the call stack."""
         ...
 
 
@@ -121,6 +131,13 @@ def host_batches_done(loader: object) -> int | None:
     ``loader`` (its only train loader), or None when no host loop drives it."""
     adapter = host()
     return None if adapter is None else adapter.batches_done(loader)
+
+
+def host_restarting_mid_epoch(loader: object) -> bool | None:
+    """Whether a host loop setting ``loader``'s epoch restarts mid-epoch (True), starts the
+    epoch (False), or no host loop drives ``loader`` (None)."""
+    adapter = host()
+    return None if adapter is None else adapter.restarting_mid_epoch(loader)
 
 
 def host_held_batches(loader: object) -> int | None:

@@ -506,9 +506,11 @@ class SampleSeeder:
         indices: list[int],
         getitem: Callable[[int], Any],
         out: list[Any],
+        seed_keys: list[int] | None = None,
     ) -> list[Any]:
         """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample under the
-        states keyed by ``(seed, epoch, i)``; returns ``out``.
+        states keyed by ``(seed, epoch, i)`` (or ``seed_keys``, one per index, where a
+        plan keys repeated draws of an index apart); returns ``out``.
 
         If ``getitem`` raises, ``out`` holds the samples before the failing one
         (``indices[len(out)]`` failed) and the caller's states are restored.
@@ -523,7 +525,8 @@ class SampleSeeder:
                 for slot, rng in enumerate(rngs):
                     if self.in_use[slot] or not rng.lazy_ok:
                         if keys is None:
-                            keys = sample_keys(seed, epoch, np.asarray(indices))
+                            keyed = indices if seed_keys is None else seed_keys
+                            keys = sample_keys(seed, epoch, np.asarray(keyed))
                         stream = sample_stream_keys(keys, _STREAM_TAGS[slot])
                         seeded.append((rng.install, rng.prepare(stream, reuse=True)))
                     else:

@@ -38,6 +38,15 @@ What the loader learns, and from which internal:
   Lightning counts differently (an end-of-epoch checkpoint resumed on fewer
   ranks without :class:`~loaderkit.ElasticResume`), and Lightning would end
   the epoch early, silently skipping its last batches.
+- **Whether the fit loop restarts an epoch mid-way**
+  (:meth:`LightningHost.restarting_mid_epoch`): ``fit_loop.restarted_mid_epoch``
+  and ``fit_loop.epoch_progress.current`` (``processed < started``: not moved
+  on past a finished epoch) when the loop calls ``set_epoch(current_epoch)`` on
+  a train loader. Restored
+  from a mid-epoch checkpoint, the loop replays the epoch start's
+  ``set_epoch``; a loader that ``CombinedLoader("max_size_cycle")`` re-iterated
+  (cycled) into its own later epoch must keep its loaded position then, as the
+  uninterrupted run did (it never heard that call again within the epoch).
 - **The epoch length** (:func:`resize_train_epoch`): Lightning reads the
   train loaders' lengths once per ``fit``, into ``fit_loop._combined_loader``
   (``limits``, and its live ``_iterator``'s copy), ``fit_loop.max_batches``,
@@ -203,6 +212,22 @@ class LightningHost:
         if len(loaders) != 1 or loaders[0] is not loader:
             return None  # combined loaders cycle or stop at their own lengths
         return int(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+
+    def restarting_mid_epoch(self, loader: object) -> bool | None:
+        """Whether the fit loop setting train loader ``loader``'s epoch restarts that epoch
+        from a mid-epoch checkpoint (``fit_loop.restarted_mid_epoch``); None when no
+        Trainer on the stack trains on ``loader``."""
+        trainer: Any = driver_on_stack(depth=2)
+        if trainer is None or not hasattr(trainer, "fit_loop"):
+            return None
+        if not any(dl is loader for dl in train_loaders(trainer)):
+            return None
+        loop = trainer.fit_loop
+        # Restored after an epoch's last batch, the loop is "restarted mid-epoch" too, but
+        # its reset() has moved on to the next epoch (processed caught up with started):
+        # that set_epoch starts an epoch, as in the uninterrupted run.
+        progress = loop.epoch_progress.current
+        return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
 
 def train_loaders(trainer: Any) -> list[Any]:

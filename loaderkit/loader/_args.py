@@ -6,13 +6,14 @@ Private. Every message names the argument, the value received and the fix
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import multiprocessing.context
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import DistributedSampler, IterableDataset
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -202,7 +203,9 @@ def from_distributed_sampler(
 
     The loader deals one order across ranks already; running the sampler's own
     split under it would split twice. So the sampler is read for its seed,
-    shuffle, drop_last and topology, and the loader's plan takes its place.
+    shuffle, drop_last and topology; for ``DistributedSampler`` itself the
+    loader's plan takes its place, and a subclass (its own ``__iter__``) is
+    listed whole through :func:`whole_order_sampler` and dealt by the loader.
 
     Returns:
         ``(seed, rank, world_size, shuffle, drop_last)``.
@@ -212,9 +215,12 @@ def from_distributed_sampler(
             covers another dataset size.
     """
     owner = "ResumableDataLoader"
-    if len(sampler.dataset) != size:
+    # A subclass may draw from another source (Lightning's DistributedSamplerWrapper
+    # wraps a sampler); its indices are checked against the dataset as it lists them.
+    covered = len(sampler.dataset)
+    if type(sampler) is DistributedSampler and covered != size:
         raise ValueError(
-            f"{owner}: the DistributedSampler covers {len(sampler.dataset)} samples but the "
+            f"{owner}: the DistributedSampler covers {covered} samples but the "
             f"dataset has {size}; build the sampler over this dataset."
         )
     for name, given, its in (
@@ -228,6 +234,23 @@ def from_distributed_sampler(
                 f"{name} unset to take the sampler's."
             )
     return sampler.seed, sampler.rank, sampler.num_replicas, sampler.shuffle, sampler.drop_last
+
+
+def whole_order_sampler(sampler: Any) -> Any:
+    """A copy of a ``DistributedSampler`` subclass that lists every rank's indices.
+
+    A subclass's ``__iter__`` (Lightning's ``DistributedSamplerWrapper``, a
+    class-balanced sampler) yields only its rank's share; dealing that share
+    across ranks again loses ``1 - 1/world_size`` of each epoch. The copy has
+    ``num_replicas=1, rank=0`` (and the lengths ``DistributedSampler.__init__``
+    derives from them), so it lists the whole epoch's order, which the loader
+    deals to ranks once. The user's sampler is left as it is.
+    """
+    whole = copy.copy(sampler)
+    whole.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
+    whole.num_replicas, whole.rank = 1, 0
+    whole.num_samples = whole.total_size = len(sampler.dataset)
+    return whole
 
 
 def check_start_method(context: Any, workers: int) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "Unbatched",
     "batch_fetch_is_faithful",
     "identity",
+    "seed_keys",
 ]
 
 
@@ -104,29 +105,39 @@ class BatchFetcher:
         else:
             self.mode = "single"
 
-    def __call__(self, epoch: int, indices: np.ndarray | torch.Tensor) -> Any:
-        """The collated batch of ``indices`` (int64, 1-D) in ``epoch``."""
+    def __call__(
+        self,
+        epoch: int,
+        indices: np.ndarray | torch.Tensor,
+        seed_keys: np.ndarray | None = None,
+    ) -> Any:
+        """The collated batch of ``indices`` (int64, 1-D) in ``epoch``.
+
+        ``seed_keys``: what each sample's randomness is keyed by instead of its index
+        (a plan that draws an index more than once keys each draw apart).
+        """
         if self.mode == "get_batch":
             return self._batched(self.dataset.get_batch, epoch, indices)
         index_list: list[int] = indices.tolist()
+        keys = index_list if seed_keys is None else seed_keys.tolist()
         if self.mode == "getitems":
             if self.per_sample_seeding:
-                with seeded_sample(self.seed, epoch, index_list[0]):
+                with seeded_sample(self.seed, epoch, keys[0]):
                     samples = self._batched(self.dataset.__getitems__, epoch, index_list)
             else:
                 samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         else:
-            samples = self._samples(epoch, index_list)
+            samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
 
-    def _samples(self, epoch: int, index_list: list[int]) -> list[Any]:
+    def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:
         # One try around the loop, not one per sample: the failing index is the
         # one after the samples already loaded.
         samples: list[Any] = []
         getitem = self.dataset.__getitem__
         try:
             if self.seeder is not None:
-                return self.seeder.load(self.seed, epoch, index_list, getitem, samples)
+                return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)
             append = samples.append
             for index in index_list:
                 append(getitem(index))
@@ -160,9 +171,10 @@ class BatchFetcher:
 class KeyedDataset(Dataset[Any]):
     """What the inner ``torch.utils.data.DataLoader`` sees: keys in, collated batches out.
 
-    Its batch sampler yields ``(epoch, indices)`` keys, which torch's fetcher
-    passes whole to ``__getitems__``; the epoch travels with the indices so a
-    worker can seed each sample by ``(seed, epoch, index)``.
+    Its batch sampler yields ``(epoch, indices, seed_keys)`` keys, which torch's
+    fetcher passes whole to ``__getitems__``; the epoch travels with the indices so
+    a worker can seed each sample by ``(seed, epoch, index)`` (or by its seeding key,
+    where a plan draws an index more than once).
     """
 
     def __init__(self, fetch: BatchFetcher, size: int) -> None:
@@ -181,8 +193,14 @@ class KeyedDataset(Dataset[Any]):
         raise TypeError("KeyedDataset is read through __getitems__ only")
 
     def __getitems__(self, key: Sequence[Any]) -> Any:
-        epoch, indices = key
-        return self.fetch(epoch, indices)
+        epoch, indices, seed_keys = key
+        return self.fetch(epoch, indices, seed_keys)
+
+
+def seed_keys(sched: Schedule, step: int) -> np.ndarray | None:
+    """The per-sample seeding keys of ``sched``'s step, where they are not its indices."""
+    keys = getattr(sched, "seed_keys", None)
+    return None if keys is None else keys(step)
 
 
 class KeySource:
@@ -190,11 +208,11 @@ class KeySource:
 
     schedule: Schedule | None = None
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
         sched = self.schedule
         assert sched is not None
         for step in range(sched.num_steps):
-            yield sched.epoch, sched.indices(step).numpy()
+            yield sched.epoch, sched.indices(step).numpy(), seed_keys(sched, step)
 
     def __len__(self) -> int:
         return 0 if self.schedule is None else self.schedule.num_steps

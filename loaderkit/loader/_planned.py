@@ -12,6 +12,7 @@ from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
+from loaderkit.loader._fetch import seed_keys
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan.sample import Schedule
@@ -109,7 +110,7 @@ def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], 
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
-            batch = fetch(sched.epoch, sched.indices(step))
+            batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
             yield step, pin_batch(batch) if pin else batch
         return
     inner = loader._inner_loader(sched)

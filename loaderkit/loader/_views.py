@@ -5,7 +5,8 @@ attributes; above all ``sampler.set_epoch(e)``, which Lightning's fit loop
 calls on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at the start
 of every epoch (and never on the loader itself). Here they are views of the
 loader's plan: ``set_epoch`` drives the loader, and iterating them lists the
-indices the loader's next epoch yields on this rank.
+indices the loader's next epoch yields on this rank. A sampler the user passed
+stays ``loader.sampler`` itself, its ``set_epoch`` hooked (:class:`SetEpochHook`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import Any
 
 from torch.utils.data import Sampler, SequentialSampler
 
-__all__ = ["IterableOrder", "PlanBatches", "PlanOrder", "plan_order"]
+__all__ = [
+    "IterableOrder",
+    "PlanBatches",
+    "PlanOrder",
+    "SetEpochHook",
+    "hook_set_epoch",
+    "plan_order",
+]
 
 
 class PlanOrder(Sampler[int]):
@@ -111,3 +119,55 @@ class IterableOrder(Sampler[None]):
     def __iter__(self) -> Iterator[None]:
         while True:
             yield None
+
+
+class SetEpochHook:
+    """The ``set_epoch`` a user's sampler gets while a loader exposes it as ``loader.sampler``.
+
+    torch code drives the epoch through the sampler, ``loader.sampler.set_epoch(e)``
+    (the DDP idiom, Lightning's fit loop); the loader lists the sampler's order
+    itself, so that call must reach the loader too, or a run restarted at epoch 2
+    silently yields epoch 0's order. The hook is an attribute on the instance, so
+    ``loader.sampler is sampler``, ``type()`` and ``isinstance`` stay the
+    user's. It calls the sampler's own ``set_epoch`` first (its attributes say
+    the epoch, as before), then every loader that exposes it (a sampler shared by
+    two loaders drives both, as it does two ``DataLoader`` s). The plan lists the
+    order through the sampler's own method (:data:`UNHOOKED`), never this hook.
+    """
+
+    def __init__(self, original: Any) -> None:
+        self._loaderkit_unhooked = original
+        self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def __call__(self, epoch: int) -> Any:
+        result = self._loaderkit_unhooked(epoch)
+        for loader in list(self._loaders):
+            loader.set_epoch(epoch)
+        return result
+
+    def __reduce__(self) -> Any:
+        # A copied or pickled sampler gets its own method back, unhooked (no loader
+        # is pickled with it).
+        return self._loaderkit_unhooked.__reduce__()
+
+
+def hook_set_epoch(sampler: Any, loader: Any) -> None:
+    """Make ``sampler.set_epoch(e)`` also set ``loader``'s epoch (a sampler without one: no-op)."""
+    current = getattr(sampler, "set_epoch", None)
+    if not callable(current):
+        return
+    if not isinstance(current, SetEpochHook):
+        hook = SetEpochHook(current)
+        try:
+            sampler.set_epoch = hook
+        except (AttributeError, TypeError) as exc:  # __slots__ or a read-only attribute
+            name = type(sampler).__name__
+            raise TypeError(
+                f"ResumableDataLoader: sampler={name} has set_epoch(), but loaderkit cannot "
+                f"make sampler.set_epoch(e) also set the loader's epoch ({exc}): the loader "
+                "lists the sampler's order itself, so that call would be silently ignored. "
+                f"Give {name} a __dict__ (no __slots__), or wrap it in a Sampler subclass that "
+                "forwards __iter__, __len__ and set_epoch."
+            ) from exc
+        current = hook
+    current._loaders.add(loader)

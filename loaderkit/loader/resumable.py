@@ -43,7 +43,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from loaderkit._callers import host_batches_done
+from loaderkit._callers import host_batches_done, host_restarting_mid_epoch
 from loaderkit._checks import check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
@@ -54,6 +54,7 @@ from loaderkit.loader._args import (
     check_torch_only_args,
     check_worker_args,
     from_distributed_sampler,
+    whole_order_sampler,
 )
 from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
 from loaderkit.loader._fetch import (
@@ -66,7 +67,7 @@ from loaderkit.loader._fetch import (
 from loaderkit.loader._iterable import IterableEngine, is_stateful
 from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
-from loaderkit.loader._views import IterableOrder, PlanBatches, plan_order
+from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
@@ -90,6 +91,18 @@ def draw_seed(generator: torch.Generator | None) -> int:
     still makes a run reproducible.
     """
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def plain_sampler(sampler: Any, size: int) -> bool:
+    """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
+
+    Exact types only: a subclass may override ``__iter__``. A ``SequentialSampler``
+    over another source (``SequentialSampler(range(4))`` with a 16-sample
+    dataset) yields its own length, as under ``DataLoader``.
+    """
+    if type(sampler) is DistributedSampler:
+        return True
+    return type(sampler) is SequentialSampler and len(sampler) == size
 
 
 class ResumableDataLoader:
@@ -118,7 +131,9 @@ class ResumableDataLoader:
         sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
             with a ``generator`` (given one seeded per epoch), one with
             ``set_epoch``, a ``DistributedSampler`` (its settings become the
-            plan's); one that lists a different order twice is refused.
+            plan's; a subclass is listed whole and dealt once); one that lists a
+            different order twice is refused. It stays ``loader.sampler`` (same
+            object and class); its ``set_epoch(e)`` also sets the loader's epoch.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
             ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
@@ -148,7 +163,8 @@ class ResumableDataLoader:
             one process, drawn from ``generator`` (else torch's global
             generator), as ``DataLoader`` draws its shuffle order, so two
             loaders differ and ``torch.manual_seed`` makes them reproducible;
-            across ranks (``world_size > 1`` at the first batch), ``0``, the
+            across ranks (``world_size > 1`` known at construction, at a
+            ``state_dict()`` or at the first batch), ``0``, the
             ``DistributedSampler`` default, since processes draw different
             seeds and every rank must split the same order. Replaced by the
             saved seed on :meth:`load_state_dict`.
@@ -276,10 +292,16 @@ class ResumableDataLoader:
             self.plan = batch_sampler.plan
             rank = batch_sampler.rank if rank is None else rank
             world_size = batch_sampler.world_size if world_size is None else world_size
-        elif sampler is not None and type(sampler) not in (SequentialSampler, DistributedSampler):
+        elif sampler is not None and not plain_sampler(sampler, size):
             # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks.
+            # A DistributedSampler subclass lists its whole order here (its own __iter__
+            # yields one rank's share); rank and world size came from it above.
             self.plan = SamplerPlan(
-                sampler=sampler,
+                sampler=(
+                    whole_order_sampler(sampler)
+                    if isinstance(sampler, DistributedSampler)
+                    else sampler
+                ),
                 dataset_size=size,
                 batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
                 seed=self.seed,
@@ -389,6 +411,8 @@ class ResumableDataLoader:
         else:
             order = plan_order(self, shuffled=bool(getattr(self.plan, "shuffle", True)))
             self.sampler = sampler if sampler is not None else order
+            if sampler is not None:
+                hook_set_epoch(sampler, self)  # sampler.set_epoch(e) sets the loader's epoch
             self.batch_sampler = (
                 given_batch_sampler if given_batch_sampler is not None else PlanBatches(order)
             )
@@ -432,6 +456,9 @@ class ResumableDataLoader:
                 # Streams have no get_batch: every sample may carry randomness.
                 per_sample_seeding=per_sample_seeding is not False,
             )
+        # Where the ranks are known already (rank=/world_size=, a process group, a
+        # Trainer building the loader), the seed is the ranks' common one from the start.
+        self._settle_seed(final=False)
 
     # ----------------------------------------------------------------- epochs
     @property
@@ -479,7 +506,44 @@ class ResumableDataLoader:
         if engine is not None:
             engine.set_epoch(epoch)
             return
+        loaded = self._cursor.loaded(self.plan)
+        if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
+            return
         self._cursor.set_epoch(epoch)
+
+    def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
+        """Whether ``set_epoch(epoch)`` replaces a loaded position that resumes epoch
+        ``resumes`` (False: the position wins and the call is ignored).
+
+        Raises:
+            StateMismatchError: the call would silently discard a position part-way
+                through its epoch.
+        """
+        restarting = host_restarting_mid_epoch(self)
+        if restarting is False:
+            # Lightning starts its epoch afresh here, as the uninterrupted run did (a
+            # loader cut short by limit_train_batches, or cycled by a CombinedLoader,
+            # at the end of the trainer's epoch): the loaded position is over.
+            return True
+        if restarting and epoch < resumes:
+            # Lightning restores a mid-epoch checkpoint and replays its epoch start's
+            # set_epoch; this loader was re-iterated (cycled by CombinedLoader
+            # "max_size_cycle") into a later epoch of its own since that call, as the
+            # loaded position says. The uninterrupted run went on from there.
+            return False
+        if not mid_epoch and not restarting:
+            return True  # nothing of the loaded epoch is left to lose
+        cursor = self._cursor
+        length = self.plan.epoch_length(cursor.epoch)
+        raise StateMismatchError(
+            f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
+            f"load_state_dict() is part-way through epoch {resumes} (position "
+            f"{cursor.position} of {length}); starting epoch {epoch} would silently discard "
+            f"that position and yield other samples than the saved run. Call "
+            f"set_epoch({resumes}) (or none) to resume the saved epoch; to start epoch {epoch} "
+            "from its beginning, do not load the state (build the loader with the saved "
+            "seed instead)."
+        )
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
@@ -573,14 +637,24 @@ class ResumableDataLoader:
                 "iterator."
             )
 
-    def _settle_seed(self) -> None:
-        """Fix a drawn seed before the first batch: ranks must agree without talking."""
+    def _settle_seed(self, *, final: bool = True) -> None:
+        """Fix a drawn seed before the first batch: ranks must agree without talking.
+
+        Args:
+            final: At the first batch the topology is the run's, and a drawn seed
+                is kept from then on. Earlier (at construction, in ``state_dict()``)
+                only a known ``world_size > 1`` settles it: a process group may
+                still be set up after that.
+        """
         if not self._seed_drawn:
             return
-        self._seed_drawn = False
         _, world_size = self._topology()
-        if world_size > 1 and self.seed != DDP_DEFAULT_SEED:
-            self._adopt_seed(DDP_DEFAULT_SEED)
+        if world_size > 1:
+            self._seed_drawn = False
+            if self.seed != DDP_DEFAULT_SEED:
+                self._adopt_seed(DDP_DEFAULT_SEED)
+        elif final:
+            self._seed_drawn = False
 
     def _begin(self) -> tuple[Schedule, int]:
         self._settle_seed()
@@ -759,6 +833,10 @@ class ResumableDataLoader:
         held = holder.held_state() if holder is not None else None
         if held is not None:
             return dict(held)
+        if self._seed_drawn:
+            # Before the first batch: a state must not carry the provisional seed that
+            # the first batch replaces under DDP (a resumed run would adopt it).
+            self._settle_seed(final=False)
         self._check_one_position()
         if self._stream is not None:
             return self._stream.state()

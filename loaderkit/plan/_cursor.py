@@ -262,6 +262,16 @@ class PlanCursor:
         """Make the next iteration ``epoch``."""
         self._explicit = epoch
 
+    def loaded(self, plan: Any) -> tuple[int, bool] | None:
+        """``(epoch the loaded position resumes, whether it is part-way through it)``
+        while a loaded position awaits its iteration; else None."""
+        if not self._resume:
+            return None
+        length = plan.epoch_length(self.epoch)
+        if self.position >= length:
+            return self.epoch + 1, False
+        return self.epoch, self.position > 0
+
     def upcoming(self, plan: Any) -> tuple[int, int, int]:
         """``(epoch, start, steps already done in it)`` of the next iteration."""
         complete = self.position >= plan.epoch_length(self.epoch)

@@ -26,18 +26,29 @@ import torch
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
-from loaderkit.plan.sample import _FixedSchedule, steps_from
+from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
 from loaderkit.seeding import derive_seed
 
-__all__ = ["SamplerPlan", "check_reproducible", "sampler_order"]
+__all__ = ["UNHOOKED", "SamplerPlan", "check_reproducible", "sampler_order"]
+
+# The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
+UNHOOKED = "_loaderkit_unhooked"
 
 
 def sampler_order(sampler: Any, seed: int, epoch: int) -> torch.Tensor:
     """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``."""
     set_epoch = getattr(sampler, "set_epoch", None)
+    # The loader hooks the set_epoch of the sampler it exposes (so a caller's
+    # sampler.set_epoch(e) drives it); listing an order must not move the loader.
+    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     if callable(set_epoch):
         set_epoch(epoch)
-    if hasattr(sampler, "generator"):
+    # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
+    # Any other generator (numpy's, say) is the sampler's business; if it makes the
+    # order differ between listings, check_reproducible refuses the sampler by name.
+    if hasattr(sampler, "generator") and (
+        sampler.generator is None or isinstance(sampler.generator, torch.Generator)
+    ):
         gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
         sampler.generator = gen
     return torch.as_tensor(np.fromiter((int(i) for i in sampler), dtype=np.int64))
@@ -63,11 +74,19 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
     first = sampler_order(sampler, _PROBE_SEED, 0)
     second = sampler_order(sampler, _PROBE_SEED, 0)
     if not torch.equal(first, second):
+        generator = getattr(sampler, "generator", None)
+        foreign = (
+            f"Its `generator` is a {type(generator).__module__}.{type(generator).__qualname__}, "
+            "which loaderkit does not reseed (only a torch.Generator or None). "
+            if generator is not None and not isinstance(generator, torch.Generator)
+            else ""
+        )
         raise TypeError(
             f"{owner}: {parameter}={type(sampler).__name__} lists a different order each time "
             "for the same seed and epoch, so a resumed run could not find its position (it "
-            "would repeat and skip samples). Give the sampler a set_epoch(epoch) or a "
-            "`generator` attribute that loaderkit seeds per epoch, or use shuffle=True."
+            f"would repeat and skip samples). {foreign}Give the sampler a set_epoch(epoch) "
+            "that reseeds its randomness from the epoch, or a `generator` attribute holding a "
+            "torch.Generator (or None) that loaderkit seeds per epoch, or use shuffle=True."
         )
     return first
 
@@ -91,6 +110,9 @@ class SamplerPlan:
     drop_last: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
     _cache: dict[int, torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _keys: dict[int, torch.Tensor | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     _length: int = field(default=0, init=False, repr=False, compare=False)
@@ -145,6 +167,8 @@ class SamplerPlan:
         self._validate(order, epoch)
         self._cache.clear()  # a loader asks for one epoch at a time
         self._cache[epoch] = order
+        self._keys.clear()
+        self._keys[epoch] = occurrence_keys(order, self.dataset_size)
         return order
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
@@ -153,7 +177,13 @@ class SamplerPlan:
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
         steps_from(self, start, world_size)  # validates the position
-        return _FixedSchedule(self, self.order(epoch), epoch, start, rank, world_size)
+        order = self.order(epoch)
+        keys = self._keys.get(epoch)
+        if keys is None:
+            return _FixedSchedule(self, order, epoch, start, rank, world_size)
+        # An index drawn twice (WeightedRandomSampler(replacement=True), say) is
+        # seeded per draw: each copy gets its own augmentation, as under DataLoader.
+        return _KeyedSchedule(self, order, keys, epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of ``epoch``."""
@@ -170,4 +200,7 @@ class SamplerPlan:
             "drop_last": self.drop_last,
             "order_check": self._check,
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
+            # A repeated index is seeded per draw (occurrence_keys); states saved when
+            # every draw of an index shared one seed lack this and are refused by name.
+            "repeat_seeding": "per_draw",
         }

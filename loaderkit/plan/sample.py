@@ -408,3 +408,50 @@ class _FixedSchedule:
         if step + 1 >= self.num_steps:
             return self._n  # the epoch is complete, whatever was dropped or wrapped
         return self.start + (step + 1) * self._global
+
+
+def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | None:
+    """Per-sample seeding keys of an order that may draw an index more than once.
+
+    The ``k``-th draw of index ``i`` in the epoch is keyed ``i + k * dataset_size``
+    (the first draw keeps ``i``, the key of an order without repeats), so every
+    draw gets its own randomness, as each ``__getitem__`` call does under torch's
+    ``DataLoader``; still a function of the epoch's order alone (any
+    ``num_workers``, rank or resume). None when no index repeats.
+    """
+    values = order.numpy()
+    if values.size == 0:
+        return None
+    by_index = np.argsort(values, kind="stable")
+    sorted_values = values[by_index]
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    if starts.size == values.size:
+        return None
+    run_start = np.repeat(starts, np.diff(np.r_[starts, values.size]))
+    occurrence = np.empty_like(values)
+    occurrence[by_index] = np.arange(values.size, dtype=np.int64) - run_start
+    return torch.from_numpy(values + occurrence * np.int64(dataset_size))
+
+
+class _KeyedSchedule(_FixedSchedule):
+    """A :class:`_FixedSchedule` whose samples are seeded by their own keys, not their
+    indices (an order that repeats an index: :func:`occurrence_keys`)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(
+        self,
+        plan: Dealt,
+        order: torch.Tensor,
+        keys: torch.Tensor,
+        epoch: int,
+        start: int,
+        rank: int,
+        ws: int,
+    ) -> None:
+        super().__init__(plan, order, epoch, start, rank, ws)
+        self._keys = _FixedSchedule(plan, keys, epoch, start, rank, ws)
+
+    def seed_keys(self, step: int) -> np.ndarray:
+        """The per-sample seeding keys of step ``step``'s batch (same layout as its indices)."""
+        return self._keys.indices_numpy(step)

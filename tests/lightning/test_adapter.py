@@ -512,3 +512,44 @@ def test_the_batch_progress_counts_an_epochs_done_batches_when_its_iterator_is_m
         "LightningHost.batches_done",
     )
     assert _callers.host_batches_done(first) is None  # no run on the stack
+
+
+class _RestartProbe(_Probe):
+    """Records what the adapter says about a restart whenever the fit loop sets the epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarting: list[tuple[int, bool | None]] = []
+        probe = self
+
+        class _Sampler:
+            def set_epoch(self, epoch: int) -> None:
+                probe.restarting.append((epoch, _callers.host_restarting_mid_epoch(probe)))
+
+        self.sampler = _Sampler()
+
+
+@pytest.mark.parametrize(("step", "expected"), [(6, [(1, True)]), (4, [(1, False)])])
+def test_the_fit_loop_says_whether_its_set_epoch_restarts_an_epoch_mid_way(
+    tmp_path: Path, step: int, expected: list[tuple[int, bool]]
+) -> None:
+    # ResumableDataLoader keeps a loaded position against the replayed set_epoch of a
+    # mid-epoch restart (a loader CombinedLoader cycled is ahead of the trainer's epoch),
+    # not against the set_epoch that starts the epoch after a last-batch checkpoint.
+    first = _RestartProbe()
+    L.Trainer(
+        **trainer_kwargs(
+            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+        )
+    ).fit(_Linear(), train_dataloaders=first)
+    resumed = _RestartProbe()
+    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+        _Linear(), train_dataloaders=resumed, ckpt_path=tmp_path / f"step{step:03d}.ckpt"
+    )
+    got = (first.restarting, resumed.restarting)
+    assert got == ([(0, False), (1, False)], expected), changed(
+        f"fit_loop.restarted_mid_epoch / epoch_progress.current when the fit loop sets the "
+        f"samplers' epoch (got {got})",
+        "LightningHost.restarting_mid_epoch",
+    )
+    assert _callers.host_restarting_mid_epoch(first) is None  # no run on the stack

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from loaderkit import ResumableDataLoader, TensorDataset
+from loaderkit import ResumableDataLoader, StateMismatchError, TensorDataset
 
 N = 1000
 
@@ -367,3 +367,72 @@ def test_worker_settings_cannot_drift_from_the_pool() -> None:
         loader.num_workers = 2  # type: ignore[misc]
     with pytest.raises(AttributeError):
         loader.pin_memory = True  # type: ignore[misc]
+
+
+def test_a_state_before_the_first_batch_carries_the_ranks_common_seed() -> None:
+    # seed=None on 2 ranks: a state taken before the first batch carried the drawn,
+    # provisional seed; the resumed run adopted it and listed another order.
+    def make(rank: int) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            list(range(16)), batch_size=2, shuffle=True, rank=rank, world_size=2
+        )
+
+    full = {rank: epoch_ids(make(rank)) for rank in (0, 1)}
+    state = make(0).state_dict()
+    assert state["plan"]["seed"] == 0
+    for rank in (0, 1):
+        resumed = make(rank)
+        resumed.load_state_dict(state)
+        assert epoch_ids(resumed) == full[rank]
+
+
+def test_a_state_settles_the_seed_once_the_ranks_are_known() -> None:
+    # The topology may become known after construction (a process group set up later).
+    torch.manual_seed(3)
+    loader = ResumableDataLoader(list(range(16)), batch_size=2, shuffle=True)
+    drawn = loader.seed
+    assert drawn != 0 and loader.state_dict()["plan"]["seed"] == drawn  # one process: kept
+    loader._rank, loader._world_size = 0, 2  # as if torch.distributed came up now
+    assert loader.state_dict()["plan"]["seed"] == 0 == loader.seed
+
+
+# ------------------------------------------------- set_epoch after a loaded state
+def _state_at(epoch: int, batches: int) -> dict[str, Any]:
+    loader = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    for _ in range(epoch):
+        epoch_ids(loader)
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+def _resumed(state: dict[str, Any]) -> ResumableDataLoader:
+    loader = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    loader.load_state_dict(state)
+    return loader
+
+
+def test_set_epoch_of_another_epoch_after_a_mid_epoch_state_is_refused() -> None:
+    # It silently started that epoch from its beginning: the loaded position was lost.
+    loader = _resumed(_state_at(1, 2))
+    with pytest.raises(
+        StateMismatchError,
+        match=r"set_epoch: epoch=0, but the state loaded by load_state_dict\(\) is part-way "
+        r"through epoch 1 \(position 8 of 12\).*Call set_epoch\(1\) \(or none\)",
+    ):
+        loader.sampler.set_epoch(0)
+
+
+def test_set_epoch_that_agrees_with_the_loaded_state_resumes_it() -> None:
+    reference = ResumableDataLoader(list(range(12)), batch_size=4, shuffle=True, seed=2)
+    epochs = [epoch_ids(reference) for _ in range(3)]
+    mid = _resumed(_state_at(1, 2))
+    mid.set_epoch(1)  # Lightning's resume: the saved epoch
+    assert epoch_ids(mid) == epochs[1][8:]
+    finished = _resumed(_state_at(1, 3))
+    finished.set_epoch(2)  # an epoch's end moving on to the next one
+    assert epoch_ids(finished) == epochs[2]
+    skipped = _resumed(_state_at(1, 0))
+    skipped.set_epoch(2)  # epoch 0 finished, epoch 1 never drawn from: nothing to lose
+    assert epoch_ids(skipped) == epochs[2]

@@ -1,0 +1,74 @@
+"""Two train loaders under one Trainer (CombinedLoader "max_size_cycle") resume exactly.
+
+The shorter loader is re-iterated (cycled) by Lightning inside the trainer's
+epoch, into later epochs of its own. Restored from a mid-epoch checkpoint,
+Lightning replays the epoch start's ``set_epoch(current_epoch)`` on it, which
+used to discard its loaded position and restart it at the trainer's epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from loaderkit import ResumableDataLoader
+from tests.support.helpers import step_checkpoints, trainer_kwargs
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+
+class _Stop(RuntimeError):
+    pass
+
+
+class _Recorder(L.LightningModule):
+    def __init__(self, stop_at: int | None = None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.stop_at = stop_at
+        self.seen: list[dict[str, list[int]]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.seen.append({k: v.tolist() for k, v in batch.items()})
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        if self.stop_at is not None and self.global_step == self.stop_at:
+            raise _Stop
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class _TwoLoaders(L.LightningDataModule):
+    def train_dataloader(self) -> Any:
+        return {  # a: 10 batches per epoch; b: 3, cycled into its epochs 1..3 meanwhile
+            "a": ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=1),
+            "b": ResumableDataLoader(list(range(100, 112)), batch_size=4, shuffle=True, seed=2),
+        }
+
+
+@pytest.mark.parametrize("k", [5, 10, 14])  # mid b's own epoch 1, the trainer's epoch end, epoch 1
+def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> None:
+    full = _Recorder()
+    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(full, datamodule=_TwoLoaders())
+    cut = _Recorder(stop_at=k)
+    trainer = L.Trainer(
+        **trainer_kwargs(
+            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+        )
+    )
+    with pytest.raises(_Stop):
+        trainer.fit(cut, datamodule=_TwoLoaders())
+    resumed = _Recorder()
+    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+        resumed, datamodule=_TwoLoaders(), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
+    )
+    assert cut.seen + resumed.seen == full.seen

@@ -1,0 +1,264 @@
+"""Samplers the user passes to ResumableDataLoader behave as under torch's DataLoader.
+
+Each test is a way a user's sampler once gave silently different data (or an
+error from inside the sampler with no hint why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Sampler
+
+from loaderkit import ResumableDataLoader, StateMismatchError
+
+
+def epoch_ids(loader: ResumableDataLoader) -> list[int]:
+    return [int(i) for batch in loader for i in batch]
+
+
+# --------------------------------------------------- a non-torch generator
+class NumpySampler(Sampler[int]):
+    """Draws from a numpy Generator kept in ``generator``: a common pattern."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.generator = n, np.random.default_rng(0)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        return iter(self.generator.permutation(self.n).tolist())
+
+
+class NumpyEpochSampler(NumpySampler):
+    """A numpy generator reseeded by set_epoch: its order is a function of the epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator = np.random.default_rng(epoch)
+
+
+def test_a_numpy_generator_is_not_replaced_and_an_unseeded_one_is_refused_by_name() -> None:
+    # It was overwritten with a torch.Generator: AttributeError from inside __iter__.
+    with pytest.raises(
+        TypeError,
+        match=r"sampler=NumpySampler lists a different order each time.*Its `generator` is a "
+        r"numpy\.random\._generator\.Generator, which loaderkit does not reseed.*set_epoch",
+    ):
+        ResumableDataLoader(list(range(8)), batch_size=2, sampler=NumpySampler(8))
+
+
+def test_a_numpy_generator_reseeded_by_set_epoch_is_kept() -> None:
+    sampler = NumpyEpochSampler(8)
+    loader = ResumableDataLoader(list(range(8)), batch_size=2, sampler=sampler, seed=0)
+    assert isinstance(sampler.generator, np.random.Generator)
+    first, second = epoch_ids(loader), epoch_ids(loader)
+    assert first == np.random.default_rng(0).permutation(8).tolist()
+    assert second == np.random.default_rng(1).permutation(8).tolist()
+
+
+# ------------------------------------------- samplers the plan must not replace
+class Balanced(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+    """A subclass with its own ``__iter__`` (here DistributedSampler's order, as a list)."""
+
+    def __iter__(self) -> Any:
+        return iter(list(super().__iter__()))
+
+
+def distributed_sampler_wrapper(data: list[int], rank: int) -> Any:
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from torch.utils.data import SequentialSampler
+
+    return DistributedSamplerWrapper(
+        SequentialSampler(data), num_replicas=2, rank=rank, shuffle=False
+    )
+
+
+@pytest.mark.parametrize("kind", ["subclass", "lightning_wrapper"])
+def test_a_distributed_sampler_subclass_is_split_once(kind: str) -> None:
+    # Its own order is one rank's share; dealt across ranks again, each epoch lost half.
+    data = list(range(16))
+
+    def make(rank: int) -> Any:
+        if kind == "subclass":
+            return Balanced(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        return distributed_sampler_wrapper(data, rank)
+
+    for epoch in range(2):
+        seen: list[int] = []
+        for rank in (0, 1):
+            loader = ResumableDataLoader(data, batch_size=2, sampler=make(rank))
+            assert loader._topology() == (rank, 2)
+            loader.set_epoch(epoch)
+            seen += epoch_ids(loader)
+        assert sorted(seen) == data, f"epoch {epoch}: {sorted(seen)}"
+
+
+def test_a_distributed_sampler_subclass_resumes_exactly() -> None:
+    data = list(range(16))
+
+    def make() -> ResumableDataLoader:
+        sampler = Balanced(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+        return ResumableDataLoader(data, batch_size=2, sampler=sampler)
+
+    loader = make()
+    full = epoch_ids(loader) + epoch_ids(loader)
+    cut = make()
+    it = iter(cut)
+    before = [int(i) for _ in range(3) for i in next(it)]
+    resumed = make()
+    resumed.load_state_dict(cut.state_dict())
+    assert before + epoch_ids(resumed) + epoch_ids(resumed) == full
+
+
+def test_a_sequential_sampler_over_another_source_yields_its_own_length() -> None:
+    # SequentialSampler(range(4)) with 16 samples: torch yields 0..3, it yielded 0..15.
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    data = list(range(16))
+    sampler = SequentialSampler(range(4))
+    expected = [int(i) for b in DataLoader(data, batch_size=3, sampler=sampler) for i in b]
+    assert epoch_ids(ResumableDataLoader(data, batch_size=3, sampler=sampler)) == expected
+    assert expected == [0, 1, 2, 3]
+    whole = SequentialSampler(data)  # over the dataset itself: the loader's own plan
+    assert epoch_ids(ResumableDataLoader(data, batch_size=3, sampler=whole)) == data
+
+
+# ------------------------------------------------- sampler.set_epoch(e) is heard
+class EpochSampler(Sampler[int]):
+    """A custom sampler whose order is a function of the epoch set on it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        gen = torch.Generator().manual_seed(100 + self.epoch)
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+
+SET_EPOCH_SAMPLERS = {
+    "distributed": lambda data: torch.utils.data.DistributedSampler(
+        data, num_replicas=1, rank=0, shuffle=True, seed=7
+    ),
+    "custom": lambda data: EpochSampler(len(data)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SET_EPOCH_SAMPLERS))
+def test_the_ddp_idiom_sampler_set_epoch_drives_the_loader(kind: str) -> None:
+    # for epoch in range(start, E): loader.sampler.set_epoch(epoch); for batch in loader
+    # restarted at epoch 2 yielded epoch 0's order: the call never reached the loader.
+    data = list(range(12))
+    make = SET_EPOCH_SAMPLERS[kind]
+    uninterrupted = ResumableDataLoader(data, batch_size=4, sampler=make(data))
+    epochs = []
+    for epoch in range(3):
+        uninterrupted.sampler.set_epoch(epoch)
+        epochs.append(epoch_ids(uninterrupted))
+    assert epochs[0] != epochs[2]
+    sampler = make(data)
+    restarted = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    assert restarted.sampler is sampler and type(sampler) is type(make(data))
+    sampler.set_epoch(2)
+    assert sampler.epoch == 2  # the sampler's own set_epoch ran too
+    assert epoch_ids(restarted) == epochs[2]
+
+
+def test_a_hooked_sampler_copies_pickles_and_drives_every_loader_sharing_it() -> None:
+    import copy
+    import pickle
+
+    data = list(range(12))
+    sampler = EpochSampler(12)
+    a = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    b = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    reference = ResumableDataLoader(data, batch_size=4, sampler=EpochSampler(12))
+    reference.set_epoch(1)
+    expected = epoch_ids(reference)
+    sampler.set_epoch(1)
+    assert epoch_ids(a) == expected == epoch_ids(b)
+    next_epoch = epoch_ids(reference)
+    for clone in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
+        clone.set_epoch(5)  # its own method, tied to no loader
+        assert (clone.epoch, sampler.epoch) == (5, 1)
+    assert epoch_ids(a) == next_epoch  # a's next epoch is still 2
+
+
+def test_a_slotted_sampler_with_set_epoch_is_refused_by_name() -> None:
+    class Slotted:
+        __slots__ = ("epoch",)
+
+        def __init__(self) -> None:
+            self.epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self) -> Any:
+            return iter(range(4))
+
+        def __len__(self) -> int:
+            return 4
+
+    with pytest.raises(
+        TypeError, match=r"sampler=Slotted has set_epoch\(\), but loaderkit cannot.*__slots__"
+    ):
+        ResumableDataLoader(list(range(4)), batch_size=2, sampler=Slotted())
+
+
+# ------------------------------------- an index drawn twice gets fresh randomness
+class Augmenting(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([index, int(torch.randint(0, 10**9, ()))])
+
+
+def _weighted(num_workers: int) -> ResumableDataLoader:
+    from torch.utils.data import WeightedRandomSampler
+
+    sampler = WeightedRandomSampler([1.0, 1.0, 1.0, 1.0], num_samples=32, replacement=True)
+    return ResumableDataLoader(
+        Augmenting(), batch_size=8, sampler=sampler, seed=0, num_workers=num_workers
+    )
+
+
+def test_each_draw_of_a_repeated_index_gets_its_own_augmentation() -> None:
+    # Keyed by (seed, epoch, index), every copy of an oversampled index was identical.
+    batches = torch.cat(list(_weighted(0)))
+    draws = batches[:, 1]
+    assert draws.unique().numel() == draws.numel() == 32
+    assert torch.equal(torch.cat(list(_weighted(2))), batches)  # any num_workers
+
+
+def test_repeated_draws_resume_with_the_same_augmentation() -> None:
+    loader = _weighted(0)
+    full = torch.cat(list(loader) + list(loader))
+    cut = _weighted(0)
+    it = iter(cut)
+    before = [next(it) for _ in range(2)]
+    resumed = _weighted(0)
+    resumed.load_state_dict(cut.state_dict())
+    assert torch.equal(torch.cat(before + list(resumed) + list(resumed)), full)
+
+
+def test_a_state_saved_when_repeated_draws_shared_a_seed_is_refused_by_name() -> None:
+    from loaderkit.plan._cursor import seal
+
+    loader = _weighted(0)
+    next(iter(loader))
+    state = loader.state_dict()
+    old = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "repeat_seeding"}}
+    seal(old, ("version", "epoch", "position", "steps_done", "plan", "topology"))
+    with pytest.raises(StateMismatchError, match=r"field 'plan' has fields .*repeat_seeding"):
+        _weighted(0).load_state_dict(old)
