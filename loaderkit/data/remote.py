@@ -882,7 +882,15 @@ class RemoteShards:
         for pred in (self._current, self._last):
             if pred is not None:
                 epoch, _, rank, world = pred.key
-                candidates.append((epoch + 1, 0, rank, world))
+                following = (epoch + 1, 0, rank, world)
+                if pred is self._current and pred.next >= len(pred.firsts):
+                    # It was read to its end: persistent workers go on with the next
+                    # epoch, which may open with the same sample as this one (measured:
+                    # 1 in ~50 seeds); matched against this one instead, every later
+                    # batch of the epoch would be read unplanned.
+                    candidates.insert(0, following)
+                else:
+                    candidates.append(following)
         for key in candidates:
             if key not in self._predictions:
                 self._predictions[key] = self._predict(plan, key, ends)
