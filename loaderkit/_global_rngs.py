@@ -200,11 +200,16 @@ class _TorchRng(GlobalRng):
 
     def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
         if reuse:
-            self._batch = _grown(self._batch, keys.size)
+            grown = _grown(self._batch, keys.size)
+            if grown is not self._batch:
+                # Only the seed and the words change between batches: the rest of
+                # the template is written once per buffer (~0.5 us per row saved).
+                grown[:] = self._template
+                self._batch = grown
             rows = self._batch[: keys.size]
         else:
             rows = np.empty((keys.size, _TORCH_BYTES), dtype=np.uint8)
-        rows[:] = self._template
+            rows[:] = self._template
         view = rows.view(np.uint64)
         view[:, 0] = keys  # what torch.initial_seed() reports inside the sample
         # copyto: a plain assignment of uint32 into this strided uint64 view is ~5x slower.
@@ -228,7 +233,8 @@ class _TorchRng(GlobalRng):
         self.generator.set_state(self._sentinel)
 
     def moved(self) -> bool:
-        return bool(self.generator.get_state().numpy().tobytes() != self._sentinel_bytes)
+        state = self.generator.get_state()
+        return ctypes.string_at(state.data_ptr(), _TORCH_BYTES) != self._sentinel_bytes
 
 
 def _check_torch_layout(state: np.ndarray) -> None:
