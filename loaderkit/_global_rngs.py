@@ -200,11 +200,16 @@ class _TorchRng(GlobalRng):
 
     def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
         if reuse:
-            self._batch = _grown(self._batch, keys.size)
+            grown = _grown(self._batch, keys.size)
+            if grown is not self._batch:
+                # Only the seed and the words change between batches: the rest of
+                # the template is written once per buffer (~0.5 us per row saved).
+                grown[:] = self._template
+                self._batch = grown
             rows = self._batch[: keys.size]
         else:
             rows = np.empty((keys.size, _TORCH_BYTES), dtype=np.uint8)
-        rows[:] = self._template
+            rows[:] = self._template
         view = rows.view(np.uint64)
         view[:, 0] = keys  # what torch.initial_seed() reports inside the sample
         # copyto: a plain assignment of uint32 into this strided uint64 view is ~5x slower.
@@ -228,7 +233,8 @@ class _TorchRng(GlobalRng):
         self.generator.set_state(self._sentinel)
 
     def moved(self) -> bool:
-        return bool(self.generator.get_state().numpy().tobytes() != self._sentinel_bytes)
+        state = self.generator.get_state()
+        return ctypes.string_at(state.data_ptr(), _TORCH_BYTES) != self._sentinel_bytes
 
 
 def _check_torch_layout(state: np.ndarray) -> None:
@@ -300,12 +306,68 @@ def fast_numpy_usable(bitgen: Any) -> bool:
     return fast_numpy_ok
 
 
+# The legacy Gaussian cache (``int has_gauss; double gauss``) lives in the
+# RandomState object itself (its ``aug_bitgen_t``, right after a pointer to the
+# object's own ``bitgen_t``, whose first field is the bit generator's state
+# address). Found by that pointer chain and checked once per process against
+# ``set_state``/``get_state``; where found, saving, restoring and clearing the
+# cache is a 16-byte copy instead of a probe draw and ``np.random.seed(0)``
+# (~1.5 us each), with the same resulting states.
+_AUG_BYTES = 16  # int has_gauss; (padding); double gauss
+_GAUSS: tuple[Any, int] = (None, 0)  # (RandomState, its has_gauss address or 0), cached
+
+
+def _find_gauss(rs: Any, bitgen: Any) -> int:
+    size = type(rs).__basicsize__
+    base = id(rs)
+    raw = ctypes.string_at(base, size)
+    words = [struct.unpack_from("=Q", raw, o)[0] for o in range(0, size - 7, 8)]
+    target = state_address(bitgen)
+    for o, word in enumerate(words):
+        if word != target:
+            continue
+        for a, ptr in enumerate(words):
+            if ptr == base + 8 * o and 8 * a + 8 + _AUG_BYTES <= size:
+                address = base + 8 * a + 8
+                if _gauss_checks(rs, address):
+                    return address
+    return 0
+
+
+def _gauss_checks(rs: Any, address: int) -> bool:
+    saved = rs.get_state(legacy=False)
+    try:
+        key = np.arange(MT_N, dtype=np.uint32)
+        rs.set_state(("MT19937", key, 5, 1, 0.375))
+        if ctypes.string_at(address, 4) != struct.pack("=i", 1):
+            return False
+        if ctypes.string_at(address + 8, 8) != struct.pack("=d", 0.375):
+            return False
+        ctypes.memset(address, 0, _AUG_BYTES)
+        _, _, _, has_gauss, gauss = rs.get_state(legacy=True)
+        return bool(has_gauss == 0 and gauss == 0.0)
+    finally:
+        rs.set_state(saved)
+
+
+def gauss_address(bitgen: Any) -> int:
+    """The address of the global RandomState's Gaussian cache, or 0 where not found."""
+    global _GAUSS
+    rs = np.random.mtrand._rand
+    if _GAUSS[0] is not rs:
+        _GAUSS = (rs, _find_gauss(rs, bitgen) if fast_numpy_usable(bitgen) else 0)
+    return _GAUSS[1]
+
+
 def save_numpy() -> tuple[Any, ...]:
     bitgen = global_mt()
     if bitgen is None or not fast_numpy_usable(bitgen):
         return (None, np.random.get_state(legacy=False))
     address = state_address(bitgen)
     raw = ctypes.string_at(address, _MT_STATE_BYTES)
+    aug = gauss_address(bitgen)
+    if aug:
+        return (bitgen, raw, None, ctypes.string_at(aug, _AUG_BYTES))
     probe = np.random.standard_normal()
     cached = ctypes.string_at(address, _MT_STATE_BYTES) == raw
     return (bitgen, raw, probe if cached else None)
@@ -316,8 +378,11 @@ def restore_numpy(saved: tuple[Any, ...]) -> None:
     if bitgen is None:
         np.random.set_state(saved[1])
         return
-    _, raw, gauss = saved
-    if gauss is None:
+    _, raw, gauss, *aug = saved
+    if aug:
+        ctypes.memmove(state_address(bitgen), raw, _MT_STATE_BYTES)
+        ctypes.memmove(gauss_address(bitgen), aug[0], _AUG_BYTES)
+    elif gauss is None:
         np.random.seed(0)  # clears the Gaussian cache; the MT words are overwritten next
         ctypes.memmove(state_address(bitgen), raw, _MT_STATE_BYTES)
     else:  # rare: the caller left half of a Gaussian pair cached
@@ -334,8 +399,10 @@ class _NumpyRng(GlobalRng):
     same state, ~60 us). Another bit generator (``np.random.set_bit_generator``)
     is seeded with the 64-bit key through ``np.random.seed`` (its own
     SeedSequence). The legacy Gaussian cache (the second normal of a drawn
-    pair) lives outside the C state; ``np.random.seed(0)`` empties it (~1.6 us),
-    done only after a sample that drew.
+    pair) lives outside the C state: where its address was found
+    (:func:`gauss_address`) it is cleared before each sample by a 16-byte write,
+    else ``np.random.seed(0)`` empties it (~1.6 us), done only after a sample
+    that drew.
     """
 
     name = "numpy"
@@ -344,6 +411,7 @@ class _NumpyRng(GlobalRng):
         self._sentinel: Prepared | None = None
         self._last = -1  # address of the state installed last; -1: none since save()
         self._address = 0  # the global MT19937's C state, read at save()
+        self._gauss = 0  # its Gaussian cache (gauss_address), read at save(); 0: not found
         self._batch = np.empty((0, MT_N + 1), dtype=np.uint32)
 
     @staticmethod
@@ -354,8 +422,9 @@ class _NumpyRng(GlobalRng):
 
     @property
     def lazy_ok(self) -> bool:
-        """Whether :meth:`park` and :meth:`moved` work (the raw state is reachable)."""
-        return self._raw() is not None
+        """Whether :meth:`park` and :meth:`moved` work (the raw state is reachable; known
+        since :meth:`save`, which the caller runs first)."""
+        return self._address != 0
 
     def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
         if global_mt() is None:
@@ -377,7 +446,9 @@ class _NumpyRng(GlobalRng):
         if not address:
             np.random.set_state(("MT19937", prepared.rows[i, :MT_N], MT_N, 0, 0.0))
             return
-        if self._last != -1 and ctypes.string_at(address, _NP_BYTES) != ctypes.string_at(
+        if self._gauss:
+            ctypes.memset(self._gauss, 0, _AUG_BYTES)  # what np.random.seed(0) does to it
+        elif self._last != -1 and ctypes.string_at(address, _NP_BYTES) != ctypes.string_at(
             self._last, _NP_BYTES
         ):
             np.random.seed(0)  # the last sample drew: it may have left a cached Gaussian
@@ -386,10 +457,28 @@ class _NumpyRng(GlobalRng):
         self._last = source
 
     def save(self) -> Any:
+        self._last = -1
+        bitgen = global_mt()
+        if bitgen is not None and fast_numpy_usable(bitgen):
+            aug = gauss_address(bitgen)
+            if aug:  # the common case, inlined: ~1 us per batch (save_numpy's result)
+                address = state_address(bitgen)
+                saved = (
+                    bitgen,
+                    ctypes.string_at(address, _MT_STATE_BYTES),
+                    None,
+                    ctypes.string_at(aug, _AUG_BYTES),
+                )
+                ctypes.memset(aug, 0, _AUG_BYTES)
+                self._address, self._gauss = address, aug
+                return saved
         saved = save_numpy()
         bitgen = self._raw()
         self._address = 0 if bitgen is None else state_address(bitgen)
-        if saved[0] is not None:
+        self._gauss = 0 if bitgen is None else gauss_address(bitgen)
+        if self._gauss:
+            ctypes.memset(self._gauss, 0, _AUG_BYTES)
+        elif saved[0] is not None:
             np.random.seed(0)  # save_numpy's probe may have left a cached Gaussian
         self._last = -1
         return saved
@@ -403,6 +492,8 @@ class _NumpyRng(GlobalRng):
             self._sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64))
             self._sentinel_bytes = self._sentinel.rows.tobytes()
         ctypes.memmove(self._address, self._sentinel.address, _NP_BYTES)
+        if self._gauss:
+            ctypes.memset(self._gauss, 0, _AUG_BYTES)
         # Compared at the next install: a batch that drew while parked may have
         # left a cached Gaussian, which the batch's reload must not see.
         self._last = self._sentinel.address

@@ -175,6 +175,31 @@ def test_a_cached_gaussian_does_not_leak_into_the_next_sample() -> None:
     assert together == alone
 
 
+@pytest.mark.parametrize("lazy", [True, False])
+def test_numpy_gaussian_cache_fast_path_equals_the_fallback(
+    lazy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Gaussian cache written in place (gauss_address) must give the states the
+    # probe-and-np.random.seed(0) fallback gives: in the samples and for the caller after.
+    from loaderkit import _global_rngs
+
+    assert _global_rngs.gauss_address(_global_rngs.global_mt()) != 0  # CPython + numpy here
+
+    def run() -> tuple[Any, ...]:
+        np.random.seed(11)
+        np.random.standard_normal()  # the caller leaves a cached Gaussian
+        got = SampleSeeder(lazy=lazy).load(0, 0, list(range(9)), _draws(2), [])
+        return got, np.random.standard_normal(3).tolist(), np.random.get_state(legacy=False)
+
+    fast = run()
+    rs = np.random.mtrand._rand
+    monkeypatch.setattr(_global_rngs, "_GAUSS", (rs, 0))
+    slow = run()
+    assert fast[:2] == slow[:2]
+    assert fast[2]["has_gauss"] == slow[2]["has_gauss"] and fast[2]["gauss"] == slow[2]["gauss"]
+    assert np.array_equal(fast[2]["state"]["key"], slow[2]["state"]["key"])
+
+
 def test_a_failing_sample_restores_the_callers_state() -> None:
     torch.manual_seed(9)
     expected = torch.rand(2)

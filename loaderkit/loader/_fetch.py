@@ -138,9 +138,8 @@ class BatchFetcher:
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)
-            append = samples.append
-            for index in index_list:
-                append(getitem(index))
+            # extend keeps the samples before a failing getitem (the message counts them)
+            samples.extend(map(getitem, index_list))
             return samples
         except Exception as exc:
             index = index_list[len(samples)]
