@@ -75,7 +75,9 @@ class MixedDataModule(LoaderDataModule):
     Batches: fixed-length token samples (``reader="tokens"`` with ``seq_len``,
     in-memory tensors) are stacked; variable-length ones (documents, ``.jsonl``,
     Parquet, ``datasets`` rows, or any source under ``max_tokens``) are padded
-    by :class:`~loaderkit.PadCollate`; ``collate`` overrides both.
+    by :class:`~loaderkit.PadCollate`; ``collate`` overrides both. The sources
+    share batches, so their samples need the same fields and dtypes (``PadCollate``
+    names a field whose dtypes differ: ``datasets`` may store ints as int32).
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
