@@ -3,6 +3,9 @@
     python examples/train_cli.py make-data data/parquet     # write 4 demo Parquet files
     python examples/train_cli.py fit --config examples/parquet_cli.yaml
 
+    python examples/train_cli.py make-mix data/mix          # two sources: web/, books/
+    python examples/train_cli.py fit --config examples/mix_cli.yaml
+
 The config (``examples/parquet_cli.yaml``) picks the DataModule by class path
 (``loaderkit.ShardedDataModule`` with ``reader: parquet``): Parquet files
 read a row group at a time, shards shuffled per epoch and split across DDP
@@ -11,6 +14,10 @@ ranks and workers exactly once, variable-length ``input_ids`` padded by
 so a checkpoint resumes at the exact next sample. Any option can be
 overridden from the command line, e.g. ``--data.init_args.shards=s3://bucket/corpus``
 (with ``--data.init_args.storage_options``) or ``--trainer.max_steps=20``.
+
+The mix config (``examples/mix_cli.yaml``) trains on two Parquet folders drawn
+70/30 per epoch by ``loaderkit.MixedDataModule`` (the smaller one upsampled),
+under the same token budget and the same exact resume.
 """
 
 from __future__ import annotations
@@ -69,6 +76,12 @@ def main(args: list[str] | None = None) -> None:
         folder = argv[1] if len(argv) > 1 else "data/parquet"
         paths = make_data(folder)
         print(f"train_cli: wrote {len(paths)} Parquet files to {folder}")
+        return
+    if argv[:1] == ["make-mix"]:
+        folder = Path(argv[1] if len(argv) > 1 else "data/mix")
+        web = make_data(str(folder / "web"), files=3, rows=200, seed=0)
+        books = make_data(str(folder / "books"), files=1, rows=100, seed=1)
+        print(f"train_cli: wrote {len(web)} + {len(books)} Parquet files to {folder}/web, /books")
         return
     LightningCLI(TinyLM, L.LightningDataModule, subclass_mode_data=True, args=argv)
 

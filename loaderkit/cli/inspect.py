@@ -10,7 +10,8 @@ The target is either a LightningCLI-style YAML config::
 (``path/to/file.py:name`` works too), where ``name`` is a DataModule class or
 a callable returning a DataModule, called without arguments. The report says
 how many samples and batches per rank an epoch has, how much of it is
-padding, how many shards a batch draws from (sharded data), how fast the
+padding, how many shards a batch draws from (sharded data), how a mix
+draws from each of its sources (a MixedDataset), how fast the
 train loader runs for each ``num_workers`` and which to use, and whether a
 resumed run continues at the exact next sample.
 """
@@ -229,6 +230,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
                 info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
         # Judged for the world size asked about, not the one of this process.
         facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
+        facts.setdefault("mix", None)
         facts["probe"] = dm.probe_num_workers(max_workers)
         facts["best"] = dm.num_workers_best
         return facts
@@ -274,6 +276,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         },
         "padding_fraction": None,
         "shards_per_batch": None,
+        "mix": loader.describe().get("mix") if resumable else None,
         "probe": None,
         "best": None,
         "resumable_exactly": resumable,
@@ -339,6 +342,7 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
             f"  shards / batch   {mix:.2f} on average, {facts['single_shard_batches']:.1%} of "
             "train batches from a single shard (epoch 0, all ranks)"
         )
+    lines.extend(_mix_lines(facts.get("mix")))
     probe = facts.get("probe")
     if probe:
         rates = ", ".join(f"{w}: {r:,.0f}" for w, r in probe.items())
@@ -354,3 +358,23 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
     verdict = "yes" if facts["resumable_exactly"] else "NO"
     lines.append(f"  exact resume     {verdict}: {facts['resumable_reason']}")
     return "\n".join(lines)
+
+
+def _mix_lines(mix: dict[str, Any] | None) -> list[str]:
+    """The train split's mix (a MixedDataset): one line per source."""
+    if mix is None:
+        return []
+    lines = [
+        f"  mix              {len(mix['sources'])} sources, {mix['epoch_size']:,} train samples "
+        f"per epoch (epoch {mix['epoch']})"
+        + ("" if mix["applied"] else f"; WEIGHTS NOT APPLIED: {mix['reason']}")
+    ]
+    width = max(len(name) for name in mix["sources"])
+    for name, src in mix["sources"].items():
+        first, last = src["source_epochs"]
+        span = f"{first}" if first == last else f"{first}-{last}"
+        lines.append(
+            f"    {name:<{width}}  weight {src['weight']:6.1%}  {src['per_epoch']:,} of "
+            f"{src['samples']:,} samples per epoch (x{src['repeat']:.3g}), source-epoch {span}"
+        )
+    return lines

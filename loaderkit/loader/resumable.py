@@ -45,6 +45,7 @@ from torch.utils.data import (
 
 from loaderkit._callers import host_batches_done, host_restarting_mid_epoch
 from loaderkit._checks import check_int
+from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
@@ -72,6 +73,7 @@ from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import SamplerPlan
+from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
 from loaderkit.transfer import resolve_pin_memory, select_device
@@ -758,7 +760,14 @@ class ResumableDataLoader:
             ``batch_size``; ``transport``: how batches crossed from worker
             processes so far (``slot_batches`` through reused shared-memory
             slots, ``torch_path_batches`` through torch's own path and the
-            ``torch_path_reasons``, arenas received and their bytes).
+            ``torch_path_reasons``, arenas received and their bytes); ``mix``
+            when the dataset is a :class:`~loaderkit.MixedDataset`: its
+            :meth:`~loaderkit.MixedDataset.describe` at the loader's epoch (per
+            source its samples, weight, draws per epoch, repeat and the
+            source-epochs the epoch's draws fall in) plus ``epoch`` and
+            ``applied`` (whether the loader's plan is the mix's: a loader built
+            without ``batch_sampler=mix.batch_sampler(...)`` reads every sample
+            once per epoch and ignores the weights, and says so in ``reason``).
         """
         info: dict[str, Any] = {
             "num_workers": self.num_workers,
@@ -767,6 +776,8 @@ class ResumableDataLoader:
         }
         if self._auto is not None:
             info["auto_workers"] = self._auto.describe()
+        if isinstance(self.dataset, MixedDataset) and self._stream is None:
+            info["mix"] = self._describe_mix(self.dataset)
         if self._stream is not None:
             return {
                 **info,
@@ -806,6 +817,21 @@ class ResumableDataLoader:
             "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
             "and world size",
         }
+
+    def _describe_mix(self, mix: MixedDataset) -> dict[str, Any]:
+        """``describe()["mix"]``: the mix at the epoch this loader iterates (or starts next)."""
+        cursor = self._cursor
+        epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
+        applied = isinstance(self.plan, MixPlan | MixBucketPlan)
+        info: dict[str, Any] = {"epoch": epoch, "applied": applied, **mix.describe(epoch)}
+        if not applied:
+            info["reason"] = (
+                f"the loader's plan is a {type(self.plan).__name__}, not the mix's: each sample "
+                "is read once per epoch and the weights are ignored; pass "
+                "batch_sampler=mix.batch_sampler(batch_size, seed=...) (or "
+                "mix.bucket_batch_sampler(...))"
+            )
+        return info
 
     # ------------------------------------------------------------------ state
     def _register_lookahead(self, holder: Any) -> None:

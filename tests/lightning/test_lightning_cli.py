@@ -227,3 +227,38 @@ def test_parquet_example_config_trains(tmp_path: Path) -> None:
     train_cli.main(args)
     checkpoints = list((tmp_path / "run").rglob("*.ckpt"))
     assert len(checkpoints) == 1 and "step=3" in checkpoints[0].name
+
+
+def test_mix_example_config_trains(tmp_path: Path) -> None:
+    # examples/mix_cli.yaml as a user runs it: two demo sources, then `fit --config`
+    # (LightningCLI builds the MixedDataModule, its dicts of sources and weights, from YAML).
+    pytest.importorskip("pyarrow")
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    spec = importlib.util.spec_from_file_location("train_cli", root / "train_cli.py")
+    assert spec is not None and spec.loader is not None
+    train_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_cli)
+    train_cli.main(["make-mix", str(tmp_path / "mix")])
+    train_cli.main(
+        [
+            "fit",
+            f"--config={root / 'mix_cli.yaml'}",
+            f"--data.init_args.sources.web={tmp_path / 'mix' / 'web'}",
+            f"--data.init_args.sources.books={tmp_path / 'mix' / 'books'}",
+            "--trainer.max_steps=3",
+            "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ]
+    )
+    (ckpt,) = list((tmp_path / "run").rglob("*.ckpt"))
+    assert "step=3" in ckpt.name
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["datamodule_hyper_parameters"]["sources"] == {
+        "web": str(tmp_path / "mix" / "web"),
+        "books": str(tmp_path / "mix" / "books"),
+    }
+    assert "mix-bucket" in repr(saved["loops"]["fit_loop"]["state_dict"])

@@ -1,7 +1,10 @@
 """The DDP script of ``tests/distributed/test_ddp_datamodule.py``: a ``ShardedDataModule`` on 2
 CPU ranks.
 
-``python tests/support/datamodule_ddp.py --data DIR --out DIR``
+``python tests/support/datamodule_ddp.py --data DIR --out DIR [--books DIR]``
+
+With ``--books``, a ``MixedDataModule`` draws 3:1 from ``--data`` and ``--books``
+(``epoch_size`` 32) instead.
 
 Trains two epochs on the token shards in ``--data`` (every token of global
 sample ``i`` is ``i``) with ``strategy="ddp"``, ``devices=2``, 2 persistent
@@ -22,7 +25,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from loaderkit.lightning.datamodules import ShardedDataModule
+from loaderkit.lightning.datamodules import MixedDataModule, ShardedDataModule
 from tests.support.helpers import PhaseLog
 
 SEQ_LEN = 4
@@ -49,14 +52,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--books", type=Path, default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     # persistent_workers: see the README's known issue on forking workers under gloo.
-    dm = ShardedDataModule(
+    dm: L.LightningDataModule = ShardedDataModule(
         str(args.data), seq_len=SEQ_LEN, batch_size=4, num_workers=2, persistent_workers=True
     )
+    if args.books is not None:
+        dm = MixedDataModule(
+            {"web": str(args.data), "books": str(args.books)},
+            {"web": 3, "books": 1},
+            epoch_size=32,
+            seq_len=SEQ_LEN,
+            batch_size=4,
+            num_workers=2,
+            persistent_workers=True,
+        )
     trainer = L.Trainer(
         max_epochs=2,
         accelerator="cpu",

@@ -8,6 +8,7 @@ resumes training at the exact next sample. They live in
 """
 
 from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.lightning.datamodules.mixed import MixedDataModule
 from loaderkit.lightning.datamodules.sequence import SequenceDataModule
 from loaderkit.lightning.datamodules.sharded import ShardedDataModule
 from loaderkit.lightning.datamodules.tensors import ArrayDataModule, TensorDataModule
@@ -17,6 +18,7 @@ __all__ = [
     "ArrayDataModule",
     "ImageFolderDataModule",
     "LoaderDataModule",
+    "MixedDataModule",
     "SequenceDataModule",
     "ShardedDataModule",
     "TensorDataModule",

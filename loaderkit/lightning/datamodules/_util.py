@@ -16,20 +16,33 @@ import lightning as L
 import numpy as np
 import torch
 
+from loaderkit._checks import check_bool, check_choice, check_int
 from loaderkit._tags import SeedTag
+from loaderkit.data._fs import is_url
+from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.seeding import derive_seed
 
 __all__ = [
     "STREAM_RESUME_REASON",
+    "KeyLength",
+    "Shards",
     "batch_rows",
     "bulky_args",
+    "is_hf_dataset",
+    "is_remote_shards",
+    "make_reader",
     "require_datamodule",
+    "shard_list",
     "split_indices",
     "stream_epoch_steps",
     "stream_refusal",
     "stream_resume_reason",
     "time_loader",
 ]
+
+#: Shards as the DataModules take them: a folder, a file or a URL, or a list of files/URLs.
+Shards = str | list[str]
 
 #: Why a resume of a streamed train split is exact, and under what (topology-bound cursors).
 STREAM_RESUME_REASON = (
@@ -163,7 +176,25 @@ def bulky_args(obj: object, names: Sequence[str], frame: types.FrameType | None)
             if name in frame.f_locals:
                 values.setdefault(name, frame.f_locals[name])
         frame = frame.f_back
-    return [n for n in names if not isinstance(values.get(n), (str, os.PathLike, type(None)))]
+    return [n for n in names if not _plain(values.get(n))]
+
+
+def _plain(value: Any) -> bool:
+    """A path, None, or a dict of paths (or of lists of paths): kept in ``hparams``."""
+    if isinstance(value, (str, os.PathLike, type(None))):
+        return True
+    if isinstance(value, Mapping):
+        return all(
+            isinstance(v, (str, os.PathLike))
+            or (isinstance(v, list) and all(isinstance(p, (str, os.PathLike)) for p in v))
+            for v in value.values()
+        )
+    return False
+
+
+def is_hf_dataset(value: Any) -> bool:
+    """A ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported to ask)."""
+    return type(value).__name__ == "Dataset" and callable(getattr(value, "with_format", None))
 
 
 def require_datamodule(obj: Any, target: str) -> Any:
@@ -174,3 +205,123 @@ def require_datamodule(obj: Any, target: str) -> Any:
             "(e.g. a loaderkit.lightning.datamodules class)"
         )
     return obj
+
+
+class KeyLength:
+    """A ``.jsonl`` sample's token count: ``len(sample[key])`` for a dict, else ``len``
+    (a class, not a closure: it pickles, and names the field in errors)."""
+
+    def __init__(self, key: str, *, owner: str) -> None:
+        self.key, self.owner = key, owner
+
+    def __call__(self, sample: Any) -> int:
+        if isinstance(sample, dict):
+            if self.key not in sample:
+                raise KeyError(
+                    f"{self.owner}: a sample has no field {self.key!r} (fields "
+                    f"{sorted(sample)[:8]}); pass length_key= naming the token field."
+                )
+            return len(sample[self.key])
+        return len(sample)
+
+
+def is_remote_shards(shards: Shards) -> bool:
+    """Whether ``shards`` (checked by :func:`shard_list`) are at URLs."""
+    return is_url(shards) or (isinstance(shards, list) and is_url(shards[0]))
+
+
+def shard_list(owner: str, name: str, value: object) -> Shards:
+    """``value`` as shards: a URL or list of URLs, a folder, or a list of existing files."""
+    if is_url(value):
+        return str(value)
+    if isinstance(value, (list, tuple)) and value and all(is_url(v) for v in value):
+        return [str(v) for v in value]
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if os.path.isdir(path):
+            return path
+        value = [path]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
+            f"files, got {value!r} ({type(value).__name__})."
+        )
+    if not value:
+        raise ValueError(
+            f"{owner}: {name} is an empty list; pass at least one shard file, or a directory "
+            "of shards (write them with loaderkit.write_shards)."
+        )
+    paths = []
+    for item in value:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"{owner}: {name} must list paths, got {item!r}; pass a directory or a list of "
+                "shard paths."
+            )
+        if not os.path.exists(item):
+            raise FileNotFoundError(
+                f"{owner}: {name}: shard {os.fspath(item)!r} does not exist; check the path."
+            )
+        paths.append(os.fspath(item))
+    return paths
+
+
+def make_reader(
+    owner: str,
+    reader: Any,
+    seq_len: int | None,
+    targets: bool,
+    eos: int | None,
+    dtype: str | None,
+) -> ShardReader:
+    """The reader of ``reader`` (``"tokens"``/``"jsonl"`` or a ShardReader), its options checked."""
+    check_bool("targets", targets, owner=owner)
+    if not isinstance(reader, str):
+        if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
+            raise TypeError(
+                f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
+                f"count() and open()), got {type(reader).__name__}."
+            )
+        return reader
+    check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
+    if reader == "jsonl":
+        given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(
+                f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+                "reader='jsonl'; drop them."
+            )
+        return JsonlReader()
+    if (seq_len is None) == (eos is None):
+        raise ValueError(
+            f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
+            f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
+            "pass e.g. seq_len=1024."
+        )
+    if seq_len is not None:
+        check_int(
+            "seq_len",
+            seq_len,
+            1,
+            owner=owner,
+            fix="pass tokens per sample, e.g. 1024",
+            numpy_ok=True,
+        )
+    if eos is not None:
+        check_int(
+            "eos", eos, 0, owner=owner, fix="pass the end-of-document token id", numpy_ok=True
+        )
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError as exc:
+            raise ValueError(
+                f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. 'uint16'."
+            ) from exc
+        if kind not in "iu":
+            raise ValueError(
+                f"{owner}: dtype must be an integer dtype, got {dtype!r}; pass the token "
+                "dtype, e.g. 'uint16'."
+            )
+    return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)

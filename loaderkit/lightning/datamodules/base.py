@@ -22,6 +22,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from loaderkit._checks import check_bool, check_fraction, check_int
+from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
 from loaderkit.lightning._adapter import data_parallel_size
@@ -357,6 +358,11 @@ class LoaderDataModule(L.LightningDataModule):
                 dataset, batch_size=batch_size, drop_last=self.drop_last and train, **common
             )
         sampler = self.batch_sampler(split, dataset, batch_size)
+        if sampler is None and train and isinstance(dataset, MixedDataset):
+            # Plain batches would read each sample once per epoch and ignore the weights.
+            sampler = dataset.batch_sampler(
+                batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
+            )
         if sampler is not None:
             return ResumableDataLoader(dataset, batch_sampler=sampler, **common)
         return ResumableDataLoader(
@@ -439,6 +445,9 @@ class LoaderDataModule(L.LightningDataModule):
             ``shards_per_batch`` and ``single_shard_batches`` (train over
             shards: distinct shards per batch, mean over epoch 0's batches of
             all ranks, and the fraction of batches from one shard; else None),
+            ``mix`` (a :class:`~loaderkit.MixedDataset` train split: the train
+            loader's ``describe()["mix"]``, per source its samples, weight, draws
+            per epoch, repeat and source-epochs in epoch 0; else None),
             ``resumable_exactly`` and ``resumable_reason``.
         """
         if not self._stages:
@@ -460,10 +469,12 @@ class LoaderDataModule(L.LightningDataModule):
                 "batches_per_epoch": batches,
             }
         resumable, reason = self.resume_info(world_size)
-        mix = None
+        mix = sources = None
         if "train" in splits and not isinstance(self._datasets["train"], StreamingShardedDataset):
-            batch_mix = getattr(self.loader("train", num_workers=0).plan, "batch_mix", None)
+            train_loader = self.loader("train", num_workers=0, pin_memory=False)
+            batch_mix = getattr(train_loader.plan, "batch_mix", None)
             mix = None if batch_mix is None else batch_mix(0, world_size=world_size)
+            sources = train_loader.describe().get("mix")
         return {
             "datamodule": type(self).__name__,
             "world_size": world_size,
@@ -476,6 +487,7 @@ class LoaderDataModule(L.LightningDataModule):
             "padding_fraction": self.padding_fraction("train") if "train" in splits else None,
             "shards_per_batch": None if mix is None else mix.mean,
             "single_shard_batches": None if mix is None else mix.single,
+            "mix": sources,
             "resumable_exactly": resumable,
             "resumable_reason": reason,
         }

@@ -16,7 +16,6 @@ under the same world size and ``num_workers`` only.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
@@ -24,20 +23,24 @@ import numpy as np
 
 from loaderkit._checks import check_bool, check_choice, check_int
 from loaderkit.collate import PadCollate
-from loaderkit.data._fs import is_url
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.lightning.datamodules._util import (
+    KeyLength,
+    Shards,
+    is_hf_dataset,
+    is_remote_shards,
+    make_reader,
+    shard_list,
+)
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 
 __all__ = ["ShardedDataModule"]
-
-Shards = str | list[str]
-
 
 _MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
@@ -199,9 +202,19 @@ class ShardedDataModule(LoaderDataModule):
             ("val", "val_shards", val_shards),
             ("test", "test_shards", test_shards),
         ):
+            if is_hf_dataset(value):
+                # A table in memory or in Arrow files, not shard files: it has no shard
+                # index, no shard order to shuffle and nothing to cache; HFDataset plans it.
+                raise TypeError(
+                    f"{owner}: {name} is a datasets.Dataset; ShardedDataModule reads shard "
+                    "files (token, .jsonl or Parquet) by path or URL. Pass the Dataset to "
+                    "SequenceDataModule(train=dataset, ...), or wrap it in "
+                    "loaderkit.HFDataset (MixedDataModule takes Datasets as sources); or "
+                    "save it as Parquet files and pass their folder with reader='parquet'."
+                )
             if value is not None:
-                self.shards[split] = _shard_list(owner, name, value)
-        urls = [s for s in self.shards.values() if _is_remote(s)]
+                self.shards[split] = shard_list(owner, name, value)
+        urls = [s for s in self.shards.values() if is_remote_shards(s)]
         if (storage_options is not None or cache_dir is not None) and not urls:
             raise ValueError(
                 f"{owner}: storage_options and cache_dir are for shards at URLs, but no split's "
@@ -223,7 +236,7 @@ class ShardedDataModule(LoaderDataModule):
                 "pass reader='parquet'."
             )
         else:
-            self.reader = self._make_reader(owner, reader, seq_len, targets, eos, dtype)
+            self.reader = make_reader(owner, reader, seq_len, targets, eos, dtype)
         self.window = check_int(
             "window",
             window,
@@ -300,66 +313,6 @@ class ShardedDataModule(LoaderDataModule):
         pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
         self._collate = pad if varying else None
 
-    @staticmethod
-    def _make_reader(
-        owner: str,
-        reader: Any,
-        seq_len: int | None,
-        targets: bool,
-        eos: int | None,
-        dtype: str | None,
-    ) -> ShardReader:
-        check_bool("targets", targets, owner=owner)
-        if not isinstance(reader, str):
-            if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
-                raise TypeError(
-                    f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
-                    f"count() and open()), got {type(reader).__name__}."
-                )
-            return reader
-        check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
-        if reader == "jsonl":
-            given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
-            extra = [k for k, v in given.items() if v is not None]
-            if extra:
-                raise ValueError(
-                    f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
-                    "reader='jsonl'; drop them."
-                )
-            return JsonlReader()
-        if (seq_len is None) == (eos is None):
-            raise ValueError(
-                f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
-                f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
-                "pass e.g. seq_len=1024."
-            )
-        if seq_len is not None:
-            check_int(
-                "seq_len",
-                seq_len,
-                1,
-                owner=owner,
-                fix="pass tokens per sample, e.g. 1024",
-                numpy_ok=True,
-            )
-        if eos is not None:
-            check_int(
-                "eos", eos, 0, owner=owner, fix="pass the end-of-document token id", numpy_ok=True
-            )
-        if dtype is not None:
-            try:
-                kind = np.dtype(dtype).kind
-            except TypeError as exc:
-                raise ValueError(
-                    f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. 'uint16'."
-                ) from exc
-            if kind not in "iu":
-                raise ValueError(
-                    f"{owner}: dtype must be an integer dtype, got {dtype!r}; pass the token "
-                    "dtype, e.g. 'uint16'."
-                )
-        return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
-
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index);
         with ``streaming``, a :class:`~loaderkit.StreamingShardedDataset` for train."""
@@ -381,7 +334,7 @@ class ShardedDataModule(LoaderDataModule):
                     self.reader,
                     on_error=self.on_error,
                     max_open_shards=self.max_open_shards,
-                    remote=self.remote if _is_remote(paths) else None,
+                    remote=self.remote if is_remote_shards(paths) else None,
                 )
         return datasets
 
@@ -420,7 +373,9 @@ class ShardedDataModule(LoaderDataModule):
         cached = self._length_cache
         if cached is None or cached[0] is not dataset:
             if isinstance(self.reader, JsonlReader):
-                lengths = dataset.lengths(_KeyLength(self.length_key), progress=False)
+                lengths = dataset.lengths(
+                    KeyLength(self.length_key, owner="ShardedDataModule"), progress=False
+                )
             else:
                 lengths = dataset.lengths()
             cached = self._length_cache = (dataset, lengths)
@@ -446,63 +401,6 @@ class ShardedDataModule(LoaderDataModule):
                 "longer epoch early"
             )
         return ok, reason
-
-
-class _KeyLength:
-    """A ``.jsonl`` sample's token count: ``len(sample[key])`` for a dict, else ``len``
-    (a class, not a closure: it pickles, and names the field in errors)."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __call__(self, sample: Any) -> int:
-        if isinstance(sample, dict):
-            if self.key not in sample:
-                raise KeyError(
-                    f"ShardedDataModule: a .jsonl sample has no field {self.key!r} (fields "
-                    f"{sorted(sample)[:8]}); pass length_key= naming the token field."
-                )
-            return len(sample[self.key])
-        return len(sample)
-
-
-def _is_remote(shards: Shards) -> bool:
-    return is_url(shards) or (isinstance(shards, list) and is_url(shards[0]))
-
-
-def _shard_list(owner: str, name: str, value: object) -> Shards:
-    if is_url(value):
-        return str(value)
-    if isinstance(value, (list, tuple)) and value and all(is_url(v) for v in value):
-        return [str(v) for v in value]
-    if isinstance(value, (str, os.PathLike)):
-        path = os.fspath(value)
-        if os.path.isdir(path):
-            return path
-        value = [path]
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(
-            f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
-            f"files, got {value!r} ({type(value).__name__})."
-        )
-    if not value:
-        raise ValueError(
-            f"{owner}: {name} is an empty list; pass at least one shard file, or a directory "
-            "of shards (write them with loaderkit.write_shards)."
-        )
-    paths = []
-    for item in value:
-        if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(
-                f"{owner}: {name} must list paths, got {item!r}; pass a directory or a list of "
-                "shard paths."
-            )
-        if not os.path.exists(item):
-            raise FileNotFoundError(
-                f"{owner}: {name}: shard {os.fspath(item)!r} does not exist; check the path."
-            )
-        paths.append(os.fspath(item))
-    return paths
 
 
 def _epoch_limit(

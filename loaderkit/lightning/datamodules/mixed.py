@@ -1,0 +1,400 @@
+"""``MixedDataModule``: several sources mixed by weight, one resumable train loader.
+
+The train split is a :class:`~loaderkit.MixedDataset` over the sources, batched
+by its :class:`~loaderkit.MixPlan` (fixed-size batches) or
+:class:`~loaderkit.MixBucketPlan` (``max_tokens``), so everything a plan gives
+holds for the mix: exact O(1) resume from a Lightning checkpoint under any
+``num_workers`` and world size, equal steps per rank, per-sample seeding. A
+source is a folder of shards (or a shard file, or a list of them; local or
+URLs) read by one reader for all of them, an ``.arrow`` file, a Hugging Face
+``datasets.Dataset``, or any map-style dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from loaderkit._checks import check_choice, check_int
+from loaderkit.collate import PadCollate
+from loaderkit.data.hf import HFDataset
+from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.parquet import ParquetReader
+from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.remote import RemoteCache
+from loaderkit.data.sharded import ShardedDataset
+from loaderkit.lightning.datamodules._util import (
+    KeyLength,
+    is_hf_dataset,
+    is_remote_shards,
+    make_reader,
+    shard_list,
+)
+from loaderkit.lightning.datamodules.base import LoaderDataModule
+
+__all__ = ["MixedDataModule"]
+
+Sources = Mapping[str, Any] | Sequence[Any]
+Weights = Mapping[str, float] | Sequence[float]
+
+_MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
+
+
+class MixedDataModule(LoaderDataModule):
+    """Sources mixed by ``weights`` (or ``repeat``) into one train split, resumable exactly.
+
+    Each epoch draws ``per_epoch[s]`` samples from source ``s``, interleaved at
+    random (see :class:`~loaderkit.MixedDataset`): with ``weights``, shares of
+    ``epoch_size``; with ``repeat``, passes over each source. A source's
+    samples are drawn exactly once per *source-epoch*, which for an upsampled
+    source is shorter than an epoch and for a downsampled one longer. The mix
+    per source (samples, weight, draws per epoch, source-epochs) is in
+    :meth:`describe` and ``loaderkit inspect``.
+
+    A source may be:
+
+    - shards by path or URL, as :class:`~loaderkit.lightning.datamodules.ShardedDataModule`
+      takes them (a folder, a shard file, a list of shard files), read by
+      ``reader`` (``"tokens"``, ``"jsonl"``, ``"parquet"`` or a
+      :class:`~loaderkit.ShardReader`; one reader for every path source, since
+      their samples are batched together);
+    - an ``.arrow`` file or a ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`,
+      ``columns`` and ``length_key`` applied);
+    - any map-style dataset (``len()`` and ``[i]``): a ``ShardedDataset``, a
+      ``TensorDataset``, a list of samples.
+
+    Val and test data are evaluated whole, each sample once, in order (no
+    weights): one source, or a dict/list of sources laid end to end (a list
+    is a list of sources: pass in-memory samples as ``{"val": samples}``).
+
+    Batches: fixed-length token samples (``reader="tokens"`` with ``seq_len``,
+    in-memory tensors) are stacked; variable-length ones (documents, ``.jsonl``,
+    Parquet, ``datasets`` rows, or any source under ``max_tokens``) are padded
+    by :class:`~loaderkit.PadCollate`; ``collate`` overrides both. The sources
+    share batches, so their samples need the same fields and dtypes (``PadCollate``
+    names a field whose dtypes differ: ``datasets`` may store ints as int32).
+
+    Args:
+        sources: The train sources, a dict by name (the names key ``weights``,
+            ``repeat`` and the report) or a list (named ``"0"``, ``"1"``, ...).
+        weights: Each source's share of an epoch (any positive scale).
+        repeat: Instead of ``weights``: passes over each source per epoch (2.0
+            upsamples, 0.5 takes two epochs for one pass).
+        epoch_size: Samples per epoch with ``weights`` (default: the sources' total).
+        val: Val data: one source, or several laid end to end.
+        test: Test data, the same way.
+        reader: The reader of path sources (see above).
+        columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
+        seq_len: Tokens per sample (``reader="tokens"``).
+        targets: Add the next token to each sample (``seq_len + 1`` tokens).
+        eos: Instead of ``seq_len``: one sample per document ending in this token.
+        dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
+        max_open_shards: Shards each process keeps open, per sharded source.
+        max_tokens: Token budget per train batch (rows x padded length), over
+            length-sorted windows of the mix
+            (:meth:`~loaderkit.MixedDataset.bucket_batch_sampler`). Epochs then
+            differ in length: add :class:`loaderkit.ElasticResume` to the
+            Trainer's callbacks.
+        length_key: The field (dict samples, ``.jsonl``) or column (Parquet,
+            ``datasets``) whose length is a sample's token count.
+        bucket_window: With ``max_tokens``: samples per length-sorted window.
+        oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
+        pad_value: Pad value of variable-length samples.
+        pad_to_multiple_of: Round their padded length up to a multiple of this.
+        collate: The loaders' ``collate_fn`` instead of the default above.
+        storage_options: For sources at URLs: the fsspec filesystem's options.
+        cache_dir: For sources at URLs: the local cache directory.
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`
+            (``val_fraction`` excepted: a sample-level split of a mix would lose its plan).
+
+    Example:
+        >>> import torch
+        >>> from loaderkit import MixedDataModule, TensorDataset
+        >>> web = TensorDataset(torch.arange(100))
+        >>> books = TensorDataset(torch.arange(100, 110))
+        >>> dm = MixedDataModule({"web": web, "books": books}, weights={"web": 3, "books": 1},
+        ...                      epoch_size=40, batch_size=8, seed=0)
+        >>> drawn = torch.cat([b[0] for b in dm.train_dataloader()])
+        >>> len(drawn), int((drawn >= 100).sum())  # 10 of 40 from books: every book once
+        (40, 10)
+        >>> dm.describe()["mix"]["sources"]["web"]["per_epoch"]
+        30
+    """
+
+    data_args: ClassVar[tuple[str, ...]] = ("sources", "val", "test", "reader", "collate")
+
+    def __init__(
+        self,
+        sources: Sources,
+        weights: Weights | None = None,
+        *,
+        repeat: Weights | None = None,
+        epoch_size: int | None = None,
+        val: Any = None,
+        test: Any = None,
+        reader: Literal["tokens", "jsonl", "parquet"] | ShardReader = "tokens",
+        columns: list[str] | None = None,
+        seq_len: int | None = None,
+        targets: bool = False,
+        eos: int | None = None,
+        dtype: str | None = None,
+        max_open_shards: int | None = _MAX_OPEN_DEFAULT,
+        max_tokens: int | None = None,
+        length_key: str = "input_ids",
+        bucket_window: int | None = None,
+        oversize: Literal["error", "skip"] = "error",
+        pad_value: int | float = 0,
+        pad_to_multiple_of: int | None = None,
+        collate: Callable[[list[Any]], Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = type(self).__name__
+        if self.val_fraction:
+            raise ValueError(
+                f"{owner}: val_fraction={self.val_fraction} is not supported: a sample-level "
+                "split of the mix would drop its weights and plan; pass val=... (a source, or "
+                "a dict of sources) instead."
+            )
+        if not isinstance(length_key, str):
+            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
+        self.length_key = length_key
+        self.splits: dict[str, tuple[list[str], list[Any], bool]] = {
+            "train": _named(owner, "sources", sources)
+        }
+        for split, value in (("val", val), ("test", test)):
+            if value is not None:
+                self.splits[split] = _named(owner, split, value, single_ok=True)
+        self.weights, self.repeat, self.epoch_size = weights, repeat, epoch_size
+        paths = [s for names, items, _ in self.splits.values() for s in items if _is_path(s)]
+        urls = [p for p in paths if is_remote_shards(p)]
+        if (storage_options is not None or cache_dir is not None) and not urls:
+            raise ValueError(
+                f"{owner}: storage_options and cache_dir are for sources at URLs, but no "
+                "source is a URL; drop them, or pass s3://... URLs."
+            )
+        self.remote = (
+            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
+        )
+        if reader == "parquet":
+            if any(v is not None for v in (seq_len, eos, dtype)) or targets:
+                raise ValueError(
+                    f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', "
+                    "got reader='parquet'; drop them (choose Parquet columns with columns=)."
+                )
+            self.reader: ShardReader | None = ParquetReader(columns, length_column=length_key)
+        elif not any(not str(p).endswith(".arrow") for p in paths):
+            # No shard paths: the reader is unused, and its options must not be given.
+            given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise ValueError(
+                    f"{owner}: {', '.join(extra)} apply to shard sources given by path, but no "
+                    "source is one; drop them."
+                )
+            self.reader = None
+        else:
+            self.reader = make_reader(owner, reader, seq_len, targets, eos, dtype)
+        self.columns = columns
+        if max_open_shards is not None:
+            check_int(
+                "max_open_shards", max_open_shards, 1, owner=owner, fix="or None to keep all open"
+            )
+        self.max_open_shards = max_open_shards
+        if max_tokens is not None:
+            check_int(
+                "max_tokens", max_tokens, 1, owner=owner, fix="pass the token budget, e.g. 16384"
+            )
+        if bucket_window is not None:
+            check_int("bucket_window", bucket_window, 1, owner=owner, fix="or None")
+            if max_tokens is None:
+                raise ValueError(
+                    f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; "
+                    "pass max_tokens or drop bucket_window."
+                )
+        self.max_tokens, self.bucket_window = max_tokens, bucket_window
+        self.oversize = check_choice("oversize", oversize, ("error", "skip"), owner=owner)
+        if pad_to_multiple_of is not None:
+            check_int("pad_to_multiple_of", pad_to_multiple_of, 1, owner=owner, fix="or None")
+        self.pad_to_multiple_of = pad_to_multiple_of
+        if collate is not None and not callable(collate):
+            raise TypeError(
+                f"{owner}: collate must be a callable (a collate_fn) or None, got "
+                f"{type(collate).__name__}."
+            )
+        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)  # checks pad_value
+        tables = any(_is_table(s) for _, items, _ in self.splits.values() for s in items)
+        varying = (
+            isinstance(self.reader, JsonlReader | ParquetReader)
+            or (isinstance(self.reader, TokenReader) and self.reader.eos is not None)
+            or tables
+            or max_tokens is not None
+        )
+        self._collate = collate if collate is not None else (pad if varying else None)
+        self._length_cache: tuple[Any, np.ndarray] | None = None
+
+    # --------------------------------------------------------------- datasets
+    def _source(self, item: Any) -> Any:
+        """The map-style dataset of one source."""
+        if _is_table(item):
+            return HFDataset(item, self.columns, length_column=self.length_key)
+        if _is_path(item):
+            assert self.reader is not None  # __init__ makes one whenever a shard path is given
+            return ShardedDataset(
+                item,
+                self.reader,
+                max_open_shards=self.max_open_shards,
+                remote=self.remote if is_remote_shards(item) else None,
+            )
+        return item
+
+    def build_datasets(self, stage: str) -> Mapping[str, Any]:
+        """The train :class:`~loaderkit.MixedDataset`; val/test as their sources laid end to
+        end (each sample once)."""
+        out: dict[str, Any] = {}
+        for split, (names, items, named) in self.splits.items():
+            if split in self._datasets:
+                continue
+            datasets = [self._source(item) for item in items]
+            given: Any = dict(zip(names, datasets, strict=True)) if named else datasets
+            if split == "train":
+                out[split] = MixedDataset(
+                    given, weights=self.weights, repeat=self.repeat, epoch_size=self.epoch_size
+                )
+            elif len(datasets) == 1 and not named:
+                out[split] = datasets[0]
+            else:
+                out[split] = MixedDataset(given)
+        return out
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
+        """The mix's plan for train (``max_tokens``: its token-budget form); None for the
+        others (every sample once, in order)."""
+        if split != "train":
+            return None
+        if self.max_tokens is None:
+            return dataset.batch_sampler(
+                batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
+            )
+        return dataset.bucket_batch_sampler(
+            max_tokens=self.max_tokens,
+            lengths=self._lengths(dataset),
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            window=self.bucket_window,
+            drop_last=self.drop_last,
+            oversize=self.oversize,
+        )
+
+    def _lengths(self, mix: MixedDataset) -> np.ndarray:
+        """Each train sample's tokens, sources in order (kept: every train loader asks)."""
+        cached = self._length_cache
+        if cached is None or cached[0] is not mix:
+            key = KeyLength(self.length_key, owner=type(self).__name__)
+            parts = []
+            for source in mix.sources:
+                if isinstance(source, ShardedDataset) and isinstance(source.reader, JsonlReader):
+                    got = source.lengths(key)
+                elif isinstance(source, ShardedDataset | HFDataset):
+                    got = source.lengths()  # offsets, a column: no sample is read
+                else:
+                    got = compute_lengths(source, key)
+                parts.append(np.asarray(got, dtype=np.int64).reshape(-1))
+            cached = self._length_cache = (mix, np.concatenate(parts))
+        return cached[1]
+
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
+        return self._collate
+
+    def padding_fraction(self, split: str) -> float | None:
+        """Under ``max_tokens``, padded / all tokens of epoch 0's train batches; 0 for
+        fixed-length token shards; else unknown (None)."""
+        if split == "train" and self.max_tokens is not None:
+            plan: Any = self.loader(split, num_workers=0, pin_memory=False).plan
+            real, padded = plan.token_counts(0)
+            return 1.0 - real / padded if padded else 0.0
+        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
+        only_shards = all(_is_path(s) for s in self.splits["train"][1])
+        return 0.0 if fixed and only_shards else None
+
+    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
+        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
+        ok, reason = super().resume_info(world_size)
+        if ok:
+            reason += (
+                "; the position is in the mix's plan (a pure function of seed, epoch and "
+                "position), so each source's source-epochs resume with it"
+            )
+        if ok and self.max_tokens is not None:
+            reason += (
+                "; under max_tokens the number of batches changes from epoch to epoch: add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
+                "longer epoch early"
+            )
+        return ok, reason
+
+
+def _is_table(item: Any) -> bool:
+    """A ``datasets.Dataset`` or the path of one ``.arrow`` file (as :func:`_named` leaves it)."""
+    return is_hf_dataset(item) or (isinstance(item, str) and item.endswith(".arrow"))
+
+
+def _is_path(item: Any) -> bool:
+    """A source given by path or URL (a str/PathLike, or a list of them: shard files)."""
+    if isinstance(item, str | os.PathLike):
+        return True
+    return (
+        isinstance(item, list)
+        and bool(item)
+        and all(isinstance(p, str | os.PathLike) for p in item)
+    )
+
+
+def _named(
+    owner: str, name: str, value: Any, *, single_ok: bool = False
+) -> tuple[list[str], list[Any], bool]:
+    """``(names, sources, named)`` of ``value``: a dict by name, a list, or (val/test) one source.
+
+    Path sources are checked now (a missing file fails at construction, not at setup).
+    """
+    if isinstance(value, Mapping):
+        names, items, named = [str(k) for k in value], list(value.values()), True
+    elif single_ok and not isinstance(value, list | tuple):
+        names, items, named = ["0"], [value], False
+    elif isinstance(value, list | tuple):
+        names, items, named = [str(i) for i in range(len(value))], list(value), False
+    else:
+        raise TypeError(
+            f"{owner}: {name} must be a dict of sources by name or a list of sources, got "
+            f"{type(value).__name__}; pass e.g. {{'web': 'shards/web', 'books': 'shards/books'}}."
+        )
+    if not items:
+        raise ValueError(f"{owner}: {name} is empty; pass at least one source.")
+    checked = []
+    for key, item in zip(names, items, strict=True):
+        if is_hf_dataset(item):
+            checked.append(item)
+        elif _is_path(item):
+            where = f"{name}[{key!r}]" if len(items) > 1 or named else name
+            shards = shard_list(owner, where, item)
+            # One .arrow file is a datasets table (HFDataset), not a shard.
+            arrow = isinstance(shards, list) and len(shards) == 1 and shards[0].endswith(".arrow")
+            checked.append(shards[0] if arrow else shards)
+        elif hasattr(item, "__len__") and hasattr(item, "__getitem__"):
+            checked.append(item)
+        else:
+            raise TypeError(
+                f"{owner}: {name} source {key!r} must be shards (a folder, file or URL, or a "
+                "list of them), an .arrow file, a datasets.Dataset or a map-style dataset "
+                f"(len() and [i]), got {type(item).__name__}."
+            )
+    return names, checked, named
