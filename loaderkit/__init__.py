@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.data.hf import HFDataset
-from loaderkit.data.index import write_shards
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
@@ -29,6 +28,7 @@ from loaderkit.data.readers import OpenShard, ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import IterableReader, StreamingShardedDataset, StreamReader
+from loaderkit.data.writer import write_shards
 from loaderkit.env import WorkerEnv, detect
 from loaderkit.errors import (
     CollateError,

@@ -58,6 +58,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "transfer": "--sizes-mib 1 16 --batches 10 --cpu-batches 1000 --repeats 2",
         "transport": "--rows 50000 --tokens 4000000 --batches 100 --repeats 1",
         "workers": "--mib 16 --repeats 1",
+        "writers": "--tokens 4000000 --shards 4 --repeats 1",
     }.items()
 }
 

@@ -19,30 +19,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
 from loaderkit.data._codec import (
-    ZSTD_SUFFIX,
-    check_compression,
-    check_hash,
-    compress_file,
     decode_into,
     default_cache_root,
-    file_digest,
     is_compressed,
     local_decode_dir,
 )
-from loaderkit.data._fs import Storage, is_url, join_url
-from loaderkit.data.readers import OWN_SUFFIXES, ShardReader, _missing
+from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import ShardError
 
-# The public name; the index helpers below serve the sharded and streaming datasets.
-__all__ = ["write_shards"]
+# The index helpers serve the sharded and streaming datasets and the writer
+# (loaderkit.data.writer, where write_shards lives).
+__all__: list[str] = []
 
 INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, hash)
 _READABLE_VERSIONS = (1, 2)
@@ -319,72 +313,6 @@ def read_remote_index(
     return samples, extras
 
 
-def _write_one(
-    reader: Any, target: Path, data: Any, compression: str | None, level: int, algo: str | None
-) -> tuple[Path, int, dict[str, Any] | None]:
-    """Write one shard (compressed and hashed as asked): its final path, samples, extras."""
-    path = Path(reader.write(target, data))
-    samples = reader.count(path)  # also writes any sidecar the reader needs
-    extras: dict[str, Any] = {}
-    if compression is not None:
-        packed = path.with_name(path.name + ZSTD_SUFFIX)
-        compress_file(path, packed, level)
-        extras.update(compression=compression, raw_size=path.stat().st_size)
-        # Sidecars follow the compressed file's name, so listings attach them to it.
-        for side in sorted(path.parent.glob(f"{path.name}*")):
-            if side.name != path.name and side.name.endswith(OWN_SUFFIXES):
-                side.replace(packed.with_name(packed.name + side.name[len(path.name) :]))
-        path.unlink()
-        path = packed
-    if algo is not None:
-        extras["hash"] = file_digest(path, algo)
-    return path, samples, extras or None
-
-
-def _write_remote(
-    url: str,
-    shards: Iterable[Any],
-    reader: Any,
-    ext: str,
-    prefix: str,
-    index: str | os.PathLike[str] | None,
-    storage: Storage,
-    codec: tuple[str | None, int, str | None],
-) -> list[str]:
-    """write_shards to a URL: write each shard locally, upload it with its sidecars, and
-    upload the index last (an index in the folder implies its shards are there)."""
-    urls: list[str] = []
-    rows: list[list[Any]] = []
-    with tempfile.TemporaryDirectory(prefix=".loaderkit-upload-") as staging:
-        for i, data in enumerate(shards):
-            local, samples, extras = _write_one(
-                reader, Path(staging) / f"{prefix}-{i:05d}{ext}", data, *codec
-            )
-            for side in sorted(Path(staging).iterdir()):
-                if side.name.startswith(local.name) and side.name.endswith(OWN_SUFFIXES):
-                    storage.upload(side, join_url(url, side.name))
-                    side.unlink()
-            target = join_url(url, local.name)
-            storage.upload(local, target)
-            local.unlink()  # one shard on local disk at a time
-            urls.append(target)
-            rows.append([local.name, 0, "", int(samples), *([extras] if extras else [])])
-    if not urls:
-        raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
-    listed = {entry["name"]: entry for entry in storage.listing(url)}
-    for row in rows:
-        row[1], row[2] = listed[row[0]]["size"], listed[row[0]]["version"]
-    doc = remote_index_doc(rows, reader)
-    names = [r[0] for r in rows]
-    if index is None:
-        storage.write_bytes(join_url(url, remote_index_name(names, reader)), doc)
-    elif is_url(str(index)):
-        storage.write_bytes(str(index), doc)
-    else:
-        atomic_write(Path(index), lambda f: f.write(doc))
-    return urls
-
-
 def load_or_build_index(
     paths: Sequence[Path], reader: ShardReader, index: Path | None
 ) -> tuple[list[IndexEntry], Path]:
@@ -398,90 +326,10 @@ def load_or_build_index(
     return build_index(paths, reader, index, exclusive=True), index
 
 
-def write_shards(
-    directory: str | os.PathLike[str],
-    shards: Iterable[Any],
-    reader: Any,
-    *,
-    suffix: str | None = None,
-    prefix: str = "shard",
-    index: str | os.PathLike[str] | None = None,
-    storage_options: dict[str, Any] | None = None,
-    compression: str | None = None,
-    level: int | None = None,
-    hash: str | None = None,
-) -> list[Any]:
-    """Write one file per item of ``shards`` with ``reader.write`` and index them.
+def __getattr__(name: str) -> Any:
+    # write_shards lived here before loaderkit.data.writer; keep the old import path working.
+    if name == "write_shards":
+        from loaderkit.data.writer import write_shards
 
-    Args:
-        directory: Created if needed; or a folder URL (``s3://bucket/corpus``,
-            anything fsspec resolves; needs ``loaderkit[remote]``): each shard is
-            written locally, uploaded with its sidecars and deleted, and the
-            index is uploaded last.
-        shards: One item per shard: token arrays for :class:`TokenReader`,
-            iterables of JSON-able samples for :class:`JsonlReader`.
-        reader: A :class:`ShardReader` with a ``write(path, data)`` method.
-        suffix: File suffix (default: the reader's first, e.g. ``.npy``).
-        prefix: Files are named ``{prefix}-00000{suffix}``, ...
-        index: Where to write the index (default: where :class:`ShardedDataset`
-            looks for it); a path, or a URL for a remote folder.
-        storage_options: The fsspec filesystem's options for a URL (e.g.
-            ``{"endpoint_url": ...}``).
-        compression: ``"zstd"``: each shard is compressed whole and named with
-            ``.zst`` appended (``shard-00000.bin.zst``); the index records it, so
-            every reader reads it with no flag (it is decoded once per machine
-            into the local cache, then memory-mapped: :mod:`loaderkit.data._codec`).
-            Needs ``loaderkit[zstd]``. Default None: plain files.
-        level: The zstd level (default 3; -7 to 22, higher is smaller and slower
-            to write; reading speed barely changes).
-        hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or
-            ``"xxh3_128"`` (the xxh ones need ``loaderkit[zstd]``): each shard
-            file's digest is stored in the index and checked the first time a
-            machine reads the file (a shard at a URL: after its download, before
-            it enters the cache); a mismatch is a :class:`ShardError`.
-
-    Returns:
-        The shard paths (URLs for a URL), in order: pass them (or ``directory``) to
-        :class:`ShardedDataset`.
-
-    Example:
-        >>> import tempfile
-        >>> from loaderkit import JsonlReader, ShardedDataset
-        >>> data = [[{"a": 1}], [{"a": 2}, {"a": 3}]]
-        >>> paths = write_shards(tempfile.mkdtemp(), data, JsonlReader())
-        >>> [p.name for p in paths], ShardedDataset(paths, JsonlReader()).sizes
-        (['shard-00000.jsonl', 'shard-00001.jsonl'], (1, 2))
-    """
-    write = getattr(reader, "write", None)
-    if not callable(write):
-        raise TypeError(
-            f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
-        )
-    ext = suffix if suffix is not None else reader.suffixes[0]
-    comp, lvl = check_compression(compression, level, "write_shards")
-    codec = (comp, lvl, check_hash(hash, "write_shards"))
-    if is_url(directory):
-        storage = Storage(str(directory), storage_options)
-        return _write_remote(str(directory), shards, reader, ext, prefix, index, storage, codec)
-    if storage_options is not None:
-        raise ValueError(
-            f"write_shards: storage_options is for a URL, but directory={str(directory)!r} is "
-            "a local path; leave storage_options out, or pass a URL."
-        )
-    root = Path(directory)
-    if root.exists() and not root.is_dir():
-        raise ValueError(
-            f"write_shards: directory={str(root)!r} is a file, not a directory; pass the "
-            "path of a directory (it is created if needed)."
-        )
-    root.mkdir(parents=True, exist_ok=True)
-    known: dict[Path, tuple[int, dict[str, Any] | None]] = {}
-    for i, data in enumerate(shards):
-        path, samples, extras = _write_one(reader, root / f"{prefix}-{i:05d}{ext}", data, *codec)
-        known[path] = (samples, extras)
-    paths = list(known)
-    if not paths:
-        raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
-    target = default_index_path(paths, reader) if index is None else Path(index)
-    build_index(paths, reader, target, known=known)
-    return paths
+        return write_shards
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -211,9 +211,7 @@ def test_persistent_workers_predict_an_epoch_that_opens_like_the_last(
     ds = ShardedDataset(url, READER, remote=cache(s3, tmp_path, prefetch=2))
     sampler = ds.batch_sampler(4, seed=7, window=8, mix_shards=2)
     plan = sampler.plan
-    opening = [
-        plan.schedule(e, start=0, rank=0, world_size=2).indices(0)[0].item() for e in (0, 1)
-    ]
+    opening = [plan.schedule(e, start=0, rank=0, world_size=2).indices(0)[0].item() for e in (0, 1)]
     assert opening[0] == opening[1]  # the case under test
     dl = ResumableDataLoader(
         ds, batch_sampler=sampler, num_workers=2, persistent_workers=True, rank=0, world_size=2

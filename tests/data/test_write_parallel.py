@@ -1,0 +1,261 @@
+"""write_shards in writer processes: the same files for any num_workers, resumable after kill -9.
+
+Writers start by forkserver (the default), so the ``fn`` of these tests live at
+module level: the writers import them from this module by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import ShardedDataset, TokenReader, write_shards
+from loaderkit.data.writer import WORK_DIR
+
+READER = TokenReader(seq_len=4, dtype=np.uint16)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make(n: int) -> np.ndarray:
+    """Shard ``n``: a few samples whose tokens encode ``n`` (different sizes per shard)."""
+    return np.repeat(np.arange(n * 100, n * 100 + 5 + n % 3), 4).astype(np.uint16)
+
+
+def make_logged(spec: tuple[int, str, float]) -> np.ndarray:
+    """``make(n)``, noting the call in ``log`` (one line, O_APPEND) after ``delay`` seconds."""
+    n, log, delay = spec
+    time.sleep(delay)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{n}\n".encode())
+    finally:
+        os.close(fd)
+    if n < 0:
+        raise ValueError(f"boom in shard input {n}")
+    return make(n)
+
+
+def explode(n: int) -> np.ndarray:
+    if n == 3:
+        raise ValueError("boom: input 3 is bad")
+    return make(n)
+
+
+def snapshot(root: Path) -> tuple[dict[str, bytes], list[list[Any]]]:
+    """Every file's bytes (the index aside) and the index rows without their mtimes."""
+    files = {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+    (index,) = [n for n in files if n.startswith(".loaderkit-index-")]
+    rows = json.loads(files.pop(index))["shards"]
+    return files, [[r[0], r[1], r[3], *r[4:]] for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("compression", "hash"), [(None, None), ("zstd", "sha256"), (None, "xxh3_64"), ("zstd", None)]
+)
+def test_the_same_files_and_index_for_0_and_2_workers(
+    tmp_path: Path, compression: str | None, hash: str | None
+) -> None:
+    if compression or (hash or "").startswith("xxh"):
+        pytest.importorskip("zstandard")
+        pytest.importorskip("xxhash")
+    kw: dict[str, Any] = {"compression": compression, "hash": hash, "progress": False}
+    a = write_shards(tmp_path / "a", [make(n) for n in range(7)], READER, **kw)
+    b = write_shards(tmp_path / "b", range(7), READER, fn=make, num_workers=2, **kw)
+    c = write_shards(tmp_path / "c", (make(n) for n in range(7)), READER, num_workers=2, **kw)
+    assert [p.name for p in a] == [p.name for p in b] == [p.name for p in c]
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b") == snapshot(tmp_path / "c")
+    assert not (tmp_path / "b" / WORK_DIR).exists()  # markers gone once the index is written
+    ds = ShardedDataset(tmp_path / "b", READER)
+    assert ds.sizes == tuple(5 + n % 3 for n in range(7))
+    assert int(ds[0][0]) == 0 and int(ds[len(ds) - 1][0]) == 600 + 5 + 6 % 3 - 1
+
+
+def run_child(folder: str, log: str, shards: int) -> None:
+    """The writing subprocess of the kill -9 test."""
+    inputs = [(n, log, 0.4) for n in range(shards)]
+    write_shards(folder, inputs, READER, fn=make_logged, num_workers=2, progress=False)
+
+
+def test_kill_9_mid_run_then_resume_writes_only_the_missing_shards(tmp_path: Path) -> None:
+    shards = 10
+    ref = tmp_path / "ref"
+    write_shards(ref, range(shards), READER, fn=make, progress=False)
+    folder, log = tmp_path / "out", tmp_path / "calls.log"
+    code = (
+        "from tests.data.test_write_parallel import run_child; "
+        f"run_child({str(folder)!r}, {str(log)!r}, {shards})"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True
+    )
+    markers = folder / WORK_DIR
+    deadline = time.monotonic() + 120
+    try:
+        while len(list(markers.glob("*.json"))) < 3:
+            assert child.poll() is None, "the writer finished before it was killed"
+            assert time.monotonic() < deadline, "no shard was written in 120 s"
+            time.sleep(0.02)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the writer and its processes, mid-shard
+        child.wait()
+    done = {p.name.removesuffix(".json") for p in markers.glob("*.json")}
+    assert 3 <= len(done) < shards
+    assert not any(p.name.startswith(".loaderkit-index-") for p in folder.iterdir())
+    before = {name: (folder / name).stat().st_mtime_ns for name in done}
+    log.write_text("")
+    run_child(str(folder), str(log), shards)  # the same call again, in this process
+    rewritten = sorted(int(x) for x in log.read_text().split())
+    assert len(rewritten) == shards - len(done)
+    assert {f"shard-{n:05d}.npy" for n in rewritten}.isdisjoint(done)
+    assert all((folder / name).stat().st_mtime_ns == ns for name, ns in before.items())
+    assert snapshot(folder) == snapshot(ref)
+    assert not list(folder.glob(".*.tmp")) and not (folder / WORK_DIR).exists()
+
+
+def test_a_worker_error_names_the_shard_and_keeps_its_traceback(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="boom: input 3 is bad") as info:
+        write_shards(tmp_path, range(6), READER, fn=explode, num_workers=2, progress=False)
+    assert any("shard 3 (shard-00003.npy)" in n for n in getattr(info.value, "__notes__", []))
+    assert "in explode" in str(info.value.__cause__)  # the worker's own traceback
+    assert not any(p.name.startswith(".loaderkit-index-") for p in tmp_path.iterdir())
+    # Another fn: another settings key, every shard is written again.
+    write_shards(tmp_path, range(6), READER, fn=make, num_workers=2, progress=False)
+    assert ShardedDataset(tmp_path, READER).sizes == tuple(5 + n % 3 for n in range(6))
+
+
+def test_an_error_in_the_caller_names_the_shard(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="boom: input 3 is bad") as info:
+        write_shards(tmp_path, range(6), READER, fn=explode, progress=False)
+    assert any("shard 3 (shard-00003.npy)" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_resume_in_the_caller_skips_the_finished_shards(tmp_path: Path) -> None:
+    log = str(tmp_path / "calls.log")
+    bad = [(n if n != 4 else -1, log, 0.0) for n in range(7)]
+    with pytest.raises(ValueError, match="boom in shard input -1"):
+        write_shards(tmp_path / "d", bad, READER, fn=make_logged, progress=False)
+    Path(log).write_text("")
+    good = [(n, log, 0.0) for n in range(7)]
+    write_shards(tmp_path / "d", good, READER, fn=make_logged, progress=False)
+    assert [int(x) for x in Path(log).read_text().split()] == [4, 5, 6]
+    write_shards(tmp_path / "ref", range(7), READER, fn=make, progress=False)
+    assert snapshot(tmp_path / "d") == snapshot(tmp_path / "ref")
+    # resume=False writes every shard again.
+    Path(log).write_text("")
+    write_shards(tmp_path / "e", bad[:4], READER, fn=make_logged, progress=False)
+    write_shards(tmp_path / "e", good[:4], READER, fn=make_logged, progress=False, resume=False)
+    assert len(Path(log).read_text().split()) == 8
+
+
+def test_a_changed_setting_or_shard_file_is_written_again(tmp_path: Path) -> None:
+    log = str(tmp_path / "calls.log")
+    inputs = [(n if n != 2 else -1, log, 0.0) for n in range(4)]
+    with pytest.raises(ValueError, match="boom"):
+        write_shards(tmp_path, inputs, READER, fn=make_logged, progress=False)
+    Path(log).write_text("")
+    # shard 1 changed on disk since its marker: it does not count as done.
+    (tmp_path / "shard-00001.npy").write_bytes(b"garbage")
+    good = [(n, log, 0.0) for n in range(4)]
+    write_shards(tmp_path, good, READER, fn=make_logged, progress=False)
+    assert sorted(int(x) for x in Path(log).read_text().split()) == [1, 2, 3]
+    with pytest.raises(ValueError, match="boom"):
+        write_shards(tmp_path / "z", inputs, READER, fn=make_logged, progress=False)
+    Path(log).write_text("")
+    write_shards(tmp_path / "z", good, READER, fn=make_logged, progress=False, prefix="other")
+    assert len(Path(log).read_text().split()) == 4  # another prefix: other files
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_workers": -1}, ValueError, "num_workers"),
+        ({"num_workers": "2"}, TypeError, "num_workers"),
+        ({"num_workers": 2, "mp_context": "nope"}, ValueError, "mp_context='nope'"),
+        ({"num_workers": 2, "mp_context": 3}, TypeError, "mp_context must be"),
+        ({"mp_context": "spawn"}, ValueError, "mp_context='spawn' needs num_workers >= 1"),
+        ({"fn": 3}, TypeError, "fn must be a callable"),
+        ({"progress": "yes"}, TypeError, "progress must be a bool"),
+        ({"resume": 1}, TypeError, "resume must be a bool"),
+    ],
+)
+def test_bad_arguments_are_named(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        write_shards(tmp_path, [make(0)], READER, **kwargs)
+    assert not any(p.name.startswith("shard-") for p in tmp_path.iterdir())
+
+
+def test_progress_bar_or_line_on_stderr_and_none_with_progress_false(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_shards(tmp_path / "a", [make(0), make(1)], READER, progress=False)
+    assert capsys.readouterr().err == ""
+    write_shards(tmp_path / "b", [make(0), make(1)], READER)
+    assert "2/2" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # no tqdm: a plain line
+    write_shards(tmp_path / "c", [make(0), make(1)], READER)
+    assert "write_shards: 2/2 shards (0 already done)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ to a URL
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.support.s3 import LocalS3
+
+    server = LocalS3(log=tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+def remote_names(s3: Any, url: str) -> dict[str, int]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    return {p["name"].rsplit("/", 1)[1]: p["size"] for p in fs.ls(url, detail=True)}
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_to_s3_with_workers_and_resume(s3: Any, tmp_path: Path, compression: str | None) -> None:
+    from loaderkit import RemoteCache
+
+    if compression:
+        pytest.importorskip("zstandard")
+    kw: dict[str, Any] = {
+        "storage_options": s3.options,
+        "progress": False,
+        "compression": compression,
+        "hash": "sha256",
+    }
+    base = f"s3://{s3.bucket}/write-{compression}"
+    seq = write_shards(f"{base}/seq", range(6), READER, fn=make, **kw)
+    log = str(tmp_path / "calls.log")
+    bad = [(n if n != 3 else -1, log, 0.0) for n in range(6)]
+    with pytest.raises(ValueError, match="boom in shard input -1"):
+        write_shards(f"{base}/par", bad, READER, fn=make_logged, **kw)
+    assert any(n == WORK_DIR for n in remote_names(s3, f"{base}/par"))
+    Path(log).write_text("")
+    good = [(n, log, 0.0) for n in range(6)]
+    par = write_shards(f"{base}/par", good, READER, fn=make_logged, num_workers=2, **kw)
+    assert sorted(int(x) for x in Path(log).read_text().split()) == [3, 4, 5]
+    assert [u.rsplit("/", 1)[1] for u in seq] == [u.rsplit("/", 1)[1] for u in par]
+    a, b = remote_names(s3, f"{base}/seq"), remote_names(s3, f"{base}/par")
+    assert a == b and WORK_DIR not in b  # same objects, same sizes; markers removed
+    cache = RemoteCache(cache_dir=tmp_path / "cache", storage_options=s3.options)
+    ds = ShardedDataset(f"{base}/par", READER, remote=cache)
+    assert ds.sizes == tuple(5 + n % 3 for n in range(6))
+    assert ds.describe()["remote"]["fetched"] == 0  # counted from the index
+    assert int(ds[len(ds) - 1][0]) == 500 + 5 + 5 % 3 - 1
