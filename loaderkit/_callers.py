@@ -43,6 +43,7 @@ __all__ = [
     "HostAdapter",
     "host",
     "host_batches_done",
+    "host_epoch_meant",
     "host_held_batches",
     "host_restarting_mid_epoch",
     "host_topology",
@@ -78,6 +79,11 @@ class HostAdapter(Protocol):
         """Whether the host's training loop, setting ``loader``'s epoch, is restarting in
         the middle of that epoch (True) or starting it (False); None when ``loader`` is
         not one of the train loaders of a host loop on the call stack."""
+        ...
+
+    def epoch_meant(self, loader: object, epoch: int) -> int | None:
+        """The epoch the host's training loop trains when it sets ``loader``'s epoch to
+        ``epoch`` (they differ after some restarts); None when no host loop drives it."""
         ...
 
 
@@ -138,6 +144,13 @@ def host_restarting_mid_epoch(loader: object) -> bool | None:
     epoch (False), or no host loop drives ``loader`` (None)."""
     adapter = host()
     return None if adapter is None else adapter.restarting_mid_epoch(loader)
+
+
+def host_epoch_meant(loader: object, epoch: int) -> int | None:
+    """The epoch a host loop that sets ``loader``'s epoch to ``epoch`` trains, or None when
+    no host loop drives ``loader``."""
+    adapter = host()
+    return None if adapter is None else adapter.epoch_meant(loader, epoch)
 
 
 def host_held_batches(loader: object) -> int | None:

@@ -229,6 +229,29 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
+    def epoch_meant(self, loader: object, epoch: int) -> int | None:
+        """The epoch the fit loop trains when it sets train loader ``loader``'s epoch.
+
+        The fit loop passes ``epoch_progress.current.processed`` and trains
+        ``current_epoch`` (``.completed``). They are equal at every epoch start
+        except after a restart from the checkpoint written when ``max_steps``
+        stopped an epoch part-way: that epoch counts as processed but not
+        completed, so the loop goes on with its remaining batches as
+        ``current_epoch`` while setting samplers to the next epoch, and stays
+        one ahead for the rest of the run. Following ``current_epoch`` keeps the
+        resumed run's data the uninterrupted run's. None when no Trainer on the
+        stack trains on ``loader``, or ``epoch`` is not the fit loop's value.
+        """
+        trainer: Any = driver_on_stack(depth=2)
+        if trainer is None or not hasattr(trainer, "fit_loop"):
+            return None
+        if not any(dl is loader for dl in train_loaders(trainer)):
+            return None
+        progress = trainer.fit_loop.epoch_progress.current
+        if epoch != progress.processed:
+            return None  # not the fit loop's own call (e.g. the user's, in a hook)
+        return int(progress.completed)
+
 
 def train_loaders(trainer: Any) -> list[Any]:
     """The train loaders of the running fit (empty before they are set up)."""

@@ -43,7 +43,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from loaderkit._callers import host_batches_done, host_restarting_mid_epoch
+from loaderkit._callers import host_batches_done, host_epoch_meant, host_restarting_mid_epoch
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -504,6 +504,8 @@ class ResumableDataLoader:
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )
+        meant = host_epoch_meant(self, epoch)
+        epoch = epoch if meant is None else meant
         engine = self._stream or self._iterable
         if engine is not None:
             engine.set_epoch(epoch)
@@ -691,6 +693,24 @@ class ResumableDataLoader:
         # if it disagrees with the position, it silently cuts or overruns the epoch.
         counted = host_batches_done(self)
         if counted is not None and counted != steps_done:
+            loaded = self._cursor.loaded(self.plan)
+            # Loaded at the end of `epoch`, which Lightning (see epoch_meant) still trains.
+            ended = loaded is not None and not loaded[1] and loaded[0] == epoch + 1
+            if ended and counted == self.plan.num_steps(epoch, start=0, world_size=world_size):
+                # Lightning's own bookkeeping: it records a max_steps stop at an epoch's
+                # last batch as processed but not completed, and on restore runs one more
+                # batch in that epoch (with a DataLoader it re-trains the epoch's first).
+                raise StateMismatchError(
+                    f"ResumableDataLoader: the checkpoint was written when the run stopped "
+                    f"exactly at the end of epoch {epoch} (max_steps, or a stop after the "
+                    f"epoch's last batch, before Lightning closed the epoch): Lightning "
+                    f"restores it counting all {counted} batches of epoch {epoch} as done "
+                    "yet runs one more batch in that epoch, which would add a batch the "
+                    "uninterrupted run never trained (it does so with any loader). Resume "
+                    "from a checkpoint saved during training (ModelCheckpoint("
+                    "every_n_train_steps=...)) or at an epoch's end by max_epochs, or stop "
+                    "at a max_steps that is not a multiple of the epoch length."
+                )
             raise StateMismatchError(
                 f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
                 f"{epoch} as done, but the loader's position is {steps_done} batches into it "

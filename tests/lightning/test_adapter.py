@@ -26,7 +26,7 @@ from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from packaging.version import Version
 
-from loaderkit import LoaderkitError, ResumableDataLoader, _callers
+from loaderkit import LoaderkitError, ResumableDataLoader, StateMismatchError, _callers
 from loaderkit.lightning import _adapter
 from tests.support.helpers import (
     IdDataModule,
@@ -350,6 +350,63 @@ def test_a_restore_after_an_epochs_last_batch_is_marked_in_the_batch_progress(
         "resize_train_epoch",
     )
     assert model.steps == [(1, i) for i in range(4)]
+
+
+class _Recorder(L.LightningModule):
+    """Trains on ``IdDataset`` batches and records ``(current_epoch, ids)`` per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.current_epoch, batch["id"].tolist()))
+        return self.layer(batch["id"].float().view(-1, 1)).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None) -> list[Any]:
+    model = _Recorder()
+    loader = ResumableDataLoader(IdDataset(16), batch_size=4, shuffle=True, seed=0)
+    callback = L.pytorch.callbacks.ModelCheckpoint(dirpath=root, save_last=True)
+    kwargs = trainer_kwargs(max_steps=max_steps, max_epochs=-1, callbacks=[callback])
+    L.Trainer(**{**kwargs, "enable_checkpointing": True}).fit(
+        model, train_dataloaders=loader, ckpt_path=ckpt
+    )
+    return model.seen
+
+
+@pytest.mark.parametrize("stop", [1, 6, 9])
+def test_a_run_stopped_by_max_steps_mid_epoch_resumes_from_its_last_checkpoint(
+    tmp_path: Path, stop: int
+) -> None:
+    # Internal: fit_loop.epoch_progress.current (processed vs completed). Lightning records
+    # a max_steps stop part-way through an epoch as processed but not completed; on
+    # restore it goes on with that epoch's batches while setting samplers to the next
+    # epoch (`processed`). The loader follows current_epoch (`completed`).
+    full = _fit_to(10, tmp_path / "full")
+    before = _fit_to(stop, tmp_path / "cut")
+    after = _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt")
+    assert before + after == full, changed(
+        "fit_loop.epoch_progress (processed/completed after a max_steps stop)",
+        "LightningHost.epoch_meant",
+    )
+
+
+def test_a_max_steps_stop_at_an_epochs_last_batch_is_refused_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    # Lightning restores it counting the whole epoch done yet runs one more batch in it.
+    _fit_to(4, tmp_path / "cut")
+    with pytest.raises(
+        StateMismatchError,
+        match=r"stopped exactly at the end of epoch 0.*"
+        r"every_n_train_steps",
+    ):
+        _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt")
 
 
 class _FabricDataParallelOf(L.fabric.strategies.SingleDeviceStrategy):
