@@ -1,4 +1,4 @@
-"""loaderkit vs its peers on one token corpus: read speed and time to the first batch after a resume.
+"""loaderkit vs its peers on one token corpus: read speed, and the first batch after a resume.
 
 Data (issue 12): ``--tokens`` uint16 tokens (default 50M) in ``--shards`` (16)
 uneven shards (0.75x-1.25x the mean), samples of ``--seq-len`` (2048) tokens,
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import multiprocessing
 import os
 import random
 import statistics
@@ -164,6 +165,7 @@ def make_litdata(paths: list[Path], root: Path, args: argparse.Namespace) -> Con
 
     out = root / "litdata"
     start = time.perf_counter()
+    method = multiprocessing.get_start_method(allow_none=True)
     optimize(
         fn=litdata_rows,
         inputs=[str(p) for p in paths],
@@ -174,6 +176,9 @@ def make_litdata(paths: list[Path], root: Path, args: argparse.Namespace) -> Con
         reorder_files=False,
         verbose=False,
     )
+    # optimize() sets the process-wide start method (force=True): put it back, or every
+    # later DataLoader here would start its workers under litdata's choice (spawn).
+    multiprocessing.set_start_method(method, force=True)
     print(f"litdata optimize: {time.perf_counter() - start:.1f} s")
 
     def dataset() -> Any:

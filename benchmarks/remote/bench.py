@@ -34,6 +34,7 @@ Usage: ``python benchmarks/remote/bench.py [--shards 16] [--tokens 2000000] [--w
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import socket
@@ -120,6 +121,7 @@ def litdata_epochs(
     from litdata.streaming.item_loader import TokensLoader
 
     out = work / "litdata"
+    method = multiprocessing.get_start_method(allow_none=True)
     optimize(
         fn=litdata_rows,
         inputs=[str(p) for p in local],
@@ -130,6 +132,9 @@ def litdata_epochs(
         reorder_files=False,
         verbose=False,
     )
+    # optimize() sets the process-wide start method (force=True): put it back, or every
+    # later DataLoader here would start its workers under litdata's choice (spawn).
+    multiprocessing.set_start_method(method, force=True)
     s3fs.S3FileSystem(skip_instance_cache=True, **options).put(
         str(out) + "/", "bench/litdata/", recursive=True
     )
