@@ -50,6 +50,7 @@ QUICK_ARGS: dict[str, list[str]] = {
         "--state-calls 2000 --state-epochs 2",
         "seeding": "--repeats 1 --seed-batches 2 --samples 5000 --batches 5 --png-samples 256 "
         "--png-batches 2 --workers 0",
+        "peers": "--tokens 2000000 --shards 4 --workers 0 --batches 50 --repeats 1",
         "plans": "--samples 1000000 10000000000 --repeats 1 --old-max 1000000 --steady-batches 200",
         "remote": "--shards 4 --tokens 200000 --workers 0 --repeats 1",
         "resume": "--samples 500000 --repeats 2 --stream-samples 200000",
