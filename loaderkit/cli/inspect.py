@@ -349,7 +349,13 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
         lines.append(f"  train samples/s  by num_workers: {rates}")
         lines.append(
             f"  num_workers      suggested {facts['best']} (the fewest within 10% of the best)"
+            + (
+                "; the module's num_workers='auto' chooses in the run from the data wait"
+                if facts.get("num_workers") == "auto"
+                else ""
+            )
         )
+        lines.extend(_wait_lines(probe.get(0), splits.get("train", {}), world_size))
     else:
         lines.append(
             "  num_workers      not probed: only loaderkit's DataModules can rebuild their "
@@ -358,6 +364,20 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
     verdict = "yes" if facts["resumable_exactly"] else "NO"
     lines.append(f"  exact resume     {verdict}: {facts['resumable_reason']}")
     return "\n".join(lines)
+
+
+def _wait_lines(rate: float | None, train: dict[str, Any], world_size: int) -> list[str]:
+    """What in-process loading costs a training step: the data wait it would cause."""
+    samples, batches = train.get("samples"), train.get("batches_per_rank")
+    if not rate or not samples or not batches:
+        return []
+    per_batch_ms = samples / world_size / batches / rate * 1e3  # the mean batch of a rank
+    # A step of s ms waits w/(w+s) for in-process loading of w ms: > 10 % below 9w.
+    return [
+        f"  data wait        in-process loading takes {per_batch_ms:.2f} ms per train batch: "
+        f"a training step shorter than {9 * per_batch_ms:.1f} ms would wait > 10% of its "
+        "time for data (DataWaitMonitor measures it in a run; num_workers='auto' acts on it)"
+    ]
 
 
 def _mix_lines(mix: dict[str, Any] | None) -> list[str]:

@@ -143,6 +143,12 @@ def test_inspect_yaml_config(project: Path) -> None:
     assert "per rank at world size 2: train 8, val 1" in out  # ceil(900 / 64 / 2), ceil(100/128)
     assert re.search(r"by num_workers: 0: [\d,]+, 1: [\d,]+", out), out
     assert re.search(r"num_workers      suggested [01] ", out), out
+    # The probe's in-process rate as the data wait a training step would see.
+    assert re.search(
+        r"data wait        in-process loading takes [\d.]+ ms per train batch: "
+        r"a training step shorter than [\d.]+ ms would wait > 10%",
+        out,
+    ), out
     assert "exact resume     yes:" in out
 
 
