@@ -206,7 +206,10 @@ class ShardedDataset(Dataset[Any]):
             max_open=max_open_shards,
             remember_failures=on_error == "skip",
             fetch=None if self._remote is None else self._remote.local,
+            ranged=None if self._remote is None else self._remote.open_ranged,
         )
+        if self._remote is not None:
+            self._remote.ranged_ok = True
 
     # --------------------------------------------------------------- basics
     def __len__(self) -> int:
