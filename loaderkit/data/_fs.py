@@ -60,6 +60,12 @@ _PERMANENT = (
 T = TypeVar("T")
 
 
+def _refused(status: int) -> bool:
+    """An HTTP status that says the request itself is wrong (4xx but timeouts and rate
+    limits, 501 Not Implemented): never retried."""
+    return (400 <= status < 500 and status not in (408, 425, 429)) or status == 501
+
+
 def is_url(value: Any) -> bool:
     """Whether ``value`` names a shard folder or file by URL (``s3://...``, ``https://...``)."""
     return isinstance(value, str) and "://" in value and not value.startswith("file://")
@@ -178,6 +184,14 @@ class Storage:
                     path=url,
                 ) from exc
             except Exception as exc:
+                status = getattr(exc, "status", None)
+                if isinstance(status, int) and _refused(status):
+                    raise ShardError(
+                        f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
+                        "retrying cannot help: check the URL, and that the server allows "
+                        "this request.",
+                        path=url,
+                    ) from exc
                 if attempt >= self.retries:
                     raise ShardError(
                         f"{what} {url!r} failed {attempt + 1} time(s), the last with "

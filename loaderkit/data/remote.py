@@ -551,6 +551,15 @@ class RemoteShards:
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
             samples = self._count_footer(i, reader)
+            if samples is None and self._eligible(i):
+                # Fixed-length token samples: the header says how many (no download).
+                try:
+                    layout = self._probe(i)
+                except RangesUnsupported:
+                    self._no_ranges = True
+                    layout = None
+                if layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
+                    samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
             if samples is None:
                 decoded = self.local(i)
                 samples = reader.count(decoded)
@@ -627,7 +636,9 @@ class RemoteShards:
         self._layouts[index] = layout
         return layout
 
-    def _rangeable(self, index: int) -> bool:
+    def _eligible(self, index: int) -> bool:
+        """Whether shard ``index`` may be read by ranges: fixed-length token samples of a
+        plain ``.npy``/``.bin`` (a hashed or compressed shard is fetched whole)."""
         mode, reader, shard = self.cache.range_reads, self.reader, self.shards[index]
         if mode is False or not self.ranged_ok or self._no_ranges:
             return False
@@ -635,7 +646,11 @@ class RemoteShards:
             return False
         if reader.seq_len is None or is_compressed(shard.name) or self._digest(index):
             return False
-        if not shard.name.endswith((".npy", ".bin")) or shard.size == 0:
+        return shard.name.endswith((".npy", ".bin")) and shard.size > 0
+
+    def _rangeable(self, index: int) -> bool:
+        mode, shard = self.cache.range_reads, self.shards[index]
+        if not self._eligible(index):
             return False
         if mode is True:
             return True

@@ -26,7 +26,7 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 class _Handler(http.server.SimpleHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: requests are recorded in server.requests instead
 
     def send_head(self) -> Any:
