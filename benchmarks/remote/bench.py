@@ -13,6 +13,11 @@ limits: this measures loaderkit's fetching and cache, not a link).
   every shard is fetched during the epoch, ahead of the batches that read it.
 - (w) warm: the same, with the cache filled by a previous epoch.
 
+- (h) resumed half epoch: a run stopped in the middle of its epoch resumes on a
+  fresh dataset and an empty cache, with whole-file downloads and with
+  ``RemoteCache(range_reads=True, block_bytes=1 MiB)``: bytes fetched and
+  samples/s of the rest of the epoch (the same batches, checked).
+
 Each figure is one epoch through ``ResumableDataLoader`` (samples/s, the
 batches only iterated); median of ``--repeats`` epochs (a fresh cache for each
 cold one). Goals: warm >= 0.8x local, cold >= 0.5x local.
@@ -224,6 +229,27 @@ def peer_rates(
     return out
 
 
+def resumed_half(make: Any, args: argparse.Namespace) -> tuple[float, int, list[Any]]:
+    """Samples/s and bytes fetched of the second half of an epoch, resumed on a cold cache."""
+    ds = make("first")
+    sampler = ds.batch_sampler(args.batch_size, seed=0, mix_shards=8)
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=args.workers)
+    it = iter(loader)
+    for _ in range(len(loader) // 2):
+        next(it)
+    state = loader.state_dict()
+    del it
+    again = make("resumed")
+    sampler = again.batch_sampler(args.batch_size, seed=0, mix_shards=8)
+    resumed = ResumableDataLoader(again, batch_sampler=sampler, num_workers=args.workers)
+    resumed.load_state_dict(state)
+    start = time.perf_counter()
+    batches = [b[:, :4].clone() for b in resumed]
+    rate = sum(len(b) for b in batches) / (time.perf_counter() - start)
+    info = again.describe()["remote"]
+    return rate, int(info["fetched_bytes"] + info["range_bytes"]), batches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shards", type=int, default=16)
@@ -287,6 +313,34 @@ def main() -> None:
             + ", ".join(f"{k} {stats[k]}" for k in ("fetched", "prefetched", "hits", "waited",
                                                      "retries", "evicted", "unplanned"))
         )  # fmt: skip
+        half: dict[str, tuple[float, int, list[Any]]] = {}
+        for mode in (False, True):
+
+            def make(name: str, mode: bool = mode) -> ShardedDataset:
+                cached = RemoteCache(
+                    cache_dir=work / f"half-{mode}-{name}",
+                    storage_options=options,
+                    max_bytes=8 << 30,
+                    range_reads=mode,
+                    block_bytes=1 << 20,
+                )
+                return ShardedDataset(url, reader, remote=cached)
+
+            half["r" if mode else "f"] = resumed_half(make, args)
+        same = all((a == b).all() for a, b in zip(half["f"][2], half["r"][2], strict=True)) and len(
+            half["f"][2]
+        ) == len(half["r"][2])
+        shard_mb = total_mb
+        print(
+            f"\n### (h) resumed half epoch (cold cache), {shard_mb:.0f} MiB of shards; "
+            f"same batches: {same}\n"
+        )
+        print("| fetching | MiB fetched | samples/s |")
+        print("|---|---:|---:|")
+        for key, name in (("f", "whole files"), ("r", "range reads, 1 MiB blocks")):
+            print(f"| {name} | {half[key][1] / 2**20:.1f} | {half[key][0]:,.0f} |")
+        if not same:
+            raise SystemExit("range reads gave other batches than whole files")
         ratios = [
             Ratio("s3:// warm cache / local files", med["w"] / med["l"], 0.8),
             Ratio("s3:// cold cache / local files", med["c"] / med["l"], 0.5),

@@ -24,13 +24,14 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from loaderkit._atomic import temp_path
 from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
 
-__all__ = ["REMOTE_EXTRA", "Storage", "is_url", "join_url", "url_name"]
+__all__ = ["REMOTE_EXTRA", "RangesUnsupported", "Storage", "is_url", "join_url", "url_name"]
 
 REMOTE_EXTRA = "loaderkit[remote]"
 # The package behind each protocol fsspec itself does not implement.
@@ -57,6 +58,12 @@ _PERMANENT = (
 )
 
 T = TypeVar("T")
+
+
+def _refused(status: int) -> bool:
+    """An HTTP status that says the request itself is wrong (4xx but timeouts and rate
+    limits, 501 Not Implemented): never retried."""
+    return (400 <= status < 500 and status not in (408, 425, 429)) or status == 501
 
 
 def is_url(value: Any) -> bool:
@@ -168,7 +175,7 @@ class Storage:
                     "(storage_options=, or the provider's environment variables).",
                     path=url,
                 ) from exc
-            except (MissingDependencyError, ShardError):
+            except (MissingDependencyError, ShardError, RangesUnsupported):
                 raise
             except _PERMANENT as exc:
                 raise ShardError(
@@ -177,6 +184,14 @@ class Storage:
                     path=url,
                 ) from exc
             except Exception as exc:
+                status = getattr(exc, "status", None)
+                if isinstance(status, int) and _refused(status):
+                    raise ShardError(
+                        f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
+                        "retrying cannot help: check the URL, and that the server allows "
+                        "this request.",
+                        path=url,
+                    ) from exc
                 if attempt >= self.retries:
                     raise ShardError(
                         f"{what} {url!r} failed {attempt + 1} time(s), the last with "
@@ -201,6 +216,11 @@ class Storage:
         for entry in self.call("listing", url, ls):
             if entry.get("type", "file") != "file":
                 continue
+            if entry.get("size") is None:
+                # An https:// folder page lists names only: ask each file (a HEAD).
+                name = str(entry["name"])
+                info: dict[str, Any] = self.call("looking up", name, partial(self.fs.info, name))
+                entry = {**entry, **info}
             out.append(
                 {
                     "name": url_name(str(entry["name"])),
@@ -221,6 +241,30 @@ class Storage:
     def read_bytes(self, url: str) -> bytes:
         """The whole object at ``url``."""
         return bytes(self.call("reading", url, lambda: self.fs.cat_file(url)))
+
+    def read_ranges(self, url: str, spans: list[tuple[int, int]], size: int) -> list[bytes]:
+        """The bytes ``[start, end)`` of each span of the object at ``url`` (``size`` bytes),
+        in one call (fsspec ``cat_ranges``: concurrent requests where the filesystem is async).
+
+        A server that ignores ``Range:`` answers with the whole object: raised as
+        :class:`RangesUnsupported` (never returned as the span's bytes).
+        """
+
+        def cat() -> list[bytes]:
+            starts, ends = [a for a, _ in spans], [b for _, b in spans]
+            got = self.fs.cat_ranges([url] * len(spans), starts, ends, on_error="raise")
+            for (start, end), data in zip(spans, got, strict=True):
+                if isinstance(data, BaseException):
+                    raise data
+                if len(data) != end - start:
+                    if len(data) == size and end - start != size:
+                        raise RangesUnsupported(url)
+                    raise OSError(
+                        f"a range read of bytes [{start}, {end}) returned {len(data)} bytes"
+                    )
+            return [bytes(d) for d in got]
+
+        return self.call("reading a range of", url, cat)
 
     def write_bytes(self, url: str, data: bytes) -> None:
         """Write ``data`` as the object ``url`` (one PUT: atomic on object stores)."""
@@ -258,6 +302,10 @@ class Storage:
                     os.unlink(tmp)
 
         self.call("downloading", url, get)
+
+
+class RangesUnsupported(Exception):
+    """The server answered a range request with the whole object (it ignores ``Range:``)."""
 
 
 def version_of(entry: dict[str, Any]) -> str:

@@ -121,6 +121,8 @@ class OpenShards:
             instead of trying again on its next sample.
         fetch: For shards at URLs: the local file of shard ``i`` (fetched into the
             cache), which the reader opens in place of the shard.
+        ranged: For shards at URLs: shard ``i`` opened for range reads, or None when it is
+            read from a whole file (``fetch``).
     """
 
     def __init__(
@@ -134,9 +136,10 @@ class OpenShards:
         max_open: int | None,
         remember_failures: bool,
         fetch: Callable[[int], Path] | None = None,
+        ranged: Callable[[int], OpenShard | None] | None = None,
     ) -> None:
         self.shards, self.reader, self.sizes = shards, reader, sizes
-        self.fetch = fetch
+        self.fetch, self.ranged = fetch, ranged
         self.entries, self.index_path = entries, index_path
         self.max_open, self.remember_failures = max_open, remember_failures
         self.cache_root = default_cache_root()  # decoded copies, verified markers
@@ -249,7 +252,8 @@ class OpenShards:
 
     def _open_fetched(self, shard: int) -> OpenShard:
         assert self.fetch is not None
-        return self._open_or_count(self.fetch(shard))
+        handle = None if self.ranged is None else self.ranged(shard)
+        return handle if handle is not None else self._open_or_count(self.fetch(shard))
 
     def _open_or_count(self, local: Path) -> OpenShard:
         try:

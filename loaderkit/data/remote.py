@@ -82,7 +82,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from loaderkit._atomic import atomic_write
+from loaderkit._atomic import atomic_write, temp_path
 from loaderkit._checks import check_int
 from loaderkit.data._codec import (
     DigestMismatch,
@@ -94,10 +94,18 @@ from loaderkit.data._codec import (
     verify,
     with_compressed,
 )
-from loaderkit.data._fs import Storage, is_url, join_url, url_name
+from loaderkit.data._fs import RangesUnsupported, Storage, is_url, join_url, url_name
 from loaderkit.data._open import never_a_shard
+from loaderkit.data._ranges import (
+    HEAD_BYTES,
+    Layout,
+    RangedTokens,
+    npy_header_bytes,
+    npy_layout,
+    parquet_rows_from_tail,
+)
 from loaderkit.data.index import read_remote_index, remote_index_doc, remote_index_name
-from loaderkit.data.readers import OWN_SUFFIXES, ShardReader
+from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES, OpenShard, ShardReader, TokenReader
 from loaderkit.errors import MissingShardError, ShardError
 
 # RemoteShards and RemoteShard serve the sharded and streaming datasets.
@@ -116,7 +124,13 @@ STATS = (
     "over_budget",  # shards fetched although the budget was full (a read needed them)
     "unplanned",  # batches read without a prediction of the next ones
     "corrupt",  # files that failed their content hash (removed and fetched again once)
+    "range_bytes",  # bytes fetched by range reads (blocks of shards read in part)
+    "range_requests",  # byte ranges requested (adjacent missing blocks coalesced into one)
+    "blocks_fetched",  # blocks of range-read shards fetched into the cache
+    "block_hits",  # blocks a read found in the cache
+    "footers",  # Parquet footers read by a range read to count rows (no file downloaded)
 )
+_MAX_MAPS = 64  # block files kept memory-mapped per process
 _MAX_UNPLANNED_LEASES = 16
 _RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
 
@@ -138,6 +152,16 @@ class RemoteCache:
             reads now (0: fetch only when read).
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
+        range_reads: Read shards of fixed-length token samples (``TokenReader(seq_len=...)``
+            over plain ``.npy``/``.bin``: neither compressed nor hashed) by byte ranges,
+            fetching only the blocks of the samples each process reads: ``True`` for
+            every such shard; ``"auto"`` for those larger than ``max_bytes / (prefetch +
+            1)`` (the cache cannot hold the shards read at once) or of which the running
+            epoch reads at most half (a resumed epoch); ``False`` (default): whole files.
+            Other shards, and every shard of a server that ignores ``Range:``, are
+            fetched whole. Same samples either way.
+        block_bytes: Size of the blocks a range-read shard is fetched and cached in
+            (default 8 MiB); adjacent missing blocks are fetched in one request.
 
     Example:
         >>> cache = RemoteCache(cache_dir="/tmp/shard-cache", max_bytes=1 << 30, prefetch=2)
@@ -151,6 +175,8 @@ class RemoteCache:
     prefetch: int = 4
     retries: int = 5
     backoff_s: float = 0.5
+    range_reads: bool | str = False
+    block_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
         owner = "RemoteCache"
@@ -167,6 +193,15 @@ class RemoteCache:
                 f"RemoteCache: backoff_s must be a number of seconds >= 0, got "
                 f"{self.backoff_s!r}; pass e.g. 0.5."
             )
+        if self.range_reads not in (True, False, "auto") or not isinstance(
+            self.range_reads, bool | str
+        ):
+            raise ValueError(
+                f"RemoteCache: range_reads must be True, False or 'auto', got "
+                f"{self.range_reads!r}; pass range_reads='auto' to range-read shards that do "
+                "not fit the budget or that an epoch reads only in part."
+            )
+        check_int("block_bytes", self.block_bytes, 1, owner=owner, fix="pass a block size: 8 << 20")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise TypeError(
                 f"RemoteCache: storage_options must be a dict of fsspec filesystem options, "
@@ -311,8 +346,15 @@ class _Prediction:
         firsts: list[int],
         first_step: np.ndarray,
         last_step: np.ndarray,
+        sched: Any = None,
+        steps: Sequence[int] = (),
+        reads: np.ndarray | None = None,
+        workers: int = 1,
     ) -> None:
         self.key = key  # (epoch, start, rank, world_size) of the schedule
+        self.sched, self.steps = sched, steps  # this process's schedule steps, in order
+        self.reads = reads  # samples of each shard this process reads
+        self.workers = workers
         self.firsts = firsts
         self.first_step, self.last_step = first_step, last_step
         self.next = 0  # the batch expected next
@@ -368,6 +410,8 @@ class RemoteShards:
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
         self.folder = self.shards[0].url.rsplit("/", 1)[0]
         self.board = _Board()
+        self.reader: ShardReader | None = None  # set by count()
+        self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
         self._reset()
 
     # ------------------------------------------------------------- pickling
@@ -377,7 +421,7 @@ class RemoteShards:
         self._wake = threading.Condition(self._lock)
         self._leases: dict[str, int] = {}  # shard key -> fd holding a shared flock
         self._unplanned: OrderedDict[int, None] = OrderedDict()
-        self._queue: list[int] = []
+        self._queue: list[int | tuple[int, tuple[int, ...]]] = []
         self._thread: threading.Thread | None = None
         self._predictions: dict[tuple[int, int, int, int], _Prediction] = {}
         self._current: _Prediction | None = None
@@ -387,6 +431,15 @@ class RemoteShards:
         self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
         self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._verified: set[int] = set()  # cached shards this process checked the hash of
+        # Range reads: each shard's decision (its layout, or None: whole file), the leases
+        # held on blocks, those of the next batches, and open block maps.
+        self._layouts: dict[int, Layout | None] = {}
+        self._no_ranges = False  # the server ignores Range: every shard is fetched whole
+        self._block_keys: set[str] = set()
+        self._block_next: set[str] = set()
+        self._maps: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._ends_hint = np.zeros(1, dtype=np.int64)  # sample ends per shard (note_batch)
+        self._block_paths: dict[tuple[int, int], tuple[Path, Path, Path]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         keep = (
@@ -399,6 +452,8 @@ class RemoteShards:
             "extras",
             "folder",
             "board",
+            "reader",
+            "ranged_ok",
         )
         return {k: self.__dict__[k] for k in keep}
 
@@ -465,6 +520,7 @@ class RemoteShards:
         """The sample count of every shard: from the folder's shard index, checked against
         the listing; without one, each shard is fetched and counted once and the index
         written (to the folder, else into the cache directory)."""
+        self.reader = reader
         names = [s.name for s in self.shards]
         listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
         default = join_url(self.folder, remote_index_name(names, reader))
@@ -494,9 +550,20 @@ class RemoteShards:
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            decoded = self.local(i)
-            samples = reader.count(decoded)
-            self._release_all()
+            samples = self._count_footer(i, reader)
+            if samples is None and self._eligible(i):
+                # Fixed-length token samples: the header says how many (no download).
+                try:
+                    layout = self._probe(i)
+                except RangesUnsupported:
+                    self._no_ranges = True
+                    layout = None
+                if layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
+                    samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
+            if samples is None:
+                decoded = self.local(i)
+                samples = reader.count(decoded)
+                self._release_all()
             if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
                 raise TypeError(
                     f"{type(reader).__name__}.count({shard.url!r}) returned {samples!r}; it "
@@ -504,7 +571,8 @@ class RemoteShards:
                 )
             row: list[Any] = [shard.name, shard.size, shard.version, samples]
             if is_compressed(shard.name):
-                self.extras[i] = {"compression": "zstd", "raw_size": decoded.stat().st_size}
+                raw_size = self._paths(shard)[0].with_name(decoded_name(shard.name))
+                self.extras[i] = {"compression": "zstd", "raw_size": raw_size.stat().st_size}
                 row.append(self.extras[i])
             rows.append(row)
         doc = remote_index_doc(rows, reader)
@@ -520,6 +588,321 @@ class RemoteShards:
             local.parent.mkdir(parents=True, exist_ok=True)  # a read-only folder
             atomic_write(local, lambda f: f.write(doc))
         return [int(r[3]) for r in rows]
+
+    def _count_footer(self, index: int, reader: ShardReader) -> int | None:
+        """Rows of a Parquet shard from its footer, fetched by a range read of the file's
+        end (no download); None for other shards (or a server that ignores ``Range:``)."""
+        from loaderkit.data.parquet import ParquetReader
+
+        shard = self.shards[index]
+        if not isinstance(reader, ParquetReader) or is_compressed(shard.name) or shard.size < 12:
+            return None
+        want = min(shard.size, 64 << 10)
+        for _ in range(2):
+            try:
+                (tail,) = self.storage.read_ranges(
+                    shard.url, [(shard.size - want, shard.size)], shard.size
+                )
+            except RangesUnsupported:
+                return None
+            try:
+                rows = parquet_rows_from_tail(tail, shard.size)
+            except Exception as exc:
+                raise ShardError(
+                    f"shard {shard.url!r} is not a readable Parquet file ({exc}): it is "
+                    "corrupt or truncated; rewrite it (and delete the shard index).",
+                    path=shard.url,
+                ) from exc
+            self._count("footers")
+            self._count("range_bytes", len(tail))
+            self._count("range_requests")
+            if rows is not None:
+                return rows
+            want = min(shard.size, int.from_bytes(tail[-8:-4], "little") + 8)
+        return None
+
+    # ----------------------------------------------------------- range reads
+    def _layout(self, index: int) -> Layout | None:
+        """Where shard ``index``'s samples are, if it is read by byte ranges (else None:
+        fetched whole). Decided once per process and shard (see ``RemoteCache.range_reads``)."""
+        if index in self._layouts:
+            return self._layouts[index]
+        layout = None
+        if self._rangeable(index):
+            try:
+                layout = self._probe(index)
+            except RangesUnsupported:
+                self._no_ranges = True
+        self._layouts[index] = layout
+        return layout
+
+    def _eligible(self, index: int) -> bool:
+        """Whether shard ``index`` may be read by ranges: fixed-length token samples of a
+        plain ``.npy``/``.bin`` (a hashed or compressed shard is fetched whole)."""
+        mode, reader, shard = self.cache.range_reads, self.reader, self.shards[index]
+        if mode is False or not self.ranged_ok or self._no_ranges:
+            return False
+        if not isinstance(reader, TokenReader):
+            return False
+        if reader.seq_len is None or is_compressed(shard.name) or self._digest(index):
+            return False
+        return shard.name.endswith((".npy", ".bin")) and shard.size > 0
+
+    def _rangeable(self, index: int) -> bool:
+        mode, shard = self.cache.range_reads, self.shards[index]
+        if not self._eligible(index):
+            return False
+        if mode is True:
+            return True
+        budget = self.cache.max_bytes
+        assert budget is not None
+        if shard.total_bytes > budget // (self.cache.prefetch + 1):
+            return True
+        pred = self._current
+        if pred is None or pred.reads is None:
+            return False
+        # This process reads about 1/workers of what its rank reads of a shard.
+        total = int(pred.reads.sum())
+        if total == 0:
+            return False
+        shard_samples = self._shard_samples(index)
+        return int(pred.reads[index]) * pred.workers * 2 <= shard_samples
+
+    def _shard_samples(self, index: int) -> int:
+        ends = self._ends_hint
+        return int(ends[index] - (ends[index - 1] if index else 0))
+
+    def _probe(self, index: int) -> Layout | None:
+        """The shard's layout: a ``.npy`` header read by a range read; a ``.bin``'s dtype."""
+        reader, shard = self.reader, self.shards[index]
+        assert isinstance(reader, TokenReader)
+        if shard.name.endswith(".npy"):
+            # The probe starts past byte 0, so a server that ignores Range is found out here
+            # (its answer is the whole object, never taken for the range).
+            if shard.size > 2:
+                self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
+            head_end = min(shard.size, HEAD_BYTES)
+            (head,) = self.storage.read_ranges(shard.url, [(0, head_end)], shard.size)
+            fetched = [len(head)]
+            need = npy_header_bytes(head)
+            if need is not None and len(head) < need <= min(shard.size, 1 << 20):
+                (head,) = self.storage.read_ranges(shard.url, [(0, need)], shard.size)
+                fetched.append(len(head))
+            self._count("range_bytes", sum(fetched) + (shard.size > 2))
+            self._count("range_requests", len(fetched) + (shard.size > 2))
+            return npy_layout(head, shard.url, reader)
+        dtype = reader.dtype
+        side = [n for n, _, _ in shard.sidecars if n == shard.name + DTYPE_SUFFIX]
+        if side:
+            text = self.storage.read_bytes(join_url(self.folder_of(shard), side[0]))
+            header = np.dtype(text.decode().strip())
+            if dtype is not None and header != dtype:
+                return None  # the whole-file path refuses it, naming the dtypes
+            dtype = header
+        if dtype is None or shard.size % dtype.itemsize:
+            return None  # the whole-file path raises its error
+        if shard.size > 2:
+            self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
+            self._count("range_bytes")
+            self._count("range_requests")
+        return Layout(0, dtype, shard.size // dtype.itemsize)
+
+    def open_ranged(self, index: int) -> OpenShard | None:
+        """Shard ``index`` opened for range reads, or None (the reader opens the whole
+        file from the cache)."""
+        self._here()
+        layout = self._layout(index)
+        if layout is None:
+            return None
+        assert isinstance(self.reader, TokenReader)
+        return RangedTokens(self, index, layout, self.reader)
+
+    def _block_entry(self, index: int, block: int) -> tuple[Path, Path, Path]:
+        found = self._block_paths.get((index, block))
+        if found is None:
+            shard = self.shards[index]
+            blob = f"{shard.key}\n{self.cache.block_bytes}\n{block}".encode()
+            key = "b" + hashlib.sha256(blob).hexdigest()[:23]
+            locks = self.root_dir / "locks"
+            found = (self.root_dir / "objects" / key / "block", locks / key, locks / f"{key}.dl")
+            self._block_paths[(index, block)] = found
+        return found
+
+    def _block_size(self, index: int, block: int) -> int:
+        size, bb = self.shards[index].size, self.cache.block_bytes
+        return min(bb, size - block * bb)
+
+    def _blocks_of(self, starts: np.ndarray, nbytes: int) -> list[int]:
+        bb = self.cache.block_bytes
+        first, last = starts // bb, (starts + nbytes - 1) // bb
+        if nbytes <= bb:
+            return sorted({*first.tolist(), *last.tolist()})
+        pairs = zip(first.tolist(), last.tolist(), strict=True)
+        return sorted({b for f, la in pairs for b in range(f, la + 1)})
+
+    def read_spans(self, index: int, starts: np.ndarray, nbytes: int) -> np.ndarray:
+        """The ``nbytes`` bytes at each of ``starts`` in shard ``index``, as rows of a uint8
+        array, from its blocks in the cache (the missing ones fetched now)."""
+        self._here()
+        bb = self.cache.block_bytes
+        blocks = self._blocks_of(starts, nbytes)
+        maps = self._fetch_blocks(index, blocks, ahead=False)
+        out = np.empty((len(starts), nbytes), dtype=np.uint8)
+        for k, start in enumerate(starts.tolist()):
+            pos, end = start, start + nbytes
+            while pos < end:
+                b = pos // bb
+                stop = min(end, (b + 1) * bb)
+                out[k, pos - start : stop - start] = maps[b][pos - b * bb : stop - b * bb]
+                pos = stop
+        return out
+
+    def _map(self, path: Path) -> np.ndarray:
+        key = str(path)
+        arr = self._maps.get(key)
+        if arr is None:
+            arr = np.fromfile(path, dtype=np.uint8) if path.stat().st_size < 4096 else None
+            if arr is None:
+                arr = np.memmap(path, dtype=np.uint8, mode="r")
+            self._maps[key] = arr
+            while len(self._maps) > _MAX_MAPS:
+                self._maps.popitem(last=False)
+        else:
+            self._maps.move_to_end(key)
+        return arr
+
+    def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
+        """Blocks ``blocks`` of shard ``index``, leased and fetched into the cache if missing
+        (adjacent missing blocks in one ranged request; all of them in one ``cat_ranges``).
+
+        The cache's rules hold for blocks as for shards: each is an entry of the cache
+        (atomic, within the budget, evicted least recently used when no process leases it).
+        Returns their maps (empty with ``ahead``)."""
+        entries = {b: self._block_entry(index, b) for b in blocks}
+        for _, lease, _ in entries.values():
+            self._lease_path(lease)
+        keys = {lease.name for _, lease, _ in entries.values()}
+        with self._lock:
+            self._block_keys |= keys
+        if not ahead:  # release the blocks neither this batch nor the next ones read
+            drop = self._block_keys - keys - self._block_next
+            self._release(drop)
+            with self._lock:
+                self._block_keys -= drop
+        missing = [b for b in blocks if not entries[b][0].exists()]
+        if not ahead:
+            self._count("block_hits", len(blocks) - len(missing))
+            for b in blocks:
+                if b not in missing:
+                    with contextlib.suppress(OSError):
+                        os.utime(entries[b][0].parent)  # recently used: evicted last
+        if missing:
+            self._download_blocks(index, missing, entries, ahead=ahead)
+        if ahead:
+            return {}
+        return {b: self._map(entries[b][0]) for b in blocks}
+
+    def _download_blocks(
+        self,
+        index: int,
+        missing: list[int],
+        entries: dict[int, tuple[Path, Path, Path]],
+        *,
+        ahead: bool,
+    ) -> None:
+        shard = self.shards[index]
+        fds: list[int] = []
+        try:
+            todo = []
+            for b in missing:  # in block order: two processes never wait on each other
+                fd = os.open(entries[b][2], os.O_CREAT | os.O_RDWR, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+                except BlockingIOError:
+                    os.close(fd)
+                    continue  # another process fetches it (prefetch: skip it)
+                fds.append(fd)
+                if not entries[b][0].exists():
+                    todo.append(b)
+            if not todo:
+                return
+            sizes = {b: self._block_size(index, b) for b in todo}
+            need = sum(sizes.values())
+            with self._budget_lock():
+                room = self._make_room(need)
+                if not room and ahead:
+                    raise _NoRoom
+                for b in todo:
+                    entries[b][0].parent.mkdir(parents=True, exist_ok=True)
+                    (entries[b][0].parent / _RESERVED).write_text(str(sizes[b]))
+            if not room:
+                self._over_budget(shard)
+            try:
+                runs: list[list[int]] = []
+                for b in todo:  # coalesce adjacent blocks into one range
+                    if runs and runs[-1][-1] == b - 1:
+                        runs[-1].append(b)
+                    else:
+                        runs.append([b])
+                bb = self.cache.block_bytes
+                spans = [(r[0] * bb, r[-1] * bb + sizes[r[-1]]) for r in runs]
+                datas = self.storage.read_ranges(shard.url, spans, shard.size)
+                for run, data in zip(runs, datas, strict=True):
+                    for b in run:
+                        lo = (b - run[0]) * bb
+                        target = entries[b][0]
+                        tmp = temp_path(target)
+                        try:
+                            with open(tmp, "wb") as f:
+                                f.write(data[lo : lo + sizes[b]])
+                            os.replace(tmp, target)
+                        finally:
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(tmp)
+            finally:
+                for b in todo:
+                    with contextlib.suppress(FileNotFoundError):
+                        (entries[b][0].parent / _RESERVED).unlink()
+            self._count("blocks_fetched", len(todo))
+            self._count("range_bytes", need)
+            self._count("range_requests", len(spans))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The blocks of range-read shards that this process's next ``prefetch`` batches
+        read and the cache lacks, as ``(shard, blocks)`` jobs; their leases are kept."""
+        if pred.sched is None or not any(self._layouts.values()):
+            return []
+        nxt = [pred.steps[j] for j in range(step + 1, min(step + 1 + self.cache.prefetch,
+                                                            len(pred.steps)))]  # fmt: skip
+        if not nxt:
+            self._block_next = set()
+            return []
+        idx = np.concatenate(
+            [np.asarray(pred.sched.indices(s), dtype=np.int64).reshape(-1) for s in nxt]
+        )
+        ends = self._ends_hint
+        idx = idx % int(ends[-1])
+        of = np.searchsorted(ends, idx, side="right")
+        jobs, keep = [], set()
+        for shard in np.unique(of).tolist():
+            layout = self._layouts.get(shard)
+            if layout is None:
+                continue
+            reader = self.reader
+            assert isinstance(reader, TokenReader) and reader.seq_len is not None
+            local = idx[of == shard] - (int(ends[shard - 1]) if shard else 0)
+            item = layout.dtype.itemsize
+            starts = layout.offset + local * (reader.seq_len * item)
+            blocks = self._blocks_of(starts, (reader.seq_len + reader.targets) * item)
+            keep |= {self._block_entry(shard, b)[1].name for b in blocks}
+            todo = tuple(b for b in blocks if not self._block_entry(shard, b)[0].exists())
+            if todo:
+                jobs.append((shard, todo))
+        self._block_next = keep
+        return jobs
 
     # ----------------------------------------------------------------- stats
     def _slot(self) -> int:
@@ -542,6 +925,9 @@ class RemoteShards:
             max_bytes=self.cache.max_bytes,
             cached_bytes=self._used()[0],
             prefetch=self.cache.prefetch,
+            range_reads=self.cache.range_reads,
+            block_bytes=self.cache.block_bytes,
+            shard_bytes=sum(s.total_bytes for s in self.shards),
         )
         return out
 
@@ -557,7 +943,10 @@ class RemoteShards:
 
     def _lease(self, shard: RemoteShard) -> None:
         """Hold a shared lock on ``shard`` so no process evicts it while this one needs it."""
-        _, lease, _ = self._paths(shard)
+        self._lease_path(self._paths(shard)[1])
+
+    def _lease_path(self, lease: Path) -> None:
+        """Hold a shared lock on the cache entry of lease file ``lease``."""
         key = lease.name
         with self._lock:
             if key in self._leases:
@@ -791,17 +1180,26 @@ class RemoteShards:
             )
 
     # -------------------------------------------------------------- prefetch
-    def want(self, in_use: Sequence[int], upcoming: Sequence[int]) -> None:
+    def want(
+        self,
+        in_use: Sequence[int],
+        upcoming: Sequence[int],
+        blocks: Sequence[tuple[int, tuple[int, ...]]] = (),
+    ) -> None:
         """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
-        release every other shard's lease, and fetch the missing ones in the background."""
+        release every other shard's lease, and fetch the missing ones in the background
+        (whole, or for a range-read shard the ``blocks`` its next batches read)."""
         self._here()
         window = (tuple(in_use), tuple(upcoming))
-        if window == self._window and self._planned:
+        if window == self._window and self._planned and not blocks:
             return  # the same shards as for the last batch: nothing to do
         self._window = window
+        if self.cache.range_reads is not False and self.ranged_ok:
+            in_use = [i for i in in_use if self._layout(i) is None]
+            upcoming = [i for i in upcoming if self._layout(i) is None]
         keep = {self._paths(self.shards[i])[1].name for i in (*in_use, *upcoming)}
         with self._lock:
-            drop = [k for k in self._leases if k not in keep]
+            drop = [k for k in self._leases if k not in keep and k not in self._block_keys]
         self._release(drop)
         self._unplanned.clear()
         self._planned = True
@@ -810,6 +1208,7 @@ class RemoteShards:
         with self._wake:
             wanted = (*in_use, *upcoming)
             self._queue = [i for i in wanted if not self._paths(self.shards[i])[0].exists()]
+            self._queue += blocks
             if self._queue and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
@@ -822,9 +1221,12 @@ class RemoteShards:
             with self._wake:
                 while not self._queue:
                     self._wake.wait()
-                index = self._queue.pop(0)
+                job = self._queue.pop(0)
             try:
-                self.local(index, ahead=True)
+                if isinstance(job, tuple):
+                    self._fetch_blocks(job[0], list(job[1]), ahead=True)
+                else:
+                    self.local(job, ahead=True)
             except _NoRoom:
                 with self._wake:  # wait for the next batch's window (a lease ends)
                     self._queue = []
@@ -868,8 +1270,10 @@ class RemoteShards:
                 return None
             step = 0
         pred.next = step + 1
+        self._ends_hint = ends
         in_use, upcoming = pred.window(step, self.cache.prefetch)
-        self.want(in_use, upcoming)
+        blocks = self._prefetch_blocks(pred, step) if self.cache.prefetch else []
+        self.want(in_use, upcoming, blocks)
         return [*in_use, *upcoming]
 
     def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
@@ -909,14 +1313,18 @@ class RemoteShards:
         n = len(ends)
         first_step = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
         last_step = np.full(n, -1, dtype=np.int64)
+        reads = np.zeros(n, dtype=np.int64)
         firsts = []
-        for j, step in enumerate(range(worker, sched.num_steps, workers)):
+        steps = range(worker, sched.num_steps, workers)
+        for j, step in enumerate(steps):
             idx = np.asarray(sched.indices(step), dtype=np.int64).reshape(-1)
             if idx.size == 0:
                 firsts.append(-1)
                 continue
             firsts.append(int(idx[0]))
-            shards = np.unique(np.searchsorted(ends, idx % int(ends[-1]), side="right"))
+            of = np.searchsorted(ends, idx % int(ends[-1]), side="right")
+            reads += np.bincount(of, minlength=n)
+            shards = np.unique(of)
             first_step[shards] = np.minimum(first_step[shards], j)
             last_step[shards] = j
-        return _Prediction(key, firsts, first_step, last_step)
+        return _Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)

@@ -171,6 +171,8 @@ class ShardedDataset(Dataset[Any]):
             check_int("max_open_shards", max_open_shards, 1)
         self.reader = reader
         self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")
+        if self._remote is not None:
+            self._remote.ranged_ok = True  # it opens shards with open_ranged
         self.shards: list[Any] = (
             resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
         )
@@ -206,6 +208,7 @@ class ShardedDataset(Dataset[Any]):
             max_open=max_open_shards,
             remember_failures=on_error == "skip",
             fetch=None if self._remote is None else self._remote.local,
+            ranged=None if self._remote is None else self._remote.open_ranged,
         )
 
     # --------------------------------------------------------------- basics

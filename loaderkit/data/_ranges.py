@@ -1,0 +1,146 @@
+"""Range reads of remote shards (private to loaderkit.data.remote).
+
+A shard of fixed-length token samples (:class:`~loaderkit.TokenReader` with
+``seq_len``, a plain ``.npy`` or ``.bin``: neither compressed nor hashed) keeps
+sample ``i`` at a byte offset computed from its header, so a process can fetch
+just the bytes of the samples it reads. :class:`RangedTokens` is that shard
+opened for reading: it asks the cache for the bytes of each batch
+(:meth:`~loaderkit.data.remote.RemoteShards.read_spans`), which fetches the
+missing fixed-size blocks of them by ranged requests into the cache.
+
+Exactness: a sample's bytes are the same bytes the memory map of the whole
+file holds, viewed with the same dtype, so a batch is byte-for-byte the batch
+of the whole-file path (tested over epochs and a resume).
+
+A compressed or hashed shard is always fetched whole: a content hash covers
+the whole file, and a compressed file has no sample offsets.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from loaderkit.data.readers import TokenReader, _out_numpy_dtype
+from loaderkit.errors import ShardError
+
+__all__ = [
+    "HEAD_BYTES",
+    "Layout",
+    "RangedTokens",
+    "npy_header_bytes",
+    "npy_layout",
+    "parquet_rows_from_tail",
+]
+
+HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a fixed-length token shard's samples are: ``offset`` bytes of header, then
+    ``tokens`` tokens of ``dtype``."""
+
+    offset: int
+    dtype: np.dtype
+    tokens: int
+
+
+def npy_header_bytes(head: bytes) -> int | None:
+    """The length of a ``.npy`` file's header (magic included) from its first 12 bytes."""
+    if len(head) < 12 or head[:6] != b"\x93NUMPY":
+        return None
+    if head[6] == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    return 12 + int.from_bytes(head[8:12], "little")
+
+
+def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
+    """The layout of a ``.npy`` token shard from its first bytes; None when the header is
+    longer than ``head`` (the shard is then fetched whole)."""
+    f = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, EOFError, OSError):
+        return None  # short or odd header: the whole-file path reads (and checks) it
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise ShardError(
+            f"shard {url!r} holds a {dtype} array of shape {shape}; token shards are 1-D "
+            "integer arrays: flatten it (arr.reshape(-1)).",
+            path=url,
+        )
+    if reader.dtype is not None and dtype != reader.dtype:
+        raise ShardError(
+            f"shard {url!r} has dtype {dtype}, the reader expects {reader.dtype}; pass "
+            f"dtype={dtype.name!r} or rewrite the shard.",
+            path=url,
+        )
+    del fortran  # irrelevant for 1-D arrays
+    return Layout(f.tell(), np.dtype(dtype), int(shape[0]))
+
+
+def parquet_rows_from_tail(tail: bytes, size: int) -> int | None:
+    """A Parquet file's row count from its last bytes (``size``: the file's), or None when
+    the footer is longer than ``tail`` (fetch that many bytes and call again)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        raise ValueError("the file does not end in the Parquet magic bytes PAR1")
+    need = int.from_bytes(tail[-8:-4], "little") + 8
+    if need > size - 4:
+        raise ValueError(f"its footer claims {need} bytes of a {size}-byte file")
+    if need > len(tail):
+        return None
+    meta = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-need:]))
+    return int(meta.num_rows)
+
+
+class _Spans(Protocol):
+    def read_spans(self, index: int, starts: np.ndarray, nbytes: int) -> np.ndarray: ...
+
+
+class RangedTokens:
+    """Fixed-length token samples of one remote shard, read by byte ranges (an OpenShard).
+
+    Same samples, dtypes and shapes as the memory-mapped shard of
+    :meth:`TokenReader.open`; no ``rows`` (a mixing batch is read per shard).
+    """
+
+    def __init__(self, source: _Spans, index: int, layout: Layout, reader: TokenReader) -> None:
+        assert reader.seq_len is not None
+        self.source, self.index, self.layout = source, index, layout
+        self.seq_len, self.span = reader.seq_len, reader.seq_len + reader.targets
+        self.count = max(layout.tokens - reader.targets, 0) // reader.seq_len
+        self.out = _out_numpy_dtype(reader.out_dtype, layout.dtype)
+        self.item = layout.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.count
+
+    def lengths(self) -> np.ndarray:
+        """Each sample's tokens: all the same."""
+        return np.full(self.count, self.span, dtype=np.int64)
+
+    def _rows(self, indices: Any) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.count):
+            raise IndexError(f"sample indices {idx[:8]} out of range for {self.count} samples")
+        starts = self.layout.offset + idx * (self.seq_len * self.item)
+        raw = self.source.read_spans(self.index, starts, self.span * self.item)
+        return raw.view(self.layout.dtype).reshape(len(idx), self.span)
+
+    def read(self, index: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._rows([index])[0], dtype=self.out))
+
+    def read_batch(self, indices: np.ndarray) -> np.ndarray:
+        rows = self._rows(indices)
+        return rows if rows.dtype == self.out else rows.astype(self.out)

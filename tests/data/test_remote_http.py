@@ -1,0 +1,112 @@
+"""Shards at http(s):// URLs, served from a local folder by a threaded server (no network).
+
+fsspec's HTTP filesystem lists a folder from its HTML index page and sizes each
+file with a HEAD request. One server honours ``Range:`` (range reads fetch
+blocks), one ignores it like Python's stock ``http.server`` (range reads fall
+back to whole files: a 200 answer to a ranged GET is never taken for the range).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import (
+    MissingShardError,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardedDataset,
+    TokenReader,
+    write_shards,
+)
+from tests.support.http import LocalHTTP
+
+pytest.importorskip("aiohttp")
+
+SEQ = 4
+SIZES = (12, 7, 16, 9)
+READER = TokenReader(seq_len=SEQ, targets=True, dtype=np.uint16)
+
+
+def arrays() -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, 60_000, size=n * SEQ + 1, dtype=np.uint16) for n in SIZES]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("www")
+    write_shards(root / "corpus", arrays(), READER)
+    for index in (root / "corpus").glob(".loaderkit-index-*"):
+        index.unlink()  # a local folder's index: the shards are counted over HTTP instead
+    return root
+
+
+@pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
+def http(served: Path, request: pytest.FixtureRequest) -> Any:
+    with LocalHTTP(served, ranges=request.param) as server:
+        yield server
+
+
+def epochs(ds: ShardedDataset, num_workers: int = 0) -> list[torch.Tensor]:
+    sampler = ds.batch_sampler(4, seed=1, window=4, mix_shards=2)
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=num_workers)
+    return list(loader) + list(loader)
+
+
+@pytest.mark.parametrize("range_reads", [False, True])
+def test_http_shards_give_the_batches_of_local_files(
+    http: LocalHTTP, served: Path, tmp_path: Path, range_reads: bool
+) -> None:
+    ds = ShardedDataset(
+        f"{http.url}/corpus/",
+        READER,
+        remote=RemoteCache(cache_dir=tmp_path / "c", range_reads=range_reads, block_bytes=32),
+    )
+    assert ds.sizes == SIZES  # from the folder's index, found over HTTP
+    local = ShardedDataset(write_shards(tmp_path / "local", arrays(), READER), READER)
+    got, want = epochs(ds, num_workers=2), epochs(local)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    info = ds.describe()["remote"]
+    ranged_gets = [r for r in http.requests if r[0] == "GET" and r[2] is not None]
+    if range_reads and http.server.ranges:
+        assert info["fetched"] == 0 and info["blocks_fetched"] > 0, info
+        assert ranged_gets
+    elif range_reads:  # the server ignores Range: every shard is fetched whole
+        assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
+    else:  # whole files (fsspec may still ask for a file's bytes with a Range header)
+        assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
+
+
+def test_a_missing_http_shard_names_its_url(http: LocalHTTP, tmp_path: Path) -> None:
+    url = f"{http.url}/corpus/shard-00009.npy"
+    with pytest.raises(MissingShardError, match=f"shard {url!r} does not exist"):
+        ShardedDataset(
+            [f"{http.url}/corpus/shard-00000.npy", url],
+            READER,
+            remote=RemoteCache(cache_dir=tmp_path / "c"),
+        )
+
+
+def test_a_404_on_download_names_the_url(http: LocalHTTP, served: Path, tmp_path: Path) -> None:
+    ds = ShardedDataset(f"{http.url}/corpus/", READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
+    shutil.rmtree(tmp_path / "c" / "objects")  # counting fetched the shards: a cold cache
+    gone = served / "corpus" / "shard-00003.npy"
+    data = gone.read_bytes()
+    gone.unlink()
+    try:
+        with pytest.raises(MissingShardError, match=r"shard-00003\.npy'.*does not exist"):
+            ds[len(ds) - 1]
+    finally:
+        gone.write_bytes(data)
+
+
+def test_a_missing_http_folder_names_its_url(http: LocalHTTP, tmp_path: Path) -> None:
+    url = f"{http.url}/nothing-here/"
+    with pytest.raises(MissingShardError, match="nothing-here"):
+        ShardedDataset(url, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))

@@ -1,0 +1,227 @@
+"""Range reads of remote shards: the same batches as whole-file downloads, fewer bytes.
+
+Shards live on fsspec's ``memory://`` filesystem (a generic protocol: nothing
+but fsspec's own interface) or on a local HTTP server honouring ``Range:``
+(``tests/support/http.py``). Blocks are tiny (a few samples each) so a shard
+has many of them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import (
+    ParquetReader,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardedDataset,
+    TokenReader,
+    write_shards,
+)
+
+pytest.importorskip("fsspec")
+
+SEQ = 4
+SIZES = (12, 7, 16, 9, 12, 8)  # 64 samples, uneven shards
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+TARGETS = TokenReader(seq_len=SEQ, targets=True, dtype=np.uint16)
+
+
+def shard_arrays(sizes: tuple[int, ...] = SIZES) -> list[np.ndarray]:
+    """Random tokens: a byte out of place changes a batch."""
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, 60_000, size=n * SEQ + 1, dtype=np.uint16) for n in sizes]
+
+
+@pytest.fixture
+def folder() -> Any:
+    url = f"memory://ranges-{uuid.uuid4().hex[:8]}"
+    yield url
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+def batches_of(
+    ds: ShardedDataset, num_workers: int, epochs: int = 2, **plan: Any
+) -> list[torch.Tensor]:
+    sampler = ds.batch_sampler(4, seed=3, window=4, **plan)
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=num_workers)
+    out: list[torch.Tensor] = []
+    for _ in range(epochs):
+        out += list(loader)
+    return out
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def cache(tmp_path: Path, name: str, **kwargs: Any) -> RemoteCache:
+    return RemoteCache(cache_dir=tmp_path / name, **kwargs)
+
+
+# ------------------------------------------------------------------ exactness
+@pytest.mark.parametrize("suffix", [".npy", ".bin"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mix_shards", [1, 3])
+def test_range_reads_give_the_batches_of_whole_files_over_epochs_and_a_resume(
+    folder: str, tmp_path: Path, suffix: str, num_workers: int, mix_shards: int
+) -> None:
+    write_shards(folder, shard_arrays(), TARGETS, suffix=suffix)
+    whole = ShardedDataset(folder, TARGETS, remote=cache(tmp_path, "whole"))
+    ranged = ShardedDataset(
+        folder, TARGETS, remote=cache(tmp_path, "ranged", range_reads=True, block_bytes=24)
+    )
+    local = ShardedDataset(write_shards(tmp_path / "local", shard_arrays(), TARGETS), TARGETS)
+    reference = batches_of(local, 0, mix_shards=mix_shards)
+    assert same(batches_of(whole, num_workers, mix_shards=mix_shards), reference)
+    assert same(batches_of(ranged, num_workers, mix_shards=mix_shards), reference)
+    info = ranged.describe()["remote"]
+    assert info["fetched"] == 0 and info["blocks_fetched"] > 0, info  # no shard fetched whole
+    assert info["unplanned"] == 0 and info["over_budget"] == 0, info
+
+    # The resume oracle: 5 batches, then a fresh dataset and cold cache resumes.
+    sampler = ranged.batch_sampler(4, seed=3, window=4, mix_shards=mix_shards)
+    first = ResumableDataLoader(ranged, batch_sampler=sampler, num_workers=num_workers)
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    del it
+    again = ShardedDataset(
+        folder, TARGETS, remote=cache(tmp_path, "resumed", range_reads=True, block_bytes=24)
+    )
+    sampler = again.batch_sampler(4, seed=3, window=4, mix_shards=mix_shards)
+    resumed = ResumableDataLoader(again, batch_sampler=sampler, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    tail = list(resumed) + list(resumed)
+    assert same(head + tail, reference)
+
+
+def test_range_reads_keep_out_dtype_and_single_reads(folder: str, tmp_path: Path) -> None:
+    reader = TokenReader(seq_len=SEQ, dtype=np.uint16, out_dtype=None)
+    write_shards(folder, shard_arrays(), reader)
+    ranged = ShardedDataset(folder, reader, remote=cache(tmp_path, "r", range_reads=True))
+    local = ShardedDataset(write_shards(tmp_path / "local", shard_arrays(), reader), reader)
+    for i in (0, 11, 12, 40, 63):
+        a, b = ranged[i], local[i]
+        assert a.dtype == b.dtype == torch.uint16 and torch.equal(a, b)
+    got, want = ranged.__getitems__([63, 0, 12]), local.__getitems__([63, 0, 12])
+    assert len(got) == len(want) == 3
+    pairs = zip(got, want, strict=True)
+    assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for a, b in pairs)
+
+
+# ------------------------------------------------------------ fewer bytes
+def resumed_half(folder: str, root: Path, **kwargs: Any) -> tuple[list[torch.Tensor], dict]:
+    ds = ShardedDataset(folder, READER, remote=cache(root, "a", **kwargs))
+    sampler = ds.batch_sampler(4, seed=3, window=4, mix_shards=1)
+    first = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=0)
+    it = iter(first)
+    for _ in range(len(first) // 2 + 1):  # past the middle of a shard
+        next(it)
+    state = first.state_dict()
+    del it
+    again = ShardedDataset(folder, READER, remote=cache(root, "b", **kwargs))
+    sampler = again.batch_sampler(4, seed=3, window=4, mix_shards=1)
+    resumed = ResumableDataLoader(again, batch_sampler=sampler, num_workers=0)
+    resumed.load_state_dict(state)
+    return list(resumed), again.describe()["remote"]
+
+
+def test_auto_range_reads_a_resumed_epoch_fetches_fewer_bytes(folder: str, tmp_path: Path) -> None:
+    big = tuple(n * 8 for n in SIZES)  # blocks of 64 bytes: 8 samples each
+    write_shards(folder, [np.arange(n * SEQ, dtype=np.uint16) for n in big], READER)
+    whole_batches, whole = resumed_half(folder, tmp_path / "whole")
+    auto_batches, auto = resumed_half(folder, tmp_path / "auto", range_reads="auto", block_bytes=64)
+    assert same(auto_batches, whole_batches)
+    whole_bytes = whole["fetched_bytes"] + whole["range_bytes"]
+    auto_bytes = auto["fetched_bytes"] + auto["range_bytes"]
+    assert auto["range_bytes"] > 0 and auto_bytes < whole_bytes, (auto, whole)
+    # Shards the rest of the epoch reads whole are still fetched whole.
+    assert auto["fetched"] >= 1, auto
+
+
+def test_auto_range_reads_a_shard_larger_than_the_budget_within_it(
+    folder: str, tmp_path: Path
+) -> None:
+    sizes = (200, 150)  # shards of 1,728 and 1,328 bytes; the cache holds 1,000
+    write_shards(folder, shard_arrays(sizes), READER)
+    local = ShardedDataset(write_shards(tmp_path / "local", shard_arrays(sizes), READER), READER)
+    ds = ShardedDataset(
+        folder,
+        READER,
+        remote=cache(tmp_path, "c", range_reads="auto", max_bytes=1000, block_bytes=64, prefetch=2),
+    )
+    assert same(batches_of(ds, 0), batches_of(local, 0))
+    info = ds.describe()["remote"]
+    assert info["fetched"] == 0 and info["over_budget"] == 0, info
+    assert info["evicted"] > 0 and info["cached_bytes"] <= 1000, info
+
+
+def test_hashed_and_compressed_shards_are_fetched_whole(folder: str, tmp_path: Path) -> None:
+    pytest.importorskip("zstandard")
+    write_shards(folder, shard_arrays(), READER, hash="sha256")
+    ds = ShardedDataset(folder, READER, remote=cache(tmp_path, "h", range_reads=True))
+    batches_of(ds, 0, epochs=1)
+    info = ds.describe()["remote"]
+    assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
+
+    zst = folder + "-zst"
+    write_shards(zst, shard_arrays(), READER, compression="zstd")
+    ds = ShardedDataset(zst, READER, remote=cache(tmp_path, "z", range_reads=True))
+    batches_of(ds, 0, epochs=1)
+    info = ds.describe()["remote"]
+    assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
+
+
+def test_document_shards_are_fetched_whole(folder: str, tmp_path: Path) -> None:
+    reader = TokenReader(eos=0, dtype=np.uint16)
+    write_shards(folder, [np.array([1, 2, 0, 3, 0], dtype=np.uint16)] * 2, reader)
+    ds = ShardedDataset(folder, reader, remote=cache(tmp_path, "d", range_reads=True))
+    assert ds[3].tolist() == [3, 0]
+    assert ds.describe()["remote"]["blocks_fetched"] == 0
+
+
+# ------------------------------------------------------------------ parquet
+def test_parquet_rows_are_counted_from_footers_without_downloads(
+    folder: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyarrow")
+    import fsspec
+
+    reader = ParquetReader(row_group_size=5)
+    tables = [{"x": list(range(i * 100, i * 100 + n)), "s": ["a" * 50] * n} for i, n in
+              enumerate((30, 12, 21))]  # fmt: skip
+    local = write_shards(tmp_path / "pq", tables, reader)
+    fs = fsspec.filesystem("memory")
+    for path in local:  # upload the files alone: no index, so the dataset counts them
+        fs.pipe_file(f"{folder}/{path.name}", path.read_bytes())
+    ds = ShardedDataset(folder, reader, remote=cache(tmp_path, "p"))
+    assert ds.sizes == (30, 12, 21)
+    info = ds.describe()["remote"]
+    assert info["fetched"] == 0 and info["footers"] == 3, info
+    assert info["range_bytes"] <= info["shard_bytes"]
+    assert ds[31]["x"] == 101  # reading still fetches the file
+
+
+# ------------------------------------------------------------------ the API
+def test_remote_cache_range_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"range_reads must be True, False or 'auto', got 'yes'"):
+        RemoteCache(range_reads="yes")
+    with pytest.raises(ValueError, match=r"range_reads must be .* got 1"):
+        RemoteCache(range_reads=1)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, TypeError), match="block_bytes"):
+        RemoteCache(block_bytes=0)
+    assert RemoteCache(range_reads="auto", block_bytes=1 << 20).range_reads == "auto"
