@@ -257,11 +257,21 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         os.close(fd)
 
 
-def local_decode_dir(path: Path, root: Path) -> Path:
+def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
     """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, the key a hash of
-    its resolved path, size and mtime (a rewritten shard is decoded again)."""
+    its resolved path, size, mtime, inode, ctime and expected ``digest``.
+
+    A rewritten shard is decoded again. Size and mtime alone are not enough: a
+    rewrite of the same size with its mtime kept (a copy that preserves times,
+    a coarse-mtime filesystem) would be served from the old decoded copy. A
+    rewrite (``os.replace``) gives the file a new inode, and no tool sets the
+    ctime back; an index with a new digest names new contents.
+    """
     st = path.stat()
-    blob = f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}".encode()
+    blob = (
+        f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}\n{st.st_ino}\n{st.st_ctime_ns}\n"
+        f"{digest or ''}"
+    ).encode()
     return root / "decoded" / hashlib.sha256(blob).hexdigest()[:24]
 
 

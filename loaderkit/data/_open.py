@@ -235,7 +235,7 @@ class OpenShards:
         if is_compressed(path.name):
             decoded = decode_into(
                 path,
-                local_decode_dir(path, self.cache_root),
+                local_decode_dir(path, self.cache_root, digest),
                 check=None if digest is None else partial(self._verify, digest=digest),
             )
             return self._open_or_count(decoded)

@@ -194,10 +194,17 @@ class _SkeletonPickler(ForkingPickler):
     def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.tensors = tensors
+        # persistent_id runs before pickle's memo: a tensor met twice must get its first
+        # id, so the batch comes back holding one object twice, as torch's path gives.
+        self._ids: dict[int, int] = {}
+        self._storages: set[int] = set()
 
     def persistent_id(self, obj: Any) -> int | None:
         if not isinstance(obj, torch.Tensor):
             return None
+        seen = self._ids.get(id(obj))
+        if seen is not None:
+            return seen
         if type(obj) is not torch.Tensor:
             raise _Unsupported(f"a tensor subclass ({type(obj).__qualname__})")
         if obj.layout != torch.strided or obj.device.type != "cpu":
@@ -206,6 +213,17 @@ class _SkeletonPickler(ForkingPickler):
             raise _Unsupported("a tensor that requires grad")
         if obj.dtype not in _DTYPES:
             raise _Unsupported(f"a tensor of dtype {obj.dtype}")
+        # A slot holds each tensor's elements densely, in order. torch's path keeps
+        # strides (a transpose, channels_last, an expand) and storage shared between
+        # tensors of one batch (a view and its base): those batches take it.
+        if not obj.is_contiguous():
+            raise _Unsupported("a non-contiguous tensor (strides kept by torch's path)")
+        if obj.numel():
+            storage = obj.untyped_storage().data_ptr()
+            if storage in self._storages:
+                raise _Unsupported("tensors sharing storage (kept shared by torch's path)")
+            self._storages.add(storage)
+        self._ids[id(obj)] = len(self.tensors)
         self.tensors.append(obj)
         return len(self.tensors) - 1
 

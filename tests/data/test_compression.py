@@ -208,6 +208,28 @@ def test_a_stream_over_compressed_shards_reads_every_sample_and_resumes(
     assert flat(list(make(tmp_path / "z", fn_reader))) == full
 
 
+def test_a_shard_rewritten_with_its_size_and_mtime_kept_is_decoded_again(
+    tmp_path: Path,
+) -> None:
+    # A copy that preserves times (cp -p, rsync -t) or a coarse-mtime filesystem: the
+    # old decoded copy must not be served for the new contents.
+    reader = TokenReader(seq_len=4)
+    old = [np.arange(16, dtype=np.uint16) + 100 * k for k in range(2)]
+    new = [np.arange(16, dtype=np.uint16)[::-1].copy() + 100 * k for k in range(2)]
+    paths = write_shards(tmp_path / "s", old, reader, compression="zstd", progress=False)
+    assert ShardedDataset(paths, reader)[0].tolist() == [0, 1, 2, 3]
+    stats = [os.stat(p) for p in paths]
+    again = write_shards(
+        tmp_path / "s", new, reader, compression="zstd", progress=False, resume=False
+    )
+    for path, st in zip(again, stats, strict=True):
+        assert os.stat(path).st_size == st.st_size
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for index in (tmp_path / "s").glob(".loaderkit-index-*"):
+        index.unlink()
+    assert ShardedDataset(again, reader)[0].tolist() == [15, 14, 13, 12]
+
+
 def test_a_corrupt_zstd_stream_names_the_file(tmp_path: Path) -> None:
     reader = TokenReader(seq_len=SEQ)
     paths = write_shards(tmp_path / "d", id_shards(), reader, compression="zstd")

@@ -117,6 +117,9 @@ def assert_identical(got: Any, want: Any, where: str = "batch") -> None:
     if isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype and got.shape == want.shape, where
         assert torch.equal(got, want), f"{where}: {got} != {want}"
+        # Strides too (torch's path keeps them), over the dimensions that have any.
+        sized = [d for d in range(want.dim()) if want.shape[d] > 1]
+        assert [got.stride(d) for d in sized] == [want.stride(d) for d in sized], where
     elif isinstance(want, dict):
         assert list(got) == list(want), where
         for key in want:
@@ -184,16 +187,17 @@ def test_slots_give_the_batches_of_torchs_path(
     assert len(got) == len(want) == (2 if persistent else 1) * (N // B)
     assert_identical(got, want)
     if num_workers > 0:
-        assert transport["slot_batches"] == len(got), transport
-        assert transport["torch_path_batches"] == 0, transport
+        # Batches holding a non-contiguous tensor take torch's path (it keeps strides).
+        assert transport["slot_batches"] + transport["torch_path_batches"] == len(got)
+        assert set(transport["torch_path_reasons"]) <= {NON_CONTIGUOUS}, transport
 
 
 def test_a_fixed_rich_structure_with_every_worker_count() -> None:
     spec = (
         "dict",
         [
-            ("tensor", torch.float16, (3, 2), "transposed"),
-            ("pair", [("tensor", torch.bool, (5,), "strided"), ("str",)]),
+            ("tensor", torch.float16, (3, 2), "contiguous"),
+            ("pair", [("tensor", torch.bool, (5,), "contiguous"), ("str",)]),
             ("box", [("tensor", torch.int64, (0, 3), "contiguous"), ("none",)]),
             ("list", [("tensor", torch.bfloat16, (), "scalar"), ("int",)]),
         ],
@@ -208,6 +212,45 @@ def test_a_fixed_rich_structure_with_every_worker_count() -> None:
 
 
 # ------------------------------------------------------------- the fallback
+NON_CONTIGUOUS = "a non-contiguous tensor (strides kept by torch's path)"
+SHARING = "tensors sharing storage (kept shared by torch's path)"
+
+
+def collate_aliased(samples: list[int]) -> Any:
+    base = torch.tensor(samples, dtype=torch.float32)
+    kind = samples[0] // B % 3
+    if kind == 0:  # one tensor twice: through a slot, still one object
+        return {"a": base, "b": base, "n": len(samples)}
+    if kind == 1:  # a view and its base: torch's path keeps the storage shared
+        return {"a": base, "b": base[1:], "n": len(samples)}
+    return {"a": base.view(2, 2).t(), "n": len(samples)}  # strides: torch's path
+
+
+def test_aliasing_and_strides_are_kept_as_torchs_path_keeps_them() -> None:
+    want, _ = run_collate(collate_aliased, slots=False)
+    got, transport = run_collate(collate_aliased, slots=True)
+    assert_identical(got, want)
+    for g, w in zip(got, want, strict=True):
+        kind = g["a"].flatten()[0].item() // B % 3
+        if kind == 0:
+            assert g["a"] is g["b"] and w["a"] is w["b"]
+        elif kind == 1:
+            assert g["b"].untyped_storage().data_ptr() == g["a"].untyped_storage().data_ptr()
+        else:
+            assert not g["a"].is_contiguous() and g["a"].stride() == w["a"].stride()
+    assert transport["slot_batches"] == 1, transport
+    assert transport["torch_path_reasons"] == {SHARING: 1, NON_CONTIGUOUS: 1}, transport
+
+
+def run_collate(collate: Any, slots: bool) -> tuple[list[Any], Any]:
+    _slots.ENABLED = slots
+    try:
+        loader = ResumableDataLoader(Ids(), batch_size=B, num_workers=2, collate_fn=collate)
+        return list(loader), loader.describe()["transport"]
+    finally:
+        _slots.ENABLED = True
+
+
 def collate_with_grad(samples: list[int]) -> Any:
     return {"x": torch.tensor(samples, dtype=torch.float32, requires_grad=True), "n": len(samples)}
 
