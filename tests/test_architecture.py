@@ -290,3 +290,10 @@ def test_no_docstring_points_outside_the_repository() -> None:
     outside = ("../" + "shared", "shared/" + "DESIGN")  # split: this file must not match itself
     bad = [str(p) for p in paths if any(o in p.read_text() for o in outside)]
     assert not bad
+
+
+def test_no_support_module_shadows_the_standard_library() -> None:
+    # Scripts in tests/support run with that folder first on sys.path: a module named
+    # like a standard one (http.py) replaced it for torch's own imports in every DDP job.
+    names = {p.stem for p in (PACKAGE.parent / "tests" / "support").glob("*.py")}
+    assert not names & set(sys.stdlib_module_names), names & set(sys.stdlib_module_names)

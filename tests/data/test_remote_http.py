@@ -24,7 +24,7 @@ from loaderkit import (
     TokenReader,
     write_shards,
 )
-from tests.support.http import LocalHTTP
+from tests.support.http_server import LocalHTTP
 
 pytest.importorskip("aiohttp")
 

@@ -2,7 +2,7 @@
 
 Shards live on fsspec's ``memory://`` filesystem (a generic protocol: nothing
 but fsspec's own interface) or on a local HTTP server honouring ``Range:``
-(``tests/support/http.py``). Blocks are tiny (a few samples each) so a shard
+(``tests/support/http_server.py``). Blocks are tiny (a few samples each) so a shard
 has many of them.
 """
 
