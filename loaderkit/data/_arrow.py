@@ -17,6 +17,7 @@ stays cheap; a missing pyarrow is a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -132,13 +133,19 @@ class Columns(Sequence[dict[str, Any]]):
         out: dict[str, Any] = {}
         for name in names:
             cols = [p.data[name] for p in parts]
-            if (
-                all(isinstance(c, torch.Tensor) for c in cols)
-                and len({(c.dtype, c.shape[1:]) for c in cols}) == 1
-            ):
-                merged = torch.empty((total, *cols[0].shape[1:]), dtype=cols[0].dtype)
+            if all(isinstance(c, torch.Tensor) for c in cols):
+                if len({c.shape[1:] for c in cols}) != 1:
+                    raise ValueError(
+                        f"column {name!r} has rows of shape "
+                        f"{sorted({tuple(c.shape[1:]) for c in cols})} in different files; "
+                        "the files' schemas must agree (rewrite them with one schema)."
+                    )
+                # int32 in one file, int64 in another: one tensor of the promoted dtype,
+                # the same batch structure whichever files a batch spans.
+                dtype = functools.reduce(torch.promote_types, [c.dtype for c in cols])
+                merged = torch.empty((total, *cols[0].shape[1:]), dtype=dtype)
                 for col, w in zip(cols, where, strict=True):
-                    merged[torch.from_numpy(np.asarray(w))] = col
+                    merged[torch.from_numpy(np.asarray(w))] = col.to(dtype)
                 out[name] = merged
             else:
                 items: list[Any] = [None] * total

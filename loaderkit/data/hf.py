@@ -112,6 +112,17 @@ class HFDataset(Dataset[dict[str, Any]]):
             )
         import_pyarrow("hf")
         names = list(data.column_names)
+        fmt = getattr(data, "format", None) or {}
+        if fmt.get("type") == "custom":
+            # HFDataset reads the Arrow table in batches; a transform set with
+            # set_transform / with_transform would be skipped silently.
+            raise ValueError(
+                f"{owner}: the dataset has a transform (set_transform / with_transform), "
+                "which HFDataset's batched Arrow reads would skip; apply it in collate_fn or "
+                "a map-style wrapper instead, or reset it with dataset.reset_format()."
+            )
+        if columns is None and fmt.get("columns"):
+            columns = list(fmt["columns"])  # the user's with_format(columns=...) choice
         if columns is not None:
             if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
                 raise TypeError(
@@ -177,5 +188,10 @@ class HFDataset(Dataset[dict[str, Any]]):
             raise TypeError(
                 f"HFDataset: length_column {name!r} is {t}; it must be a list column (token "
                 "ids) or an integer column (lengths)."
+            )
+        if col.null_count:
+            raise ValueError(
+                f"HFDataset: length_column {name!r} has {col.null_count} null value(s); fill "
+                "or filter them (dataset.filter(lambda r: r[name] is not None))."
             )
         return np.asarray(col.to_numpy(), dtype=np.int64)

@@ -26,11 +26,14 @@ changes.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import functools
 import hashlib
 import json
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -182,11 +185,31 @@ def _settings_key(
 ) -> str:
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{_qualname(fn)}"
     blob = json.dumps(
-        {"reader": reader.spec(), "fn": fn_name, "prefix": prefix, "ext": ext, "codec": codec},
+        {
+            "reader": reader.spec(),
+            "fn": fn_name,
+            "fn_code": _code_digest(fn),
+            "prefix": prefix,
+            "ext": ext,
+            "codec": codec,
+        },
         sort_keys=True,
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _code_digest(fn: Any) -> str | None:
+    """A digest of ``fn``'s code (bytecode and constants, through a partial's function):
+    a bug fixed in ``fn`` after an interrupted run rewrites every shard, not only the rest."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its __call__ method's code
+        code = getattr(vars(type(fn)).get("__call__"), "__code__", None)
+    if code is None:
+        return None
+    return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
 
 
 def _qualname(fn: Any) -> str:
@@ -434,7 +457,10 @@ def write_shards(
         directory: Created if needed; or a folder URL (``s3://bucket/corpus``,
             anything fsspec resolves; needs ``loaderkit[remote]``): each shard is
             written locally, uploaded with its sidecars and deleted, and the
-            index is uploaded last.
+            index is uploaded last. Files named like this write's shards that it
+            did not produce (an earlier write of more shards, or in another
+            compression) are removed, so the folder read as a whole holds only
+            this write's shards.
         shards: One item per shard: token arrays for :class:`TokenReader`,
             iterables of JSON-able samples for :class:`JsonlReader`; with ``fn``,
             the inputs ``fn`` turns into that data. Read lazily, in order.
@@ -563,6 +589,11 @@ def write_shards(
         bar.close()
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
+    written = [results[i][0] for i in results]
+    for stale in _stale(job, [p.name for p in root.iterdir()], written):
+        # An earlier write of more shards: listing the folder would read them too.
+        with contextlib.suppress(FileNotFoundError):
+            (root / stale).unlink()
     known = {root / results[i][0]: (results[i][1], results[i][2]) for i in sorted(results)}
     paths = list(known)
     target = default_index_path(paths, reader) if index is None else Path(index)
@@ -570,6 +601,20 @@ def write_shards(
     # The index now says the shards are complete; the markers only served a resume.
     shutil.rmtree(root / WORK_DIR, ignore_errors=True)
     return paths
+
+
+def _stale(job: _Job, names: list[str], written: list[str]) -> list[str]:
+    """The shard files (and sidecars) of this prefix among ``names`` that this write did not
+    produce: left by an earlier write of more shards, or in another compression."""
+    pattern = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\..*)?")
+    ours = set(written)
+
+    def produced(name: str) -> bool:
+        if name in ours:
+            return True
+        return name.endswith(OWN_SUFFIXES) and any(name.startswith(w + ".") for w in ours)
+
+    return [n for n in names if pattern.fullmatch(n) and not produced(n)]
 
 
 def _index_remote(
@@ -580,6 +625,10 @@ def _index_remote(
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     listed = {entry["name"]: entry for entry in job.storage.listing(job.root)}
+    storage = job.storage
+    for stale in _stale(job, list(listed), [results[i][0] for i in results]):
+        url = join_url(job.root, stale)
+        storage.call("removing", url, functools.partial(storage.fs.rm, url))
     rows: list[list[Any]] = []
     for i in sorted(results):
         name, samples, extras = results[i]
@@ -595,7 +644,7 @@ def _index_remote(
         job.storage.write_bytes(str(index), doc)
     else:
         atomic_write(Path(index), lambda f: f.write(doc))
-    storage, work = job.storage, join_url(job.root, WORK_DIR)
+    work = join_url(job.root, WORK_DIR)
     if _listing(storage, work):  # the index says the shards are complete: markers are done
         storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
     return [join_url(job.root, r[0]) for r in rows]

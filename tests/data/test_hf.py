@@ -156,3 +156,23 @@ def test_missing_datasets_names_the_extra(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "x.arrow").write_bytes(b"")
     with pytest.raises(MissingDependencyError, match=r"loaderkit\[hf\]"):
         HFDataset(str(tmp_path / "x.arrow"))
+
+
+def test_a_transform_set_on_the_dataset_is_refused_not_skipped() -> None:
+    base = datasets.Dataset.from_dict({"id": list(range(6))})
+    shifted = base.with_transform(lambda b: {"id": [x * 100 for x in b["id"]]})
+    with pytest.raises(ValueError, match=r"has a transform .*reset_format"):
+        HFDataset(shifted)
+
+
+def test_the_users_format_columns_are_kept() -> None:
+    base = datasets.Dataset.from_dict({"id": list(range(6)), "s": [str(i) for i in range(6)]})
+    ds = HFDataset(base.with_format("numpy", columns=["id"]))
+    assert set(ds.get_batch([0, 1])) == {"id"}
+
+
+@pytest.mark.parametrize("column", [[[1, 2], None, [3]], [2, None, 3]])
+def test_null_lengths_are_refused(column: list[Any]) -> None:
+    data = datasets.Dataset.from_dict({"tok": column})
+    with pytest.raises(ValueError, match=r"length_column 'tok' has 1 null value"):
+        HFDataset(data, length_column="tok").lengths()

@@ -243,3 +243,15 @@ def test_parquet_at_an_s3_url(tmp_path: Path) -> None:
         seen = [i for b in loader for i in batch_ids(b)]
         assert sorted(seen) == list(range(55))
         assert ds.describe()["remote"]["fetched"] >= 1
+
+
+def test_a_column_typed_differently_across_files_gives_one_batch_structure(
+    tmp_path: Path,
+) -> None:
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"y": pa.array([0, 1, 2], pa.int32())}), a)
+    pq.write_table(pa.table({"y": pa.array([3, 4, 5], pa.int64())}), b)
+    ds = ShardedDataset([a, b], ParquetReader())
+    spanning = ds.get_batch([0, 4])["y"]
+    assert isinstance(spanning, torch.Tensor) and spanning.tolist() == [0, 4]
+    assert spanning.dtype == torch.int64  # promoted, whichever files a batch spans

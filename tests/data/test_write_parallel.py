@@ -175,6 +175,43 @@ def test_a_changed_setting_or_shard_file_is_written_again(tmp_path: Path) -> Non
     assert len(Path(log).read_text().split()) == 4  # another prefix: other files
 
 
+def test_fewer_shards_than_an_earlier_write_leave_no_stale_shard(tmp_path: Path) -> None:
+    # A folder read as a whole must hold only this write's shards: an earlier write of
+    # more shards (or an interrupted one) left files the listing would pick up.
+    folder = tmp_path / "out"
+    write_shards(folder, range(4), READER, fn=make, progress=False, compression="zstd")
+    paths = write_shards(folder, range(2), READER, fn=make, progress=False, resume=False)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in paths
+    )
+    ds = ShardedDataset(folder, READER)
+    assert ds.sizes == (5, 6)
+
+
+def test_to_s3_fewer_shards_than_before_leave_no_stale_object(s3: Any) -> None:
+    url = f"s3://{s3.bucket}/shrink"
+    write_shards(url, range(4), READER, fn=make, storage_options=s3.options, progress=False)
+    write_shards(url, range(2), READER, fn=make, storage_options=s3.options, progress=False)
+    shards = [n for n in remote_names(s3, url) if n.startswith("shard-")]
+    assert sorted(shards) == ["shard-00000.npy", "shard-00001.npy"]
+
+
+def make_v2(n: int) -> np.ndarray:
+    return make(n) + 1
+
+
+def test_a_changed_fn_rewrites_every_shard_on_resume(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    with pytest.raises(ValueError, match="boom"):
+        write_shards(folder, range(5), READER, fn=explode, progress=False)
+    # The same qualified name, other code: nothing written by the old code is kept.
+    make_v2.__qualname__ = explode.__qualname__
+    make_v2.__module__ = explode.__module__
+    paths = write_shards(folder, range(5), READER, fn=make_v2, progress=False)
+    ds = ShardedDataset(paths, READER)
+    assert [int(ds[i][0]) for i in (0, 5)] == [1, 101]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
