@@ -30,8 +30,12 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy loaderkit
 
+# Two test processes (the CI machine's cores); a file's tests stay in one process, so its
+# module fixtures (a moto server, recorded runs) are built once. PYTEST_WORKERS=0: serial.
+PYTEST_WORKERS ?= 2
+
 pytest: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: lint typecheck pytest
 
