@@ -129,6 +129,17 @@ class Transport:
         self.arenas: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}
         _LIVE[self.token] = self
 
+    def close(self) -> None:
+        """Unmap the arenas once the workers are stopped (no batch can arrive any more).
+
+        Called when the iterator's workers shut down, not left to the iterator's
+        garbage collection, which a reference cycle can put off: until then
+        each worker's arenas stay mapped here (measured: +4 maps and file
+        descriptors at an epoch's end, some epochs, with 2 workers).
+        """
+        self.arenas.clear()
+        _LIVE.pop(self.token, None)
+
     def writer(self) -> SlotWriter:
         """What the workers receive (pickled or inherited with the collate function)."""
         return SlotWriter(self.token, self.flags, self.slots)

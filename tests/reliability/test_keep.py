@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,14 @@ def _shared_maps() -> int:
     return sum(1 for m in maps if "/dev/shm" in m or "torch_" in m)
 
 
+def _settled(count: Callable[[], int], limit: int, patience: float = 60.0) -> int:
+    """``count()`` once it is at most ``limit``, or its last value after ``patience`` s."""
+    deadline = time.monotonic() + patience
+    while (value := count()) > limit and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("persistent", [False, True])
@@ -112,7 +122,11 @@ def test_resources_stay_flat_over_epochs(tmp_path: Path, persistent: bool) -> No
         seen.append(sorted(int(r[0]) for r in ids_rows(loader)))
         if epoch == 4:  # warmed up: allocator pools and the workers' first maps exist
             base = (_fds(), _shared_maps(), _rss_kb())
-    fds, maps, rss = _fds(), _shared_maps(), _rss_kb()
+    # A stopped worker's queues close on torch's feeder threads, a moment after the
+    # epoch ends (measured under load: +4 pipes, some epochs): a leak stays, that does not.
+    fds = _settled(_fds, base[0] + 2)
+    maps = _settled(_shared_maps, base[1] + 2)
+    rss = _rss_kb()
     assert all(s == list(range(20)) for s in seen)
     assert fds <= base[0] + 2, f"file descriptors grew from {base[0]} to {fds}"
     assert maps <= base[1] + 2, f"shared-memory maps grew from {base[1]} to {maps}"
