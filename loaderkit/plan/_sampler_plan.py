@@ -175,7 +175,10 @@ class SamplerPlan:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         check_int("rank", rank, 0)
         if rank >= world_size:
-            raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
+            raise ValueError(
+                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
+                f"[0, {world_size})."
+            )
         steps_from(self, start, world_size)  # validates the position
         order = self.order(epoch)
         keys = self._keys.get(epoch)

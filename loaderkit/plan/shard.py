@@ -162,7 +162,10 @@ class ShardPlan:
         sizes = tuple(self.shard_sizes)
         for i, n in enumerate(sizes):
             if not isinstance(n, int | np.integer) or isinstance(n, bool) or n < 0:
-                raise ValueError(f"ShardPlan: shard_sizes[{i}] must be an int >= 0, got {n!r}.")
+                raise ValueError(
+                    f"ShardPlan: shard_sizes[{i}] must be an int >= 0, got {n!r}; pass each "
+                    "shard's sample count (a ShardedDataset's .sizes)."
+                )
         sizes = tuple(int(n) for n in sizes)
         object.__setattr__(self, "shard_sizes", sizes)
         if sum(sizes) == 0:
@@ -292,7 +295,10 @@ class ShardPlan:
         self._split._check_position(start, world_size)
         check_int("rank", rank, 0)
         if rank >= world_size:
-            raise ValueError(f"rank must be < world_size={world_size}, got {rank}.")
+            raise ValueError(
+                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
+                f"[0, {world_size})."
+            )
         return _FixedSchedule(self._split, self.order_map(epoch), epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:

@@ -556,6 +556,24 @@ PLANS = [
         "hold no sample",
         "pass non-empty shards",
     ),
+    Bad(
+        "shard plan negative size",
+        lambda tmp: ShardPlan(shard_sizes=(3, -1), batch_size=2),
+        ValueError,
+        r"shard_sizes\[1\]",
+        "got -1",
+        "pass each shard's sample count",
+    ),
+    Bad(
+        "shard plan schedule rank",
+        lambda tmp: ShardPlan(shard_sizes=(3, 4), batch_size=2).schedule(
+            0, start=0, rank=3, world_size=2
+        ),
+        ValueError,
+        "rank must be < world_size=2",
+        "got 3",
+        r"pass a rank in \[0, 2\)",
+    ),
 ]
 
 STATES = [
