@@ -18,8 +18,9 @@ batch is first known in the worker, and a new arena then travels with the
 batch that needs it, with no second channel. torch's default sharing
 strategy (``file_descriptor``) unlinks a segment from ``/dev/shm`` as soon as
 it is created, so an arena is freed when the last process mapping it lets
-go: a killed worker leaves nothing behind, and the main process's mappings
-go with the worker iterator that holds them.
+go: a killed worker leaves nothing behind, and the main process unmaps its
+copies when that iterator's workers stop (:meth:`Transport.close`), or at the
+latest when the iterator is collected.
 
 What does not fit a slot (a tensor subclass, a sparse or quantized tensor,
 one that requires grad, one on another device, a batch that does not pickle
@@ -114,8 +115,8 @@ class Transport:
     """The main process's side of one worker iterator's slots.
 
     Created before that iterator's workers start (its flag array must be
-    shared with them); held by the iterator, so its arenas are unmapped here
-    when the iterator goes.
+    shared with them); held by the iterator. Its arenas are unmapped here when
+    the iterator's workers stop (:meth:`close`), or when the iterator goes.
     """
 
     def __init__(self, num_workers: int, slots: int, pin: bool, stats: TransportStats) -> None:

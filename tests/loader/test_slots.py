@@ -397,6 +397,47 @@ def test_no_shared_memory_left_after_the_loader_is_closed(persistent: bool) -> N
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_arenas_are_unmapped_when_the_workers_stop_not_when_the_iterator_goes() -> None:
+    def arenas() -> set[str]:
+        """torch's segments of arena size (not the one-page slot flags, not semaphores)."""
+        found = set()
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            span, *_, name = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if "/torch_" in name and hi - lo >= _slots.MIN_ARENA:
+                found.add(name)
+        return found
+
+    gc.collect()
+    mapped = arenas()
+    loader = ResumableDataLoader(
+        FailsAt(N - 1), batch_size=B, num_workers=2, collate_fn=big_batches
+    )
+    gc.disable()  # the cycle below must not be what frees them
+    try:
+        with pytest.raises(WorkerError, match="bad sample") as info:
+            list(loader)
+        # The error's traceback holds torch's worker iterator in a reference cycle,
+        # alive until the cycle collector runs; its workers were stopped, its arenas go.
+        assert arenas() - mapped == set()
+    finally:
+        del info
+        gc.enable()
+        gc.collect()
+
+
+class FailsAt(Ids):
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad:
+            raise ValueError("bad sample")
+        return index
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
 def test_no_shared_memory_left_after_a_worker_is_killed() -> None:
     gc.collect()
     entries, mapped = shm_entries(), mapped_segments()
