@@ -46,7 +46,7 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
-__all__ = ["ENABLED", "Transport", "TransportStats", "pack", "unlink_leftovers"]
+__all__ = ["ENABLED", "Transport", "TransportStats", "pack"]
 
 # Whether new worker iterators send batches through slots (benchmarks and tests switch it).
 ENABLED = True
@@ -339,38 +339,6 @@ def pack(writer: SlotWriter, batch: Any) -> Any:
         if nbytes:
             arena[offset : offset + nbytes].view(dtype).view(shape).copy_(tensor)
     return result
-
-
-def unlink_leftovers(pid: int | None) -> list[str]:
-    """Remove the shared-memory files dead worker ``pid`` created but never unlinked.
-
-    Under torch's ``file_descriptor`` strategy a segment (an arena, or a batch on
-    torch's path) is created as ``/dev/shm/torch_<pid>_...`` and unlinked right after
-    it is mapped; a worker killed between the two leaves the file behind for good
-    (measured: a 1 MB arena left by a SIGKILLed worker under load). In that strategy
-    a name still present is exactly such a leftover. Not under ``file_system``,
-    whose names are how other processes open segments still in use: left alone.
-
-    Returns:
-        The names removed.
-    """
-    shm = "/dev/shm"
-    if (
-        pid is None
-        or torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
-        or not os.path.isdir(shm)
-    ):
-        return []
-    removed = []
-    prefix = f"torch_{pid}_"
-    for name in os.listdir(shm):
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(shm, name))
-            except FileNotFoundError:  # unlinked meanwhile
-                continue
-            removed.append(name)
-    return removed
 
 
 def slots_per_worker(prefetch_factor: int | None) -> int:

@@ -519,8 +519,6 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
     oom = before is not None and now is not None and now > before
     parts: list[str] = []
     indices: list[Any] = []
-    for w in dead:
-        _slots.unlink_leftovers(procs[w].pid)
     for w in dead if not timed_out else range(len(procs)):
         proc = procs[w]
         tasks = _in_flight(workers, w)

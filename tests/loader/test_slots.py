@@ -456,48 +456,6 @@ def test_no_shared_memory_left_after_a_worker_is_killed() -> None:
     assert_nothing_left(entries, mapped)
 
 
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
-def test_a_killed_workers_half_made_segment_is_removed() -> None:
-    # SIGKILL between torch's shm_open and its unlink leaves the named file for good;
-    # that window is too narrow to hit on purpose, so the file is planted as it would be.
-    loader = ResumableDataLoader(Ids(40), batch_size=B, num_workers=2, collate_fn=big_batches)
-    existing = {p.pid for p in multiprocessing.active_children()}
-    it = iter(loader)
-    next(it)
-    victim, survivor = [p.pid for p in multiprocessing.active_children() if p.pid not in existing]
-    planted = [Path(f"/dev/shm/torch_{pid}_123_7") for pid in (victim, survivor)]
-    for path in planted:
-        path.write_bytes(b"x" * 64)
-    try:
-        os.kill(victim, signal.SIGKILL)  # type: ignore[arg-type]
-        with pytest.raises(WorkerError, match="SIGKILL"):
-            list(it)
-        assert not planted[0].exists()  # the dead worker's leftover
-        assert planted[1].exists()  # not a dead worker's: not ours to judge
-    finally:
-        for path in planted:
-            path.unlink(missing_ok=True)
-
-
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
-def test_leftovers_are_left_alone_under_the_file_system_strategy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    pid = 4_999_999_999  # above any pid_max: no process of the machine has it
-    planted = Path(f"/dev/shm/torch_{pid}_123_7")
-    planted.write_bytes(b"x")
-    try:
-        # Under file_system, names are how live segments are opened: never removed.
-        with monkeypatch.context() as patch:
-            patch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_system")
-            assert _slots.unlink_leftovers(pid) == []
-        assert planted.exists()
-        assert _slots.unlink_leftovers(pid) == [planted.name]  # file_descriptor (default)
-        assert not planted.exists()
-    finally:
-        planted.unlink(missing_ok=True)
-
-
 # ------------------------------------------------------------- resume
 def test_resume_oracle_through_slots() -> None:
     def make() -> ResumableDataLoader:
