@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_bool", "check_choice", "check_fraction", "check_int", "check_path", "pow2"]
+__all__ = [
+    "check_bool",
+    "check_choice",
+    "check_fraction",
+    "check_int",
+    "check_path",
+    "check_rank",
+    "pow2",
+]
 
 
 def _head(owner: str) -> str:
@@ -70,6 +78,22 @@ def check_int(
             f"[{minimum if minimum is not None else '-inf'}, {pow2(limit)})."
         )
     return int(value)
+
+
+def check_rank(
+    rank: object, world_size: int, *, owner: str = "", fix: str = "", numpy_ok: bool = False
+) -> int:
+    """``rank`` as an int in ``[0, world_size)``, else an error naming it and the range.
+
+    ``fix`` replaces the message of a rank that is not an int >= 0 (see :func:`check_int`).
+    """
+    value = check_int("rank", rank, 0, owner=owner, fix=fix, numpy_ok=numpy_ok)
+    if value >= world_size:
+        raise ValueError(
+            f"{_head(owner)}rank must be < world_size={world_size}, got {value}; pass a rank "
+            f"in [0, {world_size})."
+        )
+    return value
 
 
 def check_bool(name: str, value: object, *, owner: str = "") -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
 from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
 from loaderkit.seeding import derive_seed
@@ -173,12 +173,7 @@ class SamplerPlan:
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
-        check_int("rank", rank, 0)
-        if rank >= world_size:
-            raise ValueError(
-                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
-                f"[0, {world_size})."
-            )
+        check_rank(rank, world_size)
         steps_from(self, start, world_size)  # validates the position
         order = self.order(epoch)
         keys = self._keys.get(epoch)

@@ -60,7 +60,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
 from loaderkit.plan._bucket_order import as_lengths, greedy_starts, sort_windows
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule, permutation_check
@@ -288,19 +288,13 @@ class BucketPlan:
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         self._check_position(epoch, start, world_size)
-        check_int(
-            "rank",
+        check_rank(
             rank,
-            0,
+            world_size,
             owner="BucketBatchSampler",
             fix="pass this process's rank",
             numpy_ok=True,
         )
-        if rank >= world_size:
-            raise ValueError(
-                f"BucketBatchSampler: rank must be < world_size={world_size}, got {rank}; pass "
-                f"a rank in [0, {world_size})."
-            )
         return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
 
     def fingerprint(self) -> dict[str, Any]:

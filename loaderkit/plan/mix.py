@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._global_rngs import GOLDEN, M64, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
@@ -392,12 +392,7 @@ class MixPlan:
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         steps_from(self._dealing, start, world_size)
-        check_int("rank", rank, 0, owner="MixPlan")
-        if rank >= world_size:
-            raise ValueError(
-                f"MixPlan: rank must be < world_size={world_size}, got {rank}; pass a rank in "
-                f"[0, {world_size})."
-            )
+        check_rank(rank, world_size, owner="MixPlan")
         return _FixedSchedule(self._dealing, self.order_map(epoch), epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:

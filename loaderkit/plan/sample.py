@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permutation_digest
 from loaderkit.seeding import derive_seed
@@ -192,12 +192,7 @@ class SamplePlan:
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         self._check_position(start, world_size)
-        check_int("rank", rank, 0)
-        if rank >= world_size:
-            raise ValueError(
-                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
-                f"[0, {world_size})."
-            )
+        check_rank(rank, world_size)
         return _FixedSchedule(self, self.order_map(epoch), epoch, start, rank, world_size)
 
     def _check_position(self, start: int, world_size: int) -> None:

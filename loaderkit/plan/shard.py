@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permute_many
@@ -293,12 +293,7 @@ class ShardPlan:
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from position ``start``."""
         self._split._check_position(start, world_size)
-        check_int("rank", rank, 0)
-        if rank >= world_size:
-            raise ValueError(
-                f"rank must be < world_size={world_size}, got {rank}; pass a rank in "
-                f"[0, {world_size})."
-            )
+        check_rank(rank, world_size)
         return _FixedSchedule(self._split, self.order_map(epoch), epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
