@@ -328,12 +328,12 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
     shutdown = getattr(workers, "_shutdown_workers", None)
     if callable(shutdown):
         shutdown()
-    release_slots(workers)
+    _release_slots(workers)
     if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
         inner._iterator = None
 
 
-def release_slots(workers: Iterator[Any]) -> None:
+def _release_slots(workers: Iterator[Any]) -> None:
     """Unmap the slot arenas of ``workers``, whose worker processes have stopped."""
     transport = getattr(workers, "_loaderkit_transport", None)
     if transport is not None:
@@ -437,8 +437,6 @@ def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, 
         try:
             batch = next(workers)
         except StopIteration:
-            if not getattr(workers, "_persistent_workers", True):
-                release_slots(workers)  # torch stopped these workers at their last batch
             return
         except RuntimeError as exc:
             if isinstance(exc, WorkerError) or not _TORCH_FAILURE.search(str(exc)):

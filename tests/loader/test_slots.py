@@ -353,10 +353,16 @@ def shm_entries() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if not name.startswith("sem.")}
 
 
-def mapped_segments() -> set[str]:
-    """The shared-memory segments this process maps (torch's are named torch_*)."""
-    maps = Path(f"/proc/{os.getpid()}/maps").read_text().splitlines()
-    return {line.split(maxsplit=5)[-1] for line in maps if "/dev/shm/" in line or "/torch_" in line}
+def mapped_segments(min_size: int = 0) -> set[str]:
+    """The shared-memory segments this process maps (torch's are named torch_*), those of
+    at least ``min_size`` bytes."""
+    found = set()
+    for line in Path(f"/proc/{os.getpid()}/maps").read_text().splitlines():
+        span, *_, name = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if ("/dev/shm/" in name or "/torch_" in name) and hi - lo >= min_size:
+            found.add(name)
+    return found
 
 
 def assert_nothing_left(entries: set[str], mapped: set[str], patience: float = 60.0) -> None:
@@ -397,15 +403,8 @@ def test_no_shared_memory_left_after_the_loader_is_closed(persistent: bool) -> N
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
 def test_arenas_are_unmapped_when_the_workers_stop_not_when_the_iterator_goes() -> None:
-    def arenas() -> set[str]:
-        """torch's segments of arena size (not the one-page slot flags, not semaphores)."""
-        found = set()
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            span, *_, name = line.split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if "/torch_" in name and hi - lo >= _slots.MIN_ARENA:
-                found.add(name)
-        return found
+    def arenas() -> set[str]:  # not the one-page slot flags, nor the queues' semaphores
+        return mapped_segments(min_size=_slots.MIN_ARENA)
 
     gc.collect()
     mapped = arenas()
