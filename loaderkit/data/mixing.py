@@ -11,6 +11,13 @@ source-epoch. The plan is a pure function of ``(seed, epoch, position)``
 it what it gives every plan: O(1) exact resume, a re-split of the rest of the
 epoch under another world size or ``num_workers``, equal steps per rank and
 per-sample seeding, with no mixing code in the loader.
+
+What a resume checks: a saved position holds the mix's identity (the source
+names in order, their sizes and draws per epoch), and loading it into a mix
+that differs in any of them is a :class:`~loaderkit.StateMismatchError` naming
+the field. A source whose ``len()`` changed after the mix was built is refused
+when the next epoch starts (the plan covers the old sizes), and a mix is not a
+source of another mix (its weights would be ignored): pass its sources instead.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from torch.utils.data import Dataset
 
 from loaderkit._checks import check_int
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.errors import StateMismatchError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.mix import MixPlan, mix_allotments
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -72,14 +80,16 @@ class MixedDataset(Dataset[Any]):
             total, ``len(self)``).
 
     Neither ``weights`` nor ``repeat``: every source once per epoch, a shuffled
-    concatenation.
+    concatenation. Name the sources (a dict) so that a resume checks each one's
+    place: a list's sources are checked by position, size and draws only.
 
     Each source's samples are drawn exactly once per *source-epoch* (a fresh
     permutation of the source each), over as many epochs as that takes: a
     source allotted fewer draws than it holds carries its source-epoch into the
-    next epoch. Per-sample seeding keys augmentation by ``(seed, epoch, global
-    index)``, so an upsampled sample drawn twice in one epoch gets the same
-    random draws both times (different ones next epoch).
+    next epoch. Per-sample seeding keys augmentation by draw: ``(seed, epoch,
+    global index)`` for a sample drawn once in the epoch, and a key of its own
+    for each further draw of an upsampled sample (:mod:`loaderkit.plan.mix`), so
+    its copies get different random draws, as under a ``WeightedRandomSampler``.
 
     Example:
         >>> import torch
@@ -123,6 +133,13 @@ class MixedDataset(Dataset[Any]):
             raise ValueError(f"{_OWNER}: sources is empty; pass at least one dataset.")
         sizes = []
         for name, ds in zip(self.names, datasets, strict=True):
+            if isinstance(ds, MixedDataset):
+                raise TypeError(
+                    f"{_OWNER}: source {name!r} is itself a MixedDataset, whose weights a mix "
+                    "of mixes would ignore (its samples drawn uniformly); pass its sources to "
+                    "this mix directly, each weighted by its share of the inner mix times the "
+                    "inner mix's weight."
+                )
             if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
                 raise TypeError(
                     f"{_OWNER}: source {name!r} must be a map-style dataset (len() and [i]), "
@@ -146,6 +163,15 @@ class MixedDataset(Dataset[Any]):
 
     # --------------------------------------------------------------- basics
     def __len__(self) -> int:
+        """The sources' total, as built; a source whose ``len()`` changed since is refused
+        here, where the loader asks at the start of each epoch."""
+        for name, ds, size in zip(self.names, self.sources, self.sizes, strict=True):
+            if len(ds) != size:
+                raise StateMismatchError(
+                    f"{_OWNER}: source {name!r} has {len(ds)} samples now, {size} when the mix "
+                    "was built, and the mix's plan covers only those (the rest would never be "
+                    "read); build a new MixedDataset and loader over the changed source."
+                )
         return int(self._ends[-1])
 
     def __repr__(self) -> str:
@@ -167,7 +193,7 @@ class MixedDataset(Dataset[Any]):
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(source, sample in source)`` of global ``index``."""
-        n = len(self)
+        n = int(self._ends[-1])
         if not -n <= index < n:
             raise IndexError(f"{_OWNER}: index {index} out of range for {n} samples.")
         index %= n
@@ -218,6 +244,7 @@ class MixedDataset(Dataset[Any]):
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
+            source_names=self.names,
         )
 
     def batch_sampler(
@@ -292,6 +319,7 @@ class MixedDataset(Dataset[Any]):
             oversize=oversize,
             source_sizes=self.sizes,
             per_epoch=self.per_epoch,
+            source_names=self.names,
             rank=rank,
             world_size=world_size,
         )

@@ -28,6 +28,13 @@ the same map. Dealing to ranks is :class:`~loaderkit.SamplePlan`'s (global
 steps of ``world_size * batch_size`` positions, the tail padded by wrapping or
 dropped), so every rank steps the same number of times.
 
+A sample drawn more than once in an epoch (an upsampled source, or an epoch
+that straddles two source-epochs) gets its own per-sample seeding key per draw:
+the draw from source-epoch ``k`` is keyed ``global index + (k - k0) * num_samples``,
+``k0`` the source's first source-epoch in the epoch (a sample drawn once keeps
+its index). A function of ``(epoch, position)`` like the order, so the same
+for any ``num_workers`` and after a resume.
+
 Exactly-once per source-epoch counts the draws of positions that are dealt:
 ``drop_last=True`` leaves an epoch's last ``< world_size * batch_size``
 positions out (their draws are skipped), and ``drop_last=False`` repeats the
@@ -63,8 +70,15 @@ from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._global_rngs import GOLDEN, M64, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
-from loaderkit.plan.bucket import BucketPlan, Oversize
-from loaderkit.plan.sample import CHUNK, SamplePlan, _FixedSchedule, steps_from
+from loaderkit.plan.bucket import BucketPlan, Oversize, _BucketSchedule, _Epoch
+from loaderkit.plan.sample import (
+    CHUNK,
+    SamplePlan,
+    _FixedSchedule,
+    _KeyedSchedule,
+    occurrence_keys,
+    steps_from,
+)
 from loaderkit.seeding import derive_seed
 
 __all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
@@ -225,7 +239,18 @@ def keyed_at(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
 class _MixMap:
     """One epoch's mix order as a function of positions (see the module docstring)."""
 
-    __slots__ = ("_bases", "_drawn", "_ends", "_offsets", "_perm", "_sizes", "_starts")
+    __slots__ = (
+        "_bases",
+        "_drawn",
+        "_ends",
+        "_first",
+        "_last",
+        "_offsets",
+        "_perm",
+        "_sizes",
+        "_starts",
+        "_total",
+    )
 
     def __init__(self, plan: MixPlan, epoch: int) -> None:
         length = plan.epoch_length(epoch)
@@ -235,6 +260,9 @@ class _MixMap:
         self._sizes = np.asarray(plan.source_sizes, dtype=np.int64)
         self._offsets = np.cumsum(self._sizes) - self._sizes
         self._drawn = per * epoch  # each source's draws before this epoch (checked < 2**63)
+        self._first = self._drawn // self._sizes  # each source's first source-epoch in it
+        self._total = np.int64(plan.num_samples)
+        self._last: tuple[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._perm: KeyedPermutation | None = None
         self._bases: list[int] | None = None
         if plan.shuffle:
@@ -246,12 +274,17 @@ class _MixMap:
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` (int64, flat)."""
         flat = np.asarray(positions).reshape(-1).astype(np.int64)
+        tag = flat.tobytes()
+        if self._last is not None and self._last[0] == tag:
+            # A keyed schedule asks for a chunk's indices, then for its keys.
+            return self._last[1]
         q = flat if self._perm is None else self._perm.at(flat)
         source = np.searchsorted(self._ends, q, side="right")
         draw = self._drawn[source] + (q - self._starts[source])
         k, local = np.divmod(draw, self._sizes[source])
         if self._perm is not None:
             local = self._permute(source, k, local)
+        self._last = (tag, (source, k, local))
         return source, k, local
 
     def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
@@ -276,6 +309,40 @@ class _MixMap:
         source, _, local = self.locate(given)
         return (self._offsets[source] + local).reshape(given.shape)
 
+    def keys_at(self, positions: np.ndarray) -> np.ndarray:
+        """The per-sample seeding key of each draw at ``positions`` (module docstring)."""
+        given = np.asarray(positions)
+        source, k, local = self.locate(given)
+        keys = self._offsets[source] + local + (k - self._first[source]) * self._total
+        return keys.reshape(given.shape)
+
+
+class _MixKeys:
+    """An epoch's seeding keys as a position map (what :class:`_KeyedSchedule` deals)."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, mapping: _MixMap) -> None:
+        self._map = mapping
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return self._map.keys_at(positions)
+
+
+def _check_names(names: Sequence[str] | None, count: int, owner: str) -> tuple[str, ...]:
+    if names is None:
+        return tuple(str(i) for i in range(count))
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"{owner}: source_names must be a list of str, one per source, got {names!r}."
+        )
+    if len(names) != count or len(set(names)) != count:
+        raise ValueError(
+            f"{owner}: source_names must name each of the {count} sources once, got "
+            f"{list(names)!r}; pass {count} distinct names in source order."
+        )
+    return tuple(names)
+
 
 class MixPlan:
     """Fixed-size batches over a weighted mix of sources (see the module docstring).
@@ -292,6 +359,9 @@ class MixPlan:
             each read front to back (cycling).
         seed: Non-negative seed.
         drop_last: As :class:`~loaderkit.SamplePlan`'s.
+        source_names: The sources' names, in order (default ``"0"``, ``"1"``,
+            ...): part of the mix's identity that a saved position is checked
+            against, with the sizes and allotments.
 
     Attributes:
         num_samples: The dataset's size, ``sum(source_sizes)`` (global indices).
@@ -307,6 +377,7 @@ class MixPlan:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        source_names: Sequence[str] | None = None,
     ) -> None:
         owner = "MixPlan"
         self.source_sizes = tuple(
@@ -324,10 +395,19 @@ class MixPlan:
         self.shuffle = check_bool("shuffle", shuffle, owner=owner)
         self.seed = check_int("seed", seed, 0, owner=owner)
         self.drop_last = check_bool("drop_last", drop_last, owner=owner)
+        self.source_names = _check_names(source_names, len(self.source_sizes), owner)
         self.num_samples = sum(self.source_sizes)
         length = sum(self.per_epoch)
         if self.num_samples >= _MAX or length >= _MAX:
             raise ValueError(f"{owner}: sources and epoch must hold < 2**63 samples.")
+        # A draw's seeding key is below num_samples * (source-epochs an epoch spans).
+        pairs = zip(self.per_epoch, self.source_sizes, strict=True)
+        spans = max((a - 1) // n + 2 for a, n in pairs)
+        if self.num_samples * spans >= _MAX:
+            raise ValueError(
+                f"{owner}: a source drawn {spans - 1}x its size per epoch among "
+                f"{self.num_samples} samples needs seeding keys >= 2**63; lower its weight."
+            )
         self.offsets = tuple(np.cumsum((0, *self.source_sizes[:-1])).tolist())
         # Positions are dealt as a sample plan over the epoch's L positions deals them.
         self._dealing = SamplePlan(
@@ -338,7 +418,7 @@ class MixPlan:
         return (
             f"MixPlan(source_sizes={self.source_sizes}, per_epoch={self.per_epoch}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self.seed}, "
-            f"drop_last={self.drop_last})"
+            f"drop_last={self.drop_last}, source_names={list(self.source_names)})"
         )
 
     def epoch_length(self, epoch: int) -> int:
@@ -393,7 +473,12 @@ class MixPlan:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         steps_from(self._dealing, start, world_size)
         check_rank(rank, world_size, owner="MixPlan")
-        return _FixedSchedule(self._dealing, self.order_map(epoch), epoch, start, rank, world_size)
+        mapping = self.order_map(epoch)
+        if all(first == last for first, last in self.source_epochs(epoch)):
+            # No source spans two source-epochs: no sample is drawn twice, keys are indices.
+            return _FixedSchedule(self._dealing, mapping, epoch, start, rank, world_size)
+        keys = _MixKeys(mapping)
+        return _KeyedSchedule(self._dealing, mapping, keys, epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""
@@ -404,6 +489,7 @@ class MixPlan:
         return {
             "kind": "mix",
             "num_samples": self.num_samples,
+            "source_names": list(self.source_names),
             "source_sizes": list(self.source_sizes),
             "per_epoch": list(self.per_epoch),
             "batch_size": self.batch_size,
@@ -411,6 +497,9 @@ class MixPlan:
             "seed": self.seed,
             "drop_last": self.drop_last,
             "order_check": _mix_check() if self.shuffle else 0,
+            # Each draw is seeded apart (module docstring); states saved when an upsampled
+            # sample's draws shared one key lack this field and are refused by name.
+            "repeat_seeding": "per_draw",
         }
 
 
@@ -427,7 +516,12 @@ class MixBucketPlan(BucketPlan):
         lengths: Token count per global index (the sources laid end to end).
         source_sizes: Samples per source; they must add up to ``len(lengths)``.
         per_epoch: Draws per epoch from each source.
+        source_names: The sources' names, as :class:`MixPlan` takes them.
         **kwargs: :class:`~loaderkit.BucketPlan`'s.
+
+    A sample drawn more than once in an epoch is seeded per draw: its ``k``-th
+    draw in the epoch's batch order is keyed ``index + k * num_samples``
+    (:func:`~loaderkit.plan.sample.occurrence_keys`, as for a sampler's repeats).
     """
 
     def __init__(
@@ -444,6 +538,7 @@ class MixBucketPlan(BucketPlan):
         seed: int = 0,
         drop_last: bool = False,
         oversize: Oversize = "error",
+        source_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             lengths,
@@ -462,6 +557,7 @@ class MixBucketPlan(BucketPlan):
             batch_size=1,  # only the order is used; the batches are cut here
             shuffle=self.shuffle,
             seed=self.seed,
+            source_names=source_names,
         )
         if self.mix.num_samples != self.num_samples:
             raise ValueError(
@@ -477,6 +573,17 @@ class MixBucketPlan(BucketPlan):
         check_int("epoch", epoch, 0, owner="BucketBatchSampler", numpy_ok=True)
         return int(self._epoch(epoch).sequence.size)
 
+    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
+        """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart (class docstring)."""
+        sched = super().schedule(epoch, start=start, rank=rank, world_size=world_size)
+        ep = self._epoch(epoch)
+        keys = occurrence_keys(torch.from_numpy(ep.order), self.num_samples)
+        if keys is None:
+            return sched
+        return _KeyedBucketSchedule(
+            ep, keys.numpy(), epoch, start, rank, world_size, self.drop_last
+        )
+
     def _unsorted(self, epoch: int) -> np.ndarray:
         order = self.mix.order(epoch).numpy()
         if self._eligible.size == self.num_samples:
@@ -489,10 +596,37 @@ class MixBucketPlan(BucketPlan):
         return {
             **super().fingerprint(),
             "kind": "mix-bucket",
+            "source_names": mix["source_names"],
             "source_sizes": mix["source_sizes"],
             "per_epoch": mix["per_epoch"],
             "mix_check": mix["order_check"],
+            "repeat_seeding": mix["repeat_seeding"],
         }
+
+
+class _KeyedBucketSchedule(_BucketSchedule):
+    """A bucket schedule whose samples are seeded by their keys (one per draw), not indices."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(
+        self,
+        ep: _Epoch,
+        keys: np.ndarray,
+        epoch: int,
+        start: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+    ) -> None:
+        super().__init__(ep, epoch, start, rank, world_size, drop_last)
+        self._keys = keys  # aligned with ep.order
+
+    def seed_keys(self, step: int) -> np.ndarray:
+        """The per-sample seeding keys of step ``step``'s batch (same layout as its indices)."""
+        assert self._dealt is not None
+        b = self._dealt.indices_numpy(step)[0]
+        return self._keys[self._bounds[b] : self._bounds[b + 1]]
 
 
 @functools.cache

@@ -437,8 +437,8 @@ class _KeyedSchedule(_FixedSchedule):
     def __init__(
         self,
         plan: Dealt,
-        order: torch.Tensor,
-        keys: torch.Tensor,
+        order: torch.Tensor | PositionMap,
+        keys: torch.Tensor | PositionMap,
         epoch: int,
         start: int,
         rank: int,

@@ -281,6 +281,8 @@ class BucketBatchSampler(PlanBatchSampler):
             with ``per_epoch``): each epoch's order is the mix's, upsampled
             samples repeated (:class:`~loaderkit.MixBucketPlan`).
         per_epoch: With ``source_sizes``: draws per epoch from each source.
+        source_names: With ``source_sizes``: the sources' names, part of the
+            mix's identity a saved position is checked against.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
 
@@ -323,6 +325,7 @@ class BucketBatchSampler(PlanBatchSampler):
         shard_window: int = DEFAULT_WINDOW,
         source_sizes: Sequence[int] | None = None,
         per_epoch: Sequence[int] | None = None,
+        source_names: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -337,14 +340,16 @@ class BucketBatchSampler(PlanBatchSampler):
             "oversize": oversize,
         }
         plan: BucketPlan
-        if (source_sizes is None) != (per_epoch is None) or (
-            source_sizes is not None and shard_sizes is not None
+        if (
+            (source_sizes is None) != (per_epoch is None)
+            or (source_sizes is not None and shard_sizes is not None)
+            or (source_names is not None and source_sizes is None)
         ):
             raise ValueError(
                 "BucketBatchSampler: source_sizes and per_epoch go together (a mix of sources, "
-                "as MixedDataset.bucket_batch_sampler() passes them) and exclude shard_sizes; "
-                f"got source_sizes={source_sizes!r}, per_epoch={per_epoch!r}, "
-                f"shard_sizes={shard_sizes!r}."
+                "as MixedDataset.bucket_batch_sampler() passes them, with source_names) and "
+                f"exclude shard_sizes; got source_sizes={source_sizes!r}, per_epoch="
+                f"{per_epoch!r}, shard_sizes={shard_sizes!r}."
             )
         if shard_sizes is not None:
             plan = ShardBucketPlan(
@@ -367,7 +372,11 @@ class BucketBatchSampler(PlanBatchSampler):
                     )
             if source_sizes is not None and per_epoch is not None:
                 plan = MixBucketPlan(
-                    lengths, source_sizes=source_sizes, per_epoch=per_epoch, **settings
+                    lengths,
+                    source_sizes=source_sizes,
+                    per_epoch=per_epoch,
+                    source_names=source_names,
+                    **settings,
                 )
             else:
                 plan = BucketPlan(lengths, **settings)

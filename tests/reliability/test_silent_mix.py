@@ -1,0 +1,137 @@
+"""Silent edges of MixedDataset: a reordered or changed mix, a mix of mixes, shared augmentation.
+
+Each case returned other data than asked for, with no error, on 84cc6ec:
+a resume into the same sources in another order was accepted (duplicates),
+a source that grew after the mix was built was never read, a mix nested in a
+mix drew from the inner sources uniformly, and an upsampled sample's copies
+in one epoch got bit-identical augmentation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from loaderkit import (
+    BucketBatchSampler,
+    MixedDataset,
+    MixPlan,
+    ResumableDataLoader,
+    StateMismatchError,
+)
+
+
+class Source(Dataset[dict[str, Any]]):
+    """Item ``i`` is ``{"id": base + i, "x": torch.rand(2)}``: a random augmentation per read."""
+
+    def __init__(self, size: int, base: int) -> None:
+        self.items = list(range(base, base + size))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"id": self.items[index], "x": torch.rand(2)}
+
+
+def _loader(mix: MixedDataset, *, bucket: bool = False, num_workers: int = 0) -> Any:
+    if bucket:
+        sampler = mix.bucket_batch_sampler(batch_size=4, lengths=[1] * len(mix), seed=3)
+        return ResumableDataLoader(mix, batch_sampler=sampler, num_workers=num_workers)
+    sampler = mix.batch_sampler(4, seed=3)
+    return ResumableDataLoader(mix, batch_sampler=sampler, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("bucket", [False, True], ids=["fixed", "bucket"])
+def test_a_mix_resumed_with_its_sources_in_another_order_is_refused(bucket: bool) -> None:
+    a, b = Source(10, 0), Source(10, 100)
+    run = _loader(MixedDataset({"a": a, "b": b}, weights={"a": 1, "b": 1}), bucket=bucket)
+    it = iter(run)
+    next(it)
+    next(it)
+    state = run.state_dict()
+    swapped = _loader(MixedDataset({"b": b, "a": a}, weights={"b": 1, "a": 1}), bucket=bucket)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"field 'source_names' differs: the state was saved with "
+        r"source_names=\['a', 'b'\], this object has source_names=\['b', 'a'\]",
+    ):
+        swapped.load_state_dict(state)
+    same = _loader(MixedDataset({"a": a, "b": b}, weights={"a": 1, "b": 1}), bucket=bucket)
+    same.load_state_dict(state)  # the same mix resumes
+
+
+def test_a_source_that_grew_after_the_mix_was_built_is_refused_at_the_next_epoch() -> None:
+    web, books = Source(10, 0), Source(5, 100)
+    mix = MixedDataset({"web": web, "books": books})
+    loader = _loader(mix)
+    assert len([b for b in loader]) == 4  # epoch 0: 15 samples
+    web.items.extend(range(10, 15))
+    with pytest.raises(
+        StateMismatchError,
+        match=r"source 'web' has 15 samples now, 10 when the mix was built.*build a new "
+        r"MixedDataset and loader",
+    ):
+        next(iter(loader))
+
+
+def test_a_mix_of_mixes_is_refused_by_name_with_the_fix() -> None:
+    inner = MixedDataset({"a": Source(10, 0), "b": Source(10, 100)}, weights=[1, 1])
+    with pytest.raises(
+        TypeError,
+        match=r"source 'inner' is itself a MixedDataset, whose weights a mix of mixes would "
+        r"ignore.*pass its sources to this mix directly",
+    ):
+        MixedDataset({"inner": inner, "c": Source(4, 200)}, weights=[9, 1])
+
+
+def _draws(mix: MixedDataset, *, bucket: bool, num_workers: int) -> list[tuple[int, bytes]]:
+    out = []
+    for batch in _loader(mix, bucket=bucket, num_workers=num_workers):
+        for i, x in zip(batch["id"].tolist(), batch["x"], strict=True):
+            out.append((i, x.numpy().tobytes()))
+    return out
+
+
+@pytest.mark.parametrize("bucket", [False, True], ids=["fixed", "bucket"])
+def test_each_draw_of_an_upsampled_sample_gets_its_own_augmentation(bucket: bool) -> None:
+    mix = MixedDataset({"small": Source(4, 0), "big": Source(12, 100)}, repeat=[2.5, 1])
+    draws = _draws(mix, bucket=bucket, num_workers=0)
+    by_id: dict[int, list[bytes]] = defaultdict(list)
+    for i, x in draws:
+        by_id[i].append(x)
+    repeated = {i: xs for i, xs in by_id.items() if len(xs) > 1}
+    assert repeated, "the upsampled source should repeat samples within the epoch"
+    for i, xs in repeated.items():
+        assert len(set(xs)) == len(xs), f"sample {i}'s {len(xs)} draws share augmentation"
+    # Keyed by draw, not by process: the same with workers.
+    assert _draws(mix, bucket=bucket, num_workers=2) == draws
+
+
+def test_per_draw_augmentation_survives_a_resume() -> None:
+    mix = MixedDataset({"small": Source(3, 0), "big": Source(9, 100)}, repeat=[3, 1])
+    full = [(b["id"].tolist(), b["x"]) for b in _loader(mix)]
+    first = _loader(mix)
+    it = iter(first)
+    before = [next(it) for _ in range(2)]
+    resumed = _loader(mix)
+    resumed.load_state_dict(first.state_dict())
+    got = [(b["id"].tolist(), b["x"]) for b in [*before, *resumed]]
+    assert [ids for ids, _ in got] == [ids for ids, _ in full]
+    for (_, want), (_, have) in zip(full, got, strict=True):
+        assert torch.equal(want, have)
+
+
+def test_mix_identity_and_draw_key_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"source_names must name each of the 2 sources once"):
+        MixPlan(source_sizes=(3, 4), per_epoch=(3, 4), batch_size=2, source_names=["a", "a"])
+    with pytest.raises(TypeError, match=r"source_names must be a list of str, one per source"):
+        MixPlan(source_sizes=(3, 4), per_epoch=(3, 4), batch_size=2, source_names="ab")
+    with pytest.raises(ValueError, match=r"needs seeding keys >= 2\*\*63; lower its weight"):
+        MixPlan(source_sizes=(1, 2**40), per_epoch=(2**40, 1), batch_size=2)
+    with pytest.raises(ValueError, match=r"source_sizes and per_epoch go together"):
+        BucketBatchSampler([1, 2], batch_size=1, source_names=["a"])
