@@ -279,8 +279,17 @@ def check_start_method(context: Any, workers: int) -> None:
         )
 
 
-def check_auto_workers(dataset: Any, *, iterable: bool, per_sample_seeding: Any) -> None:
-    """Refuse ``num_workers="auto"`` where switching workers mid-epoch would change the data."""
+def check_auto_workers(
+    dataset: Any, *, iterable: bool, per_sample_seeding: Any, timeout: Any
+) -> None:
+    """Refuse ``num_workers="auto"`` where switching workers mid-epoch would change the data,
+    or where its in-process start would not keep a ``timeout``."""
+    if isinstance(timeout, int | float) and timeout > 0:
+        raise ValueError(
+            f"ResumableDataLoader: timeout={timeout} with num_workers='auto' would not hold: "
+            "each epoch starts loading in this process, where a hanging __getitem__ cannot be "
+            "interrupted; pass an int num_workers >= 1 to enforce the timeout, or timeout=0."
+        )
     if iterable:
         raise ValueError(
             f"ResumableDataLoader: num_workers='auto' starts workers part-way through an epoch "

@@ -17,6 +17,9 @@ the run itself, not in a separate probe:
    time in-process; workers that do not shorten it by :data:`MIN_GAIN` are
    stopped and loading goes back in-process.
 
+A ``timeout`` is refused with "auto": the in-process start could not keep it
+(nothing interrupts a ``__getitem__`` running in this process).
+
 The choice never changes *what* is loaded: the plan deals batches by position
 and per-sample seeding keys randomness by sample, so a switch mid-epoch yields
 the batches a fixed ``num_workers`` would have (tested). It only changes when.

@@ -343,7 +343,10 @@ class ResumableDataLoader:
         auto = isinstance(num_workers, str) and num_workers == "auto"
         if auto:
             check_auto_workers(
-                dataset, iterable=iterable or stream, per_sample_seeding=per_sample_seeding
+                dataset,
+                iterable=iterable or stream,
+                per_sample_seeding=per_sample_seeding,
+                timeout=timeout,
             )
         workers = check_worker_args(
             # "auto" may start workers: their settings are checked as for num_workers=1.

@@ -7,6 +7,7 @@ chosen batches, which is what makes the data identical for any decision.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -237,5 +238,28 @@ def test_another_string_names_auto() -> None:
 
 
 def test_worker_settings_are_accepted_with_auto() -> None:
-    loader = make("auto", prefetch_factor=4, persistent_workers=True, timeout=30)
+    loader = make("auto", prefetch_factor=4, persistent_workers=True)
     assert loader.num_workers == 0 and loader.prefetch_factor == 4
+
+
+class Hangs(Dataset[int]):
+    """Sample 2 never returns: "auto" loads it in-process, out of a timeout's reach."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        if index == 2:
+            threading.Event().wait()
+        return index
+
+
+def test_a_timeout_with_auto_is_refused_since_the_epoch_starts_in_process() -> None:
+    # On 84cc6ec this loader was built, and its first epoch blocked forever on sample 2.
+    with pytest.raises(
+        ValueError,
+        match=r"timeout=2 with num_workers='auto' would not hold: each epoch starts loading in "
+        r"this process.*pass an int num_workers >= 1 to enforce the timeout, or timeout=0",
+    ):
+        ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=2)
+    ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=0)  # no timeout: fine
