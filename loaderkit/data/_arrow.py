@@ -10,6 +10,12 @@ so a batch has the same structure whichever of them read it: per column,
 - ``fixed_size_list<number>`` -> one ``(rows, size)`` tensor;
 - anything else (strings, structs) -> a Python list.
 
+A column whose type differs between two files is merged only where a dtype
+holds every value of both exactly (:func:`exact_dtype`: ``int32`` with
+``int64``, ``float32`` with ``float64``, ``int32`` with ``float64``), and
+refused otherwise (``int64`` with ``float64`` would round ``2**53 + 1``; an
+integer with a string would give a tensor in one batch and a list in another).
+
 pyarrow is imported only when a table is converted, so ``import loaderkit``
 stays cheap; a missing pyarrow is a
 :class:`~loaderkit.errors.MissingDependencyError` naming the extra.
@@ -18,6 +24,7 @@ stays cheap; a missing pyarrow is a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,7 +33,14 @@ import torch
 
 from loaderkit.errors import MissingDependencyError
 
-__all__ = ["Columns", "import_pyarrow", "table_columns"]
+__all__ = [
+    "Columns",
+    "column_kind",
+    "exact_dtype",
+    "import_pyarrow",
+    "merge_kinds",
+    "table_columns",
+]
 
 
 def import_pyarrow(extra: str = "parquet") -> Any:
@@ -46,6 +60,71 @@ def import_pyarrow(extra: str = "parquet") -> Any:
 
 def _numeric(pa: Any, t: Any) -> bool:
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
+
+
+def _digits(dtype: torch.dtype) -> int:
+    """Binary digits a dtype holds exactly: an int's magnitude bits, a float's mantissa."""
+    if dtype == torch.bool:
+        return 1
+    if dtype.is_floating_point:
+        return round(-math.log2(torch.finfo(dtype).eps)) + 1
+    info = torch.iinfo(dtype)
+    return info.bits - (1 if info.min < 0 else 0)
+
+
+def exact_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
+    """The dtype torch promotes ``a`` and ``b`` to, or ``float64`` beyond it, where that
+    holds every value of both exactly; None where none does (``int64`` with ``float64``).
+
+    Example:
+        >>> exact_dtype(torch.int32, torch.int64), exact_dtype(torch.int32, torch.float32)
+        (torch.int64, torch.float64)
+        >>> exact_dtype(torch.int64, torch.float64) is None
+        True
+    """
+    if a == b:
+        return a
+    try:
+        promoted: torch.dtype | None = torch.promote_types(a, b)
+    except RuntimeError:  # torch promotes no unsigned type wider than uint8
+        promoted = None
+    need = max(_digits(a), _digits(b))
+    if not (a.is_floating_point or b.is_floating_point):
+        if promoted is not None:
+            return promoted  # integer promotion keeps every value
+        return next((t for t in (torch.int32, torch.int64) if _digits(t) >= need), None)
+    for target in (promoted, torch.float64):
+        if target is not None and target.is_floating_point and _digits(target) >= need:
+            return target
+    return None
+
+
+def _torch_dtype(t: Any) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=t.to_pandas_dtype())).dtype
+
+
+def column_kind(pa: Any, t: Any) -> tuple[Any, ...]:
+    """What a column of Arrow type ``t`` becomes in a batch: ``("tensor", dtype)``,
+    ``("tensors", dtype)`` (a list of 1-D tensors), ``("fixed", dtype, size)`` or
+    ``("python", type)`` (a list of Python values)."""
+    if _numeric(pa, t):
+        return ("tensor", _torch_dtype(t))
+    if pa.types.is_fixed_size_list(t) and _numeric(pa, t.value_type):
+        return ("fixed", _torch_dtype(t.value_type), t.list_size)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _numeric(pa, t.value_type):
+        return ("tensors", _torch_dtype(t.value_type))
+    # string and large_string (binary, lists) give the same Python values.
+    return ("python", str(t).replace("large_", ""))
+
+
+def merge_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The kind both columns fit in exactly (:func:`exact_dtype`), or None."""
+    if a == b:
+        return a
+    if a[0] != b[0] or a[0] == "python" or a[2:] != b[2:]:
+        return None
+    dtype = exact_dtype(a[1], b[1])
+    return None if dtype is None else (a[0], dtype, *a[2:])
 
 
 def _to_tensor(values: Any) -> torch.Tensor:
@@ -91,6 +170,10 @@ def table_columns(table: Any, where: str) -> dict[str, Any]:
     }
 
 
+def _exact_or_none(a: torch.dtype | None, b: torch.dtype) -> torch.dtype | None:
+    return None if a is None else exact_dtype(a, b)
+
+
 class Columns(Sequence[dict[str, Any]]):
     """A batch of rows held by column: a sequence of row dicts for a ``collate_fn``, or,
     unsplit, the collated batch itself (:meth:`as_batch`, :meth:`scatter`).
@@ -98,13 +181,15 @@ class Columns(Sequence[dict[str, Any]]):
     Args:
         data: Column name -> a tensor (first dim the rows) or a list (one item per row).
         rows: The number of rows.
+        source: Where the rows come from (a file), for messages.
     """
 
-    __slots__ = ("data", "rows")
+    __slots__ = ("data", "rows", "source")
 
-    def __init__(self, data: dict[str, Any], rows: int) -> None:
+    def __init__(self, data: dict[str, Any], rows: int, source: str = "") -> None:
         self.data = data
         self.rows = rows
+        self.source = source
 
     def __len__(self) -> int:
         return self.rows
@@ -142,7 +227,13 @@ class Columns(Sequence[dict[str, Any]]):
                     )
                 # int32 in one file, int64 in another: one tensor of the promoted dtype,
                 # the same batch structure whichever files a batch spans.
-                dtype = functools.reduce(torch.promote_types, [c.dtype for c in cols])
+                dtype = functools.reduce(_exact_or_none, [c.dtype for c in cols])
+                if dtype is None:
+                    raise ValueError(
+                        f"column {name!r} has dtypes {[str(c.dtype) for c in cols]} in "
+                        f"{[p.source for p in parts]}, and no dtype holds all their values "
+                        "exactly; write every file with one type for the column."
+                    )
                 merged = torch.empty((total, *cols[0].shape[1:]), dtype=dtype)
                 for col, w in zip(cols, where, strict=True):
                     merged[torch.from_numpy(np.asarray(w))] = col.to(dtype)

@@ -11,6 +11,11 @@ Arrow format, not ``"torch"``: the torch format returns a 2-D tensor for a
 batch whose lists happen to be of equal length and a list otherwise, so a
 batch's structure would depend on its contents.
 
+Columns whose features decode (``Image``, ``Audio``, a ``Sequence`` of them;
+not ``Image(decode=False)``) are decoded after the Arrow read by the
+dataset's own ``Features.decode_column``, so a row holds what ``datasets``
+gives for it (a PIL image, not the stored ``{'bytes', 'path'}`` dict).
+
 ``lengths()`` reads the ``length_column`` alone (list lengths, or the values
 of an integer column) for token budgets
 (:class:`~loaderkit.BucketBatchSampler` ``max_tokens``).
@@ -47,6 +52,13 @@ def _datasets() -> Any:
             f"install the extra: pip install '{HF_EXTRA}'."
         ) from exc
     return datasets
+
+
+def _to_decode(features: Any, columns: list[str]) -> list[str]:
+    """The columns whose feature type ``datasets`` decodes when it reads a row."""
+    from datasets.features.features import require_decoding
+
+    return [c for c in columns if c in features and require_decoding(features[c])]
 
 
 class HFDataset(Dataset[dict[str, Any]]):
@@ -143,6 +155,9 @@ class HFDataset(Dataset[dict[str, Any]]):
         self.columns = list(columns) if columns is not None else names
         self.length_column = length_column
         self._arrow = data.with_format("arrow", columns=self.columns)
+        features = getattr(data, "features", None)
+        # The Arrow read skips the feature decoding datasets applies (images, audio).
+        self._decoded = [] if features is None else _to_decode(features, self.columns)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -158,7 +173,10 @@ class HFDataset(Dataset[dict[str, Any]]):
         if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
             raise IndexError(f"HFDataset: indices {idx[:8]} out of range for {n} rows.")
         table = self._arrow[(idx % max(n, 1)).tolist()]
-        return Columns(table_columns(table, "HFDataset"), len(idx))
+        data = table_columns(table, "HFDataset")
+        for name in self._decoded:
+            data[name] = self.dataset.features.decode_column(data[name], name)
+        return Columns(data, len(idx), "HFDataset")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._columns([int(index)])[0]

@@ -18,6 +18,12 @@ URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
   of 1-D tensors, for :class:`~loaderkit.PadCollate`): no per-row Python.
   The shard plan reads a file window by window, so with windows of about a
   row group's size each row group is decoded about once per epoch per reader.
+- **Types** must agree across files: each process checks a file's column
+  types when it opens it against the files it opened before, and a column
+  typed differently (``int64`` in one file, ``string`` or ``double`` in
+  another) is a :class:`~loaderkit.ShardError` naming the column and both
+  files. Only types one dtype holds exactly are merged (``int32`` with
+  ``int64``: batches spanning both files are ``int64``).
 - **Lengths** for token budgets: ``length_column``, a ``list`` column (each
   row's list length) or an integer column (the lengths themselves), read
   alone (:meth:`~loaderkit.ShardedDataset.lengths`).
@@ -37,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from loaderkit._checks import check_int
-from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, merge_kinds, table_columns
 from loaderkit.data.readers import OpenShard, _missing
 from loaderkit.errors import ShardError
 
@@ -122,6 +128,8 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
+        # Per process: column -> (batch kind, Arrow type, file) of the files opened so far.
+        self._kinds: dict[str, tuple[tuple[Any, ...], Any, Path]] = {}
 
     def __repr__(self) -> str:
         return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
@@ -142,6 +150,27 @@ class ParquetReader:
                 "truncated; rewrite it (and delete the shard index).",
                 path=path,
             ) from exc
+
+    def _agree(self, path: Path, schema: Any, columns: list[str]) -> None:
+        """Refuse a column typed here in a way that cannot share batches with earlier files."""
+        pa = import_pyarrow()
+        for name in columns:
+            t = schema.field(name).type
+            kind = column_kind(pa, t)
+            seen = self._kinds.get(name)
+            if seen is None:
+                self._kinds[name] = (kind, t, path)
+                continue
+            merged = merge_kinds(seen[0], kind)
+            if merged is None:
+                raise ShardError(
+                    f"ParquetReader: column {name!r} is {t} in {str(path)!r} but {seen[1]} in "
+                    f"{str(seen[2])!r}, and no type holds the values of both exactly; write "
+                    f"every file with one type for {name!r}, or leave it out with columns=[...].",
+                    path=path,
+                )
+            if merged != seen[0]:
+                self._kinds[name] = (merged, t, path)
 
     def count(self, path: Path) -> int:
         """Rows in the file, from its footer (no data page is read)."""
@@ -199,6 +228,8 @@ class _ParquetShard:
             )
         self.columns = list(wanted)
         self.names = names
+        if self.num_rows:  # a file without rows adds no values of any type
+            reader._agree(path, file.schema_arrow, self.columns)
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self.decoded = 0  # row groups decoded (for tests and curiosity)
 
@@ -249,7 +280,7 @@ class _ParquetShard:
             table = pa.concat_tables(tables)
             local = idx + base[group_of]
         taken = table.take(pa.array(local, type=pa.int64()))
-        return Columns(table_columns(taken, self._where()), len(idx))
+        return Columns(table_columns(taken, self._where()), len(idx), self._where())
 
     def read(self, index: int) -> dict[str, Any]:
         return self.read_batch(np.asarray([index]))[0]
