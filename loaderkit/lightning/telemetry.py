@@ -2,13 +2,21 @@
 
 A GPU idling at 30 % because the loader can't keep up looks, from the
 training script, like a slow model. :class:`DataWaitMonitor` separates the
-two: the wall time from the end of one training batch to the start of the
-next is the time Lightning's loop spent getting the next batch (the loader's
-``next()``, plus the few hooks in between); the time from one batch end to
-the next is the whole step. Their ratio, averaged over a window of steps, is
+two: a step is the time the loop waited for its batch plus the time it spent
+on the batch (from the batch's ``on_train_batch_start`` to its
+``on_train_batch_end``). Their ratio, averaged over a window of steps, is
 logged as ``data_wait`` (and shown in the progress bar): near 0 the loader
 keeps up; near 1 the model waits for data (raise ``num_workers``, pin
 memory, bucket by length, or move decoding out of ``__getitem__``).
+
+The wait is the time inside the train loader's ``next()`` where the loader is
+a :class:`~loaderkit.ResumableDataLoader` (its ``wait_seconds``), so nothing
+else the loop does between batches counts: validation, checkpoints, other
+callbacks' hooks. For any other loader, no hook marks the call to ``next()``,
+so the wait is the time from one batch's ``on_train_batch_end`` to the next
+batch's ``on_train_batch_start`` less any validation run between them, which
+still counts other callbacks' hooks there (a ``ModelCheckpoint`` saving
+every ``n`` steps, say).
 
 Host wall time: on CUDA, kernels run asynchronously, so a step's time is what
 the host spent on it, which is what the loader competes with.
@@ -18,14 +26,29 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from loaderkit._checks import check_bool, check_int
+from loaderkit.loader.resumable import ResumableDataLoader
 
 __all__ = ["DataWaitMonitor"]
+
+_SUMMARY_KEYS = ("steps", "step_ms", "wait_ms")
+
+
+def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
+    """The train loaders, where every one of them times its own ``next()``; else None."""
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, list | tuple):
+        loaders = [loaders]
+    if loaders and all(isinstance(x, ResumableDataLoader) for x in loaders):
+        return tuple(loaders)
+    return None
 
 
 class DataWaitMonitor(Callback):
@@ -33,7 +56,7 @@ class DataWaitMonitor(Callback):
 
     Args:
         window: Steps the logged fraction averages over (a moving window).
-        name: The logged metric's name.
+        name: The logged metric's name (not one of :meth:`summary`'s other keys).
         prog_bar: Show the fraction in the progress bar.
 
     Example:
@@ -52,33 +75,65 @@ class DataWaitMonitor(Callback):
                 f"DataWaitMonitor: name must be a non-empty str, got {name!r}; pass e.g. "
                 "name='data_wait'"
             )
+        if name in _SUMMARY_KEYS:
+            raise ValueError(
+                f"DataWaitMonitor: name={name!r} is one of the keys summary() reports "
+                f"{list(_SUMMARY_KEYS)}, which the fraction would overwrite; pass another "
+                "name, e.g. name='data_wait'."
+            )
         self.name = name
         self.prog_bar = check_bool("prog_bar", prog_bar, owner="DataWaitMonitor")
-        self._last_end: float | None = None
+        self._last_end: float | None = None  # other loaders: when the wait began
+        self._paused: float | None = None  # when a validation run began
+        self._loaders: tuple[ResumableDataLoader, ...] | None = None
+        self._read = 0.0  # their wait_seconds at the last reading
+        self._start: float | None = None
         self._wait: float | None = None
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)
         self._steps = 0
         self._total_wait = 0.0
         self._total_step = 0.0
 
+    def _waited(self) -> float:
+        assert self._loaders is not None
+        return sum(loader.wait_seconds for loader in self._loaders)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Start the clock: the epoch's first step includes creating its iterator."""
+        """Start the clock: the epoch's first wait includes starting its iterator."""
+        self._loaders = _timed(trainer.train_dataloader)
+        if self._loaders is not None:
+            self._read = self._waited()
         self._last_end = time.perf_counter()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """Stop the clock of other loaders' wait: validation is not waiting for a batch."""
+        self._paused = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """Restart it, the validation's time left out."""
+        if self._paused is not None and self._last_end is not None:
+            self._last_end += time.perf_counter() - self._paused
+        self._paused = None
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """The batch has arrived: the time since the last step ended was spent getting it."""
-        if self._last_end is not None:
-            self._wait = time.perf_counter() - self._last_end
+        """The batch has arrived: take the time the loop waited for it."""
+        now = time.perf_counter()
+        if self._loaders is not None:
+            waited = self._waited()
+            self._wait, self._read = waited - self._read, waited
+        elif self._last_end is not None:
+            self._wait = now - self._last_end
+        self._start = now
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Close the step and log the window's fraction of time spent waiting."""
+        """Close the step (wait + work on the batch) and log the window's fraction waiting."""
         now = time.perf_counter()
-        if self._last_end is not None and self._wait is not None:
-            step = now - self._last_end
+        if self._wait is not None and self._start is not None:
+            step = self._wait + (now - self._start)
             self._recent.append((self._wait, step))
             self._steps += 1
             self._total_wait += self._wait
@@ -94,7 +149,7 @@ class DataWaitMonitor(Callback):
                     on_epoch=False,
                     batch_size=1,
                 )
-        self._wait = None
+        self._wait = self._start = None
         self._last_end = now
 
     def summary(self) -> dict[str, float]:

@@ -55,6 +55,7 @@ class EpochIterator(Iterator[Any]):
         self._batches: Generator[Any, None, None] | None = None
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
         loader = self.loader
         if self.superseded:
             raise RuntimeError(
@@ -77,7 +78,7 @@ class EpochIterator(Iterator[Any]):
         except StopIteration:
             self.run.finished = True
             raise
-        loader._handed(self.run)
+        loader._handed(self.run, time.perf_counter() - asked)
         return batch
 
     def close(self) -> None:

@@ -437,6 +437,7 @@ class ResumableDataLoader:
         self._iterators: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
         self._current: Run | None = None
         self._ticks = itertools.count(1)
+        self._waited = 0.0
         self._topology_cache: tuple[int, int] | None = None
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
@@ -614,8 +615,16 @@ class ResumableDataLoader:
         self._current = iterator.run
         self._live = weakref.ref(iterator)
 
-    def _handed(self, run: Run) -> None:
+    def _handed(self, run: Run, waited: float) -> None:
         run.last = next(self._ticks)
+        self._waited += waited
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds spent inside ``next()`` of this loader's iterators (loading, or waiting
+        for workers), summed over its life: what a training loop waited for batches
+        (:class:`~loaderkit.DataWaitMonitor` reads it)."""
+        return self._waited
 
     def _supersede(self) -> None:
         # Stop the workers of iterators that can no longer yield, now rather

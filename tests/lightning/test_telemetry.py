@@ -78,3 +78,115 @@ def test_summary_before_any_step_and_bad_arguments() -> None:
         DataWaitMonitor(name="")
     with pytest.raises(TypeError, match=r"prog_bar"):
         DataWaitMonitor(prog_bar="yes")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------ what counts as waiting (a fake clock)
+class _Clock:
+    """``time.perf_counter`` for the run: advanced only by ``sleep`` (and 1 ns per reading),
+    so the measured fractions are exact, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-9
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Timed(torch.utils.data.Dataset[torch.Tensor]):
+    def __init__(self, clock: _Clock, pause: float) -> None:
+        self.clock, self.pause = clock, pause
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.clock.sleep(self.pause)
+        return torch.full((4,), float(index))
+
+
+class _TimedModel(L.LightningModule):
+    """A training step of STEP fake seconds, a validation step of VALIDATION."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.clock = clock
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.clock.sleep(STEP)
+        return self.layer(batch).sum()
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.clock.sleep(VALIDATION)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _SlowHook(L.Callback):
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.clock.sleep(VALIDATION)
+
+
+STEP, VALIDATION = 0.01, 1.0
+
+
+def _timed_fit(
+    monkeypatch: pytest.MonkeyPatch, *, torch_loader: bool, load: float, slow_hook: bool
+) -> dict[str, float]:
+    clock = _Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    data = _Timed(clock, load)
+    make = torch.utils.data.DataLoader if torch_loader else ResumableDataLoader
+    monitor = DataWaitMonitor(window=4)
+    callbacks: list[L.Callback] = [monitor] + ([_SlowHook(clock)] if slow_hook else [])
+    trainer = L.Trainer(
+        **trainer_kwargs(
+            max_epochs=1, callbacks=callbacks, val_check_interval=1, limit_val_batches=1
+        )
+    )
+    trainer.fit(
+        _TimedModel(clock),
+        train_dataloaders=make(data, batch_size=1),
+        val_dataloaders=make(_Timed(clock, 0.0), batch_size=1),
+    )
+    return monitor.summary()
+
+
+@pytest.mark.parametrize("torch_loader", [False, True], ids=["resumable", "DataLoader"])
+def test_validation_between_batches_is_not_data_wait(
+    monkeypatch: pytest.MonkeyPatch, torch_loader: bool
+) -> None:
+    # On 84cc6ec each step's 1 s validation counted as waiting: data_wait 0.99.
+    summary = _timed_fit(monkeypatch, torch_loader=torch_loader, load=0.0, slow_hook=False)
+    assert summary["steps"] == 6
+    assert summary["data_wait"] < 1e-3
+    assert summary["step_ms"] == pytest.approx(1e3 * STEP, rel=1e-3)
+
+
+def test_a_slow_later_callback_is_not_data_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ResumableDataLoader times its own next(): a checkpoint or another callback's
+    # on_train_batch_end after the monitor's (1 s here) is not waiting (0.99 on 84cc6ec).
+    summary = _timed_fit(monkeypatch, torch_loader=False, load=0.0, slow_hook=True)
+    assert summary["data_wait"] < 1e-3
+
+
+@pytest.mark.parametrize("torch_loader", [False, True], ids=["resumable", "DataLoader"])
+def test_loading_time_is_the_wait(monkeypatch: pytest.MonkeyPatch, torch_loader: bool) -> None:
+    summary = _timed_fit(monkeypatch, torch_loader=torch_loader, load=0.05, slow_hook=False)
+    assert summary["data_wait"] == pytest.approx(0.05 / (0.05 + STEP), rel=1e-3)
+    assert summary["wait_ms"] == pytest.approx(50.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["steps", "step_ms", "wait_ms"])
+def test_a_name_summary_already_uses_is_refused(name: str) -> None:
+    # On 84cc6ec name="steps" replaced the step count in summary() with the fraction.
+    with pytest.raises(ValueError, match=rf"name='{name}' is one of the keys summary\(\) reports"):
+        DataWaitMonitor(name=name)
