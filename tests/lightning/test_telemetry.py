@@ -33,14 +33,17 @@ class _Slow(torch.utils.data.Dataset[torch.Tensor]):
 
 
 class _Model(L.LightningModule):
-    def __init__(self, pause: float) -> None:
+    def __init__(self, pause: float, validation: float = 0.0) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.pause = pause
+        self.pause, self.validation = pause, validation
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         time.sleep(self.pause)
         return self.layer(batch).sum()
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        time.sleep(self.validation)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -82,8 +85,8 @@ def test_summary_before_any_step_and_bad_arguments() -> None:
 
 # ------------------------------------------------ what counts as waiting (a fake clock)
 class _Clock:
-    """``time.perf_counter`` for the run: advanced only by ``sleep`` (and 1 ns per reading),
-    so the measured fractions are exact, whatever the machine's load."""
+    """``time.perf_counter`` and ``time.sleep`` for a run: sleeping advances the clock at
+    once (and each reading by 1 ns), so the fractions are exact whatever the machine's load."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -96,43 +99,9 @@ class _Clock:
         self.now += seconds
 
 
-class _Timed(torch.utils.data.Dataset[torch.Tensor]):
-    def __init__(self, clock: _Clock, pause: float) -> None:
-        self.clock, self.pause = clock, pause
-
-    def __len__(self) -> int:
-        return 6
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        self.clock.sleep(self.pause)
-        return torch.full((4,), float(index))
-
-
-class _TimedModel(L.LightningModule):
-    """A training step of STEP fake seconds, a validation step of VALIDATION."""
-
-    def __init__(self, clock: _Clock) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.clock = clock
-
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        self.clock.sleep(STEP)
-        return self.layer(batch).sum()
-
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self.clock.sleep(VALIDATION)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 class _SlowHook(L.Callback):
-    def __init__(self, clock: _Clock) -> None:
-        self.clock = clock
-
     def on_train_batch_end(self, *args: Any) -> None:
-        self.clock.sleep(VALIDATION)
+        time.sleep(VALIDATION)
 
 
 STEP, VALIDATION = 0.01, 1.0
@@ -143,19 +112,19 @@ def _timed_fit(
 ) -> dict[str, float]:
     clock = _Clock()
     monkeypatch.setattr(time, "perf_counter", clock)
-    data = _Timed(clock, load)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
     make = torch.utils.data.DataLoader if torch_loader else ResumableDataLoader
     monitor = DataWaitMonitor(window=4)
-    callbacks: list[L.Callback] = [monitor] + ([_SlowHook(clock)] if slow_hook else [])
+    callbacks: list[L.Callback] = [monitor] + ([_SlowHook()] if slow_hook else [])
     trainer = L.Trainer(
         **trainer_kwargs(
             max_epochs=1, callbacks=callbacks, val_check_interval=1, limit_val_batches=1
         )
     )
     trainer.fit(
-        _TimedModel(clock),
-        train_dataloaders=make(data, batch_size=1),
-        val_dataloaders=make(_Timed(clock, 0.0), batch_size=1),
+        _Model(STEP, validation=VALIDATION),
+        train_dataloaders=make(_Slow(load), batch_size=1),
+        val_dataloaders=make(_Slow(0.0), batch_size=1),
     )
     return monitor.summary()
 
@@ -166,7 +135,7 @@ def test_validation_between_batches_is_not_data_wait(
 ) -> None:
     # On 84cc6ec each step's 1 s validation counted as waiting: data_wait 0.99.
     summary = _timed_fit(monkeypatch, torch_loader=torch_loader, load=0.0, slow_hook=False)
-    assert summary["steps"] == 6
+    assert summary["steps"] == 8
     assert summary["data_wait"] < 1e-3
     assert summary["step_ms"] == pytest.approx(1e3 * STEP, rel=1e-3)
 
