@@ -155,9 +155,9 @@ class HFDataset(Dataset[dict[str, Any]]):
         self.columns = list(columns) if columns is not None else names
         self.length_column = length_column
         self._arrow = data.with_format("arrow", columns=self.columns)
-        features = getattr(data, "features", None)
         # The Arrow read skips the feature decoding datasets applies (images, audio).
-        self._decoded = [] if features is None else _to_decode(features, self.columns)
+        self._features = getattr(data, "features", None)  # a copy per access: keep one
+        self._decoded = [] if self._features is None else _to_decode(self._features, self.columns)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -175,7 +175,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         table = self._arrow[(idx % max(n, 1)).tolist()]
         data = table_columns(table, "HFDataset")
         for name in self._decoded:
-            data[name] = self.dataset.features.decode_column(data[name], name)
+            data[name] = self._features.decode_column(data[name], name)
         return Columns(data, len(idx), "HFDataset")
 
     def __getitem__(self, index: int) -> dict[str, Any]:

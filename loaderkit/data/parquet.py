@@ -23,7 +23,8 @@ URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
   typed differently (``int64`` in one file, ``string`` or ``double`` in
   another) is a :class:`~loaderkit.ShardError` naming the column and both
   files. Only types one dtype holds exactly are merged (``int32`` with
-  ``int64``: batches spanning both files are ``int64``).
+  ``int64``: batches spanning both files are ``int64``). With
+  ``columns=None`` the files must have the same column names.
 - **Lengths** for token budgets: ``length_column``, a ``list`` column (each
   row's list length) or an integer column (the lengths themselves), read
   alone (:meth:`~loaderkit.ShardedDataset.lengths`).
@@ -128,8 +129,10 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
-        # Per process: column -> (batch kind, Arrow type, file) of the files opened so far.
+        # Per process: column -> (batch kind, Arrow type, file) of the files opened so far,
+        # and (with columns=None) the first file's column names.
         self._kinds: dict[str, tuple[tuple[Any, ...], Any, Path]] = {}
+        self._names: tuple[list[str], Path] | None = None
 
     def __repr__(self) -> str:
         return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
@@ -152,8 +155,21 @@ class ParquetReader:
             ) from exc
 
     def _agree(self, path: Path, schema: Any, columns: list[str]) -> None:
-        """Refuse a column typed here in a way that cannot share batches with earlier files."""
+        """Refuse a file whose columns cannot share batches with the earlier files': other
+        column names (with ``columns=None``), or a column typed differently."""
         pa = import_pyarrow()
+        if self.columns is None:  # all columns: every file must have the same ones
+            names = sorted(schema.names)
+            if self._names is None:
+                self._names = (names, path)
+            if self._names[0] != names:
+                raise ShardError(
+                    f"ParquetReader: {str(path)!r} has columns {names} but "
+                    f"{str(self._names[1])!r} has {self._names[0]}, so batches would differ in "
+                    "their columns; pass columns= that every file has, or write every file "
+                    "with the same columns.",
+                    path=path,
+                )
         for name in columns:
             t = schema.field(name).type
             kind = column_kind(pa, t)

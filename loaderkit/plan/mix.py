@@ -567,6 +567,7 @@ class MixBucketPlan(BucketPlan):
             )
         self._eligible_mask = np.zeros(self.num_samples, dtype=bool)
         self._eligible_mask[self._eligible] = True
+        self._draw_keys: tuple[int, np.ndarray | None] | None = None  # (epoch, keys)
 
     def epoch_length(self, epoch: int) -> int:
         """Number of global batches of ``epoch`` (the mix's order cut into batches)."""
@@ -577,12 +578,13 @@ class MixBucketPlan(BucketPlan):
         """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart (class docstring)."""
         sched = super().schedule(epoch, start=start, rank=rank, world_size=world_size)
         ep = self._epoch(epoch)
-        keys = occurrence_keys(torch.from_numpy(ep.order), self.num_samples)
-        if keys is None:
+        if self._draw_keys is None or self._draw_keys[0] != epoch:
+            keys = occurrence_keys(torch.from_numpy(ep.order), self.num_samples)
+            self._draw_keys = (epoch, None if keys is None else keys.numpy())
+        keyed = self._draw_keys[1]
+        if keyed is None:
             return sched
-        return _KeyedBucketSchedule(
-            ep, keys.numpy(), epoch, start, rank, world_size, self.drop_last
-        )
+        return _KeyedBucketSchedule(ep, keyed, epoch, start, rank, world_size, self.drop_last)
 
     def _unsorted(self, epoch: int) -> np.ndarray:
         order = self.mix.order(epoch).numpy()

@@ -3,8 +3,9 @@
 On 84cc6ec, a Parquet column typed int64 in one file and string in another
 gave batches whose column was a tensor in one batch and a list in the next;
 int64 next to float64 was merged into float64, so 2**53 + 1 came back as
-2**53; and HFDataset returned an ``Image`` column as undecoded
-``{'bytes', 'path'}`` dicts where ``datasets`` gives PIL images.
+2**53; files with other columns gave batches with other keys; and HFDataset
+returned an ``Image`` column as undecoded ``{'bytes', 'path'}`` dicts where
+``datasets`` gives PIL images.
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ def test_types_that_one_dtype_holds_exactly_are_promoted(tmp_path: Path) -> None
     )
     y = ShardedDataset(paths, ParquetReader()).get_batch([0, 3])["y"]
     assert y.dtype == torch.float64 and y.tolist() == [2**31 - 1, 0.5]
+
+
+def test_files_with_other_columns_are_refused_when_all_columns_are_read(tmp_path: Path) -> None:
+    # On 84cc6ec a batch from part0 had columns {id, y}, one from part1 {id, z}.
+    a, b = tmp_path / "part0.parquet", tmp_path / "part1.parquet"
+    pq.write_table(pa.table({"id": [0, 1], "y": [1, 2]}), a)
+    pq.write_table(pa.table({"id": [2, 3], "z": [1, 2]}), b)
+    ds = ShardedDataset([a, b], ParquetReader())
+    assert set(ds.get_batch([0])) == {"id", "y"}
+    with pytest.raises(
+        ShardError,
+        match=r"part1\.parquet' has columns \['id', 'z'\] but '.*part0\.parquet' has \['id', "
+        r"'y'\], so batches would differ in their columns; pass columns= that every file has",
+    ):
+        ds.get_batch([2])
+    assert ShardedDataset([a, b], ParquetReader(["id"])).get_batch([0, 2])["id"].tolist() == [0, 2]
 
 
 def test_hf_image_column_is_decoded_as_the_features_say() -> None:
