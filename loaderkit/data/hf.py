@@ -156,7 +156,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         self.length_column = length_column
         self._arrow = data.with_format("arrow", columns=self.columns)
         # The Arrow read skips the feature decoding datasets applies (images, audio).
-        self._features = getattr(data, "features", None)  # a copy per access: keep one
+        self._features: Any = getattr(data, "features", None)  # a copy per access: keep one
         self._decoded = [] if self._features is None else _to_decode(self._features, self.columns)
 
     def __len__(self) -> int:
