@@ -246,7 +246,7 @@ def _complete(src: Path) -> bool:
             if magic[:4] == zstd.FRAME_HEADER:
                 pos = _frames_end(f, pos, zstd)
                 frames += 1
-            elif len(magic) == 8 and 0x184D2A50 <= int.from_bytes(magic[:4], "little") <= 0x184D2A5F:
+            elif len(magic) == 8 and int.from_bytes(magic[:4], "little") >> 4 == 0x184D2A5:
                 pos += 8 + int.from_bytes(magic[4:], "little")  # a skippable frame
             else:
                 return False

@@ -9,11 +9,12 @@ every call gets the same treatment:
 - a transient error (a reset connection, a timeout, a 5xx) is retried with
   exponential backoff, each retry counted; what is never transient (a missing
   object, a refused permission) is raised at once; every error names the URL;
-- every read has one deadline that loaderkit keeps, ``timeout_s``: a call
-  (a listing, a lookup, one read of a download, one batch of range reads) runs
-  in a helper thread and is given up when it has not returned by then, whatever
-  the client's own timeouts and nested retries (s3fs retries 5 times, botocore
-  again under it); a given-up call is a transient error;
+- every read has one deadline that loaderkit keeps, ``timeout_s``: a read (a
+  listing, a lookup, one batch of range reads, one 8 MiB piece of a download)
+  and its retries run in a helper thread and are given up when they have not
+  returned by then, whatever the client's own timeouts and nested retries
+  (s3fs retries 5 times, botocore again under it): an error naming the URL and
+  the deadline;
 - a download goes to a hidden temporary name next to its target, is checked
   against the size the listing gave, and only then renamed into place, so a
   partial download never looks like a complete file;
@@ -175,8 +176,9 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
-    def bounded(self, fn: Callable[[], T]) -> T:
-        """``fn()``, given up after ``timeout_s`` (a :class:`TimeoutError`).
+    def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """``fn()``, given up after ``timeout`` seconds (default ``timeout_s``): a
+        :class:`TimeoutError`.
 
         It runs in a helper thread: a client stuck on a socket that never answers cannot
         be interrupted, so its thread is left to end with the client's own timeouts.
@@ -193,7 +195,7 @@ class Storage:
                 done.set()
 
         threading.Thread(target=run, name="loaderkit-remote-call", daemon=True).start()
-        if not done.wait(self.timeout_s):
+        if not done.wait(self.timeout_s if timeout is None else max(timeout, 0.0)):
             raise _NoAnswer(f"no answer within timeout_s={self.timeout_s} s")
         ok, value = out[0]
         if not ok:
@@ -211,49 +213,32 @@ class Storage:
     ) -> T:
         """``fn()``, retried with backoff on transient errors; errors name ``url``.
 
-        ``bounded``: each attempt has the deadline ``timeout_s``. ``expect``: the listed
-        ``(size, version)`` of the object ``fn`` reads; a failed attempt on an object
-        that changed raises :class:`ShardChangedError` instead of a retry.
+        ``bounded``: the call and its retries have one deadline, ``timeout_s``. ``expect``:
+        the listed ``(size, version)`` of the object ``fn`` reads; a failed attempt on an
+        object that changed raises :class:`ShardChangedError` instead of a retry.
         """
-        attempt = 0
+        start, attempt = time.monotonic(), 0
         while True:
             try:
-                return self.bounded(fn) if bounded else fn()
-            except FileNotFoundError as exc:
-                raise MissingShardError(
-                    f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
-                    "upload it (write_shards(url, ...) writes shards and their index).",
-                    path=url,
-                ) from exc
-            except PermissionError as exc:
-                raise ShardError(
-                    f"{what} {url!r}: permission denied ({exc}); check the credentials "
-                    "(storage_options=, or the provider's environment variables).",
-                    path=url,
-                ) from exc
+                if not bounded:
+                    return fn()
+                return self.bounded(fn, self.timeout_s - (time.monotonic() - start))
             except (MissingDependencyError, ShardError, RangesUnsupported):
                 raise
-            except _PERMANENT as exc:
-                raise ShardError(
-                    f"{what} {url!r} failed with {type(exc).__name__}: {exc}; check the URL "
-                    "and storage_options.",
-                    path=url,
-                ) from exc
             except Exception as exc:
-                status = getattr(exc, "status", None)
-                if isinstance(status, int) and _refused(status):
-                    raise ShardError(
-                        f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
-                        "retrying cannot help: check the URL, and that the server allows "
-                        "this request.",
-                        path=url,
-                    ) from exc
-                changed = None if expect is None else self._changed(url, expect)
-                if changed is not None:
-                    raise changed from exc
-                if attempt >= self.retries:
+                final = _permanent(what, url, exc)
+                if final is None and expect is not None and not isinstance(exc, _NoAnswer):
+                    final = self._changed(url, expect)
+                if final is not None:
+                    raise final from exc
+                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S)
+                # A read that got no answer spent its deadline (a download's reads each have one).
+                late = isinstance(exc, _NoAnswer) or (
+                    bounded and time.monotonic() - start + wait >= self.timeout_s
+                )
+                if attempt >= self.retries or late:
                     raise self._gave_up(what, url, attempt, exc) from exc
-                time.sleep(min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S))
+                time.sleep(wait)
                 attempt += 1
                 if self.on_retry is not None:
                     self.on_retry()
@@ -261,8 +246,8 @@ class Storage:
     def _gave_up(self, what: str, url: str, attempt: int, exc: Exception) -> ShardError:
         if isinstance(exc, _NoAnswer):
             return ShardError(
-                f"{what} {url!r} got no answer within timeout_s={self.timeout_s} s, "
-                f"{attempt + 1} time(s); check the endpoint and the network "
+                f"{what} {url!r} got no answer within timeout_s={self.timeout_s} s "
+                f"({attempt + 1} attempt(s)); check the endpoint and the network "
                 "(storage_options=), or raise RemoteCache(timeout_s=...).",
                 path=url,
             )
@@ -419,6 +404,38 @@ class Storage:
                     os.unlink(tmp)
 
         self.call("downloading", url, get, bounded=False, expect=expect)
+
+
+def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
+    """The error for a failure that retrying cannot help (a missing object, a refused
+    permission or request), or None for a transient one."""
+    if isinstance(exc, FileNotFoundError):
+        return MissingShardError(
+            f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
+            "upload it (write_shards(url, ...) writes shards and their index).",
+            path=url,
+        )
+    if isinstance(exc, PermissionError):
+        return ShardError(
+            f"{what} {url!r}: permission denied ({exc}); check the credentials "
+            "(storage_options=, or the provider's environment variables).",
+            path=url,
+        )
+    if isinstance(exc, _PERMANENT):
+        return ShardError(
+            f"{what} {url!r} failed with {type(exc).__name__}: {exc}; check the URL "
+            "and storage_options.",
+            path=url,
+        )
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and _refused(status):
+        return ShardError(
+            f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
+            "retrying cannot help: check the URL, and that the server allows "
+            "this request.",
+            path=url,
+        )
+    return None
 
 
 def _changed_error(url: str, expect: tuple[int, str], now: tuple[int, str]) -> ShardChangedError:

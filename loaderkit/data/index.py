@@ -387,8 +387,8 @@ def check_complete(
         missing = sorted(gone)
         raise MissingShardError(
             f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
-            f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run write_shards), or delete the index if "
-            "they were removed on purpose.",
+            f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run "
+            "write_shards), or delete the index if they were removed on purpose.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
 

@@ -60,9 +60,9 @@ Failures: a missing object or a refused permission raises at once
 (:class:`~loaderkit.errors.MissingShardError` / :class:`~loaderkit.errors.ShardError`)
 naming the URL; any other error is retried ``retries`` times with
 exponential backoff, each retry counted, and then raised naming the URL and
-the attempts. Each remote read has the deadline ``timeout_s`` (a server that
-accepts and never answers is a transient error, then one naming the URL and
-the deadline). :meth:`ShardedDataset.describe` reports the counts.
+the attempts. A read and its retries have one deadline, ``timeout_s``: a
+server that accepts and never answers is an error naming the URL and the
+deadline. :meth:`ShardedDataset.describe` reports the counts.
 
 What is checked: a folder is refused while a ``write_shards`` to it is
 unfinished, and when it lacks a shard that an index in it lists
@@ -104,7 +104,6 @@ from loaderkit.data._codec import (
     file_digest,
     is_compressed,
     verify,
-
 )
 from loaderkit.data._fs import (
     DEFAULT_TIMEOUT_S,
@@ -179,10 +178,10 @@ class RemoteCache:
             reads now (0: fetch only when read).
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
-        timeout_s: The deadline of one remote read (a listing, a lookup, one 8 MiB read
-            of a download, one batch of range reads), kept by loaderkit whatever the
-            client's own timeouts and retries: a read that has not returned by then is
-            given up and retried (``retries``), then raised naming the URL and the deadline.
+        timeout_s: The deadline of one remote read with its retries (a listing, a lookup,
+            one batch of range reads, one 8 MiB piece of a download), kept by loaderkit
+            whatever the client's own timeouts and retries: a read without an answer by
+            then raises a :class:`ShardError` naming the URL and the deadline.
         range_reads: Read shards of fixed-length token samples (``TokenReader(seq_len=...)``
             over plain ``.npy``/``.bin``: neither compressed nor hashed) by byte ranges,
             fetching only the blocks of the samples each process reads: ``True`` for
@@ -1204,14 +1203,10 @@ class RemoteShards:
                 )
 
         try:
-            self.storage.download(
-                shard.url, target, shard.size, check=check, version=shard.version
-            )
+            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
         except DigestMismatch:
             self._count("corrupt")
-            self.storage.download(
-                shard.url, target, shard.size, check=check, version=shard.version
-            )
+            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
         with contextlib.suppress(OSError):
             verify(target, digest)  # the marker: other processes skip the hashing
         self._verified.add(index)
