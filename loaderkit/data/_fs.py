@@ -200,7 +200,7 @@ class Storage:
         ok, value = out[0]
         if not ok:
             raise value
-        return value  # type: ignore[no-any-return]
+        return value
 
     def call(
         self,

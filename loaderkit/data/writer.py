@@ -657,7 +657,9 @@ def _index_remote(
     listed = {entry["name"]: entry for entry in job.storage.listing(job.root)}
     storage = job.storage
     written = [results[i][0] for i in results]
-    indexes = {n: storage.read_bytes(join_url(job.root, n)) for n in listed if is_index_name(n)}
+    indexes: dict[str, bytes | None] = {
+        n: storage.read_bytes(join_url(job.root, n)) for n in listed if is_index_name(n)
+    }
     for stale in _stale(job, list(listed), written) + _stale_indexes(job, indexes, written):
         url = join_url(job.root, stale)
         storage.call("removing", url, functools.partial(storage.fs.rm, url))

@@ -45,7 +45,7 @@ from loaderkit import (
 )
 from loaderkit.data import _codec
 from loaderkit.data._fs import Storage
-from tests.support.s3 import LocalS3
+from tests.support.s3 import LocalS3, serve
 
 SEQ = 4
 READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
@@ -69,12 +69,7 @@ def epoch(ds: Any, num_workers: int = 0, **plan: Any) -> list[int]:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    server = LocalS3(log=tmp_path_factory.mktemp("moto") / "moto.log")
-    server.start()
-    yield server
-    server.stop()
+    yield from serve(tmp_path_factory.mktemp("moto"))
 
 
 @pytest.fixture(autouse=True)
@@ -162,13 +157,17 @@ def test_an_index_given_for_a_folder_that_lacks_its_shards_names_them(tmp_path: 
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_shard_lost_after_indexing_is_a_missing_shard_error_with_or_without_workers(
-    tmp_path: Path, num_workers: int
+    kind: str, num_workers: int, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    write_shards(tmp_path, id_shards(), READER, progress=False)
-    ds = ShardedDataset(tmp_path, READER)
-    (tmp_path / "shard-00002.npy").unlink()
-    with pytest.raises(MissingShardError, match=r"shard-00002\.npy' disappeared") as info:
+    place = Place(kind, tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    ds = ShardedDataset(place.url, READER, remote=place.remote())
+    place.remove("shard-00002.npy")
+    with pytest.raises(
+        MissingShardError, match=r"shard-00002\.npy'.*(disappeared|not exist)"
+    ) as info:
         epoch(ds, num_workers)
     assert isinstance(info.value, ShardReadError)  # and still names the batch's indices
 
