@@ -165,6 +165,22 @@ def build_index(
     return entries
 
 
+def _extra_error(index: Path, extra: list[str]) -> ShardError:
+    """The error for an index that lists shards ``extra`` besides those given."""
+    gone = [p for p in extra if not os.path.exists(p)]
+    if gone:
+        return MissingShardError(
+            f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
+            "them, or delete the index if they were removed on purpose.",
+            path=gone[0],
+        )
+    return ShardError(
+        f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
+        "given); pass every shard it was built for, or delete it to count this list.",
+        path=index,
+    )
+
+
 def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
     try:
         doc = json.loads(index.read_text())
@@ -199,19 +215,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
                 path=path,
             )
     if len(set(wanted)) != len(rows):
-        extra = sorted(str(p) for p in set(by_name) - set(wanted))
-        gone = [p for p in extra if not os.path.exists(p)]
-        if gone:
-            raise MissingShardError(
-                f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
-                "them, or delete the index if they were removed on purpose.",
-                path=gone[0],
-            )
-        raise ShardError(
-            f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
-            "given); pass every shard it was built for, or delete it to count this list.",
-            path=index,
-        )
+        raise _extra_error(index, sorted(str(p) for p in set(by_name) - set(wanted)))
     entries = [
         IndexEntry(
             p,
@@ -260,6 +264,26 @@ def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
+def _other_names_error(
+    where: str, names: list[str], indexed: list[str], folder: bool
+) -> ShardError:
+    """The error for a remote index of other shards than the ``names`` listed."""
+    missing = sorted(set(names) - set(indexed))[:3]
+    extra = sorted(set(indexed) - set(names))
+    if folder and extra:
+        return MissingShardError(
+            f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} lists: "
+            f"{extra}; restore them (or re-run write_shards), or pass another index=.",
+            path=where,
+        )
+    return ShardError(
+        f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
+        f"in it: {extra[:3]}); pass the shards it was built for, or delete it so this list "
+        "is counted.",
+        path=where,
+    )
+
+
 def read_remote_index(
     data: bytes,
     where: str,
@@ -301,21 +325,7 @@ def read_remote_index(
     by_name = {str(r[0]): r for r in rows}
     names = [name for _, name, _, _ in listed]
     if sorted(by_name) != sorted(names):
-        missing = sorted(set(names) - set(by_name))[:3]
-        extra = sorted(set(by_name) - set(names))
-        if folder and extra:
-            raise MissingShardError(
-                f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} lists: "
-                f"{extra}; restore them (or re-run write_shards), or pass another index=.",
-                path=where,
-            )
-        extra = extra[:3]
-        raise ShardError(
-            f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
-            f"in it: {extra}); pass the shards it was built for, or delete it so this list is "
-            "counted.",
-            path=where,
-        )
+        raise _other_names_error(where, names, list(by_name), folder)
     samples: list[int] = []
     extras: list[dict[str, Any] | None] = []
     for url, name, size, version in listed:

@@ -588,21 +588,7 @@ class RemoteShards:
                 + remote_index_name(names, reader).lstrip(".")
             )
         )
-        found: tuple[bytes, str] | None = None
-        if index is not None:
-            where = str(index)
-            if is_url(where):
-                if self.storage.exists(where):
-                    found = self.storage.read_bytes(where), where
-            elif Path(where).exists():
-                found = Path(where).read_bytes(), where
-        elif self._docs is not None:  # a folder: its listing named its index files
-            if default in self._docs:
-                found = self._docs[default], default
-        elif self.storage.exists(default):
-            found = self.storage.read_bytes(default), default
-        if found is None and index is None and local.exists():
-            found = local.read_bytes(), str(local)
+        found = self._find_index(index, default, local)
         if found is not None:
             counts, self.extras = read_remote_index(
                 found[0], found[1], reader, listed, folder=self._docs is not None
@@ -648,6 +634,23 @@ class RemoteShards:
             local.parent.mkdir(parents=True, exist_ok=True)  # a read-only folder
             atomic_write(local, lambda f: f.write(doc))
         return [int(r[3]) for r in rows]
+
+    def _find_index(
+        self, index: str | os.PathLike[str] | None, default: str, local: Path
+    ) -> tuple[bytes, str] | None:
+        """The index document and where it is: ``index`` if given, else the folder's
+        ``default``, else this folder's index in the cache (``local``); None if none is."""
+        if index is not None:
+            where = str(index)
+            if not is_url(where):
+                return (Path(where).read_bytes(), where) if Path(where).exists() else None
+            return (self.storage.read_bytes(where), where) if self.storage.exists(where) else None
+        if self._docs is not None:  # a folder: its listing named its index files
+            if default in self._docs:
+                return self._docs[default], default
+        elif self.storage.exists(default):
+            return self.storage.read_bytes(default), default
+        return (local.read_bytes(), str(local)) if local.exists() else None
 
     def _count_footer(self, index: int, reader: ShardReader) -> int | None:
         """Rows of a Parquet shard from its footer, fetched by a range read of the file's

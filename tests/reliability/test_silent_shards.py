@@ -156,6 +156,19 @@ def test_an_index_given_for_a_folder_that_lacks_its_shards_names_them(tmp_path: 
         ShardedDataset(paths, READER, index=index)
 
 
+def test_a_remote_folder_that_lacks_the_shards_of_an_index_given_names_them(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place("memory", tmp_path, request)
+    index = tmp_path / "index.json"  # kept outside the folder
+    write_shards(place.url, id_shards(), READER, index=index, progress=False)
+    place.remove("shard-00000.npy")
+    with pytest.raises(
+        MissingShardError, match=r"lacks 1 shard\(s\) that its index .*index\.json' lists: \["
+    ):
+        ShardedDataset(place.url, READER, index=index, remote=place.remote())
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_shard_lost_after_indexing_is_a_missing_shard_error_with_or_without_workers(
