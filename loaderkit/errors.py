@@ -15,6 +15,7 @@ __all__ = [
     "LoaderkitError",
     "MissingDependencyError",
     "MissingShardError",
+    "ShardChangedError",
     "ShardError",
     "ShardReadError",
     "StateMismatchError",
@@ -83,7 +84,13 @@ class ShardError(LoaderkitError, ValueError):
 
 
 class MissingShardError(ShardError, FileNotFoundError):
-    """A shard file (or its offsets sidecar) does not exist."""
+    """A shard file (or its offsets sidecar) does not exist, or a folder lacks shards its
+    index lists."""
+
+
+class ShardChangedError(ShardError):
+    """A shard file or object is not the one that was listed or indexed: its identity (ETag,
+    version, size, mtime) changed, so its samples would come from another version."""
 
 
 class MissingDependencyError(LoaderkitError, ImportError):
@@ -98,3 +105,25 @@ class ShardReadError(WorkerError, ShardError):
     or rewritten while memory-mapped, instead of the zeros or the SIGBUS the
     read would otherwise give.
     """
+
+
+class MissingShardReadError(ShardReadError, MissingShardError):
+    """A :class:`ShardReadError` whose cause is a missing shard: ``except MissingShardError``
+    catches it too."""
+
+
+class ShardChangedReadError(ShardReadError, ShardChangedError):
+    """A :class:`ShardReadError` whose cause is a changed shard: ``except ShardChangedError``
+    catches it too."""
+
+
+def read_error_type(cause: BaseException) -> type[WorkerError]:
+    """The error a failed sample or batch read raises for ``cause``: one type per cause, so a
+    missing or changed shard is caught by the same ``except`` in or out of workers."""
+    if isinstance(cause, MissingShardError):
+        return MissingShardReadError
+    if isinstance(cause, ShardChangedError):
+        return ShardChangedReadError
+    if isinstance(cause, ShardError):
+        return ShardReadError
+    return WorkerError

@@ -45,6 +45,7 @@ __all__ = [
     "check_hash",
     "compress_file",
     "decode_into",
+    "decoded_intact",
     "decoded_name",
     "file_digest",
     "is_compressed",
@@ -206,10 +207,58 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
         atomic_write(marker, lambda f: f.write(stamp.encode()))
 
 
+def _frames_end(f: Any, pos: int, zstd: Any) -> int:
+    """Where the zstd frame at ``pos`` ends (its blocks walked by their headers), or -1 when
+    the file ends inside it."""
+    f.seek(pos)
+    head = f.read(18)  # the longest frame header
+    try:
+        checksum = zstd.get_frame_parameters(head).has_checksum
+        pos += zstd.frame_header_size(head)
+    except zstd.ZstdError:
+        return -1
+    while True:
+        f.seek(pos)
+        raw = f.read(3)
+        if len(raw) < 3:
+            return -1
+        block = int.from_bytes(raw, "little")
+        kind = (block >> 1) & 3  # raw, RLE (one byte repeated), compressed, reserved
+        if kind == 3:
+            return -1
+        pos += 3 + (1 if kind == 1 else block >> 3)
+        if block & 1:  # the frame's last block
+            return pos + 4 * checksum
+
+
+def _complete(src: Path) -> bool:
+    """Whether ``src`` is whole zstd frames (skippable ones too) up to its last byte.
+
+    A stream cut short decodes without an error to the bytes before the cut, so a
+    truncated shard would be read as a smaller one.
+    """
+    zstd = _zstd()
+    size, pos, frames = src.stat().st_size, 0, 0
+    with open(src, "rb") as f:
+        while 0 <= pos < size:
+            f.seek(pos)
+            magic = f.read(8)
+            if magic[:4] == zstd.FRAME_HEADER:
+                pos = _frames_end(f, pos, zstd)
+                frames += 1
+            elif len(magic) == 8 and int.from_bytes(magic[:4], "little") >> 4 == 0x184D2A5:
+                pos += 8 + int.from_bytes(magic[4:], "little")  # a skippable frame
+            else:
+                return False
+    return pos == size and frames > 0
+
+
 def _decompress(src: Path, dst: Path) -> None:
     zstd = _zstd()
     tmp = temp_path(dst)
     try:
+        if not _complete(src):
+            raise zstd.ZstdError("the file ends inside a frame, or holds none")
         with open(src, "rb") as f, open(tmp, "wb") as out:
             zstd.ZstdDecompressor().copy_stream(f, out, read_size=_CHUNK, write_size=_CHUNK)
         os.replace(tmp, dst)
@@ -224,24 +273,48 @@ def _decompress(src: Path, dst: Path) -> None:
             os.unlink(tmp)
 
 
+def _decoded_marker(target: Path) -> Path:
+    return target.with_name(f".{target.name}.lkdecoded")
+
+
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def decoded_intact(target: Path) -> bool:
+    """Whether the decoded copy ``target`` is there as its decode left it (its size and mtime
+    match the marker written after the decode): a copy cut short or changed since is not."""
+    try:
+        return _decoded_marker(target).read_text() == _stamp(target)
+    except OSError:
+        return False
+
+
 def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
     """The decoded copy of the compressed shard ``src`` in ``folder`` (decoded once per machine).
 
     The sidecars next to ``src`` are copied first under their plain names, then
-    the shard is decompressed through a temporary file: the decoded shard's
-    presence means everything is there. One process decodes while the others
-    wait (an ``flock``). ``check`` runs on ``src`` before it is decoded (its
-    content hash).
+    the shard is decompressed through a temporary file and a marker records the
+    decoded file's size and mtime: a copy without a matching marker (damaged, or
+    a decode killed part-way) is decoded again. One process decodes while the
+    others wait (an ``flock``); the one that holds it removes what killed decodes
+    left. ``check`` runs on ``src`` before it is decoded (its content hash).
     """
     target = folder / decoded_name(src.name)
-    if target.exists():
+    if decoded_intact(target):
         return target
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / f".{target.name}.lkdecode.lock", os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if target.exists():
+        if decoded_intact(target):
             return target
+        for stale in folder.glob(f".{target.name}.*.tmp"):  # left by a killed decode
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()  # damaged: readers that hold it open keep their bytes
         if check is not None:
             check(src)
         for side in src.parent.glob(f"{src.name}*"):
@@ -252,6 +325,8 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
                     shutil.copyfile(side, tmp)
                     os.replace(tmp, plain)
         _decompress(src, target)
+        stamp = _stamp(target)
+        atomic_write(_decoded_marker(target), lambda f: f.write(stamp.encode()))
         return target
     finally:
         os.close(fd)

@@ -9,9 +9,18 @@ every call gets the same treatment:
 - a transient error (a reset connection, a timeout, a 5xx) is retried with
   exponential backoff, each retry counted; what is never transient (a missing
   object, a refused permission) is raised at once; every error names the URL;
+- every read has one deadline that loaderkit keeps, ``timeout_s``: a read (a
+  listing, a lookup, one batch of range reads, one 8 MiB piece of a download)
+  and its retries run in a helper thread and are given up when they have not
+  returned by then, whatever the client's own timeouts and nested retries
+  (s3fs retries 5 times, botocore again under it): an error naming the URL and
+  the deadline;
 - a download goes to a hidden temporary name next to its target, is checked
   against the size the listing gave, and only then renamed into place, so a
-  partial download never looks like a complete file.
+  partial download never looks like a complete file;
+- a download or range read of a listed object checks the object's identity
+  (size and version: ETag, else its modification time) afterwards: bytes of a
+  version other than the listed one raise :class:`~loaderkit.errors.ShardChangedError`.
 
 A :class:`Storage` pickles without its filesystem object (each process makes
 its own: an s3fs client holds an event loop and sockets that must not cross a
@@ -21,7 +30,9 @@ its own: an s3fs client holds an event loop and sockets that must not cross a
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -29,7 +40,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from loaderkit._atomic import temp_path
-from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
+from loaderkit.errors import (
+    MissingDependencyError,
+    MissingShardError,
+    ShardChangedError,
+    ShardError,
+)
 
 __all__ = ["REMOTE_EXTRA", "RangesUnsupported", "Storage", "is_url", "join_url", "url_name"]
 
@@ -45,6 +61,7 @@ _PACKAGES = {
     "abfs": "adlfs",
 }
 _CHUNK = 8 << 20  # bytes copied per read while downloading
+DEFAULT_TIMEOUT_S = 120.0
 _MAX_BACKOFF_S = 30.0
 # Errors that say the request itself is wrong: retrying cannot help.
 _PERMANENT = (
@@ -108,6 +125,7 @@ class Storage:
         backoff_s: The first retry waits this long; each next one twice as long
             (at most 30 s).
         on_retry: Called once per retry (counting them).
+        timeout_s: The deadline of one read call (module docstring); uploads have none.
     """
 
     def __init__(
@@ -118,10 +136,11 @@ class Storage:
         retries: int = 5,
         backoff_s: float = 0.5,
         on_retry: Callable[[], None] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.protocol = protocol_of(url)
         self.storage_options = dict(storage_options or {})
-        self.retries, self.backoff_s = retries, backoff_s
+        self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.on_retry = on_retry
         self._fs: Any = None
         self._pid = -1
@@ -157,64 +176,129 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
-    def call(self, what: str, url: str, fn: Callable[[], T]) -> T:
-        """``fn()``, retried with backoff on transient errors; errors name ``url``."""
-        attempt = 0
+    def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """``fn()``, given up after ``timeout`` seconds (default ``timeout_s``): a
+        :class:`TimeoutError`.
+
+        It runs in a helper thread: a client stuck on a socket that never answers cannot
+        be interrupted, so its thread is left to end with the client's own timeouts.
+        """
+        out: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                out.append((True, fn()))
+            except BaseException as exc:  # handed to the caller
+                out.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="loaderkit-remote-call", daemon=True).start()
+        if not done.wait(self.timeout_s if timeout is None else max(timeout, 0.0)):
+            raise _NoAnswer(f"no answer within timeout_s={self.timeout_s} s")
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
+
+    def call(
+        self,
+        what: str,
+        url: str,
+        fn: Callable[[], T],
+        *,
+        bounded: bool = True,
+        expect: tuple[int, str] | None = None,
+    ) -> T:
+        """``fn()``, retried with backoff on transient errors; errors name ``url``.
+
+        ``bounded``: the call and its retries have one deadline, ``timeout_s``. ``expect``:
+        the listed ``(size, version)`` of the object ``fn`` reads; a failed attempt on an
+        object that changed raises :class:`ShardChangedError` instead of a retry.
+        """
+        start, attempt = time.monotonic(), 0
         while True:
             try:
-                return fn()
-            except FileNotFoundError as exc:
-                raise MissingShardError(
-                    f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
-                    "upload it (write_shards(url, ...) writes shards and their index).",
-                    path=url,
-                ) from exc
-            except PermissionError as exc:
-                raise ShardError(
-                    f"{what} {url!r}: permission denied ({exc}); check the credentials "
-                    "(storage_options=, or the provider's environment variables).",
-                    path=url,
-                ) from exc
+                if not bounded:
+                    return fn()
+                return self.bounded(fn, self.timeout_s - (time.monotonic() - start))
             except (MissingDependencyError, ShardError, RangesUnsupported):
                 raise
-            except _PERMANENT as exc:
-                raise ShardError(
-                    f"{what} {url!r} failed with {type(exc).__name__}: {exc}; check the URL "
-                    "and storage_options.",
-                    path=url,
-                ) from exc
             except Exception as exc:
-                status = getattr(exc, "status", None)
-                if isinstance(status, int) and _refused(status):
-                    raise ShardError(
-                        f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
-                        "retrying cannot help: check the URL, and that the server allows "
-                        "this request.",
-                        path=url,
-                    ) from exc
-                if attempt >= self.retries:
-                    raise ShardError(
-                        f"{what} {url!r} failed {attempt + 1} time(s), the last with "
-                        f"{type(exc).__name__}: {exc}; check the network and the endpoint "
-                        "(storage_options=), or raise RemoteCache(retries=...).",
-                        path=url,
-                    ) from exc
-                time.sleep(min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S))
+                final = _permanent(what, url, exc)
+                if final is None and expect is not None and not isinstance(exc, _NoAnswer):
+                    final = self._changed(url, expect)
+                if final is not None:
+                    raise final from exc
+                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S)
+                # A read that got no answer spent its deadline (a download's reads each have one).
+                late = isinstance(exc, _NoAnswer) or (
+                    bounded and time.monotonic() - start + wait >= self.timeout_s
+                )
+                if attempt >= self.retries or late:
+                    raise self._gave_up(what, url, attempt, exc) from exc
+                time.sleep(wait)
                 attempt += 1
                 if self.on_retry is not None:
                     self.on_retry()
 
+    def _gave_up(self, what: str, url: str, attempt: int, exc: Exception) -> ShardError:
+        if isinstance(exc, _NoAnswer):
+            return ShardError(
+                f"{what} {url!r} got no answer within timeout_s={self.timeout_s} s "
+                f"({attempt + 1} attempt(s)); check the endpoint and the network "
+                "(storage_options=), or raise RemoteCache(timeout_s=...).",
+                path=url,
+            )
+        return ShardError(
+            f"{what} {url!r} failed {attempt + 1} time(s), the last with "
+            f"{type(exc).__name__}: {exc}; check the network and the endpoint "
+            "(storage_options=), or raise RemoteCache(retries=...).",
+            path=url,
+        )
+
+    # --------------------------------------------------------------- identity
+    def identity(self, url: str) -> tuple[int, str]:
+        """The object's ``(size, version)`` now, as the store gives it (not from a cache)."""
+        self.fs.invalidate_cache(url)
+        info = self.fs.info(url)
+        return int(info.get("size") or 0), version_of(info)
+
+    def check_same(self, url: str, expect: tuple[int, str]) -> None:
+        """Raise :class:`ShardChangedError` unless the object is still ``expect`` (its
+        ``(size, version)`` as listed); runs under the caller's deadline and retries."""
+        now = self.identity(url)
+        if now != expect:
+            raise _changed_error(url, expect, now)
+
+    def _changed(self, url: str, expect: tuple[int, str]) -> ShardChangedError | None:
+        """The error for an object that is no longer ``expect``, or None (also when its
+        identity cannot be had now)."""
+        try:
+            now = self.bounded(lambda: self.identity(url))
+        except Exception:
+            return None
+        return None if now == expect else _changed_error(url, expect, now)
+
     # ------------------------------------------------------------ operations
     def listing(self, url: str) -> list[dict[str, Any]]:
         """The files directly under folder ``url``: ``{"name", "size", "version"}`` each."""
+        return self.entries(url)[0]
+
+    def entries(self, url: str) -> tuple[list[dict[str, Any]], set[str]]:
+        """The files directly under folder ``url`` (as :meth:`listing`), and the names of
+        the folders directly under it."""
 
         def ls() -> list[dict[str, Any]]:
             self.fs.invalidate_cache()  # a listing must see what is there now
             return list(self.fs.ls(url, detail=True))
 
         out = []
+        folders = set()
         for entry in self.call("listing", url, ls):
             if entry.get("type", "file") != "file":
+                folders.add(url_name(str(entry["name"])))
                 continue
             if entry.get("size") is None:
                 # An https:// folder page lists names only: ask each file (a HEAD).
@@ -228,7 +312,7 @@ class Storage:
                     "version": version_of(entry),
                 }
             )
-        return out
+        return out, folders
 
     def is_dir(self, url: str) -> bool:
         """Whether ``url`` is a folder (a prefix with objects under it)."""
@@ -242,13 +326,17 @@ class Storage:
         """The whole object at ``url``."""
         return bytes(self.call("reading", url, lambda: self.fs.cat_file(url)))
 
-    def read_ranges(self, url: str, spans: list[tuple[int, int]], size: int) -> list[bytes]:
+    def read_ranges(
+        self, url: str, spans: list[tuple[int, int]], size: int, version: str | None = None
+    ) -> list[bytes]:
         """The bytes ``[start, end)`` of each span of the object at ``url`` (``size`` bytes),
         in one call (fsspec ``cat_ranges``: concurrent requests where the filesystem is async).
 
         A server that ignores ``Range:`` answers with the whole object: raised as
-        :class:`RangesUnsupported` (never returned as the span's bytes).
+        :class:`RangesUnsupported` (never returned as the span's bytes). With the listed
+        ``version``, the object is checked to be still that one after the read.
         """
+        expect = None if version is None else (size, version)
 
         def cat() -> list[bytes]:
             starts, ends = [a for a, _ in spans], [b for _, b in spans]
@@ -262,46 +350,106 @@ class Storage:
                     raise OSError(
                         f"a range read of bytes [{start}, {end}) returned {len(data)} bytes"
                     )
+            if expect is not None:
+                self.check_same(url, expect)
             return [bytes(d) for d in got]
 
-        return self.call("reading a range of", url, cat)
+        return self.call("reading a range of", url, cat, expect=expect)
 
     def write_bytes(self, url: str, data: bytes) -> None:
         """Write ``data`` as the object ``url`` (one PUT: atomic on object stores)."""
         self.call("writing", url, lambda: self.fs.pipe_file(url, data))
 
     def upload(self, local: Path, url: str) -> None:
-        """Copy the local file ``local`` to ``url``."""
-        self.call("uploading to", url, lambda: self.fs.put_file(str(local), url))
+        """Copy the local file ``local`` to ``url`` (no deadline: shards may be large)."""
+        self.call("uploading to", url, lambda: self.fs.put_file(str(local), url), bounded=False)
 
     def download(
-        self, url: str, target: Path, size: int, check: Callable[[Path], None] | None = None
+        self,
+        url: str,
+        target: Path,
+        size: int,
+        check: Callable[[Path], None] | None = None,
+        version: str | None = None,
     ) -> None:
         """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes
-        (and by ``check``, e.g. its content hash, which raises to keep it out).
+        (and by ``check``, e.g. its content hash, which raises to keep it out); with the listed
+        ``version``, the object is checked to be still that one after the copy.
 
         A download cut short (a dropped connection the client did not notice)
         is retried like any transient error; ``target`` appears complete or
-        not at all.
+        not at all. Each read of it has the deadline ``timeout_s``.
         """
+        expect = None if version is None else (size, version)
 
         def get() -> None:
             tmp = temp_path(target)
+            src = self.bounded(lambda: self.fs.open(url, "rb"))
             try:
-                with self.fs.open(url, "rb") as src, open(tmp, "wb") as dst:
-                    while chunk := src.read(_CHUNK):
+                with open(tmp, "wb") as dst:
+                    while chunk := self.bounded(partial(src.read, _CHUNK)):
                         dst.write(chunk)
                 got = tmp.stat().st_size
                 if got != size:
                     raise OSError(f"the download ended after {got} of {size} bytes")
+                if expect is not None:
+                    self.bounded(lambda: self.check_same(url, expect))
                 if check is not None:
                     check(tmp)
                 os.replace(tmp, target)
             finally:
+                with contextlib.suppress(Exception):
+                    src.close()
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-        self.call("downloading", url, get)
+        self.call("downloading", url, get, bounded=False, expect=expect)
+
+
+def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
+    """The error for a failure that retrying cannot help (a missing object, a refused
+    permission or request), or None for a transient one."""
+    if isinstance(exc, FileNotFoundError):
+        return MissingShardError(
+            f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
+            "upload it (write_shards(url, ...) writes shards and their index).",
+            path=url,
+        )
+    if isinstance(exc, PermissionError):
+        return ShardError(
+            f"{what} {url!r}: permission denied ({exc}); check the credentials "
+            "(storage_options=, or the provider's environment variables).",
+            path=url,
+        )
+    if isinstance(exc, _PERMANENT):
+        return ShardError(
+            f"{what} {url!r} failed with {type(exc).__name__}: {exc}; check the URL "
+            "and storage_options.",
+            path=url,
+        )
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and _refused(status):
+        return ShardError(
+            f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
+            "retrying cannot help: check the URL, and that the server allows "
+            "this request.",
+            path=url,
+        )
+    return None
+
+
+def _changed_error(url: str, expect: tuple[int, str], now: tuple[int, str]) -> ShardChangedError:
+    return ShardChangedError(
+        f"shard {url!r} changed after the dataset listed it (now {now[0]} bytes, version "
+        f"{now[1]!r}; listed: {expect[0]} bytes, version {expect[1]!r}), so its samples would "
+        "mix two versions; make the dataset again to read the current version (its shard "
+        "index says if it must be rewritten).",
+        path=url,
+    )
+
+
+class _NoAnswer(TimeoutError):
+    """A remote call did not return within its deadline (transient: retried)."""
 
 
 class RangesUnsupported(Exception):
@@ -323,6 +471,10 @@ def version_of(entry: dict[str, Any]) -> str:
     )
     for key in keys:
         value = entry.get(key)
+        if isinstance(value, datetime.datetime):
+            # A listing and a lookup may give one time as a timestamp and as a datetime
+            # (fsspec's memory filesystem does): one spelling, so they compare equal.
+            value = value.timestamp()
         if value not in (None, ""):
             return str(value).strip('"')
     return ""

@@ -10,6 +10,7 @@ which is safe (nothing has a file position) and costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections import OrderedDict
@@ -26,11 +27,23 @@ from loaderkit.data._codec import (
     verify,
     with_compressed,
 )
-from loaderkit.data.index import INDEX_PREFIX, IndexEntry
+from loaderkit.data.index import (
+    INDEX_PREFIX,
+    WORK_DIR,
+    IndexEntry,
+    check_complete,
+    is_index_name,
+    unfinished_write_error,
+)
 from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader
-from loaderkit.errors import MissingDependencyError, MissingShardError, ShardError
+from loaderkit.errors import (
+    MissingDependencyError,
+    MissingShardError,
+    ShardChangedError,
+    ShardError,
+)
 
-__all__ = ["OpenShards", "never_a_shard", "resolve_shards", "shard_name"]
+__all__ = ["OpenShards", "is_shard_name", "never_a_shard", "resolve_shards", "shard_name"]
 
 
 def shard_name(shard: Any) -> str:
@@ -58,6 +71,22 @@ def never_a_shard(name: str) -> str | None:
     return None
 
 
+def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether a listing's file ``name`` is a shard of a reader with these ``suffixes`` (by
+    name, not ``Path.suffix``: suffixes such as ``.jsonl.gz`` span two dots)."""
+    return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
+
+
+def _indexes_in(entries: list[Path]) -> list[tuple[str, bytes]]:
+    """``(path, document)`` of each shard index among a folder's ``entries``."""
+    out = []
+    for p in entries:
+        if is_index_name(p.name):
+            with contextlib.suppress(OSError):
+                out.append((str(p), p.read_bytes()))
+    return out
+
+
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: paths (a directory's files with the
     reader's suffixes, sorted, hidden and loaderkit's own files left out) or objects, checked
@@ -69,13 +98,11 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
                 f"{owner}: shards={str(root)!r} is not a directory; pass a directory "
                 "of shards or a list of shard paths."
             )
-        # By name, not Path.suffix: suffixes such as ".jsonl.gz" span two dots.
-        found = sorted(
-            p
-            for p in root.iterdir()
-            if p.name.endswith(with_compressed(tuple(reader.suffixes)))
-            and never_a_shard(p.name) is None
-        )
+        if (root / WORK_DIR).exists():
+            raise unfinished_write_error(str(root))
+        entries = list(root.iterdir())
+        accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
+        found = sorted(p for p in entries if accept(p.name))
         if not found:
             raise ValueError(
                 f"{owner}: no file ending in {list(reader.suffixes)} (or those with .zst "
@@ -83,6 +110,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
                 "(hidden files and loaderkit's own index and sidecar files are never shards); "
                 "pass the directory that holds the shards, or a reader with their suffix."
             )
+        check_complete(str(root), [p.name for p in found], _indexes_in(entries), accept)
         return found
     items = list(shards)
     if not items:
@@ -195,7 +223,7 @@ class OpenShards:
                     path=entry.path,
                 )
             if why is not None:
-                raise ShardError(
+                raise ShardChangedError(
                     f"shard {str(entry.path)!r} changed after it was indexed ({why}); the "
                     f"index {index!r} and every saved position are stale: delete the index "
                     "and restart.",

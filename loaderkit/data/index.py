@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from loaderkit.data._codec import (
     local_decode_dir,
 )
 from loaderkit.data.readers import ShardReader, _missing
-from loaderkit.errors import ShardError
+from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 
 # The index helpers serve the sharded and streaming datasets and the writer
 # (loaderkit.data.writer, where write_shards lives).
@@ -41,6 +41,7 @@ __all__: list[str] = []
 INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, hash)
 _READABLE_VERSIONS = (1, 2)
 INDEX_PREFIX = ".loaderkit-index-"
+WORK_DIR = ".loaderkit-write"  # write_shards' markers: present while a write is unfinished
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,22 @@ def build_index(
     return entries
 
 
+def _extra_error(index: Path, extra: list[str]) -> ShardError:
+    """The error for an index that lists shards ``extra`` besides those given."""
+    gone = [p for p in extra if not os.path.exists(p)]
+    if gone:
+        return MissingShardError(
+            f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
+            "them, or delete the index if they were removed on purpose.",
+            path=gone[0],
+        )
+    return ShardError(
+        f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
+        "given); pass every shard it was built for, or delete it to count this list.",
+        path=index,
+    )
+
+
 def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
     try:
         doc = json.loads(index.read_text())
@@ -198,12 +215,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
                 path=path,
             )
     if len(set(wanted)) != len(rows):
-        extra = sorted(str(p) for p in set(by_name) - set(wanted))
-        raise ShardError(
-            f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
-            "given); pass every shard it was built for, or delete it to count this list.",
-            path=index,
-        )
+        raise _extra_error(index, sorted(str(p) for p in set(by_name) - set(wanted)))
     entries = [
         IndexEntry(
             p,
@@ -219,7 +231,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
         if why == "missing":
             raise _missing(entry.path)
         if why is not None:
-            raise ShardError(
+            raise ShardChangedError(
                 f"shard {str(entry.path)!r} no longer matches the shard index "
                 f"{str(index)!r}: {why}. The sample counts, and with them the order and any "
                 "saved position, would be wrong; delete the index so the shards are "
@@ -252,12 +264,38 @@ def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
+def _other_names_error(
+    where: str, names: list[str], indexed: list[str], folder: bool
+) -> ShardError:
+    """The error for a remote index of other shards than the ``names`` listed."""
+    missing = sorted(set(names) - set(indexed))[:3]
+    extra = sorted(set(indexed) - set(names))
+    if folder and extra:
+        return MissingShardError(
+            f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} lists: "
+            f"{extra}; restore them (or re-run write_shards), or pass another index=.",
+            path=where,
+        )
+    return ShardError(
+        f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
+        f"in it: {extra[:3]}); pass the shards it was built for, or delete it so this list "
+        "is counted.",
+        path=where,
+    )
+
+
 def read_remote_index(
-    data: bytes, where: str, reader: ShardReader, listed: Sequence[tuple[str, str, int, str]]
+    data: bytes,
+    where: str,
+    reader: ShardReader,
+    listed: Sequence[tuple[str, str, int, str]],
+    *,
+    folder: bool = False,
 ) -> tuple[list[int], list[dict[str, Any] | None]]:
     """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``
     each, as listed now) from the index document ``data`` found at ``where``, checked against
-    the listing: an object that changed since it was counted is an error naming its URL."""
+    the listing: an object that changed since it was counted is an error naming its URL.
+    ``folder``: ``listed`` is a whole folder, so a shard only the index lists is missing."""
     try:
         doc = json.loads(data)
         rows = doc["shards"]
@@ -287,14 +325,7 @@ def read_remote_index(
     by_name = {str(r[0]): r for r in rows}
     names = [name for _, name, _, _ in listed]
     if sorted(by_name) != sorted(names):
-        missing = sorted(set(names) - set(by_name))[:3]
-        extra = sorted(set(by_name) - set(names))[:3]
-        raise ShardError(
-            f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
-            f"in it: {extra}); pass the shards it was built for, or delete it so this list is "
-            "counted.",
-            path=where,
-        )
+        raise _other_names_error(where, names, list(by_name), folder)
     samples: list[int] = []
     extras: list[dict[str, Any] | None] = []
     for url, name, size, version in listed:
@@ -302,7 +333,7 @@ def read_remote_index(
         _, isize, iversion, count = row[:4]
         extras.append(row[4] if len(row) > 4 else None)
         if int(isize) != size or str(iversion) != version:
-            raise ShardError(
+            raise ShardChangedError(
                 f"shard {url!r} changed after it was indexed (now {size} bytes, version "
                 f"{version!r}; indexed: {isize} bytes, {iversion!r}): the sample counts, the "
                 f"order and every saved position would be wrong; delete the index {where!r} "
@@ -311,6 +342,65 @@ def read_remote_index(
             )
         samples.append(int(count))
     return samples, extras
+
+
+# ------------------------------------------------------- a folder as a whole
+# The index write_shards wrote is the truth for its folder: a listing that lacks
+# shards an index of the folder lists is an incomplete corpus, never a smaller one.
+
+
+def is_index_name(name: str) -> bool:
+    """Whether a file of this name is a shard index."""
+    return name.startswith(INDEX_PREFIX) and name.endswith(".json")
+
+
+def index_names(data: bytes) -> list[str] | None:
+    """The names of the shards an index document lists in its own folder (None: unreadable)."""
+    try:
+        rows = json.loads(data)["shards"]
+        return [str(r[0]) for r in rows if "/" not in str(r[0]) and os.sep not in str(r[0])]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def unfinished_write_error(folder: str) -> ShardError:
+    """The error for a folder whose ``write_shards`` stopped part-way (its markers are there)."""
+    return ShardError(
+        f"shard folder {folder!r} holds an unfinished write_shards ({WORK_DIR}/ is there: it "
+        "stopped part-way, so shards may be missing); re-run the same write_shards call, which "
+        "resumes and finishes it.",
+        path=folder,
+    )
+
+
+def check_complete(
+    folder: str,
+    listed: Sequence[str],
+    indexes: Sequence[tuple[str, bytes]],
+    accept: Callable[[str], bool],
+) -> None:
+    """Raise :class:`MissingShardError` naming every shard that an index of ``folder`` lists
+    (among the names ``accept`` takes: this reader's) and its listing ``listed`` lacks.
+
+    ``indexes``: ``(where, document)`` of each index file in the folder.
+    """
+    have = set(listed)
+    gone: set[str] = set()
+    where: list[str] = []
+    for name, data in indexes:
+        names = index_names(data)
+        lost = {n for n in names or () if accept(n) and n not in have}
+        if lost:
+            gone |= lost
+            where.append(name)
+    if gone:
+        missing = sorted(gone)
+        raise MissingShardError(
+            f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
+            f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run "
+            "write_shards), or delete the index if they were removed on purpose.",
+            path=f"{folder.rstrip('/')}/{missing[0]}",
+        )
 
 
 def load_or_build_index(

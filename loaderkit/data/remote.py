@@ -60,7 +60,17 @@ Failures: a missing object or a refused permission raises at once
 (:class:`~loaderkit.errors.MissingShardError` / :class:`~loaderkit.errors.ShardError`)
 naming the URL; any other error is retried ``retries`` times with
 exponential backoff, each retry counted, and then raised naming the URL and
-the attempts. :meth:`ShardedDataset.describe` reports the counts.
+the attempts. A read and its retries have one deadline, ``timeout_s``: a
+server that accepts and never answers is an error naming the URL and the
+deadline. :meth:`ShardedDataset.describe` reports the counts.
+
+What is checked: a folder is refused while a ``write_shards`` to it is
+unfinished, and when it lacks a shard that an index in it lists
+(:class:`~loaderkit.errors.MissingShardError` naming every missing one); an
+object is used only in the version (size and ETag, else modification time)
+the dataset listed: it is part of the cache key, and each download and range
+read checks it, so a rewritten object raises
+:class:`~loaderkit.errors.ShardChangedError` naming its URL.
 """
 
 from __future__ import annotations
@@ -75,6 +85,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +98,22 @@ from loaderkit._checks import check_int
 from loaderkit.data._codec import (
     DigestMismatch,
     decode_into,
+    decoded_intact,
     decoded_name,
     digest_error,
     file_digest,
     is_compressed,
     verify,
-    with_compressed,
 )
-from loaderkit.data._fs import RangesUnsupported, Storage, is_url, join_url, url_name
-from loaderkit.data._open import never_a_shard
+from loaderkit.data._fs import (
+    DEFAULT_TIMEOUT_S,
+    RangesUnsupported,
+    Storage,
+    is_url,
+    join_url,
+    url_name,
+)
+from loaderkit.data._open import is_shard_name, never_a_shard
 from loaderkit.data._ranges import (
     HEAD_BYTES,
     Layout,
@@ -104,7 +122,15 @@ from loaderkit.data._ranges import (
     npy_layout,
     parquet_rows_from_tail,
 )
-from loaderkit.data.index import read_remote_index, remote_index_doc, remote_index_name
+from loaderkit.data.index import (
+    WORK_DIR,
+    check_complete,
+    is_index_name,
+    read_remote_index,
+    remote_index_doc,
+    remote_index_name,
+    unfinished_write_error,
+)
 from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES, OpenShard, ShardReader, TokenReader
 from loaderkit.errors import MissingShardError, ShardError
 
@@ -152,6 +178,10 @@ class RemoteCache:
             reads now (0: fetch only when read).
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
+        timeout_s: The deadline of one remote read with its retries (a listing, a lookup,
+            one batch of range reads, one 8 MiB piece of a download), kept by loaderkit
+            whatever the client's own timeouts and retries: a read without an answer by
+            then raises a :class:`ShardError` naming the URL and the deadline.
         range_reads: Read shards of fixed-length token samples (``TokenReader(seq_len=...)``
             over plain ``.npy``/``.bin``: neither compressed nor hashed) by byte ranges,
             fetching only the blocks of the samples each process reads: ``True`` for
@@ -175,6 +205,7 @@ class RemoteCache:
     prefetch: int = 4
     retries: int = 5
     backoff_s: float = 0.5
+    timeout_s: float = DEFAULT_TIMEOUT_S
     range_reads: bool | str = False
     block_bytes: int = 8 << 20
 
@@ -192,6 +223,15 @@ class RemoteCache:
             raise ValueError(
                 f"RemoteCache: backoff_s must be a number of seconds >= 0, got "
                 f"{self.backoff_s!r}; pass e.g. 0.5."
+            )
+        if (
+            not isinstance(self.timeout_s, int | float)
+            or isinstance(self.timeout_s, bool)
+            or not self.timeout_s > 0
+        ):
+            raise ValueError(
+                f"RemoteCache: timeout_s must be a number of seconds > 0, got "
+                f"{self.timeout_s!r}; pass e.g. 120."
             )
         if self.range_reads not in (True, False, "auto") or not isinstance(
             self.range_reads, bool | str
@@ -402,9 +442,14 @@ class RemoteShards:
         self.stats_table = torch.zeros((_SLOTS, len(STATS)), dtype=torch.int64)
         self.stats_table.share_memory_()  # workers count into it; the main process reads it
         self.storage = Storage(
-            first, cache.storage_options, retries=cache.retries, backoff_s=cache.backoff_s
+            first,
+            cache.storage_options,
+            retries=cache.retries,
+            backoff_s=cache.backoff_s,
+            timeout_s=cache.timeout_s,
         )
         self.storage.on_retry = self._count_retry
+        self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
@@ -471,26 +516,7 @@ class RemoteShards:
     def _list(self, source: str | list[str], suffixes: tuple[str, ...]) -> list[RemoteShard]:
         owner = self.owner
         if isinstance(source, str):
-            entries = self.storage.listing(source)
-            if not entries and not self.storage.is_dir(source):
-                raise MissingShardError(
-                    f"{owner}: shards={source!r} is no folder of shards (nothing is listed "
-                    "under it); pass the folder URL that holds them, or a list of shard URLs.",
-                    path=source,
-                )
-            listed = _listed_shards(self.storage, source.rstrip("/"), entries)
-            found = [
-                listed[name]
-                for name in sorted(listed)
-                if name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
-            ]
-            if not found:
-                raise ValueError(
-                    f"{owner}: no file ending in {list(suffixes)} in {source!r} (hidden files "
-                    "and loaderkit's own index and sidecar files are never shards); pass the "
-                    "folder that holds the shards, or a reader with their suffix."
-                )
-            return found
+            return self._list_folder(source.rstrip("/"), suffixes)
         if len(set(source)) != len(source):
             raise ValueError(f"{owner}: a shard URL is listed twice; list each once.")
         folders: dict[str, dict[str, Any]] = {}
@@ -515,6 +541,35 @@ class RemoteShards:
             out.append(folders[folder][name])
         return out
 
+    def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
+        """The shards of a folder URL, refused while a ``write_shards`` to it is unfinished or
+        when it lacks shards that an index in it lists."""
+        entries, folders = self.storage.entries(folder)
+        if not entries and not folders and not self.storage.is_dir(folder):
+            raise MissingShardError(
+                f"{self.owner}: shards={folder!r} is no folder of shards (nothing is listed "
+                "under it); pass the folder URL that holds them, or a list of shard URLs.",
+                path=folder,
+            )
+        if WORK_DIR in folders:
+            raise unfinished_write_error(folder)
+        listed = _listed_shards(self.storage, folder, entries)
+        accept = partial(is_shard_name, suffixes=suffixes)
+        found = [listed[name] for name in sorted(listed) if accept(name)]
+        if not found:
+            raise ValueError(
+                f"{self.owner}: no file ending in {list(suffixes)} in {folder!r} (hidden files "
+                "and loaderkit's own index and sidecar files are never shards); pass the "
+                "folder that holds the shards, or a reader with their suffix."
+            )
+        self._docs = {}
+        for entry in entries:
+            if is_index_name(entry["name"]):
+                url = join_url(folder, entry["name"])
+                self._docs[url] = self.storage.read_bytes(url)
+        check_complete(folder, [s.name for s in found], list(self._docs.items()), accept)
+        return found
+
     # ----------------------------------------------------------------- index
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
         """The sample count of every shard: from the folder's shard index, checked against
@@ -533,20 +588,11 @@ class RemoteShards:
                 + remote_index_name(names, reader).lstrip(".")
             )
         )
-        found: tuple[bytes, str] | None = None
-        if index is not None:
-            where = str(index)
-            if is_url(where):
-                if self.storage.exists(where):
-                    found = self.storage.read_bytes(where), where
-            elif Path(where).exists():
-                found = Path(where).read_bytes(), where
-        elif self.storage.exists(default):
-            found = self.storage.read_bytes(default), default
-        elif local.exists():
-            found = local.read_bytes(), str(local)
+        found = self._find_index(index, default, local)
         if found is not None:
-            counts, self.extras = read_remote_index(found[0], found[1], reader, listed)
+            counts, self.extras = read_remote_index(
+                found[0], found[1], reader, listed, folder=self._docs is not None
+            )
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
@@ -589,6 +635,23 @@ class RemoteShards:
             atomic_write(local, lambda f: f.write(doc))
         return [int(r[3]) for r in rows]
 
+    def _find_index(
+        self, index: str | os.PathLike[str] | None, default: str, local: Path
+    ) -> tuple[bytes, str] | None:
+        """The index document and where it is: ``index`` if given, else the folder's
+        ``default``, else this folder's index in the cache (``local``); None if none is."""
+        if index is not None:
+            where = str(index)
+            if not is_url(where):
+                return (Path(where).read_bytes(), where) if Path(where).exists() else None
+            return (self.storage.read_bytes(where), where) if self.storage.exists(where) else None
+        if self._docs is not None:  # a folder: its listing named its index files
+            if default in self._docs:
+                return self._docs[default], default
+        elif self.storage.exists(default):
+            return self.storage.read_bytes(default), default
+        return (local.read_bytes(), str(local)) if local.exists() else None
+
     def _count_footer(self, index: int, reader: ShardReader) -> int | None:
         """Rows of a Parquet shard from its footer, fetched by a range read of the file's
         end (no download); None for other shards (or a server that ignores ``Range:``)."""
@@ -601,7 +664,7 @@ class RemoteShards:
         for _ in range(2):
             try:
                 (tail,) = self.storage.read_ranges(
-                    shard.url, [(shard.size - want, shard.size)], shard.size
+                    shard.url, [(shard.size - want, shard.size)], shard.size, shard.version
                 )
             except RangesUnsupported:
                 return None
@@ -682,11 +745,15 @@ class RemoteShards:
             if shard.size > 2:
                 self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
             head_end = min(shard.size, HEAD_BYTES)
-            (head,) = self.storage.read_ranges(shard.url, [(0, head_end)], shard.size)
+            (head,) = self.storage.read_ranges(
+                shard.url, [(0, head_end)], shard.size, shard.version
+            )
             fetched = [len(head)]
             need = npy_header_bytes(head)
             if need is not None and len(head) < need <= min(shard.size, 1 << 20):
-                (head,) = self.storage.read_ranges(shard.url, [(0, need)], shard.size)
+                (head,) = self.storage.read_ranges(
+                    shard.url, [(0, need)], shard.size, shard.version
+                )
                 fetched.append(len(head))
             self._count("range_bytes", sum(fetched) + (shard.size > 2))
             self._count("range_requests", len(fetched) + (shard.size > 2))
@@ -846,7 +913,7 @@ class RemoteShards:
                         runs.append([b])
                 bb = self.cache.block_bytes
                 spans = [(r[0] * bb, r[-1] * bb + sizes[r[-1]]) for r in runs]
-                datas = self.storage.read_ranges(shard.url, spans, shard.size)
+                datas = self.storage.read_ranges(shard.url, spans, shard.size, shard.version)
                 for run, data in zip(runs, datas, strict=True):
                     for b in run:
                         lo = (b - run[0]) * bb
@@ -1053,7 +1120,7 @@ class RemoteShards:
         self._lease(shard)
         if not ahead and not self._planned:
             self.read_unplanned(index)
-        if final.exists() and self._cached_ok(index, target):
+        if self._ready(target, final) and self._cached_ok(index, target):
             if not ahead:
                 self._count("hits")
                 with contextlib.suppress(OSError):
@@ -1067,7 +1134,7 @@ class RemoteShards:
                 fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
             except BlockingIOError:
                 raise _Busy from None
-            if final.exists():  # another process or thread fetched it meanwhile
+            if self._ready(target, final):  # another process or thread fetched it meanwhile
                 if not ahead:
                     self._count("waited")
                 return final
@@ -1089,10 +1156,11 @@ class RemoteShards:
                 for stale in target.parent.glob(".*.tmp"):  # left by a killed download
                     with contextlib.suppress(FileNotFoundError):
                         stale.unlink()
-                for name, size, _ in shard.sidecars:
+                for name, size, version in shard.sidecars:
                     side = target.parent / name
                     if not side.exists():
-                        self.storage.download(join_url(self.folder_of(shard), name), side, size)
+                        url = join_url(self.folder_of(shard), name)
+                        self.storage.download(url, side, size, version=version)
                 self._download_checked(index, target)
                 if final != target:
                     decode_into(target, target.parent)
@@ -1107,6 +1175,12 @@ class RemoteShards:
         finally:
             os.close(fd)
 
+    @staticmethod
+    def _ready(target: Path, final: Path) -> bool:
+        """Whether a shard's cached copy can be read: its file, or its decoded copy as its
+        decode left it (a damaged one, or one a killed decode left, is fetched again)."""
+        return final.exists() if final == target else decoded_intact(final)
+
     def _digest(self, index: int) -> str | None:
         extras = self.extras[index]
         return None if extras is None else extras.get("hash")
@@ -1116,7 +1190,7 @@ class RemoteShards:
         it never enters the cache and is fetched again once, then raises."""
         shard, digest = self.shards[index], self._digest(index)
         if digest is None:
-            self.storage.download(shard.url, target, shard.size)
+            self.storage.download(shard.url, target, shard.size, version=shard.version)
             return
 
         def check(tmp: Path) -> None:
@@ -1132,10 +1206,10 @@ class RemoteShards:
                 )
 
         try:
-            self.storage.download(shard.url, target, shard.size, check=check)
+            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
         except DigestMismatch:
             self._count("corrupt")
-            self.storage.download(shard.url, target, shard.size, check=check)
+            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
         with contextlib.suppress(OSError):
             verify(target, digest)  # the marker: other processes skip the hashing
         self._verified.add(index)

@@ -55,8 +55,11 @@ from loaderkit.data._codec import (
 )
 from loaderkit.data._fs import Storage, is_url, join_url
 from loaderkit.data.index import (
+    WORK_DIR,
     build_index,
     default_index_path,
+    index_names,
+    is_index_name,
     remote_index_doc,
     remote_index_name,
 )
@@ -65,7 +68,6 @@ from loaderkit.errors import ShardError
 
 __all__ = ["write_shards"]
 
-WORK_DIR = ".loaderkit-write"  # hidden: never listed as a shard, locally or at a URL
 MARKER_VERSION = 1
 
 
@@ -590,8 +592,11 @@ def write_shards(
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     written = [results[i][0] for i in results]
-    for stale in _stale(job, [p.name for p in root.iterdir()], written):
-        # An earlier write of more shards: listing the folder would read them too.
+    names = [p.name for p in root.iterdir()]
+    indexes = {n: _read_or_none(root / n) for n in names if is_index_name(n)}
+    for stale in _stale(job, names, written) + _stale_indexes(job, indexes, written):
+        # An earlier write of more shards: listing the folder would read them too, and its
+        # index would say this write's folder lacks them.
         with contextlib.suppress(FileNotFoundError):
             (root / stale).unlink()
     known = {root / results[i][0]: (results[i][1], results[i][2]) for i in sorted(results)}
@@ -603,10 +608,15 @@ def write_shards(
     return paths
 
 
+def _named_like(job: _Job) -> re.Pattern[str]:
+    """Names of this write's shards (any number, any compression) and their sidecars."""
+    return re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\..*)?")
+
+
 def _stale(job: _Job, names: list[str], written: list[str]) -> list[str]:
     """The shard files (and sidecars) of this prefix among ``names`` that this write did not
     produce: left by an earlier write of more shards, or in another compression."""
-    pattern = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\..*)?")
+    pattern = _named_like(job)
     ours = set(written)
 
     def produced(name: str) -> bool:
@@ -615,6 +625,26 @@ def _stale(job: _Job, names: list[str], written: list[str]) -> list[str]:
         return name.endswith(OWN_SUFFIXES) and any(name.startswith(w + ".") for w in ours)
 
     return [n for n in names if pattern.fullmatch(n) and not produced(n)]
+
+
+def _stale_indexes(job: _Job, indexes: dict[str, bytes | None], written: list[str]) -> list[str]:
+    """The index files among ``indexes`` (name: document) that list shards of this prefix that
+    this write did not produce (an earlier write's index)."""
+    pattern = _named_like(job)
+    ours = set(written)
+    return [
+        name
+        for name, doc in indexes.items()
+        if doc is not None
+        and any(pattern.fullmatch(n) and n not in ours for n in index_names(doc) or ())
+    ]
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _index_remote(
@@ -626,7 +656,11 @@ def _index_remote(
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     listed = {entry["name"]: entry for entry in job.storage.listing(job.root)}
     storage = job.storage
-    for stale in _stale(job, list(listed), [results[i][0] for i in results]):
+    written = [results[i][0] for i in results]
+    indexes: dict[str, bytes | None] = {
+        n: storage.read_bytes(join_url(job.root, n)) for n in listed if is_index_name(n)
+    }
+    for stale in _stale(job, list(listed), written) + _stale_indexes(job, indexes, written):
         url = join_url(job.root, stale)
         storage.call("removing", url, functools.partial(storage.fs.rm, url))
     rows: list[list[Any]] = []

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, default_convert
 
-from loaderkit.errors import ShardError, ShardReadError, WorkerError
+from loaderkit.errors import read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import SampleSeeder, seeded_sample
 
@@ -143,7 +143,7 @@ class BatchFetcher:
             return samples
         except Exception as exc:
             index = index_list[len(samples)]
-            kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
+            kind = read_error_type(exc)
             raise kind(
                 f"loading sample index {index} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
@@ -158,7 +158,7 @@ class BatchFetcher:
             head = indices[:8]
             shown = head if isinstance(head, list) else head.tolist()
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
-            kind = ShardReadError if isinstance(exc, ShardError) else WorkerError
+            kind = read_error_type(exc)
             raise kind(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "

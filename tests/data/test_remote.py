@@ -172,11 +172,11 @@ def test_each_worker_fetches_only_the_shards_of_its_own_batches(
     log = tmp_path / "downloads.jsonl"
     real = _fs.Storage.download
 
-    def logged(self: _fs.Storage, url: str, target: Path, size: int) -> None:
+    def logged(self: _fs.Storage, url: str, target: Path, size: int, **kw: Any) -> None:
         info = torch.utils.data.get_worker_info()
         with open(log, "a") as f:
             f.write(json.dumps({"worker": None if info is None else info.id, "url": url}) + "\n")
-        real(self, url, target, size)
+        real(self, url, target, size, **kw)
 
     monkeypatch.setattr(_fs.Storage, "download", logged)
     ds = ShardedDataset(folder, READER, remote=cache(s3, tmp_path))

@@ -19,10 +19,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalS3", "free_port"]
+__all__ = ["LocalS3", "free_port", "serve"]
 
 
 def free_port() -> int:
@@ -111,3 +112,18 @@ class LocalS3:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve(log_dir: Path) -> Iterator[LocalS3]:
+    """A started server, stopped when the generator is closed: the body of a module-scoped
+    fixture (``yield from serve(tmp_path_factory.mktemp("moto"))``); skips without s3fs, moto."""
+    import pytest
+
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    server = LocalS3(log=log_dir / "moto.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

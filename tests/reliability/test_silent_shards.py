@@ -1,0 +1,437 @@
+"""Shard folders, objects and zstd shards: a clear error or the data that was written, never
+a smaller or mixed corpus.
+
+Measured on 84cc6ec (issue 22): a shard deleted from a folder (local, ``s3://``,
+``memory://``) left an epoch of 800 of 1000 samples and a second index written
+for the rest; with workers a missing shard was a ``ShardReadError`` that
+``except MissingShardError`` missed; a folder whose ``write_shards`` was killed
+after 8 of 24 shards was read as 8 shards; an object rewritten (same size)
+after the dataset listed it was served under the old cache key, and range reads
+mixed two versions in one epoch; a truncated ``.zst`` decoded to a smaller
+shard; a killed decode left its partial file in the cache for good, and a
+damaged decoded copy was never decoded again; an S3 endpoint that accepts and
+never answers hung a read for 300 s and more with ``retries=1``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import (
+    JsonlReader,
+    MissingShardError,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardChangedError,
+    ShardedDataset,
+    ShardError,
+    ShardReadError,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
+from loaderkit.data import _codec
+from loaderkit.data._fs import Storage
+from tests.support.s3 import LocalS3, serve
+
+SEQ = 4
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+SIZES = (10, 12, 9, 11)  # 42 samples
+
+
+def id_shards(sizes: tuple[int, ...] = SIZES, plus: int = 0) -> list[np.ndarray]:
+    """Every token of global sample ``i`` is ``i + plus``."""
+    out, first = [], 0
+    for n in sizes:
+        out.append(np.repeat(np.arange(first, first + n) + plus, SEQ).astype(np.uint16))
+        first += n
+    return out
+
+
+def epoch(ds: Any, num_workers: int = 0, **plan: Any) -> list[int]:
+    sampler = ds.batch_sampler(4, seed=1, window=4, **plan)
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=num_workers)
+    return [int(i) for b in loader for i in b[:, 0]]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
+    yield from serve(tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Decoded copies go into this test's own cache directory (workers inherit it)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("LOADERKIT_CACHE_DIR", str(root))
+    return root
+
+
+class Place:
+    """A shard folder at one kind of location: its URL, storage options and filesystem."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind, self.tmp_path = kind, tmp_path
+        self.options: dict[str, Any] | None = None
+        if kind == "local":
+            self.url: Any = tmp_path / "corpus"
+            return
+        import fsspec
+
+        if kind == "memory":
+            self.url = f"memory://silent-{uuid.uuid4().hex[:8]}"
+            self.fs = fsspec.filesystem("memory")
+        else:
+            s3: LocalS3 = request.getfixturevalue("s3")
+            self.url = f"s3://{s3.bucket}/silent-{uuid.uuid4().hex[:8]}"
+            self.options = s3.options
+            self.fs = fsspec.filesystem("s3", skip_instance_cache=True, **s3.options)
+
+    def names(self) -> list[str]:
+        if self.kind == "local":
+            return sorted(p.name for p in Path(self.url).iterdir())
+        self.fs.invalidate_cache()
+        return sorted(p.rsplit("/", 1)[-1] for p in self.fs.ls(self.url, detail=False))
+
+    def remove(self, name: str) -> None:
+        if self.kind == "local":
+            (Path(self.url) / name).unlink()
+        else:
+            self.fs.rm(f"{self.url}/{name}")
+
+    def remote(self) -> RemoteCache | None:
+        if self.kind == "local":
+            return None
+        return RemoteCache(cache_dir=self.tmp_path / "rcache", storage_options=self.options)
+
+
+# ------------------------------------------------------- 1. a shard missing from a folder
+@pytest.mark.parametrize("kind", ["local", "memory", "s3"])
+def test_shards_missing_from_a_folder_are_all_named_and_nothing_is_written(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place(kind, tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    place.remove("shard-00001.npy")
+    place.remove("shard-00003.npy")
+    before = place.names()
+    with pytest.raises(
+        MissingShardError,
+        match=r"lacks 2 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
+        r"\['shard-00001\.npy', 'shard-00003\.npy'\]; restore them",
+    ):
+        ShardedDataset(place.url, READER, remote=place.remote())
+    with pytest.raises(MissingShardError, match=r"lists: \['shard-00001\.npy', 'shard-00003"):
+        StreamingShardedDataset(place.url, READER, remote=place.remote())
+    assert place.names() == before  # no second index for the smaller corpus
+
+
+def test_a_folder_written_again_with_fewer_shards_reads_as_the_new_write(tmp_path: Path) -> None:
+    # The earlier write's index lists shards the new write removed: it goes with them.
+    write_shards(tmp_path, id_shards((5, 5, 5, 5, 5, 5)), READER, progress=False)
+    write_shards(tmp_path, id_shards(), READER, progress=False)
+    assert ShardedDataset(tmp_path, READER).sizes == SIZES
+    assert len(list(tmp_path.glob(".loaderkit-index-*.json"))) == 1
+
+
+def test_an_index_given_for_a_folder_that_lacks_its_shards_names_them(tmp_path: Path) -> None:
+    index = tmp_path / "my-index.json"
+    write_shards(tmp_path / "d", id_shards(), READER, index=index, progress=False)
+    (tmp_path / "d" / "shard-00002.npy").unlink()
+    paths = sorted((tmp_path / "d").glob("*.npy"))
+    with pytest.raises(MissingShardError, match=r"lists shards that do not exist: .*shard-00002"):
+        ShardedDataset(paths, READER, index=index)
+
+
+def test_a_remote_folder_that_lacks_the_shards_of_an_index_given_names_them(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place("memory", tmp_path, request)
+    index = tmp_path / "index.json"  # kept outside the folder
+    write_shards(place.url, id_shards(), READER, index=index, progress=False)
+    place.remove("shard-00000.npy")
+    with pytest.raises(
+        MissingShardError, match=r"lacks 1 shard\(s\) that its index .*index\.json' lists: \["
+    ):
+        ShardedDataset(place.url, READER, index=index, remote=place.remote())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_shard_lost_after_indexing_is_a_missing_shard_error_with_or_without_workers(
+    kind: str, num_workers: int, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place(kind, tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    ds = ShardedDataset(place.url, READER, remote=place.remote())
+    place.remove("shard-00002.npy")
+    with pytest.raises(
+        MissingShardError, match=r"shard-00002\.npy'.*(disappeared|not exist)"
+    ) as info:
+        epoch(ds, num_workers)
+    assert isinstance(info.value, ShardReadError)  # and still names the batch's indices
+
+
+# ------------------------------------------------------- 2. an unfinished write_shards
+def _write_then_die(folder: str, at: int) -> None:
+    def shards() -> Iterator[np.ndarray]:
+        for i, arr in enumerate(id_shards((50,) * 24)):
+            if i == at:
+                os.kill(os.getpid(), signal.SIGKILL)  # kill -9 after `at` shards
+            yield arr
+
+    write_shards(folder, shards(), READER, progress=False)
+
+
+def test_a_folder_whose_write_was_killed_is_refused_until_the_write_is_rerun(
+    tmp_path: Path,
+) -> None:
+    if sys.platform != "linux":
+        pytest.skip("needs fork")
+    folder = tmp_path / "corpus"
+    child = multiprocessing.get_context("fork").Process(target=_write_then_die, args=(folder, 8))
+    child.start()
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    assert len(list(folder.glob("shard-*.npy"))) == 8
+    with pytest.raises(
+        ShardError, match=r"holds an unfinished write_shards .*re-run the same write_shards call"
+    ):
+        ShardedDataset(folder, READER)
+    with pytest.raises(ShardError, match=r"unfinished write_shards"):
+        StreamingShardedDataset(folder, READER)
+    write_shards(folder, id_shards((50,) * 24), READER, progress=False)  # resumes
+    assert len(ShardedDataset(folder, READER)) == 1200
+
+
+def test_a_remote_folder_whose_write_stopped_is_refused(
+    s3: LocalS3, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place("s3", tmp_path, request)
+
+    def shards() -> Iterator[np.ndarray]:
+        for i, arr in enumerate(id_shards((50,) * 6)):
+            if i == 3:
+                raise KeyboardInterrupt  # stopped by the user after 3 shards
+            yield arr
+
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(place.url, shards(), READER, storage_options=place.options, progress=False)
+    with pytest.raises(ShardError, match=r"silent-.*holds an unfinished write_shards"):
+        ShardedDataset(place.url, READER, remote=place.remote())
+    write_shards(place.url, id_shards((50,) * 6), READER, storage_options=s3.options)
+    assert len(ShardedDataset(place.url, READER, remote=place.remote())) == 300
+
+
+# ----------------------------------------- 3. an object rewritten after it was listed
+def _rewrite(fs: Any, url: str, plus: int) -> None:
+    """Rewrite the folder's shards with the same sizes and other tokens."""
+    for i, arr in enumerate(id_shards(plus=plus)):
+        with fs.open(f"{url}/shard-{i:05d}.npy", "wb") as f:
+            np.save(f, arr)
+
+
+def test_an_object_rewritten_before_the_first_read_is_refused_with_workers(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place("s3", tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    ds = ShardedDataset(place.url, READER, remote=place.remote())
+    sizes = [s.size for s in ds.shards]
+    _rewrite(place.fs, place.url, plus=1000)
+    place.fs.invalidate_cache()
+    assert [place.fs.size(s.url) for s in ds.shards] == sizes  # same sizes, new contents
+    with pytest.raises(ShardChangedError, match=r"shard-0000\d\.npy' changed after the dataset"):
+        epoch(ds, num_workers=2)
+
+
+def test_range_reads_never_mix_two_versions_of_an_object_in_one_epoch(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    place = Place("s3", tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    remote = RemoteCache(
+        cache_dir=tmp_path / "rcache",
+        storage_options=place.options,
+        range_reads=True,
+        block_bytes=16,  # two samples a block: most batches fetch blocks
+        prefetch=0,
+    )
+    ds = ShardedDataset(place.url, READER, remote=remote)
+    loader = ResumableDataLoader(ds, batch_sampler=ds.batch_sampler(4, seed=1, window=4))
+    it = iter(loader)
+    seen = [int(i) for _ in range(3) for i in next(it)[:, 0]]
+    _rewrite(place.fs, place.url, plus=1000)
+    with pytest.raises(ShardChangedError, match=r"changed after the dataset listed it"):
+        for batch in it:
+            seen += [int(i) for i in batch[:, 0]]
+    assert max(seen) < 1000  # every sample read is of the listed version
+    assert ds.describe()["remote"]["blocks_fetched"] > 0
+
+
+# -------------------------------------------------------------------- 4. zstd shards
+@pytest.mark.parametrize("kind", ["bin", "jsonl"])
+def test_a_truncated_zst_shard_counted_without_an_index_raises(tmp_path: Path, kind: str) -> None:
+    pytest.importorskip("zstandard")
+    if kind == "bin":
+        reader: Any = READER
+        data: list[Any] = [np.arange(4 * 3000) % 500, np.arange(4 * 2000) % 300]
+    else:
+        reader = JsonlReader()
+        data = [[{"a": i} for i in range(3000)], [{"b": i} for i in range(2000)]]
+    suffix = ".bin" if kind == "bin" else None
+    paths = write_shards(tmp_path, data, reader, suffix=suffix, compression="zstd")
+    for index in tmp_path.glob(".loaderkit-index-*.json"):
+        index.unlink()  # counted anew
+    raw = paths[1].read_bytes()
+    paths[1].write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ShardError, match=r"shard-00001\..*zst' is not a readable zstd .*truncated"):
+        ShardedDataset(tmp_path, reader)
+
+
+def _decode_and_hang(src: Path, folder: Path, flag: Path) -> None:
+    """Decode ``src``, stopping for good once part of the output is written (to be killed)."""
+    real_open = open
+
+    class Slow:
+        def __init__(self, f: Any) -> None:
+            self.f, self.written = f, 0
+
+        def __enter__(self) -> Slow:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def write(self, data: bytes) -> int:
+            self.f.write(data)
+            self.f.flush()
+            self.written += len(data)
+            flag.touch()
+            time.sleep(3600)
+            return len(data)
+
+    def slow_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = real_open(path, mode, *args, **kwargs)
+        return Slow(f) if "w" in mode and str(path).endswith(".tmp") else f
+
+    _codec.open = slow_open  # type: ignore[attr-defined]  # this child process only
+    _codec.decode_into(src, folder)
+
+
+def test_a_killed_decode_leaves_nothing_that_is_read_or_kept(tmp_path: Path) -> None:
+    pytest.importorskip("zstandard")
+    if sys.platform != "linux":
+        pytest.skip("needs fork")
+    sizes = (3000, 2000)
+    paths = write_shards(tmp_path / "d", id_shards(sizes), READER, compression="zstd")
+    folder, flag = tmp_path / "decoded", tmp_path / "writing"
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_decode_and_hang, args=(paths[0], folder, flag))
+    child.start()
+    try:
+        while not flag.exists():
+            assert child.exitcode is None, "the decode ended before it was killed"
+            time.sleep(0.01)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # kill -9 in the middle of the decode
+        child.join()
+    assert [p.stat().st_size > 0 for p in folder.glob(".*.tmp")] == [True]  # the partial file
+    decoded = _codec.decode_into(paths[0], folder)
+    assert np.array_equal(np.load(decoded), id_shards(sizes)[0])
+    assert not list(folder.glob(".*.tmp"))  # what the killed decode left is gone
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_decoded_copy_is_decoded_again(
+    tmp_path: Path, cache_dir: Path, damage: str
+) -> None:
+    pytest.importorskip("zstandard")
+    write_shards(tmp_path / "d", id_shards(), READER, compression="zstd", progress=False)
+    expect = sorted(epoch(ShardedDataset(tmp_path / "d", READER)))
+    assert expect == list(range(sum(SIZES)))
+    for copy in (cache_dir / "decoded").glob("*/shard-*.npy"):
+        raw = copy.read_bytes()
+        if damage == "truncated":
+            copy.write_bytes(raw[: len(raw) // 2])
+        else:  # same size, other bytes
+            copy.write_bytes(raw[:128] + bytes(len(raw) - 128))
+    assert sorted(epoch(ShardedDataset(tmp_path / "d", READER))) == expect
+
+
+# ------------------------------------------------- 12. an endpoint that never answers
+class Silent:
+    """A TCP server on localhost that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[Silent]:
+    server = Silent()
+    yield server
+    server.close()
+
+
+def test_an_endpoint_that_never_answers_fails_at_loaderkits_deadline(
+    silent: Silent, tmp_path: Path
+) -> None:
+    pytest.importorskip("s3fs")
+    options = {"endpoint_url": silent.endpoint, "key": "k", "secret": "s"}
+    remote = RemoteCache(
+        cache_dir=tmp_path, storage_options=options, retries=1, backoff_s=0, timeout_s=1
+    )
+    with pytest.raises(
+        ShardError,
+        match=r"listing 's3://b/c' got no answer within timeout_s=1 s \(1 attempt\(s\)\); "
+        r"check the endpoint.*RemoteCache\(timeout_s=",
+    ):
+        ShardedDataset("s3://b/c", READER, remote=remote)
+    storage = Storage("s3://b/c", options, retries=0, backoff_s=0, timeout_s=1)
+    with pytest.raises(ShardError, match=r"downloading 's3://b/c/x\.npy' got no answer within"):
+        storage.download("s3://b/c/x.npy", tmp_path / "x.npy", 100, version="v")
+    with pytest.raises(ShardError, match=r"range of 's3://b/c/x\.npy' got no answer within"):
+        storage.read_ranges("s3://b/c/x.npy", [(0, 8)], 100, "v")
+    assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "5", True])
+def test_the_deadline_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds > 0"):
+        RemoteCache(timeout_s=bad)
