@@ -427,7 +427,8 @@ class MixBucketPlan(BucketPlan):
         lengths: Token count per global index (the sources laid end to end).
         source_sizes: Samples per source; they must add up to ``len(lengths)``.
         per_epoch: Draws per epoch from each source.
-        **kwargs: :class:`~loaderkit.BucketPlan`'s.
+
+    The other arguments are :class:`~loaderkit.BucketPlan`'s.
     """
 
     def __init__(
