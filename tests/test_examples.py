@@ -83,12 +83,12 @@ def test_train_text_after_a_finished_run_has_nothing_left_and_reruns_afresh(
     """--resume last after a finished run says so (it re-trained the steps after the last
     periodic checkpoint); a second run without --resume starts afresh."""
     common = ["--max-samples", "100", "--max-len", "32", "--max-tokens", "256", "--epochs", "1"]
-    common += ["--num-workers", "0", "--ckpt-every", "4", "--no-progress-bar"]
+    common += ["--num-workers", "0", "--ckpt-every", "5", "--no-progress-bar"]
     common += ["--out", str(tmp_path / "run")]
     assert example.main(common) == 0
     first = capsys.readouterr().out
     steps = int(re.search(r"train_text: (\d+) steps in total", first).group(1))  # type: ignore[union-attr]
-    assert steps % 4, f"{steps} steps: the run must end between two periodic checkpoints"
+    assert steps % 5, f"{steps} steps: the run must end between two periodic checkpoints"
 
     assert example.main([*common, "--resume", "last"]) == 0
     out = capsys.readouterr().out
