@@ -1,6 +1,7 @@
-# The README's two commands. Both work from a fresh clone with nothing installed:
-# they create .venv if needed, install loaderkit with its extras under
+# The README's two commands (demo, test). Both work from a fresh clone with nothing
+# installed: they create .venv if needed, install loaderkit with its extras under
 # constraints.txt, and re-install only when pyproject.toml or constraints.txt change.
+# Also: docs (serve the documentation site locally), dist (build the sdist and wheel).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ BIN    := $(VENV)/bin
 HASH   := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 STAMP  := $(VENV)/.installed-$(HASH)
 
-.PHONY: setup demo test lint typecheck pytest clean
+.PHONY: setup demo test lint typecheck pytest docs docs-build dist clean
 
 setup: $(STAMP)
 
@@ -37,7 +38,23 @@ PYTEST_WORKERS ?= 2
 pytest: setup
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
-test: lint typecheck pytest
+# The documentation site (mkdocs.yml): built offline; --strict turns every warning (a
+# broken link, an API name that does not resolve, a docstring griffe cannot read) into
+# a failure.
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# An sdist and a wheel in dist/, checked as PyPI would (tests/test_packaging.py installs
+# the wheel into a fresh venv and runs the quick start).
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+test: lint typecheck pytest docs-build
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site dist build

@@ -2,6 +2,10 @@
 
     python examples/resume_mid_epoch.py            # about 20 s on 2 CPU cores
 
+Everything it writes goes under one folder, ``--out`` (default
+``runs/resume_mid_epoch``): the three runs' records and checkpoints, replaced by
+the next run.
+
 Three training runs, each a subprocess of this script (``--role train``):
 
 1. an uninterrupted run, the reference;
@@ -55,7 +59,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kill-at", type=_positive, default=None, help="global step (default: mid 2nd epoch)"
     )
-    parser.add_argument("--workdir", type=Path, default=Path("runs/resume_mid_epoch"))
+    parser.add_argument(
+        "--out",
+        "--workdir",
+        dest="out",
+        type=Path,
+        default=Path("runs/resume_mid_epoch"),
+        help="the folder everything is written under (default: runs/resume_mid_epoch)",
+    )
     # Internal: how this script runs itself as the training subprocess.
     parser.add_argument("--role", choices=["main", "train"], default="main", help=argparse.SUPPRESS)
     parser.add_argument("--records", type=Path, help=argparse.SUPPRESS)
@@ -138,9 +149,10 @@ def train(args: argparse.Namespace) -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        default_root_dir=args.out,
         callbacks=[
             ModelCheckpoint(
-                dirpath=args.workdir / "checkpoints",
+                dirpath=args.out / "checkpoints",
                 every_n_train_steps=every,
                 save_top_k=-1,
                 save_last=True,
@@ -154,7 +166,7 @@ def train(args: argparse.Namespace) -> None:
         persistent_workers=args.num_workers > 0,
         seed=0,
     )
-    model = Model(args.records, args.workdir, args.pause_at)
+    model = Model(args.records, args.out, args.pause_at)
     trainer.fit(model, datamodule=data, ckpt_path=args.resume)
 
 
@@ -163,12 +175,12 @@ def run_child(args: argparse.Namespace, records: Path, *extra: str, kill: bool =
     """Run one training subprocess; with ``kill``, SIGKILL it once its checkpoint is written."""
     records.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--role", "train", "--records", str(records)]
-    for flag in ("samples", "batch_size", "num_workers", "epochs", "kill_at", "workdir"):
+    for flag in ("samples", "batch_size", "num_workers", "epochs", "kill_at", "out"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     # Its own session: the SIGKILL goes to the trainer and its loader workers together.
     proc = subprocess.Popen([*command, *extra], env=env, start_new_session=True)
-    marker = args.workdir / "checkpoint-written"
+    marker = args.out / "checkpoint-written"
     while proc.poll() is None:
         if kill and marker.exists():
             os.killpg(proc.pid, signal.SIGKILL)
@@ -197,17 +209,17 @@ def main(argv: list[str] | None = None) -> int:
             f"--kill-at must be in 1..{steps_per_epoch * args.epochs - 1} (a step before the "
             f"run ends), got {args.kill_at}"
         )
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    (args.workdir / "checkpoint-written").unlink(missing_ok=True)
-    shutil.rmtree(args.workdir / "checkpoints", ignore_errors=True)
-    full, before, after = (args.workdir / f"{n}.jsonl" for n in ("full", "before", "after"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "checkpoint-written").unlink(missing_ok=True)
+    shutil.rmtree(args.out / "checkpoints", ignore_errors=True)
+    full, before, after = (args.out / f"{n}.jsonl" for n in ("full", "before", "after"))
 
     print("[resume_mid_epoch] 1/3 uninterrupted run (the reference)")
     run_child(args, full)
-    shutil.rmtree(args.workdir / "checkpoints")  # run 2 must resume from its own checkpoint
+    shutil.rmtree(args.out / "checkpoints")  # run 2 must resume from its own checkpoint
     print(f"[resume_mid_epoch] 2/3 run to step {args.kill_at}, killed after its checkpoint")
     run_child(args, before, "--pause-at", str(args.kill_at), kill=True)
-    checkpoint = args.workdir / "checkpoints" / "last.ckpt"
+    checkpoint = args.out / "checkpoints" / "last.ckpt"
     print(f"[resume_mid_epoch] 3/3 resume from {checkpoint}")
     run_child(args, after, "--resume", str(checkpoint))
 

@@ -1,10 +1,15 @@
 """Train from Parquet shards with ``LightningCLI`` and a YAML config.
 
-    python examples/train_cli.py make-data data/parquet     # write 4 demo Parquet files
+    python examples/train_cli.py make-data        # 4 demo Parquet files in runs/parquet_cli/data
     python examples/train_cli.py fit --config examples/parquet_cli.yaml
 
-    python examples/train_cli.py make-mix data/mix          # two sources: web/, books/
+    python examples/train_cli.py make-mix         # two sources in runs/mix_cli/data/{web,books}
     python examples/train_cli.py fit --config examples/mix_cli.yaml
+
+Each config writes everything under its own folder, ``trainer.default_root_dir``
+(``runs/parquet_cli``, ``runs/mix_cli``; ``--trainer.default_root_dir=DIR`` to
+change): the data, LightningCLI's ``config.yaml`` (replaced by the next run) and
+the checkpoints. So both run twice in a row and one after the other.
 
 The config (``examples/parquet_cli.yaml``) picks the DataModule by class path
 (``loaderkit.ShardedDataModule`` with ``reader: parquet``): Parquet files
@@ -73,17 +78,25 @@ def make_data(folder: str, files: int = 4, rows: int = 200, seed: int = 0) -> li
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["make-data"]:
-        folder = argv[1] if len(argv) > 1 else "data/parquet"
+        folder = argv[1] if len(argv) > 1 else "runs/parquet_cli/data"
         paths = make_data(folder)
         print(f"train_cli: wrote {len(paths)} Parquet files to {folder}")
         return
     if argv[:1] == ["make-mix"]:
-        folder = Path(argv[1] if len(argv) > 1 else "data/mix")
+        folder = Path(argv[1] if len(argv) > 1 else "runs/mix_cli/data")
         web = make_data(str(folder / "web"), files=3, rows=200, seed=0)
         books = make_data(str(folder / "books"), files=1, rows=100, seed=1)
         print(f"train_cli: wrote {len(web)} + {len(books)} Parquet files to {folder}/web, /books")
         return
-    LightningCLI(TinyLM, L.LightningDataModule, subclass_mode_data=True, args=argv)
+    # overwrite: a second run replaces the config.yaml the first one saved beside its
+    # checkpoints (LightningCLI refuses by default).
+    LightningCLI(
+        TinyLM,
+        L.LightningDataModule,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=argv,
+    )
 
 
 if __name__ == "__main__":

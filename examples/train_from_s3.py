@@ -18,17 +18,21 @@ With real S3 you only skip 1: ``ShardedDataset("s3://bucket/corpus", reader,
 remote=RemoteCache(cache_dir=..., max_bytes=...))``, credentials and endpoint
 from the environment (or ``storage_options=``).
 
-Usage: ``python examples/train_from_s3.py [--shards 8] [--num-workers 2]``
+Usage: ``python examples/train_from_s3.py [--shards 8] [--num-workers 2] [--out DIR]``
+
+Everything it writes goes under one folder, ``--out`` (default ``runs/train_from_s3``):
+the server's log, the three runs' caches and the checkpoints, replaced by the next run
+(the resumed run must start with a cold cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import warnings
@@ -131,20 +135,28 @@ def fit(data: S3Data, workdir: Path, *, stop_at: int | None, resume: str | None)
         enable_model_summary=False,
         enable_checkpointing=stop_at is not None,
         callbacks=callbacks,
+        default_root_dir=workdir,
     )
     trainer.fit(model, datamodule=data, ckpt_path=resume)
     return model
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--cache-mb", type=float, default=1.0)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/train_from_s3"),
+        help="the folder everything is written under (default: runs/train_from_s3)",
+    )
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
-    with tempfile.TemporaryDirectory(prefix="train-from-s3-") as tmp:
-        return run(args, Path(tmp))
+    shutil.rmtree(args.out, ignore_errors=True)  # a cold cache and fresh checkpoints
+    args.out.mkdir(parents=True)
+    return run(args, args.out)
 
 
 def run(args: argparse.Namespace, work: Path) -> int:

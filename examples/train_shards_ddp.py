@@ -2,8 +2,9 @@
 
     python examples/train_shards_ddp.py
 
-The script writes 7 token shards of uneven sizes into a temporary directory
-with :func:`loaderkit.write_shards` (which also writes their index),
+The script writes 7 token shards of uneven sizes into ``OUT/shards`` (``--out``,
+default ``runs/train_shards_ddp``: everything it writes goes there; a new run
+writes them again) with :func:`loaderkit.write_shards` (which also writes their index),
 then trains with ``Trainer(strategy="ddp", accelerator="cpu", devices=2)``.
 The data path is the three lines in ``train_dataloader``: a
 :class:`~loaderkit.data.sharded.ShardedDataset`, its batch sampler (shards shuffled
@@ -17,8 +18,8 @@ Takes about 15 s on 2 cores.
 
 from __future__ import annotations
 
+import argparse
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -109,13 +110,19 @@ class Shards(L.LightningDataModule):
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/train_shards_ddp"),
+        help="the folder everything is written under (default: runs/train_shards_ddp)",
+    )
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", ".*(LeafSpec|all_gather is deprecated).*")
-    tmp = None
     if DATA_ENV not in os.environ:  # the launching process writes the data once, for all ranks
-        tmp = tempfile.TemporaryDirectory(prefix="loaderkit-shards-")
-        write_data(Path(tmp.name))
-        os.environ[DATA_ENV] = tmp.name
+        write_data(args.out / "shards")
+        os.environ[DATA_ENV] = str(args.out / "shards")
     root = os.environ[DATA_ENV]
     ds = ShardedDataset(root, token_reader())
     expected = fingerprint(ds.get_batch(np.arange(len(ds)))).sort().values
@@ -128,10 +135,9 @@ def main() -> None:
         enable_checkpointing=False,
         enable_model_summary=False,
         enable_progress_bar=False,
+        default_root_dir=args.out,
     )
     trainer.fit(TinyLM(expected), datamodule=Shards(root))
-    if tmp is not None:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

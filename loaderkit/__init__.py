@@ -131,7 +131,8 @@ else:
     _callers.load_when_imported("lightning.pytorch", _load_lightning)
     _callers.load_when_imported("pytorch_lightning", _load_lightning)
 
-__version__ = "0.1.0"
+# The one version source: pyproject.toml reads it (setuptools dynamic version).
+__version__ = "0.2.0"
 
 __all__ = [
     "ArrayDataModule",

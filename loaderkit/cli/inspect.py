@@ -23,12 +23,16 @@ import importlib
 import importlib.util
 import itertools
 import sys
+import textwrap
 from collections.abc import Sized
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 __all__ = ["build_datamodule", "inspect_target", "load_object"]
+
+#: Columns of the report: it reads in a terminal without wrapping.
+WIDTH = 100
 
 _FIX_TARGET = (
     "pass a LightningCLI YAML config (data: {class_path: ..., init_args: {...}}) or "
@@ -216,6 +220,57 @@ def _steps(loader: Any, world_size: int) -> int | None:
         return None
 
 
+def _probe(
+    dm: Any, max_workers: int | None, budget_s: float = 2.0
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Train samples/s after start-up, and start-up seconds, for ``num_workers`` 0..max.
+
+    Start-up is the time until every worker has handed over its first batch (each
+    worker's first batch pays its process start and imports); the rate is timed over
+    the batches after that, for an equal share of ``budget_s`` (at least a few
+    batches), so a slow start never reads as slow loading.
+    """
+    from loaderkit.env import cpu_budget
+
+    if max_workers is None:  # the module's default (probe_num_workers)
+        max_workers = min(cpu_budget(1), 8)
+    rates: dict[int, float] = {}
+    startup: dict[int, float] = {}
+    for workers in range(max_workers + 1):
+        loader = dm.loader("train", num_workers=workers, pin_memory=False)
+        startup[workers], rates[workers] = _time_loader(
+            loader, first=max(workers, 1), budget_s=budget_s / (max_workers + 1)
+        )
+    return rates, startup
+
+
+def _time_loader(loader: Any, *, first: int, budget_s: float) -> tuple[float, float]:
+    """Seconds to the first ``first`` batches, then samples/s of the batches after them."""
+    import time
+
+    from loaderkit.lightning.datamodules._util import batch_rows
+
+    start = time.perf_counter()
+    it = iter(loader)
+    try:
+        head = list(itertools.islice(it, first))
+        ready = time.perf_counter()
+        rows = batches = 0
+        for batch in it:
+            rows += batch_rows(batch)
+            batches += 1
+            now = time.perf_counter()
+            if batches >= 200 or (batches >= 5 and now - ready >= budget_s):
+                break
+        if batches == 0:  # an epoch of at most `first` batches: start-up is all there is
+            return ready - start, sum(map(batch_rows, head)) / max(ready - start, 1e-9)
+        return ready - start, rows / max(time.perf_counter() - ready, 1e-9)
+    finally:
+        close = getattr(it, "close", None)
+        if callable(close):
+            close()  # stop the workers now, not when the iterator is collected
+
+
 def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
     """The report's figures, from ``describe()`` when the module has it."""
     if hasattr(dm, "describe") and hasattr(dm, "loader"):  # a LoaderDataModule
@@ -231,8 +286,11 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         # Judged for the world size asked about, not the one of this process.
         facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
         facts.setdefault("mix", None)
-        facts["probe"] = dm.probe_num_workers(max_workers)
-        facts["best"] = dm.num_workers_best
+        facts["probe"], facts["startup"] = _probe(dm, max_workers)
+        best = max(facts["probe"].values())
+        # The module's rule (probe_num_workers): workers cost memory and start-up, and a
+        # short probe's noise is about 10%.
+        facts["best"] = min(w for w, r in facts["probe"].items() if r >= 0.9 * best)
         return facts
     # Any other LightningDataModule: only what its train loader tells.
     dm.setup("fit")
@@ -346,9 +404,11 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
     probe = facts.get("probe")
     if probe:
         rates = ", ".join(f"{w}: {r:,.0f}" for w, r in probe.items())
-        lines.append(f"  train samples/s  by num_workers: {rates}")
+        lines.append(f"  train samples/s  after start-up, by num_workers: {rates}")
+        startup = ", ".join(f"{w}: {s:.2f} s" for w, s in facts["startup"].items())
+        lines.append(f"  start-up         to every worker's first batch: {startup}")
         lines.append(
-            f"  num_workers      suggested {facts['best']} (the fewest within 10% of the best)"
+            f"  num_workers      suggested {facts['best']} (the fewest within 10% of the best rate)"
             + (
                 "; the module's num_workers='auto' chooses in the run from the data wait"
                 if facts.get("num_workers") == "auto"
@@ -363,7 +423,21 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
         )
     verdict = "yes" if facts["resumable_exactly"] else "NO"
     lines.append(f"  exact resume     {verdict}: {facts['resumable_reason']}")
-    return "\n".join(lines)
+    return "\n".join(wrapped for line in lines for wrapped in _wrap(line))
+
+
+def _wrap(line: str) -> list[str]:
+    """``line`` cut at words to :data:`WIDTH` columns, continued under its value column."""
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    if line.startswith("  ") and len(line) > 19 and line[2:19].endswith("  "):
+        indent = " " * 19  # a "  label           value" row: continue under the value
+    return textwrap.wrap(
+        line,
+        WIDTH,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [line]
 
 
 def _wait_lines(rate: float | None, train: dict[str, Any], world_size: int) -> list[str]:

@@ -517,10 +517,10 @@ class MixBucketPlan(BucketPlan):
         source_sizes: Samples per source; they must add up to ``len(lengths)``.
         per_epoch: Draws per epoch from each source.
         source_names: The sources' names, as :class:`MixPlan` takes them.
-        **kwargs: :class:`~loaderkit.BucketPlan`'s.
 
-    A sample drawn more than once in an epoch is seeded per draw: its ``k``-th
-    draw in the epoch's batch order is keyed ``index + k * num_samples``
+    The other arguments are :class:`~loaderkit.BucketPlan`'s. A sample drawn more
+    than once in an epoch is seeded per draw: its ``k``-th draw in the epoch's batch
+    order is keyed ``index + k * num_samples``
     (:func:`~loaderkit.plan.sample.occurrence_keys`, as for a sampler's repeats).
     """
 

@@ -65,9 +65,9 @@ class ShardBucketPlan(BucketPlan):
         shard_sizes: Samples per shard; they must add up to ``len(lengths)``.
         mix_shards: Lanes read at once (see :class:`~loaderkit.ShardPlan`).
         shard_window: Samples of a shard shuffled together before sorting.
-        **kwargs: :class:`BucketPlan`'s (``batch_size``, ``max_tokens``,
-            ``pad_to_multiple_of``, ``window``, ``shuffle``, ``seed``,
-            ``drop_last``, ``oversize``).
+
+    The other arguments are :class:`BucketPlan`'s (``batch_size``, ``max_tokens``,
+    ``pad_to_multiple_of``, ``window``, ``shuffle``, ``seed``, ``drop_last``, ``oversize``).
     """
 
     def __init__(

@@ -98,6 +98,11 @@ def test_report_writes_only_under_loaderkit_bench(
 
 
 # ---------------------------------------------------------------- inspect
+def flat(report: str) -> str:
+    """The report with its wrapped rows joined (a row continues 19 columns in)."""
+    return re.sub(r"\n {19}(?=\S)", " ", report)
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A user's folder: a tensor file, a YAML config and a module with a factory."""
@@ -137,11 +142,13 @@ def test_inspect_yaml_config(project: Path) -> None:
         "inspect", "config.yaml", "--max-workers", "1", "--world-size", "2", cwd=project
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = flat(done.stdout)
     assert "loaderkit inspect: TensorDataModule (from config.yaml)" in out
     assert "samples          train 900, val 100" in out
     assert "per rank at world size 2: train 8, val 1" in out  # ceil(900 / 64 / 2), ceil(100/128)
-    assert re.search(r"by num_workers: 0: [\d,]+, 1: [\d,]+", out), out
+    assert re.search(r"samples/s  after start-up, by num_workers: 0: [\d,]+, 1: [\d,]+", out), out
+    startup = r"start-up         to every worker's first batch: 0: [\d.]+ s, 1: [\d.]+ s"
+    assert re.search(startup, out), out
     assert re.search(r"num_workers      suggested [01] ", out), out
     # The probe's in-process rate as the data wait a training step would see.
     assert re.search(
@@ -150,6 +157,37 @@ def test_inspect_yaml_config(project: Path) -> None:
         out,
     ), out
     assert "exact resume     yes:" in out
+
+
+def test_inspect_report_fits_a_terminal_and_says_each_row_once(project: Path) -> None:
+    """Lines of at most 100 columns (the resume verdict was one 620-character line), and
+    the probe's rates once (the module's own probe also logged them)."""
+    done = loaderkit("inspect", "mydata:make", "--max-workers", "1", cwd=project)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, "\n".join(x for x in lines if len(x) > 100)
+    assert (done.stdout + done.stderr).count("samples/s") == 1, done.stdout + done.stderr
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("  exact resume "))
+    assert lines[verdict + 1].startswith(" " * 19), lines  # continued under the value column
+
+
+def test_inspect_times_workers_after_their_start_up() -> None:
+    """A loader whose workers take 0.5 s to start but then load at once: the start-up is
+    reported apart, and the rate is that of the loading (it was the start-up's, 74/s)."""
+    import time
+
+    from loaderkit.cli.inspect import _time_loader
+
+    class SlowStart:
+        def __iter__(self):
+            for i in range(100):
+                if i < 2:  # each of 2 workers' first batch pays its process start
+                    time.sleep(0.25)
+                yield torch.zeros(10, 1)
+
+    startup, rate = _time_loader(SlowStart(), first=2, budget_s=0.1)
+    assert startup >= 0.5
+    assert rate > 1000  # 98 ready batches of 10 rows: no start-up inside the rate
 
 
 def test_inspect_module_factory(project: Path) -> None:
@@ -166,7 +204,7 @@ def test_inspect_plain_lightning_module_is_not_resumable(
 ) -> None:
     monkeypatch.chdir(project)
     assert main(["inspect", "mydata.py:Plain", "--no-progress-bar"]) == 0
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert "samples          train 100" in out and "train 10 (epoch 0)" in out
     assert "num_workers      not probed" in out
     assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
@@ -233,7 +271,7 @@ def test_inspect_streams_reports_their_epoch_and_resume_topology(
     steps_per_epoch / samples_per_epoch (160 / (2 ranks * 8) = 10), or are unknown."""
     monkeypatch.chdir(stream_project)
     assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar", *args]) == 0
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert batches in out, out
     assert "samples          train unknown" in out, out
     assert "exact resume     yes: the train loader streams a StreamingShardedDataset" in out
@@ -363,11 +401,11 @@ def test_inspect_reports_shards_per_batch_next_to_padding(
 ) -> None:
     monkeypatch.chdir(stream_project)
     assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar"]) == 0
-    out = capsys.readouterr().out
+    out = flat(capsys.readouterr().out)
     assert "padding          0.0% of train tokens\n  " + line in out, out
     assert "from a single shard (epoch 0, all ranks)" in out
     main(["inspect", "streams.py:limited", "--max-workers", "0", "--no-progress-bar"])
-    assert "shards / batch" not in capsys.readouterr().out  # a stream: not known
+    assert "shards / batch" not in flat(capsys.readouterr().out)  # a stream: not known
 
 
 @pytest.mark.parametrize(

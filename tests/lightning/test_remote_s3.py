@@ -92,7 +92,8 @@ def test_kill_9_while_training_from_s3_resumes_exactly(
 
 def test_the_example_trains_from_s3_and_resumes_exactly(tmp_path: Path) -> None:
     log = tmp_path / "example.log"
-    rc = run_script(REPO_ROOT / "examples" / "train_from_s3.py", [], log, phase="s3 example")
+    args = ["--out", str(tmp_path / "run")]
+    rc = run_script(REPO_ROOT / "examples" / "train_from_s3.py", args, log, phase="s3 example")
     text = log.read_text()
     assert rc == 0, log_tail(log)
     assert "resumed from its checkpoint with a cold cache: exact" in text, log_tail(log)

@@ -399,8 +399,9 @@ def run_script(
     log: Path,
     timeout: float = SCRIPT_TIMEOUT_S,
     phase: str | None = None,
+    cwd: Path = REPO_ROOT,
 ) -> int:
-    """Run ``python script args`` in its own session and return its exit status.
+    """Run ``python script args`` in its own session (in ``cwd``) and return its exit status.
 
     Output goes to ``log`` rather than a pipe: DataLoader workers or DDP ranks
     that outlive the main process would hold a pipe open. On a timeout the test
@@ -417,7 +418,7 @@ def run_script(
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, str(script), *args],
-            cwd=REPO_ROOT,
+            cwd=cwd,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
