@@ -12,7 +12,8 @@ so a batch has the same structure whichever of them read it: per column,
 
 A column whose type differs between two files is merged only where a dtype
 holds every value of both exactly (:func:`exact_dtype`: ``int32`` with
-``int64``, ``float32`` with ``float64``, ``int32`` with ``float64``), and
+``int64``, ``float32`` with ``float64``, ``int32`` with ``float64``; every
+batch is then converted to that dtype, ``table_columns(dtypes=...)``), and
 refused otherwise (``int64`` with ``float64`` would round ``2**53 + 1``; an
 integer with a string would give a tensor in one batch and a list in another).
 
@@ -127,12 +128,13 @@ def merge_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] | Non
     return None if dtype is None else (a[0], dtype, *a[2:])
 
 
-def _to_tensor(values: Any) -> torch.Tensor:
+def _to_tensor(values: Any, dtype: torch.dtype | None) -> torch.Tensor:
     # A writable copy: torch warns on (and must not write into) Arrow's read-only buffers.
-    return torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))
+    out = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))
+    return out if dtype is None else out.to(dtype)
 
 
-def _column(pa: Any, name: str, col: Any, where: str) -> Any:
+def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None) -> Any:
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     t = col.type
@@ -146,7 +148,7 @@ def _column(pa: Any, name: str, col: Any, where: str) -> Any:
             "or leave the column out with columns=[...]."
         )
     if numeric:
-        return _to_tensor(col)
+        return _to_tensor(col, dtype)
     if (is_list or fixed) and _numeric(pa, t.value_type):
         values = col.flatten()  # honours the array's offset and slicing
         if values.null_count:
@@ -154,7 +156,7 @@ def _column(pa: Any, name: str, col: Any, where: str) -> Any:
                 f"{where}: column {name!r} has null items inside its lists; fill them in the "
                 "data, or leave the column out with columns=[...]."
             )
-        flat = _to_tensor(values)
+        flat = _to_tensor(values, dtype)
         if fixed:
             return flat.view(len(col), t.list_size)
         offsets = np.asarray(col.offsets, dtype=np.int64)
@@ -162,11 +164,16 @@ def _column(pa: Any, name: str, col: Any, where: str) -> Any:
     return col.to_pylist()
 
 
-def table_columns(table: Any, where: str) -> dict[str, Any]:
-    """The columns of a ``pyarrow.Table`` converted as the module docstring says."""
+def table_columns(
+    table: Any, where: str, dtypes: dict[str, torch.dtype] | None = None
+) -> dict[str, Any]:
+    """The columns of a ``pyarrow.Table`` converted as the module docstring says; a column
+    named in ``dtypes`` gives numbers of that dtype (the merged dtype of its files)."""
     pa = import_pyarrow()
+    dtypes = dtypes or {}
     return {
-        name: _column(pa, name, table.column(i), where) for i, name in enumerate(table.column_names)
+        name: _column(pa, name, table.column(i), where, dtypes.get(name))
+        for i, name in enumerate(table.column_names)
     }
 
 

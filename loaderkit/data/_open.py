@@ -43,7 +43,14 @@ from loaderkit.errors import (
     ShardError,
 )
 
-__all__ = ["OpenShards", "is_shard_name", "never_a_shard", "resolve_shards", "shard_name"]
+__all__ = [
+    "OpenShards",
+    "is_shard_name",
+    "never_a_shard",
+    "prepare_reader",
+    "resolve_shards",
+    "shard_name",
+]
 
 
 def shard_name(shard: Any) -> str:
@@ -133,6 +140,16 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             "paths (or a directory), or a list of the objects the reader opens."
         )
     return items
+
+
+def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], Any]) -> Any:
+    """The reader a dataset of ``shards`` reads with: ``reader.prepare(files)`` (a reader
+    decided for exactly these files, e.g. :meth:`~loaderkit.ParquetReader.prepare`), the
+    files ``(str(shard), source(i))``; ``reader`` itself when it has no ``prepare``."""
+    prepare = getattr(reader, "prepare", None)
+    if not callable(prepare):
+        return reader
+    return prepare([(str(shard), source(i)) for i, shard in enumerate(shards)])
 
 
 class OpenShards:
@@ -259,17 +276,24 @@ class OpenShards:
         path = self.shards[shard]
         if not isinstance(path, Path):
             return self.reader.open(path)
-        digest = None if entry is None else entry.digest
         if is_compressed(path.name):
-            decoded = decode_into(
-                path,
-                local_decode_dir(path, self.cache_root, digest),
-                check=None if digest is None else partial(self._verify, digest=digest),
-            )
-            return self._open_or_count(decoded)
-        if digest is not None:
-            self._verify(path, digest)
+            return self._open_or_count(self.local_file(shard))
+        if entry is not None and entry.digest is not None:
+            self._verify(path, entry.digest)
         return self.reader.open(path)
+
+    def local_file(self, shard: int) -> Any:
+        """The file the reader opens for local shard ``shard``: a compressed shard's decoded
+        copy (decoded now if needed, its content hash checked first), else the shard."""
+        path = self.shards[shard]
+        if not (isinstance(path, Path) and is_compressed(path.name)):
+            return path
+        digest = None if self.entries is None else self.entries[shard].digest
+        return decode_into(
+            path,
+            local_decode_dir(path, self.cache_root, digest),
+            check=None if digest is None else partial(self._verify, digest=digest),
+        )
 
     def _verify(self, path: Path, digest: str) -> None:
         verify(path, digest, marker=self._marker(path))

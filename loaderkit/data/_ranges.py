@@ -34,7 +34,7 @@ __all__ = [
     "RangedTokens",
     "npy_header_bytes",
     "npy_layout",
-    "parquet_rows_from_tail",
+    "parquet_footer",
 ]
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
@@ -87,21 +87,16 @@ def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
     return Layout(f.tell(), np.dtype(dtype), int(shape[0]))
 
 
-def parquet_rows_from_tail(tail: bytes, size: int) -> int | None:
-    """A Parquet file's row count from its last bytes (``size``: the file's), or None when
+def parquet_footer(tail: bytes, size: int) -> bytes | None:
+    """A Parquet file's footer from its last bytes (``size``: the file's), as the bytes of a
+    file pyarrow reads the metadata and schema from (``pyarrow.BufferReader``); None when
     the footer is longer than ``tail`` (fetch that many bytes and call again)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if len(tail) < 8 or tail[-4:] != b"PAR1":
         raise ValueError("the file does not end in the Parquet magic bytes PAR1")
     need = int.from_bytes(tail[-8:-4], "little") + 8
     if need > size - 4:
         raise ValueError(f"its footer claims {need} bytes of a {size}-byte file")
-    if need > len(tail):
-        return None
-    meta = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-need:]))
-    return int(meta.num_rows)
+    return None if need > len(tail) else b"PAR1" + tail[-need:]
 
 
 class _Spans(Protocol):

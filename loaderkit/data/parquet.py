@@ -18,13 +18,18 @@ URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
   of 1-D tensors, for :class:`~loaderkit.PadCollate`): no per-row Python.
   The shard plan reads a file window by window, so with windows of about a
   row group's size each row group is decoded about once per epoch per reader.
-- **Types** must agree across files: each process checks a file's column
-  types when it opens it against the files it opened before, and a column
-  typed differently (``int64`` in one file, ``string`` or ``double`` in
-  another) is a :class:`~loaderkit.ShardError` naming the column and both
-  files. Only types one dtype holds exactly are merged (``int32`` with
-  ``int64``: batches spanning both files are ``int64``). With
-  ``columns=None`` the files must have the same column names.
+- **Types** must agree across files, and are decided once for all of a
+  dataset's files: :class:`~loaderkit.ShardedDataset` and
+  :class:`~loaderkit.StreamingShardedDataset` call :meth:`ParquetReader.prepare`
+  when built, which reads every file's footer (for a file at a URL, by a range
+  read of its end; a compressed one is fetched and decoded) and refuses a
+  column typed differently (``int64`` in one file, ``string`` or ``double`` in
+  another) with a :class:`~loaderkit.ShardError` naming the column and both
+  files, before any batch. Only types one dtype holds exactly are merged
+  (``int32`` with ``int64``: every batch of the dataset is ``int64``). With
+  ``columns=None`` the files must have the same column names. The workers
+  read with the prepared reader, and a file opened later is checked against
+  it (a file rewritten since with a wider type is refused).
 - **Lengths** for token budgets: ``length_column``, a ``list`` column (each
   row's list length) or an integer column (the lengths themselves), read
   alone (:meth:`~loaderkit.ShardedDataset.lengths`).
@@ -36,8 +41,10 @@ with ``use_threads=False``: the workers are the parallelism.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +136,12 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
-        # Per process: column -> (batch kind, Arrow type, file) of the files opened so far,
-        # and (with columns=None) the first file's column names.
-        self._kinds: dict[str, tuple[tuple[Any, ...], Any, Path]] = {}
-        self._names: tuple[list[str], Path] | None = None
+        # Column -> (batch kind, Arrow type, file) of the files checked so far, and (with
+        # columns=None) the first file's column names: of all a dataset's files once
+        # prepare()d, else of those this process opened.
+        self._kinds: dict[str, tuple[tuple[Any, ...], Any, str]] = {}
+        self._names: tuple[list[str], str] | None = None
+        self._prepared = False
 
     def __repr__(self) -> str:
         return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
@@ -141,52 +150,114 @@ class ParquetReader:
         """A file's row count depends on nothing but the file."""
         return {"kind": "parquet"}
 
-    def _file(self, path: Path) -> Any:
+    def _file(self, source: Any, name: str | None = None) -> Any:
+        """``source`` (a path, or a file object holding a file's footer) as a
+        ``ParquetFile``; messages name it ``name`` (default: the path)."""
         pa = import_pyarrow()
-        if not path.exists():
-            raise _missing(path)
+        name = str(source) if name is None else name
+        if isinstance(source, Path) and not source.exists():
+            raise _missing(source)
         try:
-            return pa.parquet.ParquetFile(path)
+            return pa.parquet.ParquetFile(source)
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise ShardError(
-                f"shard {str(path)!r} is not a readable Parquet file ({exc}): it is corrupt or "
+                f"shard {name!r} is not a readable Parquet file ({exc}): it is corrupt or "
                 "truncated; rewrite it (and delete the shard index).",
-                path=path,
+                path=name,
             ) from exc
 
-    def _agree(self, path: Path, schema: Any, columns: list[str]) -> None:
-        """Refuse a file whose columns cannot share batches with the earlier files': other
-        column names (with ``columns=None``), or a column typed differently."""
-        pa = import_pyarrow()
+    def prepare(self, files: Sequence[tuple[str, Any]]) -> ParquetReader:
+        """This reader for exactly ``files``: each file's footer read (no data page), every
+        column's type checked across all of them and the merged dtypes decided.
+
+        :class:`~loaderkit.ShardedDataset` and :class:`~loaderkit.StreamingShardedDataset`
+        call it once, when built, and read with the copy it returns (their workers get
+        that copy), so every batch of a dataset has the same columns and dtypes, and a
+        type mismatch is refused before any batch (module docstring).
+
+        Args:
+            files: ``(name, source)`` per file: how messages name it, and its local path
+                or a pyarrow-readable file object holding at least its footer.
+
+        Raises:
+            ShardError: a file is unreadable, lacks a column, has other column names
+                (``columns=None``), or types a column differently in a way no dtype holds
+                exactly; the message names the column and both files.
+        """
+        prepared = copy.copy(self)
+        prepared._kinds, prepared._names, prepared._prepared = {}, None, False
+        for name, source in files:
+            file = prepared._file(source, name)
+            prepared._agree(name, file.schema_arrow, file.metadata.num_rows)
+        prepared._prepared = True
+        return prepared
+
+    def _agree(self, where: str, schema: Any, rows: int) -> list[str]:
+        """The columns to read from the file ``where`` of this schema and row count, checked
+        against the files seen before: the wanted columns present, the same column names
+        (with ``columns=None``), each column's type merged exactly with the others'. The
+        types of a prepared reader are final: a file that would widen one changed since."""
+        names = schema.names
+        wanted = list(self.columns if self.columns is not None else names)
+        missing = [c for c in wanted if c not in names]
+        if missing:
+            raise ShardError(
+                f"shard {where!r} has no column(s) {missing} (it has {names}); pass columns "
+                "that every file has.",
+                path=where,
+            )
+        if not rows:  # a file without rows adds no values of any type
+            return wanted
         if self.columns is None:  # all columns: every file must have the same ones
-            names = sorted(schema.names)
             if self._names is None:
-                self._names = (names, path)
-            if self._names[0] != names:
+                self._names = (sorted(names), where)
+            if self._names[0] != sorted(names):
                 raise ShardError(
-                    f"ParquetReader: {str(path)!r} has columns {names} but "
-                    f"{str(self._names[1])!r} has {self._names[0]}, so batches would differ in "
+                    f"ParquetReader: {where!r} has columns {sorted(names)} but "
+                    f"{self._names[1]!r} has {self._names[0]}, so batches would differ in "
                     "their columns; pass columns= that every file has, or write every file "
                     "with the same columns.",
-                    path=path,
+                    path=where,
                 )
-        for name in columns:
-            t = schema.field(name).type
-            kind = column_kind(pa, t)
-            seen = self._kinds.get(name)
-            if seen is None:
-                self._kinds[name] = (kind, t, path)
-                continue
-            merged = merge_kinds(seen[0], kind)
-            if merged is None:
-                raise ShardError(
-                    f"ParquetReader: column {name!r} is {t} in {str(path)!r} but {seen[1]} in "
-                    f"{str(seen[2])!r}, and no type holds the values of both exactly; write "
-                    f"every file with one type for {name!r}, or leave it out with columns=[...].",
-                    path=path,
-                )
-            if merged != seen[0]:
-                self._kinds[name] = (merged, t, path)
+        for name in wanted:
+            self._merge(where, name, schema.field(name).type)
+        return wanted
+
+    def _merge(self, where: str, name: str, t: Any) -> None:
+        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kinds
+        of the files before it, or refuse it naming both files."""
+        kind = column_kind(import_pyarrow(), t)
+        seen = self._kinds.get(name)
+        if seen is None:
+            self._kinds[name] = (kind, t, where)
+            return
+        merged = merge_kinds(seen[0], kind)
+        if merged is None:
+            raise ShardError(
+                f"ParquetReader: column {name!r} is {t} in {where!r} but {seen[1]} in "
+                f"{seen[2]!r}, and no type holds the values of both exactly; write every "
+                f"file with one type for {name!r}, or leave it out with columns=[...].",
+                path=where,
+            )
+        if merged == seen[0]:
+            return
+        if self._prepared:
+            raise ShardError(
+                f"ParquetReader: column {name!r} is {t} in {where!r}, which {seen[0][1]}, "
+                "decided from the files when the dataset was built, does not hold: the "
+                "file changed since; build the dataset again (and delete the shard index).",
+                path=where,
+            )
+        self._kinds[name] = (merged, t, where)
+
+    def dtypes(self, columns: list[str]) -> dict[str, Any]:
+        """The torch dtype each numeric column of ``columns`` is read as: the merged dtype of
+        the files checked so far (all of a dataset's files once prepared)."""
+        return {
+            name: kind[1]
+            for name, (kind, _, _) in self._kinds.items()
+            if name in columns and kind[0] != "python"
+        }
 
     def count(self, path: Path) -> int:
         """Rows in the file, from its footer (no data page is read)."""
@@ -233,19 +304,9 @@ class _ParquetShard:
         self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
         self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
         self.num_rows = int(meta.num_rows)
-        names = file.schema_arrow.names
-        wanted = reader.columns if reader.columns is not None else names
-        missing = [c for c in wanted if c not in names]
-        if missing:
-            raise ShardError(
-                f"shard {str(path)!r} has no column(s) {missing} (it has {names}); pass columns "
-                "that every file has.",
-                path=path,
-            )
-        self.columns = list(wanted)
-        self.names = names
-        if self.num_rows:  # a file without rows adds no values of any type
-            reader._agree(path, file.schema_arrow, self.columns)
+        self.names = file.schema_arrow.names
+        self.columns = reader._agree(str(path), file.schema_arrow, self.num_rows)
+        self._dtypes = reader.dtypes(self.columns)
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self.decoded = 0  # row groups decoded (for tests and curiosity)
 
@@ -296,7 +357,8 @@ class _ParquetShard:
             table = pa.concat_tables(tables)
             local = idx + base[group_of]
         taken = table.take(pa.array(local, type=pa.int64()))
-        return Columns(table_columns(taken, self._where()), len(idx), self._where())
+        columns = table_columns(taken, self._where(), self._dtypes)
+        return Columns(columns, len(idx), self._where())
 
     def read(self, index: int) -> dict[str, Any]:
         return self.read_batch(np.asarray([index]))[0]

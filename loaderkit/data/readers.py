@@ -83,6 +83,13 @@ class ShardReader(Protocol):
     and is stored in the shard index, so an index counted under other settings
     is never used.
 
+    Optional: ``prepare(files) -> reader``, called once when a dataset is
+    built with ``(name, source)`` for each of its shards (``source``: a local
+    path, or for a shard at a URL a file object holding its Parquet footer),
+    returns the reader the dataset and its workers read with: what must hold
+    across all files (:meth:`~loaderkit.ParquetReader.prepare`: column types)
+    is decided there, never by one process from the files it opened.
+
     Example:
         A reader of text files, one sample per line (``open`` returns a list
         with a ``read`` method: all :class:`OpenShard` asks for):

@@ -95,6 +95,7 @@ from torch.utils.data import get_worker_info
 
 from loaderkit._atomic import atomic_write, temp_path
 from loaderkit._checks import check_int
+from loaderkit.data._arrow import import_pyarrow
 from loaderkit.data._codec import (
     DigestMismatch,
     decode_into,
@@ -120,7 +121,7 @@ from loaderkit.data._ranges import (
     RangedTokens,
     npy_header_bytes,
     npy_layout,
-    parquet_rows_from_tail,
+    parquet_footer,
 )
 from loaderkit.data.index import (
     WORK_DIR,
@@ -653,13 +654,26 @@ class RemoteShards:
         return (local.read_bytes(), str(local)) if local.exists() else None
 
     def _count_footer(self, index: int, reader: ShardReader) -> int | None:
-        """Rows of a Parquet shard from its footer, fetched by a range read of the file's
-        end (no download); None for other shards (or a server that ignores ``Range:``)."""
+        """Rows of a Parquet shard from its footer (:meth:`_parquet_footer`); None for other
+        shards (or a server that ignores ``Range:``)."""
         from loaderkit.data.parquet import ParquetReader
 
-        shard = self.shards[index]
-        if not isinstance(reader, ParquetReader) or is_compressed(shard.name) or shard.size < 12:
+        if not isinstance(reader, ParquetReader):
             return None
+        footer = self._parquet_footer(index)
+        if footer is None:
+            return None
+        pa = import_pyarrow()
+        return int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
+
+    def _parquet_footer(self, index: int) -> bytes | None:
+        """Shard ``index``'s Parquet footer by a range read of the file's end (no download),
+        checked to parse (:func:`~loaderkit.data._ranges.parquet_footer`); None for a
+        compressed shard, or a server that ignores ``Range:``."""
+        shard = self.shards[index]
+        if is_compressed(shard.name) or shard.size < 12:
+            return None
+        pa = import_pyarrow()
         want = min(shard.size, 64 << 10)
         for _ in range(2):
             try:
@@ -669,7 +683,9 @@ class RemoteShards:
             except RangesUnsupported:
                 return None
             try:
-                rows = parquet_rows_from_tail(tail, shard.size)
+                footer = parquet_footer(tail, shard.size)
+                if footer is not None:
+                    pa.parquet.read_metadata(pa.BufferReader(footer))
             except Exception as exc:
                 raise ShardError(
                     f"shard {shard.url!r} is not a readable Parquet file ({exc}): it is "
@@ -679,10 +695,20 @@ class RemoteShards:
             self._count("footers")
             self._count("range_bytes", len(tail))
             self._count("range_requests")
-            if rows is not None:
-                return rows
+            if footer is not None:
+                return footer
             want = min(shard.size, int.from_bytes(tail[-8:-4], "little") + 8)
         return None
+
+    def footer_source(self, index: int) -> Any:
+        """Where a reader's ``prepare`` reads shard ``index``'s footer: its Parquet footer by
+        a range read (a ``pyarrow.BufferReader``), else its local copy, fetched whole."""
+        footer = self._parquet_footer(index)
+        if footer is not None:
+            return import_pyarrow().BufferReader(footer)
+        path = self.local(index)
+        self._release_all()
+        return path
 
     # ----------------------------------------------------------- range reads
     def _layout(self, index: int) -> Layout | None:

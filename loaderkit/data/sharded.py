@@ -87,7 +87,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import Columns
-from loaderkit.data._open import OpenShards, resolve_shards, shard_name
+from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader
@@ -209,6 +209,13 @@ class ShardedDataset(Dataset[Any]):
             remember_failures=on_error == "skip",
             fetch=None if self._remote is None else self._remote.local,
             ranged=None if self._remote is None else self._remote.open_ranged,
+        )
+        # Decided once here, for all files (ParquetReader: every file's schema, the merged
+        # dtypes): workers get this reader, so none decides from the files it happens to open.
+        self.reader = self._files.reader = prepare_reader(
+            reader,
+            self.shards,
+            self._files.local_file if self._remote is None else self._remote.footer_source,
         )
 
     # --------------------------------------------------------------- basics

@@ -50,7 +50,7 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
-from loaderkit.data._open import resolve_shards, shard_name
+from loaderkit.data._open import prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
 from loaderkit.errors import LoaderkitError, MissingDependencyError, ShardError
@@ -325,6 +325,10 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 cast("ShardReader", _Suffixes(reader_suffixes)),
                 owner="StreamingShardedDataset",
             )
+        # As ShardedDataset: decided once for all files, and the reader the workers get.
+        self.reader = prepare_reader(
+            reader, self.shards, self._local if self._remote is None else self._remote.footer_source
+        )
         self.shuffle_shards = shuffle_shards
         self.mix_shards = mix_shards
         self.steps_per_epoch = steps_per_epoch
@@ -404,15 +408,20 @@ class StreamingShardedDataset(IterableDataset[Any]):
             return order[slot::slots], False
         return order, True
 
+    def _local(self, shard: int) -> Any:
+        """Local shard ``shard`` as the reader reads it: a compressed one decoded once per
+        machine into the cache (then read front to back), any other as given."""
+        path = self.shards[shard]
+        if isinstance(path, Path) and is_compressed(path.name):
+            return decode_into(path, local_decode_dir(path, default_cache_root()))
+        return path
+
     def read_from(self, shard: int, offset: int) -> Iterator[Any]:
         """The samples of shard id ``shard`` from ``offset`` on; errors name the file."""
         path = self.shards[shard]
         iter_from = getattr(self.reader, "iter_from", None)
         try:
-            local = path if self._remote is None else self._remote.local(shard)
-            if self._remote is None and isinstance(path, Path) and is_compressed(path.name):
-                # Decoded once per machine into the cache, then read front to back.
-                local = decode_into(path, local_decode_dir(path, default_cache_root()))
+            local = self._local(shard) if self._remote is None else self._remote.local(shard)
             source = (
                 iter_from(local, offset)
                 if callable(iter_from)
