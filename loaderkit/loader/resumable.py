@@ -72,7 +72,7 @@ from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, 
 from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
-from loaderkit.plan._sampler_plan import SamplerPlan
+from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
@@ -249,6 +249,12 @@ class ResumableDataLoader:
                 sampler, size, seed, rank, world_size
             )
             drop_last = drop_last or sampler_drop
+        # A seed the user gave the sampler's own generator decides, as under DataLoader.
+        user_generator = None
+        if seed is None and sampler is not None and not plain_sampler(sampler, size):
+            user_generator = generator_seed(sampler)
+            if user_generator is not None:
+                seed = user_generator[0]
         self._seed_explicit = seed is not None
         plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
         if plan_seed is not None and seed is not None and seed != plan_seed:
@@ -308,6 +314,7 @@ class ResumableDataLoader:
                 batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
                 seed=self.seed,
                 drop_last=drop_last,
+                first_state=None if user_generator is None else user_generator[1],
             )
         else:
             check_int(
