@@ -98,12 +98,10 @@ def draw_seed(generator: torch.Generator | None) -> int:
 def plain_sampler(sampler: Any, size: int) -> bool:
     """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
 
-    Exact types only: a subclass may override ``__iter__``. A ``SequentialSampler``
+    Exact type only: a subclass may override ``__iter__``. A ``SequentialSampler``
     over another source (``SequentialSampler(range(4))`` with a 16-sample
     dataset) yields its own length, as under ``DataLoader``.
     """
-    if type(sampler) is DistributedSampler:
-        return True
     return type(sampler) is SequentialSampler and len(sampler) == size
 
 
@@ -131,11 +129,13 @@ class ResumableDataLoader:
             default: ``default_convert``).
         shuffle: Shuffle per ``(seed, epoch)``.
         sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
-            with a ``generator`` (given one seeded per epoch), one with
-            ``set_epoch``, a ``DistributedSampler`` (its settings become the
-            plan's; a subclass is listed whole and dealt once); one that lists a
-            different order twice is refused. It stays ``loader.sampler`` (same
-            object and class); its ``set_epoch(e)`` also sets the loader's epoch.
+            with a ``generator`` (given one seeded per epoch; with ``seed=None``, a
+            ``torch.Generator`` of the user's decides: epoch 0 is torch's, later
+            epochs follow its seed), one with ``set_epoch``, a
+            ``DistributedSampler`` or subclass (listed whole and dealt as it deals:
+            each rank yields torch's indices for it); one that lists a different
+            order twice is refused. It stays ``loader.sampler`` (same object and
+            class); its ``set_epoch(e)`` also sets the loader's epoch.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
             ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
@@ -245,10 +245,7 @@ class ResumableDataLoader:
         # check_sources refused None with a batch_sampler; otherwise None became 1 above.
         batch_size = 1 if batch_size is None else batch_size
         if isinstance(sampler, DistributedSampler):
-            seed, rank, world_size, shuffle, sampler_drop = from_distributed_sampler(
-                sampler, size, seed, rank, world_size
-            )
-            drop_last = drop_last or sampler_drop
+            seed, rank, world_size = from_distributed_sampler(sampler, size, seed, rank, world_size)
         # A seed the user gave the sampler's own generator decides, as under DataLoader.
         user_generator = None
         if seed is None and sampler is not None and not plain_sampler(sampler, size):
@@ -302,14 +299,13 @@ class ResumableDataLoader:
             world_size = batch_sampler.world_size if world_size is None else world_size
         elif sampler is not None and not plain_sampler(sampler, size):
             # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks.
-            # A DistributedSampler subclass lists its whole order here (its own __iter__
-            # yields one rank's share); rank and world size came from it above.
+            # A DistributedSampler lists its whole order here (its own __iter__ yields
+            # one rank's share) and is dealt as it deals; rank and world size came
+            # from it above.
+            distributed = isinstance(sampler, DistributedSampler)
             self.plan = SamplerPlan(
-                sampler=(
-                    whole_order_sampler(sampler)
-                    if isinstance(sampler, DistributedSampler)
-                    else sampler
-                ),
+                sampler=whole_order_sampler(sampler) if distributed else sampler,
+                strided=distributed,
                 dataset_size=size,
                 batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
                 seed=self.seed,

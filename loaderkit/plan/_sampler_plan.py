@@ -149,6 +149,9 @@ class SamplerPlan:
         drop_last: As in :class:`~loaderkit.SamplePlan`.
         first_state: The state of the user's own generator (:func:`generator_seed`):
             epoch 0 is listed from it, as torch lists it; later epochs from ``seed``.
+        strided: Deal as a ``DistributedSampler`` (``sampler`` lists its whole
+            order): rank ``r`` takes every ``world_size``-th entry, the tail
+            padded by wrapping, so each rank yields torch's indices for it.
     """
 
     sampler: Any
@@ -157,6 +160,7 @@ class SamplerPlan:
     seed: int
     drop_last: bool = False
     first_state: torch.Tensor | None = field(default=None, repr=False)
+    strided: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
     _cache: dict[int, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -250,4 +254,6 @@ class SamplerPlan:
             # A repeated index is seeded per draw (occurrence_keys); states saved when
             # every draw of an index shared one seed lack this and are refused by name.
             "repeat_seeding": "per_draw",
+            # Only where set: the states of every other sampler stay as they were.
+            **({"split": "strided"} if self.strided else {}),
         }
