@@ -70,7 +70,7 @@ from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool, stop_workers
-from loaderkit.plan._agree import agree_across_ranks
+from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
@@ -179,9 +179,11 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
             seeded from ``(seed, e, i)``, so random augmentation is the same
             for any ``num_workers`` and after a resume. ``"auto"``: on unless
-            the dataset fetches whole batches, seeding only the generators the
-            dataset is seen drawing from (:class:`~loaderkit.seeding.SampleSeeder`);
-            ``True``: all three for every sample.
+            the dataset fetches whole batches (``get_batch``), seeding torch's
+            generator and those the dataset is seen drawing from
+            (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
+            every sample. Either way a ``__getitems__`` dataset is then read one
+            index at a time.
 
     Example:
         >>> import torch
@@ -438,6 +440,7 @@ class ResumableDataLoader:
         self._current: Run | None = None
         self._ticks = itertools.count(1)
         self._topology_cache: tuple[int, int] | None = None
+        self._rounds = Rounds()  # this loader's comparisons across ranks (plan/_agree.py)
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
@@ -691,6 +694,7 @@ class ResumableDataLoader:
             rank=rank,
             world_size=world_size,
             epoch=epoch,
+            rounds=self._rounds,
         )
         # Lightning counts the epoch's batches itself and ends the epoch by that count;
         # if it disagrees with the position, it silently cuts or overruns the epoch.
