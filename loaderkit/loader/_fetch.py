@@ -67,8 +67,15 @@ class Unbatched:
 
 def _one_item(getitems: Callable[[list[int]], Any], index: int) -> Any:
     """Sample ``index`` through a dataset's ``__getitems__`` (module-level: it pickles)."""
-    (sample,) = getitems([index])
-    return sample
+    samples = getitems([index])
+    if not isinstance(samples, list | tuple) or len(samples) != 1:
+        raise TypeError(
+            f"__getitems__([{index}]) returned {type(samples).__name__} "
+            f"{str(samples)[:60]!r}, not a list of one sample (torch's __getitems__ "
+            "contract), and per-sample seeding reads one index at a time; return a list of "
+            "samples, or pass per_sample_seeding=False to read whole batches unseeded."
+        )
+    return samples[0]
 
 
 def identity(batch: Any) -> Any:

@@ -2,12 +2,14 @@
 
 A sampler can be resumed exactly when its order is a function of ``(seed,
 epoch)``. loaderkit makes the common ones so: before each epoch it calls the
-sampler's ``set_epoch(epoch)`` when it has one, and gives a sampler with a
+sampler's ``set_epoch(epoch)`` when it has one, and lends a sampler with a
 ``generator`` attribute (``RandomSampler``, ``SubsetRandomSampler``,
-``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)``.
-The epoch's order is then listed once and dealt to ranks by the same
-schedule as a :class:`~loaderkit.SamplePlan`, so a position means the same on
-every rank and after a resume.
+``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)`` for
+the listing (where the user seeded that generator, epoch 0 is listed from its
+state: torch's epoch 0). The epoch's order is then listed once and dealt to
+ranks by the same schedule as a :class:`~loaderkit.SamplePlan` (a
+``DistributedSampler``'s strided, as it deals), so a position means the same
+on every rank and after a resume.
 
 Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
 refuses a sampler whose order differs (it draws from an unseeded source), and

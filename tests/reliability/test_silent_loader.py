@@ -341,3 +341,27 @@ def test_a_getitems_dataset_is_seeded_by_sample_not_by_its_batch(kind: str) -> N
     assert samples(3, num_workers=2) == by_4
     two_ranks = {**samples(2, rank=0, world_size=2), **samples(2, rank=1, world_size=2)}
     assert two_ranks == by_4
+
+
+class BatchedDict(Dataset[Any]):
+    """``__getitems__`` returning a collated dict: not torch's list-of-samples contract."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        return {"x": torch.tensor(indices)}
+
+
+def test_a_getitems_that_returns_no_list_is_refused_when_read_per_sample() -> None:
+    # Read one index at a time, such a dict would have been unpacked into its keys.
+    from loaderkit import WorkerError
+
+    loader = ResumableDataLoader(BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b)
+    with pytest.raises(WorkerError, match=r"__getitems__\(\[0\]\) returned dict .*not a list of "
+                       r"one sample.*per_sample_seeding=False"):  # fmt: skip
+        next(iter(loader))
+    unseeded = ResumableDataLoader(
+        BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=False
+    )
+    assert next(iter(unseeded))["x"].tolist() == [0, 1, 2, 3]
