@@ -15,9 +15,11 @@ same state goes through the slow public API, so the values never depend on
 the path). Measured on a 2-core x86 VM: ~0.8 us per sample and generator to
 derive the words, ~0.5 us to install a state.
 
-Each generator can also be *parked* in a fixed sentinel state and asked
-whether anything drew from it since (:meth:`GlobalRng.moved`): what lazy
-per-sample seeding builds on (:class:`loaderkit.seeding.SampleSeeder`).
+numpy's and Python's generators can also be *parked* in a fixed sentinel state
+and asked whether anything drew from it since (:meth:`GlobalRng.moved`): what
+lazy per-sample seeding builds on (:class:`loaderkit.seeding.SampleSeeder`).
+torch's is never parked: a sample can read its seed (``torch.initial_seed()``)
+without drawing, so it gets its keyed state for every sample.
 """
 
 from __future__ import annotations
@@ -188,15 +190,19 @@ class _TorchRng(GlobalRng):
         self._buf = torch.empty(_TORCH_BYTES, dtype=torch.uint8)
         self._buf_ptr = self._buf.data_ptr()
         self._batch = np.empty((0, _TORCH_BYTES), dtype=np.uint8)
-        sentinel = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64)).rows[0]
-        self._sentinel = torch.from_numpy(sentinel.copy())
-        self._sentinel_bytes = sentinel.tobytes()
-        probe.set_state(self._sentinel)  # torch validates the state: fail here, not mid-epoch
-        if probe.get_state().numpy().tobytes() != self._sentinel_bytes:
+        # torch validates the state: fail here, not mid-epoch.
+        probe_row = self.prepare(np.array([_SENTINEL_KEY], dtype=np.uint64)).rows[0]
+        probe.set_state(torch.from_numpy(probe_row.copy()))
+        if probe.get_state().numpy().tobytes() != probe_row.tobytes():
             raise LoaderkitError(
                 f"torch {torch.__version__} does not round-trip a CPU generator state; "
                 "per-sample seeding cannot set 64-bit states (pass per_sample_seeding=False)."
             )
+
+    @property
+    def lazy_ok(self) -> bool:
+        """False: a sample can read torch's seed without drawing, so it is never parked."""
+        return False
 
     def prepare(self, keys: np.ndarray, *, reuse: bool = False) -> Prepared:
         if reuse:
@@ -228,13 +234,6 @@ class _TorchRng(GlobalRng):
 
     def restore(self, saved: torch.Tensor) -> None:
         self.generator.set_state(saved)
-
-    def park(self) -> None:
-        self.generator.set_state(self._sentinel)
-
-    def moved(self) -> bool:
-        state = self.generator.get_state()
-        return ctypes.string_at(state.data_ptr(), _TORCH_BYTES) != self._sentinel_bytes
 
 
 def _check_torch_layout(state: np.ndarray) -> None:

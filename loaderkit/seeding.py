@@ -469,18 +469,20 @@ class SampleSeeder:
     once (the main process's own code, e.g. dropout, never sees the samples'
     draws). The batch's keys are derived at once (:func:`sample_keys`).
 
-    Lazy (the default of the loaders): a generator the dataset has not been
-    seen drawing from is not seeded per sample but *parked* in a fixed
-    sentinel state for the batch. If a parked generator moved by the end of
-    the batch, some sample drew from it: it is marked in use (seeded for every
-    sample from then on) and the batch is loaded again, which is exact since
-    a sample's output depends only on its index and its keyed states. So the
-    result is the one of seeding every generator for every sample, except for
-    a sample that draws from a global generator and restores its state before
-    returning (``torch.random.fork_rng``, ``get_state``/``set_state``) or reads
-    its seed (``torch.initial_seed()``) without drawing: that is not seen as
-    use, and the sample sees the sentinel state. ``lazy=False`` seeds all three
-    generators for every sample (``per_sample_seeding=True``).
+    Lazy (the default of the loaders): torch's generator is seeded for every
+    sample, since a sample can read its seed without drawing
+    (``torch.initial_seed()``, to seed a generator of its own). numpy's and
+    Python's, whose seeds cannot be read, are seeded only once the dataset is
+    seen drawing from them: until then each is *parked* in a fixed sentinel
+    state for the batch. If a parked generator moved by the end of the batch,
+    some sample drew from it: it is marked in use (seeded for every sample from
+    then on) and the batch is loaded again, which is exact since a sample's
+    output depends only on its index and its keyed states. So the result is the
+    one of seeding every generator for every sample, except for a sample that
+    draws from numpy's or Python's generator and restores its state before
+    returning (``get_state``/``set_state``): that is not seen as use, and the
+    sample sees the sentinel state. ``lazy=False`` seeds all three generators
+    for every sample (``per_sample_seeding=True``).
 
     Args:
         lazy: Seed only the generators seen in use (see above).
@@ -490,7 +492,8 @@ class SampleSeeder:
 
     def __init__(self, *, lazy: bool) -> None:
         self.lazy = lazy
-        # torch, numpy, random (global_rngs() order): seeded per sample when True.
+        # torch, numpy, random (global_rngs() order): seeded per sample when True (torch's
+        # always is: it cannot be parked, GlobalRng.lazy_ok).
         self.in_use = [not lazy] * 3
 
     def __getstate__(self) -> tuple[bool, list[bool]]:
@@ -533,10 +536,7 @@ class SampleSeeder:
                         rng.park()
                         parked.append(slot)
                 out.clear()
-                if not seeded:  # the common case: a plain loop in C, ~0.02 us per sample
-                    # extend keeps what was appended before a failing getitem (the contract)
-                    out.extend(map(getitem, indices))
-                elif len(seeded) == 1:  # one generator in use (torchvision: torch's)
+                if len(seeded) == 1:  # torch's alone: the common case
                     append = out.append
                     install, prepared = seeded[0]
                     for pos, index in enumerate(indices):

@@ -198,17 +198,16 @@ def check_torch_only_args(*, pin_memory_device: Any, in_order: Any) -> None:
 
 def from_distributed_sampler(
     sampler: Any, size: int, seed: int | None, rank: int | None, world_size: int | None
-) -> tuple[int, int, int, bool, bool]:
-    """A ``DistributedSampler``'s settings as the loader's own: it splits by itself.
+) -> tuple[int, int, int]:
+    """A ``DistributedSampler``'s seed and topology as the loader's own: it splits by itself.
 
     The loader deals one order across ranks already; running the sampler's own
-    split under it would split twice. So the sampler is read for its seed,
-    shuffle, drop_last and topology; for ``DistributedSampler`` itself the
-    loader's plan takes its place, and a subclass (its own ``__iter__``) is
-    listed whole through :func:`whole_order_sampler` and dealt by the loader.
+    split under it would split twice. So the sampler's whole order is listed
+    (:func:`whole_order_sampler`) and dealt by the loader as the sampler deals
+    it, under the sampler's seed, rank and world size.
 
     Returns:
-        ``(seed, rank, world_size, shuffle, drop_last)``.
+        ``(seed, rank, world_size)``.
 
     Raises:
         ValueError: an explicit argument contradicts the sampler, or the sampler
@@ -233,23 +232,27 @@ def from_distributed_sampler(
                 f"{owner}: {name}={given} differs from the DistributedSampler's {its}; leave "
                 f"{name} unset to take the sampler's."
             )
-    return sampler.seed, sampler.rank, sampler.num_replicas, sampler.shuffle, sampler.drop_last
+    return sampler.seed, sampler.rank, sampler.num_replicas
 
 
 def whole_order_sampler(sampler: Any) -> Any:
-    """A copy of a ``DistributedSampler`` subclass that lists every rank's indices.
+    """A copy of a ``DistributedSampler`` (or subclass) that lists every rank's indices.
 
-    A subclass's ``__iter__`` (Lightning's ``DistributedSamplerWrapper``, a
-    class-balanced sampler) yields only its rank's share; dealing that share
+    Its ``__iter__`` (also Lightning's ``DistributedSamplerWrapper``'s, a
+    class-balanced sampler's) yields only its rank's share; dealing that share
     across ranks again loses ``1 - 1/world_size`` of each epoch. The copy has
     ``num_replicas=1, rank=0`` (and the lengths ``DistributedSampler.__init__``
-    derives from them), so it lists the whole epoch's order, which the loader
-    deals to ranks once. The user's sampler is left as it is.
+    derives from them: the whole dataset, or with ``drop_last`` the
+    ``total_size`` the ranks share), so it lists the whole epoch's order, which
+    the loader deals to ranks once, as the sampler would (``strided``). The
+    user's sampler is left as it is.
     """
     whole = copy.copy(sampler)
     whole.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
     whole.num_replicas, whole.rank = 1, 0
-    whole.num_samples = whole.total_size = len(sampler.dataset)
+    whole.num_samples = whole.total_size = (
+        sampler.total_size if sampler.drop_last else len(sampler.dataset)
+    )
     return whole
 
 

@@ -6,6 +6,7 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from torch.utils.data import Dataset, default_collate, default_convert
 
 from loaderkit.errors import read_error_type
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import SampleSeeder, seeded_sample
+from loaderkit.seeding import SampleSeeder
 
 __all__ = [
     "BatchFetcher",
@@ -28,19 +29,22 @@ __all__ = [
 ]
 
 
-def batch_fetch_is_faithful(dataset: Any) -> bool:
-    """Whether ``dataset.get_batch(indices)`` returns what its ``__getitem__`` would.
+def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
+    """Whether ``dataset``'s batched read ``method`` returns what its ``__getitem__`` would.
 
-    A subclass of a ``get_batch`` dataset that overrides ``__getitem__`` or
-    ``__getitems__`` (to augment, say) must be read through them: ``get_batch``
-    would silently bypass the override.
+    A subclass that overrides ``__getitem__`` (to augment or mask, say) below
+    the class defining ``method`` must be read through it: the batched read
+    would silently bypass the override. For ``get_batch`` an override of
+    ``__getitems__`` counts too. A subclass that overrides ``method`` as well
+    keeps it: that is its own batched read.
     """
-    if not callable(getattr(dataset, "get_batch", None)):
+    if not callable(getattr(dataset, method, None)):
         return False
+    overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
     for cls in type(dataset).__mro__:
-        if "get_batch" in vars(cls):
-            return True  # reached the class that defines get_batch: no override before it
-        if "__getitem__" in vars(cls) or "__getitems__" in vars(cls):
+        if method in vars(cls):
+            return True  # reached the class that defines it: no override before it
+        if any(name in vars(cls) for name in overrides):
             return False
     return False
 
@@ -61,6 +65,19 @@ class Unbatched:
         return self.collate_fn(sample)
 
 
+def _one_item(getitems: Callable[[list[int]], Any], index: int) -> Any:
+    """Sample ``index`` through a dataset's ``__getitems__`` (module-level: it pickles)."""
+    samples = getitems([index])
+    if not isinstance(samples, list | tuple) or len(samples) != 1:
+        raise TypeError(
+            f"__getitems__([{index}]) returned {type(samples).__name__} "
+            f"{str(samples)[:60]!r}, not a list of one sample (torch's __getitems__ "
+            "contract), and per-sample seeding reads one index at a time; return a list of "
+            "samples, or pass per_sample_seeding=False to read whole batches unseeded."
+        )
+    return samples[0]
+
+
 def identity(batch: Any) -> Any:
     """Collate function of the inner DataLoader: batches arrive already collated."""
     return batch
@@ -73,14 +90,15 @@ class BatchFetcher:
     tensor and array datasets, which hold no randomness) returns a collated
     batch in one call, used when no ``collate_fn`` is given and per-sample
     seeding is off; a dataset with ``__getitems__`` gets the whole index list
-    at once; otherwise samples are read one by one. With ``per_sample_seeding``
-    each sample is read under global RNG states keyed by ``(seed, epoch,
-    index)`` (:class:`~loaderkit.seeding.SampleSeeder`: ``"auto"`` seeds only
-    the generators the dataset is seen drawing from, ``True`` all three); a
-    ``__getitems__`` call, which cannot be split, runs under the generators of
-    its batch's first sample (:func:`~loaderkit.seeding.seeded_sample`): still
-    independent of which worker reads it and the same after a resume under the
-    same world size.
+    at once; otherwise samples are read one by one. A batched read is used only
+    where it is faithful (:func:`batch_fetch_is_faithful`: no ``__getitem__``
+    override below it). With ``per_sample_seeding`` each sample is read under
+    global RNG states keyed by ``(seed, epoch, index)``
+    (:class:`~loaderkit.seeding.SampleSeeder`: ``"auto"`` seeds only the
+    generators the dataset is seen drawing from, ``True`` all three), so a
+    ``__getitems__`` dataset is then read one index at a time
+    (``__getitems__([i])``): a sample's randomness must not depend on its batch
+    mates, the batch size or the number of ranks.
     """
 
     def __init__(
@@ -100,7 +118,7 @@ class BatchFetcher:
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         if collate_fn is None and batch_fetch_is_faithful(dataset) and not self.per_sample_seeding:
             self.mode = "get_batch"
-        elif callable(getattr(dataset, "__getitems__", None)):
+        elif batch_fetch_is_faithful(dataset, "__getitems__"):
             self.mode = "getitems"
         else:
             self.mode = "single"
@@ -120,12 +138,8 @@ class BatchFetcher:
             return self._batched(self.dataset.get_batch, epoch, indices)
         index_list: list[int] = indices.tolist()
         keys = index_list if seed_keys is None else seed_keys.tolist()
-        if self.mode == "getitems":
-            if self.per_sample_seeding:
-                with seeded_sample(self.seed, epoch, keys[0]):
-                    samples = self._batched(self.dataset.__getitems__, epoch, index_list)
-            else:
-                samples = self._batched(self.dataset.__getitems__, epoch, index_list)
+        if self.mode == "getitems" and self.seeder is None:
+            samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         else:
             samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
@@ -134,7 +148,10 @@ class BatchFetcher:
         # One try around the loop, not one per sample: the failing index is the
         # one after the samples already loaded.
         samples: list[Any] = []
-        getitem = self.dataset.__getitem__
+        if self.mode == "getitems":  # seeded per sample: one index per call
+            getitem: Callable[[int], Any] = functools.partial(_one_item, self.dataset.__getitems__)
+        else:
+            getitem = self.dataset.__getitem__
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)
@@ -144,10 +161,11 @@ class BatchFetcher:
         except Exception as exc:
             index = index_list[len(samples)]
             kind = read_error_type(exc)
+            method = "__getitems__" if self.mode == "getitems" else "__getitem__"
             raise kind(
                 f"loading sample index {index} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
-                f"dataset's __getitem__ for index {index}.",
+                f"dataset's {method} for index {index}.",
                 index=index,
             ) from exc
 

@@ -44,7 +44,7 @@ from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers, stop_workers
-from loaderkit.plan._agree import agree_across_ranks, group_store, rank_check_timeout
+from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.transfer import pin_batch
 
@@ -161,6 +161,7 @@ class StreamEngine:
         # across ranks since construction or load), and the ranks of a loaded
         # state, which stay the state until the next epoch starts.
         self._ring: PeerRing | None = None
+        self._rounds = Rounds()  # this loader's comparisons; its channel names the ring
         self._round: int | None = None
         self._loaded_ranks: list[Any] | None = None
 
@@ -235,7 +236,12 @@ class StreamEngine:
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
         round_ = agree_across_ranks(
-            "ResumableDataLoader", fields, rank=rank, world_size=world_size, epoch=epoch
+            "ResumableDataLoader",
+            fields,
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+            rounds=self._rounds,
         )
         _, start, steps_done = self._position.begin(self)
         rotation = self.next_local
@@ -258,10 +264,11 @@ class StreamEngine:
             return
         flush_retired(store)
         if self._ring is None or self._ring.store is not store:
-            # Named by the first round: every rank shares it for this loader.
+            # Named by the loader's channel: every rank shares it for this loader.
+            assert self._rounds.channel is not None  # set by the comparison that gave round_
             self._ring = PeerRing(
                 store,
-                namespace=round_,
+                namespace=self._rounds.channel,
                 rank=rank,
                 world_size=world_size,
                 window=ring_window(),

@@ -39,9 +39,9 @@ costs microseconds, needs no thread, and a reader never waits on a peer
 that is blocked on it: every rank publishes a step before it can reach any
 collective that follows it.
 
-A ring's keys are named by the comparison round of the loader's first epoch
-(:func:`~loaderkit.plan._agree.agree_across_ranks`), which every rank shares
-for the same loader; each entry carries the round of its epoch start, the
+A ring's keys are named by the loader's comparison channel
+(:class:`~loaderkit.plan._agree.Rounds`), which every rank shares for the
+same loader; each entry carries the loader's round of its epoch start, the
 epoch and the step, so a stale entry of an earlier epoch is never taken for
 the one asked for. The state's format is unchanged (version 2: the same
 ``ranks`` list the gather built), so checkpoints saved before stay valid and

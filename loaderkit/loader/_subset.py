@@ -51,8 +51,9 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
 
 def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
     """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
-    batched = batch_fetch_is_faithful(dataset)  # else a subset would bypass an override
-    items = callable(getattr(dataset, "__getitems__", None))
+    # Else a subset would bypass an override of __getitem__.
+    batched = batch_fetch_is_faithful(dataset)
+    items = batch_fetch_is_faithful(dataset, "__getitems__")
     kind = {
         (False, False): _Subset,
         (True, False): _BatchedSubset,

@@ -70,9 +70,9 @@ from loaderkit.loader._planned import EpochIterator, Run
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool, stop_workers
-from loaderkit.plan._agree import agree_across_ranks
+from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
-from loaderkit.plan._sampler_plan import SamplerPlan
+from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
@@ -98,12 +98,10 @@ def draw_seed(generator: torch.Generator | None) -> int:
 def plain_sampler(sampler: Any, size: int) -> bool:
     """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
 
-    Exact types only: a subclass may override ``__iter__``. A ``SequentialSampler``
+    Exact type only: a subclass may override ``__iter__``. A ``SequentialSampler``
     over another source (``SequentialSampler(range(4))`` with a 16-sample
     dataset) yields its own length, as under ``DataLoader``.
     """
-    if type(sampler) is DistributedSampler:
-        return True
     return type(sampler) is SequentialSampler and len(sampler) == size
 
 
@@ -131,11 +129,13 @@ class ResumableDataLoader:
             default: ``default_convert``).
         shuffle: Shuffle per ``(seed, epoch)``.
         sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
-            with a ``generator`` (given one seeded per epoch), one with
-            ``set_epoch``, a ``DistributedSampler`` (its settings become the
-            plan's; a subclass is listed whole and dealt once); one that lists a
-            different order twice is refused. It stays ``loader.sampler`` (same
-            object and class); its ``set_epoch(e)`` also sets the loader's epoch.
+            with a ``generator`` (given one seeded per epoch; with ``seed=None``, a
+            ``torch.Generator`` of the user's decides: epoch 0 is torch's, later
+            epochs follow its seed), one with ``set_epoch``, a
+            ``DistributedSampler`` or subclass (listed whole and dealt as it deals:
+            each rank yields torch's indices for it); one that lists a different
+            order twice is refused. It stays ``loader.sampler`` (same object and
+            class); its ``set_epoch(e)`` also sets the loader's epoch.
         batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`); its plan replaces
             ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
@@ -179,9 +179,11 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
             seeded from ``(seed, e, i)``, so random augmentation is the same
             for any ``num_workers`` and after a resume. ``"auto"``: on unless
-            the dataset fetches whole batches, seeding only the generators the
-            dataset is seen drawing from (:class:`~loaderkit.seeding.SampleSeeder`);
-            ``True``: all three for every sample.
+            the dataset fetches whole batches (``get_batch``), seeding torch's
+            generator and those the dataset is seen drawing from
+            (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
+            every sample. Either way a ``__getitems__`` dataset is then read one
+            index at a time.
 
     Example:
         >>> import torch
@@ -245,10 +247,13 @@ class ResumableDataLoader:
         # check_sources refused None with a batch_sampler; otherwise None became 1 above.
         batch_size = 1 if batch_size is None else batch_size
         if isinstance(sampler, DistributedSampler):
-            seed, rank, world_size, shuffle, sampler_drop = from_distributed_sampler(
-                sampler, size, seed, rank, world_size
-            )
-            drop_last = drop_last or sampler_drop
+            seed, rank, world_size = from_distributed_sampler(sampler, size, seed, rank, world_size)
+        # A seed the user gave the sampler's own generator decides, as under DataLoader.
+        user_generator = None
+        if seed is None and sampler is not None and not plain_sampler(sampler, size):
+            user_generator = generator_seed(sampler)
+            if user_generator is not None:
+                seed = user_generator[0]
         self._seed_explicit = seed is not None
         plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
         if plan_seed is not None and seed is not None and seed != plan_seed:
@@ -296,18 +301,18 @@ class ResumableDataLoader:
             world_size = batch_sampler.world_size if world_size is None else world_size
         elif sampler is not None and not plain_sampler(sampler, size):
             # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks.
-            # A DistributedSampler subclass lists its whole order here (its own __iter__
-            # yields one rank's share); rank and world size came from it above.
+            # A DistributedSampler lists its whole order here (its own __iter__ yields
+            # one rank's share) and is dealt as it deals; rank and world size came
+            # from it above.
+            distributed = isinstance(sampler, DistributedSampler)
             self.plan = SamplerPlan(
-                sampler=(
-                    whole_order_sampler(sampler)
-                    if isinstance(sampler, DistributedSampler)
-                    else sampler
-                ),
+                sampler=whole_order_sampler(sampler) if distributed else sampler,
+                strided=distributed,
                 dataset_size=size,
                 batch_size=check_int("batch_size", batch_size, 1, owner="ResumableDataLoader"),
                 seed=self.seed,
                 drop_last=drop_last,
+                first_state=None if user_generator is None else user_generator[1],
             )
         else:
             check_int(
@@ -439,6 +444,7 @@ class ResumableDataLoader:
         self._ticks = itertools.count(1)
         self._waited = 0.0
         self._topology_cache: tuple[int, int] | None = None
+        self._rounds = Rounds()  # this loader's comparisons across ranks (plan/_agree.py)
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self._len_watch = _LenWatch()
@@ -700,6 +706,7 @@ class ResumableDataLoader:
             rank=rank,
             world_size=world_size,
             epoch=epoch,
+            rounds=self._rounds,
         )
         # Lightning counts the epoch's batches itself and ends the epoch by that count;
         # if it disagrees with the position, it silently cuts or overruns the epoch.

@@ -15,11 +15,17 @@ done in ``state_dict()`` (which must stay free of collectives).
 
 The exchange goes through the process group's key-value store, with a
 timeout, rather than a collective: it never waits on a GPU stream and cannot
-hang forever. Assumption (which Lightning's loops meet, and which DDP needs
-anyway for ranks to step together): every rank iterates the same loaders'
-epochs in the same order. A rank that starts an epoch the others never start
-waits ``LOADERKIT_RANK_CHECK_TIMEOUT`` seconds (default 300), then raises an
-error saying so instead of hanging.
+hang forever. Rounds are counted per loader (:class:`Rounds`): a loader's
+``n``-th epoch start on one rank is compared with the same loader's ``n``-th
+on the others, whatever other loaders did in between (a process-wide count
+paired a rank-0-only ``next(iter(val_loader))`` with the other rank's next
+train epoch, failing both). A loader is named across ranks by the order in
+which loaders first compare (a process-wide count that only first rounds
+advance). Assumption (which Lightning's loops meet, and which DDP needs
+anyway for ranks to step together): every rank iterates each loader's epochs,
+and loaders start their first epochs in the same order. A rank that starts an
+epoch the others never start waits ``LOADERKIT_RANK_CHECK_TIMEOUT`` seconds
+(default 1800), then raises an error saying so instead of hanging.
 """
 
 from __future__ import annotations
@@ -36,13 +42,13 @@ from torch.distributed.constants import default_pg_timeout
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
 
-__all__ = ["agree_across_ranks", "group_store", "rank_check_timeout"]
+__all__ = ["Rounds", "agree_across_ranks", "group_store", "rank_check_timeout"]
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
 # torch's own default for a process group's collectives (30 min): ranks that would
 # simply wait in the next collective without this check wait as long here.
 _DEFAULT_TIMEOUT_S = default_pg_timeout.total_seconds()
-_round = 0  # comparisons this process made: the n-th of every rank pair up
+_channels = 0  # loaders this process compared: the n-th of every rank pair up
 
 _FIXES = {
     "seed": "pass the same seed= on every rank (e.g. seed=0), or leave seed=None, which "
@@ -81,6 +87,19 @@ def rank_check_timeout() -> float:
     return value if value > 0 else _DEFAULT_TIMEOUT_S
 
 
+class Rounds:
+    """One loader's comparison rounds: its channel (the same on every rank) and count.
+
+    ``channel`` is None until the loader's first comparison succeeds.
+    """
+
+    __slots__ = ("channel", "count")
+
+    def __init__(self) -> None:
+        self.channel: int | None = None
+        self.count = 0
+
+
 def _group_matches(rank: int, world_size: int) -> bool:
     if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
         return False
@@ -108,16 +127,22 @@ def group_store(rank: int, world_size: int) -> dist.Store | None:
         return None
 
 
-def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> list[str]:
-    """Every rank's fingerprint (as JSON text), in rank order."""
-    global _round
-    _round += 1
+def _exchange(
+    mine: str, rank: int, world_size: int, owner: str, epoch: int, rounds: Rounds
+) -> list[str]:
+    """Every rank's fingerprint (as JSON text), in rank order; advances ``rounds``."""
+    global _channels
+    first = rounds.channel is None
+    channel = _channels + 1 if rounds.channel is None else rounds.channel
+    count = rounds.count + 1
     store = group_store(rank, world_size)
     if store is None:  # no store to use: a collective (no timeout of our own)
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, mine)
+        _channels += first
+        rounds.channel, rounds.count = channel, count
         return [str(g) for g in gathered]
-    key = f"loaderkit/agree/{_round}"
+    key = f"loaderkit/agree/{channel}/{count}"
     keys = [f"{key}/{r}" for r in range(world_size)]
     store.set(keys[rank], mine)
     timeout = rank_check_timeout()
@@ -125,37 +150,45 @@ def _exchange(mine: str, rank: int, world_size: int, owner: str, epoch: int) -> 
         store.wait(keys, timedelta(seconds=timeout))
     except Exception as exc:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        # Take this round back: the ranks that never came are still one round behind,
-        # and the next comparison must pair the same loaders' epochs again.
-        _round -= 1
+        # This round is not taken: the ranks that never came still pair this loader's
+        # next epoch start (and, on a first round, the next loader) with this one's.
         with contextlib.suppress(Exception):
             store.delete_key(keys[rank])
         raise LoaderkitError(
             f"{owner}: rank {rank} started epoch {epoch} and waited {timeout:.0f} s for ranks "
             f"{missing} to start it too ({type(exc).__name__}: {exc}). loaderkit compares the "
-            "plan across ranks when an epoch starts and assumes every rank iterates the same "
-            "loaders' epochs in the same order (Lightning does; DDP needs it for ranks to "
-            "step together). Iterate this loader on every rank; or, for a loader meant for "
-            "this rank alone, build it with rank=0, world_size=1; or raise "
-            f"{_ENV_TIMEOUT} if ranks are that far apart."
+            "plan across ranks when an epoch starts and assumes every rank iterates each "
+            "loader's epochs (Lightning does; DDP needs it for ranks to step together). "
+            "Iterate this loader on every rank; or, for a loader meant for this rank alone, "
+            f"build it with rank=0, world_size=1; or raise {_ENV_TIMEOUT} if ranks are that "
+            "far apart."
         ) from exc
+    _channels += first
+    rounds.channel, rounds.count = channel, count
     multi_get = getattr(store, "multi_get", None)
     raw = multi_get(keys) if callable(multi_get) else [store.get(k) for k in keys]
-    if _round > 1:  # every rank set this round, so all have read the previous one
+    if count > 1:  # every rank set this round, so all have read the previous one
         # Stores without delete keep a few bytes per epoch.
         with contextlib.suppress(Exception):
-            store.delete_key(f"loaderkit/agree/{_round - 1}/{rank}")
+            store.delete_key(f"loaderkit/agree/{channel}/{count - 1}/{rank}")
     return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
 
 
 def agree_across_ranks(
-    owner: str, fields: Mapping[str, Any], *, rank: int, world_size: int, epoch: int
+    owner: str,
+    fields: Mapping[str, Any],
+    *,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    rounds: Rounds,
 ) -> int | None:
     """Raise on every rank if the ranks' ``fields`` differ (no-op outside a process group).
 
-    Returns the number of this comparison round, which every rank shares for
-    the same loader's same epoch start (a stream's peer cursors are keyed by
-    it, ``loader/_stream_ring.py``), or None where nothing was compared.
+    Returns the number of this comparison round of the loader, which every
+    rank shares for the same loader's same epoch start (a stream's peer
+    cursors are keyed by it and ``rounds.channel``, ``loader/_stream_ring.py``),
+    or None where nothing was compared.
 
     Args:
         owner: Names the loader or sampler in messages.
@@ -163,6 +196,7 @@ def agree_across_ranks(
         rank: This process's rank as the loader sees it.
         world_size: The number of ranks as the loader sees it.
         epoch: The epoch that starts (for messages).
+        rounds: The loader's own rounds (one :class:`Rounds` per loader or sampler).
 
     Raises:
         StateMismatchError: some field differs between ranks (on every rank).
@@ -171,7 +205,8 @@ def agree_across_ranks(
     if not _group_matches(rank, world_size):
         return None
     mine = json.dumps(dict(fields), sort_keys=True, default=repr)
-    everyone = [json.loads(text) for text in _exchange(mine, rank, world_size, owner, epoch)]
+    exchanged = _exchange(mine, rank, world_size, owner, epoch, rounds)
+    everyone = [json.loads(text) for text in exchanged]
     names = sorted({k for fp in everyone for k in fp})
     for name in names:
         values = [fp.get(name) for fp in everyone]
@@ -191,4 +226,4 @@ def agree_across_ranks(
             "different plan, silently losing and repeating samples (or stepping different "
             f"numbers of times and hanging DDP); {fix}."
         )
-    return _round
+    return rounds.count

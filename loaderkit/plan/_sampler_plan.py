@@ -2,12 +2,14 @@
 
 A sampler can be resumed exactly when its order is a function of ``(seed,
 epoch)``. loaderkit makes the common ones so: before each epoch it calls the
-sampler's ``set_epoch(epoch)`` when it has one, and gives a sampler with a
+sampler's ``set_epoch(epoch)`` when it has one, and lends a sampler with a
 ``generator`` attribute (``RandomSampler``, ``SubsetRandomSampler``,
-``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)``.
-The epoch's order is then listed once and dealt to ranks by the same
-schedule as a :class:`~loaderkit.SamplePlan`, so a position means the same on
-every rank and after a resume.
+``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)`` for
+the listing (where the user seeded that generator, epoch 0 is listed from its
+state: torch's epoch 0). The epoch's order is then listed once and dealt to
+ranks by the same schedule as a :class:`~loaderkit.SamplePlan` (a
+``DistributedSampler``'s strided, as it deals), so a position means the same
+on every rank and after a resume.
 
 Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
 refuses a sampler whose order differs (it draws from an unseeded source), and
@@ -17,6 +19,7 @@ another sampler (other weights, another subset) is a StateMismatchError.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,14 +32,27 @@ from loaderkit._tags import SeedTag
 from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
 from loaderkit.seeding import derive_seed
 
-__all__ = ["UNHOOKED", "SamplerPlan", "check_reproducible", "sampler_order"]
+__all__ = [
+    "UNHOOKED",
+    "SamplerPlan",
+    "check_reproducible",
+    "generator_seed",
+    "sampler_order",
+]
 
 # The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
 UNHOOKED = "_loaderkit_unhooked"
 
 
-def sampler_order(sampler: Any, seed: int, epoch: int) -> torch.Tensor:
-    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``."""
+def sampler_order(
+    sampler: Any, seed: int, epoch: int, first_state: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``.
+
+    A ``generator`` slot is lent a generator for the listing (epoch 0 in
+    ``first_state`` when given: the user's own generator's state) and then
+    given back, so the user's generator is neither replaced nor advanced.
+    """
     set_epoch = getattr(sampler, "set_epoch", None)
     # The loader hooks the set_epoch of the sampler it exposes (so a caller's
     # sampler.set_epoch(e) drives it); listing an order must not move the loader.
@@ -46,12 +62,44 @@ def sampler_order(sampler: Any, seed: int, epoch: int) -> torch.Tensor:
     # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
     # Any other generator (numpy's, say) is the sampler's business; if it makes the
     # order differ between listings, check_reproducible refuses the sampler by name.
-    if hasattr(sampler, "generator") and (
-        sampler.generator is None or isinstance(sampler.generator, torch.Generator)
-    ):
-        gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
-        sampler.generator = gen
+    own = getattr(sampler, "generator", _ABSENT)
+    if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
+        return _listed(sampler)
+    keyed = torch.Generator()
+    if epoch == 0 and first_state is not None:
+        keyed.set_state(first_state)
+    else:
+        keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
+    sampler.generator = keyed
+    try:
+        return _listed(sampler)
+    finally:
+        sampler.generator = own
+
+
+_ABSENT = object()
+
+
+def _listed(sampler: Any) -> torch.Tensor:
     return torch.as_tensor(np.fromiter((int(i) for i in sampler), dtype=np.int64))
+
+
+def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
+    """The seed and state of the CPU ``torch.Generator`` a user gave ``sampler``, else None.
+
+    The seed is the generator's ``initial_seed()`` while it is in the state
+    ``manual_seed`` left it in, else (drawn from since) a digest of its state:
+    either way a function of what the user fixed.
+    """
+    generator = getattr(sampler, "generator", None)
+    if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+        return None
+    state = generator.get_state()
+    seed = generator.initial_seed()
+    if not torch.equal(torch.Generator().manual_seed(seed).get_state(), state):
+        digest = hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest()
+        seed = int.from_bytes(digest, "little") >> 1
+    return seed, state
 
 
 # The order listed for the fingerprint's checksum is keyed to this seed, not the
@@ -101,6 +149,11 @@ class SamplerPlan:
         batch_size: Samples per batch on each rank.
         seed: Keys the sampler's epoch (its generator, when it has one).
         drop_last: As in :class:`~loaderkit.SamplePlan`.
+        first_state: The state of the user's own generator (:func:`generator_seed`):
+            epoch 0 is listed from it, as torch lists it; later epochs from ``seed``.
+        strided: Deal as a ``DistributedSampler`` (``sampler`` lists its whole
+            order): rank ``r`` takes every ``world_size``-th entry, the tail
+            padded by wrapping, so each rank yields torch's indices for it.
     """
 
     sampler: Any
@@ -108,6 +161,8 @@ class SamplerPlan:
     batch_size: int
     seed: int
     drop_last: bool = False
+    first_state: torch.Tensor | None = field(default=None, repr=False)
+    strided: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
     _cache: dict[int, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -157,7 +212,7 @@ class SamplerPlan:
         cached = self._cache.get(epoch)
         if cached is not None:
             return cached
-        order = sampler_order(self.sampler, self.seed, epoch)
+        order = sampler_order(self.sampler, self.seed, epoch, self.first_state)
         if order.numel() != self.num_samples:
             raise ValueError(
                 f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "
@@ -201,4 +256,6 @@ class SamplerPlan:
             # A repeated index is seeded per draw (occurrence_keys); states saved when
             # every draw of an index shared one seed lack this and are refused by name.
             "repeat_seeding": "per_draw",
+            # Only where set: the states of every other sampler stay as they were.
+            **({"split": "strided"} if self.strided else {}),
         }

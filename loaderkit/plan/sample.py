@@ -258,7 +258,21 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
             "a position past the end of the epoch means the epoch is complete."
         )
     full, tail = divmod(plan.num_samples - start, world_size * plan.batch_size)
-    return full + (1 if tail and not plan.drop_last else 0)
+    return full + (1 if tail_batch(plan, tail, world_size) else 0)
+
+
+def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
+    """Each rank's last batch for a ``tail`` that does not fill a global step (0: none).
+
+    ``ceil(tail / world_size)`` entries, unless ``drop_last`` drops it: always
+    where ranks take contiguous blocks, and where a plan deals as a
+    ``DistributedSampler`` (``strided``), as ``DataLoader(drop_last=True)`` does
+    over one: only when that batch is short.
+    """
+    size = -(-tail // world_size)
+    if plan.drop_last and not (getattr(plan, "strided", False) and size == plan.batch_size):
+        return 0
+    return size
 
 
 @functools.cache
@@ -299,6 +313,13 @@ class _FixedSchedule:
     sampler plans build one) or a :class:`PositionMap` (:class:`SamplePlan`);
     of a map, only the positions this rank deals are evaluated,
     :data:`CHUNK` at a time, so memory stays constant in the dataset size.
+
+    A plan with ``strided`` set (a ``DistributedSampler``'s, materialized) is
+    dealt as that sampler deals: in each global step rank ``r`` takes every
+    ``world_size``-th entry from the step's ``r``-th, so from an epoch's start
+    rank ``r`` yields entries ``r, r + world_size, ...`` (padded by wrapping
+    to the start of the order), in batches; a global step still consumes a
+    prefix of the order, so a position means the same on every rank.
     """
 
     __slots__ = (
@@ -312,6 +333,7 @@ class _FixedSchedule:
         "_np_order",
         "_rank",
         "_rows",
+        "_stride",
         "_tail",
         "_tail_batch",
         "epoch",
@@ -345,9 +367,12 @@ class _FixedSchedule:
         self._rows = max(1, CHUNK // plan.batch_size)
         self._chunk: np.ndarray | None = None
         self._chunk_lo = 0
+        self._stride = ws if getattr(plan, "strided", False) else 0
+        if self._stride and self._np_order is None:
+            raise TypeError("a strided plan deals a materialized order (a tensor)")
         remaining = self._n - start
         self._full, tail = divmod(remaining, self._global)
-        self._tail_batch = 0 if plan.drop_last or tail == 0 else -(-tail // ws)
+        self._tail_batch = tail_batch(plan, tail, ws)
         self._tail = self._tail_indices(ws) if self._tail_batch else None
         self.num_steps = self._full + (1 if self._tail_batch else 0)
 
@@ -359,10 +384,14 @@ class _FixedSchedule:
 
     def _tail_indices(self, ws: int) -> np.ndarray:
         base = self.start + self._full * self._global
-        lo = self._rank * self._tail_batch
+        if self._stride:
+            positions = base + self._rank + ws * np.arange(self._tail_batch, dtype=np.int64)
+        else:
+            lo = base + self._rank * self._tail_batch
+            positions = np.arange(lo, lo + self._tail_batch, dtype=np.int64)
         # Wrap around to the start of the order for the missing entries; modulo
         # because a tiny dataset may need to wrap more than once.
-        wrapped = np.arange(base + lo, base + lo + self._tail_batch, dtype=np.int64) % self._n
+        wrapped = positions % self._n
         return self._at(wrapped)
 
     def indices(self, step: int) -> torch.Tensor:
@@ -379,6 +408,10 @@ class _FixedSchedule:
         """
         if 0 <= step < self._full:
             if self._np_order is not None:
+                if self._stride:
+                    lo = self.start + step * self._global + self._rank
+                    rows = self._np_order[lo : lo + self._global : self._stride]
+                    return np.ascontiguousarray(rows)
                 lo = self.start + step * self._global + self._rank * self._batch
                 return self._np_order[lo : lo + self._batch]
             chunk = self._chunk

@@ -28,7 +28,7 @@ from loaderkit._callers import under_lightning_loop
 from loaderkit._checks import check_int
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
-from loaderkit.plan._agree import agree_across_ranks
+from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
 from loaderkit.plan.bucket import BucketPlan, Oversize
@@ -68,6 +68,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self._cursor = PlanCursor()
         self._len_watch = _LenWatch()
+        self._rounds = Rounds()
 
     @property
     def epoch(self) -> int:
@@ -106,7 +107,12 @@ class PlanBatchSampler(Sampler[list[int]]):
         fields = {**self.plan.fingerprint(), "world_size": world_size}
         fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
         agree_across_ranks(
-            type(self).__name__, fields, rank=rank, world_size=world_size, epoch=epoch
+            type(self).__name__,
+            fields,
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+            rounds=self._rounds,
         )
         epoch, start, _ = cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from loaderkit import (
     IterableReader,
@@ -27,7 +25,7 @@ from loaderkit import (
     SamplePlan,
     StreamingShardedDataset,
 )
-from tests.support.helpers import mark_phase
+from tests.support.helpers import mark_phase, spawn_gloo_ranks
 
 SIZE, BATCH = 290, 5
 
@@ -117,11 +115,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
 
 
 def main() -> None:
-    out = sys.argv[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(run, args=(2, port, out), nprocs=2, start_method="spawn")
+    spawn_gloo_ranks(run, sys.argv[1])
 
 
 if __name__ == "__main__":

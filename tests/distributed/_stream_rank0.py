@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -25,10 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
-from tests.support.helpers import mark_phase
+from tests.support.helpers import mark_phase, spawn_gloo_ranks
 
 SIZES = (13, 0, 21, 6, 17, 9, 30, 4)
 BATCH, STEPS, SEED = 3, 4, 11
@@ -104,11 +102,7 @@ def run(rank: int, world: int, port: int, out: str) -> None:
 
 
 def main() -> None:
-    out = sys.argv[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(run, args=(2, port, out), nprocs=2, start_method="spawn")
+    spawn_gloo_ranks(run, sys.argv[1])
 
 
 if __name__ == "__main__":

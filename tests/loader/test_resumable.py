@@ -358,13 +358,24 @@ class _ItemsSpy(_Rows):
         return [self.data[i] for i in indices]
 
 
-@pytest.mark.parametrize(("spy", "method"), [(_BatchSpy, "get_batch"), (_ItemsSpy, "__getitems__")])
-def test_batched_fetch_paths_are_used_and_match_per_sample(spy: type, method: str) -> None:
+@pytest.mark.parametrize(
+    ("spy", "method", "seeding", "calls"),
+    [
+        (_BatchSpy, "get_batch", "auto", 2 * STEPS),
+        (_ItemsSpy, "__getitems__", False, 2 * STEPS),
+        # Seeded per sample: one index per call, so no sample's randomness depends on its
+        # batch mates (a whole-batch call was seeded from the batch's first sample).
+        (_ItemsSpy, "__getitems__", "auto", 2 * N),
+    ],
+)
+def test_batched_fetch_paths_are_used_and_match_per_sample(
+    spy: type, method: str, seeding: Any, calls: int
+) -> None:
     reference = [b for _ in range(2) for b in make(dataset=_Rows())]
     dataset = spy()
-    got = [b for _ in range(2) for b in make(dataset=dataset)]
+    got = [b for _ in range(2) for b in make(dataset=dataset, per_sample_seeding=seeding)]
     assert_same_batches(got, reference)
-    assert dataset.calls == Counter({method: 2 * STEPS})
+    assert dataset.calls == Counter({method: calls})
 
 
 def test_loaderkit_tensor_dataset_matches_torch_tensor_dataset() -> None:

@@ -39,6 +39,7 @@ from loaderkit.loader._stream_ring import (
     flush_retired,
     ring_window,
 )
+from loaderkit.plan._agree import Rounds
 
 SEED, BATCH, STEPS = 3, 2, 5
 ENTRY = {"cursors": [[0, 1, [[0, 2]], 0, 0]], "next": 0}
@@ -161,8 +162,13 @@ class Group:
         self.store = dist.HashStore() if store else None
         self.rounds = [0, 0]
 
-        def agree(owner: str, fields: Any, *, rank: int, world_size: int, epoch: int) -> int:
+        def agree(
+            owner: str, fields: Any, *, rank: int, world_size: int, epoch: int, rounds: Rounds
+        ) -> int:
             self.rounds[rank] += 1  # the n-th epoch start of each rank pairs up
+            if rounds.channel is None:  # a loader is named by its first round, on both ranks
+                rounds.channel = self.rounds[rank]
+            rounds.count = self.rounds[rank]
             return self.rounds[rank]
 
         monkeypatch.setattr(engine_module, "agree_across_ranks", agree)

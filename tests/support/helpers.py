@@ -354,6 +354,19 @@ def assert_epochs_exactly_once(ids_per_epoch: dict[int, list[int]], size: int, e
 PHASE_MARK = "[loaderkit-test phase]"
 
 
+def spawn_gloo_ranks(run: Any, out: str, world_size: int = 2) -> None:
+    """Start ``run(rank, world_size, port, out)`` in ``world_size`` spawned processes,
+    with a free localhost port for the process group's rendezvous."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(run, args=(world_size, port, out), nprocs=world_size, start_method="spawn")
+
+
 def mark_phase(name: str) -> None:
     """Print a phase marker: a script that hangs is reported with the last one it reached."""
     print(f"{PHASE_MARK} {name}", flush=True)

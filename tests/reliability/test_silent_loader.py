@@ -1,0 +1,367 @@
+"""Silent edges of the loader: the data the user asked for, or what torch gives, never other data.
+
+Each test is a case measured on 84cc6ec returning other data than the user
+asked for, with no error (issue 21): a subclass's ``__getitem__`` bypassed by a
+batched fast path, a sampler's seeded generator overridden, a
+``DistributedSampler`` split differently from torch, per-sample seeds hidden
+from ``torch.initial_seed()``, and ``__getitems__`` datasets seeded per batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    Subset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    random_split,
+)
+
+from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit.loader._subset import index_subset
+from tests.support.loops import check_resume_oracle
+
+
+def ids_of(loader: Any) -> list[list[int]]:
+    return [[int(i) for i in batch] for batch in loader]
+
+
+# ------------------------------------------ 1. a subclass's __getitem__ is never bypassed
+class Masked(ShardedDataset):
+    """MLM-style masking in ``__getitem__``: the first token of every sample becomes -1."""
+
+    def __getitem__(self, index: int) -> Any:
+        sample = super().__getitem__(index).clone()
+        sample[0] = -1
+        return sample
+
+
+class MaskedInBatches(Masked):
+    """Overrides the batched method too: that one is the dataset's batched read."""
+
+    def __getitems__(self, indices: Any) -> list[Any]:
+        return [self[i] - 1000 for i in indices]
+
+
+def _tokens(tmp_path: Path, cls: type[ShardedDataset]) -> ShardedDataset:
+    reader = TokenReader(seq_len=4)
+    paths = write_shards(tmp_path, [np.arange(40), np.arange(100, 148)], reader, progress=False)
+    return cls(paths, reader)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("collate", [None, torch.stack])
+def test_a_sharded_subclass_getitem_is_called_not_the_base_batched_read(
+    tmp_path: Path, num_workers: int, collate: Any
+) -> None:
+    # Read through ShardedDataset.__getitems__: every batch came back unmasked.
+    ds = _tokens(tmp_path, Masked)
+    loader = ResumableDataLoader(
+        ds, batch_size=4, shuffle=True, seed=0, num_workers=num_workers, collate_fn=collate
+    )
+    batches = list(loader)
+    assert sum(len(b) for b in batches) == len(ds) == 22
+    assert all((b[:, 0] == -1).all() for b in batches), batches[0]
+    assert all((b[:, 1:] >= 0).all() for b in batches)
+    # A subclass that overrides the batched read as well is read through it.
+    both = ResumableDataLoader(
+        _tokens(tmp_path / "both", MaskedInBatches), batch_size=4, seed=0, num_workers=num_workers
+    )
+    assert all((b[:, 0] == -1001).all() for b in both)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subset_of_such_a_subclass_calls_its_getitem_too(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # A DataModule's validation split (index_subset) forwarded to the base __getitems__.
+    subset = index_subset(_tokens(tmp_path, Masked), np.arange(3, 13))
+    loader = ResumableDataLoader(subset, batch_size=4, seed=0, num_workers=num_workers)
+    batches = list(loader)
+    assert sum(len(b) for b in batches) == 10
+    assert all((b[:, 0] == -1).all() for b in batches)
+
+
+# ------------------------------ 2. a sampler's seeded generator decides the order (seed=None)
+def _samplers(data: list[int]) -> dict[str, Any]:
+    def gen() -> torch.Generator:
+        return torch.Generator().manual_seed(1)
+
+    weights = torch.linspace(0.1, 1.0, len(data))
+    return {
+        "random": lambda: RandomSampler(data, generator=gen()),
+        "subset": lambda: SubsetRandomSampler(list(range(0, len(data), 2)), generator=gen()),
+        "weighted": lambda: WeightedRandomSampler(weights, num_samples=30, generator=gen()),
+    }
+
+
+class Noisy(Dataset[tuple[int, float]]):
+    """Sample ``i`` with a draw from torch's global generator (random augmentation)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[int, float]:
+        return index, float(torch.rand(()))
+
+
+@pytest.mark.parametrize("kind", ["random", "subset", "weighted"])
+def test_a_user_seeded_sampler_generator_decides_the_order(kind: str) -> None:
+    # Each loader drew its own seed and reseeded the sampler: two fresh loaders differed
+    # from each other and from torch's order for the same sampler.
+    data = list(range(40))
+    make = _samplers(data)[kind]
+    torch_epoch0 = ids_of(DataLoader(data, batch_size=4, sampler=make()))
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(len(runs))  # the global generator must not matter
+        loader = ResumableDataLoader(data, batch_size=4, sampler=make())
+        runs.append([ids_of(loader), ids_of(loader), ids_of(loader)])
+    assert runs[0] == runs[1]
+    assert runs[0][0] == torch_epoch0
+    assert runs[0][1] != runs[0][0] and runs[0][2] != runs[0][1]
+    assert ResumableDataLoader(data, batch_size=4, sampler=make()).seed == 1
+
+
+@pytest.mark.parametrize("kind", ["random", "subset", "weighted"])
+def test_another_sampler_seed_gives_another_order(kind: str) -> None:
+    data = list(range(40))
+    sampler = _samplers(data)[kind]()
+    sampler.generator.manual_seed(2)
+    torch_epoch0 = ids_of(DataLoader(data, batch_size=4, sampler=_reseeded(sampler, 2)))
+    loader = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    first = ids_of(loader)
+    assert first == torch_epoch0
+    assert first != ids_of(ResumableDataLoader(data, batch_size=4, sampler=_samplers(data)[kind]()))
+
+
+def test_a_generator_drawn_from_before_gives_torchs_epoch_0_and_stays_the_users() -> None:
+    data = list(range(40))
+    gen = torch.Generator().manual_seed(1)
+    torch.rand(3, generator=gen)  # the user's script drew from it first
+    twin = torch.Generator()
+    twin.set_state(gen.get_state())
+    reference = RandomSampler(data, generator=twin)
+    torch_epoch0 = ids_of(DataLoader(data, batch_size=4, sampler=reference))
+    sampler = RandomSampler(data, generator=gen)
+    loader = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+    assert ids_of(loader) == torch_epoch0
+    assert loader.seed != 1  # not the fresh manual_seed(1) state: its own seed
+    assert sampler.generator is gen  # lent a generator per listing, then given back
+
+
+def test_a_resume_with_another_sampler_seed_is_refused_by_name() -> None:
+    from loaderkit import StateMismatchError
+
+    data = list(range(40))
+
+    def make(seed: int) -> ResumableDataLoader:
+        gen = torch.Generator().manual_seed(seed)
+        return ResumableDataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+
+    cut = make(1)
+    next(iter(cut))
+    with pytest.raises(StateMismatchError, match=r"field 'seed' differs: the state was saved with"):
+        make(2).load_state_dict(cut.state_dict())
+
+
+def _reseeded(sampler: Any, seed: int) -> Any:
+    import copy
+
+    twin = copy.copy(sampler)
+    twin.generator = torch.Generator().manual_seed(seed)
+    return twin
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["random", "weighted"])
+def test_a_user_seeded_sampler_resumes_exactly(kind: str, num_workers: int) -> None:
+    size = 40
+
+    fresh = iter(range(100, 10**6))
+
+    def make(nw: int) -> ResumableDataLoader:
+        torch.manual_seed(next(fresh))  # each run a new process: the global RNG must not matter
+        sampler = _samplers(list(range(size)))[kind]()
+        return ResumableDataLoader(Noisy(size), batch_size=4, sampler=sampler, num_workers=nw)
+
+    def ids(batch: Any) -> list[Any]:
+        return [(int(i), round(float(x), 6)) for i, x in zip(*batch, strict=True)]  # type: ignore[misc]
+
+    full = check_resume_oracle(make, ids, cuts=(1, 4, 9), num_workers=num_workers)
+    assert [r["ids"] for r in full] == [r["ids"] for r in check_resume_oracle(make, ids, (), 0)]
+
+
+# ------------------------- 3. a user's DistributedSampler yields torch's indices on each rank
+def _torch_batches(data: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
+    return ids_of(DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=drop_last))
+
+
+class Balanced(DistributedSampler):  # type: ignore[type-arg]
+    """A subclass with its own ``__iter__`` (DistributedSampler's own order, as a list)."""
+
+    def __iter__(self) -> Any:
+        return iter(list(super().__iter__()))
+
+
+@pytest.mark.parametrize("cls", [DistributedSampler, Balanced])
+@pytest.mark.parametrize("size", [40, 41, 43])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("sampler_drop", [False, True])
+@pytest.mark.parametrize("loader_drop", [False, True])
+def test_a_distributed_sampler_yields_torchs_indices_on_every_rank(
+    cls: Any, size: int, world: int, shuffle: bool, sampler_drop: bool, loader_drop: bool
+) -> None:
+    # Rank 0 of 2, 40 samples, shuffle=False: it yielded [0, 1, 2, ...]; torch [0, 2, 4, ...].
+    data = list(range(size))
+    for rank in range(world):
+
+        def sampler(r: int = rank) -> Any:
+            return cls(data, num_replicas=world, rank=r, shuffle=shuffle, seed=5,
+                       drop_last=sampler_drop)  # fmt: skip
+
+        loader = ResumableDataLoader(data, batch_size=4, sampler=sampler(), drop_last=loader_drop)
+        for epoch in range(2):
+            reference = sampler()
+            reference.set_epoch(epoch)
+            expected = _torch_batches(data, reference, 4, loader_drop)
+            assert len(loader) == len(expected)
+            assert ids_of(loader) == expected, (rank, epoch)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_distributed_sampler_resumes_exactly_on_its_rank(num_workers: int) -> None:
+    data = list(range(43))
+
+    def make(nw: int) -> ResumableDataLoader:
+        sampler = DistributedSampler(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler, num_workers=nw)
+
+    full = check_resume_oracle(make, lambda b: b.tolist(), cuts=(1, 3, 6), num_workers=num_workers)
+    reference = DistributedSampler(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+    assert [r["ids"] for r in full[:4]] == _torch_batches(data, reference, 4, False)
+
+
+def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample() -> None:
+    # The documented difference: the rest of the epoch is re-split across the new ranks.
+    data = list(range(43))
+
+    def loader(rank: int, world: int) -> ResumableDataLoader:
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=2)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler)
+
+    seen: list[int] = []
+    cuts = [loader(rank, 2) for rank in range(2)]
+    for rank, cut in enumerate(cuts):
+        it = iter(cut)
+        before = [next(it).tolist() for _ in range(3)]
+        reference = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=2)
+        assert before == _torch_batches(data, reference, 4, False)[:3]
+        seen += [i for batch in before for i in batch]
+    state = cuts[0].state_dict()
+    for rank in range(3):
+        resumed = loader(rank, 3)
+        resumed.load_state_dict(state)
+        seen += [int(i) for b in resumed for i in b]
+    assert set(seen) == set(data)
+    assert len(seen) - len(data) < 3  # only the padding of the last step repeats
+
+
+# ------------------- 5. a dataset seeding itself from torch.initial_seed() sees per-sample seeds
+class SeedReader(Dataset[int]):
+    """Seeds its own generator from ``torch.initial_seed()`` (a common pattern)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int) -> int:
+        gen = torch.Generator().manual_seed(torch.initial_seed())
+        return int(torch.randint(0, 2**62, (), generator=gen))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lazy_seeding_shows_each_sample_its_seed(num_workers: int) -> None:
+    # Lazy seeding left torch in one fixed sentinel state: every sample of every epoch
+    # read the same initial_seed().
+    def epochs(per_sample_seeding: Any) -> list[list[int]]:
+        loader = ResumableDataLoader(
+            SeedReader(),
+            batch_size=4,
+            seed=3,
+            num_workers=num_workers,
+            per_sample_seeding=per_sample_seeding,
+        )
+        return [[i for batch in ids_of(loader) for i in batch] for _ in range(2)]
+
+    lazy = epochs("auto")
+    assert lazy == epochs(True)  # what eager seeding shows
+    assert len(set(lazy[0] + lazy[1])) == 24  # a seed per sample and epoch
+
+
+# ------------------------------- 6. __getitems__ datasets are seeded per sample, not per batch
+def _subsets() -> dict[str, Any]:
+    base = Noisy(40)
+    return {
+        "subset": lambda: Subset(base, list(range(10, 34))),
+        "random_split": lambda: random_split(base, [24, 16], torch.Generator().manual_seed(0))[0],
+    }
+
+
+@pytest.mark.parametrize("kind", ["subset", "random_split"])
+def test_a_getitems_dataset_is_seeded_by_sample_not_by_its_batch(kind: str) -> None:
+    # Seeded from each batch's first sample: 12 of 24 samples changed between batch
+    # sizes 4 and 2, and again after a resume from 2 ranks to 1.
+    def samples(batch_size: int, num_workers: int = 0, **topology: int) -> dict[int, float]:
+        loader = ResumableDataLoader(
+            _subsets()[kind](),
+            batch_size=batch_size,
+            shuffle=True,
+            seed=4,
+            num_workers=num_workers,
+            **topology,
+        )
+        return {int(i): float(x) for b in loader for i, x in zip(*b, strict=True)}
+
+    by_4 = samples(4)
+    assert len(by_4) == 24 and len(set(by_4.values())) == 24
+    assert samples(2) == by_4
+    assert samples(3, num_workers=2) == by_4
+    two_ranks = {**samples(2, rank=0, world_size=2), **samples(2, rank=1, world_size=2)}
+    assert two_ranks == by_4
+
+
+class BatchedDict(Dataset[Any]):
+    """``__getitems__`` returning a collated dict: not torch's list-of-samples contract."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        return {"x": torch.tensor(indices)}
+
+
+def test_a_getitems_that_returns_no_list_is_refused_when_read_per_sample() -> None:
+    # Read one index at a time, such a dict would have been unpacked into its keys.
+    from loaderkit import WorkerError
+
+    loader = ResumableDataLoader(BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b)
+    with pytest.raises(WorkerError, match=r"__getitems__\(\[0\]\) returned dict .*not a list of "
+                       r"one sample.*per_sample_seeding=False"):  # fmt: skip
+        next(iter(loader))
+    unseeded = ResumableDataLoader(
+        BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=False
+    )
+    assert next(iter(unseeded))["x"].tolist() == [0, 1, 2, 3]
