@@ -125,6 +125,16 @@ class Place:
         return RemoteCache(cache_dir=self.tmp_path / "rcache", storage_options=self.options)
 
 
+def refused(place: Place, error: type[Exception], match: str, short: str) -> None:
+    """Both dataset kinds refuse the folder (``short``: the stream's match), writing nothing."""
+    before = place.names()
+    with pytest.raises(error, match=match):
+        ShardedDataset(place.url, READER, remote=place.remote())
+    with pytest.raises(error, match=short):
+        StreamingShardedDataset(place.url, READER, remote=place.remote())
+    assert place.names() == before  # no index for another corpus
+
+
 # ------------------------------------------------------- 1. a shard missing from a folder
 @pytest.mark.parametrize("kind", ["local", "memory", "s3"])
 def test_shards_missing_from_a_folder_are_all_named_and_nothing_is_written(
@@ -134,16 +144,13 @@ def test_shards_missing_from_a_folder_are_all_named_and_nothing_is_written(
     write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
     place.remove("shard-00001.npy")
     place.remove("shard-00003.npy")
-    before = place.names()
-    with pytest.raises(
+    refused(
+        place,
         MissingShardError,
-        match=r"lacks 2 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
+        r"lacks 2 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
         r"\['shard-00001\.npy', 'shard-00003\.npy'\]; restore them",
-    ):
-        ShardedDataset(place.url, READER, remote=place.remote())
-    with pytest.raises(MissingShardError, match=r"lists: \['shard-00001\.npy', 'shard-00003"):
-        StreamingShardedDataset(place.url, READER, remote=place.remote())
-    assert place.names() == before  # no second index for the smaller corpus
+        r"lists: \['shard-00001\.npy', 'shard-00003",
+    )
 
 
 def test_a_folder_written_again_with_fewer_shards_reads_as_the_new_write(tmp_path: Path) -> None:
@@ -207,16 +214,13 @@ def test_a_shard_file_that_the_write_shards_index_does_not_list_is_refused(
     write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
     place.put("shard-00004.npy", np.full(SEQ * 500, 99, np.uint16))
     place.put("extra.npy", np.full(SEQ * 5, 98, np.uint16))
-    before = place.names()
-    with pytest.raises(
+    refused(
+        place,
         ShardError,
-        match=r"holds 2 shard file\(s\) that its write_shards index .*\.loaderkit-index-.*\.json'"
+        r"holds 2 shard file\(s\) that its write_shards index .*\.loaderkit-index-.*\.json'"
         r" does not list: \['extra\.npy', 'shard-00004\.npy'\]; remove them, or re-run",
-    ):
-        ShardedDataset(place.url, READER, remote=place.remote())
-    with pytest.raises(ShardError, match=r"does not list: \['extra\.npy', 'shard-00004"):
-        StreamingShardedDataset(place.url, READER, remote=place.remote())
-    assert place.names() == before  # no index for the bigger corpus
+        r"does not list: \['extra\.npy', 'shard-00004",
+    )
     place.remove("shard-00004.npy")
     place.remove("extra.npy")
     assert ShardedDataset(place.url, READER, remote=place.remote()).sizes == SIZES
@@ -243,14 +247,13 @@ def test_a_folder_written_with_an_index_elsewhere_is_checked_without_it(
     index = Path(place.url) / "corpus-index.json" if inside else tmp_path / "corpus-index.json"
     write_shards(place.url, id_shards(), READER, index=index, progress=False)
     place.remove("shard-00001.npy")
-    before = place.names()
-    with pytest.raises(
+    refused(
+        place,
         MissingShardError,
-        match=r"lacks 1 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
+        r"lacks 1 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
         r"\['shard-00001\.npy'\]",
-    ):
-        ShardedDataset(place.url, READER, remote=place.remote())
-    assert place.names() == before
+        r"lists: \['shard-00001\.npy'\]",
+    )
 
 
 def test_a_read_only_remote_folder_that_loses_an_object_is_refused(
@@ -269,14 +272,13 @@ def test_a_read_only_remote_folder_that_loses_an_object_is_refused(
     assert ShardedDataset(place.url, READER, remote=place.remote()).sizes == SIZES
     assert len(list((tmp_path / "rcache" / "indexes").iterdir())) == 1
     place.remove("shard-00002.npy")
-    with pytest.raises(
+    refused(
+        place,
         MissingShardError,
-        match=r"lacks 1 shard\(s\) that its index .*rcache/indexes/.*\.json' lists: "
+        r"lacks 1 shard\(s\) that its index .*rcache/indexes/.*\.json' lists: "
         r"\['shard-00002\.npy'\]; restore them",
-    ):
-        ShardedDataset(place.url, READER, remote=place.remote())
-    with pytest.raises(MissingShardError, match=r"lists: \['shard-00002\.npy'\]"):
-        StreamingShardedDataset(place.url, READER, remote=place.remote())
+        r"lists: \['shard-00002\.npy'\]",
+    )
     assert len(list((tmp_path / "rcache" / "indexes").iterdir())) == 1
 
 
