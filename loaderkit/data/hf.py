@@ -68,7 +68,10 @@ class HFDataset(Dataset[dict[str, Any]]):
         data: A ``datasets.Dataset`` (``load_dataset(...)``, ``Dataset.from_dict``,
             after ``select``/``shuffle`` too), the path of an ``.arrow`` file,
             or a list of them (concatenated in order).
-        columns: The columns to return (default: all).
+        columns: The columns to return, in this order (default: those of the
+            dataset's format, ``with_format(columns=...)``, with the others if it
+            has ``output_all_columns=True``, in the order ``datasets`` gives a row;
+            else all).
         length_column: The column giving each row's token count (a list
             column, or an integer column of lengths), for :meth:`lengths`.
 
@@ -134,7 +137,12 @@ class HFDataset(Dataset[dict[str, Any]]):
                 "a map-style wrapper instead, or reset it with dataset.reset_format()."
             )
         if columns is None and fmt.get("columns"):
-            columns = list(fmt["columns"])  # the user's with_format(columns=...) choice
+            # The user's with_format(columns=...) choice, in the order datasets gives a row:
+            # those columns, then (output_all_columns=True) the others.
+            chosen = set(fmt["columns"])
+            columns = [c for c in names if c in chosen]
+            if fmt.get("output_all_columns"):
+                columns += [c for c in names if c not in chosen]
         if columns is not None:
             if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
                 raise TypeError(
@@ -174,6 +182,8 @@ class HFDataset(Dataset[dict[str, Any]]):
             raise IndexError(f"HFDataset: indices {idx[:8]} out of range for {n} rows.")
         table = self._arrow[(idx % max(n, 1)).tolist()]
         data = table_columns(table, "HFDataset")
+        if list(data) != self.columns:  # the Arrow read gives the table's order
+            data = {name: data[name] for name in self.columns}
         for name in self._decoded:
             data[name] = self._features.decode_column(data[name], name)
         return Columns(data, len(idx), "HFDataset")

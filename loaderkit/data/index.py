@@ -11,7 +11,9 @@ from the indexed counts.
 By default the index lives next to the first shard, as
 ``.loaderkit-index-<key>.json`` where the key hashes the reader settings and
 the shard names: other readers (another ``seq_len``) or another list of shards
-get their own index; the same ones always find theirs.
+get their own index; the same ones always find theirs. An index that
+``write_shards`` wrote says so (``"written_by"``): its folder holds exactly
+the shards it lists.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, h
 _READABLE_VERSIONS = (1, 2)
 INDEX_PREFIX = ".loaderkit-index-"
 WORK_DIR = ".loaderkit-write"  # write_shards' markers: present while a write is unfinished
+WRITER = "write_shards"  # an index's "written_by": its folder is the shards it lists, no more
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,19 @@ def _checksum(rows: list[list[Any]]) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
+def _doc(rows: list[list[Any]], reader: ShardReader, written_by: str | None) -> dict[str, Any]:
+    """An index document (older loaderkit versions ignore ``written_by``)."""
+    doc: dict[str, Any] = {
+        "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
+        "reader": reader.spec(),
+        "shards": rows,
+        "checksum": _checksum(rows),
+    }
+    if written_by is not None:
+        doc["written_by"] = written_by
+    return doc
+
+
 def _rel(path: Path, base: Path) -> str:
     try:
         return os.path.relpath(path.resolve(), base.resolve())
@@ -119,12 +135,14 @@ def build_index(
     *,
     exclusive: bool = False,
     known: dict[Path, tuple[int, dict[str, Any] | None]] | None = None,
+    written_by: str | None = None,
 ) -> list[IndexEntry]:
     """Count every shard and write the index atomically (ranks may build it at once).
 
     With ``exclusive``, an index another process or thread wrote in the meantime
     wins: it is read (and checked) instead, so concurrent builders agree.
     ``known``: counts and extras already known (``write_shards``), by path.
+    ``written_by``: :data:`WRITER` for the index ``write_shards`` writes.
     """
     entries = []
     for path in paths:
@@ -144,12 +162,7 @@ def build_index(
         entries.append(IndexEntry(path, before.st_size, before.st_mtime_ns, samples, extras))
     base = index.parent
     rows = [_row(e.path, base, e) for e in entries]
-    doc = {
-        "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
-        "reader": reader.spec(),
-        "shards": rows,
-        "checksum": _checksum(rows),
-    }
+    doc = _doc(rows, reader, written_by)
     try:
         written = atomic_write(
             index, lambda f: f.write(json.dumps(doc, indent=1).encode()), exclusive=exclusive
@@ -252,15 +265,11 @@ def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
     return f"{INDEX_PREFIX}{_key([Path(n) for n in names], reader.spec())}.json"
 
 
-def remote_index_doc(rows: list[list[Any]], reader: ShardReader) -> bytes:
+def remote_index_doc(
+    rows: list[list[Any]], reader: ShardReader, written_by: str | None = None
+) -> bytes:
     """The index document of ``rows`` (``[name, size, version, samples(, extras)]`` each)."""
-    doc = {
-        "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
-        "remote": True,
-        "reader": reader.spec(),
-        "shards": rows,
-        "checksum": _checksum(rows),
-    }
+    doc = {"remote": True, **_doc(rows, reader, written_by)}
     return json.dumps(doc, indent=1).encode()
 
 
@@ -356,10 +365,18 @@ def is_index_name(name: str) -> bool:
 
 def index_names(data: bytes) -> list[str] | None:
     """The names of the shards an index document lists in its own folder (None: unreadable)."""
+    parsed = _folder_listing(data)
+    return None if parsed is None else parsed[0]
+
+
+def _folder_listing(data: bytes) -> tuple[list[str], bool] | None:
+    """:func:`index_names`, and whether ``write_shards`` wrote the index (None: unreadable)."""
     try:
-        rows = json.loads(data)["shards"]
-        return [str(r[0]) for r in rows if "/" not in str(r[0]) and os.sep not in str(r[0])]
-    except (ValueError, KeyError, TypeError, IndexError):
+        doc = json.loads(data)
+        rows = doc["shards"]
+        names = [str(r[0]) for r in rows if "/" not in str(r[0]) and os.sep not in str(r[0])]
+        return names, doc.get("written_by") == WRITER
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
 
@@ -378,21 +395,33 @@ def check_complete(
     listed: Sequence[str],
     indexes: Sequence[tuple[str, bytes]],
     accept: Callable[[str], bool],
+    kept: Sequence[tuple[str, bytes]] = (),
 ) -> None:
     """Raise :class:`MissingShardError` naming every shard that an index of ``folder`` lists
-    (among the names ``accept`` takes: this reader's) and its listing ``listed`` lacks.
+    (among the names ``accept`` takes: this reader's) and its listing ``listed`` lacks; and,
+    when ``write_shards`` wrote an index of it, :class:`ShardError` naming every listed shard
+    that none of those indexes lists (a stray file, not part of the corpus).
 
-    ``indexes``: ``(where, document)`` of each index file in the folder.
+    ``indexes``: ``(where, document)`` of each index file in the folder; ``kept``: those kept
+    for it elsewhere (a read-only folder's, in the cache), used unless ``write_shards`` wrote
+    one in it (then that one is the truth: a cached index may predate a rewrite).
     """
+    parsed = [(where, *(_folder_listing(data) or ([], False))) for where, data in indexes]
+    if not any(by_writer for _, _, by_writer in parsed):
+        parsed += [(where, *(_folder_listing(data) or ([], False))) for where, data in kept]
     have = set(listed)
     gone: set[str] = set()
     where: list[str] = []
-    for name, data in indexes:
-        names = index_names(data)
-        lost = {n for n in names or () if accept(n) and n not in have}
+    written: set[str] = set()
+    writers: list[str] = []
+    for name, names, by_writer in parsed:
+        lost = {n for n in names if accept(n) and n not in have}
         if lost:
             gone |= lost
             where.append(name)
+        if by_writer:
+            written.update(names)
+            writers.append(name)
     if gone:
         missing = sorted(gone)
         raise MissingShardError(
@@ -400,6 +429,14 @@ def check_complete(
             f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run "
             "write_shards), or delete the index if they were removed on purpose.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
+        )
+    stray = sorted(have - written) if writers else []
+    if stray:
+        raise ShardError(
+            f"shard folder {folder!r} holds {len(stray)} shard file(s) that its write_shards "
+            f"index {', '.join(map(repr, writers))} does not list: {stray}; remove them, or "
+            "re-run write_shards with every shard the folder should hold.",
+            path=f"{folder.rstrip('/')}/{stray[0]}",
         )
 
 

@@ -65,8 +65,10 @@ server that accepts and never answers is an error naming the URL and the
 deadline. :meth:`ShardedDataset.describe` reports the counts.
 
 What is checked: a folder is refused while a ``write_shards`` to it is
-unfinished, and when it lacks a shard that an index in it lists
-(:class:`~loaderkit.errors.MissingShardError` naming every missing one); an
+unfinished, when it lacks a shard that an index of it lists (in it, or kept
+in the cache for a read-only folder: :class:`~loaderkit.errors.MissingShardError`
+naming every missing one), and when it holds a shard that its ``write_shards``
+index does not list (:class:`~loaderkit.errors.ShardError` naming it); an
 object is used only in the version (size and ETag, else modification time)
 the dataset listed: it is part of the cache key, and each download and range
 read checks it, so a rewritten object raises
@@ -316,6 +318,11 @@ def remote_source(
         )
     cache = remote if remote is not None else RemoteCache()
     return RemoteShards(str(shards) if urls is None else urls, tuple(suffixes), cache, owner)
+
+
+def _folder_key(folder: str) -> str:
+    """How the cache names the indexes it keeps for a read-only folder URL."""
+    return hashlib.sha256(folder.encode()).hexdigest()[:16]
 
 
 def _listed_shards(storage: Storage, folder: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -568,7 +575,12 @@ class RemoteShards:
             if is_index_name(entry["name"]):
                 url = join_url(folder, entry["name"])
                 self._docs[url] = self.storage.read_bytes(url)
-        check_complete(folder, [s.name for s in found], list(self._docs.items()), accept)
+        # A read-only folder's indexes are kept in the cache: they vouch for it too.
+        kept = []
+        for path in sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")):
+            with contextlib.suppress(OSError):
+                kept.append((str(path), path.read_bytes()))
+        check_complete(folder, [s.name for s in found], list(self._docs.items()), accept, kept)
         return found
 
     # ----------------------------------------------------------------- index
@@ -583,11 +595,7 @@ class RemoteShards:
         local = (
             self.root_dir
             / "indexes"
-            / (
-                hashlib.sha256(self.folder.encode()).hexdigest()[:16]
-                + "-"
-                + remote_index_name(names, reader).lstrip(".")
-            )
+            / f"{_folder_key(self.folder)}-{remote_index_name(names, reader).lstrip('.')}"
         )
         found = self._find_index(index, default, local)
         if found is not None:

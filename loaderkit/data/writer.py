@@ -2,7 +2,9 @@
 
 :func:`write_shards` writes one file per item of ``shards`` (or per
 ``fn(item)``), counts it, compresses and hashes it as asked, and writes the
-shard index last, so an index in a folder always means its shards are there.
+shard index last, so an index in a folder always means its shards are there;
+the index says ``write_shards`` wrote it, so a shard file it does not list is
+refused as a stray (:func:`loaderkit.data.index.check_complete`).
 
 Each shard is written under a hidden staging folder of the target
 (``<directory>/.loaderkit-write/staging/``, the same filesystem) and moved
@@ -56,6 +58,7 @@ from loaderkit.data._codec import (
 from loaderkit.data._fs import Storage, is_url, join_url
 from loaderkit.data.index import (
     WORK_DIR,
+    WRITER,
     build_index,
     default_index_path,
     index_names,
@@ -469,8 +472,9 @@ def write_shards(
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
         suffix: File suffix (default: the reader's first, e.g. ``.npy``).
         prefix: Files are named ``{prefix}-00000{suffix}``, ...
-        index: Where to write the index (default: where :class:`ShardedDataset`
-            looks for it); a path, or a URL for a remote folder.
+        index: Also write the index here (a path, or a URL for a remote folder),
+            besides the folder's own, which is always written: the folder read
+            without ``index=`` is checked the same way.
         storage_options: The fsspec filesystem's options for a URL (e.g.
             ``{"endpoint_url": ...}``).
         compression: ``"zstd"``: each shard is compressed whole and named with
@@ -601,8 +605,10 @@ def write_shards(
             (root / stale).unlink()
     known = {root / results[i][0]: (results[i][1], results[i][2]) for i in sorted(results)}
     paths = list(known)
-    target = default_index_path(paths, reader) if index is None else Path(index)
-    build_index(paths, reader, target, known=known)
+    own = default_index_path(paths, reader)
+    # The folder's own index in any case: read without index=, the folder is checked too.
+    for target in [own] if index is None or Path(index) == own else [Path(index), own]:
+        build_index(paths, reader, target, known=known, written_by=WRITER)
     # The index now says the shards are complete; the markers only served a resume.
     shutil.rmtree(root / WORK_DIR, ignore_errors=True)
     return paths
@@ -670,14 +676,13 @@ def _index_remote(
         rows.append([name, entry["size"], entry["version"], int(samples)])
         if extras:
             rows[-1].append(extras)
-    doc = remote_index_doc(rows, job.reader)
-    names = [r[0] for r in rows]
-    if index is None:
-        job.storage.write_bytes(join_url(job.root, remote_index_name(names, job.reader)), doc)
-    elif is_url(str(index)):
+    doc = remote_index_doc(rows, job.reader, WRITER)
+    own = join_url(job.root, remote_index_name([r[0] for r in rows], job.reader))
+    if index is not None and is_url(str(index)) and str(index) != own:
         job.storage.write_bytes(str(index), doc)
-    else:
+    elif index is not None and not is_url(str(index)):
         atomic_write(Path(index), lambda f: f.write(doc))
+    job.storage.write_bytes(own, doc)  # in any case: the folder read without index= is checked
     work = join_url(job.root, WORK_DIR)
     if _listing(storage, work):  # the index says the shards are complete: markers are done
         storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))

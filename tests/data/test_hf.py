@@ -171,6 +171,20 @@ def test_the_users_format_columns_are_kept() -> None:
     assert set(ds.get_batch([0, 1])) == {"id"}
 
 
+def test_output_all_columns_gives_every_column_as_datasets_does() -> None:
+    # HFDataset returned only the format's columns: {'x', 'id'} where datasets gives all.
+    base = datasets.Dataset.from_dict(
+        {"id": list(range(4)), "s": [str(i) for i in range(4)], "x": [0.5 * i for i in range(4)]}
+    )
+    hf = base.with_format("torch", columns=["x", "id"], output_all_columns=True)
+    ds = HFDataset(hf)
+    row, want = ds[1], hf[1]
+    assert list(row) == list(want) == ["id", "x", "s"]  # datasets' order: formatted, then rest
+    assert int(row["id"]) == 1 and float(row["x"]) == 0.5 and row["s"] == want["s"] == "1"
+    assert ds.get_batch([3, 0])["s"] == ["3", "0"]
+    assert list(HFDataset(base.with_format("torch", columns=["x", "id"]))[0]) == ["id", "x"]
+
+
 @pytest.mark.parametrize("column", [[[1, 2], None, [3]], [2, None, 3]])
 def test_null_lengths_are_refused(column: list[Any]) -> None:
     data = datasets.Dataset.from_dict({"tok": column})

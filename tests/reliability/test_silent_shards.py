@@ -112,10 +112,27 @@ class Place:
         else:
             self.fs.rm(f"{self.url}/{name}")
 
+    def put(self, name: str, arr: np.ndarray) -> None:
+        if self.kind == "local":
+            np.save(Path(self.url) / name, arr)
+            return
+        with self.fs.open(f"{self.url}/{name}", "wb") as f:
+            np.save(f, arr)
+
     def remote(self) -> RemoteCache | None:
         if self.kind == "local":
             return None
         return RemoteCache(cache_dir=self.tmp_path / "rcache", storage_options=self.options)
+
+
+def refused(place: Place, error: type[Exception], match: str, short: str) -> None:
+    """Both dataset kinds refuse the folder (``short``: the stream's match), writing nothing."""
+    before = place.names()
+    with pytest.raises(error, match=match):
+        ShardedDataset(place.url, READER, remote=place.remote())
+    with pytest.raises(error, match=short):
+        StreamingShardedDataset(place.url, READER, remote=place.remote())
+    assert place.names() == before  # no index for another corpus
 
 
 # ------------------------------------------------------- 1. a shard missing from a folder
@@ -127,16 +144,13 @@ def test_shards_missing_from_a_folder_are_all_named_and_nothing_is_written(
     write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
     place.remove("shard-00001.npy")
     place.remove("shard-00003.npy")
-    before = place.names()
-    with pytest.raises(
+    refused(
+        place,
         MissingShardError,
-        match=r"lacks 2 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
+        r"lacks 2 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
         r"\['shard-00001\.npy', 'shard-00003\.npy'\]; restore them",
-    ):
-        ShardedDataset(place.url, READER, remote=place.remote())
-    with pytest.raises(MissingShardError, match=r"lists: \['shard-00001\.npy', 'shard-00003"):
-        StreamingShardedDataset(place.url, READER, remote=place.remote())
-    assert place.names() == before  # no second index for the smaller corpus
+        r"lists: \['shard-00001\.npy', 'shard-00003",
+    )
 
 
 def test_a_folder_written_again_with_fewer_shards_reads_as_the_new_write(tmp_path: Path) -> None:
@@ -163,6 +177,11 @@ def test_a_remote_folder_that_lacks_the_shards_of_an_index_given_names_them(
     index = tmp_path / "index.json"  # kept outside the folder
     write_shards(place.url, id_shards(), READER, index=index, progress=False)
     place.remove("shard-00000.npy")
+    with pytest.raises(MissingShardError, match=r"its index .*loaderkit-index-.*lists: \["):
+        ShardedDataset(place.url, READER, index=index, remote=place.remote())
+    # Without the folder's own index (written by an older loaderkit), the index given names them.
+    [own] = [n for n in place.names() if n.startswith(".loaderkit-index-")]
+    place.remove(own)
     with pytest.raises(
         MissingShardError, match=r"lacks 1 shard\(s\) that its index .*index\.json' lists: \["
     ):
@@ -183,6 +202,84 @@ def test_a_shard_lost_after_indexing_is_a_missing_shard_error_with_or_without_wo
     ) as info:
         epoch(ds, num_workers)
     assert isinstance(info.value, ShardReadError)  # and still names the batch's indices
+
+
+@pytest.mark.parametrize("kind", ["local", "memory", "s3"])
+def test_a_shard_file_that_the_write_shards_index_does_not_list_is_refused(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # A stray copy (an in-progress `cp` of another corpus' shard) grew the corpus and
+    # wrote a second index; removing it again made the folder unreadable.
+    place = Place(kind, tmp_path, request)
+    write_shards(place.url, id_shards(), READER, storage_options=place.options, progress=False)
+    place.put("shard-00004.npy", np.full(SEQ * 500, 99, np.uint16))
+    place.put("extra.npy", np.full(SEQ * 5, 98, np.uint16))
+    refused(
+        place,
+        ShardError,
+        r"holds 2 shard file\(s\) that its write_shards index .*\.loaderkit-index-.*\.json'"
+        r" does not list: \['extra\.npy', 'shard-00004\.npy'\]; remove them, or re-run",
+        r"does not list: \['extra\.npy', 'shard-00004",
+    )
+    place.remove("shard-00004.npy")
+    place.remove("extra.npy")
+    assert ShardedDataset(place.url, READER, remote=place.remote()).sizes == SIZES
+
+
+def test_a_folder_of_two_write_shards_corpora_reads_as_both(tmp_path: Path) -> None:
+    # Each file is listed by a write_shards index of the folder: none is a stray.
+    write_shards(tmp_path, id_shards(), READER, prefix="a", progress=False)
+    write_shards(tmp_path, id_shards((3, 4)), READER, prefix="b", progress=False)
+    assert ShardedDataset(tmp_path, READER).sizes == (*SIZES, 3, 4)
+    np.save(tmp_path / "c-00000.npy", np.zeros(SEQ, np.uint16))
+    with pytest.raises(ShardError, match=r"index .*, .* does not list: \['c-00000\.npy'\]"):
+        ShardedDataset(tmp_path, READER)
+
+
+@pytest.mark.parametrize("where", ["local, index inside", "local, index outside", "memory"])
+def test_a_folder_written_with_an_index_elsewhere_is_checked_without_it(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # write_shards(..., index=) used to leave the folder without an index of its own:
+    # a lost shard then read as a smaller corpus, and a new index was written.
+    place = Place(where.split(",")[0], tmp_path, request)
+    inside = where.endswith("inside")
+    index = Path(place.url) / "corpus-index.json" if inside else tmp_path / "corpus-index.json"
+    write_shards(place.url, id_shards(), READER, index=index, progress=False)
+    place.remove("shard-00001.npy")
+    refused(
+        place,
+        MissingShardError,
+        r"lacks 1 shard\(s\) that its index .*\.loaderkit-index-.*\.json' lists: "
+        r"\['shard-00001\.npy'\]",
+        r"lists: \['shard-00001\.npy'\]",
+    )
+
+
+def test_a_read_only_remote_folder_that_loses_an_object_is_refused(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its index is kept in the cache; its name hashed the listing, so a listing that lacked
+    # an object never found it and the folder read as a smaller corpus.
+    place = Place("memory", tmp_path, request)
+    for i, arr in enumerate(id_shards()):  # uploaded by another tool: no index
+        place.put(f"shard-{i:05d}.npy", arr)
+
+    def refuse(self: Storage, url: str, data: bytes) -> None:
+        raise ShardError(f"writing {url!r}: permission denied", path=url)
+
+    monkeypatch.setattr(Storage, "write_bytes", refuse)
+    assert ShardedDataset(place.url, READER, remote=place.remote()).sizes == SIZES
+    assert len(list((tmp_path / "rcache" / "indexes").iterdir())) == 1
+    place.remove("shard-00002.npy")
+    refused(
+        place,
+        MissingShardError,
+        r"lacks 1 shard\(s\) that its index .*rcache/indexes/.*\.json' lists: "
+        r"\['shard-00002\.npy'\]; restore them",
+        r"lists: \['shard-00002\.npy'\]",
+    )
+    assert len(list((tmp_path / "rcache" / "indexes").iterdir())) == 1
 
 
 # ------------------------------------------------------- 2. an unfinished write_shards
