@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
-from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, attach_host
 
 __all__ = [
     "IdDataModule",
@@ -111,6 +111,8 @@ class IdDataModule(L.LightningDataModule):
 
     ``stream=True`` serves the ids as a :class:`StreamingShardedDataset` over
     :func:`id_stream_shards` (``steps_per_epoch`` optional) instead of a map-style dataset.
+    The loader gets ``self.trainer`` as its host (``attach_host``), as the README shows;
+    ``host=False`` leaves it without one.
     """
 
     def __init__(
@@ -125,8 +127,10 @@ class IdDataModule(L.LightningDataModule):
         persistent_workers: bool = False,
         stream: bool = False,
         steps_per_epoch: int | None = None,
+        host: bool = True,
     ) -> None:
         super().__init__()
+        self.host = host
         self.stream, self.steps_per_epoch = stream, steps_per_epoch
         self.size, self.batch_size, self.num_workers = size, batch_size, num_workers
         self.persistent_workers = persistent_workers
@@ -152,7 +156,7 @@ class IdDataModule(L.LightningDataModule):
             rank=self.rank,
             world_size=self.world_size,
         )
-        return self.loader
+        return attach_host(self.loader, self.trainer) if self.host else self.loader
 
 
 class IdModule(L.LightningModule):
