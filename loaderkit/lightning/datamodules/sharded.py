@@ -1,17 +1,10 @@
 """``ShardedDataModule``: token, JSON-lines or Parquet shards (local or URLs), planned or streamed.
 
-Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
-counts are known (from the shard index), so the sample plan covers them:
-shards shuffled per ``(seed, epoch)`` and read ``mix_shards`` at a time (a
-batch draws from that many shards) with windows shuffled inside each,
-every sample exactly once
-per epoch across DDP ranks and workers, every rank the same number of steps,
-exact resume on any world size and ``num_workers``.
-
-Streamed (``streaming=True``, :class:`~loaderkit.StreamingShardedDataset`):
-the train shards are read front to back without counting them first; each
-(rank, worker) reads its own shards and keeps a cursor, so a resume is exact
-under the same world size and ``num_workers`` only.
+Planned (:class:`~loaderkit.ShardedDataset`, the default): every sample once
+per epoch across ranks and workers, exact resume on any world size and
+``num_workers``. Streamed (``streaming=True``,
+:class:`~loaderkit.StreamingShardedDataset`): read front to back uncounted,
+exact resume under the same world size and ``num_workers`` only.
 """
 
 from __future__ import annotations
@@ -64,27 +57,23 @@ class ShardedDataModule(LoaderDataModule):
     :class:`~loaderkit.RemoteCache`'s).
     Write shards with :func:`loaderkit.write_shards`, which also writes the index.
 
-    Under DDP, workers start by ``forkserver`` (forking a process with gloo's
-    threads can deadlock); ``persistent_workers=True`` saves starting them
-    every epoch.
+    Under DDP, workers start by ``forkserver``; ``persistent_workers=True``
+    saves starting them every epoch.
 
     ``streaming=True`` streams the train shards instead of planning them (no
     shard index built or read up front): shard order shuffled per pass when
     ``shuffle``, each (rank, worker) reading ``mix_shards`` of its shards at
     once, in turn, no ``window`` shuffle inside a shard. An epoch is one pass
     over the shards, of unknown length, unless ``steps_per_epoch`` or
-    ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
-    them, or ranks would step different numbers of times. Lightning needs
-    :class:`loaderkit.ElasticResume` in the Trainer's callbacks to save the
-    position of an epoch of unknown length. Val and test shards stay planned
-    (every sample once on every world size, no limit needed under DDP).
+    ``samples_per_epoch`` fixes it (needed on more than one rank). An epoch
+    of unknown length needs :class:`loaderkit.ElasticResume` in the Trainer's
+    callbacks. Val and test shards stay planned.
 
     Args:
         shards: The train shards: a directory (its files with the reader's
             suffixes, sorted), one shard file, or a non-empty list of shard files;
             or a folder URL, one shard URL, or a list of shard URLs.
-        val_shards: Val shards, the same way. ``val_fraction`` is not
-            supported: a sample-level split would break shard-local reads.
+        val_shards: Val shards, the same way (``val_fraction`` is not supported).
         test_shards: Test shards.
         reader: ``"tokens"``, ``"jsonl"`` or ``"parquet"``; Python code may pass any
             :class:`~loaderkit.ShardReader` object instead.
