@@ -26,7 +26,14 @@ from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 
-__all__ = ["MAX_OPEN_DEFAULT", "check_settings", "collate_of", "make_reader", "remote_cache"]
+__all__ = [
+    "MAX_OPEN_DEFAULT",
+    "check_settings",
+    "collate_of",
+    "make_reader",
+    "refuse_val_fraction",
+    "remote_cache",
+]
 
 MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
@@ -91,6 +98,13 @@ def _checked(owner: str, name: str, value: Any) -> Any:
                 "ids, e.g. length_key='input_ids'."
             )
         return value
+    if name == "collate":
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"{owner}: collate must be a callable (a collate_fn) or None, got "
+                f"{type(value).__name__}."
+            )
+        return value
     if name == "pad_value":
         PadCollate(value)  # refuses a pad value no dtype can hold
         return value
@@ -117,6 +131,15 @@ def check_settings(module: Any, **settings: Any) -> None:
         raise ValueError(
             f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; pass "
             "max_tokens or drop bucket_window."
+        )
+
+
+def refuse_val_fraction(module: Any, why: str, fix: str) -> None:
+    """Refuse ``module.val_fraction`` where a sample-level split cannot be made (``why``)."""
+    if module.val_fraction:
+        raise ValueError(
+            f"{type(module).__name__}: val_fraction={module.val_fraction} is not supported "
+            f"{why}; {fix}."
         )
 
 

@@ -1,8 +1,5 @@
-"""Private helpers of the DataModules: argument checks, the seeded split, the worker probe.
-
-Kept apart from :mod:`loaderkit.lightning.datamodules.base` so the base class reads as
-the loader policy alone.
-"""
+"""Private helpers of the DataModules: shard lists, the seeded split, stream facts, the
+worker probe (argument checks are in :mod:`._args`)."""
 
 from __future__ import annotations
 

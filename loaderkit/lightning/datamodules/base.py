@@ -174,6 +174,13 @@ class LoaderDataModule(L.LightningDataModule):
         """Fraction of padded tokens in an epoch of ``split``, when the module pads."""
         return None
 
+    def _budget_padding(self) -> float:
+        """Padded / all tokens of epoch 0's train batches, for a token-budget plan (one with
+        ``token_counts``: ``max_tokens`` over shards or a mix)."""
+        plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
+        real, padded = plan.token_counts(0)
+        return 1.0 - real / padded if padded else 0.0
+
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
         """Whether a Lightning resume of this module's train loader is exact, and why.
 

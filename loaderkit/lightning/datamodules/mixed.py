@@ -30,6 +30,7 @@ from loaderkit.lightning.datamodules._args import (
     check_settings,
     collate_of,
     make_reader,
+    refuse_val_fraction,
     remote_cache,
 )
 from loaderkit.lightning.datamodules._util import (
@@ -62,8 +63,7 @@ class MixedDataModule(LoaderDataModule):
     - shards by path or URL, as :class:`~loaderkit.lightning.datamodules.ShardedDataModule`
       takes them (a folder, a shard file, a list of shard files), read by
       ``reader`` (``"tokens"``, ``"jsonl"``, ``"parquet"`` or a
-      :class:`~loaderkit.ShardReader`; one reader for every path source, since
-      their samples are batched together);
+      :class:`~loaderkit.ShardReader`; one reader for every path source);
     - an ``.arrow`` file or a ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`,
       ``columns`` and ``length_key`` applied);
     - any map-style dataset (``len()`` and ``[i]``): a ``ShardedDataset``, a
@@ -77,8 +77,7 @@ class MixedDataModule(LoaderDataModule):
     in-memory tensors) are stacked; variable-length ones (documents, ``.jsonl``,
     Parquet, ``datasets`` rows, or any source under ``max_tokens``) are padded
     by :class:`~loaderkit.PadCollate`; ``collate`` overrides both. The sources
-    share batches, so their samples need the same fields and dtypes (``PadCollate``
-    names a field whose dtypes differ: ``datasets`` may store ints as int32).
+    share batches, so their samples need the same fields and dtypes.
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
@@ -164,11 +163,8 @@ class MixedDataModule(LoaderDataModule):
         self.set_data_args(sources=sources, val=val, test=test, reader=reader, collate=collate)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        if self.val_fraction:
-            raise ValueError(
-                f"{owner}: val_fraction={self.val_fraction} is not supported (a sample-level "
-                "split would drop the mix's weights and plan); pass val=... instead."
-            )
+        why = "(a sample-level split would drop the mix's weights and plan)"
+        refuse_val_fraction(self, why, "pass val=... instead")
         check_settings(
             self,
             length_key=length_key,
@@ -177,6 +173,7 @@ class MixedDataModule(LoaderDataModule):
             bucket_window=bucket_window,
             oversize=oversize,
             pad_to_multiple_of=pad_to_multiple_of,
+            collate=collate,
         )
         self.splits: dict[str, tuple[list[str], list[Any], bool]] = {
             "train": _named(owner, "sources", sources)
@@ -191,12 +188,7 @@ class MixedDataModule(LoaderDataModule):
         self.columns = columns
         options = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets}
         self.reader = self._reader(reader, items, options)
-        if collate is not None and not callable(collate):
-            raise TypeError(
-                f"{owner}: collate must be a callable (a collate_fn) or None, got "
-                f"{type(collate).__name__}."
-            )
-        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)  # checks pad_value
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
         varying = any(_is_table(s) for s in items) or max_tokens is not None
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
@@ -295,9 +287,7 @@ class MixedDataModule(LoaderDataModule):
         """Under ``max_tokens``, padded / all tokens of epoch 0's train batches; 0 for
         fixed-length token shards; else unknown (None)."""
         if split == "train" and self.max_tokens is not None:
-            plan: Any = self.loader(split, num_workers=0, pin_memory=False).plan
-            real, padded = plan.token_counts(0)
-            return 1.0 - real / padded if padded else 0.0
+            return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         only_shards = all(_is_path(s) for s in self.splits["train"][1])
         return 0.0 if fixed and only_shards else None

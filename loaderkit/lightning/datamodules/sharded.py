@@ -24,6 +24,7 @@ from loaderkit.lightning.datamodules._args import (
     check_settings,
     collate_of,
     make_reader,
+    refuse_val_fraction,
     remote_cache,
 )
 from loaderkit.lightning.datamodules._util import (
@@ -168,11 +169,8 @@ class ShardedDataModule(LoaderDataModule):
         self.set_data_args(reader=reader)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        if self.val_fraction:
-            raise ValueError(
-                f"{owner}: val_fraction={self.val_fraction} is not supported for shards (a "
-                "sample-level split breaks shard-local reads); pass val_shards=[...] instead."
-            )
+        why = "for shards (a sample-level split breaks shard-local reads)"
+        refuse_val_fraction(self, why, "pass val_shards=[...] instead")
         check_settings(
             self,
             streaming=streaming,
@@ -187,32 +185,29 @@ class ShardedDataModule(LoaderDataModule):
             max_open_shards=max_open_shards,
             pad_to_multiple_of=pad_to_multiple_of,
         )
-        self._check_streaming(window, max_open_shards)
-        given = {"shards": shards, "val_shards": val_shards, "test_shards": test_shards}
-        self.shards = {
-            split: _shards(owner, name, value)
-            for split, (name, value) in zip(("train", "val", "test"), given.items(), strict=True)
-            if value is not None
-        }
+        self._check_combinations(window, max_open_shards, reader, columns)
+        self.shards = _splits(owner, shards=shards, val_shards=val_shards, test_shards=test_shards)
         urls = any(is_remote_shards(s) for s in self.shards.values())
         self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
-        if columns is not None and reader != "parquet":
-            raise ValueError(
-                f"{owner}: columns={columns!r} applies to reader='parquet' only; drop it or "
-                "pass reader='parquet'."
-            )
         self.reader = make_reader(
             owner, reader, columns=columns, length_key=length_key, seq_len=seq_len,
             targets=targets, eos=eos, dtype=dtype,
         )  # fmt: skip
         self._length_cache: tuple[ShardedDataset, np.ndarray] | None = None
-        # Built either way: it checks pad_value now, not at the first varying batch.
-        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
         self._collate = collate_of(self.reader, pad, varying=False)
 
-    def _check_streaming(self, window: int, max_open_shards: int | None) -> None:
-        """The epoch limits are a stream's, the planned dataset's settings not."""
+    def _check_combinations(
+        self, window: int, max_open_shards: int | None, reader: Any, columns: Any
+    ) -> None:
+        """Columns are Parquet's, the epoch limits a stream's, the planned dataset's
+        settings not."""
         owner = type(self).__name__
+        if columns is not None and reader != "parquet":
+            raise ValueError(
+                f"{owner}: columns={columns!r} applies to reader='parquet' only; drop it or "
+                "pass reader='parquet'."
+            )
         for name in ("steps_per_epoch", "samples_per_epoch"):
             value = getattr(self, name)
             if value is not None and not self.streaming:
@@ -318,19 +313,21 @@ class ShardedDataModule(LoaderDataModule):
         """Under ``max_tokens``, padded tokens / all tokens of epoch 0's train batches; 0 for
         fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
         if split == "train" and self.max_tokens is not None and not self.streaming:
-            plan: Any = self.loader(split, num_workers=0).plan
-            real, padded = plan.token_counts(0)
-            return 1.0 - real / padded if padded else 0.0
+            return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         return 0.0 if fixed else None
 
 
-def _shards(owner: str, name: str, value: Any) -> Shards:
-    """``value`` as shard files or URLs (a ``datasets.Dataset`` is no shard)."""
-    if is_hf_dataset(value):
-        raise TypeError(
-            f"{owner}: {name} is a datasets.Dataset, not shard files. Pass it to "
-            "SequenceDataModule(train=dataset, ...) or wrap it in loaderkit.HFDataset (for "
-            "MixedDataModule), or save it as Parquet and pass reader='parquet'."
-        )
-    return shard_list(owner, name, value)
+def _splits(owner: str, **given: Any) -> dict[str, Shards]:
+    """Each split's shard files or URLs, by split (a ``datasets.Dataset`` is no shard)."""
+    splits = {}
+    for split, (name, value) in zip(("train", "val", "test"), given.items(), strict=True):
+        if is_hf_dataset(value):
+            raise TypeError(
+                f"{owner}: {name} is a datasets.Dataset, not shard files. Pass it to "
+                "SequenceDataModule(train=dataset, ...) or wrap it in loaderkit.HFDataset (for "
+                "MixedDataModule), or save it as Parquet and pass reader='parquet'."
+            )
+        if value is not None:
+            splits[split] = shard_list(owner, name, value)
+    return splits
