@@ -24,7 +24,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.fabric.utilities.data import sized_len
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy
 from packaging.version import Version
 
 from loaderkit import (
@@ -37,6 +37,8 @@ from loaderkit import (
 from loaderkit._callers import NO_HOST, host_of
 from loaderkit.lightning import _adapter
 from tests.support.helpers import (
+    AnswersForGroup,
+    DataParallelOf,
     IdDataModule,
     IdDataset,
     IdModule,
@@ -118,24 +120,12 @@ class _Linear(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-class _DataParallelOf(SingleDeviceStrategy):
-    """A single-device strategy that answers for a data-parallel group (rank, world_size)."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(device=torch.device("cpu"))
-        self._group = {"rank": rank, "num_replicas": world_size}
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return dict(self._group)
-
-
 @pytest.fixture(scope="module")
 def probed() -> dict[str, Any]:
     """One fit of 2 epochs over a probe, under a strategy naming data-parallel rank 1 of 3."""
     probe = _Probe()
     trainer = L.Trainer(
-        **trainer_kwargs(strategy=_DataParallelOf(1, 3), callbacks=[AttachLoaders()])
+        **trainer_kwargs(strategy=DataParallelOf(1, 3), callbacks=[AttachLoaders()])
     )
     trainer.fit(_Linear(), train_dataloaders=probe)
     return {"probe": probe, "trainer": trainer}
@@ -217,7 +207,7 @@ def test_a_loader_under_a_data_parallel_strategy_yields_that_ranks_share(how: st
     # global process group (here: none at all), whichever way the loader gets its host.
     model = IdModule()
     callbacks = [AttachLoaders()] if how == "callback" else []
-    trainer = L.Trainer(**trainer_kwargs(strategy=_DataParallelOf(2, 3), callbacks=callbacks))
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3), callbacks=callbacks))
     trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=how == "datamodule"))
     assert [r["ids"] for r in model.records] == _share(2, 3)
 
@@ -226,7 +216,7 @@ def test_a_loader_without_a_host_uses_the_global_group() -> None:
     # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
     # the strategy's data-parallel group.
     model = IdModule()
-    trainer = L.Trainer(**trainer_kwargs(strategy=_DataParallelOf(2, 3)))
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3)))
     trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=False))
     assert [r["ids"] for r in model.records] == _share(0, 1)
 
@@ -235,7 +225,7 @@ def test_a_datamodules_loader_keeps_its_trainers_group_outside_the_trainer() -> 
     # Handed self.trainer, the loader knows its run's group wherever it is asked, not
     # only while the Trainer is on the call stack.
     dm = IdDataModule(size=24, batch_size=2)
-    L.Trainer(**trainer_kwargs(strategy=_DataParallelOf(2, 3))).fit(IdModule(), datamodule=dm)
+    L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3))).fit(IdModule(), datamodule=dm)
     assert len(dm.train_dataloader()) == 4  # 24 samples / 3 ranks / 2 per batch
 
 
@@ -437,14 +427,8 @@ def test_a_max_steps_stop_at_an_epochs_last_batch_is_refused_naming_the_fix(
         _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt")
 
 
-class _FabricDataParallelOf(L.fabric.strategies.SingleDeviceStrategy):
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(device=torch.device("cpu"))
-        self._group = {"rank": rank, "num_replicas": world_size}
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return dict(self._group)
+class _FabricDataParallelOf(AnswersForGroup, L.fabric.strategies.SingleDeviceStrategy):
+    """A Fabric strategy on one CPU that names a data-parallel group."""
 
 
 def test_a_loader_attached_to_fabric_yields_its_data_parallel_share() -> None:

@@ -49,7 +49,7 @@ from tests.support.datamodules import (
     write_id_documents,
     write_id_token_shards,
 )
-from tests.support.helpers import assert_resume_exact, by_epoch, trainer_kwargs
+from tests.support.helpers import DataParallelOf, assert_resume_exact, by_epoch, trainer_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -528,23 +528,11 @@ def test_hparams_keep_settings_but_not_data() -> None:
     assert "train" not in seq.hparams and seq.hparams["max_tokens"] == 64
 
 
-class _DataParallelOf(L.pytorch.strategies.SingleDeviceStrategy):
-    """One device that answers for a data-parallel group (rank, world_size)."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(device=torch.device("cpu"))
-        self._group = {"rank": rank, "num_replicas": world_size}
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return dict(self._group)
-
-
 def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked() -> None:
     # The module hands each loader self.trainer: the loader knows the run's data-parallel
     # group outside the Trainer's call stack too (here after the fit, and before a batch).
     dm = tensor_dm()
-    L.Trainer(**trainer_kwargs(max_epochs=1, strategy=_DataParallelOf(1, 4))).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=1, strategy=DataParallelOf(1, 4))).fit(
         AnyBatchModule(), datamodule=dm
     )
     assert len(dm.train_dataloader()) == SIZE // BATCH // 4

@@ -106,6 +106,22 @@ def add_noise(sample: dict[str, Any]) -> dict[str, Any]:
     return {**sample, "x": sample["x"] + torch.rand(4)}
 
 
+class AnswersForGroup:
+    """A single-CPU strategy mixin that answers for a data-parallel group (rank, world_size)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(device=torch.device("cpu"))  # type: ignore[call-arg]
+        self._group = {"rank": rank, "num_replicas": world_size}
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return dict(self._group)
+
+
+class DataParallelOf(AnswersForGroup, L.pytorch.strategies.SingleDeviceStrategy):
+    """A Trainer strategy on one CPU that names a data-parallel group."""
+
+
 class IdDataModule(L.LightningDataModule):
     """A DataModule whose train loader is a fresh :class:`ResumableDataLoader` per call.
 
