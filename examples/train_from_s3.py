@@ -50,6 +50,7 @@ from loaderkit import (
     ResumableDataLoader,
     ShardedDataset,
     TokenReader,
+    attach_host,
     write_shards,
 )
 
@@ -108,9 +109,10 @@ class S3Data(L.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         self.dataset = ShardedDataset(self.url, TokenReader(seq_len=SEQ), remote=self.remote)
         sampler = self.dataset.batch_sampler(16, seed=0, window=64, mix_shards=2)
-        return ResumableDataLoader(
+        loader = ResumableDataLoader(
             self.dataset, batch_sampler=sampler, num_workers=self.num_workers
         )
+        return attach_host(loader, self.trainer)
 
 
 def fit(data: S3Data, workdir: Path, *, stop_at: int | None, resume: str | None) -> TinyLM:

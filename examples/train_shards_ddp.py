@@ -28,7 +28,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, attach_host, write_shards
 
 VOCAB, SEQ_LEN, BATCH = 64, 32, 16
 SAMPLES_PER_SHARD = (70, 12, 101, 33, 58, 6, 104)  # 384 = 12 steps x 2 ranks x 16
@@ -105,9 +105,10 @@ class Shards(L.LightningDataModule):
         sampler = ds.batch_sampler(BATCH, seed=0, window=64)  # rank/world size: from DDP
         # Workers forked once per fit: forking afresh at each epoch from a DDP
         # (gloo) process intermittently deadlocked in os.fork in our tests.
-        return ResumableDataLoader(
+        loader = ResumableDataLoader(
             ds, batch_sampler=sampler, num_workers=2, persistent_workers=True
         )
+        return attach_host(loader, self.trainer)  # the loader learns what the trainer knows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from loaderkit import _callers
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
@@ -73,6 +72,7 @@ from loaderkit.types import Stateful
 if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads them
     from loaderkit.lightning import (
         ArrayDataModule,
+        AttachLoaders,
         DataWaitMonitor,
         ElasticResume,
         ImageFolderDataModule,
@@ -81,11 +81,13 @@ if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads t
         SequenceDataModule,
         ShardedDataModule,
         TensorDataModule,
+        attach_host,
     )
 
 _LIGHTNING_NAMES = frozenset(
     {
         "ArrayDataModule",
+        "AttachLoaders",
         "DataWaitMonitor",
         "ElasticResume",
         "ImageFolderDataModule",
@@ -94,6 +96,7 @@ _LIGHTNING_NAMES = frozenset(
         "SequenceDataModule",
         "ShardedDataModule",
         "TensorDataModule",
+        "attach_host",
     }
 )
 
@@ -116,20 +119,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _LIGHTNING_NAMES)
 
 
-def _load_lightning() -> None:
-    import loaderkit.lightning  # noqa: F401  (registers the Lightning host adapter)
-
-
 # Where Lightning is already loaded (a training script, LightningCLI) the names cost
 # nothing more, and LightningCLI finds DataModules and callbacks by their short class
-# names only among classes already imported: load them now. Where Lightning comes
-# later, the loaders still learn of its runs: the first question about a host loads
-# the adapter (loaderkit._callers.host).
+# names only among classes already imported: load them now.
 if "lightning.pytorch" in sys.modules:
-    _load_lightning()
-else:
-    _callers.load_when_imported("lightning.pytorch", _load_lightning)
-    _callers.load_when_imported("pytorch_lightning", _load_lightning)
+    import loaderkit.lightning  # noqa: F401
 
 # The one version source: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.2.0"
@@ -137,6 +131,7 @@ __version__ = "0.2.0"
 __all__ = [
     "ArrayDataModule",
     "ArrayDataset",
+    "AttachLoaders",
     "BatchMix",
     "BucketBatchSampler",
     "BucketPlan",
@@ -186,6 +181,7 @@ __all__ = [
     "WorkerEnv",
     "WorkerError",
     "WorkerStartError",
+    "attach_host",
     "batch_mix",
     "check_resumable_sampler",
     "compute_lengths",

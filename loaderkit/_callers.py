@@ -1,160 +1,107 @@
-"""What loaderkit asks of the host that drives a loader: the registration hook (private).
+"""The host that drives a loader, and what loaderkit asks it (private).
 
-A host is a framework that iterates loaders in its own loop: Lightning's
-``Trainer`` or Lightning Fabric. loaderkit needs a few facts from it, asked at
-the moment they matter:
+A host is a framework that iterates loaders in its own loop (Lightning's
+``Trainer`` or ``Fabric``). It is handed to loaderkit, never searched for:
+:func:`attach` gives one loader its host (loaderkit's DataModules pass
+``self.trainer``), and :func:`enter`/:func:`leave` make a host the default of
+every loader while its run lasts (the ``AttachLoaders`` callback's ``setup``
+and ``teardown``). This module imports nothing of Lightning;
+``loaderkit.lightning._adapter`` implements :class:`Host`. A loader without a
+host is driven by a plain loop: :data:`NO_HOST` answers for it.
 
-- whether the host's training loop is the caller. Lightning's loop treats
-  loaders in two ways that lose batches silently (it prefetches a batch ahead
-  of a loader without a length, and caps an epoch at the first ``len()`` it
-  read), so loaderkit raises its errors for those only when that loop calls;
-  a loop of one's own is unaffected.
-- how many batches a loader handed out the host still holds untrained
-  (Lightning prefetches one from a loader without a length): a state saved
-  meanwhile must not count them.
-- how many batches of the epoch the host's training loop counts as done:
-  the loader's own count must agree, or the host ends the epoch early (or
-  late) and batches are silently left out.
-- whether the host's loop, setting a loader's epoch, restarts that epoch
-  from a checkpoint taken part-way through it (the loader's loaded position
-  then wins over the epoch start the loop replays) or starts it afresh.
-- the data-parallel rank and size of the run. With tensor or model
-  parallelism they differ from the global process group's: the peers of one
-  data-parallel rank must all get the same batches, which only the host
-  knows (Lightning: ``strategy.distributed_sampler_kwargs``).
-
-Everything outside :mod:`loaderkit.lightning` knows nothing of Lightning, so
-the answers come through inversion: :mod:`loaderkit.lightning` registers a
-:class:`HostAdapter` here when it is imported (its ``_adapter`` module holds
-every read of Lightning's internals). The facade asks for that import to
-happen once ``lightning.pytorch`` is loaded (:func:`load_when_imported`), so
-the adapter is in place whichever of the two was imported first. Without a
-registered adapter there is no host: no loop is calling and the topology is
-``torch.distributed``'s.
+Example:
+    >>> host_of(object()) is NO_HOST, NO_HOST.data_parallel()  # no run in progress
+    (True, None)
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from typing import Protocol
 
-__all__ = [
-    "HostAdapter",
-    "host",
-    "host_batches_done",
-    "host_epoch_meant",
-    "host_held_batches",
-    "host_restarting_mid_epoch",
-    "host_topology",
-    "load_when_imported",
-    "register",
-    "under_lightning_loop",
-]
+__all__ = ["NO_HOST", "Host", "attach", "enter", "host_of", "leave"]
+
+# The attribute of an attached loader (or batch sampler) that holds its host.
+_ATTR = "_loaderkit_host"
 
 
-class HostAdapter(Protocol):
-    """What a host tells loaderkit (implemented by ``loaderkit.lightning._adapter``)."""
-
-    def loop_is_calling(self) -> bool:
-        """Whether the host's training loop is on the call stack."""
-        ...
+class Host(Protocol):
+    """What a host tells a loader; each answer concerns ``loader`` only where it is one of
+    the host's train loaders in a running fit (else None, or False)."""
 
     def data_parallel(self) -> tuple[int, int] | None:
-        """``(rank, world_size)`` of the data-parallel group of the run driving the caller,
-        or None when no run of this host is driving it."""
+        """``(rank, world_size)`` of the run's data-parallel group, or None."""
+        ...
+
+    def drives(self, loader: object) -> bool:
+        """Whether the host's training loop iterates ``loader`` (or a loader whose
+        ``batch_sampler`` it is)."""
         ...
 
     def held_batches(self, loader: object) -> int | None:
-        """How many batches ``loader`` handed out that the host's training loop holds
-        untrained (prefetched), when ``loader`` is one of its train loaders; else None."""
+        """Batches ``loader`` handed out that the host holds untrained (prefetched)."""
         ...
 
     def batches_done(self, loader: object) -> int | None:
-        """How many of the current epoch's batches the host's training loop counts as
-        done, when ``loader`` is its only training loader; else None."""
+        """Batches of the current epoch the host counts as done (``loader`` its only
+        train loader)."""
         ...
 
     def restarting_mid_epoch(self, loader: object) -> bool | None:
-        """Whether the host's training loop, setting ``loader``'s epoch, is restarting in
-        the middle of that epoch (True) or starting it (False); None when ``loader`` is
-        not one of the train loaders of a host loop on the call stack."""
+        """Whether the host, setting ``loader``'s epoch, restarts that epoch part-way."""
         ...
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
-        """The epoch the host's training loop trains when it sets ``loader``'s epoch to
-        ``epoch`` (they differ after some restarts); None when no host loop drives it."""
+        """The epoch the host trains when it sets ``loader``'s epoch to ``epoch``."""
         ...
 
 
-_adapter: HostAdapter | None = None
-# (module, load): once ``module`` is imported, ``load()`` registers the adapter.
-_pending: list[tuple[str, Callable[[], None]]] = []
+class _NoHost:
+    """A plain loop: it holds no batch, keeps no count and has no data-parallel group."""
+
+    def data_parallel(self) -> tuple[int, int] | None:
+        return None
+
+    def drives(self, loader: object) -> bool:
+        return False
+
+    def held_batches(self, loader: object) -> int | None:
+        return None
+
+    def batches_done(self, loader: object) -> int | None:
+        return None
+
+    def restarting_mid_epoch(self, loader: object) -> bool | None:
+        return None
+
+    def epoch_meant(self, loader: object, epoch: int) -> int | None:
+        return None
 
 
-def register(adapter: HostAdapter) -> None:
-    """Make ``adapter`` the host adapter (the last registration wins)."""
-    global _adapter
-    _adapter = adapter
+NO_HOST: Host = _NoHost()
+_runs: list[Host] = []  # hosts whose run is in progress, innermost last
 
 
-def load_when_imported(module: str, load: Callable[[], None]) -> None:
-    """Call ``load`` (which registers an adapter) the first time a host is asked about
-    while ``module`` is imported, e.g. Lightning imported after loaderkit."""
-    _pending.append((module, load))
+def attach(obj: object, host: Host | None) -> None:
+    """Make ``host`` the host of ``obj`` (None: back to the run's default)."""
+    setattr(obj, _ATTR, host)
 
 
-def _imported(name: str) -> bool:
-    module = sys.modules.get(name)
-    # A module half-way through its own import is not usable yet.
-    return module is not None and not getattr(module.__spec__, "_initializing", False)
+def enter(host: Host) -> None:
+    """``host``'s run starts: it hosts every loader without one of its own."""
+    _runs.append(host)
 
 
-def host() -> HostAdapter | None:
-    """The registered adapter, loading a pending one whose host is imported by now."""
-    if _adapter is None and _pending:
-        for entry in list(_pending):
-            if _imported(entry[0]):
-                _pending.remove(entry)
-                entry[1]()
-    return _adapter
+def leave(host: Host) -> None:
+    """``host``'s run ended (a no-op when it was not entered)."""
+    for i in range(len(_runs) - 1, -1, -1):
+        if _runs[i] is host:
+            del _runs[i]
+            return
 
 
-def under_lightning_loop() -> bool:
-    """Whether a host's training loop (Lightning's) is on the call stack."""
-    adapter = host()
-    return adapter is not None and adapter.loop_is_calling()
-
-
-def host_topology() -> tuple[int, int] | None:
-    """The data-parallel ``(rank, world_size)`` of the host run driving the caller, or None."""
-    adapter = host()
-    return None if adapter is None else adapter.data_parallel()
-
-
-def host_batches_done(loader: object) -> int | None:
-    """The batches of the current epoch the host's training loop counts as done for
-    ``loader`` (its only train loader), or None when no host loop drives it."""
-    adapter = host()
-    return None if adapter is None else adapter.batches_done(loader)
-
-
-def host_restarting_mid_epoch(loader: object) -> bool | None:
-    """Whether a host loop setting ``loader``'s epoch restarts mid-epoch (True), starts the
-    epoch (False), or no host loop drives ``loader`` (None)."""
-    adapter = host()
-    return None if adapter is None else adapter.restarting_mid_epoch(loader)
-
-
-def host_epoch_meant(loader: object, epoch: int) -> int | None:
-    """The epoch a host loop that sets ``loader``'s epoch to ``epoch`` trains, or None when
-    no host loop drives ``loader``."""
-    adapter = host()
-    return None if adapter is None else adapter.epoch_meant(loader, epoch)
-
-
-def host_held_batches(loader: object) -> int | None:
-    """The batches ``loader`` handed out that a host's training loop still holds, or None
-    when no host loop drives it (the caller's own loop holds none it did not ask for)."""
-    adapter = host()
-    return None if adapter is None else adapter.held_batches(loader)
+def host_of(obj: object | None) -> Host:
+    """The host of ``obj``: its own, else the innermost run's, else :data:`NO_HOST`."""
+    own = getattr(obj, _ATTR, None)
+    if own is not None:
+        return own
+    return _runs[-1] if _runs else NO_HOST

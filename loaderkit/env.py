@@ -3,8 +3,8 @@
 The topology is a frozen, keyword-only dataclass so tests can construct any
 point of a 8-rank x 4-worker grid directly instead of spawning processes.
 :func:`detect` reads it at the moment it is called: the rank and world size
-of the data-parallel group from the host driving the caller (a Lightning
-``Trainer`` or Fabric, through :mod:`loaderkit._callers`), else from
+of the data-parallel group from the loader's host (a Lightning ``Trainer`` or
+Fabric, through :mod:`loaderkit._callers`), else from
 ``torch.distributed``; the worker fields from ``torch.utils.data.get_worker_info()``.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
-from loaderkit._callers import host_topology
+from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 
 # cpu_budget is shared by the loader and the DataModules, not part of the public API.
@@ -88,27 +88,30 @@ class WorkerEnv:
         return self.rank * self.workers_per_rank + self.worker_id
 
 
-def detect(*, rank: int | None = None, world_size: int | None = None) -> WorkerEnv:
+def detect(
+    *, rank: int | None = None, world_size: int | None = None, loader: object = None
+) -> WorkerEnv:
     """Read the topology of the calling process.
 
-    The rank and world size are those of the data-parallel group: under a
-    Lightning ``Trainer`` or Fabric run, its strategy's
-    ``distributed_sampler_kwargs`` (with tensor or model parallelism, the
-    peers of one data-parallel rank share a rank here and get the same
-    batches); else the global ``torch.distributed`` group.
+    The rank and world size are those of the data-parallel group: the host's
+    (a Lightning ``Trainer`` or Fabric attached to ``loader``, or whose run
+    ``AttachLoaders`` made the default), from its strategy's
+    ``distributed_sampler_kwargs`` (tensor- or model-parallel peers share a
+    rank and get the same batches); else the global ``torch.distributed`` group.
 
     Args:
         rank: Override the rank (default: the host's data-parallel rank, else
             ``torch.distributed``'s if initialised, else 0).
         world_size: Override the world size (default: the host's data-parallel
             size, else ``torch.distributed``'s, else 1).
+        loader: The loader (or batch sampler) asking, whose attached host counts.
 
     Returns:
         The :class:`WorkerEnv` of the caller, with the worker fields filled in
         when called inside a DataLoader worker.
     """
     if rank is None or world_size is None:
-        hosted = host_topology()
+        hosted = host_of(loader).data_parallel()
         if hosted is not None:
             rank = hosted[0] if rank is None else rank
             world_size = hosted[1] if world_size is None else world_size

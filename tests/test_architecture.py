@@ -297,3 +297,56 @@ def test_no_support_module_shadows_the_standard_library() -> None:
     # like a standard one (http.py) replaced it for torch's own imports in every DDP job.
     names = {p.stem for p in (PACKAGE.parent / "tests" / "support").glob("*.py")}
     assert not names & set(sys.stdlib_module_names), names & set(sys.stdlib_module_names)
+
+
+# Stack-frame access: how a library finds what it was not handed (docs/design.md, "Simple
+# and safe"); loaderkit is handed its host instead (loaderkit/_callers.py).
+FRAME_NAMES = {"sys": {"_getframe"}, "inspect": {"currentframe", "stack", "getouterframes"}}
+FRAME_ATTRIBUTES = {"f_back", "f_locals", "f_globals"}
+
+
+def _uses(tree: ast.Module, banned: dict[str, set[str]], attributes: set[str]) -> list[int]:
+    """Lines that import a banned module (an empty set bans all of it) or one of its banned
+    names, read a banned name off it, or read one of ``attributes`` off anything."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = {a.name.split(".")[0] for a in node.names}
+            if any(r in banned and not banned[r] for r in roots):
+                lines.add(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module in banned:
+            names = banned[node.module]
+            if not names or any(a.name in names for a in node.names):
+                lines.add(node.lineno)
+        elif isinstance(node, ast.Attribute):
+            base = node.value.id if isinstance(node.value, ast.Name) else None
+            if node.attr in attributes or node.attr in banned.get(base or "", set()):
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
+def _offenders(banned: dict[str, set[str]], attributes: set[str]) -> list[str]:
+    return [
+        f"{name}:{line}"
+        for name, path in modules().items()
+        for line in _uses(ast.parse(path.read_text()), banned, attributes)
+    ]
+
+
+def test_no_module_reads_stack_frames() -> None:
+    bad = _offenders(FRAME_NAMES, FRAME_ATTRIBUTES)
+    assert not bad, "stack frames read (hand the object over instead): " + ", ".join(bad)
+
+
+def test_the_frame_rule_finds_frame_access() -> None:
+    code = "import sys, inspect\nf = sys._getframe(1)\ng = f.f_back\nh = inspect.currentframe()\n"
+    assert _uses(ast.parse(code), FRAME_NAMES, FRAME_ATTRIBUTES) == [2, 3, 4]
+    assert _uses(ast.parse("from inspect import stack\n"), FRAME_NAMES, FRAME_ATTRIBUTES) == [1]
+    assert _uses(ast.parse("import inspect\ninspect.signature(len)\n"), FRAME_NAMES, set()) == []
+
+
+@pytest.mark.xfail(strict=True, reason="seeding rewrite pending")
+def test_no_module_uses_ctypes() -> None:
+    # Raw addresses into another library's objects break silently on its next release.
+    bad = _offenders({"ctypes": set()}, {"ctypes"})
+    assert not bad, "ctypes used (go through the library's own API): " + ", ".join(bad)

@@ -1,17 +1,11 @@
-"""Everything of loaderkit that needs Lightning: callbacks and LightningDataModules.
+"""Everything of loaderkit that needs Lightning: callbacks, ``attach_host`` and DataModules.
 
-This is the only package of loaderkit that imports ``lightning``; the reads of
-its internals are all in :mod:`loaderkit.lightning._adapter`, which registers
-itself with :mod:`loaderkit._callers` when this package is imported (so the
-loaders, which know nothing of Lightning, learn the data-parallel topology of
-a Trainer or Fabric run and whether Lightning's loop is calling). The rest of
-loaderkit serves a plain training loop too, and ``import loaderkit`` stays
-free of Lightning's import cost (worker processes import loaderkit).
-:mod:`loaderkit` re-exports these names lazily, on first access.
+The only package of loaderkit that imports ``lightning``; its internals are read
+in :mod:`loaderkit.lightning._adapter` alone. :mod:`loaderkit` re-exports these
+names lazily, on first access, so ``import loaderkit`` stays free of Lightning.
 """
 
-import loaderkit.lightning._adapter  # noqa: F401  (registers the host adapter)
-from loaderkit.lightning.callbacks import ElasticResume
+from loaderkit.lightning.callbacks import AttachLoaders, ElasticResume, attach_host
 from loaderkit.lightning.datamodules import (
     ArrayDataModule,
     ImageFolderDataModule,
@@ -25,6 +19,7 @@ from loaderkit.lightning.telemetry import DataWaitMonitor
 
 __all__ = [
     "ArrayDataModule",
+    "AttachLoaders",
     "DataWaitMonitor",
     "ElasticResume",
     "ImageFolderDataModule",
@@ -33,4 +28,5 @@ __all__ = [
     "SequenceDataModule",
     "ShardedDataModule",
     "TensorDataModule",
+    "attach_host",
 ]

@@ -1,61 +1,103 @@
-"""Lightning callbacks for loaderkit's loaders.
+"""How a Trainer or Fabric reaches loaderkit's loaders: callbacks and ``attach_host``.
 
-:class:`ElasticResume` keeps Lightning's count of an epoch's batches equal to
-what loaderkit's train loader yields. Lightning (2.6) takes the train loader's
-length, and with it the number of batches of the epoch (and the batch at which
-validation runs), once per ``fit`` and *before* it restores the loader's state.
-Two cases of length need it:
-
-- Plans whose epoch length varies from epoch to epoch, like
-  :class:`~loaderkit.BucketBatchSampler` under a token budget: Lightning would
-  end a longer epoch early, leaving batches untrained, and validate mid-epoch
-  or not at all. (The loader raises when such an epoch starts without it.)
-- A mid-epoch resume on a different number of ranks: Lightning's own step
-  counter, restored from the checkpoint, counts the steps done under the old
-  world size. With *more* ranks, that count plus the new whole-epoch length can
-  fall short of the batches that remain; with *fewer*, the resumed epoch ends
-  before the batch Lightning validates at.
-
-The callback re-reads the loaders' lengths after the state is restored and at
-the start of every epoch, and recomputes the validation batch of a fractional
-``val_check_interval``; the loaders it manages answer ``len()`` with the
-current epoch's exact count. Fixed-size plans resumed with the same number of
-ranks need no callback.
-
-A third case: a :class:`~loaderkit.StreamingShardedDataset` without
-``steps_per_epoch`` has no length, so Lightning prefetches one batch ahead of
-training, and a state saved at a checkpoint would count that batch as done.
-Such loaders ask the Lightning adapter how many batches Lightning holds
-(the callback tells them too), and their ``state_dict()`` leaves those out.
-
-What the callback reads of Lightning's fit loop (the fetcher's held batches,
-the lengths Lightning derived an epoch from) is read in
-:mod:`loaderkit.lightning._adapter`, the one module that touches Lightning's internals.
+A loader learns what only its host knows (the data-parallel group, the
+batches Lightning prefetched, the batches it counts as done, how it sets the
+epoch on a restart) once the host is handed to it: loaderkit's DataModules
+pass ``self.trainer``; for a loader built elsewhere, :func:`attach_host` it or
+add :class:`AttachLoaders` to the Trainer. Why, and what a loader without a
+host cannot know, is in ``docs/design.md`` ("The Lightning adapter").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning as L
 from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import Callback
 
-from loaderkit.lightning._adapter import held_batches, resize_train_epoch, train_loaders
+from loaderkit._callers import attach, enter, leave
+from loaderkit.lightning._adapter import LightningHost, resize_train_epoch, train_loaders
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import PlanBatchSampler
 
-__all__ = ["ElasticResume"]
+__all__ = ["AttachLoaders", "ElasticResume", "attach_host"]
+
+LoaderT = TypeVar("LoaderT")
 
 
-class ElasticResume(Callback):
-    """Re-read the lengths of loaderkit train loaders every epoch and after a restore.
+def attach_host(loader: LoaderT, host: Any) -> LoaderT:
+    """Hand ``loader`` the ``Trainer`` or ``Fabric`` that drives it; returns ``loader``.
 
-    Covers :class:`~loaderkit.ResumableDataLoader` and torch ``DataLoader`` objects
-    whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler` (e.g. a
-    :class:`~loaderkit.BucketBatchSampler`). Needed for token-budget batches,
-    for resuming with more ranks, and for streams without a length (see the
-    module docstring).
+    ``loader`` is a :class:`~loaderkit.ResumableDataLoader`, or a torch
+    ``DataLoader`` whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler`.
+    ``host=None`` detaches it. The host is held weakly.
+
+    Raises:
+        TypeError: ``loader`` is neither, or ``host`` has no ``strategy``.
+
+    Example:
+        >>> def train_dataloader(self):  # in a LightningModule or LightningDataModule
+        ...     return attach_host(ResumableDataLoader(data, batch_size=32), self.trainer)
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    targets: list[object] = [sampler] if isinstance(sampler, PlanBatchSampler) else []
+    if isinstance(loader, ResumableDataLoader):
+        targets = [loader]
+    if not targets:
+        raise TypeError(
+            f"attach_host: loader is a {type(loader).__name__}, not a ResumableDataLoader nor "
+            "a DataLoader with a loaderkit PlanBatchSampler; pass one of those."
+        )
+    if host is not None and not hasattr(host, "strategy"):
+        raise TypeError(
+            f"attach_host: host must be a Lightning Trainer or Fabric, got "
+            f"{type(host).__name__}; pass self.trainer (or the Fabric)."
+        )
+    for target in targets:
+        attach(target, None if host is None else LightningHost(host))
+    return loader
+
+
+class AttachLoaders(Callback):
+    """Make the Trainer the host of every loaderkit loader without one, while it runs.
+
+    For loaders a ``LightningModule`` returns or ``trainer.fit`` is given.
+    ``setup`` is the first hook of a run and comes before any
+    ``*_dataloader()`` call; ``teardown`` (or ``on_exception``) ends it.
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[AttachLoaders()])  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._host: LightningHost | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        self._end()
+        self._host = LightningHost(trainer)
+        enter(self._host)
+
+    def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        self._end()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if self._host is not None:
+            leave(self._host)
+            self._host = None
+
+
+class ElasticResume(AttachLoaders):
+    """Re-read the lengths of loaderkit train loaders after a restore and every epoch.
+
+    Lightning reads an epoch's length (and the batch it validates at) once per
+    fit, before it restores the loaders. Needed for plans whose epoch length
+    varies (token budgets), for resuming on another number of ranks, and for
+    streams without a length (as an :class:`AttachLoaders`, it tells them the
+    batch Lightning prefetched).
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
@@ -63,26 +105,11 @@ class ElasticResume(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
-        _watch_prefetch(trainer)
         _sync_lengths(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Each new epoch is a whole epoch again under the current world size."""
-        _watch_prefetch(trainer)
         _sync_lengths(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Unhook the stream loaders: a later fit without this callback must not be told
-        that no batch is held (its saves would then be one batch ahead)."""
-        _watch_prefetch(trainer, unhook=True)
-
-
-def _watch_prefetch(trainer: L.Trainer, *, unhook: bool = False) -> None:
-    """Let unsized stream loaders subtract the batch Lightning prefetched from their state."""
-    for dl in train_loaders(trainer):
-        engine = getattr(dl, "_stream", None) if isinstance(dl, ResumableDataLoader) else None
-        if engine is not None:
-            engine.held_batches = None if unhook else held_batches(trainer)
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

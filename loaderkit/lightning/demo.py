@@ -1,22 +1,13 @@
-"""The main job behind ``make demo``: a byte-level language model on Python's own sources.
+"""The job behind ``make demo``: a byte-level language model on Python's own sources.
 
-Every machine with Python has the standard library's ``.py`` files, so the
-data needs no download: each file's first bytes are one variable-length
-sample. The job shows the pieces working together under a real
-``lightning.Trainer``: :class:`~loaderkit.BucketBatchSampler` groups blocks of
-similar length into batches under a token budget (the summary compares the
-padding with random batches of ``batch_size``), :class:`~loaderkit.PadCollate`
-pads each batch (with a mask that keeps padding out of the loss),
-:class:`~loaderkit.ResumableDataLoader` seeds its workers and saves its
-position in Lightning's checkpoint, :class:`~loaderkit.ElasticResume` keeps
-Lightning's count of batches right when it changes from epoch to epoch, and
-:func:`~loaderkit.move_to_device` moves batches (non_blocking where it is safe).
-
-To show that resume is exact, training is interrupted by an exception in the
-middle of the second epoch, right after a checkpoint, then resumed from that
-checkpoint with a freshly built model, DataModule and loader. The sample ids
-both runs trained on are compared with those of an uninterrupted pass over
-the same loader.
+Each standard-library ``.py`` file's first bytes are one variable-length
+sample (no download). A real ``lightning.Trainer`` trains on batches a
+:class:`~loaderkit.BucketBatchSampler` cuts under a token budget (the summary
+compares the padding with random batches), padded by
+:class:`~loaderkit.PadCollate`, loaded by a :class:`~loaderkit.ResumableDataLoader`
+with :class:`~loaderkit.ElasticResume`. Training is interrupted mid-epoch
+right after a checkpoint and resumed from it; the sample ids both runs
+trained on are compared with an uninterrupted pass.
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ from torch import nn
 
 from loaderkit.collate import PadCollate
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.lightning.callbacks import ElasticResume
+from loaderkit.lightning.callbacks import ElasticResume, attach_host
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import BucketBatchSampler
 from loaderkit.transfer import move_to_device
@@ -177,7 +168,7 @@ class StdlibDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> ResumableDataLoader:
         sampler = BucketBatchSampler(self.lengths, max_tokens=self.max_tokens, seed=self.seed)
-        return ResumableDataLoader(
+        loader = ResumableDataLoader(
             self.dataset,
             batch_sampler=sampler,
             num_workers=self.num_workers,
@@ -185,6 +176,7 @@ class StdlibDataModule(L.LightningDataModule):
             pin_memory="auto",
             persistent_workers=self.num_workers > 0,
         )
+        return attach_host(loader, self.trainer)
 
     def random_dataloader(self) -> ResumableDataLoader:
         """The "before": random batches of ``batch_size`` rows, only to measure their padding."""

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaderkit._callers import host_held_batches, under_lightning_loop
+from loaderkit._callers import host_of
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._host import LoaderHost
@@ -285,7 +285,7 @@ class IterableEngine:
         self._history: deque[tuple[int, dict[str, Any], bool]] = deque(maxlen=16)
         self._inner: DataLoader[Any] | None = None  # persistent workers between whole epochs
         self._inner_next: int | None = None
-        self.held_batches: Callable[[], int] | None = None  # set by ElasticResume
+        self.held_batches: Callable[[], int] | None = None  # else the host says
         self.state_seen = False  # a worker reported an iterator state
 
     @property
@@ -475,23 +475,11 @@ class IterableEngine:
         }
 
     def state(self) -> dict[str, Any]:
-        held = 0
-        hosted = host_held_batches(self.loader) if self.held_batches is None else None
+        # The batches the host (Lightning's prefetch) holds untrained are not consumed.
         if self.held_batches is not None:
             held = self.held_batches()
-        elif hosted is not None:
-            held = hosted
-        elif under_lightning_loop():
-            try:
-                self.length()
-            except TypeError:
-                raise LoaderkitError(
-                    "ResumableDataLoader: Lightning is saving the state of an IterableDataset "
-                    "without __len__, and it holds a prefetched batch this loader already "
-                    "handed out, so a resume would skip it. Give the dataset __len__ (then "
-                    "Lightning does not prefetch), or wrap the data in StreamingShardedDataset "
-                    "and add loaderkit.ElasticResume() to the Trainer's callbacks."
-                ) from None
+        else:
+            held = host_of(self.loader).held_batches(self.loader) or 0
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "

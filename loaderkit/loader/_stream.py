@@ -37,7 +37,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from loaderkit._callers import host_held_batches, under_lightning_loop
+from loaderkit._callers import host_of
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
@@ -395,20 +395,11 @@ class StreamEngine:
         }
 
     def state(self) -> dict[str, Any]:
-        held = 0
-        hosted = host_held_batches(self.loader) if self.held_batches is None else None
+        # The batches the host (Lightning's prefetch) holds untrained are not consumed.
         if self.held_batches is not None:
             held = self.held_batches()
-        elif hosted is not None:
-            held = hosted
-        elif self.steps is None and under_lightning_loop():
-            raise LoaderkitError(
-                "ResumableDataLoader: Lightning is saving the state of a stream without a length, "
-                "and it holds a prefetched batch this loader already handed out, so a resume "
-                "would skip it. Add loaderkit.ElasticResume() to the Trainer's callbacks (it "
-                "tells the loader how many batches Lightning holds), or give the dataset "
-                "steps_per_epoch= so it has a length and Lightning does not prefetch."
-            )
+        else:
+            held = host_of(self.loader).held_batches(self.loader) or 0
         cursors, next_local = list(self.cursors), self.next_local
         steps_done, complete = self.steps_done, self.complete
         if held > len(self._history):

@@ -43,7 +43,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from loaderkit._callers import host_batches_done, host_epoch_meant, host_restarting_mid_epoch
+from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -501,7 +501,7 @@ class ResumableDataLoader:
     def _topology(self) -> tuple[int, int]:
         if self._topology_cache is not None:
             return self._topology_cache
-        env = detect(rank=self._rank, world_size=self._world_size)
+        env = detect(rank=self._rank, world_size=self._world_size, loader=self)
         engine = self._stream or self._iterable
         if self._cursor.started or (engine is not None and engine.started):
             # Fixed from the first batch on: the process group exists by then
@@ -514,7 +514,7 @@ class ResumableDataLoader:
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )
-        meant = host_epoch_meant(self, epoch)
+        meant = host_of(self).epoch_meant(self, epoch)
         epoch = epoch if meant is None else meant
         engine = self._stream or self._iterable
         if engine is not None:
@@ -533,7 +533,7 @@ class ResumableDataLoader:
             StateMismatchError: the call would silently discard a position part-way
                 through its epoch.
         """
-        restarting = host_restarting_mid_epoch(self)
+        restarting = host_of(self).restarting_mid_epoch(self)
         if restarting is False:
             # Lightning starts its epoch afresh here, as the uninterrupted run did (a
             # loader cut short by limit_train_batches, or cycled by a CombinedLoader,
@@ -710,7 +710,7 @@ class ResumableDataLoader:
         )
         # Lightning counts the epoch's batches itself and ends the epoch by that count;
         # if it disagrees with the position, it silently cuts or overruns the epoch.
-        counted = host_batches_done(self)
+        counted = host_of(self).batches_done(self)
         if counted is not None and counted != steps_done:
             loaded = self._cursor.loaded(self.plan)
             # Loaded at the end of `epoch`, which Lightning (see epoch_meant) still trains.
@@ -741,7 +741,8 @@ class ResumableDataLoader:
             )
         epoch, start, steps_done = self._cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
-        self._len_watch.check("ResumableDataLoader", epoch, steps_done + sched.num_steps)
+        batches, driven = steps_done + sched.num_steps, host_of(self).drives(self)
+        self._len_watch.check("ResumableDataLoader", epoch, batches, driven=driven)
         if sched.num_steps == 0 and start > 0:
             self._cursor.position = self.plan.epoch_length(epoch)  # a dropped tail: it is over
         elif sched.num_steps == 0:

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
-from loaderkit._callers import under_lightning_loop
+from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
@@ -86,7 +86,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         return self._cursor.steps_done
 
     def _topology(self) -> tuple[int, int]:
-        env = detect(rank=self.rank, world_size=self.world_size)
+        env = detect(rank=self.rank, world_size=self.world_size, loader=self)
         return env.rank, env.world_size
 
     def set_epoch(self, epoch: int) -> None:
@@ -116,7 +116,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         )
         epoch, start, _ = cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
-        self._len_watch.check("PlanBatchSampler", epoch, sched.num_steps)
+        driven = host_of(self).drives(self)
+        self._len_watch.check("PlanBatchSampler", epoch, sched.num_steps, driven=driven)
         for step in range(sched.num_steps):
             batch = sched.indices(step).tolist()
             cursor.consumed(sched.position_after(step))
@@ -195,11 +196,10 @@ class _LenWatch:
         if self.first is None:
             self.first = length
 
-    def check(self, owner: str, epoch: int, batches: int) -> None:
-        """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them)."""
-        if self.managed or self.first is None or batches == self.first:
-            return
-        if not under_lightning_loop():
+    def check(self, owner: str, epoch: int, batches: int, *, driven: bool) -> None:
+        """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them);
+        ``driven``: a host's training loop (which took ``len()`` once) iterates it."""
+        if self.managed or self.first is None or batches == self.first or not driven:
             return
         if batches < self.first:
             raise LoaderkitError(

@@ -6,7 +6,8 @@ Run by ``test_fabric.py``::
         [--one-replica]
 
 A plain user loop: the loader is iterated directly (``fabric.setup_dataloaders``
-takes only torch DataLoaders; the loader splits across ranks itself), and
+takes only torch DataLoaders; the loader, handed the Fabric with ``attach_host``,
+splits across its data-parallel ranks itself), and
 after every step rank 0 saves ``{"loader": loader, "epoch", "done", "step"}``
 with ``fabric.save`` to ``DIR/ckpt/step{S:03d}.ckpt``; ``--resume`` restores
 it with ``fabric.load``. Each rank writes ``DIR/records-rank{R}.jsonl``.
@@ -28,7 +29,7 @@ from typing import Any
 import lightning as L
 from lightning.fabric.strategies import DDPStrategy
 
-from loaderkit import ResumableDataLoader
+from loaderkit import ResumableDataLoader, attach_host
 from tests.support.helpers import IdDataset, mark_phase
 
 SIZE, BATCH, EPOCHS = 64, 8, 2
@@ -53,6 +54,7 @@ def train(fabric: L.Fabric, args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         persistent_workers=args.num_workers > 0,
     )
+    attach_host(loader, fabric)
     per_epoch = len(loader)
     epoch, done, step = 0, 0, 0
     if args.resume is not None:

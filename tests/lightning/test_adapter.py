@@ -1,4 +1,5 @@
-"""One test per Lightning internal that ``loaderkit/lightning/_adapter.py`` reads.
+"""One test per Lightning internal (and hook order) that ``loaderkit/lightning/_adapter.py``
+relies on.
 
 Each test fails with a message naming the internal and the adapter function
 that reads it, so a Lightning release that moves one is found here, not as a
@@ -23,12 +24,21 @@ import lightning as L
 import pytest
 import torch
 from lightning.fabric.utilities.data import sized_len
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy
 from packaging.version import Version
 
-from loaderkit import LoaderkitError, ResumableDataLoader, StateMismatchError, _callers
+from loaderkit import (
+    AttachLoaders,
+    LoaderkitError,
+    ResumableDataLoader,
+    StateMismatchError,
+    attach_host,
+)
+from loaderkit._callers import NO_HOST, host_of
 from loaderkit.lightning import _adapter
 from tests.support.helpers import (
+    AnswersForGroup,
+    DataParallelOf,
     IdDataModule,
     IdDataset,
     IdModule,
@@ -63,13 +73,9 @@ class _Probe:
         self.sampler = _EpochRecorder(self.epochs)
 
     def _record(self, where: str) -> None:
+        host = host_of(self)
         self.seen.append(
-            {
-                "where": where,
-                "loop": _callers.under_lightning_loop(),
-                "driver": _adapter.driver_on_stack(),
-                "topology": _callers.host_topology(),
-            }
+            {"where": where, "drives": host.drives(self), "topology": host.data_parallel()}
         )
 
     def __len__(self) -> int:
@@ -114,57 +120,36 @@ class _Linear(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-class _DataParallelOf(SingleDeviceStrategy):
-    """A single-device strategy that answers for a data-parallel group (rank, world_size)."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(device=torch.device("cpu"))
-        self._group = {"rank": rank, "num_replicas": world_size}
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return dict(self._group)
-
-
 @pytest.fixture(scope="module")
 def probed() -> dict[str, Any]:
     """One fit of 2 epochs over a probe, under a strategy naming data-parallel rank 1 of 3."""
     probe = _Probe()
-    trainer = L.Trainer(**trainer_kwargs(strategy=_DataParallelOf(1, 3)))
+    trainer = L.Trainer(
+        **trainer_kwargs(strategy=DataParallelOf(1, 3), callbacks=[AttachLoaders()])
+    )
     trainer.fit(_Linear(), train_dataloaders=probe)
     return {"probe": probe, "trainer": trainer}
 
 
-def test_lightning_loops_call_from_their_modules(probed: dict[str, Any]) -> None:
-    seen = [s for s in probed["probe"].seen if s["where"] in ("iter", "next")]
-    assert seen and all(s["loop"] for s in seen), changed(
-        f"the modules its fit loop iterates loaders from (expected {_adapter.LOOP_MODULES})",
-        "LightningHost.loop_is_calling",
-    )
-    assert not _callers.under_lightning_loop()  # and nothing else counts as the loop
-
-
-def test_the_trainer_is_on_the_stack_when_it_sizes_and_iterates_a_loader(
+def test_attach_loaders_hosts_a_loader_from_its_first_len_until_the_run_ends(
     probed: dict[str, Any],
 ) -> None:
-    drivers = {s["where"]: s["driver"] for s in probed["probe"].seen}
-    assert set(drivers) == {"len", "iter", "next"}
-    assert all(d is probed["trainer"] for d in drivers.values()), changed(
-        "where the Trainer is found on the stack (a loop's `self.trainer`, or the Trainer "
-        f"as `self`); found {drivers}",
-        "driver_on_stack",
+    # The callback's setup hook runs before Lightning first sizes or iterates a train loader
+    # (FitLoop.setup_data), and a running fit lists it in fit_loop._combined_loader.
+    seen = probed["probe"].seen
+    assert seen[0]["where"] == "len" and {s["where"] for s in seen} == {"len", "iter", "next"}
+    assert all(s["drives"] and s["topology"] == (1, 3) for s in seen), changed(
+        "the order of Callback.setup and FitLoop.setup_data, trainer.state (fn 'fit', status "
+        f"'running') or fit_loop._combined_loader.flattened; seen {seen}",
+        "LightningHost._fitting",
     )
-    assert _adapter.driver_on_stack() is None
+    assert host_of(probed["probe"]) is NO_HOST  # teardown ended the run
 
 
-def test_the_strategys_distributed_sampler_kwargs_give_the_topology(
-    probed: dict[str, Any],
-) -> None:
-    topologies = {s["topology"] for s in probed["probe"].seen}
-    assert topologies == {(1, 3)}, changed(
-        "`strategy.distributed_sampler_kwargs` (keys 'rank', 'num_replicas')", "data_parallel_of"
-    )
-    assert _callers.host_topology() is None  # no run outside fit
+def test_a_trainer_that_is_not_fitting_drives_no_loader(probed: dict[str, Any]) -> None:
+    host = _adapter.LightningHost(probed["trainer"])
+    assert host.data_parallel() == (1, 3)  # the strategy still names its group
+    assert not host.drives(probed["probe"]) and host.held_batches(probed["probe"]) is None
 
 
 def test_ddp_and_model_parallel_strategies_name_their_data_parallel_group() -> None:
@@ -210,17 +195,38 @@ def test_a_strategy_without_rank_and_replicas_is_an_error_naming_the_fix() -> No
         _adapter.data_parallel_of(_Driver(Odd()))
 
 
-def test_a_loader_under_a_data_parallel_strategy_yields_that_ranks_share() -> None:
-    # F6: rank and world size come from the data-parallel group the strategy names,
-    # not the global process group (here: none at all).
-    dm = IdDataModule(size=24, batch_size=2)
+def _share(rank: int, world_size: int) -> list[list[int]]:
+    alone = ResumableDataLoader(IdDataset(24), batch_size=2, shuffle=True, seed=0, rank=rank,
+                                world_size=world_size)  # fmt: skip
+    return [b["id"].tolist() for _ in range(2) for b in alone]
+
+
+@pytest.mark.parametrize("how", ["datamodule", "callback"])
+def test_a_loader_under_a_data_parallel_strategy_yields_that_ranks_share(how: str) -> None:
+    # Rank and world size come from the data-parallel group the strategy names, not the
+    # global process group (here: none at all), whichever way the loader gets its host.
     model = IdModule()
-    trainer = L.Trainer(**trainer_kwargs(strategy=_DataParallelOf(2, 3)))
-    trainer.fit(model, datamodule=dm)
-    alone = ResumableDataLoader(IdDataset(24), batch_size=2, shuffle=True, seed=0, rank=2,
-                                world_size=3)  # fmt: skip
-    expected = [b["id"].tolist() for _ in range(2) for b in alone]
-    assert [r["ids"] for r in model.records] == expected
+    callbacks = [AttachLoaders()] if how == "callback" else []
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3), callbacks=callbacks))
+    trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=how == "datamodule"))
+    assert [r["ids"] for r in model.records] == _share(2, 3)
+
+
+def test_a_loader_without_a_host_uses_the_global_group() -> None:
+    # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
+    # the strategy's data-parallel group.
+    model = IdModule()
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3)))
+    trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=False))
+    assert [r["ids"] for r in model.records] == _share(0, 1)
+
+
+def test_a_datamodules_loader_keeps_its_trainers_group_outside_the_trainer() -> None:
+    # Handed self.trainer, the loader knows its run's group wherever it is asked, not
+    # only while the Trainer is on the call stack.
+    dm = IdDataModule(size=24, batch_size=2)
+    L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3))).fit(IdModule(), datamodule=dm)
+    assert len(dm.train_dataloader()) == 4  # 24 samples / 3 ranks / 2 per batch
 
 
 def test_the_fit_loop_sets_the_epoch_on_the_samplers(probed: dict[str, Any]) -> None:
@@ -236,7 +242,8 @@ class _HeldAtEachStep(L.Callback):
         self.held: list[int] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self.held.append(_adapter.held_batches(trainer)())
+        (loader,) = _adapter.train_loaders(trainer)
+        self.held.append(_adapter.LightningHost(trainer).held_batches(loader))
 
 
 def test_the_fetcher_holds_one_batch_ahead_of_an_unsized_loader_only() -> None:
@@ -247,7 +254,8 @@ def test_the_fetcher_holds_one_batch_ahead_of_an_unsized_loader_only() -> None:
         trainer.fit(_Linear(), train_dataloaders=loader)
         counts[name] = held.held
     assert counts == {"unsized": [1, 1, 1, 0], "sized": [0, 0, 0, 0]}, changed(
-        f"fit_loop._data_fetcher.batches (the prefetched batches; got {counts})", "held_batches"
+        f"fit_loop._data_fetcher.batches (the prefetched batches; got {counts})",
+        "LightningHost.held_batches",
     )
 
 
@@ -368,11 +376,13 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None) -> list[Any]:
+def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None, host: bool = True) -> list[Any]:
     model = _Recorder()
     loader = ResumableDataLoader(IdDataset(16), batch_size=4, shuffle=True, seed=0)
-    callback = L.pytorch.callbacks.ModelCheckpoint(dirpath=root, save_last=True)
-    kwargs = trainer_kwargs(max_steps=max_steps, max_epochs=-1, callbacks=[callback])
+    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=root, save_last=True)]
+    kwargs = trainer_kwargs(
+        max_steps=max_steps, max_epochs=-1, callbacks=callbacks + [AttachLoaders()] * host
+    )
     L.Trainer(**{**kwargs, "enable_checkpointing": True}).fit(
         model, train_dataloaders=loader, ckpt_path=ckpt
     )
@@ -396,6 +406,14 @@ def test_a_run_stopped_by_max_steps_mid_epoch_resumes_from_its_last_checkpoint(
     )
 
 
+def test_without_a_host_a_max_steps_resume_is_refused_not_trained_wrong(tmp_path: Path) -> None:
+    # Documented limit (docs/design.md): the loader cannot follow the fit loop's epoch
+    # bookkeeping, so set_epoch of the next epoch meets its part-way position and raises.
+    _fit_to(6, tmp_path / "cut", host=False)
+    with pytest.raises(StateMismatchError, match=r"part-way through epoch 1"):
+        _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt", host=False)
+
+
 def test_a_max_steps_stop_at_an_epochs_last_batch_is_refused_naming_the_fix(
     tmp_path: Path,
 ) -> None:
@@ -409,32 +427,29 @@ def test_a_max_steps_stop_at_an_epochs_last_batch_is_refused_naming_the_fix(
         _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt")
 
 
-class _FabricDataParallelOf(L.fabric.strategies.SingleDeviceStrategy):
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(device=torch.device("cpu"))
-        self._group = {"rank": rank, "num_replicas": world_size}
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return dict(self._group)
+class _FabricDataParallelOf(AnswersForGroup, L.fabric.strategies.SingleDeviceStrategy):
+    """A Fabric strategy on one CPU that names a data-parallel group."""
 
 
-def _launched(fabric: L.Fabric) -> tuple[Any, Any, list[int]]:
-    loader = ResumableDataLoader(list(range(12)), batch_size=2, shuffle=True, seed=0)
-    ids = [int(i) for batch in loader for i in batch]
-    return _adapter.driver_on_stack(), _callers.host_topology(), ids
-
-
-def test_fabric_is_on_the_stack_of_a_launched_function() -> None:
+def test_a_loader_attached_to_fabric_yields_its_data_parallel_share() -> None:
     fabric = L.Fabric(accelerator="cpu", devices=1, strategy=_FabricDataParallelOf(1, 2))
-    driver, topology, ids = fabric.launch(_launched)
-    assert driver is fabric and topology == (1, 2), changed(
-        "where the Fabric is found on the stack of fabric.launch(fn) (Fabric._wrap_with_setup)",
-        "driver_on_stack",
+    loader = attach_host(ResumableDataLoader(list(range(12)), batch_size=2, shuffle=True, seed=0),
+                         fabric)  # fmt: skip
+    assert host_of(loader).data_parallel() == (1, 2), changed(
+        "Fabric.strategy.distributed_sampler_kwargs", "LightningHost.data_parallel"
     )
     alone = ResumableDataLoader(list(range(12)), batch_size=2, shuffle=True, seed=0, rank=1,
                                 world_size=2)  # fmt: skip
-    assert ids == [int(i) for batch in alone for i in batch]
+    assert [int(i) for b in loader for i in b] == [int(i) for b in alone for i in b]
+
+
+def test_attach_host_refuses_what_it_cannot_host() -> None:
+    with pytest.raises(TypeError, match=r"loader is a list, not a ResumableDataLoader.*pass"):
+        attach_host([1, 2], None)
+    loader = ResumableDataLoader(list(range(4)), batch_size=2)
+    with pytest.raises(TypeError, match=r"host must be a Lightning Trainer or Fabric, got int"):
+        attach_host(loader, 3)
+    assert attach_host(loader, None) is loader and host_of(loader) is NO_HOST
 
 
 def test_fabric_setup_dataloaders_takes_only_torch_dataloaders() -> None:
@@ -463,37 +478,6 @@ def test_fabric_save_and_load_resume_the_loader_exactly(tmp_path: Path) -> None:
     assert rest == {"step": 3}
     after = [b["id"].tolist() for _ in range(2) for b in resumed]
     assert before + after == full
-
-
-def test_the_adapter_registers_whichever_is_imported_first() -> None:
-    code = (
-        "import sys\n"
-        "{first}\n"
-        "from loaderkit import _callers\n"
-        "before = type(_callers._adapter).__name__\n"
-        "{second}\n"
-        "print(before, type(_callers.host()).__name__)\n"
-    )
-    orders = {
-        "lightning first": ("import lightning.pytorch", "import loaderkit"),
-        "loaderkit first": ("import loaderkit", "import lightning.pytorch"),
-    }
-    got = {}
-    for name, (first, second) in orders.items():
-        out = subprocess.run(
-            [sys.executable, "-c", code.format(first=first, second=second)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])},
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        got[name] = out.stdout.split()
-    assert got == {
-        "lightning first": ["LightningHost", "LightningHost"],
-        "loaderkit first": ["NoneType", "LightningHost"],
-    }
 
 
 def _declared_minimum() -> str:
@@ -543,7 +527,7 @@ class _CountProbe(_Probe):
     def __iter__(self) -> Iterator[torch.Tensor]:
         for i, batch in enumerate(super().__iter__()):
             if i == 0:
-                self.done_at_first.append(_callers.host_batches_done(self))
+                self.done_at_first.append(host_of(self).batches_done(self))
             yield batch
 
 
@@ -554,13 +538,12 @@ def test_the_batch_progress_counts_an_epochs_done_batches_when_its_iterator_is_m
     # batch: a fresh epoch must read 0, a restored mid-epoch run the batches done (step 6
     # of 4-batch epochs: 2 of epoch 1). The sanity check's validation draws none here.
     first = _CountProbe()
-    L.Trainer(
-        **trainer_kwargs(
-            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
-        )
-    ).fit(_Linear(), train_dataloaders=first)
+    callbacks = [step_checkpoints(tmp_path, 1), AttachLoaders()]
+    L.Trainer(**trainer_kwargs(max_epochs=2, enable_checkpointing=True, callbacks=callbacks)).fit(
+        _Linear(), train_dataloaders=first
+    )
     resumed = _CountProbe()
-    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
         _Linear(), train_dataloaders=resumed, ckpt_path=tmp_path / "step006.ckpt"
     )
     assert (first.done_at_first, resumed.done_at_first) == ([0, 0], [2]), changed(
@@ -568,7 +551,7 @@ def test_the_batch_progress_counts_an_epochs_done_batches_when_its_iterator_is_m
         f"the train iterator (got {first.done_at_first}, {resumed.done_at_first})",
         "LightningHost.batches_done",
     )
-    assert _callers.host_batches_done(first) is None  # no run on the stack
+    assert host_of(first).batches_done(first) is None  # no run in progress
 
 
 class _RestartProbe(_Probe):
@@ -581,7 +564,8 @@ class _RestartProbe(_Probe):
 
         class _Sampler:
             def set_epoch(self, epoch: int) -> None:
-                probe.restarting.append((epoch, _callers.host_restarting_mid_epoch(probe)))
+                host = host_of(probe)
+                probe.restarting.append((epoch, host.restarting_mid_epoch(probe)))
 
         self.sampler = _Sampler()
 
@@ -594,13 +578,12 @@ def test_the_fit_loop_says_whether_its_set_epoch_restarts_an_epoch_mid_way(
     # mid-epoch restart (a loader CombinedLoader cycled is ahead of the trainer's epoch),
     # not against the set_epoch that starts the epoch after a last-batch checkpoint.
     first = _RestartProbe()
-    L.Trainer(
-        **trainer_kwargs(
-            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
-        )
-    ).fit(_Linear(), train_dataloaders=first)
+    callbacks = [step_checkpoints(tmp_path, 1), AttachLoaders()]
+    L.Trainer(**trainer_kwargs(max_epochs=2, enable_checkpointing=True, callbacks=callbacks)).fit(
+        _Linear(), train_dataloaders=first
+    )
     resumed = _RestartProbe()
-    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
         _Linear(), train_dataloaders=resumed, ckpt_path=tmp_path / f"step{step:03d}.ckpt"
     )
     got = (first.restarting, resumed.restarting)
@@ -609,4 +592,4 @@ def test_the_fit_loop_says_whether_its_set_epoch_restarts_an_epoch_mid_way(
         f"samplers' epoch (got {got})",
         "LightningHost.restarting_mid_epoch",
     )
-    assert _callers.host_restarting_mid_epoch(first) is None  # no run on the stack
+    assert host_of(first).restarting_mid_epoch(first) is None  # no run in progress

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from loaderkit import ResumableDataLoader
+from loaderkit import AttachLoaders, ResumableDataLoader
 from tests.support.helpers import step_checkpoints, trainer_kwargs
 
 pytestmark = [
@@ -58,17 +58,22 @@ class _TwoLoaders(L.LightningDataModule):
 @pytest.mark.parametrize("k", [5, 10, 14])  # mid b's own epoch 1, the trainer's epoch end, epoch 1
 def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> None:
     full = _Recorder()
-    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(full, datamodule=_TwoLoaders())
+    # AttachLoaders hands both loaders the trainer, whose restart bookkeeping they follow.
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
+        full, datamodule=_TwoLoaders()
+    )
     cut = _Recorder(stop_at=k)
     trainer = L.Trainer(
         **trainer_kwargs(
-            max_epochs=2, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+            max_epochs=2,
+            enable_checkpointing=True,
+            callbacks=[step_checkpoints(tmp_path, 1), AttachLoaders()],
         )
     )
     with pytest.raises(_Stop):
         trainer.fit(cut, datamodule=_TwoLoaders())
     resumed = _Recorder()
-    L.Trainer(**trainer_kwargs(max_epochs=2)).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
         resumed, datamodule=_TwoLoaders(), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
     )
     assert cut.seen + resumed.seen == full.seen

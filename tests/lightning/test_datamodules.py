@@ -7,6 +7,7 @@ Tiny data throughout: 64 samples, two epochs, a few batches each.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -33,6 +34,7 @@ from loaderkit.lightning.datamodules import (
     ArrayDataModule,
     ImageFolderDataModule,
     LoaderDataModule,
+    MixedDataModule,
     SequenceDataModule,
     ShardedDataModule,
     TensorDataModule,
@@ -47,7 +49,7 @@ from tests.support.datamodules import (
     write_id_documents,
     write_id_token_shards,
 )
-from tests.support.helpers import assert_resume_exact, by_epoch, trainer_kwargs
+from tests.support.helpers import DataParallelOf, assert_resume_exact, by_epoch, trainer_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -524,6 +526,43 @@ def test_hparams_keep_settings_but_not_data() -> None:
     assert "train" not in TensorDataModule(train=(torch.ones(3),)).hparams
     seq = sequence_dm()
     assert "train" not in seq.hparams and seq.hparams["max_tokens"] == 64
+
+
+def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked() -> None:
+    # The module hands each loader self.trainer: the loader knows the run's data-parallel
+    # group outside the Trainer's call stack too (here after the fit, and before a batch).
+    dm = tensor_dm()
+    L.Trainer(**trainer_kwargs(max_epochs=1, strategy=DataParallelOf(1, 4))).fit(
+        AnyBatchModule(), datamodule=dm
+    )
+    assert len(dm.train_dataloader()) == SIZE // BATCH // 4
+
+
+MAKERS: dict[str, Any] = {
+    "sequence": lambda root, **kw: sequence_dm(**kw),
+    "sharded": lambda root, **kw: ShardedDataModule(str(root), seq_len=4, **kw),
+    "mixed": lambda root, **kw: MixedDataModule({"a": str(root)}, seq_len=4, **kw),
+}
+SETTINGS = [
+    *[("sequence", name) for name in ("max_tokens", "pad_to_multiple_of", "window")],
+    *[("sharded", name) for name in ("max_tokens", "bucket_window", "max_open_shards")],
+    *[("mixed", name) for name in ("max_tokens", "bucket_window", "max_open_shards")],
+    ("mixed", "pad_to_multiple_of"),
+]
+
+
+@pytest.mark.parametrize(("kind", "name"), SETTINGS, ids=[f"{k}-{n}" for k, n in SETTINGS])
+def test_a_setting_follows_one_rule_in_every_datamodule(
+    tmp_path: Path, kind: str, name: str
+) -> None:
+    make = functools.partial(MAKERS[kind], write_id_token_shards(tmp_path))
+    budget = {"max_tokens": 64} if name == "bucket_window" else {}
+    dm = make(**budget, **{name: np.int64(8)})  # numpy ints, as everywhere
+    assert getattr(dm, name) == 8 and type(getattr(dm, name)) is int
+    with pytest.raises(ValueError, match=rf"{name} must be >= 1, got 0"):
+        make(**budget, **{name: 0})
+    with pytest.raises(TypeError, match=rf"{name} must be an int, got True \(bool\)"):
+        make(**budget, **{name: True})
 
 
 def test_describe_reports_batches_padding_and_resume() -> None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaderkit import ResumableDataLoader
+from loaderkit import ResumableDataLoader, attach_host
 from tests.support.helpers import (
     IdModule,
     assert_resume_exact,
@@ -57,9 +57,11 @@ class IterableModule(L.LightningDataModule):
         self.num_workers = num_workers
 
     def train_dataloader(self) -> ResumableDataLoader:
-        return ResumableDataLoader(
+        # The host says how many batches Lightning prefetched from this unsized loader.
+        loader = ResumableDataLoader(
             WorkerSharded(SIZE), batch_size=BATCH, num_workers=self.num_workers
         )
+        return attach_host(loader, self.trainer)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

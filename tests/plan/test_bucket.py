@@ -48,6 +48,7 @@ from loaderkit import (
     PadCollate,
     ResumableDataLoader,
     StateMismatchError,
+    attach_host,
     compute_lengths,
 )
 from loaderkit.plan._cursor import seal
@@ -577,7 +578,7 @@ class BucketDataModule(L.LightningDataModule):
         self.loader = bucket_loader(
             self.num_workers, seed=SEED, rank=self.rank, world_size=self.world_size
         )
-        return self.loader
+        return attach_host(self.loader, self.trainer)
 
 
 class ValDataModule(BucketDataModule):

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
-from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, attach_host
 
 __all__ = [
     "IdDataModule",
@@ -106,11 +106,29 @@ def add_noise(sample: dict[str, Any]) -> dict[str, Any]:
     return {**sample, "x": sample["x"] + torch.rand(4)}
 
 
+class AnswersForGroup:
+    """A single-CPU strategy mixin that answers for a data-parallel group (rank, world_size)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(device=torch.device("cpu"))  # type: ignore[call-arg]
+        self._group = {"rank": rank, "num_replicas": world_size}
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return dict(self._group)
+
+
+class DataParallelOf(AnswersForGroup, L.pytorch.strategies.SingleDeviceStrategy):
+    """A Trainer strategy on one CPU that names a data-parallel group."""
+
+
 class IdDataModule(L.LightningDataModule):
     """A DataModule whose train loader is a fresh :class:`ResumableDataLoader` per call.
 
     ``stream=True`` serves the ids as a :class:`StreamingShardedDataset` over
     :func:`id_stream_shards` (``steps_per_epoch`` optional) instead of a map-style dataset.
+    The loader gets ``self.trainer`` as its host (``attach_host``), as the README shows;
+    ``host=False`` leaves it without one.
     """
 
     def __init__(
@@ -125,8 +143,10 @@ class IdDataModule(L.LightningDataModule):
         persistent_workers: bool = False,
         stream: bool = False,
         steps_per_epoch: int | None = None,
+        host: bool = True,
     ) -> None:
         super().__init__()
+        self.host = host
         self.stream, self.steps_per_epoch = stream, steps_per_epoch
         self.size, self.batch_size, self.num_workers = size, batch_size, num_workers
         self.persistent_workers = persistent_workers
@@ -152,7 +172,7 @@ class IdDataModule(L.LightningDataModule):
             rank=self.rank,
             world_size=self.world_size,
         )
-        return self.loader
+        return attach_host(self.loader, self.trainer) if self.host else self.loader
 
 
 class IdModule(L.LightningModule):

@@ -2,9 +2,8 @@
 
 Every module shares the loader policy of :class:`LoaderDataModule` (batch
 sizes, workers, pinning, seed, a seeded val split) and returns
-:class:`~loaderkit.ResumableDataLoader` loaders, so a Lightning checkpoint
-resumes training at the exact next sample. They live in
-:mod:`loaderkit.lightning`, the only package of loaderkit that imports Lightning.
+:class:`~loaderkit.ResumableDataLoader` loaders hosted by its trainer, so a
+Lightning checkpoint resumes training at the exact next sample.
 """
 
 from loaderkit.lightning.datamodules.base import LoaderDataModule

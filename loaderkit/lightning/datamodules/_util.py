@@ -1,26 +1,19 @@
-"""Private helpers of the DataModules: argument checks, the seeded split, the worker probe.
-
-Kept apart from :mod:`loaderkit.lightning.datamodules.base` so the base class reads as
-the loader policy alone.
-"""
+"""Private helpers of the DataModules: shard lists, the seeded split, stream facts, the
+worker probe (argument checks are in :mod:`._args`)."""
 
 from __future__ import annotations
 
 import os
 import time
-import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_choice, check_int
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
-from loaderkit.data.jsonl import JsonlReader
-from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.seeding import derive_seed
 
 __all__ = [
@@ -28,10 +21,9 @@ __all__ = [
     "KeyLength",
     "Shards",
     "batch_rows",
-    "bulky_args",
     "is_hf_dataset",
     "is_remote_shards",
-    "make_reader",
+    "plain",
     "require_datamodule",
     "shard_list",
     "split_indices",
@@ -160,27 +152,9 @@ def time_loader(make: Callable[[], Any], budget_s: float, max_batches: int) -> f
             close()  # stop the workers now, not when the iterator is collected
 
 
-def bulky_args(obj: object, names: Sequence[str], frame: types.FrameType | None) -> list[str]:
-    """The arguments ``names`` of ``obj.__init__`` that hold data rather than a path (or None).
-
-    Paths stay in ``hparams``, so a config or checkpoint rebuilds the module;
-    tensors, arrays and sample lists would bloat every checkpoint and log.
-    Their values are read from the ``__init__`` frames of ``obj``, as Lightning
-    reads every argument.
-    """
-    values: dict[str, Any] = {}
-    while frame is not None and frame.f_code.co_name == "__init__":
-        if frame.f_locals.get("self") is not obj:
-            break
-        for name in names:
-            if name in frame.f_locals:
-                values.setdefault(name, frame.f_locals[name])
-        frame = frame.f_back
-    return [n for n in names if not _plain(values.get(n))]
-
-
-def _plain(value: Any) -> bool:
-    """A path, None, or a dict of paths (or of lists of paths): kept in ``hparams``."""
+def plain(value: Any) -> bool:
+    """A path, None, or a dict of paths (or of lists of paths): kept in ``hparams`` (so a
+    config or checkpoint rebuilds the module), where data would bloat every checkpoint."""
     if isinstance(value, (str, os.PathLike, type(None))):
         return True
     if isinstance(value, Mapping):
@@ -264,64 +238,3 @@ def shard_list(owner: str, name: str, value: object) -> Shards:
             )
         paths.append(os.fspath(item))
     return paths
-
-
-def make_reader(
-    owner: str,
-    reader: Any,
-    seq_len: int | None,
-    targets: bool,
-    eos: int | None,
-    dtype: str | None,
-) -> ShardReader:
-    """The reader of ``reader`` (``"tokens"``/``"jsonl"`` or a ShardReader), its options checked."""
-    check_bool("targets", targets, owner=owner)
-    if not isinstance(reader, str):
-        if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
-            raise TypeError(
-                f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
-                f"count() and open()), got {type(reader).__name__}."
-            )
-        return reader
-    check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
-    if reader == "jsonl":
-        given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
-        extra = [k for k, v in given.items() if v is not None]
-        if extra:
-            raise ValueError(
-                f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
-                "reader='jsonl'; drop them."
-            )
-        return JsonlReader()
-    if (seq_len is None) == (eos is None):
-        raise ValueError(
-            f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
-            f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
-            "pass e.g. seq_len=1024."
-        )
-    if seq_len is not None:
-        check_int(
-            "seq_len",
-            seq_len,
-            1,
-            owner=owner,
-            fix="pass tokens per sample, e.g. 1024",
-            numpy_ok=True,
-        )
-    if eos is not None:
-        check_int(
-            "eos", eos, 0, owner=owner, fix="pass the end-of-document token id", numpy_ok=True
-        )
-    if dtype is not None:
-        try:
-            kind = np.dtype(dtype).kind
-        except TypeError as exc:
-            raise ValueError(
-                f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. 'uint16'."
-            ) from exc
-        if kind not in "iu":
-            raise ValueError(
-                f"{owner}: dtype must be an integer dtype, got {dtype!r}; pass the token "
-                "dtype, e.g. 'uint16'."
-            )
-    return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)

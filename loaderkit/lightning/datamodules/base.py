@@ -1,33 +1,30 @@
 """``LoaderDataModule``: the loader policy every loaderkit DataModule shares.
 
-A subclass says *what* the data is (:meth:`LoaderDataModule.build_datasets`,
-and optionally how it is batched and collated); this class says *how* it is
-loaded: every loader is a :class:`~loaderkit.ResumableDataLoader`, so the
-train loader's position goes into the Lightning checkpoint (Lightning's fit
-loop saves any train loader with ``state_dict``) and a resume is exact, for
-any ``num_workers`` and world size. A split may also be a
-:class:`~loaderkit.StreamingShardedDataset`: it is batched by the stream
-itself (no shuffle or batch sampler; its shards are shuffled per pass) and
-resumes exactly under the same world size and ``num_workers`` only.
+A subclass says *what* the data is (:meth:`LoaderDataModule.build_datasets`);
+this class says *how* it is loaded: every loader is a
+:class:`~loaderkit.ResumableDataLoader` whose position goes into the Lightning
+checkpoint, resumed exactly for any ``num_workers`` and world size (a
+:class:`~loaderkit.StreamingShardedDataset` split: under the same ones only).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from loaderkit._checks import check_bool, check_fraction, check_int
+from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
 from loaderkit.lightning._adapter import data_parallel_size
+from loaderkit.lightning.callbacks import attach_host
+from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
-    bulky_args,
+    plain,
     split_indices,
     stream_epoch_steps,
     stream_refusal,
@@ -49,18 +46,18 @@ class LoaderDataModule(L.LightningDataModule):
 
     Subclasses implement :meth:`build_datasets` and may override
     :meth:`batch_sampler`, :meth:`collate_fn`, :meth:`val_view`,
-    :meth:`padding_fraction` and :meth:`resume_info`. The train loader
-    shuffles per ``(seed, epoch)``; val/test/predict loaders never shuffle nor
-    drop samples. Every argument is keyword-only.
+    :meth:`padding_fraction` and :meth:`resume_info`; one whose ``__init__``
+    takes data names it with :meth:`set_data_args`. The train loader shuffles
+    per ``(seed, epoch)``; val/test/predict loaders never shuffle nor drop
+    samples. Loaders built while a Trainer runs get it as their host
+    (:func:`~loaderkit.attach_host`). Every argument is keyword-only.
 
     Args:
         batch_size: Samples per train batch on each rank.
         eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
         num_workers: Loader worker processes, or ``"auto"``: each map-style
-            loader measures, inside the run, how long the training step waits
-            for its batches and starts workers only when they shorten it
-            (``ResumableDataLoader(num_workers="auto")``); streams need an int.
-            :meth:`probe_num_workers` measures throughput alone, for tooling.
+            loader starts workers only when they shorten the training step's
+            wait (``ResumableDataLoader(num_workers="auto")``); streams need an int.
         pin_memory: ``"auto"`` pins when the trainer's device (or, with no
             trainer attached, :func:`~loaderkit.select_device`) is CUDA/XPU.
         persistent_workers: Keep workers alive across epochs (needs workers).
@@ -83,8 +80,16 @@ class LoaderDataModule(L.LightningDataModule):
         (8, 2, 2)
     """
 
-    #: ``__init__`` arguments that hold data: left out of ``hparams`` (and checkpoints).
-    data_args: ClassVar[tuple[str, ...]] = ()
+    # Set (checked) by check_settings.
+    batch_size: int
+    eval_batch_size: int
+    num_workers: int | Literal["auto"]
+    pin_memory: bool | Literal["auto"]
+    persistent_workers: bool
+    seed: int
+    val_fraction: float
+    shuffle: bool
+    drop_last: bool
 
     def __init__(
         self,
@@ -100,60 +105,21 @@ class LoaderDataModule(L.LightningDataModule):
         drop_last: bool = False,
     ) -> None:
         super().__init__()
-        owner = type(self).__name__
-        self.batch_size = check_int(
-            "batch_size",
-            batch_size,
-            1,
-            owner=owner,
-            fix="pass the samples per batch, e.g. batch_size=32",
-            numpy_ok=True,
+        check_settings(
+            self,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            seed=seed,
+            val_fraction=val_fraction,
+            shuffle=shuffle,
+            drop_last=drop_last,
         )
-        self.eval_batch_size = self.batch_size
-        if eval_batch_size is not None:
-            self.eval_batch_size = check_int(
-                "eval_batch_size",
-                eval_batch_size,
-                1,
-                owner=owner,
-                fix="or leave it None for batch_size",
-                numpy_ok=True,
-            )
-        self.num_workers: int | Literal["auto"] = "auto"
-        if not (isinstance(num_workers, str) and num_workers == "auto"):
-            self.num_workers = check_int(
-                "num_workers",
-                num_workers,
-                0,
-                owner=owner,
-                fix="use 0 to load in-process, or 'auto'",
-                numpy_ok=True,
-            )
-        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
-            raise ValueError(
-                f"{owner}: pin_memory must be True, False or 'auto', got {pin_memory!r}; "
-                "pass one of these ('auto' pins only for CUDA/XPU, where it helps)."
-            )
-        self.pin_memory = pin_memory
-        self.persistent_workers = check_bool("persistent_workers", persistent_workers, owner=owner)
-        if persistent_workers and num_workers == 0:
-            raise ValueError(
-                f"{owner}: persistent_workers=True needs worker processes, got num_workers=0; "
-                "set num_workers >= 1 (or 'auto'), or persistent_workers=False."
-            )
-        self.seed = check_int(
-            "seed",
-            seed,
-            0,
-            owner=owner,
-            fix="pass a non-negative int such as seed=0",
-            numpy_ok=True,
-        )
-        self.val_fraction = check_fraction("val_fraction", val_fraction, owner=owner)
-        self.shuffle = check_bool("shuffle", shuffle, owner=owner)
-        self.drop_last = check_bool("drop_last", drop_last, owner=owner)
-        # Lightning collects the subclass's arguments too, walking the __init__ frames.
-        self.save_hyperparameters(ignore=bulky_args(self, self.data_args, inspect.currentframe()))
+        self.eval_batch_size = self.eval_batch_size or self.batch_size
+        data = getattr(self, "_data_args", {})
+        self.save_hyperparameters(ignore=[name for name, v in data.items() if not plain(v)])
         #: Samples/s per ``num_workers`` measured by :meth:`probe_num_workers`.
         self.num_workers_probe: dict[int, float] | None = None
         #: The ``num_workers`` the probe picked.
@@ -162,6 +128,22 @@ class LoaderDataModule(L.LightningDataModule):
         self.split: tuple[Any, Any] | None = None
         self._datasets: dict[str, Any] = {}
         self._stages: set[str] = set()
+
+    def set_data_args(self, **values: Any) -> None:
+        """Name the ``__init__`` arguments that may hold data, with their values; call it
+        before ``super().__init__()``. Those that are not paths stay out of ``hparams``
+        (and so out of every checkpoint and log).
+
+        Example:
+            >>> class Points(LoaderDataModule):
+            ...     def __init__(self, points, **kwargs):
+            ...         self.set_data_args(points=points)
+            ...         super().__init__(**kwargs)
+            ...         self.points = points
+            >>> "points" in Points([[0.0, 1.0]]).hparams, Points("pts.npy").hparams["points"]
+            (False, 'pts.npy')
+        """
+        self._data_args = values
 
     # --------------------------------------------------------------- hooks
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
@@ -192,6 +174,13 @@ class LoaderDataModule(L.LightningDataModule):
         """Fraction of padded tokens in an epoch of ``split``, when the module pads."""
         return None
 
+    def _budget_padding(self) -> float:
+        """Padded / all tokens of epoch 0's train batches, for a token-budget plan (one with
+        ``token_counts``: ``max_tokens`` over shards or a mix)."""
+        plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
+        real, padded = plan.token_counts(0)
+        return 1.0 - real / padded if padded else 0.0
+
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
         """Whether a Lightning resume of this module's train loader is exact, and why.
 
@@ -202,20 +191,25 @@ class LoaderDataModule(L.LightningDataModule):
         if train is None:
             return False, "no train split: there is no training position to resume"
         if isinstance(train, StreamingShardedDataset):
-            if world_size is None:
-                trainer = self.trainer
-                world_size = (
-                    data_parallel_size(trainer) if trainer is not None else detect().world_size
-                )
-            refusal = stream_refusal(train, self.batch_size, world_size)
-            if refusal is not None:
-                return False, refusal
-            return True, stream_resume_reason(train)
-        return True, (
+            refusal = stream_refusal(train, self.batch_size, world_size or self._world_size())
+            return (False, refusal) if refusal else (True, stream_resume_reason(train))
+        reason = (
             "the train loader (ResumableDataLoader) saves its position in the sample plan in "
             "the Lightning checkpoint; resume is exact for any num_workers and world size "
             "(add loaderkit.ElasticResume() to resume on more ranks than it was saved with)"
         )
+        if getattr(self, "max_tokens", None) is not None:
+            reason += (
+                "; under max_tokens the number of batches changes from epoch to epoch: add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
+                "longer epoch early"
+            )
+        return True, reason
+
+    def _world_size(self) -> int:
+        """The data-parallel size of the attached trainer, else the detected one."""
+        trainer = self.trainer
+        return data_parallel_size(trainer) if trainer is not None else detect().world_size
 
     # --------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
@@ -313,36 +307,16 @@ class LoaderDataModule(L.LightningDataModule):
         num_workers: int | None = None,
         pin_memory: bool | None = None,
     ) -> ResumableDataLoader:
-        """A fresh loader of ``split`` under this module's policy (overrides for tooling)."""
+        """A fresh loader of ``split`` under this module's policy (overrides for tooling),
+        hosted by the attached trainer."""
         if split not in SPLITS:
             raise ValueError(f"{type(self).__name__}.loader: split must be one of {SPLITS}.")
         dataset = self._dataset(split)
         train = split == "train"
-        batch_size = self.batch_size if train else self.eval_batch_size
-        stream = isinstance(dataset, StreamingShardedDataset)
-        if stream and num_workers is None and self.num_workers == "auto":
-            # Each rank would probe (and pick) on its own; a stream's shards are dealt
-            # to rank x worker slots, so different picks would read some shards twice
-            # and others never, and the saved cursors would fit no later pick.
-            raise ValueError(
-                f"{type(self).__name__}: num_workers='auto' cannot serve a stream "
-                f"({split} split): its cursors are per (rank, worker) slot and every rank "
-                "must use the same count; pass an int, e.g. num_workers=2."
-            )
-        if stream and dataset.shuffle_shards != (self.shuffle and train):
-            raise ValueError(
-                f"{type(self).__name__}: the {split} split's StreamingShardedDataset has "
-                f"shuffle_shards={dataset.shuffle_shards}, but this module's loaders "
-                f"{'shuffle' if self.shuffle and train else 'do not shuffle'} the {split} "
-                f"split (shuffle={self.shuffle}); build the dataset with "
-                f"shuffle_shards={self.shuffle and train}."
-            )
         workers: int | Literal["auto"] = self.num_workers if num_workers is None else num_workers
         seeding = self.per_sample_seeding(split)
         if workers == "auto" and seeding is False:
-            # Lazy seeding costs nothing for samples without randomness, and keeps the
-            # loader's mid-epoch switch between in-process and worker loading exact.
-            seeding = "auto"
+            seeding = "auto"  # lazy: free without randomness, exact across the auto switch
         common: dict[str, Any] = {
             "num_workers": workers,
             "collate_fn": self.collate_fn(split),
@@ -351,12 +325,15 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": seeding,
         }
-        if stream:
-            # A stream batches itself and shuffles its shards per pass (shuffle_shards):
-            # ResumableDataLoader refuses shuffle and batch samplers for it.
-            return ResumableDataLoader(
-                dataset, batch_size=batch_size, drop_last=self.drop_last and train, **common
+        batch_size = self.batch_size if train else self.eval_batch_size
+        drop_last, shuffle = self.drop_last and train, self.shuffle and train
+        if isinstance(dataset, StreamingShardedDataset):
+            self._check_stream(split, dataset, workers)
+            # A stream batches itself and shuffles its shards per pass (shuffle_shards).
+            stream = ResumableDataLoader(
+                dataset, batch_size=batch_size, drop_last=drop_last, **common
             )
+            return attach_host(stream, self.trainer)
         sampler = self.batch_sampler(split, dataset, batch_size)
         if sampler is None and train and isinstance(dataset, MixedDataset):
             # Plain batches would read each sample once per epoch and ignore the weights.
@@ -364,14 +341,30 @@ class LoaderDataModule(L.LightningDataModule):
                 batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
             )
         if sampler is not None:
-            return ResumableDataLoader(dataset, batch_sampler=sampler, **common)
-        return ResumableDataLoader(
-            dataset,
-            batch_size=batch_size,
-            shuffle=self.shuffle and train,
-            drop_last=self.drop_last and train,
-            **common,
-        )
+            built = ResumableDataLoader(dataset, batch_sampler=sampler, **common)
+        else:
+            built = ResumableDataLoader(
+                dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **common
+            )
+        return attach_host(built, self.trainer)
+
+    def _check_stream(self, split: str, dataset: Any, workers: int | str) -> None:
+        """A stream's cursors are per (rank, worker) slot: every rank must use the same
+        worker count, and its shard order is the module's shuffle."""
+        owner = type(self).__name__
+        if workers == "auto":
+            raise ValueError(
+                f"{owner}: num_workers='auto' cannot serve a stream ({split} split), whose "
+                "cursors are per (rank, worker) slot; pass an int, e.g. num_workers=2."
+            )
+        shuffle = self.shuffle and split == "train"
+        if dataset.shuffle_shards != shuffle:
+            raise ValueError(
+                f"{owner}: the {split} split's StreamingShardedDataset has shuffle_shards="
+                f"{dataset.shuffle_shards}, but this module's shuffle={self.shuffle} "
+                f"{'shuffles' if shuffle else 'does not shuffle'} it; build the dataset with "
+                f"shuffle_shards={shuffle}."
+            )
 
     # --------------------------------------------------------------- policy
     def resolve_pin_memory(self) -> bool:
@@ -388,10 +381,9 @@ class LoaderDataModule(L.LightningDataModule):
         """Time the train loader with 0..``max_workers`` workers; samples/s per count.
 
         Each count gets an equal share of ``budget_s`` (worker start-up counts
-        against it but not in the rate). Records the result in
-        :attr:`num_workers_probe` and the pick (the fewest workers within 10% of
-        the best: workers cost memory and start-up, and the probe is short, so
-        its noise is about that size) in :attr:`num_workers_best`.
+        against it but not in the rate). Records the rates in
+        :attr:`num_workers_probe` and the fewest workers within 10% of the best
+        in :attr:`num_workers_best`.
 
         Args:
             max_workers: The most workers tried (default: the cores this process
@@ -402,14 +394,8 @@ class LoaderDataModule(L.LightningDataModule):
         if max_workers is None:
             devices = self.trainer.num_devices if self.trainer is not None else 1
             max_workers = min(cpu_budget(devices), 8)
-        check_int(
-            "max_workers",
-            max_workers,
-            0,
-            owner=owner,
-            fix="pass e.g. max_workers=4, or None",
-            numpy_ok=True,
-        )
+        fix = "pass e.g. max_workers=4, or None"
+        check_int("max_workers", max_workers, 0, owner=owner, fix=fix, numpy_ok=True)
         if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
             raise ValueError(
                 f"{owner}: budget_s must be a number > 0, got {budget_s!r}; pass e.g. budget_s=2.0."
@@ -452,8 +438,7 @@ class LoaderDataModule(L.LightningDataModule):
         """
         if not self._stages:
             self.setup("fit")
-        trainer = self.trainer
-        world_size = data_parallel_size(trainer) if trainer is not None else detect().world_size
+        world_size = self._world_size()
         splits: dict[str, dict[str, Any]] = {}
         for split, dataset in self._datasets.items():
             loader = self.loader(split, num_workers=0, pin_memory=False)

@@ -14,25 +14,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from loaderkit._checks import check_choice, check_int
 from loaderkit.collate import PadCollate
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.mixing import MixedDataset
-from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
-from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
+from loaderkit.lightning.datamodules._args import (
+    MAX_OPEN_DEFAULT,
+    check_settings,
+    collate_of,
+    make_reader,
+    refuse_val_fraction,
+    remote_cache,
+)
 from loaderkit.lightning.datamodules._util import (
     KeyLength,
     is_hf_dataset,
     is_remote_shards,
-    make_reader,
     shard_list,
 )
 from loaderkit.lightning.datamodules.base import LoaderDataModule
@@ -41,8 +45,6 @@ __all__ = ["MixedDataModule"]
 
 Sources = Mapping[str, Any] | Sequence[Any]
 Weights = Mapping[str, float] | Sequence[float]
-
-_MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
 
 class MixedDataModule(LoaderDataModule):
@@ -61,8 +63,7 @@ class MixedDataModule(LoaderDataModule):
     - shards by path or URL, as :class:`~loaderkit.lightning.datamodules.ShardedDataModule`
       takes them (a folder, a shard file, a list of shard files), read by
       ``reader`` (``"tokens"``, ``"jsonl"``, ``"parquet"`` or a
-      :class:`~loaderkit.ShardReader`; one reader for every path source, since
-      their samples are batched together);
+      :class:`~loaderkit.ShardReader`; one reader for every path source);
     - an ``.arrow`` file or a ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`,
       ``columns`` and ``length_key`` applied);
     - any map-style dataset (``len()`` and ``[i]``): a ``ShardedDataset``, a
@@ -76,8 +77,7 @@ class MixedDataModule(LoaderDataModule):
     in-memory tensors) are stacked; variable-length ones (documents, ``.jsonl``,
     Parquet, ``datasets`` rows, or any source under ``max_tokens``) are padded
     by :class:`~loaderkit.PadCollate`; ``collate`` overrides both. The sources
-    share batches, so their samples need the same fields and dtypes (``PadCollate``
-    names a field whose dtypes differ: ``datasets`` may store ints as int32).
+    share batches, so their samples need the same fields and dtypes.
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
@@ -126,7 +126,12 @@ class MixedDataModule(LoaderDataModule):
         30
     """
 
-    data_args: ClassVar[tuple[str, ...]] = ("sources", "val", "test", "reader", "collate")
+    max_open_shards: int | None
+    max_tokens: int | None
+    bucket_window: int | None
+    oversize: Literal["error", "skip"]
+    pad_to_multiple_of: int | None
+    length_key: str
 
     def __init__(
         self,
@@ -143,7 +148,7 @@ class MixedDataModule(LoaderDataModule):
         targets: bool = False,
         eos: int | None = None,
         dtype: str | None = None,
-        max_open_shards: int | None = _MAX_OPEN_DEFAULT,
+        max_open_shards: int | None = MAX_OPEN_DEFAULT,
         max_tokens: int | None = None,
         length_key: str = "input_ids",
         bucket_window: int | None = None,
@@ -155,17 +160,21 @@ class MixedDataModule(LoaderDataModule):
         cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
+        self.set_data_args(sources=sources, val=val, test=test, reader=reader, collate=collate)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        if self.val_fraction:
-            raise ValueError(
-                f"{owner}: val_fraction={self.val_fraction} is not supported: a sample-level "
-                "split of the mix would drop its weights and plan; pass val=... (a source, or "
-                "a dict of sources) instead."
-            )
-        if not isinstance(length_key, str):
-            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
-        self.length_key = length_key
+        why = "(a sample-level split would drop the mix's weights and plan)"
+        refuse_val_fraction(self, why, "pass val=... instead")
+        check_settings(
+            self,
+            length_key=length_key,
+            max_open_shards=max_open_shards,
+            max_tokens=max_tokens,
+            bucket_window=bucket_window,
+            oversize=oversize,
+            pad_to_multiple_of=pad_to_multiple_of,
+            collate=collate,
+        )
         self.splits: dict[str, tuple[list[str], list[Any], bool]] = {
             "train": _named(owner, "sources", sources)
         }
@@ -173,72 +182,31 @@ class MixedDataModule(LoaderDataModule):
             if value is not None:
                 self.splits[split] = _named(owner, split, value, single_ok=True)
         self.weights, self.repeat, self.epoch_size = weights, repeat, epoch_size
-        paths = [s for names, items, _ in self.splits.values() for s in items if _is_path(s)]
-        urls = [p for p in paths if is_remote_shards(p)]
-        if (storage_options is not None or cache_dir is not None) and not urls:
-            raise ValueError(
-                f"{owner}: storage_options and cache_dir are for sources at URLs, but no "
-                "source is a URL; drop them, or pass s3://... URLs."
-            )
-        self.remote = (
-            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
-        )
-        if reader == "parquet":
-            if any(v is not None for v in (seq_len, eos, dtype)) or targets:
-                raise ValueError(
-                    f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', "
-                    "got reader='parquet'; drop them (choose Parquet columns with columns=)."
-                )
-            self.reader: ShardReader | None = ParquetReader(columns, length_column=length_key)
-        elif not any(not str(p).endswith(".arrow") for p in paths):
-            # No shard paths: the reader is unused, and its options must not be given.
-            given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
-            extra = [k for k, v in given.items() if v is not None]
+        items = [s for _, found, _ in self.splits.values() for s in found]
+        urls = any(_is_path(s) and is_remote_shards(s) for s in items)
+        self.remote = remote_cache(owner, "sources at URLs", urls, storage_options, cache_dir)
+        self.columns = columns
+        options = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets}
+        self.reader = self._reader(reader, items, options)
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
+        varying = any(_is_table(s) for s in items) or max_tokens is not None
+        self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
+        self._length_cache: tuple[Any, np.ndarray] | None = None
+
+    def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
+        """The one reader of the shard sources given by path (None without any)."""
+        owner = type(self).__name__
+        if reader != "parquet" and all(not _is_path(s) or _is_table(s) for s in items):
+            extra = [k for k, v in options.items() if v is not None and v is not False]
             if extra:
                 raise ValueError(
                     f"{owner}: {', '.join(extra)} apply to shard sources given by path, but no "
                     "source is one; drop them."
                 )
-            self.reader = None
-        else:
-            self.reader = make_reader(owner, reader, seq_len, targets, eos, dtype)
-        self.columns = columns
-        if max_open_shards is not None:
-            check_int(
-                "max_open_shards", max_open_shards, 1, owner=owner, fix="or None to keep all open"
-            )
-        self.max_open_shards = max_open_shards
-        if max_tokens is not None:
-            check_int(
-                "max_tokens", max_tokens, 1, owner=owner, fix="pass the token budget, e.g. 16384"
-            )
-        if bucket_window is not None:
-            check_int("bucket_window", bucket_window, 1, owner=owner, fix="or None")
-            if max_tokens is None:
-                raise ValueError(
-                    f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; "
-                    "pass max_tokens or drop bucket_window."
-                )
-        self.max_tokens, self.bucket_window = max_tokens, bucket_window
-        self.oversize = check_choice("oversize", oversize, ("error", "skip"), owner=owner)
-        if pad_to_multiple_of is not None:
-            check_int("pad_to_multiple_of", pad_to_multiple_of, 1, owner=owner, fix="or None")
-        self.pad_to_multiple_of = pad_to_multiple_of
-        if collate is not None and not callable(collate):
-            raise TypeError(
-                f"{owner}: collate must be a callable (a collate_fn) or None, got "
-                f"{type(collate).__name__}."
-            )
-        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)  # checks pad_value
-        tables = any(_is_table(s) for _, items, _ in self.splits.values() for s in items)
-        varying = (
-            isinstance(self.reader, JsonlReader | ParquetReader)
-            or (isinstance(self.reader, TokenReader) and self.reader.eos is not None)
-            or tables
-            or max_tokens is not None
+            return None
+        return make_reader(
+            owner, reader, columns=self.columns, length_key=self.length_key, **options
         )
-        self._collate = collate if collate is not None else (pad if varying else None)
-        self._length_cache: tuple[Any, np.ndarray] | None = None
 
     # --------------------------------------------------------------- datasets
     def _source(self, item: Any) -> Any:
@@ -319,26 +287,18 @@ class MixedDataModule(LoaderDataModule):
         """Under ``max_tokens``, padded / all tokens of epoch 0's train batches; 0 for
         fixed-length token shards; else unknown (None)."""
         if split == "train" and self.max_tokens is not None:
-            plan: Any = self.loader(split, num_workers=0, pin_memory=False).plan
-            real, padded = plan.token_counts(0)
-            return 1.0 - real / padded if padded else 0.0
+            return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         only_shards = all(_is_path(s) for s in self.splits["train"][1])
         return 0.0 if fixed and only_shards else None
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
+        """As the base; the position is in the mix's plan, so the source-epochs resume too."""
         ok, reason = super().resume_info(world_size)
         if ok:
             reason += (
                 "; the position is in the mix's plan (a pure function of seed, epoch and "
                 "position), so each source's source-epochs resume with it"
-            )
-        if ok and self.max_tokens is not None:
-            reason += (
-                "; under max_tokens the number of batches changes from epoch to epoch: add "
-                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
-                "longer epoch early"
             )
         return ok, reason
 

@@ -12,19 +12,20 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_choice, check_int, check_path
+from loaderkit._checks import check_path
 from loaderkit.collate import PadCollate
 from loaderkit.data._fs import is_url
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.parquet import ParquetReader
-from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
-from loaderkit.lightning.datamodules.base import SPLITS, LoaderDataModule
+from loaderkit.lightning.datamodules._args import check_settings, remote_cache
+from loaderkit.lightning.datamodules._util import is_hf_dataset
+from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
 
 __all__ = ["SequenceDataModule"]
@@ -87,7 +88,13 @@ class SequenceDataModule(LoaderDataModule):
         0.495
     """
 
-    data_args: ClassVar[tuple[str, ...]] = SPLITS
+    max_tokens: int | None
+    pad_to_multiple_of: int | None
+    window: int | None
+    oversize: Literal["error", "skip"]
+    length_key: str
+    bucket: bool
+    pad_value: Any  # PadCollate's Mapping[Hashable, ...] is invariant in its key type
 
     def __init__(
         self,
@@ -108,75 +115,22 @@ class SequenceDataModule(LoaderDataModule):
         cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
+        splits = {"train": train, "val": val, "test": test, "predict": predict}
+        self.set_data_args(**splits)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        if not isinstance(length_key, str):
-            raise TypeError(
-                f"{owner}: length_key must be a str, got {length_key!r}; pass the key of the "
-                "field whose length buckets samples, e.g. length_key='input_ids'."
-            )
-        self.length_key = length_key
-        self.bucket = check_bool("bucket", bucket, owner=owner)
-        self.max_tokens = max_tokens
-        if max_tokens is not None:
-            check_int(
-                "max_tokens",
-                max_tokens,
-                1,
-                owner=owner,
-                fix="pass the token budget, e.g. 8192",
-                numpy_ok=True,
-            )
-            self.bucket = True
-        self.pad_to_multiple_of = pad_to_multiple_of
-        if pad_to_multiple_of is not None:
-            check_int(
-                "pad_to_multiple_of",
-                pad_to_multiple_of,
-                1,
-                owner=owner,
-                fix="pass e.g. 8, or None",
-                numpy_ok=True,
-            )
-        if window is not None:
-            check_int(
-                "window",
-                window,
-                1,
-                owner=owner,
-                fix="pass samples per window, or None",
-                numpy_ok=True,
-            )
-        self.window = window
-        self.oversize = check_choice("oversize", oversize, ("error", "skip"), owner=owner)
-        # Any: PadCollate's Mapping[Hashable, ...] is invariant in its key type.
-        self.pad_value = cast(Any, pad_value)
-        PadCollate(self.pad_value)  # checks the pad value now, not at the first batch
-        self._sources: dict[str, Any] = {}
-        for split, source in (("train", train), ("val", val), ("test", test), ("predict", predict)):
-            if source is None:
-                continue
-            if _is_hf(source):
-                self._sources[split] = source
-            elif is_url(source):
-                if not str(source).endswith(ParquetReader.suffixes):
-                    raise ValueError(
-                        f"{owner}: {split}={source!r} is a URL; URLs must name a Parquet file "
-                        "(.parquet): download other formats first."
-                    )
-                self._sources[split] = str(source)
-            elif isinstance(source, (str, os.PathLike)):
-                suffixes = (".jsonl", ".arrow", *ParquetReader.suffixes)
-                self._sources[split] = check_path(split, source, suffixes, owner=owner)
-            elif isinstance(source, Sequence) and not isinstance(source, bytes):
-                if not len(source):
-                    raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
-                self._sources[split] = source
-            else:
-                raise TypeError(
-                    f"{owner}: {split} must be a list of samples, a .jsonl, .parquet or .arrow "
-                    f"path, or a datasets.Dataset, got {type(source).__name__}."
-                )
+        check_settings(
+            self,
+            length_key=length_key,
+            bucket=bucket,
+            max_tokens=max_tokens,
+            pad_to_multiple_of=pad_to_multiple_of,
+            window=window,
+            oversize=oversize,
+            pad_value=pad_value,
+        )
+        self.bucket = bucket or max_tokens is not None
+        self._sources = {k: _source(owner, k, v) for k, v in splits.items() if v is not None}
         if not self._sources:
             raise ValueError(
                 f"{owner}: no data; pass train=[...] (1-D sequences, or dicts with a "
@@ -184,29 +138,21 @@ class SequenceDataModule(LoaderDataModule):
             )
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
-        tabular = [s for s in self._sources.values() if _is_hf(s) or _is_table_path(s)]
         if columns is not None:
-            if not tabular:
+            if not any(is_hf_dataset(s) or _is_table_path(s) for s in self._sources.values()):
                 raise ValueError(
                     f"{owner}: columns={columns!r} applies to Parquet, Arrow and datasets "
                     "sources only; drop it."
                 )
             if length_key not in columns:
                 raise ValueError(
-                    f"{owner}: columns={columns!r} leaves out length_key={length_key!r}, the "
-                    "column samples are padded and bucketed by; add it to columns."
+                    f"{owner}: columns={columns!r} leaves out length_key={length_key!r}; add "
+                    "it to columns."
                 )
         self.columns = columns
         self.reader = ParquetReader(columns, length_column=length_key)
-        urls = [s for s in self._sources.values() if is_url(s)]
-        if (storage_options is not None or cache_dir is not None) and not urls:
-            raise ValueError(
-                f"{owner}: storage_options and cache_dir are for a Parquet URL, but no split "
-                "is a URL; drop them."
-            )
-        self.remote = (
-            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
-        )
+        urls = any(is_url(s) for s in self._sources.values())
+        self.remote = remote_cache(owner, "a Parquet URL", urls, storage_options, cache_dir)
 
     # --------------------------------------------------------------- datasets
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
@@ -233,7 +179,7 @@ class SequenceDataModule(LoaderDataModule):
         owner = type(self).__name__
         if self._keyed is False:
             raise TypeError(f"{owner}: {split} mixes dict and bare samples with other splits.")
-        if _is_hf(source) or (isinstance(source, str) and source.endswith(".arrow")):
+        if is_hf_dataset(source) or (isinstance(source, str) and source.endswith(".arrow")):
             return HFDataset(source, self.columns, length_column=self.length_key)
         if _is_table_path(source):
             remote = self.remote if is_url(source) else None
@@ -320,21 +266,30 @@ class SequenceDataModule(LoaderDataModule):
             padded += longest * len(rows)
         return 1.0 - real / padded if padded else 0.0
 
-    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
-        ok, reason = super().resume_info(world_size)
-        if ok and self.max_tokens is not None:
-            reason += (
-                "; under max_tokens the number of batches changes from epoch to epoch: add "
-                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
-                "longer epoch early"
+
+def _source(owner: str, split: str, source: Any) -> Any:
+    """``source`` of ``split`` checked: a ``datasets.Dataset``, a Parquet URL, a file path
+    (``.jsonl``, ``.arrow``, Parquet) or a non-empty list of samples."""
+    if is_hf_dataset(source):
+        return source
+    if is_url(source):
+        if not str(source).endswith(ParquetReader.suffixes):
+            raise ValueError(
+                f"{owner}: {split}={source!r} is a URL; URLs must name a Parquet file "
+                "(.parquet): download other formats first."
             )
-        return ok, reason
-
-
-def _is_hf(source: Any) -> bool:
-    """A ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported to ask)."""
-    return type(source).__name__ == "Dataset" and callable(getattr(source, "with_format", None))
+        return str(source)
+    if isinstance(source, (str, os.PathLike)):
+        suffixes = (".jsonl", ".arrow", *ParquetReader.suffixes)
+        return check_path(split, source, suffixes, owner=owner)
+    if isinstance(source, Sequence) and not isinstance(source, bytes):
+        if not len(source):
+            raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
+        return source
+    raise TypeError(
+        f"{owner}: {split} must be a list of samples, a .jsonl, .parquet or .arrow path, or "
+        f"a datasets.Dataset, got {type(source).__name__}."
+    )
 
 
 def _is_table_path(source: Any) -> bool:

@@ -1,48 +1,43 @@
 """``ShardedDataModule``: token, JSON-lines or Parquet shards (local or URLs), planned or streamed.
 
-Planned (the default, :class:`~loaderkit.ShardedDataset`): the shards' sample
-counts are known (from the shard index), so the sample plan covers them:
-shards shuffled per ``(seed, epoch)`` and read ``mix_shards`` at a time (a
-batch draws from that many shards) with windows shuffled inside each,
-every sample exactly once
-per epoch across DDP ranks and workers, every rank the same number of steps,
-exact resume on any world size and ``num_workers``.
-
-Streamed (``streaming=True``, :class:`~loaderkit.StreamingShardedDataset`):
-the train shards are read front to back without counting them first; each
-(rank, worker) reads its own shards and keeps a cursor, so a resume is exact
-under the same world size and ``num_workers`` only.
+Planned (:class:`~loaderkit.ShardedDataset`, the default): every sample once
+per epoch across ranks and workers, exact resume on any world size and
+``num_workers``. Streamed (``streaming=True``,
+:class:`~loaderkit.StreamingShardedDataset`): read front to back uncounted,
+exact resume under the same world size and ``num_workers`` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from loaderkit._checks import check_bool, check_choice, check_int
 from loaderkit.collate import PadCollate
 from loaderkit.data.jsonl import JsonlReader
-from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
-from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.lightning.datamodules._args import (
+    MAX_OPEN_DEFAULT,
+    check_settings,
+    collate_of,
+    make_reader,
+    refuse_val_fraction,
+    remote_cache,
+)
 from loaderkit.lightning.datamodules._util import (
     KeyLength,
     Shards,
     is_hf_dataset,
     is_remote_shards,
-    make_reader,
     shard_list,
 )
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 
 __all__ = ["ShardedDataModule"]
-
-_MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
 
 class ShardedDataModule(LoaderDataModule):
@@ -63,27 +58,23 @@ class ShardedDataModule(LoaderDataModule):
     :class:`~loaderkit.RemoteCache`'s).
     Write shards with :func:`loaderkit.write_shards`, which also writes the index.
 
-    Under DDP, workers start by ``forkserver`` (forking a process with gloo's
-    threads can deadlock); ``persistent_workers=True`` saves starting them
-    every epoch.
+    Under DDP, workers start by ``forkserver``; ``persistent_workers=True``
+    saves starting them every epoch.
 
     ``streaming=True`` streams the train shards instead of planning them (no
     shard index built or read up front): shard order shuffled per pass when
     ``shuffle``, each (rank, worker) reading ``mix_shards`` of its shards at
     once, in turn, no ``window`` shuffle inside a shard. An epoch is one pass
     over the shards, of unknown length, unless ``steps_per_epoch`` or
-    ``samples_per_epoch`` fixes it; more than one rank (DDP) needs one of
-    them, or ranks would step different numbers of times. Lightning needs
-    :class:`loaderkit.ElasticResume` in the Trainer's callbacks to save the
-    position of an epoch of unknown length. Val and test shards stay planned
-    (every sample once on every world size, no limit needed under DDP).
+    ``samples_per_epoch`` fixes it (needed on more than one rank). An epoch
+    of unknown length needs :class:`loaderkit.ElasticResume` in the Trainer's
+    callbacks. Val and test shards stay planned.
 
     Args:
         shards: The train shards: a directory (its files with the reader's
             suffixes, sorted), one shard file, or a non-empty list of shard files;
             or a folder URL, one shard URL, or a list of shard URLs.
-        val_shards: Val shards, the same way. ``val_fraction`` is not
-            supported: a sample-level split would break shard-local reads.
+        val_shards: Val shards, the same way (``val_fraction`` is not supported).
         test_shards: Test shards.
         reader: ``"tokens"``, ``"jsonl"`` or ``"parquet"``; Python code may pass any
             :class:`~loaderkit.ShardReader` object instead.
@@ -135,7 +126,17 @@ class ShardedDataModule(LoaderDataModule):
         (13, torch.Size([4, 8]))
     """
 
-    data_args: ClassVar[tuple[str, ...]] = ("reader",)
+    window: int
+    mix_shards: int
+    on_error: Literal["raise", "skip"]
+    max_open_shards: int | None
+    max_tokens: int | None
+    length_key: str
+    bucket_window: int | None
+    pad_to_multiple_of: int | None
+    streaming: bool
+    steps_per_epoch: int | None
+    samples_per_epoch: int | None
 
     def __init__(
         self,
@@ -152,7 +153,7 @@ class ShardedDataModule(LoaderDataModule):
         window: int = DEFAULT_WINDOW,
         mix_shards: int = DEFAULT_MIX,
         on_error: Literal["raise", "skip"] = "raise",
-        max_open_shards: int | None = _MAX_OPEN_DEFAULT,
+        max_open_shards: int | None = MAX_OPEN_DEFAULT,
         pad_value: int | float = 0,
         pad_to_multiple_of: int | None = None,
         max_tokens: int | None = None,
@@ -165,153 +166,80 @@ class ShardedDataModule(LoaderDataModule):
         cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
+        self.set_data_args(reader=reader)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        if self.val_fraction:
-            raise ValueError(
-                f"{owner}: val_fraction={self.val_fraction} is not supported for shards: a "
-                "sample-level split would break shard-local reads; pass val_shards=[...] "
-                "(held-out shard files) instead."
-            )
-        self.streaming = check_bool("streaming", streaming, owner=owner)
-        self.steps_per_epoch, self.samples_per_epoch = _epoch_limit(
-            owner, streaming, steps_per_epoch, samples_per_epoch
+        why = "for shards (a sample-level split breaks shard-local reads)"
+        refuse_val_fraction(self, why, "pass val_shards=[...] instead")
+        check_settings(
+            self,
+            streaming=streaming,
+            steps_per_epoch=steps_per_epoch,
+            samples_per_epoch=samples_per_epoch,
+            on_error=on_error,
+            window=window,
+            mix_shards=mix_shards,
+            max_tokens=max_tokens,
+            length_key=length_key,
+            bucket_window=bucket_window,
+            max_open_shards=max_open_shards,
+            pad_to_multiple_of=pad_to_multiple_of,
         )
-        check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
-        if streaming and on_error != "raise":
-            raise ValueError(
-                f"{owner}: on_error={on_error!r} needs the planned dataset (a stream cannot "
-                "skip a sample it has not counted); pass on_error='raise' or streaming=False."
-            )
-        # Settings of the planned dataset only: silently ignoring them would mislead.
-        planned_only = {
-            "window": (window, DEFAULT_WINDOW),
-            "max_tokens": (max_tokens, None),
-            "bucket_window": (bucket_window, None),
-            "max_open_shards": (max_open_shards, _MAX_OPEN_DEFAULT),
-        }
-        for setting, (given, default) in planned_only.items():
-            if streaming and given != default:
-                raise ValueError(
-                    f"{owner}: {setting}={given!r} applies to planned shards only (a stream "
-                    f"reads each shard front to back); drop {setting} or use streaming=False."
-                )
-        self.shards: dict[str, Shards] = {}
-        for split, name, value in (
-            ("train", "shards", shards),
-            ("val", "val_shards", val_shards),
-            ("test", "test_shards", test_shards),
-        ):
-            if is_hf_dataset(value):
-                # A table in memory or in Arrow files, not shard files: it has no shard
-                # index, no shard order to shuffle and nothing to cache; HFDataset plans it.
-                raise TypeError(
-                    f"{owner}: {name} is a datasets.Dataset; ShardedDataModule reads shard "
-                    "files (token, .jsonl or Parquet) by path or URL. Pass the Dataset to "
-                    "SequenceDataModule(train=dataset, ...), or wrap it in "
-                    "loaderkit.HFDataset (MixedDataModule takes Datasets as sources); or "
-                    "save it as Parquet files and pass their folder with reader='parquet'."
-                )
-            if value is not None:
-                self.shards[split] = shard_list(owner, name, value)
-        urls = [s for s in self.shards.values() if is_remote_shards(s)]
-        if (storage_options is not None or cache_dir is not None) and not urls:
-            raise ValueError(
-                f"{owner}: storage_options and cache_dir are for shards at URLs, but no split's "
-                "shards are URLs; drop them, or pass s3://... URLs."
-            )
-        self.remote = (
-            RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
-        )
-        if reader == "parquet":
-            if any(v is not None for v in (seq_len, eos, dtype)) or targets:
-                raise ValueError(
-                    f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', "
-                    "got reader='parquet'; drop them (choose Parquet columns with columns=)."
-                )
-            self.reader: ShardReader = ParquetReader(columns, length_column=length_key)
-        elif columns is not None:
+        self._check_combinations(window, max_open_shards, reader, columns)
+        self.shards = _splits(owner, shards=shards, val_shards=val_shards, test_shards=test_shards)
+        urls = any(is_remote_shards(s) for s in self.shards.values())
+        self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
+        self.reader = make_reader(
+            owner, reader, columns=columns, length_key=length_key, seq_len=seq_len,
+            targets=targets, eos=eos, dtype=dtype,
+        )  # fmt: skip
+        self._length_cache: tuple[ShardedDataset, np.ndarray] | None = None
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
+        self._collate = collate_of(self.reader, pad, varying=False)
+
+    def _check_combinations(
+        self, window: int, max_open_shards: int | None, reader: Any, columns: Any
+    ) -> None:
+        """Columns are Parquet's, the epoch limits a stream's, the planned dataset's
+        settings not."""
+        owner = type(self).__name__
+        if columns is not None and reader != "parquet":
             raise ValueError(
                 f"{owner}: columns={columns!r} applies to reader='parquet' only; drop it or "
                 "pass reader='parquet'."
             )
-        else:
-            self.reader = make_reader(owner, reader, seq_len, targets, eos, dtype)
-        self.window = check_int(
-            "window",
-            window,
-            1,
-            owner=owner,
-            fix="pass samples per window, e.g. 8192",
-            numpy_ok=True,
-        )
-        self.mix_shards = check_int(
-            "mix_shards",
-            mix_shards,
-            1,
-            owner=owner,
-            fix=f"pass the shards a batch draws from, e.g. {DEFAULT_MIX}, or 1",
-            numpy_ok=True,
-        )
-        if max_tokens is not None:
-            check_int(
-                "max_tokens",
-                max_tokens,
-                1,
-                owner=owner,
-                fix="pass the token budget per batch, e.g. 16384, or None",
-                numpy_ok=True,
-            )
-        if not isinstance(length_key, str):
-            raise TypeError(f"{owner}: length_key must be a str, got {length_key!r}.")
-        if bucket_window is not None:
-            check_int(
-                "bucket_window",
-                bucket_window,
-                1,
-                owner=owner,
-                fix="pass samples per length-sorted window, or None",
-                numpy_ok=True,
-            )
-            if max_tokens is None:
+        for name in ("steps_per_epoch", "samples_per_epoch"):
+            value = getattr(self, name)
+            if value is not None and not self.streaming:
                 raise ValueError(
-                    f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only "
-                    "(fixed-size batches are not sorted by length); pass max_tokens or drop "
-                    "bucket_window."
+                    f"{owner}: {name}={value!r} only applies with streaming=True (a planned "
+                    f"epoch covers every sample once); pass streaming=True, or drop {name}."
                 )
-        self.max_tokens, self.length_key = max_tokens, length_key
-        self.bucket_window = bucket_window
-        self._length_cache: tuple[ShardedDataset, np.ndarray] | None = None
-        self.on_error = check_choice("on_error", on_error, ("raise", "skip"), owner=owner)
-        if max_open_shards is not None:
-            check_int(
-                "max_open_shards",
-                max_open_shards,
-                1,
-                owner=owner,
-                fix="or None to keep all open",
-                numpy_ok=True,
+        if self.steps_per_epoch is not None and self.samples_per_epoch is not None:
+            raise ValueError(
+                f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
+                f"steps_per_epoch={self.steps_per_epoch}, samples_per_epoch="
+                f"{self.samples_per_epoch})."
             )
-        self.max_open_shards = max_open_shards
-        self.pad_to_multiple_of = pad_to_multiple_of
-        if pad_to_multiple_of is not None:
-            check_int(
-                "pad_to_multiple_of",
-                pad_to_multiple_of,
-                1,
-                owner=owner,
-                fix="pass e.g. 8, or None",
-                numpy_ok=True,
+        if not self.streaming:
+            return
+        if self.on_error != "raise":
+            raise ValueError(
+                f"{owner}: on_error={self.on_error!r} needs the planned dataset (a stream cannot "
+                "skip a sample it has not counted); pass on_error='raise' or streaming=False."
             )
-        # Fixed-length token samples stack in one read per shard; documents and JSON lines
-        # vary in length and need padding. A custom reader's samples go to the dataset's own
-        # batching (default_collate), as with ShardedDataset alone.
-        varying = isinstance(self.reader, JsonlReader | ParquetReader) or (
-            isinstance(self.reader, TokenReader) and self.reader.eos is not None
-        )
-        # Built either way: it checks pad_value now, not at the first varying batch.
-        pad = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
-        self._collate = pad if varying else None
+        planned_only = {
+            "window": (window, DEFAULT_WINDOW),
+            "max_tokens": (self.max_tokens, None),
+            "bucket_window": (self.bucket_window, None),
+            "max_open_shards": (max_open_shards, MAX_OPEN_DEFAULT),
+        }
+        for name, (given, default) in planned_only.items():
+            if given != default:
+                raise ValueError(
+                    f"{owner}: {name}={given!r} applies to planned shards only (a stream reads "
+                    f"each shard front to back); drop {name} or use streaming=False."
+                )
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index);
@@ -385,40 +313,21 @@ class ShardedDataModule(LoaderDataModule):
         """Under ``max_tokens``, padded tokens / all tokens of epoch 0's train batches; 0 for
         fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
         if split == "train" and self.max_tokens is not None and not self.streaming:
-            plan: Any = self.loader(split, num_workers=0).plan
-            real, padded = plan.token_counts(0)
-            return 1.0 - real / padded if padded else 0.0
+            return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         return 0.0 if fixed else None
 
-    def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Exact; under ``max_tokens`` only with ``loaderkit.ElasticResume`` in the callbacks."""
-        ok, reason = super().resume_info(world_size)
-        if ok and self.max_tokens is not None:
-            reason += (
-                "; under max_tokens the number of batches changes from epoch to epoch: add "
-                "loaderkit.ElasticResume() to the Trainer's callbacks, or Lightning stops a "
-                "longer epoch early"
-            )
-        return ok, reason
 
-
-def _epoch_limit(
-    owner: str, streaming: bool, steps: int | None, samples: int | None
-) -> tuple[int | None, int | None]:
-    """``(steps_per_epoch, samples_per_epoch)`` checked: ints >= 1, at most one, streams only."""
-    for name, value in (("steps_per_epoch", steps), ("samples_per_epoch", samples)):
-        if value is None:
-            continue
-        if not streaming:
-            raise ValueError(
-                f"{owner}: {name}={value!r} only applies with streaming=True (a planned epoch "
-                f"covers every sample once); pass streaming=True, or drop {name}."
+def _splits(owner: str, **given: Any) -> dict[str, Shards]:
+    """Each split's shard files or URLs, by split (a ``datasets.Dataset`` is no shard)."""
+    splits = {}
+    for split, (name, value) in zip(("train", "val", "test"), given.items(), strict=True):
+        if is_hf_dataset(value):
+            raise TypeError(
+                f"{owner}: {name} is a datasets.Dataset, not shard files. Pass it to "
+                "SequenceDataModule(train=dataset, ...) or wrap it in loaderkit.HFDataset (for "
+                "MixedDataModule), or save it as Parquet and pass reader='parquet'."
             )
-        check_int(name, value, 1, owner=owner, fix=f"pass e.g. {name}=1000, or None", numpy_ok=True)
-    if steps is not None and samples is not None:
-        raise ValueError(
-            f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
-            f"steps_per_epoch={steps}, samples_per_epoch={samples})."
-        )
-    return steps, samples
+        if value is not None:
+            splits[split] = shard_list(owner, name, value)
+    return splits

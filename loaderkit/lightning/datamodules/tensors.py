@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from loaderkit._checks import check_bool, check_path
+from loaderkit._checks import check_path
 from loaderkit.data.memory import ArrayDataset, TensorDataset
-from loaderkit.lightning.datamodules.base import SPLITS, LoaderDataModule
+from loaderkit.lightning.datamodules._args import check_settings
+from loaderkit.lightning.datamodules.base import LoaderDataModule
 
 __all__ = ["ArrayDataModule", "TensorDataModule"]
 
@@ -28,12 +29,10 @@ Source = str | os.PathLike[str]
 class _ColumnsDataModule(LoaderDataModule):
     """Shared by both: splits given as data (checked now) or as paths (read in ``setup``)."""
 
-    data_args: ClassVar[tuple[str, ...]] = SPLITS
     suffixes: ClassVar[tuple[str, ...]] = ()
     kind: ClassVar[str] = ""
 
     def _set_sources(self, columns: tuple[Any, ...], splits: dict[str, Any]) -> None:
-        # A method, not an __init__: Lightning would save an __init__'s data arguments.
         owner = type(self).__name__
         if columns:
             if splits["train"] is not None:
@@ -127,8 +126,10 @@ class TensorDataModule(_ColumnsDataModule):
         predict: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> None:
+        splits = {"train": train, "val": val, "test": test, "predict": predict}
+        self.set_data_args(**splits)
         super().__init__(**kwargs)
-        self._set_sources(tensors, {"train": train, "val": val, "test": test, "predict": predict})
+        self._set_sources(tensors, splits)
 
     def _columns(self, split: str, source: Any) -> TensorDataset:
         owner = type(self).__name__
@@ -171,6 +172,7 @@ class ArrayDataModule(_ColumnsDataModule):
 
     suffixes = (".npy", ".npz")
     kind = "array"
+    mmap: bool
 
     def __init__(
         self,
@@ -183,18 +185,19 @@ class ArrayDataModule(_ColumnsDataModule):
         mmap: bool = True,
         **kwargs: Any,
     ) -> None:
-        owner = type(self).__name__
         if keys is not None and (
             isinstance(keys, str) or not all(isinstance(k, str) for k in keys) or not keys
         ):
             raise TypeError(
-                f"{owner}: keys must be a non-empty list of .npz array names, got {keys!r}; "
-                "pass e.g. keys=['x', 'y']."
+                f"{type(self).__name__}: keys must be a non-empty list of .npz array names, got "
+                f"{keys!r}; pass e.g. keys=['x', 'y']."
             )
-        check_bool("mmap", mmap, owner=owner)
-        self.keys, self.mmap = keys, mmap
+        splits = {"train": train, "val": val, "test": test, "predict": predict}
+        self.set_data_args(**splits)
+        check_settings(self, mmap=mmap)
+        self.keys = keys
         super().__init__(**kwargs)
-        self._set_sources(arrays, {"train": train, "val": val, "test": test, "predict": predict})
+        self._set_sources(arrays, splits)
 
     def _columns(self, split: str, source: Any) -> ArrayDataset:
         owner = type(self).__name__

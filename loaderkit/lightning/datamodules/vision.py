@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from loaderkit._checks import check_int
 from loaderkit.errors import MissingDependencyError
+from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ImageFolderDataModule"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_SPLIT_ROOTS = (("train", "root"), ("val", "val_root"), ("test", "test_root"))
 
 
 def _torchvision() -> tuple[Any, Any]:
@@ -50,6 +49,35 @@ def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float
             f"pass e.g. {name}={IMAGENET_STD if positive else IMAGENET_MEAN}."
         )
     return (float(numbers[0]), float(numbers[1]), float(numbers[2]))
+
+
+def _number(
+    owner: str, name: str, value: object, rule: str, ok: Callable[[float], bool], example: str
+) -> float:
+    """``value`` as a float that satisfies ``ok`` (``rule`` says how, for the error)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name} must be a number {rule}, got {value!r} ({type(value).__name__}); "
+            f"pass {example}."
+        )
+    if not ok(value):
+        raise ValueError(f"{owner}: {name} must be {rule}, got {value!r}; pass {example}.")
+    return float(value)
+
+
+def _folder(owner: str, name: str, value: object) -> str:
+    """``value`` as the path of an existing directory (one subfolder of images per class)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: {name} must be a directory path, got {value!r}; pass a folder with one "
+            "subfolder of images per class."
+        )
+    if not os.path.isdir(value):
+        raise ValueError(
+            f"{owner}: {name}={os.fspath(value)!r} is not a directory; pass a folder with one "
+            "subfolder of images per class."
+        )
+    return os.fspath(value)
 
 
 class ImageFolderDataModule(LoaderDataModule):
@@ -89,7 +117,7 @@ class ImageFolderDataModule(LoaderDataModule):
         ...                            batch_size=32, num_workers=4)  # doctest: +SKIP
     """
 
-    data_args: ClassVar[tuple[str, ...]] = ("train_transform", "eval_transform")
+    image_size: int
 
     def __init__(
         self,
@@ -106,52 +134,22 @@ class ImageFolderDataModule(LoaderDataModule):
         eval_transform: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        self.set_data_args(train_transform=train_transform, eval_transform=eval_transform)
         super().__init__(**kwargs)
         owner = type(self).__name__
         _torchvision()  # fail now, with the install command, not at setup
-        self.roots: dict[str, str] = {}
-        for split, name in _SPLIT_ROOTS:
-            value = {"root": root, "val_root": val_root, "test_root": test_root}[name]
-            if value is None:
-                continue
-            if not isinstance(value, (str, os.PathLike)):
-                raise TypeError(
-                    f"{owner}: {name} must be a directory path, got {value!r}; pass a folder "
-                    "with one subfolder of images per class."
-                )
-            if not os.path.isdir(value):
-                raise ValueError(
-                    f"{owner}: {name}={os.fspath(value)!r} is not a directory; pass a folder "
-                    "with one subfolder of images per class."
-                )
-            self.roots[split] = os.fspath(value)
-        self.image_size = check_int(
-            "image_size", image_size, 1, owner=owner, fix="pass e.g. 224", numpy_ok=True
-        )
+        given = {"train": ("root", root), "val": ("val_root", val_root)}
+        given["test"] = ("test_root", test_root)
+        self.roots = {s: _folder(owner, n, v) for s, (n, v) in given.items() if v is not None}
+        check_settings(self, image_size=image_size)
         self.mean = _triple(owner, "mean", mean, positive=False)
         self.std = _triple(owner, "std", std, positive=True)
-        if not isinstance(color_jitter, (int, float)) or isinstance(color_jitter, bool):
-            raise TypeError(
-                f"{owner}: color_jitter must be a number >= 0, got {color_jitter!r}; pass e.g. "
-                "0.4, or 0 for none."
-            )
-        if color_jitter < 0:
-            raise ValueError(
-                f"{owner}: color_jitter must be >= 0, got {color_jitter}; pass e.g. 0.4, or 0 for "
-                "none."
-            )
-        self.color_jitter = float(color_jitter)
-        # bool is an int: crop_fraction=True would pass as 1.0 without the explicit check.
-        if not isinstance(crop_fraction, (int, float)) or isinstance(crop_fraction, bool):
-            raise TypeError(
-                f"{owner}: crop_fraction must be a number in (0, 1], got {crop_fraction!r} "
-                f"({type(crop_fraction).__name__}); pass e.g. 0.875."
-            )
-        if not 0 < crop_fraction <= 1:
-            raise ValueError(
-                f"{owner}: crop_fraction must be in (0, 1], got {crop_fraction!r}; pass e.g. 0.875."
-            )
-        self.crop_fraction = float(crop_fraction)
+        self.color_jitter = _number(
+            owner, "color_jitter", color_jitter, ">= 0", lambda v: v >= 0, "e.g. 0.4, or 0"
+        )
+        self.crop_fraction = _number(
+            owner, "crop_fraction", crop_fraction, "in (0, 1]", lambda v: 0 < v <= 1, "e.g. 0.875"
+        )
         for name, fn in (("train_transform", train_transform), ("eval_transform", eval_transform)):
             if fn is not None and not callable(fn):
                 raise TypeError(

@@ -1,0 +1,230 @@
+"""The DataModules' one argument check (private).
+
+Every setting a DataModule takes is checked by :func:`check_settings`, one
+rule per name; the choices several modules share (the shard reader, the
+remote cache, the batch collate) are one function each.
+
+Example:
+    >>> class Module:
+    ...     pass
+    >>> m = Module()
+    >>> check_settings(m, batch_size=8, max_tokens=None, oversize="skip")
+    >>> m.batch_size, m.max_tokens, m.oversize
+    (8, None, 'skip')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loaderkit._checks import check_bool, check_choice, check_fraction, check_int
+from loaderkit.collate import PadCollate
+from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.parquet import ParquetReader
+from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.remote import RemoteCache
+
+__all__ = [
+    "MAX_OPEN_DEFAULT",
+    "check_settings",
+    "collate_of",
+    "make_reader",
+    "refuse_val_fraction",
+    "remote_cache",
+]
+
+MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
+
+# name: (minimum, the fix); the names in _OPTIONAL also take None.
+_INTS: dict[str, tuple[int, str]] = {
+    "batch_size": (1, "pass the samples per batch, e.g. batch_size=32"),
+    "eval_batch_size": (1, "or leave it None for batch_size"),
+    "num_workers": (0, "use 0 to load in-process, or 'auto'"),
+    "seed": (0, "pass a non-negative int such as seed=0"),
+    "max_tokens": (1, "pass the token budget per batch, e.g. 8192, or None"),
+    "pad_to_multiple_of": (1, "pass e.g. 8, or None"),
+    "window": (1, "pass samples per window, e.g. 8192"),
+    "bucket_window": (1, "pass samples per length-sorted window, or None"),
+    "mix_shards": (1, "pass the shards a batch draws from, e.g. 8, or 1"),
+    "max_open_shards": (1, "or None to keep all open"),
+    "image_size": (1, "pass e.g. 224"),
+    "steps_per_epoch": (1, "pass e.g. steps_per_epoch=1000, or None"),
+    "samples_per_epoch": (1, "pass e.g. samples_per_epoch=1000, or None"),
+}
+_OPTIONAL = {
+    "eval_batch_size",
+    "max_tokens",
+    "pad_to_multiple_of",
+    "window",
+    "bucket_window",
+    "max_open_shards",
+    "steps_per_epoch",
+    "samples_per_epoch",
+}
+_BOOLS = {"persistent_workers", "shuffle", "drop_last", "bucket", "streaming", "targets", "mmap"}
+_CHOICES = {"oversize": ("error", "skip"), "on_error": ("raise", "skip")}
+
+
+def _is_auto(name: str, value: Any) -> bool:
+    return name == "num_workers" and isinstance(value, str) and value == "auto"
+
+
+def _checked(owner: str, name: str, value: Any) -> Any:
+    """``value`` of setting ``name``, checked by its rule."""
+    if name in _INTS:
+        if (value is None and name in _OPTIONAL) or _is_auto(name, value):
+            return value
+        minimum, fix = _INTS[name]
+        return check_int(name, value, minimum, owner=owner, fix=fix, numpy_ok=True)
+    if name in _BOOLS:
+        return check_bool(name, value, owner=owner)
+    if name in _CHOICES:
+        return check_choice(name, value, _CHOICES[name], owner=owner)
+    if name == "val_fraction":
+        return check_fraction(name, value, owner=owner)
+    if name == "pin_memory":
+        if not (isinstance(value, bool) or value == "auto"):
+            raise ValueError(
+                f"{owner}: pin_memory must be True, False or 'auto', got {value!r}; pass one "
+                "of these."
+            )
+        return value
+    if name == "length_key":
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{owner}: length_key must be a str, got {value!r}; pass the field of token "
+                "ids, e.g. length_key='input_ids'."
+            )
+        return value
+    if name == "collate":
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"{owner}: collate must be a callable (a collate_fn) or None, got "
+                f"{type(value).__name__}."
+            )
+        return value
+    if name == "pad_value":
+        PadCollate(value)  # refuses a pad value no dtype can hold
+        return value
+    raise KeyError(f"{owner}: no rule for setting {name!r}")
+
+
+def check_settings(module: Any, **settings: Any) -> None:
+    """Check every setting by its rule (and the rules between them); set them on ``module``.
+
+    Raises:
+        TypeError: a setting of the wrong kind.
+        ValueError: a setting out of range, or settings that contradict each other.
+    """
+    owner = type(module).__name__
+    for name, value in settings.items():
+        setattr(module, name, _checked(owner, name, value))
+    if settings.get("persistent_workers") and settings.get("num_workers") == 0:
+        raise ValueError(
+            f"{owner}: persistent_workers=True needs worker processes, got num_workers=0; "
+            "set num_workers >= 1 (or 'auto'), or persistent_workers=False."
+        )
+    bucket_window = settings.get("bucket_window")
+    if bucket_window is not None and settings.get("max_tokens", 0) is None:
+        raise ValueError(
+            f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; pass "
+            "max_tokens or drop bucket_window."
+        )
+
+
+def refuse_val_fraction(module: Any, why: str, fix: str) -> None:
+    """Refuse ``module.val_fraction`` where a sample-level split cannot be made (``why``)."""
+    if module.val_fraction:
+        raise ValueError(
+            f"{type(module).__name__}: val_fraction={module.val_fraction} is not supported "
+            f"{why}; {fix}."
+        )
+
+
+def remote_cache(
+    owner: str, what: str, urls: bool, storage_options: Any, cache_dir: Any
+) -> RemoteCache | None:
+    """The cache of data at URLs (``urls``), or None; ``what`` names the data for the error."""
+    if (storage_options is not None or cache_dir is not None) and not urls:
+        raise ValueError(
+            f"{owner}: storage_options and cache_dir are for {what}, but none is given; drop them."
+        )
+    return RemoteCache(cache_dir=cache_dir, storage_options=storage_options) if urls else None
+
+
+def collate_of(reader: ShardReader | None, pad: PadCollate, varying: bool) -> PadCollate | None:
+    """``pad`` where samples vary in length (documents, JSON lines, Parquet rows, or
+    ``varying``), else None: fixed-length token samples stack in one read per shard."""
+    documents = isinstance(reader, TokenReader) and reader.eos is not None
+    return pad if varying or documents or isinstance(reader, JsonlReader | ParquetReader) else None
+
+
+def make_reader(
+    owner: str,
+    reader: Any,
+    *,
+    columns: list[str] | None,
+    length_key: str,
+    seq_len: int | None,
+    targets: bool,
+    eos: int | None,
+    dtype: str | None,
+) -> ShardReader:
+    """The reader of ``reader`` (``"tokens"``/``"jsonl"``/``"parquet"`` or a ShardReader),
+    its options checked."""
+    check_bool("targets", targets, owner=owner)
+    if not isinstance(reader, str):
+        if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
+            raise TypeError(
+                f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
+                f"count() and open()), got {type(reader).__name__}."
+            )
+        return reader
+    check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
+    given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+    extra = [k for k, v in given.items() if v is not None]
+    if reader == "parquet":
+        if extra:
+            raise ValueError(
+                f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', got "
+                "reader='parquet'; drop them (choose Parquet columns with columns=)."
+            )
+        return ParquetReader(columns, length_column=length_key)
+    if reader == "jsonl":
+        if extra:
+            raise ValueError(
+                f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+                "reader='jsonl'; drop them."
+            )
+        return JsonlReader()
+    return _token_reader(owner, seq_len, targets, eos, dtype)
+
+
+def _token_reader(
+    owner: str, seq_len: int | None, targets: bool, eos: int | None, dtype: str | None
+) -> TokenReader:
+    if (seq_len is None) == (eos is None):
+        raise ValueError(
+            f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
+            f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
+            "pass e.g. seq_len=1024."
+        )
+    if seq_len is not None:
+        check_int("seq_len", seq_len, 1, owner=owner, fix="pass e.g. 1024", numpy_ok=True)
+    if eos is not None:
+        fix = "pass the end-of-document token id"
+        check_int("eos", eos, 0, owner=owner, fix=fix, numpy_ok=True)
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError as exc:
+            raise ValueError(
+                f"{owner}: dtype={dtype!r} is not a numpy dtype ({exc}); pass e.g. 'uint16'."
+            ) from exc
+        if kind not in "iu":
+            raise ValueError(
+                f"{owner}: dtype must be an integer dtype, got {dtype!r}; pass e.g. 'uint16'."
+            )
+    return TokenReader(seq_len, targets=targets, eos=eos, dtype=dtype)
