@@ -67,9 +67,9 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
-from loaderkit._global_rngs import GOLDEN, M64, mix64_array
+from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
-from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
+from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
 from loaderkit.plan.bucket import BucketPlan, Oversize, _BucketSchedule, _Epoch
 from loaderkit.plan.sample import (
     CHUNK,
@@ -198,44 +198,6 @@ def mix_allotments(
     return tuple(out)
 
 
-def keyed_at(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``KeyedPermutation(n, keys[i]).at(positions[i])`` for every ``i``, in one pass.
-
-    The same Feistel network and cycle walking as
-    :class:`~loaderkit.plan._permutation.KeyedPermutation`, with a key per
-    element (uint64 ``keys``), so a batch that draws from many source-epochs
-    costs one vectorised evaluation instead of one permutation per source-epoch.
-    """
-    x = np.asarray(positions).astype(np.uint64)
-    if n == 1:
-        return np.zeros(x.shape, dtype=np.int64)
-    bits = max(2, (n - 1).bit_length())
-    half = (bits + 1) // 2
-    width, mask = np.uint64(half), np.uint64((1 << half) - 1)
-    shift = np.uint64(64 - half)
-    rounds = [mix64_array(keys + np.uint64(((r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
-
-    def encrypt(y: np.ndarray, which: np.ndarray | slice) -> np.ndarray:
-        left, right = y >> width, y & mask
-        for key in rounds:
-            f = mix64_array(right ^ key[which])
-            f >>= shift
-            left ^= f
-            left, right = right, left
-        left <<= width
-        left |= right
-        return left
-
-    y = encrypt(x, slice(None))
-    bound = np.uint64(n)
-    out = np.flatnonzero(y >= bound)
-    while out.size:
-        again = encrypt(y[out], out)
-        y[out] = again
-        out = out[again >= bound]
-    return y.view(np.int64)
-
-
 class _MixMap:
     """One epoch's mix order as a function of positions (see the module docstring)."""
 
@@ -264,12 +226,11 @@ class _MixMap:
         self._total = np.int64(plan.num_samples)
         self._last: tuple[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._perm: KeyedPermutation | None = None
-        self._bases: list[int] | None = None
+        self._bases: np.ndarray | None = None
         if plan.shuffle:
             self._perm = KeyedPermutation(length, derive_seed(plan.seed, SeedTag.MIX_ORDER, epoch))
-            self._bases = [
-                derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(len(plan.per_epoch))
-            ]
+            bases = [derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(per.size)]
+            self._bases = np.array(bases, dtype=np.uint64)
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` (int64, flat)."""
@@ -289,20 +250,12 @@ class _MixMap:
 
     def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
         assert self._bases is not None
-        out = local.copy()
-        # One vectorised pass per source, whatever the number of source-epochs a
-        # chunk touches (a small upsampled source passes through thousands).
-        for s in np.unique(source).tolist():
-            n = int(self._sizes[s])
-            if n == 1:
-                continue
-            mask = source == s
-            # splitmix64's (k+1)-th output from the source's base: distinct k, distinct keys.
-            keys = k[mask].astype(np.uint64) + np.uint64(1)
-            keys *= np.uint64(GOLDEN)
-            keys += np.uint64(self._bases[s])
-            out[mask] = keyed_at(n, mix64_array(keys), local[mask])
-        return out
+        # Source-epoch k of source s is keyed by splitmix64's (k+1)-th output from the
+        # source's base: distinct k, distinct keys. One pass over all sources and source-epochs.
+        keys = k.astype(np.uint64) + np.uint64(1)
+        keys *= np.uint64(GOLDEN)
+        keys += self._bases[source]
+        return permute_many(self._sizes[source], mix64_array(keys), local)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         given = np.asarray(positions)

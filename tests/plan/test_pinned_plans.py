@@ -150,3 +150,23 @@ def test_shard_bucket_plan_batches_and_fingerprint_are_pinned() -> None:
         "mix_shards": 8,
         "shard_window": 8192,
     }
+
+
+def test_the_mix_permutes_its_sources_with_the_one_keyed_permutation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One Feistel implementation (plan/_permutation.py): the mix's per-source-epoch
+    # permutations go through permute_many, not a copy of the network.
+    from loaderkit.plan import _permutation, mix
+
+    sizes: list[np.ndarray] = []
+
+    def spy(n: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        sizes.append(np.asarray(n))
+        return _permutation.permute_many(n, keys, positions)
+
+    monkeypatch.setattr(mix, "permute_many", spy)
+    plan = MixPlan(source_sizes=(4, 2, 7), per_epoch=(9, 3, 5), batch_size=2, seed=11)
+    assert plan.order(0).tolist() == [7, 1, 0, 0, 12, 8, 1, 6, 3, 3, 2, 4, 4, 5, 9, 2, 3]
+    assert sizes and set(np.concatenate(sizes).tolist()) == {4, 2, 7}
+    assert not hasattr(mix, "keyed_at")
