@@ -61,7 +61,7 @@ import functools
 import zlib
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
-from loaderkit.plan.bucket import BucketPlan, Oversize, _BucketSchedule, _Epoch
+from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _Epoch
 from loaderkit.plan.sample import (
     CHUNK,
     SamplePlan,
@@ -80,6 +80,9 @@ from loaderkit.plan.sample import (
     steps_from,
 )
 from loaderkit.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
 
@@ -470,7 +473,7 @@ class MixBucketPlan(BucketPlan):
         source_sizes: Samples per source; they must add up to ``len(lengths)``.
         per_epoch: Draws per epoch from each source.
         source_names: The sources' names, as :class:`MixPlan` takes them.
-        **kwargs: :class:`~loaderkit.BucketPlan`'s.
+        **options: The :class:`~loaderkit.plan.bucket.BucketOptions`.
 
     A sample drawn more than once in an epoch is seeded per draw: its ``k``-th
     draw in the epoch's batch order is keyed ``index + k * num_samples``
@@ -483,27 +486,10 @@ class MixBucketPlan(BucketPlan):
         *,
         source_sizes: Sequence[int],
         per_epoch: Sequence[int],
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        window: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         source_names: Sequence[str] | None = None,
+        **options: Unpack[BucketOptions],
     ) -> None:
-        super().__init__(
-            lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            window=window,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-        )
+        super().__init__(lengths, **options)
         self.mix = MixPlan(
             source_sizes=source_sizes,
             per_epoch=per_epoch,
@@ -512,20 +498,11 @@ class MixBucketPlan(BucketPlan):
             seed=self.seed,
             source_names=source_names,
         )
-        if self.mix.num_samples != self.num_samples:
-            raise ValueError(
-                f"MixBucketPlan: the sources hold {self.mix.num_samples} samples in all but "
-                f"there are {self.num_samples} lengths; pass one length per sample of the "
-                "sources, laid end to end (MixedDataset.lengths())."
-            )
-        self._eligible_mask = np.zeros(self.num_samples, dtype=bool)
-        self._eligible_mask[self._eligible] = True
+        self._check_total(self.mix.num_samples, "the sources", "MixedDataset.lengths()")
         self._draw_keys: tuple[int, np.ndarray | None] | None = None  # (epoch, keys)
 
-    def epoch_length(self, epoch: int) -> int:
-        """Number of global batches of ``epoch`` (the mix's order cut into batches)."""
-        check_int("epoch", epoch, 0, owner="BucketBatchSampler", numpy_ok=True)
-        return int(self._epoch(epoch).sequence.size)
+    def _samples_per_epoch(self) -> int:
+        return self.mix.epoch_length(0)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
         """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart (class docstring)."""
@@ -540,10 +517,7 @@ class MixBucketPlan(BucketPlan):
         return _KeyedBucketSchedule(ep, keyed, epoch, start, rank, world_size, self.drop_last)
 
     def _unsorted(self, epoch: int) -> np.ndarray:
-        order = self.mix.order(epoch).numpy()
-        if self._eligible.size == self.num_samples:
-            return order
-        return order[self._eligible_mask[order]]
+        return self._eligible_only(self.mix.order(epoch).numpy())
 
     def fingerprint(self) -> dict[str, Any]:
         """:class:`~loaderkit.BucketPlan`'s settings and the mix's."""

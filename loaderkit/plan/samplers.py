@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
@@ -31,11 +31,14 @@ from loaderkit.errors import LoaderkitError
 from loaderkit.plan._agree import agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
-from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.mix import MixBucketPlan
 from loaderkit.plan.sample import Plan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 from loaderkit.plan.shard_bucket import ShardBucketPlan
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
 
@@ -312,14 +315,6 @@ class BucketBatchSampler(PlanBatchSampler):
         self,
         lengths: Any,
         *,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        window: int | None = None,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         shard_sizes: Sequence[int] | None = None,
         mix_shards: int = DEFAULT_MIX,
         shard_window: int = DEFAULT_WINDOW,
@@ -328,69 +323,23 @@ class BucketBatchSampler(PlanBatchSampler):
         source_names: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Unpack[BucketOptions],
     ) -> None:
-        settings: dict[str, Any] = {
-            "batch_size": batch_size,
-            "max_tokens": max_tokens,
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "window": window,
-            "shuffle": shuffle,
-            "seed": seed,
-            "drop_last": drop_last,
-            "oversize": oversize,
-        }
-        plan: BucketPlan
-        if (
-            (source_sizes is None) != (per_epoch is None)
-            or (source_sizes is not None and shard_sizes is not None)
-            or (source_names is not None and source_sizes is None)
-        ):
-            raise ValueError(
-                "BucketBatchSampler: source_sizes and per_epoch go together (a mix of sources, "
-                "as MixedDataset.bucket_batch_sampler() passes them, with source_names) and "
-                f"exclude shard_sizes; got source_sizes={source_sizes!r}, per_epoch="
-                f"{per_epoch!r}, shard_sizes={shard_sizes!r}."
-            )
-        if shard_sizes is not None:
-            plan = ShardBucketPlan(
-                lengths,
-                shard_sizes=shard_sizes,
-                mix_shards=mix_shards,
-                shard_window=shard_window,
-                **settings,
-            )
-        else:
-            for name, given, default in (
-                ("mix_shards", mix_shards, DEFAULT_MIX),
-                ("shard_window", shard_window, DEFAULT_WINDOW),
-            ):
-                if given != default:
-                    raise ValueError(
-                        f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
-                        "shard_sizes= (e.g. ShardedDataset.bucket_batch_sampler() does) or "
-                        f"drop {name}."
-                    )
-            if source_sizes is not None and per_epoch is not None:
-                plan = MixBucketPlan(
-                    lengths,
-                    source_sizes=source_sizes,
-                    per_epoch=per_epoch,
-                    source_names=source_names,
-                    **settings,
-                )
-            else:
-                plan = BucketPlan(lengths, **settings)
+        plan = _bucket_plan(
+            lengths, shard_sizes, mix_shards, shard_window, source_sizes, per_epoch, source_names,
+            options,
+        )  # fmt: skip
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)
         if plan.oversize_indices.size:
-            verb = "skipped" if oversize == "skip" else "batched alone, to be truncated to"
+            what = "skipped" if plan.oversize == "skip" else "batched alone, to be truncated to"
             warnings.warn(
-                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} "
-                f"samples are longer than max_length={plan.max_length} tokens (max_tokens="
-                f"{max_tokens}) and are {verb}"
-                + (f" {plan.max_length} tokens" if oversize == "truncate" else "")
-                + f" (oversize={oversize!r}); the first is sample "
+                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} samples "
+                f"are longer than max_length={plan.max_length} tokens (max_tokens="
+                f"{plan.max_tokens}) and are {what}"
+                + (f" {plan.max_length} tokens" if plan.oversize == "truncate" else "")
+                + f" (oversize={plan.oversize!r}); the first is sample "
                 f"{int(plan.oversize_indices[0])} with {plan.lengths[plan.oversize_indices[0]]}.",
                 UserWarning,
                 stacklevel=2,
@@ -410,3 +359,52 @@ class BucketBatchSampler(PlanBatchSampler):
     def max_length(self) -> int | None:
         """The longest sample one batch holds under ``max_tokens`` (``None``: fixed-size)."""
         return self.plan.max_length
+
+
+def _bucket_plan(
+    lengths: Any,
+    shard_sizes: Sequence[int] | None,
+    mix_shards: int,
+    shard_window: int,
+    source_sizes: Sequence[int] | None,
+    per_epoch: Sequence[int] | None,
+    source_names: Sequence[str] | None,
+    options: BucketOptions,
+) -> BucketPlan:
+    """The plan a :class:`BucketBatchSampler` with these arguments batches from."""
+    if (
+        (source_sizes is None) != (per_epoch is None)
+        or (source_sizes is not None and shard_sizes is not None)
+        or (source_names is not None and source_sizes is None)
+    ):
+        raise ValueError(
+            "BucketBatchSampler: source_sizes and per_epoch go together (with source_names) and "
+            f"exclude shard_sizes, got source_sizes={source_sizes!r}, per_epoch={per_epoch!r}, "
+            f"shard_sizes={shard_sizes!r}; pass a mix's sizes and allotments, shards or neither."
+        )
+    if shard_sizes is not None:
+        return ShardBucketPlan(
+            lengths,
+            shard_sizes=shard_sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            **options,
+        )
+    for name, given, default in (
+        ("mix_shards", mix_shards, DEFAULT_MIX),
+        ("shard_window", shard_window, DEFAULT_WINDOW),
+    ):
+        if given != default:
+            raise ValueError(
+                f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
+                f"shard_sizes= (as ShardedDataset.bucket_batch_sampler() does) or drop {name}."
+            )
+    if source_sizes is not None and per_epoch is not None:
+        return MixBucketPlan(
+            lengths,
+            source_sizes=source_sizes,
+            per_epoch=per_epoch,
+            source_names=source_names,
+            **options,
+        )
+    return BucketPlan(lengths, **options)
