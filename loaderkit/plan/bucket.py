@@ -37,9 +37,6 @@ Resuming at a position under another world size re-deals only the remaining
 batches, so every sample is still trained exactly once per epoch (apart from
 the documented repeats and drops).
 
-:func:`compute_lengths` computes the lengths from a dataset once, with a
-progress bar, and caches them in a ``.npy`` file.
-
 Example:
     >>> plan = BucketPlan([5, 1, 4, 2, 8, 3], max_tokens=8, shuffle=False)
     >>> [b.tolist() for b in plan.batches(0)]  # lengths [8], [5], [4, 3], [2, 1]

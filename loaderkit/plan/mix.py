@@ -19,14 +19,10 @@ of epoch ``e`` maps to a sample in O(1), evaluated only where a rank deals:
    by ``(seed, s, k)`` (``shuffle=False``: ``o``).
 
 So each source runs through its samples in a fresh order per source-epoch,
-and sees every one exactly once per source-epoch: an upsampled source (say
-``per_epoch = 2.5 n``) passes through 2.5 source-epochs per epoch, a
-downsampled one (``0.5 n``) takes two epochs for one source-epoch, carrying
-its source-epoch across the epoch boundary. None of it depends on history: a
-resume at any position, under any world size or ``num_workers``, evaluates
-the same map. Dealing to ranks is :class:`~loaderkit.SamplePlan`'s (global
-steps of ``world_size * batch_size`` positions, the tail padded by wrapping or
-dropped), so every rank steps the same number of times.
+each sample exactly once per source-epoch (a downsampled source carries its
+source-epoch across the epoch boundary), and nothing depends on history
+(docs/design.md, weighted mixing). Dealing to ranks is
+:class:`~loaderkit.SamplePlan`'s over the epoch's positions.
 
 A sample drawn more than once in an epoch (an upsampled source, or an epoch
 that straddles two source-epochs) gets its own per-sample seeding key per draw:
@@ -150,35 +146,42 @@ def mix_allotments(
         raise ValueError(f"{owner}: sources is empty; pass at least one dataset.")
     if weights is not None and repeat is not None:
         raise ValueError(
-            f"{owner}: pass weights= or repeat=, not both (got weights={list(weights)!r}, "
-            f"repeat={list(repeat)!r}); weights are proportions of an epoch of epoch_size "
-            "samples, repeat is passes over each source per epoch."
+            f"{owner}: pass weights= or repeat=, not both; got weights={list(weights)!r} and "
+            f"repeat={list(repeat)!r}."
         )
     if epoch_size is not None and weights is None:
         raise ValueError(
-            f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= or "
-            "neither, the epoch is what the sources' passes add up to); pass weights= or drop "
-            "epoch_size."
+            f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= the "
+            "epoch is the sources' passes); pass weights= or drop epoch_size."
         )
     if weights is None:
-        passes = [Fraction(1)] * len(sizes) if repeat is None else None
-        if passes is None:
-            assert repeat is not None
-            passes = _positive_numbers("repeat", repeat, len(sizes), owner)
-        out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
-        for i, a in enumerate(out):
-            if a == 0:
-                raise ValueError(
-                    f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} "
-                    f"samples rounds to 0 draws per epoch; pass repeat[{i}] >= "
-                    f"{0.5 / sizes[i]:.3g}."
-                )
-        return tuple(out)
+        return _by_repeat(sizes, repeat, owner)
+    return _by_weights(sizes, weights, epoch_size, owner)
+
+
+def _by_repeat(sizes: list[int], repeat: Sequence[float] | None, owner: str) -> tuple[int, ...]:
+    """``round(repeat[s] * sizes[s])`` draws from each source (``None``: every source once)."""
+    if repeat is None:
+        return tuple(sizes)
+    passes = _positive_numbers("repeat", repeat, len(sizes), owner)
+    out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
+    for i, a in enumerate(out):
+        if a == 0:
+            raise ValueError(
+                f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} samples "
+                f"rounds to 0 draws per epoch; pass repeat[{i}] >= {0.5 / sizes[i]:.3g}."
+            )
+    return tuple(out)
+
+
+def _by_weights(
+    sizes: list[int], weights: Sequence[float], epoch_size: int | None, owner: str
+) -> tuple[int, ...]:
+    """``weights``' shares of ``epoch_size`` draws, by largest remainder (ties: earlier source)."""
     ws = _positive_numbers("weights", weights, len(sizes), owner)
-    total = sum(sizes) if epoch_size is None else epoch_size
     total = check_int(
         "epoch_size",
-        total,
+        sum(sizes) if epoch_size is None else epoch_size,
         1,
         owner=owner,
         fix="pass the samples per epoch, e.g. epoch_size=100_000, or None",

@@ -47,9 +47,8 @@ from loaderkit.seeding import derive_seed
 __all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
 
 _MAX_SAMPLES = 2**63
-# Positions a lazy schedule maps at once: one numpy pass over 64k positions costs
-# ~60 ns each (per batch of 256 it would be ~700 ns each, numpy's per-call overhead),
-# and its arrays (a few MB) stay constant in the dataset size.
+# Positions a lazy schedule maps at once: large enough to amortize numpy's per-call
+# overhead (benchmarks/RESULTS.md, plan internals), small enough to stay a few MB.
 CHUNK = 1 << 16
 
 
@@ -163,8 +162,7 @@ class SamplePlan:
         Shuffled: a :class:`~loaderkit.plan._permutation.KeyedPermutation` of
         ``[0, num_samples)`` keyed by ``derive_seed(seed, "order", epoch)``; any
         batch of positions costs O(batch) time and memory, whatever the dataset
-        size (the first batch after a resume at 90 % of a 10^10-sample epoch
-        takes milliseconds; ``benchmarks/plans``). Unshuffled: the identity.
+        size (``benchmarks/plans``). Unshuffled: the identity.
         """
         check_int("epoch", epoch, 0)
         if not self.shuffle:
@@ -331,8 +329,8 @@ class _FixedSchedule:
         self.epoch = epoch
         self.start = start
         if isinstance(order, torch.Tensor):
-            # Slicing numpy and wrapping the slice is ~2x cheaper than slicing the
-            # tensor (~1 us vs ~2.5 us), paid once per batch.
+            # Slicing numpy and wrapping the slice is cheaper than slicing the tensor
+            # (benchmarks/RESULTS.md, plan internals), paid once per batch.
             self._np_order: np.ndarray | None = order.numpy()
             self._map: PositionMap | None = None
         else:

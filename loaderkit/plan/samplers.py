@@ -144,10 +144,8 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     ``SequentialSampler``, ``DistributedSampler`` (read for its settings), a
     sampler with ``set_epoch`` or a ``generator`` that loaderkit seeds per epoch
     (``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``), or
-    any sampler that lists the same order twice. One that draws from an
-    unseeded source would be resumed by skipping items of a *new* order:
-    measured with torchdata 0.11, 1000 draws after such a resume held only 790
-    unique samples. A ``batch_sampler`` must carry a loaderkit plan.
+    any sampler that lists the same order twice (docs/design.md, anchor fact 8,
+    for the others). A ``batch_sampler`` must carry a loaderkit plan.
 
     Raises:
         TypeError: ``sampler`` lists a different order each time, or is a batch
@@ -157,9 +155,9 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
         return
     if parameter == "batch_sampler":
         raise TypeError(
-            f"batch_sampler={type(sampler).__name__} cannot be resumed exactly: a batch "
-            "sampler's position is only known for a loaderkit plan. Pass a PlanBatchSampler "
-            "(or BucketBatchSampler), or pass sampler=... with batch_size=... instead."
+            f"batch_sampler={type(sampler).__name__} cannot be resumed exactly (only a loaderkit "
+            "plan's position is known); pass a PlanBatchSampler or BucketBatchSampler, or "
+            "sampler=... with batch_size=... instead."
         )
     if isinstance(sampler, (SequentialSampler, DistributedSampler)):
         return
@@ -167,18 +165,12 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
 
 
 class _LenWatch:
-    """Remembers the first ``len()`` answer, to refuse an epoch Lightning would cut short.
+    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``.
 
-    A plan whose epoch length varies (token budgets) yields a different number
-    of batches each epoch. Lightning takes ``len()`` once per ``fit`` (before it
-    restores a checkpoint) and, although it calls ``len()`` again every epoch,
-    caps it at that first answer: a longer epoch is stopped early and its last
-    batches are silently skipped. So when an epoch outgrows the first answer
-    and Lightning's loop is the caller, this is an error (a loop of one's own
-    that iterates each epoch to its end is unaffected).
-    :class:`~loaderkit.ElasticResume` sets ``managed`` on the loaders it keeps
-    in sync. Used by :class:`PlanBatchSampler` and
-    :class:`~loaderkit.ResumableDataLoader`.
+    Lightning caps every epoch at its first ``len()`` answer (docs/design.md,
+    "Bucketing and token budgets"). :class:`~loaderkit.ElasticResume` sets
+    ``managed`` on the loaders it keeps in sync. Used by
+    :class:`PlanBatchSampler` and :class:`~loaderkit.ResumableDataLoader`.
     """
 
     __slots__ = ("first", "managed")
@@ -201,45 +193,27 @@ class _LenWatch:
         if batches < self.first:
             raise LoaderkitError(
                 f"{owner}: epoch {epoch} yields {batches} batches, fewer than the {self.first} "
-                "len() first answered (the world size shrank on resume, or this plan's epoch "
-                "length varies). Lightning takes len() once per fit and validates at the "
-                f"batch it expects last ({self.first}), so this epoch would end without its "
-                "validation: add loaderkit.ElasticResume() to the Trainer's callbacks."
+                "len() first answered, so Lightning would end it without its validation; add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks."
             )
         raise LoaderkitError(
-            f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} "
-            "len() first answered (this plan's epoch length varies, as under token budgets, "
-            "or the world size grew on resume). Lightning takes len() once per fit and would "
-            f"stop this epoch after {self.first} batches, silently skipping the rest: add "
-            "loaderkit.ElasticResume() to the Trainer's callbacks."
+            f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} len() "
+            f"first answered, so Lightning would stop it after {self.first}, skipping the rest; "
+            "add loaderkit.ElasticResume() to the Trainer's callbacks."
         )
 
 
 class BucketBatchSampler(PlanBatchSampler):
     """Batches of similar lengths, fixed-size or under a token budget; distributed, resumable.
 
-    Each epoch's global sequence of batches is a pure function of ``(seed,
-    epoch)``: the indices are shuffled, cut into windows of ``window``
-    samples, each window is sorted by length (longest first) and cut into
-    batches, and the batch order is shuffled (details in
-    :mod:`loaderkit.plan.bucket`). A global step deals ``world_size``
-    consecutive batches of that sequence to the ranks, rank ``r`` taking the
-    ``r``-th: every rank yields the same number of batches, even though under a
-    token budget its batches hold varying numbers of rows. When the epoch's
-    batch count ``G`` is not a multiple of ``world_size``, ``drop_last=True``
-    drops the last ``G % world_size`` batches (each rank yields ``G //
-    world_size``), else each rank yields ``ceil(G / world_size)`` and the
-    ranks left over in the last step repeat batches 0, 1, ... of the same
-    epoch. Every sample is in exactly one of the ``G`` batches (except those
-    left out by ``oversize="skip"``, and, in fixed-size mode with
-    ``drop_last=True``, the one short batch's).
-
-    The state (``state_dict``) is the number of global batches consumed, the
-    same on every rank; resuming under another world size re-deals the rest.
-    Under a token budget ``G`` changes from epoch to epoch: under Lightning,
-    add :class:`~loaderkit.ElasticResume` to the Trainer's callbacks so it
-    re-reads the length every epoch (where lightning is imported, the loader
-    warns if a longer epoch than its first ``len()`` starts without it).
+    Each epoch's global sequence of batches is its :class:`BucketPlan`'s, a pure
+    function of ``(seed, epoch)`` (:mod:`loaderkit.plan.bucket`). A global step
+    deals ``world_size`` consecutive batches to the ranks, so every rank yields
+    as many batches; the tail is dropped (``drop_last``) or filled with the
+    epoch's first batches. The state is the number of global batches consumed,
+    the same on every rank. Under a token budget the batch count varies per
+    epoch: under Lightning, add :class:`~loaderkit.ElasticResume` to the
+    Trainer's callbacks.
 
     Args:
         lengths: Token count of each dataset index (a sequence, numpy array or
@@ -251,25 +225,21 @@ class BucketBatchSampler(PlanBatchSampler):
             ``pad_to_multiple_of``, stays ``<= max_tokens``.
         pad_to_multiple_of: The rounding your collate pads to (e.g.
             ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
-        seed: Seed of both shuffles (and of the loader's per-sample seeding).
-        shuffle: Shuffle indices and batch order per ``(seed, epoch)``; else
-            windows of the index order, sorted, batches in order.
-        window: Samples per length-sorted window: larger means less padding
-            (about inversely: measured on lognormal lengths at batch 64, 5.2%
-            padded tokens at 100 batches per window, 1.9% at 256, 0.6% at
-            1000), smaller means more randomness in which samples share a
-            batch, and token-budget epochs whose batch counts vary more.
-            Default: 256 batches' worth (``256 * batch_size``, or ``256 *
-            max_tokens / mean padded length``); rounded up to a multiple of
-            ``batch_size`` in fixed-size mode. A window as large as the
-            dataset sorts it whole.
+        seed: Seed of both shuffles (and of the loader's per-sample seeding); default 0.
+        shuffle: Shuffle indices and batch order per ``(seed, epoch)`` (default);
+            else windows of the index order, sorted, batches in order.
+        window: Samples per length-sorted window: larger pads less, smaller
+            mixes more (benchmarks/RESULTS.md, bucketing). Default: 256
+            batches' worth (``256 * batch_size``, or ``256 * max_tokens /
+            mean padded length``); rounded up to a multiple of ``batch_size``
+            in fixed-size mode.
         drop_last: Drop the batches that do not fill a global step instead of
-            repeating; in fixed-size mode also the one short batch.
+            repeating; in fixed-size mode also the one short batch. Default False.
         oversize: A sample longer than ``max_tokens`` allows (``max_length``):
-            ``"error"`` raises, naming it; ``"skip"`` leaves it out of every
-            epoch (``num_skipped``, one warning); ``"truncate"`` batches it alone
-            (``num_truncated``, one warning): cut it to ``max_length`` tokens
-            in the dataset, so the batch stays within budget.
+            ``"error"`` (default) raises, naming it; ``"skip"`` leaves it out of
+            every epoch (``num_skipped``, one warning); ``"truncate"`` batches
+            it alone (``num_truncated``, one warning; cut it to ``max_length``
+            tokens in the dataset).
         shard_sizes: Samples per shard, when the dataset is shards laid end to
             end (a :class:`~loaderkit.ShardedDataset`; its
             :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler` passes them):
@@ -288,6 +258,8 @@ class BucketBatchSampler(PlanBatchSampler):
             mix's identity a saved position is checked against.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
+        **options: ``batch_size`` to ``oversize`` above, the
+            :class:`~loaderkit.plan.bucket.BucketOptions`.
 
     Raises:
         ValueError: a bad argument, or a sample too long for ``max_tokens``
