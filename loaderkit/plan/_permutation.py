@@ -161,10 +161,9 @@ def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> 
 def permutation_digest() -> int:
     """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state.
 
-    A loaderkit (or numpy) that computed a different order from the same key
-    makes a resumed position point elsewhere; comparing this checksum turns
-    that into a :class:`~loaderkit.StateMismatchError` instead of silently
-    repeated and skipped samples. Computed once per process.
+    A loaderkit (or numpy) that computes another order from the same key is then
+    a :class:`~loaderkit.StateMismatchError` on resume (docs/design.md, order
+    checks). Computed once per process.
     """
     perm = KeyedPermutation(257, key=20240917).at(np.arange(257, dtype=np.uint64))
     return zlib.crc32(perm.tobytes())

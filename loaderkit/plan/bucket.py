@@ -226,7 +226,7 @@ class BucketPlan:
                 f"max_tokens={self.max_tokens}{per_row}: {self.oversize_indices.size} sample(s) "
                 f"are too long; the longest is sample {longest} with {self._lengths[longest]}. "
                 f"Raise max_tokens to >= {self._padded(self._lengths[longest : longest + 1])[0]}, "
-                "or pass oversize='skip' (leave them out) or 'truncate' (batch each alone)."
+                "or pass oversize='skip' or 'truncate'."
             )
         if self.oversize == "skip":
             return np.setdiff1d(eligible, self.oversize_indices, assume_unique=True)

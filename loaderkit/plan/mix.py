@@ -68,10 +68,10 @@ from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
 from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _Epoch
 from loaderkit.plan.sample import (
-    CHUNK,
     SamplePlan,
     _FixedSchedule,
     _KeyedSchedule,
+    materialize,
     occurrence_keys,
     steps_from,
 )
@@ -399,13 +399,7 @@ class MixPlan:
 
         O(epoch length): for inspection, tests and :class:`MixBucketPlan`.
         """
-        mapping = self.order_map(epoch)
-        length = self.epoch_length(epoch)
-        out = np.empty(length, dtype=np.int64)
-        for lo in range(0, length, CHUNK):
-            hi = min(lo + CHUNK, length)
-            out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
-        return torch.from_numpy(out)
+        return materialize(self.order_map(epoch), self.epoch_length(epoch))
 
     def locate(self, epoch: int, positions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` of ``epoch`` (flat)."""

@@ -263,15 +263,11 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
 def permutation_check() -> int:
     """A checksum of a small seeded ``torch.randperm``, stored in the states of plans using it.
 
-    (:class:`~loaderkit.plan.bucket.BucketPlan` orders its windows with
-    ``randperm``; :class:`SamplePlan` stores
-    :func:`~loaderkit.plan._permutation.permutation_digest` instead.)
-
-    A torch release that changed ``randperm``'s algorithm would give a resumed
-    run a different order than the one its position refers to; comparing this
-    checksum turns that into a :class:`~loaderkit.StateMismatchError` instead
-    of silently repeated and skipped samples. Computed once per process: a
-    loader's ``state_dict()`` is called every step.
+    :class:`~loaderkit.plan.bucket.BucketPlan` shuffles with ``randperm``
+    (:class:`SamplePlan` stores
+    :func:`~loaderkit.plan._permutation.permutation_digest` instead); a torch
+    whose ``randperm`` differs is then a :class:`~loaderkit.StateMismatchError`
+    on resume (docs/design.md, order checks). Computed once per process.
     """
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
