@@ -67,7 +67,7 @@ from loaderkit.seeding import derive_seed
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
-__all__ = ["BucketOptions", "BucketPlan"]
+__all__ = ["BucketPlan"]  # BucketOptions: a typing name, imported from here
 
 Oversize = Literal["error", "skip", "truncate"]
 _OVERSIZE = ("error", "skip", "truncate")
