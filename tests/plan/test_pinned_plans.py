@@ -59,6 +59,21 @@ def test_order_checks_in_states_are_pinned() -> None:
     assert permutation_digest() == 849464119
 
 
+# max_tokens=400, pad_to_multiple_of=8, seed=5 over LENGTHS: the bucket plan's fields.
+BUDGET_FINGERPRINT = {
+    "num_samples": 300,
+    "lengths_crc32": 2107673116,
+    "batch_size": None,
+    "max_tokens": 400,
+    "pad_to_multiple_of": 8,
+    "window": 1792,
+    "shuffle": True,
+    "seed": 5,
+    "drop_last": False,
+    "order_check": 2236424086,
+}
+
+
 def test_mix_bucket_plan_batches_keys_and_fingerprint_are_pinned() -> None:
     plan = MixBucketPlan(
         LENGTHS,
@@ -75,18 +90,9 @@ def test_mix_bucket_plan_batches_keys_and_fingerprint_are_pinned() -> None:
         [45, 345, 645, 247, 75, 375, 675],
     ]
     assert plan.fingerprint() == {
+        **BUDGET_FINGERPRINT,
         "kind": "mix-bucket",
-        "num_samples": 300,
-        "lengths_crc32": 2107673116,
-        "batch_size": None,
-        "max_tokens": 400,
-        "pad_to_multiple_of": 8,
-        "window": 1792,
-        "shuffle": True,
-        "seed": 5,
-        "drop_last": False,
         "oversize": "error",
-        "order_check": 2236424086,
         "source_names": ["0", "1"],
         "source_sizes": [100, 200],
         "per_epoch": [250, 50],
@@ -98,20 +104,7 @@ def test_mix_bucket_plan_batches_keys_and_fingerprint_are_pinned() -> None:
 def test_bucket_plans_batches_and_fingerprints_are_pinned() -> None:
     plan = BucketPlan(LENGTHS, max_tokens=400, pad_to_multiple_of=8, seed=5, oversize="skip")
     assert crc(b.numpy() for b in plan.batches(1)) == 3694236237
-    assert plan.fingerprint() == {
-        "kind": "bucket",
-        "num_samples": 300,
-        "lengths_crc32": 2107673116,
-        "batch_size": None,
-        "max_tokens": 400,
-        "pad_to_multiple_of": 8,
-        "window": 1792,
-        "shuffle": True,
-        "seed": 5,
-        "drop_last": False,
-        "oversize": "skip",
-        "order_check": 2236424086,
-    }
+    assert plan.fingerprint() == {**BUDGET_FINGERPRINT, "kind": "bucket", "oversize": "skip"}
     for oversize, batches_crc, tokens in (
         ("skip", 3191027603, (4761, 5440)),
         ("truncate", 2927952092, (12041, 12744)),
