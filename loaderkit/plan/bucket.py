@@ -149,12 +149,13 @@ class BucketPlan:
         # The length each sample is batched at: its own, or max_length once truncated.
         self._batch_len = self._lengths
         self._eligible = self._eligible_samples()
-        self.window = self._resolve_window(options.get("window"))
+        self.window = self._resolve_window(_optional(options, "window"))
         self._crc = zlib.crc32(self._lengths.tobytes())
         self._cache: OrderedDict[int, _Epoch] = OrderedDict()
 
     def _take_options(self, options: BucketOptions) -> None:
-        """Check the options, once for every bucketing plan, and keep them as attributes."""
+        """Check the options (all but ``window``, whose default needs the lengths: see
+        :meth:`_resolve_window`), once for every bucketing plan, and keep them as attributes."""
         unknown = sorted(set(options) - BucketOptions.__optional_keys__)
         if unknown:
             raise TypeError(
@@ -170,7 +171,6 @@ class BucketPlan:
         self.batch_size, self.max_tokens, self.pad_to_multiple_of = (
             _optional(options, name) for name in ("batch_size", "max_tokens", "pad_to_multiple_of")
         )
-        _optional(options, "window")
         self.seed = _int("seed", options.get("seed", 0), 0, _FIX["seed"])
         self.shuffle = check_bool("shuffle", options.get("shuffle", True), owner=_OWNER)
         self.drop_last = check_bool("drop_last", options.get("drop_last", False), owner=_OWNER)
@@ -247,7 +247,7 @@ class BucketPlan:
             assert self.batch_size is not None
             # A multiple of batch_size: only the epoch's last window ends in a short batch.
             window = -(-window // self.batch_size) * self.batch_size
-        return int(window)
+        return window
 
     @functools.cached_property
     def _eligible_mask(self) -> np.ndarray:
