@@ -298,9 +298,15 @@ class BucketBatchSampler(PlanBatchSampler):
         **options: Unpack[BucketOptions],
     ) -> None:
         plan = _bucket_plan(
-            lengths, shard_sizes, mix_shards, shard_window, source_sizes, per_epoch, source_names,
+            lengths,
             options,
-        )  # fmt: skip
+            shard_sizes=shard_sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            source_sizes=source_sizes,
+            per_epoch=per_epoch,
+            source_names=source_names,
+        )
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)
@@ -335,13 +341,14 @@ class BucketBatchSampler(PlanBatchSampler):
 
 def _bucket_plan(
     lengths: Any,
+    options: BucketOptions,
+    *,
     shard_sizes: Sequence[int] | None,
     mix_shards: int,
     shard_window: int,
     source_sizes: Sequence[int] | None,
     per_epoch: Sequence[int] | None,
     source_names: Sequence[str] | None,
-    options: BucketOptions,
 ) -> BucketPlan:
     """The plan a :class:`BucketBatchSampler` with these arguments batches from."""
     if (
