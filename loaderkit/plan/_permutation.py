@@ -2,25 +2,21 @@
 
 The shuffled order of a :class:`~loaderkit.plan.sample.SamplePlan` epoch is
 ``KeyedPermutation(n, key).at(positions)``: entry ``p`` of the order, for any
-batch of positions, in O(len(positions)) time and memory, whatever ``n`` is.
-A materialized ``randperm`` costs O(n) at every epoch start and every resume
-(10.5 s and 400 MB at 5x10^7 samples; ~75 GiB at 10^10).
+batch of positions, in O(len(positions)) time and memory, whatever ``n`` is
+(a materialized ``randperm`` costs O(n) at every epoch start and resume).
 
 The construction: a balanced Feistel network over ``[0, 4**h)``, the smallest
 power of four holding ``n``, with :data:`ROUNDS` rounds whose round function
 is the splitmix64 finaliser of the right half XOR a round key; positions that
 land outside ``[0, n)`` are encrypted again (*cycle walking*) until they land
-inside, which keeps the map a bijection of ``[0, n)`` (the walk from an entry
-of ``[0, n)`` only passes through entries outside it, so two walks never end
-on one value). The domain is under ``4 n``, so a walk takes fewer than 4
-encryptions on average.
+inside, which keeps the map a bijection of ``[0, n)``. The domain is under
+``4 n``, so a walk takes fewer than 4 encryptions on average. A well-mixed
+shuffle, not uniform over all ``n!`` orders (docs/design.md, the spine).
 
-Not uniform over all ``n!`` orders (no keyed permutation family of 64-bit keys
-is, and a Feistel network on 2-bit halves yields only even permutations); it
-is a well-mixed shuffle, which is what a training order needs.
-
-The algorithm fixes every shuffled order a saved position refers to: a change
-to it needs a new state version (``plan/_cursor.py``), and
+This is the one Feistel network in loaderkit: :class:`KeyedPermutation` for one
+key, :func:`permute_many` for a size and key per entry (shard windows, a mix's
+source-epochs). It fixes every shuffled order a saved position refers to: a
+change needs a new state version (``plan/_cursor.py``), and
 :func:`permutation_digest` (stored in every state) pins it.
 
 Example:
@@ -165,10 +161,9 @@ def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> 
 def permutation_digest() -> int:
     """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state.
 
-    A loaderkit (or numpy) that computed a different order from the same key
-    makes a resumed position point elsewhere; comparing this checksum turns
-    that into a :class:`~loaderkit.StateMismatchError` instead of silently
-    repeated and skipped samples. Computed once per process.
+    A loaderkit (or numpy) that computes another order from the same key is then
+    a :class:`~loaderkit.StateMismatchError` on resume (docs/design.md, order
+    checks). Computed once per process.
     """
     perm = KeyedPermutation(257, key=20240917).at(np.arange(257, dtype=np.uint64))
     return zlib.crc32(perm.tobytes())

@@ -37,9 +37,6 @@ Resuming at a position under another world size re-deals only the remaining
 batches, so every sample is still trained exactly once per epoch (apart from
 the documented repeats and drops).
 
-:func:`compute_lengths` computes the lengths from a dataset once, with a
-progress bar, and caches them in a ``.npy`` file.
-
 Example:
     >>> plan = BucketPlan([5, 1, 4, 2, 8, 3], max_tokens=8, shuffle=False)
     >>> [b.tolist() for b in plan.batches(0)]  # lengths [8], [5], [4, 3], [2, 1]
@@ -53,9 +50,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections import OrderedDict
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 import numpy as np
 import torch
@@ -66,12 +64,57 @@ from loaderkit.plan._bucket_order import as_lengths, greedy_starts, sort_windows
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
 
-__all__ = ["BucketPlan"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+__all__ = ["BucketPlan"]  # BucketOptions: a typing name, imported from here
 
 Oversize = Literal["error", "skip", "truncate"]
 _OVERSIZE = ("error", "skip", "truncate")
+_OWNER = "BucketBatchSampler"
 _WINDOW_BATCHES = 256  # default window: this many batches' worth of samples (see the docstring)
 _CACHED_EPOCHS = 2  # a loader asks for the current epoch and, for len(), the next
+
+
+class BucketOptions(TypedDict, total=False):
+    """How every bucketing plan cuts batches: :class:`~loaderkit.BucketBatchSampler`'s
+    options (documented there), taken as keyword arguments by :class:`BucketPlan`,
+    :class:`~loaderkit.ShardBucketPlan` and :class:`~loaderkit.MixBucketPlan` and
+    checked once, by :class:`BucketPlan`.
+
+    Example:
+        >>> options: BucketOptions = {"max_tokens": 8, "shuffle": False}
+        >>> BucketPlan([5, 1, 4, 2, 8, 3], **options).max_length
+        8
+    """
+
+    batch_size: int | None
+    max_tokens: int | None
+    pad_to_multiple_of: int | None
+    window: int | None
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    oversize: Oversize
+
+
+# What to pass instead, per option, in the checks' messages.
+_FIX = {
+    "batch_size": "pass the rows per batch, e.g. 32",
+    "max_tokens": "pass the padded tokens per batch, e.g. 16384",
+    "pad_to_multiple_of": "pass e.g. 8, or None",
+    "window": "pass the samples per sorted window, or None",
+    "seed": "pass a non-negative int such as seed=0",
+}
+
+
+def _int(name: str, value: object, minimum: int, fix: str) -> int:
+    return check_int(name, value, minimum, owner=_OWNER, fix=fix, numpy_ok=True)
+
+
+def _optional(options: BucketOptions, name: str) -> int | None:
+    value = options.get(name)
+    return None if value is None else _int(name, value, 1, _FIX[name])
 
 
 class _Epoch(NamedTuple):
@@ -86,7 +129,7 @@ class BucketPlan:
     """Length-bucketed batches, fixed-size or under a token budget (see the module docstring).
 
     Built by :class:`~loaderkit.BucketBatchSampler`, which documents the
-    arguments; ``sampler.plan`` is this object.
+    options (:class:`BucketOptions`); ``sampler.plan`` is this object.
 
     Attributes:
         num_samples: Dataset size (``len(lengths)``), skipped samples included.
@@ -99,149 +142,132 @@ class BucketPlan:
             skipped (``oversize="skip"``) or batched alone (``"truncate"``).
     """
 
-    def __init__(
-        self,
-        lengths: object,
-        *,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        window: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
-    ) -> None:
+    def __init__(self, lengths: object, **options: Unpack[BucketOptions]) -> None:
         self._lengths = as_lengths(lengths)
         self.num_samples = int(self._lengths.size)
-        if batch_size is None and max_tokens is None:
-            raise ValueError(
-                "BucketBatchSampler: pass batch_size=<int> for fixed-size batches or "
-                "max_tokens=<int> for a token budget per batch (or both: a budget with at "
-                "most batch_size rows); got neither."
-            )
-        if batch_size is not None:
-            batch_size = check_int(
-                "batch_size",
-                batch_size,
-                1,
-                owner="BucketBatchSampler",
-                fix="pass the rows per batch, e.g. 32",
-                numpy_ok=True,
-            )
-        if max_tokens is not None:
-            max_tokens = check_int(
-                "max_tokens",
-                max_tokens,
-                1,
-                owner="BucketBatchSampler",
-                fix="pass the padded tokens per batch, e.g. 16384",
-                numpy_ok=True,
-            )
-        if pad_to_multiple_of is not None:
-            pad_to_multiple_of = check_int(
-                "pad_to_multiple_of",
-                pad_to_multiple_of,
-                1,
-                owner="BucketBatchSampler",
-                fix="pass e.g. 8, or None",
-                numpy_ok=True,
-            )
-        self.seed = check_int(
-            "seed",
-            seed,
-            0,
-            owner="BucketBatchSampler",
-            fix="pass a non-negative int such as seed=0",
-            numpy_ok=True,
-        )
-        self.shuffle = check_bool("shuffle", shuffle, owner="BucketBatchSampler")
-        self.drop_last = check_bool("drop_last", drop_last, owner="BucketBatchSampler")
-        if oversize not in _OVERSIZE:
-            raise ValueError(
-                f"BucketBatchSampler: oversize must be 'error', 'skip' or 'truncate', got "
-                f"{oversize!r}; pass one of these ('skip' drops samples longer than "
-                "max_tokens, 'truncate' batches each alone)."
-            )
-        if oversize != "error" and max_tokens is None:
-            raise ValueError(
-                f"BucketBatchSampler: oversize={oversize!r} only applies with max_tokens; "
-                "fixed-size batches have no token budget to exceed. Drop oversize or pass "
-                "max_tokens."
-            )
-        self.batch_size, self.max_tokens = batch_size, max_tokens
-        self.pad_to_multiple_of, self.oversize = pad_to_multiple_of, oversize
-        self.max_length: int | None = None
-        self.oversize_indices = np.empty(0, dtype=np.int64)
+        self._take_options(options)
         # The length each sample is batched at: its own, or max_length once truncated.
         self._batch_len = self._lengths
-        eligible = np.arange(self.num_samples)
-        if max_tokens is not None:
-            multiple = pad_to_multiple_of or 1
-            self.max_length = max_tokens // multiple * multiple
+        self._eligible = self._eligible_samples()
+        self.window = self._resolve_window(_optional(options, "window"))
+        self._crc = zlib.crc32(self._lengths.tobytes())
+        self._cache: OrderedDict[int, _Epoch] = OrderedDict()
+
+    def _take_options(self, options: BucketOptions) -> None:
+        """Check the options (all but ``window``, whose default needs the lengths: see
+        :meth:`_resolve_window`), once for every bucketing plan, and keep them as attributes."""
+        unknown = sorted(set(options) - BucketOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(
+                f"{_OWNER}: unknown option(s) {unknown}; pass only "
+                f"{sorted(BucketOptions.__optional_keys__)}."
+            )
+        batch_size, max_tokens = options.get("batch_size"), options.get("max_tokens")
+        if batch_size is None and max_tokens is None:
+            raise ValueError(
+                f"{_OWNER}: got neither batch_size nor max_tokens; pass batch_size=<int> for "
+                "fixed-size batches or max_tokens=<int> for a token budget per batch (or both)."
+            )
+        self.batch_size, self.max_tokens, self.pad_to_multiple_of = (
+            _optional(options, name) for name in ("batch_size", "max_tokens", "pad_to_multiple_of")
+        )
+        self.seed = _int("seed", options.get("seed", 0), 0, _FIX["seed"])
+        self.shuffle = check_bool("shuffle", options.get("shuffle", True), owner=_OWNER)
+        self.drop_last = check_bool("drop_last", options.get("drop_last", False), owner=_OWNER)
+        self.oversize: Oversize = options.get("oversize", "error")
+        if self.oversize not in _OVERSIZE:
+            raise ValueError(
+                f"{_OWNER}: oversize must be 'error', 'skip' or 'truncate', got "
+                f"{self.oversize!r}; pass one of these."
+            )
+        if self.oversize != "error" and self.max_tokens is None:
+            raise ValueError(
+                f"{_OWNER}: oversize={self.oversize!r} only applies with max_tokens (fixed-size "
+                "batches have no token budget); drop oversize or pass max_tokens."
+            )
+        self.max_length: int | None = None
+        if self.max_tokens is not None:
+            step = self.pad_to_multiple_of or 1
+            self.max_length = self.max_tokens // step * step
             if self.max_length == 0:
                 raise ValueError(
-                    f"BucketBatchSampler: max_tokens={max_tokens} is below "
-                    f"pad_to_multiple_of={pad_to_multiple_of}: no sample fits in a batch. "
-                    f"Raise max_tokens to at least {multiple}."
+                    f"{_OWNER}: max_tokens={self.max_tokens} is below pad_to_multiple_of="
+                    f"{step}, so no sample fits in a batch; raise max_tokens to at least {step}."
                 )
+
+    def _eligible_samples(self) -> np.ndarray:
+        """The indices every epoch batches: all but those ``oversize="skip"`` leaves out."""
+        eligible = np.arange(self.num_samples)
+        self.oversize_indices = np.empty(0, dtype=np.int64)
+        if self.max_length is not None:
             self.oversize_indices = np.flatnonzero(self._lengths > self.max_length)
             if self.oversize_indices.size:
                 eligible = self._oversize(eligible)
         if eligible.size == 0:
             raise ValueError(
-                f"BucketBatchSampler: all {self.num_samples} samples are longer than "
-                f"max_tokens={max_tokens} and were skipped; raise max_tokens."
+                f"{_OWNER}: all {self.num_samples} samples are longer than "
+                f"max_tokens={self.max_tokens} and were skipped; raise max_tokens."
             )
-        self._eligible = eligible
-        per_batch = batch_size
-        if max_tokens is not None:
-            mean = float(self._padded(self._batch_len[eligible]).mean())
-            per_batch = min(batch_size or self.num_samples, max(1, int(max_tokens / max(mean, 1))))
-        assert per_batch is not None
-        if window is None:
-            window = _WINDOW_BATCHES * per_batch
-        window = check_int(
-            "window",
-            window,
-            1,
-            owner="BucketBatchSampler",
-            fix="pass the samples per sorted window, or None",
-            numpy_ok=True,
-        )
-        if max_tokens is None:
-            assert batch_size is not None
-            # A multiple of batch_size: only the epoch's last window ends in a short batch.
-            window = -(-window // batch_size) * batch_size
-        self.window = window
-        self._crc = zlib.crc32(self._lengths.tobytes())
-        self._cache: OrderedDict[int, _Epoch] = OrderedDict()
+        return eligible
 
     def _oversize(self, eligible: np.ndarray) -> np.ndarray:
-        first = int(self.oversize_indices[0])
+        assert self.max_length is not None
         if self.oversize == "error":
+            first = int(self.oversize_indices[0])
             longest = int(self.oversize_indices[np.argmax(self._lengths[self.oversize_indices])])
+            per_row = (
+                f" (at most {self.max_length} tokens per row with pad_to_multiple_of="
+                f"{self.pad_to_multiple_of})"
+                if self.max_length != self.max_tokens
+                else ""
+            )
             raise ValueError(
-                f"BucketBatchSampler: sample {first} has length {self._lengths[first]}, above "
-                f"max_tokens={self.max_tokens}"
-                + (
-                    f" (a batch holds at most {self.max_length} tokens per row with "
-                    f"pad_to_multiple_of={self.pad_to_multiple_of})"
-                    if self.max_length != self.max_tokens
-                    else ""
-                )
-                + f": no batch can hold it ({self.oversize_indices.size} sample(s) are too "
-                f"long; the longest is sample {longest} with {self._lengths[longest]}). "
-                f"Raise max_tokens to >= {self._padded(self._lengths[longest : longest + 1])[0]},"
-                " filter those samples out, or pass oversize='skip' (leave them out of every "
-                "epoch) or oversize='truncate' (batch each alone; cut it to "
-                f"{self.max_length} tokens in the dataset)."
+                f"{_OWNER}: sample {first} has length {self._lengths[first]}, above "
+                f"max_tokens={self.max_tokens}{per_row}: {self.oversize_indices.size} sample(s) "
+                f"are too long; the longest is sample {longest} with {self._lengths[longest]}. "
+                f"Raise max_tokens to >= {self._padded(self._lengths[longest : longest + 1])[0]}, "
+                "or pass oversize='skip' or 'truncate'."
             )
         if self.oversize == "skip":
             return np.setdiff1d(eligible, self.oversize_indices, assume_unique=True)
-        assert self.max_length is not None
         self._batch_len = np.minimum(self._lengths, self.max_length)
         return eligible
+
+    def _resolve_window(self, window: int | None) -> int:
+        """The window as given, or the default: :data:`_WINDOW_BATCHES` batches' worth."""
+        if window is None:
+            per_batch = self.batch_size
+            if self.max_tokens is not None:
+                mean = float(self._padded(self._batch_len[self._eligible]).mean())
+                rows = max(1, int(self.max_tokens / max(mean, 1)))
+                per_batch = min(self.batch_size or self.num_samples, rows)
+            assert per_batch is not None
+            window = _WINDOW_BATCHES * per_batch
+        if self.max_tokens is None:
+            assert self.batch_size is not None
+            # A multiple of batch_size: only the epoch's last window ends in a short batch.
+            window = -(-window // self.batch_size) * self.batch_size
+        return window
+
+    @functools.cached_property
+    def _eligible_mask(self) -> np.ndarray:
+        mask = np.zeros(self.num_samples, dtype=bool)
+        mask[self._eligible] = True
+        return mask
+
+    def _eligible_only(self, order: np.ndarray) -> np.ndarray:
+        """``order`` (dataset indices) without the samples ``oversize="skip"`` leaves out."""
+        if self._eligible.size == self.num_samples:
+            return order
+        return order[self._eligible_mask[order]]
+
+    def _check_total(self, total: int, what: str, fix: str) -> None:
+        """Refuse a subclass whose sources or shards hold ``total`` samples, not one per length."""
+        if total != self.num_samples:
+            raise ValueError(
+                f"{_OWNER}: {what} hold {total} samples in all but there are {self.num_samples} "
+                f"lengths; pass one length per sample, laid end to end ({fix})."
+            )
 
     # ---------------------------------------------------------------- protocol
     @property
@@ -263,19 +289,17 @@ class BucketPlan:
 
     def epoch_length(self, epoch: int) -> int:
         """Number of global batches ``G`` of ``epoch``: the position of a complete epoch."""
-        check_int(
-            "epoch",
-            epoch,
-            0,
-            owner="BucketBatchSampler",
-            fix="pass the epoch number",
-            numpy_ok=True,
-        )
-        if self.max_tokens is None:
-            assert self.batch_size is not None
-            full, short = divmod(self._eligible.size, self.batch_size)
-            return full + (1 if short and not self.drop_last else 0)
-        return int(self._epoch(epoch).sequence.size)
+        if self.max_tokens is not None:
+            return int(self._epoch(epoch).sequence.size)
+        assert self.batch_size is not None
+        _int("epoch", epoch, 0, "pass the epoch number")
+        # Fixed-size batches: counted without building the epoch.
+        full, short = divmod(self._samples_per_epoch(), self.batch_size)
+        return full + (1 if short and not self.drop_last else 0)
+
+    def _samples_per_epoch(self) -> int:
+        """Samples batched in every epoch (fixed-size mode)."""
+        return int(self._eligible.size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from position ``start`` to the end of ``epoch``."""
@@ -288,13 +312,7 @@ class BucketPlan:
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         self._check_position(epoch, start, world_size)
-        check_rank(
-            rank,
-            world_size,
-            owner="BucketBatchSampler",
-            fix="pass this process's rank",
-            numpy_ok=True,
-        )
+        check_rank(rank, world_size, owner=_OWNER, fix="pass this process's rank", numpy_ok=True)
         return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -348,31 +366,18 @@ class BucketPlan:
         return rows if self.batch_size is None else np.minimum(rows, self.batch_size)
 
     def _check_position(self, epoch: int, start: int, world_size: int) -> int:
-        check_int(
-            "world_size",
-            world_size,
-            1,
-            owner="BucketBatchSampler",
-            fix="pass the number of ranks",
-            numpy_ok=True,
-        )
-        check_int(
-            "start",
-            start,
-            0,
-            owner="BucketBatchSampler",
-            fix="pass a position saved by state_dict()",
-            numpy_ok=True,
-        )
+        _int("world_size", world_size, 1, "pass the number of ranks")
+        _int("start", start, 0, "pass a position saved by state_dict()")
         total = self.epoch_length(epoch)
         if start > total:
             raise ValueError(
-                f"BucketBatchSampler: start must be <= the {total} batches of epoch {epoch}, got "
-                f"{start}; a position past the end of the epoch means the epoch is complete."
+                f"{_OWNER}: start must be <= the {total} batches of epoch {epoch}, got {start}; "
+                "pass a position inside the epoch (past its end, the epoch is complete)."
             )
         return total
 
     def _epoch(self, epoch: int) -> _Epoch:
+        _int("epoch", epoch, 0, "pass the epoch number")
         cached = self._cache.get(epoch)
         if cached is not None:
             self._cache.move_to_end(epoch)
@@ -384,14 +389,6 @@ class BucketPlan:
         return built
 
     def _build(self, epoch: int) -> _Epoch:
-        check_int(
-            "epoch",
-            epoch,
-            0,
-            owner="BucketBatchSampler",
-            fix="pass the epoch number",
-            numpy_ok=True,
-        )
         order = self._unsorted(epoch)
         n = order.size
         order = order[sort_windows(self._batch_len[order], self.window)]

@@ -19,14 +19,10 @@ of epoch ``e`` maps to a sample in O(1), evaluated only where a rank deals:
    by ``(seed, s, k)`` (``shuffle=False``: ``o``).
 
 So each source runs through its samples in a fresh order per source-epoch,
-and sees every one exactly once per source-epoch: an upsampled source (say
-``per_epoch = 2.5 n``) passes through 2.5 source-epochs per epoch, a
-downsampled one (``0.5 n``) takes two epochs for one source-epoch, carrying
-its source-epoch across the epoch boundary. None of it depends on history: a
-resume at any position, under any world size or ``num_workers``, evaluates
-the same map. Dealing to ranks is :class:`~loaderkit.SamplePlan`'s (global
-steps of ``world_size * batch_size`` positions, the tail padded by wrapping or
-dropped), so every rank steps the same number of times.
+each sample exactly once per source-epoch (a downsampled source carries its
+source-epoch across the epoch boundary), and nothing depends on history
+(docs/design.md, weighted mixing). Dealing to ranks is
+:class:`~loaderkit.SamplePlan`'s over the epoch's positions.
 
 A sample drawn more than once in an epoch (an upsampled source, or an epoch
 that straddles two source-epochs) gets its own per-sample seeding key per draw:
@@ -61,25 +57,28 @@ import functools
 import zlib
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
-from loaderkit._global_rngs import GOLDEN, M64, mix64_array
+from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
-from loaderkit.plan._permutation import ROUNDS, KeyedPermutation, permutation_digest
-from loaderkit.plan.bucket import BucketPlan, Oversize, _BucketSchedule, _Epoch
+from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
+from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _Epoch
 from loaderkit.plan.sample import (
-    CHUNK,
     SamplePlan,
     _FixedSchedule,
     _KeyedSchedule,
+    materialize,
     occurrence_keys,
     steps_from,
 )
 from loaderkit.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
 
@@ -147,35 +146,42 @@ def mix_allotments(
         raise ValueError(f"{owner}: sources is empty; pass at least one dataset.")
     if weights is not None and repeat is not None:
         raise ValueError(
-            f"{owner}: pass weights= or repeat=, not both (got weights={list(weights)!r}, "
-            f"repeat={list(repeat)!r}); weights are proportions of an epoch of epoch_size "
-            "samples, repeat is passes over each source per epoch."
+            f"{owner}: pass weights= or repeat=, not both; got weights={list(weights)!r} and "
+            f"repeat={list(repeat)!r}."
         )
     if epoch_size is not None and weights is None:
         raise ValueError(
-            f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= or "
-            "neither, the epoch is what the sources' passes add up to); pass weights= or drop "
-            "epoch_size."
+            f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= the "
+            "epoch is the sources' passes); pass weights= or drop epoch_size."
         )
     if weights is None:
-        passes = [Fraction(1)] * len(sizes) if repeat is None else None
-        if passes is None:
-            assert repeat is not None
-            passes = _positive_numbers("repeat", repeat, len(sizes), owner)
-        out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
-        for i, a in enumerate(out):
-            if a == 0:
-                raise ValueError(
-                    f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} "
-                    f"samples rounds to 0 draws per epoch; pass repeat[{i}] >= "
-                    f"{0.5 / sizes[i]:.3g}."
-                )
-        return tuple(out)
+        return _by_repeat(sizes, repeat, owner)
+    return _by_weights(sizes, weights, epoch_size, owner)
+
+
+def _by_repeat(sizes: list[int], repeat: Sequence[float] | None, owner: str) -> tuple[int, ...]:
+    """``round(repeat[s] * sizes[s])`` draws from each source (``None``: every source once)."""
+    if repeat is None:
+        return tuple(sizes)
+    passes = _positive_numbers("repeat", repeat, len(sizes), owner)
+    out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
+    for i, a in enumerate(out):
+        if a == 0:
+            raise ValueError(
+                f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} samples "
+                f"rounds to 0 draws per epoch; pass repeat[{i}] >= {0.5 / sizes[i]:.3g}."
+            )
+    return tuple(out)
+
+
+def _by_weights(
+    sizes: list[int], weights: Sequence[float], epoch_size: int | None, owner: str
+) -> tuple[int, ...]:
+    """``weights``' shares of ``epoch_size`` draws, by largest remainder (ties: earlier source)."""
     ws = _positive_numbers("weights", weights, len(sizes), owner)
-    total = sum(sizes) if epoch_size is None else epoch_size
     total = check_int(
         "epoch_size",
-        total,
+        sum(sizes) if epoch_size is None else epoch_size,
         1,
         owner=owner,
         fix="pass the samples per epoch, e.g. epoch_size=100_000, or None",
@@ -196,44 +202,6 @@ def mix_allotments(
                 "weight."
             )
     return tuple(out)
-
-
-def keyed_at(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``KeyedPermutation(n, keys[i]).at(positions[i])`` for every ``i``, in one pass.
-
-    The same Feistel network and cycle walking as
-    :class:`~loaderkit.plan._permutation.KeyedPermutation`, with a key per
-    element (uint64 ``keys``), so a batch that draws from many source-epochs
-    costs one vectorised evaluation instead of one permutation per source-epoch.
-    """
-    x = np.asarray(positions).astype(np.uint64)
-    if n == 1:
-        return np.zeros(x.shape, dtype=np.int64)
-    bits = max(2, (n - 1).bit_length())
-    half = (bits + 1) // 2
-    width, mask = np.uint64(half), np.uint64((1 << half) - 1)
-    shift = np.uint64(64 - half)
-    rounds = [mix64_array(keys + np.uint64(((r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
-
-    def encrypt(y: np.ndarray, which: np.ndarray | slice) -> np.ndarray:
-        left, right = y >> width, y & mask
-        for key in rounds:
-            f = mix64_array(right ^ key[which])
-            f >>= shift
-            left ^= f
-            left, right = right, left
-        left <<= width
-        left |= right
-        return left
-
-    y = encrypt(x, slice(None))
-    bound = np.uint64(n)
-    out = np.flatnonzero(y >= bound)
-    while out.size:
-        again = encrypt(y[out], out)
-        y[out] = again
-        out = out[again >= bound]
-    return y.view(np.int64)
 
 
 class _MixMap:
@@ -264,12 +232,11 @@ class _MixMap:
         self._total = np.int64(plan.num_samples)
         self._last: tuple[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._perm: KeyedPermutation | None = None
-        self._bases: list[int] | None = None
+        self._bases: np.ndarray | None = None
         if plan.shuffle:
             self._perm = KeyedPermutation(length, derive_seed(plan.seed, SeedTag.MIX_ORDER, epoch))
-            self._bases = [
-                derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(len(plan.per_epoch))
-            ]
+            bases = [derive_seed(plan.seed, SeedTag.MIX_SOURCE, s) for s in range(per.size)]
+            self._bases = np.array(bases, dtype=np.uint64)
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` (int64, flat)."""
@@ -289,20 +256,12 @@ class _MixMap:
 
     def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
         assert self._bases is not None
-        out = local.copy()
-        # One vectorised pass per source, whatever the number of source-epochs a
-        # chunk touches (a small upsampled source passes through thousands).
-        for s in np.unique(source).tolist():
-            n = int(self._sizes[s])
-            if n == 1:
-                continue
-            mask = source == s
-            # splitmix64's (k+1)-th output from the source's base: distinct k, distinct keys.
-            keys = k[mask].astype(np.uint64) + np.uint64(1)
-            keys *= np.uint64(GOLDEN)
-            keys += np.uint64(self._bases[s])
-            out[mask] = keyed_at(n, mix64_array(keys), local[mask])
-        return out
+        # Source-epoch k of source s is keyed by splitmix64's (k+1)-th output from the
+        # source's base: distinct k, distinct keys. One pass over all sources and source-epochs.
+        keys = k.astype(np.uint64) + np.uint64(1)
+        keys *= np.uint64(GOLDEN)
+        keys += self._bases[source]
+        return permute_many(self._sizes[source], mix64_array(keys), local)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         given = np.asarray(positions)
@@ -440,13 +399,7 @@ class MixPlan:
 
         O(epoch length): for inspection, tests and :class:`MixBucketPlan`.
         """
-        mapping = self.order_map(epoch)
-        length = self.epoch_length(epoch)
-        out = np.empty(length, dtype=np.int64)
-        for lo in range(0, length, CHUNK):
-            hi = min(lo + CHUNK, length)
-            out[lo:hi] = mapping.at(np.arange(lo, hi, dtype=np.int64))
-        return torch.from_numpy(out)
+        return materialize(self.order_map(epoch), self.epoch_length(epoch))
 
     def locate(self, epoch: int, positions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` of ``epoch`` (flat)."""
@@ -517,10 +470,10 @@ class MixBucketPlan(BucketPlan):
         source_sizes: Samples per source; they must add up to ``len(lengths)``.
         per_epoch: Draws per epoch from each source.
         source_names: The sources' names, as :class:`MixPlan` takes them.
+        **options: The :class:`~loaderkit.plan.bucket.BucketOptions`.
 
-    The other arguments are :class:`~loaderkit.BucketPlan`'s. A sample drawn more
-    than once in an epoch is seeded per draw: its ``k``-th draw in the epoch's batch
-    order is keyed ``index + k * num_samples``
+    A sample drawn more than once in an epoch is seeded per draw: its ``k``-th
+    draw in the epoch's batch order is keyed ``index + k * num_samples``
     (:func:`~loaderkit.plan.sample.occurrence_keys`, as for a sampler's repeats).
     """
 
@@ -530,27 +483,10 @@ class MixBucketPlan(BucketPlan):
         *,
         source_sizes: Sequence[int],
         per_epoch: Sequence[int],
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        window: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         source_names: Sequence[str] | None = None,
+        **options: Unpack[BucketOptions],
     ) -> None:
-        super().__init__(
-            lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            window=window,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-        )
+        super().__init__(lengths, **options)
         self.mix = MixPlan(
             source_sizes=source_sizes,
             per_epoch=per_epoch,
@@ -559,20 +495,11 @@ class MixBucketPlan(BucketPlan):
             seed=self.seed,
             source_names=source_names,
         )
-        if self.mix.num_samples != self.num_samples:
-            raise ValueError(
-                f"MixBucketPlan: the sources hold {self.mix.num_samples} samples in all but "
-                f"there are {self.num_samples} lengths; pass one length per sample of the "
-                "sources, laid end to end (MixedDataset.lengths())."
-            )
-        self._eligible_mask = np.zeros(self.num_samples, dtype=bool)
-        self._eligible_mask[self._eligible] = True
+        self._check_total(self.mix.num_samples, "the sources", "MixedDataset.lengths()")
         self._draw_keys: tuple[int, np.ndarray | None] | None = None  # (epoch, keys)
 
-    def epoch_length(self, epoch: int) -> int:
-        """Number of global batches of ``epoch`` (the mix's order cut into batches)."""
-        check_int("epoch", epoch, 0, owner="BucketBatchSampler", numpy_ok=True)
-        return int(self._epoch(epoch).sequence.size)
+    def _samples_per_epoch(self) -> int:
+        return self.mix.epoch_length(0)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
         """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart (class docstring)."""
@@ -587,10 +514,7 @@ class MixBucketPlan(BucketPlan):
         return _KeyedBucketSchedule(ep, keyed, epoch, start, rank, world_size, self.drop_last)
 
     def _unsorted(self, epoch: int) -> np.ndarray:
-        order = self.mix.order(epoch).numpy()
-        if self._eligible.size == self.num_samples:
-            return order
-        return order[self._eligible_mask[order]]
+        return self._eligible_only(self.mix.order(epoch).numpy())
 
     def fingerprint(self) -> dict[str, Any]:
         """:class:`~loaderkit.BucketPlan`'s settings and the mix's."""

@@ -47,9 +47,8 @@ from loaderkit.seeding import derive_seed
 __all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
 
 _MAX_SAMPLES = 2**63
-# Positions a lazy schedule maps at once: one numpy pass over 64k positions costs
-# ~60 ns each (per batch of 256 it would be ~700 ns each, numpy's per-call overhead),
-# and its arrays (a few MB) stay constant in the dataset size.
+# Positions a lazy schedule maps at once: large enough to amortize numpy's per-call
+# overhead (benchmarks/RESULTS.md, plan internals), small enough to stay a few MB.
 CHUNK = 1 << 16
 
 
@@ -163,8 +162,7 @@ class SamplePlan:
         Shuffled: a :class:`~loaderkit.plan._permutation.KeyedPermutation` of
         ``[0, num_samples)`` keyed by ``derive_seed(seed, "order", epoch)``; any
         batch of positions costs O(batch) time and memory, whatever the dataset
-        size (the first batch after a resume at 90 % of a 10^10-sample epoch
-        takes milliseconds; ``benchmarks/plans``). Unshuffled: the identity.
+        size (``benchmarks/plans``). Unshuffled: the identity.
         """
         check_int("epoch", epoch, 0)
         if not self.shuffle:
@@ -279,15 +277,11 @@ def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
 def permutation_check() -> int:
     """A checksum of a small seeded ``torch.randperm``, stored in the states of plans using it.
 
-    (:class:`~loaderkit.plan.bucket.BucketPlan` orders its windows with
-    ``randperm``; :class:`SamplePlan` stores
-    :func:`~loaderkit.plan._permutation.permutation_digest` instead.)
-
-    A torch release that changed ``randperm``'s algorithm would give a resumed
-    run a different order than the one its position refers to; comparing this
-    checksum turns that into a :class:`~loaderkit.StateMismatchError` instead
-    of silently repeated and skipped samples. Computed once per process: a
-    loader's ``state_dict()`` is called every step.
+    :class:`~loaderkit.plan.bucket.BucketPlan` shuffles with ``randperm``
+    (:class:`SamplePlan` stores
+    :func:`~loaderkit.plan._permutation.permutation_digest` instead); a torch
+    whose ``randperm`` differs is then a :class:`~loaderkit.StateMismatchError`
+    on resume (docs/design.md, order checks). Computed once per process.
     """
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
@@ -353,8 +347,8 @@ class _FixedSchedule:
         self.epoch = epoch
         self.start = start
         if isinstance(order, torch.Tensor):
-            # Slicing numpy and wrapping the slice is ~2x cheaper than slicing the
-            # tensor (~1 us vs ~2.5 us), paid once per batch.
+            # Slicing numpy and wrapping the slice is cheaper than slicing the tensor
+            # (benchmarks/RESULTS.md, plan internals), paid once per batch.
             self._np_order: np.ndarray | None = order.numpy()
             self._map: PositionMap | None = None
         else:

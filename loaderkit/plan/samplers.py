@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
@@ -31,11 +31,14 @@ from loaderkit.errors import LoaderkitError
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan._sampler_plan import check_reproducible
-from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.mix import MixBucketPlan
 from loaderkit.plan.sample import Plan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 from loaderkit.plan.shard_bucket import ShardBucketPlan
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
 
@@ -148,10 +151,8 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     ``SequentialSampler``, ``DistributedSampler`` (read for its settings), a
     sampler with ``set_epoch`` or a ``generator`` that loaderkit seeds per epoch
     (``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``), or
-    any sampler that lists the same order twice. One that draws from an
-    unseeded source would be resumed by skipping items of a *new* order:
-    measured with torchdata 0.11, 1000 draws after such a resume held only 790
-    unique samples. A ``batch_sampler`` must carry a loaderkit plan.
+    any sampler that lists the same order twice (docs/design.md, anchor fact 8,
+    for the others). A ``batch_sampler`` must carry a loaderkit plan.
 
     Raises:
         TypeError: ``sampler`` lists a different order each time, or is a batch
@@ -161,9 +162,9 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
         return
     if parameter == "batch_sampler":
         raise TypeError(
-            f"batch_sampler={type(sampler).__name__} cannot be resumed exactly: a batch "
-            "sampler's position is only known for a loaderkit plan. Pass a PlanBatchSampler "
-            "(or BucketBatchSampler), or pass sampler=... with batch_size=... instead."
+            f"batch_sampler={type(sampler).__name__} cannot be resumed exactly (only a loaderkit "
+            "plan's position is known); pass a PlanBatchSampler or BucketBatchSampler, or "
+            "sampler=... with batch_size=... instead."
         )
     if isinstance(sampler, (SequentialSampler, DistributedSampler)):
         return
@@ -171,18 +172,12 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
 
 
 class _LenWatch:
-    """Remembers the first ``len()`` answer, to refuse an epoch Lightning would cut short.
+    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``.
 
-    A plan whose epoch length varies (token budgets) yields a different number
-    of batches each epoch. Lightning takes ``len()`` once per ``fit`` (before it
-    restores a checkpoint) and, although it calls ``len()`` again every epoch,
-    caps it at that first answer: a longer epoch is stopped early and its last
-    batches are silently skipped. So when an epoch outgrows the first answer
-    and Lightning's loop is the caller, this is an error (a loop of one's own
-    that iterates each epoch to its end is unaffected).
-    :class:`~loaderkit.ElasticResume` sets ``managed`` on the loaders it keeps
-    in sync. Used by :class:`PlanBatchSampler` and
-    :class:`~loaderkit.ResumableDataLoader`.
+    Lightning caps every epoch at its first ``len()`` answer (docs/design.md,
+    "Bucketing and token budgets"). :class:`~loaderkit.ElasticResume` sets
+    ``managed`` on the loaders it keeps in sync. Used by
+    :class:`PlanBatchSampler` and :class:`~loaderkit.ResumableDataLoader`.
     """
 
     __slots__ = ("first", "managed")
@@ -204,45 +199,27 @@ class _LenWatch:
         if batches < self.first:
             raise LoaderkitError(
                 f"{owner}: epoch {epoch} yields {batches} batches, fewer than the {self.first} "
-                "len() first answered (the world size shrank on resume, or this plan's epoch "
-                "length varies). Lightning takes len() once per fit and validates at the "
-                f"batch it expects last ({self.first}), so this epoch would end without its "
-                "validation: add loaderkit.ElasticResume() to the Trainer's callbacks."
+                "len() first answered, so Lightning would end it without its validation; add "
+                "loaderkit.ElasticResume() to the Trainer's callbacks."
             )
         raise LoaderkitError(
-            f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} "
-            "len() first answered (this plan's epoch length varies, as under token budgets, "
-            "or the world size grew on resume). Lightning takes len() once per fit and would "
-            f"stop this epoch after {self.first} batches, silently skipping the rest: add "
-            "loaderkit.ElasticResume() to the Trainer's callbacks."
+            f"{owner}: epoch {epoch} yields {batches} batches, more than the {self.first} len() "
+            f"first answered, so Lightning would stop it after {self.first}, skipping the rest; "
+            "add loaderkit.ElasticResume() to the Trainer's callbacks."
         )
 
 
 class BucketBatchSampler(PlanBatchSampler):
     """Batches of similar lengths, fixed-size or under a token budget; distributed, resumable.
 
-    Each epoch's global sequence of batches is a pure function of ``(seed,
-    epoch)``: the indices are shuffled, cut into windows of ``window``
-    samples, each window is sorted by length (longest first) and cut into
-    batches, and the batch order is shuffled (details in
-    :mod:`loaderkit.plan.bucket`). A global step deals ``world_size``
-    consecutive batches of that sequence to the ranks, rank ``r`` taking the
-    ``r``-th: every rank yields the same number of batches, even though under a
-    token budget its batches hold varying numbers of rows. When the epoch's
-    batch count ``G`` is not a multiple of ``world_size``, ``drop_last=True``
-    drops the last ``G % world_size`` batches (each rank yields ``G //
-    world_size``), else each rank yields ``ceil(G / world_size)`` and the
-    ranks left over in the last step repeat batches 0, 1, ... of the same
-    epoch. Every sample is in exactly one of the ``G`` batches (except those
-    left out by ``oversize="skip"``, and, in fixed-size mode with
-    ``drop_last=True``, the one short batch's).
-
-    The state (``state_dict``) is the number of global batches consumed, the
-    same on every rank; resuming under another world size re-deals the rest.
-    Under a token budget ``G`` changes from epoch to epoch: under Lightning,
-    add :class:`~loaderkit.ElasticResume` to the Trainer's callbacks so it
-    re-reads the length every epoch (where lightning is imported, the loader
-    warns if a longer epoch than its first ``len()`` starts without it).
+    Each epoch's global sequence of batches is its :class:`BucketPlan`'s, a pure
+    function of ``(seed, epoch)`` (:mod:`loaderkit.plan.bucket`). A global step
+    deals ``world_size`` consecutive batches to the ranks, so every rank yields
+    as many batches; the tail is dropped (``drop_last``) or filled with the
+    epoch's first batches. The state is the number of global batches consumed,
+    the same on every rank. Under a token budget the batch count varies per
+    epoch: under Lightning, add :class:`~loaderkit.ElasticResume` to the
+    Trainer's callbacks.
 
     Args:
         lengths: Token count of each dataset index (a sequence, numpy array or
@@ -254,25 +231,21 @@ class BucketBatchSampler(PlanBatchSampler):
             ``pad_to_multiple_of``, stays ``<= max_tokens``.
         pad_to_multiple_of: The rounding your collate pads to (e.g.
             ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
-        seed: Seed of both shuffles (and of the loader's per-sample seeding).
-        shuffle: Shuffle indices and batch order per ``(seed, epoch)``; else
-            windows of the index order, sorted, batches in order.
-        window: Samples per length-sorted window: larger means less padding
-            (about inversely: measured on lognormal lengths at batch 64, 5.2%
-            padded tokens at 100 batches per window, 1.9% at 256, 0.6% at
-            1000), smaller means more randomness in which samples share a
-            batch, and token-budget epochs whose batch counts vary more.
-            Default: 256 batches' worth (``256 * batch_size``, or ``256 *
-            max_tokens / mean padded length``); rounded up to a multiple of
-            ``batch_size`` in fixed-size mode. A window as large as the
-            dataset sorts it whole.
+        seed: Seed of both shuffles (and of the loader's per-sample seeding); default 0.
+        shuffle: Shuffle indices and batch order per ``(seed, epoch)`` (default);
+            else windows of the index order, sorted, batches in order.
+        window: Samples per length-sorted window: larger pads less, smaller
+            mixes more (benchmarks/RESULTS.md, bucketing). Default: 256
+            batches' worth (``256 * batch_size``, or ``256 * max_tokens /
+            mean padded length``); rounded up to a multiple of ``batch_size``
+            in fixed-size mode.
         drop_last: Drop the batches that do not fill a global step instead of
-            repeating; in fixed-size mode also the one short batch.
+            repeating; in fixed-size mode also the one short batch. Default False.
         oversize: A sample longer than ``max_tokens`` allows (``max_length``):
-            ``"error"`` raises, naming it; ``"skip"`` leaves it out of every
-            epoch (``num_skipped``, one warning); ``"truncate"`` batches it alone
-            (``num_truncated``, one warning): cut it to ``max_length`` tokens
-            in the dataset, so the batch stays within budget.
+            ``"error"`` (default) raises, naming it; ``"skip"`` leaves it out of
+            every epoch (``num_skipped``, one warning); ``"truncate"`` batches
+            it alone (``num_truncated``, one warning; cut it to ``max_length``
+            tokens in the dataset).
         shard_sizes: Samples per shard, when the dataset is shards laid end to
             end (a :class:`~loaderkit.ShardedDataset`; its
             :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler` passes them):
@@ -291,6 +264,8 @@ class BucketBatchSampler(PlanBatchSampler):
             mix's identity a saved position is checked against.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
+        **options: ``batch_size`` to ``oversize`` above, the
+            :class:`~loaderkit.plan.bucket.BucketOptions`.
 
     Raises:
         ValueError: a bad argument, or a sample too long for ``max_tokens``
@@ -318,14 +293,6 @@ class BucketBatchSampler(PlanBatchSampler):
         self,
         lengths: Any,
         *,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        window: int | None = None,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         shard_sizes: Sequence[int] | None = None,
         mix_shards: int = DEFAULT_MIX,
         shard_window: int = DEFAULT_WINDOW,
@@ -334,69 +301,29 @@ class BucketBatchSampler(PlanBatchSampler):
         source_names: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Unpack[BucketOptions],
     ) -> None:
-        settings: dict[str, Any] = {
-            "batch_size": batch_size,
-            "max_tokens": max_tokens,
-            "pad_to_multiple_of": pad_to_multiple_of,
-            "window": window,
-            "shuffle": shuffle,
-            "seed": seed,
-            "drop_last": drop_last,
-            "oversize": oversize,
-        }
-        plan: BucketPlan
-        if (
-            (source_sizes is None) != (per_epoch is None)
-            or (source_sizes is not None and shard_sizes is not None)
-            or (source_names is not None and source_sizes is None)
-        ):
-            raise ValueError(
-                "BucketBatchSampler: source_sizes and per_epoch go together (a mix of sources, "
-                "as MixedDataset.bucket_batch_sampler() passes them, with source_names) and "
-                f"exclude shard_sizes; got source_sizes={source_sizes!r}, per_epoch="
-                f"{per_epoch!r}, shard_sizes={shard_sizes!r}."
-            )
-        if shard_sizes is not None:
-            plan = ShardBucketPlan(
-                lengths,
-                shard_sizes=shard_sizes,
-                mix_shards=mix_shards,
-                shard_window=shard_window,
-                **settings,
-            )
-        else:
-            for name, given, default in (
-                ("mix_shards", mix_shards, DEFAULT_MIX),
-                ("shard_window", shard_window, DEFAULT_WINDOW),
-            ):
-                if given != default:
-                    raise ValueError(
-                        f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
-                        "shard_sizes= (e.g. ShardedDataset.bucket_batch_sampler() does) or "
-                        f"drop {name}."
-                    )
-            if source_sizes is not None and per_epoch is not None:
-                plan = MixBucketPlan(
-                    lengths,
-                    source_sizes=source_sizes,
-                    per_epoch=per_epoch,
-                    source_names=source_names,
-                    **settings,
-                )
-            else:
-                plan = BucketPlan(lengths, **settings)
+        plan = _bucket_plan(
+            lengths,
+            options,
+            shard_sizes=shard_sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            source_sizes=source_sizes,
+            per_epoch=per_epoch,
+            source_names=source_names,
+        )
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)
         if plan.oversize_indices.size:
-            verb = "skipped" if oversize == "skip" else "batched alone, to be truncated to"
+            what = "skipped" if plan.oversize == "skip" else "batched alone, to be truncated to"
             warnings.warn(
-                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} "
-                f"samples are longer than max_length={plan.max_length} tokens (max_tokens="
-                f"{max_tokens}) and are {verb}"
-                + (f" {plan.max_length} tokens" if oversize == "truncate" else "")
-                + f" (oversize={oversize!r}); the first is sample "
+                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} samples "
+                f"are longer than max_length={plan.max_length} tokens (max_tokens="
+                f"{plan.max_tokens}) and are {what}"
+                + (f" {plan.max_length} tokens" if plan.oversize == "truncate" else "")
+                + f" (oversize={plan.oversize!r}); the first is sample "
                 f"{int(plan.oversize_indices[0])} with {plan.lengths[plan.oversize_indices[0]]}.",
                 UserWarning,
                 stacklevel=2,
@@ -416,3 +343,53 @@ class BucketBatchSampler(PlanBatchSampler):
     def max_length(self) -> int | None:
         """The longest sample one batch holds under ``max_tokens`` (``None``: fixed-size)."""
         return self.plan.max_length
+
+
+def _bucket_plan(
+    lengths: Any,
+    options: BucketOptions,
+    *,
+    shard_sizes: Sequence[int] | None,
+    mix_shards: int,
+    shard_window: int,
+    source_sizes: Sequence[int] | None,
+    per_epoch: Sequence[int] | None,
+    source_names: Sequence[str] | None,
+) -> BucketPlan:
+    """The plan a :class:`BucketBatchSampler` with these arguments batches from."""
+    if (
+        (source_sizes is None) != (per_epoch is None)
+        or (source_sizes is not None and shard_sizes is not None)
+        or (source_names is not None and source_sizes is None)
+    ):
+        raise ValueError(
+            "BucketBatchSampler: source_sizes and per_epoch go together (with source_names) and "
+            f"exclude shard_sizes, got source_sizes={source_sizes!r}, per_epoch={per_epoch!r}, "
+            f"shard_sizes={shard_sizes!r}; pass a mix's sizes and allotments, shards or neither."
+        )
+    if shard_sizes is not None:
+        return ShardBucketPlan(
+            lengths,
+            shard_sizes=shard_sizes,
+            mix_shards=mix_shards,
+            shard_window=shard_window,
+            **options,
+        )
+    for name, given, default in (
+        ("mix_shards", mix_shards, DEFAULT_MIX),
+        ("shard_window", shard_window, DEFAULT_WINDOW),
+    ):
+        if given != default:
+            raise ValueError(
+                f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
+                f"shard_sizes= (as ShardedDataset.bucket_batch_sampler() does) or drop {name}."
+            )
+    if source_sizes is not None and per_epoch is not None:
+        return MixBucketPlan(
+            lengths,
+            source_sizes=source_sizes,
+            per_epoch=per_epoch,
+            source_names=source_names,
+            **options,
+        )
+    return BucketPlan(lengths, **options)

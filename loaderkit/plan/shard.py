@@ -251,8 +251,7 @@ class ShardPlan:
         :class:`~loaderkit.plan._permutation.KeyedPermutation` (keyed by the
         epoch and the window's first laid-out position), and a binary search for
         its shard. So memory is O(num_shards + positions asked), whatever the
-        number of samples (``benchmarks/plans``: the first batch after a resume
-        at 90 % of a 10^10-sample epoch in 10^5 shards, in milliseconds).
+        number of samples (``benchmarks/plans``).
         """
         check_int("epoch", epoch, 0)
         if not self.shuffle:
@@ -373,7 +372,7 @@ class _ShardOrder:
         # Pieces: the runs between shard boundaries and lane starts; windows never cross
         # one (with one lane, the pieces are the shards themselves).
         cuts = np.sort(np.concatenate(([0], laid_ends, lanes)))
-        self._cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]  # np.union1d hashes: ~20x slower
+        self._cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]  # not np.union1d: slower (RESULTS.md)
         # A piece lies in one shard and a window in one piece: the piece names the shard.
         self._first = first[np.searchsorted(laid_ends, self._cuts[:-1], side="right")]
         self._window = window

@@ -42,16 +42,19 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from loaderkit._checks import check_int
 from loaderkit._tags import SeedTag
-from loaderkit.plan.bucket import BucketPlan, Oversize
+from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, BatchMix, ShardPlan, batch_mix
 from loaderkit.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ShardBucketPlan"]
 
@@ -65,9 +68,7 @@ class ShardBucketPlan(BucketPlan):
         shard_sizes: Samples per shard; they must add up to ``len(lengths)``.
         mix_shards: Lanes read at once (see :class:`~loaderkit.ShardPlan`).
         shard_window: Samples of a shard shuffled together before sorting.
-
-    The other arguments are :class:`BucketPlan`'s (``batch_size``, ``max_tokens``,
-    ``pad_to_multiple_of``, ``window``, ``shuffle``, ``seed``, ``drop_last``, ``oversize``).
+        **options: The :class:`~loaderkit.plan.bucket.BucketOptions`.
     """
 
     def __init__(
@@ -77,26 +78,9 @@ class ShardBucketPlan(BucketPlan):
         shard_sizes: Sequence[int],
         mix_shards: int = DEFAULT_MIX,
         shard_window: int = DEFAULT_WINDOW,
-        batch_size: int | None = None,
-        max_tokens: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        window: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
+        **options: Unpack[BucketOptions],
     ) -> None:
-        super().__init__(
-            lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            window=window,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            oversize=oversize,
-        )
+        super().__init__(lengths, **options)
         check_int(
             "shard_window",
             shard_window,
@@ -114,14 +98,7 @@ class ShardBucketPlan(BucketPlan):
             window=int(shard_window),
             mix_shards=mix_shards,
         )
-        if self.shards.num_samples != self.num_samples:
-            raise ValueError(
-                f"BucketBatchSampler: shard_sizes hold {self.shards.num_samples} samples in all "
-                f"but there are {self.num_samples} lengths; pass one length per sample of the "
-                "shards, laid end to end (ShardedDataset.lengths())."
-            )
-        self._eligible_mask = np.zeros(self.num_samples, dtype=bool)
-        self._eligible_mask[self._eligible] = True
+        self._check_total(self.shards.num_samples, "shard_sizes", "ShardedDataset.lengths()")
         self._ends = np.cumsum(np.asarray(self.shards.shard_sizes, dtype=np.int64))
 
     @property
@@ -130,10 +107,7 @@ class ShardBucketPlan(BucketPlan):
         return self.shards.mix_shards
 
     def _unsorted(self, epoch: int) -> np.ndarray:
-        order = self.shards.order(epoch).numpy()
-        if self._eligible.size == self.num_samples:
-            return order
-        return order[self._eligible_mask[order]]
+        return self._eligible_only(self.shards.order(epoch).numpy())
 
     def _sequence(self, epoch: int, starts: np.ndarray) -> np.ndarray:
         count = starts.size

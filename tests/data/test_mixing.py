@@ -330,13 +330,3 @@ def test_bad_sources_are_named() -> None:
         from loaderkit import BucketBatchSampler
 
         BucketBatchSampler([1, 2, 3], batch_size=2, source_sizes=(3,))
-
-
-def test_vectorised_source_permutation_is_the_keyed_permutation() -> None:
-    from loaderkit.plan._permutation import KeyedPermutation
-    from loaderkit.plan.mix import keyed_at
-
-    for n in (2, 3, 7, 100, 1001):
-        for key in (0, 5, 2**63 + 7):
-            got = keyed_at(n, np.full(n, key, dtype=np.uint64), np.arange(n))
-            assert (got == KeyedPermutation(n, key).at(np.arange(n))).all()
