@@ -42,7 +42,7 @@ from loaderkit.errors import (
     WorkerStartError,
 )
 from loaderkit.loader.resumable import ResumableDataLoader
-from loaderkit.plan.bucket import BucketPlan
+from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.mix import MixBucketPlan, MixPlan, mix_allotments
 from loaderkit.plan.sample import Plan, PositionMap, SamplePlan, Schedule
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler, check_resumable_sampler
@@ -134,6 +134,7 @@ __all__ = [
     "AttachLoaders",
     "BatchMix",
     "BucketBatchSampler",
+    "BucketOptions",
     "BucketPlan",
     "CollateError",
     "DataWaitMonitor",

@@ -72,11 +72,17 @@ class AttachLoaders(Callback):
 
     def __init__(self) -> None:
         self._host: LightningHost | None = None
+        self._auto = False  # added by the entry point, not by the user
+        self._idle = False  # an auto instance where the user gave one of its kind
 
     def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
         self._end()
-        self._host = LightningHost(trainer)
-        enter(self._host)
+        self._idle = self._auto and any(
+            cb is not self and isinstance(cb, type(self)) for cb in trainer.callbacks
+        )
+        if not self._idle:
+            self._host = LightningHost(trainer)
+            enter(self._host)
 
     def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
         self._end()
@@ -105,11 +111,27 @@ class ElasticResume(AttachLoaders):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
-        _sync_lengths(trainer)
+        if not self._idle:
+            _sync_lengths(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Each new epoch is a whole epoch again under the current world size."""
-        _sync_lengths(trainer)
+        if not self._idle:
+            _sync_lengths(trainer)
+
+
+def entry_point_callbacks() -> list[Callback]:
+    """The callbacks Lightning adds to every ``Trainer`` (its ``callbacks_factory``
+    entry point, declared in ``pyproject.toml``): an :class:`ElasticResume`, idle
+    where the user gave one.
+
+    Example:
+        >>> [type(cb).__name__ for cb in entry_point_callbacks()]
+        ['ElasticResume']
+    """
+    callback = ElasticResume()
+    callback._auto = True
+    return [callback]
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

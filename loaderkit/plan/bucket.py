@@ -53,7 +53,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -64,10 +64,7 @@ from loaderkit.plan._bucket_order import as_lengths, greedy_starts, sort_windows
 from loaderkit.plan.sample import SamplePlan, _FixedSchedule, permutation_check
 from loaderkit.seeding import derive_seed
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
-
-__all__ = ["BucketPlan"]  # BucketOptions: a typing name, imported from here
+__all__ = ["BucketOptions", "BucketPlan"]
 
 Oversize = Literal["error", "skip", "truncate"]
 _OVERSIZE = ("error", "skip", "truncate")

@@ -57,7 +57,7 @@ import functools
 import zlib
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -76,9 +76,6 @@ from loaderkit.plan.sample import (
     steps_from,
 )
 from loaderkit.seeding import derive_seed
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
 

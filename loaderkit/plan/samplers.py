@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
@@ -36,9 +36,6 @@ from loaderkit.plan.mix import MixBucketPlan
 from loaderkit.plan.sample import Plan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 from loaderkit.plan.shard_bucket import ShardBucketPlan
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
 

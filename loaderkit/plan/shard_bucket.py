@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -52,9 +52,6 @@ from loaderkit._tags import SeedTag
 from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, BatchMix, ShardPlan, batch_mix
 from loaderkit.seeding import derive_seed
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["ShardBucketPlan"]
 

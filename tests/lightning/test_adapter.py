@@ -11,6 +11,7 @@ cache folder and put first on ``PYTHONPATH`` of a child pytest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -42,6 +43,7 @@ from tests.support.helpers import (
     IdDataModule,
     IdDataset,
     IdModule,
+    no_entry_point_callbacks,
     step_checkpoints,
     trainer_kwargs,
 )
@@ -216,9 +218,19 @@ def test_a_loader_without_a_host_uses_the_global_group() -> None:
     # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
     # the strategy's data-parallel group.
     model = IdModule()
-    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3)))
+    with no_entry_point_callbacks():
+        trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3)))
     trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=False))
     assert [r["ids"] for r in model.records] == _share(0, 1)
+
+
+def test_an_installed_loaderkit_hosts_a_bare_loader_without_a_callback_in_the_code() -> None:
+    # Lightning's callbacks_factory entry point (pyproject.toml) adds the host to every
+    # Trainer, so a loader returned bare from train_dataloader() knows the group.
+    model = IdModule()
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(2, 3)))
+    trainer.fit(model, datamodule=IdDataModule(size=24, batch_size=2, host=False))
+    assert [r["ids"] for r in model.records] == _share(2, 3)
 
 
 def test_a_datamodules_loader_keeps_its_trainers_group_outside_the_trainer() -> None:
@@ -383,9 +395,9 @@ def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None, host: bool = T
     kwargs = trainer_kwargs(
         max_steps=max_steps, max_epochs=-1, callbacks=callbacks + [AttachLoaders()] * host
     )
-    L.Trainer(**{**kwargs, "enable_checkpointing": True}).fit(
-        model, train_dataloaders=loader, ckpt_path=ckpt
-    )
+    with contextlib.nullcontext() if host else no_entry_point_callbacks():
+        trainer = L.Trainer(**{**kwargs, "enable_checkpointing": True})
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt)
     return model.seen
 
 

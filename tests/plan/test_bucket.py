@@ -23,6 +23,7 @@ epoch 0 and epoch 1.
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import itertools
 import warnings
@@ -55,7 +56,13 @@ from loaderkit.plan._cursor import seal
 from loaderkit.plan.bucket import BucketPlan
 from loaderkit.plan.samplers import BucketBatchSampler
 from loaderkit.plan.shard_bucket import ShardBucketPlan
-from tests.support.helpers import IdModule, Interrupted, assert_resume_exact, trainer_kwargs
+from tests.support.helpers import (
+    IdModule,
+    Interrupted,
+    assert_resume_exact,
+    no_entry_point_callbacks,
+    trainer_kwargs,
+)
 from tests.support.proptest import examples
 
 
@@ -622,9 +629,10 @@ def fit(
                 dirpath=root, filename="cut", every_n_train_steps=fail_at, save_top_k=-1
             )
         )
-    trainer = L.Trainer(
-        **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
-    )
+    with contextlib.nullcontext() if elastic else no_entry_point_callbacks():
+        trainer = L.Trainer(
+            **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
+        )
     if fail_at is not None:
         with pytest.raises(Interrupted):
             trainer.fit(model, datamodule=BucketDataModule(nw))

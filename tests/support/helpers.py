@@ -238,6 +238,20 @@ class IdModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+@contextlib.contextmanager
+def no_entry_point_callbacks() -> Any:
+    """Trainers built inside get no loaderkit callback from Lightning's entry point, as
+    when loaderkit runs from a source tree that was never installed."""
+    import loaderkit.lightning.callbacks as callbacks
+
+    original = callbacks.entry_point_callbacks
+    callbacks.entry_point_callbacks = list  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        callbacks.entry_point_callbacks = original
+
+
 def trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     """The lean ``lightning.Trainer`` settings every resume test uses."""
     kwargs: dict[str, Any] = {
