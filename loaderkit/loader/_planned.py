@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
-from loaderkit.loader._fetch import seed_keys
+from loaderkit.loader._fetch import FailedBatch, seed_keys
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan.sample import Schedule
@@ -78,7 +78,22 @@ class EpochIterator(Iterator[Any]):
             self.run.finished = True
             raise
         loader._handed(self.run)
+        if type(batch) is FailedBatch:
+            # Raised in the batch's place; the next next() goes on with the epoch, as
+            # DataLoader's does. The traceback must not hold this iterator: an error the
+            # caller keeps would keep its workers running after the caller dropped it.
+            error = batch.error
+            del self, batch
+            try:
+                raise error
+            finally:
+                del error
         return batch
+
+    @property
+    def begun(self) -> bool:
+        """Whether the first ``next()`` was called (it fixes the epoch)."""
+        return self._batches is not None
 
     def close(self) -> None:
         """Stop this iteration (and its workers) now."""
@@ -110,8 +125,13 @@ def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], 
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
-            batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
-            yield step, pin_batch(batch) if pin else batch
+            try:
+                batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
+            except Exception as exc:  # raised in the batch's place (EpochIterator)
+                batch = FailedBatch(exc)
+            else:
+                batch = pin_batch(batch) if pin else batch
+            yield step, batch
         return
     inner = loader._inner_loader(sched)
     workers = iter(inner)

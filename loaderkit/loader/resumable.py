@@ -605,6 +605,10 @@ class ResumableDataLoader:
         """The current iterator: the one whose position :meth:`state_dict` reports."""
         return None if self._live is None else self._live()
 
+    def _awaiting_first_batch(self) -> bool:
+        """Whether an iterator was made (``iter()``) that has not drawn its first batch."""
+        return any(not it.begun for it in list(self._iterators))
+
     def _began(self, iterator: EpochIterator) -> None:
         """``iterator`` drew its first batch: its position is the loader's from now on."""
         iterator.run.began = next(self._ticks)
