@@ -7,7 +7,9 @@ it, and stops worker processes as soon as an iteration can no longer yield.
 
 from __future__ import annotations
 
+import atexit
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
@@ -49,6 +51,7 @@ class EpochIterator(Iterator[Any]):
     def __init__(self, loader: LoaderHost) -> None:
         self.loader = loader
         self.run = Run()
+        _LIVE.add(self)
         self.schedule: Schedule | None = None
         self.steps_before = 0
         self.superseded = False
@@ -99,6 +102,22 @@ class EpochIterator(Iterator[Any]):
         """Stop this iteration (and its workers) now."""
         if self._batches is not None:
             self._batches.close()
+
+
+# Every iterator not yet collected, closed at interpreter exit (see _close_at_exit).
+_LIVE: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop the workers of iterations still open at exit, as torch's own iterators do.
+
+    Left to interpreter teardown, an abandoned iteration's generator was finalized
+    after the module globals its cleanup calls had been cleared, and printed
+    tracebacks on stderr. Here every module is still whole.
+    """
+    for iterator in list(_LIVE):
+        iterator.close()
 
 
 def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, None, None]:
