@@ -50,6 +50,7 @@ import base64
 import copy
 import pickle
 import random
+import warnings
 import weakref
 import zlib
 from collections import deque
@@ -369,6 +370,7 @@ class IterableEngine:
         self._inner_next: int | None = None
         self.held_batches: Callable[[], int] | None = None  # set by ElasticResume
         self.state_seen = False  # a worker reported an iterator state
+        self.reported: int | None = None  # the len() given out, for DataLoader's warning
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
 
@@ -401,9 +403,8 @@ class IterableEngine:
     def length(self) -> int:
         """Batches per epoch, as ``DataLoader`` counts them: from ``len(dataset)``."""
         size = len(self.dataset)  # TypeError without __len__, as with DataLoader
-        if self.drop_last:
-            return size // self.batch_size
-        return -(-size // self.batch_size)
+        self.reported = size // self.batch_size if self.drop_last else -(-size // self.batch_size)
+        return self.reported
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
@@ -540,9 +541,23 @@ class IterableEngine:
                 # Only the current iteration moves the loader's position (see __iter__).
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
+                self._check_length()
             yield pin_batch(batch) if pin else batch
         if loader._current is run:
             self.complete = True
+
+    def _check_length(self) -> None:
+        """Warn, as ``DataLoader`` does, once an epoch outgrows the ``len()`` given out."""
+        done = self._position.steps_done
+        if self.reported is not None and done > self.reported:
+            warnings.warn(
+                f"ResumableDataLoader: len() said {self.reported} batches (from len(dataset)), "
+                f"but {done} were handed out this epoch; with num_workers > 0 each worker "
+                "iterates its own copy of the dataset, so split it by get_worker_info() as "
+                "torch's docs show (or correct its __len__).",
+                UserWarning,
+                stacklevel=5,  # the caller's next()
+            )
 
     def _inner_loader(
         self, records: list[dict[str, Any]], epoch: int, resumed: bool
