@@ -6,7 +6,6 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 
 from __future__ import annotations
 
-import functools
 import pickle
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -179,7 +178,9 @@ def worker_error(message: str, *, index: Any, cause: type[BaseException] | None)
     ``except KeyError:`` that caught it under ``DataLoader`` still does; a
     :class:`ShardReadError` for a shard's failure.
     """
-    if cause is not None and issubclass(cause, ShardError):
+    if cause is None:
+        return WorkerError(message, index=index)
+    if issubclass(cause, ShardError):
         return ShardReadError(message, index=index)
     try:
         return _caught_as(cause)(message, index=index)
@@ -187,14 +188,20 @@ def worker_error(message: str, *, index: Any, cause: type[BaseException] | None)
         return WorkerError(message, index=index)
 
 
-@functools.cache
-def _caught_as(cause: type[BaseException] | None) -> type[WorkerError]:
+# The combined class per exception type (one class each, so tracebacks and isinstance agree).
+_COMBINED: dict[type[BaseException], type[WorkerError]] = {}
+
+
+def _caught_as(cause: type[BaseException]) -> type[WorkerError]:
+    combined = _COMBINED.get(cause)
+    if combined is not None:
+        return combined
     # StopIteration would end the caller's loop silently; BaseExceptions are not data errors.
-    if cause is None or issubclass(cause, WorkerError | StopIteration | StopAsyncIteration):
+    if issubclass(cause, WorkerError | StopIteration | StopAsyncIteration) or not issubclass(
+        cause, Exception
+    ):
         return WorkerError
-    if not issubclass(cause, Exception):
-        return WorkerError
-    return type(
+    combined = type(
         f"WorkerError({cause.__name__})",
         (WorkerError, cause),
         {
@@ -204,6 +211,8 @@ def _caught_as(cause: type[BaseException] | None) -> type[WorkerError]:
             "caught_as": cause,
         },
     )
+    _COMBINED[cause] = combined
+    return combined
 
 
 def _reduce_worker_error(self: WorkerError) -> tuple[Any, ...]:

@@ -172,7 +172,8 @@ def rng_state() -> dict[str, Any]:
     JSON-safe (a state dict may be saved as JSON), read through each generator's
     own API.
     """
-    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    numpy_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+    _, np_keys, np_pos, np_has_gauss, np_gauss = numpy_state
     py_version, py_words, py_gauss = random.getstate()
     return {
         "torch": _b64(torch.get_rng_state().numpy().tobytes()),
