@@ -45,6 +45,7 @@ import loaderkit.transfer
 from loaderkit import ResumableDataLoader
 from loaderkit._tags import SeedTag
 from loaderkit.seeding import derive_seed
+from tests.support.streams import PositionFromIter, ResumableGenerator, Walk
 
 SEED = 7
 WORKERS = [0, 2]
@@ -1237,7 +1238,8 @@ def test_torch_shuffle_turns_on_a_datapipes_shuffler() -> None:
     assert sorted(int(x) for x in ResumableDataLoader(pipe, shuffle=True)) == list(range(20))
 
 
-EARLY_EXIT = """
+# torch's RandomDataset of its subprocess tests: its own iterator of random tensors.
+RANDOM_STREAM = """
 import torch
 from torch.utils.data import IterableDataset
 from loaderkit import ResumableDataLoader
@@ -1254,7 +1256,9 @@ class Random(IterableDataset):
             raise StopIteration
         self.length -= 1
         return torch.randn(self.size)
+"""
 
+EARLY_EXIT = """
 if __name__ == "__main__":
     loader = ResumableDataLoader(Random(64, (28, 28)), batch_size=16, num_workers=2,
                                  persistent_workers=True, pin_memory="auto")
@@ -1268,7 +1272,7 @@ def test_torch_early_exit_with_persistent_workers(tmp_path: Path) -> None:
     from tests.support.helpers import run_script
 
     script = tmp_path / "early_exit.py"
-    script.write_text(EARLY_EXIT)
+    script.write_text(RANDOM_STREAM + EARLY_EXIT)
     log = tmp_path / "log.txt"
     assert run_script(script, [], log, timeout=300, phase="early exit") == 0, log.read_text()
     assert "Traceback" not in log.read_text()
@@ -1276,22 +1280,6 @@ def test_torch_early_exit_with_persistent_workers(tmp_path: Path) -> None:
 
 FD_LIMIT = """
 import resource
-import torch
-from torch.utils.data import IterableDataset
-from loaderkit import ResumableDataLoader
-
-class Random(IterableDataset):
-    def __init__(self, length, size):
-        self.length, self.size = length, size
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.length <= 0:
-            raise StopIteration
-        self.length -= 1
-        return torch.randn(self.size)
 
 keep = []
 resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
@@ -1309,7 +1297,7 @@ def test_torch_open_files_limit(tmp_path: Path) -> None:
     from tests.support.helpers import run_script
 
     script = tmp_path / "fd_limit.py"
-    script.write_text(FD_LIMIT)
+    script.write_text(RANDOM_STREAM + FD_LIMIT)
     log = tmp_path / "log.txt"
     assert run_script(script, [], log, timeout=300, phase="fd limit") == 0, log.read_text()
 
@@ -1443,42 +1431,16 @@ class Rows(torch.utils.data.Dataset[dict[str, Any]]):
 
 
 class CountingSampler(torch.utils.data.Sampler[int]):
-    """A sampler whose iterator keeps its own position (state_dict/load_state_dict)."""
+    """``range(size)``, by an iterator that keeps its own position (state_dict)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.size))
+    def __iter__(self) -> Walk:
+        return Walk(self.size)
 
     def __len__(self) -> int:
         return self.size
-
-
-class ResumableGenerator(IterableDataset[tuple[int, int]]):
-    """A generator ``__iter__`` that resumes from its saved count; counts epochs if asked."""
-
-    def __init__(self, sizes: list[int], count_epochs: bool = False) -> None:
-        self.sizes, self.count_epochs = sizes, count_epochs
-        self.i, self.epoch, self.resume_at = 0, 0, 0
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        info = get_worker_info()
-        sizes, worker = (self.sizes, info.id) if info is not None else ([sum(self.sizes)], 0)
-        self.i, self.resume_at = self.resume_at, 0
-        start = sum(sizes[:worker])
-        for i in range(start + self.i, start + sizes[worker]):
-            self.i += 1
-            yield i, self.epoch
-        self.i = 0  # reset after the end, so a state saved here starts the next pass
-        if self.count_epochs:
-            self.epoch += 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"i": self.i, "epoch": self.epoch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.resume_at, self.epoch = state["i"], state["epoch"]
 
 
 class PlainGenerator(IterableDataset[int]):
@@ -1939,20 +1901,8 @@ def test_torchdata_load_then_state(persistent: bool) -> None:
     assert list(loader) == expected
 
 
-class GrowingState(IterableDataset[int]):
+class GrowingState(Walk):
     """torchdata's DynamicStateIterableDataset: the state grows with the position."""
-
-    def __init__(self, size: int = 100) -> None:
-        self.size, self.i = size, 0
-
-    def __iter__(self) -> GrowingState:
-        return self
-
-    def __next__(self) -> int:
-        if self.i >= self.size:
-            raise StopIteration
-        self.i += 1
-        return self.i - 1
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"i": self.i}
@@ -1960,9 +1910,6 @@ class GrowingState(IterableDataset[int]):
             state[str(a)] = {a: list(range(a))}
             state[f"t{a}"] = torch.tensor(a, dtype=torch.int8)
         return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.i = state["i"]
 
 
 def test_torchdata_a_saved_state_does_not_change_afterwards() -> None:
@@ -2106,32 +2053,6 @@ def test_torchdata_iter_is_called_once_in_process() -> None:
     resumed.load_state_dict(state)
     next(iter(resumed))
     assert dataset.iter_calls == 2
-
-
-class PositionFromIter(IterableDataset[int]):
-    """torchdata's CountIterCallsIter: its own iterator, its position made in ``__iter__``."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __iter__(self) -> PositionFromIter:
-        info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        share = self.length // workers
-        self.position = {"curr": share * worker, "end": share * (worker + 1)}
-        return self
-
-    def __next__(self) -> int:
-        if self.position["curr"] >= self.position["end"]:
-            raise StopIteration
-        self.position["curr"] += 1
-        return self.position["curr"] - 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": dict(self.position)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position.update(state["state"])
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
