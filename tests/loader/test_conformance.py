@@ -675,13 +675,13 @@ def test_torch_an_iterable_longer_than_its_len_warns() -> None:
     loader = ResumableDataLoader(CountingStream(20), num_workers=3)
     it = iter(loader)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning before len() was asked
+        warnings.filterwarnings("error", message=r".*len\(\) said")  # none before len()
         for _ in range(40):
             next(it)
     assert len(loader) == 20
     it = iter(loader)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", message=r".*len\(\) said")
         for _ in range(20):
             next(it)
     for _ in range(3):
