@@ -117,13 +117,14 @@ class ShardChangedReadError(ShardReadError, ShardChangedError):
     catches it too."""
 
 
-def read_error_type(cause: BaseException) -> type[WorkerError]:
-    """The error a failed sample or batch read raises for ``cause``: one type per cause, so a
-    missing or changed shard is caught by the same ``except`` in or out of workers."""
-    if isinstance(cause, MissingShardError):
+def read_error_type(cause: type[BaseException]) -> type[WorkerError]:
+    """The error a failed sample or batch read raises for an exception of type ``cause``: one
+    type per cause, so a missing or changed shard is caught by the same ``except`` in or out
+    of workers."""
+    if issubclass(cause, MissingShardError):
         return MissingShardReadError
-    if isinstance(cause, ShardChangedError):
+    if issubclass(cause, ShardChangedError):
         return ShardChangedReadError
-    if isinstance(cause, ShardError):
+    if issubclass(cause, ShardError):
         return ShardReadError
     return WorkerError

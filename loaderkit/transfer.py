@@ -163,7 +163,9 @@ def should_pin_memory(device: DeviceLike) -> bool:
     return accelerator is not None and accelerator.type == target.type
 
 
-def resolve_pin_memory(pin_memory: bool | Literal["auto"], device: DeviceLike) -> bool:
+def resolve_pin_memory(
+    pin_memory: bool | Literal["auto"], device: DeviceLike, *, stacklevel: int = 2
+) -> bool:
     """Turn a loader's ``pin_memory`` argument into a decision for ``device``.
 
     ``"auto"`` is :func:`should_pin_memory`. ``False`` is always honoured.
@@ -171,7 +173,8 @@ def resolve_pin_memory(pin_memory: bool | Literal["auto"], device: DeviceLike) -
     accelerator) warns and returns False: this mirrors
     ``torch.utils.data.DataLoader``, which warns and skips pinning when no
     accelerator is found or the accelerator is MPS, so code written for a GPU
-    machine still runs on a laptop.
+    machine still runs on a laptop. ``stacklevel`` says whose line the warning
+    names, as for :func:`warnings.warn` (2: the caller of this function).
 
     Raises:
         TypeError: ``pin_memory`` is neither a bool nor ``"auto"``.
@@ -193,7 +196,7 @@ def resolve_pin_memory(pin_memory: bool | Literal["auto"], device: DeviceLike) -
         "copies to an available CUDA/XPU device; continuing without pinning. "
         "Pass pin_memory='auto' to silence this.",
         UserWarning,
-        stacklevel=2,
+        stacklevel=stacklevel,
     )
     return False
 
@@ -422,7 +425,7 @@ class DevicePrefetcher:
             )
         self.iterable = iterable
         self.device = select_device(device)
-        self.pin_memory = resolve_pin_memory(pin_memory, self.device)
+        self.pin_memory = resolve_pin_memory(pin_memory, self.device, stacklevel=3)
         # The iterable's state as of the last batch handed over, while one is held ahead.
         self._held: dict[str, Any] | None = None
 

@@ -10,6 +10,7 @@ import copy
 import math
 import multiprocessing
 import multiprocessing.context
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.env import cpu_budget
 from loaderkit.plan.samplers import check_resumable_sampler
 
 __all__ = [
@@ -176,6 +178,17 @@ def check_worker_args(
             f"{per_sample_seeding!r}; pass one of these."
         )
     check_start_method(multiprocessing_context, workers)
+    cores = cpu_budget()
+    if workers > cores:
+        # Said once, at the caller's line; torch's own copy of it (at every epoch's
+        # worker start) is silenced in the workers' DataLoader.
+        warnings.warn(
+            f"ResumableDataLoader: num_workers={workers} is more than the {cores} CPU cores "
+            "this process may use, and excess workers slow loading or freeze the machine; "
+            "lower num_workers, or pass num_workers='auto'.",
+            UserWarning,
+            stacklevel=3,
+        )
     return workers
 
 

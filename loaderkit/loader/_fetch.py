@@ -7,25 +7,29 @@ process builds it: that is what makes ``num_workers`` invisible in the output.
 from __future__ import annotations
 
 import functools
+import pickle
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, default_convert
+from torch.utils.data import Dataset, default_collate, default_convert, get_worker_info
 
-from loaderkit.errors import read_error_type
+from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import SampleSeeder
 
 __all__ = [
     "BatchFetcher",
+    "FailedBatch",
     "KeySource",
     "KeyedDataset",
     "Unbatched",
     "batch_fetch_is_faithful",
     "identity",
     "seed_keys",
+    "worker_error",
 ]
 
 
@@ -160,13 +164,13 @@ class BatchFetcher:
             return samples
         except Exception as exc:
             index = index_list[len(samples)]
-            kind = read_error_type(exc)
             method = "__getitems__" if self.mode == "getitems" else "__getitem__"
-            raise kind(
+            raise worker_error(
                 f"loading sample index {index} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
                 f"dataset's {method} for index {index}.",
                 index=index,
+                cause=type(exc),
             ) from exc
 
     def _batched(self, fetch: Callable[[Any], Any], epoch: int, indices: Any) -> Any:
@@ -176,13 +180,99 @@ class BatchFetcher:
             head = indices[:8]
             shown = head if isinstance(head, list) else head.tolist()
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
-            kind = read_error_type(exc)
-            raise kind(
+            raise worker_error(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
                 f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
                 "dataset's batch read (get_batch / __getitems__) for these indices.",
                 index=shown,
+                cause=type(exc),
             ) from exc
+
+
+def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:
+    """The error of a sample (or batch) that failed to load with an exception of type ``cause``.
+
+    A :class:`WorkerError` (the sample index) that is also a ``cause``, so the
+    ``except KeyError:`` that caught it under ``DataLoader`` still does; a
+    :class:`ShardReadError` for a shard's failure.
+    """
+    if cause is None:
+        return WorkerError(message, index=index)
+    if issubclass(cause, ShardError):
+        return read_error_type(cause)(message, index=index)
+    try:
+        return _caught_as(cause)(message, index=index)
+    except TypeError:  # a type that cannot be combined (instance layout, metaclass, ...)
+        return WorkerError(message, index=index)
+
+
+# The combined class per exception type (one class each, so tracebacks and isinstance agree).
+_COMBINED: dict[type[BaseException], type[WorkerError]] = {}
+
+
+def _caught_as(cause: type[BaseException]) -> type[WorkerError]:
+    combined = _COMBINED.get(cause)
+    if combined is not None:
+        return combined
+    # StopIteration would end the caller's loop silently; BaseExceptions are not data errors.
+    if issubclass(cause, WorkerError | StopIteration | StopAsyncIteration) or not issubclass(
+        cause, Exception
+    ):
+        return WorkerError
+    combined = type(
+        f"WorkerError({cause.__name__})",
+        (WorkerError, cause),
+        {
+            "__module__": WorkerError.__module__,
+            "__str__": BaseException.__str__,  # not KeyError's repr of the message
+            "__reduce__": _reduce_worker_error,
+            "caught_as": cause,
+        },
+    )
+    _COMBINED[cause] = combined
+    return combined
+
+
+def _reduce_worker_error(self: WorkerError) -> tuple[Any, ...]:
+    # By the cause's class: the combined class is made here, not importable by name.
+    return (_rebuilt, (str(self), self.index, type(self).caught_as))  # type: ignore[attr-defined]
+
+
+def _rebuilt(message: str, index: Any, cause: type[BaseException]) -> WorkerError:
+    return worker_error(message, index=index, cause=cause)
+
+
+class FailedBatch:
+    """In a batch's place: loading it raised ``error``.
+
+    The loader raises the error where the batch would have been handed out and
+    goes on with the epoch, as ``DataLoader`` does. Sent from a worker, the
+    error's traceback travels as text in its message (as torch sends it).
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        error = self.error
+        source = error.__cause__ if isinstance(error, WorkerError) else error
+        source = error if source is None else source
+        info = get_worker_info()
+        where = "in this process" if info is None else f"in DataLoader worker process {info.id}"
+        text = "".join(traceback.format_exception(source))
+        message = f"{error}\n\nCaught {type(source).__name__} {where}.\nOriginal {text}"
+        kind: type[BaseException] | None = type(source)
+        try:
+            pickle.dumps(kind)  # a class defined in a function cannot cross processes
+        except Exception:
+            kind = None
+        return (_failed, (message, getattr(error, "index", None), kind))
+
+
+def _failed(message: str, index: Any, cause: type[BaseException] | None) -> FailedBatch:
+    return FailedBatch(worker_error(message, index=index, cause=cause))
 
 
 class KeyedDataset(Dataset[Any]):
@@ -211,7 +301,10 @@ class KeyedDataset(Dataset[Any]):
 
     def __getitems__(self, key: Sequence[Any]) -> Any:
         epoch, indices, seed_keys = key
-        return self.fetch(epoch, indices, seed_keys)
+        try:
+            return self.fetch(epoch, indices, seed_keys)
+        except Exception as exc:  # handed out in the batch's place; the epoch goes on
+            return FailedBatch(exc)
 
 
 def seed_keys(sched: Schedule, step: int) -> np.ndarray | None:

@@ -46,13 +46,15 @@ and a checkpoint written by rank 0 would hold rank 0's positions only. Under
 
 from __future__ import annotations
 
+import base64
 import copy
 import pickle
+import random
+import warnings
 import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -72,7 +74,7 @@ __all__ = ["IterableEngine", "is_stateful", "sample_digest"]
 
 _FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "iterable", "topology", "workers")
 _KEYS = (*_FIELDS, "checksum")
-_RECORD = ("batches", "yielded", "digest", "ended", "dataset_state", "iterator_state")
+_RECORD = ("batches", "yielded", "digest", "ended", "dataset_state", "iterator_state", "rng")
 _BATCH, _END = "batch", "end"
 
 
@@ -92,6 +94,7 @@ def fresh_record() -> dict[str, Any]:
         "ended": False,
         "dataset_state": None,
         "iterator_state": None,
+        "rng": None,
     }
 
 
@@ -139,6 +142,81 @@ def sample_digest(sample: Any) -> int:
     return state[0]
 
 
+def take(it: Iterator[Any], count: int) -> list[Any]:
+    """Up to ``count`` items of ``it``, by ``next()`` alone.
+
+    ``itertools.islice(it, n)`` calls ``iter(it)`` first, which restarts a dataset
+    whose ``__iter__`` resets its position and returns itself: every batch would
+    begin again at its first item.
+    """
+    items: list[Any] = []
+    for _ in range(count):
+        try:
+            items.append(next(it))
+        except StopIteration:
+            break
+    return items
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's global RNG states (torch's CPU generator, numpy's, :mod:`random`'s).
+
+    JSON-safe (a state dict may be saved as JSON), read through each generator's
+    own API.
+    """
+    numpy_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+    _, np_keys, np_pos, np_has_gauss, np_gauss = numpy_state
+    py_version, py_words, py_gauss = random.getstate()
+    return {
+        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
+        "numpy": [_b64(np_keys.tobytes()), int(np_pos), int(np_has_gauss), float(np_gauss)],
+        "random": [py_version, _b64(np.asarray(py_words, dtype=np.uint32).tobytes()), py_gauss],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` read."""
+    torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
+    keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state(
+        ("MT19937", np.frombuffer(_unb64(keys), dtype=np.uint32), pos, has_gauss, gauss)
+    )
+    version, words, py_gauss = state["random"]
+    py_words = tuple(int(w) for w in np.frombuffer(_unb64(words), dtype=np.uint32))
+    random.setstate((version, py_words, py_gauss))
+
+
+def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
+    """``iter(dataset)``, placed after the samples of ``start`` (a worker's record).
+
+    A dataset's own state is loaded before ``iter()``, an iterator's after it
+    (torchdata's order): a dataset that is its own iterator keeps its position
+    there, and its ``__iter__`` may reset or create that position. A worker's
+    global RNGs are restored too, so the rest of its stream draws what the
+    uninterrupted run drew.
+    """
+    if start["dataset_state"] is not None and is_stateful(dataset):
+        dataset.load_state_dict(start["dataset_state"])
+    it = iter(dataset)
+    if start["iterator_state"] is not None and is_stateful(it):
+        it.load_state_dict(start["iterator_state"])
+    yielded = int(start["yielded"])
+    restored = start["dataset_state"] is not None or start["iterator_state"] is not None
+    if yielded and not restored:
+        _skip(it, yielded, start["digest"], worker)
+    if start.get("rng") is not None and not in_process:
+        set_rng_state(start["rng"])
+    return it
+
+
 def worker_batches(
     dataset: Any,
     worker: int,
@@ -148,27 +226,26 @@ def worker_batches(
     drop_last: bool,
     collate: Callable[[list[Any]], Any],
     in_process: bool,
+    opened: Any = None,
 ) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
     """One worker's stream as ``(kind, worker, record after, batch)``, ending with an end mark.
 
     ``start`` is the worker's record as of the last batch handed out (fresh:
-    from the beginning). ``record after`` is what the main process keeps once
-    it hands the batch out.
+    from the beginning); ``opened``, the stream :func:`open_stream` already
+    opened at it. ``record after`` is what the main process keeps once it hands
+    the batch out; the end mark's holds the dataset's state after its stream ended.
     """
     if start["ended"]:  # it had handed out everything before the state was saved
         yield _END, worker, None, None
         return
-    if start["dataset_state"] is not None and is_stateful(dataset):
-        dataset.load_state_dict(start["dataset_state"])
-    it = iter(dataset)
-    stateful_dataset = is_stateful(dataset)
-    stateful_iter = it is not dataset and is_stateful(it)
-    if start["iterator_state"] is not None and stateful_iter:
-        it.load_state_dict(start["iterator_state"])
+    it = open_stream(dataset, start, worker, in_process=in_process) if opened is None else opened
     yielded = int(start["yielded"])
-    restored = start["dataset_state"] is not None or start["iterator_state"] is not None
-    if yielded and not restored:
-        _skip(it, yielded, start["digest"], worker)
+    # A dataset that is its own iterator is saved once, as the iterator.
+    stateful_dataset = is_stateful(dataset) and it is not dataset
+    stateful_iter = is_stateful(it)
+    # In a worker, randomness drawn from the global RNGs follows the position (the
+    # in-process RNGs are the caller's, which a resume must not move).
+    keep_rng = not in_process and (stateful_dataset or stateful_iter)
 
     def state_of(obj: Any) -> Any:
         # A worker's state is pickled on its way to the main process; in-process it must
@@ -177,27 +254,34 @@ def worker_batches(
         return copy.deepcopy(state) if in_process else state
 
     while True:
-        samples = list(islice(it, batch_size))
+        samples = take(it, batch_size)
         if not samples or (len(samples) < batch_size and drop_last):
             break
         yielded += len(samples)
+        batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
         record = {
             "yielded": yielded,
             "digest": sample_digest(samples[-1]),
             "dataset_state": state_of(dataset) if stateful_dataset else None,
             "iterator_state": state_of(it) if stateful_iter else None,
+            "rng": rng_state() if keep_rng else None,
         }
-        yield _BATCH, worker, record, collate(samples)
+        yield _BATCH, worker, record, batch
         if len(samples) < batch_size:
             break
-    yield _END, worker, None, None
+    # After the end: a dataset may count its epochs once its stream is exhausted.
+    yield _END, worker, {"dataset_state": state_of(dataset) if stateful_dataset else None}, None
 
 
 def _skip(it: Iterator[Any], count: int, digest: int | None, worker: int) -> None:
     """Replay ``count`` samples of a worker's stream, checking the last against ``digest``."""
     seen, last = 0, None
-    for seen, last in enumerate(islice(it, count), 1):  # noqa: B007 - the last one counts
-        pass
+    while seen < count:
+        try:
+            last = next(it)  # not islice: see take()
+        except StopIteration:
+            break
+        seen += 1
     if seen < count:
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
@@ -287,6 +371,9 @@ class IterableEngine:
         self._inner_next: int | None = None
         self.held_batches: Callable[[], int] | None = None  # else the host says
         self.state_seen = False  # a worker reported an iterator state
+        self.reported: int | None = None  # the len() given out, for DataLoader's warning
+        # The in-process stream opened before its first batch: (epoch, iterator, record).
+        self._primed: tuple[int, Any, dict[str, Any]] | None = None
 
     @property
     def loader(self) -> LoaderHost:
@@ -317,9 +404,8 @@ class IterableEngine:
     def length(self) -> int:
         """Batches per epoch, as ``DataLoader`` counts them: from ``len(dataset)``."""
         size = len(self.dataset)  # TypeError without __len__, as with DataLoader
-        if self.drop_last:
-            return size // self.batch_size
-        return -(-size // self.batch_size)
+        self.reported = size // self.batch_size if self.drop_last else -(-size // self.batch_size)
+        return self.reported
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
@@ -341,12 +427,13 @@ class IterableEngine:
         loader = self.loader
         loader._settle_seed()
         self.check_world()
+        loaded = self._position.loaded(self)
+        primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
-        if start > 0:  # the rest of a resumed epoch
-            records = [dict(r) for r in self.records]
-        else:
-            records = [fresh_record() for _ in range(self.workers)]
-            self.complete = False
+        records = self._starts(epoch, loaded)
+        opened = None
+        if primed is not None and start == 0 and loader.num_workers == 0:
+            opened, records[0] = primed[1], dict(primed[2])
         self.records = records
         self._history.clear()
         resumed = start > 0
@@ -359,6 +446,7 @@ class IterableEngine:
                 drop_last=self.drop_last,
                 collate=self.collate_fn,
                 in_process=True,
+                opened=opened,
             )
             yield from self._hand_out(source, records, run, pin=loader.pin_memory)
             return
@@ -376,6 +464,39 @@ class IterableEngine:
             raise
         if self._inner is inner:
             self._inner_next = epoch + 1
+
+    def _starts(self, epoch: int, loaded: tuple[int, bool] | None) -> list[dict[str, Any]]:
+        """Each worker's record to start ``epoch`` from (``loaded``: see PlanCursor.loaded)."""
+        if loaded is not None and loaded[0] == epoch and not self.complete:
+            return [dict(r) for r in self.records]  # the rest of a loaded epoch
+        fresh = [fresh_record() for _ in range(self.workers)]
+        # Where one dataset object lives on across epochs (in this process, or in each
+        # persistent worker), the epoch after a loaded complete one starts from its state
+        # at that epoch's end, as the uninterrupted run's object did.
+        if loaded is not None and loaded[0] == epoch and self._objects_persist():
+            for record, saved in zip(fresh, self.records, strict=True):
+                record["dataset_state"] = saved["dataset_state"]
+        self.complete = False
+        return fresh
+
+    def _objects_persist(self) -> bool:
+        loader = self.loader
+        return loader.num_workers == 0 or loader._pool.persistent
+
+    def _prime(self) -> None:
+        """Open the in-process stream now, as ``DataLoader`` does at ``iter()``.
+
+        A state saved between ``iter()`` and the first batch then holds the stream's
+        start (its iterator may hold the global RNG state it will draw from).
+        """
+        epoch = self._position.upcoming(self)[0]
+        record = fresh_record()
+        it = open_stream(self.dataset, record, 0, in_process=True)
+        if is_stateful(self.dataset) and it is not self.dataset:
+            record["dataset_state"] = copy.deepcopy(self.dataset.state_dict())
+        if is_stateful(it):
+            record["iterator_state"] = copy.deepcopy(it.state_dict())
+        self._primed = (epoch, it, record)
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
         record = self.records[worker] if worker < len(self.records) else fresh_record()
@@ -411,7 +532,7 @@ class IterableEngine:
                 pending[item[1]].append(item)
             kind, worker, after, batch = pending[turn].popleft()
             if kind == _END:
-                records[worker] = {**records[worker], "ended": True}
+                records[worker] = {**records[worker], **(after or {}), "ended": True}
                 continue
             assert after is not None
             self.state_seen = self.state_seen or after["iterator_state"] is not None
@@ -421,9 +542,23 @@ class IterableEngine:
                 # Only the current iteration moves the loader's position (see __iter__).
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
+                self._check_length()
             yield pin_batch(batch) if pin else batch
         if loader._current is run:
             self.complete = True
+
+    def _check_length(self) -> None:
+        """Warn, as ``DataLoader`` does, once an epoch outgrows the ``len()`` given out."""
+        done = self._position.steps_done
+        if self.reported is not None and done > self.reported:
+            warnings.warn(
+                f"ResumableDataLoader: len() said {self.reported} batches (from len(dataset)), "
+                f"but {done} were handed out this epoch; with num_workers > 0 each worker "
+                "iterates its own copy of the dataset, so split it by get_worker_info() as "
+                "torch's docs show (or correct its __len__).",
+                UserWarning,
+                stacklevel=5,  # the caller's next()
+            )
 
     def _inner_loader(
         self, records: list[dict[str, Any]], epoch: int, resumed: bool
@@ -487,16 +622,22 @@ class IterableEngine:
                 "save the state while the consumer holds at most that many batches."
             )
         records, complete = list(self.records), self.complete
-        steps_done = self._position.steps_done
+        epoch, steps_done = self.epoch, self._position.steps_done
         for worker, before, was_complete in list(self._history)[::-1][:held]:
             records[worker], complete = before, was_complete
             steps_done -= 1
-        _, world_size = self.loader._topology()
+        loader = self.loader
+        if held == 0 and loader.num_workers == 0 and self._position.loaded(self) is None:
+            if self._primed is None and loader._awaiting_first_batch():
+                self._prime()
+            if self._primed is not None:  # iter() was called: the state is the stream's start
+                epoch, records, complete, steps_done = self._primed[0], [self._primed[2]], False, 0
+        _, world_size = loader._topology()
         return seal(
             {
                 "version": STATE_VERSION,
                 "kind": "iterable",
-                "epoch": self.epoch,
+                "epoch": epoch,
                 "steps_done": steps_done,
                 "complete": complete,
                 "iterable": {**self.fingerprint(), "resume": self.method()},
@@ -561,7 +702,9 @@ class IterableEngine:
                 f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
                 "what state_dict() returned, unmodified."
             )
-        self.records = [{k: r[k] for k in _RECORD} for r in records]
+        # "rng" is absent from states saved before worker RNGs were kept.
+        self.records = [{k: r.get(k) if k == "rng" else r[k] for k in _RECORD} for r in records]
+        self._primed = None
         steps_done = int(state["steps_done"])
         self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
         self.complete = bool(state["complete"])

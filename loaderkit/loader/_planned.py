@@ -7,12 +7,14 @@ it, and stops worker processes as soon as an iteration can no longer yield.
 
 from __future__ import annotations
 
+import atexit
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
-from loaderkit.loader._fetch import seed_keys
+from loaderkit.loader._fetch import FailedBatch, seed_keys
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan.sample import Schedule
@@ -49,6 +51,7 @@ class EpochIterator(Iterator[Any]):
     def __init__(self, loader: LoaderHost) -> None:
         self.loader = loader
         self.run = Run()
+        _LIVE.add(self)
         self.schedule: Schedule | None = None
         self.steps_before = 0
         self.superseded = False
@@ -79,12 +82,43 @@ class EpochIterator(Iterator[Any]):
             self.run.finished = True
             raise
         loader._handed(self.run, time.perf_counter() - asked)
+        if type(batch) is FailedBatch:
+            # Raised in the batch's place; the next next() goes on with the epoch, as
+            # DataLoader's does. The traceback must not hold this iterator: an error the
+            # caller keeps would keep its workers running after the caller dropped it.
+            error = batch.error
+            del self, batch
+            try:
+                raise error
+            finally:
+                del error
         return batch
+
+    @property
+    def begun(self) -> bool:
+        """Whether the first ``next()`` was called (it fixes the epoch)."""
+        return self._batches is not None
 
     def close(self) -> None:
         """Stop this iteration (and its workers) now."""
         if self._batches is not None:
             self._batches.close()
+
+
+# Every iterator not yet collected, closed at interpreter exit (see _close_at_exit).
+_LIVE: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop the workers of iterations still open at exit, as torch's own iterators do.
+
+    Left to interpreter teardown, an abandoned iteration's generator was finalized
+    after the module globals its cleanup calls had been cleared, and printed
+    tracebacks on stderr. Here every module is still whole.
+    """
+    for iterator in list(_LIVE):
+        iterator.close()
 
 
 def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, None, None]:
@@ -111,8 +145,13 @@ def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], 
     if loader.num_workers == 0:
         fetch, pin = loader._fetch, loader.pin_memory
         for step in range(sched.num_steps):
-            batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
-            yield step, pin_batch(batch) if pin else batch
+            try:
+                batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
+            except Exception as exc:  # raised in the batch's place (EpochIterator)
+                batch = FailedBatch(exc)
+            else:
+                batch = pin_batch(batch) if pin else batch
+            yield step, batch
         return
     inner = loader._inner_loader(sched)
     workers = iter(inner)

@@ -22,8 +22,8 @@ go: a killed worker leaves nothing behind, and the main process unmaps its
 copies when that iterator's workers stop (:meth:`Transport.close`), or at the
 latest when the iterator is collected.
 
-What does not fit a slot (a tensor subclass, a sparse or quantized tensor,
-one that requires grad, one on another device, a batch that does not pickle
+What does not fit a slot (a tensor subclass, a nested, sparse or quantized
+tensor, one that requires grad, one on another device, a batch that does not pickle
 without torch's reducers, or no free slot) goes through torch's own path,
 counted in :class:`TransportStats` (``ResumableDataLoader.describe()``).
 """
@@ -219,6 +219,8 @@ class _SkeletonPickler(ForkingPickler):
             return seen
         if type(obj) is not torch.Tensor:
             raise _Unsupported(f"a tensor subclass ({type(obj).__qualname__})")
+        if obj.is_nested:  # no single shape: its components' layout is torch's to send
+            raise _Unsupported("a nested tensor")
         if obj.layout != torch.strided or obj.device.type != "cpu":
             raise _Unsupported(f"a {obj.layout} tensor on {obj.device.type}")
         if obj.requires_grad:

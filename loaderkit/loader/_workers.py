@@ -51,6 +51,9 @@ Describe = Callable[[int, int], tuple[str, Any]]
 # Tensors at least this large are moved to shared memory before pickled workers start.
 SHARE_MIN_BYTES = 1 << 20
 
+# The start of torch's warning about more workers than CPU cores.
+_TOO_MANY_WORKERS = "This DataLoader will create"
+
 # Whether this process was told that its workers start by forkserver (said once).
 _announced_forkserver = False
 
@@ -184,7 +187,10 @@ class _WorkerLoader(DataLoader[Any]):
     (``_slots.py``); names what failed to pickle when its workers cannot start."""
 
     def __init__(self, pool: WorkerPool, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        with warnings.catch_warnings():
+            # ResumableDataLoader said it once, at its caller's line (check_worker_args).
+            warnings.filterwarnings("ignore", message=_TOO_MANY_WORKERS, category=UserWarning)
+            super().__init__(*args, **kwargs)
         self._loaderkit_pool = pool
 
     def _get_iterator(self) -> Any:
@@ -206,6 +212,7 @@ class _WorkerLoader(DataLoader[Any]):
             with warnings.catch_warnings():
                 # torch's own hint for this failure; the error raised below names the object.
                 warnings.filterwarnings("ignore", message="Got pickle error", category=UserWarning)
+                warnings.filterwarnings("ignore", message=_TOO_MANY_WORKERS, category=UserWarning)
                 workers: Any = super()._get_iterator()
             if transport is not None:
                 workers._loaderkit_transport = transport  # maps its arenas while it lives

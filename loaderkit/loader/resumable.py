@@ -80,6 +80,11 @@ from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
 
+# Attributes that, as on DataLoader, cannot be assigned once the loader is built.
+_FIXED_AFTER_INIT = frozenset(
+    ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+)
+
 # The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
 # script moved from it keeps its order.
 DDP_DEFAULT_SEED = 0
@@ -365,7 +370,7 @@ class ResumableDataLoader:
             per_sample_seeding=per_sample_seeding,
             multiprocessing_context=multiprocessing_context,
         )
-        pinned = resolve_pin_memory(pin_memory, select_device())
+        pinned = resolve_pin_memory(pin_memory, select_device(), stacklevel=3)  # the caller's line
         # loaderkit's get_batch datasets hold no randomness; every other dataset may.
         batched = batch_fetch_is_faithful(dataset)
         per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
@@ -471,6 +476,18 @@ class ResumableDataLoader:
         # Where the ranks are known already (rank=/world_size=, a process group, a
         # Trainer building the loader), the seed is the ranks' common one from the start.
         self._settle_seed(final=False)
+        self._built = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # DataLoader's rule, and more so here: the plan and any saved position were
+        # made from these; setting one later would be silently ignored.
+        if name in _FIXED_AFTER_INIT and self.__dict__.get("_built", False):
+            raise ValueError(
+                f"ResumableDataLoader: {name} cannot be set after the loader is built (its "
+                f"plan and saved positions were made from it); build a new "
+                f"ResumableDataLoader with the new {name}."
+            )
+        super().__setattr__(name, value)
 
     # ----------------------------------------------------------------- epochs
     @property
@@ -614,6 +631,10 @@ class ResumableDataLoader:
     def _live_iterator(self) -> EpochIterator | None:
         """The current iterator: the one whose position :meth:`state_dict` reports."""
         return None if self._live is None else self._live()
+
+    def _awaiting_first_batch(self) -> bool:
+        """Whether an iterator was made (``iter()``) that has not drawn its first batch."""
+        return any(not it.begun for it in list(self._iterators))
 
     def _began(self, iterator: EpochIterator) -> None:
         """``iterator`` drew its first batch: its position is the loader's from now on."""

@@ -20,6 +20,7 @@ another sampler (other weights, another subset) is a StateMismatchError.
 from __future__ import annotations
 
 import hashlib
+import operator
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,21 @@ _ABSENT = object()
 
 
 def _listed(sampler: Any) -> torch.Tensor:
-    return torch.as_tensor(np.fromiter((int(i) for i in sampler), dtype=np.int64))
+    return torch.as_tensor(np.fromiter((_index(i, sampler) for i in sampler), dtype=np.int64))
+
+
+def _index(item: Any, sampler: Any) -> int:
+    """``item`` as a dataset index (``int(item)`` would take ``"3"`` or ``2.5``)."""
+    try:
+        return operator.index(item)
+    except TypeError:
+        raise TypeError(
+            f"ResumableDataLoader: sampler={type(sampler).__name__} yielded {item!r} "
+            f"({type(item).__name__}), not an integer index, and the plan deals integer "
+            "positions of the dataset. Index the dataset by position (keys = list(sampler); "
+            "data = [dataset[k] for k in keys]), or, to read a batch per call, give the "
+            "dataset __getitems__(indices) and pass integer indices with batch_size=."
+        ) from None
 
 
 def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:

@@ -141,7 +141,7 @@ def test_resume_oracle(k: int, nw_before: int, nw_after: int, lightning: bool) -
     )
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+@pytest.mark.filterwarnings("ignore:ResumableDataLoader. num_workers=4 is more than")
 def test_identical_batches_for_any_num_workers() -> None:
     reference = list(uninterrupted(0))
     assert len(set(ids(reference[:STEPS]))) == N

@@ -1,0 +1,166 @@
+"""An ``IterableDataset`` passed directly: edges where a loader returned other data, silently.
+
+Each case was measured wrong on 84cc6ec (issue 21): a worker's augmentation
+after a resume through the dataset's own state, a dataset whose ``__iter__``
+resets itself and returns ``self`` (its first item forever), and the resume
+edges torchdata's ``StatefulDataLoader`` tests exercise (an epoch counter the
+dataset advances after its last item, a state saved between ``iter()`` and the
+first batch, a position the dataset creates in ``__iter__``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from loaderkit import ResumableDataLoader
+from tests.support.streams import (
+    PositionFromIter,
+    ResetsOnIter,
+    ResumableGenerator,
+    RngWalk,
+    Walk,
+    worker_of,
+)
+
+
+def as_lists(batches: list[Any]) -> list[Any]:
+    """Batches as plain nested lists (tensors and tuples of tensors alike)."""
+
+    def plain(obj: Any) -> Any:
+        if isinstance(obj, list | tuple):
+            return [plain(o) for o in obj]
+        return torch.as_tensor(obj).tolist()
+
+    return [plain(b) for b in batches]
+
+
+# ------------------------------------------------------- point 4: worker randomness
+class NoisyPositions(IterableDataset[torch.Tensor]):
+    """Keeps its own position (state_dict); each sample draws from all three global RNGs."""
+
+    def __init__(self, per_worker: int = 12) -> None:
+        self.per_worker, self.pos = per_worker, 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        worker, _ = worker_of()
+        while self.pos < self.per_worker:
+            self.pos += 1
+            noise = [torch.rand(()).item(), float(np.random.rand()), random.random()]
+            yield torch.tensor([100.0 * worker + self.pos, *noise], dtype=torch.float64)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+def test_resume_through_the_datasets_state_keeps_each_workers_augmentation() -> None:
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(NoisyPositions(), batch_size=2, num_workers=2, seed=5)
+
+    full = as_lists(list(loader()))
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got = as_lists(head) + as_lists(list(resumed))
+    assert [[s[0] for s in b] for b in got] == [[s[0] for s in b] for b in full]  # same samples
+    assert got == full  # and the same noise, from every generator
+    noise = [s[1] for b in full for s in b]
+    assert len(set(noise)) == len(noise)  # the noise is real: no two samples share it
+
+
+# ------------------------------------------------- point 9: __iter__ resets, returns self
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_dataset_that_resets_in_iter_and_returns_itself_is_read_once(
+    num_workers: int, batch_size: int | None
+) -> None:
+    kwargs = {"batch_size": batch_size, "num_workers": num_workers}
+    theirs = as_lists(list(islice(DataLoader(ResetsOnIter(5), **kwargs), 12)))
+    ours = ResumableDataLoader(ResetsOnIter(5), **kwargs)
+    assert as_lists(list(islice(ours, 12))) == theirs
+    assert theirs in ([0, 1, 2, 3, 4], [[0, 1], [2, 3], [4]])
+
+
+# ------------------------------------- point 11: resume edges (torchdata's own tests)
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_an_epoch_counter_advanced_after_the_last_item_resumes_advanced(
+    num_workers: int, persistent: bool
+) -> None:
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            ResumableGenerator([4, 4], count_epochs=True),  # counts after its last item
+            batch_size=2,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+            seed=0,
+        )
+
+    first = loader()
+    epochs = [as_lists(list(first)) for _ in range(3)]
+    assert set(epochs[2][0][1]) == {2}  # the uninterrupted run's counter in its third epoch
+    saving = loader()
+    assert as_lists(list(saving)) == epochs[0]
+    state = saving.state_dict()  # after epoch 0 ended: the dataset counts 1 now
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert as_lists(list(resumed)) == epochs[1]
+    assert as_lists(list(resumed)) == epochs[2]
+
+
+class DrawsFromTheGlobalRng(IterableDataset[int]):
+    """Not stateful itself; its iterator draws from the global RNG and saves it."""
+
+    def __iter__(self) -> RngWalk:
+        return RngWalk(12)
+
+
+def test_a_state_saved_before_the_first_batch_restores_the_streams_start_in_process() -> None:
+    loader = ResumableDataLoader(DrawsFromTheGlobalRng(), batch_size=3)
+    it = iter(loader)
+    state = loader.state_dict()  # after iter(), before the first batch
+    saved_run = as_lists(list(it))
+    torch.rand(7)  # the global RNG moves on, as a training step would
+    loader.load_state_dict(state)
+    assert as_lists(list(loader)) == saved_run
+
+
+def test_a_state_saved_before_the_first_batch_rewinds_a_reused_exhausted_dataset() -> None:
+    dataset = Walk(100)  # never rewound: one pass exhausts the object
+    loader = ResumableDataLoader(dataset, batch_size=10)
+    it = iter(loader)
+    state = loader.state_dict()
+    assert len(as_lists(list(it))) == 10  # the object is exhausted now
+    again = ResumableDataLoader(dataset, batch_size=10)
+    again.load_state_dict(state)
+    assert [s for b in as_lists(list(again)) for s in b] == list(range(100))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_position_created_in_iter_resumes(num_workers: int) -> None:
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(PositionFromIter(40), batch_size=4, num_workers=num_workers)
+
+    full = as_lists(list(islice(loader(), 20)))  # bounded: a reset per batch never ends
+    assert sorted(s for b in full for s in b) == list(range(40))
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert as_lists(head) + as_lists(list(islice(resumed, 20))) == full
