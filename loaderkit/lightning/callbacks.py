@@ -78,7 +78,8 @@ class AttachLoaders(Callback):
     def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
         self._end()
         self._idle = self._auto and any(
-            cb is not self and isinstance(cb, type(self)) for cb in trainer.callbacks
+            cb is not self and isinstance(cb, type(self))
+            for cb in getattr(trainer, "callbacks", ())
         )
         if not self._idle:
             self._host = LightningHost(trainer)
