@@ -32,6 +32,7 @@ from tests.support.helpers import (
     assert_resume_exact,
     by_epoch,
     log_tail,
+    no_entry_point_callbacks,
     read_records,
     run_script,
     trainer_kwargs,
@@ -150,7 +151,8 @@ def test_fewer_ranks_without_elastic_resume_is_refused_with_the_fix(full: dict[s
     """Without the callback Lightning would end the shorter resumed epoch without its
     end-of-epoch validation: an error naming the fix, not a silently skipped validation."""
     ckpt = full["out"] / "ckpt" / "step002.ckpt"
-    trainer = L.Trainer(**trainer_kwargs())
+    with no_entry_point_callbacks():
+        trainer = L.Trainer(**trainer_kwargs())
     with pytest.raises(
         LoaderkitError,
         match=r"yields \d+ batches, fewer than the \d+ len\(\) first answered.*ElasticResume",

@@ -129,18 +129,19 @@ print(next(it).tolist(), flush=True)
 """
 
 
-def readme_block(marker: str) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.DOTALL)
+def docs_block(marker: str) -> str:
+    text = (REPO_ROOT / "docs" / "guide" / "streams.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     (block,) = [b for b in blocks if marker in b]
     return block
 
 
-@pytest.mark.parametrize("kind", ["map", "iterable", "persistent", "readme-stream"])
+@pytest.mark.parametrize("kind", ["map", "iterable", "persistent", "docs-stream"])
 def test_workers_left_at_interpreter_exit_shut_down_quietly(kind: str, tmp_path: Path) -> None:
     script = tmp_path / "script.py"
-    if kind == "readme-stream":
-        # The README's streaming example leaves its first iterator half-consumed.
-        script.write_text(readme_block("StreamingShardedDataset(root, IterableReader"))
+    if kind == "docs-stream":
+        # The streams guide's example leaves its first iterator half-consumed.
+        script.write_text(docs_block("StreamingShardedDataset(root, IterableReader"))
     else:
         script.write_text(HALF_CONSUMED)
     log = tmp_path / "log.txt"
