@@ -221,28 +221,6 @@ class BucketBatchSampler(PlanBatchSampler):
     Args:
         lengths: Token count of each dataset index (a sequence, numpy array or
             tensor of non-negative ints), e.g. from :func:`~loaderkit.compute_lengths`.
-        batch_size: Rows per batch (fixed-size mode); with ``max_tokens``, an
-            upper bound on the rows.
-        max_tokens: Token budget per batch: rows x padded length, the padded
-            length being the batch's longest sample rounded up to
-            ``pad_to_multiple_of``, stays ``<= max_tokens``.
-        pad_to_multiple_of: The rounding your collate pads to (e.g.
-            ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
-        seed: Seed of both shuffles (and of the loader's per-sample seeding); default 0.
-        shuffle: Shuffle indices and batch order per ``(seed, epoch)`` (default);
-            else windows of the index order, sorted, batches in order.
-        window: Samples per length-sorted window: larger pads less, smaller
-            mixes more (benchmarks/RESULTS.md, bucketing). Default: 256
-            batches' worth (``256 * batch_size``, or ``256 * max_tokens /
-            mean padded length``); rounded up to a multiple of ``batch_size``
-            in fixed-size mode.
-        drop_last: Drop the batches that do not fill a global step instead of
-            repeating; in fixed-size mode also the one short batch. Default False.
-        oversize: A sample longer than ``max_tokens`` allows (``max_length``):
-            ``"error"`` (default) raises, naming it; ``"skip"`` leaves it out of
-            every epoch (``num_skipped``, one warning); ``"truncate"`` batches
-            it alone (``num_truncated``, one warning; cut it to ``max_length``
-            tokens in the dataset).
         shard_sizes: Samples per shard, when the dataset is shards laid end to
             end (a :class:`~loaderkit.ShardedDataset`; its
             :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler` passes them):
@@ -261,8 +239,31 @@ class BucketBatchSampler(PlanBatchSampler):
             mix's identity a saved position is checked against.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
-        **options: ``batch_size`` to ``oversize`` above, the
-            :class:`~loaderkit.plan.bucket.BucketOptions`.
+        **options: The :class:`~loaderkit.plan.bucket.BucketOptions` below.
+
+    Keyword Args:
+        batch_size (int | None): Rows per batch (fixed-size mode); with ``max_tokens``, an
+            upper bound on the rows.
+        max_tokens (int | None): Token budget per batch: rows x padded length, the padded
+            length being the batch's longest sample rounded up to
+            ``pad_to_multiple_of``, stays ``<= max_tokens``.
+        pad_to_multiple_of (int | None): The rounding your collate pads to (e.g.
+            ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
+        seed (int): Seed of both shuffles (and of the loader's per-sample seeding); default 0.
+        shuffle (bool): Shuffle indices and batch order per ``(seed, epoch)`` (default);
+            else windows of the index order, sorted, batches in order.
+        window (int | None): Samples per length-sorted window: larger pads less, smaller
+            mixes more (benchmarks/RESULTS.md, bucketing). Default: 256
+            batches' worth (``256 * batch_size``, or ``256 * max_tokens /
+            mean padded length``); rounded up to a multiple of ``batch_size``
+            in fixed-size mode.
+        drop_last (bool): Drop the batches that do not fill a global step instead of
+            repeating; in fixed-size mode also the one short batch. Default False.
+        oversize (str): A sample longer than ``max_tokens`` allows (``max_length``):
+            ``"error"`` (default) raises, naming it; ``"skip"`` leaves it out of
+            every epoch (``num_skipped``, one warning); ``"truncate"`` batches
+            it alone (``num_truncated``, one warning; cut it to ``max_length``
+            tokens in the dataset).
 
     Raises:
         ValueError: a bad argument, or a sample too long for ``max_tokens``
