@@ -6,10 +6,12 @@
     python examples/train_cli.py make-mix         # two sources in runs/mix_cli/data/{web,books}
     python examples/train_cli.py fit --config examples/mix_cli.yaml
 
-Each config writes everything under its own folder, ``trainer.default_root_dir``
-(``runs/parquet_cli``, ``runs/mix_cli``; ``--trainer.default_root_dir=DIR`` to
-change): the data, LightningCLI's ``config.yaml`` (replaced by the next run) and
-the checkpoints. So both run twice in a row and one after the other.
+Each config writes under its own folder, ``trainer.default_root_dir``
+(``runs/parquet_cli``, ``runs/mix_cli``): LightningCLI's ``config.yaml``
+(replaced by the next run) and the checkpoints (a later run's are kept beside
+the earlier ones, Lightning naming them ``-v1``...). The data goes where
+``make-data``/``make-mix`` are told (the configs' ``shards:`` point there). So
+both run twice in a row and one after the other.
 
 The config (``examples/parquet_cli.yaml``) picks the DataModule by class path
 (``loaderkit.ShardedDataModule`` with ``reader: parquet``): Parquet files

@@ -1,7 +1,7 @@
 """Train from shards in S3, interrupt, resume: exact, with a bounded local cache.
 
 Needs the ``remote`` extra and a local S3 server for the demo:
-``pip install 'loaderkit[remote]' 'moto[server]'``. The script
+``pip install -e '.[remote]' 'moto[server]'``. The script
 
 1. starts moto's S3 server on a free localhost port (nothing leaves the
    machine; dummy credentials),

@@ -112,7 +112,7 @@ class LastAtEnd(L.Callback):
 def datamodule(args: argparse.Namespace) -> SequenceDataModule:
     """The bucketed, padded, seeded, resumable data of this example.
 
-    Also usable by ``loaderkit inspect examples/train_text.py:datamodule``
+    Also usable by ``loaderkit inspect examples/train_text.py:default_datamodule``
     (with the defaults).
     """
     corpus = StdlibBytes(args.max_samples, max_len=args.max_len + 1)

@@ -8,7 +8,7 @@ the PNG tree in ``OUT/digits`` (written once, reused by later runs; ``--data-dir
 puts it elsewhere). It writes no checkpoints.
 
 The images are scikit-learn's bundled handwritten digits (1,797 scans of 8x8
-pixels, no download: ``pip install 'loaderkit[examples]'``), written once as
+pixels, no download: ``pip install -e '.[examples]'``), written once as
 PNG files into an ImageFolder tree, ``OUT/digits/{train,val}/<digit>/<n>.png``
 (an 80/20 seeded split). :class:`~loaderkit.lightning.datamodules.ImageFolderDataModule`
 reads them with torchvision's ``ImageFolder`` and augments the train images
@@ -84,7 +84,7 @@ def write_digits(root: Path, seed: int = 0) -> tuple[int, int]:
     except ImportError as exc:
         raise SystemExit(
             f"train_vision.py needs scikit-learn for its images ({exc}); "
-            "install it with: pip install 'loaderkit[examples]'"
+            "install it with: pip install -e '.[examples]'"
         ) from exc
     images, labels = load_digits(return_X_y=True)
     is_val = np.random.default_rng(seed).random(len(labels)) < 0.2
@@ -165,7 +165,10 @@ class DigitCNN(L.LightningModule):
         images, labels = batch
         self.correct += int((self(images).argmax(1) == labels).sum())
         self.total += len(labels)
-        self.log("val_acc", self.correct / self.total, prog_bar=True, batch_size=len(labels))
+
+    def on_validation_epoch_end(self) -> None:
+        # Once per epoch, over every held-out image (what the final line prints).
+        self.log("val_acc", self.correct / max(self.total, 1), prog_bar=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr)

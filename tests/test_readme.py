@@ -10,6 +10,7 @@ example scripts themselves run in tests/test_examples.py.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -59,7 +60,12 @@ def test_the_docs_have_blocks_of_each_kind() -> None:
 def test_python_block_runs(where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # whatever a block writes lands in a fresh folder
     namespace: dict[str, object] = {"__name__": "docs_block"}
-    exec(compile(PYTHON[where], where, "exec"), namespace)
+    saved = dict(os.environ)  # a block may set variables (a cache folder): not for later tests
+    try:
+        exec(compile(PYTHON[where], where, "exec"), namespace)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.mark.parametrize("where", sorted(YAML))

@@ -1,0 +1,48 @@
+"""The ``>>>`` examples the API reference shows run as written.
+
+The API pages are generated from the docstrings of every name in
+``loaderkit.__all__``; each module defining one of them is doctested here, in a
+fresh working folder (an example may write files).
+"""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import loaderkit
+
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def _public_modules() -> dict[str, ModuleType]:
+    modules = {}
+    for name in loaderkit.__all__:
+        module = inspect.getmodule(getattr(loaderkit, name))
+        if module is not None and module.__name__.startswith("loaderkit"):
+            modules[module.__name__] = module
+    return modules
+
+
+MODULES = _public_modules()
+
+
+def test_every_public_name_has_a_module() -> None:
+    assert len(MODULES) >= 20, sorted(MODULES)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    saved = dict(os.environ)
+    try:
+        result = doctest.testmod(MODULES[name], optionflags=FLAGS, raise_on_error=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
