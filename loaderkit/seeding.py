@@ -23,7 +23,7 @@ import hashlib
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -398,8 +398,21 @@ def epoch_worker_init_fn(
 
 
 # ------------------------------------------------------------- the global generators
-# Where a generator is parked: a stream key no sample's is (with probability 1 - 2**-64).
+# The fixed state an unseeded generator is parked in; a sample that draws from it moves it.
 _SENTINEL = mix64(0x5E17_1E15_A5EE_D000)
+
+
+class _Rng(Protocol):
+    lazy_ok: bool
+
+    @property
+    def seed(self) -> Callable[[int], Any]: ...
+
+    def seeds(self, keys: np.ndarray) -> list[int]: ...
+    def save(self) -> Any: ...
+    def restore(self, saved: Any) -> None: ...
+    def park(self) -> None: ...
+    def moved(self) -> bool: ...
 
 
 class _TorchRng:
@@ -413,7 +426,7 @@ class _TorchRng:
         self._parked = torch.Generator().manual_seed(_SENTINEL).get_state()
 
     def seeds(self, keys: np.ndarray) -> list[int]:
-        return keys.tolist()  # type: ignore[no-any-return]
+        return keys.tolist()
 
     def save(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -434,17 +447,19 @@ class _NumpyRng:
     def __init__(self) -> None:
         self.lazy_ok = True  # known at save(): parked only while an MT19937
         self.seed = np.random.seed
-        self._parked = np.random.RandomState(_SENTINEL & M32).get_state()[1]
+        self._parked = np.random.RandomState(_SENTINEL & M32).get_state(legacy=False)["state"][
+            "key"
+        ]
 
     def seeds(self, keys: np.ndarray) -> list[int]:
-        return (sample_stream_keys(keys, StreamTag.NUMPY) & np.uint64(M32)).tolist()  # type: ignore[no-any-return]
+        return (sample_stream_keys(keys, StreamTag.NUMPY) & np.uint64(M32)).tolist()
 
     def save(self) -> dict[str, Any]:
         state = np.random.get_state(legacy=False)
         self.lazy_ok = state["bit_generator"] == "MT19937"
         if self.lazy_ok:  # set_state copies a list of ints much faster than an array
             state["state"]["key"] = state["state"]["key"].tolist()
-        return state  # type: ignore[no-any-return]
+        return state
 
     def restore(self, saved: dict[str, Any]) -> None:
         np.random.set_state(saved)
@@ -472,7 +487,7 @@ class _PythonRng:
         self._parked = random.Random(_SENTINEL).getstate()
 
     def seeds(self, keys: np.ndarray) -> list[int]:
-        return sample_stream_keys(keys, StreamTag.RANDOM).tolist()  # type: ignore[no-any-return]
+        return sample_stream_keys(keys, StreamTag.RANDOM).tolist()
 
     def save(self) -> tuple[Any, ...]:
         return random.getstate()
@@ -488,7 +503,7 @@ class _PythonRng:
 
 
 @functools.lru_cache(maxsize=1)
-def global_rngs() -> tuple[_TorchRng, _NumpyRng, _PythonRng]:
+def global_rngs() -> tuple[_Rng, _Rng, _Rng]:
     """torch's, numpy's and Python's global generators (this order), built once per process.
 
     Each has ``seeds(keys)`` (its per-sample seed of each sample key), ``seed(s)``,
