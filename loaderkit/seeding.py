@@ -1,22 +1,11 @@
 """Seeding as a pure function: derived seeds, worker init, per-sample randomness.
 
-Every seed loaderkit uses is :func:`derive_seed` of the user's seed and a few
-keys, so it is the same in every process, run, platform and start method, and
-independent of Python's hash randomisation. Two key layouts are used, each
-starting with a string tag so the two families never collide:
-
-- DataLoader workers: ``derive_seed(seed, "worker", rank, worker_id)``
-  (:func:`worker_seed`, used by :func:`worker_init_fn`).
-- Samples: a 64-bit key per ``(seed, epoch, index)`` (:func:`sample_seed`:
-  ``derive_seed(seed, "sample")`` once, then splitmix64 integer mixing, so a
-  key costs well under a microsecond), from which each global generator gets
-  a full 64-bit-keyed state (:func:`seeded_sample`, :func:`sample_generator`,
-  :func:`sample_numpy_rng`, and :class:`SampleSeeder` in the loaders).
-
-Randomness inside a sample should be keyed by the sample, not by the worker
-that happens to load it: then a run gives bit-identical batches with 0 or 8
-workers and after a resume. Worker seeds only make the worker-level streams
-reproducible (and distinct across ranks and workers).
+Every seed is :func:`derive_seed` of the user's seed and a few keys, so it is
+the same in every process, run, platform and start method. Workers get
+``derive_seed(seed, "worker", rank, worker_id)`` (:func:`worker_seed`); sample
+``index`` of ``epoch`` gets a 64-bit key (:func:`sample_seed`) that seeds the
+global generators while it loads (:func:`seeded_sample`, :class:`SampleSeeder`),
+so a run gives the same batches with any number of workers and after a resume.
 
 Example:
     >>> with seeded_sample(42, epoch=0, index=7):
@@ -34,14 +23,15 @@ import hashlib
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 from loaderkit._checks import check_int
-from loaderkit._global_rngs import GOLDEN, M64, global_rngs, mix64, mix64_array
 from loaderkit._tags import SeedTag, StreamTag
+from loaderkit.errors import LoaderkitError
 
 __all__ = [
     "derive_seed",
@@ -54,29 +44,58 @@ __all__ = [
     "worker_seed",
 ]
 
-_SEED_LIMIT = 2**128  # SeedSequence's own entropy size; see _seed_sequence for why it is a bound
-_TORCH_SEED_LIMIT = 2**64
+M64 = (1 << 64) - 1
+M32 = 0xFFFF_FFFF
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+MT_N = 624  # words in a Mersenne Twister state
+_SEED_LIMIT = 2**128  # SeedSequence's own entropy size (see _seed_sequence)
 _KEY_LIMIT = 2**64  # epochs and indices: the per-sample key mixes them modulo 2**64
 _SMALL_KEY = 2**31
 _BIG_INT_HEADER = 0x8000_0000
 _STR_HEADER = 0xC000_0000
 
 
+def mix64(z: int) -> int:
+    """The splitmix64 finaliser: a bijection of ``[0, 2**64)`` that mixes every bit.
+
+    Example:
+        >>> mix64(0), mix64(1) != mix64(2)
+        (0, True)
+    """
+    z = ((z ^ (z >> 30)) * _MIX1) & M64
+    z = ((z ^ (z >> 27)) * _MIX2) & M64
+    return z ^ (z >> 31)
+
+
+def mix64_array(z: np.ndarray) -> np.ndarray:
+    """:func:`mix64` of every element of a ``uint64`` array, in place (returned)."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _check(owner: str, name: str, value: object, limit: int | None = _KEY_LIMIT) -> int:
+    fix = f"pass a non-negative Python int such as {name}=0"
+    return check_int(name, value, owner=owner, fix=fix, limit=limit)
+
+
+# --------------------------------------------------------------------- derive_seed
 @functools.lru_cache(maxsize=256)
 def _str_words(key: str) -> tuple[int, ...]:
     # blake2b, never hash(): hash() of a str changes with PYTHONHASHSEED.
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=b"loaderkit").digest()
     value = int.from_bytes(digest, "little")
-    return (_STR_HEADER | 2, value & 0xFFFF_FFFF, value >> 32)
+    return (_STR_HEADER | 2, value & M32, value >> 32)
 
 
 def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
-    """Encode one key as uint32 words, prefix-free so distinct key tuples never collide.
-
-    A small int is one word with the top bit clear; anything else is a header
-    word (top bit set, bit 30 tells str from int, low bits count the payload
-    words) followed by the payload.
-    """
+    """One key as uint32 words, prefix-free: a small int is one word with the top bit clear,
+    anything else a header word (bit 30: str or int; low bits: payload words) and its payload."""
     if isinstance(key, str):
         return _str_words(key)
     if not isinstance(key, int) or isinstance(key, bool):
@@ -92,19 +111,13 @@ def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
     if key < _SMALL_KEY:
         return (key,)
     n_words = (key.bit_length() + 31) // 32
-    return (_BIG_INT_HEADER | n_words, *((key >> (32 * i)) & 0xFFFF_FFFF for i in range(n_words)))
+    return (_BIG_INT_HEADER | n_words, *((key >> (32 * i)) & M32 for i in range(n_words)))
 
 
 def _seed_sequence(func: str, seed: object, keys: tuple[object, ...]) -> np.random.SeedSequence:
     # SeedSequence pads entropy shorter than 4 words when a spawn_key follows, so
     # bounding the seed to 128 bits keeps (seed, keys) -> words injective.
-    seed = check_int(
-        "seed",
-        seed,
-        owner=func,
-        fix="pass a non-negative Python int such as seed=0",
-        limit=_SEED_LIMIT,
-    )
+    seed = _check(func, "seed", seed, _SEED_LIMIT)
     words: list[int] = []
     for position, key in enumerate(keys):
         words.extend(_key_words(func, position, key))
@@ -118,18 +131,16 @@ def _seed_from(sequence: np.random.SeedSequence) -> int:
 def derive_seed(seed: int, *keys: int | str) -> int:
     """Derive a child seed from ``seed`` and a tuple of keys.
 
-    Stable across processes, runs, platforms and ``PYTHONHASHSEED``: built on
-    :class:`numpy.random.SeedSequence`, with strings mapped through blake2b.
-    Every key (and its position) changes the result.
+    Stable across processes, runs, platforms and ``PYTHONHASHSEED`` (built on
+    :class:`numpy.random.SeedSequence`, strings through blake2b). Every key and
+    its position change the result.
 
     Args:
         seed: The user's seed, an int in ``[0, 2**128)``.
         *keys: Non-negative ints or strings, e.g. ``"sample", epoch, index``.
 
     Returns:
-        An int in ``[0, 2**63)``: valid for :func:`torch.manual_seed`, for
-        :class:`torch.Generator`, for :mod:`random`, and (``% 2**32``) for
-        ``numpy.random.seed``.
+        An int in ``[0, 2**63)``.
 
     Raises:
         TypeError: ``seed`` is not an int (bools are rejected) or a key is
@@ -144,66 +155,40 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 
 def worker_seed(seed: int, rank: int, worker_id: int) -> int:
-    """The seed of DataLoader worker ``worker_id`` on ``rank``.
-
-    Equal to ``derive_seed(seed, "worker", rank, worker_id)``.
-    """
-    check_int(
-        "rank", rank, owner="worker_seed", fix="pass a non-negative Python int such as rank=0"
-    )
-    check_int(
-        "worker_id",
-        worker_id,
-        owner="worker_seed",
-        fix="pass a non-negative Python int such as worker_id=0",
-    )
+    """The seed of DataLoader worker ``worker_id`` on ``rank``:
+    ``derive_seed(seed, "worker", rank, worker_id)``."""
+    _check("worker_seed", "rank", rank, None)
+    _check("worker_seed", "worker_id", worker_id, None)
     return _seed_from(_seed_sequence("worker_seed", seed, (SeedTag.WORKER, rank, worker_id)))
 
 
-def _position(func: str, name: str, value: object) -> int:
-    return check_int(
-        name,
-        value,
-        0,
-        owner=func,
-        fix=f"pass a non-negative Python int such as {name}=0",
-        limit=_KEY_LIMIT,
-    )
-
-
+# ------------------------------------------------------------------ per-sample keys
 @functools.lru_cache(maxsize=64)
 def _sample_base(seed: int) -> int:
-    # The one SeedSequence per seed (~20 us, cached); the per-sample part is integer mixing.
+    # The one SeedSequence per seed (cached); the per-sample part is integer mixing.
     return derive_seed(seed, SeedTag.SAMPLE)
 
 
 def _epoch_key(func: str, seed: object, epoch: object) -> int:
-    seed = check_int(
-        "seed",
-        seed,
-        owner=func,
-        fix="pass a non-negative Python int such as seed=0",
-        limit=_SEED_LIMIT,
-    )
-    epoch = _position(func, "epoch", epoch)
+    seed = _check(func, "seed", seed, _SEED_LIMIT)
+    epoch = _check(func, "epoch", epoch)
     return mix64((_sample_base(seed) + (epoch + 1) * GOLDEN) & M64)
+
+
+def _sample_key(func: str, seed: int, epoch: int, index: int) -> int:
+    e = _epoch_key(func, seed, epoch)
+    return mix64((e + (_check(func, "index", index) + 1) * GOLDEN) & M64)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The 64-bit key of sample ``index`` in ``epoch``: what per-sample randomness is seeded from.
 
     Independent of the worker, rank or process that loads the sample. The
-    derivation (pinned by tests; part of the checkpoint format):
-
-    - ``base = derive_seed(seed, "sample")``, once per seed;
-    - ``e = mix64(base + (epoch + 1) * G)``, once per epoch;
-    - ``key = mix64(e + (index + 1) * G)``,
-
-    all modulo ``2**64``, where ``G = 0x9E3779B97F4A7C15`` and ``mix64`` is
-    the splitmix64 finaliser (a bijection of 64-bit ints). So the keys of one
-    epoch are splitmix64's outputs from state ``e``: distinct for distinct
-    indices (a bijection of ``index``), and a key costs a few integer
-    operations (vectorised per batch by the loaders) instead of a SeedSequence.
+    derivation (pinned by tests; part of the checkpoint format), modulo
+    ``2**64``, with ``G = 0x9E3779B97F4A7C15`` and ``mix64`` the splitmix64
+    finaliser: ``base = derive_seed(seed, "sample")``, ``e = mix64(base +
+    (epoch + 1) * G)``, ``key = mix64(e + (index + 1) * G)``. Distinct indices
+    of an epoch get distinct keys.
 
     Args:
         seed: The run's seed, an int in ``[0, 2**128)``.
@@ -217,9 +202,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
         >>> sample_seed(0, 0, 0) != sample_seed(0, 0, 1) != sample_seed(0, 1, 0)
         True
     """
-    e = _epoch_key("sample_seed", seed, epoch)
-    index = _position("sample_seed", "index", index)
-    return mix64((e + (index + 1) * GOLDEN) & M64)
+    return _sample_key("sample_seed", seed, epoch, index)
 
 
 def sample_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
@@ -238,79 +221,109 @@ def sample_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
 
 
 def sample_stream_keys(keys: np.ndarray, tag: int) -> np.ndarray:
-    """The stream key of one generator (a :class:`~loaderkit._tags.StreamTag`) per sample key:
-    ``mix64(key ^ tag)``. Each generator's 624-word state is
-    :func:`loaderkit._global_rngs.mt_words` of it (Python's random: the same words)."""
+    """The key of one generator's stream (a :class:`~loaderkit._tags.StreamTag`) per sample
+    key: ``mix64(key ^ tag)``."""
     return mix64_array(keys ^ np.uint64(tag))
 
 
-def _stream_keys(seed: int, epoch: int, index: int, tag: int) -> np.ndarray:
-    key = np.array([sample_seed(seed, epoch, index)], dtype=np.uint64)
+def _stream_key(func: str, seed: int, epoch: int, index: int, tag: int) -> np.ndarray:
+    key = np.array([_sample_key(func, seed, epoch, index)], dtype=np.uint64)
     return sample_stream_keys(key, tag)
 
 
-def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A fresh CPU :class:`torch.Generator` in the state sample ``index`` of ``epoch`` gets.
+def mt_words(keys: np.ndarray) -> np.ndarray:
+    """The MT19937 state of each 64-bit key: shape ``(len(keys), 624)``, uint32.
 
-    The same state :func:`seeded_sample` gives ``torch.default_generator``
-    (64 bits of key; ``manual_seed`` would keep only 32). Pass it explicitly
-    to ``torch.rand(..., generator=g)`` or to transforms that accept one; it
-    touches no global state.
+    Words ``2j`` and ``2j + 1`` are the low and high halves of
+    ``mix64(key + (j + 1) * GOLDEN)``; word 0 is then ``0x80000000`` (MT reads
+    only its top bit). Distinct keys give distinct states.
+    """
+    steps = np.arange(1, MT_N // 2 + 1, dtype=np.uint64) * np.uint64(GOLDEN)
+    z = mix64_array(np.add.outer(keys.astype(np.uint64), steps))
+    words = np.stack([z & np.uint64(M32), z >> np.uint64(32)], axis=-1)
+    words = words.reshape(len(keys), MT_N).astype(np.uint32)
+    words[:, 0] = 0x8000_0000
+    return words
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_template() -> np.ndarray:
+    """torch's CPU generator state after ``manual_seed(1)``, checked against its layout.
+
+    The layout (ATen's ``CPUGeneratorImplStateLegacy``, kept stable for saved
+    states): u64 seed @0, int left @8, int seeded @12, u64 next @16, u64
+    state[624] @24 (one 32-bit word each), normal-sample caches @5016..5056.
+    """
+    state = torch.Generator().manual_seed(1).get_state().numpy().copy()
+    words = [1]
+    for i in range(1, 3):  # MT's init_genrand(1)
+        words.append((1812433253 * (words[-1] ^ (words[-1] >> 30)) + i) & M32)
+    view = state.view(np.uint64) if state.size == 5056 else None
+    if (
+        view is None
+        or not np.little_endian
+        or state[8:16].view(np.int32).tolist() != [1, 1]
+        or view[[0, 2, 3, 4, 5]].tolist() != [1, 0, *words]
+    ):
+        raise LoaderkitError(
+            f"sample_generator: torch {torch.__version__}'s CPU generator state has a layout "
+            "loaderkit does not know; use sample_numpy_rng, or report the torch version."
+        )
+    state[5040:] = 0  # no cached normal samples
+    return state
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A fresh CPU :class:`torch.Generator` for sample ``index`` of ``epoch``, with 64 bits of key.
+
+    Its Mersenne Twister state is derived from the sample's 64-bit torch
+    stream key (``torch.manual_seed`` keeps 32 bits). Pass it explicitly to
+    ``torch.rand(..., generator=g)`` or to transforms that accept one; it
+    touches no global state. Not the state of the global generator inside
+    :func:`seeded_sample` (that one is ``manual_seed(sample_seed(...))``).
 
     Example:
-        >>> with seeded_sample(1, 2, 3):
-        ...     a = torch.rand(2)
+        >>> a = torch.rand(2, generator=sample_generator(1, 2, 3))
         >>> torch.equal(a, torch.rand(2, generator=sample_generator(1, 2, 3)))
         True
     """
-    torch_rng = global_rngs()[0]
-    prepared = torch_rng.prepare(_stream_keys(seed, epoch, index, StreamTag.TORCH))
+    key = _stream_key("sample_generator", seed, epoch, index, StreamTag.TORCH)
+    state = _torch_template().copy()
+    view = state.view(np.uint64)
+    view[0] = key[0]  # what initial_seed() reports
+    view[3 : 3 + MT_N] = mt_words(key)[0]
     generator = torch.Generator()
-    generator.set_state(torch.from_numpy(prepared.rows[0]))
+    generator.set_state(torch.from_numpy(state))
     return generator
 
 
 def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """A fresh :class:`numpy.random.Generator` for sample ``index`` in ``epoch``.
 
-    A PCG64 seeded with the sample's numpy stream key (64 bits, through
-    numpy's SeedSequence), so it is stable across processes and runs. Not the
-    stream of the global ``np.random`` inside :func:`seeded_sample` (that one
-    is a legacy MT19937).
+    A PCG64 seeded with the sample's 64-bit numpy stream key (through numpy's
+    SeedSequence). Not the stream of the global ``np.random`` inside
+    :func:`seeded_sample`.
+
+    Example:
+        >>> x = sample_numpy_rng(1, 2, 3).random()
+        >>> x == sample_numpy_rng(1, 2, 3).random()
+        True
     """
-    check_int(
-        "epoch",
-        epoch,
-        owner="sample_numpy_rng",
-        fix="pass a non-negative Python int such as epoch=0",
-    )
-    check_int(
-        "index",
-        index,
-        owner="sample_numpy_rng",
-        fix="pass a non-negative Python int such as index=0",
-    )
-    key = int(_stream_keys(seed, epoch, index, StreamTag.NUMPY)[0])
-    return np.random.Generator(np.random.PCG64(key))
+    key = _stream_key("sample_numpy_rng", seed, epoch, index, StreamTag.NUMPY)
+    return np.random.Generator(np.random.PCG64(int(key[0])))
 
 
+# ----------------------------------------------------------------------- workers
 def seed_global_rngs(seed: int) -> None:
     """Seed :mod:`random`, numpy's global ``RandomState`` and torch's generators.
 
-    ``torch.manual_seed`` seeds the CPU generator and those of every
-    accelerator. numpy's legacy seeding takes 32 bits, so it gets
-    ``seed % 2**32``.
+    ``torch.manual_seed`` seeds the CPU generator and every accelerator's;
+    numpy gets ``seed % 2**32`` (its legacy seeding takes 32 bits).
 
     Args:
         seed: An int in ``[0, 2**64)`` (the range torch accepts).
     """
-    check_int(
-        "seed",
-        seed,
-        owner="seed_global_rngs",
-        fix="pass a non-negative Python int such as seed=0",
-        limit=_TORCH_SEED_LIMIT,
-    )
+    _check("seed_global_rngs", "seed", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -324,8 +337,7 @@ def _init_worker(
     user_fn: Callable[[int], Any] | None,
     per_iterator: bool = True,
 ) -> None:
-    # Module-level (not a closure) so the partial built by worker_init_fn
-    # pickles by reference under the spawn and forkserver start methods.
+    # Module-level (not a closure): worker_init_fn's partial pickles under spawn.
     info = torch.utils.data.get_worker_info()
     if per_iterator and info is not None:
         # torch gives worker i the seed base + i, base drawn anew for each iterator.
@@ -342,28 +354,18 @@ def worker_init_fn(
 ) -> functools.partial[None]:
     """Build a DataLoader ``worker_init_fn`` seeding each worker from ``seed``, its rank and id.
 
-    In worker ``worker_id`` it seeds :mod:`random`, numpy's global state and
-    torch from ``derive_seed(seed, "worker", rank, worker_id, base)``, where
-    ``base`` is the base seed torch draws for each new iterator (each epoch)
-    from the DataLoader's ``generator`` (else torch's global generator). So
-    every epoch's workers draw new streams, distinct across ranks and workers,
-    and a run is reproducible when that generator is seeded (e.g.
-    ``torch.manual_seed`` or ``DataLoader(generator=...)``). Then it calls
-    ``user_fn(worker_id)`` if given. The result is a :func:`functools.partial`
-    of a module-level function, so it pickles under every start method
-    (``user_fn`` must pickle too when workers are spawned).
-
-    Worker streams still depend on which worker loads a sample, so they
-    change with ``num_workers``; key randomness by the sample instead
-    (:func:`seeded_sample`, :func:`sample_generator`; ``ResumableDataLoader``
-    does this for you).
+    Worker ``worker_id`` seeds :mod:`random`, numpy and torch from
+    ``derive_seed(seed, "worker", rank, worker_id, base)``, ``base`` being the
+    seed torch draws for each new iterator from the DataLoader's ``generator``
+    (so each epoch draws new streams, reproducible when that generator is
+    seeded), then calls ``user_fn(worker_id)``. The result pickles under every
+    start method (``user_fn`` must too). Worker streams change with
+    ``num_workers``: key randomness by the sample instead (:func:`seeded_sample`).
 
     Args:
         seed: The run's seed, an int in ``[0, 2**128)``.
-        rank: The data-parallel rank. ``None`` reads it from
-            ``torch.distributed`` *now*, in the calling process (workers
-            cannot see the process group); call this after the process
-            group is initialised, or pass it explicitly.
+        rank: The data-parallel rank; ``None`` reads it from ``torch.distributed``
+            now, in the calling process.
         user_fn: The user's own ``worker_init_fn``, called after seeding.
 
     Example:
@@ -371,20 +373,12 @@ def worker_init_fn(
         ...     range(8), num_workers=2, worker_init_fn=worker_init_fn(42, rank=0)
         ... )
     """
-    check_int(
-        "seed",
-        seed,
-        owner="worker_init_fn",
-        fix="pass a non-negative Python int such as seed=0",
-        limit=_SEED_LIMIT,
-    )
+    _check("worker_init_fn", "seed", seed, _SEED_LIMIT)
     if rank is None:
         from loaderkit.env import detect
 
         rank = detect().rank
-    check_int(
-        "rank", rank, owner="worker_init_fn", fix="pass a non-negative Python int such as rank=0"
-    )
+    _check("worker_init_fn", "rank", rank, None)
     if user_fn is not None and not callable(user_fn):
         raise TypeError(
             f"worker_init_fn: user_fn must be callable as user_fn(worker_id), got {user_fn!r} "
@@ -396,42 +390,139 @@ def worker_init_fn(
 def epoch_worker_init_fn(
     seed: int, rank: int, user_fn: Callable[[int], Any] | None
 ) -> functools.partial[None]:
-    """loaderkit's own engines' ``worker_init_fn``: ``seed`` already keys the epoch.
-
-    Their DataLoader's base seed comes from a generator rebuilt with the
-    loader, so it differs between an uninterrupted and a resumed run; mixing
-    it in would make worker streams differ after a resume.
-    """
+    """loaderkit's engines' ``worker_init_fn``: ``seed`` already keys the epoch, and torch's
+    base seed (from a generator rebuilt with the loader) would differ after a resume."""
     return functools.partial(
         _init_worker, seed=seed, rank=rank, user_fn=user_fn, per_iterator=False
     )
 
 
-_STREAM_TAGS = (StreamTag.TORCH, StreamTag.NUMPY, StreamTag.RANDOM)  # global_rngs() order
+# ------------------------------------------------------------- the global generators
+# The fixed state an unseeded generator is parked in; a sample that draws from it moves it.
+_SENTINEL = mix64(0x5E17_1E15_A5EE_D000)
+
+
+class _Rng(Protocol):
+    lazy_ok: bool
+
+    @property
+    def seed(self) -> Callable[[int], Any]: ...
+
+    def seeds(self, keys: np.ndarray) -> list[int]: ...
+    def save(self) -> Any: ...
+    def restore(self, saved: Any) -> None: ...
+    def park(self) -> None: ...
+    def moved(self) -> bool: ...
+
+
+class _TorchRng:
+    """``torch.default_generator``, seeded with the sample's key (``initial_seed()`` reads it)."""
+
+    lazy_ok = False  # a sample can read its seed without drawing: seeded for every sample
+
+    def __init__(self) -> None:
+        self.generator = torch.default_generator
+        self.seed = self.generator.manual_seed  # not torch.manual_seed: it seeds CUDA too
+        self._parked = torch.Generator().manual_seed(_SENTINEL).get_state()
+
+    def seeds(self, keys: np.ndarray) -> list[int]:
+        return keys.tolist()
+
+    def save(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def restore(self, saved: torch.Tensor) -> None:
+        self.generator.set_state(saved)
+
+    def park(self) -> None:
+        self.generator.manual_seed(_SENTINEL)
+
+    def moved(self) -> bool:
+        return not torch.equal(self.generator.get_state(), self._parked)
+
+
+class _NumpyRng:
+    """numpy's global ``RandomState``, seeded with 32 bits of the sample's numpy stream key."""
+
+    def __init__(self) -> None:
+        self.lazy_ok = True  # known at save(): parked only while an MT19937
+        self.seed = np.random.seed
+        self._parked = np.random.RandomState(_SENTINEL & M32).get_state(legacy=False)["state"][
+            "key"
+        ]
+
+    def seeds(self, keys: np.ndarray) -> list[int]:
+        return (sample_stream_keys(keys, StreamTag.NUMPY) & np.uint64(M32)).tolist()
+
+    def save(self) -> dict[str, Any]:
+        state = np.random.get_state(legacy=False)
+        self.lazy_ok = state["bit_generator"] == "MT19937"
+        if self.lazy_ok:  # set_state copies a list of ints much faster than an array
+            state["state"]["key"] = state["state"]["key"].tolist()
+        return state
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        np.random.set_state(saved)
+
+    def park(self) -> None:
+        np.random.seed(_SENTINEL & M32)
+
+    def moved(self) -> bool:
+        state = np.random.get_state(legacy=False)
+        return bool(
+            state["bit_generator"] != "MT19937"
+            or state["state"]["pos"] != MT_N
+            or state["has_gauss"]
+            or not np.array_equal(state["state"]["key"], self._parked)
+        )
+
+
+class _PythonRng:
+    """Python's :mod:`random`, seeded with the sample's 64-bit random stream key."""
+
+    lazy_ok = True
+
+    def __init__(self) -> None:
+        self.seed = random.seed
+        self._parked = random.Random(_SENTINEL).getstate()
+
+    def seeds(self, keys: np.ndarray) -> list[int]:
+        return sample_stream_keys(keys, StreamTag.RANDOM).tolist()
+
+    def save(self) -> tuple[Any, ...]:
+        return random.getstate()
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        random.setstate(saved)
+
+    def park(self) -> None:
+        random.setstate(self._parked)
+
+    def moved(self) -> bool:
+        return random.getstate() != self._parked
+
+
+@functools.lru_cache(maxsize=1)
+def global_rngs() -> tuple[_Rng, _Rng, _Rng]:
+    """torch's, numpy's and Python's global generators (this order), built once per process.
+
+    Each has ``seeds(keys)`` (its per-sample seed of each sample key), ``seed(s)``,
+    ``save()``/``restore(saved)``, ``park()`` (a fixed state) and ``moved()`` (since
+    ``park``), and ``lazy_ok`` (whether parking tells use; numpy's is known at ``save``).
+    """
+    return _TorchRng(), _NumpyRng(), _PythonRng()
 
 
 @contextmanager
 def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
-    """Seed the global RNGs for loading one sample, then restore them.
+    """Seed the global generators for loading one sample, then restore them.
 
-    Inside the block, torch's default CPU generator, numpy's global
-    ``RandomState`` and :mod:`random` are each in a state derived from the
-    64-bit :func:`sample_seed` ``(seed, epoch, index)`` (a stream per
-    generator, see :func:`sample_stream_keys`), so transforms that draw from
-    global RNGs (e.g. torchvision's) give the same result for the same sample
-    whichever worker or process loads it. On exit the previous states are
-    restored, so loading in the main process does not perturb the model's RNG
-    (e.g. dropout).
-
-    Accelerator generators (CUDA, ...) are neither seeded nor touched: only
-    ``torch.default_generator`` is. Not thread-safe (global state): use it in
-    the process that loads the sample, one sample at a time.
-
-    Cost: about 15 us per call (measured on a 2-core x86 VM): the keyed states
-    of three generators plus saving and restoring the caller's. The loaders
-    do not call this per sample: they save and restore once per batch, derive
-    the keys of a batch at once, and seed only the generators the dataset
-    draws from (:class:`SampleSeeder`), about 1-2 us per sample and generator.
+    Inside the block, ``torch.default_generator`` is seeded with the 64-bit
+    :func:`sample_seed` (``torch.initial_seed()`` returns it), numpy's global
+    ``RandomState`` and :mod:`random` with their own streams of it, so global
+    draws (e.g. torchvision's transforms) are the same for the sample in any
+    process. On exit the previous states are restored. Accelerator generators
+    are not touched. Not thread-safe (global state).
 
     Args:
         seed: The run's seed.
@@ -439,21 +530,20 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         index: The sample's dataset index.
 
     Yields:
-        The sample seed, for seeding anything else (e.g. a library RNG).
+        The sample seed.
 
     Example:
         >>> with seeded_sample(42, epoch=0, index=3) as s:
-        ...     x = torch.rand(1)
-        >>> s == sample_seed(42, 0, 3)
+        ...     torch.initial_seed() == s == sample_seed(42, 0, 3)
         True
     """
     value = sample_seed(seed, epoch, index)
     rngs = global_rngs()
     saved = [rng.save() for rng in rngs]
     try:
-        key = np.array([value], dtype=np.uint64)
-        for rng, tag in zip(rngs, _STREAM_TAGS, strict=True):
-            rng.install(rng.prepare(sample_stream_keys(key, tag)), 0)
+        keys = np.array([value], dtype=np.uint64)
+        for rng in rngs:
+            rng.seed(rng.seeds(keys)[0])
         yield value
     finally:
         for rng, state in zip(rngs, saved, strict=True):
@@ -461,40 +551,26 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
 
 
 class SampleSeeder:
-    """Loads a batch's samples one by one, each under its keyed global RNG states.
+    """Loads a batch's samples one by one, each under the global generators seeded for it.
 
-    What :class:`~loaderkit.ResumableDataLoader` runs per batch (one per
-    loader and process; it travels to worker processes with the fetcher).
-    The caller's states are saved before the batch and restored after it,
-    once (the main process's own code, e.g. dropout, never sees the samples'
-    draws). The batch's keys are derived at once (:func:`sample_keys`).
-
-    Lazy (the default of the loaders): torch's generator is seeded for every
-    sample, since a sample can read its seed without drawing
-    (``torch.initial_seed()``, to seed a generator of its own). numpy's and
-    Python's, whose seeds cannot be read, are seeded only once the dataset is
-    seen drawing from them: until then each is *parked* in a fixed sentinel
-    state for the batch. If a parked generator moved by the end of the batch,
-    some sample drew from it: it is marked in use (seeded for every sample from
-    then on) and the batch is loaded again, which is exact since a sample's
-    output depends only on its index and its keyed states. So the result is the
-    one of seeding every generator for every sample, except for a sample that
-    draws from numpy's or Python's generator and restores its state before
-    returning (``get_state``/``set_state``): that is not seen as use, and the
-    sample sees the sentinel state. ``lazy=False`` seeds all three generators
-    for every sample (``per_sample_seeding=True``).
+    The caller's states are saved before the batch and restored after it.
+    ``lazy=False`` seeds all three generators for every sample. ``lazy=True``
+    seeds torch's for every sample (a sample may read ``torch.initial_seed()``
+    without drawing) and numpy's and Python's only once the dataset is seen
+    drawing from them: until then each is parked in a fixed state for the
+    batch; one that moved is marked in use and the batch is loaded again (exact:
+    a sample depends only on its index and its seeds). A sample that draws and
+    restores the state itself is not seen, and draws from the parked state.
 
     Args:
-        lazy: Seed only the generators seen in use (see above).
+        lazy: Seed numpy's and Python's generators only once seen in use.
     """
 
     __slots__ = ("in_use", "lazy")
 
     def __init__(self, *, lazy: bool) -> None:
         self.lazy = lazy
-        # torch, numpy, random (global_rngs() order): seeded per sample when True (torch's
-        # always is: it cannot be parked, GlobalRng.lazy_ok).
-        self.in_use = [not lazy] * 3
+        self.in_use = [not lazy] * 3  # global_rngs() order; torch's is seeded regardless
 
     def __getstate__(self) -> tuple[bool, list[bool]]:
         return self.lazy, self.in_use
@@ -511,43 +587,25 @@ class SampleSeeder:
         out: list[Any],
         seed_keys: list[int] | None = None,
     ) -> list[Any]:
-        """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample under the
-        states keyed by ``(seed, epoch, i)`` (or ``seed_keys``, one per index, where a
-        plan keys repeated draws of an index apart); returns ``out``.
+        """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample seeded by
+        ``(seed, epoch, i)`` (or by ``seed_keys``, one per index); returns ``out``.
 
-        If ``getitem`` raises, ``out`` holds the samples before the failing one
-        (``indices[len(out)]`` failed) and the caller's states are restored.
+        If ``getitem`` raises, ``out`` holds the samples before the failing one and
+        the caller's states are restored.
         """
         rngs = global_rngs()
-        keys: np.ndarray | None = None
         saved = [rng.save() for rng in rngs]
         try:
+            keys = sample_keys(seed, epoch, np.asarray(indices if seed_keys is None else seed_keys))
             while True:
-                seeded = []
-                parked = []
+                seeded, parked = [], []
                 for slot, rng in enumerate(rngs):
                     if self.in_use[slot] or not rng.lazy_ok:
-                        if keys is None:
-                            keyed = indices if seed_keys is None else seed_keys
-                            keys = sample_keys(seed, epoch, np.asarray(keyed))
-                        stream = sample_stream_keys(keys, _STREAM_TAGS[slot])
-                        seeded.append((rng.install, rng.prepare(stream, reuse=True)))
+                        seeded.append((rng.seed, rng.seeds(keys)))
                     else:
                         rng.park()
                         parked.append(slot)
-                out.clear()
-                if len(seeded) == 1:  # torch's alone: the common case
-                    append = out.append
-                    install, prepared = seeded[0]
-                    for pos, index in enumerate(indices):
-                        install(prepared, pos)
-                        append(getitem(index))
-                else:
-                    append = out.append
-                    for pos, index in enumerate(indices):
-                        for install, prepared in seeded:
-                            install(prepared, pos)
-                        append(getitem(index))
+                _load(indices, getitem, out, seeded)
                 moved = [slot for slot in parked if rngs[slot].moved()]
                 if not moved:
                     return out
@@ -556,3 +614,32 @@ class SampleSeeder:
         finally:
             for rng, state in zip(rngs, saved, strict=True):
                 rng.restore(state)
+
+
+def _load(
+    indices: list[int],
+    getitem: Callable[[int], Any],
+    out: list[Any],
+    seeded: list[tuple[Callable[[int], Any], list[int]]],
+) -> None:
+    out.clear()
+    append = out.append
+    if len(seeded) == 1:  # torch's alone: the common case
+        seed_one, seeds = seeded[0]
+        for index, s in zip(indices, seeds, strict=True):
+            seed_one(s)
+            append(getitem(index))
+        return
+    for pos, index in enumerate(indices):
+        for seed_one, seeds in seeded:
+            seed_one(seeds[pos])
+        append(getitem(index))
+
+
+_NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorDataset)
+
+
+def draws_nothing(dataset: Any) -> bool:
+    """Whether ``dataset[i]`` cannot draw randomness: an exact builtin container, array, tensor
+    or torch ``TensorDataset`` (a subclass may override ``__getitem__``)."""
+    return type(dataset) in _NO_RANDOMNESS

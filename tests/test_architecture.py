@@ -345,7 +345,6 @@ def test_the_frame_rule_finds_frame_access() -> None:
     assert _uses(ast.parse("import inspect\ninspect.signature(len)\n"), FRAME_NAMES, set()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="seeding rewrite pending")
 def test_no_module_uses_ctypes() -> None:
     # Raw addresses into another library's objects break silently on its next release.
     bad = _offenders({"ctypes": set()}, {"ctypes"})

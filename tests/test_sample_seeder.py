@@ -12,10 +12,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderkit import ResumableDataLoader, sample_generator, sample_seed, seeded_sample
-from loaderkit._global_rngs import GOLDEN, mix64, mt_words
+from loaderkit import (
+    ResumableDataLoader,
+    sample_generator,
+    sample_numpy_rng,
+    sample_seed,
+    seeded_sample,
+)
 from loaderkit._tags import StreamTag
-from loaderkit.seeding import SampleSeeder, sample_keys, sample_stream_keys
+from loaderkit.seeding import (
+    GOLDEN,
+    SampleSeeder,
+    mix64,
+    mt_words,
+    sample_keys,
+    sample_stream_keys,
+)
 
 # --- the derivation, pinned ---------------------------------------------------------------
 
@@ -57,22 +69,36 @@ def test_no_key_collisions_among_ten_million_samples() -> None:
         assert not (values[1:] == values[:-1]).any()
 
 
-def test_samples_sharing_32_low_key_bits_draw_differently() -> None:
-    # With 32-bit seeding (torch.manual_seed keeps 32 bits, numpy's legacy seed takes
-    # 32) these two samples would draw the same numbers.
-    keys = sample_keys(0, 0, np.arange(400_000, dtype=np.int64))
+def _low32_twins(keys: np.ndarray) -> tuple[int, int]:
+    """Two positions of ``keys`` whose low 32 bits are equal."""
     low = keys & np.uint64(0xFFFF_FFFF)
     order = np.argsort(low, kind="stable")
     same = np.flatnonzero(low[order][1:] == low[order][:-1])
     assert same.size > 0, "expected a pair of keys equal in their low 32 bits"
-    a, b = int(order[same[0]]), int(order[same[0] + 1])
+    return int(order[same[0]]), int(order[same[0] + 1])
+
+
+def test_global_generators_keep_32_bits_the_explicit_ones_64() -> None:
+    # The documented choice: torch's and numpy's global generators are seeded through
+    # their public 32-bit seeding; sample_generator and sample_numpy_rng keep 64 bits.
+    keys = sample_keys(0, 0, np.arange(400_000, dtype=np.int64))
+    a, b = _low32_twins(keys)  # torch is seeded with the sample key
     draws = []
     for index in (a, b):
+        with seeded_sample(0, 0, index) as key:
+            assert torch.initial_seed() == key
+            draws.append((torch.rand(4), random.random()))
+    assert torch.equal(draws[0][0], draws[1][0])
+    assert draws[0][1] != draws[1][1]  # Python's random takes the whole 64-bit key
+    g = [torch.rand(4, generator=sample_generator(0, 0, i)) for i in (a, b)]
+    assert not torch.equal(g[0], g[1])
+    a, b = _low32_twins(sample_stream_keys(keys, StreamTag.NUMPY))  # numpy: its stream key
+    numpy_draws = []
+    for index in (a, b):
         with seeded_sample(0, 0, index):
-            draws.append((torch.rand(4), np.random.random_sample(4), random.random()))
-    assert not torch.equal(draws[0][0], draws[1][0])
-    assert not np.array_equal(draws[0][1], draws[1][1])
-    assert draws[0][2] != draws[1][2]
+            numpy_draws.append(np.random.random_sample(4))
+    assert np.array_equal(numpy_draws[0], numpy_draws[1])
+    assert sample_numpy_rng(0, 0, a).random() != sample_numpy_rng(0, 0, b).random()
 
 
 def test_stream_keys_differ_per_generator() -> None:
@@ -81,11 +107,24 @@ def test_stream_keys_differ_per_generator() -> None:
     assert np.unique(np.concatenate(streams)).size == 3000
 
 
-def test_sample_generator_is_the_state_seeded_sample_gives_torch() -> None:
+def test_seeded_sample_seeds_torch_with_the_sample_key() -> None:
     with seeded_sample(3, 1, 4) as key:
+        assert torch.initial_seed() == key == sample_seed(3, 1, 4)
         inside = torch.rand(5)
-        assert torch.initial_seed() != key  # the torch stream key, not the sample key
-    assert torch.equal(inside, torch.rand(5, generator=sample_generator(3, 1, 4)))
+    assert torch.equal(inside, torch.rand(5, generator=torch.Generator().manual_seed(key)))
+
+
+def test_explicit_sample_generators_golden_values() -> None:
+    # Pinned: the 64-bit generators' values are part of what a saved run reproduces.
+    assert torch.rand(3, generator=sample_generator(1, 2, 3)).tolist() == [
+        0.6469247341156006,
+        0.7520225048065186,
+        0.45065903663635254,
+    ]
+    assert sample_numpy_rng(1, 2, 3).random(2).tolist() == [
+        0.0646493260183525,
+        0.12005229282645202,
+    ]
 
 
 # --- SampleSeeder -------------------------------------------------------------------------
@@ -166,39 +205,20 @@ def test_the_callers_generators_are_restored_after_a_batch() -> None:
     assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]
 
 
-def test_a_cached_gaussian_does_not_leak_into_the_next_sample() -> None:
-    def load(index: int) -> float:
-        return float(np.random.standard_normal())  # one of a pair: the other stays cached
-
+@pytest.mark.parametrize(
+    "normal",  # each draws one of a pair of normals: the other stays cached
+    [
+        lambda: float(np.random.standard_normal()),
+        lambda: random.gauss(0, 1),
+        lambda: torch.randn(1).item(),
+    ],
+    ids=["numpy", "random", "torch"],
+)
+def test_a_cached_gaussian_does_not_leak_into_the_next_sample(normal: Any) -> None:
     seeder = SampleSeeder(lazy=False)
-    together = seeder.load(0, 0, [1, 2, 3], load, [])
-    alone = [seeder.load(0, 0, [i], load, [])[0] for i in (1, 2, 3)]
+    together = seeder.load(0, 0, [1, 2, 3], lambda i: normal(), [])
+    alone = [seeder.load(0, 0, [i], lambda i: normal(), [])[0] for i in (1, 2, 3)]
     assert together == alone
-
-
-@pytest.mark.parametrize("lazy", [True, False])
-def test_numpy_gaussian_cache_fast_path_equals_the_fallback(
-    lazy: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The Gaussian cache written in place (gauss_address) must give the states the
-    # probe-and-np.random.seed(0) fallback gives: in the samples and for the caller after.
-    from loaderkit import _global_rngs
-
-    assert _global_rngs.gauss_address(_global_rngs.global_mt()) != 0  # CPython + numpy here
-
-    def run() -> tuple[Any, ...]:
-        np.random.seed(11)
-        np.random.standard_normal()  # the caller leaves a cached Gaussian
-        got = SampleSeeder(lazy=lazy).load(0, 0, list(range(9)), _draws(2), [])
-        return got, np.random.standard_normal(3).tolist(), np.random.get_state(legacy=False)
-
-    fast = run()
-    rs = np.random.mtrand._rand
-    monkeypatch.setattr(_global_rngs, "_GAUSS", (rs, 0))
-    slow = run()
-    assert fast[:2] == slow[:2]
-    assert fast[2]["has_gauss"] == slow[2]["has_gauss"] and fast[2]["gauss"] == slow[2]["gauss"]
-    assert np.array_equal(fast[2]["state"]["key"], slow[2]["state"]["key"])
 
 
 def test_a_failing_sample_restores_the_callers_state() -> None:
@@ -257,3 +277,47 @@ def test_lazy_seeding_through_the_loader_is_worker_and_resume_invariant(num_work
     assert len(before + after) == len(eager)
     for got, want in zip(before + after, eager, strict=True):
         assert torch.equal(got, want)
+
+
+class ListSubclass(list[int]):
+    def __getitem__(self, index: Any) -> Any:
+        return super().__getitem__(index)
+
+
+class TensorDatasetSubclass(torch.utils.data.TensorDataset):
+    pass
+
+
+PLAIN = {
+    "list": lambda: list(range(8)),
+    "tuple": lambda: tuple(range(8)),
+    "range": lambda: range(8),
+    "dict": lambda: {i: i for i in range(8)},
+    "ndarray": lambda: np.arange(8),
+    "tensor": lambda: torch.arange(8),
+    "TensorDataset": lambda: torch.utils.data.TensorDataset(torch.arange(8)),
+}
+
+
+@pytest.mark.parametrize("kind", [*PLAIN, "list subclass", "TensorDataset subclass"])
+def test_datasets_that_cannot_draw_are_read_unseeded(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain container's items hold no randomness: seeding it costs time and changes nothing.
+    # A subclass may override __getitem__ and draw, so it stays seeded.
+    made = {
+        **PLAIN,
+        "list subclass": lambda: ListSubclass(range(8)),
+        "TensorDataset subclass": lambda: TensorDatasetSubclass(torch.arange(8)),
+    }[kind]()
+    loads: list[int] = []
+    real = SampleSeeder.load
+
+    def counted(self: SampleSeeder, *args: Any) -> Any:
+        loads.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(SampleSeeder, "load", counted)
+    batches = list(ResumableDataLoader(made, batch_size=4, shuffle=True, seed=0))
+    assert len(batches) == 2
+    assert (len(loads) == 0) == (kind in PLAIN)

@@ -19,7 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from loaderkit import _global_rngs, seeding
+from loaderkit import seeding
+from loaderkit.errors import LoaderkitError
 from loaderkit.seeding import (
     derive_seed,
     sample_generator,
@@ -149,7 +150,7 @@ def test_worker_and_sample_seeds_are_separate_families() -> None:
             lambda: sample_numpy_rng(1, 0, 1.5),  # type: ignore[arg-type]
             r"sample_numpy_rng: index must be",
         ),
-        (lambda: sample_generator(-1, 0, 0), r"sample_seed: seed must be >= 0, got -1"),
+        (lambda: sample_generator(-1, 0, 0), r"sample_generator: seed must be >= 0, got -1"),
         (lambda: seed_global_rngs(2**64), r"seed_global_rngs: seed must be < 2\*\*64"),
         (lambda: worker_init_fn(-5), r"worker_init_fn: seed must be >= 0, got -5"),
         (lambda: worker_init_fn(1, rank=-1), r"worker_init_fn: rank must be >= 0, got -1"),
@@ -402,10 +403,20 @@ def test_seeded_sample_slow_path_for_other_bit_generators() -> None:
         )
 
 
-def test_seeded_sample_fast_path_layout_check() -> None:
-    with seeded_sample(0, 0, 0):
-        pass
-    assert _global_rngs.fast_numpy_ok is True
+def test_sample_generator_refuses_an_unknown_torch_state_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seeding._torch_template.cache_clear()
+    monkeypatch.setattr(seeding.np, "little_endian", False)
+    try:
+        with pytest.raises(
+            LoaderkitError,
+            match=r"sample_generator: torch .*'s CPU generator state has a layout loaderkit does "
+            r"not know; use sample_numpy_rng",
+        ):
+            sample_generator(0, 0, 0)
+    finally:
+        seeding._torch_template.cache_clear()
 
 
 def test_seeded_sample_does_not_touch_accelerator_seeds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -76,6 +76,7 @@ from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
 from loaderkit.plan.samplers import _LenWatch
+from loaderkit.seeding import draws_nothing
 from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
@@ -371,9 +372,9 @@ class ResumableDataLoader:
             multiprocessing_context=multiprocessing_context,
         )
         pinned = resolve_pin_memory(pin_memory, select_device(), stacklevel=3)  # the caller's line
-        # loaderkit's get_batch datasets hold no randomness; every other dataset may.
-        batched = batch_fetch_is_faithful(dataset)
-        per_sample = not batched if per_sample_seeding == "auto" else per_sample_seeding
+        # loaderkit's get_batch datasets and plain containers hold no randomness; others may.
+        unseeded = batch_fetch_is_faithful(dataset) or draws_nothing(dataset)
+        per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
         per_sample = per_sample and not iterable
         self._fetch = BatchFetcher(
             # "auto" stays "auto" (lazy seeding) where seeding is on.

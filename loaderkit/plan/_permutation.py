@@ -33,7 +33,7 @@ import zlib
 import numpy as np
 
 from loaderkit._checks import check_int
-from loaderkit._global_rngs import GOLDEN, M64, mix64, mix64_array
+from loaderkit.seeding import GOLDEN, M64, mix64, mix64_array
 
 __all__ = ["ROUNDS", "KeyedPermutation", "permutation_digest", "permute_many"]
 

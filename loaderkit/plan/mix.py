@@ -63,7 +63,6 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
-from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
 from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _Epoch
@@ -75,7 +74,7 @@ from loaderkit.plan.sample import (
     occurrence_keys,
     steps_from,
 )
-from loaderkit.seeding import derive_seed
+from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 
 __all__ = ["MixBucketPlan", "MixPlan", "mix_allotments"]
 

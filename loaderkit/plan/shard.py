@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
-from loaderkit._global_rngs import GOLDEN, mix64_array
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
@@ -28,7 +27,7 @@ from loaderkit.plan.sample import (
     check_positions,
     materialize,
 )
-from loaderkit.seeding import derive_seed
+from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 
 __all__ = ["BatchMix", "ShardPlan", "batch_mix"]
 

@@ -26,10 +26,9 @@ from loaderkit import (
     TokenReader,
     write_shards,
 )
-from loaderkit._global_rngs import GOLDEN, M64, mix64
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permute_many
-from loaderkit.seeding import derive_seed
+from loaderkit.seeding import GOLDEN, M64, derive_seed, mix64
 from tests.support.proptest import examples
 
 
