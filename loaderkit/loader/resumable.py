@@ -80,9 +80,27 @@ from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
 
-# Attributes that, as on DataLoader, cannot be assigned once the loader is built.
+# DataLoader arguments read once at construction (into the plan, the fetcher or the
+# worker pool): an assignment afterwards would be silently ignored, so it is refused.
 _FIXED_AFTER_INIT = frozenset(
-    ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+    (
+        "batch_size",
+        "batch_sampler",
+        "sampler",
+        "drop_last",
+        "dataset",
+        "persistent_workers",
+        "num_workers",
+        "collate_fn",
+        "worker_init_fn",
+        "timeout",
+        "generator",
+        "multiprocessing_context",
+        "prefetch_factor",
+        "pin_memory",
+        "pin_memory_device",
+        "in_order",
+    )
 )
 
 # The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
@@ -479,13 +497,11 @@ class ResumableDataLoader:
         self._built = True
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # DataLoader's rule, and more so here: the plan and any saved position were
-        # made from these; setting one later would be silently ignored.
         if name in _FIXED_AFTER_INIT and self.__dict__.get("_built", False):
             raise ValueError(
-                f"ResumableDataLoader: {name} cannot be set after the loader is built (its "
-                f"plan and saved positions were made from it); build a new "
-                f"ResumableDataLoader with the new {name}."
+                f"ResumableDataLoader: {name} cannot be set after the loader is built, got "
+                f"{name}={value!r:.60}; build a new ResumableDataLoader with {name}= passed to "
+                "the constructor."
             )
         super().__setattr__(name, value)
 

@@ -621,7 +621,7 @@ def test_torch_errors_in_iter_and_worker_init_fn_reach_the_caller(num_workers: i
 @pytest.mark.parametrize("name", ["batch_size", "sampler", "batch_sampler", "drop_last", "dataset"])
 def test_torch_invalid_assign_after_init(name: str) -> None:
     loader = ResumableDataLoader(docs_dataset())
-    with pytest.raises(ValueError, match=f"{name} cannot be set after the loader is built"):
+    with pytest.raises(ValueError, match=f"{name} cannot be set after the loader is built, got"):
         setattr(loader, name, {})
 
 
