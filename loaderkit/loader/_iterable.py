@@ -471,9 +471,10 @@ class IterableEngine:
             return [dict(r) for r in self.records]  # the rest of a loaded epoch
         fresh = [fresh_record() for _ in range(self.workers)]
         # Where one dataset object lives on across epochs (in this process, or in each
-        # persistent worker), the epoch after a loaded complete one starts from its state
-        # at that epoch's end, as the uninterrupted run's object did.
-        if loaded is not None and loaded[0] == epoch and self._objects_persist():
+        # persistent worker), an epoch after a complete one starts from the objects' state
+        # at its end, as the uninterrupted run's did: also when that epoch was loaded, or
+        # ran on workers of its own (a resumed epoch).
+        if self.complete and self._objects_persist():
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
         self.complete = False

@@ -649,7 +649,11 @@ class ResumableDataLoader:
         return None if self._live is None else self._live()
 
     def _awaiting_first_batch(self) -> bool:
-        """Whether an iterator was made (``iter()``) that has not drawn its first batch."""
+        """Whether an iterator was made (``iter()``) that has not drawn its first batch,
+        while no iteration that began is part-way through its epoch (that one is the state)."""
+        live = self._live_iterator()
+        if live is not None and not live.run.finished:
+            return False
         return any(not it.begun for it in list(self._iterators))
 
     def _began(self, iterator: EpochIterator) -> None:
