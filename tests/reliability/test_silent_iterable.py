@@ -221,3 +221,83 @@ def test_an_iterator_not_yet_started_leaves_the_state_to_the_one_part_way() -> N
     assert head + as_lists(list(resumed)) == full
     assert as_lists([next(a)]) == [full[3]]  # A goes on with its own epoch
     del b
+
+
+# ------------------------------------------- point 10 for iterables: an error in a batch
+class ShardedByWorker(IterableDataset[int]):
+    """Splits itself by worker (torch's docs); record 2 is corrupt: its generator raises."""
+
+    def __iter__(self) -> Iterator[int]:
+        worker, workers = worker_of()
+        for i in range(worker, 20, workers):
+            if i == 2:
+                raise KeyError(f"record {i}")
+            yield i
+
+
+class SkipsCorrupt(IterableDataset[int]):
+    """Its own iterator: records 5 and 13 raise, the stream goes on after them."""
+
+    def __iter__(self) -> SkipsCorrupt:
+        worker, workers = worker_of()
+        self.next, self.step = worker, workers
+        return self
+
+    def __next__(self) -> int:
+        current = self.next
+        if current >= 20:
+            raise StopIteration
+        self.next += self.step
+        if current in (5, 13):
+            raise KeyError(f"record {current}")
+        return current
+
+
+class StatefulSkipsCorrupt(SkipsCorrupt):
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+def catching(it: Any, stop: int | None = None) -> list[Any]:
+    seen: list[Any] = []
+    while stop is None or len(seen) < stop:
+        try:
+            seen.append(torch.as_tensor(next(it)).tolist())
+        except StopIteration:
+            break
+        except KeyError:
+            seen.append("KeyError")
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["generator", "replay", "state"])
+def test_an_error_in_an_iterable_batch_is_raised_and_every_other_batch_follows(
+    kind: str, num_workers: int
+) -> None:
+    # Review of issue 21: with workers the first error ended the epoch for every worker
+    # (torch: ['KeyError', [1, 3], [5, 7], ...]; loaderkit: ['KeyError'] then nothing).
+    def dataset() -> IterableDataset[int]:
+        kinds = {"generator": ShardedByWorker, "replay": SkipsCorrupt}
+        return kinds.get(kind, StatefulSkipsCorrupt)()
+
+    want = catching(iter(DataLoader(dataset(), batch_size=2, num_workers=num_workers)))
+    assert "KeyError" in want
+
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(dataset(), batch_size=2, num_workers=num_workers, seed=0)
+
+    assert catching(iter(loader())) == want
+    for cut in range(1, len(want)):  # the state after every batch, the errors included
+        saving = loader()
+        it = iter(saving)
+        head = catching(it, cut)
+        state = saving.state_dict()
+        del it
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert head + catching(iter(resumed)) == want, cut
+        assert resumed.describe()["resume"] == ("state" if kind == "state" else "replay")
