@@ -11,7 +11,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DistributedSampler, IterableDataset
@@ -257,16 +257,68 @@ def whole_order_sampler(sampler: Any) -> Any:
     ``num_replicas=1, rank=0`` (and the lengths ``DistributedSampler.__init__``
     derives from them: the whole dataset, or with ``drop_last`` the
     ``total_size`` the ranks share), so it lists the whole epoch's order, which
-    the loader deals to ranks once, as the sampler would (``strided``). The
-    user's sampler is left as it is.
+    the loader deals to ranks once, as the sampler would (``strided``). A
+    subclass that splits ranks its own way (contiguous blocks, say) is listed as
+    its ranks' shares interleaved (:class:`RankShares`), so the stride gives
+    each rank its own share. The user's sampler is left as it is.
     """
-    whole = copy.copy(sampler)
-    whole.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
-    whole.num_replicas, whole.rank = 1, 0
+    whole = _sampler_copy(sampler, 1, 0)
     whole.num_samples = whole.total_size = (
         sampler.total_size if sampler.drop_last else len(sampler.dataset)
     )
-    return whole
+    if type(sampler) is DistributedSampler:
+        return whole
+    shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
+    listed = [_listing(share) for share in shares]
+    order = _listing(whole)
+    ranks = len(shares)
+    if order and listed == [
+        [order[i % len(order)] for i in range(r, len(listed[0]) * ranks, ranks)]
+        for r in range(ranks)
+    ]:
+        return whole  # torch's stride: dealt from the whole order, on any world size
+    if len({len(share) for share in listed}) > 1:
+        raise ValueError(
+            f"ResumableDataLoader: sampler={type(sampler).__name__} gives its ranks "
+            f"{[len(share) for share in listed]} indices, and every rank must take the same "
+            "number of batches; make its per-rank shares equal in length (pad them, as "
+            "DistributedSampler does)."
+        )
+    return RankShares(shares)
+
+
+def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
+    copied = copy.copy(sampler)
+    copied.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
+    copied.num_replicas, copied.rank = num_replicas, rank
+    return copied
+
+
+def _listing(sampler: Any) -> list[int]:
+    sampler.set_epoch(0)
+    return [int(i) for i in sampler]
+
+
+class RankShares:
+    """The ranks' shares of a sampler that splits ranks its own way, interleaved.
+
+    Entry ``k * world_size + r`` is rank ``r``'s ``k``-th index, so the loader's
+    strided deal hands each rank the share its sampler gives it under torch.
+    """
+
+    def __init__(self, shares: list[Any]) -> None:
+        self.shares = shares
+
+    def set_epoch(self, epoch: int) -> None:
+        for share in self.shares:
+            share.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for row in zip(*self.shares, strict=True):
+            yield from row
+
+    def __len__(self) -> int:
+        return len(self.shares) * len(self.shares[0])
 
 
 def check_start_method(context: Any, workers: int) -> None:

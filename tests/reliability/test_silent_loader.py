@@ -9,6 +9,7 @@ from ``torch.initial_seed()``, and ``__getitems__`` datasets seeded per batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.utils.data import (
     Dataset,
     DistributedSampler,
     RandomSampler,
+    Sampler,
     Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
@@ -204,6 +206,77 @@ def test_a_user_seeded_sampler_resumes_exactly(kind: str, num_workers: int) -> N
     assert [r["ids"] for r in full] == [r["ids"] for r in check_resume_oracle(make, ids, (), 0)]
 
 
+class EpochSeeded(Sampler[int]):
+    """Reseeds its own generator in set_epoch (a common pattern in user samplers)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed = size, seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.size, generator=self.generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_a_sampler_whose_set_epoch_reseeds_its_generator_decides_every_epoch(
+    seed: int | None,
+) -> None:
+    # Review of issue 21: loaderkit lent its own (seed, epoch) generator after set_epoch
+    # ran, so the order differed from torch's from epoch 1 (from epoch 0 with seed=0).
+    data = list(range(20))
+    reference = EpochSeeded(20, 7)
+    want = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        want.append(ids_of(DataLoader(data, batch_size=4, sampler=reference)))
+
+    def make(num_workers: int) -> ResumableDataLoader:
+        sampler = EpochSeeded(20, 7)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler, seed=seed)
+
+    loader = make(0)
+    assert [ids_of(loader) for _ in range(3)] == want
+    full = check_resume_oracle(make, lambda batch: [int(i) for i in batch], (2, 7), 0)
+    assert [r["ids"] for r in full] == want[0] + want[1]
+
+
+def test_a_generator_the_user_reseeds_before_each_epoch_decides_that_epoch() -> None:
+    # Review of issue 21: g.manual_seed(100 + epoch) before each epoch was overridden
+    # by loaderkit's (seed, epoch) generator: every epoch differed from torch's.
+    data = list(range(12))
+
+    def run(cls: Any) -> list[list[list[int]]]:
+        gen = torch.Generator()
+        loader = cls(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+        out = []
+        for epoch in range(3):
+            gen.manual_seed(100 + epoch)
+            out.append(ids_of(loader))
+        return out
+
+    want = run(DataLoader)
+    assert run(ResumableDataLoader) == want
+    gen = torch.Generator()
+    cut = ResumableDataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+    ids_of(cut)
+    gen.manual_seed(101)
+    it = iter(cut)
+    head = [[int(i) for i in next(it)]]
+    state = cut.state_dict()
+    del it
+    gen = torch.Generator()
+    resumed = ResumableDataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+    resumed.load_state_dict(state)
+    gen.manual_seed(101)  # the user's loop reseeds as before the epoch it resumes
+    assert head + ids_of(resumed) == want[1]
+
+
 # ------------------------- 3. a user's DistributedSampler yields torch's indices on each rank
 def _torch_batches(data: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
     return ids_of(DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=drop_last))
@@ -216,7 +289,26 @@ class Balanced(DistributedSampler):  # type: ignore[type-arg]
         return iter(list(super().__iter__()))
 
 
-@pytest.mark.parametrize("cls", [DistributedSampler, Balanced])
+class Contiguous(DistributedSampler):  # type: ignore[type-arg]
+    """Its own split: each rank a contiguous block of the (shuffled, padded) order."""
+
+    def __iter__(self) -> Any:
+        order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+        if self.shuffle:
+            order = torch.randperm(len(order), generator=self._keyed()).tolist()
+        order = (order * 2)[: self.total_size]
+        return iter(order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples])
+
+    def _keyed(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed + self.epoch)
+
+
+class Uneven(DistributedSampler):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter(range(self.rank, len(self.dataset) - self.rank))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", [DistributedSampler, Balanced, Contiguous])
 @pytest.mark.parametrize("size", [40, 41, 43])
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -253,6 +345,32 @@ def test_a_distributed_sampler_resumes_exactly_on_its_rank(num_workers: int) -> 
     full = check_resume_oracle(make, lambda b: b.tolist(), cuts=(1, 3, 6), num_workers=num_workers)
     reference = DistributedSampler(data, num_replicas=3, rank=1, shuffle=True, seed=2)
     assert [r["ids"] for r in full[:4]] == _torch_batches(data, reference, 4, False)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_with_its_own_rank_split_keeps_it_and_resumes(num_workers: int) -> None:
+    # Review of issue 21: a subclass dealing contiguous blocks was re-dealt with torch's
+    # stride (10 samples, 2 ranks: torch rank 0 [[0,1],[2,3],[4]], loaderkit [[0,2],[4,6],[8]]).
+    data = list(range(43))
+
+    def make(nw: int) -> ResumableDataLoader:
+        sampler = Contiguous(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler, num_workers=nw)
+
+    full = check_resume_oracle(make, lambda b: b.tolist(), cuts=(1, 5), num_workers=num_workers)
+    for epoch in range(2):
+        reference = Contiguous(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+        reference.set_epoch(epoch)
+        assert [r["ids"] for r in full if r["epoch"] == epoch] == _torch_batches(
+            data, reference, 4, False
+        )
+
+
+def test_a_subclass_giving_its_ranks_unequal_shares_is_refused_by_name() -> None:
+    data = list(range(10))
+    sampler = Uneven(data, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=r"sampler=Uneven gives its ranks \[10, 8\] indices"):
+        ResumableDataLoader(data, batch_size=2, sampler=sampler)
 
 
 def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample() -> None:
