@@ -556,3 +556,33 @@ class SampleSeeder:
         finally:
             for rng, state in zip(rngs, saved, strict=True):
                 rng.restore(state)
+
+    def read_parked(self, read: Callable[[], Any]) -> tuple[Any, bool | None]:
+        """``read()`` with every global generator parked in a sentinel state; whether
+        it drew from any (None where one cannot be parked: then unknown).
+
+        A batch read that drew from none is a function of its indices alone, so it
+        is exact on any worker and after a resume without per-sample seeds. (A read
+        of ``torch.initial_seed()`` without drawing is not seen: it sees the sentinel.)
+        """
+        rngs = global_rngs()
+        saved = [rng.save() for rng in rngs]
+        try:
+            if not all(rng.lazy_ok for rng in rngs if rng.name != "torch"):
+                return None, None
+            torch.default_generator.manual_seed(_TORCH_PARK_SEED)
+            torch_parked = torch.default_generator.get_state()
+            for rng in rngs:
+                if rng.name != "torch":
+                    rng.park()
+            result = read()
+            moved = any(rng.moved() for rng in rngs if rng.name != "torch")
+            moved = moved or not torch.equal(torch.default_generator.get_state(), torch_parked)
+            return result, moved
+        finally:
+            for rng, state in zip(rngs, saved, strict=True):
+                rng.restore(state)
+
+
+# torch's generator for a parked batch read (no sample's key: those are 64-bit states).
+_TORCH_PARK_SEED = 0x5A4D_9A2E_D0C7_1E55

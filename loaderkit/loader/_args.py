@@ -272,6 +272,8 @@ def whole_order_sampler(sampler: Any) -> Any:
     listed = [_listing(share) for share in shares]
     order = _listing(whole)
     ranks = len(shares)
+    if _listing(whole) != order:
+        return whole  # not reproducible: refused by name (check_reproducible)
     if order and listed == [
         [order[i % len(order)] for i in range(r, len(listed[0]) * ranks, ranks)]
         for r in range(ranks)

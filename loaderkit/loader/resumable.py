@@ -205,8 +205,10 @@ class ResumableDataLoader:
             the dataset fetches whole batches (``get_batch``), seeding torch's
             generator and those the dataset is seen drawing from
             (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
-            every sample. Either way a ``__getitems__`` dataset is then read one
-            index at a time.
+            every sample. Either way a ``__getitems__`` dataset is read a whole
+            batch per call while the read draws no randomness; one that draws is
+            read one index at a time where it only gathers per-sample reads
+            (``Subset``, ``ConcatDataset``), else refused naming the fix.
 
     Example:
         >>> import torch

@@ -105,7 +105,7 @@ def _set_epoch(sampler: Any, epoch: int) -> torch.Tensor | None:
     set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     if not callable(set_epoch):
         return None
-    own = getattr(sampler, "generator", None)
+    own: Any = getattr(sampler, "generator", None)
     before = cpu_state(own)
     if before is not None:
         own.set_state(_MARKER)

@@ -398,6 +398,28 @@ def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample()
     assert len(seen) - len(data) < 3  # only the padding of the last step repeats
 
 
+def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_names_the_cause() -> None:
+    # Review of issue 21: "field 'num_samples' differs ... build it with num_samples=44",
+    # an argument the user cannot pass; the cause is drop_last trimming per world size.
+    from loaderkit import StateMismatchError
+
+    data = list(range(44))
+
+    def loader(world: int) -> ResumableDataLoader:
+        sampler = DistributedSampler(data, num_replicas=world, rank=0, seed=2, drop_last=True)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler)
+
+    cut = loader(2)
+    it = iter(cut)
+    next(it)
+    state = cut.state_dict()
+    del it
+    with pytest.raises(StateMismatchError, match=r"order has 44 entries under the saved world "
+                       r"size and 42 under this one \(drop_last=True trims .*Resume on the saved "
+                       r"world size, or build the sampler with drop_last=False"):  # fmt: skip
+        loader(3).load_state_dict(state)
+
+
 # ------------------- 5. a dataset seeding itself from torch.initial_seed() sees per-sample seeds
 class SeedReader(Dataset[int]):
     """Seeds its own generator from ``torch.initial_seed()`` (a common pattern)."""
@@ -471,15 +493,51 @@ class BatchedDict(Dataset[Any]):
         return {"x": torch.tensor(indices)}
 
 
-def test_a_getitems_that_returns_no_list_is_refused_when_read_per_sample() -> None:
-    # Read one index at a time, such a dict would have been unpacked into its keys.
-    from loaderkit import WorkerError
+def test_a_getitems_that_returns_no_list_is_handed_to_collate_as_torch_does() -> None:
+    # Read one index at a time, such a dict would have been unpacked into its keys; it
+    # draws no randomness, so it is read a whole batch per call, as under torch.
+    for seeding in ("auto", True, False):
+        loader = ResumableDataLoader(
+            BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=seeding
+        )
+        assert next(iter(loader))["x"].tolist() == [0, 1, 2, 3]
 
-    loader = ResumableDataLoader(BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b)
-    with pytest.raises(WorkerError, match=r"__getitems__\(\[0\]\) returned dict .*not a list of "
-                       r"one sample.*per_sample_seeding=False"):  # fmt: skip
+
+class Centred(Dataset[float]):
+    """A batch-level ``__getitems__``: each batch centred on its mean (batch statistics)."""
+
+    calls = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitems__(self, indices: list[int]) -> list[float]:
+        Centred.calls += 1
+        x = torch.tensor(indices, dtype=torch.float32)
+        return list(x - x.mean())
+
+
+class NoisyBatch(Centred):
+    def __getitems__(self, indices: list[int]) -> list[float]:
+        return [float(torch.rand(())) + i for i in indices]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_level_getitems_is_read_a_whole_batch_per_call(num_workers: int) -> None:
+    # Review of issue 21: read one index per call, each batch came out as zeros
+    # (torch: [-1.5, -0.5, 0.5, 1.5]) in 8 calls instead of 2.
+    want = [b.tolist() for b in DataLoader(Centred(), batch_size=4)]
+    Centred.calls = 0
+    loader = ResumableDataLoader(Centred(), batch_size=4, seed=0, num_workers=num_workers)
+    assert [b.tolist() for b in loader] == want
+    if num_workers == 0:
+        assert Centred.calls == 2
+
+
+def test_a_getitems_drawing_randomness_per_batch_is_refused_naming_the_fix() -> None:
+    loader = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0)
+    with pytest.raises(ValueError, match=r"NoisyBatch.__getitems__ draws from a global RNG .*"
+                       r"Pass per_sample_seeding=False .*sample_generator"):  # fmt: skip
         next(iter(loader))
-    unseeded = ResumableDataLoader(
-        BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=False
-    )
-    assert next(iter(unseeded))["x"].tolist() == [0, 1, 2, 3]
+    unseeded = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0, per_sample_seeding=False)
+    assert len(next(iter(unseeded))) == 4
