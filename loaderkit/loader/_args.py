@@ -10,6 +10,7 @@ import copy
 import math
 import multiprocessing
 import multiprocessing.context
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -268,6 +269,9 @@ def whole_order_sampler(sampler: Any) -> Any:
     )
     if type(sampler) is DistributedSampler:
         return whole
+    inner = wrapped_sampler(sampler)
+    if inner is not None:
+        return WrapperWhole(whole, inner)
     shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
     listed = [_listing(share) for share in shares]
     order = _listing(whole)
@@ -299,6 +303,41 @@ def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
 def _listing(sampler: Any) -> list[int]:
     sampler.set_epoch(0)
     return [int(i) for i in sampler]
+
+
+def wrapped_sampler(sampler: Any) -> Any:
+    """The sampler inside Lightning's ``DistributedSamplerWrapper``, else None."""
+    module = sys.modules.get("lightning.fabric.utilities.distributed")
+    wrapper = getattr(module, "DistributedSamplerWrapper", None)
+    if wrapper is None or not isinstance(sampler, wrapper):
+        return None
+    return getattr(sampler.dataset, "_sampler", None)
+
+
+class WrapperWhole:
+    """The whole order of a ``DistributedSamplerWrapper``, whose randomness is its inner
+    sampler's: that sampler's ``generator`` slot is this one's, so the plan keys it per
+    epoch as it keys any sampler's (the wrapper has no generator of its own)."""
+
+    def __init__(self, whole: Any, inner: Any) -> None:
+        self.whole, self.inner = whole, inner
+
+    @property
+    def generator(self) -> Any:
+        return self.inner.generator  # AttributeError where it has none: nothing to key
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        self.inner.generator = value
+
+    def set_epoch(self, epoch: int) -> None:
+        self.whole.set_epoch(epoch)  # forwarded to the inner sampler by the wrapper
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.whole)
+
+    def __len__(self) -> int:
+        return len(self.whole)
 
 
 class RankShares:

@@ -115,7 +115,7 @@ def _set_epoch(sampler: Any, epoch: int) -> torch.Tensor | None:
         after = getattr(sampler, "generator", None)
         state = cpu_state(after)
         wrote = after is not own or (state is not None and not torch.equal(state, _MARKER))
-        if before is not None and after is own and not wrote:
+        if before is not None and not wrote:  # not wrote: `after is own`
             own.set_state(before)
     return state if wrote else None
 

@@ -9,7 +9,7 @@ from ``torch.initial_seed()``, and ``__getitems__`` datasets seeded per batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +418,37 @@ def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_names_the
                        r"size and 42 under this one \(drop_last=True trims .*Resume on the saved "
                        r"world size, or build the sampler with drop_last=False"):  # fmt: skip
         loader(3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("inner", ["random", "weighted"])
+def test_lightnings_sampler_wrapper_around_a_random_sampler_is_keyed_and_resumes(
+    inner: str,
+) -> None:
+    # Review of issue 21: refused with "lists a different order each time ... give it
+    # set_epoch or a generator"; the wrapper has set_epoch, the generator is its sampler's.
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    data = list(range(20))
+
+    def make(rank: int) -> Callable[[int], ResumableDataLoader]:
+        def loader(num_workers: int) -> ResumableDataLoader:
+            base = (
+                RandomSampler(data)
+                if inner == "random"
+                else WeightedRandomSampler(torch.linspace(0.1, 1, 20), 20)
+            )
+            sampler = DistributedSamplerWrapper(base, num_replicas=2, rank=rank, shuffle=False)
+            return ResumableDataLoader(data, batch_size=4, sampler=sampler, num_workers=num_workers)
+
+        return loader
+
+    ranks = [check_resume_oracle(make(r), lambda b: b.tolist(), (1, 4), 0) for r in range(2)]
+    epochs = [
+        sorted(i for run in ranks for r in run if r["epoch"] == e for i in r["ids"]) for e in (0, 1)
+    ]
+    if inner == "random":
+        assert epochs == [data, data]  # each epoch every sample once across the two ranks
+    assert ranks[0][0]["ids"] != next(r for r in ranks[0] if r["epoch"] == 1)["ids"]
 
 
 # ------------------- 5. a dataset seeding itself from torch.initial_seed() sees per-sample seeds
