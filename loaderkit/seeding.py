@@ -615,6 +615,27 @@ class SampleSeeder:
             for rng, state in zip(rngs, saved, strict=True):
                 rng.restore(state)
 
+    def read_parked(self, read: Callable[[], Any]) -> tuple[Any, bool | None]:
+        """``read()`` with every global generator parked in a fixed state; whether it
+        drew from any (None where one cannot be parked: then unknown).
+
+        A batch read that drew from none is a function of its indices alone, so it
+        is exact on any worker and after a resume without per-sample seeds. (A read
+        of ``torch.initial_seed()`` without drawing is not seen: it sees the parked seed.)
+        """
+        rngs = global_rngs()
+        saved = [rng.save() for rng in rngs]  # numpy's save() decides its lazy_ok
+        try:
+            if not all(rng.lazy_ok for rng in rngs[1:]):
+                return None, None
+            for rng in rngs:
+                rng.park()
+            result = read()
+            return result, any(rng.moved() for rng in rngs)
+        finally:
+            for rng, state in zip(rngs, saved, strict=True):
+                rng.restore(state)
+
 
 def _load(
     indices: list[int],

@@ -371,6 +371,50 @@ def _record_stream(batch: Batch, stream: torch.cuda.Stream) -> None:
 _END = object()
 
 
+class _Failed:
+    """A batch the wrapped iterator raised for, in its place (the epoch goes on)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _next_or_failure(iterator: Iterator[Any]) -> Any:
+    """The next batch, ``_END``, or the ``_Failed`` of an exception raised in its place."""
+    try:
+        return next(iterator)
+    except StopIteration:
+        return _END
+    except Exception as error:
+        return _Failed(error)
+
+
+class _Raising(Iterator[Batch]):
+    """Iterates a prefetching generator, raising each ``_Failed`` where its batch would be:
+    a generator that raised itself would end the epoch, where ``DataLoader`` goes on."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+
+    def __next__(self) -> Batch:
+        item = next(self._batches)
+        if isinstance(item, _Failed):
+            error = item.error
+            del item
+            try:
+                raise error
+            finally:
+                del error
+        return item
+
+    def close(self) -> None:
+        """Stop the iteration (and the wrapped iterator's look-ahead) now."""
+        close = getattr(self._batches, "close", None)
+        if callable(close):
+            close()
+
+
 class DevicePrefetcher:
     """Iterate ``iterable`` with every batch already on ``device``.
 
@@ -389,7 +433,9 @@ class DevicePrefetcher:
     :func:`move_to_device`.
 
     Each ``iter()`` starts over from a fresh ``iter(iterable)``; ``len()``
-    is the iterable's length when it has one.
+    is the iterable's length when it has one. An exception the iterable raises
+    for a batch is raised in that batch's place, and the next ``next()`` goes on
+    with the following batch, as with the iterable alone.
 
     On CUDA the wrapped iterator is one batch ahead of what the consumer has
     seen, so its own state would resume one batch late (a batch skipped).
@@ -469,8 +515,8 @@ class DevicePrefetcher:
         if self.device.type == "cpu":
             return iter(self.iterable)
         if self.device.type == "cuda":
-            return self._cuda_batches()
-        return self._moved_batches()
+            return _Raising(self._cuda_batches())
+        return _Raising(self._moved_batches())
 
     def __repr__(self) -> str:
         return (
@@ -478,11 +524,15 @@ class DevicePrefetcher:
             f"pin_memory={self.pin_memory})"
         )
 
-    def _moved_batches(self) -> Iterator[Batch]:
-        for batch in self.iterable:
+    def _moved_batches(self) -> Iterator[Any]:
+        iterator = iter(self.iterable)
+        while (batch := _next_or_failure(iterator)) is not _END:
+            if isinstance(batch, _Failed):
+                yield batch
+                continue
             yield move_to_device(pin_batch(batch) if self.pin_memory else batch, self.device)
 
-    def _cuda_batches(self) -> Iterator[Batch]:
+    def _cuda_batches(self) -> Iterator[Any]:
         side = torch.cuda.Stream(device=self.device)
         iterator = iter(self.iterable)
         stateful = callable(getattr(self.iterable, "state_dict", None))
@@ -493,6 +543,14 @@ class DevicePrefetcher:
         try:
             upcoming = self._copy_next(iterator, side)
             while upcoming is not _END:
+                if isinstance(upcoming, _Failed):
+                    # The iterable's own state is the one after the failed batch: no
+                    # look-ahead runs until the consumer asks again, as a loop without
+                    # the prefetcher would.
+                    self._held = None
+                    yield upcoming
+                    upcoming = self._copy_next(iterator, side)
+                    continue
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_stream(side)
                 _record_stream(upcoming, consumer)
@@ -506,10 +564,9 @@ class DevicePrefetcher:
             self._held = None
 
     def _copy_next(self, iterator: Iterator[Batch], side: torch.cuda.Stream) -> Any:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return _END
+        batch = _next_or_failure(iterator)
+        if batch is _END or isinstance(batch, _Failed):
+            return batch
         if self.pin_memory:
             batch = pin_batch(batch)
         side.wait_stream(torch.cuda.current_stream(self.device))

@@ -537,6 +537,65 @@ def test_a_finished_prefetcher_no_longer_answers_for_the_loader(stubbed_cuda: No
     assert source.state_dict()["position"] == 4
 
 
+class _MissingKey(torch.utils.data.Dataset[int]):
+    """Ten samples; sample 3 raises KeyError (a record missing from its store)."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> int:
+        if index == 3:
+            raise KeyError(f"record {index}")
+        return index
+
+
+def _catching_loop(it: Any, stop: int | None = None) -> list[Any]:
+    seen: list[Any] = []
+    while stop is None or len(seen) < stop:
+        try:
+            seen.append(next(it).tolist())
+        except StopIteration:
+            break
+        except KeyError:
+            seen.append("KeyError")
+    return seen
+
+
+@pytest.mark.parametrize("path", ["cuda", "moved"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failed_batch_through_the_prefetcher_is_raised_and_the_epoch_goes_on(
+    stubbed_cuda: None, monkeypatch: pytest.MonkeyPatch, path: str, num_workers: int
+) -> None:
+    # Review of issue 21: the CUDA path gave only the KeyError (batch [0, 1] lost but
+    # counted in the state); the other accelerators' path ended the epoch at the error.
+    from loaderkit import ResumableDataLoader
+
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(_MissingKey(), batch_size=2, num_workers=num_workers, seed=0)
+
+    want = [[0, 1], "KeyError", [4, 5], [6, 7], [8, 9]]
+    assert _catching_loop(iter(torch.utils.data.DataLoader(_MissingKey(), batch_size=2))) == want
+    device = torch.device("cuda", 0) if path == "cuda" else torch.device("xpu", 0)
+
+    def prefetched(source: Any) -> DevicePrefetcher:
+        prefetcher = DevicePrefetcher(source, "cpu")
+        prefetcher.device = device
+        return prefetcher
+
+    if path == "moved":
+        monkeypatch.setattr(transfer, "move_to_device", lambda batch, device: batch)
+    assert _catching_loop(iter(prefetched(loader()))) == want
+    for cut in (1, 2, 3):  # the state as the consumer saw it, the error included
+        source = loader()
+        it = iter(prefetched(source))
+        head = _catching_loop(it, cut)
+        state = source.state_dict()
+        del it
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert head + _catching_loop(iter(resumed)) == want, cut
+
+
 def test_prefetcher_validates(no_accelerator: None) -> None:
     with pytest.raises(TypeError, match=r"DevicePrefetcher: iterable must be iterable.*int"):
         DevicePrefetcher(3, "cpu")  # type: ignore[arg-type]

@@ -10,8 +10,9 @@ import copy
 import math
 import multiprocessing
 import multiprocessing.context
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DistributedSampler, IterableDataset
@@ -257,16 +258,108 @@ def whole_order_sampler(sampler: Any) -> Any:
     ``num_replicas=1, rank=0`` (and the lengths ``DistributedSampler.__init__``
     derives from them: the whole dataset, or with ``drop_last`` the
     ``total_size`` the ranks share), so it lists the whole epoch's order, which
-    the loader deals to ranks once, as the sampler would (``strided``). The
-    user's sampler is left as it is.
+    the loader deals to ranks once, as the sampler would (``strided``). A
+    subclass that splits ranks its own way (contiguous blocks, say) is listed as
+    its ranks' shares interleaved (:class:`RankShares`), so the stride gives
+    each rank its own share. The user's sampler is left as it is.
     """
-    whole = copy.copy(sampler)
-    whole.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
-    whole.num_replicas, whole.rank = 1, 0
+    whole = _sampler_copy(sampler, 1, 0)
     whole.num_samples = whole.total_size = (
         sampler.total_size if sampler.drop_last else len(sampler.dataset)
     )
-    return whole
+    if type(sampler) is DistributedSampler:
+        return whole
+    inner = wrapped_sampler(sampler)
+    if inner is not None:
+        return WrapperWhole(whole, inner)
+    shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
+    listed = [_listing(share) for share in shares]
+    order = _listing(whole)
+    ranks = len(shares)
+    if _listing(whole) != order:
+        return whole  # not reproducible: refused by name (check_reproducible)
+    if order and listed == [
+        [order[i % len(order)] for i in range(r, len(listed[0]) * ranks, ranks)]
+        for r in range(ranks)
+    ]:
+        return whole  # torch's stride: dealt from the whole order, on any world size
+    if len({len(share) for share in listed}) > 1:
+        raise ValueError(
+            f"ResumableDataLoader: sampler={type(sampler).__name__} gives its ranks "
+            f"{[len(share) for share in listed]} indices, and every rank must take the same "
+            "number of batches; make its per-rank shares equal in length (pad them, as "
+            "DistributedSampler does)."
+        )
+    return RankShares(shares)
+
+
+def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
+    copied = copy.copy(sampler)
+    copied.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
+    copied.num_replicas, copied.rank = num_replicas, rank
+    return copied
+
+
+def _listing(sampler: Any) -> list[int]:
+    sampler.set_epoch(0)
+    return [int(i) for i in sampler]
+
+
+def wrapped_sampler(sampler: Any) -> Any:
+    """The sampler inside Lightning's ``DistributedSamplerWrapper``, else None."""
+    module = sys.modules.get("lightning.fabric.utilities.distributed")
+    wrapper = getattr(module, "DistributedSamplerWrapper", None)
+    if wrapper is None or not isinstance(sampler, wrapper):
+        return None
+    return getattr(sampler.dataset, "_sampler", None)
+
+
+class WrapperWhole:
+    """The whole order of a ``DistributedSamplerWrapper``, whose randomness is its inner
+    sampler's: that sampler's ``generator`` slot is this one's, so the plan keys it per
+    epoch as it keys any sampler's (the wrapper has no generator of its own)."""
+
+    def __init__(self, whole: Any, inner: Any) -> None:
+        self.whole, self.inner = whole, inner
+
+    @property
+    def generator(self) -> Any:
+        return self.inner.generator  # AttributeError where it has none: nothing to key
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        self.inner.generator = value
+
+    def set_epoch(self, epoch: int) -> None:
+        self.whole.set_epoch(epoch)  # forwarded to the inner sampler by the wrapper
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.whole)
+
+    def __len__(self) -> int:
+        return len(self.whole)
+
+
+class RankShares:
+    """The ranks' shares of a sampler that splits ranks its own way, interleaved.
+
+    Entry ``k * world_size + r`` is rank ``r``'s ``k``-th index, so the loader's
+    strided deal hands each rank the share its sampler gives it under torch.
+    """
+
+    def __init__(self, shares: list[Any]) -> None:
+        self.shares = shares
+
+    def set_epoch(self, epoch: int) -> None:
+        for share in self.shares:
+            share.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for row in zip(*self.shares, strict=True):
+            yield from row
+
+    def __len__(self) -> int:
+        return len(self.shares) * len(self.shares[0])
 
 
 def check_start_method(context: Any, workers: int) -> None:

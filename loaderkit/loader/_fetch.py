@@ -99,10 +99,13 @@ class BatchFetcher:
     override below it). With ``per_sample_seeding`` each sample is read under
     global RNG states keyed by ``(seed, epoch, index)``
     (:class:`~loaderkit.seeding.SampleSeeder`: ``"auto"`` seeds only the
-    generators the dataset is seen drawing from, ``True`` all three), so a
-    ``__getitems__`` dataset is then read one index at a time
-    (``__getitems__([i])``): a sample's randomness must not depend on its batch
-    mates, the batch size or the number of ranks.
+    generators the dataset is seen drawing from, ``True`` all three). A
+    ``__getitems__`` dataset is still read a whole batch per call (its
+    batch-level logic as under torch) while that read draws no randomness; one
+    that draws is read one index at a time (``__getitems__([i])``) where it only
+    gathers per-sample reads (:func:`per_sample_reads`), and refused otherwise: a
+    sample's randomness must not depend on its batch mates, the batch size or
+    the number of ranks.
     """
 
     def __init__(
@@ -126,6 +129,8 @@ class BatchFetcher:
             self.mode = "getitems"
         else:
             self.mode = "single"
+        # Set once a whole __getitems__ read drew randomness (see _parked_batch).
+        self.split = False
 
     def __call__(
         self,
@@ -144,9 +149,29 @@ class BatchFetcher:
         keys = index_list if seed_keys is None else seed_keys.tolist()
         if self.mode == "getitems" and self.seeder is None:
             samples = self._batched(self.dataset.__getitems__, epoch, index_list)
+        elif self.mode == "getitems" and not self.split:
+            samples = self._parked_batch(epoch, index_list, keys)
         else:
             samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
+
+    def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
+        """A whole ``__getitems__`` read (batch-level logic stays as torch runs it), where
+        it draws no randomness; else the batch read per sample, where that is the same."""
+        assert self.seeder is not None
+        read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
+        samples, moved = self.seeder.read_parked(read)
+        if moved is False:
+            return samples  # as torch hands it to collate_fn, a list or not
+        if moved is None or per_sample_reads(self.dataset):
+            self.split = True  # a Subset or ConcatDataset of per-sample reads: keyed each
+            return self._samples(epoch, index_list, keys)
+        raise ValueError(
+            f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
+            "global RNG while reading a batch, so per_sample_seeding cannot key each sample's "
+            "randomness. Pass per_sample_seeding=False (the batch is read under the worker's "
+            "seeded RNGs), or draw from loaderkit.sample_generator(seed, epoch, index) per sample."
+        )
 
     def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:
         # One try around the loop, not one per sample: the failing index is the
@@ -187,6 +212,22 @@ class BatchFetcher:
                 index=shown,
                 cause=type(exc),
             ) from exc
+
+
+def per_sample_reads(dataset: Any) -> bool:
+    """Whether ``dataset``'s ``__getitems__`` only gathers per-sample reads (torch's
+    ``Subset``/``ConcatDataset``, loaderkit's subsets) down to ``__getitem__``."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    from loaderkit.loader._subset import _Subset
+
+    if not batch_fetch_is_faithful(dataset, "__getitems__"):
+        return True  # read through __getitem__
+    if type(dataset) is ConcatDataset:
+        return all(per_sample_reads(part) for part in dataset.datasets)
+    if type(dataset) is Subset or isinstance(dataset, _Subset):
+        return per_sample_reads(dataset.dataset)
+    return False
 
 
 def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:

@@ -64,6 +64,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from loaderkit._callers import host_of
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
@@ -74,7 +75,16 @@ __all__ = ["IterableEngine", "is_stateful", "sample_digest"]
 
 _FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "iterable", "topology", "workers")
 _KEYS = (*_FIELDS, "checksum")
-_RECORD = ("batches", "yielded", "digest", "ended", "dataset_state", "iterator_state", "rng")
+_RECORD = (
+    "batches",
+    "yielded",
+    "failed",
+    "digest",
+    "ended",
+    "dataset_state",
+    "iterator_state",
+    "rng",
+)
 _BATCH, _END = "batch", "end"
 
 
@@ -90,6 +100,7 @@ def fresh_record() -> dict[str, Any]:
     return {
         "batches": 0,
         "yielded": 0,
+        "failed": 0,
         "digest": None,
         "ended": False,
         "dataset_state": None,
@@ -142,20 +153,19 @@ def sample_digest(sample: Any) -> int:
     return state[0]
 
 
-def take(it: Iterator[Any], count: int) -> list[Any]:
-    """Up to ``count`` items of ``it``, by ``next()`` alone.
+def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
+    """Append up to ``count`` items of ``it`` to ``items``, by ``next()`` alone (an
+    exception leaves the items before it there).
 
     ``itertools.islice(it, n)`` calls ``iter(it)`` first, which restarts a dataset
     whose ``__iter__`` resets its position and returns itself: every batch would
     begin again at its first item.
     """
-    items: list[Any] = []
     for _ in range(count):
         try:
             items.append(next(it))
         except StopIteration:
             break
-    return items
 
 
 def _b64(data: bytes) -> str:
@@ -208,10 +218,10 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
     it = iter(dataset)
     if start["iterator_state"] is not None and is_stateful(it):
         it.load_state_dict(start["iterator_state"])
-    yielded = int(start["yielded"])
+    yielded, failures = int(start["yielded"]), int(start["failed"] or 0)
     restored = start["dataset_state"] is not None or start["iterator_state"] is not None
-    if yielded and not restored:
-        _skip(it, yielded, start["digest"], worker)
+    if (yielded or failures) and not restored:
+        _skip(it, yielded, failures, start["digest"], worker)
     if start.get("rng") is not None and not in_process:
         set_rng_state(start["rng"])
     return it
@@ -253,19 +263,39 @@ def worker_batches(
         state = obj.state_dict()
         return copy.deepcopy(state) if in_process else state
 
-    while True:
-        samples = take(it, batch_size)
-        if not samples or (len(samples) < batch_size and drop_last):
-            break
-        yielded += len(samples)
-        batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
-        record = {
+    failed, digest = int(start["failed"] or 0), start["digest"]
+
+    def record_after(samples: list[Any]) -> dict[str, Any]:
+        return {
             "yielded": yielded,
-            "digest": sample_digest(samples[-1]),
+            "failed": failed,
+            "digest": sample_digest(samples[-1]) if samples else digest,
             "dataset_state": state_of(dataset) if stateful_dataset else None,
             "iterator_state": state_of(it) if stateful_iter else None,
             "rng": rng_state() if keep_rng else None,
         }
+
+    while True:
+        samples: list[Any] = []
+        try:
+            take(it, batch_size, samples)
+        except Exception as exc:
+            # Raised in the batch's place, as DataLoader does; the stream goes on (a
+            # generator that raised has ended: its next pull is the end of the stream).
+            yielded, failed = yielded + len(samples), failed + 1
+            record = record_after(samples)
+            digest = record["digest"]
+            yield _BATCH, worker, record, FailedBatch(_stream_error(exc, worker, yielded))
+            continue
+        if not samples or (len(samples) < batch_size and drop_last):
+            break
+        yielded += len(samples)
+        try:
+            batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
+        except Exception as exc:
+            batch = FailedBatch(exc)
+        record = record_after(samples)
+        digest = record["digest"]
         yield _BATCH, worker, record, batch
         if len(samples) < batch_size:
             break
@@ -273,32 +303,49 @@ def worker_batches(
     yield _END, worker, {"dataset_state": state_of(dataset) if stateful_dataset else None}, None
 
 
-def _skip(it: Iterator[Any], count: int, digest: int | None, worker: int) -> None:
-    """Replay ``count`` samples of a worker's stream, checking the last against ``digest``."""
-    seen, last = 0, None
-    while seen < count:
+def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
+    """The error of a stream that raised, still caught by ``except`` of its type."""
+    error = worker_error(
+        f"reading worker {worker}'s stream of the IterableDataset after its {yielded} samples "
+        f"failed with {type(exc).__name__}: {exc}; fix the dataset's __iter__ (the original "
+        "traceback is chained above).",
+        index=None,
+        cause=type(exc),
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, worker: int) -> None:
+    """Replay a worker's stream up to its saved place: ``count`` samples and ``failures``
+    pulls that raised, in the order they came; the last sample is checked against ``digest``."""
+    seen, raised, last = 0, 0, None
+    while seen < count or raised < failures:
         try:
-            last = next(it)  # not islice: see take()
+            item = next(it)  # not islice: see take()
         except StopIteration:
             break
-        seen += 1
-    if seen < count:
+        except Exception:
+            raised += 1
+            if raised > failures:
+                break
+            continue
+        seen, last = seen + 1, item
+        if seen > count:
+            break
+    if (seen, raised) != (count, failures):
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
-            f"IterableDataset gave {seen} samples, but {count} were handed out before the state "
-            "was saved: the dataset yields fewer samples now (its data or its split by worker "
-            "changed). Resume with the same data and num_workers, or give the dataset "
-            "state_dict()/load_state_dict() to resume from its own state."
+            f"IterableDataset gave {seen} samples and {raised} errors where the saved run had "
+            f"{count} and {failures}, so its data or its split by worker changed. Resume with "
+            "the same data and num_workers, or give the dataset state_dict()/load_state_dict()."
         )
     if digest is not None and sample_digest(last) != digest:
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
-            f"IterableDataset gave a different sample at position {count - 1} than the run "
-            "that saved the state: the stream is not deterministic (an unseeded shuffle, data "
-            "that changed, randomness drawn outside the worker's seeded RNGs), so skipping "
-            f"{count} samples would repeat some and lose others. Make its order a function of "
-            "the data and the seed, or give the dataset (or its iterator) "
-            "state_dict()/load_state_dict() so it resumes from its own state."
+            f"IterableDataset gave a different sample at position {count - 1} than the saved run, "
+            "so the stream is not deterministic. Make its order a function of the data and the "
+            "seed, or give the dataset (or its iterator) state_dict()/load_state_dict()."
         )
 
 
@@ -471,9 +518,10 @@ class IterableEngine:
             return [dict(r) for r in self.records]  # the rest of a loaded epoch
         fresh = [fresh_record() for _ in range(self.workers)]
         # Where one dataset object lives on across epochs (in this process, or in each
-        # persistent worker), the epoch after a loaded complete one starts from its state
-        # at that epoch's end, as the uninterrupted run's object did.
-        if loaded is not None and loaded[0] == epoch and self._objects_persist():
+        # persistent worker), an epoch after a complete one starts from the objects' state
+        # at its end, as the uninterrupted run's did: also when that epoch was loaded, or
+        # ran on workers of its own (a resumed epoch).
+        if self.complete and self._objects_persist():
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
         self.complete = False
@@ -543,7 +591,7 @@ class IterableEngine:
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
-            yield pin_batch(batch) if pin else batch
+            yield pin_batch(batch) if pin and type(batch) is not FailedBatch else batch
         if loader._current is run:
             self.complete = True
 
@@ -702,8 +750,10 @@ class IterableEngine:
                 f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
                 "what state_dict() returned, unmodified."
             )
-        # "rng" is absent from states saved before worker RNGs were kept.
-        self.records = [{k: r.get(k) if k == "rng" else r[k] for k in _RECORD} for r in records]
+        # "rng" and "failed" are absent from states saved before they were kept.
+        self.records = [
+            {k: r.get(k) if k in ("rng", "failed") else r[k] for k in _RECORD} for r in records
+        ]
         self._primed = None
         steps_done = int(state["steps_done"])
         self._position.resume_at(int(state["epoch"]), steps_done, steps_done)

@@ -81,9 +81,27 @@ from loaderkit.transfer import resolve_pin_memory, select_device
 
 __all__ = ["ResumableDataLoader"]
 
-# Attributes that, as on DataLoader, cannot be assigned once the loader is built.
+# DataLoader arguments read once at construction (into the plan, the fetcher or the
+# worker pool): an assignment afterwards would be silently ignored, so it is refused.
 _FIXED_AFTER_INIT = frozenset(
-    ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+    (
+        "batch_size",
+        "batch_sampler",
+        "sampler",
+        "drop_last",
+        "dataset",
+        "persistent_workers",
+        "num_workers",
+        "collate_fn",
+        "worker_init_fn",
+        "timeout",
+        "generator",
+        "multiprocessing_context",
+        "prefetch_factor",
+        "pin_memory",
+        "pin_memory_device",
+        "in_order",
+    )
 )
 
 # The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
@@ -188,8 +206,10 @@ class ResumableDataLoader:
             the dataset fetches whole batches (``get_batch``), seeding torch's
             generator and those the dataset is seen drawing from
             (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
-            every sample. Either way a ``__getitems__`` dataset is then read one
-            index at a time.
+            every sample. Either way a ``__getitems__`` dataset is read a whole
+            batch per call while the read draws no randomness; one that draws is
+            read one index at a time where it only gathers per-sample reads
+            (``Subset``, ``ConcatDataset``), else refused naming the fix.
 
     Example:
         >>> import torch
@@ -480,13 +500,11 @@ class ResumableDataLoader:
         self._built = True
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # DataLoader's rule, and more so here: the plan and any saved position were
-        # made from these; setting one later would be silently ignored.
         if name in _FIXED_AFTER_INIT and self.__dict__.get("_built", False):
             raise ValueError(
-                f"ResumableDataLoader: {name} cannot be set after the loader is built (its "
-                f"plan and saved positions were made from it); build a new "
-                f"ResumableDataLoader with the new {name}."
+                f"ResumableDataLoader: {name} cannot be set after the loader is built, got "
+                f"{name}={value!r:.60}; build a new ResumableDataLoader with {name}= passed to "
+                "the constructor."
             )
         super().__setattr__(name, value)
 
@@ -634,7 +652,11 @@ class ResumableDataLoader:
         return None if self._live is None else self._live()
 
     def _awaiting_first_batch(self) -> bool:
-        """Whether an iterator was made (``iter()``) that has not drawn its first batch."""
+        """Whether an iterator was made (``iter()``) that has not drawn its first batch,
+        while no iteration that began is part-way through its epoch (that one is the state)."""
+        live = self._live_iterator()
+        if live is not None and not live.run.finished:
+            return False
         return any(not it.begun for it in list(self._iterators))
 
     def _began(self, iterator: EpochIterator) -> None:

@@ -224,6 +224,18 @@ def check_state(
                 "saved position would repeat and skip samples. Resume with the torch and "
                 "loaderkit versions that saved it."
             )
+        if (
+            key == "num_samples"
+            and fingerprint.get("split") == "strided"
+            and saved[key] != expected
+        ):
+            raise StateMismatchError(
+                f"{owner}.load_state_dict: the DistributedSampler's order has {saved[key]} "
+                f"entries under the saved world size and {expected} under this one (drop_last="
+                "True trims it to a multiple of the ranks; a subclass may pad or split by rank), "
+                "so the saved position does not carry over. Resume on the saved world size, or "
+                "build the sampler with drop_last=False (torch's DistributedSampler) to re-split."
+            )
         if key not in adopt and saved[key] != expected:
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field {key!r} differs: the state was saved with "

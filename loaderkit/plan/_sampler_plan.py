@@ -46,20 +46,22 @@ UNHOOKED = "_loaderkit_unhooked"
 
 
 def sampler_order(
-    sampler: Any, seed: int, epoch: int, first_state: torch.Tensor | None = None
+    sampler: Any,
+    seed: int,
+    epoch: int,
+    first_state: torch.Tensor | None = None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``.
 
-    A ``generator`` slot is lent a generator for the listing (epoch 0 in
-    ``first_state`` when given: the user's own generator's state) and then
-    given back, so the user's generator is neither replaced nor advanced.
+    A ``generator`` slot is lent a generator for the listing and then given back,
+    so the user's generator is neither replaced nor advanced. The lent one starts
+    where the user put theirs when they reseeded it (its ``set_epoch`` wrote it, or
+    it differs from ``seen``, the state at the last listing), as torch draws from
+    it; else epoch 0 from ``first_state`` (the user's generator's state at
+    construction), else from ``(seed, epoch)``.
     """
-    set_epoch = getattr(sampler, "set_epoch", None)
-    # The loader hooks the set_epoch of the sampler it exposes (so a caller's
-    # sampler.set_epoch(e) drives it); listing an order must not move the loader.
-    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
-    if callable(set_epoch):
-        set_epoch(epoch)
+    written = _set_epoch(sampler, epoch)
     # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
     # Any other generator (numpy's, say) is the sampler's business; if it makes the
     # order differ between listings, check_reproducible refuses the sampler by name.
@@ -67,7 +69,12 @@ def sampler_order(
     if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
         return _listed(sampler)
     keyed = torch.Generator()
-    if epoch == 0 and first_state is not None:
+    current = cpu_state(own)
+    if written is None and seen is not None and current is not None:
+        written = None if torch.equal(current, seen) else current
+    if written is not None:
+        keyed.set_state(written)
+    elif epoch == 0 and first_state is not None:
         keyed.set_state(first_state)
     else:
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
@@ -76,6 +83,41 @@ def sampler_order(
         return _listed(sampler)
     finally:
         sampler.generator = own
+
+
+def cpu_state(generator: Any) -> torch.Tensor | None:
+    """The state of a CPU ``torch.Generator``, else None."""
+    if isinstance(generator, torch.Generator) and generator.device.type == "cpu":
+        return generator.get_state()
+    return None
+
+
+# Put in the sampler's generator while its set_epoch runs: a state other than this
+# one after it means set_epoch reseeded (or replaced) the generator itself.
+_MARKER = torch.Generator().manual_seed(0x5EED_0F_E90C).get_state()
+
+
+def _set_epoch(sampler: Any, epoch: int) -> torch.Tensor | None:
+    """Call ``sampler.set_epoch(epoch)`` when it has one; the generator state it wrote, if any."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    # The loader hooks the set_epoch of the sampler it exposes (so a caller's
+    # sampler.set_epoch(e) drives it); listing an order must not move the loader.
+    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
+    if not callable(set_epoch):
+        return None
+    own: Any = getattr(sampler, "generator", None)
+    before = cpu_state(own)
+    if before is not None:
+        own.set_state(_MARKER)
+    try:
+        set_epoch(epoch)
+    finally:
+        after = getattr(sampler, "generator", None)
+        state = cpu_state(after)
+        wrote = after is not own or (state is not None and not torch.equal(state, _MARKER))
+        if before is not None and not wrote:  # not wrote: `after is own`
+            own.set_state(before)
+    return state if wrote else None
 
 
 _ABSENT = object()
@@ -187,6 +229,8 @@ class SamplerPlan:
     )
     _length: int = field(default=0, init=False, repr=False, compare=False)
     _check: int = field(default=0, init=False, repr=False, compare=False)
+    # The user's generator's state at the last listing: one it differs from was reseeded.
+    _seen: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = "ResumableDataLoader"
@@ -202,6 +246,7 @@ class SamplerPlan:
         self._validate(first, 0)
         object.__setattr__(self, "_length", int(first.numel()))
         object.__setattr__(self, "_check", zlib.crc32(first.numpy().tobytes()))
+        object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
     def _validate(self, order: torch.Tensor, epoch: int) -> None:
         low, high = int(order.min()), int(order.max())
@@ -227,7 +272,8 @@ class SamplerPlan:
         cached = self._cache.get(epoch)
         if cached is not None:
             return cached
-        order = sampler_order(self.sampler, self.seed, epoch, self.first_state)
+        order = sampler_order(self.sampler, self.seed, epoch, self.first_state, self._seen)
+        object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         if order.numel() != self.num_samples:
             raise ValueError(
                 f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "

@@ -363,9 +363,9 @@ def test_in_order_false_is_refused_and_pin_memory_device_accepted() -> None:
 def test_worker_settings_cannot_drift_from_the_pool() -> None:
     # The worker pool and a saved state's topology are built from them at construction.
     loader = ResumableDataLoader(list(range(4)), num_workers=0)
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValueError, match=r"num_workers cannot be set after the loader is built"):
         loader.num_workers = 2  # type: ignore[misc]
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValueError, match=r"pin_memory cannot be set after the loader is built"):
         loader.pin_memory = True  # type: ignore[misc]
 
 

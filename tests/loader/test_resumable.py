@@ -363,9 +363,9 @@ class _ItemsSpy(_Rows):
     [
         (_BatchSpy, "get_batch", "auto", 2 * STEPS),
         (_ItemsSpy, "__getitems__", False, 2 * STEPS),
-        # Seeded per sample: one index per call, so no sample's randomness depends on its
-        # batch mates (a whole-batch call was seeded from the batch's first sample).
-        (_ItemsSpy, "__getitems__", "auto", 2 * N),
+        # Seeded per sample, but the read draws no randomness: still a whole batch per
+        # call, as torch reads it (one index per call is only for reads that draw).
+        (_ItemsSpy, "__getitems__", "auto", 2 * STEPS),
     ],
 )
 def test_batched_fetch_paths_are_used_and_match_per_sample(

@@ -121,6 +121,36 @@ def test_an_epoch_counter_advanced_after_the_last_item_resumes_advanced(
     assert as_lists(list(resumed)) == epochs[2]
 
 
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+@pytest.mark.parametrize("cut", [1, 3])
+def test_an_epoch_counter_keeps_counting_after_a_mid_epoch_resume(
+    num_workers: int, persistent: bool, cut: int
+) -> None:
+    # Review of issue 21: persistent workers started after a resumed epoch copied the
+    # main process's dataset, so the counter lagged: [0], [0], [1] for [0], [1], [2].
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            ResumableGenerator([4, 4], count_epochs=True),
+            batch_size=2,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+            seed=0,
+        )
+
+    first = loader()
+    epochs = [as_lists(list(first)) for _ in range(3)]
+    saving = loader()
+    it = iter(saving)
+    head = as_lists([next(it) for _ in range(cut)])
+    state = saving.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + as_lists(list(resumed)) == epochs[0]
+    assert as_lists(list(resumed)) == epochs[1]
+    assert as_lists(list(resumed)) == epochs[2]
+
+
 class DrawsFromTheGlobalRng(IterableDataset[int]):
     """Not stateful itself; its iterator draws from the global RNG and saves it."""
 
@@ -164,3 +194,110 @@ def test_a_position_created_in_iter_resumes(num_workers: int) -> None:
     resumed = loader()
     resumed.load_state_dict(state)
     assert as_lists(head) + as_lists(list(islice(resumed, 20))) == full
+
+
+class Range(IterableDataset[int]):
+    """A plain stream: no state of its own (resumed by replay)."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(20))
+
+
+def test_an_iterator_not_yet_started_leaves_the_state_to_the_one_part_way() -> None:
+    # Review of issue 21: after B = iter(loader), state_dict() said epoch 1, step 0
+    # while iterator A was 3 batches into epoch 0: a resume repeated A's batches.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(Range(), batch_size=2)
+
+    full = as_lists(list(loader()))
+    saving = loader()
+    a = iter(saving)
+    head = as_lists([next(a) for _ in range(3)])
+    b = iter(saving)  # made, never started (a peek helper, a sanity check)
+    state = saving.state_dict()
+    assert (state["epoch"], state["steps_done"]) == (0, 3)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + as_lists(list(resumed)) == full
+    assert as_lists([next(a)]) == [full[3]]  # A goes on with its own epoch
+    del b
+
+
+# ------------------------------------------- point 10 for iterables: an error in a batch
+class ShardedByWorker(IterableDataset[int]):
+    """Splits itself by worker (torch's docs); record 2 is corrupt: its generator raises."""
+
+    def __iter__(self) -> Iterator[int]:
+        worker, workers = worker_of()
+        for i in range(worker, 20, workers):
+            if i == 2:
+                raise KeyError(f"record {i}")
+            yield i
+
+
+class SkipsCorrupt(IterableDataset[int]):
+    """Its own iterator: records 5 and 13 raise, the stream goes on after them."""
+
+    def __iter__(self) -> SkipsCorrupt:
+        worker, workers = worker_of()
+        self.next, self.step = worker, workers
+        return self
+
+    def __next__(self) -> int:
+        current = self.next
+        if current >= 20:
+            raise StopIteration
+        self.next += self.step
+        if current in (5, 13):
+            raise KeyError(f"record {current}")
+        return current
+
+
+class StatefulSkipsCorrupt(SkipsCorrupt):
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+def catching(it: Any, stop: int | None = None) -> list[Any]:
+    seen: list[Any] = []
+    while stop is None or len(seen) < stop:
+        try:
+            seen.append(torch.as_tensor(next(it)).tolist())
+        except StopIteration:
+            break
+        except KeyError:
+            seen.append("KeyError")
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["generator", "replay", "state"])
+def test_an_error_in_an_iterable_batch_is_raised_and_every_other_batch_follows(
+    kind: str, num_workers: int
+) -> None:
+    # Review of issue 21: with workers the first error ended the epoch for every worker
+    # (torch: ['KeyError', [1, 3], [5, 7], ...]; loaderkit: ['KeyError'] then nothing).
+    def dataset() -> IterableDataset[int]:
+        kinds = {"generator": ShardedByWorker, "replay": SkipsCorrupt}
+        return kinds.get(kind, StatefulSkipsCorrupt)()
+
+    want = catching(iter(DataLoader(dataset(), batch_size=2, num_workers=num_workers)))
+    assert "KeyError" in want
+
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(dataset(), batch_size=2, num_workers=num_workers, seed=0)
+
+    assert catching(iter(loader())) == want
+    for cut in range(1, len(want)):  # the state after every batch, the errors included
+        saving = loader()
+        it = iter(saving)
+        head = catching(it, cut)
+        state = saving.state_dict()
+        del it
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert head + catching(iter(resumed)) == want, cut
+        assert resumed.describe()["resume"] == ("state" if kind == "state" else "replay")

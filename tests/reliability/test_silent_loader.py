@@ -9,6 +9,7 @@ from ``torch.initial_seed()``, and ``__getitems__`` datasets seeded per batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.utils.data import (
     Dataset,
     DistributedSampler,
     RandomSampler,
+    Sampler,
     Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
@@ -204,6 +206,77 @@ def test_a_user_seeded_sampler_resumes_exactly(kind: str, num_workers: int) -> N
     assert [r["ids"] for r in full] == [r["ids"] for r in check_resume_oracle(make, ids, (), 0)]
 
 
+class EpochSeeded(Sampler[int]):
+    """Reseeds its own generator in set_epoch (a common pattern in user samplers)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed = size, seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator.manual_seed(self.seed + epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.size, generator=self.generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_a_sampler_whose_set_epoch_reseeds_its_generator_decides_every_epoch(
+    seed: int | None,
+) -> None:
+    # Review of issue 21: loaderkit lent its own (seed, epoch) generator after set_epoch
+    # ran, so the order differed from torch's from epoch 1 (from epoch 0 with seed=0).
+    data = list(range(20))
+    reference = EpochSeeded(20, 7)
+    want = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        want.append(ids_of(DataLoader(data, batch_size=4, sampler=reference)))
+
+    def make(num_workers: int) -> ResumableDataLoader:
+        sampler = EpochSeeded(20, 7)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler, seed=seed)
+
+    loader = make(0)
+    assert [ids_of(loader) for _ in range(3)] == want
+    full = check_resume_oracle(make, lambda batch: [int(i) for i in batch], (2, 7), 0)
+    assert [r["ids"] for r in full] == want[0] + want[1]
+
+
+def test_a_generator_the_user_reseeds_before_each_epoch_decides_that_epoch() -> None:
+    # Review of issue 21: g.manual_seed(100 + epoch) before each epoch was overridden
+    # by loaderkit's (seed, epoch) generator: every epoch differed from torch's.
+    data = list(range(12))
+
+    def run(cls: Any) -> list[list[list[int]]]:
+        gen = torch.Generator()
+        loader = cls(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+        out = []
+        for epoch in range(3):
+            gen.manual_seed(100 + epoch)
+            out.append(ids_of(loader))
+        return out
+
+    want = run(DataLoader)
+    assert run(ResumableDataLoader) == want
+    gen = torch.Generator()
+    cut = ResumableDataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+    ids_of(cut)
+    gen.manual_seed(101)
+    it = iter(cut)
+    head = [[int(i) for i in next(it)]]
+    state = cut.state_dict()
+    del it
+    gen = torch.Generator()
+    resumed = ResumableDataLoader(data, batch_size=4, sampler=RandomSampler(data, generator=gen))
+    resumed.load_state_dict(state)
+    gen.manual_seed(101)  # the user's loop reseeds as before the epoch it resumes
+    assert head + ids_of(resumed) == want[1]
+
+
 # ------------------------- 3. a user's DistributedSampler yields torch's indices on each rank
 def _torch_batches(data: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
     return ids_of(DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=drop_last))
@@ -216,7 +289,26 @@ class Balanced(DistributedSampler):  # type: ignore[type-arg]
         return iter(list(super().__iter__()))
 
 
-@pytest.mark.parametrize("cls", [DistributedSampler, Balanced])
+class Contiguous(DistributedSampler):  # type: ignore[type-arg]
+    """Its own split: each rank a contiguous block of the (shuffled, padded) order."""
+
+    def __iter__(self) -> Any:
+        order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+        if self.shuffle:
+            order = torch.randperm(len(order), generator=self._keyed()).tolist()
+        order = (order * 2)[: self.total_size]
+        return iter(order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples])
+
+    def _keyed(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed + self.epoch)
+
+
+class Uneven(DistributedSampler):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter(range(self.rank, len(self.dataset) - self.rank))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", [DistributedSampler, Balanced, Contiguous])
 @pytest.mark.parametrize("size", [40, 41, 43])
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -255,6 +347,32 @@ def test_a_distributed_sampler_resumes_exactly_on_its_rank(num_workers: int) -> 
     assert [r["ids"] for r in full[:4]] == _torch_batches(data, reference, 4, False)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_with_its_own_rank_split_keeps_it_and_resumes(num_workers: int) -> None:
+    # Review of issue 21: a subclass dealing contiguous blocks was re-dealt with torch's
+    # stride (10 samples, 2 ranks: torch rank 0 [[0,1],[2,3],[4]], loaderkit [[0,2],[4,6],[8]]).
+    data = list(range(43))
+
+    def make(nw: int) -> ResumableDataLoader:
+        sampler = Contiguous(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler, num_workers=nw)
+
+    full = check_resume_oracle(make, lambda b: b.tolist(), cuts=(1, 5), num_workers=num_workers)
+    for epoch in range(2):
+        reference = Contiguous(data, num_replicas=3, rank=1, shuffle=True, seed=2)
+        reference.set_epoch(epoch)
+        assert [r["ids"] for r in full if r["epoch"] == epoch] == _torch_batches(
+            data, reference, 4, False
+        )
+
+
+def test_a_subclass_giving_its_ranks_unequal_shares_is_refused_by_name() -> None:
+    data = list(range(10))
+    sampler = Uneven(data, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=r"sampler=Uneven gives its ranks \[10, 8\] indices"):
+        ResumableDataLoader(data, batch_size=2, sampler=sampler)
+
+
 def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample() -> None:
     # The documented difference: the rest of the epoch is re-split across the new ranks.
     data = list(range(43))
@@ -278,6 +396,59 @@ def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample()
         seen += [int(i) for b in resumed for i in b]
     assert set(seen) == set(data)
     assert len(seen) - len(data) < 3  # only the padding of the last step repeats
+
+
+def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_names_the_cause() -> None:
+    # Review of issue 21: "field 'num_samples' differs ... build it with num_samples=44",
+    # an argument the user cannot pass; the cause is drop_last trimming per world size.
+    from loaderkit import StateMismatchError
+
+    data = list(range(44))
+
+    def loader(world: int) -> ResumableDataLoader:
+        sampler = DistributedSampler(data, num_replicas=world, rank=0, seed=2, drop_last=True)
+        return ResumableDataLoader(data, batch_size=4, sampler=sampler)
+
+    cut = loader(2)
+    it = iter(cut)
+    next(it)
+    state = cut.state_dict()
+    del it
+    with pytest.raises(StateMismatchError, match=r"order has 44 entries under the saved world "
+                       r"size and 42 under this one \(drop_last=True trims .*Resume on the saved "
+                       r"world size, or build the sampler with drop_last=False"):  # fmt: skip
+        loader(3).load_state_dict(state)
+
+
+@pytest.mark.parametrize("inner", ["random", "weighted"])
+def test_lightnings_sampler_wrapper_around_a_random_sampler_is_keyed_and_resumes(
+    inner: str,
+) -> None:
+    # Review of issue 21: refused with "lists a different order each time ... give it
+    # set_epoch or a generator"; the wrapper has set_epoch, the generator is its sampler's.
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    data = list(range(20))
+
+    def make(rank: int) -> Callable[[int], ResumableDataLoader]:
+        def loader(num_workers: int) -> ResumableDataLoader:
+            base = (
+                RandomSampler(data)
+                if inner == "random"
+                else WeightedRandomSampler(torch.linspace(0.1, 1, 20), 20)
+            )
+            sampler = DistributedSamplerWrapper(base, num_replicas=2, rank=rank, shuffle=False)
+            return ResumableDataLoader(data, batch_size=4, sampler=sampler, num_workers=num_workers)
+
+        return loader
+
+    ranks = [check_resume_oracle(make(r), lambda b: b.tolist(), (1, 4), 0) for r in range(2)]
+    epochs = [
+        sorted(i for run in ranks for r in run if r["epoch"] == e for i in r["ids"]) for e in (0, 1)
+    ]
+    if inner == "random":
+        assert epochs == [data, data]  # each epoch every sample once across the two ranks
+    assert ranks[0][0]["ids"] != next(r for r in ranks[0] if r["epoch"] == 1)["ids"]
 
 
 # ------------------- 5. a dataset seeding itself from torch.initial_seed() sees per-sample seeds
@@ -353,15 +524,51 @@ class BatchedDict(Dataset[Any]):
         return {"x": torch.tensor(indices)}
 
 
-def test_a_getitems_that_returns_no_list_is_refused_when_read_per_sample() -> None:
-    # Read one index at a time, such a dict would have been unpacked into its keys.
-    from loaderkit import WorkerError
+def test_a_getitems_that_returns_no_list_is_handed_to_collate_as_torch_does() -> None:
+    # Read one index at a time, such a dict would have been unpacked into its keys; it
+    # draws no randomness, so it is read a whole batch per call, as under torch.
+    for seeding in ("auto", True, False):
+        loader = ResumableDataLoader(
+            BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=seeding
+        )
+        assert next(iter(loader))["x"].tolist() == [0, 1, 2, 3]
 
-    loader = ResumableDataLoader(BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b)
-    with pytest.raises(WorkerError, match=r"__getitems__\(\[0\]\) returned dict .*not a list of "
-                       r"one sample.*per_sample_seeding=False"):  # fmt: skip
+
+class Centred(Dataset[float]):
+    """A batch-level ``__getitems__``: each batch centred on its mean (batch statistics)."""
+
+    calls = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitems__(self, indices: list[int]) -> list[float]:
+        Centred.calls += 1
+        x = torch.tensor(indices, dtype=torch.float32)
+        return list(x - x.mean())
+
+
+class NoisyBatch(Centred):
+    def __getitems__(self, indices: list[int]) -> list[float]:
+        return [float(torch.rand(())) + i for i in indices]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_level_getitems_is_read_a_whole_batch_per_call(num_workers: int) -> None:
+    # Review of issue 21: read one index per call, each batch came out as zeros
+    # (torch: [-1.5, -0.5, 0.5, 1.5]) in 8 calls instead of 2.
+    want = [b.tolist() for b in DataLoader(Centred(), batch_size=4)]
+    Centred.calls = 0
+    loader = ResumableDataLoader(Centred(), batch_size=4, seed=0, num_workers=num_workers)
+    assert [b.tolist() for b in loader] == want
+    if num_workers == 0:
+        assert Centred.calls == 2
+
+
+def test_a_getitems_drawing_randomness_per_batch_is_refused_naming_the_fix() -> None:
+    loader = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0)
+    with pytest.raises(ValueError, match=r"NoisyBatch.__getitems__ draws from a global RNG .*"
+                       r"Pass per_sample_seeding=False .*sample_generator"):  # fmt: skip
         next(iter(loader))
-    unseeded = ResumableDataLoader(
-        BatchedDict(), batch_size=4, seed=0, collate_fn=lambda b: b, per_sample_seeding=False
-    )
-    assert next(iter(unseeded))["x"].tolist() == [0, 1, 2, 3]
+    unseeded = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0, per_sample_seeding=False)
+    assert len(next(iter(unseeded))) == 4

@@ -103,10 +103,49 @@ def test_assigning_what_the_plan_was_built_from_is_refused(name: str) -> None:
     before = getattr(loader, name)
     with pytest.raises(
         ValueError,
-        match=f"{name} cannot be set after the loader is built .*build a new ResumableDataLoader",
+        match=f"{name} cannot be set after the loader is built, got {name}=.*build a new "
+        f"ResumableDataLoader with {name}= passed to the constructor",
     ):
         setattr(loader, name, {})
     assert getattr(loader, name) is before
+
+
+def times_100(batch: list[int]) -> torch.Tensor:
+    return torch.tensor(batch) * 100
+
+
+ASSIGNED = {
+    "collate_fn": times_100,
+    "worker_init_fn": print,
+    "timeout": 5,
+    "generator": torch.Generator(),
+    "multiprocessing_context": "spawn",
+    "prefetch_factor": 4,
+    "pin_memory": True,
+    "num_workers": 1,
+    "pin_memory_device": "cuda",
+    "in_order": False,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ASSIGNED))
+def test_assigning_what_the_workers_were_built_from_is_refused(name: str) -> None:
+    # Accepted and then ignored (torch honours a new collate_fn at the next iter()).
+    value = ASSIGNED[name]
+    if name == "collate_fn":
+        torch_loader = DataLoader(list(range(8)), batch_size=2)
+        torch_loader.collate_fn = value
+        assert next(iter(torch_loader)).tolist() == [0, 100]
+    loader = ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)
+    before = getattr(loader, name)
+    with pytest.raises(
+        ValueError,
+        match=f"{name} cannot be set after the loader is built, got {name}=.*build a new "
+        f"ResumableDataLoader with {name}= passed to the constructor",
+    ):
+        setattr(loader, name, value)
+    assert getattr(loader, name) is before
+    assert next(iter(loader)).tolist() == [0, 1]
 
 
 # ------------------------------------- point 13: a half-consumed iterator at exit
