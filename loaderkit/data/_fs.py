@@ -34,7 +34,8 @@ import datetime
 import os
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,6 +97,18 @@ def join_url(root: str, name: str) -> str:
 def url_name(url: str) -> str:
     """The last part of a URL's path (its object's file name)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def source_name(data: str | Sequence[str]) -> str:
+    """How a mix given a list of datasets names one by its data: a folder's (or folder
+    URL's) name, else its files' names (folder and file), with a checksum of them all."""
+    if isinstance(data, str):
+        return url_name(data)
+    names = ["/".join(str(f).rstrip("/").rsplit("/", 2)[-2:]) for f in data]
+    if len(names) == 1:
+        return names[0]
+    crc = zlib.crc32("\n".join(names).encode())
+    return f"{names[0]} .. {names[-1]} ({len(names)} files, crc {crc:08x})"
 
 
 def protocol_of(url: str) -> str:

@@ -35,7 +35,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from loaderkit._checks import getitem_overridden
 from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit.data._fs import source_name
 from loaderkit.errors import MissingDependencyError
 
 __all__ = ["HFDataset"]
@@ -162,6 +164,9 @@ class HFDataset(Dataset[dict[str, Any]]):
         self.dataset = data
         self.columns = list(columns) if columns is not None else names
         self.length_column = length_column
+        files = [f["filename"] for f in getattr(data, "cache_files", None) or []]
+        # How a mix given a list of datasets names this one (MixedDataset).
+        self._source_name = source_name(files) if files else None
         self._arrow = data.with_format("arrow", columns=self.columns)
         # The Arrow read skips the feature decoding datasets applies (images, audio).
         self._features: Any = getattr(data, "features", None)  # a copy per access: keep one
@@ -192,7 +197,10 @@ class HFDataset(Dataset[dict[str, Any]]):
         return self._columns([int(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``)."""
+        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``);
+        through a subclass's own ``__getitem__`` where it has one."""
+        if getitem_overridden(self, "__getitems__"):
+            return [self[int(i)] for i in indices]
         return list(self._columns(indices))
 
     def get_batch(self, indices: Any) -> dict[str, Any]:

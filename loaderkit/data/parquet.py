@@ -136,10 +136,10 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
-        # Column -> (batch kind, Arrow type, file) of the files checked so far, and (with
+        # Column -> (batch kind, [(Arrow type, its first file)] merged into it), and (with
         # columns=None) the first file's column names: of all a dataset's files once
         # prepare()d, else of those this process opened.
-        self._kinds: dict[str, tuple[tuple[Any, ...], Any, str]] = {}
+        self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
         self._names: tuple[list[str], str] | None = None
         self._prepared = False
 
@@ -224,38 +224,39 @@ class ParquetReader:
         return wanted
 
     def _merge(self, where: str, name: str, t: Any) -> None:
-        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kinds
-        of the files before it, or refuse it naming both files."""
+        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kind of
+        the files before it, or refuse it naming the file and the merged type."""
         kind = column_kind(import_pyarrow(), t)
         seen = self._kinds.get(name)
         if seen is None:
-            self._kinds[name] = (kind, t, where)
+            self._kinds[name] = (kind, [(str(t), where)])
             return
         merged = merge_kinds(seen[0], kind)
         if merged is None:
             raise ShardError(
-                f"ParquetReader: column {name!r} is {t} in {where!r} but {seen[1]} in "
-                f"{seen[2]!r}, and no type holds the values of both exactly; write every "
-                f"file with one type for {name!r}, or leave it out with columns=[...].",
+                f"ParquetReader: column {name!r} is {t} in {where!r} but {_merged_text(seen)}, "
+                f"and no type holds the values of both exactly; write every file with one type "
+                f"for {name!r}, or leave it out with columns=[...].",
                 path=where,
             )
-        if merged == seen[0]:
-            return
-        if self._prepared:
+        if merged != seen[0] and self._prepared:
             raise ShardError(
                 f"ParquetReader: column {name!r} is {t} in {where!r}, which {seen[0][1]}, "
                 "decided from the files when the dataset was built, does not hold: the "
                 "file changed since; build the dataset again (and delete the shard index).",
                 path=where,
             )
-        self._kinds[name] = (merged, t, where)
+        sources = seen[1]
+        if all(text != str(t) for text, _ in sources):
+            sources = [*sources, (str(t), where)]
+        self._kinds[name] = (merged, sources)
 
     def dtypes(self, columns: list[str]) -> dict[str, Any]:
         """The torch dtype each numeric column of ``columns`` is read as: the merged dtype of
         the files checked so far (all of a dataset's files once prepared)."""
         return {
             name: kind[1]
-            for name, (kind, _, _) in self._kinds.items()
+            for name, (kind, _) in self._kinds.items()
             if name in columns and kind[0] != "python"
         }
 
@@ -288,6 +289,17 @@ class ParquetReader:
             )
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
+
+
+def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
+    """How a column's type across the files checked so far reads in a message."""
+    kind, sources = seen
+    if len(sources) == 1:
+        return f"{sources[0][0]} in {sources[0][1]!r}"
+    dtype = str(kind[1]).removeprefix("torch.")
+    text = {"tensors": f"list<{dtype}>", "fixed": f"fixed_size_list<{dtype}>"}.get(kind[0], dtype)
+    parts = ", ".join(f"{t} in {where!r}" for t, where in sources)
+    return f"{text} in the files before it (merged from {parts})"
 
 
 class _ParquetShard:

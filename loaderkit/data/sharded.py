@@ -85,8 +85,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from loaderkit._checks import check_int
+from loaderkit._checks import check_int, getitem_overridden
 from loaderkit.data._arrow import Columns
+from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
@@ -176,6 +177,15 @@ class ShardedDataset(Dataset[Any]):
         self.shards: list[Any] = (
             resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
         )
+        # How a mix given a list of datasets names this one (MixedDataset).
+        self._source_name: str | None = None
+        if isinstance(shards, str | os.PathLike):
+            self._source_name = source_name(
+                str(shards) if is_url(shards) else os.path.abspath(shards)
+            )
+        elif self._remote is not None or isinstance(self.shards[0], Path):
+            files = self.shards if self._remote is None else [s.url for s in self._remote.shards]
+            self._source_name = source_name([str(f) for f in files])
         self.entries: list[IndexEntry] | None = None
         self.index_path: Path | None = None
         if self._remote is not None:
@@ -453,7 +463,10 @@ class ShardedDataset(Dataset[Any]):
         )
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples at ``indices``, in order, for a ``collate_fn`` (skips: see module doc)."""
+        """The samples at ``indices``, in order, for a ``collate_fn`` (skips: see module doc);
+        through a subclass's own ``__getitem__`` where it has one."""
+        if getitem_overridden(self, "__getitems__"):
+            return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
         return self._samples(parts, where, indices)
 
