@@ -1,28 +1,8 @@
 """A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a planned, batch-fetched dataset.
 
-:class:`HFDataset` is a map-style dataset, so the loader's sample plan covers
-it (every row exactly once across ranks and workers, exact O(1) resume,
-per-sample seeding), and it fetches a batch in one call: ``get_batch`` /
-``__getitems__`` index the dataset once with the whole index list
-(``dataset[indices]``, Arrow format: one ``take`` over the memory-mapped
-table) and convert each column once, as :class:`~loaderkit.ParquetReader`
-does (numbers -> a tensor, ``list<number>`` -> a list of 1-D tensors). The
-Arrow format, not ``"torch"``: the torch format returns a 2-D tensor for a
-batch whose lists happen to be of equal length and a list otherwise, so a
-batch's structure would depend on its contents.
-
-Columns whose features decode (``Image``, ``Audio``, a ``Sequence`` of them;
-not ``Image(decode=False)``) are decoded after the Arrow read by the
-dataset's own ``Features.decode_column``, so a row holds what ``datasets``
-gives for it (a PIL image, not the stored ``{'bytes', 'path'}`` dict).
-
-``lengths()`` reads the ``length_column`` alone (list lengths, or the values
-of an integer column) for token budgets
-(:class:`~loaderkit.BucketBatchSampler` ``max_tokens``).
-
-Arrow files written by ``datasets`` (``Dataset.save_to_disk``'s
-``data-*.arrow``, its cache files) are opened with ``Dataset.from_file``
-(memory-mapped; workers receive the path, not the data).
+A batch is one ``dataset[indices]`` read in Arrow format, converted column by
+column as :class:`~loaderkit.ParquetReader` does; decodable features are
+decoded by the dataset's own features (docs/design.md, Arrow columns).
 """
 
 from __future__ import annotations
@@ -36,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loaderkit._checks import getitem_overridden
-from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit.data._arrow import Columns, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.errors import MissingDependencyError
 
@@ -217,17 +197,4 @@ class HFDataset(Dataset[dict[str, Any]]):
                 "HFDataset(..., length_column='input_ids')."
             )
         col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
-        t = col.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            col = pa.compute.list_value_length(col)
-        elif not pa.types.is_integer(t):
-            raise TypeError(
-                f"HFDataset: length_column {name!r} is {t}; it must be a list column (token "
-                "ids) or an integer column (lengths)."
-            )
-        if col.null_count:
-            raise ValueError(
-                f"HFDataset: length_column {name!r} has {col.null_count} null value(s); fill "
-                "or filter them (dataset.filter(lambda r: r[name] is not None))."
-            )
-        return np.asarray(col.to_numpy(), dtype=np.int64)
+        return length_values(pa, col, "HFDataset", name)

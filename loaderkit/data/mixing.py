@@ -1,23 +1,9 @@
 """Weighted mixing of datasets: one map-style dataset, one plan, exact resume.
 
-:class:`MixedDataset` lays several map-style datasets (*sources*) end to end
-and gives them a :class:`~loaderkit.MixPlan`: each epoch draws a fixed number
-of samples from each source (by ``weights`` of an ``epoch_size``, or by
-``repeat`` passes over each source, like mosaic streaming's
-``proportion``/``repeat``), interleaved at random, each source permuted afresh
-per *source-epoch* so that each of its samples is drawn exactly once per
-source-epoch. The plan is a pure function of ``(seed, epoch, position)``
-(:mod:`loaderkit.plan.mix`), so :class:`~loaderkit.ResumableDataLoader` gives
-it what it gives every plan: O(1) exact resume, a re-split of the rest of the
-epoch under another world size or ``num_workers``, equal steps per rank and
-per-sample seeding, with no mixing code in the loader.
-
-What a resume checks: a saved position holds the mix's identity (the source
-names in order, their sizes and draws per epoch), and loading it into a mix
-that differs in any of them is a :class:`~loaderkit.StateMismatchError` naming
-the field. A source whose ``len()`` changed after the mix was built is refused
-when the next epoch starts (the plan covers the old sizes), and a mix is not a
-source of another mix (its weights would be ignored): pass its sources instead.
+:class:`MixedDataset` lays map-style sources end to end and gives them a
+:class:`~loaderkit.MixPlan` (docs/design.md, weighted mixing): a saved position
+holds the mix's identity (source names, sizes, draws per epoch) and resuming
+into a different mix is a :class:`~loaderkit.StateMismatchError`.
 """
 
 from __future__ import annotations
@@ -142,12 +128,8 @@ class MixedDataset(Dataset[Any]):
     order; a list of two sources that none of these tells apart is refused.
 
     Each source's samples are drawn exactly once per *source-epoch* (a fresh
-    permutation of the source each), over as many epochs as that takes: a
-    source allotted fewer draws than it holds carries its source-epoch into the
-    next epoch. Per-sample seeding keys augmentation by draw: ``(seed, epoch,
-    global index)`` for a sample drawn once in the epoch, and a key of its own
-    for each further draw of an upsampled sample (:mod:`loaderkit.plan.mix`), so
-    its copies get different random draws, as under a ``WeightedRandomSampler``.
+    permutation of the source, which may span epochs); each further draw of an
+    upsampled sample has its own per-sample seeding key.
 
     Example:
         >>> import torch

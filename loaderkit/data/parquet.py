@@ -1,42 +1,9 @@
 """Parquet files as shards: one file a shard, one row a sample, one row group the unit of reading.
 
-:class:`ParquetReader` is a :class:`~loaderkit.ShardReader`, so Parquet files
-get everything :class:`~loaderkit.ShardedDataset` gives token shards: the
-shard plan (shards shuffled per epoch, windows shuffled inside each, every
-row exactly once across ranks and workers), exact O(1) resume, and files at
-URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
-
-- **Counting** reads only each file's footer (``num_rows`` of its metadata);
-  the shard index records the row count per file, as for any shard, and the
-  row-group boundaries come from the same footer when a process opens the
-  file (it must read the footer to read anything). No data page is read.
-- **Reading** a batch groups its rows by row group: each row group it needs
-  is decoded once (only the selected ``columns``), kept in a small
-  least-recently-used cache per process (``cache_row_groups``), and the
-  batch's rows are gathered with one ``take`` over those row groups, then
-  converted column by column (numbers -> a tensor; ``list<number>`` -> a list
-  of 1-D tensors, for :class:`~loaderkit.PadCollate`): no per-row Python.
-  The shard plan reads a file window by window, so with windows of about a
-  row group's size each row group is decoded about once per epoch per reader.
-- **Types** must agree across files, and are decided once for all of a
-  dataset's files: :class:`~loaderkit.ShardedDataset` and
-  :class:`~loaderkit.StreamingShardedDataset` call :meth:`ParquetReader.prepare`
-  when built, which reads every file's footer (for a file at a URL, by a range
-  read of its end; a compressed one is fetched and decoded) and refuses a
-  column typed differently (``int64`` in one file, ``string`` or ``double`` in
-  another) with a :class:`~loaderkit.ShardError` naming the column and both
-  files, before any batch. Only types one dtype holds exactly are merged
-  (``int32`` with ``int64``: every batch of the dataset is ``int64``). With
-  ``columns=None`` the files must have the same column names. The workers
-  read with the prepared reader, and a file opened later is checked against
-  it (a file rewritten since with a wider type is refused).
-- **Lengths** for token budgets: ``length_column``, a ``list`` column (each
-  row's list length) or an integer column (the lengths themselves), read
-  alone (:meth:`~loaderkit.ShardedDataset.lengths`).
-
-A forked DataLoader worker re-opens the file it inherited (the parent's file
-handle and Arrow's thread pool do not cross a ``fork`` safely) and decodes
-with ``use_threads=False``: the workers are the parallelism.
+Counting reads each file's footer; a batch decodes each row group it touches
+once (selected ``columns``, a small LRU per process) and converts it column by
+column; types must agree across files and are settled once by
+:meth:`ParquetReader.prepare` (docs/design.md, Parquet and Arrow tables).
 """
 
 from __future__ import annotations
@@ -51,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from loaderkit._checks import check_int
-from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, merge_kinds, table_columns
+from loaderkit.data._arrow import (
+    Columns,
+    column_kind,
+    import_pyarrow,
+    length_values,
+    merge_kinds,
+    table_columns,
+)
 from loaderkit.data.readers import OpenShard, _missing
 from loaderkit.errors import ShardError
 
@@ -59,7 +33,7 @@ __all__ = ["ParquetReader"]
 
 
 class ParquetReader:
-    """Parquet files as shards of rows (module docstring).
+    """Parquet files as shards of rows.
 
     Args:
         columns: The columns to read (default: all). Every file must have them.
@@ -173,7 +147,7 @@ class ParquetReader:
         :class:`~loaderkit.ShardedDataset` and :class:`~loaderkit.StreamingShardedDataset`
         call it once, when built, and read with the copy it returns (their workers get
         that copy), so every batch of a dataset has the same columns and dtypes, and a
-        type mismatch is refused before any batch (module docstring).
+        type mismatch is refused before any batch.
 
         Args:
             files: ``(name, source)`` per file: how messages name it, and its local path
@@ -392,15 +366,4 @@ class _ParquetShard:
                 path=self.path,
             )
         col = self._handle().read(columns=[name], use_threads=False).column(0)
-        t = col.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            col = pa.compute.list_value_length(col)
-        elif not pa.types.is_integer(t):
-            raise TypeError(
-                f"{self._where()}: length_column {name!r} is {t}; it must be a list column "
-                "(token ids) or an integer column (lengths)."
-            )
-        out = np.asarray(col.to_numpy(zero_copy_only=False))
-        if col.null_count:
-            raise ValueError(f"{self._where()}: length_column {name!r} has null values.")
-        return out.astype(np.int64, copy=False)
+        return length_values(pa, col, self._where(), name)
