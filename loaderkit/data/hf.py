@@ -43,6 +43,22 @@ def _to_decode(features: Any, columns: list[str]) -> list[str]:
     return [c for c in columns if c in features and require_decoding(features[c])]
 
 
+def _from_files(data: Any) -> Any:
+    """The ``datasets.Dataset`` of the ``.arrow`` file(s) ``data``."""
+    hf = _datasets()
+    paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
+    for path in paths:
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path).endswith(".arrow"):
+            raise ValueError(
+                f"HFDataset: data must be .arrow file paths, got {path!r}; pass the "
+                "data-*.arrow files of Dataset.save_to_disk, or a datasets.Dataset."
+            )
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"HFDataset: Arrow file {path!r} does not exist.")
+    parts = [hf.Dataset.from_file(os.fspath(p)) for p in paths]
+    return parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
+
+
 class HFDataset(Dataset[dict[str, Any]]):
     """A ``datasets.Dataset`` or ``.arrow`` file(s), rows as dicts, fetched a batch at a time.
 
@@ -83,20 +99,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         if isinstance(data, str | os.PathLike) or (
             isinstance(data, list | tuple) and data and isinstance(data[0], str | os.PathLike)
         ):
-            hf = _datasets()
-            paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
-            for path in paths:
-                if not isinstance(path, str | os.PathLike) or not os.fspath(path).endswith(
-                    ".arrow"
-                ):
-                    raise ValueError(
-                        f"{owner}: data must be .arrow file paths, got {path!r}; pass the "
-                        "data-*.arrow files of Dataset.save_to_disk, or a datasets.Dataset."
-                    )
-                if not os.path.isfile(path):
-                    raise FileNotFoundError(f"{owner}: Arrow file {path!r} does not exist.")
-            parts = [hf.Dataset.from_file(os.fspath(p)) for p in paths]
-            data = parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
+            data = _from_files(data)
         elif not (
             callable(getattr(data, "with_format", None))
             and callable(getattr(data, "__getitems__", None))
