@@ -21,6 +21,7 @@ __all__ = [
     "check_int",
     "check_path",
     "check_rank",
+    "getitem_overridden",
     "pow2",
 ]
 
@@ -149,3 +150,14 @@ def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{head}{name}={path!r} does not exist; check the path.")
     return path
+
+
+def getitem_overridden(dataset: Any, batched: str) -> bool:
+    """Whether ``dataset``'s class overrides ``__getitem__`` below the class that defines its
+    batched read ``batched``, which would then bypass the override."""
+    for cls in type(dataset).__mro__:
+        if batched in vars(cls):
+            return False
+        if "__getitem__" in vars(cls):
+            return True
+    return False

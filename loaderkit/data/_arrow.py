@@ -1,25 +1,9 @@
 """Arrow tables into tensors, a batch at a time (private to loaderkit.data).
 
-Shared by :class:`~loaderkit.ParquetReader` and :class:`~loaderkit.HFDataset`,
-so a batch has the same structure whichever of them read it: per column,
-
-- numbers (integers, floats, booleans) -> one tensor, first dim the rows;
-- ``list<number>`` (variable-length token ids) -> a list of 1-D tensors, views
-  of one buffer (one conversion per column, no per-row Python); pad them with
-  :class:`~loaderkit.PadCollate`;
-- ``fixed_size_list<number>`` -> one ``(rows, size)`` tensor;
-- anything else (strings, structs) -> a Python list.
-
-A column whose type differs between two files is merged only where a dtype
-holds every value of both exactly (:func:`exact_dtype`: ``int32`` with
-``int64``, ``float32`` with ``float64``, ``int32`` with ``float64``; every
-batch is then converted to that dtype, ``table_columns(dtypes=...)``), and
-refused otherwise (``int64`` with ``float64`` would round ``2**53 + 1``; an
-integer with a string would give a tensor in one batch and a list in another).
-
-pyarrow is imported only when a table is converted, so ``import loaderkit``
-stays cheap; a missing pyarrow is a
-:class:`~loaderkit.errors.MissingDependencyError` naming the extra.
+Per column: numbers -> one tensor; ``list<number>`` -> a list of 1-D tensors
+(views of one buffer); ``fixed_size_list<number>`` -> a ``(rows, size)`` tensor;
+anything else -> a Python list. Types of two files merge only where one dtype
+holds both exactly (:func:`exact_dtype`). pyarrow is imported on first use.
 """
 
 from __future__ import annotations
@@ -167,7 +151,7 @@ def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None)
 def table_columns(
     table: Any, where: str, dtypes: dict[str, torch.dtype] | None = None
 ) -> dict[str, Any]:
-    """The columns of a ``pyarrow.Table`` converted as the module docstring says; a column
+    """The columns of a ``pyarrow.Table`` converted as the module docstring lists; a column
     named in ``dtypes`` gives numbers of that dtype (the merged dtype of its files)."""
     pa = import_pyarrow()
     dtypes = dtypes or {}
@@ -252,3 +236,22 @@ class Columns(Sequence[dict[str, Any]]):
                         items[pos] = item
                 out[name] = items
         return out
+
+
+def length_values(pa: Any, col: Any, where: str, name: str) -> np.ndarray:
+    """Each row's token count from the Arrow column ``col``: a list column's list lengths, or
+    an integer column's values."""
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        col = pa.compute.list_value_length(col)
+    elif not pa.types.is_integer(t):
+        raise TypeError(
+            f"{where}: length_column {name!r} is {t}; it must be a list column (token ids) or "
+            "an integer column (lengths)."
+        )
+    if col.null_count:
+        raise ValueError(
+            f"{where}: length_column {name!r} has {col.null_count} null value(s); fill or "
+            "filter them."
+        )
+    return np.asarray(col.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)

@@ -1,23 +1,9 @@
 """Compressed shards and content hashes (private to loaderkit.data).
 
-A zstd-compressed shard is the shard's file compressed whole and named with
-``.zst`` appended (``shard-00000.bin.zst``); its sidecars are named after the
-compressed file (``shard-00000.bin.zst.lkdtype``). Readers never see it: before
-a shard is opened it is decoded, streaming, into a local folder (the decode
-cache for local shards, the shard's own cache folder for shards at URLs) under
-its plain name, with its sidecars copied next to it under theirs, and the reader
-memory-maps that file as any other. So:
-
-- random access stays one memory-mapped read (the planned dataset reads
-  windows across several shards at once), and streams read it front to back;
-- memory: decoding holds one ``_CHUNK`` of input and output at a time, and an
-  open decoded shard costs what an open plain shard costs (a map, page cache);
-  the cost is disk: one decoded copy per compressed shard read on the machine.
-
-Content hashes: ``<algo>:<hex>`` of the shard's file as stored (compressed
-bytes for a compressed shard), kept in the shard index and checked the first
-time a machine uses the file (``verify``); a verified marker records the file's
-size and mtime so other processes and later runs skip the hashing.
+A ``.zst`` shard is decoded, streaming, into a local folder under its plain
+name (sidecars copied beside it) before it is opened, then memory-mapped as any
+shard. A content hash ``<algo>:<hex>`` of the stored file is checked the first
+time a machine uses it (docs/design.md, compressed shards and content hashes).
 """
 
 from __future__ import annotations
@@ -232,11 +218,7 @@ def _frames_end(f: Any, pos: int, zstd: Any) -> int:
 
 
 def _complete(src: Path) -> bool:
-    """Whether ``src`` is whole zstd frames (skippable ones too) up to its last byte.
-
-    A stream cut short decodes without an error to the bytes before the cut, so a
-    truncated shard would be read as a smaller one.
-    """
+    """Whether ``src`` is whole zstd frames up to its last byte (a cut stream decodes quietly)."""
     zstd = _zstd()
     size, pos, frames = src.stat().st_size, 0, 0
     with open(src, "rb") as f:
@@ -294,12 +276,9 @@ def decoded_intact(target: Path) -> bool:
 def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
     """The decoded copy of the compressed shard ``src`` in ``folder`` (decoded once per machine).
 
-    The sidecars next to ``src`` are copied first under their plain names, then
-    the shard is decompressed through a temporary file and a marker records the
-    decoded file's size and mtime: a copy without a matching marker (damaged, or
-    a decode killed part-way) is decoded again. One process decodes while the
-    others wait (an ``flock``); the one that holds it removes what killed decodes
-    left. ``check`` runs on ``src`` before it is decoded (its content hash).
+    Sidecars are copied first, then the shard decoded through a temporary file;
+    a marker of the decoded size and mtime vouches for the copy. One process
+    decodes (an ``flock``) while the others wait. ``check`` runs on ``src`` first.
     """
     target = folder / decoded_name(src.name)
     if decoded_intact(target):
@@ -336,11 +315,7 @@ def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
     """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, the key a hash of
     its resolved path, size, mtime, inode, ctime and expected ``digest``.
 
-    A rewritten shard is decoded again. Size and mtime alone are not enough: a
-    rewrite of the same size with its mtime kept (a copy that preserves times,
-    a coarse-mtime filesystem) would be served from the old decoded copy. A
-    rewrite (``os.replace``) gives the file a new inode, and no tool sets the
-    ctime back; an index with a new digest names new contents.
+    A rewrite of the same size and mtime still gets a new inode or ctime, so it is decoded again.
     """
     st = path.stat()
     blob = (

@@ -1,30 +1,11 @@
 """Object storage through fsspec: listing, atomic downloads, uploads, retries (private).
 
-Everything that talks to a remote filesystem goes through :class:`Storage`, so
-every call gets the same treatment:
-
-- fsspec (and the protocol's package: s3fs, gcsfs, ...) is imported on first
-  use; a missing one is a :class:`~loaderkit.errors.MissingDependencyError`
-  naming the extra to install;
-- a transient error (a reset connection, a timeout, a 5xx) is retried with
-  exponential backoff, each retry counted; what is never transient (a missing
-  object, a refused permission) is raised at once; every error names the URL;
-- every read has one deadline that loaderkit keeps, ``timeout_s``: a read (a
-  listing, a lookup, one batch of range reads, one 8 MiB piece of a download)
-  and its retries run in a helper thread and are given up when they have not
-  returned by then, whatever the client's own timeouts and nested retries
-  (s3fs retries 5 times, botocore again under it): an error naming the URL and
-  the deadline;
-- a download goes to a hidden temporary name next to its target, is checked
-  against the size the listing gave, and only then renamed into place, so a
-  partial download never looks like a complete file;
-- a download or range read of a listed object checks the object's identity
-  (size and version: ETag, else its modification time) afterwards: bytes of a
-  version other than the listed one raise :class:`~loaderkit.errors.ShardChangedError`.
-
-A :class:`Storage` pickles without its filesystem object (each process makes
-its own: an s3fs client holds an event loop and sockets that must not cross a
-``fork``).
+Every remote call goes through :class:`Storage`: fsspec imported on first use,
+transient errors retried with backoff, one ``timeout_s`` deadline per read,
+downloads renamed into place only when complete, and a listed object's
+identity checked after each read (docs/design.md, shards in object storage).
+A :class:`Storage` pickles without its filesystem object (an s3fs client must
+not cross a ``fork``).
 """
 
 from __future__ import annotations
@@ -34,7 +15,8 @@ import datetime
 import os
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,6 +80,18 @@ def url_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
+def source_name(data: str | Sequence[str]) -> str:
+    """How a mix given a list of datasets names one by its data: a folder's (or folder
+    URL's) name, else its files' names (folder and file), with a checksum of them all."""
+    if isinstance(data, str):
+        return url_name(data)
+    names = ["/".join(str(f).rstrip("/").rsplit("/", 2)[-2:]) for f in data]
+    if len(names) == 1:
+        return names[0]
+    crc = zlib.crc32("\n".join(names).encode())
+    return f"{names[0]} .. {names[-1]} ({len(names)} files, crc {crc:08x})"
+
+
 def protocol_of(url: str) -> str:
     """The URL's scheme (``s3`` for ``s3://bucket/x``)."""
     return url.split("://", 1)[0].lower()
@@ -125,7 +119,7 @@ class Storage:
         backoff_s: The first retry waits this long; each next one twice as long
             (at most 30 s).
         on_retry: Called once per retry (counting them).
-        timeout_s: The deadline of one read call (module docstring); uploads have none.
+        timeout_s: The deadline of one read call and its retries; uploads have none.
     """
 
     def __init__(
@@ -177,12 +171,8 @@ class Storage:
         return self._fs
 
     def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
-        """``fn()``, given up after ``timeout`` seconds (default ``timeout_s``): a
-        :class:`TimeoutError`.
-
-        It runs in a helper thread: a client stuck on a socket that never answers cannot
-        be interrupted, so its thread is left to end with the client's own timeouts.
-        """
+        """``fn()`` in a helper thread, given up after ``timeout`` seconds (default
+        ``timeout_s``) with a :class:`TimeoutError` (a stuck client cannot be interrupted)."""
         out: list[Any] = []
         done = threading.Event()
 
@@ -373,12 +363,9 @@ class Storage:
         version: str | None = None,
     ) -> None:
         """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes
-        (and by ``check``, e.g. its content hash, which raises to keep it out); with the listed
-        ``version``, the object is checked to be still that one after the copy.
-
-        A download cut short (a dropped connection the client did not notice)
-        is retried like any transient error; ``target`` appears complete or
-        not at all. Each read of it has the deadline ``timeout_s``.
+        (and by ``check``, which raises to keep it out); with the listed ``version``, the
+        object is checked to be still that one after the copy. A download cut short is
+        retried; ``target`` appears complete or not at all.
         """
         expect = None if version is None else (size, version)
 

@@ -61,11 +61,8 @@ def shard_name(shard: Any) -> str:
 def never_a_shard(name: str) -> str | None:
     """Why a file of this name is never a shard, or None.
 
-    Hidden files (``.name``, which includes macOS's ``._name`` AppleDouble
-    companions and every temporary file loaderkit writes) and loaderkit's own
-    files (the shard index, offsets and dtype sidecars). Measured before: an
-    AppleDouble ``._shard.bin`` next to the shards turned 147 samples into
-    403, and a reader with suffix ``.json`` listed the shard index.
+    Hidden files (``.name``: macOS's ``._name`` AppleDouble companions, loaderkit's
+    temporary files) and loaderkit's own files (the shard index, sidecars).
     """
     if name.startswith("._"):
         return "a macOS AppleDouble metadata file"

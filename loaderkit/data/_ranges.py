@@ -1,19 +1,8 @@
 """Range reads of remote shards (private to loaderkit.data.remote).
 
-A shard of fixed-length token samples (:class:`~loaderkit.TokenReader` with
-``seq_len``, a plain ``.npy`` or ``.bin``: neither compressed nor hashed) keeps
-sample ``i`` at a byte offset computed from its header, so a process can fetch
-just the bytes of the samples it reads. :class:`RangedTokens` is that shard
-opened for reading: it asks the cache for the bytes of each batch
-(:meth:`~loaderkit.data.remote.RemoteShards.read_spans`), which fetches the
-missing fixed-size blocks of them by ranged requests into the cache.
-
-Exactness: a sample's bytes are the same bytes the memory map of the whole
-file holds, viewed with the same dtype, so a batch is byte-for-byte the batch
-of the whole-file path (tested over epochs and a resume).
-
-A compressed or hashed shard is always fetched whole: a content hash covers
-the whole file, and a compressed file has no sample offsets.
+A plain fixed-length token shard (``TokenReader(seq_len=...)``, neither
+compressed nor hashed) is opened as :class:`RangedTokens`, which asks the cache
+for the bytes of each batch, byte for byte those of the whole-file map.
 """
 
 from __future__ import annotations

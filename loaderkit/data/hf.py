@@ -1,28 +1,8 @@
 """A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a planned, batch-fetched dataset.
 
-:class:`HFDataset` is a map-style dataset, so the loader's sample plan covers
-it (every row exactly once across ranks and workers, exact O(1) resume,
-per-sample seeding), and it fetches a batch in one call: ``get_batch`` /
-``__getitems__`` index the dataset once with the whole index list
-(``dataset[indices]``, Arrow format: one ``take`` over the memory-mapped
-table) and convert each column once, as :class:`~loaderkit.ParquetReader`
-does (numbers -> a tensor, ``list<number>`` -> a list of 1-D tensors). The
-Arrow format, not ``"torch"``: the torch format returns a 2-D tensor for a
-batch whose lists happen to be of equal length and a list otherwise, so a
-batch's structure would depend on its contents.
-
-Columns whose features decode (``Image``, ``Audio``, a ``Sequence`` of them;
-not ``Image(decode=False)``) are decoded after the Arrow read by the
-dataset's own ``Features.decode_column``, so a row holds what ``datasets``
-gives for it (a PIL image, not the stored ``{'bytes', 'path'}`` dict).
-
-``lengths()`` reads the ``length_column`` alone (list lengths, or the values
-of an integer column) for token budgets
-(:class:`~loaderkit.BucketBatchSampler` ``max_tokens``).
-
-Arrow files written by ``datasets`` (``Dataset.save_to_disk``'s
-``data-*.arrow``, its cache files) are opened with ``Dataset.from_file``
-(memory-mapped; workers receive the path, not the data).
+A batch is one ``dataset[indices]`` read in Arrow format, converted column by
+column as :class:`~loaderkit.ParquetReader` does; decodable features are
+decoded by the dataset's own features (docs/design.md, Arrow columns).
 """
 
 from __future__ import annotations
@@ -35,7 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from loaderkit.data._arrow import Columns, import_pyarrow, table_columns
+from loaderkit._checks import getitem_overridden
+from loaderkit.data._arrow import Columns, import_pyarrow, length_values, table_columns
+from loaderkit.data._fs import source_name
 from loaderkit.errors import MissingDependencyError
 
 __all__ = ["HFDataset"]
@@ -59,6 +41,22 @@ def _to_decode(features: Any, columns: list[str]) -> list[str]:
     from datasets.features.features import require_decoding
 
     return [c for c in columns if c in features and require_decoding(features[c])]
+
+
+def _from_files(data: Any) -> Any:
+    """The ``datasets.Dataset`` of the ``.arrow`` file(s) ``data``."""
+    hf = _datasets()
+    paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
+    for path in paths:
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path).endswith(".arrow"):
+            raise ValueError(
+                f"HFDataset: data must be .arrow file paths, got {path!r}; pass the "
+                "data-*.arrow files of Dataset.save_to_disk, or a datasets.Dataset."
+            )
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"HFDataset: Arrow file {path!r} does not exist.")
+    parts = [hf.Dataset.from_file(os.fspath(p)) for p in paths]
+    return parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
 
 
 class HFDataset(Dataset[dict[str, Any]]):
@@ -101,20 +99,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         if isinstance(data, str | os.PathLike) or (
             isinstance(data, list | tuple) and data and isinstance(data[0], str | os.PathLike)
         ):
-            hf = _datasets()
-            paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
-            for path in paths:
-                if not isinstance(path, str | os.PathLike) or not os.fspath(path).endswith(
-                    ".arrow"
-                ):
-                    raise ValueError(
-                        f"{owner}: data must be .arrow file paths, got {path!r}; pass the "
-                        "data-*.arrow files of Dataset.save_to_disk, or a datasets.Dataset."
-                    )
-                if not os.path.isfile(path):
-                    raise FileNotFoundError(f"{owner}: Arrow file {path!r} does not exist.")
-            parts = [hf.Dataset.from_file(os.fspath(p)) for p in paths]
-            data = parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
+            data = _from_files(data)
         elif not (
             callable(getattr(data, "with_format", None))
             and callable(getattr(data, "__getitems__", None))
@@ -162,6 +147,9 @@ class HFDataset(Dataset[dict[str, Any]]):
         self.dataset = data
         self.columns = list(columns) if columns is not None else names
         self.length_column = length_column
+        files = [f["filename"] for f in getattr(data, "cache_files", None) or []]
+        # How a mix given a list of datasets names this one (MixedDataset).
+        self._source_name = source_name(files) if files else None
         self._arrow = data.with_format("arrow", columns=self.columns)
         # The Arrow read skips the feature decoding datasets applies (images, audio).
         self._features: Any = getattr(data, "features", None)  # a copy per access: keep one
@@ -192,7 +180,10 @@ class HFDataset(Dataset[dict[str, Any]]):
         return self._columns([int(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``)."""
+        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``);
+        through a subclass's own ``__getitem__`` where it has one."""
+        if getitem_overridden(self, "__getitems__"):
+            return [self[int(i)] for i in indices]
         return list(self._columns(indices))
 
     def get_batch(self, indices: Any) -> dict[str, Any]:
@@ -209,17 +200,4 @@ class HFDataset(Dataset[dict[str, Any]]):
                 "HFDataset(..., length_column='input_ids')."
             )
         col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
-        t = col.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            col = pa.compute.list_value_length(col)
-        elif not pa.types.is_integer(t):
-            raise TypeError(
-                f"HFDataset: length_column {name!r} is {t}; it must be a list column (token "
-                "ids) or an integer column (lengths)."
-            )
-        if col.null_count:
-            raise ValueError(
-                f"HFDataset: length_column {name!r} has {col.null_count} null value(s); fill "
-                "or filter them (dataset.filter(lambda r: r[name] is not None))."
-            )
-        return np.asarray(col.to_numpy(), dtype=np.int64)
+        return length_values(pa, col, "HFDataset", name)

@@ -1,19 +1,10 @@
-"""The shard index: how many samples each shard holds, counted once and checked on every use.
+"""The shard index: each shard's sample count, counted once and checked on every use.
 
-A small JSON file lists, for each shard, its path (relative to the index),
-byte size, modification time (ns) and sample count, plus the reader settings
-the counts were made under and a checksum of the file list. Opening a
-:class:`~loaderkit.data.sharded.ShardedDataset` stats every shard and compares:
-a shard whose size or mtime changed since it was counted is an error naming
-the file, because the plan's order and every saved position were computed
-from the indexed counts.
-
-By default the index lives next to the first shard, as
-``.loaderkit-index-<key>.json`` where the key hashes the reader settings and
-the shard names: other readers (another ``seq_len``) or another list of shards
-get their own index; the same ones always find theirs. An index that
-``write_shards`` wrote says so (``"written_by"``): its folder holds exactly
-the shards it lists.
+A JSON file, by default ``.loaderkit-index-<key>.json`` next to the first shard
+(the key hashes the reader settings and the shard names), lists per shard its
+path relative to the index, byte size, mtime (a remote folder's index: the
+object's version) and sample count. An index ``write_shards`` wrote says so
+(``"written_by"``): its folder holds exactly the shards it lists.
 """
 
 from __future__ import annotations
@@ -27,18 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
-from loaderkit.data._codec import (
-    decode_into,
-    default_cache_root,
-    is_compressed,
-    local_decode_dir,
-)
+from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
 from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 
-# The index helpers serve the sharded and streaming datasets and the writer
-# (loaderkit.data.writer, where write_shards lives).
-__all__: list[str] = []
+__all__: list[str] = []  # serves the sharded and streaming datasets and the writer
 
 INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, hash)
 _READABLE_VERSIONS = (1, 2)
@@ -80,23 +64,32 @@ class IndexEntry:
         return None
 
 
-def _key(paths: Sequence[Path], spec: dict[str, Any]) -> str:
-    blob = json.dumps({"spec": spec, "names": [p.name for p in paths]}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def _name(names: Sequence[str], reader: ShardReader) -> str:
+    blob = json.dumps({"spec": reader.spec(), "names": list(names)}, sort_keys=True)
+    return f"{INDEX_PREFIX}{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
 
 
 def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
     """Where the index of these shards under this reader lives unless one is given."""
-    return paths[0].parent / f"{INDEX_PREFIX}{_key(paths, reader.spec())}.json"
+    return paths[0].parent / _name([p.name for p in paths], reader)
+
+
+def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
+    """The index file name of shards ``names`` under ``reader`` (as for a local folder)."""
+    return _name(names, reader)
 
 
 def _checksum(rows: list[list[Any]]) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
-def _doc(rows: list[list[Any]], reader: ShardReader, written_by: str | None) -> dict[str, Any]:
-    """An index document (older loaderkit versions ignore ``written_by``)."""
-    doc: dict[str, Any] = {
+def index_doc(
+    rows: list[list[Any]], reader: ShardReader, written_by: str | None = None, remote: bool = False
+) -> bytes:
+    """The index document of ``rows`` (``[path or name, size, mtime or version, samples
+    (, extras)]`` each); older loaderkit versions ignore ``written_by``."""
+    doc: dict[str, Any] = {"remote": True} if remote else {}
+    doc |= {
         "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
         "reader": reader.spec(),
         "shards": rows,
@@ -104,7 +97,25 @@ def _doc(rows: list[list[Any]], reader: ShardReader, written_by: str | None) -> 
     }
     if written_by is not None:
         doc["written_by"] = written_by
-    return doc
+    return json.dumps(doc, indent=1).encode()
+
+
+def checked_count(reader: Any, shard: Any, samples: Any) -> int:
+    """``samples``, what ``reader.count(shard)`` returned, if it is an int >= 0."""
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        raise TypeError(
+            f"{type(reader).__name__}.count({str(shard)!r}) returned {samples!r}; return the "
+            "shard's number of samples as an int >= 0."
+        )
+    return samples
+
+
+def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
+    """A local shard's sample count and index extras (a compressed one decoded to count)."""
+    if not is_compressed(path.name):
+        return reader.count(path), None
+    decoded = decode_into(path, local_decode_dir(path, default_cache_root()))
+    return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -112,20 +123,6 @@ def _rel(path: Path, base: Path) -> str:
         return os.path.relpath(path.resolve(), base.resolve())
     except ValueError:  # another drive on Windows
         return str(path.resolve())
-
-
-def _row(path: Path, base: Path, e: IndexEntry) -> list[Any]:
-    row: list[Any] = [_rel(path, base), e.size, e.mtime_ns, e.samples]
-    return [*row, e.extras] if e.extras else row
-
-
-def count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
-    """A local shard's sample count, and its index extras (a compressed one is decoded into
-    the cache and counted there)."""
-    if not is_compressed(path.name):
-        return reader.count(path), None
-    decoded = decode_into(path, local_decode_dir(path, default_cache_root()))
-    return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
 
 
 def build_index(
@@ -137,160 +134,101 @@ def build_index(
     known: dict[Path, tuple[int, dict[str, Any] | None]] | None = None,
     written_by: str | None = None,
 ) -> list[IndexEntry]:
-    """Count every shard and write the index atomically (ranks may build it at once).
-
-    With ``exclusive``, an index another process or thread wrote in the meantime
-    wins: it is read (and checked) instead, so concurrent builders agree.
-    ``known``: counts and extras already known (``write_shards``), by path.
-    ``written_by``: :data:`WRITER` for the index ``write_shards`` writes.
-    """
+    """Count every shard (or take its ``known`` count and extras) and write the index
+    atomically; with ``exclusive``, an index another builder wrote meanwhile wins."""
     entries = []
     for path in paths:
         try:
-            before = path.stat()
+            st = path.stat()
         except FileNotFoundError:
             raise _missing(path) from None
-        if known is not None and path in known:
-            samples, extras = known[path]
-        else:
-            samples, extras = count_local(path, reader)
-        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-            raise TypeError(
-                f"{type(reader).__name__}.count({str(path)!r}) returned {samples!r}; it must "
-                "return the shard's number of samples as an int >= 0."
-            )
-        entries.append(IndexEntry(path, before.st_size, before.st_mtime_ns, samples, extras))
-    base = index.parent
-    rows = [_row(e.path, base, e) for e in entries]
-    doc = _doc(rows, reader, written_by)
+        samples, extras = known[path] if known and path in known else _count_local(path, reader)
+        samples = checked_count(reader, path, samples)
+        entries.append(IndexEntry(path, st.st_size, st.st_mtime_ns, samples, extras))
+    rows = [
+        [_rel(e.path, index.parent), e.size, e.mtime_ns, e.samples, *([e.extras] * bool(e.extras))]
+        for e in entries
+    ]
+    doc = index_doc(rows, reader, written_by)
     try:
-        written = atomic_write(
-            index, lambda f: f.write(json.dumps(doc, indent=1).encode()), exclusive=exclusive
-        )
+        written = atomic_write(index, lambda f: f.write(doc), exclusive=exclusive)
     except OSError as exc:
         raise ShardError(
             f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable "
             "path, e.g. ShardedDataset(..., index='/tmp/my-index.json').",
             path=index,
         ) from exc
-    if not written:  # another builder finished first: use its index
-        return _read_index(index, paths, reader)
-    return entries
+    return entries if written else _read_index(index, paths, reader)
 
 
-def _extra_error(index: Path, extra: list[str]) -> ShardError:
-    """The error for an index that lists shards ``extra`` besides those given."""
-    gone = [p for p in extra if not os.path.exists(p)]
-    if gone:
-        return MissingShardError(
-            f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
-            "them, or delete the index if they were removed on purpose.",
-            path=gone[0],
-        )
-    return ShardError(
-        f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
-        "given); pass every shard it was built for, or delete it to count this list.",
-        path=index,
-    )
-
-
-def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
+def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[list[Any]]:
+    """The rows of the index document ``data`` found at ``where``, checked: readable, its
+    checksum, its version (and kind: ``remote``) and the reader settings it was counted with."""
     try:
-        doc = json.loads(index.read_text())
+        doc = json.loads(data)
         rows = doc["shards"]
         ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == _checksum(rows)
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardError(
-            f"shard index {str(index)!r} is unreadable ({type(exc).__name__}: {exc}); delete "
-            "it so the shards are counted again.",
-            path=index,
+            f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it so "
+            "the shards are counted again.",
+            path=where,
         ) from exc
-    if not ok:
+    if not ok or (remote and doc.get("remote") is not True):
         raise ShardError(
-            f"shard index {str(index)!r} fails its checksum or is from another loaderkit "
-            "version; delete it so the shards are counted again.",
-            path=index,
+            f"shard index {where!r} fails its checksum or is not {'a remote' if remote else 'an'} "
+            "index of this loaderkit version; delete it so the shards are counted again.",
+            path=where,
         )
     if doc["reader"] != reader.spec():
         raise ShardError(
-            f"shard index {str(index)!r} was counted with reader settings {doc['reader']}, "
-            f"this reader has {reader.spec()}; pass another index= path, or delete it.",
-            path=index,
+            f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
+            f"reader has {reader.spec()}; pass another index=, or delete it.",
+            path=where,
         )
-    base = index.parent
-    by_name = {(base / r[0]).resolve(): r for r in rows}
+    return list(rows)
+
+
+def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
+    rows = _rows(index.read_bytes(), str(index), reader, remote=False)
+    by_path = {(index.parent / r[0]).resolve(): r for r in rows}
     wanted = [p.resolve() for p in paths]
     for path, resolved in zip(paths, wanted, strict=True):
-        if resolved not in by_name:
+        if resolved not in by_path:
             raise ShardError(
                 f"shard {str(path)!r} is not in the shard index {str(index)!r}; pass the "
                 "shards it was built for, or delete it so the new list is counted.",
                 path=path,
             )
     if len(set(wanted)) != len(rows):
-        raise _extra_error(index, sorted(str(p) for p in set(by_name) - set(wanted)))
-    entries = [
-        IndexEntry(
-            p,
-            int(by_name[r][1]),
-            int(by_name[r][2]),
-            int(by_name[r][3]),
-            by_name[r][4] if len(by_name[r]) > 4 else None,
+        extra = sorted(str(p) for p in set(by_path) - set(wanted))
+        gone = [p for p in extra if not os.path.exists(p)]
+        if gone:
+            raise MissingShardError(
+                f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
+                "them, or delete the index if they were removed on purpose.",
+                path=gone[0],
+            )
+        raise ShardError(
+            f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
+            "given); pass every shard it was built for, or delete it to count this list.",
+            path=index,
         )
-        for p, r in zip(paths, wanted, strict=True)
-    ]
-    for entry in entries:
+    entries = []
+    for path, resolved in zip(paths, wanted, strict=True):
+        _, size, mtime, samples, *extras = by_path[resolved]
+        entry = IndexEntry(path, int(size), int(mtime), int(samples), *extras[:1])
         why = entry.changed()
         if why == "missing":
-            raise _missing(entry.path)
+            raise _missing(path)
         if why is not None:
             raise ShardChangedError(
-                f"shard {str(entry.path)!r} no longer matches the shard index "
-                f"{str(index)!r}: {why}. The sample counts, and with them the order and any "
-                "saved position, would be wrong; delete the index so the shards are "
-                "counted again (and restart the run: a saved position does not carry over).",
-                path=entry.path,
+                f"shard {str(path)!r} no longer matches the shard index {str(index)!r}: {why}; "
+                "delete the index so the shards are counted again, and restart the run.",
+                path=path,
             )
+        entries.append(entry)
     return entries
-
-
-# ------------------------------------------------------------- remote folders
-# A remote folder's index has the same name and layout, with an object's
-# version (ETag, else its modification time, as the listing gives it) where a
-# local index has an mtime: rows are [name, size, version, samples] (and extras, as locally).
-
-
-def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
-    """The index file name of shards ``names`` under ``reader`` (as for a local folder)."""
-    return f"{INDEX_PREFIX}{_key([Path(n) for n in names], reader.spec())}.json"
-
-
-def remote_index_doc(
-    rows: list[list[Any]], reader: ShardReader, written_by: str | None = None
-) -> bytes:
-    """The index document of ``rows`` (``[name, size, version, samples(, extras)]`` each)."""
-    doc = {"remote": True, **_doc(rows, reader, written_by)}
-    return json.dumps(doc, indent=1).encode()
-
-
-def _other_names_error(
-    where: str, names: list[str], indexed: list[str], folder: bool
-) -> ShardError:
-    """The error for a remote index of other shards than the ``names`` listed."""
-    missing = sorted(set(names) - set(indexed))[:3]
-    extra = sorted(set(indexed) - set(names))
-    if folder and extra:
-        return MissingShardError(
-            f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} lists: "
-            f"{extra}; restore them (or re-run write_shards), or pass another index=.",
-            path=where,
-        )
-    return ShardError(
-        f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
-        f"in it: {extra[:3]}); pass the shards it was built for, or delete it so this list "
-        "is counted.",
-        path=where,
-    )
 
 
 def read_remote_index(
@@ -302,80 +240,55 @@ def read_remote_index(
     folder: bool = False,
 ) -> tuple[list[int], list[dict[str, Any] | None]]:
     """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``
-    each, as listed now) from the index document ``data`` found at ``where``, checked against
-    the listing: an object that changed since it was counted is an error naming its URL.
+    each) from the index ``data`` found at ``where``, each checked against the listing;
     ``folder``: ``listed`` is a whole folder, so a shard only the index lists is missing."""
-    try:
-        doc = json.loads(data)
-        rows = doc["shards"]
-        ok = (
-            doc["version"] in _READABLE_VERSIONS
-            and doc.get("remote") is True
-            and doc["checksum"] == _checksum(rows)
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ShardError(
-            f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it so "
-            "the shards are counted again.",
-            path=where,
-        ) from exc
-    if not ok:
-        raise ShardError(
-            f"shard index {where!r} fails its checksum or is not a remote folder's index of "
-            "this loaderkit version; delete it so the shards are counted again.",
-            path=where,
-        )
-    if doc["reader"] != reader.spec():
-        raise ShardError(
-            f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
-            f"reader has {reader.spec()}; pass another index=, or delete it.",
-            path=where,
-        )
-    by_name = {str(r[0]): r for r in rows}
+    by_name = {str(r[0]): r for r in _rows(data, where, reader, remote=True)}
     names = [name for _, name, _, _ in listed]
     if sorted(by_name) != sorted(names):
-        raise _other_names_error(where, names, list(by_name), folder)
+        missing = sorted(set(names) - set(by_name))[:3]
+        extra = sorted(set(by_name) - set(names))
+        if folder and extra:
+            raise MissingShardError(
+                f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} "
+                f"lists: {extra}; restore them (or re-run write_shards), or pass another index=.",
+                path=where,
+            )
+        raise ShardError(
+            f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
+            f"in it: {extra[:3]}); pass the shards it was built for, or delete it.",
+            path=where,
+        )
     samples: list[int] = []
     extras: list[dict[str, Any] | None] = []
     for url, name, size, version in listed:
-        row = by_name[name]
-        _, isize, iversion, count = row[:4]
-        extras.append(row[4] if len(row) > 4 else None)
+        _, isize, iversion, count, *extra_col = by_name[name]
         if int(isize) != size or str(iversion) != version:
             raise ShardChangedError(
                 f"shard {url!r} changed after it was indexed (now {size} bytes, version "
-                f"{version!r}; indexed: {isize} bytes, {iversion!r}): the sample counts, the "
-                f"order and every saved position would be wrong; delete the index {where!r} "
-                "and restart the run.",
+                f"{version!r}; indexed: {isize} bytes, {iversion!r}); delete the index "
+                f"{where!r} and restart the run.",
                 path=url,
             )
         samples.append(int(count))
+        extras.append(extra_col[0] if extra_col else None)
     return samples, extras
 
 
-# ------------------------------------------------------- a folder as a whole
 # The index write_shards wrote is the truth for its folder: a listing that lacks
 # shards an index of the folder lists is an incomplete corpus, never a smaller one.
-
-
 def is_index_name(name: str) -> bool:
     """Whether a file of this name is a shard index."""
     return name.startswith(INDEX_PREFIX) and name.endswith(".json")
 
 
-def index_names(data: bytes) -> list[str] | None:
-    """The names of the shards an index document lists in its own folder (None: unreadable)."""
-    parsed = _folder_listing(data)
-    return None if parsed is None else parsed[0]
-
-
-def _folder_listing(data: bytes) -> tuple[list[str], bool] | None:
-    """:func:`index_names`, and whether ``write_shards`` wrote the index (None: unreadable)."""
+def index_names(data: bytes) -> tuple[list[str], bool] | None:
+    """The names of the shards an index document lists in its own folder, and whether
+    ``write_shards`` wrote it (None: unreadable)."""
     try:
         doc = json.loads(data)
-        rows = doc["shards"]
-        names = [str(r[0]) for r in rows if "/" not in str(r[0]) and os.sep not in str(r[0])]
-        return names, doc.get("written_by") == WRITER
+        names = [str(r[0]) for r in doc["shards"]]
+        local = [n for n in names if "/" not in n and os.sep not in n]
+        return local, doc.get("written_by") == WRITER
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
@@ -383,9 +296,8 @@ def _folder_listing(data: bytes) -> tuple[list[str], bool] | None:
 def unfinished_write_error(folder: str) -> ShardError:
     """The error for a folder whose ``write_shards`` stopped part-way (its markers are there)."""
     return ShardError(
-        f"shard folder {folder!r} holds an unfinished write_shards ({WORK_DIR}/ is there: it "
-        "stopped part-way, so shards may be missing); re-run the same write_shards call, which "
-        "resumes and finishes it.",
+        f"shard folder {folder!r} holds an unfinished write_shards ({WORK_DIR}/ is there); "
+        "re-run the same write_shards call, which resumes and finishes it.",
         path=folder,
     )
 
@@ -397,40 +309,26 @@ def check_complete(
     accept: Callable[[str], bool],
     kept: Sequence[tuple[str, bytes]] = (),
 ) -> None:
-    """Raise :class:`MissingShardError` naming every shard that an index of ``folder`` lists
-    (among the names ``accept`` takes: this reader's) and its listing ``listed`` lacks; and,
-    when ``write_shards`` wrote an index of it, :class:`ShardError` naming every listed shard
-    that none of those indexes lists (a stray file, not part of the corpus).
-
-    ``indexes``: ``(where, document)`` of each index file in the folder; ``kept``: those kept
-    for it elsewhere (a read-only folder's, in the cache), used unless ``write_shards`` wrote
-    one in it (then that one is the truth: a cached index may predate a rewrite).
-    """
-    parsed = [(where, *(_folder_listing(data) or ([], False))) for where, data in indexes]
+    """Refuse a folder whose listing ``listed`` lacks a shard (among those ``accept`` takes)
+    that one of its ``indexes`` (``(where, document)``) lists, or, with a ``write_shards``
+    index among them, holds a shard none of those lists (a stray file). ``kept``: indexes
+    kept for it elsewhere (a read-only folder's), used unless ``write_shards`` wrote one."""
+    parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
     if not any(by_writer for _, _, by_writer in parsed):
-        parsed += [(where, *(_folder_listing(data) or ([], False))) for where, data in kept]
+        parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
     have = set(listed)
-    gone: set[str] = set()
-    where: list[str] = []
-    written: set[str] = set()
-    writers: list[str] = []
-    for name, names, by_writer in parsed:
-        lost = {n for n in names if accept(n) and n not in have}
-        if lost:
-            gone |= lost
-            where.append(name)
-        if by_writer:
-            written.update(names)
-            writers.append(name)
+    gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
     if gone:
         missing = sorted(gone)
+        where = [w for w, names, _ in parsed if set(names) & gone]
         raise MissingShardError(
             f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
             f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run "
             "write_shards), or delete the index if they were removed on purpose.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
-    stray = sorted(have - written) if writers else []
+    writers = [w for w, _, by_writer in parsed if by_writer]
+    stray = sorted(have - {n for _, names, w in parsed if w for n in names}) if writers else []
     if stray:
         raise ShardError(
             f"shard folder {folder!r} holds {len(stray)} shard file(s) that its write_shards "
@@ -451,12 +349,3 @@ def load_or_build_index(
         if not path.exists():
             raise _missing(path)
     return build_index(paths, reader, index, exclusive=True), index
-
-
-def __getattr__(name: str) -> Any:
-    # write_shards lived here before loaderkit.data.writer; keep the old import path working.
-    if name == "write_shards":
-        from loaderkit.data.writer import write_shards
-
-        return write_shards
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

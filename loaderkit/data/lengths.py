@@ -83,21 +83,24 @@ def compute_lengths(
             return cached
     out = np.empty(size, dtype=np.int64)
     for i in _progress(size, progress):
-        value = fn(dataset[i])
-        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
-            raise TypeError(
-                f"compute_lengths: length_fn returned {value!r} ({type(value).__name__}) for "
-                f"sample {i}; it must return the sample's token count as an int."
-            )
-        if value < 0:
-            raise ValueError(
-                f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be "
-                "token counts >= 0: fix length_fn for that sample."
-            )
-        out[i] = value
+        out[i] = _checked(fn(dataset[i]), i)
     if path is not None and meta_path is not None:
         _save_cached_lengths(path, meta_path, ident, out)
     return out
+
+
+def _checked(value: Any, i: int) -> Any:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"compute_lengths: length_fn returned {value!r} ({type(value).__name__}) for "
+            f"sample {i}; it must return the sample's token count as an int."
+        )
+    if value < 0:
+        raise ValueError(
+            f"compute_lengths: length_fn returned {value} for sample {i}; lengths must be "
+            "token counts >= 0: fix length_fn for that sample."
+        )
+    return value
 
 
 def _default_length(sample: Any) -> int:

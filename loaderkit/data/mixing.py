@@ -1,23 +1,9 @@
 """Weighted mixing of datasets: one map-style dataset, one plan, exact resume.
 
-:class:`MixedDataset` lays several map-style datasets (*sources*) end to end
-and gives them a :class:`~loaderkit.MixPlan`: each epoch draws a fixed number
-of samples from each source (by ``weights`` of an ``epoch_size``, or by
-``repeat`` passes over each source, like mosaic streaming's
-``proportion``/``repeat``), interleaved at random, each source permuted afresh
-per *source-epoch* so that each of its samples is drawn exactly once per
-source-epoch. The plan is a pure function of ``(seed, epoch, position)``
-(:mod:`loaderkit.plan.mix`), so :class:`~loaderkit.ResumableDataLoader` gives
-it what it gives every plan: O(1) exact resume, a re-split of the rest of the
-epoch under another world size or ``num_workers``, equal steps per rank and
-per-sample seeding, with no mixing code in the loader.
-
-What a resume checks: a saved position holds the mix's identity (the source
-names in order, their sizes and draws per epoch), and loading it into a mix
-that differs in any of them is a :class:`~loaderkit.StateMismatchError` naming
-the field. A source whose ``len()`` changed after the mix was built is refused
-when the next epoch starts (the plan covers the old sizes), and a mix is not a
-source of another mix (its weights would be ignored): pass its sources instead.
+:class:`MixedDataset` lays map-style sources end to end and gives them a
+:class:`~loaderkit.MixPlan` (docs/design.md, weighted mixing): a saved position
+holds the mix's identity (source names, sizes, draws per epoch) and resuming
+into a different mix is a :class:`~loaderkit.StateMismatchError`.
 """
 
 from __future__ import annotations
@@ -26,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
 from loaderkit.data.lengths import compute_lengths
@@ -59,6 +45,62 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
     return [value[n] for n in names]
 
 
+def _holds_mix(ds: Any) -> bool:
+    """Whether ``ds`` is, or wraps in torch's ``Subset``/``ConcatDataset``, a MixedDataset."""
+    if isinstance(ds, Subset):
+        return _holds_mix(ds.dataset)
+    if isinstance(ds, ConcatDataset):
+        return any(_holds_mix(d) for d in ds.datasets)
+    return isinstance(ds, MixedDataset)
+
+
+def _check_source(name: str, ds: Any) -> None:
+    if _holds_mix(ds):
+        what = (
+            "is itself a MixedDataset"
+            if isinstance(ds, MixedDataset)
+            else "holds a MixedDataset (through a torch Subset or ConcatDataset)"
+        )
+        raise TypeError(
+            f"{_OWNER}: source {name!r} {what}, whose weights a mix of mixes would ignore; "
+            "pass its sources to this mix directly, each weighted by its share of the inner "
+            "mix times the inner mix's weight."
+        )
+    if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+        raise TypeError(
+            f"{_OWNER}: source {name!r} must be a map-style dataset (len() and [i]), "
+            f"got {type(ds).__name__}; streams cannot be mixed by position."
+        )
+    if len(ds) < 1:
+        raise ValueError(f"{_OWNER}: source {name!r} is empty (len 0); drop it from sources.")
+
+
+def _list_names(datasets: list[Any]) -> list[str]:
+    """The names of sources given as a list: each one's data (its folder or files) where it
+    has them, else its position; a name shared by several gets ``#position`` appended."""
+    names = [getattr(ds, "_source_name", None) or str(i) for i, ds in enumerate(datasets)]
+    shared = {n for n in names if names.count(n) > 1}
+    return [f"{n}#{i}" if n in shared else n for i, n in enumerate(names)]
+
+
+def _check_distinct(
+    datasets: list[Any], sizes: tuple[int, ...], per_epoch: tuple[int, ...]
+) -> None:
+    """Refuse two listed sources that a saved position could not tell apart: no name from
+    their data (or the same one), the same size and the same draws per epoch."""
+    seen: dict[tuple[Any, int, int], int] = {}
+    for j, ds in enumerate(datasets):
+        key = (getattr(ds, "_source_name", None), sizes[j], per_epoch[j])
+        i = seen.setdefault(key, j)
+        if i != j:
+            raise ValueError(
+                f"{_OWNER}: sources[{i}] and sources[{j}] have no name, the same size "
+                f"({sizes[j]}) and the same draws per epoch ({per_epoch[j]}), so a resume "
+                f"cannot tell them apart; pass the sources as a dict by name, e.g. "
+                f"{{'a': sources[{i}], 'b': sources[{j}]}}."
+            )
+
+
 class MixedDataset(Dataset[Any]):
     """Several map-style datasets mixed by weights or repeats, with their own :class:`MixPlan`.
 
@@ -67,8 +109,10 @@ class MixedDataset(Dataset[Any]):
     batches) or :meth:`bucket_batch_sampler` (length-bucketed, token budgets).
 
     Args:
-        sources: The datasets, as a dict by name or a sequence (named
-            ``"0"``, ``"1"``, ...); each needs ``len()`` >= 1 and ``[i]``.
+        sources: The datasets, as a dict by name or a sequence (each named by
+            its data, a shard folder's name or its files, where it has them,
+            else ``"0"``, ``"1"``, ... by position); each needs ``len()`` >= 1
+            and ``[i]``.
         weights: Proportions of an epoch, one per source (a list in source
             order, or a dict by name; any positive scale): each epoch draws
             ``weights[s] / sum(weights) * epoch_size`` samples from source ``s``
@@ -80,16 +124,12 @@ class MixedDataset(Dataset[Any]):
             total, ``len(self)``).
 
     Neither ``weights`` nor ``repeat``: every source once per epoch, a shuffled
-    concatenation. Name the sources (a dict) so that a resume checks each one's
-    place: a list's sources are checked by position, size and draws only.
+    concatenation. A resume checks the sources' names, sizes and draws in
+    order; a list of two sources that none of these tells apart is refused.
 
     Each source's samples are drawn exactly once per *source-epoch* (a fresh
-    permutation of the source each), over as many epochs as that takes: a
-    source allotted fewer draws than it holds carries its source-epoch into the
-    next epoch. Per-sample seeding keys augmentation by draw: ``(seed, epoch,
-    global index)`` for a sample drawn once in the epoch, and a key of its own
-    for each further draw of an upsampled sample (:mod:`loaderkit.plan.mix`), so
-    its copies get different random draws, as under a ``WeightedRandomSampler``.
+    permutation of the source, which may span epochs); each further draw of an
+    upsampled sample has its own per-sample seeding key.
 
     Example:
         >>> import torch
@@ -122,8 +162,8 @@ class MixedDataset(Dataset[Any]):
             self.names = [str(k) for k in sources]
             datasets = list(sources.values())
         elif isinstance(sources, Sequence) and not isinstance(sources, str | bytes):
-            self.names = [str(i) for i in range(len(sources))]
             datasets = list(sources)
+            self.names = _list_names(datasets)
         else:
             raise TypeError(
                 f"{_OWNER}: sources must be a dict of datasets by name or a list of datasets, "
@@ -131,33 +171,18 @@ class MixedDataset(Dataset[Any]):
             )
         if not datasets:
             raise ValueError(f"{_OWNER}: sources is empty; pass at least one dataset.")
-        sizes = []
         for name, ds in zip(self.names, datasets, strict=True):
-            if isinstance(ds, MixedDataset):
-                raise TypeError(
-                    f"{_OWNER}: source {name!r} is itself a MixedDataset, whose weights a mix "
-                    "of mixes would ignore (its samples drawn uniformly); pass its sources to "
-                    "this mix directly, each weighted by its share of the inner mix times the "
-                    "inner mix's weight."
-                )
-            if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-                raise TypeError(
-                    f"{_OWNER}: source {name!r} must be a map-style dataset (len() and [i]), "
-                    f"got {type(ds).__name__}; streams cannot be mixed by position."
-                )
-            if len(ds) < 1:
-                raise ValueError(
-                    f"{_OWNER}: source {name!r} is empty (len 0); drop it from sources."
-                )
-            sizes.append(len(ds))
+            _check_source(name, ds)
         self.sources = datasets
-        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.sizes: tuple[int, ...] = tuple(len(ds) for ds in datasets)
         self.per_epoch: tuple[int, ...] = mix_allotments(
             self.sizes,
             weights=_by_source("weights", weights, self.names, named),
             repeat=_by_source("repeat", repeat, self.names, named),
             epoch_size=epoch_size,
         )
+        if not named:
+            _check_distinct(datasets, self.sizes, self.per_epoch)
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
 

@@ -1,42 +1,9 @@
 """Parquet files as shards: one file a shard, one row a sample, one row group the unit of reading.
 
-:class:`ParquetReader` is a :class:`~loaderkit.ShardReader`, so Parquet files
-get everything :class:`~loaderkit.ShardedDataset` gives token shards: the
-shard plan (shards shuffled per epoch, windows shuffled inside each, every
-row exactly once across ranks and workers), exact O(1) resume, and files at
-URLs through the same local cache (:class:`~loaderkit.RemoteCache`).
-
-- **Counting** reads only each file's footer (``num_rows`` of its metadata);
-  the shard index records the row count per file, as for any shard, and the
-  row-group boundaries come from the same footer when a process opens the
-  file (it must read the footer to read anything). No data page is read.
-- **Reading** a batch groups its rows by row group: each row group it needs
-  is decoded once (only the selected ``columns``), kept in a small
-  least-recently-used cache per process (``cache_row_groups``), and the
-  batch's rows are gathered with one ``take`` over those row groups, then
-  converted column by column (numbers -> a tensor; ``list<number>`` -> a list
-  of 1-D tensors, for :class:`~loaderkit.PadCollate`): no per-row Python.
-  The shard plan reads a file window by window, so with windows of about a
-  row group's size each row group is decoded about once per epoch per reader.
-- **Types** must agree across files, and are decided once for all of a
-  dataset's files: :class:`~loaderkit.ShardedDataset` and
-  :class:`~loaderkit.StreamingShardedDataset` call :meth:`ParquetReader.prepare`
-  when built, which reads every file's footer (for a file at a URL, by a range
-  read of its end; a compressed one is fetched and decoded) and refuses a
-  column typed differently (``int64`` in one file, ``string`` or ``double`` in
-  another) with a :class:`~loaderkit.ShardError` naming the column and both
-  files, before any batch. Only types one dtype holds exactly are merged
-  (``int32`` with ``int64``: every batch of the dataset is ``int64``). With
-  ``columns=None`` the files must have the same column names. The workers
-  read with the prepared reader, and a file opened later is checked against
-  it (a file rewritten since with a wider type is refused).
-- **Lengths** for token budgets: ``length_column``, a ``list`` column (each
-  row's list length) or an integer column (the lengths themselves), read
-  alone (:meth:`~loaderkit.ShardedDataset.lengths`).
-
-A forked DataLoader worker re-opens the file it inherited (the parent's file
-handle and Arrow's thread pool do not cross a ``fork`` safely) and decodes
-with ``use_threads=False``: the workers are the parallelism.
+Counting reads each file's footer; a batch decodes each row group it touches
+once (selected ``columns``, a small LRU per process) and converts it column by
+column; types must agree across files and are settled once by
+:meth:`ParquetReader.prepare` (docs/design.md, Parquet and Arrow tables).
 """
 
 from __future__ import annotations
@@ -51,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from loaderkit._checks import check_int
-from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, merge_kinds, table_columns
+from loaderkit.data._arrow import (
+    Columns,
+    column_kind,
+    import_pyarrow,
+    length_values,
+    merge_kinds,
+    table_columns,
+)
 from loaderkit.data.readers import OpenShard, _missing
 from loaderkit.errors import ShardError
 
@@ -59,7 +33,7 @@ __all__ = ["ParquetReader"]
 
 
 class ParquetReader:
-    """Parquet files as shards of rows (module docstring).
+    """Parquet files as shards of rows.
 
     Args:
         columns: The columns to read (default: all). Every file must have them.
@@ -136,10 +110,10 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
-        # Column -> (batch kind, Arrow type, file) of the files checked so far, and (with
+        # Column -> (batch kind, [(Arrow type, its first file)] merged into it), and (with
         # columns=None) the first file's column names: of all a dataset's files once
         # prepare()d, else of those this process opened.
-        self._kinds: dict[str, tuple[tuple[Any, ...], Any, str]] = {}
+        self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
         self._names: tuple[list[str], str] | None = None
         self._prepared = False
 
@@ -173,7 +147,7 @@ class ParquetReader:
         :class:`~loaderkit.ShardedDataset` and :class:`~loaderkit.StreamingShardedDataset`
         call it once, when built, and read with the copy it returns (their workers get
         that copy), so every batch of a dataset has the same columns and dtypes, and a
-        type mismatch is refused before any batch (module docstring).
+        type mismatch is refused before any batch.
 
         Args:
             files: ``(name, source)`` per file: how messages name it, and its local path
@@ -224,38 +198,39 @@ class ParquetReader:
         return wanted
 
     def _merge(self, where: str, name: str, t: Any) -> None:
-        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kinds
-        of the files before it, or refuse it naming both files."""
+        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kind of
+        the files before it, or refuse it naming the file and the merged type."""
         kind = column_kind(import_pyarrow(), t)
         seen = self._kinds.get(name)
         if seen is None:
-            self._kinds[name] = (kind, t, where)
+            self._kinds[name] = (kind, [(str(t), where)])
             return
         merged = merge_kinds(seen[0], kind)
         if merged is None:
             raise ShardError(
-                f"ParquetReader: column {name!r} is {t} in {where!r} but {seen[1]} in "
-                f"{seen[2]!r}, and no type holds the values of both exactly; write every "
-                f"file with one type for {name!r}, or leave it out with columns=[...].",
+                f"ParquetReader: column {name!r} is {t} in {where!r} but {_merged_text(seen)}, "
+                f"and no type holds the values of both exactly; write every file with one type "
+                f"for {name!r}, or leave it out with columns=[...].",
                 path=where,
             )
-        if merged == seen[0]:
-            return
-        if self._prepared:
+        if merged != seen[0] and self._prepared:
             raise ShardError(
                 f"ParquetReader: column {name!r} is {t} in {where!r}, which {seen[0][1]}, "
                 "decided from the files when the dataset was built, does not hold: the "
                 "file changed since; build the dataset again (and delete the shard index).",
                 path=where,
             )
-        self._kinds[name] = (merged, t, where)
+        sources = seen[1]
+        if all(text != str(t) for text, _ in sources):
+            sources = [*sources, (str(t), where)]
+        self._kinds[name] = (merged, sources)
 
     def dtypes(self, columns: list[str]) -> dict[str, Any]:
         """The torch dtype each numeric column of ``columns`` is read as: the merged dtype of
         the files checked so far (all of a dataset's files once prepared)."""
         return {
             name: kind[1]
-            for name, (kind, _, _) in self._kinds.items()
+            for name, (kind, _) in self._kinds.items()
             if name in columns and kind[0] != "python"
         }
 
@@ -288,6 +263,17 @@ class ParquetReader:
             )
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
+
+
+def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
+    """How a column's type across the files checked so far reads in a message."""
+    kind, sources = seen
+    if len(sources) == 1:
+        return f"{sources[0][0]} in {sources[0][1]!r}"
+    dtype = str(kind[1]).removeprefix("torch.")
+    text = {"tensors": f"list<{dtype}>", "fixed": f"fixed_size_list<{dtype}>"}.get(kind[0], dtype)
+    parts = ", ".join(f"{t} in {where!r}" for t, where in sources)
+    return f"{text} in the files before it (merged from {parts})"
 
 
 class _ParquetShard:
@@ -380,15 +366,4 @@ class _ParquetShard:
                 path=self.path,
             )
         col = self._handle().read(columns=[name], use_threads=False).column(0)
-        t = col.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            col = pa.compute.list_value_length(col)
-        elif not pa.types.is_integer(t):
-            raise TypeError(
-                f"{self._where()}: length_column {name!r} is {t}; it must be a list column "
-                "(token ids) or an integer column (lengths)."
-            )
-        out = np.asarray(col.to_numpy(zero_copy_only=False))
-        if col.null_count:
-            raise ValueError(f"{self._where()}: length_column {name!r} has null values.")
-        return out.astype(np.int64, copy=False)
+        return length_values(pa, col, self._where(), name)

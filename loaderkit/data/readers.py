@@ -1,17 +1,9 @@
 """Shard readers: how one file becomes a sequence of samples.
 
-A reader is a small stateless object that knows one format. It *counts* a
-shard's samples once (when the shard index is built), *opens* a shard in each
-process that reads it, and *writes* shards for :func:`~loaderkit.write_shards`.
-An open shard is a memory map (or holds one), so it costs a file descriptor
-and no memory, is safe to inherit across ``fork`` (nothing has a file
-position), and reads sample ``i`` without scanning anything before it.
-
-Formats whose samples do not sit at computable offsets (documents cut at an
-EOS token, lines of a ``.jsonl``) store their sample offsets in a sidecar file
-next to the shard, written when the shard is counted: ``<shard>.lkoffsets``
-(``<shard>.eos<token>.lkoffsets`` for documents). Its last entry is the
-shard's length, so a sidecar that no longer fits its shard is detected on open.
+A reader is a small stateless object for one format: it counts a shard's
+samples once, opens it in each process (a memory map: no file position, safe
+across ``fork``) and writes shards for :func:`~loaderkit.write_shards`. Offsets
+sidecars: docs/design.md, sharded and streaming datasets.
 """
 
 from __future__ import annotations
@@ -212,9 +204,8 @@ def _check_mapped_size(path: Path, arr: np.ndarray, size: int) -> None:
 def _changed(path: Path, now: int, size: int) -> ShardError:
     return ShardError(
         f"file {str(path)!r} changed while it was memory-mapped: it is {now} bytes now, "
-        f"{size} when it was mapped (truncated or rewritten under a live mapping, which reads "
-        "as zeros or kills the process with SIGBUS). Restore the file (or rewrite the shards "
-        "and delete their index), then restart the run.",
+        f"{size} when it was mapped; restore the file (or rewrite the shards and delete "
+        "their index), then restart the run.",
         path=path,
     )
 
@@ -222,16 +213,11 @@ def _changed(path: Path, now: int, size: int) -> ShardError:
 class MappedFiles:
     """The memory maps an open shard reads, checked before and after every read.
 
-    A file truncated under a live mapping reads as zeros up to the end of its
-    last page, and kills the process with SIGBUS past it (measured: a
-    DataLoader worker then "exited unexpectedly"). Each read therefore checks
-    every mapped file's size first (an ``fstat`` of the map's own descriptor,
-    about 0.3 us) and refuses a changed file with a :class:`ShardError` naming
-    it, and checks again after copying, so bytes copied from a file that was
-    cut during the copy are never returned. What remains is a truncation that
-    lands between the two checks, inside the copy itself (microseconds): that
-    SIGBUS cannot be caught in Python; in a DataLoader worker loaderkit reports
-    it as a :class:`~loaderkit.errors.WorkerError` naming the signal.
+    A file truncated under a live mapping reads as zeros, or kills the process
+    with SIGBUS: each read checks every mapped file's size (``fstat``) before
+    and after copying, and refuses a changed file with a :class:`ShardError`
+    naming it. A truncation inside the copy itself is a SIGBUS, reported in a
+    DataLoader worker as a :class:`~loaderkit.errors.WorkerError`.
     """
 
     __slots__ = ("files",)
@@ -301,13 +287,9 @@ def _out_numpy_dtype(out_dtype: torch.dtype | None, stored: np.dtype) -> np.dtyp
 class TokenReader:
     """Flat token shards (``.npy``, or raw ``.bin`` of a dtype) as fixed-length or document samples.
 
-    The layout nanoGPT / litgpt-style pipelines write: one long 1-D array of
-    token ids per file. Each shard is memory-mapped once per process; a batch
-    of fixed-length samples is one gather out of a strided view of the map.
-    That is fast enough in the training process (about 1M samples of 1024
-    tokens per second on 2 cores, ``benchmarks/shards``); DataLoader workers
-    only add the cost of moving each batch between processes (about 1 ms), so
-    use ``num_workers=0`` unless something else in the batch needs the CPU.
+    One long 1-D array of token ids per file (nanoGPT / litgpt layout), memory-mapped
+    once per process; a batch of fixed-length samples is one gather out of the map,
+    fast enough for ``num_workers=0`` (``benchmarks/shards``).
 
     Args:
         seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens

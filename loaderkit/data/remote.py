@@ -1,78 +1,11 @@
 """Shards at URLs: a local cache with a byte budget, filled ahead of the plan.
 
-:class:`ShardedDataset` and :class:`StreamingShardedDataset` accept a folder
-URL (``s3://bucket/corpus``, ``gs://...``, ``https://...``, ``hf://...``:
-anything fsspec resolves) or a list of shard URLs. Readers still read local
-files: each shard is downloaded whole into a local cache directory and read
-from there (memory-mapped, as a local shard).
-
-The cache (:class:`RemoteCache`):
-
-- Layout: ``<cache_dir>/objects/<key>/<name>`` plus the shard's sidecars in
-  the same folder, ``key`` a hash of the URL, size and version (ETag) of the
-  object, so a changed object is never served from an old copy. Lock files
-  live in ``<cache_dir>/locks``.
-- Complete or absent: a download goes to a hidden temporary name, is checked
-  against the listed size, and is renamed into place (sidecars first, the
-  shard last); a killed download leaves only a temporary file, removed by the
-  next download of that shard or by eviction.
-- Shared: all processes of a machine (DDP ranks, DataLoader workers) may use
-  one cache directory. A shard is downloaded once: whoever downloads it holds
-  an exclusive ``flock`` on its download lock while the others wait on it.
-- Budget and eviction: every process holds a shared ``flock`` (a *lease*) on
-  each shard its plan still needs (the ones it reads now and the next
-  ``prefetch``). Before a download, the cache evicts least recently used
-  shards that no live process leases (an evictor must get an exclusive lock on
-  the lease file), until the new shard fits in ``max_bytes``. Locks die with
-  their process, so a ``kill -9`` leaves nothing locked. The prefetcher never
-  exceeds the budget (it waits); a read that needs a shard now fetches it even
-  over budget, counts it (``over_budget``) and warns once: raise ``max_bytes``
-  to hold what the processes of a machine read at once. A process that still
-  has an evicted shard open keeps reading it (POSIX keeps a deleted file's
-  data while it is open or mapped).
-
-Fetched ahead of the plan: each process that reads (a DataLoader worker, or
-the main process with ``num_workers=0``) runs one background thread that
-downloads the shards its next batches read, in the order it reads them:
-
-- :class:`ShardedDataset`: the loader's plan decides which batches each rank
-  and worker reads. The dataset's plans (:meth:`ShardedDataset.plan`,
-  ``batch_sampler``, ``bucket_batch_sampler``) note the schedule the loader
-  starts (epoch, position, rank, world size) on the dataset, which the workers
-  receive with it; a worker computes its own batches from that schedule
-  (worker ``w`` of ``n`` reads the schedule's batches ``w, w + n, ...``, as
-  torch deals them), checks each batch it gets against the prediction, and
-  fetches exactly the shards of its next batches; a resumed run starts from
-  the resumed position, so it fetches only what the rest of the epoch needs.
-  Persistent workers follow into the next epoch. A batch that matches no
-  prediction (a loader not built from the dataset's plans) is read with
-  on-demand fetching, counted as ``unplanned``.
-- :class:`StreamingShardedDataset`: a slot (rank, worker) reads its own
-  shards, in an order known per pass; it fetches the shards of its open lanes
-  and the next ``prefetch`` of its shards.
-
-So each process fetches only shards it reads. Under a mixing plan
-(``mix_shards > 1``) the batches of every worker draw from every shard of the
-current lanes, so the workers of a machine read the same shards; the shared
-cache downloads each one once per machine.
-
-Failures: a missing object or a refused permission raises at once
-(:class:`~loaderkit.errors.MissingShardError` / :class:`~loaderkit.errors.ShardError`)
-naming the URL; any other error is retried ``retries`` times with
-exponential backoff, each retry counted, and then raised naming the URL and
-the attempts. A read and its retries have one deadline, ``timeout_s``: a
-server that accepts and never answers is an error naming the URL and the
-deadline. :meth:`ShardedDataset.describe` reports the counts.
-
-What is checked: a folder is refused while a ``write_shards`` to it is
-unfinished, when it lacks a shard that an index of it lists (in it, or kept
-in the cache for a read-only folder: :class:`~loaderkit.errors.MissingShardError`
-naming every missing one), and when it holds a shard that its ``write_shards``
-index does not list (:class:`~loaderkit.errors.ShardError` naming it); an
-object is used only in the version (size and ETag, else modification time)
-the dataset listed: it is part of the cache key, and each download and range
-read checks it, so a rewritten object raises
-:class:`~loaderkit.errors.ShardChangedError` naming its URL.
+Each shard at a URL (anything fsspec resolves) is downloaded whole into a
+shared local cache (:class:`RemoteCache`: flock-guarded downloads, leases,
+LRU eviction within ``max_bytes``), or read by byte ranges, and read there as
+a local shard; a background thread per reading process fetches the shards of
+its next batches. Failures name the URL; a changed object raises
+:class:`~loaderkit.errors.ShardChangedError` (docs/design.md, shards in object storage).
 """
 
 from __future__ import annotations
@@ -128,9 +61,9 @@ from loaderkit.data._ranges import (
 from loaderkit.data.index import (
     WORK_DIR,
     check_complete,
+    index_doc,
     is_index_name,
     read_remote_index,
-    remote_index_doc,
     remote_index_name,
     unfinished_write_error,
 )
@@ -166,7 +99,7 @@ _RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the byt
 
 @dataclass(frozen=True, kw_only=True)
 class RemoteCache:
-    """Where and how shards at URLs are cached on local disk (module docstring).
+    """Where and how shards at URLs are cached on local disk.
 
     Args:
         cache_dir: The cache directory, shared by all processes of a machine
@@ -342,11 +275,8 @@ def _listed_shards(storage: Storage, folder: str, entries: list[dict[str, Any]])
 
 
 class _Board:
-    """The schedules the loader last started on this dataset's plans (main process).
-
-    Plain data: it travels with the dataset to the workers, which predict
-    their batches from it.
-    """
+    """The schedules the loader last started on this dataset's plans; plain data the
+    workers receive with the dataset and predict their batches from."""
 
     def __init__(self) -> None:
         self.plan: Any = None
@@ -630,7 +560,7 @@ class RemoteShards:
                 self.extras[i] = {"compression": "zstd", "raw_size": raw_size.stat().st_size}
                 row.append(self.extras[i])
             rows.append(row)
-        doc = remote_index_doc(rows, reader)
+        doc = index_doc(rows, reader, remote=True)
         target = str(index) if index is not None else default
         try:
             if is_url(target):
@@ -874,11 +804,8 @@ class RemoteShards:
 
     def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
         """Blocks ``blocks`` of shard ``index``, leased and fetched into the cache if missing
-        (adjacent missing blocks in one ranged request; all of them in one ``cat_ranges``).
-
-        The cache's rules hold for blocks as for shards: each is an entry of the cache
-        (atomic, within the budget, evicted least recently used when no process leases it).
-        Returns their maps (empty with ``ahead``)."""
+        (adjacent ones in one ranged request), each an ordinary cache entry; their maps
+        (empty with ``ahead``)."""
         entries = {b: self._block_entry(index, b) for b in blocks}
         for _, lease, _ in entries.values():
             self._lease_path(lease)

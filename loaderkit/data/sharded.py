@@ -1,75 +1,11 @@
 """Sharded datasets: many files, one plan, every sample exactly once across ranks and workers.
 
-:class:`ShardedDataset` is a map-style dataset over a list of shards whose
-sample counts are known (from a small index, see :func:`~loaderkit.write_shards`), and
-:class:`ShardPlan` is its sample plan. The plan's order of an epoch is a pure
-function of ``(seed, epoch, shard sizes, window, mix_shards)``:
-
-1. the shards are put in a random order (per seed and epoch) and their
-   samples laid end to end;
-2. that sequence is cut into ``mix_shards`` (K) equal *lanes*; a lane
-   boundary may cut a shard in two *pieces*;
-3. each piece is cut into consecutive windows of ``window`` samples (the
-   last one shorter) and each window is shuffled on its own;
-4. the lanes are interleaved, one sample of each in turn.
-
-So ``K`` consecutive samples of the order come from ``K`` lanes: a batch of
-``b <= K`` samples draws from ``b`` shards when every shard holds fewer
-than ``1/K`` of the samples (:class:`ShardPlan` states the general bound),
-while each lane reads its shards front to back, window by window, and a
-process reading a batch reads one row from each of a few open shards.
-``mix_shards=1`` reads one shard at a time: a batch reads from one shard, or
-two where the order passes from one shard to the next (more only when shards
-hold fewer than ``batch_size`` samples), at the price of batches that are
-correlated (one document source, time range... per step).
-
-The plan deals the order to ranks exactly as :class:`~loaderkit.SamplePlan`
-does (rank ``r`` takes the ``r``-th block of ``batch_size`` of every global
-step of ``world_size * batch_size``), and :class:`~loaderkit.ResumableDataLoader`
-hands consecutive batches of a rank to its workers. Hence, with no
-sharding-specific code in the loader:
-
-- every sample is seen exactly once per epoch across all ranks and workers;
-  the tail that does not fill a whole global step is padded by repeating the
-  first samples of the epoch's order (fewer than ``world_size`` of them,
-  ``drop_last=False``, the default) or dropped (``drop_last=True``, fewer than
-  ``world_size * batch_size``);
-- every rank steps the same number of times, so DDP never waits on a rank
-  that ran out of data;
-- resume is exact and O(1): the position is a number of consumed samples, and
-  a changed ``num_workers`` or world size re-splits the rest of the epoch.
-
-Opening shards: each process keeps the shards it read open (memory maps),
-up to ``max_open_shards``, least recently used closed first. What is
-guaranteed: a process opens a shard at most once in the lifetime of its copy
-of the dataset when the dataset has at most ``max_open_shards`` shards. With
-more, a process opens each *piece* (each shard with ``mix_shards=1``; at
-most ``K - 1`` shards per epoch are cut into two or more) at most once per
-epoch as long as ``max_open_shards >= 2 * k - 1`` when ``batch_size >= K``,
-or ``>= (K + 1) * k`` when ``batch_size < K``, where ``k`` is the most shards
-one batch spans (at most ``batch_size``; with ``mix_shards=1``, 2 when every
-non-empty shard holds at least ``batch_size`` samples, so 3 open shards
-suffice), except that the wrap-around padding of the epoch's last batch may
-reopen the epoch's first shards, and so may the substitutes of
-``on_error="skip"``. (Why: a process reads its batches in order, a lane
-reads its pieces in order, and a batch of ``b >= K`` samples reads every
-lane, so between two reads of a piece a process reads only the shards of
-those two batches; with ``b < K`` the lanes a process reads rotate, and come
-back to a lane within ``K`` of its batches.) Non-persistent DataLoader
-workers are new processes every epoch, so each opens a shard at most once
-per piece and epoch; persistent ones keep theirs open across epochs.
-
-Errors: a missing shard, a shard changed since it was indexed, or a corrupt
-or truncated one raises :class:`ShardError` (``FileNotFoundError`` too for a
-missing file) naming the file. ``on_error="skip"`` is the explicit opt-out
-for errors while reading (a shard that fails to open, a sample that fails to
-decode; the checks against the index when the dataset is built still raise):
-the sample is counted in :attr:`ShardedDataset.skipped`, warned about once per
-shard and process, and its place in the batch is taken by the next readable
-sample after it in global index order. So batches keep their size, every rank
-steps the same number of times, and the batches are the same for any
-``num_workers`` and after a resume; exactly-once becomes: each skipped sample
-never, each substitute one extra time, every other sample exactly once.
+:class:`ShardedDataset` is a map-style dataset over shards whose sample counts
+are indexed (:func:`~loaderkit.write_shards`); :class:`ShardPlan` orders them
+(shards shuffled, read ``mix_shards`` at a time in lanes, windows shuffled
+inside) and deals them to ranks as :class:`~loaderkit.SamplePlan` does, so
+exactly-once, equal steps per rank and O(1) resume need no sharding code in the
+loader. Open shards, ``on_error="skip"``: docs/design.md, sharded and streaming datasets.
 """
 
 from __future__ import annotations
@@ -85,8 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from loaderkit._checks import check_int
+from loaderkit._checks import check_int, getitem_overridden
 from loaderkit.data._arrow import Columns
+from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
@@ -110,7 +47,7 @@ class ShardedDataset(Dataset[Any]):
     the given order, or sorted by name for a directory). Fetch it through
     :meth:`batch_sampler`, whose plan shuffles shards, reads ``mix_shards`` of
     them at once with windows shuffled inside each, and splits the order
-    across ranks and workers (module docstring).
+    across ranks and workers.
 
     Args:
         shards: A directory (its files with the reader's suffixes, sorted), a
@@ -125,7 +62,7 @@ class ShardedDataset(Dataset[Any]):
             when absent; checked against every shard's size and mtime when present.
         on_error: ``"raise"`` (default), or ``"skip"``: a sample that fails to
             read is counted in :attr:`skipped`, warned about, and replaced in its
-            batch by the next readable sample (module docstring).
+            batch by the next readable sample.
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: the local cache and the storage options
             (:class:`~loaderkit.RemoteCache`; default ``RemoteCache()``). The
@@ -176,19 +113,10 @@ class ShardedDataset(Dataset[Any]):
         self.shards: list[Any] = (
             resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
         )
+        self._source_name = self._mix_name(shards)  # how a mix of datasets names this one
         self.entries: list[IndexEntry] | None = None
         self.index_path: Path | None = None
-        if self._remote is not None:
-            sizes = self._remote.count(reader, index)
-        elif isinstance(self.shards[0], Path):
-            self.entries, self.index_path = load_or_build_index(
-                self.shards, reader, None if index is None else Path(index)
-            )
-            sizes = [e.samples for e in self.entries]
-        else:
-            if index is not None:
-                raise ValueError("ShardedDataset: index= needs shard paths, got objects.")
-            sizes = [int(reader.count(s)) for s in self.shards]
+        sizes = self._count(index)
         self.sizes: tuple[int, ...] = tuple(sizes)
         self._ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(sizes, dtype=np.int64)
@@ -217,6 +145,27 @@ class ShardedDataset(Dataset[Any]):
             self.shards,
             self._files.local_file if self._remote is None else self._remote.footer_source,
         )
+
+    def _mix_name(self, shards: Any) -> str | None:
+        if isinstance(shards, str | os.PathLike):
+            return source_name(str(shards) if is_url(shards) else os.path.abspath(shards))
+        if self._remote is not None or isinstance(self.shards[0], Path):
+            files = self.shards if self._remote is None else [s.url for s in self._remote.shards]
+            return source_name([str(f) for f in files])
+        return None
+
+    def _count(self, index: Any) -> list[int]:
+        """Each shard's sample count: from the index (built if absent), or counted."""
+        if self._remote is not None:
+            return list(self._remote.count(self.reader, index))
+        if isinstance(self.shards[0], Path):
+            self.entries, self.index_path = load_or_build_index(
+                self.shards, self.reader, None if index is None else Path(index)
+            )
+            return [e.samples for e in self.entries]
+        if index is not None:
+            raise ValueError("ShardedDataset: index= needs shard paths, got objects.")
+        return [int(self.reader.count(s)) for s in self.shards]
 
     # --------------------------------------------------------------- basics
     def __len__(self) -> int:
@@ -334,8 +283,7 @@ class ShardedDataset(Dataset[Any]):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             return [], []
-        # Fast path (a batch inside one shard): min and max over a Python list beat numpy
-        # reductions on ~32 entries (~1 us against ~4).
+        # Fast path (a batch inside one shard): min and max of a short Python list beat numpy's.
         values = idx.tolist()
         if self._remote is not None:
             self._ahead(values[0])
@@ -378,11 +326,8 @@ class ShardedDataset(Dataset[Any]):
         """The batch at ``values`` (in range) as one array, each sample's row copied straight
         into it from its shard's ``rows``; ``None`` when a shard has no ``rows``/``dtype``
         (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the per-shard
-        path then raises or skips as ``on_error`` says).
-
-        The batches of a mixing plan (``mix_shards > 1``) hold one or two samples per
-        shard, where grouping by shard costs ~10 us per shard in numpy calls; a row copy
-        costs ~1 us (``benchmarks/shards``).
+        path then raises or skips as ``on_error`` says). For mixing plans' batches, which
+        hold one or two samples per shard: a row copy beats grouping by shard.
         """
         ends, starts, get = self._end_list, self._start_list, self._files.get
         out: Any = None
@@ -431,11 +376,8 @@ class ShardedDataset(Dataset[Any]):
         ]
 
     def _substitute(self, index: int) -> Any:
-        """The next readable sample after a skipped ``index``, in global index order (wrapping).
-
-        A function of the index alone, so batches stay the same for any
-        ``num_workers`` and after a resume, and keep their size.
-        """
+        """The next readable sample after a skipped ``index``, in global index order (wrapping):
+        a function of the index alone, so batches stay the same for any ``num_workers``."""
         n = len(self)
         g = (index + 1) % n
         for _ in range(n):
@@ -453,7 +395,10 @@ class ShardedDataset(Dataset[Any]):
         )
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples at ``indices``, in order, for a ``collate_fn`` (skips: see module doc)."""
+        """The samples at ``indices``, in order, for a ``collate_fn`` (skips: see module doc);
+        through a subclass's own ``__getitem__`` where it has one."""
+        if getitem_overridden(self, "__getitems__"):
+            return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
         return self._samples(parts, where, indices)
 

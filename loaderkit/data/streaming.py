@@ -1,37 +1,9 @@
 """Streaming sharded data: shards whose sample counts are not known in advance.
 
-Public names are exported from :mod:`loaderkit`.
-
-A stream cannot have a sample plan (nobody knows where sample ``i`` is), so
-loaderkit gives it the next best thing: a pure *assignment* of shards to
-slots, and a cursor per slot. A slot is one (rank, worker) pair: ``slot =
-rank * workers + worker`` with ``workers = max(num_workers, 1)``.
-
-- Pass ``p`` (an epoch, or one round of a slot through its shards) puts the
-  shards in an order drawn from ``(seed, p)``; slot ``s`` of ``S`` reads the
-  shards at positions ``s, s + S, s + 2S, ...`` of it. With fewer shards
-  than slots every slot reads every shard and keeps every ``S``-th sample
-  (striding: correct, but each slot reads all the bytes; a warning says so
-  once).
-- A slot reads ``mix_shards`` (K) of its shards at once, each front to back,
-  in *lanes* that take turns, one sample each: lane ``j`` starts with the
-  slot's ``j``-th shard; when a lane's shard ends it goes on with the slot's
-  next shard not yet started, or, with none left, drops out (the turn passes
-  to the next lane). So consecutive samples of a slot, and a batch, come
-  from K shards (until the slot's last shards), and every shard is still
-  read front to back. ``mix_shards=1`` reads one shard after another.
-- A slot's cursor is ``(pass, next shard position, lanes, turn, seen)``,
-  ``lanes`` holding each open lane's ``(shard position, offset)``: the next
-  sample of every open shard. Resuming at a cursor skips the finished shards
-  without opening them and seeks inside each open one
-  (``iter_from(shard, offset)``) — never a replay of what was read before.
-- Randomness inside a sample (``transform``) is keyed by the sample, not the
-  worker: ``(seed, pass, shard, offset)``.
-
-The cursors are only meaningful under the topology that made them, so a
-stream resumes exactly under the same world size and ``num_workers`` and
-refuses any other (:class:`~loaderkit.errors.StateMismatchError`): an elastic
-resume needs sample counts, i.e. :class:`~loaderkit.ShardedDataset`.
+A stream has no sample plan: each (rank, worker) slot reads its own shards, in
+an order drawn per pass from the seed, ``mix_shards`` at a time, and keeps a
+cursor that resumes by seeking, under the same topology only (docs/design.md,
+sharded and streaming datasets). Public names are exported from :mod:`loaderkit`.
 """
 
 from __future__ import annotations
@@ -142,9 +114,7 @@ class IterableReader:
 def _past_end(shard: Any, offset: int, length: int) -> ShardError:
     return ShardError(
         f"shard {shard_name(shard)} holds {length} samples, but the cursor resumes it at "
-        f"sample {offset}: the shard shrank since the state was saved (or the state does not "
-        "belong to these shards), so the samples in between would be lost silently. Restore "
-        "the shard, or start the loader without the saved state.",
+        f"sample {offset}; restore the shard, or start the loader without the saved state.",
         path=shard,
     )
 
@@ -199,12 +169,69 @@ class Cursor(NamedTuple):
         )
 
 
+def _check_args(
+    shards: Any,
+    reader: Any,
+    shuffle_shards: Any,
+    mix_shards: Any,
+    steps_per_epoch: Any,
+    samples_per_epoch: Any,
+    transform: Any,
+) -> tuple[int, tuple[str, ...]]:
+    """``mix_shards`` and the reader's suffixes, once every argument is checked."""
+    if not callable(getattr(reader, "iter_from", None)) and not callable(
+        getattr(reader, "open", None)
+    ):
+        raise TypeError(
+            "StreamingShardedDataset: reader must have iter_from(shard, offset) (a "
+            "StreamReader such as IterableReader) or open(shard) (a ShardReader such as "
+            f"TokenReader), got {type(reader).__name__}."
+        )
+    check_bool("shuffle_shards", shuffle_shards, owner="StreamingShardedDataset")
+    mix_shards = check_int(
+        "mix_shards",
+        mix_shards,
+        1,
+        owner="StreamingShardedDataset",
+        fix=f"pass the shards a slot reads at once, e.g. {DEFAULT_MIX}, or 1",
+        numpy_ok=True,
+    )
+    if steps_per_epoch is not None and samples_per_epoch is not None:
+        raise ValueError(
+            "StreamingShardedDataset: pass steps_per_epoch or samples_per_epoch, not both "
+            f"(got {steps_per_epoch} and {samples_per_epoch})."
+        )
+    for name, value, what in [
+        ("steps_per_epoch", steps_per_epoch, "the batches each rank takes per epoch"),
+        ("samples_per_epoch", samples_per_epoch, "the samples of an epoch over all ranks"),
+    ]:
+        if value is not None:
+            fix = f"pass {what}, or None for one pass"
+            check_int(name, value, 1, owner="StreamingShardedDataset", fix=fix)
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
+            "module-level function of one sample, or None."
+        )
+    if not hasattr(reader, "suffixes"):
+        reader_suffixes: tuple[str, ...] = ()
+        if isinstance(shards, str | os.PathLike):
+            raise ValueError(
+                f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
+                f"reader {type(reader).__name__} has no suffixes to list it by; give the "
+                "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
+            )
+    else:
+        reader_suffixes = tuple(reader.suffixes)
+    return mix_shards, reader_suffixes
+
+
 class StreamingShardedDataset(IterableDataset[Any]):
     """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
 
     Iterate it through :class:`~loaderkit.ResumableDataLoader`, which assigns
     shards to its ranks and workers, batches each slot's stream, and keeps a
-    cursor per slot in its state (module :mod:`loaderkit.data.streaming` docstring).
+    cursor per slot in its state.
 
     Epochs, two ways:
 
@@ -226,8 +253,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
         reader: A :class:`StreamReader` (``iter_from``) or a
             :class:`~loaderkit.ShardReader` (``open``, seeks by index).
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
-        mix_shards: Shards each slot reads at once, interleaved (lanes, module
-            docstring): a batch draws from that many; 1 reads one at a time.
+        mix_shards: Shards each slot reads at once, interleaved in lanes: a batch
+            draws from that many; 1 reads one at a time.
         steps_per_epoch: Batches per rank per epoch (see above).
         samples_per_epoch: Samples per epoch over all ranks (see above).
         transform: Applied to each sample, under per-sample seeding when the
@@ -262,59 +289,15 @@ class StreamingShardedDataset(IterableDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         remote: RemoteCache | None = None,
     ) -> None:
-        if not callable(getattr(reader, "iter_from", None)) and not callable(
-            getattr(reader, "open", None)
-        ):
-            raise TypeError(
-                "StreamingShardedDataset: reader must have iter_from(shard, offset) (a "
-                "StreamReader such as IterableReader) or open(shard) (a ShardReader such as "
-                f"TokenReader), got {type(reader).__name__}."
-            )
-        check_bool("shuffle_shards", shuffle_shards, owner="StreamingShardedDataset")
-        mix_shards = check_int(
-            "mix_shards",
+        mix_shards, reader_suffixes = _check_args(
+            shards,
+            reader,
+            shuffle_shards,
             mix_shards,
-            1,
-            owner="StreamingShardedDataset",
-            fix=f"pass the shards a slot reads at once, e.g. {DEFAULT_MIX}, or 1",
-            numpy_ok=True,
+            steps_per_epoch,
+            samples_per_epoch,
+            transform,
         )
-        if steps_per_epoch is not None and samples_per_epoch is not None:
-            raise ValueError(
-                "StreamingShardedDataset: pass steps_per_epoch or samples_per_epoch, not both "
-                f"(got {steps_per_epoch} and {samples_per_epoch})."
-            )
-        if steps_per_epoch is not None:
-            check_int(
-                "steps_per_epoch",
-                steps_per_epoch,
-                1,
-                owner="StreamingShardedDataset",
-                fix="pass the batches each rank takes per epoch, or None for one pass",
-            )
-        if samples_per_epoch is not None:
-            check_int(
-                "samples_per_epoch",
-                samples_per_epoch,
-                1,
-                owner="StreamingShardedDataset",
-                fix="pass the samples of an epoch over all ranks, or None for one pass",
-            )
-        if transform is not None and not callable(transform):
-            raise TypeError(
-                f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
-                "module-level function of one sample, or None."
-            )
-        if not hasattr(reader, "suffixes"):
-            reader_suffixes: tuple[str, ...] = ()
-            if isinstance(shards, str | os.PathLike):
-                raise ValueError(
-                    f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
-                    f"reader {type(reader).__name__} has no suffixes to list it by; give the "
-                    "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
-                )
-        else:
-            reader_suffixes = tuple(reader.suffixes)
         self.reader = reader
         self._remote = remote_source(shards, reader_suffixes, remote, "StreamingShardedDataset")
         if self._remote is not None:

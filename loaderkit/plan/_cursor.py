@@ -198,14 +198,14 @@ def check_state(
         and saved.get("kind") == fingerprint.get("kind")
         and set(saved) < set(fingerprint)
     ):
-        # The same kind of plan, saved before a setting existed: name the setting.
-        new = sorted(set(fingerprint) - set(saved))
+        # The same kind of plan, saved before a setting existed: name the settings.
+        new = [repr(k) for k in sorted(set(fingerprint) - set(saved))]
+        names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
+        here = ", ".join(f"{k}={fingerprint[k]!r}" for k in sorted(set(fingerprint) - set(saved)))
         raise StateMismatchError(
-            f"{owner}.load_state_dict: field 'plan' has no {', '.join(map(repr, new))}: the "
-            f"state was saved by an older loaderkit, whose plan had no such setting and so "
-            f"ordered the samples differently from this one ({', '.join(new)}="
-            f"{', '.join(repr(fingerprint[k]) for k in new)} here). Resuming would repeat and "
-            "skip samples; finish that run with the loaderkit that saved it, or start without "
+            f"{owner}.load_state_dict: field 'plan' has no {names} (this loaderkit's plan: "
+            f"{here}), so the state was saved by an older loaderkit that ordered the samples "
+            "differently. Finish that run with the loaderkit that saved it, or start without "
             "the state."
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):

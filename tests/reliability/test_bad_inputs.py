@@ -1011,7 +1011,7 @@ SHARDS = [
         ShardError,
         "t.npy",
         "changed while it was memory-mapped: it is 32796 bytes now, 32896",
-        "Restore the file",
+        "restore the file",
     ),
     Bad(
         "shard truncated under a live map (SIGBUS)",  # killed the process before
@@ -1019,7 +1019,7 @@ SHARDS = [
         ShardError,
         "t.npy",
         "200 bytes now",
-        "Restore the file",
+        "restore the file",
     ),
     Bad(
         "shard changed after indexing",

@@ -9,20 +9,27 @@ in one epoch got bit-identical augmentation.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit import (
     BucketBatchSampler,
     MixedDataset,
     MixPlan,
     ResumableDataLoader,
+    ShardedDataset,
     StateMismatchError,
+    TokenReader,
+    write_shards,
 )
+from loaderkit.plan._cursor import seal
 
 
 class Source(Dataset[dict[str, Any]]):
@@ -135,3 +142,86 @@ def test_mix_identity_and_draw_key_arguments_are_checked() -> None:
         MixPlan(source_sizes=(1, 2**40), per_epoch=(2**40, 1), batch_size=2)
     with pytest.raises(ValueError, match=r"source_sizes and per_epoch go together"):
         BucketBatchSampler([1, 2], batch_size=1, source_names=["a"])
+
+
+# ------------------------------------------------ sources given as a list (no names)
+def _id_shards(folder: Path, first: int) -> ShardedDataset:
+    reader = TokenReader(seq_len=2)
+    tokens = np.repeat(np.arange(first, first + 10), 2)
+    write_shards(folder, [tokens[:8], tokens[8:]], reader)
+    return ShardedDataset(folder, reader)
+
+
+def test_a_list_mix_of_shard_folders_resumed_in_another_order_is_refused(tmp_path: Path) -> None:
+    # On the merge of i22, the list's sources were named "0", "1" whatever they held:
+    # the reordered resume was accepted, with 4 duplicates in an epoch of 20.
+    web, books = _id_shards(tmp_path / "web", 0), _id_shards(tmp_path / "books", 100)
+
+    def run(sources: list[Any]) -> ResumableDataLoader:
+        mix = MixedDataset(sources, weights=[1, 1])
+        return ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(4, seed=3))
+
+    first = run([web, books])
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    with pytest.raises(StateMismatchError, match=r"field 'source_names' differs.*books.*web"):
+        run([books, web]).load_state_dict(state)
+    run([web, books]).load_state_dict(state)  # the same list resumes
+    assert MixedDataset([web, books]).names == ["web", "books"]  # the folders' names
+    files = ShardedDataset(web.shards, web.reader)  # named by its files
+    assert MixedDataset([files, books]).names[0].startswith("web/shard-00000.npy .. ")
+
+
+def test_a_list_of_sources_a_state_cannot_tell_apart_is_refused_at_construction() -> None:
+    a, b = Source(10, 0), Source(10, 100)
+    with pytest.raises(
+        ValueError,
+        match=r"sources\[0\] and sources\[1\] have no name, the same size \(10\) and the same "
+        r"draws per epoch \(10\), so a resume cannot tell them apart.*pass the sources as a "
+        r"dict by name",
+    ):
+        MixedDataset([a, b], weights=[1, 1])
+    # Told apart by size or by weight: the state's sizes and draws check their order.
+    assert MixedDataset([a, Source(12, 100)]).names == ["0", "1"]
+    assert MixedDataset([a, b], weights=[1, 2]).per_epoch == (7, 13)
+
+
+# ---------------------------------------------------- a mix inside a torch wrapper
+@pytest.mark.parametrize("wrap", ["subset", "concat", "subset-of-concat"])
+def test_a_mix_inside_a_torch_wrapper_is_refused_like_a_mix_of_mixes(wrap: str) -> None:
+    inner = MixedDataset({"a": Source(90, 0), "b": Source(10, 100)}, weights=[1, 1])
+    wrapped: Any = {
+        "subset": Subset(inner, range(len(inner))),
+        "concat": ConcatDataset([Source(3, 500), inner]),
+        "subset-of-concat": Subset(ConcatDataset([inner]), [0, 1]),
+    }[wrap]
+    with pytest.raises(
+        TypeError,
+        match=r"source 'inner' holds a MixedDataset \(through a torch Subset or "
+        r"ConcatDataset\), whose weights a mix of mixes would ignore.*pass its sources to this "
+        r"mix directly",
+    ):
+        MixedDataset({"inner": wrapped, "c": Source(100, 200)}, weights=[1, 1])
+
+
+# ------------------------------------------- a state saved before the mix's identity
+def test_a_mix_state_saved_without_the_mix_identity_is_refused_in_two_clear_sentences() -> None:
+    mix = MixedDataset({"a": Source(10, 0), "b": Source(10, 100)})
+    run = _loader(mix)
+    next(iter(run))
+    state = run.state_dict()
+    for key in ("repeat_seeding", "source_names"):  # what 84cc6ec's mix plans lacked
+        del state["plan"][key]
+    seal(state)
+    with pytest.raises(StateMismatchError) as info:
+        _loader(mix).load_state_dict(state)
+    message = str(info.value)
+    assert re.fullmatch(
+        r"ResumableDataLoader\.load_state_dict: field 'plan' has no 'repeat_seeding' or "
+        r"'source_names' \(this loaderkit's plan: repeat_seeding='per_draw', source_names="
+        r"\['a', 'b'\]\), so the state was saved by an older loaderkit that ordered the samples "
+        r"differently\. Finish that run with the loaderkit that saved it, or start without the "
+        r"state\.",
+        message,
+    ), message

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from torch.utils.data import Subset, random_split
 
 from loaderkit import (
     JsonlReader,
@@ -532,3 +534,47 @@ def test_an_endpoint_that_never_answers_fails_at_loaderkits_deadline(
 def test_the_deadline_is_checked(bad: Any) -> None:
     with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds > 0"):
         RemoteCache(timeout_s=bad)
+
+
+# ---------------------------------------- a subclass's __getitem__ through a wrapper
+class Masked(ShardedDataset):
+    """Masks every sample's first token: an override the batched reads must not bypass."""
+
+    def __getitem__(self, index: int) -> Any:
+        sample = super().__getitem__(index).clone()
+        sample[0] = -1
+        return sample
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("wrap", ["subset", "random_split"])
+def test_a_subset_of_a_shard_subclass_reads_through_its_getitem(
+    tmp_path: Path, wrap: str, num_workers: int
+) -> None:
+    # On the merge of i21/i22, torch's Subset called ShardedDataset.__getitems__, which read
+    # the shards directly: no sample was masked (0.0 against 1.0 without the wrapper).
+    reader = TokenReader(seq_len=SEQ)
+    ds = Masked(write_shards(tmp_path, id_shards(), reader), reader)
+    wrapped: Any = (
+        Subset(ds, list(range(3, 19)))
+        if wrap == "subset"
+        else random_split(ds, [0.75, 0.25], generator=torch.Generator().manual_seed(0))[0]
+    )
+    loader = ResumableDataLoader(wrapped, batch_size=4, seed=0, num_workers=num_workers)
+    firsts = torch.cat([batch[:, 0] for batch in loader])
+    assert len(firsts) == len(wrapped) and bool((firsts == -1).all())
+    assert [int(s[0]) for s in ds.__getitems__([0, 20])] == [-1, -1]
+
+
+class OwnBatch(Masked):
+    """Overrides the batched read too: that read is its own and is kept."""
+
+    def __getitems__(self, indices: Any) -> list[Any]:
+        return [s + 1000 for s in super().__getitems__(indices)]
+
+
+def test_a_subclass_that_overrides_getitems_too_keeps_its_batched_read(tmp_path: Path) -> None:
+    reader = TokenReader(seq_len=SEQ)
+    ds = OwnBatch(write_shards(tmp_path, id_shards(), reader), reader)
+    # Its own __getitems__ reads the shards through ShardedDataset's: unmasked, plus 1000.
+    assert [s.tolist() for s in ds.__getitems__([1])] == [[1001] * SEQ]

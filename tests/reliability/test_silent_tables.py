@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import Subset, random_split
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -237,3 +238,33 @@ def test_hf_image_column_is_decoded_as_the_features_say() -> None:
     # Image(decode=False) is the user's choice of the raw dicts.
     raw = HFDataset(hf.cast_column("img", datasets.Image(decode=False)))
     assert set(raw[0]["img"]) == {"bytes", "path"}
+
+
+def test_a_refused_type_names_its_file_and_the_merged_type_of_the_files_before(
+    tmp_path: Path,
+) -> None:
+    # float32 and int32 merge into float64; int64 conflicts with that merge, not with int32
+    # (which int64 holds): on the merge of i22 the message blamed int64 against int32.
+    paths = _files(tmp_path, pa.array([1, 2, 3], pa.float32()), pa.array([1, 2, 3], pa.int32()))
+    paths += _files(tmp_path / "more", pa.array([1, 2, 3], pa.int64()))
+    with pytest.raises(
+        ShardError,
+        match=r"column 'y' is int64 in '.*more/part0\.parquet' but float64 in the files before "
+        r"it \(merged from float in '.*/part0\.parquet', int32 in '.*/part1\.parquet'\), and no "
+        r"type holds the values of both exactly; write every file with one type for 'y'",
+    ):
+        ShardedDataset(paths, ParquetReader())
+
+
+def test_a_subset_of_an_hf_dataset_subclass_reads_through_its_getitem() -> None:
+    datasets = pytest.importorskip("datasets")
+
+    class Masked(HFDataset):
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {**super().__getitem__(index), "y": -1}
+
+    ds = Masked(datasets.Dataset.from_dict({"y": list(range(8))}))
+    for wrapped in (Subset(ds, [1, 5, 6]), random_split(ds, [0.5, 0.5])[0]):
+        batches = list(ResumableDataLoader(wrapped, batch_size=2, seed=0))
+        assert [int(y) for b in batches for y in b["y"]] == [-1] * len(wrapped)
+    assert [row["y"] for row in ds.__getitems__([3, 0])] == [-1, -1]
