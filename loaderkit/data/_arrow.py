@@ -30,7 +30,7 @@ __all__ = [
 
 def import_pyarrow(extra: str = "parquet") -> Any:
     """``pyarrow`` (and its ``compute`` and ``parquet`` modules), or a
-    :class:`MissingDependencyError` naming ``loaderkit[extra]``."""
+    :class:`MissingDependencyError` naming the extra."""
     try:
         import pyarrow
         import pyarrow.compute
@@ -38,7 +38,7 @@ def import_pyarrow(extra: str = "parquet") -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             f"reading Parquet or Arrow data needs pyarrow, which is not installed; install "
-            f"the extra: pip install 'loaderkit[{extra}]'."
+            f"the extra: pip install '.[{extra}]' in the loaderkit clone."
         ) from exc
     return pyarrow
 

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 ZSTD_SUFFIX = ".zst"
-ZSTD_EXTRA = "loaderkit[zstd]"
+ZSTD_EXTRA = ".[zstd]"  # from the loaderkit clone: not on PyPI
 COMPRESSIONS = ("zstd",)
 # hashlib's, and xxhash's (faster than disk; in the [zstd] extra).
 HASHES = ("sha256", "blake2b", "xxh64", "xxh3_64", "xxh3_128")
@@ -54,7 +54,7 @@ def _zstd() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "zstd-compressed shards need the zstandard package, which is not installed; "
-            f"install the extra: pip install '{ZSTD_EXTRA}'."
+            f"install the extra in the loaderkit clone: pip install '{ZSTD_EXTRA}'."
         ) from exc
     return zstandard
 
@@ -66,7 +66,7 @@ def _new_hasher(algo: str) -> Any:
         except ImportError as exc:
             raise MissingDependencyError(
                 f"hash={algo!r} needs the xxhash package, which is not installed; install the "
-                f"extra: pip install '{ZSTD_EXTRA}', or pass hash='sha256'."
+                f"extra in the loaderkit clone: pip install '{ZSTD_EXTRA}', or pass hash='sha256'."
             ) from exc
         return getattr(xxhash, algo)()
     return hashlib.new(algo)

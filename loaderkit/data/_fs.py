@@ -31,7 +31,7 @@ from loaderkit.errors import (
 
 __all__ = ["REMOTE_EXTRA", "RangesUnsupported", "Storage", "is_url", "join_url", "url_name"]
 
-REMOTE_EXTRA = "loaderkit[remote]"
+REMOTE_EXTRA = ".[remote]"  # from the loaderkit clone: not on PyPI
 # The package behind each protocol fsspec itself does not implement.
 _PACKAGES = {
     "s3": "s3fs",
@@ -103,7 +103,8 @@ def _import_fsspec() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "reading or writing shards at a URL needs fsspec, which is not installed; "
-            f"install the extra: pip install '{REMOTE_EXTRA}' (fsspec, s3fs, gcsfs)."
+            f"install the extra in the loaderkit clone: pip install '{REMOTE_EXTRA}' "
+            "(fsspec, s3fs, gcsfs)."
         ) from exc
     return fsspec
 
@@ -159,8 +160,8 @@ class Storage:
                 package = _PACKAGES.get(self.protocol, "the package fsspec names")
                 raise MissingDependencyError(
                     f"{self.protocol}:// URLs need {package}, which is not installed ({exc}); "
-                    f"install it: pip install '{REMOTE_EXTRA}' (s3fs, gcsfs) or pip install "
-                    f"{package}."
+                    f"install it: pip install '{REMOTE_EXTRA}' in the loaderkit clone, or "
+                    f"pip install {package}."
                 ) from exc
             except ValueError as exc:
                 raise ValueError(

@@ -22,7 +22,7 @@ from loaderkit.errors import MissingDependencyError
 
 __all__ = ["HFDataset"]
 
-HF_EXTRA = "loaderkit[hf]"
+HF_EXTRA = ".[hf]"  # from the loaderkit clone: not on PyPI
 
 
 def _datasets() -> Any:
@@ -31,7 +31,7 @@ def _datasets() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "HFDataset needs the Hugging Face datasets library, which is not installed; "
-            f"install the extra: pip install '{HF_EXTRA}'."
+            f"install the extra in the loaderkit clone: pip install '{HF_EXTRA}'."
         ) from exc
     return datasets
 

@@ -151,10 +151,10 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
 
 def test_missing_datasets_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
-    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[hf\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install '\.\[hf\]'"):
         hf_module._datasets()
     (tmp_path / "x.arrow").write_bytes(b"")
-    with pytest.raises(MissingDependencyError, match=r"loaderkit\[hf\]"):
+    with pytest.raises(MissingDependencyError, match=r"\.\[hf\]"):
         HFDataset(str(tmp_path / "x.arrow"))
 
 

@@ -209,7 +209,7 @@ def test_missing_pyarrow_names_the_extra(
     shards: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
-    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[parquet\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install '\.\[parquet\]'"):
         ParquetReader().count(shards[0])
     with pytest.raises(ImportError):  # a MissingDependencyError is an ImportError too
         _arrow.import_pyarrow()

@@ -353,14 +353,14 @@ def _closed_port() -> int:
 
 def test_missing_fsspec_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "fsspec", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'loaderkit\[remote\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install '\.\[remote\]'"):
         ShardedDataset("s3://bucket/data", READER, remote=RemoteCache(cache_dir=tmp_path))
 
 
 def test_a_protocol_without_its_package_names_it(tmp_path: Path) -> None:
     if _installed("gcsfs"):
         pytest.skip("gcsfs is installed")
-    with pytest.raises(MissingDependencyError, match=r"gs:// URLs need gcsfs.*loaderkit\[remote\]"):
+    with pytest.raises(MissingDependencyError, match=r"gs:// URLs need gcsfs.*\.\[remote\]"):
         ShardedDataset("gs://bucket/data", READER, remote=RemoteCache(cache_dir=tmp_path))
 
 
