@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("build")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "loaderkit", src / "loaderkit", ignore=skip)
@@ -58,6 +59,8 @@ def test_build_makes_an_sdist_and_a_wheel_that_twine_accepts(dist: Path) -> None
     assert names == [f"loaderkit-{version}-py3-none-any.whl", f"loaderkit-{version}.tar.gz"]
     out = _run(sys.executable, "-m", "twine", "check", "--strict", *dist.iterdir(), cwd=dist)
     assert out.count("PASSED") == 2, out
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:  # Apache-2.0: its text ships
+        assert any(name.endswith("licenses/LICENSE") for name in wheel.namelist())
 
 
 @pytest.mark.slow
