@@ -3,9 +3,10 @@ worker probe (argument checks are in :mod:`._args`)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -24,6 +25,7 @@ __all__ = [
     "is_hf_dataset",
     "is_remote_shards",
     "plain",
+    "probe_workers",
     "require_datamodule",
     "shard_list",
     "split_indices",
@@ -122,34 +124,49 @@ def batch_rows(batch: Any) -> int:
     return 0
 
 
-def time_loader(make: Callable[[], Any], budget_s: float, max_batches: int) -> float:
-    """Samples per second of a loader's steady state, within about ``budget_s`` seconds.
+def time_loader(
+    loader: Any, *, first: int, budget_s: float, max_batches: int = 200
+) -> tuple[float, float]:
+    """``(start-up seconds, samples/s)`` of one epoch of ``loader``.
 
-    Worker start-up is left out of the rate (it is paid once per epoch, or once
-    with persistent workers), but counts against the budget.
+    Start-up is the time to the first ``first`` batches (one per worker: each pays its
+    process start); the rate is timed over the batches after them, for about
+    ``budget_s`` seconds (at least 5 batches, at most ``max_batches``).
     """
     start = time.perf_counter()
-    deadline = start + budget_s
-    it: Iterator[Any] = iter(make())
+    it = iter(loader)
     try:
-        first = next(it, None)
-        if first is None:
-            return 0.0
-        t0, rows, batches = time.perf_counter(), 0, 0
-        while batches < max_batches and time.perf_counter() < deadline:
-            batch = next(it, None)
-            if batch is None:
-                break
+        head = list(itertools.islice(it, first))
+        ready = time.perf_counter()
+        rows = batches = 0
+        for batch in it:
             rows += batch_rows(batch)
             batches += 1
-        elapsed = time.perf_counter() - t0
-        if batches == 0:  # a one-batch epoch: all we have is the first batch, start-up included
-            rows, elapsed = batch_rows(first), t0 - start
-        return rows / elapsed if elapsed > 0 else float("inf")
+            if batches >= max_batches or (batches >= 5 and time.perf_counter() - ready >= budget_s):
+                break
+        if batches == 0:  # an epoch of at most `first` batches: start-up is all there is
+            return ready - start, sum(map(batch_rows, head)) / max(ready - start, 1e-9)
+        return ready - start, rows / max(time.perf_counter() - ready, 1e-9)
     finally:
         close = getattr(it, "close", None)
         if callable(close):
             close()  # stop the workers now, not when the iterator is collected
+
+
+def probe_workers(
+    dm: Any, max_workers: int, budget_s: float
+) -> tuple[dict[int, float], dict[int, float], int]:
+    """Train samples/s and start-up seconds by ``num_workers`` 0..``max_workers`` (an equal
+    share of ``budget_s`` each), and the fewest workers within 10% of the best rate."""
+    rates: dict[int, float] = {}
+    startup: dict[int, float] = {}
+    for workers in range(max_workers + 1):
+        loader = dm.loader("train", num_workers=workers, pin_memory=False)
+        startup[workers], rates[workers] = time_loader(
+            loader, first=max(workers, 1), budget_s=budget_s / (max_workers + 1)
+        )
+    best = max(rates.values())
+    return rates, startup, min(w for w, r in rates.items() if r >= 0.9 * best)
 
 
 def plain(value: Any) -> bool:

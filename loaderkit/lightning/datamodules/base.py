@@ -9,7 +9,6 @@ checkpoint, resumed exactly for any ``num_workers`` and world size (a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -25,11 +24,11 @@ from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
     plain,
+    probe_workers,
     split_indices,
     stream_epoch_steps,
     stream_refusal,
     stream_resume_reason,
-    time_loader,
 )
 from loaderkit.loader._subset import index_subset
 from loaderkit.loader.resumable import ResumableDataLoader
@@ -380,15 +379,14 @@ class LoaderDataModule(L.LightningDataModule):
     ) -> dict[int, float]:
         """Time the train loader with 0..``max_workers`` workers; samples/s per count.
 
-        Each count gets an equal share of ``budget_s`` (worker start-up counts
-        against it but not in the rate). Records the rates in
-        :attr:`num_workers_probe` and the fewest workers within 10% of the best
-        in :attr:`num_workers_best`.
+        Each count is timed after its workers' first batches, for an equal share of
+        ``budget_s``. Records the rates in :attr:`num_workers_probe` and the fewest
+        workers within 10% of the best in :attr:`num_workers_best`.
 
         Args:
             max_workers: The most workers tried (default: the cores this process
                 may use, shared among the trainer's devices, at most 8).
-            budget_s: Total seconds to spend, roughly.
+            budget_s: Seconds of timed loading, roughly (start-ups come on top).
         """
         owner = f"{type(self).__name__}.probe_num_workers"
         if max_workers is None:
@@ -401,14 +399,8 @@ class LoaderDataModule(L.LightningDataModule):
                 f"{owner}: budget_s must be a number > 0, got {budget_s!r}; pass e.g. budget_s=2.0."
             )
         self._dataset("train")
-        share = budget_s / (max_workers + 1)
-        rates: dict[int, float] = {}
-        for workers in range(max_workers + 1):
-            make = functools.partial(self.loader, "train", num_workers=workers, pin_memory=False)
-            rates[workers] = time_loader(make, share, max_batches=200)
-        best = max(rates.values())
+        rates, _, self.num_workers_best = probe_workers(self, max_workers, budget_s)
         self.num_workers_probe = rates
-        self.num_workers_best = min(w for w, r in rates.items() if r >= 0.9 * best)
         shown = ", ".join(f"{w}: {r:,.0f}" for w, r in rates.items())
         rank_zero_info(
             f"{type(self).__name__}: num_workers={self.num_workers_best} "
