@@ -1,5 +1,4 @@
-"""Private helpers of the DataModules: shard lists, the seeded split, stream facts, the
-worker probe (argument checks are in :mod:`._args`)."""
+"""The DataModules' helpers: shard lists, the seeded split, stream facts, the worker probe."""
 
 from __future__ import annotations
 
@@ -35,10 +34,8 @@ __all__ = [
     "time_loader",
 ]
 
-#: Shards as the DataModules take them: a folder, a file or a URL, or a list of files/URLs.
-Shards = str | list[str]
+Shards = str | list[str]  # a folder, a file or a URL, or a list of files or URLs
 
-#: Why a resume of a streamed train split is exact, and under what (topology-bound cursors).
 STREAM_RESUME_REASON = (
     "the train loader streams a StreamingShardedDataset and saves one cursor per (rank, "
     "worker) in the Lightning checkpoint: a resume is exact only under the same world size "
@@ -48,13 +45,8 @@ STREAM_RESUME_REASON = (
 
 
 def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
-    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset``.
-
-    ``None`` when an epoch is one pass of unknown length (no ``steps_per_epoch``
-    or ``samples_per_epoch``). The loader's ``plan`` is a stand-in for streams,
-    so it cannot say; ``len(loader)`` can, but only at the loader's own world
-    size, so this asks the dataset the same question for ``world_size``.
-    """
+    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset`` on
+    ``world_size`` ranks (None: one pass of unknown length)."""
     try:
         steps: int | None = loader.dataset.epoch_steps(loader.batch_size, world_size)
     except ValueError:  # samples_per_epoch below one global step: iterating it says so
@@ -80,8 +72,7 @@ def stream_resume_reason(dataset: Any) -> str:
     """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
     if dataset.limited:
         return STREAM_RESUME_REASON
-    # Lightning prefetches a batch ahead from a loader without a length; the callback
-    # tells the loader so its saved position is not one batch ahead.
+    # Lightning prefetches a batch from a loader without a length; the callback says so.
     return (
         STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
         "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
@@ -89,10 +80,7 @@ def stream_resume_reason(dataset: Any) -> str:
 
 
 def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
-    """Disjoint ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``.
-
-    Each part is sorted so reads stay in storage order (memory maps, files).
-    """
+    """Disjoint, sorted ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``."""
     n_val = round(size * fraction)
     if n_val < 1 or n_val >= size:
         raise ValueError(
@@ -170,8 +158,7 @@ def probe_workers(
 
 
 def plain(value: Any) -> bool:
-    """A path, None, or a dict of paths (or of lists of paths): kept in ``hparams`` (so a
-    config or checkpoint rebuilds the module), where data would bloat every checkpoint."""
+    """A path, None, or a dict of paths (or lists of paths): fit for ``hparams``, unlike data."""
     if isinstance(value, (str, os.PathLike, type(None))):
         return True
     if isinstance(value, Mapping):
@@ -184,7 +171,7 @@ def plain(value: Any) -> bool:
 
 
 def is_hf_dataset(value: Any) -> bool:
-    """A ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported to ask)."""
+    """A ``datasets.Dataset`` (duck-typed: without importing ``datasets``)."""
     return type(value).__name__ == "Dataset" and callable(getattr(value, "with_format", None))
 
 
@@ -199,8 +186,7 @@ def require_datamodule(obj: Any, target: str) -> Any:
 
 
 class KeyLength:
-    """A ``.jsonl`` sample's token count: ``len(sample[key])`` for a dict, else ``len``
-    (a class, not a closure: it pickles, and names the field in errors)."""
+    """A sample's token count: ``len(sample[key])`` for a dict, else ``len`` (picklable)."""
 
     def __init__(self, key: str, *, owner: str) -> None:
         self.key, self.owner = key, owner
@@ -217,7 +203,7 @@ class KeyLength:
 
 
 def is_remote_shards(shards: Shards) -> bool:
-    """Whether ``shards`` (checked by :func:`shard_list`) are at URLs."""
+    """Whether ``shards`` (as :func:`shard_list` returns them) are at URLs."""
     return is_url(shards) or (isinstance(shards, list) and is_url(shards[0]))
 
 
