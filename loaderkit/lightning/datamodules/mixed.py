@@ -175,7 +175,6 @@ class MixedDataModule(LoaderDataModule):
             owner, reader, columns=self.columns, length_key=self.length_key, **options
         )
 
-    # --------------------------------------------------------------- datasets
     def _source(self, item: Any) -> Any:
         """The map-style dataset of one source."""
         if _is_table(item):

@@ -138,7 +138,6 @@ class SequenceDataModule(LoaderDataModule):
         urls = any(is_url(s) for s in self._sources.values())
         self.remote = remote_cache(owner, "a Parquet URL", urls, storage_options, cache_dir)
 
-    # --------------------------------------------------------------- datasets
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """Every split, with the length of each sample measured once."""
         out: dict[str, Any] = {}
@@ -204,7 +203,6 @@ class SequenceDataModule(LoaderDataModule):
             full = self._lengths["train"]
             self._lengths["train"], self._lengths["val"] = full[self.split[0]], full[self.split[1]]
 
-    # ---------------------------------------------------------------- loaders
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
         """A :class:`~loaderkit.PadCollate` with this module's padding."""
         length_field = self.length_key if self._keyed else None
@@ -234,7 +232,6 @@ class SequenceDataModule(LoaderDataModule):
             oversize=self.oversize,
         )
 
-    # --------------------------------------------------------------- describe
     def padding_fraction(self, split: str) -> float | None:
         """Padded tokens / all tokens over epoch 0 of ``split`` on one rank."""
         if split not in self._lengths:
