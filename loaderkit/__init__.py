@@ -1,14 +1,8 @@
 """loaderkit: the data layer for PyTorch Lightning training.
 
-Padding collate, a resumable sample plan split across ranks, seeded
-per-sample randomness, accelerator-aware transfer, and ready
-LightningDataModules. Everything public is imported here; modules and
-packages starting with ``_`` are private.
-
-``import loaderkit`` does not import Lightning: the names that need it
-(the DataModules and :class:`ElasticResume`) are loaded from
-:mod:`loaderkit.lightning` on first access. Worker processes import
-loaderkit, so this keeps their start-up at the cost of ``import torch``.
+Everything public is imported here. The names that need Lightning are loaded
+from :mod:`loaderkit.lightning` on first access, so ``import loaderkit`` (which
+every worker process does) costs no Lightning import.
 """
 
 from __future__ import annotations
@@ -84,28 +78,9 @@ if TYPE_CHECKING:  # the type checker sees them; at run time __getattr__ loads t
         attach_host,
     )
 
-_LIGHTNING_NAMES = frozenset(
-    {
-        "ArrayDataModule",
-        "AttachLoaders",
-        "DataWaitMonitor",
-        "ElasticResume",
-        "ImageFolderDataModule",
-        "LoaderDataModule",
-        "MixedDataModule",
-        "SequenceDataModule",
-        "ShardedDataModule",
-        "TensorDataModule",
-        "attach_host",
-    }
-)
-
-
 if not TYPE_CHECKING:  # for the type checker the names are the imports above; typos stay errors
 
-    def __getattr__(name: str) -> Any:
-        # PEP 562: the Lightning-backed names cost Lightning's import (seconds), so
-        # only code that uses them pays it.
+    def __getattr__(name: str) -> Any:  # PEP 562
         if name in _LIGHTNING_NAMES:
             import loaderkit.lightning
 
@@ -119,9 +94,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _LIGHTNING_NAMES)
 
 
-# Where Lightning is already loaded (a training script, LightningCLI) the names cost
-# nothing more, and LightningCLI finds DataModules and callbacks by their short class
-# names only among classes already imported: load them now.
+# LightningCLI finds classes by short name only among those already imported.
 if "lightning.pytorch" in sys.modules:
     import loaderkit.lightning  # noqa: F401
 
@@ -204,3 +177,4 @@ __all__ = [
     "worker_seed",
     "write_shards",
 ]
+_LIGHTNING_NAMES = frozenset(__all__) - globals().keys()  # the names imported lazily

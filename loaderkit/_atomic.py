@@ -1,12 +1,4 @@
-"""Writing a file so readers see the old one or the new one, never half of it (private).
-
-Temporary names carry the process id, the thread id and random bits, so two
-threads of one process, or processes on several machines sharing a
-filesystem, never write the same temporary file (measured before: two
-threads building one shard index collided on a name made of the pid alone).
-They are hidden files (``.name...tmp``), which a directory listing of shards
-skips.
-"""
+"""Writing a file so readers see the old one or the new one, never half of it (private)."""
 
 from __future__ import annotations
 
@@ -22,7 +14,7 @@ __all__ = ["atomic_write", "temp_path"]
 
 
 def temp_path(target: Path) -> Path:
-    """A unique, hidden temporary path next to ``target``."""
+    """A unique, hidden temporary path next to ``target`` (unique per thread and machine)."""
     tag = f"{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(6)}"
     return target.with_name(f".{target.name}.{tag}.tmp")
 
@@ -35,10 +27,8 @@ def atomic_write(
     Args:
         target: The file to write.
         write: Writes the content to the open (binary) temporary file.
-        exclusive: Only create ``target`` if it does not exist yet (a hard link,
-            atomic on POSIX filesystems): when another writer got there first,
-            its file stays and this returns False. Filesystems without hard
-            links fall back to a replace.
+        exclusive: Only create ``target`` if it does not exist yet (a hard link); when
+            another writer got there first, its file stays.
 
     Returns:
         Whether this call's content is now at ``target``.

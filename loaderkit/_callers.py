@@ -1,13 +1,10 @@
 """The host that drives a loader, and what loaderkit asks it (private).
 
-A host is a framework that iterates loaders in its own loop (Lightning's
-``Trainer`` or ``Fabric``). It is handed to loaderkit, never searched for:
-:func:`attach` gives one loader its host (loaderkit's DataModules pass
-``self.trainer``), and :func:`enter`/:func:`leave` make a host the default of
-every loader while its run lasts (the ``AttachLoaders`` callback's ``setup``
-and ``teardown``). This module imports nothing of Lightning;
-``loaderkit.lightning._adapter`` implements :class:`Host`. A loader without a
-host is driven by a plain loop: :data:`NO_HOST` answers for it.
+A host (Lightning's ``Trainer`` or ``Fabric``) is handed to loaderkit, never
+searched for: :func:`attach` gives one loader its host, :func:`enter` /
+:func:`leave` make a host the default of every loader while its run lasts.
+``loaderkit.lightning._adapter`` implements :class:`Host`; a plain loop is
+:data:`NO_HOST`.
 
 Example:
     >>> host_of(object()) is NO_HOST, NO_HOST.data_parallel()  # no run in progress
@@ -20,21 +17,19 @@ from typing import Protocol
 
 __all__ = ["NO_HOST", "Host", "attach", "enter", "host_of", "leave"]
 
-# The attribute of an attached loader (or batch sampler) that holds its host.
-_ATTR = "_loaderkit_host"
+_ATTR = "_loaderkit_host"  # the attribute of an attached loader (or batch sampler)
 
 
 class Host(Protocol):
-    """What a host tells a loader; each answer concerns ``loader`` only where it is one of
-    the host's train loaders in a running fit (else None, or False)."""
+    """What a host tells a loader: about ``loader`` only where it is one of the host's
+    train loaders in a running fit (else None, or False)."""
 
     def data_parallel(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of the run's data-parallel group, or None."""
         ...
 
     def drives(self, loader: object) -> bool:
-        """Whether the host's training loop iterates ``loader`` (or a loader whose
-        ``batch_sampler`` it is)."""
+        """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
         ...
 
     def held_batches(self, loader: object) -> int | None:
@@ -42,8 +37,7 @@ class Host(Protocol):
         ...
 
     def batches_done(self, loader: object) -> int | None:
-        """Batches of the current epoch the host counts as done (``loader`` its only
-        train loader)."""
+        """Batches of the current epoch the host counts as done."""
         ...
 
     def restarting_mid_epoch(self, loader: object) -> bool | None:
@@ -56,7 +50,7 @@ class Host(Protocol):
 
 
 class _NoHost:
-    """A plain loop: it holds no batch, keeps no count and has no data-parallel group."""
+    """A plain loop: no held batch, no count, no data-parallel group."""
 
     def data_parallel(self) -> tuple[int, int] | None:
         return None

@@ -1,9 +1,8 @@
 """Argument checks shared by every public entry point (private).
 
-One home for the checks, so every message has the same shape: who refused
-(``owner``), the parameter, the rule, the value received and what to pass
-instead. Each raises ``TypeError`` for a value of the wrong kind and
-``ValueError`` for one out of range, never ``assert``.
+Every message has one shape: who refused (``owner``), the parameter, the rule,
+the value received and what to pass instead; ``TypeError`` for a wrong kind,
+``ValueError`` for a value out of range.
 """
 
 from __future__ import annotations
@@ -45,23 +44,10 @@ def check_int(
     numpy_ok: bool = False,
     limit: int | None = None,
 ) -> int:
-    """``value`` as an int in ``[minimum, limit)``, else an error naming all of it.
+    """``value`` as a plain int in ``[minimum, limit)`` (None: unbounded).
 
-    Args:
-        name: The parameter, as the caller spelled it.
-        value: What was passed.
-        minimum: The smallest value allowed (None: no lower bound).
-        owner: The function or class refusing it (the message's prefix).
-        fix: What to pass instead; appended after ``; ``.
-        numpy_ok: Also take numpy integers (as from an array of sizes).
-        limit: If given, values must be below it (a power of two, shown as ``2**k``).
-
-    Returns:
-        ``value`` as a plain ``int``.
-
-    Raises:
-        TypeError: ``value`` is not an int (bools are refused: ``True`` is no count).
-        ValueError: ``value`` is out of range.
+    ``owner`` prefixes the message, ``fix`` ends it; ``numpy_ok`` also takes numpy
+    integers; ``limit`` is a power of two (shown as ``2**k``). Bools are refused.
     """
     if not fix:
         fix = f"pass an int >= {minimum}" if minimum is not None else "pass an int"
@@ -84,10 +70,7 @@ def check_int(
 def check_rank(
     rank: object, world_size: int, *, owner: str = "", fix: str = "", numpy_ok: bool = False
 ) -> int:
-    """``rank`` as an int in ``[0, world_size)``, else an error naming it and the range.
-
-    ``fix`` replaces the message of a rank that is not an int >= 0 (see :func:`check_int`).
-    """
+    """``rank`` as an int in ``[0, world_size)``; ``fix`` as :func:`check_int`'s."""
     value = check_int("rank", rank, 0, owner=owner, fix=fix, numpy_ok=numpy_ok)
     if value >= world_size:
         raise ValueError(
@@ -98,7 +81,7 @@ def check_rank(
 
 
 def check_bool(name: str, value: object, *, owner: str = "") -> bool:
-    """``value`` if it is a bool, else a ``TypeError`` naming ``name`` and the fix."""
+    """``value`` if it is a bool."""
     if not isinstance(value, bool):
         raise TypeError(
             f"{_head(owner)}{name} must be a bool, got {value!r} ({type(value).__name__}); "
@@ -108,7 +91,7 @@ def check_bool(name: str, value: object, *, owner: str = "") -> bool:
 
 
 def check_choice(name: str, value: object, choices: Sequence[object], *, owner: str = "") -> Any:
-    """``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
+    """``value`` if it is one of ``choices``."""
     if isinstance(value, bool) or value not in choices:
         raise ValueError(
             f"{_head(owner)}{name} must be one of {', '.join(map(repr, choices))}, "

@@ -1,16 +1,7 @@
-"""What ``torch.utils.data.get_worker_info()`` tells user code inside loaderkit's workers (private).
+"""What ``torch.utils.data.get_worker_info()`` tells user code in loaderkit's workers (private).
 
-torch keeps the answer in a module global of a private module; this is the
-one place loaderkit writes it (``tests/test_worker_info.py`` checks the torch
-internal it relies on). Two corrections, both so user code keeps the
-meaning torch documents:
-
-- ``dataset`` is the user's dataset, not the wrapper loaderkit's engine hands
-  to torch, so per-worker set-up on it (opening files, ...) takes effect;
-- while a stream reader reads a shard, the reader sees one worker: loaderkit
-  already dealt that shard to this worker, and a reader that splits its work
-  by ``get_worker_info()`` (the pattern of torch's docs) would otherwise drop
-  the other workers' share silently.
+torch keeps the answer in a module global of a private module; this is the one
+place loaderkit writes it (``tests/test_worker_info.py`` pins that internal).
 """
 
 from __future__ import annotations
@@ -26,11 +17,8 @@ __all__ = ["as_one_worker", "show_user_dataset"]
 
 
 def show_user_dataset() -> None:
-    """In a worker, make ``get_worker_info().dataset`` the user's dataset.
-
-    The engine's wrapper names the user's dataset in its ``user_dataset``
-    attribute; torch's worker loop keeps its own reference to the wrapper.
-    """
+    """In a worker, make ``get_worker_info().dataset`` the user's dataset, not the engine's
+    wrapper (which names it in its ``user_dataset`` attribute)."""
     info = get_worker_info()
     user = getattr(getattr(info, "dataset", None), "user_dataset", None)
     if info is not None and user is not None:
@@ -40,9 +28,9 @@ def show_user_dataset() -> None:
 def as_one_worker(make: Any, *args: Any) -> Iterator[Any]:
     """Iterate ``make(*args)`` with ``get_worker_info()`` reporting worker 0 of 1.
 
-    Every step of the iterator (where a generator runs its body) is taken
-    under that view, and the real one is restored between steps, so the rest
-    of the worker sees torch's answer.
+    For a stream reader reading a shard loaderkit already dealt to this worker: one that
+    splits its work by ``get_worker_info()`` would otherwise drop the others' share. Each
+    step runs under that view; the real one is restored between steps.
     """
     info = get_worker_info()
     if info is None:  # the main process: user code already sees no workers

@@ -1,12 +1,4 @@
-"""Where this code runs: the (rank, world_size, worker_id, num_workers) topology.
-
-The topology is a frozen, keyword-only dataclass so tests can construct any
-point of a 8-rank x 4-worker grid directly instead of spawning processes.
-:func:`detect` reads it at the moment it is called: the rank and world size
-of the data-parallel group from the loader's host (a Lightning ``Trainer`` or
-Fabric, through :mod:`loaderkit._callers`), else from
-``torch.distributed``; the worker fields from ``torch.utils.data.get_worker_info()``.
-"""
+"""Where this code runs: the (rank, world_size, worker_id, num_workers) topology."""
 
 from __future__ import annotations
 
@@ -19,20 +11,18 @@ from torch.utils.data import get_worker_info
 from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 
-# cpu_budget is shared by the loader and the DataModules, not part of the public API.
-__all__ = ["WorkerEnv", "detect"]
+__all__ = ["WorkerEnv", "detect"]  # cpu_budget is private to loaderkit
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerEnv:
-    """One slot of the rank x worker grid.
+    """One slot of the rank x worker grid (frozen: tests build any slot directly).
 
     Args:
         rank: This process's rank in ``[0, world_size)``.
         world_size: Number of data-parallel processes.
-        worker_id: DataLoader worker id in ``[0, max(num_workers, 1))``; 0 in the
-            main process.
-        num_workers: The DataLoader's ``num_workers`` (0: load in the main process).
+        worker_id: DataLoader worker id in ``[0, max(num_workers, 1))``.
+        num_workers: The DataLoader's ``num_workers`` (0: the main process loads).
 
     Example:
         >>> env = WorkerEnv(rank=1, world_size=2, worker_id=0, num_workers=2)
@@ -91,24 +81,20 @@ class WorkerEnv:
 def detect(
     *, rank: int | None = None, world_size: int | None = None, loader: object = None
 ) -> WorkerEnv:
-    """Read the topology of the calling process.
+    """The topology of the calling process, read now.
 
-    The rank and world size are those of the data-parallel group: the host's
-    (a Lightning ``Trainer`` or Fabric attached to ``loader``, or whose run
-    ``AttachLoaders`` made the default), from its strategy's
-    ``distributed_sampler_kwargs`` (tensor- or model-parallel peers share a
-    rank and get the same batches); else the global ``torch.distributed`` group.
+    The rank and world size are the data-parallel group's: the host's (the Trainer
+    or Fabric of ``loader``, or of the running fit), else ``torch.distributed``'s,
+    else ``(0, 1)``; the worker fields come from ``get_worker_info()``.
 
     Args:
-        rank: Override the rank (default: the host's data-parallel rank, else
-            ``torch.distributed``'s if initialised, else 0).
-        world_size: Override the world size (default: the host's data-parallel
-            size, else ``torch.distributed``'s, else 1).
+        rank: Override the rank.
+        world_size: Override the world size.
         loader: The loader (or batch sampler) asking, whose attached host counts.
 
-    Returns:
-        The :class:`WorkerEnv` of the caller, with the worker fields filled in
-        when called inside a DataLoader worker.
+    Example:
+        >>> detect(rank=1, world_size=4).slot
+        1
     """
     if rank is None or world_size is None:
         hosted = host_of(loader).data_parallel()

@@ -1,10 +1,5 @@
-"""The exception types users catch.
-
-Every loaderkit error is a ``ValueError`` or ``TypeError`` subclass, so code
-that already guards ``torch.utils.data`` calls keeps working, and every one
-also derives from :class:`LoaderkitError` so a caller can catch them all.
-Messages name the parameter, the rule, the value received and the fix.
-"""
+"""The exception types users catch: each derives from :class:`LoaderkitError` and from the
+built-in type code guarding ``torch.utils.data`` calls already catches."""
 
 from __future__ import annotations
 
@@ -33,16 +28,12 @@ class LoaderkitError(Exception):
 
 
 class CollateError(LoaderkitError, ValueError):
-    """A batch could not be collated: names the key, the sample index and the fix."""
+    """A batch could not be collated (the message names the key and the sample)."""
 
 
 class StateMismatchError(LoaderkitError, ValueError):
-    """A state dict does not fit the object it is loaded into.
-
-    Raised when resuming would not be exact: the state was saved for a
-    different dataset size, seed, batch size or shuffle setting, or is from a
-    newer loaderkit version. The message names the field and both values.
-    """
+    """A state dict does not fit the object it is loaded into: resuming would not be exact
+    (the message names the field and both values)."""
 
 
 class WorkerError(LoaderkitError, RuntimeError):
@@ -50,9 +41,7 @@ class WorkerError(LoaderkitError, RuntimeError):
 
     def __init__(self, message: str, *, index: object = None) -> None:
         super().__init__(message)
-        if index is None:
-            # torch re-raises a worker's exception in the main process as
-            # ``type(exc)(message)``: recover the index from the message.
+        if index is None:  # torch re-raises as type(exc)(message): read it back
             found = _INDEX_IN_MESSAGE.search(message)
             batch = _INDICES_IN_MESSAGE.search(message)
             if found:
@@ -63,20 +52,12 @@ class WorkerError(LoaderkitError, RuntimeError):
 
 
 class WorkerStartError(LoaderkitError, TypeError):
-    """Worker processes could not start: what they need could not be pickled.
-
-    Raised under the ``spawn`` and ``forkserver`` start methods (loaderkit picks
-    ``forkserver`` inside a torch.distributed process group), which send the
-    dataset, ``collate_fn`` and ``worker_init_fn`` to each worker by pickling.
-    The message names the object that failed and the fixes.
-    """
+    """Worker processes could not start (spawn, forkserver): what they need could not be
+    pickled; the message names the object."""
 
 
 class ShardError(LoaderkitError, ValueError):
-    """A shard or its index cannot be used: missing, corrupt, truncated, or changed since indexing.
-
-    The message names the file, what is wrong and the fix; ``path`` holds the file.
-    """
+    """A shard or its index cannot be used (missing, corrupt, changed); ``path`` is the file."""
 
     def __init__(self, message: str, *, path: object = None) -> None:
         super().__init__(message)
@@ -84,13 +65,12 @@ class ShardError(LoaderkitError, ValueError):
 
 
 class MissingShardError(ShardError, FileNotFoundError):
-    """A shard file (or its offsets sidecar) does not exist, or a folder lacks shards its
-    index lists."""
+    """A shard file, its sidecar, or a shard the index lists does not exist."""
 
 
 class ShardChangedError(ShardError):
-    """A shard file or object is not the one that was listed or indexed: its identity (ETag,
-    version, size, mtime) changed, so its samples would come from another version."""
+    """A shard is not the one listed or indexed: its identity (ETag, version, size, mtime)
+    changed."""
 
 
 class MissingDependencyError(LoaderkitError, ImportError):
@@ -98,29 +78,21 @@ class MissingDependencyError(LoaderkitError, ImportError):
 
 
 class ShardReadError(WorkerError, ShardError):
-    """A shard failed while a batch was loaded from it: names the file and the sample indices.
-
-    Both a :class:`WorkerError` (the batch, ``index``) and a :class:`ShardError`
-    (the file): catch either. Raised, for example, when a shard was truncated
-    or rewritten while memory-mapped, instead of the zeros or the SIGBUS the
-    read would otherwise give.
-    """
+    """A shard failed while a batch was read from it: both a :class:`WorkerError` (``index``)
+    and a :class:`ShardError` (``path``)."""
 
 
 class MissingShardReadError(ShardReadError, MissingShardError):
-    """A :class:`ShardReadError` whose cause is a missing shard: ``except MissingShardError``
-    catches it too."""
+    """A :class:`ShardReadError` caused by a missing shard."""
 
 
 class ShardChangedReadError(ShardReadError, ShardChangedError):
-    """A :class:`ShardReadError` whose cause is a changed shard: ``except ShardChangedError``
-    catches it too."""
+    """A :class:`ShardReadError` caused by a changed shard."""
 
 
 def read_error_type(cause: type[BaseException]) -> type[WorkerError]:
-    """The error a failed sample or batch read raises for an exception of type ``cause``: one
-    type per cause, so a missing or changed shard is caught by the same ``except`` in or out
-    of workers."""
+    """The error a failed read raises for a ``cause``: the same ``except`` catches it in or
+    out of workers."""
     if issubclass(cause, MissingShardError):
         return MissingShardReadError
     if issubclass(cause, ShardChangedError):

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-__all__ = ["Batch", "Indices", "StateDict", "Stateful"]
-
-StateDict: TypeAlias = dict[str, Any]
-"""A plain, picklable dict that a Lightning checkpoint can hold."""
-
-Indices: TypeAlias = Sequence[int]
-"""Dataset indices of one batch, in the order they are yielded."""
+__all__ = ["Batch", "Stateful"]
 
 Batch: TypeAlias = Any
 """Whatever a collate function returns: tensors nested in dicts, tuples, dataclasses."""
@@ -19,19 +12,16 @@ Batch: TypeAlias = Any
 
 @runtime_checkable
 class Stateful(Protocol):
-    """Anything whose position can be saved and restored.
+    """Anything whose position can be saved and restored, with exactly these two methods.
 
-    Exactly the two methods below, with no extra parameters, so Lightning and
-    torchdata can call them without knowing which loaderkit object they hold.
     A state dict carries a ``"version"`` key and the topology it depends on;
-    ``load_state_dict`` rejects unknown or missing keys and names the field
-    that differs.
+    ``load_state_dict`` rejects unknown or missing keys and names the field that differs.
     """
 
-    def state_dict(self) -> StateDict:
-        """Return the state as a plain dict."""
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state as a plain, picklable dict."""
         ...
 
-    def load_state_dict(self, state_dict: StateDict) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state returned by :meth:`state_dict`."""
         ...

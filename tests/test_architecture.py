@@ -77,12 +77,17 @@ def edges() -> list[Edge]:
                     target_mod = ".".join([*base, node.module] if node.module else base)
                 else:
                     target_mod = node.module or ""
-                targets = [f"{target_mod}.{a.name}" for a in node.names] or [target_mod]
+                # `from package import name` runs the package's __init__ (a re-export),
+                # and the submodule `name` where it is one.
+                targets = [target_mod, *(f"{target_mod}.{a.name}" for a in node.names)]
             else:
                 targets = [a.name for a in node.names]
-            for target in targets:
-                if target == "loaderkit" or target.startswith("loaderkit."):
-                    out.append(Edge(name, _resolve(target, known), node.lineno, top))
+            found = {
+                _resolve(t, known)
+                for t in targets
+                if t == "loaderkit" or t.startswith("loaderkit.")
+            }
+            out += [Edge(name, target, node.lineno, top) for target in sorted(found)]
     return out
 
 
@@ -112,60 +117,140 @@ def test_no_module_imports_the_facade() -> None:
     assert not bad
 
 
-def _fail_on_cycle(graph: dict[str, set[str]]) -> None:
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
+# Cycles still in the tree, each as the set of its modules, with who removes it (none now).
+ALLOWED_CYCLES: list[set[str]] = []
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    found: list[list[str]] = []
 
     def visit(node: str) -> None:
-        state[node] = 1
+        index[node] = low[node] = len(index)
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                cycle = [*stack[stack.index(nxt) :], nxt]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if nxt not in state:
+            if nxt not in index:
                 visit(nxt)
-        stack.pop()
-        state[node] = 2
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
+            if len(component) > 1:
+                found.append(sorted(component))
 
     for node in sorted(graph):
-        if node not in state:
+        if node not in index:
             visit(node)
+    return found
 
 
 def test_no_import_cycles() -> None:
-    # Import-time edges, TYPE_CHECKING blocks included: a cycle there is still a cycle
-    # for the reader and the type checker. The facade's lazy __getattr__ is a
-    # function-level import and does not count.
+    # Every import counts: module level, TYPE_CHECKING blocks and imports inside
+    # functions (a deferred import hides a cycle from the interpreter, not from the
+    # reader), and `from package import x` goes through the package's __init__.
     graph: dict[str, set[str]] = {}
     for e in edges():
-        if e.top_level and e.source != e.target:
+        if e.source != e.target:
             graph.setdefault(e.source, set()).add(e.target)
-    _fail_on_cycle(graph)
+    cycles = [c for c in import_cycles(graph) if set(c) not in ALLOWED_CYCLES]
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-def test_no_import_cycles_in_data_even_through_functions() -> None:
-    # Issue 23: data/index.py's back-compat __getattr__ imported write_shards from
-    # data/writer.py, which imports index: a cycle through a function-level import.
-    graph: dict[str, set[str]] = {}
-    for e in edges():
-        inside = e.source.startswith("loaderkit.data") and e.target.startswith("loaderkit.data")
-        if inside and e.source != e.target:
-            graph.setdefault(e.source, set()).add(e.target)
-    _fail_on_cycle(graph)
-
-
-def test_cycle_check_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The check above must be able to fail: feed it a two-module cycle.
-    fake = [
-        Edge("loaderkit.a", "loaderkit.b", 1, True),
-        Edge("loaderkit.b", "loaderkit.a", 1, True),
-    ]
+@pytest.mark.parametrize(
+    "fake",
+    [
+        # at module level
+        [Edge("loaderkit.a", "loaderkit.b", 1, True), Edge("loaderkit.b", "loaderkit.a", 1, True)],
+        # through an import inside a function
+        [Edge("loaderkit.a", "loaderkit.b", 1, True), Edge("loaderkit.b", "loaderkit.a", 9, False)],
+        # through a package's __init__ that re-exports the importer
+        [
+            Edge("loaderkit.p", "loaderkit.p.m", 1, True),
+            Edge("loaderkit.p.m", "loaderkit.p", 1, True),
+        ],
+    ],
+)
+def test_cycle_check_finds_a_cycle(monkeypatch: pytest.MonkeyPatch, fake: list[Edge]) -> None:
+    # The check above must be able to fail.
     monkeypatch.setattr(sys.modules[__name__], "edges", lambda: fake)
-    with pytest.raises(
-        pytest.fail.Exception, match=r"loaderkit\.a -> loaderkit\.b -> loaderkit\.a"
-    ):
+    with pytest.raises(AssertionError, match=r"import cycles: loaderkit\.\w+(\.m)? <-> loaderkit"):
         test_no_import_cycles()
+
+
+def test_from_package_import_goes_through_its_init(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "loaderkit"
+    (pkg / "p").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "__init__.py").write_text("from loaderkit.p.m import f\n")
+    (pkg / "p" / "m.py").write_text("def f():\n    from loaderkit.p import g\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    assert import_cycles({e.source: {e.target} for e in edges() if e.source != e.target}) == [
+        ["loaderkit.p", "loaderkit.p.m"]
+    ]
+
+
+# At most this many modules directly in loaderkit/ (__init__.py included): a newcomer
+# reads the top level at a glance; a small private helper lives where it is used.
+MAX_TOP_LEVEL = 12
+PENDING_TOP_LEVEL: set[str] = set()  # modules being folded away (none now)
+
+
+def test_few_top_level_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in PENDING_TOP_LEVEL)
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} top-level modules: {top}"
+
+
+MAX_FUNCTION_LINES = 80
+# Functions still longer, in files other sweeps are rewriting (module:qualname).
+LONG_FUNCTIONS_PENDING = {
+    "loaderkit.loader.resumable:ResumableDataLoader.__init__",  # pending: engine rewrite
+    "loaderkit.loader._args:check_worker_args",  # pending: engine rewrite
+    "loaderkit.plan._cursor:check_state",  # pending: engine rewrite
+}
+
+
+def long_functions(tree: ast.Module, limit: int) -> list[tuple[str, int]]:
+    """``(qualname, lines)`` of every function (nested ones too) longer than ``limit`` lines."""
+    found = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    assert child.end_lineno is not None
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > limit:
+                        found.append((name, lines))
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return found
+
+
+def test_no_long_functions() -> None:
+    bad = [
+        f"{name}:{qualname} ({lines} lines)"
+        for name, path in modules().items()
+        for qualname, lines in long_functions(ast.parse(path.read_text()), MAX_FUNCTION_LINES)
+        if f"{name}:{qualname}" not in LONG_FUNCTIONS_PENDING
+    ]
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines: " + ", ".join(bad)
+
+
+def test_the_length_rule_finds_a_long_method() -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(80))
+    code = f"class A:\n    def f(self):\n{body}\n        def g():\n            pass\n"
+    assert long_functions(ast.parse(code), 80) == [("A.f", 83)]
 
 
 def _lightning_imports(path: Path) -> list[int]:

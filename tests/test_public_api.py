@@ -16,7 +16,7 @@ NOT_API = {
     "loaderkit.lightning.demo",  # the `loaderkit demo` job (examples reuse its model)
 }
 # Type aliases and constants that document an argument, not entry points.
-NOT_API_NAMES = {"Batch", "DeviceLike", "IMAGENET_MEAN", "IMAGENET_STD", "Indices", "StateDict"}
+NOT_API_NAMES = {"Batch", "DeviceLike", "IMAGENET_MEAN", "IMAGENET_STD"}
 
 
 def public_modules() -> list[str]:

@@ -1,8 +1,4 @@
-"""The ``loaderkit`` command line: ``demo``, ``inspect`` and ``bench``.
-
-Lightning is imported only by the subcommands that run a Lightning job, and
-only through :mod:`loaderkit.lightning`.
-"""
+"""The ``loaderkit`` command line: ``demo``, ``inspect`` and ``bench``."""
 
 from loaderkit.cli.commands import main
 

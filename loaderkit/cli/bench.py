@@ -1,19 +1,16 @@
-"""``loaderkit bench``: run the repository's benchmarks and collect their ratios.
+"""``loaderkit bench``: run the repository's benchmarks, collect their ratios, plot them.
 
-A bench is ``benchmarks/<name>/bench.py``, a command-line tool that prints its
-own tables. To be collected here it also calls :func:`report` with its ratios
-(competitor vs loaderkit, or vs a bound, with the goal when there is one);
-:func:`report` writes them as JSON to the file named by the environment
-variable :data:`REPORT_ENV`, which ``loaderkit bench`` sets for each run and
-which is unset when a person runs the bench by hand. Benches run one after
-another, never in parallel: they time themselves, and two at once would skew
-each other on a small machine.
+A bench is ``benchmarks/<name>/bench.py``, a command-line tool printing its own
+tables; it hands its ratios over with :func:`report`, which writes them to the
+file named by :data:`REPORT_ENV` (set by ``loaderkit bench`` only). Benches run
+one after another: they time themselves.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -21,8 +18,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = [
+    "MARKDOWN_NAME",
+    "PLOT_NAME",
     "QUICK_ARGS",
     "REPORT_ENV",
     "BenchResult",
@@ -32,12 +35,15 @@ __all__ = [
     "ratio_table",
     "report",
     "run_bench",
+    "write_markdown",
+    "write_plot",
 ]
 
 REPORT_ENV = "LOADERKIT_BENCH_JSON"
+# Not results.md: on a case-insensitive disk that is the curated benchmarks/RESULTS.md.
+MARKDOWN_NAME, PLOT_NAME = "results-table.md", "results.png"
 
-# Arguments that make each bench finish in seconds (under ``--quick``): fewer
-# repeats and smaller data. Ratios are noisier, but every code path still runs.
+# Per bench, the arguments of ``--quick``: seconds, noisier ratios, every code path.
 QUICK_ARGS: dict[str, list[str]] = {
     name: args.split()
     for name, args in {
@@ -66,15 +72,14 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 @dataclass(frozen=True)
 class Ratio:
-    """One figure a bench reports: a ratio (``unit="x"``), a share (``unit="%"``) or a count
-    (any other unit, e.g. ``"shards"``).
+    """One figure a bench reports: a ratio (``unit="x"``), a share (``"%"``) or a count.
 
     Args:
         name: What is compared, e.g. ``"PadCollate / pad_sequence, uniform"``.
         value: The measured figure.
-        goal: The figure to reach, or ``None`` where the bench sets no goal.
-        higher_is_better: Whether the goal is a floor (``True``) or a ceiling.
-        unit: ``"x"`` for ratios, ``"%"`` for shares, else the unit of a count.
+        goal: The figure to reach (``None``: no goal).
+        higher_is_better: Whether the goal is a floor or a ceiling.
+        unit: ``"x"``, ``"%"``, or the unit of a count (``"shards"``).
     """
 
     name: str
@@ -91,7 +96,7 @@ class Ratio:
         return self.value >= self.goal if self.higher_is_better else self.value <= self.goal
 
     def format(self, value: float | None = None) -> str:
-        """``value`` (default: this ratio's) with its unit: ``1.39x``, ``0.6%``, ``8.00 shards``."""
+        """``value`` (default: this one's) with its unit: ``1.39x``, ``0.6%``, ``8.00 shards``."""
         v = self.value if value is None else value
         if self.unit in ("x", "%"):
             return f"{v:.2f}{self.unit}"
@@ -105,11 +110,7 @@ class Ratio:
 
 
 def report(ratios: Sequence[Ratio]) -> None:
-    """Hand a bench's ratios to ``loaderkit bench`` (a no-op when run by hand).
-
-    Args:
-        ratios: The bench's figures, in the order they should be shown.
-    """
+    """Hand a bench's ratios, in display order, to ``loaderkit bench`` (run by hand: no-op)."""
     path = os.environ.get(REPORT_ENV)
     if path:
         Path(path).write_text(json.dumps([asdict(r) for r in ratios], indent=1))
@@ -133,15 +134,11 @@ class BenchResult:
 
 
 def find_benchmarks(start: Path | None = None, *, installed_checkout: bool = True) -> Path:
-    """The ``benchmarks/`` folder of the loaderkit checkout at or above ``start``.
-
-    The benches live in the repository, not in the installed package, so the
-    search walks up from ``start`` (default: the current directory), then,
-    with ``installed_checkout``, tries the checkout this package was installed
-    from in editable mode.
+    """The ``benchmarks/`` folder at or above ``start`` (default: the current directory), else
+    (``installed_checkout``) of the checkout this package was installed from, editable.
 
     Raises:
-        FileNotFoundError: one line naming where it looked and the fix.
+        FileNotFoundError: none found (the benches are not in the installed package).
     """
     start = (start or Path.cwd()).resolve()
     candidates = [start, *start.parents]
@@ -152,18 +149,13 @@ def find_benchmarks(start: Path | None = None, *, installed_checkout: bool = Tru
         if any(bench_dir.glob("*/bench.py")):
             return bench_dir
     raise FileNotFoundError(
-        f"no benchmarks/<name>/bench.py in {start} or its parents; the benches live in the "
-        "loaderkit repository, not the installed package: run `loaderkit bench` from a "
-        "clone (git clone ... && cd loaderkit)"
+        f"no benchmarks/<name>/bench.py in {start} or its parents; run `loaderkit bench` "
+        "from a clone of the loaderkit repository"
     )
 
 
 def discover(bench_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
-    """The bench scripts to run: all of ``bench_dir``, or those named in ``only``.
-
-    Raises:
-        ValueError: a name in ``only`` that is no bench, listing the ones there are.
-    """
+    """The bench scripts to run: all of ``bench_dir``, or those named in ``only``."""
     found = {p.parent.name: p for p in sorted(bench_dir.glob("*/bench.py"))}
     if not only:
         return list(found.values())
@@ -177,11 +169,8 @@ def discover(bench_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
 
 
 def run_bench(script: Path, *, quick: bool) -> BenchResult:
-    """Run one bench as a subprocess of this interpreter and collect its ratios.
-
-    The repository root goes first on ``PYTHONPATH`` so the bench measures the
-    checkout it sits in, even when another loaderkit is installed.
-    """
+    """Run one bench in a subprocess and collect its ratios; the bench measures the checkout
+    it sits in (its root first on ``PYTHONPATH``)."""
     name = script.parent.name
     root = script.parent.parent.parent
     args = QUICK_ARGS.get(name, []) if quick else []
@@ -214,3 +203,114 @@ def ratio_table(result: BenchResult) -> str:
         verdict = {True: "met", False: "**MISSED**", None: ""}[r.met]
         lines.append(f"| {r.name} | {r.format()} | {r.goal_text()} | {verdict} |")
     return "\n".join(lines)
+
+
+_MET, _MISSED, _NO_GOAL = "#2e7d32", "#c62828", "#90a4ae"
+
+
+def _color(ratio: Ratio) -> str:
+    return {True: _MET, False: _MISSED, None: _NO_GOAL}[ratio.met]
+
+
+def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
+    """Draw one bar panel per bench with ratios: log axis, green where the goal (a black
+    tick) is met, red where missed, grey without one.
+
+    Raises:
+        ModuleNotFoundError: matplotlib is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed (CI, SSH)
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "matplotlib is needed to draw benchmarks/results.png: pip install 'loaderkit[bench]' "
+            "(or pass --no-plot)"
+        ) from exc
+    shown = [r for r in results if r.ratios]
+    if not shown:
+        raise ValueError(
+            "no bench reported ratios, so there is nothing to plot; run a bench that prints "
+            "ratios, or pass --no-plot"
+        )
+    heights = [len(r.ratios) + 1.5 for r in shown]
+    fig, axes = plt.subplots(
+        len(shown),
+        1,
+        figsize=(12, 0.32 * sum(heights) + 1.0),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    for ax, result in zip(axes[:, 0], shown, strict=True):
+        _panel(ax, result)
+    fig.suptitle(
+        "loaderkit benchmarks: green = goal met, red = missed, grey = no goal; | = goal",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _panel(ax: Axes, result: BenchResult) -> None:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ratios = result.ratios
+    ys = list(range(len(ratios)))[::-1]  # first ratio on top
+    values = [max(r.value, 1e-3) for r in ratios]  # a log axis cannot show 0
+    ax.barh(ys, values, color=[_color(r) for r in ratios], height=0.6)
+    for y, r, v in zip(ys, ratios, values, strict=True):
+        label = r.format() + (f"  (goal {r.goal_text()})" if r.goal is not None else "")
+        # Right of both the bar and its goal tick.
+        ax.text(max(v, r.goal or 0) * 1.1, y, label, va="center", fontsize=7)
+        if r.goal is not None:
+            ax.plot([r.goal, r.goal], [y - 0.4, y + 0.4], color="black", lw=2)
+    if all(r.unit == "x" for r in ratios):  # parity means nothing for a share in %
+        ax.axvline(1.0, color="black", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    top = max([*values, *(r.goal or 0 for r in ratios)])
+    ax.set_xlim(min([*values, 0.5]) / 1.5, top * 8)
+    ax.set_yticks(ys, [r.name for r in ratios], fontsize=7)
+    ax.set_title(f"{result.name} ({result.seconds:.0f} s)", fontsize=9, loc="left")
+    ax.tick_params(axis="x", labelsize=7)
+
+
+def write_markdown(results: Sequence[BenchResult], path: Path, *, quick: bool) -> Path:
+    """Write every bench's ratio table, its command, and its full output (folded)."""
+    import torch
+
+    lines = [
+        "# loaderkit bench results",
+        "",
+        f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}"
+        + (", CUDA: " + torch.cuda.get_device_name() if torch.cuda.is_available() else ", no CUDA")
+        + (" — `--quick`: smaller data, fewer repeats, noisier ratios" if quick else ""),
+        "",
+        f"Written by `loaderkit bench`; the plot is `{PLOT_NAME}` next to this file.",
+    ]
+    for result in results:
+        lines += [
+            "",
+            f"## {result.name}",
+            "",
+            f"`{' '.join(result.command)}` ({result.seconds:.1f} s)",
+            "",
+            ratio_table(result),
+            "",
+            "<details><summary>full output</summary>",
+            "",
+            "```",
+            result.output.rstrip(),
+            "```",
+            "",
+            "</details>",
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,19 +1,10 @@
 """``loaderkit inspect``: build a DataModule from a config or a factory and report on it.
 
-The target is either a LightningCLI-style YAML config::
-
-    data:
-      class_path: loaderkit.lightning.datamodules.TensorDataModule
-      init_args: {train: data.pt, batch_size: 64}
-
-(or ``class_path``/``init_args`` at the top level), or ``module.path:name``
-(``path/to/file.py:name`` works too), where ``name`` is a DataModule class or
-a callable returning a DataModule, called without arguments. The report says
-how many samples and batches per rank an epoch has, how much of it is
-padding, how many shards a batch draws from (sharded data), how a mix
-draws from each of its sources (a MixedDataset), how fast the
-train loader runs for each ``num_workers`` and which to use, and whether a
-resumed run continues at the exact next sample.
+The target is a LightningCLI-style YAML config (``data: {class_path, init_args}``,
+or both at the top level) or ``module.path:name`` / ``path/to/file.py:name``,
+a DataModule class or a callable returning one. The report: samples and batches
+per rank, padding, shards per batch, the mix per source, train samples/s by
+``num_workers`` and which to use, and whether a resumed run is exact.
 """
 
 from __future__ import annotations
@@ -31,20 +22,17 @@ from typing import Any
 
 __all__ = ["build_datamodule", "inspect_target", "load_object"]
 
-#: Columns of the report: it reads in a terminal without wrapping.
-WIDTH = 100
-
+WIDTH = 100  # columns of the report
 _FIX_TARGET = (
     "pass a LightningCLI YAML config (data: {class_path: ..., init_args: {...}}) or "
     "module.path:factory, e.g. loaderkit inspect my_project.data:make_datamodule"
 )
+_WRITE_DATA = "write data: {class_path: loaderkit.lightning.datamodules.X, init_args: {...}}"
 
 
 def load_object(spec: str) -> Any:
-    """The object named by ``module.path:attr`` or ``file.py:attr`` (dots in ``attr`` allowed).
-
-    The current directory is importable, as it is for ``python -m``, so a
-    project's own modules are found without installing them.
+    """The object named by ``module.path:attr`` or ``file.py:attr`` (dots in ``attr`` allowed);
+    the current directory is importable, as for ``python -m``.
 
     Raises:
         ValueError: ``spec`` is not of that form.
@@ -80,14 +68,9 @@ def load_object(spec: str) -> Any:
 
 
 def _load_file(path: Path) -> ModuleType:
-    """The module of the file ``path``, registered without shadowing any other module.
-
-    Registering it under its stem would let ``./yaml.py`` replace the real
-    ``yaml`` for the whole process. When the stem imports as this very file (its
-    folder is on ``sys.path``), the ordinary import is used, so classes defined
-    there pickle by name into workers started with spawn; otherwise the module
-    gets a private name of its own.
-    """
+    """The module of the file ``path``: its ordinary import where its stem imports as this very
+    file (classes then pickle by name into spawned workers), else a private name, so that
+    ``./yaml.py`` never replaces the real ``yaml``."""
     stem = path.stem
     if stem.isidentifier():
         try:
@@ -107,8 +90,7 @@ def _load_file(path: Path) -> ModuleType:
     loaded = importlib.util.spec_from_file_location(name, path)
     assert loaded is not None and loaded.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(loaded)
-    # Registered before it runs: dataclasses and pickling look classes up by module name.
-    sys.modules[name] = module
+    sys.modules[name] = module  # before it runs: dataclasses and pickle look it up by name
     try:
         loaded.loader.exec_module(module)
     except BaseException:
@@ -145,8 +127,7 @@ def _instantiate(node: Any, where: str) -> Any:
             f"{where}.init_args must be a mapping, got {type(args).__name__}; write "
             "init_args: {name: value, ...}"
         )
-    kwargs = {k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()}
-    return cls(**kwargs)
+    return cls(**{k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()})
 
 
 def build_datamodule(target: str) -> Any:
@@ -166,14 +147,13 @@ def build_datamodule(target: str) -> Any:
         config = yaml.safe_load(path.read_text()) or {}
         if not isinstance(config, dict):
             raise ValueError(
-                f"{target}: expected a mapping at the top, got {type(config).__name__}; write "
-                "data: {class_path: loaderkit.lightning.datamodules.X, init_args: {...}}"
+                f"{target}: expected a mapping at the top, got {type(config).__name__}; "
+                + _WRITE_DATA
             )
         node, where = (config["data"], "data") if "data" in config else (config, target)
         if not isinstance(node, dict) or "class_path" not in node:
             raise ValueError(
-                f"{target}: no class_path under 'data' or at the top level; write "
-                "data: {class_path: loaderkit.lightning.datamodules.X, init_args: {...}}"
+                f"{target}: no class_path under 'data' or at the top level; {_WRITE_DATA}"
             )
         dm = _instantiate(node, where)
     elif ":" in target:
@@ -194,25 +174,14 @@ def build_datamodule(target: str) -> Any:
 
 def _steps(loader: Any, world_size: int) -> int | None:
     """Batches per rank in epoch 0, or None when the loader cannot know."""
-    if getattr(loader, "_stream", None) is not None:
-        # A ResumableDataLoader over a StreamingShardedDataset: its plan is a one-sample
-        # stand-in, so the epoch comes from the stream's limit (None: one pass).
+    if getattr(loader, "_stream", None) is not None:  # its plan is a one-sample stand-in
         from loaderkit.lightning.datamodules._util import stream_epoch_steps
 
         return stream_epoch_steps(loader, world_size)
-    if getattr(loader, "_iterable", None) is not None:
-        # An IterableDataset passed directly: DataLoader's length (from len(dataset)), on
-        # one process only.
-        if world_size != 1:
-            return None
-        try:
-            return len(loader)
-        except TypeError:
-            return None
     plan = getattr(loader, "plan", None)
-    if plan is not None:
+    if plan is not None and getattr(loader, "_iterable", None) is None:
         return int(plan.num_steps(0, start=0, world_size=world_size))
-    if world_size != 1:
+    if world_size != 1:  # an IterableDataset runs on one process
         return None
     try:  # a torch DataLoader over an IterableDataset has __len__ but no length
         return len(loader)
@@ -220,83 +189,35 @@ def _steps(loader: Any, world_size: int) -> int | None:
         return None
 
 
-def _probe(
-    dm: Any, max_workers: int | None, budget_s: float = 2.0
-) -> tuple[dict[int, float], dict[int, float]]:
-    """Train samples/s after start-up, and start-up seconds, for ``num_workers`` 0..max.
-
-    Start-up is the time until every worker has handed over its first batch (each
-    worker's first batch pays its process start and imports); the rate is timed over
-    the batches after that, for an equal share of ``budget_s`` (at least a few
-    batches), so a slow start never reads as slow loading.
-    """
-    from loaderkit.env import cpu_budget
-
-    if max_workers is None:  # the module's default (probe_num_workers)
-        max_workers = min(cpu_budget(1), 8)
-    rates: dict[int, float] = {}
-    startup: dict[int, float] = {}
-    for workers in range(max_workers + 1):
-        loader = dm.loader("train", num_workers=workers, pin_memory=False)
-        startup[workers], rates[workers] = _time_loader(
-            loader, first=max(workers, 1), budget_s=budget_s / (max_workers + 1)
-        )
-    return rates, startup
-
-
-def _time_loader(loader: Any, *, first: int, budget_s: float) -> tuple[float, float]:
-    """Seconds to the first ``first`` batches, then samples/s of the batches after them."""
-    import time
-
-    from loaderkit.lightning.datamodules._util import batch_rows
-
-    start = time.perf_counter()
-    it = iter(loader)
-    try:
-        head = list(itertools.islice(it, first))
-        ready = time.perf_counter()
-        rows = batches = 0
-        for batch in it:
-            rows += batch_rows(batch)
-            batches += 1
-            now = time.perf_counter()
-            if batches >= 200 or (batches >= 5 and now - ready >= budget_s):
-                break
-        if batches == 0:  # an epoch of at most `first` batches: start-up is all there is
-            return ready - start, sum(map(batch_rows, head)) / max(ready - start, 1e-9)
-        return ready - start, rows / max(time.perf_counter() - ready, 1e-9)
-    finally:
-        close = getattr(it, "close", None)
-        if callable(close):
-            close()  # stop the workers now, not when the iterator is collected
-
-
 def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
     """The report's figures, from ``describe()`` when the module has it."""
-    if hasattr(dm, "describe") and hasattr(dm, "loader"):  # a LoaderDataModule
-        facts = dm.describe()
-        for split, info in facts["splits"].items():
-            loader = dm.loader(split, num_workers=0, pin_memory=False)
-            info["batches_per_rank"] = _steps(loader, world_size)
-            info["stream"] = loader._stream is not None
-            if info["stream"]:
-                from loaderkit.lightning.datamodules._util import stream_refusal
+    if not (hasattr(dm, "describe") and hasattr(dm, "loader")):  # not a LoaderDataModule
+        return _plain_facts(dm, world_size)
+    from loaderkit.env import cpu_budget
+    from loaderkit.lightning.datamodules._util import probe_workers, stream_refusal
 
-                info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
-        # Judged for the world size asked about, not the one of this process.
-        facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
-        facts.setdefault("mix", None)
-        facts["probe"], facts["startup"] = _probe(dm, max_workers)
-        best = max(facts["probe"].values())
-        # The module's rule (probe_num_workers): workers cost memory and start-up, and a
-        # short probe's noise is about 10%.
-        facts["best"] = min(w for w, r in facts["probe"].items() if r >= 0.9 * best)
-        return facts
-    # Any other LightningDataModule: only what its train loader tells.
-    dm.setup("fit")
-    loader = dm.train_dataloader()
+    facts = dm.describe()
+    for split, info in facts["splits"].items():
+        loader = dm.loader(split, num_workers=0, pin_memory=False)
+        info["batches_per_rank"] = _steps(loader, world_size)
+        info["stream"] = loader._stream is not None
+        if info["stream"]:
+            info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
+    # Judged for the world size asked about, not the one of this process.
+    facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
+    facts.setdefault("mix", None)
+    if max_workers is None:  # probe_num_workers' default
+        max_workers = min(cpu_budget(1), 8)
+    facts["probe"], facts["startup"], facts["best"] = probe_workers(dm, max_workers, 2.0)
+    return facts
+
+
+def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
+    """What any LightningDataModule's train loader tells."""
     from loaderkit.loader.resumable import ResumableDataLoader
 
+    dm.setup("fit")
+    loader = dm.train_dataloader()
     dataset = getattr(loader, "dataset", None)
     resumable = isinstance(loader, ResumableDataLoader)
     stream = resumable and loader._stream is not None
@@ -313,21 +234,20 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
         reason = stream_resume_reason(dataset)
     elif resumable and loader._iterable is not None:
-        # Says which method resumes it: the dataset's own state, or replay-and-skip.
-        reason = (
-            f"resume method {loader.describe()['resume']!r}: {loader.describe()['resume_reason']}"
-        )
+        described = loader.describe()  # which method resumes it: the state, or replay
+        reason = f"resume method {described['resume']!r}: {described['resume_reason']}"
         if world_size > 1:
             resumable = False
             reason = (
                 f"an IterableDataset passed directly runs on one process, not {world_size} ranks "
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
+    samples = len(dataset) if isinstance(dataset, Sized) else None
     return {
         "datamodule": type(dm).__name__,
         "splits": {
             "train": {
-                "samples": len(dataset) if isinstance(dataset, Sized) else None,
+                "samples": samples,
                 "batches_per_rank": _steps(loader, world_size),
                 "stream": stream,
             }
@@ -345,13 +265,13 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 def inspect_target(
     target: str, *, max_workers: int | None = None, world_size: int = 1, progress: bool = True
 ) -> str:
-    """Build the DataModule of ``target`` and return the report's lines.
+    """Build the DataModule of ``target`` and return the report.
 
     Args:
         target: A YAML config path or ``module.path:factory``.
         max_workers: Probe ``num_workers`` 0..this (default: the module's choice).
         world_size: Report batches per rank for this many ranks.
-        progress: Show a progress bar over the steps (stderr).
+        progress: Show a progress bar (stderr).
     """
     from tqdm import tqdm
 
@@ -368,32 +288,30 @@ def inspect_target(
     return _format(target, facts, world_size)
 
 
+def _num(value: Any) -> str:
+    return "unknown" if value is None else f"{value:,}"
+
+
+def _batches(info: dict[str, Any]) -> str:
+    if info.get("refusal"):
+        return f"refused ({info['refusal']})"
+    if info["batches_per_rank"] is None and info.get("stream"):
+        return "unknown (one pass, length unknown)"
+    return _num(info["batches_per_rank"])
+
+
 def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
-    def num(value: Any) -> str:
-        return "unknown" if value is None else f"{value:,}"
-
-    def batches(info: dict[str, Any]) -> str:
-        if info.get("refusal"):
-            return f"refused ({info['refusal']})"
-        if info["batches_per_rank"] is None and info.get("stream"):
-            return "unknown (one pass, length unknown)"
-        return num(info["batches_per_rank"])
-
-    lines = [f"loaderkit inspect: {facts['datamodule']} (from {target})"]
     splits = facts["splits"]
-    lines.append(
-        "  samples          " + ", ".join(f"{s} {num(i['samples'])}" for s, i in splits.items())
-    )
-    lines.append(
-        f"  batches / epoch  per rank at world size {world_size}: "
-        + ", ".join(f"{s} {batches(i)}" for s, i in splits.items())
-        + " (epoch 0)"
-    )
     pad = facts.get("padding_fraction")
-    lines.append(
+    lines = [
+        f"loaderkit inspect: {facts['datamodule']} (from {target})",
+        "  samples          " + ", ".join(f"{s} {_num(i['samples'])}" for s, i in splits.items()),
+        f"  batches / epoch  per rank at world size {world_size}: "
+        + ", ".join(f"{s} {_batches(i)}" for s, i in splits.items())
+        + " (epoch 0)",
         "  padding          "
-        + ("not known for this module" if pad is None else f"{pad:.1%} of train tokens")
-    )
+        + ("not known for this module" if pad is None else f"{pad:.1%} of train tokens"),
+    ]
     mix = facts.get("shards_per_batch")
     if mix is not None:
         lines.append(
@@ -401,57 +319,50 @@ def _format(target: str, facts: dict[str, Any], world_size: int) -> str:
             "train batches from a single shard (epoch 0, all ranks)"
         )
     lines.extend(_mix_lines(facts.get("mix")))
-    probe = facts.get("probe")
-    if probe:
-        rates = ", ".join(f"{w}: {r:,.0f}" for w, r in probe.items())
-        lines.append(f"  train samples/s  after start-up, by num_workers: {rates}")
-        startup = ", ".join(f"{w}: {s:.2f} s" for w, s in facts["startup"].items())
-        lines.append(f"  start-up         to every worker's first batch: {startup}")
-        lines.append(
-            f"  num_workers      suggested {facts['best']} (the fewest within 10% of the best rate)"
-            + (
-                "; the module's num_workers='auto' chooses in the run from the data wait"
-                if facts.get("num_workers") == "auto"
-                else ""
-            )
-        )
-        lines.extend(_wait_lines(probe.get(0), splits.get("train", {}), world_size))
-    else:
-        lines.append(
-            "  num_workers      not probed: only loaderkit's DataModules can rebuild their "
-            "loader with another num_workers"
-        )
+    lines.extend(_probe_lines(facts, splits.get("train", {}), world_size))
     verdict = "yes" if facts["resumable_exactly"] else "NO"
     lines.append(f"  exact resume     {verdict}: {facts['resumable_reason']}")
     return "\n".join(wrapped for line in lines for wrapped in _wrap(line))
+
+
+def _probe_lines(facts: dict[str, Any], train: dict[str, Any], world_size: int) -> list[str]:
+    probe = facts.get("probe")
+    if not probe:
+        return [
+            "  num_workers      not probed: only loaderkit's DataModules can rebuild their "
+            "loader with another num_workers"
+        ]
+    auto = facts.get("num_workers") == "auto"
+    choice = "; the module's num_workers='auto' chooses in the run from the data wait"
+    lines = [
+        "  train samples/s  after start-up, by num_workers: "
+        + ", ".join(f"{w}: {r:,.0f}" for w, r in probe.items()),
+        "  start-up         to every worker's first batch: "
+        + ", ".join(f"{w}: {s:.2f} s" for w, s in facts["startup"].items()),
+        f"  num_workers      suggested {facts['best']} (the fewest within 10% of the best rate)"
+        + (choice if auto else ""),
+    ]
+    samples, batches, rate = train.get("samples"), train.get("batches_per_rank"), probe.get(0)
+    if rate and samples and batches:
+        per_batch_ms = samples / world_size / batches / rate * 1e3  # the mean batch of a rank
+        # A step of s ms waits w / (w + s) for in-process loading of w ms: > 10 % below 9 w.
+        lines.append(
+            f"  data wait        in-process loading takes {per_batch_ms:.2f} ms per train batch: "
+            f"a training step shorter than {9 * per_batch_ms:.1f} ms would wait > 10% of its "
+            "time for data (DataWaitMonitor measures it in a run; num_workers='auto' acts on it)"
+        )
+    return lines
 
 
 def _wrap(line: str) -> list[str]:
     """``line`` cut at words to :data:`WIDTH` columns, continued under its value column."""
     indent = " " * (len(line) - len(line.lstrip(" ")))
     if line.startswith("  ") and len(line) > 19 and line[2:19].endswith("  "):
-        indent = " " * 19  # a "  label           value" row: continue under the value
-    return textwrap.wrap(
-        line,
-        WIDTH,
-        subsequent_indent=indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-    ) or [line]
-
-
-def _wait_lines(rate: float | None, train: dict[str, Any], world_size: int) -> list[str]:
-    """What in-process loading costs a training step: the data wait it would cause."""
-    samples, batches = train.get("samples"), train.get("batches_per_rank")
-    if not rate or not samples or not batches:
-        return []
-    per_batch_ms = samples / world_size / batches / rate * 1e3  # the mean batch of a rank
-    # A step of s ms waits w/(w+s) for in-process loading of w ms: > 10 % below 9w.
-    return [
-        f"  data wait        in-process loading takes {per_batch_ms:.2f} ms per train batch: "
-        f"a training step shorter than {9 * per_batch_ms:.1f} ms would wait > 10% of its "
-        "time for data (DataWaitMonitor measures it in a run; num_workers='auto' acts on it)"
-    ]
+        indent = " " * 19  # a "  label           value" row
+    wrapped = textwrap.wrap(
+        line, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return wrapped or [line]
 
 
 def _mix_lines(mix: dict[str, Any] | None) -> list[str]:

@@ -1,11 +1,9 @@
 """Every read of Lightning's internals, in one module (private).
 
 :class:`LightningHost` is the :class:`~loaderkit._callers.Host` a Trainer or
-Fabric is; it is handed to loaders through documented hooks (a DataModule's
-``self.trainer``, a callback's ``setup``, an explicit ``attach_host``), never
-found on the stack. What each answer reads, and why no public API serves, is
-the table in ``docs/design.md`` ("The Lightning adapter");
-``tests/lightning/test_adapter.py`` pins each internal with one test.
+Fabric is, handed to loaders through documented hooks. What each answer reads
+and why: ``docs/design.md`` ("The Lightning adapter"); each internal is pinned
+by a test in ``tests/lightning/test_adapter.py``.
 
 Example:
     >>> import lightning as L
@@ -35,12 +33,8 @@ __all__ = [
 
 
 def data_parallel_of(driver: Any) -> tuple[int, int] | None:
-    """``(rank, world_size)`` of ``driver``'s data-parallel group, from its strategy's
-    ``distributed_sampler_kwargs``; None for a strategy without one (a single device).
-
-    Raises:
-        LoaderkitError: the strategy answers without ``rank`` and ``num_replicas``.
-    """
+    """``(rank, world_size)`` from ``driver.strategy.distributed_sampler_kwargs`` (None: a
+    single device)."""
     kwargs = getattr(driver.strategy, "distributed_sampler_kwargs", None)
     if kwargs is None:
         return None
@@ -49,8 +43,8 @@ def data_parallel_of(driver: Any) -> tuple[int, int] | None:
     except (KeyError, TypeError, ValueError) as exc:
         raise LoaderkitError(
             f"{type(driver.strategy).__name__}.distributed_sampler_kwargs is {kwargs!r}, "
-            "without the int 'rank' and 'num_replicas' of the data-parallel group. Pass "
-            "rank= and world_size= to the loader, or return both keys from the strategy."
+            "without the int 'rank' and 'num_replicas'. Pass rank= and world_size= to the "
+            "loader, or return both keys from the strategy."
         ) from exc
 
 
@@ -61,12 +55,8 @@ def data_parallel_size(trainer: Any) -> int:
 
 
 class LightningHost:
-    """The host a ``Trainer`` or ``Fabric`` is, held weakly (a loader must not keep it alive).
-
-    Only a Trainer's running fit answers about a loader, and only for its train
-    loaders (or the batch sampler of one); a Fabric answers with its
-    data-parallel group alone (the user's loop holds no batch, keeps no count).
-    """
+    """The host a ``Trainer`` or ``Fabric`` is, held weakly. Only a Trainer's running fit
+    answers about its train loaders; a Fabric answers with its data-parallel group alone."""
 
     def __init__(self, driver: Any) -> None:
         self._driver = weakref.ref(driver)
@@ -91,7 +81,7 @@ class LightningHost:
         return self._fitting(loader) is not None
 
     def held_batches(self, loader: object) -> int | None:
-        """The batches the fit loop's fetcher took ahead of training (``_data_fetcher.batches``)."""
+        """``fit_loop._data_fetcher.batches``: taken ahead of training."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
@@ -105,8 +95,7 @@ class LightningHost:
         return int(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
 
     def restarting_mid_epoch(self, loader: object) -> bool | None:
-        """``fit_loop.restarted_mid_epoch``, unless ``reset()`` moved on past a finished
-        epoch (``epoch_progress.current``: processed caught up with started)."""
+        """``fit_loop.restarted_mid_epoch``, unless ``reset()`` moved past a finished epoch."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
@@ -115,8 +104,8 @@ class LightningHost:
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
-        """``current_epoch`` (``epoch_progress.current.completed``) when ``epoch`` is the
-        loop's own value (``processed``); the two differ after a ``max_steps`` restart."""
+        """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
+        (they differ after a ``max_steps`` restart)."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
@@ -133,16 +122,8 @@ def train_loaders(trainer: Any) -> list[Any]:
 
 
 def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
-    """Make Lightning's epoch as long as the train loaders' ``len()`` says now.
-
-    Redoes what ``FitLoop.setup_data`` derived from the lengths it read once
-    per fit: the per-loader limits, the epoch's batch count in the loop and
-    its fetcher, and the batch a fractional ``val_check_interval`` validates at.
-
-    Args:
-        trainer: The running Trainer.
-        managed: Which loaders' lengths to re-read (the others keep their limit).
-    """
+    """Make Lightning's epoch as long as the ``managed`` train loaders' ``len()`` says now:
+    redo what ``FitLoop.setup_data`` derived from the lengths it read once per fit."""
     loop = trainer.fit_loop
     combined = loop._combined_loader
     if combined is None:
@@ -160,8 +141,8 @@ def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
     if length is None:
         return
     loop.max_batches = length
-    # After an end-of-epoch restore Lightning starts the next epoch afresh only if the
-    # batches it counted reach the epoch's length (_TrainingEpochLoop.reset).
+    # After an end-of-epoch restore, _TrainingEpochLoop.reset starts the next epoch afresh
+    # only if the batches counted reach the epoch's length.
     epoch_loop = loop.epoch_loop
     progress = epoch_loop.batch_progress
     if epoch_loop.restarted_on_train_batch_end and progress.is_last_batch:

@@ -1,12 +1,5 @@
-"""How a Trainer or Fabric reaches loaderkit's loaders: callbacks and ``attach_host``.
-
-A loader learns what only its host knows (the data-parallel group, the
-batches Lightning prefetched, the batches it counts as done, how it sets the
-epoch on a restart) once the host is handed to it: loaderkit's DataModules
-pass ``self.trainer``; for a loader built elsewhere, :func:`attach_host` it or
-add :class:`AttachLoaders` to the Trainer. Why, and what a loader without a
-host cannot know, is in ``docs/design.md`` ("The Lightning adapter").
-"""
+"""How a Trainer or Fabric reaches loaderkit's loaders: callbacks and ``attach_host``
+(``docs/design.md``, "The Lightning adapter")."""
 
 from __future__ import annotations
 
@@ -27,11 +20,9 @@ LoaderT = TypeVar("LoaderT")
 
 
 def attach_host(loader: LoaderT, host: Any) -> LoaderT:
-    """Hand ``loader`` the ``Trainer`` or ``Fabric`` that drives it; returns ``loader``.
-
-    ``loader`` is a :class:`~loaderkit.ResumableDataLoader`, or a torch
-    ``DataLoader`` whose ``batch_sampler`` is a :class:`~loaderkit.PlanBatchSampler`.
-    ``host=None`` detaches it. The host is held weakly.
+    """Hand ``loader`` the ``Trainer`` or ``Fabric`` that drives it (held weakly; None
+    detaches it); returns ``loader``, a :class:`~loaderkit.ResumableDataLoader` or a
+    ``DataLoader`` over a :class:`~loaderkit.PlanBatchSampler`.
 
     Raises:
         TypeError: ``loader`` is neither, or ``host`` has no ``strategy``.
@@ -60,11 +51,8 @@ def attach_host(loader: LoaderT, host: Any) -> LoaderT:
 
 
 class AttachLoaders(Callback):
-    """Make the Trainer the host of every loaderkit loader without one, while it runs.
-
-    For loaders a ``LightningModule`` returns or ``trainer.fit`` is given.
-    ``setup`` is the first hook of a run and comes before any
-    ``*_dataloader()`` call; ``teardown`` (or ``on_exception``) ends it.
+    """Make the Trainer the host of every loaderkit loader without one, from ``setup`` (before
+    any ``*_dataloader()`` call) to ``teardown``.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[AttachLoaders()])  # doctest: +SKIP
@@ -100,11 +88,9 @@ class AttachLoaders(Callback):
 class ElasticResume(AttachLoaders):
     """Re-read the lengths of loaderkit train loaders after a restore and every epoch.
 
-    Lightning reads an epoch's length (and the batch it validates at) once per
-    fit, before it restores the loaders. Needed for plans whose epoch length
-    varies (token budgets), for resuming on another number of ranks, and for
-    streams without a length (as an :class:`AttachLoaders`, it tells them the
-    batch Lightning prefetched).
+    Lightning reads an epoch's length once per fit, before it restores the loaders:
+    needed for token budgets, for a resume on another number of ranks, and for
+    streams without a length.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
@@ -122,9 +108,8 @@ class ElasticResume(AttachLoaders):
 
 
 def entry_point_callbacks() -> list[Callback]:
-    """The callbacks Lightning adds to every ``Trainer`` (its ``callbacks_factory``
-    entry point, declared in ``pyproject.toml``): an :class:`ElasticResume`, idle
-    where the user gave one.
+    """The callbacks Lightning adds to every ``Trainer`` (the ``callbacks_factory`` entry point):
+    an :class:`ElasticResume`, idle where the user gave one.
 
     Example:
         >>> [type(cb).__name__ for cb in entry_point_callbacks()]
@@ -141,7 +126,7 @@ def _sync_lengths(trainer: L.Trainer) -> None:
     if not any(_is_planned(dl) for dl in loaders):
         return
     for dl in loaders:
-        # Tell the loader its length is kept in sync, so it does not warn about it.
+        # Its length is kept in sync: it need not refuse a changed one.
         for owner in (dl, getattr(dl, "batch_sampler", None)):
             watch = getattr(owner, "_len_watch", None)
             if watch is not None:

@@ -1,13 +1,8 @@
-"""The job behind ``make demo``: a byte-level language model on Python's own sources.
+"""The ``loaderkit demo`` job: a byte-level language model on Python's own sources.
 
-Each standard-library ``.py`` file's first bytes are one variable-length
-sample (no download). A real ``lightning.Trainer`` trains on batches a
-:class:`~loaderkit.BucketBatchSampler` cuts under a token budget (the summary
-compares the padding with random batches), padded by
-:class:`~loaderkit.PadCollate`, loaded by a :class:`~loaderkit.ResumableDataLoader`
-with :class:`~loaderkit.ElasticResume`. Training is interrupted mid-epoch
-right after a checkpoint and resumed from it; the sample ids both runs
-trained on are compared with an uninterrupted pass.
+A Trainer trains on token-budget buckets of standard-library code blocks, is
+interrupted mid-epoch right after a checkpoint, resumes from it, and compares
+the samples both runs trained on with an uninterrupted pass.
 """
 
 from __future__ import annotations
@@ -39,14 +34,11 @@ PAD_ID = 256  # bytes are 0..255; one extra token id for padding
 
 
 class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
-    """Code blocks of the standard library's ``.py`` files, as byte sequences.
-
-    A block is a run of lines between blank lines: real, variable-length data
-    (from one-line imports to long functions), cut to ``max_len`` bytes.
+    """Code blocks (runs of lines between blank lines) of the standard library's ``.py``
+    files, as byte sequences: real, variable-length data, no download.
 
     Args:
-        max_samples: Keep the first this many blocks (files sorted by path, so
-            the set is the same on every run of one Python installation).
+        max_samples: Keep the first this many blocks (files sorted by path).
         min_len: Skip blocks shorter than this many bytes.
         max_len: Keep at most this many bytes of each block.
         root: Folder to read (default: this interpreter's standard library).
@@ -110,7 +102,7 @@ class ByteLM(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         logits = self(batch["input_ids"])
-        # labels are padded with -100, which cross_entropy ignores: padding costs no loss.
+        # labels are padded with -100, which cross_entropy ignores.
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
         self.seen_ids.extend(batch["id"].tolist())
         self.last_loss = float(loss.detach())
@@ -126,16 +118,8 @@ def _input_length(sample: dict[str, Any]) -> int:
 
 
 class StdlibDataModule(L.LightningDataModule):
-    """Serves :class:`StdlibBytes` through a bucketed, padded, seeded, resumable loader.
-
-    Args:
-        dataset: The samples.
-        lengths: ``input_ids`` length of each sample (:func:`~loaderkit.compute_lengths`).
-        max_tokens: Token budget per batch (rows x padded length).
-        batch_size: Rows of the random batches the padding is compared with.
-        num_workers: DataLoader worker processes.
-        seed: Seed of the order and of per-sample randomness.
-    """
+    """Serves :class:`StdlibBytes` through a bucketed, padded, resumable loader; ``batch_size``
+    sizes the random batches whose padding the summary compares."""
 
     def __init__(
         self,
@@ -148,12 +132,8 @@ class StdlibDataModule(L.LightningDataModule):
         seed: int,
     ):
         super().__init__()
-        self.dataset = dataset
-        self.lengths = lengths
-        self.max_tokens = max_tokens
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
+        self.dataset, self.lengths, self.max_tokens = dataset, lengths, max_tokens
+        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self.collate = PadCollate(
             pad_value={"input_ids": PAD_ID, "labels": -100},
             lengths_key="lengths",
@@ -163,8 +143,7 @@ class StdlibDataModule(L.LightningDataModule):
     def transfer_batch_to_device(
         self, batch: Any, device: torch.device, dataloader_idx: int
     ) -> Any:
-        # Pinned CPU tensors go to CUDA with non_blocking=True; anything else blocks.
-        return move_to_device(batch, device)
+        return move_to_device(batch, device)  # non_blocking where pinned
 
     def train_dataloader(self) -> ResumableDataLoader:
         sampler = BucketBatchSampler(self.lengths, max_tokens=self.max_tokens, seed=self.seed)
@@ -179,7 +158,7 @@ class StdlibDataModule(L.LightningDataModule):
         return attach_host(loader, self.trainer)
 
     def random_dataloader(self) -> ResumableDataLoader:
-        """The "before": random batches of ``batch_size`` rows, only to measure their padding."""
+        """Random batches of ``batch_size`` rows, to measure their padding."""
         return ResumableDataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -190,11 +169,8 @@ class StdlibDataModule(L.LightningDataModule):
 
 
 class _Interrupt(Callback):
-    """Raise once ``at_step`` steps are done and their checkpoint is written.
-
-    Lightning runs checkpoint callbacks after all others at a batch's end, so
-    the exception comes at the start of the next batch instead.
-    """
+    """Raise once ``at_step`` steps are done, at the next batch's start: after the checkpoint
+    callbacks, which Lightning runs last at a batch's end."""
 
     def __init__(self, at_step: int) -> None:
         self.at_step = at_step
@@ -209,7 +185,7 @@ class _Interrupted(RuntimeError):
 
 
 class _Clock(Callback):
-    """Seconds spent inside training loops (not in start-up), summed over fits."""
+    """Seconds inside training loops, summed over fits."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -227,13 +203,8 @@ class _Clock(Callback):
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Knobs of the demo; the defaults run in about a minute on two CPU cores.
-
-    ``max_tokens`` (default ``batch_size * max_len``, the most a random batch of
-    ``batch_size`` rows pads to) is the token budget of the bucketed batches
-    the model trains on; ``batch_size`` sizes the random batches whose padding
-    the summary shows for comparison.
-    """
+    """Knobs of the demo. ``max_tokens`` (default ``batch_size * max_len``) is the token budget
+    of the batches trained on; ``batch_size`` sizes the random batches compared with."""
 
     max_samples: int = 3000
     max_len: int = 256
@@ -308,11 +279,7 @@ def _trainer(config: DemoConfig, callbacks: list[Callback]) -> L.Trainer:
 
 
 def run_demo(config: DemoConfig) -> DemoResult:
-    """Train, interrupt, resume, and check the resumed sample stream.
-
-    Returns:
-        The figures of the summary.
-    """
+    """Train, interrupt, resume, and check the resumed sample stream."""
     dataset = StdlibBytes(config.max_samples, max_len=config.max_len + 1)
     lengths = compute_lengths(dataset, _input_length, progress=False)
     max_tokens = config.max_tokens or config.batch_size * config.max_len
@@ -329,7 +296,6 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
     plan = datamodule().train_dataloader().plan
     steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]
-    # Mid-way through the last epoch (or the only one).
     interrupt_at = sum(steps[:-1]) + max(1, steps[-1] // 2)
     ckpt_dir = config.workdir / "checkpoints"
     shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -351,8 +317,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     resumed = _trainer(config, [clock])
     resumed.fit(second, datamodule=datamodule(), ckpt_path=ckpt_dir / "last.ckpt")
 
-    # The uninterrupted reference needs no training: the same bucketed loader alone decides
-    # the stream.
+    # The uninterrupted reference: the same loader alone decides the stream.
     loader = datamodule().train_dataloader()
     reference = [i for _ in range(config.epochs) for b in loader for i in b["id"].tolist()]
     trained = first.seen_ids + second.seen_ids

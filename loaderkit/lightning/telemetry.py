@@ -1,26 +1,4 @@
-"""How much of each training step waits for data: a Lightning callback.
-
-A GPU idling at 30 % because the loader can't keep up looks, from the
-training script, like a slow model. :class:`DataWaitMonitor` separates the
-two: a step is the time the loop waited for its batch plus the time it spent
-on the batch (from the batch's ``on_train_batch_start`` to its
-``on_train_batch_end``). Their ratio, averaged over a window of steps, is
-logged as ``data_wait`` (and shown in the progress bar): near 0 the loader
-keeps up; near 1 the model waits for data (raise ``num_workers``, pin
-memory, bucket by length, or move decoding out of ``__getitem__``).
-
-The wait is the time inside the train loader's ``next()`` where the loader is
-a :class:`~loaderkit.ResumableDataLoader` (its ``wait_seconds``), so nothing
-else the loop does between batches counts: validation, checkpoints, other
-callbacks' hooks. For any other loader, no hook marks the call to ``next()``,
-so the wait is the time from one batch's ``on_train_batch_end`` to the next
-batch's ``on_train_batch_start`` less any validation run between them, which
-still counts other callbacks' hooks there (a ``ModelCheckpoint`` saving
-every ``n`` steps, say).
-
-Host wall time: on CUDA, kernels run asynchronously, so a step's time is what
-the host spent on it, which is what the loader competes with.
-"""
+"""How much of each training step waits for data: a Lightning callback."""
 
 from __future__ import annotations
 
@@ -41,7 +19,7 @@ _SUMMARY_KEYS = ("steps", "step_ms", "wait_ms")
 
 
 def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
-    """The train loaders, where every one of them times its own ``next()``; else None."""
+    """The train loaders, where each times its own ``next()``; else None."""
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     elif not isinstance(loaders, list | tuple):
@@ -53,6 +31,13 @@ def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
 
 class DataWaitMonitor(Callback):
     """Log the fraction of each training step spent waiting for the next batch.
+
+    A step is the wait for its batch plus the work on it (``on_train_batch_start``
+    to ``on_train_batch_end``, host wall time); the ratio over a window of steps is
+    logged as ``name``: near 0 the loader keeps up, near 1 the model waits for data.
+    The wait is the time in the train loader's ``next()`` for a
+    :class:`~loaderkit.ResumableDataLoader`; for other loaders, the time between
+    batches less validation (other callbacks' hooks count).
 
     Args:
         window: Steps the logged fraction averages over (a moving window).
@@ -78,8 +63,7 @@ class DataWaitMonitor(Callback):
         if name in _SUMMARY_KEYS:
             raise ValueError(
                 f"DataWaitMonitor: name={name!r} is one of the keys summary() reports "
-                f"{list(_SUMMARY_KEYS)}, which the fraction would overwrite; pass another "
-                "name, e.g. name='data_wait'."
+                f"{list(_SUMMARY_KEYS)}; pass another name, e.g. name='data_wait'."
             )
         self.name = name
         self.prog_bar = check_bool("prog_bar", prog_bar, owner="DataWaitMonitor")
@@ -99,14 +83,14 @@ class DataWaitMonitor(Callback):
         return sum(loader.wait_seconds for loader in self._loaders)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Start the clock: the epoch's first wait includes starting its iterator."""
+        """Start the clock (the first wait includes starting the iterator)."""
         self._loaders = _timed(trainer.train_dataloader)
         if self._loaders is not None:
             self._read = self._waited()
         self._last_end = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Stop the clock of other loaders' wait: validation is not waiting for a batch."""
+        """Stop the clock of other loaders' wait."""
         self._paused = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -130,7 +114,7 @@ class DataWaitMonitor(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Close the step (wait + work on the batch) and log the window's fraction waiting."""
+        """Close the step and log the window's fraction waiting."""
         now = time.perf_counter()
         if self._wait is not None and self._start is not None:
             step = self._wait + (now - self._start)

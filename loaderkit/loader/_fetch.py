@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, default_convert, get_worker_info
+from torch.utils.data import (
+    ConcatDataset,
+    Dataset,
+    Subset,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
 
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
@@ -28,6 +35,7 @@ __all__ = [
     "Unbatched",
     "batch_fetch_is_faithful",
     "identity",
+    "index_subset",
     "seed_keys",
     "worker_error",
 ]
@@ -217,10 +225,6 @@ class BatchFetcher:
 def per_sample_reads(dataset: Any) -> bool:
     """Whether ``dataset``'s ``__getitems__`` only gathers per-sample reads (torch's
     ``Subset``/``ConcatDataset``, loaderkit's subsets) down to ``__getitem__``."""
-    from torch.utils.data import ConcatDataset, Subset
-
-    from loaderkit.loader._subset import _Subset
-
     if not batch_fetch_is_faithful(dataset, "__getitems__"):
         return True  # read through __getitem__
     if type(dataset) is ConcatDataset:
@@ -367,3 +371,50 @@ class KeySource:
 
     def __len__(self) -> int:
         return 0 if self.schedule is None else self.schedule.num_steps
+
+
+# A DataModule's seeded val split hands the loader a subset of the train data: it must
+# fetch the way the dataset does (get_batch, __getitems__), and it is unpickled by every
+# worker, so it lives here, away from Lightning's import.
+class _Subset(Dataset[Any]):
+    """The samples of ``dataset`` at ``indices``; unlike ``torch.utils.data.Subset`` it
+    keeps the batched fetch paths only where the dataset has them, so per-sample seeding
+    stays per sample."""
+
+    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+
+class _BatchedSubset(_Subset):
+    def get_batch(self, indices: Any) -> Any:
+        return self.dataset.get_batch(self.indices[np.asarray(indices, dtype=np.int64)])
+
+
+class _ItemsSubset(_Subset):
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        return self.dataset.__getitems__(self.indices[np.asarray(indices)].tolist())
+
+
+class _BothSubset(_BatchedSubset, _ItemsSubset):
+    pass
+
+
+def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
+    """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
+    # Else a subset would bypass an override of __getitem__.
+    batched = batch_fetch_is_faithful(dataset)
+    items = batch_fetch_is_faithful(dataset, "__getitems__")
+    kind = {
+        (False, False): _Subset,
+        (True, False): _BatchedSubset,
+        (False, True): _ItemsSubset,
+        (True, True): _BothSubset,
+    }[(batched, items)]
+    return kind(dataset, indices)

@@ -1,23 +1,9 @@
 """A keyed bijection of ``[0, n)`` evaluated at any positions, without materializing it.
 
-The shuffled order of a :class:`~loaderkit.plan.sample.SamplePlan` epoch is
-``KeyedPermutation(n, key).at(positions)``: entry ``p`` of the order, for any
-batch of positions, in O(len(positions)) time and memory, whatever ``n`` is
-(a materialized ``randperm`` costs O(n) at every epoch start and resume).
-
-The construction: a balanced Feistel network over ``[0, 4**h)``, the smallest
-power of four holding ``n``, with :data:`ROUNDS` rounds whose round function
-is the splitmix64 finaliser of the right half XOR a round key; positions that
-land outside ``[0, n)`` are encrypted again (*cycle walking*) until they land
-inside, which keeps the map a bijection of ``[0, n)``. The domain is under
-``4 n``, so a walk takes fewer than 4 encryptions on average. A well-mixed
-shuffle, not uniform over all ``n!`` orders (docs/design.md, the spine).
-
-This is the one Feistel network in loaderkit: :class:`KeyedPermutation` for one
-key, :func:`permute_many` for a size and key per entry (shard windows, a mix's
-source-epochs). It fixes every shuffled order a saved position refers to: a
-change needs a new state version (``plan/_cursor.py``), and
-:func:`permutation_digest` (stored in every state) pins it.
+Every shuffled order loaderkit keeps: :class:`KeyedPermutation` for one key,
+:func:`permute_many` for a size and key per entry. A balanced Feistel network over the
+smallest power of four holding ``n`` (splitmix64 round functions), cycle-walking into
+``[0, n)``. Changing it needs a new state version; :func:`permutation_digest` pins it.
 
 Example:
     >>> perm = KeyedPermutation(10, key=7)
@@ -45,7 +31,7 @@ _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
 
 
 class KeyedPermutation:
-    """A bijection of ``[0, n)`` chosen by a 64-bit ``key`` (see the module docstring).
+    """A bijection of ``[0, n)`` chosen by a 64-bit ``key``, evaluated at any positions.
 
     Args:
         n: Size of the domain (>= 1, < 2**63).

@@ -1,41 +1,11 @@
 """The bucketing plan (length-sorted batches as a pure function of ``(seed, epoch)``), and lengths.
 
-:class:`BucketPlan` implements the :class:`~loaderkit.plan.sample.Plan` protocol for
-:class:`~loaderkit.BucketBatchSampler`. An epoch's *global sequence of batches*
-is computed from ``(seed, epoch)`` and the lengths alone:
-
-1. the dataset indices are shuffled (a seeded ``torch.randperm``); samples
-   dropped by ``oversize="skip"`` are not part of it;
-2. the shuffled order is cut into windows of ``window`` samples, and each
-   window is sorted by length, longest first (a stable sort: equal lengths
-   keep their shuffled order, so ties differ between epochs too);
-3. each window is cut into batches, front to back: of ``batch_size`` samples
-   (fixed-size mode), or greedily as many samples as fit in ``max_tokens``
-   (token-budget mode: rows x padded length, the padded length being the
-   batch's longest sample rounded up to ``pad_to_multiple_of``; as a window is
-   sorted longest first, a batch's first sample sets its padded length).
-   Batches never cross a window;
-4. the batch order is shuffled (a second seeded ``torch.randperm``), so long
-   and short batches are mixed over the epoch instead of clumped by window.
-
-A *position* is the number of batches of that global sequence consumed by all
-ranks together; ``epoch_length(epoch)`` is the number of batches ``G`` (under a
-token budget it changes from epoch to epoch). From a start position, each
-*global step* deals ``world_size`` consecutive batches of the sequence, rank
-``r`` taking the ``r``-th: so every rank steps the same number of times, while
-the batches of one step may differ in rows and tokens (each within budget).
-When the batches left, ``G - start``, are not a multiple of ``world_size``:
-
-- ``drop_last=True``: the last ``(G - start) % world_size`` batches are not
-  trained in that epoch; every rank takes ``(G - start) // world_size`` steps;
-- ``drop_last=False``: every rank takes ``ceil((G - start) / world_size)``
-  steps; in the last step, the ranks past the real batches take batches
-  ``0, 1, ...`` of the same epoch's sequence again (wrapping if ``G`` is
-  smaller than ``world_size``). Those samples are seen twice that epoch.
-
-Resuming at a position under another world size re-deals only the remaining
-batches, so every sample is still trained exactly once per epoch (apart from
-the documented repeats and drops).
+:class:`BucketPlan` is :class:`~loaderkit.BucketBatchSampler`'s plan. An epoch: shuffle the
+indices; cut them into ``window``-sample windows, each sorted longest first; cut each
+window into batches (``batch_size`` rows, or as many as fit ``max_tokens`` padded);
+shuffle the batch order. A global step deals ``world_size`` consecutive batches to
+the ranks; the tail is dropped (``drop_last``) or filled with the epoch's first
+batches. A position counts global batches, so a resume may change the world size.
 
 Example:
     >>> plan = BucketPlan([5, 1, 4, 2, 8, 3], max_tokens=8, shuffle=False)
@@ -69,15 +39,13 @@ __all__ = ["BucketOptions", "BucketPlan"]
 Oversize = Literal["error", "skip", "truncate"]
 _OVERSIZE = ("error", "skip", "truncate")
 _OWNER = "BucketBatchSampler"
-_WINDOW_BATCHES = 256  # default window: this many batches' worth of samples (see the docstring)
+_WINDOW_BATCHES = 256  # default window: this many batches' worth of samples
 _CACHED_EPOCHS = 2  # a loader asks for the current epoch and, for len(), the next
 
 
 class BucketOptions(TypedDict, total=False):
-    """How every bucketing plan cuts batches: :class:`~loaderkit.BucketBatchSampler`'s
-    options (documented there), taken as keyword arguments by :class:`BucketPlan`,
-    :class:`~loaderkit.ShardBucketPlan` and :class:`~loaderkit.MixBucketPlan` and
-    checked once, by :class:`BucketPlan`.
+    """:class:`~loaderkit.BucketBatchSampler`'s options (documented there), shared by every
+    bucketing plan and checked once, by :class:`BucketPlan`.
 
     Example:
         >>> options: BucketOptions = {"max_tokens": 8, "shuffle": False}
@@ -123,20 +91,16 @@ class _Epoch(NamedTuple):
 
 
 class BucketPlan:
-    """Length-bucketed batches, fixed-size or under a token budget (see the module docstring).
-
-    Built by :class:`~loaderkit.BucketBatchSampler`, which documents the
-    options (:class:`BucketOptions`); ``sampler.plan`` is this object.
+    """Length-bucketed batches, fixed-size or under a token budget: ``sampler.plan`` of a
+    :class:`~loaderkit.BucketBatchSampler`, which documents the options.
 
     Attributes:
         num_samples: Dataset size (``len(lengths)``), skipped samples included.
         seed: The seed of both shuffles.
         window: Samples per length-sorted window (resolved default).
-        max_length: The longest sample a batch can hold under ``max_tokens``
-            (``max_tokens`` rounded down to ``pad_to_multiple_of``); ``None``
-            for fixed-size batches.
-        oversize_indices: Dataset indices longer than ``max_length`` (int64):
-            skipped (``oversize="skip"``) or batched alone (``"truncate"``).
+        max_length: The longest sample a batch can hold under ``max_tokens`` (None:
+            fixed-size batches).
+        oversize_indices: Dataset indices longer than ``max_length`` (int64).
     """
 
     def __init__(self, lengths: object, **options: Unpack[BucketOptions]) -> None:
@@ -151,8 +115,8 @@ class BucketPlan:
         self._cache: OrderedDict[int, _Epoch] = OrderedDict()
 
     def _take_options(self, options: BucketOptions) -> None:
-        """Check the options (all but ``window``, whose default needs the lengths: see
-        :meth:`_resolve_window`), once for every bucketing plan, and keep them as attributes."""
+        """Check the options but ``window`` (its default needs the lengths), once for every
+        bucketing plan, and keep them as attributes."""
         unknown = sorted(set(options) - BucketOptions.__optional_keys__)
         if unknown:
             raise TypeError(
@@ -266,7 +230,6 @@ class BucketPlan:
                 f"lengths; pass one length per sample, laid end to end ({fix})."
             )
 
-    # ---------------------------------------------------------------- protocol
     @property
     def num_skipped(self) -> int:
         """Samples left out of every epoch by ``oversize="skip"``."""
@@ -329,18 +292,14 @@ class BucketPlan:
             "order_check": permutation_check() if self.shuffle else 0,
         }
 
-    # ------------------------------------------------------------- inspection
     def batches(self, epoch: int) -> list[torch.Tensor]:
         """The epoch's global sequence of batches (dataset indices), before dealing to ranks."""
         ep = self._epoch(epoch)
         return [torch.from_numpy(ep.order[ep.bounds[b] : ep.bounds[b + 1]]) for b in ep.sequence]
 
     def token_counts(self, epoch: int) -> tuple[int, int]:
-        """``(real, padded)`` tokens over the epoch's batches, padding as the budget counts it.
-
-        Truncated samples count at ``max_length``. ``1 - real / padded`` is the
-        padded-token fraction of the epoch.
-        """
+        """``(real, padded)`` tokens over the epoch's batches, as the budget counts them
+        (truncated samples at ``max_length``)."""
         ep = self._epoch(epoch)
         first, stop = ep.bounds[:-1], ep.bounds[1:]
         longest = self._padded(self._batch_len[ep.order[first]])  # windows sort longest first
@@ -348,7 +307,6 @@ class BucketPlan:
         real = int((cumulative[stop] - cumulative[first]).sum())
         return real, int(((stop - first) * longest).sum())
 
-    # --------------------------------------------------------------- internals
     def _padded(self, lengths: np.ndarray) -> np.ndarray:
         multiple = self.pad_to_multiple_of
         if not multiple:

@@ -1,44 +1,9 @@
 """Weighted mixing: several sources, one plan, still a pure function of ``(seed, epoch, position)``.
 
-:class:`MixPlan` is the plan of a :class:`~loaderkit.MixedDataset`: the
-sources laid end to end (global index ``offset[s] + i`` is sample ``i`` of
-source ``s``), and an epoch that draws ``per_epoch[s]`` samples from source
-``s`` (its *allotment*: more than the source holds to upsample it, fewer to
-downsample it). The epoch's length is ``L = sum(per_epoch)``. Position ``p``
-of epoch ``e`` maps to a sample in O(1), evaluated only where a rank deals:
-
-1. ``q = perm_e(p)``, a :class:`~loaderkit.plan._permutation.KeyedPermutation`
-   of ``[0, L)`` keyed by ``(seed, epoch)`` (``shuffle=False``: ``q = p``),
-   which interleaves the sources at random, each in its exact proportion;
-2. ``q`` falls in source ``s``'s block ``[C_s, C_s + per_epoch[s])`` of the
-   unshuffled epoch: it is the ``j = q - C_s``-th draw from ``s`` this epoch;
-3. source ``s`` made ``e * per_epoch[s]`` draws before epoch ``e``, so this is
-   its draw ``d = e * per_epoch[s] + j`` overall: draw ``o = d mod n_s`` of
-   *source-epoch* ``k = d // n_s`` (``n_s`` the source's size);
-4. the sample is ``perm_{s,k}(o)``, a keyed permutation of ``[0, n_s)`` keyed
-   by ``(seed, s, k)`` (``shuffle=False``: ``o``).
-
-So each source runs through its samples in a fresh order per source-epoch,
-each sample exactly once per source-epoch (a downsampled source carries its
-source-epoch across the epoch boundary), and nothing depends on history
-(docs/design.md, weighted mixing). Dealing to ranks is
-:class:`~loaderkit.SamplePlan`'s over the epoch's positions.
-
-A sample drawn more than once in an epoch (an upsampled source, or an epoch
-that straddles two source-epochs) gets its own per-sample seeding key per draw:
-the draw from source-epoch ``k`` is keyed ``global index + (k - k0) * num_samples``,
-``k0`` the source's first source-epoch in the epoch (a sample drawn once keeps
-its index). A function of ``(epoch, position)`` like the order, so the same
-for any ``num_workers`` and after a resume.
-
-Exactly-once per source-epoch counts the draws of positions that are dealt:
-``drop_last=True`` leaves an epoch's last ``< world_size * batch_size``
-positions out (their draws are skipped), and ``drop_last=False`` repeats the
-epoch's first positions to fill the last step, as the sample plan does.
-
-:class:`MixBucketPlan` is the token-budget form: the mix order of an epoch
-(materialized: bucketing sorts it) cut into length-sorted windows and batches
-exactly as :class:`~loaderkit.BucketPlan` does.
+:class:`MixPlan` lays the sources end to end and draws ``per_epoch[s]`` samples from
+source ``s`` per epoch, each sample once per *source-epoch*, position to sample in
+O(1); :class:`MixBucketPlan` is its token-budget form. The algorithm and the
+per-draw seeding keys: ``docs/design.md`` ("Weighted mixing").
 
 Example:
     >>> plan = MixPlan(source_sizes=(4, 2), per_epoch=(2, 4), batch_size=3, seed=0)
@@ -118,13 +83,9 @@ def mix_allotments(
     epoch_size: int | None = None,
     owner: str = _OWNER,
 ) -> tuple[int, ...]:
-    """Draws per epoch from each source: from ``weights`` (and ``epoch_size``) or ``repeat``.
-
-    ``weights``: proportions of an epoch of ``epoch_size`` samples (default: all
-    the sources' samples), rounded by largest remainder so the allotments add up
-    to ``epoch_size`` exactly (ties to the earlier source). ``repeat``: each
-    source's passes per epoch, ``round(repeat[s] * size[s])`` draws (1.0 once,
-    2.0 twice, 0.5 half a pass). Neither: every source once.
+    """Draws per epoch from each source: ``weights``' largest-remainder shares of
+    ``epoch_size`` (default: the sources' total), ``round(repeat[s] * size[s])``, or
+    (neither) every source once.
 
     Example:
         >>> mix_allotments((100, 10), weights=(0.5, 0.5))
@@ -201,7 +162,7 @@ def _by_weights(
 
 
 class _MixMap:
-    """One epoch's mix order as a function of positions (see the module docstring)."""
+    """One epoch's mix order as a function of positions."""
 
     __slots__ = (
         "_bases",
@@ -265,7 +226,7 @@ class _MixMap:
         return (self._offsets[source] + local).reshape(given.shape)
 
     def keys_at(self, positions: np.ndarray) -> np.ndarray:
-        """The per-sample seeding key of each draw at ``positions`` (module docstring)."""
+        """The per-sample seeding key of each draw at ``positions``."""
         given = np.asarray(positions)
         source, k, local = self.locate(given)
         keys = self._offsets[source] + local + (k - self._first[source]) * self._total
@@ -300,23 +261,17 @@ def _check_names(names: Sequence[str] | None, count: int, owner: str) -> tuple[s
 
 
 class MixPlan:
-    """Fixed-size batches over a weighted mix of sources (see the module docstring).
-
-    Built by :meth:`loaderkit.MixedDataset.plan`; ``per_epoch`` usually comes
-    from :func:`mix_allotments`.
+    """Fixed-size batches over a weighted mix of sources (:meth:`loaderkit.MixedDataset.plan`).
 
     Args:
         source_sizes: Samples per source (each >= 1), laid end to end.
         per_epoch: Draws per epoch from each source (each >= 1).
         batch_size: Samples per batch on each rank.
-        shuffle: Interleave the sources and permute each source per
-            source-epoch, keyed by ``seed``; else the sources' blocks in order,
-            each read front to back (cycling).
+        shuffle: Interleave the sources and permute each per source-epoch; else the
+            sources' blocks in order, each read front to back.
         seed: Non-negative seed.
         drop_last: As :class:`~loaderkit.SamplePlan`'s.
-        source_names: The sources' names, in order (default ``"0"``, ``"1"``,
-            ...): part of the mix's identity that a saved position is checked
-            against, with the sizes and allotments.
+        source_names: The sources' names (default ``"0"``, ``"1"``, ...), checked on resume.
 
     Attributes:
         num_samples: The dataset's size, ``sum(source_sizes)`` (global indices).
@@ -391,7 +346,7 @@ class MixPlan:
         return _MixMap(self, self._epoch(epoch))
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of global indices (int64, ``sum(per_epoch)`` long), materialized.
+        """The whole epoch's order of global indices (int64), materialized.
 
         O(epoch length): for inspection, tests and :class:`MixBucketPlan`.
         """
@@ -446,20 +401,15 @@ class MixPlan:
             "seed": self.seed,
             "drop_last": self.drop_last,
             "order_check": _mix_check() if self.shuffle else 0,
-            # Each draw is seeded apart (module docstring); states saved when an upsampled
+            # Each draw is seeded apart; states saved when an upsampled
             # sample's draws shared one key lack this field and are refused by name.
             "repeat_seeding": "per_draw",
         }
 
 
 class MixBucketPlan(BucketPlan):
-    """Length-bucketed batches (fixed-size or under a token budget) over a mix's order.
-
-    :class:`~loaderkit.BucketPlan` whose step 1 is the epoch's :class:`MixPlan`
-    order (upsampled samples repeated, downsampled sources cut), samples left
-    out by ``oversize="skip"`` dropped from it; windows, batches, dealing and
-    positions are the bucket plan's. Built by
-    :meth:`loaderkit.MixedDataset.bucket_batch_sampler`.
+    """A :class:`~loaderkit.BucketPlan` over the epoch's :class:`MixPlan` order
+    (:meth:`loaderkit.MixedDataset.bucket_batch_sampler`); each draw seeded apart.
 
     Args:
         lengths: Token count per global index (the sources laid end to end).
@@ -467,10 +417,6 @@ class MixBucketPlan(BucketPlan):
         per_epoch: Draws per epoch from each source.
         source_names: The sources' names, as :class:`MixPlan` takes them.
         **options: The :class:`~loaderkit.plan.bucket.BucketOptions`.
-
-    A sample drawn more than once in an epoch is seeded per draw: its ``k``-th
-    draw in the epoch's batch order is keyed ``index + k * num_samples``
-    (:func:`~loaderkit.plan.sample.occurrence_keys`, as for a sampler's repeats).
     """
 
     def __init__(
@@ -498,7 +444,7 @@ class MixBucketPlan(BucketPlan):
         return self.mix.epoch_length(0)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
-        """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart (class docstring)."""
+        """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart."""
         sched = super().schedule(epoch, start=start, rank=rank, world_size=world_size)
         ep = self._epoch(epoch)
         if self._draw_keys is None or self._draw_keys[0] != epoch:

@@ -1,19 +1,7 @@
-"""Resumable, distributed-aware batch samplers on top of the sample plan.
+"""Resumable, distributed-aware batch samplers over a plan, and which user samplers resume.
 
-:class:`PlanBatchSampler` yields this rank's index batches of a
-:class:`~loaderkit.plan.sample.Plan` and can be handed to a plain
-``torch.utils.data.DataLoader`` or to :class:`~loaderkit.ResumableDataLoader`.
-Its state is the position of the batches it has *drawn*; a DataLoader with
-workers draws ahead of what the training loop consumed, so exact resume with
-workers needs :class:`~loaderkit.ResumableDataLoader`, which counts consumed
-batches instead (and uses this sampler's plan).
-
-:class:`BucketBatchSampler` is a :class:`PlanBatchSampler` over a length-bucketing
-plan: batches of similar lengths, fixed-size or under a token budget, and
-:func:`~loaderkit.compute_lengths` gets the lengths from a dataset once (cached on disk).
-
-This module also decides which user samplers can be resumed exactly at all
-(:func:`check_resumable_sampler`).
+A :class:`PlanBatchSampler`'s state is the batches it *drew*; with workers, exact
+resume needs :class:`~loaderkit.ResumableDataLoader`, which counts consumed ones.
 """
 
 from __future__ import annotations
@@ -142,14 +130,8 @@ class PlanBatchSampler(Sampler[list[int]]):
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
-    """Refuse a sampler whose position cannot be restored exactly.
-
-    A sampler resumes exactly when its order is a function of ``(seed, epoch)``:
-    ``SequentialSampler``, ``DistributedSampler`` (read for its settings), a
-    sampler with ``set_epoch`` or a ``generator`` that loaderkit seeds per epoch
-    (``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``), or
-    any sampler that lists the same order twice (docs/design.md, anchor fact 8,
-    for the others). A ``batch_sampler`` must carry a loaderkit plan.
+    """Refuse a sampler whose order is no function of ``(seed, epoch)`` (a batch sampler:
+    without a loaderkit plan).
 
     Raises:
         TypeError: ``sampler`` lists a different order each time, or is a batch
@@ -169,13 +151,8 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
 
 
 class _LenWatch:
-    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``.
-
-    Lightning caps every epoch at its first ``len()`` answer (docs/design.md,
-    "Bucketing and token budgets"). :class:`~loaderkit.ElasticResume` sets
-    ``managed`` on the loaders it keeps in sync. Used by
-    :class:`PlanBatchSampler` and :class:`~loaderkit.ResumableDataLoader`.
-    """
+    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``
+    (``managed``: :class:`~loaderkit.ElasticResume` keeps it in sync)."""
 
     __slots__ = ("first", "managed")
 
@@ -209,65 +186,45 @@ class _LenWatch:
 class BucketBatchSampler(PlanBatchSampler):
     """Batches of similar lengths, fixed-size or under a token budget; distributed, resumable.
 
-    Each epoch's global sequence of batches is its :class:`BucketPlan`'s, a pure
-    function of ``(seed, epoch)`` (:mod:`loaderkit.plan.bucket`). A global step
-    deals ``world_size`` consecutive batches to the ranks, so every rank yields
-    as many batches; the tail is dropped (``drop_last``) or filled with the
-    epoch's first batches. The state is the number of global batches consumed,
-    the same on every rank. Under a token budget the batch count varies per
-    epoch: under Lightning, add :class:`~loaderkit.ElasticResume` to the
-    Trainer's callbacks.
+    Each epoch's batches are its :class:`BucketPlan`'s, a function of ``(seed, epoch)``;
+    every rank yields as many (the tail dropped or filled with the epoch's first
+    batches). Under a token budget the batch count varies per epoch; under
+    Lightning, :class:`~loaderkit.ElasticResume` (on every Trainer once loaderkit
+    is installed) has it re-read.
 
     Args:
-        lengths: Token count of each dataset index (a sequence, numpy array or
-            tensor of non-negative ints), e.g. from :func:`~loaderkit.compute_lengths`.
-        shard_sizes: Samples per shard, when the dataset is shards laid end to
-            end (a :class:`~loaderkit.ShardedDataset`; its
-            :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler` passes them):
-            the order then follows the shards, ``mix_shards`` at a time, and
-            batches are shuffled within their window instead of over the epoch,
-            so reads stay local (:class:`~loaderkit.ShardBucketPlan`).
-        mix_shards: With ``shard_sizes``: shards read at once (batches draw from them).
+        lengths: Token count of each dataset index, e.g. from :func:`~loaderkit.compute_lengths`.
+        shard_sizes: Samples per shard of a :class:`~loaderkit.ShardedDataset`: the
+            order follows the shards (:class:`~loaderkit.ShardBucketPlan`).
+        mix_shards: With ``shard_sizes``: shards read at once.
         shard_window: With ``shard_sizes``: samples of a shard shuffled together.
-        source_sizes: Samples per source, when the dataset is a weighted mix
-            (a :class:`~loaderkit.MixedDataset`; its
-            :meth:`~loaderkit.MixedDataset.bucket_batch_sampler` passes them
-            with ``per_epoch``): each epoch's order is the mix's, upsampled
-            samples repeated (:class:`~loaderkit.MixBucketPlan`).
+        source_sizes: Samples per source of a :class:`~loaderkit.MixedDataset`
+            (:class:`~loaderkit.MixBucketPlan`).
         per_epoch: With ``source_sizes``: draws per epoch from each source.
-        source_names: With ``source_sizes``: the sources' names, part of the
-            mix's identity a saved position is checked against.
+        source_names: With ``source_sizes``: the sources' names, checked on resume.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
         **options: The :class:`~loaderkit.plan.bucket.BucketOptions` below.
 
     Keyword Args:
-        batch_size (int | None): Rows per batch (fixed-size mode); with ``max_tokens``, an
-            upper bound on the rows.
-        max_tokens (int | None): Token budget per batch: rows x padded length, the padded
-            length being the batch's longest sample rounded up to
-            ``pad_to_multiple_of``, stays ``<= max_tokens``.
-        pad_to_multiple_of (int | None): The rounding your collate pads to (e.g.
-            ``PadCollate(pad_to_multiple_of=8)``); counted in the budget.
-        seed (int): Seed of both shuffles (and of the loader's per-sample seeding); default 0.
-        shuffle (bool): Shuffle indices and batch order per ``(seed, epoch)`` (default);
-            else windows of the index order, sorted, batches in order.
+        batch_size (int | None): Rows per batch; with ``max_tokens``, an upper bound on the rows.
+        max_tokens (int | None): Token budget per batch: rows x padded length (the longest
+            sample rounded up to ``pad_to_multiple_of``).
+        pad_to_multiple_of (int | None): The rounding your collate pads to; counted in the
+            budget.
+        seed (int): Seed of both shuffles (and of the loader's per-sample seeding).
+        shuffle (bool): Shuffle indices and batch order per ``(seed, epoch)``; else windows
+            of the index order, sorted, batches in order.
         window (int | None): Samples per length-sorted window: larger pads less, smaller
-            mixes more (benchmarks/RESULTS.md, bucketing). Default: 256
-            batches' worth (``256 * batch_size``, or ``256 * max_tokens /
-            mean padded length``); rounded up to a multiple of ``batch_size``
-            in fixed-size mode.
+            mixes more (default: 256 batches' worth).
         drop_last (bool): Drop the batches that do not fill a global step instead of
-            repeating; in fixed-size mode also the one short batch. Default False.
-        oversize (str): A sample longer than ``max_tokens`` allows (``max_length``):
-            ``"error"`` (default) raises, naming it; ``"skip"`` leaves it out of
-            every epoch (``num_skipped``, one warning); ``"truncate"`` batches
-            it alone (``num_truncated``, one warning; cut it to ``max_length``
-            tokens in the dataset).
+            repeating; in fixed-size mode also the one short batch.
+        oversize (str): A sample longer than ``max_length``: ``"error"`` raises; ``"skip"``
+            leaves it out (``num_skipped``); ``"truncate"`` batches it alone
+            (``num_truncated``; cut it in the dataset).
 
     Raises:
-        ValueError: a bad argument, or a sample too long for ``max_tokens``
-            with ``oversize="error"``.
+        ValueError: a bad argument, or a sample too long with ``oversize="error"``.
         TypeError: an argument of the wrong type.
 
     Example:

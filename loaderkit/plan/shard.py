@@ -32,7 +32,7 @@ from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 __all__ = ["BatchMix", "ShardPlan", "batch_mix"]
 
 DEFAULT_WINDOW = 8192
-DEFAULT_MIX = 8  # shards read at once; measured in benchmarks/shards (RESULTS.md)
+DEFAULT_MIX = 8  # shards read at once (benchmarks/RESULTS.md)
 
 
 class BatchMix(NamedTuple):
@@ -84,50 +84,27 @@ def _mix_counts(shard_of: np.ndarray, bounds: np.ndarray) -> tuple[int, int, int
 class ShardPlan:
     """The sample plan of sharded data: shards shuffled, read ``mix_shards`` at a time.
 
-    Global index ``i`` is sample ``i - offset[s]`` of shard ``s``, the shards
-    laid end to end in their given order (what :class:`ShardedDataset` does).
-    An epoch's order (``shuffle=True``):
+    The shards are laid end to end in their given order. An epoch (``shuffle=True``):
 
-    1. the shards are put in a random order per ``(seed, epoch)`` and their
-       samples laid end to end (``N`` samples);
-    2. that sequence is cut into ``K = mix_shards`` *lanes* of ``N // K``
-       samples (the first ``N % K`` lanes one more), consecutive in it, so a
-       lane runs through its shards one after another; a lane boundary may
-       cut a shard into two *pieces* (at most ``K - 1`` cuts per epoch);
-    3. each piece is cut into consecutive windows of ``window`` samples (the
-       last one shorter) and each window is shuffled on its own, by the
-       keyed permutation of its size keyed by ``(seed, epoch, window start)``;
-    4. the lanes are interleaved: position ``p`` of the order takes the next
-       sample of lane ``p % K``.
+    1. the shards are put in a keyed random order, their samples laid end to end;
+    2. that sequence is cut into ``K = mix_shards`` consecutive *lanes*; a lane
+       boundary may cut a shard into two *pieces*;
+    3. each piece is cut into ``window``-sample windows, each shuffled by a keyed
+       permutation;
+    4. the lanes are interleaved: position ``p`` takes the next sample of lane ``p % K``.
 
-    So ``K`` consecutive positions come from ``K`` different lanes, and a
-    batch of ``b <= K`` samples from ``b`` different shards whenever no shard
-    holds ``N // K`` samples or more (in general at least
-    ``ceil(min(b, K) / c)`` shards, where ``c = 1 + (s - 1 + ceil(b / K)) // (N // K)``
-    for the largest shard size ``s``), while each lane, and so each process,
-    still reads every shard front to back, window by window. ``mix_shards=1``
-    is one lane: shard after shard, a batch inside one shard (the most local
-    reads, the most correlated batches). ``shuffle=False`` is the identity
-    order, shard after shard, whatever ``mix_shards`` says.
-
-    The order is never materialized on a loader's path: :meth:`order_map`
-    evaluates any position from O(num_shards) arrays (the shard order is a
-    :class:`~loaderkit.plan._permutation.KeyedPermutation` too), so a plan
-    over 10^10 samples in 10^5 shards takes a few MiB and resumes at any
-    position in milliseconds. :meth:`order` materializes it, for inspection.
+    So a batch draws from up to ``K`` shards while each process reads every shard
+    front to back; any position is evaluated from O(num_shards) arrays.
 
     Args:
         shard_sizes: Samples per shard (zeros allowed; at least one sample in all).
         batch_size: Samples per batch on each rank.
-        shuffle: Shuffle shards and windows per ``(seed, epoch)``; else the
-            identity order, shard after shard.
+        shuffle: Shuffle shards and windows per ``(seed, epoch)``; else shard after shard.
         seed: Non-negative seed of the order.
-        window: Samples of a shard shuffled together (1: shard order only,
-            samples in file order). Bigger mixes more and reads less locally.
-        mix_shards: Lanes read at once (``K`` above): the shards a batch draws
-            from. 1 reads one shard at a time (the windowed order of loaderkit 0.1).
+        window: Samples of a shard shuffled together (1: samples in file order).
+        mix_shards: Lanes read at once (``K`` above); 1 reads one shard at a time.
         drop_last: Drop the tail that does not fill a global step instead of
-            padding it by repeating the first samples of the order.
+            repeating the order's first samples.
 
     Example:
         >>> plan = ShardPlan(shard_sizes=(3, 0, 2, 3), batch_size=2, seed=0, window=4, mix_shards=2)
@@ -242,16 +219,7 @@ class ShardPlan:
         return lanes
 
     def order_map(self, epoch: int) -> PositionMap:
-        """The epoch's order as a map from positions to global indices, never materialized.
-
-        Built from O(num_shards) arrays (the shard order, its cumulative sizes,
-        the piece boundaries); a position is mapped by arithmetic (lane and
-        offset), a binary search for its piece and window, the window's
-        :class:`~loaderkit.plan._permutation.KeyedPermutation` (keyed by the
-        epoch and the window's first laid-out position), and a binary search for
-        its shard. So memory is O(num_shards + positions asked), whatever the
-        number of samples (``benchmarks/plans``).
-        """
+        """The epoch's order as a map from positions to global indices, never materialized."""
         check_int("epoch", epoch, 0)
         if not self.shuffle:
             return _Identity()
@@ -279,13 +247,8 @@ class ShardPlan:
         return self.order_map(epoch).at(pos)
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of global sample indices (int64), materialized.
-
-        O(num_samples) time and memory, mapped chunk by chunk from
-        :meth:`order_map`: for inspection and tests (and
-        :class:`~loaderkit.ShardBucketPlan`, which holds a length per sample
-        anyway). Loaders never call it; schedules map only the positions they deal.
-        """
+        """The whole epoch's order of global sample indices (int64), materialized (O(num_samples):
+        for inspection, tests and :class:`~loaderkit.ShardBucketPlan`)."""
         return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
@@ -299,11 +262,8 @@ class ShardPlan:
         return self._split.num_steps(epoch, start=start, world_size=world_size)
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
-        """How many shards the batches of ``epoch`` draw from, over all ranks' batches.
-
-        O(num_samples) time (every batch is looked at), O(:data:`CHUNK`) memory:
-        the order is mapped a chunk of whole batches at a time.
-        """
+        """How many shards the batches of ``epoch`` draw from, over all ranks' batches
+        (O(num_samples) time, a chunk of batches at a time)."""
         check_int("world_size", world_size, 1)
         mapping = self.order_map(epoch)
         ends = np.cumsum(np.asarray(self.shard_sizes, dtype=np.int64))
@@ -344,17 +304,9 @@ class ShardPlan:
 
 
 class _ShardOrder:
-    """A shuffled epoch of a :class:`ShardPlan` as a :class:`PositionMap` (steps 1-4 of its
-    docstring), from O(num_shards + mix_shards) arrays.
-
-    Position ``p`` is sample ``p // K`` of lane ``p % K`` (the last, partial
-    round: of lane ``p - K * (N // K)``), i.e. laid-out position ``q``; ``q``'s
-    window is a run of ``window`` laid-out positions from the start of its
-    piece (the last one of a piece shorter), shuffled by the keyed permutation
-    of the window's size keyed by ``(epoch key, window start)``; the piece
-    (one binary search over O(num_shards) cuts) lies in one shard, which gives
-    the global index.
-    """
+    """A shuffled epoch of a :class:`ShardPlan` (steps 1-4 of its docstring) as a
+    :class:`PositionMap`: lane and offset by arithmetic, then one binary search for the
+    piece, whose window's keyed permutation gives the laid-out position's sample."""
 
     __slots__ = ("_cuts", "_first", "_k", "_key", "_lanes", "_n", "_window")
 

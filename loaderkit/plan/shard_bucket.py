@@ -1,28 +1,9 @@
 """Token budgets over shards: length-bucketed batches that mix shards and read them locally.
 
-:class:`ShardBucketPlan` is a :class:`~loaderkit.plan.bucket.BucketPlan` whose
-steps 1 and 4 (the shuffles) follow the shards instead of a global
-permutation, so batches draw from ``mix_shards`` shards at once while each
-shard is still read front to back (built by
-:meth:`loaderkit.ShardedDataset.bucket_batch_sampler`, or
-``BucketBatchSampler(..., shard_sizes=...)``):
-
-1. the epoch's order is :class:`~loaderkit.ShardPlan`'s: shards shuffled,
-   cut into ``mix_shards`` lanes read in turn, windows of ``shard_window``
-   samples shuffled inside each piece of a shard (samples left out by
-   ``oversize="skip"`` dropped from it);
-2. that order is cut into windows of ``window`` samples, each sorted by
-   length, longest first, so a window holds about ``window / mix_shards``
-   consecutive samples of each lane, and its batches draw from all lanes;
-3. each window is cut into batches, fixed-size or under the token budget,
-   exactly as :class:`~loaderkit.plan.bucket.BucketPlan` does;
-4. the batches are shuffled *within* their window (a global shuffle would
-   send every step to a different part of every shard): the epoch goes
-   through the windows in order, so reads stay inside a window's range of
-   each lane.
-
-Dealing to ranks, positions, resume and the tail policy are the bucket
-plan's: a position is a number of batches of the epoch's global sequence.
+:class:`ShardBucketPlan` is a :class:`~loaderkit.plan.bucket.BucketPlan` whose epoch
+order is :class:`~loaderkit.ShardPlan`'s and whose batches are shuffled *within* their
+window, not over the epoch: batches draw from ``mix_shards`` shards at once while
+each shard is still read front to back.
 
 Example:
     >>> lengths = [3, 9, 4, 8, 2, 7, 5, 6]  # shard 0: samples 0-3, shard 1: samples 4-7
@@ -57,7 +38,7 @@ __all__ = ["ShardBucketPlan"]
 
 
 class ShardBucketPlan(BucketPlan):
-    """Length-bucketed batches over shards (module docstring); :class:`BucketPlan` otherwise.
+    """Length-bucketed batches over shards; :class:`BucketPlan` otherwise.
 
     Args:
         lengths: Token count per global index (the shards laid end to end, as

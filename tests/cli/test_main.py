@@ -53,12 +53,20 @@ def test_bench_quick_prints_ratio_tables_and_writes_png_and_md(tmp_path: Path) -
 def test_bench_outputs_never_clobber_the_curated_results_on_case_insensitive_disks() -> None:
     """macOS and Windows fold case by default: the table written into benchmarks/ by default
     must not be benchmarks/RESULTS.md, the hand-curated results file, under any casing."""
-    from loaderkit.cli._bench_plot import MARKDOWN_NAME, PLOT_NAME
+    from loaderkit.cli.bench import MARKDOWN_NAME, PLOT_NAME
 
     curated = find_benchmarks() / "RESULTS.md"
     assert curated.is_file()  # the file this guards
     for written in (MARKDOWN_NAME, PLOT_NAME):
         assert written.casefold() != curated.name.casefold()
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["bench"], ["inspect"]])
+def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert "usage: loaderkit" in out and "``" not in out and ":mod:" not in out, out
 
 
 def test_bench_unknown_name_is_one_line_with_the_choices(capsys: pytest.CaptureFixture) -> None:
@@ -173,10 +181,15 @@ def test_inspect_report_fits_a_terminal_and_says_each_row_once(project: Path) ->
 
 def test_inspect_times_workers_after_their_start_up() -> None:
     """A loader whose workers take 0.5 s to start but then load at once: the start-up is
-    reported apart, and the rate is that of the loading (it was the start-up's, 74/s)."""
+    reported apart, and the rate is that of the loading (it was the start-up's, 74/s).
+    The one timing of a loader: ``loaderkit inspect`` and ``probe_num_workers`` share it."""
     import time
 
-    from loaderkit.cli.inspect import _time_loader
+    from loaderkit.cli import inspect
+    from loaderkit.lightning.datamodules import base
+    from loaderkit.lightning.datamodules._util import time_loader
+
+    assert not hasattr(inspect, "_time_loader") and not hasattr(base, "time_loader")
 
     class SlowStart:
         def __iter__(self):
@@ -185,7 +198,7 @@ def test_inspect_times_workers_after_their_start_up() -> None:
                     time.sleep(0.25)
                 yield torch.zeros(10, 1)
 
-    startup, rate = _time_loader(SlowStart(), first=2, budget_s=0.1)
+    startup, rate = time_loader(SlowStart(), first=2, budget_s=0.1)
     assert startup >= 0.5
     assert rate > 1000  # 98 ready batches of 10 rows: no start-up inside the rate
 

@@ -29,7 +29,7 @@ from torch.utils.data import (
 )
 
 from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
-from loaderkit.loader._subset import index_subset
+from loaderkit.loader._fetch import index_subset
 from tests.support.loops import check_resume_oracle
 
 

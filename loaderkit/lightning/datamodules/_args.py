@@ -1,8 +1,4 @@
-"""The DataModules' one argument check (private).
-
-Every setting a DataModule takes is checked by :func:`check_settings`, one
-rule per name; the choices several modules share (the shard reader, the
-remote cache, the batch collate) are one function each.
+"""The DataModules' one argument check: :func:`check_settings`, one rule per setting name.
 
 Example:
     >>> class Module:
@@ -112,12 +108,7 @@ def _checked(owner: str, name: str, value: Any) -> Any:
 
 
 def check_settings(module: Any, **settings: Any) -> None:
-    """Check every setting by its rule (and the rules between them); set them on ``module``.
-
-    Raises:
-        TypeError: a setting of the wrong kind.
-        ValueError: a setting out of range, or settings that contradict each other.
-    """
+    """Check every setting by its rule (and the rules between them); set them on ``module``."""
     owner = type(module).__name__
     for name, value in settings.items():
         setattr(module, name, _checked(owner, name, value))
@@ -156,7 +147,7 @@ def remote_cache(
 
 def collate_of(reader: ShardReader | None, pad: PadCollate, varying: bool) -> PadCollate | None:
     """``pad`` where samples vary in length (documents, JSON lines, Parquet rows, or
-    ``varying``), else None: fixed-length token samples stack in one read per shard."""
+    ``varying``), else None: fixed-length token samples stack."""
     documents = isinstance(reader, TokenReader) and reader.eos is not None
     return pad if varying or documents or isinstance(reader, JsonlReader | ParquetReader) else None
 
@@ -172,8 +163,7 @@ def make_reader(
     eos: int | None,
     dtype: str | None,
 ) -> ShardReader:
-    """The reader of ``reader`` (``"tokens"``/``"jsonl"``/``"parquet"`` or a ShardReader),
-    its options checked."""
+    """The reader named by ``reader`` (or ``reader`` itself, a ShardReader), options checked."""
     check_bool("targets", targets, owner=owner)
     if not isinstance(reader, str):
         if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):

@@ -1,11 +1,11 @@
-"""Private helpers of the DataModules: shard lists, the seeded split, stream facts, the
-worker probe (argument checks are in :mod:`._args`)."""
+"""The DataModules' helpers: shard lists, the seeded split, stream facts, the worker probe."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -24,6 +24,7 @@ __all__ = [
     "is_hf_dataset",
     "is_remote_shards",
     "plain",
+    "probe_workers",
     "require_datamodule",
     "shard_list",
     "split_indices",
@@ -33,10 +34,8 @@ __all__ = [
     "time_loader",
 ]
 
-#: Shards as the DataModules take them: a folder, a file or a URL, or a list of files/URLs.
-Shards = str | list[str]
+Shards = str | list[str]  # a folder, a file or a URL, or a list of files or URLs
 
-#: Why a resume of a streamed train split is exact, and under what (topology-bound cursors).
 STREAM_RESUME_REASON = (
     "the train loader streams a StreamingShardedDataset and saves one cursor per (rank, "
     "worker) in the Lightning checkpoint: a resume is exact only under the same world size "
@@ -46,13 +45,8 @@ STREAM_RESUME_REASON = (
 
 
 def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
-    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset``.
-
-    ``None`` when an epoch is one pass of unknown length (no ``steps_per_epoch``
-    or ``samples_per_epoch``). The loader's ``plan`` is a stand-in for streams,
-    so it cannot say; ``len(loader)`` can, but only at the loader's own world
-    size, so this asks the dataset the same question for ``world_size``.
-    """
+    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset`` on
+    ``world_size`` ranks (None: one pass of unknown length)."""
     try:
         steps: int | None = loader.dataset.epoch_steps(loader.batch_size, world_size)
     except ValueError:  # samples_per_epoch below one global step: iterating it says so
@@ -78,8 +72,7 @@ def stream_resume_reason(dataset: Any) -> str:
     """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
     if dataset.limited:
         return STREAM_RESUME_REASON
-    # Lightning prefetches a batch ahead from a loader without a length; the callback
-    # tells the loader so its saved position is not one batch ahead.
+    # Lightning prefetches a batch from a loader without a length; the callback says so.
     return (
         STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
         "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
@@ -87,10 +80,7 @@ def stream_resume_reason(dataset: Any) -> str:
 
 
 def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
-    """Disjoint ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``.
-
-    Each part is sorted so reads stay in storage order (memory maps, files).
-    """
+    """Disjoint, sorted ``(train, val)`` index arrays: a seeded permutation cut at ``fraction``."""
     n_val = round(size * fraction)
     if n_val < 1 or n_val >= size:
         raise ValueError(
@@ -122,39 +112,53 @@ def batch_rows(batch: Any) -> int:
     return 0
 
 
-def time_loader(make: Callable[[], Any], budget_s: float, max_batches: int) -> float:
-    """Samples per second of a loader's steady state, within about ``budget_s`` seconds.
+def time_loader(
+    loader: Any, *, first: int, budget_s: float, max_batches: int = 200
+) -> tuple[float, float]:
+    """``(start-up seconds, samples/s)`` of one epoch of ``loader``.
 
-    Worker start-up is left out of the rate (it is paid once per epoch, or once
-    with persistent workers), but counts against the budget.
+    Start-up is the time to the first ``first`` batches (one per worker: each pays its
+    process start); the rate is timed over the batches after them, for about
+    ``budget_s`` seconds (at least 5 batches, at most ``max_batches``).
     """
     start = time.perf_counter()
-    deadline = start + budget_s
-    it: Iterator[Any] = iter(make())
+    it = iter(loader)
     try:
-        first = next(it, None)
-        if first is None:
-            return 0.0
-        t0, rows, batches = time.perf_counter(), 0, 0
-        while batches < max_batches and time.perf_counter() < deadline:
-            batch = next(it, None)
-            if batch is None:
-                break
+        head = list(itertools.islice(it, first))
+        ready = time.perf_counter()
+        rows = batches = 0
+        for batch in it:
             rows += batch_rows(batch)
             batches += 1
-        elapsed = time.perf_counter() - t0
-        if batches == 0:  # a one-batch epoch: all we have is the first batch, start-up included
-            rows, elapsed = batch_rows(first), t0 - start
-        return rows / elapsed if elapsed > 0 else float("inf")
+            if batches >= max_batches or (batches >= 5 and time.perf_counter() - ready >= budget_s):
+                break
+        if batches == 0:  # an epoch of at most `first` batches: start-up is all there is
+            return ready - start, sum(map(batch_rows, head)) / max(ready - start, 1e-9)
+        return ready - start, rows / max(time.perf_counter() - ready, 1e-9)
     finally:
         close = getattr(it, "close", None)
         if callable(close):
             close()  # stop the workers now, not when the iterator is collected
 
 
+def probe_workers(
+    dm: Any, max_workers: int, budget_s: float
+) -> tuple[dict[int, float], dict[int, float], int]:
+    """Train samples/s and start-up seconds by ``num_workers`` 0..``max_workers`` (an equal
+    share of ``budget_s`` each), and the fewest workers within 10% of the best rate."""
+    rates: dict[int, float] = {}
+    startup: dict[int, float] = {}
+    for workers in range(max_workers + 1):
+        loader = dm.loader("train", num_workers=workers, pin_memory=False)
+        startup[workers], rates[workers] = time_loader(
+            loader, first=max(workers, 1), budget_s=budget_s / (max_workers + 1)
+        )
+    best = max(rates.values())
+    return rates, startup, min(w for w, r in rates.items() if r >= 0.9 * best)
+
+
 def plain(value: Any) -> bool:
-    """A path, None, or a dict of paths (or of lists of paths): kept in ``hparams`` (so a
-    config or checkpoint rebuilds the module), where data would bloat every checkpoint."""
+    """A path, None, or a dict of paths (or lists of paths): fit for ``hparams``, unlike data."""
     if isinstance(value, (str, os.PathLike, type(None))):
         return True
     if isinstance(value, Mapping):
@@ -167,7 +171,7 @@ def plain(value: Any) -> bool:
 
 
 def is_hf_dataset(value: Any) -> bool:
-    """A ``datasets.Dataset`` (duck-typed: ``datasets`` is not imported to ask)."""
+    """A ``datasets.Dataset`` (duck-typed: without importing ``datasets``)."""
     return type(value).__name__ == "Dataset" and callable(getattr(value, "with_format", None))
 
 
@@ -182,8 +186,7 @@ def require_datamodule(obj: Any, target: str) -> Any:
 
 
 class KeyLength:
-    """A ``.jsonl`` sample's token count: ``len(sample[key])`` for a dict, else ``len``
-    (a class, not a closure: it pickles, and names the field in errors)."""
+    """A sample's token count: ``len(sample[key])`` for a dict, else ``len`` (picklable)."""
 
     def __init__(self, key: str, *, owner: str) -> None:
         self.key, self.owner = key, owner
@@ -200,7 +203,7 @@ class KeyLength:
 
 
 def is_remote_shards(shards: Shards) -> bool:
-    """Whether ``shards`` (checked by :func:`shard_list`) are at URLs."""
+    """Whether ``shards`` (as :func:`shard_list` returns them) are at URLs."""
     return is_url(shards) or (isinstance(shards, list) and is_url(shards[0]))
 
 

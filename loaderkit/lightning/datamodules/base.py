@@ -1,15 +1,7 @@
-"""``LoaderDataModule``: the loader policy every loaderkit DataModule shares.
-
-A subclass says *what* the data is (:meth:`LoaderDataModule.build_datasets`);
-this class says *how* it is loaded: every loader is a
-:class:`~loaderkit.ResumableDataLoader` whose position goes into the Lightning
-checkpoint, resumed exactly for any ``num_workers`` and world size (a
-:class:`~loaderkit.StreamingShardedDataset` split: under the same ones only).
-"""
+"""``LoaderDataModule``: the loader policy every loaderkit DataModule shares."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -25,13 +17,13 @@ from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
     plain,
+    probe_workers,
     split_indices,
     stream_epoch_steps,
     stream_refusal,
     stream_resume_reason,
-    time_loader,
 )
-from loaderkit.loader._subset import index_subset
+from loaderkit.loader._fetch import index_subset
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.transfer import select_device, should_pin_memory
 
@@ -42,29 +34,24 @@ _STAGES = ("fit", "validate", "test", "predict")
 
 
 class LoaderDataModule(L.LightningDataModule):
-    """Base class: resumable loaders for every split, under one loader policy.
+    """Base class: a :class:`~loaderkit.ResumableDataLoader` for every split, under one policy.
 
-    Subclasses implement :meth:`build_datasets` and may override
-    :meth:`batch_sampler`, :meth:`collate_fn`, :meth:`val_view`,
-    :meth:`padding_fraction` and :meth:`resume_info`; one whose ``__init__``
-    takes data names it with :meth:`set_data_args`. The train loader shuffles
-    per ``(seed, epoch)``; val/test/predict loaders never shuffle nor drop
-    samples. Loaders built while a Trainer runs get it as their host
-    (:func:`~loaderkit.attach_host`). Every argument is keyword-only.
+    A subclass says what the data is (:meth:`build_datasets`) and may override the
+    other hooks; one whose ``__init__`` takes data names it with :meth:`set_data_args`.
+    The train loader shuffles per ``(seed, epoch)``; the others never shuffle nor drop.
+    Loaders get the running Trainer as their host; their position goes into the
+    checkpoint.
 
     Args:
         batch_size: Samples per train batch on each rank.
         eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
-        num_workers: Loader worker processes, or ``"auto"``: each map-style
-            loader starts workers only when they shorten the training step's
-            wait (``ResumableDataLoader(num_workers="auto")``); streams need an int.
-        pin_memory: ``"auto"`` pins when the trainer's device (or, with no
-            trainer attached, :func:`~loaderkit.select_device`) is CUDA/XPU.
+        num_workers: Worker processes, or ``"auto"`` (``ResumableDataLoader``'s; streams
+            need an int).
+        pin_memory: ``"auto"`` pins when the trainer's device (else
+            :func:`~loaderkit.select_device`) is CUDA/XPU.
         persistent_workers: Keep workers alive across epochs (needs workers).
-        seed: Seed of the shuffle, of per-sample randomness and of the
-            ``val_fraction`` split.
-        val_fraction: Hold out this fraction of the train samples as the val
-            split (a seeded, disjoint split) when the subclass has no val data.
+        seed: Seed of the shuffle, of per-sample randomness and of ``val_fraction``.
+        val_fraction: Hold out this fraction of the train samples as a seeded val split.
         shuffle: Shuffle the train split.
         drop_last: Drop the train tail that does not fill a global step.
 
@@ -130,9 +117,8 @@ class LoaderDataModule(L.LightningDataModule):
         self._stages: set[str] = set()
 
     def set_data_args(self, **values: Any) -> None:
-        """Name the ``__init__`` arguments that may hold data, with their values; call it
-        before ``super().__init__()``. Those that are not paths stay out of ``hparams``
-        (and so out of every checkpoint and log).
+        """Name the ``__init__`` arguments that may hold data, before ``super().__init__()``:
+        those that are not paths stay out of ``hparams`` (and every checkpoint).
 
         Example:
             >>> class Points(LoaderDataModule):
@@ -145,29 +131,25 @@ class LoaderDataModule(L.LightningDataModule):
         """
         self._data_args = values
 
-    # --------------------------------------------------------------- hooks
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """The map-style datasets of this module, keyed by ``"train"``/``"val"``/``"test"``/
-        ``"predict"``. Return every split the module has; ``stage`` (``"fit"``,
-        ``"validate"``, ``"test"``, ``"predict"``) only lets costly splits wait until needed."""
+        """The datasets by split (``"train"``, ``"val"``, ``"test"``, ``"predict"``); ``stage``
+        only lets costly splits wait until needed."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_datasets(stage)")
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
-        """A loaderkit batch sampler for ``split`` (e.g. bucketing), or None for fixed batches."""
+        """A loaderkit batch sampler for ``split``, or None for fixed batches."""
         return None
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
-        """The ``collate_fn`` of ``split``'s loader (None: the dataset's batched fetch or
-        ``default_collate``)."""
+        """The ``collate_fn`` of ``split``'s loader (None: the loader's default)."""
         return None
 
     def per_sample_seeding(self, split: str) -> bool | Literal["auto"]:
-        """The loader's ``per_sample_seeding``: ``"auto"`` seeds per sample unless the
-        dataset fetches whole batches; a module whose samples hold no randomness says False."""
+        """The loader's ``per_sample_seeding`` (False where samples hold no randomness)."""
         return "auto"
 
     def val_view(self, train: Any) -> Any:
-        """The train data as a ``val_fraction`` val split sees it (e.g. without augmentation)."""
+        """The train data as a ``val_fraction`` split sees it (e.g. without augmentation)."""
         return train
 
     def padding_fraction(self, split: str) -> float | None:
@@ -175,18 +157,14 @@ class LoaderDataModule(L.LightningDataModule):
         return None
 
     def _budget_padding(self) -> float:
-        """Padded / all tokens of epoch 0's train batches, for a token-budget plan (one with
-        ``token_counts``: ``max_tokens`` over shards or a mix)."""
+        """Padded / all tokens of epoch 0's train batches under a token-budget plan."""
         plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
         real, padded = plan.token_counts(0)
         return 1.0 - real / padded if padded else 0.0
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Whether a Lightning resume of this module's train loader is exact, and why.
-
-        Args:
-            world_size: The ranks to judge for (default: the trainer's, else detected).
-        """
+        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks
+        (default: the trainer's, else detected), and why."""
         train = self._datasets.get("train")
         if train is None:
             return False, "no train split: there is no training position to resume"
@@ -207,11 +185,9 @@ class LoaderDataModule(L.LightningDataModule):
         return True, reason
 
     def _world_size(self) -> int:
-        """The data-parallel size of the attached trainer, else the detected one."""
         trainer = self.trainer
         return data_parallel_size(trainer) if trainer is not None else detect().world_size
 
-    # --------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         """Build the datasets (once per stage) and apply ``val_fraction``."""
         owner = type(self).__name__
@@ -281,7 +257,6 @@ class LoaderDataModule(L.LightningDataModule):
         """The predict split, or None."""
         return self._datasets.get("predict")
 
-    # -------------------------------------------------------------- loaders
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled per ``(seed, epoch)``; its state goes into the Lightning checkpoint."""
         return self.loader("train")
@@ -307,8 +282,7 @@ class LoaderDataModule(L.LightningDataModule):
         num_workers: int | None = None,
         pin_memory: bool | None = None,
     ) -> ResumableDataLoader:
-        """A fresh loader of ``split`` under this module's policy (overrides for tooling),
-        hosted by the attached trainer."""
+        """A fresh loader of ``split`` under this module's policy, hosted by the trainer."""
         if split not in SPLITS:
             raise ValueError(f"{type(self).__name__}.loader: split must be one of {SPLITS}.")
         dataset = self._dataset(split)
@@ -326,31 +300,26 @@ class LoaderDataModule(L.LightningDataModule):
             "per_sample_seeding": seeding,
         }
         batch_size = self.batch_size if train else self.eval_batch_size
-        drop_last, shuffle = self.drop_last and train, self.shuffle and train
+        batching: dict[str, Any] = {"batch_size": batch_size, "drop_last": self.drop_last and train}
         if isinstance(dataset, StreamingShardedDataset):
-            self._check_stream(split, dataset, workers)
-            # A stream batches itself and shuffles its shards per pass (shuffle_shards).
-            stream = ResumableDataLoader(
-                dataset, batch_size=batch_size, drop_last=drop_last, **common
-            )
-            return attach_host(stream, self.trainer)
-        sampler = self.batch_sampler(split, dataset, batch_size)
-        if sampler is None and train and isinstance(dataset, MixedDataset):
-            # Plain batches would read each sample once per epoch and ignore the weights.
-            sampler = dataset.batch_sampler(
-                batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
-            )
-        if sampler is not None:
-            built = ResumableDataLoader(dataset, batch_sampler=sampler, **common)
+            self._check_stream(split, dataset, workers)  # it batches and shuffles itself
         else:
-            built = ResumableDataLoader(
-                dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **common
+            sampler = self.batch_sampler(split, dataset, batch_size)
+            if sampler is None and train and isinstance(dataset, MixedDataset):
+                # Plain batches would read each sample once per epoch, weights ignored.
+                sampler = dataset.batch_sampler(
+                    batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
+                )
+            batching = (
+                {"batch_sampler": sampler}
+                if sampler is not None
+                else {**batching, "shuffle": self.shuffle and train}
             )
+        built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
 
     def _check_stream(self, split: str, dataset: Any, workers: int | str) -> None:
-        """A stream's cursors are per (rank, worker) slot: every rank must use the same
-        worker count, and its shard order is the module's shuffle."""
+        """A stream needs an int ``num_workers`` and the module's shuffle."""
         owner = type(self).__name__
         if workers == "auto":
             raise ValueError(
@@ -361,12 +330,10 @@ class LoaderDataModule(L.LightningDataModule):
         if dataset.shuffle_shards != shuffle:
             raise ValueError(
                 f"{owner}: the {split} split's StreamingShardedDataset has shuffle_shards="
-                f"{dataset.shuffle_shards}, but this module's shuffle={self.shuffle} "
-                f"{'shuffles' if shuffle else 'does not shuffle'} it; build the dataset with "
-                f"shuffle_shards={shuffle}."
+                f"{dataset.shuffle_shards}, but this module's shuffle={self.shuffle}; build the "
+                f"dataset with shuffle_shards={shuffle}."
             )
 
-    # --------------------------------------------------------------- policy
     def resolve_pin_memory(self) -> bool:
         """``pin_memory`` as the loaders get it: ``"auto"`` follows the trainer's device."""
         if isinstance(self.pin_memory, bool):
@@ -380,15 +347,14 @@ class LoaderDataModule(L.LightningDataModule):
     ) -> dict[int, float]:
         """Time the train loader with 0..``max_workers`` workers; samples/s per count.
 
-        Each count gets an equal share of ``budget_s`` (worker start-up counts
-        against it but not in the rate). Records the rates in
-        :attr:`num_workers_probe` and the fewest workers within 10% of the best
-        in :attr:`num_workers_best`.
+        Each count is timed after its workers' first batches, for an equal share of
+        ``budget_s``. Records the rates in :attr:`num_workers_probe` and the fewest
+        workers within 10% of the best in :attr:`num_workers_best`.
 
         Args:
             max_workers: The most workers tried (default: the cores this process
                 may use, shared among the trainer's devices, at most 8).
-            budget_s: Total seconds to spend, roughly.
+            budget_s: Seconds of timed loading, roughly (start-ups come on top).
         """
         owner = f"{type(self).__name__}.probe_num_workers"
         if max_workers is None:
@@ -401,14 +367,8 @@ class LoaderDataModule(L.LightningDataModule):
                 f"{owner}: budget_s must be a number > 0, got {budget_s!r}; pass e.g. budget_s=2.0."
             )
         self._dataset("train")
-        share = budget_s / (max_workers + 1)
-        rates: dict[int, float] = {}
-        for workers in range(max_workers + 1):
-            make = functools.partial(self.loader, "train", num_workers=workers, pin_memory=False)
-            rates[workers] = time_loader(make, share, max_batches=200)
-        best = max(rates.values())
+        rates, _, self.num_workers_best = probe_workers(self, max_workers, budget_s)
         self.num_workers_probe = rates
-        self.num_workers_best = min(w for w, r in rates.items() if r >= 0.9 * best)
         shown = ", ".join(f"{w}: {r:,.0f}" for w, r in rates.items())
         rank_zero_info(
             f"{type(self).__name__}: num_workers={self.num_workers_best} "
@@ -416,25 +376,16 @@ class LoaderDataModule(L.LightningDataModule):
         )
         return rates
 
-    # -------------------------------------------------------------- describe
     def describe(self) -> dict[str, Any]:
         """What the loaders will do, for ``loaderkit inspect`` and logs.
 
         Returns:
-            A dict with ``datamodule``, ``world_size``, per-split ``splits``
-            (``samples``, ``batch_size``, ``batches_per_epoch`` per rank, epoch 0;
-            a stream's ``samples`` is None, and so are its ``batches_per_epoch``
-            when an epoch is one pass of unknown length),
-            ``num_workers`` (as given), ``num_workers_probe``/``num_workers_best``
-            (after a probe), ``pin_memory`` (resolved), ``seed``,
-            ``padding_fraction`` (train, when known, else None),
-            ``shards_per_batch`` and ``single_shard_batches`` (train over
-            shards: distinct shards per batch, mean over epoch 0's batches of
-            all ranks, and the fraction of batches from one shard; else None),
-            ``mix`` (a :class:`~loaderkit.MixedDataset` train split: the train
-            loader's ``describe()["mix"]``, per source its samples, weight, draws
-            per epoch, repeat and source-epochs in epoch 0; else None),
-            ``resumable_exactly`` and ``resumable_reason``.
+            A dict: ``datamodule``, ``world_size``, ``splits`` (per split ``samples``,
+            ``batch_size``, ``batches_per_epoch`` per rank in epoch 0; None where a stream
+            cannot know), ``num_workers``, ``num_workers_probe``, ``num_workers_best``,
+            ``pin_memory``, ``seed``, ``padding_fraction``, ``shards_per_batch`` and
+            ``single_shard_batches`` (sharded train data), ``mix`` (a mixed train split:
+            the loader's ``describe()["mix"]``), ``resumable_exactly``, ``resumable_reason``.
         """
         if not self._stages:
             self.setup("fit")
@@ -442,8 +393,7 @@ class LoaderDataModule(L.LightningDataModule):
         splits: dict[str, dict[str, Any]] = {}
         for split, dataset in self._datasets.items():
             loader = self.loader(split, num_workers=0, pin_memory=False)
-            if isinstance(dataset, StreamingShardedDataset):
-                # Its plan is a stand-in: a stream's size is unknown until read.
+            if isinstance(dataset, StreamingShardedDataset):  # its plan is a stand-in
                 samples, batches = None, stream_epoch_steps(loader, world_size)
             else:
                 samples = len(dataset)

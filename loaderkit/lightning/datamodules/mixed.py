@@ -1,14 +1,4 @@
-"""``MixedDataModule``: several sources mixed by weight, one resumable train loader.
-
-The train split is a :class:`~loaderkit.MixedDataset` over the sources, batched
-by its :class:`~loaderkit.MixPlan` (fixed-size batches) or
-:class:`~loaderkit.MixBucketPlan` (``max_tokens``), so everything a plan gives
-holds for the mix: exact O(1) resume from a Lightning checkpoint under any
-``num_workers`` and world size, equal steps per rank, per-sample seeding. A
-source is a folder of shards (or a shard file, or a list of them; local or
-URLs) read by one reader for all of them, an ``.arrow`` file, a Hugging Face
-``datasets.Dataset``, or any map-style dataset.
-"""
+"""``MixedDataModule``: several sources mixed by weight, one resumable train loader."""
 
 from __future__ import annotations
 
@@ -50,58 +40,35 @@ Weights = Mapping[str, float] | Sequence[float]
 class MixedDataModule(LoaderDataModule):
     """Sources mixed by ``weights`` (or ``repeat``) into one train split, resumable exactly.
 
-    Each epoch draws ``per_epoch[s]`` samples from source ``s``, interleaved at
-    random (see :class:`~loaderkit.MixedDataset`): with ``weights``, shares of
-    ``epoch_size``; with ``repeat``, passes over each source. A source's
-    samples are drawn exactly once per *source-epoch*, which for an upsampled
-    source is shorter than an epoch and for a downsampled one longer. The mix
-    per source (samples, weight, draws per epoch, source-epochs) is in
-    :meth:`describe` and ``loaderkit inspect``.
-
-    A source may be:
-
-    - shards by path or URL, as :class:`~loaderkit.lightning.datamodules.ShardedDataModule`
-      takes them (a folder, a shard file, a list of shard files), read by
-      ``reader`` (``"tokens"``, ``"jsonl"``, ``"parquet"`` or a
-      :class:`~loaderkit.ShardReader`; one reader for every path source);
-    - an ``.arrow`` file or a ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`,
-      ``columns`` and ``length_key`` applied);
-    - any map-style dataset (``len()`` and ``[i]``): a ``ShardedDataset``, a
-      ``TensorDataset``, a list of samples.
-
-    Val and test data are evaluated whole, each sample once, in order (no
-    weights): one source, or a dict/list of sources laid end to end (a list
-    is a list of sources: pass in-memory samples as ``{"val": samples}``).
-
-    Batches: fixed-length token samples (``reader="tokens"`` with ``seq_len``,
-    in-memory tensors) are stacked; variable-length ones (documents, ``.jsonl``,
-    Parquet, ``datasets`` rows, or any source under ``max_tokens``) are padded
-    by :class:`~loaderkit.PadCollate`; ``collate`` overrides both. The sources
-    share batches, so their samples need the same fields and dtypes.
+    Each epoch draws ``per_epoch[s]`` samples from source ``s``, interleaved at random
+    (:class:`~loaderkit.MixedDataset`), each sample exactly once per source-epoch;
+    the mix per source is in :meth:`describe` and ``loaderkit inspect``. A source is
+    shards by path or URL (as ``ShardedDataModule`` takes them, one ``reader`` for
+    all), an ``.arrow`` file or ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`),
+    or any map-style dataset. Val and test data are evaluated whole, in order: one
+    source, or a dict or list of sources laid end to end. Fixed-length samples are
+    stacked, variable-length ones (or any under ``max_tokens``) padded by
+    :class:`~loaderkit.PadCollate`; the sources share batches, so their samples need
+    the same fields and dtypes.
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
             ``repeat`` and the report) or a list (named ``"0"``, ``"1"``, ...).
         weights: Each source's share of an epoch (any positive scale).
-        repeat: Instead of ``weights``: passes over each source per epoch (2.0
-            upsamples, 0.5 takes two epochs for one pass).
+        repeat: Instead of ``weights``: passes over each source per epoch.
         epoch_size: Samples per epoch with ``weights`` (default: the sources' total).
         val: Val data: one source, or several laid end to end.
         test: Test data, the same way.
-        reader: The reader of path sources (see above).
+        reader: The reader of path sources (as ``ShardedDataModule``'s).
         columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
         seq_len: Tokens per sample (``reader="tokens"``).
         targets: Add the next token to each sample (``seq_len + 1`` tokens).
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         max_open_shards: Shards each process keeps open, per sharded source.
-        max_tokens: Token budget per train batch (rows x padded length), over
-            length-sorted windows of the mix
-            (:meth:`~loaderkit.MixedDataset.bucket_batch_sampler`). Epochs then
-            differ in length: add :class:`loaderkit.ElasticResume` to the
-            Trainer's callbacks.
-        length_key: The field (dict samples, ``.jsonl``) or column (Parquet,
-            ``datasets``) whose length is a sample's token count.
+        max_tokens: Token budget per train batch (rows x padded length)
+            (:meth:`~loaderkit.MixedDataset.bucket_batch_sampler`).
+        length_key: The field or column whose length is a sample's token count.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
         oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
         pad_value: Pad value of variable-length samples.
@@ -110,7 +77,7 @@ class MixedDataModule(LoaderDataModule):
         storage_options: For sources at URLs: the fsspec filesystem's options.
         cache_dir: For sources at URLs: the local cache directory.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`
-            (``val_fraction`` excepted: a sample-level split of a mix would lose its plan).
+            (not ``val_fraction``).
 
     Example:
         >>> import torch
@@ -194,7 +161,7 @@ class MixedDataModule(LoaderDataModule):
         self._length_cache: tuple[Any, np.ndarray] | None = None
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
-        """The one reader of the shard sources given by path (None without any)."""
+        """The one reader of the path sources (None without any)."""
         owner = type(self).__name__
         if reader != "parquet" and all(not _is_path(s) or _is_table(s) for s in items):
             extra = [k for k, v in options.items() if v is not None and v is not False]
@@ -208,7 +175,6 @@ class MixedDataModule(LoaderDataModule):
             owner, reader, columns=self.columns, length_key=self.length_key, **options
         )
 
-    # --------------------------------------------------------------- datasets
     def _source(self, item: Any) -> Any:
         """The map-style dataset of one source."""
         if _is_table(item):
@@ -224,8 +190,7 @@ class MixedDataModule(LoaderDataModule):
         return item
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """The train :class:`~loaderkit.MixedDataset`; val/test as their sources laid end to
-        end (each sample once)."""
+        """The train :class:`~loaderkit.MixedDataset`; val/test laid end to end."""
         out: dict[str, Any] = {}
         for split, (names, items, named) in self.splits.items():
             if split in self._datasets:
@@ -243,8 +208,7 @@ class MixedDataModule(LoaderDataModule):
         return out
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
-        """The mix's plan for train (``max_tokens``: its token-budget form); None for the
-        others (every sample once, in order)."""
+        """The mix's plan for train; None for the others (each sample once, in order)."""
         if split != "train":
             return None
         if self.max_tokens is None:
@@ -263,7 +227,7 @@ class MixedDataModule(LoaderDataModule):
         )
 
     def _lengths(self, mix: MixedDataset) -> np.ndarray:
-        """Each train sample's tokens, sources in order (kept: every train loader asks)."""
+        """Each train sample's tokens, sources in order (kept)."""
         cached = self._length_cache
         if cached is None or cached[0] is not mix:
             key = KeyLength(self.length_key, owner=type(self).__name__)
@@ -284,8 +248,7 @@ class MixedDataModule(LoaderDataModule):
         return self._collate
 
     def padding_fraction(self, split: str) -> float | None:
-        """Under ``max_tokens``, padded / all tokens of epoch 0's train batches; 0 for
-        fixed-length token shards; else unknown (None)."""
+        """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None."""
         if split == "train" and self.max_tokens is not None:
             return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
@@ -293,7 +256,7 @@ class MixedDataModule(LoaderDataModule):
         return 0.0 if fixed and only_shards else None
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """As the base; the position is in the mix's plan, so the source-epochs resume too."""
+        """As the base; the source-epochs resume with the mix's plan."""
         ok, reason = super().resume_info(world_size)
         if ok:
             reason += (
@@ -304,7 +267,7 @@ class MixedDataModule(LoaderDataModule):
 
 
 def _is_table(item: Any) -> bool:
-    """A ``datasets.Dataset`` or the path of one ``.arrow`` file (as :func:`_named` leaves it)."""
+    """A ``datasets.Dataset`` or the path of one ``.arrow`` file."""
     return is_hf_dataset(item) or (isinstance(item, str) and item.endswith(".arrow"))
 
 
@@ -322,10 +285,8 @@ def _is_path(item: Any) -> bool:
 def _named(
     owner: str, name: str, value: Any, *, single_ok: bool = False
 ) -> tuple[list[str], list[Any], bool]:
-    """``(names, sources, named)`` of ``value``: a dict by name, a list, or (val/test) one source.
-
-    Path sources are checked now (a missing file fails at construction, not at setup).
-    """
+    """``(names, sources, named)`` of ``value``: a dict by name, a list, or (val/test) one
+    source; path sources checked now."""
     if isinstance(value, Mapping):
         names, items, named = [str(k) for k in value], list(value.values()), True
     elif single_ok and not isinstance(value, list | tuple):

@@ -1,11 +1,4 @@
-"""``SequenceDataModule``: variable-length samples, padded, optionally bucketed by length.
-
-Samples come from a list, a ``.jsonl`` file, a Parquet file (a path or a URL,
-:class:`~loaderkit.ParquetReader`), an ``.arrow`` file or a Hugging Face
-``datasets.Dataset`` (:class:`~loaderkit.HFDataset`). The last three are read
-a batch at a time, and their lengths come from the ``length_key`` column
-alone, never from reading every sample.
-"""
+"""``SequenceDataModule``: variable-length samples, padded, optionally bucketed by length."""
 
 from __future__ import annotations
 
@@ -37,27 +30,18 @@ PadValue = int | float | dict[str, float]
 class SequenceDataModule(LoaderDataModule):
     """Variable-length samples, padded by :class:`~loaderkit.PadCollate`, bucketed on request.
 
-    A sample is a 1-D sequence (a tensor, numpy array or list of numbers), or a
-    dict whose ``length_key`` field is one (other fields are padded when their
-    lengths differ, or stacked). Bare samples batch into a
-    :class:`~loaderkit.PaddedBatch` ``(values, lengths, mask, sort_indices)``;
-    dict samples into a dict with ``"lengths"`` and ``"attention_mask"`` added.
-
-    With ``bucket=True`` the train batches are cut from length-sorted windows
-    by a :class:`~loaderkit.BucketBatchSampler` (far less padding, same
-    randomness guarantees); with ``max_tokens`` they also hold as many rows as
-    fit the token budget (rows x padded length), ignoring ``batch_size``.
-    Token-budget epochs change length from epoch to epoch: add
-    :class:`loaderkit.ElasticResume` to the Trainer's callbacks, or Lightning
-    stops a longer epoch early and resumes it wrong. Eval splits use fixed
-    ``eval_batch_size`` batches, length-sorted when bucketing.
+    A sample is a 1-D sequence (tensor, array or list of numbers), or a dict whose
+    ``length_key`` field is one; batches are a :class:`~loaderkit.PaddedBatch`, or a
+    dict with ``"lengths"`` and ``"attention_mask"`` added. Parquet, Arrow and
+    ``datasets`` sources are read a batch at a time, their lengths from one column.
+    ``bucket=True`` cuts train batches from length-sorted windows
+    (:class:`~loaderkit.BucketBatchSampler`); ``max_tokens`` fills them to a token
+    budget instead of ``batch_size`` (add :class:`loaderkit.ElasticResume` to the
+    Trainer: the epoch length then changes).
 
     Args:
-        train: The train samples, or the path of a ``.jsonl`` file with one
-            sample per line (a JSON list of numbers, or an object), of a
-            ``.parquet`` file (or its URL: ``s3://...``; one row a dict
-            sample), of an ``.arrow`` file (``datasets``' format), or a
-            ``datasets.Dataset``.
+        train: The train samples, or the path of a ``.jsonl`` (one sample per line),
+            ``.parquet`` (or its URL) or ``.arrow`` file, or a ``datasets.Dataset``.
         val: The val split, the same way (or use ``val_fraction``).
         test: The test split.
         predict: The predict split.
@@ -154,7 +138,6 @@ class SequenceDataModule(LoaderDataModule):
         urls = any(is_url(s) for s in self._sources.values())
         self.remote = remote_cache(owner, "a Parquet URL", urls, storage_options, cache_dir)
 
-    # --------------------------------------------------------------- datasets
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """Every split, with the length of each sample measured once."""
         out: dict[str, Any] = {}
@@ -214,13 +197,12 @@ class SequenceDataModule(LoaderDataModule):
         return lengths
 
     def setup(self, stage: str) -> None:
-        """As the base, then carries the lengths over to a ``val_fraction`` split."""
+        """As the base, the lengths carried over to a ``val_fraction`` split."""
         super().setup(stage)
         if self.split is not None and "val" not in self._lengths:
             full = self._lengths["train"]
             self._lengths["train"], self._lengths["val"] = full[self.split[0]], full[self.split[1]]
 
-    # ---------------------------------------------------------------- loaders
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
         """A :class:`~loaderkit.PadCollate` with this module's padding."""
         length_field = self.length_key if self._keyed else None
@@ -229,7 +211,7 @@ class SequenceDataModule(LoaderDataModule):
         )
 
     def per_sample_seeding(self, split: str) -> bool:
-        """Off: stored sequences hold no randomness, and seeding costs time per sample."""
+        """Off: stored sequences hold no randomness."""
         return False
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
@@ -250,7 +232,6 @@ class SequenceDataModule(LoaderDataModule):
             oversize=self.oversize,
         )
 
-    # --------------------------------------------------------------- describe
     def padding_fraction(self, split: str) -> float | None:
         """Padded tokens / all tokens over epoch 0 of ``split`` on one rank."""
         if split not in self._lengths:
@@ -268,8 +249,7 @@ class SequenceDataModule(LoaderDataModule):
 
 
 def _source(owner: str, split: str, source: Any) -> Any:
-    """``source`` of ``split`` checked: a ``datasets.Dataset``, a Parquet URL, a file path
-    (``.jsonl``, ``.arrow``, Parquet) or a non-empty list of samples."""
+    """``source`` of ``split``, checked."""
     if is_hf_dataset(source):
         return source
     if is_url(source):

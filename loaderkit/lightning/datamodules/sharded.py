@@ -1,11 +1,4 @@
-"""``ShardedDataModule``: token, JSON-lines or Parquet shards (local or URLs), planned or streamed.
-
-Planned (:class:`~loaderkit.ShardedDataset`, the default): every sample once
-per epoch across ranks and workers, exact resume on any world size and
-``num_workers``. Streamed (``streaming=True``,
-:class:`~loaderkit.StreamingShardedDataset`): read front to back uncounted,
-exact resume under the same world size and ``num_workers`` only.
-"""
+"""``ShardedDataModule``: token, JSON-lines or Parquet shards, planned or streamed."""
 
 from __future__ import annotations
 
@@ -41,76 +34,49 @@ __all__ = ["ShardedDataModule"]
 
 
 class ShardedDataModule(LoaderDataModule):
-    """Token, ``.jsonl`` or Parquet shards, planned across ranks and workers, or streamed.
+    """Token, ``.jsonl`` or Parquet shards (local or URLs), planned across ranks and workers.
 
-    ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids (raw ones
-    need ``dtype``), cut into ``seq_len``-token samples (``targets=True``: one
-    more, for next-token targets) and batched as one ``(B, seq_len)`` int64
-    tensor; or, with ``eos`` instead of ``seq_len``, one sample per document,
-    padded by :class:`~loaderkit.PadCollate`. ``reader="jsonl"``: one JSON value
-    per line, padded by ``PadCollate`` (dicts of lists of numbers, say).
-    ``reader="parquet"``: ``.parquet`` files, one row a sample (a dict of its
-    ``columns``), read a row group at a time (:class:`~loaderkit.ParquetReader`),
-    padded by ``PadCollate``; ``length_key`` names the column of token ids
-    whose lengths ``max_tokens`` budgets.
-    Shards may be URLs (``s3://bucket/corpus``, a folder, or a list of files):
-    they are fetched into a local cache (``cache_dir``, ``storage_options``:
-    :class:`~loaderkit.RemoteCache`'s).
-    Write shards with :func:`loaderkit.write_shards`, which also writes the index.
+    ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids cut into
+    ``seq_len``-token samples, batched as one ``(B, seq_len)`` int64 tensor; or, with
+    ``eos``, one sample per document. ``reader="jsonl"``: one JSON value per line.
+    ``reader="parquet"``: one row a sample. Variable-length samples are padded by
+    :class:`~loaderkit.PadCollate`. Shards at URLs are cached locally
+    (:class:`~loaderkit.RemoteCache`). Write shards with :func:`loaderkit.write_shards`.
 
-    Under DDP, workers start by ``forkserver``; ``persistent_workers=True``
-    saves starting them every epoch.
-
-    ``streaming=True`` streams the train shards instead of planning them (no
-    shard index built or read up front): shard order shuffled per pass when
-    ``shuffle``, each (rank, worker) reading ``mix_shards`` of its shards at
-    once, in turn, no ``window`` shuffle inside a shard. An epoch is one pass
-    over the shards, of unknown length, unless ``steps_per_epoch`` or
-    ``samples_per_epoch`` fixes it (needed on more than one rank). An epoch
-    of unknown length needs :class:`loaderkit.ElasticResume` in the Trainer's
-    callbacks. Val and test shards stay planned.
+    ``streaming=True`` streams the train shards instead
+    (:class:`~loaderkit.StreamingShardedDataset`: no index, exact resume under the same
+    world size and ``num_workers`` only); an epoch is one pass unless
+    ``steps_per_epoch`` or ``samples_per_epoch`` fixes it (needed on several ranks).
+    Token budgets and streams of unknown length need :class:`loaderkit.ElasticResume`.
 
     Args:
-        shards: The train shards: a directory (its files with the reader's
-            suffixes, sorted), one shard file, or a non-empty list of shard files;
-            or a folder URL, one shard URL, or a list of shard URLs.
+        shards: The train shards: a directory, a shard file, or a non-empty list of
+            them; or a folder URL, a shard URL, or a list of shard URLs.
         val_shards: Val shards, the same way (``val_fraction`` is not supported).
         test_shards: Test shards.
-        reader: ``"tokens"``, ``"jsonl"`` or ``"parquet"``; Python code may pass any
-            :class:`~loaderkit.ShardReader` object instead.
+        reader: ``"tokens"``, ``"jsonl"``, ``"parquet"``, or a :class:`~loaderkit.ShardReader`.
         columns: With ``reader="parquet"``: the columns to read (default: all).
         seq_len: Tokens per sample (``reader="tokens"``).
         targets: Add the next token to each sample (``seq_len + 1`` tokens).
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
-        window: Samples shuffled together inside a shard (larger: more random, less local).
-        mix_shards: Shards read at once, interleaved: a batch of ``b`` draws from
-            ``min(b, mix_shards)`` of them when shards are smaller than
-            ``1 / mix_shards`` of the data (see :class:`~loaderkit.ShardPlan`;
-            streamed: each slot's ``mix_shards`` open shards in turn); 1 reads
-            one shard at a time (most local, but one shard per batch).
+        window: Samples shuffled together inside a shard.
+        mix_shards: Shards read at once, interleaved (see :class:`~loaderkit.ShardPlan`);
+            1 reads one shard at a time.
         on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
-        max_tokens: Token budget per train batch (rows x padded length, the
-            batch's samples of similar length): documents (``eos``) or
-            ``.jsonl`` samples, through
-            :meth:`~loaderkit.ShardedDataset.bucket_batch_sampler`, which still
-            reads ``mix_shards`` shards at once. Epochs then differ in length:
-            add :class:`loaderkit.ElasticResume` to the Trainer's callbacks.
-        length_key: With ``max_tokens``: the ``.jsonl`` field whose ``len()`` is a
-            sample's token count, or the Parquet column (a list column, or an
-            integer column of lengths).
-        bucket_window: With ``max_tokens``: samples per length-sorted window
-            (``BucketBatchSampler``'s ``window``; default 256 batches' worth).
-        streaming: Stream the train shards (see above) instead of planning them.
+        max_tokens: Token budget per train batch (rows x padded length), for documents
+            or ``.jsonl`` samples (:meth:`~loaderkit.ShardedDataset.bucket_batch_sampler`).
+        length_key: With ``max_tokens``: the ``.jsonl`` field or Parquet column whose
+            length is a sample's token count.
+        bucket_window: With ``max_tokens``: samples per length-sorted window.
+        streaming: Stream the train shards (see above).
         steps_per_epoch: With ``streaming``: batches per rank per epoch.
         samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
-        storage_options: For shards at URLs: the fsspec filesystem's options
-            (e.g. ``{"endpoint_url": ...}``).
-        cache_dir: For shards at URLs: the local cache directory (default
-            ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
+        storage_options: For shards at URLs: the fsspec filesystem's options.
+        cache_dir: For shards at URLs: the local cache directory.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
@@ -200,8 +166,7 @@ class ShardedDataModule(LoaderDataModule):
     def _check_combinations(
         self, window: int, max_open_shards: int | None, reader: Any, columns: Any
     ) -> None:
-        """Columns are Parquet's, the epoch limits a stream's, the planned dataset's
-        settings not."""
+        """Columns are Parquet's, epoch limits a stream's, the planned settings not a stream's."""
         owner = type(self).__name__
         if columns is not None and reader != "parquet":
             raise ValueError(
@@ -242,8 +207,7 @@ class ShardedDataModule(LoaderDataModule):
                 )
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """A :class:`~loaderkit.ShardedDataset` per split (reads or writes the shard index);
-        with ``streaming``, a :class:`~loaderkit.StreamingShardedDataset` for train."""
+        """A :class:`~loaderkit.ShardedDataset` per split (with ``streaming``: a train stream)."""
         datasets: dict[str, Any] = {}
         for split, paths in self.shards.items():
             if self.streaming and split == "train":
@@ -267,8 +231,7 @@ class ShardedDataModule(LoaderDataModule):
         return datasets
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
-        """The dataset's own plan: shard order shuffled, ``mix_shards`` read at once, windows
-        shuffled (train only). Not asked for a stream, which batches itself."""
+        """The dataset's own plan (shuffled for train only)."""
         train = split == "train"
         if train and self.max_tokens is not None:
             return dataset.bucket_batch_sampler(
@@ -296,8 +259,7 @@ class ShardedDataModule(LoaderDataModule):
         return self._collate
 
     def _lengths(self, dataset: ShardedDataset) -> np.ndarray:
-        """Each train sample's tokens: from the shards' offsets (documents), else read once
-        (kept: describe() and every train loader ask again)."""
+        """Each train sample's tokens, from the offsets or read once (kept)."""
         cached = self._length_cache
         if cached is None or cached[0] is not dataset:
             if isinstance(self.reader, JsonlReader):
@@ -310,8 +272,8 @@ class ShardedDataModule(LoaderDataModule):
         return cached[1]
 
     def padding_fraction(self, split: str) -> float | None:
-        """Under ``max_tokens``, padded tokens / all tokens of epoch 0's train batches; 0 for
-        fixed-length tokens; unknown (None) otherwise, to avoid reading every shard."""
+        """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None
+        (it would read every shard)."""
         if split == "train" and self.max_tokens is not None and not self.streaming:
             return self._budget_padding()
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
@@ -319,7 +281,7 @@ class ShardedDataModule(LoaderDataModule):
 
 
 def _splits(owner: str, **given: Any) -> dict[str, Shards]:
-    """Each split's shard files or URLs, by split (a ``datasets.Dataset`` is no shard)."""
+    """Each split's shard files or URLs."""
     splits = {}
     for split, (name, value) in zip(("train", "val", "test"), given.items(), strict=True):
         if is_hf_dataset(value):

@@ -1,11 +1,5 @@
-"""DataModules over in-memory columns: ``TensorDataModule`` and ``ArrayDataModule``.
-
-Both fetch a whole batch per indexing call (loaderkit's :class:`~loaderkit.TensorDataset`
-and :class:`~loaderkit.ArrayDataset`), so a batch costs one ``index_select``
-per column instead of ``batch_size`` Python calls. Each split is either the
-data itself (Python) or the path of a file holding it (config files, the
-command line).
-"""
+"""DataModules over in-memory columns, fetched a batch per call: ``TensorDataModule`` and
+``ArrayDataModule``."""
 
 from __future__ import annotations
 
@@ -27,10 +21,12 @@ Source = str | os.PathLike[str]
 
 
 class _ColumnsDataModule(LoaderDataModule):
-    """Shared by both: splits given as data (checked now) or as paths (read in ``setup``)."""
+    """Splits given as data (checked now) or as paths (read in ``setup``)."""
 
     suffixes: ClassVar[tuple[str, ...]] = ()
-    kind: ClassVar[str] = ""
+    kind: ClassVar[str] = ""  # what a column is, in messages
+    column_type: ClassVar[type] = object
+    dataset_type: ClassVar[Any] = None
 
     def _set_sources(self, columns: tuple[Any, ...], splits: dict[str, Any]) -> None:
         owner = type(self).__name__
@@ -57,13 +53,24 @@ class _ColumnsDataModule(LoaderDataModule):
             )
 
     def _columns(self, split: str, source: Any) -> Any:
-        raise NotImplementedError
+        owner = type(self).__name__
+        if isinstance(source, self.column_type):
+            source = (source,)
+        elif not isinstance(source, Sequence) or isinstance(source, (str, bytes)):
+            raise TypeError(
+                f"{owner}: {split} must be a {self.kind}, a tuple of {self.kind}s or a path, got "
+                f"{type(source).__name__}."
+            )
+        try:
+            return self.dataset_type(*source)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{owner}: {split}: {exc}") from exc
 
     def _read(self, split: str, path: str) -> Any:
         raise NotImplementedError
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """Every split; a path is read here (in each process, after the fork)."""
+        """Every split; a path is read here, in each process."""
         return {
             split: self._read(split, src) if isinstance(src, str) else src
             for split, src in self._sources.items()
@@ -71,37 +78,17 @@ class _ColumnsDataModule(LoaderDataModule):
         }
 
 
-def _as_tuple(owner: str, split: str, source: Any, kind: type, name: str) -> tuple[Any, ...]:
-    if isinstance(source, kind):
-        return (source,)
-    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
-        return tuple(source)
-    raise TypeError(
-        f"{owner}: {split} must be a {name}, a tuple of {name}s or a path, got "
-        f"{type(source).__name__}."
-    )
-
-
-def _checked(owner: str, split: str, build: Any, columns: tuple[Any, ...]) -> Any:
-    try:
-        return build(*columns)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{owner}: {split}: {exc}") from exc
-
-
 class TensorDataModule(_ColumnsDataModule):
     """Rows of tensors that share their first dimension; batches are tuples of tensors.
 
     Args:
         *tensors: The train tensors (shorthand for ``train=``).
-        train: The train split: a tensor, a tuple of tensors, or the path of a
-            ``.pt``/``.pth`` file that ``torch.save`` wrote from one of those
-            (loaded with ``weights_only=True`` and memory-mapped).
+        train: A tensor, a tuple of tensors, or the path of a ``.pt`` file holding one
+            (loaded with ``weights_only=True``, memory-mapped).
         val: The val split, the same way (or use ``val_fraction``).
         test: The test split.
         predict: The predict split.
-        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`
-            (``batch_size``, ``num_workers``, ``seed``, ``val_fraction``, ...).
+        **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
         >>> import torch
@@ -116,6 +103,8 @@ class TensorDataModule(_ColumnsDataModule):
 
     suffixes = (".pt", ".pth")
     kind = "tensor"
+    column_type = torch.Tensor
+    dataset_type = TensorDataset
 
     def __init__(
         self,
@@ -127,36 +116,26 @@ class TensorDataModule(_ColumnsDataModule):
         **kwargs: Any,
     ) -> None:
         splits = {"train": train, "val": val, "test": test, "predict": predict}
-        self.set_data_args(**splits)
+        self.set_data_args(**splits)  # then super().__init__ records hparams from this frame
         super().__init__(**kwargs)
         self._set_sources(tensors, splits)
 
-    def _columns(self, split: str, source: Any) -> TensorDataset:
-        owner = type(self).__name__
-        columns = _as_tuple(owner, split, source, torch.Tensor, "tensor")
-        return _checked(owner, split, TensorDataset, columns)
-
     def _read(self, split: str, path: str) -> TensorDataset:
-        # mmap: a file larger than RAM is paged in as batches touch it.
         return self._columns(split, torch.load(path, mmap=True, weights_only=True))
 
 
 class ArrayDataModule(_ColumnsDataModule):
-    """Rows of numpy arrays (``np.memmap`` too) that share their first dimension.
-
-    Only the rows of each batch are read, so memory-mapped arrays larger than
-    RAM work. Batches are tuples of tensors.
+    """Rows of numpy arrays (``np.memmap`` too) that share their first dimension; only the
+    rows of each batch are read. Batches are tuples of tensors.
 
     Args:
         *arrays: The train arrays (shorthand for ``train=``).
-        train: The train split: an array, a tuple of arrays, or a path: a
-            ``.npy`` file (one array, memory-mapped when ``mmap``) or a
-            ``.npz`` file (its arrays in ``keys`` order; read into memory).
+        train: An array, a tuple of arrays, or the path of a ``.npy`` file (memory-mapped
+            when ``mmap``) or an ``.npz`` file (its arrays in ``keys`` order).
         val: The val split, the same way (or use ``val_fraction``).
         test: The test split.
         predict: The predict split.
-        keys: The arrays of a ``.npz`` file, in batch order (default: all, in
-            the order they were saved).
+        keys: The arrays of a ``.npz`` file, in batch order (default: all, as saved).
         mmap: Memory-map ``.npy`` files instead of reading them.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
@@ -171,7 +150,9 @@ class ArrayDataModule(_ColumnsDataModule):
     """
 
     suffixes = (".npy", ".npz")
-    kind = "array"
+    kind = "numpy array"
+    column_type = np.ndarray
+    dataset_type = ArrayDataset
     mmap: bool
 
     def __init__(
@@ -198,11 +179,6 @@ class ArrayDataModule(_ColumnsDataModule):
         self.keys = keys
         super().__init__(**kwargs)
         self._set_sources(arrays, splits)
-
-    def _columns(self, split: str, source: Any) -> ArrayDataset:
-        owner = type(self).__name__
-        columns = _as_tuple(owner, split, source, np.ndarray, "numpy array")
-        return _checked(owner, split, ArrayDataset, columns)
 
     def _read(self, split: str, path: str) -> ArrayDataset:
         if path.endswith(".npy"):

@@ -1,8 +1,4 @@
-"""``ImageFolderDataModule``: class-per-folder images with reproducible augmentation.
-
-torchvision is an optional extra (``pip install 'loaderkit[vision]'``),
-imported only when the module is built.
-"""
+"""``ImageFolderDataModule``: class-per-folder images with reproducible augmentation."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _torchvision() -> tuple[Any, Any]:
-    """``(torchvision.datasets, torchvision.transforms.v2)``, or an error saying what to install."""
+    """``(torchvision.datasets, torchvision.transforms.v2)``: an optional extra."""
     try:
         from torchvision import datasets
         from torchvision.transforms import v2
@@ -54,7 +50,7 @@ def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float
 def _number(
     owner: str, name: str, value: object, rule: str, ok: Callable[[float], bool], example: str
 ) -> float:
-    """``value`` as a float that satisfies ``ok`` (``rule`` says how, for the error)."""
+    """``value`` as a float that satisfies ``ok`` (``rule`` in words)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(
             f"{owner}: {name} must be a number {rule}, got {value!r} ({type(value).__name__}); "
@@ -66,7 +62,6 @@ def _number(
 
 
 def _folder(owner: str, name: str, value: object) -> str:
-    """``value`` as the path of an existing directory (one subfolder of images per class)."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(
             f"{owner}: {name} must be a directory path, got {value!r}; pass a folder with one "
@@ -83,33 +78,28 @@ def _folder(owner: str, name: str, value: object) -> str:
 class ImageFolderDataModule(LoaderDataModule):
     """Images in one folder per class (torchvision ``ImageFolder``), augmented for training.
 
-    Train: ``RandomResizedCrop(image_size)``, ``RandomHorizontalFlip``,
-    ``ColorJitter(color_jitter)``, ``ToDtype(float32)``, ``Normalize(mean, std)``.
-    Val/test/predict: ``Resize(image_size / crop_fraction)``,
-    ``CenterCrop(image_size)``, ``ToDtype``, ``Normalize`` (torchvision
-    ``transforms.v2``). Batches are ``(images, labels)``: float32
-    ``(B, 3, image_size, image_size)`` and int64 ``(B,)``.
-
-    The augmentation is reproducible: each sample is loaded under generators
-    seeded from ``(seed, epoch, index)`` (the loader's per-sample seeding), so
-    batches are bit-identical with any ``num_workers`` and after a resume.
+    Train: ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ColorJitter``,
+    ``Normalize``; eval: ``Resize(image_size / crop_fraction)``, ``CenterCrop``,
+    ``Normalize`` (``transforms.v2``). Batches are float32 ``(B, 3, image_size,
+    image_size)`` images and int64 labels. Each sample is loaded under generators
+    seeded from ``(seed, epoch, index)``: the same batches for any ``num_workers``
+    and after a resume.
 
     Args:
         root: The train images: ``root/<class>/<image>``.
-        val_root: The val images, with the same class folders (or use ``val_fraction``:
-            the held-out images then get the eval transform).
+        val_root: The val images, with the same class folders (or use ``val_fraction``).
         test_root: The test images, with the same class folders.
         image_size: Side of the square crops.
         mean: Per-channel mean of ``Normalize`` (default ImageNet's).
         std: Per-channel std of ``Normalize`` (default ImageNet's).
         color_jitter: Brightness, contrast and saturation jitter (0: none).
-        crop_fraction: Eval crops are this fraction of the resized side (0.875: 224 of 256).
+        crop_fraction: Eval crops are this fraction of the resized side.
         train_transform: Replaces the train transform (a callable on a PIL image).
         eval_transform: Replaces the val/test transform.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Raises:
-        MissingDependencyError: torchvision is not installed (an ``ImportError``).
+        MissingDependencyError: torchvision is not installed.
 
     Example:
         >>> from loaderkit import ImageFolderDataModule
