@@ -74,7 +74,7 @@ class ShardChangedError(ShardError):
 
 
 class MissingDependencyError(LoaderkitError, ImportError):
-    """An optional dependency (an extra such as ``loaderkit[vision]``) is not installed."""
+    """An optional dependency (an extra such as ``vision``) is not installed."""
 
 
 class ShardReadError(WorkerError, ShardError):

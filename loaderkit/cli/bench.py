@@ -226,8 +226,8 @@ def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
         import matplotlib.pyplot as plt
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "matplotlib is needed to draw benchmarks/results.png: pip install 'loaderkit[bench]' "
-            "(or pass --no-plot)"
+            "matplotlib is needed to draw benchmarks/results.png: pip install '.[bench]' in the "
+            "loaderkit clone (or pass --no-plot)"
         ) from exc
     shown = [r for r in results if r.ratios]
     if not shown:

@@ -290,7 +290,7 @@ def test_inspect_streams_reports_their_epoch_and_resume_topology(
     assert "exact resume     yes: the train loader streams a StreamingShardedDataset" in out
     assert "exact only under the same world size and num_workers" in out
     assert "elastic resume needs sample counts" in out
-    assert ("ElasticResume()" in out) is elastic
+    assert ("ElasticResume" in out) is elastic  # the installed entry point adds it, or add it
 
 
 def test_load_object_from_a_file_never_shadows_a_module(

@@ -316,7 +316,7 @@ def test_missing_torchvision_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision now fails
-    with pytest.raises(ImportError, match=r"pip install 'loaderkit\[vision\]'") as info:
+    with pytest.raises(ImportError, match=r"pip install '\.\[vision\]'") as info:
         ImageFolderDataModule(str(tmp_path))
     assert isinstance(info.value, (MissingDependencyError, LoaderkitError))
 

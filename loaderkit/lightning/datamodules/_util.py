@@ -73,10 +73,23 @@ def stream_resume_reason(dataset: Any) -> str:
     if dataset.limited:
         return STREAM_RESUME_REASON
     # Lightning prefetches a batch from a loader without a length; the callback says so.
+    if _entry_point_installed():
+        return (
+            STREAM_RESUME_REASON + " (an epoch of unknown length: ElasticResume, on every Trainer)"
+        )
     return (
         STREAM_RESUME_REASON + "; an epoch of unknown length (no steps_per_epoch or "
-        "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks"
+        "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks "
+        "(loaderkit is not installed, so its entry point does not add it)"
     )
+
+
+def _entry_point_installed() -> bool:
+    """Whether the ``callbacks_factory`` entry point gives every Trainer an ElasticResume."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="lightning.pytorch.callbacks_factory")
+    return any(ep.value.startswith("loaderkit.") for ep in found)
 
 
 def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:

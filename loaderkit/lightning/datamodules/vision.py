@@ -26,7 +26,7 @@ def _torchvision() -> tuple[Any, Any]:
     except ImportError as exc:
         raise MissingDependencyError(
             f"ImageFolderDataModule needs torchvision, which is not installed ({exc}); "
-            "install it with: pip install 'loaderkit[vision]'"
+            "install the extra in the loaderkit clone: pip install '.[vision]'"
         ) from exc
     return datasets, v2
 
