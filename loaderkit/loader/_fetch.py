@@ -34,6 +34,7 @@ __all__ = [
     "KeyedDataset",
     "Unbatched",
     "batch_fetch_is_faithful",
+    "loaderkit_batch_read",
     "identity",
     "index_subset",
     "seed_keys",
@@ -59,6 +60,15 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
         if any(name in vars(cls) for name in overrides):
             return False
     return False
+
+
+def loaderkit_batch_read(dataset: Any) -> bool:
+    """Whether ``dataset`` is read by a faithful ``get_batch`` that loaderkit defines (its
+    tensor, array and shard datasets draw no randomness; a user's ``get_batch`` may)."""
+    if not batch_fetch_is_faithful(dataset):
+        return False
+    owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))
+    return owner.__module__.startswith("loaderkit.")
 
 
 class Unbatched:
@@ -137,8 +147,12 @@ class BatchFetcher:
             self.mode = "getitems"
         else:
             self.mode = "single"
-        # Set once a whole __getitems__ read drew randomness (see _parked_batch).
-        self.split = False
+        # Read one index at a time under per-sample seeds: a Subset/ConcatDataset of
+        # per-sample reads from the start (a sample may read torch.initial_seed() without
+        # drawing, which a parked read cannot see), or once a whole read drew.
+        self.split = (
+            self.mode == "getitems" and self.seeder is not None and per_sample_reads(dataset)
+        )
 
     def __call__(
         self,
@@ -171,9 +185,12 @@ class BatchFetcher:
         samples, moved = self.seeder.read_parked(read)
         if moved is False:
             return samples  # as torch hands it to collate_fn, a list or not
-        if moved is None or per_sample_reads(self.dataset):
-            self.split = True  # a Subset or ConcatDataset of per-sample reads: keyed each
-            return self._samples(epoch, index_list, keys)
+        if moved is None:
+            raise ValueError(
+                f"ResumableDataLoader: numpy's global generator is not an MT19937, so whether "
+                f"{type(self.dataset).__name__}.__getitems__ draws randomness cannot be checked. "
+                "Pass per_sample_seeding=False, or keep numpy's default bit generator."
+            )
         raise ValueError(
             f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
             "global RNG while reading a batch, so per_sample_seeding cannot key each sample's "

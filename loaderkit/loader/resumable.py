@@ -63,7 +63,7 @@ from loaderkit.loader._fetch import (
     KeyedDataset,
     KeySource,
     Unbatched,
-    batch_fetch_is_faithful,
+    loaderkit_batch_read,
 )
 from loaderkit.loader._iterable import IterableEngine, is_stateful
 from loaderkit.loader._planned import EpochIterator, Run
@@ -393,7 +393,7 @@ class ResumableDataLoader:
         )
         pinned = resolve_pin_memory(pin_memory, select_device(), stacklevel=3)  # the caller's line
         # loaderkit's get_batch datasets and plain containers hold no randomness; others may.
-        unseeded = batch_fetch_is_faithful(dataset) or draws_nothing(dataset)
+        unseeded = loaderkit_batch_read(dataset) or draws_nothing(dataset)
         per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
         per_sample = per_sample and not iterable
         self._fetch = BatchFetcher(

@@ -361,7 +361,10 @@ class _ItemsSpy(_Rows):
 @pytest.mark.parametrize(
     ("spy", "method", "seeding", "calls"),
     [
-        (_BatchSpy, "get_batch", "auto", 2 * STEPS),
+        # A user's get_batch is used where samples are not seeded; under "auto" it is read
+        # per sample, seeded, as torch reads it (it may draw: only loaderkit's cannot).
+        (_BatchSpy, "get_batch", False, 2 * STEPS),
+        (_BatchSpy, "__getitem__", "auto", 2 * N),
         (_ItemsSpy, "__getitems__", False, 2 * STEPS),
         # Seeded per sample, but the read draws no randomness: still a whole batch per
         # call, as torch reads it (one index per call is only for reads that draw).
@@ -508,7 +511,7 @@ class _FailingBatch(_BatchSpy):
 
 def test_a_failing_get_batch_names_its_indices_as_plain_ints() -> None:
     with pytest.raises(WorkerError, match=r"indices \[0, 1, 2, 3\]") as info:
-        list(make(dataset=_FailingBatch(), shuffle=False))
+        list(make(dataset=_FailingBatch(), shuffle=False, per_sample_seeding=False))
     assert info.value.index == [0, 1, 2, 3]
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import (
     Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    default_collate,
     random_split,
 )
 
@@ -572,3 +573,75 @@ def test_a_getitems_drawing_randomness_per_batch_is_refused_naming_the_fix() -> 
         next(iter(loader))
     unseeded = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0, per_sample_seeding=False)
     assert len(next(iter(unseeded))) == 4
+
+
+class InitialSeedReader(Dataset[float]):
+    """Draws nothing from a global generator: reads ``torch.initial_seed()`` (issue 21.5)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> float:
+        rng = np.random.default_rng([torch.initial_seed() % 2**63, i])
+        return round(float(rng.random()), 6)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subset_reading_the_initial_seed_gets_new_values_each_epoch(num_workers: int) -> None:
+    # Second review of issue 21: a random_split's batch read under parked generators saw
+    # one fixed initial_seed(), the same values every epoch and for every seed=.
+    train, _ = random_split(InitialSeedReader(), [6, 2], generator=torch.Generator().manual_seed(0))
+
+    def epochs(seed: int) -> list[list[float]]:
+        loader = ResumableDataLoader(train, batch_size=3, seed=seed, num_workers=num_workers)
+        return [sorted(torch.cat(list(loader)).tolist()) for _ in range(2)]
+
+    first, second = epochs(0)
+    assert first != second
+    assert epochs(0) == [first, second] and epochs(1)[0] != first
+
+
+class UserGetBatch(Dataset[torch.Tensor]):
+    """A user's ``get_batch`` (not loaderkit's): its samples draw noise."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(float(i)) + torch.rand(())
+
+    def get_batch(self, indices: Any) -> Any:
+        return default_collate([self[int(i)] for i in indices])
+
+
+def test_a_user_get_batch_dataset_is_seeded_per_sample() -> None:
+    # Second review of issue 21: any get_batch turned per-sample seeding off, so the
+    # noise differed between num_workers 0 and 2 and after a resume.
+    def make(num_workers: int = 0) -> ResumableDataLoader:
+        return ResumableDataLoader(
+            UserGetBatch(), batch_size=4, shuffle=True, seed=0, num_workers=num_workers
+        )
+
+    full = [b.tolist() for b in make()]
+    assert [b.tolist() for b in make(2)] == full
+    cut = make()
+    it = iter(cut)
+    head = [next(it).tolist()]
+    resumed = make()
+    resumed.load_state_dict(cut.state_dict())
+    assert head + [b.tolist() for b in resumed] == full
+
+
+def test_a_getitems_read_is_refused_where_numpy_cannot_be_checked() -> None:
+    # Second review of issue 21: under a non-MT19937 numpy generator the batch-level
+    # __getitems__ was split per sample (zeros instead of [-1.5, -0.5, 0.5, 1.5]).
+    saved = np.random.get_state(legacy=False)
+    np.random.set_bit_generator(np.random.PCG64(0))
+    try:
+        loader = ResumableDataLoader(Centred(), batch_size=4, seed=0)
+        with pytest.raises(ValueError, match=r"numpy's global generator is not an MT19937.*"
+                           r"Pass per_sample_seeding=False"):  # fmt: skip
+            next(iter(loader))
+    finally:
+        np.random.set_bit_generator(np.random.MT19937(0))
+        np.random.set_state(saved)
