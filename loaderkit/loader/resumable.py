@@ -93,7 +93,6 @@ _FIXED_AFTER_INIT = frozenset(
         "persistent_workers",
         "num_workers",
         "collate_fn",
-        "worker_init_fn",
         "timeout",
         "generator",
         "multiprocessing_context",
@@ -500,7 +499,17 @@ class ResumableDataLoader:
         self._built = True
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIXED_AFTER_INIT and self.__dict__.get("_built", False):
+        if name == "worker_init_fn" and self.__dict__.get("_built", False):
+            # Lightning's seed_everything(workers=True) sets it before the first epoch: it
+            # runs in every worker started from now on (after loaderkit's seeding).
+            if value is not None and not callable(value):
+                raise TypeError(
+                    f"ResumableDataLoader: worker_init_fn must be callable or None, got "
+                    f"{value!r:.60}; pass a function taking the worker id."
+                )
+            self._use_workers(self._pool.num_workers)  # stops persistent workers, if any
+            self._pool = dataclasses.replace(self._pool, user_init=value)
+        elif name in _FIXED_AFTER_INIT and self.__dict__.get("_built", False):
             raise ValueError(
                 f"ResumableDataLoader: {name} cannot be set after the loader is built, got "
                 f"{name}={value!r:.60}; build a new ResumableDataLoader with {name}= passed to "

@@ -12,6 +12,7 @@ index lists was a bare ``TypeError``.
 
 from __future__ import annotations
 
+import functools
 import re
 import traceback
 import warnings
@@ -116,7 +117,6 @@ def times_100(batch: list[int]) -> torch.Tensor:
 
 ASSIGNED = {
     "collate_fn": times_100,
-    "worker_init_fn": print,
     "timeout": 5,
     "generator": torch.Generator(),
     "multiprocessing_context": "spawn",
@@ -261,3 +261,25 @@ def test_a_batch_of_nested_tensors_crosses_from_workers_by_torchs_path() -> None
         [t.tolist() for t in b.unbind()] for b in theirs
     ]
     assert loader.describe()["transport"]["torch_path_reasons"] == {"a nested tensor": 3}
+
+
+def _touch(folder: str, worker_id: int) -> None:
+    Path(folder, f"worker{worker_id}").touch()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_init_fn_assigned_later_runs_in_the_workers(
+    persistent: bool, tmp_path: Path
+) -> None:
+    # Lightning's seed_everything(workers=True) assigns loader.worker_init_fn before the
+    # first epoch: refusing it broke such scripts; ignoring it would drop their seeding.
+    loader = ResumableDataLoader(
+        list(range(4)), batch_size=2, num_workers=1, persistent_workers=persistent
+    )
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]  # workers started already
+    assert not list(tmp_path.iterdir())
+    loader.worker_init_fn = functools.partial(_touch, str(tmp_path))
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert [p.name for p in tmp_path.iterdir()] == ["worker0"]
+    with pytest.raises(TypeError, match=r"worker_init_fn must be callable or None, got 3"):
+        loader.worker_init_fn = 3
