@@ -28,6 +28,14 @@ settings.load_profile(os.environ.get("LOADERKIT_HYPOTHESIS_PROFILE", "quick"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Files with distributed, then slow tests first (stable otherwise; a file's tests stay
+    # together for its module fixtures): `make test`'s two processes take whole files in
+    # this order, so neither ends the run alone on a long one.
+    rank: dict[str, tuple[bool, bool]] = {}
+    for item in items:
+        key = ("distributed" not in item.keywords, "slow" not in item.keywords)
+        rank[item.path.as_posix()] = min(rank.get(item.path.as_posix(), key), key)
+    items.sort(key=lambda item: rank[item.path.as_posix()])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker); none is present")
