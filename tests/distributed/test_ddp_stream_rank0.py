@@ -6,7 +6,7 @@ Measured before: ``state_dict()`` gathered every rank's cursors with
 the peers' cursors from the process group's store; rank 1 never calls it.
 The oracle: for each rank, the first k batches plus the batches resumed from
 rank 0's step-k state equal the uninterrupted run, for k inside epoch 0, at
-its end and inside epoch 1, with ``num_workers`` 0 (and two of those k with 2).
+its end and inside epoch 1, with ``num_workers`` 0 (and the last k with 2).
 """
 
 from __future__ import annotations
