@@ -23,6 +23,7 @@ def _mkdocs_config() -> dict:
 
     # mkdocs.yml names Python objects (!!python/name:...), which safe_load refuses.
     Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    Loader.add_constructor("!relative", lambda *_: None)  # mkdocs' path tag
     return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
 
 
