@@ -192,15 +192,22 @@ def build_datamodule(target: str) -> Any:
     return require_datamodule(dm, target)
 
 
+def _engine_kind(loader: Any) -> str | None:
+    """A ResumableDataLoader's ``describe()["engine"]``; None for any other loader."""
+    from loaderkit.loader.resumable import ResumableDataLoader
+
+    return loader.describe()["engine"] if isinstance(loader, ResumableDataLoader) else None
+
+
 def _steps(loader: Any, world_size: int) -> int | None:
     """Batches per rank in epoch 0, or None when the loader cannot know."""
-    if getattr(loader, "_stream", None) is not None:
+    if _engine_kind(loader) == "stream":
         # A ResumableDataLoader over a StreamingShardedDataset: its plan is a one-sample
         # stand-in, so the epoch comes from the stream's limit (None: one pass).
         from loaderkit.lightning.datamodules._util import stream_epoch_steps
 
         return stream_epoch_steps(loader, world_size)
-    if getattr(loader, "_iterable", None) is not None:
+    if _engine_kind(loader) == "iterable":
         # An IterableDataset passed directly: DataLoader's length (from len(dataset)), on
         # one process only.
         if world_size != 1:
@@ -278,7 +285,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         for split, info in facts["splits"].items():
             loader = dm.loader(split, num_workers=0, pin_memory=False)
             info["batches_per_rank"] = _steps(loader, world_size)
-            info["stream"] = loader._stream is not None
+            info["stream"] = _engine_kind(loader) == "stream"
             if info["stream"]:
                 from loaderkit.lightning.datamodules._util import stream_refusal
 
@@ -299,7 +306,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
     dataset = getattr(loader, "dataset", None)
     resumable = isinstance(loader, ResumableDataLoader)
-    stream = resumable and loader._stream is not None
+    stream = _engine_kind(loader) == "stream"
     reason = (
         "the train loader is a loaderkit ResumableDataLoader: its position is saved in "
         "the checkpoint"
@@ -312,7 +319,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         from loaderkit.lightning.datamodules._util import stream_resume_reason
 
         reason = stream_resume_reason(dataset)
-    elif resumable and loader._iterable is not None:
+    elif _engine_kind(loader) == "iterable":
         # Says which method resumes it: the dataset's own state, or replay-and-skip.
         reason = (
             f"resume method {loader.describe()['resume']!r}: {loader.describe()['resume_reason']}"

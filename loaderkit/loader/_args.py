@@ -188,7 +188,7 @@ def check_worker_args(
             "this process may use, and excess workers slow loading or freeze the machine; "
             "lower num_workers, or pass num_workers='auto'.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=5,  # the caller of ResumableDataLoader(), through make_spec
         )
     return workers
 

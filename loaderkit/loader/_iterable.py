@@ -51,7 +51,6 @@ import copy
 import pickle
 import random
 import warnings
-import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
@@ -61,11 +60,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaderkit._callers import host_of
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
-from loaderkit.loader._host import LoaderHost
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
@@ -360,7 +358,7 @@ class _WorkerStreams(IterableDataset[Any]):
         self.drop_last = engine.drop_last
         self.collate = engine.collate_fn
         self.starts = starts
-        self.seed, self.epoch, self.rank = engine.loader.seed, epoch, rank
+        self.seed, self.epoch, self.rank = engine.host.seed, epoch, rank
         self._passes = 0  # a persistent worker's copy counts its passes
 
     @property
@@ -393,22 +391,25 @@ class _WorkerStreams(IterableDataset[Any]):
 class IterableEngine:
     """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
 
+    one_iterator = False
+
     def __init__(
         self,
-        loader: LoaderHost,
+        host: Host,
         dataset: Any,
         *,
+        plan: Any,
+        reseed: Callable[[int], Any] | None,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any],
     ) -> None:
-        # Weak: the loader holds this engine (a cycle would delay freeing workers).
-        self._loader = weakref.ref(loader)
+        self.host, self.plan, self._reseed = host, plan, reseed
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn
-        self.workers = max(loader.num_workers, 1)
+        self.workers = max(host.num_workers, 1)
         self._position = PlanCursor()
         self.complete = False  # every worker's stream of the current epoch ended
         # Per worker, as of its last batch handed out in the current epoch.
@@ -421,16 +422,6 @@ class IterableEngine:
         self.reported: int | None = None  # the len() given out, for DataLoader's warning
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
-
-    @property
-    def loader(self) -> LoaderHost:
-        loader = self._loader()
-        assert loader is not None, "the engine outlived its loader"
-        return loader
-
-    @property
-    def started(self) -> bool:
-        return self._position.started
 
     @property
     def epoch(self) -> int:
@@ -456,7 +447,7 @@ class IterableEngine:
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         if world_size > 1:
             raise LoaderkitError(
                 f"ResumableDataLoader: an IterableDataset passed directly runs on one process "
@@ -469,14 +460,15 @@ class IterableEngine:
                 "the same steps), or use ShardedDataset when sample counts are known."
             )
 
-    def iterate(self, run: Any) -> Generator[Any, None, None]:
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches; ``run`` is the iteration's place among the loader's."""
-        loader = self.loader
-        loader._settle_seed()
+        loader = self.host
+        settle_seed(loader, self)
         self.check_world()
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
+        loader.started = True
         records = self._starts(epoch, loaded)
         opened = None
         if primed is not None and start == 0 and loader.num_workers == 0:
@@ -528,8 +520,7 @@ class IterableEngine:
         return fresh
 
     def _objects_persist(self) -> bool:
-        loader = self.loader
-        return loader.num_workers == 0 or loader._pool.persistent
+        return self.host.num_workers == 0 or self.host.pool.persistent
 
     def _prime(self) -> None:
         """Open the in-process stream now, as ``DataLoader`` does at ``iter()``.
@@ -563,7 +554,7 @@ class IterableEngine:
         worker whose turn was next, while torch's iterator starts at worker 0, so
         up to one round of batches waits here.
         """
-        loader = self.loader
+        host = self.host
         pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
         while True:
             active = [w for w in range(self.workers) if not records[w]["ended"]]
@@ -586,13 +577,13 @@ class IterableEngine:
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
             records[worker] = {**after, "batches": before["batches"] + 1, "ended": False}
-            if loader._current is run:
+            if host.is_current(run):
                 # Only the current iteration moves the loader's position (see __iter__).
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
             yield pin_batch(batch) if pin and type(batch) is not FailedBatch else batch
-        if loader._current is run:
+        if host.is_current(run):
             self.complete = True
 
     def _check_length(self) -> None:
@@ -611,16 +602,15 @@ class IterableEngine:
     def _inner_loader(
         self, records: list[dict[str, Any]], epoch: int, resumed: bool
     ) -> DataLoader[Any]:
-        loader = self.loader
-        pool = loader._pool
-        rank, _ = loader._topology()
+        pool, seed = self.host.pool, self.host.seed
+        rank, _ = self.host.topology()
         if pool.persistent and not resumed:
             if self._inner is not None and self._inner_next == epoch:
                 return self._inner  # its workers start their next whole pass
             self.close()
             self._inner = pool.build(
                 _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-                seed=loader.seed,
+                seed=seed,
                 epoch=epoch,
                 rank=rank,
             )
@@ -629,7 +619,7 @@ class IterableEngine:
         # A resumed epoch (or no persistence): workers of its own, told where to start.
         return pool.build(
             _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-            seed=loader.seed,
+            seed=seed,
             epoch=epoch,
             rank=rank,
             persistent=False,
@@ -648,11 +638,35 @@ class IterableEngine:
         self._inner, self._inner_next = None, None
 
     # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        name, method = type(self.dataset).__name__, self.method()
+        if method == "state":
+            owner = name if is_stateful(self.dataset) else f"iter({name})"
+            reason = (
+                f"{owner} has state_dict()/load_state_dict(): each worker's state as of its "
+                "last batch handed out is saved and loaded (O(1) in the position); exact "
+                "under the same num_workers, on one process"
+            )
+        else:
+            reason = (
+                f"replay-and-skip: {name} has no state_dict()/load_state_dict(), so each "
+                "worker iterates its stream again and skips what it handed out (cost "
+                "grows with the position); exact for a deterministic stream (a replay "
+                "that differs is a StateMismatchError), under the same num_workers, on "
+                "one process. Give the dataset state_dict()/load_state_dict() to resume "
+                "in O(1)"
+            )
+        return {"engine": "iterable", "resume": method, "resume_reason": reason}
+
+    def adopt_seed(self, seed: int) -> None:
+        assert self._reseed is not None
+        self.plan = self._reseed(seed)
+
     def fingerprint(self) -> dict[str, Any]:
         dataset = type(self.dataset)
         return {
             "dataset": f"{dataset.__module__}.{dataset.__qualname__}",
-            "seed": self.loader.seed,
+            "seed": self.host.seed,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }
@@ -662,7 +676,7 @@ class IterableEngine:
         if self.held_batches is not None:
             held = self.held_batches()
         else:
-            held = host_of(self.loader).held_batches(self.loader) or 0
+            held = self.host.caller().held_batches(self.host.loader) or 0
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "
@@ -674,13 +688,13 @@ class IterableEngine:
         for worker, before, was_complete in list(self._history)[::-1][:held]:
             records[worker], complete = before, was_complete
             steps_done -= 1
-        loader = self.loader
+        loader = self.host
         if held == 0 and loader.num_workers == 0 and self._position.loaded(self) is None:
-            if self._primed is None and loader._awaiting_first_batch():
+            if self._primed is None and loader.awaiting_first_batch():
                 self._prime()
             if self._primed is not None:  # iter() was called: the state is the stream's start
                 epoch, records, complete, steps_done = self._primed[0], [self._primed[2]], False, 0
-        _, world_size = loader._topology()
+        _, world_size = loader.topology()
         return seal(
             {
                 "version": STATE_VERSION,
@@ -689,7 +703,7 @@ class IterableEngine:
                 "steps_done": steps_done,
                 "complete": complete,
                 "iterable": {**self.fingerprint(), "resume": self.method()},
-                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
                 "workers": [{k: r[k] for k in _RECORD} for r in records],
             },
             _FIELDS,
@@ -697,6 +711,7 @@ class IterableEngine:
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
+        self.host.supersede()
         owner = "ResumableDataLoader.load_state_dict"
         if not isinstance(state, dict):
             raise TypeError(
@@ -733,7 +748,7 @@ class IterableEngine:
                     "without the state."
                 )
         topo = state["topology"]
-        workers = self.loader.num_workers
+        workers = self.host.num_workers
         if topo.get("num_workers") != workers:
             raise StateMismatchError(
                 f"{owner}: the IterableDataset was saved with num_workers="

@@ -37,11 +37,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from loaderkit._callers import host_of
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
@@ -65,7 +64,7 @@ class _SlotBatches(IterableDataset[Any]):
         self.collate = engine.collate_fn
         self.per_sample = engine.per_sample_seeding
         self.steps = engine.steps  # per epoch, None: one pass
-        self.rank, self.world_size = engine.loader._topology()
+        self.rank, self.world_size = engine.host.topology()
         self.workers, self.rotation = engine.workers, rotation
         self.epoch, self.steps_done = engine.epoch, engine.steps_done
         self.cursors = list(engine.cursors)
@@ -123,25 +122,27 @@ class _SlotBatches(IterableDataset[Any]):
 class StreamEngine:
     """Epochs, cursors and state of a loader over a :class:`StreamingShardedDataset`."""
 
+    one_iterator = True  # the cursors are the loader's: a new iter() supersedes the old
+
     def __init__(
         self,
-        loader: LoaderHost,
+        host: Host,
         dataset: StreamingShardedDataset,
         *,
+        plan: Any,
+        reseed: Callable[[int], Any] | None,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any] | None,
         per_sample_seeding: bool,
     ) -> None:
-        # Weak: the loader holds this engine, and a reference cycle would leave
-        # persistent workers to the cycle collector (5 s join stall per worker).
-        self._loader = weakref.ref(loader)
+        self.host, self.plan, self._reseed = host, plan, reseed
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
-        self.workers = max(loader.num_workers, 1)
+        self.workers = max(host.num_workers, 1)
         # The epoch and this rank's batches handed out in it (its position), with the
         # same next-epoch and resume rules as map-style data; the slot cursors below
         # say where in the shards those batches end.
@@ -166,12 +167,6 @@ class StreamEngine:
         self._loaded_ranks: list[Any] | None = None
 
     @property
-    def loader(self) -> LoaderHost:
-        loader = self._loader()
-        assert loader is not None, "the engine outlived its loader"
-        return loader
-
-    @property
     def started(self) -> bool:
         return self._position.started
 
@@ -194,16 +189,16 @@ class StreamEngine:
 
     @property
     def seed(self) -> int:
-        return self.loader.seed
+        return self.host.seed
 
     @property
     def steps(self) -> int | None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         return self.dataset.epoch_steps(self.batch_size, world_size)
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         if world_size > 1 and not self.dataset.limited:
             raise LoaderkitError(
                 f"ResumableDataLoader: a StreamingShardedDataset without steps_per_epoch or "
@@ -231,10 +226,10 @@ class StreamEngine:
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
-        rank, world_size = self.loader._topology()
+        rank, world_size = self.host.topology()
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
-        fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
+        fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}
         round_ = agree_across_ranks(
             "ResumableDataLoader",
             fields,
@@ -244,6 +239,7 @@ class StreamEngine:
             rounds=self._rounds,
         )
         _, start, steps_done = self._position.begin(self)
+        self.host.started = True
         rotation = self.next_local
         if start == 0:
             if self.steps is None:  # a new pass; with a limit the streams go on
@@ -277,9 +273,9 @@ class StreamEngine:
             weakref.finalize(self, self._ring.retire)
         self._ring.publish(round_, self.epoch, steps_done, self._entry(self.cursors))
 
-    def iterate(self) -> Generator[Any, None, None]:
-        """One epoch's batches (a generator, like ``_planned.EpochIterator``'s)."""
-        self.loader._settle_seed()
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
+        """One epoch's batches (``run`` unused: a new iteration supersedes the old)."""
+        settle_seed(self.host, self)
         rotation = self._begin()
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size
@@ -292,8 +288,8 @@ class StreamEngine:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.loader.num_workers == 0:
-            yield from self._hand_out(iter(source), pin=self.loader.pin_memory)
+        if self.host.num_workers == 0:
+            yield from self._hand_out(iter(source), pin=self.host.pin_memory)
             return
         inner = self._inner_loader(source, rotation)
         workers = iter(inner)
@@ -303,7 +299,7 @@ class StreamEngine:
         except GeneratorExit:
             # Closed by a dropped iterator: the loader may be gone already (then so is
             # any reason to keep workers).
-            alive = self._loader() is not None
+            alive = self.host.alive()
             steps = self.steps if alive else None
             if self._inner is inner and steps is not None and self.steps_done >= steps:
                 # Every batch of the epoch was handed out; a consumer that stops at
@@ -357,15 +353,14 @@ class StreamEngine:
         self.complete = True
 
     def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
-        loader = self.loader
         if self._inner is not None and self._inner_next == self.epoch and rotation == 0:
             return self._inner  # persistent workers already at this epoch's cursors
         self.close()
-        rank, _ = loader._topology()
+        rank, _ = self.host.topology()
         # A resumed epoch that starts mid-turn needs its own workers: persistent
         # ones keep playing the slot they started with.
-        persistent = loader._pool.persistent and rotation == 0
-        inner = loader._pool.build(
+        persistent = self.host.pool.persistent and rotation == 0
+        inner = self.host.pool.build(
             source, seed=self.seed, epoch=self.epoch, rank=rank, persistent=persistent
         )
         if persistent:
@@ -385,7 +380,25 @@ class StreamEngine:
             stop_workers(inner, inner._iterator)
         self._inner, self._inner_next = None, None
 
+    def schedule(self) -> Any:
+        raise TypeError(
+            "ResumableDataLoader.sampler: a StreamingShardedDataset has no sample order "
+            "to list (its sizes are unknown); only set_epoch() applies to it."
+        )
+
     # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": "stream",
+            "resume": "cursors",
+            "resume_reason": "a cursor per (rank, worker) slot and open shard: exact under "
+            "the same world size and num_workers",
+        }
+
+    def adopt_seed(self, seed: int) -> None:
+        assert self._reseed is not None
+        self.plan = self._reseed(seed)
+
     def fingerprint(self) -> dict[str, Any]:
         return {
             **self.dataset.fingerprint(),
@@ -399,7 +412,7 @@ class StreamEngine:
         if self.held_batches is not None:
             held = self.held_batches()
         else:
-            held = host_of(self.loader).held_batches(self.loader) or 0
+            held = self.host.caller().held_batches(self.host.loader) or 0
         cursors, next_local = list(self.cursors), self.next_local
         steps_done, complete = self.steps_done, self.complete
         if held > len(self._history):
@@ -412,7 +425,7 @@ class StreamEngine:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
         mine = self._entry(cursors, next_local)
-        rank, world_size = self.loader._topology()
+        rank, world_size = self.host.topology()
         ranks = self._ranks(mine, rank, world_size, steps_done)
         return seal(
             {
@@ -422,7 +435,7 @@ class StreamEngine:
                 "steps_done": steps_done,
                 "complete": complete,
                 "stream": self.fingerprint(),
-                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
                 "ranks": ranks,
             },
             _FIELDS,
@@ -460,6 +473,7 @@ class StreamEngine:
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
+        self.host.supersede()
         owner = "ResumableDataLoader.load_state_dict"
         if not isinstance(state, dict):
             raise TypeError(
@@ -492,13 +506,13 @@ class StreamEngine:
                     f"{here.get(key)!r}. A stream resumes exactly only with the same shards and "
                     "settings; build the loader with the saved value or start without the state."
                 )
-        rank, world_size = self.loader._topology()
+        rank, world_size = self.host.topology()
         topo = state["topology"]
-        if topo != {"world_size": world_size, "num_workers": self.loader.num_workers}:
+        if topo != {"world_size": world_size, "num_workers": self.host.num_workers}:
             raise StateMismatchError(
                 f"{owner}: the stream was saved with world_size={topo.get('world_size')}, "
                 f"num_workers={topo.get('num_workers')}; this loader has world_size="
-                f"{world_size}, num_workers={self.loader.num_workers}. A stream's position is "
+                f"{world_size}, num_workers={self.host.num_workers}. A stream's position is "
                 "a cursor per (rank, worker) slot, which cannot be re-split: resume with the "
                 "saved topology, or use ShardedDataset (sample counts known) for an elastic "
                 "resume."
