@@ -13,8 +13,11 @@ import atexit
 import itertools
 import time
 import weakref
-from collections.abc import Generator, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
+
+from torch.utils.data import DataLoader
 
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
@@ -22,10 +25,19 @@ from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._workers import WorkerPool
+from loaderkit.loader._workers import WorkerPool, stop_workers
+from loaderkit.plan._cursor import PlanCursor
 from loaderkit.plan.samplers import _LenWatch
 
-__all__ = ["DDP_DEFAULT_SEED", "Engine", "EpochIterator", "Host", "Run", "settle_seed"]
+__all__ = [
+    "DDP_DEFAULT_SEED",
+    "Engine",
+    "EpochIterator",
+    "Host",
+    "Run",
+    "WorkerStreams",
+    "settle_seed",
+]
 
 # The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
 # script moved from it keeps its order.
@@ -209,6 +221,64 @@ class Host:
                 "Finish or drop (del) one of them before saving, or use one loader per "
                 "iterator."
             )
+
+
+class WorkerStreams:
+    """What the stream and iterable engines share: a position counted in batches, each
+    worker's own stream (persistent workers kept between whole epochs), and the last
+    hand-outs, to take back the batches a consumer holds unused (Lightning's prefetch)."""
+
+    def __init__(self, host: Host, plan: Any, reseed: Callable[[int], Any] | None) -> None:
+        self.host, self.plan, self._reseed = host, plan, reseed
+        self.workers = max(host.num_workers, 1)
+        self._position = PlanCursor()
+        self.complete = False  # the current epoch's streams ended
+        self._history: deque[Any] = deque(maxlen=16)
+        self._inner: DataLoader[Any] | None = None  # persistent workers between whole epochs
+        self._inner_next: int | None = None  # the epoch they would serve next
+        self.held_batches: Callable[[], int] | None = None  # else the host says
+
+    @property
+    def started(self) -> bool:
+        return self._position.started
+
+    @property
+    def epoch(self) -> int:
+        return self._position.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._position.set_epoch(epoch)
+
+    def adopt_seed(self, seed: int) -> None:
+        assert self._reseed is not None
+        self.plan = self._reseed(seed)
+
+    def held(self) -> int:
+        """Batches handed out that the consumer holds untrained (not consumed)."""
+        if self.held_batches is not None:
+            held = self.held_batches()
+        else:
+            held = self.host.caller().held_batches(self.host.loader) or 0
+        if held > len(self._history):
+            raise LoaderkitError(
+                f"ResumableDataLoader: the consumer holds {held} batches but only "
+                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
+                "save the state while the consumer holds at most that many batches."
+            )
+        return held
+
+    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
+        # Persistent workers ran ahead of what was handed out: they cannot serve on.
+        stop_workers(inner, workers)
+        if self._inner is inner:
+            self._inner, self._inner_next = None, None
+
+    def close(self) -> None:
+        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
+        inner = self._inner
+        if inner is not None and inner._iterator is not None:
+            stop_workers(inner, inner._iterator)
+        self._inner, self._inner_next = None, None
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:

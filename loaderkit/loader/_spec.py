@@ -19,7 +19,6 @@ from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, 
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
-from loaderkit.env import detect
 from loaderkit.loader._args import (
     check_auto_workers,
     check_sources,
@@ -102,18 +101,7 @@ def engine_kind(dataset: Any) -> Kind:
 
 def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
-    kind, a = engine_kind(dataset), dict(args)
-    if type(a["batch_sampler"]) is BatchSampler and (
-        a["batch_size"],
-        a["shuffle"],
-        a["sampler"],
-        a["drop_last"],
-    ) == (1, False, None, False):
-        # torch's BatchSampler only cuts its sampler's order into batches: the same as
-        # sampler=, batch_size=, drop_last=, which the plan resumes exactly.
-        given = a["batch_sampler"]
-        a.update(sampler=given.sampler, batch_size=given.batch_size, drop_last=given.drop_last)
-        a["batch_sampler"] = None
+    kind, a = engine_kind(dataset), _unwrap(args)
     check_torch_only_args(pin_memory_device=a["pin_memory_device"], in_order=a["in_order"])
     # batch_size=None: torch's unbatched loading, one sample per step; the plan deals
     # batches of one and the collate function sees each sample alone.
@@ -157,7 +145,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         seed_drawn=seeds["drawn"],
         rank=topology[0],
         world_size=topology[1],
-        **_workers(kind, dataset, a, topology),
+        **_workers(kind, dataset, a),
         timeout=a["timeout"],
         worker_init_fn=a["worker_init_fn"],
         multiprocessing_context=a["multiprocessing_context"],
@@ -167,6 +155,20 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         pin_memory_device=a["pin_memory_device"],
         in_order=a["in_order"],
     )
+
+
+def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size.
+
+    It only cuts its sampler's order into batches: the same as ``sampler=``,
+    ``batch_size=``, ``drop_last=``, which the plan resumes exactly.
+    """
+    a, given = dict(args), args["batch_sampler"]
+    defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
+    if type(given) is BatchSampler and defaults == (1, False, None, False):
+        a.update(sampler=given.sampler, batch_size=given.batch_size, drop_last=given.drop_last)
+        a["batch_sampler"] = None
+    return a
 
 
 def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
@@ -236,6 +238,15 @@ def _plan(
             drop_last=a["drop_last"],
             first_state=a["first_state"],
         )
+    elif (
+        isinstance(dataset, MixedDataset) and sampler is None and dataset.per_epoch != dataset.sizes
+    ):
+        # The mix's own plan: its weights decide what each epoch draws (a mix without
+        # weights, sources laid end to end, is read as any dataset, each sample once).
+        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
+        options = {"shuffle": a["shuffle"], "drop_last": a["drop_last"]}
+        reseed = partial(_mix_plan, dataset, batch_size, options)
+        plan = reseed(seed)
     else:
         check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
         plan = SamplePlan(
@@ -263,9 +274,7 @@ def _mix_plan(mix: MixedDataset, batch_size: int, options: dict[str, bool], seed
     return mix.plan(batch_size, seed=seed, **options)
 
 
-def _workers(
-    kind: Kind, dataset: Any, a: dict[str, Any], topology: tuple[int | None, int | None]
-) -> dict[str, Any]:
+def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
     """The worker settings, checked: ``workers``, ``auto``, ``pin`` and the seeding."""
     num_workers, per_sample_seeding = a["num_workers"], a["per_sample_seeding"]
     auto = isinstance(num_workers, str) and num_workers == "auto"
@@ -293,8 +302,6 @@ def _workers(
     unseeded = batch_fetch_is_faithful(dataset) or draws_nothing(dataset)
     per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
     per_sample = per_sample and kind != "iterable"
-    if topology != (None, None):
-        detect(rank=topology[0], world_size=topology[1])  # validates now, not at the first batch
     return {
         "workers": 0 if auto else workers,
         "auto": auto,

@@ -1,28 +1,13 @@
 """How :class:`~loaderkit.ResumableDataLoader` iterates a :class:`StreamingShardedDataset`.
 
-Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`),
-batches its stream and sends every batch with the slot's cursor after it;
-the main process records that cursor when it hands the batch out, so the
-state never includes what workers prefetched.
-
-Order: torch hands out the batches of an iterable dataset from workers in
-turn (0, 1, ..., skipping workers whose stream ended). A new epoch starts at
-worker 0. A resumed epoch starts at the slot whose turn was next, by letting
-worker ``w`` play slot ``(w + r) % workers``: the batches after a resume are
-the ones the uninterrupted run yields, in the same order. Persistent workers
-keep their own cursors across epochs and are reused only when the next epoch
-follows the last one completely; otherwise the workers are started afresh
-from the saved cursors.
-
-Under DDP, cursors are rank-local, yet rank 0's checkpoint must hold every
-rank's (Lightning writes only rank 0's, and every rank loads it). Each rank
-publishes its cursors into the process group's store as it hands a batch
-out, and :meth:`StreamEngine.state` reads the peers' for its own epoch and
-step (:mod:`._stream_ring`): the state is the same on every rank, and
-``state_dict()`` is never a collective, so rank 0 may call it alone. Where no
-store is reachable (ranks simulated with ``rank=``/``world_size=``), a state
-holds its own rank's cursors only, and loading it on another rank is a
-:class:`~loaderkit.errors.StateMismatchError`.
+Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`)
+and sends every batch with the slot's cursor after it; the main process records
+that cursor when it hands the batch out. Batches come from workers in turn, as
+torch hands out an iterable's; a resumed epoch starts at the slot whose turn was
+next. Under DDP each rank publishes its cursors into the process group's store
+(:mod:`._stream_ring`), so any rank's state holds every rank's and
+``state_dict()`` is never a collective; without a store, a state holds its own
+rank's cursors only.
 """
 
 from __future__ import annotations
@@ -30,7 +15,6 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
@@ -40,17 +24,29 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._engine import Host, Run, settle_seed
+from loaderkit.loader._engine import Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
-from loaderkit.loader._workers import guard_workers, stop_workers
+from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
+from loaderkit.plan._cursor import (
+    STATE_VERSION,
+    STREAM_FIELDS,
+    check_envelope,
+    check_settings,
+    seal,
+)
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
 
-_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
-_KEYS = (*_FIELDS, "checksum")
+OWNER = "ResumableDataLoader"
+_MISSING = (
+    "a state saved for map-style data cannot resume a stream. Pass what state_dict() returned."
+)
+_DIFFERS = (
+    "A stream resumes exactly only with the same shards and settings; build the "
+    "loader with the saved value or start without the state."
+)
 
 
 class _SlotBatches(IterableDataset[Any]):
@@ -119,7 +115,7 @@ class _SlotBatches(IterableDataset[Any]):
                 return
 
 
-class StreamEngine:
+class StreamEngine(WorkerStreams):
     """Epochs, cursors and state of a loader over a :class:`StreamingShardedDataset`."""
 
     one_iterator = True  # the cursors are the loader's: a new iter() supersedes the old
@@ -136,26 +132,19 @@ class StreamEngine:
         collate_fn: Callable[[list[Any]], Any] | None,
         per_sample_seeding: bool,
     ) -> None:
-        self.host, self.plan, self._reseed = host, plan, reseed
+        super().__init__(host, plan, reseed)
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
-        self.workers = max(host.num_workers, 1)
         # The epoch and this rank's batches handed out in it (its position), with the
         # same next-epoch and resume rules as map-style data; the slot cursors below
         # say where in the shards those batches end.
-        self._position = PlanCursor()
-        self.complete = False  # the pass of an epoch without a length ended
         self.cursors: list[Cursor | None] = [None] * self.workers  # None: start of the pass
         self.next_local = 0
         # (local slot, its cursor, next_local, complete) before each hand-out, to
         # take back batches a consumer holds unused (Lightning's prefetch).
-        self._history: deque[tuple[int, Cursor | None, int, bool]] = deque(maxlen=16)
-        self._inner: DataLoader[Any] | None = None
-        self._inner_next: int | None = None  # epoch persistent workers would serve next
-        self.held_batches: Callable[[], int] | None = None
         self._warned = False
         # Peers' cursors: the ring this rank publishes into (None without a store),
         # the comparison round of the current epoch start (None: no epoch compared
@@ -165,14 +154,6 @@ class StreamEngine:
         self._rounds = Rounds()  # this loader's comparisons; its channel names the ring
         self._round: int | None = None
         self._loaded_ranks: list[Any] | None = None
-
-    @property
-    def started(self) -> bool:
-        return self._position.started
-
-    @property
-    def epoch(self) -> int:
-        return self._position.epoch
 
     @property
     def steps_done(self) -> int:
@@ -219,9 +200,6 @@ class StreamEngine:
                 "for a fixed one."
             )
         return steps
-
-    def set_epoch(self, epoch: int) -> None:
-        self._position.set_epoch(epoch)
 
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
@@ -367,19 +345,6 @@ class StreamEngine:
             self._inner, self._inner_next = inner, None
         return inner
 
-    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-        # Persistent workers ran ahead of what was handed out: their cursors are stale.
-        stop_workers(inner, workers)
-        if self._inner is inner:
-            self._inner, self._inner_next = None, None
-
-    def close(self) -> None:
-        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
-        inner = self._inner
-        if inner is not None and inner._iterator is not None:
-            stop_workers(inner, inner._iterator)
-        self._inner, self._inner_next = None, None
-
     def schedule(self) -> Any:
         raise TypeError(
             "ResumableDataLoader.sampler: a StreamingShardedDataset has no sample order "
@@ -395,10 +360,6 @@ class StreamEngine:
             "the same world size and num_workers",
         }
 
-    def adopt_seed(self, seed: int) -> None:
-        assert self._reseed is not None
-        self.plan = self._reseed(seed)
-
     def fingerprint(self) -> dict[str, Any]:
         return {
             **self.dataset.fingerprint(),
@@ -408,19 +369,9 @@ class StreamEngine:
         }
 
     def state(self) -> dict[str, Any]:
-        # The batches the host (Lightning's prefetch) holds untrained are not consumed.
-        if self.held_batches is not None:
-            held = self.held_batches()
-        else:
-            held = self.host.caller().held_batches(self.host.loader) or 0
+        held = self.held()  # batches the consumer holds untrained are not consumed
         cursors, next_local = list(self.cursors), self.next_local
         steps_done, complete = self.steps_done, self.complete
-        if held > len(self._history):
-            raise LoaderkitError(
-                f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
-                "save the state while the consumer holds at most that many batches."
-            )
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
@@ -438,7 +389,7 @@ class StreamEngine:
                 "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
                 "ranks": ranks,
             },
-            _FIELDS,
+            STREAM_FIELDS,
         )
 
     def _entry(self, cursors: list[Cursor | None], next_local: int | None = None) -> dict[str, Any]:
@@ -475,37 +426,16 @@ class StreamEngine:
         """Resume at ``state``; returns the saved seed when it is adopted."""
         self.host.supersede()
         owner = "ResumableDataLoader.load_state_dict"
-        if not isinstance(state, dict):
-            raise TypeError(
-                f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
-                "state_dict() returned."
-            )
-        check_version(state, owner=owner)
-        missing = [k for k in _KEYS if k not in state]
-        unknown = sorted(set(state) - set(_KEYS))
-        if missing or unknown:
-            raise StateMismatchError(
-                f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
-                "map-style data cannot resume a stream. Pass what state_dict() returned."
-            )
-        check_seal(state, _FIELDS, owner=owner)
+        check_envelope(state, STREAM_FIELDS, owner=OWNER, hint=_MISSING)
         if state["kind"] != "stream":
             raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the state "
-                "of a loader over a StreamingShardedDataset."
+                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the "
+                "state of a loader over a StreamingShardedDataset."
             )
-        saved, here = dict(state["stream"]), self.fingerprint()
-        adopted = None
-        if adopt_seed and saved.get("seed") != here["seed"]:
-            adopted = saved["seed"]
-            here["seed"] = adopted
-        for key in sorted(set(saved) | set(here)):
-            if saved.get(key) != here.get(key):
-                raise StateMismatchError(
-                    f"{owner}: field {key!r} differs: saved {saved.get(key)!r}, here "
-                    f"{here.get(key)!r}. A stream resumes exactly only with the same shards and "
-                    "settings; build the loader with the saved value or start without the state."
-                )
+        saved = dict(state["stream"])
+        adopted = check_settings(
+            saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
+        )
         rank, world_size = self.host.topology()
         topo = state["topology"]
         if topo != {"world_size": world_size, "num_workers": self.host.num_workers}:

@@ -1,28 +1,7 @@
 """``ResumableDataLoader``: a DataLoader whose position is a point in the sample plan.
 
-Why it is built on ``torch.utils.data.DataLoader`` and not on torchdata's
-``StatefulDataLoader``: the plan (:mod:`loaderkit.plan.sample`) already decides every
-batch in the main process from ``(seed, epoch, position)``, so workers hold no
-state worth snapshotting; they only turn index batches into tensors.
-``StatefulDataLoader``'s worker snapshots would cost a round trip per state,
-replay stateless iterables from the start, and refuse a different
-``num_workers`` on resume. Here the state is two integers, resume is O(1) in
-the position, and ``num_workers`` or the world size may change.
-
-Three more choices, each answering a measured failure of Lightning 2.6 with
-torchdata 0.11 (``docs/design.md``):
-
-- Consumption is counted when a batch is handed to the caller, not when a
-  worker is asked for it, so prefetching never leaks into the state.
-- The epoch is fixed at the first ``next()``, not at ``iter()``: Lightning
-  creates the iterator before it calls ``set_epoch``.
-- The state has no rank in it (every rank is at the same position), so the
-  rank-0 checkpoint is right for all ranks.
-
-The class is deliberately *not* a ``torch.utils.data.DataLoader`` subclass:
-Lightning re-instantiates DataLoader subclasses to inject a
-``DistributedSampler``, which would throw the plan away. It splits across
-ranks itself (``rank``/``world_size``, detected from ``torch.distributed``).
+The front end validates its arguments into one spec and builds one engine
+(``docs/design.md``, "The loader: one spec, one engine"); after that it delegates.
 """
 
 from __future__ import annotations

@@ -765,3 +765,19 @@ def test_workers_start_by_forkserver_inside_a_process_group(tmp_path: Path) -> N
         assert sorted(int(i) for b in loader for i in b) == list(range(8))
     finally:
         dist.destroy_process_group()
+
+
+class _Refuses:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        raise ValueError("the row has no 'label' in its columns.")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_wrapped_dataset_error_ends_each_sentence_once(num_workers: int) -> None:
+    loader = ResumableDataLoader(_Refuses(), batch_size=2, num_workers=num_workers)
+    with pytest.raises(ValueError, match=r"in its columns\. The original traceback") as info:
+        next(iter(loader))
+    assert ".. The original" not in str(info.value)
