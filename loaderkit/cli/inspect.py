@@ -172,14 +172,21 @@ def build_datamodule(target: str) -> Any:
     return require_datamodule(dm, target)
 
 
+def _engine_kind(loader: Any) -> str | None:
+    """A ResumableDataLoader's ``describe()["engine"]``; None for any other loader."""
+    from loaderkit.loader.resumable import ResumableDataLoader
+
+    return loader.describe()["engine"] if isinstance(loader, ResumableDataLoader) else None
+
+
 def _steps(loader: Any, world_size: int) -> int | None:
     """Batches per rank in epoch 0, or None when the loader cannot know."""
-    if getattr(loader, "_stream", None) is not None:  # its plan is a one-sample stand-in
+    if _engine_kind(loader) == "stream":  # its plan is a one-sample stand-in
         from loaderkit.lightning.datamodules._util import stream_epoch_steps
 
         return stream_epoch_steps(loader, world_size)
     plan = getattr(loader, "plan", None)
-    if plan is not None and getattr(loader, "_iterable", None) is None:
+    if plan is not None and _engine_kind(loader) != "iterable":
         return int(plan.num_steps(0, start=0, world_size=world_size))
     if world_size != 1:  # an IterableDataset runs on one process
         return None
@@ -200,7 +207,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
     for split, info in facts["splits"].items():
         loader = dm.loader(split, num_workers=0, pin_memory=False)
         info["batches_per_rank"] = _steps(loader, world_size)
-        info["stream"] = loader._stream is not None
+        info["stream"] = _engine_kind(loader) == "stream"
         if info["stream"]:
             info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
     # Judged for the world size asked about, not the one of this process.
@@ -220,7 +227,7 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
     loader = dm.train_dataloader()
     dataset = getattr(loader, "dataset", None)
     resumable = isinstance(loader, ResumableDataLoader)
-    stream = resumable and loader._stream is not None
+    stream = _engine_kind(loader) == "stream"
     reason = (
         "the train loader is a loaderkit ResumableDataLoader: its position is saved in "
         "the checkpoint"
@@ -233,7 +240,7 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
         from loaderkit.lightning.datamodules._util import stream_resume_reason
 
         reason = stream_resume_reason(dataset)
-    elif resumable and loader._iterable is not None:
+    elif _engine_kind(loader) == "iterable":
         described = loader.describe()  # which method resumes it: the state, or replay
         reason = f"resume method {described['resume']!r}: {described['resume_reason']}"
         if world_size > 1:

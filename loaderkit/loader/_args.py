@@ -59,15 +59,7 @@ def check_sources(
             "them unset."
         )
     if iterable:
-        given = {"sampler": sampler, "batch_sampler": batch_sampler, "shuffle": shuffle}
-        for name, value in given.items():
-            if value not in (None, False):
-                raise ValueError(
-                    f"ResumableDataLoader: an IterableDataset takes no {name}, got "
-                    f"{name}={value!r} ({type(dataset).__name__} decides its own order, as "
-                    "with DataLoader); leave it unset and shuffle inside the dataset."
-                )
-        check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+        _check_iterable(dataset, sampler, batch_sampler, shuffle, drop_last)
         return 0
     if not stream and not callable(getattr(dataset, "__len__", None)):
         raise TypeError(
@@ -89,19 +81,39 @@ def check_sources(
             f"sampler ({type(sampler).__name__}); pass one or the other."
         )
     if batch_sampler is not None:
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
-            given["drop_last"] = drop_last
-            clash = ", ".join(
-                f"{k}={v!r}" for k, v in given.items() if v not in (None, False, 1) or v is True
-            )
-            raise ValueError(
-                "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
-                f"shuffle, sampler and drop_last, got {clash}; set those on the batch sampler's "
-                "plan and leave them at their defaults here."
-            )
-        check_resumable_sampler(batch_sampler, parameter="batch_sampler")
+        _check_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last)
     return size
+
+
+def _check_iterable(
+    dataset: Any, sampler: Any, batch_sampler: Any, shuffle: bool, drop_last: bool
+) -> None:
+    given = {"sampler": sampler, "batch_sampler": batch_sampler, "shuffle": shuffle}
+    for name, value in given.items():
+        if value not in (None, False):
+            raise ValueError(
+                f"ResumableDataLoader: an IterableDataset takes no {name}, got "
+                f"{name}={value!r} ({type(dataset).__name__} decides its own order, as "
+                "with DataLoader); leave it unset and shuffle inside the dataset."
+            )
+    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+
+
+def _check_batch_sampler(
+    batch_sampler: Any, batch_size: int | None, shuffle: bool, sampler: Any, drop_last: bool
+) -> None:
+    if batch_size != 1 or shuffle or sampler is not None or drop_last:
+        given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
+        given["drop_last"] = drop_last
+        clash = ", ".join(
+            f"{k}={v!r}" for k, v in given.items() if v not in (None, False, 1) or v is True
+        )
+        raise ValueError(
+            "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
+            f"shuffle, sampler and drop_last, got {clash}; set those on the batch sampler's "
+            "plan and leave them at their defaults here."
+        )
+    check_resumable_sampler(batch_sampler, parameter="batch_sampler")
 
 
 def check_worker_args(
@@ -124,24 +136,7 @@ def check_worker_args(
         owner="ResumableDataLoader",
         fix="use 0 to load in-process, or 'auto' to choose from measurement",
     )
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-        raise TypeError(
-            f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
-            f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
-        )
-    if not math.isfinite(timeout) or timeout < 0:
-        # nan compares false with everything (it meant "no timeout"); inf crashed in torch.
-        raise ValueError(
-            f"ResumableDataLoader: timeout must be a finite number of seconds >= 0, got "
-            f"{timeout}; pass e.g. timeout=60, or 0 to wait forever."
-        )
-    if timeout > 0 and workers == 0:
-        raise ValueError(
-            f"ResumableDataLoader: timeout={timeout} needs num_workers >= 1: it bounds the wait "
-            "for a worker process, and a batch loaded in this process (num_workers=0) cannot "
-            "be interrupted, so it would never apply; pass num_workers=1 (or more) to enforce "
-            "it, or timeout=0."
-        )
+    _check_timeout(timeout, workers)
     if prefetch_factor is not None:
         check_int(
             "prefetch_factor",
@@ -161,6 +156,25 @@ def check_worker_args(
             "ResumableDataLoader: persistent_workers=True needs num_workers > 0, got "
             "num_workers=0; pass num_workers=1 (or more), or persistent_workers=False."
         )
+    _check_choices(collate_fn, worker_init_fn, pin_memory, per_sample_seeding)
+    check_start_method(multiprocessing_context, workers)
+    cores = cpu_budget()
+    if workers > cores:
+        # Said once, at the caller's line; torch's own copy of it (at every epoch's
+        # worker start) is silenced in the workers' DataLoader.
+        warnings.warn(
+            f"ResumableDataLoader: num_workers={workers} is more than the {cores} CPU cores "
+            "this process may use, and excess workers slow loading or freeze the machine; "
+            "lower num_workers, or pass num_workers='auto'.",
+            UserWarning,
+            stacklevel=5,  # the caller of ResumableDataLoader(), through make_spec
+        )
+    return workers
+
+
+def _check_choices(
+    collate_fn: Any, worker_init_fn: Any, pin_memory: Any, per_sample_seeding: Any
+) -> None:
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(
@@ -178,19 +192,27 @@ def check_worker_args(
             "ResumableDataLoader: per_sample_seeding must be True, False or 'auto', got "
             f"{per_sample_seeding!r}; pass one of these."
         )
-    check_start_method(multiprocessing_context, workers)
-    cores = cpu_budget()
-    if workers > cores:
-        # Said once, at the caller's line; torch's own copy of it (at every epoch's
-        # worker start) is silenced in the workers' DataLoader.
-        warnings.warn(
-            f"ResumableDataLoader: num_workers={workers} is more than the {cores} CPU cores "
-            "this process may use, and excess workers slow loading or freeze the machine; "
-            "lower num_workers, or pass num_workers='auto'.",
-            UserWarning,
-            stacklevel=3,
+
+
+def _check_timeout(timeout: Any, workers: int) -> None:
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError(
+            f"ResumableDataLoader: timeout must be a number of seconds, got {timeout!r} "
+            f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
         )
-    return workers
+    if not math.isfinite(timeout) or timeout < 0:
+        # nan compares false with everything (it meant "no timeout"); inf crashed in torch.
+        raise ValueError(
+            f"ResumableDataLoader: timeout must be a finite number of seconds >= 0, got "
+            f"{timeout}; pass e.g. timeout=60, or 0 to wait forever."
+        )
+    if timeout > 0 and workers == 0:
+        raise ValueError(
+            f"ResumableDataLoader: timeout={timeout} needs num_workers >= 1: it bounds the wait "
+            "for a worker process, and a batch loaded in this process (num_workers=0) cannot "
+            "be interrupted, so it would never apply; pass num_workers=1 (or more) to enforce "
+            "it, or timeout=0."
+        )
 
 
 def check_torch_only_args(*, pin_memory_device: Any, in_order: Any) -> None:

@@ -1,28 +1,9 @@
 """``num_workers="auto"``: choose the worker count from the time the loop waits for data (private).
 
-A worker count only pays off when loading is a real part of the step: for a
-batch sliced from in-memory tensors, handing it between processes costs more
-than making it, and the in-process loader is fastest; for decoded images the
-training loop waits on ``__getitem__`` and workers hide it. Which case a run is
-in depends on the model's step as much as on the data, so it is measured in
-the run itself, not in a separate probe:
-
-1. The epoch starts in this process. Over the first batches the loader times
-   each batch's loading (the time the loop *waits*) and the time the loop
-   spends between batches (its *step*).
-2. If waiting is a small fraction of the step, loading stays in-process.
-   Otherwise enough workers to hide it start at the current position of the
-   plan (``ceil(1.25 * wait / step)``, at most the cores this process may use).
-3. Once they are warm, the step time with workers is compared with the step
-   time in-process; workers that do not shorten it by :data:`MIN_GAIN` are
-   stopped and loading goes back in-process.
-
-A ``timeout`` is refused with "auto": the in-process start could not keep it
-(nothing interrupts a ``__getitem__`` running in this process).
-
-The choice never changes *what* is loaded: the plan deals batches by position
-and per-sample seeding keys randomness by sample, so a switch mid-epoch yields
-the batches a fixed ``num_workers`` would have (tested). It only changes when.
+The epoch starts in this process; if the loop waits for data a real part of its
+step, workers start at the current plan position, and are kept only if they
+shorten the step by :data:`MIN_GAIN` (``docs/design.md``, "Choosing
+num_workers in the run"). The choice changes when batches are loaded, never which.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ class BatchFetcher:
             method = "__getitems__" if self.mode == "getitems" else "__getitem__"
             raise worker_error(
                 f"loading sample index {index} (epoch {epoch}) failed with "
-                f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
+                f"{_said(exc)}. The original traceback is chained above; fix the "
                 f"dataset's {method} for index {index}.",
                 index=index,
                 cause=type(exc),
@@ -232,7 +232,7 @@ class BatchFetcher:
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
             raise worker_error(
                 f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
-                f"{type(exc).__name__}: {exc}. The original traceback is chained above; fix the "
+                f"{_said(exc)}. The original traceback is chained above; fix the "
                 "dataset's batch read (get_batch / __getitems__) for these indices.",
                 index=shown,
                 cause=type(exc),
@@ -249,6 +249,11 @@ def per_sample_reads(dataset: Any) -> bool:
     if type(dataset) is Subset or isinstance(dataset, _Subset):
         return per_sample_reads(dataset.dataset)
     return False
+
+
+def _said(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, without a final period (the message adds its own)."""
+    return f"{type(exc).__name__}: {str(exc).rstrip('.')}"
 
 
 def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:

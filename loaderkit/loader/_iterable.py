@@ -1,47 +1,12 @@
 """How :class:`~loaderkit.ResumableDataLoader` iterates an ``IterableDataset`` passed directly.
 
-Private. The loader behaves as ``torch.utils.data.DataLoader`` does with an
-iterable dataset:
-
-- each worker iterates its own copy of the dataset, with
-  ``get_worker_info()`` showing its real ``id``, ``num_workers`` and that
-  copy as ``dataset`` (so a dataset that shards itself by worker info, as in
-  torch's docs, yields every sample once); ``worker_init_fn`` sees the same;
-- a worker takes ``batch_size`` samples per batch (a short last batch unless
-  ``drop_last``), or one sample per step with ``batch_size=None``;
-- batches are handed out in torch's order: workers in turn, by rounds
-  (worker 0's k-th batch, worker 1's k-th, ...), skipping workers whose
-  stream ended.
-
-Resume, by the most efficient exact method the dataset allows (the order of
-torchdata's ``StatefulDataLoader``, so datasets written for it work here):
-
-- *state*: the dataset or the iterator it returns implements
-  ``state_dict()``/``load_state_dict()``. Each worker sends its state after
-  every batch; the main process keeps the one of each worker's last batch
-  handed out, and a resumed worker loads it (dataset first, then
-  ``iter()``, then the iterator's). O(1) in the position.
-- *replay*: otherwise each worker iterates its stream again from the start
-  and skips the samples its handed-out batches held: O(position), and exact
-  only for a deterministic stream. That is checked: the worker compares a
-  digest of the last sample it skips with the one saved, and a stream that
-  replays differently (or ends early) is a :class:`StateMismatchError`, not
-  silently different data.
-
-The state records, per worker, the batches handed out, the samples they
-held, the digest and the states; the order after a resume follows from those
-counts (the next batch is the one of the lowest worker among those with the
-fewest batches), so the batches after a resume are the ones the
-uninterrupted run yields, in the same order. A state resumes only under the
-same ``num_workers`` (each worker's stream is its own: no way to re-split it)
-and batch size; anything else is a :class:`StateMismatchError`.
-
-One process only: torch does not split an iterable across ranks, so every
-rank would read all of it (each sample ``world_size`` times), or, if it splits
-itself by rank, ranks could step different numbers of times and hang DDP,
-and a checkpoint written by rank 0 would hold rank 0's positions only. Under
-``world_size > 1`` the loader raises and names the fix
-(``StreamingShardedDataset`` with ``steps_per_epoch``, or ``ShardedDataset``).
+Private. As ``torch.utils.data.DataLoader`` does: each worker iterates its own
+copy (``get_worker_info()`` as torch sets it), batches are handed out from the
+workers in turn. Resume uses the dataset's (or its iterator's)
+``state_dict()``/``load_state_dict()`` when it has them (O(1)), else replays
+each worker's stream and checks the last skipped sample's digest
+(``docs/design.md``, "Host contracts"). Same ``num_workers`` and one process
+only; anything else is a named error.
 """
 
 from __future__ import annotations
@@ -51,7 +16,6 @@ import copy
 import pickle
 import random
 import warnings
-import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
@@ -61,20 +25,32 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaderkit._callers import host_of
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.loader._engine import Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
-from loaderkit.loader._host import LoaderHost
-from loaderkit.loader._workers import guard_workers, stop_workers
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
+from loaderkit.loader._workers import guard_workers
+from loaderkit.plan._cursor import (
+    ITERABLE_FIELDS,
+    STATE_VERSION,
+    check_envelope,
+    check_settings,
+    seal,
+)
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch
 
 __all__ = ["IterableEngine", "is_stateful", "sample_digest"]
 
-_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "iterable", "topology", "workers")
-_KEYS = (*_FIELDS, "checksum")
+OWNER = "ResumableDataLoader"
+_MISSING = (
+    "the state was not saved by a loader over an IterableDataset. Pass what "
+    "state_dict() returned by a loader over the same dataset."
+)
+_DIFFERS = (
+    "An IterableDataset resumes exactly only with the same dataset and settings; "
+    "build the loader with the saved value or start without the state."
+)
 _RECORD = (
     "batches",
     "yielded",
@@ -249,32 +225,7 @@ def worker_batches(
         yield _END, worker, None, None
         return
     it = open_stream(dataset, start, worker, in_process=in_process) if opened is None else opened
-    yielded = int(start["yielded"])
-    # A dataset that is its own iterator is saved once, as the iterator.
-    stateful_dataset = is_stateful(dataset) and it is not dataset
-    stateful_iter = is_stateful(it)
-    # In a worker, randomness drawn from the global RNGs follows the position (the
-    # in-process RNGs are the caller's, which a resume must not move).
-    keep_rng = not in_process and (stateful_dataset or stateful_iter)
-
-    def state_of(obj: Any) -> Any:
-        # A worker's state is pickled on its way to the main process; in-process it must
-        # be copied, or the dataset's next batch would change the one kept.
-        state = obj.state_dict()
-        return copy.deepcopy(state) if in_process else state
-
-    failed, digest = int(start["failed"] or 0), start["digest"]
-
-    def record_after(samples: list[Any]) -> dict[str, Any]:
-        return {
-            "yielded": yielded,
-            "failed": failed,
-            "digest": sample_digest(samples[-1]) if samples else digest,
-            "dataset_state": state_of(dataset) if stateful_dataset else None,
-            "iterator_state": state_of(it) if stateful_iter else None,
-            "rng": rng_state() if keep_rng else None,
-        }
-
+    rec = _Recorder(dataset, it, start, in_process=in_process)
     while True:
         samples: list[Any] = []
         try:
@@ -282,25 +233,58 @@ def worker_batches(
         except Exception as exc:
             # Raised in the batch's place, as DataLoader does; the stream goes on (a
             # generator that raised has ended: its next pull is the end of the stream).
-            yielded, failed = yielded + len(samples), failed + 1
-            record = record_after(samples)
-            digest = record["digest"]
-            yield _BATCH, worker, record, FailedBatch(_stream_error(exc, worker, yielded))
+            rec.yielded, rec.failed = rec.yielded + len(samples), rec.failed + 1
+            record = rec.after(samples)
+            yield _BATCH, worker, record, FailedBatch(_stream_error(exc, worker, rec.yielded))
             continue
         if not samples or (len(samples) < batch_size and drop_last):
             break
-        yielded += len(samples)
+        rec.yielded += len(samples)
         try:
             batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
             batch = FailedBatch(exc)
-        record = record_after(samples)
-        digest = record["digest"]
-        yield _BATCH, worker, record, batch
+        yield _BATCH, worker, rec.after(samples), batch
         if len(samples) < batch_size:
             break
     # After the end: a dataset may count its epochs once its stream is exhausted.
-    yield _END, worker, {"dataset_state": state_of(dataset) if stateful_dataset else None}, None
+    yield _END, worker, {"dataset_state": rec.dataset_state()}, None
+
+
+class _Recorder:
+    """A worker's record after each batch: what the main process keeps once it hands it out."""
+
+    def __init__(self, dataset: Any, it: Any, start: dict[str, Any], *, in_process: bool) -> None:
+        self.dataset, self.it, self.in_process = dataset, it, in_process
+        self.yielded, self.failed = int(start["yielded"]), int(start["failed"] or 0)
+        self.digest = start["digest"]
+        # A dataset that is its own iterator is saved once, as the iterator.
+        self.stateful_dataset = is_stateful(dataset) and it is not dataset
+        self.stateful_iter = is_stateful(it)
+        # In a worker, randomness drawn from the global RNGs follows the position (the
+        # in-process RNGs are the caller's, which a resume must not move).
+        self.keep_rng = not in_process and (self.stateful_dataset or self.stateful_iter)
+
+    def _state(self, obj: Any) -> Any:
+        # A worker's state is pickled on its way to the main process; in-process it must
+        # be copied, or the dataset's next batch would change the one kept.
+        state = obj.state_dict()
+        return copy.deepcopy(state) if self.in_process else state
+
+    def dataset_state(self) -> Any:
+        return self._state(self.dataset) if self.stateful_dataset else None
+
+    def after(self, samples: list[Any]) -> dict[str, Any]:
+        if samples:
+            self.digest = sample_digest(samples[-1])
+        return {
+            "yielded": self.yielded,
+            "failed": self.failed,
+            "digest": self.digest,
+            "dataset_state": self.dataset_state(),
+            "iterator_state": self._state(self.it) if self.stateful_iter else None,
+            "rng": rng_state() if self.keep_rng else None,
+        }
 
 
 def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
@@ -360,7 +344,7 @@ class _WorkerStreams(IterableDataset[Any]):
         self.drop_last = engine.drop_last
         self.collate = engine.collate_fn
         self.starts = starts
-        self.seed, self.epoch, self.rank = engine.loader.seed, epoch, rank
+        self.seed, self.epoch, self.rank = engine.host.seed, epoch, rank
         self._passes = 0  # a persistent worker's copy counts its passes
 
     @property
@@ -390,51 +374,33 @@ class _WorkerStreams(IterableDataset[Any]):
         )
 
 
-class IterableEngine:
+class IterableEngine(WorkerStreams):
     """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
+
+    one_iterator = False
 
     def __init__(
         self,
-        loader: LoaderHost,
+        host: Host,
         dataset: Any,
         *,
+        plan: Any,
+        reseed: Callable[[int], Any] | None,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any],
     ) -> None:
-        # Weak: the loader holds this engine (a cycle would delay freeing workers).
-        self._loader = weakref.ref(loader)
+        super().__init__(host, plan, reseed)
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn
-        self.workers = max(loader.num_workers, 1)
-        self._position = PlanCursor()
-        self.complete = False  # every worker's stream of the current epoch ended
         # Per worker, as of its last batch handed out in the current epoch.
         self.records: list[dict[str, Any]] = [fresh_record() for _ in range(self.workers)]
-        self._history: deque[tuple[int, dict[str, Any], bool]] = deque(maxlen=16)
-        self._inner: DataLoader[Any] | None = None  # persistent workers between whole epochs
-        self._inner_next: int | None = None
-        self.held_batches: Callable[[], int] | None = None  # else the host says
         self.state_seen = False  # a worker reported an iterator state
         self.reported: int | None = None  # the len() given out, for DataLoader's warning
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
-
-    @property
-    def loader(self) -> LoaderHost:
-        loader = self._loader()
-        assert loader is not None, "the engine outlived its loader"
-        return loader
-
-    @property
-    def started(self) -> bool:
-        return self._position.started
-
-    @property
-    def epoch(self) -> int:
-        return self._position.epoch
 
     def epoch_length(self, epoch: int) -> int:
         """Batches in the current epoch as :class:`PlanCursor` asks a plan: the batches so
@@ -445,9 +411,6 @@ class IterableEngine:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
         return "state" if is_stateful(self.dataset) or self.state_seen else "replay"
 
-    def set_epoch(self, epoch: int) -> None:
-        self._position.set_epoch(epoch)
-
     def length(self) -> int:
         """Batches per epoch, as ``DataLoader`` counts them: from ``len(dataset)``."""
         size = len(self.dataset)  # TypeError without __len__, as with DataLoader
@@ -456,7 +419,7 @@ class IterableEngine:
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         if world_size > 1:
             raise LoaderkitError(
                 f"ResumableDataLoader: an IterableDataset passed directly runs on one process "
@@ -469,14 +432,15 @@ class IterableEngine:
                 "the same steps), or use ShardedDataset when sample counts are known."
             )
 
-    def iterate(self, run: Any) -> Generator[Any, None, None]:
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches; ``run`` is the iteration's place among the loader's."""
-        loader = self.loader
-        loader._settle_seed()
+        loader = self.host
+        settle_seed(loader, self)
         self.check_world()
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
+        loader.started = True
         records = self._starts(epoch, loaded)
         opened = None
         if primed is not None and start == 0 and loader.num_workers == 0:
@@ -528,8 +492,7 @@ class IterableEngine:
         return fresh
 
     def _objects_persist(self) -> bool:
-        loader = self.loader
-        return loader.num_workers == 0 or loader._pool.persistent
+        return self.host.num_workers == 0 or self.host.pool.persistent
 
     def _prime(self) -> None:
         """Open the in-process stream now, as ``DataLoader`` does at ``iter()``.
@@ -563,7 +526,7 @@ class IterableEngine:
         worker whose turn was next, while torch's iterator starts at worker 0, so
         up to one round of batches waits here.
         """
-        loader = self.loader
+        host = self.host
         pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
         while True:
             active = [w for w in range(self.workers) if not records[w]["ended"]]
@@ -586,13 +549,13 @@ class IterableEngine:
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
             records[worker] = {**after, "batches": before["batches"] + 1, "ended": False}
-            if loader._current is run:
+            if host.is_current(run):
                 # Only the current iteration moves the loader's position (see __iter__).
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
             yield pin_batch(batch) if pin and type(batch) is not FailedBatch else batch
-        if loader._current is run:
+        if host.is_current(run):
             self.complete = True
 
     def _check_length(self) -> None:
@@ -611,16 +574,15 @@ class IterableEngine:
     def _inner_loader(
         self, records: list[dict[str, Any]], epoch: int, resumed: bool
     ) -> DataLoader[Any]:
-        loader = self.loader
-        pool = loader._pool
-        rank, _ = loader._topology()
+        pool, seed = self.host.pool, self.host.seed
+        rank, _ = self.host.topology()
         if pool.persistent and not resumed:
             if self._inner is not None and self._inner_next == epoch:
                 return self._inner  # its workers start their next whole pass
             self.close()
             self._inner = pool.build(
                 _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-                seed=loader.seed,
+                seed=seed,
                 epoch=epoch,
                 rank=rank,
             )
@@ -629,58 +591,56 @@ class IterableEngine:
         # A resumed epoch (or no persistence): workers of its own, told where to start.
         return pool.build(
             _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-            seed=loader.seed,
+            seed=seed,
             epoch=epoch,
             rank=rank,
             persistent=False,
         )
 
-    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-        stop_workers(inner, workers)
-        if self._inner is inner:
-            self._inner, self._inner_next = None, None
-
-    def close(self) -> None:
-        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
-        inner = self._inner
-        if inner is not None and inner._iterator is not None:
-            stop_workers(inner, inner._iterator)
-        self._inner, self._inner_next = None, None
-
     # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        name, method = type(self.dataset).__name__, self.method()
+        if method == "state":
+            owner = name if is_stateful(self.dataset) else f"iter({name})"
+            reason = (
+                f"{owner} has state_dict()/load_state_dict(): each worker's state as of its "
+                "last batch handed out is saved and loaded (O(1) in the position); exact "
+                "under the same num_workers, on one process"
+            )
+        else:
+            reason = (
+                f"replay-and-skip: {name} has no state_dict()/load_state_dict(), so each "
+                "worker iterates its stream again and skips what it handed out (cost "
+                "grows with the position); exact for a deterministic stream (a replay "
+                "that differs is a StateMismatchError), under the same num_workers, on "
+                "one process. Give the dataset state_dict()/load_state_dict() to resume "
+                "in O(1)"
+            )
+        return {"engine": "iterable", "resume": method, "resume_reason": reason}
+
     def fingerprint(self) -> dict[str, Any]:
         dataset = type(self.dataset)
         return {
             "dataset": f"{dataset.__module__}.{dataset.__qualname__}",
-            "seed": self.loader.seed,
+            "seed": self.host.seed,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }
 
     def state(self) -> dict[str, Any]:
-        # The batches the host (Lightning's prefetch) holds untrained are not consumed.
-        if self.held_batches is not None:
-            held = self.held_batches()
-        else:
-            held = host_of(self.loader).held_batches(self.loader) or 0
-        if held > len(self._history):
-            raise LoaderkitError(
-                f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
-                "save the state while the consumer holds at most that many batches."
-            )
+        held = self.held()  # batches the consumer holds untrained are not consumed
         records, complete = list(self.records), self.complete
         epoch, steps_done = self.epoch, self._position.steps_done
         for worker, before, was_complete in list(self._history)[::-1][:held]:
             records[worker], complete = before, was_complete
             steps_done -= 1
-        loader = self.loader
+        loader = self.host
         if held == 0 and loader.num_workers == 0 and self._position.loaded(self) is None:
-            if self._primed is None and loader._awaiting_first_batch():
+            if self._primed is None and loader.awaiting_first_batch():
                 self._prime()
             if self._primed is not None:  # iter() was called: the state is the stream's start
                 epoch, records, complete, steps_done = self._primed[0], [self._primed[2]], False, 0
-        _, world_size = loader._topology()
+        _, world_size = loader.topology()
         return seal(
             {
                 "version": STATE_VERSION,
@@ -689,51 +649,28 @@ class IterableEngine:
                 "steps_done": steps_done,
                 "complete": complete,
                 "iterable": {**self.fingerprint(), "resume": self.method()},
-                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
                 "workers": [{k: r[k] for k in _RECORD} for r in records],
             },
-            _FIELDS,
+            ITERABLE_FIELDS,
         )
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
+        self.host.supersede()
         owner = "ResumableDataLoader.load_state_dict"
-        if not isinstance(state, dict):
-            raise TypeError(
-                f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
-                "state_dict() returned."
-            )
-        check_version(state, owner=owner)
-        missing = [k for k in _KEYS if k not in state]
-        unknown = sorted(set(state) - set(_KEYS))
-        if missing or unknown:
-            raise StateMismatchError(
-                f"{owner}: missing keys {missing}, unknown keys {unknown}; the state was not "
-                "saved by a loader over an IterableDataset. Pass what state_dict() returned by "
-                "a loader over the same dataset."
-            )
-        check_seal(state, _FIELDS, owner=owner)
+        check_envelope(state, ITERABLE_FIELDS, owner=OWNER, hint=_MISSING)
         if state["kind"] != "iterable":
             raise StateMismatchError(
                 f"{owner}: field 'kind' is {state['kind']!r}, expected 'iterable'; pass the "
                 "state of a loader over an IterableDataset."
             )
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
-        here = self.fingerprint()
-        adopted = None
-        if adopt_seed and saved.get("seed") != here["seed"]:
-            adopted = saved["seed"]
-            here["seed"] = adopted
-        for key in sorted(set(saved) | set(here)):
-            if saved.get(key) != here.get(key):
-                raise StateMismatchError(
-                    f"{owner}: field {key!r} differs: saved {saved.get(key)!r}, here "
-                    f"{here.get(key)!r}. An IterableDataset resumes exactly only with the same "
-                    "dataset and settings; build the loader with the saved value or start "
-                    "without the state."
-                )
+        adopted = check_settings(
+            saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
+        )
         topo = state["topology"]
-        workers = self.loader.num_workers
+        workers = self.host.num_workers
         if topo.get("num_workers") != workers:
             raise StateMismatchError(
                 f"{owner}: the IterableDataset was saved with num_workers="

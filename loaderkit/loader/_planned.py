@@ -1,149 +1,341 @@
-"""One epoch of a :class:`~loaderkit.ResumableDataLoader`: the in-process and the worker path.
+"""The engine of map-style data: a position in the sample plan (private).
 
-Private. The loader decides *which* batches (its plan and position); this
-module hands them out, counting each batch as consumed when the caller gets
-it, and stops worker processes as soon as an iteration can no longer yield.
+The plan decides *which* batches from ``(seed, epoch, position)``; this engine
+hands them out, in this process or from workers, counting each batch as
+consumed when the caller gets it, and saves and loads that position.
 """
 
 from __future__ import annotations
 
-import atexit
+import dataclasses
 import time
-import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any
+from zlib import crc32
 
-from loaderkit.loader._fetch import FailedBatch, seed_keys
-from loaderkit.loader._host import LoaderHost
+from torch.utils.data import DataLoader
+
+from loaderkit.data.mixing import MixedDataset
+from loaderkit.errors import StateMismatchError
+from loaderkit.loader._engine import Host, Run, settle_seed
+from loaderkit.loader._fetch import BatchFetcher, FailedBatch, KeyedDataset, KeySource, seed_keys
 from loaderkit.loader._workers import guard_workers, stop_workers
-from loaderkit.plan.sample import Schedule
+from loaderkit.plan._agree import Rounds, agree_across_ranks
+from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan.mix import MixBucketPlan, MixPlan
+from loaderkit.plan.sample import Plan, Schedule
 from loaderkit.transfer import pin_batch
 
-__all__ = ["EpochIterator", "Run", "describe_step", "run_epoch"]
+__all__ = ["PlanEngine", "describe_step"]
+
+OWNER = "ResumableDataLoader"
 
 
-class Run:
-    """One iteration's place among a loader's live iterations (no reference to its iterator).
+class PlanEngine:
+    """Epochs, batches and state of a loader over map-style data: a position in its plan."""
 
-    The loader's state is the position of its *current* run, the one that began
-    last; ``last`` (a tick of the loader's clock) says whether an older run kept
-    handing out batches after that, which would make a single saved position
-    ambiguous.
-    """
+    one_iterator = False
 
-    __slots__ = ("began", "finished", "last")
+    def __init__(
+        self,
+        host: Host,
+        *,
+        dataset: Any,
+        plan: Plan,
+        fetch: BatchFetcher,
+        reseed: Callable[[int], Plan] | None,
+    ) -> None:
+        self.host, self.dataset, self.fetch = host, dataset, fetch
+        self.plan = plan
+        self._reseed = reseed  # None: the plan's seed is the user's, never adopted
+        # Cached: state() runs every step under Lightning checkpointing.
+        self.fingerprint = plan.fingerprint()
+        self._skeleton: dict[str, Any] | None = None  # state()'s constant part
+        # The epoch of the current (or last) iteration, how far its order was
+        # consumed, how many steps this rank took in it, and what comes next.
+        self.cursor = PlanCursor()
+        self._keys = KeySource()
+        self._inner: DataLoader[Any] | None = None  # persistent workers' loader
+        self._rounds = Rounds()  # this loader's comparisons across ranks (plan/_agree.py)
 
-    def __init__(self) -> None:
-        self.began = 0  # the tick of its first batch; 0: not begun
-        self.last = 0  # the tick of its latest batch
-        self.finished = False
+    # ----------------------------------------------------------------- epochs
+    def length(self) -> int:
+        _, world_size = self.host.topology()
+        run, cursor, plan = self.host.live_run(), self.cursor, self.plan
+        if (
+            run is not None
+            and run.schedule is not None
+            and cursor.position < plan.epoch_length(cursor.epoch)
+        ):
+            whole = plan.num_steps(cursor.epoch, start=0, world_size=world_size)
+            exact = run.steps_before + run.schedule.num_steps
+        else:
+            epoch, start, steps_done = cursor.upcoming(plan)
+            whole = plan.num_steps(epoch, start=0, world_size=world_size)
+            exact = steps_done + plan.num_steps(epoch, start=start, world_size=world_size)
+        watch = self.host.len_watch
+        length = exact if watch.managed else max(whole, exact)
+        watch.answered(length)
+        return length
 
+    def set_epoch(self, epoch: int) -> None:
+        loaded = self.cursor.loaded(self.plan)
+        if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
+            return
+        self.cursor.set_epoch(epoch)
 
-class EpochIterator(Iterator[Any]):
-    """One epoch's iteration; decides its epoch at the first ``next()``.
+    def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
+        """Whether ``set_epoch(epoch)`` replaces a loaded position that resumes epoch
+        ``resumes`` (False: the position wins and the call is ignored)."""
+        restarting = self.host.caller().restarting_mid_epoch(self.host.loader)
+        if restarting is False:
+            # Lightning starts its epoch afresh (a loader cut short by
+            # limit_train_batches, or cycled by a CombinedLoader): the position is over.
+            return True
+        if restarting and epoch < resumes:
+            # Lightning replays its epoch start's set_epoch after this loader was
+            # cycled into a later epoch of its own, as the loaded position says.
+            return False
+        if not mid_epoch and not restarting:
+            return True  # nothing of the loaded epoch is left to lose
+        cursor = self.cursor
+        length = self.plan.epoch_length(cursor.epoch)
+        raise StateMismatchError(
+            f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
+            f"load_state_dict() is part-way through epoch {resumes} (position "
+            f"{cursor.position} of {length}); starting epoch {epoch} would silently discard "
+            f"that position and yield other samples than the saved run. Call "
+            f"set_epoch({resumes}) (or none) to resume the saved epoch; to start epoch {epoch} "
+            "from its beginning, do not load the state (build the loader with the saved "
+            "seed instead)."
+        )
 
-    Independent of the loader's other iterators, as ``DataLoader``'s are,
-    except where the loader marks it ``superseded`` (persistent workers, which
-    torch also resets, and streams, whose cursors are the loader's).
-    """
+    def schedule(self) -> Schedule:
+        """This rank's schedule of the next iteration (``loader.sampler`` lists it)."""
+        epoch, start, _ = self.cursor.upcoming(self.plan)
+        rank, world_size = self.host.topology()
+        return self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
 
-    def __init__(self, loader: LoaderHost) -> None:
-        self.loader = loader
-        self.run = Run()
-        _LIVE.add(self)
-        self.schedule: Schedule | None = None
-        self.steps_before = 0
-        self.superseded = False
-        self._batches: Generator[Any, None, None] | None = None
-
-    def __next__(self) -> Any:
-        asked = time.perf_counter()
-        loader = self.loader
-        if self.superseded:
-            raise RuntimeError(
-                "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict() (with persistent_workers=True the loader has one set of "
-                "workers, which torch's DataLoader also resets for each iter(); a stream's "
-                "cursors belong to the loader); iterate the loader again."
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
+        """Begin the next iteration (its epoch fixed now) and return its batches."""
+        settle_seed(self.host, self)
+        self._check_size()
+        rank, world_size = self.host.topology()
+        epoch, start, steps_done = self.cursor.upcoming(self.plan)
+        fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
+        fields |= {"position": start, "steps_done": steps_done}
+        agree_across_ranks(
+            OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
+        )
+        self._check_counted(epoch, steps_done, world_size)
+        epoch, start, steps_done = self.cursor.begin(self.plan)
+        self.host.started = True
+        sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        driven = self.host.caller().drives(self.host.loader)
+        self.host.len_watch.check(OWNER, epoch, steps_done + sched.num_steps, driven=driven)
+        if sched.num_steps == 0 and start > 0:
+            self.cursor.position = self.plan.epoch_length(epoch)  # a dropped tail: it is over
+        elif sched.num_steps == 0:
+            raise ValueError(
+                f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
+                f"batch on {world_size} rank(s) with this batch size and drop_last=True; "
+                "lower batch_size or set drop_last=False."
             )
-        if self._batches is None:
-            if loader._stream is not None:
-                self._batches = loader._stream.iterate()
-            elif loader._iterable is not None:
-                self._batches = loader._iterable.iterate(self.run)
-            else:
-                self.schedule, self.steps_before = loader._begin()
-                self._batches = run_epoch(loader, self.schedule, self.run)
-            loader._began(self)
-        try:
-            batch = next(self._batches)
-        except StopIteration:
-            self.run.finished = True
-            raise
-        loader._handed(self.run, time.perf_counter() - asked)
-        if type(batch) is FailedBatch:
-            # Raised in the batch's place; the next next() goes on with the epoch, as
-            # DataLoader's does. The traceback must not hold this iterator: an error the
-            # caller keeps would keep its workers running after the caller dropped it.
-            error = batch.error
-            del self, batch
-            try:
-                raise error
-            finally:
-                del error
-        return batch
+        run.schedule, run.steps_before = sched, steps_done
+        return run_epoch(self, sched, run)
 
-    @property
-    def begun(self) -> bool:
-        """Whether the first ``next()`` was called (it fixes the epoch)."""
-        return self._batches is not None
+    def _check_size(self) -> None:
+        # A sampler's plan counts the sampler's indices; its dataset size is kept apart.
+        built = getattr(self.plan, "dataset_size", self.plan.num_samples)
+        size = len(self.dataset)
+        if size != built:
+            # Else the plan (and any saved position) silently keeps the old length.
+            raise StateMismatchError(
+                f"ResumableDataLoader: the dataset has {size} samples now, {built} when the "
+                "loader was built; its plan (and any saved position) covers the old length, "
+                "so samples would be left out or indexed past the end. Build a new loader for "
+                "the new dataset (a dataset must not grow or shrink while a loader iterates it)."
+            )
 
-    def close(self) -> None:
-        """Stop this iteration (and its workers) now."""
-        if self._batches is not None:
-            self._batches.close()
+    def _check_counted(self, epoch: int, steps_done: int, world_size: int) -> None:
+        """Refuse a host whose count of the epoch's batches disagrees with the position
+        (it would end the epoch early or late)."""
+        counted = self.host.caller().batches_done(self.host.loader)
+        if counted is None or counted == steps_done:
+            return
+        loaded = self.cursor.loaded(self.plan)
+        # Loaded at the end of `epoch`, which Lightning (see epoch_meant) still trains.
+        ended = loaded is not None and not loaded[1] and loaded[0] == epoch + 1
+        if ended and counted == self.plan.num_steps(epoch, start=0, world_size=world_size):
+            # Lightning records a max_steps stop at an epoch's last batch as processed
+            # but not completed, and on restore runs one more batch in that epoch.
+            raise StateMismatchError(
+                f"ResumableDataLoader: the checkpoint was written when the run stopped "
+                f"exactly at the end of epoch {epoch} (max_steps, or a stop after the "
+                f"epoch's last batch, before Lightning closed the epoch): Lightning "
+                f"restores it counting all {counted} batches of epoch {epoch} as done "
+                "yet runs one more batch in that epoch, which would add a batch the "
+                "uninterrupted run never trained (it does so with any loader). Resume "
+                "from a checkpoint saved during training (ModelCheckpoint("
+                "every_n_train_steps=...)) or at an epoch's end by max_epochs, or stop "
+                "at a max_steps that is not a multiple of the epoch length."
+            )
+        raise StateMismatchError(
+            f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
+            f"{epoch} as done, but the loader's position is {steps_done} batches into it "
+            f"(on {world_size} rank(s)), so Lightning would end the epoch "
+            f"{abs(counted - steps_done)} batches early or late, silently skipping or "
+            "repeating samples. Resumed on a different number of ranks: add "
+            "Trainer(callbacks=[loaderkit.ElasticResume()]); otherwise restore the loader "
+            "from the same checkpoint as the trainer (trainer.fit(..., ckpt_path=...))."
+        )
+
+    def rest_of_epoch(self, epoch: int, position: int) -> Schedule:
+        """This rank's schedule for the rest of ``epoch`` from the global ``position``."""
+        rank, world_size = self.host.topology()
+        return self.plan.schedule(epoch, start=position, rank=rank, world_size=world_size)
+
+    def use_workers(self, count: int) -> None:
+        """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
+        if self._inner is not None:
+            # Persistent workers of the old count: stop them now, not at garbage collection.
+            inner, self._inner = self._inner, None
+            if inner._iterator is not None:
+                stop_workers(inner, inner._iterator)
+        self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
+
+    def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
+        """The worker DataLoader of one epoch's schedule.
+
+        Persistent workers serve one iteration at a time (a new ``iter()``
+        supersedes the old); otherwise each iteration gets its own DataLoader
+        and key source, so live iterators stay independent.
+        """
+        rank, _ = self.host.topology()
+        pool, seed = self.host.pool, self.host.seed
+        if not pool.persistent:
+            keys = KeySource()
+            keys.schedule = sched
+            return pool.build(
+                KeyedDataset(self.fetch, self.plan.num_samples),
+                seed=seed,
+                epoch=sched.epoch,
+                rank=rank,
+                batch_sampler=keys,  # yields (epoch, indices) keys, not index lists
+            )
+        self._keys.schedule = sched
+        if self._inner is None:
+            self._inner = pool.build(
+                KeyedDataset(self.fetch, self.plan.num_samples),
+                seed=seed,
+                epoch=sched.epoch,
+                rank=rank,
+                batch_sampler=self._keys,
+            )
+        else:  # workers stopped since (a failure, a dropped iterator) restart keyed to this epoch
+            self._inner.worker_init_fn = pool.init_fn(seed, sched.epoch, rank)
+        return self._inner
+
+    # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        if isinstance(self.dataset, MixedDataset):
+            info["mix"] = self._describe_mix(self.dataset)
+        return {
+            **info,
+            "engine": "plan",
+            "resume": "position",
+            "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
+            "and world size",
+        }
+
+    def _describe_mix(self, mix: MixedDataset) -> dict[str, Any]:
+        """``describe()["mix"]``: the mix at the epoch this loader iterates (or starts next)."""
+        cursor = self.cursor
+        epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
+        applied = isinstance(self.plan, MixPlan | MixBucketPlan)
+        info: dict[str, Any] = {"epoch": epoch, "applied": applied, **mix.describe(epoch)}
+        if not applied:
+            info["reason"] = (
+                f"the loader's plan is a {type(self.plan).__name__}, not the mix's: each sample "
+                "is read once per epoch and the weights are ignored; pass "
+                "batch_sampler=mix.batch_sampler(batch_size, seed=...) (or "
+                "mix.bucket_batch_sampler(...))"
+            )
+        return info
+
+    def state(self) -> dict[str, Any]:
+        skeleton = self._skeleton
+        if skeleton is None:
+            _, world_size = self.host.topology()
+            skeleton = self.cursor.state(
+                self.fingerprint, world_size=world_size, num_workers=self.host.num_workers
+            )
+            if self.host.topology_cache is not None:  # the topology is fixed from here on
+                self._skeleton = skeleton
+        # A shallow copy: the nested plan/topology dicts are shared between the states
+        # returned (read-only, like the tensors of a torch state_dict); this runs every step.
+        state = skeleton.copy()
+        cursor = self.cursor
+        epoch, position, steps_done = cursor.epoch, cursor.position, cursor.steps_done
+        state["epoch"], state["position"], state["steps_done"] = epoch, position, steps_done
+        # The constant fields' digests are the skeleton's; only the position's change
+        # (inlined field_digest).
+        checksum = skeleton["checksum"].copy()
+        checksum["epoch"] = crc32(b"epoch=%d" % epoch)
+        checksum["position"] = crc32(b"position=%d" % position)
+        checksum["steps_done"] = crc32(b"steps_done=%d" % steps_done)
+        state["checksum"] = checksum
+        return state
+
+    def load(self, state: Any, *, adopt_seed: bool) -> int | None:
+        """Resume at ``state``; returns the saved seed when it is adopted."""
+        # Only a plan the loader built can be rebuilt with the saved seed; any other
+        # plan's seed is the user's explicit choice, and a different saved one is a mismatch.
+        adopt = ("seed",) if adopt_seed and self._reseed is not None else ()
+        loaded = self.cursor.load(state, self.plan, owner=OWNER, adopt=adopt)
+        saved_seed, adopted = loaded["plan"]["seed"], None
+        if saved_seed != self.host.seed and self._reseed is not None:
+            self.adopt_seed(saved_seed)
+            adopted = saved_seed
+        self.host.supersede()
+        return adopted
+
+    def adopt_seed(self, seed: int) -> None:
+        assert self._reseed is not None
+        self.host.seed, self.host.seed_drawn = seed, False
+        self.plan = self._reseed(seed)
+        self.fetch.seed = seed
+        self.fingerprint = self.plan.fingerprint()
+        self._skeleton = None
+        self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
 
 
-# Every iterator not yet collected, closed at interpreter exit (see _close_at_exit).
-_LIVE: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Stop the workers of iterations still open at exit, as torch's own iterators do.
-
-    Left to interpreter teardown, an abandoned iteration's generator was finalized
-    after the module globals its cleanup calls had been cleared, and printed
-    tracebacks on stderr. Here every module is still whole.
-    """
-    for iterator in list(_LIVE):
-        iterator.close()
-
-
-def run_epoch(loader: LoaderHost, sched: Schedule, run: Run) -> Generator[Any, None, None]:
-    # A function, not an EpochIterator method: the generator must not
-    # reference the iterator that owns it (see ResumableDataLoader._live).
-    cursor = loader._cursor
+def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:
+    # A function, not an iterator method: the generator must not reference the
+    # iterator that owns it (see Host.live).
+    cursor, host = engine.cursor, engine.host
 
     def consumed(position: int) -> None:
         # Only the current run moves the loader's position; an older live iterator
         # yields its own epoch without touching it (as a second DataLoader iterator does).
-        if loader._current is run:
+        if host.is_current(run):
             cursor.consumed(position)
 
-    if loader._auto is not None and not loader._auto.settled:
-        yield from _run_auto(loader, sched, consumed)
+    if host.auto is not None and not host.auto.settled:
+        yield from _run_auto(engine, sched, consumed)
         return
-    for step, batch in _batches(loader, sched):
+    for step, batch in _batches(engine, sched):
         consumed(sched.position_after(step))
         yield batch
 
 
-def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
+def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
     """``(step, batch)`` of ``sched``, in this process or from the loader's workers."""
-    if loader.num_workers == 0:
-        fetch, pin = loader._fetch, loader.pin_memory
+    host = engine.host
+    if host.num_workers == 0:
+        fetch, pin = engine.fetch, host.pin_memory
         for step in range(sched.num_steps):
             try:
                 batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
@@ -153,25 +345,24 @@ def _batches(loader: LoaderHost, sched: Schedule) -> Generator[tuple[int, Any], 
                 batch = pin_batch(batch) if pin else batch
             yield step, batch
         return
-    inner = loader._inner_loader(sched)
+    inner = engine.inner_loader(sched)
     workers = iter(inner)
     try:
         # Task k of torch's worker iterator is step k of the schedule (keys in order).
         yield from enumerate(guard_workers(workers, partial(describe_step, sched)))
     except GeneratorExit:
-        if not loader._pool.persistent:
+        if not host.pool.persistent:
             stop_workers(inner, workers)
         raise
     except BaseException:
-        # A worker's exception holds torch's worker iterator in a reference
-        # cycle through its traceback: without this, the workers live until
-        # the cycle collector runs, then stall 5 s each in join().
+        # A worker's exception holds torch's worker iterator in a reference cycle
+        # through its traceback: stop the workers now, not when the cycle is collected.
         stop_workers(inner, workers)
         raise
 
 
 def _run_auto(
-    loader: LoaderHost, sched: Schedule, consumed: Callable[[int], None]
+    engine: PlanEngine, sched: Schedule, consumed: Callable[[int], None]
 ) -> Generator[Any, None, None]:
     """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch boundary.
 
@@ -179,10 +370,10 @@ def _run_auto(
     (as a resume with another ``num_workers`` would): batches the old workers
     had prefetched are dropped, never handed out, so nothing repeats or skips.
     """
-    auto = loader._auto
+    auto = engine.host.auto
     assert auto is not None
     while True:
-        source = _batches(loader, sched)
+        source = _batches(engine, sched)
         switch_to: int | None = None
         asked = time.perf_counter()
         for step, batch in source:
@@ -200,9 +391,9 @@ def _run_auto(
         else:
             return
         source.close()
-        loader._use_workers(switch_to)
+        engine.use_workers(switch_to)
         # The rest of the epoch, dealt from the position reached (as a resume deals it).
-        sched = loader._rest_of_epoch(sched.epoch, position)
+        sched = engine.rest_of_epoch(sched.epoch, position)
 
 
 def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:

@@ -1,31 +1,10 @@
 """Batches from worker processes through reused shared-memory slots (private).
 
-Used only by ``_workers.py``. torch sends every tensor of every batch through
-its own new shared-memory segment (created, its file descriptor passed over a
-socket, mapped, unmapped), which at num_workers=2 caps a loader at a few
-thousand small batches a second. Here each worker owns ``prefetch_factor + 2``
-slots: shared-memory arenas it creates on first use (sized from the batch,
-re-created larger when one does not fit) and sends to the main process once.
-A batch is then pickled with its tensors replaced by ``(offset, dtype, shape)``
-in a free slot of that worker; only this small skeleton and the slot's number
-cross torch's result queue. The main process copies the tensors out (into
-pinned memory when the loader pins) while it unpickles the result, then marks
-the slot free in a shared flag array: a worker only writes a slot whose flag
-the main process cleared after copying it out.
-
-Why the worker, not the main process, creates the arenas: the size of a
-batch is first known in the worker, and a new arena then travels with the
-batch that needs it, with no second channel. torch's default sharing
-strategy (``file_descriptor``) unlinks a segment from ``/dev/shm`` as soon as
-it is created, so an arena is freed when the last process mapping it lets
-go: a killed worker leaves nothing behind, and the main process unmaps its
-copies when that iterator's workers stop (:meth:`Transport.close`), or at the
-latest when the iterator is collected.
-
-What does not fit a slot (a tensor subclass, a nested, sparse or quantized
-tensor, one that requires grad, one on another device, a batch that does not pickle
-without torch's reducers, or no free slot) goes through torch's own path,
-counted in :class:`TransportStats` (``ResumableDataLoader.describe()``).
+Used only by ``_workers.py`` (``docs/design.md``, "Worker transport"): each
+worker owns ``prefetch_factor + 2`` slots, shared-memory arenas it creates and
+sends once; a batch crosses as a small skeleton naming its slot, and the main
+process copies the tensors out and frees the slot. What does not fit a slot
+goes through torch's own path, counted in :class:`TransportStats`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """How :class:`~loaderkit.ResumableDataLoader` iterates a :class:`StreamingShardedDataset`.
 
-Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`),
-batches its stream and sends every batch with the slot's cursor after it;
-the main process records that cursor when it hands the batch out, so the
-state never includes what workers prefetched.
-
-Order: torch hands out the batches of an iterable dataset from workers in
-turn (0, 1, ..., skipping workers whose stream ended). A new epoch starts at
-worker 0. A resumed epoch starts at the slot whose turn was next, by letting
-worker ``w`` play slot ``(w + r) % workers``: the batches after a resume are
-the ones the uninterrupted run yields, in the same order. Persistent workers
-keep their own cursors across epochs and are reused only when the next epoch
-follows the last one completely; otherwise the workers are started afresh
-from the saved cursors.
-
-Under DDP, cursors are rank-local, yet rank 0's checkpoint must hold every
-rank's (Lightning writes only rank 0's, and every rank loads it). Each rank
-publishes its cursors into the process group's store as it hands a batch
-out, and :meth:`StreamEngine.state` reads the peers' for its own epoch and
-step (:mod:`._stream_ring`): the state is the same on every rank, and
-``state_dict()`` is never a collective, so rank 0 may call it alone. Where no
-store is reachable (ranks simulated with ``rank=``/``world_size=``), a state
-holds its own rank's cursors only, and loading it on another rank is a
-:class:`~loaderkit.errors.StateMismatchError`.
+Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`)
+and sends every batch with the slot's cursor after it; the main process records
+that cursor when it hands the batch out. Batches come from workers in turn, as
+torch hands out an iterable's; a resumed epoch starts at the slot whose turn was
+next. Under DDP each rank publishes its cursors into the process group's store
+(:mod:`._stream_ring`), so any rank's state holds every rank's and
+``state_dict()`` is never a collective; without a store, a state holds its own
+rank's cursors only.
 """
 
 from __future__ import annotations
@@ -30,28 +15,38 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from loaderkit._callers import host_of
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._host import LoaderHost
+from loaderkit.loader._engine import Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
-from loaderkit.loader._workers import guard_workers, stop_workers
+from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_seal, check_version, seal
+from loaderkit.plan._cursor import (
+    STATE_VERSION,
+    STREAM_FIELDS,
+    check_envelope,
+    check_settings,
+    seal,
+)
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
 
-_FIELDS = ("version", "kind", "epoch", "steps_done", "complete", "stream", "topology", "ranks")
-_KEYS = (*_FIELDS, "checksum")
+OWNER = "ResumableDataLoader"
+_MISSING = (
+    "a state saved for map-style data cannot resume a stream. Pass what state_dict() returned."
+)
+_DIFFERS = (
+    "A stream resumes exactly only with the same shards and settings; build the "
+    "loader with the saved value or start without the state."
+)
 
 
 class _SlotBatches(IterableDataset[Any]):
@@ -65,7 +60,7 @@ class _SlotBatches(IterableDataset[Any]):
         self.collate = engine.collate_fn
         self.per_sample = engine.per_sample_seeding
         self.steps = engine.steps  # per epoch, None: one pass
-        self.rank, self.world_size = engine.loader._topology()
+        self.rank, self.world_size = engine.host.topology()
         self.workers, self.rotation = engine.workers, rotation
         self.epoch, self.steps_done = engine.epoch, engine.steps_done
         self.cursors = list(engine.cursors)
@@ -120,41 +115,36 @@ class _SlotBatches(IterableDataset[Any]):
                 return
 
 
-class StreamEngine:
+class StreamEngine(WorkerStreams):
     """Epochs, cursors and state of a loader over a :class:`StreamingShardedDataset`."""
+
+    one_iterator = True  # the cursors are the loader's: a new iter() supersedes the old
 
     def __init__(
         self,
-        loader: LoaderHost,
+        host: Host,
         dataset: StreamingShardedDataset,
         *,
+        plan: Any,
+        reseed: Callable[[int], Any] | None,
         batch_size: int,
         drop_last: bool,
         collate_fn: Callable[[list[Any]], Any] | None,
         per_sample_seeding: bool,
     ) -> None:
-        # Weak: the loader holds this engine, and a reference cycle would leave
-        # persistent workers to the cycle collector (5 s join stall per worker).
-        self._loader = weakref.ref(loader)
+        super().__init__(host, plan, reseed)
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
-        self.workers = max(loader.num_workers, 1)
         # The epoch and this rank's batches handed out in it (its position), with the
         # same next-epoch and resume rules as map-style data; the slot cursors below
         # say where in the shards those batches end.
-        self._position = PlanCursor()
-        self.complete = False  # the pass of an epoch without a length ended
         self.cursors: list[Cursor | None] = [None] * self.workers  # None: start of the pass
         self.next_local = 0
         # (local slot, its cursor, next_local, complete) before each hand-out, to
         # take back batches a consumer holds unused (Lightning's prefetch).
-        self._history: deque[tuple[int, Cursor | None, int, bool]] = deque(maxlen=16)
-        self._inner: DataLoader[Any] | None = None
-        self._inner_next: int | None = None  # epoch persistent workers would serve next
-        self.held_batches: Callable[[], int] | None = None
         self._warned = False
         # Peers' cursors: the ring this rank publishes into (None without a store),
         # the comparison round of the current epoch start (None: no epoch compared
@@ -164,20 +154,6 @@ class StreamEngine:
         self._rounds = Rounds()  # this loader's comparisons; its channel names the ring
         self._round: int | None = None
         self._loaded_ranks: list[Any] | None = None
-
-    @property
-    def loader(self) -> LoaderHost:
-        loader = self._loader()
-        assert loader is not None, "the engine outlived its loader"
-        return loader
-
-    @property
-    def started(self) -> bool:
-        return self._position.started
-
-    @property
-    def epoch(self) -> int:
-        return self._position.epoch
 
     @property
     def steps_done(self) -> int:
@@ -194,16 +170,16 @@ class StreamEngine:
 
     @property
     def seed(self) -> int:
-        return self.loader.seed
+        return self.host.seed
 
     @property
     def steps(self) -> int | None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         return self.dataset.epoch_steps(self.batch_size, world_size)
 
     # ----------------------------------------------------------------- epochs
     def check_world(self) -> None:
-        _, world_size = self.loader._topology()
+        _, world_size = self.host.topology()
         if world_size > 1 and not self.dataset.limited:
             raise LoaderkitError(
                 f"ResumableDataLoader: a StreamingShardedDataset without steps_per_epoch or "
@@ -225,16 +201,13 @@ class StreamEngine:
             )
         return steps
 
-    def set_epoch(self, epoch: int) -> None:
-        self._position.set_epoch(epoch)
-
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
-        rank, world_size = self.loader._topology()
+        rank, world_size = self.host.topology()
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
-        fields |= {"steps_done": steps_done, "num_workers": self.loader.num_workers}
+        fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}
         round_ = agree_across_ranks(
             "ResumableDataLoader",
             fields,
@@ -244,6 +217,7 @@ class StreamEngine:
             rounds=self._rounds,
         )
         _, start, steps_done = self._position.begin(self)
+        self.host.started = True
         rotation = self.next_local
         if start == 0:
             if self.steps is None:  # a new pass; with a limit the streams go on
@@ -277,9 +251,9 @@ class StreamEngine:
             weakref.finalize(self, self._ring.retire)
         self._ring.publish(round_, self.epoch, steps_done, self._entry(self.cursors))
 
-    def iterate(self) -> Generator[Any, None, None]:
-        """One epoch's batches (a generator, like ``_planned.EpochIterator``'s)."""
-        self.loader._settle_seed()
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
+        """One epoch's batches (``run`` unused: a new iteration supersedes the old)."""
+        settle_seed(self.host, self)
         rotation = self._begin()
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size
@@ -292,8 +266,8 @@ class StreamEngine:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.loader.num_workers == 0:
-            yield from self._hand_out(iter(source), pin=self.loader.pin_memory)
+        if self.host.num_workers == 0:
+            yield from self._hand_out(iter(source), pin=self.host.pin_memory)
             return
         inner = self._inner_loader(source, rotation)
         workers = iter(inner)
@@ -303,7 +277,7 @@ class StreamEngine:
         except GeneratorExit:
             # Closed by a dropped iterator: the loader may be gone already (then so is
             # any reason to keep workers).
-            alive = self._loader() is not None
+            alive = self.host.alive()
             steps = self.steps if alive else None
             if self._inner is inner and steps is not None and self.steps_done >= steps:
                 # Every batch of the epoch was handed out; a consumer that stops at
@@ -357,35 +331,35 @@ class StreamEngine:
         self.complete = True
 
     def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
-        loader = self.loader
         if self._inner is not None and self._inner_next == self.epoch and rotation == 0:
             return self._inner  # persistent workers already at this epoch's cursors
         self.close()
-        rank, _ = loader._topology()
+        rank, _ = self.host.topology()
         # A resumed epoch that starts mid-turn needs its own workers: persistent
         # ones keep playing the slot they started with.
-        persistent = loader._pool.persistent and rotation == 0
-        inner = loader._pool.build(
+        persistent = self.host.pool.persistent and rotation == 0
+        inner = self.host.pool.build(
             source, seed=self.seed, epoch=self.epoch, rank=rank, persistent=persistent
         )
         if persistent:
             self._inner, self._inner_next = inner, None
         return inner
 
-    def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-        # Persistent workers ran ahead of what was handed out: their cursors are stale.
-        stop_workers(inner, workers)
-        if self._inner is inner:
-            self._inner, self._inner_next = None, None
-
-    def close(self) -> None:
-        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
-        inner = self._inner
-        if inner is not None and inner._iterator is not None:
-            stop_workers(inner, inner._iterator)
-        self._inner, self._inner_next = None, None
+    def schedule(self) -> Any:
+        raise TypeError(
+            "ResumableDataLoader.sampler: a StreamingShardedDataset has no sample order "
+            "to list (its sizes are unknown); only set_epoch() applies to it."
+        )
 
     # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": "stream",
+            "resume": "cursors",
+            "resume_reason": "a cursor per (rank, worker) slot and open shard: exact under "
+            "the same world size and num_workers",
+        }
+
     def fingerprint(self) -> dict[str, Any]:
         return {
             **self.dataset.fingerprint(),
@@ -395,24 +369,14 @@ class StreamEngine:
         }
 
     def state(self) -> dict[str, Any]:
-        # The batches the host (Lightning's prefetch) holds untrained are not consumed.
-        if self.held_batches is not None:
-            held = self.held_batches()
-        else:
-            held = host_of(self.loader).held_batches(self.loader) or 0
+        held = self.held()  # batches the consumer holds untrained are not consumed
         cursors, next_local = list(self.cursors), self.next_local
         steps_done, complete = self.steps_done, self.complete
-        if held > len(self._history):
-            raise LoaderkitError(
-                f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
-                "save the state while the consumer holds at most that many batches."
-            )
         for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
             cursors[local], next_local, complete = cursor, nxt, was_complete
             steps_done -= 1
         mine = self._entry(cursors, next_local)
-        rank, world_size = self.loader._topology()
+        rank, world_size = self.host.topology()
         ranks = self._ranks(mine, rank, world_size, steps_done)
         return seal(
             {
@@ -422,10 +386,10 @@ class StreamEngine:
                 "steps_done": steps_done,
                 "complete": complete,
                 "stream": self.fingerprint(),
-                "topology": {"world_size": world_size, "num_workers": self.loader.num_workers},
+                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
                 "ranks": ranks,
             },
-            _FIELDS,
+            STREAM_FIELDS,
         )
 
     def _entry(self, cursors: list[Cursor | None], next_local: int | None = None) -> dict[str, Any]:
@@ -460,45 +424,25 @@ class StreamEngine:
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
+        self.host.supersede()
         owner = "ResumableDataLoader.load_state_dict"
-        if not isinstance(state, dict):
-            raise TypeError(
-                f"{owner}: state_dict must be a dict, got {type(state).__name__}; pass what "
-                "state_dict() returned."
-            )
-        check_version(state, owner=owner)
-        missing = [k for k in _KEYS if k not in state]
-        unknown = sorted(set(state) - set(_KEYS))
-        if missing or unknown:
-            raise StateMismatchError(
-                f"{owner}: missing keys {missing}, unknown keys {unknown}; a state saved for "
-                "map-style data cannot resume a stream. Pass what state_dict() returned."
-            )
-        check_seal(state, _FIELDS, owner=owner)
+        check_envelope(state, STREAM_FIELDS, owner=OWNER, hint=_MISSING)
         if state["kind"] != "stream":
             raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the state "
-                "of a loader over a StreamingShardedDataset."
+                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the "
+                "state of a loader over a StreamingShardedDataset."
             )
-        saved, here = dict(state["stream"]), self.fingerprint()
-        adopted = None
-        if adopt_seed and saved.get("seed") != here["seed"]:
-            adopted = saved["seed"]
-            here["seed"] = adopted
-        for key in sorted(set(saved) | set(here)):
-            if saved.get(key) != here.get(key):
-                raise StateMismatchError(
-                    f"{owner}: field {key!r} differs: saved {saved.get(key)!r}, here "
-                    f"{here.get(key)!r}. A stream resumes exactly only with the same shards and "
-                    "settings; build the loader with the saved value or start without the state."
-                )
-        rank, world_size = self.loader._topology()
+        saved = dict(state["stream"])
+        adopted = check_settings(
+            saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
+        )
+        rank, world_size = self.host.topology()
         topo = state["topology"]
-        if topo != {"world_size": world_size, "num_workers": self.loader.num_workers}:
+        if topo != {"world_size": world_size, "num_workers": self.host.num_workers}:
             raise StateMismatchError(
                 f"{owner}: the stream was saved with world_size={topo.get('world_size')}, "
                 f"num_workers={topo.get('num_workers')}; this loader has world_size="
-                f"{world_size}, num_workers={self.loader.num_workers}. A stream's position is "
+                f"{world_size}, num_workers={self.host.num_workers}. A stream's position is "
                 "a cursor per (rank, worker) slot, which cannot be re-split: resume with the "
                 "saved topology, or use ShardedDataset (sample counts known) for an elastic "
                 "resume."

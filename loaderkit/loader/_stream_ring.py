@@ -1,51 +1,14 @@
 """Every rank's recent stream cursors, in the process group's store (private).
 
-A stream's cursors are rank-local: a stream has no plan (shard sizes are
-unknown), so no rank can compute another's position. Lightning writes only
-rank 0's checkpoint and every rank loads it, so rank 0's state must still
-hold every rank's cursors. Gathering them in ``state_dict()`` made it a
-collective, and a plain loop that saves on rank 0 alone
-(``if rank == 0: torch.save(loader.state_dict(), path)``) hung in it.
-
-So every rank *publishes* its cursors as it hands a batch out, and
-``state_dict()`` on any rank *reads* the peers' cursors for its own
-``(epoch, steps done)``:
-
-- Publishing is one ``store.set`` per batch handed out, into a ring of the
-  last :data:`DEFAULT_WINDOW` steps (key ``step % window``), so the store
-  holds a bounded amount per loader however long the run. ``TCPStore.set``
-  awaits no reply, so the per-batch cost is the JSON text of the cursors
-  plus a socket write, with no round trip even to a remote master: measured
-  11 us per batch with 2 worker slots and 21 us with 8 (best of 5 x 2000
-  ``publish`` calls, the ``TCPStore`` master in another process on the same
-  host), against milliseconds for a training step. (A ``FileStore`` appends
-  every ``set`` to its file, which grows by about the entry's size per batch
-  per rank; Lightning and torchrun use a ``TCPStore``.)
-- Reading is one existence check and one ``multi_get`` for all peers when
-  they have handed the step out (the usual case: DDP keeps ranks within a
-  step or two): 30 us for one peer, measured as above. A peer that has not
-  handed the step out yet is waited for alone, polling its one key, up to
-  ``LOADERKIT_RANK_CHECK_TIMEOUT`` seconds. A peer more than the window ahead
-  has overwritten the step, and a peer that dropped the loader has retired
-  its ring: both are errors that say what happened and the fix, never a
-  state with wrong cursors.
-
-Why not ask the peers only when a state is wanted (no per-batch write)? A
-peer's training loop cannot answer while it waits in a collective for the
-rank that asks, so it would need a thread blocked in ``store.wait``, and a
-``TCPStore`` client serializes its operations: that thread would stall the
-main thread's own store use (the plan comparison, barriers). Publishing
-costs microseconds, needs no thread, and a reader never waits on a peer
-that is blocked on it: every rank publishes a step before it can reach any
-collective that follows it.
-
-A ring's keys are named by the loader's comparison channel
-(:class:`~loaderkit.plan._agree.Rounds`), which every rank shares for the
-same loader; each entry carries the loader's round of its epoch start, the
-epoch and the step, so a stale entry of an earlier epoch is never taken for
-the one asked for. The state's format is unchanged (version 2: the same
-``ranks`` list the gather built), so checkpoints saved before stay valid and
-no version bump is needed.
+A stream's cursors are rank-local, yet rank 0's state must hold every rank's,
+and ``state_dict()`` must not be a collective (a loop may save on rank 0 alone).
+So each rank *publishes* its cursors as it hands a batch out (one
+``store.set`` into a ring of the last :data:`DEFAULT_WINDOW` steps), and
+``state_dict()`` on any rank *reads* the peers' entries for its own
+``(epoch, steps done)``, waiting only for a peer that has not handed that step
+out yet. A peer more than the window ahead, or one that dropped the loader, is
+a named error, never a state with wrong cursors (``docs/design.md``, "Host
+contracts").
 """
 
 from __future__ import annotations

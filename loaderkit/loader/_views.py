@@ -30,9 +30,9 @@ __all__ = [
 class PlanOrder(Sampler[int]):
     """This rank's sample order in the loader's next epoch; ``set_epoch`` sets that epoch."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, engine: Any) -> None:
         # Weak: the loader holds this view; a cycle would delay freeing its workers.
-        self._loader = weakref.ref(loader)
+        self._loader, self._engine = weakref.ref(loader), weakref.ref(engine)
 
     def _owner(self) -> Any:
         loader = self._loader()
@@ -45,15 +45,8 @@ class PlanOrder(Sampler[int]):
         self._owner().set_epoch(epoch)
 
     def _schedule(self) -> Any:
-        loader = self._owner()
-        if loader._stream is not None:
-            raise TypeError(
-                "ResumableDataLoader.sampler: a StreamingShardedDataset has no sample order "
-                "to list (its sizes are unknown); only set_epoch() applies to it."
-            )
-        epoch, start, _ = loader._cursor.upcoming(loader.plan)
-        rank, world_size = loader._topology()
-        return loader.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        self._owner()
+        return self._engine().schedule()  # type: ignore[union-attr]
 
     def _batches(self) -> Iterator[list[int]]:
         # One batch at a time: a plan's order is never listed whole (10^10 samples fit no list).
@@ -82,9 +75,9 @@ class SequentialPlanOrder(PlanOrder, SequentialSampler):
     # SequentialSampler's __init__ is not called: the order comes from the plan.
 
 
-def plan_order(loader: Any, shuffled: bool) -> PlanOrder:
+def plan_order(loader: Any, engine: Any, shuffled: bool) -> PlanOrder:
     """The ``sampler`` view of ``loader``; sequential when the plan does not shuffle."""
-    return PlanOrder(loader) if shuffled else SequentialPlanOrder(loader)
+    return (PlanOrder if shuffled else SequentialPlanOrder)(loader, engine)
 
 
 class PlanBatches(Sampler[list[int]]):

@@ -17,9 +17,14 @@ from typing import Any
 from loaderkit.errors import StateMismatchError
 
 __all__ = [
+    "ITERABLE_FIELDS",
+    "PLAN_FIELDS",
     "STATE_VERSION",
+    "STREAM_FIELDS",
     "PlanCursor",
     "check_seal",
+    "check_envelope",
+    "check_settings",
     "check_state",
     "check_version",
     "field_digest",
@@ -45,8 +50,14 @@ _OLDER = {
     4: "whose sharded order (ShardPlan) shuffled shards and windows with torch.randperm, "
     "not today's keyed permutations",
 }
-_FIELDS = ("version", "epoch", "position", "steps_done", "plan", "topology")
-_KEYS = (*_FIELDS, "checksum")
+# State keys. Every state has a version, an epoch, the topology it was saved under and
+# a checksum; a plan position adds its position and plan, a stream its cursors per rank,
+# an IterableDataset its records per worker.
+VERSION, KIND, EPOCH, POSITION, STEPS_DONE = "version", "kind", "epoch", "position", "steps_done"
+PLAN, TOPOLOGY, COMPLETE, CHECKSUM = "plan", "topology", "complete", "checksum"
+PLAN_FIELDS = (VERSION, EPOCH, POSITION, STEPS_DONE, PLAN, TOPOLOGY)
+STREAM_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "stream", TOPOLOGY, "ranks")
+ITERABLE_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "iterable", TOPOLOGY, "workers")
 
 
 def field_digest(name: str, value: Any) -> int:
@@ -140,13 +151,63 @@ def new_state(
         "plan": dict(plan),
         "topology": {"world_size": world_size, "num_workers": num_workers},
     }
-    return seal(state, _FIELDS)
+    return seal(state, PLAN_FIELDS)
+
+
+def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: str = "") -> None:
+    """Refuse what is not a whole, unedited state of this format: every state's first check.
+
+    Args:
+        state: What the caller passed to ``load_state_dict``.
+        fields: The state's fields (its keys but ``checksum``).
+        owner: Class name for messages.
+        hint: The fix for missing or unknown keys (default: pass the state unmodified).
+
+    Raises:
+        TypeError: ``state`` is not a dict.
+        StateMismatchError: another version, missing or unknown keys, or a field that
+            does not match the checksum (edited or corrupted).
+    """
+    where = f"{owner}.load_state_dict"
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"{where}: state_dict must be a dict, got {type(state).__name__}; "
+            f"pass what {owner}.state_dict() returned."
+        )
+    check_version(state, owner=where)
+    missing = [k for k in (*fields, CHECKSUM) if k not in state]
+    unknown = sorted(set(state) - {*fields, CHECKSUM})
+    if missing or unknown:
+        hint = hint or f"pass what {owner}.state_dict() returned, unmodified."
+        raise StateMismatchError(f"{where}: missing keys {missing}, unknown keys {unknown}; {hint}")
+    check_seal(state, fields, owner=where)
+
+
+def check_settings(
+    saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
+) -> int | None:
+    """Compare a state's saved settings with the loading object's; returns the saved seed
+    where it is adopted (``adopt_seed``) and differs.
+
+    Raises:
+        StateMismatchError: a setting differs (named with both values).
+    """
+    here, adopted = dict(here), None
+    if adopt_seed and saved.get("seed") != here["seed"]:
+        adopted = here["seed"] = saved["seed"]
+    for key in sorted(set(saved) | set(here)):
+        if saved.get(key) != here.get(key):
+            raise StateMismatchError(
+                f"{owner}.load_state_dict: field {key!r} differs: saved {saved.get(key)!r}, "
+                f"here {here.get(key)!r}. {fix}"
+            )
+    return adopted
 
 
 def check_state(
     state: object, fingerprint: Mapping[str, Any], *, owner: str, adopt: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Validate a state dict against the plan settings of the object loading it.
+    """Validate a plan position's state dict against the plan settings of the object loading it.
 
     Args:
         state: What the caller passed to ``load_state_dict``.
@@ -160,38 +221,32 @@ def check_state(
 
     Raises:
         TypeError: ``state`` is not a dict.
-        StateMismatchError: missing or unknown keys, another version, a field
-            that does not match the checksum (edited or corrupted), or a plan
-            field that differs (named with both values).
+        StateMismatchError: see :func:`check_envelope`; a position field that is not a
+            non-negative int, or a plan field that differs (named with both values).
     """
-    if not isinstance(state, Mapping):
-        raise TypeError(
-            f"{owner}.load_state_dict: state_dict must be a dict, got {type(state).__name__}; "
-            f"pass what {owner}.state_dict() returned."
-        )
-    check_version(state, owner=f"{owner}.load_state_dict")
-    missing = [k for k in _KEYS if k not in state]
-    unknown = sorted(set(state) - set(_KEYS))
-    if missing or unknown:
-        raise StateMismatchError(
-            f"{owner}.load_state_dict: missing keys {missing}, unknown keys {unknown}; "
-            f"pass what {owner}.state_dict() returned, unmodified."
-        )
-    check_seal(state, _FIELDS, owner=f"{owner}.load_state_dict")
-    for key in ("epoch", "position", "steps_done"):
+    check_envelope(state, PLAN_FIELDS, owner=owner)
+    assert isinstance(state, Mapping)
+    where = f"{owner}.load_state_dict"
+    for key in (EPOCH, POSITION, STEPS_DONE):
         value = state[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise StateMismatchError(
-                f"{owner}.load_state_dict: field {key!r} must be a non-negative int, got "
+                f"{where}: field {key!r} must be a non-negative int, got "
                 f"{value!r}; pass what {owner}.state_dict() returned, unmodified."
             )
-    if (state["position"] == 0) != (state["steps_done"] == 0):
+    if (state[POSITION] == 0) != (state[STEPS_DONE] == 0):
         raise StateMismatchError(
-            f"{owner}.load_state_dict: field 'steps_done' is {state['steps_done']} at position "
-            f"{state['position']}: a position is 0 exactly when no step was taken in the "
+            f"{where}: field 'steps_done' is {state[STEPS_DONE]} at position "
+            f"{state[POSITION]}: a position is 0 exactly when no step was taken in the "
             f"epoch; pass what {owner}.state_dict() returned, unmodified."
         )
-    saved = state["plan"]
+    _check_plan(state[PLAN], fingerprint, where=where, adopt=adopt)
+    return dict(state)
+
+
+def _check_plan(
+    saved: Any, fingerprint: Mapping[str, Any], *, where: str, adopt: tuple[str, ...]
+) -> None:
     if (
         isinstance(saved, Mapping)
         and fingerprint.get("kind") is not None
@@ -203,46 +258,43 @@ def check_state(
         names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
         here = ", ".join(f"{k}={fingerprint[k]!r}" for k in sorted(set(fingerprint) - set(saved)))
         raise StateMismatchError(
-            f"{owner}.load_state_dict: field 'plan' has no {names} (this loaderkit's plan: "
+            f"{where}: field 'plan' has no {names} (this loaderkit's plan: "
             f"{here}), so the state was saved by an older loaderkit that ordered the samples "
             "differently. Finish that run with the loaderkit that saved it, or start without "
             "the state."
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         raise StateMismatchError(
-            f"{owner}.load_state_dict: field 'plan' has fields "
+            f"{where}: field 'plan' has fields "
             f"{sorted(saved) if isinstance(saved, Mapping) else saved!r}, expected "
             f"{sorted(fingerprint)}: the state was saved by a different kind of plan; load it "
             "into the kind of loader or sampler that saved it, or start without the state."
         )
     for key, expected in fingerprint.items():
-        if key == "order_check" and saved[key] != expected:
+        if saved[key] == expected:
+            continue
+        if key == "order_check":
             raise StateMismatchError(
-                f"{owner}.load_state_dict: field 'order_check' differs ({saved[key]} saved, "
+                f"{where}: field 'order_check' differs ({saved[key]} saved, "
                 f"{expected} here): this torch and loaderkit compute a different order than "
                 "the one the state was saved with (torch or loaderkit version changed?), so the "
                 "saved position would repeat and skip samples. Resume with the torch and "
                 "loaderkit versions that saved it."
             )
-        if (
-            key == "num_samples"
-            and fingerprint.get("split") == "strided"
-            and saved[key] != expected
-        ):
+        if key == "num_samples" and fingerprint.get("split") == "strided":
             raise StateMismatchError(
-                f"{owner}.load_state_dict: the DistributedSampler's order has {saved[key]} "
+                f"{where}: the DistributedSampler's order has {saved[key]} "
                 f"entries under the saved world size and {expected} under this one (drop_last="
                 "True trims it to a multiple of the ranks; a subclass may pad or split by rank), "
                 "so the saved position does not carry over. Resume on the saved world size, or "
                 "build the sampler with drop_last=False (torch's DistributedSampler) to re-split."
             )
-        if key not in adopt and saved[key] != expected:
+        if key not in adopt:
             raise StateMismatchError(
-                f"{owner}.load_state_dict: field {key!r} differs: the state was saved with "
+                f"{where}: field {key!r} differs: the state was saved with "
                 f"{key}={saved[key]!r}, this object has {key}={expected!r}. Resuming would not "
                 f"be exact; build it with {key}={saved[key]!r} or start without the state."
             )
-    return dict(state)
 
 
 class PlanCursor:

@@ -141,7 +141,7 @@ class EmulatedWorkers:
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> None:
     def inner(self: StreamEngine, source: _SlotBatches, rotation: int) -> EmulatedWorkers:
-        return EmulatedWorkers(source, self.loader.num_workers)
+        return EmulatedWorkers(source, self.host.num_workers)
 
     monkeypatch.setattr(StreamEngine, "_inner_loader", inner)
 
@@ -611,7 +611,7 @@ def test_persistent_workers_survive_epochs_taken_to_their_length() -> None:
     for _ in range(3):
         it = iter(dl)
         got.append([ids(next(it)) for _ in range(len(dl))])
-        inners.append(dl._stream._inner)
+        inners.append(dl._engine._inner)
         del it
     assert inners[0] is not None and all(i is inners[0] for i in inners)
     assert got == epochs(loader(ds, 2, batch_size=2), 3)  # the same batches as fresh workers

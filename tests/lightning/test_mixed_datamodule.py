@@ -204,7 +204,9 @@ def test_loader_over_a_mix_without_its_plan_says_the_weights_are_ignored() -> No
         {"a": TensorDataset(torch.arange(10)), "b": TensorDataset(torch.arange(4))},
         weights=[1, 1],
     )
-    info = ResumableDataLoader(mix, batch_size=4).describe()["mix"]
+    # A sampler of the user's is kept: each sample is read once and the weights are ignored.
+    loader = ResumableDataLoader(mix, batch_size=4, sampler=torch.utils.data.SequentialSampler(mix))
+    info = loader.describe()["mix"]
     assert info["applied"] is False
     assert "weights are ignored" in info["reason"] and "mix.batch_sampler" in info["reason"]
     lines = _format("x", {**_plain_facts(), "mix": {**info, "epoch": 0}}, 1)

@@ -166,7 +166,7 @@ def test_switching_workers_mid_epoch_yields_the_fixed_count_data(
 ) -> None:
     fixed = run(make(0), epochs=2)
     loader = make("auto", persistent_workers=persistent)
-    loader._auto = scripted = Scripted(plan)
+    loader._host.auto = scripted = Scripted(plan)
     assert run(loader, epochs=2) == fixed
     assert scripted.switches  # the script really switched
     assert loader.num_workers == scripted.workers
@@ -175,7 +175,7 @@ def test_switching_workers_mid_epoch_yields_the_fixed_count_data(
 def test_switching_on_one_rank_of_two_keeps_that_rank_s_batches() -> None:
     fixed = run(make(0, rank=1, world_size=2), epochs=2)
     loader = make("auto", rank=1, world_size=2)
-    loader._auto = Scripted({2: 2, 5: 0})
+    loader._host.auto = Scripted({2: 2, 5: 0})
     assert run(loader, epochs=2) == fixed
 
 
@@ -183,7 +183,7 @@ def test_switching_on_one_rank_of_two_keeps_that_rank_s_batches() -> None:
 def test_resume_from_a_loader_that_switched(k: int) -> None:
     full = [b for epoch in run(make(0), epochs=2) for b in epoch]
     first = make("auto")
-    first._auto = Scripted({3: 2})
+    first._host.auto = Scripted({3: 2})
     seen: list[tuple[int, float]] = []
     it = iter(first)
     for _ in range(k):
@@ -196,7 +196,7 @@ def test_resume_from_a_loader_that_switched(k: int) -> None:
     state = first.state_dict()
     del it
     resumed = make("auto")
-    resumed._auto = Scripted({1: 1})
+    resumed._host.auto = Scripted({1: 1})
     resumed.load_state_dict(state)
     rest = [pair for epoch in run(resumed, epochs=2) for pair in epoch]
     assert (seen + rest)[: len(full)] == full

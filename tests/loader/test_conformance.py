@@ -444,7 +444,9 @@ def test_custom_batch_pin_memory_method_is_called(monkeypatch: pytest.MonkeyPatc
     loader = ResumableDataLoader(
         docs_dataset(), batch_size=2, collate_fn=collate_wrapper, seed=SEED
     )
-    loader._pool = dataclasses.replace(loader._pool, pin_memory=True)  # as resolved on CUDA
+    loader._host.pool = dataclasses.replace(
+        loader._host.pool, pin_memory=True
+    )  # as resolved on CUDA
     monkeypatch.setattr(loaderkit.transfer, "_available_accelerator", lambda: torch.device("cuda"))
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
     batches = list(loader)

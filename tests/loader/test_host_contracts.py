@@ -240,7 +240,7 @@ def test_distributed_sampler_is_not_a_second_split() -> None:
     for rank in (0, 1):
         sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=7)
         loader = ResumableDataLoader(data, batch_size=4, sampler=sampler)
-        assert (loader.seed, loader._topology()) == (7, (rank, 2))
+        assert (loader.seed, loader._host.topology()) == (7, (rank, 2))
         per_rank.append(epoch_ids(loader))
     assert [len(ids) for ids in per_rank] == [20, 20]  # split once, not twice (10 each)
     assert sorted(per_rank[0] + per_rank[1]) == data
@@ -392,7 +392,7 @@ def test_a_state_settles_the_seed_once_the_ranks_are_known() -> None:
     loader = ResumableDataLoader(list(range(16)), batch_size=2, shuffle=True)
     drawn = loader.seed
     assert drawn != 0 and loader.state_dict()["plan"]["seed"] == drawn  # one process: kept
-    loader._rank, loader._world_size = 0, 2  # as if torch.distributed came up now
+    loader._host.rank, loader._host.world_size = 0, 2  # as if torch.distributed came up now
     assert loader.state_dict()["plan"]["seed"] == 0 == loader.seed
 
 

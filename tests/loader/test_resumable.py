@@ -757,14 +757,30 @@ def test_workers_start_by_forkserver_inside_a_process_group(tmp_path: Path) -> N
     import torch.distributed as dist
 
     loader = ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)
-    assert loader._pool.context() is None  # no process group: torch's default (fork)
+    assert loader._host.pool.context() is None  # no process group: torch's default (fork)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        assert loader._pool.context().get_start_method() == "forkserver"
+        assert loader._host.pool.context().get_start_method() == "forkserver"
         chosen = ResumableDataLoader(
             list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn"
         )
-        assert chosen._pool.context() == "spawn"  # the user's choice wins
+        assert chosen._host.pool.context() == "spawn"  # the user's choice wins
         assert sorted(int(i) for b in loader for i in b) == list(range(8))
     finally:
         dist.destroy_process_group()
+
+
+class _Refuses:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        raise ValueError("the row has no 'label' in its columns.")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_wrapped_dataset_error_ends_each_sentence_once(num_workers: int) -> None:
+    loader = ResumableDataLoader(_Refuses(), batch_size=2, num_workers=num_workers)
+    with pytest.raises(ValueError, match=r"in its columns\. The original traceback") as info:
+        next(iter(loader))
+    assert ".. The original" not in str(info.value)

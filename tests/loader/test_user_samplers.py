@@ -91,7 +91,7 @@ def test_a_distributed_sampler_subclass_is_split_once(kind: str) -> None:
         seen: list[int] = []
         for rank in (0, 1):
             loader = ResumableDataLoader(data, batch_size=2, sampler=make(rank))
-            assert loader._topology() == (rank, 2)
+            assert loader._host.topology() == (rank, 2)
             loader.set_epoch(epoch)
             seen += epoch_ids(loader)
         assert sorted(seen) == data, f"epoch {epoch}: {sorted(seen)}"

@@ -33,22 +33,22 @@ def test_the_switch_to_forkserver_is_said_once_with_how_to_choose(
     monkeypatch.setattr(_workers, "_announced_forkserver", False)
     loader = ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)
     with pytest.warns(RuntimeWarning, match=r"forkserver.*deadlock.*multiprocessing_context="):
-        assert loader._pool.context().get_start_method() == "forkserver"
+        assert loader._host.pool.context().get_start_method() == "forkserver"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second loader, a second epoch: silent
-        ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)._pool.context()
-        loader._pool.context()
+        ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2)._host.pool.context()
+        loader._host.pool.context()
         # the user's explicit choice is never announced
         ResumableDataLoader(
             list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork"
-        )._pool.context()
+        )._host.pool.context()
 
 
 def test_no_notice_without_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_workers, "_announced_forkserver", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert ResumableDataLoader([1, 2], num_workers=2)._pool.context() is None
+        assert ResumableDataLoader([1, 2], num_workers=2)._host.pool.context() is None
 
 
 def _double(batch: Any) -> Any:
@@ -97,7 +97,7 @@ def test_module_level_objects_pass_the_same_check() -> None:
         multiprocessing_context="spawn",
     )
     # Built, not started: building pickles nothing, and these would pickle.
-    inner = loader._inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
+    inner = loader._engine.inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
     assert _workers._first_unpicklable(inner.dataset, "the dataset") is None
 
 
@@ -122,6 +122,6 @@ def test_pickled_workers_get_shared_tensors_fork_does_not_need_them() -> None:
         loader = ResumableDataLoader(
             TensorDataset(x), batch_size=4, num_workers=1, multiprocessing_context=method
         )
-        loader._inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
+        loader._engine.inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
         assert x.is_shared() is shared, method
         assert torch.equal(x, expected)  # moved, values kept

@@ -1,0 +1,313 @@
+"""``ResumableDataLoader``'s arguments, validated into one spec (private).
+
+:func:`make_spec` is the only place that reads the constructor's arguments:
+it checks them, settles the seed, topology and batching, picks the engine's
+kind and builds the sample plan; the loader then builds its engine from the
+spec alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
+
+from loaderkit._checks import check_int
+from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.streaming import StreamingShardedDataset
+from loaderkit.loader._args import (
+    check_auto_workers,
+    check_sources,
+    check_torch_only_args,
+    check_worker_args,
+    from_distributed_sampler,
+    whole_order_sampler,
+)
+from loaderkit.loader._fetch import Unbatched, loaderkit_batch_read
+from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
+from loaderkit.plan.sample import Plan, SamplePlan
+from loaderkit.seeding import draws_nothing
+from loaderkit.transfer import resolve_pin_memory, select_device
+
+__all__ = ["LoaderSpec", "draw_seed", "make_spec", "plain_sampler"]
+
+OWNER = "ResumableDataLoader"
+Kind = Literal["plan", "stream", "iterable"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoaderSpec:
+    """Everything a loader is built from, validated."""
+
+    kind: Kind
+    dataset: Any
+    plan: Plan  # a stand-in for a stream or an IterableDataset: never iterated
+    reseed: Callable[[int], Plan] | None  # rebuilds the plan with an adopted seed
+    batch_size: int | None  # the public value (None: unbatched)
+    step_size: int  # samples per batch (1 when unbatched)
+    drop_last: bool  # the public value (the plan's where it has one)
+    engine_drop_last: bool  # as given, for a stream or an IterableDataset
+    collate_fn: Any  # as given (wrapped when unbatched)
+    sampler: Any
+    batch_sampler: Any
+    seed: int
+    seed_explicit: bool
+    seed_drawn: bool  # provisional: settled when the topology is (the first batch)
+    rank: int | None
+    world_size: int | None
+    workers: int  # worker processes to start with
+    auto: bool  # num_workers="auto"
+    pin: bool
+    per_sample: bool | Literal["auto"]  # for the fetcher of map-style data
+    stream_per_sample: bool
+    timeout: float
+    worker_init_fn: Any
+    multiprocessing_context: Any
+    generator: torch.Generator | None
+    prefetch_factor: int | None
+    persistent_workers: bool
+    pin_memory_device: str
+    in_order: bool
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """A seed in ``[0, 2**63)`` drawn from ``generator`` (else torch's global one).
+
+    Drawing (not ``initial_seed()``) makes two loaders built one after the other
+    differ, as two shuffled ``DataLoader`` s do, while ``torch.manual_seed``
+    still makes a run reproducible.
+    """
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def plain_sampler(sampler: Any, size: int) -> bool:
+    """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
+
+    Exact type only: a subclass may override ``__iter__``. A ``SequentialSampler``
+    over another source yields its own length, as under ``DataLoader``.
+    """
+    return type(sampler) is SequentialSampler and len(sampler) == size
+
+
+def engine_kind(dataset: Any) -> Kind:
+    if isinstance(dataset, StreamingShardedDataset):
+        return "stream"
+    return "iterable" if isinstance(dataset, IterableDataset) else "plan"
+
+
+def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
+    """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
+    kind, a = engine_kind(dataset), _unwrap(args)
+    check_torch_only_args(pin_memory_device=a["pin_memory_device"], in_order=a["in_order"])
+    # batch_size=None: torch's unbatched loading, one sample per step; the plan deals
+    # batches of one and the collate function sees each sample alone.
+    unbatched = a["batch_size"] is None and a["batch_sampler"] is None
+    collate_fn = Unbatched(a["collate_fn"]) if unbatched else a["collate_fn"]
+    size = check_sources(
+        dataset,
+        a["sampler"],
+        a["batch_sampler"],
+        1 if unbatched else a["batch_size"],
+        a["shuffle"],
+        a["drop_last"],
+    )
+    # check_sources refused None with a batch_sampler; otherwise None means 1.
+    step_size = 1 if a["batch_size"] is None else a["batch_size"]
+    seeds = _seed(a, size)
+    if kind == "iterable" and a["per_sample_seeding"] is True:
+        raise ValueError(
+            "ResumableDataLoader: per_sample_seeding=True keys randomness by sample index, "
+            f"and an IterableDataset ({type(dataset).__name__}) has none; leave it 'auto' "
+            "(each worker's RNGs are seeded from (seed, epoch, rank, worker), as "
+            "DataLoader seeds them per worker) or draw from the dataset's own generator."
+        )
+    plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
+    return LoaderSpec(
+        kind=kind,
+        dataset=dataset,
+        plan=plan,
+        reseed=reseed,
+        batch_size=None if unbatched else step_size,
+        step_size=step_size,
+        drop_last=a["drop_last"]
+        if kind == "iterable"
+        else getattr(plan, "drop_last", a["drop_last"]),
+        engine_drop_last=a["drop_last"],
+        collate_fn=collate_fn,
+        sampler=a["sampler"],
+        batch_sampler=args["batch_sampler"],
+        seed=seeds["seed"],
+        seed_explicit=seeds["explicit"],
+        seed_drawn=seeds["drawn"],
+        rank=topology[0],
+        world_size=topology[1],
+        **_workers(kind, dataset, a),
+        timeout=a["timeout"],
+        worker_init_fn=a["worker_init_fn"],
+        multiprocessing_context=a["multiprocessing_context"],
+        generator=a["generator"],
+        prefetch_factor=a["prefetch_factor"],
+        persistent_workers=a["persistent_workers"],
+        pin_memory_device=a["pin_memory_device"],
+        in_order=a["in_order"],
+    )
+
+
+def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size.
+
+    It only cuts its sampler's order into batches: the same as ``sampler=``,
+    ``batch_size=``, ``drop_last=``, which the plan resumes exactly.
+    """
+    a, given = dict(args), args["batch_sampler"]
+    defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
+    if type(given) is BatchSampler and defaults == (1, False, None, False):
+        a.update(sampler=given.sampler, batch_size=given.batch_size, drop_last=given.drop_last)
+        a["batch_sampler"] = None
+    return a
+
+
+def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
+    """The seed (and whether the user chose it, or it was drawn); updates ``a``'s topology."""
+    sampler, seed = a["sampler"], a["seed"]
+    if isinstance(sampler, DistributedSampler):
+        seed, a["rank"], a["world_size"] = from_distributed_sampler(
+            sampler, size, seed, a["rank"], a["world_size"]
+        )
+    # A seed the user gave the sampler's own generator decides, as under DataLoader.
+    a["first_state"] = None
+    if seed is None and sampler is not None and not plain_sampler(sampler, size):
+        user_generator = generator_seed(sampler)
+        if user_generator is not None:
+            seed, a["first_state"] = user_generator
+    explicit = seed is not None
+    plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
+    if plan_seed is not None and seed is not None and seed != plan_seed:
+        raise ValueError(
+            f"ResumableDataLoader: seed={seed} differs from the batch sampler's plan seed "
+            f"{plan_seed}; leave seed=None to use the plan's, so order and augmentation "
+            "share one saved seed."
+        )
+    if seed is None:
+        seed = plan_seed
+    # A seed drawn here is provisional: under DDP each process would draw its own, and
+    # ranks splitting one order by different seeds lose samples silently.
+    drawn = seed is None
+    if seed is None:
+        seed = draw_seed(a["generator"])
+    seed = check_int("seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0")
+    return {"seed": seed, "explicit": explicit, "drawn": drawn}
+
+
+def _plan(
+    kind: Kind,
+    dataset: Any,
+    a: dict[str, Any],
+    size: int,
+    batch_size: int,
+    seeds: dict[str, Any],
+) -> tuple[Plan, Callable[[int], Plan] | None, tuple[int | None, int | None]]:
+    """The plan, how to rebuild it with another seed (None: never), and the topology."""
+    seed, sampler, batch_sampler = seeds["seed"], a["sampler"], a["batch_sampler"]
+    rank, world_size = a["rank"], a["world_size"]
+    fix = "pass the number of samples per batch"
+    plan: Any
+    reseed: Callable[[int], Plan] | None = None
+    if kind != "plan":
+        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
+        # Stands in for the plan in code shared with map-style data; never iterated.
+        plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=seed)
+    elif batch_sampler is not None:
+        plan = batch_sampler.plan
+        rank = batch_sampler.rank if rank is None else rank
+        world_size = batch_sampler.world_size if world_size is None else world_size
+    elif sampler is not None and not plain_sampler(sampler, size):
+        # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks. A
+        # DistributedSampler lists its whole order here and is dealt as it deals.
+        distributed = isinstance(sampler, DistributedSampler)
+        plan = SamplerPlan(
+            sampler=whole_order_sampler(sampler) if distributed else sampler,
+            strided=distributed,
+            dataset_size=size,
+            batch_size=check_int("batch_size", batch_size, 1, owner=OWNER),
+            seed=seed,
+            drop_last=a["drop_last"],
+            first_state=a["first_state"],
+        )
+    elif (
+        isinstance(dataset, MixedDataset) and sampler is None and dataset.per_epoch != dataset.sizes
+    ):
+        # The mix's own plan: its weights decide what each epoch draws (a mix without
+        # weights, sources laid end to end, is read as any dataset, each sample once).
+        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
+        options = {"shuffle": a["shuffle"], "drop_last": a["drop_last"]}
+        reseed = partial(_mix_plan, dataset, batch_size, options)
+        plan = reseed(seed)
+    else:
+        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
+        plan = SamplePlan(
+            num_samples=size,
+            batch_size=batch_size,
+            shuffle=a["shuffle"],
+            seed=seed,
+            drop_last=a["drop_last"],
+        )
+    if isinstance(plan, SamplePlan | SamplerPlan):
+        reseed = partial(_replace_seed, plan)
+    if plan.num_samples != size and kind == "plan" and not isinstance(plan, SamplerPlan):
+        raise ValueError(
+            f"ResumableDataLoader: the batch sampler's plan covers {plan.num_samples} "
+            f"samples but the dataset has {size}; build the plan with num_samples={size}."
+        )
+    return plan, reseed, (rank, world_size)
+
+
+def _replace_seed(plan: Any, seed: int) -> Plan:
+    return dataclasses.replace(plan, seed=seed)
+
+
+def _mix_plan(mix: MixedDataset, batch_size: int, options: dict[str, bool], seed: int) -> Plan:
+    return mix.plan(batch_size, seed=seed, **options)
+
+
+def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
+    """The worker settings, checked: ``workers``, ``auto``, ``pin`` and the seeding."""
+    num_workers, per_sample_seeding = a["num_workers"], a["per_sample_seeding"]
+    auto = isinstance(num_workers, str) and num_workers == "auto"
+    if auto:
+        check_auto_workers(
+            dataset,
+            iterable=kind != "plan",
+            per_sample_seeding=per_sample_seeding,
+            timeout=a["timeout"],
+        )
+    workers = check_worker_args(
+        # "auto" may start workers: their settings are checked as for num_workers=1.
+        num_workers=1 if auto else num_workers,
+        timeout=a["timeout"],
+        prefetch_factor=a["prefetch_factor"],
+        persistent_workers=a["persistent_workers"],
+        collate_fn=a["collate_fn"],
+        worker_init_fn=a["worker_init_fn"],
+        pin_memory=a["pin_memory"],
+        per_sample_seeding=per_sample_seeding,
+        multiprocessing_context=a["multiprocessing_context"],
+    )
+    pin = resolve_pin_memory(a["pin_memory"], select_device(), stacklevel=5)  # the caller's line
+    # loaderkit's get_batch datasets and plain containers hold no randomness; others may.
+    unseeded = loaderkit_batch_read(dataset) or draws_nothing(dataset)
+    per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
+    per_sample = per_sample and kind != "iterable"
+    return {
+        "workers": 0 if auto else workers,
+        "auto": auto,
+        "pin": pin,
+        # "auto" stays "auto" (lazy seeding) where seeding is on.
+        "per_sample": per_sample and per_sample_seeding,
+        # Streams have no get_batch: every sample may carry randomness.
+        "stream_per_sample": per_sample_seeding is not False,
+    }

@@ -1,0 +1,56 @@
+"""A MixedDataset given to ResumableDataLoader without a batch sampler is drawn by its weights."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import SequentialSampler, TensorDataset
+
+from loaderkit import MixedDataset, ResumableDataLoader
+
+
+def _mix() -> MixedDataset:
+    return MixedDataset(
+        {"a": TensorDataset(torch.arange(100)), "b": TensorDataset(torch.arange(1000, 1010))},
+        weights=[1, 1],
+    )
+
+
+def _ids(loader: ResumableDataLoader) -> list[int]:
+    return [int(i) for batch in loader for i in batch[0]]
+
+
+def test_a_mix_without_a_batch_sampler_draws_by_its_weights() -> None:
+    mix = _mix()
+    loader = ResumableDataLoader(mix, batch_size=10, shuffle=True, seed=3)
+    ids = _ids(loader)
+    # The weights upsample b (10 samples) to its share of the epoch, as the mix's sampler does.
+    assert sum(i >= 1000 for i in ids) == mix.per_epoch[1] > 10
+    assert ids == _ids(ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=3)))
+    assert loader.describe()["mix"]["applied"] is True
+
+
+def test_a_mix_drawn_by_default_resumes_exactly_with_a_drawn_seed() -> None:
+    torch.manual_seed(0)
+    mix = _mix()
+    first = ResumableDataLoader(mix, batch_size=8, shuffle=True)
+    it = iter(first)
+    head = [int(i) for _ in range(3) for i in next(it)[0]]
+    state = first.state_dict()
+    rest = [int(i) for batch in it for i in batch[0]]
+    resumed = ResumableDataLoader(mix, batch_size=8, shuffle=True)  # draws another seed
+    resumed.load_state_dict(state)  # and adopts the saved one
+    assert head + _ids(resumed) == head + rest
+    assert resumed.seed == first.seed
+
+
+def test_a_sampler_given_with_a_mix_is_kept_and_the_weights_said_ignored() -> None:
+    mix = _mix()
+    loader = ResumableDataLoader(mix, batch_size=10, sampler=SequentialSampler(mix))
+    assert _ids(loader) == list(range(100)) + list(range(1000, 1010))
+    info = loader.describe()["mix"]
+    assert info["applied"] is False and "weights are ignored" in info["reason"]
+
+
+def test_a_mix_without_weights_is_read_once_in_order() -> None:
+    laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
+    assert _ids(ResumableDataLoader(laid, batch_size=4)) == [0, 1, 2, 3, 4, 5, 10, 11, 12]
