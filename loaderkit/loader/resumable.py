@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 from zlib import crc32
 
@@ -71,7 +71,7 @@ from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
-from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._cursor import PlanCursor, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan, Schedule
@@ -127,6 +127,20 @@ def plain_sampler(sampler: Any, size: int) -> bool:
     dataset) yields its own length, as under ``DataLoader``.
     """
     return type(sampler) is SequentialSampler and len(sampler) == size
+
+
+class _Listed:
+    """A SamplerPlan as a state saved in an epoch listed from a reseeded generator
+    fingerprints it: with that state (``listed_from``), which the resume lists from."""
+
+    def __init__(self, plan: SamplerPlan, listed: str) -> None:
+        self.plan, self.listed = plan, listed
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self.plan.fingerprint(), "listed_from": self.listed}
+
+    def epoch_length(self, epoch: int) -> int:
+        return self.plan.epoch_length(epoch)
 
 
 class ResumableDataLoader:
@@ -275,10 +289,17 @@ class ResumableDataLoader:
         if isinstance(sampler, DistributedSampler):
             seed, rank, world_size = from_distributed_sampler(sampler, size, seed, rank, world_size)
         # A seed the user gave the sampler's own generator decides, as under DataLoader.
+        # A DistributedSamplerWrapper's seed is the wrapper's; its inner sampler's own
+        # generator still lists epoch 0, as under DataLoader.
         user_generator = None
-        if seed is None and sampler is not None and not plain_sampler(sampler, size):
+        distributed = isinstance(sampler, DistributedSampler)
+        if (
+            (seed is None or distributed)
+            and sampler is not None
+            and not plain_sampler(sampler, size)
+        ):
             user_generator = generator_seed(sampler)
-            if user_generator is not None:
+            if user_generator is not None and seed is None:
                 seed = user_generator[0]
         self._seed_explicit = seed is not None
         plan_seed = getattr(getattr(batch_sampler, "plan", None), "seed", None)
@@ -330,7 +351,6 @@ class ResumableDataLoader:
             # A DistributedSampler lists its whole order here (its own __iter__ yields
             # one rank's share) and is dealt as it deals; rank and world size came
             # from it above.
-            distributed = isinstance(sampler, DistributedSampler)
             self.plan = SamplerPlan(
                 sampler=whole_order_sampler(sampler) if distributed else sampler,
                 strided=distributed,
@@ -975,6 +995,11 @@ class ResumableDataLoader:
         checksum["position"] = crc32(b"position=%d" % position)
         checksum["steps_done"] = crc32(b"steps_done=%d" % steps_done)
         state["checksum"] = checksum
+        listed = self.plan.listed_from(epoch) if isinstance(self.plan, SamplerPlan) else None
+        if listed is not None:
+            # The epoch came from the user's reseeded generator, not (seed, epoch).
+            state["plan"] = {**state["plan"], "listed_from": listed}
+            checksum["plan"] = field_digest("plan", state["plan"])
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -997,10 +1022,17 @@ class ResumableDataLoader:
             return
         can_adopt = not self._seed_explicit and isinstance(self.plan, SamplePlan | SamplerPlan)
         adopt = ("seed",) if can_adopt else ()
-        state = self._cursor.load(state_dict, self.plan, owner="ResumableDataLoader", adopt=adopt)
+        saved = state_dict.get("plan") if isinstance(state_dict, Mapping) else None
+        listed = saved.get("listed_from") if isinstance(saved, Mapping) else None
+        plan: Any = self.plan
+        if isinstance(plan, SamplerPlan) and listed is not None:
+            plan = _Listed(plan, listed)
+        state = self._cursor.load(state_dict, plan, owner="ResumableDataLoader", adopt=adopt)
         saved_seed = state["plan"]["seed"]
         if saved_seed != self.seed and isinstance(self.plan, SamplePlan | SamplerPlan):
             self._adopt_seed(saved_seed)
+        if isinstance(self.plan, SamplerPlan):
+            self.plan.restore(state["epoch"], listed)
         self._seed_drawn = False  # the saved run's seed is the one to keep
         self._supersede()
 

@@ -215,7 +215,25 @@ def check_state(
             f"{sorted(fingerprint)}: the state was saved by a different kind of plan; load it "
             "into the kind of loader or sampler that saved it, or start without the state."
         )
+    # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
+    listed = str(fingerprint.get("sampler", ""))
+    sampler = (
+        "the DistributedSampler subclass"
+        if listed.startswith("loaderkit.")
+        else f"sampler={listed.rsplit('.', 1)[-1]}"
+    )
+    topology = state["topology"]
+    world = topology.get("world_size") if isinstance(topology, Mapping) else None
     for key, expected in fingerprint.items():
+        if key == "order_check" and saved[key] != expected and listed:
+            raise StateMismatchError(
+                f"{owner}.load_state_dict: field 'order_check' differs ({saved[key]} saved, "
+                f"{expected} here): {sampler} lists another order than the saved run's "
+                "(other weights or indices, another world size for a sampler that splits ranks "
+                "itself, or another torch version), so the saved position would repeat and skip "
+                f"samples. Build it as the saved run did (world size {world}), or start without "
+                "the state."
+            )
         if key == "order_check" and saved[key] != expected:
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field 'order_check' differs ({saved[key]} saved, "
@@ -229,12 +247,19 @@ def check_state(
             and fingerprint.get("split") == "strided"
             and saved[key] != expected
         ):
+            if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
+                raise StateMismatchError(
+                    f"{owner}.load_state_dict: the DistributedSampler(drop_last=True) order has "
+                    f"{saved[key]} entries under the saved world size of {world} and {expected} "
+                    "under this one (trimmed to a multiple of the ranks), so the saved position "
+                    f"does not carry over. Resume on the saved world size of {world}, or build "
+                    "the sampler with drop_last=False to re-split on any world size."
+                )
             raise StateMismatchError(
-                f"{owner}.load_state_dict: the DistributedSampler's order has {saved[key]} "
-                f"entries under the saved world size and {expected} under this one (drop_last="
-                "True trims it to a multiple of the ranks; a subclass may pad or split by rank), "
-                "so the saved position does not carry over. Resume on the saved world size, or "
-                "build the sampler with drop_last=False (torch's DistributedSampler) to re-split."
+                f"{owner}.load_state_dict: {sampler} splits ranks itself (padding or "
+                f"trimming their shares), so its order has {saved[key]} entries under the saved "
+                f"world size of {world} and {expected} under this one and the saved position does "
+                f"not carry over. Resume on the saved world size of {world}."
             )
         if key not in adopt and saved[key] != expected:
             raise StateMismatchError(
