@@ -77,6 +77,21 @@ def test_reseed_to_the_same_value_each_epoch_is_a_known_difference() -> None:
     assert all(sorted(order) == DATA for order in orders)
 
 
+class FixedOrder(RandomSampler):
+    """The documented way to the same shuffled order every epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        assert self.generator is not None
+        self.generator.manual_seed(0)
+
+
+def test_set_epoch_that_reseeds_gives_one_order_every_epoch() -> None:
+    sampler = FixedOrder(DATA, generator=torch.Generator())
+    loader = ResumableDataLoader(DATA, batch_size=12, sampler=sampler)
+    orders = [ids_of(loader)[0] for _ in range(3)]
+    assert orders == [list(torch.randperm(12, generator=torch.Generator().manual_seed(0)))] * 3
+
+
 def _wrapper(inner: Any, rank: int) -> Any:
     pytest.importorskip("lightning")
     from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
