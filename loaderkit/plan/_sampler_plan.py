@@ -358,6 +358,8 @@ class SamplerPlan:
         self._keys.clear()
         self._restored.clear()
         self._restored[epoch] = restored
+        self._sources.clear()
+        self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:

@@ -44,6 +44,13 @@ def _reseeded_run(
     return out, None
 
 
+def _loaded_state(state: Any, reseed_after_build: bool) -> Any:
+    g = torch.Generator() if reseed_after_build else torch.Generator().manual_seed(0)
+    loader = ResumableDataLoader(DATA, batch_size=3, sampler=RandomSampler(DATA, generator=g))
+    loader.load_state_dict(state)
+    return loader.state_dict()
+
+
 @pytest.mark.parametrize("stop_at", [2, 5])
 @pytest.mark.parametrize(
     ("draw_between", "reseed_after_build"), [(False, True), (True, False)], ids=["reseed", "draw"]
@@ -58,6 +65,9 @@ def test_reseeded_generator_resumes_exactly(
     head, state = _reseeded_run(**kw, stop_at=stop_at)
     rest, _ = _reseeded_run(**kw, state=state)
     assert head + rest == full
+    # A state saved right after the load, before the epoch is listed again, too.
+    rest_again, _ = _reseeded_run(**kw, state=_loaded_state(state, reseed_after_build))
+    assert head + rest_again == full
     resumed_epoch = (head + rest)[4:] if stop_at == 5 else (head + rest)[:4]
     epoch = [i for batch in resumed_epoch for i in batch]
     assert sorted(epoch) == DATA
