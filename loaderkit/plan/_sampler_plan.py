@@ -15,6 +15,11 @@ Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
 refuses a sampler whose order differs (it draws from an unseeded source), and
 the fingerprint carries a checksum of epoch 0's order, so a state saved with
 another sampler (other weights, another subset) is a StateMismatchError.
+
+An epoch listed from the user's generator after they reseeded (or drew from) it
+depends on what the process did before, not on ``(seed, epoch)``: a state saved
+in it carries that generator state (``listed_from``), and a resume lists the
+epoch from it again (:meth:`SamplerPlan.restore`).
 """
 
 from __future__ import annotations

@@ -186,3 +186,18 @@ def test_padding_error_does_not_tell_a_drop_last_false_user_to_pass_it() -> None
         ResumableDataLoader(data, batch_size=2, sampler=sampler).load_state_dict(state)
     assert "drop_last=False" not in str(caught.value)
     assert "Resume on the saved world size of 2" in str(caught.value)
+
+
+def test_trimmed_distributed_sampler_on_another_world_size_names_drop_last_true() -> None:
+    data = list(range(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, drop_last=True)
+    loader = ResumableDataLoader(data, batch_size=2, sampler=sampler)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = DistributedSampler(data, num_replicas=3, rank=0, drop_last=True)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"DistributedSampler\(drop_last=True\) order has 20 entries under the saved world "
+        r"size of 2 and 18.*build the sampler with drop_last=False",
+    ):
+        ResumableDataLoader(data, batch_size=2, sampler=other).load_state_dict(state)
