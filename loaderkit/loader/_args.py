@@ -10,7 +10,6 @@ import copy
 import math
 import multiprocessing
 import multiprocessing.context
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
+from loaderkit.plan._sampler_plan import wrapped_sampler
 from loaderkit.plan.samplers import check_resumable_sampler
 
 __all__ = [
@@ -325,15 +325,6 @@ def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
 def _listing(sampler: Any) -> list[int]:
     sampler.set_epoch(0)
     return [int(i) for i in sampler]
-
-
-def wrapped_sampler(sampler: Any) -> Any:
-    """The sampler inside Lightning's ``DistributedSamplerWrapper``, else None."""
-    module = sys.modules.get("lightning.fabric.utilities.distributed")
-    wrapper = getattr(module, "DistributedSamplerWrapper", None)
-    if wrapper is None or not isinstance(sampler, wrapper):
-        return None
-    return getattr(sampler.dataset, "_sampler", None)
 
 
 class WrapperWhole:

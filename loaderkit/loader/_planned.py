@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from functools import partial
 from typing import Any
 from zlib import crc32
@@ -22,7 +22,8 @@ from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, FailedBatch, KeyedDataset, KeySource, seed_keys
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
-from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._cursor import PlanCursor, field_digest
+from loaderkit.plan._sampler_plan import SamplerPlan
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
 from loaderkit.transfer import pin_batch
@@ -287,6 +288,11 @@ class PlanEngine:
         checksum["position"] = crc32(b"position=%d" % position)
         checksum["steps_done"] = crc32(b"steps_done=%d" % steps_done)
         state["checksum"] = checksum
+        listed = self.plan.listed_from(epoch) if isinstance(self.plan, SamplerPlan) else None
+        if listed is not None:
+            # The epoch came from the user's reseeded generator, not (seed, epoch).
+            state["plan"] = {**state["plan"], "listed_from": listed}
+            checksum["plan"] = field_digest("plan", state["plan"])
         return state
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
@@ -294,11 +300,18 @@ class PlanEngine:
         # Only a plan the loader built can be rebuilt with the saved seed; any other
         # plan's seed is the user's explicit choice, and a different saved one is a mismatch.
         adopt = ("seed",) if adopt_seed and self._reseed is not None else ()
-        loaded = self.cursor.load(state, self.plan, owner=OWNER, adopt=adopt)
+        saved = state.get("plan") if isinstance(state, Mapping) else None
+        listed = saved.get("listed_from") if isinstance(saved, Mapping) else None
+        plan: Any = self.plan
+        if isinstance(plan, SamplerPlan) and listed is not None:
+            plan = _Listed(plan, listed)
+        loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt)
         saved_seed, adopted = loaded["plan"]["seed"], None
         if saved_seed != self.host.seed and self._reseed is not None:
             self.adopt_seed(saved_seed)
             adopted = saved_seed
+        if isinstance(self.plan, SamplerPlan):
+            self.plan.restore(loaded["epoch"], listed)
         self.host.supersede()
         return adopted
 
@@ -403,3 +416,17 @@ def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:
     indices = sched.indices(task).tolist()
     shown = indices if len(indices) <= 16 else [*indices[:16], "..."]
     return f"sample indices {shown} (epoch {sched.epoch}, batch {task})", indices
+
+
+class _Listed:
+    """A SamplerPlan as a state saved in an epoch listed from a reseeded generator
+    fingerprints it: with that state (``listed_from``), which the resume lists from."""
+
+    def __init__(self, plan: SamplerPlan, listed: str) -> None:
+        self.plan, self.listed = plan, listed
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self.plan.fingerprint(), "listed_from": self.listed}
+
+    def epoch_length(self, epoch: int) -> int:
+        return self.plan.epoch_length(epoch)

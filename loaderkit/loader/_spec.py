@@ -178,12 +178,16 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         seed, a["rank"], a["world_size"] = from_distributed_sampler(
             sampler, size, seed, a["rank"], a["world_size"]
         )
-    # A seed the user gave the sampler's own generator decides, as under DataLoader.
+    # A seed the user gave the sampler's own generator decides, as under DataLoader. A
+    # DistributedSamplerWrapper's seed is the wrapper's; its inner sampler's own generator
+    # still lists epoch 0, as under DataLoader.
     a["first_state"] = None
-    if seed is None and sampler is not None and not plain_sampler(sampler, size):
+    distributed = isinstance(sampler, DistributedSampler)
+    if (seed is None or distributed) and sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
         if user_generator is not None:
-            seed, a["first_state"] = user_generator
+            seed = user_generator[0] if seed is None else seed
+            a["first_state"] = user_generator[1]
     explicit = seed is not None
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

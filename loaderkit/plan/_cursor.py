@@ -240,12 +240,19 @@ def check_state(
             f"{state[POSITION]}: a position is 0 exactly when no step was taken in the "
             f"epoch; pass what {owner}.state_dict() returned, unmodified."
         )
-    _check_plan(state[PLAN], fingerprint, where=where, adopt=adopt)
+    topology = state.get("topology")
+    world = topology.get("world_size") if isinstance(topology, Mapping) else None
+    _check_plan(state[PLAN], fingerprint, where=where, adopt=adopt, world=world)
     return dict(state)
 
 
 def _check_plan(
-    saved: Any, fingerprint: Mapping[str, Any], *, where: str, adopt: tuple[str, ...]
+    saved: Any,
+    fingerprint: Mapping[str, Any],
+    *,
+    where: str,
+    adopt: tuple[str, ...],
+    world: int | None,
 ) -> None:
     if (
         isinstance(saved, Mapping)
@@ -270,9 +277,24 @@ def _check_plan(
             f"{sorted(fingerprint)}: the state was saved by a different kind of plan; load it "
             "into the kind of loader or sampler that saved it, or start without the state."
         )
+    # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
+    listed = str(fingerprint.get("sampler", ""))
+    sampler = (
+        "the DistributedSampler subclass"
+        if listed.startswith("loaderkit.")
+        else f"sampler={listed.rsplit('.', 1)[-1]}"
+    )
     for key, expected in fingerprint.items():
         if saved[key] == expected:
             continue
+        if key == "order_check" and listed:
+            raise StateMismatchError(
+                f"{where}: field 'order_check' differs ({saved[key]} saved, {expected} here): "
+                f"{sampler} lists another order than the saved run's (other weights or indices, "
+                "another world size for a sampler that splits ranks itself, or another torch "
+                f"version). Build it as the saved run did (world size {world}), or start without "
+                "the state."
+            )
         if key == "order_check":
             raise StateMismatchError(
                 f"{where}: field 'order_check' differs ({saved[key]} saved, "
@@ -282,12 +304,17 @@ def _check_plan(
                 "loaderkit versions that saved it."
             )
         if key == "num_samples" and fingerprint.get("split") == "strided":
+            if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
+                raise StateMismatchError(
+                    f"{where}: the DistributedSampler(drop_last=True) order has {saved[key]} "
+                    f"entries under the saved world size of {world} and {expected} under this "
+                    "one (trimmed to a multiple of the ranks). Resume on the saved world size of "
+                    f"{world}, or build the sampler with drop_last=False to re-split on any."
+                )
             raise StateMismatchError(
-                f"{where}: the DistributedSampler's order has {saved[key]} "
-                f"entries under the saved world size and {expected} under this one (drop_last="
-                "True trims it to a multiple of the ranks; a subclass may pad or split by rank), "
-                "so the saved position does not carry over. Resume on the saved world size, or "
-                "build the sampler with drop_last=False (torch's DistributedSampler) to re-split."
+                f"{where}: {sampler} splits ranks itself (padding or trimming their shares), so "
+                f"its order has {saved[key]} entries under the saved world size of {world} and "
+                f"{expected} under this one. Resume on the saved world size of {world}."
             )
         if key not in adopt:
             raise StateMismatchError(

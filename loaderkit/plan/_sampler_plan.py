@@ -15,12 +15,19 @@ Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
 refuses a sampler whose order differs (it draws from an unseeded source), and
 the fingerprint carries a checksum of epoch 0's order, so a state saved with
 another sampler (other weights, another subset) is a StateMismatchError.
+
+An epoch listed from the user's generator after they reseeded (or drew from) it
+depends on what the process did before, not on ``(seed, epoch)``: a state saved
+in it carries that generator state (``listed_from``), and a resume lists the
+epoch from it again (:meth:`SamplerPlan.restore`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import operator
+import sys
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +45,9 @@ __all__ = [
     "SamplerPlan",
     "check_reproducible",
     "generator_seed",
+    "keyed_order",
     "sampler_order",
+    "wrapped_sampler",
 ]
 
 # The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
@@ -61,17 +70,37 @@ def sampler_order(
     it; else epoch 0 from ``first_state`` (the user's generator's state at
     construction), else from ``(seed, epoch)``.
     """
+    return keyed_order(sampler, seed, epoch, first_state, seen)[0]
+
+
+def keyed_order(
+    sampler: Any,
+    seed: int,
+    epoch: int,
+    first_state: torch.Tensor | None = None,
+    seen: torch.Tensor | None = None,
+    restored: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sampler_order`, and the user's reseeded generator state it was listed
+    from (None where the order is a function of ``seed``, ``epoch`` and construction).
+
+    ``restored`` (a resumed epoch) is the state the saved run listed it from, or
+    ``_KEYED`` where that run keyed it: the process's own history then does not count.
+    """
     written = _set_epoch(sampler, epoch)
     # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
     # Any other generator (numpy's, say) is the sampler's business; if it makes the
     # order differ between listings, check_reproducible refuses the sampler by name.
     own = getattr(sampler, "generator", _ABSENT)
     if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
-        return _listed(sampler)
+        return _listed(sampler), None
     keyed = torch.Generator()
     current = cpu_state(own)
-    if written is None and seen is not None and current is not None:
-        written = None if torch.equal(current, seen) else current
+    reseeded = None
+    if written is None and isinstance(restored, torch.Tensor):
+        written = reseeded = restored
+    elif written is None and restored is None and seen is not None and current is not None:
+        written = reseeded = None if torch.equal(current, seen) else current
     if written is not None:
         keyed.set_state(written)
     elif epoch == 0 and first_state is not None:
@@ -80,9 +109,13 @@ def sampler_order(
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
     sampler.generator = keyed
     try:
-        return _listed(sampler)
+        return _listed(sampler), reseeded
     finally:
         sampler.generator = own
+
+
+# ``restored`` for an epoch the saved run keyed to (seed, epoch), not to a reseed.
+_KEYED = object()
 
 
 def cpu_state(generator: Any) -> torch.Tensor | None:
@@ -141,14 +174,25 @@ def _index(item: Any, sampler: Any) -> int:
         ) from None
 
 
+def wrapped_sampler(sampler: Any) -> Any:
+    """The sampler inside Lightning's ``DistributedSamplerWrapper``, else None."""
+    module = sys.modules.get("lightning.fabric.utilities.distributed")
+    wrapper = getattr(module, "DistributedSamplerWrapper", None)
+    if wrapper is None or not isinstance(sampler, wrapper):
+        return None
+    return getattr(sampler.dataset, "_sampler", None)
+
+
 def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
     """The seed and state of the CPU ``torch.Generator`` a user gave ``sampler``, else None.
 
-    The seed is the generator's ``initial_seed()`` while it is in the state
-    ``manual_seed`` left it in, else (drawn from since) a digest of its state:
-    either way a function of what the user fixed.
+    A ``DistributedSamplerWrapper``'s is its inner sampler's. The seed is the
+    generator's ``initial_seed()`` while it is in the state ``manual_seed`` left
+    it in, else (drawn from since) a digest of its state: either way a function
+    of what the user fixed.
     """
-    generator = getattr(sampler, "generator", None)
+    inner = wrapped_sampler(sampler)
+    generator = getattr(sampler if inner is None else inner, "generator", None)
     if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
         return None
     state = generator.get_state()
@@ -231,6 +275,12 @@ class SamplerPlan:
     _check: int = field(default=0, init=False, repr=False, compare=False)
     # The user's generator's state at the last listing: one it differs from was reseeded.
     _seen: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    # Epoch -> the reseeded state it was listed from (base64), else None: process
+    # history, so a state carries it (listed_from) and a resume lists from it again.
+    _sources: dict[int, str | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _restored: dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = "ResumableDataLoader"
@@ -272,8 +322,19 @@ class SamplerPlan:
         cached = self._cache.get(epoch)
         if cached is not None:
             return cached
-        order = sampler_order(self.sampler, self.seed, epoch, self.first_state, self._seen)
+        order, source = keyed_order(
+            self.sampler,
+            self.seed,
+            epoch,
+            self.first_state,
+            self._seen,
+            self._restored.pop(epoch, None),
+        )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
+        self._sources.clear()
+        self._sources[epoch] = (
+            None if source is None else base64.b64encode(source.numpy().tobytes()).decode()
+        )
         if order.numel() != self.num_samples:
             raise ValueError(
                 f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "
@@ -286,6 +347,25 @@ class SamplerPlan:
         self._keys.clear()
         self._keys[epoch] = occurrence_keys(order, self.dataset_size)
         return order
+
+    def listed_from(self, epoch: int) -> str | None:
+        """The reseeded generator state (base64) ``epoch`` was listed from, else None."""
+        return self._sources.get(epoch)
+
+    def restore(self, epoch: int, listed_from: str | None) -> None:
+        """List the resumed ``epoch`` as the saved run did: from its reseeded
+        generator state ``listed_from``, or (None) keyed as if not reseeded here."""
+        restored: Any = _KEYED
+        if listed_from is not None:
+            raw = bytearray(base64.b64decode(listed_from))
+            restored = torch.frombuffer(raw, dtype=torch.uint8)
+        self._cache.clear()
+        self._keys.clear()
+        self._restored.clear()
+        self._restored[epoch] = restored
+        self._sources.clear()
+        self._sources[epoch] = listed_from  # a state saved before it is listed again
+        object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""

@@ -415,9 +415,12 @@ def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_names_the
     next(it)
     state = cut.state_dict()
     del it
-    with pytest.raises(StateMismatchError, match=r"order has 44 entries under the saved world "
-                       r"size and 42 under this one \(drop_last=True trims .*Resume on the saved "
-                       r"world size, or build the sampler with drop_last=False"):  # fmt: skip
+    with pytest.raises(
+        StateMismatchError,
+        match=r"DistributedSampler\(drop_last=True\) order has 44 entries under the saved world "
+        r"size of 2 and 42 under this one \(trimmed .*Resume on the saved world size of 2, or "
+        r"build the sampler with drop_last=False",
+    ):
         loader(3).load_state_dict(state)
 
 

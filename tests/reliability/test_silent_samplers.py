@@ -1,0 +1,203 @@
+"""User samplers' own generators and self-splitting samplers (issue 21, second review).
+
+Each test is a case measured on 84cc6ec (or the review's main) returning other
+data than the user asked for with no error, or an error naming the wrong cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, WeightedRandomSampler
+
+from loaderkit import ResumableDataLoader
+from loaderkit.errors import StateMismatchError
+
+DATA = list(range(12))
+
+
+def ids_of(batches: Any) -> list[list[int]]:
+    return [[int(i) for i in batch] for batch in batches]
+
+
+def _reseeded_run(
+    *, draw_between: bool, reseed_after_build: bool, stop_at: int | None = None, state: Any = None
+) -> tuple[list[list[int]], Any]:
+    """A script: a RandomSampler's generator seeded after the loader was built (or
+    drawn from by the loop between epochs); two epochs, or the rest after a resume."""
+    g = torch.Generator() if reseed_after_build else torch.Generator().manual_seed(0)
+    loader = ResumableDataLoader(DATA, batch_size=3, sampler=RandomSampler(DATA, generator=g))
+    if reseed_after_build:
+        g.manual_seed(5)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[list[int]] = []
+    for _ in range(2 - (state["epoch"] if state is not None else 0)):
+        for batch in loader:
+            out.append([int(i) for i in batch])
+            if stop_at is not None and len(out) == stop_at:
+                return out, loader.state_dict()
+        if draw_between:
+            torch.rand(1, generator=g)  # the loop draws from the sampler's generator
+    return out, None
+
+
+def _loaded_state(state: Any, reseed_after_build: bool) -> Any:
+    g = torch.Generator() if reseed_after_build else torch.Generator().manual_seed(0)
+    loader = ResumableDataLoader(DATA, batch_size=3, sampler=RandomSampler(DATA, generator=g))
+    loader.load_state_dict(state)
+    return loader.state_dict()
+
+
+@pytest.mark.parametrize("stop_at", [2, 5])
+@pytest.mark.parametrize(
+    ("draw_between", "reseed_after_build"), [(False, True), (True, False)], ids=["reseed", "draw"]
+)
+def test_reseeded_generator_resumes_exactly(
+    draw_between: bool, reseed_after_build: bool, stop_at: int
+) -> None:
+    # 84cc6ec: the resumed epoch was listed from the generator's current state or from
+    # (seed, epoch) by this process's history: samples repeated and missing.
+    kw = {"draw_between": draw_between, "reseed_after_build": reseed_after_build}
+    full, _ = _reseeded_run(**kw)
+    head, state = _reseeded_run(**kw, stop_at=stop_at)
+    rest, _ = _reseeded_run(**kw, state=state)
+    assert head + rest == full
+    # A state saved right after the load, before the epoch is listed again, too.
+    rest_again, _ = _reseeded_run(**kw, state=_loaded_state(state, reseed_after_build))
+    assert head + rest_again == full
+    resumed_epoch = (head + rest)[4:] if stop_at == 5 else (head + rest)[:4]
+    epoch = [i for batch in resumed_epoch for i in batch]
+    assert sorted(epoch) == DATA
+
+
+def test_reseed_to_the_same_value_each_epoch_is_a_known_difference() -> None:
+    # docs/coming-from-dataloader.md: the lent generator does not advance the user's,
+    # so a reseed to the same state is not seen; epochs differ (torch repeats the order).
+    g = torch.Generator()
+    loader = ResumableDataLoader(DATA, batch_size=12, sampler=RandomSampler(DATA, generator=g))
+    orders = []
+    for _ in range(3):
+        g.manual_seed(0)
+        orders.append(ids_of(loader)[0])
+    assert orders[0] == list(torch.randperm(12, generator=torch.Generator().manual_seed(0)))
+    assert orders[1] != orders[0] and orders[2] != orders[1]
+    assert all(sorted(order) == DATA for order in orders)
+
+
+class FixedOrder(RandomSampler):
+    """The documented way to the same shuffled order every epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        assert self.generator is not None
+        self.generator.manual_seed(0)
+
+
+def test_set_epoch_that_reseeds_gives_one_order_every_epoch() -> None:
+    sampler = FixedOrder(DATA, generator=torch.Generator())
+    loader = ResumableDataLoader(DATA, batch_size=12, sampler=sampler)
+    orders = [ids_of(loader)[0] for _ in range(3)]
+    assert orders == [list(torch.randperm(12, generator=torch.Generator().manual_seed(0)))] * 3
+
+
+def _wrapper(inner: Any, rank: int) -> Any:
+    pytest.importorskip("lightning")
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    return DistributedSamplerWrapper(inner, num_replicas=2, rank=rank, shuffle=True, seed=0)
+
+
+@pytest.mark.parametrize("kind", ["random", "weighted"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_wrapper_inner_generator_seed_is_torchs_epoch_0(kind: str, rank: int) -> None:
+    # 84cc6ec: the wrapper has no `generator`, so the inner sampler's seed was ignored
+    # (seeds 3 and 4 gave the same order, neither torch's).
+    def inner(seed: int) -> Any:
+        g = torch.Generator().manual_seed(seed)
+        if kind == "random":
+            return RandomSampler(DATA, generator=g)
+        return WeightedRandomSampler([1.0] * 12, 12, generator=g)
+
+    orders = {}
+    for seed in (3, 4):
+        torch_sampler = _wrapper(inner(seed), rank)
+        torch_sampler.set_epoch(0)
+        expected = ids_of(DataLoader(DATA, batch_size=2, sampler=torch_sampler))
+        got = ids_of(ResumableDataLoader(DATA, batch_size=2, sampler=_wrapper(inner(seed), rank)))
+        assert got == expected
+        orders[seed] = got
+    assert orders[3] != orders[4]
+
+
+def test_other_weights_error_names_the_sampler_and_causes() -> None:
+    # 84cc6ec: "torch or loaderkit version changed?" for a sampler built with other weights.
+    loader = ResumableDataLoader(
+        DATA, batch_size=2, seed=0, sampler=WeightedRandomSampler([1.0] * 12, 12)
+    )
+    next(iter(loader))
+    state = loader.state_dict()
+    other = ResumableDataLoader(
+        DATA, batch_size=2, seed=0, sampler=WeightedRandomSampler([1.0] * 6 + [2.0] * 6, 12)
+    )
+    with pytest.raises(
+        StateMismatchError,
+        match=r"sampler=WeightedRandomSampler lists another order.*other weights or indices.*"
+        r"another world size.*another torch version",
+    ):
+        other.load_state_dict(state)
+
+
+class Contiguous(DistributedSampler):
+    """Splits ranks itself: contiguous blocks of one shuffled order, padded."""
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
+        order += order[: self.total_size - len(order)]
+        return iter(order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples])
+
+
+def _contiguous_state(size: int, drop_last: bool = False) -> tuple[list[int], Any]:
+    data = list(range(size))
+    sampler = Contiguous(data, num_replicas=2, rank=0, seed=0, drop_last=drop_last)
+    loader = ResumableDataLoader(data, batch_size=2, sampler=sampler)
+    next(iter(loader))
+    return data, loader.state_dict()
+
+
+def test_self_splitting_sampler_on_another_world_size_names_the_world_size() -> None:
+    # 84cc6ec: an order_check mismatch blamed the torch and loaderkit versions.
+    data, state = _contiguous_state(24)
+    sampler = Contiguous(data, num_replicas=3, rank=0, seed=0)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"DistributedSampler subclass lists another order.*another world size",
+    ):
+        ResumableDataLoader(data, batch_size=2, sampler=sampler).load_state_dict(state)
+
+
+def test_padding_error_does_not_tell_a_drop_last_false_user_to_pass_it() -> None:
+    # 84cc6ec: "build the sampler with drop_last=False" to a sampler built with it.
+    data, state = _contiguous_state(20)
+    sampler = Contiguous(data, num_replicas=3, rank=0, seed=0)
+    with pytest.raises(StateMismatchError, match=r"splits ranks itself") as caught:
+        ResumableDataLoader(data, batch_size=2, sampler=sampler).load_state_dict(state)
+    assert "drop_last=False" not in str(caught.value)
+    assert "Resume on the saved world size of 2" in str(caught.value)
+
+
+def test_trimmed_distributed_sampler_on_another_world_size_names_drop_last_true() -> None:
+    data = list(range(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, drop_last=True)
+    loader = ResumableDataLoader(data, batch_size=2, sampler=sampler)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = DistributedSampler(data, num_replicas=3, rank=0, drop_last=True)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"DistributedSampler\(drop_last=True\) order has 20 entries under the saved world "
+        r"size of 2 and 18.*build the sampler with drop_last=False",
+    ):
+        ResumableDataLoader(data, batch_size=2, sampler=other).load_state_dict(state)
