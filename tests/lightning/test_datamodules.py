@@ -356,6 +356,7 @@ def test_sharded_datamodule_splits_across_ranks(
         env = WorkerEnv(rank=rank, world_size=2)
         for module in (
             "loaderkit.loader.resumable",
+            "loaderkit.loader._engine",
             "loaderkit.plan.samplers",
             "loaderkit.lightning.datamodules.base",
         ):
@@ -447,7 +448,11 @@ def test_streamed_shards_describe_and_split_across_ranks(
     from loaderkit.env import WorkerEnv
 
     env = WorkerEnv(rank=1, world_size=2)
-    for module in ("loaderkit.loader.resumable", "loaderkit.lightning.datamodules.base"):
+    for module in (
+        "loaderkit.loader.resumable",
+        "loaderkit.loader._engine",
+        "loaderkit.lightning.datamodules.base",
+    ):
         monkeypatch.setattr(f"{module}.detect", lambda env=env, **_: env)
     ranked = stream_dm(id_shards, samples_per_epoch=32)
     assert ranked.describe()["splits"]["train"]["batches_per_epoch"] == 2  # 32 / (2 ranks * 8)
