@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
 from loaderkit.env import detect
-from loaderkit.errors import LoaderkitError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
 from loaderkit.loader._workers import WorkerPool, stop_workers
-from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._cursor import PlanCursor, check_envelope
 from loaderkit.plan.samplers import _LenWatch
 
 __all__ = [
@@ -266,6 +266,26 @@ class WorkerStreams:
                 "save the state while the consumer holds at most that many batches."
             )
         return held
+
+    def open_state(
+        self, state: Any, kind: str, fields: tuple[str, ...], over: str, hint: str
+    ) -> None:
+        """Stop every iteration, then refuse a ``state`` that is not a whole one of ``kind``."""
+        self.host.supersede()
+        check_envelope(state, fields, owner="ResumableDataLoader", hint=hint)
+        if state["kind"] != kind:
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: field 'kind' is {state['kind']!r}, "
+                f"expected {kind!r}; pass the state of a loader over {over}."
+            )
+
+    def resume(self, state: Any) -> None:
+        """Take the position of a checked ``state``; workers start afresh."""
+        steps_done = int(state["steps_done"])
+        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
+        self.complete = bool(state["complete"])
+        self._history.clear()
+        self.close()
 
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         # Persistent workers ran ahead of what was handed out: they cannot serve on.

@@ -33,7 +33,6 @@ from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import (
     ITERABLE_FIELDS,
     STATE_VERSION,
-    check_envelope,
     check_settings,
     seal,
 )
@@ -657,14 +656,8 @@ class IterableEngine(WorkerStreams):
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
-        self.host.supersede()
+        self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
-        check_envelope(state, ITERABLE_FIELDS, owner=OWNER, hint=_MISSING)
-        if state["kind"] != "iterable":
-            raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'iterable'; pass the "
-                "state of a loader over an IterableDataset."
-            )
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
@@ -692,9 +685,5 @@ class IterableEngine(WorkerStreams):
             {k: r.get(k) if k in ("rng", "failed") else r[k] for k in _RECORD} for r in records
         ]
         self._primed = None
-        steps_done = int(state["steps_done"])
-        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
-        self.complete = bool(state["complete"])
-        self._history.clear()
-        self.close()
+        self.resume(state)
         return adopted

@@ -31,7 +31,6 @@ from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_
 from loaderkit.plan._cursor import (
     STATE_VERSION,
     STREAM_FIELDS,
-    check_envelope,
     check_settings,
     seal,
 )
@@ -424,14 +423,8 @@ class StreamEngine(WorkerStreams):
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
-        self.host.supersede()
+        self.open_state(state, "stream", STREAM_FIELDS, "a StreamingShardedDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
-        check_envelope(state, STREAM_FIELDS, owner=OWNER, hint=_MISSING)
-        if state["kind"] != "stream":
-            raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the "
-                "state of a loader over a StreamingShardedDataset."
-            )
         saved = dict(state["stream"])
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
@@ -459,10 +452,6 @@ class StreamEngine(WorkerStreams):
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
-        steps_done = int(state["steps_done"])
-        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
-        self.complete = bool(state["complete"])
-        self._history.clear()
         self._round, self._loaded_ranks = None, list(state["ranks"])
-        self.close()
+        self.resume(state)
         return adopted

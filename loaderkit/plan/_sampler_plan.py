@@ -37,7 +37,13 @@ import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
-from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
+from loaderkit.plan.sample import (
+    _FixedSchedule,
+    _KeyedSchedule,
+    occurrence_keys,
+    plan_settings,
+    steps_from,
+)
 from loaderkit.seeding import derive_seed
 
 __all__ = [
@@ -387,11 +393,7 @@ class SamplerPlan:
         """The settings a position is only meaningful for (epoch 0's order by checksum)."""
         cls = type(self.sampler)
         return {
-            "num_samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
+            **plan_settings(self),
             "order_check": self._check,
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
             # A repeated index is seeded per draw (occurrence_keys); states saved when
