@@ -34,7 +34,7 @@ def _index_tensor(indices: Any) -> torch.Tensor:
 _T_RESHAPE = "t.reshape(1) or t.unsqueeze(0)"
 
 
-def _check_rows(owner: str, i: int, value: Any, kind: type, names: tuple[str, ...]) -> None:
+def _check_rows(owner: str, i: int, value: Any, kind: type[Any], names: tuple[str, ...]) -> None:
     """Refuse argument ``i`` unless it is a ``kind`` with a first dimension (``names``: what
     it must be, the class for the other kind, its noun, how to reshape it)."""
     what, other, noun, reshape = names
