@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
@@ -32,6 +32,7 @@ from loaderkit.plan.samplers import _LenWatch
 __all__ = [
     "DDP_DEFAULT_SEED",
     "Engine",
+    "EngineSource",
     "EpochIterator",
     "Host",
     "Run",
@@ -299,6 +300,20 @@ class WorkerStreams:
         if inner is not None and inner._iterator is not None:
             stop_workers(inner, inner._iterator)
         self._inner, self._inner_next = None, None
+
+
+class EngineSource(IterableDataset[Any]):
+    """What the inner DataLoader of a stream or iterable engine iterates: the user's data,
+    batched as the engine batches."""
+
+    def __init__(self, engine: Any) -> None:
+        self.ds, self.collate = engine.dataset, engine.collate_fn
+        self.batch_size, self.drop_last = engine.batch_size, engine.drop_last
+
+    @property
+    def user_dataset(self) -> Any:
+        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        return self.ds
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
