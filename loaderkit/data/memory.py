@@ -31,6 +31,24 @@ def _index_tensor(indices: Any) -> torch.Tensor:
     return torch.as_tensor(indices, dtype=torch.long)
 
 
+_T_RESHAPE = "t.reshape(1) or t.unsqueeze(0)"
+
+
+def _check_rows(owner: str, i: int, value: Any, kind: type[Any], names: tuple[str, ...]) -> None:
+    """Refuse argument ``i`` unless it is a ``kind`` with a first dimension (``names``: what
+    it must be, the class for the other kind, its noun, how to reshape it)."""
+    what, other, noun, reshape = names
+    if not isinstance(value, kind):
+        raise TypeError(
+            f"{owner}: argument {i} must be {what}, got {type(value).__name__}; use {other}."
+        )
+    if value.ndim == 0:
+        raise ValueError(
+            f"{owner}: argument {i} is a 0-d {noun}; rows need a first dimension, e.g. pass "
+            f"{reshape}."
+        )
+
+
 def _common_length(kind: str, lengths: Sequence[int]) -> int:
     if not lengths:
         raise ValueError(f"{kind}: pass at least one {kind.removesuffix('Dataset').lower()}.")
@@ -59,16 +77,8 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 
     def __init__(self, *tensors: torch.Tensor) -> None:
         for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"TensorDataset: argument {i} must be a torch.Tensor, got "
-                    f"{type(t).__name__}; use ArrayDataset for numpy arrays."
-                )
-            if t.dim() == 0:
-                raise ValueError(
-                    f"TensorDataset: argument {i} is a 0-d tensor; rows need a first "
-                    "dimension, e.g. pass t.reshape(1) or t.unsqueeze(0)."
-                )
+            names = ("a torch.Tensor", "ArrayDataset for numpy arrays", "tensor", _T_RESHAPE)
+            _check_rows("TensorDataset", i, t, torch.Tensor, names)
         self.size = _common_length("TensorDataset", [t.size(0) for t in tensors])
         self.tensors = tensors
 
@@ -102,16 +112,8 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
 
     def __init__(self, *arrays: np.ndarray) -> None:
         for i, a in enumerate(arrays):
-            if not isinstance(a, np.ndarray):
-                raise TypeError(
-                    f"ArrayDataset: argument {i} must be a numpy array, got "
-                    f"{type(a).__name__}; use TensorDataset for tensors."
-                )
-            if a.ndim == 0:
-                raise ValueError(
-                    f"ArrayDataset: argument {i} is a 0-d array; rows need a first "
-                    "dimension, e.g. pass a.reshape(1)."
-                )
+            names = ("a numpy array", "TensorDataset for tensors", "array", "a.reshape(1)")
+            _check_rows("ArrayDataset", i, a, np.ndarray, names)
             try:  # fail here, not at the first batch, on dtypes torch has no tensor for
                 torch.from_numpy(np.empty(0, dtype=a.dtype))
             except TypeError as exc:

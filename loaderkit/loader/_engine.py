@@ -17,21 +17,22 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
 from loaderkit.env import detect
-from loaderkit.errors import LoaderkitError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
 from loaderkit.loader._workers import WorkerPool, stop_workers
-from loaderkit.plan._cursor import PlanCursor
+from loaderkit.plan._cursor import PlanCursor, check_envelope
 from loaderkit.plan.samplers import _LenWatch
 
 __all__ = [
     "DDP_DEFAULT_SEED",
     "Engine",
+    "EngineSource",
     "EpochIterator",
     "Host",
     "Run",
@@ -267,6 +268,26 @@ class WorkerStreams:
             )
         return held
 
+    def open_state(
+        self, state: Any, kind: str, fields: tuple[str, ...], over: str, hint: str
+    ) -> None:
+        """Stop every iteration, then refuse a ``state`` that is not a whole one of ``kind``."""
+        self.host.supersede()
+        check_envelope(state, fields, owner="ResumableDataLoader", hint=hint)
+        if state["kind"] != kind:
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: field 'kind' is {state['kind']!r}, "
+                f"expected {kind!r}; pass the state of a loader over {over}."
+            )
+
+    def resume(self, state: Any) -> None:
+        """Take the position of a checked ``state``; workers start afresh."""
+        steps_done = int(state["steps_done"])
+        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
+        self.complete = bool(state["complete"])
+        self._history.clear()
+        self.close()
+
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         # Persistent workers ran ahead of what was handed out: they cannot serve on.
         stop_workers(inner, workers)
@@ -279,6 +300,20 @@ class WorkerStreams:
         if inner is not None and inner._iterator is not None:
             stop_workers(inner, inner._iterator)
         self._inner, self._inner_next = None, None
+
+
+class EngineSource(IterableDataset[Any]):
+    """What the inner DataLoader of a stream or iterable engine iterates: the user's data,
+    batched as the engine batches."""
+
+    def __init__(self, engine: Any) -> None:
+        self.ds, self.collate = engine.dataset, engine.collate_fn
+        self.batch_size, self.drop_last = engine.batch_size, engine.drop_last
+
+    @property
+    def user_dataset(self) -> Any:
+        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        return self.ds
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:

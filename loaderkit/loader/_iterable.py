@@ -23,17 +23,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._engine import Host, Run, WorkerStreams, settle_seed
+from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import (
     ITERABLE_FIELDS,
     STATE_VERSION,
-    check_envelope,
     check_settings,
     seal,
 )
@@ -333,24 +332,16 @@ def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, work
         )
 
 
-class _WorkerStreams(IterableDataset[Any]):
+class _WorkerStreams(EngineSource):
     """What the inner DataLoader's workers iterate: their own streams, batched, with records."""
 
     def __init__(
         self, engine: IterableEngine, starts: list[dict[str, Any]], *, epoch: int, rank: int
     ) -> None:
-        self.ds = engine.dataset
-        self.batch_size = engine.batch_size
-        self.drop_last = engine.drop_last
-        self.collate = engine.collate_fn
+        super().__init__(engine)
         self.starts = starts
         self.seed, self.epoch, self.rank = engine.host.seed, epoch, rank
         self._passes = 0  # a persistent worker's copy counts its passes
-
-    @property
-    def user_dataset(self) -> Any:
-        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
-        return self.ds
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -391,9 +382,7 @@ class IterableEngine(WorkerStreams):
         collate_fn: Callable[[list[Any]], Any],
     ) -> None:
         super().__init__(host, plan, reseed)
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.collate_fn = collate_fn
         # Per worker, as of its last batch handed out in the current epoch.
         self.records: list[dict[str, Any]] = [fresh_record() for _ in range(self.workers)]
@@ -657,14 +646,8 @@ class IterableEngine(WorkerStreams):
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
-        self.host.supersede()
+        self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
-        check_envelope(state, ITERABLE_FIELDS, owner=OWNER, hint=_MISSING)
-        if state["kind"] != "iterable":
-            raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'iterable'; pass the "
-                "state of a loader over an IterableDataset."
-            )
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
@@ -692,9 +675,5 @@ class IterableEngine(WorkerStreams):
             {k: r.get(k) if k in ("rng", "failed") else r[k] for k in _RECORD} for r in records
         ]
         self._primed = None
-        steps_done = int(state["steps_done"])
-        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
-        self.complete = bool(state["complete"])
-        self._history.clear()
-        self.close()
+        self.resume(state)
         return adopted

@@ -37,6 +37,17 @@ __all__ = ["LoaderSpec", "draw_seed", "make_spec", "plain_sampler"]
 
 OWNER = "ResumableDataLoader"
 Kind = Literal["plan", "stream", "iterable"]
+# The spec's fields that are the arguments as given.
+_AS_GIVEN = (
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,14 +157,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         rank=topology[0],
         world_size=topology[1],
         **_workers(kind, dataset, a),
-        timeout=a["timeout"],
-        worker_init_fn=a["worker_init_fn"],
-        multiprocessing_context=a["multiprocessing_context"],
-        generator=a["generator"],
-        prefetch_factor=a["prefetch_factor"],
-        persistent_workers=a["persistent_workers"],
-        pin_memory_device=a["pin_memory_device"],
-        in_order=a["in_order"],
+        **{name: a[name] for name in _AS_GIVEN},
     )
 
 

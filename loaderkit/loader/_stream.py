@@ -19,19 +19,18 @@ from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._engine import Host, Run, WorkerStreams, settle_seed
+from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
 from loaderkit.plan._cursor import (
     STATE_VERSION,
     STREAM_FIELDS,
-    check_envelope,
     check_settings,
     seal,
 )
@@ -49,27 +48,18 @@ _DIFFERS = (
 )
 
 
-class _SlotBatches(IterableDataset[Any]):
+class _SlotBatches(EngineSource):
     """What the inner DataLoader iterates: this rank's slots, batched, with cursors."""
 
     def __init__(self, engine: StreamEngine, rotation: int) -> None:
-        self.ds = engine.dataset
-        self.seed = engine.seed
-        self.batch_size = engine.batch_size
-        self.drop_last = engine.drop_last
-        self.collate = engine.collate_fn
-        self.per_sample = engine.per_sample_seeding
+        super().__init__(engine)
+        self.seed, self.per_sample = engine.seed, engine.per_sample_seeding
         self.steps = engine.steps  # per epoch, None: one pass
         self.rank, self.world_size = engine.host.topology()
         self.workers, self.rotation = engine.workers, rotation
         self.epoch, self.steps_done = engine.epoch, engine.steps_done
         self.cursors = list(engine.cursors)
         self._iterations = 0  # a persistent worker's copy counts its epochs
-
-    @property
-    def user_dataset(self) -> Any:
-        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
-        return self.ds
 
     def __iter__(self) -> Iterator[tuple[int, Cursor, Any]]:
         info = get_worker_info()
@@ -133,9 +123,7 @@ class StreamEngine(WorkerStreams):
         per_sample_seeding: bool,
     ) -> None:
         super().__init__(host, plan, reseed)
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
         # The epoch and this rank's batches handed out in it (its position), with the
@@ -424,14 +412,8 @@ class StreamEngine(WorkerStreams):
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
-        self.host.supersede()
+        self.open_state(state, "stream", STREAM_FIELDS, "a StreamingShardedDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
-        check_envelope(state, STREAM_FIELDS, owner=OWNER, hint=_MISSING)
-        if state["kind"] != "stream":
-            raise StateMismatchError(
-                f"{owner}: field 'kind' is {state['kind']!r}, expected 'stream'; pass the "
-                "state of a loader over a StreamingShardedDataset."
-            )
         saved = dict(state["stream"])
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
@@ -459,10 +441,6 @@ class StreamEngine(WorkerStreams):
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
-        steps_done = int(state["steps_done"])
-        self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
-        self.complete = bool(state["complete"])
-        self._history.clear()
         self._round, self._loaded_ranks = None, list(state["ranks"])
-        self.close()
+        self.resume(state)
         return adopted

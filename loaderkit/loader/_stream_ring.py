@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from typing import Any
 
 import torch.distributed as dist
 
 from loaderkit.errors import LoaderkitError
+from loaderkit.plan._agree import env_positive
 
 __all__ = ["DEFAULT_WINDOW", "PeerRing", "flush_retired", "ring_window"]
 
@@ -42,12 +42,7 @@ _retired: list[PeerRing] = []
 
 def ring_window() -> int:
     """The ring size: ``LOADERKIT_STREAM_STATE_WINDOW``, or :data:`DEFAULT_WINDOW`."""
-    raw = os.environ.get(_ENV_WINDOW, "")
-    try:
-        value = int(raw) if raw else DEFAULT_WINDOW
-    except ValueError:
-        value = DEFAULT_WINDOW
-    return value if value > 0 else DEFAULT_WINDOW
+    return env_positive(_ENV_WINDOW, DEFAULT_WINDOW, int)
 
 
 def flush_retired(store: dist.Store) -> None:

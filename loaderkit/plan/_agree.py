@@ -33,16 +33,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
 
-__all__ = ["Rounds", "agree_across_ranks", "group_store", "rank_check_timeout"]
+__all__ = ["Rounds", "agree_across_ranks", "env_positive", "group_store", "rank_check_timeout"]
+
+_N = TypeVar("_N", int, float)
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
 # torch's own default for a process group's collectives (30 min): ranks that would
@@ -77,14 +79,19 @@ _DATA_FIELDS = (
 )
 
 
+def env_positive(name: str, default: _N, cast: Callable[[str], _N]) -> _N:
+    """Environment variable ``name`` as ``cast`` reads it where positive, else ``default``."""
+    raw = os.environ.get(name, "")
+    try:
+        value = cast(raw) if raw else default
+    except ValueError:
+        value = default
+    return value if value > 0 else default
+
+
 def rank_check_timeout() -> float:
     """Seconds a rank waits for its peers (``LOADERKIT_RANK_CHECK_TIMEOUT``, default 1800)."""
-    raw = os.environ.get(_ENV_TIMEOUT, "")
-    try:
-        value = float(raw) if raw else _DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = _DEFAULT_TIMEOUT_S
-    return value if value > 0 else _DEFAULT_TIMEOUT_S
+    return env_positive(_ENV_TIMEOUT, _DEFAULT_TIMEOUT_S, float)
 
 
 class Rounds:

@@ -37,7 +37,13 @@ import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
-from loaderkit.plan.sample import _FixedSchedule, _KeyedSchedule, occurrence_keys, steps_from
+from loaderkit.plan.sample import (
+    _FixedSchedule,
+    _KeyedSchedule,
+    occurrence_keys,
+    plan_settings,
+    steps_from,
+)
 from loaderkit.seeding import derive_seed
 
 __all__ = [
@@ -46,31 +52,11 @@ __all__ = [
     "check_reproducible",
     "generator_seed",
     "keyed_order",
-    "sampler_order",
     "wrapped_sampler",
 ]
 
 # The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
 UNHOOKED = "_loaderkit_unhooked"
-
-
-def sampler_order(
-    sampler: Any,
-    seed: int,
-    epoch: int,
-    first_state: torch.Tensor | None = None,
-    seen: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``.
-
-    A ``generator`` slot is lent a generator for the listing and then given back,
-    so the user's generator is neither replaced nor advanced. The lent one starts
-    where the user put theirs when they reseeded it (its ``set_epoch`` wrote it, or
-    it differs from ``seen``, the state at the last listing), as torch draws from
-    it; else epoch 0 from ``first_state`` (the user's generator's state at
-    construction), else from ``(seed, epoch)``.
-    """
-    return keyed_order(sampler, seed, epoch, first_state, seen)[0]
 
 
 def keyed_order(
@@ -81,11 +67,18 @@ def keyed_order(
     seen: torch.Tensor | None = None,
     restored: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`sampler_order`, and the user's reseeded generator state it was listed
-    from (None where the order is a function of ``seed``, ``epoch`` and construction).
+    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``, and
+    the user's reseeded generator state it was listed from (None where the order is a
+    function of ``seed``, ``epoch`` and construction).
 
-    ``restored`` (a resumed epoch) is the state the saved run listed it from, or
-    ``_KEYED`` where that run keyed it: the process's own history then does not count.
+    A ``generator`` slot is lent a generator for the listing and then given back,
+    so the user's generator is neither replaced nor advanced. The lent one starts
+    where the user put theirs when they reseeded it (its ``set_epoch`` wrote it, or
+    it differs from ``seen``, the state at the last listing), as torch draws from
+    it; else epoch 0 from ``first_state`` (the user's generator's state at
+    construction), else from ``(seed, epoch)``. ``restored`` (a resumed epoch) is the
+    state the saved run listed it from, or ``_KEYED`` where that run keyed it: the
+    process's own history then does not count.
     """
     written = _set_epoch(sampler, epoch)
     # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
@@ -220,8 +213,8 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
             f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
             f"Sampler), got {type(sampler).__name__}."
         )
-    first = sampler_order(sampler, _PROBE_SEED, 0)
-    second = sampler_order(sampler, _PROBE_SEED, 0)
+    first = keyed_order(sampler, _PROBE_SEED, 0)[0]
+    second = keyed_order(sampler, _PROBE_SEED, 0)[0]
     if not torch.equal(first, second):
         generator = getattr(sampler, "generator", None)
         foreign = (
@@ -387,11 +380,7 @@ class SamplerPlan:
         """The settings a position is only meaningful for (epoch 0's order by checksum)."""
         cls = type(self.sampler)
         return {
-            "num_samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
+            **plan_settings(self),
             "order_check": self._check,
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
             # A repeated index is seeded per draw (occurrence_keys); states saved when

@@ -205,14 +205,15 @@ class SamplePlan:
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a position is only meaningful for."""
-        return {
-            "num_samples": self.num_samples,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-            "order_check": permutation_digest() if self.shuffle else 0,
-        }
+        return {**plan_settings(self), "order_check": permutation_digest() if self.shuffle else 0}
+
+
+_SETTINGS = ("num_samples", "batch_size", "shuffle", "seed", "drop_last")
+
+
+def plan_settings(plan: Any) -> dict[str, Any]:
+    """The settings of a plan's fingerprint that every sample plan has."""
+    return {k: getattr(plan, k) for k in _SETTINGS}
 
 
 def materialize(mapping: PositionMap, n: int) -> torch.Tensor:

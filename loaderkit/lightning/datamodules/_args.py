@@ -24,6 +24,7 @@ from loaderkit.data.remote import RemoteCache
 
 __all__ = [
     "MAX_OPEN_DEFAULT",
+    "budget_sampler",
     "check_settings",
     "collate_of",
     "make_reader",
@@ -132,6 +133,17 @@ def refuse_val_fraction(module: Any, why: str, fix: str) -> None:
             f"{type(module).__name__}: val_fraction={module.val_fraction} is not supported "
             f"{why}; {fix}."
         )
+
+
+_BUDGET = ("max_tokens", "pad_to_multiple_of", "seed", "shuffle", "drop_last")
+
+
+def budget_sampler(module: Any, dataset: Any, lengths: Any, **extra: Any) -> Any:
+    """``dataset``'s token-budget train batch sampler under ``module``'s settings."""
+    settings = {name: getattr(module, name) for name in _BUDGET}
+    return dataset.bucket_batch_sampler(
+        lengths=lengths, window=module.bucket_window, **settings, **extra
+    )
 
 
 def remote_cache(

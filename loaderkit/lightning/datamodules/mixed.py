@@ -17,6 +17,7 @@ from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import (
     MAX_OPEN_DEFAULT,
+    budget_sampler,
     check_settings,
     collate_of,
     make_reader,
@@ -215,16 +216,7 @@ class MixedDataModule(LoaderDataModule):
             return dataset.batch_sampler(
                 batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
             )
-        return dataset.bucket_batch_sampler(
-            max_tokens=self.max_tokens,
-            lengths=self._lengths(dataset),
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            window=self.bucket_window,
-            drop_last=self.drop_last,
-            oversize=self.oversize,
-        )
+        return budget_sampler(self, dataset, self._lengths(dataset), oversize=self.oversize)
 
     def _lengths(self, mix: MixedDataset) -> np.ndarray:
         """Each train sample's tokens, sources in order (kept)."""

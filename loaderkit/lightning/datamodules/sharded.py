@@ -14,6 +14,7 @@ from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules._args import (
     MAX_OPEN_DEFAULT,
+    budget_sampler,
     check_settings,
     collate_of,
     make_reader,
@@ -234,17 +235,8 @@ class ShardedDataModule(LoaderDataModule):
         """The dataset's own plan (shuffled for train only)."""
         train = split == "train"
         if train and self.max_tokens is not None:
-            return dataset.bucket_batch_sampler(
-                max_tokens=self.max_tokens,
-                lengths=self._lengths(dataset),
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                window=self.bucket_window,
-                shard_window=self.window,
-                mix_shards=self.mix_shards,
-                drop_last=self.drop_last,
-            )
+            extra = {"shard_window": self.window, "mix_shards": self.mix_shards}
+            return budget_sampler(self, dataset, self._lengths(dataset), **extra)
         return dataset.batch_sampler(
             batch_size,
             seed=self.seed,
