@@ -97,17 +97,16 @@ def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
     """
     if read_set_on_instance(dataset) or rows.numel() == 0:
         return None
-    if int(rows.min()) < 0 or int(rows.max()) >= len(dataset):
-        return None  # negative or out of range: torch's own read says what it does
     if type(dataset) is Subset:
-        mapped = _subset_rows(dataset.indices, rows)
+        mapped = _subset_rows(dataset.indices, rows, len(dataset.dataset))
         return None if mapped is None else torch_gather(dataset.dataset, mapped)
     if type(dataset) is ConcatDataset:
         return _concat_gather(dataset, rows)
     if type(dataset) is not TensorDataset:
         return None
     tensors = dataset.tensors
-    if not all(_stacks_like_rows(t, len(dataset)) for t in tensors):
+    size = len(dataset)
+    if not all(_stacks_like_rows(t, size) for t in tensors):
         return None
     return [t.index_select(0, rows.to(t.device)) for t in tensors]
 
@@ -118,26 +117,29 @@ def _stacks_like_rows(t: Any, size: int) -> bool:
     return (
         type(t) is torch.Tensor
         and t.layout == torch.strided
-        and 1 <= t.dim()
+        and t.dim() >= 1
         and t.size(0) == size
         and (t.dim() <= 4 or (t.is_contiguous() and 1 not in t.shape[1:]))
         and not (t.requires_grad or t.is_nested or t.is_quantized or t.is_conj() or t.is_neg())
     )
 
 
-def _subset_rows(indices: Any, rows: torch.Tensor) -> torch.Tensor | None:
-    """``indices[i]`` for ``i`` in ``rows``, where each is an integer as torch reads it."""
+def _subset_rows(indices: Any, rows: torch.Tensor, size: int) -> torch.Tensor | None:
+    """``indices[i]`` for ``i`` in ``rows``, where each is an integer in ``[0, size)`` (a
+    negative or out-of-range one is read per sample: torch's read says what it does)."""
     if type(indices) is np.ndarray and indices.dtype.kind == "i" and indices.dtype.isnative:
         indices = torch.from_numpy(indices)
     if type(indices) is torch.Tensor:
         # A uint8/bool index would be read as a mask; a 2-d one would pick several rows.
         if indices.dim() != 1 or indices.dtype not in _INT_INDEX:
             return None
-        return indices[rows.to(indices.device)].to("cpu", torch.int64)
+        picked = indices[rows.to(indices.device)].to("cpu", torch.int64)
+        low, high = picked.aminmax()
+        return picked if int(low) >= 0 and int(high) < size else None
     if type(indices) not in (list, tuple, range):
         return None
     mapped = [indices[i] for i in rows.tolist()]
-    if not all(type(i) is int for i in mapped):
+    if not all(type(i) is int for i in mapped) or min(mapped) < 0 or max(mapped) >= size:
         return None
     return torch.tensor(mapped, dtype=torch.int64)
 
@@ -274,7 +276,7 @@ class BatchFetcher:
         if self.mode == "get_batch":
             return self._batched(self.dataset.get_batch, epoch, indices)
         if self.gather:
-            rows = torch.as_tensor(indices, dtype=torch.int64)
+            rows = torch.as_tensor(indices)  # the plan's int64 indices, in range
             batch = self._batched(functools.partial(torch_gather, self.dataset), epoch, rows)
             if batch is not None:
                 return batch
