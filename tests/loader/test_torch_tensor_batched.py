@@ -202,14 +202,17 @@ def test_a_subclass_is_read_per_sample() -> None:
 def test_a_read_set_on_the_instance_is_called_per_sample() -> None:
     dataset = _base()
     calls: list[int] = []
+    seeds: set[int] = set()
 
     def read(index: int) -> tuple[torch.Tensor, ...]:
         calls.append(index)
+        seeds.add(torch.initial_seed())
         return tuple(t[index] for t in dataset.tensors)
 
     dataset.__getitem__ = read  # type: ignore[method-assign]
     list(_loader(dataset, shuffle=True))
     assert sorted(calls) == list(range(N))
+    assert len(seeds) == N  # user code: seeded per sample under per_sample_seeding="auto"
 
 
 @pytest.mark.parametrize(
