@@ -98,8 +98,9 @@ def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
     if read_set_on_instance(dataset) or rows.numel() == 0:
         return None
     if type(dataset) is Subset:
-        mapped = _subset_rows(dataset.indices, rows, len(dataset.dataset))
-        return None if mapped is None else torch_gather(dataset.dataset, mapped)
+        parent: Any = dataset.dataset  # what torch_gathered accepts: sized
+        mapped = _subset_rows(dataset.indices, rows, len(parent))
+        return None if mapped is None else torch_gather(parent, mapped)
     if type(dataset) is ConcatDataset:
         return _concat_gather(dataset, rows)
     if type(dataset) is not TensorDataset:
