@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
 from loaderkit._checks import check_int
 from loaderkit._tags import SeedTag, StreamTag
@@ -660,7 +660,20 @@ def _load(
 _NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorDataset)
 
 
+def read_set_on_instance(dataset: Any) -> bool:
+    """Whether ``dataset`` has a ``__getitem__``/``__getitems__`` of its own instance (which
+    loaderkit's reads call, as torch's fetcher calls ``__getitems__``)."""
+    return bool({"__getitem__", "__getitems__"} & getattr(dataset, "__dict__", {}).keys())
+
+
 def draws_nothing(dataset: Any) -> bool:
     """Whether ``dataset[i]`` cannot draw randomness: an exact builtin container, array, tensor
-    or torch ``TensorDataset`` (a subclass may override ``__getitem__``)."""
+    or torch ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` of them (a subclass,
+    or a read set on the instance, may draw)."""
+    if read_set_on_instance(dataset):
+        return False
+    if type(dataset) is Subset:
+        return type(dataset.indices) in _NO_RANDOMNESS and draws_nothing(dataset.dataset)
+    if type(dataset) is ConcatDataset:
+        return all(draws_nothing(part) for part in dataset.datasets)
     return type(dataset) in _NO_RANDOMNESS

@@ -17,14 +17,17 @@ Competitors, all with ``batch_size``, ``shuffle=True`` and ``num_workers``:
   (no per-sample calls, no collate). It is what any loader built on torch's
   worker processes can reach: each batch crosses to the main process as a new
   shared-memory tensor.
+- (f) ``ResumableDataLoader(torch.utils.data.TensorDataset(x), seed=0)`` with the
+  defaults (``default_collate``): torch's own ``TensorDataset`` is gathered a batch
+  at a time (one ``index_select`` per tensor), the same batches as (b) gives.
 
 Method: a repeat runs every competitor once, in a shuffled order (machine noise
 hits all alike); the table shows the median and the best over ``--repeats``
 after one warm-up repeat. A run takes the first batch untimed (worker start-up
 and first-batch latency are excluded), then times the next batches: for (a),
-(d) and (e) the rest of the epoch, and with ``num_workers=0`` the
+(d), (e) and (f) the rest of the epoch, and with ``num_workers=0`` the
 ``--fast-epochs - 1`` epochs after it too (an epoch of (a) is only ~20 ms; each
-new epoch's ``randperm`` is timed, for (a) and (d) alike); for (b) and (c),
+new epoch's ``randperm`` is timed, for (a), (d) and (f) alike); for (b) and (c),
 which are slow, only the next ``--torch-batches`` batches. samples/s is
 measured on what was timed (a rate: nothing is scaled; the batch counts are
 printed).
@@ -61,13 +64,20 @@ from loaderkit.cli.bench import Ratio, report
 from loaderkit.env import detect
 from loaderkit.plan._cursor import new_state
 
-SHORT = {"b": "DataLoader", "c": "StatefulDataLoader", "d": "slicing bound", "e": "worker floor"}
+SHORT = {
+    "a": "ResumableDataLoader + loaderkit.TensorDataset",
+    "b": "DataLoader",
+    "c": "StatefulDataLoader",
+    "d": "slicing bound",
+    "e": "worker floor",
+}
 NAMES = {
     "a": "(a) ResumableDataLoader + loaderkit.TensorDataset",
     "b": "(b) torch DataLoader + torch TensorDataset",
     "c": "(c) torchdata StatefulDataLoader + torch TensorDataset",
     "d": "(d) bound: index_select by shuffled index batches",
     "e": "(e) torch worker floor: DataLoader + __getitems__ (one index_select)",
+    "f": "(f) ResumableDataLoader + torch TensorDataset, defaults",
 }
 
 
@@ -123,6 +133,9 @@ def make_runners(
         loaderkit.TensorDataset(x), batch_size=bs, shuffle=True, seed=0, num_workers=num_workers
     )
     torch_ds = TorchTensorDataset(x)
+    theirs = ResumableDataLoader(
+        torch_ds, batch_size=bs, shuffle=True, seed=0, num_workers=num_workers
+    )
     plain = DataLoader(torch_ds, batch_size=bs, shuffle=True, num_workers=num_workers)
     stateful = StatefulDataLoader(torch_ds, batch_size=bs, shuffle=True, num_workers=num_workers)
     gen = torch.Generator().manual_seed(0)
@@ -132,6 +145,7 @@ def make_runners(
         "b": lambda: timed_rate(iter(plain), args.torch_batches, bs),
         "c": lambda: timed_rate(iter(stateful), args.torch_batches, bs),
         "d": lambda: timed_rate(epochs(lambda: bound_batches(x, bs, gen), n_epochs), None, bs),
+        "f": lambda: timed_rate(epochs(lambda: iter(theirs), n_epochs), None, bs),
     }
     if num_workers > 0:
         floor = DataLoader(
@@ -324,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
             if key in med:
                 name = f"a/{key} (vs {SHORT[key]}), num_workers={nw}"
                 ratios.append(Ratio(name, med["a"] / med[key], goal))
+        for key, goal in (("b", 10.0 if nw == 0 else None), ("a", None)):
+            name = f"f/{key} (torch TensorDataset vs {SHORT[key]}), num_workers={nw}"
+            ratios.append(Ratio(name, med["f"] / med[key], goal))
         for label, pick in (("median", statistics.median), ("best", max)):
             r = {k: pick(v) for k, v in rates.items()}
             line = (
@@ -332,10 +349,13 @@ def main(argv: list[str] | None = None) -> None:
             )
             if "e" in r:
                 line += f", a/e = {r['a'] / r['e']:.2f}x"
+            line += f", f/b = {r['f'] / r['b']:.1f}x, f/a = {r['f'] / r['a']:.2f}x"
             goals = []
             if nw == 0:
                 goals.append(f"a/b >= 25x: {'met' if r['a'] / r['b'] >= 25 else 'MISSED'}")
             goals.append(f"a/d >= 0.6x: {'met' if r['a'] / r['d'] >= 0.6 else 'MISSED'}")
+            if nw == 0:
+                goals.append(f"f/b >= 10x: {'met' if r['f'] / r['b'] >= 10 else 'MISSED'}")
             print(f"{line} (goals: {'; '.join(goals)})")
     ratios.append(state_dict_cost(x, args))
     report(ratios)

@@ -18,6 +18,7 @@ from torch.utils.data import (
     ConcatDataset,
     Dataset,
     Subset,
+    TensorDataset,
     default_collate,
     default_convert,
     get_worker_info,
@@ -25,7 +26,7 @@ from torch.utils.data import (
 
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import SampleSeeder
+from loaderkit.seeding import SampleSeeder, read_set_on_instance
 
 __all__ = [
     "BatchFetcher",
@@ -38,6 +39,8 @@ __all__ = [
     "identity",
     "index_subset",
     "seed_keys",
+    "torch_gather",
+    "torch_gathered",
     "worker_error",
 ]
 
@@ -69,6 +72,104 @@ def loaderkit_batch_read(dataset: Any) -> bool:
         return False
     owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))
     return owner.__module__.startswith("loaderkit.")
+
+
+def torch_gathered(dataset: Any) -> bool:
+    """Whether ``dataset`` is torch's own ``TensorDataset``, or a ``Subset`` / ``ConcatDataset``
+    of them (exact classes, no read set on the instance): :func:`torch_gather` may read it."""
+    if read_set_on_instance(dataset):
+        return False
+    if type(dataset) is Subset:
+        return torch_gathered(dataset.dataset)
+    if type(dataset) is ConcatDataset:
+        return all(torch_gathered(part) for part in dataset.datasets)
+    return type(dataset) is TensorDataset
+
+
+def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
+    """``default_collate([dataset[i] for i in rows])`` in one ``index_select`` per tensor.
+
+    For what :func:`torch_gathered` accepts; ``None`` (read per sample then) where
+    the result could differ from the per-sample read: rows out of range, a tensor
+    stacked to other strides or kept with autograd or conj information, a
+    ``Subset`` index that is not a plain integer, ``ConcatDataset`` parts that
+    differ in dtype or shape.
+    """
+    if read_set_on_instance(dataset) or rows.numel() == 0:
+        return None
+    if type(dataset) is Subset:
+        parent: Any = dataset.dataset  # what torch_gathered accepts: sized
+        mapped = _subset_rows(dataset.indices, rows, len(parent))
+        return None if mapped is None else torch_gather(parent, mapped)
+    if type(dataset) is ConcatDataset:
+        return _concat_gather(dataset, rows)
+    if type(dataset) is not TensorDataset:
+        return None
+    tensors = dataset.tensors
+    size = len(dataset)
+    if not all(_stacks_like_rows(t, size) for t in tensors):
+        return None
+    return [t.index_select(0, rows.to(t.device)) for t in tensors]
+
+
+def _stacks_like_rows(t: Any, size: int) -> bool:
+    """Whether ``t.index_select(0, rows)`` equals ``torch.stack([t[i] for i in rows])``,
+    strides included (a stack of 4-d rows may keep their strides; index_select does not)."""
+    return (
+        type(t) is torch.Tensor
+        and t.layout == torch.strided
+        and t.dim() >= 1
+        and t.size(0) == size
+        and (t.dim() <= 4 or (t.is_contiguous() and 1 not in t.shape[1:]))
+        and not (t.requires_grad or t.is_nested or t.is_quantized or t.is_conj() or t.is_neg())
+    )
+
+
+def _subset_rows(indices: Any, rows: torch.Tensor, size: int) -> torch.Tensor | None:
+    """``indices[i]`` for ``i`` in ``rows``, where each is an integer in ``[0, size)`` (a
+    negative or out-of-range one is read per sample: torch's read says what it does)."""
+    if type(indices) is np.ndarray and indices.dtype.kind == "i" and indices.dtype.isnative:
+        indices = torch.from_numpy(indices)
+    if type(indices) is torch.Tensor:
+        # A uint8/bool index would be read as a mask; a 2-d one would pick several rows.
+        if indices.dim() != 1 or indices.dtype not in _INT_INDEX:
+            return None
+        picked = indices[rows.to(indices.device)].to("cpu", torch.int64)
+        low, high = picked.aminmax()
+        return picked if int(low) >= 0 and int(high) < size else None
+    if type(indices) not in (list, tuple, range):
+        return None
+    mapped = [indices[i] for i in rows.tolist()]
+    if not all(type(i) is int for i in mapped) or min(mapped) < 0 or max(mapped) >= size:
+        return None
+    return torch.tensor(mapped, dtype=torch.int64)
+
+
+_INT_INDEX = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _concat_gather(dataset: ConcatDataset[Any], rows: torch.Tensor) -> list[torch.Tensor] | None:
+    ends = torch.tensor(dataset.cumulative_sizes)
+    part = torch.searchsorted(ends, rows, right=True)  # ConcatDataset's bisect_right
+    pieces = []
+    for k in torch.unique(part).tolist():
+        at = (part == k).nonzero().squeeze(1)
+        start = int(ends[k - 1]) if k else 0
+        got = torch_gather(dataset.datasets[k], rows[at] - start)
+        if got is None:
+            return None
+        pieces.append((at, got))
+    if len(pieces) == 1:
+        return pieces[0][1]
+    first = pieces[0][1]
+    same = [(t.dtype, t.device, t.shape[1:]) for t in first]
+    if any([(t.dtype, t.device, t.shape[1:]) for t in got] != same for _, got in pieces):
+        return None  # stacking would promote or fail: as torch does it, per sample
+    out = [torch.empty((len(rows), *t.shape[1:]), dtype=t.dtype, device=t.device) for t in first]
+    for at, got in pieces:
+        for o, t in zip(out, got, strict=True):
+            o.index_copy_(0, at.to(o.device), t)
+    return out
 
 
 class Unbatched:
@@ -111,7 +212,9 @@ class BatchFetcher:
     Three ways, fastest first: a dataset with ``get_batch(indices)`` (loaderkit's
     tensor and array datasets, which hold no randomness) returns a collated
     batch in one call, used when no ``collate_fn`` is given and per-sample
-    seeding is off; a dataset with ``__getitems__`` gets the whole index list
+    seeding is off (torch's own ``TensorDataset`` and ``Subset``/``ConcatDataset`` of
+    them likewise, under ``default_collate``: :func:`torch_gather`, the same batch as
+    per-sample reads collated); a dataset with ``__getitems__`` gets the whole index list
     at once; otherwise samples are read one by one. A batched read is used only
     where it is faithful (:func:`batch_fetch_is_faithful`: no ``__getitem__``
     override below it). With ``per_sample_seeding`` each sample is read under
@@ -141,6 +244,12 @@ class BatchFetcher:
             SampleSeeder(lazy=per_sample_seeding == "auto") if per_sample_seeding else None
         )
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        # torch's TensorDataset runs no code of the user's: gathered a batch at a time.
+        self.gather = (
+            self.collate_fn is default_collate
+            and not self.per_sample_seeding
+            and torch_gathered(dataset)
+        )
         if collate_fn is None and batch_fetch_is_faithful(dataset) and not self.per_sample_seeding:
             self.mode = "get_batch"
         elif batch_fetch_is_faithful(dataset, "__getitems__"):
@@ -167,6 +276,11 @@ class BatchFetcher:
         """
         if self.mode == "get_batch":
             return self._batched(self.dataset.get_batch, epoch, indices)
+        if self.gather:
+            rows = torch.as_tensor(indices)  # the plan's int64 indices, in range
+            batch = self._batched(functools.partial(torch_gather, self.dataset), epoch, rows)
+            if batch is not None:
+                return batch
         index_list: list[int] = indices.tolist()
         keys = index_list if seed_keys is None else seed_keys.tolist()
         if self.mode == "getitems" and self.seeder is None:
