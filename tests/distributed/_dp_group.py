@@ -32,9 +32,9 @@ class OneDataParallelRank(DDPStrategy):
         return {"num_replicas": 1, "rank": 0}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
-    out = Path(sys.argv[1])
+    out = Path((sys.argv[1:] if argv is None else argv)[0])
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     model = IdModule(records_path=str(out / f"records-rank{rank}.jsonl"))

@@ -1,18 +1,20 @@
 """Exact resume under real Lightning DDP: 2 CPU processes over gloo.
 
 ``lightning.Trainer(strategy="ddp", accelerator="cpu", devices=2)`` runs in a
-subprocess (``_train_ddp.py``; Lightning's launcher re-runs that script for
-rank 1) with a time limit, so a hang fails the test instead of blocking CI.
+subprocess (``tests/support/lightning_job.py``, launched by ``tests/support/jobs.py``;
+Lightning's launcher re-runs that command line for rank 1) with a time limit, so a
+hang fails the test instead of blocking CI.
 Each rank writes the ids it trained on to ``records-rank{R}.jsonl``.
 
 64 samples, batch size 8 per rank, 2 ranks: 4 steps an epoch, 8 in all. The
 dataset size is a multiple of ``world_size * batch_size``, so no wrap-around
 padding repeats a sample and "each id exactly once per epoch" is exact.
 
-Three launches in all (about 10-20 s each on 2 cores): the uninterrupted run
-(checkpointing every step), a run interrupted after step 6 (inside epoch 1)
-with ``num_workers=2``, and its 2-process resume. The elastic resume (2 ranks
-saved, 1 process resumes) runs in the test process: one process is no DDP.
+Two launches in all: the uninterrupted run (checkpointing every step) and a
+run interrupted after step 6 (inside epoch 1) with ``num_workers=2``, one after
+the other in one launch (``tests/support/jobs.py``); then the 2-process resume,
+in fresh processes. The elastic resume (2 ranks saved, 1 process resumes) runs
+in the test process: one process is no DDP.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ from tests.support.helpers import (
     assert_epochs_exactly_once,
     assert_resume_exact,
     by_epoch,
-    log_tail,
     no_entry_point_callbacks,
     read_records,
-    run_script,
     trainer_kwargs,
 )
+from tests.support.jobs import Jobs, job, run_jobs
 
 pytestmark = [
     pytest.mark.distributed,
@@ -45,31 +46,41 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec"),
 ]
 
-SCRIPT = Path(__file__).resolve().parent / "_train_ddp.py"
 SIZE, BATCH, WORLD = 64, 8, 2
 STEPS_PER_EPOCH = SIZE // (BATCH * WORLD)
 
 
-def launch(out: Path, *extra: str, num_workers: int = 0, devices: int = WORLD) -> list[Path]:
-    """Run the DDP script; returns its per-rank records files. Fails on a hang."""
-    args = [
-        "--out", str(out), "--devices", str(devices), "--num-workers", str(num_workers),
-        "--size", str(SIZE), "--batch-size", str(BATCH), *extra,
-    ]  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "run.log"
-    rc = run_script(SCRIPT, args, log, phase="DDP fit")
-    expected = 3 if "--fail-at" in extra else 0
-    assert rc == expected, f"exit status {rc}, expected {expected}; log:\n{log_tail(log)}"
-    return [out / f"records-rank{r}.jsonl" for r in range(devices)]
+JOB = "tests.support.lightning_job"
+CUT_AT = 6
+
+
+def job_args(out: Path, *extra: object, num_workers: int = 0) -> list[object]:
+    """The DDP script's arguments: 2 ranks, ``SIZE`` ids in batches of ``BATCH``."""
+    return ["--out", out, "--devices", WORLD, "--num-workers", num_workers,
+            "--size", SIZE, "--batch-size", BATCH, *extra]  # fmt: skip
+
+
+def records(out: Path) -> list[list[dict[str, Any]]]:
+    return [read_records(out / f"records-rank{r}.jsonl") for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
+    """One launch: the uninterrupted run, then the run interrupted after step ``CUT_AT``."""
+    out = tmp_path_factory.mktemp("ddp-resume")
+    jobs = [
+        job("full", JOB, *job_args(out / "full", "--every", 1)),
+        job("cut", JOB, *job_args(out / "cut", "--fail-at", CUT_AT, "--every", CUT_AT,
+                                  num_workers=2)),
+    ]  # fmt: skip
+    return run_jobs(out, jobs, phase="DDP fits: uninterrupted, interrupted")
+
+
+@pytest.fixture(scope="module")
+def full(runs: Jobs) -> dict[str, Any]:
     """The uninterrupted 2-rank run, checkpointing every step."""
-    out = tmp_path_factory.mktemp("ddp-full")
-    files = launch(out, "--every", "1")
-    return {"out": out, "records": [read_records(f) for f in files]}
+    assert runs.rc("full") == 0
+    return {"out": runs.out / "full", "records": records(runs.out / "full")}
 
 
 def test_ranks_step_equally_and_cover_each_id_once_per_epoch(full: dict[str, Any]) -> None:
@@ -103,19 +114,26 @@ def test_every_rank_holds_the_state_rank_0_checkpointed(full: dict[str, Any]) ->
             assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [s0]
 
 
-def test_ddp_resume_after_exception_is_exact_per_rank(full: dict[str, Any], tmp_path: Path) -> None:
+def test_ddp_resume_after_exception_is_exact_per_rank(
+    full: dict[str, Any], runs: Jobs, tmp_path: Path
+) -> None:
     """An exception on both ranks right after the step-6 checkpoint (inside epoch 1), then a
     2-process resume: per rank, before + after equals the uninterrupted run. Run with
     ``num_workers=2`` against the ``num_workers=0`` reference, so it also shows the stream
     does not depend on the workers."""
-    k = 6
-    before_files = launch(tmp_path / "cut", "--fail-at", str(k), "--every", str(k), num_workers=2)
-    ckpt = tmp_path / "cut" / "ckpt" / f"step{k:03d}.ckpt"
+    k = CUT_AT
+    assert runs.rc("cut") == 3, "the planned interruption did not happen"
+    ckpt = runs.out / "cut" / "ckpt" / f"step{k:03d}.ckpt"
     assert ckpt.exists()
-    after_files = launch(tmp_path / "resumed", "--resume", str(ckpt), "--every", "100",
-                         num_workers=2)  # fmt: skip
+    resumed = run_jobs(
+        tmp_path, [job("resumed", JOB, *job_args(tmp_path / "resumed", "--resume", ckpt,
+                                                 "--every", 100, num_workers=2))],
+        phase="DDP fit resumed",
+    )  # fmt: skip
+    assert resumed.rc("resumed") == 0
+    before_all, after_all = records(runs.out / "cut"), records(tmp_path / "resumed")
     for rank in range(WORLD):
-        before, after = read_records(before_files[rank]), read_records(after_files[rank])
+        before, after = before_all[rank], after_all[rank]
         assert len(before) == k, f"rank {rank}"
         assert len(after) == 2 * STEPS_PER_EPOCH - k, f"rank {rank}"
         try:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import assert_resume_exact, log_tail, read_records, run_script
+from tests.support.helpers import assert_resume_exact, read_records
+from tests.support.jobs import job, run_jobs
 
 pytestmark = [
     pytest.mark.distributed,
@@ -23,24 +24,29 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
 
-SCRIPT = Path(__file__).resolve().parent / "_train_ddp.py"
+JOB = "tests.support.lightning_job"
 STEPS = 3
 
 
-def launch(out: Path, *extra: str) -> list[list[dict[str, object]]]:
-    args = [
-        "--out", str(out), "--devices", "2", "--num-workers", "2", "--size", "64",
-        "--batch-size", "8", "--stream", "--steps-per-epoch", str(STEPS), *extra,
-    ]  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    rc = run_script(SCRIPT, args, out / "run.log", phase=f"DDP stream fit {out.name}")
-    expected = 3 if "--fail-at" in extra else 0
-    assert rc == expected, f"exit status {rc}; log:\n{log_tail(out / 'run.log')}"
+def job_args(out: Path, *extra: object) -> list[object]:
+    return ["--out", out, "--devices", 2, "--num-workers", 2, "--size", 64,
+            "--batch-size", 8, "--stream", "--steps-per-epoch", STEPS, *extra]  # fmt: skip
+
+
+def records(out: Path) -> list[list[dict[str, object]]]:
     return [read_records(out / f"records-rank{r}.jsonl") for r in range(2)]
 
 
 def test_ddp_stream_equal_steps_symmetric_state_and_exact_resume(tmp_path: Path) -> None:
-    full = launch(tmp_path / "full", "--every", "1")
+    # The uninterrupted and the interrupted run share a launch; the resume gets fresh processes.
+    runs = run_jobs(
+        tmp_path,
+        [job("full", JOB, *job_args(tmp_path / "full", "--every", 1)),
+         job("cut", JOB, *job_args(tmp_path / "cut", "--every", 4, "--fail-at", 4))],
+        phase="DDP stream fits: uninterrupted, interrupted",
+    )  # fmt: skip
+    assert runs.rc("full") == 0
+    full = records(tmp_path / "full")
     assert [len(r) for r in full] == [2 * STEPS, 2 * STEPS], "ranks stepped differently"
     # Every rank wrote its own state_dict() at each step: equal, with both ranks' cursors.
     for step in range(1, 2 * STEPS + 1):
@@ -50,9 +56,11 @@ def test_ddp_stream_equal_steps_symmetric_state_and_exact_resume(tmp_path: Path)
         ]
         assert states[0] == states[1], f"step {step}: rank states differ"
         assert all(entry is not None for entry in states[0]["ranks"])
-    cut = launch(tmp_path / "cut", "--every", "4", "--fail-at", "4")
-    resumed = launch(
-        tmp_path / "resumed", "--resume", str(tmp_path / "cut" / "ckpt" / "step004.ckpt")
-    )
+    assert runs.rc("cut") == 3, "the planned interruption did not happen"
+    ckpt = tmp_path / "cut" / "ckpt" / "step004.ckpt"
+    resume = job("resumed", JOB, *job_args(tmp_path / "resumed", "--resume", ckpt))
+    resumed = run_jobs(tmp_path / "second", [resume], phase="DDP stream fit resumed")
+    assert resumed.rc("resumed") == 0
+    cut, after = records(tmp_path / "cut"), records(tmp_path / "resumed")
     for rank in range(2):
-        assert_resume_exact(full[rank], cut[rank], resumed[rank])
+        assert_resume_exact(full[rank], cut[rank], after[rank])
