@@ -1,4 +1,4 @@
-"""The DDP training script of tests/distributed/test_ddp_shards.py.
+"""The DDP training script of tests/distributed/test_trainer_ddp.py (one of its jobs).
 
 ``python tests/distributed/_train_shards.py --data DIR --out DIR [--devices 2]
 [--num-workers 2] [--batch-size 8] [--epochs 2] [--window 16] [--seed 0]``

@@ -1,4 +1,4 @@
-"""The DDP script of ``tests/distributed/test_ddp_datamodule.py``: a ``ShardedDataModule`` on 2
+"""The DDP script of ``tests/distributed/test_trainer_ddp.py``: a ``ShardedDataModule`` on 2
 CPU ranks.
 
 ``python tests/support/datamodule_ddp.py --data DIR --out DIR [--books DIR]``
