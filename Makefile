@@ -33,10 +33,13 @@ typecheck: setup
 
 # Two test processes (the CI machine's cores); a file's tests stay in one process, so its
 # module fixtures (a moto server, recorded runs) are built once. PYTEST_WORKERS=0: serial.
+# --no-loadscope-reorder: files are handed out in tests/conftest.py's order (the long
+# distributed ones first), not xdist's default of the files with the most tests first.
 PYTEST_WORKERS ?= 2
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 pytest: setup
-	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,$(XDIST))
 
 # The documentation site (mkdocs.yml): built offline; --strict turns every warning (a
 # broken link, an API name that does not resolve, a docstring griffe cannot read) into

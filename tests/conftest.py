@@ -9,6 +9,7 @@ nightly-style run: ``LOADERKIT_HYPOTHESIS_PROFILE=thorough pytest`` (or
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -28,14 +29,17 @@ settings.load_profile(os.environ.get("LOADERKIT_HYPOTHESIS_PROFILE", "quick"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Files with distributed, then slow tests first (stable otherwise; a file's tests stay
-    # together for its module fixtures): `make test`'s two processes take whole files in
-    # this order, so neither ends the run alone on a long one.
+    # Files with distributed, then slow tests first, and among those the files with more
+    # tests first (stable otherwise; a file's tests stay together for its module fixtures):
+    # `make test`'s two processes take whole files in this order (--no-loadscope-reorder),
+    # so neither ends the run alone on a long one.
     rank: dict[str, tuple[bool, bool]] = {}
+    count: Counter[str] = Counter()
     for item in items:
         key = ("distributed" not in item.keywords, "slow" not in item.keywords)
         rank[item.path.as_posix()] = min(rank.get(item.path.as_posix(), key), key)
-    items.sort(key=lambda item: rank[item.path.as_posix()])
+        count[item.path.as_posix()] += 1
+    items.sort(key=lambda item: (*rank[item.path.as_posix()], -count[item.path.as_posix()]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker); none is present")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import doctest
 import math
 import pickle
 from collections import namedtuple
@@ -17,7 +16,6 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-import loaderkit.collate
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.errors import CollateError, LoaderkitError
 from tests.support.proptest import examples
@@ -312,10 +310,6 @@ def test_inside_a_dataloader() -> None:
     batches = list(loader)
     assert [b["input_ids"].shape for b in batches] == [(4, 4), (4, 8), (2, 10)]
     assert batches[2]["lengths"].tolist() == [9, 10] and batches[2]["label"].tolist() == [8, 9]
-
-
-def test_docstring_examples_run() -> None:
-    assert doctest.testmod(loaderkit.collate, raise_on_error=False).failed == 0
 
 
 @pytest.mark.gpu

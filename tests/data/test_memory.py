@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import warnings
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-import loaderkit.data.memory
 from loaderkit import ArrayDataset, TensorDataset
 
 INDEX_FORMS = {
@@ -134,9 +132,3 @@ def test_per_item_samples_do_not_alias_the_arrays() -> None:
 def test_bad_inputs_are_named(make: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         make()  # type: ignore[operator]
-
-
-def test_module_docstring_examples() -> None:
-    result = doctest.testmod(loaderkit.data.memory, raise_on_error=False, verbose=False)
-    assert result.attempted > 0
-    assert result.failed == 0

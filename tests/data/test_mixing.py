@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 from collections import Counter
 from typing import Any
 
@@ -11,8 +10,6 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-import loaderkit.data.mixing
-import loaderkit.plan.mix
 from loaderkit import (
     MixBucketPlan,
     MixedDataset,
@@ -60,11 +57,6 @@ def loader(ds: MixedDataset, num_workers: int = 0, **kwargs: Any) -> ResumableDa
     return ResumableDataLoader(
         ds, batch_sampler=ds.batch_sampler(**args), num_workers=num_workers, **kwargs
     )
-
-
-@pytest.mark.parametrize("module", [loaderkit.plan.mix, loaderkit.data.mixing])
-def test_docstring_examples_run(module: Any) -> None:
-    assert doctest.testmod(module, raise_on_error=False, verbose=False).failed == 0
 
 
 # ------------------------------------------------------------------- weights

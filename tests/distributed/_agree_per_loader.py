@@ -1,6 +1,7 @@
 """Two gloo ranks: a rank-0-only peek at the validation loader between training epochs.
 
-Run by ``test_ddp_agree_per_loader.py``: ``python _agree_per_loader.py OUT``. Each
+``run(rank, world, port, OUT)``: a scenario of ``_gloo_loops.py``
+(``test_gloo_loops.py``). Each
 rank writes ``OUT/rank<r>.json``: per step, the ids it iterated or the error it
 raised. Rank 0 alone calls ``next(iter(val))`` (with a short rank-check timeout)
 while rank 1 goes straight on to the next training epoch, as a script that logs
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from loaderkit import ResumableDataLoader
-from tests.support.helpers import mark_phase, spawn_gloo_ranks
+from tests.support.helpers import mark_phase
 
 SIZE, BATCH = 40, 4
 
@@ -56,11 +56,3 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def main() -> None:
-    spawn_gloo_ranks(run, sys.argv[1])
-
-
-if __name__ == "__main__":
-    main()

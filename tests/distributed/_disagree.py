@@ -1,6 +1,7 @@
 """Two gloo ranks build loaders that disagree (or agree) and report what each one saw.
 
-Run by ``test_ddp_disagree.py``: ``python _disagree.py OUT``. Each rank writes
+``run(rank, world, port, OUT)``: a scenario of ``_gloo_loops.py``
+(``test_gloo_loops.py``). Each rank writes
 ``OUT/rank<r>.json``: per case, the ids it iterated or the error it raised.
 Cases run in order on both ranks; the last one has rank 1 skip the epoch on
 purpose (with a short timeout), so it must stay last.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from loaderkit import (
     SamplePlan,
     StreamingShardedDataset,
 )
-from tests.support.helpers import mark_phase, spawn_gloo_ranks
+from tests.support.helpers import mark_phase
 
 SIZE, BATCH = 290, 5
 
@@ -112,11 +112,3 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     case("after_alone", rank, results, lambda: ids(ResumableDataLoader(data, BATCH, True, seed=7)))
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
-
-
-def main() -> None:
-    spawn_gloo_ranks(run, sys.argv[1])
-
-
-if __name__ == "__main__":
-    main()

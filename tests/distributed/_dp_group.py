@@ -1,6 +1,6 @@
 """2 Lightning DDP ranks over gloo under a strategy whose data-parallel group has 1 rank.
 
-Run by ``test_data_parallel_group.py``: ``python _dp_group.py OUT``. The
+A job of ``test_trainer_ddp.py`` (``main([OUT])``, or ``python _dp_group.py OUT``). The
 strategy is a ``DDPStrategy`` whose ``distributed_sampler_kwargs`` name one
 data-parallel replica (as ``ModelParallelStrategy`` does for tensor-parallel
 peers, which needs CUDA), so both processes must train on the same batches.
@@ -32,9 +32,9 @@ class OneDataParallelRank(DDPStrategy):
         return {"num_replicas": 1, "rank": 0}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
-    out = Path(sys.argv[1])
+    out = Path((sys.argv[1:] if argv is None else argv)[0])
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     model = IdModule(records_path=str(out / f"records-rank{rank}.jsonl"))

@@ -82,14 +82,14 @@ def train(fabric: L.Fabric, args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--resume", type=Path, default=None)
     parser.add_argument("--one-replica", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     strategy: Any = OneDataParallelRank(process_group_backend="gloo") if args.one_replica else "ddp"

@@ -1,6 +1,7 @@
 """Two gloo ranks stream in a plain loop; only rank 0 calls ``state_dict()`` and saves it.
 
-Run by ``test_ddp_stream_rank0.py``: ``python _stream_rank0.py OUT``. For
+``run(rank, world, port, OUT)``: a scenario of ``_gloo_loops.py``
+(``test_gloo_loops.py``). For
 ``num_workers`` 0 and 2, each rank iterates two epochs of a
 ``StreamingShardedDataset`` with no collective in the loop; rank 0 saves the
 loader's state after steps :data:`SAVE_AT` (``torch.save``), rank 1 never
@@ -16,7 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset
-from tests.support.helpers import mark_phase, spawn_gloo_ranks
+from tests.support.helpers import mark_phase
 
 SIZES = (13, 0, 21, 6, 17, 9, 30, 4)
 BATCH, STEPS, SEED = 3, 4, 11
@@ -99,11 +99,3 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     mark_phase(f"rank {rank}: done")
     dist.barrier()
     dist.destroy_process_group()
-
-
-def main() -> None:
-    spawn_gloo_ranks(run, sys.argv[1])
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""The DDP training script of tests/distributed/test_ddp_shards.py.
+"""The DDP training script of tests/distributed/test_trainer_ddp.py (one of its jobs).
 
 ``python tests/distributed/_train_shards.py --data DIR --out DIR [--devices 2]
 [--num-workers 2] [--batch-size 8] [--epochs 2] [--window 16] [--seed 0]``
@@ -73,7 +73,7 @@ class ShardData(L.LightningDataModule):
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))

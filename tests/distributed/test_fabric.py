@@ -9,8 +9,10 @@ for a mid-epoch k with 2 workers. The loader learns the data-parallel
 rank and size from the launching Fabric's strategy (``--one-replica``: one
 data-parallel rank, so both processes get the same batches).
 
-64 samples, batch 8, 2 ranks: 4 steps an epoch, 8 in all. Launches take
-10-40 s each on a loaded 2-core machine.
+64 samples, batch 8, 2 ranks: 4 steps an epoch, 8 in all. Two launches: the
+uninterrupted, the interrupted and the one-replica loops one after the other
+(``tests/support/jobs.py``: the ranks start once), then the resume in fresh
+processes.
 """
 
 from __future__ import annotations
@@ -24,31 +26,37 @@ from tests.support.helpers import (
     assert_epochs_exactly_once,
     assert_resume_exact,
     by_epoch,
-    log_tail,
     read_records,
-    run_script,
 )
+from tests.support.jobs import Jobs, job, run_jobs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parent / "_fabric_job.py"
+JOB = "tests.distributed._fabric_job"
 SIZE, BATCH, WORLD, EPOCHS = 64, 8, 2, 2
 PER_EPOCH = SIZE // (BATCH * WORLD)
+CUT_AT, WORKERS = PER_EPOCH + 1, ("--num-workers", 2)
 
 
-def launch(out: Path, *extra: str) -> list[list[dict[str, Any]]]:
-    """Run the Fabric script; returns each rank's records. Fails on a hang."""
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "run.log"
-    rc = run_script(SCRIPT, ["--out", str(out), *extra], log, phase="Fabric on 2 gloo ranks")
-    expected = 3 if "--fail-at" in extra else 0
-    assert rc == expected, f"exit status {rc}, expected {expected}; log:\n{log_tail(log)}"
+def records(out: Path) -> list[list[dict[str, Any]]]:
     return [read_records(out / f"records-rank{r}.jsonl") for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
-    return launch(tmp_path_factory.mktemp("fabric-full"))
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
+    out = tmp_path_factory.mktemp("fabric")
+    jobs = [
+        job("full", JOB, "--out", out / "full"),
+        job("cut", JOB, "--out", out / "cut", "--fail-at", CUT_AT, *WORKERS),
+        job("one_replica", JOB, "--out", out / "one_replica", "--one-replica"),
+    ]
+    return run_jobs(out, jobs, phase="Fabric on 2 gloo ranks: full, cut, one replica")
+
+
+@pytest.fixture(scope="module")
+def full(runs: Jobs) -> list[list[dict[str, Any]]]:
+    assert runs.rc("full") == 0
+    return records(runs.out / "full")
 
 
 def test_ranks_split_each_epoch_exactly_once(full: list[list[dict[str, Any]]]) -> None:
@@ -56,19 +64,27 @@ def test_ranks_split_each_epoch_exactly_once(full: list[list[dict[str, Any]]]) -
     assert_epochs_exactly_once(by_epoch(full[0] + full[1]), SIZE, EPOCHS)
 
 
-def test_save_and_load_resume_exactly(full: list[list[dict[str, Any]]], tmp_path: Path) -> None:
+def test_save_and_load_resume_exactly(
+    full: list[list[dict[str, Any]]], runs: Jobs, tmp_path: Path
+) -> None:
     # Mid-epoch 1 with workers: Fabric's save/load around the loader (the epoch-end and
     # in-process cases of the same loader are covered under Lightning, tests/lightning/).
-    k, workers = PER_EPOCH + 1, ["--num-workers", "2"]
-    before = launch(tmp_path / "cut", "--fail-at", str(k), *workers)
-    ckpt = tmp_path / "cut" / "ckpt" / f"step{k:03d}.ckpt"
-    after = launch(tmp_path / "resumed", "--resume", str(ckpt), *workers)
+    assert runs.rc("cut") == 3, "the planned interruption did not happen"
+    ckpt = runs.out / "cut" / "ckpt" / f"step{CUT_AT:03d}.ckpt"
+    resumed = run_jobs(
+        tmp_path,
+        [job("resumed", JOB, "--out", tmp_path / "resumed", "--resume", ckpt, *WORKERS)],
+        phase="Fabric on 2 gloo ranks: resumed",
+    )
+    assert resumed.rc("resumed") == 0
+    before, after = records(runs.out / "cut"), records(tmp_path / "resumed")
     for rank in range(WORLD):
         assert_resume_exact(full[rank], before[rank], after[rank])
 
 
-def test_a_one_replica_strategy_gives_both_processes_the_same_batches(tmp_path: Path) -> None:
-    r0, r1 = launch(tmp_path, "--one-replica")
+def test_a_one_replica_strategy_gives_both_processes_the_same_batches(runs: Jobs) -> None:
+    assert runs.rc("one_replica") == 0
+    r0, r1 = records(runs.out / "one_replica")
     assert [(r["epoch"], r["ids"]) for r in r0] == [(r["epoch"], r["ids"]) for r in r1]
     assert len(r0) == EPOCHS * SIZE // BATCH
     assert_epochs_exactly_once(by_epoch(r0), SIZE, EPOCHS)

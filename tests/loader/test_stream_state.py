@@ -9,7 +9,7 @@ and ``state_dict()`` on any rank reads the peers' for its own step.
 Here the store is a ``torch.distributed.HashStore`` in one process: the ring
 alone (waiting for a late peer, a peer too far ahead, a timeout, a dropped
 loader), and two ranks' loaders side by side whose rank-0 state resumes both
-exactly. ``tests/distributed/test_ddp_stream_rank0.py`` runs the same under
+exactly. ``tests/distributed/test_gloo_loops.py`` runs the same under
 real 2-process gloo.
 """
 

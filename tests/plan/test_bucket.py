@@ -24,7 +24,6 @@ epoch 0 and epoch 1.
 from __future__ import annotations
 
 import contextlib
-import doctest
 import itertools
 import warnings
 from collections import Counter
@@ -41,8 +40,6 @@ from hypothesis import strategies as st
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
-import loaderkit.plan.bucket
-import loaderkit.plan.samplers
 from loaderkit import (
     ElasticResume,
     LoaderkitError,
@@ -265,12 +262,6 @@ def test_padding_is_at_most_3_percent(dist: str, kwargs: dict[str, int]) -> None
     plan = BucketPlan(lengths, seed=0, oversize="error", **kwargs)
     real, total = plan.token_counts(0)
     assert 1 - real / total <= 0.03
-
-
-def test_doctests() -> None:
-    for module in (loaderkit.plan.bucket, loaderkit.plan.samplers):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0
 
 
 # --------------------------------------------------------------------------------- oversize

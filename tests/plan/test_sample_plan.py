@@ -17,7 +17,6 @@ world sizes 1..8, drop_last, shuffle and start positions:
 from __future__ import annotations
 
 import dataclasses
-import doctest
 from collections import Counter
 
 import pytest
@@ -25,7 +24,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import loaderkit.plan.sample
 from loaderkit import SamplePlan
 from loaderkit.plan._permutation import permutation_digest
 from tests.support.proptest import examples
@@ -279,9 +277,3 @@ def test_negative_epoch_is_refused() -> None:
         plan.order(-1)
     with pytest.raises(ValueError, match=r"epoch must be >= 0"):
         plan.schedule(-1, start=0, rank=0, world_size=1)
-
-
-def test_module_docstring_example() -> None:
-    result = doctest.testmod(loaderkit.plan.sample, raise_on_error=False, verbose=False)
-    assert result.attempted > 0
-    assert result.failed == 0

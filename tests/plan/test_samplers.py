@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import doctest
 from collections.abc import Iterator
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
 
-import loaderkit.plan.samplers
 from loaderkit import PlanBatchSampler, SamplePlan, StateMismatchError, check_resumable_sampler
 from loaderkit.plan._cursor import seal
 
@@ -154,12 +152,6 @@ def test_bad_arguments_are_named() -> None:
     # The topology is validated when it is read, at the first batch.
     with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
         list(PlanBatchSampler(plan(), rank=2, world_size=2))
-
-
-def test_module_docstring_examples() -> None:
-    result = doctest.testmod(loaderkit.plan.samplers, raise_on_error=False, verbose=False)
-    assert result.attempted > 0
-    assert result.failed == 0
 
 
 class _GlobalRandomSampler(Sampler[int]):

@@ -15,7 +15,6 @@ shard layouts too). Here, what is particular to shards:
 
 from __future__ import annotations
 
-import doctest
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import loaderkit.plan.shard_bucket
 from loaderkit import (
     BucketBatchSampler,
     PadCollate,
@@ -37,10 +35,6 @@ from loaderkit import (
     TokenReader,
     write_shards,
 )
-
-
-def test_docstring_examples_run() -> None:
-    assert doctest.testmod(loaderkit.plan.shard_bucket).failed == 0
 
 
 @settings(max_examples=150, deadline=None)

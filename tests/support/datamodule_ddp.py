@@ -1,4 +1,4 @@
-"""The DDP script of ``tests/distributed/test_ddp_datamodule.py``: a ``ShardedDataModule`` on 2
+"""The DDP script of ``tests/distributed/test_trainer_ddp.py``: a ``ShardedDataModule`` on 2
 CPU ranks.
 
 ``python tests/support/datamodule_ddp.py --data DIR --out DIR [--books DIR]``
@@ -48,12 +48,12 @@ class RecordIds(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--books", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -388,17 +388,19 @@ def assert_epochs_exactly_once(ids_per_epoch: dict[int, list[int]], size: int, e
 PHASE_MARK = "[loaderkit-test phase]"
 
 
-def spawn_gloo_ranks(run: Any, out: str, world_size: int = 2) -> None:
-    """Start ``run(rank, world_size, port, out)`` in ``world_size`` spawned processes,
-    with a free localhost port for the process group's rendezvous."""
+def spawn_gloo_ranks(run: Any, out: str, world_size: int = 2, num_ports: int = 1) -> None:
+    """Start ``run(rank, world_size, ports, out)`` in ``world_size`` spawned processes, with
+    ``num_ports`` distinct free localhost ports: one per process group's rendezvous."""
     import socket
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(run, args=(world_size, port, out), nprocs=world_size, start_method="spawn")
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(num_ports)]
+        for s in sockets:  # all bound at once, so the ports differ
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in sockets]
+    mp.start_processes(run, args=(world_size, ports, out), nprocs=world_size, start_method="spawn")
 
 
 def mark_phase(name: str) -> None:

@@ -86,7 +86,7 @@ class S3Data(L.LightningDataModule):
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--resume", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     args.out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
