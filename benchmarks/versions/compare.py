@@ -9,7 +9,17 @@ old and new alternating (the first of each repeat swaps), each child with
 (the child checks it did). The first round is a warm-up and untimed; the table
 shows the medians of the ``--repeats`` rounds after it, with ``new/old``.
 Only API that both versions have is used; where they differ, the child asks
-the module what it offers (``mix_shards``), never the commit's name.
+the module what it offers (``mix_shards``), never the commit's name. Goals
+printed are on new/old: ``mix_shards=1`` >= 1.0x (issue 25, against fc079fa),
+the loader rows within 10 % (issue 23, against 84cc6ec). ``--rounds`` prints
+every round's figures, to judge the noise; so does the control row every
+child adds (torch ``DataLoader`` over torch's ``TensorDataset``: the same code
+on both sides). ``--clock cpu`` times the child's CPU time (``process_time``)
+instead of wall time: far less skewed by other processes on a shared machine,
+and exact for ``--workers 0``, where all the work is in the child.
+
+Not a ``bench.py``: ``loaderkit bench`` runs every ``benchmarks/*/bench.py``
+without arguments, and this one needs ``--old`` and a git checkout.
 
 Workloads (``--workload``, one or more):
 
@@ -20,8 +30,7 @@ Workloads (``--workload``, one or more):
   samples/s over ``--batches`` batches after the first, with the default plan
   and with ``mix_shards=--mix-shards``. A side whose ``batch_sampler`` has no
   ``mix_shards`` (before c0bd32b) runs its one plan, the windowed order, which
-  is ``mix_shards=1``. Control row: torch ``DataLoader`` over the memmapped
-  shards (the same code on both sides: its new/old shows the noise).
+  is ``mix_shards=1``.
 - ``resume``: the same corpus and plan; the time from ``load_state_dict`` to the
   first batch of a new loader over a new dataset (shards not yet opened) at
   ``--resume-at`` (0.9) of the epoch, median of ``--resume-repeats`` per child,
@@ -31,8 +40,9 @@ Workloads (``--workload``, one or more):
   epochs), over a per-sample map dataset and over torch's ``TensorDataset``
   (``--torch-batches``), and one ``state_dict()`` call mid-epoch.
 - ``seeding``: per-sample seeding as in ``benchmarks/seeding`` (the default lazy
-  ``SampleSeeder``): us per sample over the bare loop, for a dataset drawing
-  from no generator, or from torch's, numpy's or Python's.
+  ``SampleSeeder``): CPU us per sample over the bare loop (``process_time``,
+  the least of ``--seed-rounds`` per child), for a dataset drawing from no
+  generator, or from torch's, numpy's or Python's.
 
 Usage::
 
@@ -61,6 +71,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
+clock = time.perf_counter  # the child's timer: --clock cpu makes it time.process_time
 Row = dict[str, Any]  # name, value, unit, higher (is better), goal (for new/old)
 
 
@@ -82,39 +93,18 @@ class PerSample(torch.utils.data.Dataset):
         return self.x[index]
 
 
-class MemmapRows(torch.utils.data.Dataset):
-    """The control: the ``.npy`` shards memory-mapped, one row per ``[i]`` (as benchmarks/peers)."""
-
-    def __init__(self, paths: Sequence[Path], seq_len: int) -> None:
-        self.maps = [np.load(p, mmap_mode="r") for p in paths]
-        self.seq_len = seq_len
-        self.ends = np.cumsum([len(m) // seq_len for m in self.maps])
-
-    def __len__(self) -> int:
-        return int(self.ends[-1])
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        shard = int(np.searchsorted(self.ends, index, side="right"))
-        r = index - int(self.ends[shard - 1] if shard else 0)
-        return self.maps[shard][r * self.seq_len : (r + 1) * self.seq_len]
-
-
 TorchTensors = torch.utils.data.TensorDataset
-
-
-def stack_int64(rows: Sequence[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
 def rate(batches: Iterator[Any], limit: int | None, batch_size: int) -> float:
     """Samples/s over up to ``limit`` batches after the first (untimed) one."""
     next(batches)
-    count, start = 0, time.perf_counter()
+    count, start = 0, clock()
     for _ in batches:
         count += 1
         if limit is not None and count >= limit:
             break
-    return count * batch_size / (time.perf_counter() - start)
+    return count * batch_size / (clock() - start)
 
 
 def sharded(args: argparse.Namespace, mix: int | None, notes: list[str]) -> Any:
@@ -149,13 +139,6 @@ def shards(args: argparse.Namespace, notes: list[str]) -> list[Row]:
         goal = 1.0 if mix == 1 else None  # issue 25: mix_shards=1 >= 1.0x the turn-2 code
         value = rate(iter(loader), args.batches, args.batch_size)
         rows.append(row(f"shards, {label}, nw={args.workers}", value, "samples/s", True, goal))
-    memmaps = MemmapRows(sorted(args.data.glob("shard-*.npy")), args.seq_len)
-    gen = torch.Generator().manual_seed(0)
-    control = torch.utils.data.DataLoader(
-        memmaps, args.batch_size, shuffle=True, generator=gen, collate_fn=stack_int64
-    )
-    value = rate(iter(control), args.batches, args.batch_size)
-    rows.append(row("(control) torch DataLoader over memmaps, nw=0", value, "samples/s", True))
     return rows
 
 
@@ -167,10 +150,10 @@ def resume(args: argparse.Namespace, notes: list[str]) -> list[Row]:
         return ResumableDataLoader(ds, batch_sampler=sampler, num_workers=args.workers)
 
     first = loader()
-    start = time.perf_counter()
+    start = clock()
     it = iter(first)
     next(it)
-    fresh = time.perf_counter() - start
+    fresh = clock() - start
     for _ in range(max(1, int(args.resume_at * len(first.dataset)) // args.batch_size) - 1):
         next(it)
     state = first.state_dict()
@@ -179,10 +162,10 @@ def resume(args: argparse.Namespace, notes: list[str]) -> list[Row]:
     times = []
     for _ in range(args.resume_repeats):
         resumed = loader()  # built untimed; its shards are opened by the resume
-        start = time.perf_counter()
+        start = clock()
         resumed.load_state_dict(state)
         batch = next(iter(resumed))
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
         if not torch.equal(batch, expected):
             notes.append("resumed first batch is NOT the next batch of the stopped run")
     plan = "default plan" if args.mix_shards is None else f"mix_shards={args.mix_shards}"
@@ -215,14 +198,12 @@ def loader_rows(args: argparse.Namespace, notes: list[str]) -> list[Row]:
     it = iter(mid)
     for _ in range(len(mid) // 2):
         next(it)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(args.state_calls):
         mid.state_dict()
-    per = (time.perf_counter() - start) / args.state_calls * 1e6
+    per = (clock() - start) / args.state_calls * 1e6
     rows.append(row("loader, one state_dict() call mid-epoch, nw=0", per, "us", False, 1.1))
-    control = torch.utils.data.DataLoader(TorchTensors(x), bs, shuffle=True)
-    value = rate(iter(control), args.torch_batches, bs)
-    return [*rows, row("(control) torch DataLoader + TensorDataset", value, "samples/s", True)]
+    return rows
 
 
 DRAWS: dict[str, Callable[[int], Any]] = {
@@ -280,8 +261,15 @@ def child(args: argparse.Namespace) -> None:
     tree = Path(args.child[1]).resolve()
     if tree not in Path(loaderkit.__file__).resolve().parents:
         raise SystemExit(f"imported {loaderkit.__file__}, not loaderkit from {tree}")
+    global clock
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     notes: list[str] = []
     rows = [r for name in args.workload for r in WORKLOADS[name](args, notes)]
+    # The same code on both sides: its new/old shows the noise of the run.
+    x = torch.randn(args.samples, 64, generator=torch.Generator().manual_seed(0))
+    control = torch.utils.data.DataLoader(TorchTensors(x), 256, shuffle=True)
+    value = rate(iter(control), args.torch_batches, 256)
+    rows.append(row("(control) torch DataLoader + TensorDataset, nw=0", value, "samples/s", True))
     print(json.dumps({"rows": rows, "notes": notes}))
 
 
@@ -343,7 +331,9 @@ def table(runs: dict[str, list[dict]], args: argparse.Namespace) -> list[Any]:
             for r in result["rows"]:
                 values.setdefault((side, r["name"]), []).append(r["value"])
                 meta.setdefault(r["name"], r)
-    print(f"\n| row (median of {args.repeats}) | old | new | new/old | better |")
+    print(
+        f"\n| row (median of {args.repeats}, {args.clock} clock) | old | new | new/old | better |"
+    )
     print("|---|---:|---:|---:|---|")
     ratios = []
     for name, r in meta.items():
@@ -359,6 +349,11 @@ def table(runs: dict[str, list[dict]], args: argparse.Namespace) -> list[Any]:
     for side, results in runs.items():
         for note in dict.fromkeys(n for result in results for n in result["notes"]):
             print(f"note ({side}): {note}")
+    for name in meta if args.rounds else ():
+        cells = {
+            side: ", ".join(f"{v:,.4g}" for v in values.get((side, name), [])) for side in runs
+        }
+        print(f"rounds, {name}: old {cells['old']}; new {cells['new']}")
     return ratios
 
 
@@ -404,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--new", help="a folder or revision (default: this script's tree)")
     p.add_argument("--workload", nargs="+", choices=WORKLOADS, default=["shards"])
     p.add_argument("--repeats", type=int, default=5, help="rounds timed after the warm-up")
+    p.add_argument("--rounds", action="store_true", help="also print every round's figures")
+    p.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="cpu: needs --workers 0"
+    )
     p.add_argument("--workers", type=int, default=0, help="num_workers of loaderkit's loaders")
     p.add_argument("--tokens", type=int, default=50_000_000)
     p.add_argument("--shards", type=int, default=16)
@@ -426,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return child(args)
     if not args.old:
         p.error("--old REV is required")
+    if args.clock == "cpu" and args.workers:
+        p.error("--clock cpu times this process only; pass --workers 0 or --clock wall")
     parent(args, argv)
 
 
