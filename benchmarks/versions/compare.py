@@ -115,13 +115,12 @@ def sharded(args: argparse.Namespace, mix: int | None, notes: list[str]) -> Any:
     index = args.data / f"index-{args.child[0]}.json"  # each version its own index format
     ds = ShardedDataset(paths, TokenReader(seq_len=args.seq_len), index=index)
     kw: dict[str, Any] = {"seed": 0}
-    if mix is not None:
-        if "mix_shards" in inspect.signature(ds.batch_sampler).parameters:
-            kw["mix_shards"] = mix
-        elif mix == 1:
-            notes.append("batch_sampler has no mix_shards: its one plan, the windowed order")
-        else:
+    if "mix_shards" not in inspect.signature(ds.batch_sampler).parameters:
+        notes.append("batch_sampler has no mix_shards: its one plan, the windowed order (= 1)")
+        if mix not in (None, 1):
             return ds, None
+    elif mix is not None:
+        kw["mix_shards"] = mix
     return ds, ds.batch_sampler(args.batch_size, **kw)
 
 
@@ -147,9 +146,14 @@ def resume(args: argparse.Namespace, notes: list[str]) -> list[Row]:
 
     def loader() -> Any:
         ds, sampler = sharded(args, args.mix_shards, notes)
+        if sampler is None:
+            return None
         return ResumableDataLoader(ds, batch_sampler=sampler, num_workers=args.workers)
 
     first = loader()
+    if first is None:
+        notes.append(f"resume: not run (no mix_shards={args.mix_shards})")
+        return []
     start = clock()
     it = iter(first)
     next(it)
@@ -275,7 +279,9 @@ def child(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------- parent
 def git(*argv: str, cwd: Path = REPO) -> str:
-    done = subprocess.run(["git", *argv], cwd=cwd, check=True, capture_output=True, text=True)
+    done = subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"git {' '.join(argv)} failed: {done.stderr.strip()}")
     return done.stdout
 
 
@@ -326,8 +332,8 @@ def table(runs: dict[str, list[dict]], args: argparse.Namespace) -> list[Any]:
 
     values: dict[tuple[str, str], list[float]] = {}
     meta: dict[str, Row] = {}
-    for side, results in runs.items():
-        for result in results:
+    for side in ("new", "old"):  # rows in the new side's order
+        for result in runs[side]:
             for r in result["rows"]:
                 values.setdefault((side, r["name"]), []).append(r["value"])
                 meta.setdefault(r["name"], r)
