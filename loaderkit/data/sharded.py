@@ -15,7 +15,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,14 +38,6 @@ __all__ = ["ShardedDataset"]
 
 _SKIP_SLOTS = 257  # skip counters: the main process and 256 workers, one writer each
 _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a real sample)
-
-
-class _Batch(NamedTuple):
-    """A batch's indices (in range) grouped by shard: ``(shard, its samples, their batch
-    positions)`` per shard, in shard order; positions ``None``: the whole batch, in order."""
-
-    size: int
-    groups: list[tuple[int, Any, list[int] | None]]
 
 
 class ShardedDataset(Dataset[Any]):
@@ -280,53 +272,44 @@ class ShardedDataset(Dataset[Any]):
                 out.append(_SKIPPED)
         return out
 
-    def _group(self, indices: Any) -> _Batch:
-        """``indices`` grouped by shard in one pass over the batch (see :class:`_Batch`).
-
-        Raises:
-            IndexError: an index outside ``[-len(self), len(self))``.
-        """
+    def _gather(
+        self, indices: Any, *, rows: bool = False
+    ) -> tuple[list[Any], list[np.ndarray | None]]:
+        """Per-shard reads of ``indices``, and where in the batch each read's samples go
+        (``None``: the whole batch, in order; the common case, kept cheap). ``rows``: a
+        batch across shards may come back as one array of rows (:meth:`_rows_across`)."""
         if isinstance(indices, torch.Tensor):
             indices = indices.numpy()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
-            return _Batch(0, [])
-        n = len(self)
-        # Python lists and bisect: a batch is short, and numpy's per-call cost is not.
+            return [], []
+        # Fast path (a batch inside one shard): min and max of a short Python list beat numpy's.
         values = idx.tolist()
+        if self._remote is not None:
+            self._ahead(values[0])
         lo, hi = min(values), max(values)
-        if lo < -n or hi >= n:
+        shard = bisect.bisect_right(self._end_list, lo)
+        if lo >= 0 and shard < len(self._end_list) and hi < self._end_list[shard]:
+            return [self._read_group(shard, idx - self._start_list[shard])], [None]
+        if rows and lo >= 0 and hi < self._end_list[-1]:
+            across = self._rows_across(values)
+            if across is not None:
+                return [across], [None]
+        n = len(self)
+        if int(idx.min()) < -n or int(idx.max()) >= n:
             raise IndexError(
                 f"ShardedDataset: indices out of range for {n} samples: {idx[:8]}; pass indices "
                 f"in [-{n}, {n})."
             )
-        if self._remote is not None:
-            self._ahead(values[0])
-        if lo < 0:
-            idx %= n
-            values = idx.tolist()
-            lo, hi = min(values), max(values)
-        ends, starts = self._end_list, self._start_list
-        shard = bisect.bisect_right(ends, lo)
-        if hi < ends[shard]:  # the whole batch in one shard
-            return _Batch(len(values), [(shard, idx - starts[shard], None)])
-        by_shard: dict[int, tuple[list[int], list[int]]] = {}
-        for pos, g in enumerate(values):
-            shard = bisect.bisect_right(ends, g)
-            group = by_shard.get(shard)
-            if group is None:
-                group = by_shard[shard] = ([], [])
-            group[0].append(g - starts[shard])
-            group[1].append(pos)
-        return _Batch(len(values), [(s, *by_shard[s]) for s in sorted(by_shard)])
-
-    def _gather(self, batch: _Batch) -> tuple[list[Any], list[np.ndarray | None]]:
-        """One read per shard of ``batch``, and where in the batch each read's samples go
-        (``None``: the whole batch, in order)."""
-        parts, where = [], []
-        for shard, local, positions in batch.groups:
-            parts.append(self._read_group(shard, np.asarray(local, dtype=np.int64)))
-            where.append(None if positions is None else np.asarray(positions, dtype=np.int64))
+        idx = idx % n
+        shard_of = np.searchsorted(self._ends, idx, side="right")
+        local = idx - self._starts[shard_of]
+        parts: list[Any] = []
+        where: list[np.ndarray | None] = []
+        for shard in sorted(set(shard_of.tolist())):  # a batch spans few shards: a short loop
+            w = np.flatnonzero(shard_of == shard)
+            parts.append(self._read_group(shard, local[w]))
+            where.append(w)
         return parts, where
 
     def _ahead(self, first: int) -> None:
@@ -339,35 +322,43 @@ class ShardedDataset(Dataset[Any]):
             for shard in [s for s in self._files.open if s not in needed]:
                 self._files.close(shard)
 
-    def _rows_across(self, batch: _Batch) -> np.ndarray | None:
-        """``batch`` as one array, each shard's rows copied out of its ``rows`` straight to
-        their batch positions: one gather for a batch in one shard, else row by row (a mixed
-        batch holds one or two samples per shard). ``None`` when a shard has no ``rows`` or
-        ``dtype`` (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the
-        per-shard path then raises or skips as ``on_error`` says)."""
+    def _rows_across(self, values: list[int]) -> np.ndarray | None:
+        """The batch at ``values`` (in range) as one array, each sample's row copied straight
+        into it from its shard's ``rows``; ``None`` when a shard has no ``rows``/``dtype``
+        (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the per-shard
+        path then raises or skips as ``on_error`` says). For mixing plans' batches, which
+        hold one or two samples per shard: a row copy beats grouping by shard.
+        """
+        ends, starts, get = self._end_list, self._start_list, self._files.get
         out: Any = None
+        shape = dtype = None
+        seen: dict[int, Any] = {}  # shard -> its rows, checked once per batch
+        guards: list[Any] = []
         try:
-            for shard, local, positions in batch.groups:
-                handle: Any = self._files.get(shard)
-                rows, dtype = handle.rows, handle.dtype  # none: AttributeError, per shard
-                # A file truncated under its map reads as zeros or raises SIGBUS: its size is
-                # checked before the copy and after it, as the shard's own read does.
-                guard = getattr(handle, "guard", None)
-                if guard is not None:
-                    guard.check()
-                if positions is None:  # the batch's only shard
-                    out = rows.take(local, axis=0)
-                    out = out if out.dtype == dtype else out.astype(dtype)
-                else:
+            for k, g in enumerate(values):
+                shard = bisect.bisect_right(ends, g)
+                rows = seen.get(shard)
+                if rows is None:
+                    handle: Any = get(shard)
+                    # A file truncated under its mapping reads as zeros or raises SIGBUS:
+                    # check it before the copy, as the shard's own read would.
+                    guard = getattr(handle, "guard", None)
+                    if guard is not None:
+                        guard.check()
+                        guards.append(guard)
+                    rows = handle.rows  # no rows or dtype: AttributeError, the per-shard path
                     if out is None:
-                        out = np.empty((batch.size, *rows.shape[1:]), dtype=dtype)
-                    elif rows.shape[1:] != out.shape[1:] or dtype != out.dtype:
+                        shape, dtype = rows.shape[1:], handle.dtype
+                        out = np.empty((len(values), *shape), dtype=dtype)
+                    elif rows.shape[1:] != shape or handle.dtype != dtype:
                         return None
-                    for pos, row in zip(positions, local, strict=True):
-                        out[pos] = rows[row]
-                if guard is not None:
-                    guard.check()
+                    seen[shard] = rows
+                out[k] = rows[g - starts[shard]]
+            for guard in guards:  # ... and after it (a change during the copy)
+                guard.check()
         except Exception:
+            # The per-shard path then raises (a changed file: ShardError naming it) or
+            # skips as on_error says.
             return None
         return out
 
@@ -408,27 +399,25 @@ class ShardedDataset(Dataset[Any]):
         through a subclass's own ``__getitem__`` where it has one."""
         if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
-        parts, where = self._gather(self._group(indices))
+        parts, where = self._gather(indices)
         return self._samples(parts, where, indices)
 
     def get_batch(self, indices: Any) -> Any:
         """The batch at ``indices``: rows stacked in one read per shard, column batches
         (:class:`~loaderkit.ParquetReader`) merged into one dict of columns, or default-collated."""
-        batch = self._group(indices)
-        rows = self._rows_across(batch) if batch.size else None
-        if rows is not None:
-            return torch.from_numpy(rows)
-        parts, where = self._gather(batch)
+        parts, where = self._gather(indices, rows=True)
         if parts and all(isinstance(p, Columns) for p in parts):
             return Columns.scatter(parts, where)  # column batches (ParquetReader)
+        if len(parts) == 1 and where[0] is None and isinstance(parts[0], np.ndarray):
+            return torch.from_numpy(parts[0])
         if parts and all(isinstance(p, np.ndarray) for p in parts):
             head = parts[0]
             same = all(p.dtype == head.dtype and p.shape[1:] == head.shape[1:] for p in parts)
             if same:
-                out = np.empty((batch.size, *head.shape[1:]), dtype=head.dtype)
+                rows = np.empty((sum(len(p) for p in parts), *head.shape[1:]), dtype=head.dtype)
                 for part, w in zip(parts, where, strict=True):
-                    out[slice(None) if w is None else w] = part  # to its batch positions
-                return torch.from_numpy(out)
+                    rows[w] = part  # scattered straight to its batch positions
+                return torch.from_numpy(rows)
         samples = self._samples(parts, where, indices)
         try:
             return default_collate(samples)

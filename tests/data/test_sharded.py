@@ -786,23 +786,23 @@ def test_pickling_leaves_the_maps_behind(shards: list[Path]) -> None:
 
 
 @pytest.mark.parametrize("out_dtype", [torch.int64, None])
-def test_a_batch_across_shards_is_copied_into_one_array_and_equals_the_samples(
+def test_a_batch_across_shards_is_copied_row_by_row_and_equals_the_samples(
     shards: list[Path], out_dtype: torch.dtype | None
 ) -> None:
-    """Mixed batches hold one or two samples per shard: their rows are copied straight into
-    one array, with the same values, order and dtype as the samples."""
+    """Mixed batches hold one or two samples per shard: they are copied row by row into one
+    array (no per-shard gather), with the same values, order and dtype as the samples."""
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ, out_dtype=out_dtype))
     batch = [49, 0, 20, 6, 5, 48, 21]  # shards 6, 0, 4, 2, 2, 6, 4
     got = ds.get_batch(np.asarray(batch))
     assert torch.equal(got, torch.stack([ds[i] for i in batch]))
     assert got.dtype == (torch.int64 if out_dtype else torch.uint16)
     assert ids([got]) == batch
-    rows = ds._rows_across(ds._group(batch))
+    rows = ds._rows_across(batch)
     assert rows is not None and rows.dtype == got.numpy().dtype
     # Shards without rows (documents, JSON lines) are read per shard, as before.
     docs = write_shards(
         shards[0].parent.parent / "docs", [[1, 2, 0, 3, 0], [4, 0]], TokenReader(eos=0)
     )
     doc_ds = ShardedDataset(docs, TokenReader(eos=0))
-    assert doc_ds._rows_across(doc_ds._group([2, 0])) is None
+    assert doc_ds._rows_across([2, 0]) is None
     assert [t.tolist() for t in doc_ds.__getitems__([2, 0, 1])] == [[4, 0], [1, 2, 0], [3, 0]]
