@@ -50,9 +50,9 @@ _MAX_SAMPLES = 2**63
 # Positions a lazy schedule maps at once: large enough to amortize numpy's per-call
 # overhead (benchmarks/RESULTS.md, plan internals), small enough to stay a few MB.
 CHUNK = 1 << 16
-# A schedule maps one step's positions first, then 4x as many steps each time, up to
+# A schedule maps one step's positions first, then 16x as many steps each time, up to
 # CHUNK: the first batch (after a resume too) waits for its own positions, not a chunk's.
-_GROWTH = 4
+_GROWTH = 16
 
 
 class PositionMap(Protocol):
