@@ -540,9 +540,9 @@ class _FixedTokens:
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         # One gather out of the map: the bytes are read here. take() is ~25% faster than
-        # rows[indices] for 2 KB rows (measured, numpy 2.4).
+        # rows[indices] for 2 KB rows (measured, numpy 2.4); the method skips np.take's wrapper.
         self.guard.check()
-        rows = np.take(self.rows, indices, axis=0)
+        rows = self.rows.take(indices, axis=0)
         self.guard.check()
         return rows if rows.dtype == self.out else rows.astype(self.out)
 

@@ -291,7 +291,7 @@ class ShardedDataset(Dataset[Any]):
         shard = bisect.bisect_right(self._end_list, lo)
         if lo >= 0 and shard < len(self._end_list) and hi < self._end_list[shard]:
             return [self._read_group(shard, idx - self._start_list[shard])], [None]
-        if rows and lo >= 0 and hi < len(self):
+        if rows and lo >= 0 and hi < self._end_list[-1]:
             across = self._rows_across(values)
             if across is not None:
                 return [across], [None]

@@ -50,6 +50,9 @@ _MAX_SAMPLES = 2**63
 # Positions a lazy schedule maps at once: large enough to amortize numpy's per-call
 # overhead (benchmarks/RESULTS.md, plan internals), small enough to stay a few MB.
 CHUNK = 1 << 16
+# A schedule maps one step's positions first, then 16x as many steps each time, up to
+# CHUNK: the first batch (after a resume too) waits for its own positions, not a chunk's.
+_GROWTH = 16
 
 
 class PositionMap(Protocol):
@@ -328,9 +331,11 @@ class _FixedSchedule:
         "_np_order",
         "_rank",
         "_rows",
+        "_rows_next",
         "_stride",
         "_tail",
         "_tail_batch",
+        "_ws",
         "epoch",
         "num_steps",
         "start",
@@ -360,6 +365,7 @@ class _FixedSchedule:
         self._global = ws * plan.batch_size
         # Whole batches per chunk: a row of the chunk is one step's batch.
         self._rows = max(1, CHUNK // plan.batch_size)
+        self._rows_next = 1
         self._chunk: np.ndarray | None = None
         self._chunk_lo = 0
         self._stride = ws if getattr(plan, "strided", False) else 0
@@ -368,7 +374,8 @@ class _FixedSchedule:
         remaining = self._n - start
         self._full, tail = divmod(remaining, self._global)
         self._tail_batch = tail_batch(plan, tail, ws)
-        self._tail = self._tail_indices(ws) if self._tail_batch else None
+        self._ws = ws
+        self._tail: np.ndarray | None = None  # mapped when asked for: a resume maps no more
         self.num_steps = self._full + (1 if self._tail_batch else 0)
 
     def _at(self, positions: np.ndarray) -> np.ndarray:
@@ -413,13 +420,16 @@ class _FixedSchedule:
             if chunk is None or not self._chunk_lo <= step < self._chunk_lo + len(chunk):
                 chunk = self._fill(step)
             return chunk[step - self._chunk_lo]
-        if step == self._full and self._tail is not None:
+        if step == self._full and self._tail_batch:
+            if self._tail is None:
+                self._tail = self._tail_indices(self._ws)
             return self._tail
         raise IndexError(f"step must be in [0, {self.num_steps}), got {step}.")
 
     def _fill(self, step: int) -> np.ndarray:
         """Map the positions of steps ``step ..`` (up to a chunk) at once; rows are batches."""
-        steps = np.arange(step, min(step + self._rows, self._full), dtype=np.int64)
+        rows, self._rows_next = self._rows_next, min(self._rows_next * _GROWTH, self._rows)
+        steps = np.arange(step, min(step + rows, self._full), dtype=np.int64)
         first = self.start + self._rank * self._batch
         positions = (first + steps * self._global)[:, None] + np.arange(self._batch)
         # A new array each time, never refilled in place: a caller may still hold a row.
