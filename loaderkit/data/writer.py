@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.reduction import ForkingPickler
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from loaderkit.data.index import (
     remote_index_name,
 )
 from loaderkit.data.readers import OWN_SUFFIXES
+from loaderkit.env import fork_is_safe
 from loaderkit.errors import ShardError
 
 __all__ = ["write_shards"]
@@ -292,6 +294,8 @@ def _context(mp_context: Any) -> Any:
     """How writer processes start (see :func:`write_shards`, ``mp_context``)."""
     methods = multiprocessing.get_all_start_methods()
     if mp_context is None:
+        if fork_is_safe():  # nothing to start but the writers, which inherit the caller
+            return multiprocessing.get_context("fork")
         if "forkserver" not in methods:
             return multiprocessing.get_context("spawn")
         ctx = multiprocessing.get_context("forkserver")
@@ -313,6 +317,41 @@ def _context(mp_context: Any) -> Any:
     return mp_context
 
 
+def _check_pickles(job: _Job, mp_context: Any) -> None:
+    """Refuse an ``fn`` or reader that must pickle but does not, before anything starts.
+
+    Only a ``fork`` the caller asked for lets writers inherit them; loaderkit's own
+    choice of ``fork`` does not, so what runs does not depend on the caller's threads.
+    """
+    chosen = getattr(mp_context, "get_start_method", lambda: mp_context)()
+    if chosen == "fork":
+        return
+    for name, obj in (("fn", job.fn), ("reader", job.reader)):
+        try:
+            ForkingPickler.dumps(obj)
+        except Exception as exc:
+            raise TypeError(
+                f"write_shards: {name}={obj!r} cannot be pickled for the writer processes "
+                f"({type(exc).__name__}: {exc}); define it at module level, or pass "
+                "mp_context='fork'."
+            ) from exc
+
+
+# The job of this writer process, set once by _start_writer (inherited under fork).
+_JOB: _Job | None = None
+
+
+def _start_writer(job: _Job) -> None:
+    global _JOB
+    _JOB = job
+
+
+def _run_pooled(i: int, blob: bytes, fp: str | None) -> tuple[int, str, int, Any]:
+    """:func:`_run_shard` in a writer process, on the item pickled by the caller."""
+    assert _JOB is not None
+    return _run_shard(_JOB, i, pickle.loads(blob), fp)
+
+
 def _note(exc: BaseException, i: int, job: _Job) -> None:
     exc.add_note(f"write_shards: raised while writing shard {i} ({job.name(i)})")
 
@@ -322,7 +361,7 @@ def _write_all(
     items: Iterable[Any],
     done: Callable[[int, str | None], Done | None] | None,
     num_workers: int,
-    mp_context: Any,
+    ctx: Any,
     progress: _Progress,
 ) -> dict[int, Done]:
     """Write every shard not already ``done``; ``{i: (name, samples, extras)}`` for all."""
@@ -350,7 +389,7 @@ def _write_all(
                 _note(exc, i, job)
                 raise
     else:
-        _pool_write(job, todo(), num_workers, mp_context, finished)
+        _pool_write(job, todo(), num_workers, ctx, finished)
     return results
 
 
@@ -358,12 +397,18 @@ def _pool_write(
     job: _Job,
     todo: Iterator[tuple[int, Any, str | None]],
     num_workers: int,
-    mp_context: Any,
+    ctx: Any,
     finished: Callable[..., None],
 ) -> None:
-    """Write the shards of ``todo`` in ``num_workers`` processes, at most two each in
-    flight (``shards`` is read only as fast as they are written)."""
-    pool = cf.ProcessPoolExecutor(num_workers, mp_context=_context(mp_context))
+    """Write the shards of ``todo`` in ``num_workers`` processes started once by ``ctx``,
+    at most two each in flight (``shards`` is read only as fast as they are written).
+
+    The job goes to each process once, at its start; each item is pickled here, so
+    an item that cannot be pickled raises here, naming its shard.
+    """
+    pool = cf.ProcessPoolExecutor(
+        num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
+    )
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
         exhausted = False
@@ -372,7 +417,13 @@ def _pool_write(
                 nxt = next(todo, None)
                 exhausted = nxt is None
                 if nxt is not None:
-                    pending[pool.submit(_run_shard, job, *nxt)] = nxt[0]
+                    i, item, fp = nxt
+                    try:
+                        blob = bytes(ForkingPickler.dumps(item))
+                    except Exception as exc:
+                        _note(exc, i, job)
+                        raise
+                    pending[pool.submit(_run_pooled, i, blob, fp)] = i
             if not pending:
                 break
             ready, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
@@ -438,10 +489,12 @@ def write_shards(
         hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``:
             each file's digest, kept in the index and checked on first read.
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
-            by reference unless ``mp_context="fork"``.
+            by reference (checked first) unless ``mp_context="fork"``.
         num_workers: Writer processes (0: the caller); ``2 * num_workers`` items in flight.
-        mp_context: ``None``: ``"forkserver"`` where available, else ``"spawn"``;
-            a start method name or a multiprocessing context.
+        mp_context: ``None``: ``"fork"`` where it is safe (no other thread, CUDA
+            not initialised, no process group), else ``"forkserver"`` where
+            available, else ``"spawn"``; a start method name or a multiprocessing
+            context. The processes start once per call and write every shard.
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings finished (its
             markers in ``<directory>/.loaderkit-write/`` match the files; without
@@ -463,13 +516,18 @@ def write_shards(
         (['shard-00000.jsonl', 'shard-00001.jsonl'], (1, 2))
     """
     progress, resume = _check_args(reader, fn, num_workers, mp_context, progress, resume)
+    # Chosen before the progress bar's thread starts (it would rule out fork), and
+    # before anything is written (a bad mp_context is named first).
+    ctx = _context(mp_context) if num_workers > 0 else None
     ext = suffix if suffix is not None else reader.suffixes[0]
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
+    if ctx is not None:
+        _check_pickles(job, mp_context)
     bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
     try:
-        results = _write_all(job, shards, done, num_workers, mp_context, bar)
+        results = _write_all(job, shards, done, num_workers, ctx, bar)
     finally:
         bar.close()
     if not results:
@@ -516,9 +574,7 @@ def _check_args(
     )
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
-    if workers > 0:
-        _context(mp_context)  # a bad mp_context is named before anything is written
-    elif mp_context is not None:
+    if workers == 0 and mp_context is not None:
         raise ValueError(
             f"write_shards: mp_context={mp_context!r} needs num_workers >= 1; pass "
             "num_workers=, or leave mp_context out."
