@@ -24,8 +24,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.reduction import ForkingPickler
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
