@@ -317,15 +317,8 @@ def _context(mp_context: Any) -> Any:
     return mp_context
 
 
-def _check_pickles(job: _Job, mp_context: Any) -> None:
-    """Refuse an ``fn`` or reader that must pickle but does not, before anything starts.
-
-    Only a ``fork`` the caller asked for lets writers inherit them; loaderkit's own
-    choice of ``fork`` does not, so what runs does not depend on the caller's threads.
-    """
-    chosen = getattr(mp_context, "get_start_method", lambda: mp_context)()
-    if chosen == "fork":
-        return
+def _check_pickles(job: _Job) -> None:
+    """Refuse an ``fn`` or reader that does not pickle, before any writer starts."""
     for name, obj in (("fn", job.fn), ("reader", job.reader)):
         try:
             ForkingPickler.dumps(obj)
@@ -352,6 +345,31 @@ def _run_pooled(i: int, blob: bytes, fp: str | None) -> tuple[int, str, int, Any
     return _run_shard(_JOB, i, pickle.loads(blob), fp)
 
 
+@contextlib.contextmanager
+def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
+    """The writer processes of one call (None for ``num_workers=0``), each given ``job``
+    once; stopped when the call ends, also on an error.
+
+    They start now, before the progress bar's thread (which would rule out fork).
+    Only a ``fork`` the caller asked for spares ``fn`` and the reader from pickling:
+    what is accepted does not depend on loaderkit's choice (the caller's threads).
+    """
+    if num_workers == 0:
+        yield None
+        return
+    ctx = _context(mp_context)
+    if mp_context is None or ctx.get_start_method() != "fork":
+        _check_pickles(job)
+    pool = cf.ProcessPoolExecutor(
+        num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
+    )
+    try:
+        pool.submit(int).result()  # starts them (under fork, all of them)
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _note(exc: BaseException, i: int, job: _Job) -> None:
     exc.add_note(f"write_shards: raised while writing shard {i} ({job.name(i)})")
 
@@ -360,8 +378,8 @@ def _write_all(
     job: _Job,
     items: Iterable[Any],
     done: Callable[[int, str | None], Done | None] | None,
+    pool: Any,
     num_workers: int,
-    ctx: Any,
     progress: _Progress,
 ) -> dict[int, Done]:
     """Write every shard not already ``done``; ``{i: (name, samples, extras)}`` for all."""
@@ -381,7 +399,7 @@ def _write_all(
         results[i] = (name, samples, extras)
         progress.update(skipped=False)
 
-    if num_workers == 0:
+    if pool is None:
         for i, item, fp in todo():
             try:
                 finished(*_run_shard(job, i, item, fp))
@@ -389,26 +407,23 @@ def _write_all(
                 _note(exc, i, job)
                 raise
     else:
-        _pool_write(job, todo(), num_workers, ctx, finished)
+        _pool_write(job, todo(), pool, num_workers, finished)
     return results
 
 
 def _pool_write(
     job: _Job,
     todo: Iterator[tuple[int, Any, str | None]],
+    pool: cf.ProcessPoolExecutor,
     num_workers: int,
-    ctx: Any,
     finished: Callable[..., None],
 ) -> None:
-    """Write the shards of ``todo`` in ``num_workers`` processes started once by ``ctx``,
-    at most two each in flight (``shards`` is read only as fast as they are written).
+    """Write the shards of ``todo`` in the ``num_workers`` processes of ``pool``, at most
+    two each in flight (``shards`` is read only as fast as they are written).
 
-    The job goes to each process once, at its start; each item is pickled here, so
-    an item that cannot be pickled raises here, naming its shard.
+    Each item is pickled here (a pickling error in the pool's feeder thread would hang
+    its shutdown), so an item that cannot be pickled raises here, naming its shard.
     """
-    pool = cf.ProcessPoolExecutor(
-        num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
-    )
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
         exhausted = False
@@ -444,7 +459,6 @@ def _pool_write(
     finally:
         for fut in pending:
             fut.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------ the API
@@ -516,20 +530,16 @@ def write_shards(
         (['shard-00000.jsonl', 'shard-00001.jsonl'], (1, 2))
     """
     progress, resume = _check_args(reader, fn, num_workers, mp_context, progress, resume)
-    # Chosen before the progress bar's thread starts (it would rule out fork), and
-    # before anything is written (a bad mp_context is named first).
-    ctx = _context(mp_context) if num_workers > 0 else None
     ext = suffix if suffix is not None else reader.suffixes[0]
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
-    if ctx is not None:
-        _check_pickles(job, mp_context)
-    bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
-    try:
-        results = _write_all(job, shards, done, num_workers, ctx, bar)
-    finally:
-        bar.close()
+    with _writers(job, num_workers, mp_context) as pool:
+        bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
+        try:
+            results = _write_all(job, shards, done, pool, num_workers, bar)
+        finally:
+            bar.close()
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     return (_index_local if job.storage is None else _index_remote)(job, results, index)
@@ -574,7 +584,9 @@ def _check_args(
     )
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
-    if workers == 0 and mp_context is not None:
+    if workers > 0 and mp_context is not None:
+        _context(mp_context)  # a bad mp_context is named before anything is written
+    elif mp_context is not None:
         raise ValueError(
             f"write_shards: mp_context={mp_context!r} needs num_workers >= 1; pass "
             "num_workers=, or leave mp_context out."

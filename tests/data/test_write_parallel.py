@@ -325,6 +325,32 @@ def test_writers_fork_only_where_it_is_safe() -> None:
     assert fork_is_safe() == safe
 
 
+def make_if_forked(spec: tuple[int, int]) -> np.ndarray:
+    """``make(n)`` in a process forked by ``caller`` (a forkserver's child has another parent)."""
+    n, caller = spec
+    if os.getppid() != caller:
+        raise RuntimeError(f"writer of shard {n} was not forked by the caller")
+    return make(n)
+
+
+def write_forked(folder: str) -> None:
+    """The child of the next test: a fresh process, where nothing else runs a thread."""
+    items = [(n, os.getpid()) for n in range(4)]
+    write_shards(folder, items, READER, fn=make_if_forked, num_workers=2)  # with its bar
+
+
+def test_writers_are_forked_where_it_is_safe_even_with_a_progress_bar(tmp_path: Path) -> None:
+    code = (
+        f"from tests.data.test_write_parallel import write_forked; write_forked({str(tmp_path)!r})"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ShardedDataset(tmp_path, READER).sizes == tuple(5 + n % 3 for n in range(4))
+
+
 def test_fork_and_forkserver_writers_write_the_same_bytes(tmp_path: Path) -> None:
     before = set(multiprocessing.active_children())
     kw: dict[str, Any] = {"fn": make, "progress": False}
