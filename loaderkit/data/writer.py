@@ -505,10 +505,9 @@ def write_shards(
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
             by reference (checked first) unless ``mp_context="fork"``.
         num_workers: Writer processes (0: the caller); ``2 * num_workers`` items in flight.
-        mp_context: ``None``: ``"fork"`` where it is safe (no other thread, CUDA
-            not initialised, no process group), else ``"forkserver"`` where
-            available, else ``"spawn"``; a start method name or a multiprocessing
-            context. The processes start once per call and write every shard.
+        mp_context: ``None``: ``"fork"`` where safe (no other thread, no CUDA, no
+            process group), else ``"forkserver"`` (``"spawn"`` without it); a start
+            method name or a multiprocessing context.
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings finished (its
             markers in ``<directory>/.loaderkit-write/`` match the files; without
