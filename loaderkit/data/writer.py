@@ -364,7 +364,15 @@ def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
         num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
     )
     try:
-        pool.submit(int).result()  # starts them (under fork, all of them)
+        try:
+            pool.submit(int).result()  # starts them (under fork, all of them)
+        except BrokenProcessPool as exc:
+            raise ShardError(
+                f"write_shards: the {ctx.get_start_method()!r} writer processes could not "
+                f"start ({exc}; their error is on stderr); make fn and the reader importable "
+                "by module and name, or pass num_workers=0.",
+                path=job.root,
+            ) from exc
         yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

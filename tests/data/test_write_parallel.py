@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 
 from loaderkit import ShardedDataset, TokenReader, write_shards
 from loaderkit.data.writer import WORK_DIR
+from loaderkit.errors import ShardError
 
 READER = TokenReader(seq_len=4, dtype=np.uint16)
 ROOT = Path(__file__).resolve().parents[2]
@@ -398,3 +400,20 @@ def test_no_writer_outlives_a_call_that_raised(tmp_path: Path) -> None:
     assert not new_children(before)
     paths = write_shards(tmp_path, range(8), READER, fn=make, num_workers=2, progress=False)
     assert len(paths) == 8 and not new_children(before)
+
+
+def test_writers_that_cannot_start_are_named(tmp_path: Path) -> None:
+    # fn pickles here by reference, but its module cannot be imported in a new process.
+    ghost = types.ModuleType("loaderkit_test_ghost")
+    fn = types.FunctionType(make.__code__, make.__globals__, "make")
+    fn.__module__ = ghost.__name__
+    ghost.make = fn  # type: ignore[attr-defined]
+    sys.modules[ghost.__name__] = ghost
+    before = set(multiprocessing.active_children())
+    try:
+        with pytest.raises(ShardError, match="'forkserver' writer processes could not start"):
+            kw: dict[str, Any] = {"num_workers": 2, "mp_context": "forkserver", "progress": False}
+            write_shards(tmp_path, range(3), READER, fn=fn, **kw)
+    finally:
+        del sys.modules[ghost.__name__]
+    assert not new_children(before)
