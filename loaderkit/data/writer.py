@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from loaderkit.data.index import (
     remote_index_name,
 )
 from loaderkit.data.readers import OWN_SUFFIXES
+from loaderkit.env import fork_is_safe
 from loaderkit.errors import ShardError
 
 __all__ = ["write_shards"]
@@ -292,6 +294,8 @@ def _context(mp_context: Any) -> Any:
     """How writer processes start (see :func:`write_shards`, ``mp_context``)."""
     methods = multiprocessing.get_all_start_methods()
     if mp_context is None:
+        if fork_is_safe():  # nothing to start but the writers, which inherit the caller
+            return multiprocessing.get_context("fork")
         if "forkserver" not in methods:
             return multiprocessing.get_context("spawn")
         ctx = multiprocessing.get_context("forkserver")
@@ -313,6 +317,67 @@ def _context(mp_context: Any) -> Any:
     return mp_context
 
 
+def _check_pickles(job: _Job) -> None:
+    """Refuse an ``fn`` or reader that does not pickle, before any writer starts."""
+    for name, obj in (("fn", job.fn), ("reader", job.reader)):
+        try:
+            ForkingPickler.dumps(obj)
+        except Exception as exc:
+            raise TypeError(
+                f"write_shards: {name}={obj!r} cannot be pickled for the writer processes "
+                f"({type(exc).__name__}: {exc}); define it at module level, or pass "
+                "mp_context='fork'."
+            ) from exc
+
+
+# The job of this writer process, set once by _start_writer (inherited under fork).
+_JOB: _Job | None = None
+
+
+def _start_writer(job: _Job) -> None:
+    global _JOB
+    _JOB = job
+
+
+def _run_pooled(i: int, blob: bytes, fp: str | None) -> tuple[int, str, int, Any]:
+    """:func:`_run_shard` in a writer process, on the item pickled by the caller."""
+    assert _JOB is not None
+    return _run_shard(_JOB, i, pickle.loads(blob), fp)
+
+
+@contextlib.contextmanager
+def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
+    """The writer processes of one call (None for ``num_workers=0``), each given ``job``
+    once; stopped when the call ends, also on an error.
+
+    They start now, before the progress bar's thread (which would rule out fork).
+    Only a ``fork`` the caller asked for spares ``fn`` and the reader from pickling:
+    what is accepted does not depend on loaderkit's choice (the caller's threads).
+    """
+    if num_workers == 0:
+        yield None
+        return
+    ctx = _context(mp_context)
+    if mp_context is None or ctx.get_start_method() != "fork":
+        _check_pickles(job)
+    pool = cf.ProcessPoolExecutor(
+        num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
+    )
+    try:
+        try:
+            pool.submit(int).result()  # starts them (under fork, all of them)
+        except BrokenProcessPool as exc:
+            raise ShardError(
+                f"write_shards: the {ctx.get_start_method()!r} writer processes could not "
+                f"start ({exc}; their error is on stderr); make fn and the reader importable "
+                "by module and name, or pass num_workers=0.",
+                path=job.root,
+            ) from exc
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _note(exc: BaseException, i: int, job: _Job) -> None:
     exc.add_note(f"write_shards: raised while writing shard {i} ({job.name(i)})")
 
@@ -321,8 +386,8 @@ def _write_all(
     job: _Job,
     items: Iterable[Any],
     done: Callable[[int, str | None], Done | None] | None,
+    pool: Any,
     num_workers: int,
-    mp_context: Any,
     progress: _Progress,
 ) -> dict[int, Done]:
     """Write every shard not already ``done``; ``{i: (name, samples, extras)}`` for all."""
@@ -342,7 +407,7 @@ def _write_all(
         results[i] = (name, samples, extras)
         progress.update(skipped=False)
 
-    if num_workers == 0:
+    if pool is None:
         for i, item, fp in todo():
             try:
                 finished(*_run_shard(job, i, item, fp))
@@ -350,20 +415,23 @@ def _write_all(
                 _note(exc, i, job)
                 raise
     else:
-        _pool_write(job, todo(), num_workers, mp_context, finished)
+        _pool_write(job, todo(), pool, num_workers, finished)
     return results
 
 
 def _pool_write(
     job: _Job,
     todo: Iterator[tuple[int, Any, str | None]],
+    pool: cf.ProcessPoolExecutor,
     num_workers: int,
-    mp_context: Any,
     finished: Callable[..., None],
 ) -> None:
-    """Write the shards of ``todo`` in ``num_workers`` processes, at most two each in
-    flight (``shards`` is read only as fast as they are written)."""
-    pool = cf.ProcessPoolExecutor(num_workers, mp_context=_context(mp_context))
+    """Write the shards of ``todo`` in the ``num_workers`` processes of ``pool``, at most
+    two each in flight (``shards`` is read only as fast as they are written).
+
+    Each item is pickled here (a pickling error in the pool's feeder thread would hang
+    its shutdown), so an item that cannot be pickled raises here, naming its shard.
+    """
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
         exhausted = False
@@ -372,7 +440,13 @@ def _pool_write(
                 nxt = next(todo, None)
                 exhausted = nxt is None
                 if nxt is not None:
-                    pending[pool.submit(_run_shard, job, *nxt)] = nxt[0]
+                    i, item, fp = nxt
+                    try:
+                        blob = bytes(ForkingPickler.dumps(item))
+                    except Exception as exc:
+                        _note(exc, i, job)
+                        raise
+                    pending[pool.submit(_run_pooled, i, blob, fp)] = i
             if not pending:
                 break
             ready, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
@@ -393,7 +467,6 @@ def _pool_write(
     finally:
         for fut in pending:
             fut.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------ the API
@@ -438,10 +511,11 @@ def write_shards(
         hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``:
             each file's digest, kept in the index and checked on first read.
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
-            by reference unless ``mp_context="fork"``.
+            by reference (checked first) unless ``mp_context="fork"``.
         num_workers: Writer processes (0: the caller); ``2 * num_workers`` items in flight.
-        mp_context: ``None``: ``"forkserver"`` where available, else ``"spawn"``;
-            a start method name or a multiprocessing context.
+        mp_context: ``None``: ``"fork"`` where safe (no other thread, no CUDA, no
+            process group), else ``"forkserver"`` (``"spawn"`` without it); a start
+            method name or a multiprocessing context.
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings finished (its
             markers in ``<directory>/.loaderkit-write/`` match the files; without
@@ -467,11 +541,12 @@ def write_shards(
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
-    bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
-    try:
-        results = _write_all(job, shards, done, num_workers, mp_context, bar)
-    finally:
-        bar.close()
+    with _writers(job, num_workers, mp_context) as pool:
+        bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
+        try:
+            results = _write_all(job, shards, done, pool, num_workers, bar)
+        finally:
+            bar.close()
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     return (_index_local if job.storage is None else _index_remote)(job, results, index)
@@ -516,7 +591,7 @@ def _check_args(
     )
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
-    if workers > 0:
+    if workers > 0 and mp_context is not None:
         _context(mp_context)  # a bad mp_context is named before anything is written
     elif mp_context is not None:
         raise ValueError(

@@ -1,17 +1,21 @@
 """write_shards in writer processes: the same files for any num_workers, resumable after kill -9.
 
-Writers start by forkserver (the default), so the ``fn`` of these tests live at
-module level: the writers import them from this module by name.
+Writers start by fork where it is safe, else forkserver; ``fn`` must pickle either
+way unless ``mp_context="fork"`` is passed, so the ``fn`` of these tests live at
+module level: forkserver writers import them from this module by name.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ import pytest
 
 from loaderkit import ShardedDataset, TokenReader, write_shards
 from loaderkit.data.writer import WORK_DIR
+from loaderkit.errors import ShardError
 
 READER = TokenReader(seq_len=4, dtype=np.uint16)
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,3 +301,119 @@ def test_to_s3_with_workers_and_resume(s3: Any, tmp_path: Path, compression: str
     assert ds.sizes == tuple(5 + n % 3 for n in range(6))
     assert ds.describe()["remote"]["fetched"] == 0  # counted from the index
     assert int(ds[len(ds) - 1][0]) == 500 + 5 + 5 % 3 - 1
+
+
+# ------------------------------------------------------------------ start method and pool
+def new_children(before: set[Any]) -> set[Any]:
+    """The child processes started since ``before`` that still run."""
+    return set(multiprocessing.active_children()) - before
+
+
+def test_writers_fork_only_where_it_is_safe() -> None:
+    from loaderkit.data.writer import _context
+    from loaderkit.env import fork_is_safe
+
+    safe = fork_is_safe()  # in this process: whatever the tests before it left running
+    assert _context(None).get_start_method() == ("fork" if safe else "forkserver")
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:  # another thread may hold a lock a forked child would inherit
+        assert not fork_is_safe()
+        assert _context(None).get_start_method() == "forkserver"
+    finally:
+        stop.set()
+        other.join()
+    assert fork_is_safe() == safe
+
+
+def make_if_forked(spec: tuple[int, int]) -> np.ndarray:
+    """``make(n)`` in a process forked by ``caller`` (a forkserver's child has another parent)."""
+    n, caller = spec
+    if os.getppid() != caller:
+        raise RuntimeError(f"writer of shard {n} was not forked by the caller")
+    return make(n)
+
+
+def write_forked(folder: str) -> None:
+    """The child of the next test: a fresh process, where nothing else runs a thread."""
+    items = [(n, os.getpid()) for n in range(4)]
+    write_shards(folder, items, READER, fn=make_if_forked, num_workers=2)  # with its bar
+
+
+def test_writers_are_forked_where_it_is_safe_even_with_a_progress_bar(tmp_path: Path) -> None:
+    code = (
+        f"from tests.data.test_write_parallel import write_forked; write_forked({str(tmp_path)!r})"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ShardedDataset(tmp_path, READER).sizes == tuple(5 + n % 3 for n in range(4))
+
+
+def test_fork_and_forkserver_writers_write_the_same_bytes(tmp_path: Path) -> None:
+    before = set(multiprocessing.active_children())
+    kw: dict[str, Any] = {"fn": make, "progress": False}
+    write_shards(tmp_path / "a", range(5), READER, **kw)
+    write_shards(tmp_path / "b", range(5), READER, num_workers=2, mp_context="fork", **kw)
+    write_shards(tmp_path / "c", range(5), READER, num_workers=2, mp_context="forkserver", **kw)
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b") == snapshot(tmp_path / "c")
+    assert not new_children(before)  # the writers are gone with the call
+
+
+def test_an_fn_that_does_not_pickle_is_named_unless_fork_is_asked_for(tmp_path: Path) -> None:
+    offset = 7
+    before = set(multiprocessing.active_children())
+
+    def local(n: int) -> np.ndarray:
+        return make(n) + offset
+
+    with pytest.raises(TypeError, match=r"fn=.*local.* cannot be pickled.*mp_context='fork'"):
+        write_shards(tmp_path / "a", range(3), READER, fn=local, num_workers=2, progress=False)
+    assert not any(p.name.startswith("shard-") for p in (tmp_path / "a").iterdir())
+    # Asked for, fork hands the writers fn without pickling it.
+    kw: dict[str, Any] = {"num_workers": 2, "mp_context": "fork", "progress": False}
+    paths = write_shards(tmp_path / "b", range(3), READER, fn=local, **kw)
+    assert int(ShardedDataset(paths, READER)[0][0]) == offset
+    assert not new_children(before)
+
+
+def test_an_item_that_does_not_pickle_names_its_shard_and_stops_the_writers(
+    tmp_path: Path,
+) -> None:
+    before = set(multiprocessing.active_children())
+    items: list[Any] = [make(0), make(1), threading.Lock()]
+    with pytest.raises(TypeError, match="pickle") as info:
+        write_shards(tmp_path, items, READER, num_workers=2, progress=False)
+    assert any("shard 2 (shard-00002.npy)" in n for n in getattr(info.value, "__notes__", []))
+    assert not new_children(before)
+    paths = write_shards(tmp_path, items[:2], READER, num_workers=2, progress=False)
+    assert ShardedDataset(paths, READER).sizes == (5, 6)
+
+
+def test_no_writer_outlives_a_call_that_raised(tmp_path: Path) -> None:
+    before = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="boom: input 3 is bad"):
+        write_shards(tmp_path, range(8), READER, fn=explode, num_workers=2, progress=False)
+    assert not new_children(before)
+    paths = write_shards(tmp_path, range(8), READER, fn=make, num_workers=2, progress=False)
+    assert len(paths) == 8 and not new_children(before)
+
+
+def test_writers_that_cannot_start_are_named(tmp_path: Path) -> None:
+    # fn pickles here by reference, but its module cannot be imported in a new process.
+    ghost = types.ModuleType("loaderkit_test_ghost")
+    fn = types.FunctionType(make.__code__, make.__globals__, "make")
+    fn.__module__ = ghost.__name__
+    ghost.make = fn  # type: ignore[attr-defined]
+    sys.modules[ghost.__name__] = ghost
+    before = set(multiprocessing.active_children())
+    try:
+        with pytest.raises(ShardError, match="'forkserver' writer processes could not start"):
+            kw: dict[str, Any] = {"num_workers": 2, "mp_context": "forkserver", "progress": False}
+            write_shards(tmp_path, range(3), READER, fn=fn, **kw)
+    finally:
+        del sys.modules[ghost.__name__]
+    assert not new_children(before)
