@@ -488,10 +488,14 @@ class KeyedDataset(Dataset[Any]):
             return FailedBatch(exc)
 
 
-def seed_keys(sched: Schedule, step: int) -> np.ndarray | None:
-    """The per-sample seeding keys of ``sched``'s step, where they are not its indices."""
+def seed_keys(sched: Schedule) -> Callable[[int], np.ndarray | None]:
+    """The per-sample seeding keys of each step of ``sched``: None where they are its indices."""
     keys = getattr(sched, "seed_keys", None)
-    return None if keys is None else keys(step)
+    return _no_keys if keys is None else keys
+
+
+def _no_keys(step: int) -> None:
+    return None
 
 
 class KeySource:
@@ -502,8 +506,9 @@ class KeySource:
     def __iter__(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
         sched = self.schedule
         assert sched is not None
+        keys = seed_keys(sched)
         for step in range(sched.num_steps):
-            yield sched.epoch, sched.indices(step).numpy(), seed_keys(sched, step)
+            yield sched.epoch, sched.indices(step).numpy(), keys(step)
 
     def __len__(self) -> int:
         return 0 if self.schedule is None else self.schedule.num_steps

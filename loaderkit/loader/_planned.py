@@ -348,10 +348,10 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
     """``(step, batch)`` of ``sched``, in this process or from the loader's workers."""
     host = engine.host
     if host.num_workers == 0:
-        fetch, pin = engine.fetch, host.pin_memory
+        fetch, pin, keys = engine.fetch, host.pin_memory, seed_keys(sched)
         for step in range(sched.num_steps):
             try:
-                batch = fetch(sched.epoch, sched.indices(step), seed_keys(sched, step))
+                batch = fetch(sched.epoch, sched.indices(step), keys(step))
             except Exception as exc:  # raised in the batch's place (EpochIterator)
                 batch = FailedBatch(exc)
             else:
