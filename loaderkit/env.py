@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import threading
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
 from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 
-__all__ = ["WorkerEnv", "detect"]  # cpu_budget and fork_is_safe are private to loaderkit
+__all__ = ["WorkerEnv", "detect"]  # cpu_budget is private to loaderkit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,15 +121,3 @@ def cpu_budget(processes: int = 1) -> int:
     except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, processes))
-
-
-def fork_is_safe() -> bool:
-    """Whether a child forked now inherits no lock another thread may hold.
-
-    True only where ``fork`` exists, no other Python thread runs, CUDA is not
-    initialised and no torch.distributed process group (gloo's or NCCL's native
-    threads) exists (docs/design.md, writing shards).
-    """
-    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() != 1:
-        return False
-    return not torch.cuda.is_initialized() and not (dist.is_available() and dist.is_initialized())

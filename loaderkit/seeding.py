@@ -666,11 +666,20 @@ def read_set_on_instance(dataset: Any) -> bool:
     return bool({"__getitem__", "__getitems__"} & getattr(dataset, "__dict__", {}).keys())
 
 
+def torchs_own_reads(cls: type) -> bool:
+    """Whether ``cls``'s ``__getitem__``/``__getitems__`` are torch's or builtin (not patched
+    on a torch dataset class by user code)."""
+    if cls.__module__ != Subset.__module__:
+        return True
+    reads = [getattr(cls, name, None) for name in ("__getitem__", "__getitems__")]
+    return all(f is None or getattr(f, "__module__", None) == Subset.__module__ for f in reads)
+
+
 def draws_nothing(dataset: Any) -> bool:
     """Whether ``dataset[i]`` cannot draw randomness: an exact builtin container, array, tensor
     or torch ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` of them (a subclass,
-    or a read set on the instance, may draw)."""
-    if read_set_on_instance(dataset):
+    or a read set on the instance or patched on the class, may draw)."""
+    if read_set_on_instance(dataset) or not torchs_own_reads(type(dataset)):
         return False
     if type(dataset) is Subset:
         return type(dataset.indices) in _NO_RANDOMNESS and draws_nothing(dataset.dataset)

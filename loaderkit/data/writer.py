@@ -51,7 +51,6 @@ from loaderkit.data.index import (
     remote_index_name,
 )
 from loaderkit.data.readers import OWN_SUFFIXES
-from loaderkit.env import fork_is_safe
 from loaderkit.errors import ShardError
 
 __all__ = ["write_shards"]
@@ -294,8 +293,9 @@ def _context(mp_context: Any) -> Any:
     """How writer processes start (see :func:`write_shards`, ``mp_context``)."""
     methods = multiprocessing.get_all_start_methods()
     if mp_context is None:
-        if fork_is_safe():  # nothing to start but the writers, which inherit the caller
-            return multiprocessing.get_context("fork")
+        # Never fork by default: a forked writer inherits the caller's locks (torch's
+        # thread pools are invisible to threading) and its module state, so the bytes
+        # written could depend on what ran before the call.
         if "forkserver" not in methods:
             return multiprocessing.get_context("spawn")
         ctx = multiprocessing.get_context("forkserver")
@@ -350,9 +350,8 @@ def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
     """The writer processes of one call (None for ``num_workers=0``), each given ``job``
     once; stopped when the call ends, also on an error.
 
-    They start now, before the progress bar's thread (which would rule out fork).
-    Only a ``fork`` the caller asked for spares ``fn`` and the reader from pickling:
-    what is accepted does not depend on loaderkit's choice (the caller's threads).
+    They start now, before the progress bar's thread. Only a ``fork`` the caller
+    asked for spares ``fn`` and the reader from pickling.
     """
     if num_workers == 0:
         yield None
@@ -513,9 +512,9 @@ def write_shards(
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
             by reference (checked first) unless ``mp_context="fork"``.
         num_workers: Writer processes (0: the caller); ``2 * num_workers`` items in flight.
-        mp_context: ``None``: ``"fork"`` where safe (no other thread, no CUDA, no
-            process group), else ``"forkserver"`` (``"spawn"`` without it); a start
-            method name or a multiprocessing context.
+        mp_context: ``None``: ``"forkserver"`` (``"spawn"`` without it); a start
+            method name or a multiprocessing context (``"fork"`` only where the caller
+            runs no threads, torch's included, and ``fn`` reads no state it changed).
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings finished (its
             markers in ``<directory>/.loaderkit-write/`` match the files; without

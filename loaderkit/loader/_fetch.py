@@ -26,7 +26,7 @@ from torch.utils.data import (
 
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import SampleSeeder, read_set_on_instance
+from loaderkit.seeding import SampleSeeder, read_set_on_instance, torchs_own_reads
 
 __all__ = [
     "BatchFetcher",
@@ -77,7 +77,7 @@ def loaderkit_batch_read(dataset: Any) -> bool:
 def torch_gathered(dataset: Any) -> bool:
     """Whether ``dataset`` is torch's own ``TensorDataset``, or a ``Subset`` / ``ConcatDataset``
     of them (exact classes, no read set on the instance): :func:`torch_gather` may read it."""
-    if read_set_on_instance(dataset):
+    if read_set_on_instance(dataset) or not torchs_own_reads(type(dataset)):
         return False
     if type(dataset) is Subset:
         return torch_gathered(dataset.dataset)
@@ -97,6 +97,8 @@ def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
     """
     if read_set_on_instance(dataset) or rows.numel() == 0:
         return None
+    if int(rows.min()) < 0 or int(rows.max()) >= len(dataset):
+        return None  # e.g. tensors replaced after the loader was built: torch's read says why
     if type(dataset) is Subset:
         parent: Any = dataset.dataset  # what torch_gathered accepts: sized
         mapped = _subset_rows(dataset.indices, rows, len(parent))

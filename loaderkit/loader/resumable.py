@@ -128,7 +128,9 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
             seeded from ``(seed, e, i)``, so random augmentation is the same
             for any ``num_workers`` and after a resume. ``"auto"``: on unless
-            the dataset fetches whole batches (``get_batch``), seeding torch's
+            the dataset cannot draw (plain containers, ``TensorDataset``, a
+            ``Subset``/``ConcatDataset`` of them) or fetches whole batches
+            (``get_batch``), seeding torch's
             generator and those the dataset is seen drawing from
             (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
             every sample. Either way a ``__getitems__`` dataset is read a whole

@@ -309,48 +309,39 @@ def new_children(before: set[Any]) -> set[Any]:
     return set(multiprocessing.active_children()) - before
 
 
-def test_writers_fork_only_where_it_is_safe() -> None:
+def test_the_default_writers_start_by_forkserver_whatever_runs_in_the_caller() -> None:
     from loaderkit.data.writer import _context
-    from loaderkit.env import fork_is_safe
 
-    safe = fork_is_safe()  # in this process: whatever the tests before it left running
-    assert _context(None).get_start_method() == ("fork" if safe else "forkserver")
+    # Forked writers would inherit the caller's module state and locks (torch's thread
+    # pools, which threading cannot see): the bytes written could depend on them.
+    assert _context(None).get_start_method() == "forkserver"
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
-    try:  # another thread may hold a lock a forked child would inherit
-        assert not fork_is_safe()
+    try:
         assert _context(None).get_start_method() == "forkserver"
     finally:
         stop.set()
         other.join()
-    assert fork_is_safe() == safe
 
 
-def make_if_forked(spec: tuple[int, int]) -> np.ndarray:
-    """``make(n)`` in a process forked by ``caller`` (a forkserver's child has another parent)."""
-    n, caller = spec
-    if os.getppid() != caller:
-        raise RuntimeError(f"writer of shard {n} was not forked by the caller")
-    return make(n)
+SCALE = 1  # set by the caller of the next test; fresh writers import it as 1
 
 
-def write_forked(folder: str) -> None:
-    """The child of the next test: a fresh process, where nothing else runs a thread."""
-    items = [(n, os.getpid()) for n in range(4)]
-    write_shards(folder, items, READER, fn=make_if_forked, num_workers=2)  # with its bar
+def make_scaled(n: int) -> np.ndarray:
+    return make(n) * SCALE
 
 
-def test_writers_are_forked_where_it_is_safe_even_with_a_progress_bar(tmp_path: Path) -> None:
-    code = (
-        f"from tests.data.test_write_parallel import write_forked; write_forked({str(tmp_path)!r})"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert ShardedDataset(tmp_path, READER).sizes == tuple(5 + n % 3 for n in range(4))
+def test_the_bytes_written_do_not_depend_on_the_callers_module_state(tmp_path: Path) -> None:
+    global SCALE
+    kw: dict[str, Any] = {"fn": make_scaled, "num_workers": 2, "progress": False}
+    want = snapshot(write_shards(tmp_path / "a", range(4), READER, **kw)[0].parent)
+    SCALE = 7
+    try:
+        got = snapshot(write_shards(tmp_path / "b", range(4), READER, **kw)[0].parent)
+    finally:
+        SCALE = 1
+    assert got == want
 
 
 def test_fork_and_forkserver_writers_write_the_same_bytes(tmp_path: Path) -> None:

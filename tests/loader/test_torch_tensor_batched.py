@@ -75,13 +75,24 @@ def _assert_same(got: list[Any], want: list[Any]) -> None:
             assert type(a.grad_fn) is type(b.grad_fn)
 
 
+class _Calls:
+    call_count = 0
+
+
 @contextmanager
-def _counted_getitem() -> Iterator[mock.MagicMock]:
-    """Counts the calls of ``TensorDataset.__getitem__`` in this process."""
-    with mock.patch.object(
-        TensorDataset, "__getitem__", autospec=True, side_effect=TensorDataset.__getitem__
-    ) as spy:
-        yield spy
+def _counted_getitem() -> Iterator[_Calls]:
+    """Counts the calls of ``TensorDataset.__getitem__`` in this process (a spy that keeps
+    torch's name, so loaderkit still takes it for torch's own read)."""
+    calls = _Calls()
+    original = TensorDataset.__getitem__
+
+    @functools.wraps(original)
+    def spy(self: TensorDataset, index: Any) -> Any:
+        calls.call_count += 1
+        return original(self, index)
+
+    with mock.patch.object(TensorDataset, "__getitem__", spy):
+        yield calls
 
 
 # ------------------------------------------------------------------ the batched path is taken
@@ -197,6 +208,28 @@ def test_a_subclass_is_read_per_sample() -> None:
     with _counted_getitem() as spy:
         list(_loader(_Plain(torch.arange(N)), shuffle=True))
     assert spy.call_count == N  # a subclass may be given a __getitem__ later: kept per sample
+
+
+def test_a_read_patched_on_torchs_class_is_called_per_sample() -> None:
+    seeds: set[int] = set()
+
+    def hundredfold(self: TensorDataset, index: Any) -> tuple[torch.Tensor, ...]:
+        seeds.add(torch.initial_seed())
+        return tuple(t[index] * 100 for t in self.tensors)
+
+    with mock.patch.object(TensorDataset, "__getitem__", hundredfold):
+        got = list(_loader(TensorDataset(torch.arange(N)), shuffle=True))
+    assert sorted(torch.cat([b[0] for b in got]).tolist()) == list(range(0, 100 * N, 100))
+    assert len(seeds) == N  # user code: seeded per sample
+
+
+def test_rows_beyond_replaced_tensors_fail_as_torchs_read_does() -> None:
+    dataset = TensorDataset(torch.arange(N))
+    batches = iter(_loader(dataset))
+    next(batches)
+    dataset.tensors = (torch.arange(N // 2),)  # mid-epoch, shorter than the plan
+    with pytest.raises(IndexError, match=r"loading sample index 2\d .*out of bounds"):
+        list(batches)
 
 
 def test_a_read_set_on_the_instance_is_called_per_sample() -> None:
