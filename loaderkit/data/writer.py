@@ -590,7 +590,7 @@ def _check_args(
     )
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
-    if workers > 0 and mp_context is not None:
+    if workers > 0:
         _context(mp_context)  # a bad mp_context is named before anything is written
     elif mp_context is not None:
         raise ValueError(

@@ -100,9 +100,8 @@ def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
     if int(rows.min()) < 0 or int(rows.max()) >= len(dataset):
         return None  # e.g. tensors replaced after the loader was built: torch's read says why
     if type(dataset) is Subset:
-        parent: Any = dataset.dataset  # what torch_gathered accepts: sized
-        mapped = _subset_rows(dataset.indices, rows, len(parent))
-        return None if mapped is None else torch_gather(parent, mapped)
+        mapped = _subset_rows(dataset.indices, rows)  # range-checked by the call below
+        return None if mapped is None else torch_gather(dataset.dataset, mapped)
     if type(dataset) is ConcatDataset:
         return _concat_gather(dataset, rows)
     if type(dataset) is not TensorDataset:
@@ -127,22 +126,19 @@ def _stacks_like_rows(t: Any, size: int) -> bool:
     )
 
 
-def _subset_rows(indices: Any, rows: torch.Tensor, size: int) -> torch.Tensor | None:
-    """``indices[i]`` for ``i`` in ``rows``, where each is an integer in ``[0, size)`` (a
-    negative or out-of-range one is read per sample: torch's read says what it does)."""
+def _subset_rows(indices: Any, rows: torch.Tensor) -> torch.Tensor | None:
+    """``indices[i]`` for ``i`` in ``rows``, where each is a plain integer."""
     if type(indices) is np.ndarray and indices.dtype.kind == "i" and indices.dtype.isnative:
         indices = torch.from_numpy(indices)
     if type(indices) is torch.Tensor:
         # A uint8/bool index would be read as a mask; a 2-d one would pick several rows.
         if indices.dim() != 1 or indices.dtype not in _INT_INDEX:
             return None
-        picked = indices[rows.to(indices.device)].to("cpu", torch.int64)
-        low, high = picked.aminmax()
-        return picked if int(low) >= 0 and int(high) < size else None
+        return indices[rows.to(indices.device)].to("cpu", torch.int64)
     if type(indices) not in (list, tuple, range):
         return None
     mapped = [indices[i] for i in rows.tolist()]
-    if not all(type(i) is int for i in mapped) or min(mapped) < 0 or max(mapped) >= size:
+    if not all(type(i) is int for i in mapped):
         return None
     return torch.tensor(mapped, dtype=torch.int64)
 
