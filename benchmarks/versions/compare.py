@@ -28,7 +28,9 @@ Workloads (``--workload``, one or more):
   tokens, batch 8, shuffled, int64 out: ``ShardedDataset(paths, TokenReader,
   index=<per side>)`` through ``ds.batch_sampler`` and ``ResumableDataLoader``;
   samples/s over ``--batches`` batches after the first, with the default plan
-  and with ``mix_shards=--mix-shards``. A side whose ``batch_sampler`` has no
+  and with ``mix_shards=--mix-shards``; and over a whole first epoch of a new
+  loader, first batch included (a version that orders the epoch before its
+  first batch pays for it in that batch, one that orders as it goes, later). A side whose ``batch_sampler`` has no
   ``mix_shards`` (before c0bd32b) runs its one plan, the windowed order, which
   is ``mix_shards=1``.
 - ``resume``: the same corpus and plan; the time from ``load_state_dict`` to the
@@ -138,6 +140,14 @@ def shards(args: argparse.Namespace, notes: list[str]) -> list[Row]:
         goal = 1.0 if mix == 1 else None  # issue 25: mix_shards=1 >= 1.0x the turn-2 code
         value = rate(iter(loader), args.batches, args.batch_size)
         rows.append(row(f"shards, {label}, nw={args.workers}", value, "samples/s", True, goal))
+        # A whole first epoch of a new loader, its first batch timed too: where a version
+        # computes the epoch's order (before the first batch, or as it goes) is then the same.
+        ds, sampler = sharded(args, mix, notes)
+        loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=args.workers)
+        start, count = clock(), sum(1 for _ in loader)
+        value = count * args.batch_size / (clock() - start)
+        name = f"shards, {label}, nw={args.workers}, whole first epoch"
+        rows.append(row(name, value, "samples/s", True, goal))
     return rows
 
 
