@@ -25,12 +25,15 @@ Workloads (``--workload``, one or more):
 
 - ``shards``: the peers corpus (``--tokens`` uint16 tokens, default 50M, in
   ``--shards`` 16 uneven shards, written once with ``np.save``), samples of 2048
-  tokens, batch 8, shuffled, int64 out: ``ShardedDataset(paths, TokenReader,
-  index=<per side>)`` through ``ds.batch_sampler`` and ``ResumableDataLoader``;
-  samples/s over ``--batches`` batches after the first, with the default plan
-  and with ``mix_shards=--mix-shards``. A side whose ``batch_sampler`` has no
-  ``mix_shards`` (before c0bd32b) runs its one plan, the windowed order, which
-  is ``mix_shards=1``.
+  tokens (``--targets``: and the next one), batch 8, shuffled, int64 out:
+  ``ShardedDataset(paths, TokenReader, index=<per side>)`` through
+  ``ds.batch_sampler`` and ``ResumableDataLoader``; samples/s over
+  ``--batches`` batches after the first, with the default plan and with
+  ``mix_shards=--mix-shards``; and over a whole first epoch of a new loader,
+  first batch included (a version that orders the epoch before its first batch
+  pays for it in that batch, one that orders as it goes, later). A side whose
+  ``batch_sampler`` has no ``mix_shards`` (before c0bd32b) runs its one plan,
+  the windowed order, which is ``mix_shards=1``.
 - ``resume``: the same corpus and plan; the time from ``load_state_dict`` to the
   first batch of a new loader over a new dataset (shards not yet opened) at
   ``--resume-at`` (0.9) of the epoch, median of ``--resume-repeats`` per child,
@@ -113,7 +116,8 @@ def sharded(args: argparse.Namespace, mix: int | None, notes: list[str]) -> Any:
 
     paths = sorted(args.data.glob("shard-*.npy"))
     index = args.data / f"index-{args.child[0]}.json"  # each version its own index format
-    ds = ShardedDataset(paths, TokenReader(seq_len=args.seq_len), index=index)
+    reader = TokenReader(seq_len=args.seq_len, targets=args.targets)
+    ds = ShardedDataset(paths, reader, index=index)
     kw: dict[str, Any] = {"seed": 0}
     if "mix_shards" not in inspect.signature(ds.batch_sampler).parameters:
         notes.append("batch_sampler has no mix_shards: its one plan, the windowed order (= 1)")
@@ -138,6 +142,14 @@ def shards(args: argparse.Namespace, notes: list[str]) -> list[Row]:
         goal = 1.0 if mix == 1 else None  # issue 25: mix_shards=1 >= 1.0x the turn-2 code
         value = rate(iter(loader), args.batches, args.batch_size)
         rows.append(row(f"shards, {label}, nw={args.workers}", value, "samples/s", True, goal))
+        # A whole first epoch of a new loader, its first batch timed too: where a version
+        # computes the epoch's order (before the first batch, or as it goes) is then the same.
+        ds, sampler = sharded(args, mix, notes)
+        loader = ResumableDataLoader(ds, batch_sampler=sampler, num_workers=args.workers)
+        start, count = clock(), sum(1 for _ in loader)
+        value = count * args.batch_size / (clock() - start)
+        name = f"shards, {label}, nw={args.workers}, whole first epoch"
+        rows.append(row(name, value, "samples/s", True, goal))
     return rows
 
 
@@ -413,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=50_000_000)
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--targets", action="store_true", help="TokenReader(targets=True)")
     p.add_argument("--batch-size", type=int, default=8, help="shards and resume")
     p.add_argument("--batches", type=int, default=1000, help="shards: batches timed")
     p.add_argument("--mix-shards", type=int, default=None, help="also this mix_shards")

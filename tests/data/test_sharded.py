@@ -797,3 +797,21 @@ def test_a_batch_across_shards_is_copied_row_by_row_and_equals_the_samples(
     doc_ds = ShardedDataset(docs, TokenReader(eos=0))
     assert doc_ds._rows_across([2, 0]) is None
     assert [t.tolist() for t in doc_ds.__getitems__([2, 0, 1])] == [[4, 0], [1, 2, 0], [3, 0]]
+
+
+def test_a_batch_of_overlapping_rows_copies_the_rows_not_the_shard(tmp_path: Path) -> None:
+    # With targets, rows overlap by one token: ndarray.take copied the whole map per batch.
+    import tracemalloc
+
+    tokens = np.arange(1 << 20, dtype=np.uint16)
+    reader = TokenReader(seq_len=64, targets=True, out_dtype=None)
+    handle = reader.open(reader.write(tmp_path / "t.npy", tokens))
+    picks = np.array([3, 9000, 17, 16000])
+    tracemalloc.start()
+    try:
+        rows = handle.read_batch(picks)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024  # was ~2 MB: the shard's bytes
+    assert rows.tolist() == [tokens[i * 64 : i * 64 + 65].tolist() for i in picks.tolist()]
