@@ -167,18 +167,16 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
 
 
 def worker_batches(
-    dataset: Any,
+    source: EngineSource,
     worker: int,
     start: dict[str, Any],
     *,
-    batch_size: int,
-    drop_last: bool,
-    collate: Callable[[list[Any]], Any],
     in_process: bool,
     opened: Any = None,
 ) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
-    """One worker's stream from ``start`` (``opened``: already opened there) as ``(kind, worker,
-    record after, batch)``, ending with an end mark holding the dataset's state."""
+    """One worker's stream of ``source.ds`` from ``start`` (``opened``: already opened there) as
+    ``(kind, worker, record after, batch)``, ending with an end mark holding the dataset's state."""
+    dataset, batch_size, drop_last = source.ds, source.batch_size, source.drop_last
     if start["ended"]:  # it had handed out everything before the state was saved
         yield _END, worker, None, None
         return
@@ -198,7 +196,7 @@ def worker_batches(
             break
         rec.yielded += len(samples)
         try:
-            batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
+            batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
             batch = FailedBatch(exc)
         yield _BATCH, worker, rec.after(samples), batch
@@ -309,15 +307,7 @@ class _WorkerStreams(EngineSource):
             epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
             seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
         self._passes += 1
-        return worker_batches(
-            self.ds,
-            worker,
-            start,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            collate=self.collate,
-            in_process=info is None,
-        )
+        return worker_batches(self, worker, start, in_process=info is None)
 
 
 class IterableEngine(WorkerStreams):
@@ -388,16 +378,8 @@ class IterableEngine(WorkerStreams):
         self._history.clear()
         resumed = start > 0
         if loader.num_workers == 0:
-            source: Iterator[Any] = worker_batches(
-                self.dataset,
-                0,
-                records[0],
-                batch_size=self.batch_size,
-                drop_last=self.drop_last,
-                collate=self.collate_fn,
-                in_process=True,
-                opened=opened,
-            )
+            streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
+            source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
             yield from self._hand_out(source, records, run, pin=loader.pin_memory)
             return
         inner = self._inner_loader(records, epoch, resumed)
