@@ -45,18 +45,10 @@ def flush_retired(store: dist.Store) -> None:
 class PeerRing:
     """One stream loader's ring: this rank publishes into it, any rank reads the peers'.
 
-    Keys ``loaderkit/stream/<namespace>/<rank>/<step % window>``; each value is
-    the JSON list ``[round, epoch, step, entry]``, ``entry`` being the rank's
-    part of the state (``{"cursors": [...], "next": n}``) after ``step``
-    batches of ``epoch`` were handed out.
-
-    Args:
-        store: The process group's store (any ``torch.distributed.Store``).
-        namespace: Names the loader; the same on every rank.
-        rank: This process's rank.
-        world_size: The number of ranks.
-        window: Steps kept per rank.
-        timeout: Seconds to wait for a peer that has not handed a step out yet.
+    Keys ``loaderkit/stream/<namespace>/<rank>/<step % window>`` hold the JSON list
+    ``[round, epoch, step, entry]``, ``entry`` being the rank's part of the state after
+    ``step`` batches of ``epoch``. ``namespace`` names the loader on every rank; ``timeout``
+    is how long to wait for a late peer, in seconds.
     """
 
     def __init__(

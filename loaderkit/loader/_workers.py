@@ -392,16 +392,11 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
+        seen = "and it did: the cgroup's oom_kill count rose" if oom else "see dmesg"
         why = {
             "SIGSEGV": "a segmentation fault: a crash in native code the dataset calls",
             "SIGBUS": "a bus error: a memory-mapped file (a shard?) was truncated while read",
-            "SIGKILL": "the kernel's out-of-memory killer sends SIGKILL when memory runs out "
-            + (
-                "(and it did: the cgroup's oom_kill count rose)"
-                if oom
-                else "(check dmesg or the container's memory limit)"
-            )
-            + ", as does `kill -9` from another process",
+            "SIGKILL": f"the kernel's out-of-memory killer sends it ({seen}), as does `kill -9`",
             "SIGABRT": "an abort: a failed assertion in native code",
             "SIGTERM": "another process asked it to stop",
         }.get(name, "")
@@ -429,9 +424,8 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
     indices: list[Any] = []
     for w in dead if not timed_out else range(len(procs)):
         proc = procs[w]
-        tasks = _in_flight(workers, w)
         loading = []
-        for task in tasks:
+        for task in _in_flight(workers, w):
             text, idx = describe(task, w)
             loading.append(text)
             if idx is not None:
