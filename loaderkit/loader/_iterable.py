@@ -147,11 +147,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
-    """``iter(dataset)``, placed after the samples of ``start`` (a worker's record).
-
-    The dataset's state is loaded before ``iter()``, an iterator's after it (torchdata's
-    order); a worker's global RNGs are restored too.
-    """
+    """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
+    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs."""
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)

@@ -471,11 +471,9 @@ def oom_kills() -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2
-            candidates.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
+            candidates.append(Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events"))
         elif "memory" in controllers.split(","):
-            candidates.append(
-                Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
-            )
+            candidates.append(Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control"))
     for candidate in candidates:
         try:
             text = candidate.read_text()
