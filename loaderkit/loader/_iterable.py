@@ -1,12 +1,8 @@
-"""How :class:`~loaderkit.ResumableDataLoader` iterates an ``IterableDataset`` passed directly.
+"""How ResumableDataLoader iterates an ``IterableDataset`` passed directly (private).
 
-Private. As ``torch.utils.data.DataLoader`` does: each worker iterates its own
-copy (``get_worker_info()`` as torch sets it), batches are handed out from the
-workers in turn. Resume uses the dataset's (or its iterator's)
-``state_dict()``/``load_state_dict()`` when it has them (O(1)), else replays
-each worker's stream and checks the last skipped sample's digest
-(``docs/design.md``, "Host contracts"). Same ``num_workers`` and one process
-only; anything else is a named error.
+As ``DataLoader`` does: each worker iterates its own copy, batches come from the workers in
+turn. Resume loads each worker's ``state_dict()`` if it has one, else replays its stream and
+checks the last skipped sample's digest (``docs/design.md``, "Host contracts").
 """
 
 from __future__ import annotations
@@ -30,12 +26,7 @@ from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._workers import guard_workers
-from loaderkit.plan._cursor import (
-    ITERABLE_FIELDS,
-    STATE_VERSION,
-    check_settings,
-    seal,
-)
+from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch
 
@@ -72,25 +63,11 @@ def is_stateful(obj: Any) -> bool:
 
 def fresh_record() -> dict[str, Any]:
     """A worker that has handed out nothing."""
-    return {
-        "batches": 0,
-        "yielded": 0,
-        "failed": 0,
-        "digest": None,
-        "ended": False,
-        "dataset_state": None,
-        "iterator_state": None,
-        "rng": None,
-    }
+    return {**dict.fromkeys(_RECORD), "batches": 0, "yielded": 0, "failed": 0, "ended": False}
 
 
 def sample_digest(sample: Any) -> int:
-    """A CRC-32 of a sample's values (tensors, arrays, numbers, strings, containers).
-
-    Compares a replayed sample with the one handed out before the state was
-    saved, in another process and possibly another run: so it hashes values,
-    never object identities.
-    """
+    """A CRC-32 of a sample's values (never object identities: it is compared across runs)."""
     state = [0]
 
     def feed(data: bytes) -> None:
@@ -129,13 +106,8 @@ def sample_digest(sample: Any) -> int:
 
 
 def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
-    """Append up to ``count`` items of ``it`` to ``items``, by ``next()`` alone (an
-    exception leaves the items before it there).
-
-    ``itertools.islice(it, n)`` calls ``iter(it)`` first, which restarts a dataset
-    whose ``__iter__`` resets its position and returns itself: every batch would
-    begin again at its first item.
-    """
+    """Append up to ``count`` items of ``it`` to ``items`` by ``next()`` alone (``islice`` calls
+    ``iter()``, which restarts a dataset that is its own iterator)."""
     for _ in range(count):
         try:
             items.append(next(it))
@@ -152,11 +124,7 @@ def _unb64(text: str) -> bytes:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's global RNG states (torch's CPU generator, numpy's, :mod:`random`'s).
-
-    JSON-safe (a state dict may be saved as JSON), read through each generator's
-    own API.
-    """
+    """This process's global RNG states (torch's CPU, numpy's, :mod:`random`'s), JSON-safe."""
     numpy_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
     _, np_keys, np_pos, np_has_gauss, np_gauss = numpy_state
     py_version, py_words, py_gauss = random.getstate()
@@ -168,7 +136,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` read."""
     torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
     keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state(
@@ -180,14 +147,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
-    """``iter(dataset)``, placed after the samples of ``start`` (a worker's record).
-
-    A dataset's own state is loaded before ``iter()``, an iterator's after it
-    (torchdata's order): a dataset that is its own iterator keeps its position
-    there, and its ``__iter__`` may reset or create that position. A worker's
-    global RNGs are restored too, so the rest of its stream draws what the
-    uninterrupted run drew.
-    """
+    """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
+    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs."""
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)
@@ -203,23 +164,16 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
 
 
 def worker_batches(
-    dataset: Any,
+    source: EngineSource,
     worker: int,
     start: dict[str, Any],
     *,
-    batch_size: int,
-    drop_last: bool,
-    collate: Callable[[list[Any]], Any],
     in_process: bool,
     opened: Any = None,
 ) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
-    """One worker's stream as ``(kind, worker, record after, batch)``, ending with an end mark.
-
-    ``start`` is the worker's record as of the last batch handed out (fresh:
-    from the beginning); ``opened``, the stream :func:`open_stream` already
-    opened at it. ``record after`` is what the main process keeps once it hands
-    the batch out; the end mark's holds the dataset's state after its stream ended.
-    """
+    """One worker's stream of ``source.ds`` from ``start`` (``opened``: already opened there) as
+    ``(kind, worker, record after, batch)``, ending with an end mark holding the dataset's state."""
+    dataset, batch_size, drop_last = source.ds, source.batch_size, source.drop_last
     if start["ended"]:  # it had handed out everything before the state was saved
         yield _END, worker, None, None
         return
@@ -230,8 +184,7 @@ def worker_batches(
         try:
             take(it, batch_size, samples)
         except Exception as exc:
-            # Raised in the batch's place, as DataLoader does; the stream goes on (a
-            # generator that raised has ended: its next pull is the end of the stream).
+            # Raised in the batch's place, as DataLoader does; the stream goes on.
             rec.yielded, rec.failed = rec.yielded + len(samples), rec.failed + 1
             record = rec.after(samples)
             yield _BATCH, worker, record, FailedBatch(_stream_error(exc, worker, rec.yielded))
@@ -240,7 +193,7 @@ def worker_batches(
             break
         rec.yielded += len(samples)
         try:
-            batch = collate(samples)  # before the RNGs are read: a collate_fn may draw too
+            batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
             batch = FailedBatch(exc)
         yield _BATCH, worker, rec.after(samples), batch
@@ -260,13 +213,11 @@ class _Recorder:
         # A dataset that is its own iterator is saved once, as the iterator.
         self.stateful_dataset = is_stateful(dataset) and it is not dataset
         self.stateful_iter = is_stateful(it)
-        # In a worker, randomness drawn from the global RNGs follows the position (the
-        # in-process RNGs are the caller's, which a resume must not move).
+        # In a worker the global RNGs follow the position (in-process they are the caller's).
         self.keep_rng = not in_process and (self.stateful_dataset or self.stateful_iter)
 
     def _state(self, obj: Any) -> Any:
-        # A worker's state is pickled on its way to the main process; in-process it must
-        # be copied, or the dataset's next batch would change the one kept.
+        # In-process a state is copied, or the dataset's next batch would change the one kept.
         state = obj.state_dict()
         return copy.deepcopy(state) if self.in_process else state
 
@@ -290,8 +241,8 @@ def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
     """The error of a stream that raised, still caught by ``except`` of its type."""
     error = worker_error(
         f"reading worker {worker}'s stream of the IterableDataset after its {yielded} samples "
-        f"failed with {type(exc).__name__}: {exc}; fix the dataset's __iter__ (the original "
-        "traceback is chained above).",
+        f"failed with {type(exc).__name__}: {exc}; fix the dataset's __iter__ (traceback "
+        "chained above).",
         index=None,
         cause=type(exc),
     )
@@ -300,8 +251,8 @@ def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
 
 
 def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, worker: int) -> None:
-    """Replay a worker's stream up to its saved place: ``count`` samples and ``failures``
-    pulls that raised, in the order they came; the last sample is checked against ``digest``."""
+    """Replay a worker's stream past ``count`` samples and ``failures`` raising pulls; the last
+    sample is checked against ``digest``."""
     seen, raised, last = 0, 0, None
     while seen < count or raised < failures:
         try:
@@ -320,15 +271,15 @@ def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, work
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
             f"IterableDataset gave {seen} samples and {raised} errors where the saved run had "
-            f"{count} and {failures}, so its data or its split by worker changed. Resume with "
-            "the same data and num_workers, or give the dataset state_dict()/load_state_dict()."
+            f"{count} and {failures}. Resume with the same data and num_workers, or give the "
+            "dataset state_dict()/load_state_dict()."
         )
     if digest is not None and sample_digest(last) != digest:
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
-            f"IterableDataset gave a different sample at position {count - 1} than the saved run, "
-            "so the stream is not deterministic. Make its order a function of the data and the "
-            "seed, or give the dataset (or its iterator) state_dict()/load_state_dict()."
+            f"IterableDataset gave a different sample at position {count - 1} than the saved run "
+            "(it is not deterministic). Make its order a function of the data and the seed, or "
+            "give the dataset (or its iterator) state_dict()/load_state_dict()."
         )
 
 
@@ -346,23 +297,14 @@ class _WorkerStreams(EngineSource):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        # A persistent worker's later epochs start fresh (it is reused only for whole epochs).
+        # A persistent worker's later epochs start fresh (it serves whole epochs only).
         start, self.starts[worker] = self.starts[worker], fresh_record()
         if self._passes and info is not None:
-            # Seeded as a worker started for this epoch would be (worker_init_fn seeded the
-            # first pass), so a resumed epoch's fresh workers replay the same randomness.
+            # Seeded as a worker started for this epoch (worker_init_fn seeded the first pass).
             epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
             seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
         self._passes += 1
-        return worker_batches(
-            self.ds,
-            worker,
-            start,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            collate=self.collate,
-            in_process=info is None,
-        )
+        return worker_batches(self, worker, start, in_process=info is None)
 
 
 class IterableEngine(WorkerStreams):
@@ -392,8 +334,7 @@ class IterableEngine(WorkerStreams):
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
 
     def epoch_length(self, epoch: int) -> int:
-        """Batches in the current epoch as :class:`PlanCursor` asks a plan: the batches so
-        far, plus one while the epoch goes on (its length is unknown until it ends)."""
+        """The batches so far, plus one while the epoch goes on (its length is unknown)."""
         return self._position.steps_done + (not self.complete)
 
     def method(self) -> str:
@@ -401,7 +342,7 @@ class IterableEngine(WorkerStreams):
         return "state" if is_stateful(self.dataset) or self.state_seen else "replay"
 
     def length(self) -> int:
-        """Batches per epoch, as ``DataLoader`` counts them: from ``len(dataset)``."""
+        """Batches per epoch from ``len(dataset)``, as ``DataLoader`` counts them."""
         size = len(self.dataset)  # TypeError without __len__, as with DataLoader
         self.reported = size // self.batch_size if self.drop_last else -(-size // self.batch_size)
         return self.reported
@@ -412,13 +353,9 @@ class IterableEngine(WorkerStreams):
         if world_size > 1:
             raise LoaderkitError(
                 f"ResumableDataLoader: an IterableDataset passed directly runs on one process "
-                f"(world_size=1), got world_size={world_size}. torch's DataLoader does not split "
-                "an iterable across ranks: every rank would read all of it (each sample "
-                f"{world_size} times), or, if it splits itself by rank, ranks could step "
-                "different numbers of times and hang DDP, and rank 0's checkpoint would hold "
-                "rank 0's positions only. Wrap the data in StreamingShardedDataset(shards, "
-                "IterableReader(fn), steps_per_epoch=...) (split by rank and worker, every rank "
-                "the same steps), or use ShardedDataset when sample counts are known."
+                f"(world_size=1), got world_size={world_size}. Wrap the data in "
+                "StreamingShardedDataset(shards, IterableReader(fn), steps_per_epoch=...), or use "
+                "ShardedDataset when sample counts are known."
             )
 
     def iterate(self, run: Run) -> Generator[Any, None, None]:
@@ -438,16 +375,8 @@ class IterableEngine(WorkerStreams):
         self._history.clear()
         resumed = start > 0
         if loader.num_workers == 0:
-            source: Iterator[Any] = worker_batches(
-                self.dataset,
-                0,
-                records[0],
-                batch_size=self.batch_size,
-                drop_last=self.drop_last,
-                collate=self.collate_fn,
-                in_process=True,
-                opened=opened,
-            )
+            streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
+            source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
             yield from self._hand_out(source, records, run, pin=loader.pin_memory)
             return
         inner = self._inner_loader(records, epoch, resumed)
@@ -455,11 +384,9 @@ class IterableEngine(WorkerStreams):
         try:
             guarded = guard_workers(workers, self._in_flight)
             yield from self._hand_out(guarded, records, run, pin=False)
-            for extra in guarded:  # only torch's end marks are left; a batch here is a bug
+            for extra in guarded:  # only end marks are left; a batch here is a bug
                 raise RuntimeError(f"ResumableDataLoader: a worker sent {extra[0]!r} after its end")
-        except BaseException:
-            # Abandoned or failed mid-epoch: its workers (persistent ones too) ran ahead
-            # of what was handed out, so they cannot serve the next epoch.
+        except BaseException:  # its workers ran ahead of what was handed out
             self._drop_inner(inner, workers)
             raise
         if self._inner is inner:
@@ -470,10 +397,8 @@ class IterableEngine(WorkerStreams):
         if loaded is not None and loaded[0] == epoch and not self.complete:
             return [dict(r) for r in self.records]  # the rest of a loaded epoch
         fresh = [fresh_record() for _ in range(self.workers)]
-        # Where one dataset object lives on across epochs (in this process, or in each
-        # persistent worker), an epoch after a complete one starts from the objects' state
-        # at its end, as the uninterrupted run's did: also when that epoch was loaded, or
-        # ran on workers of its own (a resumed epoch).
+        # Where the dataset objects live on across epochs, an epoch after a complete one starts
+        # from their state at its end, as the uninterrupted run's did.
         if self.complete and self._objects_persist():
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
@@ -484,11 +409,8 @@ class IterableEngine(WorkerStreams):
         return self.host.num_workers == 0 or self.host.pool.persistent
 
     def _prime(self) -> None:
-        """Open the in-process stream now, as ``DataLoader`` does at ``iter()``.
-
-        A state saved between ``iter()`` and the first batch then holds the stream's
-        start (its iterator may hold the global RNG state it will draw from).
-        """
+        """Open the in-process stream now, as ``DataLoader`` does at ``iter()``, so a state saved
+        before the first batch holds the stream's start."""
         epoch = self._position.upcoming(self)[0]
         record = fresh_record()
         it = open_stream(self.dataset, record, 0, in_process=True)
@@ -509,12 +431,8 @@ class IterableEngine(WorkerStreams):
     def _hand_out(
         self, source: Iterator[Any], records: list[dict[str, Any]], run: Any, *, pin: bool
     ) -> Generator[Any, None, None]:
-        """Hand out in torch's order, whatever order the workers' batches arrive in.
-
-        A fresh epoch arrives in that order already; a resumed one starts at the
-        worker whose turn was next, while torch's iterator starts at worker 0, so
-        up to one round of batches waits here.
-        """
+        """Hand out in torch's order (a resumed epoch's batches arrive from worker 0 on, so up
+        to one round waits here)."""
         host = self.host
         pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
         while True:
@@ -538,8 +456,7 @@ class IterableEngine(WorkerStreams):
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
             records[worker] = {**after, "batches": before["batches"] + 1, "ended": False}
-            if host.is_current(run):
-                # Only the current iteration moves the loader's position (see __iter__).
+            if host.is_current(run):  # only the current iteration moves the position
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
@@ -553,9 +470,8 @@ class IterableEngine(WorkerStreams):
         if self.reported is not None and done > self.reported:
             warnings.warn(
                 f"ResumableDataLoader: len() said {self.reported} batches (from len(dataset)), "
-                f"but {done} were handed out this epoch; with num_workers > 0 each worker "
-                "iterates its own copy of the dataset, so split it by get_worker_info() as "
-                "torch's docs show (or correct its __len__).",
+                f"but {done} were handed out this epoch. Split the dataset by get_worker_info() "
+                "as torch's docs show (each worker iterates its own copy), or correct its __len__.",
                 UserWarning,
                 stacklevel=5,  # the caller's next()
             )
@@ -563,28 +479,23 @@ class IterableEngine(WorkerStreams):
     def _inner_loader(
         self, records: list[dict[str, Any]], epoch: int, resumed: bool
     ) -> DataLoader[Any]:
-        pool, seed = self.host.pool, self.host.seed
-        rank, _ = self.host.topology()
-        if pool.persistent and not resumed:
+        pool = self.host.pool
+        persistent = pool.persistent and not resumed  # a resumed epoch gets workers of its own
+        if persistent:
             if self._inner is not None and self._inner_next == epoch:
                 return self._inner  # its workers start their next whole pass
             self.close()
-            self._inner = pool.build(
-                _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-                seed=seed,
-                epoch=epoch,
-                rank=rank,
-            )
-            self._inner_next = None
-            return self._inner
-        # A resumed epoch (or no persistence): workers of its own, told where to start.
-        return pool.build(
+        rank, _ = self.host.topology()
+        inner = pool.build(
             _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-            seed=seed,
+            seed=self.host.seed,
             epoch=epoch,
             rank=rank,
-            persistent=False,
+            persistent=persistent,
         )
+        if persistent:
+            self._inner, self._inner_next = inner, None
+        return inner
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
@@ -599,11 +510,9 @@ class IterableEngine(WorkerStreams):
         else:
             reason = (
                 f"replay-and-skip: {name} has no state_dict()/load_state_dict(), so each "
-                "worker iterates its stream again and skips what it handed out (cost "
-                "grows with the position); exact for a deterministic stream (a replay "
-                "that differs is a StateMismatchError), under the same num_workers, on "
-                "one process. Give the dataset state_dict()/load_state_dict() to resume "
-                "in O(1)"
+                "worker replays its stream up to its position; exact for a deterministic "
+                "stream, under the same num_workers, on one process. Give the dataset "
+                "state_dict()/load_state_dict() to resume in O(1)"
             )
         return {"engine": "iterable", "resume": method, "resume_reason": reason}
 
@@ -657,11 +566,8 @@ class IterableEngine(WorkerStreams):
         if topo.get("num_workers") != workers:
             raise StateMismatchError(
                 f"{owner}: the IterableDataset was saved with num_workers="
-                f"{topo.get('num_workers')}, this loader has num_workers={workers}. Each worker "
-                "iterates its own stream (torch's split of an iterable by worker), and a "
-                "stream's position cannot be moved to another worker: resume with "
-                f"num_workers={topo.get('num_workers')}, or use ShardedDataset (sample counts "
-                "known) for a resume under any num_workers."
+                f"{topo.get('num_workers')}, this loader has num_workers={workers}; resume with "
+                f"num_workers={topo.get('num_workers')}, or use ShardedDataset (any num_workers)."
             )
         records = state["workers"]
         if not isinstance(records, list) or len(records) != max(workers, 1):

@@ -1,10 +1,8 @@
 """Batches from worker processes through reused shared-memory slots (private).
 
-Used only by ``_workers.py`` (``docs/design.md``, "Worker transport"): each
-worker owns ``prefetch_factor + 2`` slots, shared-memory arenas it creates and
-sends once; a batch crosses as a small skeleton naming its slot, and the main
-process copies the tensors out and frees the slot. What does not fit a slot
-goes through torch's own path, counted in :class:`TransportStats`.
+A batch crosses as a small skeleton naming its worker's slot; the main process copies the
+tensors out and frees the slot. What does not fit goes through torch's own path, counted
+(``docs/design.md``, "Worker transport").
 """
 
 from __future__ import annotations
@@ -27,36 +25,17 @@ from torch.utils.data._utils import ExceptionWrapper
 
 __all__ = ["ENABLED", "Transport", "TransportStats", "pack"]
 
-# Whether new worker iterators send batches through slots (benchmarks and tests switch it).
-ENABLED = True
-
-# Slots per worker beyond its prefetch_factor: the batch being copied out, and slack.
-EXTRA_SLOTS = 2
+ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
+EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
 GROWTH = 1.25  # an arena re-created for a batch that did not fit leaves this headroom
 MIN_ARENA = 1 << 16
 
-_DTYPES = frozenset(
-    d
-    for d in (
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        getattr(torch, "uint16", None),
-        getattr(torch, "uint32", None),
-        getattr(torch, "uint64", None),
-    )
-    if d is not None
+_DTYPE_NAMES = (
+    "bool uint8 int8 int16 int32 int64 float16 bfloat16 float32 float64 complex64 complex128 "
+    "uint16 uint32 uint64"
 )
+_DTYPES = frozenset(getattr(torch, n) for n in _DTYPE_NAMES.split() if hasattr(torch, n))
 
 # Transports alive in this (the main) process, by token: how a result finds its slots.
 _LIVE: weakref.WeakValueDictionary[int, Transport] = weakref.WeakValueDictionary()
@@ -65,14 +44,7 @@ _tokens = itertools.count(1)
 
 @dataclass
 class TransportStats:
-    """How a loader's batches crossed from its workers (main process, one per loader).
-
-    Attributes:
-        slot_batches: Batches that came through slots.
-        torch_batches: Batches that went through torch's path, by reason.
-        arenas: Arenas received from workers (first use of a slot, or re-created larger).
-        arena_bytes: Their total size.
-    """
+    """How a loader's batches crossed from its workers: through slots, or torch's path by reason."""
 
     slot_batches: int = 0
     torch_batches: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -80,7 +52,6 @@ class TransportStats:
     arena_bytes: int = 0
 
     def describe(self) -> dict[str, Any]:
-        """The figures as a plain dict (``ResumableDataLoader.describe()["transport"]``)."""
         return {
             "slot_batches": self.slot_batches,
             "torch_path_batches": sum(self.torch_batches.values()),
@@ -91,18 +62,11 @@ class TransportStats:
 
 
 class Transport:
-    """The main process's side of one worker iterator's slots.
-
-    Created before that iterator's workers start (its flag array must be
-    shared with them); held by the iterator. Its arenas are unmapped here when
-    the iterator's workers stop (:meth:`close`), or when the iterator goes.
-    """
+    """The main process's side of one worker iterator's slots (made before its workers start)."""
 
     def __init__(self, num_workers: int, slots: int, pin: bool, stats: TransportStats) -> None:
         self.token = (os.getpid() << 20) ^ next(_tokens)
-        self.slots = slots
-        self.pin = pin
-        self.stats = stats
+        self.slots, self.pin, self.stats = slots, pin, stats
         # 0: free (the worker may write it); 1: written, not yet copied out here.
         self.flags = torch.zeros(num_workers * slots, dtype=torch.uint8).share_memory_()
         self._flags = self.flags.numpy()
@@ -110,18 +74,12 @@ class Transport:
         _LIVE[self.token] = self
 
     def close(self) -> None:
-        """Unmap the arenas once the workers are stopped (no batch can arrive any more).
-
-        Called when loaderkit stops the iterator's workers (an error, an abandoned
-        epoch), not left to the iterator's garbage collection: a worker error's
-        traceback holds the iterator in a reference cycle, and until the cycle
-        collector runs each worker's arenas would stay mapped here.
-        """
+        """Unmap the arenas once the workers are stopped (a worker error's traceback would keep
+        the iterator, and so the arenas, alive until the cycle collector runs)."""
         self.arenas.clear()
         _LIVE.pop(self.token, None)
 
     def writer(self) -> SlotWriter:
-        """What the workers receive (pickled or inherited with the collate function)."""
         return SlotWriter(self.token, self.flags, self.slots)
 
     def receive(
@@ -144,12 +102,9 @@ class Transport:
         for offset, nbytes, dtype, shape in metas:
             out = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
             if nbytes:
-                # numpy's copy, on this thread: torch's copy_ would wake its intra-op
-                # threads, whose spinning takes the cores the workers need (measured:
-                # the main process at 1.4 cores with 2 workers on 2 cores).
+                # numpy's copy: torch's would wake intra-op threads that spin on the workers' cores.
                 np.copyto(out.numpy(), source[offset : offset + nbytes])
             tensors.append(out.view(dtype).view(shape))
-        # Only now may the worker write this slot again.
         self._flags[worker * self.slots + slot] = 0
         self.stats.slot_batches += 1
         return _SkeletonUnpickler(io.BytesIO(skeleton), tensors).load()
@@ -159,9 +114,7 @@ class SlotWriter:
     """The worker's side: which slots are free, and this process's arenas."""
 
     def __init__(self, token: int, flags: torch.Tensor, slots: int) -> None:
-        self.token = token
-        self.flags = flags
-        self.slots = slots
+        self.token, self.flags, self.slots = token, flags, slots
         self._local: tuple[int, Any, list[torch.Tensor | None]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -185,8 +138,7 @@ class _SkeletonPickler(ForkingPickler):
     def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.tensors = tensors
-        # persistent_id runs before pickle's memo: a tensor met twice must get its first
-        # id, so the batch comes back holding one object twice, as torch's path gives.
+        # persistent_id runs before pickle's memo: a tensor met twice keeps its first id.
         self._ids: dict[int, int] = {}
         self._storages: set[int] = set()
 
@@ -206,9 +158,7 @@ class _SkeletonPickler(ForkingPickler):
             raise _Unsupported("a tensor that requires grad")
         if obj.dtype not in _DTYPES:
             raise _Unsupported(f"a tensor of dtype {obj.dtype}")
-        # A slot holds each tensor's elements densely, in order. torch's path keeps
-        # strides (a transpose, channels_last, an expand) and storage shared between
-        # tensors of one batch (a view and its base): those batches take it.
+        # A slot holds elements densely; torch's path keeps strides and shared storage.
         if not obj.is_contiguous():
             raise _Unsupported("a non-contiguous tensor (strides kept by torch's path)")
         if obj.numel():
@@ -258,8 +208,8 @@ class _TorchPath:
 
 
 def _receive(token: int, *args: Any) -> Any:
-    # Runs while torch unpickles a worker's result (main thread, or the pin thread):
-    # an error here must come out of the loader, not kill torch's pin thread.
+    # Runs while torch unpickles a result: an error must come out of the loader, not kill
+    # torch's pin thread.
     try:
         transport = _LIVE.get(token)
         if transport is None:
@@ -279,11 +229,8 @@ def _counted(token: int, batch: Any, reason: str) -> Any:
 
 
 def pack(writer: SlotWriter, batch: Any) -> Any:
-    """The worker's ``collate_fn``: ``batch`` (already whole) into a free slot.
-
-    Returns what the worker puts on torch's result queue: a slot's descriptor,
-    or the batch wrapped to go through torch's path (and be counted).
-    """
+    """The worker's ``collate_fn``: ``batch`` into a free slot's descriptor, else wrapped for
+    torch's path (and counted)."""
     info = get_worker_info()
     if info is None:  # not in a worker: nothing crosses a process
         return batch
@@ -323,5 +270,4 @@ def pack(writer: SlotWriter, batch: Any) -> Any:
 
 
 def slots_per_worker(prefetch_factor: int | None) -> int:
-    """Slots each worker gets: its prefetched batches, plus :data:`EXTRA_SLOTS`."""
     return (2 if prefetch_factor is None else prefetch_factor) + EXTRA_SLOTS

@@ -1,13 +1,8 @@
-"""How :class:`~loaderkit.ResumableDataLoader` iterates a :class:`StreamingShardedDataset`.
+"""How ResumableDataLoader iterates a :class:`StreamingShardedDataset` (private).
 
-Private. Each worker of a rank plays one slot (see :mod:`loaderkit.data.streaming`)
-and sends every batch with the slot's cursor after it; the main process records
-that cursor when it hands the batch out. Batches come from workers in turn, as
-torch hands out an iterable's; a resumed epoch starts at the slot whose turn was
-next. Under DDP each rank publishes its cursors into the process group's store
-(:mod:`._stream_ring`), so any rank's state holds every rank's and
-``state_dict()`` is never a collective; without a store, a state holds its own
-rank's cursors only.
+Each worker plays one slot and sends every batch with the slot's cursor after it, recorded
+when the batch is handed out; workers take turns, and a resumed epoch starts at the slot
+whose turn was next. Under DDP the cursors go through the store (:mod:`._stream_ring`).
 """
 
 from __future__ import annotations
@@ -28,12 +23,7 @@ from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, set
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
-from loaderkit.plan._cursor import (
-    STATE_VERSION,
-    STREAM_FIELDS,
-    check_settings,
-    seal,
-)
+from loaderkit.plan._cursor import STATE_VERSION, STREAM_FIELDS, check_settings, seal
 from loaderkit.transfer import pin_batch
 
 __all__ = ["StreamEngine"]
@@ -126,31 +116,21 @@ class StreamEngine(WorkerStreams):
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.per_sample_seeding = per_sample_seeding
-        # The epoch and this rank's batches handed out in it (its position), with the
-        # same next-epoch and resume rules as map-style data; the slot cursors below
-        # say where in the shards those batches end.
-        self.cursors: list[Cursor | None] = [None] * self.workers  # None: start of the pass
+        # Where in the shards this rank's slots are (None: start of the pass); whose turn is next.
+        self.cursors: list[Cursor | None] = [None] * self.workers
         self.next_local = 0
-        # (local slot, its cursor, next_local, complete) before each hand-out, to
-        # take back batches a consumer holds unused (Lightning's prefetch).
         self._warned = False
-        # Peers' cursors: the ring this rank publishes into (None without a store),
-        # the comparison round of the current epoch start (None: no epoch compared
-        # across ranks since construction or load), and the ranks of a loaded
-        # state, which stay the state until the next epoch starts.
-        self._ring: PeerRing | None = None
+        self._ring: PeerRing | None = None  # the peers' cursors (None without a store)
         self._rounds = Rounds()  # this loader's comparisons; its channel names the ring
-        self._round: int | None = None
-        self._loaded_ranks: list[Any] | None = None
+        self._round: int | None = None  # of this epoch start (None: not compared since load)
+        self._loaded_ranks: list[Any] | None = None  # a loaded state's, until the next epoch
 
     @property
     def steps_done(self) -> int:
-        """Batches of the current epoch handed out on this rank."""
         return self._position.steps_done
 
     def epoch_length(self, epoch: int) -> int:
-        """Batches in the current epoch, as :class:`PlanCursor` asks a plan: the limit, or
-        for one pass of unknown length, the batches so far (plus one while it goes on)."""
+        """The limit, or for one pass of unknown length the batches so far (+1 while it goes on)."""
         steps = self.steps
         if steps is not None:
             return steps
@@ -171,11 +151,9 @@ class StreamEngine(WorkerStreams):
         if world_size > 1 and not self.dataset.limited:
             raise LoaderkitError(
                 f"ResumableDataLoader: a StreamingShardedDataset without steps_per_epoch or "
-                f"samples_per_epoch on {world_size} ranks would let ranks step different "
-                "numbers of times (their shards hold different numbers of samples) and hang "
-                "DDP in the first collective after the shortest rank stops; pass "
-                "steps_per_epoch= (batches per rank) or samples_per_epoch= to the dataset, or "
-                "use ShardedDataset when shard sizes are known."
+                f"samples_per_epoch on {world_size} ranks would step differently per rank and "
+                "hang DDP. Pass steps_per_epoch= (batches per rank) or samples_per_epoch= to "
+                "the dataset, or use ShardedDataset."
             )
 
     def length(self) -> int:
@@ -183,9 +161,8 @@ class StreamEngine(WorkerStreams):
         steps = self.steps
         if steps is None:
             raise TypeError(
-                "ResumableDataLoader over a StreamingShardedDataset has no length (an epoch is "
-                "one pass over shards of unknown size); pass steps_per_epoch= to the dataset "
-                "for a fixed one."
+                "ResumableDataLoader over a StreamingShardedDataset has no length (one pass over "
+                "shards of unknown size); pass steps_per_epoch= to the dataset for a fixed one."
             )
         return steps
 
@@ -226,7 +203,6 @@ class StreamEngine(WorkerStreams):
             return
         flush_retired(store)
         if self._ring is None or self._ring.store is not store:
-            # Named by the loader's channel: every rank shares it for this loader.
             assert self._rounds.channel is not None  # set by the comparison that gave round_
             self._ring = PeerRing(
                 store,
@@ -249,8 +225,8 @@ class StreamEngine(WorkerStreams):
             self._warned = True
             warnings.warn(
                 f"StreamingShardedDataset: {len(self.dataset.shards)} shards for {slots} "
-                "(rank, worker) slots, so every slot reads every shard and keeps every "
-                f"{slots}-th sample; use at least {slots} shards to read each byte once.",
+                "(rank, worker) slots, so every slot reads every shard. Use at least "
+                f"{slots} shards to read each byte once.",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -262,15 +238,10 @@ class StreamEngine(WorkerStreams):
         try:
             guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
             yield from self._hand_out(guarded, pin=False)
-        except GeneratorExit:
-            # Closed by a dropped iterator: the loader may be gone already (then so is
-            # any reason to keep workers).
-            alive = self.host.alive()
-            steps = self.steps if alive else None
+        except GeneratorExit:  # a dropped iterator (the loader may be gone too)
+            steps = self.steps if self.host.alive() else None
             if self._inner is inner and steps is not None and self.steps_done >= steps:
-                # Every batch of the epoch was handed out; a consumer that stops at
-                # len() (Lightning) never asks for the end. The workers made exactly
-                # their share and wait at the next epoch's cursors: keep them.
+                # A consumer stopping at len() (Lightning): the workers wait at the next epoch.
                 self._inner_next = self.epoch + 1
             else:
                 self._drop_inner(inner, workers)
@@ -323,8 +294,7 @@ class StreamEngine(WorkerStreams):
             return self._inner  # persistent workers already at this epoch's cursors
         self.close()
         rank, _ = self.host.topology()
-        # A resumed epoch that starts mid-turn needs its own workers: persistent
-        # ones keep playing the slot they started with.
+        # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
         persistent = self.host.pool.persistent and rotation == 0
         inner = self.host.pool.build(
             source, seed=self.seed, epoch=self.epoch, rank=rank, persistent=persistent
@@ -405,8 +375,7 @@ class StreamEngine(WorkerStreams):
             raise LoaderkitError(
                 f"ResumableDataLoader: the ranks stream with different num_workers "
                 f"({[None if r is None else len(r['cursors']) for r in ranks]} worker slots per "
-                "rank); shards are dealt to rank x worker slots, so some were read twice and "
-                "others never. Use the same num_workers on every rank."
+                "rank). Use the same num_workers on every rank."
             )
         return ranks
 
@@ -424,10 +393,8 @@ class StreamEngine(WorkerStreams):
             raise StateMismatchError(
                 f"{owner}: the stream was saved with world_size={topo.get('world_size')}, "
                 f"num_workers={topo.get('num_workers')}; this loader has world_size="
-                f"{world_size}, num_workers={self.host.num_workers}. A stream's position is "
-                "a cursor per (rank, worker) slot, which cannot be re-split: resume with the "
-                "saved topology, or use ShardedDataset (sample counts known) for an elastic "
-                "resume."
+                f"{world_size}, num_workers={self.host.num_workers}, and per-slot cursors cannot "
+                "be re-split. Resume with the saved topology, or use ShardedDataset."
             )
         mine = state["ranks"][rank]
         if not isinstance(mine, dict):
@@ -435,9 +402,8 @@ class StreamEngine(WorkerStreams):
             raise StateMismatchError(
                 f"{owner}: the state holds no cursors for rank {rank}, only for rank(s) "
                 f"{saved_by}: it was saved where no torch.distributed process group (and its "
-                "store) was reachable, so each rank's state_dict() holds its own cursors only. "
-                "Save each rank's state_dict() and load each rank its own, or save under an "
-                "initialized process group (then rank 0's state holds every rank's)."
+                "store) was reachable. Save each rank's state_dict() and load each rank its own, "
+                "or save under an initialized process group."
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])

@@ -1,9 +1,7 @@
 """Worker processes: how they start, how they are seeded, how they stop (private).
 
-Both engines (the planned and the stream engine) hand their work to a
-``torch.utils.data.DataLoader`` that only turns keys into batches. This is the
-one place that builds it, so the start method, the seeding of workers and
-the shutdown rules are the same for both.
+The one place that builds the engines' inner ``DataLoader`` (``docs/design.md``, "Worker
+transport").
 """
 
 from __future__ import annotations
@@ -40,48 +38,29 @@ from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
 __all__ = ["Describe", "WorkerPool", "guard_workers", "share_tensors", "stop_workers"]
 
-# How often a worker looks for its parent, and the main process for dead workers.
-PARENT_POLL_S = 0.25
-DEATH_POLL_S = 1.0
+PARENT_POLL_S = 0.25  # how often a worker looks for its parent
+DEATH_POLL_S = 1.0  # how often the main process looks for dead workers
 ORPHAN_EXIT_CODE = 75  # a worker that found its parent gone (EX_TEMPFAIL)
 
 # What a batch in flight was: (text for the message, its sample indices or None).
 Describe = Callable[[int, int], tuple[str, Any]]
 
-# Tensors at least this large are moved to shared memory before pickled workers start.
-SHARE_MIN_BYTES = 1 << 20
-
-# The start of torch's warning about more workers than CPU cores.
-_TOO_MANY_WORKERS = "This DataLoader will create"
-
-# Whether this process was told that its workers start by forkserver (said once).
+SHARE_MIN_BYTES = 1 << 20  # tensors moved to shared memory before pickled workers start
+_TOO_MANY_WORKERS = "This DataLoader will create"  # torch's warning of more workers than cores
 _announced_forkserver = False
 
 FORKSERVER_NOTICE = (
     "ResumableDataLoader: inside a torch.distributed process group, worker processes start "
-    "by 'forkserver' instead of 'fork': forking a process whose gloo/NCCL threads hold locks "
-    "can deadlock the child (seen in loaderkit's DDP tests). Each worker then receives the "
-    "dataset, collate_fn and worker_init_fn by pickling (define them at module level; large "
-    "tensors of a TensorDataset are moved to shared memory, not copied). To choose, pass "
-    "multiprocessing_context= ('fork', 'spawn' or 'forkserver'). Said once per process."
+    "by 'forkserver' (fork can deadlock on gloo/NCCL threads), so the dataset, collate_fn and "
+    "worker_init_fn must pickle. Pass multiprocessing_context= ('fork', 'spawn' or "
+    "'forkserver') to choose; said once per process."
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerPool:
-    """The worker settings of one loader, and the DataLoaders built from them.
-
-    Attributes:
-        num_workers: Worker processes (0: the engines load in-process and never
-            build a DataLoader).
-        pin_memory: Pin batches in the workers' pin thread.
-        timeout: Seconds to wait for a batch from a worker (0: forever).
-        prefetch_factor: Batches loaded ahead per worker, or None for torch's default.
-        persistent: Keep workers alive across epochs.
-        user_init: The user's ``worker_init_fn``, called after loaderkit seeds the worker.
-        start_method: The user's ``multiprocessing_context``, or None for the default.
-        stats: How this loader's batches crossed from its workers (slots or torch's path).
-    """
+    """The worker settings of one loader (as ``DataLoader``'s arguments), and the DataLoaders
+    built from them. ``user_init`` runs after loaderkit seeds the worker."""
 
     num_workers: int
     pin_memory: bool
@@ -95,33 +74,21 @@ class WorkerPool:
     )
 
     def context(self) -> Any:
-        """How worker processes start: the user's choice, else ``forkserver`` under DDP.
-
-        A process in a torch.distributed group runs communication threads
-        (gloo's, NCCL's), and ``fork`` copies whatever locks they hold at that
-        instant into the child, which can then wait on them forever. Measured:
-        DDP runs on 2 CPU ranks with forked workers intermittently hung with a
-        worker stuck inside ``os.fork`` (2 in ~20 loaded runs). A forkserver
-        forks from a clean single-threaded server instead; the cost is a
-        one-off server start and unpickling the dataset in each worker.
-        """
+        """How worker processes start: the user's choice, else ``forkserver`` under DDP."""
         if self.start_method is not None or self.num_workers == 0:
             return self.start_method
         if not (dist.is_available() and dist.is_initialized()):
             return None
         ctx = multiprocessing.get_context("forkserver")
-        # Import the heavy modules once in the server, not in every worker.
-        # "__main__" (the default) lets workers unpickle classes defined in the script.
+        # Heavy imports once in the server; "__main__" lets workers unpickle the script's classes.
         ctx.set_forkserver_preload(["__main__", "torch", "loaderkit"])
         global _announced_forkserver
         if not _announced_forkserver:
-            # A changed start method changes what must pickle: say it, once per process.
             _announced_forkserver = True
             warnings.warn(FORKSERVER_NOTICE, RuntimeWarning, stacklevel=2)
         return ctx
 
     def method_name(self) -> str:
-        """The start method workers get: the user's, loaderkit's choice, else the platform's."""
         ctx = self.context()
         if isinstance(ctx, str):
             return ctx
@@ -130,11 +97,8 @@ class WorkerPool:
         return str(multiprocessing.get_start_method())
 
     def init_fn(self, seed: int, epoch: int, rank: int) -> Callable[[int], None]:
-        """The ``worker_init_fn`` of ``epoch``'s workers.
-
-        Keyed by epoch: non-persistent workers restart every epoch and must not
-        replay the previous epoch's random streams.
-        """
+        """The ``worker_init_fn`` of ``epoch``'s workers (keyed by epoch: restarted workers must
+        not replay the previous epoch's random streams)."""
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
@@ -150,18 +114,9 @@ class WorkerPool:
         batch_sampler: Iterable[Any] | None = None,
         persistent: bool | None = None,
     ) -> DataLoader[Any]:
-        """A DataLoader whose workers fetch ``dataset``'s items, already batches.
-
-        Args:
-            dataset: Items are whole batches (``collate_fn`` is the identity).
-            seed: The loader's seed.
-            epoch: The epoch these workers start in (seeds them).
-            rank: This process's data-parallel rank (seeds them).
-            batch_sampler: Keys handed to ``dataset``; None for an iterable dataset.
-            persistent: Overrides the pool's ``persistent`` setting.
-        """
-        pickled = self.num_workers > 0 and self.method_name() != "fork"
-        if pickled:
+        """A DataLoader whose workers fetch ``dataset``'s items, already batches; ``batch_sampler``
+        None for an iterable dataset, ``persistent`` overrides the pool's."""
+        if self.num_workers > 0 and self.method_name() != "fork":
             share_tensors(getattr(dataset, "user_dataset", dataset))
         return _WorkerLoader(
             self,
@@ -174,8 +129,7 @@ class WorkerPool:
             timeout=self.timeout,
             worker_init_fn=self.init_fn(seed, epoch, rank),
             multiprocessing_context=self.context(),
-            # Our own generator: torch would otherwise draw the workers' base
-            # seed from the global RNG and perturb the model's randomness.
+            # Our own generator: torch would draw the base seed from the global RNG.
             generator=torch.Generator().manual_seed(derive_seed(seed, SeedTag.BASE)),
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent if persistent is None else persistent,
@@ -183,12 +137,12 @@ class WorkerPool:
 
 
 class _WorkerLoader(DataLoader[Any]):
-    """The inner DataLoader: batches cross from its workers through shared-memory slots
-    (``_slots.py``); names what failed to pickle when its workers cannot start."""
+    """The inner DataLoader: batches cross through slots (``_slots.py``); names what failed to
+    pickle when its workers cannot start."""
 
     def __init__(self, pool: WorkerPool, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
-            # ResumableDataLoader said it once, at its caller's line (check_worker_args).
+            # ResumableDataLoader said it once, at its caller's line.
             warnings.filterwarnings("ignore", message=_TOO_MANY_WORKERS, category=UserWarning)
             super().__init__(*args, **kwargs)
         self._loaderkit_pool = pool
@@ -196,14 +150,12 @@ class _WorkerLoader(DataLoader[Any]):
     def _get_iterator(self) -> Any:
         transport = None
         if self.num_workers > 0 and _slots.ENABLED:
-            # Slots of their own for each worker iterator: the workers it starts are new.
-            pool = self._loaderkit_pool
+            # New slots per worker iterator (its workers are new); pinned by torch's rule.
             transport = _slots.Transport(
                 self.num_workers,
                 _slots.slots_per_worker(self.prefetch_factor),
-                # torch's rule for pinning in its pin thread (which then finds them pinned)
                 pin=self.pin_memory and torch.accelerator.is_available(),
-                stats=pool.stats,
+                stats=self._loaderkit_pool.stats,
             )
             self.collate_fn = functools.partial(_slots.pack, transport.writer())
         else:
@@ -224,8 +176,7 @@ class _WorkerLoader(DataLoader[Any]):
 
 
 def _is_pickling_error(exc: BaseException) -> bool:
-    # Python names the failure in its text only ("Can't pickle local object ...",
-    # "cannot pickle '_thread.lock' object", "Can't get local object ...").
+    # Python names the failure in its text only ("Can't pickle local object ...").
     text = str(exc)
     return isinstance(exc, pickle.PicklingError) or (
         isinstance(exc, AttributeError | TypeError)
@@ -259,8 +210,7 @@ def _first_unpicklable(obj: Any, name: str, depth: int = 0) -> tuple[str, Any, E
 
 
 def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerStartError:
-    """The :class:`WorkerStartError` for workers that could not start: names what did not
-    pickle (the dataset, collate_fn or worker_init_fn) and the fixes."""
+    """The :class:`WorkerStartError` naming what did not pickle, and the fixes."""
     method = pool.method_name()
     if pool.start_method is not None:
         why = f"multiprocessing_context={pool.start_method!r}"
@@ -280,30 +230,16 @@ def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerSta
         label = getattr(obj, "__qualname__", None) or type(obj).__qualname__
         what, detail = f"{name} ({label})", f"{type(error).__name__}: {error}"
     return WorkerStartError(
-        f"ResumableDataLoader: worker processes start by {method!r} ({why}), which sends each "
-        f"worker what it runs by pickling, and {what} cannot be pickled ({detail}). Fixes: "
-        "define it at module level (a class or function inside another function, or a "
-        "lambda, cannot be pickled; functools.partial of a module-level function can), or "
-        "pass multiprocessing_context='fork' (workers inherit it without pickling; inside a "
-        "process group fork can deadlock on communication threads), or num_workers=0."
+        f"ResumableDataLoader: worker processes start by {method!r} ({why}), which pickles "
+        f"what they run, and {what} cannot be pickled ({detail}). Define it at module level "
+        "(not a lambda or a local class or function), or pass multiprocessing_context='fork' "
+        "or num_workers=0."
     )
 
 
 def share_tensors(dataset: Any) -> int:
-    """Move the large CPU tensors of a tensor dataset to shared memory; returns how many.
-
-    Workers that start by ``spawn`` or ``forkserver`` receive the dataset by
-    pickling. torch pickles a tensor in shared memory as a handle; one in
-    ordinary memory is first copied into shared memory while the first worker
-    is being started. Doing it here makes that explicit and keeps it out of the
-    worker start, whatever the pickler: a handle per worker, never a copy. The
-    one-off copy into shared memory remains (measured, ``benchmarks/workers``,
-    200 MiB, 2 workers: 1.04-1.10x faster to the first batch than leaving it to
-    torch; still 2.6-3.6x the time of ``fork``, which copies nothing). The
-    tensors keep their values (``share_memory_`` moves them in place); they can
-    no longer be resized. Covers torch's and loaderkit's ``TensorDataset`` and
-    subsets of them (``.dataset`` chains).
-    """
+    """Move the large CPU tensors of a (subset of a) tensor dataset to shared memory, so pickled
+    workers get a handle each, never a copy; returns how many."""
     for _ in range(8):  # a Subset of a Subset of ...: bounded, never a cycle
         if isinstance(dataset, TensorDataset | TorchTensorDataset):
             break
@@ -329,48 +265,28 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
     """Shut down the worker processes behind ``workers`` now, not at garbage collection."""
     owner = getattr(workers, "_loaderkit_pid", None)
     if owner is not None and owner != os.getpid():
-        # A forked worker's inherited copy of another loader's iterator, closed by the
-        # worker's garbage collector: those workers are not its to stop.
-        return
+        return  # a forked worker's inherited copy: those workers are not its to stop
     shutdown = getattr(workers, "_shutdown_workers", None)
     if callable(shutdown):
         shutdown()
-    _release_slots(workers)
+    transport = getattr(workers, "_loaderkit_transport", None)
+    if transport is not None:  # the workers stopped: unmap their slots' arenas
+        transport.close()
     if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
         inner._iterator = None
 
 
-def _release_slots(workers: Iterator[Any]) -> None:
-    """Unmap the slot arenas of ``workers``, whose worker processes have stopped."""
-    transport = getattr(workers, "_loaderkit_transport", None)
-    if transport is not None:
-        transport.close()
-
-
 # ------------------------------------------------------------------ in the worker
 def start_worker(parent: int, init: Callable[[int], None], worker_id: int) -> None:
-    """Every worker's ``worker_init_fn``: watch the parent, then seed (and the user's init).
-
-    A module-level function under :func:`functools.partial`, so it pickles
-    under every start method.
-    """
+    """Every worker's ``worker_init_fn``: watch the parent, then seed (and the user's init)."""
     watch_parent(parent)
     show_user_dataset()  # before the user's worker_init_fn (called by ``init``) runs
     init(worker_id)
 
 
 def watch_parent(parent: int, interval: float = PARENT_POLL_S) -> threading.Thread:
-    """Exit this process within ``interval`` seconds of its parent's death.
-
-    torch's own check runs between tasks, so a worker stuck inside
-    ``__getitem__`` when its parent was SIGKILLed lived on (measured: one was
-    still running 65 minutes later, parent pid 1). This daemon thread polls
-    instead: the parent process is gone when this process was re-parented
-    (its ``getppid()`` changed; under ``forkserver`` the server exits with the
-    main process) or when ``parent`` (the main process) no longer runs. It
-    needs the GIL only every ``interval`` seconds, which even a worker stuck in
-    a Python loop hands over.
-    """
+    """Exit this process within ``interval`` seconds of its parent's death (re-parented, or
+    ``parent`` gone): torch checks only between tasks, so a stuck worker lived on."""
     ppid = os.getppid()
 
     def loop() -> None:
@@ -412,15 +328,8 @@ def _poll(ref: weakref.ref[Any], timeout: float = DEATH_POLL_S) -> Any:
 
 
 def _take_over_failure_checks(workers: Any) -> None:
-    """Make a dead worker surface here, in ``next()``, within about a second.
-
-    torch reports a dead worker from a SIGCHLD handler, which raises its
-    RuntimeError wherever the main thread happens to be (in the training
-    step, often), and otherwise checks every 5 s. loaderkit unregisters the
-    workers from that handler and has torch check their liveness every
-    ``DEATH_POLL_S`` while it waits for a batch, so the failure is raised from
-    the loader, where it becomes a :class:`WorkerError` naming the batches in flight.
-    """
+    """Make a dead worker surface in ``next()`` within about a second, not from torch's SIGCHLD
+    handler (which raises wherever the main thread is)."""
     if getattr(workers, "_loaderkit_guarded", False) or not hasattr(workers, "_task_info"):
         return
     workers._loaderkit_pid = os.getpid()
@@ -429,16 +338,15 @@ def _take_over_failure_checks(workers: Any) -> None:
 
         signal_handling._remove_worker_pids(id(workers))
         workers._worker_pids_set = False
-    # Weakly bound: a strong self-reference would leave the iterator to the cycle collector.
+    # Weakly bound: a self-reference would leave the iterator to the cycle collector.
     workers._try_get_data = functools.partial(_poll, weakref.ref(workers))
     workers._loaderkit_guarded = True
     workers._loaderkit_oom = oom_kills()
 
 
 def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, None, None]:
-    """The batches of ``workers`` (an iterator of a DataLoader); a worker that died or a
-    timeout becomes a :class:`WorkerError` naming the worker, how it ended and the
-    sample indices it was loading (``describe(task, worker)``)."""
+    """The batches of ``workers``; a dead worker or a timeout becomes a :class:`WorkerError`
+    naming the worker, how it ended and what it was loading (``describe(task, worker)``)."""
     _take_over_failure_checks(workers)
     while True:
         try:
@@ -450,9 +358,7 @@ def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, 
                 raise
             raise worker_failure(workers, exc, describe) from exc
         except (OSError, EOFError) as exc:
-            # A worker that dies while the main process unpickles its last batch breaks
-            # the connection its tensors' file descriptors come through (measured:
-            # ConnectionResetError from torch's queue). A dead worker explains it.
+            # A worker dying mid-unpickle breaks its connection: a dead worker explains it.
             if not _any_dead(workers):
                 raise
             raise worker_failure(workers, exc, describe) from exc
@@ -460,8 +366,8 @@ def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, 
 
 
 def _any_dead(workers: Any, wait: float = 2.0) -> bool:
-    """Whether a worker process of ``workers`` ended (waiting up to ``wait`` s for it to be
-    reaped: the error that reveals a death can arrive before the exit status)."""
+    """Whether a worker of ``workers`` ended (waiting up to ``wait`` s: the error can arrive
+    before the exit status)."""
     procs = list(getattr(workers, "_workers", []))
     deadline = time.monotonic() + wait
     while procs:
@@ -486,27 +392,19 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
+        seen = "and it did: the cgroup's oom_kill count rose" if oom else "see dmesg"
         why = {
-            "SIGSEGV": "a segmentation fault: a crash in native code, such as a C extension "
-            "or a library the dataset calls",
-            "SIGBUS": "a bus error: a memory-mapped file (a shard?) was truncated while "
-            "it was being read",
-            "SIGKILL": "the kernel's out-of-memory killer sends SIGKILL when memory runs out "
-            + (
-                "(and it did: the cgroup's oom_kill count rose)"
-                if oom
-                else "(check dmesg or the container's memory limit)"
-            )
-            + ", as does `kill -9` from another process",
+            "SIGSEGV": "a segmentation fault: a crash in native code the dataset calls",
+            "SIGBUS": "a bus error: a memory-mapped file (a shard?) was truncated while read",
+            "SIGKILL": f"the kernel's out-of-memory killer sends it ({seen}), as does `kill -9`",
             "SIGABRT": "an abort: a failed assertion in native code",
             "SIGTERM": "another process asked it to stop",
         }.get(name, "")
         return f"was killed by {name}" + (f" ({why})" if why else "")
     if exitcode == 1:  # Python's status for an exception no one caught
         return (
-            "exited with code 1: an uncaught exception outside the batch loading (e.g. the "
-            "dataset could not be unpickled in a spawned worker; its traceback is on "
-            "stderr), or sys.exit(1)"
+            "exited with code 1: an uncaught exception outside the batch loading (its "
+            "traceback is on stderr), or sys.exit(1)"
         )
     return (
         f"exited with code {exitcode} without raising an error (os._exit() or sys.exit() "
@@ -526,9 +424,8 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
     indices: list[Any] = []
     for w in dead if not timed_out else range(len(procs)):
         proc = procs[w]
-        tasks = _in_flight(workers, w)
         loading = []
-        for task in tasks:
+        for task in _in_flight(workers, w):
             text, idx = describe(task, w)
             loading.append(text)
             if idx is not None:
@@ -544,8 +441,7 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
         message = (
             f"no batch arrived from the DataLoader workers within timeout={timeout} s: "
             + "; ".join(parts)
-            + ". A __getitem__ hangs or is slower than the timeout: load those samples with "
-            "num_workers=0 to see where, or raise timeout=."
+            + ". Load those samples with num_workers=0 to see where they hang, or raise timeout=."
         )
     elif not dead:
         message = (
@@ -556,9 +452,8 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
         fix = (
             "Give the workers more memory (fewer workers, a smaller prefetch_factor or batch)"
             if oom
-            else "Load those samples with num_workers=0 to reproduce the failure in this "
-            "process and fix the dataset (or give the workers more memory if the kernel "
-            "killed them for it)"
+            else "Load those samples with num_workers=0 to reproduce the failure here (or give "
+            "the workers more memory if the kernel killed them for it)"
         )
         message = "DataLoader " + "; ".join(parts) + f". {fix}."
     return WorkerError(message, index=indices[0] if len(indices) == 1 else indices or None)
@@ -576,11 +471,9 @@ def oom_kills() -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2
-            candidates.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
+            candidates.append(Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events"))
         elif "memory" in controllers.split(","):
-            candidates.append(
-                Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
-            )
+            candidates.append(Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control"))
     for candidate in candidates:
         try:
             text = candidate.read_text()

@@ -827,7 +827,7 @@ STATES = [
         StateMismatchError,
         "num_workers=0",
         "num_workers=2",
-        "resume with the saved topology",
+        "Resume with the saved topology",
     ),
     Bad(
         "stream state other shards",
@@ -1268,7 +1268,7 @@ SHARDS = [
         Exception,
         "steps_per_epoch",
         "2 ranks",
-        "pass steps_per_epoch=",
+        "Pass steps_per_epoch=",
     ),
     Bad(
         "stream samples_per_epoch too small",
