@@ -224,6 +224,18 @@ def _check_plan(
             f"{sorted(fingerprint)}: saved by a different kind of plan; load it into the kind "
             "of loader or sampler that saved it, or start without the state."
         )
+    for key, expected in fingerprint.items():
+        if saved[key] != expected:
+            message = _difference(key, saved[key], expected, fingerprint, adopt, world)
+            if message is not None:
+                raise StateMismatchError(f"{where}: {message}")
+
+
+def _difference(
+    key: str, was: Any, expected: Any, fingerprint: Mapping[str, Any], adopt: tuple[str, ...],
+    world: int | None,
+) -> str | None:  # fmt: skip
+    """The message for a plan field saved as ``was``, here ``expected`` (None: adopted)."""
     # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
     listed = str(fingerprint.get("sampler", ""))
     sampler = (
@@ -231,42 +243,38 @@ def _check_plan(
         if listed.startswith("loaderkit.")
         else f"sampler={listed.rsplit('.', 1)[-1]}"
     )
-    for key, expected in fingerprint.items():
-        if saved[key] == expected:
-            continue
-        if key == "order_check" and listed:
-            raise StateMismatchError(
-                f"{where}: field 'order_check' differs ({saved[key]} saved, {expected} here): "
-                f"{sampler} lists another order than the saved run's (other weights or indices, "
-                "another world size for a sampler that splits ranks itself, or another torch "
-                f"version). Build it as the saved run did (world size {world}), or start without "
-                "the state."
+    if key == "order_check" and listed:
+        return (
+            f"field 'order_check' differs ({was} saved, {expected} here): {sampler} lists "
+            "another order than the saved run's (other weights or indices, another world size, "
+            f"or another torch version). Build it as the saved run did (world size {world}), or "
+            "start without the state."
+        )
+    if key == "order_check":
+        return (
+            f"field 'order_check' differs ({was} saved, {expected} here): this torch and "
+            "loaderkit compute another order than the saved run's. Resume with the torch and "
+            "loaderkit versions that saved it."
+        )
+    if key == "num_samples" and fingerprint.get("split") == "strided":
+        if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
+            return (
+                f"the DistributedSampler(drop_last=True) order has {was} entries under the saved "
+                f"world size of {world} and {expected} under this one (trimmed to a multiple of "
+                f"the ranks). Resume on the saved world size of {world}, or build the sampler "
+                "with drop_last=False to re-split on any."
             )
-        if key == "order_check":
-            raise StateMismatchError(
-                f"{where}: field 'order_check' differs ({saved[key]} saved, {expected} here): "
-                "this torch and loaderkit compute another order than the saved run's. Resume "
-                "with the torch and loaderkit versions that saved it."
-            )
-        if key == "num_samples" and fingerprint.get("split") == "strided":
-            if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
-                raise StateMismatchError(
-                    f"{where}: the DistributedSampler(drop_last=True) order has {saved[key]} "
-                    f"entries under the saved world size of {world} and {expected} under this "
-                    "one (trimmed to a multiple of the ranks). Resume on the saved world size of "
-                    f"{world}, or build the sampler with drop_last=False to re-split on any."
-                )
-            raise StateMismatchError(
-                f"{where}: {sampler} splits ranks itself (padding or trimming their shares), so "
-                f"its order has {saved[key]} entries under the saved world size of {world} and "
-                f"{expected} under this one. Resume on the saved world size of {world}."
-            )
-        if key not in adopt:
-            raise StateMismatchError(
-                f"{where}: field {key!r} differs: the state was saved with "
-                f"{key}={saved[key]!r}, this object has {key}={expected!r}; build it with "
-                f"{key}={saved[key]!r} or start without the state."
-            )
+        return (
+            f"{sampler} splits ranks itself, so its order has {was} entries under the saved world "
+            f"size of {world} and {expected} under this one. Resume on the saved world size of "
+            f"{world}."
+        )
+    if key in adopt:
+        return None
+    return (
+        f"field {key!r} differs: the state was saved with {key}={was!r}, this object has "
+        f"{key}={expected!r}; build it with {key}={was!r} or start without the state."
+    )
 
 
 class PlanCursor:

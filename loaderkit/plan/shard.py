@@ -33,13 +33,8 @@ DEFAULT_MIX = 8  # shards read at once (benchmarks/RESULTS.md)
 
 
 class BatchMix(NamedTuple):
-    """How many shards the batches of an epoch draw from.
-
-    Attributes:
-        mean: Distinct shards per batch, averaged over the batches.
-        single: Fraction of the batches whose samples all come from one shard.
-        batches: Batches counted (all ranks').
-    """
+    """How many shards the batches of an epoch draw from: distinct shards per batch
+    (``mean``), the fraction of single-shard batches (``single``), batches counted."""
 
     mean: float
     single: float
