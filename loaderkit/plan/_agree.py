@@ -1,31 +1,8 @@
 """Ranks compare their plans once when an epoch starts (private).
 
-Every rank computes its share of an epoch from the same few integers (seed,
-dataset size, batch size, topology, epoch, position). Nothing forces those to
-be equal across processes, and when they are not, nothing fails where the
-cause is: measured under 2-process gloo, ranks given different seeds silently
-lost 68 and repeated 69 of 290 samples per epoch, and ranks given datasets of
-different sizes crashed later in gloo with "Connection closed by peer".
-
-So when an epoch starts under an initialized ``torch.distributed`` group, each
-rank publishes a small fingerprint of its plan and reads everyone else's; any
-difference is a :class:`~loaderkit.errors.StateMismatchError` raised on every
-rank, naming the field, the values and the ranks that hold them. It is not
-done in ``state_dict()`` (which must stay free of collectives).
-
-The exchange goes through the process group's key-value store, with a
-timeout, rather than a collective: it never waits on a GPU stream and cannot
-hang forever. Rounds are counted per loader (:class:`Rounds`): a loader's
-``n``-th epoch start on one rank is compared with the same loader's ``n``-th
-on the others, whatever other loaders did in between (a process-wide count
-paired a rank-0-only ``next(iter(val_loader))`` with the other rank's next
-train epoch, failing both). A loader is named across ranks by the order in
-which loaders first compare (a process-wide count that only first rounds
-advance). Assumption (which Lightning's loops meet, and which DDP needs
-anyway for ranks to step together): every rank iterates each loader's epochs,
-and loaders start their first epochs in the same order. A rank that starts an
-epoch the others never start waits ``LOADERKIT_RANK_CHECK_TIMEOUT`` seconds
-(default 1800), then raises an error saying so instead of hanging.
+Each rank publishes a fingerprint of its plan through the process group's store (with
+a timeout) and any difference raises on every rank; the design: ``docs/design.md``
+("Host contracts", torch.distributed).
 """
 
 from __future__ import annotations
@@ -47,28 +24,19 @@ __all__ = ["Rounds", "agree_across_ranks", "env_positive", "group_store", "rank_
 _N = TypeVar("_N", int, float)
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
-# torch's own default for a process group's collectives (30 min): ranks that would
-# simply wait in the next collective without this check wait as long here.
+# torch's own collective timeout: ranks wait here as long as they would in the next collective.
 _DEFAULT_TIMEOUT_S = default_pg_timeout.total_seconds()
 _channels = 0  # loaders this process compared: the n-th of every rank pair up
 
 _FIXES = {
-    "seed": "pass the same seed= on every rank (e.g. seed=0), or leave seed=None, which "
-    "every rank settles to the same value",
-    "epoch": "resume every rank from the same checkpoint and call set_epoch() with the same "
-    "epoch on every rank",
-    "position": "resume every rank from the same checkpoint (the state rank 0 saved is right "
-    "for all ranks)",
+    "seed": "pass the same seed= on every rank, or leave seed=None",
+    "epoch": "resume every rank from the same checkpoint and call set_epoch() alike",
+    "position": "resume every rank from the same checkpoint",
     "steps_done": "resume every rank from the same checkpoint",
-    "world_size": "let the loader read rank and world size from torch.distributed (leave "
-    "rank=/world_size= unset), or pass the same world_size on every rank",
-    "num_workers": "pass the same num_workers on every rank (a stream deals its shards to "
-    "rank x worker slots)",
+    "world_size": "leave rank=/world_size= unset, or pass the same world_size on every rank",
+    "num_workers": "pass the same num_workers on every rank",
 }
-_DATA_FIX = (
-    "every rank must read the same dataset (the same files in the same order, the same "
-    "length); build it from the same source on every rank"
-)
+_DATA_FIX = "every rank must read the same dataset: build it from the same files in the same order"
 _DATA_FIELDS = (
     "num_samples",
     "num_shards",
@@ -95,10 +63,7 @@ def rank_check_timeout() -> float:
 
 
 class Rounds:
-    """One loader's comparison rounds: its channel (the same on every rank) and count.
-
-    ``channel`` is None until the loader's first comparison succeeds.
-    """
+    """One loader's comparison rounds: its channel (None until the first) and count."""
 
     __slots__ = ("channel", "count")
 
@@ -110,20 +75,12 @@ class Rounds:
 def _group_matches(rank: int, world_size: int) -> bool:
     if world_size < 2 or not (dist.is_available() and dist.is_initialized()):
         return False
-    # Only when the loader's ranks are the process group's: ranks simulated with explicit
-    # rank=/world_size= inside another group, and a data-parallel group smaller than the
-    # global one (tensor/model parallelism: a Trainer's or Fabric's strategy names it),
-    # compare nothing. The store holds one slot per global rank, and peers of one
-    # data-parallel rank do not know each other's global ranks from here.
+    # The store holds one slot per global rank: a smaller data-parallel group compares nothing.
     return dist.get_world_size() == world_size and dist.get_rank() == rank
 
 
 def group_store(rank: int, world_size: int) -> dist.Store | None:
-    """The default process group's key-value store, if the loader's ranks are that group's.
-
-    None outside a process group of ``world_size`` ranks in which this process
-    is ``rank``, and where the group has no store to reach.
-    """
+    """The default process group's store, if the loader's ranks are that group's, else None."""
     if not _group_matches(rank, world_size):
         return None
     try:
@@ -157,25 +114,20 @@ def _exchange(
         store.wait(keys, timedelta(seconds=timeout))
     except Exception as exc:
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        # This round is not taken: the ranks that never came still pair this loader's
-        # next epoch start (and, on a first round, the next loader) with this one's.
+        # The round is not taken, so late ranks still pair their next epoch start with this one.
         with contextlib.suppress(Exception):
             store.delete_key(keys[rank])
         raise LoaderkitError(
             f"{owner}: rank {rank} started epoch {epoch} and waited {timeout:.0f} s for ranks "
-            f"{missing} to start it too ({type(exc).__name__}: {exc}). loaderkit compares the "
-            "plan across ranks when an epoch starts and assumes every rank iterates each "
-            "loader's epochs (Lightning does; DDP needs it for ranks to step together). "
-            "Iterate this loader on every rank; or, for a loader meant for this rank alone, "
-            f"build it with rank=0, world_size=1; or raise {_ENV_TIMEOUT} if ranks are that "
-            "far apart."
+            f"{missing} to start it too ({type(exc).__name__}: {exc}). Iterate this loader on "
+            "every rank, build a rank-local loader with rank=0, world_size=1, or raise "
+            f"{_ENV_TIMEOUT}."
         ) from exc
     _channels += first
     rounds.channel, rounds.count = channel, count
     multi_get = getattr(store, "multi_get", None)
     raw = multi_get(keys) if callable(multi_get) else [store.get(k) for k in keys]
     if count > 1:  # every rank set this round, so all have read the previous one
-        # Stores without delete keep a few bytes per epoch.
         with contextlib.suppress(Exception):
             store.delete_key(f"loaderkit/agree/{channel}/{count - 1}/{rank}")
     return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
@@ -190,24 +142,11 @@ def agree_across_ranks(
     epoch: int,
     rounds: Rounds,
 ) -> int | None:
-    """Raise on every rank if the ranks' ``fields`` differ (no-op outside a process group).
+    """Raise StateMismatchError on every rank if the ranks' JSON-able ``fields`` differ.
 
-    Returns the number of this comparison round of the loader, which every
-    rank shares for the same loader's same epoch start (a stream's peer
-    cursors are keyed by it and ``rounds.channel``, ``loader/_stream_ring.py``),
-    or None where nothing was compared.
-
-    Args:
-        owner: Names the loader or sampler in messages.
-        fields: JSON-able plan settings that must be equal on every rank.
-        rank: This process's rank as the loader sees it.
-        world_size: The number of ranks as the loader sees it.
-        epoch: The epoch that starts (for messages).
-        rounds: The loader's own rounds (one :class:`Rounds` per loader or sampler).
-
-    Raises:
-        StateMismatchError: some field differs between ranks (on every rank).
-        LoaderkitError: another rank did not start the epoch within the timeout.
+    Returns this loader's round number (shared by every rank for the same epoch start;
+    a stream's peer cursors are keyed by it), or None outside a matching process group.
+    Raises LoaderkitError when a peer does not start the epoch within the timeout.
     """
     if not _group_matches(rank, world_size):
         return None
@@ -225,12 +164,9 @@ def agree_across_ranks(
         held = "; ".join(f"{v} on rank(s) {rs}" for v, rs in groups.items())
         differ = [r for r, v in enumerate(values) if v != values[0]]
         fix = _FIXES.get(name, _DATA_FIX if name in _DATA_FIELDS else None)
-        if fix is None:
-            fix = "build the loader with the same arguments on every rank"
         raise StateMismatchError(
             f"{owner}: the ranks disagree on {name!r} at the start of epoch {epoch}: {held} "
-            f"(ranks {differ} differ from rank 0). Each rank would take its share of a "
-            "different plan, silently losing and repeating samples (or stepping different "
-            f"numbers of times and hanging DDP); {fix}."
+            f"(ranks {differ} differ from rank 0). "
+            f"{fix or 'build the loader with the same arguments on every rank'}."
         )
     return rounds.count

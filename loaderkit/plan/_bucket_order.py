@@ -1,10 +1,5 @@
-"""Lengths into batches: the array work of :class:`~loaderkit.plan.bucket.BucketPlan` (private).
-
-Pure functions of numpy arrays, no plan state: checking the lengths a user
-passes, sorting each window of the epoch's order by length, and cutting the
-sorted windows into batches whose size depends on their first (longest)
-sample. Kept apart so the plan module reads as the plan.
-"""
+"""Lengths into batches: the array work of :class:`~loaderkit.plan.bucket.BucketPlan` (private):
+checking lengths, sorting windows by length, cutting them into batches."""
 
 from __future__ import annotations
 
@@ -68,12 +63,8 @@ def sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:
 def greedy_starts(
     rows_from: Callable[[np.ndarray], np.ndarray], order: np.ndarray, window: int
 ) -> np.ndarray:
-    """Batch starts in ``order`` when a batch holds ``rows_from(its first sample)`` samples.
-
-    Batches are cut front to back within each window. All windows are walked at
-    once, one numpy step per batch of the longest window; only batch starts are
-    looked at, never every sample.
-    """
+    """Batch starts in ``order`` when a batch holds ``rows_from(its first sample)`` samples,
+    cut front to back within each window (all windows walked at once)."""
     n = order.size
     pos = np.arange(0, n, window)
     end = np.minimum(pos + window, n)

@@ -1,10 +1,8 @@
 """Building and checking the versioned, rank-symmetric state dicts of loaders and samplers.
 
-Every state carries a ``checksum``: one CRC-32 per field, so a state edited by
-hand, truncated or corrupted in storage is refused naming the field that no
-longer matches, instead of being resumed at a position the plan never reached
-(measured before: a position off a batch boundary yielded 119 ids for 100
-samples; an edited ``steps_done`` made ``len()`` disagree with the epoch).
+Every state carries a ``checksum`` (one CRC-32 per field), so an edited, truncated or
+corrupted state is refused naming the field instead of resumed at a position the plan
+never reached.
 """
 
 from __future__ import annotations
@@ -32,17 +30,8 @@ __all__ = [
     "seal",
 ]
 
-# 2: states carry a per-field checksum (version 1 had none).
-# 3: per-sample randomness is keyed by 64-bit splitmix keys (seeding.sample_seed);
-#    a version-2 position resumed here would augment the rest of its epoch differently.
-# 4: SamplePlan's shuffled order is a keyed Feistel permutation evaluated per position
-#    (plan/_permutation.py), no longer a materialized torch.randperm; a version-3
-#    position would point into a different order.
-# 5: ShardPlan's order is evaluated per position too: shards ordered and windows shuffled
-#    by keyed permutations (plan/shard.py), no longer torch.randperm; a version-4
-#    position of a sharded dataset would point into a different order.
+# Bumped when a saved position would mean other data; _OLDER says what each older one lacks.
 STATE_VERSION = 5
-# What each older version lacks, for the message that refuses it.
 _OLDER = {
     1: "without a checksum",
     2: "whose per-sample augmentation seeds were derived differently (32-bit)",
@@ -50,9 +39,7 @@ _OLDER = {
     4: "whose sharded order (ShardPlan) shuffled shards and windows with torch.randperm, "
     "not today's keyed permutations",
 }
-# State keys. Every state has a version, an epoch, the topology it was saved under and
-# a checksum; a plan position adds its position and plan, a stream its cursors per rank,
-# an IterableDataset its records per worker.
+# State keys of a plan position, a stream (cursors per rank) and an IterableDataset (per worker).
 VERSION, KIND, EPOCH, POSITION, STEPS_DONE = "version", "kind", "epoch", "position", "steps_done"
 PLAN, TOPOLOGY, COMPLETE, CHECKSUM = "plan", "topology", "complete", "checksum"
 PLAN_FIELDS = (VERSION, EPOCH, POSITION, STEPS_DONE, PLAN, TOPOLOGY)
@@ -61,12 +48,8 @@ ITERABLE_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "iterable", TOPOL
 
 
 def field_digest(name: str, value: Any) -> int:
-    """CRC-32 of one state field, keyed by its name (a value moved to another field fails).
-
-    The per-step fields are ints, hashed from their decimal text (~0.2 us);
-    nested fields from canonical JSON, so a state that went through JSON or
-    YAML (tuples become lists) still matches.
-    """
+    """CRC-32 of one state field keyed by its name; nested values as canonical JSON
+    (so a state that went through JSON or YAML still matches)."""
     if type(value) is int:
         return zlib.crc32(b"%s=%d" % (name.encode(), value))
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
@@ -92,7 +75,7 @@ def check_version(state: Mapping[str, Any], *, owner: str) -> None:
             f"{owner}: field 'version' is {version}: the state was saved by an older loaderkit "
             f"(state version {version}, {_OLDER[version]}), this loaderkit reads version "
             f"{STATE_VERSION}; resume with the loaderkit version that saved it, or start the "
-            "loader without this state (its epoch then restarts from the beginning)."
+            "loader without this state."
         )
     raise StateMismatchError(
         f"{owner}: field 'version' is {version!r}, this loaderkit reads version "
@@ -116,10 +99,8 @@ def check_seal(state: Mapping[str, Any], fields: Iterable[str], *, owner: str) -
         if checksum[name] != field_digest(name, state[name]):
             raise StateMismatchError(
                 f"{owner}: field {name!r} does not match the state's checksum (value "
-                f"{_short(state[name])}): the state was edited, truncated or corrupted after "
-                "state_dict() returned it, and resuming from it would repeat or skip samples. "
-                "Load the checkpoint's state unmodified (to restart an epoch, call set_epoch() "
-                "instead of editing the state)."
+                f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
+                "set_epoch() to restart an epoch."
             )
 
 
@@ -137,12 +118,8 @@ def new_state(
     world_size: int,
     num_workers: int,
 ) -> dict[str, Any]:
-    """The state of a position in a plan.
-
-    No rank in it: every rank is at the same position, so the dict that rank 0
-    writes into the checkpoint is right for all ranks. The topology is recorded
-    for the message of a later resume, not enforced: the plan re-splits.
-    """
+    """The state of a position in a plan: no rank in it, so rank 0's is right for all ranks
+    (the topology is recorded for messages, not enforced)."""
     state = {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -155,19 +132,9 @@ def new_state(
 
 
 def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: str = "") -> None:
-    """Refuse what is not a whole, unedited state of this format: every state's first check.
-
-    Args:
-        state: What the caller passed to ``load_state_dict``.
-        fields: The state's fields (its keys but ``checksum``).
-        owner: Class name for messages.
-        hint: The fix for missing or unknown keys (default: pass the state unmodified).
-
-    Raises:
-        TypeError: ``state`` is not a dict.
-        StateMismatchError: another version, missing or unknown keys, or a field that
-            does not match the checksum (edited or corrupted).
-    """
+    """Refuse what is not a whole, unedited state of this format with ``fields`` (its keys
+    but ``checksum``): TypeError for a non-dict, else StateMismatchError; ``hint`` is the
+    fix for missing or unknown keys."""
     where = f"{owner}.load_state_dict"
     if not isinstance(state, Mapping):
         raise TypeError(
@@ -186,12 +153,8 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 def check_settings(
     saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
 ) -> int | None:
-    """Compare a state's saved settings with the loading object's; returns the saved seed
-    where it is adopted (``adopt_seed``) and differs.
-
-    Raises:
-        StateMismatchError: a setting differs (named with both values).
-    """
+    """Refuse saved settings that differ from ``here`` (StateMismatchError); returns the saved
+    seed where it is adopted (``adopt_seed``) and differs."""
     here, adopted = dict(here), None
     if adopt_seed and saved.get("seed") != here["seed"]:
         adopted = here["seed"] = saved["seed"]
@@ -207,23 +170,8 @@ def check_settings(
 def check_state(
     state: object, fingerprint: Mapping[str, Any], *, owner: str, adopt: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Validate a plan position's state dict against the plan settings of the object loading it.
-
-    Args:
-        state: What the caller passed to ``load_state_dict``.
-        fingerprint: The loading object's plan settings (``Plan.fingerprint()``).
-        owner: Class name for messages.
-        adopt: Plan fields the loading object did not set explicitly; for these
-            the saved value is accepted instead of compared.
-
-    Returns:
-        The state, validated.
-
-    Raises:
-        TypeError: ``state`` is not a dict.
-        StateMismatchError: see :func:`check_envelope`; a position field that is not a
-            non-negative int, or a plan field that differs (named with both values).
-    """
+    """Validate a plan position's state against ``fingerprint`` (the loader's plan settings);
+    the saved values of the ``adopt`` fields are accepted, not compared. See check_envelope."""
     check_envelope(state, PLAN_FIELDS, owner=owner)
     assert isinstance(state, Mapping)
     where = f"{owner}.load_state_dict"
@@ -237,8 +185,7 @@ def check_state(
     if (state[POSITION] == 0) != (state[STEPS_DONE] == 0):
         raise StateMismatchError(
             f"{where}: field 'steps_done' is {state[STEPS_DONE]} at position "
-            f"{state[POSITION]}: a position is 0 exactly when no step was taken in the "
-            f"epoch; pass what {owner}.state_dict() returned, unmodified."
+            f"{state[POSITION]}; pass what {owner}.state_dict() returned, unmodified."
         )
     topology = state.get("topology")
     world = topology.get("world_size") if isinstance(topology, Mapping) else None
@@ -274,9 +221,21 @@ def _check_plan(
         raise StateMismatchError(
             f"{where}: field 'plan' has fields "
             f"{sorted(saved) if isinstance(saved, Mapping) else saved!r}, expected "
-            f"{sorted(fingerprint)}: the state was saved by a different kind of plan; load it "
-            "into the kind of loader or sampler that saved it, or start without the state."
+            f"{sorted(fingerprint)}: saved by a different kind of plan; load it into the kind "
+            "of loader or sampler that saved it, or start without the state."
         )
+    for key, expected in fingerprint.items():
+        if saved[key] != expected:
+            message = _difference(key, saved[key], expected, fingerprint, adopt, world)
+            if message is not None:
+                raise StateMismatchError(f"{where}: {message}")
+
+
+def _difference(
+    key: str, was: Any, expected: Any, fingerprint: Mapping[str, Any], adopt: tuple[str, ...],
+    world: int | None,
+) -> str | None:  # fmt: skip
+    """The message for a plan field saved as ``was``, here ``expected`` (None: adopted)."""
     # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
     listed = str(fingerprint.get("sampler", ""))
     sampler = (
@@ -284,55 +243,44 @@ def _check_plan(
         if listed.startswith("loaderkit.")
         else f"sampler={listed.rsplit('.', 1)[-1]}"
     )
-    for key, expected in fingerprint.items():
-        if saved[key] == expected:
-            continue
-        if key == "order_check" and listed:
-            raise StateMismatchError(
-                f"{where}: field 'order_check' differs ({saved[key]} saved, {expected} here): "
-                f"{sampler} lists another order than the saved run's (other weights or indices, "
-                "another world size for a sampler that splits ranks itself, or another torch "
-                f"version). Build it as the saved run did (world size {world}), or start without "
-                "the state."
+    if key == "order_check" and listed:
+        return (
+            f"field 'order_check' differs ({was} saved, {expected} here): {sampler} lists "
+            "another order than the saved run's (other weights or indices, another world size, "
+            f"or another torch version). Build it as the saved run did (world size {world}), or "
+            "start without the state."
+        )
+    if key == "order_check":
+        return (
+            f"field 'order_check' differs ({was} saved, {expected} here): this torch and "
+            "loaderkit compute another order than the saved run's. Resume with the torch and "
+            "loaderkit versions that saved it."
+        )
+    if key == "num_samples" and fingerprint.get("split") == "strided":
+        if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
+            return (
+                f"the DistributedSampler(drop_last=True) order has {was} entries under the saved "
+                f"world size of {world} and {expected} under this one (trimmed to a multiple of "
+                f"the ranks). Resume on the saved world size of {world}, or build the sampler "
+                "with drop_last=False to re-split on any."
             )
-        if key == "order_check":
-            raise StateMismatchError(
-                f"{where}: field 'order_check' differs ({saved[key]} saved, "
-                f"{expected} here): this torch and loaderkit compute a different order than "
-                "the one the state was saved with (torch or loaderkit version changed?), so the "
-                "saved position would repeat and skip samples. Resume with the torch and "
-                "loaderkit versions that saved it."
-            )
-        if key == "num_samples" and fingerprint.get("split") == "strided":
-            if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
-                raise StateMismatchError(
-                    f"{where}: the DistributedSampler(drop_last=True) order has {saved[key]} "
-                    f"entries under the saved world size of {world} and {expected} under this "
-                    "one (trimmed to a multiple of the ranks). Resume on the saved world size of "
-                    f"{world}, or build the sampler with drop_last=False to re-split on any."
-                )
-            raise StateMismatchError(
-                f"{where}: {sampler} splits ranks itself (padding or trimming their shares), so "
-                f"its order has {saved[key]} entries under the saved world size of {world} and "
-                f"{expected} under this one. Resume on the saved world size of {world}."
-            )
-        if key not in adopt:
-            raise StateMismatchError(
-                f"{where}: field {key!r} differs: the state was saved with "
-                f"{key}={saved[key]!r}, this object has {key}={expected!r}. Resuming would not "
-                f"be exact; build it with {key}={saved[key]!r} or start without the state."
-            )
+        return (
+            f"{sampler} splits ranks itself, so its order has {was} entries under the saved world "
+            f"size of {world} and {expected} under this one. Resume on the saved world size of "
+            f"{world}."
+        )
+    if key in adopt:
+        return None
+    return (
+        f"field {key!r} differs: the state was saved with {key}={was!r}, this object has "
+        f"{key}={expected!r}; build it with {key}={was!r} or start without the state."
+    )
 
 
 class PlanCursor:
-    """Where a loader or sampler stands in its plan, and which epoch it iterates next.
-
-    The one place that keeps a position: ``(epoch, position, steps_done)`` plus
-    the rules for the next iteration. Each new iteration starts the next epoch
-    unless :meth:`set_epoch` named one; after :meth:`load`, the next iteration
-    is the rest of the saved epoch (or the epoch after it, if it was complete),
-    unless :meth:`set_epoch` named another.
-    """
+    """Where a loader or sampler stands (``epoch, position, steps_done``) and what it iterates
+    next: the next epoch, the one :meth:`set_epoch` named, or after :meth:`load` the rest
+    of the saved epoch (the one after it, if complete)."""
 
     __slots__ = ("_explicit", "_resume", "_started", "epoch", "position", "steps_done")
 
@@ -403,23 +351,15 @@ class PlanCursor:
     def load(
         self, state_dict: object, plan: Any, *, owner: str, adopt: tuple[str, ...] = ()
     ) -> dict[str, Any]:
-        """Validate ``state_dict`` against ``plan`` and resume at its position.
-
-        Returns:
-            The validated state (its ``plan`` field holds the saved settings).
-
-        Raises:
-            StateMismatchError: see :func:`check_state`.
-            StateMismatchError: the position lies past the end of its epoch (a ValueError).
-        """
+        """Validate ``state_dict`` against ``plan`` (:func:`check_state`), resume at its
+        position and return it."""
         state = check_state(state_dict, plan.fingerprint(), owner=owner, adopt=adopt)
         length = plan.epoch_length(state["epoch"])
         if state["position"] > length:
-            # Else upcoming() would read it as a finished epoch and move on silently.
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field 'position' is {state['position']}, "
-                f"past the epoch length {length}; the state is for another dataset or plan: "
-                "build the object with the saved settings, or start without the state."
+                f"past the epoch length {length}; build the object with the saved settings, or "
+                "start without the state."
             )
         self.resume_at(state["epoch"], state["position"], state["steps_done"])
         return state

@@ -56,11 +56,7 @@ class KeyedPermutation:
         return _feistel(x, np.uint64(self._half), self._mask, self._shift, self._keys)
 
     def at(self, positions: np.ndarray) -> np.ndarray:
-        """Entries of the permutation at ``positions`` (each in ``[0, n)``), as int64.
-
-        Positions are not range-checked here (callers pass positions they
-        computed); one outside ``[0, n)`` maps to an unspecified entry.
-        """
+        """Entries of the permutation at ``positions`` (in ``[0, n)``, not checked), as int64."""
         given = np.asarray(positions)
         if self.n == 1:
             return np.zeros(given.shape, dtype=np.int64)
@@ -81,11 +77,8 @@ def _feistel(
     shift: np.uint64 | np.ndarray,
     keys: list[np.uint64] | list[np.ndarray],
 ) -> np.ndarray:
-    """The Feistel network of :class:`KeyedPermutation`: one pass over ``[0, 4**half)``.
-
-    The parameters are scalars (one permutation) or arrays shaped like ``x``
-    (one permutation per entry: :func:`permute_many`); the arithmetic is the same.
-    """
+    """One pass of the Feistel network over ``[0, 4**half)``; parameters are scalars or, one
+    permutation per entry, arrays shaped like ``x``."""
     left = x >> half
     right = x & mask
     for k in keys:
@@ -103,11 +96,6 @@ _POWERS = np.uint64(1) << np.arange(64, dtype=np.uint64)
 
 def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """``KeyedPermutation(sizes[i], keys[i]).at(positions[i])`` for every ``i``, vectorized.
-
-    The same permutations as :class:`KeyedPermutation` (tested equal), evaluated
-    for many ``(size, key)`` pairs in one numpy pass: a
-    :class:`~loaderkit.ShardPlan` shuffles each window of each shard with its
-    own key, and a chunk of positions touches many windows.
 
     Args:
         sizes: Domain size per entry (ints >= 1).
@@ -145,11 +133,7 @@ def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> 
 
 @functools.cache
 def permutation_digest() -> int:
-    """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state.
-
-    A loaderkit (or numpy) that computes another order from the same key is then
-    a :class:`~loaderkit.StateMismatchError` on resume (docs/design.md, order
-    checks). Computed once per process.
-    """
+    """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state
+    so another order from the same key is refused on resume."""
     perm = KeyedPermutation(257, key=20240917).at(np.arange(257, dtype=np.uint64))
     return zlib.crc32(perm.tobytes())

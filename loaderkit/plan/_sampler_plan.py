@@ -1,25 +1,8 @@
 """A torch ``Sampler``'s order as a plan (private): samplers passed to ResumableDataLoader.
 
-A sampler can be resumed exactly when its order is a function of ``(seed,
-epoch)``. loaderkit makes the common ones so: before each epoch it calls the
-sampler's ``set_epoch(epoch)`` when it has one, and lends a sampler with a
-``generator`` attribute (``RandomSampler``, ``SubsetRandomSampler``,
-``WeightedRandomSampler``, ...) a generator seeded from ``(seed, epoch)`` for
-the listing (where the user seeded that generator, epoch 0 is listed from its
-state: torch's epoch 0). The epoch's order is then listed once and dealt to
-ranks by the same schedule as a :class:`~loaderkit.SamplePlan` (a
-``DistributedSampler``'s strided, as it deals), so a position means the same
-on every rank and after a resume.
-
-Two checks keep it exact: :func:`check_reproducible` lists epoch 0 twice and
-refuses a sampler whose order differs (it draws from an unseeded source), and
-the fingerprint carries a checksum of epoch 0's order, so a state saved with
-another sampler (other weights, another subset) is a StateMismatchError.
-
-An epoch listed from the user's generator after they reseeded (or drew from) it
-depends on what the process did before, not on ``(seed, epoch)``: a state saved
-in it carries that generator state (``listed_from``), and a resume lists the
-epoch from it again (:meth:`SamplerPlan.restore`).
+Each epoch's order is keyed to ``(seed, epoch)`` (``set_epoch``, a lent ``generator``),
+listed once and dealt like a :class:`~loaderkit.SamplePlan`'s; the design:
+``docs/design.md`` ("Host contracts", torch samplers).
 """
 
 from __future__ import annotations
@@ -67,23 +50,16 @@ def keyed_order(
     seen: torch.Tensor | None = None,
     restored: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``sampler``'s order in ``epoch`` (int64), after keying it to ``(seed, epoch)``, and
-    the user's reseeded generator state it was listed from (None where the order is a
-    function of ``seed``, ``epoch`` and construction).
+    """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
+    reseeded generator state it was listed from (else None).
 
-    A ``generator`` slot is lent a generator for the listing and then given back,
-    so the user's generator is neither replaced nor advanced. The lent one starts
-    where the user put theirs when they reseeded it (its ``set_epoch`` wrote it, or
-    it differs from ``seen``, the state at the last listing), as torch draws from
-    it; else epoch 0 from ``first_state`` (the user's generator's state at
-    construction), else from ``(seed, epoch)``. ``restored`` (a resumed epoch) is the
-    state the saved run listed it from, or ``_KEYED`` where that run keyed it: the
-    process's own history then does not count.
+    The ``generator`` slot is lent one for the listing, started from the user's reseeded
+    state (written by ``set_epoch``, or differing from ``seen``), else epoch 0 from
+    ``first_state``, else ``(seed, epoch)``. ``restored``: a resumed epoch's saved state,
+    or ``_KEYED``.
     """
     written = _set_epoch(sampler, epoch)
-    # Only torch's own slot: None (an unseeded torch sampler) or a torch.Generator.
-    # Any other generator (numpy's, say) is the sampler's business; if it makes the
-    # order differ between listings, check_reproducible refuses the sampler by name.
+    # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
     own = getattr(sampler, "generator", _ABSENT)
     if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
         return _listed(sampler), None
@@ -118,16 +94,14 @@ def cpu_state(generator: Any) -> torch.Tensor | None:
     return None
 
 
-# Put in the sampler's generator while its set_epoch runs: a state other than this
-# one after it means set_epoch reseeded (or replaced) the generator itself.
+# The generator's state while set_epoch runs: another one after it means set_epoch reseeded.
 _MARKER = torch.Generator().manual_seed(0x5EED_0F_E90C).get_state()
 
 
 def _set_epoch(sampler: Any, epoch: int) -> torch.Tensor | None:
     """Call ``sampler.set_epoch(epoch)`` when it has one; the generator state it wrote, if any."""
     set_epoch = getattr(sampler, "set_epoch", None)
-    # The loader hooks the set_epoch of the sampler it exposes (so a caller's
-    # sampler.set_epoch(e) drives it); listing an order must not move the loader.
+    # Listing an order must not move the loader that hooked this set_epoch.
     set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     if not callable(set_epoch):
         return None
@@ -160,10 +134,9 @@ def _index(item: Any, sampler: Any) -> int:
     except TypeError:
         raise TypeError(
             f"ResumableDataLoader: sampler={type(sampler).__name__} yielded {item!r} "
-            f"({type(item).__name__}), not an integer index, and the plan deals integer "
-            "positions of the dataset. Index the dataset by position (keys = list(sampler); "
-            "data = [dataset[k] for k in keys]), or, to read a batch per call, give the "
-            "dataset __getitems__(indices) and pass integer indices with batch_size=."
+            f"({type(item).__name__}), not an integer index. Index the dataset by position "
+            "(data = [dataset[k] for k in keys]), or give it __getitems__(indices) and pass "
+            "integer indices with batch_size=."
         ) from None
 
 
@@ -177,13 +150,9 @@ def wrapped_sampler(sampler: Any) -> Any:
 
 
 def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
-    """The seed and state of the CPU ``torch.Generator`` a user gave ``sampler``, else None.
-
-    A ``DistributedSamplerWrapper``'s is its inner sampler's. The seed is the
-    generator's ``initial_seed()`` while it is in the state ``manual_seed`` left
-    it in, else (drawn from since) a digest of its state: either way a function
-    of what the user fixed.
-    """
+    """The seed and state of the CPU ``torch.Generator`` a user gave ``sampler`` (a
+    ``DistributedSamplerWrapper``'s inner one), else None; the seed is ``initial_seed()``,
+    or a digest of the state once drawn from."""
     inner = wrapped_sampler(sampler)
     generator = getattr(sampler if inner is None else inner, "generator", None)
     if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
@@ -196,18 +165,13 @@ def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
     return seed, state
 
 
-# The order listed for the fingerprint's checksum is keyed to this seed, not the
-# loader's: a loader that adopts a saved seed must still match the saved checksum.
+# The checksum's order is keyed to this seed, so a loader adopting a saved seed still matches.
 _PROBE_SEED = 0
 
 
 def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Tensor:
-    """Epoch 0's order under the probe seed, refusing a sampler that does not give it twice.
-
-    Raises:
-        TypeError: ``sampler`` is not iterable, or its order for the same seed and
-            epoch differs between two listings.
-    """
+    """Epoch 0's order under the probe seed; TypeError for a sampler that is not iterable or
+    does not list it twice alike."""
     if not callable(getattr(sampler, "__iter__", None)):
         raise TypeError(
             f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
@@ -219,16 +183,15 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
         generator = getattr(sampler, "generator", None)
         foreign = (
             f"Its `generator` is a {type(generator).__module__}.{type(generator).__qualname__}, "
-            "which loaderkit does not reseed (only a torch.Generator or None). "
+            "which loaderkit does not reseed. "
             if generator is not None and not isinstance(generator, torch.Generator)
             else ""
         )
         raise TypeError(
             f"{owner}: {parameter}={type(sampler).__name__} lists a different order each time "
-            "for the same seed and epoch, so a resumed run could not find its position (it "
-            f"would repeat and skip samples). {foreign}Give the sampler a set_epoch(epoch) "
-            "that reseeds its randomness from the epoch, or a `generator` attribute holding a "
-            "torch.Generator (or None) that loaderkit seeds per epoch, or use shuffle=True."
+            f"for the same seed and epoch. {foreign}Give the sampler a set_epoch(epoch) that "
+            "reseeds it, or a `generator` attribute (a torch.Generator or None), or use "
+            "shuffle=True."
         )
     return first
 
@@ -237,17 +200,9 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
 class SamplerPlan:
     """The plan of a torch sampler: its per-epoch order, dealt like a SamplePlan's.
 
-    Args:
-        sampler: Yields dataset indices; its length is the epoch's length.
-        dataset_size: Indices must be in ``[0, dataset_size)``.
-        batch_size: Samples per batch on each rank.
-        seed: Keys the sampler's epoch (its generator, when it has one).
-        drop_last: As in :class:`~loaderkit.SamplePlan`.
-        first_state: The state of the user's own generator (:func:`generator_seed`):
-            epoch 0 is listed from it, as torch lists it; later epochs from ``seed``.
-        strided: Deal as a ``DistributedSampler`` (``sampler`` lists its whole
-            order): rank ``r`` takes every ``world_size``-th entry, the tail
-            padded by wrapping, so each rank yields torch's indices for it.
+    ``first_state``: the user's generator's state, epoch 0 is listed from (as torch
+    does). ``strided``: deal as a ``DistributedSampler`` (rank ``r`` takes every
+    ``world_size``-th entry), so each rank yields torch's indices for it.
     """
 
     sampler: Any
@@ -266,10 +221,9 @@ class SamplerPlan:
     )
     _length: int = field(default=0, init=False, repr=False, compare=False)
     _check: int = field(default=0, init=False, repr=False, compare=False)
-    # The user's generator's state at the last listing: one it differs from was reseeded.
+    # The user's generator's state at the last listing (one differing from it was reseeded).
     _seen: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
-    # Epoch -> the reseeded state it was listed from (base64), else None: process
-    # history, so a state carries it (listed_from) and a resume lists from it again.
+    # Epoch -> the reseeded state (base64) it was listed from, which a saved state carries.
     _sources: dict[int, str | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -331,8 +285,8 @@ class SamplerPlan:
         if order.numel() != self.num_samples:
             raise ValueError(
                 f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "
-                f"{order.numel()} indices in epoch {epoch} but {self.num_samples} before; "
-                "an epoch's length must not change."
+                f"{order.numel()} indices in epoch {epoch} but {self.num_samples} before; give "
+                "every epoch the same length."
             )
         self._validate(order, epoch)
         self._cache.clear()  # a loader asks for one epoch at a time
@@ -346,8 +300,7 @@ class SamplerPlan:
         return self._sources.get(epoch)
 
     def restore(self, epoch: int, listed_from: str | None) -> None:
-        """List the resumed ``epoch`` as the saved run did: from its reseeded
-        generator state ``listed_from``, or (None) keyed as if not reseeded here."""
+        """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed."""
         restored: Any = _KEYED
         if listed_from is not None:
             raw = bytearray(base64.b64decode(listed_from))
@@ -368,8 +321,7 @@ class SamplerPlan:
         keys = self._keys.get(epoch)
         if keys is None:
             return _FixedSchedule(self, order, epoch, start, rank, world_size)
-        # An index drawn twice (WeightedRandomSampler(replacement=True), say) is
-        # seeded per draw: each copy gets its own augmentation, as under DataLoader.
+        # Each draw of a repeated index gets its own augmentation, as under DataLoader.
         return _KeyedSchedule(self, order, keys, epoch, start, rank, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
@@ -383,9 +335,7 @@ class SamplerPlan:
             **plan_settings(self),
             "order_check": self._check,
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
-            # A repeated index is seeded per draw (occurrence_keys); states saved when
-            # every draw of an index shared one seed lack this and are refused by name.
+            # Older states, whose draws of an index shared one seed, lack it and are refused.
             "repeat_seeding": "per_draw",
-            # Only where set: the states of every other sampler stay as they were.
             **({"split": "strided"} if self.strided else {}),
         }

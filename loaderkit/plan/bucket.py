@@ -63,7 +63,6 @@ class BucketOptions(TypedDict, total=False):
     oversize: Oversize
 
 
-# What to pass instead, per option, in the checks' messages.
 _FIX = {
     "batch_size": "pass the rows per batch, e.g. 32",
     "max_tokens": "pass the padded tokens per batch, e.g. 16384",
@@ -115,8 +114,7 @@ class BucketPlan:
         self._cache: OrderedDict[int, _Epoch] = OrderedDict()
 
     def _take_options(self, options: BucketOptions) -> None:
-        """Check the options but ``window`` (its default needs the lengths), once for every
-        bucketing plan, and keep them as attributes."""
+        """Check and keep the options but ``window`` (its default needs the lengths)."""
         unknown = sorted(set(options) - BucketOptions.__optional_keys__)
         if unknown:
             raise TypeError(
@@ -195,7 +193,6 @@ class BucketPlan:
         return eligible
 
     def _resolve_window(self, window: int | None) -> int:
-        """The window as given, or the default: :data:`_WINDOW_BATCHES` batches' worth."""
         if window is None:
             per_batch = self.batch_size
             if self.max_tokens is not None:
@@ -223,7 +220,6 @@ class BucketPlan:
         return order[self._eligible_mask[order]]
 
     def _check_total(self, total: int, what: str, fix: str) -> None:
-        """Refuse a subclass whose sources or shards hold ``total`` samples, not one per length."""
         if total != self.num_samples:
             raise ValueError(
                 f"{_OWNER}: {what} hold {total} samples in all but there are {self.num_samples} "
@@ -253,12 +249,10 @@ class BucketPlan:
             return int(self._epoch(epoch).sequence.size)
         assert self.batch_size is not None
         _int("epoch", epoch, 0, "pass the epoch number")
-        # Fixed-size batches: counted without building the epoch.
         full, short = divmod(self._samples_per_epoch(), self.batch_size)
         return full + (1 if short and not self.drop_last else 0)
 
     def _samples_per_epoch(self) -> int:
-        """Samples batched in every epoch (fixed-size mode)."""
         return int(self._eligible.size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
@@ -380,13 +374,8 @@ class BucketPlan:
 
 
 class _BucketSchedule:
-    """One rank's rest-of-epoch under a :class:`BucketPlan`.
-
-    Dealing the global batch sequence to the ranks is the sample plan's own
-    dealing with one "sample" per batch: :class:`~loaderkit.plan.sample.SamplePlan`'s
-    schedule over the batch ids (W consecutive ids per global step, the tail
-    dropped or repeated from the start), mapped here to each batch's samples.
-    """
+    """One rank's rest-of-epoch under a :class:`BucketPlan`: a SamplePlan schedule over the
+    batch ids (one "sample" per batch), mapped to each batch's samples."""
 
     __slots__ = ("_bounds", "_dealt", "_order", "epoch", "num_steps", "start")
 

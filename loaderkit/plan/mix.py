@@ -1,9 +1,8 @@
 """Weighted mixing: several sources, one plan, still a pure function of ``(seed, epoch, position)``.
 
-:class:`MixPlan` lays the sources end to end and draws ``per_epoch[s]`` samples from
-source ``s`` per epoch, each sample once per *source-epoch*, position to sample in
-O(1); :class:`MixBucketPlan` is its token-budget form. The algorithm and the
-per-draw seeding keys: ``docs/design.md`` ("Weighted mixing").
+:class:`MixPlan` draws ``per_epoch[s]`` samples from source ``s`` per epoch, each once
+per *source-epoch*; :class:`MixBucketPlan` is its token-budget form. The algorithm:
+``docs/design.md`` ("Weighted mixing").
 
 Example:
     >>> plan = MixPlan(source_sizes=(4, 2), per_epoch=(2, 4), batch_size=3, seed=0)
@@ -200,7 +199,7 @@ class _MixMap:
         flat = np.asarray(positions).reshape(-1).astype(np.int64)
         tag = flat.tobytes()
         if self._last is not None and self._last[0] == tag:
-            # A keyed schedule asks for a chunk's indices, then for its keys.
+            # A keyed schedule asks for a chunk's indices, then its keys.
             return self._last[1]
         q = flat if self._perm is None else self._perm.at(flat)
         source = np.searchsorted(self._ends, q, side="right")
@@ -213,8 +212,7 @@ class _MixMap:
 
     def _permute(self, source: np.ndarray, k: np.ndarray, local: np.ndarray) -> np.ndarray:
         assert self._bases is not None
-        # Source-epoch k of source s is keyed by splitmix64's (k+1)-th output from the
-        # source's base: distinct k, distinct keys. One pass over all sources and source-epochs.
+        # Source-epoch k is keyed by splitmix64's (k+1)-th output from the source's base.
         keys = k.astype(np.uint64) + np.uint64(1)
         keys *= np.uint64(GOLDEN)
         keys += self._bases[source]
@@ -319,7 +317,6 @@ class MixPlan:
                 f"{self.num_samples} samples needs seeding keys >= 2**63; lower its weight."
             )
         self.offsets = tuple(np.cumsum((0, *self.source_sizes[:-1])).tolist())
-        # Positions are dealt as a sample plan over the epoch's L positions deals them.
         self._dealing = SamplePlan(
             num_samples=length, batch_size=self.batch_size, drop_last=self.drop_last
         )
@@ -346,10 +343,7 @@ class MixPlan:
         return _MixMap(self, self._epoch(epoch))
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of global indices (int64), materialized.
-
-        O(epoch length): for inspection, tests and :class:`MixBucketPlan`.
-        """
+        """The whole epoch's order of global indices (int64), materialized."""
         return materialize(self.order_map(epoch), self.epoch_length(epoch))
 
     def locate(self, epoch: int, positions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -379,7 +373,7 @@ class MixPlan:
         check_rank(rank, world_size, owner="MixPlan")
         mapping = self.order_map(epoch)
         if all(first == last for first, last in self.source_epochs(epoch)):
-            # No source spans two source-epochs: no sample is drawn twice, keys are indices.
+            # No sample is drawn twice: the keys are the indices.
             return _FixedSchedule(self._dealing, mapping, epoch, start, rank, world_size)
         keys = _MixKeys(mapping)
         return _KeyedSchedule(self._dealing, mapping, keys, epoch, start, rank, world_size)
@@ -401,8 +395,7 @@ class MixPlan:
             "seed": self.seed,
             "drop_last": self.drop_last,
             "order_check": _mix_check() if self.shuffle else 0,
-            # Each draw is seeded apart; states saved when an upsampled
-            # sample's draws shared one key lack this field and are refused by name.
+            # Older states, whose draws of a sample shared one key, lack it and are refused.
             "repeat_seeding": "per_draw",
         }
 
@@ -473,7 +466,7 @@ class MixBucketPlan(BucketPlan):
 
 
 class _KeyedBucketSchedule(_BucketSchedule):
-    """A bucket schedule whose samples are seeded by their keys (one per draw), not indices."""
+    """A bucket schedule whose samples are seeded by their keys (one per draw)."""
 
     __slots__ = ("_keys",)
 
@@ -499,8 +492,7 @@ class _KeyedBucketSchedule(_BucketSchedule):
 
 @functools.cache
 def _mix_check() -> int:
-    """Checksum of a small mix's order: an algorithm (or numpy) that maps positions
-    differently is an error on resume, not silently different data."""
+    """Checksum of a small mix's order: one mapped differently is refused on resume."""
     plan = MixPlan(source_sizes=(7, 1, 30), per_epoch=(20, 3, 11), batch_size=1, seed=20240917)
     digest = zlib.crc32(plan.order(3).numpy().tobytes())
     return zlib.crc32(permutation_digest().to_bytes(8, "little"), digest)

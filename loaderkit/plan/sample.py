@@ -1,24 +1,8 @@
 """The sample plan: which samples each rank gets, as a pure function of a few integers.
 
-An epoch's *order* is one sequence of dataset indices, a permutation computed
-from ``(seed, epoch)`` alone: a keyed bijection of positions to indices
-(:mod:`loaderkit.plan._permutation`), evaluated only at the positions a rank
-deals, so no per-sample array of the epoch's size is ever built. A *position*
-is how many entries of that order have been consumed globally, by all ranks
-together. Because the order does not
-depend on the topology, a position means the same thing on every rank and
-under any world size: resuming at a position with a different world size (or a
-different ``num_workers``, which the plan never sees) re-splits only the
-remaining entries, and every sample is still seen exactly once.
-
-From a start position the remaining entries are dealt in *global steps* of
-``world_size * batch_size`` entries; rank ``r`` takes the ``r``-th contiguous
-block of ``batch_size`` entries of each step. The tail that does not fill a
-whole step is either dropped (``drop_last=True``) or split evenly across the
-ranks, each rank's last batch being ``ceil(tail / world_size)`` long, and the
-missing entries are filled by wrapping around to the start of the order, as
-``DistributedSampler`` does. Those wrapped samples are seen twice in that
-epoch; this is the price of every rank stepping the same number of times.
+An epoch's *order* is a keyed permutation of ``(seed, epoch)`` evaluated only at the
+positions a rank deals; a *position* counts entries consumed by all ranks together, so
+it means the same under any world size. The dealing: ``docs/design.md`` ("The spine").
 
 Example:
     >>> plan = SamplePlan(num_samples=10, batch_size=2, shuffle=False)
@@ -47,11 +31,9 @@ from loaderkit.seeding import derive_seed
 __all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
 
 _MAX_SAMPLES = 2**63
-# Positions a lazy schedule maps at once: large enough to amortize numpy's per-call
-# overhead (benchmarks/RESULTS.md, plan internals), small enough to stay a few MB.
+# Positions a lazy schedule maps at once: amortizes numpy's per-call cost in a few MB.
 CHUNK = 1 << 16
-# A schedule maps one step's positions first, then 16x as many steps each time, up to
-# CHUNK: the first batch (after a resume too) waits for its own positions, not a chunk's.
+# Steps mapped first, growing 16x up to CHUNK: the first batch waits only for its own.
 _GROWTH = 16
 
 
@@ -100,11 +82,7 @@ class Schedule(Protocol):
 
 
 class Plan(Protocol):
-    """A source of per-epoch schedules: the interface loaders and samplers build on.
-
-    ``fingerprint()`` lists the settings a saved position is only valid for;
-    loaders store it in their state and refuse to resume under different ones.
-    """
+    """A source of per-epoch schedules: the interface loaders and samplers build on."""
 
     @property
     def num_samples(self) -> int:
@@ -138,7 +116,11 @@ class SamplePlan:
         shuffle: Permute the order per ``(seed, epoch)``; else ``0 .. num_samples - 1``.
         seed: Non-negative seed of the permutation.
         drop_last: Drop the tail that does not fill a whole global step, instead
-            of padding it by wrapping (see the module docstring).
+            of padding it by wrapping to the order's start.
+
+    Example:
+        >>> SamplePlan(num_samples=5, batch_size=2, shuffle=True, seed=1).order(0).shape
+        torch.Size([5])
     """
 
     num_samples: int
@@ -148,7 +130,6 @@ class SamplePlan:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
-        # < 2**63: indices are int64, as torch's are.
         check_int("num_samples", self.num_samples, 1, limit=_MAX_SAMPLES)
         check_int("batch_size", self.batch_size, 1)
         check_int("seed", self.seed, 0)
@@ -160,13 +141,8 @@ class SamplePlan:
         return self.num_samples
 
     def order_map(self, epoch: int) -> PositionMap:
-        """The epoch's order as a map from positions to dataset indices, never materialized.
-
-        Shuffled: a :class:`~loaderkit.plan._permutation.KeyedPermutation` of
-        ``[0, num_samples)`` keyed by ``derive_seed(seed, "order", epoch)``; any
-        batch of positions costs O(batch) time and memory, whatever the dataset
-        size (``benchmarks/plans``). Unshuffled: the identity.
-        """
+        """The epoch's order as a map from positions to dataset indices (a keyed permutation,
+        or the identity), never materialized."""
         check_int("epoch", epoch, 0)
         if not self.shuffle:
             return _Identity()
@@ -176,18 +152,15 @@ class SamplePlan:
         """Dataset indices at ``positions`` of the epoch's order (int64, same shape).
 
         Raises:
+            TypeError: ``positions`` is not an integer array.
             ValueError: a position outside ``[0, num_samples)``.
         """
         pos = check_positions(positions, self.num_samples)
         return self.order_map(epoch).at(pos)
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of dataset indices (int64), materialized.
-
-        O(num_samples) time and memory, computed chunk by chunk from
-        :meth:`order_map`: for inspection and tests. Loaders and samplers never
-        call it; their schedules evaluate only the positions they deal.
-        """
+        """The whole epoch's order of dataset indices (int64), materialized: O(num_samples),
+        for inspection and tests (schedules evaluate only the positions they deal)."""
         return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
@@ -200,10 +173,7 @@ class SamplePlan:
         steps_from(self, start, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
-        """Batches per rank from ``start`` to the end of an epoch, without the order.
-
-        The same for every epoch: ``epoch`` is taken for the :class:`Plan` protocol.
-        """
+        """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""
         return steps_from(self, start, world_size)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -220,8 +190,7 @@ def plan_settings(plan: Any) -> dict[str, Any]:
 
 
 def materialize(mapping: PositionMap, n: int) -> torch.Tensor:
-    """Entries ``0 .. n - 1`` of an order map as one int64 tensor, mapped :data:`CHUNK` at a
-    time (O(n) memory: for inspection and tests, never on a loader's path)."""
+    """Entries ``0 .. n - 1`` of an order map as one int64 tensor, :data:`CHUNK` at a time."""
     out = np.empty(n, dtype=np.int64)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
@@ -240,18 +209,14 @@ def check_positions(positions: np.ndarray, n: int) -> np.ndarray:
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
         raise ValueError(
             f"positions must lie in [0, num_samples={n}), got "
-            f"[{int(pos.min())}, {int(pos.max())}]; a position counts entries of one epoch."
+            f"[{int(pos.min())}, {int(pos.max())}]; pass positions within one epoch."
         )
     return pos
 
 
 def steps_from(plan: Dealt, start: int, world_size: int) -> int:
-    """Batches per rank from position ``start`` to the end of an epoch of ``plan``.
-
-    The dealing rule of :class:`_FixedSchedule`, counted without the order: full
-    global steps of ``world_size * batch_size``, plus one short step for a tail
-    unless ``drop_last``. Validates ``start`` and ``world_size``.
-    """
+    """Batches per rank from position ``start`` to the end of an epoch of ``plan``, counted
+    without the order; validates ``start`` and ``world_size``."""
     check_int("world_size", world_size, 1)
     check_int("start", start, 0)
     if start > plan.num_samples:
@@ -264,13 +229,8 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
 
 
 def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
-    """Each rank's last batch for a ``tail`` that does not fill a global step (0: none).
-
-    ``ceil(tail / world_size)`` entries, unless ``drop_last`` drops it: always
-    where ranks take contiguous blocks, and where a plan deals as a
-    ``DistributedSampler`` (``strided``), as ``DataLoader(drop_last=True)`` does
-    over one: only when that batch is short.
-    """
+    """Each rank's last batch for a ``tail`` short of a global step: ``ceil(tail / world_size)``
+    entries, or 0 under ``drop_last`` (a ``strided`` plan drops only a short batch)."""
     size = -(-tail // world_size)
     if plan.drop_last and not (getattr(plan, "strided", False) and size == plan.batch_size):
         return 0
@@ -279,14 +239,8 @@ def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
 
 @functools.cache
 def permutation_check() -> int:
-    """A checksum of a small seeded ``torch.randperm``, stored in the states of plans using it.
-
-    :class:`~loaderkit.plan.bucket.BucketPlan` shuffles with ``randperm``
-    (:class:`SamplePlan` stores
-    :func:`~loaderkit.plan._permutation.permutation_digest` instead); a torch
-    whose ``randperm`` differs is then a :class:`~loaderkit.StateMismatchError`
-    on resume (docs/design.md, order checks). Computed once per process.
-    """
+    """A checksum of a small seeded ``torch.randperm``, in the states of plans shuffling with
+    it (BucketPlan), so a torch whose ``randperm`` differs is refused on resume."""
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
 
@@ -305,20 +259,10 @@ class Dealt(Protocol):
 
 
 class _FixedSchedule:
-    """One rank's rest-of-epoch under a :class:`SamplePlan` (see module docstring).
-
-    ``order`` is either a materialized order (a tensor: shard, bucket and
-    sampler plans build one) or a :class:`PositionMap` (:class:`SamplePlan`);
-    of a map, only the positions this rank deals are evaluated,
-    :data:`CHUNK` at a time, so memory stays constant in the dataset size.
-
-    A plan with ``strided`` set (a ``DistributedSampler``'s, materialized) is
-    dealt as that sampler deals: in each global step rank ``r`` takes every
-    ``world_size``-th entry from the step's ``r``-th, so from an epoch's start
-    rank ``r`` yields entries ``r, r + world_size, ...`` (padded by wrapping
-    to the start of the order), in batches; a global step still consumes a
-    prefix of the order, so a position means the same on every rank.
-    """
+    """One rank's rest-of-epoch under a plan: ``order`` is a tensor or a :class:`PositionMap`
+    (of which only the positions dealt are evaluated, :data:`CHUNK` at a time). A
+    ``strided`` plan is dealt as a ``DistributedSampler`` deals: rank ``r`` takes every
+    ``world_size``-th entry of each global step from its ``r``-th."""
 
     __slots__ = (
         "_batch",
@@ -353,8 +297,7 @@ class _FixedSchedule:
         self.epoch = epoch
         self.start = start
         if isinstance(order, torch.Tensor):
-            # Slicing numpy and wrapping the slice is cheaper than slicing the tensor
-            # (benchmarks/RESULTS.md, plan internals), paid once per batch.
+            # Slicing numpy and wrapping the slice is cheaper than slicing the tensor.
             self._np_order: np.ndarray | None = order.numpy()
             self._map: PositionMap | None = None
         else:
@@ -391,10 +334,8 @@ class _FixedSchedule:
         else:
             lo = base + self._rank * self._tail_batch
             positions = np.arange(lo, lo + self._tail_batch, dtype=np.int64)
-        # Wrap around to the start of the order for the missing entries; modulo
-        # because a tiny dataset may need to wrap more than once.
-        wrapped = positions % self._n
-        return self._at(wrapped)
+        # Modulo: a tiny dataset may wrap more than once.
+        return self._at(positions % self._n)
 
     def indices(self, step: int) -> torch.Tensor:
         return torch.from_numpy(self.indices_numpy(step))
@@ -404,10 +345,7 @@ class _FixedSchedule:
         return self._full * self._batch + self._tail_batch
 
     def indices_numpy(self, step: int) -> np.ndarray:
-        """:meth:`indices` as a numpy array, for callers that index with it themselves.
-
-        Do not modify it: it may be a view of the order or of a chunk other steps share.
-        """
+        """:meth:`indices` as a numpy array; do not modify it (it may be a shared view)."""
         if 0 <= step < self._full:
             if self._np_order is not None:
                 if self._stride:
@@ -444,14 +382,9 @@ class _FixedSchedule:
 
 
 def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | None:
-    """Per-sample seeding keys of an order that may draw an index more than once.
-
-    The ``k``-th draw of index ``i`` in the epoch is keyed ``i + k * dataset_size``
-    (the first draw keeps ``i``, the key of an order without repeats), so every
-    draw gets its own randomness, as each ``__getitem__`` call does under torch's
-    ``DataLoader``; still a function of the epoch's order alone (any
-    ``num_workers``, rank or resume). None when no index repeats.
-    """
+    """Per-sample seeding keys of an order that may repeat an index: the ``k``-th draw of
+    ``i`` is keyed ``i + k * dataset_size``, so each draw gets its own randomness as under
+    torch's ``DataLoader``. None when no index repeats."""
     values = order.numpy()
     if values.size == 0:
         return None

@@ -130,13 +130,8 @@ class PlanBatchSampler(Sampler[list[int]]):
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
-    """Refuse a sampler whose order is no function of ``(seed, epoch)`` (a batch sampler:
-    without a loaderkit plan).
-
-    Raises:
-        TypeError: ``sampler`` lists a different order each time, or is a batch
-            sampler without a plan.
-    """
+    """Refuse (TypeError) a sampler whose order is no function of ``(seed, epoch)``, or a
+    ``batch_sampler`` without a loaderkit plan."""
     if hasattr(sampler, "plan"):
         return
     if parameter == "batch_sampler":
@@ -166,8 +161,7 @@ class _LenWatch:
             self.first = length
 
     def check(self, owner: str, epoch: int, batches: int, *, driven: bool) -> None:
-        """``epoch`` starts and will yield ``batches`` (counted as ``len()`` counts them);
-        ``driven``: a host's training loop (which took ``len()`` once) iterates it."""
+        """``epoch`` starts and will yield ``batches``; ``driven``: a host's loop iterates it."""
         if self.managed or self.first is None or batches == self.first or not driven:
             return
         if batches < self.first:
@@ -187,10 +181,8 @@ class BucketBatchSampler(PlanBatchSampler):
     """Batches of similar lengths, fixed-size or under a token budget; distributed, resumable.
 
     Each epoch's batches are its :class:`BucketPlan`'s, a function of ``(seed, epoch)``;
-    every rank yields as many (the tail dropped or filled with the epoch's first
-    batches). Under a token budget the batch count varies per epoch; under
-    Lightning, :class:`~loaderkit.ElasticResume` (on every Trainer once loaderkit
-    is installed) has it re-read.
+    every rank yields as many. Under Lightning, :class:`~loaderkit.ElasticResume`
+    re-reads a batch count that varies per epoch.
 
     Args:
         lengths: Token count of each dataset index, e.g. from :func:`~loaderkit.compute_lengths`.
@@ -311,7 +303,6 @@ def _bucket_plan(
     per_epoch: Sequence[int] | None,
     source_names: Sequence[str] | None,
 ) -> BucketPlan:
-    """The plan a :class:`BucketBatchSampler` with these arguments batches from."""
     if (
         (source_sizes is None) != (per_epoch is None)
         or (source_sizes is not None and shard_sizes is not None)

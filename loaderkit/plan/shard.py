@@ -1,8 +1,5 @@
-"""The plan of sharded data: shuffled shard order, shards read ``mix_shards`` at a time.
-
-Public as :class:`loaderkit.ShardPlan`; this module holds only the order. The
-rank split, the tail policy and the positions are :class:`~loaderkit.plan.sample.SamplePlan`'s,
-reused through its schedule, so the two plans deal batches identically.
+"""The plan of sharded data (:class:`loaderkit.ShardPlan`): shuffled shard order, shards read
+``mix_shards`` at a time; dealt to ranks by :class:`~loaderkit.plan.sample.SamplePlan`'s schedule.
 """
 
 from __future__ import annotations
@@ -36,13 +33,8 @@ DEFAULT_MIX = 8  # shards read at once (benchmarks/RESULTS.md)
 
 
 class BatchMix(NamedTuple):
-    """How many shards the batches of an epoch draw from.
-
-    Attributes:
-        mean: Distinct shards per batch, averaged over the batches.
-        single: Fraction of the batches whose samples all come from one shard.
-        batches: Batches counted (all ranks').
-    """
+    """How many shards the batches of an epoch draw from: distinct shards per batch
+    (``mean``), the fraction of single-shard batches (``single``), batches counted."""
 
     mean: float
     single: float
@@ -66,8 +58,7 @@ def _mix_of(distinct: int, single: int, batches: int) -> BatchMix:
 
 
 def _mix_counts(shard_of: np.ndarray, bounds: np.ndarray) -> tuple[int, int, int]:
-    """Distinct shards summed over the non-empty batches, the single-shard ones, and their count
-    (integers: sums over chunks of an epoch stay exact)."""
+    """Distinct shards summed over the non-empty batches, the single-shard ones, and their count."""
     count = bounds.size - 1
     if count <= 0:
         return 0, 0, 0
@@ -84,17 +75,10 @@ def _mix_counts(shard_of: np.ndarray, bounds: np.ndarray) -> tuple[int, int, int
 class ShardPlan:
     """The sample plan of sharded data: shards shuffled, read ``mix_shards`` at a time.
 
-    The shards are laid end to end in their given order. An epoch (``shuffle=True``):
-
-    1. the shards are put in a keyed random order, their samples laid end to end;
-    2. that sequence is cut into ``K = mix_shards`` consecutive *lanes*; a lane
-       boundary may cut a shard into two *pieces*;
-    3. each piece is cut into ``window``-sample windows, each shuffled by a keyed
-       permutation;
-    4. the lanes are interleaved: position ``p`` takes the next sample of lane ``p % K``.
-
-    So a batch draws from up to ``K`` shards while each process reads every shard
-    front to back; any position is evaluated from O(num_shards) arrays.
+    An epoch (``shuffle=True``): the shards in a keyed order, laid end to end; cut into
+    ``K = mix_shards`` *lanes* (a lane boundary may cut a shard into two *pieces*); each
+    piece's ``window``-sample windows shuffled by keyed permutations; the lanes
+    interleaved (position ``p`` takes the next sample of lane ``p % K``).
 
     Args:
         shard_sizes: Samples per shard (zeros allowed; at least one sample in all).
@@ -129,7 +113,6 @@ class ShardPlan:
     mix_shards: int = DEFAULT_MIX
     drop_last: bool = False
     _split: SamplePlan = field(init=False, repr=False, compare=False)
-    # The last epoch's order map: O(num_shards) arrays, never O(num_samples).
     _cache: dict[int, PositionMap] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -159,7 +142,6 @@ class ShardPlan:
             numpy_ok=True,
         )
         object.__setattr__(self, "mix_shards", int(self.mix_shards))
-        # The rank split and the tail policy are SamplePlan's; only the order differs.
         split = SamplePlan(
             num_samples=sum(sizes),
             batch_size=self.batch_size,
@@ -247,8 +229,7 @@ class ShardPlan:
         return self.order_map(epoch).at(pos)
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of global sample indices (int64), materialized (O(num_samples):
-        for inspection, tests and :class:`~loaderkit.ShardBucketPlan`)."""
+        """The whole epoch's order of global sample indices (int64), materialized."""
         return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
@@ -262,8 +243,7 @@ class ShardPlan:
         return self._split.num_steps(epoch, start=start, world_size=world_size)
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
-        """How many shards the batches of ``epoch`` draw from, over all ranks' batches
-        (O(num_samples) time, a chunk of batches at a time)."""
+        """How many shards the batches of ``epoch`` draw from, over all ranks' batches."""
         check_int("world_size", world_size, 1)
         mapping = self.order_map(epoch)
         ends = np.cumsum(np.asarray(self.shard_sizes, dtype=np.int64))
@@ -304,9 +284,8 @@ class ShardPlan:
 
 
 class _ShardOrder:
-    """A shuffled epoch of a :class:`ShardPlan` (steps 1-4 of its docstring) as a
-    :class:`PositionMap`: lane and offset by arithmetic, then one binary search for the
-    piece, whose window's keyed permutation gives the laid-out position's sample."""
+    """A shuffled epoch of a :class:`ShardPlan` as a :class:`PositionMap`: lane and offset by
+    arithmetic, a binary search for the piece, its window's keyed permutation."""
 
     __slots__ = ("_cuts", "_first", "_k", "_key", "_lanes", "_n", "_window")
 
@@ -320,11 +299,9 @@ class _ShardOrder:
         self._lanes = lanes
         self._n = int(lanes[-1])
         self._k = lanes.size - 1
-        # Pieces: the runs between shard boundaries and lane starts; windows never cross
-        # one (with one lane, the pieces are the shards themselves).
+        # Pieces: the runs between shard boundaries and lane starts; no window crosses one.
         cuts = np.sort(np.concatenate(([0], laid_ends, lanes)))
         self._cuts = cuts[np.r_[True, cuts[1:] != cuts[:-1]]]  # not np.union1d: slower (RESULTS.md)
-        # A piece lies in one shard and a window in one piece: the piece names the shard.
         self._first = first[np.searchsorted(laid_ends, self._cuts[:-1], side="right")]
         self._window = window
         self._key = np.uint64(key)
@@ -353,8 +330,8 @@ _GOLDEN = np.uint64(GOLDEN)
 
 @functools.cache
 def _shard_order_check() -> int:
-    """Checksum of a small shard order: a torch (or a loaderkit) that orders shards differently
-    is an error on resume, not a silently different order."""
+    """Checksum of a small shard order: a loaderkit that orders shards differently is refused
+    on resume."""
     plan = ShardPlan(
         shard_sizes=(5, 0, 9, 1, 17, 3), batch_size=1, seed=20240917, window=4, mix_shards=3
     )

@@ -1,8 +1,7 @@
 """Token budgets over shards: length-bucketed batches that mix shards and read them locally.
 
-:class:`ShardBucketPlan` is a :class:`~loaderkit.plan.bucket.BucketPlan` whose epoch
-order is :class:`~loaderkit.ShardPlan`'s and whose batches are shuffled *within* their
-window, not over the epoch: batches draw from ``mix_shards`` shards at once while
+:class:`ShardBucketPlan` is a :class:`~loaderkit.plan.bucket.BucketPlan` over
+:class:`~loaderkit.ShardPlan`'s order, its batches shuffled *within* their window so
 each shard is still read front to back.
 
 Example:
@@ -97,9 +96,8 @@ class ShardBucketPlan(BucketPlan):
         return np.lexsort((keys, starts // self.window))
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
-        """How many shards the batches of ``epoch`` draw from, over all ranks' batches (the
-        epoch's global sequence as dealt: repeats of a padded last step included, a
-        dropped remainder left out)."""
+        """How many shards the batches of ``epoch`` draw from, over all ranks' batches as dealt
+        (a padded last step's repeats included, a dropped remainder left out)."""
         check_int("world_size", world_size, 1, owner="BucketBatchSampler", numpy_ok=True)
         ep = self._epoch(epoch)
         ids = ep.sequence
@@ -130,8 +128,7 @@ class ShardBucketPlan(BucketPlan):
 
 @functools.cache
 def _shard_bucket_check() -> int:
-    """Checksum of a small plan's batches: a torch (or loaderkit) that orders them differently
-    is an error on resume, not a silently different order."""
+    """Checksum of a small plan's batches: one ordered differently is refused on resume."""
     lengths = np.arange(40) * 7 % 23 + 1
     plan = ShardBucketPlan(
         lengths, shard_sizes=(9, 0, 17, 14), max_tokens=40, mix_shards=3, shard_window=4,
