@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "temp_path"]
-
 
 def temp_path(target: Path) -> Path:
     """A unique, hidden temporary path next to ``target``."""

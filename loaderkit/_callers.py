@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["NO_HOST", "Host", "attach", "enter", "host_of", "leave"]
-
 _ATTR = "_loaderkit_host"  # the attribute of an attached loader (or batch sampler)
 
 

@@ -9,17 +9,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "check_bool",
-    "check_choice",
-    "check_fraction",
-    "check_int",
-    "check_path",
-    "check_rank",
-    "getitem_overridden",
-    "pow2",
-]
-
 
 def _head(owner: str) -> str:
     return f"{owner}: " if owner else ""

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["SeedTag", "StreamTag"]
-
 
 class SeedTag:
     ORDER: Final = "order"  # SamplePlan's permutation of an epoch

@@ -10,8 +10,6 @@ from typing import Any
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import worker as _torch_worker
 
-__all__ = ["as_one_worker", "show_user_dataset"]
-
 
 def show_user_dataset() -> None:
     """In a worker, make ``get_worker_info().dataset`` the user's dataset, not the wrapper."""
