@@ -1,8 +1,6 @@
 """loaderkit: the data layer for PyTorch Lightning training.
 
-Everything public is imported here. The names that need Lightning are loaded
-from :mod:`loaderkit.lightning` on first access, so ``import loaderkit`` (which
-every worker process does) costs no Lightning import.
+The names that need Lightning load on first access: ``import loaderkit`` imports no Lightning.
 """
 
 from __future__ import annotations

@@ -10,11 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "temp_path"]
-
 
 def temp_path(target: Path) -> Path:
-    """A unique, hidden temporary path next to ``target`` (unique per thread and machine)."""
+    """A unique, hidden temporary path next to ``target``."""
     tag = f"{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(6)}"
     return target.with_name(f".{target.name}.{tag}.tmp")
 
@@ -22,20 +20,8 @@ def temp_path(target: Path) -> Path:
 def atomic_write(
     target: Path, write: Callable[[IO[bytes]], object], *, exclusive: bool = False
 ) -> bool:
-    """Write ``target`` through a unique temporary file, then rename it into place.
-
-    Args:
-        target: The file to write.
-        write: Writes the content to the open (binary) temporary file.
-        exclusive: Only create ``target`` if it does not exist yet (a hard link); when
-            another writer got there first, its file stays.
-
-    Returns:
-        Whether this call's content is now at ``target``.
-
-    Raises:
-        OSError: the temporary file could not be written or moved (it is removed).
-    """
+    """Write ``target`` through a temporary file ``write`` fills, then rename it into place;
+    whether this call's content is now there. ``exclusive``: keep another writer's file."""
     tmp = temp_path(target)
     try:
         with open(tmp, "wb") as f:

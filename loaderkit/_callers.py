@@ -1,10 +1,7 @@
-"""The host that drives a loader, and what loaderkit asks it (private).
+"""The host that drives a loader (Lightning's Trainer or Fabric), and what loaderkit asks it.
 
-A host (Lightning's ``Trainer`` or ``Fabric``) is handed to loaderkit, never
-searched for: :func:`attach` gives one loader its host, :func:`enter` /
-:func:`leave` make a host the default of every loader while its run lasts.
-``loaderkit.lightning._adapter`` implements :class:`Host`; a plain loop is
-:data:`NO_HOST`.
+:func:`attach` gives one loader its host; :func:`enter` / :func:`leave` make a host every
+loader's default while its run lasts. A plain loop is :data:`NO_HOST`.
 
 Example:
     >>> host_of(object()) is NO_HOST, NO_HOST.data_parallel()  # no run in progress
@@ -15,43 +12,32 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["NO_HOST", "Host", "attach", "enter", "host_of", "leave"]
-
 _ATTR = "_loaderkit_host"  # the attribute of an attached loader (or batch sampler)
 
 
 class Host(Protocol):
-    """What a host tells a loader: about ``loader`` only where it is one of the host's
-    train loaders in a running fit (else None, or False)."""
+    """What a host tells about ``loader``, one of its train loaders in a running fit (else None)."""
 
     def data_parallel(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of the run's data-parallel group, or None."""
-        ...
 
     def drives(self, loader: object) -> bool:
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
-        ...
 
     def held_batches(self, loader: object) -> int | None:
         """Batches ``loader`` handed out that the host holds untrained (prefetched)."""
-        ...
 
     def batches_done(self, loader: object) -> int | None:
         """Batches of the current epoch the host counts as done."""
-        ...
 
     def restarting_mid_epoch(self, loader: object) -> bool | None:
         """Whether the host, setting ``loader``'s epoch, restarts that epoch part-way."""
-        ...
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """The epoch the host trains when it sets ``loader``'s epoch to ``epoch``."""
-        ...
 
 
 class _NoHost:
-    """A plain loop: no held batch, no count, no data-parallel group."""
-
     def data_parallel(self) -> tuple[int, int] | None:
         return None
 
@@ -76,7 +62,7 @@ _runs: list[Host] = []  # hosts whose run is in progress, innermost last
 
 
 def attach(obj: object, host: Host | None) -> None:
-    """Make ``host`` the host of ``obj`` (None: back to the run's default)."""
+    """Make ``host`` the host of ``obj`` (None: the run's default)."""
     setattr(obj, _ATTR, host)
 
 
@@ -86,7 +72,7 @@ def enter(host: Host) -> None:
 
 
 def leave(host: Host) -> None:
-    """``host``'s run ended (a no-op when it was not entered)."""
+    """``host``'s run ended (no-op if not entered)."""
     for i in range(len(_runs) - 1, -1, -1):
         if _runs[i] is host:
             del _runs[i]

@@ -1,9 +1,5 @@
-"""Argument checks shared by every public entry point (private).
-
-Every message has one shape: who refused (``owner``), the parameter, the rule,
-the value received and what to pass instead; ``TypeError`` for a wrong kind,
-``ValueError`` for a value out of range.
-"""
+"""Argument checks shared by every public entry point (private): ``owner``, the parameter,
+the rule, the value received and the fix; ``TypeError`` for a kind, ``ValueError`` for a range."""
 
 from __future__ import annotations
 
@@ -13,24 +9,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "check_bool",
-    "check_choice",
-    "check_fraction",
-    "check_int",
-    "check_path",
-    "check_rank",
-    "getitem_overridden",
-    "pow2",
-]
-
 
 def _head(owner: str) -> str:
     return f"{owner}: " if owner else ""
 
 
 def pow2(limit: int) -> str:
-    """``2**k`` for a power of two ``limit`` (how limits read in messages)."""
+    """``2**k`` for a power of two ``limit``."""
     return f"2**{limit.bit_length() - 1}"
 
 
@@ -44,11 +29,8 @@ def check_int(
     numpy_ok: bool = False,
     limit: int | None = None,
 ) -> int:
-    """``value`` as a plain int in ``[minimum, limit)`` (None: unbounded).
-
-    ``owner`` prefixes the message, ``fix`` ends it; ``numpy_ok`` also takes numpy
-    integers; ``limit`` is a power of two (shown as ``2**k``). Bools are refused.
-    """
+    """``value`` as a plain int in ``[minimum, limit)`` (None: unbounded; ``limit`` a power of
+    two); ``owner`` prefixes the message, ``fix`` ends it; ``numpy_ok`` takes numpy ints."""
     if not fix:
         fix = f"pass an int >= {minimum}" if minimum is not None else "pass an int"
     head, tail = _head(owner), f"; {fix}"
@@ -136,8 +118,7 @@ def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str 
 
 
 def getitem_overridden(dataset: Any, batched: str) -> bool:
-    """Whether ``dataset``'s class overrides ``__getitem__`` below the class that defines its
-    batched read ``batched``, which would then bypass the override."""
+    """Whether ``dataset``'s class overrides ``__getitem__`` below the one defining ``batched``."""
     for cls in type(dataset).__mro__:
         if batched in vars(cls):
             return False

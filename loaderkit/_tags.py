@@ -1,20 +1,14 @@
 """The one registry of the tags that separate loaderkit's seed families (private).
 
-Every seed is ``derive_seed(seed, TAG, ...)``; a test refuses a literal tag
-anywhere else. The values are part of the checkpoint format (they fix every
-order a saved position refers to): never change one, add a new tag.
+The values are part of the checkpoint format: never change one, add a new tag.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["SeedTag", "StreamTag"]
-
 
 class SeedTag:
-    """The tags, by what they seed."""
-
     ORDER: Final = "order"  # SamplePlan's permutation of an epoch
     SHARDS: Final = "shards"  # ShardPlan: the shard order
     WINDOW: Final = "window"  # ShardPlan: the shuffle windows inside shards
@@ -37,9 +31,7 @@ class SeedTag:
 
 
 class StreamTag:
-    """The integer tags of the per-sample generator streams (seeding.sample_stream_keys):
-    XORed into a sample's key so torch, numpy and :mod:`random` draw unrelated streams.
-    Part of the checkpoint format like :class:`SeedTag`."""
+    """The integer tags XORed into a sample's key per generator (seeding.sample_stream_keys)."""
 
     TORCH: Final = 0x7430_7263_6800_0001
     NUMPY: Final = 0x6E75_6D70_7900_0002

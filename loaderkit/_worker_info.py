@@ -1,8 +1,5 @@
-"""What ``torch.utils.data.get_worker_info()`` tells user code in loaderkit's workers (private).
-
-torch keeps the answer in a module global of a private module; this is the one
-place loaderkit writes it (``tests/test_worker_info.py`` pins that internal).
-"""
+"""What ``get_worker_info()`` tells user code in loaderkit's workers: the one place loaderkit
+writes torch's private module global (``tests/test_worker_info.py`` pins it)."""
 
 from __future__ import annotations
 
@@ -13,12 +10,9 @@ from typing import Any
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import worker as _torch_worker
 
-__all__ = ["as_one_worker", "show_user_dataset"]
-
 
 def show_user_dataset() -> None:
-    """In a worker, make ``get_worker_info().dataset`` the user's dataset, not the engine's
-    wrapper (which names it in its ``user_dataset`` attribute)."""
+    """In a worker, make ``get_worker_info().dataset`` the user's dataset, not the wrapper."""
     info = get_worker_info()
     user = getattr(getattr(info, "dataset", None), "user_dataset", None)
     if info is not None and user is not None:
@@ -26,12 +20,8 @@ def show_user_dataset() -> None:
 
 
 def as_one_worker(make: Any, *args: Any) -> Iterator[Any]:
-    """Iterate ``make(*args)`` with ``get_worker_info()`` reporting worker 0 of 1.
-
-    For a stream reader reading a shard loaderkit already dealt to this worker: one that
-    splits its work by ``get_worker_info()`` would otherwise drop the others' share. Each
-    step runs under that view; the real one is restored between steps.
-    """
+    """Iterate ``make(*args)`` with ``get_worker_info()`` reporting worker 0 of 1 during each
+    step, so a reader splitting by worker keeps the shard loaderkit dealt it whole."""
     info = get_worker_info()
     if info is None:  # the main process: user code already sees no workers
         yield from make(*args)

@@ -1,11 +1,4 @@
-"""Padding collate: variable-length samples in, one padded batch with lengths and a mask out.
-
-A field is padded when it holds lists of numbers, tensors or arrays whose
-shapes differ within the batch, or when its key is named in ``pad_keys``, a
-``pad_value`` mapping or ``length_field``; bare samples are always padded.
-Every other field goes to :func:`torch.utils.data.default_collate`. Only the
-top level of a sample is unpacked.
-"""
+"""Padding collate: variable-length samples in, one padded batch with lengths and a mask out."""
 
 from __future__ import annotations
 
@@ -57,12 +50,10 @@ def _check_pad_value(where: str, value: PadScalar, dtype: torch.dtype) -> None:
 
 
 def _is_flat_list(col: list[Any]) -> bool:
-    """Judged by sample 0's first item."""
     return isinstance(col[0], list) and {type(v[0]) for v in col[:1] if v} <= _KINDS.keys()
 
 
 def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = None) -> NoReturn:
-    """Name the first sample that does not match (once a fast path failed)."""
     first, ref = col[0], None  # ref: (index, dtype) of the first sample with a dtype
     for i, v in enumerate(col):
         if type(v) is not type(first):
@@ -102,7 +93,6 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
 
 
 def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
-    """Name the first sample whose list holds something other than numbers."""
     for i, v in enumerate(col):
         for j, item in enumerate(v):
             if type(item) not in _KINDS:
@@ -117,7 +107,7 @@ def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
 
 
 def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
-    """Flat lists of Python numbers, concatenated by one numpy call (no loop per token)."""
+    """Flat lists of Python numbers, concatenated by one numpy call."""
     kinds = {type(v[0]) for v in col if v}
     if not kinds <= _KINDS.keys():
         _not_flat(where, col)
@@ -152,11 +142,7 @@ def _concat(where: str, col: list[Any], dim: int) -> Tensor:
 
 
 def _mask(lengths: np.ndarray, size: int, left: bool) -> np.ndarray:
-    """``(B, size)`` mask, True on real items: one copy per row out of a strided ramp.
-
-    Row ``r`` of the view is ``ramp[r : r + size]``; length ``l`` picks row ``size - l`` of
-    the right ramp (Trues first) or row ``l`` of the left one.
-    """
+    """``(B, size)`` mask, True on real items: row ``r`` of the view is ``ramp[r : r + size]``."""
     ramp = np.zeros(2 * size, dtype=bool)
     ramp[size:] = left
     ramp[:size] = not left
@@ -170,9 +156,7 @@ def _scatter(flat: Tensor, lengths: list[int], size: int, value: PadScalar, left
     mask = _mask(lens, size, left)
     shape = (len(lengths), size, *flat.shape[1:])
     if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
-        # numpy's boolean-mask assignment beats index_put_ on CPU (benchmarks/collate).
-        src = flat.numpy()
-        # np.zeros gets pages already zeroed: cheaper than filling them.
+        src = flat.numpy()  # numpy's mask assignment beats index_put_ on CPU
         zero = value == 0 and math.copysign(1, value) > 0
         out_np = np.zeros(shape, src.dtype) if zero else np.full(shape, value, src.dtype)
         out_np[mask] = src
@@ -187,13 +171,10 @@ class PaddedBatch(NamedTuple):
     """The batch :class:`PadCollate` returns for every sample kind except dicts.
 
     Attributes:
-        values: The padded tensor (bare samples), or one object of the sample's type
-            holding the batched fields (tuple, namedtuple, dataclass samples).
-        lengths: ``int64`` lengths ``(B,)`` of the length field, on the CPU; ``None`` when
-            ``lengths_key=None``.
-        mask: ``bool`` ``(B, T)``, True on real items; ``None`` when ``mask_key=None``.
-        sort_indices: With ``sort_by_length=True``, row ``i`` is input sample
-            ``sort_indices[i]``; else ``None``.
+        values: The padded tensor, or one object of the sample's type holding the fields.
+        lengths: ``int64`` ``(B,)`` lengths of the length field (``None``: ``lengths_key=None``).
+        mask: ``bool`` ``(B, T)``, True on real items (``None``: ``mask_key=None``).
+        sort_indices: Row ``i`` is input sample ``sort_indices[i]`` (``sort_by_length``).
     """
 
     values: Any
@@ -270,7 +251,6 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
 
 
 def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
-    """Nested lists as one tensor; ragged rows are named, not left to numpy's error."""
     try:
         return torch.as_tensor(np.asarray(value))
     except (ValueError, TypeError) as exc:
@@ -295,10 +275,8 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
                 f"{type(samples[0]).__name__}; return one sample type from the dataset"
             )
         if keys_i != keys and (kind is not Mapping or set(keys_i) != set(keys)):
-            missing, extra = (
-                [k for k in keys if k not in keys_i],
-                [k for k in keys_i if k not in keys],
-            )
+            missing = [k for k in keys if k not in keys_i]
+            extra = [k for k in keys_i if k not in keys]
             raise CollateError(
                 f"PadCollate: sample {i} lacks keys {missing} and has extra keys {extra} "
                 "compared with sample 0; return the same keys from every sample"
@@ -312,6 +290,9 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
 
 class PadCollate:
     """Collate variable-length samples into a padded batch with lengths and a mask.
+
+    A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
+    ``pad_value`` or ``length_field`` names it; others go to ``default_collate``.
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get
@@ -331,10 +312,9 @@ class PadCollate:
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
         sort_indices_key: Output key of the permutation in a dict batch (``None``: omitted).
 
-    Called on a list of samples, it returns a dict (dict samples, with the lengths, mask
-    and permutation added) or a :class:`PaddedBatch`. It raises
-    :class:`~loaderkit.errors.CollateError` for samples that cannot be padded together,
-    ``TypeError`` for unsupported sample types.
+    Returns a dict (dict samples, with the lengths, mask and permutation added) or a
+    :class:`PaddedBatch`; raises :class:`~loaderkit.errors.CollateError` for samples that
+    cannot be padded together, ``TypeError`` for unsupported sample types.
 
     Example:
         >>> collate = PadCollate(pad_value={"labels": -100})
@@ -413,7 +393,6 @@ class PadCollate:
         return dim
 
     def _sizes(self, where: str, col: list[Any]) -> tuple[int, list[int]]:
-        """The pad dim of a column and each sample's size along it."""
         dim = self._dim(where, col[0])
         try:
             if isinstance(col[0], list):
@@ -433,7 +412,6 @@ class PadCollate:
                     f"{where}: sample {i} has length {lengths[i]} along dim {dim}, above "
                     f"max_length={limit}; pass truncate=True or raise max_length"
                 )
-            # Slices are views: truncation copies nothing before the one concatenation.
             cut = (slice(None),) * dim
             keep = [
                 slice(n - limit, n) if self.truncation_side == "left" else slice(limit)
@@ -451,7 +429,7 @@ class PadCollate:
         return (out.movedim(1, dim + 1).contiguous() if dim else out), lens, mask
 
     def __call__(self, batch: Sequence[Any]) -> Any:
-        """Collate ``batch``, a list of samples; see the class docstring for the output."""
+        """Collate ``batch``, a list of samples."""
         samples = list(batch)
         if not samples:
             raise CollateError(
@@ -495,7 +473,7 @@ class PadCollate:
     def _classify(
         self, columns: dict[Hashable, list[Any]], named: list[Hashable]
     ) -> tuple[list[Hashable], Hashable | None]:
-        """The keys to pad in this batch, and the key whose lengths and mask are returned."""
+        """The keys to pad, and the key whose lengths and mask are returned."""
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
             nested = isinstance(col[0], list) and not _is_flat_list(col)

@@ -16,7 +16,7 @@ __all__ = ["WorkerEnv", "detect"]  # cpu_budget is private to loaderkit
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerEnv:
-    """One slot of the rank x worker grid (frozen: tests build any slot directly).
+    """One slot of the rank x worker grid.
 
     Args:
         rank: This process's rank in ``[0, world_size)``.
@@ -59,7 +59,7 @@ class WorkerEnv:
             raise ValueError(
                 f"WorkerEnv: worker_id must be in [0, {self.workers_per_rank}) for "
                 f"num_workers={self.num_workers}, got {self.worker_id}; pass a worker id in "
-                f"that range (0 when num_workers=0)."
+                "that range (0 when num_workers=0)."
             )
 
     @property
@@ -83,9 +83,8 @@ def detect(
 ) -> WorkerEnv:
     """The topology of the calling process, read now.
 
-    The rank and world size are the data-parallel group's: the host's (the Trainer
-    or Fabric of ``loader``, or of the running fit), else ``torch.distributed``'s,
-    else ``(0, 1)``; the worker fields come from ``get_worker_info()``.
+    Rank and world size come from the host (Trainer or Fabric) of ``loader`` or of the
+    running fit, else ``torch.distributed``, else ``(0, 1)``; workers from ``get_worker_info()``.
 
     Args:
         rank: Override the rank.

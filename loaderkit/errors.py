@@ -32,8 +32,7 @@ class CollateError(LoaderkitError, ValueError):
 
 
 class StateMismatchError(LoaderkitError, ValueError):
-    """A state dict does not fit the object it is loaded into: resuming would not be exact
-    (the message names the field and both values)."""
+    """A state dict does not fit the object it is loaded into (resuming would not be exact)."""
 
 
 class WorkerError(LoaderkitError, RuntimeError):
@@ -52,8 +51,7 @@ class WorkerError(LoaderkitError, RuntimeError):
 
 
 class WorkerStartError(LoaderkitError, TypeError):
-    """Worker processes could not start (spawn, forkserver): what they need could not be
-    pickled; the message names the object."""
+    """Worker processes could not start: what they need could not be pickled."""
 
 
 class ShardError(LoaderkitError, ValueError):
@@ -69,8 +67,7 @@ class MissingShardError(ShardError, FileNotFoundError):
 
 
 class ShardChangedError(ShardError):
-    """A shard is not the one listed or indexed: its identity (ETag, version, size, mtime)
-    changed."""
+    """A shard's identity (ETag, version, size, mtime) is not the one listed or indexed."""
 
 
 class MissingDependencyError(LoaderkitError, ImportError):
@@ -78,8 +75,7 @@ class MissingDependencyError(LoaderkitError, ImportError):
 
 
 class ShardReadError(WorkerError, ShardError):
-    """A shard failed while a batch was read from it: both a :class:`WorkerError` (``index``)
-    and a :class:`ShardError` (``path``)."""
+    """A shard failed while a batch was read: a :class:`WorkerError` and a :class:`ShardError`."""
 
 
 class MissingShardReadError(ShardReadError, MissingShardError):
@@ -91,8 +87,7 @@ class ShardChangedReadError(ShardReadError, ShardChangedError):
 
 
 def read_error_type(cause: type[BaseException]) -> type[WorkerError]:
-    """The error a failed read raises for a ``cause``: the same ``except`` catches it in or
-    out of workers."""
+    """The error a failed read raises for a ``cause``, in or out of workers."""
     if issubclass(cause, MissingShardError):
         return MissingShardReadError
     if issubclass(cause, ShardChangedError):

@@ -1,11 +1,8 @@
-"""Seeding as a pure function: derived seeds, worker init, per-sample randomness.
+"""Seeding as a pure function: every seed is :func:`derive_seed` of the user's seed and keys.
 
-Every seed is :func:`derive_seed` of the user's seed and a few keys, so it is
-the same in every process, run, platform and start method. Workers get
-``derive_seed(seed, "worker", rank, worker_id)`` (:func:`worker_seed`); sample
-``index`` of ``epoch`` gets a 64-bit key (:func:`sample_seed`) that seeds the
-global generators while it loads (:func:`seeded_sample`, :class:`SampleSeeder`),
-so a run gives the same batches with any number of workers and after a resume.
+Workers get :func:`worker_seed`; sample ``index`` of ``epoch`` gets a 64-bit key
+(:func:`sample_seed`) that seeds the global generators while it loads
+(:func:`seeded_sample`, :class:`SampleSeeder`), the same for any ``num_workers``.
 
 Example:
     >>> with seeded_sample(42, epoch=0, index=7):
@@ -58,12 +55,7 @@ _STR_HEADER = 0xC000_0000
 
 
 def mix64(z: int) -> int:
-    """The splitmix64 finaliser: a bijection of ``[0, 2**64)`` that mixes every bit.
-
-    Example:
-        >>> mix64(0), mix64(1) != mix64(2)
-        (0, True)
-    """
+    """The splitmix64 finaliser: a bijection of ``[0, 2**64)``."""
     z = ((z ^ (z >> 30)) * _MIX1) & M64
     z = ((z ^ (z >> 27)) * _MIX2) & M64
     return z ^ (z >> 31)
@@ -84,7 +76,6 @@ def _check(owner: str, name: str, value: object, limit: int | None = _KEY_LIMIT)
     return check_int(name, value, owner=owner, fix=fix, limit=limit)
 
 
-# --------------------------------------------------------------------- derive_seed
 @functools.lru_cache(maxsize=256)
 def _str_words(key: str) -> tuple[int, ...]:
     # blake2b, never hash(): hash() of a str changes with PYTHONHASHSEED.
@@ -94,8 +85,7 @@ def _str_words(key: str) -> tuple[int, ...]:
 
 
 def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
-    """One key as uint32 words, prefix-free: a small int is one word with the top bit clear,
-    anything else a header word (bit 30: str or int; low bits: payload words) and its payload."""
+    # Prefix-free: a small int is one word; else a header word (bit 30: str) and the payload.
     if isinstance(key, str):
         return _str_words(key)
     if not isinstance(key, int) or isinstance(key, bool):
@@ -129,11 +119,7 @@ def _seed_from(sequence: np.random.SeedSequence) -> int:
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:
-    """Derive a child seed from ``seed`` and a tuple of keys.
-
-    Stable across processes, runs, platforms and ``PYTHONHASHSEED`` (built on
-    :class:`numpy.random.SeedSequence`, strings through blake2b). Every key and
-    its position change the result.
+    """A child seed of ``seed`` and ``keys``, stable across processes, platforms and hash seeds.
 
     Args:
         seed: The user's seed, an int in ``[0, 2**128)``.
@@ -143,8 +129,7 @@ def derive_seed(seed: int, *keys: int | str) -> int:
         An int in ``[0, 2**63)``.
 
     Raises:
-        TypeError: ``seed`` is not an int (bools are rejected) or a key is
-            neither an int nor a str.
+        TypeError: ``seed`` is not an int, or a key neither an int nor a str.
         ValueError: ``seed`` or an int key is negative, or ``seed >= 2**128``.
 
     Example:
@@ -155,17 +140,14 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 
 def worker_seed(seed: int, rank: int, worker_id: int) -> int:
-    """The seed of DataLoader worker ``worker_id`` on ``rank``:
-    ``derive_seed(seed, "worker", rank, worker_id)``."""
+    """``derive_seed(seed, "worker", rank, worker_id)``: the seed of a DataLoader worker."""
     _check("worker_seed", "rank", rank, None)
     _check("worker_seed", "worker_id", worker_id, None)
     return _seed_from(_seed_sequence("worker_seed", seed, (SeedTag.WORKER, rank, worker_id)))
 
 
-# ------------------------------------------------------------------ per-sample keys
 @functools.lru_cache(maxsize=64)
 def _sample_base(seed: int) -> int:
-    # The one SeedSequence per seed (cached); the per-sample part is integer mixing.
     return derive_seed(seed, SeedTag.SAMPLE)
 
 
@@ -181,22 +163,16 @@ def _sample_key(func: str, seed: int, epoch: int, index: int) -> int:
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The 64-bit key of sample ``index`` in ``epoch``: what per-sample randomness is seeded from.
+    """The 64-bit key of sample ``index`` in ``epoch`` that per-sample randomness is seeded from.
 
-    Independent of the worker, rank or process that loads the sample. The
-    derivation (pinned by tests; part of the checkpoint format), modulo
-    ``2**64``, with ``G = 0x9E3779B97F4A7C15`` and ``mix64`` the splitmix64
-    finaliser: ``base = derive_seed(seed, "sample")``, ``e = mix64(base +
-    (epoch + 1) * G)``, ``key = mix64(e + (index + 1) * G)``. Distinct indices
-    of an epoch get distinct keys.
+    With ``G = 0x9E3779B97F4A7C15``, modulo ``2**64`` (part of the checkpoint format):
+    ``e = mix64(derive_seed(seed, "sample") + (epoch + 1) * G)``,
+    ``key = mix64(e + (index + 1) * G)``. Distinct indices get distinct keys.
 
     Args:
         seed: The run's seed, an int in ``[0, 2**128)``.
         epoch: The epoch, an int in ``[0, 2**64)``.
         index: The sample's dataset index, an int in ``[0, 2**64)``.
-
-    Returns:
-        An int in ``[0, 2**64)``.
 
     Example:
         >>> sample_seed(0, 0, 0) != sample_seed(0, 0, 1) != sample_seed(0, 1, 0)
@@ -206,12 +182,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 def sample_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
-    """:func:`sample_seed` of every index in ``indices`` (non-negative ints), as ``uint64``.
-
-    Example:
-        >>> int(sample_keys(3, 1, np.array([5]))[0]) == sample_seed(3, 1, 5)
-        True
-    """
+    """:func:`sample_seed` of every index in ``indices``, as ``uint64``."""
     e = _epoch_key("sample_keys", seed, epoch)
     keys = np.asarray(indices).astype(np.uint64)  # a copy: mixed in place below
     keys += np.uint64(1)
@@ -221,8 +192,7 @@ def sample_keys(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
 
 
 def sample_stream_keys(keys: np.ndarray, tag: int) -> np.ndarray:
-    """The key of one generator's stream (a :class:`~loaderkit._tags.StreamTag`) per sample
-    key: ``mix64(key ^ tag)``."""
+    """``mix64(key ^ tag)``: each sample key's stream for one generator (a ``StreamTag``)."""
     return mix64_array(keys ^ np.uint64(tag))
 
 
@@ -232,12 +202,8 @@ def _stream_key(func: str, seed: int, epoch: int, index: int, tag: int) -> np.nd
 
 
 def mt_words(keys: np.ndarray) -> np.ndarray:
-    """The MT19937 state of each 64-bit key: shape ``(len(keys), 624)``, uint32.
-
-    Words ``2j`` and ``2j + 1`` are the low and high halves of
-    ``mix64(key + (j + 1) * GOLDEN)``; word 0 is then ``0x80000000`` (MT reads
-    only its top bit). Distinct keys give distinct states.
-    """
+    """The MT19937 state ``(len(keys), 624)`` of each key: words ``2j``, ``2j + 1`` are the
+    halves of ``mix64(key + (j + 1) * GOLDEN)``; word 0 is ``0x80000000`` (MT reads its top bit)."""
     steps = np.arange(1, MT_N // 2 + 1, dtype=np.uint64) * np.uint64(GOLDEN)
     z = mix64_array(np.add.outer(keys.astype(np.uint64), steps))
     words = np.stack([z & np.uint64(M32), z >> np.uint64(32)], axis=-1)
@@ -248,11 +214,10 @@ def mt_words(keys: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1)
 def _torch_template() -> np.ndarray:
-    """torch's CPU generator state after ``manual_seed(1)``, checked against its layout.
+    """torch's CPU generator state after ``manual_seed(1)``, its layout checked.
 
-    The layout (ATen's ``CPUGeneratorImplStateLegacy``, kept stable for saved
-    states): u64 seed @0, int left @8, int seeded @12, u64 next @16, u64
-    state[624] @24 (one 32-bit word each), normal-sample caches @5016..5056.
+    ATen's ``CPUGeneratorImplStateLegacy``: u64 seed @0, int left @8, int seeded @12,
+    u64 next @16, u64 state[624] @24, normal-sample caches @5016..5056.
     """
     state = torch.Generator().manual_seed(1).get_state().numpy().copy()
     words = [1]
@@ -274,13 +239,10 @@ def _torch_template() -> np.ndarray:
 
 
 def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A fresh CPU :class:`torch.Generator` for sample ``index`` of ``epoch``, with 64 bits of key.
+    """A fresh CPU :class:`torch.Generator` for sample ``index`` of ``epoch``, keyed by 64 bits.
 
-    Its Mersenne Twister state is derived from the sample's 64-bit torch
-    stream key (``torch.manual_seed`` keeps 32 bits). Pass it explicitly to
-    ``torch.rand(..., generator=g)`` or to transforms that accept one; it
-    touches no global state. Not the state of the global generator inside
-    :func:`seeded_sample` (that one is ``manual_seed(sample_seed(...))``).
+    Pass it explicitly (``torch.rand(..., generator=g)``); it touches no global state
+    and differs from the global generator inside :func:`seeded_sample`.
 
     Example:
         >>> a = torch.rand(2, generator=sample_generator(1, 2, 3))
@@ -292,17 +254,11 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     view = state.view(np.uint64)
     view[0] = key[0]  # what initial_seed() reports
     view[3 : 3 + MT_N] = mt_words(key)[0]
-    generator = torch.Generator()
-    generator.set_state(torch.from_numpy(state))
-    return generator
+    return torch.Generator().set_state(torch.from_numpy(state))
 
 
 def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """A fresh :class:`numpy.random.Generator` for sample ``index`` in ``epoch``.
-
-    A PCG64 seeded with the sample's 64-bit numpy stream key (through numpy's
-    SeedSequence). Not the stream of the global ``np.random`` inside
-    :func:`seeded_sample`.
+    """A fresh PCG64 :class:`numpy.random.Generator` for sample ``index`` in ``epoch`` (64-bit key).
 
     Example:
         >>> x = sample_numpy_rng(1, 2, 3).random()
@@ -313,16 +269,9 @@ def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int(key[0])))
 
 
-# ----------------------------------------------------------------------- workers
 def seed_global_rngs(seed: int) -> None:
-    """Seed :mod:`random`, numpy's global ``RandomState`` and torch's generators.
-
-    ``torch.manual_seed`` seeds the CPU generator and every accelerator's;
-    numpy gets ``seed % 2**32`` (its legacy seeding takes 32 bits).
-
-    Args:
-        seed: An int in ``[0, 2**64)`` (the range torch accepts).
-    """
+    """Seed :mod:`random`, numpy's global ``RandomState`` (``seed % 2**32``) and torch's
+    generators (CPU and accelerators) with ``seed``, an int in ``[0, 2**64)``."""
     _check("seed_global_rngs", "seed", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -352,20 +301,14 @@ def _init_worker(
 def worker_init_fn(
     seed: int, *, rank: int | None = None, user_fn: Callable[[int], Any] | None = None
 ) -> functools.partial[None]:
-    """Build a DataLoader ``worker_init_fn`` seeding each worker from ``seed``, its rank and id.
+    """A picklable DataLoader ``worker_init_fn`` seeding each worker's global generators.
 
-    Worker ``worker_id`` seeds :mod:`random`, numpy and torch from
-    ``derive_seed(seed, "worker", rank, worker_id, base)``, ``base`` being the
-    seed torch draws for each new iterator from the DataLoader's ``generator``
-    (so each epoch draws new streams, reproducible when that generator is
-    seeded), then calls ``user_fn(worker_id)``. The result pickles under every
-    start method (``user_fn`` must too). Worker streams change with
-    ``num_workers``: key randomness by the sample instead (:func:`seeded_sample`).
+    Worker ``worker_id`` is seeded from ``derive_seed(seed, "worker", rank, worker_id,
+    base)``, ``base`` being torch's per-iterator base seed, then ``user_fn(worker_id)`` runs.
 
     Args:
         seed: The run's seed, an int in ``[0, 2**128)``.
-        rank: The data-parallel rank; ``None`` reads it from ``torch.distributed``
-            now, in the calling process.
+        rank: The data-parallel rank; ``None`` reads it now from ``torch.distributed``.
         user_fn: The user's own ``worker_init_fn``, called after seeding.
 
     Example:
@@ -390,14 +333,12 @@ def worker_init_fn(
 def epoch_worker_init_fn(
     seed: int, rank: int, user_fn: Callable[[int], Any] | None
 ) -> functools.partial[None]:
-    """loaderkit's engines' ``worker_init_fn``: ``seed`` already keys the epoch, and torch's
-    base seed (from a generator rebuilt with the loader) would differ after a resume."""
+    """The engines' ``worker_init_fn``: ``seed`` keys the epoch, torch's base seed is ignored."""
     return functools.partial(
         _init_worker, seed=seed, rank=rank, user_fn=user_fn, per_iterator=False
     )
 
 
-# ------------------------------------------------------------- the global generators
 # The fixed state an unseeded generator is parked in; a sample that draws from it moves it.
 _SENTINEL = mix64(0x5E17_1E15_A5EE_D000)
 
@@ -416,7 +357,7 @@ class _Rng(Protocol):
 
 
 class _TorchRng:
-    """``torch.default_generator``, seeded with the sample's key (``initial_seed()`` reads it)."""
+    """``torch.default_generator``, seeded with the sample's key."""
 
     lazy_ok = False  # a sample can read its seed without drawing: seeded for every sample
 
@@ -442,7 +383,7 @@ class _TorchRng:
 
 
 class _NumpyRng:
-    """numpy's global ``RandomState``, seeded with 32 bits of the sample's numpy stream key."""
+    """numpy's global ``RandomState``, seeded with 32 bits of its stream key."""
 
     def __init__(self) -> None:
         self.lazy_ok = True  # known at save(): parked only while an MT19937
@@ -478,7 +419,7 @@ class _NumpyRng:
 
 
 class _PythonRng:
-    """Python's :mod:`random`, seeded with the sample's 64-bit random stream key."""
+    """Python's :mod:`random`, seeded with its 64-bit stream key."""
 
     lazy_ok = True
 
@@ -504,30 +445,16 @@ class _PythonRng:
 
 @functools.lru_cache(maxsize=1)
 def global_rngs() -> tuple[_Rng, _Rng, _Rng]:
-    """torch's, numpy's and Python's global generators (this order), built once per process.
-
-    Each has ``seeds(keys)`` (its per-sample seed of each sample key), ``seed(s)``,
-    ``save()``/``restore(saved)``, ``park()`` (a fixed state) and ``moved()`` (since
-    ``park``), and ``lazy_ok`` (whether parking tells use; numpy's is known at ``save``).
-    """
+    """torch's, numpy's and Python's global generators, in this order (one per process)."""
     return _TorchRng(), _NumpyRng(), _PythonRng()
 
 
 @contextmanager
 def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
-    """Seed the global generators for loading one sample, then restore them.
+    """Seed torch's, numpy's and Python's global CPU generators for one sample; restore on exit.
 
-    Inside the block, ``torch.default_generator`` is seeded with the 64-bit
-    :func:`sample_seed` (``torch.initial_seed()`` returns it), numpy's global
-    ``RandomState`` and :mod:`random` with their own streams of it, so global
-    draws (e.g. torchvision's transforms) are the same for the sample in any
-    process. On exit the previous states are restored. Accelerator generators
-    are not touched. Not thread-safe (global state).
-
-    Args:
-        seed: The run's seed.
-        epoch: The epoch the sample is loaded in.
-        index: The sample's dataset index.
+    torch gets :func:`sample_seed` (``torch.initial_seed()`` returns it), numpy and
+    :mod:`random` their own streams of it. Not thread-safe.
 
     Yields:
         The sample seed.
@@ -553,17 +480,9 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
 class SampleSeeder:
     """Loads a batch's samples one by one, each under the global generators seeded for it.
 
-    The caller's states are saved before the batch and restored after it.
-    ``lazy=False`` seeds all three generators for every sample. ``lazy=True``
-    seeds torch's for every sample (a sample may read ``torch.initial_seed()``
-    without drawing) and numpy's and Python's only once the dataset is seen
-    drawing from them: until then each is parked in a fixed state for the
-    batch; one that moved is marked in use and the batch is loaded again (exact:
-    a sample depends only on its index and its seeds). A sample that draws and
-    restores the state itself is not seen, and draws from the parked state.
-
-    Args:
-        lazy: Seed numpy's and Python's generators only once seen in use.
+    ``lazy=True`` seeds numpy's and Python's generators only once a sample is seen
+    drawing from them (parked until then; the batch is then loaded again); torch's is
+    seeded for every sample. The caller's states are restored after the batch.
     """
 
     __slots__ = ("in_use", "lazy")
@@ -587,12 +506,8 @@ class SampleSeeder:
         out: list[Any],
         seed_keys: list[int] | None = None,
     ) -> list[Any]:
-        """``out`` filled with ``getitem(i)`` for each of ``indices``, each sample seeded by
-        ``(seed, epoch, i)`` (or by ``seed_keys``, one per index); returns ``out``.
-
-        If ``getitem`` raises, ``out`` holds the samples before the failing one and
-        the caller's states are restored.
-        """
+        """``out`` filled with ``getitem(i)`` per index, seeded by ``(seed, epoch, i)`` or by
+        ``seed_keys``; if ``getitem`` raises, ``out`` holds the samples before it."""
         rngs = global_rngs()
         saved = [rng.save() for rng in rngs]
         try:
@@ -616,13 +531,8 @@ class SampleSeeder:
                 rng.restore(state)
 
     def read_parked(self, read: Callable[[], Any]) -> tuple[Any, bool | None]:
-        """``read()`` with every global generator parked in a fixed state; whether it
-        drew from any (None where one cannot be parked: then unknown).
-
-        A batch read that drew from none is a function of its indices alone, so it
-        is exact on any worker and after a resume without per-sample seeds. (A read
-        of ``torch.initial_seed()`` without drawing is not seen: it sees the parked seed.)
-        """
+        """``read()`` with every global generator parked, and whether it drew from any
+        (None when one cannot be parked)."""
         rngs = global_rngs()
         saved = [rng.save() for rng in rngs]  # numpy's save() decides its lazy_ok
         try:
@@ -661,14 +571,12 @@ _NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorData
 
 
 def read_set_on_instance(dataset: Any) -> bool:
-    """Whether ``dataset`` has a ``__getitem__``/``__getitems__`` of its own instance (which
-    loaderkit's reads call, as torch's fetcher calls ``__getitems__``)."""
+    """Whether ``dataset`` has a ``__getitem__``/``__getitems__`` set on the instance."""
     return bool({"__getitem__", "__getitems__"} & getattr(dataset, "__dict__", {}).keys())
 
 
 def torchs_own_reads(cls: type) -> bool:
-    """Whether ``cls``'s ``__getitem__``/``__getitems__`` are torch's or builtin (not patched
-    on a torch dataset class by user code)."""
+    """Whether ``cls``'s reads are torch's or builtin (not patched onto a torch class)."""
     if cls.__module__ != Subset.__module__:
         return True
     reads = [getattr(cls, name, None) for name in ("__getitem__", "__getitems__")]
@@ -676,9 +584,8 @@ def torchs_own_reads(cls: type) -> bool:
 
 
 def draws_nothing(dataset: Any) -> bool:
-    """Whether ``dataset[i]`` cannot draw randomness: an exact builtin container, array, tensor
-    or torch ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` of them (a subclass,
-    or a read set on the instance or patched on the class, may draw)."""
+    """Whether ``dataset[i]`` cannot draw: an exact container, array, tensor or torch
+    ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` of them."""
     if read_set_on_instance(dataset) or not torchs_own_reads(type(dataset)):
         return False
     if type(dataset) is Subset:

@@ -1,16 +1,6 @@
-"""Moving batches to the accelerator, the fast way and only where it helps.
-
-- :func:`select_device` picks the accelerator through :mod:`torch.accelerator`
-  (CPU when there is none) and validates a user's choice.
-- :func:`should_pin_memory` / :func:`resolve_pin_memory`: page-locked host
-  memory only pays off (and only works) for copies to CUDA or XPU.
-- :func:`non_blocking_for`: ``non_blocking`` is used where it is both useful
-  and safe (see there).
-- :func:`move_to_device` / :func:`pin_batch` walk dicts, lists, tuples,
-  namedtuples and dataclasses, and defer to a custom batch type's own
-  ``.to()`` / ``.pin_memory()``.
-- :class:`DevicePrefetcher` copies batch ``n + 1`` on a side CUDA stream while
-  the model computes on batch ``n``.
+"""Moving batches to the accelerator: device choice, pinning, ``non_blocking`` where safe,
+and :class:`DevicePrefetcher`, which copies batch ``n + 1`` on a side CUDA stream while
+the model computes on batch ``n``.
 """
 
 from __future__ import annotations
@@ -41,13 +31,8 @@ __all__ = [
 DeviceLike: TypeAlias = torch.device | str | int
 """A device as torch accepts it: ``torch.device``, ``"cuda:1"``, or an accelerator index."""
 
-# Device types whose copies from page-locked host memory run asynchronously
-# (and for which torch can pin memory). MPS is deliberately absent: torch
-# refuses to pin for it, as does DataLoader(pin_memory=True).
-_PINNABLE = frozenset({"cuda", "xpu"})
-# Targets for which non_blocking is never used: a device-to-host copy with
-# non_blocking returns before the data is there, and MPS copies with
-# non_blocking have been unreliable (Lightning blocks them too).
+_PINNABLE = frozenset({"cuda", "xpu"})  # torch refuses to pin for MPS
+# A non_blocking copy to the host returns before the data is there; MPS's are unreliable.
 _BLOCKING_TARGETS = frozenset({"cpu", "mps"})
 
 
@@ -78,7 +63,7 @@ def _available_accelerator() -> torch.device | None:
 
 @functools.lru_cache(maxsize=64)
 def _unavailable(target: torch.device) -> str | None:
-    """Why ``target`` cannot take tensors here, or None (cached: called per batch)."""
+    """Why ``target`` cannot take tensors here, or None."""
     if target.type in ("cpu", "meta"):
         return None
     accelerator = _available_accelerator()
@@ -103,22 +88,15 @@ def _check_available(func: str, target: torch.device) -> None:
 
 
 def select_device(device: DeviceLike | None = None) -> torch.device:
-    """Return the device to put batches on, validated.
+    """The device to put batches on, validated; an accelerator's always carries an index.
 
     Args:
-        device: ``None`` picks the current accelerator (``torch.accelerator``),
-            or the CPU when none is available. Otherwise a ``torch.device``,
-            a string (``"cpu"``, ``"cuda"``, ``"cuda:1"``) or an int index on
-            the current accelerator.
-
-    Returns:
-        A ``torch.device``; for an accelerator it always carries an index
-        (``"cuda"`` becomes ``cuda:<current index>``).
+        device: ``None`` picks the current accelerator, or the CPU when there is none;
+            else a ``torch.device``, a string (``"cuda:1"``) or an accelerator index.
 
     Raises:
         TypeError: ``device`` is not one of the accepted types.
-        ValueError: the string is not a device, the device type is not the
-            available accelerator, or the index is out of range.
+        ValueError: ``device`` is not a device, not available, or out of range.
 
     Example:
         >>> select_device("cpu")
@@ -136,8 +114,7 @@ def select_device(device: DeviceLike | None = None) -> torch.device:
         found = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
         raise ValueError(
             f"select_device: device {device!r} is not available ({found} is available "
-            "to torch.accelerator); pass device=None to use the available accelerator, "
-            "or 'cpu'."
+            "to torch.accelerator); pass device=None or 'cpu'."
         )
     count = torch.accelerator.device_count()
     index = torch.accelerator.current_device_index() if parsed.index is None else parsed.index
@@ -150,12 +127,8 @@ def select_device(device: DeviceLike | None = None) -> torch.device:
 
 
 def should_pin_memory(device: DeviceLike) -> bool:
-    """Whether host batches bound for ``device`` should be pinned.
-
-    True only when ``device`` is CUDA or XPU and that accelerator is available:
-    pinned memory makes host-to-device copies faster and lets them run
-    asynchronously. Never for CPU (nothing to copy) or MPS (unsupported).
-    """
+    """Whether host batches bound for ``device`` should be pinned: only for an available
+    CUDA or XPU device."""
     target = _parse_device("should_pin_memory", device)
     if target.type not in _PINNABLE:
         return False
@@ -166,15 +139,8 @@ def should_pin_memory(device: DeviceLike) -> bool:
 def resolve_pin_memory(
     pin_memory: bool | Literal["auto"], device: DeviceLike, *, stacklevel: int = 2
 ) -> bool:
-    """Turn a loader's ``pin_memory`` argument into a decision for ``device``.
-
-    ``"auto"`` is :func:`should_pin_memory`. ``False`` is always honoured.
-    ``True`` where pinning cannot help or cannot work (CPU or MPS target, no
-    accelerator) warns and returns False: this mirrors
-    ``torch.utils.data.DataLoader``, which warns and skips pinning when no
-    accelerator is found or the accelerator is MPS, so code written for a GPU
-    machine still runs on a laptop. ``stacklevel`` says whose line the warning
-    names, as for :func:`warnings.warn` (2: the caller of this function).
+    """Whether to pin for ``device``: ``"auto"`` is :func:`should_pin_memory`; ``True`` where
+    pinning cannot work warns (as ``DataLoader`` does, at ``stacklevel``) and returns False.
 
     Raises:
         TypeError: ``pin_memory`` is neither a bool nor ``"auto"``.
@@ -192,9 +158,8 @@ def resolve_pin_memory(
     if should_pin_memory(device):
         return True
     warnings.warn(
-        f"pin_memory=True has no effect for device {str(device)!r}: pinning only helps "
-        "copies to an available CUDA/XPU device; continuing without pinning. "
-        "Pass pin_memory='auto' to silence this.",
+        f"pin_memory=True has no effect for device {str(device)!r} (no available CUDA/XPU "
+        "device); pass pin_memory='auto' to silence this.",
         UserWarning,
         stacklevel=stacklevel,
     )
@@ -204,18 +169,8 @@ def resolve_pin_memory(
 def non_blocking_for(
     tensor: torch.Tensor, device: DeviceLike, non_blocking: bool | None = None
 ) -> bool:
-    """The ``non_blocking`` flag to copy ``tensor`` to ``device`` with.
-
-    - Target CPU or MPS: always False. A device-to-host copy with
-      ``non_blocking=True`` returns before the data has arrived, so reading the
-      result without a synchronisation is a race; MPS is excluded as in
-      Lightning.
-    - ``non_blocking=None`` (auto): True only for a pinned CPU tensor going to
-      CUDA/XPU. From pageable memory the copy is staged synchronously anyway,
-      so the flag buys nothing.
-    - An explicit True/False is honoured for every other target (host-to-device
-      and device-to-device copies are stream-ordered, so True is safe there).
-    """
+    """The ``non_blocking`` flag to copy ``tensor`` to ``device`` with: False to CPU or MPS;
+    for ``None``, True only for a pinned CPU tensor to CUDA/XPU; else ``non_blocking``."""
     target = _parse_device("non_blocking_for", device)
     if target.type in _BLOCKING_TARGETS:
         return False
@@ -224,16 +179,12 @@ def non_blocking_for(
     return tensor.device.type == "cpu" and target.type in _PINNABLE and tensor.is_pinned()
 
 
-_CONTINUE = object()  # a leaf function's "not a leaf: look inside" answer
+_CONTINUE = object()  # a leaf function's "look inside" answer
 
 
 def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """Rebuild ``obj`` with ``leaf`` applied to its leaves.
-
-    ``leaf`` returns the replacement of a leaf, or ``_CONTINUE`` to recurse into
-    mappings (type kept where it can be rebuilt), namedtuples, lists, tuples and
-    dataclass instances; anything else is returned unchanged.
-    """
+    """``obj`` rebuilt with ``leaf`` applied, recursing (on ``_CONTINUE``) into mappings,
+    sequences and dataclasses."""
     result = leaf(obj)
     if result is not _CONTINUE:
         return result
@@ -258,8 +209,7 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         except TypeError:
             return values if isinstance(obj, list) else tuple(values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        # copy + setattr (not replace()): works for frozen dataclasses and
-        # init=False fields, and does not re-run __post_init__.
+        # Not replace(): works for frozen and init=False fields, skips __post_init__.
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):
             object.__setattr__(new, field.name, _apply(getattr(obj, field.name), leaf))
@@ -282,22 +232,16 @@ def _accepts_non_blocking(method: Callable[..., Any]) -> bool:
 
 
 def move_to_device(batch: Batch, device: DeviceLike, non_blocking: bool | None = None) -> Batch:
-    """Move every tensor of ``batch`` to ``device``.
+    """A copy of ``batch`` with every tensor, and every object with a ``.to()``, on ``device``.
 
-    Recurses through mappings, lists, tuples, namedtuples and dataclasses
-    (rebuilding them, the input is not modified); an object with a ``.to()``
-    method (a custom batch type, checked before recursing) is moved with its
-    own ``.to(device)``. Other leaves (ints, strings, numpy arrays) are left
-    alone.
+    Recurses through mappings, lists, tuples, namedtuples and dataclasses; other
+    leaves are left alone.
 
     Args:
         batch: The batch.
-        device: Target device (not validated for availability: see
-            :func:`select_device`).
-        non_blocking: ``None`` decides per tensor with :func:`non_blocking_for`
-            (async only for pinned host tensors to CUDA/XPU). An explicit value
-            is honoured where safe; custom ``.to()`` methods receive it only if
-            it is True, safe, and their signature accepts ``non_blocking``.
+        device: Target device.
+        non_blocking: ``None`` decides per tensor with :func:`non_blocking_for`; a custom
+            ``.to()`` gets ``non_blocking=True`` only where safe and accepted.
 
     Example:
         >>> move_to_device({"x": torch.ones(2), "n": 3}, "cpu")
@@ -328,20 +272,17 @@ def move_to_device(batch: Batch, device: DeviceLike, non_blocking: bool | None =
 
 
 def pin_batch(batch: Batch) -> Batch:
-    """Return ``batch`` with every CPU tensor in page-locked (pinned) memory.
+    """``batch`` with every CPU tensor (and object with a ``.pin_memory()``) pinned.
 
-    Recurses like :func:`move_to_device`; tensors already pinned or not on the
-    CPU are kept as they are, and custom types with a ``.pin_memory()`` method
-    are pinned by it. Needs an accelerator that supports pinning: without one
-    it raises a ``ValueError`` saying so; guard with :func:`should_pin_memory`.
+    Raises:
+        ValueError: no CUDA or XPU device is available (see :func:`should_pin_memory`).
     """
     accelerator = _available_accelerator()
     if accelerator is None or accelerator.type not in _PINNABLE:
         found = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
         raise ValueError(
             f"pin_batch: pinned memory needs a CUDA or XPU device, and {found} is available "
-            "to torch.accelerator; pass pin_memory=False (or 'auto', which pins only where "
-            "it helps), or call pin_batch only when should_pin_memory(device) is True."
+            "to torch.accelerator; pass pin_memory=False or 'auto'."
         )
 
     def leaf(obj: Any) -> Any:
@@ -372,7 +313,7 @@ _END = object()
 
 
 class _Failed:
-    """A batch the wrapped iterator raised for, in its place (the epoch goes on)."""
+    """An exception the wrapped iterator raised, in its batch's place."""
 
     __slots__ = ("error",)
 
@@ -391,8 +332,7 @@ def _next_or_failure(iterator: Iterator[Any]) -> Any:
 
 
 class _Raising(Iterator[Batch]):
-    """Iterates a prefetching generator, raising each ``_Failed`` where its batch would be:
-    a generator that raised itself would end the epoch, where ``DataLoader`` goes on."""
+    # Raises each _Failed in its batch's place: a raising generator would end the epoch.
 
     def __init__(self, batches: Iterator[Any]) -> None:
         self._batches = batches
@@ -409,7 +349,7 @@ class _Raising(Iterator[Batch]):
         return item
 
     def close(self) -> None:
-        """Stop the iteration (and the wrapped iterator's look-ahead) now."""
+        """Stop the iteration and the look-ahead now."""
         close = getattr(self._batches, "close", None)
         if callable(close):
             close()
@@ -418,32 +358,12 @@ class _Raising(Iterator[Batch]):
 class DevicePrefetcher:
     """Iterate ``iterable`` with every batch already on ``device``.
 
-    On CUDA, batch ``n + 1`` is pinned (if it is not already: prefer the
-    loader's own ``pin_memory``, which pins in a background thread) and copied
-    on a side stream while the consumer computes on batch ``n``. Before a
-    batch is handed over, the consumer's current stream waits for the copy,
-    and each of its tensors is ``record_stream``-ed on the consumer's stream
-    so the caching allocator does not reuse the memory while kernels still
-    read it. The side stream also waits for the consumer's stream before each
-    copy, which orders copies after kernels still reading memory the consumer
-    released, including tensors hidden inside custom batch types.
-
-    On a CPU target it is a transparent pass-through (the batches themselves);
-    on other devices (MPS, XPU, ...) batches are moved synchronously with
-    :func:`move_to_device`.
-
-    Each ``iter()`` starts over from a fresh ``iter(iterable)``; ``len()``
-    is the iterable's length when it has one. An exception the iterable raises
-    for a batch is raised in that batch's place, and the next ``next()`` goes on
-    with the following batch, as with the iterable alone.
-
-    On CUDA the wrapped iterator is one batch ahead of what the consumer has
-    seen, so its own state would resume one batch late (a batch skipped).
-    When the iterable is stateful (``state_dict()``), the prefetcher takes a
-    snapshot of that state before each look-ahead; :meth:`state_dict` returns
-    it, and a :class:`~loaderkit.ResumableDataLoader` returns it from its own
-    ``state_dict()`` while the prefetcher holds a batch, so saving either is
-    exact.
+    On CUDA, batch ``n + 1`` is pinned and copied on a side stream while the consumer
+    computes on batch ``n`` (streams ordered both ways, tensors ``record_stream``-ed).
+    On the CPU it passes batches through; elsewhere it moves them synchronously. An
+    exception raised for a batch is raised in its place and iteration goes on. Being
+    one batch ahead, it snapshots a stateful iterable's state before each look-ahead:
+    :meth:`state_dict` (and a wrapped ``ResumableDataLoader``'s) stays exact.
 
     Args:
         iterable: Anything iterable yielding batches, typically a DataLoader.
@@ -472,19 +392,14 @@ class DevicePrefetcher:
         self.iterable = iterable
         self.device = select_device(device)
         self.pin_memory = resolve_pin_memory(pin_memory, self.device, stacklevel=3)
-        # The iterable's state as of the last batch handed over, while one is held ahead.
-        self._held: dict[str, Any] | None = None
+        self._held: dict[str, Any] | None = None  # state as of the last batch handed over
 
     def held_state(self) -> dict[str, Any] | None:
         """The wrapped iterable's state as the consumer has seen it, while a batch is held."""
         return self._held
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped iterable's state as of the last batch handed over.
-
-        Raises:
-            TypeError: the iterable has no ``state_dict()``.
-        """
+        """The wrapped iterable's state as of the last batch handed over (TypeError if none)."""
         if self._held is not None:
             return self._held
         return dict(self._stateful("state_dict").state_dict())
@@ -544,9 +459,7 @@ class DevicePrefetcher:
             upcoming = self._copy_next(iterator, side)
             while upcoming is not _END:
                 if isinstance(upcoming, _Failed):
-                    # The iterable's own state is the one after the failed batch: no
-                    # look-ahead runs until the consumer asks again, as a loop without
-                    # the prefetcher would.
+                    # No look-ahead until the consumer asks again, as without the prefetcher.
                     self._held = None
                     yield upcoming
                     upcoming = self._copy_next(iterator, side)

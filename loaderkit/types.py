@@ -12,16 +12,10 @@ Batch: TypeAlias = Any
 
 @runtime_checkable
 class Stateful(Protocol):
-    """Anything whose position can be saved and restored, with exactly these two methods.
-
-    A state dict carries a ``"version"`` key and the topology it depends on;
-    ``load_state_dict`` rejects unknown or missing keys and names the field that differs.
-    """
+    """Anything whose position can be saved and restored with these two methods."""
 
     def state_dict(self) -> dict[str, Any]:
         """Return the state as a plain, picklable dict."""
-        ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state returned by :meth:`state_dict`."""
-        ...
