@@ -60,7 +60,9 @@ def _checked(owner: str, name: str, value: Any) -> Any:
     if name == "val_fraction":
         return check_fraction(name, value, owner=owner)
     if name == "pin_memory" and not (isinstance(value, bool) or value == "auto"):
-        raise ValueError(f"{owner}: pin_memory must be True, False or 'auto', got {value!r}.")
+        raise ValueError(
+            f"{owner}: pin_memory must be True, False or 'auto', got {value!r}; pass one of these."
+        )
     if name == "length_key" and not isinstance(value, str):
         raise TypeError(
             f"{owner}: length_key must be a str, got {value!r}; pass e.g. length_key='input_ids'."
