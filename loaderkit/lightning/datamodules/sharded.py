@@ -92,7 +92,9 @@ class _ShardSources(LoaderDataModule):
     def padding_fraction(self, split: str) -> float | None:
         """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None."""
         if split == "train" and self.max_tokens is not None:
-            return self._budget_padding()
+            plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
+            real, padded = plan.token_counts(0)
+            return 1.0 - real / padded if padded else 0.0
         fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
         return 0.0 if fixed and self._only_shards else None
 
