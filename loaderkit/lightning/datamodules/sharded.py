@@ -150,6 +150,7 @@ class ShardedDataModule(_ShardSources):
         (13, torch.Size([4, 8]))
     """
 
+    reader: ShardReader
     window: int
     mix_shards: int
     on_error: Literal["raise", "skip"]
