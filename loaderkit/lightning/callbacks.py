@@ -94,14 +94,12 @@ class ElasticResume(AttachLoaders):
     """
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
+        """Sync the lengths after a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)
+        and at each epoch's start (a whole epoch again under the current world size)."""
         if not self._idle:
             _sync_lengths(trainer)
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Each new epoch is a whole epoch again under the current world size."""
-        if not self._idle:
-            _sync_lengths(trainer)
+    on_train_epoch_start = on_train_start
 
 
 def entry_point_callbacks() -> list[Callback]:

@@ -62,8 +62,7 @@ class MixedDataModule(_ShardSources):
     Example:
         >>> import torch
         >>> from loaderkit import MixedDataModule, TensorDataset
-        >>> web = TensorDataset(torch.arange(100))
-        >>> books = TensorDataset(torch.arange(100, 110))
+        >>> web, books = TensorDataset(torch.arange(100)), TensorDataset(torch.arange(100, 110))
         >>> dm = MixedDataModule({"web": web, "books": books}, weights={"web": 3, "books": 1},
         ...                      epoch_size=40, batch_size=8, seed=0)
         >>> drawn = torch.cat([b[0] for b in dm.train_dataloader()])
