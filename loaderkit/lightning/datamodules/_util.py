@@ -17,10 +17,8 @@ from loaderkit.data._fs import is_url
 from loaderkit.seeding import derive_seed
 
 __all__ = [
-    "STREAM_RESUME_REASON",
     "KeyLength",
     "Shards",
-    "batch_rows",
     "is_hf_dataset",
     "is_remote_shards",
     "plain",
