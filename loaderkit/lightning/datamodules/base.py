@@ -355,8 +355,9 @@ class LoaderDataModule(L.LightningDataModule):
             self.setup("fit")
         world_size = self._world_size()
         splits: dict[str, dict[str, Any]] = {}
+        loaders = {s: self.loader(s, num_workers=0, pin_memory=False) for s in self._datasets}
         for split, dataset in self._datasets.items():
-            loader = self.loader(split, num_workers=0, pin_memory=False)
+            loader = loaders[split]
             if isinstance(dataset, StreamingShardedDataset):  # its plan is a stand-in
                 samples, batches = None, stream_epoch_steps(loader, world_size)
             else:
@@ -370,10 +371,9 @@ class LoaderDataModule(L.LightningDataModule):
         resumable, reason = self.resume_info(world_size)
         mix = sources = None
         if "train" in splits and not isinstance(self._datasets["train"], StreamingShardedDataset):
-            train_loader = self.loader("train", num_workers=0, pin_memory=False)
-            batch_mix = getattr(train_loader.plan, "batch_mix", None)
+            batch_mix = getattr(loaders["train"].plan, "batch_mix", None)
             mix = None if batch_mix is None else batch_mix(0, world_size=world_size)
-            sources = train_loader.describe().get("mix")
+            sources = loaders["train"].describe().get("mix")
         return {
             "datamodule": type(self).__name__,
             "world_size": world_size,

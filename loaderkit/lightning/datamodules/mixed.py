@@ -38,8 +38,7 @@ class MixedDataModule(_ShardSources):
         weights: Each source's share of an epoch (any positive scale).
         repeat: Instead of ``weights``: passes over each source per epoch.
         epoch_size: Samples per epoch with ``weights`` (default: the sources' total).
-        val: Val data: one source, or several laid end to end.
-        test: Test data, the same way.
+        val: Val data: one source, or several laid end to end; ``test`` likewise.
         reader: The reader of path sources (as ``ShardedDataModule``'s).
         columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
         seq_len: Tokens per sample (``reader="tokens"``).

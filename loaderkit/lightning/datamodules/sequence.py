@@ -40,9 +40,8 @@ class SequenceDataModule(LoaderDataModule):
     Args:
         train: The train samples, or the path of a ``.jsonl`` (one sample per line),
             ``.parquet`` (or its URL) or ``.arrow`` file, or a ``datasets.Dataset``.
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         length_key: The field of dict samples whose length counts (and is padded).
         bucket: Batch samples of similar length together.
         max_tokens: Token budget per train batch; implies ``bucket``.

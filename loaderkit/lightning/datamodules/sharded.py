@@ -113,8 +113,7 @@ class ShardedDataModule(_ShardSources):
 
     Args:
         shards: The train shards: a directory, a shard file, a URL, or a non-empty list.
-        val_shards: Val shards, the same way (``val_fraction`` is not supported).
-        test_shards: Test shards.
+        val_shards: Val shards, the same way (not ``val_fraction``); ``test_shards`` likewise.
         reader: ``"tokens"``, ``"jsonl"``, ``"parquet"``, or a :class:`~loaderkit.ShardReader`.
         columns: With ``reader="parquet"``: the columns to read (default: all).
         seq_len: Tokens per sample (``reader="tokens"``).

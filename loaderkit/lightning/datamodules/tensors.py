@@ -84,9 +84,8 @@ class TensorDataModule(_ColumnsDataModule):
         *tensors: The train tensors (shorthand for ``train=``).
         train: A tensor, a tuple of tensors, or the path of a ``.pt`` file holding one
             (loaded with ``weights_only=True``, memory-mapped).
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
@@ -131,9 +130,8 @@ class ArrayDataModule(_ColumnsDataModule):
         *arrays: The train arrays (shorthand for ``train=``).
         train: An array, a tuple of arrays, or the path of a ``.npy`` file (memory-mapped
             when ``mmap``) or an ``.npz`` file (its arrays in ``keys`` order).
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         keys: The arrays of a ``.npz`` file, in batch order (default: all, as saved).
         mmap: Memory-map ``.npy`` files instead of reading them.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
