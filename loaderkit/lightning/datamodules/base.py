@@ -222,9 +222,13 @@ class LoaderDataModule(L.LightningDataModule):
         return self._datasets[split]
 
     train_dataset = _split_view("train")
+    """The train split (after ``val_fraction``), or None before ``setup``/without one."""
     val_dataset = _split_view("val")
+    """The val split, or None."""
     test_dataset = _split_view("test")
+    """The test split, or None."""
     predict_dataset = _split_view("predict")
+    """The predict split, or None."""
 
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled per ``(seed, epoch)``; its state goes into the Lightning checkpoint."""
