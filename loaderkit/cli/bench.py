@@ -1,9 +1,7 @@
 """``loaderkit bench``: run the repository's benchmarks, collect their ratios, plot them.
 
-A bench is ``benchmarks/<name>/bench.py``, a command-line tool printing its own
-tables; it hands its ratios over with :func:`report`, which writes them to the
-file named by :data:`REPORT_ENV` (set by ``loaderkit bench`` only). Benches run
-one after another: they time themselves.
+A bench is ``benchmarks/<name>/bench.py``, printing its own tables; it hands its ratios
+over with :func:`report` (to the file :data:`REPORT_ENV` names). Benches run one at a time.
 """
 
 from __future__ import annotations
@@ -72,15 +70,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 @dataclass(frozen=True)
 class Ratio:
-    """One figure a bench reports: a ratio (``unit="x"``), a share (``"%"``) or a count.
-
-    Args:
-        name: What is compared, e.g. ``"PadCollate / pad_sequence, uniform"``.
-        value: The measured figure.
-        goal: The figure to reach (``None``: no goal).
-        higher_is_better: Whether the goal is a floor or a ceiling.
-        unit: ``"x"``, ``"%"``, or the unit of a count (``"shards"``).
-    """
+    """One figure a bench reports: a ratio (``unit="x"``), a share (``"%"``) or a count (its
+    unit); ``goal`` is a floor (``higher_is_better``) or a ceiling, or None."""
 
     name: str
     value: float
@@ -98,9 +89,7 @@ class Ratio:
     def format(self, value: float | None = None) -> str:
         """``value`` (default: this one's) with its unit: ``1.39x``, ``0.6%``, ``8.00 shards``."""
         v = self.value if value is None else value
-        if self.unit in ("x", "%"):
-            return f"{v:.2f}{self.unit}"
-        return f"{v:.2f} {self.unit}"
+        return f"{v:.2f}{self.unit}" if self.unit in ("x", "%") else f"{v:.2f} {self.unit}"
 
     def goal_text(self) -> str:
         """The goal as ``>= 25.00x`` / ``<= 3.00%``, or an empty string."""
@@ -135,7 +124,7 @@ class BenchResult:
 
 def find_benchmarks(start: Path | None = None, *, installed_checkout: bool = True) -> Path:
     """The ``benchmarks/`` folder at or above ``start`` (default: the current directory), else
-    (``installed_checkout``) of the checkout this package was installed from, editable.
+    (``installed_checkout``) of the editable checkout this package runs from.
 
     Raises:
         FileNotFoundError: none found (the benches are not in the installed package).
@@ -169,17 +158,16 @@ def discover(bench_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
 
 
 def run_bench(script: Path, *, quick: bool) -> BenchResult:
-    """Run one bench in a subprocess and collect its ratios; the bench measures the checkout
-    it sits in (its root first on ``PYTHONPATH``)."""
+    """Run one bench in a subprocess (its checkout first on ``PYTHONPATH``); collect its
+    ratios."""
     name = script.parent.name
     root = script.parent.parent.parent
     args = QUICK_ARGS.get(name, []) if quick else []
     command = [sys.executable, str(script.relative_to(root)), *args]
     with tempfile.TemporaryDirectory(prefix="loaderkit-bench-") as tmp:
         out = Path(tmp) / "ratios.json"
-        env = dict(os.environ)
-        env[REPORT_ENV] = str(out)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, REPORT_ENV: str(out), "PYTHONPATH": path}
         env.setdefault("PYTHONWARNINGS", "ignore")
         start = time.perf_counter()
         done = subprocess.run(
@@ -213,8 +201,8 @@ def _color(ratio: Ratio) -> str:
 
 
 def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
-    """Draw one bar panel per bench with ratios: log axis, green where the goal (a black
-    tick) is met, red where missed, grey without one.
+    """Draw one bar panel per bench with ratios: green where the goal (a tick) is met, red
+    where missed, grey without one.
 
     Raises:
         ModuleNotFoundError: matplotlib is missing.
@@ -226,29 +214,19 @@ def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
         import matplotlib.pyplot as plt
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            "matplotlib is needed to draw benchmarks/results.png: pip install '.[bench]' in the "
-            "loaderkit clone (or pass --no-plot)"
+            "matplotlib is needed for results.png; pip install '.[bench]' or pass --no-plot"
         ) from exc
     shown = [r for r in results if r.ratios]
     if not shown:
-        raise ValueError(
-            "no bench reported ratios, so there is nothing to plot; run a bench that prints "
-            "ratios, or pass --no-plot"
-        )
+        raise ValueError("no bench reported ratios to plot; pass --no-plot")
     heights = [len(r.ratios) + 1.5 for r in shown]
-    fig, axes = plt.subplots(
-        len(shown),
-        1,
-        figsize=(12, 0.32 * sum(heights) + 1.0),
-        gridspec_kw={"height_ratios": heights},
-        squeeze=False,
-    )
+    size = (12, 0.32 * sum(heights) + 1.0)
+    ratios = {"height_ratios": heights}
+    fig, axes = plt.subplots(len(shown), 1, figsize=size, gridspec_kw=ratios, squeeze=False)
     for ax, result in zip(axes[:, 0], shown, strict=True):
         _panel(ax, result)
-    fig.suptitle(
-        "loaderkit benchmarks: green = goal met, red = missed, grey = no goal; | = goal",
-        fontsize=10,
-    )
+    title = "loaderkit benchmarks: green = goal met, red = missed, grey = no goal; | = goal"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -294,23 +272,12 @@ def write_markdown(results: Sequence[BenchResult], path: Path, *, quick: bool) -
         "",
         f"Written by `loaderkit bench`; the plot is `{PLOT_NAME}` next to this file.",
     ]
-    for result in results:
-        lines += [
-            "",
-            f"## {result.name}",
-            "",
-            f"`{' '.join(result.command)}` ({result.seconds:.1f} s)",
-            "",
-            ratio_table(result),
-            "",
-            "<details><summary>full output</summary>",
-            "",
-            "```",
-            result.output.rstrip(),
-            "```",
-            "",
-            "</details>",
-        ]
+    for r in results:
+        lines.append(
+            f"\n## {r.name}\n\n`{' '.join(r.command)}` ({r.seconds:.1f} s)\n\n{ratio_table(r)}\n\n"
+            f"<details><summary>full output</summary>\n\n```\n{r.output.rstrip()}\n```\n\n"
+            "</details>"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path

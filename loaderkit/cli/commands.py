@@ -1,5 +1,4 @@
-"""The ``loaderkit`` command line: ``demo`` (:mod:`loaderkit.lightning.demo`), ``bench``
-(:mod:`loaderkit.cli.bench`) and ``inspect`` (:mod:`loaderkit.cli.inspect`).
+"""The ``loaderkit`` command line: ``demo``, ``bench`` and ``inspect``.
 
 An error is one line with the fix on stderr (exit code 2); ``--debug`` shows the traceback.
 """
@@ -43,9 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-samples", type=positive, default=3000)
     demo.add_argument("--max-len", type=positive, default=256)
     demo.add_argument("--batch-size", type=positive, default=32)
-    demo.add_argument(
-        "--max-tokens", type=positive, default=None, help="token budget per batch (rows x length)"
-    )
+    demo.add_argument("--max-tokens", type=positive, help="token budget per batch (rows x length)")
     demo.add_argument("--epochs", type=positive, default=2)
     demo.add_argument("--num-workers", type=non_negative, default=2)
     demo.add_argument("--seed", type=non_negative, default=0)
@@ -59,9 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--out",
         type=Path,
-        default=None,
-        help="folder for results.png / results-table.md (default: benchmarks/ for a full "
-        "run, runs/bench for --quick or --only)",
+        help="folder for results.png / results-table.md (default: benchmarks/, or runs/bench "
+        "for --quick or --only)",
     )
     bench.add_argument("--no-plot", action="store_true", help="skip results.png")
 
@@ -74,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a LightningCLI-style YAML config (data: {class_path, init_args}) or "
         "module.path:factory (a class or a callable returning a DataModule; or file.py:factory)",
     )
-    inspect.add_argument("--max-workers", type=non_negative, default=None, help="probe 0..N")
+    inspect.add_argument("--max-workers", type=non_negative, help="probe 0..N")
     inspect.add_argument(
         "--world-size", type=positive, default=1, help="report batches per rank for W ranks"
     )
@@ -94,14 +90,8 @@ def _run(args: argparse.Namespace) -> int:
         return _bench(args)
     from loaderkit.cli.inspect import inspect_target
 
-    print(
-        inspect_target(
-            args.target,
-            max_workers=args.max_workers,
-            world_size=args.world_size,
-            progress=not args.no_progress_bar,
-        )
-    )
+    options = {"max_workers": args.max_workers, "world_size": args.world_size}
+    print(inspect_target(args.target, progress=not args.no_progress_bar, **options))
     return 0
 
 

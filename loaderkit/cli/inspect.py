@@ -1,10 +1,7 @@
 """``loaderkit inspect``: build a DataModule from a config or a factory and report on it.
 
-The target is a LightningCLI-style YAML config (``data: {class_path, init_args}``,
-or both at the top level) or ``module.path:name`` / ``path/to/file.py:name``,
-a DataModule class or a callable returning one. The report: samples and batches
-per rank, padding, shards per batch, the mix per source, train samples/s by
-``num_workers`` and which to use, and whether a resumed run is exact.
+The target is a LightningCLI-style YAML config (``data: {class_path, init_args}``) or
+``module.path:name`` / ``file.py:name`` (a DataModule class or a callable returning one).
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ _WRITE_DATA = "write data: {class_path: loaderkit.lightning.datamodules.X, init_
 
 
 def load_object(spec: str) -> Any:
-    """The object named by ``module.path:attr`` or ``file.py:attr`` (dots in ``attr`` allowed);
-    the current directory is importable, as for ``python -m``.
+    """The object named by ``module.path:attr`` or ``file.py:attr``; the current directory is
+    importable, as for ``python -m``.
 
     Raises:
         ValueError: ``spec`` is not of that form.
@@ -53,8 +50,8 @@ def load_object(spec: str) -> Any:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             raise ImportError(
-                f"cannot import {module_name!r} from {spec!r} ({exc}); check the spelling, "
-                "and run from the folder that contains it or add that folder to PYTHONPATH"
+                f"cannot import {module_name!r} from {spec!r} ({exc}); run from its folder or "
+                "add that folder to PYTHONPATH"
             ) from exc
     obj: Any = module
     for part in attr.split("."):
@@ -68,9 +65,9 @@ def load_object(spec: str) -> Any:
 
 
 def _load_file(path: Path) -> ModuleType:
-    """The module of the file ``path``: its ordinary import where its stem imports as this very
-    file (classes then pickle by name into spawned workers), else a private name, so that
-    ``./yaml.py`` never replaces the real ``yaml``."""
+    """The module of the file ``path``: its own import where its stem imports as this file
+    (classes pickle by name into spawned workers), else a private name (``./yaml.py`` never
+    replaces ``yaml``)."""
     stem = path.stem
     if stem.isidentifier():
         try:
@@ -116,8 +113,8 @@ def _instantiate(node: Any, where: str) -> Any:
     path = node["class_path"]
     if not isinstance(path, str) or "." not in path:
         raise ValueError(
-            f"{where}.class_path must be a dotted path such as "
-            f"loaderkit.lightning.datamodules.TensorDataModule, got {path!r}"
+            f"{where}.class_path must be a dotted path, got {path!r}; pass e.g. "
+            "loaderkit.lightning.datamodules.TensorDataModule"
         )
     module, _, name = path.rpartition(".")
     cls = load_object(f"{module}:{name}")
@@ -166,14 +163,13 @@ def build_datamodule(target: str) -> Any:
         dm = obj()
     else:
         raise ValueError(f"don't know how to read {target!r}; {_FIX_TARGET}")
-    # Here, not above: a mistyped path fails without Lightning's slow import.
+    # Here: a mistyped path fails without Lightning's slow import.
     from loaderkit.lightning.datamodules._util import require_datamodule
 
     return require_datamodule(dm, target)
 
 
 def _engine_kind(loader: Any) -> str | None:
-    """A ResumableDataLoader's ``describe()["engine"]``; None for any other loader."""
     from loaderkit.loader.resumable import ResumableDataLoader
 
     return loader.describe()["engine"] if isinstance(loader, ResumableDataLoader) else None
@@ -197,7 +193,6 @@ def _steps(loader: Any, world_size: int) -> int | None:
 
 
 def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
-    """The report's figures, from ``describe()`` when the module has it."""
     if not (hasattr(dm, "describe") and hasattr(dm, "loader")):  # not a LoaderDataModule
         return _plain_facts(dm, world_size)
     from loaderkit.env import cpu_budget
@@ -220,7 +215,6 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
 
 def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
-    """What any LightningDataModule's train loader tells."""
     from loaderkit.loader.resumable import ResumableDataLoader
 
     dm.setup("fit")
@@ -250,15 +244,10 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
     samples = len(dataset) if isinstance(dataset, Sized) else None
+    train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,
-        "splits": {
-            "train": {
-                "samples": samples,
-                "batches_per_rank": _steps(loader, world_size),
-                "stream": stream,
-            }
-        },
+        "splits": {"train": train},
         "padding_fraction": None,
         "shards_per_batch": None,
         "mix": loader.describe().get("mix") if resumable else None,

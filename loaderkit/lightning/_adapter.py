@@ -1,9 +1,7 @@
 """Every read of Lightning's internals, in one module (private).
 
-:class:`LightningHost` is the :class:`~loaderkit._callers.Host` a Trainer or
-Fabric is, handed to loaders through documented hooks. What each answer reads
-and why: ``docs/design.md`` ("The Lightning adapter"); each internal is pinned
-by a test in ``tests/lightning/test_adapter.py``.
+:class:`LightningHost` is the :class:`~loaderkit._callers.Host` a Trainer or Fabric is;
+why each answer reads what it reads: ``docs/design.md`` ("The Lightning adapter").
 
 Example:
     >>> import lightning as L
@@ -33,8 +31,7 @@ __all__ = [
 
 
 def data_parallel_of(driver: Any) -> tuple[int, int] | None:
-    """``(rank, world_size)`` from ``driver.strategy.distributed_sampler_kwargs`` (None: a
-    single device)."""
+    """``(rank, world_size)`` from ``driver.strategy.distributed_sampler_kwargs`` (or None)."""
     kwargs = getattr(driver.strategy, "distributed_sampler_kwargs", None)
     if kwargs is None:
         return None
@@ -55,8 +52,8 @@ def data_parallel_size(trainer: Any) -> int:
 
 
 class LightningHost:
-    """The host a ``Trainer`` or ``Fabric`` is, held weakly. Only a Trainer's running fit
-    answers about its train loaders; a Fabric answers with its data-parallel group alone."""
+    """The host a ``Trainer`` or ``Fabric`` is, held weakly; only a Trainer's running fit
+    answers about its train loaders."""
 
     def __init__(self, driver: Any) -> None:
         self._driver = weakref.ref(driver)
@@ -122,8 +119,8 @@ def train_loaders(trainer: Any) -> list[Any]:
 
 
 def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
-    """Make Lightning's epoch as long as the ``managed`` train loaders' ``len()`` says now:
-    redo what ``FitLoop.setup_data`` derived from the lengths it read once per fit."""
+    """Redo what ``FitLoop.setup_data`` derived from the train loaders' lengths, with the
+    ``managed`` loaders' ``len()`` now."""
     loop = trainer.fit_loop
     combined = loop._combined_loader
     if combined is None:

@@ -20,9 +20,9 @@ LoaderT = TypeVar("LoaderT")
 
 
 def attach_host(loader: LoaderT, host: Any) -> LoaderT:
-    """Hand ``loader`` the ``Trainer`` or ``Fabric`` that drives it (held weakly; None
-    detaches it); returns ``loader``, a :class:`~loaderkit.ResumableDataLoader` or a
-    ``DataLoader`` over a :class:`~loaderkit.PlanBatchSampler`.
+    """Hand ``loader`` (a :class:`~loaderkit.ResumableDataLoader` or a ``DataLoader`` over a
+    :class:`~loaderkit.PlanBatchSampler`) the ``Trainer`` or ``Fabric`` that drives it, held
+    weakly (None detaches it); returns ``loader``.
 
     Raises:
         TypeError: ``loader`` is neither, or ``host`` has no ``strategy``.
@@ -86,30 +86,25 @@ class AttachLoaders(Callback):
 
 
 class ElasticResume(AttachLoaders):
-    """Re-read the lengths of loaderkit train loaders after a restore and every epoch.
-
-    Lightning reads an epoch's length once per fit, before it restores the loaders:
-    needed for token budgets, for a resume on another number of ranks, and for
-    streams without a length.
+    """Re-read the lengths of loaderkit train loaders after a restore and every epoch: needed
+    for token budgets, a resume on another number of ranks, and streams without a length.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[ElasticResume()])  # doctest: +SKIP
     """
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """After a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)."""
+        """Sync the lengths after a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)
+        and at each epoch's start (a whole epoch again under the current world size)."""
         if not self._idle:
             _sync_lengths(trainer)
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Each new epoch is a whole epoch again under the current world size."""
-        if not self._idle:
-            _sync_lengths(trainer)
+    on_train_epoch_start = on_train_start
 
 
 def entry_point_callbacks() -> list[Callback]:
-    """The callbacks Lightning adds to every ``Trainer`` (the ``callbacks_factory`` entry point):
-    an :class:`ElasticResume`, idle where the user gave one.
+    """The ``callbacks_factory`` entry point: an :class:`ElasticResume` for every ``Trainer``,
+    idle where the user gave one.
 
     Example:
         >>> [type(cb).__name__ for cb in entry_point_callbacks()]
@@ -121,12 +116,11 @@ def entry_point_callbacks() -> list[Callback]:
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:
-    """Make Lightning's epoch the (restored) loaders' current length."""
     loaders = train_loaders(trainer)
     if not any(_is_planned(dl) for dl in loaders):
         return
     for dl in loaders:
-        # Its length is kept in sync: it need not refuse a changed one.
+        # Its length is kept in sync: it need not refuse a change.
         for owner in (dl, getattr(dl, "batch_sampler", None)):
             watch = getattr(owner, "_len_watch", None)
             if watch is not None:

@@ -1,8 +1,8 @@
 """The ``loaderkit demo`` job: a byte-level language model on Python's own sources.
 
-A Trainer trains on token-budget buckets of standard-library code blocks, is
-interrupted mid-epoch right after a checkpoint, resumes from it, and compares
-the samples both runs trained on with an uninterrupted pass.
+A Trainer trains on token-budget buckets of standard-library code blocks, is interrupted
+mid-epoch right after a checkpoint, resumes from it, and compares the samples trained on
+with an uninterrupted pass.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sysconfig
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,7 @@ PAD_ID = 256  # bytes are 0..255; one extra token id for padding
 
 
 class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
-    """Code blocks (runs of lines between blank lines) of the standard library's ``.py``
-    files, as byte sequences: real, variable-length data, no download.
+    """Code blocks (between blank lines) of the standard library's ``.py`` files, as bytes.
 
     Args:
         max_samples: Keep the first this many blocks (files sorted by path).
@@ -53,8 +53,8 @@ class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
             )
         if not 2 <= min_len <= max_len:
             raise ValueError(
-                f"StdlibBytes: need 2 <= min_len <= max_len, got {min_len} and {max_len}; pass "
-                "e.g. min_len=16, max_len=256."
+                f"StdlibBytes: need 2 <= min_len <= max_len, got {min_len} and {max_len}; "
+                "pass e.g. min_len=16, max_len=256."
             )
         base = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
         self.samples: list[bytes] = []
@@ -80,7 +80,7 @@ class StdlibBytes(torch.utils.data.Dataset[dict[str, Any]]):
 
 
 class ByteLM(L.LightningModule):
-    """A small causal convolutional byte model: fast on a CPU, still learns."""
+    """A small causal convolutional byte model."""
 
     def __init__(self, width: int = 64, lr: float = 3e-3) -> None:
         super().__init__()
@@ -118,8 +118,8 @@ def _input_length(sample: dict[str, Any]) -> int:
 
 
 class StdlibDataModule(L.LightningDataModule):
-    """Serves :class:`StdlibBytes` through a bucketed, padded, resumable loader; ``batch_size``
-    sizes the random batches whose padding the summary compares."""
+    """:class:`StdlibBytes` in token-budget buckets; ``batch_size`` sizes the random batches
+    compared with."""
 
     def __init__(
         self,
@@ -158,7 +158,6 @@ class StdlibDataModule(L.LightningDataModule):
         return attach_host(loader, self.trainer)
 
     def random_dataloader(self) -> ResumableDataLoader:
-        """Random batches of ``batch_size`` rows, to measure their padding."""
         return ResumableDataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -169,8 +168,7 @@ class StdlibDataModule(L.LightningDataModule):
 
 
 class _Interrupt(Callback):
-    """Raise once ``at_step`` steps are done, at the next batch's start: after the checkpoint
-    callbacks, which Lightning runs last at a batch's end."""
+    """Raise at the start of step ``at_step``, after that step's checkpoint."""
 
     def __init__(self, at_step: int) -> None:
         self.at_step = at_step
@@ -203,8 +201,7 @@ class _Clock(Callback):
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Knobs of the demo. ``max_tokens`` (default ``batch_size * max_len``) is the token budget
-    of the batches trained on; ``batch_size`` sizes the random batches compared with."""
+    """Knobs of the demo; ``max_tokens`` defaults to ``batch_size * max_len``."""
 
     max_samples: int = 3000
     max_len: int = 256
@@ -255,7 +252,6 @@ class DemoResult:
 
 
 def _padding_fraction(loader: ResumableDataLoader) -> float:
-    """Padded share of ``input_ids`` over one epoch of ``loader``."""
     real = padded = 0
     for batch in loader:
         real += int(batch["lengths"].sum())
@@ -284,15 +280,10 @@ def run_demo(config: DemoConfig) -> DemoResult:
     lengths = compute_lengths(dataset, _input_length, progress=False)
     max_tokens = config.max_tokens or config.batch_size * config.max_len
 
-    def datamodule() -> StdlibDataModule:
-        return StdlibDataModule(
-            dataset,
-            lengths=lengths,
-            max_tokens=max_tokens,
-            batch_size=config.batch_size,
-            num_workers=config.num_workers,
-            seed=config.seed,
-        )
+    datamodule = partial(
+        StdlibDataModule, dataset, lengths=lengths, max_tokens=max_tokens,
+        batch_size=config.batch_size, num_workers=config.num_workers, seed=config.seed,
+    )  # fmt: skip
 
     plan = datamodule().train_dataloader().plan
     steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]

@@ -19,7 +19,6 @@ _SUMMARY_KEYS = ("steps", "step_ms", "wait_ms")
 
 
 def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
-    """The train loaders, where each times its own ``next()``; else None."""
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     elif not isinstance(loaders, list | tuple):
@@ -32,12 +31,11 @@ def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
 class DataWaitMonitor(Callback):
     """Log the fraction of each training step spent waiting for the next batch.
 
-    A step is the wait for its batch plus the work on it (``on_train_batch_start``
-    to ``on_train_batch_end``, host wall time); the ratio over a window of steps is
-    logged as ``name``: near 0 the loader keeps up, near 1 the model waits for data.
-    The wait is the time in the train loader's ``next()`` for a
-    :class:`~loaderkit.ResumableDataLoader`; for other loaders, the time between
-    batches less validation (other callbacks' hooks count).
+    A step is the wait for its batch plus the work on it (host wall time); the ratio
+    over a window of steps is logged as ``name``: near 0 the loader keeps up, near 1
+    the model waits for data. The wait is the time in a
+    :class:`~loaderkit.ResumableDataLoader`'s ``next()``, else the time between
+    batches less validation.
 
     Args:
         window: Steps the logged fraction averages over (a moving window).
@@ -58,12 +56,12 @@ class DataWaitMonitor(Callback):
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"DataWaitMonitor: name must be a non-empty str, got {name!r}; pass e.g. "
-                "name='data_wait'"
+                "name='data_wait'."
             )
         if name in _SUMMARY_KEYS:
             raise ValueError(
-                f"DataWaitMonitor: name={name!r} is one of the keys summary() reports "
-                f"{list(_SUMMARY_KEYS)}; pass another name, e.g. name='data_wait'."
+                f"DataWaitMonitor: name={name!r} is one of the keys summary() reports; pass "
+                "another name, e.g. name='data_wait'."
             )
         self.name = name
         self.prog_bar = check_bool("prog_bar", prog_bar, owner="DataWaitMonitor")
@@ -74,27 +72,25 @@ class DataWaitMonitor(Callback):
         self._start: float | None = None
         self._wait: float | None = None
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.window)
-        self._steps = 0
-        self._total_wait = 0.0
-        self._total_step = 0.0
+        self._steps, self._total_wait, self._total_step = 0, 0.0, 0.0
 
     def _waited(self) -> float:
         assert self._loaders is not None
         return sum(loader.wait_seconds for loader in self._loaders)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Start the clock (the first wait includes starting the iterator)."""
+        """Start the clock."""
         self._loaders = _timed(trainer.train_dataloader)
         if self._loaders is not None:
             self._read = self._waited()
         self._last_end = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Stop the clock of other loaders' wait."""
+        """Pause the clock."""
         self._paused = time.perf_counter()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """Restart it, the validation's time left out."""
+        """Resume the clock."""
         if self._paused is not None and self._last_end is not None:
             self._last_end += time.perf_counter() - self._paused
         self._paused = None
@@ -102,7 +98,7 @@ class DataWaitMonitor(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """The batch has arrived: take the time the loop waited for it."""
+        """Take the time the loop waited for this batch."""
         now = time.perf_counter()
         if self._loaders is not None:
             waited = self._waited()
@@ -126,13 +122,9 @@ class DataWaitMonitor(Callback):
             spent = sum(s for _, s in self._recent)
             if spent > 0:
                 pl_module.log(
-                    self.name,
-                    waited / spent,
-                    prog_bar=self.prog_bar,
-                    on_step=True,
-                    on_epoch=False,
-                    batch_size=1,
-                )
+                    self.name, waited / spent, prog_bar=self.prog_bar, on_step=True,
+                    on_epoch=False, batch_size=1,
+                )  # fmt: skip
         self._wait = self._start = None
         self._last_end = now
 

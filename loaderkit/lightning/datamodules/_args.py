@@ -22,58 +22,36 @@ from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 
-__all__ = [
-    "MAX_OPEN_DEFAULT",
-    "budget_sampler",
-    "check_settings",
-    "collate_of",
-    "make_reader",
-    "refuse_val_fraction",
-    "remote_cache",
-]
+__all__ = ["MAX_OPEN_DEFAULT", "check_settings", "collate_of", "make_reader", "remote_cache"]
 
 MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
-# name: (minimum, the fix); the names in _OPTIONAL also take None.
-_INTS: dict[str, tuple[int, str]] = {
-    "batch_size": (1, "pass the samples per batch, e.g. batch_size=32"),
-    "eval_batch_size": (1, "or leave it None for batch_size"),
-    "num_workers": (0, "use 0 to load in-process, or 'auto'"),
-    "seed": (0, "pass a non-negative int such as seed=0"),
-    "max_tokens": (1, "pass the token budget per batch, e.g. 8192, or None"),
-    "pad_to_multiple_of": (1, "pass e.g. 8, or None"),
-    "window": (1, "pass samples per window, e.g. 8192"),
-    "bucket_window": (1, "pass samples per length-sorted window, or None"),
-    "mix_shards": (1, "pass the shards a batch draws from, e.g. 8, or 1"),
-    "max_open_shards": (1, "or None to keep all open"),
-    "image_size": (1, "pass e.g. 224"),
-    "steps_per_epoch": (1, "pass e.g. steps_per_epoch=1000, or None"),
-    "samples_per_epoch": (1, "pass e.g. samples_per_epoch=1000, or None"),
-}
-_OPTIONAL = {
-    "eval_batch_size",
-    "max_tokens",
-    "pad_to_multiple_of",
-    "window",
-    "bucket_window",
-    "max_open_shards",
-    "steps_per_epoch",
-    "samples_per_epoch",
+# name: (minimum, the fix, whether None is allowed)
+_INTS: dict[str, tuple[int, str, bool]] = {
+    "batch_size": (1, "pass the samples per batch, e.g. batch_size=32", False),
+    "eval_batch_size": (1, "or leave it None for batch_size", True),
+    "num_workers": (0, "use 0 to load in-process, or 'auto'", False),
+    "seed": (0, "pass a non-negative int such as seed=0", False),
+    "max_tokens": (1, "pass the token budget per batch, e.g. 8192, or None", True),
+    "pad_to_multiple_of": (1, "pass e.g. 8, or None", True),
+    "window": (1, "pass samples per window, e.g. 8192", True),
+    "bucket_window": (1, "pass samples per length-sorted window, or None", True),
+    "mix_shards": (1, "pass the shards a batch draws from, e.g. 8, or 1", False),
+    "max_open_shards": (1, "or None to keep all open", True),
+    "image_size": (1, "pass e.g. 224", False),
+    "steps_per_epoch": (1, "pass e.g. steps_per_epoch=1000, or None", True),
+    "samples_per_epoch": (1, "pass e.g. samples_per_epoch=1000, or None", True),
 }
 _BOOLS = {"persistent_workers", "shuffle", "drop_last", "bucket", "streaming", "targets", "mmap"}
 _CHOICES = {"oversize": ("error", "skip"), "on_error": ("raise", "skip")}
 
 
-def _is_auto(name: str, value: Any) -> bool:
-    return name == "num_workers" and isinstance(value, str) and value == "auto"
-
-
 def _checked(owner: str, name: str, value: Any) -> Any:
     """``value`` of setting ``name``, checked by its rule."""
     if name in _INTS:
-        if (value is None and name in _OPTIONAL) or _is_auto(name, value):
+        minimum, fix, optional = _INTS[name]
+        if (value is None and optional) or (name == "num_workers" and value == "auto"):
             return value
-        minimum, fix = _INTS[name]
         return check_int(name, value, minimum, owner=owner, fix=fix, numpy_ok=True)
     if name in _BOOLS:
         return check_bool(name, value, owner=owner)
@@ -81,31 +59,21 @@ def _checked(owner: str, name: str, value: Any) -> Any:
         return check_choice(name, value, _CHOICES[name], owner=owner)
     if name == "val_fraction":
         return check_fraction(name, value, owner=owner)
-    if name == "pin_memory":
-        if not (isinstance(value, bool) or value == "auto"):
-            raise ValueError(
-                f"{owner}: pin_memory must be True, False or 'auto', got {value!r}; pass one "
-                "of these."
-            )
-        return value
-    if name == "length_key":
-        if not isinstance(value, str):
-            raise TypeError(
-                f"{owner}: length_key must be a str, got {value!r}; pass the field of token "
-                "ids, e.g. length_key='input_ids'."
-            )
-        return value
-    if name == "collate":
-        if value is not None and not callable(value):
-            raise TypeError(
-                f"{owner}: collate must be a callable (a collate_fn) or None, got "
-                f"{type(value).__name__}."
-            )
-        return value
+    if name == "pin_memory" and not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(
+            f"{owner}: pin_memory must be True, False or 'auto', got {value!r}; pass one of these."
+        )
+    if name == "length_key" and not isinstance(value, str):
+        raise TypeError(
+            f"{owner}: length_key must be a str, got {value!r}; pass e.g. length_key='input_ids'."
+        )
+    if name == "collate" and value is not None and not callable(value):
+        raise TypeError(f"{owner}: collate must be a callable or None, got {type(value).__name__}.")
     if name == "pad_value":
         PadCollate(value)  # refuses a pad value no dtype can hold
-        return value
-    raise KeyError(f"{owner}: no rule for setting {name!r}")
+    elif name not in ("pin_memory", "length_key", "collate"):
+        raise KeyError(f"{owner}: no rule for setting {name!r}")
+    return value
 
 
 def check_settings(module: Any, **settings: Any) -> None:
@@ -115,8 +83,8 @@ def check_settings(module: Any, **settings: Any) -> None:
         setattr(module, name, _checked(owner, name, value))
     if settings.get("persistent_workers") and settings.get("num_workers") == 0:
         raise ValueError(
-            f"{owner}: persistent_workers=True needs worker processes, got num_workers=0; "
-            "set num_workers >= 1 (or 'auto'), or persistent_workers=False."
+            f"{owner}: persistent_workers=True needs num_workers >= 1, got num_workers=0; "
+            "set num_workers or persistent_workers=False."
         )
     bucket_window = settings.get("bucket_window")
     if bucket_window is not None and settings.get("max_tokens", 0) is None:
@@ -124,26 +92,6 @@ def check_settings(module: Any, **settings: Any) -> None:
             f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; pass "
             "max_tokens or drop bucket_window."
         )
-
-
-def refuse_val_fraction(module: Any, why: str, fix: str) -> None:
-    """Refuse ``module.val_fraction`` where a sample-level split cannot be made (``why``)."""
-    if module.val_fraction:
-        raise ValueError(
-            f"{type(module).__name__}: val_fraction={module.val_fraction} is not supported "
-            f"{why}; {fix}."
-        )
-
-
-_BUDGET = ("max_tokens", "pad_to_multiple_of", "seed", "shuffle", "drop_last")
-
-
-def budget_sampler(module: Any, dataset: Any, lengths: Any, **extra: Any) -> Any:
-    """``dataset``'s token-budget train batch sampler under ``module``'s settings."""
-    settings = {name: getattr(module, name) for name in _BUDGET}
-    return dataset.bucket_batch_sampler(
-        lengths=lengths, window=module.bucket_window, **settings, **extra
-    )
 
 
 def remote_cache(
@@ -180,38 +128,26 @@ def make_reader(
     if not isinstance(reader, str):
         if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
             raise TypeError(
-                f"{owner}: reader must be 'tokens', 'jsonl' or a ShardReader (with spec(), "
-                f"count() and open()), got {type(reader).__name__}."
+                f"{owner}: reader must be 'tokens', 'jsonl', 'parquet' or a ShardReader, got "
+                f"{type(reader).__name__}."
             )
         return reader
     check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
     given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
     extra = [k for k, v in given.items() if v is not None]
+    if reader != "tokens" and extra:
+        raise ValueError(
+            f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+            f"reader={reader!r}; drop them."
+        )
     if reader == "parquet":
-        if extra:
-            raise ValueError(
-                f"{owner}: seq_len, eos, dtype and targets only apply to reader='tokens', got "
-                "reader='parquet'; drop them (choose Parquet columns with columns=)."
-            )
         return ParquetReader(columns, length_column=length_key)
     if reader == "jsonl":
-        if extra:
-            raise ValueError(
-                f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
-                "reader='jsonl'; drop them."
-            )
         return JsonlReader()
-    return _token_reader(owner, seq_len, targets, eos, dtype)
-
-
-def _token_reader(
-    owner: str, seq_len: int | None, targets: bool, eos: int | None, dtype: str | None
-) -> TokenReader:
     if (seq_len is None) == (eos is None):
         raise ValueError(
-            f"{owner}: reader='tokens' needs exactly one of seq_len (fixed-length samples) "
-            f"and eos (one sample per document), got seq_len={seq_len!r}, eos={eos!r}; "
-            "pass e.g. seq_len=1024."
+            f"{owner}: reader='tokens' needs exactly one of seq_len and eos, got "
+            f"seq_len={seq_len!r}, eos={eos!r}; pass e.g. seq_len=1024."
         )
     if seq_len is not None:
         check_int("seq_len", seq_len, 1, owner=owner, fix="pass e.g. 1024", numpy_ok=True)

@@ -17,10 +17,8 @@ from loaderkit.data._fs import is_url
 from loaderkit.seeding import derive_seed
 
 __all__ = [
-    "STREAM_RESUME_REASON",
     "KeyLength",
     "Shards",
-    "batch_rows",
     "is_hf_dataset",
     "is_remote_shards",
     "plain",
@@ -45,11 +43,10 @@ STREAM_RESUME_REASON = (
 
 
 def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
-    """Batches per rank per epoch of a loader over a ``StreamingShardedDataset`` on
-    ``world_size`` ranks (None: one pass of unknown length)."""
+    """Batches per rank per epoch of a stream's loader (None: one pass of unknown length)."""
     try:
         steps: int | None = loader.dataset.epoch_steps(loader.batch_size, world_size)
-    except ValueError:  # samples_per_epoch below one global step: iterating it says so
+    except ValueError:  # below one global step: iterating it says so
         return None
     return steps
 
@@ -72,7 +69,6 @@ def stream_resume_reason(dataset: Any) -> str:
     """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
     if dataset.limited:
         return STREAM_RESUME_REASON
-    # Lightning prefetches a batch from a loader without a length; the callback says so.
     if _entry_point_installed():
         return (
             STREAM_RESUME_REASON + " (an epoch of unknown length: ElasticResume, on every Trainer)"
@@ -85,7 +81,6 @@ def stream_resume_reason(dataset: Any) -> str:
 
 
 def _entry_point_installed() -> bool:
-    """Whether the ``callbacks_factory`` entry point gives every Trainer an ElasticResume."""
     from importlib.metadata import entry_points
 
     found = entry_points(group="lightning.pytorch.callbacks_factory")
@@ -97,9 +92,8 @@ def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np
     n_val = round(size * fraction)
     if n_val < 1 or n_val >= size:
         raise ValueError(
-            f"{owner}: val_fraction={fraction} of {size} training samples leaves "
-            f"{n_val} for validation and {size - n_val} for training; both need at least one: "
-            "change val_fraction or pass more data."
+            f"{owner}: val_fraction={fraction} of {size} samples leaves {n_val} for validation "
+            f"and {size - n_val} for training; change val_fraction or pass more data."
         )
     gen = torch.Generator().manual_seed(derive_seed(seed, SeedTag.VAL_SPLIT))
     perm = torch.randperm(size, generator=gen).numpy()
@@ -128,12 +122,8 @@ def batch_rows(batch: Any) -> int:
 def time_loader(
     loader: Any, *, first: int, budget_s: float, max_batches: int = 200
 ) -> tuple[float, float]:
-    """``(start-up seconds, samples/s)`` of one epoch of ``loader``.
-
-    Start-up is the time to the first ``first`` batches (one per worker: each pays its
-    process start); the rate is timed over the batches after them, for about
-    ``budget_s`` seconds (at least 5 batches, at most ``max_batches``).
-    """
+    """``(seconds to the first ``first`` batches, samples/s after them)`` of ``loader``, the
+    rate timed for about ``budget_s`` seconds (5 to ``max_batches`` batches)."""
     start = time.perf_counter()
     it = iter(loader)
     try:
@@ -145,7 +135,7 @@ def time_loader(
             batches += 1
             if batches >= max_batches or (batches >= 5 and time.perf_counter() - ready >= budget_s):
                 break
-        if batches == 0:  # an epoch of at most `first` batches: start-up is all there is
+        if batches == 0:  # an epoch of at most `first` batches
             return ready - start, sum(map(batch_rows, head)) / max(ready - start, 1e-9)
         return ready - start, rows / max(time.perf_counter() - ready, 1e-9)
     finally:
@@ -157,8 +147,8 @@ def time_loader(
 def probe_workers(
     dm: Any, max_workers: int, budget_s: float
 ) -> tuple[dict[int, float], dict[int, float], int]:
-    """Train samples/s and start-up seconds by ``num_workers`` 0..``max_workers`` (an equal
-    share of ``budget_s`` each), and the fewest workers within 10% of the best rate."""
+    """Train samples/s and start-up seconds by ``num_workers`` 0..``max_workers``, and the
+    fewest workers within 10% of the best rate."""
     rates: dict[int, float] = {}
     startup: dict[int, float] = {}
     for workers in range(max_workers + 1):
@@ -192,8 +182,7 @@ def require_datamodule(obj: Any, target: str) -> Any:
     """``obj`` if it is a LightningDataModule, else a TypeError naming ``target`` and the fix."""
     if not isinstance(obj, L.LightningDataModule):
         raise TypeError(
-            f"{target} gave a {type(obj).__name__}, not a LightningDataModule; return one "
-            "(e.g. a loaderkit.lightning.datamodules class)"
+            f"{target} gave a {type(obj).__name__}, not a LightningDataModule; return one."
         )
     return obj
 
@@ -233,21 +222,17 @@ def shard_list(owner: str, name: str, value: object) -> Shards:
         value = [path]
     if not isinstance(value, (list, tuple)):
         raise TypeError(
-            f"{owner}: {name} must be a directory, a shard file or a non-empty list of shard "
-            f"files, got {value!r} ({type(value).__name__})."
+            f"{owner}: {name} must be a directory, a shard file or a list of them, got "
+            f"{value!r} ({type(value).__name__})."
         )
     if not value:
         raise ValueError(
-            f"{owner}: {name} is an empty list; pass at least one shard file, or a directory "
-            "of shards (write them with loaderkit.write_shards)."
+            f"{owner}: {name} is an empty list; pass at least one shard file or a directory."
         )
     paths = []
     for item in value:
         if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(
-                f"{owner}: {name} must list paths, got {item!r}; pass a directory or a list of "
-                "shard paths."
-            )
+            raise TypeError(f"{owner}: {name} must list paths, got {item!r}; pass shard paths.")
         if not os.path.exists(item):
             raise FileNotFoundError(
                 f"{owner}: {name}: shard {os.fspath(item)!r} does not exist; check the path."

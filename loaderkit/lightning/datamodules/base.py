@@ -33,20 +33,22 @@ SPLITS = ("train", "val", "test", "predict")
 _STAGES = ("fit", "validate", "test", "predict")
 
 
+def _split_view(split: str) -> Any:
+    return property(lambda self: self._datasets.get(split), doc=f"The {split} split, or None.")
+
+
 class LoaderDataModule(L.LightningDataModule):
     """Base class: a :class:`~loaderkit.ResumableDataLoader` for every split, under one policy.
 
-    A subclass says what the data is (:meth:`build_datasets`) and may override the
-    other hooks; one whose ``__init__`` takes data names it with :meth:`set_data_args`.
-    The train loader shuffles per ``(seed, epoch)``; the others never shuffle nor drop.
-    Loaders get the running Trainer as their host; their position goes into the
-    checkpoint.
+    A subclass says what the data is (:meth:`build_datasets`); one whose ``__init__``
+    takes data names it with :meth:`set_data_args`. The train loader shuffles per
+    ``(seed, epoch)``; the others never shuffle nor drop. Loaders are hosted by the
+    running Trainer; their position goes into the checkpoint.
 
     Args:
         batch_size: Samples per train batch on each rank.
         eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
-        num_workers: Worker processes, or ``"auto"`` (``ResumableDataLoader``'s; streams
-            need an int).
+        num_workers: Worker processes, or ``"auto"`` (streams need an int).
         pin_memory: ``"auto"`` pins when the trainer's device (else
             :func:`~loaderkit.select_device`) is CUDA/XPU.
         persistent_workers: Keep workers alive across epochs (needs workers).
@@ -93,17 +95,10 @@ class LoaderDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_settings(
-            self,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=persistent_workers,
-            seed=seed,
-            val_fraction=val_fraction,
-            shuffle=shuffle,
-            drop_last=drop_last,
-        )
+            self, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
+            pin_memory=pin_memory, persistent_workers=persistent_workers, seed=seed,
+            val_fraction=val_fraction, shuffle=shuffle, drop_last=drop_last,
+        )  # fmt: skip
         self.eval_batch_size = self.eval_batch_size or self.batch_size
         data = getattr(self, "_data_args", {})
         self.save_hyperparameters(ignore=[name for name, v in data.items() if not plain(v)])
@@ -117,8 +112,8 @@ class LoaderDataModule(L.LightningDataModule):
         self._stages: set[str] = set()
 
     def set_data_args(self, **values: Any) -> None:
-        """Name the ``__init__`` arguments that may hold data, before ``super().__init__()``:
-        those that are not paths stay out of ``hparams`` (and every checkpoint).
+        """Name the ``__init__`` arguments that may hold data, before ``super().__init__()``;
+        those that are not paths stay out of ``hparams``.
 
         Example:
             >>> class Points(LoaderDataModule):
@@ -132,8 +127,7 @@ class LoaderDataModule(L.LightningDataModule):
         self._data_args = values
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
-        """The datasets by split (``"train"``, ``"val"``, ``"test"``, ``"predict"``); ``stage``
-        only lets costly splits wait until needed."""
+        """The datasets by split (``"train"``, ``"val"``, ``"test"``, ``"predict"``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_datasets(stage)")
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
@@ -156,15 +150,9 @@ class LoaderDataModule(L.LightningDataModule):
         """Fraction of padded tokens in an epoch of ``split``, when the module pads."""
         return None
 
-    def _budget_padding(self) -> float:
-        """Padded / all tokens of epoch 0's train batches under a token-budget plan."""
-        plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
-        real, padded = plan.token_counts(0)
-        return 1.0 - real / padded if padded else 0.0
-
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks
-        (default: the trainer's, else detected), and why."""
+        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks, and
+        why."""
         train = self._datasets.get("train")
         if train is None:
             return False, "no train split: there is no training position to resume"
@@ -192,10 +180,7 @@ class LoaderDataModule(L.LightningDataModule):
         """Build the datasets (once per stage) and apply ``val_fraction``."""
         owner = type(self).__name__
         if stage not in _STAGES:
-            raise ValueError(
-                f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}; pass one of these "
-                "(the Trainer does)."
-            )
+            raise ValueError(f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}.")
         if stage in self._stages:
             return
         built = dict(self.build_datasets(stage))
@@ -215,8 +200,7 @@ class LoaderDataModule(L.LightningDataModule):
             if isinstance(train, StreamingShardedDataset):
                 raise ValueError(
                     f"{owner}: val_fraction={self.val_fraction} needs a train split of known "
-                    "size, but it is a StreamingShardedDataset; pass separate val data and "
-                    "val_fraction=0."
+                    "size, not a stream; pass val data and val_fraction=0."
                 )
             train_idx, val_idx = split_indices(owner, len(train), self.val_fraction, self.seed)
             fresh["val"] = index_subset(self.val_view(train), val_idx)
@@ -237,25 +221,14 @@ class LoaderDataModule(L.LightningDataModule):
             )
         return self._datasets[split]
 
-    @property
-    def train_dataset(self) -> Any | None:
-        """The train split (after ``val_fraction``), or None before ``setup``/without one."""
-        return self._datasets.get("train")
-
-    @property
-    def val_dataset(self) -> Any | None:
-        """The val split, or None."""
-        return self._datasets.get("val")
-
-    @property
-    def test_dataset(self) -> Any | None:
-        """The test split, or None."""
-        return self._datasets.get("test")
-
-    @property
-    def predict_dataset(self) -> Any | None:
-        """The predict split, or None."""
-        return self._datasets.get("predict")
+    train_dataset = _split_view("train")
+    """The train split (after ``val_fraction``), or None before ``setup``/without one."""
+    val_dataset = _split_view("val")
+    """The val split, or None."""
+    test_dataset = _split_view("test")
+    """The test split, or None."""
+    predict_dataset = _split_view("predict")
+    """The predict split, or None."""
 
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled per ``(seed, epoch)``; its state goes into the Lightning checkpoint."""
@@ -276,15 +249,13 @@ class LoaderDataModule(L.LightningDataModule):
         return self.loader("predict")
 
     def loader(
-        self,
-        split: str,
-        *,
-        num_workers: int | None = None,
-        pin_memory: bool | None = None,
+        self, split: str, *, num_workers: int | None = None, pin_memory: bool | None = None
     ) -> ResumableDataLoader:
         """A fresh loader of ``split`` under this module's policy, hosted by the trainer."""
         if split not in SPLITS:
-            raise ValueError(f"{type(self).__name__}.loader: split must be one of {SPLITS}.")
+            raise ValueError(
+                f"{type(self).__name__}.loader: split must be one of {SPLITS}, got {split!r}."
+            )
         dataset = self._dataset(split)
         train = split == "train"
         workers: int | Literal["auto"] = self.num_workers if num_workers is None else num_workers
@@ -319,12 +290,11 @@ class LoaderDataModule(L.LightningDataModule):
         return attach_host(built, self.trainer)
 
     def _check_stream(self, split: str, dataset: Any, workers: int | str) -> None:
-        """A stream needs an int ``num_workers`` and the module's shuffle."""
         owner = type(self).__name__
         if workers == "auto":
             raise ValueError(
-                f"{owner}: num_workers='auto' cannot serve a stream ({split} split), whose "
-                "cursors are per (rank, worker) slot; pass an int, e.g. num_workers=2."
+                f"{owner}: num_workers='auto' cannot serve a stream ({split} split); pass an "
+                "int, e.g. num_workers=2."
             )
         shuffle = self.shuffle and split == "train"
         if dataset.shuffle_shards != shuffle:
@@ -347,13 +317,12 @@ class LoaderDataModule(L.LightningDataModule):
     ) -> dict[int, float]:
         """Time the train loader with 0..``max_workers`` workers; samples/s per count.
 
-        Each count is timed after its workers' first batches, for an equal share of
-        ``budget_s``. Records the rates in :attr:`num_workers_probe` and the fewest
-        workers within 10% of the best in :attr:`num_workers_best`.
+        Records the rates in :attr:`num_workers_probe` and the fewest workers within
+        10% of the best in :attr:`num_workers_best`.
 
         Args:
-            max_workers: The most workers tried (default: the cores this process
-                may use, shared among the trainer's devices, at most 8).
+            max_workers: The most workers tried (default: this process's share of the
+                cores, at most 8).
             budget_s: Seconds of timed loading, roughly (start-ups come on top).
         """
         owner = f"{type(self).__name__}.probe_num_workers"
@@ -381,18 +350,18 @@ class LoaderDataModule(L.LightningDataModule):
 
         Returns:
             A dict: ``datamodule``, ``world_size``, ``splits`` (per split ``samples``,
-            ``batch_size``, ``batches_per_epoch`` per rank in epoch 0; None where a stream
-            cannot know), ``num_workers``, ``num_workers_probe``, ``num_workers_best``,
-            ``pin_memory``, ``seed``, ``padding_fraction``, ``shards_per_batch`` and
-            ``single_shard_batches`` (sharded train data), ``mix`` (a mixed train split:
-            the loader's ``describe()["mix"]``), ``resumable_exactly``, ``resumable_reason``.
+            ``batch_size``, ``batches_per_epoch`` per rank in epoch 0, or None),
+            ``num_workers``, ``num_workers_probe``, ``num_workers_best``, ``pin_memory``,
+            ``seed``, ``padding_fraction``, ``shards_per_batch``, ``single_shard_batches``,
+            ``mix``, ``resumable_exactly``, ``resumable_reason``.
         """
         if not self._stages:
             self.setup("fit")
         world_size = self._world_size()
         splits: dict[str, dict[str, Any]] = {}
+        loaders = {s: self.loader(s, num_workers=0, pin_memory=False) for s in self._datasets}
         for split, dataset in self._datasets.items():
-            loader = self.loader(split, num_workers=0, pin_memory=False)
+            loader = loaders[split]
             if isinstance(dataset, StreamingShardedDataset):  # its plan is a stand-in
                 samples, batches = None, stream_epoch_steps(loader, world_size)
             else:
@@ -406,10 +375,9 @@ class LoaderDataModule(L.LightningDataModule):
         resumable, reason = self.resume_info(world_size)
         mix = sources = None
         if "train" in splits and not isinstance(self._datasets["train"], StreamingShardedDataset):
-            train_loader = self.loader("train", num_workers=0, pin_memory=False)
-            batch_mix = getattr(train_loader.plan, "batch_mix", None)
+            batch_mix = getattr(loaders["train"].plan, "batch_mix", None)
             mix = None if batch_mix is None else batch_mix(0, world_size=world_size)
-            sources = train_loader.describe().get("mix")
+            sources = loaders["train"].describe().get("mix")
         return {
             "datamodule": type(self).__name__,
             "world_size": world_size,

@@ -8,29 +8,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loaderkit.collate import PadCollate
 from loaderkit.data.hf import HFDataset
-from loaderkit.data.jsonl import JsonlReader
-from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.mixing import MixedDataset
-from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.readers import ShardReader
 from loaderkit.data.sharded import ShardedDataset
-from loaderkit.lightning.datamodules._args import (
-    MAX_OPEN_DEFAULT,
-    budget_sampler,
-    check_settings,
-    collate_of,
-    make_reader,
-    refuse_val_fraction,
-    remote_cache,
-)
-from loaderkit.lightning.datamodules._util import (
-    KeyLength,
-    is_hf_dataset,
-    is_remote_shards,
-    shard_list,
-)
-from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.lightning.datamodules._args import MAX_OPEN_DEFAULT, make_reader, remote_cache
+from loaderkit.lightning.datamodules._util import is_hf_dataset, is_remote_shards, shard_list
+from loaderkit.lightning.datamodules.sharded import _ShardSources
 
 __all__ = ["MixedDataModule"]
 
@@ -38,19 +22,15 @@ Sources = Mapping[str, Any] | Sequence[Any]
 Weights = Mapping[str, float] | Sequence[float]
 
 
-class MixedDataModule(LoaderDataModule):
+class MixedDataModule(_ShardSources):
     """Sources mixed by ``weights`` (or ``repeat``) into one train split, resumable exactly.
 
     Each epoch draws ``per_epoch[s]`` samples from source ``s``, interleaved at random
-    (:class:`~loaderkit.MixedDataset`), each sample exactly once per source-epoch;
-    the mix per source is in :meth:`describe` and ``loaderkit inspect``. A source is
-    shards by path or URL (as ``ShardedDataModule`` takes them, one ``reader`` for
-    all), an ``.arrow`` file or ``datasets.Dataset`` (:class:`~loaderkit.HFDataset`),
-    or any map-style dataset. Val and test data are evaluated whole, in order: one
-    source, or a dict or list of sources laid end to end. Fixed-length samples are
-    stacked, variable-length ones (or any under ``max_tokens``) padded by
-    :class:`~loaderkit.PadCollate`; the sources share batches, so their samples need
-    the same fields and dtypes.
+    (:class:`~loaderkit.MixedDataset`), each sample once per source-epoch. A source is
+    shards (as ``ShardedDataModule`` takes them, one ``reader`` for all), an ``.arrow``
+    file, a ``datasets.Dataset`` or any map-style dataset; they share batches, so
+    their samples need the same fields and dtypes. Val and test data are read whole,
+    in order.
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
@@ -58,8 +38,7 @@ class MixedDataModule(LoaderDataModule):
         weights: Each source's share of an epoch (any positive scale).
         repeat: Instead of ``weights``: passes over each source per epoch.
         epoch_size: Samples per epoch with ``weights`` (default: the sources' total).
-        val: Val data: one source, or several laid end to end.
-        test: Test data, the same way.
+        val: Val data: one source, or several laid end to end; ``test`` likewise.
         reader: The reader of path sources (as ``ShardedDataModule``'s).
         columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
         seq_len: Tokens per sample (``reader="tokens"``).
@@ -67,8 +46,7 @@ class MixedDataModule(LoaderDataModule):
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         max_open_shards: Shards each process keeps open, per sharded source.
-        max_tokens: Token budget per train batch (rows x padded length)
-            (:meth:`~loaderkit.MixedDataset.bucket_batch_sampler`).
+        max_tokens: Token budget per train batch (rows x padded length).
         length_key: The field or column whose length is a sample's token count.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
         oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
@@ -83,8 +61,7 @@ class MixedDataModule(LoaderDataModule):
     Example:
         >>> import torch
         >>> from loaderkit import MixedDataModule, TensorDataset
-        >>> web = TensorDataset(torch.arange(100))
-        >>> books = TensorDataset(torch.arange(100, 110))
+        >>> web, books = TensorDataset(torch.arange(100)), TensorDataset(torch.arange(100, 110))
         >>> dm = MixedDataModule({"web": web, "books": books}, weights={"web": 3, "books": 1},
         ...                      epoch_size=40, batch_size=8, seed=0)
         >>> drawn = torch.cat([b[0] for b in dm.train_dataloader()])
@@ -94,12 +71,7 @@ class MixedDataModule(LoaderDataModule):
         30
     """
 
-    max_open_shards: int | None
-    max_tokens: int | None
-    bucket_window: int | None
     oversize: Literal["error", "skip"]
-    pad_to_multiple_of: int | None
-    length_key: str
 
     def __init__(
         self,
@@ -131,10 +103,8 @@ class MixedDataModule(LoaderDataModule):
         self.set_data_args(sources=sources, val=val, test=test, reader=reader, collate=collate)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        why = "(a sample-level split would drop the mix's weights and plan)"
-        refuse_val_fraction(self, why, "pass val=... instead")
-        check_settings(
-            self,
+        self._check(
+            "val=...",
             length_key=length_key,
             max_open_shards=max_open_shards,
             max_tokens=max_tokens,
@@ -151,15 +121,14 @@ class MixedDataModule(LoaderDataModule):
                 self.splits[split] = _named(owner, split, value, single_ok=True)
         self.weights, self.repeat, self.epoch_size = weights, repeat, epoch_size
         items = [s for _, found, _ in self.splits.values() for s in found]
-        urls = any(_is_path(s) and is_remote_shards(s) for s in items)
-        self.remote = remote_cache(owner, "sources at URLs", urls, storage_options, cache_dir)
         self.columns = columns
         options = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets}
+        urls = any(_is_path(s) and is_remote_shards(s) for s in items)
+        self.remote = remote_cache(owner, "sources at URLs", urls, storage_options, cache_dir)
         self.reader = self._reader(reader, items, options)
-        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
+        self._only_shards = all(_is_path(s) for s in self.splits["train"][1])
         varying = any(_is_table(s) for s in items) or max_tokens is not None
-        self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
-        self._length_cache: tuple[Any, np.ndarray] | None = None
+        self._set_collate(pad_value, varying, collate)
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
         """The one reader of the path sources (None without any)."""
@@ -209,43 +178,16 @@ class MixedDataModule(LoaderDataModule):
         return out
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
-        """The mix's plan for train; None for the others (each sample once, in order)."""
-        if split != "train":
-            return None
-        if self.max_tokens is None:
-            return dataset.batch_sampler(
-                batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
-            )
-        return budget_sampler(self, dataset, self._lengths(dataset), oversize=self.oversize)
-
-    def _lengths(self, mix: MixedDataset) -> np.ndarray:
-        """Each train sample's tokens, sources in order (kept)."""
-        cached = self._length_cache
-        if cached is None or cached[0] is not mix:
-            key = KeyLength(self.length_key, owner=type(self).__name__)
-            parts = []
-            for source in mix.sources:
-                if isinstance(source, ShardedDataset) and isinstance(source.reader, JsonlReader):
-                    got = source.lengths(key)
-                elif isinstance(source, ShardedDataset | HFDataset):
-                    got = source.lengths()  # offsets, a column: no sample is read
-                else:
-                    got = compute_lengths(source, key)
-                parts.append(np.asarray(got, dtype=np.int64).reshape(-1))
-            cached = self._length_cache = (mix, np.concatenate(parts))
-        return cached[1]
-
-    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
-        """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
-        return self._collate
-
-    def padding_fraction(self, split: str) -> float | None:
-        """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None."""
+        """Under ``max_tokens``, the mix's token-budget train plan; else None (the base's)."""
         if split == "train" and self.max_tokens is not None:
-            return self._budget_padding()
-        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
-        only_shards = all(_is_path(s) for s in self.splits["train"][1])
-        return 0.0 if fixed and only_shards else None
+            return self._budget(dataset, oversize=self.oversize)
+        return None
+
+    def _measure(self, source: Any) -> np.ndarray:
+        """Each train sample's tokens, sources in order."""
+        measure = super()._measure
+        parts = [measure(part) for part in source.sources]
+        return np.concatenate([np.asarray(p, dtype=np.int64).reshape(-1) for p in parts])
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
         """As the base; the source-epochs resume with the mix's plan."""
@@ -265,13 +207,9 @@ def _is_table(item: Any) -> bool:
 
 def _is_path(item: Any) -> bool:
     """A source given by path or URL (a str/PathLike, or a list of them: shard files)."""
-    if isinstance(item, str | os.PathLike):
-        return True
-    return (
-        isinstance(item, list)
-        and bool(item)
-        and all(isinstance(p, str | os.PathLike) for p in item)
-    )
+    if isinstance(item, list) and item:
+        return all(isinstance(p, str | os.PathLike) for p in item)
+    return isinstance(item, str | os.PathLike)
 
 
 def _named(

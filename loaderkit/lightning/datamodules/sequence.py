@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import torch
@@ -32,19 +32,16 @@ class SequenceDataModule(LoaderDataModule):
 
     A sample is a 1-D sequence (tensor, array or list of numbers), or a dict whose
     ``length_key`` field is one; batches are a :class:`~loaderkit.PaddedBatch`, or a
-    dict with ``"lengths"`` and ``"attention_mask"`` added. Parquet, Arrow and
-    ``datasets`` sources are read a batch at a time, their lengths from one column.
-    ``bucket=True`` cuts train batches from length-sorted windows
-    (:class:`~loaderkit.BucketBatchSampler`); ``max_tokens`` fills them to a token
-    budget instead of ``batch_size`` (add :class:`loaderkit.ElasticResume` to the
-    Trainer: the epoch length then changes).
+    dict with ``"lengths"`` and ``"attention_mask"`` added. ``bucket=True`` cuts
+    batches from length-sorted windows (:class:`~loaderkit.BucketBatchSampler`);
+    ``max_tokens`` fills train batches to a token budget (add
+    :class:`loaderkit.ElasticResume` to the Trainer: the epoch length then changes).
 
     Args:
         train: The train samples, or the path of a ``.jsonl`` (one sample per line),
             ``.parquet`` (or its URL) or ``.arrow`` file, or a ``datasets.Dataset``.
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         length_key: The field of dict samples whose length counts (and is padded).
         bucket: Batch samples of similar length together.
         max_tokens: Token budget per train batch; implies ``bucket``.
@@ -117,8 +114,8 @@ class SequenceDataModule(LoaderDataModule):
         self._sources = {k: _source(owner, k, v) for k, v in splits.items() if v is not None}
         if not self._sources:
             raise ValueError(
-                f"{owner}: no data; pass train=[...] (1-D sequences, or dicts with a "
-                f"{length_key!r} field) or a .jsonl path, or val/test/predict."
+                f"{owner}: no data; pass train= (samples or a .jsonl, .parquet or .arrow path), "
+                "val=, test= or predict=."
             )
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
@@ -142,7 +139,7 @@ class SequenceDataModule(LoaderDataModule):
         """Every split, with the length of each sample measured once."""
         out: dict[str, Any] = {}
         for split, source in self._sources.items():
-            if split in self._datasets:  # built (and maybe split) by an earlier stage's setup
+            if split in self._datasets:  # built by an earlier stage's setup
                 continue
             table = self._table(split, source)
             if table is not None:  # lengths from the length column alone
@@ -159,9 +156,8 @@ class SequenceDataModule(LoaderDataModule):
 
     def _table(self, split: str, source: Any) -> HFDataset | ShardedDataset | None:
         """The dataset of a Parquet, Arrow or ``datasets`` source; None for the others."""
-        owner = type(self).__name__
         if self._keyed is False:
-            raise TypeError(f"{owner}: {split} mixes dict and bare samples with other splits.")
+            self._mixed_kinds(split)
         if is_hf_dataset(source) or (isinstance(source, str) and source.endswith(".arrow")):
             return HFDataset(source, self.columns, length_column=self.length_key)
         if _is_table_path(source):
@@ -173,7 +169,7 @@ class SequenceDataModule(LoaderDataModule):
         owner = type(self).__name__
         keyed = isinstance(samples[0], Mapping)
         if self._keyed is not None and keyed != self._keyed:
-            raise TypeError(f"{owner}: {split} mixes dict and bare samples with other splits.")
+            self._mixed_kinds(split)
         self._keyed = keyed
         lengths = np.empty(len(samples), dtype=np.int64)
         for i, sample in enumerate(samples):
@@ -181,8 +177,8 @@ class SequenceDataModule(LoaderDataModule):
             if keyed:
                 if not isinstance(sample, Mapping) or self.length_key not in sample:
                     raise ValueError(
-                        f"{owner}: {split} sample {i} has no {self.length_key!r} field; give "
-                        "every sample that field, or set length_key= to the sequence field."
+                        f"{owner}: {split} sample {i} has no {self.length_key!r} field; set "
+                        "length_key= to the sequence field."
                     )
                 seq = sample[self.length_key]
             if isinstance(seq, (torch.Tensor, np.ndarray)) and seq.ndim >= 1:
@@ -191,13 +187,19 @@ class SequenceDataModule(LoaderDataModule):
                 lengths[i] = len(seq)
             else:
                 raise TypeError(
-                    f"{owner}: {split} sample {i} is a {type(seq).__name__}; a sequence must be "
-                    "a 1-D tensor, numpy array or list of numbers."
+                    f"{owner}: {split} sample {i} is a {type(seq).__name__}; pass 1-D tensors, "
+                    "numpy arrays or lists of numbers."
                 )
         return lengths
 
+    def _mixed_kinds(self, split: str) -> NoReturn:
+        raise TypeError(
+            f"{type(self).__name__}: {split} mixes dict and bare samples with other splits; "
+            "give every split the same kind."
+        )
+
     def setup(self, stage: str) -> None:
-        """As the base, the lengths carried over to a ``val_fraction`` split."""
+        """As the base, with the lengths split too."""
         super().setup(stage)
         if self.split is not None and "val" not in self._lengths:
             full = self._lengths["train"]
@@ -249,14 +251,13 @@ class SequenceDataModule(LoaderDataModule):
 
 
 def _source(owner: str, split: str, source: Any) -> Any:
-    """``source`` of ``split``, checked."""
     if is_hf_dataset(source):
         return source
     if is_url(source):
         if not str(source).endswith(ParquetReader.suffixes):
             raise ValueError(
-                f"{owner}: {split}={source!r} is a URL; URLs must name a Parquet file "
-                "(.parquet): download other formats first."
+                f"{owner}: {split}={source!r} is a URL; URLs must name a Parquet file, "
+                "download other formats first."
             )
         return str(source)
     if isinstance(source, (str, os.PathLike)):
@@ -290,8 +291,8 @@ def _read_jsonl(owner: str, path: str) -> list[Any]:
                 ) from exc
             if not isinstance(sample, (list, dict)):
                 raise ValueError(
-                    f"{owner}: {path!r} line {number} is a {type(sample).__name__}; each line "
-                    "must be a JSON list of numbers or an object."
+                    f"{owner}: {path!r} line {number} is a {type(sample).__name__}; write a "
+                    "JSON list of numbers or an object per line."
                 )
             samples.append(sample)
     if not samples:

@@ -8,17 +8,17 @@ from typing import Any, Literal
 import numpy as np
 
 from loaderkit.collate import PadCollate
+from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
+from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules._args import (
     MAX_OPEN_DEFAULT,
-    budget_sampler,
     check_settings,
     collate_of,
     make_reader,
-    refuse_val_fraction,
     remote_cache,
 )
 from loaderkit.lightning.datamodules._util import (
@@ -34,27 +34,86 @@ from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
 __all__ = ["ShardedDataModule"]
 
 
-class ShardedDataModule(LoaderDataModule):
+class _ShardSources(LoaderDataModule):
+    """What ShardedDataModule and MixedDataModule share: checks, reader, cache, collate, lengths."""
+
+    reader: ShardReader | None
+    max_open_shards: int | None
+    max_tokens: int | None
+    length_key: str
+    bucket_window: int | None
+    pad_to_multiple_of: int | None
+    _only_shards = True  # every train source is shards (fixed-length tokens pad nothing)
+
+    def _check(self, val_fix: str, **settings: Any) -> None:
+        """Refuse ``val_fraction`` (it would break the plan); check ``settings``."""
+        if self.val_fraction:
+            raise ValueError(
+                f"{type(self).__name__}: val_fraction={self.val_fraction} is not supported; "
+                f"pass {val_fix} instead."
+            )
+        check_settings(self, **settings)
+
+    def _set_collate(self, pad_value: Any, varying: bool, collate: Any = None) -> None:
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
+        self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
+        self._length_cache: tuple[Any, np.ndarray] | None = None
+
+    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
+        return self._collate
+
+    def _budget(self, dataset: Any, **extra: Any) -> Any:
+        """``dataset``'s token-budget train batch sampler under this module's settings."""
+        settings = {
+            name: getattr(self, name)
+            for name in ("max_tokens", "pad_to_multiple_of", "seed", "shuffle", "drop_last")
+        }
+        return dataset.bucket_batch_sampler(
+            lengths=self._lengths(dataset), window=self.bucket_window, **settings, **extra
+        )
+
+    def _lengths(self, dataset: Any) -> np.ndarray:
+        """Each train sample's tokens (kept per dataset)."""
+        cached = self._length_cache
+        if cached is None or cached[0] is not dataset:
+            cached = self._length_cache = (dataset, self._measure(dataset))
+        return cached[1]
+
+    def _measure(self, source: Any) -> np.ndarray:
+        """One source's sample lengths: from offsets or a column where it can, else read."""
+        key = KeyLength(self.length_key, owner=type(self).__name__)
+        if isinstance(source, ShardedDataset) and isinstance(source.reader, JsonlReader):
+            return source.lengths(key)
+        if isinstance(source, ShardedDataset | HFDataset):
+            return source.lengths()  # offsets, a column: no sample is read
+        return compute_lengths(source, key)
+
+    def padding_fraction(self, split: str) -> float | None:
+        """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None."""
+        if split == "train" and self.max_tokens is not None:
+            plan: Any = self.loader("train", num_workers=0, pin_memory=False).plan
+            real, padded = plan.token_counts(0)
+            return 1.0 - real / padded if padded else 0.0
+        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
+        return 0.0 if fixed and self._only_shards else None
+
+
+class ShardedDataModule(_ShardSources):
     """Token, ``.jsonl`` or Parquet shards (local or URLs), planned across ranks and workers.
 
-    ``reader="tokens"``: ``.npy`` or raw ``.bin`` files of token ids cut into
-    ``seq_len``-token samples, batched as one ``(B, seq_len)`` int64 tensor; or, with
-    ``eos``, one sample per document. ``reader="jsonl"``: one JSON value per line.
-    ``reader="parquet"``: one row a sample. Variable-length samples are padded by
-    :class:`~loaderkit.PadCollate`. Shards at URLs are cached locally
-    (:class:`~loaderkit.RemoteCache`). Write shards with :func:`loaderkit.write_shards`.
-
-    ``streaming=True`` streams the train shards instead
-    (:class:`~loaderkit.StreamingShardedDataset`: no index, exact resume under the same
-    world size and ``num_workers`` only); an epoch is one pass unless
-    ``steps_per_epoch`` or ``samples_per_epoch`` fixes it (needed on several ranks).
-    Token budgets and streams of unknown length need :class:`loaderkit.ElasticResume`.
+    ``reader="tokens"``: ``.npy`` or raw ``.bin`` token ids cut into ``seq_len``-token
+    samples (``(B, seq_len)`` int64 batches), or with ``eos`` one sample per document;
+    ``"jsonl"``: one JSON value per line; ``"parquet"``: one row a sample.
+    Variable-length samples are padded by :class:`~loaderkit.PadCollate`; shards at
+    URLs are cached (:class:`~loaderkit.RemoteCache`). ``streaming=True`` streams the
+    train shards (:class:`~loaderkit.StreamingShardedDataset`: exact resume under the
+    same world size and ``num_workers`` only). Token budgets and streams of unknown
+    length need :class:`loaderkit.ElasticResume`.
 
     Args:
-        shards: The train shards: a directory, a shard file, or a non-empty list of
-            them; or a folder URL, a shard URL, or a list of shard URLs.
-        val_shards: Val shards, the same way (``val_fraction`` is not supported).
-        test_shards: Test shards.
+        shards: The train shards: a directory, a shard file, a URL, or a non-empty list.
+        val_shards: Val shards, the same way (not ``val_fraction``); ``test_shards`` likewise.
         reader: ``"tokens"``, ``"jsonl"``, ``"parquet"``, or a :class:`~loaderkit.ShardReader`.
         columns: With ``reader="parquet"``: the columns to read (default: all).
         seq_len: Tokens per sample (``reader="tokens"``).
@@ -62,18 +121,16 @@ class ShardedDataModule(LoaderDataModule):
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         window: Samples shuffled together inside a shard.
-        mix_shards: Shards read at once, interleaved (see :class:`~loaderkit.ShardPlan`);
-            1 reads one shard at a time.
+        mix_shards: Shards read at once, interleaved (see :class:`~loaderkit.ShardPlan`).
         on_error: ``"raise"``, or ``"skip"`` unreadable samples (see ``ShardedDataset``).
         max_open_shards: Shards each process keeps open.
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
-        max_tokens: Token budget per train batch (rows x padded length), for documents
-            or ``.jsonl`` samples (:meth:`~loaderkit.ShardedDataset.bucket_batch_sampler`).
-        length_key: With ``max_tokens``: the ``.jsonl`` field or Parquet column whose
-            length is a sample's token count.
+        max_tokens: Token budget per train batch (rows x padded length), for documents,
+            ``.jsonl`` or Parquet samples.
+        length_key: With ``max_tokens``: the field or column whose length counts.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
-        streaming: Stream the train shards (see above).
+        streaming: Stream the train shards.
         steps_per_epoch: With ``streaming``: batches per rank per epoch.
         samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
         storage_options: For shards at URLs: the fsspec filesystem's options.
@@ -83,8 +140,7 @@ class ShardedDataModule(LoaderDataModule):
     Example:
         >>> import tempfile
         >>> import numpy as np
-        >>> from loaderkit import TokenReader, write_shards
-        >>> from loaderkit import ShardedDataModule
+        >>> from loaderkit import ShardedDataModule, TokenReader, write_shards
         >>> root = tempfile.mkdtemp()
         >>> _ = write_shards(root, [np.arange(64), np.arange(40)], TokenReader(seq_len=8))
         >>> dm = ShardedDataModule(root, seq_len=8, batch_size=4)
@@ -93,14 +149,10 @@ class ShardedDataModule(LoaderDataModule):
         (13, torch.Size([4, 8]))
     """
 
+    reader: ShardReader
     window: int
     mix_shards: int
     on_error: Literal["raise", "skip"]
-    max_open_shards: int | None
-    max_tokens: int | None
-    length_key: str
-    bucket_window: int | None
-    pad_to_multiple_of: int | None
     streaming: bool
     steps_per_epoch: int | None
     samples_per_epoch: int | None
@@ -136,10 +188,8 @@ class ShardedDataModule(LoaderDataModule):
         self.set_data_args(reader=reader)
         super().__init__(**kwargs)
         owner = type(self).__name__
-        why = "for shards (a sample-level split breaks shard-local reads)"
-        refuse_val_fraction(self, why, "pass val_shards=[...] instead")
-        check_settings(
-            self,
+        self._check(
+            "val_shards=[...]",
             streaming=streaming,
             steps_per_epoch=steps_per_epoch,
             samples_per_epoch=samples_per_epoch,
@@ -152,7 +202,7 @@ class ShardedDataModule(LoaderDataModule):
             max_open_shards=max_open_shards,
             pad_to_multiple_of=pad_to_multiple_of,
         )
-        self._check_combinations(window, max_open_shards, reader, columns)
+        self._check_combinations(reader, columns)
         self.shards = _splits(owner, shards=shards, val_shards=val_shards, test_shards=test_shards)
         urls = any(is_remote_shards(s) for s in self.shards.values())
         self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
@@ -160,13 +210,9 @@ class ShardedDataModule(LoaderDataModule):
             owner, reader, columns=columns, length_key=length_key, seq_len=seq_len,
             targets=targets, eos=eos, dtype=dtype,
         )  # fmt: skip
-        self._length_cache: tuple[ShardedDataset, np.ndarray] | None = None
-        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
-        self._collate = collate_of(self.reader, pad, varying=False)
+        self._set_collate(pad_value, varying=False)
 
-    def _check_combinations(
-        self, window: int, max_open_shards: int | None, reader: Any, columns: Any
-    ) -> None:
+    def _check_combinations(self, reader: Any, columns: Any) -> None:
         """Columns are Parquet's, epoch limits a stream's, the planned settings not a stream's."""
         owner = type(self).__name__
         if columns is not None and reader != "parquet":
@@ -178,33 +224,32 @@ class ShardedDataModule(LoaderDataModule):
             value = getattr(self, name)
             if value is not None and not self.streaming:
                 raise ValueError(
-                    f"{owner}: {name}={value!r} only applies with streaming=True (a planned "
-                    f"epoch covers every sample once); pass streaming=True, or drop {name}."
+                    f"{owner}: {name}={value!r} only applies with streaming=True; pass "
+                    f"streaming=True, or drop {name}."
                 )
         if self.steps_per_epoch is not None and self.samples_per_epoch is not None:
             raise ValueError(
                 f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
-                f"steps_per_epoch={self.steps_per_epoch}, samples_per_epoch="
-                f"{self.samples_per_epoch})."
+                f"{self.steps_per_epoch} and {self.samples_per_epoch})."
             )
         if not self.streaming:
             return
         if self.on_error != "raise":
             raise ValueError(
-                f"{owner}: on_error={self.on_error!r} needs the planned dataset (a stream cannot "
-                "skip a sample it has not counted); pass on_error='raise' or streaming=False."
+                f"{owner}: on_error={self.on_error!r} needs the planned dataset; pass "
+                "on_error='raise' or streaming=False."
             )
         planned_only = {
-            "window": (window, DEFAULT_WINDOW),
+            "window": (self.window, DEFAULT_WINDOW),
             "max_tokens": (self.max_tokens, None),
             "bucket_window": (self.bucket_window, None),
-            "max_open_shards": (max_open_shards, MAX_OPEN_DEFAULT),
+            "max_open_shards": (self.max_open_shards, MAX_OPEN_DEFAULT),
         }
         for name, (given, default) in planned_only.items():
             if given != default:
                 raise ValueError(
-                    f"{owner}: {name}={given!r} applies to planned shards only (a stream reads "
-                    f"each shard front to back); drop {name} or use streaming=False."
+                    f"{owner}: {name}={given!r} applies to planned shards only; drop {name} or "
+                    "use streaming=False."
                 )
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
@@ -235,8 +280,7 @@ class ShardedDataModule(LoaderDataModule):
         """The dataset's own plan (shuffled for train only)."""
         train = split == "train"
         if train and self.max_tokens is not None:
-            extra = {"shard_window": self.window, "mix_shards": self.mix_shards}
-            return budget_sampler(self, dataset, self._lengths(dataset), **extra)
+            return self._budget(dataset, shard_window=self.window, mix_shards=self.mix_shards)
         return dataset.batch_sampler(
             batch_size,
             seed=self.seed,
@@ -246,31 +290,6 @@ class ShardedDataModule(LoaderDataModule):
             drop_last=self.drop_last and train,
         )
 
-    def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
-        """None for fixed-length tokens (stacked by the dataset), else a ``PadCollate``."""
-        return self._collate
-
-    def _lengths(self, dataset: ShardedDataset) -> np.ndarray:
-        """Each train sample's tokens, from the offsets or read once (kept)."""
-        cached = self._length_cache
-        if cached is None or cached[0] is not dataset:
-            if isinstance(self.reader, JsonlReader):
-                lengths = dataset.lengths(
-                    KeyLength(self.length_key, owner="ShardedDataModule"), progress=False
-                )
-            else:
-                lengths = dataset.lengths()
-            cached = self._length_cache = (dataset, lengths)
-        return cached[1]
-
-    def padding_fraction(self, split: str) -> float | None:
-        """Under ``max_tokens``, epoch 0's padded fraction; 0 for fixed-length tokens; else None
-        (it would read every shard)."""
-        if split == "train" and self.max_tokens is not None and not self.streaming:
-            return self._budget_padding()
-        fixed = isinstance(self.reader, TokenReader) and self.reader.seq_len is not None
-        return 0.0 if fixed else None
-
 
 def _splits(owner: str, **given: Any) -> dict[str, Shards]:
     """Each split's shard files or URLs."""
@@ -278,9 +297,8 @@ def _splits(owner: str, **given: Any) -> dict[str, Shards]:
     for split, (name, value) in zip(("train", "val", "test"), given.items(), strict=True):
         if is_hf_dataset(value):
             raise TypeError(
-                f"{owner}: {name} is a datasets.Dataset, not shard files. Pass it to "
-                "SequenceDataModule(train=dataset, ...) or wrap it in loaderkit.HFDataset (for "
-                "MixedDataModule), or save it as Parquet and pass reader='parquet'."
+                f"{owner}: {name} is a datasets.Dataset, not shard files; pass it to "
+                "SequenceDataModule or MixedDataModule (as loaderkit.HFDataset) instead."
             )
         if value is not None:
             splits[split] = shard_list(owner, name, value)

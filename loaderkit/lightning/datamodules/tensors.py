@@ -1,5 +1,4 @@
-"""DataModules over in-memory columns, fetched a batch per call: ``TensorDataModule`` and
-``ArrayDataModule``."""
+"""``TensorDataModule`` and ``ArrayDataModule``: in-memory columns, fetched a batch per call."""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ from loaderkit.lightning.datamodules.base import LoaderDataModule
 
 __all__ = ["ArrayDataModule", "TensorDataModule"]
 
-Source = str | os.PathLike[str]
+Tensors = str | torch.Tensor | Sequence[torch.Tensor] | None
+Arrays = str | np.ndarray | Sequence[np.ndarray] | None
 
 
 class _ColumnsDataModule(LoaderDataModule):
@@ -47,9 +47,8 @@ class _ColumnsDataModule(LoaderDataModule):
                 self._sources[split] = self._columns(split, source)
         if not self._sources:
             raise ValueError(
-                f"{owner}: no data; pass {self.kind}s, e.g. {owner}(x, y), or train=... (the "
-                f"{self.kind}s or a {'/'.join(self.suffixes)} path), val=..., test=..., "
-                "predict=..."
+                f"{owner}: no data; pass {self.kind}s, e.g. {owner}(x, y), or train=, val=, "
+                f"test=, predict= ({self.kind}s or a {'/'.join(self.suffixes)} path)."
             )
 
     def _columns(self, split: str, source: Any) -> Any:
@@ -85,9 +84,8 @@ class TensorDataModule(_ColumnsDataModule):
         *tensors: The train tensors (shorthand for ``train=``).
         train: A tensor, a tuple of tensors, or the path of a ``.pt`` file holding one
             (loaded with ``weights_only=True``, memory-mapped).
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
 
     Example:
@@ -109,14 +107,14 @@ class TensorDataModule(_ColumnsDataModule):
     def __init__(
         self,
         *tensors: torch.Tensor,
-        train: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
-        val: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
-        test: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
-        predict: str | torch.Tensor | Sequence[torch.Tensor] | None = None,
+        train: Tensors = None,
+        val: Tensors = None,
+        test: Tensors = None,
+        predict: Tensors = None,
         **kwargs: Any,
     ) -> None:
         splits = {"train": train, "val": val, "test": test, "predict": predict}
-        self.set_data_args(**splits)  # then super().__init__ records hparams from this frame
+        self.set_data_args(**splits)
         super().__init__(**kwargs)
         self._set_sources(tensors, splits)
 
@@ -132,9 +130,8 @@ class ArrayDataModule(_ColumnsDataModule):
         *arrays: The train arrays (shorthand for ``train=``).
         train: An array, a tuple of arrays, or the path of a ``.npy`` file (memory-mapped
             when ``mmap``) or an ``.npz`` file (its arrays in ``keys`` order).
-        val: The val split, the same way (or use ``val_fraction``).
-        test: The test split.
-        predict: The predict split.
+        val: The val split, the same way (or use ``val_fraction``); ``test`` and
+            ``predict`` likewise.
         keys: The arrays of a ``.npz`` file, in batch order (default: all, as saved).
         mmap: Memory-map ``.npy`` files instead of reading them.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`.
@@ -158,10 +155,10 @@ class ArrayDataModule(_ColumnsDataModule):
     def __init__(
         self,
         *arrays: np.ndarray,
-        train: str | np.ndarray | Sequence[np.ndarray] | None = None,
-        val: str | np.ndarray | Sequence[np.ndarray] | None = None,
-        test: str | np.ndarray | Sequence[np.ndarray] | None = None,
-        predict: str | np.ndarray | Sequence[np.ndarray] | None = None,
+        train: Arrays = None,
+        val: Arrays = None,
+        test: Arrays = None,
+        predict: Arrays = None,
         keys: list[str] | None = None,
         mmap: bool = True,
         **kwargs: Any,
@@ -170,8 +167,8 @@ class ArrayDataModule(_ColumnsDataModule):
             isinstance(keys, str) or not all(isinstance(k, str) for k in keys) or not keys
         ):
             raise TypeError(
-                f"{type(self).__name__}: keys must be a non-empty list of .npz array names, got "
-                f"{keys!r}; pass e.g. keys=['x', 'y']."
+                f"{type(self).__name__}: keys must be a non-empty list of .npz array names, "
+                f"got {keys!r}; pass e.g. keys=['x', 'y']."
             )
         splits = {"train": train, "val": val, "test": test, "predict": predict}
         self.set_data_args(**splits)

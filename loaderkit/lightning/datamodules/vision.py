@@ -19,14 +19,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _torchvision() -> tuple[Any, Any]:
-    """``(torchvision.datasets, torchvision.transforms.v2)``: an optional extra."""
     try:
         from torchvision import datasets
         from torchvision.transforms import v2
     except ImportError as exc:
         raise MissingDependencyError(
-            f"ImageFolderDataModule needs torchvision, which is not installed ({exc}); "
-            "install the extra in the loaderkit clone: pip install '.[vision]'"
+            f"ImageFolderDataModule needs torchvision ({exc}); pip install '.[vision]' in the "
+            "loaderkit clone."
         ) from exc
     return datasets, v2
 
@@ -50,7 +49,6 @@ def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float
 def _number(
     owner: str, name: str, value: object, rule: str, ok: Callable[[float], bool], example: str
 ) -> float:
-    """``value`` as a float that satisfies ``ok`` (``rule`` in words)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(
             f"{owner}: {name} must be a number {rule}, got {value!r} ({type(value).__name__}); "
@@ -62,16 +60,11 @@ def _number(
 
 
 def _folder(owner: str, name: str, value: object) -> str:
+    fix = "pass a folder with one subfolder of images per class."
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"{owner}: {name} must be a directory path, got {value!r}; pass a folder with one "
-            "subfolder of images per class."
-        )
+        raise TypeError(f"{owner}: {name} must be a directory path, got {value!r}; {fix}")
     if not os.path.isdir(value):
-        raise ValueError(
-            f"{owner}: {name}={os.fspath(value)!r} is not a directory; pass a folder with one "
-            "subfolder of images per class."
-        )
+        raise ValueError(f"{owner}: {name}={os.fspath(value)!r} is not a directory; {fix}")
     return os.fspath(value)
 
 
@@ -80,10 +73,8 @@ class ImageFolderDataModule(LoaderDataModule):
 
     Train: ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ColorJitter``,
     ``Normalize``; eval: ``Resize(image_size / crop_fraction)``, ``CenterCrop``,
-    ``Normalize`` (``transforms.v2``). Batches are float32 ``(B, 3, image_size,
-    image_size)`` images and int64 labels. Each sample is loaded under generators
-    seeded from ``(seed, epoch, index)``: the same batches for any ``num_workers``
-    and after a resume.
+    ``Normalize``. Batches are float32 ``(B, 3, image_size, image_size)`` images and
+    int64 labels, augmented the same for any ``num_workers`` and after a resume.
 
     Args:
         root: The train images: ``root/<class>/<image>``.
@@ -143,8 +134,8 @@ class ImageFolderDataModule(LoaderDataModule):
         for name, fn in (("train_transform", train_transform), ("eval_transform", eval_transform)):
             if fn is not None and not callable(fn):
                 raise TypeError(
-                    f"{owner}: {name} must be callable or None, got {fn!r}; pass a transform "
-                    "such as torchvision.transforms.v2.Compose([...]), or None for the default."
+                    f"{owner}: {name} must be callable or None, got {fn!r}; pass a transform, "
+                    "or None for the default."
                 )
         self.train_transform = train_transform or self._default_train_transform()
         self.eval_transform = eval_transform or self._default_eval_transform()
@@ -175,7 +166,7 @@ class ImageFolderDataModule(LoaderDataModule):
             ]
         )
 
-    def _folder(self, root: str, transform: Callable[[Any], Any]) -> Any:
+    def _images(self, root: str, transform: Callable[[Any], Any]) -> Any:
         return _torchvision()[0].ImageFolder(root, transform=transform)
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
@@ -185,7 +176,7 @@ class ImageFolderDataModule(LoaderDataModule):
             if split in self._datasets:  # built by an earlier stage's setup
                 continue
             transform = self.train_transform if split == "train" else self.eval_transform
-            out[split] = self._folder(root, transform)
+            out[split] = self._images(root, transform)
         first = out["train"].classes if "train" in out else self.classes
         for split, ds in out.items():
             if ds.classes != first:
@@ -197,7 +188,7 @@ class ImageFolderDataModule(LoaderDataModule):
 
     def val_view(self, train: Any) -> Any:
         """The train images under the eval transform, for a ``val_fraction`` split."""
-        return self._folder(self.roots["train"], self.eval_transform)
+        return self._images(self.roots["train"], self.eval_transform)
 
     @property
     def classes(self) -> list[str]:
