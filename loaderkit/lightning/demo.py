@@ -281,9 +281,14 @@ def run_demo(config: DemoConfig) -> DemoResult:
     max_tokens = config.max_tokens or config.batch_size * config.max_len
 
     datamodule = partial(
-        StdlibDataModule, dataset, lengths=lengths, max_tokens=max_tokens,
-        batch_size=config.batch_size, num_workers=config.num_workers, seed=config.seed,
-    )  # fmt: skip
+        StdlibDataModule,
+        dataset,
+        lengths=lengths,
+        max_tokens=max_tokens,
+        batch_size=config.batch_size,
+        num_workers=config.num_workers,
+        seed=config.seed,
+    )
 
     plan = datamodule().train_dataloader().plan
     steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]

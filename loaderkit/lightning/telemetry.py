@@ -122,9 +122,13 @@ class DataWaitMonitor(Callback):
             spent = sum(s for _, s in self._recent)
             if spent > 0:
                 pl_module.log(
-                    self.name, waited / spent, prog_bar=self.prog_bar, on_step=True,
-                    on_epoch=False, batch_size=1,
-                )  # fmt: skip
+                    self.name,
+                    waited / spent,
+                    prog_bar=self.prog_bar,
+                    on_step=True,
+                    on_epoch=False,
+                    batch_size=1,
+                )
         self._wait = self._start = None
         self._last_end = now
 

@@ -232,9 +232,13 @@ def _check_plan(
 
 
 def _difference(
-    key: str, was: Any, expected: Any, fingerprint: Mapping[str, Any], adopt: tuple[str, ...],
+    key: str,
+    was: Any,
+    expected: Any,
+    fingerprint: Mapping[str, Any],
+    adopt: tuple[str, ...],
     world: int | None,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """The message for a plan field saved as ``was``, here ``expected`` (None: adopted)."""
     # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
     listed = str(fingerprint.get("sampler", ""))

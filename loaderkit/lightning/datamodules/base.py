@@ -95,10 +95,17 @@ class LoaderDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_settings(
-            self, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
-            pin_memory=pin_memory, persistent_workers=persistent_workers, seed=seed,
-            val_fraction=val_fraction, shuffle=shuffle, drop_last=drop_last,
-        )  # fmt: skip
+            self,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            seed=seed,
+            val_fraction=val_fraction,
+            shuffle=shuffle,
+            drop_last=drop_last,
+        )
         self.eval_batch_size = self.eval_batch_size or self.batch_size
         data = getattr(self, "_data_args", {})
         self.save_hyperparameters(ignore=[name for name, v in data.items() if not plain(v)])

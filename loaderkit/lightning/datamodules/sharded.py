@@ -207,9 +207,15 @@ class ShardedDataModule(_ShardSources):
         urls = any(is_remote_shards(s) for s in self.shards.values())
         self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
         self.reader = make_reader(
-            owner, reader, columns=columns, length_key=length_key, seq_len=seq_len,
-            targets=targets, eos=eos, dtype=dtype,
-        )  # fmt: skip
+            owner,
+            reader,
+            columns=columns,
+            length_key=length_key,
+            seq_len=seq_len,
+            targets=targets,
+            eos=eos,
+            dtype=dtype,
+        )
         self._set_collate(pad_value, varying=False)
 
     def _check_combinations(self, reader: Any, columns: Any) -> None:
