@@ -167,15 +167,13 @@ class MixedDataset(Dataset[Any]):
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
 
-    # --------------------------------------------------------------- basics
     def __len__(self) -> int:
         """The sources' total; a source whose ``len()`` changed since is refused."""
         for name, ds, size in zip(self.names, self.sources, self.sizes, strict=True):
             if len(ds) != size:
                 raise StateMismatchError(
                     f"{_OWNER}: source {name!r} has {len(ds)} samples now, {size} when the mix "
-                    "was built, and the mix's plan covers only those (the rest would never be "
-                    "read); build a new MixedDataset and loader over the changed source."
+                    "was built; build a new MixedDataset and loader over the changed source."
                 )
         return int(self._ends[-1])
 
@@ -236,7 +234,6 @@ class MixedDataset(Dataset[Any]):
             },
         }
 
-    # ----------------------------------------------------------------- plan
     def plan(
         self, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False
     ) -> MixPlan:

@@ -11,7 +11,9 @@ import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import torch
@@ -81,11 +83,9 @@ class IterableReader:
     def __init__(self, fn: Callable[[Any], Iterable[Any]], suffixes: Iterable[str] = ()) -> None:
         if not callable(fn):
             raise TypeError(
-                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function "
-                "that opens a shard and yields its samples."
+                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function."
             )
-        self.fn = fn
-        self.suffixes = tuple(suffixes)
+        self.fn, self.suffixes = fn, tuple(suffixes)
 
     def __repr__(self) -> str:
         return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
@@ -190,7 +190,7 @@ def _check_args(
     if transform is not None and not callable(transform):
         raise TypeError(
             f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
-            "module-level function of one sample, or None."
+            "module-level function, or None."
         )
     if not hasattr(reader, "suffixes") and isinstance(shards, str | os.PathLike):
         raise ValueError(
@@ -250,40 +250,28 @@ class StreamingShardedDataset(IterableDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         remote: RemoteCache | None = None,
     ) -> None:
-        mix_shards, reader_suffixes = _check_args(
-            shards,
-            reader,
-            shuffle_shards,
-            mix_shards,
-            steps_per_epoch,
-            samples_per_epoch,
-            transform,
-        )
+        args = (shards, reader, shuffle_shards, mix_shards, steps_per_epoch, samples_per_epoch)
+        mix_shards, reader_suffixes = _check_args(*args, transform)
         self._remote = remote_source(shards, reader_suffixes, remote, _OWNER)
         if self._remote is not None:
             self.shards: list[Any] = list(self._remote.shards)
         else:
-            suffixes = cast("ShardReader", _Suffixes(reader_suffixes))
+            suffixes = cast("ShardReader", SimpleNamespace(suffixes=reader_suffixes))
             self.shards = resolve_shards(shards, suffixes, owner=_OWNER)
         # As ShardedDataset: decided once for all files, and the reader the workers get.
         self.reader = prepare_reader(
             reader, self.shards, self._local if self._remote is None else self._remote.footer_source
         )
-        self.shuffle_shards = shuffle_shards
-        self.mix_shards = mix_shards
-        self.steps_per_epoch = steps_per_epoch
-        self.samples_per_epoch = samples_per_epoch
-        self.transform = transform
+        self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
+        self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
         names = "\n".join(
             s.name if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards
         )
+        settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": zlib.crc32(names.encode()),
-            "shuffle_shards": shuffle_shards,
-            "mix_shards": mix_shards,
-            "steps_per_epoch": steps_per_epoch,
-            "samples_per_epoch": samples_per_epoch,
+            **{name: getattr(self, name) for name in settings},
         }
 
     def __repr__(self) -> str:
@@ -291,9 +279,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError(
-            "StreamingShardedDataset: iterate it through loaderkit.ResumableDataLoader, which "
-            "splits its shards across ranks and workers and keeps each one's position; a plain "
-            "DataLoader would give every worker and rank all of it."
+            "StreamingShardedDataset: iterate it through loaderkit.ResumableDataLoader, not a "
+            "plain DataLoader (which would give every worker and rank all of it)."
         )
 
     def describe(self) -> dict[str, Any]:
@@ -325,7 +312,6 @@ class StreamingShardedDataset(IterableDataset[Any]):
         """What a saved cursor depends on: the shards by count and file names (not paths)."""
         return dict(self._fingerprint)
 
-    # ------------------------------------------------------------ assignment
     def pass_order(self, seed: int, pass_: int) -> list[int]:
         """Shard ids in the order of pass ``pass_``."""
         n = len(self.shards)
@@ -370,11 +356,6 @@ class StreamingShardedDataset(IterableDataset[Any]):
             ) from exc
 
 
-class _Suffixes:
-    def __init__(self, suffixes: tuple[str, ...]) -> None:
-        self.suffixes = suffixes
-
-
 def slot_stream(
     ds: StreamingShardedDataset,
     *,
@@ -413,21 +394,17 @@ def slot_stream(
                     del lanes[turn], readers[turn]
                     turn = turn % len(lanes) if lanes else 0
                 continue
-            shard = shards[lane[0]]
-            key = (shard << _OFFSET_BITS) | lane[1]
+            key = (shards[lane[0]] << _OFFSET_BITS) | lane[1]
             lane[1] += 1
             turn = (turn + 1) % len(lanes)
-            keep = not stride or seen % slots == slot
             seen += 1
-            if not keep:
+            if stride and (seen - 1) % slots != slot:
                 continue
             took = True
             after = Cursor(pass_, nxt, tuple((p, o) for p, o in lanes), turn, seen)
-            if ds.transform is not None and per_sample_seeding:
-                with seeded_sample(seed, pass_, key):
+            if ds.transform is not None:
+                with seeded_sample(seed, pass_, key) if per_sample_seeding else nullcontext():
                     sample = ds.transform(sample)
-            elif ds.transform is not None:
-                sample = ds.transform(sample)
             yield sample, after
         if not cycle:
             return
@@ -437,8 +414,7 @@ def slot_stream(
             names = [shard_name(ds.shards[s]) for s in shards]
             raise LoaderkitError(
                 f"StreamingShardedDataset: slot {slot} of {slots} read no sample in {empty} "
-                f"whole pass(es) over its shards (last: {names}), "
-                "so it cannot fill its share of steps_per_epoch; use more (non-empty) shards "
+                f"whole pass(es) over its shards (last: {names}); use more (non-empty) shards "
                 "than ranks x workers, or fewer workers."
             )
         pass_, nxt, saved, turn, seen = pass_ + 1, 0, (), 0, 0

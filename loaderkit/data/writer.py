@@ -151,9 +151,9 @@ def _run_remote(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str,
     return i, local.name, samples, extras
 
 
-# ------------------------------------------------------------------ resuming
 def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str:
-    fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{_qualname(fn)}"
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": _code_digest(fn)}
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
@@ -170,10 +170,6 @@ def _code_digest(fn: Any) -> str | None:
     if code is None:
         return None
     return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
-
-
-def _qualname(fn: Any) -> str:
-    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
 def _fingerprint(item: Any) -> str | None:
@@ -262,7 +258,6 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-# ------------------------------------------------------------------ the pool
 def _context(mp_context: Any) -> Any:
     methods = multiprocessing.get_all_start_methods()
     if mp_context is None:
@@ -428,7 +423,6 @@ def _pool_write(
             fut.cancel()
 
 
-# ------------------------------------------------------------------ the API
 def write_shards(
     directory: str | os.PathLike[str],
     shards: Iterable[Any],
@@ -447,30 +441,26 @@ def write_shards(
     progress: bool = True,
     resume: bool = True,
 ) -> list[Any]:
-    """Write one file per item of ``shards`` with ``reader.write`` and index them.
-
-    Each shard is written atomically; a re-run after an interruption writes only the
-    unfinished shards. The files do not depend on ``num_workers``.
+    """Write one file per item of ``shards`` with ``reader.write``, atomically, and index them.
 
     Args:
         directory: A folder (created if needed) or a folder URL (``loaderkit[remote]``).
             Files named like this write's shards that it did not produce are removed.
         shards: One item per shard (the reader's data, or ``fn``'s inputs), read lazily.
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
-        suffix: File suffix (default: the reader's first, e.g. ``.npy``).
+        suffix: File suffix (default: the reader's first).
         prefix: Files are named ``{prefix}-00000{suffix}``, ...
         index: Also write the index here (a path or URL), besides the folder's own.
         storage_options: The fsspec filesystem's options for a URL.
-        compression: ``"zstd"`` (``loaderkit[zstd]``): each shard compressed whole,
-            ``.zst`` appended. Default: plain.
+        compression: ``"zstd"`` (``loaderkit[zstd]``) or None.
         level: The zstd level (default 3; -7 to 22).
         hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``:
-            each file's digest, kept in the index and checked on first read.
+            each file's digest, checked on first read.
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
             unless ``mp_context="fork"``.
         num_workers: Writer processes (0: the caller).
-        mp_context: A start method name or a multiprocessing context; ``None``:
-            ``"forkserver"`` (else ``"spawn"``). ``"fork"`` only where the caller runs no threads.
+        mp_context: A start method name or a multiprocessing context (default:
+            ``"forkserver"`` where available, else ``"spawn"``).
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings finished (without
             ``fn`` the data is not compared). ``False`` writes every shard.
@@ -479,8 +469,7 @@ def write_shards(
         The shard paths (URLs for a URL), in order.
 
     Raises:
-        ShardError: A writer process died; what a reader or ``fn`` raises
-            propagates with a note naming the shard.
+        ShardError: A writer process died (other errors carry a note naming the shard).
 
     Example:
         >>> import tempfile
@@ -530,17 +519,15 @@ def _check_args(
     reader: Any, fn: Any, num_workers: Any, mp_context: Any, progress: Any, resume: Any
 ) -> tuple[bool, bool]:
     if not callable(getattr(reader, "write", None)):
-        raise TypeError(
-            f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
-        )
+        name = type(reader).__name__
+        raise TypeError(f"write_shards: reader {name} has no write(path, data) method.")
     if fn is not None and not callable(fn):
         raise TypeError(
-            f"write_shards: fn must be a callable that makes one shard's data from one item "
-            f"of shards, got {fn!r}; pass a module-level function, or leave fn out."
+            f"write_shards: fn must be a callable, got {fn!r}; pass a module-level function "
+            "that makes one shard's data from one item, or leave fn out."
         )
-    workers = check_int(
-        "num_workers", num_workers, 0, owner="write_shards", fix="pass 0 to write in the caller"
-    )
+    fix = "pass 0 to write in the caller"
+    workers = check_int("num_workers", num_workers, 0, owner="write_shards", fix=fix)
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
     if workers > 0:
