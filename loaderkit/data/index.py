@@ -176,8 +176,11 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
     wanted = [p.resolve() for p in paths]
     for path, resolved in zip(paths, wanted, strict=True):
         if resolved not in by_path:
-            msg = f"shard {str(path)!r} is not in the shard index {str(index)!r}; delete the index."
-            raise ShardError(msg, path=path)
+            raise ShardError(
+                f"shard {str(path)!r} is not in the shard index {str(index)!r}; pass the "
+                "shards it was built for, or delete it.",
+                path=path,
+            )
     if len(set(wanted)) != len(rows):
         extra = sorted(str(p) for p in set(by_path) - set(wanted))
         gone = [p for p in extra if not os.path.exists(p)]
