@@ -1,9 +1,7 @@
 """Arrow tables into tensors, a batch at a time (private to loaderkit.data).
 
-Per column: numbers -> one tensor; ``list<number>`` -> a list of 1-D tensors
-(views of one buffer); ``fixed_size_list<number>`` -> a ``(rows, size)`` tensor;
-anything else -> a Python list. Types of two files merge only where one dtype
-holds both exactly (:func:`exact_dtype`). pyarrow is imported on first use.
+Per column: numbers -> a tensor; ``list<number>`` -> a list of 1-D tensors;
+``fixed_size_list<number>`` -> a ``(rows, size)`` tensor; anything else -> a list.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ __all__ = [
 
 
 def import_pyarrow(extra: str = "parquet") -> Any:
-    """``pyarrow`` (and its ``compute`` and ``parquet`` modules), or a
-    :class:`MissingDependencyError` naming the extra."""
+    """``pyarrow`` with its ``compute`` and ``parquet`` modules."""
     try:
         import pyarrow
         import pyarrow.compute
@@ -58,8 +55,8 @@ def _digits(dtype: torch.dtype) -> int:
 
 
 def exact_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
-    """The dtype torch promotes ``a`` and ``b`` to, or ``float64`` beyond it, where that
-    holds every value of both exactly; None where none does (``int64`` with ``float64``).
+    """The dtype torch promotes ``a`` and ``b`` to (or ``float64``) where it holds every
+    value of both exactly, else None.
 
     Example:
         >>> exact_dtype(torch.int32, torch.int64), exact_dtype(torch.int32, torch.float32)
@@ -89,16 +86,14 @@ def _torch_dtype(t: Any) -> torch.dtype:
 
 
 def column_kind(pa: Any, t: Any) -> tuple[Any, ...]:
-    """What a column of Arrow type ``t`` becomes in a batch: ``("tensor", dtype)``,
-    ``("tensors", dtype)`` (a list of 1-D tensors), ``("fixed", dtype, size)`` or
-    ``("python", type)`` (a list of Python values)."""
+    """What a column of Arrow type ``t`` becomes: ``("tensor", dtype)``, ``("tensors",
+    dtype)``, ``("fixed", dtype, size)`` or ``("python", type)``."""
     if _numeric(pa, t):
         return ("tensor", _torch_dtype(t))
     if pa.types.is_fixed_size_list(t) and _numeric(pa, t.value_type):
         return ("fixed", _torch_dtype(t.value_type), t.list_size)
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _numeric(pa, t.value_type):
         return ("tensors", _torch_dtype(t.value_type))
-    # string and large_string (binary, lists) give the same Python values.
     return ("python", str(t).replace("large_", ""))
 
 
@@ -127,9 +122,8 @@ def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None)
     fixed = pa.types.is_fixed_size_list(t)
     if (numeric or is_list or fixed) and col.null_count:
         raise ValueError(
-            f"{where}: column {name!r} has {col.null_count} null value(s) in this batch; a "
-            "tensor cannot hold them: fill them in the data (e.g. pyarrow.compute.fill_null), "
-            "or leave the column out with columns=[...]."
+            f"{where}: column {name!r} has {col.null_count} null value(s) in this batch; fill "
+            "them in the data (e.g. pyarrow.compute.fill_null), or leave the column out."
         )
     if numeric:
         return _to_tensor(col, dtype)
@@ -151,8 +145,7 @@ def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None)
 def table_columns(
     table: Any, where: str, dtypes: dict[str, torch.dtype] | None = None
 ) -> dict[str, Any]:
-    """The columns of a ``pyarrow.Table`` converted as the module docstring lists; a column
-    named in ``dtypes`` gives numbers of that dtype (the merged dtype of its files)."""
+    """The columns of a ``pyarrow.Table`` as tensors or lists (``dtypes``: by column)."""
     pa = import_pyarrow()
     dtypes = dtypes or {}
     return {
@@ -166,21 +159,18 @@ def _exact_or_none(a: torch.dtype | None, b: torch.dtype) -> torch.dtype | None:
 
 
 class Columns(Sequence[dict[str, Any]]):
-    """A batch of rows held by column: a sequence of row dicts for a ``collate_fn``, or,
-    unsplit, the collated batch itself (:meth:`as_batch`, :meth:`scatter`).
+    """A batch of rows held by column: a sequence of row dicts, or the batch itself.
 
     Args:
         data: Column name -> a tensor (first dim the rows) or a list (one item per row).
         rows: The number of rows.
-        source: Where the rows come from (a file), for messages.
+        source: Where the rows come from, for messages.
     """
 
     __slots__ = ("data", "rows", "source")
 
     def __init__(self, data: dict[str, Any], rows: int, source: str = "") -> None:
-        self.data = data
-        self.rows = rows
-        self.source = source
+        self.data, self.rows, self.source = data, rows, source
 
     def __len__(self) -> int:
         return self.rows
@@ -195,19 +185,16 @@ class Columns(Sequence[dict[str, Any]]):
             yield {name: col[i] for name, col in self.data.items()}
 
     def as_batch(self) -> dict[str, Any]:
-        """The rows as one batch: column name -> tensor or list."""
         return dict(self.data)
 
     @staticmethod
     def scatter(parts: Sequence[Columns], where: Sequence[np.ndarray | None]) -> dict[str, Any]:
-        """One batch from the column batches ``parts``, part ``k``'s rows going to the batch
-        positions ``where[k]`` (``None``: the whole batch, in order)."""
+        """One batch from ``parts``, part ``k``'s rows at positions ``where[k]`` (None: all)."""
         if len(parts) == 1 and where[0] is None:
             return parts[0].as_batch()
         total = sum(p.rows for p in parts)
-        names = list(parts[0].data)
         out: dict[str, Any] = {}
-        for name in names:
+        for name in parts[0].data:
             cols = [p.data[name] for p in parts]
             if all(isinstance(c, torch.Tensor) for c in cols):
                 if len({c.shape[1:] for c in cols}) != 1:
@@ -216,8 +203,7 @@ class Columns(Sequence[dict[str, Any]]):
                         f"{sorted({tuple(c.shape[1:]) for c in cols})} in different files; "
                         "the files' schemas must agree (rewrite them with one schema)."
                     )
-                # int32 in one file, int64 in another: one tensor of the promoted dtype,
-                # the same batch structure whichever files a batch spans.
+                # One dtype whichever files a batch spans.
                 dtype = functools.reduce(_exact_or_none, [c.dtype for c in cols])
                 if dtype is None:
                     raise ValueError(
@@ -239,8 +225,7 @@ class Columns(Sequence[dict[str, Any]]):
 
 
 def length_values(pa: Any, col: Any, where: str, name: str) -> np.ndarray:
-    """Each row's token count from the Arrow column ``col``: a list column's list lengths, or
-    an integer column's values."""
+    """Each row's token count: a list column's lengths, or an integer column's values."""
     t = col.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         col = pa.compute.list_value_length(col)

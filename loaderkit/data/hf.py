@@ -1,8 +1,7 @@
-"""A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a planned, batch-fetched dataset.
+"""A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a batch-fetched dataset.
 
-A batch is one ``dataset[indices]`` read in Arrow format, converted column by
-column as :class:`~loaderkit.ParquetReader` does; decodable features are
-decoded by the dataset's own features (docs/design.md, Arrow columns).
+A batch is one Arrow read converted as :class:`~loaderkit.ParquetReader` does
+(docs/design.md, Arrow columns).
 """
 
 from __future__ import annotations
@@ -37,14 +36,12 @@ def _datasets() -> Any:
 
 
 def _to_decode(features: Any, columns: list[str]) -> list[str]:
-    """The columns whose feature type ``datasets`` decodes when it reads a row."""
     from datasets.features.features import require_decoding
 
     return [c for c in columns if c in features and require_decoding(features[c])]
 
 
 def _from_files(data: Any) -> Any:
-    """The ``datasets.Dataset`` of the ``.arrow`` file(s) ``data``."""
     hf = _datasets()
     paths = [os.fspath(data)] if isinstance(data, str | os.PathLike) else list(data)
     for path in paths:
@@ -59,19 +56,43 @@ def _from_files(data: Any) -> Any:
     return parts[0] if len(parts) == 1 else hf.concatenate_datasets(parts)
 
 
+def _pick_columns(data: Any, names: list[str], columns: Sequence[str] | None) -> list[str]:
+    """The columns to read: ``columns``, else the dataset format's, else all; checked."""
+    fmt = getattr(data, "format", None) or {}
+    if fmt.get("type") == "custom":
+        raise ValueError(
+            "HFDataset: the dataset has a transform (set_transform / with_transform), which "
+            "batched Arrow reads would skip; apply it in collate_fn, or call reset_format()."
+        )
+    if columns is None and fmt.get("columns"):
+        # with_format(columns=...), in the order datasets gives a row.
+        chosen = set(fmt["columns"])
+        columns = [c for c in names if c in chosen]
+        if fmt.get("output_all_columns"):
+            columns += [c for c in names if c not in chosen]
+    if columns is None:
+        return names
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"HFDataset: columns must be a list of column names, got {columns!r}.")
+    missing = [c for c in columns if c not in names]
+    if missing or not columns:
+        raise ValueError(
+            f"HFDataset: columns {missing or columns!r} not in the dataset's columns {names}; "
+            "pass names it has."
+        )
+    return list(columns)
+
+
 class HFDataset(Dataset[dict[str, Any]]):
     """A ``datasets.Dataset`` or ``.arrow`` file(s), rows as dicts, fetched a batch at a time.
 
     Args:
-        data: A ``datasets.Dataset`` (``load_dataset(...)``, ``Dataset.from_dict``,
-            after ``select``/``shuffle`` too), the path of an ``.arrow`` file,
-            or a list of them (concatenated in order).
-        columns: The columns to return, in this order (default: those of the
-            dataset's format, ``with_format(columns=...)``, with the others if it
-            has ``output_all_columns=True``, in the order ``datasets`` gives a row;
-            else all).
-        length_column: The column giving each row's token count (a list
-            column, or an integer column of lengths), for :meth:`lengths`.
+        data: A ``datasets.Dataset``, the path of an ``.arrow`` file, or a list of them
+            (concatenated in order).
+        columns: The columns to return, in this order (default: the dataset format's
+            columns, else all).
+        length_column: The column giving each row's token count (a list column, or an
+            integer column of lengths), for :meth:`lengths`.
 
     Example:
         >>> import datasets
@@ -89,13 +110,8 @@ class HFDataset(Dataset[dict[str, Any]]):
     """
 
     def __init__(
-        self,
-        data: Any,
-        columns: Sequence[str] | None = None,
-        *,
-        length_column: str | None = None,
+        self, data: Any, columns: Sequence[str] | None = None, *, length_column: str | None = None
     ) -> None:
-        owner = "HFDataset"
         if isinstance(data, str | os.PathLike) or (
             isinstance(data, list | tuple) and data and isinstance(data[0], str | os.PathLike)
         ):
@@ -106,53 +122,25 @@ class HFDataset(Dataset[dict[str, Any]]):
             and hasattr(data, "column_names")
         ):
             raise TypeError(
-                f"{owner}: data must be a datasets.Dataset or .arrow file path(s), got "
-                f"{type(data).__name__}; an IterableDataset (streaming=True) has no length "
-                "to plan: load it without streaming, or use loaderkit's streaming datasets."
+                f"HFDataset: data must be a datasets.Dataset or .arrow file path(s), got "
+                f"{type(data).__name__}; load an IterableDataset (streaming=True) without "
+                "streaming, or use loaderkit's streaming datasets."
             )
         import_pyarrow("hf")
         names = list(data.column_names)
-        fmt = getattr(data, "format", None) or {}
-        if fmt.get("type") == "custom":
-            # HFDataset reads the Arrow table in batches; a transform set with
-            # set_transform / with_transform would be skipped silently.
-            raise ValueError(
-                f"{owner}: the dataset has a transform (set_transform / with_transform), "
-                "which HFDataset's batched Arrow reads would skip; apply it in collate_fn or "
-                "a map-style wrapper instead, or reset it with dataset.reset_format()."
-            )
-        if columns is None and fmt.get("columns"):
-            # The user's with_format(columns=...) choice, in the order datasets gives a row:
-            # those columns, then (output_all_columns=True) the others.
-            chosen = set(fmt["columns"])
-            columns = [c for c in names if c in chosen]
-            if fmt.get("output_all_columns"):
-                columns += [c for c in names if c not in chosen]
-        if columns is not None:
-            if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-                raise TypeError(
-                    f"{owner}: columns must be a list of column names, got {columns!r}."
-                )
-            missing = [c for c in columns if c not in names]
-            if missing or not columns:
-                raise ValueError(
-                    f"{owner}: columns {missing or columns!r} not in the dataset's columns "
-                    f"{names}; pass names it has."
-                )
+        self.columns = _pick_columns(data, names, columns)
         if length_column is not None and length_column not in names:
             raise ValueError(
-                f"{owner}: length_column={length_column!r} is not a column (the dataset has "
+                f"HFDataset: length_column={length_column!r} is not a column (the dataset has "
                 f"{names}); pass the token-ids column, e.g. length_column='input_ids'."
             )
         self.dataset = data
-        self.columns = list(columns) if columns is not None else names
         self.length_column = length_column
         files = [f["filename"] for f in getattr(data, "cache_files", None) or []]
-        # How a mix given a list of datasets names this one (MixedDataset).
         self._source_name = source_name(files) if files else None
         self._arrow = data.with_format("arrow", columns=self.columns)
-        # The Arrow read skips the feature decoding datasets applies (images, audio).
-        self._features: Any = getattr(data, "features", None)  # a copy per access: keep one
+        # The Arrow read skips datasets' feature decoding (images, audio); a copy per access.
+        self._features: Any = getattr(data, "features", None)
         self._decoded = [] if self._features is None else _to_decode(self._features, self.columns)
 
     def __len__(self) -> int:
@@ -170,7 +158,7 @@ class HFDataset(Dataset[dict[str, Any]]):
             raise IndexError(f"HFDataset: indices {idx[:8]} out of range for {n} rows.")
         table = self._arrow[(idx % max(n, 1)).tolist()]
         data = table_columns(table, "HFDataset")
-        if list(data) != self.columns:  # the Arrow read gives the table's order
+        if list(data) != self.columns:
             data = {name: data[name] for name in self.columns}
         for name in self._decoded:
             data[name] = self._features.decode_column(data[name], name)
@@ -180,8 +168,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         return self._columns([int(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        """The rows at ``indices`` as dicts, fetched in one call (for a ``collate_fn``);
-        through a subclass's own ``__getitem__`` where it has one."""
+        """The rows at ``indices`` as dicts, fetched in one call."""
         if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         return list(self._columns(indices))

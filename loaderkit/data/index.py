@@ -1,10 +1,8 @@
 """The shard index: each shard's sample count, counted once and checked on every use.
 
-A JSON file, by default ``.loaderkit-index-<key>.json`` next to the first shard
-(the key hashes the reader settings and the shard names), lists per shard its
-path relative to the index, byte size, mtime (a remote folder's index: the
-object's version) and sample count. An index ``write_shards`` wrote says so
-(``"written_by"``): its folder holds exactly the shards it lists.
+A JSON file (default ``.loaderkit-index-<key>.json`` next to the first shard) lists per
+shard its relative path, size, mtime (remote: version) and sample count; one
+``write_shards`` wrote (``"written_by"``) lists exactly its folder's shards.
 """
 
 from __future__ import annotations
@@ -24,17 +22,15 @@ from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 
 __all__: list[str] = []  # serves the sharded and streaming datasets and the writer
 
-INDEX_VERSION = 2  # 2: a row may carry a 5th column, its extras (compression, hash)
+INDEX_VERSION = 2  # 2: a row may carry extras (compression, hash) as a 5th column
 _READABLE_VERSIONS = (1, 2)
 INDEX_PREFIX = ".loaderkit-index-"
 WORK_DIR = ".loaderkit-write"  # write_shards' markers: present while a write is unfinished
-WRITER = "write_shards"  # an index's "written_by": its folder is the shards it lists, no more
+WRITER = "write_shards"  # an index's "written_by"
 
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """One shard as indexed: where, which bytes, and how many samples."""
-
     path: Path
     size: int
     mtime_ns: int
@@ -64,19 +60,15 @@ class IndexEntry:
         return None
 
 
-def _name(names: Sequence[str], reader: ShardReader) -> str:
+def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
+    """The index file name of shards ``names`` under ``reader``."""
     blob = json.dumps({"spec": reader.spec(), "names": list(names)}, sort_keys=True)
     return f"{INDEX_PREFIX}{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
 
 
 def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
     """Where the index of these shards under this reader lives unless one is given."""
-    return paths[0].parent / _name([p.name for p in paths], reader)
-
-
-def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
-    """The index file name of shards ``names`` under ``reader`` (as for a local folder)."""
-    return _name(names, reader)
+    return paths[0].parent / remote_index_name([p.name for p in paths], reader)
 
 
 def _checksum(rows: list[list[Any]]) -> str:
@@ -86,8 +78,7 @@ def _checksum(rows: list[list[Any]]) -> str:
 def index_doc(
     rows: list[list[Any]], reader: ShardReader, written_by: str | None = None, remote: bool = False
 ) -> bytes:
-    """The index document of ``rows`` (``[path or name, size, mtime or version, samples
-    (, extras)]`` each); older loaderkit versions ignore ``written_by``."""
+    """The index document of ``rows`` (``[path, size, mtime or version, samples(, extras)]``)."""
     doc: dict[str, Any] = {"remote": True} if remote else {}
     doc |= {
         "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
@@ -111,7 +102,6 @@ def checked_count(reader: Any, shard: Any, samples: Any) -> int:
 
 
 def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
-    """A local shard's sample count and index extras (a compressed one decoded to count)."""
     if not is_compressed(path.name):
         return reader.count(path), None
     decoded = decode_into(path, local_decode_dir(path, default_cache_root()))
@@ -134,8 +124,8 @@ def build_index(
     known: dict[Path, tuple[int, dict[str, Any] | None]] | None = None,
     written_by: str | None = None,
 ) -> list[IndexEntry]:
-    """Count every shard (or take its ``known`` count and extras) and write the index
-    atomically; with ``exclusive``, an index another builder wrote meanwhile wins."""
+    """Count every shard (unless ``known``) and write the index atomically; with
+    ``exclusive``, an index another builder wrote meanwhile wins."""
     entries = []
     for path in paths:
         try:
@@ -153,33 +143,24 @@ def build_index(
     try:
         written = atomic_write(index, lambda f: f.write(doc), exclusive=exclusive)
     except OSError as exc:
-        raise ShardError(
-            f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable "
-            "path, e.g. ShardedDataset(..., index='/tmp/my-index.json').",
-            path=index,
-        ) from exc
+        msg = f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable path."
+        raise ShardError(msg, path=index) from exc
     return entries if written else _read_index(index, paths, reader)
 
 
 def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[list[Any]]:
-    """The rows of the index document ``data`` found at ``where``, checked: readable, its
-    checksum, its version (and kind: ``remote``) and the reader settings it was counted with."""
+    """The rows of the index ``data`` at ``where``, checked: checksum, version, kind, reader."""
     try:
         doc = json.loads(data)
         rows = doc["shards"]
         ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == _checksum(rows)
     except (ValueError, KeyError, TypeError) as exc:
-        raise ShardError(
-            f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it so "
-            "the shards are counted again.",
-            path=where,
-        ) from exc
+        msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it."
+        raise ShardError(msg, path=where) from exc
     if not ok or (remote and doc.get("remote") is not True):
-        raise ShardError(
-            f"shard index {where!r} fails its checksum or is not {'a remote' if remote else 'an'} "
-            "index of this loaderkit version; delete it so the shards are counted again.",
-            path=where,
-        )
+        kind = "a remote" if remote else "an"
+        msg = f"shard index {where!r} fails its checksum or is not {kind} index; delete it."
+        raise ShardError(msg, path=where)
     if doc["reader"] != reader.spec():
         raise ShardError(
             f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
@@ -197,7 +178,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
         if resolved not in by_path:
             raise ShardError(
                 f"shard {str(path)!r} is not in the shard index {str(index)!r}; pass the "
-                "shards it was built for, or delete it so the new list is counted.",
+                "shards it was built for, or delete it.",
                 path=path,
             )
     if len(set(wanted)) != len(rows):
@@ -206,14 +187,11 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
         if gone:
             raise MissingShardError(
                 f"shard index {str(index)!r} lists shards that do not exist: {gone}; restore "
-                "them, or delete the index if they were removed on purpose.",
+                "them, or delete the index.",
                 path=gone[0],
             )
-        raise ShardError(
-            f"shard index {str(index)!r} also lists {extra[:3]} (missing from the shards "
-            "given); pass every shard it was built for, or delete it to count this list.",
-            path=index,
-        )
+        msg = f"shard index {str(index)!r} also lists {extra[:3]}; pass them too, or delete it."
+        raise ShardError(msg, path=index)
     entries = []
     for path, resolved in zip(paths, wanted, strict=True):
         _, size, mtime, samples, *extras = by_path[resolved]
@@ -224,7 +202,7 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
         if why is not None:
             raise ShardChangedError(
                 f"shard {str(path)!r} no longer matches the shard index {str(index)!r}: {why}; "
-                "delete the index so the shards are counted again, and restart the run.",
+                "delete the index and restart the run.",
                 path=path,
             )
         entries.append(entry)
@@ -239,9 +217,8 @@ def read_remote_index(
     *,
     folder: bool = False,
 ) -> tuple[list[int], list[dict[str, Any] | None]]:
-    """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``
-    each) from the index ``data`` found at ``where``, each checked against the listing;
-    ``folder``: ``listed`` is a whole folder, so a shard only the index lists is missing."""
+    """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``)
+    from the index ``data`` at ``where``; ``folder``: ``listed`` is a whole folder."""
     by_name = {str(r[0]): r for r in _rows(data, where, reader, remote=True)}
     names = [name for _, name, _, _ in listed]
     if sorted(by_name) != sorted(names):
@@ -250,18 +227,16 @@ def read_remote_index(
         if folder and extra:
             raise MissingShardError(
                 f"the shard folder lacks {len(extra)} shard(s) that its index {where!r} "
-                f"lists: {extra}; restore them (or re-run write_shards), or pass another index=.",
+                f"lists: {extra}; restore them, or pass another index=.",
                 path=where,
             )
         raise ShardError(
             f"shard index {where!r} does not list the same shards (not in it: {missing}; only "
-            f"in it: {extra[:3]}); pass the shards it was built for, or delete it.",
+            f"in it: {extra[:3]}); delete it.",
             path=where,
         )
-    samples: list[int] = []
-    extras: list[dict[str, Any] | None] = []
     for url, name, size, version in listed:
-        _, isize, iversion, count, *extra_col = by_name[name]
+        _, isize, iversion, *_ = by_name[name]
         if int(isize) != size or str(iversion) != version:
             raise ShardChangedError(
                 f"shard {url!r} changed after it was indexed (now {size} bytes, version "
@@ -269,21 +244,16 @@ def read_remote_index(
                 f"{where!r} and restart the run.",
                 path=url,
             )
-        samples.append(int(count))
-        extras.append(extra_col[0] if extra_col else None)
-    return samples, extras
+    rows = [by_name[name] for _, name, _, _ in listed]
+    return [int(r[3]) for r in rows], [r[4] if len(r) > 4 else None for r in rows]
 
 
-# The index write_shards wrote is the truth for its folder: a listing that lacks
-# shards an index of the folder lists is an incomplete corpus, never a smaller one.
 def is_index_name(name: str) -> bool:
-    """Whether a file of this name is a shard index."""
     return name.startswith(INDEX_PREFIX) and name.endswith(".json")
 
 
 def index_names(data: bytes) -> tuple[list[str], bool] | None:
-    """The names of the shards an index document lists in its own folder, and whether
-    ``write_shards`` wrote it (None: unreadable)."""
+    """The shard names an index lists in its folder and whether ``write_shards`` wrote it."""
     try:
         doc = json.loads(data)
         names = [str(r[0]) for r in doc["shards"]]
@@ -294,10 +264,9 @@ def index_names(data: bytes) -> tuple[list[str], bool] | None:
 
 
 def unfinished_write_error(folder: str) -> ShardError:
-    """The error for a folder whose ``write_shards`` stopped part-way (its markers are there)."""
     return ShardError(
         f"shard folder {folder!r} holds an unfinished write_shards ({WORK_DIR}/ is there); "
-        "re-run the same write_shards call, which resumes and finishes it.",
+        "re-run the same write_shards call to finish it.",
         path=folder,
     )
 
@@ -309,10 +278,9 @@ def check_complete(
     accept: Callable[[str], bool],
     kept: Sequence[tuple[str, bytes]] = (),
 ) -> None:
-    """Refuse a folder whose listing ``listed`` lacks a shard (among those ``accept`` takes)
-    that one of its ``indexes`` (``(where, document)``) lists, or, with a ``write_shards``
-    index among them, holds a shard none of those lists (a stray file). ``kept``: indexes
-    kept for it elsewhere (a read-only folder's), used unless ``write_shards`` wrote one."""
+    """Refuse a folder whose listing lacks a shard (that ``accept`` takes) one of its
+    ``indexes`` (``(where, document)``) lists, or holds one a ``write_shards`` index does
+    not list. ``kept``: indexes kept elsewhere, used unless ``write_shards`` wrote one."""
     parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
     if not any(by_writer for _, _, by_writer in parsed):
         parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
@@ -323,8 +291,7 @@ def check_complete(
         where = [w for w, names, _ in parsed if set(names) & gone]
         raise MissingShardError(
             f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
-            f"{', '.join(map(repr, where))} lists: {missing}; restore them (or re-run "
-            "write_shards), or delete the index if they were removed on purpose.",
+            f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
     writers = [w for w, _, by_writer in parsed if by_writer]

@@ -1,8 +1,4 @@
-""":class:`JsonlReader`: ``.jsonl`` shards, one sample per line, read through a line-offset index.
-
-Exported from :mod:`loaderkit`. The offsets sidecar lets a
-sample be read with one seek instead of a scan of the lines before it.
-"""
+""":class:`JsonlReader`: ``.jsonl`` shards, one sample per line, read by line offset."""
 
 from __future__ import annotations
 
@@ -31,11 +27,9 @@ __all__ = ["JsonlReader"]
 class JsonlReader:
     """``.jsonl`` shards: one JSON value per line, read by line offset without scanning.
 
-    Counting a shard scans it once for newlines and writes the line offsets to
-    ``<shard>.lkoffsets``; after that, sample ``i`` is one slice of the
-    memory-mapped file and one ``json.loads``. A line that is not valid JSON
-    raises :class:`ShardError` naming the file and line (or is skipped under
-    ``ShardedDataset(..., on_error="skip")``).
+    Counting a shard writes its line offsets to ``<shard>.lkoffsets``; then sample ``i``
+    is one slice of the memory-mapped file. A line that is not valid JSON raises
+    :class:`ShardError` (or is skipped under ``on_error="skip"``).
 
     Example:
         >>> import tempfile
@@ -54,7 +48,6 @@ class JsonlReader:
         return "JsonlReader()"
 
     def spec(self) -> dict[str, Any]:
-        """The settings a shard's sample count depends on (none)."""
         return {"kind": "jsonl"}
 
     @staticmethod
@@ -109,10 +102,7 @@ class _Lines:
     def __init__(
         self, path: Path, data: np.ndarray, offsets: np.ndarray, guard: MappedFiles
     ) -> None:
-        self.path = path
-        self.data = data
-        self.offsets = offsets
-        self.guard = guard
+        self.path, self.data, self.offsets, self.guard = path, data, offsets, guard
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

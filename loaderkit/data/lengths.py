@@ -1,7 +1,4 @@
-"""Sample lengths for length bucketing: measured once over a dataset, cached on disk.
-
-:func:`compute_lengths` is exported from :mod:`loaderkit`.
-"""
+"""Sample lengths for length bucketing: measured once over a dataset, cached on disk."""
 
 from __future__ import annotations
 
@@ -34,16 +31,12 @@ def compute_lengths(
 
     Args:
         dataset: A map-style dataset (``len`` and ``[i]``).
-        length_fn: Maps a sample to its token count; default ``len(sample)``
-            (or ``shape[0]`` of an array). Dict and tuple samples need one,
-            e.g. ``lambda s: len(s["input_ids"])``.
-        cache: A ``.npy`` path. If it holds lengths saved for the same key,
-            they are loaded instead of computed; else they are computed and
-            saved there (with a ``.json`` sidecar holding the key and a
-            checksum of the array, so a torn or stale file is recomputed).
-        key: Part of the cache key, with the dataset's type, its length and
-            ``length_fn``'s name. The cache cannot see the samples' content:
-            pass a data version or file hash here when the data may change.
+        length_fn: Maps a sample to its token count; default ``len(sample)`` (an
+            array's ``shape[0]``). Dict and tuple samples need one.
+        cache: A ``.npy`` path: lengths saved there for the same key are loaded,
+            else computed and saved (with a ``.json`` sidecar: key and checksum).
+        key: Part of the cache key, with the dataset's type and length and
+            ``length_fn``'s name: pass a data version when the data may change.
         progress: Show a tqdm progress bar while computing.
 
     Returns:
@@ -65,27 +58,24 @@ def compute_lengths(
         )
     size = len(dataset)
     fn = _default_length if length_fn is None else length_fn
-    path = meta_path = None
-    ident = ""
-    if cache is not None:
-        path = Path(cache)
+    path = Path(cache) if cache is not None else None
+    if path is not None:
         if path.suffix != ".npy":
             raise ValueError(
                 f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
                 "cache='lengths.npy'."
             )
-        meta_path = path.with_name(path.name + ".json")
         name = getattr(fn, "__qualname__", type(fn).__qualname__)
         described = f"{type(dataset).__module__}.{type(dataset).__qualname__}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
-        cached = _load_cached_lengths(path, meta_path, ident, size)
+        cached = _load_cached_lengths(path, ident, size)
         if cached is not None:
             return cached
     out = np.empty(size, dtype=np.int64)
     for i in _progress(size, progress):
         out[i] = _checked(fn(dataset[i]), i)
-    if path is not None and meta_path is not None:
-        _save_cached_lengths(path, meta_path, ident, out)
+    if path is not None:
+        _save_cached_lengths(path, ident, out)
     return out
 
 
@@ -130,7 +120,8 @@ def _progress(size: int, show: bool) -> Iterator[int]:
             bar.update()
 
 
-def _load_cached_lengths(path: Path, meta_path: Path, ident: str, size: int) -> np.ndarray | None:
+def _load_cached_lengths(path: Path, ident: str, size: int) -> np.ndarray | None:
+    meta_path = path.with_name(path.name + ".json")
     if not path.exists() or not meta_path.exists():
         return None
     why = ""
@@ -156,9 +147,8 @@ def _load_cached_lengths(path: Path, meta_path: Path, ident: str, size: int) -> 
     return None
 
 
-def _save_cached_lengths(path: Path, meta_path: Path, ident: str, lengths: np.ndarray) -> None:
+def _save_cached_lengths(path: Path, ident: str, lengths: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside, then renamed: a killed process leaves the old cache or none, never half.
     atomic_write(path, lambda f: np.save(f, lengths))
     meta = {"key": ident, "num_samples": int(lengths.size), "crc32": zlib.crc32(lengths.tobytes())}
-    atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+    atomic_write(path.with_name(path.name + ".json"), lambda f: f.write(json.dumps(meta).encode()))

@@ -1,10 +1,7 @@
 """In-memory map-style datasets that fetch a whole batch in one indexing call.
 
-``torch.utils.data.TensorDataset`` reads a batch of 256 rows as 256 Python
-calls and then stacks them again in ``default_collate``. These datasets add
-``get_batch(indices)``, which :class:`~loaderkit.ResumableDataLoader` calls
-once per batch: one ``index_select`` per tensor (or one fancy-index per
-array), the same work as slicing the data by hand.
+``get_batch(indices)``, called once per batch by :class:`~loaderkit.ResumableDataLoader`,
+is one ``index_select`` per tensor (one fancy-index per array).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ __all__ = ["ArrayDataset", "TensorDataset"]
 
 
 def _index_tensor(indices: Any) -> torch.Tensor:
-    # The loader passes writable int64 arrays: wrapping one beats as_tensor(..., dtype=long).
+    # The loader passes writable int64 arrays: wrapping one is cheaper than a copy.
     if (
         type(indices) is np.ndarray
         and indices.dtype == np.int64
@@ -31,12 +28,8 @@ def _index_tensor(indices: Any) -> torch.Tensor:
     return torch.as_tensor(indices, dtype=torch.long)
 
 
-_T_RESHAPE = "t.reshape(1) or t.unsqueeze(0)"
-
-
 def _check_rows(owner: str, i: int, value: Any, kind: type[Any], names: tuple[str, ...]) -> None:
-    """Refuse argument ``i`` unless it is a ``kind`` with a first dimension (``names``: what
-    it must be, the class for the other kind, its noun, how to reshape it)."""
+    """Refuse argument ``i`` unless it is a ``kind`` with a first dimension."""
     what, other, noun, reshape = names
     if not isinstance(value, kind):
         raise TypeError(
@@ -77,7 +70,7 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 
     def __init__(self, *tensors: torch.Tensor) -> None:
         for i, t in enumerate(tensors):
-            names = ("a torch.Tensor", "ArrayDataset for numpy arrays", "tensor", _T_RESHAPE)
+            names = ("a torch.Tensor", "ArrayDataset for numpy arrays", "tensor", "t.reshape(1)")
             _check_rows("TensorDataset", i, t, torch.Tensor, names)
         self.size = _common_length("TensorDataset", [t.size(0) for t in tensors])
         self.tensors = tensors
@@ -97,8 +90,7 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
     """Rows of one or more numpy arrays (``np.memmap`` too), returned as tensors.
 
-    Only the requested rows are read, so a memory-mapped array larger than RAM
-    works; each batch is one fancy-indexing read per array.
+    Only the requested rows are read, so a memory-mapped array larger than RAM works.
 
     Args:
         *arrays: Arrays with equal ``shape[0]``.
@@ -114,7 +106,7 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
         for i, a in enumerate(arrays):
             names = ("a numpy array", "TensorDataset for tensors", "array", "a.reshape(1)")
             _check_rows("ArrayDataset", i, a, np.ndarray, names)
-            try:  # fail here, not at the first batch, on dtypes torch has no tensor for
+            try:  # fail here, not at the first batch
                 torch.from_numpy(np.empty(0, dtype=a.dtype))
             except TypeError as exc:
                 raise TypeError(
@@ -128,8 +120,7 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
-        # A copy, as get_batch makes: a view would let an in-place transform write
-        # into the dataset, or into a read-only memmap (undefined behaviour in torch).
+        # A copy, as get_batch makes: an in-place transform must not write into the data.
         return tuple(torch.from_numpy(np.array(a[index])) for a in self.arrays)
 
     def get_batch(self, indices: Any) -> tuple[torch.Tensor, ...]:

@@ -1,9 +1,7 @@
-"""Weighted mixing of datasets: one map-style dataset, one plan, exact resume.
+"""Weighted mixing of map-style datasets under one :class:`~loaderkit.MixPlan`, resumed exactly.
 
-:class:`MixedDataset` lays map-style sources end to end and gives them a
-:class:`~loaderkit.MixPlan` (docs/design.md, weighted mixing): a saved position
-holds the mix's identity (source names, sizes, draws per epoch) and resuming
-into a different mix is a :class:`~loaderkit.StateMismatchError`.
+A saved position holds the mix's identity (source names, sizes, draws per epoch);
+docs/design.md, weighted mixing.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ _OWNER = "MixedDataset"
 
 
 def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
-    """``weights``/``repeat`` given as a mapping by source name, as a list in source order."""
+    """``weights``/``repeat`` given by source name, as a list in source order."""
     if not isinstance(value, Mapping):
         return value
     if not named:
@@ -46,7 +44,6 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
 
 
 def _holds_mix(ds: Any) -> bool:
-    """Whether ``ds`` is, or wraps in torch's ``Subset``/``ConcatDataset``, a MixedDataset."""
     if isinstance(ds, Subset):
         return _holds_mix(ds.dataset)
     if isinstance(ds, ConcatDataset):
@@ -76,8 +73,7 @@ def _check_source(name: str, ds: Any) -> None:
 
 
 def _list_names(datasets: list[Any]) -> list[str]:
-    """The names of sources given as a list: each one's data (its folder or files) where it
-    has them, else its position; a name shared by several gets ``#position`` appended."""
+    """Sources' names from their data, else their position; a shared name gets ``#i``."""
     names = [getattr(ds, "_source_name", None) or str(i) for i, ds in enumerate(datasets)]
     shared = {n for n in names if names.count(n) > 1}
     return [f"{n}#{i}" if n in shared else n for i, n in enumerate(names)]
@@ -86,8 +82,7 @@ def _list_names(datasets: list[Any]) -> list[str]:
 def _check_distinct(
     datasets: list[Any], sizes: tuple[int, ...], per_epoch: tuple[int, ...]
 ) -> None:
-    """Refuse two listed sources that a saved position could not tell apart: no name from
-    their data (or the same one), the same size and the same draws per epoch."""
+    """Refuse two listed sources a saved position could not tell apart."""
     seen: dict[tuple[Any, int, int], int] = {}
     for j, ds in enumerate(datasets):
         key = (getattr(ds, "_source_name", None), sizes[j], per_epoch[j])
@@ -104,32 +99,19 @@ def _check_distinct(
 class MixedDataset(Dataset[Any]):
     """Several map-style datasets mixed by weights or repeats, with their own :class:`MixPlan`.
 
-    Global index ``offset[s] + i`` is sample ``i`` of source ``s`` (the sources
-    in the given order). Fetch it through :meth:`batch_sampler` (fixed-size
-    batches) or :meth:`bucket_batch_sampler` (length-bucketed, token budgets).
+    Global index ``offset[s] + i`` is sample ``i`` of source ``s``. Fetch through
+    :meth:`batch_sampler` or :meth:`bucket_batch_sampler`. Each source's samples are
+    drawn once per *source-epoch* (a permutation of the source that may span epochs).
 
     Args:
-        sources: The datasets, as a dict by name or a sequence (each named by
-            its data, a shard folder's name or its files, where it has them,
-            else ``"0"``, ``"1"``, ... by position); each needs ``len()`` >= 1
-            and ``[i]``.
-        weights: Proportions of an epoch, one per source (a list in source
-            order, or a dict by name; any positive scale): each epoch draws
-            ``weights[s] / sum(weights) * epoch_size`` samples from source ``s``
-            (largest-remainder rounding, adding up to ``epoch_size``).
-        repeat: Passes over each source per epoch instead (``2.0``: every sample
-            twice, ``0.5``: half the source per epoch, the other half the next):
-            ``round(repeat[s] * len(source))`` draws. Not with ``weights``.
-        epoch_size: Samples per epoch with ``weights`` (default: the sources'
-            total, ``len(self)``).
-
-    Neither ``weights`` nor ``repeat``: every source once per epoch, a shuffled
-    concatenation. A resume checks the sources' names, sizes and draws in
-    order; a list of two sources that none of these tells apart is refused.
-
-    Each source's samples are drawn exactly once per *source-epoch* (a fresh
-    permutation of the source, which may span epochs); each further draw of an
-    upsampled sample has its own per-sample seeding key.
+        sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a
+            sequence (named by their data where they have it, else by position).
+        weights: Proportions of an epoch, one per source (a list or a dict by name):
+            source ``s`` gets ``weights[s] / sum(weights) * epoch_size`` draws.
+        repeat: Passes over each source per epoch instead (``0.5``: half the source
+            per epoch): ``round(repeat[s] * len(source))`` draws. Not with ``weights``.
+        epoch_size: Samples per epoch with ``weights`` (default: ``len(self)``).
+            Neither ``weights`` nor ``repeat``: every source once per epoch.
 
     Example:
         >>> import torch
@@ -157,8 +139,7 @@ class MixedDataset(Dataset[Any]):
         epoch_size: int | None = None,
     ) -> None:
         named = isinstance(sources, Mapping)
-        if named:
-            assert isinstance(sources, Mapping)
+        if isinstance(sources, Mapping):
             self.names = [str(k) for k in sources]
             datasets = list(sources.values())
         elif isinstance(sources, Sequence) and not isinstance(sources, str | bytes):
@@ -186,16 +167,13 @@ class MixedDataset(Dataset[Any]):
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
 
-    # --------------------------------------------------------------- basics
     def __len__(self) -> int:
-        """The sources' total, as built; a source whose ``len()`` changed since is refused
-        here, where the loader asks at the start of each epoch."""
+        """The sources' total; a source whose ``len()`` changed since is refused."""
         for name, ds, size in zip(self.names, self.sources, self.sizes, strict=True):
             if len(ds) != size:
                 raise StateMismatchError(
                     f"{_OWNER}: source {name!r} has {len(ds)} samples now, {size} when the mix "
-                    "was built, and the mix's plan covers only those (the rest would never be "
-                    "read); build a new MixedDataset and loader over the changed source."
+                    "was built; build a new MixedDataset and loader over the changed source."
                 )
         return int(self._ends[-1])
 
@@ -234,10 +212,9 @@ class MixedDataset(Dataset[Any]):
         return self.sources[source][local]
 
     def describe(self, epoch: int = 0) -> dict[str, Any]:
-        """The mix in numbers: per source its size, weight, draws per epoch, passes per
-        epoch (``repeat``) and the source-epochs ``epoch``'s draws fall in (first, last)."""
+        """Per source its size, weight, draws and passes per epoch, and the first and last
+        source-epoch of ``epoch``'s draws."""
         epoch = check_int("epoch", epoch, 0, owner=f"{_OWNER}.describe")
-        # The source-epoch bounds are the plan's, which needs no batch size or seed.
         plan = MixPlan(source_sizes=self.sizes, per_epoch=self.per_epoch, batch_size=1)
         spans = plan.source_epochs(epoch)
         return {
@@ -257,7 +234,6 @@ class MixedDataset(Dataset[Any]):
             },
         }
 
-    # ----------------------------------------------------------------- plan
     def plan(
         self, batch_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = False
     ) -> MixPlan:
@@ -282,22 +258,15 @@ class MixedDataset(Dataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> PlanBatchSampler:
-        """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``.
-
-        ``rank``/``world_size`` default to ``torch.distributed``'s when the loader starts.
-        """
+        """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``."""
         plan = self.plan(batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
         return PlanBatchSampler(plan, rank=rank, world_size=world_size)
 
     def lengths(
         self, length_fn: Callable[[Any], int] | None = None, *, progress: bool = False
     ) -> np.ndarray:
-        """Each sample's token count in global index order: the sources' lengths, concatenated.
-
-        A source with a ``lengths()`` method (``ShardedDataset``) answers it
-        (with ``length_fn``, when it takes one); the others are read once
-        through :func:`~loaderkit.compute_lengths` (``len(sample)`` by default).
-        """
+        """Each sample's token count in global index order: a source's own ``lengths()``
+        where it has one, else :func:`~loaderkit.compute_lengths`."""
         parts = []
         for source in self.sources:
             own = getattr(source, "lengths", None)
@@ -323,15 +292,8 @@ class MixedDataset(Dataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> BucketBatchSampler:
-        """Length-bucketed batches over the mix, fixed-size or under a token budget.
-
-        A :class:`~loaderkit.BucketBatchSampler` over a
-        :class:`~loaderkit.MixBucketPlan`: each epoch's mix order (upsampled
-        samples repeated) cut into windows sorted by length and into batches.
-        ``lengths`` default to :meth:`lengths`; the other arguments are
-        ``BucketBatchSampler``'s. Give the loader a padding ``collate_fn``
-        (``PadCollate``).
-        """
+        """A :class:`~loaderkit.BucketBatchSampler` over the mix (``lengths`` default to
+        :meth:`lengths`; the other arguments are its own); collate with ``PadCollate``."""
         return BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             batch_size=batch_size,

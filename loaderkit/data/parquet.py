@@ -1,9 +1,7 @@
 """Parquet files as shards: one file a shard, one row a sample, one row group the unit of reading.
 
-Counting reads each file's footer; a batch decodes each row group it touches
-once (selected ``columns``, a small LRU per process) and converts it column by
-column; types must agree across files and are settled once by
-:meth:`ParquetReader.prepare` (docs/design.md, Parquet and Arrow tables).
+A batch decodes each row group it touches once; column types must agree across files
+and are settled by :meth:`ParquetReader.prepare` (docs/design.md, Parquet and Arrow tables).
 """
 
 from __future__ import annotations
@@ -37,17 +35,13 @@ class ParquetReader:
 
     Args:
         columns: The columns to read (default: all). Every file must have them.
-        length_column: The column giving each row's token count, for
-            ``ShardedDataset.lengths()`` and token budgets: a list column
-            (its lengths) or an integer column (its values).
+        length_column: The column giving each row's token count: a list column (its
+            lengths) or an integer column (its values).
         cache_row_groups: Decoded row groups each process keeps per open file.
-        row_group_size: Rows per row group when :meth:`write` writes a file
-            (default: pyarrow's).
+        row_group_size: Rows per row group when :meth:`write` writes a file.
 
-    Samples are dicts ``{column: value}``; ``ShardedDataset.get_batch``
-    returns a dict of column -> tensor (numbers), or a list of 1-D tensors
-    (``list<number>``); give the loader ``collate_fn=PadCollate()`` to pad
-    those.
+    Samples are dicts ``{column: value}``; a batch is a dict of column -> tensor, or
+    a list of 1-D tensors for ``list<number>`` (pad them with ``PadCollate()``).
 
     Example:
         >>> import tempfile
@@ -87,32 +81,18 @@ class ParquetReader:
             if len(set(columns)) != len(columns):
                 raise ValueError(f"ParquetReader: columns lists a name twice: {columns!r}.")
         if length_column is not None and not isinstance(length_column, str):
-            raise TypeError(
-                f"ParquetReader: length_column must be a column name or None, got "
-                f"{length_column!r}."
-            )
-        check_int(
-            "cache_row_groups",
-            cache_row_groups,
-            1,
-            owner="ParquetReader",
-            fix="pass decoded row groups to keep per file, e.g. 4",
-        )
+            got = f"got {length_column!r}"
+            raise TypeError(f"ParquetReader: length_column must be a column name or None, {got}.")
+        fix = "pass decoded row groups to keep per file, e.g. 4"
+        check_int("cache_row_groups", cache_row_groups, 1, owner="ParquetReader", fix=fix)
         if row_group_size is not None:
-            check_int(
-                "row_group_size",
-                row_group_size,
-                1,
-                owner="ParquetReader",
-                fix="pass rows per row group, e.g. 8192, or None",
-            )
+            fix = "pass rows per row group, e.g. 8192, or None"
+            check_int("row_group_size", row_group_size, 1, owner="ParquetReader", fix=fix)
         self.columns = None if columns is None else list(columns)
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
-        # Column -> (batch kind, [(Arrow type, its first file)] merged into it), and (with
-        # columns=None) the first file's column names: of all a dataset's files once
-        # prepare()d, else of those this process opened.
+        # Column -> (batch kind, [(Arrow type, its first file)]), and the first file's names.
         self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
         self._names: tuple[list[str], str] | None = None
         self._prepared = False
@@ -121,12 +101,10 @@ class ParquetReader:
         return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
 
     def spec(self) -> dict[str, Any]:
-        """A file's row count depends on nothing but the file."""
         return {"kind": "parquet"}
 
     def _file(self, source: Any, name: str | None = None) -> Any:
-        """``source`` (a path, or a file object holding a file's footer) as a
-        ``ParquetFile``; messages name it ``name`` (default: the path)."""
+        """``source`` (a path, or a file object holding the footer) as a ``ParquetFile``."""
         pa = import_pyarrow()
         name = str(source) if name is None else name
         if isinstance(source, Path) and not source.exists():
@@ -134,29 +112,20 @@ class ParquetReader:
         try:
             return pa.parquet.ParquetFile(source)
         except (OSError, ValueError, pa.ArrowException) as exc:
-            raise ShardError(
-                f"shard {name!r} is not a readable Parquet file ({exc}): it is corrupt or "
-                "truncated; rewrite it (and delete the shard index).",
-                path=name,
-            ) from exc
+            msg = f"shard {name!r} is not a readable Parquet file ({exc}); rewrite it."
+            raise ShardError(msg, path=name) from exc
 
     def prepare(self, files: Sequence[tuple[str, Any]]) -> ParquetReader:
-        """This reader for exactly ``files``: each file's footer read (no data page), every
-        column's type checked across all of them and the merged dtypes decided.
-
-        :class:`~loaderkit.ShardedDataset` and :class:`~loaderkit.StreamingShardedDataset`
-        call it once, when built, and read with the copy it returns (their workers get
-        that copy), so every batch of a dataset has the same columns and dtypes, and a
-        type mismatch is refused before any batch.
+        """A copy of this reader for exactly ``files``: every file's footer read, column
+        types checked across them and the merged dtypes decided (datasets call it once).
 
         Args:
-            files: ``(name, source)`` per file: how messages name it, and its local path
-                or a pyarrow-readable file object holding at least its footer.
+            files: ``(name, source)`` per file: its name in messages, and its local path
+                or a file object holding at least its footer.
 
         Raises:
             ShardError: a file is unreadable, lacks a column, has other column names
-                (``columns=None``), or types a column differently in a way no dtype holds
-                exactly; the message names the column and both files.
+                (``columns=None``), or types a column in a way no common dtype holds.
         """
         prepared = copy.copy(self)
         prepared._kinds, prepared._names, prepared._prepared = {}, None, False
@@ -167,10 +136,7 @@ class ParquetReader:
         return prepared
 
     def _agree(self, where: str, schema: Any, rows: int) -> list[str]:
-        """The columns to read from the file ``where`` of this schema and row count, checked
-        against the files seen before: the wanted columns present, the same column names
-        (with ``columns=None``), each column's type merged exactly with the others'. The
-        types of a prepared reader are final: a file that would widen one changed since."""
+        """The columns to read from the file ``where``, checked against the files before."""
         names = schema.names
         wanted = list(self.columns if self.columns is not None else names)
         missing = [c for c in wanted if c not in names]
@@ -180,9 +146,9 @@ class ParquetReader:
                 "that every file has.",
                 path=where,
             )
-        if not rows:  # a file without rows adds no values of any type
+        if not rows:  # adds no values of any type
             return wanted
-        if self.columns is None:  # all columns: every file must have the same ones
+        if self.columns is None:
             if self._names is None:
                 self._names = (sorted(names), where)
             if self._names[0] != sorted(names):
@@ -198,8 +164,7 @@ class ParquetReader:
         return wanted
 
     def _merge(self, where: str, name: str, t: Any) -> None:
-        """Merge column ``name``, of Arrow type ``t`` in the file ``where``, into the kind of
-        the files before it, or refuse it naming the file and the merged type."""
+        """Merge column ``name`` (Arrow type ``t`` in ``where``) into the files' kind so far."""
         kind = column_kind(import_pyarrow(), t)
         seen = self._kinds.get(name)
         if seen is None:
@@ -226,8 +191,7 @@ class ParquetReader:
         self._kinds[name] = (merged, sources)
 
     def dtypes(self, columns: list[str]) -> dict[str, Any]:
-        """The torch dtype each numeric column of ``columns`` is read as: the merged dtype of
-        the files checked so far (all of a dataset's files once prepared)."""
+        """The merged torch dtype of each numeric column of ``columns``."""
         return {
             name: kind[1]
             for name, (kind, _) in self._kinds.items()
@@ -239,7 +203,7 @@ class ParquetReader:
         return int(self._file(Path(path)).metadata.num_rows)
 
     def open(self, path: Path) -> OpenShard:
-        """Read the footer and check the columns; row groups are decoded on demand."""
+        """Read the footer and check the columns."""
         path = Path(path)
         return _ParquetShard(path, self, self._file(path))
 
@@ -266,7 +230,6 @@ class ParquetReader:
 
 
 def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
-    """How a column's type across the files checked so far reads in a message."""
     kind, sources = seen
     if len(sources) == 1:
         return f"{sources[0][0]} in {sources[0][1]!r}"
@@ -277,8 +240,7 @@ def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
 
 
 class _ParquetShard:
-    """One Parquet file opened in one process: its row-group boundaries and a small
-    cache of decoded row groups."""
+    """One Parquet file opened in one process, with a cache of decoded row groups."""
 
     def __init__(self, path: Path, reader: ParquetReader, file: Any) -> None:
         self.path = path
@@ -294,7 +256,7 @@ class _ParquetShard:
         self.columns = reader._agree(str(path), file.schema_arrow, self.num_rows)
         self._dtypes = reader.dtypes(self.columns)
         self._cache: OrderedDict[int, Any] = OrderedDict()
-        self.decoded = 0  # row groups decoded (for tests and curiosity)
+        self.decoded = 0  # row groups decoded
 
     def __len__(self) -> int:
         return self.num_rows
@@ -333,7 +295,7 @@ class _ParquetShard:
             table = self._row_group(groups[0])
             local = idx - self.starts[groups[0]]
         else:
-            # The row groups end to end (no copy), each row's position in that concatenation.
+            # The row groups end to end (no copy); each row's position in that concatenation.
             tables = [self._row_group(g) for g in groups]
             base = np.zeros(int(group_of.max()) + 1, dtype=np.int64)
             offset = 0
@@ -356,14 +318,10 @@ class _ParquetShard:
         if name is None:
             raise TypeError(
                 f"{self._where()}: ParquetReader has no length_column, so a row's token count "
-                "is unknown; pass ParquetReader(length_column='input_ids') (a list column, or "
-                "an integer column of lengths)."
+                "is unknown; pass ParquetReader(length_column='input_ids')."
             )
         if name not in self.names:
-            raise ShardError(
-                f"{self._where()} has no length_column {name!r} (it has {self.names}); pass "
-                "the column whose list lengths are the token counts.",
-                path=self.path,
-            )
+            msg = f"{self._where()} has no length_column {name!r} (it has {self.names}); pass one."
+            raise ShardError(msg, path=self.path)
         col = self._handle().read(columns=[name], use_threads=False).column(0)
         return length_values(pa, col, self._where(), name)

@@ -1,9 +1,8 @@
 """Streaming sharded data: shards whose sample counts are not known in advance.
 
-A stream has no sample plan: each (rank, worker) slot reads its own shards, in
-an order drawn per pass from the seed, ``mix_shards`` at a time, and keeps a
-cursor that resumes by seeking, under the same topology only (docs/design.md,
-sharded and streaming datasets). Public names are exported from :mod:`loaderkit`.
+Each (rank, worker) slot reads its own shards, ``mix_shards`` at a time, in an order
+drawn per pass, and keeps a cursor that resumes by seeking (docs/design.md, sharded and
+streaming datasets).
 """
 
 from __future__ import annotations
@@ -12,7 +11,9 @@ import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import torch
@@ -35,17 +36,16 @@ __all__ = ["IterableReader", "StreamReader", "StreamingShardedDataset"]
 _OFFSET_BITS = 40  # a sample's seeding key is shard << 40 | offset
 EMPTY_PASSES = 32  # consecutive passes without a sample before a slot is declared starved
 _END = object()  # a lane's shard has no sample left
+_OWNER = "StreamingShardedDataset"
 
 
 @runtime_checkable
 class StreamReader(Protocol):
     """A format read front to back: what :class:`StreamingShardedDataset` needs.
 
-    ``iter_from(shard, offset)`` yields the samples of ``shard`` from sample
-    ``offset`` on; it should seek where the format allows and must otherwise
-    skip (not yield) the first ``offset`` samples. Any :class:`ShardReader`
-    (``open``/``read``, e.g. :class:`TokenReader`, :class:`JsonlReader`) works
-    too: it seeks by index. Readers must be picklable (workers get a copy).
+    ``iter_from(shard, offset)`` yields the samples of ``shard`` from sample ``offset``
+    on (seeking, or skipping the first ``offset``). Any :class:`ShardReader` works too
+    (it seeks by index). Readers must be picklable.
     """
 
     @property
@@ -61,10 +61,8 @@ class StreamReader(Protocol):
 class IterableReader:
     """A :class:`StreamReader` from a function ``shard -> iterable of samples``.
 
-    For generators and compressed files, which can only be read front to
-    back: resuming at ``offset`` reads and drops the shard's first ``offset``
-    samples (never the shards before it). Use a module-level function so
-    workers started with ``spawn`` can unpickle it.
+    Resuming at ``offset`` reads and drops the shard's first ``offset`` samples. Use a
+    module-level function so spawned workers can unpickle it.
 
     Args:
         fn: Opens a shard and yields its samples.
@@ -85,21 +83,15 @@ class IterableReader:
     def __init__(self, fn: Callable[[Any], Iterable[Any]], suffixes: Iterable[str] = ()) -> None:
         if not callable(fn):
             raise TypeError(
-                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function "
-                "that opens a shard and yields its samples."
+                f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function."
             )
-        self.fn = fn
-        self.suffixes = tuple(suffixes)
+        self.fn, self.suffixes = fn, tuple(suffixes)
 
     def __repr__(self) -> str:
         return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
 
     def iter_from(self, shard: Any, offset: int) -> Iterator[Any]:
-        """The samples of ``shard`` from ``offset`` on (the first ``offset`` read and dropped).
-
-        ``fn`` runs seeing one DataLoader worker: loaderkit deals whole shards to
-        workers, so a function that splits its samples by ``get_worker_info()``
-        must not split them again.
+        """The samples of ``shard`` from ``offset`` on; ``fn`` sees one DataLoader worker.
 
         Raises:
             ShardError: the shard ends before ``offset`` (a saved cursor past its end).
@@ -120,7 +112,7 @@ def _past_end(shard: Any, offset: int, length: int) -> ShardError:
 
 
 def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
-    """``iter_from`` for a :class:`ShardReader`: open (counting once if it needs a sidecar)."""
+    """``iter_from`` for a :class:`ShardReader` (counting once if it needs a sidecar)."""
     try:
         handle = reader.open(shard)
     except Exception:
@@ -140,10 +132,9 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
 
 
 class Cursor(NamedTuple):
-    """Where one slot stands in pass ``pass_``: ``next`` is the position in the slot's shard
-    list of the next shard to start, ``lanes`` the open lanes' ``(shard position, offset)``
-    (their next samples), ``turn`` the lane that reads next, ``seen`` the samples of the
-    pass read so far (only striding uses it). No lane and ``next == 0``: the pass's start."""
+    """Where one slot stands in pass ``pass_``: ``next`` the slot's next shard to start,
+    ``lanes`` the open lanes' ``(shard position, offset)``, ``turn`` the lane that reads
+    next, ``seen`` the samples of the pass read so far (for striding)."""
 
     pass_: int
     next: int
@@ -153,16 +144,13 @@ class Cursor(NamedTuple):
 
     @classmethod
     def start(cls, pass_: int) -> Cursor:
-        """The beginning of pass ``pass_``."""
         return cls(pass_, 0, (), 0, 0)
 
     def to_state(self) -> list[Any]:
-        """Plain lists and ints, for a checkpoint."""
         return [self.pass_, self.next, [list(lane) for lane in self.lanes], self.turn, self.seen]
 
     @classmethod
     def from_state(cls, saved: Any) -> Cursor:
-        """The cursor of :meth:`to_state`'s list."""
         pass_, nxt, lanes, turn, seen = saved
         return cls(
             int(pass_), int(nxt), tuple((int(p), int(o)) for p, o in lanes), int(turn), int(seen)
@@ -178,24 +166,15 @@ def _check_args(
     samples_per_epoch: Any,
     transform: Any,
 ) -> tuple[int, tuple[str, ...]]:
-    """``mix_shards`` and the reader's suffixes, once every argument is checked."""
-    if not callable(getattr(reader, "iter_from", None)) and not callable(
-        getattr(reader, "open", None)
-    ):
+    if not any(callable(getattr(reader, m, None)) for m in ("iter_from", "open")):
         raise TypeError(
             "StreamingShardedDataset: reader must have iter_from(shard, offset) (a "
             "StreamReader such as IterableReader) or open(shard) (a ShardReader such as "
             f"TokenReader), got {type(reader).__name__}."
         )
-    check_bool("shuffle_shards", shuffle_shards, owner="StreamingShardedDataset")
-    mix_shards = check_int(
-        "mix_shards",
-        mix_shards,
-        1,
-        owner="StreamingShardedDataset",
-        fix=f"pass the shards a slot reads at once, e.g. {DEFAULT_MIX}, or 1",
-        numpy_ok=True,
-    )
+    check_bool("shuffle_shards", shuffle_shards, owner=_OWNER)
+    fix = f"pass the shards a slot reads at once, e.g. {DEFAULT_MIX}, or 1"
+    mix_shards = check_int("mix_shards", mix_shards, 1, owner=_OWNER, fix=fix, numpy_ok=True)
     if steps_per_epoch is not None and samples_per_epoch is not None:
         raise ValueError(
             "StreamingShardedDataset: pass steps_per_epoch or samples_per_epoch, not both "
@@ -207,60 +186,42 @@ def _check_args(
     ]:
         if value is not None:
             fix = f"pass {what}, or None for one pass"
-            check_int(name, value, 1, owner="StreamingShardedDataset", fix=fix)
+            check_int(name, value, 1, owner=_OWNER, fix=fix)
     if transform is not None and not callable(transform):
         raise TypeError(
             f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
-            "module-level function of one sample, or None."
+            "module-level function, or None."
         )
-    if not hasattr(reader, "suffixes"):
-        reader_suffixes: tuple[str, ...] = ()
-        if isinstance(shards, str | os.PathLike):
-            raise ValueError(
-                f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
-                f"reader {type(reader).__name__} has no suffixes to list it by; give the "
-                "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
-            )
-    else:
-        reader_suffixes = tuple(reader.suffixes)
-    return mix_shards, reader_suffixes
+    if not hasattr(reader, "suffixes") and isinstance(shards, str | os.PathLike):
+        raise ValueError(
+            f"StreamingShardedDataset: shards={str(shards)!r} is a directory, but the "
+            f"reader {type(reader).__name__} has no suffixes to list it by; give the "
+            "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
+        )
+    return mix_shards, tuple(getattr(reader, "suffixes", ()))
 
 
 class StreamingShardedDataset(IterableDataset[Any]):
     """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
 
-    Iterate it through :class:`~loaderkit.ResumableDataLoader`, which assigns
-    shards to its ranks and workers, batches each slot's stream, and keeps a
-    cursor per slot in its state.
-
-    Epochs, two ways:
-
-    - no limit (default): an epoch is one pass over all shards; each slot's
-      stream ends with its shards. Ranks would step different numbers of times,
-      so this is single-process only (more ranks: an error explains the hang).
-    - ``steps_per_epoch`` (per rank) or ``samples_per_epoch`` (all ranks
-      together, divided by ``world_size * batch_size``): every rank yields
-      exactly that many batches per epoch, so DDP never waits on a rank that
-      ran out. Each slot's stream goes on across epochs and starts its next
-      pass (shards reshuffled) when its shards run out, so a sample is seen
-      once per pass of its slot; passes of different slots are not aligned.
+    Iterate it through :class:`~loaderkit.ResumableDataLoader`, which deals shards to
+    its ranks and workers and keeps a cursor per slot in its state. By default an epoch
+    is one pass over all shards (one process only: ranks would step unequally). With
+    ``steps_per_epoch`` or ``samples_per_epoch`` every rank yields exactly that many
+    batches per epoch, each slot's stream going on across epochs, pass after pass.
 
     Args:
-        shards: A directory (its files with the reader's suffixes, sorted), a
-            list of paths, or a list of objects the reader accepts; or a folder
-            URL or a list of shard URLs (read from a local cache, each slot
-            fetching its own shards ahead: :mod:`loaderkit.data.remote`).
+        shards: A directory (its files with the reader's suffixes), a list of paths or
+            of objects the reader accepts, a folder URL or a list of shard URLs.
         reader: A :class:`StreamReader` (``iter_from``) or a
             :class:`~loaderkit.ShardReader` (``open``, seeks by index).
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
-        mix_shards: Shards each slot reads at once, interleaved in lanes: a batch
-            draws from that many; 1 reads one at a time.
-        steps_per_epoch: Batches per rank per epoch (see above).
-        samples_per_epoch: Samples per epoch over all ranks (see above).
-        transform: Applied to each sample, under per-sample seeding when the
-            loader's ``per_sample_seeding`` is on (the default for streams).
-        remote: For shards at URLs: the cache and storage options
-            (:class:`~loaderkit.RemoteCache`; default ``RemoteCache()``).
+        mix_shards: Shards each slot reads at once, interleaved; 1 reads one at a time.
+        steps_per_epoch: Batches per rank per epoch.
+        samples_per_epoch: Samples per epoch over all ranks.
+        transform: Applied to each sample, seeded per sample when the loader's
+            ``per_sample_seeding`` is on.
+        remote: For shards at URLs: a :class:`~loaderkit.RemoteCache` (default one).
 
     Example:
         >>> import tempfile
@@ -289,44 +250,28 @@ class StreamingShardedDataset(IterableDataset[Any]):
         transform: Callable[[Any], Any] | None = None,
         remote: RemoteCache | None = None,
     ) -> None:
-        mix_shards, reader_suffixes = _check_args(
-            shards,
-            reader,
-            shuffle_shards,
-            mix_shards,
-            steps_per_epoch,
-            samples_per_epoch,
-            transform,
-        )
-        self.reader = reader
-        self._remote = remote_source(shards, reader_suffixes, remote, "StreamingShardedDataset")
+        args = (shards, reader, shuffle_shards, mix_shards, steps_per_epoch, samples_per_epoch)
+        mix_shards, reader_suffixes = _check_args(*args, transform)
+        self._remote = remote_source(shards, reader_suffixes, remote, _OWNER)
         if self._remote is not None:
             self.shards: list[Any] = list(self._remote.shards)
         else:
-            self.shards = resolve_shards(
-                shards,
-                cast("ShardReader", _Suffixes(reader_suffixes)),
-                owner="StreamingShardedDataset",
-            )
+            suffixes = cast("ShardReader", SimpleNamespace(suffixes=reader_suffixes))
+            self.shards = resolve_shards(shards, suffixes, owner=_OWNER)
         # As ShardedDataset: decided once for all files, and the reader the workers get.
         self.reader = prepare_reader(
             reader, self.shards, self._local if self._remote is None else self._remote.footer_source
         )
-        self.shuffle_shards = shuffle_shards
-        self.mix_shards = mix_shards
-        self.steps_per_epoch = steps_per_epoch
-        self.samples_per_epoch = samples_per_epoch
-        self.transform = transform
+        self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
+        self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
         names = "\n".join(
             s.name if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards
         )
+        settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": zlib.crc32(names.encode()),
-            "shuffle_shards": shuffle_shards,
-            "mix_shards": mix_shards,
-            "steps_per_epoch": steps_per_epoch,
-            "samples_per_epoch": samples_per_epoch,
+            **{name: getattr(self, name) for name in settings},
         }
 
     def __repr__(self) -> str:
@@ -334,18 +279,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         raise TypeError(
-            "StreamingShardedDataset: iterate it through loaderkit.ResumableDataLoader, which "
-            "splits its shards across ranks and workers and keeps each one's position; a plain "
-            "DataLoader would give every worker and rank all of it."
+            "StreamingShardedDataset: iterate it through loaderkit.ResumableDataLoader, not a "
+            "plain DataLoader (which would give every worker and rank all of it)."
         )
 
     def describe(self) -> dict[str, Any]:
-        """Shards; for shards at URLs, the cache's counts over this process and its workers
-        (``remote``, as :meth:`ShardedDataset.describe`), else ``remote`` is None."""
-        return {
-            "shards": len(self.shards),
-            "remote": None if self._remote is None else self._remote.stats(),
-        }
+        """Shards, and for shards at URLs the cache's counts (``remote``, else None)."""
+        remote = None if self._remote is None else self._remote.stats()
+        return {"shards": len(self.shards), "remote": remote}
 
     @property
     def limited(self) -> bool:
@@ -368,14 +309,9 @@ class StreamingShardedDataset(IterableDataset[Any]):
         return steps
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a saved cursor depends on (compared on resume).
-
-        The shards by count and a checksum of their file names (not paths): the
-        same files moved to another folder or node still resume.
-        """
+        """What a saved cursor depends on: the shards by count and file names (not paths)."""
         return dict(self._fingerprint)
 
-    # ------------------------------------------------------------ assignment
     def pass_order(self, seed: int, pass_: int) -> list[int]:
         """Shard ids in the order of pass ``pass_``."""
         n = len(self.shards)
@@ -392,8 +328,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         return order, True
 
     def _local(self, shard: int) -> Any:
-        """Local shard ``shard`` as the reader reads it: a compressed one decoded once per
-        machine into the cache (then read front to back), any other as given."""
+        """Local shard ``shard`` as the reader reads it (a compressed one decoded once)."""
         path = self.shards[shard]
         if isinstance(path, Path) and is_compressed(path.name):
             return decode_into(path, local_decode_dir(path, default_cache_root()))
@@ -421,11 +356,6 @@ class StreamingShardedDataset(IterableDataset[Any]):
             ) from exc
 
 
-class _Suffixes:
-    def __init__(self, suffixes: tuple[str, ...]) -> None:
-        self.suffixes = suffixes
-
-
 def slot_stream(
     ds: StreamingShardedDataset,
     *,
@@ -436,16 +366,10 @@ def slot_stream(
     cycle: bool,
     per_sample_seeding: bool,
 ) -> Iterator[tuple[Any, Cursor]]:
-    """The samples of one slot from ``cursor`` on, each with the cursor after it.
-
-    One pass (``cycle=False``), or pass after pass (``cycle=True``). Raises
-    :class:`LoaderkitError` when a whole pass gives the slot nothing to read in
-    cycle mode (it could never fill its share of an epoch).
-    """
+    """The samples of one slot from ``cursor`` on, each with the cursor after it: one pass,
+    or (``cycle``) pass after pass, raising :class:`LoaderkitError` if passes stay empty."""
     pass_, nxt, saved, turn, seen = cursor
     empty = 0
-    # The rest of a pass resumed mid-way may be empty (the cursor sat at its end):
-    # that says nothing about starvation, so it never counts as an empty pass.
     took = cursor != Cursor.start(pass_)
     while True:
         shards, stride = ds.slot_shards(seed, pass_, slot, slots)
@@ -470,34 +394,27 @@ def slot_stream(
                     del lanes[turn], readers[turn]
                     turn = turn % len(lanes) if lanes else 0
                 continue
-            shard = shards[lane[0]]
-            key = (shard << _OFFSET_BITS) | lane[1]
+            key = (shards[lane[0]] << _OFFSET_BITS) | lane[1]
             lane[1] += 1
             turn = (turn + 1) % len(lanes)
-            keep = not stride or seen % slots == slot
             seen += 1
-            if not keep:
+            if stride and (seen - 1) % slots != slot:
                 continue
             took = True
             after = Cursor(pass_, nxt, tuple((p, o) for p, o in lanes), turn, seen)
-            if ds.transform is not None and per_sample_seeding:
-                # Not yielding inside the block: the consumer must run unseeded.
-                with seeded_sample(seed, pass_, key):
+            if ds.transform is not None:
+                with seeded_sample(seed, pass_, key) if per_sample_seeding else nullcontext():
                     sample = ds.transform(sample)
-            elif ds.transform is not None:
-                sample = ds.transform(sample)
             yield sample, after
         if not cycle:
             return
         empty = 0 if took else empty + 1
-        # A pass may give a slot only empty shards; the next pass deals them anew.
-        # Without shuffling, or after many such passes, it never will get any.
+        # Only reshuffled passes can deal this slot non-empty shards.
         if empty >= (EMPTY_PASSES if ds.shuffle_shards else 1):
             names = [shard_name(ds.shards[s]) for s in shards]
             raise LoaderkitError(
                 f"StreamingShardedDataset: slot {slot} of {slots} read no sample in {empty} "
-                f"whole pass(es) over its shards (last: {names}), "
-                "so it cannot fill its share of steps_per_epoch; use more (non-empty) shards "
+                f"whole pass(es) over its shards (last: {names}); use more (non-empty) shards "
                 "than ranks x workers, or fewer workers."
             )
         pass_, nxt, saved, turn, seen = pass_ + 1, 0, (), 0, 0

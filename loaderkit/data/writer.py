@@ -1,10 +1,7 @@
-"""Writing shards: in parallel processes, resumable after a crash, to a folder or a URL.
+"""Writing shards in parallel processes, resumable after a crash, to a folder or a URL.
 
-Each shard is written under ``<directory>/.loaderkit-write/staging/`` (at a URL:
-a local temporary folder, then uploaded), moved into place sidecars first, shard
-last, then recorded by a done marker (``.loaderkit-write/<name>.json``) that a
-re-run checks before it skips the shard; the index is written last and the
-markers deleted (docs/design.md, writing shards).
+Each shard is staged, moved into place (sidecars first) and recorded by a done marker
+in ``.loaderkit-write/``; the index is written last (docs/design.md, writing shards).
 """
 
 from __future__ import annotations
@@ -62,7 +59,6 @@ Done = tuple[str, int, Any]  # a written shard's (name, samples, extras)
 def _write_one(
     reader: Any, target: Path, data: Any, compression: str | None, level: int, algo: str | None
 ) -> tuple[Path, int, dict[str, Any] | None]:
-    """Write one shard (compressed and hashed as asked): its final path, samples, extras."""
     path = Path(reader.write(target, data))
     samples = reader.count(path)  # also writes any sidecar the reader needs
     extras: dict[str, Any] = {}
@@ -70,7 +66,6 @@ def _write_one(
         packed = path.with_name(path.name + ZSTD_SUFFIX)
         compress_file(path, packed, level)
         extras.update(compression=compression, raw_size=path.stat().st_size)
-        # Sidecars follow the compressed file's name, so listings attach them to it.
         for side in sorted(path.parent.glob(f"{path.name}*")):
             if side.name != path.name and side.name.endswith(OWN_SUFFIXES):
                 side.replace(packed.with_name(packed.name + side.name[len(path.name) :]))
@@ -83,7 +78,7 @@ def _write_one(
 
 @dataclass(frozen=True)
 class _Job:
-    """Everything a process needs to write shards (pickled once per task; small)."""
+    """Everything a writer process needs (pickled once per writer)."""
 
     reader: Any
     fn: Callable[[Any], Any] | None
@@ -105,8 +100,7 @@ class _Job:
         return json.dumps(doc, sort_keys=True).encode()
 
     def prior(self, doc: Any, fp: str | None, sizes: Callable[[str], int | None]) -> Done | None:
-        """What the marker ``doc`` of a previous run says was written, if it holds for this
-        call (settings, input) and for the files now (``sizes``: a file's size, or None)."""
+        """The marker ``doc``'s shard if it matches this call and the file ``sizes`` now."""
         if doc["version"] != MARKER_VERSION or doc["key"] != self.key or doc["input"] != fp:
             return None
         for name, size in [(doc["name"], doc["size"]), *doc["sidecars"].items()]:
@@ -116,11 +110,8 @@ class _Job:
 
 
 def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, int, Any]:
-    """Write shard ``i`` from ``item`` (or ``fn(item)``): ``(i, name, samples, extras)``."""
     data = job.fn(item) if job.fn is not None else item
-    if job.storage is None:
-        return _run_local(job, i, data, fp)
-    return _run_remote(job, i, data, fp)
+    return (_run_local if job.storage is None else _run_remote)(job, i, data, fp)
 
 
 def _run_local(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str, int, Any]:
@@ -129,22 +120,14 @@ def _run_local(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str, 
     try:
         path, samples, extras = _write_one(job.reader, stage / job.name(i), data, *job.codec)
         sides = sorted(p for p in stage.iterdir() if p != path)
-        for side in sides:  # sidecars first: a shard in place has its sidecars
+        for side in sides:  # sidecars first: a shard in place has them
             os.replace(side, root / side.name)
         final = root / path.name
         os.replace(path, final)
         st = final.stat()
         sizes = {s.name: (root / s.name).stat().st_size for s in sides}
-        doc = job.marker_doc(
-            i,
-            fp,
-            name=final.name,
-            size=st.st_size,
-            mtime_ns=st.st_mtime_ns,
-            samples=samples,
-            extras=extras,
-            sidecars=sizes,
-        )
+        info = dict(name=final.name, size=st.st_size, mtime_ns=st.st_mtime_ns, sidecars=sizes)
+        doc = job.marker_doc(i, fp, samples=samples, extras=extras, **info)
         atomic_write(root / job.marker(i), lambda f: f.write(doc))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -168,21 +151,17 @@ def _run_remote(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str,
     return i, local.name, samples, extras
 
 
-# ------------------------------------------------------------------ resuming
-def _settings_key(
-    reader: Any, fn: Any, prefix: str, ext: str, codec: tuple[str | None, int, str | None]
-) -> str:
-    fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{_qualname(fn)}"
+def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str:
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": _code_digest(fn)}
-    blob = json.dumps(
-        {**settings, "prefix": prefix, "ext": ext, "codec": codec}, sort_keys=True, default=str
-    )
+    settings |= {"prefix": prefix, "ext": ext, "codec": codec}
+    blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _code_digest(fn: Any) -> str | None:
-    """A digest of ``fn``'s code (through a partial; a callable object's ``__call__``): a
-    bug fixed in ``fn`` after an interrupted run rewrites every shard, not only the rest."""
+    """A digest of ``fn``'s code, so a fixed ``fn`` rewrites every shard on resume."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     code = getattr(fn, "__code__", None)
@@ -193,13 +172,8 @@ def _code_digest(fn: Any) -> str | None:
     return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
 
 
-def _qualname(fn: Any) -> str:
-    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
-
-
 def _fingerprint(item: Any) -> str | None:
-    """A digest of an input to ``fn`` (small: paths, ids, ranges); None if it does not
-    pickle (then a re-run trusts the settings alone)."""
+    """A digest of an input to ``fn``; None if it does not pickle (settings alone then)."""
     try:
         blob = pickle.dumps(item, protocol=4)
     except Exception:
@@ -210,13 +184,9 @@ def _fingerprint(item: Any) -> str | None:
 def _done_local(job: _Job, i: int, fp: str | None) -> Done | None:
     """``(name, samples, extras)`` of shard ``i`` if a previous run completed it, else None."""
     root = Path(job.root)
-
-    def size(name: str) -> int | None:
-        return (root / name).stat().st_size
-
     try:
         doc = json.loads((root / job.marker(i)).read_text())
-        prior = job.prior(doc, fp, size)
+        prior = job.prior(doc, fp, lambda name: (root / name).stat().st_size)
         if prior is not None and (root / doc["name"]).stat().st_mtime_ns != doc["mtime_ns"]:
             return None
         return prior
@@ -225,7 +195,7 @@ def _done_local(job: _Job, i: int, fp: str | None) -> Done | None:
 
 
 class _RemoteDone:
-    """Which shards at a URL a previous run completed: one listing, one GET per marker."""
+    """Which shards at a URL a previous run completed (one listing, a GET per marker)."""
 
     def __init__(self, job: _Job) -> None:
         assert job.storage is not None
@@ -254,7 +224,7 @@ def _listing(storage: Storage, url: str) -> list[dict[str, Any]]:
 
 
 class _Progress:
-    """tqdm's bar when tqdm is installed (it comes with lightning), else a stderr line."""
+    """tqdm's bar where installed, else a stderr line."""
 
     def __init__(self, enabled: bool, total: int | None) -> None:
         self.done = self.skipped = 0
@@ -288,14 +258,10 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-# ------------------------------------------------------------------ the pool
 def _context(mp_context: Any) -> Any:
-    """How writer processes start (see :func:`write_shards`, ``mp_context``)."""
     methods = multiprocessing.get_all_start_methods()
     if mp_context is None:
-        # Never fork by default: a forked writer inherits the caller's locks (torch's
-        # thread pools are invisible to threading) and its module state, so the bytes
-        # written could depend on what ran before the call.
+        # Never fork by default: a forked writer inherits the caller's locks and module state.
         if "forkserver" not in methods:
             return multiprocessing.get_context("spawn")
         ctx = multiprocessing.get_context("forkserver")
@@ -318,7 +284,6 @@ def _context(mp_context: Any) -> Any:
 
 
 def _check_pickles(job: _Job) -> None:
-    """Refuse an ``fn`` or reader that does not pickle, before any writer starts."""
     for name, obj in (("fn", job.fn), ("reader", job.reader)):
         try:
             ForkingPickler.dumps(obj)
@@ -330,7 +295,6 @@ def _check_pickles(job: _Job) -> None:
             ) from exc
 
 
-# The job of this writer process, set once by _start_writer (inherited under fork).
 _JOB: _Job | None = None
 
 
@@ -340,19 +304,14 @@ def _start_writer(job: _Job) -> None:
 
 
 def _run_pooled(i: int, blob: bytes, fp: str | None) -> tuple[int, str, int, Any]:
-    """:func:`_run_shard` in a writer process, on the item pickled by the caller."""
     assert _JOB is not None
     return _run_shard(_JOB, i, pickle.loads(blob), fp)
 
 
 @contextlib.contextmanager
 def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
-    """The writer processes of one call (None for ``num_workers=0``), each given ``job``
-    once; stopped when the call ends, also on an error.
-
-    They start now, before the progress bar's thread. Only a ``fork`` the caller
-    asked for spares ``fn`` and the reader from pickling.
-    """
+    """The writer processes of one call (None for ``num_workers=0``), started before the
+    progress bar's thread and stopped when the call ends."""
     if num_workers == 0:
         yield None
         return
@@ -425,12 +384,8 @@ def _pool_write(
     num_workers: int,
     finished: Callable[..., None],
 ) -> None:
-    """Write the shards of ``todo`` in the ``num_workers`` processes of ``pool``, at most
-    two each in flight (``shards`` is read only as fast as they are written).
-
-    Each item is pickled here (a pickling error in the pool's feeder thread would hang
-    its shutdown), so an item that cannot be pickled raises here, naming its shard.
-    """
+    """Write ``todo`` in ``pool``, two items per process in flight; items are pickled here
+    (a pickling error in the pool's feeder thread would hang its shutdown)."""
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
         exhausted = False
@@ -468,7 +423,6 @@ def _pool_write(
             fut.cancel()
 
 
-# ------------------------------------------------------------------ the API
 def write_shards(
     directory: str | os.PathLike[str],
     shards: Iterable[Any],
@@ -487,45 +441,35 @@ def write_shards(
     progress: bool = True,
     resume: bool = True,
 ) -> list[Any]:
-    """Write one file per item of ``shards`` with ``reader.write`` and index them.
-
-    Each shard is written atomically, in ``num_workers`` processes or the caller;
-    a re-run after an interruption (even ``kill -9``) writes only the unfinished
-    shards, and the index is written last. The files do not depend on ``num_workers``.
+    """Write one file per item of ``shards`` with ``reader.write``, atomically, and index them.
 
     Args:
-        directory: A folder (created if needed) or a folder URL (``s3://...``;
-            needs ``loaderkit[remote]``). Files named like this write's shards
-            that it did not produce are removed.
-        shards: One item per shard (the reader's data, or ``fn``'s inputs), read
-            lazily, in order.
+        directory: A folder (created if needed) or a folder URL (``loaderkit[remote]``).
+            Files named like this write's shards that it did not produce are removed.
+        shards: One item per shard (the reader's data, or ``fn``'s inputs), read lazily.
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
-        suffix: File suffix (default: the reader's first, e.g. ``.npy``).
+        suffix: File suffix (default: the reader's first).
         prefix: Files are named ``{prefix}-00000{suffix}``, ...
         index: Also write the index here (a path or URL), besides the folder's own.
         storage_options: The fsspec filesystem's options for a URL.
-        compression: ``"zstd"`` (``loaderkit[zstd]``): each shard compressed whole,
-            ``.zst`` appended; readers decode it once per machine. Default: plain.
+        compression: ``"zstd"`` (``loaderkit[zstd]``) or None.
         level: The zstd level (default 3; -7 to 22).
         hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``:
-            each file's digest, kept in the index and checked on first read.
+            each file's digest, checked on first read.
         fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
-            by reference (checked first) unless ``mp_context="fork"``.
-        num_workers: Writer processes (0: the caller); ``2 * num_workers`` items in flight.
-        mp_context: ``None``: ``"forkserver"`` (``"spawn"`` without it); a start
-            method name or a multiprocessing context (``"fork"`` only where the caller
-            runs no threads, torch's included, and ``fn`` reads no state it changed).
+            unless ``mp_context="fork"``.
+        num_workers: Writer processes (0: the caller).
+        mp_context: A start method name or a multiprocessing context (default:
+            ``"forkserver"`` where available, else ``"spawn"``).
         progress: Show a progress bar on stderr.
-        resume: Skip the shards a previous call with the same settings finished (its
-            markers in ``<directory>/.loaderkit-write/`` match the files; without
+        resume: Skip the shards a previous call with the same settings finished (without
             ``fn`` the data is not compared). ``False`` writes every shard.
 
     Returns:
         The shard paths (URLs for a URL), in order.
 
     Raises:
-        ShardError: A writer process died; what a reader or ``fn`` raises
-            propagates with a note naming the shard.
+        ShardError: A writer process died (other errors carry a note naming the shard).
 
     Example:
         >>> import tempfile
@@ -561,7 +505,6 @@ def _make_job(
     codec: Any,
     resume: bool,
 ) -> tuple[_Job, Callable[[int, str | None], Done | None] | None]:
-    """The job of a write into ``directory``, and what a previous run finished (if ``resume``)."""
     key = _settings_key(reader, fn, prefix, ext, codec)
     if is_url(directory):
         url = str(directory).rstrip("/")
@@ -575,23 +518,20 @@ def _make_job(
 def _check_args(
     reader: Any, fn: Any, num_workers: Any, mp_context: Any, progress: Any, resume: Any
 ) -> tuple[bool, bool]:
-    """``progress`` and ``resume``, once every argument of the pool is checked."""
     if not callable(getattr(reader, "write", None)):
-        raise TypeError(
-            f"write_shards: reader {type(reader).__name__} has no write(path, data) method."
-        )
+        name = type(reader).__name__
+        raise TypeError(f"write_shards: reader {name} has no write(path, data) method.")
     if fn is not None and not callable(fn):
         raise TypeError(
-            f"write_shards: fn must be a callable that makes one shard's data from one item "
-            f"of shards, got {fn!r}; pass a module-level function, or leave fn out."
+            f"write_shards: fn must be a callable, got {fn!r}; pass a module-level function "
+            "that makes one shard's data from one item, or leave fn out."
         )
-    workers = check_int(
-        "num_workers", num_workers, 0, owner="write_shards", fix="pass 0 to write in the caller"
-    )
+    fix = "pass 0 to write in the caller"
+    workers = check_int("num_workers", num_workers, 0, owner="write_shards", fix=fix)
     progress = check_bool("progress", progress, owner="write_shards")
     resume = check_bool("resume", resume, owner="write_shards")
     if workers > 0:
-        _context(mp_context)  # a bad mp_context is named before anything is written
+        _context(mp_context)  # checked before anything is written
     elif mp_context is not None:
         raise ValueError(
             f"write_shards: mp_context={mp_context!r} needs num_workers >= 1; pass "
@@ -601,7 +541,7 @@ def _check_args(
 
 
 def _local_root(directory: Any, storage_options: Any) -> str:
-    """The local folder to write into, with a fresh staging folder (a killed run's is garbage)."""
+    """The local folder to write into, with a fresh staging folder."""
     if storage_options is not None:
         raise ValueError(
             f"write_shards: storage_options is for a URL, but directory={str(directory)!r} is "
@@ -622,8 +562,7 @@ def _stale(
     job: _Job, names: list[str], read: Callable[[str], bytes | None], written: set[str]
 ) -> list[str]:
     """The files among ``names`` an earlier write left that this one did not produce: shards
-    (and sidecars) of this prefix in any number or compression, and the indexes listing them
-    (``read``: an index file's document)."""
+    and sidecars of this prefix, and the indexes listing them (``read``: a file's bytes)."""
     pattern = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\..*)?")
 
     def ours(name: str) -> bool:
@@ -650,46 +589,40 @@ def _index_local(job: _Job, results: dict[int, Done], index: Any) -> list[Path]:
 
     names = [p.name for p in root.iterdir()]
     for stale in _stale(job, names, read, {results[i][0] for i in results}):
-        # An earlier write of more shards: a listing would read them, and its index would
-        # say this write's folder lacks them.
         with contextlib.suppress(FileNotFoundError):
             (root / stale).unlink()
     known = {root / results[i][0]: (results[i][1], results[i][2]) for i in sorted(results)}
     paths = list(known)
     own = default_index_path(paths, job.reader)
-    # The folder's own index in any case: read without index=, the folder is checked too.
     for target in [own] if index is None or Path(index) == own else [Path(index), own]:
         build_index(paths, job.reader, target, known=known, written_by=WRITER)
-    shutil.rmtree(root / WORK_DIR, ignore_errors=True)  # the index now vouches for the shards
+    shutil.rmtree(root / WORK_DIR, ignore_errors=True)
     return paths
 
 
 def _index_remote(job: _Job, results: dict[int, Done], index: Any) -> list[str]:
-    """Upload the index of the shards written at a URL (last: it implies they are there)."""
     storage = job.storage
     assert storage is not None
     listed = {entry["name"]: entry for entry in storage.listing(job.root)}
-    read = functools.partial(_read_url, storage, job.root)
+
+    def read(name: str) -> bytes:
+        return storage.read_bytes(join_url(job.root, name))
+
     for stale in _stale(job, list(listed), read, {results[i][0] for i in results}):
         url = join_url(job.root, stale)
         storage.call("removing", url, functools.partial(storage.fs.rm, url))
-    rows: list[list[Any]] = []
-    for i in sorted(results):
-        name, samples, extras = results[i]
-        entry = listed[name]
-        rows.append([name, entry["size"], entry["version"], int(samples), *[extras] * bool(extras)])
+    rows = [
+        [name, listed[name]["size"], listed[name]["version"], int(n), *[extras] * bool(extras)]
+        for name, n, extras in (results[i] for i in sorted(results))
+    ]
     doc = index_doc(rows, job.reader, WRITER, remote=True)
     own = join_url(job.root, remote_index_name([r[0] for r in rows], job.reader))
     if index is not None and is_url(str(index)) and str(index) != own:
         storage.write_bytes(str(index), doc)
     elif index is not None and not is_url(str(index)):
         atomic_write(Path(index), lambda f: f.write(doc))
-    storage.write_bytes(own, doc)  # in any case: the folder read without index= is checked
+    storage.write_bytes(own, doc)
     work = join_url(job.root, WORK_DIR)
-    if _listing(storage, work):  # the index vouches for the shards: the markers are done
+    if _listing(storage, work):
         storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
     return [join_url(job.root, r[0]) for r in rows]
-
-
-def _read_url(storage: Storage, root: str, name: str) -> bytes:
-    return storage.read_bytes(join_url(root, name))
