@@ -18,12 +18,8 @@ from loaderkit.env import cpu_budget
 from loaderkit.plan._sampler_plan import wrapped_sampler
 from loaderkit.plan.samplers import check_resumable_sampler
 
-__all__ = [
-    "check_auto_workers",
-    "check_sources",
-    "check_start_method",
-    "check_worker_args",
-]
+__all__ = ["check_auto_workers", "check_sources", "check_start_method", "check_worker_args"]
+OWNER = "ResumableDataLoader"
 
 
 def check_sources(
@@ -63,8 +59,8 @@ def check_sources(
             "ResumableDataLoader: dataset is empty (len 0); pass a dataset with at least "
             "one sample."
         )
-    check_bool("shuffle", shuffle, owner="ResumableDataLoader")
-    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+    check_bool("shuffle", shuffle, owner=OWNER)
+    check_bool("drop_last", drop_last, owner=OWNER)
     if sampler is not None and shuffle:
         raise ValueError(
             "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
@@ -85,7 +81,7 @@ def _check_iterable(
                 f"ResumableDataLoader: an IterableDataset takes no {name}, got {name}={value!r} "
                 f"({type(dataset).__name__}); leave it unset and shuffle inside the dataset."
             )
-    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+    check_bool("drop_last", drop_last, owner=OWNER)
 
 
 def _check_batch_sampler(
@@ -118,28 +114,18 @@ def check_worker_args(
     multiprocessing_context: Any = None,
 ) -> int:
     """Validate the worker and transfer settings; returns ``num_workers``."""
-    workers = check_int(
-        "num_workers",
-        num_workers,
-        0,
-        owner="ResumableDataLoader",
-        fix="use 0 to load in-process, or 'auto' to choose from measurement",
-    )
+    fix = "use 0 to load in-process, or 'auto' to choose from measurement"
+    workers = check_int("num_workers", num_workers, 0, owner=OWNER, fix=fix)
     _check_timeout(timeout, workers)
     if prefetch_factor is not None:
-        check_int(
-            "prefetch_factor",
-            prefetch_factor,
-            1,
-            owner="ResumableDataLoader",
-            fix="pass batches per worker, e.g. 2",
-        )
+        fix = "pass batches per worker, e.g. 2"
+        check_int("prefetch_factor", prefetch_factor, 1, owner=OWNER, fix=fix)
     if prefetch_factor is not None and num_workers == 0:
         raise ValueError(
             "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
             f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
         )
-    check_bool("persistent_workers", persistent_workers, owner="ResumableDataLoader")
+    check_bool("persistent_workers", persistent_workers, owner=OWNER)
     if persistent_workers and num_workers == 0:
         raise ValueError(
             "ResumableDataLoader: persistent_workers=True needs num_workers > 0, got "
@@ -202,16 +188,15 @@ def _check_timeout(timeout: Any, workers: int) -> None:
 
 def check_torch_only_args(*, pin_memory_device: Any, in_order: Any) -> None:
     """DataLoader arguments the loader takes for compatibility, checked."""
-    owner = "ResumableDataLoader"
     if not isinstance(pin_memory_device, str):
         raise TypeError(
-            f"{owner}: pin_memory_device must be a str, got {pin_memory_device!r}; pass e.g. "
+            f"{OWNER}: pin_memory_device must be a str, got {pin_memory_device!r}; pass e.g. "
             "'cuda', or leave it '' for the current accelerator."
         )
-    check_bool("in_order", in_order, owner=owner)
+    check_bool("in_order", in_order, owner=OWNER)
     if not in_order:
         raise ValueError(
-            f"{owner}: in_order=False is not supported (a saved position needs batches in "
+            f"{OWNER}: in_order=False is not supported (a saved position needs batches in "
             "order); pass in_order=True."
         )
 
@@ -220,12 +205,11 @@ def from_distributed_sampler(
     sampler: Any, size: int, seed: int | None, rank: int | None, world_size: int | None
 ) -> tuple[int, int, int]:
     """A ``DistributedSampler``'s ``(seed, rank, world_size)``, checked against the arguments."""
-    owner = "ResumableDataLoader"
     # A subclass may wrap another sampler: its indices are checked as it lists them.
     covered = len(sampler.dataset)
     if type(sampler) is DistributedSampler and covered != size:
         raise ValueError(
-            f"{owner}: the DistributedSampler covers {covered} samples but the "
+            f"{OWNER}: the DistributedSampler covers {covered} samples but the "
             f"dataset has {size}; build the sampler over this dataset."
         )
     for name, given, its in (
@@ -235,7 +219,7 @@ def from_distributed_sampler(
     ):
         if given is not None and given != its:
             raise ValueError(
-                f"{owner}: {name}={given} differs from the DistributedSampler's {its}; leave "
+                f"{OWNER}: {name}={given} differs from the DistributedSampler's {its}; leave "
                 f"{name} unset to take the sampler's."
             )
     return sampler.seed, sampler.rank, sampler.num_replicas
