@@ -1,8 +1,4 @@
-"""Checking the ``torch.utils.data.DataLoader`` keyword arguments of ``ResumableDataLoader``.
-
-Private. Every message names the argument, the value received and the fix
-(``docs/design.md``); the loader keeps only what it builds from them.
-"""
+"""Checks of ``ResumableDataLoader``'s ``DataLoader`` keyword arguments (private)."""
 
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ from loaderkit.env import cpu_budget
 from loaderkit.plan._sampler_plan import wrapped_sampler
 from loaderkit.plan.samplers import check_resumable_sampler
 
-__all__ = [
-    "check_auto_workers",
-    "check_sources",
-    "check_start_method",
-    "check_worker_args",
-]
+__all__ = ["check_auto_workers", "check_sources", "check_start_method", "check_worker_args"]
+OWNER = "ResumableDataLoader"
 
 
 def check_sources(
@@ -38,19 +30,14 @@ def check_sources(
     shuffle: bool,
     drop_last: bool,
 ) -> int:
-    """Validate the dataset and how it is sampled; returns its size (0 for a stream).
-
-    An ``IterableDataset`` is taken as ``DataLoader`` takes it: it decides its
-    own order, so it takes no sampler, batch_sampler or shuffle.
-    """
+    """Validate the dataset and how it is sampled; returns its size (0 for a stream)."""
     stream = isinstance(dataset, StreamingShardedDataset)
     iterable = isinstance(dataset, IterableDataset) and not stream
     if not stream and not iterable and not hasattr(dataset, "__getitem__"):
         raise TypeError(
             f"ResumableDataLoader: dataset must be map-style (with __len__ and "
             f"__getitem__), a torch IterableDataset or a StreamingShardedDataset, got "
-            f"{type(dataset).__name__}; wrap streams in a torch IterableDataset or in "
-            "loaderkit's sharded datasets, which know their position."
+            f"{type(dataset).__name__}; wrap streams in a torch IterableDataset."
         )
     if stream and (sampler is not None or batch_sampler is not None or shuffle):
         raise ValueError(
@@ -64,8 +51,7 @@ def check_sources(
     if not stream and not callable(getattr(dataset, "__len__", None)):
         raise TypeError(
             f"ResumableDataLoader: dataset {type(dataset).__name__} has __getitem__ but no "
-            "__len__, so no plan can cover it; add __len__ to the dataset (the number of "
-            "samples), or make it a torch IterableDataset (a stream of unknown length)."
+            "__len__; add __len__, or make it a torch IterableDataset."
         )
     size = 0 if stream else len(dataset)
     if size == 0 and not stream:
@@ -73,8 +59,8 @@ def check_sources(
             "ResumableDataLoader: dataset is empty (len 0); pass a dataset with at least "
             "one sample."
         )
-    check_bool("shuffle", shuffle, owner="ResumableDataLoader")
-    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+    check_bool("shuffle", shuffle, owner=OWNER)
+    check_bool("drop_last", drop_last, owner=OWNER)
     if sampler is not None and shuffle:
         raise ValueError(
             "ResumableDataLoader: shuffle=True cannot be combined with an explicit "
@@ -92,11 +78,10 @@ def _check_iterable(
     for name, value in given.items():
         if value not in (None, False):
             raise ValueError(
-                f"ResumableDataLoader: an IterableDataset takes no {name}, got "
-                f"{name}={value!r} ({type(dataset).__name__} decides its own order, as "
-                "with DataLoader); leave it unset and shuffle inside the dataset."
+                f"ResumableDataLoader: an IterableDataset takes no {name}, got {name}={value!r} "
+                f"({type(dataset).__name__}); leave it unset and shuffle inside the dataset."
             )
-    check_bool("drop_last", drop_last, owner="ResumableDataLoader")
+    check_bool("drop_last", drop_last, owner=OWNER)
 
 
 def _check_batch_sampler(
@@ -129,28 +114,18 @@ def check_worker_args(
     multiprocessing_context: Any = None,
 ) -> int:
     """Validate the worker and transfer settings; returns ``num_workers``."""
-    workers = check_int(
-        "num_workers",
-        num_workers,
-        0,
-        owner="ResumableDataLoader",
-        fix="use 0 to load in-process, or 'auto' to choose from measurement",
-    )
+    fix = "use 0 to load in-process, or 'auto' to choose from measurement"
+    workers = check_int("num_workers", num_workers, 0, owner=OWNER, fix=fix)
     _check_timeout(timeout, workers)
     if prefetch_factor is not None:
-        check_int(
-            "prefetch_factor",
-            prefetch_factor,
-            1,
-            owner="ResumableDataLoader",
-            fix="pass batches per worker, e.g. 2",
-        )
+        fix = "pass batches per worker, e.g. 2"
+        check_int("prefetch_factor", prefetch_factor, 1, owner=OWNER, fix=fix)
     if prefetch_factor is not None and num_workers == 0:
         raise ValueError(
             "ResumableDataLoader: prefetch_factor only applies with num_workers > 0, got "
             f"prefetch_factor={prefetch_factor} with num_workers=0; leave it None."
         )
-    check_bool("persistent_workers", persistent_workers, owner="ResumableDataLoader")
+    check_bool("persistent_workers", persistent_workers, owner=OWNER)
     if persistent_workers and num_workers == 0:
         raise ValueError(
             "ResumableDataLoader: persistent_workers=True needs num_workers > 0, got "
@@ -160,8 +135,7 @@ def check_worker_args(
     check_start_method(multiprocessing_context, workers)
     cores = cpu_budget()
     if workers > cores:
-        # Said once, at the caller's line; torch's own copy of it (at every epoch's
-        # worker start) is silenced in the workers' DataLoader.
+        # Said once here; torch's per-epoch copy is silenced in the workers' DataLoader.
         warnings.warn(
             f"ResumableDataLoader: num_workers={workers} is more than the {cores} CPU cores "
             "this process may use, and excess workers slow loading or freeze the machine; "
@@ -201,61 +175,41 @@ def _check_timeout(timeout: Any, workers: int) -> None:
             f"({type(timeout).__name__}); pass e.g. timeout=60, or 0 to wait forever."
         )
     if not math.isfinite(timeout) or timeout < 0:
-        # nan compares false with everything (it meant "no timeout"); inf crashed in torch.
         raise ValueError(
             f"ResumableDataLoader: timeout must be a finite number of seconds >= 0, got "
             f"{timeout}; pass e.g. timeout=60, or 0 to wait forever."
         )
     if timeout > 0 and workers == 0:
         raise ValueError(
-            f"ResumableDataLoader: timeout={timeout} needs num_workers >= 1: it bounds the wait "
-            "for a worker process, and a batch loaded in this process (num_workers=0) cannot "
-            "be interrupted, so it would never apply; pass num_workers=1 (or more) to enforce "
-            "it, or timeout=0."
+            f"ResumableDataLoader: timeout={timeout} needs num_workers >= 1 (it would never "
+            "apply in-process); pass num_workers=1 (or more), or timeout=0."
         )
 
 
 def check_torch_only_args(*, pin_memory_device: Any, in_order: Any) -> None:
     """DataLoader arguments the loader takes for compatibility, checked."""
-    owner = "ResumableDataLoader"
     if not isinstance(pin_memory_device, str):
         raise TypeError(
-            f"{owner}: pin_memory_device must be a str, got {pin_memory_device!r}; pass e.g. "
+            f"{OWNER}: pin_memory_device must be a str, got {pin_memory_device!r}; pass e.g. "
             "'cuda', or leave it '' for the current accelerator."
         )
-    check_bool("in_order", in_order, owner=owner)
+    check_bool("in_order", in_order, owner=OWNER)
     if not in_order:
         raise ValueError(
-            f"{owner}: in_order=False lets workers hand batches out of order, and a saved "
-            "position would then not say which batches were consumed; pass in_order=True "
-            "(a slow sample then delays its batch, as with DataLoader's default)."
+            f"{OWNER}: in_order=False is not supported (a saved position needs batches in "
+            "order); pass in_order=True."
         )
 
 
 def from_distributed_sampler(
     sampler: Any, size: int, seed: int | None, rank: int | None, world_size: int | None
 ) -> tuple[int, int, int]:
-    """A ``DistributedSampler``'s seed and topology as the loader's own: it splits by itself.
-
-    The loader deals one order across ranks already; running the sampler's own
-    split under it would split twice. So the sampler's whole order is listed
-    (:func:`whole_order_sampler`) and dealt by the loader as the sampler deals
-    it, under the sampler's seed, rank and world size.
-
-    Returns:
-        ``(seed, rank, world_size)``.
-
-    Raises:
-        ValueError: an explicit argument contradicts the sampler, or the sampler
-            covers another dataset size.
-    """
-    owner = "ResumableDataLoader"
-    # A subclass may draw from another source (Lightning's DistributedSamplerWrapper
-    # wraps a sampler); its indices are checked against the dataset as it lists them.
+    """A ``DistributedSampler``'s ``(seed, rank, world_size)``, checked against the arguments."""
+    # A subclass may wrap another sampler: its indices are checked as it lists them.
     covered = len(sampler.dataset)
     if type(sampler) is DistributedSampler and covered != size:
         raise ValueError(
-            f"{owner}: the DistributedSampler covers {covered} samples but the "
+            f"{OWNER}: the DistributedSampler covers {covered} samples but the "
             f"dataset has {size}; build the sampler over this dataset."
         )
     for name, given, its in (
@@ -265,26 +219,16 @@ def from_distributed_sampler(
     ):
         if given is not None and given != its:
             raise ValueError(
-                f"{owner}: {name}={given} differs from the DistributedSampler's {its}; leave "
+                f"{OWNER}: {name}={given} differs from the DistributedSampler's {its}; leave "
                 f"{name} unset to take the sampler's."
             )
     return sampler.seed, sampler.rank, sampler.num_replicas
 
 
 def whole_order_sampler(sampler: Any) -> Any:
-    """A copy of a ``DistributedSampler`` (or subclass) that lists every rank's indices.
-
-    Its ``__iter__`` (also Lightning's ``DistributedSamplerWrapper``'s, a
-    class-balanced sampler's) yields only its rank's share; dealing that share
-    across ranks again loses ``1 - 1/world_size`` of each epoch. The copy has
-    ``num_replicas=1, rank=0`` (and the lengths ``DistributedSampler.__init__``
-    derives from them: the whole dataset, or with ``drop_last`` the
-    ``total_size`` the ranks share), so it lists the whole epoch's order, which
-    the loader deals to ranks once, as the sampler would (``strided``). A
-    subclass that splits ranks its own way (contiguous blocks, say) is listed as
-    its ranks' shares interleaved (:class:`RankShares`), so the stride gives
-    each rank its own share. The user's sampler is left as it is.
-    """
+    """A copy of a ``DistributedSampler`` (or subclass) listing every rank's indices, so the
+    loader deals them to ranks once; a subclass with its own rank split is listed as
+    :class:`RankShares`. The user's sampler is left as it is."""
     whole = _sampler_copy(sampler, 1, 0)
     whole.num_samples = whole.total_size = (
         sampler.total_size if sampler.drop_last else len(sampler.dataset)
@@ -308,9 +252,8 @@ def whole_order_sampler(sampler: Any) -> Any:
     if len({len(share) for share in listed}) > 1:
         raise ValueError(
             f"ResumableDataLoader: sampler={type(sampler).__name__} gives its ranks "
-            f"{[len(share) for share in listed]} indices, and every rank must take the same "
-            "number of batches; make its per-rank shares equal in length (pad them, as "
-            "DistributedSampler does)."
+            f"{[len(share) for share in listed]} indices, not equal shares; pad its per-rank "
+            "shares to equal length, as DistributedSampler does."
         )
     return RankShares(shares)
 
@@ -328,9 +271,7 @@ def _listing(sampler: Any) -> list[int]:
 
 
 class WrapperWhole:
-    """The whole order of a ``DistributedSamplerWrapper``, whose randomness is its inner
-    sampler's: that sampler's ``generator`` slot is this one's, so the plan keys it per
-    epoch as it keys any sampler's (the wrapper has no generator of its own)."""
+    """A ``DistributedSamplerWrapper``'s whole order; ``generator`` is its inner sampler's."""
 
     def __init__(self, whole: Any, inner: Any) -> None:
         self.whole, self.inner = whole, inner
@@ -354,11 +295,7 @@ class WrapperWhole:
 
 
 class RankShares:
-    """The ranks' shares of a sampler that splits ranks its own way, interleaved.
-
-    Entry ``k * world_size + r`` is rank ``r``'s ``k``-th index, so the loader's
-    strided deal hands each rank the share its sampler gives it under torch.
-    """
+    """The ranks' shares interleaved: entry ``k * world_size + r`` is rank ``r``'s ``k``-th."""
 
     def __init__(self, shares: list[Any]) -> None:
         self.shares = shares
@@ -395,34 +332,31 @@ def check_start_method(context: Any, workers: int) -> None:
         )
     if workers == 0:
         raise ValueError(
-            f"ResumableDataLoader: multiprocessing_context={context!r} needs num_workers >= 1 "
-            "(it says how worker processes start); pass num_workers=1 (or more), or leave it "
-            "None."
+            f"ResumableDataLoader: multiprocessing_context={context!r} needs num_workers >= 1; "
+            "pass num_workers=1 (or more), or leave it None."
         )
 
 
 def check_auto_workers(
     dataset: Any, *, iterable: bool, per_sample_seeding: Any, timeout: Any
 ) -> None:
-    """Refuse ``num_workers="auto"`` where switching workers mid-epoch would change the data,
-    or where its in-process start would not keep a ``timeout``."""
+    """Refuse ``num_workers="auto"`` where switching workers mid-epoch changes the data or
+    would not keep a ``timeout``."""
     if isinstance(timeout, int | float) and timeout > 0:
         raise ValueError(
             f"ResumableDataLoader: timeout={timeout} with num_workers='auto' would not hold: "
-            "each epoch starts loading in this process, where a hanging __getitem__ cannot be "
-            "interrupted; pass an int num_workers >= 1 to enforce the timeout, or timeout=0."
+            "each epoch starts loading in this process; pass an int num_workers >= 1 to "
+            "enforce the timeout, or timeout=0."
         )
     if iterable:
         raise ValueError(
-            f"ResumableDataLoader: num_workers='auto' starts workers part-way through an epoch "
-            f"at a position of the sample plan, and {type(dataset).__name__} is an iterable "
-            "stream without one (its state is a cursor per worker, so the worker count must "
-            "stay fixed); pass an int num_workers, e.g. num_workers=2."
+            f"ResumableDataLoader: num_workers='auto' cannot serve the iterable "
+            f"{type(dataset).__name__} (its worker count must stay fixed); pass an int "
+            "num_workers, e.g. num_workers=2."
         )
     if per_sample_seeding is False:
         raise ValueError(
-            "ResumableDataLoader: num_workers='auto' may switch between loading in this "
-            "process and in workers mid-epoch, and with per_sample_seeding=False random "
-            "augmentation depends on which process loaded a sample; leave per_sample_seeding "
+            "ResumableDataLoader: num_workers='auto' with per_sample_seeding=False makes "
+            "augmentation depend on which process loads a sample; leave per_sample_seeding "
             "'auto' (or True), or pass an int num_workers."
         )

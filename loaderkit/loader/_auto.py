@@ -1,9 +1,7 @@
-"""``num_workers="auto"``: choose the worker count from the time the loop waits for data (private).
+"""``num_workers="auto"``: the worker count from the time the loop waits for data (private).
 
-The epoch starts in this process; if the loop waits for data a real part of its
-step, workers start at the current plan position, and are kept only if they
-shorten the step by :data:`MIN_GAIN` (``docs/design.md``, "Choosing
-num_workers in the run"). The choice changes when batches are loaded, never which.
+Workers start at the current plan position when in-process loading is a real part of
+the step, and stay only if they shorten it by :data:`MIN_GAIN` (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -15,22 +13,16 @@ from dataclasses import dataclass, field
 
 __all__ = ["MAX_AUTO_WORKERS", "AutoWorkers", "local_processes"]
 
-# The most workers "auto" starts (beyond this, start-up and memory outweigh the gain).
 MAX_AUTO_WORKERS = 8
-# Batches measured before a decision, and batches skipped first (the first
-# batch pays for lazy set-up in the dataset and the model). Slow batches are
-# decided on sooner: once MIN_PROBE_BATCHES have waited PROBE_SECONDS in all,
-# more of them would only lengthen the slow in-process stretch.
+# Batches measured before a decision (fewer once they waited PROBE_SECONDS in all), and
+# batches skipped first (they pay for lazy set-up).
 PROBE_BATCHES = 8
 MIN_PROBE_BATCHES = 2
 PROBE_SECONDS = 0.2
 WARMUP_BATCHES = 1
-# Below this fraction of the step spent waiting, workers cannot gain enough to pay for themselves.
-MAX_IDLE_WAIT = 0.10
-# Workers are kept only if they shorten the step (wait + work) by at least this fraction.
-MIN_GAIN = 0.10
-# Start-up and the first round of prefetched batches make the first few
-# batches from new workers unrepresentative: skip this many per worker.
+MAX_IDLE_WAIT = 0.10  # below this fraction of the step waiting, workers cannot pay off
+MIN_GAIN = 0.10  # workers stay only if they shorten the step by this fraction
+# New workers' first batches (start-up, first prefetch) are skipped, this many per worker.
 WORKER_WARMUP_PER_WORKER = 2
 
 
@@ -42,21 +34,8 @@ def local_processes(world_size: int) -> int:
 
 @dataclass
 class AutoWorkers:
-    """The measurements and the current choice of one loader's ``num_workers="auto"``.
-
-    Fed one ``(wait, step)`` pair per batch handed out; :meth:`decide` returns a
-    new worker count when the loader should switch now, else None. Pure
-    bookkeeping: tests drive it with synthetic timings.
-
-    Attributes:
-        cap: The most workers it may choose.
-        workers: The current count.
-        settled: Whether the choice is final (no more measuring).
-        in_process_wait: Median seconds per batch loading in-process (once measured).
-        in_process_step: Median seconds the loop spent per batch between them.
-        worker_wait: Median wait per batch with the chosen workers (once measured).
-        reason: The last decision in words, for ``describe()``.
-    """
+    """One loader's ``num_workers="auto"`` measurements and choice: fed ``(wait, step)``
+    per batch; :meth:`decide` returns a worker count to switch to now, else None."""
 
     cap: int
     workers: int = 0
@@ -70,7 +49,7 @@ class AutoWorkers:
     _skip: int = WARMUP_BATCHES
 
     def record(self, wait: float, step: float) -> None:
-        """One batch: ``wait`` seconds to get it, ``step`` seconds until the next was asked for."""
+        """One batch: ``wait`` seconds to get it, ``step`` seconds until the next was asked."""
         if self.settled:
             return
         if self._skip > 0:
@@ -134,7 +113,6 @@ class AutoWorkers:
         return 0
 
     def describe(self) -> dict[str, object]:
-        """The choice and the measurements behind it."""
 
         def ms(value: float | None) -> float | None:
             return None if value is None else round(value * 1e3, 3)

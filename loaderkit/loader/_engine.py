@@ -1,10 +1,7 @@
-"""The one engine interface of :class:`~loaderkit.ResumableDataLoader` and what an engine may use.
+"""The engine interface of :class:`~loaderkit.ResumableDataLoader` (private).
 
-Private. The front end validates its arguments into a spec and builds one
-engine (the sample plan, a stream's cursors, or an ``IterableDataset``'s
-workers); after that it only delegates. An engine sees the loader through a
-:class:`Host`: the settings they share (seed, worker pool), the topology and
-the loader's live iterations, never the front end's own members.
+The front end builds one engine (planned, stream or iterable) and delegates to it; an
+engine sees the loader only through a :class:`Host`.
 """
 
 from __future__ import annotations
@@ -40,19 +37,12 @@ __all__ = [
     "settle_seed",
 ]
 
-# The seed of ``seed=None`` across ranks: DistributedSampler's default, so a
-# script moved from it keeps its order.
+# seed=None across ranks: DistributedSampler's default, so a script moved from it keeps its order.
 DDP_DEFAULT_SEED = 0
 
 
 class Run:
-    """One iteration's place among a loader's live iterations (no reference to its iterator).
-
-    The loader's state is the position of its *current* run, the one that began
-    last; ``last`` (a tick of the loader's clock) says whether an older run kept
-    handing out batches after that, which would make a single saved position
-    ambiguous. A planned run also keeps its schedule (``len()`` reads it).
-    """
+    """One iteration's ticks on the loader's clock (no reference to its iterator)."""
 
     __slots__ = ("began", "finished", "last", "schedule", "steps_before")
 
@@ -71,17 +61,11 @@ class Engine(Protocol):
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
     def length(self) -> int: ...
-
     def set_epoch(self, epoch: int) -> None: ...
-
     def iterate(self, run: Run) -> Generator[Any, None, None]: ...
-
     def state(self) -> dict[str, Any]: ...
-
     def load(self, state: Any, *, adopt_seed: bool) -> int | None: ...
-
     def adopt_seed(self, seed: int) -> None: ...
-
     def describe(self) -> dict[str, Any]: ...
 
 
@@ -99,19 +83,14 @@ class Host:
         pool: WorkerPool,
         auto: AutoWorkers | None,
     ) -> None:
-        # Weak: the loader holds its host; it is the key of the host's answers.
         self._loader = weakref.ref(loader)
         self.seed, self.seed_drawn = seed, seed_drawn
         self.rank, self.world_size = rank, world_size
         self.pool, self.auto = pool, auto
         self.started = False  # an iteration began: the topology is fixed from then on
         self.topology_cache: tuple[int, int] | None = None
-        # Warns when an epoch outgrows the first len(), which Lightning keeps per fit.
         self.len_watch = _LenWatch()
-        # The current iterator (the one that began last; its position is the state)
-        # and every live one. Weak references: a strong one would put the live
-        # iterator, its generator and torch's worker iterator in a reference cycle,
-        # whose collection leaves workers to a slow join.
+        # Weak: a strong reference would make a cycle that leaves workers to a slow join.
         self.live: weakref.ref[EpochIterator] | None = None
         self.iterators: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
         self.current: Run | None = None
@@ -120,7 +99,6 @@ class Host:
 
     @property
     def loader(self) -> object:
-        """The loader (the key of its caller's answers)."""
         loader = self._loader()
         assert loader is not None, "the engine outlived its loader"
         return loader
@@ -147,20 +125,12 @@ class Host:
             return self.topology_cache
         env = detect(rank=self.rank, world_size=self.world_size, loader=self.loader)
         if self.started:
-            # The process group exists by then (Lightning builds loaders after it),
-            # and state_dict() stays cheap.
             self.topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 
     def settle_seed(self, *, final: bool = True) -> int | None:
-        """The seed to adopt when a drawn one must give way to the ranks' common one.
-
-        Args:
-            final: At the first batch the topology is the run's, and a drawn seed
-                is kept from then on. Earlier (at construction, in ``state_dict()``)
-                only a known ``world_size > 1`` settles it: a process group may
-                still be set up after that.
-        """
+        """The seed to adopt when a drawn one gives way to the ranks' common one; before the
+        first batch (``final=False``) only a known ``world_size > 1`` settles it."""
         if not self.seed_drawn:
             return None
         _, world_size = self.topology()
@@ -173,7 +143,6 @@ class Host:
             self.seed_drawn = False
         return None
 
-    # ------------------------------------------------------------ iterations
     def is_current(self, run: Run) -> bool:
         """Whether ``run`` is the iteration whose position is the loader's."""
         return self.current is run
@@ -184,15 +153,14 @@ class Host:
         return None if live is None else live.run
 
     def awaiting_first_batch(self) -> bool:
-        """Whether an iterator was made that has not drawn its first batch, while no
-        iteration that began is part-way through its epoch (that one is the state)."""
+        """Whether an iterator has not drawn its first batch while no begun one is mid-epoch."""
         run = self.live_run()
         if run is not None and not run.finished:
             return False
         return any(not it.begun for it in list(self.iterators))
 
     def began(self, iterator: EpochIterator) -> None:
-        """``iterator`` drew its first batch: its position is the loader's from now on."""
+        """``iterator`` drew its first batch: its position is the loader's."""
         iterator.run.began = next(self.ticks)
         self.current = iterator.run
         self.live = weakref.ref(iterator)
@@ -216,27 +184,23 @@ class Host:
                 continue
             raise LoaderkitError(
                 "ResumableDataLoader.state_dict: two live iterators over this loader are both "
-                "part-way through their epochs, and the older one handed out batches after the "
-                "newer one began. A state holds one position (the newer iterator's), so "
-                "resuming from it would silently drop the rest of the older iterator's epoch. "
-                "Finish or drop (del) one of them before saving, or use one loader per "
-                "iterator."
+                "part-way through their epochs, and a state holds one position. Finish or drop "
+                "(del) one of them before saving, or use one loader per iterator."
             )
 
 
 class WorkerStreams:
-    """What the stream and iterable engines share: a position counted in batches, each
-    worker's own stream (persistent workers kept between whole epochs), and the last
-    hand-outs, to take back the batches a consumer holds unused (Lightning's prefetch)."""
+    """The stream and iterable engines' shared part: a position in batches, persistent
+    workers, and the last hand-outs (to take back batches a consumer holds unused)."""
 
     def __init__(self, host: Host, plan: Any, reseed: Callable[[int], Any] | None) -> None:
         self.host, self.plan, self._reseed = host, plan, reseed
         self.workers = max(host.num_workers, 1)
         self._position = PlanCursor()
-        self.complete = False  # the current epoch's streams ended
+        self.complete = False
         self._history: deque[Any] = deque(maxlen=16)
-        self._inner: DataLoader[Any] | None = None  # persistent workers between whole epochs
-        self._inner_next: int | None = None  # the epoch they would serve next
+        self._inner: DataLoader[Any] | None = None
+        self._inner_next: int | None = None  # the epoch persistent workers would serve next
         self.held_batches: Callable[[], int] | None = None  # else the host says
 
     @property
@@ -263,8 +227,8 @@ class WorkerStreams:
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; the state cannot be exact: "
-                "save the state while the consumer holds at most that many batches."
+                f"{len(self._history)} hand-outs are remembered; save the state while the "
+                "consumer holds at most that many batches."
             )
         return held
 
@@ -289,13 +253,12 @@ class WorkerStreams:
         self.close()
 
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
-        # Persistent workers ran ahead of what was handed out: they cannot serve on.
         stop_workers(inner, workers)
         if self._inner is inner:
             self._inner, self._inner_next = None, None
 
     def close(self) -> None:
-        """Stop persistent workers (a state was loaded, or they are not at the next epoch)."""
+        """Stop persistent workers."""
         inner = self._inner
         if inner is not None and inner._iterator is not None:
             stop_workers(inner, inner._iterator)
@@ -303,8 +266,7 @@ class WorkerStreams:
 
 
 class EngineSource(IterableDataset[Any]):
-    """What the inner DataLoader of a stream or iterable engine iterates: the user's data,
-    batched as the engine batches."""
+    """The inner DataLoader's dataset for a stream or iterable engine."""
 
     def __init__(self, engine: Any) -> None:
         self.ds, self.collate = engine.dataset, engine.collate_fn
@@ -312,27 +274,23 @@ class EngineSource(IterableDataset[Any]):
 
     @property
     def user_dataset(self) -> Any:
-        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        """The user's dataset."""
         return self.ds
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
-    """Settle a drawn seed (:meth:`Host.settle_seed`) and give the engine the one adopted."""
+    """:meth:`Host.settle_seed`, giving the engine the seed adopted."""
     seed = host.settle_seed(final=final)
     if seed is not None:
         engine.adopt_seed(seed)
 
 
 class EpochIterator(Iterator[Any]):
-    """One epoch's iteration; its engine decides the epoch at the first ``next()``.
-
-    Independent of the loader's other iterators, as ``DataLoader``'s are,
-    except where the loader marks it ``superseded`` (persistent workers, which
-    torch also resets, and streams, whose cursors are the loader's).
-    """
+    """One epoch's iteration (the epoch fixed at the first ``next()``), independent of the
+    loader's others unless marked ``superseded``."""
 
     def __init__(self, loader: Any, host: Host, engine: Engine) -> None:
-        self.loader = loader  # kept alive while iterated, as DataLoader's iterator keeps its own
+        self.loader = loader  # kept alive while iterated, as DataLoader's iterator does
         self.host, self.engine = host, engine
         self.run = Run()
         _LIVE.add(self)
@@ -344,9 +302,8 @@ class EpochIterator(Iterator[Any]):
         if self.superseded:
             raise RuntimeError(
                 "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict() (with persistent_workers=True the loader has one set of "
-                "workers, which torch's DataLoader also resets for each iter(); a stream's "
-                "cursors belong to the loader); iterate the loader again."
+                "load_state_dict() (persistent_workers or a stream's cursors are the "
+                "loader's); iterate the loader again."
             )
         if self._batches is None:
             self._batches = self.engine.iterate(self.run)
@@ -359,9 +316,7 @@ class EpochIterator(Iterator[Any]):
         self.run.last = next(self.host.ticks)
         self.host.waited += time.perf_counter() - asked
         if type(batch) is FailedBatch:
-            # Raised in the batch's place; the next next() goes on with the epoch, as
-            # DataLoader's does. The traceback must not hold this iterator: an error the
-            # caller keeps would keep its workers running after the caller dropped it.
+            # The traceback must not hold this iterator, or a kept error keeps its workers.
             error = batch.error
             del self, batch
             try:
@@ -372,7 +327,7 @@ class EpochIterator(Iterator[Any]):
 
     @property
     def begun(self) -> bool:
-        """Whether the first ``next()`` was called (it fixes the epoch)."""
+        """Whether the first ``next()`` was called."""
         return self._batches is not None
 
     def close(self) -> None:
@@ -381,13 +336,11 @@ class EpochIterator(Iterator[Any]):
             self._batches.close()
 
 
-# Every iterator not yet collected, closed at interpreter exit (see _close_at_exit).
 _LIVE: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Stop the workers of iterations still open at exit, as torch's own iterators do
-    (left to interpreter teardown, their cleanup ran after module globals were cleared)."""
+    """Stop the workers of iterations still open at exit, before module globals are cleared."""
     for iterator in list(_LIVE):
         iterator.close()

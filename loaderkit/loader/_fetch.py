@@ -1,7 +1,6 @@
-"""Turning one batch of planned indices into a collated batch, in a worker or in-process.
+"""One batch of planned indices to a collated batch, in a worker or in-process.
 
-Shared by both loader paths so a batch is built by the same code whichever
-process builds it: that is what makes ``num_workers`` invisible in the output.
+The same code builds a batch in any process, so ``num_workers`` does not change the output.
 """
 
 from __future__ import annotations
@@ -46,14 +45,8 @@ __all__ = [
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
-    """Whether ``dataset``'s batched read ``method`` returns what its ``__getitem__`` would.
-
-    A subclass that overrides ``__getitem__`` (to augment or mask, say) below
-    the class defining ``method`` must be read through it: the batched read
-    would silently bypass the override. For ``get_batch`` an override of
-    ``__getitems__`` counts too. A subclass that overrides ``method`` as well
-    keeps it: that is its own batched read.
-    """
+    """Whether ``dataset.<method>`` is defined below any ``__getitem__`` override (and, for
+    ``get_batch``, any ``__getitems__`` override), so it reads what ``__getitem__`` would."""
     if not callable(getattr(dataset, method, None)):
         return False
     overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
@@ -66,8 +59,7 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
 
 
 def loaderkit_batch_read(dataset: Any) -> bool:
-    """Whether ``dataset`` is read by a faithful ``get_batch`` that loaderkit defines (its
-    tensor, array and shard datasets draw no randomness; a user's ``get_batch`` may)."""
+    """Whether ``dataset`` is read by a faithful ``get_batch`` loaderkit defines (draws nothing)."""
     if not batch_fetch_is_faithful(dataset):
         return False
     owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))
@@ -75,8 +67,7 @@ def loaderkit_batch_read(dataset: Any) -> bool:
 
 
 def torch_gathered(dataset: Any) -> bool:
-    """Whether ``dataset`` is torch's own ``TensorDataset``, or a ``Subset`` / ``ConcatDataset``
-    of them (exact classes, no read set on the instance): :func:`torch_gather` may read it."""
+    """Whether ``dataset`` is torch's exact TensorDataset (or a Subset/ConcatDataset of them)."""
     if read_set_on_instance(dataset) or not torchs_own_reads(type(dataset)):
         return False
     if type(dataset) is Subset:
@@ -87,35 +78,26 @@ def torch_gathered(dataset: Any) -> bool:
 
 
 def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
-    """``default_collate([dataset[i] for i in rows])`` in one ``index_select`` per tensor.
-
-    For what :func:`torch_gathered` accepts; ``None`` (read per sample then) where
-    the result could differ from the per-sample read: rows out of range, a tensor
-    stacked to other strides or kept with autograd or conj information, a
-    ``Subset`` index that is not a plain integer, ``ConcatDataset`` parts that
-    differ in dtype or shape.
-    """
+    """``default_collate([dataset[i] for i in rows])`` by ``index_select``; ``None`` where
+    that could differ from the per-sample read (then read per sample)."""
     if read_set_on_instance(dataset) or rows.numel() == 0:
         return None
     if int(rows.min()) < 0 or int(rows.max()) >= len(dataset):
-        return None  # e.g. tensors replaced after the loader was built: torch's read says why
+        return None  # torch's per-sample read names the bad index
     if type(dataset) is Subset:
-        mapped = _subset_rows(dataset.indices, rows)  # range-checked by the call below
+        mapped = _subset_rows(dataset.indices, rows)
         return None if mapped is None else torch_gather(dataset.dataset, mapped)
     if type(dataset) is ConcatDataset:
         return _concat_gather(dataset, rows)
     if type(dataset) is not TensorDataset:
         return None
-    tensors = dataset.tensors
-    size = len(dataset)
-    if not all(_stacks_like_rows(t, size) for t in tensors):
+    if not all(_stacks_like_rows(t, len(dataset)) for t in dataset.tensors):
         return None
-    return [t.index_select(0, rows.to(t.device)) for t in tensors]
+    return [t.index_select(0, rows.to(t.device)) for t in dataset.tensors]
 
 
 def _stacks_like_rows(t: Any, size: int) -> bool:
-    """Whether ``t.index_select(0, rows)`` equals ``torch.stack([t[i] for i in rows])``,
-    strides included (a stack of 4-d rows may keep their strides; index_select does not)."""
+    """Whether ``t.index_select(0, rows)`` equals ``torch.stack`` of its rows, strides included."""
     return (
         type(t) is torch.Tensor
         and t.layout == torch.strided
@@ -127,7 +109,6 @@ def _stacks_like_rows(t: Any, size: int) -> bool:
 
 
 def _subset_rows(indices: Any, rows: torch.Tensor) -> torch.Tensor | None:
-    """``indices[i]`` for ``i`` in ``rows``, where each is a plain integer."""
     if type(indices) is np.ndarray and indices.dtype.kind == "i" and indices.dtype.isnative:
         indices = torch.from_numpy(indices)
     if type(indices) is torch.Tensor:
@@ -171,12 +152,7 @@ def _concat_gather(dataset: ConcatDataset[Any], rows: torch.Tensor) -> list[torc
 
 
 class Unbatched:
-    """The collate function of ``batch_size=None``: each "batch" is one sample, as is.
-
-    torch calls ``collate_fn`` on every single sample then (default:
-    ``default_convert``, which turns numpy arrays into tensors but adds no batch
-    dimension). A class, not a closure, so it pickles for worker processes.
-    """
+    """``batch_size=None``'s collate: ``collate_fn`` (default ``default_convert``) of one sample."""
 
     def __init__(self, collate_fn: Callable[[Any], Any] | None) -> None:
         self.collate_fn = collate_fn if collate_fn is not None else default_convert
@@ -187,14 +163,12 @@ class Unbatched:
 
 
 def _one_item(getitems: Callable[[list[int]], Any], index: int) -> Any:
-    """Sample ``index`` through a dataset's ``__getitems__`` (module-level: it pickles)."""
     samples = getitems([index])
     if not isinstance(samples, list | tuple) or len(samples) != 1:
         raise TypeError(
             f"__getitems__([{index}]) returned {type(samples).__name__} "
-            f"{str(samples)[:60]!r}, not a list of one sample (torch's __getitems__ "
-            "contract), and per-sample seeding reads one index at a time; return a list of "
-            "samples, or pass per_sample_seeding=False to read whole batches unseeded."
+            f"{str(samples)[:60]!r}, not a list of one sample. Return a list of samples, "
+            "or pass per_sample_seeding=False."
         )
     return samples[0]
 
@@ -205,26 +179,13 @@ def identity(batch: Any) -> Any:
 
 
 class BatchFetcher:
-    """Fetch and collate the samples of one batch (picklable for worker processes).
+    """Fetch and collate one batch (picklable for worker processes).
 
-    Three ways, fastest first: a dataset with ``get_batch(indices)`` (loaderkit's
-    tensor and array datasets, which hold no randomness) returns a collated
-    batch in one call, used when no ``collate_fn`` is given and per-sample
-    seeding is off (torch's own ``TensorDataset`` and ``Subset``/``ConcatDataset`` of
-    them likewise, under ``default_collate``: :func:`torch_gather`, the same batch as
-    per-sample reads collated); a dataset with ``__getitems__`` gets the whole index list
-    at once; otherwise samples are read one by one. A batched read is used only
-    where it is faithful (:func:`batch_fetch_is_faithful`: no ``__getitem__``
-    override below it). With ``per_sample_seeding`` each sample is read under
-    global RNG states keyed by ``(seed, epoch, index)``
-    (:class:`~loaderkit.seeding.SampleSeeder`: ``"auto"`` seeds only the
-    generators the dataset is seen drawing from, ``True`` all three). A
-    ``__getitems__`` dataset is still read a whole batch per call (its
-    batch-level logic as under torch) while that read draws no randomness; one
-    that draws is read one index at a time (``__getitems__([i])``) where it only
-    gathers per-sample reads (:func:`per_sample_reads`), and refused otherwise: a
-    sample's randomness must not depend on its batch mates, the batch size or
-    the number of ranks.
+    Fastest faithful read first: ``get_batch`` (no ``collate_fn``, no per-sample
+    seeding) or :func:`torch_gather`; else ``__getitems__``; else ``__getitem__`` per
+    sample. With ``per_sample_seeding`` each sample reads under global RNG states keyed
+    by ``(seed, epoch, index)``; a ``__getitems__`` read that draws randomness is split
+    per index where it only gathers per-sample reads, and refused otherwise.
     """
 
     def __init__(
@@ -242,7 +203,6 @@ class BatchFetcher:
             SampleSeeder(lazy=per_sample_seeding == "auto") if per_sample_seeding else None
         )
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
-        # torch's TensorDataset runs no code of the user's: gathered a batch at a time.
         self.gather = (
             self.collate_fn is default_collate
             and not self.per_sample_seeding
@@ -254,9 +214,7 @@ class BatchFetcher:
             self.mode = "getitems"
         else:
             self.mode = "single"
-        # Read one index at a time under per-sample seeds: a Subset/ConcatDataset of
-        # per-sample reads from the start (a sample may read torch.initial_seed() without
-        # drawing, which a parked read cannot see), or once a whole read drew.
+        # Split from the start: a sample may read torch.initial_seed() unseen by a parked read.
         self.split = (
             self.mode == "getitems" and self.seeder is not None and per_sample_reads(dataset)
         )
@@ -267,15 +225,11 @@ class BatchFetcher:
         indices: np.ndarray | torch.Tensor,
         seed_keys: np.ndarray | None = None,
     ) -> Any:
-        """The collated batch of ``indices`` (int64, 1-D) in ``epoch``.
-
-        ``seed_keys``: what each sample's randomness is keyed by instead of its index
-        (a plan that draws an index more than once keys each draw apart).
-        """
+        """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.mode == "get_batch":
             return self._batched(self.dataset.get_batch, epoch, indices)
         if self.gather:
-            rows = torch.as_tensor(indices)  # the plan's int64 indices, in range
+            rows = torch.as_tensor(indices)
             batch = self._batched(functools.partial(torch_gather, self.dataset), epoch, rows)
             if batch is not None:
                 return batch
@@ -290,38 +244,34 @@ class BatchFetcher:
         return self.collate_fn(samples)
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
-        """A whole ``__getitems__`` read (batch-level logic stays as torch runs it), where
-        it draws no randomness; else the batch read per sample, where that is the same."""
+        """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
         assert self.seeder is not None
         read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
         samples, moved = self.seeder.read_parked(read)
         if moved is False:
-            return samples  # as torch hands it to collate_fn, a list or not
+            return samples
         if moved is None:
             raise ValueError(
-                f"ResumableDataLoader: numpy's global generator is not an MT19937, so whether "
-                f"{type(self.dataset).__name__}.__getitems__ draws randomness cannot be checked. "
+                f"ResumableDataLoader: numpy's global generator is not an MT19937, so "
+                f"{type(self.dataset).__name__}.__getitems__ cannot be checked for draws. "
                 "Pass per_sample_seeding=False, or keep numpy's default bit generator."
             )
         raise ValueError(
             f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
-            "global RNG while reading a batch, so per_sample_seeding cannot key each sample's "
-            "randomness. Pass per_sample_seeding=False (the batch is read under the worker's "
-            "seeded RNGs), or draw from loaderkit.sample_generator(seed, epoch, index) per sample."
+            "global RNG while reading a batch. Pass per_sample_seeding=False, or draw from "
+            "loaderkit.sample_generator(seed, epoch, index) per sample."
         )
 
     def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:
-        # One try around the loop, not one per sample: the failing index is the
-        # one after the samples already loaded.
+        # One try around the loop: the failing index follows the samples loaded.
         samples: list[Any] = []
-        if self.mode == "getitems":  # seeded per sample: one index per call
+        if self.mode == "getitems":
             getitem: Callable[[int], Any] = functools.partial(_one_item, self.dataset.__getitems__)
         else:
             getitem = self.dataset.__getitem__
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)
-            # extend keeps the samples before a failing getitem (the message counts them)
             samples.extend(map(getitem, index_list))
             return samples
         except Exception as exc:
@@ -352,8 +302,7 @@ class BatchFetcher:
 
 
 def per_sample_reads(dataset: Any) -> bool:
-    """Whether ``dataset``'s ``__getitems__`` only gathers per-sample reads (torch's
-    ``Subset``/``ConcatDataset``, loaderkit's subsets) down to ``__getitem__``."""
+    """Whether ``dataset``'s ``__getitems__`` only gathers ``__getitem__`` reads."""
     if not batch_fetch_is_faithful(dataset, "__getitems__"):
         return True  # read through __getitem__
     if type(dataset) is ConcatDataset:
@@ -364,17 +313,12 @@ def per_sample_reads(dataset: Any) -> bool:
 
 
 def _said(exc: BaseException) -> str:
-    """``Type: message`` of ``exc``, without a final period (the message adds its own)."""
     return f"{type(exc).__name__}: {str(exc).rstrip('.')}"
 
 
 def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:
-    """The error of a sample (or batch) that failed to load with an exception of type ``cause``.
-
-    A :class:`WorkerError` (the sample index) that is also a ``cause``, so the
-    ``except KeyError:`` that caught it under ``DataLoader`` still does; a
-    :class:`ShardReadError` for a shard's failure.
-    """
+    """A :class:`WorkerError` that is also a ``cause`` (so ``except KeyError:`` still catches
+    it), or the shard read error for a :class:`ShardError`."""
     if cause is None:
         return WorkerError(message, index=index)
     if issubclass(cause, ShardError):
@@ -385,7 +329,7 @@ def worker_error(message: str, *, index: Any, cause: type[BaseException] | None)
         return WorkerError(message, index=index)
 
 
-# The combined class per exception type (one class each, so tracebacks and isinstance agree).
+# One combined class per exception type, so isinstance agrees across batches.
 _COMBINED: dict[type[BaseException], type[WorkerError]] = {}
 
 
@@ -422,12 +366,7 @@ def _rebuilt(message: str, index: Any, cause: type[BaseException]) -> WorkerErro
 
 
 class FailedBatch:
-    """In a batch's place: loading it raised ``error``.
-
-    The loader raises the error where the batch would have been handed out and
-    goes on with the epoch, as ``DataLoader`` does. Sent from a worker, the
-    error's traceback travels as text in its message (as torch sends it).
-    """
+    """In a batch's place: loading it raised ``error`` (its traceback pickled as text)."""
 
     __slots__ = ("error",)
 
@@ -455,13 +394,7 @@ def _failed(message: str, index: Any, cause: type[BaseException] | None) -> Fail
 
 
 class KeyedDataset(Dataset[Any]):
-    """What the inner ``torch.utils.data.DataLoader`` sees: keys in, collated batches out.
-
-    Its batch sampler yields ``(epoch, indices, seed_keys)`` keys, which torch's
-    fetcher passes whole to ``__getitems__``; the epoch travels with the indices so
-    a worker can seed each sample by ``(seed, epoch, index)`` (or by its seeding key,
-    where a plan draws an index more than once).
-    """
+    """The inner DataLoader's dataset: ``(epoch, indices, seed_keys)`` in, a collated batch out."""
 
     def __init__(self, fetch: BatchFetcher, size: int) -> None:
         self.fetch = fetch
@@ -469,7 +402,7 @@ class KeyedDataset(Dataset[Any]):
 
     @property
     def user_dataset(self) -> Any:
-        """The dataset the user gave the loader (what ``get_worker_info().dataset`` shows)."""
+        """The user's dataset."""
         return self.fetch.dataset
 
     def __len__(self) -> int:
@@ -487,7 +420,7 @@ class KeyedDataset(Dataset[Any]):
 
 
 def seed_keys(sched: Schedule) -> Callable[[int], np.ndarray | None]:
-    """The per-sample seeding keys of each step of ``sched``: None where they are its indices."""
+    """Each step's per-sample seeding keys (None: the indices)."""
     keys = getattr(sched, "seed_keys", None)
     return _no_keys if keys is None else keys
 
@@ -497,7 +430,7 @@ def _no_keys(step: int) -> None:
 
 
 class KeySource:
-    """The inner DataLoader's batch sampler: yields ``(epoch, indices)`` of the live schedule."""
+    """The inner DataLoader's batch sampler over the live schedule."""
 
     schedule: Schedule | None = None
 
@@ -512,13 +445,9 @@ class KeySource:
         return 0 if self.schedule is None else self.schedule.num_steps
 
 
-# A DataModule's seeded val split hands the loader a subset of the train data: it must
-# fetch the way the dataset does (get_batch, __getitems__), and it is unpickled by every
-# worker, so it lives here, away from Lightning's import.
+# Here, not in lightning/: workers unpickle a DataModule's val split without Lightning.
 class _Subset(Dataset[Any]):
-    """The samples of ``dataset`` at ``indices``; unlike ``torch.utils.data.Subset`` it
-    keeps the batched fetch paths only where the dataset has them, so per-sample seeding
-    stays per sample."""
+    """``dataset`` at ``indices``, with only the batched reads ``dataset`` has."""
 
     def __init__(self, dataset: Any, indices: np.ndarray) -> None:
         self.dataset = dataset
@@ -547,13 +476,7 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
 
 def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
     """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
-    # Else a subset would bypass an override of __getitem__.
     batched = batch_fetch_is_faithful(dataset)
     items = batch_fetch_is_faithful(dataset, "__getitems__")
-    kind = {
-        (False, False): _Subset,
-        (True, False): _BatchedSubset,
-        (False, True): _ItemsSubset,
-        (True, True): _BothSubset,
-    }[(batched, items)]
-    return kind(dataset, indices)
+    kinds = ((_Subset, _ItemsSubset), (_BatchedSubset, _BothSubset))
+    return kinds[batched][items](dataset, indices)

@@ -1,8 +1,7 @@
 """The engine of map-style data: a position in the sample plan (private).
 
-The plan decides *which* batches from ``(seed, epoch, position)``; this engine
-hands them out, in this process or from workers, counting each batch as
-consumed when the caller gets it, and saves and loads that position.
+Hands out the plan's batches, in-process or from workers, counting each as consumed
+when the caller gets it, and saves and loads that position.
 """
 
 from __future__ import annotations
@@ -50,17 +49,13 @@ class PlanEngine:
         self.host, self.dataset, self.fetch = host, dataset, fetch
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
-        # Cached: state() runs every step under Lightning checkpointing.
-        self.fingerprint = plan.fingerprint()
+        self.fingerprint = plan.fingerprint()  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
-        # The epoch of the current (or last) iteration, how far its order was
-        # consumed, how many steps this rank took in it, and what comes next.
         self.cursor = PlanCursor()
         self._keys = KeySource()
         self._inner: DataLoader[Any] | None = None  # persistent workers' loader
-        self._rounds = Rounds()  # this loader's comparisons across ranks (plan/_agree.py)
+        self._rounds = Rounds()
 
-    # ----------------------------------------------------------------- epochs
     def length(self) -> int:
         _, world_size = self.host.topology()
         run, cursor, plan = self.host.live_run(), self.cursor, self.plan
@@ -87,33 +82,27 @@ class PlanEngine:
         self.cursor.set_epoch(epoch)
 
     def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
-        """Whether ``set_epoch(epoch)`` replaces a loaded position that resumes epoch
-        ``resumes`` (False: the position wins and the call is ignored)."""
+        """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
         restarting = self.host.caller().restarting_mid_epoch(self.host.loader)
         if restarting is False:
-            # Lightning starts its epoch afresh (a loader cut short by
-            # limit_train_batches, or cycled by a CombinedLoader): the position is over.
+            # Lightning starts its epoch afresh (limit_train_batches, a CombinedLoader cycle).
             return True
         if restarting and epoch < resumes:
-            # Lightning replays its epoch start's set_epoch after this loader was
-            # cycled into a later epoch of its own, as the loaded position says.
+            # Lightning replays set_epoch after this loader cycled into a later epoch.
             return False
         if not mid_epoch and not restarting:
-            return True  # nothing of the loaded epoch is left to lose
+            return True
         cursor = self.cursor
         length = self.plan.epoch_length(cursor.epoch)
         raise StateMismatchError(
             f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
             f"load_state_dict() is part-way through epoch {resumes} (position "
-            f"{cursor.position} of {length}); starting epoch {epoch} would silently discard "
-            f"that position and yield other samples than the saved run. Call "
-            f"set_epoch({resumes}) (or none) to resume the saved epoch; to start epoch {epoch} "
-            "from its beginning, do not load the state (build the loader with the saved "
-            "seed instead)."
+            f"{cursor.position} of {length}). Call set_epoch({resumes}) (or none) to resume it, "
+            f"or do not load the state to start epoch {epoch} afresh."
         )
 
     def schedule(self) -> Schedule:
-        """This rank's schedule of the next iteration (``loader.sampler`` lists it)."""
+        """This rank's schedule of the next iteration."""
         epoch, start, _ = self.cursor.upcoming(self.plan)
         rank, world_size = self.host.topology()
         return self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
@@ -136,7 +125,7 @@ class PlanEngine:
         driven = self.host.caller().drives(self.host.loader)
         self.host.len_watch.check(OWNER, epoch, steps_done + sched.num_steps, driven=driven)
         if sched.num_steps == 0 and start > 0:
-            self.cursor.position = self.plan.epoch_length(epoch)  # a dropped tail: it is over
+            self.cursor.position = self.plan.epoch_length(epoch)  # only a dropped tail left
         elif sched.num_steps == 0:
             raise ValueError(
                 f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
@@ -147,49 +136,37 @@ class PlanEngine:
         return run_epoch(self, sched, run)
 
     def _check_size(self) -> None:
-        # A sampler's plan counts the sampler's indices; its dataset size is kept apart.
+        # A sampler's plan counts the sampler's indices; the dataset size is kept apart.
         built = getattr(self.plan, "dataset_size", self.plan.num_samples)
         size = len(self.dataset)
         if size != built:
-            # Else the plan (and any saved position) silently keeps the old length.
             raise StateMismatchError(
                 f"ResumableDataLoader: the dataset has {size} samples now, {built} when the "
-                "loader was built; its plan (and any saved position) covers the old length, "
-                "so samples would be left out or indexed past the end. Build a new loader for "
-                "the new dataset (a dataset must not grow or shrink while a loader iterates it)."
+                "loader was built. Build a new loader for the new dataset."
             )
 
     def _check_counted(self, epoch: int, steps_done: int, world_size: int) -> None:
-        """Refuse a host whose count of the epoch's batches disagrees with the position
-        (it would end the epoch early or late)."""
+        """Refuse a host whose count of the epoch's batches disagrees with the position."""
         counted = self.host.caller().batches_done(self.host.loader)
         if counted is None or counted == steps_done:
             return
         loaded = self.cursor.loaded(self.plan)
-        # Loaded at the end of `epoch`, which Lightning (see epoch_meant) still trains.
         ended = loaded is not None and not loaded[1] and loaded[0] == epoch + 1
         if ended and counted == self.plan.num_steps(epoch, start=0, world_size=world_size):
-            # Lightning records a max_steps stop at an epoch's last batch as processed
-            # but not completed, and on restore runs one more batch in that epoch.
+            # Lightning would restore this counting the epoch done yet run one more batch.
             raise StateMismatchError(
                 f"ResumableDataLoader: the checkpoint was written when the run stopped "
-                f"exactly at the end of epoch {epoch} (max_steps, or a stop after the "
-                f"epoch's last batch, before Lightning closed the epoch): Lightning "
-                f"restores it counting all {counted} batches of epoch {epoch} as done "
-                "yet runs one more batch in that epoch, which would add a batch the "
-                "uninterrupted run never trained (it does so with any loader). Resume "
-                "from a checkpoint saved during training (ModelCheckpoint("
-                "every_n_train_steps=...)) or at an epoch's end by max_epochs, or stop "
-                "at a max_steps that is not a multiple of the epoch length."
+                f"exactly at the end of epoch {epoch} ({counted} batches), which Lightning "
+                "resumes with one extra batch. Resume from a checkpoint of "
+                "ModelCheckpoint(every_n_train_steps=...) or of an epoch's end, or stop at a "
+                "max_steps that is not a multiple of the epoch length."
             )
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "
-            f"(on {world_size} rank(s)), so Lightning would end the epoch "
-            f"{abs(counted - steps_done)} batches early or late, silently skipping or "
-            "repeating samples. Resumed on a different number of ranks: add "
-            "Trainer(callbacks=[loaderkit.ElasticResume()]); otherwise restore the loader "
-            "from the same checkpoint as the trainer (trainer.fit(..., ckpt_path=...))."
+            f"(on {world_size} rank(s)). On another number of ranks add "
+            "Trainer(callbacks=[loaderkit.ElasticResume()]); else restore the loader from "
+            "the trainer's checkpoint (trainer.fit(..., ckpt_path=...))."
         )
 
     def rest_of_epoch(self, epoch: int, position: int) -> Schedule:
@@ -200,45 +177,33 @@ class PlanEngine:
     def use_workers(self, count: int) -> None:
         """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
         if self._inner is not None:
-            # Persistent workers of the old count: stop them now, not at garbage collection.
             inner, self._inner = self._inner, None
             if inner._iterator is not None:
                 stop_workers(inner, inner._iterator)
         self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
 
     def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
-        """The worker DataLoader of one epoch's schedule.
-
-        Persistent workers serve one iteration at a time (a new ``iter()``
-        supersedes the old); otherwise each iteration gets its own DataLoader
-        and key source, so live iterators stay independent.
-        """
+        """The worker DataLoader of ``sched``: persistent workers' one, or a new one per
+        iteration (so live iterators stay independent)."""
         rank, _ = self.host.topology()
         pool, seed = self.host.pool, self.host.seed
-        if not pool.persistent:
-            keys = KeySource()
-            keys.schedule = sched
-            return pool.build(
-                KeyedDataset(self.fetch, self.plan.num_samples),
-                seed=seed,
-                epoch=sched.epoch,
-                rank=rank,
-                batch_sampler=keys,  # yields (epoch, indices) keys, not index lists
-            )
-        self._keys.schedule = sched
-        if self._inner is None:
-            self._inner = pool.build(
-                KeyedDataset(self.fetch, self.plan.num_samples),
-                seed=seed,
-                epoch=sched.epoch,
-                rank=rank,
-                batch_sampler=self._keys,
-            )
-        else:  # workers stopped since (a failure, a dropped iterator) restart keyed to this epoch
+        keys = self._keys if pool.persistent else KeySource()
+        keys.schedule = sched
+        if pool.persistent and self._inner is not None:
+            # Workers stopped since (a failure, a dropped iterator) restart keyed to this epoch.
             self._inner.worker_init_fn = pool.init_fn(seed, sched.epoch, rank)
-        return self._inner
+            return self._inner
+        inner = pool.build(
+            KeyedDataset(self.fetch, self.plan.num_samples),
+            seed=seed,
+            epoch=sched.epoch,
+            rank=rank,
+            batch_sampler=keys,
+        )
+        if pool.persistent:
+            self._inner = inner
+        return inner
 
-    # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {}
         if isinstance(self.dataset, MixedDataset):
@@ -252,7 +217,7 @@ class PlanEngine:
         }
 
     def _describe_mix(self, mix: MixedDataset) -> dict[str, Any]:
-        """``describe()["mix"]``: the mix at the epoch this loader iterates (or starts next)."""
+        """``describe()["mix"]`` at the epoch this loader iterates (or starts next)."""
         cursor = self.cursor
         epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
         applied = isinstance(self.plan, MixPlan | MixBucketPlan)
@@ -275,14 +240,12 @@ class PlanEngine:
             )
             if self.host.topology_cache is not None:  # the topology is fixed from here on
                 self._skeleton = skeleton
-        # A shallow copy: the nested plan/topology dicts are shared between the states
-        # returned (read-only, like the tensors of a torch state_dict); this runs every step.
+        # Shallow: nested dicts are shared read-only, like a torch state_dict's tensors.
         state = skeleton.copy()
         cursor = self.cursor
         epoch, position, steps_done = cursor.epoch, cursor.position, cursor.steps_done
         state["epoch"], state["position"], state["steps_done"] = epoch, position, steps_done
-        # The constant fields' digests are the skeleton's; only the position's change
-        # (inlined field_digest).
+        # Only the position's digests change (field_digest inlined).
         checksum = skeleton["checksum"].copy()
         checksum["epoch"] = crc32(b"epoch=%d" % epoch)
         checksum["position"] = crc32(b"position=%d" % position)
@@ -297,8 +260,7 @@ class PlanEngine:
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
-        # Only a plan the loader built can be rebuilt with the saved seed; any other
-        # plan's seed is the user's explicit choice, and a different saved one is a mismatch.
+        # Only a plan the loader built takes the saved seed; a user's plan's seed must match.
         adopt = ("seed",) if adopt_seed and self._reseed is not None else ()
         saved = state.get("plan") if isinstance(state, Mapping) else None
         listed = saved.get("listed_from") if isinstance(saved, Mapping) else None
@@ -326,13 +288,11 @@ class PlanEngine:
 
 
 def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:
-    # A function, not an iterator method: the generator must not reference the
-    # iterator that owns it (see Host.live).
+    # A function: the generator must not reference the iterator that owns it (Host.live).
     cursor, host = engine.cursor, engine.host
 
     def consumed(position: int) -> None:
-        # Only the current run moves the loader's position; an older live iterator
-        # yields its own epoch without touching it (as a second DataLoader iterator does).
+        # Only the current run moves the loader's position.
         if host.is_current(run):
             cursor.consumed(position)
 
@@ -368,8 +328,7 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
             stop_workers(inner, workers)
         raise
     except BaseException:
-        # A worker's exception holds torch's worker iterator in a reference cycle
-        # through its traceback: stop the workers now, not when the cycle is collected.
+        # The exception's traceback cycles through torch's iterator: stop workers now.
         stop_workers(inner, workers)
         raise
 
@@ -377,12 +336,8 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
 def _run_auto(
     engine: PlanEngine, sched: Schedule, consumed: Callable[[int], None]
 ) -> Generator[Any, None, None]:
-    """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch boundary.
-
-    A switch starts the new way of loading at the plan position reached so far
-    (as a resume with another ``num_workers`` would): batches the old workers
-    had prefetched are dropped, never handed out, so nothing repeats or skips.
-    """
+    """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch
+    boundary, resuming at the position reached (prefetched batches are dropped)."""
     auto = engine.host.auto
     assert auto is not None
     while True:
@@ -405,7 +360,6 @@ def _run_auto(
             return
         source.close()
         engine.use_workers(switch_to)
-        # The rest of the epoch, dealt from the position reached (as a resume deals it).
         sched = engine.rest_of_epoch(sched.epoch, position)
 
 
@@ -419,8 +373,8 @@ def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:
 
 
 class _Listed:
-    """A SamplerPlan as a state saved in an epoch listed from a reseeded generator
-    fingerprints it: with that state (``listed_from``), which the resume lists from."""
+    """A SamplerPlan fingerprinted with a saved ``listed_from`` (an epoch from a reseeded
+    generator)."""
 
     def __init__(self, plan: SamplerPlan, listed: str) -> None:
         self.plan, self.listed = plan, listed

@@ -1,9 +1,7 @@
 """``ResumableDataLoader``'s arguments, validated into one spec (private).
 
-:func:`make_spec` is the only place that reads the constructor's arguments:
-it checks them, settles the seed, topology and batching, picks the engine's
-kind and builds the sample plan; the loader then builds its engine from the
-spec alone.
+:func:`make_spec` alone reads the constructor's arguments: it checks them, settles the
+seed, topology and batching, picks the engine's kind and builds the sample plan.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ __all__ = ["LoaderSpec", "draw_seed", "make_spec", "plain_sampler"]
 
 OWNER = "ResumableDataLoader"
 Kind = Literal["plan", "stream", "iterable"]
-# The spec's fields that are the arguments as given.
 _AS_GIVEN = (
     "timeout",
     "worker_init_fn",
@@ -86,21 +83,12 @@ class LoaderSpec:
 
 
 def draw_seed(generator: torch.Generator | None) -> int:
-    """A seed in ``[0, 2**63)`` drawn from ``generator`` (else torch's global one).
-
-    Drawing (not ``initial_seed()``) makes two loaders built one after the other
-    differ, as two shuffled ``DataLoader`` s do, while ``torch.manual_seed``
-    still makes a run reproducible.
-    """
+    """A seed in ``[0, 2**63)`` drawn from ``generator`` (else torch's global one)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def plain_sampler(sampler: Any, size: int) -> bool:
-    """Whether ``sampler`` is one the loader's own plan replaces (else it is listed).
-
-    Exact type only: a subclass may override ``__iter__``. A ``SequentialSampler``
-    over another source yields its own length, as under ``DataLoader``.
-    """
+    """Whether ``sampler`` is one the loader's own plan replaces (else it is listed)."""
     return type(sampler) is SequentialSampler and len(sampler) == size
 
 
@@ -114,8 +102,6 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
     kind, a = engine_kind(dataset), _unwrap(args)
     check_torch_only_args(pin_memory_device=a["pin_memory_device"], in_order=a["in_order"])
-    # batch_size=None: torch's unbatched loading, one sample per step; the plan deals
-    # batches of one and the collate function sees each sample alone.
     unbatched = a["batch_size"] is None and a["batch_sampler"] is None
     collate_fn = Unbatched(a["collate_fn"]) if unbatched else a["collate_fn"]
     size = check_sources(
@@ -126,15 +112,13 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         a["shuffle"],
         a["drop_last"],
     )
-    # check_sources refused None with a batch_sampler; otherwise None means 1.
     step_size = 1 if a["batch_size"] is None else a["batch_size"]
     seeds = _seed(a, size)
     if kind == "iterable" and a["per_sample_seeding"] is True:
         raise ValueError(
-            "ResumableDataLoader: per_sample_seeding=True keys randomness by sample index, "
-            f"and an IterableDataset ({type(dataset).__name__}) has none; leave it 'auto' "
-            "(each worker's RNGs are seeded from (seed, epoch, rank, worker), as "
-            "DataLoader seeds them per worker) or draw from the dataset's own generator."
+            "ResumableDataLoader: per_sample_seeding=True needs sample indices, and the "
+            f"IterableDataset {type(dataset).__name__} has none; leave it 'auto', or draw "
+            "from the dataset's own generator."
         )
     plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
     return LoaderSpec(
@@ -162,11 +146,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
 
 
 def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
-    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size.
-
-    It only cuts its sampler's order into batches: the same as ``sampler=``,
-    ``batch_size=``, ``drop_last=``, which the plan resumes exactly.
-    """
+    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size."""
     a, given = dict(args), args["batch_sampler"]
     defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
     if type(given) is BatchSampler and defaults == (1, False, None, False):
@@ -182,9 +162,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         seed, a["rank"], a["world_size"] = from_distributed_sampler(
             sampler, size, seed, a["rank"], a["world_size"]
         )
-    # A seed the user gave the sampler's own generator decides, as under DataLoader. A
-    # DistributedSamplerWrapper's seed is the wrapper's; its inner sampler's own generator
-    # still lists epoch 0, as under DataLoader.
+    # A seed the user gave the sampler's own generator decides, as under DataLoader.
     a["first_state"] = None
     distributed = isinstance(sampler, DistributedSampler)
     if (seed is None or distributed) and sampler is not None and not plain_sampler(sampler, size):
@@ -197,13 +175,11 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     if plan_seed is not None and seed is not None and seed != plan_seed:
         raise ValueError(
             f"ResumableDataLoader: seed={seed} differs from the batch sampler's plan seed "
-            f"{plan_seed}; leave seed=None to use the plan's, so order and augmentation "
-            "share one saved seed."
+            f"{plan_seed}; leave seed=None to use the plan's."
         )
     if seed is None:
         seed = plan_seed
-    # A seed drawn here is provisional: under DDP each process would draw its own, and
-    # ranks splitting one order by different seeds lose samples silently.
+    # Provisional: under DDP each rank would draw its own (settle_seed).
     drawn = seed is None
     if seed is None:
         seed = draw_seed(a["generator"])
@@ -222,26 +198,24 @@ def _plan(
     """The plan, how to rebuild it with another seed (None: never), and the topology."""
     seed, sampler, batch_sampler = seeds["seed"], a["sampler"], a["batch_sampler"]
     rank, world_size = a["rank"], a["world_size"]
-    fix = "pass the number of samples per batch"
     plan: Any
     reseed: Callable[[int], Plan] | None = None
-    if kind != "plan":
+    if batch_sampler is None:
+        fix = "pass the number of samples per batch"
         check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
-        # Stands in for the plan in code shared with map-style data; never iterated.
-        plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=seed)
+    if kind != "plan":
+        plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=seed)  # a stand-in
     elif batch_sampler is not None:
         plan = batch_sampler.plan
         rank = batch_sampler.rank if rank is None else rank
         world_size = batch_sampler.world_size if world_size is None else world_size
     elif sampler is not None and not plain_sampler(sampler, size):
-        # Any other sampler: its own order, keyed to (seed, epoch), dealt across ranks. A
-        # DistributedSampler lists its whole order here and is dealt as it deals.
         distributed = isinstance(sampler, DistributedSampler)
         plan = SamplerPlan(
             sampler=whole_order_sampler(sampler) if distributed else sampler,
             strided=distributed,
             dataset_size=size,
-            batch_size=check_int("batch_size", batch_size, 1, owner=OWNER),
+            batch_size=batch_size,
             seed=seed,
             drop_last=a["drop_last"],
             first_state=a["first_state"],
@@ -249,14 +223,11 @@ def _plan(
     elif (
         isinstance(dataset, MixedDataset) and sampler is None and dataset.per_epoch != dataset.sizes
     ):
-        # The mix's own plan: its weights decide what each epoch draws (a mix without
-        # weights, sources laid end to end, is read as any dataset, each sample once).
-        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
+        # A weighted mix's own plan (an unweighted one is read as any dataset).
         options = {"shuffle": a["shuffle"], "drop_last": a["drop_last"]}
         reseed = partial(_mix_plan, dataset, batch_size, options)
         plan = reseed(seed)
     else:
-        check_int("batch_size", batch_size, 1, owner=OWNER, fix=fix)
         plan = SamplePlan(
             num_samples=size,
             batch_size=batch_size,
@@ -283,7 +254,7 @@ def _mix_plan(mix: MixedDataset, batch_size: int, options: dict[str, bool], seed
 
 
 def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
-    """The worker settings, checked: ``workers``, ``auto``, ``pin`` and the seeding."""
+    """The worker settings, checked."""
     num_workers, per_sample_seeding = a["num_workers"], a["per_sample_seeding"]
     auto = isinstance(num_workers, str) and num_workers == "auto"
     if auto:
@@ -294,7 +265,6 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
             timeout=a["timeout"],
         )
     workers = check_worker_args(
-        # "auto" may start workers: their settings are checked as for num_workers=1.
         num_workers=1 if auto else num_workers,
         timeout=a["timeout"],
         prefetch_factor=a["prefetch_factor"],
@@ -306,7 +276,6 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
         multiprocessing_context=a["multiprocessing_context"],
     )
     pin = resolve_pin_memory(a["pin_memory"], select_device(), stacklevel=5)  # the caller's line
-    # loaderkit's get_batch datasets and plain containers hold no randomness; others may.
     unseeded = loaderkit_batch_read(dataset) or draws_nothing(dataset)
     per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
     per_sample = per_sample and kind != "iterable"
@@ -314,8 +283,6 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
         "workers": 0 if auto else workers,
         "auto": auto,
         "pin": pin,
-        # "auto" stays "auto" (lazy seeding) where seeding is on.
         "per_sample": per_sample and per_sample_seeding,
-        # Streams have no get_batch: every sample may carry randomness.
         "stream_per_sample": per_sample_seeding is not False,
     }

@@ -31,8 +31,7 @@ from loaderkit.plan.samplers import _LenWatch
 
 __all__ = ["ResumableDataLoader"]
 
-# DataLoader arguments read once at construction (into the plan, the fetcher or the
-# worker pool): an assignment afterwards would be silently ignored, so it is refused.
+# Read once at construction: an assignment afterwards would be silently ignored.
 _FIXED_AFTER_INIT = frozenset(
     (
         "batch_size",
@@ -55,88 +54,54 @@ _FIXED_AFTER_INIT = frozenset(
 
 
 class ResumableDataLoader:
-    """A map-style DataLoader with exact, O(1), elastic mid-epoch resume.
+    """A ``DataLoader`` with exact, O(1), elastic mid-epoch resume.
 
-    Takes the keyword arguments of ``torch.utils.data.DataLoader`` plus
-    ``seed``, ``rank``/``world_size`` and ``per_sample_seeding``. Each new
-    ``iter()`` starts the next epoch unless :meth:`set_epoch` said otherwise;
-    after :meth:`load_state_dict`, the next ``iter()`` yields exactly the
-    remaining batches of the saved epoch, and the one after that the next epoch.
+    Takes ``torch.utils.data.DataLoader``'s arguments plus ``seed``,
+    ``rank``/``world_size`` and ``per_sample_seeding``. Each ``iter()`` starts the
+    next epoch unless :meth:`set_epoch` said otherwise; after
+    :meth:`load_state_dict` the next ``iter()`` yields the rest of the saved epoch.
 
     Args:
-        dataset: A map-style dataset (``__len__`` and ``__getitem__``), or a torch
-            ``IterableDataset``, iterated as ``DataLoader`` iterates it (see
-            :mod:`loaderkit.loader._iterable`: one process, resumed from its
-            state or by a checked replay, under the same ``num_workers``). Datasets
-            with ``get_batch(indices)`` (loaderkit's tensor/array datasets) or
-            ``__getitems__`` are fetched a whole batch per call. Or a
-            :class:`~loaderkit.StreamingShardedDataset` (sizes unknown): its
-            position is a cursor per (rank, worker), exact under the same
-            topology (see :mod:`loaderkit.loader._stream`).
-        batch_size: Samples per batch on each rank; ``None`` yields single samples,
-            unbatched, as ``DataLoader`` does (``collate_fn`` then sees one sample,
-            default: ``default_convert``).
+        dataset: Map-style (``__len__``, ``__getitem__``; ``get_batch`` or
+            ``__getitems__`` read a batch per call), a torch ``IterableDataset``
+            (resumed from its state or a checked replay, same ``num_workers``), or
+            a :class:`~loaderkit.StreamingShardedDataset` (a cursor per rank and
+            worker, same topology).
+        batch_size: Samples per batch on each rank; ``None`` yields single samples.
         shuffle: Shuffle per ``(seed, epoch)``.
-        sampler: Any sampler whose order is a function of ``(seed, epoch)``: one
-            with a ``generator`` (given one seeded per epoch; with ``seed=None``, a
-            ``torch.Generator`` of the user's decides: epoch 0 is torch's, later
-            epochs follow its seed), one with ``set_epoch``, a
-            ``DistributedSampler`` or subclass (listed whole and dealt as it deals:
-            each rank yields torch's indices for it); one that lists a different
-            order twice is refused. It stays ``loader.sampler`` (same object and
-            class); its ``set_epoch(e)`` also sets the loader's epoch.
-        batch_sampler: A loaderkit batch sampler carrying a plan (e.g.
-            :class:`~loaderkit.PlanBatchSampler`); its plan replaces
-            ``batch_size``/``shuffle``/``drop_last``. A torch ``BatchSampler`` is
-            taken as its ``sampler``, ``batch_size`` and ``drop_last``.
-        num_workers: Worker processes (0: load in this process), or ``"auto"``:
-            start each epoch's first batches in this process, time how long
-            the loop waits for them against its step, and start workers at the
-            current position only if they shorten the step (kept only if
-            measured to); map-style data only. The choice changes when batches
-            are loaded, never which (see :meth:`describe`, ``"auto_workers"``).
-        collate_fn: Merges a list of samples into a batch (default:
-            ``default_collate``; not called for ``get_batch`` datasets).
-        pin_memory: ``True``, ``False`` or ``"auto"`` (pin when the current
-            accelerator is CUDA).
-        drop_last: Drop the tail that does not fill a global step of
-            ``world_size * batch_size``; else ranks' last batches are filled by
-            wrapping to the start of the order (those samples repeat).
+        sampler: A sampler whose order is a function of ``(seed, epoch)`` (its
+            ``generator`` seeded per epoch, ``set_epoch``, or a
+            ``DistributedSampler``, dealt as it deals). It stays ``loader.sampler``.
+        batch_sampler: A loaderkit batch sampler with a plan (e.g.
+            :class:`~loaderkit.PlanBatchSampler`), or a torch ``BatchSampler``
+            (taken as its sampler, batch size and drop_last).
+        num_workers: Worker processes (0: in this process), or ``"auto"``
+            (map-style data): start workers mid-epoch only if measured to
+            shorten the step; it changes when batches load, never which.
+        collate_fn: Merges samples into a batch (default ``default_collate``).
+        pin_memory: ``True``, ``False`` or ``"auto"`` (pin on CUDA).
+        drop_last: Drop the tail short of ``world_size * batch_size``; else the
+            last batches wrap to the start of the order.
         timeout: Seconds to wait for a worker's batch (0: forever).
         worker_init_fn: Called in each worker after loaderkit seeded it.
-        multiprocessing_context: As in ``DataLoader``. Default: ``fork``, but
-            ``forkserver`` inside a torch.distributed process group, where
-            forking a process with communication threads can deadlock.
-        generator: Used only to draw ``seed`` when ``seed`` is None.
-        prefetch_factor: Batches loaded ahead per worker (``num_workers > 0``).
+        multiprocessing_context: As in ``DataLoader`` (default ``fork``;
+            ``forkserver`` inside a torch.distributed process group).
+        generator: Draws ``seed`` when ``seed`` is None.
+        prefetch_factor: Batches loaded ahead per worker.
         persistent_workers: Keep workers alive across epochs.
-        seed: Seed of the order and of per-sample randomness. ``None``: in
-            one process, drawn from ``generator`` (else torch's global
-            generator), as ``DataLoader`` draws its shuffle order, so two
-            loaders differ and ``torch.manual_seed`` makes them reproducible;
-            across ranks (``world_size > 1`` known at construction, at a
-            ``state_dict()`` or at the first batch), ``0``, the
-            ``DistributedSampler`` default, since processes draw different
-            seeds and every rank must split the same order. Replaced by the
-            saved seed on :meth:`load_state_dict`.
+        seed: Seed of the order and per-sample randomness. ``None``: drawn from
+            ``generator`` (else torch's) in one process, ``0`` across ranks.
+            A loaded state's seed replaces it.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
-        pin_memory_device: Accepted as ``DataLoader`` does (deprecated there):
-            batches are pinned for the current accelerator.
-        in_order: Must be ``True``: batches keep the plan's order, which is what
-            makes a saved position exact.
+        pin_memory_device: Accepted as ``DataLoader`` does (deprecated there).
+        in_order: Must be ``True`` (a saved position needs ordered batches).
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
-            seeded from ``(seed, e, i)``, so random augmentation is the same
-            for any ``num_workers`` and after a resume. ``"auto"``: on unless
-            the dataset cannot draw (plain containers, ``TensorDataset``, a
-            ``Subset``/``ConcatDataset`` of them) or fetches whole batches
-            (``get_batch``), seeding torch's
-            generator and those the dataset is seen drawing from
-            (:class:`~loaderkit.seeding.SampleSeeder`); ``True``: all three for
-            every sample. Either way a ``__getitems__`` dataset is read a whole
-            batch per call while the read draws no randomness; one that draws is
-            read one index at a time where it only gathers per-sample reads
-            (``Subset``, ``ConcatDataset``), else refused naming the fix.
+            seeded from ``(seed, e, i)``, the same for any ``num_workers`` and
+            after a resume. ``"auto"``: only the generators the dataset draws
+            from, off for data that cannot draw; ``True``: all three always.
+            A ``__getitems__`` read that draws is refused unless it only gathers
+            per-sample reads.
 
     Example:
         >>> import torch
@@ -177,19 +142,11 @@ class ResumableDataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
     ) -> None:
-        args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler)
-        args |= dict(batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn)
-        args |= dict(pin_memory=pin_memory, drop_last=drop_last, timeout=timeout)
-        args |= dict(worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context)
-        args |= dict(generator=generator, prefetch_factor=prefetch_factor, seed=seed, rank=rank)
-        args |= dict(persistent_workers=persistent_workers, world_size=world_size)
-        args |= dict(per_sample_seeding=per_sample_seeding, pin_memory_device=pin_memory_device)
-        self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
+        args = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
+        self._spec = spec = make_spec(dataset, args)
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         self._expose(spec, fetch)
-        # Where the ranks are known already (rank=/world_size=, a process group, a
-        # Trainer building the loader), the seed is the ranks' common one from the start.
         settle_seed(self._host, self._engine, final=False)
         self._built = True
 
@@ -208,8 +165,7 @@ class ResumableDataLoader:
         self.multiprocessing_context = spec.multiprocessing_context
         self.prefetch_factor = spec.prefetch_factor
         self.persistent_workers = spec.persistent_workers
-        # Views of the plan: Lightning calls sampler.set_epoch(e) (and
-        # batch_sampler.sampler.set_epoch(e)) at every epoch start, never the loader's.
+        # Views of the plan: Lightning calls sampler.set_epoch(e), never the loader's.
         self.sampler, self.batch_sampler = views(self, spec, self._engine)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -224,8 +180,7 @@ class ResumableDataLoader:
         super().__setattr__(name, value)
 
     def _set_worker_init_fn(self, value: Any) -> None:
-        # Lightning's seed_everything(workers=True) sets it before the first epoch: it
-        # runs in every worker started from then on (after loaderkit's seeding).
+        # Lightning's seed_everything(workers=True) sets it before the first epoch.
         if value is not None and not callable(value):
             raise TypeError(
                 f"ResumableDataLoader: worker_init_fn must be callable or None, got "
@@ -239,11 +194,9 @@ class ResumableDataLoader:
             )
         self._host.pool = dataclasses.replace(pool, user_init=value)
 
-    # ----------------------------------------------------------------- epochs
     @property
     def num_workers(self) -> int:
-        """Worker processes loading now (0: in this process). Fixed at construction,
-        except under ``num_workers="auto"``, where it is the current choice."""
+        """Worker processes loading now (0: in this process; under ``"auto"``, the choice)."""
         return self._host.num_workers
 
     @property
@@ -276,27 +229,17 @@ class ResumableDataLoader:
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
 
-        Under the saving topology that is exact. After a resume with another
-        world size the resumed epoch (steps done + steps remaining) and a whole
-        epoch differ. With :class:`~loaderkit.ElasticResume`, which re-reads the
-        length at every epoch start, it is the current epoch's exact count, so
-        Lightning validates at its end. Without it, Lightning reads the length
-        once per ``fit``, so it is the larger of the two (no batch is cut), and a
-        shorter epoch inside Lightning's loop is an error (Lightning would skip
-        its end-of-epoch validation).
+        After a resume on another world size, the larger of the resumed and a whole
+        epoch, unless :class:`~loaderkit.ElasticResume` re-reads it every epoch.
         """
         return self._engine.length()
 
     def __iter__(self) -> Iterator[Any]:
         """A new iterator over the next epoch (see :meth:`set_epoch`).
 
-        Iterators are independent, as ``DataLoader``'s are: an older one goes on
-        with its own epoch in its own workers, and :meth:`state_dict` is the
-        position of the one that began (drew its first batch) last. Two
-        exceptions, where the loader has one set of workers or cursors: with
-        ``persistent_workers=True`` (torch's ``DataLoader`` resets its one worker
-        iterator too) and over a ``StreamingShardedDataset``, a new ``iter()``
-        supersedes the old iterator, whose ``next()`` then raises.
+        Iterators are independent, and :meth:`state_dict` is the position of the
+        one that drew its first batch last; with ``persistent_workers=True`` or a
+        ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
         """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
         if self._engine.one_iterator or self._host.pool.persistent:
@@ -307,35 +250,20 @@ class ResumableDataLoader:
 
     @property
     def wait_seconds(self) -> float:
-        """Seconds spent inside ``next()`` of this loader's iterators (loading, or waiting
-        for workers), summed over its life: what a training loop waited for batches
-        (:class:`~loaderkit.DataWaitMonitor` reads it)."""
+        """Seconds spent inside ``next()`` of this loader's iterators, summed over its life."""
         return self._host.waited
 
     def describe(self) -> dict[str, Any]:
         """How this loader iterates and resumes, for logs and ``loaderkit inspect``.
 
         Returns:
-            A dict with ``engine``: ``"plan"`` (map-style data), ``"stream"``
-            (a :class:`~loaderkit.StreamingShardedDataset`) or ``"iterable"`` (an
-            ``IterableDataset`` passed directly); ``resume``: ``"position"``
-            (a position in the sample plan: O(1), any ``num_workers`` and world
-            size), ``"cursors"`` (a cursor per (rank, worker) slot: same
-            topology), ``"state"`` (each worker's dataset or iterator state) or
-            ``"replay"`` (each worker's stream replayed and skipped: O(position),
-            exact only for a deterministic stream, which is checked);
-            ``resume_reason`` (the same in words); ``num_workers`` and
-            ``batch_size``; ``transport``: how batches crossed from worker
-            processes so far (``slot_batches`` through reused shared-memory
-            slots, ``torch_path_batches`` through torch's own path and the
-            ``torch_path_reasons``, arenas received and their bytes); ``mix``
-            when the dataset is a :class:`~loaderkit.MixedDataset`: its
-            :meth:`~loaderkit.MixedDataset.describe` at the loader's epoch (per
-            source its samples, weight, draws per epoch, repeat and the
-            source-epochs the epoch's draws fall in) plus ``epoch`` and
-            ``applied`` (whether the loader's plan is the mix's; a loader given
-            another sampler or batch sampler reads every sample once per epoch
-            and ignores the weights, and says so in ``reason``).
+            A dict with ``engine`` (``"plan"``, ``"stream"`` or ``"iterable"``),
+            ``resume`` (``"position"``, ``"cursors"``, ``"state"`` or ``"replay"``)
+            and ``resume_reason``, ``num_workers``, ``batch_size``, ``transport``
+            (how batches crossed from workers), ``auto_workers`` under
+            ``num_workers="auto"``, and ``mix`` for a :class:`~loaderkit.MixedDataset`
+            (its :meth:`~loaderkit.MixedDataset.describe` plus ``epoch``,
+            ``applied`` and, where not applied, ``reason``).
         """
         info: dict[str, Any] = {
             "num_workers": self.num_workers,
@@ -346,34 +274,22 @@ class ResumableDataLoader:
             info["auto_workers"] = self._host.auto.describe()
         return {**info, **self._engine.describe()}
 
-    # ------------------------------------------------------------------ state
     def _register_lookahead(self, holder: Any) -> None:
-        """A consumer that holds batches ahead (``DevicePrefetcher``) answers ``state_dict()``.
-
-        ``holder.held_state()`` is the state as of the last batch it handed on,
-        or None when it holds nothing. Held weakly: a dropped prefetcher stops counting.
-        """
+        """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``)."""
         self._lookahead = weakref.ref(holder)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position of the batches handed out so far; the same on every rank.
+        """The position of the batches handed out so far (a
+        :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank.
 
-        While a :class:`~loaderkit.DevicePrefetcher` holds a batch ahead, the
-        position of the batches it handed on (the consumer's view).
-
-        Never a collective: one rank may call it alone. For a
-        :class:`~loaderkit.StreamingShardedDataset` under DDP it reads the other
-        ranks' cursors at this rank's step from the process group's store (each
-        rank publishes them as it hands a batch out), waiting only for a rank
-        that has not handed that batch out yet; where no store is reachable the
-        state holds this rank's cursors only.
+        Never a collective; a stream's state reads the other ranks' cursors from the
+        process group's store where one is reachable.
         """
         holder = self._lookahead() if self._lookahead is not None else None
         held = holder.held_state() if holder is not None else None
         if held is not None:
             return dict(held)
-        # Before the first batch: a state must not carry the provisional seed that the
-        # first batch replaces under DDP (a resumed run would adopt it).
+        # A state must not carry a provisional seed that the first batch replaces under DDP.
         settle_seed(self._host, self._engine, final=False)
         self._host.check_one_position()
         return self._engine.state()
@@ -385,14 +301,13 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
-        self._lookahead = None  # the loaded state is the position now
+        self._lookahead = None
         adopted = self._engine.load(state_dict, adopt_seed=not self._spec.seed_explicit)
         if adopted is not None:
             self._host.seed = adopted
         self._host.seed_drawn = False  # the saved run's seed is the one to keep
 
 
-# ------------------------------------------------------------- construction
 def build_engine(loader: object, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
     """The loader's host and its one engine, chosen by ``spec.kind`` (the only place)."""
     fetch = BatchFetcher(
@@ -441,8 +356,7 @@ def build_engine(loader: object, spec: LoaderSpec) -> tuple[Host, Engine, BatchF
 def views(loader: object, spec: LoaderSpec, engine: Engine) -> tuple[Any, Any]:
     """``loader.sampler`` and ``loader.batch_sampler``, as ``DataLoader`` has them."""
     if spec.kind == "iterable":
-        # As DataLoader's: an endless constant sampler (here its set_epoch drives the
-        # loader) and a BatchSampler over it, or none when unbatched.
+        # As DataLoader's: an endless constant sampler and a BatchSampler over it.
         order: Any = IterableOrder(loader)
         if spec.batch_size is None:
             return order, None
