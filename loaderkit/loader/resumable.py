@@ -142,8 +142,14 @@ class ResumableDataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
     ) -> None:
-        args = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
-        self._spec = spec = make_spec(dataset, args)
+        args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler)
+        args |= dict(batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn)
+        args |= dict(pin_memory=pin_memory, drop_last=drop_last, timeout=timeout)
+        args |= dict(worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context)
+        args |= dict(generator=generator, prefetch_factor=prefetch_factor, seed=seed, rank=rank)
+        args |= dict(persistent_workers=persistent_workers, world_size=world_size)
+        args |= dict(per_sample_seeding=per_sample_seeding, pin_memory_device=pin_memory_device)
+        self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
         self._expose(spec, fetch)
