@@ -1,9 +1,8 @@
 """Shard readers: how one file becomes a sequence of samples.
 
-A reader is a small stateless object for one format: it counts a shard's
-samples once, opens it in each process (a memory map: no file position, safe
-across ``fork``) and writes shards for :func:`~loaderkit.write_shards`. Offsets
-sidecars: docs/design.md, sharded and streaming datasets.
+A reader counts a shard's samples once, opens it in each process (a memory
+map: no file position, safe across ``fork``) and writes shards for
+:func:`~loaderkit.write_shards`.
 """
 
 from __future__ import annotations
@@ -20,14 +19,9 @@ from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import MissingShardError, ShardError
 
-__all__ = [
-    "OpenShard",
-    "ShardReader",
-    "TokenReader",
-]
+__all__ = ["OpenShard", "ShardReader", "TokenReader"]
 
-# Elements scanned per step when counting, so counting a shard stays in bounded memory.
-_CHUNK = 1 << 26
+_CHUNK = 1 << 26  # elements scanned per step when counting: bounded memory
 # Files loaderkit writes next to shards: never listed as shards themselves.
 OFFSETS_SUFFIX = ".lkoffsets"
 DTYPE_SUFFIX = ".lkdtype"
@@ -38,18 +32,12 @@ OWN_SUFFIXES = (OFFSETS_SUFFIX, DTYPE_SUFFIX)
 class OpenShard(Protocol):
     """One shard opened for reading in one process (example: :class:`ShardReader`).
 
-    ``read_batch(indices)`` is optional: a reader that can read many samples in
-    one call (one fancy-indexing read of a memory map) returns either a list of
-    samples or an array / tensor whose first dimension is the samples, which
-    :class:`~loaderkit.data.sharded.ShardedDataset` then passes on without
-    splitting. ``close()`` is optional too. A shard of fixed-shape samples may
-    also have ``rows``, an array whose row ``i`` is sample ``i`` as stored (a
-    view of the map: it is only read), and ``dtype``, the numpy dtype
-    ``read_batch`` returns: a batch that spans shards (as a mixing plan's do)
-    is then built by copying each row straight into it, instead of one gather
-    and scatter per shard. ``lengths()``, each sample's token count without
-    reading the samples, serves :meth:`~loaderkit.ShardedDataset.lengths`
-    (token budgets).
+    Optional members: ``read_batch(indices)`` returns a list of samples, or an
+    array / tensor whose first dimension is the samples; ``close()``;
+    ``rows``, a read-only array whose row ``i`` is sample ``i`` as stored, with
+    ``dtype``, the numpy dtype ``read_batch`` returns (a batch across shards is
+    then built by row copies); ``lengths()``, each sample's token count without
+    reading it (for :meth:`~loaderkit.ShardedDataset.lengths`).
     """
 
     def __len__(self) -> int:
@@ -65,22 +53,15 @@ class OpenShard(Protocol):
 class ShardReader(Protocol):
     """What :class:`~loaderkit.data.sharded.ShardedDataset` needs to know about a format.
 
+    A reader is picklable (workers get a copy) and its methods pure.
+    Optional: ``prepare(files) -> reader``, called once when a dataset is built
+    with ``(name, source)`` per shard (a local path, or for a URL a file object
+    holding its Parquet footer); it returns the reader the dataset and its
+    workers use, so what must hold across all files is decided once.
+
     Attributes:
-        suffixes: File suffixes of this format, used to list a directory of
-            shards and to name the shards :func:`~loaderkit.write_shards`
-            writes (the first one).
-
-    A reader must be picklable (workers receive a copy) and its methods pure:
-    ``spec()`` lists every setting that changes how many samples a shard has,
-    and is stored in the shard index, so an index counted under other settings
-    is never used.
-
-    Optional: ``prepare(files) -> reader``, called once when a dataset is
-    built with ``(name, source)`` for each of its shards (``source``: a local
-    path, or for a shard at a URL a file object holding its Parquet footer),
-    returns the reader the dataset and its workers read with: what must hold
-    across all files (:meth:`~loaderkit.ParquetReader.prepare`: column types)
-    is decided there, never by one process from the files it opened.
+        suffixes: File suffixes of the format, for listing a directory; the
+            first names the shards :func:`~loaderkit.write_shards` writes.
 
     Example:
         A reader of text files, one sample per line (``open`` returns a list
@@ -89,16 +70,12 @@ class ShardReader(Protocol):
         >>> import tempfile
         >>> from loaderkit import ShardedDataset
         >>> class Lines(list):
-        ...     def read(self, i):
-        ...         return self[i]
+        ...     def read(self, i): return self[i]
         >>> class LinesReader:
         ...     suffixes = (".txt",)
-        ...     def spec(self):
-        ...         return {"kind": "txt-lines"}
-        ...     def count(self, path):
-        ...         return len(path.read_text().splitlines())
-        ...     def open(self, path):
-        ...         return Lines(path.read_text().splitlines())
+        ...     def spec(self): return {"kind": "txt-lines"}
+        ...     def count(self, path): return len(path.read_text().splitlines())
+        ...     def open(self, path): return Lines(path.read_text().splitlines())
         >>> d = Path(tempfile.mkdtemp())
         >>> _ = (d / "a.txt").write_text("x\\ny\\n"), (d / "b.txt").write_text("z\\n")
         >>> ds = ShardedDataset(d, LinesReader())
@@ -112,28 +89,22 @@ class ShardReader(Protocol):
         ...
 
     def spec(self) -> dict[str, Any]:
-        """JSON-able settings that change a shard's sample count."""
+        """JSON-able settings that change a shard's sample count (stored in the index)."""
         ...
 
     def count(self, shard: Any) -> int:
-        """The number of samples in ``shard`` (a ``Path``, or the object given as a shard).
-
-        Called once per shard when the index is built; may scan the shard and
-        write a sidecar next to it.
-        """
+        """Samples in ``shard`` (a ``Path``, or the object given), once per shard when indexing."""
         ...
 
     def open(self, shard: Any) -> OpenShard:
-        """Open ``shard`` for reading in this process (called at most once per process,
-        within the ``max_open_shards`` bound)."""
+        """Open ``shard`` for reading in this process."""
         ...
 
 
-# ----------------------------------------------------------------- helpers
 def _missing(path: Path, what: str = "shard") -> MissingShardError:
     return MissingShardError(
-        f"{what} file {str(path)!r} does not exist; restore it, or rebuild the shard list "
-        "and delete the shard index so it is counted again.",
+        f"{what} file {str(path)!r} does not exist; restore it, or delete the shard index "
+        "so the shards are counted again.",
         path=path,
     )
 
@@ -145,14 +116,12 @@ def _offsets_path(path: Path, tag: str) -> Path:
 def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
     target = _offsets_path(path, tag)
     try:
-        # Atomic, under a unique temporary name: DDP ranks (or threads) may count the
-        # same shard at once, and they write the same content.
+        # Atomic: DDP ranks may count the same shard at once (same content).
         atomic_write(target, lambda f: np.save(f, offsets.astype(np.int64, copy=False)))
     except OSError as exc:
         raise ShardError(
-            f"cannot write the offsets sidecar {str(target)!r} of shard {str(path)!r} ({exc}); "
-            "its directory must be writable when the shard is first counted (index the data "
-            "once where it is writable, e.g. with write_shards, then copy it with mtimes kept).",
+            f"cannot write the offsets sidecar {str(target)!r} ({exc}); count the shards once "
+            "where their directory is writable (e.g. write_shards), then copy them with mtimes.",
             path=target,
         ) from exc
 
@@ -160,7 +129,7 @@ def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
 def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
     side = _offsets_path(path, tag)
     try:
-        offsets: np.ndarray = _map_npy(side)
+        offsets: np.ndarray = _map_raw(side)
     except FileNotFoundError:
         raise _missing(side, "offsets sidecar") from None
     except (ValueError, OSError) as exc:
@@ -170,35 +139,25 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             path=side,
         ) from exc
     if offsets.ndim != 1 or len(offsets) < 1 or int(offsets[-1]) != length:
+        end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else "?"
         raise ShardError(
-            f"offsets sidecar {str(side)!r} does not match shard {str(path)!r} (it ends at "
-            f"{int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else '?'}, the shard "
-            f"has length {length}): the shard changed after it was counted; delete the "
-            "sidecar and the shard index so it is counted again.",
+            f"offsets sidecar {str(side)!r} does not match shard {str(path)!r} (ends at {end}, "
+            f"the shard has length {length}); delete the sidecar and the shard index.",
             path=path,
         )
     return offsets
 
 
-def _map_npy(path: Path) -> np.ndarray:
-    """``np.load(path, mmap_mode="r")``, refusing a file that changes while it is mapped."""
-    before = path.stat()
-    arr: np.ndarray = np.load(path, mmap_mode="r")
-    _check_mapped_size(path, arr, before.st_size)
-    return arr
-
-
-def _map_raw(path: Path, dtype: np.dtype) -> np.ndarray:
-    before = path.stat()
-    arr: np.ndarray = np.memmap(path, dtype=dtype, mode="r")
-    _check_mapped_size(path, arr, before.st_size)
-    return arr
-
-
-def _check_mapped_size(path: Path, arr: np.ndarray, size: int) -> None:
+def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
+    """A read-only map of raw ``dtype`` (``None``: ``.npy``), refusing a file changed meanwhile."""
+    size = path.stat().st_size
+    arr: np.ndarray = (
+        np.load(path, mmap_mode="r") if dtype is None else np.memmap(path, dtype=dtype, mode="r")
+    )
     now = MappedFiles.size_of(path, arr)
     if now != size:
         raise _changed(path, now, size)
+    return arr
 
 
 def _changed(path: Path, now: int, size: int) -> ShardError:
@@ -213,11 +172,9 @@ def _changed(path: Path, now: int, size: int) -> ShardError:
 class MappedFiles:
     """The memory maps an open shard reads, checked before and after every read.
 
-    A file truncated under a live mapping reads as zeros, or kills the process
-    with SIGBUS: each read checks every mapped file's size (``fstat``) before
-    and after copying, and refuses a changed file with a :class:`ShardError`
-    naming it. A truncation inside the copy itself is a SIGBUS, reported in a
-    DataLoader worker as a :class:`~loaderkit.errors.WorkerError`.
+    A file truncated under a live map reads as zeros or raises SIGBUS, so each
+    read compares every mapped file's size (``fstat``) with its size when
+    mapped and refuses a change with a :class:`ShardError` naming the file.
     """
 
     __slots__ = ("files",)
@@ -230,8 +187,7 @@ class MappedFiles:
 
     @staticmethod
     def _sizer(path: Path, arr: np.ndarray) -> Callable[[], int]:
-        """A function giving the current size of the file behind ``arr``: the map's own
-        ``size()`` (an fstat of its descriptor), else a stat of ``path``."""
+        """The size of the file behind ``arr``: its map's ``size()`` (an fstat), else a stat."""
         base: Any = arr
         while base is not None and not hasattr(base, "_mmap"):
             base = getattr(base, "base", None)
@@ -260,21 +216,20 @@ class MappedFiles:
 
 
 def _read_dtype(path: Path) -> np.dtype | None:
-    """The dtype recorded in a raw shard's sidecar header, or None without one."""
+    """The dtype in a raw shard's sidecar header, or None without one."""
     side = path.with_name(path.name + DTYPE_SUFFIX)
     try:
         text = side.read_text().strip()
     except FileNotFoundError:
         return None
     try:
-        dtype = np.dtype(text)
+        return np.dtype(text)
     except TypeError as exc:
         raise ShardError(
             f"dtype header {str(side)!r} holds {text!r}, not a numpy dtype ({exc}); delete it "
             "and pass dtype= to TokenReader.",
             path=side,
         ) from exc
-    return dtype
 
 
 def _out_numpy_dtype(out_dtype: torch.dtype | None, stored: np.dtype) -> np.dtype:
@@ -283,29 +238,23 @@ def _out_numpy_dtype(out_dtype: torch.dtype | None, stored: np.dtype) -> np.dtyp
     return torch.empty(0, dtype=out_dtype).numpy().dtype
 
 
-# ------------------------------------------------------------------ tokens
 class TokenReader:
     """Flat token shards (``.npy``, or raw ``.bin`` of a dtype) as fixed-length or document samples.
 
-    One long 1-D array of token ids per file (nanoGPT / litgpt layout), memory-mapped
-    once per process; a batch of fixed-length samples is one gather out of the map,
-    fast enough for ``num_workers=0`` (``benchmarks/shards``).
+    One 1-D array of token ids per file (nanoGPT / litgpt layout), memory-mapped
+    once per process; a batch of fixed-length samples is one gather out of the map.
 
     Args:
         seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens
-            (the trailing ``len % seq_len`` tokens of a shard are not used).
-        targets: With ``seq_len``: add the next token to each sample, so a
-            sample has ``seq_len + 1`` tokens, ``x, y = s[:-1], s[1:]``, and
-            consecutive samples share one token.
-        eos: Instead of ``seq_len``: one sample per document, a document being
-            the tokens up to and including each ``eos`` token (a final
-            document without one is kept). Samples differ in length: give the
-            loader a padding ``collate_fn`` such as :class:`~loaderkit.PadCollate`.
-        dtype: Token dtype. Required for ``.bin`` files (they have no header);
-            for ``.npy`` files, checked against the header when given.
-        out_dtype: dtype of the returned tensors (``torch.int64``, what
-            embeddings take); ``None`` keeps the stored dtype (half the bytes
-            for ``uint16`` tokens; convert on the device).
+            (the trailing ``len % seq_len`` tokens are not used).
+        targets: With ``seq_len``: add the next token to each sample
+            (``seq_len + 1`` tokens, ``x, y = s[:-1], s[1:]``).
+        eos: Instead of ``seq_len``: one sample per document, the tokens up to
+            and including each ``eos`` (a final document without one is kept);
+            give the loader a padding ``collate_fn`` such as :class:`~loaderkit.PadCollate`.
+        dtype: Token dtype. Required for ``.bin`` files without a ``.lkdtype``
+            header; for ``.npy`` files, checked against the header when given.
+        out_dtype: dtype of the returned tensors; ``None`` keeps the stored dtype.
 
     Example:
         >>> import tempfile
@@ -334,21 +283,17 @@ class TokenReader:
                 "TokenReader: pass exactly one of seq_len (fixed-length samples) and eos "
                 f"(one sample per document), got seq_len={seq_len!r}, eos={eos!r}."
             )
+        owner = "TokenReader"
         if seq_len is not None:
             check_int(
-                "seq_len",
-                seq_len,
-                1,
-                owner="TokenReader",
-                fix="pass the tokens per sample, e.g. 1024",
+                "seq_len", seq_len, 1, owner=owner, fix="pass the tokens per sample, e.g. 1024"
             )
         if eos is not None:
-            check_int("eos", eos, 0, owner="TokenReader", fix="pass the end-of-document token id")
-        check_bool("targets", targets, owner="TokenReader")
+            check_int("eos", eos, 0, owner=owner, fix="pass the end-of-document token id")
+        check_bool("targets", targets, owner=owner)
         if targets and seq_len is None:
             raise ValueError(
-                "TokenReader: targets=True needs seq_len (fixed-length samples); pass seq_len=, "
-                "or targets=False with eos=."
+                "TokenReader: targets=True needs seq_len; pass seq_len= instead of eos=."
             )
         self.seq_len = seq_len
         self.targets = bool(targets)
@@ -362,13 +307,13 @@ class TokenReader:
             ) from exc
         if self.dtype is not None and self.dtype.kind not in "iu":
             raise ValueError(
-                f"TokenReader: dtype must be an integer dtype, got {self.dtype}; pass the token "
-                "dtype, e.g. dtype=np.uint16 (or np.int32 for vocabularies over 65535)."
+                f"TokenReader: dtype must be an integer dtype, got {self.dtype}; pass e.g. "
+                "dtype=np.uint16."
             )
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(
                 f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}; pass "
-                "e.g. torch.int64 (what embeddings take), or None to keep the stored dtype."
+                "e.g. torch.int64."
             )
         self.out_dtype = out_dtype
 
@@ -393,19 +338,19 @@ class TokenReader:
             raise _missing(path)
         if path.suffix == ".npy":
             try:
-                arr: np.ndarray = _map_npy(path)
+                arr: np.ndarray = _map_raw(path)
             except ShardError:
                 raise
             except (ValueError, OSError, EOFError) as exc:
                 raise ShardError(
-                    f"shard {str(path)!r} is not a readable .npy token array ({exc}): the file "
-                    "is corrupt or truncated; rewrite it (and delete the shard index).",
+                    f"shard {str(path)!r} is not a readable .npy token array ({exc}): it is "
+                    "corrupt or truncated; rewrite it (and delete the shard index).",
                     path=path,
                 ) from exc
             if arr.ndim != 1 or arr.dtype.kind not in "iu":
                 raise ShardError(
-                    f"shard {str(path)!r} holds a {arr.dtype} array of shape {arr.shape}; token "
-                    "shards are 1-D integer arrays: flatten it (arr.reshape(-1)).",
+                    f"shard {str(path)!r} holds a {arr.dtype} array of shape {arr.shape}, not 1-D "
+                    "integer tokens; flatten it (arr.reshape(-1)).",
                     path=path,
                 )
             if self.dtype is not None and arr.dtype != self.dtype:
@@ -418,48 +363,40 @@ class TokenReader:
         header = _read_dtype(path)
         if self.dtype is not None and header is not None and header != self.dtype:
             raise ShardError(
-                f"shard {str(path)!r} holds {header} tokens (its header "
-                f"{path.name + DTYPE_SUFFIX!r} says so), the reader was given dtype={self.dtype}; "
-                f"reading it as {self.dtype} would give garbage tokens. Pass "
-                f"dtype=np.{header.name} (or leave dtype=None to follow the header).",
+                f"shard {str(path)!r} holds {header} tokens (says its {DTYPE_SUFFIX} header), "
+                f"not dtype={self.dtype}. Pass dtype=np.{header.name}, or dtype=None.",
                 path=path,
             )
         dtype = self.dtype if self.dtype is not None else header
         if dtype is None:
             raise ValueError(
-                f"TokenReader: raw shard {str(path)!r} has no header (no "
-                f"{path.name + DTYPE_SUFFIX!r} next to it), so its token dtype is unknown and "
-                "a guess would read garbage tokens; pass dtype=, e.g. TokenReader(seq_len=..., "
-                "dtype=np.uint16), or write the shards with TokenReader.write, which records it."
+                f"TokenReader: raw shard {str(path)!r} has no header ({DTYPE_SUFFIX}), so its "
+                "token dtype is unknown; pass dtype=, e.g. dtype=np.uint16 (TokenReader.write "
+                "records it)."
             )
         size = path.stat().st_size
         if size % dtype.itemsize:
             raise ShardError(
-                f"shard {str(path)!r} is {size} bytes, not a multiple of the {dtype} "
-                f"item size {dtype.itemsize}: it is truncated or not of this dtype; pass the "
-                "dtype it was written with, or rewrite it.",
+                f"shard {str(path)!r} is {size} bytes, not a multiple of the {dtype} item size "
+                f"{dtype.itemsize}; pass the dtype it was written with, or rewrite it.",
                 path=path,
             )
         if size == 0:
             return np.empty(0, dtype=dtype)
         return _map_raw(path, dtype)
 
-    def _doc_offsets(self, tokens: np.ndarray) -> np.ndarray:
-        ends = [
-            np.flatnonzero(tokens[lo : lo + _CHUNK] == self.eos) + (lo + 1)
-            for lo in range(0, len(tokens), _CHUNK)
-        ]
-        cuts = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
-        if cuts[-1] != len(tokens):
-            cuts = np.append(cuts, len(tokens))
-        return cuts
-
     def count(self, path: Path) -> int:
         """Samples in the shard; for documents, also writes the offsets sidecar."""
         path = Path(path)
         tokens = self.tokens(path)
         if self.eos is not None:
-            offsets = self._doc_offsets(tokens)
+            ends = [
+                np.flatnonzero(tokens[lo : lo + _CHUNK] == self.eos) + (lo + 1)
+                for lo in range(0, len(tokens), _CHUNK)
+            ]
+            offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
+            if offsets[-1] != len(tokens):  # a final document without eos
+                offsets = np.append(offsets, len(tokens))
             _write_offsets(path, f".eos{self.eos}", offsets)
             return len(offsets) - 1
         assert self.seq_len is not None
@@ -471,9 +408,10 @@ class TokenReader:
         tokens = self.tokens(path)
         out = _out_numpy_dtype(self.out_dtype, tokens.dtype)
         if self.eos is not None:
-            offsets = _read_offsets(path, f".eos{self.eos}", len(tokens))
-            guard = MappedFiles((path, tokens), (_offsets_path(path, f".eos{self.eos}"), offsets))
-            return _Documents(path, tokens, offsets, out, guard)
+            tag = f".eos{self.eos}"
+            offsets = _read_offsets(path, tag, len(tokens))
+            guard = MappedFiles((path, tokens), (_offsets_path(path, tag), offsets))
+            return _Documents(tokens, offsets, out, guard)
         assert self.seq_len is not None
         return _FixedTokens(tokens, self.seq_len, self.targets, out, MappedFiles((path, tokens)))
 
@@ -483,9 +421,8 @@ class TokenReader:
         arr = np.asarray(data)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(
-                f"TokenReader.write: a token shard is a 1-D integer array, got dtype "
-                f"{arr.dtype} and shape {arr.shape} for {str(path)!r}; pass integer token ids, "
-                "flattened (arr.reshape(-1))."
+                f"TokenReader.write: {str(path)!r} got dtype {arr.dtype} and shape {arr.shape}, "
+                "not 1-D integer token ids; flatten them (arr.reshape(-1))."
             )
         if self.dtype is not None:
             dtype = self.dtype
@@ -530,7 +467,6 @@ class _FixedTokens:
         return len(self.rows)
 
     def lengths(self) -> np.ndarray:
-        """Each sample's tokens: all the same."""
         return np.full(len(self.rows), self.rows.shape[1], dtype=np.int64)
 
     def read(self, index: int) -> torch.Tensor:
@@ -540,8 +476,7 @@ class _FixedTokens:
         return torch.from_numpy(row)
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
-        # One gather out of the map: the bytes are read here. take() copies a non-contiguous
-        # array whole first: with targets the rows overlap, so index them instead.
+        # take() first copies a non-contiguous array whole: overlapping rows (targets) are indexed.
         self.guard.check()
         rows = self.rows.take(indices, axis=0) if self.disjoint else self.rows[indices]
         self.guard.check()
@@ -552,14 +487,8 @@ class _Documents:
     """Variable-length samples at the offsets of the sidecar."""
 
     def __init__(
-        self,
-        path: Path,
-        tokens: np.ndarray,
-        offsets: np.ndarray,
-        out: np.dtype,
-        guard: MappedFiles,
+        self, tokens: np.ndarray, offsets: np.ndarray, out: np.dtype, guard: MappedFiles
     ) -> None:
-        self.path = path
         self.tokens = tokens
         self.offsets = offsets
         self.out = out
@@ -587,6 +516,3 @@ class _Documents:
     def lengths(self) -> np.ndarray:
         """Each document's tokens, from the offsets (no token is read)."""
         return np.diff(np.asarray(self.offsets, dtype=np.int64))
-
-
-# ------------------------------------------------------------------- jsonl

@@ -1,11 +1,8 @@
 """Sharded datasets: many files, one plan, every sample exactly once across ranks and workers.
 
-:class:`ShardedDataset` is a map-style dataset over shards whose sample counts
-are indexed (:func:`~loaderkit.write_shards`); :class:`ShardPlan` orders them
-(shards shuffled, read ``mix_shards`` at a time in lanes, windows shuffled
-inside) and deals them to ranks as :class:`~loaderkit.SamplePlan` does, so
-exactly-once, equal steps per rank and O(1) resume need no sharding code in the
-loader. Open shards, ``on_error="skip"``: docs/design.md, sharded and streaming datasets.
+:class:`ShardedDataset` is a map-style dataset over indexed shards; its
+:class:`ShardPlan` orders them and deals them to ranks as
+:class:`~loaderkit.SamplePlan` does (docs/design.md, sharded and streaming datasets).
 """
 
 from __future__ import annotations
@@ -37,37 +34,30 @@ from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
 __all__ = ["ShardedDataset"]
 
 _SKIP_SLOTS = 257  # skip counters: the main process and 256 workers, one writer each
-_SKIPPED = object()  # a sample left out under on_error="skip" (None may be a real sample)
+_SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
 
 
 class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
-    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (the shards in
-    the given order, or sorted by name for a directory). Fetch it through
-    :meth:`batch_sampler`, whose plan shuffles shards, reads ``mix_shards`` of
-    them at once with windows shuffled inside each, and splits the order
-    across ranks and workers.
+    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards in the
+    given order, or sorted by name for a directory); :meth:`batch_sampler`
+    orders and splits them across ranks and workers.
 
     Args:
-        shards: A directory (its files with the reader's suffixes, sorted), a
-            list of paths, or a list of objects the reader's ``count``/``open``
-            accept (counted at construction, no index); or a folder URL, or a
-            list of shard URLs (``s3://``, ``gs://``, ``https://``, ``hf://``:
-            anything fsspec resolves; :mod:`loaderkit.data.remote`).
-        reader: The format, e.g. :class:`TokenReader` or :class:`JsonlReader`,
-            or any :class:`ShardReader`.
-        index: The shard index file (default: next to the first shard, named
-            after the reader settings and the shard names). Counted and written
+        shards: A directory (its files with the reader's suffixes), a list of
+            paths, a list of objects the reader's ``count``/``open`` accept
+            (counted here, no index), a folder URL, or a list of shard URLs
+            (anything fsspec resolves: :mod:`loaderkit.data.remote`).
+        reader: The format, e.g. :class:`TokenReader`, or any :class:`ShardReader`.
+        index: The shard index file (default: next to the first shard). Written
             when absent; checked against every shard's size and mtime when present.
-        on_error: ``"raise"`` (default), or ``"skip"``: a sample that fails to
-            read is counted in :attr:`skipped`, warned about, and replaced in its
-            batch by the next readable sample.
+        on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is
+            counted in :attr:`skipped`, warned about, and replaced in its batch
+            by the next readable sample.
         max_open_shards: Shards each process keeps open (``None``: all).
-        remote: For shards at URLs: the local cache and the storage options
-            (:class:`~loaderkit.RemoteCache`; default ``RemoteCache()``). The
-            index of a folder URL is read from the folder (``write_shards`` puts
-            it there), else counted once and written there or into the cache.
+        remote: For shards at URLs: the cache and storage options (default
+            ``RemoteCache()``).
 
     Example:
         >>> import tempfile
@@ -93,33 +83,32 @@ class ShardedDataset(Dataset[Any]):
         max_open_shards: int | None = 128,
         remote: RemoteCache | None = None,
     ) -> None:
-        for attr in ("spec", "count", "open"):
-            if not callable(getattr(reader, attr, None)):
-                raise TypeError(
-                    f"ShardedDataset: reader must have spec(), count() and open() (a "
-                    f"ShardReader such as TokenReader), got {type(reader).__name__}."
-                )
+        if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
+            raise TypeError(
+                f"ShardedDataset: reader must have spec(), count() and open(), got "
+                f"{type(reader).__name__}; pass a ShardReader such as TokenReader."
+            )
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}; pass one "
-                "of these ('skip' leaves unreadable samples out, counted and warned about)."
+                "of these."
             )
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1)
         self.reader = reader
         self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")
         if self._remote is not None:
-            self._remote.ranged_ok = True  # it opens shards with open_ranged
+            self._remote.ranged_ok = True
         self.shards: list[Any] = (
             resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
         )
         self._source_name = self._mix_name(shards)  # how a mix of datasets names this one
         self.entries: list[IndexEntry] | None = None
         self.index_path: Path | None = None
-        sizes = self._count(index)
-        self.sizes: tuple[int, ...] = tuple(sizes)
-        self._ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-        self._starts = self._ends - np.asarray(sizes, dtype=np.int64)
+        self.sizes: tuple[int, ...] = tuple(self._count(index))
+        counts = np.asarray(self.sizes, dtype=np.int64)
+        self._ends = np.cumsum(counts)
+        self._starts = self._ends - counts
         self._end_list: list[int] = self._ends.tolist()
         self._start_list: list[int] = self._starts.tolist()
         self.on_error = on_error
@@ -138,8 +127,7 @@ class ShardedDataset(Dataset[Any]):
             fetch=None if self._remote is None else self._remote.local,
             ranged=None if self._remote is None else self._remote.open_ranged,
         )
-        # Decided once here, for all files (ParquetReader: every file's schema, the merged
-        # dtypes): workers get this reader, so none decides from the files it happens to open.
+        # Decided once for all files (ParquetReader: merged dtypes), not per worker.
         self.reader = self._files.reader = prepare_reader(
             reader,
             self.shards,
@@ -167,7 +155,6 @@ class ShardedDataset(Dataset[Any]):
             raise ValueError("ShardedDataset: index= needs shard paths, got objects.")
         return [int(self.reader.count(s)) for s in self.shards]
 
-    # --------------------------------------------------------------- basics
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
@@ -176,13 +163,12 @@ class ShardedDataset(Dataset[Any]):
 
     @property
     def opens(self) -> int:
-        """Shards this process opened so far (for tests and curiosity)."""
+        """Shards this process opened so far."""
         return self._files.opens
 
     def describe(self) -> dict[str, Any]:
-        """Shards and samples; for shards at URLs, the cache's counts over this process and
-        its workers (``remote``: fetched, prefetched, hits, waited, retries, evicted,
-        over_budget, unplanned, bytes), else ``remote`` is None."""
+        """Shards, samples and ``remote``: for shards at URLs the cache's counts over this
+        process and its workers (see :class:`~loaderkit.RemoteCache`), else None."""
         return {
             "shards": len(self.shards),
             "samples": len(self),
@@ -206,7 +192,6 @@ class ShardedDataset(Dataset[Any]):
     def _name(self, shard: int) -> str:
         return shard_name(self.shards[shard])
 
-    # -------------------------------------------------------------- reading
     def _handle(self, shard: int) -> OpenShard:
         return self._files.get(shard)
 
@@ -223,8 +208,8 @@ class ShardedDataset(Dataset[Any]):
     def _read_error(self, shard: int, local: int, exc: Exception) -> ShardError:
         return ShardError(
             f"reading sample {local} of shard {self._name(shard)} failed with "
-            f"{type(exc).__name__}: {exc}; fix or rewrite the shard (and delete the shard "
-            "index), or pass on_error='skip' to leave unreadable samples out.",
+            f"{type(exc).__name__}: {exc}; rewrite the shard (and delete the shard index), "
+            "or pass on_error='skip'.",
             path=self.shards[shard],
         )
 
@@ -236,9 +221,8 @@ class ShardedDataset(Dataset[Any]):
             self._files.warned.add(shard)
             warnings.warn(
                 f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard "
-                f"{self._name(shard)} ({type(exc).__name__}: {exc}); each is replaced in its "
-                "batch by the next readable sample. Further skips in this shard are only "
-                "counted (ShardedDataset.skipped).",
+                f"{self._name(shard)} ({type(exc).__name__}: {exc}), each replaced by the next "
+                "readable sample; further skips here are only counted (ShardedDataset.skipped).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -275,15 +259,14 @@ class ShardedDataset(Dataset[Any]):
     def _gather(
         self, indices: Any, *, rows: bool = False
     ) -> tuple[list[Any], list[np.ndarray | None]]:
-        """Per-shard reads of ``indices``, and where in the batch each read's samples go
-        (``None``: the whole batch, in order; the common case, kept cheap). ``rows``: a
-        batch across shards may come back as one array of rows (:meth:`_rows_across`)."""
+        """Per-shard reads of ``indices`` and their batch positions (``None``: all, in order);
+        with ``rows``, a batch across shards may come back as one array (:meth:`_rows_across`)."""
         if isinstance(indices, torch.Tensor):
             indices = indices.numpy()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             return [], []
-        # Fast path (a batch inside one shard): min and max of a short Python list beat numpy's.
+        # Fast path (a batch inside one shard): a short Python list beats numpy here.
         values = idx.tolist()
         if self._remote is not None:
             self._ahead(values[0])
@@ -313,8 +296,7 @@ class ShardedDataset(Dataset[Any]):
         return parts, where
 
     def _ahead(self, first: int) -> None:
-        """Shards at URLs: fetch the shards of this process's next batches in the background,
-        and close those it no longer reads (their cache space can then be reclaimed)."""
+        """Shards at URLs: prefetch the next batches' shards, close those no longer read."""
         assert self._remote is not None
         keep = self._remote.note_batch(first, self._ends)
         if keep is not None:
@@ -323,12 +305,8 @@ class ShardedDataset(Dataset[Any]):
                 self._files.close(shard)
 
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
-        """The batch at ``values`` (in range) as one array, each sample's row copied straight
-        into it from its shard's ``rows``; ``None`` when a shard has no ``rows``/``dtype``
-        (see :class:`~loaderkit.data.readers.OpenShard`), or anything fails (the per-shard
-        path then raises or skips as ``on_error`` says). For mixing plans' batches, which
-        hold one or two samples per shard: a row copy beats grouping by shard.
-        """
+        """The batch at ``values`` (in range) as one array of rows copied from the shards'
+        ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
         ends, starts, get = self._end_list, self._start_list, self._files.get
         out: Any = None
         shape = dtype = None
@@ -340,8 +318,7 @@ class ShardedDataset(Dataset[Any]):
                 rows = seen.get(shard)
                 if rows is None:
                     handle: Any = get(shard)
-                    # A file truncated under its mapping reads as zeros or raises SIGBUS:
-                    # check it before the copy, as the shard's own read would.
+                    # Check the maps before the copy, as the shard's own read would.
                     guard = getattr(handle, "guard", None)
                     if guard is not None:
                         guard.check()
@@ -357,8 +334,7 @@ class ShardedDataset(Dataset[Any]):
             for guard in guards:  # ... and after it (a change during the copy)
                 guard.check()
         except Exception:
-            # The per-shard path then raises (a changed file: ShardError naming it) or
-            # skips as on_error says.
+            # The per-shard path then raises or skips as on_error says.
             return None
         return out
 
@@ -376,8 +352,7 @@ class ShardedDataset(Dataset[Any]):
         ]
 
     def _substitute(self, index: int) -> Any:
-        """The next readable sample after a skipped ``index``, in global index order (wrapping):
-        a function of the index alone, so batches stay the same for any ``num_workers``."""
+        """The next readable sample after a skipped ``index`` (global order, wrapping)."""
         n = len(self)
         g = (index + 1) % n
         for _ in range(n):
@@ -391,23 +366,21 @@ class ShardedDataset(Dataset[Any]):
                 g = (g + 1) % n  # counted (and warned) when its own turn comes
         raise ShardError(
             f"sample {index} was skipped and no readable sample is left to take its place; "
-            "every shard failed (the warnings name the files)."
+            "restore the shards the warnings name."
         )
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """The samples at ``indices``, in order, for a ``collate_fn`` (skips: see module doc);
-        through a subclass's own ``__getitem__`` where it has one."""
+        """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""
         if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
         return self._samples(parts, where, indices)
 
     def get_batch(self, indices: Any) -> Any:
-        """The batch at ``indices``: rows stacked in one read per shard, column batches
-        (:class:`~loaderkit.ParquetReader`) merged into one dict of columns, or default-collated."""
+        """The batch at ``indices``: stacked rows, a dict of columns, or default-collated."""
         parts, where = self._gather(indices, rows=True)
         if parts and all(isinstance(p, Columns) for p in parts):
-            return Columns.scatter(parts, where)  # column batches (ParquetReader)
+            return Columns.scatter(parts, where)
         if len(parts) == 1 and where[0] is None and isinstance(parts[0], np.ndarray):
             return torch.from_numpy(parts[0])
         if parts and all(isinstance(p, np.ndarray) for p in parts):
@@ -423,12 +396,10 @@ class ShardedDataset(Dataset[Any]):
             return default_collate(samples)
         except (RuntimeError, TypeError) as exc:
             raise CollateError(
-                f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); samples of "
-                "different lengths (e.g. TokenReader(eos=...)) need a padding collate: pass "
-                "collate_fn=loaderkit.PadCollate() to the loader.",
+                f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); pass "
+                "collate_fn=loaderkit.PadCollate() to the loader for samples of different lengths.",
             ) from exc
 
-    # ----------------------------------------------------------------- plan
     def plan(
         self,
         batch_size: int,
@@ -439,11 +410,7 @@ class ShardedDataset(Dataset[Any]):
         mix_shards: int = DEFAULT_MIX,
         drop_last: bool = False,
     ) -> ShardPlan:
-        """This dataset's :class:`ShardPlan` (the arguments are ShardPlan's).
-
-        For shards at URLs the plan also tells the dataset which schedule the
-        loader starts, so workers fetch the shards of their next batches ahead.
-        """
+        """This dataset's :class:`ShardPlan` (the arguments are ShardPlan's)."""
         plan = ShardPlan(
             shard_sizes=self.sizes,
             batch_size=batch_size,
@@ -469,8 +436,7 @@ class ShardedDataset(Dataset[Any]):
     ) -> PlanBatchSampler:
         """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``.
 
-        ``rank``/``world_size`` default to ``torch.distributed``'s when the
-        loader starts (so build it before or after the process group exists).
+        ``rank``/``world_size`` default to ``torch.distributed``'s when the loader starts.
         """
         plan = self.plan(
             batch_size,
@@ -491,16 +457,12 @@ class ShardedDataset(Dataset[Any]):
     ) -> np.ndarray:
         """Each sample's token count, in global index order (for token budgets).
 
-        Without ``length_fn``, from each open shard's ``lengths()`` when its
-        reader has one (:class:`TokenReader`: fixed-length samples, or
-        documents from their offsets: no token is read); otherwise, and with
-        ``length_fn``, by reading every sample once through
-        :func:`~loaderkit.compute_lengths` (``cache``, ``progress``: its own).
+        From the open shards' ``lengths()`` where they have one (:class:`TokenReader`,
+        no token read), else by reading every sample through
+        :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
 
         Raises:
-            TypeError: samples whose ``len()`` is no token count (dicts of a
-                ``.jsonl``) and no ``length_fn``; pass e.g.
-                ``length_fn=lambda s: len(s["input_ids"])``.
+            TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
         """
         if length_fn is None:
             parts = []
@@ -511,8 +473,7 @@ class ShardedDataset(Dataset[Any]):
                 parts.append(np.asarray(per_sample(), dtype=np.int64))
             else:
                 return np.concatenate(parts)
-        # The cache key names the shards' content as far as the index knows it (path,
-        # bytes, mtime): two datasets of equal counts must not share cached lengths.
+        # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
             content = ";".join(f"{s.url}:{s.size}:{s.version}" for s in self._remote.shards)
         elif self.entries is not None:
@@ -541,14 +502,10 @@ class ShardedDataset(Dataset[Any]):
     ) -> BucketBatchSampler:
         """Length-bucketed batches over these shards, fixed-size or under a token budget.
 
-        A :class:`~loaderkit.BucketBatchSampler` over a
-        :class:`~loaderkit.ShardBucketPlan`: the shard plan's order
-        (``mix_shards`` at a time, ``shard_window`` shuffled inside shards),
-        windows of ``window`` samples sorted by length and cut into batches,
-        shuffled within their window, so a batch draws from many shards and
-        reads stay local. ``lengths`` default to :meth:`lengths`; the other
-        arguments are ``BucketBatchSampler``'s. Give the loader a padding
-        ``collate_fn`` (``PadCollate``).
+        A :class:`~loaderkit.BucketBatchSampler` over a :class:`~loaderkit.ShardBucketPlan`
+        (the shard plan's order, windows of ``window`` samples sorted by length);
+        ``lengths`` default to :meth:`lengths`, the other arguments are
+        ``BucketBatchSampler``'s. Give the loader a padding ``collate_fn``.
 
         Example:
             >>> import tempfile
