@@ -10,7 +10,7 @@ import contextlib
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,25 @@ def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
 
 
+def refuse_own_file(owner: str, shard: str, name: str, listing: str) -> None:
+    """Refuse a listed file ``shard`` named ``name`` that is loaderkit's own."""
+    why = never_a_shard(name)
+    if why is not None and why != "a hidden file":
+        raise ValueError(
+            f"{owner}: shards lists {shard!r}, {why}, not a shard; leave it out of the list "
+            f"(a {listing} listing skips it)."
+        )
+
+
+def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
+    """``(path, content)`` of each of ``paths`` that can be read."""
+    out = []
+    for p in paths:
+        with contextlib.suppress(OSError):
+            out.append((str(p), p.read_bytes()))
+    return out
+
+
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (sorted),
     or the listed paths or objects, checked for emptiness, duplicates and mixing."""
@@ -84,11 +103,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
                 f"{str(root)!r}; pass the directory that holds the shards, or a reader with "
                 "their suffix."
             )
-        indexes = []
-        for p in entries:
-            if is_index_name(p.name):
-                with contextlib.suppress(OSError):
-                    indexes.append((str(p), p.read_bytes()))
+        indexes = read_docs(p for p in entries if is_index_name(p.name))
         check_complete(str(root), [p.name for p in found], indexes, accept)
         return found
     items = list(shards)
@@ -97,12 +112,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     if all(isinstance(s, str | os.PathLike) for s in items):
         paths = [Path(s) for s in items]
         for path in paths:
-            why = never_a_shard(path.name)
-            if why is not None and why != "a hidden file":
-                raise ValueError(
-                    f"{owner}: shards lists {str(path)!r}, {why}, not a shard; leave it out of "
-                    "the list (a directory listing skips it)."
-                )
+            refuse_own_file(owner, str(path), path.name, "directory")
         if len({p.resolve() for p in paths}) != len(paths):
             raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
         return paths

@@ -48,7 +48,7 @@ from loaderkit.data._fs import (
     join_url,
     url_name,
 )
-from loaderkit.data._open import is_shard_name, never_a_shard
+from loaderkit.data._open import is_shard_name, never_a_shard, read_docs, refuse_own_file
 from loaderkit.data._ranges import (
     HEAD_BYTES,
     Layout,
@@ -229,21 +229,13 @@ def _folder_key(folder: str) -> str:
 
 def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, RemoteShard]:
     """Each listed file of ``folder`` by name, with its sidecars attached."""
-    by_name = {e["name"]: e for e in entries}
-    return {
-        name: RemoteShard(
-            join_url(folder, name),
-            name,
-            int(entry["size"]),
-            str(entry["version"]),
-            tuple(
-                (other, int(o["size"]), str(o["version"]))
-                for other, o in sorted(by_name.items())
-                if other != name and other.startswith(name) and other.endswith(OWN_SUFFIXES)
-            ),
-        )
-        for name, entry in by_name.items()
-    }
+    by_name = {e["name"]: (int(e["size"]), str(e["version"])) for e in entries}
+    out = {}
+    for name, (size, version) in by_name.items():
+        own = (o for o in sorted(by_name) if o != name and o.startswith(name))
+        sides = tuple((o, *by_name[o]) for o in own if o.endswith(OWN_SUFFIXES))
+        out[name] = RemoteShard(join_url(folder, name), name, size, version, sides)
+    return out
 
 
 class _Board:
@@ -411,12 +403,7 @@ class RemoteShards:
         out = []
         for url in source:
             name = url_name(url)
-            why = never_a_shard(name)
-            if why is not None and why != "a hidden file":
-                raise ValueError(
-                    f"{owner}: shards lists {url!r}, {why}, not a shard; leave it out of the "
-                    "list (a folder listing skips it)."
-                )
+            refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
                 folders[folder] = _listed_shards(folder, self.storage.listing(folder))
@@ -456,10 +443,7 @@ class RemoteShards:
                 url = join_url(folder, entry["name"])
                 self._docs[url] = self.storage.read_bytes(url)
         # A read-only folder's indexes are kept in the cache: they vouch for it too.
-        kept = []
-        for path in sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")):
-            with contextlib.suppress(OSError):
-                kept.append((str(path), path.read_bytes()))
+        kept = read_docs(sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")))
         check_complete(folder, [s.name for s in found], list(self._docs.items()), accept, kept)
         return found
 
@@ -607,26 +591,19 @@ class RemoteShards:
         """Whether shard ``index`` may be read by ranges: fixed-length token samples of a
         plain ``.npy``/``.bin`` (a hashed or compressed shard is fetched whole)."""
         reader, shard = self.reader, self.shards[index]
-        return (
-            self.cache.range_reads is not False
-            and self.ranged_ok
-            and not self._no_ranges
-            and isinstance(reader, TokenReader)
-            and reader.seq_len is not None
-            and not is_compressed(shard.name)
-            and not self._digest(index)
-            and shard.name.endswith((".npy", ".bin"))
-            and shard.size > 0
-        )
+        if self.cache.range_reads is False or not self.ranged_ok or self._no_ranges:
+            return False
+        if not isinstance(reader, TokenReader) or reader.seq_len is None or self._digest(index):
+            return False
+        return shard.name.endswith((".npy", ".bin")) and shard.size > 0  # not .zst
 
     def _rangeable(self, index: int) -> bool:
         if not self._eligible(index):
             return False
         budget = self.cache.max_bytes
         assert budget is not None
-        if self.cache.range_reads is True or self.shards[index].total_bytes > budget // (
-            self.cache.prefetch + 1
-        ):
+        big = self.shards[index].total_bytes > budget // (self.cache.prefetch + 1)
+        if self.cache.range_reads is True or big:
             return True
         pred = self._current
         if pred is None or not int(pred.reads.sum()):
