@@ -256,8 +256,7 @@ class _WatchedPlan:
     """A plan that notes each schedule it starts on a :class:`_Board`; otherwise the plan."""
 
     def __init__(self, plan: Any, board: _Board) -> None:
-        self.inner = plan
-        self.board = board
+        self.inner, self.board = plan, board
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("inner", "board"):
@@ -272,28 +271,23 @@ class _WatchedPlan:
         return self.inner.schedule(epoch, start=start, rank=rank, world_size=world_size)
 
 
+@dataclass(eq=False)
 class _Prediction:
     """One process's batches of one schedule: which shards each reads, first and last."""
 
-    def __init__(
-        self,
-        key: tuple[int, int, int, int],
-        firsts: list[int],
-        first_step: np.ndarray,
-        last_step: np.ndarray,
-        sched: Any,
-        steps: Sequence[int],
-        reads: np.ndarray,
-        workers: int,
-    ) -> None:
-        self.key = key  # (epoch, start, rank, world_size) of the schedule
-        self.sched, self.steps = sched, steps  # this process's schedule steps, in order
-        self.reads, self.workers = reads, workers  # samples of each shard this process reads
-        self.firsts = firsts
-        self.first_step, self.last_step = first_step, last_step
-        self.next = 0  # the batch expected next
+    key: tuple[int, int, int, int]  # (epoch, start, rank, world_size) of the schedule
+    firsts: list[int]  # each batch's first sample index
+    first_step: np.ndarray
+    last_step: np.ndarray
+    sched: Any
+    steps: Sequence[int]  # this process's schedule steps, in order
+    reads: np.ndarray  # samples of each shard this process reads
+    workers: int
+    next: int = 0  # the batch expected next
+
+    def __post_init__(self) -> None:
         # The window changes only at a batch where some shard is first or no longer read.
-        self.changes = {*first_step.tolist(), *(last_step + 1).tolist()}
+        self.changes = {*self.first_step.tolist(), *(self.last_step + 1).tolist()}
         self._last: tuple[int, tuple[list[int], list[int]]] | None = None
 
     def find(self, first: int, reach: int = 8) -> int | None:
