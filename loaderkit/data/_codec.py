@@ -164,8 +164,7 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
 
 
 def _frames_end(f: Any, pos: int, zstd: Any) -> int:
-    """Where the zstd frame at ``pos`` ends (its block headers walked); -1 if the file ends
-    inside it."""
+    """Where the zstd frame at ``pos`` ends (-1: the file ends inside it)."""
     f.seek(pos)
     head = f.read(18)  # the longest frame header
     try:
@@ -235,8 +234,7 @@ def _stamp(path: Path) -> str:
 
 
 def decoded_intact(target: Path) -> bool:
-    """Whether the decoded copy ``target`` is as its decode left it (size and mtime as in its
-    marker)."""
+    """Whether the decoded copy ``target`` has the size and mtime its marker recorded."""
     try:
         return _decoded_marker(target).read_text() == _stamp(target)
     except OSError:

@@ -60,8 +60,7 @@ def url_name(url: str) -> str:
 
 
 def source_name(data: str | Sequence[str]) -> str:
-    """How a mix given a list of datasets names one by its data: a folder's (or folder
-    URL's) name, else its files' names (folder and file), with a checksum of them all."""
+    """A dataset's name in a mix: its folder's name, else its files' (with a checksum)."""
     if isinstance(data, str):
         return url_name(data)
     names = ["/".join(str(f).rstrip("/").rsplit("/", 2)[-2:]) for f in data]
@@ -236,8 +235,7 @@ class Storage:
         return self.entries(url)[0]
 
     def entries(self, url: str) -> tuple[list[dict[str, Any]], set[str]]:
-        """The files directly under folder ``url`` (as :meth:`listing`), and the names of
-        the folders directly under it."""
+        """The files directly under folder ``url`` (as :meth:`listing`), and its subfolders."""
 
         def ls() -> list[dict[str, Any]]:
             self.fs.invalidate_cache()  # a listing must see what is there now
@@ -311,8 +309,8 @@ class Storage:
         check: Callable[[Path], None] | None = None,
         version: str | None = None,
     ) -> None:
-        """Copy ``url`` to ``target`` (complete or not at all), checked to hold ``size`` bytes,
-        by ``check`` (which raises to keep it out), and to be still ``version``; retried."""
+        """Copy ``url`` to ``target`` (complete or not at all), checked by size, ``check``
+        and ``version``; retried."""
         expect = None if version is None else (size, version)
 
         def get() -> None:

@@ -250,8 +250,7 @@ class OpenShards:
         return self.reader.open(path)
 
     def local_file(self, shard: int) -> Any:
-        """The file the reader opens for local shard ``shard``: a compressed shard's decoded
-        copy (decoded now if needed, its content hash checked first), else the shard."""
+        """The file the reader opens for local shard ``shard`` (a compressed one's decoded copy)."""
         path = self.shards[shard]
         if not (isinstance(path, Path) and is_compressed(path.name)):
             return path

@@ -298,8 +298,7 @@ class _Prediction:
         return None
 
     def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
-        """The shards batch ``step`` or a later one reads now, and the next ``prefetch``
-        shards first read after it, in reading order."""
+        """The shards in use at batch ``step``, and the next ``prefetch`` first read after it."""
         if self._last is None or self._last[0] != step - 1 or step in self.changes:
             in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
             later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))
@@ -336,7 +335,7 @@ class RemoteShards:
             backoff_s=cache.backoff_s,
             timeout_s=cache.timeout_s,
         )
-        self.storage.on_retry = self._count_retry
+        self.storage.on_retry = partial(self._count, "retries")
         self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
@@ -378,7 +377,7 @@ class RemoteShards:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.storage.on_retry = self._count_retry
+        self.storage.on_retry = partial(self._count, "retries")
         self._reset()
 
     def _here(self) -> None:
@@ -411,8 +410,7 @@ class RemoteShards:
         return out
 
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
-        """The shards of a folder URL, refused while a ``write_shards`` to it is unfinished or
-        when it lacks shards that an index in it lists."""
+        """The shards of a folder URL, checked complete against its indexes."""
         entries, folders = self.storage.entries(folder)
         if not entries and not folders and not self.storage.is_dir(folder):
             raise MissingShardError(
@@ -480,8 +478,7 @@ class RemoteShards:
         return [int(r[3]) for r in rows]
 
     def _count_one(self, i: int, reader: ShardReader) -> int:
-        """Shard ``i``'s samples: from a Parquet footer or a token header (range reads), else
-        from the shard fetched whole."""
+        """Shard ``i``'s samples: from a Parquet footer, a token header, or the whole file."""
         samples = self._count_footer(i, reader)
         if samples is None and self._eligible(i):
             layout = self._try_probe(i)
@@ -500,8 +497,7 @@ class RemoteShards:
     def _find_index(
         self, index: str | os.PathLike[str] | None, default: str, local: Path
     ) -> tuple[bytes, str] | None:
-        """The index document and where it is: ``index`` if given, else the folder's
-        ``default``, else this folder's index in the cache (``local``); None if none is."""
+        """``(document, where)`` of ``index``, else ``default``, else ``local``; None if none."""
         if index is not None:
             where = str(index)
             if not is_url(where):
@@ -525,8 +521,7 @@ class RemoteShards:
         return int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
 
     def _parquet_footer(self, index: int) -> bytes | None:
-        """Shard ``index``'s Parquet footer by a range read of its end, checked to parse; None
-        for a compressed shard, or a server that ignores ``Range:``."""
+        """Shard ``index``'s Parquet footer by a range read, checked to parse; None if none."""
         shard = self.shards[index]
         if is_compressed(shard.name) or shard.size < 12:
             return None
@@ -568,8 +563,7 @@ class RemoteShards:
 
     # ----------------------------------------------------------- range reads
     def _layout(self, index: int) -> Layout | None:
-        """Shard ``index``'s layout if it is read by byte ranges, else None (fetched whole);
-        decided once per process and shard."""
+        """Shard ``index``'s layout if it is read by byte ranges (decided once), else None."""
         if index not in self._layouts:
             self._layouts[index] = self._try_probe(index) if self._rangeable(index) else None
         return self._layouts[index]
@@ -582,8 +576,7 @@ class RemoteShards:
             return None
 
     def _eligible(self, index: int) -> bool:
-        """Whether shard ``index`` may be read by ranges: fixed-length token samples of a
-        plain ``.npy``/``.bin`` (a hashed or compressed shard is fetched whole)."""
+        """Whether shard ``index`` is a plain, unhashed ``.npy``/``.bin`` of fixed-length tokens."""
         reader, shard = self.reader, self.shards[index]
         if self.cache.range_reads is False or not self.ranged_ok or self._no_ranges:
             return False
@@ -699,8 +692,7 @@ class RemoteShards:
         return arr
 
     def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
-        """Blocks ``blocks`` of shard ``index``, leased and fetched into the cache if missing,
-        each an ordinary cache entry; their maps (none with ``ahead``)."""
+        """Maps of blocks ``blocks`` of shard ``index`` (none if ``ahead``), leased and fetched."""
         entries = {b: self._block_entry(index, b) for b in blocks}
         for _, lease, _ in entries.values():
             self._lease_path(lease)
@@ -765,8 +757,7 @@ class RemoteShards:
                 os.close(fd)
 
     def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[tuple[int, tuple[int, ...]]]:
-        """The ``(shard, blocks)`` of range-read shards that this process's next ``prefetch``
-        batches read and the cache lacks; their leases are kept."""
+        """The ``(shard, blocks)`` the next ``prefetch`` batches read that the cache lacks."""
         if pred.sched is None or not any(self._layouts.values()):
             return []
         nxt = pred.steps[step + 1 : step + 1 + self.cache.prefetch]
@@ -806,9 +797,6 @@ class RemoteShards:
     def _count_ranges(self, nbytes: int, requests: int) -> None:
         self._count("range_bytes", nbytes)
         self._count("range_requests", requests)
-
-    def _count_retry(self) -> None:
-        self._count("retries")
 
     def stats(self) -> dict[str, Any]:
         """The cache's counts over this process and its workers (names: ``STATS``)."""
@@ -889,9 +877,8 @@ class RemoteShards:
     ) -> Iterator[None]:
         """Make room for and reserve ``sizes`` bytes in ``folders`` for the body's download.
 
-        Room is made and reserved under one machine-wide lock, so two downloads that start
-        at once cannot both count on the same free bytes. With ``ahead`` a full budget
-        raises :class:`_NoRoom`; otherwise the download goes over it, warned about once.
+        One machine-wide lock, so two downloads cannot count on the same free bytes. With
+        ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it.
         """
         lock = self.root_dir / "locks" / ".budget"
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -947,14 +934,9 @@ class RemoteShards:
         return False
 
     def local(self, index: int, *, ahead: bool = False) -> Path:
-        """The local path of shard ``index`` (its decoded copy if compressed), fetched into
-        the cache first if needed, and leased.
-
-        With ``ahead`` (the prefetcher) a full budget raises :class:`_NoRoom` instead of
-        fetching over it. A shard with a content hash is checked after its download and on
-        this process's first read of a cached copy; a corrupted copy is removed and fetched
-        again once.
-        """
+        """The local path of shard ``index`` (its decoded copy if compressed), leased and
+        fetched into the cache if needed; ``ahead``: for the prefetcher (:class:`_NoRoom`,
+        :class:`_Busy`). A hashed shard is checked after download and on first read."""
         self._here()
         shard = self.shards[index]
         target, lease, dl_lock = self._paths(shard)
@@ -1012,8 +994,7 @@ class RemoteShards:
         return None if extras is None else extras.get("hash")
 
     def _download_checked(self, index: int, target: Path) -> None:
-        """Download shard ``index`` to ``target``; a download that fails its content hash
-        never enters the cache and is fetched again once, then raises."""
+        """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""
         shard, digest = self.shards[index], self._digest(index)
         get = partial(self.storage.download, shard.url, target, shard.size, version=shard.version)
         if digest is None:
@@ -1036,8 +1017,7 @@ class RemoteShards:
         self._verified.add(index)
 
     def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether the cached copy of shard ``index`` is unhashed, checked by this process,
-        or hashing to its digest now (else it is removed, to be fetched again)."""
+        """Whether shard ``index``'s cached copy passes its hash (once per process)."""
         digest = self._digest(index)
         if digest is None or index in self._verified:
             return True
@@ -1167,8 +1147,7 @@ class RemoteShards:
         return [*in_use, *upcoming]
 
     def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
-        """The prediction whose first batch starts at ``first``: one of the schedules the
-        loader started, or the next epoch of the current one (persistent workers)."""
+        """The prediction of a started schedule (or next epoch) whose first batch is ``first``."""
         plan = self.board.plan
         if plan is None:
             return None
