@@ -1,9 +1,7 @@
-"""Compressed shards and content hashes (private to loaderkit.data).
+"""Compressed shards and content hashes (private; docs/design.md, compressed shards).
 
-A ``.zst`` shard is decoded, streaming, into a local folder under its plain
-name (sidecars copied beside it) before it is opened, then memory-mapped as any
-shard. A content hash ``<algo>:<hex>`` of the stored file is checked the first
-time a machine uses it (docs/design.md, compressed shards and content hashes).
+A ``.zst`` shard is decoded into a local folder under its plain name before it is opened;
+a content hash ``<algo>:<hex>`` is checked the first time a machine uses the file.
 """
 
 from __future__ import annotations
@@ -20,24 +18,6 @@ from typing import Any
 from loaderkit._atomic import atomic_write, temp_path
 from loaderkit.data.readers import OWN_SUFFIXES
 from loaderkit.errors import MissingDependencyError, ShardError
-
-__all__ = [
-    "COMPRESSIONS",
-    "DigestMismatch",
-    "HASHES",
-    "ZSTD_EXTRA",
-    "ZSTD_SUFFIX",
-    "check_compression",
-    "check_hash",
-    "compress_file",
-    "decode_into",
-    "decoded_intact",
-    "decoded_name",
-    "file_digest",
-    "is_compressed",
-    "verify",
-    "with_compressed",
-]
 
 ZSTD_SUFFIX = ".zst"
 ZSTD_EXTRA = ".[zstd]"  # from the loaderkit clone: not on PyPI
@@ -73,7 +53,7 @@ def _new_hasher(algo: str) -> Any:
 
 
 def is_compressed(name: str) -> bool:
-    """Whether a shard file of this name is zstd-compressed (by the ``.zst`` convention)."""
+    """Whether a shard file of this name is zstd-compressed (``.zst``)."""
     return name.endswith(ZSTD_SUFFIX)
 
 
@@ -83,7 +63,7 @@ def decoded_name(name: str) -> str:
 
 
 def with_compressed(suffixes: tuple[str, ...]) -> tuple[str, ...]:
-    """A reader's suffixes and their compressed forms: what a directory listing accepts."""
+    """A reader's suffixes and their compressed forms."""
     return (*suffixes, *(s + ZSTD_SUFFIX for s in suffixes))
 
 
@@ -103,8 +83,8 @@ def check_compression(compression: Any, level: Any, owner: str) -> tuple[str | N
         )
     if not isinstance(level, int) or isinstance(level, bool) or not -7 <= level <= 22:
         raise ValueError(
-            f"{owner}: level must be an int in [-7, 22] (zstd's levels: higher is smaller and "
-            f"slower to write, reading speed barely changes), got {level!r}; pass e.g. 3."
+            f"{owner}: level must be an int in [-7, 22] (zstd's levels), got {level!r}; "
+            "pass e.g. 3."
         )
     if compression == "zstd":
         _zstd()
@@ -137,8 +117,7 @@ def compress_file(src: Path, dst: Path, level: int) -> None:
     """Compress ``src`` into ``dst`` (streaming; ``dst`` appears complete or not at all)."""
     zstd = _zstd()
     size = src.stat().st_size
-    # The frame's checksum (of the content) makes a corrupted shard fail its decode even
-    # without a content hash in the index.
+    # The frame's checksum fails a corrupted shard's decode even without a content hash.
     cctx = zstd.ZstdCompressor(level=level, write_checksum=True)
 
     def write(out: Any) -> None:
@@ -146,10 +125,6 @@ def compress_file(src: Path, dst: Path, level: int) -> None:
             cctx.copy_stream(f, out, size=size, read_size=_CHUNK, write_size=_CHUNK)
 
     atomic_write(dst, write)
-
-
-def _marker(path: Path) -> Path:
-    return path.with_name(f".{path.name}.lkverified")
 
 
 class DigestMismatch(ShardError):
@@ -160,20 +135,16 @@ def digest_error(path: Any, expected: str, actual: str, fix: str) -> DigestMisma
     """The error for a file whose bytes do not hash to the index's digest."""
     return DigestMismatch(
         f"shard {str(path)!r} fails its content hash: the index says {expected}, the file "
-        f"hashes to {actual} (corrupted on disk or in transfer, or rewritten with its mtime "
-        f"kept); {fix}",
+        f"hashes to {actual}; {fix}",
         path=path,
     )
 
 
 def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None = None) -> None:
-    """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless a verified marker for its
-    current size and mtime exists; write that marker when it matches.
-
-    Raises:
-        ShardError: the digest differs (naming ``name``, default the path).
-    """
-    marker = _marker(path) if marker is None else marker
+    """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless a marker vouches for its
+    size and mtime; write the marker when it matches. Raises :class:`DigestMismatch`
+    naming ``name`` (default: the path)."""
+    marker = path.with_name(f".{path.name}.lkverified") if marker is None else marker
     st = path.stat()
     stamp = f"{st.st_size}:{st.st_mtime_ns}:{expected}"
     with contextlib.suppress(OSError):
@@ -185,8 +156,7 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
             path if name is None else name,
             expected,
             actual,
-            "restore the file from its source (or rewrite the shards with write_shards, "
-            "which indexes them again).",
+            "restore the file, or rewrite the shards with write_shards.",
         )
     with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -194,8 +164,7 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
 
 
 def _frames_end(f: Any, pos: int, zstd: Any) -> int:
-    """Where the zstd frame at ``pos`` ends (its blocks walked by their headers), or -1 when
-    the file ends inside it."""
+    """Where the zstd frame at ``pos`` ends (-1: the file ends inside it)."""
     f.seek(pos)
     head = f.read(18)  # the longest frame header
     try:
@@ -265,8 +234,7 @@ def _stamp(path: Path) -> str:
 
 
 def decoded_intact(target: Path) -> bool:
-    """Whether the decoded copy ``target`` is there as its decode left it (its size and mtime
-    match the marker written after the decode): a copy cut short or changed since is not."""
+    """Whether the decoded copy ``target`` has the size and mtime its marker recorded."""
     try:
         return _decoded_marker(target).read_text() == _stamp(target)
     except OSError:
@@ -274,12 +242,8 @@ def decoded_intact(target: Path) -> bool:
 
 
 def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
-    """The decoded copy of the compressed shard ``src`` in ``folder`` (decoded once per machine).
-
-    Sidecars are copied first, then the shard decoded through a temporary file;
-    a marker of the decoded size and mtime vouches for the copy. One process
-    decodes (an ``flock``) while the others wait. ``check`` runs on ``src`` first.
-    """
+    """The decoded copy of the compressed shard ``src`` in ``folder`` (sidecars copied
+    beside it), decoded once per machine under an ``flock``; ``check`` runs on ``src`` first."""
     target = folder / decoded_name(src.name)
     if decoded_intact(target):
         return target
@@ -312,11 +276,8 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
 
 
 def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
-    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, the key a hash of
-    its resolved path, size, mtime, inode, ctime and expected ``digest``.
-
-    A rewrite of the same size and mtime still gets a new inode or ctime, so it is decoded again.
-    """
+    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, keyed by its
+    path, size, mtime, inode, ctime (a rewrite keeping size and mtime) and ``digest``."""
     st = path.stat()
     blob = (
         f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}\n{st.st_ino}\n{st.st_ctime_ns}\n"
@@ -326,7 +287,6 @@ def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
 
 
 def default_cache_root() -> Path:
-    """The machine's cache directory: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``
-    (the same default as :class:`~loaderkit.RemoteCache`)."""
+    """The cache directory: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``."""
     env = os.environ.get("LOADERKIT_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "loaderkit" / "shards"

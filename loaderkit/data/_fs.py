@@ -1,11 +1,6 @@
 """Object storage through fsspec: listing, atomic downloads, uploads, retries (private).
 
-Every remote call goes through :class:`Storage`: fsspec imported on first use,
-transient errors retried with backoff, one ``timeout_s`` deadline per read,
-downloads renamed into place only when complete, and a listed object's
-identity checked after each read (docs/design.md, shards in object storage).
-A :class:`Storage` pickles without its filesystem object (an s3fs client must
-not cross a ``fork``).
+Every remote call goes through :class:`Storage` (docs/design.md, shards in object storage).
 """
 
 from __future__ import annotations
@@ -33,36 +28,20 @@ __all__ = ["REMOTE_EXTRA", "RangesUnsupported", "Storage", "is_url", "join_url",
 
 REMOTE_EXTRA = ".[remote]"  # from the loaderkit clone: not on PyPI
 # The package behind each protocol fsspec itself does not implement.
-_PACKAGES = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "hf": "huggingface_hub",
-    "az": "adlfs",
-    "abfs": "adlfs",
-}
+_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs"}
+_PACKAGES |= {"abfs": "adlfs", "hf": "huggingface_hub"}
 _CHUNK = 8 << 20  # bytes copied per read while downloading
 DEFAULT_TIMEOUT_S = 120.0
+_VERSION_KEYS = (
+    *("ETag", "etag", "md5", "sha", "LastModified", "last_modified"),
+    *("mtime", "updated", "created"),
+)
 _MAX_BACKOFF_S = 30.0
 # Errors that say the request itself is wrong: retrying cannot help.
-_PERMANENT = (
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    ImportError,
-    TypeError,
-    NotImplementedError,
-)
+_PERMANENT: tuple[type[Exception], ...] = (ImportError, TypeError, NotImplementedError)
+_PERMANENT += (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 T = TypeVar("T")
-
-
-def _refused(status: int) -> bool:
-    """An HTTP status that says the request itself is wrong (4xx but timeouts and rate
-    limits, 501 Not Implemented): never retried."""
-    return (400 <= status < 500 and status not in (408, 425, 429)) or status == 501
 
 
 def is_url(value: Any) -> bool:
@@ -81,8 +60,7 @@ def url_name(url: str) -> str:
 
 
 def source_name(data: str | Sequence[str]) -> str:
-    """How a mix given a list of datasets names one by its data: a folder's (or folder
-    URL's) name, else its files' names (folder and file), with a checksum of them all."""
+    """A dataset's name in a mix: its folder's name, else its files' (with a checksum)."""
     if isinstance(data, str):
         return url_name(data)
     names = ["/".join(str(f).rstrip("/").rsplit("/", 2)[-2:]) for f in data]
@@ -90,11 +68,6 @@ def source_name(data: str | Sequence[str]) -> str:
         return names[0]
     crc = zlib.crc32("\n".join(names).encode())
     return f"{names[0]} .. {names[-1]} ({len(names)} files, crc {crc:08x})"
-
-
-def protocol_of(url: str) -> str:
-    """The URL's scheme (``s3`` for ``s3://bucket/x``)."""
-    return url.split("://", 1)[0].lower()
 
 
 def _import_fsspec() -> Any:
@@ -110,18 +83,8 @@ def _import_fsspec() -> Any:
 
 
 class Storage:
-    """One remote location and the settings of every call made to it.
-
-    Args:
-        url: A URL under the filesystem (its protocol picks the filesystem).
-        storage_options: Keyword arguments of the fsspec filesystem (e.g.
-            ``{"endpoint_url": ..., "key": ..., "secret": ...}`` for s3fs).
-        retries: Attempts after the first for a transient error.
-        backoff_s: The first retry waits this long; each next one twice as long
-            (at most 30 s).
-        on_retry: Called once per retry (counting them).
-        timeout_s: The deadline of one read call and its retries; uploads have none.
-    """
+    """One remote location (``url``'s protocol picks the fsspec filesystem) and the retries,
+    backoff and deadline of every call made to it; pickles without its filesystem."""
 
     def __init__(
         self,
@@ -133,7 +96,7 @@ class Storage:
         on_retry: Callable[[], None] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.protocol = protocol_of(url)
+        self.protocol = url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.on_retry = on_retry
@@ -151,8 +114,7 @@ class Storage:
         if self._fs is None or self._pid != os.getpid():
             fsspec = _import_fsspec()
             try:
-                # skip_instance_cache: a cached instance may come from the parent
-                # process, with its event loop and connections.
+                # A cached instance may be the parent process's, with its event loop.
                 self._fs = fsspec.filesystem(
                     self.protocol, skip_instance_cache=True, **self.storage_options
                 )
@@ -172,8 +134,8 @@ class Storage:
         return self._fs
 
     def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
-        """``fn()`` in a helper thread, given up after ``timeout`` seconds (default
-        ``timeout_s``) with a :class:`TimeoutError` (a stuck client cannot be interrupted)."""
+        """``fn()`` in a helper thread, given up after ``timeout`` (default ``timeout_s``)
+        seconds with a :class:`TimeoutError` (a stuck client cannot be interrupted)."""
         out: list[Any] = []
         done = threading.Event()
 
@@ -204,9 +166,8 @@ class Storage:
     ) -> T:
         """``fn()``, retried with backoff on transient errors; errors name ``url``.
 
-        ``bounded``: the call and its retries have one deadline, ``timeout_s``. ``expect``:
-        the listed ``(size, version)`` of the object ``fn`` reads; a failed attempt on an
-        object that changed raises :class:`ShardChangedError` instead of a retry.
+        ``bounded``: one ``timeout_s`` deadline for the call and its retries. ``expect``: the
+        listed ``(size, version)`` of the object; if it changed, a failure is not retried.
         """
         start, attempt = time.monotonic(), 0
         while True:
@@ -249,7 +210,6 @@ class Storage:
             path=url,
         )
 
-    # --------------------------------------------------------------- identity
     def identity(self, url: str) -> tuple[int, str]:
         """The object's ``(size, version)`` now, as the store gives it (not from a cache)."""
         self.fs.invalidate_cache(url)
@@ -257,36 +217,31 @@ class Storage:
         return int(info.get("size") or 0), version_of(info)
 
     def check_same(self, url: str, expect: tuple[int, str]) -> None:
-        """Raise :class:`ShardChangedError` unless the object is still ``expect`` (its
-        ``(size, version)`` as listed); runs under the caller's deadline and retries."""
+        """Raise :class:`ShardChangedError` unless the object is still ``expect``."""
         now = self.identity(url)
         if now != expect:
             raise _changed_error(url, expect, now)
 
     def _changed(self, url: str, expect: tuple[int, str]) -> ShardChangedError | None:
-        """The error for an object that is no longer ``expect``, or None (also when its
-        identity cannot be had now)."""
+        """The error for an object no longer ``expect``; None if it is, or cannot be looked up."""
         try:
             now = self.bounded(lambda: self.identity(url))
         except Exception:
             return None
         return None if now == expect else _changed_error(url, expect, now)
 
-    # ------------------------------------------------------------ operations
     def listing(self, url: str) -> list[dict[str, Any]]:
         """The files directly under folder ``url``: ``{"name", "size", "version"}`` each."""
         return self.entries(url)[0]
 
     def entries(self, url: str) -> tuple[list[dict[str, Any]], set[str]]:
-        """The files directly under folder ``url`` (as :meth:`listing`), and the names of
-        the folders directly under it."""
+        """The files directly under folder ``url`` (as :meth:`listing`), and its subfolders."""
 
         def ls() -> list[dict[str, Any]]:
             self.fs.invalidate_cache()  # a listing must see what is there now
             return list(self.fs.ls(url, detail=True))
 
-        out = []
-        folders = set()
+        out, folders = [], set()
         for entry in self.call("listing", url, ls):
             if entry.get("type", "file") != "file":
                 folders.add(url_name(str(entry["name"])))
@@ -296,13 +251,8 @@ class Storage:
                 name = str(entry["name"])
                 info: dict[str, Any] = self.call("looking up", name, partial(self.fs.info, name))
                 entry = {**entry, **info}
-            out.append(
-                {
-                    "name": url_name(str(entry["name"])),
-                    "size": int(entry.get("size") or 0),
-                    "version": version_of(entry),
-                }
-            )
+            name, size = url_name(str(entry["name"])), int(entry.get("size") or 0)
+            out.append({"name": name, "size": size, "version": version_of(entry)})
         return out, folders
 
     def is_dir(self, url: str) -> bool:
@@ -321,12 +271,8 @@ class Storage:
         self, url: str, spans: list[tuple[int, int]], size: int, version: str | None = None
     ) -> list[bytes]:
         """The bytes ``[start, end)`` of each span of the object at ``url`` (``size`` bytes),
-        in one call (fsspec ``cat_ranges``: concurrent requests where the filesystem is async).
-
-        A server that ignores ``Range:`` answers with the whole object: raised as
-        :class:`RangesUnsupported` (never returned as the span's bytes). With the listed
-        ``version``, the object is checked to be still that one after the read.
-        """
+        in one ``cat_ranges`` call; :class:`RangesUnsupported` if the server ignores
+        ``Range:``. With the listed ``version``, the object is checked to be still it."""
         expect = None if version is None else (size, version)
 
         def cat() -> list[bytes]:
@@ -363,11 +309,8 @@ class Storage:
         check: Callable[[Path], None] | None = None,
         version: str | None = None,
     ) -> None:
-        """Copy ``url`` to ``target`` through a temporary file, checked to hold ``size`` bytes
-        (and by ``check``, which raises to keep it out); with the listed ``version``, the
-        object is checked to be still that one after the copy. A download cut short is
-        retried; ``target`` appears complete or not at all.
-        """
+        """Copy ``url`` to ``target`` (complete or not at all), checked by size, ``check``
+        and ``version``; retried."""
         expect = None if version is None else (size, version)
 
         def get() -> None:
@@ -395,8 +338,7 @@ class Storage:
 
 
 def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
-    """The error for a failure that retrying cannot help (a missing object, a refused
-    permission or request), or None for a transient one."""
+    """The error for a failure that retrying cannot help, or None for a transient one."""
     if isinstance(exc, FileNotFoundError):
         return MissingShardError(
             f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "
@@ -416,11 +358,13 @@ def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
             path=url,
         )
     status = getattr(exc, "status", None)
-    if isinstance(status, int) and _refused(status):
+    # 4xx but timeouts and rate limits, and 501: the request itself is wrong.
+    if isinstance(status, int) and (
+        (400 <= status < 500 and status not in (408, 425, 429)) or status == 501
+    ):
         return ShardError(
-            f"{what} {url!r} was refused with HTTP status {status} ({exc}); "
-            "retrying cannot help: check the URL, and that the server allows "
-            "this request.",
+            f"{what} {url!r} was refused with HTTP status {status} ({exc}); check the URL, "
+            "and that the server allows this request.",
             path=url,
         )
     return None
@@ -429,9 +373,8 @@ def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
 def _changed_error(url: str, expect: tuple[int, str], now: tuple[int, str]) -> ShardChangedError:
     return ShardChangedError(
         f"shard {url!r} changed after the dataset listed it (now {now[0]} bytes, version "
-        f"{now[1]!r}; listed: {expect[0]} bytes, version {expect[1]!r}), so its samples would "
-        "mix two versions; make the dataset again to read the current version (its shard "
-        "index says if it must be rewritten).",
+        f"{now[1]!r}; listed: {expect[0]} bytes, version {expect[1]!r}); make the dataset "
+        "again to read the current version.",
         path=url,
     )
 
@@ -446,22 +389,10 @@ class RangesUnsupported(Exception):
 
 def version_of(entry: dict[str, Any]) -> str:
     """What identifies one version of an object in a listing: its ETag, else its mtime."""
-    keys = (
-        "ETag",
-        "etag",
-        "md5",
-        "sha",
-        "LastModified",
-        "last_modified",
-        "mtime",
-        "updated",
-        "created",
-    )
-    for key in keys:
+    for key in _VERSION_KEYS:
         value = entry.get(key)
         if isinstance(value, datetime.datetime):
-            # A listing and a lookup may give one time as a timestamp and as a datetime
-            # (fsspec's memory filesystem does): one spelling, so they compare equal.
+            # A listing and a lookup may spell one time as a timestamp and as a datetime.
             value = value.timestamp()
         if value not in (None, ""):
             return str(value).strip('"')

@@ -1,11 +1,7 @@
-"""Which shards a dataset has, and the shards one process holds open (private to loaderkit.data).
+"""Which shards a dataset has, and the shards one process holds open (private).
 
-:class:`OpenShards` is the per-process part of a
-:class:`~loaderkit.data.sharded.ShardedDataset`: a least-recently-used table of open
-shards, each checked against the shard index when it is opened. It pickles
-empty, so a worker started with ``spawn`` opens its own (a pickled memory map
-would copy the data); a ``fork``-ed worker inherits the parent's open maps,
-which is safe (nothing has a file position) and costs nothing.
+:class:`OpenShards` is a least-recently-used table of open shards, each checked against
+the shard index when opened; it pickles empty (a pickled memory map would copy the data).
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ import contextlib
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,15 +39,6 @@ from loaderkit.errors import (
     ShardError,
 )
 
-__all__ = [
-    "OpenShards",
-    "is_shard_name",
-    "never_a_shard",
-    "prepare_reader",
-    "resolve_shards",
-    "shard_name",
-]
-
 
 def shard_name(shard: Any) -> str:
     """How messages name a shard: its path, or the repr of a shard object."""
@@ -59,11 +46,7 @@ def shard_name(shard: Any) -> str:
 
 
 def never_a_shard(name: str) -> str | None:
-    """Why a file of this name is never a shard, or None.
-
-    Hidden files (``.name``: macOS's ``._name`` AppleDouble companions, loaderkit's
-    temporary files) and loaderkit's own files (the shard index, sidecars).
-    """
+    """Why a file of this name is never a shard (hidden, or loaderkit's own), or None."""
     if name.startswith("._"):
         return "a macOS AppleDouble metadata file"
     if name.startswith(INDEX_PREFIX):
@@ -76,25 +59,32 @@ def never_a_shard(name: str) -> str | None:
 
 
 def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
-    """Whether a listing's file ``name`` is a shard of a reader with these ``suffixes`` (by
-    name, not ``Path.suffix``: suffixes such as ``.jsonl.gz`` span two dots)."""
+    """Whether a listed file ``name`` is a shard of a reader with these ``suffixes``."""
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
 
 
-def _indexes_in(entries: list[Path]) -> list[tuple[str, bytes]]:
-    """``(path, document)`` of each shard index among a folder's ``entries``."""
+def refuse_own_file(owner: str, shard: str, name: str, listing: str) -> None:
+    """Refuse a listed file ``shard`` named ``name`` that is loaderkit's own."""
+    why = never_a_shard(name)
+    if why is not None and why != "a hidden file":
+        raise ValueError(
+            f"{owner}: shards lists {shard!r}, {why}, not a shard; leave it out of the list "
+            f"(a {listing} listing skips it)."
+        )
+
+
+def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
+    """``(path, content)`` of each of ``paths`` that can be read."""
     out = []
-    for p in entries:
-        if is_index_name(p.name):
-            with contextlib.suppress(OSError):
-                out.append((str(p), p.read_bytes()))
+    for p in paths:
+        with contextlib.suppress(OSError):
+            out.append((str(p), p.read_bytes()))
     return out
 
 
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
-    """The shard list of ``ShardedDataset(shards, ...)``: paths (a directory's files with the
-    reader's suffixes, sorted, hidden and loaderkit's own files left out) or objects, checked
-    for emptiness, duplicates and mixing."""
+    """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (sorted),
+    or the listed paths or objects, checked for emptiness, duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
         if not root.is_dir():
@@ -109,12 +99,12 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         found = sorted(p for p in entries if accept(p.name))
         if not found:
             raise ValueError(
-                f"{owner}: no file ending in {list(reader.suffixes)} (or those with .zst "
-                f"appended) in {str(root)!r} "
-                "(hidden files and loaderkit's own index and sidecar files are never shards); "
-                "pass the directory that holds the shards, or a reader with their suffix."
+                f"{owner}: no file ending in {list(reader.suffixes)} (or with .zst appended) in "
+                f"{str(root)!r}; pass the directory that holds the shards, or a reader with "
+                "their suffix."
             )
-        check_complete(str(root), [p.name for p in found], _indexes_in(entries), accept)
+        indexes = read_docs(p for p in entries if is_index_name(p.name))
+        check_complete(str(root), [p.name for p in found], indexes, accept)
         return found
     items = list(shards)
     if not items:
@@ -122,12 +112,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     if all(isinstance(s, str | os.PathLike) for s in items):
         paths = [Path(s) for s in items]
         for path in paths:
-            why = never_a_shard(path.name)
-            if why is not None and why != "a hidden file":
-                raise ValueError(
-                    f"{owner}: shards lists {str(path)!r}, {why}, not a shard; leave it out of "
-                    "the list (a directory listing skips it)."
-                )
+            refuse_own_file(owner, str(path), path.name, "directory")
         if len({p.resolve() for p in paths}) != len(paths):
             raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
         return paths
@@ -140,9 +125,8 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
 
 
 def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], Any]) -> Any:
-    """The reader a dataset of ``shards`` reads with: ``reader.prepare(files)`` (a reader
-    decided for exactly these files, e.g. :meth:`~loaderkit.ParquetReader.prepare`), the
-    files ``(str(shard), source(i))``; ``reader`` itself when it has no ``prepare``."""
+    """``reader.prepare([(str(shard), source(i)), ...])``, or ``reader`` if it has no
+    ``prepare`` (e.g. :meth:`~loaderkit.ParquetReader.prepare`)."""
     prepare = getattr(reader, "prepare", None)
     if not callable(prepare):
         return reader
@@ -152,19 +136,9 @@ def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], A
 class OpenShards:
     """The shards this process holds open, at most ``max_open`` (least recently used closed).
 
-    Args:
-        shards: Paths or shard objects.
-        reader: Their :class:`~loaderkit.data.sharded.ShardReader`.
-        sizes: Indexed sample count per shard; an opened shard must have as many.
-        entries: Index entries (size, mtime) to check a path against when opened.
-        index_path: For messages.
-        max_open: Open shards kept (``None``: all).
-        remember_failures: Keep a shard that failed to open as failed (``on_error="skip"``)
-            instead of trying again on its next sample.
-        fetch: For shards at URLs: the local file of shard ``i`` (fetched into the
-            cache), which the reader opens in place of the shard.
-        ranged: For shards at URLs: shard ``i`` opened for range reads, or None when it is
-            read from a whole file (``fetch``).
+    ``sizes`` and ``entries`` (the index) check each shard as it opens; ``remember_failures``
+    keeps a shard that failed as failed. For shards at URLs, ``fetch(i)`` gives the local
+    file the reader opens, and ``ranged(i)`` the shard opened for range reads (or None).
     """
 
     def __init__(
@@ -194,10 +168,8 @@ class OpenShards:
         self.opens = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for key in ("open", "broken", "warned", "opens"):
-            del state[key]
-        return state
+        drop = ("open", "broken", "warned", "opens")  # per process
+        return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -232,8 +204,7 @@ class OpenShards:
             why = entry.changed()
             if why == "missing":
                 raise MissingShardError(
-                    f"shard file {str(entry.path)!r} disappeared after it was indexed; restore "
-                    "it (the plan counts its samples).",
+                    f"shard file {str(entry.path)!r} disappeared after it was indexed; restore it.",
                     path=entry.path,
                 )
             if why is not None:
@@ -268,8 +239,7 @@ class OpenShards:
         return handle
 
     def _open_local(self, shard: int, entry: IndexEntry | None) -> OpenShard:
-        """Open a local shard: a compressed one from its decoded copy (decoded now if needed),
-        and a shard with a content hash checked first (once per machine: a verified marker)."""
+        """Open a local shard: a compressed one from its decoded copy, a hashed one checked."""
         path = self.shards[shard]
         if not isinstance(path, Path):
             return self.reader.open(path)
@@ -280,8 +250,7 @@ class OpenShards:
         return self.reader.open(path)
 
     def local_file(self, shard: int) -> Any:
-        """The file the reader opens for local shard ``shard``: a compressed shard's decoded
-        copy (decoded now if needed, its content hash checked first), else the shard."""
+        """The file the reader opens for local shard ``shard`` (a compressed one's decoded copy)."""
         path = self.shards[shard]
         if not (isinstance(path, Path) and is_compressed(path.name)):
             return path
@@ -293,11 +262,8 @@ class OpenShards:
         )
 
     def _verify(self, path: Path, digest: str) -> None:
-        verify(path, digest, marker=self._marker(path))
-
-    def _marker(self, path: Path) -> Path:
         key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
-        return self.cache_root / "verified" / key
+        verify(path, digest, marker=self.cache_root / "verified" / key)
 
     def _open_fetched(self, shard: int) -> OpenShard:
         assert self.fetch is not None
@@ -310,8 +276,7 @@ class OpenShards:
         except MissingShardError as exc:
             if exc.path == local:
                 raise
-            # A sidecar the folder does not hold (shards uploaded or compressed without
-            # them): counting the cached or decoded copy writes it next to it.
+            # A missing sidecar: counting the cached or decoded copy writes it.
             self.reader.count(local)
             return self.reader.open(local)
 

@@ -1,9 +1,5 @@
-"""Range reads of remote shards (private to loaderkit.data.remote).
-
-A plain fixed-length token shard (``TokenReader(seq_len=...)``, neither
-compressed nor hashed) is opened as :class:`RangedTokens`, which asks the cache
-for the bytes of each batch, byte for byte those of the whole-file map.
-"""
+"""Range reads of remote shards (private): a plain fixed-length token shard opened as
+:class:`RangedTokens` reads each batch's bytes from the cache, as the whole-file map would."""
 
 from __future__ import annotations
 
@@ -17,22 +13,12 @@ import torch
 from loaderkit.data.readers import TokenReader, _out_numpy_dtype
 from loaderkit.errors import ShardError
 
-__all__ = [
-    "HEAD_BYTES",
-    "Layout",
-    "RangedTokens",
-    "npy_header_bytes",
-    "npy_layout",
-    "parquet_footer",
-]
-
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a fixed-length token shard's samples are: ``offset`` bytes of header, then
-    ``tokens`` tokens of ``dtype``."""
+    """A token shard's ``offset`` bytes of header, then ``tokens`` tokens of ``dtype``."""
 
     offset: int
     dtype: np.dtype
@@ -49,15 +35,15 @@ def npy_header_bytes(head: bytes) -> int | None:
 
 
 def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
-    """The layout of a ``.npy`` token shard from its first bytes; None when the header is
-    longer than ``head`` (the shard is then fetched whole)."""
+    """The layout of a ``.npy`` token shard from its first bytes; None if the header is
+    longer than ``head`` (the shard is fetched whole)."""
     f = io.BytesIO(head)
     try:
         version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        read = np.lib.format.read_array_header_1_0
+        if version != (1, 0):
+            read = np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
     except (ValueError, EOFError, OSError):
         return None  # short or odd header: the whole-file path reads (and checks) it
     if len(shape) != 1 or dtype.kind not in "iu":
@@ -72,14 +58,12 @@ def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
             f"dtype={dtype.name!r} or rewrite the shard.",
             path=url,
         )
-    del fortran  # irrelevant for 1-D arrays
     return Layout(f.tell(), np.dtype(dtype), int(shape[0]))
 
 
 def parquet_footer(tail: bytes, size: int) -> bytes | None:
-    """A Parquet file's footer from its last bytes (``size``: the file's), as the bytes of a
-    file pyarrow reads the metadata and schema from (``pyarrow.BufferReader``); None when
-    the footer is longer than ``tail`` (fetch that many bytes and call again)."""
+    """A Parquet file's footer from its last bytes (``size``: the file's), as a file pyarrow
+    reads the metadata from; None if the footer is longer than ``tail`` (fetch more)."""
     if len(tail) < 8 or tail[-4:] != b"PAR1":
         raise ValueError("the file does not end in the Parquet magic bytes PAR1")
     need = int.from_bytes(tail[-8:-4], "little") + 8
@@ -93,11 +77,8 @@ class _Spans(Protocol):
 
 
 class RangedTokens:
-    """Fixed-length token samples of one remote shard, read by byte ranges (an OpenShard).
-
-    Same samples, dtypes and shapes as the memory-mapped shard of
-    :meth:`TokenReader.open`; no ``rows`` (a mixing batch is read per shard).
-    """
+    """Fixed-length token samples of one remote shard, read by byte ranges (an OpenShard):
+    those of :meth:`TokenReader.open`; no ``rows`` (a mixing batch is read per shard)."""
 
     def __init__(self, source: _Spans, index: int, layout: Layout, reader: TokenReader) -> None:
         assert reader.seq_len is not None

@@ -1,11 +1,8 @@
 """Shards at URLs: a local cache with a byte budget, filled ahead of the plan.
 
-Each shard at a URL (anything fsspec resolves) is downloaded whole into a
-shared local cache (:class:`RemoteCache`: flock-guarded downloads, leases,
-LRU eviction within ``max_bytes``), or read by byte ranges, and read there as
-a local shard; a background thread per reading process fetches the shards of
-its next batches. Failures name the URL; a changed object raises
-:class:`~loaderkit.errors.ShardChangedError` (docs/design.md, shards in object storage).
+Each shard is downloaded whole into a shared local cache (:class:`RemoteCache`), or read
+by byte ranges, and read there as a local shard; a thread per reading process fetches
+the shards of its next batches (docs/design.md, shards in object storage).
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from loaderkit._atomic import atomic_write, temp_path
+from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import import_pyarrow
 from loaderkit.data._codec import (
@@ -36,6 +34,7 @@ from loaderkit.data._codec import (
     decode_into,
     decoded_intact,
     decoded_name,
+    default_cache_root,
     digest_error,
     file_digest,
     is_compressed,
@@ -49,7 +48,7 @@ from loaderkit.data._fs import (
     join_url,
     url_name,
 )
-from loaderkit.data._open import is_shard_name, never_a_shard
+from loaderkit.data._open import is_shard_name, never_a_shard, read_docs, refuse_own_file
 from loaderkit.data._ranges import (
     HEAD_BYTES,
     Layout,
@@ -70,27 +69,15 @@ from loaderkit.data.index import (
 from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES, OpenShard, ShardReader, TokenReader
 from loaderkit.errors import MissingShardError, ShardError
 
-# RemoteShards and RemoteShard serve the sharded and streaming datasets.
 __all__ = ["RemoteCache"]
 
 DEFAULT_CACHE_BYTES = 32 << 30
 _SLOTS = 257  # counters: the main process and 256 workers, one writer each
+# Counters summed over processes (docs/design.md, shards in object storage: counts).
 STATS = (
-    "fetched",  # shards downloaded by this process
-    "fetched_bytes",
-    "prefetched",  # ... of which by the prefetch thread, ahead of the read
-    "hits",  # reads that found their shard in the cache
-    "waited",  # reads that had to fetch (or wait for) their shard
-    "retries",  # transient errors retried
-    "evicted",  # shards this process evicted to stay within the budget
-    "over_budget",  # shards fetched although the budget was full (a read needed them)
-    "unplanned",  # batches read without a prediction of the next ones
-    "corrupt",  # files that failed their content hash (removed and fetched again once)
-    "range_bytes",  # bytes fetched by range reads (blocks of shards read in part)
-    "range_requests",  # byte ranges requested (adjacent missing blocks coalesced into one)
-    "blocks_fetched",  # blocks of range-read shards fetched into the cache
-    "block_hits",  # blocks a read found in the cache
-    "footers",  # Parquet footers read by a range read to count rows (no file downloaded)
+    *("fetched", "fetched_bytes", "prefetched", "hits", "waited", "retries", "evicted"),
+    *("over_budget", "unplanned", "corrupt", "range_bytes", "range_requests"),
+    *("blocks_fetched", "block_hits", "footers"),
 )
 _MAX_MAPS = 64  # block files kept memory-mapped per process
 _MAX_UNPLANNED_LEASES = 16
@@ -104,30 +91,23 @@ class RemoteCache:
     Args:
         cache_dir: The cache directory, shared by all processes of a machine
             (default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
-        max_bytes: Bytes of shards the cache may hold (default:
-            ``$LOADERKIT_CACHE_BYTES``, else 32 GiB). It must hold at least the
-            shards the processes of a machine read at once.
+        max_bytes: Bytes of shards the cache may hold (default: ``$LOADERKIT_CACHE_BYTES``,
+            else 32 GiB); at least what the processes of a machine read at once.
         storage_options: Options of the fsspec filesystem (for s3fs e.g.
-            ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``);
-            default: the provider's own environment variables.
-        prefetch: Shards each reading process fetches ahead of the ones it
-            reads now (0: fetch only when read).
+            ``{"endpoint_url": ..., "key": ..., "secret": ...}``); default: the
+            provider's environment variables.
+        prefetch: Shards each reading process fetches ahead (0: fetch only when read).
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
-        timeout_s: The deadline of one remote read with its retries (a listing, a lookup,
-            one batch of range reads, one 8 MiB piece of a download), kept by loaderkit
-            whatever the client's own timeouts and retries: a read without an answer by
-            then raises a :class:`ShardError` naming the URL and the deadline.
-        range_reads: Read shards of fixed-length token samples (``TokenReader(seq_len=...)``
-            over plain ``.npy``/``.bin``: neither compressed nor hashed) by byte ranges,
-            fetching only the blocks of the samples each process reads: ``True`` for
-            every such shard; ``"auto"`` for those larger than ``max_bytes / (prefetch +
-            1)`` (the cache cannot hold the shards read at once) or of which the running
-            epoch reads at most half (a resumed epoch); ``False`` (default): whole files.
-            Other shards, and every shard of a server that ignores ``Range:``, are
-            fetched whole. Same samples either way.
-        block_bytes: Size of the blocks a range-read shard is fetched and cached in
-            (default 8 MiB); adjacent missing blocks are fetched in one request.
+        timeout_s: Deadline of one remote read with its retries (a listing, a lookup, a
+            batch of range reads, an 8 MiB piece of a download); past it a
+            :class:`ShardError` names the URL.
+        range_reads: Read plain (neither compressed nor hashed) ``.npy``/``.bin`` shards
+            of ``TokenReader(seq_len=...)`` by byte ranges, fetching only the blocks each
+            process reads: ``True`` for every such shard; ``"auto"`` for those larger than
+            ``max_bytes / (prefetch + 1)`` or of which the epoch reads at most half;
+            ``False`` (default): whole files. Same samples either way.
+        block_bytes: Size of the blocks a range-read shard is fetched and cached in.
 
     Example:
         >>> cache = RemoteCache(cache_dir="/tmp/shard-cache", max_bytes=1 << 30, prefetch=2)
@@ -157,47 +137,38 @@ class RemoteCache:
         check_int("retries", self.retries, 0, owner=owner, fix="pass a retry count, e.g. 5")
         if not isinstance(self.backoff_s, int | float) or not self.backoff_s >= 0:
             raise ValueError(
-                f"RemoteCache: backoff_s must be a number of seconds >= 0, got "
-                f"{self.backoff_s!r}; pass e.g. 0.5."
+                f"{owner}: backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}; "
+                "pass e.g. 0.5."
             )
-        if (
-            not isinstance(self.timeout_s, int | float)
-            or isinstance(self.timeout_s, bool)
-            or not self.timeout_s > 0
-        ):
+        timeout = self.timeout_s
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
             raise ValueError(
-                f"RemoteCache: timeout_s must be a number of seconds > 0, got "
-                f"{self.timeout_s!r}; pass e.g. 120."
+                f"{owner}: timeout_s must be a number of seconds > 0, got {timeout!r}; "
+                "pass e.g. 120."
             )
         if self.range_reads not in (True, False, "auto") or not isinstance(
             self.range_reads, bool | str
         ):
             raise ValueError(
-                f"RemoteCache: range_reads must be True, False or 'auto', got "
-                f"{self.range_reads!r}; pass range_reads='auto' to range-read shards that do "
-                "not fit the budget or that an epoch reads only in part."
+                f"{owner}: range_reads must be True, False or 'auto', got "
+                f"{self.range_reads!r}; pass range_reads='auto'."
             )
         check_int("block_bytes", self.block_bytes, 1, owner=owner, fix="pass a block size: 8 << 20")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise TypeError(
-                f"RemoteCache: storage_options must be a dict of fsspec filesystem options, "
-                f"got {type(self.storage_options).__name__}; pass e.g. "
-                "{'endpoint_url': 'http://127.0.0.1:9000'}."
+                f"{owner}: storage_options must be a dict of fsspec filesystem options, got "
+                f"{type(self.storage_options).__name__}; pass e.g. {{'endpoint_url': ...}}."
             )
 
     @property
     def directory(self) -> Path:
         """The cache directory."""
-        if self.cache_dir is not None:
-            return Path(self.cache_dir)
-        env = os.environ.get("LOADERKIT_CACHE_DIR")
-        return Path(env) if env else Path.home() / ".cache" / "loaderkit" / "shards"
+        return default_cache_root() if self.cache_dir is None else Path(self.cache_dir)
 
 
 @dataclass(frozen=True)
 class RemoteShard:
-    """One shard object as listed: its URL, file name, byte size, version, and sidecars
-    (``(name, size, version)`` each). Messages name it by its URL."""
+    """One listed shard object: URL, name, size, version, sidecars (``(name, size, version)``)."""
 
     url: str
     name: str
@@ -227,56 +198,48 @@ def remote_source(
     shards: Any, suffixes: Sequence[str], remote: RemoteCache | None, owner: str
 ) -> RemoteShards | None:
     """The :class:`RemoteShards` of ``shards`` if they are URLs, else None (local shards)."""
-    urls: list[str] | None = None
-    if is_url(shards):
-        urls = None
-    elif isinstance(shards, list | tuple) and shards and all(is_url(s) for s in shards):
-        urls = [str(s) for s in shards]
-    elif isinstance(shards, list | tuple) and any(is_url(s) for s in shards):
+    is_list = isinstance(shards, list | tuple)
+    if is_list and shards and all(is_url(s) for s in shards):
+        source: str | list[str] = [str(s) for s in shards]
+    elif is_url(shards):
+        source = str(shards)
+    elif is_list and any(is_url(s) for s in shards):
         raise TypeError(
             f"{owner}: shards mixes URLs and other items; pass all URLs (or a folder URL), "
             "or all local paths."
         )
+    elif remote is not None:
+        raise ValueError(
+            f"{owner}: remote= is for shards at URLs, but shards is not a URL "
+            f"({str(shards)[:80]!r}); leave remote out, or pass an s3://, gs://, ... URL."
+        )
     else:
-        if remote is not None:
-            raise ValueError(
-                f"{owner}: remote= is for shards at URLs, but shards is not a URL "
-                f"({str(shards)[:80]!r}); leave remote out, or pass an s3://, gs://, ... URL."
-            )
         return None
     if remote is not None and not isinstance(remote, RemoteCache):
         raise TypeError(
             f"{owner}: remote must be a RemoteCache, got {type(remote).__name__}; pass e.g. "
             "remote=RemoteCache(cache_dir=..., max_bytes=...)."
         )
-    cache = remote if remote is not None else RemoteCache()
-    return RemoteShards(str(shards) if urls is None else urls, tuple(suffixes), cache, owner)
+    return RemoteShards(source, tuple(suffixes), remote or RemoteCache(), owner)
 
 
 def _folder_key(folder: str) -> str:
-    """How the cache names the indexes it keeps for a read-only folder URL."""
     return hashlib.sha256(folder.encode()).hexdigest()[:16]
 
 
-def _listed_shards(storage: Storage, folder: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, RemoteShard]:
     """Each listed file of ``folder`` by name, with its sidecars attached."""
-    by_name = {e["name"]: e for e in entries}
+    by_name = {e["name"]: (int(e["size"]), str(e["version"])) for e in entries}
     out = {}
-    for name, entry in by_name.items():
-        sidecars = tuple(
-            (other, int(o["size"]), str(o["version"]))
-            for other, o in sorted(by_name.items())
-            if other != name and other.startswith(name) and other.endswith(OWN_SUFFIXES)
-        )
-        out[name] = RemoteShard(
-            join_url(folder, name), name, int(entry["size"]), str(entry["version"]), sidecars
-        )
+    for name, (size, version) in by_name.items():
+        own = (o for o in sorted(by_name) if o != name and o.startswith(name))
+        sides = tuple((o, *by_name[o]) for o in own if o.endswith(OWN_SUFFIXES))
+        out[name] = RemoteShard(join_url(folder, name), name, size, version, sides)
     return out
 
 
 class _Board:
-    """The schedules the loader last started on this dataset's plans; plain data the
-    workers receive with the dataset and predict their batches from."""
+    """The schedules the loader last started on this dataset's plans (sent to workers)."""
 
     def __init__(self) -> None:
         self.plan: Any = None
@@ -286,20 +249,14 @@ class _Board:
         if plan is not self.plan:
             self.plan, self.recent = plan, []
         entry = (epoch, start, rank, world_size)
-        if entry in self.recent:
-            self.recent.remove(entry)
-        self.recent = [entry, *self.recent][:4]
+        self.recent = [entry, *(e for e in self.recent if e != entry)][:4]
 
 
 class _WatchedPlan:
-    """A plan that notes each schedule it starts on the dataset's :class:`_Board`.
-
-    Everything else is the plan's own (attributes are looked up on it).
-    """
+    """A plan that notes each schedule it starts on a :class:`_Board`; otherwise the plan."""
 
     def __init__(self, plan: Any, board: _Board) -> None:
-        self.inner = plan
-        self.board = board
+        self.inner, self.board = plan, board
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("inner", "board"):
@@ -310,34 +267,27 @@ class _WatchedPlan:
         return repr(self.inner)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> Any:
-        """The plan's schedule, noted on the board."""
         self.board.note(self.inner, epoch, start, rank, world_size)
         return self.inner.schedule(epoch, start=start, rank=rank, world_size=world_size)
 
 
+@dataclass(eq=False)
 class _Prediction:
     """One process's batches of one schedule: which shards each reads, first and last."""
 
-    def __init__(
-        self,
-        key: tuple[int, int, int, int],
-        firsts: list[int],
-        first_step: np.ndarray,
-        last_step: np.ndarray,
-        sched: Any = None,
-        steps: Sequence[int] = (),
-        reads: np.ndarray | None = None,
-        workers: int = 1,
-    ) -> None:
-        self.key = key  # (epoch, start, rank, world_size) of the schedule
-        self.sched, self.steps = sched, steps  # this process's schedule steps, in order
-        self.reads = reads  # samples of each shard this process reads
-        self.workers = workers
-        self.firsts = firsts
-        self.first_step, self.last_step = first_step, last_step
-        self.next = 0  # the batch expected next
+    key: tuple[int, int, int, int]  # (epoch, start, rank, world_size) of the schedule
+    firsts: list[int]  # each batch's first sample index
+    first_step: np.ndarray
+    last_step: np.ndarray
+    sched: Any
+    steps: Sequence[int]  # this process's schedule steps, in order
+    reads: np.ndarray  # samples of each shard this process reads
+    workers: int
+    next: int = 0  # the batch expected next
+
+    def __post_init__(self) -> None:
         # The window changes only at a batch where some shard is first or no longer read.
-        self.changes = {*first_step.tolist(), *(last_step + 1).tolist()}
+        self.changes = {*self.first_step.tolist(), *(self.last_step + 1).tolist()}
         self._last: tuple[int, tuple[list[int], list[int]]] | None = None
 
     def find(self, first: int, reach: int = 8) -> int | None:
@@ -348,15 +298,14 @@ class _Prediction:
         return None
 
     def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
-        """The shards batch ``step`` reads or a later one still reads (in use), and the
-        next ``prefetch`` shards first read after it, in the order they are first read."""
-        if self._last is not None and self._last[0] == step - 1 and step not in self.changes:
+        """The shards in use at batch ``step``, and the next ``prefetch`` first read after it."""
+        if self._last is None or self._last[0] != step - 1 or step in self.changes:
+            in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
+            later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))
+            later = later[np.argsort(self.first_step[later], kind="stable")][:prefetch]
+            self._last = (step, (in_use.tolist(), later.tolist()))
+        else:
             self._last = (step, self._last[1])
-            return self._last[1]
-        in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
-        later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))  # read at all
-        later = later[np.argsort(self.first_step[later], kind="stable")][:prefetch]
-        self._last = (step, (in_use.tolist(), later.tolist()))
         return self._last[1]
 
 
@@ -386,7 +335,7 @@ class RemoteShards:
             backoff_s=cache.backoff_s,
             timeout_s=cache.timeout_s,
         )
-        self.storage.on_retry = self._count_retry
+        self.storage.on_retry = partial(self._count, "retries")
         self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
@@ -397,7 +346,6 @@ class RemoteShards:
         self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
         self._reset()
 
-    # ------------------------------------------------------------- pickling
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -414,8 +362,8 @@ class RemoteShards:
         self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
         self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._verified: set[int] = set()  # cached shards this process checked the hash of
-        # Range reads: each shard's decision (its layout, or None: whole file), the leases
-        # held on blocks, those of the next batches, and open block maps.
+        # Range reads: each shard's layout (None: whole file), leased blocks, those of the
+        # next batches, and open block maps.
         self._layouts: dict[int, Layout | None] = {}
         self._no_ranges = False  # the server ignores Range: every shard is fetched whole
         self._block_keys: set[str] = set()
@@ -425,24 +373,11 @@ class RemoteShards:
         self._block_paths: dict[tuple[int, int], tuple[Path, Path, Path]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = (
-            "cache",
-            "owner",
-            "root_dir",
-            "stats_table",
-            "storage",
-            "shards",
-            "extras",
-            "folder",
-            "board",
-            "reader",
-            "ranged_ok",
-        )
-        return {k: self.__dict__[k] for k in keep}
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # per process
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.storage.on_retry = self._count_retry
+        self.storage.on_retry = partial(self._count, "retries")
         self._reset()
 
     def _here(self) -> None:
@@ -457,19 +392,14 @@ class RemoteShards:
             return self._list_folder(source.rstrip("/"), suffixes)
         if len(set(source)) != len(source):
             raise ValueError(f"{owner}: a shard URL is listed twice; list each once.")
-        folders: dict[str, dict[str, Any]] = {}
+        folders: dict[str, dict[str, RemoteShard]] = {}
         out = []
         for url in source:
             name = url_name(url)
-            why = never_a_shard(name)
-            if why is not None and why != "a hidden file":
-                raise ValueError(
-                    f"{owner}: shards lists {url!r}, {why}, not a shard; leave it out of the "
-                    "list (a folder listing skips it)."
-                )
+            refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
-                folders[folder] = _listed_shards(self.storage, folder, self.storage.listing(folder))
+                folders[folder] = _listed_shards(folder, self.storage.listing(folder))
             if name not in folders[folder]:
                 raise MissingShardError(
                     f"{owner}: shard {url!r} does not exist (not listed in {folder!r}); check "
@@ -480,8 +410,7 @@ class RemoteShards:
         return out
 
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
-        """The shards of a folder URL, refused while a ``write_shards`` to it is unfinished or
-        when it lacks shards that an index in it lists."""
+        """The shards of a folder URL, checked complete against its indexes."""
         entries, folders = self.storage.entries(folder)
         if not entries and not folders and not self.storage.is_dir(folder):
             raise MissingShardError(
@@ -491,14 +420,14 @@ class RemoteShards:
             )
         if WORK_DIR in folders:
             raise unfinished_write_error(folder)
-        listed = _listed_shards(self.storage, folder, entries)
+        listed = _listed_shards(folder, entries)
         accept = partial(is_shard_name, suffixes=suffixes)
         found = [listed[name] for name in sorted(listed) if accept(name)]
         if not found:
             raise ValueError(
-                f"{self.owner}: no file ending in {list(suffixes)} in {folder!r} (hidden files "
-                "and loaderkit's own index and sidecar files are never shards); pass the "
-                "folder that holds the shards, or a reader with their suffix."
+                f"{self.owner}: no file ending in {list(suffixes)} in {folder!r} (hidden and "
+                "loaderkit's own files are never shards); pass the folder that holds the "
+                "shards, or a reader with their suffix."
             )
         self._docs = {}
         for entry in entries:
@@ -506,58 +435,32 @@ class RemoteShards:
                 url = join_url(folder, entry["name"])
                 self._docs[url] = self.storage.read_bytes(url)
         # A read-only folder's indexes are kept in the cache: they vouch for it too.
-        kept = []
-        for path in sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")):
-            with contextlib.suppress(OSError):
-                kept.append((str(path), path.read_bytes()))
+        kept = read_docs(sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")))
         check_complete(folder, [s.name for s in found], list(self._docs.items()), accept, kept)
         return found
 
     # ----------------------------------------------------------------- index
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
         """The sample count of every shard: from the folder's shard index, checked against
-        the listing; without one, each shard is fetched and counted once and the index
-        written (to the folder, else into the cache directory)."""
+        the listing; without one, each shard is counted once and the index written (to the
+        folder, else into the cache directory)."""
         self.reader = reader
-        names = [s.name for s in self.shards]
-        listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
-        default = join_url(self.folder, remote_index_name(names, reader))
-        local = (
-            self.root_dir
-            / "indexes"
-            / f"{_folder_key(self.folder)}-{remote_index_name(names, reader).lstrip('.')}"
-        )
+        name = remote_index_name([s.name for s in self.shards], reader)
+        default = join_url(self.folder, name)
+        local = self.root_dir / "indexes" / f"{_folder_key(self.folder)}-{name.lstrip('.')}"
         found = self._find_index(index, default, local)
         if found is not None:
+            listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
             counts, self.extras = read_remote_index(
                 found[0], found[1], reader, listed, folder=self._docs is not None
             )
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            samples = self._count_footer(i, reader)
-            if samples is None and self._eligible(i):
-                # Fixed-length token samples: the header says how many (no download).
-                try:
-                    layout = self._probe(i)
-                except RangesUnsupported:
-                    self._no_ranges = True
-                    layout = None
-                if layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
-                    samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
-            if samples is None:
-                decoded = self.local(i)
-                samples = reader.count(decoded)
-                self._release_all()
-            if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-                raise TypeError(
-                    f"{type(reader).__name__}.count({shard.url!r}) returned {samples!r}; it "
-                    "must return the shard's number of samples as an int >= 0."
-                )
-            row: list[Any] = [shard.name, shard.size, shard.version, samples]
+            row: list[Any] = [shard.name, shard.size, shard.version, self._count_one(i, reader)]
             if is_compressed(shard.name):
-                raw_size = self._paths(shard)[0].with_name(decoded_name(shard.name))
-                self.extras[i] = {"compression": "zstd", "raw_size": raw_size.stat().st_size}
+                raw = self._paths(shard)[0].with_name(decoded_name(shard.name))
+                self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
                 row.append(self.extras[i])
             rows.append(row)
         doc = index_doc(rows, reader, remote=True)
@@ -574,11 +477,27 @@ class RemoteShards:
             atomic_write(local, lambda f: f.write(doc))
         return [int(r[3]) for r in rows]
 
+    def _count_one(self, i: int, reader: ShardReader) -> int:
+        """Shard ``i``'s samples: from a Parquet footer, a token header, or the whole file."""
+        samples = self._count_footer(i, reader)
+        if samples is None and self._eligible(i):
+            layout = self._try_probe(i)
+            if layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
+                samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
+        if samples is None:
+            samples = reader.count(self.local(i))
+            self._release_all()
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise TypeError(
+                f"{type(reader).__name__}.count({self.shards[i].url!r}) returned {samples!r}; "
+                "it must return the shard's number of samples as an int >= 0."
+            )
+        return samples
+
     def _find_index(
         self, index: str | os.PathLike[str] | None, default: str, local: Path
     ) -> tuple[bytes, str] | None:
-        """The index document and where it is: ``index`` if given, else the folder's
-        ``default``, else this folder's index in the cache (``local``); None if none is."""
+        """``(document, where)`` of ``index``, else ``default``, else ``local``; None if none."""
         if index is not None:
             where = str(index)
             if not is_url(where):
@@ -592,22 +511,17 @@ class RemoteShards:
         return (local.read_bytes(), str(local)) if local.exists() else None
 
     def _count_footer(self, index: int, reader: ShardReader) -> int | None:
-        """Rows of a Parquet shard from its footer (:meth:`_parquet_footer`); None for other
-        shards (or a server that ignores ``Range:``)."""
+        """Rows of a Parquet shard from its footer; None for other shards (or no ranges)."""
         from loaderkit.data.parquet import ParquetReader
 
-        if not isinstance(reader, ParquetReader):
-            return None
-        footer = self._parquet_footer(index)
+        footer = self._parquet_footer(index) if isinstance(reader, ParquetReader) else None
         if footer is None:
             return None
         pa = import_pyarrow()
         return int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
 
     def _parquet_footer(self, index: int) -> bytes | None:
-        """Shard ``index``'s Parquet footer by a range read of the file's end (no download),
-        checked to parse (:func:`~loaderkit.data._ranges.parquet_footer`); None for a
-        compressed shard, or a server that ignores ``Range:``."""
+        """Shard ``index``'s Parquet footer by a range read, checked to parse; None if none."""
         shard = self.shards[index]
         if is_compressed(shard.name) or shard.size < 12:
             return None
@@ -626,13 +540,12 @@ class RemoteShards:
                     pa.parquet.read_metadata(pa.BufferReader(footer))
             except Exception as exc:
                 raise ShardError(
-                    f"shard {shard.url!r} is not a readable Parquet file ({exc}): it is "
-                    "corrupt or truncated; rewrite it (and delete the shard index).",
+                    f"shard {shard.url!r} is not a readable Parquet file ({exc}); rewrite it "
+                    "(and delete the shard index).",
                     path=shard.url,
                 ) from exc
+            self._count_ranges(len(tail), 1)
             self._count("footers")
-            self._count("range_bytes", len(tail))
-            self._count("range_requests")
             if footer is not None:
                 return footer
             want = min(shard.size, int.from_bytes(tail[-8:-4], "little") + 8)
@@ -650,67 +563,54 @@ class RemoteShards:
 
     # ----------------------------------------------------------- range reads
     def _layout(self, index: int) -> Layout | None:
-        """Where shard ``index``'s samples are, if it is read by byte ranges (else None:
-        fetched whole). Decided once per process and shard (see ``RemoteCache.range_reads``)."""
-        if index in self._layouts:
-            return self._layouts[index]
-        layout = None
-        if self._rangeable(index):
-            try:
-                layout = self._probe(index)
-            except RangesUnsupported:
-                self._no_ranges = True
-        self._layouts[index] = layout
-        return layout
+        """Shard ``index``'s layout if it is read by byte ranges (decided once), else None."""
+        if index not in self._layouts:
+            self._layouts[index] = self._try_probe(index) if self._rangeable(index) else None
+        return self._layouts[index]
+
+    def _try_probe(self, index: int) -> Layout | None:
+        try:
+            return self._probe(index)
+        except RangesUnsupported:
+            self._no_ranges = True
+            return None
 
     def _eligible(self, index: int) -> bool:
-        """Whether shard ``index`` may be read by ranges: fixed-length token samples of a
-        plain ``.npy``/``.bin`` (a hashed or compressed shard is fetched whole)."""
-        mode, reader, shard = self.cache.range_reads, self.reader, self.shards[index]
-        if mode is False or not self.ranged_ok or self._no_ranges:
+        """Whether shard ``index`` is a plain, unhashed ``.npy``/``.bin`` of fixed-length tokens."""
+        reader, shard = self.reader, self.shards[index]
+        if self.cache.range_reads is False or not self.ranged_ok or self._no_ranges:
             return False
-        if not isinstance(reader, TokenReader):
+        if not isinstance(reader, TokenReader) or reader.seq_len is None or self._digest(index):
             return False
-        if reader.seq_len is None or is_compressed(shard.name) or self._digest(index):
-            return False
-        return shard.name.endswith((".npy", ".bin")) and shard.size > 0
+        return shard.name.endswith((".npy", ".bin")) and shard.size > 0  # not .zst
 
     def _rangeable(self, index: int) -> bool:
-        mode, shard = self.cache.range_reads, self.shards[index]
         if not self._eligible(index):
             return False
-        if mode is True:
-            return True
         budget = self.cache.max_bytes
         assert budget is not None
-        if shard.total_bytes > budget // (self.cache.prefetch + 1):
+        big = self.shards[index].total_bytes > budget // (self.cache.prefetch + 1)
+        if self.cache.range_reads is True or big:
             return True
         pred = self._current
-        if pred is None or pred.reads is None:
+        if pred is None or not int(pred.reads.sum()):
             return False
         # This process reads about 1/workers of what its rank reads of a shard.
-        total = int(pred.reads.sum())
-        if total == 0:
-            return False
-        shard_samples = self._shard_samples(index)
-        return int(pred.reads[index]) * pred.workers * 2 <= shard_samples
-
-    def _shard_samples(self, index: int) -> int:
         ends = self._ends_hint
-        return int(ends[index] - (ends[index - 1] if index else 0))
+        shard_samples = int(ends[index] - (ends[index - 1] if index else 0))
+        return int(pred.reads[index]) * pred.workers * 2 <= shard_samples
 
     def _probe(self, index: int) -> Layout | None:
         """The shard's layout: a ``.npy`` header read by a range read; a ``.bin``'s dtype."""
         reader, shard = self.reader, self.shards[index]
         assert isinstance(reader, TokenReader)
+        # A probe past byte 0 finds out a server that ignores Range (it sends the whole object).
+        probed = int(shard.size > 2)
         if shard.name.endswith(".npy"):
-            # The probe starts past byte 0, so a server that ignores Range is found out here
-            # (its answer is the whole object, never taken for the range).
-            if shard.size > 2:
+            if probed:
                 self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
-            head_end = min(shard.size, HEAD_BYTES)
             (head,) = self.storage.read_ranges(
-                shard.url, [(0, head_end)], shard.size, shard.version
+                shard.url, [(0, min(shard.size, HEAD_BYTES))], shard.size, shard.version
             )
             fetched = [len(head)]
             need = npy_header_bytes(head)
@@ -719,8 +619,7 @@ class RemoteShards:
                     shard.url, [(0, need)], shard.size, shard.version
                 )
                 fetched.append(len(head))
-            self._count("range_bytes", sum(fetched) + (shard.size > 2))
-            self._count("range_requests", len(fetched) + (shard.size > 2))
+            self._count_ranges(sum(fetched) + probed, len(fetched) + probed)
             return npy_layout(head, shard.url, reader)
         dtype = reader.dtype
         side = [n for n, _, _ in shard.sidecars if n == shard.name + DTYPE_SUFFIX]
@@ -732,15 +631,13 @@ class RemoteShards:
             dtype = header
         if dtype is None or shard.size % dtype.itemsize:
             return None  # the whole-file path raises its error
-        if shard.size > 2:
+        if probed:
             self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
-            self._count("range_bytes")
-            self._count("range_requests")
+            self._count_ranges(1, 1)
         return Layout(0, dtype, shard.size // dtype.itemsize)
 
     def open_ranged(self, index: int) -> OpenShard | None:
-        """Shard ``index`` opened for range reads, or None (the reader opens the whole
-        file from the cache)."""
+        """Shard ``index`` opened for range reads, or None (read from the whole file)."""
         self._here()
         layout = self._layout(index)
         if layout is None:
@@ -751,17 +648,11 @@ class RemoteShards:
     def _block_entry(self, index: int, block: int) -> tuple[Path, Path, Path]:
         found = self._block_paths.get((index, block))
         if found is None:
-            shard = self.shards[index]
-            blob = f"{shard.key}\n{self.cache.block_bytes}\n{block}".encode()
+            blob = f"{self.shards[index].key}\n{self.cache.block_bytes}\n{block}".encode()
             key = "b" + hashlib.sha256(blob).hexdigest()[:23]
-            locks = self.root_dir / "locks"
-            found = (self.root_dir / "objects" / key / "block", locks / key, locks / f"{key}.dl")
+            found = self._entry(key, "block")
             self._block_paths[(index, block)] = found
         return found
-
-    def _block_size(self, index: int, block: int) -> int:
-        size, bb = self.shards[index].size, self.cache.block_bytes
-        return min(bb, size - block * bb)
 
     def _blocks_of(self, starts: np.ndarray, nbytes: int) -> list[int]:
         bb = self.cache.block_bytes
@@ -776,8 +667,7 @@ class RemoteShards:
         array, from its blocks in the cache (the missing ones fetched now)."""
         self._here()
         bb = self.cache.block_bytes
-        blocks = self._blocks_of(starts, nbytes)
-        maps = self._fetch_blocks(index, blocks, ahead=False)
+        maps = self._fetch_blocks(index, self._blocks_of(starts, nbytes), ahead=False)
         out = np.empty((len(starts), nbytes), dtype=np.uint8)
         for k, start in enumerate(starts.tolist()):
             pos, end = start, start + nbytes
@@ -791,21 +681,18 @@ class RemoteShards:
     def _map(self, path: Path) -> np.ndarray:
         key = str(path)
         arr = self._maps.get(key)
-        if arr is None:
-            arr = np.fromfile(path, dtype=np.uint8) if path.stat().st_size < 4096 else None
-            if arr is None:
-                arr = np.memmap(path, dtype=np.uint8, mode="r")
-            self._maps[key] = arr
-            while len(self._maps) > _MAX_MAPS:
-                self._maps.popitem(last=False)
-        else:
+        if arr is not None:
             self._maps.move_to_end(key)
+            return arr
+        small = path.stat().st_size < 4096
+        arr = np.fromfile(path, dtype=np.uint8) if small else np.memmap(path, np.uint8, mode="r")
+        self._maps[key] = arr
+        while len(self._maps) > _MAX_MAPS:
+            self._maps.popitem(last=False)
         return arr
 
     def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
-        """Blocks ``blocks`` of shard ``index``, leased and fetched into the cache if missing
-        (adjacent ones in one ranged request), each an ordinary cache entry; their maps
-        (empty with ``ahead``)."""
+        """Maps of blocks ``blocks`` of shard ``index`` (none if ``ahead``), leased and fetched."""
         entries = {b: self._block_entry(index, b) for b in blocks}
         for _, lease, _ in entries.values():
             self._lease_path(lease)
@@ -822,13 +709,10 @@ class RemoteShards:
             self._count("block_hits", len(blocks) - len(missing))
             for b in blocks:
                 if b not in missing:
-                    with contextlib.suppress(OSError):
-                        os.utime(entries[b][0].parent)  # recently used: evicted last
+                    self._touch(entries[b][0])
         if missing:
             self._download_blocks(index, missing, entries, ahead=ahead)
-        if ahead:
-            return {}
-        return {b: self._map(entries[b][0]) for b in blocks}
+        return {} if ahead else {b: self._map(entries[b][0]) for b in blocks}
 
     def _download_blocks(
         self,
@@ -838,73 +722,45 @@ class RemoteShards:
         *,
         ahead: bool,
     ) -> None:
-        shard = self.shards[index]
+        shard, bb = self.shards[index], self.cache.block_bytes
         fds: list[int] = []
         try:
             todo = []
             for b in missing:  # in block order: two processes never wait on each other
-                fd = os.open(entries[b][2], os.O_CREAT | os.O_RDWR, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
-                except BlockingIOError:
-                    os.close(fd)
+                fd = _flock(entries[b][2], fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+                if fd is None:
                     continue  # another process fetches it (prefetch: skip it)
                 fds.append(fd)
                 if not entries[b][0].exists():
                     todo.append(b)
             if not todo:
                 return
-            sizes = {b: self._block_size(index, b) for b in todo}
-            need = sum(sizes.values())
-            with self._budget_lock():
-                room = self._make_room(need)
-                if not room and ahead:
-                    raise _NoRoom
-                for b in todo:
-                    entries[b][0].parent.mkdir(parents=True, exist_ok=True)
-                    (entries[b][0].parent / _RESERVED).write_text(str(sizes[b]))
-            if not room:
-                self._over_budget(shard)
-            try:
+            sizes = {b: min(bb, shard.size - b * bb) for b in todo}
+            folders = [entries[b][0].parent for b in todo]
+            with self._reserved(shard, folders, [sizes[b] for b in todo], ahead=ahead):
                 runs: list[list[int]] = []
-                for b in todo:  # coalesce adjacent blocks into one range
+                for b in todo:  # adjacent blocks in one range
                     if runs and runs[-1][-1] == b - 1:
                         runs[-1].append(b)
                     else:
                         runs.append([b])
-                bb = self.cache.block_bytes
                 spans = [(r[0] * bb, r[-1] * bb + sizes[r[-1]]) for r in runs]
                 datas = self.storage.read_ranges(shard.url, spans, shard.size, shard.version)
                 for run, data in zip(runs, datas, strict=True):
                     for b in run:
                         lo = (b - run[0]) * bb
-                        target = entries[b][0]
-                        tmp = temp_path(target)
-                        try:
-                            with open(tmp, "wb") as f:
-                                f.write(data[lo : lo + sizes[b]])
-                            os.replace(tmp, target)
-                        finally:
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(tmp)
-            finally:
-                for b in todo:
-                    with contextlib.suppress(FileNotFoundError):
-                        (entries[b][0].parent / _RESERVED).unlink()
+                        atomic_write(entries[b][0], methodcaller("write", data[lo : lo + sizes[b]]))
             self._count("blocks_fetched", len(todo))
-            self._count("range_bytes", need)
-            self._count("range_requests", len(spans))
+            self._count_ranges(sum(sizes.values()), len(spans))
         finally:
             for fd in fds:
                 os.close(fd)
 
     def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[tuple[int, tuple[int, ...]]]:
-        """The blocks of range-read shards that this process's next ``prefetch`` batches
-        read and the cache lacks, as ``(shard, blocks)`` jobs; their leases are kept."""
+        """The ``(shard, blocks)`` the next ``prefetch`` batches read that the cache lacks."""
         if pred.sched is None or not any(self._layouts.values()):
             return []
-        nxt = [pred.steps[j] for j in range(step + 1, min(step + 1 + self.cache.prefetch,
-                                                            len(pred.steps)))]  # fmt: skip
+        nxt = pred.steps[step + 1 : step + 1 + self.cache.prefetch]
         if not nxt:
             self._block_next = set()
             return []
@@ -914,13 +770,13 @@ class RemoteShards:
         ends = self._ends_hint
         idx = idx % int(ends[-1])
         of = np.searchsorted(ends, idx, side="right")
+        reader = self.reader
+        assert isinstance(reader, TokenReader) and reader.seq_len is not None
         jobs, keep = [], set()
         for shard in np.unique(of).tolist():
             layout = self._layouts.get(shard)
             if layout is None:
                 continue
-            reader = self.reader
-            assert isinstance(reader, TokenReader) and reader.seq_len is not None
             local = idx[of == shard] - (int(ends[shard - 1]) if shard else 0)
             item = layout.dtype.itemsize
             starts = layout.offset + local * (reader.seq_len * item)
@@ -933,15 +789,14 @@ class RemoteShards:
         return jobs
 
     # ----------------------------------------------------------------- stats
-    def _slot(self) -> int:
-        info = get_worker_info()
-        return 0 if info is None else 1 + info.id % (_SLOTS - 1)
-
     def _count(self, stat: str, value: int = 1) -> None:
-        self.stats_table[self._slot(), STATS.index(stat)] += value
+        info = get_worker_info()
+        slot = 0 if info is None else 1 + info.id % (_SLOTS - 1)
+        self.stats_table[slot, STATS.index(stat)] += value
 
-    def _count_retry(self) -> None:
-        self._count("retries")
+    def _count_ranges(self, nbytes: int, requests: int) -> None:
+        self._count("range_bytes", nbytes)
+        self._count("range_requests", requests)
 
     def stats(self) -> dict[str, Any]:
         """The cache's counts over this process and its workers (names: ``STATS``)."""
@@ -960,28 +815,26 @@ class RemoteShards:
         return out
 
     # ----------------------------------------------------------------- cache
+    def _entry(self, key: str, name: str) -> tuple[Path, Path, Path]:
+        """A cache entry's file, lease lock and download lock."""
+        locks = self.root_dir / "locks"
+        return self.root_dir / "objects" / key / name, locks / key, locks / f"{key}.dl"
+
     def _paths(self, shard: RemoteShard) -> tuple[Path, Path, Path]:
         found = self._path_cache.get(shard.url)
         if found is None:  # built once per shard: per batch, Path joins and hashing add up
-            key = shard.key
-            locks = self.root_dir / "locks"
-            found = (self.root_dir / "objects" / key / shard.name, locks / key, locks / f"{key}.dl")
-            self._path_cache[shard.url] = found
+            found = self._path_cache[shard.url] = self._entry(shard.key, shard.name)
         return found
 
-    def _lease(self, shard: RemoteShard) -> None:
-        """Hold a shared lock on ``shard`` so no process evicts it while this one needs it."""
-        self._lease_path(self._paths(shard)[1])
-
     def _lease_path(self, lease: Path) -> None:
-        """Hold a shared lock on the cache entry of lease file ``lease``."""
+        """Hold a shared lock on a cache entry so no process evicts it while this one reads."""
         key = lease.name
         with self._lock:
             if key in self._leases:
                 return
         lease.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor deletes it
+        fd = _flock(lease, fcntl.LOCK_SH)  # waits only while an evictor deletes it
+        assert fd is not None
         with self._lock:
             if key in self._leases:
                 os.close(fd)
@@ -999,10 +852,9 @@ class RemoteShards:
 
     def _used(self) -> tuple[int, list[tuple[float, str, int]]]:
         """Bytes in the cache, and ``(last use, key, bytes)`` of each cached shard."""
-        objects = self.root_dir / "objects"
         entries, total = [], 0
         try:
-            dirs = list(os.scandir(objects))
+            dirs = list(os.scandir(self.root_dir / "objects"))
         except FileNotFoundError:
             return 0, []
         for d in dirs:
@@ -1020,15 +872,35 @@ class RemoteShards:
         return total, entries
 
     @contextlib.contextmanager
-    def _budget_lock(self) -> Iterator[None]:
-        path = self.root_dir / "locks" / ".budget"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    def _reserved(
+        self, shard: RemoteShard, folders: list[Path], sizes: list[int], *, ahead: bool
+    ) -> Iterator[None]:
+        """Make room for and reserve ``sizes`` bytes in ``folders`` for the body's download.
+
+        One machine-wide lock, so two downloads cannot count on the same free bytes. With
+        ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it.
+        """
+        lock = self.root_dir / "locks" / ".budget"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = _flock(lock, fcntl.LOCK_EX)
+        assert fd is not None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            room = self._make_room(sum(sizes))
+            if not room and ahead:
+                raise _NoRoom
+            for folder, size in zip(folders, sizes, strict=True):
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / _RESERVED).write_text(str(size))
         finally:
             os.close(fd)
+        if not room:
+            self._over_budget(shard)
+        try:
+            yield
+        finally:
+            for folder in folders:
+                with contextlib.suppress(FileNotFoundError):
+                    (folder / _RESERVED).unlink()
 
     def _make_room(self, need: int) -> bool:
         """Evict unleased shards, least recently used first, until ``need`` more bytes fit."""
@@ -1042,15 +914,12 @@ class RemoteShards:
         for _, key, size in sorted(entries):
             if key in mine:
                 continue
-            lease = self.root_dir / "locks" / key
+            folder, lease = self.root_dir / "objects" / key, self.root_dir / "locks" / key
             lease.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = _flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is None:
+                continue  # a live process needs it
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live process needs it
-                folder = self.root_dir / "objects" / key
                 # The shard first, so no one finds its folder complete while it goes.
                 for f in sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None):
                     with contextlib.suppress(FileNotFoundError):
@@ -1065,55 +934,32 @@ class RemoteShards:
         return False
 
     def local(self, index: int, *, ahead: bool = False) -> Path:
-        """The local path of shard ``index``, fetched into the cache first if needed (and
-        decoded there if compressed: the path is then the decoded copy's).
-
-        Holds a lease on it. With ``ahead`` (the prefetcher) a full budget raises
-        :class:`_NoRoom` instead of fetching over it. A shard with a content hash is
-        checked after its download, before it enters the cache, and a cached copy on
-        this process's first read of it (a verified marker spares the hashing): a
-        corrupted copy is removed and fetched again once, counted (``corrupt``).
-        """
+        """The local path of shard ``index`` (its decoded copy if compressed), leased and
+        fetched into the cache if needed; ``ahead``: for the prefetcher (:class:`_NoRoom`,
+        :class:`_Busy`). A hashed shard is checked after download and on first read."""
         self._here()
         shard = self.shards[index]
-        target, _, dl_lock = self._paths(shard)
+        target, lease, dl_lock = self._paths(shard)
         final = target.with_name(decoded_name(target.name))
-        self._lease(shard)
+        self._lease_path(lease)
         if not ahead and not self._planned:
             self.read_unplanned(index)
         if self._ready(target, final) and self._cached_ok(index, target):
             if not ahead:
                 self._count("hits")
-                with contextlib.suppress(OSError):
-                    os.utime(target.parent)  # recently used: evicted last
+                self._touch(target)
             return final
-        fd = os.open(dl_lock, os.O_CREAT | os.O_RDWR, 0o644)
+        # One download per shard per machine; the prefetcher moves on instead of waiting.
+        fd = _flock(dl_lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+        if fd is None:
+            raise _Busy
         try:
-            try:
-                # One download per shard per machine. The prefetcher does not wait for
-                # another's download of a shard: it fetches the next one meanwhile.
-                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
-            except BlockingIOError:
-                raise _Busy from None
-            if self._ready(target, final):  # another process or thread fetched it meanwhile
-                if not ahead:
-                    self._count("waited")
-                return final
             if not ahead:
                 self._count("waited")
-            reserved = target.parent / _RESERVED
+            if self._ready(target, final):  # another process or thread fetched it meanwhile
+                return final
             need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
-            # Room is made and reserved under one machine-wide lock, so two downloads that
-            # start at once cannot both count on the same free bytes.
-            with self._budget_lock():
-                room = self._make_room(need)
-                if not room and ahead:
-                    raise _NoRoom
-                target.parent.mkdir(parents=True, exist_ok=True)
-                reserved.write_text(str(need))
-            if not room:
-                self._over_budget(shard)
-            try:
+            with self._reserved(shard, [target.parent], [need], ahead=ahead):
                 for stale in target.parent.glob(".*.tmp"):  # left by a killed download
                     with contextlib.suppress(FileNotFoundError):
                         stale.unlink()
@@ -1125,9 +971,6 @@ class RemoteShards:
                 self._download_checked(index, target)
                 if final != target:
                     decode_into(target, target.parent)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    reserved.unlink()
             self._count("fetched")
             self._count("fetched_bytes", shard.total_bytes)
             if ahead:
@@ -1138,46 +981,43 @@ class RemoteShards:
 
     @staticmethod
     def _ready(target: Path, final: Path) -> bool:
-        """Whether a shard's cached copy can be read: its file, or its decoded copy as its
-        decode left it (a damaged one, or one a killed decode left, is fetched again)."""
+        """Whether a cached shard can be read: its file, or its decoded copy left intact."""
         return final.exists() if final == target else decoded_intact(final)
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(path.parent)  # recently used: evicted last
 
     def _digest(self, index: int) -> str | None:
         extras = self.extras[index]
         return None if extras is None else extras.get("hash")
 
     def _download_checked(self, index: int, target: Path) -> None:
-        """Download shard ``index`` to ``target``; with a content hash, a download that fails
-        it never enters the cache and is fetched again once, then raises."""
+        """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""
         shard, digest = self.shards[index], self._digest(index)
+        get = partial(self.storage.download, shard.url, target, shard.size, version=shard.version)
         if digest is None:
-            self.storage.download(shard.url, target, shard.size, version=shard.version)
+            get()
             return
 
         def check(tmp: Path) -> None:
             actual = file_digest(tmp, digest.split(":", 1)[0])
             if actual != digest:
-                raise digest_error(
-                    shard.url,
-                    digest,
-                    actual,
-                    "it was fetched twice with the same result, so the object itself differs "
-                    "from what was indexed: restore it, or rewrite the shards with "
-                    "write_shards (which indexes them again).",
-                )
+                fix = "it was fetched twice alike: restore the object, or rewrite the shards."
+                raise digest_error(shard.url, digest, actual, fix)
 
         try:
-            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
+            get(check=check)
         except DigestMismatch:
             self._count("corrupt")
-            self.storage.download(shard.url, target, shard.size, check=check, version=shard.version)
+            get(check=check)
         with contextlib.suppress(OSError):
             verify(target, digest)  # the marker: other processes skip the hashing
         self._verified.add(index)
 
     def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether the cached copy of shard ``index`` may be read: unhashed, checked by this
-        process already, or hashing to its digest now (else removed, to be fetched again)."""
+        """Whether shard ``index``'s cached copy passes its hash (once per process)."""
         digest = self._digest(index)
         if digest is None or index in self._verified:
             return True
@@ -1206,12 +1046,11 @@ class RemoteShards:
             self._warned = True
             warnings.warn(
                 f"{self.owner}: the shard cache {str(self.root_dir)!r} is full "
-                f"(max_bytes={self.cache.max_bytes}) of shards that running processes still "
-                f"read, so {shard.url!r} is fetched over the budget; raise "
-                "RemoteCache(max_bytes=...) to hold the shards the processes of this machine "
-                "read at once (or lower prefetch=, mix_shards= or num_workers).",
+                f"(max_bytes={self.cache.max_bytes}), so {shard.url!r} is fetched over the "
+                "budget; raise RemoteCache(max_bytes=...), or lower prefetch=, mix_shards= "
+                "or num_workers.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=5,
             )
 
     # -------------------------------------------------------------- prefetch
@@ -1265,10 +1104,8 @@ class RemoteShards:
             except _NoRoom:
                 with self._wake:  # wait for the next batch's window (a lease ends)
                     self._queue = []
-            except _Busy:
-                pass  # its downloader finishes it; the next batch's window re-checks it
             except Exception:
-                pass  # the read of this shard fetches it again and raises, naming the URL
+                pass  # _Busy: its downloader finishes it; else the read fetches it and raises
 
     def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
         """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""
@@ -1290,15 +1127,13 @@ class RemoteShards:
 
     def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
         """Batch with first index ``first`` is being read: lease and prefetch the shards of
-        this process's next batches. Returns the shards it still needs (in use and
-        next), or None when no
-        prediction matches (the read then fetches on demand)."""
+        this process's next batches. Returns the shards it still needs (in use and next),
+        or None when no prediction matches (the read then fetches on demand)."""
         self._here()
         pred = self._current
         step = None if pred is None else pred.find(first)
         if pred is None or step is None:
-            pred = self._anchor(first, ends)
-            self._current = pred
+            pred = self._current = self._anchor(first, ends)
             if pred is None:
                 self._planned = False
                 self._count("unplanned")
@@ -1312,8 +1147,7 @@ class RemoteShards:
         return [*in_use, *upcoming]
 
     def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
-        """The prediction whose first batch starts at ``first``: one of the schedules the
-        loader started, or the next epoch of the current one (persistent workers)."""
+        """The prediction of a started schedule (or next epoch) whose first batch is ``first``."""
         plan = self.board.plan
         if plan is None:
             return None
@@ -1323,10 +1157,8 @@ class RemoteShards:
                 epoch, _, rank, world = pred.key
                 following = (epoch + 1, 0, rank, world)
                 if pred is self._current and pred.next >= len(pred.firsts):
-                    # It was read to its end: persistent workers go on with the next
-                    # epoch, which may open with the same sample as this one (measured:
-                    # 1 in ~50 seeds); matched against this one instead, every later
-                    # batch of the epoch would be read unplanned.
+                    # Read to its end: persistent workers go on with the next epoch, which
+                    # may open with the same sample as this one, so it is tried first.
                     candidates.insert(0, following)
                 else:
                     candidates.append(following)
@@ -1363,3 +1195,17 @@ class RemoteShards:
             first_step[shards] = np.minimum(first_step[shards], j)
             last_step[shards] = j
         return _Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)
+
+
+def _flock(path: Path, flags: int) -> int | None:
+    """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -108,7 +108,7 @@ def test_a_flipped_byte_is_a_shard_error_naming_the_file_and_both_digests(
         ds[SIZES[0] + SIZES[1]]
     message = str(info.value)
     assert f"the index says {expected}" in message and f"hashes to {actual}" in message
-    assert "restore the file from its source" in message
+    assert "restore the file, or rewrite the shards with write_shards" in message
     assert info.value.path == paths[2]
 
 
