@@ -748,7 +748,7 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
         (
             lambda: ShardedDataModule(shards, reader="jsonl", seq_len=4),
             ValueError,
-            r"seq_len only apply to reader='tokens'",
+            r"options seq_len need reader='tokens', got reader='jsonl'; drop them",
         ),
         (lambda: ShardedDataModule(shards, seq_len=4, dtype="f4"), ValueError, r"integer dtype"),
         (lambda: ShardedDataModule(shards, reader=object()), TypeError, r"or a ShardReader"),

@@ -58,7 +58,7 @@ def test_sharded_datamodule_reads_parquet(parquet_dir: Path) -> None:
 def test_sharded_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="columns=\\['id'\\] applies to reader='parquet' only"):
         ShardedDataModule(str(parquet_dir), columns=["id"], seq_len=4)
-    with pytest.raises(ValueError, match="seq_len only apply to reader='tokens', got reader='parq"):
+    with pytest.raises(ValueError, match="options seq_len need reader='tokens', got reader='parq"):
         ShardedDataModule(str(parquet_dir), reader="parquet", seq_len=4)
     with pytest.raises(ValueError, match="storage_options and cache_dir are for shards at URLs"):
         ShardedDataModule(str(parquet_dir), reader="parquet", cache_dir=str(tmp_path))

@@ -137,7 +137,7 @@ def make_reader(
     extra = [k for k, v in given.items() if v is not None]
     if reader != "tokens" and extra:
         raise ValueError(
-            f"{owner}: {', '.join(extra)} only apply to reader='tokens', got "
+            f"{owner}: the token options {', '.join(extra)} need reader='tokens', got "
             f"reader={reader!r}; drop them."
         )
     if reader == "parquet":
