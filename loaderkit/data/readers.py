@@ -177,13 +177,16 @@ class MappedFiles:
     mapped and refuses a change with a :class:`ShardError` naming the file.
     """
 
-    __slots__ = ("files",)
+    __slots__ = ("expected", "files", "sizers")
 
     def __init__(self, *arrays: tuple[Path, np.ndarray]) -> None:
         self.files: list[tuple[Path, Callable[[], int], int]] = []
         for path, arr in arrays:
             size = self._sizer(path, arr)
             self.files.append((path, size, size()))
+        # Flat lists: a batch across shards compares all its files in one comprehension.
+        self.sizers = [size for _, size, _ in self.files]
+        self.expected = [expected for _, _, expected in self.files]
 
     @staticmethod
     def _sizer(path: Path, arr: np.ndarray) -> Callable[[], int]:
@@ -199,20 +202,31 @@ class MappedFiles:
     @classmethod
     def size_of(cls, path: Path, arr: np.ndarray) -> int:
         """The current size of the file behind ``arr`` (-1: it is gone)."""
-        try:
-            return cls._sizer(path, arr)()
-        except (OSError, ValueError):
-            return -1
+        return _size_or_gone(cls._sizer(path, arr))
 
     def check(self) -> None:
         """Raise :class:`ShardError` if a mapped file's size changed since it was mapped."""
-        for path, size, expected in self.files:
-            try:
-                now = size()
-            except (OSError, ValueError):  # a closed map, or a file gone
-                now = -1
-            if now != expected:
-                raise _changed(path, now, expected)
+        now = sizes_now(self.sizers)
+        if now != self.expected:
+            path, size, expected = next(
+                (f[0], a, f[2]) for f, a in zip(self.files, now, strict=True) if a != f[2]
+            )
+            raise _changed(path, size, expected)
+
+
+def sizes_now(sizers: list[Callable[[], int]]) -> list[int]:
+    """Each file's size now, -1 for one that is gone or whose map is closed."""
+    try:
+        return [size() for size in sizers]
+    except (OSError, ValueError):
+        return [_size_or_gone(size) for size in sizers]
+
+
+def _size_or_gone(size: Callable[[], int]) -> int:
+    try:
+        return size()
+    except (OSError, ValueError):  # a closed map, or a file gone
+        return -1
 
 
 def _read_dtype(path: Path) -> np.dtype | None:

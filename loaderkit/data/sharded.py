@@ -24,7 +24,7 @@ from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.readers import OpenShard, ShardReader
+from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source
 from loaderkit.errors import CollateError, MissingDependencyError, ShardError
 from loaderkit.plan.bucket import Oversize
@@ -308,31 +308,31 @@ class ShardedDataset(Dataset[Any]):
         """The batch at ``values`` (in range) as one array of rows copied from the shards'
         ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
         ends, starts, get = self._end_list, self._start_list, self._files.get
-        out: Any = None
-        shape = dtype = None
-        seen: dict[int, Any] = {}  # shard -> its rows, checked once per batch
-        guards: list[Any] = []
+        handles: dict[int, Any] = {}
+        picks: list[tuple[np.ndarray, int]] = []
+        handle: Any
         try:
-            for k, g in enumerate(values):
+            for g in values:
                 shard = bisect.bisect_right(ends, g)
-                rows = seen.get(shard)
-                if rows is None:
-                    handle: Any = get(shard)
-                    # Check the maps before the copy, as the shard's own read would.
-                    guard = getattr(handle, "guard", None)
-                    if guard is not None:
-                        guard.check()
-                        guards.append(guard)
-                    rows = handle.rows  # no rows or dtype: AttributeError, the per-shard path
-                    if out is None:
-                        shape, dtype = rows.shape[1:], handle.dtype
-                        out = np.empty((len(values), *shape), dtype=dtype)
-                    elif rows.shape[1:] != shape or handle.dtype != dtype:
-                        return None
-                    seen[shard] = rows
-                out[k] = rows[g - starts[shard]]
-            for guard in guards:  # ... and after it (a change during the copy)
-                guard.check()
+                handle = handles.get(shard)
+                if handle is None:
+                    handle = handles[shard] = get(shard)
+                picks.append((handle.rows, g - starts[shard]))  # no rows: the per-shard path
+            shape, dtype = picks[0][0].shape[1:], handle.dtype
+            if any(h.rows.shape[1:] != shape or h.dtype != dtype for h in handles.values()):
+                return None
+            guards = [getattr(h, "guard", None) for h in handles.values()]
+            sizers = [size for guard in guards if guard is not None for size in guard.sizers]
+            expected = [size for guard in guards if guard is not None for size in guard.expected]
+            # The maps checked before the copy, as the shard's own read would, and after it;
+            # a change sends the batch to the per-shard path, which names the file.
+            if sizes_now(sizers) != expected:
+                return None
+            out = np.empty((len(values), *shape), dtype=dtype)
+            for k, (rows, i) in enumerate(picks):
+                out[k] = rows[i]
+            if sizes_now(sizers) != expected:
+                return None
         except Exception:
             # The per-shard path then raises or skips as on_error says.
             return None
@@ -379,10 +379,10 @@ class ShardedDataset(Dataset[Any]):
     def get_batch(self, indices: Any) -> Any:
         """The batch at ``indices``: stacked rows, a dict of columns, or default-collated."""
         parts, where = self._gather(indices, rows=True)
-        if parts and all(isinstance(p, Columns) for p in parts):
-            return Columns.scatter(parts, where)
         if len(parts) == 1 and where[0] is None and isinstance(parts[0], np.ndarray):
             return torch.from_numpy(parts[0])
+        if parts and all(isinstance(p, Columns) for p in parts):
+            return Columns.scatter(parts, where)
         if parts and all(isinstance(p, np.ndarray) for p in parts):
             head = parts[0]
             same = all(p.dtype == head.dtype and p.shape[1:] == head.shape[1:] for p in parts)
