@@ -36,25 +36,19 @@ class WorkerEnv:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("rank", "world_size", "worker_id", "num_workers"):
+        for name in ("rank", "worker_id"):
             check_int(
                 name, getattr(self, name), None, owner="WorkerEnv", fix="pass a plain Python int"
             )
-        if self.world_size < 1:
-            raise ValueError(
-                f"WorkerEnv: world_size must be >= 1, got {self.world_size}; "
-                "use 1 for a single process."
-            )
+        check_int(
+            "world_size", self.world_size, 1, owner="WorkerEnv", fix="use 1 for a single process"
+        )
         if not 0 <= self.rank < self.world_size:
             raise ValueError(
                 f"WorkerEnv: rank must be in [0, world_size={self.world_size}), got "
                 f"{self.rank}; pass the process's torch.distributed rank."
             )
-        if self.num_workers < 0:
-            raise ValueError(
-                f"WorkerEnv: num_workers must be >= 0, got {self.num_workers}; "
-                "use 0 to load in the main process."
-            )
+        check_int("num_workers", self.num_workers, 0, owner="WorkerEnv", fix="use 0 in-process")
         if not 0 <= self.worker_id < self.workers_per_rank:
             raise ValueError(
                 f"WorkerEnv: worker_id must be in [0, {self.workers_per_rank}) for "
