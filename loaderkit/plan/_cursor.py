@@ -90,10 +90,9 @@ def check_seal(state: Mapping[str, Any], fields: Iterable[str], *, owner: str) -
     names = list(fields)
     if not isinstance(checksum, Mapping) or sorted(checksum) != sorted(names):
         raise StateMismatchError(
-            f"{owner}: field 'checksum' is malformed (got "
-            f"{sorted(checksum) if isinstance(checksum, Mapping) else checksum!r}, expected "
-            f"one entry per field {sorted(names)}); the state was edited or truncated: pass "
-            "what state_dict() returned, unmodified."
+            f"{owner}: field 'checksum' is malformed (got {_fields(checksum)}, expected one "
+            f"entry per field {sorted(names)}); the state was edited or truncated: pass what "
+            "state_dict() returned, unmodified."
         )
     for name in names:
         if checksum[name] != field_digest(name, state[name]):
@@ -102,6 +101,11 @@ def check_seal(state: Mapping[str, Any], fields: Iterable[str], *, owner: str) -
                 f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
                 "set_epoch() to restart an epoch."
             )
+
+
+def _fields(value: Any) -> str:
+    """A mapping's sorted keys, else the repr of what stood in its place."""
+    return str(sorted(value)) if isinstance(value, Mapping) else repr(value)
 
 
 def _short(value: Any) -> str:
@@ -219,10 +223,9 @@ def _check_plan(
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         raise StateMismatchError(
-            f"{where}: field 'plan' has fields "
-            f"{sorted(saved) if isinstance(saved, Mapping) else saved!r}, expected "
-            f"{sorted(fingerprint)}: saved by a different kind of plan; load it into the kind "
-            "of loader or sampler that saved it, or start without the state."
+            f"{where}: field 'plan' has fields {_fields(saved)}, expected {sorted(fingerprint)}: "
+            "saved by a different kind of plan; load it into the kind of loader or sampler "
+            "that saved it, or start without the state."
         )
     for key, expected in fingerprint.items():
         if saved[key] != expected:
