@@ -177,16 +177,13 @@ class MappedFiles:
     mapped and refuses a change with a :class:`ShardError` naming the file.
     """
 
-    __slots__ = ("expected", "files", "sizers")
+    __slots__ = ("expected", "paths", "sizers")
 
     def __init__(self, *arrays: tuple[Path, np.ndarray]) -> None:
-        self.files: list[tuple[Path, Callable[[], int], int]] = []
-        for path, arr in arrays:
-            size = self._sizer(path, arr)
-            self.files.append((path, size, size()))
         # Flat lists: a batch across shards compares all its files in one comprehension.
-        self.sizers = [size for _, size, _ in self.files]
-        self.expected = [expected for _, _, expected in self.files]
+        self.paths = [path for path, _ in arrays]
+        self.sizers = [self._sizer(path, arr) for path, arr in arrays]
+        self.expected = [size() for size in self.sizers]
 
     @staticmethod
     def _sizer(path: Path, arr: np.ndarray) -> Callable[[], int]:
@@ -208,10 +205,8 @@ class MappedFiles:
         """Raise :class:`ShardError` if a mapped file's size changed since it was mapped."""
         now = sizes_now(self.sizers)
         if now != self.expected:
-            path, size, expected = next(
-                (f[0], a, f[2]) for f, a in zip(self.files, now, strict=True) if a != f[2]
-            )
-            raise _changed(path, size, expected)
+            changed = zip(self.paths, now, self.expected, strict=True)
+            raise _changed(*next(c for c in changed if c[1] != c[2]))
 
 
 def sizes_now(sizers: list[Callable[[], int]]) -> list[int]:
