@@ -7,9 +7,12 @@ map: no file position, safe across ``fork``) and writes shards for
 
 from __future__ import annotations
 
+import math
+import mmap
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -149,15 +152,28 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
 
 
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
-    """A read-only map of raw ``dtype`` (``None``: ``.npy``), refusing a file changed meanwhile."""
-    size = path.stat().st_size
-    arr: np.ndarray = (
-        np.load(path, mmap_mode="r") if dtype is None else np.memmap(path, dtype=dtype, mode="r")
-    )
-    now = MappedFiles.size_of(path, arr)
-    if now != size:
-        raise _changed(path, now, size)
-    return arr
+    """A read-only map of raw ``dtype`` (``None``: ``.npy``), refusing a file changed meanwhile.
+
+    Mapped with :mod:`mmap` (not ``np.memmap``), so the guard reads the map's own
+    ``size()`` through public attributes (:meth:`MappedFiles._sizer`).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        shape: tuple[int, ...] | None = None
+        fortran = False
+        if dtype is None:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0
+            if version != (1, 0):
+                read = np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        offset = f.tell()
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if mm.size() != size:
+        raise _changed(path, mm.size(), size)
+    count = -1 if shape is None else math.prod(shape)
+    arr = np.frombuffer(mm, dtype=dtype, count=count, offset=offset)
+    return arr if shape is None else arr.reshape(shape, order="F" if fortran else "C")
 
 
 def _changed(path: Path, now: int, size: int) -> ShardError:
@@ -189,17 +205,12 @@ class MappedFiles:
     def _sizer(path: Path, arr: np.ndarray) -> Callable[[], int]:
         """The size of the file behind ``arr``: its map's ``size()`` (an fstat), else a stat."""
         base: Any = arr
-        while base is not None and not hasattr(base, "_mmap"):
-            base = getattr(base, "base", None)
-        mm = getattr(base, "_mmap", None)
-        if mm is not None:
-            return cast("Callable[[], int]", mm.size)
+        while base is not None and not isinstance(base, memoryview):
+            base = getattr(base, "base", None)  # views, as_strided's wrapper, frombuffer's buffer
+        mm = base.obj if isinstance(base, memoryview) else None
+        if isinstance(mm, mmap.mmap):
+            return mm.size
         return lambda: path.stat().st_size
-
-    @classmethod
-    def size_of(cls, path: Path, arr: np.ndarray) -> int:
-        """The current size of the file behind ``arr`` (-1: it is gone)."""
-        return _size_or_gone(cls._sizer(path, arr))
 
     def check(self) -> None:
         """Raise :class:`ShardError` if a mapped file's size changed since it was mapped."""
