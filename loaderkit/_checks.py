@@ -117,6 +117,15 @@ def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str 
     return path
 
 
+def check_index_path(value: object, *, owner: str) -> None:
+    """``value`` (a shard ``index=`` argument) is None, a str or an ``os.PathLike``."""
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{owner}: index must be a path or URL of the shard index file, got {value!r} "
+            f"({type(value).__name__}); pass e.g. index='shards/index.json', or leave it out."
+        )
+
+
 def getitem_overridden(dataset: Any, batched: str) -> bool:
     """Whether ``dataset``'s class overrides ``__getitem__`` below the one defining ``batched``."""
     for cls in type(dataset).__mro__:

@@ -155,11 +155,13 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
         rows = doc["shards"]
         ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == _checksum(rows)
     except (ValueError, KeyError, TypeError) as exc:
-        msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it."
+        msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it "
+        msg += "so the shards are counted again."
         raise ShardError(msg, path=where) from exc
     if not ok or (remote and doc.get("remote") is not True):
         kind = "a remote" if remote else "an"
-        msg = f"shard index {where!r} fails its checksum or is not {kind} index; delete it."
+        msg = f"shard index {where!r} fails its checksum or is not {kind} index of this "
+        msg += "loaderkit version; delete it so the shards are counted again."
         raise ShardError(msg, path=where)
     if doc["reader"] != reader.spec():
         raise ShardError(

@@ -112,7 +112,8 @@ class ParquetReader:
         try:
             return pa.parquet.ParquetFile(source)
         except (OSError, ValueError, pa.ArrowException) as exc:
-            msg = f"shard {name!r} is not a readable Parquet file ({exc}); rewrite it."
+            msg = f"shard {name!r} is not a readable Parquet file ({exc}); rewrite it (and "
+            msg += "delete the shard index)."
             raise ShardError(msg, path=name) from exc
 
     def prepare(self, files: Sequence[tuple[str, Any]]) -> ParquetReader:
@@ -321,7 +322,8 @@ class _ParquetShard:
                 "is unknown; pass ParquetReader(length_column='input_ids')."
             )
         if name not in self.names:
-            msg = f"{self._where()} has no length_column {name!r} (it has {self.names}); pass one."
+            msg = f"{self._where()} has no length_column {name!r} (it has {self.names}); pass "
+            msg += "the column whose list lengths are the token counts."
             raise ShardError(msg, path=self.path)
         col = self._handle().read(columns=[name], use_threads=False).column(0)
         return length_values(pa, col, self._where(), name)

@@ -60,6 +60,7 @@ from loaderkit.data._ranges import (
 from loaderkit.data.index import (
     WORK_DIR,
     check_complete,
+    checked_count,
     index_doc,
     is_index_name,
     read_remote_index,
@@ -487,12 +488,7 @@ class RemoteShards:
         if samples is None:
             samples = reader.count(self.local(i))
             self._release_all()
-        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-            raise TypeError(
-                f"{type(reader).__name__}.count({self.shards[i].url!r}) returned {samples!r}; "
-                "it must return the shard's number of samples as an int >= 0."
-            )
-        return samples
+        return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
         self, index: str | os.PathLike[str] | None, default: str, local: Path

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_index_path, check_int
 from loaderkit.data._codec import (
     ZSTD_SUFFIX,
     check_compression,
@@ -480,6 +480,7 @@ def write_shards(
         (['shard-00000.jsonl', 'shard-00001.jsonl'], (1, 2))
     """
     progress, resume = _check_args(reader, fn, num_workers, mp_context, progress, resume)
+    check_index_path(index, owner="write_shards")
     ext = suffix if suffix is not None else reader.suffixes[0]
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))

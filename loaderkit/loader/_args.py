@@ -87,16 +87,18 @@ def _check_iterable(
 def _check_batch_sampler(
     batch_sampler: Any, batch_size: int | None, shuffle: bool, sampler: Any, drop_last: bool
 ) -> None:
-    if batch_size != 1 or shuffle or sampler is not None or drop_last:
-        given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
-        given["drop_last"] = drop_last
-        clash = ", ".join(
-            f"{k}={v!r}" for k, v in given.items() if v not in (None, False, 1) or v is True
-        )
+    given = {"batch_size": batch_size, "shuffle": shuffle, "sampler": sampler}
+    given["drop_last"] = drop_last
+    # A value counts as set unless it is the default itself (0 and 0.0 are not 1 or False).
+    default = {"batch_size": 1, "shuffle": False, "sampler": None, "drop_last": False}
+    clash = [
+        f"{k}={v!r}" for k, v in given.items() if type(v) is not type(default[k]) or v != default[k]
+    ]
+    if clash:
         raise ValueError(
             "ResumableDataLoader: batch_sampler is mutually exclusive with batch_size, "
-            f"shuffle, sampler and drop_last, got {clash}; set those on the batch sampler's "
-            "plan and leave them at their defaults here."
+            f"shuffle, sampler and drop_last, got {', '.join(clash)}; set those on the batch "
+            "sampler's plan and leave them at their defaults here."
         )
     check_resumable_sampler(batch_sampler, parameter="batch_sampler")
 

@@ -525,6 +525,33 @@ class CountingReader(TokenReader):
         return super().count(path)
 
 
+@pytest.mark.parametrize("index", [False, 5, ["index.json"]])
+def test_an_index_that_is_not_a_path_is_refused_before_anything_is_written(
+    tmp_path: Path, index: Any
+) -> None:
+    with pytest.raises(TypeError, match=r"write_shards: index must be a path or URL"):
+        write_shards(tmp_path, id_shards((3,)), TokenReader(seq_len=SEQ), index=index)
+    assert list(tmp_path.iterdir()) == []
+    paths = write_shards(tmp_path, id_shards((3,)), TokenReader(seq_len=SEQ), progress=False)
+    with pytest.raises(TypeError, match=r"ShardedDataset: index must be a path or URL"):
+        ShardedDataset(paths, TokenReader(seq_len=SEQ), index=index)
+
+
+class BadCountReader(TokenReader):
+    def count(self, path: Path) -> Any:
+        return -1 if Path(path).name.startswith("shard-00001") else super().count(path)
+
+
+def test_a_reader_count_that_is_not_an_int_ge_0_is_refused_naming_the_shard(
+    tmp_path: Path,
+) -> None:
+    paths = write_shards(tmp_path, id_shards((3, 4)), TokenReader(seq_len=SEQ))
+    for index in tmp_path.glob("*index*"):
+        index.unlink()
+    with pytest.raises(TypeError, match=r"BadCountReader.count\(.*shard-00001.*returned -1"):
+        ShardedDataset(paths, BadCountReader(seq_len=SEQ))
+
+
 def test_index_is_written_once_and_reused(tmp_path: Path) -> None:
     CountingReader.counted = []
     reader = CountingReader(seq_len=SEQ)

@@ -641,6 +641,12 @@ BAD_INPUT: list[tuple[str, Any, type[Exception], str]] = [
     ("eval_batch_size", lambda: tensor_dm(eval_batch_size=0), ValueError, r"eval_batch_size"),
     ("num_workers", lambda: tensor_dm(num_workers=-1), ValueError, r"num_workers must be >= 0"),
     ("num_workers str", lambda: tensor_dm(num_workers="all"), TypeError, r"or 'auto'"),
+    (
+        "num_workers array",
+        lambda: tensor_dm(num_workers=np.array(["auto"])),
+        TypeError,
+        r"got array\(\['auto'\]",
+    ),
     ("pin_memory", lambda: tensor_dm(pin_memory="yes"), ValueError, r"pin_memory must be True"),
     (
         "persistent",

@@ -1212,6 +1212,9 @@ def test_torch_invalid_constructor_arguments() -> None:
         ({"batch_size": 11, "batch_sampler": batches}, ValueError, "mutually exclusive"),
         ({"shuffle": True, "batch_sampler": batches}, ValueError, "mutually exclusive"),
         ({"drop_last": True, "batch_sampler": batches}, ValueError, "mutually exclusive"),
+        # falsy values are named too, not dropped from the message
+        ({"batch_size": 0, "batch_sampler": batches}, ValueError, r"got batch_size=0;"),
+        ({"batch_size": None, "batch_sampler": batches}, ValueError, r"got batch_size=None;"),
     ]:
         with pytest.raises(error, match=match):
             ResumableDataLoader(dataset, **kwargs)

@@ -50,7 +50,9 @@ def _checked(owner: str, name: str, value: Any) -> Any:
     """``value`` of setting ``name``, checked by its rule."""
     if name in _INTS:
         minimum, fix, optional = _INTS[name]
-        if (value is None and optional) or (name == "num_workers" and value == "auto"):
+        if (value is None and optional) or (
+            name == "num_workers" and isinstance(value, str) and value == "auto"
+        ):
             return value
         return check_int(name, value, minimum, owner=owner, fix=fix, numpy_ok=True)
     if name in _BOOLS:
@@ -59,7 +61,9 @@ def _checked(owner: str, name: str, value: Any) -> Any:
         return check_choice(name, value, _CHOICES[name], owner=owner)
     if name == "val_fraction":
         return check_fraction(name, value, owner=owner)
-    if name == "pin_memory" and not (isinstance(value, bool) or value == "auto"):
+    if name == "pin_memory" and not (
+        isinstance(value, bool) or (isinstance(value, str) and value == "auto")
+    ):
         raise ValueError(
             f"{owner}: pin_memory must be True, False or 'auto', got {value!r}; pass one of these."
         )

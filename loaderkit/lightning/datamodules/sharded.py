@@ -236,7 +236,8 @@ class ShardedDataModule(_ShardSources):
         if self.steps_per_epoch is not None and self.samples_per_epoch is not None:
             raise ValueError(
                 f"{owner}: pass steps_per_epoch or samples_per_epoch, not both (got "
-                f"{self.steps_per_epoch} and {self.samples_per_epoch})."
+                f"steps_per_epoch={self.steps_per_epoch}, "
+                f"samples_per_epoch={self.samples_per_epoch})."
             )
         if not self.streaming:
             return
