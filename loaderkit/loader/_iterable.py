@@ -396,13 +396,18 @@ class IterableEngine(WorkerStreams):
         """Each worker's record to start ``epoch`` from (``loaded``: see PlanCursor.loaded)."""
         if loaded is not None and loaded[0] == epoch and not self.complete:
             return [dict(r) for r in self.records]  # the rest of a loaded epoch
+        fresh = self._next_records()
+        self.complete = False
+        return fresh
+
+    def _next_records(self) -> list[dict[str, Any]]:
+        """Each worker's record to start a new epoch from."""
         fresh = [fresh_record() for _ in range(self.workers)]
         # Where the dataset objects live on across epochs, an epoch after a complete one starts
         # from their state at its end, as the uninterrupted run's did.
         if self.complete and self._objects_persist():
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
-        self.complete = False
         return fresh
 
     def _objects_persist(self) -> bool:
@@ -526,12 +531,16 @@ class IterableEngine(WorkerStreams):
         }
 
     def state(self) -> dict[str, Any]:
-        held = self.held()  # batches the consumer holds untrained are not consumed
         records, complete = list(self.records), self.complete
-        epoch, steps_done = self.epoch, self._position.steps_done
-        for worker, before, was_complete in list(self._history)[::-1][:held]:
-            records[worker], complete = before, was_complete
-            steps_done -= 1
+        epoch, _, steps_done = self._position.saved(self)
+        held = 0
+        if (epoch, steps_done) != (self.epoch, self._position.steps_done):  # set_epoch()
+            records, complete = self._next_records(), False  # that epoch's start
+        else:
+            held = self.held()  # batches the consumer holds untrained are not consumed
+            for worker, before, was_complete in list(self._history)[::-1][:held]:
+                records[worker], complete = before, was_complete
+                steps_done -= 1
         loader = self.host
         if held == 0 and loader.num_workers == 0 and self._position.loaded(self) is None:
             if self._primed is None and loader.awaiting_first_batch():

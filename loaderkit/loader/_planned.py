@@ -236,14 +236,16 @@ class PlanEngine:
         if skeleton is None:
             _, world_size = self.host.topology()
             skeleton = self.cursor.state(
-                self.fingerprint, world_size=world_size, num_workers=self.host.num_workers
+                self.plan,
+                self.fingerprint,
+                world_size=world_size,
+                num_workers=self.host.num_workers,
             )
             if self.host.topology_cache is not None:  # the topology is fixed from here on
                 self._skeleton = skeleton
         # Shallow: nested dicts are shared read-only, like a torch state_dict's tensors.
         state = skeleton.copy()
-        cursor = self.cursor
-        epoch, position, steps_done = cursor.epoch, cursor.position, cursor.steps_done
+        epoch, position, steps_done = self.cursor.saved(self.plan)
         state["epoch"], state["position"], state["steps_done"] = epoch, position, steps_done
         # Only the position's digests change (field_digest inlined).
         checksum = skeleton["checksum"].copy()

@@ -327,20 +327,29 @@ class StreamEngine(WorkerStreams):
         }
 
     def state(self) -> dict[str, Any]:
-        held = self.held()  # batches the consumer holds untrained are not consumed
-        cursors, next_local = list(self.cursors), self.next_local
-        steps_done, complete = self.steps_done, self.complete
-        for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
-            cursors[local], next_local, complete = cursor, nxt, was_complete
-            steps_done -= 1
-        mine = self._entry(cursors, next_local)
+        epoch, _, saved_steps = self._position.saved(self)
+        steps_done = self.steps_done
+        pending = (epoch, saved_steps) != (self.epoch, steps_done)  # set_epoch(): its start
+        cursors, next_local, complete = list(self.cursors), self.next_local, self.complete
+        if not pending:
+            held = self.held()  # batches the consumer holds untrained are not consumed
+            for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
+                cursors[local], next_local, complete = cursor, nxt, was_complete
+                steps_done -= 1
         rank, world_size = self.host.topology()
-        ranks = self._ranks(mine, rank, world_size, steps_done)
+        ranks = self._ranks(self._entry(cursors, next_local), rank, world_size, steps_done)
+        if pending:  # every rank begins the epoch at its first slot; a new pass afresh
+            complete, steps_done = False, 0
+            for entry in ranks:
+                if entry is not None:
+                    entry["next"] = 0
+                    if self.steps is None:
+                        entry["cursors"] = [None] * len(entry["cursors"])
         return seal(
             {
                 "version": STATE_VERSION,
                 "kind": "stream",
-                "epoch": self.epoch,
+                "epoch": epoch,
                 "steps_done": steps_done,
                 "complete": complete,
                 "stream": self.fingerprint(),

@@ -225,7 +225,8 @@ class ResumableDataLoader:
         return self._host.len_watch  # ElasticResume marks it managed
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``."""
+        """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``;
+        a state saved before it begins holds that epoch's start."""
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )

@@ -342,14 +342,27 @@ class PlanCursor:
         self.position = position
         self.steps_done += 1
 
+    def saved(self, plan: Any) -> tuple[int, int, int]:
+        """``(epoch, position, steps_done)`` a state dict holds: where the last iteration got
+        to, or after ``set_epoch`` of another epoch (or of a finished one) the next one's start.
+
+        Lightning names the running epoch again after its first batch; that keeps the position.
+        """
+        explicit = self._explicit
+        running = explicit == self.epoch and self.position < plan.epoch_length(self.epoch)
+        if explicit is None or running:
+            return self.epoch, self.position, self.steps_done
+        return self.upcoming(plan)
+
     def state(
-        self, fingerprint: Mapping[str, Any], *, world_size: int, num_workers: int
+        self, plan: Any, fingerprint: Mapping[str, Any], *, world_size: int, num_workers: int
     ) -> dict[str, Any]:
         """The state dict of this position (see :func:`new_state`)."""
+        epoch, position, steps_done = self.saved(plan)
         return new_state(
-            epoch=self.epoch,
-            position=self.position,
-            steps_done=self.steps_done,
+            epoch=epoch,
+            position=position,
+            steps_done=steps_done,
             plan=fingerprint,
             world_size=world_size,
             num_workers=num_workers,

@@ -122,7 +122,8 @@ class PlanBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
         _, world_size = self._topology()
-        return self._cursor.state(self.plan.fingerprint(), world_size=world_size, num_workers=0)
+        plan = self.plan
+        return self._cursor.state(plan, plan.fingerprint(), world_size=world_size, num_workers=0)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
