@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, sha
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
-from loaderkit.data.remote import RemoteCache, remote_source
+from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
 from loaderkit.errors import CollateError, MissingDependencyError, ShardError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -155,6 +156,14 @@ class ShardedDataset(Dataset[Any]):
         if index is not None:
             raise ValueError("ShardedDataset: index= needs shard paths, got objects.")
         return [int(self.reader.count(s)) for s in self.shards]
+
+    @property
+    def names_crc32(self) -> int | None:
+        """crc32 of the shard files' names in order, which a saved position is checked
+        against (None: shards that are objects, not files)."""
+        if not all(isinstance(s, Path | RemoteShard) for s in self.shards):
+            return None
+        return zlib.crc32("\n".join(s.name for s in self.shards).encode())
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -420,6 +429,7 @@ class ShardedDataset(Dataset[Any]):
             window=window,
             mix_shards=mix_shards,
             drop_last=drop_last,
+            shard_names_crc32=self.names_crc32,
         )
         return plan if self._remote is None else self._remote.observe(plan)
 

@@ -16,6 +16,7 @@ from zlib import crc32
 from torch.utils.data import DataLoader
 
 from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import StateMismatchError
 from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, FailedBatch, KeyedDataset, KeySource, seed_keys
@@ -49,12 +50,20 @@ class PlanEngine:
         self.host, self.dataset, self.fetch = host, dataset, fetch
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
-        self.fingerprint = plan.fingerprint()  # cached: state() runs every step
+        self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
         self.cursor = PlanCursor()
         self._keys = KeySource()
         self._inner: DataLoader[Any] | None = None  # persistent workers' loader
         self._rounds = Rounds()
+
+    def _fingerprint(self, plan: Any) -> dict[str, Any]:
+        """The plan's settings, and which shard files the indices name (a position over
+        other files, or the same in another order, would read other samples)."""
+        fields = plan.fingerprint()
+        if isinstance(self.dataset, ShardedDataset) and self.dataset.names_crc32 is not None:
+            fields.setdefault("shard_names_crc32", self.dataset.names_crc32)
+        return fields
 
     def length(self) -> int:
         _, world_size = self.host.topology()
@@ -269,7 +278,8 @@ class PlanEngine:
         plan: Any = self.plan
         if isinstance(plan, SamplerPlan) and listed is not None:
             plan = _Listed(plan, listed)
-        loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt)
+        fingerprint = self._fingerprint(plan)
+        loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint)
         saved_seed, adopted = loaded["plan"]["seed"], None
         if saved_seed != self.host.seed and self._reseed is not None:
             self.adopt_seed(saved_seed)
@@ -284,7 +294,7 @@ class PlanEngine:
         self.host.seed, self.host.seed_drawn = seed, False
         self.plan = self._reseed(seed)
         self.fetch.seed = seed
-        self.fingerprint = self.plan.fingerprint()
+        self.fingerprint = self._fingerprint(self.plan)
         self._skeleton = None
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
 

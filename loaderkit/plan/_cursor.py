@@ -215,11 +215,15 @@ def _check_plan(
         new = [repr(k) for k in sorted(set(fingerprint) - set(saved))]
         names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
         here = ", ".join(f"{k}={fingerprint[k]!r}" for k in sorted(set(fingerprint) - set(saved)))
+        did = (
+            "did not record the shard names"
+            if new == ["'shard_names_crc32'"]
+            else "ordered the samples differently"
+        )
         raise StateMismatchError(
             f"{where}: field 'plan' has no {names} (this loaderkit's plan: "
-            f"{here}), so the state was saved by an older loaderkit that ordered the samples "
-            "differently. Finish that run with the loaderkit that saved it, or start without "
-            "the state."
+            f"{here}), so the state was saved by an older loaderkit that {did}. Finish that "
+            "run with the loaderkit that saved it, or start without the state."
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         raise StateMismatchError(
@@ -275,6 +279,12 @@ def _difference(
             f"{sampler} splits ranks itself, so its order has {was} entries under the saved world "
             f"size of {world} and {expected} under this one. Resume on the saved world size of "
             f"{world}."
+        )
+    if key == "shard_names_crc32":
+        return (
+            "field 'shard_names_crc32' differs: the shards are other files, or the same in "
+            "another order, than the saved run's; pass its files in its order, or start "
+            "without the state."
         )
     if key in adopt:
         return None
@@ -369,11 +379,18 @@ class PlanCursor:
         )
 
     def load(
-        self, state_dict: object, plan: Any, *, owner: str, adopt: tuple[str, ...] = ()
+        self,
+        state_dict: object,
+        plan: Any,
+        *,
+        owner: str,
+        adopt: tuple[str, ...] = (),
+        fingerprint: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Validate ``state_dict`` against ``plan`` (:func:`check_state`), resume at its
-        position and return it."""
-        state = check_state(state_dict, plan.fingerprint(), owner=owner, adopt=adopt)
+        """Validate ``state_dict`` against ``fingerprint`` (default: the plan's; see
+        :func:`check_state`), resume at its position and return it."""
+        fields = plan.fingerprint() if fingerprint is None else fingerprint
+        state = check_state(state_dict, fields, owner=owner, adopt=adopt)
         length = plan.epoch_length(state["epoch"])
         if state["position"] > length:
             raise StateMismatchError(

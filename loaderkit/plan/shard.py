@@ -89,6 +89,8 @@ class ShardPlan:
         mix_shards: Lanes read at once (``K`` above); 1 reads one shard at a time.
         drop_last: Drop the tail that does not fill a global step instead of
             repeating the order's first samples.
+        shard_names_crc32: crc32 of the shards' names in order (``ShardedDataset.plan()``
+            passes it): a saved position loads only where they match. None: unchecked.
 
     Example:
         >>> plan = ShardPlan(shard_sizes=(3, 0, 2, 3), batch_size=2, seed=0, window=4, mix_shards=2)
@@ -112,6 +114,7 @@ class ShardPlan:
     window: int = DEFAULT_WINDOW
     mix_shards: int = DEFAULT_MIX
     drop_last: bool = False
+    shard_names_crc32: int | None = None
     _split: SamplePlan = field(init=False, repr=False, compare=False)
     _cache: dict[int, PositionMap] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -268,6 +271,7 @@ class ShardPlan:
     def fingerprint(self) -> dict[str, Any]:
         """The settings a saved position is only meaningful for."""
         sizes = np.asarray(self.shard_sizes, dtype=np.int64)
+        names = self.shard_names_crc32
         return {
             "kind": "shards",
             "num_samples": self.num_samples,
@@ -280,7 +284,7 @@ class ShardPlan:
             "mix_shards": self.mix_shards,
             "drop_last": self.drop_last,
             "order_check": _shard_order_check() if self.shuffle else 0,
-        }
+        } | ({} if names is None else {"shard_names_crc32": names})
 
 
 class _ShardOrder:

@@ -204,6 +204,35 @@ def test_fingerprint_pins_sizes_and_settings_and_a_resume_under_others_is_refuse
         check_state(state, other.fingerprint(), owner="ResumableDataLoader")
 
 
+@pytest.mark.parametrize("via", ["batch_sampler", "shuffle"])
+def test_a_state_over_other_files_or_another_order_of_them_is_refused(
+    tmp_path: Path, via: str
+) -> None:
+    """Equal sizes are not the same data: the indices would name other samples."""
+    files = write_shards(tmp_path / "eq", id_shards((4, 4, 4)), TokenReader(seq_len=SEQ))
+
+    def make(paths: list[Path]) -> ResumableDataLoader:
+        ds = ShardedDataset(paths, TokenReader(seq_len=SEQ))
+        if via == "shuffle":
+            return ResumableDataLoader(ds, batch_size=4, shuffle=True, seed=3)
+        return loader(ds)
+
+    run = make(files)
+    next(iter(run))
+    state = run.state_dict()
+    other = files[0].with_name("other-00000.npy")
+    other.write_bytes(files[1].read_bytes())
+    for paths in ([files[1], files[0], files[2]], [other, files[1], files[2]]):
+        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+            make(paths).load_state_dict(state)
+    make(files).load_state_dict(state)  # the same files in the same order resume
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in files:
+        (moved / path.name).write_bytes(path.read_bytes())
+    make([moved / path.name for path in files]).load_state_dict(state)  # a copied folder too
+
+
 def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[Path]) -> None:
     """A loaderkit 0.1 state has no mix_shards in its plan (and read one shard at a time):
     resuming it under a mixing plan would repeat and skip samples."""
