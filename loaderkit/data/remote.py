@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import math
 import os
 import shutil
 import threading
@@ -85,6 +86,17 @@ _MAX_UNPLANNED_LEASES = 16
 _RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
 
 
+def _check_seconds(name: str, value: object, example: float, *, zero_ok: bool) -> None:
+    """Refuse a ``RemoteCache`` duration that is not a finite number of seconds."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero_ok):  # type: ignore[operator]
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ValueError(
+            f"RemoteCache: {name} must be a finite number of seconds {bound}, got {value!r}; "
+            f"pass e.g. {example}."
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class RemoteCache:
     """Where and how shards at URLs are cached on local disk.
@@ -129,23 +141,24 @@ class RemoteCache:
     def __post_init__(self) -> None:
         owner = "RemoteCache"
         if self.max_bytes is None:
-            env = os.environ.get("LOADERKIT_CACHE_BYTES")
+            env = os.environ.get("LOADERKIT_CACHE_BYTES", "")
+            if env and not env.isdigit():
+                raise ValueError(
+                    f"{owner}: LOADERKIT_CACHE_BYTES must be a byte count, got {env!r}; set "
+                    "it to e.g. 68719476736, or pass max_bytes=."
+                )
             object.__setattr__(self, "max_bytes", int(env) if env else DEFAULT_CACHE_BYTES)
         check_int(
             "max_bytes", self.max_bytes, 1, owner=owner, fix="pass a byte count, e.g. 1 << 36"
         )
         check_int("prefetch", self.prefetch, 0, owner=owner, fix="pass shards to fetch ahead: 4")
         check_int("retries", self.retries, 0, owner=owner, fix="pass a retry count, e.g. 5")
-        if not isinstance(self.backoff_s, int | float) or not self.backoff_s >= 0:
-            raise ValueError(
-                f"{owner}: backoff_s must be a number of seconds >= 0, got {self.backoff_s!r}; "
-                "pass e.g. 0.5."
-            )
-        timeout = self.timeout_s
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
-            raise ValueError(
-                f"{owner}: timeout_s must be a number of seconds > 0, got {timeout!r}; "
-                "pass e.g. 120."
+        _check_seconds("backoff_s", self.backoff_s, 0.5, zero_ok=True)
+        _check_seconds("timeout_s", self.timeout_s, 120, zero_ok=False)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str | os.PathLike):
+            raise TypeError(
+                f"{owner}: cache_dir must be a path, got {self.cache_dir!r}; pass a folder "
+                "path, or None for the default."
             )
         if self.range_reads not in (True, False, "auto") or not isinstance(
             self.range_reads, bool | str

@@ -377,6 +377,11 @@ def _installed(name: str) -> bool:
         ({"prefetch": -1}, ValueError, r"prefetch.*pass shards to fetch ahead"),
         ({"retries": 1.5}, TypeError, r"retries.*pass a retry count"),
         ({"backoff_s": -1}, ValueError, r"backoff_s must be .* >= 0, got -1; pass e.g. 0.5"),
+        ({"backoff_s": True}, ValueError, r"backoff_s must be a finite .*got True"),
+        ({"backoff_s": float("inf")}, ValueError, r"backoff_s must be a finite .*got inf"),
+        ({"timeout_s": float("inf")}, ValueError, r"timeout_s must be a finite .*got inf"),
+        ({"timeout_s": 0}, ValueError, r"timeout_s must be .* > 0, got 0; pass e.g. 120"),
+        ({"cache_dir": 123}, TypeError, r"cache_dir must be a path, got 123"),
         ({"storage_options": "x"}, TypeError, r"storage_options must be a dict"),
     ],
 )
@@ -385,6 +390,16 @@ def test_remote_cache_arguments_are_checked(
 ) -> None:
     with pytest.raises(error, match=match):
         RemoteCache(**kwargs)
+
+
+def test_a_cache_size_variable_that_is_no_byte_count_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOADERKIT_CACHE_BYTES", "abc")
+    with pytest.raises(ValueError, match=r"LOADERKIT_CACHE_BYTES must be a byte count, got 'abc'"):
+        RemoteCache()
+    monkeypatch.setenv("LOADERKIT_CACHE_BYTES", "4096")
+    assert RemoteCache().max_bytes == 4096
 
 
 def test_remote_options_for_local_shards_are_refused(tmp_path: Path) -> None:
