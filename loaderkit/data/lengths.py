@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from loaderkit._atomic import atomic_write
+from loaderkit._checks import check_bool
 from loaderkit.plan._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
@@ -55,6 +56,11 @@ def compute_lengths(
         raise TypeError(
             f"compute_lengths: length_fn must be callable, got {length_fn!r}; pass e.g. "
             "length_fn=lambda s: len(s['input_ids']), or None for len(sample)."
+        )
+    check_bool("progress", progress, owner="compute_lengths")
+    if not isinstance(key, str):
+        raise TypeError(
+            f"compute_lengths: key must be a str, got {key!r}; pass a data version, e.g. 'v2'."
         )
     size = len(dataset)
     fn = _default_length if length_fn is None else length_fn

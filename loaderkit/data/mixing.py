@@ -205,7 +205,15 @@ class MixedDataset(Dataset[Any]):
 
     def source_of(self, indices: Any) -> np.ndarray:
         """The source number of each global index (int64, same shape), e.g. to count a batch."""
-        return np.searchsorted(self._ends, np.asarray(indices), side="right").astype(np.int64)
+        where = np.asarray(indices)
+        if where.size and (
+            where.dtype.kind not in "iu" or not 0 <= where.min() <= where.max() < len(self)
+        ):
+            raise IndexError(
+                f"{_OWNER}.source_of: indices must be ints in [0, {len(self)}), got {indices!r}; "
+                "pass global indices as the loader yields them."
+            )
+        return np.searchsorted(self._ends, where, side="right").astype(np.int64)
 
     def __getitem__(self, index: int) -> Any:
         source, local = self.locate(int(index))

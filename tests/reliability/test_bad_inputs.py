@@ -36,6 +36,7 @@ from loaderkit import (
     LoaderDataModule,
     LoaderkitError,
     MissingShardError,
+    MixedDataset,
     PadCollate,
     PlanBatchSampler,
     ResumableDataLoader,
@@ -1663,6 +1664,30 @@ TRANSFER_AND_MORE = [
         "cache must be a .npy path",
         "l.txt",
         "pass e.g. cache='lengths.npy'",
+    ),
+    Bad(
+        "compute_lengths progress",
+        lambda tmp: compute_lengths(DATA, progress=1),  # type: ignore[arg-type]
+        TypeError,
+        "compute_lengths: progress must be a bool",
+        "got 1",
+        "pass progress=True or progress=False",
+    ),
+    Bad(
+        "compute_lengths key",
+        lambda tmp: compute_lengths(DATA, key=2, progress=False),  # type: ignore[arg-type]
+        TypeError,
+        "compute_lengths: key must be a str",
+        "got 2",
+        "pass a data version",
+    ),
+    Bad(
+        "MixedDataset.source_of out of range",
+        lambda tmp: MixedDataset([[1, 2], [3]]).source_of([-1, 2]),
+        IndexError,
+        "source_of: indices must be ints in",
+        "got",
+        "pass global indices",
     ),
     Bad(
         "DataModule batch_size 0",
