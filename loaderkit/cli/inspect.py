@@ -368,7 +368,6 @@ def _mix_lines(mix: dict[str, Any] | None) -> list[str]:
     lines = [
         f"  mix              {len(mix['sources'])} sources, {mix['epoch_size']:,} train samples "
         f"per epoch (epoch {mix['epoch']})"
-        + ("" if mix["applied"] else f"; WEIGHTS NOT APPLIED: {mix['reason']}")
     ]
     width = max(len(name) for name in mix["sources"])
     for name, src in mix["sources"].items():

@@ -229,16 +229,8 @@ class PlanEngine:
         """``describe()["mix"]`` at the epoch this loader iterates (or starts next)."""
         cursor = self.cursor
         epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
-        applied = isinstance(self.plan, MixPlan | MixBucketPlan)
-        info: dict[str, Any] = {"epoch": epoch, "applied": applied, **mix.describe(epoch)}
-        if not applied:
-            info["reason"] = (
-                f"the loader's plan is a {type(self.plan).__name__}, not the mix's: each sample "
-                "is read once per epoch and the weights are ignored; pass "
-                "batch_sampler=mix.batch_sampler(batch_size, seed=...) (or "
-                "mix.bucket_batch_sampler(...))"
-            )
-        return info
+        applied = isinstance(self.plan, MixPlan | MixBucketPlan)  # else unweighted: read once
+        return {"epoch": epoch, "applied": applied, **mix.describe(epoch)}
 
     def state(self) -> dict[str, Any]:
         skeleton = self._skeleton

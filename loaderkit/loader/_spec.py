@@ -27,6 +27,7 @@ from loaderkit.loader._args import (
 )
 from loaderkit.loader._fetch import Unbatched, loaderkit_batch_read
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
+from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan
 from loaderkit.seeding import draws_nothing
 from loaderkit.transfer import resolve_pin_memory, select_device
@@ -121,6 +122,13 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
             "from the dataset's own generator."
         )
     plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
+    weighted = isinstance(dataset, MixedDataset) and dataset.per_epoch != dataset.sizes
+    if weighted and not isinstance(plan, MixPlan | MixBucketPlan):
+        raise ValueError(
+            f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
+            f"{type(plan).__name__} of the sampler given (each sample read once per epoch); "
+            "pass no sampler, batch_sampler=mix.batch_sampler(...), or no weights."
+        )
     return LoaderSpec(
         kind=kind,
         dataset=dataset,

@@ -25,7 +25,7 @@ from loaderkit import (
     TokenReader,
     write_shards,
 )
-from loaderkit.cli.inspect import _format, inspect_target
+from loaderkit.cli.inspect import inspect_target
 from loaderkit.lightning.datamodules import ShardedDataModule
 from tests.support.datamodules import FitRun, fit_recording
 from tests.support.helpers import assert_resume_exact, by_epoch
@@ -199,18 +199,14 @@ def test_describe_reports_the_mix_per_source(runs: Runs) -> None:
     assert loader.describe()["mix"]["sources"]["books"]["source_epochs"] == [1, 2]
 
 
-def test_loader_over_a_mix_without_its_plan_says_the_weights_are_ignored() -> None:
+def test_loader_over_a_mix_with_a_sampler_that_ignores_its_weights_is_refused() -> None:
     mix = MixedDataset(
         {"a": TensorDataset(torch.arange(10)), "b": TensorDataset(torch.arange(4))},
         weights=[1, 1],
     )
-    # A sampler of the user's is kept: each sample is read once and the weights are ignored.
-    loader = ResumableDataLoader(mix, batch_size=4, sampler=torch.utils.data.SequentialSampler(mix))
-    info = loader.describe()["mix"]
-    assert info["applied"] is False
-    assert "weights are ignored" in info["reason"] and "mix.batch_sampler" in info["reason"]
-    lines = _format("x", {**_plain_facts(), "mix": {**info, "epoch": 0}}, 1)
-    assert "WEIGHTS NOT APPLIED" in lines
+    sampler = torch.utils.data.SequentialSampler(mix)
+    with pytest.raises(ValueError, match=r"weights would be ignored.*mix\.batch_sampler"):
+        ResumableDataLoader(mix, batch_size=4, sampler=sampler)
 
 
 def _plain_facts() -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import SequentialSampler, TensorDataset
 
-from loaderkit import MixedDataset, ResumableDataLoader
+from loaderkit import MixedDataset, PlanBatchSampler, ResumableDataLoader, SamplePlan
 
 
 def _mix() -> MixedDataset:
@@ -43,12 +44,15 @@ def test_a_mix_drawn_by_default_resumes_exactly_with_a_drawn_seed() -> None:
     assert resumed.seed == first.seed
 
 
-def test_a_sampler_given_with_a_mix_is_kept_and_the_weights_said_ignored() -> None:
+def test_a_sampler_that_would_ignore_a_mixs_weights_is_refused() -> None:
     mix = _mix()
-    loader = ResumableDataLoader(mix, batch_size=10, sampler=SequentialSampler(mix))
-    assert _ids(loader) == list(range(100)) + list(range(1000, 1010))
-    info = loader.describe()["mix"]
-    assert info["applied"] is False and "weights are ignored" in info["reason"]
+    plain = PlanBatchSampler(SamplePlan(num_samples=len(mix), batch_size=10))
+    for args in ({"sampler": SequentialSampler(mix)}, {"batch_sampler": plain}):
+        with pytest.raises(ValueError, match="MixedDataset's weights would be ignored"):
+            ResumableDataLoader(mix, batch_size=10 if "sampler" in args else 1, **args)
+    unweighted = MixedDataset([TensorDataset(torch.arange(3)), TensorDataset(torch.arange(5))])
+    kept = ResumableDataLoader(unweighted, batch_size=4, sampler=SequentialSampler(unweighted))
+    assert len(_ids(kept)) == 8
 
 
 def test_a_mix_without_weights_is_read_once_in_order() -> None:

@@ -532,7 +532,7 @@ def test_an_endpoint_that_never_answers_fails_at_loaderkits_deadline(
 
 @pytest.mark.parametrize("bad", [0, -1, "5", True])
 def test_the_deadline_is_checked(bad: Any) -> None:
-    with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds > 0"):
+    with pytest.raises(ValueError, match=r"timeout_s must be a finite number of seconds > 0"):
         RemoteCache(timeout_s=bad)
 
 
