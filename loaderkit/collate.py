@@ -191,7 +191,9 @@ def _where(key: Hashable) -> str:
 
 def _check_scalar(name: str, value: object) -> None:
     if not isinstance(value, (bool, int, float)):
-        raise TypeError(f"{name} must be a bool, int or float, got {value!r}; pass e.g. 0 or -100")
+        raise TypeError(
+            f"PadCollate: {name} must be a bool, int or float, got {value!r}; pass e.g. 0 or -100."
+        )
 
 
 def _check_pads(pad_value: object, default_pad_value: object) -> None:
@@ -203,7 +205,7 @@ def _check_pads(pad_value: object, default_pad_value: object) -> None:
     _check_scalar("pad_value", pad_value)
     if default_pad_value != 0:
         raise ValueError(
-            f"default_pad_value={default_pad_value!r} only applies with a mapping "
+            f"PadCollate: default_pad_value={default_pad_value!r} only applies with a mapping "
             f"pad_value, but pad_value={pad_value!r}; pass one scalar pad_value"
         )
 

@@ -89,13 +89,18 @@ class ShardedDataset(Dataset[Any]):
                 f"ShardedDataset: reader must have spec(), count() and open(), got "
                 f"{type(reader).__name__}; pass a ShardReader such as TokenReader."
             )
+        if isinstance(shards, bytes | bytearray):
+            raise TypeError(
+                f"ShardedDataset: shards must be a str path, URL or a list of them, got "
+                f"{shards!r}; decode it, e.g. shards=os.fsdecode(path)."
+            )
         if on_error not in ("raise", "skip"):
             raise ValueError(
                 f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}; pass one "
                 "of these."
             )
         if max_open_shards is not None:
-            check_int("max_open_shards", max_open_shards, 1)
+            check_int("max_open_shards", max_open_shards, 1, owner="ShardedDataset")
         check_index_path(index, owner="ShardedDataset")
         self.reader = reader
         self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")

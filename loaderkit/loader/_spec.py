@@ -189,9 +189,17 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         seed = plan_seed
     # Provisional: under DDP each rank would draw its own (settle_seed).
     drawn = seed is None
+    generator = a["generator"]
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"{OWNER}: generator must be a torch.Generator, got {generator!r}; pass "
+            "torch.Generator().manual_seed(s), or seed=s."
+        )
     if seed is None:
-        seed = draw_seed(a["generator"])
-    seed = check_int("seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0")
+        seed = draw_seed(generator)
+    seed = check_int(
+        "seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0", limit=2**128
+    )
     return {"seed": seed, "explicit": explicit, "drawn": drawn}
 
 

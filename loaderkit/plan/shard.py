@@ -134,7 +134,7 @@ class ShardPlan:
             raise ValueError(
                 f"ShardPlan: the {len(sizes)} shard(s) hold no sample; pass non-empty shards."
             )
-        check_int("window", self.window, 1)
+        check_int("window", self.window, 1, owner="ShardPlan")
         check_int(
             "mix_shards",
             self.mix_shards,

@@ -1666,6 +1666,46 @@ TRANSFER_AND_MORE = [
         "pass e.g. cache='lengths.npy'",
     ),
     Bad(
+        "loader generator not a Generator",
+        lambda tmp: ResumableDataLoader(DATA, batch_size=2, generator=1),  # type: ignore[arg-type]
+        TypeError,
+        "ResumableDataLoader: generator must be a torch.Generator",
+        "got 1",
+        "pass torch.Generator",
+    ),
+    Bad(
+        "loader seed too large",
+        lambda tmp: ResumableDataLoader(DATA, batch_size=2, seed=2**128),
+        ValueError,
+        "ResumableDataLoader: seed must be <",
+        "got 3402823",
+        "pass a value in",
+    ),
+    Bad(
+        "ShardedDataset bytes path",
+        lambda tmp: ShardedDataset(b"/p", TokenReader(seq_len=4)),  # type: ignore[arg-type]
+        TypeError,
+        "ShardedDataset: shards must be a str path",
+        "got b'/p'",
+        "os.fsdecode",
+    ),
+    Bad(
+        "ShardPlan window owner",
+        lambda tmp: ShardPlan(shard_sizes=(3,), batch_size=1, window=0),
+        ValueError,
+        "ShardPlan: window must be >= 1",
+        "got 0",
+        "pass an int >= 1",
+    ),
+    Bad(
+        "PadCollate pad_value owner",
+        lambda tmp: PadCollate(pad_value=None),  # type: ignore[arg-type]
+        TypeError,
+        "PadCollate: pad_value must be a bool, int or float",
+        "got None",
+        "pass e.g. 0",
+    ),
+    Bad(
         "compute_lengths progress",
         lambda tmp: compute_lengths(DATA, progress=1),  # type: ignore[arg-type]
         TypeError,
