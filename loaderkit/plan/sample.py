@@ -54,6 +54,32 @@ class _Identity:
         return np.asarray(positions).astype(np.int64)
 
 
+class _Ordered(Protocol):
+    @property
+    def num_samples(self) -> int: ...
+
+    def order_map(self, epoch: int) -> PositionMap: ...
+
+
+class OrderedPlan:
+    """``order_at`` and ``order`` of a plan whose epoch is an ``order_map`` of positions."""
+
+    def order_at(self: _Ordered, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """Indices at ``positions`` of the epoch's order (int64, same shape).
+
+        Raises:
+            TypeError: ``positions`` is not an integer array.
+            ValueError: a position outside ``[0, num_samples)``.
+        """
+        pos = check_positions(positions, self.num_samples)
+        return self.order_map(epoch).at(pos)
+
+    def order(self: _Ordered, epoch: int) -> torch.Tensor:
+        """The whole epoch's order of indices (int64), materialized: O(num_samples), for
+        inspection and tests (schedules evaluate only the positions they deal)."""
+        return materialize(self.order_map(epoch), self.num_samples)
+
+
 class Schedule(Protocol):
     """What one rank yields for the rest of one epoch, from a start position."""
 
@@ -107,7 +133,7 @@ class Plan(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SamplePlan:
+class SamplePlan(OrderedPlan):
     """Fixed-size batches over a shuffled (or sequential) order of ``num_samples``.
 
     Args:
@@ -147,21 +173,6 @@ class SamplePlan:
         if not self.shuffle:
             return _Identity()
         return KeyedPermutation(self.num_samples, derive_seed(self.seed, SeedTag.ORDER, epoch))
-
-    def order_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Dataset indices at ``positions`` of the epoch's order (int64, same shape).
-
-        Raises:
-            TypeError: ``positions`` is not an integer array.
-            ValueError: a position outside ``[0, num_samples)``.
-        """
-        pos = check_positions(positions, self.num_samples)
-        return self.order_map(epoch).at(pos)
-
-    def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of dataset indices (int64), materialized: O(num_samples),
-        for inspection and tests (schedules evaluate only the positions they deal)."""
-        return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""

@@ -10,19 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
     CHUNK,
+    OrderedPlan,
     PositionMap,
     SamplePlan,
     _FixedSchedule,
     _Identity,
-    check_positions,
-    materialize,
 )
 from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 
@@ -72,7 +70,7 @@ def _mix_counts(shard_of: np.ndarray, bounds: np.ndarray) -> tuple[int, int, int
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardPlan:
+class ShardPlan(OrderedPlan):
     """The sample plan of sharded data: shards shuffled, read ``mix_shards`` at a time.
 
     An epoch (``shuffle=True``): the shards in a keyed order, laid end to end; cut into
@@ -220,20 +218,6 @@ class ShardPlan:
             self._cache.clear()  # one epoch at a time: loaders go forward
             self._cache[epoch] = cached
         return cached
-
-    def order_at(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """Global indices at ``positions`` of the epoch's order (int64, same shape).
-
-        Raises:
-            TypeError: ``positions`` is not an integer array.
-            ValueError: a position outside ``[0, num_samples)``.
-        """
-        pos = check_positions(positions, self.num_samples)
-        return self.order_map(epoch).at(pos)
-
-    def order(self, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of global sample indices (int64), materialized."""
-        return materialize(self.order_map(epoch), self.num_samples)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from position ``start``."""
