@@ -564,17 +564,22 @@ def _stale(
 ) -> list[str]:
     """The files among ``names`` an earlier write left that this one did not produce: shards
     and sidecars of this prefix, and the indexes listing them (``read``: a file's bytes)."""
-    pattern = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\..*)?")
+    shard = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\.zst)?")
 
-    def ours(name: str) -> bool:
-        side = name.endswith(OWN_SUFFIXES) and any(name.startswith(w + ".") for w in written)
-        return name in written or side
+    def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
+        if name in written:
+            return False
+        if shard.fullmatch(name):
+            return True
+        match = shard.match(name)
+        side = match is not None and name[match.end()] == "." and name.endswith(OWN_SUFFIXES)
+        return side and not any(name.startswith(w + ".") for w in written)
 
-    files = [n for n in names if pattern.fullmatch(n) and not ours(n)]
+    files = [n for n in names if stale(n)]
     for name in [n for n in names if is_index_name(n)]:
         doc = read(name)
         listed = (index_names(doc) or ([], False))[0] if doc is not None else []
-        if any(pattern.fullmatch(n) and n not in written for n in listed):
+        if any(shard.fullmatch(n) and n not in written for n in listed):
             files.append(name)
     return files
 

@@ -193,6 +193,21 @@ def test_fewer_shards_than_an_earlier_write_leave_no_stale_shard(tmp_path: Path)
     assert ds.sizes == (5, 6)
 
 
+def test_a_users_files_beside_the_shards_are_never_deleted(tmp_path: Path) -> None:
+    """Only shards of this prefix and loaderkit's own sidecars are stale, not a user's
+    ``.bak``, ``.md5`` or ``.json`` named after a shard."""
+    folder = tmp_path / "out"
+    first = write_shards(folder, range(4), READER, fn=make, progress=False)
+    mine = [first[0].name + ".bak", first[1].name + ".md5", "shard-00007.npy.json"]
+    for name in mine:
+        (folder / name).write_text("the user's")
+    paths = write_shards(folder, range(2), READER, fn=make, progress=False, resume=False)
+    for name in mine:
+        assert (folder / name).read_text() == "the user's"
+    assert not (folder / first[3].name).exists()  # the earlier write's shard is stale
+    assert [p.name for p in paths] == [p.name for p in first[:2]]
+
+
 def test_to_s3_fewer_shards_than_before_leave_no_stale_object(s3: Any) -> None:
     url = f"s3://{s3.bucket}/shrink"
     write_shards(url, range(4), READER, fn=make, storage_options=s3.options, progress=False)
