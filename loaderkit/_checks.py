@@ -117,6 +117,24 @@ def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str 
     return path
 
 
+def check_suffixes(name: str, value: object, *, owner: str) -> tuple[str, ...]:
+    """``value`` as a tuple of file suffixes, each a str starting with ``"."``."""
+    items = None if isinstance(value, str | bytes) else _as_tuple(value)
+    if items is None or not all(isinstance(s, str) and s.startswith(".") for s in items):
+        raise TypeError(
+            f"{owner}: {name} must be a list of suffixes each starting with '.', got "
+            f"{value!r}; pass e.g. {name}=('.jsonl.gz',)."
+        )
+    return items
+
+
+def _as_tuple(value: object) -> tuple[Any, ...] | None:
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def check_index_path(value: object, *, owner: str) -> None:
     """``value`` (a shard ``index=`` argument) is None, a str or an ``os.PathLike``."""
     if value is not None and not isinstance(value, (str, os.PathLike)):

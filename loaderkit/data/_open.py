@@ -82,6 +82,18 @@ def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
     return out
 
 
+def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
+    """Two paths naming one file (listed twice, or a symlink) would read it twice."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        first = seen.setdefault(path.resolve(), path)
+        if first is not path:
+            raise ValueError(
+                f"{owner}: shards {str(first)!r} and {str(path)!r} are one file (listed twice, "
+                "or a link); its samples would be read twice. List or keep each file once."
+            )
+
+
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (sorted),
     or the listed paths or objects, checked for emptiness, duplicates and mixing."""
@@ -105,6 +117,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             )
         indexes = read_docs(p for p in entries if is_index_name(p.name))
         check_complete(str(root), [p.name for p in found], indexes, accept)
+        _refuse_links_to_one_file(owner, found)
         return found
     items = list(shards)
     if not items:
@@ -113,8 +126,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s) for s in items]
         for path in paths:
             refuse_own_file(owner, str(path), path.name, "directory")
-        if len({p.resolve() for p in paths}) != len(paths):
-            raise ValueError(f"{owner}: a shard path is listed twice; list each once.")
+        _refuse_links_to_one_file(owner, paths)
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):
         raise TypeError(

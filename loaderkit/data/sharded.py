@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from loaderkit._checks import check_index_path, check_int, getitem_overridden
+from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
 from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
@@ -103,7 +103,8 @@ class ShardedDataset(Dataset[Any]):
             check_int("max_open_shards", max_open_shards, 1, owner="ShardedDataset")
         check_index_path(index, owner="ShardedDataset")
         self.reader = reader
-        self._remote = remote_source(shards, reader.suffixes, remote, "ShardedDataset")
+        suffixes = check_suffixes("reader.suffixes", reader.suffixes, owner="ShardedDataset")
+        self._remote = remote_source(shards, suffixes, remote, "ShardedDataset")
         if self._remote is not None:
             self._remote.ranged_ok = True
         self.shards: list[Any] = (

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 import torch
 from torch.utils.data import IterableDataset
 
-from loaderkit._checks import check_bool, check_int
+from loaderkit._checks import check_bool, check_int, check_suffixes
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
@@ -85,7 +85,8 @@ class IterableReader:
             raise TypeError(
                 f"IterableReader: fn must be callable, got {fn!r}; pass a module-level function."
             )
-        self.fn, self.suffixes = fn, tuple(suffixes)
+        self.fn = fn
+        self.suffixes = check_suffixes("suffixes", suffixes, owner="IterableReader")
 
     def __repr__(self) -> str:
         return f"IterableReader({getattr(self.fn, '__name__', self.fn)!r})"
@@ -198,7 +199,8 @@ def _check_args(
             f"reader {type(reader).__name__} has no suffixes to list it by; give the "
             "reader suffixes (IterableReader(fn, suffixes=(...))) or pass a list of shards."
         )
-    return mix_shards, tuple(getattr(reader, "suffixes", ()))
+    suffixes = getattr(reader, "suffixes", ())
+    return mix_shards, check_suffixes("reader.suffixes", suffixes, owner=_OWNER)
 
 
 class StreamingShardedDataset(IterableDataset[Any]):

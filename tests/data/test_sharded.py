@@ -744,6 +744,29 @@ def test_bad_arguments_are_named(shards: list[Path]) -> None:
         ShardedDataset(shards, TokenReader(seq_len=SEQ))[50]
 
 
+def test_a_link_to_a_shard_in_its_folder_is_refused_not_read_twice(shards: list[Path]) -> None:
+    folder = shards[0].parent
+    for index in folder.glob(".loaderkit-index-*"):
+        index.unlink()  # a folder of shards loaderkit did not write (no index to check against)
+    (folder / "shard-99999.npy").symlink_to(shards[0])
+    with pytest.raises(ValueError, match="are one file") as err:
+        ShardedDataset(folder, TokenReader(seq_len=SEQ))
+    assert "shard-99999.npy" in str(err.value)
+    with pytest.raises(ValueError, match="are one file"):
+        ShardedDataset([shards[0], folder / "shard-99999.npy"], TokenReader(seq_len=SEQ))
+
+
+def test_a_readers_suffixes_given_as_one_str_are_refused(shards: list[Path]) -> None:
+    """``suffixes=".npy"`` is not a list of the letters ".", "n", "p", "y" (any file)."""
+
+    class OneStr(TokenReader):
+        suffixes = ".npy"  # type: ignore[assignment]
+
+    (shards[0].parent / "notes.txy").write_text("not a shard")
+    with pytest.raises(TypeError, match=r"reader.suffixes must be a list of suffixes"):
+        ShardedDataset(shards[0].parent, OneStr(seq_len=SEQ))
+
+
 # ----------------------------------------------------------------- file opens
 class LoggingReader(TokenReader):
     """Appends ``pid shard`` to a log file on every open, from any process."""

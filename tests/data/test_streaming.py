@@ -636,3 +636,18 @@ def test_a_stream_resumes_after_its_shard_folder_moved(tmp_path: Path) -> None:
     )
     moved.load_state_dict(dl.state_dict())
     assert [b[:, 0].tolist() for b in moved] == [[4, 14], [6, 8]]  # after [0, 10], [2, 12]
+
+
+@pytest.mark.parametrize("suffixes", [".gz", b".gz", ["gz"], [".gz", 3], 5])
+def test_iterable_reader_suffixes_must_be_a_list_of_dot_suffixes(suffixes: Any) -> None:
+    """A str would be split into its letters and list every file ending in "g" or "z"."""
+    with pytest.raises(TypeError, match="suffixes must be a list of suffixes"):
+        IterableReader(read_range, suffixes=suffixes)
+    assert IterableReader(read_range, suffixes=[".gz"]).suffixes == (".gz",)
+
+
+def test_a_stream_readers_suffixes_as_one_str_are_refused(tmp_path: Path) -> None:
+    reader = CountingReader()
+    reader.suffixes = ".jsonl"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"reader\.suffixes must be a list"):
+        StreamingShardedDataset(tmp_path, reader)

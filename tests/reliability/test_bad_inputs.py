@@ -1114,9 +1114,9 @@ SHARDS = [
         "ShardedDataset duplicate path",
         lambda tmp: ShardedDataset([raw_bin(tmp, "<u2")] * 2, TokenReader(4)),
         ValueError,
-        "shard path",
+        "shards",
         "listed twice",
-        "list each once",
+        "keep each file once",
     ),
     Bad(
         "ShardedDataset mix",
