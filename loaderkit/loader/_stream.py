@@ -278,6 +278,7 @@ class StreamEngine(WorkerStreams):
         )
 
     def _hand_out(self, batches: Iterator[Any], *, pin: bool) -> Generator[Any, None, None]:
+        fresh = self.steps_done == 0
         for local, after, batch in batches:
             self._history.append((local, self.cursors[local], self.next_local, self.complete))
             self.cursors[local] = after
@@ -287,6 +288,14 @@ class StreamEngine(WorkerStreams):
                 entry = self._entry(self.cursors)
                 self._ring.publish(self._round, self.epoch, self.steps_done, entry)
             yield pin_batch(batch) if pin else batch
+        if fresh and self.steps_done == 0:  # (with steps=, empty passes raise in slot_stream)
+            shards = self.dataset.shards
+            raise LoaderkitError(
+                f"StreamingShardedDataset: epoch {self.epoch} yielded no batch: its "
+                f"{len(shards)} shard(s) ({', '.join(map(shard_name, shards[:3]))}, ...) hold "
+                f"no sample{', or fewer than batch_size with drop_last' * self.drop_last}; "
+                "check the shards and the reader."
+            )
         self.complete = True
 
     def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:

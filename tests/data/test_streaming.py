@@ -217,7 +217,13 @@ def test_pass_per_epoch_exactly_once_and_exact_resume(
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # fewer shards than slots
-        full = epochs(loader(ds, nw, batch_size=batch, drop_last=drop), 2)
+        try:
+            full = epochs(loader(ds, nw, batch_size=batch, drop_last=drop), 2)
+        except LoaderkitError as err:  # an epoch of no batch is an error, never silent
+            assert "yielded no batch" in str(err)
+            assert sum(sizes) <= (batch - 1) * max(nw, 1) * drop
+            return
+        assert all(full), "an empty epoch passed silently"
         for e, epoch in enumerate(full):
             seen = Counter(i for b in epoch for i in b)
             assert max(seen.values(), default=1) == 1, f"epoch {e} repeats a sample"
@@ -651,3 +657,12 @@ def test_a_stream_readers_suffixes_as_one_str_are_refused(tmp_path: Path) -> Non
     reader.suffixes = ".jsonl"  # type: ignore[assignment]
     with pytest.raises(TypeError, match=r"reader\.suffixes must be a list"):
         StreamingShardedDataset(tmp_path, reader)
+
+
+def test_shards_without_a_sample_are_an_error_not_an_empty_epoch() -> None:
+    ds = StreamingShardedDataset(make_shards([0, 0, 0]), IterableReader(read_range))
+    with pytest.raises(LoaderkitError, match=r"epoch 0 yielded no batch: its 3 shard"):
+        list(loader(ds, 0, batch_size=2))
+    short = StreamingShardedDataset(make_shards([1, 1]), IterableReader(read_range))
+    with pytest.raises(LoaderkitError, match="fewer than batch_size with drop_last"):
+        list(loader(short, 2, batch_size=2, drop_last=True))
