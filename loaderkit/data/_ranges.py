@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit.data.readers import TokenReader, _out_numpy_dtype
+from loaderkit.data.readers import TokenReader, out_numpy_dtype
 from loaderkit.errors import ShardError
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
@@ -80,12 +80,14 @@ class RangedTokens:
     """Fixed-length token samples of one remote shard, read by byte ranges (an OpenShard):
     those of :meth:`TokenReader.open`; no ``rows`` (a mixing batch is read per shard)."""
 
-    def __init__(self, source: _Spans, index: int, layout: Layout, reader: TokenReader) -> None:
+    def __init__(
+        self, source: _Spans, index: int, layout: Layout, reader: TokenReader, url: str
+    ) -> None:
         assert reader.seq_len is not None
         self.source, self.index, self.layout = source, index, layout
         self.seq_len, self.span = reader.seq_len, reader.seq_len + reader.targets
         self.count = max(layout.tokens - reader.targets, 0) // reader.seq_len
-        self.out = _out_numpy_dtype(reader.out_dtype, layout.dtype)
+        self.out = out_numpy_dtype(reader, layout.dtype, url)
         self.item = layout.dtype.itemsize
 
     def __len__(self) -> int:

@@ -252,10 +252,23 @@ def _read_dtype(path: Path) -> np.dtype | None:
         ) from exc
 
 
-def _out_numpy_dtype(out_dtype: torch.dtype | None, stored: np.dtype) -> np.dtype:
-    if out_dtype is None:
+def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
+    """The numpy dtype ``reader`` returns tokens of ``shard`` (stored as ``stored``) in;
+    refuses an ``out_dtype`` or an ``eos`` that cannot hold every stored value."""
+    if reader.eos is not None and reader.eos > np.iinfo(stored).max:
+        raise ValueError(
+            f"TokenReader: eos={reader.eos} is above every {stored} token of shard "
+            f"{shard!r}, so no document would end; pass the eos id the shards use."
+        )
+    if reader.out_dtype is None:
         return stored
-    return torch.empty(0, dtype=out_dtype).numpy().dtype
+    out = torch.empty(0, dtype=reader.out_dtype).numpy().dtype
+    if not np.can_cast(stored, out, casting="safe"):
+        raise ValueError(
+            f"TokenReader: out_dtype={reader.out_dtype} cannot hold every {stored} token of "
+            f"shard {shard!r}; pass out_dtype=None (the stored dtype) or a wider one."
+        )
+    return out
 
 
 class TokenReader:
@@ -410,6 +423,7 @@ class TokenReader:
         path = Path(path)
         tokens = self.tokens(path)
         if self.eos is not None:
+            out_numpy_dtype(self, tokens.dtype, str(path))
             ends = [
                 np.flatnonzero(tokens[lo : lo + _CHUNK] == self.eos) + (lo + 1)
                 for lo in range(0, len(tokens), _CHUNK)
@@ -426,7 +440,7 @@ class TokenReader:
         """Memory-map the shard."""
         path = Path(path)
         tokens = self.tokens(path)
-        out = _out_numpy_dtype(self.out_dtype, tokens.dtype)
+        out = out_numpy_dtype(self, tokens.dtype, str(path))
         if self.eos is not None:
             tag = f".eos{self.eos}"
             offsets = _read_offsets(path, tag, len(tokens))

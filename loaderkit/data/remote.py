@@ -652,7 +652,7 @@ class RemoteShards:
         if layout is None:
             return None
         assert isinstance(self.reader, TokenReader)
-        return RangedTokens(self, index, layout, self.reader)
+        return RangedTokens(self, index, layout, self.reader, self.shards[index].url)
 
     def _block_entry(self, index: int, block: int) -> tuple[Path, Path, Path]:
         found = self._block_paths.get((index, block))

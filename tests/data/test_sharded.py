@@ -767,6 +767,20 @@ def test_a_readers_suffixes_given_as_one_str_are_refused(shards: list[Path]) -> 
         ShardedDataset(shards[0].parent, OneStr(seq_len=SEQ))
 
 
+def test_an_out_dtype_or_eos_that_cannot_hold_the_stored_tokens_is_refused(tmp_path: Path) -> None:
+    """int16 would wrap token 60000 to -5536, and eos=70000 never ends a uint16 document."""
+    tokens = np.array([1, 60000, 7, 2], np.uint16)
+    path = TokenReader(seq_len=2, dtype=np.uint16).write(tmp_path / "a.bin", tokens)
+    narrow = TokenReader(seq_len=2, dtype=np.uint16, out_dtype=torch.int16)
+    with pytest.raises(ValueError, match=r"out_dtype=torch.int16 cannot hold every uint16"):
+        narrow.open(path)
+    wide = TokenReader(seq_len=2, dtype=np.uint16, out_dtype=torch.int32)
+    assert wide.open(path).read(0).tolist() == [1, 60000]
+    with pytest.raises(ValueError, match=r"eos=70000 is above every uint16 token"):
+        ShardedDataset([path], TokenReader(eos=70000, dtype=np.uint16))
+    assert len(ShardedDataset([path], TokenReader(eos=7, dtype=np.uint16))) == 2
+
+
 # ----------------------------------------------------------------- file opens
 class LoggingReader(TokenReader):
     """Appends ``pid shard`` to a log file on every open, from any process."""
