@@ -84,6 +84,11 @@ class JsonlReader:
     def write(self, path: Path, samples: Iterable[Any]) -> Path:
         """Write one JSON line per sample to ``path``."""
         path = Path(path)
+        if isinstance(samples, str | bytes | dict):  # iterating would write keys or letters
+            raise TypeError(
+                f"JsonlReader.write: samples must be an iterable of samples, got one "
+                f"{type(samples).__name__}; pass a list of them, e.g. [sample]."
+            )
         with open(path, "w", encoding="utf-8") as f:
             for i, sample in enumerate(samples):
                 try:

@@ -1818,6 +1818,14 @@ MORE = [
         "tensor.tolist",
     ),
     Bad(
+        "JsonlReader.write one dict",  # was: one line per key
+        lambda tmp: JsonlReader().write(tmp / "y.jsonl", {"a": 1}),
+        TypeError,
+        "samples",
+        "one dict",
+        r"\[sample\]",
+    ),
+    Bad(
         "TokenReader.write 2-D",
         lambda tmp: TokenReader(2).write(tmp / "x.npy", np.ones((2, 2), dtype=int)),
         ValueError,
