@@ -35,7 +35,7 @@ from loaderkit.data._codec import (
     compress_file,
     file_digest,
 )
-from loaderkit.data._fs import Storage, is_url, join_url
+from loaderkit.data._fs import Storage, is_url, join_url, url_name
 from loaderkit.data.index import (
     WORK_DIR,
     WRITER,
@@ -481,10 +481,12 @@ def write_shards(
     """
     progress, resume = _check_args(reader, fn, num_workers, mp_context, progress, resume)
     check_index_path(index, owner="write_shards")
-    ext = suffix if suffix is not None else reader.suffixes[0]
+    ext = _check_names(prefix, suffix if suffix is not None else reader.suffixes[0])
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
+    _refuse_file_url("directory", directory)
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
+    _refuse_index_over_a_shard(job, index)
     with _writers(job, num_workers, mp_context) as pool:
         bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
         try:
@@ -541,6 +543,62 @@ def _check_args(
     return progress, resume
 
 
+def _check_names(prefix: Any, suffix: Any) -> str:
+    """``suffix`` if it and ``prefix`` name visible files in the folder itself."""
+    for name, value in [("prefix", prefix), ("suffix", suffix)]:
+        if not isinstance(value, str):
+            raise TypeError(
+                f"write_shards: {name} must be a str, got {value!r} ({type(value).__name__}); "
+                f"pass e.g. {name}={'train' if name == 'prefix' else '.npy'!r}."
+            )
+    if not prefix or prefix.startswith(".") or "/" in prefix:
+        raise ValueError(
+            f"write_shards: prefix must be a non-empty file name start without '/' or a "
+            f"leading '.', got {prefix!r}; pass e.g. prefix='train'."
+        )
+    if not suffix.startswith(".") or "/" in suffix:
+        raise ValueError(
+            f"write_shards: suffix must be a str starting with '.' and without '/', got "
+            f"{suffix!r}; pass e.g. suffix='.npy', or leave it out (the reader's first)."
+        )
+    return suffix
+
+
+def _refuse_file_url(name: str, value: Any) -> None:
+    if isinstance(value, str) and value.startswith("file://"):
+        raise ValueError(
+            f"write_shards: {name}={value!r} is a file:// URL, which would be written to a "
+            f"folder named 'file:'; pass the local path {value[len('file://') :]!r}."
+        )
+
+
+def _shard_name(job: _Job) -> re.Pattern[str]:
+    """This write's shard file names, ``{prefix}-00000{ext}`` (``.zst`` appended or not)."""
+    return re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\.zst)?")
+
+
+def _refuse_index_over_a_shard(job: _Job, index: Any) -> None:
+    """An ``index=`` in the shard folder named like a shard (or its sidecar) would
+    overwrite it, or be deleted as stale."""
+    if index is None:
+        return
+    _refuse_file_url("index", index)
+    text = str(index)
+    if is_url(text):
+        folder, name = text.rsplit("/", 1)[0].rstrip("/"), url_name(text)
+        same = folder == job.root
+    else:
+        path = Path(index)
+        same, name = path.resolve().parent == Path(job.root).resolve(), path.name
+    shard = _shard_name(job).match(name)
+    if same and shard and (shard.end() == len(name) or name.endswith(OWN_SUFFIXES)):
+        raise ValueError(
+            f"write_shards: index={text!r} is named like this write's shards (or their "
+            "sidecars) in their folder, so it would overwrite one; give the index another "
+            "name, e.g. 'index.json'."
+        )
+
+
 def _local_root(directory: Any, storage_options: Any) -> str:
     """The local folder to write into, with a fresh staging folder."""
     if storage_options is not None:
@@ -564,7 +622,7 @@ def _stale(
 ) -> list[str]:
     """The files among ``names`` an earlier write left that this one did not produce: shards
     and sidecars of this prefix, and the indexes listing them (``read``: a file's bytes)."""
-    shard = re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\.zst)?")
+    shard = _shard_name(job)
 
     def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
         if name in written:

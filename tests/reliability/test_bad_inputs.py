@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -1808,6 +1809,41 @@ MORE = [
         "directory=",
         "is a file",
         "pass the path of a directory",
+    ),
+    *[
+        Bad(
+            f"write_shards prefix {prefix!r}",  # was: a hidden file, a subfolder, "-00000"
+            lambda tmp, prefix=prefix: write_shards(tmp, [[1]], JsonlReader(), prefix=prefix),
+            ValueError if isinstance(prefix, str) else TypeError,
+            "prefix",
+            re.escape(repr(prefix)),
+            "prefix='train'",
+        )
+        for prefix in ["", ".hidden", "a/b", 3]
+    ],
+    Bad(
+        "write_shards suffix without a dot",  # was: files named shard-00000jsonl
+        lambda tmp: write_shards(tmp, [[1]], JsonlReader(), suffix="jsonl"),
+        ValueError,
+        "suffix",
+        "'jsonl'",
+        "suffix='.npy'",
+    ),
+    Bad(
+        "write_shards file URL",  # was: written to ./file:/...
+        lambda tmp: write_shards(f"file://{tmp}/out", [[1]], JsonlReader()),
+        ValueError,
+        "directory=",
+        "file:// URL",
+        "pass the local path",
+    ),
+    Bad(
+        "write_shards index over a shard",  # was: the index overwrote shard-00000.jsonl
+        lambda tmp: write_shards(tmp, [[1]], JsonlReader(), index=tmp / "shard-00000.jsonl"),
+        ValueError,
+        "index=",
+        "named like this write's shards",
+        "another name",
     ),
     Bad(
         "JsonlReader.write unserializable",  # was json's raw TypeError
