@@ -155,6 +155,7 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": _code_digest(fn)}
+    settings["fn_bound"] = None if fn is None else _fingerprint(fn)  # a partial's arguments
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

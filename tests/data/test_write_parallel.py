@@ -7,6 +7,7 @@ module level: forkserver writers import them from this module by name.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -230,6 +231,32 @@ def test_a_changed_fn_rewrites_every_shard_on_resume(tmp_path: Path) -> None:
     paths = write_shards(folder, range(5), READER, fn=make_v2, progress=False)
     ds = ShardedDataset(paths, READER)
     assert [int(ds[i][0]) for i in (0, 5)] == [1, 101]
+
+
+def make_plus(n: int, plus: int) -> np.ndarray:
+    if n == 2 and plus == 1:
+        raise ValueError("boom: the first run stops at shard 2")
+    return make(n) + plus
+
+
+class MakePlus:
+    def __init__(self, plus: int) -> None:
+        self.plus = plus
+
+    def __call__(self, n: int) -> np.ndarray:
+        return make_plus(n, self.plus)
+
+
+@pytest.mark.parametrize("fn", [lambda p: functools.partial(make_plus, plus=p), MakePlus])
+def test_an_fn_with_other_arguments_rewrites_every_shard_on_resume(tmp_path: Path, fn: Any) -> None:
+    """Same code, other bound arguments (a partial's, an instance's state): other data."""
+    folder = tmp_path / "out"
+    with pytest.raises(ValueError, match="boom"):
+        write_shards(folder, range(3), READER, fn=fn(1), progress=False)
+    assert len(list(folder.glob(f"{WORK_DIR}/**/*.npy"))) + len(list(folder.glob("*.npy"))) >= 2
+    paths = write_shards(folder, range(3), READER, fn=fn(2), progress=False)
+    ds = ShardedDataset(paths, READER)
+    assert [int(ds[i][0]) for i in (0, 5)] == [2, 102]
 
 
 @pytest.mark.parametrize(
