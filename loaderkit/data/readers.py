@@ -287,7 +287,8 @@ class TokenReader:
             give the loader a padding ``collate_fn`` such as :class:`~loaderkit.PadCollate`.
         dtype: Token dtype. Required for ``.bin`` files without a ``.lkdtype``
             header; for ``.npy`` files, checked against the header when given.
-        out_dtype: dtype of the returned tensors; ``None`` keeps the stored dtype.
+        out_dtype: dtype of the returned tensors; ``None`` keeps the stored dtype. One that
+            cannot hold every stored value (int16 for uint16 shards) is refused.
 
     Example:
         >>> import tempfile
