@@ -6,6 +6,7 @@ docs/design.md, weighted mixing.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import StateMismatchError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.mix import MixPlan, mix_allotments
@@ -166,6 +168,13 @@ class MixedDataset(Dataset[Any]):
             _check_distinct(datasets, self.sizes, self.per_epoch)
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
+
+    @property
+    def names_crc32(self) -> int | None:
+        """crc32 of the :class:`ShardedDataset` sources' ``names_crc32`` in order (None: no
+        source is shard files), which a saved position is checked against."""
+        names = [ds.names_crc32 if isinstance(ds, ShardedDataset) else None for ds in self.sources]
+        return None if names.count(None) == len(names) else zlib.crc32(repr(names).encode())
 
     def __len__(self) -> int:
         """The sources' total; a source whose ``len()`` changed since is refused."""

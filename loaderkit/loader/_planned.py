@@ -61,8 +61,10 @@ class PlanEngine:
         """The plan's settings, and which shard files the indices name (a position over
         other files, or the same in another order, would read other samples)."""
         fields = plan.fingerprint()
-        if isinstance(self.dataset, ShardedDataset) and self.dataset.names_crc32 is not None:
-            fields.setdefault("shard_names_crc32", self.dataset.names_crc32)
+        if isinstance(self.dataset, ShardedDataset | MixedDataset):
+            names = self.dataset.names_crc32
+            if names is not None:
+                fields.setdefault("shard_names_crc32", names)
         return fields
 
     def length(self) -> int:

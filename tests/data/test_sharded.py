@@ -35,6 +35,7 @@ import loaderkit.data.sharded
 import loaderkit.plan.shard
 from loaderkit import (
     JsonlReader,
+    MixedDataset,
     PadCollate,
     ResumableDataLoader,
     ShardPlan,
@@ -204,7 +205,7 @@ def test_fingerprint_pins_sizes_and_settings_and_a_resume_under_others_is_refuse
         check_state(state, other.fingerprint(), owner="ResumableDataLoader")
 
 
-@pytest.mark.parametrize("via", ["batch_sampler", "shuffle"])
+@pytest.mark.parametrize("via", ["batch_sampler", "shuffle", "mixed", "mixed_sampler"])
 def test_a_state_over_other_files_or_another_order_of_them_is_refused(
     tmp_path: Path, via: str
 ) -> None:
@@ -213,6 +214,12 @@ def test_a_state_over_other_files_or_another_order_of_them_is_refused(
 
     def make(paths: list[Path]) -> ResumableDataLoader:
         ds = ShardedDataset(paths, TokenReader(seq_len=SEQ))
+        if via.startswith("mixed"):
+            fixed = ShardedDataset(files, TokenReader(seq_len=SEQ))
+            mix = MixedDataset({"shards": ds, "fixed": fixed}, weights=[0.5, 0.5])
+            if via == "mixed_sampler":
+                return ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(4, seed=3))
+            return ResumableDataLoader(mix, batch_size=4, shuffle=True, seed=3)
         if via == "shuffle":
             return ResumableDataLoader(ds, batch_size=4, shuffle=True, seed=3)
         return loader(ds)
