@@ -70,6 +70,11 @@ class ShardChangedError(ShardError):
     """A shard's identity (ETag, version, size, mtime) is not the one listed or indexed."""
 
 
+class ReaderSettingError(LoaderkitError, ValueError):
+    """A reader's setting does not fit the data it reads (a token its ``out_dtype`` cannot
+    hold, an ``eos`` its dtype cannot hold); never skipped by ``on_error="skip"``."""
+
+
 class MissingDependencyError(LoaderkitError, ImportError):
     """An optional dependency (an extra such as ``vision``) is not installed."""
 

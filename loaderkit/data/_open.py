@@ -35,6 +35,7 @@ from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader
 from loaderkit.errors import (
     MissingDependencyError,
     MissingShardError,
+    ReaderSettingError,
     ShardChangedError,
     ShardError,
 )
@@ -83,14 +84,23 @@ def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
 
 
 def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
-    """Two paths naming one file (listed twice, or a symlink) would read it twice."""
+    """A path listed twice, or a link to another listed file, would read that file twice.
+    Links sharing a target outside the list (a Hugging Face snapshot's blobs) are fine."""
+    parents: dict[Path, Path] = {}  # one resolve() per folder, not per file
+
+    def real(path: Path) -> Path:
+        if path.parent not in parents:
+            parents[path.parent] = path.parent.resolve()
+        return parents[path.parent] / path.name
+
     seen: dict[Path, Path] = {}
-    for path in paths:
-        first = seen.setdefault(path.resolve(), path)
+    twice = [(seen.setdefault(real(path), path), path) for path in paths]
+    links = [(seen.get(path.resolve(), path), path) for path in paths if path.is_symlink()]
+    for first, path in twice + links:
         if first is not path:
             raise ValueError(
                 f"{owner}: shards {str(first)!r} and {str(path)!r} are one file (listed twice, "
-                "or a link); its samples would be read twice. List or keep each file once."
+                "or a link to it); its samples would be read twice. List or keep each file once."
             )
 
 
@@ -232,7 +242,7 @@ class OpenShards:
                 handle = self._open_local(shard, entry)
             else:
                 handle = self._open_fetched(shard)
-        except (ShardError, MissingDependencyError):
+        except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
             raise ShardError(

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit.data.readers import TokenReader, out_numpy_dtype
+from loaderkit.data.readers import TokenReader, as_out, out_numpy_dtype
 from loaderkit.errors import ShardError
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
@@ -106,8 +106,8 @@ class RangedTokens:
         return raw.view(self.layout.dtype).reshape(len(idx), self.span)
 
     def read(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self._rows([index])[0], dtype=self.out))
+        return torch.from_numpy(as_out(self._rows([index])[0], self.out))
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         rows = self._rows(indices)
-        return rows if rows.dtype == self.out else rows.astype(self.out)
+        return rows if rows.dtype == self.out else as_out(rows, self.out)

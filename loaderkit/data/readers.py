@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_int
-from loaderkit.errors import MissingShardError, ShardError
+from loaderkit.errors import MissingShardError, ReaderSettingError, ShardError
 
 __all__ = ["OpenShard", "ShardReader", "TokenReader"]
 
@@ -254,21 +254,28 @@ def _read_dtype(path: Path) -> np.dtype | None:
 
 def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
     """The numpy dtype ``reader`` returns tokens of ``shard`` (stored as ``stored``) in;
-    refuses an ``out_dtype`` or an ``eos`` that cannot hold every stored value."""
+    refuses an ``eos`` that no stored token can equal."""
     if reader.eos is not None and reader.eos > np.iinfo(stored).max:
-        raise ValueError(
+        raise ReaderSettingError(
             f"TokenReader: eos={reader.eos} is above every {stored} token of shard "
             f"{shard!r}, so no document would end; pass the eos id the shards use."
         )
     if reader.out_dtype is None:
         return stored
-    out = torch.empty(0, dtype=reader.out_dtype).numpy().dtype
-    if not np.can_cast(stored, out, casting="safe"):
-        raise ValueError(
-            f"TokenReader: out_dtype={reader.out_dtype} cannot hold every {stored} token of "
-            f"shard {shard!r}; pass out_dtype=None (the stored dtype) or a wider one."
+    return torch.empty(0, dtype=reader.out_dtype).numpy().dtype
+
+
+def as_out(values: np.ndarray, out: np.dtype) -> np.ndarray:
+    """``values`` copied as ``out``; a token ``out`` cannot hold is refused (it would wrap)."""
+    result = np.array(values, dtype=out)
+    narrower = not np.can_cast(values.dtype, out, "safe")  # never for the default int64
+    if narrower and values.size and not np.array_equal(result, values):
+        bad = values.reshape(-1)[result.reshape(-1) != values.reshape(-1)][0]
+        raise ReaderSettingError(
+            f"TokenReader: out_dtype {out} cannot hold token {bad} (stored as "
+            f"{values.dtype}); pass out_dtype=None (the stored dtype) or a wider one."
         )
-    return out
+    return result
 
 
 class TokenReader:
@@ -506,7 +513,7 @@ class _FixedTokens:
 
     def read(self, index: int) -> torch.Tensor:
         self.guard.check()
-        row = np.array(self.rows[index], dtype=self.out)
+        row = as_out(self.rows[index], self.out)
         self.guard.check()
         return torch.from_numpy(row)
 
@@ -515,7 +522,7 @@ class _FixedTokens:
         self.guard.check()
         rows = self.rows.take(indices, axis=0) if self.disjoint else self.rows[indices]
         self.guard.check()
-        return rows if rows.dtype == self.out else rows.astype(self.out)
+        return rows if rows.dtype == self.out else as_out(rows, self.out)
 
 
 class _Documents:
@@ -534,7 +541,7 @@ class _Documents:
 
     def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
-        return torch.from_numpy(np.array(self.tokens[lo:hi], dtype=self.out))
+        return torch.from_numpy(as_out(self.tokens[lo:hi], self.out))
 
     def read(self, index: int) -> torch.Tensor:
         self.guard.check()

@@ -27,7 +27,7 @@ from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
-from loaderkit.errors import CollateError, MissingDependencyError, ShardError
+from loaderkit.errors import CollateError, MissingDependencyError, ReaderSettingError, ShardError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
@@ -216,7 +216,7 @@ class ShardedDataset(Dataset[Any]):
         shard, local = self.locate(int(index))
         try:
             return self._handle(shard).read(local)
-        except (ShardError, MissingDependencyError):
+        except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
             raise self._read_error(shard, local, exc) from exc
@@ -230,6 +230,8 @@ class ShardedDataset(Dataset[Any]):
         )
 
     def _skip(self, shard: int, count: int, exc: Exception) -> None:
+        if isinstance(exc, ReaderSettingError):  # a setting, not a bad shard: never skipped
+            raise exc
         info = get_worker_info()
         slot = 0 if info is None else 1 + info.id % (_SKIP_SLOTS - 1)
         self._skips[slot] += count
@@ -259,7 +261,7 @@ class ShardedDataset(Dataset[Any]):
             return [handle.read(i) for i in local.tolist()]
         except Exception as exc:
             if self.on_error == "raise":
-                if isinstance(exc, ShardError):
+                if isinstance(exc, ShardError | ReaderSettingError):
                     raise
                 raise self._read_error(shard, int(local[0]), exc) from exc
         # Under "skip", a batched read failed: read one by one to leave out only the bad samples.
@@ -335,7 +337,12 @@ class ShardedDataset(Dataset[Any]):
                     handle = handles[shard] = get(shard)
                 picks.append((handle.rows, g - starts[shard]))  # no rows: the per-shard path
             shape, dtype = picks[0][0].shape[1:], handle.dtype
-            if any(h.rows.shape[1:] != shape or h.dtype != dtype for h in handles.values()):
+            if any(
+                h.rows.shape[1:] != shape
+                or h.dtype != dtype
+                or not np.can_cast(h.rows.dtype, dtype, "safe")  # the per-shard path checks it
+                for h in handles.values()
+            ):
                 return None
             guards = [getattr(h, "guard", None) for h in handles.values()]
             sizers = [size for guard in guards if guard is not None for size in guard.sizers]

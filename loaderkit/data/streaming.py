@@ -26,7 +26,12 @@ from loaderkit.data._codec import decode_into, default_cache_root, is_compressed
 from loaderkit.data._open import prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
-from loaderkit.errors import LoaderkitError, MissingDependencyError, ShardError
+from loaderkit.errors import (
+    LoaderkitError,
+    MissingDependencyError,
+    ReaderSettingError,
+    ShardError,
+)
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
@@ -348,7 +353,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 else _seek_by_index(self.reader, local, offset)
             )
             yield from source
-        except (ShardError, MissingDependencyError):
+        except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
             raise ShardError(

@@ -155,7 +155,8 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": _code_digest(fn)}
-    settings["fn_bound"] = None if fn is None else _fingerprint(fn)  # a partial's arguments
+    if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
+        settings["fn_bound"] = _fingerprint(fn)
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -236,10 +236,9 @@ def _plan(
             drop_last=a["drop_last"],
             first_state=a["first_state"],
         )
-    elif (
-        isinstance(dataset, MixedDataset) and sampler is None and dataset.per_epoch != dataset.sizes
-    ):
-        # A weighted mix's own plan (an unweighted one is read as any dataset).
+    elif isinstance(dataset, MixedDataset) and dataset.per_epoch != dataset.sizes:
+        # A weighted mix's own plan, as for no sampler or a plain one (an unweighted mix is
+        # read as any dataset).
         options = {"shuffle": a["shuffle"], "drop_last": a["drop_last"]}
         reseed = partial(_mix_plan, dataset, batch_size, options)
         plan = reseed(seed)

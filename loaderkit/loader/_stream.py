@@ -290,11 +290,14 @@ class StreamEngine(WorkerStreams):
             yield pin_batch(batch) if pin else batch
         if fresh and self.steps_done == 0:  # (with steps=, empty passes raise in slot_stream)
             shards = self.dataset.shards
+            names = ", ".join(map(shard_name, shards[:3])) + (", ..." if len(shards) > 3 else "")
+            slots = f"each of the {self.workers} worker slot(s) got fewer than batch_size="
+            short = f"{slots}{self.batch_size} (drop_last=True)" if self.drop_last else ""
             raise LoaderkitError(
                 f"StreamingShardedDataset: epoch {self.epoch} yielded no batch: its "
-                f"{len(shards)} shard(s) ({', '.join(map(shard_name, shards[:3]))}, ...) hold "
-                f"no sample{', or fewer than batch_size with drop_last' * self.drop_last}; "
-                "check the shards and the reader."
+                f"{len(shards)} shard(s) ({names}) hold no sample{', or ' * bool(short)}{short}; "
+                "check the shards and the reader"
+                f"{', or lower batch_size or num_workers' * self.drop_last}."
             )
         self.complete = True
 

@@ -37,6 +37,7 @@ from loaderkit import (
     JsonlReader,
     MixedDataset,
     PadCollate,
+    ReaderSettingError,
     ResumableDataLoader,
     ShardPlan,
     StateMismatchError,
@@ -263,6 +264,26 @@ def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[P
             match=rf"field 'plan' has no 'mix_shards' \(this loaderkit's plan: mix_shards={mix}\)",
         ):
             loader(ds, mix_shards=mix).load_state_dict(state)
+
+
+@pytest.mark.parametrize("via", ["batch_sampler", "shuffle"])
+def test_a_state_without_shard_names_says_an_older_loaderkit_saved_it(
+    shards: list[Path], via: str
+) -> None:
+    from loaderkit.plan._cursor import seal
+
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    make = (
+        (lambda: loader(ds))
+        if via == "batch_sampler"
+        else (lambda: ResumableDataLoader(ds, batch_size=4, shuffle=True, seed=3))
+    )
+    run = make()
+    next(iter(run))
+    state = run.state_dict()
+    del state["plan"]["shard_names_crc32"]
+    with pytest.raises(StateMismatchError, match="older loaderkit that did not record the shard"):
+        make().load_state_dict(seal(state))
 
 
 def test_plan_arguments_are_checked() -> None:
@@ -760,7 +781,18 @@ def test_a_link_to_a_shard_in_its_folder_is_refused_not_read_twice(shards: list[
         ShardedDataset(folder, TokenReader(seq_len=SEQ))
     assert "shard-99999.npy" in str(err.value)
     with pytest.raises(ValueError, match="are one file"):
-        ShardedDataset([shards[0], folder / "shard-99999.npy"], TokenReader(seq_len=SEQ))
+        ShardedDataset([folder / "shard-99999.npy", shards[0]], TokenReader(seq_len=SEQ))
+    # Links into a content store may share a target (a Hugging Face snapshot's blobs).
+    blob = folder.parent / "blobs" / "same"
+    blob.parent.mkdir()
+    blob.write_bytes(shards[0].read_bytes())
+    snapshot = folder.parent / "snapshot"
+    snapshot.mkdir()
+    for name in ("part-0.npy", "part-1.npy"):
+        (snapshot / name).symlink_to(blob)
+    assert len(ShardedDataset(snapshot, TokenReader(seq_len=SEQ))) == 2 * len(
+        ShardedDataset([shards[0]], TokenReader(seq_len=SEQ))
+    )
 
 
 def test_a_readers_suffixes_given_as_one_str_are_refused(shards: list[Path]) -> None:
@@ -774,17 +806,26 @@ def test_a_readers_suffixes_given_as_one_str_are_refused(shards: list[Path]) -> 
         ShardedDataset(shards[0].parent, OneStr(seq_len=SEQ))
 
 
-def test_an_out_dtype_or_eos_that_cannot_hold_the_stored_tokens_is_refused(tmp_path: Path) -> None:
-    """int16 would wrap token 60000 to -5536, and eos=70000 never ends a uint16 document."""
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_token_the_out_dtype_cannot_hold_or_an_eos_above_the_dtype_is_refused(
+    tmp_path: Path, on_error: Any
+) -> None:
+    """int16 would wrap token 60000 to -5536, and eos=70000 never ends a uint16 document;
+    a reader setting is never skipped as a bad shard. Tokens that fit a narrower dtype read."""
     tokens = np.array([1, 60000, 7, 2], np.uint16)
     path = TokenReader(seq_len=2, dtype=np.uint16).write(tmp_path / "a.bin", tokens)
-    narrow = TokenReader(seq_len=2, dtype=np.uint16, out_dtype=torch.int16)
-    with pytest.raises(ValueError, match=r"out_dtype=torch.int16 cannot hold every uint16"):
-        narrow.open(path)
-    wide = TokenReader(seq_len=2, dtype=np.uint16, out_dtype=torch.int32)
-    assert wide.open(path).read(0).tolist() == [1, 60000]
-    with pytest.raises(ValueError, match=r"eos=70000 is above every uint16 token"):
-        ShardedDataset([path], TokenReader(eos=70000, dtype=np.uint16))
+    narrow = ShardedDataset(
+        [path], TokenReader(seq_len=2, dtype=np.uint16, out_dtype=torch.int16), on_error=on_error
+    )
+    assert narrow[1].tolist() == [7, 2]
+    for read in (lambda: narrow[0], lambda: narrow.get_batch([0, 1]), lambda: list(loader(narrow))):
+        with pytest.raises(ReaderSettingError, match=r"out_dtype int16 cannot hold token 60000"):
+            read()
+    small = write_shards(tmp_path / "i64", [np.arange(40)], TokenReader(seq_len=4))  # int64
+    as_int32 = ShardedDataset(small, TokenReader(seq_len=4, out_dtype=torch.int32))
+    assert as_int32.get_batch([9])[0].tolist() == [36, 37, 38, 39]
+    with pytest.raises(ReaderSettingError, match=r"eos=70000 is above every uint16 token"):
+        ShardedDataset([path], TokenReader(eos=70000, dtype=np.uint16), on_error=on_error)
     assert len(ShardedDataset([path], TokenReader(eos=7, dtype=np.uint16))) == 2
 
 

@@ -204,7 +204,7 @@ def test_loader_over_a_mix_with_a_sampler_that_ignores_its_weights_is_refused() 
         {"a": TensorDataset(torch.arange(10)), "b": TensorDataset(torch.arange(4))},
         weights=[1, 1],
     )
-    sampler = torch.utils.data.SequentialSampler(mix)
+    sampler = torch.utils.data.RandomSampler(mix)
     with pytest.raises(ValueError, match=r"weights would be ignored.*mix\.batch_sampler"):
         ResumableDataLoader(mix, batch_size=4, sampler=sampler)
 

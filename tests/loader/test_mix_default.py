@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import SequentialSampler, TensorDataset
+from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
 
 from loaderkit import MixedDataset, PlanBatchSampler, ResumableDataLoader, SamplePlan
 
@@ -47,9 +47,12 @@ def test_a_mix_drawn_by_default_resumes_exactly_with_a_drawn_seed() -> None:
 def test_a_sampler_that_would_ignore_a_mixs_weights_is_refused() -> None:
     mix = _mix()
     plain = PlanBatchSampler(SamplePlan(num_samples=len(mix), batch_size=10))
-    for args in ({"sampler": SequentialSampler(mix)}, {"batch_sampler": plain}):
+    for args in ({"sampler": RandomSampler(mix)}, {"batch_sampler": plain}):
         with pytest.raises(ValueError, match="MixedDataset's weights would be ignored"):
             ResumableDataLoader(mix, batch_size=10 if "sampler" in args else 1, **args)
+    # A plain SequentialSampler is no sampler, as for any dataset: the weights are drawn.
+    sequential = ResumableDataLoader(mix, batch_size=10, sampler=SequentialSampler(mix))
+    assert _ids(sequential) == _ids(ResumableDataLoader(mix, batch_size=10))
     unweighted = MixedDataset([TensorDataset(torch.arange(3)), TensorDataset(torch.arange(5))])
     kept = ResumableDataLoader(unweighted, batch_size=4, sampler=SequentialSampler(unweighted))
     assert len(_ids(kept)) == 8
