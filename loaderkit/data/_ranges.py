@@ -88,6 +88,7 @@ class RangedTokens:
         self.seq_len, self.span = reader.seq_len, reader.seq_len + reader.targets
         self.count = max(layout.tokens - reader.targets, 0) // reader.seq_len
         self.out = out_numpy_dtype(reader, layout.dtype, url)
+        self.narrowing = not np.can_cast(layout.dtype, self.out, "safe")
         self.item = layout.dtype.itemsize
 
     def __len__(self) -> int:
@@ -106,8 +107,8 @@ class RangedTokens:
         return raw.view(self.layout.dtype).reshape(len(idx), self.span)
 
     def read(self, index: int) -> torch.Tensor:
-        return torch.from_numpy(as_out(self._rows([index])[0], self.out))
+        return torch.from_numpy(as_out(self._rows([index])[0], self.out, self.narrowing))
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         rows = self._rows(indices)
-        return rows if rows.dtype == self.out else as_out(rows, self.out)
+        return rows if rows.dtype == self.out else as_out(rows, self.out, self.narrowing)

@@ -265,11 +265,11 @@ def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dty
     return torch.empty(0, dtype=reader.out_dtype).numpy().dtype
 
 
-def as_out(values: np.ndarray, out: np.dtype) -> np.ndarray:
-    """``values`` copied as ``out``; a token ``out`` cannot hold is refused (it would wrap)."""
+def as_out(values: np.ndarray, out: np.dtype, narrowing: bool) -> np.ndarray:
+    """``values`` copied as ``out``; where ``out`` is ``narrowing`` (not for the default
+    int64), a token it cannot hold is refused (it would wrap)."""
     result = np.array(values, dtype=out)
-    narrower = not np.can_cast(values.dtype, out, "safe")  # never for the default int64
-    if narrower and values.size and not np.array_equal(result, values):
+    if narrowing and values.size and not np.array_equal(result, values):
         bad = values.reshape(-1)[result.reshape(-1) != values.reshape(-1)][0]
         raise ReaderSettingError(
             f"TokenReader: out_dtype {out} cannot hold token {bad} (stored as "
@@ -501,6 +501,7 @@ class _FixedTokens:
             tokens, shape=(count, span), strides=(seq_len * item, item), writeable=False
         )
         self.out = out
+        self.narrowing = not np.can_cast(tokens.dtype, out, "safe")
         self.dtype = out  # what read_batch returns; rows holds the samples as stored
         self.guard = guard
         self.disjoint = self.rows.flags.c_contiguous
@@ -513,7 +514,7 @@ class _FixedTokens:
 
     def read(self, index: int) -> torch.Tensor:
         self.guard.check()
-        row = as_out(self.rows[index], self.out)
+        row = as_out(self.rows[index], self.out, self.narrowing)
         self.guard.check()
         return torch.from_numpy(row)
 
@@ -522,7 +523,7 @@ class _FixedTokens:
         self.guard.check()
         rows = self.rows.take(indices, axis=0) if self.disjoint else self.rows[indices]
         self.guard.check()
-        return rows if rows.dtype == self.out else as_out(rows, self.out)
+        return rows if rows.dtype == self.out else as_out(rows, self.out, self.narrowing)
 
 
 class _Documents:
@@ -534,6 +535,7 @@ class _Documents:
         self.tokens = tokens
         self.offsets = offsets
         self.out = out
+        self.narrowing = not np.can_cast(tokens.dtype, out, "safe")
         self.guard = guard
 
     def __len__(self) -> int:
@@ -541,7 +543,7 @@ class _Documents:
 
     def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
-        return torch.from_numpy(as_out(self.tokens[lo:hi], self.out))
+        return torch.from_numpy(as_out(self.tokens[lo:hi], self.out, self.narrowing))
 
     def read(self, index: int) -> torch.Tensor:
         self.guard.check()
