@@ -277,7 +277,9 @@ class MixedDataset(Dataset[Any]):
     ) -> PlanBatchSampler:
         """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``."""
         plan = self.plan(batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
-        return PlanBatchSampler(plan, rank=rank, world_size=world_size)
+        sampler = PlanBatchSampler(plan, rank=rank, world_size=world_size)
+        sampler.shard_names_crc32 = self.names_crc32
+        return sampler
 
     def lengths(
         self, length_fn: Callable[[Any], int] | None = None, *, progress: bool = False
@@ -311,7 +313,7 @@ class MixedDataset(Dataset[Any]):
     ) -> BucketBatchSampler:
         """A :class:`~loaderkit.BucketBatchSampler` over the mix (``lengths`` default to
         :meth:`lengths`; the other arguments are its own); collate with ``PadCollate``."""
-        return BucketBatchSampler(
+        sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             batch_size=batch_size,
             max_tokens=max_tokens,
@@ -327,3 +329,5 @@ class MixedDataset(Dataset[Any]):
             rank=rank,
             world_size=world_size,
         )
+        sampler.shard_names_crc32 = self.names_crc32
+        return sampler

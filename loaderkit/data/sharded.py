@@ -560,6 +560,7 @@ class ShardedDataset(Dataset[Any]):
             rank=rank,
             world_size=world_size,
         )
+        sampler.shard_names_crc32 = self.names_crc32
         if self._remote is not None:
             sampler.plan = self._remote.observe(sampler.plan)
         return sampler

@@ -36,6 +36,10 @@ class PlanBatchSampler(Sampler[list[int]]):
         rank: This process's rank (default: from ``torch.distributed``, else 0).
         world_size: Number of ranks (default: from ``torch.distributed``, else 1).
 
+    Attributes:
+        shard_names_crc32: The shard files' names the indices name (a dataset's
+            ``batch_sampler()`` sets it); a saved position over other files is refused.
+
     Example:
         >>> from loaderkit import SamplePlan
         >>> s = PlanBatchSampler(SamplePlan(num_samples=5, batch_size=2), rank=0, world_size=1)
@@ -54,6 +58,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.plan = plan
         self.rank = rank
         self.world_size = world_size
+        self.shard_names_crc32: int | None = None
         self._cursor = PlanCursor()
         self._len_watch = _LenWatch()
         self._rounds = Rounds()
@@ -72,6 +77,12 @@ class PlanBatchSampler(Sampler[list[int]]):
     def steps_done(self) -> int:
         """Batches this rank drew in that epoch."""
         return self._cursor.steps_done
+
+    def _fingerprint(self) -> dict[str, Any]:
+        fields = self.plan.fingerprint()
+        if self.shard_names_crc32 is not None:
+            fields.setdefault("shard_names_crc32", self.shard_names_crc32)
+        return fields
 
     def _topology(self) -> tuple[int, int]:
         env = detect(rank=self.rank, world_size=self.world_size, loader=self)
@@ -92,7 +103,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         cursor = self._cursor
         rank, world_size = self._topology()
         epoch, start, steps_done = cursor.upcoming(self.plan)
-        fields = {**self.plan.fingerprint(), "world_size": world_size}
+        fields = {**self._fingerprint(), "world_size": world_size}
         fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
         agree_across_ranks(
             type(self).__name__,
@@ -122,12 +133,15 @@ class PlanBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
         _, world_size = self._topology()
-        plan = self.plan
-        return self._cursor.state(plan, plan.fingerprint(), world_size=world_size, num_workers=0)
+        return self._cursor.state(
+            self.plan, self._fingerprint(), world_size=world_size, num_workers=0
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
-        self._cursor.load(state_dict, self.plan, owner="PlanBatchSampler")
+        self._cursor.load(
+            state_dict, self.plan, owner="PlanBatchSampler", fingerprint=self._fingerprint()
+        )
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:

@@ -241,6 +241,39 @@ def test_a_state_over_other_files_or_another_order_of_them_is_refused(
     make([moved / path.name for path in files]).load_state_dict(state)  # a copied folder too
 
 
+@pytest.mark.parametrize("via", ["shards", "shards_bucket", "mix", "mix_bucket"])
+def test_a_samplers_own_state_over_other_files_is_refused(tmp_path: Path, via: str) -> None:
+    """Under a plain DataLoader the sampler's state alone records which files it named;
+    equal-length samples give the bucket plans' lengths checksum nothing to tell apart."""
+    files = write_shards(tmp_path / "eq", id_shards((4, 4, 4)), TokenReader(seq_len=SEQ))
+
+    def make(paths: list[Path]) -> Any:
+        ds = ShardedDataset(paths, TokenReader(seq_len=SEQ))
+        if via == "shards":
+            return ds.batch_sampler(4, seed=3)
+        if via == "shards_bucket":
+            return ds.bucket_batch_sampler(batch_size=4, seed=3)
+        fixed = ShardedDataset(files, TokenReader(seq_len=SEQ))
+        mix = MixedDataset({"shards": ds, "fixed": fixed}, weights=[0.5, 0.5])
+        if via == "mix":
+            return mix.batch_sampler(4, seed=3)
+        return mix.bucket_batch_sampler(batch_size=4, seed=3)
+
+    sampler = make(files)
+    batches = iter(sampler)
+    next(batches)
+    state = sampler.state_dict()
+    rest = list(batches)
+    other = files[0].with_name("other-00000.npy")
+    other.write_bytes(files[1].read_bytes())
+    for paths in ([files[1], files[0], files[2]], [other, files[1], files[2]]):
+        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+            make(paths).load_state_dict(state)
+    resumed = make(files)
+    resumed.load_state_dict(state)  # the same files in the same order resume
+    assert rest and list(resumed) == rest
+
+
 def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[Path]) -> None:
     """A loaderkit 0.1 state has no mix_shards in its plan (and read one shard at a time):
     resuming it under a mixing plan would repeat and skip samples."""
