@@ -142,9 +142,9 @@ class RemoteCache:
         owner = "RemoteCache"
         if self.max_bytes is None:
             env = os.environ.get("LOADERKIT_CACHE_BYTES", "")
-            if env and not env.isdigit():
+            if env and (not env.isdigit() or int(env) < 1):
                 raise ValueError(
-                    f"{owner}: LOADERKIT_CACHE_BYTES must be a byte count, got {env!r}; set "
+                    f"{owner}: LOADERKIT_CACHE_BYTES must be a byte count >= 1, got {env!r}; set "
                     "it to e.g. 68719476736, or pass max_bytes=."
                 )
             object.__setattr__(self, "max_bytes", int(env) if env else DEFAULT_CACHE_BYTES)

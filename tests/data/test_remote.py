@@ -395,9 +395,10 @@ def test_remote_cache_arguments_are_checked(
 def test_a_cache_size_variable_that_is_no_byte_count_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("LOADERKIT_CACHE_BYTES", "abc")
-    with pytest.raises(ValueError, match=r"LOADERKIT_CACHE_BYTES must be a byte count, got 'abc'"):
-        RemoteCache()
+    for bad in ("abc", "0"):
+        monkeypatch.setenv("LOADERKIT_CACHE_BYTES", bad)
+        with pytest.raises(ValueError, match=rf"LOADERKIT_CACHE_BYTES must be .*, got '{bad}'"):
+            RemoteCache()
     monkeypatch.setenv("LOADERKIT_CACHE_BYTES", "4096")
     assert RemoteCache().max_bytes == 4096
 
