@@ -2,8 +2,8 @@
 
 The API pages are generated from the docstrings of every name in
 ``loaderkit.__all__``; each module defining one of them is doctested here, in a
-fresh working folder (an example may write files). The per-module test files do
-not run them again.
+fresh working folder that also holds their ``tempfile`` folders (an example may
+write files). The per-module test files do not run them again.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import inspect
 import os
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -47,6 +48,8 @@ def test_every_public_name_has_a_module() -> None:
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # Examples call tempfile.mkdtemp(); keep those folders inside pytest's, which it prunes.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     saved = dict(os.environ)
     try:
         result = doctest.testmod(MODULES[name], optionflags=FLAGS, raise_on_error=False)
