@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -44,6 +45,18 @@ from loaderkit.errors import (
 def shard_name(shard: Any) -> str:
     """How messages name a shard: its path, or the repr of a shard object."""
     return repr(str(shard)) if isinstance(shard, Path) else repr(shard)
+
+
+def names_crc32(paths: Sequence[str]) -> int:
+    """crc32 of the paths below their common folder, in order, which a saved position is
+    checked against: a copied folder keeps them, swapped subfolders do not."""
+    parts = [p.split("/") for p in paths]
+    common = 0  # folders all paths share
+    for level in zip(*(p[:-1] for p in parts), strict=False):
+        if len(set(level)) > 1:
+            break
+        common += 1
+    return zlib.crc32("\n".join("/".join(p[common:]) for p in parts).encode())
 
 
 def never_a_shard(name: str) -> str | None:

@@ -23,6 +23,27 @@ from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 
 __all__ = ["MixedDataset"]
 
+
+def shard_names_crc32(dataset: object) -> int | None:
+    """The shard files a dataset reads, as a crc32 a saved position is checked against:
+    :class:`ShardedDataset`'s ``names_crc32``, also through a :class:`MixedDataset`, a torch
+    ``Subset`` or ``ConcatDataset`` (None: it reads no shard files)."""
+    if isinstance(dataset, ShardedDataset):
+        return dataset.names_crc32
+    if isinstance(dataset, Subset):
+        return shard_names_crc32(dataset.dataset)
+    if isinstance(dataset, MixedDataset):
+        return dataset.names_crc32
+    if isinstance(dataset, ConcatDataset):
+        return _names_of_parts(dataset.datasets)
+    return None
+
+
+def _names_of_parts(parts: Sequence[object]) -> int | None:
+    names = [shard_names_crc32(part) for part in parts]
+    return None if names.count(None) == len(names) else zlib.crc32(repr(names).encode())
+
+
 _OWNER = "MixedDataset"
 
 
@@ -171,10 +192,9 @@ class MixedDataset(Dataset[Any]):
 
     @property
     def names_crc32(self) -> int | None:
-        """crc32 of the :class:`ShardedDataset` sources' ``names_crc32`` in order (None: no
-        source is shard files), which a saved position is checked against."""
-        names = [ds.names_crc32 if isinstance(ds, ShardedDataset) else None for ds in self.sources]
-        return None if names.count(None) == len(names) else zlib.crc32(repr(names).encode())
+        """crc32 of the sources' shard files (:func:`shard_names_crc32`) in order (None: no
+        source reads shard files), which a saved position is checked against."""
+        return _names_of_parts(self.sources)
 
     def __len__(self) -> int:
         """The sources' total; a source whose ``len()`` changed since is refused."""

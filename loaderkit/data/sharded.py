@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,13 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
 from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
-from loaderkit.data._open import OpenShards, prepare_reader, resolve_shards, shard_name
+from loaderkit.data._open import (
+    OpenShards,
+    names_crc32,
+    prepare_reader,
+    resolve_shards,
+    shard_name,
+)
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
@@ -165,11 +170,11 @@ class ShardedDataset(Dataset[Any]):
 
     @property
     def names_crc32(self) -> int | None:
-        """crc32 of the shard files' names in order, which a saved position is checked
-        against (None: shards that are objects, not files)."""
+        """crc32 of the shard files' paths below their common folder, in order, which a saved
+        position is checked against (None: shards that are objects, not files)."""
         if not all(isinstance(s, Path | RemoteShard) for s in self.shards):
             return None
-        return zlib.crc32("\n".join(s.name for s in self.shards).encode())
+        return names_crc32([str(s) for s in self.shards])
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,7 +22,7 @@ from loaderkit._checks import check_bool, check_int, check_suffixes
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
-from loaderkit.data._open import prepare_reader, resolve_shards, shard_name
+from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
 from loaderkit.errors import (
@@ -271,13 +270,11 @@ class StreamingShardedDataset(IterableDataset[Any]):
         )
         self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
         self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
-        names = "\n".join(
-            s.name if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards
-        )
+        names = [str(s) if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards]
         settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
         self._fingerprint = {
             "num_shards": len(self.shards),
-            "shard_names_crc32": zlib.crc32(names.encode()),
+            "shard_names_crc32": names_crc32(names),
             **{name: getattr(self, name) for name in settings},
         }
 

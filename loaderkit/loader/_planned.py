@@ -15,8 +15,7 @@ from zlib import crc32
 
 from torch.utils.data import DataLoader
 
-from loaderkit.data.mixing import MixedDataset
-from loaderkit.data.sharded import ShardedDataset
+from loaderkit.data.mixing import MixedDataset, shard_names_crc32
 from loaderkit.errors import StateMismatchError
 from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, FailedBatch, KeyedDataset, KeySource, seed_keys
@@ -61,10 +60,9 @@ class PlanEngine:
         """The plan's settings, and which shard files the indices name (a position over
         other files, or the same in another order, would read other samples)."""
         fields = plan.fingerprint()
-        if isinstance(self.dataset, ShardedDataset | MixedDataset):
-            names = self.dataset.names_crc32
-            if names is not None:
-                fields.setdefault("shard_names_crc32", names)
+        names = shard_names_crc32(self.dataset)
+        if names is not None:
+            fields.setdefault("shard_names_crc32", names)
         return fields
 
     def length(self) -> int:

@@ -274,6 +274,42 @@ def test_a_samplers_own_state_over_other_files_is_refused(tmp_path: Path, via: s
     assert rest and list(resumed) == rest
 
 
+@pytest.mark.parametrize("via", ["loader", "sampler", "subset", "concat", "mixed_subset"])
+def test_swapped_subfolders_of_equal_names_are_refused(tmp_path: Path, via: str) -> None:
+    """Two corpora written alike (shard-00000.npy in each folder) are told apart by the
+    paths below their common folder; a wrapped ShardedDataset is checked too."""
+    reader = TokenReader(seq_len=SEQ)
+    en = write_shards(tmp_path / "c" / "en", id_shards((4,)), reader)
+    de = write_shards(tmp_path / "c" / "de", [a + 1000 for a in id_shards((4,))], reader)
+    fixed = write_shards(tmp_path / "fixed", [a + 2000 for a in id_shards((4,))], reader)
+
+    def make(paths: list[Path]) -> Any:
+        ds: Any = ShardedDataset(paths, reader)
+        if via == "sampler":
+            return ds.bucket_batch_sampler(batch_size=2, seed=3)
+        if via == "subset":
+            ds = torch.utils.data.Subset(ds, range(len(ds)))
+        if via == "concat":
+            ds = torch.utils.data.ConcatDataset([ds, ShardedDataset(fixed, reader)])
+        if via == "mixed_subset":
+            wrapped = torch.utils.data.Subset(ds, range(len(ds)))
+            other = ShardedDataset(fixed, reader)
+            ds = MixedDataset({"shards": wrapped, "fixed": other}, weights=[0.5, 0.5])
+        return ResumableDataLoader(ds, batch_size=2, shuffle=True, seed=3)
+
+    run = make([*en, *de])
+    next(iter(run))
+    state = run.state_dict()
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+        make([*de, *en]).load_state_dict(state)
+    copied = tmp_path / "copy"
+    for path in [*en, *de]:
+        target = copied / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    make([copied / "en" / en[0].name, copied / "de" / de[0].name]).load_state_dict(state)
+
+
 def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[Path]) -> None:
     """A loaderkit 0.1 state has no mix_shards in its plan (and read one shard at a time):
     resuming it under a mixing plan would repeat and skip samples."""
