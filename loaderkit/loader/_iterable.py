@@ -196,8 +196,11 @@ def worker_batches(
             batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
             batch = FailedBatch(exc)
-        yield _BATCH, worker, rec.after(samples), batch
-        if len(samples) < batch_size:
+        # A short batch: the stream ran out, so the dataset's state is already the one after
+        # its end; a position saved here must not replay the stream.
+        ended = len(samples) < batch_size
+        yield _BATCH, worker, {**rec.after(samples), "ended": ended}, batch
+        if ended:
             break
     # After the end: a dataset may count its epochs once its stream is exhausted.
     yield _END, worker, {"dataset_state": rec.dataset_state()}, None
@@ -384,8 +387,9 @@ class IterableEngine(WorkerStreams):
         try:
             guarded = guard_workers(workers, self._in_flight)
             yield from self._hand_out(guarded, records, run, pin=False)
-            for extra in guarded:  # only end marks are left; a batch here is a bug
-                raise RuntimeError(f"ResumableDataLoader: a worker sent {extra[0]!r} after its end")
+            for extra in guarded:  # only end marks are left (workers resumed ended); not batches
+                if extra[0] != _END:
+                    raise RuntimeError("ResumableDataLoader: a worker sent a batch after its end")
         except BaseException:  # its workers ran ahead of what was handed out
             self._drop_inner(inner, workers)
             raise
@@ -440,11 +444,9 @@ class IterableEngine(WorkerStreams):
         to one round waits here)."""
         host = self.host
         pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
-        while True:
-            active = [w for w in range(self.workers) if not records[w]["ended"]]
-            if not active:
-                break
-            turn = min(active, key=lambda w: (records[w]["batches"], w))
+        flowing = {w for w in range(self.workers) if not records[w]["ended"]}
+        while flowing:  # until each worker's end mark (a record may say ended before it)
+            turn = min(flowing, key=lambda w: (records[w]["batches"], w))
             while not pending[turn]:
                 try:
                     item = next(source)
@@ -456,11 +458,12 @@ class IterableEngine(WorkerStreams):
             kind, worker, after, batch = pending[turn].popleft()
             if kind == _END:
                 records[worker] = {**records[worker], **(after or {}), "ended": True}
+                flowing.discard(worker)
                 continue
             assert after is not None
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
-            records[worker] = {**after, "batches": before["batches"] + 1, "ended": False}
+            records[worker] = {"ended": False, **after, "batches": before["batches"] + 1}
             if host.is_current(run):  # only the current iteration moves the position
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)

@@ -234,6 +234,38 @@ def test_a_stateful_dataset_or_iterator_resumes_from_its_own_state(
     assert "state_dict()/load_state_dict()" in loader.describe()["resume_reason"]
 
 
+class Resets(IterableDataset[int]):
+    """A stateful stream whose end code resets its position (torchdata-style)."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n, self.pos = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.pos < self.n:
+            self.pos += 1
+            yield self.pos - 1
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_position_saved_at_a_short_last_batch_does_not_replay_the_stream(
+    num_workers: int,
+) -> None:
+    """The stream ran out while its short last batch was taken, so the dataset's state is
+    already the reset one: resuming there is the epoch's end, not its start again."""
+
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(Resets(), batch_size=4, num_workers=num_workers)
+
+    assert_resume_exact(make, list(range(1, 7)))  # 3 batches an epoch and worker
+
+
 def test_unbatched_resume_is_exact() -> None:
     def make() -> ResumableDataLoader:
         return ResumableDataLoader(Sharded(), batch_size=None, num_workers=2, seed=3)
