@@ -146,8 +146,14 @@ class PlanBatchSampler(Sampler[list[int]]):
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     """Refuse (TypeError) a sampler whose order is no function of ``(seed, epoch)``, or a
-    ``batch_sampler`` without a loaderkit plan."""
-    if hasattr(sampler, "plan"):
+    ``batch_sampler`` that is no loaderkit ``PlanBatchSampler`` with its own ``__iter__``."""
+    if isinstance(sampler, PlanBatchSampler):
+        if type(sampler).__iter__ is not PlanBatchSampler.__iter__:  # never called: see message
+            raise TypeError(
+                f"{parameter}={type(sampler).__name__} overrides __iter__, which the loader does "
+                "not call (it hands out the plan's batches); filter samples in the dataset or "
+                "collate_fn instead."
+            )
         return
     if parameter == "batch_sampler":
         raise TypeError(

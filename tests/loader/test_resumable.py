@@ -694,6 +694,31 @@ def test_a_sampler_without_plan_as_batch_sampler_is_refused_by_name() -> None:
         ResumableDataLoader(AugDataset(), batch_sampler=SequentialSampler(range(N)))
 
 
+class _EvenOnly(PlanBatchSampler):
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            yield [i for i in batch if i % 2 == 0]
+
+
+class _Duck:
+    """Has a plan, rank and world_size, but batches of its own."""
+
+    plan, rank, world_size = SamplePlan(num_samples=N, batch_size=B, shuffle=False), 0, 1
+
+    def __iter__(self) -> Any:
+        return iter([[9, 8]])
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: _EvenOnly(SamplePlan(num_samples=N, batch_size=B)), _Duck]
+)
+def test_a_batch_sampler_whose_batches_are_not_its_plans_is_refused(make: Any) -> None:
+    """The loader hands out the plan's batches: a batch sampler's own __iter__ would be
+    skipped, and samples it filtered out read."""
+    with pytest.raises(TypeError, match=r"batch_sampler=_(EvenOnly|Duck)"):
+        ResumableDataLoader(AugDataset(), batch_sampler=make())
+
+
 class _RandomBatches(_Rows):
     """A batch-fetching dataset whose get_batch draws from the global torch RNG."""
 
