@@ -9,7 +9,9 @@ nightly-style run: ``LOADERKIT_HYPOTHESIS_PROFILE=thorough pytest`` (or
 from __future__ import annotations
 
 import os
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,3 +48,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in a fresh folder that also holds ``tempfile``'s folders (docs examples call
+    ``tempfile.mkdtemp()``; pytest prunes its own folders, /tmp would keep them)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path

@@ -11,8 +11,6 @@ from __future__ import annotations
 import doctest
 import inspect
 import os
-import tempfile
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -46,10 +44,8 @@ def test_every_public_name_has_a_module() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
-def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    # Examples call tempfile.mkdtemp(); keep those folders inside pytest's, which it prunes.
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+@pytest.mark.usefixtures("in_tmp")
+def test_docstring_examples_run(name: str) -> None:
     saved = dict(os.environ)
     try:
         result = doctest.testmod(MODULES[name], optionflags=FLAGS, raise_on_error=False)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,9 +57,8 @@ def test_the_docs_have_blocks_of_each_kind() -> None:
 
 
 @pytest.mark.parametrize("where", sorted(PYTHON))
-def test_python_block_runs(where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # whatever a block writes lands in a fresh folder,
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its mkdtemp() folders too
+@pytest.mark.usefixtures("in_tmp")  # whatever a block writes lands in a fresh folder
+def test_python_block_runs(where: str) -> None:
     namespace: dict[str, object] = {"__name__": "docs_block"}
     saved = dict(os.environ)  # a block may set variables (a cache folder): not for later tests
     try:

@@ -142,7 +142,7 @@ class RemoteCache:
         owner = "RemoteCache"
         if self.max_bytes is None:
             env = os.environ.get("LOADERKIT_CACHE_BYTES", "")
-            if env and (not env.isdigit() or int(env) < 1):
+            if env and (not (env.isascii() and env.isdigit()) or int(env) < 1):
                 raise ValueError(
                     f"{owner}: LOADERKIT_CACHE_BYTES must be a byte count >= 1, got {env!r}; set "
                     "it to e.g. 68719476736, or pass max_bytes=."

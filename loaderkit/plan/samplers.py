@@ -37,8 +37,9 @@ class PlanBatchSampler(Sampler[list[int]]):
         world_size: Number of ranks (default: from ``torch.distributed``, else 1).
 
     Attributes:
-        shard_names_crc32: The shard files' names the indices name (a dataset's
-            ``batch_sampler()`` sets it); a saved position over other files is refused.
+        shard_names_crc32: The shard files the indices name, set by the dataset methods
+            whose plan has no such field (``bucket_batch_sampler()``, ``MixedDataset``'s
+            samplers); a saved position over other files is refused.
 
     Example:
         >>> from loaderkit import SamplePlan
@@ -140,7 +141,7 @@ class PlanBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
         self._cursor.load(
-            state_dict, self.plan, owner="PlanBatchSampler", fingerprint=self._fingerprint()
+            state_dict, self.plan, owner=type(self).__name__, fingerprint=self._fingerprint()
         )
 
 

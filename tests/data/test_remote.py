@@ -395,7 +395,8 @@ def test_remote_cache_arguments_are_checked(
 def test_a_cache_size_variable_that_is_no_byte_count_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for bad in ("abc", "0"):
+    # Not ASCII digits: a superscript two (no int()) and a full-width four (int() 4).
+    for bad in ("abc", "0", "\u00b2", "\uff14"):
         monkeypatch.setenv("LOADERKIT_CACHE_BYTES", bad)
         with pytest.raises(ValueError, match=rf"LOADERKIT_CACHE_BYTES must be .*, got '{bad}'"):
             RemoteCache()
