@@ -16,15 +16,6 @@ import torch
 
 from loaderkit.errors import MissingDependencyError
 
-__all__ = [
-    "Columns",
-    "column_kind",
-    "exact_dtype",
-    "import_pyarrow",
-    "merge_kinds",
-    "table_columns",
-]
-
 
 def import_pyarrow(extra: str = "parquet") -> Any:
     """``pyarrow`` with its ``compute`` and ``parquet`` modules."""

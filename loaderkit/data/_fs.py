@@ -24,8 +24,6 @@ from loaderkit.errors import (
     ShardError,
 )
 
-__all__ = ["REMOTE_EXTRA", "RangesUnsupported", "Storage", "is_url", "join_url", "url_name"]
-
 REMOTE_EXTRA = ".[remote]"  # from the loaderkit clone: not on PyPI
 # The package behind each protocol fsspec itself does not implement.
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs"}

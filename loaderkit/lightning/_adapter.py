@@ -21,14 +21,6 @@ from lightning.pytorch.trainer.states import RunningStage
 
 from loaderkit.errors import LoaderkitError
 
-__all__ = [
-    "LightningHost",
-    "data_parallel_of",
-    "data_parallel_size",
-    "resize_train_epoch",
-    "train_loaders",
-]
-
 
 def data_parallel_of(driver: Any) -> tuple[int, int] | None:
     """``(rank, world_size)`` from ``driver.strategy.distributed_sampler_kwargs`` (or None)."""

@@ -18,7 +18,6 @@ from loaderkit.env import cpu_budget
 from loaderkit.plan._sampler_plan import wrapped_sampler
 from loaderkit.plan.samplers import check_resumable_sampler
 
-__all__ = ["check_auto_workers", "check_sources", "check_start_method", "check_worker_args"]
 OWNER = "ResumableDataLoader"
 
 

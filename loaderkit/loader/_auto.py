@@ -11,8 +11,6 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_AUTO_WORKERS", "AutoWorkers", "local_processes"]
-
 MAX_AUTO_WORKERS = 8
 # Batches measured before a decision (fewer once they waited PROBE_SECONDS in all), and
 # batches skipped first (they pay for lazy set-up).

@@ -26,17 +26,6 @@ from loaderkit.loader._workers import WorkerPool, stop_workers
 from loaderkit.plan._cursor import PlanCursor, check_envelope
 from loaderkit.plan.samplers import _LenWatch
 
-__all__ = [
-    "DDP_DEFAULT_SEED",
-    "Engine",
-    "EngineSource",
-    "EpochIterator",
-    "Host",
-    "Run",
-    "WorkerStreams",
-    "settle_seed",
-]
-
 # seed=None across ranks: DistributedSampler's default, so a script moved from it keeps its order.
 DDP_DEFAULT_SEED = 0
 

@@ -27,22 +27,6 @@ from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import SampleSeeder, read_set_on_instance, torchs_own_reads
 
-__all__ = [
-    "BatchFetcher",
-    "FailedBatch",
-    "KeySource",
-    "KeyedDataset",
-    "Unbatched",
-    "batch_fetch_is_faithful",
-    "loaderkit_batch_read",
-    "identity",
-    "index_subset",
-    "seed_keys",
-    "torch_gather",
-    "torch_gathered",
-    "worker_error",
-]
-
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
     """Whether ``dataset.<method>`` is defined below any ``__getitem__`` override (and, for

@@ -30,8 +30,6 @@ from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_setting
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch
 
-__all__ = ["IterableEngine", "is_stateful", "sample_digest"]
-
 OWNER = "ResumableDataLoader"
 _MISSING = (
     "the state was not saved by a loader over an IterableDataset. Pass what "

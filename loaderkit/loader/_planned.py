@@ -27,8 +27,6 @@ from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
 from loaderkit.transfer import pin_batch
 
-__all__ = ["PlanEngine", "describe_step"]
-
 OWNER = "ResumableDataLoader"
 
 

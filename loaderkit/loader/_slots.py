@@ -23,8 +23,6 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
-__all__ = ["ENABLED", "Transport", "TransportStats", "pack"]
-
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)

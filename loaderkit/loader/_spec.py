@@ -32,8 +32,6 @@ from loaderkit.plan.sample import Plan, SamplePlan
 from loaderkit.seeding import draws_nothing
 from loaderkit.transfer import resolve_pin_memory, select_device
 
-__all__ = ["LoaderSpec", "draw_seed", "make_spec", "plain_sampler"]
-
 OWNER = "ResumableDataLoader"
 Kind = Literal["plan", "stream", "iterable"]
 _AS_GIVEN = (

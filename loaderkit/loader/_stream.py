@@ -26,8 +26,6 @@ from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_
 from loaderkit.plan._cursor import STATE_VERSION, STREAM_FIELDS, check_settings, seal
 from loaderkit.transfer import pin_batch
 
-__all__ = ["StreamEngine"]
-
 OWNER = "ResumableDataLoader"
 _MISSING = (
     "a state saved for map-style data cannot resume a stream. Pass what state_dict() returned."

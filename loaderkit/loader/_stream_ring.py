@@ -17,8 +17,6 @@ import torch.distributed as dist
 from loaderkit.errors import LoaderkitError
 from loaderkit.plan._agree import env_positive
 
-__all__ = ["DEFAULT_WINDOW", "PeerRing", "flush_retired", "ring_window"]
-
 _ENV_WINDOW = "LOADERKIT_STREAM_STATE_WINDOW"
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"
 # Steps a peer may be ahead of the rank that saves (DDP keeps ranks within a few).

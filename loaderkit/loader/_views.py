@@ -13,15 +13,6 @@ from typing import Any
 
 from torch.utils.data import Sampler, SequentialSampler
 
-__all__ = [
-    "IterableOrder",
-    "PlanBatches",
-    "PlanOrder",
-    "SetEpochHook",
-    "hook_set_epoch",
-    "plan_order",
-]
-
 
 def _alive(ref: weakref.ref[Any]) -> Any:
     loader = ref()

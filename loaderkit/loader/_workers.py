@@ -36,8 +36,6 @@ from loaderkit.loader import _slots
 from loaderkit.loader._fetch import identity
 from loaderkit.seeding import derive_seed, epoch_worker_init_fn
 
-__all__ = ["Describe", "WorkerPool", "guard_workers", "share_tensors", "stop_workers"]
-
 PARENT_POLL_S = 0.25  # how often a worker looks for its parent
 DEATH_POLL_S = 1.0  # how often the main process looks for dead workers
 ORPHAN_EXIT_CODE = 75  # a worker that found its parent gone (EX_TEMPFAIL)

@@ -19,8 +19,6 @@ from torch.distributed.constants import default_pg_timeout
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
 
-__all__ = ["Rounds", "agree_across_ranks", "env_positive", "group_store", "rank_check_timeout"]
-
 _N = TypeVar("_N", int, float)
 
 _ENV_TIMEOUT = "LOADERKIT_RANK_CHECK_TIMEOUT"

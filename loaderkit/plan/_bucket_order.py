@@ -8,8 +8,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["as_lengths", "greedy_starts", "sort_windows"]
-
 
 def as_lengths(lengths: object) -> np.ndarray:
     """``lengths`` as a 1-D int64 array of non-negative token counts, or a clear error."""

@@ -14,22 +14,6 @@ from typing import Any
 
 from loaderkit.errors import StateMismatchError
 
-__all__ = [
-    "ITERABLE_FIELDS",
-    "PLAN_FIELDS",
-    "STATE_VERSION",
-    "STREAM_FIELDS",
-    "PlanCursor",
-    "check_seal",
-    "check_envelope",
-    "check_settings",
-    "check_state",
-    "check_version",
-    "field_digest",
-    "new_state",
-    "seal",
-]
-
 # Bumped when a saved position would mean other data; _OLDER says what each older one lacks.
 STATE_VERSION = 5
 _OLDER = {

@@ -21,8 +21,6 @@ import numpy as np
 from loaderkit._checks import check_int
 from loaderkit.seeding import GOLDEN, M64, mix64, mix64_array
 
-__all__ = ["ROUNDS", "KeyedPermutation", "permutation_digest", "permute_many"]
-
 # Luby-Rackoff: 4 rounds of independent random round functions give a strong
 # pseudorandom permutation; 6 leave a margin for the tiny halves of small n.
 ROUNDS = 6

@@ -29,15 +29,6 @@ from loaderkit.plan.sample import (
 )
 from loaderkit.seeding import derive_seed
 
-__all__ = [
-    "UNHOOKED",
-    "SamplerPlan",
-    "check_reproducible",
-    "generator_seed",
-    "keyed_order",
-    "wrapped_sampler",
-]
-
 # The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
 UNHOOKED = "_loaderkit_unhooked"
 

@@ -22,8 +22,6 @@ from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.remote import RemoteCache
 
-__all__ = ["MAX_OPEN_DEFAULT", "check_settings", "collate_of", "make_reader", "remote_cache"]
-
 MAX_OPEN_DEFAULT = 128  # ShardedDataset's default
 
 # name: (minimum, the fix, whether None is allowed)

@@ -16,22 +16,6 @@ from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
 from loaderkit.seeding import derive_seed
 
-__all__ = [
-    "KeyLength",
-    "Shards",
-    "is_hf_dataset",
-    "is_remote_shards",
-    "plain",
-    "probe_workers",
-    "require_datamodule",
-    "shard_list",
-    "split_indices",
-    "stream_epoch_steps",
-    "stream_refusal",
-    "stream_resume_reason",
-    "time_loader",
-]
-
 Shards = str | list[str]  # a folder, a file or a URL, or a list of files or URLs
 
 STREAM_RESUME_REASON = (
