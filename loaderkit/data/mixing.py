@@ -14,7 +14,9 @@ import numpy as np
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
+from loaderkit.data._open import names_crc32
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import StateMismatchError
 from loaderkit.plan.bucket import Oversize
@@ -30,18 +32,34 @@ def shard_names_crc32(dataset: object) -> int | None:
     ``Subset`` or ``ConcatDataset`` (None: it reads no shard files)."""
     if isinstance(dataset, ShardedDataset):
         return dataset.names_crc32
+    found = _files(dataset)
+    if found is None:
+        return None
+    paths, shape = found  # one names_crc32 over all parts: swapped parts' folders differ
+    return zlib.crc32(repr((names_crc32(paths), shape)).encode())
+
+
+def _files(dataset: object) -> tuple[list[str], Any] | None:
+    """The shard paths ``dataset`` reads in order, and its shape (each part's path count,
+    each Subset's indices), or None: no shard files."""
+    if isinstance(dataset, ShardedDataset):
+        paths = shard_paths(dataset.shards)
+        return None if paths is None else (paths, len(paths))
     if isinstance(dataset, Subset):
-        return shard_names_crc32(dataset.dataset)
-    if isinstance(dataset, MixedDataset):
-        return dataset.names_crc32
-    if isinstance(dataset, ConcatDataset):
-        return _names_of_parts(dataset.datasets)
+        inner = _files(dataset.dataset)
+        rows: Any = dataset.indices
+        if isinstance(rows, range):  # np.asarray(range) walks it in Python
+            rows = np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
+        key = zlib.crc32(np.asarray(rows, np.int64).tobytes())
+        return None if inner is None else (inner[0], (inner[1], key))
+    if isinstance(dataset, MixedDataset | ConcatDataset):
+        parts = dataset.sources if isinstance(dataset, MixedDataset) else dataset.datasets
+        found = [_files(part) for part in parts]
+        if found.count(None) == len(found):
+            return None
+        paths = [p for f in found if f is not None for p in f[0]]
+        return paths, [None if f is None else f[1] for f in found]
     return None
-
-
-def _names_of_parts(parts: Sequence[object]) -> int | None:
-    names = [shard_names_crc32(part) for part in parts]
-    return None if names.count(None) == len(names) else zlib.crc32(repr(names).encode())
 
 
 _OWNER = "MixedDataset"
@@ -194,7 +212,7 @@ class MixedDataset(Dataset[Any]):
     def names_crc32(self) -> int | None:
         """crc32 of the sources' shard files (:func:`shard_names_crc32`) in order (None: no
         source reads shard files), which a saved position is checked against."""
-        return _names_of_parts(self.sources)
+        return shard_names_crc32(self)
 
     def __len__(self) -> int:
         """The sources' total; a source whose ``len()`` changed since is refused."""

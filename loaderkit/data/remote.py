@@ -208,6 +208,13 @@ class RemoteShard:
         return self.size + sum(size for _, size, _ in self.sidecars)
 
 
+def shard_paths(shards: Sequence[Any]) -> list[str] | None:
+    """The shards' absolute local paths or URLs, or None where a shard is an object."""
+    if not all(isinstance(s, Path | RemoteShard) for s in shards):
+        return None
+    return [os.path.abspath(s) if isinstance(s, Path) else str(s) for s in shards]
+
+
 def remote_source(
     shards: Any, suffixes: Sequence[str], remote: RemoteCache | None, owner: str
 ) -> RemoteShards | None:

@@ -31,7 +31,7 @@ from loaderkit.data._open import (
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
-from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
+from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import CollateError, MissingDependencyError, ReaderSettingError, ShardError
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -172,9 +172,8 @@ class ShardedDataset(Dataset[Any]):
     def names_crc32(self) -> int | None:
         """crc32 of the shard files' paths below their common folder, in order, which a saved
         position is checked against (None: shards that are objects, not files)."""
-        if not all(isinstance(s, Path | RemoteShard) for s in self.shards):
-            return None
-        return names_crc32([str(s) for s in self.shards])
+        paths = shard_paths(self.shards)
+        return None if paths is None else names_crc32(paths)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,7 +25,7 @@ from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
-from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source
+from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
     LoaderkitError,
     MissingDependencyError,
@@ -270,11 +271,16 @@ class StreamingShardedDataset(IterableDataset[Any]):
         )
         self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
         self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
-        names = [str(s) if isinstance(s, Path | RemoteShard) else repr(s) for s in self.shards]
+        paths = shard_paths(self.shards)
+        names = (
+            names_crc32(paths)
+            if paths is not None
+            else zlib.crc32("\n".join(repr(s) for s in self.shards).encode())
+        )
         settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
         self._fingerprint = {
             "num_shards": len(self.shards),
-            "shard_names_crc32": names_crc32(names),
+            "shard_names_crc32": names,
             **{name: getattr(self, name) for name in settings},
         }
 

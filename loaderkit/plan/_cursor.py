@@ -200,15 +200,16 @@ def _check_plan(
         new = [repr(k) for k in sorted(set(fingerprint) - set(saved))]
         names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
         here = ", ".join(f"{k}={fingerprint[k]!r}" for k in sorted(set(fingerprint) - set(saved)))
-        did = (
-            "did not record the shard names"
-            if new == ["'shard_names_crc32'"]
-            else "ordered the samples differently"
-        )
+        if new == ["'shard_names_crc32'"]:
+            raise StateMismatchError(
+                f"{where}: field 'plan' has no 'shard_names_crc32': the state was saved by an "
+                "older loaderkit or a sampler built by hand, which did not record its shard "
+                "files. Resume with the sampler that saved it, or start without the state."
+            )
         raise StateMismatchError(
-            f"{where}: field 'plan' has no {names} (this loaderkit's plan: "
-            f"{here}), so the state was saved by an older loaderkit that {did}. Finish that "
-            "run with the loaderkit that saved it, or start without the state."
+            f"{where}: field 'plan' has no {names} (this loaderkit's plan: {here}), so the "
+            "state was saved by an older loaderkit that ordered the samples differently. Finish "
+            "that run with the loaderkit that saved it, or start without the state."
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         raise StateMismatchError(
@@ -267,9 +268,9 @@ def _difference(
         )
     if key == "shard_names_crc32":
         return (
-            "field 'shard_names_crc32' differs: the shards are other files, or the same in "
-            "another order, than the saved run's; pass its files in its order, or start "
-            "without the state."
+            "field 'shard_names_crc32' differs: the shards are other files than the saved "
+            "run's, or the same in another order; pass the saved run's shard files in their "
+            "saved order, or start without the state."
         )
     if key in adopt:
         return None

@@ -149,12 +149,13 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     """Refuse (TypeError) a sampler whose order is no function of ``(seed, epoch)``, or a
     ``batch_sampler`` that is no loaderkit ``PlanBatchSampler`` with its own ``__iter__``."""
     if isinstance(sampler, PlanBatchSampler):
-        if type(sampler).__iter__ is not PlanBatchSampler.__iter__:  # never called: see message
-            raise TypeError(
-                f"{parameter}={type(sampler).__name__} overrides __iter__, which the loader does "
-                "not call (it hands out the plan's batches); filter samples in the dataset or "
-                "collate_fn instead."
-            )
+        for name in ("__iter__", "__len__"):  # never called: see message
+            if getattr(type(sampler), name) is not getattr(PlanBatchSampler, name):
+                raise TypeError(
+                    f"{parameter}={type(sampler).__name__} overrides {name}, which the loader "
+                    "does not call (it hands out the plan's batches); filter samples in the "
+                    "dataset or collate_fn instead."
+                )
         return
     if parameter == "batch_sampler":
         raise TypeError(

@@ -215,8 +215,8 @@ def test_a_state_over_other_files_or_another_order_of_them_is_refused(
 
     def make(paths: list[Path]) -> ResumableDataLoader:
         ds = ShardedDataset(paths, TokenReader(seq_len=SEQ))
-        if via.startswith("mixed"):
-            fixed = ShardedDataset(files, TokenReader(seq_len=SEQ))
+        if via.startswith("mixed"):  # the other source in the folder of paths[-1]
+            fixed = ShardedDataset([paths[-1].with_name(f.name) for f in files], ds.reader)
             mix = MixedDataset({"shards": ds, "fixed": fixed}, weights=[0.5, 0.5])
             if via == "mixed_sampler":
                 return ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(4, seed=3))
@@ -281,9 +281,12 @@ def test_swapped_subfolders_of_equal_names_are_refused(tmp_path: Path, via: str)
     reader = TokenReader(seq_len=SEQ)
     en = write_shards(tmp_path / "c" / "en", id_shards((4,)), reader)
     de = write_shards(tmp_path / "c" / "de", [a + 1000 for a in id_shards((4,))], reader)
-    fixed = write_shards(tmp_path / "fixed", [a + 2000 for a in id_shards((4,))], reader)
+    fixed_paths = write_shards(
+        tmp_path / "c" / "fixed", [a + 2000 for a in id_shards((4,))], reader
+    )
 
-    def make(paths: list[Path]) -> Any:
+    def make(paths: list[Path], root: Path = tmp_path / "c") -> Any:
+        fixed = [root / "fixed" / p.name for p in fixed_paths]
         ds: Any = ShardedDataset(paths, reader)
         if via == "sampler":
             return ds.bucket_batch_sampler(batch_size=2, seed=3)
@@ -302,12 +305,58 @@ def test_swapped_subfolders_of_equal_names_are_refused(tmp_path: Path, via: str)
     state = run.state_dict()
     with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
         make([*de, *en]).load_state_dict(state)
-    copied = tmp_path / "copy"
-    for path in [*en, *de]:
+    copied = tmp_path / "copy"  # the whole tree moved: the paths below it are the same
+    for path in [*en, *de, *fixed_paths]:
         target = copied / path.parent.name / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
-    make([copied / "en" / en[0].name, copied / "de" / de[0].name]).load_state_dict(state)
+    make([copied / "en" / en[0].name, copied / "de" / de[0].name], copied).load_state_dict(state)
+
+
+@pytest.mark.parametrize("via", ["concat", "mixed", "mixed_named"])
+def test_swapped_sources_of_equal_names_are_refused(tmp_path: Path, via: str) -> None:
+    """Two ShardedDatasets over en/ and de/ (written alike) in the other order read other
+    samples at every index: the parts' paths are checked below their common folder."""
+    reader = TokenReader(seq_len=SEQ)
+    en = ShardedDataset(write_shards(tmp_path / "en", id_shards((4,)), reader), reader)
+    de = ShardedDataset(
+        write_shards(tmp_path / "de", [a + 9 for a in id_shards((4,))], reader), reader
+    )
+
+    def make(parts: list[Any]) -> Any:
+        ds: Any = torch.utils.data.ConcatDataset(parts)
+        if via == "mixed":
+            ds = MixedDataset(parts, weights=[0.5, 0.5])
+        if via == "mixed_named":
+            ds = MixedDataset({"a": parts[0], "b": parts[1]}, weights=[0.5, 0.5])
+        return ResumableDataLoader(ds, batch_size=2, shuffle=True, seed=3)
+
+    run = make([en, de])
+    next(iter(run))
+    state = run.state_dict()
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+        make([de, en]).load_state_dict(state)
+    make([en, de]).load_state_dict(state)
+
+
+def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
+    """A Subset's indices are part of what a position names; a path spelled relative (with
+    ..) is the same file."""
+    reader = TokenReader(seq_len=SEQ)
+    paths = write_shards(tmp_path / "c", id_shards((4, 4)), reader)
+
+    def make(rows: list[int], files: list[Path] = paths) -> Any:
+        sub = torch.utils.data.Subset(ShardedDataset(files, reader), rows)
+        return ResumableDataLoader(sub, batch_size=2, shuffle=True, seed=3)
+
+    run = make([0, 1, 2, 3, 4, 5])
+    next(iter(run))
+    state = run.state_dict()
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32"):
+        make([2, 3, 4, 5, 6, 7]).load_state_dict(state)
+    monkeypatch.chdir(tmp_path / "c")
+    odd = [Path("..") / "c" / paths[0].name, Path(paths[1].name)]
+    make([0, 1, 2, 3, 4, 5], odd).load_state_dict(state)
 
 
 def test_a_state_saved_before_mixing_is_refused_naming_mix_shards(shards: list[Path]) -> None:
@@ -351,7 +400,7 @@ def test_a_state_without_shard_names_says_an_older_loaderkit_saved_it(
     next(iter(run))
     state = run.state_dict()
     del state["plan"]["shard_names_crc32"]
-    with pytest.raises(StateMismatchError, match="older loaderkit that did not record the shard"):
+    with pytest.raises(StateMismatchError, match="older loaderkit or a sampler built by hand"):
         make().load_state_dict(seal(state))
 
 

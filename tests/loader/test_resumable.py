@@ -700,6 +700,11 @@ class _EvenOnly(PlanBatchSampler):
             yield [i for i in batch if i % 2 == 0]
 
 
+class _Shorter(PlanBatchSampler):
+    def __len__(self) -> int:
+        return 1
+
+
 class _Duck:
     """Has a plan, rank and world_size, but batches of its own."""
 
@@ -710,12 +715,17 @@ class _Duck:
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: _EvenOnly(SamplePlan(num_samples=N, batch_size=B)), _Duck]
+    "make",
+    [
+        lambda: _EvenOnly(SamplePlan(num_samples=N, batch_size=B)),
+        lambda: _Shorter(SamplePlan(num_samples=N, batch_size=B)),
+        _Duck,
+    ],
 )
 def test_a_batch_sampler_whose_batches_are_not_its_plans_is_refused(make: Any) -> None:
     """The loader hands out the plan's batches: a batch sampler's own __iter__ would be
     skipped, and samples it filtered out read."""
-    with pytest.raises(TypeError, match=r"batch_sampler=_(EvenOnly|Duck)"):
+    with pytest.raises(TypeError, match=r"batch_sampler=_(EvenOnly|Shorter|Duck)"):
         ResumableDataLoader(AugDataset(), batch_sampler=make())
 
 
