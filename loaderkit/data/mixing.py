@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
@@ -27,9 +28,11 @@ __all__ = ["MixedDataset"]
 
 
 def shard_names_crc32(dataset: object) -> int | None:
-    """The shard files a dataset reads, as a crc32 a saved position is checked against:
-    :class:`ShardedDataset`'s ``names_crc32``, also through a :class:`MixedDataset`, a torch
-    ``Subset`` or ``ConcatDataset`` (None: it reads no shard files)."""
+    """The shard files a dataset reads, as a crc32 a saved position is checked against
+    (None: no shard files found). A :class:`ShardedDataset`'s is its ``names_crc32``;
+    through a torch ``Subset`` or ``ConcatDataset`` or a :class:`MixedDataset`, one
+    ``names_crc32`` over all their paths, with each part's length and each Subset's indices.
+    Other wrapper classes are not looked into."""
     if isinstance(dataset, ShardedDataset):
         return dataset.names_crc32
     found = _files(dataset)
@@ -40,26 +43,38 @@ def shard_names_crc32(dataset: object) -> int | None:
 
 
 def _files(dataset: object) -> tuple[list[str], Any] | None:
-    """The shard paths ``dataset`` reads in order, and its shape (each part's path count,
-    each Subset's indices), or None: no shard files."""
+    """The shard paths ``dataset`` reads in order, and its shape, or None: none found."""
     if isinstance(dataset, ShardedDataset):
         paths = shard_paths(dataset.shards)
         return None if paths is None else (paths, len(paths))
     if isinstance(dataset, Subset):
         inner = _files(dataset.dataset)
+        if inner is None:
+            return None
         rows: Any = dataset.indices
         if isinstance(rows, range):  # np.asarray(range) walks it in Python
             rows = np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
-        key = zlib.crc32(np.asarray(rows, np.int64).tobytes())
-        return None if inner is None else (inner[0], (inner[1], key))
+        elif isinstance(rows, torch.Tensor):
+            rows = rows.cpu()
+        rows = np.asarray(rows, np.int64) % max(len(dataset.dataset), 1)  # type: ignore[arg-type]
+        return inner[0], (inner[1], zlib.crc32(rows.tobytes()))
     if isinstance(dataset, MixedDataset | ConcatDataset):
-        parts = dataset.sources if isinstance(dataset, MixedDataset) else dataset.datasets
+        parts = dataset.sources if isinstance(dataset, MixedDataset) else _flat(dataset)
         found = [_files(part) for part in parts]
         if found.count(None) == len(found):
             return None
         paths = [p for f in found if f is not None for p in f[0]]
-        return paths, [None if f is None else f[1] for f in found]
+        shape = [f[1] if f else ("len", len(part)) for part, f in zip(parts, found, strict=True)]
+        return paths, shape
     return None
+
+
+def _flat(dataset: ConcatDataset[Any]) -> list[Any]:
+    """A ConcatDataset's parts, nested ones spliced in (the same index reads the same)."""
+    out: list[Any] = []
+    for part in dataset.datasets:
+        out.extend(_flat(part) if isinstance(part, ConcatDataset) else [part])
+    return out
 
 
 _OWNER = "MixedDataset"

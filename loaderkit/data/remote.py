@@ -209,10 +209,10 @@ class RemoteShard:
 
 
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:
-    """The shards' absolute local paths or URLs, or None where a shard is an object."""
+    """The shards' real local paths (links resolved) or URLs, or None where one is an object."""
     if not all(isinstance(s, Path | RemoteShard) for s in shards):
         return None
-    return [os.path.abspath(s) if isinstance(s, Path) else str(s) for s in shards]
+    return [os.path.realpath(s) if isinstance(s, Path) else str(s) for s in shards]
 
 
 def remote_source(

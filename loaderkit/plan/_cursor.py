@@ -204,7 +204,8 @@ def _check_plan(
             raise StateMismatchError(
                 f"{where}: field 'plan' has no 'shard_names_crc32': the state was saved by an "
                 "older loaderkit or a sampler built by hand, which did not record its shard "
-                "files. Resume with the sampler that saved it, or start without the state."
+                "files. Resume it with the loaderkit and sampler that saved it, or start "
+                "without the state."
             )
         raise StateMismatchError(
             f"{where}: field 'plan' has no {names} (this loaderkit's plan: {here}), so the "
@@ -268,9 +269,9 @@ def _difference(
         )
     if key == "shard_names_crc32":
         return (
-            "field 'shard_names_crc32' differs: the shards are other files than the saved "
-            "run's, or the same in another order; pass the saved run's shard files in their "
-            "saved order, or start without the state."
+            "field 'shard_names_crc32' differs: the dataset reads other shard files than the "
+            "saved run's, the same in another order or grouping, or a Subset of other indices; "
+            "pass the saved run's dataset, or start without the state."
         )
     if key in adopt:
         return None

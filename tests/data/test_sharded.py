@@ -231,7 +231,7 @@ def test_a_state_over_other_files_or_another_order_of_them_is_refused(
     other = files[0].with_name("other-00000.npy")
     other.write_bytes(files[1].read_bytes())
     for paths in ([files[1], files[0], files[2]], [other, files[1], files[2]]):
-        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other shard files"):
             make(paths).load_state_dict(state)
     make(files).load_state_dict(state)  # the same files in the same order resume
     moved = tmp_path / "moved"
@@ -267,7 +267,7 @@ def test_a_samplers_own_state_over_other_files_is_refused(tmp_path: Path, via: s
     other = files[0].with_name("other-00000.npy")
     other.write_bytes(files[1].read_bytes())
     for paths in ([files[1], files[0], files[2]], [other, files[1], files[2]]):
-        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+        with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other shard files"):
             make(paths).load_state_dict(state)
     resumed = make(files)
     resumed.load_state_dict(state)  # the same files in the same order resume
@@ -303,7 +303,7 @@ def test_swapped_subfolders_of_equal_names_are_refused(tmp_path: Path, via: str)
     run = make([*en, *de])
     next(iter(run))
     state = run.state_dict()
-    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other shard files"):
         make([*de, *en]).load_state_dict(state)
     copied = tmp_path / "copy"  # the whole tree moved: the paths below it are the same
     for path in [*en, *de, *fixed_paths]:
@@ -334,9 +334,42 @@ def test_swapped_sources_of_equal_names_are_refused(tmp_path: Path, via: str) ->
     run = make([en, de])
     next(iter(run))
     state = run.state_dict()
-    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other files"):
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other shard files"):
         make([de, en]).load_state_dict(state)
     make([en, de]).load_state_dict(state)
+
+
+def test_a_concat_is_checked_by_its_parts_lengths_and_real_paths(tmp_path: Path) -> None:
+    """In-memory parts of other lengths around the shards, or a path whose text (through a
+    link and ..) names the saved files but opens others, move every index; nested
+    ConcatDatasets that read the same are accepted."""
+    reader = TokenReader(seq_len=SEQ)
+    en = write_shards(tmp_path / "o" / "en", id_shards((4,)), reader)
+    de = write_shards(tmp_path / "o" / "de", [a + 9 for a in id_shards((4,))], reader)
+    saved = write_shards(tmp_path / "c" / "de", [a + 500 for a in id_shards((4,))], reader)
+    (tmp_path / "o" / "sub").mkdir()
+    (tmp_path / "c" / "lk").symlink_to(tmp_path / "o" / "sub")
+    dodgy = [tmp_path / "c" / "lk" / ".." / "de" / saved[0].name]  # opens o/de's file
+    concat = torch.utils.data.ConcatDataset
+
+    def make(*parts: Any) -> Any:
+        return ResumableDataLoader(concat(parts), batch_size=2, shuffle=True, seed=3)
+
+    def sd(files: list[Path]) -> ShardedDataset:
+        return ShardedDataset(files, reader)
+
+    small, large = torch.zeros(2, SEQ, dtype=torch.int64), torch.ones(6, SEQ, dtype=torch.int64)
+    run = make(small, sd(en), large)
+    next(iter(run))
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32"):
+        make(large, sd(en), small).load_state_dict(run.state_dict())
+    run = make(sd(en), sd(saved))
+    next(iter(run))
+    with pytest.raises(StateMismatchError, match=r"shard_names_crc32"):
+        make(sd(en), sd(dodgy)).load_state_dict(run.state_dict())
+    run = make(sd(en), sd(de))
+    next(iter(run))
+    make(concat([sd(en)]), concat([sd(de)])).load_state_dict(run.state_dict())
 
 
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
