@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit.data._codec import (
+    ZSTD_SUFFIX,
     decode_into,
     default_cache_root,
     is_compressed,
@@ -77,6 +78,25 @@ def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
 
 
+# Compressions no reader opens (zstd is decoded): a shard so compressed is no shard name.
+_OTHER_COMPRESSIONS = (".gz", ".bz2", ".xz", ".lz4", ".zip", ".br", ".zstd", ".7z")
+
+
+def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suffixes: Any) -> None:
+    """Refuse a folder holding a shard compressed in a form no reader opens: a listing
+    would leave it out, and the corpus be smaller without a word."""
+    ends, read = tuple(s + c for s in suffixes for c in _OTHER_COMPRESSIONS), tuple(suffixes)
+    odd = sorted(
+        n for n in names if n.endswith(ends) and not is_shard_name(n, read) and not never_a_shard(n)
+    )
+    if odd:
+        raise ValueError(
+            f"{owner}: {folder!r} holds {odd[0]!r}, compressed in a form no reader opens, so "
+            f"its samples would be left out; decompress it, recompress it with zstd "
+            f"({ZSTD_SUFFIX}), or move it out of the folder."
+        )
+
+
 def refuse_own_file(owner: str, shard: str, name: str, listing: str) -> None:
     """Refuse a listed file ``shard`` named ``name`` that is loaderkit's own."""
     why = never_a_shard(name)
@@ -130,6 +150,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         if (root / WORK_DIR).exists():
             raise unfinished_write_error(str(root))
         entries = list(root.iterdir())
+        refuse_unread_compressed(owner, str(root), (p.name for p in entries), reader.suffixes)
         accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
         found = sorted(p for p in entries if accept(p.name))
         if not found:

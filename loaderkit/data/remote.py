@@ -49,7 +49,13 @@ from loaderkit.data._fs import (
     join_url,
     url_name,
 )
-from loaderkit.data._open import is_shard_name, never_a_shard, read_docs, refuse_own_file
+from loaderkit.data._open import (
+    is_shard_name,
+    never_a_shard,
+    read_docs,
+    refuse_own_file,
+    refuse_unread_compressed,
+)
 from loaderkit.data._ranges import (
     HEAD_BYTES,
     Layout,
@@ -442,6 +448,7 @@ class RemoteShards:
         if WORK_DIR in folders:
             raise unfinished_write_error(folder)
         listed = _listed_shards(folder, entries)
+        refuse_unread_compressed(self.owner, folder, listed, suffixes)
         accept = partial(is_shard_name, suffixes=suffixes)
         found = [listed[name] for name in sorted(listed) if accept(name)]
         if not found:

@@ -111,6 +111,17 @@ def test_hidden_and_own_files_in_a_remote_folder_are_never_shards(
     assert [s.name for s in ds.shards] == [f"shard-{i:05d}.npy" for i in range(len(SIZES))]
 
 
+def test_a_remote_shard_compressed_in_a_form_no_reader_opens_is_refused(
+    s3: LocalS3, folder: str, tmp_path: Path
+) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    fs.pipe_file(f"{folder}/shard-00009.npy.gz", b"gzip")
+    with pytest.raises(ValueError, match=r"'shard-00009\.npy\.gz', compressed in a form no"):
+        ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+
+
 # ------------------------------------------------------------ reading, resume
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_training_from_s3_resumes_exactly(

@@ -12,6 +12,7 @@ index collided on a temp file named by the pid alone (ShardError).
 
 from __future__ import annotations
 
+import gzip
 import json
 import multiprocessing
 import os
@@ -90,6 +91,22 @@ def test_own_index_is_not_listed_by_a_json_reader(tmp_path: Path) -> None:
     second = ShardedDataset(tmp_path, JsonDocs())  # was 11 samples: the index was a shard
     assert len(first) == len(second) == 10
     assert [p.name for p in second.shards] == ["a.json", "b.json"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_shard_compressed_in_a_form_no_reader_opens_is_refused(
+    tmp_path: Path, stream: bool
+) -> None:
+    """A folder of a.jsonl and b.jsonl.gz listed only a.jsonl: half the corpus, no word."""
+    from loaderkit import JsonlReader, StreamingShardedDataset
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"x": 2}\n'))
+    make = StreamingShardedDataset if stream else ShardedDataset
+    with pytest.raises(ValueError, match=r"'b\.jsonl\.gz', compressed in a form no reader"):
+        make(tmp_path, JsonlReader())
+    (tmp_path / "b.jsonl.gz").rename(tmp_path / "b.jsonl.gz.bak")  # not a shard's name
+    assert len(ShardedDataset(tmp_path, JsonlReader())) == 1
 
 
 @pytest.mark.parametrize(
