@@ -31,7 +31,8 @@ def shard_names_crc32(dataset: object) -> int | None:
     """The shard files a dataset reads, as a crc32 a saved position is checked against
     (None: no shard files found). A :class:`ShardedDataset`'s is its ``names_crc32``;
     through a torch ``Subset`` or ``ConcatDataset`` or a :class:`MixedDataset`, one
-    ``names_crc32`` over all their paths, with each part's length and each Subset's indices.
+    ``names_crc32`` over all their paths, with each part's shard count (or its length where
+    it has none) and each Subset's indices.
     Other wrapper classes are not looked into."""
     if isinstance(dataset, ShardedDataset):
         return dataset.names_crc32

@@ -215,10 +215,20 @@ class RemoteShard:
 
 
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:
-    """The shards' real local paths (links resolved) or URLs, or None where one is an object."""
+    """The shards' local paths in their real folders (a file's own link kept, as in a
+    Hugging Face snapshot) or URLs, or None where one is an object."""
     if not all(isinstance(s, Path | RemoteShard) for s in shards):
         return None
-    return [os.path.realpath(s) if isinstance(s, Path) else str(s) for s in shards]
+    real: dict[str, str] = {}  # one realpath per folder: shards share few
+    out = []
+    for s in shards:
+        if isinstance(s, Path):
+            folder = os.path.dirname(s) or "."
+            real.setdefault(folder, os.path.realpath(folder))
+            out.append(os.path.join(real[folder], s.name))
+        else:
+            out.append(str(s))
+    return out
 
 
 def remote_source(

@@ -372,6 +372,24 @@ def test_a_concat_is_checked_by_its_parts_lengths_and_real_paths(tmp_path: Path)
     make(concat([sd(en)]), concat([sd(de)])).load_state_dict(run.state_dict())
 
 
+def test_a_snapshot_of_linked_files_and_its_real_copy_are_the_same_shards(tmp_path: Path) -> None:
+    """A Hugging Face snapshot links each file into blobs/<hash>: the file's own link is
+    kept, so the snapshot and a copy with the links followed (cp -L) resume alike."""
+    reader = TokenReader(seq_len=SEQ)
+    written = write_shards(tmp_path / "w", id_shards((4, 4)), reader)
+    (tmp_path / "blobs").mkdir()
+    for name in ("snap", "real"):
+        (tmp_path / name).mkdir()
+    for i, path in enumerate(written):
+        blob = tmp_path / "blobs" / f"{i}abc"
+        blob.write_bytes(path.read_bytes())
+        (tmp_path / "snap" / path.name).symlink_to(blob)
+        (tmp_path / "real" / path.name).write_bytes(path.read_bytes())
+    snap = ShardedDataset([tmp_path / "snap" / p.name for p in written], reader)
+    real = ShardedDataset([tmp_path / "real" / p.name for p in written], reader)
+    assert snap.names_crc32 == real.names_crc32
+
+
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
     """A Subset's indices are part of what a position names; a path spelled relative (with
     ..) is the same file."""
