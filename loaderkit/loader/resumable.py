@@ -369,7 +369,8 @@ def views(loader: object, spec: LoaderSpec, engine: Engine) -> tuple[Any, Any]:
             return order, None
         return order, BatchSampler(order, spec.step_size, spec.drop_last)
     order = plan_order(loader, engine, shuffled=bool(getattr(engine.plan, "shuffle", True)))
-    if spec.sampler is not None:
-        hook_set_epoch(spec.sampler, loader)  # sampler.set_epoch(e) sets the loader's epoch
+    for given in (spec.sampler, spec.batch_sampler):
+        if given is not None:
+            hook_set_epoch(given, loader)  # sampler.set_epoch(e) sets the loader's epoch
     sampler = spec.sampler if spec.sampler is not None else order
     return sampler, spec.batch_sampler if spec.batch_sampler is not None else PlanBatches(order)

@@ -61,6 +61,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.shard_names_crc32: int | None = None
         self._cursor = PlanCursor()
+        self._lent = False
         self._len_watch = _LenWatch()
         self._rounds = Rounds()
 
@@ -131,8 +132,16 @@ class PlanBatchSampler(Sampler[list[int]]):
             self._len_watch.answered(length)
         return length
 
+    def _not_lent(self, method: str) -> None:
+        if getattr(self, "_lent", False):  # see lend_batch_sampler
+            raise TypeError(
+                f"{type(self).__name__}.{method}: this sampler is a ResumableDataLoader's "
+                f"batch_sampler, and the loader keeps the position; call the loader's {method}."
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
+        self._not_lent("state_dict")
         _, world_size = self._topology()
         return self._cursor.state(
             self.plan, self._fingerprint(), world_size=world_size, num_workers=0
@@ -140,9 +149,22 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at a saved position; the next iteration yields the rest of its epoch."""
+        self._not_lent("load_state_dict")
         self._cursor.load(
             state_dict, self.plan, owner=type(self).__name__, fingerprint=self._fingerprint()
         )
+
+
+def lend_batch_sampler(sampler: PlanBatchSampler) -> None:
+    """Hand ``sampler`` to a loader, which keeps the position from now on: refuse one that
+    already moved (its position would be dropped), and its own state calls from then on."""
+    if sampler._cursor.started or sampler._cursor.loaded(sampler.plan) is not None:
+        raise ValueError(
+            f"ResumableDataLoader: batch_sampler={type(sampler).__name__} was iterated or "
+            "loaded a state, which the loader would drop; pass a new sampler and load the "
+            "state into the loader (loader.load_state_dict)."
+        )
+    sampler._lent = True
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:

@@ -729,6 +729,36 @@ def test_a_batch_sampler_whose_batches_are_not_its_plans_is_refused(make: Any) -
         ResumableDataLoader(AugDataset(), batch_sampler=make())
 
 
+def test_a_batch_sampler_is_driven_through_the_loader() -> None:
+    """The loader keeps a batch sampler's position: its set_epoch reaches the loader, its
+    own state calls are refused, and one that already moved is refused up front."""
+
+    def fresh() -> PlanBatchSampler:
+        return PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, seed=0), world_size=1)
+
+    ref = ResumableDataLoader(AugDataset(), batch_sampler=fresh())
+    ref.set_epoch(2)
+    loader = ResumableDataLoader(AugDataset(), batch_sampler=fresh())
+    loader.batch_sampler.set_epoch(2)
+    assert ids(list(loader)) == ids(list(ref))
+    for call in (
+        lambda: loader.batch_sampler.state_dict(),
+        lambda: fresh_lent().load_state_dict({}),
+    ):
+        with pytest.raises(TypeError, match=r"the loader keeps the position; call the loader"):
+            call()
+    moved = fresh()
+    next(iter(moved))
+    with pytest.raises(ValueError, match=r"batch_sampler=PlanBatchSampler was iterated"):
+        ResumableDataLoader(AugDataset(), batch_sampler=moved)
+
+
+def fresh_lent() -> PlanBatchSampler:
+    sampler = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, seed=0), world_size=1)
+    ResumableDataLoader(AugDataset(), batch_sampler=sampler)
+    return sampler
+
+
 class _RandomBatches(_Rows):
     """A batch-fetching dataset whose get_batch draws from the global torch RNG."""
 
