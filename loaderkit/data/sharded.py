@@ -492,7 +492,7 @@ class ShardedDataset(Dataset[Any]):
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
         """
-        if length_fn is None and not getitem_overridden(self, "lengths"):  # else its samples'
+        if length_fn is None:
             parts = []
             for shard in range(len(self.shards)):
                 per_sample = getattr(self._handle(shard), "lengths", None)

@@ -158,11 +158,16 @@ class PlanBatchSampler(Sampler[list[int]]):
 def lend_batch_sampler(sampler: PlanBatchSampler) -> None:
     """Hand ``sampler`` to a loader, which keeps the position from now on: refuse one that
     already moved (its position would be dropped), and its own state calls from then on."""
-    if sampler._cursor.started or sampler._cursor.loaded(sampler.plan) is not None:
+    cursor = sampler._cursor
+    if (
+        cursor.started
+        or cursor.loaded(sampler.plan) is not None
+        or cursor.upcoming(sampler.plan)[0]
+    ):
         raise ValueError(
-            f"ResumableDataLoader: batch_sampler={type(sampler).__name__} was iterated or "
-            "loaded a state, which the loader would drop; pass a new sampler and load the "
-            "state into the loader (loader.load_state_dict)."
+            f"ResumableDataLoader: batch_sampler={type(sampler).__name__} was iterated, loaded "
+            "a state or set to an epoch, which the loader would drop; pass a new sampler, "
+            "then call loader.load_state_dict(state) or loader.set_epoch(epoch)."
         )
     sampler._lent = True
 

@@ -390,19 +390,6 @@ def test_a_snapshot_of_linked_files_and_its_real_copy_are_the_same_shards(tmp_pa
     assert snap.names_crc32 == real.names_crc32
 
 
-def test_lengths_of_a_subclass_are_its_own_samples(tmp_path: Path) -> None:
-    """A subclass's __getitem__ (a prompt added) decides the lengths token budgets use."""
-    reader = TokenReader(eos=0)
-    paths = write_shards(tmp_path, [np.array([5, 5, 5, 0] * 4)], reader)
-
-    class WithPrompt(ShardedDataset):
-        def __getitem__(self, index: int) -> torch.Tensor:
-            return torch.cat([torch.ones(6, dtype=torch.long), super().__getitem__(index)])
-
-    assert WithPrompt(paths, reader).lengths().tolist() == [10] * 4
-    assert ShardedDataset(paths, reader).lengths().tolist() == [4] * 4
-
-
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
     """A Subset's indices are part of what a position names; a path spelled relative (with
     ..) is the same file."""

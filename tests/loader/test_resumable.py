@@ -751,6 +751,10 @@ def test_a_batch_sampler_is_driven_through_the_loader() -> None:
     next(iter(moved))
     with pytest.raises(ValueError, match=r"batch_sampler=PlanBatchSampler was iterated"):
         ResumableDataLoader(AugDataset(), batch_sampler=moved)
+    moved = fresh()
+    moved.set_epoch(3)
+    with pytest.raises(ValueError, match=r"or set to an epoch, which the loader would drop"):
+        ResumableDataLoader(AugDataset(), batch_sampler=moved)
 
 
 def fresh_lent() -> PlanBatchSampler:
