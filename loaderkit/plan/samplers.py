@@ -133,7 +133,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         return length
 
     def _not_lent(self, method: str) -> None:
-        if getattr(self, "_lent", False):  # see lend_batch_sampler
+        if self._lent:  # see lend_batch_sampler
             raise TypeError(
                 f"{type(self).__name__}.{method}: this sampler is a ResumableDataLoader's "
                 f"batch_sampler, and the loader keeps the position; call the loader's {method}."
