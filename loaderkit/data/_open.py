@@ -19,6 +19,7 @@ from typing import Any
 from loaderkit.data._codec import (
     ZSTD_SUFFIX,
     decode_into,
+    decoded_name,
     default_cache_root,
     is_compressed,
     local_decode_dir,
@@ -97,6 +98,19 @@ def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suff
         )
 
 
+def refuse_one_shard_twice(owner: str, names: Iterable[str]) -> None:
+    """Refuse a shard listed with its zstd form (``x`` and ``x.zst``): both hold its samples
+    (``zstd x`` keeps ``x``), which would be read twice."""
+    seen: dict[str, str] = {}
+    for name in names:
+        first = seen.setdefault(decoded_name(name), name)
+        if first != name:
+            raise ValueError(
+                f"{owner}: shards {first!r} and {name!r} are one shard, plain and "
+                "zstd-compressed; its samples would be read twice. Keep one of the two."
+            )
+
+
 def refuse_own_file(owner: str, shard: str, name: str, listing: str) -> None:
     """Refuse a listed file ``shard`` named ``name`` that is loaderkit's own."""
     why = never_a_shard(name)
@@ -161,6 +175,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             )
         indexes = read_docs(p for p in entries if is_index_name(p.name))
         check_complete(str(root), [p.name for p in found], indexes, accept)
+        refuse_one_shard_twice(owner, map(str, found))
         _refuse_links_to_one_file(owner, found)
         return found
     items = list(shards)
@@ -170,6 +185,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s) for s in items]
         for path in paths:
             refuse_own_file(owner, str(path), path.name, "directory")
+        refuse_one_shard_twice(owner, map(str, paths))
         _refuse_links_to_one_file(owner, paths)
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):

@@ -53,6 +53,7 @@ from loaderkit.data._open import (
     is_shard_name,
     never_a_shard,
     read_docs,
+    refuse_one_shard_twice,
     refuse_own_file,
     refuse_unread_compressed,
 )
@@ -375,6 +376,7 @@ class RemoteShards:
         self.storage.on_retry = partial(self._count, "retries")
         self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
+        refuse_one_shard_twice(owner, (s.url for s in self.shards))
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
         self.folder = self.shards[0].url.rsplit("/", 1)[0]

@@ -122,6 +122,23 @@ def test_a_remote_shard_compressed_in_a_form_no_reader_opens_is_refused(
         ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
 
 
+@pytest.mark.parametrize("listing", ["folder", "list"])
+def test_a_remote_shard_beside_its_zstd_form_is_refused(
+    s3: LocalS3, folder: str, tmp_path: Path, listing: str
+) -> None:
+    import s3fs
+    import zstandard
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    raw = fs.cat_file(f"{folder}/shard-00001.npy")
+    fs.pipe_file(f"{folder}/shard-00001.npy.zst", zstandard.ZstdCompressor().compress(raw))
+    fs.rm(fs.glob(f"{folder}/.loaderkit-index-*"))  # an index refuses the unlisted .zst first
+    urls = [f"{folder}/shard-0000{i}.npy" for i in range(len(SIZES))]
+    shards = folder if listing == "folder" else [*urls, f"{folder}/shard-00001.npy.zst"]
+    with pytest.raises(ValueError, match=r"shard-00001\.npy' and .*shard-00001\.npy\.zst' are"):
+        ShardedDataset(shards, READER, remote=cache(s3, tmp_path))
+
+
 # ------------------------------------------------------------ reading, resume
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_training_from_s3_resumes_exactly(

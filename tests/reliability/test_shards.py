@@ -109,6 +109,28 @@ def test_a_shard_compressed_in_a_form_no_reader_opens_is_refused(
     assert len(ShardedDataset(tmp_path, JsonlReader())) == 1
 
 
+@pytest.mark.parametrize("listing", ["folder", "list", "stream"])
+def test_a_shard_beside_its_zstd_form_is_refused(tmp_path: Path, listing: str) -> None:
+    """`zstd a.jsonl` keeps a.jsonl: both were listed and a's samples read twice."""
+    import zstandard
+
+    from loaderkit import JsonlReader, StreamingShardedDataset
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "b.jsonl").write_text('{"x": 2}\n')
+    raw = (tmp_path / "a.jsonl").read_bytes()
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    shards: Any = tmp_path
+    if listing == "list":
+        shards = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "a.jsonl.zst"]
+    make = StreamingShardedDataset if listing == "stream" else ShardedDataset
+    with pytest.raises(ValueError, match=r"a\.jsonl' and '.*a\.jsonl\.zst' are one shard"):
+        make(shards, JsonlReader())
+    (tmp_path / "a.jsonl").unlink()
+    shards = tmp_path if listing != "list" else shards[1:]
+    assert len(make(shards, JsonlReader()).shards) == 2
+
+
 @pytest.mark.parametrize(
     ("name", "why"),
     [
