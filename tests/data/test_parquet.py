@@ -142,6 +142,25 @@ def test_exactly_once_across_ranks_and_workers(shards: list[Path], num_workers: 
     assert max(counts.values()) == 1 and len(seen) == 55 // 12 * 12
 
 
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_forked_worker_reads_the_file_its_parent_opened(
+    shards: list[Path], replaced: bool
+) -> None:
+    """A forked worker reopened by path a file its parent had open: replaced meanwhile,
+    batches mixed the parent's cached rows of the old file with rows of the new one."""
+    ds = dataset(shards, columns=["id"])
+    assert int(ds[0]["id"]) == 0  # the main process opens the first file
+    if replaced:  # same row count and row groups, other ids
+        new = tables()[0].set_column(0, "id", pa.array(range(1000, 1011), pa.int64()))
+        pq.write_table(new, shards[0], row_group_size=ROW_GROUP)
+    loader = ResumableDataLoader(ds, batch_size=11, num_workers=2, multiprocessing_context="fork")
+    if replaced:
+        with pytest.raises(ShardError, match=r"was replaced or rewritten after it was opened"):
+            list(loader)
+    else:
+        assert sorted(i for b in loader for i in batch_ids(b)) == list(range(55))
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_oracle(shards: list[Path], num_workers: int) -> None:
     ds = dataset(shards, columns=["id", "tokens"])
