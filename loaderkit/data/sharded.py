@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -488,9 +488,13 @@ class ShardedDataset(Dataset[Any]):
         From the open shards' ``lengths()`` where they have one (:class:`TokenReader`,
         no token read), else by reading every sample through
         :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
+        A subclass overriding ``__getitem__`` gets its longest and shortest samples measured
+        against the shards' figures.
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
+            ValueError: a subclass's samples are not as long as its shards say; pass
+                ``length_fn`` or override ``lengths()``.
         """
         if length_fn is None:
             parts = []
@@ -500,7 +504,10 @@ class ShardedDataset(Dataset[Any]):
                     break
                 parts.append(np.asarray(per_sample(), dtype=np.int64))
             else:
-                return np.concatenate(parts)
+                found = np.concatenate(parts)
+                if getitem_overridden(self, "lengths"):
+                    self._check_own_lengths(found)
+                return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
             content = ";".join(f"{s.url}:{s.size}:{s.version}" for s in self._remote.shards)
@@ -510,6 +517,20 @@ class ShardedDataset(Dataset[Any]):
             content = ";".join(shard_name(shard) for shard in self.shards)
         key = f"{self!r}|{content}"
         return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
+
+    def _check_own_lengths(self, stored: np.ndarray) -> None:
+        """A subclass's samples (a prompt added, a truncation) measured at the longest and
+        shortest: token budgets from the shards' figures would be wrong."""
+        for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
+            sample = self[index]
+            if isinstance(sample, Mapping) or not hasattr(sample, "__len__"):
+                return  # which field holds the tokens is for length_fn to say
+            if len(sample) != stored[index]:
+                raise ValueError(
+                    f"{type(self).__name__}.lengths: sample {index} has {len(sample)} tokens, "
+                    f"its shard says {int(stored[index])}, as __getitem__ changes them; pass "
+                    "length_fn=len (or a function of the sample), or override lengths()."
+                )
 
     def bucket_batch_sampler(
         self,

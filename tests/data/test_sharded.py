@@ -390,6 +390,33 @@ def test_a_snapshot_of_linked_files_and_its_real_copy_are_the_same_shards(tmp_pa
     assert snap.names_crc32 == real.names_crc32
 
 
+def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) -> None:
+    """A subclass's __getitem__ (a prompt added, a truncation) got its shards' lengths, and
+    token budgets were exceeded; samples it wraps in a dict keep the shards' lengths."""
+    reader = TokenReader(eos=0)
+    paths = write_shards(tmp_path, [np.array([5, 5, 5, 0, 7, 0] * 4)], reader)
+
+    class WithPrompt(ShardedDataset):
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.cat([torch.ones(6, dtype=torch.long), super().__getitem__(index)])
+
+    class Truncated(ShardedDataset):
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return super().__getitem__(index)[:3]
+
+    class AsDict(ShardedDataset):
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": super().__getitem__(index)}
+
+    assert ShardedDataset(paths, reader).lengths().tolist() == [4, 2] * 4
+    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, its shard says 4.*length_fn"):
+        WithPrompt(paths, reader).lengths()
+    assert WithPrompt(paths, reader).lengths(len).tolist() == [10, 8] * 4
+    with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, its shard says 4"):
+        Truncated(paths, reader).lengths()
+    assert AsDict(paths, reader).lengths().tolist() == [4, 2] * 4
+
+
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
     """A Subset's indices are part of what a position names; a path spelled relative (with
     ..) is the same file."""
