@@ -16,7 +16,7 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
 from loaderkit.plan._sampler_plan import wrapped_sampler
-from loaderkit.plan.samplers import check_resumable_sampler, lend_batch_sampler
+from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
 
@@ -100,7 +100,7 @@ def _check_batch_sampler(
             "sampler's plan and leave them at their defaults here."
         )
     check_resumable_sampler(batch_sampler, parameter="batch_sampler")
-    lend_batch_sampler(batch_sampler)
+    check_lendable(batch_sampler)
 
 
 def check_worker_args(

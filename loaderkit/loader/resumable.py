@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, Literal
 
 import torch
@@ -27,7 +27,7 @@ from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool
 from loaderkit.plan.sample import Plan
-from loaderkit.plan.samplers import _LenWatch
+from loaderkit.plan.samplers import PlanBatchSampler, _LenWatch, lend_batch_sampler
 
 __all__ = ["ResumableDataLoader"]
 
@@ -315,7 +315,7 @@ class ResumableDataLoader:
         self._host.seed_drawn = False  # the saved run's seed is the one to keep
 
 
-def build_engine(loader: object, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
+def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
     """The loader's host and its one engine, chosen by ``spec.kind`` (the only place)."""
     fetch = BatchFetcher(
         spec.dataset, spec.collate_fn, seed=spec.seed, per_sample_seeding=spec.per_sample
@@ -357,6 +357,8 @@ def build_engine(loader: object, spec: LoaderSpec) -> tuple[Host, Engine, BatchF
         engine = PlanEngine(
             host, dataset=spec.dataset, plan=spec.plan, fetch=fetch, reseed=spec.reseed
         )
+        if isinstance(spec.batch_sampler, PlanBatchSampler):  # now its checks all passed
+            lend_batch_sampler(spec.batch_sampler, engine.cursor, loader.__len__)
     return host, engine, fetch
 
 

@@ -7,7 +7,8 @@ resume needs :class:`~loaderkit.ResumableDataLoader`, which counts consumed ones
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Unpack
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
@@ -61,24 +62,28 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.shard_names_crc32: int | None = None
         self._cursor = PlanCursor()
-        self._lent = False
+        self._lent: tuple[PlanCursor, weakref.WeakMethod[Callable[[], int]]] | None = None
         self._len_watch = _LenWatch()
         self._rounds = Rounds()
 
     @property
+    def _now(self) -> PlanCursor:
+        return self._cursor if self._lent is None else self._lent[0]
+
+    @property
     def epoch(self) -> int:
-        """The epoch of the current (or last) iteration."""
-        return self._cursor.epoch
+        """The epoch of the current (or last) iteration (the loader's, once lent to one)."""
+        return self._now.epoch
 
     @property
     def position(self) -> int:
         """Global position in that epoch's plan after the batches drawn so far."""
-        return self._cursor.position
+        return self._now.position
 
     @property
     def steps_done(self) -> int:
         """Batches this rank drew in that epoch."""
-        return self._cursor.steps_done
+        return self._now.steps_done
 
     def _fingerprint(self) -> dict[str, Any]:
         fields = self.plan.fingerprint()
@@ -102,6 +107,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._cursor.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._not_lent("__iter__", "iterate the loader")
         cursor = self._cursor
         rank, world_size = self._topology()
         epoch, start, steps_done = cursor.upcoming(self.plan)
@@ -125,6 +131,11 @@ class PlanBatchSampler(Sampler[list[int]]):
             yield batch
 
     def __len__(self) -> int:
+        if self._lent is not None:
+            loader_len = self._lent[1]()
+            if loader_len is None:
+                raise ReferenceError("this sampler's ResumableDataLoader no longer exists")
+            return loader_len()
         epoch, start, _ = self._cursor.upcoming(self.plan)
         _, world_size = self._topology()
         length = self.plan.num_steps(epoch, start=start, world_size=world_size)
@@ -132,11 +143,12 @@ class PlanBatchSampler(Sampler[list[int]]):
             self._len_watch.answered(length)
         return length
 
-    def _not_lent(self, method: str) -> None:
-        if self._lent:  # see lend_batch_sampler
+    def _not_lent(self, method: str, fix: str | None = None) -> None:
+        if self._lent is not None:  # see lend_batch_sampler
+            fix = fix or f"call the loader's {method}"
             raise TypeError(
                 f"{type(self).__name__}.{method}: this sampler is a ResumableDataLoader's "
-                f"batch_sampler, and the loader keeps the position; call the loader's {method}."
+                f"batch_sampler, and the loader keeps the position; {fix}."
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,9 +167,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         )
 
 
-def lend_batch_sampler(sampler: PlanBatchSampler) -> None:
-    """Hand ``sampler`` to a loader, which keeps the position from now on: refuse one that
-    already moved (its position would be dropped), and its own state calls from then on."""
+def check_lendable(sampler: PlanBatchSampler) -> None:
+    """Refuse a ``batch_sampler`` that already moved: the loader would drop its position."""
     cursor = sampler._cursor
     if (
         cursor.started
@@ -169,7 +180,13 @@ def lend_batch_sampler(sampler: PlanBatchSampler) -> None:
             "a state or set to an epoch, which the loader would drop; pass a new sampler, "
             "then call loader.load_state_dict(state) or loader.set_epoch(epoch)."
         )
-    sampler._lent = True
+
+
+def lend_batch_sampler(sampler: PlanBatchSampler, cursor: PlanCursor, length: Any) -> None:
+    """Hand ``sampler`` to a loader (``cursor``, bound ``length``), which keeps the position
+    from then on: the sampler shows the loader's and refuses its own iteration and state."""
+    check_lendable(sampler)
+    sampler._lent = (cursor, weakref.WeakMethod(length))  # weak: no cycle through the loader
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:

@@ -757,6 +757,37 @@ def test_a_batch_sampler_is_driven_through_the_loader() -> None:
         ResumableDataLoader(AugDataset(), batch_sampler=moved)
 
 
+def test_a_lent_batch_sampler_shows_the_loaders_position() -> None:
+    """A lent sampler's epoch, position and len were its own, never moved: stale figures.
+    Its own iteration is refused; a loader that failed to build leaves it unlent."""
+    sampler = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, seed=0), world_size=1)
+    with pytest.raises(ValueError, match=r"num_workers"):
+        ResumableDataLoader(AugDataset(), batch_sampler=sampler, num_workers=-1)
+    assert sampler.state_dict()["position"] == 0  # not lent: its own state
+    loader = ResumableDataLoader(AugDataset(), batch_sampler=sampler)
+    loader.set_epoch(1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert (sampler.epoch, sampler.position, sampler.steps_done) == (1, 3 * B, 3)
+    state = loader.state_dict()
+    again = ResumableDataLoader(AugDataset(), batch_sampler=fresh_sampler())
+    again.load_state_dict(state)
+    assert len(again.batch_sampler) == len(again) == -(-N // B)  # steps_done + the rest
+    assert (again.batch_sampler.epoch, again.batch_sampler.position) == (1, 3 * B)
+    with pytest.raises(TypeError, match=r"loader keeps the position; iterate the loader"):
+        next(iter(sampler))
+    with pytest.raises(ValueError, match=r"was iterated"):  # its own, by the caller
+        ResumableDataLoader(AugDataset(), batch_sampler=fresh_sampler(moved=True))
+
+
+def fresh_sampler(moved: bool = False) -> PlanBatchSampler:
+    sampler = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, seed=0), world_size=1)
+    if moved:
+        next(iter(sampler))
+    return sampler
+
+
 def fresh_lent() -> PlanBatchSampler:
     sampler = PlanBatchSampler(SamplePlan(num_samples=N, batch_size=B, seed=0), world_size=1)
     ResumableDataLoader(AugDataset(), batch_sampler=sampler)
