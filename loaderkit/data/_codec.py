@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import os
 import shutil
@@ -260,13 +261,17 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
             target.unlink()  # damaged: readers that hold it open keep their bytes
         if check is not None:
             check(src)
-        for side in src.parent.glob(f"{src.name}*"):
-            if side.name != src.name and side.name.endswith(OWN_SUFFIXES):
-                plain = folder / (target.name + side.name[len(src.name) :])
-                if plain.resolve() != side.resolve():
-                    tmp = temp_path(plain)
-                    shutil.copyfile(side, tmp)
-                    os.replace(tmp, plain)
+        # Sidecars of the shard (a.bin.zst.lkdtype) or, compressed outside loaderkit, of its
+        # plain name (a.bin.lkdtype): without its dtype header, a.bin is read in any dtype.
+        near = src.parent.glob(glob.escape(target.name) + "*")
+        sides = [s for s in near if s.name.endswith(OWN_SUFFIXES)]
+        for side in sorted(sides, key=lambda s: s.name.startswith(src.name)):  # the shard's last
+            stem = src.name if side.name.startswith(src.name) else target.name
+            plain = folder / (target.name + side.name[len(stem) :])
+            if plain.resolve() != side.resolve():
+                tmp = temp_path(plain)
+                shutil.copyfile(side, tmp)
+                os.replace(tmp, plain)
         _decompress(src, target)
         stamp = _stamp(target)
         atomic_write(_decoded_marker(target), lambda f: f.write(stamp.encode()))

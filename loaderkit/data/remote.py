@@ -270,7 +270,8 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
     by_name = {e["name"]: (int(e["size"]), str(e["version"])) for e in entries}
     out = {}
     for name, (size, version) in by_name.items():
-        own = (o for o in sorted(by_name) if o != name and o.startswith(name))
+        stems = (name, decoded_name(name))  # a.bin.lkdtype is a.bin.zst's too (see decode_into)
+        own = (o for o in sorted(by_name) if o != name and o.startswith(stems))
         sides = tuple((o, *by_name[o]) for o in own if o.endswith(OWN_SUFFIXES))
         out[name] = RemoteShard(join_url(folder, name), name, size, version, sides)
     return out

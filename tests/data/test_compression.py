@@ -129,6 +129,27 @@ def test_shards_compressed_elsewhere_are_counted_and_read(tmp_path: Path) -> Non
     assert [int(ds[i][0]) for i in range(len(ds))] == list(range(50))
 
 
+def test_a_raw_shard_compressed_elsewhere_keeps_its_dtype_header(tmp_path: Path) -> None:
+    """`zstd a.bin && rm a.bin` leaves a.bin.lkdtype: unread, uint32 tokens were read as
+    uint16 with no error."""
+    import zstandard
+
+    tokens = np.arange(70_000, 70_000 + 32, dtype=np.uint32)
+    paths = write_shards(tmp_path / "d", [tokens], TokenReader(seq_len=SEQ), suffix=".bin")
+    for p in paths:
+        p.with_name(p.name + ".zst").write_bytes(
+            zstandard.ZstdCompressor().compress(p.read_bytes())
+        )
+        p.unlink()
+    for index in paths[0].parent.glob(".loaderkit-index-*"):  # it lists the plain names
+        index.unlink()
+    assert sorted(p.name for p in paths[0].parent.iterdir())[0] == "shard-00000.bin.lkdtype"
+    with pytest.raises(ShardError, match=r"holds uint32 tokens \(says its \.lkdtype header\)"):
+        ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ, dtype=np.uint16))[0]
+    ds = ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ))
+    assert torch.cat([ds[i] for i in range(len(ds))]).tolist() == tokens.tolist()
+
+
 @pytest.mark.parametrize(("nw_before", "nw_after"), [(0, 0), (2, 2), (0, 2)])
 def test_resume_oracle_over_compressed_shards(
     tmp_path: Path, nw_before: int, nw_after: int

@@ -139,6 +139,26 @@ def test_a_remote_shard_beside_its_zstd_form_is_refused(
         ShardedDataset(shards, READER, remote=cache(s3, tmp_path))
 
 
+def test_a_remote_raw_shard_compressed_elsewhere_keeps_its_dtype_header(
+    s3: LocalS3, tmp_path: Path
+) -> None:
+    """a.bin.zst uploaded beside a.bin.lkdtype: the header was not fetched, and uint32
+    tokens were read as uint16 with no error."""
+    import s3fs
+    import zstandard
+
+    tokens = np.arange(70_000, 70_000 + 16, dtype=np.uint32)
+    (path,) = write_shards(tmp_path / "d", [tokens], TokenReader(seq_len=SEQ), suffix=".bin")
+    url = f"s3://{s3.bucket}/raw-compressed-elsewhere"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    fs.pipe_file(f"{url}/{path.name}.zst", zstandard.ZstdCompressor().compress(path.read_bytes()))
+    fs.put_file(str(path) + ".lkdtype", f"{url}/{path.name}.lkdtype")
+    with pytest.raises(ShardError, match=r"holds uint32 tokens \(says its \.lkdtype header\)"):
+        ShardedDataset(url, READER, remote=cache(s3, tmp_path))[0]
+    ds = ShardedDataset(url, TokenReader(seq_len=SEQ), remote=cache(s3, tmp_path / "2"))
+    assert torch.cat([ds[i] for i in range(len(ds))]).tolist() == tokens.tolist()
+
+
 # ------------------------------------------------------------ reading, resume
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_training_from_s3_resumes_exactly(
