@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class _Job:
 
     def prior(self, doc: Any, fp: str | None, sizes: Callable[[str], int | None]) -> Done | None:
         """The marker ``doc``'s shard if it matches this call and the file ``sizes`` now."""
-        if doc["version"] != MARKER_VERSION or doc["key"] != self.key or doc["input"] != fp:
+        stale = doc["version"] != MARKER_VERSION or doc["key"] != self.key
+        if stale or fp is None or doc["input"] != fp:  # None: an input that does not pickle
             return None
         for name, size in [(doc["name"], doc["size"]), *doc["sidecars"].items()]:
             if sizes(name) != size:
@@ -175,12 +177,21 @@ def _code_digest(fn: Any) -> str | None:
 
 
 def _fingerprint(item: Any) -> str | None:
-    """A digest of an input to ``fn``; None if it does not pickle (settings alone then)."""
+    """A digest of a shard's input (``fn``'s, else its data); None if it does not pickle.
+
+    Large buffers (arrays) are taken out of band and summed with crc32 (~4 GB/s; sha256
+    over a shard's bytes would double a write): a resume compares data, it guards no secret.
+    """
+    buffers: list[pickle.PickleBuffer] = []
     try:
-        blob = pickle.dumps(item, protocol=4)
+        blob = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
     except Exception:
         return None
-    return hashlib.sha256(blob).hexdigest()[:32]
+    digest = hashlib.sha256(blob)
+    for buffer in buffers:
+        raw = buffer.raw()
+        digest.update(f"{raw.nbytes}:{zlib.crc32(raw)};".encode())
+    return digest.hexdigest()[:32]
 
 
 def _done_local(job: _Job, i: int, fp: str | None) -> Done | None:
@@ -355,7 +366,7 @@ def _write_all(
 
     def todo() -> Iterator[tuple[int, Any, str | None]]:
         for i, item in enumerate(items):
-            fp = _fingerprint(item) if job.fn is not None else None
+            fp = _fingerprint(item)
             prior = done(i, fp) if done is not None else None
             if prior is None:
                 yield i, item, fp
@@ -464,8 +475,8 @@ def write_shards(
         mp_context: A start method name or a multiprocessing context (default:
             ``"forkserver"`` where available, else ``"spawn"``).
         progress: Show a progress bar on stderr.
-        resume: Skip the shards a previous call with the same settings finished (without
-            ``fn`` the data is not compared). ``False`` writes every shard.
+        resume: Skip the shards a previous call with the same settings and inputs (each
+            item's digest) finished. ``False`` writes every shard.
 
     Returns:
         The shard paths (URLs for a URL), in order.

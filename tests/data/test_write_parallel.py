@@ -163,6 +163,30 @@ def test_resume_in_the_caller_skips_the_finished_shards(tmp_path: Path) -> None:
     assert len(Path(log).read_text().split()) == 8
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_without_fn_compares_the_data(tmp_path: Path, num_workers: int) -> None:
+    """Without fn, a re-run with other data kept what an interrupted run had written: a
+    corpus of both. The same data again is skipped."""
+
+    def items(plus: int, stop: int | None = None) -> Any:
+        for n in range(4):
+            if n == stop:
+                raise ValueError("boom: interrupted")
+            yield make(n) + plus
+
+    folder = tmp_path / "out"
+    first = [folder / f"shard-0000{n}.npy" for n in (0, 1)]
+    for stop in (2, 3):  # the same data again: the shards written are kept
+        with pytest.raises(ValueError, match="interrupted"):
+            write_shards(folder, items(0, stop), READER, progress=False, num_workers=num_workers)
+        if stop == 2:
+            mtimes = [p.stat().st_mtime_ns for p in first]
+    assert [p.stat().st_mtime_ns for p in first] == mtimes
+    paths = write_shards(folder, items(7), READER, progress=False, num_workers=num_workers)
+    ds = ShardedDataset(paths, READER)
+    assert [int(ds[i][0]) for i in (0, 5, 11)] == [7, 107, 207]  # other data: written again
+
+
 def test_a_changed_setting_or_shard_file_is_written_again(tmp_path: Path) -> None:
     log = str(tmp_path / "calls.log")
     inputs = [(n if n != 2 else -1, log, 0.0) for n in range(4)]
