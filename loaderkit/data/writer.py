@@ -366,7 +366,7 @@ def _write_all(
 
     def todo() -> Iterator[tuple[int, Any, str | None]]:
         for i, item in enumerate(items):
-            fp = _fingerprint(item)
+            fp = _fingerprint(item) if done is not None else None  # None: never resumed
             prior = done(i, fp) if done is not None else None
             if prior is None:
                 yield i, item, fp
@@ -476,7 +476,7 @@ def write_shards(
             ``"forkserver"`` where available, else ``"spawn"``).
         progress: Show a progress bar on stderr.
         resume: Skip the shards a previous call with the same settings and inputs (each
-            item's digest) finished. ``False`` writes every shard.
+            item's digest) finished. ``False`` writes every shard, digesting none.
 
     Returns:
         The shard paths (URLs for a URL), in order.
