@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write, temp_path
-from loaderkit.data.readers import OWN_SUFFIXES
+from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES
 from loaderkit.errors import MissingDependencyError, ShardError
 
 ZSTD_SUFFIX = ".zst"
@@ -265,7 +265,8 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         # plain name (a.bin.lkdtype): without its dtype header, a.bin is read in any dtype.
         near = src.parent.glob(glob.escape(target.name) + "*")
         sides = [s for s in near if s.name.endswith(OWN_SUFFIXES)]
-        for side in sorted(sides, key=lambda s: s.name.startswith(src.name)):  # the shard's last
+        # The shard's own sidecars are copied last, so they win over the plain name's.
+        for side in sorted(sides, key=lambda s: s.name.startswith(src.name)):
             stem = src.name if side.name.startswith(src.name) else target.name
             plain = folder / (target.name + side.name[len(stem) :])
             if plain.resolve() != side.resolve():
@@ -282,11 +283,17 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
 
 def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
     """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, keyed by its
-    path, size, mtime, inode, ctime (a rewrite keeping size and mtime) and ``digest``."""
+    path, size, mtime, inode, ctime (a rewrite keeping size and mtime), ``digest`` and its
+    dtype headers' size and mtime (a header added or fixed later is copied anew)."""
     st = path.stat()
+    headers = []
+    for name in (decoded_name(path.name), path.name):  # the headers decode_into copies
+        with contextlib.suppress(FileNotFoundError):
+            hs = path.with_name(name + DTYPE_SUFFIX).stat()
+            headers.append(f"{name}:{hs.st_size}:{hs.st_mtime_ns}")
     blob = (
         f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}\n{st.st_ino}\n{st.st_ctime_ns}\n"
-        f"{digest or ''}"
+        f"{digest or ''}\n{';'.join(headers)}"
     ).encode()
     return root / "decoded" / hashlib.sha256(blob).hexdigest()[:24]
 

@@ -99,8 +99,8 @@ def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suff
 
 
 def refuse_one_shard_twice(owner: str, names: Iterable[str]) -> None:
-    """Refuse a shard listed with its zstd form (``x`` and ``x.zst``): both hold its samples
-    (``zstd x`` keeps ``x``), which would be read twice."""
+    """Refuse a shard URL listed with its zstd form (``x`` and ``x.zst``): both hold its
+    samples (``zstd x`` keeps ``x``), which would be read twice."""
     seen: dict[str, str] = {}
     for name in names:
         first = seen.setdefault(decoded_name(name), name)
@@ -131,23 +131,29 @@ def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
 
 
 def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
-    """A path listed twice, or a link to another listed file, would read that file twice.
-    Links sharing a target outside the list (a Hugging Face snapshot's blobs) are fine."""
+    """A path listed twice, a link to another listed file, or a file beside its zstd form
+    (``zstd x`` keeps ``x``) would read one file's samples twice. Links sharing a target
+    outside the list (a Hugging Face snapshot's blobs) are fine."""
     parents: dict[Path, Path] = {}  # one resolve() per folder, not per file
 
     def real(path: Path) -> Path:
         if path.parent not in parents:
             parents[path.parent] = path.parent.resolve()
-        return parents[path.parent] / path.name
+        return parents[path.parent] / decoded_name(path.name)
+
+    def target(path: Path) -> Path:
+        resolved = path.resolve()
+        return resolved.with_name(decoded_name(resolved.name))
 
     seen: dict[Path, Path] = {}
     twice = [(seen.setdefault(real(path), path), path) for path in paths]
-    links = [(seen.get(path.resolve(), path), path) for path in paths if path.is_symlink()]
+    links = [(seen.get(target(path), path), path) for path in paths if path.is_symlink()]
     for first, path in twice + links:
         if first is not path:
             raise ValueError(
                 f"{owner}: shards {str(first)!r} and {str(path)!r} are one file (listed twice, "
-                "or a link to it); its samples would be read twice. List or keep each file once."
+                "a link to it, or its zstd form); its samples would be read twice. List or "
+                "keep each file once."
             )
 
 
@@ -175,7 +181,6 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             )
         indexes = read_docs(p for p in entries if is_index_name(p.name))
         check_complete(str(root), [p.name for p in found], indexes, accept)
-        refuse_one_shard_twice(owner, map(str, found))
         _refuse_links_to_one_file(owner, found)
         return found
     items = list(shards)
@@ -185,7 +190,6 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s) for s in items]
         for path in paths:
             refuse_own_file(owner, str(path), path.name, "directory")
-        refuse_one_shard_twice(owner, map(str, paths))
         _refuse_links_to_one_file(owner, paths)
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):

@@ -206,8 +206,8 @@ class ParquetReader:
     def open(self, path: Path) -> OpenShard:
         """Read the footer and check the columns."""
         path = Path(path)
-        stamp = _stamp(path)  # before opening: a file replaced meanwhile is refused, not read
-        return _ParquetShard(path, self, self._file(path), stamp)
+        identity = _file_identity(path)  # before opening: a file replaced meanwhile is refused
+        return _ParquetShard(path, self, self._file(path), identity)
 
     def write(self, path: Path, data: Any) -> Path:
         """Write ``data`` (a ``pyarrow.Table``, a dict of columns, a pandas DataFrame or a
@@ -241,7 +241,7 @@ def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
     return f"{text} in the files before it (merged from {parts})"
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
     """The file's inode, size and mtime (None if it is missing)."""
     try:
         st = path.stat()
@@ -254,12 +254,12 @@ class _ParquetShard:
     """One Parquet file opened in one process, with a cache of decoded row groups."""
 
     def __init__(
-        self, path: Path, reader: ParquetReader, file: Any, stamp: tuple[int, int, int] | None
+        self, path: Path, reader: ParquetReader, file: Any, identity: tuple[int, int, int] | None
     ) -> None:
         self.path = path
         self.reader = reader
         self._file_obj = file
-        self._stamp = stamp
+        self._identity = identity
         self._pid = os.getpid()
         meta = file.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -279,27 +279,27 @@ class _ParquetShard:
         return f"Parquet shard {str(self.path)!r}"
 
     def _handle(self) -> Any:
+        """The open file, checked unchanged: each decode reads it anew (a forked worker
+        reopens it by path), and a rewritten file would mix with rows read before."""
+        if _file_identity(self.path) != self._identity:
+            raise ShardChangedError(
+                f"{self._where()} was replaced or rewritten after it was opened, so its rows "
+                "would mix two files; restart the run (and delete the shard index if its "
+                "content changed).",
+                path=self.path,
+            )
         if os.getpid() != self._pid:  # a forked worker: open its own file, own cache
+            self._file_obj = self.reader._file(self.path)
             self._cache = OrderedDict()
             self._pid = os.getpid()
-            # Reopened by path: a file replaced since the parent opened it would mix two files.
-            if _stamp(self.path) != self._stamp:
-                raise ShardChangedError(
-                    f"{self._where()} was replaced or rewritten after it was opened, so workers "
-                    "would read another file than the main process; restart the run (and "
-                    "delete the shard index if its content changed).",
-                    path=self.path,
-                )
-            self._file_obj = self.reader._file(self.path)
         return self._file_obj
 
     def _row_group(self, group: int) -> Any:
-        handle = self._handle()  # first: a forked worker drops its parent's cache
-        cached = self._cache.get(group)
+        cached = self._cache.get(group) if os.getpid() == self._pid else None
         if cached is not None:
             self._cache.move_to_end(group)
             return cached
-        table = handle.read_row_group(group, columns=self.columns, use_threads=False)
+        table = self._handle().read_row_group(group, columns=self.columns, use_threads=False)
         self.decoded += 1
         self._cache[group] = table
         while len(self._cache) > self.reader.cache_row_groups:

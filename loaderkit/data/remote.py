@@ -205,8 +205,9 @@ class RemoteShard:
 
     @property
     def key(self) -> str:
-        """The cache key of this version of the object."""
-        blob = f"{self.url}\n{self.size}\n{self.version}".encode()
+        """The cache key of this version of the object and its sidecars (a dtype header added
+        or fixed later is fetched anew)."""
+        blob = f"{self.url}\n{self.size}\n{self.version}\n{self.sidecars}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
     @property

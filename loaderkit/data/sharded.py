@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +32,13 @@ from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
-from loaderkit.errors import CollateError, MissingDependencyError, ReaderSettingError, ShardError
+from loaderkit.errors import (
+    CollateError,
+    MissingDependencyError,
+    ReaderSettingError,
+    ShardChangedError,
+    ShardError,
+)
 from loaderkit.plan.bucket import Oversize
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
@@ -60,7 +66,8 @@ class ShardedDataset(Dataset[Any]):
             when absent; checked against every shard's size and mtime when present.
         on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is
             counted in :attr:`skipped`, warned about, and replaced in its batch
-            by the next readable sample.
+            by the next readable sample (a shard changed under the run, or a
+            reader setting that does not fit its data, raises all the same).
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: the cache and storage options (default
             ``RemoteCache()``).
@@ -234,8 +241,8 @@ class ShardedDataset(Dataset[Any]):
         )
 
     def _skip(self, shard: int, count: int, exc: Exception) -> None:
-        if isinstance(exc, ReaderSettingError):  # a setting, not a bad shard: never skipped
-            raise exc
+        if isinstance(exc, ReaderSettingError | ShardChangedError):  # no bad sample: the
+            raise exc  # setting is wrong, or the corpus changed under the run
         info = get_worker_info()
         slot = 0 if info is None else 1 + info.id % (_SKIP_SLOTS - 1)
         self._skips[slot] += count
@@ -489,7 +496,7 @@ class ShardedDataset(Dataset[Any]):
         no token read), else by reading every sample through
         :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
         A subclass overriding ``__getitem__`` gets its longest and shortest samples measured
-        against the shards' figures.
+        against the shards' figures, where a sample is a 1-D tensor or array.
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
@@ -523,13 +530,13 @@ class ShardedDataset(Dataset[Any]):
         shortest: token budgets from the shards' figures would be wrong."""
         for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
             sample = self[index]
-            if isinstance(sample, Mapping) or not hasattr(sample, "__len__"):
-                return  # which field holds the tokens is for length_fn to say
+            if not (isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1):
+                return  # a dict, a pair, a 2-D stack: where the tokens are is length_fn's to say
             if len(sample) != stored[index]:
                 raise ValueError(
                     f"{type(self).__name__}.lengths: sample {index} has {len(sample)} tokens, "
-                    f"its shard says {int(stored[index])}, as __getitem__ changes them; pass "
-                    "length_fn=len (or a function of the sample), or override lengths()."
+                    f"its shard says {int(stored[index])}; pass length_fn= (a function returning "
+                    "a sample's token count), or override lengths()."
                 )
 
     def bucket_batch_sampler(

@@ -358,7 +358,7 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
             host, dataset=spec.dataset, plan=spec.plan, fetch=fetch, reseed=spec.reseed
         )
         if isinstance(spec.batch_sampler, PlanBatchSampler):  # now its checks all passed
-            lend_batch_sampler(spec.batch_sampler, engine.cursor, loader.__len__)
+            lend_batch_sampler(spec.batch_sampler, engine.cursor, loader)
     return host, engine, fetch
 
 

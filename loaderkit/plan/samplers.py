@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any, Unpack
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
@@ -62,7 +62,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.world_size = world_size
         self.shard_names_crc32: int | None = None
         self._cursor = PlanCursor()
-        self._lent: tuple[PlanCursor, weakref.WeakMethod[Callable[[], int]]] | None = None
+        self._lent: tuple[PlanCursor, weakref.ref[Sized]] | None = None  # lend_batch_sampler
         self._len_watch = _LenWatch()
         self._rounds = Rounds()
 
@@ -132,16 +132,23 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         if self._lent is not None:
-            loader_len = self._lent[1]()
-            if loader_len is None:
-                raise ReferenceError("this sampler's ResumableDataLoader no longer exists")
-            return loader_len()
+            loader = self._lent[1]()
+            if loader is None:
+                raise ReferenceError(
+                    f"{type(self).__name__}.__len__: the ResumableDataLoader this sampler was "
+                    "lent to no longer exists; take len() of a loader that holds it."
+                )
+            return len(loader)
         epoch, start, _ = self._cursor.upcoming(self.plan)
         _, world_size = self._topology()
         length = self.plan.num_steps(epoch, start=start, world_size=world_size)
         if start == 0:  # a resumed epoch's rest is no whole epoch's length
             self._len_watch.answered(length)
         return length
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickled, or deep-copied with a module that holds it) is lent to no loader.
+        return {**self.__dict__, "_lent": None}
 
     def _not_lent(self, method: str, fix: str | None = None) -> None:
         if self._lent is not None:  # see lend_batch_sampler
@@ -182,11 +189,11 @@ def check_lendable(sampler: PlanBatchSampler) -> None:
         )
 
 
-def lend_batch_sampler(sampler: PlanBatchSampler, cursor: PlanCursor, length: Any) -> None:
-    """Hand ``sampler`` to a loader (``cursor``, bound ``length``), which keeps the position
-    from then on: the sampler shows the loader's and refuses its own iteration and state."""
+def lend_batch_sampler(sampler: PlanBatchSampler, cursor: PlanCursor, loader: Sized) -> None:
+    """Hand ``sampler`` to ``loader`` (whose position is ``cursor``) from then on: the
+    sampler shows the loader's position and length, and refuses its own iteration and state."""
     check_lendable(sampler)
-    sampler._lent = (cursor, weakref.WeakMethod(length))  # weak: no cycle through the loader
+    sampler._lent = (cursor, weakref.ref(loader))  # weak: no cycle through the loader
 
 
 def check_resumable_sampler(sampler: object, *, parameter: str) -> None:

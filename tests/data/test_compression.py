@@ -148,6 +148,17 @@ def test_a_raw_shard_compressed_elsewhere_keeps_its_dtype_header(tmp_path: Path)
         ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ, dtype=np.uint16))[0]
     ds = ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ))
     assert torch.cat([ds[i] for i in range(len(ds))]).tolist() == tokens.tolist()
+    # A header fixed later reaches the decoded copy (it was keyed by the .zst alone).
+    header = paths[0].with_name(paths[0].name + ".lkdtype")
+    header.write_text("<u2")
+    for index in paths[0].parent.glob(".loaderkit-index-*"):
+        index.unlink()
+    assert len(ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ))) == 16
+    header.write_text("<u4")
+    os.utime(header, ns=(1, header.stat().st_mtime_ns + 10**9))
+    for index in paths[0].parent.glob(".loaderkit-index-*"):
+        index.unlink()
+    assert len(ShardedDataset(paths[0].parent, TokenReader(seq_len=SEQ))) == 8
 
 
 @pytest.mark.parametrize(("nw_before", "nw_after"), [(0, 0), (2, 2), (0, 2)])

@@ -161,6 +161,26 @@ def test_a_forked_worker_reads_the_file_its_parent_opened(
         assert sorted(i for b in loader for i in batch_ids(b)) == list(range(55))
 
 
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_file_rewritten_in_place_is_refused_not_mixed(tmp_path: Path, on_error: Any) -> None:
+    """Rewritten in place (same inode) after a row group was cached: the open file read the
+    new bytes next to the cached old rows; under on_error='skip' a forked worker read them."""
+    paths = write_shards(tmp_path / "pq", tables((11, 6)), ParquetReader(row_group_size=5))
+    ds = dataset(paths, columns=["id"], on_error=on_error)
+    assert int(ds[0]["id"]) == 0
+    new = tables((11,))[0].set_column(0, "id", pa.array(range(1000, 1011), pa.int64()))
+    with open(paths[0], "r+b") as f:  # in place: the inode stays
+        f.truncate(0)
+        pq.write_table(new, f, row_group_size=ROW_GROUP)
+    for num_workers in (0, 2):
+        context = "fork" if num_workers else None
+        loader = ResumableDataLoader(
+            ds, batch_size=11, num_workers=num_workers, multiprocessing_context=context
+        )
+        with pytest.raises(ShardError, match=r"was replaced or rewritten after it was opened"):
+            list(loader)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_oracle(shards: list[Path], num_workers: int) -> None:
     ds = dataset(shards, columns=["id", "tokens"])

@@ -157,6 +157,11 @@ def test_a_remote_raw_shard_compressed_elsewhere_keeps_its_dtype_header(
         ShardedDataset(url, READER, remote=cache(s3, tmp_path))[0]
     ds = ShardedDataset(url, TokenReader(seq_len=SEQ), remote=cache(s3, tmp_path / "2"))
     assert torch.cat([ds[i] for i in range(len(ds))]).tolist() == tokens.tolist()
+    # A header changed later is fetched anew, not served from the cache.
+    fs.pipe_file(f"{url}/{path.name}.lkdtype", b"<u2")
+    fs.rm(fs.glob(f"{url}/.loaderkit-index-*"))
+    ds = ShardedDataset(url, TokenReader(seq_len=SEQ), remote=cache(s3, tmp_path / "2"))
+    assert len(ds) == 2 * len(tokens) // SEQ
 
 
 # ------------------------------------------------------------ reading, resume

@@ -408,13 +408,25 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
         def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
             return {"input_ids": super().__getitem__(index)}
 
+    class Pairs(ShardedDataset):
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x = super().__getitem__(index)
+            return x, x.clone()
+
+    class Stacked(ShardedDataset):
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.stack([super().__getitem__(index)] * 2)
+
     assert ShardedDataset(paths, reader).lengths().tolist() == [4, 2] * 4
-    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, its shard says 4.*length_fn"):
+    with pytest.raises(
+        ValueError, match=r"sample 0 has 10 tokens, its shard says 4; pass length_fn"
+    ):
         WithPrompt(paths, reader).lengths()
     assert WithPrompt(paths, reader).lengths(len).tolist() == [10, 8] * 4
     with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, its shard says 4"):
         Truncated(paths, reader).lengths()
-    assert AsDict(paths, reader).lengths().tolist() == [4, 2] * 4
+    for kept in (AsDict, Pairs, Stacked):  # not 1-D: the shards' lengths stand
+        assert kept(paths, reader).lengths().tolist() == [4, 2] * 4
 
 
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:

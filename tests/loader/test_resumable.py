@@ -10,9 +10,11 @@ same sample ids.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import multiprocessing
+import pickle
 import random
 import time
 import traceback
@@ -779,6 +781,10 @@ def test_a_lent_batch_sampler_shows_the_loaders_position() -> None:
         next(iter(sampler))
     with pytest.raises(ValueError, match=r"was iterated"):  # its own, by the caller
         ResumableDataLoader(AugDataset(), batch_sampler=fresh_sampler(moved=True))
+    # A copy (Lightning's SWA deep-copies a module holding it) is lent to no loader.
+    for copied in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
+        assert copied.state_dict()["position"] == 0
+    assert copy.deepcopy(again).batch_sampler.state_dict()["position"] == 0
 
 
 def fresh_sampler(moved: bool = False) -> PlanBatchSampler:

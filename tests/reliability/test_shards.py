@@ -110,7 +110,9 @@ def test_a_shard_compressed_in_a_form_no_reader_opens_is_refused(
 
 
 @pytest.mark.parametrize("listing", ["folder", "list", "stream"])
-def test_a_shard_beside_its_zstd_form_is_refused(tmp_path: Path, listing: str) -> None:
+def test_a_shard_beside_its_zstd_form_is_refused(
+    tmp_path: Path, listing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`zstd a.jsonl` keeps a.jsonl: both were listed and a's samples read twice."""
     import zstandard
 
@@ -124,8 +126,13 @@ def test_a_shard_beside_its_zstd_form_is_refused(tmp_path: Path, listing: str) -
     if listing == "list":
         shards = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "a.jsonl.zst"]
     make = StreamingShardedDataset if listing == "stream" else ShardedDataset
-    with pytest.raises(ValueError, match=r"a\.jsonl' and '.*a\.jsonl\.zst' are one shard"):
+    with pytest.raises(ValueError, match=r"a\.jsonl' and '.*a\.jsonl\.zst' are one file"):
         make(shards, JsonlReader())
+    if listing == "list":  # the same file spelled otherwise
+        (tmp_path / "sub").mkdir()
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ValueError, match=r"'a\.jsonl' and 'sub/\.\./a\.jsonl\.zst' are one"):
+            make(["a.jsonl", "b.jsonl", "sub/../a.jsonl.zst"], JsonlReader())
     (tmp_path / "a.jsonl").unlink()
     shards = tmp_path if listing != "list" else shards[1:]
     assert len(make(shards, JsonlReader()).shards) == 2
