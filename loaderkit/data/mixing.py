@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -18,9 +18,9 @@ from loaderkit._checks import check_int
 from loaderkit.data._open import names_crc32
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.remote import shard_paths
-from loaderkit.data.sharded import ShardedDataset
+from loaderkit.data.sharded import OrderArgs, ShardedDataset
 from loaderkit.errors import StateMismatchError
-from loaderkit.plan.bucket import Oversize
+from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.mix import MixPlan, mix_allotments
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 
@@ -323,15 +323,13 @@ class MixedDataset(Dataset[Any]):
         self,
         batch_size: int,
         *,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        **plan: Unpack[OrderArgs],
     ) -> PlanBatchSampler:
-        """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``."""
-        plan = self.plan(batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
-        sampler = PlanBatchSampler(plan, rank=rank, world_size=world_size)
+        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments) for
+        ``ResumableDataLoader(ds, batch_sampler=...)``."""
+        sampler = PlanBatchSampler(self.plan(batch_size, **plan), rank=rank, world_size=world_size)
         sampler.shard_names_crc32 = self.names_crc32
         return sampler
 
@@ -352,36 +350,22 @@ class MixedDataset(Dataset[Any]):
 
     def bucket_batch_sampler(
         self,
-        batch_size: int | None = None,
         *,
-        max_tokens: int | None = None,
         lengths: Any = None,
-        pad_to_multiple_of: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        window: int | None = None,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Unpack[BucketOptions],
     ) -> BucketBatchSampler:
         """A :class:`~loaderkit.BucketBatchSampler` over the mix (``lengths`` default to
         :meth:`lengths`; the other arguments are its own); collate with ``PadCollate``."""
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            seed=seed,
-            shuffle=shuffle,
-            window=window,
-            drop_last=drop_last,
-            oversize=oversize,
             source_sizes=self.sizes,
             per_epoch=self.per_epoch,
             source_names=self.names,
             rank=rank,
             world_size=world_size,
+            **options,
         )
         sampler.shard_names_crc32 = self.names_crc32
         return sampler

@@ -12,7 +12,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -39,13 +39,28 @@ from loaderkit.errors import (
     ShardChangedError,
     ShardError,
 )
-from loaderkit.plan.bucket import Oversize
+from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
 
 __all__ = ["ShardedDataset"]
 
 _SKIP_SLOTS = 257  # skip counters: the main process and 256 workers, one writer each
+
+
+class OrderArgs(TypedDict, total=False):
+    """A dataset's ``plan()`` keyword arguments, passed on by its ``batch_sampler``."""
+
+    seed: int
+    shuffle: bool
+    drop_last: bool
+
+
+class _PlanArgs(OrderArgs, total=False):
+    window: int
+    mix_shards: int
+
+
 _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
 
 
@@ -461,27 +476,16 @@ class ShardedDataset(Dataset[Any]):
         self,
         batch_size: int,
         *,
-        seed: int = 0,
-        shuffle: bool = True,
-        window: int = DEFAULT_WINDOW,
-        mix_shards: int = DEFAULT_MIX,
-        drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        **plan: Unpack[_PlanArgs],
     ) -> PlanBatchSampler:
-        """A batch sampler over :meth:`plan` for ``ResumableDataLoader(ds, batch_sampler=...)``.
+        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments) for
+        ``ResumableDataLoader(ds, batch_sampler=...)``.
 
         ``rank``/``world_size`` default to ``torch.distributed``'s when the loader starts.
         """
-        plan = self.plan(
-            batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            window=window,
-            mix_shards=mix_shards,
-            drop_last=drop_last,
-        )
-        return PlanBatchSampler(plan, rank=rank, world_size=world_size)
+        return PlanBatchSampler(self.plan(batch_size, **plan), rank=rank, world_size=world_size)
 
     def lengths(
         self,
@@ -541,27 +545,21 @@ class ShardedDataset(Dataset[Any]):
 
     def bucket_batch_sampler(
         self,
-        batch_size: int | None = None,
         *,
-        max_tokens: int | None = None,
         lengths: Any = None,
-        pad_to_multiple_of: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        window: int | None = None,
         shard_window: int = DEFAULT_WINDOW,
         mix_shards: int = DEFAULT_MIX,
-        drop_last: bool = False,
-        oversize: Oversize = "error",
         rank: int | None = None,
         world_size: int | None = None,
+        **options: Unpack[BucketOptions],
     ) -> BucketBatchSampler:
         """Length-bucketed batches over these shards, fixed-size or under a token budget.
 
         A :class:`~loaderkit.BucketBatchSampler` over a :class:`~loaderkit.ShardBucketPlan`
         (the shard plan's order, windows of ``window`` samples sorted by length);
-        ``lengths`` default to :meth:`lengths`, the other arguments are
-        ``BucketBatchSampler``'s. Give the loader a padding ``collate_fn``.
+        ``lengths`` default to :meth:`lengths`, the other arguments (``batch_size``,
+        ``max_tokens``, ``window``, ...) are ``BucketBatchSampler``'s. Give the loader a
+        padding ``collate_fn``.
 
         Example:
             >>> import tempfile
@@ -578,19 +576,12 @@ class ShardedDataset(Dataset[Any]):
         """
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            pad_to_multiple_of=pad_to_multiple_of,
-            seed=seed,
-            shuffle=shuffle,
-            window=window,
-            drop_last=drop_last,
-            oversize=oversize,
             shard_sizes=self.sizes,
             mix_shards=mix_shards,
             shard_window=shard_window,
             rank=rank,
             world_size=world_size,
+            **options,
         )
         sampler.shard_names_crc32 = self.names_crc32
         if self._remote is not None:
