@@ -150,10 +150,12 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
     links = [(seen.get(target(path), path), path) for path in paths if path.is_symlink()]
     for first, path in twice + links:
         if first is not path:
+            how = "a link to it" if path.is_symlink() or first.is_symlink() else "listed twice"
+            if is_compressed(first.name) != is_compressed(path.name):
+                how = "plain and zstd-compressed"
             raise ValueError(
-                f"{owner}: shards {str(first)!r} and {str(path)!r} are one file (listed twice, "
-                "a link to it, or its zstd form); its samples would be read twice. List or "
-                "keep each file once."
+                f"{owner}: shards {str(first)!r} and {str(path)!r} are one file ({how}); its "
+                "samples would be read twice. List or keep each file once."
             )
 
 

@@ -279,16 +279,21 @@ class _ParquetShard:
         return f"Parquet shard {str(self.path)!r}"
 
     def _handle(self) -> Any:
-        """The open file, checked unchanged: each decode reads it anew (a forked worker
-        reopens it by path), and a rewritten file would mix with rows read before."""
-        if _file_identity(self.path) != self._identity:
+        """The open file, checked before each decode: rewritten in place (its inode kept), it
+        would mix with rows read before; a forked worker reopens it by path, so there a
+        replaced or missing file is refused too. Elsewhere the open file reads the old inode
+        (a cache copy evicted and fetched again holds the same bytes)."""
+        now = _file_identity(self.path)
+        forked = os.getpid() != self._pid
+        same_inode = now is not None and self._identity is not None and now[0] == self._identity[0]
+        if now != self._identity and (forked or same_inode):
             raise ShardChangedError(
                 f"{self._where()} was replaced or rewritten after it was opened, so its rows "
                 "would mix two files; restart the run (and delete the shard index if its "
                 "content changed).",
                 path=self.path,
             )
-        if os.getpid() != self._pid:  # a forked worker: open its own file, own cache
+        if forked:  # open its own file, own cache
             self._file_obj = self.reader._file(self.path)
             self._cache = OrderedDict()
             self._pid = os.getpid()

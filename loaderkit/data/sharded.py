@@ -500,7 +500,7 @@ class ShardedDataset(Dataset[Any]):
         no token read), else by reading every sample through
         :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
         A subclass overriding ``__getitem__`` gets its longest and shortest samples measured
-        against the shards' figures, where a sample is a 1-D tensor or array.
+        against the shards' figures, where a sample is a 1-D tensor or array or a list of ints.
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
@@ -534,7 +534,9 @@ class ShardedDataset(Dataset[Any]):
         shortest: token budgets from the shards' figures would be wrong."""
         for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
             sample = self[index]
-            if not (isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1):
+            flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
+            ids = isinstance(sample, list) and all(isinstance(v, int) for v in sample[:8])
+            if not (flat or ids):
                 return  # a dict, a pair, a 2-D stack: where the tokens are is length_fn's to say
             if len(sample) != stored[index]:
                 raise ValueError(

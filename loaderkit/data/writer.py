@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_index_path, check_int
@@ -176,18 +179,30 @@ def _code_digest(fn: Any) -> str | None:
     return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
 
 
+class _DigestPickler(pickle.Pickler):
+    """Pickles a tensor as its dtype, shape and bytes (its own pickle names its address)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            return torch.Tensor, (str(obj.dtype), tuple(obj.shape), data)
+        return NotImplemented
+
+
 def _fingerprint(item: Any) -> str | None:
     """A digest of a shard's input (``fn``'s, else its data); None if it does not pickle.
 
-    Large buffers (arrays) are taken out of band and summed with crc32 (~4 GB/s; sha256
-    over a shard's bytes would double a write): a resume compares data, it guards no secret.
+    Large buffers (arrays, tensors) are taken out of band and summed with crc32, about as
+    fast as a write into the page cache (sha256 is slower still): a resume compares data,
+    it guards no secret.
     """
     buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
     try:
-        blob = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
+        _DigestPickler(out, protocol=5, buffer_callback=buffers.append).dump(item)
     except Exception:
         return None
-    digest = hashlib.sha256(blob)
+    digest = hashlib.sha256(out.getbuffer())
     for buffer in buffers:
         raw = buffer.raw()
         digest.update(f"{raw.nbytes}:{zlib.crc32(raw)};".encode())
@@ -475,8 +490,10 @@ def write_shards(
         mp_context: A start method name or a multiprocessing context (default:
             ``"forkserver"`` where available, else ``"spawn"``).
         progress: Show a progress bar on stderr.
-        resume: Skip the shards a previous call with the same settings and inputs (each
-            item's digest) finished. ``False`` writes every shard, digesting none.
+        resume: After an interrupted call, skip the shards it finished with the same
+            settings and inputs (each item's pickle is digested: a path is compared as a
+            path, a set may differ across processes). ``False`` writes every shard,
+            digesting none.
 
     Returns:
         The shard paths (URLs for a URL), in order.

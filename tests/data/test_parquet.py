@@ -7,6 +7,7 @@ batch says which samples it holds and how long each is.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -179,6 +180,18 @@ def test_a_file_rewritten_in_place_is_refused_not_mixed(tmp_path: Path, on_error
         )
         with pytest.raises(ShardError, match=r"was replaced or rewritten after it was opened"):
             list(loader)
+
+
+def test_a_file_replaced_under_an_open_handle_is_read_whole(tmp_path: Path) -> None:
+    """Replaced by a rename (a cache copy evicted and fetched again), the open file keeps
+    reading its own inode in this process: all old rows, no error, no mix."""
+    paths = write_shards(tmp_path / "pq", tables((11,)), ParquetReader(row_group_size=5))
+    ds = dataset(paths, columns=["id"])
+    assert int(ds[0]["id"]) == 0
+    new = tables((11,))[0].set_column(0, "id", pa.array(range(1000, 1011), pa.int64()))
+    pq.write_table(new, tmp_path / "new.parquet", row_group_size=ROW_GROUP)
+    os.replace(tmp_path / "new.parquet", paths[0])
+    assert [int(ds[i]["id"]) for i in range(11)] == list(range(11))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

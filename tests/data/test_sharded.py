@@ -404,6 +404,10 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
         def __getitem__(self, index: int) -> torch.Tensor:
             return super().__getitem__(index)[:3]
 
+    class PromptList(ShardedDataset):
+        def __getitem__(self, index: int) -> list[int]:  # type: ignore[override]
+            return [1] * 6 + super().__getitem__(index).tolist()
+
     class AsDict(ShardedDataset):
         def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
             return {"input_ids": super().__getitem__(index)}
@@ -425,6 +429,8 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
     assert WithPrompt(paths, reader).lengths(len).tolist() == [10, 8] * 4
     with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, its shard says 4"):
         Truncated(paths, reader).lengths()
+    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, its shard says 4"):
+        PromptList(paths, reader).lengths()
     for kept in (AsDict, Pairs, Stacked):  # not 1-D: the shards' lengths stand
         assert kept(paths, reader).lengths().tolist() == [4, 2] * 4
 

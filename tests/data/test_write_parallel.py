@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from loaderkit import ShardedDataset, TokenReader, write_shards
 from loaderkit.data.writer import WORK_DIR
@@ -163,16 +164,17 @@ def test_resume_in_the_caller_skips_the_finished_shards(tmp_path: Path) -> None:
     assert len(Path(log).read_text().split()) == 8
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_resume_without_fn_compares_the_data(tmp_path: Path, num_workers: int) -> None:
+@pytest.mark.parametrize(("num_workers", "kind"), [(0, "numpy"), (2, "numpy"), (0, "torch")])
+def test_resume_without_fn_compares_the_data(tmp_path: Path, num_workers: int, kind: str) -> None:
     """Without fn, a re-run with other data kept what an interrupted run had written: a
-    corpus of both. The same data again is skipped."""
+    corpus of both. The same data again is skipped (a tensor's own pickle names its address)."""
 
     def items(plus: int, stop: int | None = None) -> Any:
         for n in range(4):
             if n == stop:
                 raise ValueError("boom: interrupted")
-            yield make(n) + plus
+            data = make(n) + plus
+            yield torch.from_numpy(data.astype(np.int64)) if kind == "torch" else data
 
     folder = tmp_path / "out"
     first = [folder / f"shard-0000{n}.npy" for n in (0, 1)]

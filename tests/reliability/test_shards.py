@@ -126,7 +126,7 @@ def test_a_shard_beside_its_zstd_form_is_refused(
     if listing == "list":
         shards = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "a.jsonl.zst"]
     make = StreamingShardedDataset if listing == "stream" else ShardedDataset
-    with pytest.raises(ValueError, match=r"a\.jsonl' and '.*a\.jsonl\.zst' are one file"):
+    with pytest.raises(ValueError, match=r"a\.jsonl\.zst' are one file \(plain and zstd"):
         make(shards, JsonlReader())
     if listing == "list":  # the same file spelled otherwise
         (tmp_path / "sub").mkdir()
