@@ -157,17 +157,6 @@ class PlanEngine:
         counted = self.host.caller().batches_done(self.host.loader)
         if counted is None or counted == steps_done:
             return
-        loaded = self.cursor.loaded(self.plan)
-        ended = loaded is not None and not loaded[1] and loaded[0] == epoch + 1
-        if ended and counted == self.plan.num_steps(epoch, start=0, world_size=world_size):
-            # Lightning would restore this counting the epoch done yet run one more batch.
-            raise StateMismatchError(
-                f"ResumableDataLoader: the checkpoint was written when the run stopped "
-                f"exactly at the end of epoch {epoch} ({counted} batches), which Lightning "
-                "resumes with one extra batch. Resume from a checkpoint of "
-                "ModelCheckpoint(every_n_train_steps=...) or of an epoch's end, or stop at a "
-                "max_steps that is not a multiple of the epoch length."
-            )
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "

@@ -316,11 +316,13 @@ class PlanCursor:
         return self.epoch, self.position > 0
 
     def upcoming(self, plan: Any) -> tuple[int, int, int]:
-        """``(epoch, start, steps already done in it)`` of the next iteration."""
+        """``(epoch, start, steps already done in it)`` of the next iteration; after a
+        loaded position, ``set_epoch`` of its own epoch is that epoch's rest (empty if the
+        position completed it: a loop resuming at the saved epoch must not replay it)."""
         complete = self.position >= plan.epoch_length(self.epoch)
         resume_epoch = self.epoch + 1 if complete else self.epoch
-        if self._resume and self._explicit in (None, resume_epoch):
-            if complete:
+        if self._resume and self._explicit in (None, resume_epoch, self.epoch):
+            if complete and self._explicit != self.epoch:
                 return resume_epoch, 0, 0
             return self.epoch, self.position, self.steps_done
         if self._explicit is not None:

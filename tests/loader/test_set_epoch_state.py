@@ -110,3 +110,34 @@ def test_a_state_saved_after_set_epoch_resumes_that_epoch(
         set_epoch(reference, epoch)
         assert expected == values(reference)  # the live loader did run that epoch
     assert values(resumed) == values(live)  # and both go on alike
+
+
+@pytest.mark.parametrize("driver", ["loader", "sampler"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: int) -> None:
+    """`for e in range(saved_epoch, E): set_epoch(e)` after a save at the epoch's last
+    batch (k=3) replayed that whole epoch; mid-epoch saves resumed its rest."""
+
+    def make() -> Any:
+        if driver == "sampler":
+            plan = SamplePlan(num_samples=12, batch_size=BATCH, shuffle=True, seed=0)
+            return PlanBatchSampler(plan, world_size=1)
+        return ResumableDataLoader(list(range(12)), batch_size=BATCH, shuffle=True, seed=0)
+
+    def batches(it: Any) -> list[list[int]]:
+        return [[int(i) for i in b] for b in it]
+
+    ref, full = make(), []
+    for e in range(2):
+        ref.set_epoch(e)
+        full += batches(ref)
+    first = make()
+    first.set_epoch(0)
+    head = batches(itertools.islice(iter(first), k))
+    saved = {"epoch": 0, "state": first.state_dict()}
+    again, rest = make(), []
+    again.load_state_dict(saved["state"])
+    for e in range(saved["epoch"], 2):
+        again.set_epoch(e)
+        rest += batches(again)
+    assert head + rest == full
