@@ -161,6 +161,18 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
     return a
 
 
+def _seeded_by_user(sampler: Any, generator_seed: int | None, seed: int | None) -> bool:
+    """Whether ``sampler``'s generator holds a seed the user chose other than ``seed``: the
+    loader's (seed, epoch) generator would replace it (a sampler with ``set_epoch`` may
+    reseed it there itself; torch's default seed is no choice)."""
+    if generator_seed is None or seed == generator_seed or generator_seed == _TORCH_DEFAULT_SEED:
+        return False
+    return not callable(getattr(sampler, "set_epoch", None))
+
+
+_TORCH_DEFAULT_SEED = torch.Generator().initial_seed()
+
+
 def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     """The seed (and whether the user chose it, or it was drawn); updates ``a``'s topology."""
     sampler, seed = a["sampler"], a["seed"]
@@ -171,11 +183,18 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     # A seed the user gave the sampler's own generator decides, as under DataLoader.
     a["first_state"] = None
     distributed = isinstance(sampler, DistributedSampler)
-    if (seed is None or distributed) and sampler is not None and not plain_sampler(sampler, size):
+    user_generator = None
+    if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-        if user_generator is not None:
-            seed = user_generator[0] if seed is None else seed
-            a["first_state"] = user_generator[1]
+    if user_generator is not None and (seed is None or distributed):
+        seed = user_generator[0] if seed is None else seed
+        a["first_state"] = user_generator[1]
+    elif _seeded_by_user(sampler, user_generator[0] if user_generator else None, seed):
+        assert user_generator is not None
+        raise ValueError(
+            f"{OWNER}: seed={seed} differs from the seed of the sampler's own generator "
+            f"({user_generator[0]}), which would be ignored; leave seed=None to use it."
+        )
     explicit = seed is not None
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

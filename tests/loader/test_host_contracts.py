@@ -256,6 +256,22 @@ def test_distributed_sampler_settings_that_contradict_the_loader_are_refused() -
         ResumableDataLoader(list(range(9)), sampler=sampler)
 
 
+def test_a_seed_contradicting_the_samplers_own_generator_is_refused() -> None:
+    """Two runs seeding their samplers' generators 7 and 8 read one order under seed=1."""
+    from torch.utils.data import RandomSampler
+
+    def sampler(seed: int) -> RandomSampler:
+        return RandomSampler(range(20), generator=torch.Generator().manual_seed(seed))
+
+    with pytest.raises(ValueError, match=r"seed=1 differs from the seed of the sampler's own"):
+        ResumableDataLoader(list(range(20)), sampler=sampler(7), seed=1)
+    same = ResumableDataLoader(list(range(20)), sampler=sampler(7), seed=7)
+    assert sorted(epoch_ids(same)) == list(range(20))
+    assert epoch_ids(ResumableDataLoader(list(range(20)), sampler=sampler(7))) != epoch_ids(
+        ResumableDataLoader(list(range(20)), sampler=sampler(8))
+    )
+
+
 @pytest.mark.parametrize("k", [1, 5, 8])
 def test_random_subset_and_weighted_samplers_resume_exactly(k: int) -> None:
     from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
