@@ -398,6 +398,8 @@ class IterableEngine(WorkerStreams):
         """Each worker's record to start ``epoch`` from (``loaded``: see PlanCursor.loaded)."""
         if loaded is not None and loaded[0] == epoch and not self.complete:
             return [dict(r) for r in self.records]  # the rest of a loaded epoch
+        if loaded is not None and loaded[0] == epoch + 1 and self.complete:
+            return [{**r, "ended": True} for r in self.records]  # a loaded epoch's empty rest
         fresh = self._next_records()
         self.complete = False
         return fresh

@@ -26,7 +26,7 @@ from loaderkit.loader._args import (
     whole_order_sampler,
 )
 from loaderkit.loader._fetch import Unbatched, loaderkit_batch_read
-from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed
+from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed, wrapped_sampler
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan
 from loaderkit.seeding import draws_nothing
@@ -167,6 +167,10 @@ def _seeded_by_user(sampler: Any, generator_seed: int | None, seed: int | None) 
     reseed it there itself; torch's default seed is no choice)."""
     if generator_seed is None or seed == generator_seed or generator_seed == _TORCH_DEFAULT_SEED:
         return False
+    inner = wrapped_sampler(sampler)
+    generator = getattr(sampler if inner is None else inner, "generator", None)
+    if generator is None or generator_seed != generator.initial_seed():
+        return False  # drawn from since it was seeded: its seed is no longer its order's
     return not callable(getattr(sampler, "set_epoch", None))
 
 

@@ -267,6 +267,11 @@ def test_a_seed_contradicting_the_samplers_own_generator_is_refused() -> None:
         ResumableDataLoader(list(range(20)), sampler=sampler(7), seed=1)
     same = ResumableDataLoader(list(range(20)), sampler=sampler(7), seed=7)
     assert sorted(epoch_ids(same)) == list(range(20))
+    drawn = sampler(42)  # e.g. random_split drew from it first: its seed is no longer known
+    torch.randperm(5, generator=drawn.generator)
+    assert sorted(epoch_ids(ResumableDataLoader(list(range(20)), sampler=drawn, seed=42))) == list(
+        range(20)
+    )
     assert epoch_ids(ResumableDataLoader(list(range(20)), sampler=sampler(7))) != epoch_ids(
         ResumableDataLoader(list(range(20)), sampler=sampler(8))
     )

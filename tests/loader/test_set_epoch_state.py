@@ -112,9 +112,14 @@ def test_a_state_saved_after_set_epoch_resumes_that_epoch(
     assert values(resumed) == values(live)  # and both go on alike
 
 
-@pytest.mark.parametrize("driver", ["loader", "sampler"])
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: int) -> None:
+class _Twelve(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(12))
+
+
+@pytest.mark.parametrize("driver", ["loader", "sampler", "iterable"])
+@pytest.mark.parametrize("k", [1, 2, 3, None])  # None: iterated to its end
+def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: int | None) -> None:
     """`for e in range(saved_epoch, E): set_epoch(e)` after a save at the epoch's last
     batch (k=3) replayed that whole epoch; mid-epoch saves resumed its rest."""
 
@@ -122,6 +127,8 @@ def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: i
         if driver == "sampler":
             plan = SamplePlan(num_samples=12, batch_size=BATCH, shuffle=True, seed=0)
             return PlanBatchSampler(plan, world_size=1)
+        if driver == "iterable":
+            return ResumableDataLoader(_Twelve(), batch_size=BATCH, seed=0)
         return ResumableDataLoader(list(range(12)), batch_size=BATCH, shuffle=True, seed=0)
 
     def batches(it: Any) -> list[list[int]]:
@@ -133,7 +140,7 @@ def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: i
         full += batches(ref)
     first = make()
     first.set_epoch(0)
-    head = batches(itertools.islice(iter(first), k))
+    head = batches(first if k is None else itertools.islice(iter(first), k))
     saved = {"epoch": 0, "state": first.state_dict()}
     again, rest = make(), []
     again.load_state_dict(saved["state"])
@@ -141,3 +148,5 @@ def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: i
         again.set_epoch(e)
         rest += batches(again)
     assert head + rest == full
+    if driver != "sampler":  # its count of the epoch's batches goes on from the saved one
+        assert again.state_dict()["steps_done"] == 3
