@@ -190,9 +190,9 @@ def check_lendable(sampler: PlanBatchSampler) -> None:
 
 
 def lend_batch_sampler(sampler: PlanBatchSampler, cursor: PlanCursor, loader: Sized) -> None:
-    """Hand ``sampler`` to ``loader`` (whose position is ``cursor``) from then on: the
-    sampler shows the loader's position and length, and refuses its own iteration and state."""
-    check_lendable(sampler)
+    """Hand ``sampler`` (checked by :func:`check_lendable`) to ``loader``, whose position is
+    ``cursor``: the sampler shows the loader's position and length, and refuses its own
+    iteration and state."""
     sampler._lent = (cursor, weakref.ref(loader))  # weak: no cycle through the loader
 
 
