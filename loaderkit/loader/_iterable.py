@@ -48,6 +48,7 @@ _RECORD = (
     "dataset_state",
     "iterator_state",
     "rng",
+    "end_state",
 )
 _BATCH, _END = "batch", "end"
 
@@ -146,7 +147,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
     """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
-    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs."""
+    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs. A
+    dataset that is its own iterator is first put where its previous epoch ended (``end_state``),
+    as the object the uninterrupted run iterates again."""
+    if start["end_state"] is not None:
+        iter(dataset).load_state_dict(start["end_state"])
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)
@@ -197,11 +202,11 @@ def worker_batches(
         # A short batch: the stream ran out, so the dataset's state is already the one after
         # its end; a position saved here must not replay the stream.
         ended = len(samples) < batch_size
-        yield _BATCH, worker, {**rec.after(samples), "ended": ended}, batch
+        yield _BATCH, worker, rec.after(samples, ended=ended), batch
         if ended:
             break
     # After the end: a dataset may count its epochs once its stream is exhausted.
-    yield _END, worker, {"dataset_state": rec.dataset_state()}, None
+    yield _END, worker, {"dataset_state": rec.dataset_state(), "end_state": rec.end_state()}, None
 
 
 class _Recorder:
@@ -214,6 +219,7 @@ class _Recorder:
         # A dataset that is its own iterator is saved once, as the iterator.
         self.stateful_dataset = is_stateful(dataset) and it is not dataset
         self.stateful_iter = is_stateful(it)
+        self.own_iterator = self.stateful_iter and it is dataset
         # In a worker the global RNGs follow the position (in-process they are the caller's).
         self.keep_rng = not in_process and (self.stateful_dataset or self.stateful_iter)
 
@@ -225,10 +231,15 @@ class _Recorder:
     def dataset_state(self) -> Any:
         return self._state(self.dataset) if self.stateful_dataset else None
 
-    def after(self, samples: list[Any]) -> dict[str, Any]:
+    def end_state(self) -> Any:
+        return self._state(self.it) if self.own_iterator else None
+
+    def after(self, samples: list[Any], *, ended: bool = False) -> dict[str, Any]:
         if samples:
             self.digest = sample_digest(samples[-1])
         return {
+            "ended": ended,
+            "end_state": self.end_state() if ended else None,
             "yielded": self.yielded,
             "failed": self.failed,
             "digest": self.digest,
@@ -333,6 +344,7 @@ class IterableEngine(WorkerStreams):
         self.reported: int | None = None  # the len() given out, for DataLoader's warning
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
+        self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
 
     def epoch_length(self, epoch: int) -> int:
         """The batches so far, plus one while the epoch goes on (its length is unknown)."""
@@ -377,8 +389,10 @@ class IterableEngine(WorkerStreams):
         resumed = start > 0
         if loader.num_workers == 0:
             streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
+            opens = not records[0]["ended"]
             source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
             yield from self._hand_out(source, records, run, pin=loader.pin_memory)
+            self._ran_end = opens and self.complete
             return
         inner = self._inner_loader(records, epoch, resumed)
         workers = iter(inner)
@@ -408,10 +422,13 @@ class IterableEngine(WorkerStreams):
         """Each worker's record to start a new epoch from."""
         fresh = [fresh_record() for _ in range(self.workers)]
         # Where the dataset objects live on across epochs, an epoch after a complete one starts
-        # from their state at its end, as the uninterrupted run's did.
+        # from their state at its end, as the uninterrupted run's did. A dataset that is its own
+        # iterator is put there before iter() unless this process's object ran that end itself.
         if self.complete and self._objects_persist():
+            carry_end = self.host.num_workers > 0 or not self._ran_end
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
+                record["end_state"] = saved["end_state"] if carry_end else None
         return fresh
 
     def _objects_persist(self) -> bool:
@@ -588,10 +605,11 @@ class IterableEngine(WorkerStreams):
                 f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
                 "what state_dict() returned, unmodified."
             )
-        # "rng" and "failed" are absent from states saved before they were kept.
+        # "rng", "failed" and "end_state" are absent from states saved before they were kept.
         self.records = [
-            {k: r.get(k) if k in ("rng", "failed") else r[k] for k in _RECORD} for r in records
+            {k: r.get(k) if k in ("rng", "failed", "end_state") else r[k] for k in _RECORD}
+            for r in records
         ]
-        self._primed = None
+        self._primed, self._ran_end = None, False
         self.resume(state)
         return adopted

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit import ResumableDataLoader
 from tests.support.streams import (
+    EpochWalk,
     PositionFromIter,
     ResetsOnIter,
     ResumableGenerator,
@@ -149,6 +150,38 @@ def test_an_epoch_counter_keeps_counting_after_a_mid_epoch_resume(
     assert head + as_lists(list(resumed)) == epochs[0]
     assert as_lists(list(resumed)) == epochs[1]
     assert as_lists(list(resumed)) == epochs[2]
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+@pytest.mark.parametrize("cut", ["mid", "last", "after"])
+@pytest.mark.parametrize("dataset", [EpochWalk, PositionFromIter])
+def test_a_dataset_that_is_its_own_iterator_goes_on_to_its_next_epoch(
+    num_workers: int, persistent: bool, cut: str, dataset: type
+) -> None:
+    # The next epoch calls iter() on the object as its last epoch left it; a resumed run's
+    # object had not run that end (its workers were new, or the saved epoch's rest was
+    # empty), so an epoch counted at StopIteration was replayed: epochs 0, 0, 1.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            dataset(12), batch_size=5, num_workers=num_workers, persistent_workers=persistent
+        )
+
+    first = loader()
+    epochs = [as_lists(list(first)) for _ in range(3)]
+    saving = loader()
+    it = iter(saving)
+    stop = {"mid": 1, "last": len(epochs[0]), "after": len(epochs[0]) + 1}[cut]
+    head = as_lists(list(islice(it, stop)))  # "after" runs the epoch out
+    state = saving.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [] if cut == "after" else as_lists(list(resumed))  # "after": epoch 0 is complete
+    assert head + rest == epochs[0]
+    assert as_lists(list(resumed)) == epochs[1]
+    assert as_lists(list(resumed)) == epochs[2]
+    if dataset is EpochWalk:
+        assert set(epochs[2][0][1]) == {2}  # the third epoch counted twice
 
 
 class DrawsFromTheGlobalRng(IterableDataset[int]):

@@ -53,6 +53,28 @@ class ResetsOnIter(Walk):
         return self
 
 
+class EpochWalk(Walk):
+    """Its own iterator yielding ``(i, epoch)``: at its end it rewinds and counts an epoch,
+    so what it holds after one epoch is where the next starts (its state saves both)."""
+
+    def __init__(self, size: int = 10) -> None:
+        super().__init__(size)
+        self.epoch = 0
+
+    def __next__(self) -> Any:
+        if self.i >= self.size:
+            self.i, self.epoch = 0, self.epoch + 1
+            raise StopIteration
+        self.i += 1
+        return self.i - 1, self.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"i": self.i, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.i, self.epoch = state["i"], state["epoch"]
+
+
 class RngWalk(Walk):
     """Each item a draw from the global torch RNG, which its state saves too."""
 
