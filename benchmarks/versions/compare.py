@@ -119,7 +119,9 @@ def sharded(args: argparse.Namespace, mix: int | None, notes: list[str]) -> Any:
     reader = TokenReader(seq_len=args.seq_len, targets=args.targets)
     ds = ShardedDataset(paths, reader, index=index)
     kw: dict[str, Any] = {"seed": 0}
-    if "mix_shards" not in inspect.signature(ds.batch_sampler).parameters:
+    # batch_sampler passes plan()'s arguments on (**options) since 59591b8: ask both.
+    takes = [f for f in (ds.batch_sampler, getattr(ds, "plan", None)) if f is not None]
+    if not any("mix_shards" in inspect.signature(f).parameters for f in takes):
         notes.append("batch_sampler has no mix_shards: its one plan, the windowed order (= 1)")
         if mix not in (None, 1):
             return ds, None

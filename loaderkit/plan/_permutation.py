@@ -19,13 +19,15 @@ import zlib
 import numpy as np
 
 from loaderkit._checks import check_int
-from loaderkit.seeding import GOLDEN, M64, mix64, mix64_array
+from loaderkit.seeding import GOLDEN, M64, mix64_array
 
 # Luby-Rackoff: 4 rounds of independent random round functions give a strong
 # pseudorandom permutation; 6 leave a margin for the tiny halves of small n.
 ROUNDS = 6
 _KEY_LIMIT = 2**64
 _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
+# Round tables (below): at most 2**14 entries a group (cache-resident), 2**17 in all (1 MB).
+_TABLE_WIDTH, _TABLE_LIMIT = 1 << 14, 1 << 17
 
 
 class KeyedPermutation:
@@ -36,35 +38,106 @@ class KeyedPermutation:
         key: The key (an int in ``[0, 2**64)``); distinct keys give unrelated orders.
     """
 
-    __slots__ = ("_half", "_keys", "_mask", "_shift", "n")
+    __slots__ = ("_group", "n")
 
     def __init__(self, n: int, key: int) -> None:
         self.n = check_int("n", n, 1, owner="KeyedPermutation", limit=_MAX_N)
         key = check_int("key", key, 0, owner="KeyedPermutation", limit=_KEY_LIMIT)
-        bits = max(2, (n - 1).bit_length())
-        self._half = (bits + 1) // 2  # balanced: both halves this wide, domain 4**half
-        self._mask = np.uint64((1 << self._half) - 1)
-        # The round function keeps the top bits of mix64's output: its best-mixed ones.
-        self._shift = np.uint64(64 - self._half)
-        # Round keys: splitmix64's outputs from state `key` (as seeding.sample_seed does).
-        self._keys = [np.uint64(mix64((key + (r + 1) * GOLDEN) & M64)) for r in range(ROUNDS)]
-
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        """One pass of the Feistel network over ``[0, 4**half)`` (uint64 in, uint64 out)."""
-        return _feistel(x, np.uint64(self._half), self._mask, self._shift, self._keys)
+        self._group = GroupedPermutation(np.array([n]), np.array([key], dtype=np.uint64))
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         """Entries of the permutation at ``positions`` (in ``[0, n)``, not checked), as int64."""
+        return self._group.at(None, positions)
+
+
+class GroupedPermutation:
+    """``KeyedPermutation(sizes[g], keys[g])`` for every group ``g``, evaluated at
+    ``(group, position)`` pairs in one pass.
+
+    Args:
+        sizes: Domain size per group (ints in ``[1, 2**63)``, not checked).
+        keys: Key per group (uint64, or ints in ``[0, 2**64)``).
+    """
+
+    __slots__ = ("_half", "_rounds", "_seen", "_sizes", "_tables", "_width")
+
+    def __init__(self, sizes: np.ndarray, keys: np.ndarray) -> None:
+        self._sizes = np.asarray(sizes).astype(np.uint64).reshape(-1)
+        key = np.asarray(keys).astype(np.uint64).reshape(-1)
+        # bit_length(n - 1): how many powers of two are <= n - 1; balanced halves.
+        bits = np.maximum(np.searchsorted(_POWERS, self._sizes - np.uint64(1), side="right"), 2)
+        self._half = ((bits + 1) // 2).astype(np.uint64)  # domain 4**half
+        # Round keys: splitmix64's outputs from state `key` (as seeding.sample_seed does).
+        self._rounds = [mix64_array(key + np.uint64((r + 1) * GOLDEN & M64)) for r in range(ROUNDS)]
+        self._width = 1 << int(self._half.max())
+        self._tables: list[np.ndarray] | None = None
+        self._seen = 0  # entries evaluated so far
+
+    def _round_tables(self) -> list[np.ndarray] | None:
+        """Each round's function over every value of a half, per group (None: not yet, or
+        too large).
+
+        A round function sees only ``2**half`` values, so for small halves a table lookup
+        replaces the splitmix64 finaliser (same values, a third of the array operations).
+        Built once as many entries were evaluated as the tables hold: a resume that reads
+        one batch does not pay for them.
+        """
+        size = self._width * self._sizes.size
+        if (
+            self._tables is None
+            and self._width <= _TABLE_WIDTH
+            and self._seen >= size
+            and size <= _TABLE_LIMIT
+        ):
+            values = np.arange(self._width, dtype=np.uint64)
+            shift = (np.uint64(64) - self._half)[:, None]
+            self._tables = [
+                (mix64_array(values ^ k[:, None]) >> shift).view(np.int64).reshape(-1)
+                for k in self._rounds
+            ]
+        return self._tables
+
+    def _encrypt(self, x: np.ndarray, group: np.ndarray | None) -> np.ndarray:
+        """One pass of each entry's Feistel network over ``[0, 4**half)`` (uint64 in and out)."""
+        if group is None:  # one group: scalar parameters
+            half: np.uint64 | np.ndarray = self._half[0]
+            base: np.int64 | np.ndarray = np.int64(0)
+            keys = [k[0] for k in self._rounds]
+        else:
+            half, base = self._half[group], group * self._width
+            keys = [k[group] for k in self._rounds]
+        mask = (np.uint64(1) << half) - np.uint64(1)
+        tables = self._round_tables()
+        if tables is None:
+            return _feistel(x, half, mask, np.uint64(64) - half, keys)
+        # Halves fit in 32 bits here: int64 throughout, the dtype of table indices.
+        half64 = np.asarray(half).astype(np.int64)
+        left, right = (x >> half).view(np.int64), (x & mask).view(np.int64)
+        for table in tables:
+            left ^= table[base + right]
+            left, right = right, left
+        left <<= half64
+        left |= right
+        return left.view(np.uint64)
+
+    def at(self, group: np.ndarray | None, positions: np.ndarray) -> np.ndarray:
+        """Entry ``positions[i]`` (in ``[0, sizes[group[i]])``, not checked) of each group's
+        permutation, as int64 shaped like ``positions``; ``group=None``: all in group 0."""
         given = np.asarray(positions)
-        if self.n == 1:
+        x = given.astype(np.uint64).reshape(-1)
+        self._seen += x.size
+        if group is not None:
+            group = np.asarray(group).reshape(-1)
+        n = self._sizes[0] if group is None else self._sizes[group]
+        if group is None and n == 1:
             return np.zeros(given.shape, dtype=np.int64)
-        y = self._encrypt(given.astype(np.uint64).reshape(-1))
-        n = np.uint64(self.n)
+        y = self._encrypt(x, group)
         out = np.flatnonzero(y >= n)
         while out.size:  # cycle walking, only over the entries still outside [0, n)
-            again = self._encrypt(y[out])
+            sub = None if group is None else group[out]
+            again = self._encrypt(y[out], sub)
             y[out] = again
-            out = out[again >= n]
+            out = out[again >= (n if group is None else n[out])]
         return y.view(np.int64).reshape(given.shape)  # every entry < n <= 2**63
 
 
@@ -110,23 +183,8 @@ def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> 
         ...                  *KeyedPermutation(3, 1).at(np.array([2])).tolist()]
         True
     """
-    shape = np.shape(positions)
-    x = np.asarray(positions).astype(np.uint64).reshape(-1)
-    n = np.asarray(sizes).astype(np.uint64).reshape(-1)
-    key = np.asarray(keys).astype(np.uint64).reshape(-1)
-    # bit_length(n - 1): how many powers of two are <= n - 1.
-    bits = np.maximum(np.searchsorted(_POWERS, n - np.uint64(1), side="right"), 2)
-    half = ((bits + 1) // 2).astype(np.uint64)
-    mask = (np.uint64(1) << half) - np.uint64(1)
-    shift = np.uint64(64) - half
-    rounds = [mix64_array(key + np.uint64((r + 1) * GOLDEN & M64)) for r in range(ROUNDS)]
-    y = _feistel(x, half, mask, shift, rounds)
-    out = np.flatnonzero(y >= n)
-    while out.size:  # cycle walking, as KeyedPermutation.at
-        again = _feistel(y[out], half[out], mask[out], shift[out], [k[out] for k in rounds])
-        y[out] = again
-        out = out[again >= n[out]]
-    return y.view(np.int64).reshape(shape)
+    groups = GroupedPermutation(sizes, keys)
+    return groups.at(np.arange(np.size(positions)), positions)
 
 
 @functools.cache

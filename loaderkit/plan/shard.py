@@ -13,7 +13,7 @@ import numpy as np
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
-from loaderkit.plan._permutation import KeyedPermutation, permute_many
+from loaderkit.plan._permutation import GroupedPermutation, KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
     CHUNK,
     OrderedPlan,
@@ -27,6 +27,7 @@ from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 __all__ = ["BatchMix", "ShardPlan", "batch_mix"]
 
 DEFAULT_WINDOW = 8192
+_MAX_WINDOWS = 1 << 16  # more windows: each position keyed on its own (no per-window arrays)
 DEFAULT_MIX = 8  # shards read at once (benchmarks/RESULTS.md)
 
 
@@ -275,7 +276,17 @@ class _ShardOrder:
     """A shuffled epoch of a :class:`ShardPlan` as a :class:`PositionMap`: lane and offset by
     arithmetic, a binary search for the piece, its window's keyed permutation."""
 
-    __slots__ = ("_cuts", "_first", "_k", "_key", "_lanes", "_n", "_window")
+    __slots__ = (
+        "_cuts",
+        "_first",
+        "_k",
+        "_key",
+        "_lanes",
+        "_n",
+        "_window",
+        "_window_first",
+        "_windows",
+    )
 
     def __init__(
         self, sizes: np.ndarray, shards: np.ndarray, lanes: np.ndarray, window: int, key: int
@@ -293,6 +304,18 @@ class _ShardOrder:
         self._first = first[np.searchsorted(laid_ends, self._cuts[:-1], side="right")]
         self._window = window
         self._key = np.uint64(key)
+        self._windows: GroupedPermutation | None = None
+        if window > 1:
+            # Each piece's windows numbered in order; few enough, one permutation object for all.
+            counts = -(-np.diff(self._cuts) // window)
+            self._window_first = np.cumsum(counts) - counts
+            if int(counts.sum()) <= _MAX_WINDOWS:
+                piece = np.repeat(np.arange(counts.size), counts)
+                starts = (
+                    self._cuts[piece] + (np.arange(piece.size) - self._window_first[piece]) * window
+                )
+                sizes = np.minimum(starts + window, self._cuts[piece + 1]) - starts
+                self._windows = GroupedPermutation(sizes, self._window_keys(starts))
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         p = np.asarray(positions).astype(np.int64)
@@ -304,13 +327,19 @@ class _ShardOrder:
         q = self._lanes[lane] + offset
         piece = np.searchsorted(self._cuts, q, side="right") - 1
         if self._window > 1:
-            lo, end = self._cuts[piece], self._cuts[piece + 1]
-            start = lo + (q - lo) // self._window * self._window
-            size = np.minimum(start + self._window, end) - start
-            # Distinct window starts give distinct keys (GOLDEN is odd: a bijection mod 2**64).
-            keys = mix64_array(self._key + (start.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
-            q = start + permute_many(size, keys, q - start)
+            lo = self._cuts[piece]
+            number = (q - lo) // self._window
+            start = lo + number * self._window
+            if self._windows is not None:
+                q = start + self._windows.at(self._window_first[piece] + number, q - start)
+            else:
+                size = np.minimum(start + self._window, self._cuts[piece + 1]) - start
+                q = start + permute_many(size, self._window_keys(start), q - start)
         return q + self._first[piece]
+
+    def _window_keys(self, starts: np.ndarray) -> np.ndarray:
+        # Distinct window starts give distinct keys (GOLDEN is odd: a bijection mod 2**64).
+        return mix64_array(self._key + (starts.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
 
 
 _GOLDEN = np.uint64(GOLDEN)

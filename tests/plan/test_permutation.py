@@ -22,7 +22,12 @@ import torch
 
 import loaderkit.plan._permutation
 from loaderkit import SamplePlan
-from loaderkit.plan._permutation import KeyedPermutation, permutation_digest
+from loaderkit.plan._permutation import (
+    GroupedPermutation,
+    KeyedPermutation,
+    permutation_digest,
+    permute_many,
+)
 from loaderkit.plan.sample import CHUNK, _FixedSchedule
 
 PRIMES = [2, 3, 5, 7, 11, 13, 31, 127, 257, 521, 4099, 65521]
@@ -181,6 +186,28 @@ def test_the_algorithm_is_pinned() -> None:
     assert plan.order(1).tolist() == [3, 7, 4, 0, 2, 9, 6, 1, 8, 5]
     assert permutation_digest() == 849464119
     assert plan.fingerprint()["order_check"] == permutation_digest()
+
+
+@pytest.mark.parametrize(
+    "sizes", [[5], [1000], [3, 17, 64, 1], [1525, 8192, 7, 4096], [2**20], [2**30]]
+)
+def test_round_tables_give_the_values_of_the_computed_rounds(sizes: list[int]) -> None:
+    # A group evaluates by splitmix64 until it has seen as many entries as its round
+    # tables hold, by table lookups after: both must give one permutation.
+    keys = np.arange(len(sizes), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(3)
+    group = np.repeat(np.arange(len(sizes)), np.minimum(sizes, 50_000))
+    pos = np.concatenate([np.arange(min(n, 50_000)) for n in sizes])
+    direct = permute_many(np.array(sizes)[group], keys[group], pos)  # one group per entry
+    tabled = GroupedPermutation(np.array(sizes), keys)
+    first = tabled.at(group[:1], pos[:1])  # too few seen: computed rounds
+    assert tabled._tables is None
+    assert first.tolist() == direct[:1].tolist()
+    got = tabled.at(group, pos)
+    assert (tabled._tables is not None) == (sizes != [2**30])  # 2**15 wide: over the limit
+    assert got.tolist() == direct.tolist()
+    for n in sizes:
+        if n <= 50_000:
+            assert sorted(KeyedPermutation(n, 7).at(np.arange(n)).tolist()) == list(range(n))
 
 
 def test_module_docstring_example() -> None:
