@@ -403,6 +403,13 @@ class KeyedDataset(Dataset[Any]):
             return FailedBatch(exc)
 
 
+def batch_indices(sched: Schedule) -> Callable[[int], np.ndarray]:
+    """Each step's indices as numpy: loaderkit's schedules hand over a view (no tensor
+    round trip), a user's through its ``indices``."""
+    view = getattr(sched, "indices_numpy", None)
+    return view if view is not None else lambda step: sched.indices(step).numpy()
+
+
 def seed_keys(sched: Schedule) -> Callable[[int], np.ndarray | None]:
     """Each step's per-sample seeding keys (None: the indices)."""
     keys = getattr(sched, "seed_keys", None)
@@ -421,9 +428,9 @@ class KeySource:
     def __iter__(self) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
         sched = self.schedule
         assert sched is not None
-        keys = seed_keys(sched)
+        indices, keys = batch_indices(sched), seed_keys(sched)
         for step in range(sched.num_steps):
-            yield sched.epoch, sched.indices(step).numpy(), keys(step)
+            yield sched.epoch, indices(step), keys(step)
 
     def __len__(self) -> int:
         return 0 if self.schedule is None else self.schedule.num_steps

@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader
 from loaderkit.data.mixing import MixedDataset, shard_names_crc32
 from loaderkit.errors import StateMismatchError
 from loaderkit.loader._engine import Host, Run, settle_seed
-from loaderkit.loader._fetch import BatchFetcher, FailedBatch, KeyedDataset, KeySource, seed_keys
+from loaderkit.loader._fetch import (
+    BatchFetcher,
+    FailedBatch,
+    KeyedDataset,
+    KeySource,
+    batch_indices,
+    seed_keys,
+)
 from loaderkit.loader._workers import guard_workers, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, field_digest
@@ -300,9 +307,10 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
     host = engine.host
     if host.num_workers == 0:
         fetch, pin, keys = engine.fetch, host.pin_memory, seed_keys(sched)
+        indices = batch_indices(sched)
         for step in range(sched.num_steps):
             try:
-                batch = fetch(sched.epoch, sched.indices(step), keys(step))
+                batch = fetch(sched.epoch, indices(step), keys(step))
             except Exception as exc:  # raised in the batch's place (EpochIterator)
                 batch = FailedBatch(exc)
             else:

@@ -394,10 +394,14 @@ class _BucketSchedule:
             self.num_steps = self._dealt.num_steps
 
     def indices(self, step: int) -> torch.Tensor:
+        return torch.from_numpy(self.indices_numpy(step))
+
+    def indices_numpy(self, step: int) -> np.ndarray:
+        """:meth:`indices` as a numpy array; do not modify it (a view of the epoch's order)."""
         if self._dealt is None:
             raise IndexError(f"step must be in [0, 0), got {step}.")
         b = self._dealt.indices_numpy(step)[0]
-        return torch.from_numpy(self._order[self._bounds[b] : self._bounds[b + 1]])
+        return self._order[self._bounds[b] : self._bounds[b + 1]]
 
     def position_after(self, step: int) -> int:
         assert self._dealt is not None

@@ -383,6 +383,18 @@ def test_batched_fetch_paths_are_used_and_match_per_sample(
     assert dataset.calls == Counter({method: calls})
 
 
+class _IndexTypeSpy(_BatchSpy):
+    def get_batch(self, indices: Any) -> torch.Tensor:
+        assert type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1
+        return super().get_batch(indices)
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_get_batch_is_handed_int64_numpy_indices_in_and_out_of_workers(workers: int) -> None:
+    got = list(make(workers, dataset=_IndexTypeSpy(), per_sample_seeding=False))
+    assert_same_batches(got, list(make(dataset=_Rows())))
+
+
 def test_loaderkit_tensor_dataset_matches_torch_tensor_dataset() -> None:
     x = torch.randn(N, 5, generator=torch.Generator().manual_seed(0))
     y = torch.arange(N)
