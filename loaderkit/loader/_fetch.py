@@ -404,10 +404,18 @@ class KeyedDataset(Dataset[Any]):
 
 
 def batch_indices(sched: Schedule) -> Callable[[int], np.ndarray]:
-    """Each step's indices as numpy: loaderkit's schedules hand over a view (no tensor
-    round trip), a user's through its ``indices``."""
+    """Each step's indices as a new int64 numpy array (a dataset may sort them in place):
+    copied from loaderkit's schedules (no tensor round trip), else from ``indices``."""
     view = getattr(sched, "indices_numpy", None)
-    return view if view is not None else lambda step: sched.indices(step).numpy()
+    if view is not None:
+        return lambda step: view(step).copy()
+    return lambda step: _int64_copy(sched.indices(step))
+
+
+def _int64_copy(indices: Any) -> np.ndarray:
+    if isinstance(indices, torch.Tensor):
+        indices = indices.numpy(force=True)  # np.array(tensor) warns (numpy 2's copy=)
+    return np.array(indices, dtype=np.int64).reshape(-1)
 
 
 def seed_keys(sched: Schedule) -> Callable[[int], np.ndarray | None]:

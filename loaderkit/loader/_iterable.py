@@ -151,7 +151,11 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
     dataset that is its own iterator is first put where its previous epoch ended (``end_state``),
     as the object the uninterrupted run iterates again."""
     if start["end_state"] is not None:
+        # iter() first, as a state may need it (torchdata's order); what it draws from the
+        # global RNGs is undone: the uninterrupted run calls iter() once for this epoch.
+        drawn = rng_state()
         iter(dataset).load_state_dict(start["end_state"])
+        set_rng_state(drawn)
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)

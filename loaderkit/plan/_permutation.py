@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,8 @@ from loaderkit.seeding import GOLDEN, M64, mix64_array
 ROUNDS = 6
 _KEY_LIMIT = 2**64
 _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
-# Round tables (below): at most 2**14 entries a group (cache-resident), 2**17 in all (1 MB).
+# Round tables (below): at most 2**14 entries a group (cache-resident), 2**17 a round in all
+# (6 rounds: 6 MiB at most; never pickled).
 _TABLE_WIDTH, _TABLE_LIMIT = 1 << 14, 1 << 17
 
 
@@ -72,6 +74,14 @@ class GroupedPermutation:
         self._width = 1 << int(self._half.max())
         self._tables: list[np.ndarray] | None = None
         self._seen = 0  # entries evaluated so far
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Rebuilt where used: a plan sent to workers or saved does not carry them.
+        return {k: getattr(self, k) for k in self.__slots__} | {"_tables": None, "_seen": 0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
     def _round_tables(self) -> list[np.ndarray] | None:
         """Each round's function over every value of a half, per group (None: not yet, or

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, SequentialSampler
 
 from loaderkit import (
+    BucketBatchSampler,
     PlanBatchSampler,
     ResumableDataLoader,
     SamplePlan,
@@ -389,10 +390,72 @@ class _IndexTypeSpy(_BatchSpy):
         return super().get_batch(indices)
 
 
+class _SortsInPlace(_IndexTypeSpy):
+    def get_batch(self, indices: Any) -> torch.Tensor:
+        rows = super().get_batch(indices)
+        indices.sort()  # numpy's in-place idiom (before an h5py read, say)
+        return rows
+
+
+class _UserSchedule:
+    """A user's schedule whose ``indices`` returns ``kind`` (a list, numpy, int32)."""
+
+    def __init__(self, inner: Any, kind: str) -> None:
+        self.inner, self.kind = inner, kind
+        self.epoch, self.start, self.num_steps = inner.epoch, inner.start, inner.num_steps
+
+    def position_after(self, step: int) -> int:
+        return int(self.inner.position_after(step))
+
+    def indices(self, step: int) -> Any:
+        got = self.inner.indices(step)
+        return {"list": got.tolist(), "numpy": got.numpy(), "int32": got.int()}[self.kind]
+
+
+class _UserPlan:
+    def __init__(self, kind: str) -> None:
+        self.plan, self.kind = SamplePlan(num_samples=N, batch_size=B, shuffle=True, seed=3), kind
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plan, name)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> _UserSchedule:
+        return _UserSchedule(self.plan.schedule(*args, **kwargs), self.kind)
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
-def test_a_get_batch_is_handed_int64_numpy_indices_in_and_out_of_workers(workers: int) -> None:
-    got = list(make(workers, dataset=_IndexTypeSpy(), per_sample_seeding=False))
+@pytest.mark.parametrize("spy", [_IndexTypeSpy, _SortsInPlace])
+def test_a_get_batch_is_handed_its_own_int64_numpy_indices(workers: int, spy: type) -> None:
+    # Review of 806c548: handed a view of a bucket plan's cached epoch order, a get_batch
+    # that sorted it in place changed the order a resume replays (num_workers=0 only).
+    lengths = [int(v) for v in np.random.default_rng(0).integers(1, 50, N)]
+
+    def loader(dataset: Any) -> ResumableDataLoader:
+        sampler = BucketBatchSampler(lengths, batch_size=B, seed=1)
+        return ResumableDataLoader(
+            dataset, batch_sampler=sampler, num_workers=workers, per_sample_seeding=False
+        )
+
+    want = list(loader(_Rows()))
+    dl = loader(spy())
+    it = iter(dl)
+    head = [next(it) for _ in range(2)]
+    state = dl.state_dict()
+    assert_same_batches(head + list(it), want)
+    dl.load_state_dict(state)  # the same loader: its plan's cached epoch replayed
+    assert_same_batches(head + list(dl), want)
+    got = list(make(workers, dataset=spy(), per_sample_seeding=False))
     assert_same_batches(got, list(make(dataset=_Rows())))
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy", "int32"])
+def test_a_user_schedules_indices_of_another_type_reach_get_batch_as_int64(kind: str) -> None:
+    sampler = PlanBatchSampler(_UserPlan(kind), rank=0, world_size=1)
+    got = list(
+        ResumableDataLoader(_IndexTypeSpy(), batch_sampler=sampler, per_sample_seeding=False)
+    )
+    sampler = PlanBatchSampler(_UserPlan("list"), rank=0, world_size=1)
+    assert_same_batches(got, list(ResumableDataLoader(_Rows(), batch_sampler=sampler)))
 
 
 def test_loaderkit_tensor_dataset_matches_torch_tensor_dataset() -> None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import doctest
+import pickle
 import tracemalloc
 
 import numpy as np
@@ -208,6 +209,16 @@ def test_round_tables_give_the_values_of_the_computed_rounds(sizes: list[int]) -
     for n in sizes:
         if n <= 50_000:
             assert sorted(KeyedPermutation(n, 7).at(np.arange(n)).tolist()) == list(range(n))
+
+
+def test_round_tables_are_not_pickled() -> None:
+    perm = GroupedPermutation(np.array([1000, 3000]), np.array([1, 2], dtype=np.uint64))
+    group, pos = np.repeat([0, 1], 1000), np.tile(np.arange(1000), 2)
+    want = perm.at(group, pos)
+    assert perm._tables is not None
+    copy = pickle.loads(pickle.dumps(perm))
+    assert copy._tables is None and len(pickle.dumps(perm)) < 2000
+    assert copy.at(group, pos).tolist() == want.tolist()
 
 
 def test_module_docstring_example() -> None:

@@ -27,6 +27,7 @@ from tests.support.streams import (
     ResetsOnIter,
     ResumableGenerator,
     RngWalk,
+    ShuffledWalk,
     Walk,
     worker_of,
 )
@@ -182,6 +183,42 @@ def test_a_dataset_that_is_its_own_iterator_goes_on_to_its_next_epoch(
     assert as_lists(list(resumed)) == epochs[2]
     if dataset is EpochWalk:
         assert set(epochs[2][0][1]) == {2}  # the third epoch counted twice
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+@pytest.mark.parametrize("cut", ["mid", "after"])
+def test_an_own_iterator_that_draws_in_iter_draws_its_next_epoch_once(
+    num_workers: int, persistent: bool, cut: str
+) -> None:
+    # Review of 74eeb65: putting the object where its last epoch ended called iter() once
+    # more, so an order drawn in __iter__ from the global RNG differed after the resume.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            ShuffledWalk(12),
+            batch_size=5,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+            seed=0,
+        )
+
+    def epoch(dl: ResumableDataLoader, e: int) -> list[Any]:
+        torch.manual_seed(100 + e)  # in process, the caller's RNG draws the order
+        return as_lists(list(dl))
+
+    first = loader()
+    epochs = [epoch(first, e) for e in range(3)]
+    saving = loader()
+    torch.manual_seed(100)
+    it = iter(saving)
+    head = as_lists(list(islice(it, 1 if cut == "mid" else len(epochs[0]) + 1)))
+    state = saving.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [] if cut == "after" else as_lists(list(resumed))
+    assert head + rest == epochs[0]
+    assert epoch(resumed, 1) == epochs[1]
+    assert epoch(resumed, 2) == epochs[2]
 
 
 class DrawsFromTheGlobalRng(IterableDataset[int]):

@@ -75,6 +75,24 @@ class EpochWalk(Walk):
         self.i, self.epoch = state["i"], state["epoch"]
 
 
+class ShuffledWalk(Walk):
+    """Its own iterator: each ``iter()`` draws the epoch's order from the global torch RNG
+    (kept in its state), so an extra ``iter()`` call changes the next epoch."""
+
+    def __iter__(self) -> ShuffledWalk:
+        self.i, self.order = 0, torch.randperm(self.size).tolist()
+        return self
+
+    def item(self, i: int) -> int:
+        return int(self.order[i])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"i": self.i, "order": list(getattr(self, "order", []))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.i, self.order = state["i"], list(state["order"])
+
+
 class RngWalk(Walk):
     """Each item a draw from the global torch RNG, which its state saves too."""
 
