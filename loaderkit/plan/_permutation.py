@@ -29,7 +29,9 @@ _KEY_LIMIT = 2**64
 _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
 # Round tables (below): at most 2**14 entries a group (cache-resident), 2**17 a round in all
 # (6 rounds: 6 MiB at most; never pickled).
-_TABLE_WIDTH, _TABLE_LIMIT = 1 << 14, 1 << 17
+# Built at once up to 2**11 entries (cheaper than one cycle-walked batch), else once as
+# many entries were evaluated as they hold.
+_TABLE_WIDTH, _TABLE_LIMIT, _TABLE_EAGER = 1 << 14, 1 << 17, 1 << 11
 
 
 class KeyedPermutation:
@@ -70,7 +72,7 @@ class GroupedPermutation:
         bits = np.maximum(np.searchsorted(_POWERS, self._sizes - np.uint64(1), side="right"), 2)
         self._half = ((bits + 1) // 2).astype(np.uint64)  # domain 4**half
         # Round keys: splitmix64's outputs from state `key` (as seeding.sample_seed does).
-        self._rounds = [mix64_array(key + np.uint64((r + 1) * GOLDEN & M64)) for r in range(ROUNDS)]
+        self._rounds = list(mix64_array(key[None, :] + _ROUND_OFFSETS[:, None]))
         self._width = 1 << int(self._half.max())
         self._tables: list[np.ndarray] | None = None
         self._seen = 0  # entries evaluated so far
@@ -89,14 +91,14 @@ class GroupedPermutation:
 
         A round function sees only ``2**half`` values, so for small halves a table lookup
         replaces the splitmix64 finaliser (same values, a third of the array operations).
-        Built once as many entries were evaluated as the tables hold: a resume that reads
-        one batch does not pay for them.
+        Small ones are built at once; larger ones once as many entries were evaluated as
+        they hold, so a resume that reads one batch does not pay for them.
         """
         size = self._width * self._sizes.size
         if (
             self._tables is None
             and self._width <= _TABLE_WIDTH
-            and self._seen >= size
+            and (size <= _TABLE_EAGER or self._seen >= size)
             and size <= _TABLE_LIMIT
         ):
             values = np.arange(self._width, dtype=np.uint64)
@@ -109,24 +111,20 @@ class GroupedPermutation:
 
     def _encrypt(self, x: np.ndarray, group: np.ndarray | None) -> np.ndarray:
         """One pass of each entry's Feistel network over ``[0, 4**half)`` (uint64 in and out)."""
-        if group is None:  # one group: scalar parameters
-            half: np.uint64 | np.ndarray = self._half[0]
-            base: np.int64 | np.ndarray = np.int64(0)
-            keys = [k[0] for k in self._rounds]
-        else:
-            half, base = self._half[group], group * self._width
-            keys = [k[group] for k in self._rounds]
+        one = group is None  # one group: scalar parameters
+        half = self._half[0] if one else self._half[group]
         mask = (np.uint64(1) << half) - np.uint64(1)
         tables = self._round_tables()
         if tables is None:
+            keys = [k[0] if one else k[group] for k in self._rounds]
             return _feistel(x, half, mask, np.uint64(64) - half, keys)
         # Halves fit in 32 bits here: int64 throughout, the dtype of table indices.
-        half64 = np.asarray(half).astype(np.int64)
+        base = None if group is None else group * self._width
         left, right = (x >> half).view(np.int64), (x & mask).view(np.int64)
         for table in tables:
-            left ^= table[base + right]
+            left ^= table[right if base is None else base + right]
             left, right = right, left
-        left <<= half64
+        left <<= np.asarray(half).astype(np.int64)
         left |= right
         return left.view(np.uint64)
 
@@ -173,6 +171,7 @@ def _feistel(
 
 
 _POWERS = np.uint64(1) << np.arange(64, dtype=np.uint64)
+_ROUND_OFFSETS = np.array([(r + 1) * GOLDEN & M64 for r in range(ROUNDS)], dtype=np.uint64)
 
 
 def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:

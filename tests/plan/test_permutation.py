@@ -192,20 +192,33 @@ def test_the_algorithm_is_pinned() -> None:
 @pytest.mark.parametrize(
     "sizes", [[5], [1000], [3, 17, 64, 1], [1525, 8192, 7, 4096], [2**20], [2**30]]
 )
-def test_round_tables_give_the_values_of_the_computed_rounds(sizes: list[int]) -> None:
-    # A group evaluates by splitmix64 until it has seen as many entries as its round
-    # tables hold, by table lookups after: both must give one permutation.
+def test_round_tables_give_the_values_of_the_computed_rounds(
+    sizes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Round functions are computed (splitmix64) or looked up in tables built from it,
+    # depending on sizes and on how much was evaluated: both must give one permutation.
     keys = np.arange(len(sizes), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(3)
     group = np.repeat(np.arange(len(sizes)), np.minimum(sizes, 50_000))
     pos = np.concatenate([np.arange(min(n, 50_000)) for n in sizes])
-    direct = permute_many(np.array(sizes)[group], keys[group], pos)  # one group per entry
-    tabled = GroupedPermutation(np.array(sizes), keys)
-    first = tabled.at(group[:1], pos[:1])  # too few seen: computed rounds
-    assert tabled._tables is None
-    assert first.tolist() == direct[:1].tolist()
-    got = tabled.at(group, pos)
+    half = len(pos) // 2
+    split = GroupedPermutation(np.array(sizes), keys)  # the defaults: may switch part-way
+    in_two = np.concatenate(
+        [split.at(group[:half], pos[:half]), split.at(group[half:], pos[half:])]
+    )
+    module = loaderkit.plan._permutation
+
+    def run(limit: int) -> tuple[GroupedPermutation, np.ndarray]:
+        monkeypatch.setattr(module, "_TABLE_LIMIT", limit)
+        monkeypatch.setattr(module, "_TABLE_EAGER", limit)
+        perm = GroupedPermutation(np.array(sizes), keys)
+        return perm, perm.at(group, pos)
+
+    computed, want = run(0)
+    tabled, got = run(1 << 17)
+    assert computed._tables is None
     assert (tabled._tables is not None) == (sizes != [2**30])  # 2**15 wide: over the limit
-    assert got.tolist() == direct.tolist()
+    assert got.tolist() == want.tolist() == in_two.tolist()
+    assert permute_many(np.array(sizes)[group], keys[group], pos).tolist() == want.tolist()
     for n in sizes:
         if n <= 50_000:
             assert sorted(KeyedPermutation(n, 7).at(np.arange(n)).tolist()) == list(range(n))
