@@ -145,17 +145,37 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, py_words, py_gauss))
 
 
+def _global_rngs() -> tuple[Any, ...]:
+    """The global RNGs' states, any numpy bit generator; CUDA's only where it is running."""
+    cuda = torch.cuda.is_initialized()
+    return (
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if cuda else None,
+        np.random.get_state(legacy=False),
+        random.getstate(),
+    )
+
+
+def _put_global_rngs(states: tuple[Any, ...]) -> None:
+    cpu, cuda, numpy_state, python_state = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
     """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
     before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs. A
     dataset that is its own iterator is first put where its previous epoch ended (``end_state``),
     as the object the uninterrupted run iterates again."""
     if start["end_state"] is not None:
-        # iter() first, as a state may need it (torchdata's order); what it draws from the
-        # global RNGs is undone: the uninterrupted run calls iter() once for this epoch.
-        drawn = rng_state()
+        # iter() first, as a state may need it (torchdata's order); the global RNGs are then
+        # put back: the uninterrupted run calls iter() once for this epoch.
+        before = _global_rngs()
         iter(dataset).load_state_dict(start["end_state"])
-        set_rng_state(drawn)
+        _put_global_rngs(before)
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)

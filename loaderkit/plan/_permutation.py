@@ -135,7 +135,7 @@ class GroupedPermutation:
         x = given.astype(np.uint64).reshape(-1)
         self._seen += x.size
         if group is not None:
-            group = np.asarray(group).reshape(-1)
+            group = np.asarray(group, dtype=np.int64).reshape(-1)  # group * width in int64
         n = self._sizes[0] if group is None else self._sizes[group]
         if group is None and n == 1:
             return np.zeros(given.shape, dtype=np.int64)

@@ -234,6 +234,17 @@ def test_round_tables_are_not_pickled() -> None:
     assert copy.at(group, pos).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.uint64, np.int64])
+def test_groups_of_any_integer_dtype_give_the_same_entries(dtype: type) -> None:
+    # group * width was computed in the group's dtype: int8 wrapped, uint64 raised.
+    sizes = np.array([100] * 40)
+    keys = np.arange(40, dtype=np.uint64)
+    group, pos = np.repeat(np.arange(40), 100), np.tile(np.arange(100), 40)
+    want = GroupedPermutation(sizes, keys).at(group, pos)
+    got = GroupedPermutation(sizes, keys).at(group.astype(dtype), pos)
+    assert got.tolist() == want.tolist()
+
+
 def test_module_docstring_example() -> None:
     result = doctest.testmod(loaderkit.plan._permutation, raise_on_error=False, verbose=False)
     assert result.attempted > 0

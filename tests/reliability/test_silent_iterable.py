@@ -221,6 +221,30 @@ def test_an_own_iterator_that_draws_in_iter_draws_its_next_epoch_once(
     assert epoch(resumed, 2) == epochs[2]
 
 
+def test_an_own_iterators_next_epoch_resumes_under_any_numpy_bit_generator() -> None:
+    # Review of f88282d: saving the global RNGs read numpy's as an MT19937 (a tuple), so
+    # a resume under np.random.set_bit_generator(PCG64) raised in open_stream.
+    kept = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(1))
+    try:
+        first = ResumableDataLoader(ShuffledWalk(12), batch_size=5, seed=0)
+        torch.manual_seed(100)
+        epochs = [as_lists(list(first)), as_lists(list(first))]
+        saving = ResumableDataLoader(ShuffledWalk(12), batch_size=5, seed=0)
+        torch.manual_seed(100)
+        it = iter(saving)
+        assert as_lists(list(islice(it, 4))) == epochs[0]  # the epoch run out
+        state = saving.state_dict()
+        del it
+        resumed = ResumableDataLoader(ShuffledWalk(12), batch_size=5, seed=0)
+        resumed.load_state_dict(state)
+        torch.manual_seed(100)
+        torch.randperm(12)  # where the uninterrupted run's RNG stood at its second iter()
+        assert as_lists(list(resumed)) == epochs[1]
+    finally:
+        np.random.set_bit_generator(kept)
+
+
 class DrawsFromTheGlobalRng(IterableDataset[int]):
     """Not stateful itself; its iterator draws from the global RNG and saves it."""
 
