@@ -10,6 +10,7 @@ first batch, a position the dataset creates in ``__iter__``).
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from itertools import islice
@@ -23,12 +24,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from loaderkit import ResumableDataLoader
 from tests.support.streams import (
     EpochWalk,
+    NumpyDrawWalk,
     PositionFromIter,
     ResetsOnIter,
     ResumableGenerator,
     RngWalk,
     ShuffledWalk,
     Walk,
+    use_bit_generator,
     worker_of,
 )
 
@@ -243,6 +246,27 @@ def test_an_own_iterators_next_epoch_resumes_under_any_numpy_bit_generator() -> 
         assert as_lists(list(resumed)) == epochs[1]
     finally:
         np.random.set_bit_generator(kept)
+
+
+@pytest.mark.parametrize("bit_generator", ["MT19937", "PCG64", "Philox"])
+def test_a_worker_drawing_from_numpy_resumes_under_any_bit_generator(bit_generator: str) -> None:
+    # A worker's RNG record read numpy's state as an MT19937 tuple: under PCG64 every
+    # batch of a stateful stream raised ValueError in the worker.
+    def loader() -> ResumableDataLoader:
+        init = functools.partial(use_bit_generator, bit_generator)
+        return ResumableDataLoader(
+            NumpyDrawWalk(24), batch_size=4, num_workers=2, seed=0, worker_init_fn=init
+        )
+
+    full = as_lists(list(loader()))
+    first = loader()
+    it = iter(first)
+    head = as_lists([next(it) for _ in range(3)])
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + as_lists(list(resumed)) == full
 
 
 class DrawsFromTheGlobalRng(IterableDataset[int]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -91,6 +92,18 @@ class ShuffledWalk(Walk):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.i, self.order = state["i"], list(state["order"])
+
+
+class NumpyDrawWalk(Walk):
+    """Each item a draw from numpy's global RNG; only the position is in its state."""
+
+    def item(self, i: int) -> int:
+        return int(np.random.randint(1000))
+
+
+def use_bit_generator(name: str, worker_id: int) -> None:
+    """A ``worker_init_fn`` (with ``functools.partial``): numpy's global RNG on ``name``."""
+    np.random.set_bit_generator(getattr(np.random, name)(worker_id))
 
 
 class RngWalk(Walk):
