@@ -158,7 +158,7 @@ def _json_safe(value: Any) -> Any:
         return {key: _json_safe(v) for key, v in value.items()}
     if isinstance(value, np.ndarray):
         return {"ndarray": _b64(value.tobytes()), "dtype": value.dtype.str, "shape": value.shape}
-    return int(value) if isinstance(value, np.integer) else value
+    return value.item() if isinstance(value, np.generic) else value  # numpy scalars: Python's
 
 
 def _from_json_safe(value: Any) -> Any:
