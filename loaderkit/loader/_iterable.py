@@ -15,6 +15,7 @@ import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, set
 from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
-from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
+from loaderkit.seeding import derive_seed, global_rngs, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch
 
 OWNER = "ResumableDataLoader"
@@ -170,24 +171,19 @@ def _from_json_safe(value: Any) -> Any:
     return value
 
 
-def _global_rngs() -> tuple[Any, ...]:
-    """The global RNGs' states, any numpy bit generator; CUDA's only where it is running."""
-    cuda = torch.cuda.is_initialized()
-    return (
-        torch.get_rng_state(),
-        torch.cuda.get_rng_state_all() if cuda else None,
-        np.random.get_state(legacy=False),
-        random.getstate(),
-    )
-
-
-def _put_global_rngs(states: tuple[Any, ...]) -> None:
-    cpu, cuda, numpy_state, python_state = states
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-    np.random.set_state(numpy_state)
-    random.setstate(python_state)
+@contextmanager
+def _rngs_put_back() -> Iterator[None]:
+    """The global RNGs as the block found them (seeding's savers; CUDA's where it runs)."""
+    rngs = global_rngs()
+    saved = [rng.save() for rng in rngs]
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        for rng, state in zip(rngs, saved, strict=True):
+            rng.restore(state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
@@ -198,9 +194,8 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
     if start["end_state"] is not None:
         # iter() first, as a state may need it (torchdata's order); the global RNGs are then
         # put back: the uninterrupted run calls iter() once for this epoch.
-        before = _global_rngs()
-        iter(dataset).load_state_dict(start["end_state"])
-        _put_global_rngs(before)
+        with _rngs_put_back():
+            iter(dataset).load_state_dict(start["end_state"])
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
     it = iter(dataset)
