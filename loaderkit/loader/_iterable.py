@@ -7,15 +7,12 @@ checks the last skipped sample's digest (``docs/design.md``, "Host contracts").
 
 from __future__ import annotations
 
-import base64
 import copy
 import pickle
-import random
 import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -26,9 +23,10 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
+from loaderkit.loader._rng_state import rng_state, rngs_put_back, set_rng_state
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
-from loaderkit.seeding import derive_seed, global_rngs, seed_global_rngs, worker_seed
+from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch
 
 OWNER = "ResumableDataLoader"
@@ -115,77 +113,6 @@ def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
             break
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text.encode("ascii"))
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's global RNG states (torch's CPU, numpy's, :mod:`random`'s), JSON-safe."""
-    numpy_state: Any = np.random.get_state(legacy=False)
-    if numpy_state["bit_generator"] == "MT19937":  # as before: keys, pos, gauss cache
-        mt, has_gauss, gauss = numpy_state["state"], numpy_state["has_gauss"], numpy_state["gauss"]
-        numpy_entry: Any = [_b64(mt["key"].tobytes()), int(mt["pos"]), int(has_gauss), float(gauss)]
-    else:  # another bit generator (np.random.set_bit_generator): its own state
-        numpy_entry = _json_safe(numpy_state)
-    py_version, py_words, py_gauss = random.getstate()
-    return {
-        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
-        "numpy": numpy_entry,
-        "random": [py_version, _b64(np.asarray(py_words, dtype=np.uint32).tobytes()), py_gauss],
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
-    if isinstance(state["numpy"], dict):
-        np.random.set_state(_from_json_safe(state["numpy"]))
-    else:
-        keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state(
-            ("MT19937", np.frombuffer(_unb64(keys), dtype=np.uint32), pos, has_gauss, gauss)
-        )
-    version, words, py_gauss = state["random"]
-    py_words = tuple(int(w) for w in np.frombuffer(_unb64(words), dtype=np.uint32))
-    random.setstate((version, py_words, py_gauss))
-
-
-def _json_safe(value: Any) -> Any:
-    """A bit generator's state with its arrays (Philox's key, counter) as base64 text."""
-    if isinstance(value, dict):
-        return {key: _json_safe(v) for key, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return {"ndarray": _b64(value.tobytes()), "dtype": value.dtype.str, "shape": value.shape}
-    return value.item() if isinstance(value, np.generic) else value  # numpy scalars: Python's
-
-
-def _from_json_safe(value: Any) -> Any:
-    if isinstance(value, dict) and "ndarray" in value:
-        raw = np.frombuffer(_unb64(value["ndarray"]), dtype=value["dtype"])
-        return raw.reshape(value["shape"]).copy()
-    if isinstance(value, dict):
-        return {key: _from_json_safe(v) for key, v in value.items()}
-    return value
-
-
-@contextmanager
-def _rngs_put_back() -> Iterator[None]:
-    """The global RNGs as the block found them (seeding's savers; CUDA's where it runs)."""
-    rngs = global_rngs()
-    saved = [rng.save() for rng in rngs]
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        for rng, state in zip(rngs, saved, strict=True):
-            rng.restore(state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-
-
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
     """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
     before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs. A
@@ -194,7 +121,7 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
     if start["end_state"] is not None:
         # iter() first, as a state may need it (torchdata's order); the global RNGs are then
         # put back: the uninterrupted run calls iter() once for this epoch.
-        with _rngs_put_back():
+        with rngs_put_back():
             iter(dataset).load_state_dict(start["end_state"])
     if start["dataset_state"] is not None and is_stateful(dataset):
         dataset.load_state_dict(start["dataset_state"])
