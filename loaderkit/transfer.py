@@ -126,6 +126,14 @@ def select_device(device: DeviceLike | None = None) -> torch.device:
     return torch.device(parsed.type, index)
 
 
+def default_device_type() -> torch.device:
+    """:func:`select_device`'s pick without its index, found without initialising CUDA (asking
+    the index does, and a fork after that breaks: fork-started workers, Lightning's
+    ``ddp_fork``)."""
+    accelerator = _available_accelerator()
+    return torch.device("cpu") if accelerator is None else torch.device(accelerator.type)
+
+
 def should_pin_memory(device: DeviceLike) -> bool:
     """Whether host batches bound for ``device`` should be pinned: only for an available
     CUDA or XPU device."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaderkit import transfer
+from loaderkit import ResumableDataLoader, transfer
 from loaderkit.transfer import (
     DevicePrefetcher,
     move_to_device,
@@ -151,6 +152,22 @@ def test_resolve_pin_memory_true_where_useless_warns(no_accelerator: None) -> No
 def test_resolve_pin_memory_true_for_cpu_target_warns(fake_cuda: None) -> None:
     with pytest.warns(UserWarning, match=r"no effect for device 'cpu'.*pin_memory='auto'"):
         assert resolve_pin_memory(True, "cpu") is False
+
+
+def test_a_loader_decides_pinning_without_initialising_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Asking the device index initialises CUDA: a loader built in a forked process (a soak
+    # test's trainer, Lightning's ddp_fork) then raised "Cannot re-initialize CUDA".
+    def initialises() -> int:
+        raise AssertionError("current_device_index() initialises CUDA")
+
+    _fake_accelerator(monkeypatch, "cuda")
+    monkeypatch.setattr(torch.accelerator, "current_device_index", initialises)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pin_memory=True resolves to pinning: no warning
+        ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2, pin_memory=True)
+    assert transfer.default_device_type() == torch.device("cuda")
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -505,8 +522,6 @@ def test_prefetcher_look_ahead_does_not_leak_into_the_saved_state(
 ) -> None:
     # Measured: the loader's state_dict() under a CUDA prefetcher was one batch ahead,
     # so a resume skipped a batch.
-    from loaderkit import ResumableDataLoader
-
     def loader() -> ResumableDataLoader:
         return ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=3)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from loaderkit import ResumableDataLoader, TensorDataset
 from loaderkit.cli.bench import Ratio, report
 from loaderkit.transfer import DevicePrefetcher
 
@@ -92,6 +93,15 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Rati
     pageable = [torch.randn(numel) for _ in range(args.batches)]
     pinned = [b.pin_memory() for b in pageable]
     weight = torch.randn(args.matmul_size, args.matmul_size, device=device) / args.matmul_size
+    rows_per_batch = 64
+    dataset = TensorDataset(torch.cat(pageable).view(args.batches * rows_per_batch, -1))
+    loader = ResumableDataLoader(
+        dataset,
+        batch_size=rows_per_batch,
+        num_workers=args.loader_workers,
+        persistent_workers=True,
+        pin_memory=True,
+    )
 
     def compute(batch: torch.Tensor) -> None:
         work = weight
@@ -112,6 +122,10 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Rati
         "DevicePrefetcher, pinned (loader pinned)": lambda: timed_loop(
             DevicePrefetcher(pinned, device), compute, sync=True
         ),
+        # The whole path a user runs: a pinning loader (batched gather in workers) feeding it.
+        f"loader (pinning, {args.loader_workers} workers) + DevicePrefetcher": lambda: timed_loop(
+            DevicePrefetcher(loader, device), lambda b: compute(b[0]), sync=True
+        ),
     }
     compute_only = best_of(
         args.repeats, lambda: timed_loop(pinned, lambda b: compute(weight), True)
@@ -121,14 +135,17 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Rati
         f"{args.matmuls} matmuls of {args.matmul_size}^2 per batch\n"
     )
     print(f"compute alone: {args.batches / compute_only:.1f} batches/s\n")
-    print("| loop | batches/s | vs plain pageable |")
-    print("|---|---:|---:|")
+    # Data wait: the share of a step spent on anything but the compute it would take alone.
+    print("| loop | batches/s | vs plain pageable | data wait, % of step |")
+    print("|---|---:|---:|---:|")
     baseline = None
     ratios = []
     for i, (name, run) in enumerate(rows.items()):
-        rate = args.batches / best_of(args.repeats, run)
+        seconds = best_of(args.repeats, run)
+        rate = args.batches / seconds
         baseline = baseline or rate
-        print(f"| {name} | {rate:.1f} | {rate / baseline:.2f}x |")
+        wait = max(0.0, 1 - compute_only / seconds) * 100
+        print(f"| {name} | {rate:.1f} | {rate / baseline:.2f}x | {wait:.1f} |")
         if i:
             ratios.append(Ratio(f"loop: {name} / plain pageable", rate / baseline))
     print()
@@ -174,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-mib", type=int, default=16, help="size of one CUDA-loop batch")
     parser.add_argument("--matmuls", type=int, default=6, help="matmuls per batch (fake step)")
     parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--loader-workers", type=int, default=2, help="workers of the loader row")
     parser.add_argument("--cpu-batches", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=5, help="best of this many runs")
     args = parser.parse_args(argv)

@@ -579,7 +579,8 @@ def test_describe_reports_batches_padding_and_resume() -> None:
     assert "ElasticResume" in bucketed["resumable_reason"]
     tensors = tensor_dm(val_fraction=0.25).describe()
     assert tensors["splits"]["val"] == {"samples": 16, "batch_size": 8, "batches_per_epoch": 2}
-    assert tensors["padding_fraction"] is None and tensors["pin_memory"] is False
+    assert tensors["padding_fraction"] is None
+    assert tensors["pin_memory"] is torch.cuda.is_available()  # "auto", with no trainer
     assert tensors["world_size"] == 1 and tensors["num_workers"] == 0
     assert tensors["shards_per_batch"] is None and tensors["single_shard_batches"] is None
 

@@ -508,8 +508,10 @@ def test_resume_oracle_through_slots() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pin_memory)")
-def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory() -> None:
-    spec = ("pair", [("tensor", torch.float32, (3, 2), "transposed"), ("str",)])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory(layout: str) -> None:
+    # A non-contiguous tensor takes torch's path (strides kept); pinned all the same.
+    spec = ("pair", [("tensor", torch.float32, (3, 2), layout), ("str",)])
     want, _ = run(spec, 0, False, slots=False)
     _slots.ENABLED = True
     loader = ResumableDataLoader(
@@ -524,4 +526,7 @@ def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory() -> None:
     got = list(loader)
     assert_identical(got, want)
     assert all(b["ids"].is_pinned() and b["body"].first.is_pinned() for b in got)
-    assert loader.describe()["transport"]["slot_batches"] == len(got)
+    transport = loader.describe()["transport"]
+    by_slots = layout == "contiguous"
+    assert transport["slot_batches"] == (len(got) if by_slots else 0), transport
+    assert transport["torch_path_batches"] == (0 if by_slots else len(got)), transport

@@ -87,7 +87,8 @@ class Bad:
 
     @property
     def pattern(self) -> str:
-        return f"(?s)(?=.*{self.param})(?=.*{self.value})(?=.*{self.fix})"
+        # Each part grouped: an alternation ("a|b") stays inside its own lookahead.
+        return f"(?s)(?=.*(?:{self.param}))(?=.*(?:{self.value}))(?=.*(?:{self.fix}))"
 
 
 def dl(**kwargs: Any) -> Callable[[Path], Any]:

@@ -25,7 +25,7 @@ from loaderkit.lightning.datamodules._util import (
 )
 from loaderkit.loader._fetch import index_subset
 from loaderkit.loader.resumable import ResumableDataLoader
-from loaderkit.transfer import select_device, should_pin_memory
+from loaderkit.transfer import default_device_type, should_pin_memory
 
 __all__ = ["LoaderDataModule"]
 
@@ -316,7 +316,7 @@ class LoaderDataModule(L.LightningDataModule):
         if isinstance(self.pin_memory, bool):
             return self.pin_memory
         trainer = self.trainer
-        device = trainer.strategy.root_device if trainer is not None else select_device()
+        device = trainer.strategy.root_device if trainer is not None else default_device_type()
         return should_pin_memory(device)
 
     def probe_num_workers(
