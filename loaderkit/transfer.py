@@ -58,7 +58,10 @@ def _parse_device(func: str, device: object) -> torch.device:
 
 
 def _available_accelerator() -> torch.device | None:
-    return torch.accelerator.current_accelerator(check_available=True)
+    # Not current_accelerator(check_available=True): it asks torch.cuda.is_available(),
+    # which starts CUDA's driver, and a process forked after that cannot use CUDA.
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator if accelerator is not None and torch.accelerator.device_count() else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -126,10 +129,10 @@ def select_device(device: DeviceLike | None = None) -> torch.device:
     return torch.device(parsed.type, index)
 
 
-def default_device_type() -> torch.device:
-    """:func:`select_device`'s pick without its index, found without initialising CUDA (asking
-    the index does, and a fork after that breaks: fork-started workers, Lightning's
-    ``ddp_fork``)."""
+def default_device() -> torch.device:
+    """:func:`select_device`'s pick without its index, found without starting CUDA (asking the
+    index does), so the process can still fork workers that use CUDA, or Lightning's
+    ``ddp_fork``."""
     accelerator = _available_accelerator()
     return torch.device("cpu") if accelerator is None else torch.device(accelerator.type)
 

@@ -167,7 +167,7 @@ def test_a_loader_decides_pinning_without_initialising_cuda(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # pin_memory=True resolves to pinning: no warning
         ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2, pin_memory=True)
-    assert transfer.default_device_type() == torch.device("cuda")
+    assert transfer.default_device() == torch.device("cuda")
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -70,10 +70,11 @@ class KeywordWorkerInfo:
 
 
 def test_a_worker_info_of_either_torch_is_copied_with_the_changes() -> None:
-    dataset = object()
+    dataset, rng = object(), object()
     for kind in (torch_worker.WorkerInfo, KeywordWorkerInfo):
-        info = kind(id=1, num_workers=2, seed=3, dataset=None)
+        info = kind(id=1, num_workers=2, seed=3, dataset=None, rng=rng, worker_method="thread")
         copy = _replaced(info, dataset=dataset, num_workers=4)
         assert type(copy) is kind
         assert (copy.id, copy.num_workers, copy.seed, copy.dataset) == (1, 4, 3, dataset)
+        assert (copy.rng, copy.worker_method) == (rng, "thread")  # every other field kept
         assert (info.num_workers, info.dataset) == (2, None)

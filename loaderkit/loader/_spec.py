@@ -30,7 +30,7 @@ from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed, wrapped_sa
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan
 from loaderkit.seeding import draws_nothing
-from loaderkit.transfer import default_device_type, resolve_pin_memory
+from loaderkit.transfer import default_device, resolve_pin_memory
 
 OWNER = "ResumableDataLoader"
 Kind = Literal["plan", "stream", "iterable"]
@@ -311,7 +311,7 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
         per_sample_seeding=per_sample_seeding,
         multiprocessing_context=a["multiprocessing_context"],
     )
-    pin = resolve_pin_memory(a["pin_memory"], default_device_type(), stacklevel=5)  # caller's line
+    pin = resolve_pin_memory(a["pin_memory"], default_device(), stacklevel=5)  # caller's line
     unseeded = loaderkit_batch_read(dataset) or draws_nothing(dataset)
     per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
     per_sample = per_sample and kind != "iterable"

@@ -51,6 +51,8 @@ def tensors(batch: Any) -> list[torch.Tensor]:
         return [batch]
     if isinstance(batch, dict):
         batch = list(batch.values())
+    if not isinstance(batch, (list, tuple)):
+        return []  # a string, a number
     return [t for item in batch for t in tensors(item)]
 
 
@@ -119,23 +121,27 @@ def test_a_cuda_fit_trains_on_the_cpu_fits_batches_pinned_and_resumes_exactly(
         ckpt = tmp_path / f"cut{k}" / f"step{k:03d}.ckpt"
         after, _ = fit(tmp_path / f"resumed{k}", kind, nw, "cuda", resume=ckpt)
         assert_resume_exact(on_cuda.records, before.records, after.records)
-        assert all(after.pinned)
+        assert after.pinned and all(after.pinned)
 
 
-def test_building_a_loader_and_a_datamodule_leaves_cuda_uninitialised() -> None:
-    # A fork after CUDA is initialised breaks (Lightning's ddp_fork refuses to start, a
-    # loader built in a forked child raised): deciding to pin must not initialise it.
+def test_a_process_that_built_a_loader_and_a_datamodule_can_still_fork_a_cuda_user() -> None:
+    # Deciding to pin must not start CUDA: a process forked after that cannot use CUDA
+    # ("Cannot re-initialize CUDA in forked subprocess"), and Lightning's ddp_fork refuses.
     code = (
-        "import torch\n"
+        "import os, torch\n"
         "from loaderkit import ResumableDataLoader, TensorDataModule\n"
         "ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2, pin_memory=True)\n"
         "dm = TensorDataModule(torch.arange(8), batch_size=2, num_workers=2)\n"
         "dm.setup('fit')\n"
         "assert dm.resolve_pin_memory() and dm.train_dataloader() is not None\n"
-        "print(torch.cuda.is_initialized())\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0 if torch.ones(2, device='cuda').sum().item() == 2 else 1)\n"
+        "print('child exit status', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "False"
+    assert done.stdout.split()[-1] == "0", done.stdout + done.stderr[-3000:]

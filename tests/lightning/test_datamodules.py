@@ -39,7 +39,7 @@ from loaderkit.lightning.datamodules import (
     ShardedDataModule,
     TensorDataModule,
 )
-from loaderkit.transfer import select_device, should_pin_memory
+from loaderkit.transfer import default_device, select_device, should_pin_memory
 from tests.support.datamodules import (
     AnyBatchModule,
     FitRun,
@@ -570,6 +570,21 @@ def test_a_setting_follows_one_rule_in_every_datamodule(
         make(**budget, **{name: True})
 
 
+def test_a_datamodule_decides_pinning_without_starting_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Asking the device index starts CUDA; Lightning's ddp_fork then refuses to start.
+    def starts_cuda() -> int:
+        raise AssertionError("current_device_index() starts CUDA")
+
+    monkeypatch.setattr(
+        torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda")
+    )
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", starts_cuda)
+    assert tensor_dm().resolve_pin_memory() is True
+
+
 def test_describe_reports_batches_padding_and_resume() -> None:
     plain = sequence_dm(max_tokens=None, batch_size=8).describe()
     bucketed = sequence_dm().describe()
@@ -580,7 +595,7 @@ def test_describe_reports_batches_padding_and_resume() -> None:
     tensors = tensor_dm(val_fraction=0.25).describe()
     assert tensors["splits"]["val"] == {"samples": 16, "batch_size": 8, "batches_per_epoch": 2}
     assert tensors["padding_fraction"] is None
-    assert tensors["pin_memory"] is torch.cuda.is_available()  # "auto", with no trainer
+    assert tensors["pin_memory"] is should_pin_memory(default_device())  # "auto", no trainer
     assert tensors["world_size"] == 1 and tensors["num_workers"] == 0
     assert tensors["shards_per_batch"] is None and tensors["single_shard_batches"] is None
 

@@ -25,7 +25,7 @@ from loaderkit.lightning.datamodules._util import (
 )
 from loaderkit.loader._fetch import index_subset
 from loaderkit.loader.resumable import ResumableDataLoader
-from loaderkit.transfer import default_device_type, should_pin_memory
+from loaderkit.transfer import default_device, should_pin_memory
 
 __all__ = ["LoaderDataModule"]
 
@@ -49,8 +49,8 @@ class LoaderDataModule(L.LightningDataModule):
         batch_size: Samples per train batch on each rank.
         eval_batch_size: Samples per val/test/predict batch (default: ``batch_size``).
         num_workers: Worker processes, or ``"auto"`` (streams need an int).
-        pin_memory: ``"auto"`` pins when the trainer's device (else
-            :func:`~loaderkit.select_device`) is CUDA/XPU.
+        pin_memory: ``"auto"`` pins when the trainer's device (else the current
+            accelerator) is CUDA/XPU.
         persistent_workers: Keep workers alive across epochs (needs workers).
         seed: Seed of the shuffle, of per-sample randomness and of ``val_fraction``.
         val_fraction: Hold out this fraction of the train samples as a seeded val split.
@@ -316,7 +316,7 @@ class LoaderDataModule(L.LightningDataModule):
         if isinstance(self.pin_memory, bool):
             return self.pin_memory
         trainer = self.trainer
-        device = trainer.strategy.root_device if trainer is not None else default_device_type()
+        device = trainer.strategy.root_device if trainer is not None else default_device()
         return should_pin_memory(device)
 
     def probe_num_workers(
