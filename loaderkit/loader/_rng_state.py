@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loaderkit.errors import StateMismatchError
 from loaderkit.seeding import global_rngs
 
 
@@ -41,10 +42,18 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
-    if isinstance(state["numpy"], dict):
-        np.random.set_state(_from_json_safe(state["numpy"]))
+    saved = state["numpy"]
+    kind = saved["bit_generator"] if isinstance(saved, dict) else "MT19937"
+    here = np.random.get_state(legacy=False)["bit_generator"]
+    if kind != here:
+        raise StateMismatchError(
+            f"the saved state holds numpy's global RNG as a {kind}, this worker's is a {here}; "
+            "resume with the worker_init_fn (np.random.set_bit_generator) of the saving run."
+        )
+    if isinstance(saved, dict):
+        np.random.set_state(_from_json_safe(saved))
     else:
-        keys, pos, has_gauss, gauss = state["numpy"]
+        keys, pos, has_gauss, gauss = saved
         np.random.set_state(
             ("MT19937", np.frombuffer(_unb64(keys), dtype=np.uint32), pos, has_gauss, gauss)
         )

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from loaderkit import ResumableDataLoader
+from loaderkit import ResumableDataLoader, StateMismatchError
 from tests.support.streams import (
     EpochWalk,
     NumpyDrawWalk,
@@ -267,6 +267,25 @@ def test_a_worker_drawing_from_numpy_resumes_under_any_bit_generator(bit_generat
     resumed = loader()
     resumed.load_state_dict(state)
     assert head + as_lists(list(resumed)) == full
+
+
+def test_a_state_saved_under_another_numpy_bit_generator_is_refused_by_name() -> None:
+    # numpy's own ValueError ("state must be for a MT19937 PRNG") did not name the fix.
+    def loader(bit_generator: str) -> ResumableDataLoader:
+        init = functools.partial(use_bit_generator, bit_generator)
+        return ResumableDataLoader(
+            NumpyDrawWalk(24), batch_size=4, num_workers=2, seed=0, worker_init_fn=init
+        )
+
+    first = loader("PCG64")
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    resumed = loader("MT19937")
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"as a PCG64, this worker.s is a MT19937; resume"):
+        list(resumed)
 
 
 class DrawsFromTheGlobalRng(IterableDataset[int]):
