@@ -58,10 +58,20 @@ def _parse_device(func: str, device: object) -> torch.device:
 
 
 def _available_accelerator() -> torch.device | None:
-    # Not current_accelerator(check_available=True): it asks torch.cuda.is_available(),
-    # which starts CUDA's driver, and a process forked after that cannot use CUDA.
+    return torch.accelerator.current_accelerator(check_available=True)
+
+
+def _visible_accelerator() -> torch.device | None:
+    # For decisions at construction: torch.cuda.is_available() starts CUDA's driver (a process
+    # forked after that cannot use CUDA); device_count() asks NVML, which does not.
     accelerator = torch.accelerator.current_accelerator()
     return accelerator if accelerator is not None and torch.accelerator.device_count() else None
+
+
+def pin_now(pin: bool) -> bool:
+    """``pin`` (decided at construction) confirmed by the runtime as batches start: NVML can
+    count a GPU that CUDA cannot use (a driver too old for this torch)."""
+    return pin and torch.accelerator.is_available()
 
 
 @functools.lru_cache(maxsize=64)
@@ -133,17 +143,17 @@ def default_device() -> torch.device:
     """:func:`select_device`'s pick without its index, found without starting CUDA (asking the
     index does), so the process can still fork workers that use CUDA, or Lightning's
     ``ddp_fork``."""
-    accelerator = _available_accelerator()
+    accelerator = _visible_accelerator()
     return torch.device("cpu") if accelerator is None else torch.device(accelerator.type)
 
 
 def should_pin_memory(device: DeviceLike) -> bool:
-    """Whether host batches bound for ``device`` should be pinned: only for an available
-    CUDA or XPU device."""
+    """Whether host batches bound for ``device`` should be pinned: only for a CUDA or XPU
+    device that is there (counted without starting CUDA)."""
     target = _parse_device("should_pin_memory", device)
     if target.type not in _PINNABLE:
         return False
-    accelerator = _available_accelerator()
+    accelerator = _visible_accelerator()
     return accelerator is not None and accelerator.type == target.type
 
 

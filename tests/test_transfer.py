@@ -154,20 +154,41 @@ def test_resolve_pin_memory_true_for_cpu_target_warns(fake_cuda: None) -> None:
         assert resolve_pin_memory(True, "cpu") is False
 
 
-def test_a_loader_decides_pinning_without_initialising_cuda(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Asking the device index initialises CUDA: a loader built in a forked process (a soak
-    # test's trainer, Lightning's ddp_fork) then raised "Cannot re-initialize CUDA".
-    def initialises() -> int:
-        raise AssertionError("current_device_index() initialises CUDA")
+def test_a_loader_decides_pinning_without_starting_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Asking CUDA's runtime (is_available, the device index) starts CUDA: a process forked
+    # after that cannot use CUDA, and a loader built in one raised. NVML's count does not.
+    def starts_cuda(*args: Any) -> Any:
+        raise AssertionError("this call starts CUDA")
 
-    _fake_accelerator(monkeypatch, "cuda")
-    monkeypatch.setattr(torch.accelerator, "current_device_index", initialises)
+    monkeypatch.setattr(torch.cuda, "is_available", starts_cuda)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", starts_cuda)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", starts_cuda)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 1)  # NVML sees a GPU
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # pin_memory=True resolves to pinning: no warning
         ResumableDataLoader(list(range(8)), batch_size=2, num_workers=2, pin_memory=True)
     assert transfer.default_device() == torch.device("cuda")
+    assert should_pin_memory("cuda") is True
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pinning_waits_for_the_runtime_to_confirm_the_device(
+    monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    # NVML can count a GPU that CUDA cannot use (a driver too old for this torch): "auto"
+    # then does not pin, as before, instead of failing at the first batch.
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda **_: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    loader = ResumableDataLoader(
+        list(range(8)), batch_size=2, num_workers=workers, pin_memory="auto"
+    )
+    assert loader.pin_memory is True  # decided at construction: NVML counts a GPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "no accelerator is found" for workers
+        batches = list(loader)
+    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert not any(b.is_pinned() for b in batches)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])

@@ -27,7 +27,7 @@ from loaderkit.loader._rng_state import rng_state, rngs_put_back, set_rng_state
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
-from loaderkit.transfer import pin_batch
+from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
 _MISSING = (
@@ -362,7 +362,7 @@ class IterableEngine(WorkerStreams):
             streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
             opens = not records[0]["ended"]
             source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
-            yield from self._hand_out(source, records, run, pin=loader.pin_memory)
+            yield from self._hand_out(source, records, run, pin=pin_now(loader.pin_memory))
             self._ran_end = opens and self.complete
             return
         inner = self._inner_loader(records, epoch, resumed)

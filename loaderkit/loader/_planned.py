@@ -32,7 +32,7 @@ from loaderkit.plan._cursor import PlanCursor, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
-from loaderkit.transfer import pin_batch
+from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
 
@@ -306,7 +306,7 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
     """``(step, batch)`` of ``sched``, in this process or from the loader's workers."""
     host = engine.host
     if host.num_workers == 0:
-        fetch, pin, keys = engine.fetch, host.pin_memory, seed_keys(sched)
+        fetch, pin, keys = engine.fetch, pin_now(host.pin_memory), seed_keys(sched)
         indices = batch_indices(sched)
         for step in range(sched.num_steps):
             try:

@@ -41,7 +41,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
     saved = state["numpy"]
     kind = saved["bit_generator"] if isinstance(saved, dict) else "MT19937"
     here = np.random.get_state(legacy=False)["bit_generator"]
@@ -50,6 +49,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
             f"the saved state holds numpy's global RNG as a {kind}, this worker's is a {here}; "
             "resume with the worker_init_fn (np.random.set_bit_generator) of the saving run."
         )
+    torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
     if isinstance(saved, dict):
         np.random.set_state(_from_json_safe(saved))
     else:

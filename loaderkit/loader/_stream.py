@@ -24,7 +24,7 @@ from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
 from loaderkit.plan._cursor import STATE_VERSION, STREAM_FIELDS, check_settings, seal
-from loaderkit.transfer import pin_batch
+from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
 _MISSING = (
@@ -229,7 +229,7 @@ class StreamEngine(WorkerStreams):
                 stacklevel=3,
             )
         if self.host.num_workers == 0:
-            yield from self._hand_out(iter(source), pin=self.host.pin_memory)
+            yield from self._hand_out(iter(source), pin=pin_now(self.host.pin_memory))
             return
         inner = self._inner_loader(source, rotation)
         workers = iter(inner)

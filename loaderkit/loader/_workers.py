@@ -35,6 +35,7 @@ from loaderkit.errors import WorkerError, WorkerStartError
 from loaderkit.loader import _slots
 from loaderkit.loader._fetch import identity
 from loaderkit.seeding import derive_seed, epoch_worker_init_fn
+from loaderkit.transfer import pin_now
 
 PARENT_POLL_S = 0.25  # how often a worker looks for its parent
 DEATH_POLL_S = 1.0  # how often the main process looks for dead workers
@@ -123,7 +124,7 @@ class WorkerPool:
             batch_sampler=cast("Iterable[list[Any]] | None", batch_sampler),
             num_workers=self.num_workers,
             collate_fn=identity,
-            pin_memory=self.pin_memory,
+            pin_memory=pin_now(self.pin_memory),
             timeout=self.timeout,
             worker_init_fn=self.init_fn(seed, epoch, rank),
             multiprocessing_context=self.context(),
@@ -148,11 +149,11 @@ class _WorkerLoader(DataLoader[Any]):
     def _get_iterator(self) -> Any:
         transport = None
         if self.num_workers > 0 and _slots.ENABLED:
-            # New slots per worker iterator (its workers are new); pinned by torch's rule.
+            # New slots per worker iterator (its workers are new); pinned when this loader pins.
             transport = _slots.Transport(
                 self.num_workers,
                 _slots.slots_per_worker(self.prefetch_factor),
-                pin=self.pin_memory and torch.accelerator.is_available(),
+                pin=self.pin_memory,
                 stats=self._loaderkit_pool.stats,
             )
             self.collate_fn = functools.partial(_slots.pack, transport.writer())

@@ -448,6 +448,7 @@ def test_custom_batch_pin_memory_method_is_called(monkeypatch: pytest.MonkeyPatc
         loader._host.pool, pin_memory=True
     )  # as resolved on CUDA
     monkeypatch.setattr(loaderkit.transfer, "_available_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
     batches = list(loader)
     assert len(batches) == 5 and all(b.pinned_by_method for b in batches)
