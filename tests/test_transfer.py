@@ -12,8 +12,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import IterableDataset
 
-from loaderkit import ResumableDataLoader, transfer
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, transfer
 from loaderkit.transfer import (
     DevicePrefetcher,
     move_to_device,
@@ -23,6 +24,7 @@ from loaderkit.transfer import (
     select_device,
     should_pin_memory,
 )
+from tests.reliability._cases import read_range
 
 CUDA = torch.cuda.is_available()
 META = torch.device("meta")
@@ -160,8 +162,8 @@ def test_a_loader_decides_pinning_without_starting_cuda(monkeypatch: pytest.Monk
     def starts_cuda(*args: Any) -> Any:
         raise AssertionError("this call starts CUDA")
 
-    if torch.cuda.is_initialized():  # a GPU machine's earlier test: counts ask the runtime
-        pytest.skip("CUDA is already started in this process")
+    if torch.version.cuda is None or torch.cuda.is_initialized():
+        pytest.skip("needs a CUDA build of torch that has not started CUDA in this process")
     monkeypatch.setattr(torch.cuda, "is_available", starts_cuda)
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", starts_cuda)
     monkeypatch.setattr(torch.accelerator, "current_device_index", starts_cuda)
@@ -173,23 +175,33 @@ def test_a_loader_decides_pinning_without_starting_cuda(monkeypatch: pytest.Monk
     assert should_pin_memory("cuda") is True
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+class EightInts(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(8))
+
+
+@pytest.mark.parametrize(
+    ("kind", "workers"), [("map", 0), ("map", 2), ("iterable", 0), ("stream", 0)]
+)
 def test_pinning_waits_for_the_runtime_to_confirm_the_device(
-    monkeypatch: pytest.MonkeyPatch, workers: int
+    monkeypatch: pytest.MonkeyPatch, kind: str, workers: int
 ) -> None:
     # NVML can count a GPU that CUDA cannot use (a driver too old for this torch): "auto"
     # then does not pin, as before, instead of failing at the first batch.
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda **_: torch.device("cuda"))
     monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    loader = ResumableDataLoader(
-        list(range(8)), batch_size=2, num_workers=workers, pin_memory="auto"
-    )
+    dataset: Any = {
+        "map": list(range(8)),
+        "iterable": EightInts(),
+        "stream": StreamingShardedDataset([(0, 4), (4, 4)], IterableReader(read_range)),
+    }[kind]
+    loader = ResumableDataLoader(dataset, batch_size=2, num_workers=workers, pin_memory="auto")
     assert loader.pin_memory is True  # decided at construction: NVML counts a GPU
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch's "no accelerator is found" for workers
         batches = list(loader)
-    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert sorted(i for b in batches for i in b.tolist()) == list(range(8))
     assert not any(b.is_pinned() for b in batches)
 
 

@@ -207,7 +207,8 @@ class ResumableDataLoader:
 
     @property
     def pin_memory(self) -> bool:
-        """Whether batches are pinned (``"auto"`` resolved at construction)."""
+        """Whether batches are pinned: ``"auto"`` resolved at construction, and confirmed by the
+        accelerator's runtime when batches start (unpinned if it refuses, as ``DataLoader``)."""
         return self._host.pin_memory
 
     @property
