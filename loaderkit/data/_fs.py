@@ -30,9 +30,11 @@ _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "
 _PACKAGES |= {"abfs": "adlfs", "hf": "huggingface_hub"}
 _CHUNK = 8 << 20  # bytes copied per read while downloading
 DEFAULT_TIMEOUT_S = 120.0
+# First found wins; new keys go last, so versions cached under the earlier ones stay valid.
 _VERSION_KEYS = (
     *("ETag", "etag", "md5", "sha", "LastModified", "last_modified"),
-    *("mtime", "updated", "created"),
+    *("mtime", "updated", "created", "VersionId", "version_id", "generation"),
+    *("Content-MD5", "blob_id", "Last-Modified"),  # HTTP headers; huggingface_hub's git blob
 )
 _MAX_BACKOFF_S = 30.0
 # Errors that say the request itself is wrong: retrying cannot help.

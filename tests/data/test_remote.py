@@ -475,3 +475,21 @@ def test_the_cache_directory_defaults_to_the_environment(
     remote = RemoteCache()
     assert remote.directory == tmp_path / "c" and remote.max_bytes == 12345
     assert os.environ["LOADERKIT_CACHE_DIR"] == str(remote.directory)
+
+
+@pytest.mark.parametrize(
+    ("entry", "version"),
+    [
+        (
+            {"size": 1, "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
+            "Mon, 01 Jan 2024 00:00:00 GMT",
+        ),
+        ({"size": 1, "blob_id": "9f86d08", "last_commit": None, "xet_hash": None}, "9f86d08"),
+        ({"size": 1, "generation": 17}, "17"),
+        ({"size": 1, "ETag": '"abc"', "Last-Modified": "Mon"}, "abc"),
+    ],
+    ids=["http", "hf", "gcs-generation", "etag-first"],
+)
+def test_each_store_names_an_object_version(entry: dict[str, Any], version: str) -> None:
+    # Without one, a same-size rewrite would be served from the cache.
+    assert _fs.version_of(entry) == version

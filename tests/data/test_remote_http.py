@@ -8,6 +8,7 @@ back to whole files: a 200 answer to a ranged GET is never taken for the range).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from loaderkit import (
     MissingShardError,
     RemoteCache,
     ResumableDataLoader,
+    ShardChangedError,
     ShardedDataset,
     TokenReader,
     write_shards,
@@ -110,3 +112,25 @@ def test_a_missing_http_folder_names_its_url(http: LocalHTTP, tmp_path: Path) ->
     url = f"{http.url}/nothing-here/"
     with pytest.raises(MissingShardError, match="nothing-here"):
         ShardedDataset(url, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
+
+
+def test_a_same_size_rewrite_without_an_etag_is_refused_by_its_last_modified(
+    tmp_path: Path,
+) -> None:
+    # Python's http.server sends Last-Modified and no ETag: that date is the version.
+    www = tmp_path / "www"
+    write_shards(www / "corpus", arrays(), READER)
+    for index in (www / "corpus").glob(".loaderkit-index-*"):
+        index.unlink()
+    cache = RemoteCache(cache_dir=tmp_path / "c")
+    with LocalHTTP(www, ranges=False) as http:
+        url = f"{http.url}/corpus/"
+        assert (
+            ShardedDataset(url, READER, remote=cache)[0].tolist() == arrays()[0][: SEQ + 1].tolist()
+        )
+        shard = www / "corpus" / "shard-00000.npy"
+        READER.write(shard, arrays()[0][::-1].copy())  # same size, other tokens
+        stat = shard.stat()
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))  # a later second
+        with pytest.raises(ShardChangedError, match=r"shard-00000\.npy' changed after it was"):
+            ShardedDataset(url, READER, remote=cache)
