@@ -32,6 +32,7 @@ import torch
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_index_path, check_int
+from loaderkit.data._code import code_digest
 from loaderkit.data._codec import (
     ZSTD_SUFFIX,
     check_compression,
@@ -159,24 +160,12 @@ def _run_remote(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str,
 def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str:
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
-    settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": _code_digest(fn)}
+    settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
         settings["fn_bound"] = _fingerprint(fn)
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _code_digest(fn: Any) -> str | None:
-    """A digest of ``fn``'s code, so a fixed ``fn`` rewrites every shard on resume."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        code = getattr(vars(type(fn)).get("__call__"), "__code__", None)
-    if code is None:
-        return None
-    return hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
 
 
 class _DigestPickler(pickle.Pickler):
@@ -492,8 +481,9 @@ def write_shards(
         progress: Show a progress bar on stderr.
         resume: After an interrupted call, skip the shards it finished with the same
             settings and inputs (each item's pickle is digested: a path is compared as a
-            path, a set may differ across processes). ``False`` writes every shard,
-            digesting none.
+            path, a set may differ across processes; ``fn``'s code and the code it calls
+            in your modules are compared, installed packages are not). ``False`` writes
+            every shard, digesting none.
 
     Returns:
         The shard paths (URLs for a URL), in order.

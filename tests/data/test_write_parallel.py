@@ -259,6 +259,50 @@ def test_a_changed_fn_rewrites_every_shard_on_resume(tmp_path: Path) -> None:
     assert [int(ds[i][0]) for i in (0, 5)] == [1, 101]
 
 
+def tokenize(n: int) -> np.ndarray:  # the helper an unchanged fn calls; its fix is a new fn
+    if n == 2:
+        raise ValueError("boom: the helper's bug")
+    return make(n) + 7
+
+
+def fixed_tokenize(n: int) -> np.ndarray:
+    return make(n)
+
+
+def via_helper(n: int) -> np.ndarray:
+    return tokenize(n)
+
+
+def test_a_fixed_helper_of_fn_rewrites_every_shard_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "out"
+    with pytest.raises(ValueError, match="helper's bug"):
+        write_shards(folder, range(4), READER, fn=via_helper, progress=False)
+    monkeypatch.setitem(globals(), "tokenize", fixed_tokenize)
+    ds = ShardedDataset(
+        write_shards(folder, range(4), READER, fn=via_helper, progress=False), READER
+    )
+    assert [int(ds[i][0]) for i in (0, 5)] == [0, 100]
+
+
+def squares(n: int) -> np.ndarray:
+    return np.array([i * i for i in range(n)])
+
+
+def test_an_fn_with_a_comprehension_has_one_digest_in_every_process() -> None:
+    # A nested code object's repr holds its address: digested as code, a resume keeps shards.
+    code = (
+        "from loaderkit.data.writer import _settings_key; "
+        "from tests.data.test_write_parallel import READER, squares; "
+        "print(_settings_key(READER, squares, 'shard', '.npy', None))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], cwd=root, text=True)
+    digests = {run(capture_output=True, check=True).stdout for _ in range(2)}
+    assert len(digests) == 1 and len(digests.pop().strip()) == 16
+
+
 def make_plus(n: int, plus: int) -> np.ndarray:
     if n == 2 and plus == 1:
         raise ValueError("boom: the first run stops at shard 2")

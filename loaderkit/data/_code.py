@@ -1,0 +1,100 @@
+"""A digest of the code a user's function runs, for caches keyed by it (private).
+
+``write_shards`` resumes and ``compute_lengths`` caches under it: a fixed helper that
+``fn`` calls must count as a new ``fn``, not only a change in ``fn``'s own lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import sysconfig
+import types
+from typing import Any
+
+# Code installed here (the standard library, packages) changes with an upgrade, not an edit.
+_INSTALLED = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+def code_digest(fn: Any) -> str | None:
+    """A digest of ``fn``'s code and of what it names in user code, recursively: the
+    functions and plain values (numbers, strings) it reads from its globals, its closure,
+    its defaults and the user modules it names; None when ``fn`` runs no Python code.
+
+    A change in installed packages, data files or an object's state is not seen.
+
+    Example:
+        >>> code_digest(lambda s: len(s["a"])) != code_digest(lambda s: len(s["b"]))
+        True
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not isinstance(fn, types.FunctionType | types.MethodType):
+        fn = inspect.getattr_static(type(fn), "__call__", None)  # a callable object: its method
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if not isinstance(fn, types.FunctionType):
+        return None
+    digest = hashlib.sha256()
+    _function(digest, fn, set())
+    return digest.hexdigest()[:16]
+
+
+def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    names = _code(digest, fn.__code__)
+    for name in sorted(names & fn.__globals__.keys()):
+        _value(digest, name, fn.__globals__[name], names, seen)
+    cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
+    defaults = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+    for value in cells + defaults:
+        _value(digest, "", value, names, seen)
+
+
+def _code(digest: Any, code: types.CodeType) -> set[str]:
+    """Feed ``code`` and its nested code objects (their repr holds an address); the names
+    they read."""
+    digest.update(code.co_code)
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code(digest, const)
+        else:
+            digest.update(repr(const).encode())
+    return names
+
+
+def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) -> None:
+    digest.update(name.encode())
+    if isinstance(value, types.FunctionType) and _edited(value.__code__.co_filename):
+        _function(digest, value, seen)
+    elif isinstance(value, types.ModuleType) and _edited(getattr(value, "__file__", "") or ""):
+        for attr in sorted(names & vars(value).keys()):  # helpers.tokenize(...)
+            member = vars(value)[attr]
+            if isinstance(member, (types.FunctionType, *_PLAIN)):
+                _value(digest, attr, member, set(), seen)
+    elif isinstance(value, _PLAIN) or (
+        isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
+    ):
+        digest.update(repr(value).encode())
+    else:
+        digest.update(type(value).__qualname__.encode())
+
+
+def _edited(filename: str) -> bool:
+    """Whether code from ``filename`` is the user's (not installed, not built in)."""
+    return bool(filename) and not filename.startswith(("<frozen", *_INSTALLED))
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True
