@@ -267,7 +267,7 @@ def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dty
             f"{shard!r}, so no document would end; pass the eos id the shards use."
         )
     if reader.out_dtype is None:
-        return stored
+        return stored.newbyteorder("=")  # torch takes native byte order only
     return torch.empty(0, dtype=reader.out_dtype).numpy().dtype
 
 

@@ -1170,3 +1170,14 @@ def test_a_batch_of_overlapping_rows_copies_the_rows_not_the_shard(tmp_path: Pat
         tracemalloc.stop()
     assert peak < 64 * 1024  # was ~2 MB: the shard's bytes
     assert rows.tolist() == [tokens[i * 64 : i * 64 + 65].tolist() for i in picks.tolist()]
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.int64])
+def test_big_endian_npy_shards_read_as_their_values(tmp_path: Path, out_dtype: Any) -> None:
+    np.save(tmp_path / "a.npy", np.arange(8, dtype=">u2"))
+    np.save(tmp_path / "b.npy", np.arange(8, 16, dtype="<u2"))
+    ds = ShardedDataset(tmp_path, TokenReader(seq_len=4, out_dtype=out_dtype))
+    assert ds.get_batch([1, 2]).tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert ds[0].tolist() == [0, 1, 2, 3]
+    doc = ShardedDataset(tmp_path, TokenReader(eos=3, out_dtype=out_dtype))
+    assert [doc[i].tolist() for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
