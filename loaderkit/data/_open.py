@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -77,6 +78,13 @@ def never_a_shard(name: str) -> str | None:
 def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
     """Whether a listed file ``name`` is a shard of a reader with these ``suffixes``."""
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
+
+
+def shard_order(name: str) -> tuple[tuple[Any, ...], str]:
+    """Sort key of a folder's shard names: digit runs by value, so ``shard-100000`` (the
+    100,001st of ``write_shards``) comes after ``shard-99999``, as written."""
+    parts = re.split("([0-9]+)", name)  # text, digits, text, ...: ints at odd places
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
 # Compressions no reader opens (zstd is decoded): a shard so compressed is no shard name.
@@ -160,7 +168,8 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
 
 
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
-    """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (sorted),
+    """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (by
+    :func:`shard_order`),
     or the listed paths or objects, checked for emptiness, duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
@@ -174,7 +183,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         entries = list(root.iterdir())
         refuse_unread_compressed(owner, str(root), (p.name for p in entries), reader.suffixes)
         accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
-        found = sorted(p for p in entries if accept(p.name))
+        found = sorted((p for p in entries if accept(p.name)), key=lambda p: shard_order(p.name))
         if not found:
             raise ValueError(
                 f"{owner}: no file ending in {list(reader.suffixes)} (or with .zst appended) in "

@@ -155,6 +155,25 @@ def test_shards_missing_from_a_folder_are_all_named_and_nothing_is_written(
     )
 
 
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_a_folder_past_shard_99999_is_read_in_the_order_written(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # write_shards names the 100,001st shard shard-100000: by name it sorted before shard-10001.
+    place = Place(kind, tmp_path, request)
+    if kind == "local":
+        Path(place.url).mkdir()
+    for i in (9999, 10000, 10001, 99999, 100000):
+        place.put(f"shard-{i:05d}.npy", np.full(SEQ, i, dtype=np.int64))
+    reader, want = TokenReader(seq_len=SEQ), [9999, 10000, 10001, 99999, 100000]
+    ds = ShardedDataset(place.url, reader, remote=place.remote())
+    assert [int(ds[i][0]) for i in range(len(ds))] == want
+    stream = StreamingShardedDataset(
+        place.url, reader, remote=place.remote(), shuffle_shards=False, mix_shards=1
+    )
+    assert [int(b[0, 0]) for b in ResumableDataLoader(stream, batch_size=1)] == want
+
+
 def test_a_folder_written_again_with_fewer_shards_reads_as_the_new_write(tmp_path: Path) -> None:
     # The earlier write's index lists shards the new write removed: it goes with them.
     write_shards(tmp_path, id_shards((5, 5, 5, 5, 5, 5)), READER, progress=False)
