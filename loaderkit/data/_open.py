@@ -169,8 +169,8 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
 
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (by
-    :func:`shard_order`),
-    or the listed paths or objects, checked for emptiness, duplicates and mixing."""
+    :func:`shard_order`), or the listed paths or objects, checked for emptiness,
+    duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
         if not root.is_dir():
