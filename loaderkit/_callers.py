@@ -36,6 +36,10 @@ class Host(Protocol):
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """The epoch the host trains when it sets ``loader``'s epoch to ``epoch``."""
 
+    def epoch_starting(self, loader: object) -> int | None:
+        """The epoch the host trains next, asked as ``loader`` begins an epoch no
+        ``set_epoch`` named."""
+
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -54,6 +58,9 @@ class _NoHost:
         return None
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
+        return None
+
+    def epoch_starting(self, loader: object) -> int | None:
         return None
 
 

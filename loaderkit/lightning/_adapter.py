@@ -92,6 +92,12 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
+    def epoch_starting(self, loader: object) -> int | None:
+        """``epoch_progress.current.processed``: the fit loop iterates an unsized train
+        loader (to prefetch a batch) before it sets the epoch."""
+        trainer = self._fitting(loader)
+        return None if trainer is None else int(trainer.fit_loop.epoch_progress.current.processed)
+
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
         (they differ after a ``max_steps`` restart)."""

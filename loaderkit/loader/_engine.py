@@ -50,7 +50,7 @@ class Engine(Protocol):
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
     def length(self) -> int: ...
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int, *, host: bool = False) -> None: ...
     def iterate(self, run: Run) -> Generator[Any, None, None]: ...
     def state(self) -> dict[str, Any]: ...
     def load(self, state: Any, *, adopt_seed: bool) -> int | None: ...
@@ -99,6 +99,10 @@ class Host:
     def caller(self) -> Caller:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
+
+    def name_epoch(self, cursor: PlanCursor) -> None:
+        """Before an iteration begins: the epoch the host trains, where none was named."""
+        cursor.host_names(self.caller().epoch_starting(self.loader))
 
     @property
     def num_workers(self) -> int:
@@ -200,8 +204,8 @@ class WorkerStreams:
     def epoch(self) -> int:
         return self._position.epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        self._position.set_epoch(epoch)
+    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
+        self._position.set_epoch(epoch, host=host)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

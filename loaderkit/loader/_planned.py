@@ -89,11 +89,11 @@ class PlanEngine:
         watch.answered(length)
         return length
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
         loaded = self.cursor.loaded(self.plan)
         if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
             return
-        self.cursor.set_epoch(epoch)
+        self.cursor.set_epoch(epoch, host=host)
 
     def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
         """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
@@ -126,6 +126,7 @@ class PlanEngine:
         settle_seed(self.host, self)
         self._check_size()
         rank, world_size = self.host.topology()
+        self.host.name_epoch(self.cursor)
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}

@@ -286,7 +286,7 @@ class PlanCursor:
     next: the next epoch, the one :meth:`set_epoch` named, or after :meth:`load` the rest
     of the saved epoch (the one after it, if complete)."""
 
-    __slots__ = ("_explicit", "_resume", "_started", "epoch", "position", "steps_done")
+    __slots__ = ("_explicit", "_resume", "_started", "_unnamed", "epoch", "position", "steps_done")
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -295,15 +295,26 @@ class PlanCursor:
         self._explicit: int | None = None
         self._resume = False
         self._started = False
+        self._unnamed = False  # the iteration began before any set_epoch named it
 
     @property
     def started(self) -> bool:
         """Whether an iteration has begun since construction."""
         return self._started
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration ``epoch``."""
-        self._explicit = epoch
+    def host_names(self, epoch: int | None) -> None:
+        """Make the next iteration ``epoch`` (a host's, None: none) unless a ``set_epoch`` or
+        a loaded position names it; the host's own later ``set_epoch`` then names it again."""
+        if epoch is not None and self._explicit is None and not self._resume:
+            self._explicit, self._unnamed = epoch, True
+
+    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
+        """Make the next iteration ``epoch``. A ``host`` naming the epoch whose iteration began
+        unnamed names that iteration: Lightning sets the epoch after prefetching an unsized
+        loader's first batch, and a replay of that epoch would follow."""
+        if host and self._unnamed and epoch == self.epoch:
+            return  # Lightning names it once per sampler view: the flag stays
+        self._unnamed, self._explicit = False, epoch
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
         """``(epoch the loaded position resumes, whether it is part-way through it)``
@@ -332,6 +343,7 @@ class PlanCursor:
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
         epoch, start, steps_done = self.upcoming(plan)
+        self._unnamed = self._explicit is None or self._unnamed
         self._resume, self._explicit, self._started = False, None, True
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done

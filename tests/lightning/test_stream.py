@@ -21,7 +21,7 @@ from typing import Any
 
 import lightning as L
 import pytest
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from loaderkit import ElasticResume
 from tests.support.helpers import (
@@ -81,18 +81,39 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("nw", [0, 2])
-@pytest.mark.parametrize("where", ["epoch0", "epoch1"])
+@pytest.mark.parametrize("where", ["epoch0", "end0", "epoch1"])
 def test_unsized_stream_resume_after_exception_is_exact(root: Path, nw: int, where: str) -> None:
+    # end0: the checkpoint of epoch 0's last step (Lightning set epoch 0 after prefetching its
+    # first batch; that late call made the saved state epoch 0's start: epoch 0 was replayed).
     full = list(_full(root, nw, None))
     epoch0 = len(by_epoch(full)[0]) // BATCH  # a lower bound: partial batches count once
     first_epoch1 = next(i for i, r in enumerate(full) if r["epoch"] == 1)
-    k = 3 if where == "epoch0" else first_epoch1 + 2
+    k = {"epoch0": 3, "end0": first_epoch1, "epoch1": first_epoch1 + 2}[where]
     assert 0 < k < len(full) and epoch0 > 3
     cut_dir = root / f"cut-{nw}-{k}"
     before = fit(cut_dir, nw=nw, fail_at=k)
     after = fit(root / f"resumed-{nw}-{k}", nw=nw, resume=cut_dir / f"step{k:03d}.ckpt")
     assert_resume_exact(full, before, after)
     assert_epochs_exactly_once(by_epoch(full), SIZE, 2)
+
+
+def test_unsized_stream_resumed_from_an_epoch_end_checkpoint_trains_the_next_epoch(
+    root: Path,
+) -> None:
+    """Lightning loads no loader state from an epoch-end checkpoint and iterates an unsized
+    loader before it sets the epoch: the loader takes the epoch from the fit loop (it
+    trained epoch 0 again, as epoch 1)."""
+    full = list(_full(root, 2, None))
+    ends = ModelCheckpoint(dirpath=root / "ends", filename="end{epoch}", save_top_k=-1)
+    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=2, stream=True)
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=1, enable_checkpointing=True, callbacks=[ends]))
+    trainer.fit(IdModule(), datamodule=dm)
+    model = IdModule()
+    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=2, stream=True)
+    trainer = L.Trainer(**trainer_kwargs())
+    trainer.fit(model, datamodule=dm, ckpt_path=root / "ends" / "endepoch=0.ckpt")
+    want = [(r["epoch"], r["ids"]) for r in full if r["epoch"] == 1]
+    assert [(r["epoch"], r["ids"]) for r in model.records] == want
 
 
 def test_unsized_stream_without_the_callback_resumes_exactly(root: Path) -> None:
