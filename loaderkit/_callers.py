@@ -40,6 +40,12 @@ class Host(Protocol):
         """The epoch the host trains next, asked as ``loader`` begins an epoch no
         ``set_epoch`` named."""
 
+    def ended(self) -> bool:
+        """Whether the host's run is over (an entered host is then dropped)."""
+
+    def cycles(self, loader: object) -> bool | None:
+        """Whether the host iterates ``loader`` again when it runs out inside an epoch."""
+
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -61,6 +67,12 @@ class _NoHost:
         return None
 
     def epoch_starting(self, loader: object) -> int | None:
+        return None
+
+    def ended(self) -> bool:
+        return False
+
+    def cycles(self, loader: object) -> bool | None:
         return None
 
 
@@ -91,4 +103,6 @@ def host_of(obj: object | None) -> Host:
     own = getattr(obj, _ATTR, None)
     if own is not None:
         return own
+    while _runs and _runs[-1].ended():  # a failed run's, kept for its on_exception hooks
+        _runs.pop()
     return _runs[-1] if _runs else NO_HOST

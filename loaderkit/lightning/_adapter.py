@@ -54,12 +54,22 @@ class LightningHost:
         driver = self._driver()
         return None if driver is None else data_parallel_of(driver)
 
-    def _fitting(self, loader: object) -> Any | None:
-        """The Trainer, while its fit runs with ``loader`` as a train loader; else None."""
+    def ended(self) -> bool:
+        """Whether the driver is gone, or its fit failed and Lightning's handling is over."""
+        trainer = self._driver()
+        if trainer is None:
+            return True
+        state = getattr(trainer, "state", None)
+        return state is not None and state.status == "interrupted" and state.stage is None
+
+    def _fitting(self, loader: object, *, failing: bool = False) -> Any | None:
+        """The Trainer, while its fit runs (or, with ``failing``, calls ``on_exception``)
+        with ``loader`` as a train loader; else None."""
         trainer = self._driver()
         if trainer is None or not hasattr(trainer, "fit_loop"):
             return None
-        if trainer.state.fn != "fit" or trainer.state.status != "running":
+        statuses = ("running", "interrupted") if failing else ("running",)
+        if trainer.state.fn != "fit" or trainer.state.status not in statuses:
             return None
         for dl in train_loaders(trainer):
             if dl is loader or getattr(dl, "batch_sampler", None) is loader:
@@ -70,11 +80,14 @@ class LightningHost:
         return self._fitting(loader) is not None
 
     def held_batches(self, loader: object) -> int | None:
-        """``fit_loop._data_fetcher.batches``: taken ahead of training."""
-        trainer = self._fitting(loader)
+        """``fit_loop._data_fetcher.batches`` (taken ahead of training), and a batch whose
+        step started but failed (an ``OnExceptionCheckpoint``: Lightning retrains it)."""
+        trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
-        return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ())
+        batch = trainer.fit_loop.epoch_loop.batch_progress.current
+        failed = max(int(batch.started) - int(batch.processed), 0)
+        return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ()) + failed
 
     def batches_done(self, loader: object) -> int | None:
         """``epoch_loop.batch_progress.current.completed``, for the only train loader."""
@@ -97,6 +110,13 @@ class LightningHost:
         loader (to prefetch a batch) before it sets the epoch."""
         trainer = self._fitting(loader)
         return None if trainer is None else int(trainer.fit_loop.epoch_progress.current.processed)
+
+    def cycles(self, loader: object) -> bool | None:
+        """Whether the train loaders are combined in mode ``"max_size_cycle"``."""
+        trainer = self._fitting(loader)
+        if trainer is None:
+            return None
+        return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``

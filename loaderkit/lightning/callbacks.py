@@ -74,9 +74,8 @@ class AttachLoaders(Callback):
             enter(self._host)
 
     def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
-        self._end()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        # Not on_exception: Lightning calls checkpoint callbacks' on_exception last (an
+        # OnExceptionCheckpoint saves the loaders there); a failed fit's host ends by itself.
         self._end()
 
     def _end(self) -> None:

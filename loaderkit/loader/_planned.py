@@ -16,7 +16,7 @@ from zlib import crc32
 from torch.utils.data import DataLoader
 
 from loaderkit.data.mixing import MixedDataset, shard_names_crc32
-from loaderkit.errors import StateMismatchError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import Host, Run, settle_seed
 from loaderkit.loader._fetch import (
     BatchFetcher,
@@ -97,13 +97,15 @@ class PlanEngine:
 
     def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
         """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
-        restarting = self.host.caller().restarting_mid_epoch(self.host.loader)
+        host, loader = self.host.caller(), self.host.loader
+        restarting = host.restarting_mid_epoch(loader)
         if restarting is False:
             # Lightning starts its epoch afresh (limit_train_batches, a CombinedLoader cycle).
             return True
         if restarting and epoch < resumes:
-            # Lightning replays set_epoch after this loader cycled into a later epoch.
-            return False
+            # Lightning replays set_epoch after this loader cycled into a later epoch; one it
+            # does not cycle ("max_size") ran out in this epoch: its empty rest is kept.
+            return not host.cycles(loader)
         if not mid_epoch and not restarting:
             return True
         cursor = self.cursor
@@ -241,7 +243,7 @@ class PlanEngine:
                 self._skeleton = skeleton
         # Shallow: nested dicts are shared read-only, like a torch state_dict's tensors.
         state = skeleton.copy()
-        epoch, position, steps_done = self.cursor.saved(self.plan)
+        epoch, position, steps_done = self._unheld(*self.cursor.saved(self.plan))
         state["epoch"], state["position"], state["steps_done"] = epoch, position, steps_done
         # Only the position's digests change (field_digest inlined).
         checksum = skeleton["checksum"].copy()
@@ -255,6 +257,28 @@ class PlanEngine:
             state["plan"] = {**state["plan"], "listed_from": listed}
             checksum["plan"] = field_digest("plan", state["plan"])
         return state
+
+    def _unheld(self, epoch: int, position: int, steps_done: int) -> tuple[int, int, int]:
+        """The running iteration's position before the batches the host holds untrained
+        (Lightning prefetches from a combined loader without a length)."""
+        cursor, run = self.cursor, self.host.current
+        running = (epoch, position, steps_done) == (
+            cursor.epoch,
+            cursor.position,
+            cursor.steps_done,
+        )
+        held = self.host.caller().held_batches(self.host.loader) if running else None
+        if not held or run is None or run.schedule is None:
+            return epoch, position, steps_done
+        kept = steps_done - run.steps_before - held  # batches of this iteration trained
+        if kept < 0:
+            raise LoaderkitError(
+                f"ResumableDataLoader: the host holds {held} batches, but this iteration "
+                f"handed out {steps_done - run.steps_before}; save the state after a batch "
+                "of the new iteration was trained."
+            )
+        sched = run.schedule
+        return epoch, sched.position_after(kept - 1) if kept else sched.start, steps_done - held
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""

@@ -405,4 +405,4 @@ class PlanCursor:
     def resume_at(self, epoch: int, position: int, steps_done: int) -> None:
         """Resume at a validated position: the next iteration is the rest of its epoch."""
         self.epoch, self.position, self.steps_done = epoch, position, steps_done
-        self._resume, self._explicit = True, None
+        self._resume, self._explicit, self._unnamed = True, None, False

@@ -8,12 +8,15 @@ used to discard its loaded position and restart it at the trainer's epoch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import IterableDataset, get_worker_info
 
 from loaderkit import AttachLoaders, ResumableDataLoader
 from tests.support.helpers import step_checkpoints, trainer_kwargs
@@ -36,7 +39,7 @@ class _Recorder(L.LightningModule):
         self.seen: list[dict[str, list[int]]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
-        self.seen.append({k: v.tolist() for k, v in batch.items()})
+        self.seen.append({k: None if v is None else v.tolist() for k, v in batch.items()})
         return self.layer(torch.ones(1, 1)).sum()
 
     def on_train_batch_end(self, *args: Any) -> None:
@@ -47,20 +50,38 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+class _Ids(IterableDataset[int]):
+    """12 ids without a length: the combined loader has none, so Lightning prefetches."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        yield from range(200 + worker, 212, workers)
+
+
 class _TwoLoaders(L.LightningDataModule):
+    def __init__(self, kind: str = "cycle") -> None:
+        super().__init__()
+        self.kind = kind
+
     def train_dataloader(self) -> Any:
-        return {  # a: 10 batches per epoch; b: 3, cycled into its epochs 1..3 meanwhile
+        loaders = {  # a: 10 batches per epoch; b: 3, cycled into its epochs 1..3 meanwhile
             "a": ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=1),
             "b": ResumableDataLoader(list(range(100, 112)), batch_size=4, shuffle=True, seed=2),
         }
+        if self.kind == "unsized":
+            loaders["b"] = ResumableDataLoader(_Ids(), batch_size=4)
+        return CombinedLoader(
+            loaders, mode="max_size" if self.kind == "max_size" else "max_size_cycle"
+        )
 
 
-@pytest.mark.parametrize("k", [5, 10, 14])  # mid b's own epoch 1, the trainer's epoch end, epoch 1
-def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> None:
+def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[Any]]:
+    """The uninterrupted run's batches; the run cut at step ``k``'s plus the resumed run's."""
     full = _Recorder()
     # AttachLoaders hands both loaders the trainer, whose restart bookkeeping they follow.
     L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
-        full, datamodule=_TwoLoaders()
+        full, datamodule=_TwoLoaders(kind)
     )
     cut = _Recorder(stop_at=k)
     trainer = L.Trainer(
@@ -71,9 +92,34 @@ def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> 
         )
     )
     with pytest.raises(_Stop):
-        trainer.fit(cut, datamodule=_TwoLoaders())
+        trainer.fit(cut, datamodule=_TwoLoaders(kind))
     resumed = _Recorder()
     L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
-        resumed, datamodule=_TwoLoaders(), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
+        resumed, datamodule=_TwoLoaders(kind), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
     )
-    assert cut.seen + resumed.seen == full.seen
+    return full.seen, cut.seen + resumed.seen
+
+
+@pytest.mark.parametrize("k", [5, 10, 14])  # mid b's own epoch 1, the trainer's epoch end, epoch 1
+def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> None:
+    full, joined = _fit_cut_resume(tmp_path, k, "cycle")
+    assert joined == full
+
+
+@pytest.mark.parametrize("k", [4, 14])
+def test_a_map_loader_beside_an_unsized_one_skips_no_batch_lightning_holds(
+    tmp_path: Path, k: int
+) -> None:
+    # The combined loader has no length: Lightning holds a batch of each loader ahead.
+    full, joined = _fit_cut_resume(tmp_path, k, "unsized")
+    assert joined == full
+
+
+@pytest.mark.parametrize("k", [6, 14])
+def test_a_loader_that_ran_out_in_max_size_mode_stays_out_after_a_resume(
+    tmp_path: Path, k: int
+) -> None:
+    # b's 3 batches end at step 3; resumed at k it yields nothing until the next epoch.
+    full, joined = _fit_cut_resume(tmp_path, k, "max_size")
+    assert joined == full
+    assert [s.get("b") for s in full[3:10]] == [None] * 7
