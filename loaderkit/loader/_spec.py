@@ -251,6 +251,7 @@ def _plan(
         plan = SamplerPlan(
             sampler=whole_order_sampler(sampler) if distributed else sampler,
             strided=distributed,
+            drop_tail=distributed and bool(sampler.drop_last),
             dataset_size=size,
             batch_size=batch_size,
             seed=seed,

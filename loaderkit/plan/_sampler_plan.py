@@ -44,31 +44,37 @@ def keyed_order(
     """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
     reseeded generator state it was listed from (else None).
 
-    The ``generator`` slot is lent one for the listing, started from the user's reseeded
-    state (written by ``set_epoch``, or differing from ``seen``), else epoch 0 from
-    ``first_state``, else ``(seed, epoch)``. ``restored``: a resumed epoch's saved state,
-    or ``_KEYED``.
+    The ``generator`` slot is lent one for ``set_epoch`` and the listing, started from the
+    user's reseeded state (differing from ``seen``), else epoch 0 from ``first_state``,
+    else ``(seed, epoch)``; a ``set_epoch`` that reseeds or draws does so on it.
+    ``restored``: a resumed epoch's saved state, or ``_KEYED``.
     """
-    written = _set_epoch(sampler, epoch)
-    # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
     own = getattr(sampler, "generator", _ABSENT)
+    # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
     if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
+        _set_epoch(sampler, epoch)
         return _listed(sampler), None
-    keyed = torch.Generator()
     current = cpu_state(own)
     reseeded = None
-    if written is None and isinstance(restored, torch.Tensor):
-        written = reseeded = restored
-    elif written is None and restored is None and seen is not None and current is not None:
-        written = reseeded = None if torch.equal(current, seen) else current
-    if written is not None:
-        keyed.set_state(written)
+    keyed = torch.Generator()
+    if isinstance(restored, torch.Tensor):
+        keyed.set_state(restored)
+        reseeded = restored
+    elif (
+        restored is None
+        and seen is not None
+        and current is not None
+        and not torch.equal(current, seen)
+    ):
+        keyed.set_state(current)
+        reseeded = current
     elif epoch == 0 and first_state is not None:
         keyed.set_state(first_state)
     else:
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
     sampler.generator = keyed
     try:
+        _set_epoch(sampler, epoch)
         return _listed(sampler), reseeded
     finally:
         sampler.generator = own
@@ -85,30 +91,13 @@ def cpu_state(generator: Any) -> torch.Tensor | None:
     return None
 
 
-# The generator's state while set_epoch runs: another one after it means set_epoch reseeded.
-_MARKER = torch.Generator().manual_seed(0x5EED_0F_E90C).get_state()
-
-
-def _set_epoch(sampler: Any, epoch: int) -> torch.Tensor | None:
-    """Call ``sampler.set_epoch(epoch)`` when it has one; the generator state it wrote, if any."""
+def _set_epoch(sampler: Any, epoch: int) -> None:
+    """Call ``sampler.set_epoch(epoch)`` when it has one (unhooked: listing an order must not
+    move the loader that hooked it)."""
     set_epoch = getattr(sampler, "set_epoch", None)
-    # Listing an order must not move the loader that hooked this set_epoch.
     set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
-    if not callable(set_epoch):
-        return None
-    own: Any = getattr(sampler, "generator", None)
-    before = cpu_state(own)
-    if before is not None:
-        own.set_state(_MARKER)
-    try:
+    if callable(set_epoch):
         set_epoch(epoch)
-    finally:
-        after = getattr(sampler, "generator", None)
-        state = cpu_state(after)
-        wrote = after is not own or (state is not None and not torch.equal(state, _MARKER))
-        if before is not None and not wrote:  # not wrote: `after is own`
-            own.set_state(before)
-    return state if wrote else None
 
 
 _ABSENT = object()
@@ -193,7 +182,8 @@ class SamplerPlan:
 
     ``first_state``: the user's generator's state, epoch 0 is listed from (as torch
     does). ``strided``: deal as a ``DistributedSampler`` (rank ``r`` takes every
-    ``world_size``-th entry), so each rank yields torch's indices for it.
+    ``world_size``-th entry), so each rank yields torch's indices for it; ``drop_tail``: as
+    one with ``drop_last=True`` (a tail short of the ranks dropped, not padded).
     """
 
     sampler: Any
@@ -203,6 +193,7 @@ class SamplerPlan:
     drop_last: bool = False
     first_state: torch.Tensor | None = field(default=None, repr=False)
     strided: bool = False
+    drop_tail: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
     _cache: dict[int, torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False

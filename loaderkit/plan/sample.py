@@ -241,11 +241,15 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
 
 def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
     """Each rank's last batch for a ``tail`` short of a global step: ``ceil(tail / world_size)``
-    entries, or 0 under ``drop_last`` (a ``strided`` plan drops only a short batch)."""
+    entries (wrapped), or 0 under ``drop_last``. A ``strided`` plan deals as a
+    ``DistributedSampler``: the part short of the ranks is dropped under its ``drop_tail``
+    (the sampler's ``drop_last``), and ``drop_last`` drops only a short batch."""
     size = -(-tail // world_size)
-    if plan.drop_last and not (getattr(plan, "strided", False) and size == plan.batch_size):
-        return 0
-    return size
+    if not getattr(plan, "strided", False):
+        return 0 if plan.drop_last else size
+    if getattr(plan, "drop_tail", False):
+        size = tail // world_size
+    return 0 if plan.drop_last and size < plan.batch_size else size
 
 
 @functools.cache

@@ -262,3 +262,42 @@ def test_a_state_saved_when_repeated_draws_shared_a_seed_is_refused_by_name() ->
     seal(old, ("version", "epoch", "position", "steps_done", "plan", "topology"))
     with pytest.raises(StateMismatchError, match=r"field 'plan' has fields .*repeat_seeding"):
         _weighted(0).load_state_dict(old)
+
+
+class DrawsInSetEpoch(Sampler[int]):
+    """Draws its epoch's order from its own generator in ``set_epoch``."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n, self.generator, self.order = n, generator, list(range(n))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order = torch.randperm(self.n, generator=self.generator).tolist()
+
+    def __iter__(self) -> Any:
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_sampler_drawing_in_set_epoch_gets_a_new_order_each_epoch_from_its_seed() -> None:
+    # Its set_epoch ran on a fixed marker generator: one order for every epoch and seed.
+    def epochs(user_seed: int, state: Any = None) -> list[list[int]]:
+        data = list(range(16))
+        sampler = DrawsInSetEpoch(16, torch.Generator().manual_seed(user_seed))
+        loader = ResumableDataLoader(data, batch_size=4, sampler=sampler)
+        if state is not None:
+            loader.load_state_dict(state)
+        return [[int(i) for b in loader for i in b] for _ in range(3)]
+
+    one, two = epochs(1), epochs(2)
+    assert len({tuple(e) for e in one}) == 3 and one != two
+    assert all(sorted(e) == list(range(16)) for e in one)
+    data = list(range(16))
+    loader = ResumableDataLoader(
+        data, batch_size=4, sampler=DrawsInSetEpoch(16, torch.Generator().manual_seed(1))
+    )
+    it = iter(loader)
+    head = [int(i) for _ in range(2) for i in next(it)]
+    resumed = epochs(1, state=loader.state_dict())
+    assert head + resumed[0] == one[0] and resumed[1] == one[1]

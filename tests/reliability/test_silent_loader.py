@@ -399,6 +399,25 @@ def test_a_distributed_sampler_resumed_on_another_world_size_sees_every_sample()
     assert len(seen) - len(data) < 3  # only the padding of the last step repeats
 
 
+def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_repeats_nothing() -> None:
+    # 12 entries under 1 and 2 ranks alike; 11 left after a batch on 1 rank: the one short of
+    # the 2 ranks is dropped, as DistributedSampler(drop_last=True) drops (it was wrapped).
+    data = list(range(12))
+
+    def loader(rank: int, world: int) -> ResumableDataLoader:
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=5, drop_last=True)
+        return ResumableDataLoader(data, batch_size=1, sampler=sampler, drop_last=True)
+
+    cut = loader(0, 1)
+    seen = [int(next(iter(cut)))]
+    state = cut.state_dict()
+    for rank in range(2):
+        resumed = loader(rank, 2)
+        resumed.load_state_dict(state)
+        seen += [int(b) for b in resumed]
+    assert len(seen) == len(set(seen)) == 11
+
+
 def test_a_drop_last_distributed_sampler_resumed_on_another_world_size_names_the_cause() -> None:
     # Review of issue 21: "field 'num_samples' differs ... build it with num_samples=44",
     # an argument the user cannot pass; the cause is drop_last trimming per world size.
