@@ -360,10 +360,11 @@ class OpenShards:
     def _open_or_count(self, local: Path) -> OpenShard:
         try:
             return self.reader.open(local)
-        except MissingShardError as exc:
+        except (MissingShardError, ShardChangedError) as exc:
             if exc.path == local:
                 raise
-            # A missing sidecar: counting the cached or decoded copy writes it.
+            # A sidecar missing or older than the copy (fetched or decoded after it): counting
+            # the cached or decoded copy writes it.
             self.reader.count(local)
             return self.reader.open(local)
 

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_int
-from loaderkit.errors import MissingShardError, ReaderSettingError, ShardError
+from loaderkit.errors import MissingShardError, ReaderSettingError, ShardChangedError, ShardError
 
 __all__ = ["OpenShard", "ShardReader", "TokenReader"]
 
@@ -141,6 +141,13 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             "index so the shard is counted again.",
             path=side,
         ) from exc
+    # Counted before the shard's last write: its cuts may be another content's.
+    if side.stat().st_mtime_ns < path.stat().st_mtime_ns:
+        raise ShardChangedError(
+            f"offsets sidecar {str(side)!r} is older than shard {str(path)!r}, which changed "
+            "after it was counted; delete the sidecar and the shard index so it is counted again.",
+            path=side,
+        )
     if offsets.ndim != 1 or len(offsets) < 1 or int(offsets[-1]) != length:
         end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else "?"
         raise ShardError(

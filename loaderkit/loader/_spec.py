@@ -199,7 +199,6 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
             f"{OWNER}: seed={seed} differs from the seed of the sampler's own generator "
             f"({user_generator[0]}), which would be ignored; leave seed=None to use it."
         )
-    explicit = seed is not None
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:
         raise ValueError(
@@ -208,6 +207,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         )
     if seed is None:
         seed = plan_seed
+    explicit = seed is not None  # the user's plan's seed too: a saved state's is not adopted
     # Provisional: under DDP each rank would draw its own (settle_seed).
     drawn = seed is None
     generator = a["generator"]

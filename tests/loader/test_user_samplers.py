@@ -301,3 +301,17 @@ def test_a_sampler_drawing_in_set_epoch_gets_a_new_order_each_epoch_from_its_see
     head = [int(i) for _ in range(2) for i in next(it)]
     resumed = epochs(1, state=loader.state_dict())
     assert head + resumed[0] == one[0] and resumed[1] == one[1]
+
+
+def test_a_plan_batch_samplers_seed_is_never_replaced_by_a_saved_one() -> None:
+    # It took the state's seed 9 while loader.batch_sampler.plan.seed still said 5.
+    from loaderkit import PlanBatchSampler, SamplePlan
+
+    def loader(seed: int) -> ResumableDataLoader:
+        plan = SamplePlan(num_samples=10, batch_size=2, shuffle=True, seed=seed)
+        return ResumableDataLoader(list(range(10)), batch_sampler=PlanBatchSampler(plan))
+
+    saved = loader(9)
+    next(iter(saved))
+    with pytest.raises(StateMismatchError, match=r"field 'seed' differs.*seed=9.*seed=5"):
+        loader(5).load_state_dict(saved.state_dict())

@@ -400,6 +400,68 @@ def test_range_reads_never_mix_two_versions_of_an_object_in_one_epoch(
     assert ds.describe()["remote"]["blocks_fetched"] > 0
 
 
+# ---------------------------------------- an offsets sidecar older than its shard
+DOCS, REORDERED = [1, 1, 0, 2, 2, 2, 0, 3, 0], [2, 2, 2, 0, 1, 1, 0, 3, 0]  # same length
+CUT = [[2, 2, 2, 0], [1, 1, 0], [3, 0]]  # REORDERED's documents (the old sidecar cut 3, 4, 2)
+EOS = TokenReader(eos=0)
+
+
+def _documents(ds: Any) -> list[list[int]]:
+    if isinstance(ds, StreamingShardedDataset):
+        return [b[0].tolist() for b in ResumableDataLoader(ds, batch_size=1, seed=0)]
+    return [ds[i].tolist() for i in range(len(ds))]
+
+
+def _counted_earlier(shard: Path) -> None:
+    """Its sidecar a second older (file times may be coarser than the test's writes)."""
+    for side in shard.parent.glob(f"{shard.name}*.lkoffsets"):
+        stat = side.stat()
+        os.utime(side, ns=(stat.st_atime_ns, stat.st_mtime_ns - 10**9))
+
+
+def test_a_local_stream_recounts_a_shard_rewritten_after_its_sidecar(tmp_path: Path) -> None:
+    # Same token count, other documents: only the sidecar's last entry was checked.
+    write_shards(tmp_path / "c", [DOCS], EOS, progress=False)
+    shard = tmp_path / "c" / "shard-00000.npy"
+    np.save(shard, np.array(REORDERED))
+    _counted_earlier(shard)
+    stream = StreamingShardedDataset(tmp_path / "c", EOS, shuffle_shards=False, mix_shards=1)
+    assert _documents(stream) == CUT
+    with pytest.raises(ShardChangedError, match=r"no longer matches the shard index"):
+        ShardedDataset(tmp_path / "c", EOS)[0]  # the index still names the old shard
+
+
+def test_a_stale_remote_sidecar_is_recounted_on_every_machine(tmp_path: Path) -> None:
+    import fsspec
+
+    url = f"memory://stale-{uuid.uuid4().hex[:8]}"
+    write_shards(url, [DOCS], EOS, progress=False)
+    fs = fsspec.filesystem("memory")
+    with fs.open(f"{url}/shard-00000.npy", "wb") as f:  # re-uploaded, the sidecar not
+        np.save(f, np.array(REORDERED))
+    for index in fs.ls(url, detail=False):
+        if ".loaderkit-index-" in index:
+            fs.rm(index)  # as the ShardChangedError says
+    for machine in ("first", "second"):  # the first counts and writes the index
+        ds = ShardedDataset(url, EOS, remote=RemoteCache(cache_dir=tmp_path / machine))
+        assert _documents(ds) == CUT, machine
+
+
+def test_a_recompressed_zst_shard_is_recounted_in_a_new_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "c"
+    write_shards(folder, [DOCS], EOS, compression="zstd", progress=False)
+    plain = tmp_path / "new.npy"
+    np.save(plain, np.array(REORDERED))
+    _codec.compress_file(plain, folder / "shard-00000.npy.zst", 3)  # as `zstd -f` would
+    for index in folder.glob(".loaderkit-index-*"):
+        index.unlink()
+    for cache in ("first", "second"):
+        monkeypatch.setenv("LOADERKIT_CACHE_DIR", str(tmp_path / cache))
+        assert _documents(ShardedDataset(folder, EOS)) == CUT, cache
+
+
 # -------------------------------------------------------------------- 4. zstd shards
 @pytest.mark.parametrize("kind", ["bin", "jsonl"])
 def test_a_truncated_zst_shard_counted_without_an_index_raises(tmp_path: Path, kind: str) -> None:
