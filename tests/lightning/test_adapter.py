@@ -26,6 +26,7 @@ import pytest
 import torch
 from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import CombinedLoader
 from packaging.version import Version
 
 from loaderkit import (
@@ -268,6 +269,89 @@ def test_the_fetcher_holds_one_batch_ahead_of_an_unsized_loader_only() -> None:
     assert counts == {"unsized": [1, 1, 1, 0], "sized": [0, 0, 0, 0]}, changed(
         f"fit_loop._data_fetcher.batches (the prefetched batches; got {counts})",
         "LightningHost.held_batches",
+    )
+
+
+class _UnsizedEpochs:
+    """An unsized train loader recording, at each ``iter()``, the epoch the host starts."""
+
+    def __init__(self) -> None:
+        self.starting: list[int | None] = []
+        self.sampler = _EpochRecorder([])
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.starting.append(host_of(self).epoch_starting(self))
+        for i in range(2):
+            yield torch.full((1, 4), float(i))
+
+
+def test_an_unsized_loader_is_iterated_before_the_fit_loop_sets_its_epoch(tmp_path: Path) -> None:
+    loader = _UnsizedEpochs()
+    ends = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
+    kwargs = trainer_kwargs(max_epochs=2, enable_checkpointing=True)
+    trainer = L.Trainer(**kwargs, callbacks=[AttachLoaders(), ends])
+    trainer.fit(_Linear(), train_dataloaders=loader)
+    first = sorted(tmp_path.glob("epoch=0*.ckpt"))[0]
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=2), callbacks=[AttachLoaders()])
+    trainer.fit(_Linear(), train_dataloaders=loader, ckpt_path=first)
+    # iter() of epoch 0 precedes set_epoch(0); the epoch-end restore starts epoch 1.
+    assert loader.starting[0] == 0 and loader.sampler.epochs[0] == 0
+    assert loader.starting[2] == 1, changed(
+        f"fit_loop.epoch_progress.current.processed at an unsized loader's iter() "
+        f"(got {loader.starting})",
+        "LightningHost.epoch_starting",
+    )
+
+
+class _FailingStep(_Linear):
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 1:
+            raise RuntimeError("the step fails")
+        return super().training_step(batch, batch_idx)
+
+
+class _HeldOnException(L.Callback):
+    def __init__(self) -> None:
+        self.held: list[Any] = []
+
+    def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
+        (loader,) = _adapter.train_loaders(trainer)
+        host = _adapter.LightningHost(trainer)
+        self.held.append((host.held_batches(loader), host.ended()))
+
+
+def test_a_failed_step_is_started_not_processed_while_the_trainer_is_interrupted() -> None:
+    held = _HeldOnException()
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=1, callbacks=[held]))
+    with pytest.raises(RuntimeError, match="the step fails"):
+        trainer.fit(_FailingStep(), train_dataloaders=_Unsized())
+    # The prefetched batch and the failed one; the host ends once the handling is over.
+    assert held.held == [(2, False)] and _adapter.LightningHost(trainer).ended(), changed(
+        f"trainer.state (status 'interrupted', stage) or epoch_loop.batch_progress.current "
+        f"(started - processed) in on_exception (got {held.held})",
+        "LightningHost.held_batches / ended",
+    )
+
+
+class _AnyBatch(_Linear):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(torch.ones(1, 4)).sum()
+
+
+def test_a_combined_loaders_mode_says_whether_it_cycles() -> None:
+    seen: dict[str, Any] = {}
+
+    class Mode(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
+            loader = _adapter.train_loaders(trainer)[0]
+            seen[mode] = _adapter.LightningHost(trainer).cycles(loader)
+
+    for mode in ("max_size_cycle", "max_size"):
+        loaders = CombinedLoader({"a": _Probe(), "b": _Probe(2)}, mode=mode)
+        trainer = L.Trainer(**trainer_kwargs(max_epochs=1, callbacks=[Mode()]))
+        trainer.fit(_AnyBatch(), train_dataloaders=loaders)
+    assert seen == {"max_size_cycle": True, "max_size": False}, changed(
+        f"fit_loop._combined_loader._mode (got {seen})", "LightningHost.cycles"
     )
 
 
