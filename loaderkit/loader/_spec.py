@@ -26,7 +26,12 @@ from loaderkit.loader._args import (
     whole_order_sampler,
 )
 from loaderkit.loader._fetch import Unbatched, loaderkit_batch_read
-from loaderkit.plan._sampler_plan import SamplerPlan, generator_seed, wrapped_sampler
+from loaderkit.plan._sampler_plan import (
+    SamplerPlan,
+    generator_seed,
+    set_epoch_reseeds,
+    wrapped_sampler,
+)
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, SamplePlan
 from loaderkit.seeding import draws_nothing
@@ -171,7 +176,7 @@ def _seeded_by_user(sampler: Any, generator_seed: int | None, seed: int | None) 
     generator = getattr(sampler if inner is None else inner, "generator", None)
     if generator is None or generator_seed != generator.initial_seed():
         return False  # drawn from since it was seeded: its seed is no longer its order's
-    return not callable(getattr(sampler, "set_epoch", None))
+    return not set_epoch_reseeds(sampler if inner is None else inner)
 
 
 _TORCH_DEFAULT_SEED = torch.Generator().initial_seed()

@@ -40,6 +40,8 @@ def keyed_order(
     first_state: torch.Tensor | None = None,
     seen: torch.Tensor | None = None,
     restored: Any = None,
+    *,
+    lend: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
     reseeded generator state it was listed from (else None).
@@ -47,11 +49,16 @@ def keyed_order(
     The ``generator`` slot is lent one for ``set_epoch`` and the listing, started from the
     user's reseeded state (differing from ``seen``), else epoch 0 from ``first_state``,
     else ``(seed, epoch)``; a ``set_epoch`` that reseeds or draws does so on it.
-    ``restored``: a resumed epoch's saved state, or ``_KEYED``.
+    ``restored``: a resumed epoch's saved state, or ``_KEYED``; ``lend=False``: an empty
+    slot stays empty (the sampler seeds itself, :func:`seeds_itself`).
     """
     own = getattr(sampler, "generator", _ABSENT)
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
-    if own is _ABSENT or not (own is None or isinstance(own, torch.Generator)):
+    if (
+        own is _ABSENT
+        or not (own is None or isinstance(own, torch.Generator))
+        or (own is None and not lend)
+    ):
         _set_epoch(sampler, epoch)
         return _listed(sampler), None
     current = cpu_state(own)
@@ -149,7 +156,46 @@ def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
 _PROBE_SEED = 0
 
 
-def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Tensor:
+def seeds_itself(sampler: Any) -> bool:
+    """Whether ``sampler`` with an empty ``generator`` slot lists epoch 0 alike under two
+    global torch RNG states (its own seed decides it: no generator is lent it)."""
+    if getattr(sampler, "generator", _ABSENT) is not None or not callable(
+        getattr(sampler, "set_epoch", None)
+    ):
+        return False
+    state = torch.random.get_rng_state()
+    try:
+        orders = []
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            orders.append(keyed_order(sampler, _PROBE_SEED, 0, lend=False)[0])
+    finally:
+        torch.random.set_rng_state(state)
+    return torch.equal(*orders)
+
+
+def set_epoch_reseeds(sampler: Any) -> bool:
+    """Whether ``sampler.set_epoch`` seeds its ``generator`` slot (a state independent of
+    the one before): its order is then its own, whatever the loader's seed."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
+    own = getattr(sampler, "generator", _ABSENT)
+    if not callable(set_epoch) or not (own is None or isinstance(own, torch.Generator)):
+        return False
+    after = []
+    try:
+        for start in (1, 2):
+            sampler.generator = torch.Generator().manual_seed(start)
+            set_epoch(0)
+            after.append(cpu_state(sampler.generator))
+    finally:
+        sampler.generator = own
+    return after[0] is not None and after[1] is not None and torch.equal(after[0], after[1])
+
+
+def check_reproducible(
+    sampler: Any, *, owner: str, parameter: str, lend: bool = True
+) -> torch.Tensor:
     """Epoch 0's order under the probe seed; TypeError for a sampler that is not iterable or
     does not list it twice alike."""
     if not callable(getattr(sampler, "__iter__", None)):
@@ -157,8 +203,8 @@ def check_reproducible(sampler: Any, *, owner: str, parameter: str) -> torch.Ten
             f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
             f"Sampler), got {type(sampler).__name__}."
         )
-    first = keyed_order(sampler, _PROBE_SEED, 0)[0]
-    second = keyed_order(sampler, _PROBE_SEED, 0)[0]
+    first = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
+    second = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
     if not torch.equal(first, second):
         generator = getattr(sampler, "generator", None)
         foreign = (
@@ -202,6 +248,7 @@ class SamplerPlan:
         default_factory=dict, init=False, repr=False, compare=False
     )
     _length: int = field(default=0, init=False, repr=False, compare=False)
+    _lend: bool = field(default=True, init=False, repr=False, compare=False)
     _check: int = field(default=0, init=False, repr=False, compare=False)
     # The user's generator's state at the last listing (one differing from it was reseeded).
     _seen: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
@@ -216,7 +263,8 @@ class SamplerPlan:
         check_int("batch_size", self.batch_size, 1, owner=owner)
         check_int("seed", self.seed, 0, owner=owner)
         check_bool("drop_last", self.drop_last, owner=owner)
-        first = check_reproducible(self.sampler, owner=owner, parameter="sampler")
+        object.__setattr__(self, "_lend", not seeds_itself(self.sampler))
+        first = check_reproducible(self.sampler, owner=owner, parameter="sampler", lend=self._lend)
         if first.numel() == 0:
             raise ValueError(
                 f"{owner}: sampler={type(self.sampler).__name__} yields no index; pass a "
@@ -258,6 +306,7 @@ class SamplerPlan:
             self.first_state,
             self._seen,
             self._restored.pop(epoch, None),
+            lend=self._lend,
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()

@@ -315,3 +315,48 @@ def test_a_plan_batch_samplers_seed_is_never_replaced_by_a_saved_one() -> None:
     next(iter(saved))
     with pytest.raises(StateMismatchError, match=r"field 'seed' differs.*seed=9.*seed=5"):
         loader(5).load_state_dict(saved.state_dict())
+
+
+class SeedsItself(Sampler[int]):
+    """Its own seed and epoch decide its order; a generator given would override them."""
+
+    def __init__(self, n: int, seed: int, generator: torch.Generator | None = None) -> None:
+        self.n, self.seed, self.epoch, self.generator = n, seed, 0, generator
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        generator = self.generator
+        if generator is None:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_sampler_seeding_itself_keeps_its_empty_generator_slot() -> None:
+    # A generator lent into the empty slot replaced its seed: seeds 1 and 2 listed alike.
+    for seed in (1, 2):
+        loader = ResumableDataLoader(list(range(8)), batch_size=8, sampler=SeedsItself(8, seed))
+        got = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            got.append(next(iter(loader)).tolist())
+        want = [
+            torch.randperm(8, generator=torch.Generator().manual_seed(seed + e)).tolist()
+            for e in range(2)
+        ]
+        assert got == want
+
+
+class KeepsEpoch(torch.utils.data.RandomSampler):
+    def set_epoch(self, epoch: int) -> None:  # does not reseed its generator
+        self.epoch = epoch
+
+
+def test_a_seeded_generator_that_set_epoch_does_not_reseed_conflicts_with_another_seed() -> None:
+    sampler = KeepsEpoch(list(range(8)), generator=torch.Generator().manual_seed(7))
+    with pytest.raises(ValueError, match=r"seed=3 differs from the seed of the sampler's own"):
+        ResumableDataLoader(list(range(8)), batch_size=4, sampler=sampler, seed=3)
