@@ -42,6 +42,7 @@ def keyed_order(
     restored: Any = None,
     *,
     lend: bool = True,
+    advance: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
     reseeded generator state it was listed from (else None).
@@ -50,7 +51,9 @@ def keyed_order(
     user's reseeded state (differing from ``seen``), else epoch 0 from ``first_state``,
     else ``(seed, epoch)``; a ``set_epoch`` that reseeds or draws does so on it.
     ``restored``: a resumed epoch's saved state, or ``_KEYED``; ``lend=False``: an empty
-    slot stays empty (the sampler seeds itself, :func:`seeds_itself`).
+    slot stays empty (the sampler seeds itself, :func:`seeds_itself`); ``advance``: the
+    user's generator ends where the lent one did, as torch's listing leaves it (so a
+    reseed to the state it had before is seen).
     """
     own = getattr(sampler, "generator", _ABSENT)
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
@@ -82,7 +85,11 @@ def keyed_order(
     sampler.generator = keyed
     try:
         _set_epoch(sampler, epoch)
-        return _listed(sampler), reseeded
+        order = _listed(sampler)
+        end = cpu_state(sampler.generator)
+        if advance and isinstance(own, torch.Generator) and current is not None and end is not None:
+            own.set_state(end)
+        return order, reseeded
     finally:
         sampler.generator = own
 
@@ -307,6 +314,7 @@ class SamplerPlan:
             self._seen,
             self._restored.pop(epoch, None),
             lend=self._lend,
+            advance=True,
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()
