@@ -100,26 +100,22 @@ def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[
     return full.seen, cut.seen + resumed.seen
 
 
-@pytest.mark.parametrize("k", [5, 10, 14])  # mid b's own epoch 1, the trainer's epoch end, epoch 1
-def test_a_cycled_loader_resumes_at_its_own_position(tmp_path: Path, k: int) -> None:
-    full, joined = _fit_cut_resume(tmp_path, k, "cycle")
-    assert joined == full
-
-
-@pytest.mark.parametrize("k", [4, 14])
-def test_a_map_loader_beside_an_unsized_one_skips_no_batch_lightning_holds(
-    tmp_path: Path, k: int
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [
+        ("cycle", 5),  # mid b's own epoch 1
+        ("cycle", 10),  # the trainer's epoch end
+        ("cycle", 14),  # epoch 1
+        ("unsized", 4),  # b without a length: Lightning holds a batch of each loader ahead
+        ("unsized", 14),
+        ("max_size", 6),  # b ran out at step 3: it yields nothing until the next epoch
+        ("max_size", 14),
+    ],
+)
+def test_combined_loaders_resume_each_at_its_own_position(
+    tmp_path: Path, kind: str, k: int
 ) -> None:
-    # The combined loader has no length: Lightning holds a batch of each loader ahead.
-    full, joined = _fit_cut_resume(tmp_path, k, "unsized")
+    full, joined = _fit_cut_resume(tmp_path, k, kind)
     assert joined == full
-
-
-@pytest.mark.parametrize("k", [6, 14])
-def test_a_loader_that_ran_out_in_max_size_mode_stays_out_after_a_resume(
-    tmp_path: Path, k: int
-) -> None:
-    # b's 3 batches end at step 3; resumed at k it yields nothing until the next epoch.
-    full, joined = _fit_cut_resume(tmp_path, k, "max_size")
-    assert joined == full
-    assert [s.get("b") for s in full[3:10]] == [None] * 7
+    if kind == "max_size":
+        assert [s.get("b") for s in full[3:10]] == [None] * 7
