@@ -1,9 +1,12 @@
-"""Two train loaders under one Trainer (CombinedLoader "max_size_cycle") resume exactly.
+"""Two train loaders under one Trainer (a CombinedLoader) resume exactly.
 
-The shorter loader is re-iterated (cycled) by Lightning inside the trainer's
-epoch, into later epochs of its own. Restored from a mid-epoch checkpoint,
-Lightning replays the epoch start's ``set_epoch(current_epoch)`` on it, which
-used to discard its loaded position and restart it at the trainer's epoch.
+``"max_size_cycle"``: the shorter loader is re-iterated (cycled) by Lightning inside
+the trainer's epoch, into later epochs of its own. Restored from a mid-epoch
+checkpoint, Lightning replays the epoch start's ``set_epoch(current_epoch)`` on it,
+which used to discard its loaded position and restart it at the trainer's epoch.
+With an unsized member the combined loader has no length and Lightning holds a batch
+ahead (the map-style one skipped it); in ``"max_size"`` mode a loader that ran out
+came back with its next epoch's batches.
 """
 
 from __future__ import annotations
