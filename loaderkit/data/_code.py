@@ -17,7 +17,7 @@ from typing import Any
 _INSTALLED = tuple(
     {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
-_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+_PLAIN = (int, float, complex, str, bytes, type(None))
 
 
 def code_digest(fn: Any) -> str | None:
@@ -58,13 +58,16 @@ def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
 
 
 def _code(digest: Any, code: types.CodeType) -> set[str]:
-    """Feed ``code`` and its nested code objects (their repr holds an address); the names
-    they read."""
+    """Feed ``code`` and its nested code objects (their repr holds an address), with the
+    names it reads (``s.a`` and ``s.b`` differ there only); the names."""
     digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _code(digest, const)
+        elif isinstance(const, frozenset):  # a set literal: its repr's order is hash-seeded
+            digest.update(repr(sorted(map(repr, const))).encode())
         else:
             digest.update(repr(const).encode())
     return names

@@ -81,9 +81,11 @@ def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
 
 
 def shard_order(name: str) -> tuple[tuple[Any, ...], str]:
-    """Sort key of a folder's shard names: digit runs by value, so ``shard-100000`` (the
-    100,001st of ``write_shards``) comes after ``shard-99999``, as written."""
-    parts = re.split("([0-9]+)", name)  # text, digits, text, ...: ints at odd places
+    """Sort key of a folder's shard names: by name, but runs of 5 digits or more (the
+    width of ``write_shards``' numbers) by value, so ``shard-100000`` comes after
+    ``shard-99999``, as written; shorter numbers (``part-2``, ``part-10``) keep the name
+    order of earlier versions."""
+    parts = re.split("([0-9]{5,})", name)  # text, digits, text, ...: ints at odd places
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 

@@ -68,7 +68,7 @@ class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
     Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards in the
-    given order, or by name for a directory, numbers by value); :meth:`batch_sampler`
+    given order, or by name for a directory, long numbers by value); :meth:`batch_sampler`
     orders and splits them across ranks and workers.
 
     Args:

@@ -55,12 +55,12 @@ class LightningHost:
         return None if driver is None else data_parallel_of(driver)
 
     def ended(self) -> bool:
-        """Whether the driver is gone, or its fit failed and Lightning's handling is over."""
+        """Whether the driver is gone, or its run failed and Lightning tore it down."""
         trainer = self._driver()
         if trainer is None:
             return True
         state = getattr(trainer, "state", None)
-        return state is not None and state.status == "interrupted" and state.stage is None
+        return state is not None and state.status == "interrupted" and not _failing(trainer)
 
     def _fitting(self, loader: object, *, failing: bool = False) -> Any | None:
         """The Trainer, while its fit runs (or, with ``failing``, calls ``on_exception``)
@@ -68,8 +68,9 @@ class LightningHost:
         trainer = self._driver()
         if trainer is None or not hasattr(trainer, "fit_loop"):
             return None
-        statuses = ("running", "interrupted") if failing else ("running",)
-        if trainer.state.fn != "fit" or trainer.state.status not in statuses:
+        if trainer.state.fn != "fit":
+            return None
+        if trainer.state.status != "running" and not (failing and _failing(trainer)):
             return None
         for dl in train_loaders(trainer):
             if dl is loader or getattr(dl, "batch_sampler", None) is loader:
@@ -80,13 +81,14 @@ class LightningHost:
         return self._fitting(loader) is not None
 
     def held_batches(self, loader: object) -> int | None:
-        """``fit_loop._data_fetcher.batches`` (taken ahead of training), and a batch whose
-        step started but failed (an ``OnExceptionCheckpoint``: Lightning retrains it)."""
+        """``fit_loop._data_fetcher.batches`` (taken ahead of training), and a batch taken
+        for a step that failed before it was processed (an ``OnExceptionCheckpoint``:
+        Lightning trains it again)."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
-        failed = max(int(batch.started) - int(batch.processed), 0)
+        failed = max(int(batch.ready) - int(batch.processed), 0)  # from on_train_batch_start
         return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ()) + failed
 
     def batches_done(self, loader: object) -> int | None:
@@ -128,6 +130,15 @@ class LightningHost:
         if epoch != progress.processed:
             return None  # not the fit loop's own call (e.g. the user's, in a hook)
         return int(progress.completed)
+
+
+def _failing(trainer: Any) -> bool:
+    """Whether Lightning handles a failed fit (``on_exception``): interrupted, and its
+    teardown (which drops the fit loop's data fetcher) not yet done."""
+    loop = getattr(trainer, "fit_loop", None)
+    return (
+        trainer.state.status == "interrupted" and getattr(loop, "_data_fetcher", None) is not None
+    )
 
 
 def train_loaders(trainer: Any) -> list[Any]:

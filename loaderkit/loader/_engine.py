@@ -50,7 +50,7 @@ class Engine(Protocol):
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
     def length(self) -> int: ...
-    def set_epoch(self, epoch: int, *, host: bool = False) -> None: ...
+    def set_epoch(self, epoch: int, *, late: bool = False) -> None: ...
     def iterate(self, run: Run) -> Generator[Any, None, None]: ...
     def state(self) -> dict[str, Any]: ...
     def load(self, state: Any, *, adopt_seed: bool) -> int | None: ...
@@ -100,9 +100,17 @@ class Host:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
 
-    def name_epoch(self, cursor: PlanCursor) -> None:
-        """Before an iteration begins: the epoch the host trains, where none was named."""
-        cursor.host_names(self.caller().epoch_starting(self.loader))
+    def name_epoch(self, cursor: PlanCursor, plan: Any) -> None:
+        """Before an iteration begins: the epoch the host trains, where none was named; a
+        loaded epoch that ran out inside it keeps its empty rest where the host does not
+        iterate the loader again (``CombinedLoader("max_size")``)."""
+        caller, loader = self.caller(), self.loader
+        epoch = caller.epoch_starting(loader)
+        ran_out = epoch is not None and cursor.loaded(plan) == (epoch + 1, False)
+        if ran_out and cursor.epoch == epoch and caller.cycles(loader) is False:
+            cursor.set_epoch(epoch)
+            return
+        cursor.host_names(epoch)
 
     @property
     def num_workers(self) -> int:
@@ -204,8 +212,8 @@ class WorkerStreams:
     def epoch(self) -> int:
         return self._position.epoch
 
-    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
-        self._position.set_epoch(epoch, host=host)
+    def set_epoch(self, epoch: int, *, late: bool = False) -> None:
+        self._position.set_epoch(epoch, late=late)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None
@@ -213,7 +221,10 @@ class WorkerStreams:
 
     def held(self) -> int:
         """Batches handed out that the consumer holds untrained (not consumed)."""
-        if self.held_batches is not None:
+        run = self.host.current
+        if run is not None and run.finished:
+            held = 0  # ran out: the host holds no batch of it ("max_size")
+        elif self.held_batches is not None:
             held = self.held_batches()
         else:
             held = self.host.caller().held_batches(self.host.loader) or 0

@@ -89,11 +89,11 @@ class PlanEngine:
         watch.answered(length)
         return length
 
-    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
+    def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         loaded = self.cursor.loaded(self.plan)
         if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
             return
-        self.cursor.set_epoch(epoch, host=host)
+        self.cursor.set_epoch(epoch, late=late)
 
     def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
         """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
@@ -128,7 +128,7 @@ class PlanEngine:
         settle_seed(self.host, self)
         self._check_size()
         rank, world_size = self.host.topology()
-        self.host.name_epoch(self.cursor)
+        self.host.name_epoch(self.cursor, self.plan)
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}
@@ -263,11 +263,10 @@ class PlanEngine:
         """The running iteration's position before the batches the host holds untrained
         (Lightning prefetches from a combined loader without a length)."""
         cursor, run = self.cursor, self.host.current
-        running = (epoch, position, steps_done) == (
-            cursor.epoch,
-            cursor.position,
-            cursor.steps_done,
-        )
+        saved = (epoch, position, steps_done)
+        # Not a pending set_epoch's start, nor a run that ran out ("max_size" holds None for it).
+        running = saved == (cursor.epoch, cursor.position, cursor.steps_done)
+        running = running and run is not None and not run.finished
         held = self.host.caller().held_batches(self.host.loader) if running else None
         if not held or run is None or run.schedule is None:
             return epoch, position, steps_done

@@ -231,8 +231,10 @@ class ResumableDataLoader:
         check_int(
             "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
         )
-        meant = host_of(self).epoch_meant(self, epoch)  # None: not the host's fit loop
-        self._engine.set_epoch(epoch if meant is None else meant, host=meant is not None)
+        host = host_of(self)
+        meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
+        late = meant is not None and bool(host.held_batches(self))  # it prefetched first
+        self._engine.set_epoch(epoch if meant is None else meant, late=late)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.

@@ -286,7 +286,7 @@ class PlanCursor:
     next: the next epoch, the one :meth:`set_epoch` named, or after :meth:`load` the rest
     of the saved epoch (the one after it, if complete)."""
 
-    __slots__ = ("_explicit", "_resume", "_started", "_unnamed", "epoch", "position", "steps_done")
+    __slots__ = ("_explicit", "_resume", "_started", "epoch", "position", "steps_done")
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -295,7 +295,6 @@ class PlanCursor:
         self._explicit: int | None = None
         self._resume = False
         self._started = False
-        self._unnamed = False  # the iteration began before any set_epoch named it
 
     @property
     def started(self) -> bool:
@@ -303,18 +302,21 @@ class PlanCursor:
         return self._started
 
     def host_names(self, epoch: int | None) -> None:
-        """Make the next iteration ``epoch`` (a host's, None: none) unless a ``set_epoch`` or
-        a loaded position names it; the host's own later ``set_epoch`` then names it again."""
-        if epoch is not None and self._explicit is None and not self._resume:
-            self._explicit, self._unnamed = epoch, True
+        """Make the next iteration ``epoch`` (the host's; None: none) where no ``set_epoch``,
+        loaded position or earlier iteration of it (a loader cycled in a host's epoch)
+        names one."""
+        if epoch is None or self._explicit is not None or self._resume:
+            return
+        if not (self._started and epoch <= self.epoch):
+            self._explicit = epoch
 
-    def set_epoch(self, epoch: int, *, host: bool = False) -> None:
-        """Make the next iteration ``epoch``. A ``host`` naming the epoch whose iteration began
-        unnamed names that iteration: Lightning sets the epoch after prefetching an unsized
-        loader's first batch, and a replay of that epoch would follow."""
-        if host and self._unnamed and epoch == self.epoch:
-            return  # Lightning names it once per sampler view: the flag stays
-        self._unnamed, self._explicit = False, epoch
+    def set_epoch(self, epoch: int, *, late: bool = False) -> None:
+        """Make the next iteration ``epoch``; ``late``: the host set it after it took a batch
+        of this iteration (Lightning prefetches from an unsized loader first), so ``epoch``
+        names the running iteration, not the next one."""
+        if late and self._started and epoch == self.epoch:
+            return
+        self._explicit = epoch
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
         """``(epoch the loaded position resumes, whether it is part-way through it)``
@@ -343,7 +345,6 @@ class PlanCursor:
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
         epoch, start, steps_done = self.upcoming(plan)
-        self._unnamed = self._explicit is None or self._unnamed
         self._resume, self._explicit, self._started = False, None, True
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
@@ -405,4 +406,4 @@ class PlanCursor:
     def resume_at(self, epoch: int, position: int, steps_done: int) -> None:
         """Resume at a validated position: the next iteration is the rest of its epoch."""
         self.epoch, self.position, self.steps_done = epoch, position, steps_done
-        self._resume, self._explicit, self._unnamed = True, None, False
+        self._resume, self._explicit = True, None

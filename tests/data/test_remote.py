@@ -23,6 +23,7 @@ from loaderkit import (
     MissingShardError,
     RemoteCache,
     ResumableDataLoader,
+    ShardChangedError,
     ShardedDataset,
     ShardError,
     StreamingShardedDataset,
@@ -493,3 +494,16 @@ def test_the_cache_directory_defaults_to_the_environment(
 def test_each_store_names_an_object_version(entry: dict[str, Any], version: str) -> None:
     # Without one, a same-size rewrite would be served from the cache.
     assert _fs.version_of(entry) == version
+
+
+def test_an_index_that_recorded_no_version_is_read_by_sizes() -> None:
+    # Written before loaderkit read a version from this store (hf://, http:// without ETag).
+    from loaderkit.data.index import index_doc, read_remote_index
+
+    reader = TokenReader(seq_len=4)
+    doc = index_doc([["shard-00000.npy", 160, "", 9]], reader, remote=True)
+    listed = [("hf://d/shard-00000.npy", "shard-00000.npy", 160, "9f86d08")]
+    counts, _ = read_remote_index(doc, "hf://d/.loaderkit-index-x.json", reader, listed)
+    assert counts == [9]
+    with pytest.raises(ShardChangedError, match="changed after it was indexed"):
+        read_remote_index(doc, "hf://d/i.json", reader, [(*listed[0][:2], 168, "9f86d08")])

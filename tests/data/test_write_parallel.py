@@ -287,7 +287,8 @@ def test_a_fixed_helper_of_fn_rewrites_every_shard_on_resume(
 
 
 def squares(n: int) -> np.ndarray:
-    return np.array([i * i for i in range(n)])
+    special = {"<s>", "</s>", "<pad>"}  # a set literal: a frozenset constant
+    return np.array([i * i for i in range(n) if str(i) not in special])
 
 
 def test_an_fn_with_a_comprehension_has_one_digest_in_every_process() -> None:
@@ -299,7 +300,8 @@ def test_an_fn_with_a_comprehension_has_one_digest_in_every_process() -> None:
     )
     root = Path(__file__).resolve().parents[2]
     run = functools.partial(subprocess.run, [sys.executable, "-c", code], cwd=root, text=True)
-    digests = {run(capture_output=True, check=True).stdout for _ in range(2)}
+    env = [{**os.environ, "PYTHONHASHSEED": str(seed)} for seed in (1, 2)]  # set order
+    digests = {run(capture_output=True, check=True, env=e).stdout for e in env}
     assert len(digests) == 1 and len(digests.pop().strip()) == 16
 
 

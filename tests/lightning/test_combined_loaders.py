@@ -72,11 +72,10 @@ class _TwoLoaders(L.LightningDataModule):
             "a": ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=1),
             "b": ResumableDataLoader(list(range(100, 112)), batch_size=4, shuffle=True, seed=2),
         }
-        if self.kind == "unsized":
+        if self.kind in ("unsized", "max_size_unsized"):
             loaders["b"] = ResumableDataLoader(_Ids(), batch_size=4)
-        return CombinedLoader(
-            loaders, mode="max_size" if self.kind == "max_size" else "max_size_cycle"
-        )
+        mode = "max_size" if self.kind.startswith("max_size") else "max_size_cycle"
+        return CombinedLoader(loaders, mode=mode)
 
 
 def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[Any]]:
@@ -113,6 +112,8 @@ def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[
         ("unsized", 14),
         ("max_size", 6),  # b ran out at step 3: it yields nothing until the next epoch
         ("max_size", 14),
+        ("max_size_unsized", 3),  # ... and is iterated (prefetched) before any set_epoch
+        ("max_size_unsized", 6),
     ],
 )
 def test_combined_loaders_resume_each_at_its_own_position(
@@ -120,5 +121,17 @@ def test_combined_loaders_resume_each_at_its_own_position(
 ) -> None:
     full, joined = _fit_cut_resume(tmp_path, k, kind)
     assert joined == full
-    if kind == "max_size":
+    if kind.startswith("max_size"):
         assert [s.get("b") for s in full[3:10]] == [None] * 7
+
+
+def test_a_cycled_loader_goes_through_its_own_epochs_inside_the_trainers() -> None:
+    # Each cycle was named the trainer's epoch: b repeated one shuffled order.
+    model = _Recorder()
+    L.Trainer(**trainer_kwargs(max_epochs=1, callbacks=[AttachLoaders()])).fit(
+        model, datamodule=_TwoLoaders()
+    )
+    cycles = [[i for s in model.seen[c : c + 3] for i in s["b"]] for c in (0, 3, 6)]
+    own = ResumableDataLoader(list(range(100, 112)), batch_size=4, shuffle=True, seed=2)
+    assert cycles == [[int(i) for b in own for i in b] for _ in range(3)]
+    assert len({tuple(c) for c in cycles}) == 3

@@ -15,10 +15,11 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
-from loaderkit import AttachLoaders
+from loaderkit import AttachLoaders, ResumableDataLoader, attach_host
 from loaderkit._callers import NO_HOST, host_of
 from tests.support.helpers import (
     IdDataModule,
+    IdDataset,
     IdModule,
     Interrupted,
     assert_resume_exact,
@@ -32,8 +33,22 @@ pytestmark = [
 ]
 
 
-def fit(root: Path, *, stream: bool, host: bool, fail_at: int | None = None) -> list[Any]:
-    model = IdModule(fail_at=fail_at)
+class FailsAtBatchStart(IdModule):
+    """Fails in ``on_train_batch_start`` (Lightning took the batch; its step never began)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.fail_at_start = fail_at
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.fail_at_start is not None and self.global_step == self.fail_at_start:
+            raise Interrupted("planned failure at batch start")
+
+
+def fit(
+    root: Path, *, stream: bool, host: bool, fail_at: int | None = None, where: str = "step"
+) -> list[Any]:
+    model = IdModule(fail_at=fail_at) if where == "step" else FailsAtBatchStart(fail_at)
     dm = IdDataModule(size=48, batch_size=8, stream=stream, host=host)
     callbacks = [AttachLoaders()] if not host else []
     if fail_at is not None:
@@ -47,12 +62,14 @@ def fit(root: Path, *, stream: bool, host: bool, fail_at: int | None = None) -> 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
 @pytest.mark.parametrize("host", [True, False], ids=["attached", "AttachLoaders"])
-@pytest.mark.parametrize("k", [2, 8])  # inside epoch 0, inside epoch 1
+@pytest.mark.parametrize(
+    ("k", "where"), [(2, "step"), (8, "step"), (3, "batch_start")]
+)  # inside epoch 0, inside epoch 1; a failure before the step
 def test_an_on_exception_checkpoint_resumes_exactly(
-    tmp_path: Path, stream: bool, host: bool, k: int
+    tmp_path: Path, stream: bool, host: bool, k: int, where: str
 ) -> None:
     full = fit(tmp_path / "full", stream=stream, host=host)
-    before = fit(tmp_path / "cut", stream=stream, host=host, fail_at=k)
+    before = fit(tmp_path / "cut", stream=stream, host=host, fail_at=k, where=where)
     model = IdModule()
     dm = IdDataModule(size=48, batch_size=8, stream=stream, host=host)
     callbacks = [AttachLoaders()] if not host else []
@@ -66,3 +83,16 @@ def test_a_failed_fit_hosts_no_loader_after_its_failure_handling(tmp_path: Path)
     with pytest.raises(Interrupted):
         trainer.fit(IdModule(fail_at=2), datamodule=IdDataModule(size=48, host=False))
     assert host_of(object()) is NO_HOST  # the trainer lives on; its run is over
+
+
+def test_a_loader_of_a_failed_fit_counts_a_plain_loops_batches(tmp_path: Path) -> None:
+    # Its own host (attach_host) outlives the fit: it went on answering for the failed step.
+    trainer = L.Trainer(**trainer_kwargs())
+    loader = attach_host(ResumableDataLoader(IdDataset(48), batch_size=8, seed=0), trainer)
+    with pytest.raises(Interrupted):
+        trainer.fit(IdModule(fail_at=2), train_dataloaders=loader)
+    loader.set_epoch(1)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert (state["position"], state["steps_done"]) == (16, 2)

@@ -750,6 +750,12 @@ def test_compute_lengths_cache_is_keyed_and_checked(tmp_path: Path) -> None:
         assert compute_lengths(bigger, ids_length, cache=cache, key="v2", progress=False).size == 4
 
 
+@dataclass
+class _Both:
+    a: list[int]
+    b: list[int]
+
+
 def test_compute_lengths_cache_tells_two_lambdas_apart(tmp_path: Path) -> None:
     data = [{"a": [1], "b": [1, 2, 3]}, {"a": [1, 2], "b": []}]
     cache = tmp_path / "lengths.npy"
@@ -759,6 +765,15 @@ def test_compute_lengths_cache_tells_two_lambdas_apart(tmp_path: Path) -> None:
     ]
     with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
         got = compute_lengths(data, lambda s: len(s["b"]), cache=cache, progress=False)
+    assert got.tolist() == [3, 0]
+    # Attribute reads differ in their names only (co_names), not in the bytecode.
+    objects = [_Both(**d) for d in data]
+    assert compute_lengths(objects, lambda s: len(s.a), cache=cache, progress=False).tolist() == [
+        1,
+        2,
+    ]
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        got = compute_lengths(objects, lambda s: len(s.b), cache=cache, progress=False)
     assert got.tolist() == [3, 0]
 
 
