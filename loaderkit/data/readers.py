@@ -141,19 +141,20 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             "index so the shard is counted again.",
             path=side,
         ) from exc
-    # Counted before the shard's last write: its cuts may be another content's.
+    # Either is the shard changed after it was counted (a copy loaderkit made is recounted).
+    if offsets.ndim != 1 or len(offsets) < 1 or int(offsets[-1]) != length:
+        end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else "?"
+        raise ShardChangedError(
+            f"offsets sidecar {str(side)!r} does not match shard {str(path)!r} (ends at {end}, "
+            f"the shard has length {length}); delete the sidecar and the shard index.",
+            path=side,
+        )
+    # Counted before the shard's last write (as many tokens): its cuts may be another's.
     if side.stat().st_mtime_ns < path.stat().st_mtime_ns:
         raise ShardChangedError(
             f"offsets sidecar {str(side)!r} is older than shard {str(path)!r}, which changed "
             "after it was counted; delete the sidecar and the shard index so it is counted again.",
             path=side,
-        )
-    if offsets.ndim != 1 or len(offsets) < 1 or int(offsets[-1]) != length:
-        end = int(offsets[-1]) if offsets.ndim == 1 and len(offsets) else "?"
-        raise ShardError(
-            f"offsets sidecar {str(side)!r} does not match shard {str(path)!r} (ends at {end}, "
-            f"the shard has length {length}); delete the sidecar and the shard index.",
-            path=path,
         )
     return offsets
 

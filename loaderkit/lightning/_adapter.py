@@ -88,7 +88,7 @@ class LightningHost:
         if trainer is None:
             return None
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
-        failed = max(int(batch.ready) - int(batch.processed), 0)  # from on_train_batch_start
+        failed = max(int(batch.ready) - int(batch.processed), 0) if _failing(trainer) else 0
         return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ()) + failed
 
     def batches_done(self, loader: object) -> int | None:

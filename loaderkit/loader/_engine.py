@@ -100,17 +100,23 @@ class Host:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
 
-    def name_epoch(self, cursor: PlanCursor, plan: Any) -> None:
-        """Before an iteration begins: the epoch the host trains, where none was named; a
-        loaded epoch that ran out inside it keeps its empty rest where the host does not
-        iterate the loader again (``CombinedLoader("max_size")``)."""
-        caller, loader = self.caller(), self.loader
-        epoch = caller.epoch_starting(loader)
-        ran_out = epoch is not None and cursor.loaded(plan) == (epoch + 1, False)
-        if ran_out and cursor.epoch == epoch and caller.cycles(loader) is False:
-            cursor.set_epoch(epoch)
+    def refuse_ran_out(self, run: Run | None) -> None:
+        """Refuse the state of a loader that ran out while the host holds batches ahead and
+        will not iterate it again (a ``CombinedLoader("max_size")`` without a length)."""
+        caller = self.caller()
+        if run is None or not run.finished or caller.cycles(self.loader) is not False:
             return
-        cursor.host_names(epoch)
+        if caller.held_batches(self.loader):
+            raise LoaderkitError(
+                "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
+                "epoch that holds batches ahead (a loader has no length), so a resume would "
+                "start its next epoch there; give every loader a length (a stream's "
+                "steps_per_epoch=) or use mode='max_size_cycle'."
+            )
+
+    def name_epoch(self, cursor: PlanCursor) -> None:
+        """Before an iteration begins: the epoch the host trains, where none was named."""
+        cursor.host_names(self.caller().epoch_starting(self.loader))
 
     @property
     def num_workers(self) -> int:
@@ -223,7 +229,8 @@ class WorkerStreams:
         """Batches handed out that the consumer holds untrained (not consumed)."""
         run = self.host.current
         if run is not None and run.finished:
-            held = 0  # ran out: the host holds no batch of it ("max_size")
+            self.host.refuse_ran_out(run)
+            held = 0  # ran out at the end of the host's epoch: it holds none of its batches
         elif self.held_batches is not None:
             held = self.held_batches()
         else:

@@ -347,7 +347,7 @@ class IterableEngine(WorkerStreams):
         loader = self.host
         settle_seed(loader, self)
         self.check_world()
-        loader.name_epoch(self._position, self)
+        loader.name_epoch(self._position)
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)

@@ -128,7 +128,7 @@ class PlanEngine:
         settle_seed(self.host, self)
         self._check_size()
         rank, world_size = self.host.topology()
-        self.host.name_epoch(self.cursor, self.plan)
+        self.host.name_epoch(self.cursor)
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}
@@ -264,9 +264,11 @@ class PlanEngine:
         (Lightning prefetches from a combined loader without a length)."""
         cursor, run = self.cursor, self.host.current
         saved = (epoch, position, steps_done)
-        # Not a pending set_epoch's start, nor a run that ran out ("max_size" holds None for it).
+        # Not a pending set_epoch's start, nor a run that ran out.
         running = saved == (cursor.epoch, cursor.position, cursor.steps_done)
-        running = running and run is not None and not run.finished
+        if running and run is not None and run.finished:
+            self.host.refuse_ran_out(run)
+            running = False
         held = self.host.caller().held_batches(self.host.loader) if running else None
         if not held or run is None or run.schedule is None:
             return epoch, position, steps_done

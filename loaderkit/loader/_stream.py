@@ -168,7 +168,7 @@ class StreamEngine(WorkerStreams):
         """Fix the epoch of a new iteration; returns the worker rotation."""
         self.check_world()
         rank, world_size = self.host.topology()
-        self.host.name_epoch(self._position, self)
+        self.host.name_epoch(self._position)
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}

@@ -312,9 +312,10 @@ class PlanCursor:
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         """Make the next iteration ``epoch``; ``late``: the host set it after it took a batch
-        of this iteration (Lightning prefetches from an unsized loader first), so ``epoch``
-        names the running iteration, not the next one."""
-        if late and self._started and epoch == self.epoch:
+        of this iteration (Lightning prefetches from an unsized loader first), so an epoch
+        this loader already began (the running one, or an earlier one of a loader cycled
+        ahead of the host) names nothing new."""
+        if late and self._started and epoch <= self.epoch:
             return
         self._explicit = epoch
 

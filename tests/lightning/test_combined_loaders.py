@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaderkit import AttachLoaders, ResumableDataLoader
+from loaderkit import AttachLoaders, LoaderkitError, ResumableDataLoader
 from tests.support.helpers import step_checkpoints, trainer_kwargs
 
 pytestmark = [
@@ -112,8 +112,6 @@ def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[
         ("unsized", 14),
         ("max_size", 6),  # b ran out at step 3: it yields nothing until the next epoch
         ("max_size", 14),
-        ("max_size_unsized", 3),  # ... and is iterated (prefetched) before any set_epoch
-        ("max_size_unsized", 6),
     ],
 )
 def test_combined_loaders_resume_each_at_its_own_position(
@@ -123,6 +121,19 @@ def test_combined_loaders_resume_each_at_its_own_position(
     assert joined == full
     if kind.startswith("max_size"):
         assert [s.get("b") for s in full[3:10]] == [None] * 7
+
+
+def test_a_loader_that_ran_out_beside_an_unsized_one_in_max_size_mode_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Lightning prefetches it before any set_epoch: resumed, it started its next epoch there.
+    trainer = L.Trainer(
+        **trainer_kwargs(
+            max_epochs=1, enable_checkpointing=True, callbacks=[step_checkpoints(tmp_path, 1)]
+        )
+    )
+    with pytest.raises(LoaderkitError, match=r"ran out inside a CombinedLoader\('max_size'\)"):
+        trainer.fit(_Recorder(), datamodule=_TwoLoaders("max_size_unsized"))
 
 
 def test_a_cycled_loader_goes_through_its_own_epochs_inside_the_trainers() -> None:
