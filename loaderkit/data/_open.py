@@ -80,13 +80,20 @@ def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
 
 
-def shard_order(name: str) -> tuple[tuple[Any, ...], str]:
-    """Sort key of a folder's shard names: by name, but runs of 5 digits or more (the
-    width of ``write_shards``' numbers) by value, so ``shard-100000`` comes after
-    ``shard-99999``, as written; shorter numbers (``part-2``, ``part-10``) keep the name
-    order of earlier versions."""
-    parts = re.split("([0-9]{5,})", name)  # text, digits, text, ...: ints at odd places
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
+_WRITTEN = re.compile(r"(.+)-([0-9]{5,})(\..+)?")  # write_shards' {prefix}-{number}{suffix}
+
+
+def sorted_shards(names: Iterable[str]) -> list[str]:
+    """A folder's shard names in order: by name, or by number where every name is one
+    ``write_shards`` gives (``shard-100000``, its 100,001st, after ``shard-99999``)."""
+    names = list(names)
+    written = [_WRITTEN.fullmatch(name) for name in names]
+    if not all(written):
+        return sorted(names)
+    keys = [
+        (m[1], int(m[2]), m[3] or "", name) for m, name in zip(written, names, strict=True) if m
+    ]
+    return [key[-1] for key in sorted(keys)]
 
 
 # Compressions no reader opens (zstd is decoded): a shard so compressed is no shard name.
@@ -171,7 +178,7 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
 
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (by
-    :func:`shard_order`), or the listed paths or objects, checked for emptiness,
+    :func:`sorted_shards`), or the listed paths or objects, checked for emptiness,
     duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
         root = Path(shards)
@@ -185,7 +192,8 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         entries = list(root.iterdir())
         refuse_unread_compressed(owner, str(root), (p.name for p in entries), reader.suffixes)
         accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
-        found = sorted((p for p in entries if accept(p.name)), key=lambda p: shard_order(p.name))
+        by_name = {p.name: p for p in entries if accept(p.name)}
+        found = [by_name[name] for name in sorted_shards(by_name)]
         if not found:
             raise ValueError(
                 f"{owner}: no file ending in {list(reader.suffixes)} (or with .zst appended) in "

@@ -56,7 +56,7 @@ from loaderkit.data._open import (
     refuse_one_shard_twice,
     refuse_own_file,
     refuse_unread_compressed,
-    shard_order,
+    sorted_shards,
 )
 from loaderkit.data._ranges import (
     HEAD_BYTES,
@@ -465,7 +465,7 @@ class RemoteShards:
         listed = _listed_shards(folder, entries)
         refuse_unread_compressed(self.owner, folder, listed, suffixes)
         accept = partial(is_shard_name, suffixes=suffixes)
-        found = [listed[name] for name in sorted(listed, key=shard_order) if accept(name)]
+        found = [listed[name] for name in sorted_shards(n for n in listed if accept(n))]
         if not found:
             raise ValueError(
                 f"{self.owner}: no file ending in {list(suffixes)} in {folder!r} (hidden and "

@@ -67,9 +67,9 @@ _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sa
 class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
-    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards in the
-    given order, or by name for a directory, long numbers by value); :meth:`batch_sampler`
-    orders and splits them across ranks and workers.
+    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards in the given
+    order, or by name for a directory, ``write_shards`` numbers by value);
+    :meth:`batch_sampler` orders and splits them across ranks and workers.
 
     Args:
         shards: A directory (its files with the reader's suffixes), a list of

@@ -110,8 +110,8 @@ class Host:
             raise LoaderkitError(
                 "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
                 "epoch that holds batches ahead (a loader has no length), so a resume would "
-                "start its next epoch there; give every loader a length (a stream's "
-                "steps_per_epoch=) or use mode='max_size_cycle'."
+                "start its next epoch there; give every combined loader a length (a stream's "
+                "steps_per_epoch=)."
             )
 
     def name_epoch(self, cursor: PlanCursor) -> None:

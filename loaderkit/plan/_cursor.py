@@ -286,7 +286,15 @@ class PlanCursor:
     next: the next epoch, the one :meth:`set_epoch` named, or after :meth:`load` the rest
     of the saved epoch (the one after it, if complete)."""
 
-    __slots__ = ("_explicit", "_resume", "_started", "epoch", "position", "steps_done")
+    __slots__ = (
+        "_explicit",
+        "_host_epoch",
+        "_resume",
+        "_started",
+        "epoch",
+        "position",
+        "steps_done",
+    )
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -295,6 +303,7 @@ class PlanCursor:
         self._explicit: int | None = None
         self._resume = False
         self._started = False
+        self._host_epoch: int | None = None  # the host's epoch as the iteration began
 
     @property
     def started(self) -> bool:
@@ -302,20 +311,20 @@ class PlanCursor:
         return self._started
 
     def host_names(self, epoch: int | None) -> None:
-        """Make the next iteration ``epoch`` (the host's; None: none) where no ``set_epoch``,
-        loaded position or earlier iteration of it (a loader cycled in a host's epoch)
-        names one."""
-        if epoch is None or self._explicit is not None or self._resume:
+        """Before an iteration begins in the host's ``epoch`` (None: no host): make it that
+        epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
+        iteration began in the same host epoch (a loader cycled: it goes on to its next)."""
+        if epoch is None:
             return
-        if not (self._started and epoch <= self.epoch):
+        same, self._host_epoch = self._started and epoch == self._host_epoch, epoch
+        if self._explicit is None and not self._resume and not same:
             self._explicit = epoch
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         """Make the next iteration ``epoch``; ``late``: the host set it after it took a batch
-        of this iteration (Lightning prefetches from an unsized loader first), so an epoch
-        this loader already began (the running one, or an earlier one of a loader cycled
-        ahead of the host) names nothing new."""
-        if late and self._started and epoch <= self.epoch:
+        of this iteration (Lightning prefetches from an unsized loader first), so the host
+        epoch the iteration began in names nothing new."""
+        if late and self._started and epoch == self._host_epoch:
             return
         self._explicit = epoch
 

@@ -146,3 +146,19 @@ def test_a_cycled_loader_goes_through_its_own_epochs_inside_the_trainers() -> No
     own = ResumableDataLoader(list(range(100, 112)), batch_size=4, shuffle=True, seed=2)
     assert cycles == [[int(i) for b in own for i in b] for _ in range(3)]
     assert len({tuple(c) for c in cycles}) == 3
+
+
+def test_a_second_fit_over_the_same_loaders_starts_again_at_epoch_0() -> None:
+    # A new Trainer counts epochs from 0; the late set_epoch(0) was ignored as an epoch the
+    # loader "already began" (in the first fit): epoch 2's order was trained twice.
+    a = ResumableDataLoader(list(range(16)), batch_size=4, shuffle=True, seed=1)
+    b = ResumableDataLoader(_Ids(), batch_size=4)
+    combined = CombinedLoader({"a": a, "b": b}, mode="max_size_cycle")
+    for max_epochs in (2, 4):
+        model = _Recorder()
+        L.Trainer(**trainer_kwargs(max_epochs=max_epochs, callbacks=[AttachLoaders()])).fit(
+            model, train_dataloaders=combined
+        )
+    per_epoch = [[i for s in model.seen[e * 4 : e * 4 + 4] for i in s["a"]] for e in range(4)]
+    own = ResumableDataLoader(list(range(16)), batch_size=4, shuffle=True, seed=1)
+    assert per_epoch == [[int(i) for b in own for i in b] for _ in range(4)]

@@ -165,13 +165,13 @@ def test_a_folder_past_shard_99999_is_read_in_the_order_written(
         Path(place.url).mkdir()
     for i in (9999, 10000, 10001, 99999, 100000):
         place.put(f"shard-{i:05d}.npy", np.full(SEQ, i, dtype=np.int64))
-    if kind == "local":  # short numbers keep the name order (a saved run's, a folder's index)
+    if kind == "local":  # names write_shards does not give keep the name order (a saved run's)
         short = tmp_path / "short"
         short.mkdir()
-        for i in (2, 10):
+        for i in (2, 10, 10000):
             np.save(short / f"part-{i}.npy", np.full(SEQ, i, dtype=np.int64))
         ds = ShardedDataset(short, TokenReader(seq_len=SEQ))
-        assert [int(ds[i][0]) for i in range(2)] == [10, 2]
+        assert [int(ds[i][0]) for i in range(3)] == [10, 10000, 2]
     reader, want = TokenReader(seq_len=SEQ), [9999, 10000, 10001, 99999, 100000]
     ds = ShardedDataset(place.url, reader, remote=place.remote())
     assert [int(ds[i][0]) for i in range(len(ds))] == want
