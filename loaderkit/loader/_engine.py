@@ -100,19 +100,22 @@ class Host:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
 
-    def refuse_ran_out(self, run: Run | None) -> None:
-        """Refuse the state of a loader that ran out while the host holds batches ahead and
-        will not iterate it again (a ``CombinedLoader("max_size")`` without a length)."""
+    def held_of(self, run: Run | None) -> int:
+        """Batches of ``run`` the host holds untrained (Lightning prefetches from a loader
+        without a length): none once it ran out, and then its state is refused where the
+        host holds batches ahead and will not iterate it again (``CombinedLoader("max_size")``)."""
         caller = self.caller()
-        if run is None or not run.finished or caller.cycles(self.loader) is not False:
-            return
-        if caller.held_batches(self.loader):
+        held = caller.held_batches(self.loader) or 0
+        if run is None or not run.finished:
+            return held
+        if held and caller.cycles(self.loader) is False:
             raise LoaderkitError(
                 "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
                 "epoch that holds batches ahead (a loader has no length), so a resume would "
                 "start its next epoch there; give every combined loader a length (a stream's "
                 "steps_per_epoch=)."
             )
+        return 0
 
     def name_epoch(self, cursor: PlanCursor) -> None:
         """Before an iteration begins: the epoch the host trains, where none was named."""
@@ -228,13 +231,10 @@ class WorkerStreams:
     def held(self) -> int:
         """Batches handed out that the consumer holds untrained (not consumed)."""
         run = self.host.current
-        if run is not None and run.finished:
-            self.host.refuse_ran_out(run)
-            held = 0  # ran out at the end of the host's epoch: it holds none of its batches
-        elif self.held_batches is not None:
+        if self.held_batches is not None and not (run is not None and run.finished):
             held = self.held_batches()
         else:
-            held = self.host.caller().held_batches(self.host.loader) or 0
+            held = self.host.held_of(run)
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "

@@ -263,13 +263,9 @@ class PlanEngine:
         """The running iteration's position before the batches the host holds untrained
         (Lightning prefetches from a combined loader without a length)."""
         cursor, run = self.cursor, self.host.current
-        saved = (epoch, position, steps_done)
-        # Not a pending set_epoch's start, nor a run that ran out.
-        running = saved == (cursor.epoch, cursor.position, cursor.steps_done)
-        if running and run is not None and run.finished:
-            self.host.refuse_ran_out(run)
-            running = False
-        held = self.host.caller().held_batches(self.host.loader) if running else None
+        if (epoch, position, steps_done) != (cursor.epoch, cursor.position, cursor.steps_done):
+            return epoch, position, steps_done  # a pending set_epoch's start
+        held = self.host.held_of(run)
         if not held or run is None or run.schedule is None:
             return epoch, position, steps_done
         kept = steps_done - run.steps_before - held  # batches of this iteration trained

@@ -184,16 +184,16 @@ def seeds_itself(sampler: Any) -> bool:
 def set_epoch_reseeds(sampler: Any) -> bool:
     """Whether ``sampler.set_epoch`` seeds its ``generator`` slot (a state independent of
     the one before): its order is then its own, whatever the loader's seed."""
-    set_epoch = getattr(sampler, "set_epoch", None)
-    set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     own = getattr(sampler, "generator", _ABSENT)
-    if not callable(set_epoch) or not (own is None or isinstance(own, torch.Generator)):
+    if not callable(getattr(sampler, "set_epoch", None)) or not (
+        own is None or isinstance(own, torch.Generator)
+    ):
         return False
     after = []
     try:
         for start in (1, 2):
             sampler.generator = torch.Generator().manual_seed(start)
-            set_epoch(0)
+            _set_epoch(sampler, 0)
             after.append(cpu_state(sampler.generator))
     finally:
         sampler.generator = own
