@@ -78,6 +78,13 @@ class AttachLoaders(Callback):
         # OnExceptionCheckpoint saves the loaders there); a failed fit's host ends by itself.
         self._end()
 
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        # Lightning drops its fetcher after this: a checkpoint saved after the failed fit
+        # must still leave out the batches the fetcher held.
+        for dl in train_loaders(trainer):
+            if isinstance(dl, ResumableDataLoader):
+                dl._settle()
+
     def _end(self) -> None:
         if self._host is not None:
             leave(self._host)

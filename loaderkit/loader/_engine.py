@@ -83,6 +83,8 @@ class Host:
         self.live: weakref.ref[EpochIterator] | None = None
         self.iterators: weakref.WeakSet[EpochIterator] = weakref.WeakSet()
         self.current: Run | None = None
+        # (run, its last tick, batches held): what a failed fit's host held of that run
+        self.settled: tuple[Run, int, int | LoaderkitError] | None = None
         self.ticks = itertools.count(1)
         self.waited = 0.0
 
@@ -105,7 +107,14 @@ class Host:
         without a length): none once it ran out, and then its state is refused where the
         host holds batches ahead and will not iterate it again (``CombinedLoader("max_size")``)."""
         caller = self.caller()
-        held = caller.held_batches(self.loader) or 0
+        held = caller.held_batches(self.loader)
+        if held is None and self.settled is not None:
+            settled_run, last, kept = self.settled
+            if settled_run is run and run.last == last:  # no batch drawn since
+                if isinstance(kept, LoaderkitError):
+                    raise kept
+                return kept
+        held = held or 0
         if run is None or not run.finished:
             return held
         if held and caller.cycles(self.loader) is False:
@@ -116,6 +125,18 @@ class Host:
                 "steps_per_epoch=)."
             )
         return 0
+
+    def settle(self) -> None:
+        """The host stops driving the current run (a failed fit, before Lightning drops its
+        fetcher): a state saved later still leaves out the batches it held."""
+        run = self.current
+        if run is None:
+            return
+        try:
+            held: int | LoaderkitError = self.held_of(run)
+        except LoaderkitError as exc:
+            held = exc
+        self.settled = (run, run.last, held)
 
     def name_epoch(self, cursor: PlanCursor) -> None:
         """Before an iteration begins: the epoch the host trains, where none was named."""

@@ -225,6 +225,9 @@ class ResumableDataLoader:
     def _len_watch(self) -> _LenWatch:
         return self._host.len_watch  # ElasticResume marks it managed
 
+    def _settle(self) -> None:
+        self._host.settle()  # AttachLoaders, as a fit fails
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``;
         a state saved before it begins holds that epoch's start."""

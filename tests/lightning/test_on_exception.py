@@ -96,3 +96,25 @@ def test_a_loader_of_a_failed_fit_counts_a_plain_loops_batches(tmp_path: Path) -
     next(it), next(it)
     state = loader.state_dict()
     assert (state["position"], state["steps_done"]) == (16, 2)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
+@pytest.mark.parametrize("host", [True, False], ids=["attached", "AttachLoaders"])
+def test_a_checkpoint_saved_after_a_failed_fit_resumes_exactly(
+    tmp_path: Path, stream: bool, host: bool
+) -> None:
+    # trainer.save_checkpoint in an `except` around fit: the fetcher (and what it held) is
+    # gone by then; the loaders kept the count from the failure. Was: a stream skipped two
+    # batches, a map-style loader refused the resume.
+    full = fit(tmp_path / "full", stream=stream, host=host)
+    model = IdModule(fail_at=3)
+    dm = IdDataModule(size=48, batch_size=8, stream=stream, host=host)
+    trainer = L.Trainer(**trainer_kwargs(callbacks=[] if host else [AttachLoaders()]))
+    with pytest.raises(Interrupted):
+        trainer.fit(model, datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    resumed = IdModule()
+    dm = IdDataModule(size=48, batch_size=8, stream=stream, host=host)
+    trainer = L.Trainer(**trainer_kwargs(callbacks=[] if host else [AttachLoaders()]))
+    trainer.fit(resumed, datamodule=dm, ckpt_path=tmp_path / "after.ckpt")
+    assert_resume_exact(full, model.records, resumed.records)
