@@ -100,16 +100,18 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
     return [value[n] for n in names]
 
 
-def _holds_mix(ds: Any) -> bool:
+def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
+    """Whether ``ds`` is a MixedDataset (with weights), or holds one through torch's
+    ``Subset`` or ``ConcatDataset``."""
     if isinstance(ds, Subset):
-        return _holds_mix(ds.dataset)
+        return holds_mix(ds.dataset, weighted=weighted)
     if isinstance(ds, ConcatDataset):
-        return any(_holds_mix(d) for d in ds.datasets)
-    return isinstance(ds, MixedDataset)
+        return any(holds_mix(d, weighted=weighted) for d in ds.datasets)
+    return isinstance(ds, MixedDataset) and not (weighted and ds.per_epoch == ds.sizes)
 
 
 def _check_source(name: str, ds: Any) -> None:
-    if _holds_mix(ds):
+    if holds_mix(ds):
         what = (
             "is itself a MixedDataset"
             if isinstance(ds, MixedDataset)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
 
 from loaderkit._checks import check_int
-from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.loader._args import (
     check_auto_workers,
@@ -125,7 +125,13 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
             "from the dataset's own generator."
         )
     plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
-    weighted = isinstance(dataset, MixedDataset) and dataset.per_epoch != dataset.sizes
+    weighted = holds_mix(dataset, weighted=True)
+    if weighted and not isinstance(dataset, MixedDataset):
+        raise ValueError(
+            f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
+            "MixedDataset, whose weights it would ignore (each sample read once per epoch); "
+            "pass the MixedDataset itself (to split it, mix each source's split)."
+        )
     if weighted and not isinstance(plan, MixPlan | MixBucketPlan):
         raise ValueError(
             f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "

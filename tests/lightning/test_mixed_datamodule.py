@@ -232,6 +232,9 @@ def test_loader_datamodule_over_a_mixed_dataset_uses_the_mix_plan() -> None:
     ids = torch.cat([b[0] for b in dm.train_dataloader()])
     assert len(ids) == 16 and int((ids >= 100).sum()) == 8
     assert dm.describe()["mix"]["applied"]
+    # A val_fraction split would read each sample once (books 4 of 16, not 8): refused.
+    with pytest.raises(ValueError, match=r"val_fraction=0.25 would split a weighted Mixed"):
+        Mix(batch_size=4, val_fraction=0.25).setup("fit")
 
 
 def test_inspect_prints_the_mix(

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import (
+    ConcatDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    TensorDataset,
+    random_split,
+)
 
 from loaderkit import MixedDataset, PlanBatchSampler, ResumableDataLoader, SamplePlan
 
@@ -56,6 +63,19 @@ def test_a_sampler_that_would_ignore_a_mixs_weights_is_refused() -> None:
     unweighted = MixedDataset([TensorDataset(torch.arange(3)), TensorDataset(torch.arange(5))])
     kept = ResumableDataLoader(unweighted, batch_size=4, sampler=SequentialSampler(unweighted))
     assert len(_ids(kept)) == 8
+
+
+def test_a_weighted_mix_inside_a_subset_or_concat_is_refused() -> None:
+    mix = _mix()
+    for wrapped in (
+        Subset(mix, range(len(mix))),
+        ConcatDataset([mix]),
+        random_split(mix, [1.0])[0],
+    ):
+        with pytest.raises(ValueError, match=r"holding a weighted MixedDataset.*pass the Mix"):
+            ResumableDataLoader(wrapped, batch_size=10, shuffle=True)
+    laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
+    assert len(_ids(ResumableDataLoader(Subset(laid, range(9)), batch_size=4))) == 9
 
 
 def test_a_mix_without_weights_is_read_once_in_order() -> None:

@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from loaderkit._checks import check_int
-from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
 from loaderkit.lightning._adapter import data_parallel_size
@@ -204,6 +204,12 @@ class LoaderDataModule(L.LightningDataModule):
                     "val data was given too; pass one or the other."
                 )
             train = fresh["train"]
+            if holds_mix(train, weighted=True):
+                raise ValueError(
+                    f"{owner}: val_fraction={self.val_fraction} would split a weighted "
+                    "MixedDataset and ignore its weights; split each source, mix the train "
+                    "splits, and pass the val data with val_fraction=0."
+                )
             if isinstance(train, StreamingShardedDataset):
                 raise ValueError(
                     f"{owner}: val_fraction={self.val_fraction} needs a train split of known "
