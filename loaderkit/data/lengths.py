@@ -15,7 +15,7 @@ import numpy as np
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool
-from loaderkit.data._code import code_digest
+from loaderkit.data._code import code_digest, pickle_digest
 from loaderkit.plan._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
@@ -38,7 +38,8 @@ def compute_lengths(
         cache: A ``.npy`` path: lengths saved there for the same key are loaded,
             else computed and saved (with a ``.json`` sidecar: key and checksum).
         key: Part of the cache key, with the dataset's type and length and
-            ``length_fn``'s name and code: pass a data version when the data may change.
+            ``length_fn``'s name, code and arguments (a ``partial``'s, by pickle): pass a
+            data version when the data may change.
         progress: Show a tqdm progress bar while computing.
 
     Returns:
@@ -72,7 +73,9 @@ def compute_lengths(
                 f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
                 "cache='lengths.npy'."
             )
+        # A partial's arguments and a callable object's state count too (None: no pickle).
         name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
+        name += f":{pickle_digest(fn)}"
         described = f"{type(dataset).__module__}.{type(dataset).__qualname__}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
         cached = _load_cached_lengths(path, ident, size)

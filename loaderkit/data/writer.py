@@ -10,7 +10,6 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import hashlib
-import io
 import json
 import multiprocessing
 import os
@@ -20,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -28,11 +26,9 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_index_path, check_int
-from loaderkit.data._code import code_digest
+from loaderkit.data._code import code_digest, pickle_digest
 from loaderkit.data._codec import (
     ZSTD_SUFFIX,
     check_compression,
@@ -162,40 +158,10 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
-        settings["fn_bound"] = _fingerprint(fn)
+        settings["fn_bound"] = pickle_digest(fn)
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-class _DigestPickler(pickle.Pickler):
-    """Pickles a tensor as its dtype, shape and bytes (its own pickle names its address)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return torch.Tensor, (str(obj.dtype), tuple(obj.shape), data)
-        return NotImplemented
-
-
-def _fingerprint(item: Any) -> str | None:
-    """A digest of a shard's input (``fn``'s, else its data); None if it does not pickle.
-
-    Large buffers (arrays, tensors) are taken out of band and summed with crc32, about as
-    fast as a write into the page cache (sha256 is slower still): a resume compares data,
-    it guards no secret.
-    """
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
-    try:
-        _DigestPickler(out, protocol=5, buffer_callback=buffers.append).dump(item)
-    except Exception:
-        return None
-    digest = hashlib.sha256(out.getbuffer())
-    for buffer in buffers:
-        raw = buffer.raw()
-        digest.update(f"{raw.nbytes}:{zlib.crc32(raw)};".encode())
-    return digest.hexdigest()[:32]
 
 
 def _done_local(job: _Job, i: int, fp: str | None) -> Done | None:
@@ -370,7 +336,7 @@ def _write_all(
 
     def todo() -> Iterator[tuple[int, Any, str | None]]:
         for i, item in enumerate(items):
-            fp = _fingerprint(item) if done is not None else None  # None: never resumed
+            fp = pickle_digest(item) if done is not None else None  # None: never resumed
             prior = done(i, fp) if done is not None else None
             if prior is None:
                 yield i, item, fp

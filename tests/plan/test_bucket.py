@@ -24,6 +24,7 @@ epoch 0 and epoch 1.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import warnings
 from collections import Counter
@@ -774,6 +775,20 @@ def test_compute_lengths_cache_tells_two_lambdas_apart(tmp_path: Path) -> None:
     ]
     with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
         got = compute_lengths(objects, lambda s: len(s.b), cache=cache, progress=False)
+    assert got.tolist() == [3, 0]
+
+
+def _column_length(sample: dict[str, list[int]], column: str) -> int:
+    return len(sample[column])
+
+
+def test_compute_lengths_cache_tells_two_partials_apart(tmp_path: Path) -> None:
+    data = [{"a": [1], "b": [1, 2, 3]}, {"a": [1, 2], "b": []}]
+    cache = tmp_path / "lengths.npy"
+    a = functools.partial(_column_length, column="a")
+    assert compute_lengths(data, a, cache=cache, progress=False).tolist() == [1, 2]
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        got = compute_lengths(data, functools.partial(_column_length, column="b"), cache=cache)
     assert got.tolist() == [3, 0]
 
 
