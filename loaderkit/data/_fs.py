@@ -255,6 +255,10 @@ class Storage:
             out.append({"name": name, "size": size, "version": version_of(entry)})
         return out, folders
 
+    def files_under(self, url: str) -> list[str]:
+        """The paths of every file below folder ``url``, at any depth."""
+        return [str(f) for f in self.call("listing", url, lambda: self.fs.find(url))]
+
     def is_dir(self, url: str) -> bool:
         """Whether ``url`` is a folder (a prefix with objects under it)."""
         return bool(self.call("looking up", url, lambda: self.fs.isdir(url)))

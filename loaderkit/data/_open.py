@@ -12,7 +12,7 @@ import os
 import re
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,28 @@ def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suff
         )
 
 
+def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixes: Any) -> None:
+    """Refuse a folder with shards in a subfolder (``lang=de/part-0.parquet``): its listing
+    is not recursive, and the corpus would be smaller without a word. ``nested``: the
+    paths of the files under its subfolders."""
+    for rel in nested:
+        if is_shard_name(rel.rsplit("/", 1)[-1], tuple(suffixes)):
+            raise ValueError(
+                f"{owner}: {folder!r} holds the shard {rel!r} in a subfolder, which reading "
+                "the folder leaves out; pass the list of shard paths (or URLs) to read, or "
+                "move the subfolder out."
+            )
+
+
+def nested_files(root: Path) -> Iterator[str]:
+    """The files under ``root``'s subfolders (hidden ones left out), relative to it."""
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        rel = Path(folder).relative_to(root).as_posix()
+        if rel != ".":
+            yield from (f"{rel}/{name}" for name in files)
+
+
 def refuse_one_shard_twice(owner: str, names: Iterable[str]) -> None:
     """Refuse a shard URL listed with its zstd form (``x`` and ``x.zst``): both hold its
     samples (``zstd x`` keeps ``x``), which would be read twice."""
@@ -191,6 +213,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
             raise unfinished_write_error(str(root))
         entries = list(root.iterdir())
         refuse_unread_compressed(owner, str(root), (p.name for p in entries), reader.suffixes)
+        refuse_nested_shards(owner, str(root), nested_files(root), reader.suffixes)
         accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
         by_name = {p.name: p for p in entries if accept(p.name)}
         found = [by_name[name] for name in sorted_shards(by_name)]

@@ -53,6 +53,7 @@ from loaderkit.data._open import (
     is_shard_name,
     never_a_shard,
     read_docs,
+    refuse_nested_shards,
     refuse_one_shard_twice,
     refuse_own_file,
     refuse_unread_compressed,
@@ -464,6 +465,9 @@ class RemoteShards:
             raise unfinished_write_error(folder)
         listed = _listed_shards(folder, entries)
         refuse_unread_compressed(self.owner, folder, listed, suffixes)
+        for sub in sorted(f for f in folders if not f.startswith(".")):
+            nested = self.storage.files_under(join_url(folder, sub))
+            refuse_nested_shards(self.owner, folder, nested, suffixes)
         accept = partial(is_shard_name, suffixes=suffixes)
         found = [listed[name] for name in sorted_shards(n for n in listed if accept(n))]
         if not found:

@@ -123,6 +123,15 @@ def test_a_remote_shard_compressed_in_a_form_no_reader_opens_is_refused(
         ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
 
 
+def test_a_remote_shard_in_a_subfolder_is_refused(s3: LocalS3, folder: str, tmp_path: Path) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3.options)
+    fs.pipe_file(f"{folder}/lang=de/shard-00000.npy", fs.cat_file(f"{folder}/shard-00000.npy"))
+    with pytest.raises(ValueError, match=r"lang=de/shard-00000\.npy' in a subfolder"):
+        ShardedDataset(folder, READER, remote=cache(s3, tmp_path))
+
+
 @pytest.mark.parametrize("listing", ["folder", "list"])
 def test_a_remote_shard_beside_its_zstd_form_is_refused(
     s3: LocalS3, folder: str, tmp_path: Path, listing: str

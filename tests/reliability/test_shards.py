@@ -109,6 +109,23 @@ def test_a_shard_compressed_in_a_form_no_reader_opens_is_refused(
     assert len(ShardedDataset(tmp_path, JsonlReader())) == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_shards_in_a_subfolder_are_refused(tmp_path: Path, stream: bool) -> None:
+    """A Hive-style folder (a.jsonl, lang=de/b.jsonl) listed only a.jsonl: no word."""
+    from loaderkit import JsonlReader, StreamingShardedDataset
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "lang=de" / "deep").mkdir(parents=True)
+    (tmp_path / "lang=de" / "deep" / "b.jsonl").write_text('{"x": 2}\n')
+    make = StreamingShardedDataset if stream else ShardedDataset
+    with pytest.raises(ValueError, match=r"the shard 'lang=de/deep/b\.jsonl' in a subfolder"):
+        make(tmp_path, JsonlReader())
+    (tmp_path / "lang=de" / "deep" / "b.jsonl").rename(tmp_path / "lang=de" / "deep" / "b.txt")
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "c.jsonl").write_text('{"x": 3}\n')
+    assert len(ShardedDataset(tmp_path, JsonlReader())) == 1  # other files, hidden folders
+
+
 @pytest.mark.parametrize("listing", ["folder", "list", "stream"])
 def test_a_shard_beside_its_zstd_form_is_refused(
     tmp_path: Path, listing: str, monkeypatch: pytest.MonkeyPatch
