@@ -304,6 +304,8 @@ class PadCollate:
         padding_side: ``"right"`` (pad after the items) or ``"left"``.
         pad_to_multiple_of: Round the padded length up to a multiple of this.
         max_length: Pad to exactly this length; longer samples raise unless ``truncate``.
+            With either, name the fields of dict or tuple samples in ``pad_keys`` (a batch
+            where no field varies raises otherwise).
         truncate: Cut samples longer than ``max_length``.
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
@@ -449,6 +451,8 @@ class PadCollate:
                     f"sample 0 has {have}; fix the name or drop it"
                 )
         padded, length_key = self._classify(columns, named)
+        if self.max_length is not None or self.pad_to_multiple_of is not None:
+            padded = self._aligned(columns, padded, length_key)
         order = None
         if self.sort_by_length and length_key is not None:
             sizes = self._sizes(_where(length_key), columns[length_key])[1]
@@ -495,6 +499,31 @@ class PadCollate:
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
         return padded, (padded + fits + [None])[0]  # padded here, else one that could be
+
+    def _aligned(
+        self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable
+    ) -> list[Hashable]:
+        """With a length limit, the fields to pad in any batch: ``padded`` and the fields as
+        long as ``length_key`` in every sample (``labels`` beside ``input_ids``), also where
+        no length varies; refused where no field is padded or named."""
+        if length_key is None or _BARE in columns:
+            return padded
+        if not padded:
+            raise CollateError(
+                f"PadCollate: no field's length varies in this batch, so which to pad to "
+                f"max_length={self.max_length} / pad_to_multiple_of={self.pad_to_multiple_of} "
+                "is unknown (other batches are padded); name the fields in pad_keys=[...]"
+            )
+        sizes = self._sizes(_where(length_key), columns[length_key])[1]
+        for k, col in columns.items():
+            if k in padded or not isinstance(col[0], (Tensor, np.ndarray)):
+                continue
+            if (
+                -col[0].ndim <= self.pad_dim < col[0].ndim
+                and self._sizes(_where(k), col)[1] == sizes
+            ):
+                padded.append(k)
+        return padded
 
     def _varies(self, key: Hashable, col: list[Any]) -> bool:
         if isinstance(col[0], list):

@@ -214,9 +214,26 @@ def test_equal_shapes_are_stacked_unless_named() -> None:
     batch = PadCollate(max_length=6)(samples)
     assert batch["image"].shape == (2, 3, 2) and batch["ids"].shape == (2, 6)
     same = [{"ids": torch.ones(3), "x": torch.zeros(2)} for _ in range(2)]
-    assert PadCollate(max_length=6)(same)["ids"].shape == (2, 3)
+    # Which fields max_length applies to is unknown where none varies: refused, not (2, 3).
+    with pytest.raises(CollateError, match=r"no field's length varies.*pad_keys=\[\.\.\.\]"):
+        PadCollate(max_length=6)(same)
+    with pytest.raises(CollateError, match=r"pad_to_multiple_of=8 is unknown"):
+        PadCollate(pad_to_multiple_of=8)([(torch.ones(3), 1), (torch.ones(3), 0)])
+    assert PadCollate()(same)["ids"].shape == (2, 3)  # no limit: padding would change nothing
     assert PadCollate(max_length=6, pad_keys=["ids"])(same)["ids"].shape == (2, 6)
     assert PadCollate(max_length=6, pad_value={"ids": 0})(same)["ids"].shape == (2, 6)
+
+
+def test_a_length_limit_gives_every_batch_one_shape() -> None:
+    # Was: a batch whose lengths were all equal kept them (5), the next was padded to 8.
+    collate = PadCollate(max_length=8, pad_keys=["ids"])
+    for n in (5, 3):
+        same = {"ids": torch.ones(5), "labels": torch.ones(5), "img": torch.ones(3, 2)}
+        batch = collate([same, {**same, "ids": torch.ones(n), "labels": torch.ones(n)}])
+        shapes = {k: tuple(v.shape) for k, v in batch.items()}
+        assert shapes["ids"] == shapes["labels"] == (2, 8) and shapes["img"] == (2, 3, 2)
+    cut = PadCollate(max_length=4, truncate=True, pad_keys=[0])([(torch.ones(5), 1)] * 2)
+    assert cut.values[0].shape == (2, 4) and cut.lengths.tolist() == [4, 4]
 
 
 def test_nothing_to_pad_still_returns_lengths_and_mask() -> None:

@@ -55,6 +55,17 @@ def test_sharded_datamodule_reads_parquet(parquet_dir: Path) -> None:
     assert budget.describe()["padding_fraction"] is not None
 
 
+def test_pad_to_multiple_of_pads_a_batch_of_equal_lengths(tmp_path: Path) -> None:
+    # Rows 0, 6, 12, ... all hold one token: such a batch was left at length 1.
+    write_shards(tmp_path / "pq", [rows(0, 40)], ParquetReader(row_group_size=4))
+    dm = ShardedDataModule(
+        str(tmp_path / "pq"), reader="parquet", batch_size=1, pad_to_multiple_of=8, seed=0
+    )
+    dm.setup("fit")
+    shapes = {tuple(b["input_ids"].shape) for b in dm.train_dataloader()}
+    assert shapes == {(1, 8)}
+
+
 def test_sharded_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="columns=\\['id'\\] applies to reader='parquet' only"):
         ShardedDataModule(str(parquet_dir), columns=["id"], seq_len=4)

@@ -9,7 +9,9 @@ from typing import Any, Literal
 import numpy as np
 
 from loaderkit.data.hf import HFDataset
+from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import MAX_OPEN_DEFAULT, make_reader, remote_cache
@@ -128,7 +130,9 @@ class MixedDataModule(_ShardSources):
         self.reader = self._reader(reader, items, options)
         self._only_shards = all(_is_path(s) for s in self.splits["train"][1])
         varying = any(_is_table(s) for s in items) or max_tokens is not None
-        self._set_collate(pad_value, varying, collate)
+        dicts = isinstance(self.reader, JsonlReader | ParquetReader)
+        keyed = all(_is_table(s) or (_is_path(s) and dicts) for s in items)
+        self._set_collate(pad_value, varying, collate, keyed=keyed)
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
         """The one reader of the path sources (None without any)."""

@@ -11,6 +11,7 @@ from loaderkit.collate import PadCollate
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -54,8 +55,13 @@ class _ShardSources(LoaderDataModule):
             )
         check_settings(self, **settings)
 
-    def _set_collate(self, pad_value: Any, varying: bool, collate: Any = None) -> None:
-        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of)  # checks pad_value
+    def _set_collate(
+        self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool = False
+    ) -> None:
+        """``keyed``: dict samples, whose ``length_key`` field a length limit pads (also in a
+        batch where no length varies)."""
+        field = self.length_key if keyed and self.pad_to_multiple_of is not None else None
+        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=field)
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
 
@@ -216,7 +222,8 @@ class ShardedDataModule(_ShardSources):
             eos=eos,
             dtype=dtype,
         )
-        self._set_collate(pad_value, varying=False)
+        keyed = isinstance(self.reader, JsonlReader | ParquetReader)
+        self._set_collate(pad_value, varying=False, keyed=keyed)
 
     def _check_combinations(self, reader: Any, columns: Any) -> None:
         """Columns are Parquet's, epoch limits a stream's, the planned settings not a stream's."""
