@@ -543,6 +543,28 @@ def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked
     assert len(dm.train_dataloader()) == SIZE // BATCH // 4
 
 
+@pytest.mark.parametrize("bucket", [False, True], ids=["plain", "bucketed"])
+def test_predict_on_several_ranks_predicts_each_sample_once(bucket: bool) -> None:
+    # As Lightning's UnrepeatedDistributedSamplerWrapper; was: rank 1 predicted sample 0 again.
+    seen = []
+    for rank in range(2):
+        if bucket:
+            seqs = [{"input_ids": torch.full((1 + i % 5,), i)} for i in range(5)]
+            dm: Any = SequenceDataModule(seqs, predict=seqs, bucket=True, batch_size=4, seed=2)
+        else:
+            dm = TensorDataModule(train=(torch.arange(5),), predict=(torch.arange(5),), seed=1)
+        trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(rank, 2)))
+        dm.trainer = trainer
+        dm.setup("predict")
+        for batch in dm.predict_dataloader():
+            seen += (batch["input_ids"][:, 0] if bucket else batch[0]).tolist()
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+    dm = TensorDataModule(train=(torch.arange(5),), predict=(torch.arange(1),))
+    dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
+    with pytest.raises(ValueError, match=r"predict split has 1 samples, fewer than the 2 ranks"):
+        dm.predict_dataloader()
+
+
 MAKERS: dict[str, Any] = {
     "sequence": lambda root, **kw: sequence_dm(**kw),
     "sharded": lambda root, **kw: ShardedDataModule(str(root), seq_len=4, **kw),

@@ -6,13 +6,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
-from loaderkit.lightning._adapter import data_parallel_size
+from loaderkit.lightning._adapter import data_parallel_of, data_parallel_size
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
@@ -283,6 +284,16 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": seeding,
         }
+        if split == "predict" and not isinstance(dataset, StreamingShardedDataset):
+            rank, world_size = self._data_parallel()
+            if world_size > 1:  # each sample predicted once: Lightning's unrepeated split
+                if len(dataset) < world_size:
+                    raise ValueError(
+                        f"{type(self).__name__}: the predict split has {len(dataset)} samples, "
+                        f"fewer than the {world_size} ranks; predict on fewer devices."
+                    )
+                dataset = index_subset(dataset, np.arange(rank, len(dataset), world_size))
+                common |= {"rank": 0, "world_size": 1}
         batch_size = self.batch_size if train else self.eval_batch_size
         batching: dict[str, Any] = {"batch_size": batch_size, "drop_last": self.drop_last and train}
         if isinstance(dataset, StreamingShardedDataset):
@@ -301,6 +312,11 @@ class LoaderDataModule(L.LightningDataModule):
             )
         built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
+
+    def _data_parallel(self) -> tuple[int, int]:
+        hosted = None if self.trainer is None else data_parallel_of(self.trainer)
+        env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])
+        return env.rank, env.world_size
 
     def _check_stream(self, split: str, dataset: Any, workers: int | str) -> None:
         owner = type(self).__name__

@@ -222,8 +222,11 @@ class SequenceDataModule(LoaderDataModule):
             return None
         train = split == "train"
         budget = self.max_tokens if train else None
+        lengths = self._lengths[split]
+        if len(lengths) != len(dataset):  # a rank's predict part (LoaderDataModule.loader)
+            lengths = lengths[dataset.indices]
         return BucketBatchSampler(
-            self._lengths[split],
+            lengths,
             batch_size=None if budget is not None else batch_size,
             max_tokens=budget,
             pad_to_multiple_of=self.pad_to_multiple_of,
