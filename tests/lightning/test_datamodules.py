@@ -256,6 +256,11 @@ def test_sequence_datamodule_reads_jsonl_and_bare_samples(tmp_path: Path) -> Non
     first = next(iter(dm.train_dataloader()))
     assert first.values.tolist() == [[0, 1, 2], [0, -1, -1]]
     assert first.lengths.tolist() == [3, 1]
+    # Bare samples in two splits (was: "val mixes dict and bare samples").
+    seqs = [torch.arange(1 + i % 5) for i in range(6)]
+    both = SequenceDataModule(train=seqs, val=seqs[:3], batch_size=2)
+    both.setup("fit")
+    assert len(both.val_dataset) == 3
 
 
 def test_image_folder_datamodule_trains(tmp_path: Path) -> None:

@@ -156,14 +156,15 @@ class SequenceDataModule(LoaderDataModule):
 
     def _table(self, split: str, source: Any) -> HFDataset | ShardedDataset | None:
         """The dataset of a Parquet, Arrow or ``datasets`` source; None for the others."""
-        if self._keyed is False:
+        table = is_hf_dataset(source) or (isinstance(source, str) and source.endswith(".arrow"))
+        if not (table or _is_table_path(source)):
+            return None
+        if self._keyed is False:  # tables hold dict samples
             self._mixed_kinds(split)
-        if is_hf_dataset(source) or (isinstance(source, str) and source.endswith(".arrow")):
+        if table:
             return HFDataset(source, self.columns, length_column=self.length_key)
-        if _is_table_path(source):
-            remote = self.remote if is_url(source) else None
-            return ShardedDataset([source], self.reader, remote=remote)
-        return None
+        remote = self.remote if is_url(source) else None
+        return ShardedDataset([source], self.reader, remote=remote)
 
     def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
         owner = type(self).__name__
