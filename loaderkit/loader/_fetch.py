@@ -192,8 +192,9 @@ class BatchFetcher:
             and not self.per_sample_seeding
             and torch_gathered(dataset)
         )
-        if collate_fn is None and batch_fetch_is_faithful(dataset) and not self.per_sample_seeding:
-            self.mode = "get_batch"
+        lazy = self.seeder is None or self.seeder.lazy
+        if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
+            self.mode = "get_batch"  # a user's is read parked (see _parked): never bypassed
         elif batch_fetch_is_faithful(dataset, "__getitems__"):
             self.mode = "getitems"
         else:
@@ -210,8 +211,10 @@ class BatchFetcher:
         seed_keys: np.ndarray | None = None,
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
-        if self.mode == "get_batch":
+        if self.mode == "get_batch" and self.seeder is None:
             return self._batched(self.dataset.get_batch, epoch, indices)
+        if self.mode == "get_batch":
+            return self._parked(self.dataset.get_batch, "get_batch", epoch, indices)
         if self.gather:
             rows = torch.as_tensor(indices)
             batch = self._batched(functools.partial(torch_gather, self.dataset), epoch, rows)
@@ -222,27 +225,31 @@ class BatchFetcher:
         if self.mode == "getitems" and self.seeder is None:
             samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         elif self.mode == "getitems" and not self.split:
-            samples = self._parked_batch(epoch, index_list, keys)
+            samples = self._parked(self.dataset.__getitems__, "__getitems__", epoch, index_list)
         else:
             samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
 
-    def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
-        """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
+    def _parked(self, fetch: Callable[[Any], Any], what: str, epoch: int, indices: Any) -> Any:
+        """A whole batch read by the dataset's ``what``, refused if it drew from a global RNG
+        (per-sample seeds cannot key it)."""
         assert self.seeder is not None
-        read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
+        read = functools.partial(self._batched, fetch, epoch, indices)
         samples, moved = self.seeder.read_parked(read)
         if moved is False:
             return samples
         if moved is None:
             raise ValueError(
                 f"ResumableDataLoader: numpy's global generator is not an MT19937, so "
-                f"{type(self.dataset).__name__}.__getitems__ cannot be checked for draws. "
+                f"{type(self.dataset).__name__}.{what} cannot be checked for draws. "
                 "Pass per_sample_seeding=False, or keep numpy's default bit generator."
             )
+        fix = "per_sample_seeding=False"
+        if what == "get_batch":
+            fix = "per_sample_seeding=True (read per sample, get_batch unused), " + fix
         raise ValueError(
-            f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
-            "global RNG while reading a batch. Pass per_sample_seeding=False, or draw from "
+            f"ResumableDataLoader: {type(self.dataset).__name__}.{what} draws from a global "
+            f"RNG while reading a batch. Pass {fix}, or draw from "
             "loaderkit.sample_generator(seed, epoch, index) per sample."
         )
 

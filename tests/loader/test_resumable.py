@@ -364,10 +364,10 @@ class _ItemsSpy(_Rows):
 @pytest.mark.parametrize(
     ("spy", "method", "seeding", "calls"),
     [
-        # A user's get_batch is used where samples are not seeded; under "auto" it is read
-        # per sample, seeded, as torch reads it (it may draw: only loaderkit's cannot).
+        # A user's get_batch is used where samples are not seeded, and under "auto" too
+        # (never bypassed), checked for draws as __getitems__ is.
         (_BatchSpy, "get_batch", False, 2 * STEPS),
-        (_BatchSpy, "__getitem__", "auto", 2 * N),
+        (_BatchSpy, "get_batch", "auto", 2 * STEPS),
         (_ItemsSpy, "__getitems__", False, 2 * STEPS),
         # Seeded per sample, but the read draws no randomness: still a whole batch per
         # call, as torch reads it (one index per call is only for reads that draw).
@@ -382,6 +382,19 @@ def test_batched_fetch_paths_are_used_and_match_per_sample(
     got = [b for _ in range(2) for b in make(dataset=dataset, per_sample_seeding=seeding)]
     assert_same_batches(got, reference)
     assert dataset.calls == Counter({method: calls})
+
+
+class _DrawingBatch(_BatchSpy):
+    def get_batch(self, indices: Any) -> torch.Tensor:
+        return super().get_batch(indices) + np.random.rand()  # a batch-level augmentation
+
+
+def test_a_user_get_batch_that_draws_is_refused_under_auto_seeding() -> None:
+    # Was: read per sample through __getitem__, its augmentation silently left out.
+    with pytest.raises(ValueError, match=r"_DrawingBatch.get_batch draws from a global RNG"):
+        next(iter(make(dataset=_DrawingBatch())))
+    batch = next(iter(make(dataset=_DrawingBatch(), per_sample_seeding=False)))
+    assert not torch.equal(batch, next(iter(make(dataset=_Rows(), per_sample_seeding=False))))
 
 
 class _IndexTypeSpy(_BatchSpy):
