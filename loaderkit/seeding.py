@@ -481,21 +481,24 @@ class SampleSeeder:
     """Loads a batch's samples one by one, each under the global generators seeded for it.
 
     ``lazy=True`` seeds numpy's and Python's generators only once a sample is seen
-    drawing from them (parked until then; the batch is then loaded again); torch's is
-    seeded for every sample. The caller's states are restored after the batch.
+    drawing from them: the first batch a process loads seeds all of them and watches
+    each sample; later batches park the unused ones (a batch that draws from a parked
+    one is loaded again). torch's is seeded for every sample. The caller's states are
+    restored after the batch.
     """
 
-    __slots__ = ("in_use", "lazy")
+    __slots__ = ("in_use", "lazy", "probed")
 
     def __init__(self, *, lazy: bool) -> None:
         self.lazy = lazy
         self.in_use = [not lazy] * 3  # global_rngs() order; torch's is seeded regardless
+        self.probed = not lazy
 
-    def __getstate__(self) -> tuple[bool, list[bool]]:
-        return self.lazy, self.in_use
+    def __getstate__(self) -> tuple[bool, list[bool], bool]:
+        return self.lazy, self.in_use, self.probed
 
-    def __setstate__(self, state: tuple[bool, list[bool]]) -> None:
-        self.lazy, self.in_use = state
+    def __setstate__(self, state: tuple[bool, list[bool], bool]) -> None:
+        self.lazy, self.in_use, self.probed = state
 
     def load(
         self,
@@ -512,6 +515,8 @@ class SampleSeeder:
         saved = [rng.save() for rng in rngs]
         try:
             keys = sample_keys(seed, epoch, np.asarray(indices if seed_keys is None else seed_keys))
+            if not self.probed:
+                return self._probe(rngs, keys, indices, getitem, out)
             while True:
                 seeded, parked = [], []
                 for slot, rng in enumerate(rngs):
@@ -529,6 +534,29 @@ class SampleSeeder:
         finally:
             for rng, state in zip(rngs, saved, strict=True):
                 rng.restore(state)
+
+    def _probe(
+        self,
+        rngs: tuple[_Rng, ...],
+        keys: np.ndarray,
+        indices: list[int],
+        getitem: Callable[[int], Any],
+        out: list[Any],
+    ) -> list[Any]:
+        """Load with every generator seeded per sample, and mark those a sample drew from:
+        no sample is read under a parked state (a dataset may keep what it drew)."""
+        seeds = [rng.seeds(keys) for rng in rngs]
+        watched = [slot for slot, rng in enumerate(rngs) if rng.lazy_ok and not self.in_use[slot]]
+        out.clear()
+        for pos, index in enumerate(indices):
+            for rng, slot_seeds in zip(rngs, seeds, strict=True):
+                rng.seed(slot_seeds[pos])
+            marks = [(slot, rngs[slot].save()) for slot in watched]
+            out.append(getitem(index))
+            for slot, mark in marks:
+                self.in_use[slot] = self.in_use[slot] or rngs[slot].save() != mark
+        self.probed = True
+        return out
 
     def read_parked(self, read: Callable[[], Any]) -> tuple[Any, bool | None]:
         """``read()`` with every global generator parked, and whether it drew from any

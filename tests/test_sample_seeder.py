@@ -187,6 +187,27 @@ def test_a_generator_first_drawn_late_is_seeded_from_then_on() -> None:
     assert got == _eager([11, 10], load, seed=0, epoch=0)
 
 
+def test_the_first_batch_is_read_once_each_sample_seeded() -> None:
+    # Was: read with numpy parked, then again seeded: a dataset that keeps what it drew
+    # (a cache) kept the parked draw, the same in every worker's first batch.
+    def cached(reads: list[int]) -> Any:
+        cache: dict[int, float] = {}
+
+        def load(index: int) -> float:
+            reads.append(index)
+            return cache.setdefault(index, float(np.random.rand()))
+
+        return load
+
+    reads: list[int] = []
+    seeder = SampleSeeder(lazy=True)
+    got = seeder.load(7, 1, [4, 5, 6], cached(reads), [])
+    assert got == _eager([4, 5, 6], cached([])) and reads == [4, 5, 6]
+    assert seeder.in_use == [False, True, False]
+    other = SampleSeeder(lazy=True)  # another worker's first batch
+    assert other.load(7, 1, [6, 5], cached([]), []) == _eager([6, 5], cached([]))
+
+
 def test_the_callers_generators_are_restored_after_a_batch() -> None:
     torch.manual_seed(5)
     np.random.seed(5)
