@@ -549,7 +549,7 @@ def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked
 
 
 @pytest.mark.parametrize("bucket", [False, True], ids=["plain", "bucketed"])
-def test_predict_on_several_ranks_predicts_each_sample_once(bucket: bool) -> None:
+def test_eval_splits_on_several_ranks_are_dealt_as_lightning_deals_them(bucket: bool) -> None:
     # As Lightning's UnrepeatedDistributedSamplerWrapper; was: rank 1 predicted sample 0 again.
     seen = []
     for rank in range(2):
@@ -564,6 +564,17 @@ def test_predict_on_several_ranks_predicts_each_sample_once(bucket: bool) -> Non
         for batch in dm.predict_dataloader():
             seen += (batch["input_ids"][:, 0] if bucket else batch[0]).tolist()
     assert sorted(seen) == [0, 1, 2, 3, 4]
+    if bucket:  # val: as DistributedSampler, 5 samples on 2 ranks repeat one (was a batch)
+        seqs = [{"input_ids": torch.full((1 + i % 5,), i)} for i in range(5)]
+        val = []
+        for rank in range(2):
+            dm = SequenceDataModule(seqs, val=seqs, bucket=True, eval_batch_size=32)
+            dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(rank, 2)))
+            dm.setup("fit")
+            batches = [b["input_ids"][:, 0].tolist() for b in dm.val_dataloader()]
+            assert len(batches) == 1 and len(batches[0]) == 3
+            val += batches[0]
+        assert sorted(val) == [0, 0, 1, 2, 3, 4]
     dm = TensorDataModule(train=(torch.arange(5),), predict=(torch.arange(1),))
     dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
     with pytest.raises(ValueError, match=r"predict split has 1 samples, fewer than the 2 ranks"):

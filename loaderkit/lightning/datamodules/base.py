@@ -284,16 +284,9 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": seeding,
         }
-        if split == "predict" and not isinstance(dataset, StreamingShardedDataset):
-            rank, world_size = self._data_parallel()
-            if world_size > 1:  # each sample predicted once: Lightning's unrepeated split
-                if len(dataset) < world_size:
-                    raise ValueError(
-                        f"{type(self).__name__}: the predict split has {len(dataset)} samples, "
-                        f"fewer than the {world_size} ranks; predict on fewer devices."
-                    )
-                dataset = index_subset(dataset, np.arange(rank, len(dataset), world_size))
-                common |= {"rank": 0, "world_size": 1}
+        if split != "train" and not isinstance(dataset, StreamingShardedDataset):
+            dataset, topology = self._rank_part(split, dataset)
+            common |= topology
         batch_size = self.batch_size if train else self.eval_batch_size
         batching: dict[str, Any] = {"batch_size": batch_size, "drop_last": self.drop_last and train}
         if isinstance(dataset, StreamingShardedDataset):
@@ -313,10 +306,31 @@ class LoaderDataModule(L.LightningDataModule):
         built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
 
-    def _data_parallel(self) -> tuple[int, int]:
+    def _rank_part(self, split: str, dataset: Any) -> tuple[Any, dict[str, int]]:
+        """This rank's part of an eval split, dealt as Lightning deals it: predict each sample
+        once (``UnrepeatedDistributedSamplerWrapper``), val/test padded by at most
+        ``world_size - 1`` samples (``DistributedSampler``) where :meth:`eval_batches_by_rank`;
+        with the loader's topology then ``(0, 1)``. Elsewhere the loader deals the split."""
+        if split != "predict" and not self.eval_batches_by_rank():
+            return dataset, {}
         hosted = None if self.trainer is None else data_parallel_of(self.trainer)
         env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])
-        return env.rank, env.world_size
+        rank, world_size, n = env.rank, env.world_size, len(dataset)
+        if world_size == 1:
+            return dataset, {}
+        if split == "predict" and n < world_size:
+            raise ValueError(
+                f"{type(self).__name__}: the predict split has {n} samples, fewer than the "
+                f"{world_size} ranks; predict on fewer devices."
+            )
+        end = n if split == "predict" else -(-n // world_size) * world_size
+        rows = np.arange(rank, end, world_size) % n
+        return index_subset(dataset, rows), {"rank": 0, "world_size": 1}
+
+    def eval_batches_by_rank(self) -> bool:
+        """Whether val/test batches are made on each rank from its own samples (a bucketing
+        sampler would deal whole batches, repeating up to ``world_size - 1`` of them)."""
+        return False
 
     def _check_stream(self, split: str, dataset: Any, workers: int | str) -> None:
         owner = type(self).__name__

@@ -223,11 +223,8 @@ class SequenceDataModule(LoaderDataModule):
             return None
         train = split == "train"
         budget = self.max_tokens if train else None
-        lengths = self._lengths[split]
-        if len(lengths) != len(dataset):  # a rank's predict part (LoaderDataModule.loader)
-            lengths = lengths[dataset.indices]
         return BucketBatchSampler(
-            lengths,
+            self._lengths_of(split, dataset),
             batch_size=None if budget is not None else batch_size,
             max_tokens=budget,
             pad_to_multiple_of=self.pad_to_multiple_of,
@@ -238,11 +235,21 @@ class SequenceDataModule(LoaderDataModule):
             oversize=self.oversize,
         )
 
+    def eval_batches_by_rank(self) -> bool:
+        return self.bucket
+
+    def _lengths_of(self, split: str, dataset: Any) -> np.ndarray:
+        lengths = self._lengths[split]
+        if len(lengths) != len(dataset):  # a rank's part (LoaderDataModule._rank_part)
+            lengths = lengths[dataset.indices]
+        return lengths
+
     def padding_fraction(self, split: str) -> float | None:
         """Padded tokens / all tokens over epoch 0 of ``split`` on one rank."""
         if split not in self._lengths:
             return None
-        lengths, plan = self._lengths[split], self.loader(split, num_workers=0).plan
+        loader = self.loader(split, num_workers=0)
+        lengths, plan = self._lengths_of(split, loader.dataset), loader.plan
         multiple = self.pad_to_multiple_of or 1
         real = padded = 0
         sched = plan.schedule(0, start=0, rank=0, world_size=1)
