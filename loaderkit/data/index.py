@@ -67,8 +67,11 @@ def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
 
 
 def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
-    """Where the index of these shards under this reader lives unless one is given."""
-    return paths[0].parent / remote_index_name([p.name for p in paths], reader)
+    """Where the index of these shards under this reader lives unless one is given: beside
+    the first, named by their paths from there (a folder's: their names)."""
+    base = paths[0].parent
+    names = [p.name if p.parent == base else os.path.relpath(p, base) for p in paths]
+    return base / remote_index_name(names, reader)
 
 
 def _checksum(rows: list[list[Any]]) -> str:

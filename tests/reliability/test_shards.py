@@ -109,6 +109,21 @@ def test_a_shard_compressed_in_a_form_no_reader_opens_is_refused(
     assert len(ShardedDataset(tmp_path, JsonlReader())) == 1
 
 
+def test_two_lists_with_one_first_shard_and_same_names_keep_their_own_index(
+    tmp_path: Path,
+) -> None:
+    # The default index (beside the first shard) was named by file names only: the second
+    # list was refused as "not in the shard index" of the first.
+    reader = TokenReader(seq_len=4)
+    for folder, n in (("a", 8), ("b", 16), ("c", 32)):
+        (tmp_path / folder).mkdir()
+        np.save(tmp_path / folder / ("x.npy" if folder == "a" else "y.npy"), np.arange(n))
+    first = [tmp_path / "a" / "x.npy", tmp_path / "b" / "y.npy"]
+    assert len(ShardedDataset(first, reader)) == 6
+    assert len(ShardedDataset([first[0], tmp_path / "c" / "y.npy"], reader)) == 10
+    assert len(ShardedDataset(first, reader)) == 6
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_shards_in_a_subfolder_are_refused(tmp_path: Path, stream: bool) -> None:
     """A Hive-style folder (a.jsonl, lang=de/b.jsonl) listed only a.jsonl: no word."""
