@@ -1,6 +1,7 @@
-"""A digest of the code a user's function runs, for caches keyed by it (private).
+"""Digests of a user's function, for caches keyed by it (private): the code it runs, and
+(by pickle) a ``partial``'s arguments or a callable object's state.
 
-``write_shards`` resumes and ``compute_lengths`` caches under it: a fixed helper that
+``write_shards`` resumes and ``compute_lengths`` caches under them: a fixed helper that
 ``fn`` calls must count as a new ``fn``, not only a change in ``fn``'s own lines.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import types
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -73,9 +74,9 @@ def compute_lengths(
                 f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
                 "cache='lengths.npy'."
             )
-        # A partial's arguments and a callable object's state count too (None: no pickle).
         name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
-        name += f":{pickle_digest(fn)}"
+        if not isinstance(fn, types.FunctionType):  # a partial's arguments, an object's state
+            name += f":{pickle_digest(fn)}"
         described = f"{type(dataset).__module__}.{type(dataset).__qualname__}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
         cached = _load_cached_lengths(path, ident, size)
