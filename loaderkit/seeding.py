@@ -464,7 +464,20 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         ...     torch.initial_seed() == s == sample_seed(42, 0, 3)
         True
     """
-    value = sample_seed(seed, epoch, index)
+    with _seeded(sample_seed(seed, epoch, index)) as value:
+        yield value
+
+
+def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> Any:
+    """:func:`seeded_sample` for a batch read as a whole (a user's ``get_batch``), keyed by a
+    digest of its samples' keys (``keys``: their indices, or the keys that seed in their
+    place): the same for any ``num_workers`` and after a resume."""
+    digest = hashlib.blake2b(sample_keys(seed, epoch, keys).tobytes(), digest_size=8)
+    return _seeded(int.from_bytes(digest.digest(), "little"))
+
+
+@contextmanager
+def _seeded(value: int) -> Iterator[int]:
     rngs = global_rngs()
     saved = [rng.save() for rng in rngs]
     try:

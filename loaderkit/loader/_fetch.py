@@ -25,7 +25,7 @@ from torch.utils.data import (
 
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import SampleSeeder, read_set_on_instance, torchs_own_reads
+from loaderkit.seeding import SampleSeeder, read_set_on_instance, seeded_batch, torchs_own_reads
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
@@ -194,7 +194,7 @@ class BatchFetcher:
         )
         lazy = self.seeder is None or self.seeder.lazy
         if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
-            self.mode = "get_batch"  # a user's is read parked (see _parked): never bypassed
+            self.mode = "get_batch"
         elif batch_fetch_is_faithful(dataset, "__getitems__"):
             self.mode = "getitems"
         else:
@@ -213,8 +213,10 @@ class BatchFetcher:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.mode == "get_batch" and self.seeder is None:
             return self._batched(self.dataset.get_batch, epoch, indices)
-        if self.mode == "get_batch":
-            return self._parked(self.dataset.get_batch, "get_batch", epoch, indices)
+        if self.mode == "get_batch":  # a user's: seeded per batch, never bypassed
+            keyed = np.asarray(indices if seed_keys is None else seed_keys)
+            with seeded_batch(self.seed, epoch, keyed):
+                return self._batched(self.dataset.get_batch, epoch, indices)
         if self.gather:
             rows = torch.as_tensor(indices)
             batch = self._batched(functools.partial(torch_gather, self.dataset), epoch, rows)
@@ -225,31 +227,27 @@ class BatchFetcher:
         if self.mode == "getitems" and self.seeder is None:
             samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         elif self.mode == "getitems" and not self.split:
-            samples = self._parked(self.dataset.__getitems__, "__getitems__", epoch, index_list)
+            samples = self._parked_batch(epoch, index_list)
         else:
             samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
 
-    def _parked(self, fetch: Callable[[Any], Any], what: str, epoch: int, indices: Any) -> Any:
-        """A whole batch read by the dataset's ``what``, refused if it drew from a global RNG
-        (per-sample seeds cannot key it)."""
+    def _parked_batch(self, epoch: int, index_list: list[int]) -> Any:
+        """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
         assert self.seeder is not None
-        read = functools.partial(self._batched, fetch, epoch, indices)
+        read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
         samples, moved = self.seeder.read_parked(read)
         if moved is False:
             return samples
         if moved is None:
             raise ValueError(
                 f"ResumableDataLoader: numpy's global generator is not an MT19937, so "
-                f"{type(self.dataset).__name__}.{what} cannot be checked for draws. "
+                f"{type(self.dataset).__name__}.__getitems__ cannot be checked for draws. "
                 "Pass per_sample_seeding=False, or keep numpy's default bit generator."
             )
-        fix = "per_sample_seeding=False"
-        if what == "get_batch":
-            fix = "per_sample_seeding=True (read per sample, get_batch unused), " + fix
         raise ValueError(
-            f"ResumableDataLoader: {type(self.dataset).__name__}.{what} draws from a global "
-            f"RNG while reading a batch. Pass {fix}, or draw from "
+            f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
+            "global RNG while reading a batch. Pass per_sample_seeding=False, or draw from "
             "loaderkit.sample_generator(seed, epoch, index) per sample."
         )
 

@@ -389,12 +389,17 @@ class _DrawingBatch(_BatchSpy):
         return super().get_batch(indices) + np.random.rand()  # a batch-level augmentation
 
 
-def test_a_user_get_batch_that_draws_is_refused_under_auto_seeding() -> None:
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_user_get_batch_that_draws_runs_seeded_per_batch(num_workers: int) -> None:
     # Was: read per sample through __getitem__, its augmentation silently left out.
-    with pytest.raises(ValueError, match=r"_DrawingBatch.get_batch draws from a global RNG"):
-        next(iter(make(dataset=_DrawingBatch())))
-    batch = next(iter(make(dataset=_DrawingBatch(), per_sample_seeding=False)))
-    assert not torch.equal(batch, next(iter(make(dataset=_Rows(), per_sample_seeding=False))))
+    def epochs(nw: int) -> list[torch.Tensor]:
+        loader = make(dataset=_DrawingBatch(), num_workers=nw)
+        return [torch.cat(list(loader)) for _ in range(2)]
+
+    first, second = epochs(num_workers)
+    plain = torch.cat(list(make(dataset=_Rows(), per_sample_seeding=False)))
+    assert not torch.equal(first, plain) and not torch.equal(first, second)
+    assert all(map(torch.equal, epochs(0), [first, second]))  # any num_workers
 
 
 class _IndexTypeSpy(_BatchSpy):

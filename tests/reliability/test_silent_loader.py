@@ -638,19 +638,11 @@ class UserGetBatch(Dataset[torch.Tensor]):
 
 def test_a_user_get_batch_dataset_is_seeded_per_sample() -> None:
     # Second review of issue 21: any get_batch turned per-sample seeding off, so the
-    # noise differed between num_workers 0 and 2 and after a resume. Under "auto" a
-    # get_batch that draws is refused (reading it per sample would skip it unseen).
-    with pytest.raises(ValueError, match=r"get_batch draws.*per_sample_seeding=True \(read"):
-        next(iter(ResumableDataLoader(UserGetBatch(), batch_size=4, seed=0)))
-
+    # noise differed between num_workers 0 and 2 and after a resume. It runs under
+    # global generators seeded per batch (a digest of its samples' keys).
     def make(num_workers: int = 0) -> ResumableDataLoader:
         return ResumableDataLoader(
-            UserGetBatch(),
-            batch_size=4,
-            shuffle=True,
-            seed=0,
-            num_workers=num_workers,
-            per_sample_seeding=True,
+            UserGetBatch(), batch_size=4, shuffle=True, seed=0, num_workers=num_workers
         )
 
     full = [b.tolist() for b in make()]
