@@ -290,6 +290,20 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     return {k: [getattr(s, str(k)) for s in samples] for k in keys}
 
 
+def _kind(value: Tensor | np.ndarray) -> str:
+    """``"b"``ool, ``"f"``loat (or complex), else ``"i"``nteger."""
+    if isinstance(value, Tensor):
+        dtype = value.dtype
+        return (
+            "b"
+            if dtype == torch.bool
+            else "f"
+            if dtype.is_floating_point or dtype.is_complex
+            else "i"
+        )
+    return {"b": "b", "f": "f", "c": "f"}.get(value.dtype.kind, "i")
+
+
 class PadCollate:
     """Collate variable-length samples into a padded batch with lengths and a mask.
 
@@ -503,9 +517,9 @@ class PadCollate:
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable
     ) -> list[Hashable]:
-        """With a length limit, the fields to pad in any batch: ``padded`` and the fields as
-        long as ``length_key`` in every sample (``labels`` beside ``input_ids``), also where
-        no length varies; refused where no field is padded or named."""
+        """With a length limit, the fields to pad in any batch: ``padded`` and the fields
+        aligned with ``length_key`` (as long in every sample, as many dims, a like dtype),
+        also where no length varies; refused where no field is padded or named."""
         if length_key is None or _BARE in columns:
             return padded
         if not padded:
@@ -514,14 +528,17 @@ class PadCollate:
                 f"max_length={self.max_length} / pad_to_multiple_of={self.pad_to_multiple_of} "
                 "is unknown (other batches are padded); name the fields in pad_keys=[...]"
             )
+        first = columns[length_key][0]
+        if not isinstance(first, (Tensor, np.ndarray)):
+            return padded
         sizes = self._sizes(_where(length_key), columns[length_key])[1]
         for k, col in columns.items():
-            if k in padded or not isinstance(col[0], (Tensor, np.ndarray)):
+            # Aligned: as many dims, of a like dtype (labels beside input_ids, not an image
+            # or a float feature vector whose size happens to match).
+            like = isinstance(col[0], (Tensor, np.ndarray)) and col[0].ndim == first.ndim
+            if k in padded or not like or _kind(col[0]) != _kind(first):
                 continue
-            if (
-                -col[0].ndim <= self.pad_dim < col[0].ndim
-                and self._sizes(_where(k), col)[1] == sizes
-            ):
+            if self._sizes(_where(k), col)[1] == sizes:
                 padded.append(k)
         return padded
 

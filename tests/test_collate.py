@@ -227,11 +227,14 @@ def test_equal_shapes_are_stacked_unless_named() -> None:
 def test_a_length_limit_gives_every_batch_one_shape() -> None:
     # Was: a batch whose lengths were all equal kept them (5), the next was padded to 8.
     collate = PadCollate(max_length=8, pad_keys=["ids"])
+    ids = torch.ones(5, dtype=torch.long)
     for n in (5, 3):
-        same = {"ids": torch.ones(5), "labels": torch.ones(5), "img": torch.ones(3, 2)}
-        batch = collate([same, {**same, "ids": torch.ones(n), "labels": torch.ones(n)}])
+        # spk: a float vector as long as ids by chance, never padded (nor the image).
+        same = {"ids": ids, "labels": ids, "img": torch.ones(3, 2), "spk": torch.ones(5)}
+        batch = collate([same, {**same, "ids": ids[:n], "labels": ids[:n]}])
         shapes = {k: tuple(v.shape) for k, v in batch.items()}
         assert shapes["ids"] == shapes["labels"] == (2, 8) and shapes["img"] == (2, 3, 2)
+        assert shapes["spk"] == (2, 5)
     cut = PadCollate(max_length=4, truncate=True, pad_keys=[0])([(torch.ones(5), 1)] * 2)
     assert cut.values[0].shape == (2, 4) and cut.lengths.tolist() == [4, 4]
 

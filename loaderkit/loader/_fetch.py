@@ -182,6 +182,7 @@ class BatchFetcher:
     ) -> None:
         self.dataset = dataset
         self.seed = seed
+        self.rows = getattr(dataset, "seed_rows", None) if isinstance(dataset, _Subset) else None
         self.per_sample_seeding = bool(per_sample_seeding)
         self.seeder = (
             SampleSeeder(lazy=per_sample_seeding == "auto") if per_sample_seeding else None
@@ -211,6 +212,8 @@ class BatchFetcher:
         seed_keys: np.ndarray | None = None,
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
+        if seed_keys is None and self.rows is not None:
+            seed_keys = self.rows[np.asarray(indices)]
         if self.mode == "get_batch" and self.seeder is None:
             return self._batched(self.dataset.get_batch, epoch, indices)
         if self.mode == "get_batch":  # a user's: seeded per batch, never bypassed
@@ -453,9 +456,11 @@ class KeySource:
 class _Subset(Dataset[Any]):
     """``dataset`` at ``indices``, with only the batched reads ``dataset`` has."""
 
-    def __init__(self, dataset: Any, indices: np.ndarray) -> None:
+    def __init__(self, dataset: Any, indices: np.ndarray, *, keyed: bool = False) -> None:
         self.dataset = dataset
         self.indices = np.asarray(indices, dtype=np.int64)
+        # keyed: a rank's part of a split, seeded by the split's indices (as on one rank)
+        self.seed_rows = self.indices if keyed else None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -478,9 +483,10 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
     pass
 
 
-def index_subset(dataset: Any, indices: np.ndarray) -> _Subset:
-    """A subset of ``dataset`` fetched the same way as ``dataset`` itself."""
+def index_subset(dataset: Any, indices: np.ndarray, *, keyed: bool = False) -> _Subset:
+    """A subset of ``dataset`` fetched the same way as ``dataset`` itself; ``keyed``: its
+    samples seeded by their indices in ``dataset``."""
     batched = batch_fetch_is_faithful(dataset)
     items = batch_fetch_is_faithful(dataset, "__getitems__")
     kinds = ((_Subset, _ItemsSubset), (_BatchedSubset, _BothSubset))
-    return kinds[batched][items](dataset, indices)
+    return kinds[batched][items](dataset, indices, keyed=keyed)

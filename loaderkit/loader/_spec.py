@@ -25,7 +25,7 @@ from loaderkit.loader._args import (
     from_distributed_sampler,
     whole_order_sampler,
 )
-from loaderkit.loader._fetch import Unbatched, loaderkit_batch_read
+from loaderkit.loader._fetch import Unbatched, _Subset, loaderkit_batch_read
 from loaderkit.plan._sampler_plan import (
     SamplerPlan,
     generator_seed,
@@ -125,7 +125,8 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
             "from the dataset's own generator."
         )
     plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
-    weighted = holds_mix(dataset, weighted=True)
+    inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
+    weighted = holds_mix(inner, weighted=True)
     if weighted and not isinstance(dataset, MixedDataset):
         raise ValueError(
             f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "

@@ -548,6 +548,14 @@ def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked
     assert len(dm.train_dataloader()) == SIZE // BATCH // 4
 
 
+class _Draws(torch.utils.data.Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, int(torch.randint(0, 10**6, ()))])
+
+
 @pytest.mark.parametrize("bucket", [False, True], ids=["plain", "bucketed"])
 def test_eval_splits_on_several_ranks_are_dealt_as_lightning_deals_them(bucket: bool) -> None:
     # As Lightning's UnrepeatedDistributedSamplerWrapper; was: rank 1 predicted sample 0 again.
@@ -575,6 +583,23 @@ def test_eval_splits_on_several_ranks_are_dealt_as_lightning_deals_them(bucket: 
             assert len(batches) == 1 and len(batches[0]) == 3
             val += batches[0]
         assert sorted(val) == [0, 0, 1, 2, 3, 4]
+
+    # A rank's part draws as on one rank: keyed by the split's indices, not its own.
+    class Drawing(LoaderDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"predict": _Draws()}
+
+    def predicted(rank: int, world_size: int) -> dict[int, int]:
+        dm = Drawing(batch_size=2, seed=3)
+        dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(rank, world_size)))
+        dm.setup("predict")
+        return {int(i): int(v) for b in dm.predict_dataloader() for i, v in b.tolist()}
+
+    assert predicted(0, 1) == predicted(0, 2) | predicted(1, 2)
+    dm = Drawing(batch_size=2)
+    dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
+    dm.setup("predict")
+    assert dm.describe()["splits"]["predict"]["batches_per_epoch"] == 2  # 3 samples a rank
     dm = TensorDataModule(train=(torch.arange(5),), predict=(torch.arange(1),))
     dm.trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
     with pytest.raises(ValueError, match=r"predict split has 1 samples, fewer than the 2 ranks"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import (
@@ -14,6 +15,7 @@ from torch.utils.data import (
 )
 
 from loaderkit import MixedDataset, PlanBatchSampler, ResumableDataLoader, SamplePlan
+from loaderkit.loader._fetch import index_subset
 
 
 def _mix() -> MixedDataset:
@@ -71,6 +73,7 @@ def test_a_weighted_mix_inside_a_subset_or_concat_is_refused() -> None:
         Subset(mix, range(len(mix))),
         ConcatDataset([mix]),
         random_split(mix, [1.0])[0],
+        index_subset(mix, np.arange(len(mix))),  # a DataModule's split, a rank's part
     ):
         with pytest.raises(ValueError, match=r"holding a weighted MixedDataset.*pass the Mix"):
             ResumableDataLoader(wrapped, batch_size=10, shuffle=True)

@@ -325,7 +325,7 @@ class LoaderDataModule(L.LightningDataModule):
             )
         end = n if split == "predict" else -(-n // world_size) * world_size
         rows = np.arange(rank, end, world_size) % n
-        return index_subset(dataset, rows), {"rank": 0, "world_size": 1}
+        return index_subset(dataset, rows, keyed=True), {"rank": 0, "world_size": 1}
 
     def eval_batches_by_rank(self) -> bool:
         """Whether val/test batches are made on each rank from its own samples (a bucketing
@@ -409,7 +409,8 @@ class LoaderDataModule(L.LightningDataModule):
                 samples, batches = None, stream_epoch_steps(loader, world_size)
             else:
                 samples = len(dataset)
-                batches = loader.plan.num_steps(0, start=0, world_size=world_size)
+                dealt = 1 if len(loader.dataset) != samples else world_size  # a rank's part
+                batches = loader.plan.num_steps(0, start=0, world_size=dealt)
             splits[split] = {
                 "samples": samples,
                 "batch_size": self.batch_size if split == "train" else self.eval_batch_size,
