@@ -216,7 +216,8 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         try:
             if isinstance(obj, MutableMapping):
                 clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
-                clone.update(items)
+                for key, value in items.items():  # not update(): a Counter's adds
+                    clone[key] = value
                 return clone
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:
@@ -225,6 +226,10 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         return type(obj)(*(_apply(value, leaf) for value in obj))
     if isinstance(obj, (list, tuple)):
         values = [_apply(value, leaf) for value in obj]
+        if isinstance(obj, list) and type(obj) is not list:
+            clone = copy.copy(obj)  # keeps subclass attributes, as for mappings
+            clone[:] = values
+            return clone
         try:
             return type(obj)(values)
         except TypeError:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -335,6 +335,7 @@ def test_move_recurses_through_every_container_kind() -> None:
         "mine": MyDict(t=torch.ones(1)),
         "mylist": MyList([torch.ones(1)]),
         "proxy": MappingProxyType({"t": torch.ones(1)}),
+        "counter": Counter({"t": torch.ones(1), "n": 2}),  # update() would add: doubled
         "size": torch.Size([2, 3]),
         "array": array,
         "custom": CustomBatch(torch.ones(1)),
@@ -358,6 +359,10 @@ def test_move_recurses_through_every_container_kind() -> None:
     assert type(moved["mine"]) is MyDict and moved["mine"]["t"].device == META
     assert type(moved["mylist"]) is MyList and moved["mylist"][0].device == META
     assert type(moved["proxy"]) is MappingProxyType and moved["proxy"]["t"].device == META
+    assert type(moved["counter"]) is Counter and moved["counter"]["n"] == 2
+    tagged = MyList([torch.ones(1)])
+    tagged.tag = "mine"  # type: ignore[attr-defined]
+    assert move_to_device(tagged, META).tag == "mine"  # a list subclass keeps its attributes
     assert moved["size"] == torch.Size([2, 3])
     assert moved["array"] is array
     assert moved["custom"].x.device == META
