@@ -227,9 +227,9 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     if isinstance(obj, (list, tuple)):
         values = [_apply(value, leaf) for value in obj]
         if isinstance(obj, list) and type(obj) is not list:
-            clone = copy.copy(obj)  # keeps subclass attributes, as for mappings
-            clone[:] = values
-            return clone
+            seq: list[Any] = copy.copy(obj)  # keeps subclass attributes, as for mappings
+            seq[:] = values
+            return seq
         try:
             return type(obj)(values)
         except TypeError:
