@@ -98,6 +98,12 @@ def plain_sampler(sampler: Any, size: int) -> bool:
 
 def engine_kind(dataset: Any) -> Kind:
     if isinstance(dataset, StreamingShardedDataset):
+        if type(dataset).__iter__ is not StreamingShardedDataset.__iter__:
+            raise TypeError(
+                f"ResumableDataLoader: {type(dataset).__name__} overrides __iter__, which the "
+                "loader never calls (it reads the shards by position, to resume); override "
+                "read_from(shard, offset) or pass transform= instead."
+            )
         return "stream"
     return "iterable" if isinstance(dataset, IterableDataset) else "plan"
 

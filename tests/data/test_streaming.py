@@ -687,3 +687,15 @@ def test_shards_without_a_sample_are_an_error_not_an_empty_epoch() -> None:
     short = StreamingShardedDataset(make_shards([1, 1]), IterableReader(read_range))
     with pytest.raises(LoaderkitError, match=r"each of the 2 worker slot\(s\) got fewer than "):
         list(loader(short, 2, batch_size=2, drop_last=True))
+
+
+class _OwnIter(StreamingShardedDataset):
+    def __iter__(self) -> Iterator[Any]:  # a filter the loader would never call
+        return (s for s in super().__iter__() if int(s) % 2)
+
+
+def test_a_subclass_overriding_iter_is_refused_by_the_loader() -> None:
+    # Was: the loader read the shards itself, the subclass's filter silently skipped.
+    ds = _OwnIter(make_shards([4, 4]), IterableReader(read_range))
+    with pytest.raises(TypeError, match=r"_OwnIter overrides __iter__.*override read_from"):
+        ResumableDataLoader(ds, batch_size=2)
