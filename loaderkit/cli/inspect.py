@@ -244,6 +244,8 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
     samples = len(dataset) if isinstance(dataset, Sized) else None
+    if _engine_kind(loader) == "plan":  # a sampler may draw part of the dataset, or more
+        samples = loader.plan.epoch_length(0)
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,

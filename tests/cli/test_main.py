@@ -223,6 +223,31 @@ def test_inspect_plain_lightning_module_is_not_resumable(
     assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
 
 
+def test_inspect_counts_the_samples_a_sampler_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # Was: "samples train 100" (the dataset) beside 2 batches of 5.
+    (tmp_path / "part.py").write_text(
+        textwrap.dedent(
+            """\
+            import lightning as L, torch
+            from torch.utils.data import SubsetRandomSampler
+            from loaderkit import ResumableDataLoader, TensorDataset
+
+            class Part(L.LightningDataModule):
+                def train_dataloader(self):
+                    sampler = SubsetRandomSampler(range(10))
+                    data = TensorDataset(torch.arange(100))
+                    return ResumableDataLoader(data, batch_size=5, sampler=sampler, seed=0)
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "part.py:Part", "--no-progress-bar", "--max-workers", "0"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert "samples          train 10" in out and "train 2 (epoch 0)" in out
+
+
 @pytest.fixture
 def stream_project(tmp_path: Path) -> Path:
     """A user's folder with 160 token samples in two shards and streaming DataModules."""
