@@ -290,20 +290,6 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     return {k: [getattr(s, str(k)) for s in samples] for k in keys}
 
 
-def _kind(value: Tensor | np.ndarray) -> str:
-    """``"b"``ool, ``"f"``loat (or complex), else ``"i"``nteger."""
-    if isinstance(value, Tensor):
-        dtype = value.dtype
-        return (
-            "b"
-            if dtype == torch.bool
-            else "f"
-            if dtype.is_floating_point or dtype.is_complex
-            else "i"
-        )
-    return {"b": "b", "f": "f", "c": "f"}.get(value.dtype.kind, "i")
-
-
 class PadCollate:
     """Collate variable-length samples into a padded batch with lengths and a mask.
 
@@ -318,8 +304,9 @@ class PadCollate:
         padding_side: ``"right"`` (pad after the items) or ``"left"``.
         pad_to_multiple_of: Round the padded length up to a multiple of this.
         max_length: Pad to exactly this length; longer samples raise unless ``truncate``.
-            With either, name the fields of dict or tuple samples in ``pad_keys`` (a batch
-            where no field varies raises otherwise).
+            With either, name a field of dict or tuple samples in ``pad_keys``: it and the
+            fields as long in every sample are padded in every batch (one where no field
+            varies and none is named raises).
         truncate: Cut samples longer than ``max_length``.
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
@@ -518,8 +505,8 @@ class PadCollate:
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable
     ) -> list[Hashable]:
         """With a length limit, the fields to pad in any batch: ``padded`` and the fields
-        aligned with ``length_key`` (as long in every sample, as many dims, a like dtype),
-        also where no length varies; refused where no field is padded or named."""
+        aligned with ``length_key`` (as many dims, as long in every sample), also where no
+        length varies; refused where no field is padded or named."""
         if length_key is None or _BARE in columns:
             return padded
         if not padded:
@@ -529,16 +516,13 @@ class PadCollate:
                 "is unknown (other batches are padded); name the fields in pad_keys=[...]"
             )
         first = columns[length_key][0]
-        if not isinstance(first, (Tensor, np.ndarray)):
-            return padded
+        ndim = 1 if isinstance(first, list) else first.ndim
         sizes = self._sizes(_where(length_key), columns[length_key])[1]
         for k, col in columns.items():
-            # Aligned: as many dims, of a like dtype (labels beside input_ids, not an image
-            # or a float feature vector whose size happens to match).
-            like = isinstance(col[0], (Tensor, np.ndarray)) and col[0].ndim == first.ndim
-            if k in padded or not like or _kind(col[0]) != _kind(first):
-                continue
-            if self._sizes(_where(k), col)[1] == sizes:
+            # Aligned: as many dims and as long in every sample (labels, a loss mask beside
+            # input_ids; not an image). A fixed-size vector exactly as long is taken too.
+            like = isinstance(col[0], (Tensor, np.ndarray)) and col[0].ndim == ndim
+            if k not in padded and like and self._sizes(_where(k), col)[1] == sizes:
                 padded.append(k)
         return padded
 

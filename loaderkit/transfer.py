@@ -10,7 +10,8 @@ import dataclasses
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sized
+from collections import UserDict, UserList
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any, Literal, TypeAlias
 
 import torch
@@ -214,7 +215,7 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         if type(obj) is dict:
             return items
         try:
-            if isinstance(obj, MutableMapping):
+            if isinstance(obj, dict | UserDict):  # copies own their storage
                 clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
                 for key, value in items.items():  # not update(): a Counter's adds
                     clone[key] = value
@@ -222,6 +223,10 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:
             return items
+    if isinstance(obj, UserList):
+        moved = copy.copy(obj)  # its copy owns its data
+        moved[:] = [_apply(value, leaf) for value in obj]
+        return moved
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(_apply(value, leaf) for value in obj))
     if isinstance(obj, (list, tuple)):

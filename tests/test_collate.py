@@ -229,12 +229,14 @@ def test_a_length_limit_gives_every_batch_one_shape() -> None:
     collate = PadCollate(max_length=8, pad_keys=["ids"])
     ids = torch.ones(5, dtype=torch.long)
     for n in (5, 3):
-        # spk: a float vector as long as ids by chance, never padded (nor the image).
-        same = {"ids": ids, "labels": ids, "img": torch.ones(3, 2), "spk": torch.ones(5)}
-        batch = collate([same, {**same, "ids": ids[:n], "labels": ids[:n]}])
+        # A loss mask and labels beside the ids are padded with them; an image is not.
+        same = {"ids": ids, "labels": ids, "img": torch.ones(3, 2), "mask": ids.bool()}
+        batch = collate([same, {**same, "ids": ids[:n], "labels": ids[:n], "mask": ids[:n] > 0}])
         shapes = {k: tuple(v.shape) for k, v in batch.items()}
-        assert shapes["ids"] == shapes["labels"] == (2, 8) and shapes["img"] == (2, 3, 2)
-        assert shapes["spk"] == (2, 5)
+        assert shapes["ids"] == shapes["labels"] == shapes["mask"] == (2, 8)
+        assert shapes["img"] == (2, 3, 2)
+    listed = PadCollate(max_length=8, pad_keys=["ids"])([{"ids": [1, 2], "y": torch.ones(2)}] * 2)
+    assert tuple(listed["y"].shape) == (2, 8)  # aligned with a list field too
     cut = PadCollate(max_length=4, truncate=True, pad_keys=[0])([(torch.ones(5), 1)] * 2)
     assert cut.values[0].shape == (2, 4) and cut.lengths.tolist() == [4, 4]
 

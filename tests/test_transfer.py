@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Iterator
+from collections import Counter, OrderedDict, UserList, defaultdict
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -318,6 +318,26 @@ class MyList(list[Any]):
     pass
 
 
+class _Store(MutableMapping[str, Any]):
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._d = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._d[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 def test_move_recurses_through_every_container_kind() -> None:
     array = np.arange(3)
     inner: defaultdict[str, Any] = defaultdict(list, {"t": torch.ones(1)})
@@ -363,6 +383,9 @@ def test_move_recurses_through_every_container_kind() -> None:
     tagged = MyList([torch.ones(1)])
     tagged.tag = "mine"  # type: ignore[attr-defined]
     assert move_to_device(tagged, META).tag == "mine"  # a list subclass keeps its attributes
+    shared = _Store({"t": torch.ones(1)})  # copy.copy would share its storage
+    assert move_to_device(shared, META)["t"].device == META and shared["t"].device != META
+    assert move_to_device(UserList([torch.ones(1)]), META)[0].device == META
     assert moved["size"] == torch.Size([2, 3])
     assert moved["array"] is array
     assert moved["custom"].x.device == META
