@@ -216,6 +216,8 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
 def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
     from loaderkit.loader.resumable import ResumableDataLoader
+    from loaderkit.plan._sampler_plan import SamplerPlan
+    from loaderkit.plan.mix import MixPlan
 
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -244,8 +246,8 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
     samples = len(dataset) if isinstance(dataset, Sized) else None
-    if _engine_kind(loader) == "plan":  # a sampler may draw part of the dataset, or more
-        samples = loader.plan.epoch_length(0)
+    if isinstance(getattr(loader, "plan", None), SamplerPlan | MixPlan):
+        samples = loader.plan.epoch_length(0)  # a sampler or a mix draws part, or more
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,

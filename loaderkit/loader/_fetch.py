@@ -44,6 +44,8 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
 
 def loaderkit_batch_read(dataset: Any) -> bool:
     """Whether ``dataset`` is read by a faithful ``get_batch`` loaderkit defines (draws nothing)."""
+    if isinstance(dataset, _Subset):  # a split's get_batch reads the dataset's
+        return loaderkit_batch_read(dataset.dataset)
     if not batch_fetch_is_faithful(dataset):
         return False
     owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))

@@ -101,8 +101,8 @@ def engine_kind(dataset: Any) -> Kind:
         if type(dataset).__iter__ is not StreamingShardedDataset.__iter__:
             raise TypeError(
                 f"ResumableDataLoader: {type(dataset).__name__} overrides __iter__, which the "
-                "loader never calls (it reads the shards by position, to resume); override "
-                "read_from(shard, offset) or pass transform= instead."
+                "loader never calls (it reads the shards by position, to resume); pass "
+                "transform=, or filter in the reader's function (IterableReader(fn))."
             )
         return "stream"
     return "iterable" if isinstance(dataset, IterableDataset) else "plan"

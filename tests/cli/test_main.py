@@ -239,6 +239,13 @@ def test_inspect_counts_the_samples_a_sampler_draws(
                     sampler = SubsetRandomSampler(range(10))
                     data = TensorDataset(torch.arange(100))
                     return ResumableDataLoader(data, batch_size=5, sampler=sampler, seed=0)
+
+            class Buckets(L.LightningDataModule):  # a plan whose positions count batches
+                def train_dataloader(self):
+                    from loaderkit import BucketBatchSampler
+                    sampler = BucketBatchSampler(torch.full((100,), 3), batch_size=5, seed=0)
+                    data = TensorDataset(torch.arange(100))
+                    return ResumableDataLoader(data, batch_sampler=sampler)
             """
         )
     )
@@ -246,6 +253,9 @@ def test_inspect_counts_the_samples_a_sampler_draws(
     assert main(["inspect", "part.py:Part", "--no-progress-bar", "--max-workers", "0"]) == 0
     out = flat(capsys.readouterr().out)
     assert "samples          train 10" in out and "train 2 (epoch 0)" in out
+    assert main(["inspect", "part.py:Buckets", "--no-progress-bar", "--max-workers", "0"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert "samples          train 100" in out and "train 20 (epoch 0)" in out
 
 
 @pytest.fixture

@@ -697,5 +697,7 @@ class _OwnIter(StreamingShardedDataset):
 def test_a_subclass_overriding_iter_is_refused_by_the_loader() -> None:
     # Was: the loader read the shards itself, the subclass's filter silently skipped.
     ds = _OwnIter(make_shards([4, 4]), IterableReader(read_range))
-    with pytest.raises(TypeError, match=r"_OwnIter overrides __iter__.*override read_from"):
+    with pytest.raises(
+        TypeError, match=r"_OwnIter overrides __iter__.*pass transform=, or filter in the reader"
+    ):
         ResumableDataLoader(ds, batch_size=2)

@@ -647,6 +647,14 @@ def test_a_user_get_batch_dataset_is_seeded_per_sample() -> None:
 
     full = [b.tolist() for b in make()]
     assert [b.tolist() for b in make(2)] == full
+    # A DataModule's split of it (loaderkit's subset, whose get_batch reads the user's)
+    # was read unseeded: other values with 2 workers.
+    split = index_subset(UserGetBatch(), np.arange(2, 12))
+    parts = [
+        [b.tolist() for b in ResumableDataLoader(split, batch_size=4, seed=0, num_workers=nw)]
+        for nw in (0, 2)
+    ]
+    assert parts[0] == parts[1]
     cut = make()
     it = iter(cut)
     head = [next(it).tolist()]
