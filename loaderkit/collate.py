@@ -298,7 +298,8 @@ class PadCollate:
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get
-            ``default_pad_value``); checked against each field's dtype.
+            ``default_pad_value``; a bool field not named here pads with False); checked
+            against each field's dtype.
         default_pad_value: Pad value of keys a mapping ``pad_value`` leaves out.
         pad_dim: The dim to pad (negative counts from the end); other dims must match.
         padding_side: ``"right"`` (pad after the items) or ``"left"``.
@@ -310,8 +311,9 @@ class PadCollate:
         truncate: Cut samples longer than ``max_length``.
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
-        length_field: The key whose lengths and mask are returned (default: the first
-            padded field, else the first tensor / array / list field).
+        length_field: The key whose lengths and mask are returned (default: the first of
+            ``pad_keys``, else the first padded field, else the first tensor / array /
+            list field).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -419,7 +421,7 @@ class PadCollate:
                 )
             cut = (slice(None),) * dim
             keep = [
-                slice(n - limit, n) if self.truncation_side == "left" else slice(limit)
+                slice(max(n - limit, 0), n) if self.truncation_side == "left" else slice(limit)
                 for n in lengths
             ]
             col = [v[k] if not dim else v[(*cut, k)] for v, k in zip(col, keep, strict=True)]
@@ -429,6 +431,8 @@ class PadCollate:
         if self.pad_to_multiple_of:
             size = -(-size // self.pad_to_multiple_of) * self.pad_to_multiple_of
         value = self.pad_values.get(key, self.default_pad_value)
+        if flat.dtype == torch.bool and key not in self.pad_values:
+            value = False  # a mask's pad is "absent", whatever the token pad id
         _check_pad_value(where, value, flat.dtype)
         out, lens, mask = _scatter(flat, lengths, size, value, self.padding_side == "left")
         return (out.movedim(1, dim + 1).contiguous() if dim else out), lens, mask
@@ -499,7 +503,8 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        return padded, (padded + fits + [None])[0]  # padded here, else one that could be
+        keys = [k for k in self.pad_keys if k in seqs]  # named: the same in every batch
+        return padded, (keys + padded + fits + [None])[0]  # else padded here, or could be
 
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable

@@ -214,12 +214,15 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         items = {key: _apply(value, leaf) for key, value in obj.items()}
         if type(obj) is dict:
             return items
-        try:
-            if isinstance(obj, dict | UserDict):  # copies own their storage
-                clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
+        if isinstance(obj, dict | UserDict):  # copies own their storage
+            clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
+            try:
                 for key, value in items.items():  # not update(): a Counter's adds
                     clone[key] = value
                 return clone
+            except TypeError:
+                pass  # a frozen mapping: built anew
+        try:
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:
             return items

@@ -217,6 +217,7 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
     from loaderkit.loader.resumable import ResumableDataLoader
     from loaderkit.plan._sampler_plan import SamplerPlan
+    from loaderkit.plan.bucket import BucketPlan
     from loaderkit.plan.mix import MixPlan
 
     dm.setup("fit")
@@ -246,8 +247,11 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
     samples = len(dataset) if isinstance(dataset, Sized) else None
-    if isinstance(getattr(loader, "plan", None), SamplerPlan | MixPlan):
-        samples = loader.plan.epoch_length(0)  # a sampler or a mix draws part, or more
+    plan = getattr(loader, "plan", None)  # a sampler, a mix, a bucket plan read part, or more
+    if isinstance(plan, SamplerPlan | MixPlan):
+        samples = plan.epoch_length(0)
+    elif isinstance(plan, BucketPlan):  # its positions count batches
+        samples = plan.samples_per_epoch()
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,
