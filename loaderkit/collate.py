@@ -311,9 +311,9 @@ class PadCollate:
         truncate: Cut samples longer than ``max_length``.
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
-        length_field: The key whose lengths and mask are returned (default: the first of
-            ``pad_keys``, else the first padded field, else the first tensor / array /
-            list field).
+        length_field: The key whose lengths and mask are returned (default: under
+            ``max_length`` / ``pad_to_multiple_of`` the first of ``pad_keys``; else the
+            first padded field, else the first tensor / array / list field).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -503,7 +503,9 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        keys = [k for k in self.pad_keys if k in seqs]  # named: the same in every batch
+        # Under a length limit, a named field first: the same one in every batch.
+        limited = self.max_length is not None or self.pad_to_multiple_of is not None
+        keys = [k for k in self.pad_keys if k in seqs] if limited else []
         return padded, (keys + padded + fits + [None])[0]  # else padded here, or could be
 
     def _aligned(
