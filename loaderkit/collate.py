@@ -298,8 +298,8 @@ class PadCollate:
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get
-            ``default_pad_value``; a bool field not named here pads with False); checked
-            against each field's dtype.
+            ``default_pad_value``; a bool field pads with False unless a bool or its own
+            value is given); checked against each field's dtype.
         default_pad_value: Pad value of keys a mapping ``pad_value`` leaves out.
         pad_dim: The dim to pad (negative counts from the end); other dims must match.
         padding_side: ``"right"`` (pad after the items) or ``"left"``.
@@ -311,9 +311,8 @@ class PadCollate:
         truncate: Cut samples longer than ``max_length``.
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
-        length_field: The key whose lengths and mask are returned (default: under
-            ``max_length`` / ``pad_to_multiple_of`` the first of ``pad_keys``; else the
-            first padded field, else the first tensor / array / list field).
+        length_field: The key whose lengths and mask are returned (default: the first
+            padded field, else the first tensor / array / list field).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -431,7 +430,7 @@ class PadCollate:
         if self.pad_to_multiple_of:
             size = -(-size // self.pad_to_multiple_of) * self.pad_to_multiple_of
         value = self.pad_values.get(key, self.default_pad_value)
-        if flat.dtype == torch.bool and key not in self.pad_values:
+        if flat.dtype == torch.bool and key not in self.pad_values and type(value) is not bool:
             value = False  # a mask's pad is "absent", whatever the token pad id
         _check_pad_value(where, value, flat.dtype)
         out, lens, mask = _scatter(flat, lengths, size, value, self.padding_side == "left")
@@ -503,10 +502,7 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        # Under a length limit, a named field first: the same one in every batch.
-        limited = self.max_length is not None or self.pad_to_multiple_of is not None
-        keys = [k for k in self.pad_keys if k in seqs] if limited else []
-        return padded, (keys + padded + fits + [None])[0]  # else padded here, or could be
+        return padded, (padded + fits + [None])[0]  # padded here, else one that could be
 
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable

@@ -215,8 +215,8 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         if type(obj) is dict:
             return items
         if isinstance(obj, dict | UserDict):  # copies own their storage
-            clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
             try:
+                clone = copy.copy(obj)  # keeps defaultdict factories, subclass attributes
                 for key, value in items.items():  # not update(): a Counter's adds
                     clone[key] = value
                 return clone

@@ -241,14 +241,13 @@ def test_a_length_limit_gives_every_batch_one_shape() -> None:
     assert cut.values[0].shape == (2, 4) and cut.lengths.tolist() == [4, 4]
 
 
-def test_named_fields_decide_lengths_mask_and_pads() -> None:
-    # The lengths came from whichever field varied first (prompt_ids), batch by batch.
+def test_bool_fields_pad_absent_and_left_truncation_keeps_short_samples() -> None:
     ids = torch.arange(5)
-    samples = [{"prompt_ids": ids[:n], "input_ids": ids, "loss_mask": ids > 0} for n in (2, 3)]
-    batch = PadCollate(pad_value=1, max_length=8, pad_keys=["input_ids"])(samples)
-    assert batch["lengths"].tolist() == [5, 5] and batch["attention_mask"].shape == (2, 8)
-    # A bool field not named in pad_value pads with False (was the token pad id, 1: True).
-    assert not batch["loss_mask"][:, 5:].any() and batch["input_ids"][0, 5:].eq(1).all()
+    samples = [{"input_ids": ids[:n], "loss_mask": ids[:n] > 0} for n in (5, 3)]
+    batch = PadCollate(pad_value=1, max_length=8)(samples)
+    # A bool field not named in pad_value pads with False (was the token pad id 1: True).
+    assert not batch["loss_mask"][:, 5:].any() and batch["input_ids"][1, 3:].eq(1).all()
+    assert PadCollate(pad_value=True)([ids > 0, ids[:2] > 0]).values[1, 2:].all()  # asked
     # Left truncation of a sample under the limit beside one above it (was a crash).
     cut = PadCollate(max_length=4, truncate=True, truncation_side="left")
     assert cut([torch.arange(3), torch.arange(6)]).values.tolist() == [[0, 1, 2, 0], [2, 3, 4, 5]]

@@ -250,8 +250,9 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
     plan = getattr(loader, "plan", None)  # a sampler, a mix, a bucket plan read part, or more
     if isinstance(plan, SamplerPlan | MixPlan):
         samples = plan.epoch_length(0)
-    elif isinstance(plan, BucketPlan):  # its positions count batches
-        samples = plan.samples_per_epoch()
+    elif isinstance(plan, BucketPlan):  # its positions count batches: count the samples
+        sched = plan.schedule(0, start=0, rank=0, world_size=1)
+        samples = sum(len(sched.indices(step)) for step in range(sched.num_steps))
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,

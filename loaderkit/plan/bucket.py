@@ -249,11 +249,10 @@ class BucketPlan:
             return int(self._epoch(epoch).sequence.size)
         assert self.batch_size is not None
         _int("epoch", epoch, 0, "pass the epoch number")
-        full, short = divmod(self.samples_per_epoch(), self.batch_size)
+        full, short = divmod(self._samples_per_epoch(), self.batch_size)
         return full + (1 if short and not self.drop_last else 0)
 
-    def samples_per_epoch(self) -> int:
-        """Samples an epoch reads (oversize ones skipped)."""
+    def _samples_per_epoch(self) -> int:
         return int(self._eligible.size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:

@@ -433,8 +433,7 @@ class MixBucketPlan(BucketPlan):
         self._check_total(self.mix.num_samples, "the sources", "MixedDataset.lengths()")
         self._draw_keys: tuple[int, np.ndarray | None] | None = None  # (epoch, keys)
 
-    def samples_per_epoch(self) -> int:
-        """Samples an epoch draws from the mix."""
+    def _samples_per_epoch(self) -> int:
         return self.mix.epoch_length(0)
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
