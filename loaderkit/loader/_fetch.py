@@ -46,8 +46,8 @@ def loaderkit_batch_read(dataset: Any) -> bool:
     """Whether ``dataset`` is read by a faithful ``get_batch`` loaderkit defines (draws nothing)."""
     if isinstance(dataset, _Subset):  # a split's get_batch reads the dataset's
         return loaderkit_batch_read(dataset.dataset)
-    if not batch_fetch_is_faithful(dataset):
-        return False
+    if "get_batch" in getattr(dataset, "__dict__", {}) or not batch_fetch_is_faithful(dataset):
+        return False  # one set on the instance is the user's
     owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))
     return owner.__module__.startswith("loaderkit.")
 

@@ -29,6 +29,7 @@ from torch.utils.data import (
     random_split,
 )
 
+import loaderkit
 from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
 from loaderkit.loader._fetch import index_subset
 from tests.support.loops import check_resume_oracle
@@ -636,6 +637,10 @@ class UserGetBatch(Dataset[torch.Tensor]):
         return default_collate([self[int(i)] for i in indices])
 
 
+def _noisy_rows(indices: Any) -> tuple[torch.Tensor]:
+    return (torch.rand(len(indices)),)
+
+
 def test_a_user_get_batch_dataset_is_seeded_per_sample() -> None:
     # Second review of issue 21: any get_batch turned per-sample seeding off, so the
     # noise differed between num_workers 0 and 2 and after a resume. It runs under
@@ -655,6 +660,11 @@ def test_a_user_get_batch_dataset_is_seeded_per_sample() -> None:
         for nw in (0, 2)
     ]
     assert parts[0] == parts[1]
+    # A get_batch set on an instance of loaderkit's TensorDataset is the user's: seeded.
+    own = loaderkit.TensorDataset(torch.zeros(12))
+    own.get_batch = _noisy_rows  # type: ignore[method-assign]
+    runs = [list(ResumableDataLoader(own, batch_size=4, seed=0, num_workers=nw)) for nw in (0, 2)]
+    assert [b[0].tolist() for b in runs[0]] == [b[0].tolist() for b in runs[1]]
     cut = make()
     it = iter(cut)
     head = [next(it).tolist()]
