@@ -19,7 +19,7 @@ import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 import numpy as np
@@ -468,7 +468,7 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         yield value
 
 
-def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> Any:
+def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> AbstractContextManager[int]:
     """:func:`seeded_sample` for a batch read as a whole (a user's ``get_batch``), keyed by a
     digest of its samples' keys (``keys``: their indices, or the keys that seed in their
     place): the same for any ``num_workers`` and after a resume."""

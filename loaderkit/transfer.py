@@ -226,18 +226,14 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:
             return items
-    if isinstance(obj, UserList):
-        moved = copy.copy(obj)  # its copy owns its data
+    if isinstance(obj, UserList) or (isinstance(obj, list) and type(obj) is not list):
+        moved = copy.copy(obj)  # keeps subclass attributes; the copy owns its items
         moved[:] = [_apply(value, leaf) for value in obj]
         return moved
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(_apply(value, leaf) for value in obj))
     if isinstance(obj, (list, tuple)):
         values = [_apply(value, leaf) for value in obj]
-        if isinstance(obj, list) and type(obj) is not list:
-            seq: list[Any] = copy.copy(obj)  # keeps subclass attributes, as for mappings
-            seq[:] = values
-            return seq
         try:
             return type(obj)(values)
         except TypeError:

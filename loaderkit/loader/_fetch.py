@@ -184,11 +184,12 @@ class BatchFetcher:
     ) -> None:
         self.dataset = dataset
         self.seed = seed
-        self.rows = getattr(dataset, "seed_rows", None) if isinstance(dataset, _Subset) else None
         self.per_sample_seeding = bool(per_sample_seeding)
         self.seeder = (
             SampleSeeder(lazy=per_sample_seeding == "auto") if per_sample_seeding else None
         )
+        seeded = self.seeder is not None and isinstance(dataset, _Subset)
+        self.rows = dataset.seed_rows if seeded else None  # keys only where samples are seeded
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.gather = (
             self.collate_fn is default_collate

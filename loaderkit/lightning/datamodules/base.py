@@ -409,7 +409,8 @@ class LoaderDataModule(L.LightningDataModule):
                 samples, batches = None, stream_epoch_steps(loader, world_size)
             else:
                 samples = len(dataset)
-                dealt = 1 if len(loader.dataset) != samples else world_size  # a rank's part
+                part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
+                dealt = 1 if part else world_size
                 batches = loader.plan.num_steps(0, start=0, world_size=dealt)
             splits[split] = {
                 "samples": samples,

@@ -239,10 +239,8 @@ class SequenceDataModule(LoaderDataModule):
         return self.bucket
 
     def _lengths_of(self, split: str, dataset: Any) -> np.ndarray:
-        lengths = self._lengths[split]
-        if len(lengths) != len(dataset):  # a rank's part (LoaderDataModule._rank_part)
-            lengths = lengths[dataset.indices]
-        return lengths
+        rows = getattr(dataset, "seed_rows", None)  # a rank's part (LoaderDataModule._rank_part)
+        return self._lengths[split] if rows is None else self._lengths[split][rows]
 
     def padding_fraction(self, split: str) -> float | None:
         """Padded tokens / all tokens over epoch 0 of ``split`` on one rank."""
