@@ -101,9 +101,7 @@ def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
                     f"({item!r:.40}), not a number; return a tensor or array for a nested "
                     "sample, or flatten it in the dataset"
                 )
-    raise CollateError(  # pragma: no cover - a non-number is always found above
-        f"{where}: the samples are not flat lists of numbers; return tensors or flat lists"
-    )
+    raise CollateError(f"{where}: samples are not flat number lists")  # pragma: no cover
 
 
 def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
@@ -494,8 +492,7 @@ class PadCollate:
             elif k in named or k is _BARE:
                 raise TypeError(
                     f"{_where(k)}: sample 0 holds a {type(col[0]).__name__}, which cannot be "
-                    f"padded; only tensors, numpy arrays and lists of numbers can: return one "
-                    "of those for this field, or leave it out of pad_keys"
+                    "padded; return a tensor, array or list of numbers, or drop it from pad_keys"
                 )
         padded = [k for k in seqs if k is _BARE or k in named or self._varies(k, columns[k])]
         if self.length_field is not None:
@@ -507,9 +504,8 @@ class PadCollate:
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable
     ) -> list[Hashable]:
-        """With a length limit, the fields to pad in any batch: ``padded`` and the fields
-        aligned with ``length_key`` (as many dims, as long in every sample), also where no
-        length varies; refused where no field is padded or named."""
+        """With a length limit, ``padded`` plus the fields aligned with ``length_key`` (as many
+        dims, as long in every sample) even if none varies; refused if none is padded or named."""
         if length_key is None or _BARE in columns:
             return padded
         if not padded:
@@ -521,9 +517,7 @@ class PadCollate:
         first = columns[length_key][0]
         ndim = 1 if isinstance(first, list) else first.ndim
         sizes = self._sizes(_where(length_key), columns[length_key])[1]
-        for k, col in columns.items():
-            # Aligned: as many dims and as long in every sample (labels, a loss mask beside
-            # input_ids; not an image). A fixed-size vector exactly as long is taken too.
+        for k, col in columns.items():  # labels beside input_ids, a vector as long too; no image
             like = isinstance(col[0], (Tensor, np.ndarray)) and col[0].ndim == ndim
             if k not in padded and like and self._sizes(_where(k), col)[1] == sizes:
                 padded.append(k)

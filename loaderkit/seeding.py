@@ -95,8 +95,7 @@ def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
         )
     if key < 0:
         raise ValueError(
-            f"{func}: keys[{position}] must be a non-negative int or a str, got {key}; "
-            "pass a non-negative value (e.g. an index or an epoch number)."
+            f"{func}: keys[{position}] must be a non-negative int or a str, got {key}; pass e.g. 0."
         )
     if key < _SMALL_KEY:
         return (key,)
@@ -214,11 +213,9 @@ def mt_words(keys: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1)
 def _torch_template() -> np.ndarray:
-    """torch's CPU generator state after ``manual_seed(1)``, its layout checked.
-
-    ATen's ``CPUGeneratorImplStateLegacy``: u64 seed @0, int left @8, int seeded @12,
-    u64 next @16, u64 state[624] @24, normal-sample caches @5016..5056.
-    """
+    """torch's CPU generator state after ``manual_seed(1)``, its layout checked (ATen's
+    ``CPUGeneratorImplStateLegacy``: u64 seed @0, int left @8, int seeded @12, u64 next @16,
+    u64 state[624] @24, normal-sample caches @5016..5056)."""
     state = torch.Generator().manual_seed(1).get_state().numpy().copy()
     words = [1]
     for i in range(1, 3):  # MT's init_genrand(1)
@@ -388,9 +385,8 @@ class _NumpyRng:
     def __init__(self) -> None:
         self.lazy_ok = True  # known at save(): parked only while an MT19937
         self.seed = np.random.seed
-        self._parked = np.random.RandomState(_SENTINEL & M32).get_state(legacy=False)["state"][
-            "key"
-        ]
+        parked = np.random.RandomState(_SENTINEL & M32).get_state(legacy=False)
+        self._parked = parked["state"]["key"]
 
     def seeds(self, keys: np.ndarray) -> list[int]:
         return (sample_stream_keys(keys, StreamTag.NUMPY) & np.uint64(M32)).tolist()
@@ -469,9 +465,8 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
 
 
 def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> AbstractContextManager[int]:
-    """:func:`seeded_sample` for a batch read as a whole (a user's ``get_batch``), keyed by a
-    digest of its samples' keys (``keys``: their indices, or the keys that seed in their
-    place): the same for any ``num_workers`` and after a resume."""
+    """:func:`seeded_sample` for a batch read whole (a user's ``get_batch``), keyed by a digest
+    of its samples' ``keys`` (indices, or the keys seeding in their place): any num_workers."""
     digest = hashlib.blake2b(sample_keys(seed, epoch, keys).tobytes(), digest_size=8)
     return _seeded(int.from_bytes(digest.digest(), "little"))
 
@@ -491,14 +486,10 @@ def _seeded(value: int) -> Iterator[int]:
 
 
 class SampleSeeder:
-    """Loads a batch's samples one by one, each under the global generators seeded for it.
-
-    ``lazy=True`` seeds numpy's and Python's generators only once a sample is seen
-    drawing from them: the first batch a process loads seeds all of them and watches
-    each sample; later batches park the unused ones (a batch that draws from a parked
-    one is loaded again). torch's is seeded for every sample. The caller's states are
-    restored after the batch.
-    """
+    """Loads a batch's samples one by one, each under the global generators seeded for it;
+    the caller's states are restored after the batch. torch's is seeded for every sample;
+    with ``lazy=True`` numpy's and Python's only once the first batch (all seeded, watched)
+    sees a sample draw from them, else parked (a batch drawing from one is loaded again)."""
 
     __slots__ = ("in_use", "lazy", "probed")
 
