@@ -286,10 +286,12 @@ def check_complete(
 ) -> None:
     """Refuse a folder whose listing lacks a shard (that ``accept`` takes) one of its
     ``indexes`` (``(where, document)``) lists, or holds one a ``write_shards`` index does
-    not list. ``kept``: indexes kept elsewhere, used unless ``write_shards`` wrote one."""
+    not list, or holds two ``write_shards`` corpora. ``kept``: indexes kept elsewhere,
+    used unless ``write_shards`` wrote one."""
     parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
     if not any(by_writer for _, _, by_writer in parsed):
         parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
+    _refuse_two_corpora(folder, parsed, accept)
     have = set(listed)
     gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
     if gone:
@@ -308,6 +310,23 @@ def check_complete(
             f"index {', '.join(map(repr, writers))} does not list: {stray}; remove them, or "
             "re-run write_shards with every shard the folder should hold.",
             path=f"{folder.rstrip('/')}/{stray[0]}",
+        )
+
+
+def _refuse_two_corpora(
+    folder: str, parsed: Sequence[tuple[str, list[str], bool]], accept: Callable[[str], bool]
+) -> None:
+    """Each ``write_shards`` index is the truth for its folder: with two listing different
+    shards (another prefix, suffix or call), reading their union would mix two corpora."""
+    corpora = {frozenset(filter(accept, names)) for _, names, by_writer in parsed if by_writer}
+    corpora.discard(frozenset())  # a corpus this reader cannot open is no candidate
+    if len(corpora) > 1:
+        where = sorted(w for w, names, by_writer in parsed if by_writer and any(map(accept, names)))
+        raise ShardError(
+            f"shard folder {folder!r} holds {len(corpora)} write_shards corpora (indexes "
+            f"{', '.join(map(repr, where))}), so reading it cannot tell which one you mean; "
+            "write each corpus to its own folder, or pass the list of one corpus' shards.",
+            path=folder,
         )
 
 

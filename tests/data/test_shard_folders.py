@@ -1,0 +1,120 @@
+"""A shard folder is the corpus its ``write_shards`` index lists: two corpora in one folder
+are refused (reading them used to give their union), a corpus passed as a list is read alone.
+
+Local folders and fsspec's ``memory://`` go through the same check (``check_complete``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import (
+    JsonlReader,
+    RemoteCache,
+    ShardedDataset,
+    ShardError,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
+
+pytest.importorskip("fsspec")
+
+SEQ = 4
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+
+
+def arrays(sizes: tuple[int, ...], value: int) -> list[np.ndarray]:
+    return [np.full(SEQ * n, value, np.uint16) for n in sizes]
+
+
+@pytest.fixture(params=["local", "memory"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """``(folder, remote)``: a local folder, or a ``memory://`` one with its cache."""
+    if request.param == "local":
+        yield tmp_path / "corpus", None
+        return
+    import fsspec
+
+    url = f"memory://folders-{uuid.uuid4().hex[:8]}"
+    yield url, RemoteCache(cache_dir=tmp_path / "rcache")
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+def names(folder: Any) -> list[str]:
+    if isinstance(folder, Path):
+        return sorted(p.name for p in folder.iterdir())
+    import fsspec
+
+    return sorted(p.rsplit("/", 1)[-1] for p in fsspec.filesystem("memory").ls(folder, False))
+
+
+SECOND = {
+    "prefix": {"prefix": "b"},
+    "suffix": {"suffix": ".bin"},
+    "settings": {"prefix": "b", "hash": "sha256", "compression": "zstd"},
+}
+
+
+@pytest.mark.parametrize("how", sorted(SECOND))
+def test_two_write_shards_corpora_in_one_folder_are_refused(
+    how: str, place: tuple[Any, Any]
+) -> None:
+    # Both datasets read the union of the two corpora (and wrote an index for it).
+    folder, remote = place
+    if how == "settings":
+        pytest.importorskip("zstandard")
+    first = write_shards(folder, arrays((10, 12), 1), READER, progress=False)
+    second = write_shards(folder, arrays((3, 4), 2), READER, progress=False, **SECOND[how])
+    before = names(folder)
+    match = (
+        r"shard folder .* holds 2 write_shards corpora \(indexes '.*\.loaderkit-index-.*\.json', "
+        r"'.*\.loaderkit-index-.*\.json'\), so reading it cannot tell which one you mean; write "
+        r"each corpus to its own folder, or pass the list of one corpus' shards\.$"
+    )
+    with pytest.raises(ShardError, match=match):
+        ShardedDataset(folder, READER, remote=remote)
+    with pytest.raises(ShardError, match=match):
+        StreamingShardedDataset(folder, READER, remote=remote)
+    assert names(folder) == before  # no index of their union
+    # Each corpus passed as its list of shards is read alone, counted by its own index.
+    sizes = [ShardedDataset(s, READER, remote=remote).sizes for s in (first, second)]
+    assert sizes == [(10, 12), (3, 4)]
+    assert names(folder) == before
+
+
+def test_a_stray_shard_beside_two_corpora_is_refused_as_two_corpora(tmp_path: Path) -> None:
+    write_shards(tmp_path, arrays((2,), 1), READER, prefix="a", progress=False)
+    write_shards(tmp_path, arrays((3,), 2), READER, prefix="b", progress=False)
+    np.save(tmp_path / "c-00000.npy", np.zeros(SEQ, np.uint16))
+    with pytest.raises(ShardError, match=r"holds 2 write_shards corpora \(indexes "):
+        ShardedDataset(tmp_path, READER)
+
+
+def test_a_corpus_the_reader_cannot_open_is_no_second_corpus(place: tuple[Any, Any]) -> None:
+    # Its files are no shards of this reader: the folder holds one corpus for each reader.
+    folder, remote = place
+    write_shards(folder, arrays((2, 3), 1), READER, progress=False)
+    write_shards(folder, [[{"a": 1}], [{"a": 2}] * 4], JsonlReader(), progress=False)
+    assert ShardedDataset(folder, READER, remote=remote).sizes == (2, 3)
+    assert ShardedDataset(folder, JsonlReader(), remote=remote).sizes == (1, 4)
+
+
+@pytest.mark.parametrize("settings", [{}, {"hash": "sha256"}, {"compression": "zstd"}])
+def test_a_second_write_of_one_prefix_replaces_the_corpus(
+    settings: dict[str, Any], place: tuple[Any, Any]
+) -> None:
+    folder, remote = place
+    if settings.get("compression"):
+        pytest.importorskip("zstandard")
+    write_shards(folder, arrays((10, 12, 9), 1), READER, progress=False)
+    write_shards(folder, arrays((3, 4), 2), READER, progress=False, **settings)
+    assert ShardedDataset(folder, READER, remote=remote).sizes == (3, 4)
