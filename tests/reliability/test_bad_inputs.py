@@ -1470,7 +1470,7 @@ COLLATE = [
         TypeError,
         "key 't'",
         "str",
-        "return one of those",
+        "return a tensor, array or list of numbers",
     ),
     Bad(
         "pad_dim out of range",
