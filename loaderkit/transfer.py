@@ -86,9 +86,7 @@ def _unavailable(target: torch.device) -> str | None:
         return f"{found} is available to torch.accelerator"
     count = torch.accelerator.device_count()
     if target.index is not None and target.index >= count:
-        return (
-            f"{count} {target.type} device(s) are visible, so index {target.index} is out of range"
-        )
+        return f"{count} {target.type} device(s) are visible: index {target.index} is out of range"
     return None
 
 
@@ -142,8 +140,7 @@ def select_device(device: DeviceLike | None = None) -> torch.device:
 
 def default_device() -> torch.device:
     """:func:`select_device`'s pick without its index, found without starting CUDA (asking the
-    index does), so the process can still fork workers that use CUDA, or Lightning's
-    ``ddp_fork``."""
+    index does), so the process can still fork CUDA workers or Lightning's ``ddp_fork``."""
     accelerator = _visible_accelerator()
     return torch.device("cpu") if accelerator is None else torch.device(accelerator.type)
 
@@ -171,9 +168,8 @@ def resolve_pin_memory(
         return should_pin_memory(device)
     if not isinstance(pin_memory, bool):
         raise TypeError(
-            f"resolve_pin_memory: pin_memory must be True, False or 'auto', got "
-            f"{pin_memory!r} ({type(pin_memory).__name__}); use 'auto' to pin only "
-            "where it helps."
+            f"resolve_pin_memory: pin_memory must be True, False or 'auto', got {pin_memory!r} "
+            f"({type(pin_memory).__name__}); use 'auto' to pin only where it helps."
         )
     if not pin_memory:
         return False
@@ -285,15 +281,13 @@ def move_to_device(batch: Batch, device: DeviceLike, non_blocking: bool | None =
             "use None to let loaderkit decide per tensor."
         )
 
+    safe = non_blocking and target.type not in _BLOCKING_TARGETS
+
     def leaf(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return obj.to(target, non_blocking=non_blocking_for(obj, target, non_blocking))
         if _has_method(obj, "to"):
-            if (
-                non_blocking
-                and target.type not in _BLOCKING_TARGETS
-                and _accepts_non_blocking(obj.to)
-            ):
+            if safe and _accepts_non_blocking(obj.to):
                 return obj.to(target, non_blocking=True)
             return obj.to(target)
         return _CONTINUE
@@ -472,10 +466,9 @@ class DevicePrefetcher:
     def _moved_batches(self) -> Iterator[Any]:
         iterator = iter(self.iterable)
         while (batch := _next_or_failure(iterator)) is not _END:
-            if isinstance(batch, _Failed):
-                yield batch
-                continue
-            yield move_to_device(pin_batch(batch) if self.pin_memory else batch, self.device)
+            if not isinstance(batch, _Failed):
+                batch = move_to_device(pin_batch(batch) if self.pin_memory else batch, self.device)
+            yield batch
 
     def _cuda_batches(self) -> Iterator[Any]:
         side = torch.cuda.Stream(device=self.device)
