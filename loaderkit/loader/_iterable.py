@@ -115,12 +115,10 @@ def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
     """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
-    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs. A
-    dataset that is its own iterator is first put where its previous epoch ended (``end_state``),
-    as the object the uninterrupted run iterates again."""
+    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs; a
+    dataset that is its own iterator first put where its last epoch ended (``end_state``)."""
     if start["end_state"] is not None:
-        # iter() first, as a state may need it (torchdata's order); the global RNGs are then
-        # put back: the uninterrupted run calls iter() once for this epoch.
+        # RNGs put back: the uninterrupted run calls iter() once for this epoch.
         with rngs_put_back():
             iter(dataset).load_state_dict(start["end_state"])
     if start["dataset_state"] is not None and is_stateful(dataset):
@@ -170,8 +168,7 @@ def worker_batches(
             batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
             batch = FailedBatch(exc)
-        # A short batch: the stream ran out, so the dataset's state is already the one after
-        # its end; a position saved here must not replay the stream.
+        # A short batch: the stream ran out; a position saved here must not replay it.
         ended = len(samples) < batch_size
         yield _BATCH, worker, rec.after(samples, ended=ended), batch
         if ended:
@@ -347,7 +344,8 @@ class IterableEngine(WorkerStreams):
         loader = self.host
         settle_seed(loader, self)
         self.check_world()
-        loader.name_epoch(self._position)
+        if loader.name_epoch(self._position, self):
+            return
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
@@ -393,9 +391,8 @@ class IterableEngine(WorkerStreams):
     def _next_records(self) -> list[dict[str, Any]]:
         """Each worker's record to start a new epoch from."""
         fresh = [fresh_record() for _ in range(self.workers)]
-        # Where the dataset objects live on across epochs, an epoch after a complete one starts
-        # from their state at its end, as the uninterrupted run's did. A dataset that is its own
-        # iterator is put there before iter() unless this process's object ran that end itself.
+        # Objects that live on start where the complete epoch left them, as uninterrupted; one
+        # that is its own iterator is put there unless this process's object ran that end.
         if self.complete and self._objects_persist():
             carry_end = self.host.num_workers > 0 or not self._ran_end
             for record, saved in zip(fresh, self.records, strict=True):

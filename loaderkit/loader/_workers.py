@@ -198,7 +198,6 @@ def _first_unpicklable(obj: Any, name: str, depth: int = 0) -> tuple[str, Any, E
     try:
         ForkingPickler.dumps(obj)
     except Exception as exc:
-        # Look inside loaderkit's own wrappers for the user's object that fails.
         if depth < 4 and type(obj).__module__.startswith("loaderkit.") and hasattr(obj, "__dict__"):
             for attr, value in vars(obj).items():
                 found = _first_unpicklable(value, _PART_NAMES.get(attr, attr), depth + 1)
