@@ -46,6 +46,10 @@ class Host(Protocol):
     def cycles(self, loader: object) -> bool | None:
         """Whether the host iterates ``loader`` again when it runs out inside an epoch."""
 
+    def epoch_after_restore(self, loader: object) -> int | None:
+        """Where the host restores a checkpoint saved on an epoch's last batch: the next
+        epoch, which it goes on to and every loader starts afresh; else None."""
+
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -73,6 +77,9 @@ class _NoHost:
         return False
 
     def cycles(self, loader: object) -> bool | None:
+        return None
+
+    def epoch_after_restore(self, loader: object) -> int | None:
         return None
 
 

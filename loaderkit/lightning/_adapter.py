@@ -120,6 +120,19 @@ class LightningHost:
             return None
         return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"
 
+    def epoch_after_restore(self, loader: object) -> int | None:
+        """With ``fit_loop.restarting`` and ``batch_progress.is_last_batch``: the next epoch,
+        ``processed`` plus one until the loop's ``reset()`` counts the saved one (an unsized
+        loader is iterated before it)."""
+        trainer = self._fitting(loader)
+        if trainer is None:
+            return None
+        loop = trainer.fit_loop
+        if not (loop.restarting and loop.epoch_loop.batch_progress.is_last_batch):
+            return None
+        progress = loop.epoch_progress.current
+        return int(progress.processed) + int(progress.processed < progress.started)
+
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
         (they differ after a ``max_steps`` restart)."""

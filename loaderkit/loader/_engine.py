@@ -58,6 +58,11 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+def ran_out() -> Generator[Any, None, None]:
+    """An iteration without batches."""
+    yield from ()
+
+
 class Host:
     """What an engine may use of its loader: shared settings, topology and live iterations."""
 
@@ -138,9 +143,16 @@ class Host:
             held = exc
         self.settled = (run, run.last, held)
 
-    def name_epoch(self, cursor: PlanCursor) -> None:
-        """Before an iteration begins: the epoch the host trains, where none was named."""
-        cursor.host_names(self.caller().epoch_starting(self.loader))
+    def name_epoch(self, cursor: PlanCursor, plan: Any) -> bool:
+        """Before an iteration begins: the epoch the host trains, where none was named;
+        True: the iteration is empty (see :meth:`PlanCursor.host_names`)."""
+        caller = self.caller()
+        restored = caller.epoch_after_restore(self.loader)
+        if restored is not None and cursor.host_starts(restored):
+            return False
+        # After an epoch's last batch the host goes on to a new epoch: nothing ran out in it.
+        cycles = restored is None and caller.cycles(self.loader) is True
+        return cursor.host_names(caller.epoch_starting(self.loader), plan, cycles=cycles)
 
     @property
     def num_workers(self) -> int:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from loaderkit.data.mixing import MixedDataset, shard_names_crc32
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._engine import Host, Run, settle_seed
+from loaderkit.loader._engine import Host, Run, ran_out, settle_seed
 from loaderkit.loader._fetch import (
     BatchFetcher,
     FailedBatch,
@@ -128,7 +128,8 @@ class PlanEngine:
         settle_seed(self.host, self)
         self._check_size()
         rank, world_size = self.host.topology()
-        self.host.name_epoch(self.cursor)
+        if self.host.name_epoch(self.cursor, self.plan):
+            return ran_out()
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}

@@ -166,9 +166,7 @@ class StreamEngine(WorkerStreams):
 
     def _begin(self) -> int:
         """Fix the epoch of a new iteration; returns the worker rotation."""
-        self.check_world()
         rank, world_size = self.host.topology()
-        self.host.name_epoch(self._position)
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}
@@ -217,6 +215,9 @@ class StreamEngine(WorkerStreams):
     def iterate(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches (``run`` unused: a new iteration supersedes the old)."""
         settle_seed(self.host, self)
+        self.check_world()
+        if self.host.name_epoch(self._position, self):
+            return
         rotation = self._begin()
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size

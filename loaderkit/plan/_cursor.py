@@ -289,6 +289,7 @@ class PlanCursor:
     __slots__ = (
         "_explicit",
         "_host_epoch",
+        "_ran_out",
         "_resume",
         "_started",
         "epoch",
@@ -304,21 +305,43 @@ class PlanCursor:
         self._resume = False
         self._started = False
         self._host_epoch: int | None = None  # the host's epoch as the iteration began
+        self._ran_out = False  # a loaded position's empty iteration was handed out
 
     @property
     def started(self) -> bool:
         """Whether an iteration has begun since construction."""
         return self._started
 
-    def host_names(self, epoch: int | None) -> None:
+    def host_names(self, epoch: int | None, plan: Any, *, cycles: bool = False) -> bool:
         """Before an iteration begins in the host's ``epoch`` (None: no host): make it that
         epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
-        iteration began in the same host epoch (a loader cycled: it goes on to its next)."""
+        iteration began in the same host epoch (a loader cycled: it goes on to its next).
+
+        Returns True once where this iteration must be empty: a host that ``cycles`` the
+        loader (Lightning's ``"max_size_cycle"``) saves no record of which loaders ran out,
+        so a loaded position that had run out in this host epoch (cycled: a later epoch;
+        or completed it) first runs out again; the next iteration resumes it.
+        """
         if epoch is None:
-            return
+            return False
+        if cycles and self._resume and not self._ran_out:
+            done = self.position >= plan.epoch_length(self.epoch)
+            if self.epoch > epoch or (self.epoch == epoch and done):
+                self._ran_out = True
+                return True
         same, self._host_epoch = self._started and epoch == self._host_epoch, epoch
         if self._explicit is None and not self._resume and not same:
             self._explicit = epoch
+        return False
+
+    def host_starts(self, epoch: int) -> bool:
+        """The host begins ``epoch`` afresh (it restored a checkpoint saved on its previous
+        epoch's last batch): a loaded position that cycled there (in ``epoch`` or later)
+        is dropped, as at any new host epoch. Returns whether one was."""
+        if not self._resume or self.epoch < epoch:
+            return False
+        self._resume, self._explicit, self._host_epoch = False, epoch, epoch
+        return True
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         """Make the next iteration ``epoch``; ``late``: the host set it after it took a batch
@@ -416,4 +439,4 @@ class PlanCursor:
     def resume_at(self, epoch: int, position: int, steps_done: int) -> None:
         """Resume at a validated position: the next iteration is the rest of its epoch."""
         self.epoch, self.position, self.steps_done = epoch, position, steps_done
-        self._resume, self._explicit = True, None
+        self._resume, self._explicit, self._ran_out = True, None, False

@@ -54,12 +54,16 @@ class _Recorder(L.LightningModule):
 
 
 class _Ids(IterableDataset[int]):
-    """12 ids without a length: the combined loader has none, so Lightning prefetches."""
+    """Ids without a length (12 by default): the combined loader has none, so Lightning
+    prefetches."""
+
+    def __init__(self, first: int = 200, stop: int = 212) -> None:
+        self.first, self.stop = first, stop
 
     def __iter__(self) -> Iterator[int]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        yield from range(200 + worker, 212, workers)
+        yield from range(self.first + worker, self.stop, workers)
 
 
 class _TwoLoaders(L.LightningDataModule):
@@ -74,6 +78,8 @@ class _TwoLoaders(L.LightningDataModule):
         }
         if self.kind in ("unsized", "max_size_unsized"):
             loaders["b"] = ResumableDataLoader(_Ids(), batch_size=4)
+        if self.kind == "unsized_longer":  # the sized one cycles
+            loaders["a"] = ResumableDataLoader(_Ids(0, 40), batch_size=4)
         mode = "max_size" if self.kind.startswith("max_size") else "max_size_cycle"
         return CombinedLoader(loaders, mode=mode)
 
@@ -110,6 +116,13 @@ def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[
         ("cycle", 14),  # epoch 1
         ("unsized", 4),  # b without a length: Lightning holds a batch of each loader ahead
         ("unsized", 14),
+        # Lightning saves no record of which loaders ran out: b, cycled before the save,
+        # ran on to the end of its own epoch (steps 10, 11) inside the trainer's epoch 0.
+        ("unsized", 9),
+        ("unsized", 10),  # saved on the epoch's last batch: the next starts afresh
+        ("unsized", 19),
+        ("unsized_longer", 9),
+        ("unsized_longer", 10),
         ("max_size", 6),  # b ran out at step 3: it yields nothing until the next epoch
         ("max_size", 14),
     ],
