@@ -333,6 +333,34 @@ def test_a_failed_step_is_started_not_processed_while_the_trainer_is_interrupted
     )
 
 
+class _RestoredEpochs(_UnsizedEpochs):
+    """Records, at each ``iter()``, the epoch the host goes on to after a restore."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.starting.append(host_of(self).epoch_after_restore(self))
+        for i in range(2):
+            yield torch.full((1, 4), float(i))
+
+
+def test_a_restore_on_an_epochs_last_batch_names_the_next_epoch(tmp_path: Path) -> None:
+    kwargs = trainer_kwargs(max_epochs=2, enable_checkpointing=True)
+    trainer = L.Trainer(**kwargs, callbacks=[AttachLoaders(), step_checkpoints(tmp_path, 1)])
+    trainer.fit(_Linear(), train_dataloaders=_RestoredEpochs())
+    seen = {}
+    for step in (1, 2):  # mid-epoch 0; epoch 0's last batch (2 a epoch)
+        loader = _RestoredEpochs()
+        trainer = L.Trainer(**trainer_kwargs(max_epochs=2), callbacks=[AttachLoaders()])
+        trainer.fit(
+            _Linear(), train_dataloaders=loader, ckpt_path=tmp_path / f"step{step:03d}.ckpt"
+        )
+        seen[step] = loader.starting[0]
+    assert seen == {1: None, 2: 1}, changed(
+        "fit_loop.restarting, epoch_loop.batch_progress.is_last_batch and "
+        f"epoch_progress.current at an unsized loader's first iter() (got {seen})",
+        "LightningHost.epoch_after_restore",
+    )
+
+
 class _AnyBatch(_Linear):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self.layer(torch.ones(1, 4)).sum()
