@@ -227,8 +227,8 @@ class Host:
                 continue
             raise LoaderkitError(
                 "ResumableDataLoader.state_dict: two live iterators over this loader are both "
-                "part-way through their epochs, and a state holds one position. Finish or drop "
-                "(del) one of them before saving, or use one loader per iterator."
+                "part-way through their epochs, and a state holds one position (the newer's). "
+                "Finish or drop (del) the older one before saving, or use one loader per iterator."
             )
 
 

@@ -52,7 +52,9 @@ def test_state_while_two_iterators_interleave_is_a_named_error() -> None:
     next(b)  # b began last: its position is the state
     loader.state_dict()
     next(a)  # ... but a moved after b began
-    with pytest.raises(LoaderkitError, match=r"two live iterators.*Finish or drop \(del\) one"):
+    with pytest.raises(
+        LoaderkitError, match=r"two live iterators.*Finish or drop \(del\) the older one"
+    ):
         loader.state_dict()
     del a  # dropping it removes the ambiguity
     assert loader.state_dict()["epoch"] == 1
