@@ -291,7 +291,6 @@ def check_complete(
     parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
     if not any(by_writer for _, _, by_writer in parsed):
         parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
-    _refuse_two_corpora(folder, parsed, accept)
     have = set(listed)
     gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
     if gone:
@@ -302,7 +301,9 @@ def check_complete(
             f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
-    writers = [w for w, _, by_writer in parsed if by_writer]
+    _refuse_two_corpora(folder, parsed, accept)
+    # A corpus this reader cannot open (another suffix) lays no claim to the folder.
+    writers = [w for w, names, by_writer in parsed if by_writer and any(map(accept, names))]
     stray = sorted(have - {n for _, names, w in parsed if w for n in names}) if writers else []
     if stray:
         raise ShardError(

@@ -607,7 +607,8 @@ def _stale(
     job: _Job, names: list[str], read: Callable[[str], bytes | None], written: set[str]
 ) -> list[str]:
     """The files among ``names`` an earlier write left that this one did not produce: shards
-    and sidecars of this prefix, and the indexes listing them (``read``: a file's bytes)."""
+    and sidecars of this prefix, and every index listing shards of it (this write replaced
+    them; ``read``: a file's bytes)."""
     shard = _shard_name(job)
 
     def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
@@ -623,7 +624,7 @@ def _stale(
     for name in [n for n in names if is_index_name(n)]:
         doc = read(name)
         listed = (index_names(doc) or ([], False))[0] if doc is not None else []
-        if any(shard.fullmatch(n) and n not in written for n in listed):
+        if any(shard.fullmatch(n) for n in listed):
             files.append(name)
     return files
 

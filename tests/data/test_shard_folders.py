@@ -109,12 +109,32 @@ def test_a_corpus_the_reader_cannot_open_is_no_second_corpus(place: tuple[Any, A
 
 
 @pytest.mark.parametrize("settings", [{}, {"hash": "sha256"}, {"compression": "zstd"}])
+@pytest.mark.parametrize(("first", "second"), [((10, 12, 9), (3, 4)), ((2,), (4, 5, 6))])
 def test_a_second_write_of_one_prefix_replaces_the_corpus(
-    settings: dict[str, Any], place: tuple[Any, Any]
+    settings: dict[str, Any],
+    first: tuple[int, ...],
+    second: tuple[int, ...],
+    place: tuple[Any, Any],
 ) -> None:
+    # Growing too: the first write's index (listing fewer shards) was left beside the new one.
     folder, remote = place
     if settings.get("compression"):
         pytest.importorskip("zstandard")
-    write_shards(folder, arrays((10, 12, 9), 1), READER, progress=False)
-    write_shards(folder, arrays((3, 4), 2), READER, progress=False, **settings)
-    assert ShardedDataset(folder, READER, remote=remote).sizes == (3, 4)
+    write_shards(folder, arrays(first, 1), READER, progress=False)
+    write_shards(folder, arrays(second, 2), READER, progress=False, **settings)
+    assert ShardedDataset(folder, READER, remote=remote).sizes == second
+
+
+def test_a_corpus_whose_shards_were_deleted_names_its_index(tmp_path: Path) -> None:
+    write_shards(tmp_path, arrays((2,), 1), READER, prefix="a", progress=False)
+    write_shards(tmp_path, arrays((3,), 2), READER, prefix="b", progress=False)
+    (tmp_path / "b-00000.npy").unlink()
+    with pytest.raises(ShardError, match=r"lacks 1 shard\(s\) .*\['b-00000.npy'\]; restore"):
+        ShardedDataset(tmp_path, READER)
+
+
+def test_plain_shards_beside_a_corpus_of_another_reader_are_read(tmp_path: Path) -> None:
+    # Its index lists no shard of this reader: the .npy files are a plain folder to it.
+    write_shards(tmp_path, [[{"a": 1}]], JsonlReader(), progress=False)
+    np.save(tmp_path / "x.npy", np.zeros(2 * SEQ, np.uint16))
+    assert ShardedDataset(tmp_path, READER).sizes == (2,)
