@@ -17,6 +17,7 @@ import types
 import zlib
 from typing import Any
 
+import numpy as np
 import torch
 
 # Code installed here (the standard library, packages) changes with an upgrade, not an edit.
@@ -88,7 +89,7 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
             member = vars(value)[attr]
             if isinstance(member, (types.FunctionType, *_PLAIN)):
                 _value(digest, attr, member, set(), seen)
-    elif isinstance(value, _PLAIN) or (
+    elif isinstance(value, (*_PLAIN, np.generic)) or (
         isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
     ):
         digest.update(repr(value).encode())

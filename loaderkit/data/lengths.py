@@ -75,10 +75,19 @@ def compute_lengths(
                 "cache='lengths.npy'."
             )
         name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
-        if not isinstance(fn, types.FunctionType):  # a partial's arguments, an object's state
-            name += f":{pickle_digest(fn)}"
-        described = f"{type(dataset).__module__}.{type(dataset).__qualname__}|{size}|{name}|{key}"
+        state = None if isinstance(fn, types.FunctionType) else pickle_digest(fn)
+        if not isinstance(fn, types.FunctionType) and state is None:
+            warnings.warn(
+                f"compute_lengths: length_fn {name.split(':')[0]} cannot be pickled, so its "
+                f"arguments cannot key the cache; computing without {str(cache)!r}.",
+                UserWarning,
+                stacklevel=2,
+            )
+            path = None
+        name += "" if state is None else f":{state}"
+        described = f"{_dataset_key(dataset)}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
+    if path is not None:
         cached = _load_cached_lengths(path, ident, size)
         if cached is not None:
             return cached
@@ -88,6 +97,17 @@ def compute_lengths(
     if path is not None:
         _save_cached_lengths(path, ident, out)
     return out
+
+
+def _dataset_key(dataset: Any) -> str:
+    """The dataset's type; for a subset (torch's ``Subset``, a DataModule's split), also a
+    digest of its indices and the key of the dataset under it, so two splits differ."""
+    name = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    indices, inner = getattr(dataset, "indices", None), getattr(dataset, "dataset", None)
+    if indices is None or inner is None or not hasattr(inner, "__len__"):
+        return name
+    rows = np.ascontiguousarray(np.asarray(indices, dtype=np.int64))
+    return f"{name}[{zlib.crc32(rows.tobytes()):08x}:{len(inner)}]({_dataset_key(inner)})"
 
 
 def _checked(value: Any, i: int) -> Any:

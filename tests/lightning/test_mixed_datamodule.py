@@ -7,7 +7,7 @@ inspect``; its input is checked. ShardedDataModule refuses a ``datasets.Dataset`
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, UserDict
 from pathlib import Path
 from typing import Any
 
@@ -354,3 +354,19 @@ def test_mixed_datamodule_trains_with_workers_and_lightning_picks_the_mix(runs: 
     model = AnyBatchModule()
     trainer.fit(model, datamodule=dm)
     assert model.rows == {0: 48}
+
+
+def test_a_token_budget_counts_tokens_not_fields() -> None:
+    # len() of a tuple counted its fields, of a UserDict its keys: batches went far over.
+    gen = torch.Generator().manual_seed(0)
+    seqs = [
+        torch.ones(int(n), dtype=torch.long) for n in torch.randint(5, 60, (40,), generator=gen)
+    ]
+    encodings = [UserDict(input_ids=s) for s in seqs]  # transformers' BatchEncoding is one
+    dm = MixedDataModule({"a": encodings[:20], "b": encodings[20:]}, max_tokens=128, seed=0)
+    dm.setup("fit")
+    assert dm._lengths(dm.train_dataset).tolist() == [len(s) for s in seqs]
+    pairs = MixedDataModule({"a": [(s, 0) for s in seqs]}, max_tokens=128, seed=0)
+    with pytest.raises(TypeError, match=r"samples are tuples of 2 fields.*'input_ids' field"):
+        pairs.setup("fit")
+        pairs.train_dataloader()

@@ -792,6 +792,38 @@ def test_compute_lengths_cache_tells_two_partials_apart(tmp_path: Path) -> None:
     assert got.tolist() == [3, 0]
 
 
+def test_compute_lengths_cache_tells_two_subsets_apart(tmp_path: Path) -> None:
+    # Two splits of one size (another seed or val_fraction) shared a key: type and length.
+    data = [[0] * n for n in range(8)]
+    cache = tmp_path / "lengths.npy"
+    first = torch.utils.data.Subset(data, [1, 2, 3])
+    assert compute_lengths(first, cache=cache, progress=False).tolist() == [1, 2, 3]
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        got = compute_lengths(torch.utils.data.Subset(data, [5, 6, 7]), cache=cache)
+    assert got.tolist() == [5, 6, 7]
+
+
+def test_compute_lengths_does_not_cache_under_a_length_fn_it_cannot_key(tmp_path: Path) -> None:
+    # A partial of a lambda cannot be pickled: its arguments were left out of the key.
+    data = [{"a": [1], "b": [1, 2, 3]}, {"a": [1, 2], "b": []}]
+    cache = tmp_path / "lengths.npy"
+    for scale in (1, 3):
+        fn = functools.partial(lambda s, scale: scale * len(s["a"]), scale=scale)
+        with pytest.warns(UserWarning, match=r"cannot be pickled.*computing without"):
+            got = compute_lengths(data, fn, cache=cache, progress=False)
+        assert got.tolist() == [scale, 2 * scale]
+    assert not cache.exists()
+    # A numpy scalar a function reads is part of its code's key, as a Python number is.
+    for scale in (np.int64(1), np.int64(3)):
+
+        def scaled(s: Any, scale: Any = scale) -> int:
+            return int(scale) * len(s["a"])
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert compute_lengths(data, scaled, cache=cache, progress=False)[0] == scale
+
+
 def test_compute_lengths_errors() -> None:
     data = Counting([2, 3])
     with pytest.raises(

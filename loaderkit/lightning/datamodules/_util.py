@@ -172,20 +172,27 @@ def require_datamodule(obj: Any, target: str) -> Any:
 
 
 class KeyLength:
-    """A sample's token count: ``len(sample[key])`` for a dict, else ``len`` (picklable)."""
+    """A sample's token count: ``len(sample[key])`` for a mapping, else the length of a
+    bare sequence (picklable); a tuple's ``len`` counts its fields and is refused."""
 
     def __init__(self, key: str, *, owner: str) -> None:
         self.key, self.owner = key, owner
 
     def __call__(self, sample: Any) -> int:
-        if isinstance(sample, dict):
+        if isinstance(sample, Mapping):  # a dict, a UserDict, transformers' BatchEncoding
             if self.key not in sample:
                 raise KeyError(
                     f"{self.owner}: a sample has no field {self.key!r} (fields "
                     f"{sorted(sample)[:8]}); pass length_key= naming the token field."
                 )
             return len(sample[self.key])
-        return len(sample)
+        if isinstance(sample, tuple):
+            raise TypeError(
+                f"{self.owner}: samples are tuples of {len(sample)} fields, whose len() is not "
+                f"a token count; return dict samples with a {self.key!r} field (length_key=)."
+            )
+        shape = getattr(sample, "shape", None)
+        return int(shape[0]) if shape else len(sample)
 
 
 def is_remote_shards(shards: Shards) -> bool:
