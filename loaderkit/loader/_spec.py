@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
 
 from loaderkit._checks import check_int
+from loaderkit.collate import PadCollate
 from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.loader._args import (
@@ -108,6 +109,20 @@ def engine_kind(dataset: Any) -> Kind:
     return "iterable" if isinstance(dataset, IterableDataset) else "plan"
 
 
+def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
+    """Refuse a token budget counted with a rounding that ``collate_fn`` pads past."""
+    plan = getattr(batch_sampler, "plan", None)
+    budget = getattr(plan, "max_tokens", None)
+    pads = collate_fn.pad_to_multiple_of if isinstance(collate_fn, PadCollate) else None
+    counted = getattr(plan, "pad_to_multiple_of", None) or 1
+    if budget is not None and pads and counted % pads:
+        raise ValueError(
+            f"ResumableDataLoader: collate_fn pads to a multiple of {pads}, but batch_sampler "
+            f"counts max_tokens={budget} rounded to {counted}, so batches exceed the budget; "
+            f"build the sampler with pad_to_multiple_of={pads}."
+        )
+
+
 def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
     kind, a = engine_kind(dataset), _unwrap(args)
@@ -122,6 +137,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         a["shuffle"],
         a["drop_last"],
     )
+    _check_rounding(a["batch_sampler"], a["collate_fn"])
     step_size = 1 if a["batch_size"] is None else a["batch_size"]
     seeds = _seed(a, size)
     if kind == "iterable" and a["per_sample_seeding"] is True:

@@ -840,3 +840,15 @@ def test_compute_lengths_errors() -> None:
         compute_lengths(iter([1, 2]), progress=False)
     with pytest.raises(TypeError, match=r"length_fn must be callable, got 3"):
         compute_lengths(data, 3, progress=False)  # type: ignore[arg-type]
+
+
+def test_a_collate_rounding_past_the_budgets_is_refused() -> None:
+    # Counted unrounded, padded to 8: 204 of the guide's batches went over max_tokens.
+    lengths = [5, 9, 13, 3]
+    sampler = BucketBatchSampler(lengths, max_tokens=16, seed=0)
+    with pytest.raises(ValueError, match=r"pads to a multiple of 8.*pad_to_multiple_of=8"):
+        ResumableDataLoader(
+            lengths, batch_sampler=sampler, collate_fn=PadCollate(pad_to_multiple_of=8)
+        )
+    coarser = BucketBatchSampler(lengths, max_tokens=16, pad_to_multiple_of=16, seed=0)
+    ResumableDataLoader(lengths, batch_sampler=coarser, collate_fn=PadCollate(pad_to_multiple_of=8))
