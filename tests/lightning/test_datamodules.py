@@ -973,3 +973,13 @@ def test_sharded_token_budget_batches_mix_shards_and_describe_padding(tmp_path: 
         ShardedDataModule(str(root), eos=0, bucket_window=8)
     with pytest.raises(ValueError, match=r"max_tokens=64 applies to planned shards only"):
         ShardedDataModule(str(root), eos=0, max_tokens=64, streaming=True)
+
+
+def test_describe_says_a_token_budget_sizes_the_train_batches() -> None:
+    # batch_size=8 was reported for train batches of 20-200 rows.
+    seqs = [torch.ones(n % 50 + 1, dtype=torch.long) for n in range(200)]
+    dm = SequenceDataModule(seqs, batch_size=8, max_tokens=256, val_fraction=0.1)
+    dm.setup("fit")
+    splits = dm.describe()["splits"]
+    assert splits["train"]["batch_size"] is None and splits["val"]["batch_size"] == 8
+    assert max(len(b.values) for b in dm.train_dataloader()) > 8

@@ -48,7 +48,8 @@ class MixedDataModule(_ShardSources):
         eos: Instead of ``seq_len``: one sample per document ending in this token.
         dtype: Token dtype, e.g. ``"uint16"`` (required for ``.bin`` shards).
         max_open_shards: Shards each process keeps open, per sharded source.
-        max_tokens: Token budget per train batch (rows x padded length).
+        max_tokens: Token budget per train batch (rows x padded length); ``batch_size``
+            is then the eval splits' only.
         length_key: The field or column whose length is a sample's token count.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
         oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.

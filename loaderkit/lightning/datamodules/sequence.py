@@ -44,7 +44,8 @@ class SequenceDataModule(LoaderDataModule):
             ``predict`` likewise.
         length_key: The field of dict samples whose length counts (and is padded).
         bucket: Batch samples of similar length together.
-        max_tokens: Token budget per train batch; implies ``bucket``.
+        max_tokens: Token budget per train batch (rows vary; ``batch_size`` is then the
+            eval splits' only); implies ``bucket``.
         pad_to_multiple_of: Round each batch's padded length up to a multiple of this.
         pad_value: The pad value, or one per dict key.
         window: Samples per length-sorted window (see ``BucketBatchSampler``).

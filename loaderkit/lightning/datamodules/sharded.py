@@ -133,7 +133,7 @@ class ShardedDataModule(_ShardSources):
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
         max_tokens: Token budget per train batch (rows x padded length), for documents,
-            ``.jsonl`` or Parquet samples.
+            ``.jsonl`` or Parquet samples; ``batch_size`` is then the eval splits' only.
         length_key: With ``max_tokens``: the field or column whose length counts.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
         streaming: Stream the train shards.
