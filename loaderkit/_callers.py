@@ -50,6 +50,10 @@ class Host(Protocol):
         """Where the host restores a checkpoint saved on an epoch's last batch: the next
         epoch, which it goes on to and every loader starts afresh; else None."""
 
+    def counts_run_outs(self, loader: object) -> bool:
+        """Whether the host ends its epoch once each of several loaders ran out, and
+        iterates each one once as an epoch starts."""
+
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -81,6 +85,9 @@ class _NoHost:
 
     def epoch_after_restore(self, loader: object) -> int | None:
         return None
+
+    def counts_run_outs(self, loader: object) -> bool:
+        return False
 
 
 NO_HOST: Host = _NoHost()

@@ -133,6 +133,15 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return int(progress.processed) + int(progress.processed < progress.started)
 
+    def counts_run_outs(self, loader: object) -> bool:
+        """Mode ``"max_size_cycle"`` over several train loaders, without
+        ``reload_dataloaders_every_n_epochs`` (which iterates each twice as an epoch
+        starts, the second taken for a cycle)."""
+        trainer = self._fitting(loader)
+        if trainer is None or trainer.reload_dataloaders_every_n_epochs:
+            return False
+        return bool(self.cycles(loader)) and len(train_loaders(trainer)) > 1
+
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
         (they differ after a ``max_steps`` restart)."""

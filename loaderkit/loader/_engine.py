@@ -147,12 +147,14 @@ class Host:
         """Before an iteration begins: the epoch the host trains, where none was named;
         True: the iteration is empty (see :meth:`PlanCursor.host_names`)."""
         caller = self.caller()
+        epoch = caller.epoch_starting(self.loader)
+        if not caller.counts_run_outs(self.loader):
+            return cursor.host_names(epoch, plan)
         restored = caller.epoch_after_restore(self.loader)
         if restored is not None and cursor.host_starts(restored):
             return False
         # After an epoch's last batch the host goes on to a new epoch: nothing ran out in it.
-        cycles = restored is None and caller.cycles(self.loader) is True
-        return cursor.host_names(caller.epoch_starting(self.loader), plan, cycles=cycles)
+        return cursor.host_names(epoch, plan, cycles=restored is None)
 
     @property
     def num_workers(self) -> int:

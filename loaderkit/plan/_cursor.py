@@ -317,10 +317,12 @@ class PlanCursor:
         epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
         iteration began in the same host epoch (a loader cycled: it goes on to its next).
 
-        Returns True once where this iteration must be empty: a host that ``cycles`` the
-        loader (Lightning's ``"max_size_cycle"``) saves no record of which loaders ran out,
-        so a loaded position that had run out in this host epoch (cycled: a later epoch;
-        or completed it) first runs out again; the next iteration resumes it.
+        Returns True once where this iteration must be empty: a host that ``cycles``
+        several loaders (Lightning's ``"max_size_cycle"``) saves no record of which ran
+        out, so a loaded position that had run out in this host epoch first runs out
+        again; the next iteration resumes it. Run out is inferred: the position completed
+        the host's epoch, or is in a later one (the loader cycled: it holds only where the
+        host iterates each loader once as its epoch starts).
         """
         if epoch is None:
             return False

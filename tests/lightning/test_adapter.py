@@ -372,7 +372,9 @@ def test_a_combined_loaders_mode_says_whether_it_cycles() -> None:
     class Mode(L.Callback):
         def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
             loader = _adapter.train_loaders(trainer)[0]
-            seen[mode] = _adapter.LightningHost(trainer).cycles(loader)
+            host = _adapter.LightningHost(trainer)
+            seen[mode] = host.cycles(loader)
+            assert host.counts_run_outs(loader) is seen[mode]  # two loaders, no reload
 
     for mode in ("max_size_cycle", "max_size"):
         loaders = CombinedLoader({"a": _Probe(), "b": _Probe(2)}, mode=mode)

@@ -80,15 +80,19 @@ class _TwoLoaders(L.LightningDataModule):
             loaders["b"] = ResumableDataLoader(_Ids(), batch_size=4)
         if self.kind == "unsized_longer":  # the sized one cycles
             loaders["a"] = ResumableDataLoader(_Ids(0, 40), batch_size=4)
+        if self.kind == "one_unsized":  # as Lightning wraps a lone loader
+            return CombinedLoader({"a": ResumableDataLoader(_Ids(0, 40), batch_size=4)})
         mode = "max_size" if self.kind.startswith("max_size") else "max_size_cycle"
         return CombinedLoader(loaders, mode=mode)
 
 
-def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[Any]]:
+def _fit_cut_resume(
+    tmp_path: Path, k: int, kind: str, **options: Any
+) -> tuple[list[Any], list[Any]]:
     """The uninterrupted run's batches; the run cut at step ``k``'s plus the resumed run's."""
     full = _Recorder()
     # AttachLoaders hands both loaders the trainer, whose restart bookkeeping they follow.
-    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()], **options)).fit(
         full, datamodule=_TwoLoaders(kind)
     )
     cut = _Recorder(stop_at=k)
@@ -97,12 +101,13 @@ def _fit_cut_resume(tmp_path: Path, k: int, kind: str) -> tuple[list[Any], list[
             max_epochs=2,
             enable_checkpointing=True,
             callbacks=[step_checkpoints(tmp_path, 1), AttachLoaders()],
+            **options,
         )
     )
     with pytest.raises(_Stop):
         trainer.fit(cut, datamodule=_TwoLoaders(kind))
     resumed = _Recorder()
-    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()], **options)).fit(
         resumed, datamodule=_TwoLoaders(kind), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
     )
     return full.seen, cut.seen + resumed.seen
@@ -134,6 +139,14 @@ def test_combined_loaders_resume_each_at_its_own_position(
     assert joined == full
     if kind.startswith("max_size"):
         assert [s.get("b") for s in full[3:10]] == [None] * 7
+
+
+@pytest.mark.parametrize("kind", ["one_unsized", "unsized"])
+def test_reloaded_loaders_resume_exactly_mid_epoch(tmp_path: Path, kind: str) -> None:
+    # Reloading iterates each loader twice as an epoch starts (the second looks like a
+    # cycle): a lone loader's restored rest was taken for one that had run out.
+    full, joined = _fit_cut_resume(tmp_path, 12, kind, reload_dataloaders_every_n_epochs=1)
+    assert joined == full
 
 
 def test_a_loader_that_ran_out_beside_an_unsized_one_in_max_size_mode_is_refused(

@@ -412,7 +412,7 @@ class LoaderDataModule(L.LightningDataModule):
                 part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
                 dealt = 1 if part else world_size
                 batches = loader.plan.num_steps(0, start=0, world_size=dealt)
-            size = self.batch_size if split == "train" else self.eval_batch_size
+            size: int | None = self.batch_size if split == "train" else self.eval_batch_size
             if getattr(loader.plan, "max_tokens", None) is not None:  # the budget decides
                 size = getattr(loader.plan, "batch_size", None)
             splits[split] = {
