@@ -134,13 +134,15 @@ class LightningHost:
         return int(progress.processed) + int(progress.processed < progress.started)
 
     def counts_run_outs(self, loader: object) -> bool:
-        """Mode ``"max_size_cycle"`` over several train loaders, without
-        ``reload_dataloaders_every_n_epochs`` (which iterates each twice as an epoch
-        starts, the second taken for a cycle)."""
+        """Mode ``"max_size_cycle"`` over several train loaders without a length (with one,
+        the epoch ends at its count), and without ``reload_dataloaders_every_n_epochs``
+        (which iterates each twice as an epoch starts, the second taken for a cycle)."""
         trainer = self._fitting(loader)
         if trainer is None or trainer.reload_dataloaders_every_n_epochs:
             return False
-        return bool(self.cycles(loader)) and len(train_loaders(trainer)) > 1
+        combined = trainer.fit_loop._combined_loader
+        several = len(train_loaders(trainer)) > 1
+        return bool(self.cycles(loader)) and several and sized_len(combined) is None
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``

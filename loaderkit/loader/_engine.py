@@ -58,6 +58,39 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+def set_epoch_keeping(
+    host: Host, cursor: PlanCursor, plan: Any, epoch: int, *, late: bool = False
+) -> None:
+    """``set_epoch(epoch)``, unless the host names another epoch than a loaded position's
+    only to restart it (a replay after the loader cycled into a later epoch)."""
+    loaded = cursor.loaded(plan)
+    if loaded is None or epoch == loaded[0] or _replaces_loaded(host, cursor, plan, epoch, *loaded):
+        cursor.set_epoch(epoch, late=late)
+
+
+def _replaces_loaded(
+    host: Host, cursor: PlanCursor, plan: Any, epoch: int, resumes: int, mid_epoch: bool
+) -> bool:
+    """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
+    caller, loader = host.caller(), host.loader
+    restarting = caller.restarting_mid_epoch(loader)
+    if restarting is False:
+        # Lightning starts its epoch afresh (limit_train_batches, a CombinedLoader cycle).
+        return True
+    if restarting and epoch < resumes:
+        # Lightning replays set_epoch after this loader cycled into a later epoch; one it
+        # does not cycle ("max_size") ran out in this epoch: its empty rest is kept.
+        return not caller.cycles(loader)
+    if not mid_epoch and not restarting:
+        return True
+    raise StateMismatchError(
+        f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
+        f"load_state_dict() is part-way through epoch {resumes} (position "
+        f"{cursor.position} of {plan.epoch_length(cursor.epoch)}). Call set_epoch({resumes}) "
+        f"(or none) to resume it, or do not load the state to start epoch {epoch} afresh."
+    )
+
+
 def ran_out() -> Generator[Any, None, None]:
     """An iteration without batches."""
     yield from ()
@@ -257,7 +290,7 @@ class WorkerStreams:
         return self._position.epoch
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
-        self._position.set_epoch(epoch, late=late)
+        set_epoch_keeping(self.host, self._position, self, epoch, late=late)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from loaderkit.data.mixing import MixedDataset, shard_names_crc32
 from loaderkit.errors import LoaderkitError, StateMismatchError
-from loaderkit.loader._engine import Host, Run, ran_out, settle_seed
+from loaderkit.loader._engine import Host, Run, ran_out, set_epoch_keeping, settle_seed
 from loaderkit.loader._fetch import (
     BatchFetcher,
     FailedBatch,
@@ -90,32 +90,7 @@ class PlanEngine:
         return length
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
-        loaded = self.cursor.loaded(self.plan)
-        if loaded is not None and epoch != loaded[0] and not self._keeps_loaded(epoch, *loaded):
-            return
-        self.cursor.set_epoch(epoch, late=late)
-
-    def _keeps_loaded(self, epoch: int, resumes: int, mid_epoch: bool) -> bool:
-        """Whether ``set_epoch(epoch)`` replaces a loaded position in epoch ``resumes``."""
-        host, loader = self.host.caller(), self.host.loader
-        restarting = host.restarting_mid_epoch(loader)
-        if restarting is False:
-            # Lightning starts its epoch afresh (limit_train_batches, a CombinedLoader cycle).
-            return True
-        if restarting and epoch < resumes:
-            # Lightning replays set_epoch after this loader cycled into a later epoch; one it
-            # does not cycle ("max_size") ran out in this epoch: its empty rest is kept.
-            return not host.cycles(loader)
-        if not mid_epoch and not restarting:
-            return True
-        cursor = self.cursor
-        length = self.plan.epoch_length(cursor.epoch)
-        raise StateMismatchError(
-            f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
-            f"load_state_dict() is part-way through epoch {resumes} (position "
-            f"{cursor.position} of {length}). Call set_epoch({resumes}) (or none) to resume it, "
-            f"or do not load the state to start epoch {epoch} afresh."
-        )
+        set_epoch_keeping(self.host, self.cursor, self.plan, epoch, late=late)
 
     def schedule(self) -> Schedule:
         """This rank's schedule of the next iteration."""

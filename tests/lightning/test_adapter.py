@@ -367,21 +367,27 @@ class _AnyBatch(_Linear):
 
 
 def test_a_combined_loaders_mode_says_whether_it_cycles() -> None:
-    seen: dict[str, Any] = {}
-
     class Mode(L.Callback):
         def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
             loader = _adapter.train_loaders(trainer)[0]
             host = _adapter.LightningHost(trainer)
             seen[mode] = host.cycles(loader)
-            assert host.counts_run_outs(loader) is seen[mode]  # two loaders, no reload
+            counts[mode] = host.counts_run_outs(loader)
 
-    for mode in ("max_size_cycle", "max_size"):
-        loaders = CombinedLoader({"a": _Probe(), "b": _Probe(2)}, mode=mode)
+    seen: dict[str, Any] = {}
+    counts: dict[str, Any] = {}
+    for mode in ("max_size_cycle", "max_size", "unsized"):
+        second: Any = _UnsizedEpochs() if mode == "unsized" else _Probe(2)
+        combined = "max_size_cycle" if mode == "unsized" else mode
+        loaders = CombinedLoader({"a": _Probe(), "b": second}, mode=combined)
         trainer = L.Trainer(**trainer_kwargs(max_epochs=1, callbacks=[Mode()]))
         trainer.fit(_AnyBatch(), train_dataloaders=loaders)
-    assert seen == {"max_size_cycle": True, "max_size": False}, changed(
+    assert seen == {"max_size_cycle": True, "max_size": False, "unsized": True}, changed(
         f"fit_loop._combined_loader._mode (got {seen})", "LightningHost.cycles"
+    )
+    # Only without a length does the epoch end once every loader ran out.
+    assert counts == {"max_size_cycle": False, "max_size": False, "unsized": True}, changed(
+        f"sized_len(fit_loop._combined_loader) (got {counts})", "LightningHost.counts_run_outs"
     )
 
 

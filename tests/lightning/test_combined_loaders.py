@@ -66,6 +66,13 @@ class _Ids(IterableDataset[int]):
         yield from range(self.first + worker, self.stop, workers)
 
 
+class _SizedIds(_Ids):
+    """Ids with a length: the combined loader has one, so Lightning sets epochs first."""
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+
 class _TwoLoaders(L.LightningDataModule):
     def __init__(self, kind: str = "cycle") -> None:
         super().__init__()
@@ -78,6 +85,8 @@ class _TwoLoaders(L.LightningDataModule):
         }
         if self.kind in ("unsized", "max_size_unsized"):
             loaders["b"] = ResumableDataLoader(_Ids(), batch_size=4)
+        if self.kind == "sized_iterable":
+            loaders["b"] = ResumableDataLoader(_SizedIds(100, 112), batch_size=4)
         if self.kind == "unsized_longer":  # the sized one cycles
             loaders["a"] = ResumableDataLoader(_Ids(0, 40), batch_size=4)
         if self.kind == "one_unsized":  # as Lightning wraps a lone loader
@@ -128,6 +137,9 @@ def _fit_cut_resume(
         ("unsized", 19),
         ("unsized_longer", 9),
         ("unsized_longer", 10),
+        # Lightning's set_epoch(0) on the restored b restarted its cycled epoch: b repeated.
+        ("sized_iterable", 4),
+        ("sized_iterable", 5),
         ("max_size", 6),  # b ran out at step 3: it yields nothing until the next epoch
         ("max_size", 14),
     ],
