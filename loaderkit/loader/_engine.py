@@ -290,7 +290,12 @@ class WorkerStreams:
         return self._position.epoch
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
-        set_epoch_keeping(self.host, self._position, self, epoch, late=late)
+        if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
+            # No fit drives it: set_epoch names the epoch (a saved last batch may not be
+            # known complete, where the length is unknown).
+            self._position.set_epoch(epoch, late=late)
+        else:
+            set_epoch_keeping(self.host, self._position, self, epoch, late=late)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

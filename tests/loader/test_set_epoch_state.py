@@ -150,3 +150,20 @@ def test_a_loop_resuming_at_the_saved_epoch_does_not_replay_it(driver: str, k: i
     assert head + rest == full
     if driver != "sampler":  # its count of the epoch's batches goes on from the saved one
         assert again.state_dict()["steps_done"] == 3
+
+
+class _SizedTwelve(_Twelve):
+    def __len__(self) -> int:
+        return 12
+
+
+def test_set_epoch_after_a_save_on_an_iterables_last_batch_starts_that_epoch() -> None:
+    # Not seen ending (no StopIteration yet), the position was taken for part-way through
+    # and set_epoch(1) refused; without a fit driving it, set_epoch names the epoch.
+    first = ResumableDataLoader(_SizedTwelve(), batch_size=BATCH, seed=0)
+    it = iter(first)
+    head = [next(it) for _ in range(len(first))]
+    again = ResumableDataLoader(_SizedTwelve(), batch_size=BATCH, seed=0)
+    again.load_state_dict(first.state_dict())
+    again.set_epoch(1)
+    assert [b.tolist() for b in again] == [b.tolist() for b in head]
