@@ -225,7 +225,8 @@ def test_tensor_datamodule_reads_pt_files(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bucket", [False, True])
 def test_sequence_datamodule_trains_and_pads(bucket: bool) -> None:
-    dm = sequence_dm(max_tokens=None, bucket=bucket, batch_size=8, val_fraction=0.25)
+    window = 16 if bucket else None  # without bucketing a window is refused
+    dm = sequence_dm(max_tokens=None, bucket=bucket, window=window, batch_size=8, val_fraction=0.25)
     model, _ = fit_any(dm)
     assert model.rows == {0: 48, 1: 48}
     assert model.val_batches == 2 * 2
@@ -624,7 +625,8 @@ def test_a_setting_follows_one_rule_in_every_datamodule(
     tmp_path: Path, kind: str, name: str
 ) -> None:
     make = functools.partial(MAKERS[kind], write_id_token_shards(tmp_path))
-    budget = {"max_tokens": 64} if name == "bucket_window" else {}
+    # Both apply with a token budget only (pad_to_multiple_of: to fixed-length tokens).
+    budget = {"max_tokens": 64} if name in ("bucket_window", "pad_to_multiple_of") else {}
     dm = make(**budget, **{name: np.int64(8)})  # numpy ints, as everywhere
     assert getattr(dm, name) == 8 and type(getattr(dm, name)) is int
     with pytest.raises(ValueError, match=rf"{name} must be >= 1, got 0"):
@@ -649,7 +651,7 @@ def test_a_datamodule_decides_pinning_without_starting_cuda(
 
 
 def test_describe_reports_batches_padding_and_resume() -> None:
-    plain = sequence_dm(max_tokens=None, batch_size=8).describe()
+    plain = sequence_dm(max_tokens=None, window=None, batch_size=8).describe()
     bucketed = sequence_dm().describe()
     assert plain["splits"]["train"] == {"samples": SIZE, "batch_size": 8, "batches_per_epoch": 8}
     assert 0 < bucketed["padding_fraction"] < plain["padding_fraction"]
@@ -898,6 +900,41 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
     mixed = ImageFolderDataModule(str(root), val_root=str(other))
     with pytest.raises(ValueError, match=r"the val folder has classes \['cat', 'emu'\]"):
         mixed.setup("fit")
+
+
+def test_a_setting_that_would_have_no_effect_is_refused(tmp_path: Path) -> None:
+    # Each was accepted and ignored (helper 101's hunt).
+    np.save(tmp_path / "x.npy", np.ones((4, 2)))
+    shards = write_shards(tmp_path / "tok", [np.arange(8)], TokenReader(seq_len=4))
+    skip = r"oversize='skip' applies with max_tokens only; pass max_tokens or drop oversize\."
+    stacked = r"has no effect: these samples are stacked, not padded; drop"
+    cases: list[tuple[Any, str]] = [
+        (
+            lambda: SequenceDataModule([[1]], window=4),
+            r"SequenceDataModule: window=4 applies with bucket=True or max_tokens only; pass "
+            r"bucket=True or drop window\.",
+        ),
+        (lambda: SequenceDataModule([[1]], oversize="skip"), skip),
+        (lambda: SequenceDataModule([[1]], bucket=True, oversize="skip"), skip),
+        (
+            lambda: ArrayDataModule(train=str(tmp_path / "x.npy"), keys=["y"]),
+            r"ArrayDataModule: keys=\['y'\] applies to \.npz files only, but no split is one; "
+            r"drop keys\.",
+        ),
+        (lambda: ArrayDataModule(np.ones(2), keys=["y"]), r"keys=\['y'\] applies to \.npz"),
+        (lambda: ArrayDataModule(np.ones(2), mmap=False), r"mmap=False applies to \.npy files"),
+        (
+            lambda: ShardedDataModule(shards, seq_len=4, pad_to_multiple_of=16),
+            rf"ShardedDataModule: pad_to_multiple_of=16 {stacked} pad_to_multiple_of\.",
+        ),
+        (lambda: ShardedDataModule(shards, seq_len=4, pad_value=-1), rf"pad_value=-1 {stacked}"),
+    ]
+    for make, match in cases:
+        with pytest.raises(ValueError, match=match):
+            make()
+    assert SequenceDataModule([[1]], bucket=True, window=4).window == 4
+    budget = ShardedDataModule(shards, seq_len=4, batch_size=2, max_tokens=8, pad_to_multiple_of=8)
+    assert [len(b) for b in budget.train_dataloader()] == [1, 1]  # the budget counts 8 a row
     small = TensorDataModule(torch.ones(3), val_fraction=0.1)
     with pytest.raises(ValueError, match=r"leaves 0 for validation"):
         small.setup("fit")

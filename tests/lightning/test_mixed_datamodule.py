@@ -20,6 +20,7 @@ from loaderkit import (
     ElasticResume,
     MixedDataModule,
     MixedDataset,
+    PadCollate,
     ResumableDataLoader,
     TensorDataset,
     TokenReader,
@@ -326,6 +327,25 @@ def test_mixed_datamodule_checks_its_arguments(runs: Runs, tmp_path: Path) -> No
         MixedDataModule({"a": root}, seq_len=4, collate=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weights must name every source once"):
         MixedDataModule({"a": root}, {"b": 1}, seq_len=4).setup("fit")
+
+
+def test_mixed_datamodule_refuses_pad_settings_that_no_collate_reads(runs: Runs) -> None:
+    # Each was accepted and ignored (helper 101's hunt).
+    root, pad = str(runs.root / "tokens" / "web"), PadCollate()
+    with pytest.raises(
+        ValueError,
+        match=r"MixedDataModule: pad_value=-1 has no effect with collate= \(your collate pads\); "
+        r"set it there and drop pad_value\.",
+    ):
+        MixedDataModule({"a": root}, seq_len=4, collate=pad, pad_value=-1)
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of=16 has no effect with collate="):
+        MixedDataModule({"a": root}, seq_len=4, collate=pad, pad_to_multiple_of=16)
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of=16 has no effect: these samples"):
+        MixedDataModule({"a": root}, seq_len=4, pad_to_multiple_of=16)  # stacked
+    with pytest.raises(ValueError, match=r"oversize='skip' applies with max_tokens only"):
+        MixedDataModule({"a": root}, seq_len=4, oversize="skip")
+    dm = MixedDataModule({"a": root}, seq_len=4, collate=pad, max_tokens=64, pad_to_multiple_of=8)
+    assert dm.pad_to_multiple_of == 8  # the token budget counts it
 
 
 def test_sharded_datamodule_refuses_a_datasets_dataset(runs: Runs) -> None:

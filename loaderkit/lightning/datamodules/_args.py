@@ -4,9 +4,9 @@ Example:
     >>> class Module:
     ...     pass
     >>> m = Module()
-    >>> check_settings(m, batch_size=8, max_tokens=None, oversize="skip")
+    >>> check_settings(m, batch_size=8, max_tokens=4096, oversize="skip")
     >>> m.batch_size, m.max_tokens, m.oversize
-    (8, None, 'skip')
+    (8, 4096, 'skip')
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def _checked(owner: str, name: str, value: Any) -> Any:
 
 
 def check_settings(module: Any, **settings: Any) -> None:
-    """Check every setting by its rule (and the rules between them); set them on ``module``."""
+    """Check every setting by its rule (and the rules between them); set them on ``module``.
+
+    A setting that would have no effect with the others is refused, never ignored.
+    """
     owner = type(module).__name__
     for name, value in settings.items():
         setattr(module, name, _checked(owner, name, value))
@@ -88,12 +91,19 @@ def check_settings(module: Any, **settings: Any) -> None:
             f"{owner}: persistent_workers=True needs num_workers >= 1, got num_workers=0; "
             "set num_workers or persistent_workers=False."
         )
-    bucket_window = settings.get("bucket_window")
-    if bucket_window is not None and settings.get("max_tokens", 0) is None:
-        raise ValueError(
-            f"{owner}: bucket_window={bucket_window!r} applies with max_tokens only; pass "
-            "max_tokens or drop bucket_window."
-        )
+    if settings.get("max_tokens", 0) is None:
+        for name, default in (("bucket_window", None), ("oversize", "error")):
+            if settings.get(name, default) != default:
+                raise ValueError(
+                    f"{owner}: {name}={settings[name]!r} applies with max_tokens only; pass "
+                    f"max_tokens or drop {name}."
+                )
+        window = settings.get("window")
+        if settings.get("bucket") is False and window is not None:
+            raise ValueError(
+                f"{owner}: window={window!r} applies with bucket=True or max_tokens only; pass "
+                "bucket=True or drop window."
+            )
 
 
 def remote_cache(

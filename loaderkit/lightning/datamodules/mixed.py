@@ -55,7 +55,8 @@ class MixedDataModule(_ShardSources):
         oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
         pad_value: Pad value of variable-length samples.
         pad_to_multiple_of: Round their padded length up to a multiple of this.
-        collate: The loaders' ``collate_fn`` instead of the default above.
+        collate: The loaders' ``collate_fn`` instead of the default above (it pads: pass
+            ``pad_value`` and ``pad_to_multiple_of`` to it, not here).
         storage_options: For sources at URLs: the fsspec filesystem's options.
         cache_dir: For sources at URLs: the local cache directory.
         **kwargs: The loader policy of :class:`~loaderkit.lightning.datamodules.LoaderDataModule`

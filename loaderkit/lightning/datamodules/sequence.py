@@ -48,8 +48,8 @@ class SequenceDataModule(LoaderDataModule):
             eval splits' only); implies ``bucket``.
         pad_to_multiple_of: Round each batch's padded length up to a multiple of this.
         pad_value: The pad value, or one per dict key.
-        window: Samples per length-sorted window (see ``BucketBatchSampler``).
-        oversize: A sample longer than ``max_tokens`` allows: ``"error"`` or ``"skip"``.
+        window: With ``bucket``: samples per length-sorted window (see ``BucketBatchSampler``).
+        oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
         columns: For Parquet, Arrow and ``datasets`` sources: the columns to read.
         storage_options: For a Parquet URL: the fsspec filesystem's options.
         cache_dir: For a Parquet URL: the local cache directory.

@@ -59,11 +59,27 @@ class _ShardSources(LoaderDataModule):
         self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool = False
     ) -> None:
         """``keyed``: dict samples, whose ``length_key`` field a length limit pads (also in a
-        batch where no length varies)."""
+        batch where no length varies). Pad settings that no collate reads are refused."""
         field = self.length_key if keyed and self.pad_to_multiple_of is not None else None
         pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=field)
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
+        if self._collate is pad:
+            return
+        fix = "has no effect: these samples are stacked, not padded; drop"
+        if collate is not None:
+            fix = "has no effect with collate= (your collate pads); set it there and drop"
+        multiple, budget = self.pad_to_multiple_of, self.max_tokens is not None
+        for name, value, unused in (
+            ("pad_value", pad_value, pad_value != 0),
+            (
+                "pad_to_multiple_of",
+                multiple,
+                multiple is not None and not budget,
+            ),  # budget reads it
+        ):
+            if unused:
+                raise ValueError(f"{type(self).__name__}: {name}={value!r} {fix} {name}.")
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
         """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""

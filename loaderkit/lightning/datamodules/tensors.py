@@ -176,6 +176,16 @@ class ArrayDataModule(_ColumnsDataModule):
         self.keys = keys
         super().__init__(**kwargs)
         self._set_sources(arrays, splits)
+        paths = [s for s in self._sources.values() if isinstance(s, str)]
+        for name, value, default, suffix in (
+            ("keys", keys, None, ".npz"),
+            ("mmap", mmap, True, ".npy"),
+        ):
+            if value != default and not any(p.endswith(suffix) for p in paths):
+                raise ValueError(
+                    f"{type(self).__name__}: {name}={value!r} applies to {suffix} files only, "
+                    f"but no split is one; drop {name}."
+                )
 
     def _read(self, split: str, path: str) -> ArrayDataset:
         if path.endswith(".npy"):
