@@ -286,10 +286,6 @@ class WorkerStreams:
         self.held_batches: Callable[[], int] | None = None  # else the host says
 
     @property
-    def carries_over(self) -> bool:
-        return False
-
-    @property
     def started(self) -> bool:
         return self._position.started
 
