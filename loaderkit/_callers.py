@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 _ATTR = "_loaderkit_host"  # the attribute of an attached loader (or batch sampler)
 
@@ -54,10 +54,6 @@ class Host(Protocol):
         """Whether the host ends its epoch once each of several loaders ran out, and
         iterates each one once as an epoch starts."""
 
-    def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        """``loader``'s state in a checkpoint the host restored without loading it into
-        the loader (one saved at an epoch's end), as the epoch after it starts; else None."""
-
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -92,9 +88,6 @@ class _NoHost:
 
     def counts_run_outs(self, loader: object) -> bool:
         return False
-
-    def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        return None
 
 
 NO_HOST: Host = _NoHost()

@@ -144,27 +144,6 @@ class LightningHost:
         several = len(train_loaders(trainer)) > 1
         return bool(self.cycles(loader)) and several and sized_len(combined) is None
 
-    def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        """``fit_loop._combined_loader_states_to_load`` that ``FitLoop.setup_data`` left
-        unloaded (it loads them only while ``restarting``: not from an epoch-end
-        checkpoint), paired with the stateful train loaders as Lightning pairs them; only
-        in the fit's first epoch after the restore (a reloaded loader later starts afresh)."""
-        trainer = self._fitting(loader)
-        if trainer is None:
-            return None
-        loop = trainer.fit_loop
-        states = loop._combined_loader_states_to_load
-        if loop.restarting or not states:
-            return None
-        epoch = int(loop.epoch_progress.current.processed)
-        if _first_epoch_offered.setdefault(trainer, epoch) != epoch:
-            return None
-        stateful = [dl for dl in train_loaders(trainer) if _stateful(dl)]
-        if len(stateful) != len(states) or not any(dl is loader for dl in stateful):
-            return None
-        state = states[next(i for i, dl in enumerate(stateful) if dl is loader)]
-        return state if isinstance(state, dict) else None
-
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
         (they differ after a ``max_steps`` restart)."""
@@ -183,17 +162,6 @@ def _failing(trainer: Any) -> bool:
     loop = getattr(trainer, "fit_loop", None)
     return (
         trainer.state.status == "interrupted" and getattr(loop, "_data_fetcher", None) is not None
-    )
-
-
-# The epoch each restored fit offered skipped loader states in (weak: one entry a Trainer).
-_first_epoch_offered: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def _stateful(loader: Any) -> bool:
-    """What Lightning's ``CombinedLoader`` saves a state of (its ``_Stateful`` protocol)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None)
     )
 
 

@@ -255,10 +255,6 @@ class ResumableDataLoader:
         ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
         """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
-        if not self._host.started and self._engine.carries_over:
-            skipped = self._host.caller().skipped_state(self)
-            if skipped is not None:
-                self.load_state_dict(skipped)
         if self._engine.one_iterator or self._host.pool.persistent:
             self._host.supersede()
         live = EpochIterator(self, self._host, self._engine)

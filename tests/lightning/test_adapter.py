@@ -361,42 +361,6 @@ def test_a_restore_on_an_epochs_last_batch_names_the_next_epoch(tmp_path: Path) 
     )
 
 
-class _StatefulEpochs(_UnsizedEpochs):
-    """Saves ``{"epoch": n}`` (n: its iterations so far); records ``skipped_state`` at iter()."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loaded: list[dict[str, Any]] = []
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        self.starting.append(host_of(self).skipped_state(self))
-        for i in range(2):
-            yield torch.full((1, 4), float(i))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": len(self.starting) - 1}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loaded.append(state)
-
-
-def test_an_epoch_end_checkpoint_leaves_the_loader_state_unloaded(tmp_path: Path) -> None:
-    ends = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
-    kwargs = trainer_kwargs(max_epochs=1, enable_checkpointing=True)
-    L.Trainer(**kwargs, callbacks=[AttachLoaders(), ends]).fit(
-        _Linear(), train_dataloaders=_StatefulEpochs()
-    )
-    loader = _StatefulEpochs()
-    trainer = L.Trainer(**trainer_kwargs(max_epochs=2), callbacks=[AttachLoaders()])
-    ckpt = sorted(tmp_path.glob("epoch=0*.ckpt"))[0]
-    trainer.fit(_Linear(), train_dataloaders=loader, ckpt_path=ckpt)
-    assert (loader.loaded, loader.starting[0]) == ([], {"epoch": 0}), changed(
-        "fit_loop.restarting and fit_loop._combined_loader_states_to_load after an epoch-end "
-        f"restore (loaded {loader.loaded}, offered {loader.starting[:1]})",
-        "LightningHost.skipped_state",
-    )
-
-
 class _AnyBatch(_Linear):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self.layer(torch.ones(1, 4)).sum()

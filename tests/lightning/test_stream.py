@@ -116,25 +116,6 @@ def test_unsized_stream_resumed_from_an_epoch_end_checkpoint_trains_the_next_epo
     assert [(r["epoch"], r["ids"]) for r in model.records] == want
 
 
-@pytest.mark.parametrize("nw", [0, 2])
-def test_a_stream_with_steps_per_epoch_resumed_from_an_epoch_end_checkpoint_goes_on(
-    root: Path, nw: int
-) -> None:
-    """Its streams go on across epochs, and Lightning loads no loader state from an
-    epoch-end checkpoint: the loader takes its own from it (its streams started over)."""
-    full = list(_full(root, nw, 5))
-    ends = ModelCheckpoint(dirpath=root / f"sps-ends-{nw}", filename="end{epoch}", save_top_k=-1)
-    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=nw, stream=True, steps_per_epoch=5)
-    trainer = L.Trainer(**trainer_kwargs(max_epochs=1, enable_checkpointing=True, callbacks=[ends]))
-    trainer.fit(IdModule(), datamodule=dm)
-    model = IdModule()
-    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=nw, stream=True, steps_per_epoch=5)
-    trainer = L.Trainer(**trainer_kwargs())
-    trainer.fit(model, datamodule=dm, ckpt_path=root / f"sps-ends-{nw}" / "endepoch=0.ckpt")
-    want = [(r["epoch"], r["ids"]) for r in full if r["epoch"] == 1]
-    assert [(r["epoch"], r["ids"]) for r in model.records] == want
-
-
 def test_unsized_stream_without_the_callback_resumes_exactly(root: Path) -> None:
     """Lightning checkpoints while it holds a prefetched batch: the loader asks the
     Lightning adapter how many it holds (was: an error asking for ElasticResume)."""
