@@ -115,20 +115,18 @@ class RemoteCache:
             (default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
         max_bytes: Bytes of shards the cache may hold (default: ``$LOADERKIT_CACHE_BYTES``,
             else 32 GiB); at least what the processes of a machine read at once.
-        storage_options: Options of the fsspec filesystem (for s3fs e.g.
-            ``{"endpoint_url": ..., "key": ..., "secret": ...}``); default: the
-            provider's environment variables.
+        storage_options: fsspec filesystem options (s3fs: ``{"endpoint_url": ..., "key": ...,
+            "secret": ...}``); default: the provider's environment variables.
         prefetch: Shards each reading process fetches ahead (0: fetch only when read).
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
         timeout_s: Deadline of one remote read with its retries (a listing, a lookup, a
             batch of range reads, an 8 MiB piece of a download); past it a
             :class:`ShardError` names the URL.
-        range_reads: Read plain (neither compressed nor hashed) ``.npy``/``.bin`` shards
-            of ``TokenReader(seq_len=...)`` by byte ranges, fetching only the blocks each
-            process reads: ``True`` for every such shard; ``"auto"`` for those larger than
-            ``max_bytes / (prefetch + 1)`` or of which the epoch reads at most half;
-            ``False`` (default): whole files. Same samples either way.
+        range_reads: Read plain (neither compressed nor hashed) ``.npy``/``.bin`` shards of
+            ``TokenReader(seq_len=...)`` by byte ranges, only the blocks each process reads:
+            ``True`` for all; ``"auto"`` for those over ``max_bytes / (prefetch + 1)`` or of
+            which the epoch reads at most half; ``False`` (default): whole files.
         block_bytes: Size of the blocks a range-read shard is fetched and cached in.
 
     Example:
@@ -169,9 +167,7 @@ class RemoteCache:
                 f"{owner}: cache_dir must be a path, got {self.cache_dir!r}; pass a folder "
                 "path, or None for the default."
             )
-        if self.range_reads not in (True, False, "auto") or not isinstance(
-            self.range_reads, bool | str
-        ):
+        if not (isinstance(self.range_reads, bool) or self.range_reads == "auto"):
             raise ValueError(
                 f"{owner}: range_reads must be True, False or 'auto', got "
                 f"{self.range_reads!r}; pass range_reads='auto'."
@@ -207,8 +203,8 @@ class RemoteShard:
 
     @property
     def key(self) -> str:
-        """The cache key of this version of the object and its sidecars (a dtype header added
-        or fixed later is fetched anew)."""
+        """The cache key of this version of the object and its sidecars (a new dtype header
+        added later is fetched anew)."""
         blob = f"{self.url}\n{self.size}\n{self.version}\n{self.sidecars}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
@@ -402,7 +398,7 @@ class RemoteShards:
         self._last: _Prediction | None = None  # the last matched, kept across unplanned reads
         self._planned = False  # whether the shards read now come from want()
         self._warned = False
-        self._path_cache: dict[str, tuple[Path, Path, Path]] = {}
+        self._entries: dict[tuple[int, int | None], tuple[Path, Path, Path]] = {}  # _paths
         self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._verified: set[int] = set()  # cached shards this process checked the hash of
         # Range reads: each shard's layout (None: whole file), leased blocks, those of the
@@ -413,7 +409,6 @@ class RemoteShards:
         self._block_next: set[str] = set()
         self._maps: OrderedDict[str, np.ndarray] = OrderedDict()
         self._ends_hint = np.zeros(1, dtype=np.int64)  # sample ends per shard (note_batch)
-        self._block_paths: dict[tuple[int, int], tuple[Path, Path, Path]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # per process
@@ -506,7 +501,7 @@ class RemoteShards:
         for i, shard in enumerate(self.shards):
             row: list[Any] = [shard.name, shard.size, shard.version, self._count_one(i, reader)]
             if is_compressed(shard.name):
-                raw = self._paths(shard)[0].with_name(decoded_name(shard.name))
+                raw = self._paths(i)[0].with_name(decoded_name(shard.name))
                 self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
                 row.append(self.extras[i])
             rows.append(row)
@@ -687,15 +682,6 @@ class RemoteShards:
         assert isinstance(self.reader, TokenReader)
         return RangedTokens(self, index, layout, self.reader, self.shards[index].url)
 
-    def _block_entry(self, index: int, block: int) -> tuple[Path, Path, Path]:
-        found = self._block_paths.get((index, block))
-        if found is None:
-            blob = f"{self.shards[index].key}\n{self.cache.block_bytes}\n{block}".encode()
-            key = "b" + hashlib.sha256(blob).hexdigest()[:23]
-            found = self._entry(key, "block")
-            self._block_paths[(index, block)] = found
-        return found
-
     def _blocks_of(self, starts: np.ndarray, nbytes: int) -> list[int]:
         bb = self.cache.block_bytes
         first, last = starts // bb, (starts + nbytes - 1) // bb
@@ -735,7 +721,7 @@ class RemoteShards:
 
     def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
         """Maps of blocks ``blocks`` of shard ``index`` (none if ``ahead``), leased and fetched."""
-        entries = {b: self._block_entry(index, b) for b in blocks}
+        entries = {b: self._paths(index, b) for b in blocks}
         for _, lease, _ in entries.values():
             self._lease_path(lease)
         keys = {lease.name for _, lease, _ in entries.values()}
@@ -823,8 +809,8 @@ class RemoteShards:
             item = layout.dtype.itemsize
             starts = layout.offset + local * (reader.seq_len * item)
             blocks = self._blocks_of(starts, (reader.seq_len + reader.targets) * item)
-            keep |= {self._block_entry(shard, b)[1].name for b in blocks}
-            todo = tuple(b for b in blocks if not self._block_entry(shard, b)[0].exists())
+            keep |= {self._paths(shard, b)[1].name for b in blocks}
+            todo = tuple(b for b in blocks if not self._paths(shard, b)[0].exists())
             if todo:
                 jobs.append((shard, todo))
         self._block_next = keep
@@ -857,15 +843,17 @@ class RemoteShards:
         return out
 
     # ----------------------------------------------------------------- cache
-    def _entry(self, key: str, name: str) -> tuple[Path, Path, Path]:
-        """A cache entry's file, lease lock and download lock."""
-        locks = self.root_dir / "locks"
-        return self.root_dir / "objects" / key / name, locks / key, locks / f"{key}.dl"
-
-    def _paths(self, shard: RemoteShard) -> tuple[Path, Path, Path]:
-        found = self._path_cache.get(shard.url)
-        if found is None:  # built once per shard: per batch, Path joins and hashing add up
-            found = self._path_cache[shard.url] = self._entry(shard.key, shard.name)
+    def _paths(self, index: int, block: int | None = None) -> tuple[Path, Path, Path]:
+        """The cache file, lease lock and download lock of shard ``index`` (or its ``block``)."""
+        found = self._entries.get((index, block))
+        if found is None:  # built once: per batch, Path joins and hashing add up
+            key, name = self.shards[index].key, self.shards[index].name
+            if block is not None:
+                blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
+                key, name = "b" + hashlib.sha256(blob).hexdigest()[:23], "block"
+            locks = self.root_dir / "locks"
+            found = (self.root_dir / "objects" / key / name, locks / key, locks / f"{key}.dl")
+            self._entries[(index, block)] = found
         return found
 
     def _lease_path(self, lease: Path) -> None:
@@ -874,14 +862,11 @@ class RemoteShards:
         with self._lock:
             if key in self._leases:
                 return
-        lease.parent.mkdir(parents=True, exist_ok=True)
         fd = _flock(lease, fcntl.LOCK_SH)  # waits only while an evictor deletes it
         assert fd is not None
         with self._lock:
-            if key in self._leases:
-                os.close(fd)
-            else:
-                self._leases[key] = fd
+            if self._leases.setdefault(key, fd) != fd:
+                os.close(fd)  # another thread leased it meanwhile
 
     def _release(self, keys: Iterable[str]) -> None:
         with self._lock:
@@ -922,9 +907,7 @@ class RemoteShards:
         One machine-wide lock, so two downloads cannot count on the same free bytes. With
         ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it.
         """
-        lock = self.root_dir / "locks" / ".budget"
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = _flock(lock, fcntl.LOCK_EX)
+        fd = _flock(self.root_dir / "locks" / ".budget", fcntl.LOCK_EX)
         assert fd is not None
         try:
             room = self._make_room(sum(sizes))
@@ -940,9 +923,7 @@ class RemoteShards:
         try:
             yield
         finally:
-            for folder in folders:
-                with contextlib.suppress(FileNotFoundError):
-                    (folder / _RESERVED).unlink()
+            _unlink(folder / _RESERVED for folder in folders)
 
     def _make_room(self, need: int) -> bool:
         """Evict unleased shards, least recently used first, until ``need`` more bytes fit."""
@@ -956,16 +937,13 @@ class RemoteShards:
         for _, key, size in sorted(entries):
             if key in mine:
                 continue
-            folder, lease = self.root_dir / "objects" / key, self.root_dir / "locks" / key
-            lease.parent.mkdir(parents=True, exist_ok=True)
-            fd = _flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = _flock(self.root_dir / "locks" / key, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 continue  # a live process needs it
             try:
+                folder = self.root_dir / "objects" / key
                 # The shard first, so no one finds its folder complete while it goes.
-                for f in sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None):
-                    with contextlib.suppress(FileNotFoundError):
-                        f.unlink()
+                _unlink(sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None))
                 shutil.rmtree(folder, ignore_errors=True)
                 self._count("evicted")
                 used -= size
@@ -981,7 +959,7 @@ class RemoteShards:
         :class:`_Busy`). A hashed shard is checked after download and on first read."""
         self._here()
         shard = self.shards[index]
-        target, lease, dl_lock = self._paths(shard)
+        target, lease, dl_lock = self._paths(index)
         final = target.with_name(decoded_name(target.name))
         self._lease_path(lease)
         if not ahead and not self._planned:
@@ -1002,9 +980,7 @@ class RemoteShards:
                 return final
             need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
             with self._reserved(shard, [target.parent], [need], ahead=ahead):
-                for stale in target.parent.glob(".*.tmp"):  # left by a killed download
-                    with contextlib.suppress(FileNotFoundError):
-                        stale.unlink()
+                _unlink(target.parent.glob(".*.tmp"))  # left by a killed download
                 for name, size, version in shard.sidecars:
                     side = target.parent / name
                     if not side.exists():
@@ -1069,10 +1045,7 @@ class RemoteShards:
             pass  # evicted meanwhile (a decoded copy stays readable): fetched again if gone
         except DigestMismatch:
             self._count("corrupt")
-            for f in target.parent.iterdir():
-                if f.name != _RESERVED:
-                    with contextlib.suppress(FileNotFoundError):
-                        f.unlink()
+            _unlink(f for f in target.parent.iterdir() if f.name != _RESERVED)
             return False
         self._verified.add(index)
         return True
@@ -1113,7 +1086,7 @@ class RemoteShards:
         if self.cache.range_reads is not False and self.ranged_ok:
             in_use = [i for i in in_use if self._layout(i) is None]
             upcoming = [i for i in upcoming if self._layout(i) is None]
-        keep = {self._paths(self.shards[i])[1].name for i in (*in_use, *upcoming)}
+        keep = {self._paths(i)[1].name for i in (*in_use, *upcoming)}
         with self._lock:
             drop = [k for k in self._leases if k not in keep and k not in self._block_keys]
         self._release(drop)
@@ -1123,7 +1096,7 @@ class RemoteShards:
             return
         with self._wake:
             wanted = (*in_use, *upcoming)
-            self._queue = [i for i in wanted if not self._paths(self.shards[i])[0].exists()]
+            self._queue = [i for i in wanted if not self._paths(i)[0].exists()]
             self._queue += blocks
             if self._queue and self._thread is None:
                 self._thread = threading.Thread(
@@ -1160,7 +1133,7 @@ class RemoteShards:
         self._unplanned.move_to_end(index)
         while len(self._unplanned) > _MAX_UNPLANNED_LEASES:
             old, _ = self._unplanned.popitem(last=False)
-            self._release([self._paths(self.shards[old])[1].name])
+            self._release([self._paths(old)[1].name])
 
     # --------------------------------------------------- map-style: the plan
     def observe(self, plan: Any) -> Any:
@@ -1241,6 +1214,7 @@ class RemoteShards:
 
 def _flock(path: Path, flags: int) -> int | None:
     """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, flags)
@@ -1251,3 +1225,9 @@ def _flock(path: Path, flags: int) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def _unlink(paths: Iterable[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
