@@ -33,6 +33,10 @@ class Host(Protocol):
     def restarting_mid_epoch(self, loader: object) -> bool | None:
         """Whether the host, setting ``loader``'s epoch, restarts that epoch part-way."""
 
+    def restored_past(self, loader: object) -> bool:
+        """Whether the host restored a checkpoint whose epoch it counts complete: the epoch
+        now set is a new one."""
+
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """The epoch the host trains when it sets ``loader``'s epoch to ``epoch``."""
 
@@ -70,6 +74,9 @@ class _NoHost:
 
     def restarting_mid_epoch(self, loader: object) -> bool | None:
         return None
+
+    def restored_past(self, loader: object) -> bool:
+        return False
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         return None

@@ -107,6 +107,15 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
+    def restored_past(self, loader: object) -> bool:
+        """``fit_loop.restarting``, with ``epoch_progress.current`` completed as far as it was
+        started (a ``max_steps`` stop restores an epoch processed, not completed)."""
+        trainer = self._fitting(loader)
+        if trainer is None or not trainer.fit_loop.restarting:
+            return False
+        progress = trainer.fit_loop.epoch_progress.current
+        return bool(progress.completed == progress.processed == progress.started)
+
     def epoch_starting(self, loader: object) -> int | None:
         """``epoch_progress.current.processed``: the fit loop iterates an unsized train
         loader (to prefetch a batch) before it sets the epoch."""

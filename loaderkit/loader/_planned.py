@@ -146,10 +146,10 @@ class PlanEngine:
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "
-            f"(on {world_size} rank(s)). Restore the loader from this run's checkpoint "
-            "(trainer.fit(..., ckpt_path=...)), add Trainer(callbacks=[loaderkit.ElasticResume()]) "
-            "on another number of ranks, and take one batch per step in a "
-            "training_step(dataloader_iter)."
+            f"(on {world_size} rank(s)). Resume from a checkpoint saved during the fit (not a "
+            "trainer.save_checkpoint() after it stopped at max_steps), add "
+            "Trainer(callbacks=[loaderkit.ElasticResume()]) on another number of ranks, and "
+            "take one batch per step in a training_step(dataloader_iter)."
         )
 
     def rest_of_epoch(self, epoch: int, position: int) -> Schedule:

@@ -361,6 +361,40 @@ def test_a_restore_on_an_epochs_last_batch_names_the_next_epoch(tmp_path: Path) 
     )
 
 
+class _RestoredPast(_Probe):
+    """Records, at each ``set_epoch``, whether the host restored past the saved epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restored: list[tuple[int, bool]] = []
+        self.sampler = self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.restored.append((epoch, host_of(self).restored_past(self)))
+
+
+def test_a_restore_says_whether_its_epoch_is_over(tmp_path: Path) -> None:
+    def fit(ckpt: Path | None = None, **options: Any) -> list[tuple[int, bool]]:
+        loader = _RestoredPast()
+        kwargs = trainer_kwargs(enable_checkpointing=ckpt is None, **options)
+        callbacks = [AttachLoaders()] + [step_checkpoints(tmp_path / str(options), 1)] * (not ckpt)
+        L.Trainer(**kwargs, callbacks=callbacks).fit(_Linear(), loader, ckpt_path=ckpt)
+        return loader.restored
+
+    assert fit(max_epochs=2) == [(0, False), (1, False)]
+    limited = {"max_epochs": 2, "limit_train_batches": 2}
+    fit(**limited)
+    seen = {
+        "mid": fit(tmp_path / "{'max_epochs': 2}" / "step001.ckpt", max_epochs=2),
+        "limited": fit(tmp_path / str(limited) / "step002.ckpt", **limited),
+    }
+    # limit_train_batches ends epoch 0 at the saved batch: the restore goes on to epoch 1.
+    assert seen == {"mid": [(0, False), (1, False)], "limited": [(1, True)]}, changed(
+        f"fit_loop.restarting and epoch_progress.current at set_epoch (got {seen})",
+        "LightningHost.restored_past",
+    )
+
+
 class _AnyBatch(_Linear):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self.layer(torch.ones(1, 4)).sum()
@@ -508,7 +542,9 @@ class _Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None, host: bool = True) -> list[Any]:
+def _fit_to(
+    max_steps: int, root: Path, ckpt: Path | None = None, host: bool = True, save: bool = False
+) -> list[Any]:
     model = _Recorder()
     loader = ResumableDataLoader(IdDataset(16), batch_size=4, shuffle=True, seed=0)
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=root, save_last=True)]
@@ -518,6 +554,8 @@ def _fit_to(max_steps: int, root: Path, ckpt: Path | None = None, host: bool = T
     with contextlib.nullcontext() if host else no_entry_point_callbacks():
         trainer = L.Trainer(**{**kwargs, "enable_checkpointing": True})
     trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt)
+    if save:
+        trainer.save_checkpoint(root / "after_fit.ckpt")
     return model.seen
 
 
@@ -544,6 +582,17 @@ def test_without_a_host_a_max_steps_resume_is_refused_not_trained_wrong(tmp_path
     _fit_to(6, tmp_path / "cut", host=False)
     with pytest.raises(StateMismatchError, match=r"part-way through epoch 1"):
         _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "last.ckpt", host=False)
+
+
+@pytest.mark.parametrize("stop", [4, 6])
+def test_a_checkpoint_saved_after_a_max_steps_stop_is_refused_naming_the_cause(
+    tmp_path: Path, stop: int
+) -> None:
+    # Lightning records the stopped epoch as completed there and restores the next epoch
+    # with the stopped one's batch count done (a DataLoader trains from the wrong batch).
+    _fit_to(stop, tmp_path / "cut", save=True)
+    with pytest.raises(StateMismatchError, match=r"not a trainer.save_checkpoint\(\) after"):
+        _fit_to(10, tmp_path / "resumed", ckpt=tmp_path / "cut" / "after_fit.ckpt")
 
 
 def test_a_max_steps_stop_at_an_epochs_last_batch_resumes_exactly(tmp_path: Path) -> None:

@@ -153,6 +153,16 @@ def test_combined_loaders_resume_each_at_its_own_position(
         assert [s.get("b") for s in full[3:10]] == [None] * 7
 
 
+@pytest.mark.parametrize("kind", ["cycle", "unsized"])
+def test_a_loader_cycled_into_the_next_epoch_starts_it_afresh_after_a_limited_epoch(
+    tmp_path: Path, kind: str
+) -> None:
+    # limit_train_batches=5 ends epoch 0 with b part-way through its own epoch 1; saved
+    # there, the resumed b went on mid-epoch where the run started epoch 1 afresh.
+    full, joined = _fit_cut_resume(tmp_path, 5, kind, limit_train_batches=5)
+    assert joined == full
+
+
 @pytest.mark.parametrize("kind", ["one_unsized", "unsized"])
 def test_reloaded_loaders_resume_exactly_mid_epoch(tmp_path: Path, kind: str) -> None:
     # Reloading iterates each loader twice as an epoch starts (the second looks like a
