@@ -93,6 +93,7 @@ STATS = (
 _MAX_MAPS = 64  # block files kept memory-mapped per process
 _MAX_UNPLANNED_LEASES = 16
 _RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
+_Blocks = tuple[int, tuple[int, ...]]  # (shard, blocks of it)
 
 
 def _check_seconds(name: str, value: object, example: float, *, zero_ok: bool) -> None:
@@ -363,35 +364,30 @@ class RemoteShards:
     ) -> None:
         self.cache, self.owner = cache, owner
         self.root_dir = cache.directory
-        first = source if isinstance(source, str) else source[0]
         self.stats_table = torch.zeros((_SLOTS, len(STATS)), dtype=torch.int64)
         self.stats_table.share_memory_()  # workers count into it; the main process reads it
-        self.storage = Storage(
-            first,
-            cache.storage_options,
-            retries=cache.retries,
-            backoff_s=cache.backoff_s,
-            timeout_s=cache.timeout_s,
-        )
-        self.storage.on_retry = partial(self._count, "retries")
+        first = source if isinstance(source, str) else source[0]
+        retry = {k: getattr(cache, k) for k in ("retries", "backoff_s", "timeout_s")}
+        self.storage = Storage(first, cache.storage_options, **retry)
+        self._reset()
         self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         refuse_one_shard_twice(owner, (s.url for s in self.shards))
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
-        self.folder = self.shards[0].url.rsplit("/", 1)[0]
+        self.folder = self.folder_of(self.shards[0])
         self.board = _Board()
         self.reader: ShardReader | None = None  # set by count()
         self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
-        self._reset()
 
     def _reset(self) -> None:
+        self.storage.on_retry = partial(self._count, "retries")
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._leases: dict[str, int] = {}  # shard key -> fd holding a shared flock
         self._unplanned: OrderedDict[int, None] = OrderedDict()
-        self._queue: list[int | tuple[int, tuple[int, ...]]] = []
+        self._queue: list[int | _Blocks] = []
         self._thread: threading.Thread | None = None
         self._predictions: dict[tuple[int, int, int, int], _Prediction] = {}
         self._current: _Prediction | None = None
@@ -415,7 +411,6 @@ class RemoteShards:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.storage.on_retry = partial(self._count, "retries")
         self._reset()
 
     def _here(self) -> None:
@@ -521,12 +516,16 @@ class RemoteShards:
 
     def _count_one(self, i: int, reader: ShardReader) -> int:
         """Shard ``i``'s samples: from a Parquet footer, a token header, or the whole file."""
-        samples = self._count_footer(i, reader)
-        if samples is None and self._eligible(i):
-            layout = self._try_probe(i)
-            if layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
-                samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
-        if samples is None:
+        from loaderkit.data.parquet import ParquetReader
+
+        footer = self._parquet_footer(i) if isinstance(reader, ParquetReader) else None
+        layout = self._try_probe(i) if footer is None and self._eligible(i) else None
+        if footer is not None:
+            pa = import_pyarrow()
+            samples = int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
+        elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
+            samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
+        else:
             samples = reader.count(self.local(i))
             self._release_all()
         return checked_count(reader, self.shards[i].url, samples)
@@ -546,16 +545,6 @@ class RemoteShards:
         elif self.storage.exists(default):
             return self.storage.read_bytes(default), default
         return (local.read_bytes(), str(local)) if local.exists() else None
-
-    def _count_footer(self, index: int, reader: ShardReader) -> int | None:
-        """Rows of a Parquet shard from its footer; None for other shards (or no ranges)."""
-        from loaderkit.data.parquet import ParquetReader
-
-        footer = self._parquet_footer(index) if isinstance(reader, ParquetReader) else None
-        if footer is None:
-            return None
-        pa = import_pyarrow()
-        return int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
 
     def _parquet_footer(self, index: int) -> bytes | None:
         """Shard ``index``'s Parquet footer by a range read, checked to parse; None if none."""
@@ -646,15 +635,12 @@ class RemoteShards:
         if shard.name.endswith(".npy"):
             if probed:
                 self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
-            (head,) = self.storage.read_ranges(
-                shard.url, [(0, min(shard.size, HEAD_BYTES))], shard.size, shard.version
-            )
+            read = partial(self.storage.read_ranges, shard.url, size=shard.size)
+            (head,) = read([(0, min(shard.size, HEAD_BYTES))], version=shard.version)
             fetched = [len(head)]
             need = npy_header_bytes(head)
             if need is not None and len(head) < need <= min(shard.size, 1 << 20):
-                (head,) = self.storage.read_ranges(
-                    shard.url, [(0, need)], shard.size, shard.version
-                )
+                (head,) = read([(0, need)], version=shard.version)
                 fetched.append(len(head))
             self._count_ranges(sum(fetched) + probed, len(fetched) + probed)
             return npy_layout(head, shard.url, reader)
@@ -739,32 +725,26 @@ class RemoteShards:
                 if b not in missing:
                     self._touch(entries[b][0])
         if missing:
-            self._download_blocks(index, missing, entries, ahead=ahead)
+            self._download_blocks(index, missing, ahead=ahead)
         return {} if ahead else {b: self._map(entries[b][0]) for b in blocks}
 
-    def _download_blocks(
-        self,
-        index: int,
-        missing: list[int],
-        entries: dict[int, tuple[Path, Path, Path]],
-        *,
-        ahead: bool,
-    ) -> None:
+    def _download_blocks(self, index: int, missing: list[int], *, ahead: bool) -> None:
         shard, bb = self.shards[index], self.cache.block_bytes
+        paths = {b: self._paths(index, b) for b in missing}
         fds: list[int] = []
         try:
             todo = []
             for b in missing:  # in block order: two processes never wait on each other
-                fd = _flock(entries[b][2], fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+                fd = _flock(paths[b][2], fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
                 if fd is None:
                     continue  # another process fetches it (prefetch: skip it)
                 fds.append(fd)
-                if not entries[b][0].exists():
+                if not paths[b][0].exists():
                     todo.append(b)
             if not todo:
                 return
             sizes = {b: min(bb, shard.size - b * bb) for b in todo}
-            folders = [entries[b][0].parent for b in todo]
+            folders = [paths[b][0].parent for b in todo]
             with self._reserved(shard, folders, [sizes[b] for b in todo], ahead=ahead):
                 runs: list[list[int]] = []
                 for b in todo:  # adjacent blocks in one range
@@ -777,14 +757,14 @@ class RemoteShards:
                 for run, data in zip(runs, datas, strict=True):
                     for b in run:
                         lo = (b - run[0]) * bb
-                        atomic_write(entries[b][0], methodcaller("write", data[lo : lo + sizes[b]]))
+                        atomic_write(paths[b][0], methodcaller("write", data[lo : lo + sizes[b]]))
             self._count("blocks_fetched", len(todo))
             self._count_ranges(sum(sizes.values()), len(spans))
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[tuple[int, tuple[int, ...]]]:
+    def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[_Blocks]:
         """The ``(shard, blocks)`` the next ``prefetch`` batches read that the cache lacks."""
         if pred.sched is None or not any(self._layouts.values()):
             return []
@@ -1070,10 +1050,7 @@ class RemoteShards:
 
     # -------------------------------------------------------------- prefetch
     def want(
-        self,
-        in_use: Sequence[int],
-        upcoming: Sequence[int],
-        blocks: Sequence[tuple[int, tuple[int, ...]]] = (),
+        self, in_use: Sequence[int], upcoming: Sequence[int], blocks: Sequence[_Blocks] = ()
     ) -> None:
         """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
         release every other shard's lease, and fetch the missing ones in the background
