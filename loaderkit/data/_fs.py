@@ -70,18 +70,6 @@ def source_name(data: str | Sequence[str]) -> str:
     return f"{names[0]} .. {names[-1]} ({len(names)} files, crc {crc:08x})"
 
 
-def _import_fsspec() -> Any:
-    try:
-        import fsspec
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "reading or writing shards at a URL needs fsspec, which is not installed; "
-            f"install the extra in the loaderkit clone: pip install '{REMOTE_EXTRA}' "
-            "(fsspec, s3fs, gcsfs)."
-        ) from exc
-    return fsspec
-
-
 class Storage:
     """One remote location (``url``'s protocol picks the fsspec filesystem) and the retries,
     backoff and deadline of every call made to it; pickles without its filesystem."""
@@ -112,7 +100,14 @@ class Storage:
     def fs(self) -> Any:
         """This process's fsspec filesystem (made on first use, again after a fork)."""
         if self._fs is None or self._pid != os.getpid():
-            fsspec = _import_fsspec()
+            try:
+                import fsspec
+            except ImportError as exc:
+                raise MissingDependencyError(
+                    "reading or writing shards at a URL needs fsspec, which is not installed; "
+                    f"install the extra in the loaderkit clone: pip install '{REMOTE_EXTRA}' "
+                    "(fsspec, s3fs, gcsfs)."
+                ) from exc
             try:
                 # A cached instance may be the parent process's, with its event loop.
                 self._fs = fsspec.filesystem(
@@ -197,16 +192,13 @@ class Storage:
 
     def _gave_up(self, what: str, url: str, attempt: int, exc: Exception) -> ShardError:
         if isinstance(exc, _NoAnswer):
-            return ShardError(
-                f"{what} {url!r} got no answer within timeout_s={self.timeout_s} s "
-                f"({attempt + 1} attempt(s)); check the endpoint and the network "
-                "(storage_options=), or raise RemoteCache(timeout_s=...).",
-                path=url,
-            )
+            how = f"got no answer within timeout_s={self.timeout_s} s ({attempt + 1} attempt(s))"
+        else:
+            how = f"failed {attempt + 1} time(s), the last with {type(exc).__name__}: {exc}"
+        knob = "timeout_s" if isinstance(exc, _NoAnswer) else "retries"
         return ShardError(
-            f"{what} {url!r} failed {attempt + 1} time(s), the last with "
-            f"{type(exc).__name__}: {exc}; check the network and the endpoint "
-            "(storage_options=), or raise RemoteCache(retries=...).",
+            f"{what} {url!r} {how}; check the endpoint and the network (storage_options=), or "
+            f"raise RemoteCache({knob}=...).",
             path=url,
         )
 

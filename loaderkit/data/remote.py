@@ -18,7 +18,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from operator import methodcaller
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,7 @@ class RemoteCache:
 
     def __post_init__(self) -> None:
         owner = "RemoteCache"
+        ints = partial(check_int, owner=owner)
         if self.max_bytes is None:
             env = os.environ.get("LOADERKIT_CACHE_BYTES", "")
             if env and (not (env.isascii() and env.isdigit()) or int(env) < 1):
@@ -156,11 +157,9 @@ class RemoteCache:
                     "it to e.g. 68719476736, or pass max_bytes=."
                 )
             object.__setattr__(self, "max_bytes", int(env) if env else DEFAULT_CACHE_BYTES)
-        check_int(
-            "max_bytes", self.max_bytes, 1, owner=owner, fix="pass a byte count, e.g. 1 << 36"
-        )
-        check_int("prefetch", self.prefetch, 0, owner=owner, fix="pass shards to fetch ahead: 4")
-        check_int("retries", self.retries, 0, owner=owner, fix="pass a retry count, e.g. 5")
+        ints("max_bytes", self.max_bytes, 1, fix="pass a byte count, e.g. 1 << 36")
+        ints("prefetch", self.prefetch, 0, fix="pass shards to fetch ahead: 4")
+        ints("retries", self.retries, 0, fix="pass a retry count, e.g. 5")
         _check_seconds("backoff_s", self.backoff_s, 0.5, zero_ok=True)
         _check_seconds("timeout_s", self.timeout_s, 120, zero_ok=False)
         if self.cache_dir is not None and not isinstance(self.cache_dir, str | os.PathLike):
@@ -173,7 +172,7 @@ class RemoteCache:
                 f"{owner}: range_reads must be True, False or 'auto', got "
                 f"{self.range_reads!r}; pass range_reads='auto'."
             )
-        check_int("block_bytes", self.block_bytes, 1, owner=owner, fix="pass a block size: 8 << 20")
+        ints("block_bytes", self.block_bytes, 1, fix="pass a block size: 8 << 20")
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise TypeError(
                 f"{owner}: storage_options must be a dict of fsspec filesystem options, got "
@@ -220,16 +219,11 @@ def shard_paths(shards: Sequence[Any]) -> list[str] | None:
     Hugging Face snapshot) or URLs, or None where one is an object."""
     if not all(isinstance(s, Path | RemoteShard) for s in shards):
         return None
-    real: dict[str, str] = {}  # one realpath per folder: shards share few
-    out = []
-    for s in shards:
-        if isinstance(s, Path):
-            folder = os.path.dirname(s) or "."
-            real.setdefault(folder, os.path.realpath(folder))
-            out.append(os.path.join(real[folder], s.name))
-        else:
-            out.append(str(s))
-    return out
+    real = lru_cache(None)(os.path.realpath)  # once per folder: shards share few
+    return [
+        os.path.join(real(os.path.dirname(s) or "."), s.name) if isinstance(s, Path) else str(s)
+        for s in shards
+    ]
 
 
 def remote_source(
@@ -882,11 +876,9 @@ class RemoteShards:
     def _reserved(
         self, shard: RemoteShard, folders: list[Path], sizes: list[int], *, ahead: bool
     ) -> Iterator[None]:
-        """Make room for and reserve ``sizes`` bytes in ``folders`` for the body's download.
-
-        One machine-wide lock, so two downloads cannot count on the same free bytes. With
-        ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it.
-        """
+        """Make room for and reserve ``sizes`` bytes in ``folders`` for the body's download,
+        under one machine-wide lock (two downloads cannot count on the same free bytes). With
+        ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it."""
         fd = _flock(self.root_dir / "locks" / ".budget", fcntl.LOCK_EX)
         assert fd is not None
         try:
