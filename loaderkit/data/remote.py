@@ -460,11 +460,8 @@ class RemoteShards:
                 "loaderkit's own files are never shards); pass the folder that holds the "
                 "shards, or a reader with their suffix."
             )
-        self._docs = {}
-        for entry in entries:
-            if is_index_name(entry["name"]):
-                url = join_url(folder, entry["name"])
-                self._docs[url] = self.storage.read_bytes(url)
+        indexes = [join_url(folder, e["name"]) for e in entries if is_index_name(e["name"])]
+        self._docs = {url: self.storage.read_bytes(url) for url in indexes}
         # A read-only folder's indexes are kept in the cache: they vouch for it too.
         kept = read_docs(sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")))
         check_complete(folder, [s.name for s in found], list(self._docs.items()), accept, kept)
@@ -521,7 +518,7 @@ class RemoteShards:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
             samples = reader.count(self.local(i))
-            self._release_all()
+            self._release(self._leases)
         return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
@@ -578,7 +575,7 @@ class RemoteShards:
         if footer is not None:
             return import_pyarrow().BufferReader(footer)
         path = self.local(index)
-        self._release_all()
+        self._release(self._leases)
         return path
 
     # ----------------------------------------------------------- range reads
@@ -848,9 +845,6 @@ class RemoteShards:
         for fd in fds:
             os.close(fd)  # closing the descriptor drops its lock
 
-    def _release_all(self) -> None:
-        self._release(list(self._leases))
-
     def _used(self) -> tuple[int, list[tuple[float, str, int]]]:
         """Bytes in the cache, and ``(last use, key, bytes)`` of each cached shard."""
         entries, total = [], 0
@@ -1055,7 +1049,8 @@ class RemoteShards:
         if self.cache.range_reads is not False and self.ranged_ok:
             in_use = [i for i in in_use if self._layout(i) is None]
             upcoming = [i for i in upcoming if self._layout(i) is None]
-        keep = {self._paths(i)[1].name for i in (*in_use, *upcoming)}
+        wanted = (*in_use, *upcoming)
+        keep = {self._paths(i)[1].name for i in wanted}
         with self._lock:
             drop = [k for k in self._leases if k not in keep and k not in self._block_keys]
         self._release(drop)
@@ -1064,9 +1059,7 @@ class RemoteShards:
         if self.cache.prefetch == 0:
             return
         with self._wake:
-            wanted = (*in_use, *upcoming)
-            self._queue = [i for i in wanted if not self._paths(i)[0].exists()]
-            self._queue += blocks
+            self._queue = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
             if self._queue and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
