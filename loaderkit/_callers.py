@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 _ATTR = "_loaderkit_host"  # the attribute of an attached loader (or batch sampler)
 
@@ -58,6 +58,10 @@ class Host(Protocol):
         """Whether the host ends its epoch once each of several loaders ran out, and
         iterates each one once as an epoch starts."""
 
+    def skipped_state(self, loader: object) -> dict[str, Any] | None:
+        """``loader``'s state in a checkpoint the host restored without loading it into
+        the loader (one saved at an epoch's end), as the epoch after it starts; else None."""
+
 
 class _NoHost:
     def data_parallel(self) -> tuple[int, int] | None:
@@ -95,6 +99,9 @@ class _NoHost:
 
     def counts_run_outs(self, loader: object) -> bool:
         return False
+
+    def skipped_state(self, loader: object) -> dict[str, Any] | None:
+        return None
 
 
 NO_HOST: Host = _NoHost()

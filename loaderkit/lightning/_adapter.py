@@ -153,6 +153,25 @@ class LightningHost:
         several = len(train_loaders(trainer)) > 1
         return bool(self.cycles(loader)) and several and sized_len(combined) is None
 
+    def skipped_state(self, loader: object) -> dict[str, Any] | None:
+        """``fit_loop._combined_loader_states_to_load`` that ``FitLoop.setup_data`` left
+        unloaded (it loads them only while ``restarting``: not from an epoch-end
+        checkpoint), paired with the stateful train loaders as Lightning pairs them; only
+        while ``fit_loop._loaded_from_state_dict`` (the restored fit's first epoch) and without
+        ``reload_dataloaders_every_n_epochs`` (a loader made anew may start afresh)."""
+        trainer = self._fitting(loader)
+        if trainer is None or trainer.reload_dataloaders_every_n_epochs:
+            return None
+        loop = trainer.fit_loop
+        states = loop._combined_loader_states_to_load
+        if loop.restarting or not loop._loaded_from_state_dict or not states:
+            return None
+        stateful = [dl for dl in train_loaders(trainer) if _stateful(dl)]
+        if len(stateful) != len(states) or not any(dl is loader for dl in stateful):
+            return None
+        state = states[next(i for i, dl in enumerate(stateful) if dl is loader)]
+        return state if isinstance(state, dict) else None
+
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
         (they differ after a ``max_steps`` restart)."""
@@ -171,6 +190,13 @@ def _failing(trainer: Any) -> bool:
     loop = getattr(trainer, "fit_loop", None)
     return (
         trainer.state.status == "interrupted" and getattr(loop, "_data_fetcher", None) is not None
+    )
+
+
+def _stateful(loader: Any) -> bool:
+    """What Lightning's ``CombinedLoader`` saves a state of (its ``_Stateful`` protocol)."""
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
     )
 
 

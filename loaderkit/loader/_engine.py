@@ -49,6 +49,10 @@ class Engine(Protocol):
     plan: Any  # the sample plan (a stand-in where the data has none)
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
+    @property
+    def carries_over(self) -> bool:
+        """An epoch goes on where the last ended: a state saved at its end matters."""
+
     def length(self) -> int: ...
     def set_epoch(self, epoch: int, *, late: bool = False) -> None: ...
     def iterate(self, run: Run) -> Generator[Any, None, None]: ...

@@ -41,6 +41,7 @@ class PlanEngine:
     """Epochs, batches and state of a loader over map-style data: a position in its plan."""
 
     one_iterator = False
+    carries_over = False
 
     def __init__(
         self,

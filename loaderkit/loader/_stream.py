@@ -124,6 +124,11 @@ class StreamEngine(WorkerStreams):
         self._loaded_ranks: list[Any] | None = None  # a loaded state's, until the next epoch
 
     @property
+    def carries_over(self) -> bool:
+        """With ``steps_per_epoch``, each slot's stream goes on across epochs."""
+        return self.steps is not None
+
+    @property
     def steps_done(self) -> int:
         return self._position.steps_done
 

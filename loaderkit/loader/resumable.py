@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler
 from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 from loaderkit.env import cpu_budget, detect
+from loaderkit.errors import LoaderkitError
 from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
 from loaderkit.loader._engine import Engine, EpochIterator, Host, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, Unbatched
@@ -255,6 +256,13 @@ class ResumableDataLoader:
         ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
         """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
+        if not self._host.started and self._engine.carries_over:
+            skipped = self._host.caller().skipped_state(self)
+            try:
+                if skipped is not None:
+                    self.load_state_dict(skipped)
+            except LoaderkitError as exc:  # at next(): Lightning's teardown masks one from iter()
+                return _raising(exc)
         if self._engine.one_iterator or self._host.pool.persistent:
             self._host.supersede()
         live = EpochIterator(self, self._host, self._engine)
@@ -382,3 +390,8 @@ def views(loader: object, spec: LoaderSpec, engine: Engine) -> tuple[Any, Any]:
             hook_set_epoch(given, loader)  # sampler.set_epoch(e) sets the loader's epoch
     sampler = spec.sampler if spec.sampler is not None else order
     return sampler, spec.batch_sampler if spec.batch_sampler is not None else PlanBatches(order)
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield  # a generator: raises at its first next()

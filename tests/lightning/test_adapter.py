@@ -395,6 +395,47 @@ def test_a_restore_says_whether_its_epoch_is_over(tmp_path: Path) -> None:
     )
 
 
+class _StatefulEpochs(_UnsizedEpochs):
+    """Saves ``{"epoch": n}`` (n: its iterations so far); records ``skipped_state`` at iter()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[dict[str, Any]] = []
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.starting.append(host_of(self).skipped_state(self))
+        for i in range(2):
+            yield torch.full((1, 4), float(i))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": len(self.starting) - 1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded.append(state)
+
+
+def test_an_epoch_end_checkpoint_leaves_the_loader_state_unloaded(tmp_path: Path) -> None:
+    ends = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)
+    kwargs = trainer_kwargs(max_epochs=1, enable_checkpointing=True)
+    L.Trainer(**kwargs, callbacks=[AttachLoaders(), ends]).fit(
+        _Linear(), train_dataloaders=_StatefulEpochs()
+    )
+    loader = _StatefulEpochs()
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=3), callbacks=[AttachLoaders()])
+    ckpt = sorted(tmp_path.glob("epoch=0*.ckpt"))[0]
+    trainer.fit(_Linear(), train_dataloaders=loader, ckpt_path=ckpt)
+    trainer.fit_loop.max_epochs = 4
+    trainer.fit(_Linear(), train_dataloaders=loader)  # a later fit restores nothing
+    # Offered in the restored fit's first epoch only (fit_loop._loaded_from_state_dict).
+    offered = (loader.loaded, loader.starting)
+    first, later = loader.starting[0], loader.starting[-3:]  # epoch 2, the next fit's 3
+    assert (loader.loaded, first, later) == ([], {"epoch": 0}, [None] * 3), changed(
+        "fit_loop.restarting, _loaded_from_state_dict, _combined_loader_states_to_load after an "
+        f"epoch-end restore (loaded, offered: {offered})",
+        "LightningHost.skipped_state",
+    )
+
+
 class _AnyBatch(_Linear):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self.layer(torch.ones(1, 4)).sum()

@@ -23,7 +23,7 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from loaderkit import ElasticResume
+from loaderkit import ElasticResume, StateMismatchError
 from tests.support.helpers import (
     SUPPORT_DIR,
     IdDataModule,
@@ -114,6 +114,51 @@ def test_unsized_stream_resumed_from_an_epoch_end_checkpoint_trains_the_next_epo
     trainer.fit(model, datamodule=dm, ckpt_path=root / "ends" / "endepoch=0.ckpt")
     want = [(r["epoch"], r["ids"]) for r in full if r["epoch"] == 1]
     assert [(r["epoch"], r["ids"]) for r in model.records] == want
+
+
+def _resume_from_epoch_end(
+    root: Path, nw: int, steps: int = 5, **options: Any
+) -> list[dict[str, Any]]:
+    """Epoch 1 (of 2) resumed from epoch 0's end checkpoint, with ``steps`` per epoch."""
+    ends = root / f"sps-ends-{nw}-{sorted(options.items())}"
+    data = {"size": SIZE, "batch_size": BATCH, "num_workers": nw, "stream": True}
+    if not ends.exists():
+        saver = ModelCheckpoint(dirpath=ends, filename="end{epoch}", save_top_k=-1)
+        kwargs = trainer_kwargs(max_epochs=1, enable_checkpointing=True, callbacks=[saver])
+        dm = IdDataModule(**data, steps_per_epoch=5)
+        L.Trainer(**kwargs, **options).fit(IdModule(), datamodule=dm)
+    model = IdModule()
+    dm = IdDataModule(**data, steps_per_epoch=steps)
+    trainer = L.Trainer(**trainer_kwargs(**options))
+    trainer.fit(model, datamodule=dm, ckpt_path=ends / "endepoch=0.ckpt")
+    return [{"epoch": r["epoch"], "ids": r["ids"]} for r in model.records]
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_stream_with_steps_per_epoch_resumed_from_an_epoch_end_checkpoint_goes_on(
+    root: Path, nw: int
+) -> None:
+    """Its streams go on across epochs, and Lightning loads no loader state from an
+    epoch-end checkpoint: the loader takes its own from it (its streams started over)."""
+    full = list(_full(root, nw, 5))
+    want = [{"epoch": r["epoch"], "ids": r["ids"]} for r in full if r["epoch"] == 1]
+    assert _resume_from_epoch_end(root, nw) == want
+
+
+def test_a_stream_made_anew_each_epoch_starts_over_after_an_epoch_end_resume(root: Path) -> None:
+    # Under reload_dataloaders_every_n_epochs each epoch's loader is new (its streams
+    # start over), so the restored epoch's must not take the saved state.
+    reload = {"reload_dataloaders_every_n_epochs": 1}
+    model = IdModule()
+    dm = IdDataModule(size=SIZE, batch_size=BATCH, stream=True, steps_per_epoch=5)
+    L.Trainer(**trainer_kwargs(**reload)).fit(model, datamodule=dm)
+    want = [{"epoch": r["epoch"], "ids": r["ids"]} for r in model.records if r["epoch"] == 1]
+    assert _resume_from_epoch_end(root, 0, **reload) == want
+
+
+def test_an_epoch_end_resume_with_other_steps_per_epoch_is_refused_by_name(root: Path) -> None:
+    with pytest.raises(StateMismatchError, match="'steps_per_epoch' differs: saved 5, here 3"):
+        _resume_from_epoch_end(root, 0, steps=3)
 
 
 def test_unsized_stream_without_the_callback_resumes_exactly(root: Path) -> None:
