@@ -379,6 +379,16 @@ class _Raising(Iterator[Batch]):
             close()
 
 
+class _Held:
+    """What a consumer has seen of a loader's state (None: ask the loader)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+
+    def held_state(self) -> dict[str, Any] | None:
+        return self.state
+
+
 class DevicePrefetcher:
     """Iterate ``iterable`` with every batch already on ``device``.
 
@@ -416,22 +426,24 @@ class DevicePrefetcher:
         self.iterable = iterable
         self.device = select_device(device)
         self.pin_memory = resolve_pin_memory(pin_memory, self.device, stacklevel=3)
-        self._held: dict[str, Any] | None = None  # state as of the last batch handed over
+        # The state as of the last batch handed over: the loader keeps the holder, so a loop
+        # that stopped early (a break, an exception) still saves what it consumed.
+        self._holder = _Held()
 
     def held_state(self) -> dict[str, Any] | None:
         """The wrapped iterable's state as the consumer has seen it, while a batch is held."""
-        return self._held
+        return self._holder.state
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped iterable's state as of the last batch handed over (TypeError if none)."""
-        if self._held is not None:
-            return self._held
+        if self._holder.state is not None:
+            return self._holder.state
         return dict(self._stateful("state_dict").state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the wrapped iterable at ``state_dict`` (from :meth:`state_dict`)."""
         self._stateful("load_state_dict").load_state_dict(state_dict)
-        self._held = None
+        self._holder.state = None
 
     def _stateful(self, method: str) -> Any:
         if not callable(getattr(self.iterable, method, None)):
@@ -475,29 +487,36 @@ class DevicePrefetcher:
         iterator = iter(self.iterable)
         stateful = callable(getattr(self.iterable, "state_dict", None))
         register = getattr(self.iterable, "_register_lookahead", None)
+        self._holder.state = None
         if callable(register):
-            register(self)  # the loader's own state_dict() answers with held_state()
-        self._held = None
+            register(self._holder)  # the loader's state_dict() answers with held_state()
+        upcoming = self._copy_next(iterator, side)
+        while upcoming is not _END:
+            if isinstance(upcoming, _Failed):
+                # No look-ahead until the consumer asks again, as without the prefetcher.
+                self._holder.state = None
+                yield upcoming
+                upcoming = self._copy_next(iterator, side)
+                continue
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_stream(side)
+            _record_stream(upcoming, consumer)
+            batch = upcoming
+            state = self._own_state() if stateful else None  # once `batch` is consumed
+            upcoming = self._copy_next(iterator, side)  # overlaps the consumer's work
+            self._holder.state = state
+            yield batch
+        # Kept while the consumer stops early (a break, an exception): the look-ahead is
+        # not its; once the iterable ran out, its own state is.
+        self._holder.state = None
+
+    def _own_state(self) -> dict[str, Any]:
+        """The wrapped iterable's own state (which asks :meth:`held_state` first)."""
+        held, self._holder.state = self._holder.state, None
         try:
-            upcoming = self._copy_next(iterator, side)
-            while upcoming is not _END:
-                if isinstance(upcoming, _Failed):
-                    # No look-ahead until the consumer asks again, as without the prefetcher.
-                    self._held = None
-                    yield upcoming
-                    upcoming = self._copy_next(iterator, side)
-                    continue
-                consumer = torch.cuda.current_stream(self.device)
-                consumer.wait_stream(side)
-                _record_stream(upcoming, consumer)
-                batch = upcoming
-                if stateful:  # the state once `batch` is consumed, before the look-ahead
-                    self._held = None
-                    self._held = dict(self.iterable.state_dict())  # type: ignore[attr-defined]
-                upcoming = self._copy_next(iterator, side)  # overlaps the consumer's work
-                yield batch
+            return dict(self.iterable.state_dict())  # type: ignore[attr-defined]
         finally:
-            self._held = None
+            self._holder.state = held
 
     def _copy_next(self, iterator: Iterator[Batch], side: torch.cuda.Stream) -> Any:
         batch = _next_or_failure(iterator)

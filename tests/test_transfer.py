@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections import Counter, OrderedDict, UserList, defaultdict
 from collections.abc import Iterator, MutableMapping
@@ -598,6 +599,29 @@ def test_prefetcher_look_ahead_does_not_leak_into_the_saved_state(
             state = (source if save == "loader" else prefetcher).state_dict()
             break
     assert state["position"] == 12  # 3 batches of 4 consumed, not 4
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + [b.tolist() for b in resumed] == reference
+
+
+@pytest.mark.parametrize("stop", ["break", "raise"])
+def test_a_loop_that_stops_early_saves_what_it_consumed(stubbed_cuda: None, stop: str) -> None:
+    # The held state was dropped with the loop's iterator (a prefetcher made in the for
+    # statement goes with it): saved after the loop, it counted the look-ahead batch.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
+
+    reference = [b.tolist() for b in loader()]
+    source, seen = loader(), []
+    with contextlib.suppress(RuntimeError):
+        for batch in _cuda_prefetcher(source):
+            seen.append(batch.tolist())
+            if len(seen) == 3 and stop == "break":
+                break
+            if len(seen) == 3:
+                raise RuntimeError("the step fails")
+    state = source.state_dict()
+    assert state["position"] == 6
     resumed = loader()
     resumed.load_state_dict(state)
     assert seen + [b.tolist() for b in resumed] == reference

@@ -7,7 +7,6 @@ The front end validates its arguments into one spec and builds one engine
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, Literal
 
@@ -152,7 +151,7 @@ class ResumableDataLoader:
         args |= dict(per_sample_seeding=per_sample_seeding, pin_memory_device=pin_memory_device)
         self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
         self._host, self._engine, fetch = build_engine(self, spec)
-        self._lookahead: weakref.ref[Any] | None = None  # see _register_lookahead
+        self._lookahead: Any = None  # see _register_lookahead
         self._expose(spec, fetch)
         settle_seed(self._host, self._engine, final=False)
         self._built = True
@@ -296,8 +295,9 @@ class ResumableDataLoader:
         return {**info, **self._engine.describe()}
 
     def _register_lookahead(self, holder: Any) -> None:
-        """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``)."""
-        self._lookahead = weakref.ref(holder)
+        """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``),
+        also after it stopped early, until the next ``iter()`` or load."""
+        self._lookahead = holder
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far (a
@@ -306,8 +306,7 @@ class ResumableDataLoader:
         Never a collective; a stream's state reads the other ranks' cursors from the
         process group's store where one is reachable.
         """
-        holder = self._lookahead() if self._lookahead is not None else None
-        held = holder.held_state() if holder is not None else None
+        held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None:
             return dict(held)
         # A state must not carry a provisional seed that the first batch replaces under DDP.
