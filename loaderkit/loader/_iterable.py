@@ -258,8 +258,9 @@ def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, work
         raise StateMismatchError(
             f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
             f"IterableDataset gave a different sample at position {count - 1} than the saved run "
-            "(it is not deterministic). Make its order a function of the data and the seed, or "
-            "give the dataset (or its iterator) state_dict()/load_state_dict()."
+            "(its order, or in the main process its draws from the global RNGs, differ). Make "
+            "them a function of the data and the seed (or use num_workers >= 1), or give the "
+            "dataset (or its iterator) state_dict()/load_state_dict()."
         )
 
 

@@ -438,3 +438,23 @@ def test_an_error_in_an_iterable_batch_is_raised_and_every_other_batch_follows(
         resumed.load_state_dict(state)
         assert head + catching(iter(resumed)) == want, cut
         assert resumed.describe()["resume"] == ("state" if kind == "state" else "replay")
+
+
+class _AugmentedIds(IterableDataset[tuple[int, float]]):
+    """Ids in a fixed order, each with a draw from torch's global RNG; no state."""
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        for i in range(12):
+            yield i, float(torch.rand(1))
+
+
+def test_an_in_process_replay_that_drew_from_the_global_rngs_names_them() -> None:
+    # The order was deterministic; the refusal told the user to make it so.
+    loader = ResumableDataLoader(_AugmentedIds(), batch_size=2, collate_fn=list)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    resumed = ResumableDataLoader(_AugmentedIds(), batch_size=2, collate_fn=list)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"in the main process its draws from the global"):
+        next(iter(resumed))
