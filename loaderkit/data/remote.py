@@ -636,9 +636,12 @@ class RemoteShards:
             self._count_ranges(sum(fetched) + probed, len(fetched) + probed)
             return npy_layout(head, shard.url, reader)
         dtype = reader.dtype
-        side = [n for n, _, _ in shard.sidecars if n == shard.name + DTYPE_SUFFIX]
+        side = [s for s in shard.sidecars if s[0] == shard.name + DTYPE_SUFFIX]
         if side:
-            text = self.storage.read_bytes(join_url(self.folder_of(shard), side[0]))
+            name, size, version = side[0]
+            url = join_url(self.folder_of(shard), name)
+            text = self.storage.read_bytes(url)
+            self.storage.check_same(url, (size, version))  # as the whole-file path reads it
             header = np.dtype(text.decode().strip())
             if dtype is not None and header != dtype:
                 return None  # the whole-file path refuses it, naming the dtypes

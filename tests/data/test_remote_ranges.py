@@ -230,3 +230,20 @@ def test_remote_cache_range_arguments_are_checked() -> None:
     with pytest.raises((ValueError, TypeError), match="block_bytes"):
         RemoteCache(block_bytes=0)
     assert RemoteCache(range_reads="auto", block_bytes=1 << 20).range_reads == "auto"
+
+
+def test_a_dtype_header_changed_after_listing_is_refused(folder: str, tmp_path: Path) -> None:
+    # The whole-file path downloads the .lkdtype by its listed version; range reads took
+    # whatever it said then (here int16 for uint16 tokens: the same counts, other values).
+    import fsspec
+
+    from loaderkit import ShardChangedError
+
+    write_shards(folder, shard_arrays(), READER, suffix=".bin")
+    reader = TokenReader(seq_len=SEQ, out_dtype=None)  # the dtype from the header
+    ds = ShardedDataset(folder, reader, remote=cache(tmp_path, "r", range_reads=True))
+    fs = fsspec.filesystem("memory")
+    header = next(p for p in fs.ls(folder, detail=False) if p.endswith("00000.bin.lkdtype"))
+    fs.pipe_file(header, b"<i2")
+    with pytest.raises(ShardChangedError, match=r"00000\.bin\.lkdtype' changed after the dataset"):
+        ds[0]
