@@ -319,7 +319,7 @@ class OpenShards:
 
     def _open_checked(self, shard: int) -> OpenShard:
         entry = None if self.entries is None else self.entries[shard]
-        index = str(self.index_path)
+        index = "of its folder" if self.index_path is None else repr(str(self.index_path))
         if entry is not None:
             why = entry.changed()
             if why == "missing":
@@ -330,7 +330,7 @@ class OpenShards:
             if why is not None:
                 raise ShardChangedError(
                     f"shard {str(entry.path)!r} changed after it was indexed ({why}); the "
-                    f"index {index!r} and every saved position are stale: delete the index "
+                    f"index {index} and every saved position are stale: delete the index "
                     "and restart.",
                     path=entry.path,
                 )
@@ -353,7 +353,7 @@ class OpenShards:
         if len(handle) != self.sizes[shard]:
             raise ShardError(
                 f"shard {name} has {len(handle)} samples, the index says {self.sizes[shard]}: "
-                f"it changed after it was counted; delete the index {index!r} and restart.",
+                f"it changed after it was counted; delete the index {index} and restart.",
                 path=self.shards[shard],
             )
         return handle
