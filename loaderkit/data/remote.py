@@ -364,7 +364,7 @@ class RemoteShards:
         retry = {k: getattr(cache, k) for k in ("retries", "backoff_s", "timeout_s")}
         self.storage = Storage(first, cache.storage_options, **retry)
         self._reset()
-        self._docs: dict[str, bytes] | None = None  # a folder's index files, as listed
+        self.index_docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         refuse_one_shard_twice(owner, (s.url for s in self.shards))
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
@@ -461,10 +461,10 @@ class RemoteShards:
                 "shards, or a reader with their suffix."
             )
         indexes = [join_url(folder, e["name"]) for e in entries if is_index_name(e["name"])]
-        self._docs = {url: self.storage.read_bytes(url) for url in indexes}
+        self.index_docs = {url: self.storage.read_bytes(url) for url in indexes}
         # A read-only folder's indexes are kept in the cache: they vouch for it too.
         kept = read_docs(sorted(self.root_dir.glob(f"indexes/{_folder_key(folder)}-*.json")))
-        check_complete(folder, [s.name for s in found], list(self._docs.items()), accept, kept)
+        check_complete(folder, [s.name for s in found], list(self.index_docs.items()), accept, kept)
         return found
 
     # ----------------------------------------------------------------- index
@@ -480,7 +480,7 @@ class RemoteShards:
         if found is not None:
             listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
             counts, self.extras = read_remote_index(
-                found[0], found[1], reader, listed, folder=self._docs is not None
+                found[0], found[1], reader, listed, folder=self.index_docs is not None
             )
             return counts
         rows: list[list[Any]] = []
@@ -530,9 +530,9 @@ class RemoteShards:
             if not is_url(where):
                 return (Path(where).read_bytes(), where) if Path(where).exists() else None
             return (self.storage.read_bytes(where), where) if self.storage.exists(where) else None
-        if self._docs is not None:  # a folder: its listing named its index files
-            if default in self._docs:
-                return self._docs[default], default
+        if self.index_docs is not None:  # a folder: its listing named its index files
+            if default in self.index_docs:
+                return self.index_docs[default], default
         elif self.storage.exists(default):
             return self.storage.read_bytes(default), default
         return (local.read_bytes(), str(local)) if local.exists() else None

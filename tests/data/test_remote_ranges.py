@@ -247,3 +247,16 @@ def test_a_dtype_header_changed_after_listing_is_refused(folder: str, tmp_path: 
     fs.pipe_file(header, b"<i2")
     with pytest.raises(ShardChangedError, match=r"00000\.bin\.lkdtype' changed after the dataset"):
         ds[0]
+
+
+def test_remote_shards_count_alike_after_pickling(folder: str, tmp_path: Path) -> None:
+    # A copy sent to another process had lost the folder's index files (AttributeError).
+    import pickle
+
+    from loaderkit.data.remote import remote_source
+
+    write_shards(folder, shard_arrays(), READER)
+    shards = remote_source(folder, (".npy",), cache(tmp_path, "r"), "test")
+    assert shards is not None
+    copy = pickle.loads(pickle.dumps(shards))
+    assert copy.count(READER, None) == shards.count(READER, None) == list(SIZES)
