@@ -19,7 +19,7 @@ from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
 from lightning.pytorch.trainer.states import RunningStage
 
-from loaderkit.errors import LoaderkitError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 
 
 def data_parallel_of(driver: Any) -> tuple[int, int] | None:
@@ -108,12 +108,14 @@ class LightningHost:
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
     def restored_past(self, loader: object) -> bool:
-        """``fit_loop.restarting``, with ``epoch_progress.current`` completed as far as it was
-        started (a ``max_steps`` stop restores an epoch processed, not completed)."""
+        """``fit_loop.restarting`` (or ``_loaded_from_state_dict``: an epoch-end restore, in
+        its first epoch), with ``epoch_progress.current`` completed as far as it was started
+        (a ``max_steps`` stop restores an epoch processed, not completed)."""
         trainer = self._fitting(loader)
-        if trainer is None or not trainer.fit_loop.restarting:
+        loop = None if trainer is None else trainer.fit_loop
+        if loop is None or not (loop.restarting or loop._loaded_from_state_dict):
             return False
-        progress = trainer.fit_loop.epoch_progress.current
+        progress = loop.epoch_progress.current
         return bool(progress.completed == progress.processed == progress.started)
 
     def epoch_starting(self, loader: object) -> int | None:
@@ -167,8 +169,14 @@ class LightningHost:
         if loop.restarting or not loop._loaded_from_state_dict or not states:
             return None
         stateful = [dl for dl in train_loaders(trainer) if _stateful(dl)]
-        if len(stateful) != len(states) or not any(dl is loader for dl in stateful):
+        if not any(dl is loader for dl in stateful):
             return None
+        if len(stateful) != len(states):  # Lightning raises a RuntimeError mid-epoch
+            raise StateMismatchError(
+                f"ResumableDataLoader: the checkpoint holds {len(states)} train loader states, "
+                f"this fit has {len(stateful)} train loaders with state_dict(); resume with "
+                "the train loaders that saved it."
+            )
         state = states[next(i for i, dl in enumerate(stateful) if dl is loader)]
         return state if isinstance(state, dict) else None
 

@@ -68,11 +68,13 @@ def set_epoch_keeping(
     """``set_epoch(epoch)``, unless the host names another epoch than a loaded position's
     only to restart it (a replay after the loader cycled into a later epoch)."""
     loaded = cursor.loaded(plan)
-    # The restored epoch ended at the saved batch (limit_train_batches): a loader that had
-    # cycled into this epoch starts it afresh, as the saved run went on to.
-    restarts = loaded is not None and epoch == loaded[0]
-    if restarts and host.caller().restored_past(host.loader) and cursor.host_starts(epoch):
-        return
+    names_loaded = loaded is not None and epoch == loaded[0]
+    if names_loaded and host.caller().restored_past(host.loader):
+        # The restored epoch ended at the saved batch: a loader that had cycled into this
+        # epoch starts it afresh, as the saved run went on to.
+        dropped = cursor.host_starts(epoch)
+        if dropped:
+            return
     if loaded is None or epoch == loaded[0] or _replaces_loaded(host, cursor, plan, epoch, *loaded):
         cursor.set_epoch(epoch, late=late)
 

@@ -147,10 +147,10 @@ class PlanEngine:
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "
-            f"(on {world_size} rank(s)). Resume from a checkpoint saved during the fit (not a "
-            "trainer.save_checkpoint() after it stopped at max_steps), add "
-            "Trainer(callbacks=[loaderkit.ElasticResume()]) on another number of ranks, and "
-            "take one batch per step in a training_step(dataloader_iter)."
+            f"(on {world_size} rank(s)). Resume from a step checkpoint of this run (Lightning "
+            "miscounts one saved after the fit ended, or at an epoch's end with max_steps set), "
+            "with Trainer(callbacks=[loaderkit.ElasticResume()]) on another number of ranks "
+            "and one batch per step in a training_step(dataloader_iter)."
         )
 
     def rest_of_epoch(self, epoch: int, position: int) -> Schedule:

@@ -152,6 +152,7 @@ class ResumableDataLoader:
         self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: Any = None  # see _register_lookahead
+        self._skipped: Any = None  # the last state taken from an epoch-end checkpoint
         self._expose(spec, fetch)
         settle_seed(self._host, self._engine, final=False)
         self._built = True
@@ -255,10 +256,11 @@ class ResumableDataLoader:
         ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
         """
         self._lookahead = None  # a prefetcher iterating this registers after iter()
-        if not self._host.started and self._engine.carries_over:
-            skipped = self._host.caller().skipped_state(self)
+        if self._engine.carries_over:
             try:
-                if skipped is not None:
+                skipped = self._host.caller().skipped_state(self)
+                if skipped is not None and skipped is not self._skipped:  # once a restore
+                    self._skipped = skipped
                     self.load_state_dict(skipped)
             except LoaderkitError as exc:  # at next(): Lightning's teardown masks one from iter()
                 return _raising(exc)

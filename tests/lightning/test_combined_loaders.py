@@ -21,8 +21,14 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaderkit import AttachLoaders, LoaderkitError, ResumableDataLoader
-from tests.support.helpers import step_checkpoints, trainer_kwargs
+from loaderkit import (
+    AttachLoaders,
+    IterableReader,
+    LoaderkitError,
+    ResumableDataLoader,
+    StreamingShardedDataset,
+)
+from tests.support.helpers import id_stream_shards, read_id_shard, step_checkpoints, trainer_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -34,6 +40,12 @@ class _Stop(RuntimeError):
     pass
 
 
+def _ids(batch: Any) -> Any:
+    if isinstance(batch, dict):  # a stream's samples
+        return batch["id"].tolist()
+    return None if batch is None else batch.tolist()
+
+
 class _Recorder(L.LightningModule):
     def __init__(self, stop_at: int | None = None) -> None:
         super().__init__()
@@ -42,7 +54,7 @@ class _Recorder(L.LightningModule):
         self.seen: list[dict[str, list[int]]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
-        self.seen.append({k: None if v is None else v.tolist() for k, v in batch.items()})
+        self.seen.append({k: _ids(v) for k, v in batch.items()})
         return self.layer(torch.ones(1, 1)).sum()
 
     def on_train_batch_end(self, *args: Any) -> None:
@@ -73,6 +85,13 @@ class _SizedIds(_Ids):
         return self.stop - self.first
 
 
+def _stream(steps: int, num_workers: int) -> ResumableDataLoader:
+    data = StreamingShardedDataset(
+        id_stream_shards(36), IterableReader(read_id_shard), steps_per_epoch=steps
+    )
+    return ResumableDataLoader(data, batch_size=4, seed=0, num_workers=num_workers)
+
+
 class _TwoLoaders(L.LightningDataModule):
     def __init__(self, kind: str = "cycle") -> None:
         super().__init__()
@@ -89,6 +108,11 @@ class _TwoLoaders(L.LightningDataModule):
             loaders["b"] = ResumableDataLoader(_SizedIds(100, 112), batch_size=4)
         if self.kind == "unsized_longer":  # the sized one cycles
             loaders["a"] = ResumableDataLoader(_Ids(0, 40), batch_size=4)
+        if self.kind.startswith("stream"):  # b: 3 steps a pass, its streams go on across them
+            workers = int(self.kind[-1])
+            loaders["a"] = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True,
+                                               seed=1, num_workers=workers)  # fmt: skip
+            loaders["b"] = _stream(3, workers)
         if self.kind == "one_unsized":  # as Lightning wraps a lone loader
             return CombinedLoader({"a": ResumableDataLoader(_Ids(0, 40), batch_size=4)})
         mode = "max_size" if self.kind.startswith("max_size") else "max_size_cycle"
@@ -161,6 +185,28 @@ def test_a_loader_cycled_into_the_next_epoch_starts_it_afresh_after_a_limited_ep
     # there, the resumed b went on mid-epoch where the run started epoch 1 afresh.
     full, joined = _fit_cut_resume(tmp_path, 5, kind, limit_train_batches=5)
     assert joined == full
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_cycled_into_the_next_epoch_starts_it_afresh_after_an_epoch_end_resume(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # b cycled into its epoch 1 before epoch 0's end; restored from that checkpoint (whose
+    # state Lightning does not load) it went on mid-epoch: other batches from epoch 1 on.
+    kind = f"stream{num_workers}"
+    full = _Recorder()
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
+        full, datamodule=_TwoLoaders(kind)
+    )
+    ends = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    cut = _Recorder()
+    kwargs = trainer_kwargs(max_epochs=1, enable_checkpointing=True)
+    L.Trainer(**kwargs, callbacks=[ends, AttachLoaders()]).fit(cut, datamodule=_TwoLoaders(kind))
+    resumed = _Recorder()
+    L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()])).fit(
+        resumed, datamodule=_TwoLoaders(kind), ckpt_path=tmp_path / "last.ckpt"
+    )
+    assert cut.seen + resumed.seen == full.seen
 
 
 @pytest.mark.parametrize("kind", ["one_unsized", "unsized"])

@@ -156,6 +156,23 @@ def test_a_stream_made_anew_each_epoch_starts_over_after_an_epoch_end_resume(roo
     assert _resume_from_epoch_end(root, 0, **reload) == want
 
 
+def test_a_stream_iterated_before_an_epoch_end_resume_takes_the_checkpoints_state(
+    root: Path,
+) -> None:
+    # It took the state only at its first iteration: one peeked at before the fit went on
+    # from the peek.
+    full = list(_full(root, 0, 5))
+    _resume_from_epoch_end(root, 0)  # writes the checkpoint
+    dm = IdDataModule(size=SIZE, batch_size=BATCH, stream=True, steps_per_epoch=5)
+    loader = dm.train_dataloader()
+    next(iter(loader))
+    model = IdModule()
+    ckpt = root / f"sps-ends-0-{sorted({}.items())}" / "endepoch=0.ckpt"
+    L.Trainer(**trainer_kwargs()).fit(model, train_dataloaders=loader, ckpt_path=ckpt)
+    want = [(r["epoch"], r["ids"]) for r in full if r["epoch"] == 1]
+    assert [(r["epoch"], r["ids"]) for r in model.records] == want
+
+
 def test_an_epoch_end_resume_with_other_steps_per_epoch_is_refused_by_name(root: Path) -> None:
     with pytest.raises(StateMismatchError, match="'steps_per_epoch' differs: saved 5, here 3"):
         _resume_from_epoch_end(root, 0, steps=3)
