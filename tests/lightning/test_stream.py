@@ -173,6 +173,17 @@ def test_a_stream_iterated_before_an_epoch_end_resume_takes_the_checkpoints_stat
     assert [(r["epoch"], r["ids"]) for r in model.records] == want
 
 
+def test_an_epoch_end_resume_with_another_count_of_loaders_is_refused(root: Path) -> None:
+    from lightning.pytorch.utilities import CombinedLoader
+
+    _resume_from_epoch_end(root, 0)  # writes the checkpoint of one loader
+    make = IdDataModule(size=SIZE, batch_size=BATCH, stream=True, steps_per_epoch=5)
+    loaders = CombinedLoader([make.train_dataloader(), make.train_dataloader()])
+    ckpt = root / f"sps-ends-0-{sorted({}.items())}" / "endepoch=0.ckpt"
+    with pytest.raises(StateMismatchError, match=r"holds 1 train loader states, this fit has 2"):
+        L.Trainer(**trainer_kwargs()).fit(IdModule(), train_dataloaders=loaders, ckpt_path=ckpt)
+
+
 def test_an_epoch_end_resume_with_other_steps_per_epoch_is_refused_by_name(root: Path) -> None:
     with pytest.raises(StateMismatchError, match="'steps_per_epoch' differs: saved 5, here 3"):
         _resume_from_epoch_end(root, 0, steps=3)
