@@ -446,6 +446,21 @@ def global_rngs() -> tuple[_Rng, _Rng, _Rng]:
 
 
 @contextmanager
+def rngs_put_back() -> Iterator[None]:
+    """The global RNGs as the block found them (seeding's savers; CUDA's where it runs)."""
+    rngs = global_rngs()
+    saved = [rng.save() for rng in rngs]
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        for rng, state in zip(rngs, saved, strict=True):
+            rng.restore(state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+@contextmanager
 def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
     """Seed torch's, numpy's and Python's global CPU generators for one sample; restore on exit.
 

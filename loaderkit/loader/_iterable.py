@@ -23,10 +23,10 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error
-from loaderkit.loader._rng_state import rng_state, rngs_put_back, set_rng_state
+from loaderkit.loader._rng_state import rng_state, set_rng_state
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
-from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
+from loaderkit.seeding import derive_seed, rngs_put_back, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"

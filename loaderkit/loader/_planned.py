@@ -109,6 +109,8 @@ class PlanEngine:
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}
+        if isinstance(self.plan, SamplerPlan):  # a user's sampler lists each epoch itself
+            fields["epoch_order"] = self.plan.order_check(epoch)
         agree_across_ranks(
             OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
         )

@@ -1,19 +1,16 @@
-"""The global RNGs' states: saved JSON-safe in an iterable stream's record (a worker's
-RNGs follow its position), or put back around a block that may draw from them."""
+"""The global RNGs' states, saved JSON-safe in an iterable stream's record (a worker's
+RNGs follow its position)."""
 
 from __future__ import annotations
 
 import base64
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from loaderkit.errors import StateMismatchError
-from loaderkit.seeding import global_rngs
 
 
 def _b64(data: bytes) -> str:
@@ -78,18 +75,3 @@ def _from_json_safe(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _from_json_safe(v) for key, v in value.items()}
     return value
-
-
-@contextmanager
-def rngs_put_back() -> Iterator[None]:
-    """The global RNGs as the block found them (seeding's savers; CUDA's where it runs)."""
-    rngs = global_rngs()
-    saved = [rng.save() for rng in rngs]
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        for rng, state in zip(rngs, saved, strict=True):
-            rng.restore(state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)

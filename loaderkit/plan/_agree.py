@@ -27,12 +27,15 @@ _DEFAULT_TIMEOUT_S = default_pg_timeout.total_seconds()
 _channels = 0  # loaders this process compared: the n-th of every rank pair up
 
 _FIXES = {
-    "seed": "pass the same seed= on every rank, or leave seed=None",
+    "seed": "pass the same seed= on every rank, or leave seed=None and seed the generator "
+    "a seed comes from (the sampler's or generator=) alike on every rank",
     "epoch": "resume every rank from the same checkpoint and call set_epoch() alike",
     "position": "resume every rank from the same checkpoint",
     "steps_done": "resume every rank from the same checkpoint",
     "world_size": "leave rank=/world_size= unset, or pass the same world_size on every rank",
     "num_workers": "pass the same num_workers on every rank",
+    "epoch_order": "give the sampler the same seed on every rank (its generator, or the seed "
+    "its set_epoch uses), not one drawn from each rank's global RNG",
 }
 _DATA_FIX = "every rank must read the same dataset: build it from the same files in the same order"
 _DATA_FIELDS = (

@@ -20,6 +20,7 @@ import torch
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
+from loaderkit.errors import StateMismatchError
 from loaderkit.plan.sample import (
     _FixedSchedule,
     _KeyedSchedule,
@@ -27,7 +28,7 @@ from loaderkit.plan.sample import (
     plan_settings,
     steps_from,
 )
-from loaderkit.seeding import derive_seed
+from loaderkit.seeding import derive_seed, rngs_put_back
 
 # The attribute under which a hooked ``set_epoch`` keeps the sampler's own one.
 UNHOOKED = "_loaderkit_unhooked"
@@ -334,6 +335,10 @@ class SamplerPlan:
         self._keys[epoch] = occurrence_keys(order, self.dataset_size)
         return order
 
+    def order_check(self, epoch: int) -> int:
+        """A checksum of the order in ``epoch`` (ranks compare it as the epoch starts)."""
+        return zlib.crc32(self.order(epoch).numpy().tobytes())
+
     def listed_from(self, epoch: int) -> str | None:
         """The reseeded generator state (base64) ``epoch`` was listed from, else None."""
         return self._sources.get(epoch)
@@ -351,6 +356,22 @@ class SamplerPlan:
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
+        if epoch > 0:  # epoch 0 was checked at construction
+            self._check_relisted(epoch, restored)
+
+    def _check_relisted(self, epoch: int, restored: Any) -> None:
+        """Refuse a sampler that lists the resumed ``epoch`` differently each time (it draws
+        from a global RNG): the saved run's order would not come back."""
+        args = (self.sampler, self.seed, epoch, self.first_state, self._seen, restored)
+        with rngs_put_back():
+            first, second = (keyed_order(*args, lend=self._lend)[0] for _ in range(2))
+        if not torch.equal(first, second):
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: sampler={type(self.sampler).__name__} "
+                f"lists epoch {epoch} differently each time, so the saved order cannot come "
+                "back. Give the sampler a set_epoch(epoch) that reseeds it, or a `generator` "
+                "attribute (a torch.Generator or None)."
+            )
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""

@@ -30,6 +30,25 @@ from tests.support.helpers import mark_phase
 SIZE, BATCH = 290, 5
 
 
+class _ShuffledAfterEpoch0(torch.utils.data.Sampler[int]):
+    """In order in epoch 0 (a curriculum), then shuffled by ``(seed, epoch)``."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        if self.epoch == 0:
+            return iter(range(self.size))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.size
+
+
 def read_shard(shard: tuple[int, int]) -> Any:
     start, n = shard
     yield from range(start, start + n)
@@ -91,6 +110,13 @@ def run(rank: int, world: int, port: int, out: str) -> None:
             )
         ),
     )
+
+    def later_epoch_orders() -> list[int]:
+        # The same epoch 0 on both ranks; epoch 1 seeded by rank (its checksum was not compared).
+        loader = ResumableDataLoader(data, BATCH, sampler=_ShuffledAfterEpoch0(SIZE, seed=rank))
+        return ids(loader) + ids(loader)
+
+    case("later_epoch_orders", rank, results, later_epoch_orders)
     shards = [(0, 50), (50, 60), (110, 70), (180, 80), (260, 30)]
 
     def stream() -> list[int]:

@@ -133,6 +133,8 @@ def test_agreeing_ranks_see_every_sample_once(disagree: list[dict[str, Any]]) ->
                   r".*every rank must read the same dataset"),
         ("sampler_seeds", r"PlanBatchSampler: the ranks disagree on 'seed' .*0 on rank\(s\) "
                           r"\[0\]; 1 on rank\(s\) \[1\]"),
+        ("later_epoch_orders", r"disagree on 'epoch_order' at the start of epoch 1: .*give "
+                               r"the sampler the same seed on every rank"),
         ("stream_shards", r"disagree on 'num_shards' .*5 on rank\(s\) \[0\]; 4 on rank\(s\) \[1\]"
                           r".*every rank must read the same dataset"),
     ],

@@ -360,3 +360,50 @@ def test_a_seeded_generator_that_set_epoch_does_not_reseed_conflicts_with_anothe
     sampler = KeepsEpoch(list(range(8)), generator=torch.Generator().manual_seed(7))
     with pytest.raises(ValueError, match=r"seed=3 differs from the seed of the sampler's own"):
         ResumableDataLoader(list(range(8)), batch_size=4, sampler=sampler, seed=3)
+
+
+# ------------------------------------------ later epochs from a global RNG
+class CurriculumSampler(Sampler[int]):
+    """In order in epoch 0; later epochs shuffled from torch's global RNG (or, with
+    ``seed``, from ``(seed, epoch)``)."""
+
+    def __init__(self, n: int, seed: int | None = None) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        if self.epoch == 0:
+            return iter(range(self.n))
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_a_resume_into_an_epoch_the_sampler_lists_from_a_global_rng_is_refused(
+    seed: int | None,
+) -> None:
+    # Epoch 0 was checked at construction; a resume in epoch 1 relisted another order.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            list(range(37)), batch_size=4, sampler=CurriculumSampler(37, seed)
+        )
+
+    torch.manual_seed(0)
+    saving = loader()
+    epoch_ids(saving)
+    it = iter(saving)
+    head = [int(i) for _ in range(3) for i in next(it)]
+    state, rest = saving.state_dict(), [int(i) for batch in it for i in batch]
+    torch.manual_seed(1)  # another process
+    resumed = loader()
+    if seed is None:
+        with pytest.raises(StateMismatchError, match=r"lists epoch 1 differently each time"):
+            resumed.load_state_dict(state)
+        return
+    resumed.load_state_dict(state)
+    assert head + epoch_ids(resumed) == head + rest
