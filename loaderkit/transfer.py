@@ -388,6 +388,9 @@ class _Held:
     def held_state(self) -> dict[str, Any] | None:
         return self.state
 
+    def drop(self) -> None:
+        self.state = None
+
 
 class DevicePrefetcher:
     """Iterate ``iterable`` with every batch already on ``device``.
@@ -431,7 +434,8 @@ class DevicePrefetcher:
         self._holder = _Held()
 
     def held_state(self) -> dict[str, Any] | None:
-        """The wrapped iterable's state as the consumer has seen it, while a batch is held."""
+        """The wrapped iterable's state as the consumer has seen it (excluding the batch
+        copied ahead), until the iterable runs out or moves on; else None."""
         return self._holder.state
 
     def state_dict(self) -> dict[str, Any]:
@@ -490,6 +494,8 @@ class DevicePrefetcher:
         self._holder.state = None
         if callable(register):
             register(self._holder)  # the loader's state_dict() answers with held_state()
+        if stateful:  # the start, should the first copy fail
+            self._holder.state = self._own_state()
         upcoming = self._copy_next(iterator, side)
         while upcoming is not _END:
             if isinstance(upcoming, _Failed):
@@ -511,7 +517,8 @@ class DevicePrefetcher:
         self._holder.state = None
 
     def _own_state(self) -> dict[str, Any]:
-        """The wrapped iterable's own state (which asks :meth:`held_state` first)."""
+        """The wrapped iterable's own state: a registering loader answers with the holder's
+        while it holds one, so the holder is emptied for the call."""
         held, self._holder.state = self._holder.state, None
         try:
             return dict(self.iterable.state_dict())  # type: ignore[attr-defined]

@@ -921,3 +921,33 @@ def test_gpu_prefetcher_respects_consumer_stream() -> None:
             sums.append(batch.sum())
     torch.cuda.synchronize()
     assert [s.item() for s in sums] == [float(i) * 1024 * 1024 for i in range(8)]
+
+
+def test_a_stopped_prefetchers_state_follows_the_loader_once_it_moves_on(
+    stubbed_cuda: None,
+) -> None:
+    source = ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
+    prefetcher = _cuda_prefetcher(source)
+    for seen, _ in enumerate(prefetcher, 1):
+        if seen == 3:
+            break
+    assert prefetcher.state_dict()["position"] == source.state_dict()["position"] == 6
+    source.set_epoch(1)  # a state saved now starts epoch 1 (it held epoch 0's position 6)
+    assert (source.state_dict()["epoch"], source.state_dict()["position"]) == (1, 0)
+    assert prefetcher.state_dict() == source.state_dict()
+    it = iter(source)
+    next(it), next(it)
+    assert prefetcher.state_dict()["position"] == source.state_dict()["position"] == 4
+
+
+def test_a_first_copy_that_fails_loses_no_batch(
+    stubbed_cuda: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(batch: Any, device: Any) -> Any:
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(transfer, "move_to_device", failing)
+    source = ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(iter(_cuda_prefetcher(source)))
+    assert source.state_dict()["position"] == 0

@@ -259,9 +259,17 @@ class Storage:
         """Whether an object exists at ``url``."""
         return bool(self.call("looking up", url, lambda: self.fs.exists(url)))
 
-    def read_bytes(self, url: str) -> bytes:
-        """The whole object at ``url``."""
-        return bytes(self.call("reading", url, lambda: self.fs.cat_file(url)))
+    def read_bytes(self, url: str, expect: tuple[int, str] | None = None) -> bytes:
+        """The whole object at ``url``; with its listed ``expect`` (size, version), checked
+        to be still it."""
+
+        def cat() -> bytes:
+            data = bytes(self.fs.cat_file(url))
+            if expect is not None:
+                self.check_same(url, expect)
+            return data
+
+        return self.call("reading", url, cat, expect=expect)
 
     def read_ranges(
         self, url: str, spans: list[tuple[int, int]], size: int, version: str | None = None

@@ -319,7 +319,7 @@ class OpenShards:
 
     def _open_checked(self, shard: int) -> OpenShard:
         entry = None if self.entries is None else self.entries[shard]
-        index = "of its folder" if self.index_path is None else repr(str(self.index_path))
+        index = "it was counted in" if self.index_path is None else repr(str(self.index_path))
         if entry is not None:
             why = entry.changed()
             if why == "missing":

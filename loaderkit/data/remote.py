@@ -638,10 +638,8 @@ class RemoteShards:
         dtype = reader.dtype
         side = [s for s in shard.sidecars if s[0] == shard.name + DTYPE_SUFFIX]
         if side:
-            name, size, version = side[0]
-            url = join_url(self.folder_of(shard), name)
-            text = self.storage.read_bytes(url)
-            self.storage.check_same(url, (size, version))  # as the whole-file path reads it
+            name, size, version = side[0]  # checked as the whole-file path downloads it
+            text = self.storage.read_bytes(join_url(self.folder_of(shard), name), (size, version))
             header = np.dtype(text.decode().strip())
             if dtype is not None and header != dtype:
                 return None  # the whole-file path refuses it, naming the dtypes

@@ -151,7 +151,7 @@ class ResumableDataLoader:
         args |= dict(per_sample_seeding=per_sample_seeding, pin_memory_device=pin_memory_device)
         self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
         self._host, self._engine, fetch = build_engine(self, spec)
-        self._lookahead: Any = None  # see _register_lookahead
+        self._lookahead: Any = None  # a holder with held_state() and drop(): _register_lookahead
         self._skipped: Any = None  # the last state taken from an epoch-end checkpoint
         self._expose(spec, fetch)
         settle_seed(self._host, self._engine, final=False)
@@ -239,6 +239,7 @@ class ResumableDataLoader:
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         self._engine.set_epoch(epoch if meant is None else meant, late=late)
+        self._drop_lookahead()
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
@@ -255,7 +256,7 @@ class ResumableDataLoader:
         one that drew its first batch last; with ``persistent_workers=True`` or a
         ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
         """
-        self._lookahead = None  # a prefetcher iterating this registers after iter()
+        self._drop_lookahead()  # a prefetcher iterating this registers after iter()
         if self._engine.carries_over:
             try:
                 skipped = self._host.caller().skipped_state(self)
@@ -298,8 +299,13 @@ class ResumableDataLoader:
 
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``),
-        also after it stopped early, until the next ``iter()`` or load."""
+        also after it stopped early, until the next ``iter()``, ``set_epoch`` or load."""
         self._lookahead = holder
+
+    def _drop_lookahead(self) -> None:
+        if self._lookahead is not None:
+            self._lookahead.drop()  # the consumer's own state_dict() follows the loader again
+            self._lookahead = None
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far (a
@@ -323,7 +329,7 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
-        self._lookahead = None
+        self._drop_lookahead()
         adopted = self._engine.load(state_dict, adopt_seed=not self._spec.seed_explicit)
         if adopted is not None:
             self._host.seed = adopted

@@ -260,3 +260,26 @@ def test_remote_shards_count_alike_after_pickling(folder: str, tmp_path: Path) -
     assert shards is not None
     copy = pickle.loads(pickle.dumps(shards))
     assert copy.count(READER, None) == shards.count(READER, None) == list(SIZES)
+
+
+def test_a_transient_error_checking_a_dtype_header_is_retried(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check ran outside the retried call: one reset dropped the shard under "skip".
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    write_shards(folder, shard_arrays(), READER, suffix=".bin")
+    info, failed = MemoryFileSystem.info, []
+
+    def flaky(self: Any, path: str, **kwargs: Any) -> Any:
+        if str(path).endswith("00000.bin.lkdtype") and not failed:
+            failed.append(path)
+            raise ConnectionResetError("transient reset")
+        return info(self, path, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "info", flaky)
+    remote = cache(tmp_path, "r", range_reads=True, backoff_s=0)
+    ds = ShardedDataset(folder, TokenReader(seq_len=SEQ, out_dtype=None), remote=remote,
+                        on_error="skip")  # fmt: skip
+    rows = {tuple(r.tolist()) for batch in ResumableDataLoader(ds, batch_size=4) for r in batch}
+    assert failed and len(rows) == len(ds) == sum(SIZES)
