@@ -64,44 +64,17 @@ class Host(Protocol):
 
 
 class _NoHost:
-    def data_parallel(self) -> tuple[int, int] | None:
+    """A plain loop: no data-parallel group, and nothing known about any loader."""
+
+    def _none(self, *args: object) -> None:
         return None
 
-    def drives(self, loader: object) -> bool:
+    def _false(self, *args: object) -> bool:
         return False
 
-    def held_batches(self, loader: object) -> int | None:
-        return None
-
-    def batches_done(self, loader: object) -> int | None:
-        return None
-
-    def restarting_mid_epoch(self, loader: object) -> bool | None:
-        return None
-
-    def restored_past(self, loader: object) -> bool:
-        return False
-
-    def epoch_meant(self, loader: object, epoch: int) -> int | None:
-        return None
-
-    def epoch_starting(self, loader: object) -> int | None:
-        return None
-
-    def ended(self) -> bool:
-        return False
-
-    def cycles(self, loader: object) -> bool | None:
-        return None
-
-    def epoch_after_restore(self, loader: object) -> int | None:
-        return None
-
-    def counts_run_outs(self, loader: object) -> bool:
-        return False
-
-    def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        return None
+    data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
+    epoch_starting = cycles = epoch_after_restore = skipped_state = _none
+    drives = restored_past = ended = counts_run_outs = _false
 
 
 NO_HOST: Host = _NoHost()

@@ -292,7 +292,6 @@ class IterableEngine(WorkerStreams):
     """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
 
     one_iterator = False
-    carries_over = False
 
     def __init__(
         self,

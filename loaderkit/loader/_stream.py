@@ -122,11 +122,7 @@ class StreamEngine(WorkerStreams):
         self._rounds = Rounds()  # this loader's comparisons; its channel names the ring
         self._round: int | None = None  # of this epoch start (None: not compared since load)
         self._loaded_ranks: list[Any] | None = None  # a loaded state's, until the next epoch
-
-    @property
-    def carries_over(self) -> bool:
-        """With ``steps_per_epoch``, each slot's stream goes on across epochs."""
-        return self.steps is not None
+        self.carries_over = dataset.limited  # each slot's stream goes on across epochs
 
     @property
     def steps_done(self) -> int:
