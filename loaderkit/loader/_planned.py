@@ -109,7 +109,8 @@ class PlanEngine:
         epoch, start, steps_done = self.cursor.upcoming(self.plan)
         fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
         fields |= {"position": start, "steps_done": steps_done}
-        if isinstance(self.plan, SamplerPlan):  # a user's sampler lists each epoch itself
+        if isinstance(self.plan, SamplerPlan) and world_size > 1:
+            # A user's sampler lists each epoch itself (here, before the schedule lists it).
             fields["epoch_order"] = self.plan.order_check(epoch)
         agree_across_ranks(
             OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
@@ -267,6 +268,8 @@ class PlanEngine:
         if isinstance(plan, SamplerPlan) and listed is not None:
             plan = _Listed(plan, listed)
         fingerprint = self._fingerprint(plan)
+        if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
+            self._check_relisted(self.plan, state.get("epoch"), state.get("position"), listed)
         loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint)
         saved_seed, adopted = loaded["plan"]["seed"], None
         if saved_seed != self.host.seed and self._reseed is not None:
@@ -276,6 +279,15 @@ class PlanEngine:
             self.plan.restore(loaded["epoch"], listed)
         self.host.supersede()
         return adopted
+
+    @staticmethod
+    def _check_relisted(plan: SamplerPlan, epoch: Any, position: Any, listed: Any) -> None:
+        """Before a load changes anything (a refusal leaves the loader as it was): a sampler
+        resumed part-way through an epoch must list it alike again."""
+        if not (isinstance(epoch, int) and isinstance(position, int) and epoch >= 0):
+            return  # malformed: cursor.load names it
+        if 0 < position < plan.epoch_length(epoch):
+            plan.check_relisted(epoch, listed)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

@@ -99,6 +99,13 @@ def keyed_order(
 _KEYED = object()
 
 
+def _restored(listed_from: str | None) -> Any:
+    """``restored`` for a saved ``listed_from`` (a reseeded generator's state, base64)."""
+    if listed_from is None:
+        return _KEYED
+    return torch.frombuffer(bytearray(base64.b64decode(listed_from)), dtype=torch.uint8)
+
+
 def cpu_state(generator: Any) -> torch.Tensor | None:
     """The state of a CPU ``torch.Generator``, else None."""
     if isinstance(generator, torch.Generator) and generator.device.type == "cpu":
@@ -345,10 +352,7 @@ class SamplerPlan:
 
     def restore(self, epoch: int, listed_from: str | None) -> None:
         """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed."""
-        restored: Any = _KEYED
-        if listed_from is not None:
-            raw = bytearray(base64.b64decode(listed_from))
-            restored = torch.frombuffer(raw, dtype=torch.uint8)
+        restored = _restored(listed_from)
         self._cache.clear()
         self._keys.clear()
         self._restored.clear()
@@ -356,21 +360,25 @@ class SamplerPlan:
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
-        if epoch > 0:  # epoch 0 was checked at construction
-            self._check_relisted(epoch, restored)
 
-    def _check_relisted(self, epoch: int, restored: Any) -> None:
-        """Refuse a sampler that lists the resumed ``epoch`` differently each time (it draws
-        from a global RNG): the saved run's order would not come back."""
-        args = (self.sampler, self.seed, epoch, self.first_state, self._seen, restored)
-        with rngs_put_back():
-            first, second = (keyed_order(*args, lend=self._lend)[0] for _ in range(2))
+    def check_relisted(self, epoch: int, listed_from: str | None) -> None:
+        """Refuse a sampler that lists ``epoch`` (resumed part-way; epoch 0 was checked at
+        construction) differently each time: the saved run's order would not come back."""
+        if epoch == 0:
+            return
+        with rngs_put_back():  # it may draw from them (what this refuses)
+            first, second = (
+                keyed_order(
+                    self.sampler, self.seed, epoch, self.first_state, self._seen,
+                    _restored(listed_from), lend=self._lend,
+                )[0]
+                for _ in range(2)
+            )  # fmt: skip
         if not torch.equal(first, second):
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: sampler={type(self.sampler).__name__} "
                 f"lists epoch {epoch} differently each time, so the saved order cannot come "
-                "back. Give the sampler a set_epoch(epoch) that reseeds it, or a `generator` "
-                "attribute (a torch.Generator or None)."
+                "back. Draw each epoch from a generator seeded by (seed, epoch), not a global RNG."
             )
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:

@@ -404,6 +404,22 @@ def test_a_resume_into_an_epoch_the_sampler_lists_from_a_global_rng_is_refused(
     if seed is None:
         with pytest.raises(StateMismatchError, match=r"lists epoch 1 differently each time"):
             resumed.load_state_dict(state)
+        assert epoch_ids(resumed) == list(range(37))  # refused: it starts epoch 0, unmoved
         return
     resumed.load_state_dict(state)
     assert head + epoch_ids(resumed) == head + rest
+
+
+def test_a_state_that_resumes_no_part_of_such_an_epoch_is_taken() -> None:
+    # No saved order comes back from an epoch's end, nor from a set_epoch not yet begun.
+    loader = ResumableDataLoader(list(range(12)), batch_size=4, sampler=CurriculumSampler(12))
+    states = []
+    for _ in range(2):
+        epoch_ids(loader)
+        states.append(loader.state_dict())  # an epoch's end
+    loader.set_epoch(2)
+    states.append(loader.state_dict())
+    for state in states:
+        resumed = ResumableDataLoader(list(range(12)), batch_size=4, sampler=CurriculumSampler(12))
+        resumed.load_state_dict(state)
+        assert sorted(epoch_ids(resumed)) == list(range(12))
