@@ -66,10 +66,10 @@ class Host(Protocol):
 class _NoHost:
     """A plain loop: no data-parallel group, and nothing known about any loader."""
 
-    def _none(self, *args: object) -> None:
+    def _none(self, *args: object, **kwargs: object) -> None:
         return None
 
-    def _false(self, *args: object) -> bool:
+    def _false(self, *args: object, **kwargs: object) -> bool:
         return False
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none

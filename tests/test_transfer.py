@@ -951,3 +951,23 @@ def test_a_first_copy_that_fails_loses_no_batch(
     with pytest.raises(RuntimeError, match="out of memory"):
         next(iter(_cuda_prefetcher(source)))
     assert source.state_dict()["position"] == 0
+
+
+def test_a_set_epoch_of_the_running_epoch_inside_the_loop_keeps_the_consumers_view(
+    stubbed_cuda: None,
+) -> None:
+    # set_epoch dropped the holder: the loader's state then counted the batch copied ahead.
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
+
+    reference = [b.tolist() for b in loader()]
+    source, seen = loader(), []
+    for batch in _cuda_prefetcher(source):
+        source.set_epoch(0)
+        seen.append(batch.tolist())
+        if len(seen) == 3:
+            state = source.state_dict()
+            break
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert state["position"] == 6 and seen + [b.tolist() for b in resumed] == reference

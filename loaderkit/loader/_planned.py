@@ -269,7 +269,11 @@ class PlanEngine:
             plan = _Listed(plan, listed)
         fingerprint = self._fingerprint(plan)
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
-            self._check_relisted(self.plan, state.get("epoch"), state.get("position"), listed)
+            # Before anything changes (a refusal leaves the loader as it was); a malformed
+            # position is cursor.load's to name.
+            epoch, position = state.get("epoch"), state.get("position")
+            if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
+                self.plan.check_relisted(epoch, position, listed)
         loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint)
         saved_seed, adopted = loaded["plan"]["seed"], None
         if saved_seed != self.host.seed and self._reseed is not None:
@@ -279,15 +283,6 @@ class PlanEngine:
             self.plan.restore(loaded["epoch"], listed)
         self.host.supersede()
         return adopted
-
-    @staticmethod
-    def _check_relisted(plan: SamplerPlan, epoch: Any, position: Any, listed: Any) -> None:
-        """Before a load changes anything (a refusal leaves the loader as it was): a sampler
-        resumed part-way through an epoch must list it alike again."""
-        if not (isinstance(epoch, int) and isinstance(position, int) and epoch >= 0):
-            return  # malformed: cursor.load names it
-        if 0 < position < plan.epoch_length(epoch):
-            plan.check_relisted(epoch, listed)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

@@ -238,8 +238,11 @@ class ResumableDataLoader:
         host = host_of(self)
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
-        self._engine.set_epoch(epoch if meant is None else meant, late=late)
-        self._drop_lookahead()
+        target = epoch if meant is None else meant
+        self._engine.set_epoch(target, late=late)
+        held = self._lookahead.held_state() if self._lookahead is not None else None
+        if held is not None and held.get("epoch") != target:
+            self._drop_lookahead()  # another epoch's start is pending (the running one's is kept)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
@@ -299,12 +302,15 @@ class ResumableDataLoader:
 
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``),
-        also after it stopped early, until the next ``iter()``, ``set_epoch`` or load."""
+        also after it stopped early, until the next ``iter()``, a load or a ``set_epoch``
+        of another epoch."""
         self._lookahead = holder
 
     def _drop_lookahead(self) -> None:
+        """Stop asking the holder, and empty it: the consumer's own ``state_dict()`` follows
+        the loader again."""
         if self._lookahead is not None:
-            self._lookahead.drop()  # the consumer's own state_dict() follows the loader again
+            self._lookahead.drop()
             self._lookahead = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -329,8 +335,8 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
-        self._drop_lookahead()
         adopted = self._engine.load(state_dict, adopt_seed=not self._spec.seed_explicit)
+        self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
             self._host.seed = adopted
         self._host.seed_drawn = False  # the saved run's seed is the one to keep

@@ -361,20 +361,20 @@ class SamplerPlan:
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
-    def check_relisted(self, epoch: int, listed_from: str | None) -> None:
-        """Refuse a sampler that lists ``epoch`` (resumed part-way; epoch 0 was checked at
-        construction) differently each time: the saved run's order would not come back."""
-        if epoch == 0:
+    def check_relisted(self, epoch: int, position: int, listed_from: str | None) -> None:
+        """Refuse a sampler that lists ``epoch`` differently each time where a state resumes
+        it part-way (epoch 0 was checked at construction): its order would not come back."""
+        if epoch == 0 or not 0 < position < self.num_samples:
             return
+
+        def listing() -> torch.Tensor:
+            restored = _restored(listed_from)
+            args = (self.seed, epoch, self.first_state, self._seen, restored)
+            return keyed_order(self.sampler, *args, lend=self._lend)[0]
+
         with rngs_put_back():  # it may draw from them (what this refuses)
-            first, second = (
-                keyed_order(
-                    self.sampler, self.seed, epoch, self.first_state, self._seen,
-                    _restored(listed_from), lend=self._lend,
-                )[0]
-                for _ in range(2)
-            )  # fmt: skip
-        if not torch.equal(first, second):
+            alike = torch.equal(listing(), listing())
+        if not alike:
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: sampler={type(self.sampler).__name__} "
                 f"lists epoch {epoch} differently each time, so the saved order cannot come "
