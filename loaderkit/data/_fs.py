@@ -265,9 +265,9 @@ class Storage:
 
         def cat() -> bytes:
             data = bytes(self.fs.cat_file(url))
-            if expect is not None and len(data) != expect[0]:
-                raise OSError(f"the read ended after {len(data)} of {expect[0]} bytes")
             if expect is not None:
+                if len(data) != expect[0]:
+                    raise OSError(f"the read ended after {len(data)} of {expect[0]} bytes")
                 self.check_same(url, expect)
             return data
 

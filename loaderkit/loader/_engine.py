@@ -66,15 +66,17 @@ def set_epoch_keeping(
     """``set_epoch(epoch)``, unless the host names another epoch than a loaded position's
     only to restart it (a replay after the loader cycled into a later epoch)."""
     loaded = cursor.loaded(plan)
-    names_loaded = loaded is not None and epoch == loaded[0]
-    if names_loaded and host.caller().restored_past(host.loader):
+    if loaded is not None and epoch != loaded[0]:
+        if _replaces_loaded(host, cursor, plan, epoch, *loaded):
+            cursor.set_epoch(epoch, late=late)
+        return
+    if loaded is not None and host.caller().restored_past(host.loader):
         # The restored epoch ended at the saved batch: a loader that had cycled into this
         # epoch starts it afresh, as the saved run went on to.
         dropped = cursor.host_starts(epoch)
         if dropped:
             return
-    if loaded is None or epoch == loaded[0] or _replaces_loaded(host, cursor, plan, epoch, *loaded):
-        cursor.set_epoch(epoch, late=late)
+    cursor.set_epoch(epoch, late=late)
 
 
 def _replaces_loaded(

@@ -367,9 +367,9 @@ class SamplerPlan:
         if epoch == 0 or not 0 < position < self.num_samples:
             return
 
+        args = (self.seed, epoch, self.first_state, self._seen, _restored(listed_from))
+
         def listing() -> torch.Tensor:
-            restored = _restored(listed_from)
-            args = (self.seed, epoch, self.first_state, self._seen, restored)
             return keyed_order(self.sampler, *args, lend=self._lend)[0]
 
         with rngs_put_back():  # it may draw from them (what this refuses)

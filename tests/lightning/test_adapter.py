@@ -273,14 +273,17 @@ def test_the_fetcher_holds_one_batch_ahead_of_an_unsized_loader_only() -> None:
 
 
 class _UnsizedEpochs:
-    """An unsized train loader recording, at each ``iter()``, the epoch the host starts."""
+    """An unsized train loader recording, at each ``iter()``, what the host answers to
+    ``asks`` (the epoch it starts)."""
+
+    asks = "epoch_starting"
 
     def __init__(self) -> None:
-        self.starting: list[int | None] = []
+        self.starting: list[Any] = []
         self.sampler = _EpochRecorder([])
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        self.starting.append(host_of(self).epoch_starting(self))
+        self.starting.append(getattr(host_of(self), self.asks)(self))
         for i in range(2):
             yield torch.full((1, 4), float(i))
 
@@ -336,10 +339,7 @@ def test_a_failed_step_is_started_not_processed_while_the_trainer_is_interrupted
 class _RestoredEpochs(_UnsizedEpochs):
     """Records, at each ``iter()``, the epoch the host goes on to after a restore."""
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        self.starting.append(host_of(self).epoch_after_restore(self))
-        for i in range(2):
-            yield torch.full((1, 4), float(i))
+    asks = "epoch_after_restore"
 
 
 def test_a_restore_on_an_epochs_last_batch_names_the_next_epoch(tmp_path: Path) -> None:
@@ -398,14 +398,11 @@ def test_a_restore_says_whether_its_epoch_is_over(tmp_path: Path) -> None:
 class _StatefulEpochs(_UnsizedEpochs):
     """Saves ``{"epoch": n}`` (n: its iterations so far); records ``skipped_state`` at iter()."""
 
+    asks = "skipped_state"
+
     def __init__(self) -> None:
         super().__init__()
         self.loaded: list[dict[str, Any]] = []
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        self.starting.append(host_of(self).skipped_state(self))
-        for i in range(2):
-            yield torch.full((1, 4), float(i))
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": len(self.starting) - 1}
