@@ -1,7 +1,5 @@
-"""Moving batches to the accelerator: device choice, pinning, ``non_blocking`` where safe,
-and :class:`DevicePrefetcher`, which copies batch ``n + 1`` on a side CUDA stream while
-the model computes on batch ``n``.
-"""
+"""Moving batches to the accelerator: device choice, pinning, ``non_blocking`` where safe, and
+:class:`DevicePrefetcher` (batch ``n + 1`` copied on a side CUDA stream during batch ``n``)."""
 
 from __future__ import annotations
 
@@ -171,10 +169,8 @@ def resolve_pin_memory(
             f"resolve_pin_memory: pin_memory must be True, False or 'auto', got {pin_memory!r} "
             f"({type(pin_memory).__name__}); use 'auto' to pin only where it helps."
         )
-    if not pin_memory:
-        return False
-    if should_pin_memory(device):
-        return True
+    if not pin_memory or should_pin_memory(device):
+        return pin_memory
     warnings.warn(
         f"pin_memory=True has no effect for device {str(device)!r} (no available CUDA/XPU "
         "device); pass pin_memory='auto' to silence this.",

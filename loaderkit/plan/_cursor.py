@@ -68,25 +68,6 @@ def check_version(state: Mapping[str, Any], *, owner: str) -> None:
     )
 
 
-def check_seal(state: Mapping[str, Any], fields: Iterable[str], *, owner: str) -> None:
-    """Refuse a state whose fields no longer match its checksum, naming the first that differs."""
-    checksum = state.get("checksum")
-    names = list(fields)
-    if not isinstance(checksum, Mapping) or sorted(checksum) != sorted(names):
-        raise StateMismatchError(
-            f"{owner}: field 'checksum' is malformed (got {_fields(checksum)}, expected one "
-            f"entry per field {sorted(names)}); the state was edited or truncated: pass what "
-            "state_dict() returned, unmodified."
-        )
-    for name in names:
-        if checksum[name] != field_digest(name, state[name]):
-            raise StateMismatchError(
-                f"{owner}: field {name!r} does not match the state's checksum (value "
-                f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
-                "set_epoch() to restart an epoch."
-            )
-
-
 def _fields(value: Any) -> str:
     """A mapping's sorted keys, else the repr of what stood in its place."""
     return str(sorted(value)) if isinstance(value, Mapping) else repr(value)
@@ -135,7 +116,20 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
     if missing or unknown:
         hint = hint or f"pass what {owner}.state_dict() returned, unmodified."
         raise StateMismatchError(f"{where}: missing keys {missing}, unknown keys {unknown}; {hint}")
-    check_seal(state, fields, owner=where)
+    checksum = state[CHECKSUM]
+    if not isinstance(checksum, Mapping) or sorted(checksum) != sorted(fields):
+        raise StateMismatchError(
+            f"{where}: field 'checksum' is malformed (got {_fields(checksum)}, expected one "
+            f"entry per field {sorted(fields)}); the state was edited or truncated: pass what "
+            "state_dict() returned, unmodified."
+        )
+    for name in fields:  # the first field that differs is named
+        if checksum[name] != field_digest(name, state[name]):
+            raise StateMismatchError(
+                f"{where}: field {name!r} does not match the state's checksum (value "
+                f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
+                "set_epoch() to restart an epoch."
+            )
 
 
 def check_settings(
@@ -197,16 +191,16 @@ def _check_plan(
         and set(saved) < set(fingerprint)
     ):
         # The same kind of plan, saved before a setting existed: name the settings.
-        new = [repr(k) for k in sorted(set(fingerprint) - set(saved))]
-        names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
-        here = ", ".join(f"{k}={fingerprint[k]!r}" for k in sorted(set(fingerprint) - set(saved)))
-        if new == ["'shard_names_crc32'"]:
+        added = sorted(set(fingerprint) - set(saved))
+        if added == ["shard_names_crc32"]:
             raise StateMismatchError(
-                f"{where}: field 'plan' has no 'shard_names_crc32': the state was saved by an "
-                "older loaderkit or a sampler built by hand, which did not record its shard "
-                "files. Resume it with the loaderkit and sampler that saved it, or start "
-                "without the state."
+                f"{where}: field 'plan' has no 'shard_names_crc32': saved by an older loaderkit "
+                "or a sampler built by hand; resume with the loaderkit and sampler that saved "
+                "it, or start without the state."
             )
+        new = [repr(k) for k in added]
+        names = new[0] if len(new) == 1 else f"{', '.join(new[:-1])} or {new[-1]}"
+        here = ", ".join(f"{k}={fingerprint[k]!r}" for k in added)
         raise StateMismatchError(
             f"{where}: field 'plan' has no {names} (this loaderkit's plan: {here}), so the "
             "state was saved by an older loaderkit that ordered the samples differently. Finish "
@@ -298,9 +292,7 @@ class PlanCursor:
     )
 
     def __init__(self) -> None:
-        self.epoch = 0
-        self.position = 0
-        self.steps_done = 0
+        self.epoch = self.position = self.steps_done = 0
         self._explicit: int | None = None
         self._resume = False
         self._started = False
