@@ -15,11 +15,13 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
+from loaderkit.data._arrow import merge_kinds
 from loaderkit.data._open import names_crc32
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
-from loaderkit.errors import StateMismatchError
+from loaderkit.errors import ShardError, StateMismatchError
 from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.mix import MixPlan, mix_allotments
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -131,6 +133,24 @@ def _check_source(name: str, ds: Any) -> None:
         raise ValueError(f"{_OWNER}: source {name!r} is empty (len 0); drop it from sources.")
 
 
+def _check_columns(names: list[str], datasets: list[Any]) -> None:
+    """Refuse Parquet sources that type a column so that no dtype holds both exactly: a
+    batch mixing them would round (one dataset's files are checked by its reader)."""
+    seen: dict[str, tuple[tuple[Any, ...], str]] = {}
+    for name, ds in zip(names, datasets, strict=True):
+        reader = getattr(ds, "reader", None)
+        if not isinstance(ds, ShardedDataset) or not isinstance(reader, ParquetReader):
+            continue
+        for column, kind in reader.kinds().items():
+            first, where = seen.setdefault(column, (kind, name))
+            if merge_kinds(first, kind) is None:
+                raise ShardError(
+                    f"{_OWNER}: column {column!r} is {kind[1]} in source {name!r} but "
+                    f"{first[1]} in source {where!r}, and no dtype holds both exactly; write "
+                    f"them with one type, or leave {column!r} out with ParquetReader(columns=)."
+                )
+
+
 def _list_names(datasets: list[Any]) -> list[str]:
     """Sources' names from their data, else their position; a shared name gets ``#i``."""
     names = [getattr(ds, "_source_name", None) or str(i) for i, ds in enumerate(datasets)]
@@ -213,6 +233,7 @@ class MixedDataset(Dataset[Any]):
             raise ValueError(f"{_OWNER}: sources is empty; pass at least one dataset.")
         for name, ds in zip(self.names, datasets, strict=True):
             _check_source(name, ds)
+        _check_columns(self.names, datasets)
         self.sources = datasets
         self.sizes: tuple[int, ...] = tuple(len(ds) for ds in datasets)
         self.per_epoch: tuple[int, ...] = mix_allotments(

@@ -199,6 +199,10 @@ class ParquetReader:
             if name in columns and kind[0] != "python"
         }
 
+    def kinds(self) -> dict[str, tuple[Any, ...]]:
+        """What each column becomes in a batch, as :meth:`prepare` settled it."""
+        return {name: kind for name, (kind, _) in self._kinds.items()}
+
     def count(self, path: Path) -> int:
         """Rows in the file, from its footer (no data page is read)."""
         return int(self._file(Path(path)).metadata.num_rows)

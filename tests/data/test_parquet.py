@@ -307,3 +307,19 @@ def test_a_column_typed_differently_across_files_gives_one_batch_structure(
     spanning = ds.get_batch([0, 4])["y"]
     assert isinstance(spanning, torch.Tensor) and spanning.tolist() == [0, 4]
     assert spanning.dtype == torch.int64  # promoted, whichever files a batch spans
+
+
+def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> None:
+    from loaderkit import MixedDataset
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    big = [2**24 + 1 + i for i in range(4)]  # float32 rounds them
+    pq.write_table(pa.table({"x": pa.array(big, pa.int64())}), tmp_path / "a" / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.5] * 4, pa.float32())}), tmp_path / "b" / "b.parquet")
+    pq.write_table(pa.table({"x": pa.array([7] * 4, pa.int32())}), tmp_path / "c" / "c.parquet")
+    a, b, c = (ShardedDataset(tmp_path / n, ParquetReader()) for n in "abc")
+    with pytest.raises(ShardError, match=r"column 'x' is torch.float32 in source 'b'.*'a'"):
+        MixedDataset({"a": a, "b": b})
+    mix = MixedDataset({"a": a, "c": c})  # int32 fits in int64: collate promotes exactly
+    loader = ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(8, seed=0))
+    assert sorted(next(iter(loader))["x"].tolist()) == [7] * 4 + big
