@@ -120,12 +120,11 @@ def compress_file(src: Path, dst: Path, level: int) -> None:
     size = src.stat().st_size
     # The frame's checksum fails a corrupted shard's decode even without a content hash.
     cctx = zstd.ZstdCompressor(level=level, write_checksum=True)
-
-    def write(out: Any) -> None:
-        with open(src, "rb") as f:
-            cctx.copy_stream(f, out, size=size, read_size=_CHUNK, write_size=_CHUNK)
-
-    atomic_write(dst, write)
+    with open(src, "rb") as f:
+        atomic_write(
+            dst,
+            lambda out: cctx.copy_stream(f, out, size=size, read_size=_CHUNK, write_size=_CHUNK),
+        )
 
 
 class DigestMismatch(ShardError):
@@ -146,19 +145,14 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
     size and mtime; write the marker when it matches. Raises :class:`DigestMismatch`
     naming ``name`` (default: the path)."""
     marker = path.with_name(f".{path.name}.lkverified") if marker is None else marker
-    st = path.stat()
-    stamp = f"{st.st_size}:{st.st_mtime_ns}:{expected}"
+    stamp = f"{_stamp(path)}:{expected}"
     with contextlib.suppress(OSError):
         if marker.read_text() == stamp:
             return
     actual = file_digest(path, expected.split(":", 1)[0])
     if actual != expected:
-        raise digest_error(
-            path if name is None else name,
-            expected,
-            actual,
-            "restore the file, or rewrite the shards with write_shards.",
-        )
+        fix = "restore the file, or rewrite the shards with write_shards."
+        raise digest_error(path if name is None else name, expected, actual, fix)
     with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(marker, lambda f: f.write(stamp.encode()))
@@ -279,6 +273,11 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         return target
     finally:
         os.close(fd)
+
+
+def decoded_local(path: Path) -> Path:
+    """The decoded copy of the local compressed shard ``path`` in the default cache."""
+    return decode_into(path, local_decode_dir(path, default_cache_root()))
 
 
 def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write
-from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
+from loaderkit.data._codec import decoded_local, is_compressed
 from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 
@@ -107,7 +107,7 @@ def checked_count(reader: Any, shard: Any, samples: Any) -> int:
 def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
     if not is_compressed(path.name):
         return reader.count(path), None
-    decoded = decode_into(path, local_decode_dir(path, default_cache_root()))
+    decoded = decoded_local(path)
     return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
 
 
@@ -301,9 +301,18 @@ def check_complete(
             f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
-    _refuse_two_corpora(folder, parsed, accept)
-    # A corpus this reader cannot open (another suffix) lays no claim to the folder.
-    writers = [w for w, names, by_writer in parsed if by_writer and any(map(accept, names))]
+    # A corpus this reader cannot open (another suffix) lays no claim to the folder; two that
+    # list different shards (another prefix, suffix or call) would mix in their union.
+    claims = [(w, frozenset(filter(accept, names))) for w, names, by_writer in parsed if by_writer]
+    writers = [w for w, corpus in claims if corpus]
+    corpora = {corpus for _, corpus in claims if corpus}
+    if len(corpora) > 1:
+        raise ShardError(
+            f"shard folder {folder!r} holds {len(corpora)} write_shards corpora (indexes "
+            f"{', '.join(map(repr, sorted(writers)))}), so reading it cannot tell which one you "
+            "mean; write each corpus to its own folder, or pass the list of one corpus' shards.",
+            path=folder,
+        )
     stray = sorted(have - {n for _, names, w in parsed if w for n in names}) if writers else []
     if stray:
         raise ShardError(
@@ -311,23 +320,6 @@ def check_complete(
             f"index {', '.join(map(repr, writers))} does not list: {stray}; remove them, or "
             "re-run write_shards with every shard the folder should hold.",
             path=f"{folder.rstrip('/')}/{stray[0]}",
-        )
-
-
-def _refuse_two_corpora(
-    folder: str, parsed: Sequence[tuple[str, list[str], bool]], accept: Callable[[str], bool]
-) -> None:
-    """Each ``write_shards`` index is the truth for its folder: with two listing different
-    shards (another prefix, suffix or call), reading their union would mix two corpora."""
-    corpora = {frozenset(filter(accept, names)) for _, names, by_writer in parsed if by_writer}
-    corpora.discard(frozenset())  # a corpus this reader cannot open is no candidate
-    if len(corpora) > 1:
-        where = sorted(w for w, names, by_writer in parsed if by_writer and any(map(accept, names)))
-        raise ShardError(
-            f"shard folder {folder!r} holds {len(corpora)} write_shards corpora (indexes "
-            f"{', '.join(map(repr, where))}), so reading it cannot tell which one you mean; "
-            "write each corpus to its own folder, or pass the list of one corpus' shards.",
-            path=folder,
         )
 
 

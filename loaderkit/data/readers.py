@@ -160,19 +160,15 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
 
 
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
-    """A read-only map of raw ``dtype`` (``None``: ``.npy``), refusing a file changed meanwhile.
-
-    Mapped with :mod:`mmap` (not ``np.memmap``), so the guard reads the map's own
-    ``size()`` through public attributes (:meth:`MappedFiles._sizer`).
-    """
+    """A read-only map (:mod:`mmap`, whose ``size()`` the read guard checks) of raw ``dtype``
+    (``None``: ``.npy``); refuses a file changed meanwhile."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         shape: tuple[int, ...] | None = None
         fortran = False
         if dtype is None:
-            version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0
-            if version != (1, 0):
+            if np.lib.format.read_magic(f) != (1, 0):
                 read = np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read(f)
         offset = f.tell()
@@ -194,12 +190,8 @@ def _changed(path: Path, now: int, size: int) -> ShardError:
 
 
 class MappedFiles:
-    """The memory maps an open shard reads, checked before and after every read.
-
-    A file truncated under a live map reads as zeros or raises SIGBUS, so each
-    read compares every mapped file's size (``fstat``) with its size when
-    mapped and refuses a change with a :class:`ShardError` naming the file.
-    """
+    """The memory maps an open shard reads, their sizes checked before and after every read:
+    a file truncated under a live map reads as zeros or raises SIGBUS."""
 
     __slots__ = ("expected", "paths", "sizers")
 
@@ -350,9 +342,7 @@ class TokenReader:
             raise ValueError(
                 "TokenReader: targets=True needs seq_len; pass seq_len= instead of eos=."
             )
-        self.seq_len = seq_len
-        self.targets = bool(targets)
-        self.eos = eos
+        self.seq_len, self.targets, self.eos = seq_len, bool(targets), eos
         try:
             self.dtype = None if dtype is None else np.dtype(dtype)
         except TypeError as exc:
@@ -480,10 +470,8 @@ class TokenReader:
                 f"TokenReader.write: {str(path)!r} got dtype {arr.dtype} and shape {arr.shape}, "
                 "not 1-D integer token ids; flatten them (arr.reshape(-1))."
             )
-        if self.dtype is not None:
-            dtype = self.dtype
-        else:  # an empty list arrives as float64: store it as the default integer type
-            dtype = arr.dtype if arr.dtype.kind in "iu" else np.dtype(np.int64)
+        default = arr.dtype if arr.dtype.kind in "iu" else np.dtype(np.int64)  # []: float64
+        dtype = self.dtype if self.dtype is not None else default
         if arr.size and (arr.min() < np.iinfo(dtype).min or arr.max() > np.iinfo(dtype).max):
             raise ValueError(
                 f"TokenReader.write: token ids in [{arr.min()}, {arr.max()}] do not fit "

@@ -21,13 +21,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
 from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
-from loaderkit.data._open import (
-    OpenShards,
-    names_crc32,
-    prepare_reader,
-    resolve_shards,
-    shard_name,
-)
+from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
@@ -146,8 +140,7 @@ class ShardedDataset(Dataset[Any]):
         self._starts = self._ends - counts
         self._end_list: list[int] = self._ends.tolist()
         self._start_list: list[int] = self._starts.tolist()
-        self.on_error = on_error
-        self.max_open_shards = max_open_shards
+        self.on_error, self.max_open_shards = on_error, max_open_shards
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it

@@ -22,16 +22,11 @@ from torch.utils.data import IterableDataset
 from loaderkit._checks import check_bool, check_int, check_suffixes
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
-from loaderkit.data._codec import decode_into, default_cache_root, is_compressed, local_decode_dir
+from loaderkit.data._codec import decoded_local, is_compressed
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
-from loaderkit.errors import (
-    LoaderkitError,
-    MissingDependencyError,
-    ReaderSettingError,
-    ShardError,
-)
+from loaderkit.errors import LoaderkitError, MissingDependencyError, ReaderSettingError, ShardError
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
@@ -341,7 +336,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         """Local shard ``shard`` as the reader reads it (a compressed one decoded once)."""
         path = self.shards[shard]
         if isinstance(path, Path) and is_compressed(path.name):
-            return decode_into(path, local_decode_dir(path, default_cache_root()))
+            return decoded_local(path)
         return path
 
     def read_from(self, shard: int, offset: int) -> Iterator[Any]:
@@ -350,12 +345,10 @@ class StreamingShardedDataset(IterableDataset[Any]):
         iter_from = getattr(self.reader, "iter_from", None)
         try:
             local = self._local(shard) if self._remote is None else self._remote.local(shard)
-            source = (
-                iter_from(local, offset)
-                if callable(iter_from)
-                else _seek_by_index(self.reader, local, offset)
-            )
-            yield from source
+            if callable(iter_from):
+                yield from iter_from(local, offset)
+            else:
+                yield from _seek_by_index(self.reader, local, offset)
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
@@ -389,8 +382,7 @@ def slot_stream(
         lanes = [list(lane) for lane in saved]  # [shard position, offset], mutable
         readers: list[Iterator[Any] | None] = [None] * len(lanes)  # opened on first use
         while lanes:
-            lane = lanes[turn]
-            reader = readers[turn]
+            lane, reader = lanes[turn], readers[turn]
             if reader is None:
                 if ds._remote is not None:  # fetch the open lanes' shards and the next ones
                     ds._remote.note_lanes([shards[p] for p, _ in lanes], shards[nxt:])
@@ -427,5 +419,4 @@ def slot_stream(
                 f"whole pass(es) over its shards (last: {names}); use more (non-empty) shards "
                 "than ranks x workers, or fewer workers."
             )
-        pass_, nxt, saved, turn, seen = pass_ + 1, 0, (), 0, 0
-        took = False
+        pass_, nxt, saved, turn, seen, took = pass_ + 1, 0, (), 0, 0, False

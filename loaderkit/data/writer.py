@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -113,44 +114,30 @@ class _Job:
 
 def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, int, Any]:
     data = job.fn(item) if job.fn is not None else item
-    return (_run_local if job.storage is None else _run_remote)(job, i, data, fp)
-
-
-def _run_local(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str, int, Any]:
-    root = Path(job.root)
-    stage = Path(tempfile.mkdtemp(prefix=f"{i:05d}-", dir=root / WORK_DIR / "staging"))
+    root, storage = Path(job.root), job.storage
+    if storage is None:
+        stage = Path(tempfile.mkdtemp(prefix=f"{i:05d}-", dir=root / WORK_DIR / "staging"))
+    else:
+        stage = Path(tempfile.mkdtemp(prefix=".loaderkit-upload-"))
     try:
         path, samples, extras = _write_one(job.reader, stage / job.name(i), data, *job.codec)
+        st = path.stat()  # a rename keeps size and mtime
         sides = sorted(p for p in stage.iterdir() if p != path)
-        for side in sides:  # sidecars first: a shard in place has them
-            os.replace(side, root / side.name)
-        final = root / path.name
-        os.replace(path, final)
-        st = final.stat()
-        sizes = {s.name: (root / s.name).stat().st_size for s in sides}
-        info = dict(name=final.name, size=st.st_size, mtime_ns=st.st_mtime_ns, sidecars=sizes)
-        doc = job.marker_doc(i, fp, samples=samples, extras=extras, **info)
-        atomic_write(root / job.marker(i), lambda f: f.write(doc))
+        sizes = {p.name: p.stat().st_size for p in sides}
+        for src in [*sides, path]:  # sidecars first: a shard in place has them
+            if storage is None:
+                os.replace(src, root / src.name)
+            else:
+                storage.upload(src, join_url(job.root, src.name))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return i, final.name, samples, extras
-
-
-def _run_remote(job: _Job, i: int, data: Any, fp: str | None) -> tuple[int, str, int, Any]:
-    assert job.storage is not None
-    with tempfile.TemporaryDirectory(prefix=".loaderkit-upload-") as staging:
-        local, samples, extras = _write_one(
-            job.reader, Path(staging) / job.name(i), data, *job.codec
-        )
-        sides = {p.name: p.stat().st_size for p in Path(staging).iterdir() if p != local}
-        for side in [*sorted(sides), local.name]:  # the shard last
-            job.storage.upload(Path(staging) / side, join_url(job.root, side))
-        size = local.stat().st_size
-    doc = job.marker_doc(
-        i, fp, name=local.name, size=size, samples=samples, extras=extras, sidecars=sides
-    )
-    job.storage.write_bytes(join_url(job.root, job.marker(i)), doc)
-    return i, local.name, samples, extras
+    info = dict(name=path.name, size=st.st_size, samples=samples, extras=extras, sidecars=sizes)
+    if storage is None:
+        doc = job.marker_doc(i, fp, mtime_ns=st.st_mtime_ns, **info)
+        atomic_write(root / job.marker(i), lambda f: f.write(doc))
+    else:
+        storage.write_bytes(join_url(job.root, job.marker(i)), job.marker_doc(i, fp, **info))
+    return i, path.name, samples, extras
 
 
 def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str:
@@ -182,18 +169,16 @@ class _RemoteDone:
 
     def __init__(self, job: _Job) -> None:
         assert job.storage is not None
-        self.job = job
+        self.job, self.storage = job, job.storage
         self.sizes = {e["name"]: e["size"] for e in _listing(job.storage, job.root)}
-        work = join_url(job.root, WORK_DIR)
-        self.markers = {e["name"] for e in _listing(job.storage, work)}
+        self.markers = {e["name"] for e in _listing(job.storage, join_url(job.root, WORK_DIR))}
 
     def __call__(self, i: int, fp: str | None) -> Done | None:
         job = self.job
-        assert job.storage is not None
         if f"{job.name(i)}.json" not in self.markers:
             return None
         try:
-            doc = json.loads(job.storage.read_bytes(join_url(job.root, job.marker(i))))
+            doc = json.loads(self.storage.read_bytes(join_url(job.root, job.marker(i))))
             return job.prior(doc, fp, self.sizes.get)
         except (ShardError, ValueError, KeyError, TypeError):
             return None
@@ -371,20 +356,15 @@ def _pool_write(
     (a pickling error in the pool's feeder thread would hang its shutdown)."""
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
-        exhausted = False
-        while pending or not exhausted:
-            while not exhausted and len(pending) < 2 * num_workers:
-                nxt = next(todo, None)
-                exhausted = nxt is None
-                if nxt is not None:
-                    i, item, fp = nxt
-                    try:
-                        blob = bytes(ForkingPickler.dumps(item))
-                    except Exception as exc:
-                        _note(exc, i, job)
-                        raise
-                    pending[pool.submit(_run_pooled, i, blob, fp)] = i
-            if not pending:
+        while True:
+            for i, item, fp in itertools.islice(todo, 2 * num_workers - len(pending)):
+                try:
+                    blob = bytes(ForkingPickler.dumps(item))
+                except Exception as exc:
+                    _note(exc, i, job)
+                    raise
+                pending[pool.submit(_run_pooled, i, blob, fp)] = i
+            if not pending:  # todo is exhausted
                 break
             ready, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for fut in sorted(ready, key=pending.__getitem__):
@@ -571,8 +551,7 @@ def _refuse_index_over_a_shard(job: _Job, index: Any) -> None:
     _refuse_file_url("index", index)
     text = str(index)
     if is_url(text):
-        folder, name = text.rsplit("/", 1)[0].rstrip("/"), url_name(text)
-        same = folder == job.root
+        same, name = text.rsplit("/", 1)[0].rstrip("/") == job.root, url_name(text)
     else:
         path = Path(index)
         same, name = path.resolve().parent == Path(job.root).resolve(), path.name
@@ -606,9 +585,8 @@ def _local_root(directory: Any, storage_options: Any) -> str:
 def _stale(
     job: _Job, names: list[str], read: Callable[[str], bytes | None], written: set[str]
 ) -> list[str]:
-    """The files among ``names`` an earlier write left that this one did not produce: shards
-    and sidecars of this prefix, and every index listing shards of it (this write replaced
-    them; ``read``: a file's bytes)."""
+    """The files among ``names`` an earlier write left that this one did not produce: shards and
+    sidecars of this prefix, and indexes listing shards of it (``read``: a file's bytes)."""
     shard = _shard_name(job)
 
     def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
