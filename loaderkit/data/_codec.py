@@ -142,10 +142,11 @@ def digest_error(path: Any, expected: str, actual: str, fix: str) -> DigestMisma
 
 def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None = None) -> None:
     """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless a marker vouches for its
-    size and mtime; write the marker when it matches. Raises :class:`DigestMismatch`
-    naming ``name`` (default: the path)."""
+    size, mtime, inode and ctime (a copy keeping size and mtime is hashed again); write the
+    marker when it matches. Raises :class:`DigestMismatch` naming ``name`` (default: the path)."""
     marker = path.with_name(f".{path.name}.lkverified") if marker is None else marker
-    stamp = f"{_stamp(path)}:{expected}"
+    st = path.stat()
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}:{expected}"
     with contextlib.suppress(OSError):
         if marker.read_text() == stamp:
             return

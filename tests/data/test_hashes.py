@@ -124,11 +124,27 @@ def test_a_shard_is_hashed_once_per_machine_not_per_process(
     again = ShardedDataset(paths, READER)  # a new process's copy: the marker says verified
     assert [int(again[i][0]) for i in range(len(again))] == list(range(50))
     assert calls == []
-    # The documented limit: the marker vouches for the size and mtime it saw, so bit rot
-    # after the first check (mtime kept) is not hashed again; a new mtime is.
+    # The marker vouches for the size, mtime, inode and ctime it saw: a byte flipped through
+    # the filesystem since (mtime put back, ctime moved) is hashed again and refused.
     flip_byte(paths[0], at=-1)
-    assert ShardedDataset(paths, READER)[0].tolist() == [0] * SEQ
-    assert calls == []
+    with pytest.raises(ShardError, match="fails its content hash"):
+        ShardedDataset(paths, READER)[0]
+    assert calls == [paths[0]]
+
+
+def test_a_shard_replaced_by_a_copy_keeping_size_and_mtime_is_hashed_again(
+    tmp_path: Path,
+) -> None:
+    paths = write_shards(tmp_path / "d", id_shards(), READER, hash="sha256")
+    assert [int(ShardedDataset(paths, READER)[i][0]) for i in range(3)] == [0, 1, 2]  # marked
+    st = paths[0].stat()
+    other = tmp_path / "other.npy"
+    np.save(other, (np.arange(SIZES[0] * SEQ) + 500).astype(np.uint16))  # another version
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, paths[0])  # as `cp -p` or `rsync -a` leave it: size and mtime kept
+    assert paths[0].stat().st_size == st.st_size
+    with pytest.raises(ShardError, match="fails its content hash"):
+        ShardedDataset(paths, READER)[0]
 
 
 def test_workers_verify_and_read_hashed_compressed_shards(tmp_path: Path) -> None:
