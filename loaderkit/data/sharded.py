@@ -22,7 +22,7 @@ from loaderkit._checks import check_index_path, check_int, check_suffixes, getit
 from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
-from loaderkit.data.index import IndexEntry, load_or_build_index
+from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
@@ -181,7 +181,7 @@ class ShardedDataset(Dataset[Any]):
             return [e.samples for e in self.entries]
         if index is not None:
             raise ValueError("ShardedDataset: index= needs shard paths, got objects.")
-        return [int(self.reader.count(s)) for s in self.shards]
+        return [checked_count(self.reader, s, self.reader.count(s)) for s in self.shards]
 
     @property
     def names_crc32(self) -> int | None:

@@ -787,6 +787,17 @@ def test_a_user_reader_over_objects(tmp_path: Path) -> None:
     assert sorted(int(i) for b in run for i in b.view(-1)) == [10, 11, 12, 13, 14]
 
 
+@pytest.mark.parametrize("count", [-2, 2.0, True])
+def test_a_count_over_objects_that_is_not_an_int_ge_0_is_refused(count: Any) -> None:
+    class Counted(ListReader):
+        def count(self, shard: list[int]) -> Any:
+            return count if shard == [12] else np.int64(len(shard))  # numpy ints are fine
+
+    with pytest.raises(TypeError, match=rf"Counted.count\(.*returned {count}; return"):
+        ShardedDataset([[10, 11], [12], [13]], Counted())
+    assert ShardedDataset([[10, 11], [13]], Counted()).sizes == (2, 1)
+
+
 # ---------------------------------------------------------------------- index
 class CountingReader(TokenReader):
     counted: list[str] = []  # noqa: RUF012 - one log for the test
