@@ -113,11 +113,17 @@ def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] |
     return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
 
 
+def _key(path: Path) -> Path:
+    """``path`` with its folder's links resolved but not its own: two links to one blob (a
+    Hugging Face snapshot's) stay two shards."""
+    return path.parent.resolve() / path.name
+
+
 def _rel(path: Path, base: Path) -> str:
     try:
-        return os.path.relpath(path.resolve(), base.resolve())
+        return os.path.relpath(_key(path), base.resolve())
     except ValueError:  # another drive on Windows
-        return str(path.resolve())
+        return str(_key(path))
 
 
 def build_index(
@@ -179,8 +185,8 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
 
 def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
     rows = _rows(index.read_bytes(), str(index), reader, remote=False)
-    by_path = {(index.parent / r[0]).resolve(): r for r in rows}
-    wanted = [p.resolve() for p in paths]
+    by_path = {_key(index.parent / r[0]): r for r in rows}
+    wanted = [_key(p) for p in paths]
     for path, resolved in zip(paths, wanted, strict=True):
         if resolved not in by_path:
             raise ShardError(
