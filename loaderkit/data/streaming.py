@@ -25,7 +25,7 @@ from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decoded_local, is_compressed
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
-from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
+from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import LoaderkitError, MissingDependencyError, ReaderSettingError, ShardError
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
@@ -203,6 +203,16 @@ def _check_args(
     return mix_shards, check_suffixes("reader.suffixes", suffixes, owner=_OWNER)
 
 
+def _bytes_crc32(shards: list[Any]) -> int | None:
+    """crc32 of the shards' stored sizes (and versions at URLs), which a saved cursor's
+    offsets into them hold for (None: objects)."""
+    if all(isinstance(s, RemoteShard) for s in shards):
+        return zlib.crc32(repr([(s.size, s.version) for s in shards]).encode())
+    if all(isinstance(s, Path) for s in shards):
+        return zlib.crc32(repr([s.stat().st_size for s in shards]).encode())
+    return None
+
+
 class StreamingShardedDataset(IterableDataset[Any]):
     """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
 
@@ -276,6 +286,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
+            "shard_bytes_crc32": _bytes_crc32(self.shards),
             **{name: getattr(self, name) for name in settings},
         }
 

@@ -132,6 +132,10 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
             )
 
 
+# Settings a saved state holds since a later release: one saved before is checked without.
+_ADDED = frozenset({"shard_bytes_crc32"})
+
+
 def check_settings(
     saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
 ) -> int | None:
@@ -140,7 +144,7 @@ def check_settings(
     here, adopted = dict(here), None
     if adopt_seed and saved.get("seed") != here["seed"]:
         adopted = here["seed"] = saved["seed"]
-    for key in sorted(set(saved) | set(here)):
+    for key in sorted(set(saved) | (set(here) - (_ADDED - set(saved)))):
         if saved.get(key) != here.get(key):
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field {key!r} differs: saved {saved.get(key)!r}, "

@@ -665,6 +665,29 @@ def test_a_stream_resumes_after_its_shard_folder_moved(tmp_path: Path) -> None:
     assert [b[:, 0].tolist() for b in moved] == [[4, 14], [6, 8]]  # after [0, 10], [2, 12]
 
 
+def test_a_stream_state_over_shards_rewritten_since_is_refused(tmp_path: Path) -> None:
+    """A cursor is an offset into its shard: one rewritten with another size (or, at a URL,
+    in another version) would go on at that offset in other data."""
+    import numpy as np
+
+    from loaderkit import TokenReader, write_shards
+
+    reader = TokenReader(seq_len=2)
+    write_shards(tmp_path, [np.arange(20), np.arange(20, 26)], reader)
+    dl = loader(StreamingShardedDataset(tmp_path, reader, shuffle_shards=False), batch_size=2)
+    next(iter(dl))
+    state = dl.state_dict()
+    write_shards(tmp_path, [np.arange(100, 110), np.arange(20, 26)], reader)  # shard 0 shrank
+    again = loader(StreamingShardedDataset(tmp_path, reader, shuffle_shards=False), batch_size=2)
+    with pytest.raises(StateMismatchError, match=r"field 'shard_bytes_crc32' differs"):
+        again.load_state_dict(state)
+    older = copy.deepcopy(state)  # saved before the field existed: loaded as it was then
+    del older["stream"]["shard_bytes_crc32"]
+    seal(older)
+    fresh = loader(StreamingShardedDataset(tmp_path, reader, shuffle_shards=False), batch_size=2)
+    fresh.load_state_dict(older)
+
+
 @pytest.mark.parametrize("suffixes", [".gz", b".gz", ["gz"], [".gz", 3], 5])
 def test_iterable_reader_suffixes_must_be_a_list_of_dot_suffixes(suffixes: Any) -> None:
     """A str would be split into its letters and list every file ending in "g" or "z"."""

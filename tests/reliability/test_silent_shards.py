@@ -41,6 +41,7 @@ from loaderkit import (
     ShardedDataset,
     ShardError,
     ShardReadError,
+    StateMismatchError,
     StreamingShardedDataset,
     TokenReader,
     write_shards,
@@ -665,3 +666,25 @@ def test_a_subclass_that_overrides_getitems_too_keeps_its_batched_read(tmp_path:
     ds = OwnBatch(write_shards(tmp_path, id_shards(), reader), reader)
     # Its own __getitems__ reads the shards through ShardedDataset's: unmasked, plus 1000.
     assert [s.tolist() for s in ds.__getitems__([1])] == [[1001] * SEQ]
+
+
+def test_a_stream_cursor_into_an_object_replaced_since_is_refused(tmp_path: Path) -> None:
+    """Measured before: a stream saved one batch into shard 0, then shard 0 re-uploaded
+    shorter (a new version), resumed at the old offset in the new object without an error."""
+    url = f"memory://stream-{uuid.uuid4().hex[:8]}"
+    write_shards(url, [np.arange(40), np.arange(1000, 1040)], TokenReader(seq_len=4))
+
+    def stream() -> ResumableDataLoader:
+        ds = StreamingShardedDataset(
+            url, TokenReader(seq_len=4), mix_shards=1, shuffle_shards=False,
+            remote=RemoteCache(cache_dir=tmp_path / "cache"),
+        )  # fmt: skip
+        return ResumableDataLoader(ds, batch_size=3, seed=0)
+
+    first = stream()
+    next(iter(first))
+    state = first.state_dict()
+    stream().load_state_dict(state)  # the same versions: resumed
+    write_shards(url, [np.arange(500, 520), np.arange(1000, 1040)], TokenReader(seq_len=4))
+    with pytest.raises(StateMismatchError, match=r"field 'shard_bytes_crc32' differs"):
+        stream().load_state_dict(state)
