@@ -22,8 +22,8 @@ from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._workers import WorkerPool, stop_workers
-from loaderkit.plan._cursor import PlanCursor, check_envelope
+from loaderkit.loader._workers import WorkerPool, stop_inner, stop_workers
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_envelope, seal
 from loaderkit.plan.samplers import _LenWatch
 
 # seed=None across ranks: DistributedSampler's default, so a script moved from it keeps its order.
@@ -63,8 +63,7 @@ class Engine(Protocol):
 def set_epoch_keeping(
     host: Host, cursor: PlanCursor, plan: Any, epoch: int, *, late: bool = False
 ) -> None:
-    """``set_epoch(epoch)``, unless the host names another epoch than a loaded position's
-    only to restart it (a replay after the loader cycled into a later epoch)."""
+    """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one."""
     loaded = cursor.loaded(plan)
     if loaded is not None and epoch != loaded[0]:
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
@@ -103,7 +102,6 @@ def _replaces_loaded(
 
 
 def ran_out() -> Generator[Any, None, None]:
-    """An iteration without batches."""
     yield from ()
 
 
@@ -152,9 +150,7 @@ class Host:
         return host_of(self.loader)
 
     def held_of(self, run: Run | None) -> int:
-        """Batches of ``run`` the host holds untrained (Lightning prefetches from a loader
-        without a length): none once it ran out, and then its state is refused where the
-        host holds batches ahead and will not iterate it again (``CombinedLoader("max_size")``)."""
+        """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
         caller = self.caller()
         held = caller.held_batches(self.loader)
         if held is None and self.settled is not None:
@@ -176,8 +172,7 @@ class Host:
         return 0
 
     def settle(self) -> None:
-        """The host stops driving the current run (a failed fit, before Lightning drops its
-        fetcher): a state saved later still leaves out the batches it held."""
+        """A failed fit stops driving the current run: later states still leave out its held."""
         run = self.current
         if run is None:
             return
@@ -188,8 +183,7 @@ class Host:
         self.settled = (run, run.last, held)
 
     def name_epoch(self, cursor: PlanCursor, plan: Any) -> bool:
-        """Before an iteration begins: the epoch the host trains, where none was named;
-        True: the iteration is empty (see :meth:`PlanCursor.host_names`)."""
+        """Name the epoch the host trains; True: the iteration is empty (``host_names``)."""
         caller = self.caller()
         epoch = caller.epoch_starting(self.loader)
         if not caller.counts_run_outs(self.loader):
@@ -217,32 +211,13 @@ class Host:
             self.topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 
-    def settle_seed(self, *, final: bool = True) -> int | None:
-        """The seed to adopt when a drawn one gives way to the ranks' common one; before the
-        first batch (``final=False``) only a known ``world_size > 1`` settles it."""
-        if not self.seed_drawn:
-            return None
-        _, world_size = self.topology()
-        if world_size > 1:
-            self.seed_drawn = False
-            if self.seed != DDP_DEFAULT_SEED:
-                self.seed = DDP_DEFAULT_SEED
-                return self.seed
-        elif final:
-            self.seed_drawn = False
-        return None
-
-    def is_current(self, run: Run) -> bool:
-        """Whether ``run`` is the iteration whose position is the loader's."""
-        return self.current is run
-
     def live_run(self) -> Run | None:
         """The current iterator's run: the one whose position ``state_dict()`` reports."""
         live = None if self.live is None else self.live()
         return None if live is None else live.run
 
     def awaiting_first_batch(self) -> bool:
-        """Whether an iterator has not drawn its first batch while no begun one is mid-epoch."""
+        """Whether an iterator has not drawn its first batch, and no begun one is mid-epoch."""
         run = self.live_run()
         if run is not None and not run.finished:
             return False
@@ -280,7 +255,7 @@ class Host:
 
 class WorkerStreams:
     """The stream and iterable engines' shared part: a position in batches, persistent
-    workers, and the last hand-outs (to take back batches a consumer holds unused)."""
+    workers, and the last hand-outs (to take back batches a consumer holds untrained)."""
 
     carries_over = False  # see Engine
 
@@ -302,6 +277,14 @@ class WorkerStreams:
     def epoch(self) -> int:
         return self._position.epoch
 
+    @property
+    def steps_done(self) -> int:
+        return self._position.steps_done
+
+    def epoch_length(self, epoch: int) -> int:
+        """The batches so far, plus one while the epoch goes on (its length is unknown)."""
+        return self.steps_done + (not self.complete)
+
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a saved last batch may not be
@@ -314,8 +297,8 @@ class WorkerStreams:
         assert self._reseed is not None
         self.plan = self._reseed(seed)
 
-    def held(self) -> int:
-        """Batches handed out that the consumer holds untrained (not consumed)."""
+    def taken_back(self) -> list[Any]:
+        """The last hand-outs, newest first, of the batches the consumer holds untrained."""
         run = self.host.current
         if self.held_batches is not None and not (run is not None and run.finished):
             held = self.held_batches()
@@ -327,7 +310,7 @@ class WorkerStreams:
                 f"{len(self._history)} hand-outs are remembered; save the state while the "
                 "consumer holds at most that many batches."
             )
-        return held
+        return list(self._history)[::-1][:held]
 
     def open_state(
         self, state: Any, kind: str, fields: tuple[str, ...], over: str, hint: str
@@ -341,6 +324,14 @@ class WorkerStreams:
                 f"expected {kind!r}; pass the state of a loader over {over}."
             )
 
+    def sealed(
+        self, kind: str, fields: tuple[str, ...], world_size: int, **state: Any
+    ) -> dict[str, Any]:
+        """A checksummed state of ``kind`` holding ``fields``: ``state``'s and the common ones."""
+        topology = {"world_size": world_size, "num_workers": self.host.num_workers}
+        state |= {"version": STATE_VERSION, "kind": kind, "topology": topology}
+        return seal({name: state[name] for name in fields}, fields)
+
     def resume(self, state: Any) -> None:
         """Take the position of a checked ``state``; workers start afresh."""
         steps_done = int(state["steps_done"])
@@ -349,6 +340,22 @@ class WorkerStreams:
         self._history.clear()
         self.close()
 
+    def workers_for(self, source: Any, epoch: int, *, fresh: bool) -> DataLoader[Any]:
+        """The persistent workers already at ``epoch``, else a new DataLoader over ``source``
+        (``fresh``: a resumed epoch gets non-persistent workers of its own)."""
+        pool = self.host.pool
+        persistent = pool.persistent and not fresh
+        if persistent and self._inner is not None and self._inner_next == epoch:
+            return self._inner
+        self.close()
+        rank, _ = self.host.topology()
+        inner = pool.build(
+            source, seed=self.host.seed, epoch=epoch, rank=rank, persistent=persistent
+        )
+        if persistent:
+            self._inner, self._inner_next = inner, None
+        return inner
+
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         stop_workers(inner, workers)
         if self._inner is inner:
@@ -356,9 +363,7 @@ class WorkerStreams:
 
     def close(self) -> None:
         """Stop persistent workers."""
-        inner = self._inner
-        if inner is not None and inner._iterator is not None:
-            stop_workers(inner, inner._iterator)
+        stop_inner(self._inner)
         self._inner, self._inner_next = None, None
 
 
@@ -366,25 +371,27 @@ class EngineSource(IterableDataset[Any]):
     """The inner DataLoader's dataset for a stream or iterable engine."""
 
     def __init__(self, engine: Any) -> None:
-        self.ds, self.collate = engine.dataset, engine.collate_fn
+        self.user_dataset, self.collate = engine.dataset, engine.collate_fn
         self.batch_size, self.drop_last = engine.batch_size, engine.drop_last
-
-    @property
-    def user_dataset(self) -> Any:
-        """The user's dataset."""
-        return self.ds
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
-    """:meth:`Host.settle_seed`, giving the engine the seed adopted."""
-    seed = host.settle_seed(final=final)
-    if seed is not None:
-        engine.adopt_seed(seed)
+    """Give ``engine`` the ranks' common seed where a drawn one gives way to it; before the
+    first batch (``final=False``) only a known ``world_size > 1`` settles it."""
+    if not host.seed_drawn:
+        return
+    _, world_size = host.topology()
+    if world_size > 1:
+        host.seed_drawn = False
+        if host.seed != DDP_DEFAULT_SEED:
+            host.seed = DDP_DEFAULT_SEED
+            engine.adopt_seed(DDP_DEFAULT_SEED)
+    elif final:
+        host.seed_drawn = False
 
 
 class EpochIterator(Iterator[Any]):
-    """One epoch's iteration (the epoch fixed at the first ``next()``), independent of the
-    loader's others unless marked ``superseded``."""
+    """One epoch's iteration (its epoch fixed at the first ``next()``)."""
 
     def __init__(self, loader: Any, host: Host, engine: Engine) -> None:
         self.loader = loader  # kept alive while iterated, as DataLoader's iterator does
@@ -424,7 +431,6 @@ class EpochIterator(Iterator[Any]):
 
     @property
     def begun(self) -> bool:
-        """Whether the first ``next()`` was called."""
         return self._batches is not None
 
     def close(self) -> None:

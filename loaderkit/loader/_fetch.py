@@ -29,8 +29,8 @@ from loaderkit.seeding import SampleSeeder, read_set_on_instance, seeded_batch, 
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
-    """Whether ``dataset.<method>`` is defined below any ``__getitem__`` override (and, for
-    ``get_batch``, any ``__getitems__`` override), so it reads what ``__getitem__`` would."""
+    """Whether no subclass overrides ``__getitem__`` (or, for ``get_batch``, ``__getitems__``)
+    below the class defining ``dataset.<method>``, so it reads what ``__getitem__`` would."""
     if not callable(getattr(dataset, method, None)):
         return False
     overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
@@ -64,8 +64,7 @@ def torch_gathered(dataset: Any) -> bool:
 
 
 def torch_gather(dataset: Any, rows: torch.Tensor) -> list[torch.Tensor] | None:
-    """``default_collate([dataset[i] for i in rows])`` by ``index_select``; ``None`` where
-    that could differ from the per-sample read (then read per sample)."""
+    """``default_collate`` of the ``rows`` by ``index_select``; None if that could differ."""
     if read_set_on_instance(dataset) or rows.numel() == 0:
         return None
     if int(rows.min()) < 0 or int(rows.max()) >= len(dataset):
@@ -272,13 +271,8 @@ class BatchFetcher:
         except Exception as exc:
             index = index_list[len(samples)]
             method = "__getitems__" if self.mode == "getitems" else "__getitem__"
-            raise worker_error(
-                f"loading sample index {index} (epoch {epoch}) failed with "
-                f"{_said(exc)}. The original traceback is chained above; fix the "
-                f"dataset's {method} for index {index}.",
-                index=index,
-                cause=type(exc),
-            ) from exc
+            what, fix = f"sample index {index}", f"{method} for index {index}"
+            raise _load_error(what, epoch, exc, fix, index) from exc
 
     def _batched(self, fetch: Callable[[Any], Any], epoch: int, indices: Any) -> Any:
         try:
@@ -287,13 +281,9 @@ class BatchFetcher:
             head = indices[:8]
             shown = head if isinstance(head, list) else head.tolist()
             more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
-            raise worker_error(
-                f"loading the batch of sample indices {shown}{more} (epoch {epoch}) failed with "
-                f"{_said(exc)}. The original traceback is chained above; fix the "
-                "dataset's batch read (get_batch / __getitems__) for these indices.",
-                index=shown,
-                cause=type(exc),
-            ) from exc
+            what = f"the batch of sample indices {shown}{more}"
+            fix = "batch read (get_batch / __getitems__) for these indices"
+            raise _load_error(what, epoch, exc, fix, shown) from exc
 
 
 def per_sample_reads(dataset: Any) -> bool:
@@ -307,13 +297,18 @@ def per_sample_reads(dataset: Any) -> bool:
     return False
 
 
-def _said(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+def _load_error(what: str, epoch: int, exc: Exception, fix: str, index: Any) -> WorkerError:
+    said = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+    return worker_error(
+        f"loading {what} (epoch {epoch}) failed with {said}. The original traceback is chained "
+        f"above; fix the dataset's {fix}.",
+        index=index,
+        cause=type(exc),
+    )
 
 
 def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:
-    """A :class:`WorkerError` that is also a ``cause`` (so ``except KeyError:`` still catches
-    it), or the shard read error for a :class:`ShardError`."""
+    """A :class:`WorkerError` also caught as ``cause`` (the shard read error for a ShardError)."""
     if cause is None:
         return WorkerError(message, index=index)
     if issubclass(cause, ShardError):
@@ -415,8 +410,7 @@ class KeyedDataset(Dataset[Any]):
 
 
 def batch_indices(sched: Schedule) -> Callable[[int], np.ndarray]:
-    """Each step's indices as a new int64 numpy array (a dataset may sort them in place):
-    copied from loaderkit's schedules (no tensor round trip), else from ``indices``."""
+    """Each step's indices as a new int64 numpy array (a dataset may sort them in place)."""
     view = getattr(sched, "indices_numpy", None)
     if view is not None:
         return lambda step: view(step).copy()
@@ -487,8 +481,7 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
 
 
 def index_subset(dataset: Any, indices: np.ndarray, *, keyed: bool = False) -> _Subset:
-    """A subset of ``dataset`` fetched the same way as ``dataset`` itself; ``keyed``: its
-    samples seeded by their indices in ``dataset``."""
+    """A subset read as ``dataset`` is; ``keyed``: its samples seeded by ``dataset``'s indices."""
     batched = batch_fetch_is_faithful(dataset)
     items = batch_fetch_is_faithful(dataset, "__getitems__")
     kinds = ((_Subset, _ItemsSubset), (_BatchedSubset, _BothSubset))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import get_worker_info
 
 from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
@@ -25,7 +25,7 @@ from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, set
 from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._rng_state import rng_state, set_rng_state
 from loaderkit.loader._workers import guard_workers
-from loaderkit.plan._cursor import ITERABLE_FIELDS, STATE_VERSION, check_settings, seal
+from loaderkit.plan._cursor import ITERABLE_FIELDS, check_settings
 from loaderkit.seeding import derive_seed, rngs_put_back, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch, pin_now
 
@@ -38,25 +38,16 @@ _DIFFERS = (
     "An IterableDataset resumes exactly only with the same dataset and settings; "
     "build the loader with the saved value or start without the state."
 )
-_RECORD = (
-    "batches",
-    "yielded",
-    "failed",
-    "digest",
-    "ended",
-    "dataset_state",
-    "iterator_state",
-    "rng",
-    "end_state",
+_RECORD = (  # a worker's place, as saved
+    *("batches", "yielded", "failed", "digest", "ended"),
+    *("dataset_state", "iterator_state", "rng", "end_state"),
 )
 _BATCH, _END = "batch", "end"
 
 
 def is_stateful(obj: Any) -> bool:
     """Whether ``obj`` has ``state_dict()`` and ``load_state_dict()`` (torchdata's ``Stateful``)."""
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
+    return all(callable(getattr(obj, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
 def fresh_record() -> dict[str, Any]:
@@ -104,8 +95,8 @@ def sample_digest(sample: Any) -> int:
 
 
 def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
-    """Append up to ``count`` items of ``it`` to ``items`` by ``next()`` alone (``islice`` calls
-    ``iter()``, which restarts a dataset that is its own iterator)."""
+    """Append up to ``count`` items of ``it`` to ``items``."""
+    # By next() alone: islice calls iter(), which restarts a dataset that is its own iterator.
     for _ in range(count):
         try:
             items.append(next(it))
@@ -114,9 +105,9 @@ def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
 
 
 def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
-    """``iter(dataset)`` placed after ``start`` (a worker's record): the dataset's state loaded
-    before ``iter()``, the iterator's after it (torchdata's order), then a worker's RNGs; a
-    dataset that is its own iterator first put where its last epoch ended (``end_state``)."""
+    """``iter(dataset)`` placed after ``start`` (a worker's record)."""
+    # The dataset's state before iter(), the iterator's after it (torchdata's order), then a
+    # worker's RNGs; a dataset that is its own iterator first goes where its last epoch ended.
     if start["end_state"] is not None:
         # RNGs put back: the uninterrupted run calls iter() once for this epoch.
         with rngs_put_back():
@@ -143,9 +134,9 @@ def worker_batches(
     in_process: bool,
     opened: Any = None,
 ) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
-    """One worker's stream of ``source.ds`` from ``start`` (``opened``: already opened there) as
-    ``(kind, worker, record after, batch)``, ending with an end mark holding the dataset's state."""
-    dataset, batch_size, drop_last = source.ds, source.batch_size, source.drop_last
+    """One worker's ``(kind, worker, record after, batch)`` from ``start`` (``opened``: its stream
+    opened there), ending with an end mark holding the dataset's state."""
+    dataset, batch_size, drop_last = source.user_dataset, source.batch_size, source.drop_last
     if start["ended"]:  # it had handed out everything before the state was saved
         yield _END, worker, None, None
         return
@@ -247,20 +238,19 @@ def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, work
         seen, last = seen + 1, item
         if seen > count:
             break
+    replayed = f"{OWNER}.load_state_dict: replaying worker {worker}'s stream of the IterableDataset"
     if (seen, raised) != (count, failures):
         raise StateMismatchError(
-            f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
-            f"IterableDataset gave {seen} samples and {raised} errors where the saved run had "
-            f"{count} and {failures}. Resume with the same data and num_workers, or give the "
-            "dataset state_dict()/load_state_dict()."
+            f"{replayed} gave {seen} samples and {raised} errors where the saved run had {count} "
+            f"and {failures}. Resume with the same data and num_workers, or give the dataset "
+            "state_dict()/load_state_dict()."
         )
     if digest is not None and sample_digest(last) != digest:
         raise StateMismatchError(
-            f"ResumableDataLoader.load_state_dict: replaying worker {worker}'s stream of the "
-            f"IterableDataset gave a different sample at position {count - 1} than the saved run "
-            "(its order, or in the main process its draws from the global RNGs, differ). Make "
-            "them a function of the data and the seed (or use num_workers >= 1), or give the "
-            "dataset (or its iterator) state_dict()/load_state_dict()."
+            f"{replayed} gave a different sample at position {count - 1} than the saved run (its "
+            "order, or in the main process its draws from the global RNGs, differ). Make them a "
+            "function of the data and the seed (or use num_workers >= 1), or give the dataset (or "
+            "its iterator) state_dict()/load_state_dict()."
         )
 
 
@@ -291,7 +281,7 @@ class _WorkerStreams(EngineSource):
 class IterableEngine(WorkerStreams):
     """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
 
-    one_iterator = False
+    one_iterator = False  # see Engine
 
     def __init__(
         self,
@@ -314,10 +304,6 @@ class IterableEngine(WorkerStreams):
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
         self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
-
-    def epoch_length(self, epoch: int) -> int:
-        """The batches so far, plus one while the epoch goes on (its length is unknown)."""
-        return self._position.steps_done + (not self.complete)
 
     def method(self) -> str:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
@@ -342,30 +328,30 @@ class IterableEngine(WorkerStreams):
 
     def iterate(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches; ``run`` is the iteration's place among the loader's."""
-        loader = self.host
-        settle_seed(loader, self)
+        host = self.host
+        settle_seed(host, self)
         self.check_world()
-        if loader.name_epoch(self._position, self):
+        if host.name_epoch(self._position, self):
             return
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
-        loader.started = True
-        records = self._starts(epoch, loaded)
-        opened = None
-        if primed is not None and start == 0 and loader.num_workers == 0:
-            opened, records[0] = primed[1], dict(primed[2])
-        self.records = records
+        host.started = True
+        records = self.records = self._starts(epoch, loaded)
         self._history.clear()
-        resumed = start > 0
-        if loader.num_workers == 0:
+        if host.num_workers == 0:
+            opened = None
+            if primed is not None and start == 0:
+                opened, records[0] = primed[1], dict(primed[2])
             streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
             opens = not records[0]["ended"]
             source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
-            yield from self._hand_out(source, records, run, pin=pin_now(loader.pin_memory))
+            yield from self._hand_out(source, records, run, pin=pin_now(host.pin_memory))
             self._ran_end = opens and self.complete
             return
-        inner = self._inner_loader(records, epoch, resumed)
+        rank, _ = host.topology()
+        streams = _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank)
+        inner = self.workers_for(streams, epoch, fresh=start > 0)  # a resumed epoch: its own
         workers = iter(inner)
         try:
             guarded = guard_workers(workers, self._in_flight)
@@ -394,27 +380,20 @@ class IterableEngine(WorkerStreams):
         fresh = [fresh_record() for _ in range(self.workers)]
         # Objects that live on start where the complete epoch left them, as uninterrupted; one
         # that is its own iterator is put there unless this process's object ran that end.
-        if self.complete and self._objects_persist():
+        if self.complete and (self.host.num_workers == 0 or self.host.pool.persistent):
             carry_end = self.host.num_workers > 0 or not self._ran_end
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["end_state"] if carry_end else None
         return fresh
 
-    def _objects_persist(self) -> bool:
-        return self.host.num_workers == 0 or self.host.pool.persistent
-
     def _prime(self) -> None:
-        """Open the in-process stream now, as ``DataLoader`` does at ``iter()``, so a state saved
-        before the first batch holds the stream's start."""
+        """Open the in-process stream now, as ``DataLoader`` does at ``iter()`` (a state saved
+        before the first batch holds the stream's start)."""
         epoch = self._position.upcoming(self)[0]
-        record = fresh_record()
-        it = open_stream(self.dataset, record, 0, in_process=True)
-        if is_stateful(self.dataset) and it is not self.dataset:
-            record["dataset_state"] = copy.deepcopy(self.dataset.state_dict())
-        if is_stateful(it):
-            record["iterator_state"] = copy.deepcopy(it.state_dict())
-        self._primed = (epoch, it, record)
+        it = open_stream(self.dataset, fresh_record(), 0, in_process=True)
+        opened = _Recorder(self.dataset, it, fresh_record(), in_process=True).after([])
+        self._primed = (epoch, it, {**fresh_record(), **opened})
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
         record = self.records[worker] if worker < len(self.records) else fresh_record()
@@ -451,17 +430,17 @@ class IterableEngine(WorkerStreams):
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
             records[worker] = {"ended": False, **after, "batches": before["batches"] + 1}
-            if host.is_current(run):  # only the current iteration moves the position
+            if host.current is run:  # only the current iteration moves the position
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
             yield pin_batch(batch) if pin and type(batch) is not FailedBatch else batch
-        if host.is_current(run):
+        if host.current is run:
             self.complete = True
 
     def _check_length(self) -> None:
         """Warn, as ``DataLoader`` does, once an epoch outgrows the ``len()`` given out."""
-        done = self._position.steps_done
+        done = self.steps_done
         if self.reported is not None and done > self.reported:
             warnings.warn(
                 f"ResumableDataLoader: len() said {self.reported} batches (from len(dataset)), "
@@ -470,27 +449,6 @@ class IterableEngine(WorkerStreams):
                 UserWarning,
                 stacklevel=5,  # the caller's next()
             )
-
-    def _inner_loader(
-        self, records: list[dict[str, Any]], epoch: int, resumed: bool
-    ) -> DataLoader[Any]:
-        pool = self.host.pool
-        persistent = pool.persistent and not resumed  # a resumed epoch gets workers of its own
-        if persistent:
-            if self._inner is not None and self._inner_next == epoch:
-                return self._inner  # its workers start their next whole pass
-            self.close()
-        rank, _ = self.host.topology()
-        inner = pool.build(
-            _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank),
-            seed=self.host.seed,
-            epoch=epoch,
-            rank=rank,
-            persistent=persistent,
-        )
-        if persistent:
-            self._inner, self._inner_next = inner, None
-        return inner
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
@@ -524,32 +482,29 @@ class IterableEngine(WorkerStreams):
         records, complete = list(self.records), self.complete
         epoch, _, steps_done = self._position.saved(self)
         held = 0
-        if (epoch, steps_done) != (self.epoch, self._position.steps_done):  # set_epoch()
+        if (epoch, steps_done) != (self.epoch, self.steps_done):  # set_epoch()
             records, complete = self._next_records(), False  # that epoch's start
-        else:
-            held = self.held()  # batches the consumer holds untrained are not consumed
-            for worker, before, was_complete in list(self._history)[::-1][:held]:
+        else:  # batches the consumer holds untrained are not consumed
+            back = self.taken_back()
+            for worker, before, was_complete in back:
                 records[worker], complete = before, was_complete
-                steps_done -= 1
-        loader = self.host
-        if held == 0 and loader.num_workers == 0 and self._position.loaded(self) is None:
-            if self._primed is None and loader.awaiting_first_batch():
+            held = len(back)
+            steps_done -= held
+        host = self.host
+        if held == 0 and host.num_workers == 0 and self._position.loaded(self) is None:
+            if self._primed is None and host.awaiting_first_batch():
                 self._prime()
             if self._primed is not None:  # iter() was called: the state is the stream's start
                 epoch, records, complete, steps_done = self._primed[0], [self._primed[2]], False, 0
-        _, world_size = loader.topology()
-        return seal(
-            {
-                "version": STATE_VERSION,
-                "kind": "iterable",
-                "epoch": epoch,
-                "steps_done": steps_done,
-                "complete": complete,
-                "iterable": {**self.fingerprint(), "resume": self.method()},
-                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
-                "workers": [{k: r[k] for k in _RECORD} for r in records],
-            },
+        return self.sealed(
+            "iterable",
             ITERABLE_FIELDS,
+            host.topology()[1],
+            epoch=epoch,
+            steps_done=steps_done,
+            complete=complete,
+            iterable={**self.fingerprint(), "resume": self.method()},
+            workers=[{k: r[k] for k in _RECORD} for r in records],
         )
 
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:

@@ -26,7 +26,7 @@ from loaderkit.loader._fetch import (
     batch_indices,
     seed_keys,
 )
-from loaderkit.loader._workers import guard_workers, stop_workers
+from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan
@@ -64,8 +64,7 @@ class PlanEngine:
         self._rounds = Rounds()
 
     def _fingerprint(self, plan: Any) -> dict[str, Any]:
-        """The plan's settings, and which shard files the indices name (a position over
-        other files, or the same in another order, would read other samples)."""
+        """The plan's settings, and the shard files (in order) its indices name."""
         fields = plan.fingerprint()
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
@@ -96,8 +95,7 @@ class PlanEngine:
     def schedule(self) -> Schedule:
         """This rank's schedule of the next iteration."""
         epoch, start, _ = self.cursor.upcoming(self.plan)
-        rank, world_size = self.host.topology()
-        return self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        return self.rest_of_epoch(epoch, start)
 
     def iterate(self, run: Run) -> Generator[Any, None, None]:
         """Begin the next iteration (its epoch fixed now) and return its batches."""
@@ -163,15 +161,12 @@ class PlanEngine:
 
     def use_workers(self, count: int) -> None:
         """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
-        if self._inner is not None:
-            inner, self._inner = self._inner, None
-            if inner._iterator is not None:
-                stop_workers(inner, inner._iterator)
+        inner, self._inner = self._inner, None
+        stop_inner(inner)
         self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
 
     def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
-        """The worker DataLoader of ``sched``: persistent workers' one, or a new one per
-        iteration (so live iterators stay independent)."""
+        """The worker DataLoader of ``sched``: the persistent one, else a new one per iteration."""
         rank, _ = self.host.topology()
         pool, seed = self.host.pool, self.host.seed
         keys = self._keys if pool.persistent else KeySource()
@@ -193,8 +188,11 @@ class PlanEngine:
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {}
-        if isinstance(self.dataset, MixedDataset):
-            info["mix"] = self._describe_mix(self.dataset)
+        if isinstance(self.dataset, MixedDataset):  # at the epoch iterated (or starting next)
+            cursor = self.cursor
+            epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
+            applied = isinstance(self.plan, MixPlan | MixBucketPlan)  # else unweighted: read once
+            info["mix"] = {"epoch": epoch, "applied": applied, **self.dataset.describe(epoch)}
         return {
             **info,
             "engine": "plan",
@@ -202,13 +200,6 @@ class PlanEngine:
             "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
             "and world size",
         }
-
-    def _describe_mix(self, mix: MixedDataset) -> dict[str, Any]:
-        """``describe()["mix"]`` at the epoch this loader iterates (or starts next)."""
-        cursor = self.cursor
-        epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
-        applied = isinstance(self.plan, MixPlan | MixBucketPlan)  # else unweighted: read once
-        return {"epoch": epoch, "applied": applied, **mix.describe(epoch)}
 
     def state(self) -> dict[str, Any]:
         skeleton = self._skeleton
@@ -240,8 +231,7 @@ class PlanEngine:
         return state
 
     def _unheld(self, epoch: int, position: int, steps_done: int) -> tuple[int, int, int]:
-        """The running iteration's position before the batches the host holds untrained
-        (Lightning prefetches from a combined loader without a length)."""
+        """The running iteration's position before the batches the host holds untrained."""
         cursor, run = self.cursor, self.host.current
         if (epoch, position, steps_done) != (cursor.epoch, cursor.position, cursor.steps_done):
             return epoch, position, steps_done  # a pending set_epoch's start
@@ -299,8 +289,7 @@ def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, N
     cursor, host = engine.cursor, engine.host
 
     def consumed(position: int) -> None:
-        # Only the current run moves the loader's position.
-        if host.is_current(run):
+        if host.current is run:  # only the current run moves the loader's position
             cursor.consumed(position)
 
     if host.auto is not None and not host.auto.settled:
@@ -381,8 +370,7 @@ def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:
 
 
 class _Listed:
-    """A SamplerPlan fingerprinted with a saved ``listed_from`` (an epoch from a reseeded
-    generator)."""
+    """A SamplerPlan fingerprinted with a saved ``listed_from`` (a reseeded generator's epoch)."""
 
     def __init__(self, plan: SamplerPlan, listed: str) -> None:
         self.plan, self.listed = plan, listed

@@ -23,7 +23,7 @@ from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, set
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
-from loaderkit.plan._cursor import STATE_VERSION, STREAM_FIELDS, check_settings, seal
+from loaderkit.plan._cursor import STREAM_FIELDS, check_settings
 from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
@@ -41,7 +41,7 @@ class _SlotBatches(EngineSource):
 
     def __init__(self, engine: StreamEngine, rotation: int) -> None:
         super().__init__(engine)
-        self.seed, self.per_sample = engine.seed, engine.per_sample_seeding
+        self.seed, self.per_sample = engine.host.seed, engine.per_sample_seeding
         self.steps = engine.steps  # per epoch, None: one pass
         self.rank, self.world_size = engine.host.topology()
         self.workers, self.rotation = engine.workers, rotation
@@ -69,7 +69,7 @@ class _SlotBatches(EngineSource):
         if self.steps is not None:  # this worker's turns among the epoch's remaining steps
             limit = len(range(worker, self.steps - steps_done, self.workers))
         stream = slot_stream(
-            self.ds,
+            self.user_dataset,
             seed=self.seed,
             slot=self.rank * self.workers + local,
             slots=self.workers * self.world_size,
@@ -124,20 +124,10 @@ class StreamEngine(WorkerStreams):
         self._loaded_ranks: list[Any] | None = None  # a loaded state's, until the next epoch
         self.carries_over = dataset.limited  # each slot's stream goes on across epochs
 
-    @property
-    def steps_done(self) -> int:
-        return self._position.steps_done
-
     def epoch_length(self, epoch: int) -> int:
         """The limit, or for one pass of unknown length the batches so far (+1 while it goes on)."""
         steps = self.steps
-        if steps is not None:
-            return steps
-        return self.steps_done + (not self.complete)
-
-    @property
-    def seed(self) -> int:
-        return self.host.seed
+        return super().epoch_length(epoch) if steps is None else steps
 
     @property
     def steps(self) -> int | None:
@@ -172,12 +162,7 @@ class StreamEngine(WorkerStreams):
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}
         round_ = agree_across_ranks(
-            "ResumableDataLoader",
-            fields,
-            rank=rank,
-            world_size=world_size,
-            epoch=epoch,
-            rounds=self._rounds,
+            OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
         )
         _, start, steps_done = self._position.begin(self)
         self.host.started = True
@@ -259,7 +244,7 @@ class StreamEngine(WorkerStreams):
         slot = source.rank * self.workers + local
         cursor = self.cursors[local] or Cursor.start(self.epoch)
         shards, _ = self.dataset.slot_shards(
-            self.seed, cursor.pass_, slot, source.world_size * self.workers
+            self.host.seed, cursor.pass_, slot, source.world_size * self.workers
         )
         lanes = ", ".join(
             f"{shard_name(self.dataset.shards[shards[pos]])} at sample {offset}"
@@ -303,18 +288,8 @@ class StreamEngine(WorkerStreams):
         self.complete = True
 
     def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
-        if self._inner is not None and self._inner_next == self.epoch and rotation == 0:
-            return self._inner  # persistent workers already at this epoch's cursors
-        self.close()
-        rank, _ = self.host.topology()
         # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
-        persistent = self.host.pool.persistent and rotation == 0
-        inner = self.host.pool.build(
-            source, seed=self.seed, epoch=self.epoch, rank=rank, persistent=persistent
-        )
-        if persistent:
-            self._inner, self._inner_next = inner, None
-        return inner
+        return self.workers_for(source, self.epoch, fresh=rotation != 0)
 
     def schedule(self) -> Any:
         raise TypeError(
@@ -334,7 +309,7 @@ class StreamEngine(WorkerStreams):
     def fingerprint(self) -> dict[str, Any]:
         return {
             **self.dataset.fingerprint(),
-            "seed": self.seed,
+            "seed": self.host.seed,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
         }
@@ -344,9 +319,8 @@ class StreamEngine(WorkerStreams):
         steps_done = self.steps_done
         pending = (epoch, saved_steps) != (self.epoch, steps_done)  # set_epoch(): its start
         cursors, next_local, complete = list(self.cursors), self.next_local, self.complete
-        if not pending:
-            held = self.held()  # batches the consumer holds untrained are not consumed
-            for local, cursor, nxt, was_complete in list(self._history)[::-1][:held]:
+        if not pending:  # batches the consumer holds untrained are not consumed
+            for local, cursor, nxt, was_complete in self.taken_back():
                 cursors[local], next_local, complete = cursor, nxt, was_complete
                 steps_done -= 1
         rank, world_size = self.host.topology()
@@ -358,18 +332,15 @@ class StreamEngine(WorkerStreams):
                     entry["next"] = 0
                     if self.steps is None:
                         entry["cursors"] = [None] * len(entry["cursors"])
-        return seal(
-            {
-                "version": STATE_VERSION,
-                "kind": "stream",
-                "epoch": epoch,
-                "steps_done": steps_done,
-                "complete": complete,
-                "stream": self.fingerprint(),
-                "topology": {"world_size": world_size, "num_workers": self.host.num_workers},
-                "ranks": ranks,
-            },
+        return self.sealed(
+            "stream",
             STREAM_FIELDS,
+            world_size,
+            epoch=epoch,
+            steps_done=steps_done,
+            complete=complete,
+            stream=self.fingerprint(),
+            ranks=ranks,
         )
 
     def _entry(self, cursors: list[Cursor | None], next_local: int | None = None) -> dict[str, Any]:

@@ -58,15 +58,14 @@ FORKSERVER_NOTICE = (
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerPool:
-    """The worker settings of one loader (as ``DataLoader``'s arguments), and the DataLoaders
-    built from them. ``user_init`` runs after loaderkit seeds the worker."""
+    """One loader's worker settings (``DataLoader``'s) and the DataLoaders built from them."""
 
     num_workers: int
     pin_memory: bool
     timeout: float
     prefetch_factor: int | None
     persistent: bool
-    user_init: Callable[[int], None] | None
+    user_init: Callable[[int], None] | None  # runs after loaderkit seeds the worker
     start_method: Any
     stats: _slots.TransportStats = field(
         default_factory=_slots.TransportStats, compare=False, repr=False
@@ -89,15 +88,12 @@ class WorkerPool:
 
     def method_name(self) -> str:
         ctx = self.context()
-        if isinstance(ctx, str):
-            return ctx
-        if ctx is not None:
-            return str(ctx.get_start_method())
-        return str(multiprocessing.get_start_method())
+        if ctx is None:
+            return str(multiprocessing.get_start_method())
+        return ctx if isinstance(ctx, str) else str(ctx.get_start_method())
 
     def init_fn(self, seed: int, epoch: int, rank: int) -> Callable[[int], None]:
-        """The ``worker_init_fn`` of ``epoch``'s workers (keyed by epoch: restarted workers must
-        not replay the previous epoch's random streams)."""
+        """``epoch``'s ``worker_init_fn`` (restarted workers must not replay an earlier epoch)."""
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
@@ -113,8 +109,8 @@ class WorkerPool:
         batch_sampler: Iterable[Any] | None = None,
         persistent: bool | None = None,
     ) -> DataLoader[Any]:
-        """A DataLoader whose workers fetch ``dataset``'s items, already batches; ``batch_sampler``
-        None for an iterable dataset, ``persistent`` overrides the pool's."""
+        """A DataLoader of ``dataset``'s items, already batches (``batch_sampler`` None: an
+        iterable dataset; ``persistent`` overrides the pool's)."""
         if self.num_workers > 0 and self.method_name() != "fork":
             share_tensors(getattr(dataset, "user_dataset", dataset))
         return _WorkerLoader(
@@ -136,8 +132,7 @@ class WorkerPool:
 
 
 class _WorkerLoader(DataLoader[Any]):
-    """The inner DataLoader: batches cross through slots (``_slots.py``); names what failed to
-    pickle when its workers cannot start."""
+    """The inner DataLoader: batches cross through slots; names what failed to pickle."""
 
     def __init__(self, pool: WorkerPool, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
@@ -186,7 +181,7 @@ def _is_pickling_error(exc: BaseException) -> bool:
 # Attribute names of loaderkit's wrappers, as the user knows them.
 _PART_NAMES = {
     "dataset": "the dataset",
-    "ds": "the dataset",
+    "user_dataset": "the dataset",
     "collate_fn": "collate_fn",
     "collate": "collate_fn",
     "user_init": "worker_init_fn",
@@ -216,11 +211,8 @@ def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerSta
         why = "loaderkit's choice inside a torch.distributed process group"
     else:
         why = "this platform's default"
-    found = None
-    for name, part in (("worker_init_fn", pool.user_init), ("the dataset", dataset)):
-        found = _first_unpicklable(part, name)
-        if found is not None:
-            break
+    init = _first_unpicklable(pool.user_init, "worker_init_fn")
+    found = init or _first_unpicklable(dataset, "the dataset")
     if found is None:
         what, detail = "the dataset, collate_fn or worker_init_fn", str(exc)
     else:
@@ -236,8 +228,8 @@ def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerSta
 
 
 def share_tensors(dataset: Any) -> int:
-    """Move the large CPU tensors of a (subset of a) tensor dataset to shared memory, so pickled
-    workers get a handle each, never a copy; returns how many."""
+    """Move a (subset of a) tensor dataset's large CPU tensors to shared memory; returns how
+    many (pickled workers then get a handle each, never a copy)."""
     for _ in range(8):  # a Subset of a Subset of ...: bounded, never a cycle
         if isinstance(dataset, TensorDataset | TorchTensorDataset):
             break
@@ -274,6 +266,12 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         inner._iterator = None
 
 
+def stop_inner(inner: DataLoader[Any] | None) -> None:
+    """Stop the persistent workers of ``inner``, if it has any."""
+    if inner is not None and inner._iterator is not None:
+        stop_workers(inner, inner._iterator)
+
+
 # ------------------------------------------------------------------ in the worker
 def start_worker(parent: int, init: Callable[[int], None], worker_id: int) -> None:
     """Every worker's ``worker_init_fn``: watch the parent, then seed (and the user's init)."""
@@ -283,8 +281,8 @@ def start_worker(parent: int, init: Callable[[int], None], worker_id: int) -> No
 
 
 def watch_parent(parent: int, interval: float = PARENT_POLL_S) -> threading.Thread:
-    """Exit this process within ``interval`` seconds of its parent's death (re-parented, or
-    ``parent`` gone): torch checks only between tasks, so a stuck worker lived on."""
+    """Exit this process within ``interval`` seconds of its parent's death."""
+    # torch checks only between tasks, so a stuck worker lived on.
     ppid = os.getppid()
 
     def loop() -> None:
@@ -326,8 +324,7 @@ def _poll(ref: weakref.ref[Any], timeout: float = DEATH_POLL_S) -> Any:
 
 
 def _take_over_failure_checks(workers: Any) -> None:
-    """Make a dead worker surface in ``next()`` within about a second, not from torch's SIGCHLD
-    handler (which raises wherever the main thread is)."""
+    """Make a dead worker surface in ``next()``, not in torch's SIGCHLD handler (anywhere)."""
     if getattr(workers, "_loaderkit_guarded", False) or not hasattr(workers, "_task_info"):
         return
     workers._loaderkit_pid = os.getpid()
@@ -364,8 +361,7 @@ def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, 
 
 
 def _any_dead(workers: Any, wait: float = 2.0) -> bool:
-    """Whether a worker of ``workers`` ended (waiting up to ``wait`` s: the error can arrive
-    before the exit status)."""
+    """Whether a worker ended (within ``wait`` s: the error can arrive before the exit status)."""
     procs = list(getattr(workers, "_workers", []))
     deadline = time.monotonic() + wait
     while procs:
