@@ -33,6 +33,9 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
     below the class defining ``dataset.<method>``, so it reads what ``__getitem__`` would."""
     if not callable(getattr(dataset, method, None)):
         return False
+    own = getattr(dataset, "__dict__", {})
+    if "__getitems__" in own:  # set on the instance: torch's fetcher calls it, so we do
+        return method == "__getitems__" or method in own
     overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
     for cls in type(dataset).__mro__:
         if method in vars(cls):
@@ -95,7 +98,7 @@ def _stacks_like_rows(t: Any, size: int) -> bool:
 
 def _subset_rows(indices: Any, rows: torch.Tensor) -> torch.Tensor | None:
     if type(indices) is np.ndarray and indices.dtype.kind == "i" and indices.dtype.isnative:
-        indices = torch.from_numpy(indices)
+        indices = torch.from_numpy(np.ascontiguousarray(indices))  # torch takes no negative stride
     if type(indices) is torch.Tensor:
         # A uint8/bool index would be read as a mask; a 2-d one would pick several rows.
         if indices.dim() != 1 or indices.dtype not in _INT_INDEX:
@@ -198,7 +201,9 @@ class BatchFetcher:
         lazy = self.seeder is None or self.seeder.lazy
         if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
             self.mode = "get_batch"
-        elif batch_fetch_is_faithful(dataset, "__getitems__"):
+        elif type(self.collate_fn) is not Unbatched and batch_fetch_is_faithful(
+            dataset, "__getitems__"
+        ):  # batch_size=None: torch reads dataset[i]
             self.mode = "getitems"
         else:
             self.mode = "single"
@@ -290,6 +295,8 @@ def per_sample_reads(dataset: Any) -> bool:
     """Whether ``dataset``'s ``__getitems__`` only gathers ``__getitem__`` reads."""
     if not batch_fetch_is_faithful(dataset, "__getitems__"):
         return True  # read through __getitem__
+    if read_set_on_instance(dataset):
+        return False  # the user's own batch read
     if type(dataset) is ConcatDataset:
         return all(per_sample_reads(part) for part in dataset.datasets)
     if type(dataset) is Subset or isinstance(dataset, _Subset):

@@ -99,6 +99,12 @@ class WorkerPool:
         )
         return functools.partial(start_worker, os.getpid(), seeding)
 
+    def base_seed(self, seed: int, epoch: int) -> torch.Generator:
+        """What the workers' ``get_worker_info().seed`` comes from: as in torch, new each epoch,
+        kept across epochs by persistent workers (ours: torch draws it from the global RNG)."""
+        keys = () if self.persistent else (epoch,)
+        return torch.Generator().manual_seed(derive_seed(seed, SeedTag.BASE, *keys))
+
     def build(
         self,
         dataset: Dataset[Any],
@@ -124,8 +130,7 @@ class WorkerPool:
             timeout=self.timeout,
             worker_init_fn=self.init_fn(seed, epoch, rank),
             multiprocessing_context=self.context(),
-            # Our own generator: torch would draw the base seed from the global RNG.
-            generator=torch.Generator().manual_seed(derive_seed(seed, SeedTag.BASE)),
+            generator=self.base_seed(seed, epoch),
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent if persistent is None else persistent,
         )

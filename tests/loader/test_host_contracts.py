@@ -372,6 +372,91 @@ def test_batch_size_none_calls_collate_fn_on_each_sample() -> None:
     assert list(loader) == [0, 10, 20, 30] and calls == [0, 1, 2, 3]
 
 
+class ColumnItems(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A batch read that returns columns (as Hugging Face datasets do), not a list."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.tensor([i, i])}
+
+    def __getitems__(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        return {"x": torch.tensor([[i, i] for i in rows])}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_size_none_reads_getitem_as_dataloader_does(num_workers: int) -> None:
+    from torch.utils.data import DataLoader
+
+    theirs = list(DataLoader(ColumnItems(), batch_size=None, num_workers=num_workers))
+    ours = ResumableDataLoader(ColumnItems(), batch_size=None, num_workers=num_workers, seed=0)
+    assert (
+        [b["x"].tolist() for b in ours]
+        == [b["x"].tolist() for b in theirs]
+        == [[0, 0], [1, 1], [2, 2]]
+    )
+
+
+class Listed(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, items: torch.Tensor) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.items[i],)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("make", [torch.utils.data.TensorDataset, TensorDataset, Listed])
+def test_a_getitems_set_on_the_instance_is_called_as_dataloader_calls_it(
+    make: Any, num_workers: int
+) -> None:
+    from torch.utils.data import DataLoader
+
+    x = torch.arange(6.0)
+
+    def build() -> Any:
+        ds = make(x)
+        ds.__getitems__ = lambda rows: [(x[i] * 100,) for i in rows]
+        return ds
+
+    theirs = [b[0].tolist() for b in DataLoader(build(), batch_size=3, num_workers=num_workers)]
+    ours = ResumableDataLoader(build(), batch_size=3, num_workers=num_workers, seed=0)
+    assert [b[0].tolist() for b in ours] == theirs == [[0, 100, 200], [300, 400, 500]]
+
+
+def test_a_subset_over_reversed_numpy_indices_reads_as_dataloader() -> None:
+    import numpy as np
+    from torch.utils.data import DataLoader, Subset
+
+    ds = Subset(torch.utils.data.TensorDataset(torch.arange(6)), np.arange(6)[::-1])
+    theirs = [b[0].tolist() for b in DataLoader(ds, batch_size=3)]
+    assert [b[0].tolist() for b in ResumableDataLoader(ds, batch_size=3)] == theirs
+
+
+class WorkerSeeds(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        yield info.seed - info.id
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_info_seed_is_new_each_epoch_unless_workers_persist(persistent: bool) -> None:
+    loader = ResumableDataLoader(
+        WorkerSeeds(), batch_size=None, num_workers=2, persistent_workers=persistent, seed=0
+    )
+    bases = [set(map(int, loader)) for _ in range(3)]
+    assert all(len(b) == 1 for b in bases)  # one base per epoch, as torch's
+    assert len(set.union(*bases)) == (1 if persistent else 3)
+    again = ResumableDataLoader(
+        WorkerSeeds(), batch_size=None, num_workers=2, persistent_workers=persistent, seed=0
+    )
+    assert [set(map(int, again)) for _ in range(3)] == bases  # a function of (seed, epoch)
+
+
 def test_in_order_false_is_refused_and_pin_memory_device_accepted() -> None:
     with pytest.raises(ValueError, match=r"in_order=False .* pass in_order=True"):
         ResumableDataLoader(list(range(4)), in_order=False)
