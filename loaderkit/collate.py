@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -241,7 +242,8 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
     if isinstance(sample, Mapping):
         return Mapping, tuple(sample.keys())
     if dataclasses.is_dataclass(sample) and not isinstance(sample, type):
-        return type(sample), tuple(f.name for f in dataclasses.fields(sample) if f.init)
+        fields = dataclasses.fields(sample)  # init=False ones too, where set
+        return type(sample), tuple(f.name for f in fields if hasattr(sample, f.name))
     if isinstance(sample, tuple):
         return type(sample), tuple(getattr(sample, "_fields", range(len(sample))))
     raise TypeError(
@@ -547,7 +549,10 @@ class PadCollate:
         if _BARE in out:
             values = out[_BARE]
         elif dataclasses.is_dataclass(first):
-            values = cls(**{str(k): v for k, v in out.items()})
+            # Not cls(**out): __post_init__ would run again on the batch (as transfer does).
+            values = copy.copy(first)
+            for k, v in out.items():
+                object.__setattr__(values, str(k), v)
         elif hasattr(first, "_fields"):  # namedtuple
             values = cls(*out.values())
         else:

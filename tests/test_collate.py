@@ -285,6 +285,26 @@ def test_dataclasses_keep_their_type() -> None:
     assert batch.lengths.tolist() == [3, 1]
 
 
+@dataclasses.dataclass
+class Scaled:
+    x: torch.Tensor
+    n: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.x, self.n = self.x.float() / 255, len(self.x)  # once, in the dataset
+
+
+def test_a_dataclass_batch_keeps_every_field_and_skips_post_init() -> None:
+    """Measured before: the batch was rebuilt with cls(**fields), so __post_init__ scaled it
+    again (1.0 -> 0.0039) and init=False fields were dropped or recomputed (n = 2 rows)."""
+    batch = PadCollate()([Scaled(torch.tensor([255, 0])), Scaled(torch.tensor([255]))])
+    assert batch.values.x.tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    assert batch.values.n.tolist() == [2, 1]
+    tagged = [Example(torch.ones(2), 0), Example(torch.ones(1), 1)]
+    tagged[0].derived, tagged[1].derived = 7, 8  # set per sample; its default is -1
+    assert PadCollate()(tagged).values.derived.tolist() == [7, 8]
+
+
 def test_mapping_key_order_may_differ() -> None:
     batch = PadCollate()([{"a": [1], "b": 0}, {"b": 1, "a": [2, 3]}])
     assert batch["a"].tolist() == [[1, 0], [2, 3]]
