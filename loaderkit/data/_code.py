@@ -29,8 +29,9 @@ _PLAIN = (int, float, complex, str, bytes, type(None))
 
 def code_digest(fn: Any) -> str | None:
     """A digest of ``fn``'s code and of what it names in user code, recursively: the
-    functions and plain values (numbers, strings) it reads from its globals, its closure,
-    its defaults and the user modules it names; None when ``fn`` runs no Python code.
+    functions and plain values (numbers, strings, and dicts, lists and tuples of them) it
+    reads from its globals, closure, defaults and the user modules it names; None when
+    ``fn`` runs no Python code.
 
     A change in installed packages, data files or an object's state is not seen.
 
@@ -89,12 +90,20 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
             member = vars(value)[attr]
             if isinstance(member, (types.FunctionType, *_PLAIN)):
                 _value(digest, attr, member, set(), seen)
-    elif isinstance(value, (*_PLAIN, np.generic)) or (
-        isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)
-    ):
+    elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them
         digest.update(repr(value).encode())
     else:
         digest.update(type(value).__qualname__.encode())
+
+
+def _plain_tree(value: Any, depth: int = 0) -> bool:
+    """Whether ``value``'s repr is its content: plain values in dicts, lists and tuples."""
+    if isinstance(value, (*_PLAIN, np.generic)):
+        return True
+    if depth > 8 or not isinstance(value, dict | list | tuple):
+        return False
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return all(_plain_tree(v, depth + 1) for v in items)
 
 
 def _edited(filename: str) -> bool:

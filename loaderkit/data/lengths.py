@@ -101,8 +101,12 @@ def compute_lengths(
 
 def _dataset_key(dataset: Any) -> str:
     """The dataset's type; for a subset (torch's ``Subset``, a DataModule's split), also a
-    digest of its indices and the key of the dataset under it, so two splits differ."""
+    digest of its indices and the key of the dataset under it, so two splits differ; for a
+    ``ConcatDataset``, its parts' keys and lengths in order."""
     name = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    parts = getattr(dataset, "datasets", None)  # a ConcatDataset: its parts in order
+    if isinstance(parts, list | tuple) and all(hasattr(p, "__len__") for p in parts):
+        return f"{name}[{','.join(f'{_dataset_key(p)}:{len(p)}' for p in parts)}]"
     indices, inner = getattr(dataset, "indices", None), getattr(dataset, "dataset", None)
     if indices is None or inner is None or not hasattr(inner, "__len__"):
         return name

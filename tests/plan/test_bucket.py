@@ -803,6 +803,28 @@ def test_compute_lengths_cache_tells_two_subsets_apart(tmp_path: Path) -> None:
     assert got.tolist() == [5, 6, 7]
 
 
+def test_compute_lengths_cache_tells_concat_datasets_and_closed_over_dicts_apart(
+    tmp_path: Path,
+) -> None:
+    """Measured before: reordered parts of a ConcatDataset, or a dict a lambda reads changed,
+    returned the cached lengths without a word (and a token budget was exceeded)."""
+    from torch.utils.data import ConcatDataset
+
+    short, long = [[0] * n for n in (1, 2, 3)], [[0] * n for n in (40, 50)]
+    cache = tmp_path / "lengths.npy"
+    assert compute_lengths(ConcatDataset([short, long]), cache=cache, progress=False)[0] == 1
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        got = compute_lengths(ConcatDataset([long, short]), cache=cache, progress=False)
+    assert got.tolist() == [40, 50, 1, 2, 3]
+    cfg = {"field": "a"}
+    data = [{"a": [1], "b": [1, 2, 3]}, {"a": [1, 2], "b": []}]
+    by_field = lambda s: len(s[cfg["field"]])  # noqa: E731
+    assert compute_lengths(data, by_field, cache=cache, progress=False).tolist() == [1, 2]
+    cfg["field"] = "b"
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        assert compute_lengths(data, by_field, cache=cache, progress=False).tolist() == [3, 0]
+
+
 def test_compute_lengths_does_not_cache_under_a_length_fn_it_cannot_key(tmp_path: Path) -> None:
     # A partial of a lambda cannot be pickled: its arguments were left out of the key.
     data = [{"a": [1], "b": [1, 2, 3]}, {"a": [1, 2], "b": []}]
