@@ -479,11 +479,16 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         yield value
 
 
-def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> AbstractContextManager[int]:
-    """:func:`seeded_sample` for a batch read whole (a user's ``get_batch``), keyed by a digest
-    of its samples' ``keys`` (indices, or the keys seeding in their place): any num_workers."""
+def batch_seed(seed: int, epoch: int, keys: np.ndarray) -> int:
+    """The seed of a batch read whole: a digest of its samples' ``keys`` (indices, or the
+    keys seeding in their place), so the same for any num_workers and after a resume."""
     digest = hashlib.blake2b(sample_keys(seed, epoch, keys).tobytes(), digest_size=8)
-    return _seeded(int.from_bytes(digest.digest(), "little"))
+    return int.from_bytes(digest.digest(), "little")
+
+
+def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> AbstractContextManager[int]:
+    """:func:`seeded_sample` for a batch read whole (a user's ``get_batch``): :func:`batch_seed`."""
+    return _seeded(batch_seed(seed, epoch, keys))
 
 
 @contextmanager
@@ -577,18 +582,22 @@ class SampleSeeder:
         self.probed = True
         return out
 
-    def read_parked(self, read: Callable[[], Any]) -> tuple[Any, bool | None]:
-        """``read()`` with every global generator parked, and whether it drew from any
+    def read_parked(self, read: Callable[[], Any], torch_seed: int) -> tuple[Any, bool | None]:
+        """``read()`` with torch's generator seeded with ``torch_seed`` (what
+        ``torch.initial_seed()`` reads) and the others parked, and whether it drew from any
         (None when one cannot be parked)."""
         rngs = global_rngs()
         saved = [rng.save() for rng in rngs]  # numpy's save() decides its lazy_ok
         try:
             if not all(rng.lazy_ok for rng in rngs[1:]):
                 return None, None
-            for rng in rngs:
+            torch_rng = torch.default_generator
+            seeded = torch_rng.manual_seed(torch_seed).get_state()
+            for rng in rngs[1:]:
                 rng.park()
             result = read()
-            return result, any(rng.moved() for rng in rngs)
+            moved = not torch.equal(torch_rng.get_state(), seeded)
+            return result, moved or any(rng.moved() for rng in rngs[1:])
         finally:
             for rng, state in zip(rngs, saved, strict=True):
                 rng.restore(state)

@@ -25,7 +25,13 @@ from torch.utils.data import (
 
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
-from loaderkit.seeding import SampleSeeder, read_set_on_instance, seeded_batch, torchs_own_reads
+from loaderkit.seeding import (
+    SampleSeeder,
+    batch_seed,
+    read_set_on_instance,
+    seeded_batch,
+    torchs_own_reads,
+)
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
@@ -237,16 +243,18 @@ class BatchFetcher:
         if self.mode == "getitems" and self.seeder is None:
             samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         elif self.mode == "getitems" and not self.split:
-            samples = self._parked_batch(epoch, index_list)
+            samples = self._parked_batch(epoch, index_list, keys)
         else:
             samples = self._samples(epoch, index_list, keys)
         return self.collate_fn(samples)
 
-    def _parked_batch(self, epoch: int, index_list: list[int]) -> Any:
-        """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
+    def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
+        """A whole ``__getitems__`` read, refused if it drew from a global RNG; it reads
+        ``torch.initial_seed()`` as the batch's seed."""
         assert self.seeder is not None
         read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
-        samples, moved = self.seeder.read_parked(read)
+        torch_seed = batch_seed(self.seed, epoch, np.asarray(keys))
+        samples, moved = self.seeder.read_parked(read, torch_seed)
         if moved is False:
             return samples
         if moved is None:

@@ -624,6 +624,38 @@ def test_a_subset_reading_the_initial_seed_gets_new_values_each_epoch(num_worker
     assert epochs(0) == [first, second] and epochs(1)[0] != first
 
 
+class InitialSeedBatch(Dataset[float]):
+    """A batch read of its own that seeds a generator from ``torch.initial_seed()``."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> float:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, rows: list[int]) -> list[float]:
+        rng = np.random.default_rng(torch.initial_seed() % 2**63)
+        return [round(float(rng.random()), 6) + i for i in rows]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_getitems_reading_the_initial_seed_gets_new_values_each_epoch(num_workers: int) -> None:
+    """Measured before: torch's generator was parked at one fixed seed for every batch read
+    whole, so such a read gave the same values in every batch, epoch and for every seed=."""
+
+    def epochs(seed: int, workers: int = num_workers) -> list[list[float]]:
+        loader = ResumableDataLoader(
+            InitialSeedBatch(), batch_size=2, seed=seed, num_workers=workers
+        )
+        return [torch.cat(list(loader)).tolist() for _ in range(2)]
+
+    first, second = epochs(0)
+    fractions = {round(v % 1, 6) for v in first}
+    assert len(fractions) == 8 and first != second  # before: one batch's 2 values, repeated
+    assert epochs(0) == [first, second] == epochs(0, 2 - num_workers)
+    assert epochs(1)[0] != first
+
+
 class UserGetBatch(Dataset[torch.Tensor]):
     """A user's ``get_batch`` (not loaderkit's): its samples draw noise."""
 
