@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
+from loaderkit.transfer import _CONTINUE, _apply
+
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
@@ -193,13 +195,20 @@ class _SlotBatch:
         return (_receive, args)
 
 
+def _resolved(obj: Any) -> Any:
+    if not isinstance(obj, torch.Tensor):
+        return _CONTINUE
+    return obj.resolve_conj().resolve_neg() if obj.is_conj() or obj.is_neg() else obj
+
+
 class _TorchPath:
     """A batch sent by torch's own path; unpickled, it is the batch (and is counted)."""
 
     __slots__ = ("batch", "reason", "token")
 
     def __init__(self, token: int, batch: Any, reason: str) -> None:
-        self.token, self.batch, self.reason = token, batch, reason
+        # torch's tensor pickling drops a view's conj and neg bits: send their values.
+        self.token, self.batch, self.reason = token, _apply(batch, _resolved), reason
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_counted, (self.token, self.batch, self.reason))
