@@ -280,8 +280,8 @@ class ShardedDataset(Dataset[Any]):
             return [handle.read(i) for i in local.tolist()]
         except Exception as exc:
             if self.on_error == "raise":
-                if isinstance(exc, ShardError | ReaderSettingError):
-                    raise
+                if isinstance(exc, ShardError | MissingDependencyError | ReaderSettingError):
+                    raise  # as __getitem__ raises it
                 raise self._read_error(shard, int(local[0]), exc) from exc
         # Under "skip", a batched read failed: read one by one to leave out only the bad samples.
         out: list[Any] = []

@@ -798,6 +798,23 @@ def test_a_count_over_objects_that_is_not_an_int_ge_0_is_refused(count: Any) -> 
     assert ShardedDataset([[10, 11], [13]], Counted()).sizes == (2, 1)
 
 
+def test_a_missing_dependency_while_reading_raises_the_same_from_every_read() -> None:
+    from loaderkit import MissingDependencyError
+
+    class NeedsExtra(ListReader):
+        def open(self, shard: list[int]) -> Any:
+            class Open(list):  # type: ignore[type-arg]
+                def read(self, i: int) -> Any:
+                    raise MissingDependencyError("needs zstandard; pip install loaderkit[zstd]")
+
+            return Open(shard)
+
+    ds = ShardedDataset([[10, 11], [12]], NeedsExtra())
+    for read in (lambda: ds[0], lambda: ds.__getitems__([0, 2]), lambda: ds.get_batch([1])):
+        with pytest.raises(MissingDependencyError, match="needs zstandard"):
+            read()
+
+
 # ---------------------------------------------------------------------- index
 class CountingReader(TokenReader):
     counted: list[str] = []  # noqa: RUF012 - one log for the test
