@@ -23,8 +23,6 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
-from loaderkit.transfer import _CONTINUE, _apply
-
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
@@ -150,6 +148,9 @@ class _SkeletonPickler(ForkingPickler):
             return seen
         if type(obj) is not torch.Tensor:
             raise _Unsupported(f"a tensor subclass ({type(obj).__qualname__})")
+        key = id(obj)
+        if obj.is_conj() or obj.is_neg():  # torch's path would drop the bit: send the values
+            obj = obj.resolve_conj().resolve_neg()
         if obj.is_nested:  # no single shape: its components' layout is torch's to send
             raise _Unsupported("a nested tensor")
         if obj.layout != torch.strided or obj.device.type != "cpu":
@@ -166,7 +167,7 @@ class _SkeletonPickler(ForkingPickler):
             if storage in self._storages:
                 raise _Unsupported("tensors sharing storage (kept shared by torch's path)")
             self._storages.add(storage)
-        self._ids[id(obj)] = len(self.tensors)
+        self._ids[key] = len(self.tensors)
         self.tensors.append(obj)
         return len(self.tensors) - 1
 
@@ -195,20 +196,13 @@ class _SlotBatch:
         return (_receive, args)
 
 
-def _resolved(obj: Any) -> Any:
-    if not isinstance(obj, torch.Tensor):
-        return _CONTINUE
-    return obj.resolve_conj().resolve_neg() if obj.is_conj() or obj.is_neg() else obj
-
-
 class _TorchPath:
     """A batch sent by torch's own path; unpickled, it is the batch (and is counted)."""
 
     __slots__ = ("batch", "reason", "token")
 
     def __init__(self, token: int, batch: Any, reason: str) -> None:
-        # torch's tensor pickling drops a view's conj and neg bits: send their values.
-        self.token, self.batch, self.reason = token, _apply(batch, _resolved), reason
+        self.token, self.batch, self.reason = token, batch, reason
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_counted, (self.token, self.batch, self.reason))

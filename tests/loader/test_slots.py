@@ -532,21 +532,29 @@ def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory(layout: st
     assert transport["torch_path_batches"] == (0 if by_slots else len(got)), transport
 
 
-def conj_views(rows: list[int]) -> dict[str, torch.Tensor]:
+class Held:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+def conj_views(rows: list[int]) -> dict[str, Any]:
     z = torch.complex(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])) * (rows[0] + 1)
-    return {"conj": z.conj(), "neg": z.conj().imag}  # the second goes by torch's path
+    return {"conj": z.conj(), "neg": z.conj().imag, "box": Held(z.conj().imag)}
 
 
-def test_conj_and_neg_views_on_torchs_path_keep_their_values() -> None:
-    """torch's tensor pickling drops a view's conj/neg bit: [-3, -4] arrived as [3, 4]."""
+def test_conj_and_neg_views_keep_their_values_from_workers() -> None:
+    """torch's tensor pickling drops a view's conj/neg bit: [-3, -4] arrived as [3, 4] when
+    the (non-contiguous) neg view sent the batch by torch's path; now its values go by slot."""
 
     def batches(num_workers: int) -> list[list[Any]]:
         loader = ResumableDataLoader(
             list(range(3)), batch_size=1, collate_fn=conj_views, num_workers=num_workers
         )
         return [
-            [b["conj"].resolve_conj().tolist(), b["neg"].resolve_neg().tolist()] for b in loader
+            [b[k].resolve_conj().resolve_neg().tolist() for k in ("conj", "neg")]
+            + [b["box"].value.resolve_neg().tolist()]
+            for b in loader
         ]
 
-    assert batches(2) == batches(0)
-    assert batches(0)[0][1] == [-3.0, -4.0]
+    first = batches(0)
+    assert batches(2) == first and first[0][1:] == [[-3.0, -4.0], [-3.0, -4.0]]
