@@ -134,8 +134,8 @@ def _check_source(name: str, ds: Any) -> None:
 
 
 def _check_columns(names: list[str], datasets: list[Any]) -> None:
-    """Refuse Parquet sources that type a column so that no dtype holds both exactly: a
-    batch mixing them would round (one dataset's files are checked by its reader)."""
+    """Refuse Parquet sources that type a number column so that a batch of both would round:
+    torch's promotion (what collate does) must be the dtype that holds both exactly."""
     seen: dict[str, tuple[tuple[Any, ...], str]] = {}
     for name, ds in zip(names, datasets, strict=True):
         reader = getattr(ds, "reader", None)
@@ -143,11 +143,14 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
             continue
         for column, kind in reader.kinds().items():
             first, where = seen.setdefault(column, (kind, name))
-            if merge_kinds(first, kind) is None:
+            if "python" in (first[0], kind[0]) or first == kind:
+                continue  # Python objects (strings, ...) are listed, never cast
+            merged, batch = merge_kinds(first, kind), torch.promote_types(first[1], kind[1])
+            if merged is None or batch != merged[1]:
                 raise ShardError(
                     f"{_OWNER}: column {column!r} is {kind[1]} in source {name!r} but "
-                    f"{first[1]} in source {where!r}, and no dtype holds both exactly; write "
-                    f"them with one type, or leave {column!r} out with ParquetReader(columns=)."
+                    f"{first[1]} in source {where!r}, and a batch of both, {batch}, rounds "
+                    f"one; write them with one type, or leave {column!r} out (columns=)."
                 )
 
 
