@@ -67,10 +67,10 @@ def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
 
 def _code(digest: Any, code: types.CodeType) -> set[str]:
     """Feed ``code`` and its nested code objects (their repr holds an address), with the
-    names it reads (``s.a`` and ``s.b`` differ there only); the names."""
+    names it reads (``s.a`` and ``s.b`` differ there only); the names and string constants."""
     digest.update(code.co_code)
     digest.update(repr(code.co_names).encode())
-    names = set(code.co_names)
+    names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _code(digest, const)
@@ -91,9 +91,21 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
             if isinstance(member, (types.FunctionType, *_PLAIN)):
                 _value(digest, attr, member, set(), seen)
     elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them
-        digest.update(repr(value).encode())
+        if isinstance(value, dict):  # the items the code names (cfg["field"]), else all
+            value = {k: v for k, v in value.items() if k in names} or value
+        digest.update(_canonical(value).encode())
     else:
         digest.update(type(value).__qualname__.encode())
+
+
+def _canonical(value: Any) -> str:
+    """``repr`` with dicts in key order (a dict built from a set is ordered by hash seed)."""
+    if isinstance(value, dict):
+        items = sorted((_canonical(k), _canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return type(value).__name__ + "(" + ", ".join(map(_canonical, value)) + ")"
+    return repr(value)
 
 
 def _plain_tree(value: Any, depth: int = 0) -> bool:

@@ -286,9 +286,12 @@ def test_a_fixed_helper_of_fn_rewrites_every_shard_on_resume(
     assert [int(ds[i][0]) for i in (0, 5)] == [0, 100]
 
 
+LANGS = {lang: 1 for lang in {"en", "de", "fr", "es", "it"}}  # ordered by the hash seed
+
+
 def squares(n: int) -> np.ndarray:
     special = {"<s>", "</s>", "<pad>"}  # a set literal: a frozenset constant
-    return np.array([i * i for i in range(n) if str(i) not in special])
+    return np.array([i * i * sum(LANGS.values()) // 5 for i in range(n) if str(i) not in special])
 
 
 def test_an_fn_with_a_comprehension_has_one_digest_in_every_process() -> None:
