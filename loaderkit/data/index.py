@@ -186,7 +186,8 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
 def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
     rows = _rows(index.read_bytes(), str(index), reader, remote=False)
     by_path = {_key(index.parent / r[0]): r for r in rows}
-    wanted = [_key(p) for p in paths]
+    # An index of loaderkit <= 0.2.0 keyed a link by its target.
+    wanted = [_key(p) if _key(p) in by_path else p.resolve() for p in paths]
     for path, resolved in zip(paths, wanted, strict=True):
         if resolved not in by_path:
             raise ShardError(

@@ -1035,6 +1035,18 @@ def test_a_link_to_a_shard_in_its_folder_is_refused_not_read_twice(shards: list[
     one = len(ShardedDataset([shards[0]], TokenReader(seq_len=SEQ)))
     for _ in range(2):  # the second read goes by the index the first wrote: still two shards
         assert ShardedDataset(snapshot, TokenReader(seq_len=SEQ)).sizes == (one, one)
+    # An index loaderkit 0.2.0 wrote keyed each link by its target: still read.
+    from loaderkit.data import index as index_module
+
+    other = folder.parent / "linked"
+    other.mkdir()
+    (other / "part-0.npy").symlink_to(shards[0])
+    reader = TokenReader(seq_len=SEQ)
+    first = ShardedDataset(other, reader)
+    doc = json.loads(first.index_path.read_text())  # type: ignore[union-attr]
+    rows = [[os.path.relpath(shards[0], other), *row[1:]] for row in doc["shards"]]
+    first.index_path.write_text(index_module.index_doc(rows, reader).decode())  # type: ignore[union-attr]
+    assert ShardedDataset(other, reader).sizes == (one,)
 
 
 def test_a_readers_suffixes_given_as_one_str_are_refused(shards: list[Path]) -> None:
