@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import itertools
@@ -549,8 +548,9 @@ class PadCollate:
         if _BARE in out:
             values = out[_BARE]
         elif dataclasses.is_dataclass(first):
-            # Not cls(**out): __post_init__ would run again on the batch (as transfer does).
-            values = copy.copy(first)
+            # Not cls(**out): __post_init__ would run again on the batch; not a copy of
+            # `first`: its other attributes are one sample's.
+            values = object.__new__(cls)
             for k, v in out.items():
                 object.__setattr__(values, str(k), v)
         elif hasattr(first, "_fields"):  # namedtuple

@@ -356,7 +356,8 @@ class _Rng(Protocol):
 class _TorchRng:
     """``torch.default_generator``, seeded with the sample's key."""
 
-    lazy_ok = False  # a sample can read its seed without drawing: seeded for every sample
+    lazy_ok = False  # a sample can read its seed without drawing: seeded for every sample,
+    # so never parked (park and moved are the _Rng protocol's; read_parked seeds it per batch)
 
     def __init__(self) -> None:
         self.generator = torch.default_generator

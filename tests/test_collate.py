@@ -300,6 +300,9 @@ def test_a_dataclass_batch_keeps_every_field_and_skips_post_init() -> None:
     batch = PadCollate()([Scaled(torch.tensor([255, 0])), Scaled(torch.tensor([255]))])
     assert batch.values.x.tolist() == [[1.0, 0.0], [1.0, 0.0]]
     assert batch.values.n.tolist() == [2, 1]
+    first = Scaled(torch.tensor([1]))
+    first.note = "one sample's"  # type: ignore[attr-defined]  # not a field: not the batch's
+    assert not hasattr(PadCollate()([first, Scaled(torch.tensor([2]))]).values, "note")
     tagged = [Example(torch.ones(2), 0), Example(torch.ones(1), 1)]
     tagged[0].derived, tagged[1].derived = 7, 8  # set per sample; its default is -1
     assert PadCollate()(tagged).values.derived.tolist() == [7, 8]
