@@ -58,6 +58,10 @@ class Host(Protocol):
         """Whether the host ends its epoch once each of several loaders ran out, and
         iterates each one once as an epoch starts."""
 
+    def predicting(self) -> bool:
+        """Whether the host runs a prediction (each sample once: Lightning's unrepeated
+        sampler), where the ranks need not step equally."""
+
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
         """``loader``'s state in a checkpoint the host restored without loading it into
         the loader (one saved at an epoch's end), as the epoch after it starts; else None."""
@@ -74,7 +78,7 @@ class _NoHost:
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = _none
-    drives = restored_past = ended = counts_run_outs = _false
+    drives = restored_past = ended = counts_run_outs = predicting = _false
 
 
 NO_HOST: Host = _NoHost()

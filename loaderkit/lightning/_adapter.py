@@ -62,6 +62,10 @@ class LightningHost:
         state = getattr(trainer, "state", None)
         return state is not None and state.status == "interrupted" and not _failing(trainer)
 
+    def predicting(self) -> bool:
+        trainer = self._driver()
+        return bool(getattr(trainer, "predicting", False))  # Fabric has no predict
+
     def _fitting(self, loader: object, *, failing: bool = False) -> Any | None:
         """The Trainer, while its fit runs (or, with ``failing``, calls ``on_exception``)
         with ``loader`` as a train loader; else None."""

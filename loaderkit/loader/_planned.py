@@ -117,6 +117,8 @@ class PlanEngine:
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        if world_size > 1 and self.host.caller().predicting():
+            self._refuse_repeats(epoch, start, world_size)
         driven = self.host.caller().drives(self.host.loader)
         self.host.len_watch.check(OWNER, epoch, steps_done + sched.num_steps, driven=driven)
         if sched.num_steps == 0 and start > 0:
@@ -129,6 +131,22 @@ class PlanEngine:
             )
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)
+
+    def _refuse_repeats(self, epoch: int, start: int, world_size: int) -> None:
+        """Refuse a prediction whose ranks, stepping equally, would predict a sample twice."""
+        one = _dealt(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
+        ranks = [
+            self.plan.schedule(epoch, start=start, rank=r, world_size=world_size)
+            for r in range(world_size)
+        ]
+        extra = sum(map(_dealt, ranks)) - one
+        if extra > 0:
+            raise ValueError(
+                f"ResumableDataLoader: trainer.predict on {world_size} ranks would predict "
+                f"{extra} sample(s) twice (ranks step equally). Pass the LightningDataModule "
+                "(datamodule=), which gives each rank its own samples, or build the loader "
+                "over this rank's part with world_size=1."
+            )
 
     def _check_size(self) -> None:
         # A sampler's plan counts the sampler's indices; the dataset size is kept apart.
@@ -282,6 +300,14 @@ class PlanEngine:
         self.fingerprint = self._fingerprint(self.plan)
         self._skeleton = None
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
+
+
+def _dealt(sched: Schedule) -> int:
+    """Indices ``sched`` yields over its steps."""
+    counted = getattr(sched, "num_indices", None)
+    if callable(counted):
+        return int(counted())
+    return sum(len(sched.indices(step)) for step in range(sched.num_steps))
 
 
 def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:

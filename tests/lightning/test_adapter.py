@@ -215,6 +215,27 @@ def test_a_loader_under_a_data_parallel_strategy_yields_that_ranks_share(how: st
     assert [r["ids"] for r in model.records] == _share(2, 3)
 
 
+class Predicts(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[int] = []
+
+    def predict_step(self, batch: Any, batch_idx: int) -> None:
+        self.seen += [int(i) for i in batch]
+
+
+def test_a_prediction_on_several_ranks_that_would_repeat_a_sample_is_refused() -> None:
+    """Measured before: 11 samples in batches of 3 on 2 ranks predicted sample 0 twice
+    (Lightning's own unrepeated sampler gives each sample once)."""
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
+    with pytest.raises(ValueError, match=r"trainer.predict on 2 ranks would predict 1 sample"):
+        trainer.predict(Predicts(), dataloaders=ResumableDataLoader(list(range(11)), batch_size=3))
+    model = Predicts()  # a split the ranks share evenly repeats none
+    trainer.predict(model, dataloaders=ResumableDataLoader(list(range(12)), batch_size=3))
+    assert model.seen == [3, 4, 5, 9, 10, 11]
+
+
 def test_a_loader_without_a_host_uses_the_global_group() -> None:
     # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
     # the strategy's data-parallel group.
