@@ -193,13 +193,8 @@ class PlanEngine:
             # Workers stopped since (a failure, a dropped iterator) restart keyed to this epoch.
             self._inner.worker_init_fn = pool.init_fn(seed, sched.epoch, rank)
             return self._inner
-        inner = pool.build(
-            KeyedDataset(self.fetch, self.plan.num_samples),
-            seed=seed,
-            epoch=sched.epoch,
-            rank=rank,
-            batch_sampler=keys,
-        )
+        source = KeyedDataset(self.fetch, self.plan.num_samples)
+        inner = pool.build(source, seed=seed, epoch=sched.epoch, rank=rank, batch_sampler=keys)
         if pool.persistent:
             self._inner = inner
         return inner
