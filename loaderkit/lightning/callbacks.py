@@ -47,6 +47,8 @@ def attach_host(loader: LoaderT, host: Any) -> LoaderT:
         )
     for target in targets:
         attach(target, None if host is None else LightningHost(host))
+    if isinstance(sampler, PlanBatchSampler) and targets[0] is sampler:
+        sampler.prefetched_by = getattr(loader, "num_workers", 0)  # they draw batches ahead
     return loader
 
 

@@ -65,6 +65,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._lent: tuple[PlanCursor, weakref.ref[Sized]] | None = None  # lend_batch_sampler
         self._len_watch = _LenWatch()
         self._rounds = Rounds()
+        self.prefetched_by = 0  # the workers of a DataLoader iterating it (attach_host)
 
     @property
     def _now(self) -> PlanCursor:
@@ -161,6 +162,12 @@ class PlanBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
         self._not_lent("state_dict")
+        if self.prefetched_by:
+            raise ValueError(
+                f"{type(self).__name__}.state_dict: a DataLoader with num_workers="
+                f"{self.prefetched_by} draws batches ahead of those trained on, so a resume "
+                "would skip them; use loaderkit.ResumableDataLoader, or num_workers=0."
+            )
         _, world_size = self._topology()
         return self._cursor.state(
             self.plan, self._fingerprint(), world_size=world_size, num_workers=0

@@ -716,6 +716,27 @@ def test_fabric_save_and_load_resume_the_loader_exactly(tmp_path: Path) -> None:
     assert before + after == full
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plan_batch_sampler_under_a_dataloader_with_workers_refuses_its_state(
+    num_workers: int,
+) -> None:
+    """Measured before: its state counts the batches the workers drew ahead, so a resume
+    after 3 of 10 batches skipped 4 (16 samples) without an error."""
+    from loaderkit import PlanBatchSampler, SamplePlan
+
+    sampler = PlanBatchSampler(SamplePlan(num_samples=40, batch_size=4, seed=0), world_size=1)
+    loader = torch.utils.data.DataLoader(list(range(40)), batch_sampler=sampler,
+                                         num_workers=num_workers)  # fmt: skip
+    attach_host(loader, L.Fabric(accelerator="cpu", devices=1))
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    if num_workers:
+        with pytest.raises(ValueError, match=r"num_workers=2 draws batches ahead"):
+            sampler.state_dict()
+    else:
+        assert sampler.state_dict()["position"] == 12
+
+
 def _declared_minimum() -> str:
     text = (REPO / "pyproject.toml").read_text()
     match = re.search(r'"lightning>=([0-9.]+)[,<0-9.]*"', text)
