@@ -58,9 +58,9 @@ class Host(Protocol):
         """Whether the host ends its epoch once each of several loaders ran out, and
         iterates each one once as an epoch starts."""
 
-    def predicting(self) -> bool:
-        """Whether the host runs a prediction (each sample once: Lightning's unrepeated
-        sampler), where the ranks need not step equally."""
+    def evaluating(self) -> str | None:
+        """``"predict"``, ``"validate"`` or ``"test"`` while the host runs that loop, else
+        None (Lightning predicts each sample once, and pads val/test by < world_size)."""
 
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
         """``loader``'s state in a checkpoint the host restored without loading it into
@@ -77,8 +77,8 @@ class _NoHost:
         return False
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
-    epoch_starting = cycles = epoch_after_restore = skipped_state = _none
-    drives = restored_past = ended = counts_run_outs = predicting = _false
+    epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none
+    drives = restored_past = ended = counts_run_outs = _false
 
 
 NO_HOST: Host = _NoHost()

@@ -62,9 +62,15 @@ class LightningHost:
         state = getattr(trainer, "state", None)
         return state is not None and state.status == "interrupted" and not _failing(trainer)
 
-    def predicting(self) -> bool:
-        trainer = self._driver()
-        return bool(getattr(trainer, "predicting", False))  # Fabric has no predict
+    def evaluating(self) -> str | None:
+        trainer: Any = self._driver()
+        if not hasattr(trainer, "predicting"):  # Fabric runs no loop of its own
+            return None
+        if trainer.predicting:
+            return "predict"
+        if trainer.validating or trainer.sanity_checking:
+            return "validate"
+        return "test" if trainer.testing else None
 
     def _fitting(self, loader: object, *, failing: bool = False) -> Any | None:
         """The Trainer, while its fit runs (or, with ``failing``, calls ``on_exception``)

@@ -117,8 +117,9 @@ class PlanEngine:
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
-        if world_size > 1 and self.host.caller().predicting():
-            self._refuse_repeats(epoch, start, world_size)
+        stage = self.host.caller().evaluating() if world_size > 1 else None
+        if stage is not None:
+            self._refuse_repeats(stage, epoch, start, world_size)
         driven = self.host.caller().drives(self.host.loader)
         self.host.len_watch.check(OWNER, epoch, steps_done + sched.num_steps, driven=driven)
         if sched.num_steps == 0 and start > 0:
@@ -132,20 +133,21 @@ class PlanEngine:
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)
 
-    def _refuse_repeats(self, epoch: int, start: int, world_size: int) -> None:
-        """Refuse a prediction whose ranks, stepping equally, would predict a sample twice."""
+    def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
+        """Refuse an evaluation whose ranks, stepping equally, would repeat more samples than
+        Lightning's samplers do: none in a prediction, fewer than the ranks in val/test."""
         one = _dealt(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
-        ranks = [
-            self.plan.schedule(epoch, start=start, rank=r, world_size=world_size)
-            for r in range(world_size)
+        ranks = range(world_size)
+        dealt = [
+            self.plan.schedule(epoch, start=start, rank=r, world_size=world_size) for r in ranks
         ]
-        extra = sum(map(_dealt, ranks)) - one
-        if extra > 0:
+        extra = sum(map(_dealt, dealt)) - one
+        if extra > (0 if stage == "predict" else world_size - 1):
             raise ValueError(
-                f"ResumableDataLoader: trainer.predict on {world_size} ranks would predict "
-                f"{extra} sample(s) twice (ranks step equally). Pass the LightningDataModule "
-                "(datamodule=), which gives each rank its own samples, or build the loader "
-                "over this rank's part with world_size=1."
+                f"ResumableDataLoader: trainer.{stage} on {world_size} ranks would see {extra} "
+                "sample(s) twice (ranks step equally, whole batches). Give each rank its own "
+                "samples: a loaderkit DataModule passed as datamodule= (eval_batches_by_rank() "
+                "True for a batch sampler), or a loader over this rank's part with world_size=1."
             )
 
     def _check_size(self) -> None:

@@ -229,11 +229,33 @@ def test_a_prediction_on_several_ranks_that_would_repeat_a_sample_is_refused() -
     """Measured before: 11 samples in batches of 3 on 2 ranks predicted sample 0 twice
     (Lightning's own unrepeated sampler gives each sample once)."""
     trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
-    with pytest.raises(ValueError, match=r"trainer.predict on 2 ranks would predict 1 sample"):
+    with pytest.raises(ValueError, match=r"trainer.predict on 2 ranks would see 1 sample"):
         trainer.predict(Predicts(), dataloaders=ResumableDataLoader(list(range(11)), batch_size=3))
     model = Predicts()  # a split the ranks share evenly repeats none
     trainer.predict(model, dataloaders=ResumableDataLoader(list(range(12)), batch_size=3))
     assert model.seen == [3, 4, 5, 9, 10, 11]
+
+
+class Validates(Predicts):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.seen += [int(i) for i in batch]
+
+
+def test_a_validation_repeating_whole_batches_on_several_ranks_is_refused() -> None:
+    """Measured before: a batch sampler (e.g. a bucketing one) dealt whole batches to 2 ranks,
+    so 13 samples were evaluated for 9 (Lightning's DistributedSampler pads at most 1)."""
+    from loaderkit import BucketBatchSampler
+
+    if Version(L.__version__) < Version("2.6"):
+        pytest.skip("Lightning 2.5 eval loops read batch_sampler.sampler, which ours lacks")
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
+    sampler = BucketBatchSampler([1] * 9, batch_size=4, shuffle=False)
+    bucketed = ResumableDataLoader(list(range(9)), batch_sampler=sampler)
+    with pytest.raises(ValueError, match=r"trainer.validate on 2 ranks would see 4 sample"):
+        trainer.validate(Validates(), dataloaders=bucketed)
+    model = Validates()  # plain batches pad one sample, as DistributedSampler does
+    trainer.validate(model, dataloaders=ResumableDataLoader(list(range(9)), batch_size=4))
+    assert len(model.seen) == 5
 
 
 def test_a_loader_without_a_host_uses_the_global_group() -> None:
