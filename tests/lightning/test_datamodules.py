@@ -1020,3 +1020,23 @@ def test_describe_says_a_token_budget_sizes_the_train_batches() -> None:
     splits = dm.describe()["splits"]
     assert splits["train"]["batch_size"] is None and splits["val"]["batch_size"] == 8
     assert max(len(b.values) for b in dm.train_dataloader()) > 8
+
+
+class _Counting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        yield from (torch.tensor([i]) for i in range(10))
+
+
+def test_an_iterable_train_split_is_described_as_its_loader_resumes_it() -> None:
+    """Measured before: resume_info() said "exact for any num_workers and world size" (the
+    loader replays it, same num_workers, one process) and describe() raised on its len()."""
+
+    class Streamed(LoaderDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {"train": _Counting()}
+
+    dm = Streamed(batch_size=4, shuffle=False)
+    dm.setup("fit")
+    exact, reason = dm.resume_info(1)
+    assert exact and "replays its stream" in reason and not dm.resume_info(2)[0]
+    assert dm.describe()["splits"]["train"]["batches_per_epoch"] is None

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import lightning as L
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import IterableDataset
 
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset, holds_mix
@@ -167,6 +168,9 @@ class LoaderDataModule(L.LightningDataModule):
         if isinstance(train, StreamingShardedDataset):
             refusal = stream_refusal(train, self.batch_size, world_size or self._world_size())
             return (False, refusal) if refusal else (True, stream_resume_reason(train))
+        if isinstance(train, IterableDataset):  # the loader says how it resumes one
+            reason = self.loader("train", num_workers=0, pin_memory=False).describe()
+            return (world_size or self._world_size()) == 1, reason["resume_reason"]
         reason = (
             "the train loader (ResumableDataLoader) saves its position in the sample plan in "
             "the Lightning checkpoint; resume is exact for any num_workers and world size "
@@ -407,6 +411,8 @@ class LoaderDataModule(L.LightningDataModule):
             loader = loaders[split]
             if isinstance(dataset, StreamingShardedDataset):  # its plan is a stand-in
                 samples, batches = None, stream_epoch_steps(loader, world_size)
+            elif isinstance(dataset, IterableDataset):  # of unknown length
+                samples = batches = None
             else:
                 samples = len(dataset)
                 part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
