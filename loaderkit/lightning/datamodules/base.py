@@ -169,8 +169,8 @@ class LoaderDataModule(L.LightningDataModule):
             refusal = stream_refusal(train, self.batch_size, world_size or self._world_size())
             return (False, refusal) if refusal else (True, stream_resume_reason(train))
         if isinstance(train, IterableDataset):  # the loader says how it resumes one
-            reason = self.loader("train", num_workers=0, pin_memory=False).describe()
-            return (world_size or self._world_size()) == 1, reason["resume_reason"]
+            info = self.loader("train", num_workers=0, pin_memory=False).describe()
+            return (world_size or self._world_size()) == 1, str(info["resume_reason"])
         reason = (
             "the train loader (ResumableDataLoader) saves its position in the sample plan in "
             "the Lightning checkpoint; resume is exact for any num_workers and world size "
