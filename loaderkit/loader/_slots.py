@@ -197,15 +197,33 @@ class _SlotBatch:
 
 
 class _TorchPath:
-    """A batch sent by torch's own path; unpickled, it is the batch (and is counted)."""
+    """A batch sent by torch's own path; unpickled, it is the batch (and is counted).
 
-    __slots__ = ("batch", "reason", "token")
+    Pickled here, in the worker's collate: a batch that does not pickle is the worker's
+    error (torch's queue thread would drop it, and the loader wait forever).
+    """
+
+    __slots__ = ("data", "reason", "token")
 
     def __init__(self, token: int, batch: Any, reason: str) -> None:
-        self.token, self.batch, self.reason = token, batch, reason
+        self.token, self.reason = token, reason
+        self.data = bytes(_ResolvingPickler.dumps(batch, pickle.HIGHEST_PROTOCOL))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_counted, (self.token, self.batch, self.reason))
+        return (_counted, (self.token, self.data, self.reason))
+
+
+class _ResolvingPickler(ForkingPickler):
+    """torch's own pickling, conj and neg views sent by value (torch's drops their bit)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and (obj.is_conj() or obj.is_neg()):
+            return _same, (obj.resolve_conj().resolve_neg(),)
+        return NotImplemented
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _receive(token: int, *args: Any) -> Any:
@@ -222,11 +240,11 @@ def _receive(token: int, *args: Any) -> Any:
         return ExceptionWrapper(sys.exc_info(), where="in loaderkit's worker transport")
 
 
-def _counted(token: int, batch: Any, reason: str) -> Any:
+def _counted(token: int, data: bytes, reason: str) -> Any:
     transport = _LIVE.get(token)
     if transport is not None:
         transport.stats.torch_batches[reason] += 1
-    return batch
+    return pickle.loads(data)
 
 
 def pack(writer: SlotWriter, batch: Any) -> Any:

@@ -539,7 +539,9 @@ class Held:
 
 def conj_views(rows: list[int]) -> dict[str, Any]:
     z = torch.complex(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])) * (rows[0] + 1)
-    return {"conj": z.conj(), "neg": z.conj().imag, "box": Held(z.conj().imag)}
+    # The transposed tensor sends the batch by torch's path, which drops the bits itself.
+    beside = torch.arange(6.0).view(2, 3).t() if rows[0] else torch.ones(1)
+    return {"conj": z.conj(), "neg": z.conj().imag, "box": Held(z.conj().imag), "t": beside}
 
 
 def test_conj_and_neg_views_keep_their_values_from_workers() -> None:
@@ -558,3 +560,16 @@ def test_conj_and_neg_views_keep_their_values_from_workers() -> None:
 
     first = batches(0)
     assert batches(2) == first and first[0][1:] == [[-3.0, -4.0], [-3.0, -4.0]]
+
+
+def unpicklable(rows: list[int]) -> dict[str, Any]:
+    return {"x": torch.ones(2), "f": lambda: rows}
+
+
+def test_a_batch_that_does_not_pickle_is_the_workers_error_not_a_hang() -> None:
+    """torch's queue thread drops a batch it cannot pickle, and the loader waited forever."""
+    loader = ResumableDataLoader(
+        list(range(2)), batch_size=1, collate_fn=unpicklable, num_workers=1, timeout=120
+    )
+    with pytest.raises(AttributeError, match="in DataLoader worker process"):
+        next(iter(loader))
