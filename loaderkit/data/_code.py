@@ -67,10 +67,10 @@ def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
 
 def _code(digest: Any, code: types.CodeType) -> set[str]:
     """Feed ``code`` and its nested code objects (their repr holds an address), with the
-    names it reads (``s.a`` and ``s.b`` differ there only); the names and string constants."""
+    names it reads (``s.a`` and ``s.b`` differ there only); the names."""
     digest.update(code.co_code)
     digest.update(repr(code.co_names).encode())
-    names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
+    names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _code(digest, const)
@@ -90,10 +90,8 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
             member = vars(value)[attr]
             if isinstance(member, (types.FunctionType, *_PLAIN)):
                 _value(digest, attr, member, set(), seen)
-    elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them
-        if isinstance(value, dict):  # the items the code names (cfg["field"]), else all
-            value = {k: v for k, v in value.items() if k in names} or value
-        digest.update(_canonical(value).encode())
+    elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them (all
+        digest.update(_canonical(value).encode())  # of a dict: a key may come at run time)
     else:
         digest.update(type(value).__qualname__.encode())
 

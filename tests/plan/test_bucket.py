@@ -823,10 +823,13 @@ def test_compute_lengths_cache_tells_concat_datasets_and_closed_over_dicts_apart
     cfg["field"] = "b"
     with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
         assert compute_lengths(data, by_field, cache=cache, progress=False).tolist() == [3, 0]
-    cfg["out_dir"] = "runs/1234"  # an item the function does not name: the cache still holds
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert compute_lengths(data, by_field, cache=cache, progress=False).tolist() == [3, 0]
+    cap = {"a": 100, "b": 1}  # read by a key known at run time: all of it is the key
+    capped = lambda s: min(len(s["b"]), cap[s["kind"]])  # noqa: E731
+    kinds = [{"b": [1, 2, 3], "kind": "a"}, {"b": [1, 2], "kind": "b"}]
+    assert compute_lengths(kinds, capped, cache=cache, progress=False).tolist() == [3, 1]
+    cap["b"] = 2
+    with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
+        assert compute_lengths(kinds, capped, cache=cache, progress=False).tolist() == [3, 2]
 
 
 def test_compute_lengths_does_not_cache_under_a_length_fn_it_cannot_key(tmp_path: Path) -> None:
