@@ -143,15 +143,23 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
             continue
         for column, kind in reader.kinds().items():
             first, where = seen.setdefault(column, (kind, name))
-            if "python" in (first[0], kind[0]) or first == kind:
+            if first[0] == kind[0] == "python" or first == kind:
                 continue  # Python objects (strings, ...) are listed, never cast
-            merged, batch = merge_kinds(first, kind), torch.promote_types(first[1], kind[1])
-            if merged is None or batch != merged[1]:
+            merged = merge_kinds(first, kind)
+            if merged is None or _promoted(first[1], kind[1]) != merged[1]:
                 raise ShardError(
                     f"{_OWNER}: column {column!r} is {kind[1]} in source {name!r} but "
-                    f"{first[1]} in source {where!r}, and a batch of both, {batch}, rounds "
-                    f"one; write them with one type, or leave {column!r} out (columns=)."
+                    f"{first[1]} in source {where!r}, which a batch of both cannot hold exactly; "
+                    f"write them with one type, or leave {column!r} out: ParquetReader(columns=)."
                 )
+
+
+def _promoted(a: Any, b: Any) -> Any:
+    """The dtype collate stacks ``a`` and ``b`` in (None: torch does not promote them)."""
+    try:
+        return torch.promote_types(a, b)
+    except RuntimeError:  # e.g. uint16 with int32
+        return None
 
 
 def _list_names(datasets: list[Any]) -> list[str]:

@@ -323,7 +323,7 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     mix = MixedDataset({"a": a, "c": c})  # int32 fits in int64: collate promotes exactly
     loader = ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(8, seed=0))
     assert sorted(next(iter(loader))["x"].tolist()) == [7] * 4 + big
-    with pytest.raises(ShardError, match=r"a batch of both, torch.float32, rounds one"):
+    with pytest.raises(ShardError, match=r"which a batch of both cannot hold exactly"):
         MixedDataset({"c": c, "b": b})  # float64 holds both, but collate makes float32
     (tmp_path / "s").mkdir(), (tmp_path / "t").mkdir()
     pq.write_table(pa.table({"x": pa.array(["u", "v"])}), tmp_path / "s" / "s.parquet")
@@ -331,3 +331,5 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     pq.write_table(pa.table({"x": words}), tmp_path / "t" / "t.parquet")
     texts = MixedDataset([ShardedDataset(tmp_path / n, ParquetReader()) for n in "st"])
     assert sorted(texts[i]["x"] for i in range(4)) == ["u", "v", "w", "z"]
+    with pytest.raises(ShardError, match=r"column 'x' is string in source 's' but torch.int64"):
+        MixedDataset([a, ShardedDataset(tmp_path / "s", ParquetReader())])  # ids beside words
