@@ -359,6 +359,11 @@ class PlanCursor:
             return self.epoch + 1, False
         return self.epoch, self.position > 0
 
+    def drawn_into(self) -> bool:
+        """Whether batches of the epoch a state would hold were drawn since it began (not a
+        position just loaded, nor one a pending ``set_epoch`` of another epoch replaces)."""
+        return self.position > 0 and not self._resume and self._explicit in (None, self.epoch)
+
     def upcoming(self, plan: Any) -> tuple[int, int, int]:
         """``(epoch, start, steps already done in it)`` of the next iteration; after a
         loaded position, ``set_epoch`` of its own epoch is that epoch's rest (empty if the

@@ -32,6 +32,10 @@ __all__ = ["BucketBatchSampler", "PlanBatchSampler", "check_resumable_sampler"]
 class PlanBatchSampler(Sampler[list[int]]):
     """Yield this rank's batches of a plan; resumable with ``state_dict``.
 
+    Its state counts the batches it handed out: under a ``DataLoader`` with workers, which
+    draw ahead, exact resume needs :class:`~loaderkit.ResumableDataLoader` (one given a
+    host by :func:`~loaderkit.attach_host` refuses such a state part-way through an epoch).
+
     Args:
         plan: The sample plan, e.g. ``SamplePlan(num_samples=..., batch_size=...)``.
         rank: This process's rank (default: from ``torch.distributed``, else 0).
@@ -162,11 +166,12 @@ class PlanBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Position of the batches drawn so far (rank-symmetric)."""
         self._not_lent("state_dict")
-        if self.prefetched_by:
+        if self.prefetched_by and self._now.drawn_into():
             raise ValueError(
                 f"{type(self).__name__}.state_dict: a DataLoader with num_workers="
                 f"{self.prefetched_by} draws batches ahead of those trained on, so a resume "
-                "would skip them; use loaderkit.ResumableDataLoader, or num_workers=0."
+                "would skip them; use loaderkit.ResumableDataLoader, num_workers=0, or save "
+                "after set_epoch() of the next epoch."
             )
         _, world_size = self._topology()
         return self._cursor.state(

@@ -757,6 +757,9 @@ def test_a_plan_batch_sampler_under_a_dataloader_with_workers_refuses_its_state(
             sampler.state_dict()
     else:
         assert sampler.state_dict()["position"] == 12
+    list(it)
+    sampler.set_epoch(1)  # an epoch's start: nothing drawn ahead, with workers too
+    assert sampler.state_dict()["epoch"] == 1
 
 
 def _declared_minimum() -> str:
