@@ -117,8 +117,9 @@ class PlanEngine:
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
+        # A DistributedSampler the user gave pads as Lightning lets it (strided plan).
         stage = self.host.caller().evaluating() if world_size > 1 else None
-        if stage is not None:
+        if stage is not None and not getattr(self.plan, "strided", False):
             self._refuse_repeats(stage, epoch, start, world_size)
         driven = self.host.caller().drives(self.host.loader)
         self.host.len_watch.check(OWNER, epoch, steps_done + sched.num_steps, driven=driven)
@@ -144,10 +145,9 @@ class PlanEngine:
         extra = sum(map(_dealt, dealt)) - one
         if extra > (0 if stage == "predict" else world_size - 1):
             raise ValueError(
-                f"ResumableDataLoader: trainer.{stage} on {world_size} ranks would see {extra} "
-                "sample(s) twice (ranks step equally, whole batches). Give each rank its own "
-                "samples: a loaderkit DataModule passed as datamodule= (eval_batches_by_rank() "
-                "True for a batch sampler), or a loader over this rank's part with world_size=1."
+                f"ResumableDataLoader: trainer.{stage} on {world_size} ranks would repeat "
+                f"{extra} sample(s) (its ranks step equally). Pass the DataModule as "
+                "datamodule=, or give each rank its own part with world_size=1."
             )
 
     def _check_size(self) -> None:

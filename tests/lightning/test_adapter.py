@@ -229,11 +229,15 @@ def test_a_prediction_on_several_ranks_that_would_repeat_a_sample_is_refused() -
     """Measured before: 11 samples in batches of 3 on 2 ranks predicted sample 0 twice
     (Lightning's own unrepeated sampler gives each sample once)."""
     trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
-    with pytest.raises(ValueError, match=r"trainer.predict on 2 ranks would see 1 sample"):
+    with pytest.raises(ValueError, match=r"trainer.predict on 2 ranks would repeat 1 sample"):
         trainer.predict(Predicts(), dataloaders=ResumableDataLoader(list(range(11)), batch_size=3))
     model = Predicts()  # a split the ranks share evenly repeats none
     trainer.predict(model, dataloaders=ResumableDataLoader(list(range(12)), batch_size=3))
     assert model.seen == [3, 4, 5, 9, 10, 11]
+    given = torch.utils.data.DistributedSampler(range(11), num_replicas=2, rank=1, shuffle=False)
+    model = Predicts()  # a DistributedSampler the user gave pads as Lightning lets it
+    trainer.predict(model, dataloaders=ResumableDataLoader(list(range(11)), sampler=given))
+    assert model.seen == [1, 3, 5, 7, 9, 0]
 
 
 class Validates(Predicts):
@@ -251,7 +255,7 @@ def test_a_validation_repeating_whole_batches_on_several_ranks_is_refused() -> N
     trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(1, 2)))
     sampler = BucketBatchSampler([1] * 9, batch_size=4, shuffle=False)
     bucketed = ResumableDataLoader(list(range(9)), batch_sampler=sampler)
-    with pytest.raises(ValueError, match=r"trainer.validate on 2 ranks would see 4 sample"):
+    with pytest.raises(ValueError, match=r"trainer.validate on 2 ranks would repeat 4 sample"):
         trainer.validate(Validates(), dataloaders=bucketed)
     model = Validates()  # plain batches pad one sample, as DistributedSampler does
     trainer.validate(model, dataloaders=ResumableDataLoader(list(range(9)), batch_size=4))
