@@ -208,13 +208,8 @@ class PlanEngine:
             epoch = cursor.epoch if cursor.started else cursor.upcoming(self.plan)[0]
             applied = isinstance(self.plan, MixPlan | MixBucketPlan)  # else unweighted: read once
             info["mix"] = {"epoch": epoch, "applied": applied, **self.dataset.describe(epoch)}
-        return {
-            **info,
-            "engine": "plan",
-            "resume": "position",
-            "resume_reason": "a position in the sample plan: O(1), exact for any num_workers "
-            "and world size",
-        }
+        reason = "a position in the sample plan: O(1), exact for any num_workers and world size"
+        return {**info, "engine": "plan", "resume": "position", "resume_reason": reason}
 
     def state(self) -> dict[str, Any]:
         skeleton = self._skeleton

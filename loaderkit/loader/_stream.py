@@ -299,12 +299,9 @@ class StreamEngine(WorkerStreams):
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
-        return {
-            "engine": "stream",
-            "resume": "cursors",
-            "resume_reason": "a cursor per (rank, worker) slot and open shard: exact under "
-            "the same world size and num_workers",
-        }
+        reason = "a cursor per (rank, worker) slot and open shard: exact under the same "
+        reason += "world size and num_workers"
+        return {"engine": "stream", "resume": "cursors", "resume_reason": reason}
 
     def fingerprint(self) -> dict[str, Any]:
         return {
