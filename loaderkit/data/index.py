@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from loaderkit._atomic import atomic_write
 from loaderkit.data._codec import decoded_local, is_compressed
 from loaderkit.data.readers import ShardReader, _missing
@@ -96,8 +98,8 @@ def index_doc(
 
 def checked_count(reader: Any, shard: Any, samples: Any) -> int:
     """``samples``, what ``reader.count(shard)`` returned, if it is an int >= 0."""
-    if type(samples).__module__ == "numpy" and hasattr(samples, "__index__"):
-        samples = samples.__index__()  # a numpy integer
+    if isinstance(samples, np.integer):
+        samples = int(samples)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
         raise TypeError(
             f"{type(reader).__name__}.count({str(shard)!r}) returned {samples!r}; return the "
