@@ -118,7 +118,7 @@ def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
         _not_flat(where, col)
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
-    if kinds == {float}:
+    if kinds <= {float}:  # no item at all: torch.tensor([])'s dtype, as for float lists
         return torch.from_numpy(flat).to(torch.get_default_dtype())
     return torch.from_numpy(flat.astype(bool if kinds == {bool} else np.int64, copy=False))
 
@@ -293,7 +293,9 @@ class PadCollate:
     """Collate variable-length samples into a padded batch with lengths and a mask.
 
     A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
-    ``pad_value`` or ``length_field`` names it; others go to ``default_collate``.
+    ``pad_value`` or ``length_field`` names it; others go to ``default_collate``. Lists of
+    numbers become tensors as ``torch.tensor`` makes them: floats (and a batch whose lists
+    are all empty) the default dtype, float32; return arrays to choose the dtype.
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get

@@ -85,11 +85,20 @@ def test_numpy_arrays_keep_their_dtype(dtype: type) -> None:
         ([[1.5, 2.0], [3.25]], torch.get_default_dtype()),
         ([[True, False], [True]], torch.bool),
         ([[1.5, 2], [3.0]], torch.get_default_dtype()),  # ints among floats: a float field
+        ([[], []], torch.get_default_dtype()),  # no item to tell: torch.tensor([])'s dtype
     ],
 )
 def test_lists_of_numbers(lists: list, dtype: torch.dtype) -> None:
     batch = PadCollate(padding_side="left")(lists)
     assert_matches(batch, [torch.tensor(v, dtype=dtype) for v in lists], side="left")
+
+
+def test_a_float_field_empty_in_every_sample_stays_float() -> None:
+    # It came out int64 in the batch where every list was empty, float32 in the others.
+    collate = PadCollate()
+    full = collate([{"x": [0.5]}, {"x": []}])["x"]
+    empty = collate([{"x": []}, {"x": []}])["x"]
+    assert empty.dtype == full.dtype == torch.tensor([]).dtype and empty.shape == (2, 0)
 
 
 def test_nested_lists_become_tensors() -> None:
@@ -401,6 +410,8 @@ def test_matches_pad_sequence_reference(
     samples: list[Any] = {"tensor": seqs, "array": [s.numpy() for s in seqs], "list": []}[kind]
     if kind == "list":
         samples = [s.tolist() for s in seqs]
+        if not any(lengths):  # lists with no item carry no dtype: torch.tensor([])'s
+            seqs = [s.to(torch.get_default_dtype()) for s in seqs]
     batch = PadCollate(pad_value=value, padding_side=side, pad_to_multiple_of=multiple)(samples)
     width = max(lengths)
     size = width if multiple is None else math.ceil(width / multiple) * multiple
