@@ -22,6 +22,7 @@ __all__ = ["PadCollate", "PaddedBatch"]
 PadScalar: TypeAlias = bool | int | float
 
 _KINDS = {bool: "b", int: "i", float: "f"}  # numpy dtype kind of each Python number type
+_NUMBERS = (bool, int, float, np.number, np.bool_)
 _BARE = object()  # column key of bare samples; lives only inside one call, never pickled
 _NUMPY_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16}
@@ -263,6 +264,37 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
         ) from exc
 
 
+def _check_nested(where: str, col: list[Any]) -> None:
+    """Refuse a list of numbers inside a field: ``default_collate`` would transpose it."""
+    first = col[0]
+    if isinstance(first, Mapping):
+        for key in first:
+            if all(isinstance(v, Mapping) and key in v for v in col):
+                _check_nested(f"{where}[{key!r}]", [v[key] for v in col])
+    elif isinstance(first, (list, tuple)):
+        lists = [v for v in col if isinstance(v, list)]
+        if isinstance(first, list) and any(isinstance(x, _NUMBERS) for v in lists for x in v):
+            raise CollateError(
+                f"{where}: holds a list of numbers, which default_collate would transpose, not "
+                "pad; return it as a tensor or array, or make it a top-level field"
+            )
+        if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in col):
+            for j in range(len(first)):
+                _check_nested(f"{where}[{j}]", [v[j] for v in col])
+
+
+def _collate_rest(where: str, col: list[Any]) -> Any:
+    """``default_collate`` of a field that is not padded; nested ones checked and named."""
+    _check_nested(where, col)
+    try:
+        return default_collate(col)
+    except RuntimeError as err:  # sizes that differ inside a nested value
+        raise CollateError(
+            f"{where}: its values differ in size between samples, and only top-level fields "
+            f"are padded ({err}); make each a top-level field, or pad it in the dataset"
+        ) from err
+
+
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     """The batch's columns by field, every sample checked to have the same fields."""
     if isinstance(samples[0], (Tensor, np.ndarray, list)):
@@ -295,7 +327,9 @@ class PadCollate:
     A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
     ``pad_value`` or ``length_field`` names it; others go to ``default_collate``. Lists of
     numbers become tensors as ``torch.tensor`` makes them: floats (and a batch whose lists
-    are all empty) the default dtype, float32; return arrays to choose the dtype.
+    are all empty) the default dtype, float32; return arrays to choose the dtype. Nested
+    values (a dict or list inside a field) are not padded: sizes that differ, or a list of
+    numbers, inside one raise.
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get
@@ -472,7 +506,7 @@ class PadCollate:
                 out[k], lens, m = self._pad(k, col)
                 lengths, mask = (lens, m) if k == length_key else (lengths, mask)
             else:
-                out[k] = default_collate(col)
+                out[k] = _collate_rest(_where(k), col)
         if length_key is not None and lengths is None:  # nothing padded: every item is real
             sizes = self._sizes(_where(length_key), columns[length_key])[1]
             lengths, mask = torch.tensor(sizes), torch.ones(len(sizes), sizes[0], dtype=torch.bool)

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.errors import CollateError, LoaderkitError
@@ -453,6 +453,37 @@ def test_mixed_dtypes_under_a_dict_key() -> None:
     samples[2]["ids"] = samples[2]["ids"].float()
     with pytest.raises(CollateError, match=r"key 'ids': sample 2 has dtype torch.float32"):
         PadCollate()(samples)
+
+
+@pytest.mark.parametrize(
+    ("meta", "where"),
+    [
+        (lambda i: {"x": [i, i + 1]}, r"key 'meta'\['x'\]"),
+        (lambda i: ([i, i + 1], i), r"key 'meta'\[0\]"),
+        (lambda i: [{"x": [float(i)]}], r"key 'meta'\[0\]\['x'\]"),
+    ],
+)
+def test_a_nested_number_list_is_refused_not_transposed(meta: Any, where: str) -> None:
+    # {"x": [1, 2]} inside a dict came out [tensor([1, 3]), tensor([2, 4])]: by position, where
+    # the same list at the top level is one (B, 2) tensor.
+    samples = [{"ids": [1, 2], "meta": meta(1)}, {"ids": [3], "meta": meta(3)}]
+    with pytest.raises(CollateError, match=where + r": holds a list of numbers.*top-level field"):
+        PadCollate()(samples)
+
+
+def test_nested_values_of_different_sizes_name_the_field() -> None:
+    samples = [{"a": {"t": [torch.ones(2), torch.ones(3)]}}, {"a": {"t": [torch.ones(1)] * 2}}]
+    with pytest.raises(CollateError, match=r"key 'a': its values differ in size.*top-level"):
+        PadCollate()(samples)
+
+
+def test_equal_nested_values_are_collated_as_default_collate_does() -> None:
+    meta = [{"t": torch.ones(2) * i, "n": i, "pair": (i, 0.5), "s": "x"} for i in range(2)]
+    batch = PadCollate()([{"ids": [1, 2], "meta": meta[0]}, {"ids": [3], "meta": meta[1]}])
+    want = default_collate(meta)
+    assert batch["meta"].keys() == want.keys() and batch["meta"]["s"] == want["s"]
+    assert all(torch.equal(batch["meta"][k], want[k]) for k in ("t", "n"))
+    assert all(map(torch.equal, batch["meta"]["pair"], want["pair"]))
 
 
 def test_mixed_field_types() -> None:
