@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loaderkit._checks import getitem_overridden
-from loaderkit.data._arrow import Columns, import_pyarrow, length_values, table_columns
+from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.errors import MissingDependencyError
 
@@ -83,6 +83,31 @@ def _pick_columns(data: Any, names: list[str], columns: Sequence[str] | None) ->
     return list(columns)
 
 
+def _torch_dtypes(data: Any, arrow: Any, columns: list[str]) -> dict[str, torch.dtype]:
+    """The dtypes datasets' torch format gives its numeric columns: int64, float32 (bool
+    kept), or its ``dtype=``; other columns keep their Arrow type, as without the format."""
+    fmt = getattr(data, "format", None) or {}
+    if fmt.get("type") != "torch":
+        return {}
+    options = dict(fmt.get("format_kwargs") or {})
+    dtype = options.pop("dtype", None)
+    if options:
+        raise ValueError(
+            f"HFDataset: the torch format's options {sorted(options)} are not applied (only "
+            "dtype is); move or change batches in the loader or model, and drop them here."
+        )
+    pa, schema = import_pyarrow("hf"), arrow[:0].schema
+    out = {}
+    for name in set(columns) & set(fmt.get("columns") or columns):
+        kind = column_kind(pa, schema.field(name).type)
+        if kind[0] == "python":
+            continue
+        own = kind[1]
+        wide = torch.float32 if own.is_floating_point else torch.int64
+        out[name] = dtype or (own if own == torch.bool else wide)
+    return out
+
+
 class HFDataset(Dataset[dict[str, Any]]):
     """A ``datasets.Dataset`` or ``.arrow`` file(s), rows as dicts, fetched a batch at a time.
 
@@ -93,6 +118,9 @@ class HFDataset(Dataset[dict[str, Any]]):
             columns, else all).
         length_column: The column giving each row's token count (a list column, or an
             integer column of lengths), for :meth:`lengths`.
+
+    Numeric columns keep their Arrow dtype, or, under ``with_format("torch")``, take the
+    dtype ``datasets`` gives (integers int64, floats float32, or the format's ``dtype``).
 
     Example:
         >>> import datasets
@@ -139,6 +167,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         files = [f["filename"] for f in getattr(data, "cache_files", None) or []]
         self._source_name = source_name(files) if files else None
         self._arrow = data.with_format("arrow", columns=self.columns)
+        self._dtypes = _torch_dtypes(data, self._arrow, self.columns)
         # The Arrow read skips datasets' feature decoding (images, audio); a copy per access.
         self._features: Any = getattr(data, "features", None)
         self._decoded = [] if self._features is None else _to_decode(self._features, self.columns)
@@ -157,7 +186,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
             raise IndexError(f"HFDataset: indices {idx[:8]} out of range for {n} rows.")
         table = self._arrow[(idx % max(n, 1)).tolist()]
-        data = table_columns(table, "HFDataset")
+        data = table_columns(table, "HFDataset", self._dtypes)
         if list(data) != self.columns:
             data = {name: data[name] for name in self.columns}
         for name in self._decoded:

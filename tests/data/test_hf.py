@@ -185,6 +185,53 @@ def test_output_all_columns_gives_every_column_as_datasets_does() -> None:
     assert list(HFDataset(base.with_format("torch", columns=["x", "id"]))[0]) == ["id", "x"]
 
 
+def typed_hf() -> Any:
+    data = {"i": [1, 2, 3], "f": [0.5, 1.5, 2.5], "b": [True, False, True], "s": ["a", "b", "c"]}
+    lists = {"li": [[1, 2], [3], []], "lf": [[0.5], [1.5, 2.5], []], "lb": [[True], [], [False]]}
+    return datasets.Dataset.from_dict({**data, **lists}).cast_column("i", datasets.Value("int32"))
+
+
+def assert_same(got: Any, want: Any, name: str) -> None:
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and torch.equal(got, want), (name, got, want)
+    elif isinstance(want, list):
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w, name)
+    else:
+        assert got == want, name
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"dtype": torch.float16}])
+def test_a_torch_format_gives_datasets_dtypes_in_rows_and_batches(kwargs: dict) -> None:
+    # int32 / float64 columns came out int32 / float64 where datasets' torch format gives
+    # int64 / float32 (or its dtype=).
+    hf = typed_hf().with_format("torch", **kwargs)
+    ds, idx = HFDataset(hf), [2, 0, 1]
+    want = [hf[i] for i in idx]
+    for rows in ([ds[i] for i in idx], ds.__getitems__(idx)):
+        for row, want_row in zip(rows, want, strict=True):
+            assert list(row) == list(want_row)
+            for name in want_row:
+                assert_same(row[name], want_row[name], name)
+    batch, want_batch = ds.get_batch(idx), hf[idx]
+    for name in want_batch:  # a list column: datasets gives a list of tensors here too
+        assert_same(batch[name], want_batch[name], name)
+
+
+def test_without_a_torch_format_columns_keep_their_arrow_dtypes() -> None:
+    ds = HFDataset(typed_hf())
+    row, batch = ds[1], ds.get_batch([1])
+    want = {"i": torch.int32, "f": torch.float64, "b": torch.bool}
+    for name, dtype in {**want, "li": torch.int64, "lf": torch.float64, "lb": torch.bool}.items():
+        assert row[name].dtype == dtype == (batch[name] if name in want else batch[name][0]).dtype
+
+
+def test_torch_format_options_other_than_dtype_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"format's options \['device'\] are not applied"):
+        HFDataset(typed_hf().with_format("torch", device="cpu"))
+
+
 @pytest.mark.parametrize("column", [[[1, 2], None, [3]], [2, None, 3]])
 def test_null_lengths_are_refused(column: list[Any]) -> None:
     data = datasets.Dataset.from_dict({"tok": column})
