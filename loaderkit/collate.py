@@ -27,6 +27,7 @@ _BARE = object()  # column key of bare samples; lives only inside one call, neve
 _NUMPY_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16}
     | {torch.float32, torch.float64, torch.complex64, torch.complex128}
+    | {torch.uint16, torch.uint32, torch.uint64}  # which index_put_ does not implement
 )
 
 

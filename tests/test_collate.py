@@ -71,8 +71,10 @@ def test_bare_tensors_match_reference(side: str) -> None:
     assert_matches(batch, seqs, side=side)
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.uint8, np.bool_])
-def test_numpy_arrays_keep_their_dtype(dtype: type) -> None:
+@pytest.mark.parametrize(
+    "dtype", [np.int32, np.int64, np.float32, np.uint8, np.bool_, np.uint16, np.uint32, np.uint64]
+)
+def test_numpy_arrays_keep_their_dtype(dtype: type) -> None:  # uint16+ raised NotImplementedError
     arrays = [np.arange(n).astype(dtype) for n in (2, 4, 3)]
     batch = PadCollate()(arrays)
     assert_matches(batch, [torch.from_numpy(a) for a in arrays])
