@@ -428,9 +428,10 @@ class PadCollate:
         ndim = 1 if isinstance(first, list) else first.ndim
         dim = self.pad_dim + ndim if self.pad_dim < 0 else self.pad_dim
         if not 0 <= dim < ndim:
+            fix = f"pass a pad_dim in {-ndim}..{ndim - 1}" if ndim else "return 1-d values"
             raise CollateError(
                 f"{where}: pad_dim={self.pad_dim} is out of range for sample 0 with {ndim} "
-                f"dims; pass a pad_dim in {-ndim}..{ndim - 1}"
+                f"dims; {fix}"
             )
         return dim
 

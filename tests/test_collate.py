@@ -627,6 +627,8 @@ def test_pad_dim_out_of_range() -> None:
         r"pass a pad_dim in -1..0",
     ):
         PadCollate(pad_dim=1)([{"ids": torch.ones(2)}, {"ids": torch.ones(3)}])
+    with pytest.raises(CollateError, match=r"sample 0 with 0 dims; return 1-d values$"):
+        PadCollate()([np.array(1.0), np.array(2.0)])  # the fix said "pad_dim in 0..-1"
 
 
 @pytest.mark.parametrize(
