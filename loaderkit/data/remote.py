@@ -2,7 +2,8 @@
 
 Each shard is downloaded whole into a shared local cache (:class:`RemoteCache`), or read
 by byte ranges, and read there as a local shard; a thread per reading process fetches
-the shards of its next batches (docs/design.md, shards in object storage).
+the shards of its next batches (docs/design.md, shards in object storage). The cache on
+disk is in :mod:`._remote_cache`, the prediction of the next batches in :mod:`._remote_plan`.
 """
 
 from __future__ import annotations
@@ -12,20 +13,15 @@ import fcntl
 import hashlib
 import math
 import os
-import shutil
 import threading
-import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
-from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import get_worker_info
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_int
@@ -51,7 +47,6 @@ from loaderkit.data._fs import (
 )
 from loaderkit.data._open import (
     is_shard_name,
-    never_a_shard,
     read_docs,
     refuse_nested_shards,
     refuse_one_shard_twice,
@@ -66,6 +61,26 @@ from loaderkit.data._ranges import (
     npy_header_bytes,
     npy_layout,
     parquet_footer,
+)
+from loaderkit.data._remote_cache import (
+    RESERVED,
+    Blocks,
+    Busy,
+    DiskCache,
+    Entry,
+    NoRoom,
+    RemoteShard,
+    flock,
+    unlink,
+)
+from loaderkit.data._remote_plan import (
+    Board,
+    Follower,
+    Prediction,
+    WatchedPlan,
+    indices,
+    shard_of,
+    shard_start,
 )
 from loaderkit.data.index import (
     WORK_DIR,
@@ -83,17 +98,8 @@ from loaderkit.errors import MissingShardError, ShardError
 __all__ = ["RemoteCache"]
 
 DEFAULT_CACHE_BYTES = 32 << 30
-_SLOTS = 257  # counters: the main process and 256 workers, one writer each
-# Counters summed over processes (docs/design.md, shards in object storage: counts).
-STATS = (
-    *("fetched", "fetched_bytes", "prefetched", "hits", "waited", "retries", "evicted"),
-    *("over_budget", "unplanned", "corrupt", "range_bytes", "range_requests"),
-    *("blocks_fetched", "block_hits", "footers"),
-)
-_MAX_MAPS = 64  # block files kept memory-mapped per process
 _MAX_UNPLANNED_LEASES = 16
-_RESERVED = ".reserved"  # in a shard's cache folder while it downloads: the bytes it will take
-_Blocks = tuple[int, tuple[int, ...]]  # (shard, blocks of it)
+_BlockJob = tuple[int, tuple[int, ...]]  # (shard, blocks of it)
 
 
 def _check_seconds(name: str, value: object, example: float, *, zero_ok: bool) -> None:
@@ -185,35 +191,6 @@ class RemoteCache:
         return default_cache_root() if self.cache_dir is None else Path(self.cache_dir)
 
 
-@dataclass(frozen=True)
-class RemoteShard:
-    """One listed shard object: URL, name, size, version, sidecars (``(name, size, version)``)."""
-
-    url: str
-    name: str
-    size: int
-    version: str
-    sidecars: tuple[tuple[str, int, str], ...] = ()
-
-    def __repr__(self) -> str:
-        return repr(self.url)
-
-    def __str__(self) -> str:
-        return self.url
-
-    @property
-    def key(self) -> str:
-        """The cache key of this version of the object and its sidecars (a new dtype header
-        added later is fetched anew)."""
-        blob = f"{self.url}\n{self.size}\n{self.version}\n{self.sidecars}".encode()
-        return hashlib.sha256(blob).hexdigest()[:24]
-
-    @property
-    def total_bytes(self) -> int:
-        """The shard's bytes with its sidecars'."""
-        return self.size + sum(size for _, size, _ in self.sidecars)
-
-
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:
     """The shards' local paths in their real folders (a file's own link kept, as in a
     Hugging Face snapshot) or URLs, or None where one is an object."""
@@ -271,133 +248,47 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
     return out
 
 
-class _Board:
-    """The schedules the loader last started on this dataset's plans (sent to workers)."""
-
-    def __init__(self) -> None:
-        self.plan: Any = None
-        self.recent: list[tuple[int, int, int, int]] = []  # (epoch, start, rank, world_size)
-
-    def note(self, plan: Any, epoch: int, start: int, rank: int, world_size: int) -> None:
-        if plan is not self.plan:
-            self.plan, self.recent = plan, []
-        entry = (epoch, start, rank, world_size)
-        self.recent = [entry, *(e for e in self.recent if e != entry)][:4]
-
-
-class _WatchedPlan:
-    """A plan that notes each schedule it starts on a :class:`_Board`; otherwise the plan."""
-
-    def __init__(self, plan: Any, board: _Board) -> None:
-        self.inner, self.board = plan, board
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("inner", "board"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __repr__(self) -> str:
-        return repr(self.inner)
-
-    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> Any:
-        self.board.note(self.inner, epoch, start, rank, world_size)
-        return self.inner.schedule(epoch, start=start, rank=rank, world_size=world_size)
-
-
-@dataclass(eq=False)
-class _Prediction:
-    """One process's batches of one schedule: which shards each reads, first and last."""
-
-    key: tuple[int, int, int, int]  # (epoch, start, rank, world_size) of the schedule
-    firsts: list[int]  # each batch's first sample index
-    first_step: np.ndarray
-    last_step: np.ndarray
-    sched: Any
-    steps: Sequence[int]  # this process's schedule steps, in order
-    reads: np.ndarray  # samples of each shard this process reads
-    workers: int
-    next: int = 0  # the batch expected next
-
-    def __post_init__(self) -> None:
-        # The window changes only at a batch where some shard is first or no longer read.
-        self.changes = {*self.first_step.tolist(), *(self.last_step + 1).tolist()}
-        self._last: tuple[int, tuple[list[int], list[int]]] | None = None
-
-    def find(self, first: int, reach: int = 8) -> int | None:
-        """Where a batch starting at ``first`` is among the next ``reach`` expected ones."""
-        for j in range(self.next, min(self.next + reach, len(self.firsts))):
-            if self.firsts[j] == first:
-                return j
-        return None
-
-    def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
-        """The shards in use at batch ``step``, and the next ``prefetch`` first read after it."""
-        if self._last is None or self._last[0] != step - 1 or step in self.changes:
-            in_use = np.flatnonzero((self.first_step <= step) & (self.last_step >= step))
-            later = np.flatnonzero((self.first_step > step) & (self.last_step >= 0))
-            later = later[np.argsort(self.first_step[later], kind="stable")][:prefetch]
-            self._last = (step, (in_use.tolist(), later.tolist()))
-        else:
-            self._last = (step, self._last[1])
-        return self._last[1]
-
-
-class _NoRoom(Exception):
-    """The budget is full of shards that live processes still need (prefetch waits)."""
-
-
-class _Busy(Exception):
-    """Another process or thread is downloading this shard (prefetch moves on)."""
-
-
 class RemoteShards:
     """The shards of one dataset at URLs, their cache, and this process's prefetcher."""
 
     def __init__(
         self, source: str | list[str], suffixes: tuple[str, ...], cache: RemoteCache, owner: str
     ) -> None:
+        assert cache.max_bytes is not None
         self.cache, self.owner = cache, owner
         self.root_dir = cache.directory
-        self.stats_table = torch.zeros((_SLOTS, len(STATS)), dtype=torch.int64)
-        self.stats_table.share_memory_()  # workers count into it; the main process reads it
+        self.disk = DiskCache(self.root_dir, cache.max_bytes, owner)
         first = source if isinstance(source, str) else source[0]
         retry = {k: getattr(cache, k) for k in ("retries", "backoff_s", "timeout_s")}
         self.storage = Storage(first, cache.storage_options, **retry)
+        self.board = Board()
         self._reset()
         self.index_docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
         refuse_one_shard_twice(owner, (s.url for s in self.shards))
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
-        self.folder = self.folder_of(self.shards[0])
-        self.board = _Board()
+        self.folder = self.shards[0].folder
         self.reader: ShardReader | None = None  # set by count()
         self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
 
     def _reset(self) -> None:
-        self.storage.on_retry = partial(self._count, "retries")
+        """This process's state: none of it is sent to workers (see ``__getstate__``)."""
+        self.disk.reset()
+        self.storage.on_retry = partial(self.disk.count, "retries")
         self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._leases: dict[str, int] = {}  # shard key -> fd holding a shared flock
+        self._wake = threading.Condition()
         self._unplanned: OrderedDict[int, None] = OrderedDict()
-        self._queue: list[int | _Blocks] = []
+        self._queue: list[int | _BlockJob] = []
         self._thread: threading.Thread | None = None
-        self._predictions: dict[tuple[int, int, int, int], _Prediction] = {}
-        self._current: _Prediction | None = None
-        self._last: _Prediction | None = None  # the last matched, kept across unplanned reads
+        self._follow = Follower(self.board)
         self._planned = False  # whether the shards read now come from want()
-        self._warned = False
-        self._entries: dict[tuple[int, int | None], tuple[Path, Path, Path]] = {}  # _paths
+        self._entries: dict[tuple[int, int | None], Entry] = {}  # _paths
         self._window: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._verified: set[int] = set()  # cached shards this process checked the hash of
-        # Range reads: each shard's layout (None: whole file), leased blocks, those of the
-        # next batches, and open block maps.
-        self._layouts: dict[int, Layout | None] = {}
+        self._layouts: dict[int, Layout | None] = {}  # None: read from the whole file
         self._no_ranges = False  # the server ignores Range: every shard is fetched whole
-        self._block_keys: set[str] = set()
-        self._block_next: set[str] = set()
-        self._maps: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._blocks = Blocks(self.disk, self.storage, self.cache.block_bytes)
         self._ends_hint = np.zeros(1, dtype=np.int64)  # sample ends per shard (note_batch)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -518,7 +409,7 @@ class RemoteShards:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
             samples = reader.count(self.local(i))
-            self._release(self._leases)
+            self.disk.release()
         return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
@@ -561,8 +452,8 @@ class RemoteShards:
                     "(and delete the shard index).",
                     path=shard.url,
                 ) from exc
-            self._count_ranges(len(tail), 1)
-            self._count("footers")
+            self.disk.count_ranges(len(tail), 1)
+            self.disk.count("footers")
             if footer is not None:
                 return footer
             want = min(shard.size, int.from_bytes(tail[-8:-4], "little") + 8)
@@ -575,8 +466,211 @@ class RemoteShards:
         if footer is not None:
             return import_pyarrow().BufferReader(footer)
         path = self.local(index)
-        self._release(self._leases)
+        self.disk.release()
         return path
+
+    def stats(self) -> dict[str, Any]:
+        """The cache's counts over this process and its workers (names: ``STATS``)."""
+        return {
+            **self.disk.totals(),
+            "url": self.folder,
+            "cache_dir": str(self.root_dir),
+            "max_bytes": self.cache.max_bytes,
+            "cached_bytes": self.disk.used()[0],
+            "prefetch": self.cache.prefetch,
+            "range_reads": self.cache.range_reads,
+            "block_bytes": self.cache.block_bytes,
+            "shard_bytes": sum(s.total_bytes for s in self.shards),
+        }
+
+    # ------------------------------------------------------------ whole files
+    def _paths(self, index: int, block: int | None = None) -> Entry:
+        """The cache file, lease lock and download lock of shard ``index`` (or its ``block``)."""
+        found = self._entries.get((index, block))
+        if found is None:  # built once: per batch, Path joins and hashing add up
+            key, name = self.shards[index].key, self.shards[index].name
+            if block is not None:
+                blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
+                key, name = "b" + hashlib.sha256(blob).hexdigest()[:23], "block"
+            found = self._entries[(index, block)] = self.disk.entry(key, name)
+        return found
+
+    def local(self, index: int, *, ahead: bool = False) -> Path:
+        """The local path of shard ``index`` (its decoded copy if compressed), leased and
+        fetched into the cache if needed; ``ahead``: for the prefetcher (:class:`NoRoom`,
+        :class:`Busy`). A hashed shard is checked after download and on first read."""
+        self._here()
+        shard = self.shards[index]
+        target, lease, dl_lock = self._paths(index)
+        final = target.with_name(decoded_name(target.name))
+        self.disk.lease(lease)
+        if not ahead and not self._planned:
+            self.read_unplanned(index)
+        if self._ready(target, final) and self._cached_ok(index, target):
+            if not ahead:
+                self.disk.count("hits")
+                self.disk.touch(target)
+            return final
+        # One download per shard per machine; the prefetcher moves on instead of waiting.
+        fd = flock(dl_lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
+        if fd is None:
+            raise Busy
+        try:
+            if not ahead:
+                self.disk.count("waited")
+            if self._ready(target, final):  # another process or thread fetched it meanwhile
+                return final
+            need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
+            with self.disk.reserved(shard.url, [target.parent], [need], ahead=ahead):
+                unlink(target.parent.glob(".*.tmp"))  # left by a killed download
+                for name, size, version in shard.sidecars:
+                    side = target.parent / name
+                    if not side.exists():
+                        url = join_url(shard.folder, name)
+                        self.storage.download(url, side, size, version=version)
+                self._download_checked(index, target)
+                if final != target:
+                    decode_into(target, target.parent)
+            self.disk.count("fetched")
+            self.disk.count("fetched_bytes", shard.total_bytes)
+            if ahead:
+                self.disk.count("prefetched")
+            return final
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _ready(target: Path, final: Path) -> bool:
+        """Whether a cached shard can be read: its file, or its decoded copy left intact."""
+        return final.exists() if final == target else decoded_intact(final)
+
+    def _digest(self, index: int) -> str | None:
+        extras = self.extras[index]
+        return None if extras is None else extras.get("hash")
+
+    def _download_checked(self, index: int, target: Path) -> None:
+        """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""
+        shard, digest = self.shards[index], self._digest(index)
+        get = partial(self.storage.download, shard.url, target, shard.size, version=shard.version)
+        if digest is None:
+            get()
+            return
+
+        def check(tmp: Path) -> None:
+            actual = file_digest(tmp, digest.split(":", 1)[0])
+            if actual != digest:
+                fix = "it was fetched twice alike: restore the object, or rewrite the shards."
+                raise digest_error(shard.url, digest, actual, fix)
+
+        try:
+            get(check=check)
+        except DigestMismatch:
+            self.disk.count("corrupt")
+            get(check=check)
+        with contextlib.suppress(OSError):
+            verify(target, digest)  # the marker: other processes skip the hashing
+        self._verified.add(index)
+
+    def _cached_ok(self, index: int, target: Path) -> bool:
+        """Whether shard ``index``'s cached copy passes its hash (once per process)."""
+        digest = self._digest(index)
+        if digest is None or index in self._verified:
+            return True
+        try:
+            verify(target, digest, name=self.shards[index].url)
+        except FileNotFoundError:
+            pass  # evicted meanwhile (a decoded copy stays readable): fetched again if gone
+        except DigestMismatch:
+            self.disk.count("corrupt")
+            unlink(f for f in target.parent.iterdir() if f.name != RESERVED)
+            return False
+        self._verified.add(index)
+        return True
+
+    # -------------------------------------------------------------- prefetch
+    def want(
+        self, in_use: Sequence[int], upcoming: Sequence[int], blocks: Sequence[_BlockJob] = ()
+    ) -> None:
+        """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
+        release every other shard's lease, and fetch the missing ones in the background
+        (whole, or for a range-read shard the ``blocks`` its next batches read)."""
+        self._here()
+        window = (tuple(in_use), tuple(upcoming))
+        if window == self._window and self._planned and not blocks:
+            return  # the same shards as for the last batch: nothing to do
+        self._window = window
+        if self.cache.range_reads is not False and self.ranged_ok:
+            in_use = [i for i in in_use if self._layout(i) is None]
+            upcoming = [i for i in upcoming if self._layout(i) is None]
+        wanted = (*in_use, *upcoming)
+        keep = {self._paths(i)[1].name for i in wanted}
+        leased, blocks_held = self.disk.leased(), self._blocks.held()
+        drop = [k for k in leased if k not in keep and k not in blocks_held]
+        self.disk.release(drop)
+        self._unplanned.clear()
+        self._planned = True
+        if self.cache.prefetch == 0:
+            return
+        with self._wake:
+            self._queue = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
+            if self._queue and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                job = self._queue.pop(0)
+            try:
+                if isinstance(job, tuple):
+                    shard = self.shards[job[0]]
+                    self._blocks.fetch(shard, self._block_entries(*job), ahead=True)
+                else:
+                    self.local(job, ahead=True)
+            except NoRoom:
+                with self._wake:  # wait for the next batch's window (a lease ends)
+                    self._queue = []
+            except Exception:
+                pass  # Busy: its downloader finishes it; else the read fetches it and raises
+
+    def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
+        """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""
+        self.want(list(reading), list(rest)[: self.cache.prefetch])
+
+    def read_unplanned(self, index: int) -> None:
+        """A read with no prediction: keep a lease on the last few shards read this way."""
+        self._window = None
+        self._unplanned[index] = None
+        self._unplanned.move_to_end(index)
+        while len(self._unplanned) > _MAX_UNPLANNED_LEASES:
+            old, _ = self._unplanned.popitem(last=False)
+            self.disk.release([self._paths(old)[1].name])
+
+    def observe(self, plan: Any) -> Any:
+        """``plan``, noting on this dataset each schedule the loader starts with it."""
+        return WatchedPlan(plan, self.board)
+
+    def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
+        """Batch with first index ``first`` is being read: lease and prefetch the shards of
+        this process's next batches. Returns the shards it still needs (in use and next),
+        or None when no prediction matches (the read then fetches on demand)."""
+        self._here()
+        found = self._follow.locate(first, ends)
+        if found is None:
+            self._planned = False
+            self.disk.count("unplanned")
+            return None
+        pred, step = found
+        self._ends_hint = ends
+        in_use, upcoming = pred.window(step, self.cache.prefetch)
+        blocks = self._prefetch_blocks(pred, step) if self.cache.prefetch else []
+        self.want(in_use, upcoming, blocks)
+        return [*in_use, *upcoming]
 
     # ----------------------------------------------------------- range reads
     def _layout(self, index: int) -> Layout | None:
@@ -604,17 +698,16 @@ class RemoteShards:
     def _rangeable(self, index: int) -> bool:
         if not self._eligible(index):
             return False
-        budget = self.cache.max_bytes
-        assert budget is not None
-        big = self.shards[index].total_bytes > budget // (self.cache.prefetch + 1)
+        budget = self.disk.max_bytes // (self.cache.prefetch + 1)
+        big = self.shards[index].total_bytes > budget
         if self.cache.range_reads is True or big:
             return True
-        pred = self._current
+        pred = self._follow.current
         if pred is None or not int(pred.reads.sum()):
             return False
         # This process reads about 1/workers of what its rank reads of a shard.
         ends = self._ends_hint
-        shard_samples = int(ends[index] - (ends[index - 1] if index else 0))
+        shard_samples = int(ends[index]) - shard_start(ends, index)
         return int(pred.reads[index]) * pred.workers * 2 <= shard_samples
 
     def _probe(self, index: int) -> Layout | None:
@@ -633,13 +726,13 @@ class RemoteShards:
             if need is not None and len(head) < need <= min(shard.size, 1 << 20):
                 (head,) = read([(0, need)], version=shard.version)
                 fetched.append(len(head))
-            self._count_ranges(sum(fetched) + probed, len(fetched) + probed)
+            self.disk.count_ranges(sum(fetched) + probed, len(fetched) + probed)
             return npy_layout(head, shard.url, reader)
         dtype = reader.dtype
         side = [s for s in shard.sidecars if s[0] == shard.name + DTYPE_SUFFIX]
         if side:
             name, size, version = side[0]  # checked as the whole-file path downloads it
-            text = self.storage.read_bytes(join_url(self.folder_of(shard), name), (size, version))
+            text = self.storage.read_bytes(join_url(shard.folder, name), (size, version))
             header = np.dtype(text.decode().strip())
             if dtype is not None and header != dtype:
                 return None  # the whole-file path refuses it, naming the dtypes
@@ -648,7 +741,7 @@ class RemoteShards:
             return None  # the whole-file path raises its error
         if probed:
             self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
-            self._count_ranges(1, 1)
+            self.disk.count_ranges(1, 1)
         return Layout(0, dtype, shard.size // dtype.itemsize)
 
     def open_ranged(self, index: int) -> OpenShard | None:
@@ -660,116 +753,27 @@ class RemoteShards:
         assert isinstance(self.reader, TokenReader)
         return RangedTokens(self, index, layout, self.reader, self.shards[index].url)
 
-    def _blocks_of(self, starts: np.ndarray, nbytes: int) -> list[int]:
-        bb = self.cache.block_bytes
-        first, last = starts // bb, (starts + nbytes - 1) // bb
-        if nbytes <= bb:
-            return sorted({*first.tolist(), *last.tolist()})
-        pairs = zip(first.tolist(), last.tolist(), strict=True)
-        return sorted({b for f, la in pairs for b in range(f, la + 1)})
-
     def read_spans(self, index: int, starts: np.ndarray, nbytes: int) -> np.ndarray:
         """The ``nbytes`` bytes at each of ``starts`` in shard ``index``, as rows of a uint8
         array, from its blocks in the cache (the missing ones fetched now)."""
         self._here()
-        bb = self.cache.block_bytes
-        maps = self._fetch_blocks(index, self._blocks_of(starts, nbytes), ahead=False)
-        out = np.empty((len(starts), nbytes), dtype=np.uint8)
-        for k, start in enumerate(starts.tolist()):
-            pos, end = start, start + nbytes
-            while pos < end:
-                b = pos // bb
-                stop = min(end, (b + 1) * bb)
-                out[k, pos - start : stop - start] = maps[b][pos - b * bb : stop - b * bb]
-                pos = stop
-        return out
+        entries = self._block_entries(index, self._blocks.of(starts, nbytes))
+        return self._blocks.read(self.shards[index], entries, starts, nbytes)
 
-    def _map(self, path: Path) -> np.ndarray:
-        key = str(path)
-        arr = self._maps.get(key)
-        if arr is not None:
-            self._maps.move_to_end(key)
-            return arr
-        small = path.stat().st_size < 4096
-        arr = np.fromfile(path, dtype=np.uint8) if small else np.memmap(path, np.uint8, mode="r")
-        self._maps[key] = arr
-        while len(self._maps) > _MAX_MAPS:
-            self._maps.popitem(last=False)
-        return arr
+    def _block_entries(self, index: int, blocks: Iterable[int]) -> dict[int, Entry]:
+        return {b: self._paths(index, b) for b in blocks}
 
-    def _fetch_blocks(self, index: int, blocks: list[int], *, ahead: bool) -> dict[int, np.ndarray]:
-        """Maps of blocks ``blocks`` of shard ``index`` (none if ``ahead``), leased and fetched."""
-        entries = {b: self._paths(index, b) for b in blocks}
-        for _, lease, _ in entries.values():
-            self._lease_path(lease)
-        keys = {lease.name for _, lease, _ in entries.values()}
-        with self._lock:
-            self._block_keys |= keys
-        if not ahead:  # release the blocks neither this batch nor the next ones read
-            drop = self._block_keys - keys - self._block_next
-            self._release(drop)
-            with self._lock:
-                self._block_keys -= drop
-        missing = [b for b in blocks if not entries[b][0].exists()]
-        if not ahead:
-            self._count("block_hits", len(blocks) - len(missing))
-            for b in blocks:
-                if b not in missing:
-                    self._touch(entries[b][0])
-        if missing:
-            self._download_blocks(index, missing, ahead=ahead)
-        return {} if ahead else {b: self._map(entries[b][0]) for b in blocks}
-
-    def _download_blocks(self, index: int, missing: list[int], *, ahead: bool) -> None:
-        shard, bb = self.shards[index], self.cache.block_bytes
-        paths = {b: self._paths(index, b) for b in missing}
-        fds: list[int] = []
-        try:
-            todo = []
-            for b in missing:  # in block order: two processes never wait on each other
-                fd = _flock(paths[b][2], fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
-                if fd is None:
-                    continue  # another process fetches it (prefetch: skip it)
-                fds.append(fd)
-                if not paths[b][0].exists():
-                    todo.append(b)
-            if not todo:
-                return
-            sizes = {b: min(bb, shard.size - b * bb) for b in todo}
-            folders = [paths[b][0].parent for b in todo]
-            with self._reserved(shard, folders, [sizes[b] for b in todo], ahead=ahead):
-                runs: list[list[int]] = []
-                for b in todo:  # adjacent blocks in one range
-                    if runs and runs[-1][-1] == b - 1:
-                        runs[-1].append(b)
-                    else:
-                        runs.append([b])
-                spans = [(r[0] * bb, r[-1] * bb + sizes[r[-1]]) for r in runs]
-                datas = self.storage.read_ranges(shard.url, spans, shard.size, shard.version)
-                for run, data in zip(runs, datas, strict=True):
-                    for b in run:
-                        lo = (b - run[0]) * bb
-                        atomic_write(paths[b][0], methodcaller("write", data[lo : lo + sizes[b]]))
-            self._count("blocks_fetched", len(todo))
-            self._count_ranges(sum(sizes.values()), len(spans))
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def _prefetch_blocks(self, pred: _Prediction, step: int) -> list[_Blocks]:
+    def _prefetch_blocks(self, pred: Prediction, step: int) -> list[_BlockJob]:
         """The ``(shard, blocks)`` the next ``prefetch`` batches read that the cache lacks."""
-        if pred.sched is None or not any(self._layouts.values()):
+        if not any(self._layouts.values()):
             return []
         nxt = pred.steps[step + 1 : step + 1 + self.cache.prefetch]
         if not nxt:
-            self._block_next = set()
+            self._blocks.next = set()
             return []
-        idx = np.concatenate(
-            [np.asarray(pred.sched.indices(s), dtype=np.int64).reshape(-1) for s in nxt]
-        )
         ends = self._ends_hint
-        idx = idx % int(ends[-1])
-        of = np.searchsorted(ends, idx, side="right")
+        idx = np.concatenate([indices(pred.sched, s) for s in nxt]) % int(ends[-1])
+        of = shard_of(ends, idx)
         reader = self.reader
         assert isinstance(reader, TokenReader) and reader.seq_len is not None
         jobs, keep = [], set()
@@ -777,420 +781,13 @@ class RemoteShards:
             layout = self._layouts.get(shard)
             if layout is None:
                 continue
-            local = idx[of == shard] - (int(ends[shard - 1]) if shard else 0)
+            local = idx[of == shard] - shard_start(ends, shard)
             item = layout.dtype.itemsize
             starts = layout.offset + local * (reader.seq_len * item)
-            blocks = self._blocks_of(starts, (reader.seq_len + reader.targets) * item)
+            blocks = self._blocks.of(starts, (reader.seq_len + reader.targets) * item)
             keep |= {self._paths(shard, b)[1].name for b in blocks}
             todo = tuple(b for b in blocks if not self._paths(shard, b)[0].exists())
             if todo:
                 jobs.append((shard, todo))
-        self._block_next = keep
+        self._blocks.next = keep
         return jobs
-
-    # ----------------------------------------------------------------- stats
-    def _count(self, stat: str, value: int = 1) -> None:
-        info = get_worker_info()
-        slot = 0 if info is None else 1 + info.id % (_SLOTS - 1)
-        self.stats_table[slot, STATS.index(stat)] += value
-
-    def _count_ranges(self, nbytes: int, requests: int) -> None:
-        self._count("range_bytes", nbytes)
-        self._count("range_requests", requests)
-
-    def stats(self) -> dict[str, Any]:
-        """The cache's counts over this process and its workers (names: ``STATS``)."""
-        totals = self.stats_table.sum(dim=0).tolist()
-        out: dict[str, Any] = dict(zip(STATS, (int(t) for t in totals), strict=True))
-        out.update(
-            url=self.folder,
-            cache_dir=str(self.root_dir),
-            max_bytes=self.cache.max_bytes,
-            cached_bytes=self._used()[0],
-            prefetch=self.cache.prefetch,
-            range_reads=self.cache.range_reads,
-            block_bytes=self.cache.block_bytes,
-            shard_bytes=sum(s.total_bytes for s in self.shards),
-        )
-        return out
-
-    # ----------------------------------------------------------------- cache
-    def _paths(self, index: int, block: int | None = None) -> tuple[Path, Path, Path]:
-        """The cache file, lease lock and download lock of shard ``index`` (or its ``block``)."""
-        found = self._entries.get((index, block))
-        if found is None:  # built once: per batch, Path joins and hashing add up
-            key, name = self.shards[index].key, self.shards[index].name
-            if block is not None:
-                blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
-                key, name = "b" + hashlib.sha256(blob).hexdigest()[:23], "block"
-            locks = self.root_dir / "locks"
-            found = (self.root_dir / "objects" / key / name, locks / key, locks / f"{key}.dl")
-            self._entries[(index, block)] = found
-        return found
-
-    def _lease_path(self, lease: Path) -> None:
-        """Hold a shared lock on a cache entry so no process evicts it while this one reads."""
-        key = lease.name
-        with self._lock:
-            if key in self._leases:
-                return
-        fd = _flock(lease, fcntl.LOCK_SH)  # waits only while an evictor deletes it
-        assert fd is not None
-        with self._lock:
-            if self._leases.setdefault(key, fd) != fd:
-                os.close(fd)  # another thread leased it meanwhile
-
-    def _release(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            fds = [self._leases.pop(k) for k in list(keys) if k in self._leases]
-        for fd in fds:
-            os.close(fd)  # closing the descriptor drops its lock
-
-    def _used(self) -> tuple[int, list[tuple[float, str, int]]]:
-        """Bytes in the cache, and ``(last use, key, bytes)`` of each cached shard."""
-        entries, total = [], 0
-        try:
-            dirs = list(os.scandir(self.root_dir / "objects"))
-        except FileNotFoundError:
-            return 0, []
-        for d in dirs:
-            size = 0
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                for f in os.scandir(d.path):
-                    with contextlib.suppress(FileNotFoundError, ValueError):
-                        if f.name == _RESERVED:  # a download in flight counts in full
-                            size += int(Path(f.path).read_text() or 0)
-                        elif not f.name.endswith(".tmp"):
-                            size += f.stat().st_size
-            with contextlib.suppress(FileNotFoundError):
-                entries.append((d.stat().st_mtime, d.name, size))
-            total += size
-        return total, entries
-
-    @contextlib.contextmanager
-    def _reserved(
-        self, shard: RemoteShard, folders: list[Path], sizes: list[int], *, ahead: bool
-    ) -> Iterator[None]:
-        """Make room for and reserve ``sizes`` bytes in ``folders`` for the body's download,
-        under one machine-wide lock (two downloads cannot count on the same free bytes). With
-        ``ahead`` a full budget raises :class:`_NoRoom`; otherwise the download goes over it."""
-        fd = _flock(self.root_dir / "locks" / ".budget", fcntl.LOCK_EX)
-        assert fd is not None
-        try:
-            room = self._make_room(sum(sizes))
-            if not room and ahead:
-                raise _NoRoom
-            for folder, size in zip(folders, sizes, strict=True):
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / _RESERVED).write_text(str(size))
-        finally:
-            os.close(fd)
-        if not room:
-            self._over_budget(shard)
-        try:
-            yield
-        finally:
-            _unlink(folder / _RESERVED for folder in folders)
-
-    def _make_room(self, need: int) -> bool:
-        """Evict unleased shards, least recently used first, until ``need`` more bytes fit."""
-        budget = self.cache.max_bytes
-        assert budget is not None
-        used, entries = self._used()
-        if used + need <= budget:
-            return True
-        with self._lock:
-            mine = set(self._leases)
-        for _, key, size in sorted(entries):
-            if key in mine:
-                continue
-            fd = _flock(self.root_dir / "locks" / key, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if fd is None:
-                continue  # a live process needs it
-            try:
-                folder = self.root_dir / "objects" / key
-                # The shard first, so no one finds its folder complete while it goes.
-                _unlink(sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None))
-                shutil.rmtree(folder, ignore_errors=True)
-                self._count("evicted")
-                used -= size
-            finally:
-                os.close(fd)
-            if used + need <= budget:
-                return True
-        return False
-
-    def local(self, index: int, *, ahead: bool = False) -> Path:
-        """The local path of shard ``index`` (its decoded copy if compressed), leased and
-        fetched into the cache if needed; ``ahead``: for the prefetcher (:class:`_NoRoom`,
-        :class:`_Busy`). A hashed shard is checked after download and on first read."""
-        self._here()
-        shard = self.shards[index]
-        target, lease, dl_lock = self._paths(index)
-        final = target.with_name(decoded_name(target.name))
-        self._lease_path(lease)
-        if not ahead and not self._planned:
-            self.read_unplanned(index)
-        if self._ready(target, final) and self._cached_ok(index, target):
-            if not ahead:
-                self._count("hits")
-                self._touch(target)
-            return final
-        # One download per shard per machine; the prefetcher moves on instead of waiting.
-        fd = _flock(dl_lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if ahead else 0))
-        if fd is None:
-            raise _Busy
-        try:
-            if not ahead:
-                self._count("waited")
-            if self._ready(target, final):  # another process or thread fetched it meanwhile
-                return final
-            need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
-            with self._reserved(shard, [target.parent], [need], ahead=ahead):
-                _unlink(target.parent.glob(".*.tmp"))  # left by a killed download
-                for name, size, version in shard.sidecars:
-                    side = target.parent / name
-                    if not side.exists():
-                        url = join_url(self.folder_of(shard), name)
-                        self.storage.download(url, side, size, version=version)
-                self._download_checked(index, target)
-                if final != target:
-                    decode_into(target, target.parent)
-            self._count("fetched")
-            self._count("fetched_bytes", shard.total_bytes)
-            if ahead:
-                self._count("prefetched")
-            return final
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _ready(target: Path, final: Path) -> bool:
-        """Whether a cached shard can be read: its file, or its decoded copy left intact."""
-        return final.exists() if final == target else decoded_intact(final)
-
-    @staticmethod
-    def _touch(path: Path) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(path.parent)  # recently used: evicted last
-
-    def _digest(self, index: int) -> str | None:
-        extras = self.extras[index]
-        return None if extras is None else extras.get("hash")
-
-    def _download_checked(self, index: int, target: Path) -> None:
-        """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""
-        shard, digest = self.shards[index], self._digest(index)
-        get = partial(self.storage.download, shard.url, target, shard.size, version=shard.version)
-        if digest is None:
-            get()
-            return
-
-        def check(tmp: Path) -> None:
-            actual = file_digest(tmp, digest.split(":", 1)[0])
-            if actual != digest:
-                fix = "it was fetched twice alike: restore the object, or rewrite the shards."
-                raise digest_error(shard.url, digest, actual, fix)
-
-        try:
-            get(check=check)
-        except DigestMismatch:
-            self._count("corrupt")
-            get(check=check)
-        with contextlib.suppress(OSError):
-            verify(target, digest)  # the marker: other processes skip the hashing
-        self._verified.add(index)
-
-    def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether shard ``index``'s cached copy passes its hash (once per process)."""
-        digest = self._digest(index)
-        if digest is None or index in self._verified:
-            return True
-        try:
-            verify(target, digest, name=self.shards[index].url)
-        except FileNotFoundError:
-            pass  # evicted meanwhile (a decoded copy stays readable): fetched again if gone
-        except DigestMismatch:
-            self._count("corrupt")
-            _unlink(f for f in target.parent.iterdir() if f.name != _RESERVED)
-            return False
-        self._verified.add(index)
-        return True
-
-    @staticmethod
-    def folder_of(shard: RemoteShard) -> str:
-        """The folder URL ``shard`` is in."""
-        return shard.url.rsplit("/", 1)[0]
-
-    def _over_budget(self, shard: RemoteShard) -> None:
-        self._count("over_budget")
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"{self.owner}: the shard cache {str(self.root_dir)!r} is full "
-                f"(max_bytes={self.cache.max_bytes}), so {shard.url!r} is fetched over the "
-                "budget; raise RemoteCache(max_bytes=...), or lower prefetch=, mix_shards= "
-                "or num_workers.",
-                RuntimeWarning,
-                stacklevel=5,
-            )
-
-    # -------------------------------------------------------------- prefetch
-    def want(
-        self, in_use: Sequence[int], upcoming: Sequence[int], blocks: Sequence[_Blocks] = ()
-    ) -> None:
-        """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
-        release every other shard's lease, and fetch the missing ones in the background
-        (whole, or for a range-read shard the ``blocks`` its next batches read)."""
-        self._here()
-        window = (tuple(in_use), tuple(upcoming))
-        if window == self._window and self._planned and not blocks:
-            return  # the same shards as for the last batch: nothing to do
-        self._window = window
-        if self.cache.range_reads is not False and self.ranged_ok:
-            in_use = [i for i in in_use if self._layout(i) is None]
-            upcoming = [i for i in upcoming if self._layout(i) is None]
-        wanted = (*in_use, *upcoming)
-        keep = {self._paths(i)[1].name for i in wanted}
-        with self._lock:
-            drop = [k for k in self._leases if k not in keep and k not in self._block_keys]
-        self._release(drop)
-        self._unplanned.clear()
-        self._planned = True
-        if self.cache.prefetch == 0:
-            return
-        with self._wake:
-            self._queue = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
-            if self._queue and self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
-                )
-                self._thread.start()
-            self._wake.notify()
-
-    def _prefetch_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
-                job = self._queue.pop(0)
-            try:
-                if isinstance(job, tuple):
-                    self._fetch_blocks(job[0], list(job[1]), ahead=True)
-                else:
-                    self.local(job, ahead=True)
-            except _NoRoom:
-                with self._wake:  # wait for the next batch's window (a lease ends)
-                    self._queue = []
-            except Exception:
-                pass  # _Busy: its downloader finishes it; else the read fetches it and raises
-
-    def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
-        """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""
-        self.want(list(reading), list(rest)[: self.cache.prefetch])
-
-    def read_unplanned(self, index: int) -> None:
-        """A read with no prediction: keep a lease on the last few shards read this way."""
-        self._window = None
-        self._unplanned[index] = None
-        self._unplanned.move_to_end(index)
-        while len(self._unplanned) > _MAX_UNPLANNED_LEASES:
-            old, _ = self._unplanned.popitem(last=False)
-            self._release([self._paths(old)[1].name])
-
-    # --------------------------------------------------- map-style: the plan
-    def observe(self, plan: Any) -> Any:
-        """``plan``, noting on this dataset each schedule the loader starts with it."""
-        return _WatchedPlan(plan, self.board)
-
-    def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
-        """Batch with first index ``first`` is being read: lease and prefetch the shards of
-        this process's next batches. Returns the shards it still needs (in use and next),
-        or None when no prediction matches (the read then fetches on demand)."""
-        self._here()
-        pred = self._current
-        step = None if pred is None else pred.find(first)
-        if pred is None or step is None:
-            pred = self._current = self._anchor(first, ends)
-            if pred is None:
-                self._planned = False
-                self._count("unplanned")
-                return None
-            step = 0
-        pred.next = step + 1
-        self._ends_hint = ends
-        in_use, upcoming = pred.window(step, self.cache.prefetch)
-        blocks = self._prefetch_blocks(pred, step) if self.cache.prefetch else []
-        self.want(in_use, upcoming, blocks)
-        return [*in_use, *upcoming]
-
-    def _anchor(self, first: int, ends: np.ndarray) -> _Prediction | None:
-        """The prediction of a started schedule (or next epoch) whose first batch is ``first``."""
-        plan = self.board.plan
-        if plan is None:
-            return None
-        candidates = list(self.board.recent)
-        for pred in (self._current, self._last):
-            if pred is not None:
-                epoch, _, rank, world = pred.key
-                following = (epoch + 1, 0, rank, world)
-                if pred is self._current and pred.next >= len(pred.firsts):
-                    # Read to its end: persistent workers go on with the next epoch, which
-                    # may open with the same sample as this one, so it is tried first.
-                    candidates.insert(0, following)
-                else:
-                    candidates.append(following)
-        for key in candidates:
-            if key not in self._predictions:
-                self._predictions[key] = self._predict(plan, key, ends)
-            pred = self._predictions[key]
-            if pred.firsts and pred.firsts[0] == first:
-                self._last = pred
-                return pred
-        return None
-
-    @staticmethod
-    def _predict(plan: Any, key: tuple[int, int, int, int], ends: np.ndarray) -> _Prediction:
-        epoch, start, rank, world_size = key
-        sched = plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
-        info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        n = len(ends)
-        first_step = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-        last_step = np.full(n, -1, dtype=np.int64)
-        reads = np.zeros(n, dtype=np.int64)
-        firsts = []
-        steps = range(worker, sched.num_steps, workers)
-        for j, step in enumerate(steps):
-            idx = np.asarray(sched.indices(step), dtype=np.int64).reshape(-1)
-            if idx.size == 0:
-                firsts.append(-1)
-                continue
-            firsts.append(int(idx[0]))
-            of = np.searchsorted(ends, idx % int(ends[-1]), side="right")
-            reads += np.bincount(of, minlength=n)
-            shards = np.unique(of)
-            first_step[shards] = np.minimum(first_step[shards], j)
-            last_step[shards] = j
-        return _Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)
-
-
-def _flock(path: Path, flags: int) -> int | None:
-    """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, flags)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _unlink(paths: Iterable[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
