@@ -118,18 +118,8 @@ def _seed_from(sequence: np.random.SeedSequence) -> int:
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:
-    """A child seed of ``seed`` and ``keys``, stable across processes, platforms and hash seeds.
-
-    Args:
-        seed: The user's seed, an int in ``[0, 2**128)``.
-        *keys: Non-negative ints or strings, e.g. ``"sample", epoch, index``.
-
-    Returns:
-        An int in ``[0, 2**63)``.
-
-    Raises:
-        TypeError: ``seed`` is not an int, or a key neither an int nor a str.
-        ValueError: ``seed`` or an int key is negative, or ``seed >= 2**128``.
+    """A seed in ``[0, 2**63)`` from ``seed`` (an int in ``[0, 2**128)``) and ``keys``
+    (non-negative ints or strs), the same across processes, platforms and hash seeds.
 
     Example:
         >>> derive_seed(0, "worker", 0, 1) != derive_seed(0, "worker", 1, 0)
@@ -166,12 +156,8 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
     With ``G = 0x9E3779B97F4A7C15``, modulo ``2**64`` (part of the checkpoint format):
     ``e = mix64(derive_seed(seed, "sample") + (epoch + 1) * G)``,
-    ``key = mix64(e + (index + 1) * G)``. Distinct indices get distinct keys.
-
-    Args:
-        seed: The run's seed, an int in ``[0, 2**128)``.
-        epoch: The epoch, an int in ``[0, 2**64)``.
-        index: The sample's dataset index, an int in ``[0, 2**64)``.
+    ``key = mix64(e + (index + 1) * G)``; ``seed`` in ``[0, 2**128)``, ``epoch`` and
+    ``index`` in ``[0, 2**64)``. Distinct indices get distinct keys.
 
     Example:
         >>> sample_seed(0, 0, 0) != sample_seed(0, 0, 1) != sample_seed(0, 1, 0)
@@ -213,9 +199,9 @@ def mt_words(keys: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1)
 def _torch_template() -> np.ndarray:
-    """torch's CPU generator state after ``manual_seed(1)``, its layout checked (ATen's
-    ``CPUGeneratorImplStateLegacy``: u64 seed @0, int left @8, int seeded @12, u64 next @16,
-    u64 state[624] @24, normal-sample caches @5016..5056)."""
+    # torch's CPU state after manual_seed(1), layout checked (ATen's CPUGeneratorImplStateLegacy:
+    # u64 seed @0, int left @8, int seeded @12, u64 next @16, u64 state[624] @24,
+    # normal-sample caches @5016..5056).
     state = torch.Generator().manual_seed(1).get_state().numpy().copy()
     words = [1]
     for i in range(1, 3):  # MT's init_genrand(1)
@@ -298,15 +284,10 @@ def _init_worker(
 def worker_init_fn(
     seed: int, *, rank: int | None = None, user_fn: Callable[[int], Any] | None = None
 ) -> functools.partial[None]:
-    """A picklable DataLoader ``worker_init_fn`` seeding each worker's global generators.
-
-    Worker ``worker_id`` is seeded from ``derive_seed(seed, "worker", rank, worker_id,
-    base)``, ``base`` being torch's per-iterator base seed, then ``user_fn(worker_id)`` runs.
-
-    Args:
-        seed: The run's seed, an int in ``[0, 2**128)``.
-        rank: The data-parallel rank; ``None`` reads it now from ``torch.distributed``.
-        user_fn: The user's own ``worker_init_fn``, called after seeding.
+    """A picklable DataLoader ``worker_init_fn``: seeds worker ``worker_id``'s global generators
+    from ``derive_seed(seed, "worker", rank, worker_id, base)`` (``base``: torch's per-iterator
+    base seed), then calls ``user_fn(worker_id)``. ``rank=None`` reads the rank from
+    ``torch.distributed``.
 
     Example:
         >>> loader = torch.utils.data.DataLoader(
@@ -356,8 +337,7 @@ class _Rng(Protocol):
 class _TorchRng:
     """``torch.default_generator``, seeded with the sample's key."""
 
-    lazy_ok = False  # a sample can read its seed without drawing: seeded for every sample,
-    # so never parked (park and moved are the _Rng protocol's; read_parked seeds it per batch)
+    lazy_ok = False  # torch.initial_seed() reads the seed without drawing: seeded for every sample
 
     def __init__(self) -> None:
         self.generator = torch.default_generator
@@ -447,18 +427,27 @@ def global_rngs() -> tuple[_Rng, _Rng, _Rng]:
 
 
 @contextmanager
-def rngs_put_back() -> Iterator[None]:
-    """The global RNGs as the block found them (seeding's savers; CUDA's where it runs)."""
+def _put_back() -> Iterator[tuple[_Rng, _Rng, _Rng]]:
+    """:func:`global_rngs`, put back on exit in the states they had on entry."""
     rngs = global_rngs()
     saved = [rng.save() for rng in rngs]
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     try:
-        yield
+        yield rngs
     finally:
         for rng, state in zip(rngs, saved, strict=True):
             rng.restore(state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+
+
+@contextmanager
+def rngs_put_back() -> Iterator[None]:
+    """The global RNGs as the block found them (CUDA's too where it runs)."""
+    with _put_back():
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        try:
+            yield
+        finally:
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
 
 
 @contextmanager
@@ -468,8 +457,7 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
     torch gets :func:`sample_seed` (``torch.initial_seed()`` returns it), numpy and
     :mod:`random` their own streams of it. Not thread-safe.
 
-    Yields:
-        The sample seed.
+    Yields the sample seed.
 
     Example:
         >>> with seeded_sample(42, epoch=0, index=3) as s:
@@ -494,23 +482,18 @@ def seeded_batch(seed: int, epoch: int, keys: np.ndarray) -> AbstractContextMana
 
 @contextmanager
 def _seeded(value: int) -> Iterator[int]:
-    rngs = global_rngs()
-    saved = [rng.save() for rng in rngs]
-    try:
+    with _put_back() as rngs:
         keys = np.array([value], dtype=np.uint64)
         for rng in rngs:
             rng.seed(rng.seeds(keys)[0])
         yield value
-    finally:
-        for rng, state in zip(rngs, saved, strict=True):
-            rng.restore(state)
 
 
 class SampleSeeder:
-    """Loads a batch's samples one by one, each under the global generators seeded for it;
-    the caller's states are restored after the batch. torch's is seeded for every sample;
-    with ``lazy=True`` numpy's and Python's only once the first batch (all seeded, watched)
-    sees a sample draw from them, else parked (a batch drawing from one is loaded again)."""
+    """Loads a batch's samples, each under the global generators seeded for it, and puts the
+    caller's states back. torch's is seeded for every sample; with ``lazy=True`` numpy's and
+    Python's only once a sample drew from them (the first batch seeds and watches all; later
+    ones park the unused, and load again if a sample moved one)."""
 
     __slots__ = ("in_use", "lazy", "probed")
 
@@ -518,12 +501,6 @@ class SampleSeeder:
         self.lazy = lazy
         self.in_use = [not lazy] * 3  # global_rngs() order; torch's is seeded regardless
         self.probed = not lazy
-
-    def __getstate__(self) -> tuple[bool, list[bool], bool]:
-        return self.lazy, self.in_use, self.probed
-
-    def __setstate__(self, state: tuple[bool, list[bool], bool]) -> None:
-        self.lazy, self.in_use, self.probed = state
 
     def load(
         self,
@@ -536,9 +513,7 @@ class SampleSeeder:
     ) -> list[Any]:
         """``out`` filled with ``getitem(i)`` per index, seeded by ``(seed, epoch, i)`` or by
         ``seed_keys``; if ``getitem`` raises, ``out`` holds the samples before it."""
-        rngs = global_rngs()
-        saved = [rng.save() for rng in rngs]
-        try:
+        with _put_back() as rngs:
             keys = sample_keys(seed, epoch, np.asarray(indices if seed_keys is None else seed_keys))
             if not self.probed:
                 return self._probe(rngs, keys, indices, getitem, out)
@@ -556,9 +531,6 @@ class SampleSeeder:
                     return out
                 for slot in moved:  # a sample drew from it unseeded: load the batch again
                     self.in_use[slot] = True
-        finally:
-            for rng, state in zip(rngs, saved, strict=True):
-                rng.restore(state)
 
     def _probe(
         self,
@@ -587,9 +559,7 @@ class SampleSeeder:
         """``read()`` with torch's generator seeded with ``torch_seed`` (what
         ``torch.initial_seed()`` reads) and the others parked, and whether it drew from any
         (None when one cannot be parked)."""
-        rngs = global_rngs()
-        saved = [rng.save() for rng in rngs]  # numpy's save() decides its lazy_ok
-        try:
+        with _put_back() as rngs:  # numpy's save() decides its lazy_ok
             if not all(rng.lazy_ok for rng in rngs[1:]):
                 return None, None
             torch_rng = torch.default_generator
@@ -599,9 +569,6 @@ class SampleSeeder:
             result = read()
             moved = not torch.equal(torch_rng.get_state(), seeded)
             return result, moved or any(rng.moved() for rng in rngs[1:])
-        finally:
-            for rng, state in zip(rngs, saved, strict=True):
-                rng.restore(state)
 
 
 def _load(
@@ -611,17 +578,10 @@ def _load(
     seeded: list[tuple[Callable[[int], Any], list[int]]],
 ) -> None:
     out.clear()
-    append = out.append
-    if len(seeded) == 1:  # torch's alone: the common case
-        seed_one, seeds = seeded[0]
-        for index, s in zip(indices, seeds, strict=True):
-            seed_one(s)
-            append(getitem(index))
-        return
     for pos, index in enumerate(indices):
         for seed_one, seeds in seeded:
             seed_one(seeds[pos])
-        append(getitem(index))
+        out.append(getitem(index))
 
 
 _NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorDataset)
