@@ -304,8 +304,14 @@ def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _note(exc: BaseException, i: int, job: _Job) -> None:
-    exc.add_note(f"write_shards: raised while writing shard {i} ({job.name(i)})")
+@contextlib.contextmanager
+def _noted(job: _Job, i: int) -> Iterator[None]:
+    """An exception raised in the block gets a note naming shard ``i``."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"write_shards: raised while writing shard {i} ({job.name(i)})")
+        raise
 
 
 def _write_all(
@@ -335,11 +341,8 @@ def _write_all(
 
     if pool is None:
         for i, item, fp in todo():
-            try:
+            with _noted(job, i):
                 finished(*_run_shard(job, i, item, fp))
-            except Exception as exc:
-                _note(exc, i, job)
-                raise
     else:
         _pool_write(job, todo(), pool, num_workers, finished)
     return results
@@ -358,29 +361,23 @@ def _pool_write(
     try:
         while True:
             for i, item, fp in itertools.islice(todo, 2 * num_workers - len(pending)):
-                try:
+                with _noted(job, i):
                     blob = bytes(ForkingPickler.dumps(item))
-                except Exception as exc:
-                    _note(exc, i, job)
-                    raise
                 pending[pool.submit(_run_pooled, i, blob, fp)] = i
             if not pending:  # todo is exhausted
                 break
             ready, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for fut in sorted(ready, key=pending.__getitem__):
                 i = pending.pop(fut)
-                try:
-                    finished(*fut.result())
-                except BrokenProcessPool as exc:
+                if isinstance(broken := fut.exception(), BrokenProcessPool):
                     raise ShardError(
                         f"write_shards: a writer process died while shards "
-                        f"{sorted([i, *pending.values()])} were being written ({exc}); re-run "
-                        "the same call: the shards already written are kept and skipped.",
+                        f"{sorted([i, *pending.values()])} were being written ({broken}); "
+                        "re-run the same call: the shards already written are kept and skipped.",
                         path=job.root,
-                    ) from exc
-                except Exception as exc:  # the worker's traceback is its __cause__
-                    _note(exc, i, job)
-                    raise
+                    ) from broken
+                with _noted(job, i):  # the worker's traceback is the error's __cause__
+                    finished(*fut.result())
     finally:
         for fut in pending:
             fut.cancel()
@@ -406,9 +403,12 @@ def write_shards(
 ) -> list[Any]:
     """Write one file per item of ``shards`` with ``reader.write``, atomically, and index them.
 
+    Returns the shard paths (URLs for a URL), in order. An error in ``fn`` or the reader
+    propagates with a note naming the shard; a writer process that died is a ``ShardError``.
+
     Args:
-        directory: A folder (created if needed) or a folder URL (``loaderkit[remote]``).
-            Files named like this write's shards that it did not produce are removed.
+        directory: A folder (created if needed) or a folder URL (``loaderkit[remote]``);
+            files named like this write's shards that it did not produce are removed.
         shards: One item per shard (the reader's data, or ``fn``'s inputs), read lazily.
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
         suffix: File suffix (default: the reader's first).
@@ -417,25 +417,13 @@ def write_shards(
         storage_options: The fsspec filesystem's options for a URL.
         compression: ``"zstd"`` (``loaderkit[zstd]``) or None.
         level: The zstd level (default 3; -7 to 22).
-        hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``:
-            each file's digest, checked on first read.
-        fn: ``fn(item)`` makes a shard's data in the writing process; must pickle
-            unless ``mp_context="fork"``.
+        hash: ``"sha256"``, ``"blake2b"``, ``"xxh64"``, ``"xxh3_64"`` or ``"xxh3_128"``.
+        fn: ``fn(item)`` makes a shard's data in the writer; must pickle unless forked.
         num_workers: Writer processes (0: the caller).
-        mp_context: A start method name or a multiprocessing context (default:
-            ``"forkserver"`` where available, else ``"spawn"``).
+        mp_context: A start method or context (default: forkserver, else spawn).
         progress: Show a progress bar on stderr.
-        resume: After an interrupted call, skip the shards it finished with the same
-            settings and inputs (each item's pickle is digested: a path is compared as a
-            path, a set may differ across processes; ``fn``'s code and the code it calls
-            in your modules are compared, installed packages are not). ``False`` writes
-            every shard, digesting none.
-
-    Returns:
-        The shard paths (URLs for a URL), in order.
-
-    Raises:
-        ShardError: A writer process died (other errors carry a note naming the shard).
+        resume: Skip the shards an interrupted call with the same settings, ``fn`` code
+            and input pickles finished (``docs/guide/shards.md``); ``False`` writes all.
 
     Example:
         >>> import tempfile
@@ -461,7 +449,8 @@ def write_shards(
             bar.close()
     if not results:
         raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
-    return (_index_local if job.storage is None else _index_remote)(job, results, index)
+    written = [results[i] for i in sorted(results)]
+    return (_index_local if job.storage is None else _index_remote)(job, written, index)
 
 
 def _make_job(
@@ -489,7 +478,10 @@ def _check_args(
 ) -> tuple[bool, bool]:
     if not callable(getattr(reader, "write", None)):
         name = type(reader).__name__
-        raise TypeError(f"write_shards: reader {name} has no write(path, data) method.")
+        raise TypeError(
+            f"write_shards: reader {name} has no write(path, data) method; pass a reader "
+            "that writes, e.g. JsonlReader()."
+        )
     if fn is not None and not callable(fn):
         raise TypeError(
             f"write_shards: fn must be a callable, got {fn!r}; pass a module-level function "
@@ -607,7 +599,7 @@ def _stale(
     return files
 
 
-def _index_local(job: _Job, results: dict[int, Done], index: Any) -> list[Path]:
+def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
     root = Path(job.root)
 
     def read(name: str) -> bytes | None:
@@ -617,10 +609,10 @@ def _index_local(job: _Job, results: dict[int, Done], index: Any) -> list[Path]:
             return None
 
     names = [p.name for p in root.iterdir()]
-    for stale in _stale(job, names, read, {results[i][0] for i in results}):
+    for stale in _stale(job, names, read, {name for name, _, _ in written}):
         with contextlib.suppress(FileNotFoundError):
             (root / stale).unlink()
-    known = {root / results[i][0]: (results[i][1], results[i][2]) for i in sorted(results)}
+    known = {root / name: (samples, extras) for name, samples, extras in written}
     paths = list(known)
     own = default_index_path(paths, job.reader)
     for target in [own] if index is None or Path(index) == own else [Path(index), own]:
@@ -629,7 +621,7 @@ def _index_local(job: _Job, results: dict[int, Done], index: Any) -> list[Path]:
     return paths
 
 
-def _index_remote(job: _Job, results: dict[int, Done], index: Any) -> list[str]:
+def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
     storage = job.storage
     assert storage is not None
     listed = {entry["name"]: entry for entry in storage.listing(job.root)}
@@ -637,12 +629,12 @@ def _index_remote(job: _Job, results: dict[int, Done], index: Any) -> list[str]:
     def read(name: str) -> bytes:
         return storage.read_bytes(join_url(job.root, name))
 
-    for stale in _stale(job, list(listed), read, {results[i][0] for i in results}):
+    for stale in _stale(job, list(listed), read, {name for name, _, _ in written}):
         url = join_url(job.root, stale)
         storage.call("removing", url, functools.partial(storage.fs.rm, url))
     rows = [
-        [name, listed[name]["size"], listed[name]["version"], int(n), *[extras] * bool(extras)]
-        for name, n, extras in (results[i] for i in sorted(results))
+        [name, listed[name]["size"], listed[name]["version"], int(n)] + ([extras] if extras else [])
+        for name, n, extras in written
     ]
     doc = index_doc(rows, job.reader, WRITER, remote=True)
     own = join_url(job.root, remote_index_name([r[0] for r in rows], job.reader))
