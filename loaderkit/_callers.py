@@ -21,6 +21,10 @@ class Host(Protocol):
     def data_parallel(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of the run's data-parallel group, or None."""
 
+    def splits_loaders(self) -> bool:
+        """Whether a loader that names no rank or world size is split across that group
+        (False: the user split the data, e.g. Lightning's ``use_distributed_sampler=False``)."""
+
     def drives(self, loader: object) -> bool:
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
 
@@ -75,6 +79,9 @@ class _NoHost:
 
     def _false(self, *args: object, **kwargs: object) -> bool:
         return False
+
+    def splits_loaders(self) -> bool:
+        return True  # over torch.distributed's group, where one is initialised
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none

@@ -79,6 +79,8 @@ def detect(
 
     Rank and world size come from the host (Trainer or Fabric) of ``loader`` or of the
     running fit, else ``torch.distributed``, else ``(0, 1)``; workers from ``get_worker_info()``.
+    A ``loader`` given neither override reads as ``(0, 1)`` where its host leaves the split
+    to the user (``Trainer(use_distributed_sampler=False)``).
 
     Args:
         rank: Override the rank.
@@ -89,6 +91,11 @@ def detect(
         >>> detect(rank=1, world_size=4).slot
         1
     """
+    # Only a loader's split follows the host; without one this is the process's place in
+    # the group (num_workers="auto" shares the machine's CPUs by it).
+    unnamed = rank is None and world_size is None and loader is not None
+    if unnamed and not host_of(loader).splits_loaders():
+        rank, world_size = 0, 1
     if rank is None or world_size is None:
         hosted = host_of(loader).data_parallel()
         if hosted is not None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
 from lightning.pytorch.trainer.states import RunningStage
 
@@ -37,10 +38,12 @@ def data_parallel_of(driver: Any) -> tuple[int, int] | None:
         ) from exc
 
 
-def data_parallel_size(trainer: Any) -> int:
-    """The number of data-parallel ranks of ``trainer`` (1 on a single device)."""
-    topology = data_parallel_of(trainer)
-    return 1 if topology is None else topology[1]
+def splits_loaders(driver: Any) -> bool:
+    """A Trainer's ``use_distributed_sampler`` (``_accelerator_connector``: no public
+    attribute keeps it); a Fabric has no such flag (True)."""
+    if not isinstance(driver, Trainer):
+        return True
+    return bool(driver._accelerator_connector.use_distributed_sampler)
 
 
 class LightningHost:
@@ -53,6 +56,10 @@ class LightningHost:
     def data_parallel(self) -> tuple[int, int] | None:
         driver = self._driver()
         return None if driver is None else data_parallel_of(driver)
+
+    def splits_loaders(self) -> bool:
+        driver = self._driver()
+        return driver is None or splits_loaders(driver)
 
     def ended(self) -> bool:
         """Whether the driver is gone, or its run failed and Lightning tore it down."""

@@ -4,6 +4,8 @@ A job of ``test_trainer_ddp.py`` (``main([OUT])``, or ``python _dp_group.py OUT`
 strategy is a ``DDPStrategy`` whose ``distributed_sampler_kwargs`` name one
 data-parallel replica (as ``ModelParallelStrategy`` does for tensor-parallel
 peers, which needs CUDA), so both processes must train on the same batches.
+``OUT user-split``: plain DDP with ``use_distributed_sampler=False`` instead, so each
+rank reads all of its own loader.
 Each rank writes ``OUT/records-rank{R}.jsonl``. Lightning's launcher re-runs
 this command line for rank 1, which is why it is a script.
 """
@@ -34,7 +36,8 @@ class OneDataParallelRank(DDPStrategy):
 
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
-    out = Path((sys.argv[1:] if argv is None else argv)[0])
+    args = sys.argv[1:] if argv is None else argv
+    out, user_split = Path(args[0]), args[1:] == ["user-split"]
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     model = IdModule(records_path=str(out / f"records-rank{rank}.jsonl"))
@@ -42,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         **trainer_kwargs(
             max_epochs=EPOCHS,
             devices=2,
-            strategy=OneDataParallelRank(process_group_backend="gloo"),
+            strategy=(DDPStrategy if user_split else OneDataParallelRank)(
+                process_group_backend="gloo"
+            ),
+            use_distributed_sampler=not user_split,
             callbacks=[PhaseLog()],
         )
     )

@@ -134,6 +134,7 @@ def first(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
         job("stream_cut", ID_JOB, *stream_args(out / "stream_cut", "--every", STREAM_CUT_AT,
                                                "--fail-at", STREAM_CUT_AT)),
         job("one_replica", "tests.distributed._dp_group", out / "one_replica"),
+        job("user_split", "tests.distributed._dp_group", out / "user_split", "user-split"),
         job("sharded_dm", DM_JOB, "--data", out / "dm-data", "--out", out / "sharded_dm"),
         job("mixed_dm", DM_JOB, "--data", out / "web", "--books", out / "books",
             "--out", out / "mixed_dm"),
@@ -297,6 +298,16 @@ def test_peers_of_one_data_parallel_rank_train_on_the_same_batches(first: Jobs) 
     steps = [[(r["epoch"], r["step"], r["ids"]) for r in records] for records in (r0, r1)]
     assert steps[0] == steps[1], "the two peers of data-parallel rank 0 got different batches"
     assert_epochs_exactly_once(by_epoch(r0), GROUP_SIZE, GROUP_EPOCHS)
+
+
+def test_use_distributed_sampler_false_under_real_ddp_reads_each_ranks_whole_loader(
+    first: Jobs,
+) -> None:
+    """Measured before: each rank trained on half of the loader the user had given it."""
+    assert first.rc("user_split") == 0
+    for ranks_records in records(first.out / "user_split"):
+        assert len(ranks_records) == GROUP_EPOCHS * GROUP_SIZE // GROUP_BATCH
+        assert_epochs_exactly_once(by_epoch(ranks_records), GROUP_SIZE, GROUP_EPOCHS)
 
 
 # ----------------------------------------------------------------------------- DataModules

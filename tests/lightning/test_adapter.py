@@ -262,6 +262,47 @@ def test_a_validation_repeating_whole_batches_on_several_ranks_is_refused() -> N
     assert len(model.seen) == 5
 
 
+@pytest.mark.parametrize("how", ["datamodule", "callback", "entry point"])
+def test_use_distributed_sampler_false_leaves_each_rank_the_whole_loader(how: str) -> None:
+    """Measured before: rank 2 of 3 trained on a third of the 24 samples its loader held (the
+    user had split the data, as Lightning's flag says); now it reads them all, as a torch
+    DataLoader does, while a rank/world_size the user passed still splits."""
+    callbacks = [AttachLoaders()] if how == "callback" else []
+    kwargs = trainer_kwargs(
+        strategy=DataParallelOf(2, 3), callbacks=callbacks, use_distributed_sampler=False
+    )
+    model = IdModule()
+    L.Trainer(**kwargs).fit(model, datamodule=IdDataModule(24, 2, host=how == "datamodule"))
+    assert [r["ids"] for r in model.records] == _share(0, 1)
+    for given, share in [({"rank": 1, "world_size": 3}, (1, 3)), ({"world_size": 3}, (2, 3))]:
+        model = IdModule()  # a split the user asked for; the rest of it from the group
+        kwargs["strategy"] = DataParallelOf(2, 3)
+        L.Trainer(**kwargs).fit(model, datamodule=IdDataModule(24, 2, **given))
+        assert [r["ids"] for r in model.records] == _share(*share)
+
+
+def test_use_distributed_sampler_false_predicts_every_sample_of_each_ranks_loader() -> None:
+    # The repeat refusal (several ranks sharing one split) does not apply: nothing is shared.
+    trainer = L.Trainer(
+        **trainer_kwargs(strategy=DataParallelOf(1, 2), use_distributed_sampler=False)
+    )
+    model = Predicts()
+    trainer.predict(model, dataloaders=ResumableDataLoader(list(range(11)), batch_size=3))
+    assert model.seen == list(range(11))
+
+
+def test_the_trainers_use_distributed_sampler_is_read() -> None:
+    for flag in (True, False):
+        trainer = L.Trainer(**trainer_kwargs(use_distributed_sampler=flag))
+        assert _adapter.LightningHost(trainer).splits_loaders() is flag, changed(
+            "where Trainer(use_distributed_sampler=) is kept "
+            "(trainer._accelerator_connector.use_distributed_sampler)",
+            "splits_loaders",
+        )
+    fabric = L.Fabric(accelerator="cpu", devices=1)  # no such flag: its loaders are split
+    assert _adapter.LightningHost(fabric).splits_loaders()
+
+
 def test_a_loader_without_a_host_uses_the_global_group() -> None:
     # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
     # the strategy's data-parallel group.

@@ -549,6 +549,24 @@ def test_a_datamodules_loaders_know_their_trainers_group_wherever_they_are_asked
     assert len(dm.train_dataloader()) == SIZE // BATCH // 4
 
 
+def test_use_distributed_sampler_false_on_several_ranks_is_refused_not_guessed() -> None:
+    # The flag says the user split the data; a module that splits its data itself cannot
+    # tell one rank's part from a flag set out of habit (was: silently a 1/world_size part).
+    kwargs = trainer_kwargs(max_epochs=1, use_distributed_sampler=False)
+    dm = tensor_dm(val_fraction=0.25)
+    dm.trainer = L.Trainer(**kwargs, strategy=DataParallelOf(1, 2))
+    refused = (
+        r"TensorDataModule deals each split across the 2 .*use_distributed_sampler=False\. "
+        r"Drop that argument .*return your own ResumableDataLoader"
+    )
+    for ask in (dm.train_dataloader, dm.val_dataloader, dm.test_dataloader, dm.describe):
+        with pytest.raises(ValueError, match=refused):
+            ask()
+    dm = tensor_dm()  # one rank: nothing to split
+    L.Trainer(**kwargs, strategy=DataParallelOf(0, 1)).fit(AnyBatchModule(), datamodule=dm)
+    assert len(dm.train_dataloader()) == SIZE // BATCH
+
+
 class _Draws(torch.utils.data.Dataset[torch.Tensor]):
     def __len__(self) -> int:
         return 6

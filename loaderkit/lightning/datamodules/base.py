@@ -14,7 +14,7 @@ from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
-from loaderkit.lightning._adapter import data_parallel_of, data_parallel_size
+from loaderkit.lightning._adapter import data_parallel_of, splits_loaders
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
@@ -185,8 +185,26 @@ class LoaderDataModule(L.LightningDataModule):
         return True, reason
 
     def _world_size(self) -> int:
-        trainer = self.trainer
-        return data_parallel_size(trainer) if trainer is not None else detect().world_size
+        if self.trainer is None:
+            return detect().world_size
+        group = self._group()
+        return 1 if group is None else group[1]
+
+    def _group(self) -> tuple[int, int] | None:
+        """The trainer's data-parallel ``(rank, world_size)``, which this module deals every
+        split across itself."""
+        group = None if self.trainer is None else data_parallel_of(self.trainer)
+        # Lightning's flag says the user split the data: whether this module's data is one
+        # rank's part, or the flag was set out of habit, cannot be told, so neither is guessed.
+        if group is not None and group[1] > 1 and not splits_loaders(self.trainer):
+            raise ValueError(
+                f"{type(self).__name__} deals each split across the {group[1]} data-parallel "
+                "ranks itself, but the Trainer has use_distributed_sampler=False. Drop that "
+                "argument (Lightning never wraps loaderkit's loaders), or, for data already "
+                "split per rank, return your own ResumableDataLoader(...) from the *_dataloader() "
+                "hooks."
+            )
+        return group
 
     def setup(self, stage: str) -> None:
         """Build the datasets (once per stage) and apply ``val_fraction``."""
@@ -274,6 +292,7 @@ class LoaderDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{type(self).__name__}.loader: split must be one of {SPLITS}, got {split!r}."
             )
+        group = self._group()
         dataset = self._dataset(split)
         train = split == "train"
         workers: int | Literal["auto"] = self.num_workers if num_workers is None else num_workers
@@ -289,7 +308,7 @@ class LoaderDataModule(L.LightningDataModule):
             "per_sample_seeding": seeding,
         }
         if split != "train" and not isinstance(dataset, StreamingShardedDataset):
-            dataset, topology = self._rank_part(split, dataset)
+            dataset, topology = self._rank_part(split, dataset, group)
             common |= topology
         batch_size = self.batch_size if train else self.eval_batch_size
         batching: dict[str, Any] = {"batch_size": batch_size, "drop_last": self.drop_last and train}
@@ -310,14 +329,15 @@ class LoaderDataModule(L.LightningDataModule):
         built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
 
-    def _rank_part(self, split: str, dataset: Any) -> tuple[Any, dict[str, int]]:
+    def _rank_part(
+        self, split: str, dataset: Any, hosted: tuple[int, int] | None
+    ) -> tuple[Any, dict[str, int]]:
         """This rank's part of an eval split, dealt as Lightning deals it: predict each sample
         once (``UnrepeatedDistributedSamplerWrapper``), val/test padded by at most
         ``world_size - 1`` samples (``DistributedSampler``) where :meth:`eval_batches_by_rank`;
         with the loader's topology then ``(0, 1)``. Elsewhere the loader deals the split."""
         if split != "predict" and not self.eval_batches_by_rank():
             return dataset, {}
-        hosted = None if self.trainer is None else data_parallel_of(self.trainer)
         env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])
         rank, world_size, n = env.rank, env.world_size, len(dataset)
         if world_size == 1:
