@@ -7,6 +7,7 @@ checks the last skipped sample's digest (``docs/design.md``, "Host contracts").
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import warnings
@@ -104,8 +105,16 @@ def take(it: Iterator[Any], count: int, items: list[Any]) -> None:
             break
 
 
-def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process: bool) -> Any:
-    """``iter(dataset)`` placed after ``start`` (a worker's record)."""
+def open_stream(
+    dataset: Any,
+    start: dict[str, Any],
+    worker: int,
+    *,
+    in_process: bool,
+    source: EngineSource | None = None,
+) -> Any:
+    """``iter(dataset)`` placed after ``start`` (a worker's record); a replay batches as
+    ``source`` does."""
     # The dataset's state before iter(), the iterator's after it (torchdata's order), then a
     # worker's RNGs; a dataset that is its own iterator first goes where its last epoch ended.
     if start["end_state"] is not None:
@@ -120,7 +129,10 @@ def open_stream(dataset: Any, start: dict[str, Any], worker: int, *, in_process:
     yielded, failures = int(start["yielded"]), int(start["failed"] or 0)
     restored = start["dataset_state"] is not None or start["iterator_state"] is not None
     if (yielded or failures) and not restored:
-        _skip(it, yielded, failures, start["digest"], worker)
+        assert source is not None  # a fresh record (priming) has nothing to skip
+        # A worker's collate_fn draws from the global RNGs its stream draws from.
+        collate = None if in_process else source.collate
+        _skip(it, (yielded, failures), start["digest"], worker, source.batch_size, collate)
     if start.get("rng") is not None and not in_process:
         set_rng_state(start["rng"])
     return it
@@ -140,7 +152,9 @@ def worker_batches(
     if start["ended"]:  # it had handed out everything before the state was saved
         yield _END, worker, None, None
         return
-    it = open_stream(dataset, start, worker, in_process=in_process) if opened is None else opened
+    if opened is None:
+        opened = open_stream(dataset, start, worker, in_process=in_process, source=source)
+    it = opened
     rec = _Recorder(dataset, it, start, in_process=in_process)
     while True:
         samples: list[Any] = []
@@ -221,22 +235,39 @@ def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
     return error
 
 
-def _skip(it: Iterator[Any], count: int, failures: int, digest: int | None, worker: int) -> None:
-    """Replay a worker's stream past ``count`` samples and ``failures`` raising pulls; the last
-    sample is checked against ``digest``."""
+def _skip(
+    it: Iterator[Any],
+    saved: tuple[int, int],
+    digest: int | None,
+    worker: int,
+    batch_size: int,
+    collate: Callable[[list[Any]], Any] | None,
+) -> None:
+    """Replay a worker's stream past ``saved`` (samples, raising pulls) batch by batch, as
+    worker_batches pulled it, calling ``collate`` on each batch; the last sample is checked
+    against ``digest``."""
+    count, failures = saved
     seen, raised, last = 0, 0, None
     while seen < count or raised < failures:
+        samples: list[Any] = []
         try:
-            item = next(it)  # not islice: see take()
-        except StopIteration:
-            break
+            take(it, batch_size, samples)
         except Exception:
             raised += 1
-            if raised > failures:
-                break
+            failed = True
+        else:
+            failed = False
+        seen, last = seen + len(samples), samples[-1] if samples else last
+        if raised > failures or seen > count:
+            break  # not the saved stream: refused below
+        if failed:
             continue
-        seen, last = seen + 1, item
-        if seen > count:
+        if not samples:
+            break
+        if collate is not None:  # the run's draws: the worker's RNGs end where they stood
+            with contextlib.suppress(Exception):  # the run handed it out as a failed batch
+                collate(samples)
+        if len(samples) < batch_size:
             break
     replayed = f"{OWNER}.load_state_dict: replaying worker {worker}'s stream of the IterableDataset"
     if (seen, raised) != (count, failures):

@@ -216,6 +216,28 @@ def test_replay_resume_reproduces_worker_randomness() -> None:
     assert_resume_exact(make, [1, 4, 10])
 
 
+def draw_in_collate(samples: list[Any]) -> torch.Tensor:
+    """A collate_fn that draws from the worker's global RNG (random masking, mixup)."""
+    return torch.stack([torch.cat([torch.as_tensor(s).view(-1), torch.rand(1)]) for s in samples])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_replay_resume_reproduces_a_collate_fns_randomness(persistent: bool) -> None:
+    # The replay skipped collate_fn: a resumed worker drew its batches' noise again.
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            Jittered(),
+            batch_size=3,
+            num_workers=2,
+            seed=3,
+            collate_fn=draw_in_collate,
+            persistent_workers=persistent,
+        )
+
+    assert make().describe()["resume"] == "replay"
+    assert_resume_exact(make, [1, 4, 10])
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("dataset", [Positioned, IterState])
 def test_a_stateful_dataset_or_iterator_resumes_from_its_own_state(
