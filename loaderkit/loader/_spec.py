@@ -195,16 +195,21 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
     return a
 
 
-def _seeded_by_user(sampler: Any, generator_seed: int | None, seed: int | None) -> bool:
-    """Whether ``sampler``'s generator holds a seed the user chose other than ``seed``: the
-    loader's (seed, epoch) generator would replace it (a sampler with ``set_epoch`` may
+def _own_generator(sampler: Any) -> Any:
+    """The ``generator`` of ``sampler`` (a ``DistributedSamplerWrapper``'s inner one)."""
+    inner = wrapped_sampler(sampler)
+    return getattr(sampler if inner is None else inner, "generator", None)
+
+
+def _seeded_by_user(sampler: Any, seed: int | None) -> bool:
+    """Whether ``sampler``'s generator was seeded by the user with another seed than ``seed``:
+    the loader's (seed, epoch) generator would replace it (a sampler with ``set_epoch`` may
     reseed it there itself; torch's default seed is no choice)."""
-    if generator_seed is None or seed == generator_seed or generator_seed == _TORCH_DEFAULT_SEED:
+    # initial_seed(), not the state: a generator drawn from since (random_split) is still theirs.
+    own = _own_generator(sampler).initial_seed()
+    if seed == own or own == _TORCH_DEFAULT_SEED:
         return False
     inner = wrapped_sampler(sampler)
-    generator = getattr(sampler if inner is None else inner, "generator", None)
-    if generator is None or generator_seed != generator.initial_seed():
-        return False  # drawn from since it was seeded: its seed is no longer its order's
     return not set_epoch_reseeds(sampler if inner is None else inner)
 
 
@@ -224,14 +229,17 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-    if user_generator is not None and (seed is None or distributed):
+    # Its own seed given again as seed= lists epoch 0 from it too, as DataLoader does.
+    if user_generator is not None and (
+        seed is None or distributed or seed == _own_generator(sampler).initial_seed()
+    ):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
-    elif _seeded_by_user(sampler, user_generator[0] if user_generator else None, seed):
-        assert user_generator is not None
+    elif user_generator is not None and _seeded_by_user(sampler, seed):
         raise ValueError(
             f"{OWNER}: seed={seed} differs from the seed of the sampler's own generator "
-            f"({user_generator[0]}), which would be ignored; leave seed=None to use it."
+            f"({_own_generator(sampler).initial_seed()}), which would be ignored; leave "
+            "seed=None to use it."
         )
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

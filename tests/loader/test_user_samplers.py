@@ -362,6 +362,38 @@ def test_a_seeded_generator_that_set_epoch_does_not_reseed_conflicts_with_anothe
         ResumableDataLoader(list(range(8)), batch_size=4, sampler=sampler, seed=3)
 
 
+def seeded_random_sampler(data: list[int], *, drawn: bool) -> torch.utils.data.RandomSampler:
+    generator = torch.Generator().manual_seed(5)
+    if drawn:  # e.g. random_split drew from it first
+        torch.randperm(5, generator=generator)
+    return torch.utils.data.RandomSampler(data, generator=generator)
+
+
+@pytest.mark.parametrize("drawn", [False, True])
+def test_the_generators_own_seed_given_as_seed_lists_epoch_0_from_the_generator(
+    drawn: bool,
+) -> None:
+    # seed=5 with a generator seeded 5 listed epoch 0 keyed to (5, 0): not DataLoader's order.
+    data = list(range(20))
+    want = epoch_ids(
+        torch.utils.data.DataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn))
+    )
+    for seed in (None, 5):
+        sampler = seeded_random_sampler(data, drawn=drawn)
+        assert epoch_ids(ResumableDataLoader(data, 4, sampler=sampler, seed=seed)) == want
+
+
+def test_a_drawn_generator_seeded_otherwise_conflicts_with_seed() -> None:
+    # Its state was silently replaced by seed=3's order.
+    sampler = seeded_random_sampler(list(range(8)), drawn=True)
+    with pytest.raises(
+        ValueError,
+        match=r"seed=3 differs from the seed of the sampler's own "
+        r"generator \(5\)",
+    ):
+        ResumableDataLoader(list(range(8)), batch_size=4, sampler=sampler, seed=3)
+
+
 # ------------------------------------------ later epochs from a global RNG
 class CurriculumSampler(Sampler[int]):
     """In order in epoch 0; later epochs shuffled from torch's global RNG (or, with
