@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import pickle
 import warnings
 import zlib
@@ -161,10 +162,14 @@ def worker_batches(
         try:
             take(it, batch_size, samples)
         except Exception as exc:
-            # Raised in the batch's place, as DataLoader does; the stream goes on.
+            # Raised in the batch's place, as DataLoader does; the stream goes on, unless the
+            # raise closed its generator: then a resume must not open a new one from the state.
             rec.yielded, rec.failed = rec.yielded + len(samples), rec.failed + 1
-            record = rec.after(samples)
+            closed = inspect.isgenerator(it) and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED
+            record = rec.after(samples, ended=closed)
             yield _BATCH, worker, record, FailedBatch(_stream_error(exc, worker, rec.yielded))
+            if closed:
+                break
             continue
         if not samples or (len(samples) < batch_size and drop_last):
             break

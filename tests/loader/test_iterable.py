@@ -288,6 +288,49 @@ def test_a_position_saved_at_a_short_last_batch_does_not_replay_the_stream(
     assert_resume_exact(make, list(range(1, 7)))  # 3 batches an epoch and worker
 
 
+class DiesOnError(Positioned):
+    """Positioned, raising at its third sample: the raise ends its generator (and stream)."""
+
+    def __iter__(self) -> Iterator[int]:
+        for sample in super().__iter__():
+            if self.pos == 3:
+                raise KeyError(sample)
+            yield sample
+
+
+def with_errors(it: Iterator[Any], count: int | None = None) -> list[Any]:
+    """Up to ``count`` batches of ``it``, a KeyError raised in a batch's place as "KeyError"."""
+    out: list[Any] = []
+    while count is None or len(out) < count:
+        try:
+            out.append(torch.as_tensor(next(it)).tolist())
+        except StopIteration:
+            break
+        except KeyError:
+            out.append("KeyError")
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stateful_generator_that_raised_stays_ended_after_a_resume(num_workers: int) -> None:
+    # Resumed after its failed batch, a new generator went on from the dataset's state: samples
+    # the uninterrupted run never yielded.
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(DiesOnError(), batch_size=2, num_workers=num_workers)
+
+    whole = with_errors(iter(make()))
+    assert "KeyError" in whole
+    for k in range(1, len(whole) + 1):
+        loader = make()
+        it = iter(loader)
+        first = with_errors(it, k)
+        state = loader.state_dict()
+        del it
+        fresh = make()
+        fresh.load_state_dict(state)
+        assert first + with_errors(iter(fresh)) == whole, f"resumed at batch {k}"
+
+
 def test_unbatched_resume_is_exact() -> None:
     def make() -> ResumableDataLoader:
         return ResumableDataLoader(Sharded(), batch_size=None, num_workers=2, seed=3)
