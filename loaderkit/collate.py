@@ -106,9 +106,10 @@ def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
     raise CollateError(f"{where}: samples are not flat number lists")  # pragma: no cover
 
 
-def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
-    """Flat lists of Python numbers, concatenated by one numpy call."""
-    kinds = {type(v[0]) for v in col if v}
+def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
+    """Flat lists of Python numbers, concatenated by one numpy call; lists that are all
+    empty take their type from ``pad`` (int64 unless it is a float or bool)."""
+    kinds = {type(v[0]) for v in col if v} or {type(pad) if type(pad) in (float, bool) else int}
     if not kinds <= _KINDS.keys():
         _not_flat(where, col)
     # np.array infers one dtype over all items: a float among ints shows, unchecked per item.
@@ -120,7 +121,7 @@ def _concat_lists(where: str, col: list[list[Any]]) -> Tensor:
         _not_flat(where, col)
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
-    if kinds <= {float}:  # no item at all: torch.tensor([])'s dtype, as for float lists
+    if kinds == {float}:
         return torch.from_numpy(flat).to(torch.get_default_dtype())
     return torch.from_numpy(flat.astype(bool if kinds == {bool} else np.int64, copy=False))
 
@@ -291,8 +292,9 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         return default_collate(col)
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(
-            f"{where}: its values differ in size between samples, and only top-level fields "
-            f"are padded ({err}); make each a top-level field, or pad it in the dataset"
+            f"{where}: its values differ in size between samples ({err}), and only top-level "
+            "tensors, arrays and number lists are padded; return one of those as a top-level "
+            "field, or collate this one in your own collate_fn"
         ) from err
 
 
@@ -327,8 +329,9 @@ class PadCollate:
 
     A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
     ``pad_value`` or ``length_field`` names it; others go to ``default_collate``. Lists of
-    numbers become tensors as ``torch.tensor`` makes them: floats (and a batch whose lists
-    are all empty) the default dtype, float32; return arrays to choose the dtype. Nested
+    numbers become tensors as ``torch.tensor`` makes them (floats in the default dtype); a
+    batch whose lists of a field are all empty is int64, or float/bool where that field's
+    pad value is one; return arrays to choose the dtype. Nested
     values (a dict or list inside a field) are not padded: sizes that differ, or a list of
     numbers, inside one raise.
 
@@ -462,11 +465,14 @@ class PadCollate:
             ]
             col = [v[k] if not dim else v[(*cut, k)] for v, k in zip(col, keep, strict=True)]
             lengths = [min(n, limit) for n in lengths]
-        flat = _concat_lists(where, col) if isinstance(col[0], list) else _concat(where, col, dim)
+        value = self.pad_values.get(key, self.default_pad_value)
+        if isinstance(col[0], list):
+            flat = _concat_lists(where, col, value)
+        else:
+            flat = _concat(where, col, dim)
         size = limit or max(lengths)
         if self.pad_to_multiple_of:
             size = -(-size // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        value = self.pad_values.get(key, self.default_pad_value)
         if flat.dtype == torch.bool and key not in self.pad_values and type(value) is not bool:
             value = False  # a mask's pad is "absent", whatever the token pad id
         _check_pad_value(where, value, flat.dtype)

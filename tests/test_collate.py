@@ -87,7 +87,7 @@ def test_numpy_arrays_keep_their_dtype(dtype: type) -> None:  # uint16+ raised N
         ([[1.5, 2.0], [3.25]], torch.get_default_dtype()),
         ([[True, False], [True]], torch.bool),
         ([[1.5, 2], [3.0]], torch.get_default_dtype()),  # ints among floats: a float field
-        ([[], []], torch.get_default_dtype()),  # no item to tell: torch.tensor([])'s dtype
+        ([[], []], torch.int64),  # no item to tell: ints, the commoner lists (token ids)
     ],
 )
 def test_lists_of_numbers(lists: list, dtype: torch.dtype) -> None:
@@ -95,12 +95,19 @@ def test_lists_of_numbers(lists: list, dtype: torch.dtype) -> None:
     assert_matches(batch, [torch.tensor(v, dtype=dtype) for v in lists], side="left")
 
 
-def test_a_float_field_empty_in_every_sample_stays_float() -> None:
-    # It came out int64 in the batch where every list was empty, float32 in the others.
-    collate = PadCollate()
-    full = collate([{"x": [0.5]}, {"x": []}])["x"]
-    empty = collate([{"x": []}, {"x": []}])["x"]
-    assert empty.dtype == full.dtype == torch.tensor([]).dtype and empty.shape == (2, 0)
+def test_a_field_empty_in_every_sample_takes_its_pad_values_type() -> None:
+    # An all-empty batch carries no dtype: int64 (token ids, labels), unless the field's pad
+    # value is a float or bool; f4a665e gave int64 always, a7cd461 float32 always.
+    for pad, dtype in [
+        (0, torch.int64),
+        (-100, torch.int64),
+        (0.0, torch.float32),
+        (False, torch.bool),
+    ]:
+        collate = PadCollate(pad_value={"x": pad})
+        full = collate([{"x": [pad]}, {"x": []}])["x"]
+        empty = collate([{"x": []}, {"x": []}])["x"]
+        assert empty.dtype == full.dtype == dtype and empty.shape == (2, 0)
 
 
 def test_nested_lists_become_tensors() -> None:
@@ -412,8 +419,6 @@ def test_matches_pad_sequence_reference(
     samples: list[Any] = {"tensor": seqs, "array": [s.numpy() for s in seqs], "list": []}[kind]
     if kind == "list":
         samples = [s.tolist() for s in seqs]
-        if not any(lengths):  # lists with no item carry no dtype: torch.tensor([])'s
-            seqs = [s.to(torch.get_default_dtype()) for s in seqs]
     batch = PadCollate(pad_value=value, padding_side=side, pad_to_multiple_of=multiple)(samples)
     width = max(lengths)
     size = width if multiple is None else math.ceil(width / multiple) * multiple
@@ -477,6 +482,10 @@ def test_nested_values_of_different_sizes_name_the_field() -> None:
     samples = [{"a": {"t": [torch.ones(2), torch.ones(3)]}}, {"a": {"t": [torch.ones(1)] * 2}}]
     with pytest.raises(CollateError, match=r"key 'a': its values differ in size.*top-level"):
         PadCollate()(samples)
+    # A top-level list of strings is no number list: the fix is the user's collate_fn.
+    tags = [{"x": [1, 2], "tags": ["a", "b"]}, {"x": [3], "tags": ["c"]}]
+    with pytest.raises(CollateError, match=r"key 'tags': .*own collate_fn"):
+        PadCollate()(tags)
 
 
 def test_equal_nested_values_are_collated_as_default_collate_does() -> None:
