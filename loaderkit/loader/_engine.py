@@ -101,6 +101,9 @@ def _replaces_loaded(
     )
 
 
+_OWN_PART = "own_part"  # a stream or iterable fingerprint's rank, where the data is its own
+
+
 def ran_out() -> Generator[Any, None, None]:
     yield from ()
 
@@ -148,6 +151,18 @@ class Host:
     def caller(self) -> Caller:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
+
+    def own_part(self) -> int | None:
+        """This process's rank where the loader reads as one rank of a larger data-parallel
+        group (``Trainer(use_distributed_sampler=False)``, or ``world_size=1`` given): its
+        data is that rank's own. None elsewhere."""
+        if self.topology()[1] != 1:
+            return None
+        group = self.caller().data_parallel()
+        if group is None:
+            env = detect()  # torch.distributed's group, else (0, 1)
+            group = (env.rank, env.world_size)
+        return group[0] if group[1] > 1 else None
 
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
@@ -312,6 +327,24 @@ class WorkerStreams:
             )
         return list(self._history)[::-1][:held]
 
+    def part_entry(self) -> dict[str, int]:
+        """The fingerprint entry of a loader reading its rank's own part (see ``own_part``)."""
+        rank = self.host.own_part()
+        return {} if rank is None else {_OWN_PART: rank}
+
+    def check_part(self, saved: dict[str, Any]) -> None:
+        """Refuse (and pop) a saved fingerprint's part of another rank: Lightning restores
+        rank 0's state on every rank, and each rank's position in its own data differs."""
+        saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
+        if saved_rank != rank:
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
+                f"in its own data, this is rank {rank} (each rank reads its own part: "
+                "use_distributed_sampler=False or world_size=1). Load each rank the state it "
+                "saved, or let loaderkit split one dataset (ShardedDataset, "
+                "StreamingShardedDataset) without the flag."
+            )
+
     def open_state(
         self, state: Any, kind: str, fields: tuple[str, ...], over: str, hint: str
     ) -> None:
@@ -381,7 +414,7 @@ def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
     if not host.seed_drawn:
         return
     _, world_size = host.topology()
-    if world_size > 1:
+    if world_size > 1 or host.own_part() is not None:  # rank 0's seed is every rank's
         host.seed_drawn = False
         if host.seed != DDP_DEFAULT_SEED:
             host.seed = DDP_DEFAULT_SEED

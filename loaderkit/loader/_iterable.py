@@ -539,7 +539,7 @@ class IterableEngine(WorkerStreams):
             epoch=epoch,
             steps_done=steps_done,
             complete=complete,
-            iterable={**self.fingerprint(), "resume": self.method()},
+            iterable={**self.fingerprint(), "resume": self.method(), **self.part_entry()},
             workers=[{k: r[k] for k in _RECORD} for r in records],
         )
 
@@ -548,6 +548,7 @@ class IterableEngine(WorkerStreams):
         self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
+        self.check_part(saved)
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )

@@ -31,9 +31,11 @@ from packaging.version import Version
 
 from loaderkit import (
     AttachLoaders,
+    IterableReader,
     LoaderkitError,
     ResumableDataLoader,
     StateMismatchError,
+    StreamingShardedDataset,
     attach_host,
 )
 from loaderkit._callers import NO_HOST, host_of
@@ -289,6 +291,74 @@ def test_use_distributed_sampler_false_predicts_every_sample_of_each_ranks_loade
     model = Predicts()
     trainer.predict(model, dataloaders=ResumableDataLoader(list(range(11)), batch_size=3))
     assert model.seen == list(range(11))
+
+
+class _Lines(torch.utils.data.IterableDataset):
+    """A rank's own records; its state is its offset, as a file reader keeps."""
+
+    def __init__(self, rank: int) -> None:
+        self.rows, self.offset = [f"r{rank}-{i}" for i in range(12)], 0
+
+    def __iter__(self) -> Iterator[str]:
+        while self.offset < len(self.rows):
+            self.offset += 1
+            yield self.rows[self.offset - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.offset = state["offset"]
+
+
+def _own_part_loader(rank: int, kind: str, flag: bool = False) -> ResumableDataLoader:
+    """Rank ``rank``'s loader over its own data: the flag, or ``world_size=1`` given."""
+    trainer = L.Trainer(
+        **trainer_kwargs(strategy=DataParallelOf(rank, 2), use_distributed_sampler=not flag)
+    )
+    data: Any = _Lines(rank)
+    if kind == "stream":
+        shards = [(rank * 100 + 10 * s, 5) for s in range(3)]
+        data = StreamingShardedDataset(
+            shards, IterableReader(lambda s: iter(range(s[0], s[0] + s[1]))), steps_per_epoch=4
+        )
+    split = {} if flag else {"rank": 0, "world_size": 1}
+    return attach_host(ResumableDataLoader(data, batch_size=2, **split), trainer)
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["flag", "world_size=1"])
+@pytest.mark.parametrize("kind", ["iterable", "stream"])
+def test_rank_0s_state_of_its_own_data_is_refused_on_another_rank(kind: str, flag: bool) -> None:
+    # Lightning restores rank 0's checkpoint on every rank. Rank 1 resumed its own stream at
+    # rank 0's offset (an IterableDataset's state: samples trained twice, no error).
+    saver = _own_part_loader(0, kind, flag)
+    it = iter(saver)
+    next(it), next(it)
+    state = saver.state_dict()
+    with pytest.raises(StateMismatchError, match=r"rank 0's place in its own data, this is rank 1"):
+        _own_part_loader(1, kind, flag).load_state_dict(state)
+    again = _own_part_loader(0, kind, flag)  # rank 0 resumes its own place
+    again.load_state_dict(state)
+    rest = list(_own_part_loader(0, kind, flag))[2:]
+    plain = [b.tolist() if isinstance(b, torch.Tensor) else b for b in rest]
+    assert [b.tolist() if isinstance(b, torch.Tensor) else b for b in again] == plain
+
+
+def test_a_drawn_seed_is_the_ranks_common_one_where_each_reads_its_own_part() -> None:
+    # seed_everything(base + rank) drew a seed per rank; rank 1 then resumed mid-epoch in
+    # rank 0's permutation (15 of 20 samples).
+    seeds = []
+    for rank in (0, 1):
+        torch.manual_seed(100 + rank)
+        trainer = L.Trainer(
+            **trainer_kwargs(strategy=DataParallelOf(rank, 2), use_distributed_sampler=False)
+        )
+        loader = attach_host(
+            ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True), trainer
+        )
+        next(iter(loader))
+        seeds.append(loader.state_dict()["plan"]["seed"])
+    assert seeds[0] == seeds[1]
 
 
 def test_the_trainers_use_distributed_sampler_is_read() -> None:
