@@ -40,7 +40,8 @@ def data_parallel_of(driver: Any) -> tuple[int, int] | None:
 
 def splits_loaders(driver: Any) -> bool:
     """A Trainer's ``use_distributed_sampler`` (``_accelerator_connector``: no public
-    attribute keeps it); a Fabric has no such flag (True)."""
+    attribute keeps it). True for a Fabric: its ``setup_dataloaders(use_distributed_sampler=)``
+    is per call and never sees loaderkit's loaders, which split themselves."""
     if not isinstance(driver, Trainer):
         return True
     return bool(driver._accelerator_connector.use_distributed_sampler)

@@ -369,7 +369,7 @@ def test_the_trainers_use_distributed_sampler_is_read() -> None:
             "(trainer._accelerator_connector.use_distributed_sampler)",
             "splits_loaders",
         )
-    fabric = L.Fabric(accelerator="cpu", devices=1)  # no such flag: its loaders are split
+    fabric = L.Fabric(accelerator="cpu", devices=1)  # its flag is setup_dataloaders'
     assert _adapter.LightningHost(fabric).splits_loaders()
 
 
