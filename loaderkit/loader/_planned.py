@@ -73,11 +73,8 @@ class PlanEngine:
     def length(self) -> int:
         _, world_size = self.host.topology()
         run, cursor, plan = self.host.live_run(), self.cursor, self.plan
-        if (
-            run is not None
-            and run.schedule is not None
-            and cursor.position < plan.epoch_length(cursor.epoch)
-        ):
+        # A set_epoch of the next epoch wins over a live run cut short (limit_train_batches).
+        if run is not None and run.schedule is not None and cursor.iterating(plan):
             whole = plan.num_steps(cursor.epoch, start=0, world_size=world_size)
             exact = run.steps_before + run.schedule.num_steps
         else:

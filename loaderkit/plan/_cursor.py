@@ -359,6 +359,12 @@ class PlanCursor:
             return self.epoch + 1, False
         return self.epoch, self.position > 0
 
+    def iterating(self, plan: Any) -> bool:
+        """Whether the next iteration goes on in the epoch begun last: it is not complete,
+        and neither a loaded position nor a ``set_epoch`` of another epoch replaces it."""
+        pending = self._resume or self._explicit not in (None, self.epoch)
+        return not pending and self.position < plan.epoch_length(self.epoch)
+
     def drawn_into(self) -> bool:
         """Whether batches of the epoch a state would hold were drawn since it began (not a
         position just loaded, nor one a pending ``set_epoch`` of another epoch replaces)."""
