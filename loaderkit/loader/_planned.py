@@ -79,6 +79,9 @@ class PlanEngine:
             exact = run.steps_before + run.schedule.num_steps
         else:
             epoch, start, steps_done = cursor.upcoming(plan)
+            after = self.host.caller().epoch_after_restore(self.host.loader)
+            if cursor.loaded(plan) is not None and after is not None and after > epoch:
+                epoch, start, steps_done = after, 0, 0  # restored on a limited epoch's last batch
             whole = plan.num_steps(epoch, start=0, world_size=world_size)
             exact = steps_done + plan.num_steps(epoch, start=start, world_size=world_size)
         watch = self.host.len_watch
