@@ -101,7 +101,7 @@ def _replaces_loaded(
     )
 
 
-_OWN_PART = "own_part"  # a stream or iterable fingerprint's rank, where the data is its own
+_OWN_PART = "own_part"  # an iterable fingerprint's rank, where the data is its own
 
 
 def ran_out() -> Generator[Any, None, None]:
@@ -332,11 +332,11 @@ class WorkerStreams:
         rank = self.host.own_part()
         return {} if rank is None else {_OWN_PART: rank}
 
-    def check_part(self, saved: dict[str, Any]) -> None:
-        """Refuse (and pop) a saved fingerprint's part of another rank: Lightning restores
-        rank 0's state on every rank, and each rank's position in its own data differs."""
+    def check_part(self, saved: dict[str, Any], opaque: bool) -> None:
+        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state (one that
+        cannot be checked against this rank's data): Lightning restores rank 0's everywhere."""
         saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
-        if saved_rank != rank:
+        if opaque and saved_rank != rank:
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
                 f"in its own data, this is rank {rank} (each rank reads its own part: "

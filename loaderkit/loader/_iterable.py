@@ -548,7 +548,16 @@ class IterableEngine(WorkerStreams):
         self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
-        self.check_part(saved)
+        # A dataset's own state is opaque (another rank's may point into other data), where it
+        # is loaded: mid-epoch, or carried into the next epoch (see _next_records). A replay
+        # is checked by its digest.
+        carried = state["complete"] is not True or self.host.num_workers == 0
+        carried = carried or self.host.pool.persistent
+        workers = state["workers"] if carried and isinstance(state["workers"], list) else []
+        own = ("dataset_state", "iterator_state", "end_state")
+        self.check_part(
+            saved, any(isinstance(r, dict) and r.get(k) is not None for r in workers for k in own)
+        )
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )

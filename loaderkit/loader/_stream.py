@@ -336,7 +336,7 @@ class StreamEngine(WorkerStreams):
             epoch=epoch,
             steps_done=steps_done,
             complete=complete,
-            stream={**self.fingerprint(), **self.part_entry()},
+            stream=self.fingerprint(),
             ranks=ranks,
         )
 
@@ -374,7 +374,6 @@ class StreamEngine(WorkerStreams):
         self.open_state(state, "stream", STREAM_FIELDS, "a StreamingShardedDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
         saved = dict(state["stream"])
-        self.check_part(saved)
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )
