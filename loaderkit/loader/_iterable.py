@@ -553,10 +553,10 @@ class IterableEngine(WorkerStreams):
         # is checked by its digest.
         carried = state["complete"] is not True or self.host.num_workers == 0
         carried = carried or self.host.pool.persistent
-        workers = state["workers"] if carried and isinstance(state["workers"], list) else []
+        kept = state["workers"] if carried and isinstance(state["workers"], list) else []
         own = ("dataset_state", "iterator_state", "end_state")
         self.check_part(
-            saved, any(isinstance(r, dict) and r.get(k) is not None for r in workers for k in own)
+            saved, any(isinstance(r, dict) and r.get(k) is not None for r in kept for k in own)
         )
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
