@@ -229,10 +229,9 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-    # Its own seed given again as seed= lists epoch 0 from it too, as DataLoader does.
-    if user_generator is not None and (
-        seed is None or distributed or seed == _own_generator(sampler).initial_seed()
-    ):
+    # A seed= given keys every epoch, its own generator's seed too: states saved that way
+    # (before 46c84a4 reverted here) hold no mark that would tell the two orders apart.
+    if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
     elif user_generator is not None and _seeded_by_user(sampler, seed):
