@@ -101,9 +101,6 @@ def _replaces_loaded(
     )
 
 
-_OWN_PART = "own_part"  # an iterable fingerprint's rank, where the data is its own
-
-
 def ran_out() -> Generator[Any, None, None]:
     yield from ()
 
@@ -326,24 +323,6 @@ class WorkerStreams:
                 "consumer holds at most that many batches."
             )
         return list(self._history)[::-1][:held]
-
-    def part_entry(self) -> dict[str, int]:
-        """The fingerprint entry of a loader reading its rank's own part (see ``own_part``)."""
-        rank = self.host.own_part()
-        return {} if rank is None else {_OWN_PART: rank}
-
-    def check_part(self, saved: dict[str, Any], opaque: bool) -> None:
-        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state (one that
-        cannot be checked against this rank's data): Lightning restores rank 0's everywhere."""
-        saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
-        if opaque and saved_rank != rank:
-            raise StateMismatchError(
-                f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
-                f"in its own data, this is rank {rank} (each rank reads its own part: "
-                "use_distributed_sampler=False or world_size=1). Load each rank the state it "
-                "saved, or let loaderkit split one dataset (ShardedDataset, "
-                "StreamingShardedDataset) without the flag."
-            )
 
     def open_state(
         self, state: Any, kind: str, fields: tuple[str, ...], over: str, hint: str

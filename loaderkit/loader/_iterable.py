@@ -45,6 +45,7 @@ _RECORD = (  # a worker's place, as saved
     *("dataset_state", "iterator_state", "rng", "end_state"),
 )
 _BATCH, _END = "batch", "end"
+_OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
 
 
 def is_stateful(obj: Any) -> bool:
@@ -416,7 +417,7 @@ class IterableEngine(WorkerStreams):
         fresh = [fresh_record() for _ in range(self.workers)]
         # Objects that live on start where the complete epoch left them, as uninterrupted; one
         # that is its own iterator is put there unless this process's object ran that end.
-        if self.complete and (self.host.num_workers == 0 or self.host.pool.persistent):
+        if self.complete and self.objects_live_on:
             carry_end = self.host.num_workers > 0 or not self._ran_end
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
@@ -487,6 +488,30 @@ class IterableEngine(WorkerStreams):
             )
 
     # ------------------------------------------------------------------ state
+    @property
+    def objects_live_on(self) -> bool:
+        """Whether the dataset objects of one epoch iterate the next (in-process, or in
+        persistent workers): their state at an epoch's end carries over."""
+        return self.host.num_workers == 0 or self.host.pool.persistent
+
+    def part_entry(self) -> dict[str, int]:
+        """The fingerprint entry of a loader reading its rank's own part (see ``own_part``)."""
+        rank = self.host.own_part()
+        return {} if rank is None else {_OWN_PART: rank}
+
+    def check_part(self, saved: dict[str, Any], opaque: bool) -> None:
+        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state (one that
+        cannot be checked against this rank's data): Lightning restores rank 0's everywhere."""
+        saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
+        if opaque and saved_rank != rank:
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
+                f"in its own data, this is rank {rank} (each rank reads its own part: "
+                "use_distributed_sampler=False or world_size=1). Load each rank the state it "
+                "saved, or let loaderkit split one dataset (ShardedDataset, "
+                "StreamingShardedDataset) without the flag."
+            )
+
     def describe(self) -> dict[str, Any]:
         name, method = type(self.dataset).__name__, self.method()
         if method == "state":
@@ -549,10 +574,8 @@ class IterableEngine(WorkerStreams):
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
         # A dataset's own state is opaque (another rank's may point into other data), where it
-        # is loaded: mid-epoch, or carried into the next epoch (see _next_records). A replay
-        # is checked by its digest.
-        carried = state["complete"] is not True or self.host.num_workers == 0
-        carried = carried or self.host.pool.persistent
+        # is loaded: mid-epoch, or carried into the next epoch. A replay has its digest.
+        carried = state["complete"] is not True or self.objects_live_on
         kept = state["workers"] if carried and isinstance(state["workers"], list) else []
         own = ("dataset_state", "iterator_state", "end_state")
         self.check_part(

@@ -359,16 +359,18 @@ class PlanCursor:
             return self.epoch + 1, False
         return self.epoch, self.position > 0
 
+    def _live(self) -> bool:
+        """Whether neither a loaded position nor a pending ``set_epoch`` of another epoch
+        replaces the epoch begun last."""
+        return not self._resume and self._explicit in (None, self.epoch)
+
     def iterating(self, plan: Any) -> bool:
-        """Whether the next iteration goes on in the epoch begun last: it is not complete,
-        and neither a loaded position nor a ``set_epoch`` of another epoch replaces it."""
-        pending = self._resume or self._explicit not in (None, self.epoch)
-        return not pending and self.position < plan.epoch_length(self.epoch)
+        """Whether the next iteration goes on in the epoch begun last (live, not complete)."""
+        return self._live() and self.position < plan.epoch_length(self.epoch)
 
     def drawn_into(self) -> bool:
-        """Whether batches of the epoch a state would hold were drawn since it began (not a
-        position just loaded, nor one a pending ``set_epoch`` of another epoch replaces)."""
-        return self.position > 0 and not self._resume and self._explicit in (None, self.epoch)
+        """Whether batches of the epoch a state would hold were drawn since it began (live)."""
+        return self.position > 0 and self._live()
 
     def upcoming(self, plan: Any) -> tuple[int, int, int]:
         """``(epoch, start, steps already done in it)`` of the next iteration; after a
