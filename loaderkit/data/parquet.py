@@ -132,7 +132,7 @@ class ParquetReader:
         prepared._kinds, prepared._names, prepared._prepared = {}, None, False
         for name, source in files:
             file = prepared._file(source, name)
-            prepared._agree(name, file.schema_arrow, file.metadata.num_rows)
+            prepared._agree(name, file.schema_arrow, _num_rows(file.metadata, name))
         prepared._prepared = True
         return prepared
 
@@ -205,7 +205,7 @@ class ParquetReader:
 
     def count(self, path: Path) -> int:
         """Rows in the file, from its footer (no data page is read)."""
-        return int(self._file(Path(path)).metadata.num_rows)
+        return _num_rows(self._file(Path(path)).metadata, str(path))
 
     def open(self, path: Path) -> OpenShard:
         """Read the footer and check the columns."""
@@ -245,6 +245,19 @@ def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
     return f"{text} in the files before it (merged from {parts})"
 
 
+def _num_rows(meta: Any, where: str) -> int:
+    """The file's rows, as its row groups hold them (what is read), if its footer's total agrees:
+    a footer saying fewer rows dropped the last ones without a word."""
+    groups = sum(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    if groups != meta.num_rows:
+        raise ShardError(
+            f"Parquet shard {where!r} says it holds {meta.num_rows} rows, but its row groups "
+            f"hold {groups}: the file is damaged; rewrite it (and delete the shard index).",
+            path=where,
+        )
+    return int(groups)
+
+
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
     """The file's inode, size and mtime (None if it is missing)."""
     try:
@@ -269,7 +282,7 @@ class _ParquetShard:
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
         self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
-        self.num_rows = int(meta.num_rows)
+        self.num_rows = _num_rows(meta, str(path))
         self.names = file.schema_arrow.names
         self.columns = reader._agree(str(path), file.schema_arrow, self.num_rows)
         self._dtypes = reader.dtypes(self.columns)

@@ -333,3 +333,34 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     assert sorted(texts[i]["x"] for i in range(4)) == ["u", "v", "w", "z"]
     with pytest.raises(ShardError, match=r"column 'x' is string in source 's' but torch.int64"):
         MixedDataset([a, ShardedDataset(tmp_path / "s", ParquetReader())])  # ids beside words
+
+
+def _footer_says(path: Path, rows: int) -> None:
+    """Rewrite the footer's total row count of the 10-row file ``path`` (row groups kept)."""
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - size
+    # FileMetaData field 3 (num_rows, i64): compact header 0x16, then zigzag varint 20 (10 rows).
+    at = data.index(bytes([0x16, 20]), start)
+    data[at + 1] = 2 * rows
+    path.write_bytes(bytes(data))
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_rows == rows
+    assert sum(meta.row_group(i).num_rows for i in range(meta.num_row_groups)) == 10
+
+
+@pytest.mark.parametrize("footer", [8, 12])
+def test_a_footer_whose_row_count_is_not_its_row_groups_is_refused(
+    tmp_path: Path, footer: int
+) -> None:
+    # Saying 8, the last 2 rows were left out without a word; saying 12, rows 10-11 failed
+    # only when an epoch reached them.
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"v": list(range(10))}), path, row_group_size=4)
+    _footer_says(path, footer)
+    with pytest.raises(
+        ShardError, match=rf"says it holds {footer} rows, but its row groups hold 10"
+    ):
+        ShardedDataset([path], ParquetReader())
+    with pytest.raises(ShardError, match="the file is damaged"):
+        ParquetReader().count(path)
