@@ -101,17 +101,28 @@ _OTHER_COMPRESSIONS = (".gz", ".bz2", ".xz", ".lz4", ".zip", ".br", ".zstd", ".7
 
 
 def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suffixes: Any) -> None:
-    """Refuse a folder holding a shard compressed in a form no reader opens: a listing
-    would leave it out, and the corpus be smaller without a word."""
-    ends, read = tuple(s + c for s in suffixes for c in _OTHER_COMPRESSIONS), tuple(suffixes)
+    """Refuse a folder holding a shard no reader opens as named (compressed otherwise, or
+    its suffix in another case): a listing would leave it out, and the corpus be smaller
+    without a word."""
+    read = tuple(suffixes)
+    unread = [n for n in names if not is_shard_name(n, read) and not never_a_shard(n)]
     odd = sorted(
-        n for n in names if n.endswith(ends) and not is_shard_name(n, read) and not never_a_shard(n)
+        n for n in unread if n.endswith(tuple(s + c for s in read for c in _OTHER_COMPRESSIONS))
     )
     if odd:
         raise ValueError(
             f"{owner}: {folder!r} holds {odd[0]!r}, compressed in a form no reader opens, so "
             f"its samples would be left out; decompress it, recompress it with zstd "
             f"({ZSTD_SUFFIX}), or move it out of the folder."
+        )
+    cased = sorted(
+        n for n in unread if n.lower().endswith(tuple(map(str.lower, with_compressed(read))))
+    )
+    if cased:
+        raise ValueError(
+            f"{owner}: {folder!r} holds {cased[0]!r}, whose suffix differs from the reader's "
+            f"{list(read)} only in case, so its samples would be left out; rename it, or move "
+            "it out of the folder."
         )
 
 

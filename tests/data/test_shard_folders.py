@@ -138,3 +138,23 @@ def test_plain_shards_beside_a_corpus_of_another_reader_are_read(tmp_path: Path)
     write_shards(tmp_path, [[{"a": 1}]], JsonlReader(), progress=False)
     np.save(tmp_path / "x.npy", np.zeros(2 * SEQ, np.uint16))
     assert ShardedDataset(tmp_path, READER).sizes == (2,)
+
+
+@pytest.mark.parametrize("name", ["b.NPY", "b.Npy.zst"])
+def test_a_shard_whose_suffix_differs_only_in_case_is_refused(
+    name: str, place: tuple[Any, Any]
+) -> None:
+    # The listing left b.NPY out: a folder of two shards read as one, without a word.
+    folder, remote = place
+    write_shards(folder, arrays((2,), 1), READER, prefix="a", progress=False)
+    if isinstance(folder, Path):
+        (folder / name).write_bytes(b"not read")
+    else:
+        import fsspec
+
+        fsspec.filesystem("memory").pipe_file(f"{folder}/{name}", b"not read")
+    match = rf"holds '{name}', whose suffix differs from the reader's \['.npy', '.bin'\] only in"
+    with pytest.raises(ValueError, match=match):
+        ShardedDataset(folder, READER, remote=remote)
+    with pytest.raises(ValueError, match=match):
+        StreamingShardedDataset(folder, READER, remote=remote)
