@@ -248,6 +248,22 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
     return out
 
 
+def _local_footer(path: Path) -> bytes | None:
+    """The local Parquet file's footer, as :func:`parquet_footer` gives it; None if the
+    file does not end like a Parquet file."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(size - 8, 0))
+        tail = f.read()
+        if size < 12 or tail[-4:] != b"PAR1":
+            return None
+        f.seek(max(size - int.from_bytes(tail[:4], "little") - 8, 0))
+        tail = f.read()
+    with contextlib.suppress(ValueError):  # a footer too long: the reader names the file
+        return parquet_footer(tail, size)
+    return None
+
+
 class RemoteShards:
     """The shards of one dataset at URLs, their cache, and this process's prefetcher."""
 
@@ -381,6 +397,7 @@ class RemoteShards:
                 raw = self._paths(i)[0].with_name(decoded_name(shard.name))
                 self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
                 row.append(self.extras[i])
+            self.disk.release([self._paths(i)[1].name])  # only now: its copy was read
             rows.append(row)
         doc = index_doc(rows, reader, remote=True)
         target = str(index) if index is not None else default
@@ -408,8 +425,7 @@ class RemoteShards:
         elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
-            samples = reader.count(self.local(i))
-            self.disk.release()
+            samples = reader.count(self.local(i))  # leased until count() is done with it
         return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
@@ -460,14 +476,18 @@ class RemoteShards:
         return None
 
     def footer_source(self, index: int) -> Any:
-        """Where a reader's ``prepare`` reads shard ``index``'s footer: its Parquet footer by
-        a range read (a ``pyarrow.BufferReader``), else its local copy, fetched whole."""
+        """Where a reader's ``prepare`` reads shard ``index``'s footer: its Parquet footer (a
+        ``pyarrow.BufferReader``) by a range read, else read from its local copy, fetched
+        whole; a copy that is no Parquet file is handed over as a path, kept leased."""
         footer = self._parquet_footer(index)
-        if footer is not None:
-            return import_pyarrow().BufferReader(footer)
-        path = self.local(index)
-        self.disk.release()
-        return path
+        if footer is None:
+            path = self.local(index)
+            # Read now: once its lease ends, another process may evict the copy.
+            footer = _local_footer(path)
+            if footer is None:
+                return path
+            self.disk.release([self._paths(index)[1].name])
+        return import_pyarrow().BufferReader(footer)
 
     def stats(self) -> dict[str, Any]:
         """The cache's counts over this process and its workers (names: ``STATS``)."""
@@ -603,6 +623,8 @@ class RemoteShards:
             in_use = [i for i in in_use if self._layout(i) is None]
             upcoming = [i for i in upcoming if self._layout(i) is None]
         wanted = (*in_use, *upcoming)
+        for i in wanted:  # cached ones too: no other process evicts them before they are read
+            self.disk.lease(self._paths(i)[1])
         keep = {self._paths(i)[1].name for i in wanted}
         leased, blocks_held = self.disk.leased(), self._blocks.held()
         drop = [k for k in leased if k not in keep and k not in blocks_held]

@@ -1,0 +1,105 @@
+"""Leases on the shared shard cache: a process never loses a cached copy it still needs to
+another process (or dataset) that makes room under ``max_bytes``.
+
+Shards live on fsspec's ``memory://`` filesystem; two datasets on one cache directory
+stand in for two processes (a lease is an ``flock``, held per open file).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import ParquetReader, RemoteCache, ShardedDataset, TokenReader, write_shards
+from loaderkit.data import remote
+
+pytest.importorskip("fsspec")
+
+SEQ = 4
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+
+
+@pytest.fixture
+def folder() -> Any:
+    url = f"memory://leases-{uuid.uuid4().hex[:8]}"
+    yield url
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+def parquet_tables() -> list[dict[str, list[Any]]]:
+    return [{"x": list(range(i * 100, i * 100 + n)), "s": ["a" * 50] * n}
+            for i, n in enumerate((30, 12, 21))]  # fmt: skip
+
+
+def test_compressed_parquet_footers_are_read_before_their_copies_can_be_evicted(
+    folder: str, tmp_path: Path
+) -> None:
+    # Each .parquet.zst is fetched whole for its footer; the cache holds one at a time.
+    # The footer of shard 0 was read from a path whose lease was already dropped, so
+    # fetching shard 1 evicted it: MissingShardError naming a cache file.
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("zstandard")
+    reader = ParquetReader(row_group_size=5)
+    write_shards(folder, parquet_tables(), reader, compression="zstd")
+    cache = RemoteCache(cache_dir=tmp_path / "c", max_bytes=5000, prefetch=0)
+    ds = ShardedDataset(folder, reader, remote=cache)
+    assert ds.sizes == (30, 12, 21)
+    assert ds.describe()["remote"]["evicted"] >= 2  # the budget really was too small for all
+    with pytest.warns(RuntimeWarning, match="is full"):  # reads lease their shards: over it
+        assert [ds[i]["x"] for i in (0, 31, 50)] == [0, 101, 208]
+
+
+def test_a_counted_shard_is_not_evicted_before_its_decoded_size_is_read(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without an index each shard is counted from its local copy; another process making
+    # room between the count and the look at the decoded copy's size crashed the build
+    # with a bare FileNotFoundError naming a cache file.
+    pytest.importorskip("zstandard")
+    import fsspec
+
+    local = write_shards(tmp_path / "src", [np.arange(n * SEQ, dtype=np.uint16) for n in (5, 3)],
+                         READER, compression="zstd")  # fmt: skip
+    for path in local:  # the shards alone: no index, so the dataset counts them
+        fsspec.filesystem("memory").pipe_file(f"{folder}/{path.name}", path.read_bytes())
+    cache = RemoteCache(cache_dir=tmp_path / "c", max_bytes=1 << 20, prefetch=0)
+    other = remote.DiskCache(cache.directory, 1, "other process")
+    real = remote.is_compressed
+
+    def evict_between(name: str) -> bool:  # count() asks this just after counting a shard
+        other._make_room(1 << 40)  # everything unleased goes
+        return real(name)
+
+    monkeypatch.setattr(remote, "is_compressed", evict_between)
+    ds = ShardedDataset(folder, READER, remote=cache)
+    assert ds.sizes == (5, 3)
+    assert ds[5].tolist() == [0, 1, 2, 3]
+
+
+def test_a_cached_shard_a_process_reads_next_is_not_evicted_by_another(
+    folder: str, tmp_path: Path
+) -> None:
+    # Shard sizes 224, 184, 256, 200 bytes; the cache holds two of them.
+    write_shards(folder, [np.full(n * SEQ, i, dtype=np.uint16) for i, n in
+                          enumerate((12, 7, 16, 9))], READER)  # fmt: skip
+    cache = RemoteCache(cache_dir=tmp_path / "c", max_bytes=500, prefetch=1)
+    ours = ShardedDataset(folder, READER, remote=cache)._remote
+    theirs = ShardedDataset(folder, READER, remote=cache)._remote
+    assert ours is not None and theirs is not None
+    theirs.local(0)
+    theirs.local(1)
+    theirs.want([], [])  # done with both: they stay cached, unleased
+    ours.want([0], [1])  # reads 0 now and 1 next, both cached: nothing to fetch
+    with pytest.warns(RuntimeWarning, match="is full"):  # ours holds the room it needs
+        theirs.local(2)
+        theirs.local(3)
+    assert ours.local(1).exists()
+    assert ours.disk.totals()["fetched"] == 0  # 1 was read from the cache, not fetched again
