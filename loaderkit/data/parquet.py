@@ -223,6 +223,14 @@ class ParquetReader:
         elif isinstance(data, dict):
             table = pa.table(data)
         elif isinstance(data, list | tuple):
+            # from_pylist takes the first row's keys: another row's other keys would be dropped.
+            keys = [sorted(row, key=str) if isinstance(row, dict) else None for row in data]
+            odd = next((i for i, k in enumerate(keys) if k != keys[0]), None)
+            if odd is not None:
+                raise ValueError(
+                    f"ParquetReader.write: row {odd} of {path.name!r} has keys {keys[odd]}, row 0 "
+                    f"has {keys[0]}; give every row the same keys (None for a missing value)."
+                )
             table = pa.Table.from_pylist(list(data))
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
             table = pa.Table.from_pandas(data, preserve_index=False)

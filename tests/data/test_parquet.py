@@ -364,3 +364,17 @@ def test_a_footer_whose_row_count_is_not_its_row_groups_is_refused(
         ShardedDataset([path], ParquetReader())
     with pytest.raises(ShardError, match="the file is damaged"):
         ParquetReader().count(path)
+
+
+def test_rows_with_other_keys_are_refused_not_dropped(tmp_path: Path) -> None:
+    # pyarrow's from_pylist takes row 0's keys: row 1's "label" was written nowhere.
+    rows = [{"id": 0}, {"id": 1, "label": 7}]
+    match = r"row 1 of 'shard-00000.parquet' has keys \['id', 'label'\], row 0 has \['id'\]"
+    with pytest.raises(ValueError, match=match) as info:
+        write_shards(tmp_path, [rows], ParquetReader(), progress=False)
+    assert "writing shard 0" in "".join(info.value.__notes__)
+    rows[0]["label"] = None  # every key in every row: written as a null
+    (path,) = write_shards(tmp_path, [rows], ParquetReader(), progress=False)
+    assert pq.read_table(path).to_pylist() == [{"id": 0, "label": None}, {"id": 1, "label": 7}]
+    reordered = [{"id": 0, "label": 1}, {"label": 2, "id": 1}]  # the same keys: fine
+    assert ParquetReader().write(tmp_path / "r.parquet", reordered).exists()
