@@ -137,9 +137,12 @@ class Follower:
         self.predictions: dict[Key, Prediction] = {}
         self.current: Prediction | None = None
         self.last: Prediction | None = None  # the last matched, kept across unplanned reads
+        self._plan: Any = None  # the plan of ``predictions``
 
     def locate(self, first: int, ends: np.ndarray) -> tuple[Prediction, int] | None:
         """The prediction and step of the batch with first index ``first``; None if none."""
+        if self.board.plan is not self._plan:  # a new plan (a new sampler): new schedules
+            self._plan, self.predictions, self.current = self.board.plan, {}, None
         pred = self.current
         step = None if pred is None else pred.find(first)
         if pred is None or step is None:

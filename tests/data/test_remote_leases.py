@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loaderkit import ParquetReader, RemoteCache, ShardedDataset, TokenReader, write_shards
+from loaderkit import (
+    ParquetReader,
+    RemoteCache,
+    ResumableDataLoader,
+    ShardedDataset,
+    TokenReader,
+    write_shards,
+)
 from loaderkit.data import remote
 
 pytest.importorskip("fsspec")
@@ -103,3 +110,16 @@ def test_a_cached_shard_a_process_reads_next_is_not_evicted_by_another(
         theirs.local(3)
     assert ours.local(1).exists()
     assert ours.disk.totals()["fetched"] == 0  # 1 was read from the cache, not fetched again
+
+
+def test_a_new_sampler_over_the_same_dataset_is_predicted_anew(folder: str, tmp_path: Path) -> None:
+    # Predictions were kept by (epoch, start, rank, world_size) alone: a second sampler's
+    # epoch 0 found the first one's, matched no batch, and every read went unplanned
+    # (nothing prefetched, up to 16 shards held leased).
+    write_shards(folder, [np.full(n * SEQ, i, dtype=np.uint16) for i, n in
+                          enumerate((12, 7, 16, 9))], READER)  # fmt: skip
+    ds = ShardedDataset(folder, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
+    for seed in (1, 2):
+        sampler = ds.batch_sampler(4, seed=seed, window=4)
+        assert sum(len(b) for b in ResumableDataLoader(ds, batch_sampler=sampler)) == 44
+    assert ds.describe()["remote"]["unplanned"] == 0
