@@ -26,7 +26,13 @@ from loaderkit.data._codec import decoded_local, is_compressed
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
-from loaderkit.errors import LoaderkitError, MissingDependencyError, ReaderSettingError, ShardError
+from loaderkit.errors import (
+    LoaderkitError,
+    MissingDependencyError,
+    ReaderSettingError,
+    ShardChangedError,
+    ShardError,
+)
 from loaderkit.plan.shard import DEFAULT_MIX
 from loaderkit.seeding import derive_seed, seeded_sample
 
@@ -203,14 +209,19 @@ def _check_args(
     return mix_shards, check_suffixes("reader.suffixes", suffixes, owner=_OWNER)
 
 
-def _bytes_crc32(shards: list[Any]) -> int | None:
+def _bytes_crc32(shards: list[Any], stamps: list[tuple[int, int]] | None) -> int | None:
     """crc32 of the shards' stored sizes (and versions at URLs), which a saved cursor's
     offsets into them hold for (None: objects)."""
     if all(isinstance(s, RemoteShard) for s in shards):
         return zlib.crc32(repr([(s.size, s.version) for s in shards]).encode())
-    if all(isinstance(s, Path) for s in shards):
-        return zlib.crc32(repr([s.stat().st_size for s in shards]).encode())
+    if stamps is not None:
+        return zlib.crc32(repr([size for size, _ in stamps]).encode())
     return None
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 class StreamingShardedDataset(IterableDataset[Any]):
@@ -283,10 +294,13 @@ class StreamingShardedDataset(IterableDataset[Any]):
             else zlib.crc32("\n".join(repr(s) for s in self.shards).encode())
         )
         settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
+        # Local files as listed: one rewritten since (between epochs) is refused, not read anew.
+        local = all(isinstance(s, Path) for s in self.shards)
+        self._stamps = [_stamp(s) for s in self.shards] if local else None
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
-            "shard_bytes_crc32": _bytes_crc32(self.shards),
+            "shard_bytes_crc32": _bytes_crc32(self.shards, self._stamps),
             **{name: getattr(self, name) for name in settings},
         }
 
@@ -355,6 +369,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
         path = self.shards[shard]
         iter_from = getattr(self.reader, "iter_from", None)
         try:
+            listed = None if self._stamps is None else self._stamps[shard]
+            if listed is not None and (now := _stamp(path)) != listed:
+                raise ShardChangedError(
+                    f"shard {shard_name(path)} changed after the dataset listed it (now {now[0]} "
+                    f"bytes, mtime {now[1]} ns; listed: {listed[0]} bytes, {listed[1]} ns); "
+                    "restart the run with the dataset made again.",
+                    path=path,
+                )
             local = self._local(shard) if self._remote is None else self._remote.local(shard)
             if callable(iter_from):
                 yield from iter_from(local, offset)

@@ -688,6 +688,29 @@ def test_a_stream_state_over_shards_rewritten_since_is_refused(tmp_path: Path) -
     fresh.load_state_dict(older)
 
 
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("grown", [True, False])
+def test_a_shard_rewritten_between_epochs_is_refused_not_read_anew(
+    tmp_path: Path, nw: int, grown: bool
+) -> None:
+    """Epoch 1 read the rewritten shard: 8 samples, then 24 (a map-style dataset refuses it)."""
+    import os
+
+    import numpy as np
+
+    from loaderkit import ShardChangedError, TokenReader, write_shards
+
+    reader = TokenReader(seq_len=2)
+    paths = write_shards(tmp_path, [np.arange(8), np.arange(100, 108)], reader, progress=False)
+    dl = loader(StreamingShardedDataset(tmp_path, reader), nw, batch_size=2)
+    assert sorted(int(s[0]) for b in dl for s in b) == [0, 2, 4, 6, 100, 102, 104, 106]
+    st = paths[1].stat()
+    np.save(paths[1], np.arange(100, 140) if grown else np.arange(200, 208))
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns + (0 if grown else 10**9)))
+    with pytest.raises(ShardChangedError, match=r"shard-00001.npy' changed after the dataset "):
+        list(dl)
+
+
 @pytest.mark.parametrize("suffixes", [".gz", b".gz", ["gz"], [".gz", 3], 5])
 def test_iterable_reader_suffixes_must_be_a_list_of_dot_suffixes(suffixes: Any) -> None:
     """A str would be split into its letters and list every file ending in "g" or "z"."""
