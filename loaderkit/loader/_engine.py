@@ -94,10 +94,10 @@ def _replaces_loaded(
     if not mid_epoch and not restarting:
         return True
     raise StateMismatchError(
-        f"ResumableDataLoader.set_epoch: epoch={epoch}, but the state loaded by "
-        f"load_state_dict() is part-way through epoch {resumes} (position "
-        f"{cursor.position} of {plan.epoch_length(cursor.epoch)}). Call set_epoch({resumes}) "
-        f"(or none) to resume it, or do not load the state to start epoch {epoch} afresh."
+        f"ResumableDataLoader.set_epoch: epoch={epoch}, but the loaded state is part-way "
+        f"through epoch {resumes} (position {cursor.position} of "
+        f"{plan.epoch_length(cursor.epoch)}). Call set_epoch({resumes}) or none to resume it, "
+        f"or load no state to start epoch {epoch} afresh."
     )
 
 
@@ -177,9 +177,8 @@ class Host:
         if held and caller.cycles(self.loader) is False:
             raise LoaderkitError(
                 "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
-                "epoch that holds batches ahead (a loader has no length), so a resume would "
-                "start its next epoch there; give every combined loader a length (a stream's "
-                "steps_per_epoch=)."
+                "epoch that holds batches ahead, so a resume would start its next epoch there. "
+                "Give every combined loader a length (steps_per_epoch= for a stream)."
             )
         return 0
 
@@ -260,8 +259,8 @@ class Host:
                 continue
             raise LoaderkitError(
                 "ResumableDataLoader.state_dict: two live iterators over this loader are both "
-                "part-way through their epochs, and a state holds one position (the newer's). "
-                "Finish or drop (del) the older one before saving, or use one loader per iterator."
+                "part-way through an epoch, and a state holds one position. Finish or drop (del) "
+                "the older one before saving, or use one loader per iterator."
             )
 
 

@@ -524,8 +524,8 @@ def test_set_epoch_of_another_epoch_after_a_mid_epoch_state_is_refused() -> None
     loader = _resumed(_state_at(1, 2))
     with pytest.raises(
         StateMismatchError,
-        match=r"set_epoch: epoch=0, but the state loaded by load_state_dict\(\) is part-way "
-        r"through epoch 1 \(position 8 of 12\).*Call set_epoch\(1\) \(or none\)",
+        match=r"set_epoch: epoch=0, but the loaded state is part-way through epoch 1 "
+        r"\(position 8 of 12\)\. Call set_epoch\(1\) or none to resume it",
     ):
         loader.sampler.set_epoch(0)
 
