@@ -55,7 +55,7 @@ class PlanEngine:
         self.host, self.dataset, self.fetch = host, dataset, fetch
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
-        self._names = shard_names_crc32(dataset)  # once: it lists the files (~0.2 ms)
+        self._names = shard_names_crc32(dataset)  # once: it lists the files
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
         self.cursor = PlanCursor()
@@ -168,10 +168,8 @@ class PlanEngine:
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "
-            f"(on {world_size} rank(s)). Resume from a step checkpoint of this run (Lightning "
-            "miscounts one saved after the fit ended, or at an epoch's end with max_steps set), "
-            "with Trainer(callbacks=[loaderkit.ElasticResume()]) on another number of ranks "
-            "and one batch per step in a training_step(dataloader_iter)."
+            f"(on {world_size} rank(s)). Resume from a step checkpoint of this run, with "
+            "loaderkit.ElasticResume() in the callbacks on another number of ranks."
         )
 
     def rest_of_epoch(self, epoch: int, position: int) -> Schedule:
