@@ -284,10 +284,9 @@ def _skip(
         )
     if digest is not None and sample_digest(last) != digest:
         raise StateMismatchError(
-            f"{replayed} gave a different sample at position {count - 1} than the saved run (its "
-            "order, or in the main process its draws from the global RNGs, differ). Make them a "
-            "function of the data and the seed (or use num_workers >= 1), or give the dataset (or "
-            "its iterator) state_dict()/load_state_dict()."
+            f"{replayed} gave a different sample at position {count - 1} than the saved run. "
+            "Make its order and draws a function of the data and the seed (or use num_workers "
+            ">= 1), or give the dataset (or its iterator) state_dict()/load_state_dict()."
         )
 
 
@@ -357,10 +356,9 @@ class IterableEngine(WorkerStreams):
         _, world_size = self.host.topology()
         if world_size > 1:
             raise LoaderkitError(
-                f"ResumableDataLoader: an IterableDataset passed directly runs on one process "
-                f"(world_size=1), got world_size={world_size}. Wrap the data in "
-                "StreamingShardedDataset(shards, IterableReader(fn), steps_per_epoch=...), or use "
-                "ShardedDataset when sample counts are known."
+                f"ResumableDataLoader: an IterableDataset passed directly runs on one process, "
+                f"got world_size={world_size}. Wrap it in StreamingShardedDataset(shards, "
+                "IterableReader(fn), steps_per_epoch=...), or use ShardedDataset."
             )
 
     def iterate(self, run: Run) -> Generator[Any, None, None]:
@@ -506,10 +504,9 @@ class IterableEngine(WorkerStreams):
         if opaque and saved_rank != rank:
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
-                f"in its own data, this is rank {rank} (each rank reads its own part: "
-                "use_distributed_sampler=False or world_size=1). Load each rank the state it "
-                "saved, or let loaderkit split one dataset (ShardedDataset, "
-                "StreamingShardedDataset) without the flag."
+                f"in its own data, this is rank {rank}. Load each rank the state it saved, or let "
+                "loaderkit split one dataset (ShardedDataset) without use_distributed_sampler="
+                "False or world_size=1."
             )
 
     def describe(self) -> dict[str, Any]:
