@@ -171,8 +171,9 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
         msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it "
         msg += "so the shards are counted again."
         raise ShardError(msg, path=where) from exc
-    if not ok or (remote and doc.get("remote") is not True):
-        kind = "a remote" if remote else "an"
+    # A remote index copied with its folder holds versions, not mtimes.
+    if not ok or (doc.get("remote") is True) != remote:
+        kind = "a remote" if remote else "a local"
         msg = f"shard index {where!r} fails its checksum or is not {kind} index of this "
         msg += "loaderkit version; delete it so the shards are counted again."
         raise ShardError(msg, path=where)

@@ -158,3 +158,20 @@ def test_a_shard_whose_suffix_differs_only_in_case_is_refused(
         ShardedDataset(folder, READER, remote=remote)
     with pytest.raises(ValueError, match=match):
         StreamingShardedDataset(folder, READER, remote=remote)
+
+
+def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Path) -> None:
+    # Its rows hold object versions, not mtimes: int('1795684370.56') failed as a bare ValueError.
+    import fsspec
+
+    url = f"memory://synced-{uuid.uuid4().hex[:8]}"
+    write_shards(url, arrays((2, 3), 1), READER, progress=False)
+    fs = fsspec.filesystem("memory")
+    for name in fs.ls(url, detail=False):
+        (tmp_path / name.rsplit("/", 1)[-1]).write_bytes(fs.cat_file(name))
+    fs.rm(url, recursive=True)
+    (index,) = tmp_path.glob(".loaderkit-index-*.json")
+    with pytest.raises(ShardError, match=r"is not a local index .*; delete it so the shards are"):
+        ShardedDataset(tmp_path, READER)
+    index.unlink()
+    assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
