@@ -278,6 +278,8 @@ class RemoteShards:
         retry = {k: getattr(cache, k) for k in ("retries", "backoff_s", "timeout_s")}
         self.storage = Storage(first, cache.storage_options, **retry)
         self.board = Board()
+        # Keys a copy of an object listed without a version: reused within this listing only.
+        self.listing = os.urandom(8).hex()
         self._reset()
         self.index_docs: dict[str, bytes] | None = None  # a folder's index files, as listed
         self.shards = self._list(source, suffixes)
@@ -508,7 +510,13 @@ class RemoteShards:
         """The cache file, lease lock and download lock of shard ``index`` (or its ``block``)."""
         found = self._entries.get((index, block))
         if found is None:  # built once: per batch, Path joins and hashing add up
-            key, name = self.shards[index].key, self.shards[index].name
+            shard = self.shards[index]
+            key, name = shard.key, shard.name
+            # A same-size replacement of a versionless object would be read stale from a copy
+            # of an earlier listing; a shard with a hash has its copy checked instead.
+            versions = [v for *_, v in shard.sidecars] + [self._digest(index) or shard.version]
+            if "" in versions:
+                key = hashlib.sha256(f"{key}\n{self.listing}".encode()).hexdigest()[:24]
             if block is not None:
                 blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
                 key, name = "b" + hashlib.sha256(blob).hexdigest()[:23], "block"

@@ -1,0 +1,95 @@
+"""Cached copies of objects are read only in the version the dataset listed, even where the
+store gives no version (no ETag, modification time or version id) to key them by.
+
+Shards live on fsspec's ``memory://`` filesystem; a store without versions is stood in for
+by a listing that reads none. Two datasets on one cache directory stand in for two runs
+(or two processes).
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import RemoteCache, ShardedDataset, TokenReader, write_shards
+from loaderkit.data import _fs
+
+pytest.importorskip("fsspec")
+
+SEQ = 4
+READER = TokenReader(seq_len=SEQ, dtype=np.uint16)
+
+
+@pytest.fixture
+def folder() -> Any:
+    url = f"memory://versions-{uuid.uuid4().hex[:8]}"
+    yield url
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+@pytest.fixture
+def no_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_fs, "version_of", lambda entry: "")  # a store that gives none
+
+
+def replace_shard(folder: str, tmp_path: Path, value: int) -> None:
+    """Shard 0 rewritten in place with every token ``value``: the same size, other bytes."""
+    import fsspec
+
+    local = READER.write(tmp_path / "shard-00000.npy", np.full(3 * SEQ, value, dtype=np.uint16))
+    fsspec.filesystem("memory").pipe_file(f"{folder}/shard-00000.npy", Path(local).read_bytes())
+
+
+def make(folder: str, tmp_path: Path) -> ShardedDataset:
+    return ShardedDataset(folder, READER, remote=RemoteCache(cache_dir=tmp_path / "c", prefetch=0))
+
+
+def test_a_same_size_replacement_of_a_versionless_object_is_read_anew(
+    folder: str, tmp_path: Path, no_versions: None
+) -> None:
+    # The cache key was URL and size alone: the second dataset read the first one's copy,
+    # 1 where the store now holds 99.
+    write_shards(folder, [np.full(3 * SEQ, 1, dtype=np.uint16), np.zeros(SEQ, np.uint16)], READER)
+    first = make(folder, tmp_path)
+    assert first[0].tolist() == [1] * SEQ
+    replace_shard(folder, tmp_path, 99)
+    second = make(folder, tmp_path)
+    assert second[0].tolist() == [99] * SEQ
+    assert second.describe()["remote"]["fetched"] == 1
+    # Workers get the listing's copy: they share the copies its process fetched.
+    assert first._remote is not None
+    worker = pickle.loads(pickle.dumps(first._remote))
+    assert worker._paths(0) == first._remote._paths(0)
+    assert worker.local(0) == first._remote.local(0)
+    assert first[0].tolist() == [1] * SEQ  # its own listing's copy: still 1
+
+
+@pytest.mark.parametrize("store", ["versioned", "versionless-hashed"])
+def test_a_versioned_or_hashed_object_is_reused_across_listings(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str
+) -> None:
+    hashed = store == "versionless-hashed"
+    if hashed:
+        monkeypatch.setattr(_fs, "version_of", lambda entry: "")
+    arrays = [np.full(3 * SEQ, 1, dtype=np.uint16), np.zeros(SEQ, np.uint16)]
+    write_shards(folder, arrays, READER, hash="sha256" if hashed else None)
+    assert make(folder, tmp_path)[0].tolist() == [1] * SEQ
+    again = make(folder, tmp_path)
+    assert again[0].tolist() == [1] * SEQ
+    info = again.describe()["remote"]
+    assert info["fetched"] == 0 and info["hits"] == 1, info
+    if hashed:  # rewritten with its index: the copy fails the new hash and is fetched again
+        write_shards(folder, [np.full(3 * SEQ, 99, dtype=np.uint16), arrays[1]], READER,
+                     hash="sha256", progress=False)  # fmt: skip
+        third = make(folder, tmp_path)
+        assert third[0].tolist() == [99] * SEQ
+        assert third.describe()["remote"]["fetched"] == 1
