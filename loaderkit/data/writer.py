@@ -144,6 +144,8 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
+    # What the reader writes may hang on settings its spec() leaves out (it lists the count's).
+    settings |= {"write_code": code_digest(reader.write), "reader_bound": pickle_digest(reader)}
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
         settings["fn_bound"] = pickle_digest(fn)
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaderkit import ShardedDataset, TokenReader, write_shards
+from loaderkit import JsonlReader, ShardedDataset, TokenReader, write_shards
 from loaderkit.data.writer import WORK_DIR
 from loaderkit.errors import ShardError
 
@@ -205,6 +205,35 @@ def test_a_changed_setting_or_shard_file_is_written_again(tmp_path: Path) -> Non
     Path(log).write_text("")
     write_shards(tmp_path / "z", good, READER, fn=make_logged, progress=False, prefix="other")
     assert len(Path(log).read_text().split()) == 4  # another prefix: other files
+
+
+class Scaled(JsonlReader):
+    """Writes each value times ``scale``, a setting its spec() (the count's) leaves out."""
+
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    def write(self, path: Path, samples: Any) -> Path:
+        return super().write(path, [v * self.scale for v in samples])
+
+
+def killed_after_two() -> Any:
+    yield from ([1, 2], [3, 4])
+    raise RuntimeError("killed")
+
+
+def test_a_resume_with_other_reader_settings_rewrites_every_shard(tmp_path: Path) -> None:
+    # The two shards written with scale=10 were kept: [10, 20, 30, 40, 5000, 6000].
+    items = [[1, 2], [3, 4], [5, 6]]
+    for folder in (tmp_path / "same", tmp_path / "other"):
+        with pytest.raises(RuntimeError, match="killed"):
+            write_shards(folder, killed_after_two(), Scaled(10), progress=False)
+    first = (tmp_path / "same" / "shard-00000.jsonl").stat().st_mtime_ns
+    write_shards(tmp_path / "same", items, Scaled(10), progress=False)
+    assert (tmp_path / "same" / "shard-00000.jsonl").stat().st_mtime_ns == first  # skipped
+    write_shards(tmp_path / "other", items, Scaled(1000), progress=False)
+    ds = ShardedDataset(tmp_path / "other", JsonlReader())
+    assert [ds[i] for i in range(len(ds))] == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 def test_fewer_shards_than_an_earlier_write_leave_no_stale_shard(tmp_path: Path) -> None:
