@@ -63,7 +63,6 @@ from loaderkit.data._ranges import (
     parquet_footer,
 )
 from loaderkit.data._remote_cache import (
-    RESERVED,
     Blocks,
     Busy,
     DiskCache,
@@ -547,7 +546,11 @@ class RemoteShards:
             if not ahead:
                 self.disk.count("waited")
             if self._ready(target, final):  # another process or thread fetched it meanwhile
-                return final
+                if self._cached_ok(index, target):
+                    return final
+                # The copy failed its hash: removed under this lock, so no download in flight.
+                self.disk.count("corrupt")
+                unlink(target.parent.iterdir())
             need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
             with self.disk.reserved(shard.url, [target.parent], [need], ahead=ahead):
                 unlink(target.parent.glob(".*.tmp"))  # left by a killed download
@@ -600,17 +603,14 @@ class RemoteShards:
         self._verified.add(index)
 
     def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether shard ``index``'s cached copy passes its hash (once per process)."""
+        """Whether shard ``index``'s cached copy passes its hash (once per process); one
+        that fails or is being replaced is fetched again under the download lock."""
         digest = self._digest(index)
         if digest is None or index in self._verified:
             return True
         try:
             verify(target, digest, name=self.shards[index].url)
-        except FileNotFoundError:
-            pass  # evicted meanwhile (a decoded copy stays readable): fetched again if gone
-        except DigestMismatch:
-            self.disk.count("corrupt")
-            unlink(f for f in target.parent.iterdir() if f.name != RESERVED)
+        except (FileNotFoundError, DigestMismatch):
             return False
         self._verified.add(index)
         return True

@@ -7,6 +7,7 @@ stand in for two processes (a lease is an ``flock``, held per open file).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,67 @@ def test_a_new_sampler_over_the_same_dataset_is_predicted_anew(folder: str, tmp_
         sampler = ds.batch_sampler(4, seed=seed, window=4)
         assert sum(len(b) for b in ResumableDataLoader(ds, batch_sampler=sampler)) == 44
     assert ds.describe()["remote"]["unplanned"] == 0
+
+
+def test_a_copy_failing_its_hash_is_removed_without_another_process_download(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes find one corrupted cached copy. A removes it and fetches it again; B,
+    # done hashing the bad copy later, removed every file of the entry without the
+    # download lock: A's download in flight too, which then failed with MissingShardError
+    # ("the object does not exist").
+    write_shards(folder, [np.full(n * SEQ, i, dtype=np.uint16) for i, n in
+                          enumerate((5, 3))], READER, hash="sha256")  # fmt: skip
+    cache = RemoteCache(cache_dir=tmp_path / "c", prefetch=0)
+    assert ShardedDataset(folder, READER, remote=cache)[0].tolist() == [0] * SEQ
+    (copy,) = (tmp_path / "c" / "objects").glob("*/shard-00000.npy")
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF
+    copy.write_bytes(bytes(data))  # a new mtime: its marker no longer vouches for it
+    a, b = (ShardedDataset(folder, READER, remote=cache) for _ in range(2))
+    assert a._remote is not None and b._remote is not None
+    in_flight, go, failed = threading.Event(), threading.Event(), []
+    a_thread = threading.Thread(target=lambda: a_reads())
+    b_thread = threading.main_thread()
+    real_verify, real_digest, real_flock = remote.verify, remote.file_digest, remote.flock
+
+    def a_reads() -> None:
+        try:
+            assert a._remote is not None
+            a._remote.local(0)
+        except Exception as exc:
+            failed.append(exc)
+        finally:
+            go.set()  # B never waits for a stopped A
+
+    def verify(*args: Any, **kwargs: Any) -> None:
+        try:
+            real_verify(*args, **kwargs)
+        except remote.DigestMismatch:
+            if threading.current_thread() is b_thread and not in_flight.is_set():
+                a_thread.start()  # A starts its download now
+                assert in_flight.wait(60)
+            raise
+
+    def file_digest(*args: Any) -> str:  # hashing A's download, in its temporary file
+        if threading.current_thread() is not b_thread:
+            in_flight.set()
+            assert go.wait(60)
+        return real_digest(*args)
+
+    def flock(path: Path, flags: int) -> int | None:
+        if threading.current_thread() is b_thread and path.name.endswith(".dl"):
+            go.set()  # B waits for A's download: A goes on
+        return real_flock(path, flags)
+
+    monkeypatch.setattr(remote, "verify", verify)
+    monkeypatch.setattr(remote, "file_digest", file_digest)
+    monkeypatch.setattr(remote, "flock", flock)
+    assert b[0].tolist() == [0] * SEQ
+    a_thread.join(60)
+    assert not a_thread.is_alive() and not failed, failed
+    assert a[1].tolist() == [0] * SEQ
+    total = {
+        k: a.describe()["remote"][k] + b.describe()["remote"][k] for k in ("corrupt", "fetched")
+    }
+    assert total == {"corrupt": 1, "fetched": 1}, total
