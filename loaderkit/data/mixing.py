@@ -138,10 +138,7 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
     torch's promotion (what collate does) must be the dtype that holds both exactly."""
     seen: dict[str, tuple[tuple[Any, ...], str]] = {}
     for name, ds in zip(names, datasets, strict=True):
-        reader = getattr(ds, "reader", None)
-        if not isinstance(ds, ShardedDataset) or not isinstance(reader, ParquetReader):
-            continue
-        for column, kind in reader.kinds().items():
+        for column, kind in [c for reader in _parquet_readers(ds) for c in reader.kinds().items()]:
             first, where = seen.setdefault(column, (kind, name))
             if first[0] == kind[0] == "python" or first == kind:
                 continue  # Python objects (strings, ...) are listed, never cast
@@ -152,6 +149,17 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
                     f"{first[1]} in source {where!r}, which a batch of both cannot hold exactly; "
                     f"write them with one type, or leave {column!r} out: ParquetReader(columns=)."
                 )
+
+
+def _parquet_readers(ds: Any) -> list[ParquetReader]:
+    """The Parquet readers of the datasets ``ds`` reads, also through torch's ``Subset`` and
+    ``ConcatDataset`` (a split of a source was not checked)."""
+    if isinstance(ds, Subset):
+        return _parquet_readers(ds.dataset)
+    if isinstance(ds, ConcatDataset):
+        return [reader for inner in ds.datasets for reader in _parquet_readers(inner)]
+    reader = ds.reader if isinstance(ds, ShardedDataset) else None
+    return [reader] if isinstance(reader, ParquetReader) else []
 
 
 def _promoted(a: Any, b: Any) -> Any:

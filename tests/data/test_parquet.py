@@ -378,3 +378,20 @@ def test_rows_with_other_keys_are_refused_not_dropped(tmp_path: Path) -> None:
     assert pq.read_table(path).to_pylist() == [{"id": 0, "label": None}, {"id": 1, "label": 7}]
     reordered = [{"id": 0, "label": 1}, {"label": 2, "id": 1}]  # the same keys: fine
     assert ParquetReader().write(tmp_path / "r.parquet", reordered).exists()
+
+
+@pytest.mark.parametrize("wrap", ["subset", "concat"])
+def test_a_mixed_source_split_by_torch_is_checked_as_the_source(tmp_path: Path, wrap: str) -> None:
+    # Through a Subset (a train split) the check was skipped: ids 2**24 + 1.. came as float32.
+    from torch.utils.data import ConcatDataset, Subset
+
+    from loaderkit import MixedDataset
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    big = [2**24 + 1 + i for i in range(4)]
+    pq.write_table(pa.table({"x": pa.array(big, pa.int64())}), tmp_path / "a" / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.5] * 4, pa.float32())}), tmp_path / "b" / "b.parquet")
+    a, b = (ShardedDataset(tmp_path / n, ParquetReader()) for n in "ab")
+    part = Subset(a, range(3)) if wrap == "subset" else ConcatDataset([a])
+    with pytest.raises(ShardError, match=r"column 'x' is torch.float32 in source 'b' but"):
+        MixedDataset({"a": part, "b": b})
