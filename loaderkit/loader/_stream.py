@@ -139,10 +139,9 @@ class StreamEngine(WorkerStreams):
         _, world_size = self.host.topology()
         if world_size > 1 and not self.dataset.limited:
             raise LoaderkitError(
-                f"ResumableDataLoader: a StreamingShardedDataset without steps_per_epoch or "
-                f"samples_per_epoch on {world_size} ranks would step differently per rank and "
-                "hang DDP. Pass steps_per_epoch= (batches per rank) or samples_per_epoch= to "
-                "the dataset, or use ShardedDataset."
+                f"ResumableDataLoader: a StreamingShardedDataset on {world_size} ranks without "
+                "steps_per_epoch would step differently per rank and hang DDP. Pass "
+                "steps_per_epoch= or samples_per_epoch= to the dataset, or use ShardedDataset."
             )
 
     def length(self) -> int:
@@ -391,9 +390,8 @@ class StreamEngine(WorkerStreams):
             saved_by = [r for r, entry in enumerate(state["ranks"]) if entry is not None]
             raise StateMismatchError(
                 f"{owner}: the state holds no cursors for rank {rank}, only for rank(s) "
-                f"{saved_by}: it was saved where no torch.distributed process group (and its "
-                "store) was reachable. Save each rank's state_dict() and load each rank its own, "
-                "or save under an initialized process group."
+                f"{saved_by}, as saved without a torch.distributed process group. Load each rank "
+                "the state_dict() it saved, or save under an initialized process group."
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])

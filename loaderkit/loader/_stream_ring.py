@@ -126,9 +126,9 @@ class PeerRing:
             ahead = "a later epoch" if their_round > round_ else f"step {their_step}"
             raise LoaderkitError(
                 f"{owner}: rank {peer} is already at {ahead} of this loader, more than "
-                f"{self.window} steps past step {step} of epoch {epoch}, where this rank's state "
-                "is. Keep the ranks within that many steps when a rank saves (a dist.barrier() "
-                f"after the save), or raise {_ENV_WINDOW} (now {self.window})."
+                f"{self.window} steps past step {step} of epoch {epoch}. Save while the ranks are "
+                f"that close (a dist.barrier() after the save), or raise {_ENV_WINDOW} (now "
+                f"{self.window})."
             )
         return None
 
