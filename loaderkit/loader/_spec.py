@@ -102,8 +102,8 @@ def engine_kind(dataset: Any) -> Kind:
         if type(dataset).__iter__ is not StreamingShardedDataset.__iter__:
             raise TypeError(
                 f"ResumableDataLoader: {type(dataset).__name__} overrides __iter__, which the "
-                "loader never calls (it reads the shards by position, to resume); pass "
-                "transform=, or filter in the reader's function (IterableReader(fn))."
+                "loader never calls; pass transform=, or filter in the reader's function "
+                "(IterableReader(fn))."
             )
         return "stream"
     return "iterable" if isinstance(dataset, IterableDataset) else "plan"
@@ -152,14 +152,14 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     if weighted and not isinstance(dataset, MixedDataset):
         raise ValueError(
             f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
-            "MixedDataset, whose weights it would ignore (each sample read once per epoch); "
-            "pass the MixedDataset itself (to split it, mix each source's split)."
+            "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
+            "split it, mix each source's split)."
         )
     if weighted and not isinstance(plan, MixPlan | MixBucketPlan):
         raise ValueError(
             f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
-            f"{type(plan).__name__} of the sampler given (each sample read once per epoch); "
-            "pass no sampler, batch_sampler=mix.batch_sampler(...), or no weights."
+            f"{type(plan).__name__} of the sampler given; pass no sampler, "
+            "batch_sampler=mix.batch_sampler(...), or no weights."
         )
     return LoaderSpec(
         kind=kind,
@@ -214,13 +214,13 @@ _TORCH_DEFAULT_SEED = torch.Generator().initial_seed()
 def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     """The seed (and whether the user chose it, or it was drawn); updates ``a``'s topology."""
     sampler, seed = a["sampler"], a["seed"]
-    if isinstance(sampler, DistributedSampler):
+    distributed = isinstance(sampler, DistributedSampler)
+    if distributed:
         seed, a["rank"], a["world_size"] = from_distributed_sampler(
             sampler, size, seed, a["rank"], a["world_size"]
         )
     # A seed the user gave the sampler's own generator decides, as under DataLoader.
     a["first_state"] = None
-    distributed = isinstance(sampler, DistributedSampler)
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
