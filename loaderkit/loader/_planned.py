@@ -26,6 +26,7 @@ from loaderkit.loader._fetch import (
     batch_indices,
     seed_keys,
 )
+from loaderkit.loader._views import count_indices
 from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, field_digest
@@ -137,12 +138,12 @@ class PlanEngine:
     def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
         """Refuse an evaluation whose ranks, stepping equally, would repeat more samples than
         Lightning's samplers do: none in a prediction, fewer than the ranks in val/test."""
-        one = _dealt(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
+        one = count_indices(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
         ranks = range(world_size)
         dealt = [
             self.plan.schedule(epoch, start=start, rank=r, world_size=world_size) for r in ranks
         ]
-        extra = sum(map(_dealt, dealt)) - one
+        extra = sum(map(count_indices, dealt)) - one
         if extra > (0 if stage == "predict" else world_size - 1):
             raise ValueError(
                 f"ResumableDataLoader: trainer.{stage} on {world_size} ranks would repeat "
@@ -290,14 +291,6 @@ class PlanEngine:
         self.fingerprint = self._fingerprint(self.plan)
         self._skeleton = None
         self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
-
-
-def _dealt(sched: Schedule) -> int:
-    """Indices ``sched`` yields over its steps."""
-    counted = getattr(sched, "num_indices", None)
-    if callable(counted):
-        return int(counted())
-    return sum(len(sched.indices(step)) for step in range(sched.num_steps))
 
 
 def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:

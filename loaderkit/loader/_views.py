@@ -47,12 +47,16 @@ class PlanOrder(Sampler[int]):
             yield from batch
 
     def __len__(self) -> int:
-        sched = self._schedule()
-        # A sample plan counts its indices without mapping them; other plans' batches are counted.
-        count = getattr(sched, "num_indices", None)
-        if count is not None:
-            return int(count())
-        return sum(len(sched.indices(step)) for step in range(sched.num_steps))
+        return count_indices(self._schedule())
+
+
+def count_indices(sched: Any) -> int:
+    """Indices ``sched`` yields over its steps."""
+    # A sample plan counts its indices without mapping them; other plans' batches are counted.
+    count = getattr(sched, "num_indices", None)
+    if count is not None:
+        return int(count())
+    return sum(len(sched.indices(step)) for step in range(sched.num_steps))
 
 
 class SequentialPlanOrder(PlanOrder, SequentialSampler):
