@@ -24,7 +24,7 @@ def _unb64(text: str) -> bytes:
 def rng_state() -> dict[str, Any]:
     """This process's global RNG states (torch's CPU, numpy's, :mod:`random`'s), JSON-safe."""
     numpy_state: Any = np.random.get_state(legacy=False)
-    if numpy_state["bit_generator"] == "MT19937":  # as before: keys, pos, gauss cache
+    if numpy_state["bit_generator"] == "MT19937":  # numpy's default: keys, pos, gauss cache
         mt, has_gauss, gauss = numpy_state["state"], numpy_state["has_gauss"], numpy_state["gauss"]
         numpy_entry: Any = [_b64(mt["key"].tobytes()), int(mt["pos"]), int(has_gauss), float(gauss)]
     else:  # another bit generator (np.random.set_bit_generator): its own state
