@@ -140,9 +140,15 @@ def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixe
 
 
 def nested_files(root: Path) -> Iterator[str]:
-    """The files under ``root``'s subfolders (hidden ones left out), relative to it."""
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+    """The files under ``root``'s subfolders (hidden ones left out), relative to it; a
+    linked subfolder is looked into too (once: a link to a folder above makes no loop)."""
+    seen = {os.path.realpath(root)}
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = {d: os.path.realpath(os.path.join(folder, d)) for d in subfolders}
+        subfolders[:] = sorted(
+            d for d in subfolders if not d.startswith(".") and real[d] not in seen
+        )
+        seen.update(real[d] for d in subfolders)
         rel = Path(folder).relative_to(root).as_posix()
         if rel != ".":
             yield from (f"{rel}/{name}" for name in files)

@@ -175,3 +175,16 @@ def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Pa
         ShardedDataset(tmp_path, READER)
     index.unlink()
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
+
+
+def test_shards_in_a_linked_subfolder_are_refused_as_in_a_real_one(tmp_path: Path) -> None:
+    # The walk did not follow the link: a folder of a.npy and more/b.npy read as a.npy alone.
+    (tmp_path / "data").mkdir(), (tmp_path / "other").mkdir()
+    np.save(tmp_path / "data" / "a.npy", np.zeros(SEQ, np.uint16))
+    np.save(tmp_path / "other" / "b.npy", np.zeros(SEQ, np.uint16))
+    (tmp_path / "data" / "more").symlink_to(tmp_path / "other")
+    (tmp_path / "data" / "up").symlink_to(tmp_path)  # a loop: walked once
+    with pytest.raises(ValueError, match=r"holds the shard 'more/b.npy' in a subfolder"):
+        ShardedDataset(tmp_path / "data", READER)
+    (tmp_path / "other" / "b.npy").unlink()
+    assert ShardedDataset(tmp_path / "data", READER).sizes == (1,)
