@@ -86,6 +86,7 @@ from loaderkit.data.index import (
     check_complete,
     checked_count,
     index_doc,
+    index_names,
     is_index_name,
     read_remote_index,
     remote_index_name,
@@ -385,6 +386,11 @@ class RemoteShards:
         default = join_url(self.folder, name)
         local = self.root_dir / "indexes" / f"{_folder_key(self.folder)}-{name.lstrip('.')}"
         found = self._find_index(index, default, local)
+        # loaderkit's own counts of a shard without a version vouch for its size alone (a
+        # same-size rewrite may hold other samples): counted again; write_shards' are the truth.
+        versionless = not all(s.version for s in self.shards)
+        if found is not None and versionless and not (index_names(found[0]) or ((), 0))[1]:
+            found = None
         if found is not None:
             listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
             counts, self.extras = read_remote_index(

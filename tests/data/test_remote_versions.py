@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loaderkit import RemoteCache, ShardedDataset, TokenReader, write_shards
+from loaderkit import JsonlReader, RemoteCache, ShardedDataset, TokenReader, write_shards
 from loaderkit.data import _fs
 
 pytest.importorskip("fsspec")
@@ -93,3 +93,23 @@ def test_a_versioned_or_hashed_object_is_reused_across_listings(
         third = make(folder, tmp_path)
         assert third[0].tolist() == [99] * SEQ
         assert third.describe()["remote"]["fetched"] == 1
+
+
+def test_versionless_shards_counted_by_loaderkit_are_counted_again_in_a_new_listing(
+    folder: str, tmp_path: Path, no_versions: None
+) -> None:
+    # The index the first dataset wrote (no write_shards index: it counted the shards)
+    # vouched for sizes only: a same-size rewrite of shard 0 with 4 records in place of 3
+    # was still counted 3, so its last record was never read.
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{folder}/a.jsonl", b'{"v":1}\n{"v":2}\n{"v":3333333333}\n')
+    fs.pipe_file(f"{folder}/b.jsonl", b'{"v":5}\n')
+    reader = JsonlReader()
+    cache = RemoteCache(cache_dir=tmp_path / "c", prefetch=0)
+    assert ShardedDataset(folder, reader, remote=cache).sizes == (3, 1)
+    fs.pipe_file(f"{folder}/a.jsonl", b'{"v":6}\n{"v":7}\n{"v":8}\n{"v":99}\n')  # 33 bytes
+    again = ShardedDataset(folder, reader, remote=cache)
+    assert again.sizes == (4, 1)
+    assert [again[i]["v"] for i in range(5)] == [6, 7, 8, 99, 5]
