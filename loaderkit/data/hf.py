@@ -206,6 +206,20 @@ class HFDataset(Dataset[dict[str, Any]]):
         """The batch at ``indices``: column -> tensor, or list of 1-D tensors (lists)."""
         return self._columns(indices).as_batch()
 
+    def kinds(self) -> dict[str, tuple[Any, ...]]:
+        """What each column becomes in a batch (as :meth:`ParquetReader.kinds` says it)."""
+        schema = self._arrow[:0].schema
+        kinds = {
+            name: column_kind(import_pyarrow("hf"), schema.field(name).type)
+            for name in self.columns
+        }
+        return {
+            name: kind
+            if kind[0] == "python" or name not in self._dtypes
+            else (kind[0], self._dtypes[name], *kind[2:])
+            for name, kind in kinds.items()
+        }
+
     def lengths(self) -> np.ndarray:
         """Each row's token count from ``length_column``, that column read alone."""
         pa = import_pyarrow("hf")

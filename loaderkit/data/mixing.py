@@ -17,7 +17,9 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import merge_kinds
 from loaderkit.data._open import names_crc32
+from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.memory import TensorDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
@@ -134,32 +136,37 @@ def _check_source(name: str, ds: Any) -> None:
 
 
 def _check_columns(names: list[str], datasets: list[Any]) -> None:
-    """Refuse Parquet sources that type a number column so that a batch of both would round:
-    torch's promotion (what collate does) must be the dtype that holds both exactly."""
-    seen: dict[str, tuple[tuple[Any, ...], str]] = {}
+    """Refuse sources that type a number field so that a batch of both would round: torch's
+    promotion (what collate does) must be the dtype that holds both exactly."""
+    seen: dict[Any, tuple[tuple[Any, ...], str]] = {}
     for name, ds in zip(names, datasets, strict=True):
-        for column, kind in [c for reader in _parquet_readers(ds) for c in reader.kinds().items()]:
+        for column, kind in [c for kinds in _field_kinds(ds) for c in kinds.items()]:
             first, where = seen.setdefault(column, (kind, name))
             if first[0] == kind[0] == "python" or first == kind:
                 continue  # Python objects (strings, ...) are listed, never cast
             merged = merge_kinds(first, kind)
             if merged is None or _promoted(first[1], kind[1]) != merged[1]:
                 raise ShardError(
-                    f"{_OWNER}: column {column!r} is {kind[1]} in source {name!r} but "
+                    f"{_OWNER}: field {column!r} is {kind[1]} in source {name!r} but "
                     f"{first[1]} in source {where!r}, which a batch of both cannot hold exactly; "
-                    f"write them with one type, or leave {column!r} out: ParquetReader(columns=)."
+                    "give the sources one type (e.g. cast in the data), or leave the field out."
                 )
 
 
-def _parquet_readers(ds: Any) -> list[ParquetReader]:
-    """The Parquet readers of the datasets ``ds`` reads, also through torch's ``Subset`` and
-    ``ConcatDataset`` (a split of a source was not checked)."""
+def _field_kinds(ds: Any) -> list[dict[Any, tuple[Any, ...]]]:
+    """What each field of ``ds``'s samples becomes in a batch, where the data says so (Parquet
+    and Hugging Face columns, the tensors of an exact TensorDataset), also through torch's
+    ``Subset`` and ``ConcatDataset``."""
     if isinstance(ds, Subset):
-        return _parquet_readers(ds.dataset)
+        return _field_kinds(ds.dataset)
     if isinstance(ds, ConcatDataset):
-        return [reader for inner in ds.datasets for reader in _parquet_readers(inner)]
+        return [kinds for inner in ds.datasets for kinds in _field_kinds(inner)]
+    if type(ds) in (TensorDataset, torch.utils.data.TensorDataset):
+        return [{i: ("tensor", t.dtype) for i, t in enumerate(ds.tensors)}]
+    if type(ds) is HFDataset:
+        return [ds.kinds()]
     reader = ds.reader if isinstance(ds, ShardedDataset) else None
-    return [reader] if isinstance(reader, ParquetReader) else []
+    return [reader.kinds()] if isinstance(reader, ParquetReader) else []
 
 
 def _promoted(a: Any, b: Any) -> Any:

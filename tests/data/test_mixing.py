@@ -322,3 +322,43 @@ def test_bad_sources_are_named() -> None:
         from loaderkit import BucketBatchSampler
 
         BucketBatchSampler([1, 2, 3], batch_size=2, source_sizes=(3,))
+
+
+@pytest.mark.parametrize("kind", ["torch", "loaderkit"])
+def test_tensor_sources_that_type_a_field_apart_are_refused(kind: str) -> None:
+    # int64 ids beside float16 values: one process promoted them to float16 and rounded
+    # (3001 -> 3000), two workers raised TypeError; the batch depended on num_workers.
+    import torch.utils.data as tud
+
+    from loaderkit import ShardError, TensorDataset
+
+    make = tud.TensorDataset if kind == "torch" else TensorDataset
+    ids = make(torch.arange(3000, 3010))
+    halves = make(torch.full((10,), 0.5, dtype=torch.float16))
+    with pytest.raises(ShardError, match=r"field 0 is torch.float16 in source 'b' but torch.int64"):
+        MixedDataset({"a": ids, "b": halves})
+    with pytest.raises(ShardError, match=r"field 0 is torch.float16"):
+        MixedDataset({"a": tud.Subset(ids, range(5)), "b": halves})
+    small = make(torch.arange(10, dtype=torch.int32))  # int32 fits in int64: exact
+    mix = MixedDataset({"a": ids, "c": small})
+    batch = next(iter(ResumableDataLoader(mix, batch_size=20)))[0]
+    assert batch.dtype == torch.int64 and sorted(batch.tolist()) == [*range(10), *range(3000, 3010)]
+
+
+def test_hugging_face_sources_that_type_a_column_apart_are_refused() -> None:
+    datasets = pytest.importorskip("datasets")
+    from loaderkit import HFDataset, ShardError
+
+    big = [2**24 + 1 + i for i in range(4)]  # float32 rounds them
+    ids = HFDataset(datasets.Dataset.from_dict({"x": big}))
+    floats = datasets.Dataset.from_dict({"x": [0.5] * 4}).cast_column(
+        "x", datasets.Value("float32")
+    )
+    with pytest.raises(
+        ShardError, match=r"field 'x' is torch.float32 in source 'b' but torch.int64"
+    ):
+        MixedDataset({"a": ids, "b": HFDataset(floats)})
+    # Under the torch format, integers become int64: an int32 column beside int64 ids is exact.
+    small = datasets.Dataset.from_dict({"x": [1, 2]}).cast_column("x", datasets.Value("int32"))
+    mix = MixedDataset({"a": ids, "c": HFDataset(small.with_format("torch"))})
+    assert sorted(mix[i]["x"].item() for i in range(len(mix))) == [1, 2, *big]

@@ -318,7 +318,7 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     pq.write_table(pa.table({"x": pa.array([0.5] * 4, pa.float32())}), tmp_path / "b" / "b.parquet")
     pq.write_table(pa.table({"x": pa.array([7] * 4, pa.int32())}), tmp_path / "c" / "c.parquet")
     a, b, c = (ShardedDataset(tmp_path / n, ParquetReader()) for n in "abc")
-    with pytest.raises(ShardError, match=r"column 'x' is torch.float32 in source 'b'.*'a'"):
+    with pytest.raises(ShardError, match=r"field 'x' is torch.float32 in source 'b'.*'a'"):
         MixedDataset({"a": a, "b": b})
     mix = MixedDataset({"a": a, "c": c})  # int32 fits in int64: collate promotes exactly
     loader = ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(8, seed=0))
@@ -331,7 +331,7 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     pq.write_table(pa.table({"x": words}), tmp_path / "t" / "t.parquet")
     texts = MixedDataset([ShardedDataset(tmp_path / n, ParquetReader()) for n in "st"])
     assert sorted(texts[i]["x"] for i in range(4)) == ["u", "v", "w", "z"]
-    with pytest.raises(ShardError, match=r"column 'x' is string in source 's' but torch.int64"):
+    with pytest.raises(ShardError, match=r"field 'x' is string in source 's' but torch.int64"):
         MixedDataset([a, ShardedDataset(tmp_path / "s", ParquetReader())])  # ids beside words
 
 
@@ -393,5 +393,5 @@ def test_a_mixed_source_split_by_torch_is_checked_as_the_source(tmp_path: Path, 
     pq.write_table(pa.table({"x": pa.array([0.5] * 4, pa.float32())}), tmp_path / "b" / "b.parquet")
     a, b = (ShardedDataset(tmp_path / n, ParquetReader()) for n in "ab")
     part = Subset(a, range(3)) if wrap == "subset" else ConcatDataset([a])
-    with pytest.raises(ShardError, match=r"column 'x' is torch.float32 in source 'b' but"):
+    with pytest.raises(ShardError, match=r"field 'x' is torch.float32 in source 'b' but"):
         MixedDataset({"a": part, "b": b})
