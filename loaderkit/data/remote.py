@@ -422,13 +422,14 @@ class RemoteShards:
 
     def _count_one(self, i: int, reader: ShardReader) -> int:
         """Shard ``i``'s samples: from a Parquet footer, a token header, or the whole file."""
-        from loaderkit.data.parquet import ParquetReader
+        from loaderkit.data.parquet import ParquetReader, _num_rows
 
         footer = self._parquet_footer(i) if isinstance(reader, ParquetReader) else None
         layout = self._try_probe(i) if footer is None and self._eligible(i) else None
         if footer is not None:
             pa = import_pyarrow()
-            samples = int(pa.parquet.read_metadata(pa.BufferReader(footer)).num_rows)
+            meta = pa.parquet.read_metadata(pa.BufferReader(footer))
+            samples = _num_rows(meta, self.shards[i].url)
         elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
