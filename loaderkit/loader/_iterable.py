@@ -285,8 +285,9 @@ def _skip(
     if digest is not None and sample_digest(last) != digest:
         raise StateMismatchError(
             f"{replayed} gave a different sample at position {count - 1} than the saved run. "
-            "Make its order and draws a function of the data and the seed (or use num_workers "
-            ">= 1), or give the dataset (or its iterator) state_dict()/load_state_dict()."
+            "Make its order, and in the main process its draws from the global RNGs, a function "
+            "of the data and the seed (or use num_workers >= 1), or give the dataset (or its "
+            "iterator) state_dict()/load_state_dict()."
         )
 
 
@@ -505,8 +506,8 @@ class IterableEngine(WorkerStreams):
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
                 f"in its own data, this is rank {rank}. Load each rank the state it saved, or let "
-                "loaderkit split one dataset (ShardedDataset) without use_distributed_sampler="
-                "False or world_size=1."
+                "loaderkit split one dataset (ShardedDataset, StreamingShardedDataset) without "
+                "use_distributed_sampler=False or world_size=1."
             )
 
     def describe(self) -> dict[str, Any]:

@@ -169,8 +169,10 @@ class PlanEngine:
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "
-            f"(on {world_size} rank(s)). Resume from a step checkpoint of this run, with "
-            "loaderkit.ElasticResume() in the callbacks on another number of ranks."
+            f"(on {world_size} rank(s)). Resume from a step checkpoint of this run (Lightning "
+            "miscounts one saved after the fit ended, or at an epoch's end with max_steps set), "
+            "add loaderkit.ElasticResume() on another number of ranks, and draw one batch per "
+            "training_step(dataloader_iter)."
         )
 
     def rest_of_epoch(self, epoch: int, position: int) -> Schedule:

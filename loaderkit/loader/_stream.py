@@ -141,7 +141,8 @@ class StreamEngine(WorkerStreams):
             raise LoaderkitError(
                 f"ResumableDataLoader: a StreamingShardedDataset on {world_size} ranks without "
                 "steps_per_epoch would step differently per rank and hang DDP. Pass "
-                "steps_per_epoch= or samples_per_epoch= to the dataset, or use ShardedDataset."
+                "steps_per_epoch= (batches per rank) or samples_per_epoch= to the dataset, or use "
+                "ShardedDataset."
             )
 
     def length(self) -> int:

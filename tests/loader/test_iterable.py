@@ -358,7 +358,7 @@ def test_a_stream_that_replays_differently_is_a_named_error() -> None:
     fresh.load_state_dict(state)
     with pytest.raises(
         StateMismatchError,
-        match=r"different sample at position 3.*Make its order and draws a function of the data.*"
+        match=r"different sample at position 3.*Make its order, and in the main process its draws.*"
         r"state_dict\(\)/load_state_dict\(\)",
     ):
         next(iter(fresh))
