@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -24,7 +26,7 @@ from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.readers import OpenShard, ShardReader, sizes_now
+from loaderkit.data.readers import OpenShard, ShardReader
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
     CollateError,
@@ -55,7 +57,64 @@ class _PlanArgs(OrderArgs, total=False):
     mix_shards: int
 
 
+_INT64 = np.dtype(np.int64)
 _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
+
+
+class _RowSource(NamedTuple):
+    """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: it has
+    none, or returns a narrower dtype, whose tokens the shard's own read checks); ``kind``,
+    their shape and returned dtype (one object per kind); each file it maps, its size now
+    (``sizers``) and the size its guard expects; ``take``: ``rows`` are disjoint, so
+    ``ndarray.take`` gathers them (it copies overlapping rows whole first)."""
+
+    handle: OpenShard
+    rows: np.ndarray | None
+    kind: tuple[tuple[int, ...], np.dtype] | None
+    sizers: list[Callable[[], int]]
+    expected: list[int]
+    take: bool
+
+
+class _File(int):
+    """A file descriptor, closed with its last reference."""
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self)
+
+
+def _sizers(guard: Any, indexed: tuple[Path, int] | None) -> list[Callable[[], int]]:
+    """The sizes of the files ``guard`` checks: each opened here and sized by ``os.lseek``, a
+    third cheaper than the ``fstat`` of ``mmap.size()``, where it is the file mapped (the size
+    the guard expects, and the mtime of ``indexed``, the shard's index entry, for that path);
+    else the guard's own."""
+    sizers: list[Callable[[], int]] = []
+    try:
+        for path, size in zip(guard.paths, guard.expected, strict=True):
+            fd = _File(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+            st = os.fstat(fd)
+            if st.st_size != size:
+                return list(guard.sizers)
+            if indexed is not None and indexed[0] == Path(path) and st.st_mtime_ns != indexed[1]:
+                return list(guard.sizers)
+            sizers.append(functools.partial(os.lseek, fd, 0, os.SEEK_END))
+    except OSError:  # out of file descriptors, say
+        return list(guard.sizers)
+    return sizers
+
+
+class _Sources(dict[int, _RowSource]):
+    """The row sources of this process's open shards, by shard; a pickled dataset leaves them
+    behind, as it leaves its maps. ``opens``: the shards opened when they were last pruned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[Any, Any] = {}
+        self.opens = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Sources, ())
 
 
 class ShardedDataset(Dataset[Any]):
@@ -144,6 +203,7 @@ class ShardedDataset(Dataset[Any]):
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it
+        self._sources = _Sources()
         self._files = OpenShards(
             self.shards,
             reader,
@@ -228,7 +288,10 @@ class ShardedDataset(Dataset[Any]):
         return shard_name(self.shards[shard])
 
     def _handle(self, shard: int) -> OpenShard:
-        return self._files.get(shard)
+        handle = self._files.get(shard)
+        if self._files.opens != self._sources.opens:  # one may have been closed for it
+            self._prune()
+        return handle
 
     def __getitem__(self, index: int) -> Any:
         """Sample ``index`` (read errors raise, whatever ``on_error`` says)."""
@@ -298,20 +361,25 @@ class ShardedDataset(Dataset[Any]):
     ) -> tuple[list[Any], list[np.ndarray | None]]:
         """Per-shard reads of ``indices`` and their batch positions (``None``: all, in order);
         with ``rows``, a batch across shards may come back as one array (:meth:`_rows_across`)."""
-        if isinstance(indices, torch.Tensor):
-            indices = indices.numpy()
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size == 0:
-            return [], []
+        idx = indices
+        if type(idx) is not np.ndarray or idx.dtype is not _INT64 or idx.ndim != 1:
+            if isinstance(idx, torch.Tensor):
+                idx = idx.numpy()
+            idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         # Fast path (a batch inside one shard): a short Python list beats numpy here.
         values = idx.tolist()
+        if not values:
+            return [], []
         if self._remote is not None:
             self._ahead(values[0])
         lo, hi = min(values), max(values)
-        shard = bisect.bisect_right(self._end_list, lo)
-        if lo >= 0 and shard < len(self._end_list) and hi < self._end_list[shard]:
-            return [self._read_group(shard, idx - self._start_list[shard])], [None]
-        if rows and lo >= 0 and hi < self._end_list[-1]:
+        ends = self._end_list
+        shard = bisect.bisect_right(ends, lo)
+        if lo >= 0 and shard < len(ends) and hi < ends[shard]:
+            local = idx - self._start_list[shard]
+            got = self._rows_in(shard, local) if rows else None
+            return [self._read_group(shard, local) if got is None else got], [None]
+        if rows and lo >= 0 and hi < ends[-1]:
             across = self._rows_across(values)
             if across is not None:
                 return [across], [None]
@@ -340,45 +408,107 @@ class ShardedDataset(Dataset[Any]):
             needed = set(keep)
             for shard in [s for s in self._files.open if s not in needed]:
                 self._files.close(shard)
+            self._prune()
+
+    def _rows_in(self, shard: int, local: np.ndarray) -> np.ndarray | None:
+        """Rows ``local`` of shard ``shard`` gathered from its ``rows`` between two checks of
+        its files' sizes, as its own ``read_batch`` does; ``None`` where it has no ``rows``
+        or anything fails (the per-shard path then reads them)."""
+        try:
+            src = self._sources.get(shard)
+            live = self._files.open
+            if src is not None and live.get(shard) is src.handle:
+                live.move_to_end(shard)  # as self._files.get(shard) does
+            else:
+                src = self._row_source(shard)
+            rows, kind = src.rows, src.kind
+            if rows is None or kind is None or [size() for size in src.sizers] != src.expected:
+                return None
+            got = rows.take(local, axis=0) if src.take else rows[local]
+            if [size() for size in src.sizers] != src.expected:
+                return None
+        except Exception:
+            return None
+        return got if got.dtype == kind[1] else got.astype(kind[1])
 
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
         """The batch at ``values`` (in range) as one array of rows copied from the shards'
         ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
-        ends, starts, get = self._end_list, self._start_list, self._files.get
-        handles: dict[int, Any] = {}
+        ends, starts, sources = self._end_list, self._start_list, self._sources
+        live = self._files.open
+        used: dict[int, _RowSource] = {}
         picks: list[tuple[np.ndarray, int]] = []
-        handle: Any
+        kind = None
         try:
             for g in values:
                 shard = bisect.bisect_right(ends, g)
-                handle = handles.get(shard)
-                if handle is None:
-                    handle = handles[shard] = get(shard)
-                picks.append((handle.rows, g - starts[shard]))  # no rows: the per-shard path
-            shape, dtype = picks[0][0].shape[1:], handle.dtype
-            if any(
-                h.rows.shape[1:] != shape
-                or h.dtype != dtype
-                or getattr(h, "narrowing", False)  # the per-shard path checks each token
-                for h in handles.values()
-            ):
+                src = used.get(shard)
+                if src is None:
+                    src = sources.get(shard)
+                    if src is not None and live.get(shard) is src.handle:
+                        live.move_to_end(shard)  # as self._files.get(shard) does
+                    else:
+                        src = self._row_source(shard)
+                    if src.rows is None or (kind is not None and src.kind is not kind):
+                        return None
+                    kind = src.kind
+                    used[shard] = src
+                picks.append((src.rows, g - starts[shard]))  # type: ignore[arg-type]
+            assert kind is not None
+            sizers = [size for src in used.values() for size in src.sizers]
+            expected = [n for src in used.values() for n in src.expected]
+            # The files checked before the copy (a truncated map raises SIGBUS), as the shard's
+            # own read does, and after it (zeros); a change sends the batch to the per-shard
+            # path, which names the file.
+            if [size() for size in sizers] != expected:
                 return None
-            guards = [getattr(h, "guard", None) for h in handles.values()]
-            sizers = [size for guard in guards if guard is not None for size in guard.sizers]
-            expected = [size for guard in guards if guard is not None for size in guard.expected]
-            # The maps checked before the copy, as the shard's own read would, and after it;
-            # a change sends the batch to the per-shard path, which names the file.
-            if sizes_now(sizers) != expected:
-                return None
-            out = np.empty((len(values), *shape), dtype=dtype)
+            out = np.empty((len(picks), *kind[0]), dtype=kind[1])
             for k, (rows, i) in enumerate(picks):
                 out[k] = rows[i]
-            if sizes_now(sizers) != expected:
+            if [size() for size in sizers] != expected:
                 return None
         except Exception:
             # The per-shard path then raises or skips as on_error says.
             return None
         return out
+
+    def _row_source(self, shard: int) -> _RowSource:
+        """Shard ``shard`` opened (as :meth:`_handle`), with what :meth:`get_batch` reads of
+        it, worked out once per opened handle."""
+        handle = self._handle(shard)
+        src = self._sources.get(shard)
+        if src is not None and src.handle is handle:
+            return src
+        rows: Any = getattr(handle, "rows", None)
+        guard = getattr(handle, "guard", None)
+        kind = None
+        if rows is None or not hasattr(handle, "dtype") or getattr(handle, "narrowing", False):
+            rows = None
+        else:
+            key = (rows.shape[1:], np.dtype(handle.dtype))
+            kind = self._sources.kinds.setdefault(key, key)  # one object per kind: `is` compares
+        src = _RowSource(
+            handle,
+            rows,
+            kind,
+            [] if guard is None or rows is None else _sizers(guard, self._entry_times(shard)),
+            [] if guard is None else list(guard.expected),
+            rows is not None and rows.flags.c_contiguous,
+        )
+        self._sources[shard] = src
+        return src
+
+    def _prune(self) -> None:
+        """Forget the row sources of shards closed since (their maps and files go)."""
+        live, sources = self._files.open, self._sources
+        for shard in [s for s, src in sources.items() if live.get(s) is not src.handle]:
+            del sources[shard]
+        sources.opens = self._files.opens
+
+    def _entry_times(self, shard: int) -> tuple[Path, int] | None:
+        """The indexed path and mtime of local shard ``shard`` (None: not indexed)."""
+        entry = None if self.entries is None else self.entries[shard]
+        return None if entry is None else (entry.path, entry.mtime_ns)
 
     def _samples(self, parts: list[Any], where: list[np.ndarray | None], indices: Any) -> list[Any]:
         """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`)."""

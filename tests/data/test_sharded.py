@@ -1166,8 +1166,10 @@ def test_pickling_leaves_the_maps_behind(shards: list[Path]) -> None:
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
     ds.get_batch(np.arange(50))
     assert ds.opens == 6 and len(ds._files.open) == 6
+    ds.get_batch(np.array([49, 0, 20]))  # across shards: files opened for their sizes too
+    assert ds._sources
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy.opens == 0 and not copy._files.open
+    assert copy.opens == 0 and not copy._files.open and not copy._sources
     assert torch.equal(copy.get_batch(np.arange(50)), ds.get_batch(np.arange(50)))
 
 
@@ -1210,6 +1212,67 @@ def test_a_batch_of_overlapping_rows_copies_the_rows_not_the_shard(tmp_path: Pat
         tracemalloc.stop()
     assert peak < 64 * 1024  # was ~2 MB: the shard's bytes
     assert rows.tolist() == [tokens[i * 64 : i * 64 + 65].tolist() for i in picks.tolist()]
+
+
+@pytest.mark.parametrize("targets", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.int64, None, torch.int32, torch.int8])
+def test_get_batch_in_one_shard_and_across_equals_the_samples(
+    tmp_path: Path, targets: bool, out_dtype: torch.dtype | None
+) -> None:
+    """get_batch gathers rows from the shards' ``rows`` (one shard, or row by row across
+    shards): the samples' values and dtype; a narrowing out_dtype reads per shard, which
+    checks each token."""
+    reader = TokenReader(seq_len=SEQ, targets=targets, out_dtype=out_dtype)
+    ds = ShardedDataset(write_shards(tmp_path, id_shards(SIZES), reader), reader)
+    n = len(ds)
+    for batch in ([3, 0, 2, 1], [5, n // 2, 6, n - 1, 0], [n - 1, n - 3, n - 2]):
+        got = ds.get_batch(np.asarray(batch))
+        want = torch.stack([ds[i] for i in batch])
+        assert torch.equal(got, want) and got.dtype == want.dtype
+    narrowing = out_dtype is torch.int8
+    assert all((src.rows is None) == narrowing for src in ds._sources.values())
+
+
+@pytest.mark.parametrize("batch", [[4095, 0, 4000], [4095, 4096, 8197]], ids=["one", "across"])
+@pytest.mark.parametrize("cut", [8, "far"])
+def test_a_shard_truncated_between_batches_is_a_shard_error(
+    tmp_path: Path, batch: list[int], cut: int | str
+) -> None:
+    """The files' sizes are taken before the copy (a page past the end: SIGBUS) and after it
+    (a cut inside the last page reads zeros): the next batch raises a ShardError naming it."""
+    reader = TokenReader(seq_len=SEQ)
+    ds = ShardedDataset(write_shards(tmp_path, id_shards((4096,) * 3), reader), reader)
+    ds.get_batch(np.asarray(batch))  # 32 KiB shards: row 4095 lies 7 pages past the header
+    victim = ds.shards[0]
+    os.truncate(victim, 128 if cut == "far" else victim.stat().st_size - cut)
+    with pytest.raises(ShardError, match=r"shard-00000.* changed while it was memory-mapped"):
+        ds.get_batch(np.asarray(batch))
+
+
+def test_a_shard_replaced_after_it_was_mapped_keeps_the_guard_of_its_map(
+    shards: list[Path],
+) -> None:
+    # The file opened for its size is another file now (its mtime is not the index's): the
+    # guard's own sizes of the map are taken instead, and the batch reads the map as before.
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    want = torch.stack([ds[i] for i in (0, 49, 20)])  # maps shards 0, 6, 4
+    other = shards[0].with_name("other.npy")
+    np.save(other, np.full(SIZES[0] * SEQ, 7, dtype=np.uint16))
+    os.replace(other, shards[0])
+    assert torch.equal(ds.get_batch(np.array([0, 49, 20])), want)
+    guard = ds._files.open[0].guard  # type: ignore[attr-defined]
+    assert ds._sources[0].sizers == guard.sizers and ds._sources[6].sizers != [None]
+    assert ds._sources[6].sizers != ds._files.open[6].guard.sizers  # type: ignore[attr-defined]
+
+
+def test_row_sources_are_let_go_with_their_shards(shards: list[Path]) -> None:
+    # Each source holds a map and a file open: never more than the shards kept open.
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ), max_open_shards=2)
+    for batch in ([0, 49], [20, 6], [48, 0], [20, 21], [49, 5]):
+        ds.get_batch(np.asarray(batch))
+        ds[30]  # a per-shard read may close one too
+        assert set(ds._sources) <= set(ds._files.open), batch
+    assert torch.equal(ds.get_batch(np.array([49, 0])), torch.stack([ds[49], ds[0]]))
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.int64])
