@@ -51,8 +51,7 @@ _announced_forkserver = False
 FORKSERVER_NOTICE = (
     "ResumableDataLoader: inside a torch.distributed process group, worker processes start "
     "by 'forkserver' (fork can deadlock on gloo/NCCL threads), so the dataset, collate_fn and "
-    "worker_init_fn must pickle. Pass multiprocessing_context= ('fork', 'spawn' or "
-    "'forkserver') to choose; said once per process."
+    "worker_init_fn must pickle. Pass multiprocessing_context= to choose the start method."
 )
 
 
