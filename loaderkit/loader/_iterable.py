@@ -481,7 +481,7 @@ class IterableEngine(WorkerStreams):
             warnings.warn(
                 f"ResumableDataLoader: len() said {self.reported} batches (from len(dataset)), "
                 f"but {done} were handed out this epoch. Split the dataset by get_worker_info() "
-                "as torch's docs show (each worker iterates its own copy), or correct its __len__.",
+                "as torch's docs show, or correct its __len__.",
                 UserWarning,
                 stacklevel=5,  # the caller's next()
             )
