@@ -184,6 +184,23 @@ class LoaderDataModule(L.LightningDataModule):
             )
         return True, reason
 
+    def state_dict(self) -> dict[str, Any]:
+        """The data arguments given as objects, which ``hparams`` leave out (empty: none)."""
+        kept = [k for k, v in getattr(self, "_data_args", {}).items() if not plain(v)]
+        return {"data_not_in_hparams": kept} if kept else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Refuse a module built by ``load_from_checkpoint`` (no trainer) without the data
+        arguments the saved module was given as objects: defaults would be other data."""
+        data = getattr(self, "_data_args", {})
+        missing = [k for k in state_dict.get("data_not_in_hparams", ()) if data.get(k) is None]
+        if missing and self.trainer is None:
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint's module was given {missing} as objects, "
+                "which the checkpoint does not hold; pass them to load_from_checkpoint, e.g. "
+                f"load_from_checkpoint(path, {missing[0]}=...)."
+            )
+
     def _world_size(self) -> int:
         if self.trainer is None:
             return detect().world_size

@@ -114,7 +114,7 @@ class TensorDataModule(_ColumnsDataModule):
         **kwargs: Any,
     ) -> None:
         splits = {"train": train, "val": val, "test": test, "predict": predict}
-        self.set_data_args(**splits)
+        self.set_data_args(**splits | ({"train": tensors} if tensors else {}))
         super().__init__(**kwargs)
         self._set_sources(tensors, splits)
 
@@ -171,7 +171,7 @@ class ArrayDataModule(_ColumnsDataModule):
                 f"got {keys!r}; pass e.g. keys=['x', 'y']."
             )
         splits = {"train": train, "val": val, "test": test, "predict": predict}
-        self.set_data_args(**splits)
+        self.set_data_args(**splits | ({"train": arrays} if arrays else {}))
         check_settings(self, mmap=mmap)
         self.keys = keys
         super().__init__(**kwargs)

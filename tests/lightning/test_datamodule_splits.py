@@ -1,0 +1,51 @@
+"""The data a DataModule serves after ``load_from_checkpoint`` and where its splits meet:
+never silently other samples than the saved module's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from loaderkit.lightning.datamodules import TensorDataModule
+from tests.support.datamodules import AnyBatchModule
+from tests.support.helpers import trainer_kwargs
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+
+def _saved(tmp_path: Path, dm: L.LightningDataModule) -> Path:
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=1))
+    trainer.fit(AnyBatchModule(), datamodule=dm)
+    path = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_load_from_checkpoint_without_the_data_given_as_objects_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Was: val=(tensor,) stayed out of hparams, so the restored module had val=None and a fit
+    # with it validated on nothing (0 of 5 val samples), without a word.
+    torch.save((torch.arange(20.0),), tmp_path / "x.pt")
+    val = (torch.arange(100.0, 105.0),)
+    dm = TensorDataModule(train=str(tmp_path / "x.pt"), val=val, batch_size=4)
+    path = _saved(tmp_path, dm)
+    with pytest.raises(ValueError, match=r"given \['val'\] as objects.*load_from_checkpoint"):
+        TensorDataModule.load_from_checkpoint(path, weights_only=False)
+    restored = TensorDataModule.load_from_checkpoint(path, val=val, weights_only=False)
+    restored.setup("fit")
+    assert torch.equal(restored.val_dataset.tensors[0], val[0])
+    # Positional tensors are data too; paths and settings alone restore as they were.
+    positional = _saved(tmp_path, TensorDataModule(torch.arange(20.0), batch_size=4))
+    with pytest.raises(ValueError, match=r"no data"):
+        TensorDataModule.load_from_checkpoint(positional, weights_only=False)
+    dm = TensorDataModule(train=str(tmp_path / "x.pt"), val_fraction=0.25, seed=5, batch_size=4)
+    restored = TensorDataModule.load_from_checkpoint(_saved(tmp_path, dm), weights_only=False)
+    restored.setup("fit")
+    assert [s.tolist() for s in restored.split] == [s.tolist() for s in dm.split]
