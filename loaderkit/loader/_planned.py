@@ -105,16 +105,7 @@ class PlanEngine:
         rank, world_size = self.host.topology()
         if self.host.name_epoch(self.cursor, self.plan):
             return ran_out()
-        epoch, start, steps_done = self.cursor.upcoming(self.plan)
-        fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
-        fields |= {"position": start, "steps_done": steps_done}
-        if isinstance(self.plan, SamplerPlan) and world_size > 1:
-            # A user's sampler lists each epoch itself (here, before the schedule lists it).
-            fields["epoch_order"] = self.plan.order_check(epoch)
-        agree_across_ranks(
-            OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
-        )
-        self._check_counted(epoch, steps_done, world_size)
+        self._check_start(rank, world_size)
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
@@ -134,6 +125,19 @@ class PlanEngine:
             )
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)
+
+    def _check_start(self, rank: int, world_size: int) -> None:
+        """Refuse the next epoch start where the ranks or the host count it differently."""
+        epoch, start, steps_done = self.cursor.upcoming(self.plan)
+        fields = {**self.fingerprint, "world_size": world_size, "epoch": epoch}
+        fields |= {"position": start, "steps_done": steps_done}
+        if isinstance(self.plan, SamplerPlan) and world_size > 1:
+            # A user's sampler lists each epoch itself (here, before the schedule lists it).
+            fields["epoch_order"] = self.plan.order_check(epoch)
+        agree_across_ranks(
+            OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
+        )
+        self._check_counted(epoch, steps_done, world_size)
 
     def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
         """Refuse an evaluation whose ranks, stepping equally, would repeat more samples than
