@@ -147,20 +147,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
             "from the dataset's own generator."
         )
     plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
-    inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
-    weighted = holds_mix(inner, weighted=True)
-    if weighted and not isinstance(dataset, MixedDataset):
-        raise ValueError(
-            f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
-            "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
-            "split it, mix each source's split)."
-        )
-    if weighted and not isinstance(plan, MixPlan | MixBucketPlan):
-        raise ValueError(
-            f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
-            f"{type(plan).__name__} of the sampler given; pass no sampler, "
-            "batch_sampler=mix.batch_sampler(...), or no weights."
-        )
+    _check_mix_weights(dataset, plan)
     return LoaderSpec(
         kind=kind,
         dataset=dataset,
@@ -183,6 +170,25 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         **_workers(kind, dataset, a),
         **{name: a[name] for name in _AS_GIVEN},
     )
+
+
+def _check_mix_weights(dataset: Any, plan: Plan) -> None:
+    """Refuse a weighted MixedDataset that ``plan`` would read unweighted."""
+    inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
+    if not holds_mix(inner, weighted=True):
+        return
+    if not isinstance(dataset, MixedDataset):
+        raise ValueError(
+            f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
+            "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
+            "split it, mix each source's split)."
+        )
+    if not isinstance(plan, MixPlan | MixBucketPlan):
+        raise ValueError(
+            f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
+            f"{type(plan).__name__} of the sampler given; pass no sampler, "
+            "batch_sampler=mix.batch_sampler(...), or no weights."
+        )
 
 
 def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
