@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from loaderkit.lightning.datamodules import TensorDataModule
+from loaderkit.lightning.datamodules import SequenceDataModule, TensorDataModule
 from tests.support.datamodules import AnyBatchModule
 from tests.support.helpers import trainer_kwargs
 
@@ -49,3 +49,26 @@ def test_load_from_checkpoint_without_the_data_given_as_objects_is_refused(
     restored = TensorDataModule.load_from_checkpoint(_saved(tmp_path, dm), weights_only=False)
     restored.setup("fit")
     assert [s.tolist() for s in restored.split] == [s.tolist() for s in dm.split]
+
+
+class _Masked(list):  # type: ignore[type-arg]
+    """Sequences whose reads draw: a random token appended, as random masking would."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        return torch.cat([super().__getitem__(i), torch.randint(0, 10**6, (1,))])
+
+
+def test_sequence_samples_that_draw_are_the_same_for_any_num_workers() -> None:
+    # Was: per_sample_seeding=False, so the draws followed the worker processes' RNGs:
+    # num_workers=0 and 2 gave other tokens in every batch.
+    samples = _Masked(torch.full((1 + i % 4,), i) for i in range(16))
+    runs = [
+        [
+            b.values
+            for b in SequenceDataModule(
+                samples, batch_size=4, num_workers=w, seed=1
+            ).train_dataloader()
+        ]
+        for w in (0, 2)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))

@@ -214,10 +214,6 @@ class SequenceDataModule(LoaderDataModule):
             self.pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
         )
 
-    def per_sample_seeding(self, split: str) -> bool:
-        """Off: stored sequences hold no randomness."""
-        return False
-
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
         """A :class:`~loaderkit.BucketBatchSampler` when bucketing, else None."""
         if not self.bucket:
