@@ -6,10 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
-from loaderkit.lightning.datamodules import SequenceDataModule, TensorDataModule
+from loaderkit import TokenReader, write_shards
+from loaderkit.lightning.datamodules import (
+    MixedDataModule,
+    SequenceDataModule,
+    ShardedDataModule,
+    TensorDataModule,
+)
 from tests.support.datamodules import AnyBatchModule
 from tests.support.helpers import trainer_kwargs
 
@@ -72,3 +79,12 @@ def test_sequence_samples_that_draw_are_the_same_for_any_num_workers() -> None:
         for w in (0, 2)
     ]
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_token_options_beside_a_reader_object_are_refused(tmp_path: Path) -> None:
+    # Was: ignored (samples of the reader's 8 tokens), yet kept in hparams, so a module
+    # restored from the checkpoint read 5-token samples (seq_len=4, targets=True).
+    write_shards(tmp_path, [np.arange(64)], TokenReader(seq_len=8))
+    for make in (ShardedDataModule, lambda root, **kw: MixedDataModule({"a": root}, **kw)):
+        with pytest.raises(ValueError, match=r"token options seq_len, targets .* TokenReader"):
+            make(str(tmp_path), reader=TokenReader(seq_len=8), seq_len=4, targets=True)

@@ -137,16 +137,21 @@ def make_reader(
 ) -> ShardReader:
     """The reader named by ``reader`` (or ``reader`` itself, a ShardReader), options checked."""
     check_bool("targets", targets, owner=owner)
+    given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
+    extra = [k for k, v in given.items() if v is not None]
     if not isinstance(reader, str):
         if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
             raise TypeError(
                 f"{owner}: reader must be 'tokens', 'jsonl', 'parquet' or a ShardReader, got "
                 f"{type(reader).__name__}."
             )
+        if extra:
+            raise ValueError(
+                f"{owner}: the token options {', '.join(extra)} are reader='tokens' settings, "
+                f"but reader is a {type(reader).__name__}; set them on it and drop them here."
+            )
         return reader
     check_choice("reader", reader, ("tokens", "jsonl", "parquet"), owner=owner)
-    given = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets or None}
-    extra = [k for k, v in given.items() if v is not None]
     if reader != "tokens" and extra:
         raise ValueError(
             f"{owner}: the token options {', '.join(extra)} need reader='tokens', got "
