@@ -3,6 +3,7 @@ never silently other samples than the saved module's."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -88,3 +89,21 @@ def test_token_options_beside_a_reader_object_are_refused(tmp_path: Path) -> Non
     for make in (ShardedDataModule, lambda root, **kw: MixedDataModule({"a": root}, **kw)):
         with pytest.raises(ValueError, match=r"token options seq_len, targets .* TokenReader"):
             make(str(tmp_path), reader=TokenReader(seq_len=8), seq_len=4, targets=True)
+
+
+def test_val_or_test_shards_that_train_reads_too_are_warned_of(tmp_path: Path) -> None:
+    # Was: silent; val on the train folder measured the samples the model trains on.
+    root = tmp_path / "train"
+    write_shards(root, [np.arange(32), np.arange(32)], TokenReader(seq_len=4))
+    (tmp_path / "link").symlink_to(root)
+    shared = r"the val data shares 2 shard files with train .* trains on"
+    with pytest.warns(UserWarning, match=shared):
+        ShardedDataModule(str(root), val_shards=str(tmp_path / "link"), seq_len=4).setup("fit")
+    with pytest.warns(UserWarning, match=r"the test data shares 1 shard files"):
+        test = sorted(root.glob("*.npy"))[:1]
+        MixedDataModule({"a": str(root)}, test=[str(test[0])], seq_len=4).setup("test")
+    write_shards(tmp_path / "val", [np.arange(32)], TokenReader(seq_len=4))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ShardedDataModule(str(root), val_shards=str(tmp_path / "val"), seq_len=4).setup("fit")
+    assert not [w for w in seen if "shard files with train" in str(w.message)]

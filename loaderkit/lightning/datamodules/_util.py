@@ -157,6 +157,21 @@ def plain(value: Any) -> bool:
     return False
 
 
+def shard_files(dataset: Any) -> set[str]:
+    """The shard files (real paths) and URLs that ``dataset``'s samples come from, through a
+    mix's sources; empty for data that is not shards."""
+    sources = getattr(dataset, "sources", None)
+    if isinstance(sources, list):
+        return set().union(*map(shard_files, sources))
+    shards = getattr(dataset, "shards", None)
+    files = shards if isinstance(shards, list) else []
+    return {
+        os.path.realpath(f) if isinstance(f, os.PathLike) else f.url
+        for f in files
+        if isinstance(f, os.PathLike) or isinstance(getattr(f, "url", None), str)
+    }
+
+
 def is_hf_dataset(value: Any) -> bool:
     """A ``datasets.Dataset`` (duck-typed: without importing ``datasets``)."""
     return type(value).__name__ == "Dataset" and callable(getattr(value, "with_format", None))

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
 
 from loaderkit.collate import PadCollate
 from loaderkit.data.hf import HFDataset
@@ -27,6 +28,7 @@ from loaderkit.lightning.datamodules._util import (
     Shards,
     is_hf_dataset,
     is_remote_shards,
+    shard_files,
     shard_list,
 )
 from loaderkit.lightning.datamodules.base import LoaderDataModule
@@ -54,6 +56,20 @@ class _ShardSources(LoaderDataModule):
                 f"pass {val_fix} instead."
             )
         check_settings(self, **settings)
+
+    def setup(self, stage: str) -> None:
+        """As the base; warns of val/test data that shares shard files with train."""
+        before = set(self._datasets)
+        super().setup(stage)
+        train = shard_files(self._datasets.get("train"))
+        for split in sorted({"val", "test"} & set(self._datasets) - before):
+            shared = train & shard_files(self._datasets[split])
+            if shared:
+                rank_zero_warn(
+                    f"{type(self).__name__}: the {split} data shares {len(shared)} shard files "
+                    f"with train (e.g. {min(shared)!r}); its metrics measure samples the model "
+                    "trains on. Pass shards that train does not read."
+                )
 
     def _set_collate(
         self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool = False
