@@ -79,9 +79,13 @@ class _RowSource(NamedTuple):
 class _File(int):
     """A file descriptor, closed with its last reference."""
 
+    # Class attributes: the module's globals may be gone when the last ones go at exit.
+    _close = staticmethod(os.close)
+    _quietly = contextlib.suppress(OSError)  # reentrant: one for all
+
     def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self)
+        with self._quietly:
+            self._close(self)
 
 
 def _sizers(guard: Any, indexed: tuple[Path, int] | None) -> list[Callable[[], int]]:
@@ -94,9 +98,9 @@ def _sizers(guard: Any, indexed: tuple[Path, int] | None) -> list[Callable[[], i
         for path, size in zip(guard.paths, guard.expected, strict=True):
             fd = _File(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
             st = os.fstat(fd)
-            if st.st_size != size:
-                return list(guard.sizers)
-            if indexed is not None and indexed[0] == Path(path) and st.st_mtime_ns != indexed[1]:
+            same = indexed is not None and os.fspath(indexed[0]) == os.fspath(path)
+            entry = indexed if same else None  # the index's record of this very file
+            if st.st_size != size or (entry is not None and st.st_mtime_ns != entry[1]):
                 return list(guard.sizers)
             sizers.append(functools.partial(os.lseek, fd, 0, os.SEEK_END))
     except OSError:  # out of file descriptors, say

@@ -1275,6 +1275,26 @@ def test_row_sources_are_let_go_with_their_shards(shards: list[Path]) -> None:
     assert torch.equal(ds.get_batch(np.array([49, 0])), torch.stack([ds[49], ds[0]]))
 
 
+def test_the_files_opened_for_their_sizes_close_also_at_exit(
+    shards: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At exit the module's globals may be cleared before the last dataset goes.
+    import sys
+
+    sharded = loaderkit.data.sharded
+    fd = os.open(shards[0], os.O_RDONLY)
+    handle = sharded._File(fd)
+    raised: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    monkeypatch.setattr(sharded, "os", None)
+    monkeypatch.setattr(sharded, "contextlib", None)
+    del handle
+    monkeypatch.undo()
+    assert raised == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+
+
 @pytest.mark.parametrize("out_dtype", [None, torch.int64])
 def test_big_endian_npy_shards_read_as_their_values(tmp_path: Path, out_dtype: Any) -> None:
     np.save(tmp_path / "a.npy", np.arange(8, dtype=">u2"))
