@@ -19,7 +19,7 @@ from loaderkit.data._arrow import merge_kinds
 from loaderkit.data._open import names_crc32
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.memory import TensorDataset
+from loaderkit.data.memory import ArrayDataset, TensorDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
@@ -140,33 +140,59 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
     promotion (what collate does) must be the dtype that holds both exactly."""
     seen: dict[Any, tuple[tuple[Any, ...], str]] = {}
     for name, ds in zip(names, datasets, strict=True):
-        for column, kind in [c for kinds in _field_kinds(ds) for c in kinds.items()]:
-            first, where = seen.setdefault(column, (kind, name))
-            if first[0] == kind[0] == "python" or first == kind:
-                continue  # Python objects (strings, ...) are listed, never cast
-            merged = merge_kinds(first, kind)
-            if merged is None or _promoted(first[1], kind[1]) != merged[1]:
-                raise ShardError(
-                    f"{_OWNER}: field {column!r} is {kind[1]} in source {name!r} but "
-                    f"{first[1]} in source {where!r}, which a batch of both cannot hold exactly; "
-                    "give the sources one type (e.g. cast in the data), or leave the field out."
-                )
+        for kinds, fix in _field_kinds(ds):
+            for field, kind in kinds.items():
+                first, where = seen.setdefault(field, (kind, name))
+                if first[0] == kind[0] == "python" or first == kind:
+                    continue  # Python objects (strings, ...) are listed, never cast
+                merged = merge_kinds(first, kind)
+                if merged is None or _promoted(first[1], kind[1]) != merged[1]:
+                    other = "another part of it" if where == name else f"source {where!r}"
+                    raise ShardError(
+                        f"{_OWNER}: field {field!r} is {kind[1]} in source {name!r} but "
+                        f"{first[1]} in {other}, which a batch of both cannot hold exactly; "
+                        f"{fix}."
+                    )
 
 
-def _field_kinds(ds: Any) -> list[dict[Any, tuple[Any, ...]]]:
-    """What each field of ``ds``'s samples becomes in a batch, where the data says so (Parquet
-    and Hugging Face columns, the tensors of an exact TensorDataset), also through torch's
-    ``Subset`` and ``ConcatDataset``."""
+_READS = ("__getitem__", "__getitems__", "get_batch")
+
+
+def _reads_as(ds: Any, base: type) -> bool:
+    """Whether ``ds`` is a ``base`` whose reads neither its class nor the instance replaces."""
+    if not isinstance(ds, base) or any(name in vars(ds) for name in _READS):
+        return False
+    below = type(ds).__mro__[: type(ds).__mro__.index(base)]
+    return not any(name in vars(cls) for cls in below for name in _READS)
+
+
+def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
+    """What each field of ``ds``'s samples becomes in a batch where the data says so, and how
+    to change it: Parquet and Hugging Face columns, the tensors or arrays of a TensorDataset
+    or ArrayDataset, also through torch's ``Subset`` and ``ConcatDataset``."""
     if isinstance(ds, Subset):
         return _field_kinds(ds.dataset)
     if isinstance(ds, ConcatDataset):
         return [kinds for inner in ds.datasets for kinds in _field_kinds(inner)]
-    if type(ds) in (TensorDataset, torch.utils.data.TensorDataset):
-        return [{i: ("tensor", t.dtype) for i, t in enumerate(ds.tensors)}]
-    if type(ds) is HFDataset:
-        return [ds.kinds()]
+    cast = "give both sources' tensors one dtype (e.g. t.to(torch.int64))"
+    if _reads_as(ds, TensorDataset) or _reads_as(ds, torch.utils.data.TensorDataset):
+        return [({i: ("tensor", t.dtype) for i, t in enumerate(ds.tensors)}, cast)]
+    if _reads_as(ds, ArrayDataset):
+        dtypes = {
+            i: ("tensor", torch.from_numpy(np.empty(0, a.dtype)).dtype)
+            for i, a in enumerate(ds.arrays)
+        }
+        return [(dtypes, cast)]
+    if _reads_as(ds, HFDataset):
+        return [
+            (
+                ds.kinds(),
+                "cast the column (Dataset.cast_column), or leave it out: HFDataset(columns=)",
+            )
+        ]
     reader = ds.reader if isinstance(ds, ShardedDataset) else None
-    return [reader.kinds()] if isinstance(reader, ParquetReader) else []
+    fix = "write them with one type, or leave the column out: ParquetReader(columns=)"
+    return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []
 
 
 def _promoted(a: Any, b: Any) -> Any:

@@ -324,21 +324,38 @@ def test_bad_sources_are_named() -> None:
         BucketBatchSampler([1, 2, 3], batch_size=2, source_sizes=(3,))
 
 
-@pytest.mark.parametrize("kind", ["torch", "loaderkit"])
+class _TorchTensors(torch.utils.data.TensorDataset):
+    """A subclass that keeps torch's reads."""
+
+
+class _Scaled(torch.utils.data.TensorDataset):
+    """A subclass whose own read decides the dtype: not judged by its tensors."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[i].to(torch.float64) for t in self.tensors)
+
+
+@pytest.mark.parametrize("kind", ["torch", "loaderkit", "array", "subclass"])
 def test_tensor_sources_that_type_a_field_apart_are_refused(kind: str) -> None:
     # int64 ids beside float16 values: one process promoted them to float16 and rounded
     # (3001 -> 3000), two workers raised TypeError; the batch depended on num_workers.
     import torch.utils.data as tud
 
-    from loaderkit import ShardError, TensorDataset
+    from loaderkit import ArrayDataset, ShardError, TensorDataset
 
-    make = tud.TensorDataset if kind == "torch" else TensorDataset
+    def make(t: torch.Tensor) -> Any:
+        if kind == "array":
+            return ArrayDataset(t.numpy())
+        return {"torch": tud.TensorDataset, "loaderkit": TensorDataset}.get(kind, _TorchTensors)(t)
+
     ids = make(torch.arange(3000, 3010))
     halves = make(torch.full((10,), 0.5, dtype=torch.float16))
     with pytest.raises(ShardError, match=r"field 0 is torch.float16 in source 'b' but torch.int64"):
         MixedDataset({"a": ids, "b": halves})
-    with pytest.raises(ShardError, match=r"field 0 is torch.float16"):
+    with pytest.raises(ShardError, match=r"field 0 is torch.float16.*t.to\(torch.int64\)"):
         MixedDataset({"a": tud.Subset(ids, range(5)), "b": halves})
+    with pytest.raises(ShardError, match=r"in source 'a' but torch.int64 in another part of it"):
+        MixedDataset({"a": tud.ConcatDataset([ids, halves]), "b": ids})
     small = make(torch.arange(10, dtype=torch.int32))  # int32 fits in int64: exact
     mix = MixedDataset({"a": ids, "c": small})
     batch = next(iter(ResumableDataLoader(mix, batch_size=20)))[0]
@@ -362,3 +379,9 @@ def test_hugging_face_sources_that_type_a_column_apart_are_refused() -> None:
     small = datasets.Dataset.from_dict({"x": [1, 2]}).cast_column("x", datasets.Value("int32"))
     mix = MixedDataset({"a": ids, "c": HFDataset(small.with_format("torch"))})
     assert sorted(mix[i]["x"].item() for i in range(len(mix))) == [1, 2, *big]
+
+
+def test_a_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_tensors() -> None:
+    ids = torch.utils.data.TensorDataset(torch.arange(4))
+    mix = MixedDataset({"a": _Scaled(torch.full((4,), 0.5, dtype=torch.float16)), "b": ids})
+    assert {mix[i][0].dtype for i in range(len(mix))} == {torch.float64, torch.int64}
