@@ -440,14 +440,16 @@ class ShardedDataset(Dataset[Any]):
         ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
         ends, starts, sources = self._end_list, self._start_list, self._sources
         live = self._files.open
-        used: dict[int, _RowSource] = {}
+        used: dict[int, np.ndarray] = {}
         picks: list[tuple[np.ndarray, int]] = []
+        sizers: list[Callable[[], int]] = []
+        expected: list[int] = []
         kind = None
         try:
             for g in values:
                 shard = bisect.bisect_right(ends, g)
-                src = used.get(shard)
-                if src is None:
+                rows = used.get(shard)
+                if rows is None:
                     src = sources.get(shard)
                     if src is not None and live.get(shard) is src.handle:
                         live.move_to_end(shard)  # as self._files.get(shard) does
@@ -456,11 +458,11 @@ class ShardedDataset(Dataset[Any]):
                     if src.rows is None or (kind is not None and src.kind is not kind):
                         return None
                     kind = src.kind
-                    used[shard] = src
-                picks.append((src.rows, g - starts[shard]))  # type: ignore[arg-type]
+                    rows = used[shard] = src.rows
+                    sizers += src.sizers
+                    expected += src.expected
+                picks.append((rows, g - starts[shard]))
             assert kind is not None
-            sizers = [size for src in used.values() for size in src.sizers]
-            expected = [n for src in used.values() for n in src.expected]
             # The files checked before the copy (a truncated map raises SIGBUS), as the shard's
             # own read does, and after it (zeros); a change sends the batch to the per-shard
             # path, which names the file.
