@@ -106,9 +106,8 @@ def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suff
     without a word."""
     read = tuple(suffixes)
     unread = [n for n in names if not is_shard_name(n, read) and not never_a_shard(n)]
-    odd = sorted(
-        n for n in unread if n.endswith(tuple(s + c for s in read for c in _OTHER_COMPRESSIONS))
-    )
+    compressed = tuple((s + c).lower() for s in read for c in _OTHER_COMPRESSIONS)
+    odd = sorted(n for n in unread if n.lower().endswith(compressed))
     if odd:
         raise ValueError(
             f"{owner}: {folder!r} holds {odd[0]!r}, compressed in a form no reader opens, so "
@@ -141,12 +140,21 @@ def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixe
 
 def nested_files(root: Path) -> Iterator[str]:
     """The files under ``root``'s subfolders (hidden ones left out), relative to it; a
-    linked subfolder is looked into too (once: a link to a folder above makes no loop)."""
-    seen = {os.path.realpath(root)}
+    linked subfolder is looked into too, once. A link to a folder holding ``root`` or the
+    folder it is in (``parent -> ..``, ``/``) is not: its files are not below ``root``, and
+    walking it would read siblings' shards as nested, or the whole disk."""
+    top = Path(os.path.realpath(root))
+    seen = {top}
     for folder, subfolders, files in os.walk(root, followlinks=True):
-        real = {d: os.path.realpath(os.path.join(folder, d)) for d in subfolders}
+        here = Path(os.path.realpath(folder))
+        real = {d: Path(os.path.realpath(os.path.join(folder, d))) for d in subfolders}
         subfolders[:] = sorted(
-            d for d in subfolders if not d.startswith(".") and real[d] not in seen
+            d
+            for d in subfolders
+            if not d.startswith(".")
+            and real[d] not in seen
+            and not top.is_relative_to(real[d])
+            and not here.is_relative_to(real[d])
         )
         seen.update(real[d] for d in subfolders)
         rel = Path(folder).relative_to(root).as_posix()

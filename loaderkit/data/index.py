@@ -171,12 +171,20 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
         msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it "
         msg += "so the shards are counted again."
         raise ShardError(msg, path=where) from exc
-    # A remote index copied with its folder holds versions, not mtimes.
-    if not ok or (doc.get("remote") is True) != remote:
-        kind = "a remote" if remote else "a local"
-        msg = f"shard index {where!r} fails its checksum or is not {kind} index of this "
-        msg += "loaderkit version; delete it so the shards are counted again."
+    if not ok:
+        msg = f"shard index {where!r} fails its checksum or is of another loaderkit version; "
+        msg += "delete it so the shards are counted again."
         raise ShardError(msg, path=where)
+    # Its rows hold object versions (for a URL) or file mtimes (for a local folder), which
+    # the other place's files do not match: a copied or uploaded folder takes its index along.
+    if (doc.get("remote") is True) != remote:
+        written, here = ("a local folder", "a URL") if remote else ("a URL", "a local folder")
+        raise ShardError(
+            f"shard index {where!r} was written for {written}, and the shards are read from "
+            f"{here}. Re-run write_shards to the place you read from, or delete the index to "
+            "count the shards there.",
+            path=where,
+        )
     if doc["reader"] != reader.spec():
         raise ShardError(
             f"shard index {where!r} was counted with reader settings {doc['reader']}, this "

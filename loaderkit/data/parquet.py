@@ -223,15 +223,16 @@ class ParquetReader:
         elif isinstance(data, dict):
             table = pa.table(data)
         elif isinstance(data, list | tuple):
-            # from_pylist takes the first row's keys: another row's other keys would be dropped.
-            keys = [sorted(row, key=str) if isinstance(row, dict) else None for row in data]
-            odd = next((i for i, k in enumerate(keys) if k != keys[0]), None)
+            # Columns from every row's keys (from_pylist takes row 0's and drops the others);
+            # a row without a key holds a null there.
+            odd = next((i for i, row in enumerate(data) if not isinstance(row, dict)), None)
             if odd is not None:
-                raise ValueError(
-                    f"ParquetReader.write: row {odd} of {path.name!r} has keys {keys[odd]}, row 0 "
-                    f"has {keys[0]}; give every row the same keys (None for a missing value)."
+                raise TypeError(
+                    f"ParquetReader.write: row {odd} of {path.name!r} is a "
+                    f"{type(data[odd]).__name__}, not a dict; pass a list of row dicts."
                 )
-            table = pa.Table.from_pylist(list(data))
+            keys = list(dict.fromkeys(key for row in data for key in row))
+            table = pa.table({key: [row.get(key) for row in data] for key in keys})
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
             table = pa.Table.from_pandas(data, preserve_index=False)
         else:

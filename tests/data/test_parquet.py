@@ -194,6 +194,23 @@ def test_a_file_replaced_under_an_open_handle_is_read_whole(tmp_path: Path) -> N
     assert [int(ds[i]["id"]) for i in range(11)] == list(range(11))
 
 
+def test_a_prepared_reader_refuses_a_file_retyped_since(tmp_path: Path) -> None:
+    """The dtypes are decided once from the footers; a file opened later with a type they
+    do not hold would be read into the wrong dtype (datasets' own checks fire first, so the
+    prepared reader is reached directly here)."""
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"x": pa.array([1], pa.int32())}), a)
+    pq.write_table(pa.table({"x": pa.array([2], pa.int16())}), b)
+    prepared = ParquetReader().prepare([(str(a), a), (str(b), b)])
+    assert prepared.dtypes(["x"]) == {"x": torch.int32}
+    pq.write_table(pa.table({"x": pa.array([7], pa.int8())}), b)  # int32 holds it
+    assert prepared.open(b).read(0)["x"].item() == 7
+    pq.write_table(pa.table({"x": pa.array([2**40], pa.int64())}), b)
+    match = r"column 'x' is int64 in '[^']*b\.parquet', which torch.int32, decided from the files "
+    with pytest.raises(ShardError, match=match + r"when the dataset was built, does not hold"):
+        prepared.open(b)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_oracle(shards: list[Path], num_workers: int) -> None:
     ds = dataset(shards, columns=["id", "tokens"])
@@ -366,18 +383,26 @@ def test_a_footer_whose_row_count_is_not_its_row_groups_is_refused(
         ParquetReader().count(path)
 
 
-def test_rows_with_other_keys_are_refused_not_dropped(tmp_path: Path) -> None:
+def test_rows_with_other_keys_are_written_not_dropped(tmp_path: Path) -> None:
     # pyarrow's from_pylist takes row 0's keys: row 1's "label" was written nowhere.
-    rows = [{"id": 0}, {"id": 1, "label": 7}]
-    match = r"row 1 of 'shard-00000.parquet' has keys \['id', 'label'\], row 0 has \['id'\]"
-    with pytest.raises(ValueError, match=match) as info:
-        write_shards(tmp_path, [rows], ParquetReader(), progress=False)
-    assert "writing shard 0" in "".join(info.value.__notes__)
-    rows[0]["label"] = None  # every key in every row: written as a null
+    rows = [{"id": 0}, {"id": 1, "label": 7, "text": "b"}]
     (path,) = write_shards(tmp_path, [rows], ParquetReader(), progress=False)
-    assert pq.read_table(path).to_pylist() == [{"id": 0, "label": None}, {"id": 1, "label": 7}]
-    reordered = [{"id": 0, "label": 1}, {"label": 2, "id": 1}]  # the same keys: fine
-    assert ParquetReader().write(tmp_path / "r.parquet", reordered).exists()
+    want = [{"id": 0, "label": None, "text": None}, {"id": 1, "label": 7, "text": "b"}]
+    assert pq.read_table(path).to_pylist() == want
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    assert ds[1]["label"].item() == 7 and ds[1]["text"] == "b"
+    with pytest.raises(ShardError, match=r"column 'label' has 1 null value\(s\)"):
+        ds[0]  # a missing number is refused by name, never read as some value
+    # A later row lacking a key row 0 has (the two went the same way with from_pylist).
+    fewer = [{"id": 0, "label": 1}, {"id": 1}]
+    path = ParquetReader().write(tmp_path / "f.parquet", fewer)
+    assert pq.read_table(path).to_pylist() == [{"id": 0, "label": 1}, {"id": 1, "label": None}]
+    reordered = [{"id": 0, "label": 1}, {"label": 2, "id": 1}]  # columns in first-seen order
+    path = ParquetReader().write(tmp_path / "r.parquet", reordered)
+    assert pq.read_table(path).to_pylist() == [{"id": 0, "label": 1}, {"id": 1, "label": 2}]
+    assert pq.read_table(path).column_names == ["id", "label"]
+    with pytest.raises(TypeError, match=r"row 1 of 'x.parquet' is a list, not a dict"):
+        ParquetReader().write(tmp_path / "x.parquet", [{"id": 0}, [1]])
 
 
 @pytest.mark.parametrize("wrap", ["subset", "concat"])

@@ -160,6 +160,26 @@ def test_a_shard_whose_suffix_differs_only_in_case_is_refused(
         StreamingShardedDataset(folder, READER, remote=remote)
 
 
+@pytest.mark.parametrize("name", ["b.NPY.gz", "b.npy.GZ", "b.Bin.Xz"])
+def test_a_shard_compressed_otherwise_in_another_case_is_refused(
+    name: str, place: tuple[Any, Any]
+) -> None:
+    # b.npy.gz was refused, b.NPY.gz and b.npy.GZ left out: shards (2,), not (2, 3).
+    folder, remote = place
+    write_shards(folder, arrays((2,), 1), READER, prefix="a", progress=False)
+    if isinstance(folder, Path):
+        (folder / name).write_bytes(b"not read")
+    else:
+        import fsspec
+
+        fsspec.filesystem("memory").pipe_file(f"{folder}/{name}", b"not read")
+    match = rf"holds '{name}', compressed in a form no reader opens"
+    with pytest.raises(ValueError, match=match):
+        ShardedDataset(folder, READER, remote=remote)
+    with pytest.raises(ValueError, match=match):
+        StreamingShardedDataset(folder, READER, remote=remote)
+
+
 def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Path) -> None:
     # Its rows hold object versions, not mtimes: int('1795684370.56') failed as a bare ValueError.
     import fsspec
@@ -171,10 +191,29 @@ def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Pa
         (tmp_path / name.rsplit("/", 1)[-1]).write_bytes(fs.cat_file(name))
     fs.rm(url, recursive=True)
     (index,) = tmp_path.glob(".loaderkit-index-*.json")
-    with pytest.raises(ShardError, match=r"is not a local index .*; delete it so the shards are"):
+    # Said as a checksum failure (read as damage); it is an index written for a URL.
+    match = r"was written for a URL, and the shards are read from a local folder\. Re-run "
+    with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
         ShardedDataset(tmp_path, READER)
     index.unlink()
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
+
+
+def test_a_folder_uploaded_with_its_index_names_that_index(tmp_path: Path) -> None:
+    # Said as a checksum failure whose fix, deleting the index, drops write_shards' hashes.
+    import fsspec
+
+    write_shards(tmp_path, arrays((2, 3), 1), READER, hash="sha256", progress=False)
+    url = f"memory://uploaded-{uuid.uuid4().hex[:8]}"
+    fs = fsspec.filesystem("memory")
+    for path in tmp_path.iterdir():
+        fs.pipe_file(f"{url}/{path.name}", path.read_bytes())
+    remote = RemoteCache(cache_dir=tmp_path / "cache")
+    match = r"was written for a local folder, and the shards are read from a URL\. Re-run "
+    with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
+        ShardedDataset(url, READER, remote=remote)
+    write_shards(url, arrays((2, 3), 1), READER, hash="sha256", progress=False)
+    assert ShardedDataset(url, READER, remote=remote).sizes == (2, 3)
 
 
 def test_shards_in_a_linked_subfolder_are_refused_as_in_a_real_one(tmp_path: Path) -> None:
@@ -183,8 +222,30 @@ def test_shards_in_a_linked_subfolder_are_refused_as_in_a_real_one(tmp_path: Pat
     np.save(tmp_path / "data" / "a.npy", np.zeros(SEQ, np.uint16))
     np.save(tmp_path / "other" / "b.npy", np.zeros(SEQ, np.uint16))
     (tmp_path / "data" / "more").symlink_to(tmp_path / "other")
-    (tmp_path / "data" / "up").symlink_to(tmp_path)  # a loop: walked once
+    # A link to the folder above, which holds a shard: not below data/, so not walked.
+    (tmp_path / "data" / "up").symlink_to(tmp_path)
+    np.save(tmp_path / "top.npy", np.zeros(SEQ, np.uint16))
     with pytest.raises(ValueError, match=r"holds the shard 'more/b.npy' in a subfolder"):
         ShardedDataset(tmp_path / "data", READER)
     (tmp_path / "other" / "b.npy").unlink()
     assert ShardedDataset(tmp_path / "data", READER).sizes == (1,)
+
+
+@pytest.mark.parametrize("link", ["parent", "top", "inner"])
+def test_a_link_to_a_folder_above_is_not_walked(tmp_path: Path, link: str) -> None:
+    # train/parent -> .. walked the parent: val/shard-00000.npy refused as nested in train/
+    # (and a link to / would walk the whole disk).
+    top = tmp_path / "top"
+    for name in ("train", "val"):
+        write_shards(top / name, arrays((2,), 1), READER, progress=False)
+    np.save(top / "loose.npy", np.zeros(SEQ, np.uint16))
+    train = top / "train"
+    if link == "inner":  # a linked folder outside, with a link to the folder above it
+        (tmp_path / "ext" / "notes").mkdir(parents=True)
+        np.save(tmp_path / "ext" / "x.npy", np.zeros(SEQ, np.uint16))
+        (tmp_path / "ext" / "notes" / "up").symlink_to(tmp_path / "ext")
+        (train / "notes").symlink_to(tmp_path / "ext" / "notes")
+    else:
+        (train / link).symlink_to(top if link == "parent" else tmp_path)
+    assert ShardedDataset(train, READER).sizes == (2,)
+    assert [p.name for p in StreamingShardedDataset(train, READER).shards] == ["shard-00000.npy"]
