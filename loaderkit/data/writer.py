@@ -29,7 +29,7 @@ from typing import Any
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool, check_index_path, check_int
-from loaderkit.data._code import code_digest, pickle_digest
+from loaderkit.data._code import class_digest, code_digest, pickle_digest
 from loaderkit.data._codec import (
     ZSTD_SUFFIX,
     check_compression,
@@ -140,12 +140,16 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
     return i, path.name, samples, extras
 
 
-def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str:
+def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str | None:
+    """A digest of the call's settings; None when the reader cannot be digested."""
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
-    # What the reader writes may hang on settings its spec() leaves out (it lists the count's).
-    settings |= {"write_code": code_digest(reader.write), "reader_bound": pickle_digest(reader)}
+    # What the reader writes may hang on settings its spec() leaves out (it lists the
+    # count's): on its instance, on its class, in a helper method.
+    settings |= {"reader_class": class_digest(type(reader)), "reader_bound": pickle_digest(reader)}
+    if settings["reader_class"] is None or settings["reader_bound"] is None:
+        return None
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
         settings["fn_bound"] = pickle_digest(fn)
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
@@ -329,7 +333,9 @@ def _write_all(
 
     def todo() -> Iterator[tuple[int, Any, str | None]]:
         for i, item in enumerate(items):
-            fp = pickle_digest(item) if done is not None else None  # None: never resumed
+            # Sets in their own order: a Python call per object would triple the time on
+            # many small ones, and a set's other order under another hash seed only rewrites.
+            fp = pickle_digest(item, sorted_sets=False) if done is not None else None
             prior = done(i, fp) if done is not None else None
             if prior is None:
                 yield i, item, fp
@@ -466,6 +472,8 @@ def _make_job(
     resume: bool,
 ) -> tuple[_Job, Callable[[int, str | None], Done | None] | None]:
     key = _settings_key(reader, fn, prefix, ext, codec)
+    if key is None:  # settings unseen: no done shard can be told to match them
+        key, resume = os.urandom(8).hex(), False
     if is_url(directory):
         url = str(directory).rstrip("/")
         job = _Job(reader, fn, prefix, ext, codec, key, url, Storage(url, storage_options))

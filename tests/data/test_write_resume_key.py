@@ -1,0 +1,156 @@
+"""write_shards' resume key: every reader setting in it, the same in every process.
+
+A resume skips a shard whose done marker holds the call's key: a reader setting the key
+misses keeps shards written under another value (a corpus of both), a key that changes
+with the process rewrites every shard of a resume.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loaderkit import JsonlReader, ShardedDataset, write_shards
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALE = 10
+
+
+class ClassScaled(JsonlReader):
+    """A setting held on the class."""
+
+    scale = 10
+
+    def write(self, path: Path, samples: Any) -> Path:
+        return super().write(path, [v * self.scale for v in samples])
+
+
+class HelperScaled(JsonlReader):
+    """A setting read in a helper method (a module global)."""
+
+    def _one(self, v: int) -> int:
+        return v * SCALE
+
+    def write(self, path: Path, samples: Any) -> Path:
+        return super().write(path, [self._one(v) for v in samples])
+
+
+class LockedScaled(JsonlReader):
+    """A reader that does not pickle (it holds a lock): its settings cannot be digested."""
+
+    def __init__(self, scale: int) -> None:
+        self.scale, self.lock = scale, threading.Lock()
+
+    def write(self, path: Path, samples: Any) -> Path:
+        return super().write(path, [v * self.scale for v in samples])
+
+
+class Keep(JsonlReader):
+    """Keeps the fields in ``keys``: a frozenset, pickled in hash-seed order."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = frozenset(keys)
+
+    def write(self, path: Path, samples: Any) -> Path:
+        return super().write(path, [{k: s[k] for k in sorted(self.keys)} for s in samples])
+
+
+def killed_after_two(items: list[Any]) -> Any:
+    yield from items[:2]
+    raise RuntimeError("killed")
+
+
+def values(folder: Path) -> list[Any]:
+    ds = ShardedDataset(folder, JsonlReader())
+    return [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("where", ["class attribute", "helper method"])
+def test_a_resume_with_another_class_level_setting_rewrites_every_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000]: the shards of scale 10 were kept.
+    reader = ClassScaled() if where == "class attribute" else HelperScaled()
+    items = [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path, killed_after_two(items), reader, progress=False)
+    monkeypatch.setattr(ClassScaled, "scale", 1000)
+    monkeypatch.setitem(globals(), "SCALE", 1000)
+    write_shards(tmp_path, items, reader, progress=False)
+    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+
+
+def test_a_reader_that_does_not_pickle_is_written_whole_on_resume(tmp_path: Path) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000]: no digest of its state, so no change seen.
+    items = [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path, killed_after_two(items), LockedScaled(10), progress=False)
+    write_shards(tmp_path, items, LockedScaled(1000), progress=False)
+    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+
+
+# Run twice, under two hash seeds: "first" stops after two shards, "second" uses each
+# reader on a scratch folder, then resumes and prints the readers whose shard 0 was kept.
+SCRIPT = """
+import json, sys, importlib.util
+from pathlib import Path
+import numpy as np
+from loaderkit import JsonlReader, ParquetReader, ShardedDataset, TokenReader, write_shards
+from tests.data.test_write_resume_key import Keep, killed_after_two
+
+root, phase = Path(sys.argv[1]), sys.argv[2]
+rows = [[{"a": i, "b": float(i), "c": "x"}] for i in range(3)]
+cases = {
+    "token": (TokenReader(seq_len=4, dtype="uint16"), [np.arange(8, dtype=np.uint16)] * 3),
+    "jsonl": (JsonlReader(), [[1, 2], [3, 4], [5, 6]]),
+    "frozenset": (Keep(["text", "id", "lang", "url"]), [[dict.fromkeys(
+        ["text", "id", "lang", "url"], i)] for i in range(3)]),
+}
+if importlib.util.find_spec("pyarrow"):
+    cases["parquet"] = (ParquetReader(), rows)
+    cases["parquet columns"] = (ParquetReader(columns=["a", "b"]), rows)
+kept = []
+for name, (reader, items) in cases.items():
+    folder = root / name
+    if phase == "first":
+        try:
+            write_shards(folder, killed_after_two(items), reader, progress=False)
+        except RuntimeError:
+            pass
+        continue
+    ShardedDataset(write_shards(root / "used" / name, items, reader, progress=False), reader)[0]
+    before = (folder / json.loads(sys.argv[3])[name]).stat().st_mtime_ns
+    paths = write_shards(folder, items, reader, progress=False)
+    kept += [name] if Path(paths[0]).stat().st_mtime_ns == before else []
+print(json.dumps(kept))
+"""
+
+
+def test_a_resume_in_another_process_skips_the_done_shards(tmp_path: Path) -> None:
+    # Was: a reader holding a frozenset had another key under another PYTHONHASHSEED,
+    # so every resume in a new process rewrote every shard.
+    def run(seed: int, *args: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        command = [sys.executable, "-c", SCRIPT, str(tmp_path), *args]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run(1, "first")
+    first = {
+        p.parent.name: p.name
+        for p in tmp_path.glob("*/shard-00000.*")
+        if not p.name.endswith((".lkoffsets", ".lkdtype"))
+    }
+    names = ["token", "jsonl", "frozenset"]
+    names += ["parquet", "parquet columns"] if importlib.util.find_spec("pyarrow") else []
+    assert sorted(first) == sorted(names)
+    assert json.loads(run(2, "second", json.dumps(first))) == names
