@@ -129,8 +129,11 @@ def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixe
     """Refuse a folder with shards in a subfolder (``lang=de/part-0.parquet``): its listing
     is not recursive, and the corpus would be smaller without a word. ``nested``: the
     paths of the files under its subfolders."""
+    read = tuple(suffixes)  # any case, any compression: each is left out as well
+    like = tuple((s + c).lower() for s in read for c in ("", ZSTD_SUFFIX, *_OTHER_COMPRESSIONS))
     for rel in nested:
-        if is_shard_name(rel.rsplit("/", 1)[-1], tuple(suffixes)):
+        name = rel.rsplit("/", 1)[-1]
+        if name.lower().endswith(like) and never_a_shard(name) is None:
             raise ValueError(
                 f"{owner}: {folder!r} holds the shard {rel!r} in a subfolder, which reading "
                 "the folder leaves out; pass the list of shard paths (or URLs) to read, or "

@@ -249,3 +249,15 @@ def test_a_link_to_a_folder_above_is_not_walked(tmp_path: Path, link: str) -> No
         (train / link).symlink_to(top if link == "parent" else tmp_path)
     assert ShardedDataset(train, READER).sizes == (2,)
     assert [p.name for p in StreamingShardedDataset(train, READER).shards] == ["shard-00000.npy"]
+
+
+@pytest.mark.parametrize("name", ["b.NPY", "b.npy.gz", "b.Npy.ZST"])
+def test_a_shard_in_a_subfolder_is_refused_in_any_case_or_compression(
+    tmp_path: Path, name: str
+) -> None:
+    # sub/b.npy was refused, sub/b.NPY or sub/b.npy.gz left out: (1,) without a word.
+    np.save(tmp_path / "a.npy", np.zeros(SEQ, np.uint16))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / name).write_bytes(b"not read")
+    with pytest.raises(ValueError, match=rf"holds the shard 'sub/{name}' in a subfolder"):
+        ShardedDataset(tmp_path, READER)
