@@ -3,7 +3,9 @@
 All processes of a machine share one cache directory: ``objects/<key>/`` holds an entry
 (a shard with its sidecars, or one block of a shard), ``locks/<key>`` its lease (held
 shared while a process reads it, taken exclusive to evict it) and ``locks/<key>.dl`` its
-download lock (docs/design.md, shards in object storage).
+download lock (docs/design.md, shards in object storage). An evictor deletes an entry's
+lock files with it, holding both: whoever opened one before takes its lock again on the
+file the path names now (see :func:`flock`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -96,9 +99,14 @@ class DiskCache:
 
     def reset(self) -> None:
         """Start with no leases (a new process: its parent's locks are not its own)."""
+        old = getattr(self, "_dropped", None)
+        if old is not None:
+            old()  # this process's leases, if any (a forked child's are its parent's)
         self._lock = threading.Lock()
         self._leases: dict[str, int] = {}  # entry key -> fd holding a shared flock
         self._warned = False
+        # A dropped dataset's leases end with it: else its copies stay unevictable.
+        self._dropped = weakref.finalize(self, _close_leases, self._leases, os.getpid())
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}  # per process
@@ -208,18 +216,26 @@ class DiskCache:
         for _, key, size in sorted(entries):
             if key in mine:
                 continue
-            fd = flock(self.root / "locks" / key, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _, lease, dl_lock = self.entry(key, "")
+            fd = flock(lease, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if fd is None:
                 continue  # a live process needs it
+            dl_fd = flock(dl_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
+                if dl_fd is None:
+                    continue  # a download in flight
                 folder = self.root / "objects" / key
                 # The shard first, so no one finds its folder complete while it goes.
                 unlink(sorted(folder.glob("*"), key=lambda p: never_a_shard(p.name) is not None))
                 shutil.rmtree(folder, ignore_errors=True)
+                # Deleted while held, so each key does not leave two files behind for good.
+                unlink([dl_lock, lease])
                 self.count("evicted")
                 used -= size
             finally:
-                os.close(fd)
+                for held in (fd, dl_fd):
+                    if held is not None:
+                        os.close(held)
             if used + need <= self.max_bytes:
                 return True
         return False
@@ -362,18 +378,40 @@ class Blocks:
 
 
 def flock(path: Path, flags: int) -> int | None:
-    """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, flags)
-    except BlockingIOError:
+    """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed.
+
+    An evictor deletes a lock file while holding it: a lock taken on the deleted file
+    guards nothing, so it is taken again on the file ``path`` names now."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, flags)
+            held, now = os.fstat(fd), os.stat(path)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            return fd
         os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+
+
+def _close_leases(leases: dict[str, int], pid: int) -> None:
+    """Close the lease descriptors of a dropped :class:`DiskCache` made in process ``pid``;
+    a forked child's copy leaves them to the parent they belong to."""
+    if os.getpid() != pid:
+        return
+    fds = list(leases.values())
+    leases.clear()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def unlink(paths: Iterable[Path]) -> None:

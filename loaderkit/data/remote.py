@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -262,6 +263,36 @@ def _local_footer(path: Path) -> bytes | None:
     with contextlib.suppress(ValueError):  # a footer too long: the reader names the file
         return parquet_footer(tail, size)
     return None
+
+
+def _prefetch_loop(
+    ref: weakref.ref[RemoteShards],
+    wake: threading.Condition,
+    queue: list[int | _BlockJob],
+    stop: threading.Event,
+) -> None:
+    """A prefetch thread: fetch the queued jobs of ``ref``'s dataset until it is dropped."""
+    while True:
+        with wake:
+            while not queue:
+                if stop.is_set():
+                    return
+                wake.wait()
+            job = queue.pop(0)
+        owner = ref()
+        if owner is None:
+            return
+        owner._fetch_ahead(job)
+        del owner  # held only while fetching
+
+
+def _stop_prefetch(wake: threading.Condition, stop: threading.Event, pid: int) -> None:
+    """End the prefetch thread of a dropped dataset (a forked child's copy has none)."""
+    if os.getpid() != pid:
+        return  # the lock may have been held by a thread that the fork did not copy
+    stop.set()
+    with wake:
+        wake.notify_all()
 
 
 class RemoteShards:
@@ -649,31 +680,32 @@ class RemoteShards:
         if self.cache.prefetch == 0:
             return
         with self._wake:
-            self._queue = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
+            self._queue[:] = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
             if self._queue and self._thread is None:
+                # The thread holds this object weakly: a dropped dataset is collected (its
+                # leases end) and its thread ends.
+                stop = threading.Event()
+                args = (weakref.ref(self), self._wake, self._queue, stop)
                 self._thread = threading.Thread(
-                    target=self._prefetch_loop, name="loaderkit-prefetch", daemon=True
+                    target=_prefetch_loop, args=args, name="loaderkit-prefetch", daemon=True
                 )
                 self._thread.start()
+                weakref.finalize(self, _stop_prefetch, self._wake, stop, os.getpid())
             self._wake.notify()
 
-    def _prefetch_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
-                job = self._queue.pop(0)
-            try:
-                if isinstance(job, tuple):
-                    shard = self.shards[job[0]]
-                    self._blocks.fetch(shard, self._block_entries(*job), ahead=True)
-                else:
-                    self.local(job, ahead=True)
-            except NoRoom:
-                with self._wake:  # wait for the next batch's window (a lease ends)
-                    self._queue = []
-            except Exception:
-                pass  # Busy: its downloader finishes it; else the read fetches it and raises
+    def _fetch_ahead(self, job: int | _BlockJob) -> None:
+        """Fetch a shard (or a range-read shard's blocks) for the next batches."""
+        try:
+            if isinstance(job, tuple):
+                shard = self.shards[job[0]]
+                self._blocks.fetch(shard, self._block_entries(*job), ahead=True)
+            else:
+                self.local(job, ahead=True)
+        except NoRoom:
+            with self._wake:  # wait for the next batch's window (a lease ends)
+                self._queue.clear()
+        except Exception:
+            pass  # Busy: its downloader finishes it; else the read fetches it and raises
 
     def note_lanes(self, reading: Sequence[int], rest: Sequence[int]) -> None:
         """A stream slot reads shards ``reading`` now and ``rest`` after them, in order."""
