@@ -190,7 +190,7 @@ def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
                 "cast the column (Dataset.cast_column), or leave it out: HFDataset(columns=)",
             )
         ]
-    reader = ds.reader if isinstance(ds, ShardedDataset) else None
+    reader = ds.reader if _reads_as(ds, ShardedDataset) else None
     fix = "write them with one type, or leave the column out: ParquetReader(columns=)"
     return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []
 

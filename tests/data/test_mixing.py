@@ -385,3 +385,22 @@ def test_a_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_tensors(
     ids = torch.utils.data.TensorDataset(torch.arange(4))
     mix = MixedDataset({"a": _Scaled(torch.full((4,), 0.5, dtype=torch.float16)), "b": ids})
     assert {mix[i][0].dtype for i in range(len(mix))} == {torch.float64, torch.int64}
+
+
+def test_a_sharded_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_reader(
+    tmp_path: Any,
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from loaderkit import ParquetReader, ShardedDataset
+
+    class AsFloat(ShardedDataset):
+        def __getitem__(self, i: int) -> Any:
+            return {"x": super().__getitem__(i)["x"].to(torch.float64)}
+
+    for name, values in (("a", pa.array([2**24 + 1] * 4, pa.int64())), ("b", [0.5] * 4)):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"x": values}), tmp_path / name / f"{name}.parquet")
+    floats = ShardedDataset(tmp_path / "b", ParquetReader())
+    mix = MixedDataset({"a": AsFloat(tmp_path / "a", ParquetReader()), "b": floats})
+    assert {mix[i]["x"].dtype for i in range(len(mix))} == {torch.float64}
