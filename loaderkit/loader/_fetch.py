@@ -265,8 +265,9 @@ class BatchFetcher:
             )
         raise ValueError(
             f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
-            "global RNG while reading a batch. Pass per_sample_seeding=False, or draw from "
-            "loaderkit.sample_generator(seed, epoch, index) per sample."
+            "global RNG while reading a batch. Pass per_sample_seeding=False (in a "
+            "LoaderDataModule: override per_sample_seeding(split) to return False), or draw "
+            "from loaderkit.sample_generator(seed, epoch, index) per sample."
         )
 
     def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:

@@ -10,9 +10,12 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import ConcatDataset, Subset
 
-from loaderkit import TokenReader, write_shards
+from loaderkit import ShardedDataset, TokenReader, write_shards
+from loaderkit.errors import StateMismatchError
 from loaderkit.lightning.datamodules import (
+    ArrayDataModule,
     MixedDataModule,
     SequenceDataModule,
     ShardedDataModule,
@@ -44,19 +47,92 @@ def test_load_from_checkpoint_without_the_data_given_as_objects_is_refused(
     val = (torch.arange(100.0, 105.0),)
     dm = TensorDataModule(train=str(tmp_path / "x.pt"), val=val, batch_size=4)
     path = _saved(tmp_path, dm)
-    with pytest.raises(ValueError, match=r"given \['val'\] as objects.*load_from_checkpoint"):
-        TensorDataModule.load_from_checkpoint(path, weights_only=False)
+    lost = r"given \['val'\] as objects.*setup\('(fit|validate)'\) reads.*\(path, val=\.\.\.\)"
+    for stage in ("fit", "validate"):
+        with pytest.raises(ValueError, match=lost):
+            TensorDataModule.load_from_checkpoint(path, weights_only=False).setup(stage)
     restored = TensorDataModule.load_from_checkpoint(path, val=val, weights_only=False)
     restored.setup("fit")
     assert torch.equal(restored.val_dataset.tensors[0], val[0])
-    # Positional tensors are data too; paths and settings alone restore as they were.
-    positional = _saved(tmp_path, TensorDataModule(torch.arange(20.0), batch_size=4))
-    with pytest.raises(ValueError, match=r"no data"):
-        TensorDataModule.load_from_checkpoint(positional, weights_only=False)
+    # val=None passed on purpose goes without it; paths and settings restore as they were.
+    restored = TensorDataModule.load_from_checkpoint(path, val=None, weights_only=False)
+    restored.setup("fit")
+    assert restored.val_dataset is None
     dm = TensorDataModule(train=str(tmp_path / "x.pt"), val_fraction=0.25, seed=5, batch_size=4)
     restored = TensorDataModule.load_from_checkpoint(_saved(tmp_path, dm), weights_only=False)
     restored.setup("fit")
     assert [s.tolist() for s in restored.split] == [s.tolist() for s in dm.split]
+
+
+def test_a_restore_is_refused_only_for_the_splits_its_stage_reads(tmp_path: Path) -> None:
+    # A predict-only restore of a module given train and val as objects serves predict.
+    dm = TensorDataModule(torch.arange(20.0), val=(torch.arange(5.0),), batch_size=4)
+    path = _saved(tmp_path, dm)
+    restored = TensorDataModule.load_from_checkpoint(path, predict=(torch.zeros(3),))
+    assert [b[0].tolist() for b in restored.predict_dataloader()] == [[0.0, 0.0, 0.0]]
+    restored.setup("test")  # none given, none lost
+    with pytest.raises(ValueError, match=r"given \['train', 'val'\] .* setup\('fit'\)"):
+        restored.setup("fit")
+
+
+def test_positional_train_data_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
+    # Was: positional tensors/arrays stayed out of the saved state, so a module restored
+    # without them had no train data (train_dataset None), without a word.
+    torch.save((torch.arange(100.0, 105.0),), tmp_path / "v.pt")
+    np.save(tmp_path / "v.npy", np.arange(100.0, 105.0))
+    for cls, x, v in (
+        (TensorDataModule, torch.arange(20.0), "v.pt"),
+        (ArrayDataModule, np.arange(20.0), "v.npy"),
+    ):
+        path = _saved(tmp_path, cls(x, val=str(tmp_path / v), batch_size=4))
+        restored = cls.load_from_checkpoint(path, weights_only=False)
+        with pytest.raises(ValueError, match=r"given \['train'\] as objects"):
+            restored.setup("fit")
+        restored.setup("validate")
+        assert len(restored.val_dataset) == 5
+
+
+def test_a_reader_object_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
+    # Was: reader defaults to "tokens", so a lost TokenReader(seq_len=8, targets=True) was
+    # never missed: load_from_checkpoint(p, seq_len=8) gave 8-token samples, not 9.
+    write_shards(tmp_path, [np.arange(64)], TokenReader(seq_len=8))
+    reader = TokenReader(seq_len=8, targets=True)
+    for cls, make in (
+        (ShardedDataModule, lambda **kw: ShardedDataModule(str(tmp_path), **kw)),
+        (MixedDataModule, lambda **kw: MixedDataModule({"a": str(tmp_path)}, **kw)),
+    ):
+        path = _saved(tmp_path, make(reader=reader, batch_size=2))
+        with pytest.raises(ValueError, match=r"reader"):
+            cls.load_from_checkpoint(path, weights_only=False)
+        with pytest.raises(ValueError, match=r"given \['reader'\] as objects"):
+            cls.load_from_checkpoint(path, seq_len=8, weights_only=False)
+        restored = cls.load_from_checkpoint(path, reader=reader, weights_only=False)
+        assert next(iter(restored.train_dataloader())).shape == (2, 9)
+
+
+def test_the_datamodule_state_has_a_version_and_refuses_unknown_keys() -> None:
+    dm = TensorDataModule(torch.arange(8.0), batch_size=4)
+    state = dm.state_dict()
+    assert state == {"version": 1, "data_not_in_hparams": ["train"]}
+    for bad in ({**state, "extra": 1}, {**state, "version": 2}, {"data_not_in_hparams": []}):
+        with pytest.raises(StateMismatchError, match=r"expected the keys .* at version 1"):
+            dm.load_state_dict(bad)
+
+
+def test_a_trainer_resume_with_the_users_own_module_is_never_refused(tmp_path: Path) -> None:
+    # The module given to fit/validate(ckpt_path=...) is the user's: with or without val.
+    torch.save((torch.arange(20.0),), tmp_path / "x.pt")
+    val = (torch.arange(100.0, 105.0),)
+    path = _saved(tmp_path, TensorDataModule(train=str(tmp_path / "x.pt"), val=val, batch_size=4))
+    for given in ({"val": val}, {}):
+        model = AnyBatchModule()
+        dm = TensorDataModule(train=str(tmp_path / "x.pt"), batch_size=4, **given)
+        L.Trainer(**trainer_kwargs(max_epochs=2)).fit(model, datamodule=dm, ckpt_path=path)
+        assert model.rows == {1: 20} and model.val_batches == (2 if given else 0)
+        model = AnyBatchModule()
+        dm = TensorDataModule(train=str(tmp_path / "x.pt"), batch_size=4, **given)
+        L.Trainer(**trainer_kwargs()).validate(model, datamodule=dm, ckpt_path=path)
+        assert model.val_batches == (2 if given else 0)
 
 
 class _Masked(list):  # type: ignore[type-arg]
@@ -107,3 +183,37 @@ def test_val_or_test_shards_that_train_reads_too_are_warned_of(tmp_path: Path) -
         warnings.simplefilter("always")
         ShardedDataModule(str(root), val_shards=str(tmp_path / "val"), seq_len=4).setup("fit")
     assert not [w for w in seen if "shard files with train" in str(w.message)]
+
+
+def test_val_or_test_subsets_and_concatenations_of_train_shards_are_warned_of(
+    tmp_path: Path,
+) -> None:
+    # Was: silent for a torch Subset or ConcatDataset over the train folder's dataset.
+    write_shards(tmp_path, [np.arange(32), np.arange(32)], TokenReader(seq_len=4))
+    ds = ShardedDataset(str(tmp_path), TokenReader(seq_len=4))
+    for val in (Subset(ds, range(8)), ConcatDataset([ds])):
+        with pytest.warns(UserWarning, match=r"the val data shares 2 shard files with train"):
+            MixedDataModule({"a": str(tmp_path)}, val=val, seq_len=4).setup("fit")
+    # A train subset shares files, not samples, with a val subset of the rest.
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        MixedDataModule({"a": Subset(ds, range(8))}, val=Subset(ds, range(8, 16))).setup("fit")
+    assert not [w for w in seen if "shard files with train" in str(w.message)]
+
+
+class _NumpyMasked(list):  # type: ignore[type-arg]
+    """Sequences read a batch at a time, masked at random by numpy's global generator."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:  # type: ignore[override]
+        sample = super().__getitem__(i).clone()
+        sample[np.random.randint(len(sample))] = -1
+        return sample
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        return [self[i] for i in indices]
+
+
+def test_a_sequence_whose_batch_read_draws_is_refused_with_the_datamodule_fix() -> None:
+    samples = _NumpyMasked(torch.full((2 + i % 4,), i) for i in range(16))
+    with pytest.raises(ValueError, match=r"LoaderDataModule: override per_sample_seeding\(split\)"):
+        next(iter(SequenceDataModule(samples, batch_size=4, seed=1).train_dataloader()))

@@ -11,9 +11,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from torch.utils.data import ConcatDataset, Subset
 
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
+from loaderkit.loader._fetch import _Subset
 from loaderkit.seeding import derive_seed
 
 Shards = str | list[str]  # a folder, a file or a URL, or a list of files or URLs
@@ -157,12 +159,17 @@ def plain(value: Any) -> bool:
     return False
 
 
-def shard_files(dataset: Any) -> set[str]:
+def shard_files(dataset: Any, *, views: bool = False) -> set[str]:
     """The shard files (real paths) and URLs that ``dataset``'s samples come from, through a
-    mix's sources; empty for data that is not shards."""
+    mix's sources and, with ``views``, subsets and concatenations; empty for data that is not
+    shards. (A train subset shares files, not samples, with a subset of the rest.)"""
     sources = getattr(dataset, "sources", None)
+    if views and isinstance(dataset, Subset | _Subset):
+        sources = [dataset.dataset]
+    elif views and isinstance(dataset, ConcatDataset):
+        sources = list(dataset.datasets)
     if isinstance(sources, list):
-        return set().union(*map(shard_files, sources))
+        return set().union(*(shard_files(s, views=views) for s in sources))
     shards = getattr(dataset, "shards", None)
     files = shards if isinstance(shards, list) else []
     return {

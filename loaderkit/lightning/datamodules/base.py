@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import lightning as L
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch.utils.data import IterableDataset
 
 from loaderkit._checks import check_int
 from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
+from loaderkit.errors import StateMismatchError
 from loaderkit.lightning._adapter import data_parallel_of, splits_loaders
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
@@ -33,6 +35,14 @@ __all__ = ["LoaderDataModule"]
 
 SPLITS = ("train", "val", "test", "predict")
 _STAGES = ("fit", "validate", "test", "predict")
+_STAGE_READS = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+_SPLIT_OF = {"sources": "train"}  # the data arguments named for a split otherwise (Mixed's)
+_STATE_VERSION = 1  # of state_dict()
 
 
 def _split_view(split: str) -> Any:
@@ -119,6 +129,7 @@ class LoaderDataModule(L.LightningDataModule):
         self.split: tuple[Any, Any] | None = None
         self._datasets: dict[str, Any] = {}
         self._stages: set[str] = set()
+        self._lost: list[str] = []  # data arguments lost by load_from_checkpoint
 
     def set_data_args(self, **values: Any) -> None:
         """Name the ``__init__`` arguments that may hold data, before ``super().__init__()``;
@@ -185,20 +196,47 @@ class LoaderDataModule(L.LightningDataModule):
         return True, reason
 
     def state_dict(self) -> dict[str, Any]:
-        """The data arguments given as objects, which ``hparams`` leave out (empty: none)."""
+        """The names of the data arguments given as objects, which ``hparams`` leave out."""
         kept = [k for k, v in getattr(self, "_data_args", {}).items() if not plain(v)]
-        return {"data_not_in_hparams": kept} if kept else {}
+        return {"version": _STATE_VERSION, "data_not_in_hparams": kept}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Refuse a module built by ``load_from_checkpoint`` (no trainer) without the data
-        arguments the saved module was given as objects: defaults would be other data."""
-        data = getattr(self, "_data_args", {})
-        missing = [k for k in state_dict.get("data_not_in_hparams", ()) if data.get(k) is None]
-        if missing and self.trainer is None:
+        """Record the data arguments the saved module was given as objects and this one,
+        built by ``load_from_checkpoint`` (no trainer), lacks: ``setup`` refuses them."""
+        owner = f"{type(self).__name__}.load_state_dict"
+        fields = {"version", "data_not_in_hparams"}
+        if set(state_dict) != fields or state_dict["version"] != _STATE_VERSION:
+            raise StateMismatchError(
+                f"{owner}: expected the keys {sorted(fields)} at version {_STATE_VERSION}, got "
+                f"{sorted(state_dict)} (version {state_dict.get('version')!r}); load a "
+                "checkpoint this loaderkit saved, unmodified."
+            )
+        if self.trainer is None:  # a Trainer restores into the module its user built
+            data = getattr(self, "_data_args", {})
+            self._lost = [k for k in state_dict["data_not_in_hparams"] if data.get(k) is None]
+
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Self:
+        """As Lightning's; a data argument passed here, even None, is the caller's choice, and
+        one that is not a split (a reader, a collate, a transform) is refused when lost."""
+        module = super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        module._lost = [k for k in module._lost if k not in kwargs]
+        module._refuse_lost(None)
+        return module
+
+    def _refuse_lost(self, stage: str | None) -> None:
+        """Refuse the data lost by ``load_from_checkpoint`` that ``stage`` reads (None: the
+        data that is not a split, which every stage reads)."""
+        reads = _STAGE_READS.get(stage or "", ())
+        splits = {k: _SPLIT_OF.get(k, k) for k in self._lost}
+        lost = [k for k, split in splits.items() if split in reads or split not in SPLITS]
+        if lost:
+            what = f"setup({stage!r}) reads" if stage else "every split reads"
+            drop = " (None: go without it)" if splits[lost[0]] in SPLITS else ""
             raise ValueError(
-                f"{type(self).__name__}: the checkpoint's module was given {missing} as objects, "
-                "which the checkpoint does not hold; pass them to load_from_checkpoint, e.g. "
-                f"load_from_checkpoint(path, {missing[0]}=...)."
+                f"{type(self).__name__}: the checkpoint's module was given {lost} as objects, "
+                f"which the checkpoint does not hold, and {what} them; pass them to "
+                f"load_from_checkpoint, e.g. load_from_checkpoint(path, {lost[0]}=...){drop}."
             )
 
     def _world_size(self) -> int:
@@ -228,6 +266,7 @@ class LoaderDataModule(L.LightningDataModule):
         owner = type(self).__name__
         if stage not in _STAGES:
             raise ValueError(f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}.")
+        self._refuse_lost(stage)
         if stage in self._stages:
             return
         built = dict(self.build_datasets(stage))
@@ -263,8 +302,8 @@ class LoaderDataModule(L.LightningDataModule):
         self._stages.add(stage)
 
     def _dataset(self, split: str) -> Any:
-        if not self._stages:
-            self.setup("fit")
+        if not self._stages:  # the stage that reads it: a predict-only module may lack train
+            self.setup({"train": "fit", "val": "validate"}.get(split, split))
         if split not in self._datasets:
             raise ValueError(
                 f"{type(self).__name__} has no {split} data (it has {sorted(self._datasets)}); "

@@ -104,7 +104,10 @@ class MixedDataModule(_ShardSources):
         cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.set_data_args(sources=sources, val=val, test=test, reader=reader, collate=collate)
+        named = isinstance(reader, str)  # a setting; a reader object is data hparams cannot hold
+        self.set_data_args(
+            sources=sources, val=val, test=test, reader=None if named else reader, collate=collate
+        )
         super().__init__(**kwargs)
         owner = type(self).__name__
         self._check(

@@ -63,7 +63,7 @@ class _ShardSources(LoaderDataModule):
         super().setup(stage)
         train = shard_files(self._datasets.get("train"))
         for split in sorted({"val", "test"} & set(self._datasets) - before):
-            shared = train & shard_files(self._datasets[split])
+            shared = train & shard_files(self._datasets[split], views=True)
             if shared:
                 rank_zero_warn(
                     f"{type(self).__name__}: the {split} data shares {len(shared)} shard files "
@@ -223,7 +223,8 @@ class ShardedDataModule(_ShardSources):
         cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.set_data_args(reader=reader)
+        # A reader named by a string is a setting; an object is data hparams cannot hold.
+        self.set_data_args(reader=None if isinstance(reader, str) else reader)
         super().__init__(**kwargs)
         owner = type(self).__name__
         self._check(
