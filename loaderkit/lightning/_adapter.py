@@ -19,8 +19,13 @@ from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
 from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
+
+#: Lightning's guard that keeps ``load_from_checkpoint`` a class call (an instance call would
+#: return a new module and leave the instance as it was), for a DataModule that wraps it.
+restricted_classmethod = _restricted_classmethod
 
 
 def data_parallel_of(driver: Any) -> tuple[int, int] | None:

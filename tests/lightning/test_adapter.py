@@ -380,6 +380,20 @@ def test_the_trainers_use_distributed_sampler_is_read() -> None:
     assert _adapter.LightningHost(fabric).splits_loaders()
 
 
+def test_load_from_checkpoint_is_a_class_call_guarded_by_lightning() -> None:
+    # LoaderDataModule.load_from_checkpoint wraps Lightning's under the same guard.
+    guard = vars(L.LightningDataModule)["load_from_checkpoint"]
+    assert isinstance(guard, _adapter.restricted_classmethod), changed(
+        "the descriptor of LightningDataModule.load_from_checkpoint "
+        "(lightning.pytorch.utilities.model_helpers._restricted_classmethod)",
+        "restricted_classmethod",
+    )
+    from loaderkit import TensorDataModule
+
+    with pytest.raises(TypeError, match="class"):
+        TensorDataModule(torch.zeros(4, 1)).load_from_checkpoint("unused.ckpt")
+
+
 def test_a_loader_without_a_host_uses_the_global_group() -> None:
     # Documented limit (docs/design.md): nothing hands it the Trainer, so it cannot know
     # the strategy's data-parallel group.

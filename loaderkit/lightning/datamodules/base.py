@@ -8,7 +8,6 @@ from typing import Any, Literal, Self
 import lightning as L
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch.utils.data import IterableDataset
 
 from loaderkit._checks import check_int
@@ -16,7 +15,7 @@ from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget, detect
 from loaderkit.errors import StateMismatchError
-from loaderkit.lightning._adapter import data_parallel_of, splits_loaders
+from loaderkit.lightning._adapter import data_parallel_of, restricted_classmethod, splits_loaders
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
@@ -215,7 +214,7 @@ class LoaderDataModule(L.LightningDataModule):
             data = getattr(self, "_data_args", {})
             self._lost = [k for k in state_dict["data_not_in_hparams"] if data.get(k) is None]
 
-    @_restricted_classmethod
+    @restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Self:
         """As Lightning's; a data argument passed here, even None, is the caller's choice, and
         one that is not a split (a reader, a collate, a transform) is refused when lost."""
