@@ -450,3 +450,32 @@ def test_no_module_uses_ctypes() -> None:
     # Raw addresses into another library's objects break silently on its next release.
     bad = _offenders({"ctypes": set()}, {"ctypes"})
     assert not bad, "ctypes used (go through the library's own API): " + ", ".join(bad)
+
+
+def _private_lightning_imports(tree: ast.AST) -> list[int]:
+    """Lines importing a private name or module of Lightning (``_x``)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning")
+        and (
+            any(part.startswith("_") for part in (node.module or "").split("."))
+            or any(alias.name.startswith("_") for alias in node.names)
+        )
+    ]
+
+
+def test_lightning_internals_are_imported_by_the_adapter_only() -> None:
+    bad = [
+        f"{name}:{line}"
+        for name, path in modules().items()
+        if name != "loaderkit.lightning._adapter"
+        for line in _private_lightning_imports(ast.parse(path.read_text()))
+    ]
+    assert not bad, "Lightning's private names imported outside lightning/_adapter.py: " + (
+        ", ".join(bad)
+    )
+    code = "from lightning.pytorch.utilities.model_helpers import _restricted_classmethod\n"
+    assert _private_lightning_imports(ast.parse(code)) == [1]
+    assert _private_lightning_imports(ast.parse("from lightning.pytorch import Trainer\n")) == []
