@@ -602,16 +602,9 @@ def torchs_own_reads(cls: type) -> bool:
 
 def draws_nothing(dataset: Any) -> bool:
     """Whether ``dataset[i]`` cannot draw: an exact container, array, tensor or torch
-    ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` or loaderkit split of them."""
+    ``TensorDataset``, or a torch ``Subset``/``ConcatDataset`` of them."""
     if read_set_on_instance(dataset) or not torchs_own_reads(type(dataset)):
         return False
-    # index_subset's classes (not a subclass elsewhere) read .dataset at int64 indices; known
-    # by name, as they live in a layer above this one.
-    split, mro = "loaderkit.loader._fetch", type(dataset).__mro__
-    if mro[0].__module__ == split and any(
-        f"{c.__module__}.{c.__qualname__}" == f"{split}._Subset" for c in mro
-    ):
-        return draws_nothing(dataset.dataset)
     if type(dataset) is Subset:
         return type(dataset.indices) in _NO_RANDOMNESS and draws_nothing(dataset.dataset)
     if type(dataset) is ConcatDataset:

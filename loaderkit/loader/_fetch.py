@@ -496,6 +496,16 @@ class _BothSubset(_BatchedSubset, _ItemsSubset):
     pass
 
 
+_SPLITS = (_Subset, _BatchedSubset, _ItemsSubset, _BothSubset)
+
+
+def split_source(dataset: Any) -> Any:
+    """The dataset below :func:`index_subset`'s splits, which read it at int64 indices."""
+    while type(dataset) in _SPLITS:
+        dataset = dataset.dataset
+    return dataset
+
+
 def index_subset(dataset: Any, indices: np.ndarray, *, keyed: bool = False) -> _Subset:
     """A subset read as ``dataset`` is; ``keyed``: its samples seeded by ``dataset``'s indices."""
     batched = batch_fetch_is_faithful(dataset)

@@ -26,7 +26,7 @@ from loaderkit.loader._args import (
     from_distributed_sampler,
     whole_order_sampler,
 )
-from loaderkit.loader._fetch import Unbatched, _Subset, loaderkit_batch_read
+from loaderkit.loader._fetch import Unbatched, _Subset, loaderkit_batch_read, split_source
 from loaderkit.plan._sampler_plan import (
     SamplerPlan,
     generator_seed,
@@ -354,7 +354,7 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
         multiprocessing_context=a["multiprocessing_context"],
     )
     pin = resolve_pin_memory(a["pin_memory"], default_device(), stacklevel=5)  # caller's line
-    unseeded = loaderkit_batch_read(dataset) or draws_nothing(dataset)
+    unseeded = loaderkit_batch_read(dataset) or draws_nothing(split_source(dataset))
     per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
     per_sample = per_sample and kind != "iterable"
     return {
