@@ -11,6 +11,7 @@ import functools
 import hashlib
 import inspect
 import io
+import os
 import pickle
 import sys
 import sysconfig
@@ -25,16 +26,20 @@ import torch
 _INSTALLED = tuple(
     {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
+_PACKAGES = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
 _PLAIN = (int, float, complex, str, bytes, type(None))
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement's, not a C type
 
 
 def code_digest(fn: Any) -> str | None:
     """A digest of ``fn``'s code and of what it names in user code, recursively: the
     functions and plain values (numbers, strings, and dicts, lists and tuples of them) it
-    reads from its globals, closure, defaults and the user modules it names; None when
-    ``fn`` runs no Python code.
+    reads from its globals, closure, defaults and the user modules it names, the classes
+    among them as :func:`class_digest` and other objects by :func:`pickle_digest`; None
+    when ``fn`` runs no Python code. When such an object does not pickle, the digest is one
+    of this call only: nothing keyed by it matches later.
 
-    A change in installed packages, data files or an object's state is not seen.
+    A change in installed packages or data files is not seen.
 
     Example:
         >>> code_digest(lambda s: len(s["a"])) != code_digest(lambda s: len(s["b"]))
@@ -42,21 +47,25 @@ def code_digest(fn: Any) -> str | None:
     """
     while isinstance(fn, functools.partial):
         fn = fn.func
+    fn = _unwrapped(fn)
     if not isinstance(fn, types.FunctionType | types.MethodType):
         fn = inspect.getattr_static(type(fn), "__call__", None)  # a callable object: its method
     if isinstance(fn, types.MethodType):
-        fn = fn.__func__
+        fn = _unwrapped(fn.__func__)
     if not isinstance(fn, types.FunctionType):
         return None
     digest = hashlib.sha256()
-    _function(digest, fn, set())
+    try:
+        _function(digest, fn, set())
+    except _Unseen:
+        return os.urandom(8).hex()
     return digest.hexdigest()[:16]
 
 
 def class_digest(cls: type) -> str | None:
     """A digest of what ``cls`` and its bases in user code hold: each method's code (as
-    :func:`code_digest`) and each class attribute (a setting held on the class) by pickle;
-    None when an attribute does not pickle.
+    :func:`code_digest`) and each class attribute (a setting held on the class): a class
+    in user code as this, another value by pickle; None when one does not pickle.
 
     Example:
         >>> class A:
@@ -66,11 +75,24 @@ def class_digest(cls: type) -> str | None:
         >>> class_digest(A) != class_digest(B)
         True
     """
-    digest, seen = hashlib.sha256(), set[int]()
+    digest = hashlib.sha256()
+    try:
+        _class(digest, cls, set())
+    except _Unseen:
+        return None
+    return digest.hexdigest()[:16]
+
+
+class _Unseen(Exception):
+    """A value the code or class holds that no digest can stand for (it does not pickle)."""
+
+
+def _class(digest: Any, cls: type, seen: set[int]) -> None:
+    if id(cls) in seen:
+        return
+    seen.add(id(cls))
     for klass in cls.__mro__:
-        # Built in or installed: not the user's. No file: a notebook's or `python -c`'s.
-        file = getattr(sys.modules.get(klass.__module__), "__file__", None)
-        if klass.__module__ in sys.builtin_module_names or not (file is None or _edited(file)):
+        if not _user_class(klass):
             continue
         digest.update(klass.__qualname__.encode())
         for name, value in sorted(vars(klass).items()):
@@ -81,14 +103,31 @@ def class_digest(cls: type) -> str | None:
             if name == "_abc_impl" or (dunder and not isinstance(value, types.FunctionType)):
                 continue  # the class's bookkeeping (its name, doc, line, ABC caches)
             digest.update(name.encode())
-            for part in parts:
+            for part in map(_unwrapped, parts):
                 if isinstance(part, types.FunctionType):
                     _function(digest, part, seen)
+                elif isinstance(part, type) and _user_class(part):  # a nested `Opts`
+                    _class(digest, part, seen)
                 elif (state := pickle_digest(part)) is None:
-                    return None
+                    raise _Unseen
                 else:
                     digest.update(state.encode())
-    return digest.hexdigest()[:16]
+
+
+def _user_class(cls: type) -> bool:
+    """Built in, compiled or installed: not the user's. No file: a notebook's or `python -c`'s."""
+    if not cls.__flags__ & _HEAP_TYPE or cls.__module__ in sys.builtin_module_names:
+        return False  # a C type (numpy's ndarray): its attributes are C code, not settings
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return file is None or _edited(file)
+
+
+def _unwrapped(fn: Any) -> Any:
+    """The function under a wrapper object (``functools.cache``'s pickles by name only)."""
+    try:
+        return inspect.unwrap(fn, stop=lambda f: isinstance(f, types.FunctionType | type))
+    except ValueError:  # a cycle of __wrapped__
+        return fn
 
 
 def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
@@ -122,17 +161,21 @@ def _code(digest: Any, code: types.CodeType) -> set[str]:
 
 def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) -> None:
     digest.update(name.encode())
+    value = _unwrapped(value)
     if isinstance(value, types.FunctionType) and _edited(value.__code__.co_filename):
         _function(digest, value, seen)
-    elif isinstance(value, types.ModuleType) and _edited(getattr(value, "__file__", "") or ""):
-        for attr in sorted(names & vars(value).keys()):  # helpers.tokenize(...)
-            member = vars(value)[attr]
-            if isinstance(member, (types.FunctionType, *_PLAIN)):
-                _value(digest, attr, member, set(), seen)
+    elif isinstance(value, type) and _user_class(value):
+        _class(digest, value, seen)
+    elif isinstance(value, types.ModuleType):
+        if _edited(getattr(value, "__file__", "") or ""):
+            for attr in sorted(names & vars(value).keys()):  # helpers.tokenize(...)
+                _value(digest, attr, vars(value)[attr], set(), seen)
     elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them (all
         digest.update(_canonical(value).encode())  # of a dict: a key may come at run time)
+    elif (state := pickle_digest(value)) is not None:  # an object: its state is a setting
+        digest.update(state.encode())
     else:
-        digest.update(type(value).__qualname__.encode())
+        raise _Unseen
 
 
 def _canonical(value: Any) -> str:
@@ -157,7 +200,11 @@ def _plain_tree(value: Any, depth: int = 0) -> bool:
 
 def _edited(filename: str) -> bool:
     """Whether code from ``filename`` is the user's (not installed, not built in)."""
-    return bool(filename) and not filename.startswith(("<frozen", *_INSTALLED))
+    # A packages folder outside this interpreter's: --user, a distro's, one a .pth names.
+    installed = filename.startswith(("<frozen", *_INSTALLED)) or any(
+        part in filename for part in _PACKAGES
+    )
+    return bool(filename) and not installed
 
 
 def _filled(cell: types.CellType) -> bool:

@@ -146,8 +146,10 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
     # What the reader writes may hang on settings its spec() leaves out (it lists the
-    # count's): on its instance, on its class, in a helper method.
+    # count's): on its instance, on its class, in a helper method, in write's own code
+    # (class_digest leaves an installed class out; an edit there must still count).
     settings |= {"reader_class": class_digest(type(reader)), "reader_bound": pickle_digest(reader)}
+    settings["write_code"] = code_digest(reader.write)
     if settings["reader_class"] is None or settings["reader_bound"] is None:
         return None
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)

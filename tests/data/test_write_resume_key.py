@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from loaderkit import JsonlReader, ShardedDataset, write_shards
+from loaderkit.data import _code
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALE = 10
@@ -95,6 +97,82 @@ def test_a_reader_that_does_not_pickle_is_written_whole_on_resume(tmp_path: Path
         write_shards(tmp_path, killed_after_two(items), LockedScaled(10), progress=False)
     write_shards(tmp_path, items, LockedScaled(1000), progress=False)
     assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+
+
+# A reader module of each kind, edited between the two calls: SCALE is 10, then 1000.
+EDITED = {
+    # Installed (a package's): class_digest leaves its class out, so write's code counts.
+    "installed write": """
+        class Reader(JsonlReader):
+            def write(self, path, samples):
+                return super().write(path, [v * SCALE for v in samples])
+    """,
+    "cached method": """
+        class Reader(JsonlReader):
+            @functools.cache
+            def scale(self):
+                return SCALE
+
+            def write(self, path, samples):
+                return super().write(path, [v * self.scale() for v in samples])
+    """,
+    "nested class": """
+        class Reader(JsonlReader):
+            class Opts:
+                scale = SCALE
+
+            def write(self, path, samples):
+                return super().write(path, [v * self.Opts.scale for v in samples])
+    """,
+    "global object": """
+        @dataclasses.dataclass
+        class Config:
+            scale: int
+
+        CONFIG = Config(SCALE)
+
+        class Reader(JsonlReader):
+            def write(self, path, samples):
+                return super().write(path, [v * CONFIG.scale for v in samples])
+    """,
+    "global that does not pickle": """
+        class Config:
+            def __init__(self, scale):
+                self.scale, self.lock = scale, threading.Lock()
+
+        CONFIG = Config(SCALE)
+
+        class Reader(JsonlReader):
+            def write(self, path, samples):
+                return super().write(path, [v * CONFIG.scale for v in samples])
+    """,
+}
+HEADER = "import dataclasses, functools, threading\nfrom loaderkit import JsonlReader\n"
+
+
+@pytest.mark.parametrize("case", list(EDITED))
+def test_a_resume_after_an_edit_of_the_reader_module_rewrites_every_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000]: the edit was unseen, the shards of 10 were kept.
+    home = tmp_path / ("site-packages" if case == "installed write" else "src")
+    home.mkdir()
+    if case == "installed write":
+        monkeypatch.setattr(_code, "_INSTALLED", (*_code._INSTALLED, str(home)))
+    monkeypatch.syspath_prepend(str(home))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    name = "edited_" + case.replace(" ", "_")
+    source = HEADER + textwrap.dedent(EDITED[case])
+    (home / f"{name}.py").write_text(source.replace("SCALE", "10"))
+    module = importlib.import_module(name)
+    monkeypatch.setitem(sys.modules, name, module)  # removed again after the test
+    items = [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path / "out", killed_after_two(items), module.Reader(), progress=False)
+    (home / f"{name}.py").write_text(source.replace("SCALE", "1000"))
+    module = importlib.reload(module)
+    write_shards(tmp_path / "out", items, module.Reader(), progress=False)
+    assert values(tmp_path / "out") == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 # Run twice, under two hash seeds: "first" stops after two shards, "second" uses each
