@@ -7,6 +7,7 @@ map: no file position, safe across ``fork``) and writes shards for
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -135,6 +136,8 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
         offsets: np.ndarray = _map_raw(side)
     except FileNotFoundError:
         raise _missing(side, "offsets sidecar") from None
+    except ShardError:
+        raise
     except (ValueError, OSError) as exc:
         raise ShardError(
             f"offsets sidecar {str(side)!r} is unreadable ({exc}); delete it and the shard "
@@ -159,9 +162,32 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
     return offsets
 
 
+def out_of_files(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the process or system out of file descriptors (not a bad file)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def _opened(path: Path, exc: OSError) -> OSError | ShardError:
+    """``exc``, raised opening ``path``; out of descriptors, the error saying so."""
+    if not out_of_files(exc):
+        return exc
+    return ShardError(
+        f"too many open files: {str(path)!r} could not be opened; lower max_open_shards or "
+        "raise `ulimit -n`.",
+        path=path,
+    )
+
+
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only map (:mod:`mmap`, whose ``size()`` the read guard checks) of raw ``dtype``
     (``None``: ``.npy``); refuses a file changed meanwhile."""
+    try:
+        return _map_file(path, dtype)
+    except OSError as exc:
+        raise _opened(path, exc) from exc
+
+
+def _map_file(path: Path, dtype: np.dtype | None) -> np.ndarray:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         shape: tuple[int, ...] | None = None
@@ -248,6 +274,8 @@ def _read_dtype(path: Path) -> np.dtype | None:
         text = side.read_text().strip()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _opened(side, exc) from exc
     try:
         return np.dtype(text)
     except TypeError as exc:

@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
-import functools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +24,7 @@ from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.readers import OpenShard, ShardReader
+from loaderkit.data.readers import OpenShard, ShardReader, _FixedTokens, out_of_files
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
     CollateError,
@@ -63,10 +61,11 @@ _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sa
 
 class _RowSource(NamedTuple):
     """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: it has
-    none, or returns a narrower dtype, whose tokens the shard's own read checks); ``kind``,
-    their shape and returned dtype (one object per kind); each file it maps, its size now
-    (``sizers``) and the size its guard expects; ``take``: ``rows`` are disjoint, so
-    ``ndarray.take`` gathers them (it copies overlapping rows whole first)."""
+    none, they may not be what its reads return (:func:`_own_rows`), or it returns a narrower
+    dtype, whose tokens the shard's own read checks); ``kind``, their shape and returned dtype
+    (one object per kind); its guard's ``sizers`` (one ``fstat`` on each map) and the sizes
+    they expect; ``take``: ``rows`` are disjoint, so ``ndarray.take`` gathers them (it copies
+    overlapping rows whole first)."""
 
     handle: OpenShard
     rows: np.ndarray | None
@@ -76,36 +75,45 @@ class _RowSource(NamedTuple):
     take: bool
 
 
-class _File(int):
-    """A file descriptor, closed with its last reference."""
-
-    # Class attributes: the module's globals may be gone when the last ones go at exit.
-    _close = staticmethod(os.close)
-    _quietly = contextlib.suppress(OSError)  # reentrant: one for all
-
-    def __del__(self) -> None:
-        with self._quietly:
-            self._close(self)
+_READS = ("read", "read_batch")
 
 
-def _sizers(guard: Any, indexed: tuple[Path, int] | None) -> list[Callable[[], int]]:
-    """The sizes of the files ``guard`` checks: each opened here and sized by ``os.lseek``, a
-    third cheaper than the ``fstat`` of ``mmap.size()``, where it is the file mapped (the size
-    the guard expects, and the mtime of ``indexed``, the shard's index entry, for that path);
-    else the guard's own."""
-    sizers: list[Callable[[], int]] = []
+def _own_rows(handle: Any) -> Any:
+    """``handle.rows`` where copying them is what the shard's own reads return, else None.
+
+    That is loaderkit's token handle with no read set on the instance; any other handle, a
+    ``rows`` it or its class defines (never one a wrapper's ``__getattr__`` passes on) with
+    ``read``/``read_batch`` not redefined below it: a subclass's or wrapper's read is never
+    bypassed. An instance's ``rows`` counts as set by the base-most ``__init__``.
+    """
     try:
-        for path, size in zip(guard.paths, guard.expected, strict=True):
-            fd = _File(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-            st = os.fstat(fd)
-            same = indexed is not None and os.fspath(indexed[0]) == os.fspath(path)
-            entry = indexed if same else None  # the index's record of this very file
-            if st.st_size != size or (entry is not None and st.st_mtime_ns != entry[1]):
-                return list(guard.sizers)
-            sizers.append(functools.partial(os.lseek, fd, 0, os.SEEK_END))
-    except OSError:  # out of file descriptors, say
-        return list(guard.sizers)
-    return sizers
+        own = object.__getattribute__(handle, "__dict__")
+    except AttributeError:  # __slots__
+        own = {}
+    if any(name in own for name in _READS):
+        return None
+    cls = type(handle)
+    if cls is _FixedTokens:
+        return own.get("rows")
+    mro = cls.__mro__
+    if "rows" in own:
+        bases = [k for k, c in enumerate(mro) if c is not object and "__init__" in vars(c)]
+        where = bases[-1] if bases else len(mro) - 1
+    else:
+        where = next((k for k, c in enumerate(mro) if "rows" in vars(c)), -1)
+        if where < 0:
+            return None
+    for name in _READS:
+        if any(name in vars(c) for c in mro[:where]):
+            return None
+    if "rows" in own:
+        return own["rows"]
+    rows = vars(mro[where])["rows"]
+    get = getattr(type(rows), "__get__", None)
+    try:
+        return rows if get is None else get(rows, handle, cls)
+    except AttributeError:  # an unset slot, say: no rows
+        return None
 
 
 class _Sources(dict[int, _RowSource]):
@@ -316,8 +324,8 @@ class ShardedDataset(Dataset[Any]):
         )
 
     def _skip(self, shard: int, count: int, exc: Exception) -> None:
-        if isinstance(exc, ReaderSettingError | ShardChangedError):  # no bad sample: the
-            raise exc  # setting is wrong, or the corpus changed under the run
+        if isinstance(exc, ReaderSettingError | ShardChangedError) or out_of_files(exc.__cause__):
+            raise exc  # no bad sample: a setting is wrong, the corpus changed, or out of files
         info = get_worker_info()
         slot = 0 if info is None else 1 + info.id % (_SKIP_SLOTS - 1)
         self._skips[slot] += count
@@ -485,19 +493,25 @@ class ShardedDataset(Dataset[Any]):
         src = self._sources.get(shard)
         if src is not None and src.handle is handle:
             return src
-        rows: Any = getattr(handle, "rows", None)
-        guard = getattr(handle, "guard", None)
+        rows = _own_rows(handle)
         kind = None
-        if rows is None or not hasattr(handle, "dtype") or getattr(handle, "narrowing", False):
+        if (
+            not isinstance(rows, np.ndarray)
+            or not hasattr(handle, "dtype")
+            or getattr(handle, "narrowing", False)
+        ):
             rows = None
         else:
             key = (rows.shape[1:], np.dtype(handle.dtype))
             kind = self._sources.kinds.setdefault(key, key)  # one object per kind: `is` compares
+        # The guard's own sizes: the map's size() is an fstat on the map's own descriptor, the
+        # file mapped (a file renamed over its path is not), and holds no descriptor more.
+        guard = None if rows is None else getattr(handle, "guard", None)
         src = _RowSource(
             handle,
             rows,
             kind,
-            [] if guard is None or rows is None else _sizers(guard, self._entry_times(shard)),
+            [] if guard is None else list(guard.sizers),
             [] if guard is None else list(guard.expected),
             rows is not None and rows.flags.c_contiguous,
         )
@@ -505,16 +519,11 @@ class ShardedDataset(Dataset[Any]):
         return src
 
     def _prune(self) -> None:
-        """Forget the row sources of shards closed since (their maps and files go)."""
+        """Forget the row sources of shards closed since (their maps go)."""
         live, sources = self._files.open, self._sources
         for shard in [s for s, src in sources.items() if live.get(s) is not src.handle]:
             del sources[shard]
         sources.opens = self._files.opens
-
-    def _entry_times(self, shard: int) -> tuple[Path, int] | None:
-        """The indexed path and mtime of local shard ``shard`` (None: not indexed)."""
-        entry = None if self.entries is None else self.entries[shard]
-        return None if entry is None else (entry.path, entry.mtime_ns)
 
     def _samples(self, parts: list[Any], where: list[np.ndarray | None], indices: Any) -> list[Any]:
         """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`)."""

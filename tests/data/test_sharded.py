@@ -13,6 +13,7 @@ Token shards in these tests encode the sample: every token of global sample
 from __future__ import annotations
 
 import doctest
+import errno
 import json
 import os
 import pickle
@@ -1166,7 +1167,7 @@ def test_pickling_leaves_the_maps_behind(shards: list[Path]) -> None:
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
     ds.get_batch(np.arange(50))
     assert ds.opens == 6 and len(ds._files.open) == 6
-    ds.get_batch(np.array([49, 0, 20]))  # across shards: files opened for their sizes too
+    ds.get_batch(np.array([49, 0, 20]))  # across shards: row sources made
     assert ds._sources
     copy = pickle.loads(pickle.dumps(ds))
     assert copy.opens == 0 and not copy._files.open and not copy._sources
@@ -1252,21 +1253,21 @@ def test_a_shard_truncated_between_batches_is_a_shard_error(
 def test_a_shard_replaced_after_it_was_mapped_keeps_the_guard_of_its_map(
     shards: list[Path],
 ) -> None:
-    # The file opened for its size is another file now (its mtime is not the index's): the
-    # guard's own sizes of the map are taken instead, and the batch reads the map as before.
+    # The file at its path is another one now: the batch reads the map as before, sized by
+    # the guard's own sizes of each map (an fstat on the map's descriptor), as every shard is.
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
     want = torch.stack([ds[i] for i in (0, 49, 20)])  # maps shards 0, 6, 4
     other = shards[0].with_name("other.npy")
     np.save(other, np.full(SIZES[0] * SEQ, 7, dtype=np.uint16))
     os.replace(other, shards[0])
     assert torch.equal(ds.get_batch(np.array([0, 49, 20])), want)
-    guard = ds._files.open[0].guard  # type: ignore[attr-defined]
-    assert ds._sources[0].sizers == guard.sizers and ds._sources[6].sizers != [None]
-    assert ds._sources[6].sizers != ds._files.open[6].guard.sizers  # type: ignore[attr-defined]
+    for shard in (0, 6, 4):
+        guard = ds._files.open[shard].guard  # type: ignore[attr-defined]
+        assert ds._sources[shard].sizers == guard.sizers
 
 
 def test_row_sources_are_let_go_with_their_shards(shards: list[Path]) -> None:
-    # Each source holds a map and a file open: never more than the shards kept open.
+    # Each source holds its shard's map: never more than the shards kept open.
     ds = ShardedDataset(shards, TokenReader(seq_len=SEQ), max_open_shards=2)
     for batch in ([0, 49], [20, 6], [48, 0], [20, 21], [49, 5]):
         ds.get_batch(np.asarray(batch))
@@ -1275,24 +1276,211 @@ def test_row_sources_are_let_go_with_their_shards(shards: list[Path]) -> None:
     assert torch.equal(ds.get_batch(np.array([49, 0])), torch.stack([ds[49], ds[0]]))
 
 
-def test_the_files_opened_for_their_sizes_close_also_at_exit(
-    shards: list[Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # At exit the module's globals may be cleared before the last dataset goes.
-    import sys
+class _Plus1000:
+    """A handle wrapper that passes unknown attributes on (``rows`` included) and reads other
+    values."""
 
-    sharded = loaderkit.data.sharded
-    fd = os.open(shards[0], os.O_RDONLY)
-    handle = sharded._File(fd)
-    raised: list[Any] = []
-    monkeypatch.setattr(sys, "unraisablehook", raised.append)
-    monkeypatch.setattr(sharded, "os", None)
-    monkeypatch.setattr(sharded, "contextlib", None)
-    del handle
-    monkeypatch.undo()
-    assert raised == []
-    with pytest.raises(OSError):
-        os.fstat(fd)  # closed
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, i: int) -> torch.Tensor:
+        return self.inner.read(i) + 1000
+
+    def read_batch(self, idx: np.ndarray) -> np.ndarray:
+        return self.inner.read_batch(idx) + 1000
+
+
+class _Tripled(loaderkit.data.readers._FixedTokens):
+    def read(self, index: int) -> torch.Tensor:
+        return super().read(index) * 3
+
+    def read_batch(self, indices: np.ndarray) -> np.ndarray:
+        return super().read_batch(indices) * 3
+
+
+class _WrappingReader(TokenReader):
+    def open(self, path: Path) -> Any:
+        return _Plus1000(super().open(path))
+
+
+class _PatchingReader(TokenReader):
+    def open(self, path: Path) -> Any:
+        handle: Any = super().open(path)
+        read, read_batch = handle.read, handle.read_batch
+        handle.read = lambda i: read(i) * 2
+        handle.read_batch = lambda idx: read_batch(idx) * 2
+        return handle
+
+
+class _SubclassingReader(TokenReader):
+    def open(self, path: Path) -> Any:
+        handle = super().open(path)
+        handle.__class__ = _Tripled
+        return handle
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "collate", [None, torch.utils.data.default_collate], ids=["none", "default"]
+)
+@pytest.mark.parametrize("make", [_WrappingReader, _PatchingReader, _SubclassingReader])
+def test_get_batch_reads_through_a_reader_s_own_reads(
+    tmp_path: Path, make: type[TokenReader], collate: Any, num_workers: int
+) -> None:
+    # A handle's rows are copied only where they are what its reads return: a wrapper passing
+    # rows on, reads set on the instance, or a subclass's reads were bypassed (raw tokens).
+    reader = make(seq_len=SEQ)
+    ds = ShardedDataset(write_shards(tmp_path, id_shards(SIZES), reader), reader)
+    for batch in ([0, 1, 2], [3, 0], [1, 12, 49], [20, 6]):
+        want = torch.stack([ds[i] for i in batch])
+        assert torch.equal(ds.get_batch(np.asarray(batch)), want), batch
+    for mix in (1, 8):  # batches inside one shard, and across shards
+        got = loader(ds, num_workers, mix_shards=mix, collate_fn=collate, shuffle=True)
+        sampler = ds.batch_sampler(4, seed=3, window=6, mix_shards=mix, shuffle=True)
+        for b, indices in zip(got, list(sampler), strict=True):
+            assert torch.equal(b, torch.stack([ds[i] for i in indices])), indices
+
+
+class _RowsOnTheClass:
+    """A user's handle whose ``rows`` is a property of its class."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+        self.dtype = np.dtype(np.int64)
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.tokens.reshape(-1, SEQ)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def read(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.rows[i].astype(np.int64))
+
+    def read_batch(self, idx: np.ndarray) -> np.ndarray:
+        return self.rows[idx].astype(np.int64)
+
+
+class _Negated(_RowsOnTheClass):
+    def read(self, i: int) -> torch.Tensor:
+        return -super().read(i)
+
+    def read_batch(self, idx: np.ndarray) -> np.ndarray:
+        return -super().read_batch(idx)
+
+
+@pytest.mark.parametrize("handle", [_RowsOnTheClass, _Negated])
+def test_a_user_handle_s_rows_are_copied_only_where_its_class_reads_them(
+    tmp_path: Path, handle: type[_RowsOnTheClass]
+) -> None:
+    class Reader(TokenReader):
+        def open(self, path: Path) -> Any:
+            return handle(np.asarray(self.tokens(path)))
+
+    reader = Reader(seq_len=SEQ)
+    ds = ShardedDataset(write_shards(tmp_path, id_shards(SIZES), reader), reader)
+    for batch in ([0, 1, 2], [1, 12, 49]):
+        assert torch.equal(ds.get_batch(np.asarray(batch)), torch.stack([ds[i] for i in batch]))
+    assert all((src.rows is None) == (handle is _Negated) for src in ds._sources.values())
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def fd_limit() -> Any:
+    """Lowers this process's soft limit of open files (restored after the test)."""
+    resource = pytest.importorskip("resource")
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("counts open files in /proc/self/fd")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_an_open_shard_holds_one_descriptor_a_mapped_file(
+    tmp_path: Path, fd_limit: Any, across: bool
+) -> None:
+    # A second descriptor a shard for its size ran a process out of them part-way (with
+    # max_open_shards=None), each failure called a corrupt shard.
+    n = 40
+    reader = TokenReader(seq_len=SEQ)
+    paths = write_shards(
+        tmp_path, [np.repeat(np.arange(2 * s, 2 * s + 2), SEQ) for s in range(n)], reader
+    )
+    ds = ShardedDataset(paths, reader, max_open_shards=None)
+    fd_limit(_open_fds() + n + 12)  # one descriptor an open shard, not two
+    for s in range(n):
+        batch = [2 * s, 2 * s + 1] if not across else [2 * s, 2 * ((s + 1) % n)]
+        assert ds.get_batch(np.asarray(batch))[:, 0].tolist() == batch
+    assert len(ds._files.open) == n
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_out_of_descriptors_is_said_and_skips_nothing(
+    tmp_path: Path, fd_limit: Any, on_error: Any
+) -> None:
+    n = 40
+    reader = TokenReader(seq_len=SEQ)
+    paths = write_shards(
+        tmp_path, [np.repeat(np.arange(2 * s, 2 * s + 2), SEQ) for s in range(n)], reader
+    )
+    ds = ShardedDataset(paths, reader, max_open_shards=None, on_error=on_error)
+    fd_limit(_open_fds() + 10)
+    with pytest.raises(ShardError, match=r"too many open files: .*shard-000.*ulimit -n") as info:
+        for s in range(n):
+            ds.get_batch(np.asarray([2 * s, 2 * s + 1]))
+    assert "corrupt" not in str(info.value) and ds.skipped == 0
+
+
+@pytest.mark.parametrize("kind", ["npy", "bin", "eos sidecar"])
+def test_out_of_descriptors_opening_a_token_shard_is_not_a_corrupt_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    suffix = ".bin" if kind == "bin" else ".npy"
+    reader = TokenReader(eos=3) if kind == "eos sidecar" else TokenReader(seq_len=SEQ)
+    (path,) = write_shards(tmp_path, [np.arange(8, dtype=np.uint16)], reader, suffix=suffix)
+    reader.count(path)
+    real = open
+
+    def out_of_files(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if kind != "eos sidecar" or str(file).endswith(".lkoffsets"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(loaderkit.data.readers, "open", out_of_files, raising=False)
+    with pytest.raises(ShardError, match=r"too many open files: .* raise `ulimit -n`") as info:
+        reader.open(path)
+    assert "corrupt" not in str(info.value) and "delete" not in str(info.value)
+
+
+def test_a_batch_sizes_the_file_mapped_not_the_one_now_at_its_path(tmp_path: Path) -> None:
+    # A file of the same size and mtime renamed over a mapped shard (rsync -a, cp -p) was
+    # sized instead of the map: the mapped file cut through another name then read as zeros.
+    reader = TokenReader(seq_len=SEQ)
+    ds = ShardedDataset(
+        write_shards(tmp_path, [np.arange(1, 4097), np.arange(5000, 5400)], reader), reader
+    )
+    path = ds.shards[0]
+    os.link(path, tmp_path / "mapped")
+    want = torch.stack([ds[1022], ds[1023]])  # maps shard 0
+    st = path.stat()
+    np.save(tmp_path / "new.npy", np.load(path) + 7)
+    os.utime(tmp_path / "new.npy", ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp_path / "new.npy", path)
+    assert torch.equal(ds.get_batch(np.array([1022, 1023])), want)  # the map's tokens
+    os.truncate(tmp_path / "mapped", st.st_size - 16)
+    with pytest.raises(ShardError, match="changed while it was memory-mapped"):
+        ds.get_batch(np.array([1022, 1023]))
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.int64])
