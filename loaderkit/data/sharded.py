@@ -659,7 +659,10 @@ class ShardedDataset(Dataset[Any]):
                 return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
-            content = ";".join(f"{s.url}:{s.size}:{s.version}" for s in self._remote.shards)
+            shards = self._remote.shards
+            content = ";".join(f"{s.url}:{s.size}:{s.version}:{s.sidecars}" for s in shards)
+            if any(not v for s in shards for v in (s.version, *(c[-1] for c in s.sidecars))):
+                content += f";{self._remote.listing}"  # a versionless object: this listing's
         elif self.entries is not None:
             content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
         else:

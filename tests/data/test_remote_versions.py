@@ -113,3 +113,24 @@ def test_versionless_shards_counted_by_loaderkit_are_counted_again_in_a_new_list
     again = ShardedDataset(folder, reader, remote=cache)
     assert again.sizes == (4, 1)
     assert [again[i]["v"] for i in range(5)] == [6, 7, 8, 99, 5]
+
+
+def test_lengths_of_a_versionless_object_are_measured_anew_in_each_listing(
+    folder: str, tmp_path: Path, no_versions: None
+) -> None:
+    # The lengths cache was keyed by URL, size and version: a same-size rewrite of a
+    # versionless shard kept the old lengths ([2, 2] where the store now holds [1, 1]).
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{folder}/a.jsonl", b'{"ids":[1,2]}\n{"ids":[3,4]}\n')
+    cache = tmp_path / "lengths.npy"
+
+    def lengths() -> list[int]:
+        remote = RemoteCache(cache_dir=tmp_path / "c", prefetch=0)
+        ds = ShardedDataset(folder, JsonlReader(), remote=remote)
+        return ds.lengths(lambda s: len(s["ids"]), cache=cache).tolist()
+
+    assert lengths() == [2, 2]
+    fs.pipe_file(f"{folder}/a.jsonl", b'{"ids":[123]}\n{"ids":[456]}\n')
+    assert lengths() == [1, 1]
