@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -217,3 +218,35 @@ def test_a_sequence_whose_batch_read_draws_is_refused_with_the_datamodule_fix() 
     samples = _NumpyMasked(torch.full((2 + i % 4,), i) for i in range(16))
     with pytest.raises(ValueError, match=r"LoaderDataModule: override per_sample_seeding\(split\)"):
         next(iter(SequenceDataModule(samples, batch_size=4, seed=1).train_dataloader()))
+
+
+def test_a_val_fraction_restore_without_its_train_data_is_refused_for_validation(
+    tmp_path: Path,
+) -> None:
+    # The val split is cut from train: validate read nothing (val_batches 0), without a word.
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    dm = TensorDataModule(torch.arange(20.0), val_fraction=0.25, batch_size=4)
+    path = _saved(tmp_path, dm)
+    restored = TensorDataModule.load_from_checkpoint(path, test=(torch.zeros(3),))
+    with pytest.raises(ValueError, match=r"given \['train'\] as objects.*setup\('validate'\)"):
+        restored.setup("validate")
+    restored.setup(TrainerFn.TESTING)  # as Lightning passes it; test needs no train
+    with pytest.raises(ValueError, match=r"setup\('fit'\) reads them"):
+        restored.setup(TrainerFn.FITTING)
+
+
+class _StageAware(TensorDataModule):
+    """Builds only the splits of the stage asked for, as Lightning's own examples do."""
+
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        built = dict(super().build_datasets(stage))
+        return {k: v for k, v in built.items() if k == {"fit": "train"}.get(stage, stage)}
+
+
+def test_a_stage_aware_module_builds_each_split_a_loader_asks_for() -> None:
+    # test_dataloader() first: train_dataloader() then said "has no train data".
+    dm = _StageAware(torch.arange(8.0), test=(torch.arange(4.0),), batch_size=4)
+    assert len(dm.test_dataloader()) == 1
+    assert len(dm.train_dataloader()) == 2
+    assert sorted(dm.describe()["splits"]) == ["test", "train"]

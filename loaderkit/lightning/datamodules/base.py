@@ -207,8 +207,8 @@ class LoaderDataModule(L.LightningDataModule):
         if set(state_dict) != fields or state_dict["version"] != _STATE_VERSION:
             raise StateMismatchError(
                 f"{owner}: expected the keys {sorted(fields)} at version {_STATE_VERSION}, got "
-                f"{sorted(state_dict)} (version {state_dict.get('version')!r}); load a "
-                "checkpoint this loaderkit saved, unmodified."
+                f"{sorted(state_dict)} (version {state_dict.get('version')!r}); pass this "
+                "method only these keys (a subclass pops its own first)."
             )
         if self.trainer is None:  # a Trainer restores into the module its user built
             data = getattr(self, "_data_args", {})
@@ -227,6 +227,8 @@ class LoaderDataModule(L.LightningDataModule):
         """Refuse the data lost by ``load_from_checkpoint`` that ``stage`` reads (None: the
         data that is not a split, which every stage reads)."""
         reads = _STAGE_READS.get(stage or "", ())
+        if self.val_fraction and "val" in reads:  # the val split is cut from train
+            reads += ("train",)
         splits = {k: _SPLIT_OF.get(k, k) for k in self._lost}
         lost = [k for k, split in splits.items() if split in reads or split not in SPLITS]
         if lost:
@@ -263,6 +265,7 @@ class LoaderDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Build the datasets (once per stage) and apply ``val_fraction``."""
         owner = type(self).__name__
+        stage = getattr(stage, "value", stage)  # Lightning passes its TrainerFn
         if stage not in _STAGES:
             raise ValueError(f"{owner}.setup: stage must be one of {_STAGES}, got {stage!r}.")
         self._refuse_lost(stage)
@@ -301,8 +304,11 @@ class LoaderDataModule(L.LightningDataModule):
         self._stages.add(stage)
 
     def _dataset(self, split: str) -> Any:
-        if not self._stages:  # the stage that reads it: a predict-only module may lack train
-            self.setup({"train": "fit", "val": "validate"}.get(split, split))
+        # A missing split's own stage, once: a predict-only module may lack train, and a
+        # build_datasets(stage) may build only that stage's splits.
+        stage = {"train": "fit", "val": "validate"}.get(split, split)
+        if split not in self._datasets and stage not in self._stages:
+            self.setup(stage)
         if split not in self._datasets:
             raise ValueError(
                 f"{type(self).__name__} has no {split} data (it has {sorted(self._datasets)}); "
@@ -477,7 +483,7 @@ class LoaderDataModule(L.LightningDataModule):
             ``seed``, ``padding_fraction``, ``shards_per_batch``, ``single_shard_batches``,
             ``mix``, ``resumable_exactly``, ``resumable_reason``.
         """
-        if not self._stages:
+        if "fit" not in self._stages:
             self.setup("fit")
         world_size = self._world_size()
         splits: dict[str, dict[str, Any]] = {}
