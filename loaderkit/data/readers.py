@@ -57,7 +57,8 @@ class OpenShard(Protocol):
 class ShardReader(Protocol):
     """What :class:`~loaderkit.data.sharded.ShardedDataset` needs to know about a format.
 
-    A reader is picklable (workers get a copy) and its methods pure.
+    A reader is picklable (workers get a copy) and its methods pure: a read that draws
+    from a random generator is not seeded per sample (draw in a dataset wrapping it).
     Optional: ``prepare(files) -> reader``, called once when a dataset is built
     with ``(name, source)`` per shard (a local path, or for a URL a file object
     holding its Parquet footer); it returns the reader the dataset and its
