@@ -24,7 +24,13 @@ from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.readers import OpenShard, ShardReader, _FixedTokens, out_of_files
+from loaderkit.data.readers import (
+    OpenShard,
+    ShardReader,
+    _Documents,
+    _FixedTokens,
+    out_of_files,
+)
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
     CollateError,
@@ -78,6 +84,40 @@ class _RowSource(NamedTuple):
 _READS = ("read", "read_batch")
 
 
+def _own(handle: Any) -> dict[str, Any]:
+    """The attributes set on ``handle`` itself (none under ``__slots__``)."""
+    try:
+        own: dict[str, Any] = object.__getattribute__(handle, "__dict__")
+    except AttributeError:
+        return {}
+    return own
+
+
+def _defined_at(mro: tuple[type, ...], name: str) -> int:
+    """Where in ``mro`` ``name`` is first defined (found statically, never through a
+    ``__getattr__``); ``len(mro)``: nowhere."""
+    return next((k for k, c in enumerate(mro) if name in vars(c)), len(mro))
+
+
+def _batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
+    """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is: set
+    on the instance, or defined on a class at or below the one defining ``read``. Else None
+    (read one by one): a ``read`` overridden below it, or a wrapper passing it on through
+    ``__getattr__``, would be bypassed."""
+    own = _own(handle)
+    if "read_batch" not in own:
+        if "read" in own:
+            return None
+        cls = type(handle)
+        if cls is not _FixedTokens and cls is not _Documents:  # both define both reads
+            mro = cls.__mro__
+            at = _defined_at(mro, "read_batch")
+            if at == len(mro) or at > _defined_at(mro, "read"):
+                return None
+    read_batch = getattr(handle, "read_batch", None)
+    return read_batch if callable(read_batch) else None
+
+
 def _own_rows(handle: Any) -> Any:
     """``handle.rows`` where copying them is what the shard's own reads return, else None.
 
@@ -86,10 +126,7 @@ def _own_rows(handle: Any) -> Any:
     ``read``/``read_batch`` not redefined below it: a subclass's or wrapper's read is never
     bypassed. An instance's ``rows`` counts as set by the base-most ``__init__``.
     """
-    try:
-        own = object.__getattribute__(handle, "__dict__")
-    except AttributeError:  # __slots__
-        own = {}
+    own = _own(handle)
     if any(name in own for name in _READS):
         return None
     cls = type(handle)
@@ -100,12 +137,11 @@ def _own_rows(handle: Any) -> Any:
         bases = [k for k, c in enumerate(mro) if c is not object and "__init__" in vars(c)]
         where = bases[-1] if bases else len(mro) - 1
     else:
-        where = next((k for k, c in enumerate(mro) if "rows" in vars(c)), -1)
-        if where < 0:
+        where = _defined_at(mro, "rows")
+        if where == len(mro):
             return None
-    for name in _READS:
-        if any(name in vars(c) for c in mro[:where]):
-            return None
+    if any(_defined_at(mro, name) < where for name in _READS):
+        return None
     if "rows" in own:
         return own["rows"]
     rows = vars(mro[where])["rows"]
@@ -349,8 +385,8 @@ class ShardedDataset(Dataset[Any]):
             self._skip(shard, len(local), exc)
             return [_SKIPPED] * len(local)
         try:
-            read_batch = getattr(handle, "read_batch", None)
-            if callable(read_batch):
+            read_batch = _batch_read(handle)
+            if read_batch is not None:
                 return read_batch(local)
             return [handle.read(i) for i in local.tolist()]
         except Exception as exc:

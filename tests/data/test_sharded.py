@@ -1347,6 +1347,106 @@ def test_get_batch_reads_through_a_reader_s_own_reads(
             assert torch.equal(b, torch.stack([ds[i] for i in indices])), indices
 
 
+class _TripledReadOnly(loaderkit.data.readers._FixedTokens):
+    def read(self, index: int) -> torch.Tensor:
+        return super().read(index) * 3
+
+
+class _DocumentsPlus1000(loaderkit.data.readers._Documents):
+    def read(self, index: int) -> torch.Tensor:
+        return super().read(index) + 1000
+
+
+class _Plus1000ReadOnly:
+    """A handle wrapper defining only ``read``; the rest (``read_batch`` too) passed on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, i: int) -> torch.Tensor:
+        return self.inner.read(i) + 1000
+
+
+class _ReadOnlySubclassReader(TokenReader):
+    def open(self, path: Path) -> Any:
+        handle = super().open(path)
+        handle.__class__ = _TripledReadOnly if self.seq_len else _DocumentsPlus1000
+        return handle
+
+
+class _ReadOnlyWrappingReader(TokenReader):
+    def open(self, path: Path) -> Any:
+        return _Plus1000ReadOnly(super().open(path))
+
+
+def _documents(sizes: Sequence[int]) -> list[np.ndarray]:
+    """Document g of the corpus is ``[g + 1, g + 1, 0]`` (eos 0): all of one length."""
+    out, first = [], 0
+    for n in sizes:
+        docs = np.arange(first + 1, first + n + 1)
+        out.append(np.stack([docs, docs, np.zeros_like(docs)], axis=1).reshape(-1))
+        first += n
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "collate", [None, torch.utils.data.default_collate], ids=["none", "default"]
+)
+@pytest.mark.parametrize(
+    ("make", "kwargs"),
+    [
+        (_ReadOnlySubclassReader, {"seq_len": SEQ}),
+        (_ReadOnlySubclassReader, {"seq_len": SEQ, "targets": True}),
+        (_ReadOnlySubclassReader, {"seq_len": SEQ, "out_dtype": None}),
+        (_ReadOnlySubclassReader, {"eos": 0}),
+        (_ReadOnlyWrappingReader, {"seq_len": SEQ}),
+    ],
+    ids=["subclass", "subclass-targets", "subclass-stored-dtype", "documents", "wrapper"],
+)
+def test_a_handle_overriding_only_read_is_read_by_it_in_batches(
+    tmp_path: Path, make: type[TokenReader], kwargs: dict[str, Any], collate: Any, num_workers: int
+) -> None:
+    # The read_batch it inherits (or a wrapper passes on) would read other values than its
+    # read: a batch reads such a shard one sample at a time.
+    reader = make(**kwargs)
+    data = _documents(SIZES) if "eos" in kwargs else id_shards(SIZES)
+    ds = ShardedDataset(write_shards(tmp_path, data, reader), reader)
+    n = len(ds)
+    for batch in ([0, 1, 2], [3, 0], [1, 12, n - 1], [20, 6]):
+        want = [ds[i] for i in batch]
+        assert torch.equal(ds.get_batch(np.asarray(batch)), torch.stack(want)), batch
+        got = ds.__getitems__(batch)
+        assert len(got) == len(want) and all(map(torch.equal, got, want)), batch
+    for mix in (1, 8):  # batches inside one shard, and across shards
+        got_batches = loader(ds, num_workers, mix_shards=mix, collate_fn=collate, shuffle=True)
+        sampler = ds.batch_sampler(4, seed=3, window=6, mix_shards=mix, shuffle=True)
+        for b, indices in zip(got_batches, list(sampler), strict=True):
+            assert torch.equal(b, torch.stack([ds[i] for i in indices])), indices
+
+
+def test_a_handle_s_own_batched_reads_are_kept() -> None:
+    # loaderkit's handles, and a read_batch defined with or below read, are read in batches.
+    fixed, docs = loaderkit.data.readers._FixedTokens, loaderkit.data.readers._Documents
+    batch_read = loaderkit.data.sharded._batch_read
+    for cls in (fixed, docs, _Tripled, _RowsOnTheClass, _Negated):
+        handle = cls.__new__(cls)
+        assert batch_read(handle) == handle.read_batch, cls
+    for cls in (_TripledReadOnly, _DocumentsPlus1000):
+        assert batch_read(cls.__new__(cls)) is None, cls
+    handle = fixed.__new__(fixed)
+    handle.read = lambda i: i  # type: ignore[method-assign]
+    assert batch_read(handle) is None
+    assert batch_read(_Plus1000ReadOnly(None)) is None
+    assert batch_read(_Plus1000(None)) is not None
+
+
 class _RowsOnTheClass:
     """A user's handle whose ``rows`` is a property of its class."""
 
@@ -1461,6 +1561,26 @@ def test_out_of_descriptors_opening_a_token_shard_is_not_a_corrupt_one(
     with pytest.raises(ShardError, match=r"too many open files: .* raise `ulimit -n`") as info:
         reader.open(path)
     assert "corrupt" not in str(info.value) and "delete" not in str(info.value)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_out_of_descriptors_opening_a_user_reader_s_shard_is_said(
+    tmp_path: Path, on_error: Any
+) -> None:
+    class Reader(TokenReader):
+        def open(self, path: Path) -> Any:
+            if path.name.endswith("1.npy"):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return super().open(path)
+
+    reader = Reader(seq_len=SEQ)
+    paths = write_shards(tmp_path, id_shards((4, 4)), reader)
+    ds = ShardedDataset(paths, reader, on_error=on_error)
+    for read in (lambda: ds.get_batch(np.array([0, 5])), lambda: ds[5]):
+        with pytest.raises(ShardError, match=r"too many open files: .* raise `ulimit -n`") as info:
+            read()
+        assert "corrupt" not in str(info.value) and "rewrite" not in str(info.value)
+    assert ds.skipped == 0
 
 
 def test_a_batch_sizes_the_file_mapped_not_the_one_now_at_its_path(tmp_path: Path) -> None:
