@@ -695,10 +695,12 @@ class ShardedDataset(Dataset[Any]):
                 return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
-            shards = self._remote.shards
-            content = ";".join(f"{s.url}:{s.size}:{s.version}:{s.sidecars}" for s in shards)
-            if any(not v for s in shards for v in (s.version, *(c[-1] for c in s.sidecars))):
-                content += f";{self._remote.listing}"  # a versionless object: this listing's
+            remote = self._remote
+            # A shard is known by its version, else its index hash, else within this listing.
+            known = [remote._digest(i) or s.version for i, s in enumerate(remote.shards)]
+            known += [c[-1] for s in remote.shards for c in s.sidecars]
+            content = ";".join(f"{s.url}:{s.size}:{s.sidecars}" for s in remote.shards)
+            content += f";{known}" + ("" if all(known) else f";{remote.listing}")
         elif self.entries is not None:
             content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,22 @@ def test_lengths_of_a_versionless_object_are_measured_anew_in_each_listing(
     assert lengths() == [2, 2]
     fs.pipe_file(f"{folder}/a.jsonl", b'{"ids":[123]}\n{"ids":[456]}\n')
     assert lengths() == [1, 1]
+
+
+def test_lengths_of_a_hashed_versionless_object_are_reused_across_listings(
+    folder: str, tmp_path: Path, no_versions: None
+) -> None:
+    # Its index hash names its content, as its cache copy's key does: measured once (a
+    # JSONL shard's versionless offsets sidecar still keys its lengths by listing).
+    write_shards(folder, [np.arange(2 * SEQ, dtype=np.uint16)], READER, hash="sha256")
+    for run in range(2):
+        ds = make(folder, tmp_path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = ds.lengths(_first_token, cache=tmp_path / "lengths.npy").tolist()
+        assert found == [1, SEQ + 1]
+        assert not any("recomputing" in str(w.message) for w in caught), (run, caught)
+
+
+def _first_token(sample: Any) -> int:
+    return int(sample[0]) + 1
