@@ -47,16 +47,22 @@ def code_digest(fn: Any) -> str | None:
     """
     while isinstance(fn, functools.partial):
         fn = fn.func
-    fn = _unwrapped(fn)
-    if not isinstance(fn, types.FunctionType | types.MethodType):
-        fn = inspect.getattr_static(type(fn), "__call__", None)  # a callable object: its method
-    if isinstance(fn, types.MethodType):
-        fn = _unwrapped(fn.__func__)
-    if not isinstance(fn, types.FunctionType):
-        return None
     digest = hashlib.sha256()
+    seen: set[int] = set()
     try:
-        _function(digest, fn, set())
+        fn = _unwrapped(fn, digest, seen)
+        if isinstance(fn, types.MethodType):  # its class's code: a helper method it calls
+            owner = fn.__self__
+            _class(digest, owner if isinstance(owner, type) else type(owner), seen)
+            fn = _unwrapped(fn.__func__, digest, seen)
+        elif not isinstance(fn, types.FunctionType):  # a callable object: its class's code
+            _class(digest, type(fn), seen)  # (self.helper() in __call__), then __call__
+            fn = _unwrapped(inspect.getattr_static(type(fn), "__call__", None), digest, seen)
+            if isinstance(fn, staticmethod | classmethod):
+                fn = fn.__func__
+        if not isinstance(fn, types.FunctionType):
+            return None
+        _function(digest, fn, seen)
     except _Unseen:
         return os.urandom(8).hex()
     return digest.hexdigest()[:16]
@@ -103,14 +109,16 @@ def _class(digest: Any, cls: type, seen: set[int]) -> None:
             if name == "_abc_impl" or (dunder and not isinstance(value, types.FunctionType)):
                 continue  # the class's bookkeeping (its name, doc, line, ABC caches)
             digest.update(name.encode())
-            for part in map(_unwrapped, parts):
+            for part in parts:
+                part = _unwrapped(part, digest, seen)
                 if isinstance(part, types.FunctionType):
                     _function(digest, part, seen)
                 elif isinstance(part, type) and _user_class(part):  # a nested `Opts`
                     _class(digest, part, seen)
                 elif (state := pickle_digest(part)) is None:
                     raise _Unseen
-                else:
+                else:  # an instance of a user class: also its class's code (pickle names it)
+                    _class(digest, type(part), seen)
                     digest.update(state.encode())
 
 
@@ -122,12 +130,32 @@ def _user_class(cls: type) -> bool:
     return file is None or _edited(file)
 
 
-def _unwrapped(fn: Any) -> Any:
-    """The function under a wrapper object (``functools.cache``'s pickles by name only)."""
-    try:
-        return inspect.unwrap(fn, stop=lambda f: isinstance(f, types.FunctionType | type))
-    except ValueError:  # a cycle of __wrapped__
-        return fn
+# What functools.update_wrapper copies onto a wrapper: the wrapped function's, no setting.
+_WRAPPER_FIELDS = frozenset(
+    {*functools.WRAPPER_ASSIGNMENTS, *functools.WRAPPER_UPDATES, "__wrapped__"}
+)
+
+
+def _unwrapped(fn: Any, digest: Any, seen: set[int]) -> Any:
+    """The function under wrapper objects. ``functools.cache``'s (which pickles by name
+    only) is pure and is skipped; any other wrapper (a decorator object, ``@scaled(k)``)
+    may hold a setting: its class's code and its own state go into ``digest`` first."""
+    for _ in range(100):  # a cycle of __wrapped__ ends here
+        if isinstance(fn, types.FunctionType | types.MethodType | type):
+            return fn  # a function's own __wrapped__ is read by its code, as a closure
+        try:
+            inner = inspect.getattr_static(fn, "__wrapped__")
+        except AttributeError:
+            return fn
+        if not isinstance(fn, functools._lru_cache_wrapper):
+            _class(digest, type(fn), seen)
+            state = getattr(fn, "__dict__", None)
+            if not isinstance(state, dict):
+                raise _Unseen  # a C wrapper with a setting we cannot read
+            for name in sorted(state.keys() - _WRAPPER_FIELDS):
+                _value(digest, name, state[name], set(), seen)
+        fn = inner
+    return fn
 
 
 def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
@@ -161,7 +189,7 @@ def _code(digest: Any, code: types.CodeType) -> set[str]:
 
 def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) -> None:
     digest.update(name.encode())
-    value = _unwrapped(value)
+    value = _unwrapped(value, digest, seen)
     if isinstance(value, types.FunctionType) and _edited(value.__code__.co_filename):
         _function(digest, value, seen)
     elif isinstance(value, type) and _user_class(value):
@@ -172,7 +200,8 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
                 _value(digest, attr, vars(value)[attr], set(), seen)
     elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them (all
         digest.update(_canonical(value).encode())  # of a dict: a key may come at run time)
-    elif (state := pickle_digest(value)) is not None:  # an object: its state is a setting
+    elif (state := pickle_digest(value)) is not None:  # an object: its state is a setting,
+        _class(digest, type(value), seen)  # its class's code (pickle names the class only)
         digest.update(state.encode())
     else:
         raise _Unseen

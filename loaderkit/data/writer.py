@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -154,6 +155,8 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
         return None
     if fn is not None:  # a partial's arguments, a callable's state (None: not picklable)
         settings["fn_bound"] = pickle_digest(fn)
+        if settings["fn_bound"] is None and not isinstance(fn, types.FunctionType):
+            return None  # state unseen (it holds a lambda, a lock): resume nothing
     settings |= {"prefix": prefix, "ext": ext, "codec": codec}
     blob = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

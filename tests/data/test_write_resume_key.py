@@ -14,12 +14,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loaderkit import JsonlReader, ShardedDataset, write_shards
+from loaderkit import JsonlReader, ShardedDataset, compute_lengths, write_shards
 from loaderkit.data import _code
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +147,28 @@ EDITED = {
             def write(self, path, samples):
                 return super().write(path, [v * CONFIG.scale for v in samples])
     """,
+    # A decorator object holding the setting: update_wrapper sets its __wrapped__.
+    "decorator object": """
+        class scaled:
+            def __init__(self, k):
+                self.k = k
+
+            def __call__(self, fn):
+                self.fn = fn
+                functools.update_wrapper(self, fn)
+                return self
+
+            def __get__(self, obj, cls):
+                return functools.partial(self.run, obj)
+
+            def run(self, reader, path, samples):
+                return self.fn(reader, path, [v * self.k for v in samples])
+
+        class Reader(JsonlReader):
+            @scaled(SCALE)
+            def write(self, path, samples):
+                return super().write(path, samples)
+    """,
 }
 HEADER = "import dataclasses, functools, threading\nfrom loaderkit import JsonlReader\n"
 
@@ -154,25 +177,124 @@ HEADER = "import dataclasses, functools, threading\nfrom loaderkit import JsonlR
 def test_a_resume_after_an_edit_of_the_reader_module_rewrites_every_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    # Was [10, 20, 30, 40, 5000, 6000]: the edit was unseen, the shards of 10 were kept.
+    # Was [10, 20, 30, 40, 5000, 6000]: the edit was unseen, the shards of 10 were kept
+    # (a decorator object's setting since 8ad6ac3: its inner function only was digested).
+    edit = edited_module(tmp_path, monkeypatch, case, EDITED[case])
+    module = edit(10)
+    items = [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path / "out", killed_after_two(items), module.Reader(), progress=False)
+    module = edit(1000)
+    write_shards(tmp_path / "out", items, module.Reader(), progress=False)
+    assert values(tmp_path / "out") == [1000, 2000, 3000, 4000, 5000, 6000]
+
+
+def edited_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, body: str
+) -> Callable[[int], Any]:
+    """``edit(scale)`` writes the module ``body`` with SCALE as ``scale`` and (re)loads it."""
     home = tmp_path / ("site-packages" if case == "installed write" else "src")
-    home.mkdir()
+    home.mkdir(exist_ok=True)
     if case == "installed write":
         monkeypatch.setattr(_code, "_INSTALLED", (*_code._INSTALLED, str(home)))
     monkeypatch.syspath_prepend(str(home))
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     name = "edited_" + case.replace(" ", "_")
-    source = HEADER + textwrap.dedent(EDITED[case])
-    (home / f"{name}.py").write_text(source.replace("SCALE", "10"))
-    module = importlib.import_module(name)
-    monkeypatch.setitem(sys.modules, name, module)  # removed again after the test
+    source = HEADER + textwrap.dedent(body)
+
+    def edit(scale: int) -> Any:
+        (home / f"{name}.py").write_text(source.replace("SCALE", str(scale)))
+        if name in sys.modules:
+            return importlib.reload(sys.modules[name])
+        module = importlib.import_module(name)
+        monkeypatch.setitem(sys.modules, name, module)  # removed again after the test
+        return module
+
+    return edit
+
+
+# An fn module edited between two calls: a helper it reaches through an object changes.
+EDITED_FN = {
+    # A callable object whose __call__ calls self.helper(): __call__ alone was digested.
+    "callable object": """
+        class Make:
+            def __call__(self, item):
+                return [self.helper(v) for v in item]
+
+            def helper(self, v):
+                return v * SCALE
+
+        FN = Make()
+    """,
+    # A global instance of a user class: pickle names the class, not its code.
+    "global instance": """
+        class Tok:
+            def encode(self, v):
+                return v * SCALE
+
+        TOK = Tok()
+
+        def FN(item):
+            return [TOK.encode(v) for v in item]
+    """,
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED_FN))
+def test_a_resume_after_an_edit_of_a_method_fn_reaches_rewrites_every_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000]: the helper method's edit was unseen; and
+    # compute_lengths' cache kept the old lengths.
+    edit = edited_module(tmp_path, monkeypatch, case, EDITED_FN[case])
+    module = edit(10)
     items = [[1, 2], [3, 4], [5, 6]]
     with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path / "out", killed_after_two(items), module.Reader(), progress=False)
-    (home / f"{name}.py").write_text(source.replace("SCALE", "1000"))
-    module = importlib.reload(module)
-    write_shards(tmp_path / "out", items, module.Reader(), progress=False)
+        write_shards(
+            tmp_path / "out", killed_after_two(items), JsonlReader(), fn=module.FN, progress=False
+        )
+    module = edit(1000)
+    write_shards(tmp_path / "out", items, JsonlReader(), fn=module.FN, progress=False)
     assert values(tmp_path / "out") == [1000, 2000, 3000, 4000, 5000, 6000]
+
+
+@pytest.mark.parametrize("case", list(EDITED_FN))
+def test_compute_lengths_after_an_edit_of_a_method_fn_reaches_recomputes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Was [10, 30, 50] again: the cache was keyed without the helper method's code.
+    edit = edited_module(tmp_path, monkeypatch, case, EDITED_FN[case])
+    module = edit(10)
+    items = [[1, 2], [3, 4], [5, 6]]
+
+    def first(item: list[int]) -> int:
+        return int(module.FN(item)[0])
+
+    cache = tmp_path / "lengths.npy"
+    assert compute_lengths(items, first, cache=cache, progress=False).tolist() == [10, 30, 50]
+    module = edit(1000)
+    with pytest.warns(UserWarning, match="recomputing"):
+        again = compute_lengths(items, first, cache=cache, progress=False)
+    assert again.tolist() == [1000, 3000, 5000]
+
+
+class Make:
+    """A callable fn whose state does not pickle (it holds a lambda)."""
+
+    def __init__(self, scale: int) -> None:
+        self.scale, self.hook = scale, lambda: None
+
+    def __call__(self, item: list[int]) -> list[int]:
+        return [v * self.scale for v in item]
+
+
+def test_an_fn_whose_state_does_not_pickle_is_written_whole_on_resume(tmp_path: Path) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000]: no digest of fn's state, so no change seen.
+    items = [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path, killed_after_two(items), JsonlReader(), fn=Make(10), progress=False)
+    write_shards(tmp_path, items, JsonlReader(), fn=Make(1000), progress=False)
+    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 # Run twice, under two hash seeds: "first" stops after two shards, "second" uses each
