@@ -147,7 +147,7 @@ def _unwrapped(fn: Any, digest: Any, seen: set[int]) -> Any:
             inner = inspect.getattr_static(fn, "__wrapped__")
         except AttributeError:
             return fn
-        if not isinstance(fn, functools._lru_cache_wrapper):
+        if not callable(getattr(fn, "cache_parameters", None)):  # functools.cache's own
             _class(digest, type(fn), seen)
             state = getattr(fn, "__dict__", None)
             if not isinstance(state, dict):
