@@ -28,7 +28,6 @@ _INSTALLED = tuple(
 )
 _PACKAGES = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
 _PLAIN = (int, float, complex, str, bytes, type(None))
-_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement's, not a C type
 
 
 def code_digest(fn: Any) -> str | None:
@@ -124,8 +123,8 @@ def _class(digest: Any, cls: type, seen: set[int]) -> None:
 
 def _user_class(cls: type) -> bool:
     """Built in, compiled or installed: not the user's. No file: a notebook's or `python -c`'s."""
-    if not cls.__flags__ & _HEAP_TYPE or cls.__module__ in sys.builtin_module_names:
-        return False  # a C type (numpy's ndarray): its attributes are C code, not settings
+    if cls.__module__ in sys.builtin_module_names:
+        return False
     file = getattr(sys.modules.get(cls.__module__), "__file__", None)
     return file is None or _edited(file)
 
