@@ -28,6 +28,14 @@ _INSTALLED = tuple(
 )
 _PACKAGES = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
 _PLAIN = (int, float, complex, str, bytes, type(None))
+_C_MEMBERS = (
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+    types.WrapperDescriptorType,
+    types.BuiltinFunctionType,
+)
 
 
 def code_digest(fn: Any) -> str | None:
@@ -107,6 +115,8 @@ def _class(digest: Any, cls: type, seen: set[int]) -> None:
             dunder = name.startswith("__") and name.endswith("__")
             if name == "_abc_impl" or (dunder and not isinstance(value, types.FunctionType)):
                 continue  # the class's bookkeeping (its name, doc, line, ABC caches)
+            if isinstance(value, _C_MEMBERS):
+                continue  # a compiled class's methods and fields: C code, not settings
             digest.update(name.encode())
             for part in parts:
                 part = _unwrapped(part, digest, seen)
@@ -146,7 +156,8 @@ def _unwrapped(fn: Any, digest: Any, seen: set[int]) -> Any:
             inner = inspect.getattr_static(fn, "__wrapped__")
         except AttributeError:
             return fn
-        if not callable(getattr(fn, "cache_parameters", None)):  # functools.cache's own
+        cache = type(fn).__module__ == "functools" and hasattr(fn, "cache_parameters")
+        if not cache:  # functools.cache's own wrapper holds no setting
             _class(digest, type(fn), seen)
             state = getattr(fn, "__dict__", None)
             if not isinstance(state, dict):

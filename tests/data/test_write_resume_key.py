@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from loaderkit import JsonlReader, ShardedDataset, compute_lengths, write_shards
@@ -354,3 +355,21 @@ def test_a_resume_in_another_process_skips_the_done_shards(tmp_path: Path) -> No
     names += ["parquet", "parquet columns"] if importlib.util.find_spec("pyarrow") else []
     assert sorted(first) == sorted(names)
     assert json.loads(run(2, "second", json.dumps(first))) == names
+
+
+_TABLE = np.arange(10)
+
+
+def _reads_table(x: int) -> Any:
+    return _TABLE[x]
+
+
+def test_a_compiled_class_counted_as_the_users_still_gives_a_stable_digest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # numpy installed with pip --target (outside site-packages) counts as user code: its C
+    # methods did not pickle, so the digest was random each call (a cache never hit).
+    from loaderkit.data import _code
+
+    monkeypatch.setattr(_code, "_user_class", lambda cls: cls is not object)
+    assert _code.code_digest(_reads_table) == _code.code_digest(_reads_table)
