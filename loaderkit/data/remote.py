@@ -551,8 +551,7 @@ class RemoteShards:
             key, name = shard.key, shard.name
             # A same-size replacement of a versionless object would be read stale from a copy
             # of an earlier listing; a shard with a hash has its copy checked instead.
-            versions = [v for *_, v in shard.sidecars] + [self._digest(index) or shard.version]
-            if "" in versions:
+            if self.versionless(index):
                 key = hashlib.sha256(f"{key}\n{self.listing}".encode()).hexdigest()[:24]
             if block is not None:
                 blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
@@ -612,6 +611,12 @@ class RemoteShards:
     def _ready(target: Path, final: Path) -> bool:
         """Whether a cached shard can be read: its file, or its decoded copy left intact."""
         return final.exists() if final == target else decoded_intact(final)
+
+    def versionless(self, index: int) -> bool:
+        """Whether shard ``index`` (or a sidecar) has neither a version nor an index hash: its
+        content is known within this listing only."""
+        shard = self.shards[index]
+        return not all([self._digest(index) or shard.version, *(v for *_, v in shard.sidecars)])
 
     def _digest(self, index: int) -> str | None:
         extras = self.extras[index]

@@ -30,6 +30,7 @@ from loaderkit.data.readers import (
     _Documents,
     _FixedTokens,
     out_of_files,
+    sizes_now,
 )
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
@@ -463,17 +464,12 @@ class ShardedDataset(Dataset[Any]):
         its files' sizes, as its own ``read_batch`` does; ``None`` where it has no ``rows``
         or anything fails (the per-shard path then reads them)."""
         try:
-            src = self._sources.get(shard)
-            live = self._files.open
-            if src is not None and live.get(shard) is src.handle:
-                live.move_to_end(shard)  # as self._files.get(shard) does
-            else:
-                src = self._row_source(shard)
+            src = self._source(shard)
             rows, kind = src.rows, src.kind
-            if rows is None or kind is None or [size() for size in src.sizers] != src.expected:
+            if rows is None or kind is None or sizes_now(src.sizers) != src.expected:
                 return None
             got = rows.take(local, axis=0) if src.take else rows[local]
-            if [size() for size in src.sizers] != src.expected:
+            if sizes_now(src.sizers) != src.expected:
                 return None
         except Exception:
             return None
@@ -482,8 +478,7 @@ class ShardedDataset(Dataset[Any]):
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
         """The batch at ``values`` (in range) as one array of rows copied from the shards'
         ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
-        ends, starts, sources = self._end_list, self._start_list, self._sources
-        live = self._files.open
+        ends, starts = self._end_list, self._start_list
         used: dict[int, np.ndarray] = {}
         picks: list[tuple[np.ndarray, int]] = []
         sizers: list[Callable[[], int]] = []
@@ -494,11 +489,7 @@ class ShardedDataset(Dataset[Any]):
                 shard = bisect.bisect_right(ends, g)
                 rows = used.get(shard)
                 if rows is None:
-                    src = sources.get(shard)
-                    if src is not None and live.get(shard) is src.handle:
-                        live.move_to_end(shard)  # as self._files.get(shard) does
-                    else:
-                        src = self._row_source(shard)
+                    src = self._source(shard)
                     if src.rows is None or (kind is not None and src.kind is not kind):
                         return None
                     kind = src.kind
@@ -510,17 +501,26 @@ class ShardedDataset(Dataset[Any]):
             # The files checked before the copy (a truncated map raises SIGBUS), as the shard's
             # own read does, and after it (zeros); a change sends the batch to the per-shard
             # path, which names the file.
-            if [size() for size in sizers] != expected:
+            if sizes_now(sizers) != expected:
                 return None
             out = np.empty((len(picks), *kind[0]), dtype=kind[1])
             for k, (rows, i) in enumerate(picks):
                 out[k] = rows[i]
-            if [size() for size in sizers] != expected:
+            if sizes_now(sizers) != expected:
                 return None
         except Exception:
             # The per-shard path then raises or skips as on_error says.
             return None
         return out
+
+    def _source(self, shard: int) -> _RowSource:
+        """Shard ``shard``'s row source: the cached one while its handle is open (kept most
+        recently used, as :meth:`_handle` does), else :meth:`_row_source`."""
+        src, live = self._sources.get(shard), self._files.open
+        if src is not None and live.get(shard) is src.handle:
+            live.move_to_end(shard)
+            return src
+        return self._row_source(shard)
 
     def _row_source(self, shard: int) -> _RowSource:
         """Shard ``shard`` opened (as :meth:`_handle`), with what :meth:`get_batch` reads of
@@ -695,12 +695,11 @@ class ShardedDataset(Dataset[Any]):
                 return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
-            remote = self._remote
-            # A shard is known by its version, else its index hash, else within this listing.
-            known = [remote._digest(i) or s.version for i, s in enumerate(remote.shards)]
-            known += [c[-1] for s in remote.shards for c in s.sidecars]
-            content = ";".join(f"{s.url}:{s.size}:{s.sidecars}" for s in remote.shards)
-            content += f";{known}" + ("" if all(known) else f";{remote.listing}")
+            remote, shards = self._remote, self._remote.shards
+            known = [remote._digest(i) or s.version for i, s in enumerate(shards)]
+            content = ";".join(f"{s.url}:{s.size}:{s.sidecars}" for s in shards) + f";{known}"
+            if any(remote.versionless(i) for i in range(len(shards))):
+                content += f";{remote.listing}"  # known within this listing only
         elif self.entries is not None:
             content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
         else:
