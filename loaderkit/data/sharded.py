@@ -12,7 +12,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypedDict, Unpack
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -22,16 +22,10 @@ from loaderkit._checks import check_index_path, check_int, check_suffixes, getit
 from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
+from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows
 from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
 from loaderkit.data.lengths import compute_lengths
-from loaderkit.data.readers import (
-    OpenShard,
-    ShardReader,
-    _Documents,
-    _FixedTokens,
-    out_of_files,
-    sizes_now,
-)
+from loaderkit.data.readers import OpenShard, ShardReader, out_of_files, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
     CollateError,
@@ -64,106 +58,6 @@ class _PlanArgs(OrderArgs, total=False):
 
 _INT64 = np.dtype(np.int64)
 _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
-
-
-class _RowSource(NamedTuple):
-    """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: it has
-    none, they may not be what its reads return (:func:`_own_rows`), or it returns a narrower
-    dtype, whose tokens the shard's own read checks); ``kind``, their shape and returned dtype
-    (one object per kind); its guard's ``sizers`` (one ``fstat`` on each map) and the sizes
-    they expect; ``take``: ``rows`` are disjoint, so ``ndarray.take`` gathers them (it copies
-    overlapping rows whole first)."""
-
-    handle: OpenShard
-    rows: np.ndarray | None
-    kind: tuple[tuple[int, ...], np.dtype] | None
-    sizers: list[Callable[[], int]]
-    expected: list[int]
-    take: bool
-
-
-_READS = ("read", "read_batch")
-
-
-def _own(handle: Any) -> dict[str, Any]:
-    """The attributes set on ``handle`` itself (none under ``__slots__``)."""
-    try:
-        own: dict[str, Any] = object.__getattribute__(handle, "__dict__")
-    except AttributeError:
-        return {}
-    return own
-
-
-def _defined_at(mro: tuple[type, ...], name: str) -> int:
-    """Where in ``mro`` ``name`` is first defined (found statically, never through a
-    ``__getattr__``); ``len(mro)``: nowhere."""
-    return next((k for k, c in enumerate(mro) if name in vars(c)), len(mro))
-
-
-def _batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
-    """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is: set
-    on the instance, or defined on a class at or below the one defining ``read``. Else None
-    (read one by one): a ``read`` overridden below it, or a wrapper passing it on through
-    ``__getattr__``, would be bypassed."""
-    own = _own(handle)
-    if "read_batch" not in own:
-        if "read" in own:
-            return None
-        cls = type(handle)
-        if cls is not _FixedTokens and cls is not _Documents:  # both define both reads
-            mro = cls.__mro__
-            at = _defined_at(mro, "read_batch")
-            if at == len(mro) or at > _defined_at(mro, "read"):
-                return None
-    read_batch = getattr(handle, "read_batch", None)
-    return read_batch if callable(read_batch) else None
-
-
-def _own_rows(handle: Any) -> Any:
-    """``handle.rows`` where copying them is what the shard's own reads return, else None.
-
-    That is loaderkit's token handle with no read set on the instance; any other handle, a
-    ``rows`` it or its class defines (never one a wrapper's ``__getattr__`` passes on) with
-    ``read``/``read_batch`` not redefined below it: a subclass's or wrapper's read is never
-    bypassed. An instance's ``rows`` counts as set by the base-most ``__init__``.
-    """
-    own = _own(handle)
-    if any(name in own for name in _READS):
-        return None
-    cls = type(handle)
-    if cls is _FixedTokens:
-        return own.get("rows")
-    mro = cls.__mro__
-    if "rows" in own:
-        bases = [k for k, c in enumerate(mro) if c is not object and "__init__" in vars(c)]
-        where = bases[-1] if bases else len(mro) - 1
-    else:
-        where = _defined_at(mro, "rows")
-        if where == len(mro):
-            return None
-    if any(_defined_at(mro, name) < where for name in _READS):
-        return None
-    if "rows" in own:
-        return own["rows"]
-    rows = vars(mro[where])["rows"]
-    get = getattr(type(rows), "__get__", None)
-    try:
-        return rows if get is None else get(rows, handle, cls)
-    except AttributeError:  # an unset slot, say: no rows
-        return None
-
-
-class _Sources(dict[int, _RowSource]):
-    """The row sources of this process's open shards, by shard; a pickled dataset leaves them
-    behind, as it leaves its maps. ``opens``: the shards opened when they were last pruned."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kinds: dict[Any, Any] = {}
-        self.opens = 0
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Sources, ())
 
 
 class ShardedDataset(Dataset[Any]):
@@ -252,7 +146,7 @@ class ShardedDataset(Dataset[Any]):
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it
-        self._sources = _Sources()
+        self._sources = Sources()
         self._files = OpenShards(
             self.shards,
             reader,
@@ -386,7 +280,7 @@ class ShardedDataset(Dataset[Any]):
             self._skip(shard, len(local), exc)
             return [_SKIPPED] * len(local)
         try:
-            read_batch = _batch_read(handle)
+            read_batch = batch_read(handle)
             if read_batch is not None:
                 return read_batch(local)
             return [handle.read(i) for i in local.tolist()]
@@ -513,7 +407,7 @@ class ShardedDataset(Dataset[Any]):
             return None
         return out
 
-    def _source(self, shard: int) -> _RowSource:
+    def _source(self, shard: int) -> RowSource:
         """Shard ``shard``'s row source: the cached one while its handle is open (kept most
         recently used, as :meth:`_handle` does), else :meth:`_row_source`."""
         src, live = self._sources.get(shard), self._files.open
@@ -522,14 +416,14 @@ class ShardedDataset(Dataset[Any]):
             return src
         return self._row_source(shard)
 
-    def _row_source(self, shard: int) -> _RowSource:
+    def _row_source(self, shard: int) -> RowSource:
         """Shard ``shard`` opened (as :meth:`_handle`), with what :meth:`get_batch` reads of
         it, worked out once per opened handle."""
         handle = self._handle(shard)
         src = self._sources.get(shard)
         if src is not None and src.handle is handle:
             return src
-        rows = _own_rows(handle)
+        rows = own_rows(handle)
         kind = None
         if (
             not isinstance(rows, np.ndarray)
@@ -543,7 +437,7 @@ class ShardedDataset(Dataset[Any]):
         # The guard's own sizes: the map's size() is an fstat on the map's own descriptor, the
         # file mapped (a file renamed over its path is not), and holds no descriptor more.
         guard = None if rows is None else getattr(handle, "guard", None)
-        src = _RowSource(
+        src = RowSource(
             handle,
             rows,
             kind,

@@ -29,6 +29,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import loaderkit.data._shard_reads
 import loaderkit.data.index
 import loaderkit.data.jsonl
 import loaderkit.data.readers
@@ -1434,7 +1435,7 @@ def test_a_handle_overriding_only_read_is_read_by_it_in_batches(
 def test_a_handle_s_own_batched_reads_are_kept() -> None:
     # loaderkit's handles, and a read_batch defined with or below read, are read in batches.
     fixed, docs = loaderkit.data.readers._FixedTokens, loaderkit.data.readers._Documents
-    batch_read = loaderkit.data.sharded._batch_read
+    batch_read = loaderkit.data._shard_reads.batch_read
     for cls in (fixed, docs, _Tripled, _RowsOnTheClass, _Negated):
         handle = cls.__new__(cls)
         assert batch_read(handle) == handle.read_batch, cls

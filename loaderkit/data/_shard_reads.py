@@ -1,0 +1,112 @@
+"""Which reads of an open shard :meth:`ShardedDataset.get_batch` may use (private): its
+``rows`` or its ``read_batch`` only where they are what its own ``read`` returns, so a
+subclass's or wrapper's read is never bypassed; and the per-shard row sources it caches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from loaderkit.data.readers import OpenShard, _Documents, _FixedTokens
+
+
+class RowSource(NamedTuple):
+    """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: it has
+    none, they may not be what its reads return (:func:`own_rows`), or it returns a narrower
+    dtype, whose tokens the shard's own read checks); ``kind``, their shape and returned dtype
+    (one object per kind); its guard's ``sizers`` (one ``fstat`` on each map) and the sizes
+    they expect; ``take``: ``rows`` are disjoint, so ``ndarray.take`` gathers them (it copies
+    overlapping rows whole first)."""
+
+    handle: OpenShard
+    rows: np.ndarray | None
+    kind: tuple[tuple[int, ...], np.dtype] | None
+    sizers: list[Callable[[], int]]
+    expected: list[int]
+    take: bool
+
+
+_READS = ("read", "read_batch")
+
+
+def _own(handle: Any) -> dict[str, Any]:
+    """The attributes set on ``handle`` itself (none under ``__slots__``)."""
+    try:
+        own: dict[str, Any] = object.__getattribute__(handle, "__dict__")
+    except AttributeError:
+        return {}
+    return own
+
+
+def _defined_at(mro: tuple[type, ...], name: str) -> int:
+    """Where in ``mro`` ``name`` is first defined (found statically, never through a
+    ``__getattr__``); ``len(mro)``: nowhere."""
+    return next((k for k, c in enumerate(mro) if name in vars(c)), len(mro))
+
+
+def batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
+    """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is: set
+    on the instance, or defined on a class at or below the one defining ``read``. Else None
+    (read one by one): a ``read`` overridden below it, or a wrapper passing it on through
+    ``__getattr__``, would be bypassed."""
+    own = _own(handle)
+    if "read_batch" not in own:
+        if "read" in own:
+            return None
+        cls = type(handle)
+        if cls is not _FixedTokens and cls is not _Documents:  # both define both reads
+            mro = cls.__mro__
+            at = _defined_at(mro, "read_batch")
+            if at == len(mro) or at > _defined_at(mro, "read"):
+                return None
+    read_batch = getattr(handle, "read_batch", None)
+    return read_batch if callable(read_batch) else None
+
+
+def own_rows(handle: Any) -> Any:
+    """``handle.rows`` where copying them is what the shard's own reads return, else None.
+
+    That is loaderkit's token handle with no read set on the instance; any other handle, a
+    ``rows`` it or its class defines (never one a wrapper's ``__getattr__`` passes on) with
+    ``read``/``read_batch`` not redefined below it: a subclass's or wrapper's read is never
+    bypassed. An instance's ``rows`` counts as set by the base-most ``__init__``.
+    """
+    own = _own(handle)
+    if any(name in own for name in _READS):
+        return None
+    cls = type(handle)
+    if cls is _FixedTokens:
+        return own.get("rows")
+    mro = cls.__mro__
+    if "rows" in own:
+        bases = [k for k, c in enumerate(mro) if c is not object and "__init__" in vars(c)]
+        where = bases[-1] if bases else len(mro) - 1
+    else:
+        where = _defined_at(mro, "rows")
+        if where == len(mro):
+            return None
+    if any(_defined_at(mro, name) < where for name in _READS):
+        return None
+    if "rows" in own:
+        return own["rows"]
+    rows = vars(mro[where])["rows"]
+    get = getattr(type(rows), "__get__", None)
+    try:
+        return rows if get is None else get(rows, handle, cls)
+    except AttributeError:  # an unset slot, say: no rows
+        return None
+
+
+class Sources(dict[int, RowSource]):
+    """The row sources of this process's open shards, by shard; a pickled dataset leaves them
+    behind, as it leaves its maps. ``opens``: the shards opened when they were last pruned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[Any, Any] = {}
+        self.opens = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Sources, ())
