@@ -414,13 +414,15 @@ class IterableEngine(WorkerStreams):
     def _next_records(self) -> list[dict[str, Any]]:
         """Each worker's record to start a new epoch from."""
         fresh = [fresh_record() for _ in range(self.workers)]
-        # Objects that live on start where the complete epoch left them, as uninterrupted; one
-        # that is its own iterator is put there unless this process's object ran that end.
-        if self.complete and self.objects_live_on:
-            carry_end = self.host.num_workers > 0 or not self._ran_end
+        # Objects that live on start where the complete epoch left them, as uninterrupted,
+        # unless this process's object ran that end: it is there already, and loading its end
+        # state again would put a stream that does not rewind at its end (a Hugging Face
+        # IterableDataset) past its last item, an empty epoch where DataLoader reads it all.
+        ran_end = self.host.num_workers == 0 and self._ran_end
+        if self.complete and self.objects_live_on and not ran_end:
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
-                record["end_state"] = saved["end_state"] if carry_end else None
+                record["end_state"] = saved["end_state"]
         return fresh
 
     def _prime(self) -> None:

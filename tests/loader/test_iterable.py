@@ -288,6 +288,34 @@ def test_a_position_saved_at_a_short_last_batch_does_not_replay_the_stream(
     assert_resume_exact(make, list(range(1, 7)))  # 3 batches an epoch and worker
 
 
+class ResumesOnce(IterableDataset[int]):
+    """Stateful as a Hugging Face ``IterableDataset``: ``load_state_dict`` places the next
+    ``__iter__`` only, and the state after the last item says the pass is done."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n, self.pos, self.resume_at = n, 0, 0
+
+    def __iter__(self) -> Iterator[int]:
+        start, self.resume_at = self.resume_at, 0
+        for i in range(start, self.n):
+            self.pos = i + 1
+            yield i
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.resume_at = state["pos"]
+
+
+def test_a_stream_that_does_not_rewind_at_its_end_reads_every_epoch_in_process() -> None:
+    # The in-process loader loaded the state the dataset ended epoch 0 in before epoch 1's
+    # iter(): that epoch was empty with num_workers=0, whole with workers and under DataLoader.
+    loader = ResumableDataLoader(ResumesOnce(), batch_size=4)
+    torch_loader = DataLoader(ResumesOnce(), batch_size=4)
+    assert run(loader, epochs=3) == run(torch_loader, epochs=3)  # type: ignore[arg-type]
+
+
 class DiesOnError(Positioned):
     """Positioned, raising at its third sample: the raise ends its generator (and stream)."""
 
