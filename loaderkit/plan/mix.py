@@ -125,7 +125,7 @@ def _by_repeat(sizes: list[int], repeat: Sequence[float] | None, owner: str) -> 
         if a == 0:
             raise ValueError(
                 f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} samples "
-                f"rounds to 0 draws per epoch; pass repeat[{i}] >= {0.5 / sizes[i]:.3g}."
+                f"rounds to 0 draws per epoch; pass repeat[{i}] >= {1 / sizes[i]:.3g} (one draw)."
             )
     return tuple(out)
 

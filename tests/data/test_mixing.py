@@ -301,6 +301,13 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str
         MixedDataset(sources, **kwargs)
 
 
+def test_a_repeat_that_rounds_to_no_draw_names_one_that_draws() -> None:
+    # The fix named 0.5 / size, which round() (half to even) takes to 0 draws too.
+    with pytest.raises(ValueError, match=r"repeat\[1\]=0.0714.* pass repeat\[1\] >= 0.143 "):
+        mixed(repeat=[1, 0.5 / SIZES[1], 1])
+    assert mixed(repeat=[1, 0.143, 1]).per_epoch[1] == 1
+
+
 def test_bad_sources_are_named() -> None:
     with pytest.raises(ValueError, match="sources is empty"):
         MixedDataset([])
