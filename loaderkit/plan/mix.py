@@ -449,7 +449,14 @@ class MixBucketPlan(BucketPlan):
         return _KeyedBucketSchedule(ep, keyed, epoch, start, rank, world_size, self.drop_last)
 
     def _unsorted(self, epoch: int) -> np.ndarray:
-        return self._eligible_only(self.mix.order(epoch).numpy())
+        order = self._eligible_only(self.mix.order(epoch).numpy())
+        if order.size == 0:  # every sample drawn was skipped; batching it divided by zero
+            raise ValueError(
+                f"BucketBatchSampler: epoch {epoch} of the mix draws only samples longer than "
+                f"max_tokens={self.max_tokens} (oversize='skip'), so it has no batch; raise "
+                "max_tokens, or the weights of the sources with shorter samples."
+            )
+        return order
 
     def fingerprint(self) -> dict[str, Any]:
         """:class:`~loaderkit.BucketPlan`'s settings and the mix's."""

@@ -256,6 +256,18 @@ def test_token_budget_batches_over_a_mix_resume_exactly() -> None:
     assert_resume_exact(full, before, after)
 
 
+def test_an_epoch_that_draws_only_skipped_samples_is_named() -> None:
+    # Epoch 0 draws sample 0 of a and b's one sample, both too long: it has no batch under
+    # oversize="skip", and building it divided by zero (a ZeroDivisionError).
+    a = [torch.full((9,), 1), torch.full((9,), 1), torch.full((2,), 1)]
+    ds = MixedDataset({"a": a, "b": [torch.full((9,), 2)]}, repeat=[1 / 3, 1])
+    with pytest.warns(UserWarning, match="3 of 4 samples are longer"):
+        sampler = ds.bucket_batch_sampler(max_tokens=6, oversize="skip", shuffle=False)
+    with pytest.raises(ValueError, match=r"epoch 0 of the mix draws only samples longer than "):
+        sampler.plan.epoch_length(0)
+    assert sampler.plan.epoch_length(2) == 1  # draws a's short sample
+
+
 # ----------------------------------------------------------------- describe
 def test_describe_counts_weights_and_source_epochs() -> None:
     ds = mixed()
