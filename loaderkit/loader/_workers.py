@@ -166,6 +166,12 @@ class _WorkerLoader(DataLoader[Any]):
                 workers: Any = super()._get_iterator()
             if transport is not None:
                 workers._loaderkit_transport = transport  # maps its arenas while it lives
+            # The index queues, held from outside any cycle until ``workers`` goes: collected
+            # with it, their feeder threads could stop before its shutdown sends each worker
+            # None, and torch waits 5 s per worker (docs/design.md, "Worker transport").
+            queues = getattr(workers, "_index_queues", None)  # none without workers
+            if queues is not None:
+                weakref.finalize(workers, _held, queues).atexit = False
             return workers
         except Exception as exc:
             if not _is_pickling_error(exc):
@@ -268,6 +274,10 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         transport.close()
     if inner._iterator is workers:  # a persistent iterator must not be reused once stopped
         inner._iterator = None
+
+
+def _held(*_: Any) -> None:
+    """What :func:`weakref.finalize` calls once the objects it held may go."""
 
 
 def stop_inner(inner: DataLoader[Any] | None) -> None:
