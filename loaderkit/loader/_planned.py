@@ -137,7 +137,7 @@ class PlanEngine:
         agree_across_ranks(
             OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
         )
-        self._check_counted(epoch, steps_done, world_size)
+        self._check_counted(epoch, start, steps_done, world_size)
 
     def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
         """Refuse an evaluation whose ranks, stepping equally, would repeat more samples than
@@ -165,11 +165,18 @@ class PlanEngine:
                 "loader was built. Build a new loader for the new dataset."
             )
 
-    def _check_counted(self, epoch: int, steps_done: int, world_size: int) -> None:
+    def _check_counted(self, epoch: int, start: int, steps_done: int, world_size: int) -> None:
         """Refuse a host whose count of the epoch's batches disagrees with the position."""
         counted = self.host.caller().batches_done(self.host.loader)
         if counted is None or counted == steps_done:
             return
+        if start > 0 and self.plan.num_steps(epoch, start=start, world_size=world_size) == 0:
+            # Lightning restores an epoch with no batch left as one to start over.
+            raise StateMismatchError(
+                f"ResumableDataLoader: the saved position {start} of epoch {epoch} leaves only "
+                f"a tail that drop_last drops on {world_size} rank(s), so Lightning would start "
+                "the epoch over. Resume on the saved number of ranks, or from another checkpoint."
+            )
         raise StateMismatchError(
             f"ResumableDataLoader: Lightning's fit loop counts {counted} batches of epoch "
             f"{epoch} as done, but the loader's position is {steps_done} batches into it "

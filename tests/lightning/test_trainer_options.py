@@ -21,9 +21,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from loaderkit import ElasticResume, ResumableDataLoader, StateMismatchError
+from loaderkit import ElasticResume, ResumableDataLoader, StateMismatchError, attach_host
 from tests.support.helpers import (
     IdDataModule,
+    IdDataset,
     IdModule,
     assert_resume_exact,
     by_epoch,
@@ -309,3 +310,36 @@ def test_end_of_epoch_resume_on_fewer_ranks_without_elastic_resume_is_an_error(
             epochs=RANKS_EPOCHS,
             resume=tmp_path / "cut/rank0" / f"step{per_epoch:03d}.ckpt",
         )
+
+
+class _DropsLast(IdDataModule):
+    def train_dataloader(self) -> ResumableDataLoader:
+        self.loader = ResumableDataLoader(
+            IdDataset(self.size),
+            batch_size=self.batch_size,
+            shuffle=True,
+            seed=self.seed,
+            drop_last=True,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return attach_host(self.loader, self.trainer)
+
+
+def test_an_elastic_resume_into_a_dropped_tail_names_it(tmp_path: Path) -> None:
+    # Saved on 1 rank after 2 of 3 batches (15 samples, batch 4): the 7 left are short of
+    # 2 ranks' global step and dropped, and Lightning restarts an epoch with no batch left.
+    # The refusal named ElasticResume (there) and step checkpoints (this is one).
+    def fit_on(world_size: int, **kwargs: Any) -> None:
+        model = IdModule(fail_at=kwargs.pop("fail_at", None))
+        dm = _DropsLast(size=15, batch_size=BATCH, rank=0, world_size=world_size)
+        callbacks = [step_checkpoints(tmp_path, 1), ElasticResume()]
+        trainer = L.Trainer(**trainer_kwargs(enable_checkpointing=True, callbacks=callbacks))
+        fit_or_interrupt(trainer, model, dm, interrupted=model.fail_at is not None, **kwargs)
+
+    fit_on(1, fail_at=2)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"saved position 8 of epoch 0 leaves only a tail that drop_last drops on 2 rank",
+    ):
+        fit_on(2, resume=tmp_path / "step002.ckpt")
