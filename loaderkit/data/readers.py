@@ -207,6 +207,23 @@ def _map_file(path: Path, dtype: np.dtype | None) -> np.ndarray:
     return arr if shape is None else arr.reshape(shape, order="F" if fortran else "C")
 
 
+# Other formats' headers that a raw ``.bin`` (without loaderkit's dtype header) may start
+# with: read as tokens, they would be a few made-up ids at the front of the shard.
+_FOREIGN = {
+    (b"\x93NUMPY\x01", b"\x93NUMPY\x02", b"\x93NUMPY\x03"): "a .npy array; rename it .npy",
+    (b"LITPKDS",): (
+        "a litgpt packed chunk (a 24-byte header before its tokens); write its tokens alone, "
+        "e.g. np.fromfile(path, np.uint16, offset=24).tofile(new_path)"
+    ),
+}
+
+
+def _refuse_foreign(path: Path, head: bytes) -> None:
+    for magics, what in _FOREIGN.items():
+        if head.startswith(magics):
+            raise ShardError(f"raw token shard {str(path)!r} is {what}.", path=path)
+
+
 def _changed(path: Path, now: int, size: int) -> ShardError:
     return ShardError(
         f"file {str(path)!r} changed while it was memory-mapped: it is {now} bytes now, "
@@ -316,7 +333,7 @@ def as_out(values: np.ndarray, out: np.dtype, narrowing: bool) -> np.ndarray:
 class TokenReader:
     """Flat token shards (``.npy``, or raw ``.bin`` of a dtype) as fixed-length or document samples.
 
-    One 1-D array of token ids per file (nanoGPT / litgpt layout), memory-mapped
+    One 1-D array of token ids per file (nanoGPT's headerless layout), memory-mapped
     once per process; a batch of fixed-length samples is one gather out of the map.
 
     Args:
@@ -457,7 +474,10 @@ class TokenReader:
             )
         if size == 0:
             return np.empty(0, dtype=dtype)
-        return _map_raw(path, dtype)
+        tokens = _map_raw(path, dtype)
+        if header is None:
+            _refuse_foreign(path, tokens[: -(-8 // dtype.itemsize)].tobytes())
+        return tokens
 
     def count(self, path: Path) -> int:
         """Samples in the shard; for documents, also writes the offsets sidecar."""

@@ -728,6 +728,33 @@ def test_token_reader_npy_and_bin_fixed_length_and_targets(tmp_path: Path) -> No
     assert raw.get_batch([0, 1]).dtype == torch.int32
 
 
+@pytest.mark.parametrize("kind", ["npy", "litgpt"])
+def test_a_raw_shard_in_another_format_is_refused(kind: str, tmp_path: Path) -> None:
+    # Measured before: read as raw tokens, its header became the first ids of its shard
+    # (a .npy: [20115, 19797, 22864, 1, ...]; a litgpt chunk: [18764, 20564, 17483, 339, ...]).
+    path = tmp_path / "a.bin"
+    with open(path, "wb") as f:
+        if kind == "npy":
+            np.save(f, np.arange(100, dtype=np.uint16))
+        else:  # litgpt's PackedDataset chunk: magic, version, dtype code, chunk size
+            f.write(
+                b"LITPKDS" + (1).to_bytes(8, "little") + bytes([8]) + (64).to_bytes(8, "little")
+            )
+            np.arange(64, dtype=np.uint16).tofile(f)
+    what = r"a \.npy array; rename it \.npy" if kind == "npy" else r"a litgpt packed chunk"
+    with pytest.raises(ShardError, match=rf"raw token shard '.*a\.bin' is {what}"):
+        ShardedDataset(tmp_path, TokenReader(seq_len=4, dtype=np.uint16))
+    # loaderkit's own raw shards (a dtype header beside them) are read whatever they hold.
+    tokens = np.frombuffer(path.read_bytes()[:64], np.uint16)
+    written = write_shards(
+        tmp_path / "own", [tokens], TokenReader(seq_len=4, dtype=np.uint16), suffix=".bin"
+    )
+    assert (
+        ShardedDataset(written, TokenReader(seq_len=4, dtype=np.uint16))[0].tolist()
+        == tokens[:4].tolist()
+    )
+
+
 def test_token_reader_documents_by_eos_need_a_padding_collate(tmp_path: Path) -> None:
     eos = 0
     docs = [np.array([5, 6, 0, 7, 0, 8, 9, 9]), np.array([3, 0])]
