@@ -408,6 +408,12 @@ class IterableEngine(WorkerStreams):
         if loaded is not None and loaded[0] == epoch + 1 and self.complete:
             return [{**r, "ended": True} for r in self.records]  # a loaded epoch's empty rest
         fresh = self._next_records()
+        if loaded is not None and not self.complete and self.host.num_workers == 0:
+            # A loaded epoch cut short (limit_train_batches, a break): in-process the object
+            # lives on from it, so one that is its own iterator goes on where it stopped, as
+            # uninterrupted (loaded into iter(dataset): another iterator would drop it).
+            for record, saved in zip(fresh, self.records, strict=True):
+                record["end_state"] = saved["iterator_state"]
         self.complete = False
         return fresh
 

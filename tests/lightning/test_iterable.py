@@ -29,6 +29,7 @@ from tests.support.helpers import (
     step_checkpoints,
     trainer_kwargs,
 )
+from tests.support.streams import Walk
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -91,4 +92,41 @@ def test_unsized_iterable_resumes_exactly_under_the_trainer(
     assert sorted(epochs[0]) == list(range(SIZE)) == sorted(epochs[1])
     before = fit(tmp_path / "cut", nw, fail_at=k)
     after = fit(tmp_path / "resumed", nw, resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
+    assert_resume_exact(full, before, after)
+
+
+class IdWalk(Walk):
+    """Its own iterator, never rewound: each epoch goes on where the last one stopped."""
+
+    def item(self, i: int) -> dict[str, Any]:
+        return {"id": i, "x": torch.full((4,), i / SIZE)}
+
+
+class WalkModule(L.LightningDataModule):
+    def train_dataloader(self) -> ResumableDataLoader:
+        return attach_host(ResumableDataLoader(IdWalk(SIZE), batch_size=BATCH), self.trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(tmp_path: Path, k: int) -> None:
+    # In-process, the object goes on from the epoch limit_train_batches cut; the resumed one
+    # started over (a fresh object, not put where the loaded state left it): epochs 1-2 read
+    # samples 0-15 again and never 24-31.
+    def fit_walk(root: Path, **kwargs: Any) -> Any:
+        model = IdModule(fail_at=kwargs.pop("fail_at", None))
+        callbacks = [step_checkpoints(root, 1)]
+        options = trainer_kwargs(max_epochs=3, limit_train_batches=3, callbacks=callbacks)
+        trainer = L.Trainer(**{**options, "enable_checkpointing": True})
+        fit_or_interrupt(
+            trainer, model, WalkModule(), interrupted=model.fail_at is not None, **kwargs
+        )
+        return model.records
+
+    full = fit_walk(tmp_path / "full")
+    assert [i for r in full for i in r["ids"]] == list(range(9 * BATCH))
+    before = fit_walk(tmp_path / "cut", fail_at=k)
+    after = fit_walk(tmp_path / "resumed", resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
     assert_resume_exact(full, before, after)
