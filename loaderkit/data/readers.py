@@ -207,21 +207,36 @@ def _map_file(path: Path, dtype: np.dtype | None) -> np.ndarray:
     return arr if shape is None else arr.reshape(shape, order="F" if fortran else "C")
 
 
-# Other formats' headers that a raw ``.bin`` (without loaderkit's dtype header) may start
-# with: read as tokens, they would be a few made-up ids at the front of the shard.
-_FOREIGN = {
-    (b"\x93NUMPY\x01", b"\x93NUMPY\x02", b"\x93NUMPY\x03"): "a .npy array; rename it .npy",
-    (b"LITPKDS",): (
-        "a litgpt packed chunk (a 24-byte header before its tokens); write its tokens alone, "
-        "e.g. np.fromfile(path, np.uint16, offset=24).tofile(new_path)"
-    ),
-}
+# A raw ``.bin`` (without loaderkit's dtype header) that is a whole file of another format:
+# read as tokens, its header would be the first ids of the shard.
+FOREIGN_MAGICS = (b"\x93NUMPY", b"LITPKDS")
+_LITGPT_ITEMSIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # by its dtype code
 
 
-def _refuse_foreign(path: Path, head: bytes) -> None:
-    for magics, what in _FOREIGN.items():
-        if head.startswith(magics):
-            raise ShardError(f"raw token shard {str(path)!r} is {what}.", path=path)
+def _foreign(path: Path, size: int) -> str | None:
+    """What other format the file at ``path`` (``size`` bytes) is, judged by its header and
+    size together (raw tokens may start with the same bytes); None: none."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if head.startswith(b"\x93NUMPY"):
+            f.seek(0)
+            try:
+                major, _ = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0
+                shape, _, dtype = (read if major == 1 else np.lib.format.read_array_header_2_0)(f)
+            except (ValueError, SyntaxError, EOFError):  # not a .npy header after all
+                return None
+            if f.tell() + math.prod(shape) * dtype.itemsize == size:
+                return "a .npy array; rename it .npy"
+        elif head.startswith(b"LITPKDS") and len(head) == 24:
+            version, code = int.from_bytes(head[7:15], "little"), head[15]
+            chunk = int.from_bytes(head[16:24], "little")
+            if version == 1 and 24 + chunk * _LITGPT_ITEMSIZES.get(code, -1) == size:
+                return (
+                    "a litgpt packed chunk (a 24-byte header before its tokens); write its "
+                    "tokens alone, e.g. np.fromfile(path, np.uint8, offset=24).tofile(new_path)"
+                )
+    return None
 
 
 def _changed(path: Path, now: int, size: int) -> ShardError:
@@ -466,6 +481,9 @@ class TokenReader:
                 "records it)."
             )
         size = path.stat().st_size
+        what = _foreign(path, size) if header is None and size else None
+        if what is not None:
+            raise ShardError(f"raw token shard {str(path)!r} is {what}.", path=path)
         if size % dtype.itemsize:
             raise ShardError(
                 f"shard {str(path)!r} is {size} bytes, not a multiple of the {dtype} item size "
@@ -474,10 +492,7 @@ class TokenReader:
             )
         if size == 0:
             return np.empty(0, dtype=dtype)
-        tokens = _map_raw(path, dtype)
-        if header is None:
-            _refuse_foreign(path, tokens[: -(-8 // dtype.itemsize)].tobytes())
-        return tokens
+        return _map_raw(path, dtype)
 
     def count(self, path: Path) -> int:
         """Samples in the shard; for documents, also writes the offsets sidecar."""

@@ -93,7 +93,14 @@ from loaderkit.data.index import (
     remote_index_name,
     unfinished_write_error,
 )
-from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES, OpenShard, ShardReader, TokenReader
+from loaderkit.data.readers import (
+    DTYPE_SUFFIX,
+    FOREIGN_MAGICS,
+    OWN_SUFFIXES,
+    OpenShard,
+    ShardReader,
+    TokenReader,
+)
 from loaderkit.errors import MissingShardError, ShardError
 
 __all__ = ["RemoteCache"]
@@ -816,6 +823,12 @@ class RemoteShards:
         if probed:
             self.storage.read_ranges(shard.url, [(1, 2)], shard.size)
             self.disk.count_ranges(1, 1)
+        if not side:  # another format's header: the whole-file path judges the whole file
+            span = [(0, min(shard.size, 8))]
+            (head,) = self.storage.read_ranges(shard.url, span, shard.size, shard.version)
+            self.disk.count_ranges(len(head), 1)
+            if head.startswith(FOREIGN_MAGICS):
+                return None
         return Layout(0, dtype, shard.size // dtype.itemsize)
 
     def open_ranged(self, index: int) -> OpenShard | None:

@@ -21,6 +21,7 @@ from loaderkit import (
     RemoteCache,
     ResumableDataLoader,
     ShardedDataset,
+    ShardError,
     TokenReader,
     write_shards,
 )
@@ -70,6 +71,22 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 def cache(tmp_path: Path, name: str, **kwargs: Any) -> RemoteCache:
     return RemoteCache(cache_dir=tmp_path / name, **kwargs)
+
+
+def test_a_remote_raw_shard_that_is_a_npy_file_is_refused_with_range_reads(
+    folder: str, tmp_path: Path
+) -> None:
+    # Measured before (review 151): range reads took its .npy header for tokens, sample 0
+    # [20115, 19797, 22864, 1]; the whole-file path refused it.
+    import io
+
+    import fsspec
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(1000, 1400, dtype=np.uint16))
+    fsspec.filesystem("memory").pipe(f"{folder}/a.bin", buf.getvalue())
+    with pytest.raises(ShardError, match=r"raw token shard .*a\.bin' is a \.npy array"):
+        ShardedDataset(folder, READER, remote=cache(tmp_path, "r", range_reads=True))
 
 
 # ------------------------------------------------------------------ exactness

@@ -744,7 +744,11 @@ def test_a_raw_shard_in_another_format_is_refused(kind: str, tmp_path: Path) -> 
     what = r"a \.npy array; rename it \.npy" if kind == "npy" else r"a litgpt packed chunk"
     with pytest.raises(ShardError, match=rf"raw token shard '.*a\.bin' is {what}"):
         ShardedDataset(tmp_path, TokenReader(seq_len=4, dtype=np.uint16))
-    # loaderkit's own raw shards (a dtype header beside them) are read whatever they hold.
+    # Raw tokens that only start with such a header (the file is more than it says), and
+    # loaderkit's own raw shards (a dtype header beside them), are read whatever they hold.
+    with open(path, "ab") as f:
+        f.write(b"\0\0")
+    assert ShardedDataset(tmp_path, TokenReader(seq_len=4, dtype=np.uint16))[0].numel() == 4
     tokens = np.frombuffer(path.read_bytes()[:64], np.uint16)
     written = write_shards(
         tmp_path / "own", [tokens], TokenReader(seq_len=4, dtype=np.uint16), suffix=".bin"
