@@ -287,6 +287,7 @@ class PlanCursor:
     __slots__ = (
         "_explicit",
         "_host_epoch",
+        "_named_late",
         "_ran_out",
         "_resume",
         "_started",
@@ -302,6 +303,7 @@ class PlanCursor:
         self._started = False
         self._host_epoch: int | None = None  # the host's epoch as the iteration began
         self._ran_out = False  # a loaded position's empty iteration was handed out
+        self._named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
 
     @property
     def started(self) -> bool:
@@ -328,7 +330,11 @@ class PlanCursor:
                 self._ran_out = True
                 return True
         same, self._host_epoch = self._started and epoch == self._host_epoch, epoch
-        if self._explicit is None and not self._resume and not same:
+        if same and self._named_late == epoch and self.position < plan.epoch_length(self.epoch):
+            # The host named the epoch after its prefetch, then began it again before it ran
+            # out (Lightning's fit loop, on a reloaded loader without length): it starts over.
+            self._explicit = self.epoch
+        elif self._explicit is None and not self._resume and not same:
             self._explicit = epoch
         return False
 
@@ -346,6 +352,7 @@ class PlanCursor:
         of this iteration (Lightning prefetches from an unsized loader first), so the host
         epoch the iteration began in names nothing new."""
         if late and self._started and epoch == self._host_epoch:
+            self._named_late = epoch
             return
         self._explicit = epoch
 
@@ -389,7 +396,7 @@ class PlanCursor:
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
         epoch, start, steps_done = self.upcoming(plan)
-        self._resume, self._explicit, self._started = False, None, True
+        self._resume, self._explicit, self._started, self._named_late = False, None, True, None
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 

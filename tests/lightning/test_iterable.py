@@ -130,3 +130,32 @@ def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(tmp_path: Path
     before = fit_walk(tmp_path / "cut", fail_at=k)
     after = fit_walk(tmp_path / "resumed", resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
     assert_resume_exact(full, before, after)
+
+
+class _Noisy(IterableDataset[dict[str, Any]]):
+    """Ids 0..3, each with a value drawn from its worker's torch generator."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(4):
+            yield {"id": i, "x": torch.full((4,), torch.rand(()).item())}
+
+
+class _NoisyModule(L.LightningDataModule):
+    def train_dataloader(self) -> ResumableDataLoader:
+        loader = ResumableDataLoader(_Noisy(), batch_size=2, num_workers=1, seed=5)
+        return attach_host(loader, self.trainer)
+
+
+def test_a_reloaded_loader_without_length_draws_each_epochs_own_randomness() -> None:
+    # Measured before: Lightning prefetches a batch from a reloaded unsized loader, names the
+    # epoch, then iterates it again; the second iteration was taken for the loader's next
+    # epoch, so epoch 1 drew epoch 2's worker randomness (the values of a run without reload
+    # shifted by one epoch: a resume from an epoch-end checkpoint drew other values).
+    values = []
+    for reload in (0, 1):
+        model = IdModule(keep_x=True)
+        kwargs = trainer_kwargs(max_epochs=3, reload_dataloaders_every_n_epochs=reload)
+        L.Trainer(**kwargs).fit(model, datamodule=_NoisyModule())
+        pairs = zip(model.records, model.features, strict=True)
+        values.append([(r["epoch"], float(x[0, 0])) for r, x in pairs])
+    assert len(values[0]) == 6 and values[1] == values[0]
