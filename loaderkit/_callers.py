@@ -54,9 +54,11 @@ class Host(Protocol):
     def cycles(self, loader: object) -> bool | None:
         """Whether the host iterates ``loader`` again when it runs out inside an epoch."""
 
-    def epoch_after_restore(self, loader: object) -> int | None:
+    def epoch_after_restore(self, loader: object, *, counted: bool = False) -> int | None:
         """Where the host restores a checkpoint saved on an epoch's last batch: the next
-        epoch, which it goes on to and every loader starts afresh; else None."""
+        epoch, which it goes on to and every loader starts afresh; else None. ``counted``:
+        only where it counts that batch done as it restores (saved at the batch's end, not in
+        its step or the validation after it, where it first ends the saved epoch)."""
 
     def counts_run_outs(self, loader: object) -> bool:
         """Whether the host ends its epoch once each of several loaders ran out, and

@@ -154,15 +154,21 @@ class LightningHost:
             return None
         return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"
 
-    def epoch_after_restore(self, loader: object) -> int | None:
+    def epoch_after_restore(self, loader: object, *, counted: bool = False) -> int | None:
         """With ``fit_loop.restarting`` and ``batch_progress.is_last_batch``: the next epoch,
         ``processed`` plus one until the loop's ``reset()`` counts the saved one (an unsized
-        loader is iterated before it)."""
+        loader is iterated before it). ``counted``: only where the saved batch was processed,
+        not completed (``reset()`` completes it and starts the next epoch in the same run);
+        else the loop first ends the saved epoch where ``ready == num_training_batches``."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
         loop = trainer.fit_loop
-        if not (loop.restarting and loop.epoch_loop.batch_progress.is_last_batch):
+        batches = loop.epoch_loop.batch_progress
+        if not (loop.restarting and batches.is_last_batch):
+            return None
+        total = batches.total
+        if counted and not total.ready == total.processed == total.completed + 1:
             return None
         progress = loop.epoch_progress.current
         return int(progress.processed) + int(progress.processed < progress.started)

@@ -80,9 +80,12 @@ class PlanEngine:
             exact = run.steps_before + run.schedule.num_steps
         else:
             epoch, start, steps_done = cursor.upcoming(plan)
-            after = self.host.caller().epoch_after_restore(self.host.loader)
+            after = self.host.caller().epoch_after_restore(self.host.loader, counted=True)
             if cursor.loaded(plan) is not None and after is not None and after > epoch:
-                epoch, start, steps_done = after, 0, 0  # restored on a limited epoch's last batch
+                # Restored on a limited epoch's last batch end: Lightning's loop goes on to the
+                # next epoch with this length (saved inside that batch's step or validation, it
+                # first ends the saved epoch, where its count reaches this length).
+                epoch, start, steps_done = after, 0, 0
             whole = plan.num_steps(epoch, start=0, world_size=world_size)
             exact = steps_done + plan.num_steps(epoch, start=start, world_size=world_size)
         watch = self.host.len_watch

@@ -343,3 +343,67 @@ def test_an_elastic_resume_into_a_dropped_tail_names_it(tmp_path: Path) -> None:
         match=r"saved position 8 of epoch 0 leaves only a tail that drop_last drops on 2 rank",
     ):
         fit_on(2, resume=tmp_path / "step002.ckpt")
+
+
+class _BudgetModule(L.LightningModule):
+    """Trains on token-budget batches of ``_LENGTHS`` (epochs of 14, 14, 13, 14 batches);
+    raises once, in ``where`` ("train" or "val"), at epoch ``fail``'s last batch."""
+
+    def __init__(self, fail: int | None = None, where: str = "train") -> None:
+        super().__init__()
+        self.layer, self.records = torch.nn.Linear(1, 1), []
+        self.fail, self.where = fail, where
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        from loaderkit import BucketBatchSampler, PadCollate
+
+        data = [torch.full((n,), i) for i, n in enumerate(_LENGTHS)]
+        plan = BucketBatchSampler(_LENGTHS, max_tokens=12, shuffle=True, seed=67, window=8)
+        return ResumableDataLoader(data, batch_sampler=plan, collate_fn=PadCollate(), seed=67)
+
+    def val_dataloader(self) -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(4)), batch_size=2)
+
+    def _raise(self, where: str) -> None:
+        last = self.trainer.num_training_batches - 1
+        at_last = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready > last
+        if self.where == where and self.current_epoch == self.fail and at_last:
+            self.fail = None
+            raise RuntimeError("interrupted")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self._raise("train")
+        self.records.append((self.current_epoch, batch.values[:, 0].tolist()))
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._raise("val")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+_LENGTHS = [1 + (i * 7) % 5 for i in range(36)]
+
+
+@pytest.mark.parametrize("where", ["train", "val"])
+def test_an_exception_at_a_limited_epochs_last_batch_resumes_without_an_extra_batch(
+    where: str, tmp_path: Path
+) -> None:
+    # Measured before: saved by OnExceptionCheckpoint in epoch 2's last step or the validation
+    # after it (limit_train_batches=0.3: 4, 4, 3 and 4 batches), the resumed run trained a
+    # batch of epoch 2 past its limit (16 batches in all, 15 uninterrupted). The loader's len()
+    # was the next epoch's (13: limit 3), so Lightning's count (4 == limit) never ended epoch 2.
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+    kwargs = trainer_kwargs(max_epochs=4, limit_train_batches=0.3, num_sanity_val_steps=0)
+    full = _BudgetModule()
+    L.Trainer(**kwargs).fit(full)
+    assert [sum(e == k for e, _ in full.records) for k in range(4)] == [4, 4, 3, 4]
+    failed = _BudgetModule(fail=2, where=where)
+    save = OnExceptionCheckpoint(dirpath=tmp_path, filename="interrupted")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(failed)
+    resumed = _BudgetModule()
+    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "interrupted.ckpt")
+    assert failed.records + resumed.records == full.records
