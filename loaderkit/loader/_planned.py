@@ -82,9 +82,9 @@ class PlanEngine:
             epoch, start, steps_done = cursor.upcoming(plan)
             after = self.host.caller().epoch_after_restore(self.host.loader, counted=True)
             if cursor.loaded(plan) is not None and after is not None and after > epoch:
-                # Restored on a limited epoch's last batch end: Lightning's loop goes on to the
-                # next epoch with this length (saved inside that batch's step or validation, it
-                # first ends the saved epoch, where its count reaches this length).
+                # Restored at a limited epoch's last batch end, Lightning's loop goes on to the
+                # next epoch in the same run, with this length. (Saved in that batch's step or
+                # the validation after it, the loop first ends the saved epoch: its length.)
                 epoch, start, steps_done = after, 0, 0
             whole = plan.num_steps(epoch, start=0, world_size=world_size)
             exact = steps_done + plan.num_steps(epoch, start=start, world_size=world_size)

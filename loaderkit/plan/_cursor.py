@@ -313,7 +313,8 @@ class PlanCursor:
     def host_names(self, epoch: int | None, plan: Any, *, cycles: bool = False) -> bool:
         """Before an iteration begins in the host's ``epoch`` (None: no host): make it that
         epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
-        iteration began in the same host epoch (a loader cycled: it goes on to its next).
+        iteration began in the same host epoch (a loader cycled: it goes on to its next; one
+        the host named late and began again before it ran out starts over).
 
         Returns True once where this iteration must be empty: a host that ``cycles``
         several loaders (Lightning's ``"max_size_cycle"``) saves no record of which ran
