@@ -80,12 +80,17 @@ class PlanEngine:
             exact = run.steps_before + run.schedule.num_steps
         else:
             epoch, start, steps_done = cursor.upcoming(plan)
-            after = self.host.caller().epoch_after_restore(self.host.loader, counted=True)
-            if cursor.loaded(plan) is not None and after is not None and after > epoch:
+            caller, loaded = self.host.caller(), cursor.loaded(plan)
+            after = caller.epoch_after_restore(self.host.loader, counted=True)
+            at_last = caller.epoch_after_restore(self.host.loader) is not None
+            if loaded is not None and after is not None and after > epoch:
                 # Restored at a limited epoch's last batch end, Lightning's loop goes on to the
-                # next epoch in the same run, with this length. (Saved in that batch's step or
-                # the validation after it, the loop first ends the saved epoch: its length.)
+                # next epoch in the same run, with this length.
                 epoch, start, steps_done = after, 0, 0
+            elif at_last and after is None and loaded == (cursor.epoch + 1, False):
+                # Restored in the validation after the saved epoch's last batch, the loop first
+                # ends that epoch where its count reaches the length: the saved epoch's.
+                epoch, start, steps_done = cursor.epoch, cursor.position, cursor.steps_done
             whole = plan.num_steps(epoch, start=0, world_size=world_size)
             exact = steps_done + plan.num_steps(epoch, start=start, world_size=world_size)
         watch = self.host.len_watch
