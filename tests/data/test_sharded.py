@@ -1308,9 +1308,8 @@ def test_row_sources_are_let_go_with_their_shards(shards: list[Path]) -> None:
     assert torch.equal(ds.get_batch(np.array([49, 0])), torch.stack([ds[49], ds[0]]))
 
 
-class _Plus1000:
-    """A handle wrapper that passes unknown attributes on (``rows`` included) and reads other
-    values."""
+class _Plus1000ReadOnly:
+    """A handle wrapper defining only ``read``; the rest (``read_batch`` too) passed on."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -1323,6 +1322,11 @@ class _Plus1000:
 
     def read(self, i: int) -> torch.Tensor:
         return self.inner.read(i) + 1000
+
+
+class _Plus1000(_Plus1000ReadOnly):
+    """A handle wrapper that passes unknown attributes on (``rows`` included) and reads other
+    values."""
 
     def read_batch(self, idx: np.ndarray) -> np.ndarray:
         return self.inner.read_batch(idx) + 1000
@@ -1387,22 +1391,6 @@ class _TripledReadOnly(loaderkit.data.readers._FixedTokens):
 class _DocumentsPlus1000(loaderkit.data.readers._Documents):
     def read(self, index: int) -> torch.Tensor:
         return super().read(index) + 1000
-
-
-class _Plus1000ReadOnly:
-    """A handle wrapper defining only ``read``; the rest (``read_batch`` too) passed on."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def read(self, i: int) -> torch.Tensor:
-        return self.inner.read(i) + 1000
 
 
 class _ReadOnlySubclassReader(TokenReader):

@@ -77,28 +77,38 @@ def values(folder: Path) -> list[Any]:
     return [ds[i] for i in range(len(ds))]
 
 
+ITEMS = [[1, 2], [3, 4], [5, 6]]
+
+
+def resumed(out: Path, first: dict[str, Any], then: Callable[[], dict[str, Any]]) -> list[Any]:
+    """The values in ``out`` after a write of ``ITEMS`` stopped after two shards (``first``:
+    its ``write_shards`` arguments), then resumed with ``then()``'s."""
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(out, killed_after_two(ITEMS), progress=False, **first)
+    write_shards(out, ITEMS, progress=False, **then())
+    return values(out)
+
+
 @pytest.mark.parametrize("where", ["class attribute", "helper method"])
 def test_a_resume_with_another_class_level_setting_rewrites_every_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     # Was [10, 20, 30, 40, 5000, 6000]: the shards of scale 10 were kept.
     reader = ClassScaled() if where == "class attribute" else HelperScaled()
-    items = [[1, 2], [3, 4], [5, 6]]
-    with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path, killed_after_two(items), reader, progress=False)
-    monkeypatch.setattr(ClassScaled, "scale", 1000)
-    monkeypatch.setitem(globals(), "SCALE", 1000)
-    write_shards(tmp_path, items, reader, progress=False)
-    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+
+    def edited() -> dict[str, Any]:
+        monkeypatch.setattr(ClassScaled, "scale", 1000)
+        monkeypatch.setitem(globals(), "SCALE", 1000)
+        return {"reader": reader}
+
+    got = resumed(tmp_path, {"reader": reader}, edited)
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 def test_a_reader_that_does_not_pickle_is_written_whole_on_resume(tmp_path: Path) -> None:
     # Was [10, 20, 30, 40, 5000, 6000]: no digest of its state, so no change seen.
-    items = [[1, 2], [3, 4], [5, 6]]
-    with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path, killed_after_two(items), LockedScaled(10), progress=False)
-    write_shards(tmp_path, items, LockedScaled(1000), progress=False)
-    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+    got = resumed(tmp_path, {"reader": LockedScaled(10)}, lambda: {"reader": LockedScaled(1000)})
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 # A reader module of each kind, edited between the two calls: SCALE is 10, then 1000.
@@ -181,13 +191,10 @@ def test_a_resume_after_an_edit_of_the_reader_module_rewrites_every_shard(
     # Was [10, 20, 30, 40, 5000, 6000]: the edit was unseen, the shards of 10 were kept
     # (a decorator object's setting since 8ad6ac3: its inner function only was digested).
     edit = edited_module(tmp_path, monkeypatch, case, EDITED[case])
-    module = edit(10)
-    items = [[1, 2], [3, 4], [5, 6]]
-    with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path / "out", killed_after_two(items), module.Reader(), progress=False)
-    module = edit(1000)
-    write_shards(tmp_path / "out", items, module.Reader(), progress=False)
-    assert values(tmp_path / "out") == [1000, 2000, 3000, 4000, 5000, 6000]
+    got = resumed(
+        tmp_path / "out", {"reader": edit(10).Reader()}, lambda: {"reader": edit(1000).Reader()}
+    )
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 def edited_module(
@@ -248,15 +255,12 @@ def test_a_resume_after_an_edit_of_a_method_fn_reaches_rewrites_every_shard(
     # Was [10, 20, 30, 40, 5000, 6000]: the helper method's edit was unseen; and
     # compute_lengths' cache kept the old lengths.
     edit = edited_module(tmp_path, monkeypatch, case, EDITED_FN[case])
-    module = edit(10)
-    items = [[1, 2], [3, 4], [5, 6]]
-    with pytest.raises(RuntimeError, match="killed"):
-        write_shards(
-            tmp_path / "out", killed_after_two(items), JsonlReader(), fn=module.FN, progress=False
-        )
-    module = edit(1000)
-    write_shards(tmp_path / "out", items, JsonlReader(), fn=module.FN, progress=False)
-    assert values(tmp_path / "out") == [1000, 2000, 3000, 4000, 5000, 6000]
+
+    def written(scale: int) -> dict[str, Any]:
+        return {"reader": JsonlReader(), "fn": edit(scale).FN}
+
+    got = resumed(tmp_path / "out", written(10), lambda: written(1000))
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 @pytest.mark.parametrize("case", list(EDITED_FN))
@@ -291,11 +295,11 @@ class Make:
 
 def test_an_fn_whose_state_does_not_pickle_is_written_whole_on_resume(tmp_path: Path) -> None:
     # Was [10, 20, 30, 40, 5000, 6000]: no digest of fn's state, so no change seen.
-    items = [[1, 2], [3, 4], [5, 6]]
-    with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path, killed_after_two(items), JsonlReader(), fn=Make(10), progress=False)
-    write_shards(tmp_path, items, JsonlReader(), fn=Make(1000), progress=False)
-    assert values(tmp_path) == [1000, 2000, 3000, 4000, 5000, 6000]
+    def written(scale: int) -> dict[str, Any]:
+        return {"reader": JsonlReader(), "fn": Make(scale)}
+
+    got = resumed(tmp_path, written(10), lambda: written(1000))
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 # Run twice, under two hash seeds: "first" stops after two shards, "second" uses each
