@@ -1526,6 +1526,15 @@ def fd_limit() -> Any:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def _two_a_shard(tmp_path: Path, n: int, **kwargs: Any) -> ShardedDataset:
+    """``n`` shards of samples ``2s, 2s + 1``, every shard kept open."""
+    reader = TokenReader(seq_len=SEQ)
+    shards = [np.repeat(np.arange(2 * s, 2 * s + 2), SEQ) for s in range(n)]
+    return ShardedDataset(
+        write_shards(tmp_path, shards, reader), reader, max_open_shards=None, **kwargs
+    )
+
+
 @pytest.mark.parametrize("across", [False, True])
 def test_an_open_shard_holds_one_descriptor_a_mapped_file(
     tmp_path: Path, fd_limit: Any, across: bool
@@ -1533,11 +1542,7 @@ def test_an_open_shard_holds_one_descriptor_a_mapped_file(
     # A second descriptor a shard for its size ran a process out of them part-way (with
     # max_open_shards=None), each failure called a corrupt shard.
     n = 40
-    reader = TokenReader(seq_len=SEQ)
-    paths = write_shards(
-        tmp_path, [np.repeat(np.arange(2 * s, 2 * s + 2), SEQ) for s in range(n)], reader
-    )
-    ds = ShardedDataset(paths, reader, max_open_shards=None)
+    ds = _two_a_shard(tmp_path, n)
     fd_limit(_open_fds() + n + 12)  # one descriptor an open shard, not two
     for s in range(n):
         batch = [2 * s, 2 * s + 1] if not across else [2 * s, 2 * ((s + 1) % n)]
@@ -1550,11 +1555,7 @@ def test_out_of_descriptors_is_said_and_skips_nothing(
     tmp_path: Path, fd_limit: Any, on_error: Any
 ) -> None:
     n = 40
-    reader = TokenReader(seq_len=SEQ)
-    paths = write_shards(
-        tmp_path, [np.repeat(np.arange(2 * s, 2 * s + 2), SEQ) for s in range(n)], reader
-    )
-    ds = ShardedDataset(paths, reader, max_open_shards=None, on_error=on_error)
+    ds = _two_a_shard(tmp_path, n, on_error=on_error)
     fd_limit(_open_fds() + 10)
     with pytest.raises(ShardError, match=r"too many open files: .*shard-000.*ulimit -n") as info:
         for s in range(n):
