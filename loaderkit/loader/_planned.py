@@ -79,8 +79,10 @@ class PlanEngine:
             whole = plan.num_steps(cursor.epoch, start=0, world_size=world_size)
             exact = run.steps_before + run.schedule.num_steps
         else:
-            epoch, start, steps_done = cursor.upcoming(plan)
             caller, loaded = self.host.caller(), cursor.loaded(plan)
+            # A loader rebuilt by the host is told its epoch as it begins (name_epoch).
+            host_epoch = caller.epoch_starting(self.host.loader)
+            epoch, start, steps_done = cursor.upcoming(plan, host_epoch)
             after = caller.epoch_after_restore(self.host.loader, counted=True)
             at_last = caller.epoch_after_restore(self.host.loader) is not None
             if loaded is not None and after is not None and after > epoch:

@@ -310,11 +310,14 @@ class PlanCursor:
         """Whether an iteration has begun since construction."""
         return self._started
 
-    def host_names(self, epoch: int | None, plan: Any, *, cycles: bool = False) -> bool:
+    def host_names(
+        self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
+    ) -> bool:
         """Before an iteration begins in the host's ``epoch`` (None: no host): make it that
         epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
         iteration began in the same host epoch (a loader cycled: it goes on to its next; one
-        the host named late and began again before it ran out starts over).
+        the host named late, or any with ``restarts``, begun again before it ran out starts
+        over).
 
         Returns True once where this iteration must be empty: a host that ``cycles``
         several loaders (Lightning's ``"max_size_cycle"``) saves no record of which ran
@@ -331,9 +334,10 @@ class PlanCursor:
                 self._ran_out = True
                 return True
         same, self._host_epoch = self._started and epoch == self._host_epoch, epoch
-        if same and self._named_late == epoch and self.position < plan.epoch_length(self.epoch):
-            # The host named the epoch after its prefetch, then began it again before it ran
-            # out (Lightning's fit loop, on a reloaded loader without length): it starts over.
+        again = self._named_late == epoch or (restarts and self._explicit is None)
+        if same and again and self.position < plan.epoch_length(self.epoch):
+            # The host prefetched, then began the epoch again before it ran out (Lightning's
+            # fit loop, on a reloaded loader): it starts over.
             self._explicit = self.epoch
         elif self._explicit is None and not self._resume and not same:
             self._explicit = epoch
@@ -380,10 +384,13 @@ class PlanCursor:
         """Whether batches of the epoch a state would hold were drawn since it began (live)."""
         return self.position > 0 and self._live()
 
-    def upcoming(self, plan: Any) -> tuple[int, int, int]:
+    def upcoming(
+        self, plan: Any, host_epoch: int | None = None, *, restarts: bool = False
+    ) -> tuple[int, int, int]:
         """``(epoch, start, steps already done in it)`` of the next iteration; after a
         loaded position, ``set_epoch`` of its own epoch is that epoch's rest (empty if the
-        position completed it: a loop resuming at the saved epoch must not replay it)."""
+        position completed it: a loop resuming at the saved epoch must not replay it).
+        ``host_epoch``, ``restarts``: as the next :meth:`host_names` will be told."""
         complete = self.position >= plan.epoch_length(self.epoch)
         resume_epoch = self.epoch + 1 if complete else self.epoch
         if self._resume and self._explicit in (None, resume_epoch, self.epoch):
@@ -392,6 +399,11 @@ class PlanCursor:
             return self.epoch, self.position, self.steps_done
         if self._explicit is not None:
             return self._explicit, 0, 0
+        if host_epoch is not None and not (self._started and host_epoch == self._host_epoch):
+            return host_epoch, 0, 0
+        again = restarts or self._named_late == host_epoch
+        if host_epoch is not None and again and self.position < plan.epoch_length(self.epoch):
+            return self.epoch, 0, 0
         return (self.epoch + 1 if self._started else self.epoch), 0, 0
 
     def begin(self, plan: Any) -> tuple[int, int, int]:

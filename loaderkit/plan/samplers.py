@@ -115,6 +115,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._not_lent("__iter__", "iterate the loader")
         cursor = self._cursor
         rank, world_size = self._topology()
+        # Lightning sets no batch sampler's epoch: a rebuilt one is told it here.
+        cursor.host_names(host_of(self).epoch_starting(self), self.plan, restarts=True)
         epoch, start, steps_done = cursor.upcoming(self.plan)
         fields = {**self._fingerprint(), "world_size": world_size}
         fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
@@ -144,7 +146,8 @@ class PlanBatchSampler(Sampler[list[int]]):
                     "lent to no longer exists; take len() of a loader that holds it."
                 )
             return len(loader)
-        epoch, start, _ = self._cursor.upcoming(self.plan)
+        host_epoch = host_of(self).epoch_starting(self)
+        epoch, start, _ = self._cursor.upcoming(self.plan, host_epoch, restarts=True)
         _, world_size = self._topology()
         length = self.plan.num_steps(epoch, start=start, world_size=world_size)
         if start == 0:  # a resumed epoch's rest is no whole epoch's length

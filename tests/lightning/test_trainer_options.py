@@ -428,3 +428,52 @@ def test_a_validation_end_checkpoint_resumes_exactly_when_epochs_differ_in_lengt
         resumed = _BudgetModule()
         L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / f"epoch={epoch}.ckpt")
         assert full.records[:done] + resumed.records == full.records, epoch
+
+
+class _TorchLoaderModule(_BudgetModule):
+    """``_BudgetModule`` with its batch sampler in a plain ``torch.utils.data.DataLoader``."""
+
+    def train_dataloader(self) -> Any:
+        from loaderkit import BucketBatchSampler, PadCollate
+
+        data = [torch.full((n,), i) for i, n in enumerate(_LENGTHS)]
+        plan = BucketBatchSampler(_LENGTHS, max_tokens=12, shuffle=True, seed=67, window=8)
+        return torch.utils.data.DataLoader(data, batch_sampler=plan, collate_fn=PadCollate())
+
+
+@pytest.mark.parametrize("limit", [0.3, 1.0])
+def test_a_batch_sampler_in_a_torch_loader_rebuilt_every_epoch_draws_each_epochs_order(
+    limit: float,
+) -> None:
+    # Measured before: Lightning sets no batch sampler's epoch, so a BucketBatchSampler in a
+    # torch DataLoader rebuilt every epoch counted its own iterations: every epoch trained
+    # epoch 0's batches, [[3, 18, 20], [33, 5, 30], ...], and limit 0.3 took 4 of each.
+    kwargs = trainer_kwargs(max_epochs=4, limit_train_batches=limit)
+    kept = _BudgetModule()
+    L.Trainer(**kwargs).fit(kept)
+    for module in (_TorchLoaderModule(), _BudgetModule()):
+        L.Trainer(**kwargs, reload_dataloaders_every_n_epochs=1).fit(module)
+        assert module.records == kept.records, type(module).__name__
+
+
+@pytest.mark.parametrize("limit", [0.3, 1.0])
+def test_a_reloaded_loader_resumes_from_an_epochs_last_batch_when_epochs_differ_in_length(
+    limit: float, tmp_path: Path
+) -> None:
+    # Measured before: under reload_dataloaders_every_n_epochs=1, resumed from the step
+    # checkpoint of epoch 1's last batch, the loader rebuilt for epoch 2 (13 batches) first
+    # answered epoch 0's length (14) and was refused ("epoch 2 yields 13 batches, fewer than
+    # the 14 len() first answered ... add loaderkit.ElasticResume()"), which the Trainer had.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    kwargs = trainer_kwargs(
+        max_epochs=4, limit_train_batches=limit, reload_dataloaders_every_n_epochs=1
+    )
+    save = ModelCheckpoint(tmp_path, "{step}", save_top_k=-1, every_n_train_steps=1)
+    full = _BudgetModule()
+    L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(full)
+    for epoch in (0, 1, 2):
+        done = sum(e <= epoch for e, _ in full.records)
+        resumed = _BudgetModule()
+        L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / f"step={done}.ckpt")
+        assert full.records[:done] + resumed.records == full.records, epoch
