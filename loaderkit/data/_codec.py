@@ -159,6 +159,13 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
         atomic_write(marker, lambda f: f.write(stamp.encode()))
 
 
+def verify_local(path: Path, expected: str, cache_root: Path) -> None:
+    """:func:`verify` a local shard, its marker in ``cache_root`` (not beside the shard,
+    whose folder may be read-only)."""
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    verify(path, expected, marker=cache_root / "verified" / key)
+
+
 def _frames_end(f: Any, pos: int, zstd: Any) -> int:
     """Where the zstd frame at ``pos`` ends (-1: the file ends inside it)."""
     f.seek(pos)

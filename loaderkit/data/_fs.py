@@ -49,6 +49,15 @@ def is_url(value: Any) -> bool:
     return isinstance(value, str) and "://" in value and not value.startswith("file://")
 
 
+def refuse_file_url(owner: str, name: str, value: Any) -> None:
+    """Refuse a ``file://`` URL, which would be taken for a local path starting ``file:``."""
+    if isinstance(value, str) and value.startswith("file://"):
+        raise ValueError(
+            f"{owner}: {name}={value!r} is a file:// URL, which would be taken for a path "
+            f"starting 'file:'; pass the local path {value[len('file://') :]!r}."
+        )
+
+
 def join_url(root: str, name: str) -> str:
     """``root/name`` with exactly one slash between them."""
     return f"{root.rstrip('/')}/{name}"

@@ -7,7 +7,6 @@ the shard index when opened; it pickles empty (a pickled memory map would copy t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import zlib
@@ -24,9 +23,10 @@ from loaderkit.data._codec import (
     default_cache_root,
     is_compressed,
     local_decode_dir,
-    verify,
+    verify_local,
     with_compressed,
 )
+from loaderkit.data._fs import refuse_file_url
 from loaderkit.data.index import (
     INDEX_PREFIX,
     WORK_DIR,
@@ -231,6 +231,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     :func:`sorted_shards`), or the listed paths or objects, checked for emptiness,
     duplicates and mixing."""
     if isinstance(shards, str | os.PathLike):
+        refuse_file_url(owner, "shards", shards)
         root = Path(shards)
         if not root.is_dir():
             raise ValueError(
@@ -259,6 +260,8 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     if not items:
         raise ValueError(f"{owner}: shards is empty; pass at least one shard.")
     if all(isinstance(s, str | os.PathLike) for s in items):
+        for item in items:
+            refuse_file_url(owner, "shards", item)
         paths = [Path(s) for s in items]
         for path in paths:
             refuse_own_file(owner, str(path), path.name, "directory")
@@ -416,8 +419,7 @@ class OpenShards:
         )
 
     def _verify(self, path: Path, digest: str) -> None:
-        key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
-        verify(path, digest, marker=self.cache_root / "verified" / key)
+        verify_local(path, digest, self.cache_root)
 
     def _open_fetched(self, shard: int) -> OpenShard:
         assert self.fetch is not None

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit.data.readers import TokenReader, as_out, out_numpy_dtype
+from loaderkit.data.readers import TokenReader, as_out, narrows, out_numpy_dtype
 from loaderkit.errors import ShardError
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
@@ -88,7 +88,7 @@ class RangedTokens:
         self.seq_len, self.span = reader.seq_len, reader.seq_len + reader.targets
         self.count = max(layout.tokens - reader.targets, 0) // reader.seq_len
         self.out = out_numpy_dtype(reader, layout.dtype, url)
-        self.narrowing = not np.can_cast(layout.dtype, self.out, "safe")
+        self.narrowing = narrows(layout.dtype, self.out)
         self.item = layout.dtype.itemsize
 
     def __len__(self) -> int:

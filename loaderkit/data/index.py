@@ -7,6 +7,8 @@ shard its relative path, size, mtime (remote: version) and sample count; one
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -221,17 +223,22 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
     for path, resolved in zip(paths, wanted, strict=True):
         _, size, mtime, samples, *extras = by_path[resolved]
         entry = IndexEntry(path, int(size), int(mtime), int(samples), *extras[:1])
-        why = entry.changed()
-        if why == "missing":
-            raise _missing(path)
-        if why is not None:
-            raise ShardChangedError(
-                f"shard {str(path)!r} no longer matches the shard index {str(index)!r}: {why}; "
-                "delete the index and restart the run.",
-                path=path,
-            )
-        entries.append(entry)
+        where = f"shard index {str(index)!r}"
+        entries.append(_unchanged(entry, where, "delete the index and restart the run."))
     return entries
+
+
+def _unchanged(entry: IndexEntry, where: str, fix: str) -> IndexEntry:
+    """``entry``, refused where its file no longer matches it (as the index ``where`` has it)."""
+    why = entry.changed()
+    if why == "missing":
+        raise _missing(entry.path)
+    if why is not None:
+        raise ShardChangedError(
+            f"shard {str(entry.path)!r} no longer matches the {where}: {why}; {fix}",
+            path=entry.path,
+        )
+    return entry
 
 
 def read_remote_index(
@@ -272,6 +279,34 @@ def read_remote_index(
             )
     rows = [by_name[name] for _, name, _, _ in listed]
     return [int(r[3]) for r in rows], [r[4] if len(r) > 4 else None for r in rows]
+
+
+def written_digests(
+    docs: dict[str, bytes], listed: Sequence[tuple[str, int, str]]
+) -> list[str | None]:
+    """Refuse a shard at a URL (``(url, size, version)``) that differs from the
+    ``write_shards`` index among ``docs`` (``{url: document}``) of its folder, whatever the
+    reader; each shard's hash there (None: none)."""
+    rows: dict[str, tuple[str, list[Any]]] = {}
+    for where, data in docs.items():
+        for row in _writer_rows(data, remote=True):
+            rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
+    digests: list[str | None] = []
+    for url, size, version in listed:
+        where, row = rows.get(url, ("", []))
+        if not row:
+            digests.append(None)
+            continue
+        if int(row[1]) != size or str(row[2]) not in ("", version):
+            raise ShardChangedError(
+                f"shard {url!r} changed after it was indexed (now {size} bytes, version "
+                f"{version!r}; write_shards wrote {row[1]} bytes, {row[2]!r}); re-run "
+                f"write_shards, or delete the index {where!r}.",
+                path=url,
+            )
+        extras = row[4] if len(row) > 4 and isinstance(row[4], dict) else {}
+        digests.append(extras.get("hash"))
+    return digests
 
 
 def is_index_name(name: str) -> bool:
@@ -346,11 +381,71 @@ def check_complete(
 def load_or_build_index(
     paths: Sequence[Path], reader: ShardReader, index: Path | None
 ) -> tuple[list[IndexEntry], Path]:
-    """The checked index of ``paths``: read from ``index`` (default path if None), else built."""
+    """The checked index of ``paths``: read from ``index`` (default path if None), else built.
+    Shards a ``write_shards`` index of their folder lists are checked against it whatever
+    the reader, and keep its hashes."""
+    digests = check_written(paths)
     index = default_index_path(paths, reader) if index is None else index
     if index.exists():
-        return _read_index(index, paths, reader), index
+        entries = _read_index(index, paths, reader)
+    else:
+        for path in paths:
+            if not path.exists():
+                raise _missing(path)
+        entries = build_index(paths, reader, index, exclusive=True)
+    return [_with_hash(e, digest) for e, digest in zip(entries, digests, strict=True)], index
+
+
+def check_written(paths: Sequence[Path]) -> list[str | None]:
+    """Refuse a shard that no longer matches the ``write_shards`` index of its folder (the
+    truth for it, whatever the reader); each shard's hash there (None: none)."""
+    written = _written_entries(paths)
+    digests = []
     for path in paths:
-        if not path.exists():
-            raise _missing(path)
-    return build_index(paths, reader, index, exclusive=True), index
+        row = written.get(_key(path))
+        _check_written(path, row)
+        digests.append(None if row is None else row[1].digest)
+    return digests
+
+
+def _writer_rows(data: bytes, *, remote: bool) -> list[list[Any]]:
+    """The rows of ``data`` if ``write_shards`` wrote it (for a URL with ``remote``), intact;
+    else none (another index's checks are its own)."""
+    try:
+        doc = json.loads(data)
+        rows = doc["shards"] if doc.get("written_by") == WRITER else []
+        if (doc.get("remote") is True) == remote and doc["checksum"] == _checksum(rows):
+            return [list(row) for row in rows if len(row) >= 4]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return []
+
+
+def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
+    """The rows of ``paths`` in the ``write_shards`` indexes of their folders, by
+    :func:`_key`, with where each index is."""
+    found: dict[Path, tuple[str, IndexEntry]] = {}
+    for folder in {path.parent for path in paths}:
+        for where in folder.glob(f"{INDEX_PREFIX}*.json"):
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                for name, size, mtime, samples, *extras in _writer_rows(
+                    where.read_bytes(), remote=False
+                ):
+                    entry = IndexEntry(folder / name, size, mtime, samples, *extras[:1])
+                    found[_key(folder / name)] = (str(where), entry)
+    return found
+
+
+def _check_written(path: Path, written: tuple[str, IndexEntry] | None) -> None:
+    """Refuse ``path`` where it no longer matches its ``write_shards`` index row ``written``."""
+    if written is not None:
+        where, row = written
+        fix = "re-run write_shards, or delete the index."
+        _unchanged(dataclasses.replace(row, path=path), f"write_shards index {where!r}", fix)
+
+
+def _with_hash(entry: IndexEntry, digest: str | None) -> IndexEntry:
+    """``entry`` with the hash ``write_shards`` recorded for it where it has none."""
+    if digest is None or entry.digest is not None:
+        return entry
+    return dataclasses.replace(entry, extras={**(entry.extras or {}), "hash": digest})

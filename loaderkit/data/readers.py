@@ -332,12 +332,25 @@ def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dty
     return torch.empty(0, dtype=reader.out_dtype).numpy().dtype
 
 
+def narrows(stored: np.dtype, out: np.dtype) -> bool:
+    """Whether ``out`` may not hold every ``stored`` token: numpy's unsafe casts, and ints
+    wider than a float's mantissa (numpy calls int64 -> float64 safe; it rounds 2**53 + 1)."""
+    if not np.can_cast(stored, out, "safe"):
+        return True
+    return out.kind == "f" and stored.itemsize * 8 > np.finfo(out).nmant + 1
+
+
 def as_out(values: np.ndarray, out: np.dtype, narrowing: bool) -> np.ndarray:
     """``values`` copied as ``out``; where ``out`` is ``narrowing`` (not for the default
-    int64), a token it cannot hold is refused (it would wrap)."""
+    int64), a token it cannot hold is refused (it would wrap or round)."""
     result = np.array(values, dtype=out)
-    if narrowing and values.size and not np.array_equal(result, values):
-        bad = values.reshape(-1)[result.reshape(-1) != values.reshape(-1)][0]
+    if not narrowing or not values.size:
+        return result
+    wrong = result != values
+    if out.kind == "f":  # compared through a float, both sides round alike: also as stored
+        wrong |= result.astype(values.dtype) != values
+    if wrong.any():
+        bad = values.reshape(-1)[wrong.reshape(-1)][0]
         raise ReaderSettingError(
             f"TokenReader: out_dtype {out} cannot hold token {bad} (stored as "
             f"{values.dtype}); pass out_dtype=None (the stored dtype) or a wider one."
@@ -567,7 +580,7 @@ class _FixedTokens:
             tokens, shape=(count, span), strides=(seq_len * item, item), writeable=False
         )
         self.out = out
-        self.narrowing = not np.can_cast(tokens.dtype, out, "safe")
+        self.narrowing = narrows(tokens.dtype, out)
         self.dtype = out  # what read_batch returns; rows holds the samples as stored
         self.guard = guard
         self.disjoint = self.rows.flags.c_contiguous
@@ -601,7 +614,7 @@ class _Documents:
         self.tokens = tokens
         self.offsets = offsets
         self.out = out
-        self.narrowing = not np.can_cast(tokens.dtype, out, "safe")
+        self.narrowing = narrows(tokens.dtype, out)
         self.guard = guard
 
     def __len__(self) -> int:

@@ -92,6 +92,7 @@ from loaderkit.data.index import (
     read_remote_index,
     remote_index_name,
     unfinished_write_error,
+    written_digests,
 )
 from loaderkit.data.readers import (
     DTYPE_SUFFIX,
@@ -256,6 +257,12 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
     return out
 
 
+def _keys_copy(version: str) -> bool:
+    """Whether a copy keyed by ``version`` holds across listings: not HTTP's
+    ``Last-Modified`` (an IMF date), one second shared by the versions written within it."""
+    return bool(version) and not version.endswith(" GMT")
+
+
 def _local_footer(path: Path) -> bytes | None:
     """The local Parquet file's footer, as :func:`parquet_footer` gives it; None if the
     file does not end like a Parquet file."""
@@ -320,10 +327,16 @@ class RemoteShards:
         self.listing = os.urandom(8).hex()
         self._reset()
         self.index_docs: dict[str, bytes] | None = None  # a folder's index files, as listed
+        self._indexes_beside: list[str] = []  # those of listed shards' folders
         self.shards = self._list(source, suffixes)
         refuse_one_shard_twice(owner, (s.url for s in self.shards))
         # Per shard, from the index: compression, raw_size, hash (None: plain, unhashed).
         self.extras: list[dict[str, Any] | None] = [None] * len(self.shards)
+        docs = self.index_docs
+        if docs is None:
+            docs = {url: self.storage.read_bytes(url) for url in self._indexes_beside}
+        # The index write_shards wrote holds for its shards whatever the reader (its hashes too).
+        self.written = written_digests(docs, [(s.url, s.size, s.version) for s in self.shards])
         self.folder = self.shards[0].folder
         self.reader: ShardReader | None = None  # set by count()
         self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
@@ -373,7 +386,10 @@ class RemoteShards:
             refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
-                folders[folder] = _listed_shards(folder, self.storage.listing(folder))
+                entries = self.storage.listing(folder)
+                folders[folder] = _listed_shards(folder, entries)
+                names = (e["name"] for e in entries)
+                self._indexes_beside += [join_url(folder, n) for n in names if is_index_name(n)]
             if name not in folders[folder]:
                 raise MissingShardError(
                     f"{owner}: shard {url!r} does not exist (not listed in {folder!r}); check "
@@ -620,14 +636,15 @@ class RemoteShards:
         return final.exists() if final == target else decoded_intact(final)
 
     def versionless(self, index: int) -> bool:
-        """Whether shard ``index`` (or a sidecar) has neither a version nor an index hash: its
-        content is known within this listing only."""
+        """Whether shard ``index`` (or a sidecar) has neither a version to key a copy by nor
+        an index hash: its content is known within this listing only."""
         shard = self.shards[index]
-        return not all([self._digest(index) or shard.version, *(v for *_, v in shard.sidecars)])
+        keys = [self._digest(index) or _keys_copy(shard.version)]
+        return not all([*keys, *(_keys_copy(v) for *_, v in shard.sidecars)])
 
     def _digest(self, index: int) -> str | None:
         extras = self.extras[index]
-        return None if extras is None else extras.get("hash")
+        return self.written[index] if extras is None else extras.get("hash", self.written[index])
 
     def _download_checked(self, index: int, target: Path) -> None:
         """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""

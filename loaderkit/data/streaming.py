@@ -22,8 +22,9 @@ from torch.utils.data import IterableDataset
 from loaderkit._checks import check_bool, check_int, check_suffixes
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
-from loaderkit.data._codec import decoded_local, is_compressed
+from loaderkit.data._codec import decoded_local, default_cache_root, is_compressed, verify_local
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
+from loaderkit.data.index import check_written
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import (
@@ -297,6 +298,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
         # Local files as listed: one rewritten since (between epochs) is refused, not read anew.
         local = all(isinstance(s, Path) for s in self.shards)
         self._stamps = [_stamp(s) for s in self.shards] if local else None
+        # A stream keeps no index, but the one write_shards left in a folder holds for it.
+        self._digests = check_written(self.shards) if local else None
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
@@ -377,6 +380,9 @@ class StreamingShardedDataset(IterableDataset[Any]):
                     "restart the run with the dataset made again.",
                     path=path,
                 )
+            digest = None if self._digests is None else self._digests[shard]
+            if digest is not None:
+                verify_local(path, digest, default_cache_root())
             local = self._local(shard) if self._remote is None else self._remote.local(shard)
             if callable(iter_from):
                 yield from iter_from(local, offset)

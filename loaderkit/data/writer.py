@@ -38,7 +38,7 @@ from loaderkit.data._codec import (
     compress_file,
     file_digest,
 )
-from loaderkit.data._fs import Storage, is_url, join_url, url_name
+from loaderkit.data._fs import Storage, is_url, join_url, refuse_file_url, url_name
 from loaderkit.data.index import (
     WORK_DIR,
     WRITER,
@@ -451,7 +451,7 @@ def write_shards(
     ext = _check_names(prefix, suffix if suffix is not None else reader.suffixes[0])
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
-    _refuse_file_url("directory", directory)
+    refuse_file_url("write_shards", "directory", directory)
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
     _refuse_index_over_a_shard(job, index)
     with _writers(job, num_workers, mp_context) as pool:
@@ -537,14 +537,6 @@ def _check_names(prefix: Any, suffix: Any) -> str:
     return suffix
 
 
-def _refuse_file_url(name: str, value: Any) -> None:
-    if isinstance(value, str) and value.startswith("file://"):
-        raise ValueError(
-            f"write_shards: {name}={value!r} is a file:// URL, which would be written to a "
-            f"folder named 'file:'; pass the local path {value[len('file://') :]!r}."
-        )
-
-
 def _shard_name(job: _Job) -> re.Pattern[str]:
     """This write's shard file names, ``{prefix}-00000{ext}`` (``.zst`` appended or not)."""
     return re.compile(rf"{re.escape(job.prefix)}-\d{{5,}}{re.escape(job.ext)}(\.zst)?")
@@ -555,7 +547,7 @@ def _refuse_index_over_a_shard(job: _Job, index: Any) -> None:
     overwrite it, or be deleted as stale."""
     if index is None:
         return
-    _refuse_file_url("index", index)
+    refuse_file_url("write_shards", "index", index)
     text = str(index)
     if is_url(text):
         same, name = text.rsplit("/", 1)[0].rstrip("/") == job.root, url_name(text)

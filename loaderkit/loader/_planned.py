@@ -129,8 +129,8 @@ class PlanEngine:
             self.cursor.position = self.plan.epoch_length(epoch)  # only a dropped tail left
         elif sched.num_steps == 0:
             raise ValueError(
-                f"ResumableDataLoader: an epoch of {self.plan.num_samples} samples yields no "
-                f"batch on {world_size} rank(s) with this batch size and drop_last=True; "
+                f"ResumableDataLoader: an epoch of {self.plan.epoch_length(epoch)} samples "
+                f"yields no batch on {world_size} rank(s) with this batch size and drop_last=True; "
                 "lower batch_size or set drop_last=False."
             )
         run.schedule, run.steps_before = sched, steps_done

@@ -134,3 +134,30 @@ def test_a_same_size_rewrite_without_an_etag_is_refused_by_its_last_modified(
         os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))  # a later second
         with pytest.raises(ShardChangedError, match=r"shard-00000\.npy' changed after it was"):
             ShardedDataset(url, READER, remote=cache)
+
+
+def test_shards_swapped_within_their_last_modified_second_are_not_read_from_the_cache(
+    tmp_path: Path,
+) -> None:
+    # Measured before: two same-size shards with one Last-Modified second (write_shards writes
+    # a corpus within one), renamed over each other between runs, were read from the cache as
+    # they were: shard 0 gave shard 1's old tokens. That header names a second only.
+    www = tmp_path / "www"
+    first, second = (www / "c" / f"shard-{i:05d}.npy" for i in (0, 1))
+    first.parent.mkdir(parents=True)
+    for path, base in ((first, 0), (second, 100)):
+        READER.write(path, np.arange(base, base + 2 * SEQ + 1))
+    stat = first.stat()
+    os.utime(second, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    cache = tmp_path / "cache"
+
+    def firsts(url: str) -> list[int]:
+        ds = ShardedDataset(url, READER, remote=RemoteCache(cache_dir=cache))
+        return [int(ds[i][0]) for i in range(len(ds))]
+
+    with LocalHTTP(www) as http:
+        assert firsts(f"{http.url}/c/") == [0, 4, 100, 104]
+        first.rename(www / "c" / "tmp")
+        second.rename(first)
+        (www / "c" / "tmp").rename(second)
+        assert firsts(f"{http.url}/c/") == [100, 104, 0, 4]

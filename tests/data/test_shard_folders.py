@@ -6,6 +6,7 @@ Local folders and fsspec's ``memory://`` go through the same check (``check_comp
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from loaderkit import (
     JsonlReader,
     RemoteCache,
+    ShardChangedError,
     ShardedDataset,
     ShardError,
     StreamingShardedDataset,
@@ -203,7 +205,7 @@ def test_a_folder_uploaded_with_its_index_names_that_index(tmp_path: Path) -> No
     # Said as a checksum failure whose fix, deleting the index, drops write_shards' hashes.
     import fsspec
 
-    write_shards(tmp_path, arrays((2, 3), 1), READER, hash="sha256", progress=False)
+    write_shards(tmp_path, arrays((2, 3), 1), READER, hash="sha256")
     url = f"memory://uploaded-{uuid.uuid4().hex[:8]}"
     fs = fsspec.filesystem("memory")
     for path in tmp_path.iterdir():
@@ -212,7 +214,7 @@ def test_a_folder_uploaded_with_its_index_names_that_index(tmp_path: Path) -> No
     match = r"was written for a local folder, and the shards are read from a URL\. Re-run "
     with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
         ShardedDataset(url, READER, remote=remote)
-    write_shards(url, arrays((2, 3), 1), READER, hash="sha256", progress=False)
+    write_shards(url, arrays((2, 3), 1), READER, hash="sha256")
     assert ShardedDataset(url, READER, remote=remote).sizes == (2, 3)
 
 
@@ -261,3 +263,58 @@ def test_a_shard_in_a_subfolder_is_refused_in_any_case_or_compression(
     (tmp_path / "sub" / name).write_bytes(b"not read")
     with pytest.raises(ValueError, match=rf"holds the shard 'sub/{name}' in a subfolder"):
         ShardedDataset(tmp_path, READER)
+
+
+def _rewrite(path: Any, values: np.ndarray) -> None:
+    """Write ``values`` as the ``.npy`` file at ``path`` (a local path or a ``memory://`` URL)."""
+    if isinstance(path, Path):
+        np.save(path, values)
+        return
+    import fsspec
+
+    with fsspec.open(path, "wb") as f:
+        np.save(f, values)
+
+
+READS = {
+    "dtype-none": lambda d, paths, remote: ShardedDataset(
+        d, TokenReader(seq_len=SEQ), remote=remote
+    ),
+    "other-seq-len": lambda d, paths, remote: ShardedDataset(
+        d, TokenReader(seq_len=2, dtype=np.uint16), remote=remote
+    ),
+    "reversed-list": lambda d, paths, remote: ShardedDataset(paths[::-1], READER, remote=remote),
+    "one-path": lambda d, paths, remote: ShardedDataset(paths[:1], READER, remote=remote),
+    "stream": lambda d, paths, remote: StreamingShardedDataset(d, READER, remote=remote),
+    "stream-path": lambda d, paths, remote: StreamingShardedDataset(
+        paths[:1], TokenReader(seq_len=SEQ), remote=remote
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(READS))
+def test_a_write_shards_index_holds_for_every_reader_and_list(
+    place: tuple[Any, Any], how: str
+) -> None:
+    # Measured before: only a reader with the writer's exact spec, given the folder or all of
+    # its paths in order, found the index: the others counted the grown shard afresh and read
+    # 10 samples of 8 (a stream never looked).
+    folder, remote = place
+    paths = write_shards(folder, arrays((4, 4), 7), READER, hash="sha256", progress=False)
+    paths = [p if remote else Path(p) for p in paths]
+    _rewrite(paths[0], np.full(SEQ * 6, 7, np.uint16))
+    with pytest.raises(ShardChangedError, match="write_shards"):
+        READS[how](folder, paths, remote)
+
+
+def test_a_write_shards_hash_is_checked_by_any_reader_and_by_streams(tmp_path: Path) -> None:
+    # Measured before: a same-size rewrite keeping its mtime was read silently by a reader
+    # with other settings and by a stream ([500, 501, ...]); the writer's reader refused it.
+    paths = [Path(p) for p in write_shards(tmp_path, arrays((4, 4), 7), READER, hash="sha256")]
+    stat = paths[0].stat()
+    np.save(paths[0], np.full(SEQ * 4, 500, np.uint16))
+    os.utime(paths[0], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ShardError, match="fails its content hash"):
+        ShardedDataset(tmp_path, TokenReader(seq_len=SEQ))[0]
+    with pytest.raises(ShardError, match="fails its content hash"):
+        list(StreamingShardedDataset(paths, READER).read_from(0, 0))

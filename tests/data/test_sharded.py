@@ -1116,6 +1116,21 @@ def test_a_token_the_out_dtype_cannot_hold_or_an_eos_above_the_dtype_is_refused(
     assert len(ShardedDataset([path], TokenReader(eos=7, dtype=np.uint16))) == 2
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float64])
+def test_a_float_out_dtype_that_rounds_an_int64_token_is_refused(
+    tmp_path: Path, out_dtype: torch.dtype
+) -> None:
+    # Measured before: 2**53 + 1 came back as 2**53 (the check compared through float64,
+    # which rounded both sides, and numpy calls int64 -> float64 a safe cast).
+    tokens = np.array([2**53 + 1, 3, 5, 7], np.int64)
+    reader = TokenReader(seq_len=2, dtype=np.int64, out_dtype=out_dtype)
+    ds = ShardedDataset(write_shards(tmp_path, [tokens], reader), reader)
+    assert ds[1].tolist() == [5, 7]
+    for read in (lambda: ds[0], lambda: ds.get_batch([0, 1]), lambda: list(loader(ds))):
+        with pytest.raises(ReaderSettingError, match=rf"cannot hold token {2**53 + 1}"):
+            read()
+
+
 # ----------------------------------------------------------------- file opens
 class LoggingReader(TokenReader):
     """Appends ``pid shard`` to a log file on every open, from any process."""

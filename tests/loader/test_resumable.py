@@ -983,3 +983,14 @@ def test_a_wrapped_dataset_error_ends_each_sentence_once(num_workers: int) -> No
     with pytest.raises(ValueError, match=r"in its columns\. The original traceback") as info:
         next(iter(loader))
     assert ".. The original" not in str(info.value)
+
+
+def test_an_epoch_too_small_for_a_batch_names_its_own_size() -> None:
+    # Measured before: a mix of 40 samples drawing 3 a epoch said "an epoch of 40 samples".
+    from loaderkit import MixedDataset, TensorDataset
+
+    sources = {"a": TensorDataset(torch.arange(30)), "b": TensorDataset(torch.arange(10))}
+    mix = MixedDataset(sources, weights={"a": 1, "b": 1}, epoch_size=3)
+    sampler = mix.batch_sampler(2, rank=0, world_size=2, drop_last=True)
+    with pytest.raises(ValueError, match="an epoch of 3 samples yields no batch on 2 rank"):
+        next(iter(ResumableDataLoader(mix, batch_sampler=sampler)))

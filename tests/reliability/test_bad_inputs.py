@@ -1839,6 +1839,22 @@ MORE = [
         "pass the local path",
     ),
     Bad(
+        "ShardedDataset file URL",  # was: MissingShardError, "does not exist" of an existing file
+        lambda tmp: ShardedDataset([f"file://{tmp}/a.npy"], TokenReader(seq_len=2)),
+        ValueError,
+        "shards=",
+        "file:// URL",
+        "pass the local path",
+    ),
+    Bad(
+        "StreamingShardedDataset file URL",  # was: a bare FileNotFoundError
+        lambda tmp: StreamingShardedDataset(f"file://{tmp}", TokenReader(seq_len=2)),
+        ValueError,
+        "shards=",
+        "file:// URL",
+        "pass the local path",
+    ),
+    Bad(
         "write_shards index over a shard",  # was: the index overwrote shard-00000.jsonl
         lambda tmp: write_shards(tmp, [[1]], JsonlReader(), index=tmp / "shard-00000.jsonl"),
         ValueError,
