@@ -91,6 +91,14 @@ class _NoHost:
 
 
 NO_HOST: Host = _NoHost()
+
+
+def epoch_begun(host: Host, obj: object) -> int | None:
+    """The epoch ``host`` trains as ``obj`` begins an iteration no ``set_epoch`` named: its
+    loop's own value, mapped as :meth:`Host.epoch_meant` maps the loop's ``set_epoch``."""
+    epoch = host.epoch_starting(obj)
+    meant = None if epoch is None else host.epoch_meant(obj, epoch)
+    return epoch if meant is None else meant
 _runs: list[Host] = []  # hosts whose run is in progress, innermost last
 
 

@@ -289,7 +289,7 @@ def written_digests(
     reader; each shard's hash there (None: none)."""
     rows: dict[str, tuple[str, list[Any]]] = {}
     for where, data in docs.items():
-        for row in _writer_rows(data, remote=True):
+        for row in _writer_rows(data, where, remote=True):
             rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
     digests: list[str | None] = []
     for url, size, version in listed:
@@ -397,41 +397,48 @@ def load_or_build_index(
 
 
 def check_written(paths: Sequence[Path]) -> list[str | None]:
-    """Refuse a shard that no longer matches the ``write_shards`` index of its folder (the
-    truth for it, whatever the reader); each shard's hash there (None: none)."""
+    """Refuse a shard that no longer matches the ``write_shards`` index of its folder, or
+    of its link's target (the truth for it, whatever the reader); each shard's hash there
+    (None: none)."""
     written = _written_entries(paths)
     digests = []
     for path in paths:
-        row = written.get(_key(path))
+        row = written.get(_key(path)) or written.get(path.resolve())
         _check_written(path, row)
         digests.append(None if row is None else row[1].digest)
     return digests
 
 
-def _writer_rows(data: bytes, *, remote: bool) -> list[list[Any]]:
-    """The rows of ``data`` if ``write_shards`` wrote it (for a URL with ``remote``), intact;
-    else none (another index's checks are its own)."""
+def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
+    """The rows of ``data`` at ``where`` if ``write_shards`` wrote it (for a URL with
+    ``remote``); else none (another index's checks are its own). A damaged one is refused."""
     try:
         doc = json.loads(data)
         rows = doc["shards"] if doc.get("written_by") == WRITER else []
-        if (doc.get("remote") is True) == remote and doc["checksum"] == _checksum(rows):
-            return [list(row) for row in rows if len(row) >= 4]
+        intact = doc["checksum"] == _checksum(rows)
     except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return []
+        return []
+    if rows and not intact:
+        msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
+        raise ShardError(msg, path=where)
+    if (doc.get("remote") is True) != remote:
+        return []
+    return [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
 
 
 def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
-    """The rows of ``paths`` in the ``write_shards`` indexes of their folders, by
-    :func:`_key`, with where each index is."""
+    """The rows in the ``write_shards`` indexes of the folders of ``paths`` (and of their
+    links' targets), by :func:`_key`, with where each index is."""
     found: dict[Path, tuple[str, IndexEntry]] = {}
-    for folder in {path.parent for path in paths}:
+    for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
         for where in folder.glob(f"{INDEX_PREFIX}*.json"):
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                for name, size, mtime, samples, *extras in _writer_rows(
-                    where.read_bytes(), remote=False
-                ):
-                    entry = IndexEntry(folder / name, size, mtime, samples, *extras[:1])
+            try:
+                data = where.read_bytes()
+            except OSError:
+                continue
+            for name, size, mtime, samples, *extras in _writer_rows(data, str(where), remote=False):
+                with contextlib.suppress(TypeError, ValueError):
+                    entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
                     found[_key(folder / name)] = (str(where), entry)
     return found
 
@@ -440,7 +447,7 @@ def _check_written(path: Path, written: tuple[str, IndexEntry] | None) -> None:
     """Refuse ``path`` where it no longer matches its ``write_shards`` index row ``written``."""
     if written is not None:
         where, row = written
-        fix = "re-run write_shards, or delete the index."
+        fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
         _unchanged(dataclasses.replace(row, path=path), f"write_shards index {where!r}", fix)
 
 

@@ -148,8 +148,9 @@ class LightningHost:
         return None if trainer is None else int(trainer.fit_loop.epoch_progress.current.processed)
 
     def cycles(self, loader: object) -> bool | None:
-        """Whether the train loaders are combined in mode ``"max_size_cycle"``."""
-        trainer = self._fitting(loader)
+        """Whether the train loaders are combined in mode ``"max_size_cycle"`` (also while
+        a failed fit calls ``on_exception``: a checkpoint saved there asks)."""
+        trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
         return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"

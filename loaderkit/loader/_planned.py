@@ -15,6 +15,7 @@ from zlib import crc32
 
 from torch.utils.data import DataLoader
 
+from loaderkit._callers import epoch_begun
 from loaderkit.data.mixing import MixedDataset, shard_names_crc32
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import Host, Run, ran_out, set_epoch_keeping, settle_seed
@@ -81,7 +82,7 @@ class PlanEngine:
         else:
             caller, loaded = self.host.caller(), cursor.loaded(plan)
             # A loader rebuilt by the host is told its epoch as it begins (name_epoch).
-            host_epoch = caller.epoch_starting(self.host.loader)
+            host_epoch = epoch_begun(caller, self.host.loader)
             epoch, start, steps_done = cursor.upcoming(plan, host_epoch)
             after = caller.epoch_after_restore(self.host.loader, counted=True)
             at_last = caller.epoch_after_restore(self.host.loader) is not None

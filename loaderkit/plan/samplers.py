@@ -13,7 +13,7 @@ from typing import Any, Unpack
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
 
-from loaderkit._callers import host_of
+from loaderkit._callers import epoch_begun, host_of
 from loaderkit._checks import check_int
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError
@@ -116,7 +116,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         cursor = self._cursor
         rank, world_size = self._topology()
         # Lightning sets no batch sampler's epoch: a rebuilt one is told it here.
-        cursor.host_names(host_of(self).epoch_starting(self), self.plan, restarts=True)
+        cursor.host_names(epoch_begun(host_of(self), self), self.plan, restarts=True)
         epoch, start, steps_done = cursor.upcoming(self.plan)
         fields = {**self._fingerprint(), "world_size": world_size}
         fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
@@ -146,7 +146,7 @@ class PlanBatchSampler(Sampler[list[int]]):
                     "lent to no longer exists; take len() of a loader that holds it."
                 )
             return len(loader)
-        host_epoch = host_of(self).epoch_starting(self)
+        host_epoch = epoch_begun(host_of(self), self)
         epoch, start, _ = self._cursor.upcoming(self.plan, host_epoch, restarts=True)
         _, world_size = self._topology()
         length = self.plan.num_steps(epoch, start=start, world_size=world_size)

@@ -6,6 +6,7 @@ Local folders and fsspec's ``memory://`` go through the same check (``check_comp
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -318,3 +319,26 @@ def test_a_write_shards_hash_is_checked_by_any_reader_and_by_streams(tmp_path: P
         ShardedDataset(tmp_path, TokenReader(seq_len=SEQ))[0]
     with pytest.raises(ShardError, match="fails its content hash"):
         list(StreamingShardedDataset(paths, READER).read_from(0, 0))
+
+
+def test_a_write_shards_index_holds_through_a_link_and_refuses_damage(tmp_path: Path) -> None:
+    # Review 158: a shard listed by a link from another folder was read grown, and a damaged
+    # write_shards index was passed over by every reader but the writer's own.
+    paths = _written(tmp_path / "corpus")
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "s.npy"
+    link.symlink_to(paths[0])
+    np.save(paths[0], np.full(SEQ * 6, 7, np.uint16))
+    with pytest.raises(ShardChangedError, match="write_shards index"):
+        ShardedDataset([link], TokenReader(seq_len=SEQ))
+    other = _written(tmp_path / "damaged")
+    (index,) = (tmp_path / "damaged").glob(".loaderkit-index-*")
+    doc = json.loads(index.read_text())
+    doc["shards"][0][1] += 8  # a size edited: the checksum no longer holds
+    index.write_text(json.dumps(doc))
+    with pytest.raises(ShardError, match="fails its checksum"):
+        StreamingShardedDataset(other, TokenReader(seq_len=SEQ))
+
+
+def _written(folder: Path) -> list[Path]:
+    return [Path(p) for p in write_shards(folder, arrays((4, 4), 7), READER, progress=False)]

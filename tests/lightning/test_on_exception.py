@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 from loaderkit import AttachLoaders, ResumableDataLoader, attach_host
@@ -63,8 +64,8 @@ def fit(
 @pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
 @pytest.mark.parametrize("host", [True, False], ids=["attached", "AttachLoaders"])
 @pytest.mark.parametrize(
-    ("k", "where"), [(2, "step"), (8, "step"), (3, "batch_start")]
-)  # inside epoch 0, inside epoch 1; a failure before the step
+    ("k", "where"), [(2, "step"), (5, "step"), (8, "step"), (3, "batch_start")]
+)  # inside epoch 0, at its last batch, inside epoch 1; a failure before the step
 def test_an_on_exception_checkpoint_resumes_exactly(
     tmp_path: Path, stream: bool, host: bool, k: int, where: str
 ) -> None:
@@ -118,3 +119,49 @@ def test_a_checkpoint_saved_after_a_failed_fit_resumes_exactly(
     trainer = L.Trainer(**trainer_kwargs(callbacks=[] if host else [AttachLoaders()]))
     trainer.fit(resumed, datamodule=dm, ckpt_path=tmp_path / "after.ckpt")
     assert_resume_exact(full, model.records, resumed.records)
+
+
+class _Five(torch.utils.data.IterableDataset):
+    """0..4: an unsized epoch of batches [0, 1], [2, 3], [4]."""
+
+    def __iter__(self) -> Any:
+        yield from range(5)
+
+
+class _FailsOnce(L.LightningModule):
+    def __init__(self, num_workers: int, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.layer, self.records = torch.nn.Linear(1, 1), []
+        self.num_workers, self.fail_at = num_workers, fail_at
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return ResumableDataLoader(_Five(), batch_size=2, seed=0, num_workers=self.num_workers)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.fail_at == len(self.records):
+            self.fail_at = None
+            raise Interrupted("planned failure")
+        self.records.append((self.current_epoch, batch.tolist()))
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failure_at_an_unsized_epochs_last_batch_trains_that_batch_again(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # Measured before: the loader had run out (Lightning's prefetch met its end), so the
+    # failed batch [4] counted as trained: the resumed run trained epoch 1's batches as the
+    # rest of epoch 0, then epoch 1 again (6 steps where the whole run has 4 after the cut).
+    kwargs = trainer_kwargs(max_epochs=2)
+    full = _FailsOnce(num_workers)
+    L.Trainer(**kwargs).fit(full)
+    cut = _FailsOnce(num_workers, fail_at=2)
+    save = OnExceptionCheckpoint(tmp_path, "failed")
+    with pytest.raises(Interrupted):
+        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
+    resumed = _FailsOnce(num_workers)
+    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
+    assert cut.records + resumed.records == full.records

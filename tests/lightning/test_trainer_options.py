@@ -477,3 +477,24 @@ def test_a_reloaded_loader_resumes_from_an_epochs_last_batch_when_epochs_differ_
         resumed = _BudgetModule()
         L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / f"step={done}.ckpt")
         assert full.records[:done] + resumed.records == full.records, epoch
+
+
+def test_a_batch_sampler_in_a_torch_loader_draws_each_epoch_after_a_max_steps_restart(
+    tmp_path: Path,
+) -> None:
+    # Measured before (review 158): restored from the last.ckpt a max_steps stop wrote
+    # mid-epoch, the fit loop's epoch count runs one ahead: epoch 2 drew plan 3, and so on.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(max_steps: int, root: Path, ckpt: Path | None = None) -> list[Any]:
+        module = _TorchLoaderModule()
+        save = ModelCheckpoint(root, save_last=True)
+        kwargs = trainer_kwargs(max_epochs=-1, max_steps=max_steps, enable_checkpointing=True)
+        L.Trainer(**kwargs, callbacks=[save]).fit(module, ckpt_path=ckpt)
+        return module.records
+
+    full = fit(55, tmp_path / "full")
+    fit(20, tmp_path / "cut")  # epoch 0 (14 steps) and 6 of epoch 1
+    resumed = fit(55, tmp_path / "resumed", tmp_path / "cut" / "last.ckpt")
+    later = [record for record in full if record[0] >= 2]
+    assert [record for record in resumed if record[0] >= 2] == later

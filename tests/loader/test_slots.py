@@ -573,3 +573,55 @@ def test_a_batch_that_does_not_pickle_is_the_workers_error_not_a_hang() -> None:
     )
     with pytest.raises(AttributeError, match="in DataLoader worker process"):
         next(iter(loader))
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass (as torchvision's ``tv_tensors`` are)."""
+
+
+class _Kinds(Dataset[Any]):
+    """Samples a slot cannot hold: a tensor subclass, a sparse tensor, a dtype it lacks."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.kind == "subclass":
+            return (torch.arange(3.0) + i).as_subclass(_Tagged)
+        if self.kind == "sparse":
+            return (torch.eye(3) * i).to_sparse()
+        return torch.full((3,), i, dtype=torch.complex32)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("subclass", "a tensor subclass (_Tagged)"),
+        ("sparse", "a torch.sparse_coo tensor on cpu"),
+        ("complex32", "a tensor of dtype torch.complex32"),
+    ],
+)
+def test_a_subclass_sparse_or_rare_dtype_batch_keeps_its_kind_through_workers(
+    kind: str, reason: str
+) -> None:
+    # Each takes torch's path: a slot would send a plain dense tensor of another kind.
+    collate = list if kind == "sparse" else None
+    loaders = [
+        ResumableDataLoader(_Kinds(kind), batch_size=4, num_workers=w, collate_fn=collate, seed=0)
+        for w in (0, 2)
+    ]
+    (alone, _), (pooled, _) = (list(loader) for loader in loaders)
+    first = pooled[0] if kind == "sparse" else pooled
+    expected = alone[0] if kind == "sparse" else alone
+    assert (type(first), first.layout, first.dtype) == (
+        type(expected),
+        expected.layout,
+        expected.dtype,
+    )
+    assert torch.equal(
+        first.to_dense().to(torch.complex64), expected.to_dense().to(torch.complex64)
+    )
+    assert loaders[1].describe()["transport"]["torch_path_reasons"] == {reason: 2}

@@ -463,3 +463,27 @@ def test_a_state_that_resumes_no_part_of_such_an_epoch_is_taken() -> None:
         resumed = ResumableDataLoader(list(range(12)), batch_size=4, sampler=CurriculumSampler(12))
         resumed.load_state_dict(state)
         assert sorted(epoch_ids(resumed)) == list(range(12))
+
+
+class _Shrinking(torch.utils.data.Sampler[int]):
+    """An epoch of 10 - epoch indices: its length changes with the epoch."""
+
+    def __init__(self) -> None:
+        self.epoch, self.generator = 0, None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        return iter(range(10 - self.epoch))
+
+    def __len__(self) -> int:
+        return 10 - self.epoch
+
+
+def test_a_sampler_whose_epochs_change_length_is_refused_by_name() -> None:
+    # A saved position counts samples of a fixed-length epoch: a resume would lose or repeat.
+    loader = ResumableDataLoader(list(range(10)), batch_size=2, sampler=_Shrinking(), seed=0)
+    assert len(list(loader)) == 5  # epoch 0: 10 indices
+    with pytest.raises(ValueError, match=r"sampler=_Shrinking yielded 9 indices in epoch 1 but 10"):
+        list(loader)
