@@ -34,6 +34,9 @@ class Host(Protocol):
     def batches_done(self, loader: object) -> int | None:
         """Batches of the current epoch the host counts as done."""
 
+    def sole_loader(self, loader: object) -> bool:
+        """Whether ``loader`` is the only train loader of the host's fit."""
+
     def restarting_mid_epoch(self, loader: object) -> bool | None:
         """Whether the host, setting ``loader``'s epoch, restarts that epoch part-way."""
 
@@ -87,18 +90,24 @@ class _NoHost:
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none
-    drives = restored_past = ended = counts_run_outs = _false
+    drives = restored_past = ended = counts_run_outs = sole_loader = _false
 
 
 NO_HOST: Host = _NoHost()
 
 
 def epoch_begun(host: Host, obj: object) -> int | None:
-    """The epoch ``host`` trains as ``obj`` begins an iteration no ``set_epoch`` named: its
-    loop's own value, mapped as :meth:`Host.epoch_meant` maps the loop's ``set_epoch``."""
+    """The epoch ``host`` trains as ``obj`` begins an iteration no ``set_epoch`` named: the
+    next one after a restore at an epoch's last batch, else its loop's own value mapped as
+    :meth:`Host.epoch_meant` maps the loop's ``set_epoch``."""
     epoch = host.epoch_starting(obj)
-    meant = None if epoch is None else host.epoch_meant(obj, epoch)
+    if epoch is None:
+        return None
+    after = host.epoch_after_restore(obj)
+    meant = host.epoch_meant(obj, epoch) if after is None else after
     return epoch if meant is None else meant
+
+
 _runs: list[Host] = []  # hosts whose run is in progress, innermost last
 
 

@@ -114,6 +114,11 @@ class LightningHost:
         failed = max(int(batch.ready) - int(batch.processed), 0) if _failing(trainer) else 0
         return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ()) + failed
 
+    def sole_loader(self, loader: object) -> bool:
+        """Whether ``loader`` is the fit's only train loader (also while ``on_exception`` runs)."""
+        trainer = self._fitting(loader, failing=True)
+        return trainer is not None and len(train_loaders(trainer)) == 1
+
     def batches_done(self, loader: object) -> int | None:
         """``epoch_loop.batch_progress.current.completed``, for the only train loader."""
         trainer = self._fitting(loader)
@@ -148,9 +153,8 @@ class LightningHost:
         return None if trainer is None else int(trainer.fit_loop.epoch_progress.current.processed)
 
     def cycles(self, loader: object) -> bool | None:
-        """Whether the train loaders are combined in mode ``"max_size_cycle"`` (also while
-        a failed fit calls ``on_exception``: a checkpoint saved there asks)."""
-        trainer = self._fitting(loader, failing=True)
+        """Whether the train loaders are combined in mode ``"max_size_cycle"``."""
+        trainer = self._fitting(loader)
         if trainer is None:
             return None
         return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"

@@ -174,16 +174,17 @@ class Host:
         held = held or 0
         if run is None or not run.finished:
             return held
-        cycles = caller.cycles(self.loader)
-        if held and cycles is False:
+        if caller.sole_loader(self.loader):
+            # It ran out, so the epoch ended with it: what the host holds is the batch of a
+            # failed last step (an OnExceptionCheckpoint), its own last.
+            return held
+        if held and caller.cycles(self.loader) is False:
             raise LoaderkitError(
                 "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
                 "epoch that holds batches ahead, so a resume would start its next epoch there. "
                 "Give every combined loader a length (steps_per_epoch= for a stream)."
             )
-        # Ran out in "max_size_cycle": the epoch ended with it, so what the host holds is the
-        # batch of a failed last step (an OnExceptionCheckpoint): its own last.
-        return held if cycles else 0
+        return 0
 
     def settle(self) -> None:
         """A failed fit stops driving the current run: later states still leave out its held."""
