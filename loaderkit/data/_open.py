@@ -27,11 +27,11 @@ from loaderkit.data._codec import (
     with_compressed,
 )
 from loaderkit.data._fs import refuse_file_url
+from loaderkit.data._written import check_complete
 from loaderkit.data.index import (
     INDEX_PREFIX,
     WORK_DIR,
     IndexEntry,
-    check_complete,
     is_index_name,
     unfinished_write_error,
 )

@@ -7,12 +7,10 @@ shard its relative path, size, mtime (remote: version) and sample count; one
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +76,7 @@ def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
     return base / remote_index_name(names, reader)
 
 
-def _checksum(rows: list[list[Any]]) -> str:
+def checksum(rows: list[list[Any]]) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
@@ -91,7 +89,7 @@ def index_doc(
         "version": INDEX_VERSION if any(len(r) > 4 for r in rows) else 1,
         "reader": reader.spec(),
         "shards": rows,
-        "checksum": _checksum(rows),
+        "checksum": checksum(rows),
     }
     if written_by is not None:
         doc["written_by"] = written_by
@@ -117,7 +115,7 @@ def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] |
     return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
 
 
-def _key(path: Path) -> Path:
+def path_key(path: Path) -> Path:
     """``path`` with its folder's links resolved but not its own: two links to one blob (a
     Hugging Face snapshot's) stay two shards."""
     return path.parent.resolve() / path.name
@@ -125,9 +123,9 @@ def _key(path: Path) -> Path:
 
 def _rel(path: Path, base: Path) -> str:
     try:
-        return os.path.relpath(_key(path), base.resolve())
+        return os.path.relpath(path_key(path), base.resolve())
     except ValueError:  # another drive on Windows
-        return str(_key(path))
+        return str(path_key(path))
 
 
 def build_index(
@@ -160,7 +158,7 @@ def build_index(
     except OSError as exc:
         msg = f"cannot write the shard index {str(index)!r} ({exc}); pass index= a writable path."
         raise ShardError(msg, path=index) from exc
-    return entries if written else _read_index(index, paths, reader)
+    return entries if written else read_index(index, paths, reader)
 
 
 def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[list[Any]]:
@@ -168,7 +166,7 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
     try:
         doc = json.loads(data)
         rows = doc["shards"]
-        ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == _checksum(rows)
+        ok = doc["version"] in _READABLE_VERSIONS and doc["checksum"] == checksum(rows)
     except (ValueError, KeyError, TypeError) as exc:
         msg = f"shard index {where!r} is unreadable ({type(exc).__name__}: {exc}); delete it "
         msg += "so the shards are counted again."
@@ -196,11 +194,11 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
     return list(rows)
 
 
-def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
+def read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:
     rows = _rows(index.read_bytes(), str(index), reader, remote=False)
-    by_path = {_key(index.parent / r[0]): r for r in rows}
+    by_path = {path_key(index.parent / r[0]): r for r in rows}
     # An index of loaderkit <= 0.2.0 keyed a link by its target.
-    wanted = [_key(p) if _key(p) in by_path else p.resolve() for p in paths]
+    wanted = [path_key(p) if path_key(p) in by_path else p.resolve() for p in paths]
     for path, resolved in zip(paths, wanted, strict=True):
         if resolved not in by_path:
             raise ShardError(
@@ -224,11 +222,11 @@ def _read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list
         _, size, mtime, samples, *extras = by_path[resolved]
         entry = IndexEntry(path, int(size), int(mtime), int(samples), *extras[:1])
         where = f"shard index {str(index)!r}"
-        entries.append(_unchanged(entry, where, "delete the index and restart the run."))
+        entries.append(unchanged(entry, where, "delete the index and restart the run."))
     return entries
 
 
-def _unchanged(entry: IndexEntry, where: str, fix: str) -> IndexEntry:
+def unchanged(entry: IndexEntry, where: str, fix: str) -> IndexEntry:
     """``entry``, refused where its file no longer matches it (as the index ``where`` has it)."""
     why = entry.changed()
     if why == "missing":
@@ -268,45 +266,22 @@ def read_remote_index(
             path=where,
         )
     for url, name, size, version in listed:
-        _, isize, iversion, *_ = by_name[name]
-        # "": indexed before loaderkit read a version from this store (sizes only, as then).
-        if int(isize) != size or str(iversion) not in ("", version):
-            raise ShardChangedError(
-                f"shard {url!r} changed after it was indexed (now {size} bytes, version "
-                f"{version!r}; indexed: {isize} bytes, {iversion!r}); delete the index "
-                f"{where!r} and restart the run.",
-                path=url,
-            )
+        remote_unchanged(
+            url, size, version, by_name[name], f"delete the index {where!r} and restart the run."
+        )
     rows = [by_name[name] for _, name, _, _ in listed]
     return [int(r[3]) for r in rows], [r[4] if len(r) > 4 else None for r in rows]
 
 
-def written_digests(
-    docs: dict[str, bytes], listed: Sequence[tuple[str, int, str]]
-) -> list[str | None]:
-    """Refuse a shard at a URL (``(url, size, version)``) that differs from the
-    ``write_shards`` index among ``docs`` (``{url: document}``) of its folder, whatever the
-    reader; each shard's hash there (None: none)."""
-    rows: dict[str, tuple[str, list[Any]]] = {}
-    for where, data in docs.items():
-        for row in _writer_rows(data, where, remote=True):
-            rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
-    digests: list[str | None] = []
-    for url, size, version in listed:
-        where, row = rows.get(url, ("", []))
-        if not row:
-            digests.append(None)
-            continue
-        if int(row[1]) != size or str(row[2]) not in ("", version):
-            raise ShardChangedError(
-                f"shard {url!r} changed after it was indexed (now {size} bytes, version "
-                f"{version!r}; write_shards wrote {row[1]} bytes, {row[2]!r}); re-run "
-                f"write_shards, or delete the index {where!r}.",
-                path=url,
-            )
-        extras = row[4] if len(row) > 4 and isinstance(row[4], dict) else {}
-        digests.append(extras.get("hash"))
-    return digests
+def remote_unchanged(url: str, size: int, version: str, row: list[Any], fix: str) -> None:
+    """Refuse the object at ``url`` where its size or version differs from its index ``row``
+    (a version of "": indexed before loaderkit read one from this store, sizes only)."""
+    if int(row[1]) != size or str(row[2]) not in ("", version):
+        raise ShardChangedError(
+            f"shard {url!r} changed after it was indexed (now {size} bytes, version "
+            f"{version!r}; indexed: {row[1]} bytes, {row[2]!r}); {fix}",
+            path=url,
+        )
 
 
 def is_index_name(name: str) -> bool:
@@ -330,129 +305,3 @@ def unfinished_write_error(folder: str) -> ShardError:
         "re-run the same write_shards call to finish it.",
         path=folder,
     )
-
-
-def check_complete(
-    folder: str,
-    listed: Sequence[str],
-    indexes: Sequence[tuple[str, bytes]],
-    accept: Callable[[str], bool],
-    kept: Sequence[tuple[str, bytes]] = (),
-) -> None:
-    """Refuse a folder whose listing lacks a shard (that ``accept`` takes) one of its
-    ``indexes`` (``(where, document)``) lists, or holds one a ``write_shards`` index does
-    not list, or holds two ``write_shards`` corpora. ``kept``: indexes kept elsewhere,
-    used unless ``write_shards`` wrote one."""
-    parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
-    if not any(by_writer for _, _, by_writer in parsed):
-        parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
-    have = set(listed)
-    gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
-    if gone:
-        missing = sorted(gone)
-        where = [w for w, names, _ in parsed if set(names) & gone]
-        raise MissingShardError(
-            f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
-            f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
-            path=f"{folder.rstrip('/')}/{missing[0]}",
-        )
-    # A corpus this reader cannot open (another suffix) lays no claim to the folder; two that
-    # list different shards (another prefix, suffix or call) would mix in their union.
-    claims = [(w, frozenset(filter(accept, names))) for w, names, by_writer in parsed if by_writer]
-    writers = [w for w, corpus in claims if corpus]
-    corpora = {corpus for _, corpus in claims if corpus}
-    if len(corpora) > 1:
-        raise ShardError(
-            f"shard folder {folder!r} holds {len(corpora)} write_shards corpora (indexes "
-            f"{', '.join(map(repr, sorted(writers)))}), so reading it cannot tell which one you "
-            "mean; write each corpus to its own folder, or pass the list of one corpus' shards.",
-            path=folder,
-        )
-    stray = sorted(have - {n for _, names, w in parsed if w for n in names}) if writers else []
-    if stray:
-        raise ShardError(
-            f"shard folder {folder!r} holds {len(stray)} shard file(s) that its write_shards "
-            f"index {', '.join(map(repr, writers))} does not list: {stray}; remove them, or "
-            "re-run write_shards with every shard the folder should hold.",
-            path=f"{folder.rstrip('/')}/{stray[0]}",
-        )
-
-
-def load_or_build_index(
-    paths: Sequence[Path], reader: ShardReader, index: Path | None
-) -> tuple[list[IndexEntry], Path]:
-    """The checked index of ``paths``: read from ``index`` (default path if None), else built.
-    Shards a ``write_shards`` index of their folder lists are checked against it whatever
-    the reader, and keep its hashes."""
-    digests = check_written(paths)
-    index = default_index_path(paths, reader) if index is None else index
-    if index.exists():
-        entries = _read_index(index, paths, reader)
-    else:
-        for path in paths:
-            if not path.exists():
-                raise _missing(path)
-        entries = build_index(paths, reader, index, exclusive=True)
-    return [_with_hash(e, digest) for e, digest in zip(entries, digests, strict=True)], index
-
-
-def check_written(paths: Sequence[Path]) -> list[str | None]:
-    """Refuse a shard that no longer matches the ``write_shards`` index of its folder, or
-    of its link's target (the truth for it, whatever the reader); each shard's hash there
-    (None: none)."""
-    written = _written_entries(paths)
-    digests = []
-    for path in paths:
-        row = written.get(_key(path)) or written.get(path.resolve())
-        _check_written(path, row)
-        digests.append(None if row is None else row[1].digest)
-    return digests
-
-
-def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
-    """The rows of ``data`` at ``where`` if ``write_shards`` wrote it (for a URL with
-    ``remote``); else none (another index's checks are its own). A damaged one is refused."""
-    try:
-        doc = json.loads(data)
-        rows = doc["shards"] if doc.get("written_by") == WRITER else []
-        intact = doc["checksum"] == _checksum(rows)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return []
-    if rows and not intact:
-        msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
-        raise ShardError(msg, path=where)
-    if (doc.get("remote") is True) != remote:
-        return []
-    return [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
-
-
-def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
-    """The rows in the ``write_shards`` indexes of the folders of ``paths`` (and of their
-    links' targets), by :func:`_key`, with where each index is."""
-    found: dict[Path, tuple[str, IndexEntry]] = {}
-    for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
-        for where in folder.glob(f"{INDEX_PREFIX}*.json"):
-            try:
-                data = where.read_bytes()
-            except OSError:
-                continue
-            for name, size, mtime, samples, *extras in _writer_rows(data, str(where), remote=False):
-                with contextlib.suppress(TypeError, ValueError):
-                    entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
-                    found[_key(folder / name)] = (str(where), entry)
-    return found
-
-
-def _check_written(path: Path, written: tuple[str, IndexEntry] | None) -> None:
-    """Refuse ``path`` where it no longer matches its ``write_shards`` index row ``written``."""
-    if written is not None:
-        where, row = written
-        fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
-        _unchanged(dataclasses.replace(row, path=path), f"write_shards index {where!r}", fix)
-
-
-def _with_hash(entry: IndexEntry, digest: str | None) -> IndexEntry:
-    """``entry`` with the hash ``write_shards`` recorded for it where it has none."""
-    if digest is None or entry.digest is not None:
-        return entry
-    return dataclasses.replace(entry, extras={**(entry.extras or {}), "hash": digest})

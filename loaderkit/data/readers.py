@@ -209,7 +209,7 @@ def _map_file(path: Path, dtype: np.dtype | None) -> np.ndarray:
 
 # A raw ``.bin`` (without loaderkit's dtype header) that is a whole file of another format:
 # read as tokens, its header would be the first ids of the shard.
-FOREIGN_MAGICS = (b"\x93NUMPY", b"LITPKDS")
+NPY_MAGIC, LITGPT_MAGIC = FOREIGN_MAGICS = (b"\x93NUMPY", b"LITPKDS")
 _LITGPT_ITEMSIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # by its dtype code
 
 
@@ -218,7 +218,7 @@ def _foreign(path: Path, size: int) -> str | None:
     size together (raw tokens may start with the same bytes); None: none."""
     with open(path, "rb") as f:
         head = f.read(24)
-        if head.startswith(b"\x93NUMPY"):
+        if head.startswith(NPY_MAGIC):
             f.seek(0)
             try:
                 major, _ = np.lib.format.read_magic(f)
@@ -228,7 +228,7 @@ def _foreign(path: Path, size: int) -> str | None:
                 return None
             if f.tell() + math.prod(shape) * dtype.itemsize == size:
                 return "a .npy array; rename it .npy"
-        elif head.startswith(b"LITPKDS") and len(head) == 24:
+        elif head.startswith(LITGPT_MAGIC) and len(head) == 24:
             version, code = int.from_bytes(head[7:15], "little"), head[15]
             chunk = int.from_bytes(head[16:24], "little")
             if version == 1 and 24 + chunk * _LITGPT_ITEMSIZES.get(code, -1) == size:

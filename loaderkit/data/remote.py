@@ -82,9 +82,9 @@ from loaderkit.data._remote_plan import (
     shard_of,
     shard_start,
 )
+from loaderkit.data._written import check_complete, written_digests
 from loaderkit.data.index import (
     WORK_DIR,
-    check_complete,
     checked_count,
     index_doc,
     index_names,
@@ -92,7 +92,6 @@ from loaderkit.data.index import (
     read_remote_index,
     remote_index_name,
     unfinished_write_error,
-    written_digests,
 )
 from loaderkit.data.readers import (
     DTYPE_SUFFIX,

@@ -23,7 +23,8 @@ from loaderkit.data._arrow import Columns
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows
-from loaderkit.data.index import IndexEntry, checked_count, load_or_build_index
+from loaderkit.data._written import load_or_build_index
+from loaderkit.data.index import IndexEntry, checked_count
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, out_of_files, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths

@@ -24,7 +24,7 @@ from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decoded_local, default_cache_root, is_compressed, verify_local
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
-from loaderkit.data.index import check_written
+from loaderkit.data._written import check_written
 from loaderkit.data.readers import ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import (

@@ -333,15 +333,24 @@ class PlanCursor:
             if self.epoch > epoch or (self.epoch == epoch and done):
                 self._ran_out = True
                 return True
-        same, self._host_epoch = self._started and epoch == self._host_epoch, epoch
+        named = self._named(epoch, plan, restarts)
+        self._host_epoch = epoch
+        if named is not None:
+            self._explicit = named
+        return False
+
+    def _named(self, epoch: int, plan: Any, restarts: bool) -> int | None:
+        """The epoch the host's ``epoch`` names for the next iteration (:meth:`host_names`),
+        or None where it names none."""
+        same = self._started and epoch == self._host_epoch
         again = self._named_late == epoch or (restarts and self._explicit is None)
         if same and again and self.position < plan.epoch_length(self.epoch):
             # The host prefetched, then began the epoch again before it ran out (Lightning's
             # fit loop, on a reloaded loader): it starts over.
-            self._explicit = self.epoch
-        elif self._explicit is None and not self._resume and not same:
-            self._explicit = epoch
-        return False
+            return self.epoch
+        if self._explicit is None and not self._resume and not same:
+            return epoch
+        return None
 
     def host_starts(self, epoch: int) -> bool:
         """The host begins ``epoch`` afresh (it restored a checkpoint saved on its previous
@@ -399,11 +408,9 @@ class PlanCursor:
             return self.epoch, self.position, self.steps_done
         if self._explicit is not None:
             return self._explicit, 0, 0
-        if host_epoch is not None and not (self._started and host_epoch == self._host_epoch):
-            return host_epoch, 0, 0
-        again = restarts or self._named_late == host_epoch
-        if host_epoch is not None and again and self.position < plan.epoch_length(self.epoch):
-            return self.epoch, 0, 0
+        named = None if host_epoch is None else self._named(host_epoch, plan, restarts)
+        if named is not None:
+            return named, 0, 0
         return (self.epoch + 1 if self._started else self.epoch), 0, 0
 
     def begin(self, plan: Any) -> tuple[int, int, int]:

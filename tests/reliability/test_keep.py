@@ -22,7 +22,7 @@ import pytest
 from hypothesis import settings
 
 from loaderkit import ResumableDataLoader, ShardedDataset, ShardError, TokenReader, write_shards
-from loaderkit.data.index import _checksum
+from loaderkit.data.index import checksum
 from tests.reliability._cases import ids
 from tests.support.helpers import PHASE_MARK, mark_phase, run_script
 from tests.support.proptest import QUICK_BASE, examples
@@ -78,7 +78,7 @@ def test_index_rows_pointing_outside_the_folder_are_refused(
     (index,) = [p for p in root.iterdir() if p.name.startswith(".loaderkit-index-")]
     doc = json.loads(index.read_text())
     doc["shards"][1][0] = "../evil.npy"
-    doc["checksum"] = _checksum(doc["shards"])  # a well-formed index, just foreign rows
+    doc["checksum"] = checksum(doc["shards"])  # a well-formed index, just foreign rows
     if not by_writer:
         del doc["written_by"]  # as an index counted at a folder's first read
     index.write_text(json.dumps(doc))

@@ -1,0 +1,183 @@
+"""A folder's ``write_shards`` index is the truth for its shards, whatever reads them.
+
+Every reader, path list and stream checks a shard against the index ``write_shards`` left
+in its folder (or in its link target's): a shard that differs is refused, its hashes are
+kept; a folder is read as the whole corpus its index lists (:func:`check_complete`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loaderkit.data.index import (
+    INDEX_PREFIX,
+    WRITER,
+    IndexEntry,
+    build_index,
+    checksum,
+    default_index_path,
+    index_names,
+    path_key,
+    read_index,
+    remote_unchanged,
+    unchanged,
+)
+from loaderkit.data.readers import ShardReader, _missing
+from loaderkit.errors import MissingShardError, ShardError
+
+__all__: list[str] = []  # serves the sharded and streaming datasets and remote shards
+
+
+def load_or_build_index(
+    paths: Sequence[Path], reader: ShardReader, index: Path | None
+) -> tuple[list[IndexEntry], Path]:
+    """The checked index of ``paths``: read from ``index`` (default path if None), else built.
+    Shards a ``write_shards`` index of their folder lists are checked against it whatever
+    the reader, and keep its hashes."""
+    digests = check_written(paths)
+    index = default_index_path(paths, reader) if index is None else index
+    if index.exists():
+        entries = read_index(index, paths, reader)
+    else:
+        for path in paths:
+            if not path.exists():
+                raise _missing(path)
+        entries = build_index(paths, reader, index, exclusive=True)
+    return [_with_hash(e, digest) for e, digest in zip(entries, digests, strict=True)], index
+
+
+def check_written(paths: Sequence[Path]) -> list[str | None]:
+    """Refuse a shard that no longer matches the ``write_shards`` index of its folder, or
+    of its link's target (the truth for it, whatever the reader); each shard's hash there
+    (None: none)."""
+    written = _written_entries(paths)
+    digests = []
+    for path in paths:
+        row = written.get(path_key(path)) or written.get(path.resolve())
+        _check_written(path, row)
+        digests.append(None if row is None else row[1].digest)
+    return digests
+
+
+def written_digests(
+    docs: dict[str, bytes], listed: Sequence[tuple[str, int, str]]
+) -> list[str | None]:
+    """Refuse a shard at a URL (``(url, size, version)``) that differs from the
+    ``write_shards`` index among ``docs`` (``{url: document}``) of its folder, whatever the
+    reader; each shard's hash there (None: none)."""
+    rows: dict[str, tuple[str, list[Any]]] = {}
+    for where, data in docs.items():
+        for row in _writer_rows(data, where, remote=True):
+            rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
+    digests: list[str | None] = []
+    for url, size, version in listed:
+        where, row = rows.get(url, ("", []))
+        if not row:
+            digests.append(None)
+            continue
+        remote_unchanged(
+            url, size, version, row, f"re-run write_shards, or delete the index {where!r}."
+        )
+        extras = row[4] if len(row) > 4 and isinstance(row[4], dict) else {}
+        digests.append(extras.get("hash"))
+    return digests
+
+
+def check_complete(
+    folder: str,
+    listed: Sequence[str],
+    indexes: Sequence[tuple[str, bytes]],
+    accept: Callable[[str], bool],
+    kept: Sequence[tuple[str, bytes]] = (),
+) -> None:
+    """Refuse a folder whose listing lacks a shard (that ``accept`` takes) one of its
+    ``indexes`` (``(where, document)``) lists, or holds one a ``write_shards`` index does
+    not list, or holds two ``write_shards`` corpora. ``kept``: indexes kept elsewhere,
+    used unless ``write_shards`` wrote one."""
+    parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
+    if not any(by_writer for _, _, by_writer in parsed):
+        parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
+    have = set(listed)
+    gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
+    if gone:
+        missing = sorted(gone)
+        where = [w for w, names, _ in parsed if set(names) & gone]
+        raise MissingShardError(
+            f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
+            f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
+            path=f"{folder.rstrip('/')}/{missing[0]}",
+        )
+    # A corpus this reader cannot open (another suffix) lays no claim to the folder; two that
+    # list different shards (another prefix, suffix or call) would mix in their union.
+    claims = [(w, frozenset(filter(accept, names))) for w, names, by_writer in parsed if by_writer]
+    writers = [w for w, corpus in claims if corpus]
+    corpora = {corpus for _, corpus in claims if corpus}
+    if len(corpora) > 1:
+        raise ShardError(
+            f"shard folder {folder!r} holds {len(corpora)} write_shards corpora (indexes "
+            f"{', '.join(map(repr, sorted(writers)))}), so reading it cannot tell which one you "
+            "mean; write each corpus to its own folder, or pass the list of one corpus' shards.",
+            path=folder,
+        )
+    stray = sorted(have - {n for _, names, w in parsed if w for n in names}) if writers else []
+    if stray:
+        raise ShardError(
+            f"shard folder {folder!r} holds {len(stray)} shard file(s) that its write_shards "
+            f"index {', '.join(map(repr, writers))} does not list: {stray}; remove them, or "
+            "re-run write_shards with every shard the folder should hold.",
+            path=f"{folder.rstrip('/')}/{stray[0]}",
+        )
+
+
+def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
+    """The rows of ``data`` at ``where`` if ``write_shards`` wrote it (for a URL with
+    ``remote``); else none (another index's checks are its own). A damaged one is refused."""
+    try:
+        doc = json.loads(data)
+        rows = doc["shards"] if doc.get("written_by") == WRITER else []
+        intact = doc["checksum"] == checksum(rows)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if rows and not intact:
+        msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
+        raise ShardError(msg, path=where)
+    if (doc.get("remote") is True) != remote:
+        return []
+    return [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
+
+
+def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
+    """The rows in the ``write_shards`` indexes of the folders of ``paths`` (and of their
+    links' targets), by :func:`path_key`, with where each index is."""
+    found: dict[Path, tuple[str, IndexEntry]] = {}
+    for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
+        for where in folder.glob(f"{INDEX_PREFIX}*.json"):
+            try:
+                data = where.read_bytes()
+            except OSError:
+                continue
+            for name, size, mtime, samples, *extras in _writer_rows(data, str(where), remote=False):
+                with contextlib.suppress(TypeError, ValueError):
+                    entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
+                    found[path_key(folder / name)] = (str(where), entry)
+    return found
+
+
+def _check_written(path: Path, written: tuple[str, IndexEntry] | None) -> None:
+    """Refuse ``path`` where it no longer matches its ``write_shards`` index row ``written``."""
+    if written is not None:
+        where, row = written
+        fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
+        unchanged(dataclasses.replace(row, path=path), f"write_shards index {where!r}", fix)
+
+
+def _with_hash(entry: IndexEntry, digest: str | None) -> IndexEntry:
+    """``entry`` with the hash ``write_shards`` recorded for it where it has none."""
+    if digest is None or entry.digest is not None:
+        return entry
+    return dataclasses.replace(entry, extras={**(entry.extras or {}), "hash": digest})
