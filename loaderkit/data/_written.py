@@ -136,14 +136,17 @@ def check_complete(
 
 def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
     """The rows of ``data`` at ``where`` if ``write_shards`` wrote it (for a URL with
-    ``remote``); else none (another index's checks are its own). A damaged one is refused."""
+    ``remote``); else none (another index's checks are its own). A damaged or unreadable
+    index is refused."""
     try:
         doc = json.loads(data)
-        rows = doc["shards"] if doc.get("written_by") == WRITER else []
-        intact = doc["checksum"] == checksum(rows)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return []
-    if rows and not intact:
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):  # loaderkit writes its indexes whole: this one is damaged
+        msg = f"shard index {where!r} is unreadable; delete it, or re-run write_shards."
+        raise ShardError(msg, path=where)
+    rows = doc.get("shards") if doc.get("written_by") == WRITER else []
+    if not isinstance(rows, list) or (rows and doc.get("checksum") != checksum(rows)):
         msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
         raise ShardError(msg, path=where)
     if (doc.get("remote") is True) != remote:

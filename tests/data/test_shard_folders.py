@@ -338,6 +338,11 @@ def test_a_write_shards_index_holds_through_a_link_and_refuses_damage(tmp_path: 
     index.write_text(json.dumps(doc))
     with pytest.raises(ShardError, match="fails its checksum"):
         StreamingShardedDataset(other, TokenReader(seq_len=SEQ))
+    # Note 15: a write_shards index that is not JSON at all was passed over.
+    index.write_text(index.read_text()[:40])
+    for read in (StreamingShardedDataset, ShardedDataset):
+        with pytest.raises(ShardError, match="is unreadable; delete it"):
+            read(other, TokenReader(seq_len=SEQ))
 
 
 def _written(folder: Path) -> list[Path]:

@@ -1075,3 +1075,19 @@ def test_an_iterable_train_split_is_described_as_its_loader_resumes_it() -> None
     exact, reason = dm.resume_info(1)
     assert exact and "replays its stream" in reason and not dm.resume_info(2)[0]
     assert dm.describe()["splits"]["train"]["batches_per_epoch"] is None
+
+
+def test_a_datamodule_given_path_objects_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    # Measured: ShardedDataModule(pathlib.Path(...)) kept the PosixPath in hparams, so
+    # trainer.fit(ckpt_path=...) failed in torch.load(weights_only=True) (UnpicklingError).
+    reader = TokenReader(seq_len=4)
+    write_shards(tmp_path / "tok", [np.arange(n * 4) for n in (20, 7, 13)], reader)
+
+    def make() -> ShardedDataModule:
+        return ShardedDataModule(tmp_path / "tok", seq_len=4, batch_size=8, seed=3)
+
+    assert make().hparams["shards"] == str(tmp_path / "tok")
+    full = fit_recording(tmp_path / "full", make)
+    cut = fit_recording(tmp_path / "cut", make, fail_at=3)
+    after = fit_recording(tmp_path / "after", make, resume=cut.ckpt(2))
+    assert_resume_exact(full.records, cut.records[:2], after.records)

@@ -159,6 +159,18 @@ def plain(value: Any) -> bool:
     return False
 
 
+def path_text(value: Any) -> Any:
+    """``value`` (a :func:`plain` argument) with its paths as strings: a checkpoint that
+    ``torch.load(weights_only=True)`` reads holds no ``PathLike`` objects."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {key: path_text(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [path_text(v) for v in value]
+    return value
+
+
 def shard_files(dataset: Any, *, views: bool = False) -> set[str]:
     """The shard files (real paths) and URLs that ``dataset``'s samples come from, through a
     mix's sources and, with ``views``, subsets and concatenations; empty for data that is not

@@ -19,6 +19,7 @@ from loaderkit.lightning._adapter import data_parallel_of, restricted_classmetho
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
+    path_text,
     plain,
     probe_workers,
     split_indices,
@@ -120,6 +121,8 @@ class LoaderDataModule(L.LightningDataModule):
         self.eval_batch_size = self.eval_batch_size or self.batch_size
         data = getattr(self, "_data_args", {})
         self.save_hyperparameters(ignore=[name for name, v in data.items() if not plain(v)])
+        for name, value in self.hparams.items():
+            self.hparams[name] = path_text(value)
         #: Samples/s per ``num_workers`` measured by :meth:`probe_num_workers`.
         self.num_workers_probe: dict[int, float] | None = None
         #: The ``num_workers`` the probe picked.
