@@ -146,6 +146,16 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(progress.completed == progress.processed == progress.started)
 
+    def restored_ended(self, loader: object) -> bool:
+        """``fit_loop.restarted_on_epoch_end`` and ``batch_progress.is_last_batch``: under
+        ``max_steps`` Lightning restores a checkpoint saved as an epoch ended at its last
+        batch as that epoch again, its batches counted done (not as a ``max_steps`` stop)."""
+        trainer = self._fitting(loader)
+        loop = None if trainer is None else trainer.fit_loop
+        return loop is not None and bool(
+            loop.restarted_on_epoch_end and loop.epoch_loop.batch_progress.is_last_batch
+        )
+
     def epoch_starting(self, loader: object) -> int | None:
         """``epoch_progress.current.processed``: the fit loop iterates an unsized train
         loader (to prefetch a batch) before it sets the epoch."""
@@ -194,9 +204,19 @@ class LightningHost:
         unloaded (it loads them only while ``restarting``: not from an epoch-end
         checkpoint), paired with the stateful train loaders as Lightning pairs them; only
         while ``fit_loop._loaded_from_state_dict`` (the restored fit's first epoch) and without
-        ``reload_dataloaders_every_n_epochs`` (a loader made anew may start afresh)."""
+        ``reload_dataloaders_every_n_epochs`` (a loader made anew may start afresh). Asked of
+        a loader whose epochs go on from the last one's end: reloading it every n > 1 epochs
+        is refused, as a resume reloads it at other epochs (Lightning does not save when it
+        last did)."""
         trainer = self._fitting(loader)
-        if trainer is None or trainer.reload_dataloaders_every_n_epochs:
+        every = 0 if trainer is None else trainer.reload_dataloaders_every_n_epochs
+        if every > 1:
+            raise StateMismatchError(
+                f"ResumableDataLoader: a stream with steps_per_epoch cannot resume exactly "
+                f"under reload_dataloaders_every_n_epochs={every}; reload it every epoch (1) "
+                "or never (0)."
+            )
+        if trainer is None or every:
             return None
         loop = trainer.fit_loop
         states = loop._combined_loader_states_to_load

@@ -69,7 +69,11 @@ def set_epoch_keeping(
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
             cursor.set_epoch(epoch, late=late)
         return
-    if loaded is not None and host.caller().restored_past(host.loader):
+    if loaded is not None and loaded[1] and host.caller().restored_ended(host.loader):
+        # The host ended that epoch at its last batch (limit_train_batches): its rest is
+        # empty, as a loaded position at the epoch's end is.
+        cursor.end_loaded(plan)
+    elif loaded is not None and host.caller().restored_past(host.loader):
         # The restored epoch ended at the saved batch: a loader that had cycled into this
         # epoch starts it afresh, as the saved run went on to.
         dropped = cursor.host_starts(epoch)

@@ -202,14 +202,15 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _seeded_by_user(sampler: Any, seed: int | None) -> int | None:
-    """The seed ``sampler``'s generator got from the user where it is not ``seed``: the
-    loader's (seed, epoch) generator would replace it (a sampler with ``set_epoch`` may
-    reseed it there itself; torch's default seed is no choice); else None."""
+    """The seed ``sampler``'s generator got from the user, which a ``seed`` given would
+    replace (even the same: epoch 0 would not be the generator's order); None where a
+    sampler with ``set_epoch`` may reseed it there itself, or torch's default seed (no
+    choice) is all it has."""
     inner = wrapped_sampler(sampler)  # a DistributedSamplerWrapper's inner one
     inner = sampler if inner is None else inner
     # initial_seed(), not the state: a generator drawn from since (random_split) is still theirs.
     own = inner.generator.initial_seed()
-    if seed == own or own == _TORCH_DEFAULT_SEED or set_epoch_reseeds(inner):
+    if own == _TORCH_DEFAULT_SEED or set_epoch_reseeds(inner):
         return None
     return int(own)
 
@@ -230,15 +231,15 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-    # A seed= given keys every epoch, the generator's own seed too: a saved state holds no
-    # mark that would tell that order from the generator's.
+    # A seed= given would key every epoch, the generator's own seed too (a saved state holds
+    # no mark that would tell that order from the generator's): refused.
     if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
     elif user_generator is not None and (own := _seeded_by_user(sampler, seed)) is not None:
         raise ValueError(
-            f"{OWNER}: seed={seed} differs from the seed of the sampler's own generator "
-            f"({own}), which would be ignored; leave seed=None to use it."
+            f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "
+            f"(seeded {own}); leave seed=None to use it."
         )
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

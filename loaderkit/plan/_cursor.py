@@ -380,6 +380,10 @@ class PlanCursor:
             return self.epoch + 1, False
         return self.epoch, self.position > 0
 
+    def end_loaded(self, plan: Any) -> None:
+        """Move a loaded position to its epoch's end: the rest of that epoch is empty."""
+        self.position = plan.epoch_length(self.epoch)
+
     def _live(self) -> bool:
         """Whether neither a loaded position nor a pending ``set_epoch`` of another epoch
         replaces the epoch begun last."""

@@ -821,6 +821,29 @@ def test_a_max_steps_stop_at_an_epochs_last_batch_resumes_exactly(tmp_path: Path
     assert before + after == full
 
 
+@pytest.mark.parametrize("limit", [3, 1.0])
+def test_an_epoch_end_checkpoint_under_max_steps_trains_no_batch_past_the_limit(
+    tmp_path: Path, limit: float
+) -> None:
+    # Note 15: Lightning restores it as the saved epoch again (restarted_on_epoch_end) and
+    # loads the loader's state, part-way through a limit_train_batches epoch: the loader
+    # went on with it, and a 4th batch of epoch 0 ([1, 4]) was trained past the limit of 3.
+    def fit(root: Path, ckpt: Path | None = None) -> list[tuple[int, list[int]]]:
+        model = IdModule()
+        saver = L.pytorch.callbacks.ModelCheckpoint(root, filename="e{epoch}", save_top_k=-1)
+        kwargs = trainer_kwargs(max_epochs=3, max_steps=100, limit_train_batches=limit)
+        trainer = L.Trainer(**{**kwargs, "enable_checkpointing": True, "callbacks": [saver]})
+        trainer.fit(model, datamodule=IdDataModule(size=12, batch_size=2), ckpt_path=ckpt)
+        return [(r["epoch"], r["ids"]) for r in model.records]
+
+    full = fit(tmp_path / "full")
+    after = fit(tmp_path / "after", tmp_path / "full" / "eepoch=0.ckpt")
+    # Lightning then ends the fit an epoch early, whatever the loader (docs/guide/resume.md).
+    assert after == [r for r in full if r[0] == 1], changed(
+        "fit_loop.restarted_on_epoch_end", "LightningHost.restored_ended"
+    )
+
+
 class _FabricDataParallelOf(AnswersForGroup, L.fabric.strategies.SingleDeviceStrategy):
     """A Fabric strategy on one CPU that names a data-parallel group."""
 

@@ -156,6 +156,17 @@ def test_a_stream_made_anew_each_epoch_starts_over_after_an_epoch_end_resume(roo
     assert _resume_from_epoch_end(root, 0, **reload) == want
 
 
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_stream_with_steps_per_epoch_reloaded_every_second_epoch_is_refused(nw: int) -> None:
+    # Note 15: a resume reloads it at other epochs than the uninterrupted run (Lightning does
+    # not save when it last reloaded), and a reloaded stream starts over: epoch 1 after an
+    # epoch-end checkpoint trained [0, 4], [8, 1] for [5, 9], [2, 6].
+    dm = IdDataModule(size=SIZE, batch_size=BATCH, num_workers=nw, stream=True, steps_per_epoch=5)
+    trainer = L.Trainer(**trainer_kwargs(reload_dataloaders_every_n_epochs=2))
+    with pytest.raises(StateMismatchError, match="reload_dataloaders_every_n_epochs=2; reload"):
+        trainer.fit(IdModule(), datamodule=dm)
+
+
 def test_a_stream_iterated_before_an_epoch_end_resume_takes_the_checkpoints_state(
     root: Path,
 ) -> None:
