@@ -49,7 +49,9 @@ class Engine(Protocol):
     plan: Any  # the sample plan (a stand-in where the data has none)
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
-    carries_over: bool  # an epoch goes on where the last ended: a state saved at its end matters
+    @property
+    def carries_over(self) -> bool:
+        """An epoch goes on where the last ended: a state saved at its end matters."""
 
     def length(self) -> int: ...
     def set_epoch(self, epoch: int, *, late: bool = False) -> None: ...
@@ -275,8 +277,6 @@ class Host:
 class WorkerStreams:
     """The stream and iterable engines' shared part: a position in batches, persistent
     workers, and the last hand-outs (to take back batches a consumer holds untrained)."""
-
-    carries_over = False  # see Engine
 
     def __init__(self, host: Host, plan: Any, reseed: Callable[[int], Any] | None) -> None:
         self.host, self.plan, self._reseed = host, plan, reseed

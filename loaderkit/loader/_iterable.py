@@ -381,7 +381,9 @@ class IterableEngine(WorkerStreams):
                 opened, records[0] = primed[1], dict(primed[2])
             streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
             opens = not records[0]["ended"]
-            source = worker_batches(streams, 0, records[0], in_process=True, opened=opened)
+            # Live, the object is where a carried end state says: it is only for a saved state.
+            first = records[0] if loaded is not None else {**records[0], "end_state": None}
+            source = worker_batches(streams, 0, first, in_process=True, opened=opened)
             yield from self._hand_out(source, records, run, pin=pin_now(host.pin_memory))
             self._ran_end = opens and self.complete
             return
@@ -408,12 +410,6 @@ class IterableEngine(WorkerStreams):
         if loaded is not None and loaded[0] == epoch + 1 and self.complete:
             return [{**r, "ended": True} for r in self.records]  # a loaded epoch's empty rest
         fresh = self._next_records()
-        if loaded is not None and not self.complete and self.host.num_workers == 0:
-            # A loaded epoch cut short (limit_train_batches, a break): in-process the object
-            # lives on from it, so one that is its own iterator goes on where it stopped, as
-            # uninterrupted (loaded into iter(dataset): another iterator would drop it).
-            for record, saved in zip(fresh, self.records, strict=True):
-                record["end_state"] = saved["iterator_state"]
         self.complete = False
         return fresh
 
@@ -429,6 +425,12 @@ class IterableEngine(WorkerStreams):
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["end_state"]
+        elif not self.complete and self.host.num_workers == 0:
+            # An epoch cut short (limit_train_batches, a break): in-process the object lives on
+            # from it, so one that is its own iterator goes on where it stopped, as
+            # uninterrupted (loaded into iter(dataset): another iterator would drop it).
+            for record, saved in zip(fresh, self.records, strict=True):
+                record["end_state"] = saved["iterator_state"]
         return fresh
 
     def _prime(self) -> None:
@@ -495,6 +497,11 @@ class IterableEngine(WorkerStreams):
             )
 
     # ------------------------------------------------------------------ state
+    @property
+    def carries_over(self) -> bool:
+        """Objects that live on start an epoch where the last one left them."""
+        return self.objects_live_on
+
     @property
     def objects_live_on(self) -> bool:
         """Whether the dataset objects of one epoch iterate the next (in-process, or in

@@ -159,3 +159,29 @@ def test_a_reloaded_loader_without_length_draws_each_epochs_own_randomness() -> 
         pairs = zip(model.records, model.features, strict=True)
         values.append([(r["epoch"], float(x[0, 0])) for r, x in pairs])
     assert len(values[0]) == 6 and values[1] == values[0]
+
+
+@pytest.mark.parametrize("saved", ["epoch_end", "on_exception"])
+def test_a_walk_cut_by_limit_train_batches_goes_on_from_an_epoch_end_or_failure(
+    tmp_path: Path, saved: str
+) -> None:
+    # Note 15: from these the walk started over (epoch 1 read samples 0-11 again): Lightning
+    # loads no loader state from an epoch's end, and epoch 1's failed first step took back
+    # to that epoch's start record, which did not say where the object had stopped.
+    def fit_walk(root: Path, fail_at: int | None = None, resume: Path | None = None) -> Any:
+        model = IdModule(fail_at=fail_at)
+        ends = L.pytorch.callbacks.ModelCheckpoint(root, filename="e{epoch}", save_top_k=-1)
+        callbacks = [ends, L.pytorch.callbacks.OnExceptionCheckpoint(root, "failed")]
+        options = trainer_kwargs(max_epochs=3, limit_train_batches=3, callbacks=callbacks)
+        trainer = L.Trainer(**{**options, "enable_checkpointing": True})
+        fit_or_interrupt(trainer, model, WalkModule(), interrupted=fail_at is not None,
+                         resume=resume)  # fmt: skip
+        return model.records
+
+    full = fit_walk(tmp_path / "full")
+    if saved == "epoch_end":
+        before, ckpt = full[:3], tmp_path / "full" / "eepoch=0.ckpt"
+    else:
+        before, ckpt = fit_walk(tmp_path / "cut", fail_at=3), tmp_path / "cut" / "failed.ckpt"
+    after = fit_walk(tmp_path / "resumed", resume=ckpt)
+    assert_resume_exact(full, before, after)
