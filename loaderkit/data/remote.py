@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import math
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -257,9 +258,13 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
 
 
 def _keys_copy(version: str) -> bool:
-    """Whether a copy keyed by ``version`` holds across listings: not HTTP's
-    ``Last-Modified`` (an IMF date), one second shared by the versions written within it."""
-    return bool(version) and not version.endswith(" GMT")
+    """Whether a copy keyed by ``version`` holds across listings: not a time in whole seconds
+    (HTTP's ``Last-Modified``, an SFTP ``mtime``), which the versions written within that
+    second share."""
+    return bool(version) and not (version.endswith(" GMT") or _WHOLE_SECONDS.fullmatch(version))
+
+
+_WHOLE_SECONDS = re.compile(r"\d+(\.0)?")  # also an integer ETag or generation: fetched again
 
 
 def _local_footer(path: Path) -> bytes | None:

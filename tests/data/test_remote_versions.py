@@ -74,6 +74,19 @@ def test_a_same_size_replacement_of_a_versionless_object_is_read_anew(
     assert first[0].tolist() == [1] * SEQ  # its own listing's copy: still 1
 
 
+@pytest.mark.parametrize("version", ["1700000000", "1700000000.0"])
+def test_a_version_in_whole_seconds_keys_a_copy_within_its_listing_only(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    # Note 15: an SFTP store lists an mtime in whole seconds and no ETag; a shard rewritten
+    # (same size) within that second was read from the cache as it was: 1 for 99.
+    monkeypatch.setattr(_fs, "version_of", lambda entry: version)
+    write_shards(folder, [np.full(3 * SEQ, 1, dtype=np.uint16), np.zeros(SEQ, np.uint16)], READER)
+    assert make(folder, tmp_path)[0].tolist() == [1] * SEQ
+    replace_shard(folder, tmp_path, 99)
+    assert make(folder, tmp_path)[0].tolist() == [99] * SEQ
+
+
 @pytest.mark.parametrize("store", ["versioned", "versionless-hashed"])
 def test_a_versioned_or_hashed_object_is_reused_across_listings(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str
