@@ -373,6 +373,7 @@ class IterableEngine(WorkerStreams):
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
         host.started = True
+        cut_short = loaded is None and not self.complete  # live: the object stopped in place
         records = self.records = self._starts(epoch, loaded)
         self._history.clear()
         if host.num_workers == 0:
@@ -381,8 +382,8 @@ class IterableEngine(WorkerStreams):
                 opened, records[0] = primed[1], dict(primed[2])
             streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
             opens = not records[0]["ended"]
-            # Live, the object is where a carried end state says: it is only for a saved state.
-            first = records[0] if loaded is not None else {**records[0], "end_state": None}
+            # There the object is where its carried end state says: that is for a saved state.
+            first = {**records[0], "end_state": None} if cut_short else records[0]
             source = worker_batches(streams, 0, first, in_process=True, opened=opened)
             yield from self._hand_out(source, records, run, pin=pin_now(host.pin_memory))
             self._ran_end = opens and self.complete
