@@ -31,8 +31,9 @@ from loaderkit.seeding import derive_seed
 __all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
 
 _MAX_SAMPLES = 2**63
-# Positions a lazy schedule maps at once: amortizes numpy's per-call cost in a few MB.
-CHUNK = 1 << 16
+# Positions a lazy schedule maps at once: amortizes numpy's per-call cost while the
+# arrays stay in cache (larger chunks cost more per position: benchmarks/RESULTS.md).
+CHUNK = 1 << 14
 # Steps mapped first, growing 16x up to CHUNK: the first batch waits only for its own.
 _GROWTH = 16
 

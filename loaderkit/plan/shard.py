@@ -320,21 +320,22 @@ class _ShardOrder:
     def at(self, positions: np.ndarray) -> np.ndarray:
         p = np.asarray(positions).astype(np.int64)
         k, base = self._k, self._n // self._k
-        lane, offset = p % k, p // k
-        tail = p >= base * k  # the last, partial round: the first n % k lanes
-        lane[tail] = p[tail] - base * k
-        offset[tail] = base
-        q = self._lanes[lane] + offset
+        q = p  # one lane (mix_shards=1): laid out in order
+        if k > 1:
+            offset, lane = np.divmod(p, k)
+            tail = np.flatnonzero(offset >= base)  # the last, partial round: the first n % k lanes
+            lane.flat[tail] = p.flat[tail] - base * k
+            offset.flat[tail] = base
+            q = self._lanes[lane] + offset
         piece = np.searchsorted(self._cuts, q, side="right") - 1
         if self._window > 1:
-            lo = self._cuts[piece]
-            number = (q - lo) // self._window
-            start = lo + number * self._window
+            number, inside = np.divmod(q - self._cuts[piece], self._window)
+            start = q - inside
             if self._windows is not None:
-                q = start + self._windows.at(self._window_first[piece] + number, q - start)
+                q = start + self._windows.at(self._window_first[piece] + number, inside)
             else:
                 size = np.minimum(start + self._window, self._cuts[piece + 1]) - start
-                q = start + permute_many(size, self._window_keys(start), q - start)
+                q = start + permute_many(size, self._window_keys(start), inside)
         return q + self._first[piece]
 
     def _window_keys(self, starts: np.ndarray) -> np.ndarray:
