@@ -146,6 +146,11 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(progress.completed == progress.processed == progress.started)
 
+    def reloads(self, loader: object) -> bool:
+        """``reload_dataloaders_every_n_epochs`` is set."""
+        trainer = self._fitting(loader)
+        return trainer is not None and bool(trainer.reload_dataloaders_every_n_epochs)
+
     def restored_ended(self, loader: object) -> bool:
         """``fit_loop.restarted_on_epoch_end`` and ``batch_progress.is_last_batch``: under
         ``max_steps`` Lightning restores a checkpoint saved as an epoch ended at its last

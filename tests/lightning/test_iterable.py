@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loaderkit import ResumableDataLoader, attach_host
+from loaderkit import ResumableDataLoader, StateMismatchError, attach_host
 from tests.support.helpers import (
     IdModule,
     assert_resume_exact,
@@ -185,3 +185,33 @@ def test_a_walk_cut_by_limit_train_batches_goes_on_from_an_epoch_end_or_failure(
         before, ckpt = fit_walk(tmp_path / "cut", fail_at=3), tmp_path / "cut" / "failed.ckpt"
     after = fit_walk(tmp_path / "resumed", resume=ckpt)
     assert_resume_exact(full, before, after)
+
+
+class _SharedWalkModule(L.LightningDataModule):
+    """Each train loader over one object made once (as in ``setup``); ``walk`` rewinds or not."""
+
+    def __init__(self, walk: Walk) -> None:
+        super().__init__()
+        self.walk = walk
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return attach_host(ResumableDataLoader(self.walk, batch_size=BATCH), self.trainer)
+
+
+def test_a_reloaded_loader_over_an_object_another_left_part_way_is_refused() -> None:
+    # Note 15: under reload_dataloaders_every_n_epochs the next loader went on with the object
+    # the last one left at sample 12, but a resume rebuilds that loader over a new object (at
+    # 0): the run resumed from epoch 0's end read samples 0-11 again.
+    reload = {"limit_train_batches": 3, "reload_dataloaders_every_n_epochs": 1}
+    kwargs = trainer_kwargs(max_epochs=2, **reload)
+    with pytest.raises(StateMismatchError, match="goes on where another loader left it"):
+        L.Trainer(**kwargs).fit(IdModule(), datamodule=_SharedWalkModule(IdWalk(SIZE)))
+    model = IdModule()  # one that rewinds at iter() starts each loader afresh: exact
+    L.Trainer(**kwargs).fit(model, datamodule=_SharedWalkModule(_RewindingIdWalk(SIZE)))
+    assert [r["ids"] for r in model.records][3:] == [r["ids"] for r in model.records][:3]
+
+
+class _RewindingIdWalk(IdWalk):
+    def __iter__(self) -> _RewindingIdWalk:
+        self.i = 0
+        return self
