@@ -217,9 +217,9 @@ class LightningHost:
         every = 0 if trainer is None else trainer.reload_dataloaders_every_n_epochs
         if every > 1:
             raise StateMismatchError(
-                f"ResumableDataLoader: a stream with steps_per_epoch cannot resume exactly "
-                f"under reload_dataloaders_every_n_epochs={every}; reload it every epoch (1) "
-                "or never (0)."
+                "ResumableDataLoader: a loader whose epochs go on where the last ended (a stream "
+                "with steps_per_epoch, an IterableDataset with state) cannot resume exactly under "
+                f"reload_dataloaders_every_n_epochs={every}; reload every epoch (1) or never (0)."
             )
         if trainer is None or every:
             return None

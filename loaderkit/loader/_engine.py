@@ -63,15 +63,16 @@ class Engine(Protocol):
 
 
 def set_epoch_keeping(
-    host: Host, cursor: PlanCursor, plan: Any, epoch: int, *, late: bool = False
+    host: Host, cursor: PlanCursor, plan: Any, epoch: int, *, late: bool = False, sized: bool = True
 ) -> None:
-    """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one."""
+    """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one
+    (``sized``: ``plan`` knows its epochs' lengths)."""
     loaded = cursor.loaded(plan)
     if loaded is not None and epoch != loaded[0]:
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
             cursor.set_epoch(epoch, late=late)
         return
-    if loaded is not None and loaded[1] and host.caller().restored_ended(host.loader):
+    if sized and loaded is not None and loaded[1] and host.caller().restored_ended(host.loader):
         # The host ended that epoch at its last batch (limit_train_batches): its rest is
         # empty, as a loaded position at the epoch's end is.
         cursor.end_loaded(plan)
@@ -310,7 +311,7 @@ class WorkerStreams:
             # known complete, where the length is unknown).
             self._position.set_epoch(epoch, late=late)
         else:
-            set_epoch_keeping(self.host, self._position, self, epoch, late=late)
+            set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

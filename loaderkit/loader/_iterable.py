@@ -408,8 +408,10 @@ class IterableEngine(WorkerStreams):
             opened, records[0] = primed[1], dict(primed[2])
         streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
         opens = not records[0]["ended"]
-        # There the object is where its carried end state says: that is for a saved state.
-        first = {**records[0], "end_state": None} if cut_short else records[0]
+        # There the object is where its carried states say: they are for a saved state.
+        first = (
+            {**records[0], "end_state": None, "dataset_state": None} if cut_short else records[0]
+        )
         if opened is None and opens and self.host.caller().reloads(self.host.loader):
             opened = open_stream(self.dataset, first, 0, in_process=True, source=streams)
             self._check_not_left(opened)
@@ -474,6 +476,7 @@ class IterableEngine(WorkerStreams):
             # from it, so one that is its own iterator goes on where it stopped, as
             # uninterrupted (loaded into iter(dataset): another iterator would drop it).
             for record, saved in zip(fresh, self.records, strict=True):
+                record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["iterator_state"]
         return fresh
 
@@ -543,8 +546,8 @@ class IterableEngine(WorkerStreams):
     # ------------------------------------------------------------------ state
     @property
     def carries_over(self) -> bool:
-        """Objects that live on start an epoch where the last one left them."""
-        return self.objects_live_on
+        """Objects that live on and keep a state start an epoch where the last one left them."""
+        return self.objects_live_on and (is_stateful(self.dataset) or self.state_seen)
 
     @property
     def objects_live_on(self) -> bool:

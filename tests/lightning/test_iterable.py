@@ -215,3 +215,71 @@ class _RewindingIdWalk(IdWalk):
     def __iter__(self) -> _RewindingIdWalk:
         self.i = 0
         return self
+
+
+class _Counting(IterableDataset[dict[str, Any]]):
+    """Ten samples a pass, ``len()`` 10; with ``counts``, its state counts the passes."""
+
+    def __init__(self, counts: bool) -> None:
+        self.epoch, self.counts = 0, counts
+
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(10):
+            yield {"id": 1000 * self.epoch + i, "x": torch.zeros(4)}
+        self.epoch += self.counts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = state["epoch"]
+
+
+class _PlainTen(IterableDataset[dict[str, Any]]):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(10):
+            yield {"id": i, "x": torch.zeros(4)}
+
+
+class _IterableModule(L.LightningDataModule):
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make = make
+
+    def train_dataloader(self) -> ResumableDataLoader:
+        return attach_host(ResumableDataLoader(self.make(), batch_size=4), self.trainer)
+
+
+@pytest.mark.parametrize("max_steps", [-1, 100])
+def test_a_sized_iterable_resumed_from_an_epoch_end_goes_on_with_its_state(
+    tmp_path: Path, max_steps: int
+) -> None:
+    # Review 162: Lightning stops a sized loader at len() before its end mark, so the saved
+    # epoch is not complete: its dataset state was dropped (epoch 1 read ids 0-9 again, for
+    # 1000-1009), and under max_steps the restored epoch ended past its last batch (ids 0-3
+    # trained twice).
+    def fit(root: Path, ckpt: Path | None = None) -> list[list[int]]:
+        model = IdModule()
+        saver = L.pytorch.callbacks.ModelCheckpoint(root, filename="e{epoch}", save_top_k=-1)
+        kwargs = trainer_kwargs(max_epochs=3, max_steps=max_steps, callbacks=[saver])
+        trainer = L.Trainer(**{**kwargs, "enable_checkpointing": True})
+        trainer.fit(model, datamodule=_IterableModule(lambda: _Counting(True)), ckpt_path=ckpt)
+        return [r["ids"] for r in model.records]
+
+    full = fit(tmp_path / "full")
+    after = fit(tmp_path / "after", tmp_path / "full" / "eepoch=0.ckpt")
+    # Under max_steps Lightning ends such a resumed fit an epoch early (docs/guide/resume.md).
+    assert after and after == full[3 : 3 + len(after)]
+    assert after[0] == [1000, 1001, 1002, 1003]
+
+
+def test_a_stateless_iterable_reloaded_every_second_epoch_trains() -> None:
+    # Review 162: it was refused as a stream with steps_per_epoch (its objects live on, but
+    # keep no state: each epoch starts afresh, as a resume does).
+    model = IdModule()
+    kwargs = trainer_kwargs(max_epochs=3, reload_dataloaders_every_n_epochs=2)
+    L.Trainer(**kwargs).fit(model, datamodule=_IterableModule(_PlainTen))
+    assert [r["ids"] for r in model.records] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 3
