@@ -57,10 +57,6 @@ class Host(Protocol):
     def cycles(self, loader: object) -> bool | None:
         """Whether the host iterates ``loader`` again when it runs out inside an epoch."""
 
-    def reloads(self, loader: object) -> bool:
-        """Whether the host builds its train loaders anew every few epochs (a resume
-        builds the next one over new objects)."""
-
     def restored_ended(self, loader: object) -> bool:
         """Whether the host restored a checkpoint saved after its epoch ended and runs that
         epoch again (Lightning under ``max_steps``): a loaded rest of it is past the host's."""
@@ -98,8 +94,7 @@ class _NoHost:
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none
-    drives = restored_past = restored_ended = reloads = ended = counts_run_outs = _false
-    sole_loader = _false
+    drives = restored_past = restored_ended = ended = counts_run_outs = sole_loader = _false
 
 
 NO_HOST: Host = _NoHost()

@@ -146,11 +146,6 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return bool(progress.completed == progress.processed == progress.started)
 
-    def reloads(self, loader: object) -> bool:
-        """``reload_dataloaders_every_n_epochs`` is set."""
-        trainer = self._fitting(loader)
-        return trainer is not None and bool(trainer.reload_dataloaders_every_n_epochs)
-
     def restored_ended(self, loader: object) -> bool:
         """``fit_loop.restarted_on_epoch_end`` and ``batch_progress.is_last_batch``: under
         ``max_steps`` Lightning restores a checkpoint saved as an epoch ended at its last
@@ -217,9 +212,9 @@ class LightningHost:
         every = 0 if trainer is None else trainer.reload_dataloaders_every_n_epochs
         if every > 1:
             raise StateMismatchError(
-                "ResumableDataLoader: a loader whose epochs go on where the last ended (a stream "
-                "with steps_per_epoch, an IterableDataset with state) cannot resume exactly under "
-                f"reload_dataloaders_every_n_epochs={every}; reload every epoch (1) or never (0)."
+                f"ResumableDataLoader: a stream with steps_per_epoch cannot resume exactly "
+                f"under reload_dataloaders_every_n_epochs={every}; reload it every epoch (1) "
+                "or never (0)."
             )
         if trainer is None or every:
             return None

@@ -279,6 +279,8 @@ class WorkerStreams:
     """The stream and iterable engines' shared part: a position in batches, persistent
     workers, and the last hand-outs (to take back batches a consumer holds untrained)."""
 
+    carries_over = False  # see Engine
+
     def __init__(self, host: Host, plan: Any, reseed: Callable[[int], Any] | None) -> None:
         self.host, self.plan, self._reseed = host, plan, reseed
         self.workers = max(host.num_workers, 1)

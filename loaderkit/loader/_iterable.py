@@ -12,7 +12,6 @@ import copy
 import inspect
 import pickle
 import warnings
-import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
@@ -46,8 +45,6 @@ _RECORD = (  # a worker's place, as saved
     *("dataset_state", "iterator_state", "rng", "end_state"),
 )
 _BATCH, _END = "batch", "end"
-# In-process datasets -> (the engine that iterated one last, its state as left there).
-_LEFT: weakref.WeakKeyDictionary[Any, tuple[object, bytes | None]] = weakref.WeakKeyDictionary()
 _OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
 
 
@@ -344,7 +341,6 @@ class IterableEngine(WorkerStreams):
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
         self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
-        self._token = object()  # this engine, in _LEFT
 
     def method(self) -> str:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
@@ -408,46 +404,11 @@ class IterableEngine(WorkerStreams):
             opened, records[0] = primed[1], dict(primed[2])
         streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
         opens = not records[0]["ended"]
-        # There the object is where its carried states say: they are for a saved state.
-        first = (
-            {**records[0], "end_state": None, "dataset_state": None} if cut_short else records[0]
-        )
-        if opened is None and opens and self.host.caller().reloads(self.host.loader):
-            opened = open_stream(self.dataset, first, 0, in_process=True, source=streams)
-            self._check_not_left(opened)
+        # There the object is where its carried end state says: that is for a saved state.
+        first = {**records[0], "end_state": None} if cut_short else records[0]
         source = worker_batches(streams, 0, first, in_process=True, opened=opened)
-        try:
-            yield from self._hand_out(source, records, run, pin=pin_now(self.host.pin_memory))
-        finally:
-            with contextlib.suppress(TypeError):  # not weakly referable: never checked
-                _LEFT[self.dataset] = (self._token, self._object_state(records[0]))
+        yield from self._hand_out(source, records, run, pin=pin_now(self.host.pin_memory))
         self._ran_end = opens and self.complete
-
-    def _check_not_left(self, opened: Any) -> None:
-        """Refuse an object found where another loader of this process left it: a resume
-        rebuilds this loader over a new object (Lightning's reload), which starts afresh."""
-        try:
-            token, state = _LEFT.get(self.dataset, (self._token, None))
-        except TypeError:  # not weakly referable
-            return
-        now = _Recorder(self.dataset, opened, fresh_record(), in_process=True).after([])
-        if token is not self._token and state is not None and state == self._object_state(now):
-            raise StateMismatchError(
-                "ResumableDataLoader: the IterableDataset object goes on where another loader "
-                "left it, which a resume cannot rebuild (it makes a new object). Make it in "
-                "train_dataloader(), rewind it in __iter__, or use num_workers >= 1."
-            )
-
-    @staticmethod
-    def _object_state(record: dict[str, Any]) -> bytes | None:
-        """The object's state in ``record`` (dataset's and iterator's), comparable; None: none."""
-        kept = (record["dataset_state"], record["iterator_state"])
-        if kept == (None, None):
-            return None
-        try:
-            return pickle.dumps(kept)
-        except Exception:  # not comparable: never taken for the same
-            return None
 
     def _starts(self, epoch: int, loaded: tuple[int, bool] | None) -> list[dict[str, Any]]:
         """Each worker's record to start ``epoch`` from (``loaded``: see PlanCursor.loaded)."""
@@ -476,7 +437,6 @@ class IterableEngine(WorkerStreams):
             # from it, so one that is its own iterator goes on where it stopped, as
             # uninterrupted (loaded into iter(dataset): another iterator would drop it).
             for record, saved in zip(fresh, self.records, strict=True):
-                record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["iterator_state"]
         return fresh
 
@@ -544,11 +504,6 @@ class IterableEngine(WorkerStreams):
             )
 
     # ------------------------------------------------------------------ state
-    @property
-    def carries_over(self) -> bool:
-        """Objects that live on and keep a state start an epoch where the last one left them."""
-        return self.objects_live_on and (is_stateful(self.dataset) or self.state_seen)
-
     @property
     def objects_live_on(self) -> bool:
         """Whether the dataset objects of one epoch iterate the next (in-process, or in
