@@ -201,8 +201,8 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
     return a
 
 
-def _seeded_by_user(sampler: Any, seed: int | None) -> int | None:
-    """The seed ``sampler``'s generator got from the user, which a ``seed`` given would
+def _seeded_by_user(sampler: Any) -> int | None:
+    """The seed ``sampler``'s generator got from the user, which a loader ``seed`` would
     replace (even the same: epoch 0 would not be the generator's order); None where a
     sampler with ``set_epoch`` may reseed it there itself, or torch's default seed (no
     choice) is all it has."""
@@ -236,7 +236,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
-    elif user_generator is not None and (own := _seeded_by_user(sampler, seed)) is not None:
+    elif user_generator is not None and (own := _seeded_by_user(sampler)) is not None:
         raise ValueError(
             f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "
             f"(seeded {own}); leave seed=None to use it."
