@@ -49,9 +49,7 @@ class Engine(Protocol):
     plan: Any  # the sample plan (a stand-in where the data has none)
     one_iterator: bool  # a new iter() supersedes the old one (the engine's cursors are shared)
 
-    @property
-    def carries_over(self) -> bool:
-        """An epoch goes on where the last ended: a state saved at its end matters."""
+    carries_over: bool  # an epoch goes on where the last ended: a state saved at its end matters
 
     def length(self) -> int: ...
     def set_epoch(self, epoch: int, *, late: bool = False) -> None: ...
