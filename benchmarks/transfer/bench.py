@@ -102,6 +102,14 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Rati
         persistent_workers=True,
         pin_memory=True,
     )
+    # The same data through torch's DataLoader: per-sample fetch, default_collate, its pin thread.
+    torch_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(dataset.tensors[0]),
+        batch_size=rows_per_batch,
+        num_workers=args.loader_workers,
+        persistent_workers=args.loader_workers > 0,
+        pin_memory=True,
+    )
 
     def compute(batch: torch.Tensor) -> None:
         work = weight
@@ -125,6 +133,11 @@ def cuda_loop_table(args: argparse.Namespace, device: torch.device) -> list[Rati
         # The whole path a user runs: a pinning loader (batched gather in workers) feeding it.
         f"loader (pinning, {args.loader_workers} workers) + DevicePrefetcher": lambda: timed_loop(
             DevicePrefetcher(loader, device), lambda b: compute(b[0]), sync=True
+        ),
+        f"torch DataLoader (pin_memory, {args.loader_workers} workers) + DevicePrefetcher": (
+            lambda: timed_loop(
+                DevicePrefetcher(torch_loader, device), lambda b: compute(b[0]), sync=True
+            )
         ),
     }
     compute_only = best_of(

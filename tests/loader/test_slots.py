@@ -15,17 +15,19 @@ import os
 import signal
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
-from loaderkit import ResumableDataLoader, WorkerError
+from loaderkit import ResumableDataLoader, TensorDataset, WorkerError
 from loaderkit.loader import _slots
 from tests.support.proptest import examples
 
@@ -530,6 +532,34 @@ def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory(layout: st
     by_slots = layout == "contiguous"
     assert transport["slot_batches"] == (len(got) if by_slots else 0), transport
     assert transport["torch_path_batches"] == (0 if by_slots else len(got)), transport
+
+
+@pytest.mark.parametrize("nbytes", [_slots.SPLIT_BYTES, _slots.SPLIT_BYTES * 3 + 5])
+def test_a_large_tensor_copied_out_in_parts_is_whole(nbytes: int) -> None:
+    transport = _slots.Transport(1, 1, pin=False, stats=_slots.TransportStats())
+    transport.parts = _slots.MAX_PARTS  # as on a machine with spare cores (pinning)
+    transport.copier = ThreadPoolExecutor(_slots.MAX_PARTS - 1)
+    source = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    out = np.zeros_like(source)
+    transport._copy(out, source)
+    transport.close()
+    assert np.array_equal(out, source)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pin_memory)")
+def test_large_pinned_batches_from_workers_keep_their_values() -> None:
+    # Batches over SPLIT_BYTES are copied out of the slot in parts where cores allow.
+    rows = torch.randn(96, _slots.SPLIT_BYTES // 4 // 8 + 3)
+    loader = ResumableDataLoader(
+        TensorDataset(rows), batch_size=16, shuffle=True, seed=1, num_workers=2, pin_memory=True
+    )
+    got = list(loader)
+    in_process = ResumableDataLoader(TensorDataset(rows), batch_size=16, shuffle=True, seed=1)
+    order = list(in_process.batch_sampler)
+    assert all(b[0].is_pinned() for b in got)
+    assert all(torch.equal(b[0], rows[ids]) for b, ids in zip(got, order, strict=True))
+    assert loader.describe()["transport"]["slot_batches"] == len(got)
 
 
 class Held:
