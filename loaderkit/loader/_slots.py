@@ -87,8 +87,9 @@ class Transport:
         the iterator, and so the arenas, alive until the cycle collector runs)."""
         self.arenas.clear()
         _LIVE.pop(self.token, None)
-        if self.copier is not None:
-            self.copier.shutdown(wait=False)
+        copier, self.copier = self.copier, None  # a batch copied out after this: one part
+        if copier is not None:
+            copier.shutdown(wait=False)
 
     def _copy(self, out: np.ndarray, source: np.ndarray) -> None:
         # numpy's copy: torch's would wake intra-op threads that spin on the workers' cores.
