@@ -24,7 +24,8 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
-from loaderkit.env import cpu_budget
+from loaderkit.env import cpu_budget, detect
+from loaderkit.loader._auto import local_processes
 
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
@@ -70,9 +71,7 @@ class Transport:
     def __init__(self, num_workers: int, slots: int, pin: bool, stats: TransportStats) -> None:
         self.token = (os.getpid() << 20) ^ next(_tokens)
         self.slots, self.pin, self.stats = slots, pin, stats
-        # Pinned batches are copied out by torch's pin thread alone: a large one goes in parts
-        # on the cores the workers leave (numpy's copy frees the GIL; one thread does ~9 GB/s).
-        self.parts = min(MAX_PARTS, cpu_budget() - num_workers - 1) if pin else 1
+        self.parts = copy_parts(pin, num_workers)
         self.copier = (
             ThreadPoolExecutor(self.parts - 1, "loaderkit-copy") if self.parts > 1 else None
         )
@@ -87,23 +86,26 @@ class Transport:
         the iterator, and so the arenas, alive until the cycle collector runs)."""
         self.arenas.clear()
         _LIVE.pop(self.token, None)
-        copier, self.copier = self.copier, None  # a batch copied out after this: one part
-        if copier is not None:
-            copier.shutdown(wait=False)
+        if self.copier is not None:
+            self.copier.shutdown(wait=False)
 
     def _copy(self, out: np.ndarray, source: np.ndarray) -> None:
         # numpy's copy: torch's would wake intra-op threads that spin on the workers' cores.
-        if self.copier is None or out.size < SPLIT_BYTES:
+        copier = self.copier
+        if copier is None or out.size < SPLIT_BYTES:
             np.copyto(out, source)
             return
         step = -(-out.size // self.parts)
-        rest = [
-            self.copier.submit(np.copyto, out[i : i + step], source[i : i + step])
-            for i in range(step, out.size, step)
-        ]
+        parts = []
+        for i in range(step, out.size, step):
+            try:
+                parts.append(copier.submit(np.copyto, out[i : i + step], source[i : i + step]))
+            except RuntimeError:  # the pool is shut (interpreter exit): the rest here
+                np.copyto(out[i:], source[i:])
+                break
         np.copyto(out[:step], source[:step])
-        for part in rest:
-            part.result()
+        for part in parts:
+            part.result()  # the slot is freed only after every part is out
 
     def writer(self) -> SlotWriter:
         return SlotWriter(self.token, self.flags, self.slots)
@@ -133,6 +135,16 @@ class Transport:
         self._flags[worker * self.slots + slot] = 0
         self.stats.slot_batches += 1
         return _SkeletonUnpickler(io.BytesIO(skeleton), tensors).load()
+
+
+def copy_parts(pin: bool, num_workers: int) -> int:
+    """Parts a large tensor is copied out of its slot in: torch's pin thread copies every
+    pinned batch alone (~9 GB/s a thread), so it takes helpers on the cores that this
+    process's workers and training thread leave (``docs/design.md``, "Worker transport")."""
+    if not pin:
+        return 1  # no pin thread: a loader that runs none starts no threads
+    cores = cpu_budget(local_processes(detect().world_size))
+    return max(1, min(MAX_PARTS, cores - num_workers - 1))
 
 
 class SlotWriter:

@@ -13,14 +13,14 @@ import functools
 import gc
 import os
 import signal
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -534,16 +534,62 @@ def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory(layout: st
     assert transport["torch_path_batches"] == (0 if by_slots else len(got)), transport
 
 
+def test_pinned_copies_take_the_cores_the_workers_and_ranks_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_slots, "cpu_budget", lambda processes=1: 16 // processes)
+    assert [_slots.copy_parts(True, w) for w in (2, 12, 13, 15)] == [4, 3, 2, 1]
+    assert _slots.copy_parts(False, 2) == 1  # no pin thread: no threads
+    monkeypatch.setattr(_slots, "local_processes", lambda world_size: 4)  # 4 ranks a node
+    assert [_slots.copy_parts(True, w) for w in (1, 2)] == [2, 1]
+
+
+class _Deferred:
+    """An executor whose parts run only when their result is asked for."""
+
+    def submit(self, fn: Any, *args: Any) -> Any:
+        return type("Part", (), {"result": staticmethod(lambda: fn(*args))})()
+
+
 @pytest.mark.parametrize("nbytes", [_slots.SPLIT_BYTES, _slots.SPLIT_BYTES * 3 + 5])
-def test_a_large_tensor_copied_out_in_parts_is_whole(nbytes: int) -> None:
+def test_a_tensor_copied_out_in_parts_waits_for_every_part(nbytes: int) -> None:
     transport = _slots.Transport(1, 1, pin=False, stats=_slots.TransportStats())
-    transport.parts = _slots.MAX_PARTS  # as on a machine with spare cores (pinning)
-    transport.copier = ThreadPoolExecutor(_slots.MAX_PARTS - 1)
-    source = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    out = np.zeros_like(source)
+    transport.parts, transport.copier = 4, cast(Any, _Deferred())
+    source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8).numpy()
+    out = source * 0
     transport._copy(out, source)
-    transport.close()
-    assert np.array_equal(out, source)
+    assert (out == source).all()
+    shut = ThreadPoolExecutor(2)
+    shut.shutdown()  # as at interpreter exit: parts not taken are copied on this thread
+    transport.copier, out[:] = shut, 0
+    transport._copy(out, source)
+    assert (out == source).all()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_large_batches_copied_out_in_parts_keep_their_values(
+    monkeypatch: pytest.MonkeyPatch, persistent: bool
+) -> None:
+    # As where pinning on spare cores (no pinning without CUDA): odd sizes, so parts differ.
+    monkeypatch.setattr(_slots, "copy_parts", lambda pin, num_workers: 3)
+    data = TensorDataset(
+        torch.randint(0, 255, (24, (_slots.SPLIT_BYTES >> 2) + 13), dtype=torch.uint8),
+        torch.randn(24, (_slots.SPLIT_BYTES >> 5) + 7, dtype=torch.float64),
+    )
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 3}
+    loader = ResumableDataLoader(data, num_workers=2, persistent_workers=persistent, **kwargs)
+    want = ResumableDataLoader(data, **kwargs)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        want.set_epoch(epoch)
+        got, copying = [], False
+        for batch in loader:  # the copy threads live with the worker iterator
+            got.append(batch)
+            copying |= any(t.name.startswith("loaderkit-copy") for t in threading.enumerate())
+        assert copying
+        for batch, expected in zip(got, want, strict=True):
+            assert all(torch.equal(g, e) for g, e in zip(batch, expected, strict=True))
+    assert loader.describe()["transport"]["slot_batches"] == 2 * len(got)
 
 
 @pytest.mark.gpu
