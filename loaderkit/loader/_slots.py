@@ -24,9 +24,6 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
-from loaderkit.env import cpu_budget, detect
-from loaderkit.loader._auto import local_processes
-
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
@@ -68,10 +65,12 @@ class TransportStats:
 class Transport:
     """The main process's side of one worker iterator's slots (made before its workers start)."""
 
-    def __init__(self, num_workers: int, slots: int, pin: bool, stats: TransportStats) -> None:
+    def __init__(
+        self, num_workers: int, slots: int, pin: bool, stats: TransportStats, cores: int = 1
+    ) -> None:
         self.token = (os.getpid() << 20) ^ next(_tokens)
         self.slots, self.pin, self.stats = slots, pin, stats
-        self.parts = copy_parts(pin, num_workers)
+        self.parts = copy_parts(pin, num_workers, cores)
         self.copier = (
             ThreadPoolExecutor(self.parts - 1, "loaderkit-copy") if self.parts > 1 else None
         )
@@ -137,14 +136,11 @@ class Transport:
         return _SkeletonUnpickler(io.BytesIO(skeleton), tensors).load()
 
 
-def copy_parts(pin: bool, num_workers: int) -> int:
-    """Parts a large tensor is copied out of its slot in: torch's pin thread copies every
-    pinned batch alone (~9 GB/s a thread), so it takes helpers on the cores that this
-    process's workers and training thread leave (``docs/design.md``, "Worker transport")."""
-    if not pin:
-        return 1  # no pin thread: a loader that runs none starts no threads
-    cores = cpu_budget(local_processes(detect().world_size))
-    return max(1, min(MAX_PARTS, cores - num_workers - 1))
+def copy_parts(pin: bool, num_workers: int, cores: int) -> int:
+    """Parts a large pinned tensor is copied out in: the ``cores`` (this rank's) that its
+    workers and training thread leave, at most MAX_PARTS (``docs/design.md``, "Worker
+    transport")."""
+    return max(1, min(MAX_PARTS, cores - num_workers - 1)) if pin else 1
 
 
 class SlotWriter:

@@ -66,6 +66,7 @@ class WorkerPool:
     persistent: bool
     user_init: Callable[[int], None] | None  # runs after loaderkit seeds the worker
     start_method: Any
+    cores: int = 1  # this rank's share of the node's cores
     stats: _slots.TransportStats = field(
         default_factory=_slots.TransportStats, compare=False, repr=False
     )
@@ -154,6 +155,7 @@ class _WorkerLoader(DataLoader[Any]):
                 _slots.slots_per_worker(self.prefetch_factor),
                 pin=self.pin_memory,
                 stats=self._loaderkit_pool.stats,
+                cores=self._loaderkit_pool.cores,
             )
             self.collate_fn = functools.partial(_slots.pack, transport.writer())
         else:

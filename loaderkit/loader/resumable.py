@@ -348,12 +348,9 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         spec.dataset, spec.collate_fn, seed=spec.seed, per_sample_seeding=spec.per_sample
     )
     topology = {"rank": spec.rank, "world_size": spec.world_size}
-    if spec.rank is not None or spec.world_size is not None:
-        detect(**topology)  # validates now, not at the first batch
-    auto = None
-    if spec.auto:
-        local = local_processes(detect(**topology).world_size)
-        auto = AutoWorkers(cap=min(cpu_budget(local), MAX_AUTO_WORKERS))
+    # Validates a given topology now, not at the first batch; this rank's share of the cores.
+    cores = cpu_budget(local_processes(detect(**topology).world_size))
+    auto = AutoWorkers(cap=min(cores, MAX_AUTO_WORKERS)) if spec.auto else None
     pool = WorkerPool(
         num_workers=spec.workers,
         pin_memory=spec.pin,
@@ -362,6 +359,7 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         persistent=spec.persistent_workers,
         user_init=spec.worker_init_fn,
         start_method=spec.multiprocessing_context,
+        cores=cores,
     )
     host = Host(
         loader, seed=spec.seed, seed_drawn=spec.seed_drawn, pool=pool, auto=auto, **topology

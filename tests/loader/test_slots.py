@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
 from loaderkit import ResumableDataLoader, TensorDataset, WorkerError
-from loaderkit.loader import _slots
+from loaderkit.loader import _slots, resumable
 from tests.support.proptest import examples
 
 N = 12
@@ -537,11 +537,16 @@ def test_pinned_batches_are_copied_out_of_the_slot_into_pinned_memory(layout: st
 def test_pinned_copies_take_the_cores_the_workers_and_ranks_leave(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_slots, "cpu_budget", lambda processes=1: 16 // processes)
-    assert [_slots.copy_parts(True, w) for w in (2, 12, 13, 15)] == [4, 3, 2, 1]
-    assert _slots.copy_parts(False, 2) == 1  # no pin thread: no threads
-    monkeypatch.setattr(_slots, "local_processes", lambda world_size: 4)  # 4 ranks a node
-    assert [_slots.copy_parts(True, w) for w in (1, 2)] == [2, 1]
+    monkeypatch.setattr(resumable, "cpu_budget", lambda processes=1: 16 // processes)
+
+    def parts(workers: int, pin: bool = True) -> int:
+        loader = ResumableDataLoader(list(range(4)), num_workers=workers)
+        return _slots.copy_parts(pin, workers, loader._host.pool.cores)
+
+    assert [parts(w) for w in (2, 12, 13, 15)] == [4, 3, 2, 1]
+    assert parts(2, pin=False) == 1  # no pin thread: no threads
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks a node
+    assert [parts(w) for w in (1, 2)] == [2, 1]
 
 
 class _Deferred:
@@ -571,7 +576,7 @@ def test_large_batches_copied_out_in_parts_keep_their_values(
     monkeypatch: pytest.MonkeyPatch, persistent: bool
 ) -> None:
     # As where pinning on spare cores (no pinning without CUDA): odd sizes, so parts differ.
-    monkeypatch.setattr(_slots, "copy_parts", lambda pin, num_workers: 3)
+    monkeypatch.setattr(_slots, "copy_parts", lambda pin, num_workers, cores: 3)
     data = TensorDataset(
         torch.randint(0, 255, (24, (_slots.SPLIT_BYTES >> 2) + 13), dtype=torch.uint8),
         torch.randn(24, (_slots.SPLIT_BYTES >> 5) + 7, dtype=torch.float64),
