@@ -352,13 +352,17 @@ class WorkerStreams:
         state |= {"version": STATE_VERSION, "kind": kind, "topology": topology}
         return seal({name: state[name] for name in fields}, fields)
 
-    def resume(self, state: Any) -> None:
-        """Take the position of a checked ``state``; workers start afresh."""
+    def resume(self, state: Any, adopted: int | None) -> int | None:
+        """Take the position and the ``adopted`` seed (None: kept) of a checked ``state``;
+        workers start afresh. Returns ``adopted``."""
+        if adopted is not None and self._reseed is not None:
+            self.adopt_seed(adopted)  # the plan reports the seed the batches are drawn with
         steps_done = int(state["steps_done"])
         self._position.resume_at(int(state["epoch"]), steps_done, steps_done)
         self.complete = bool(state["complete"])
         self._history.clear()
         self.close()
+        return adopted
 
     def workers_for(self, source: Any, epoch: int, *, fresh: bool) -> DataLoader[Any]:
         """The persistent workers already at ``epoch``, else a new DataLoader over ``source``

@@ -620,5 +620,4 @@ class IterableEngine(WorkerStreams):
             for r in records
         ]
         self._primed, self._ran_end = None, False
-        self.resume(state)
-        return adopted
+        return self.resume(state, adopted)

@@ -62,8 +62,7 @@ class LoaderSpec:
     reseed: Callable[[int], Plan] | None  # rebuilds the plan with an adopted seed
     batch_size: int | None  # the public value (None: unbatched)
     step_size: int  # samples per batch (1 when unbatched)
-    drop_last: bool  # the public value (the plan's where it has one)
-    engine_drop_last: bool  # as given, for a stream or an IterableDataset
+    drop_last: bool  # the plan's where it has one; as given for a stream or an IterableDataset
     collate_fn: Any  # as given (wrapped when unbatched)
     sampler: Any
     batch_sampler: Any
@@ -155,10 +154,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         reseed=reseed,
         batch_size=None if unbatched else step_size,
         step_size=step_size,
-        drop_last=a["drop_last"]
-        if kind == "iterable"
-        else getattr(plan, "drop_last", a["drop_last"]),
-        engine_drop_last=a["drop_last"],
+        drop_last=getattr(plan, "drop_last", a["drop_last"]) if kind == "plan" else a["drop_last"],
         collate_fn=collate_fn,
         sampler=a["sampler"],
         batch_sampler=args["batch_sampler"],

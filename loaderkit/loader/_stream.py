@@ -397,5 +397,4 @@ class StreamEngine(WorkerStreams):
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
         self.next_local = int(mine["next"])
         self._round, self._loaded_ranks = None, list(state["ranks"])
-        self.resume(state)
-        return adopted
+        return self.resume(state, adopted)

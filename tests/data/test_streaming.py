@@ -234,7 +234,9 @@ def test_pass_per_epoch_exactly_once_and_exact_resume(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # fewer shards than slots
         try:
-            full = epochs(loader(ds, nw, batch_size=batch, drop_last=drop), 2)
+            dl = loader(ds, nw, batch_size=batch, drop_last=drop)
+            assert dl.drop_last is drop  # as DataLoader reports it (Lightning copies it)
+            full = epochs(dl, 2)
         except LoaderkitError as err:  # an epoch of no batch is an error, never silent
             assert "yielded no batch" in str(err)
             assert sum(sizes) <= (batch - 1) * max(nw, 1) * drop
@@ -531,7 +533,7 @@ def test_state_mismatch_and_malformed_states() -> None:
         explicit.load_state_dict(state)
     adopting = ResumableDataLoader(ds, batch_size=3)
     adopting.load_state_dict(state)
-    assert adopting.seed == SEED
+    assert adopting.seed == adopting.plan.seed == SEED  # the plan reports the seed in use
     with pytest.raises(TypeError, match="must be a dict, got list"):
         loader(ds).load_state_dict([])  # type: ignore[arg-type]
     with pytest.raises(StateMismatchError, match=r"missing keys \['ranks'\]"):

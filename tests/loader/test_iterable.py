@@ -216,6 +216,19 @@ def test_replay_resume_reproduces_worker_randomness() -> None:
     assert_resume_exact(make, [1, 4, 10])
 
 
+def test_a_loader_without_a_seed_reports_the_seed_it_adopted() -> None:
+    saved = ResumableDataLoader(Jittered(), batch_size=3, num_workers=2, seed=3)
+    it = iter(saved)
+    next(it)
+    resumed = ResumableDataLoader(Jittered(), batch_size=3, num_workers=2)
+    assert resumed.plan.seed != 3
+    resumed.load_state_dict(saved.state_dict())
+    # The workers draw with seed 3 now: the plan must not report the drawn one.
+    assert resumed.seed == resumed.plan.seed == 3
+    rest, got = list(it), list(resumed)
+    assert len(got) == len(rest) > 0 and all(map(torch.equal, got, rest))
+
+
 def draw_in_collate(samples: list[Any]) -> torch.Tensor:
     """A collate_fn that draws from the worker's global RNG (random masking, mixup)."""
     return torch.stack([torch.cat([torch.as_tensor(s).view(-1), torch.rand(1)]) for s in samples])
