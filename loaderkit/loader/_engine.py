@@ -279,15 +279,26 @@ class WorkerStreams:
 
     carries_over = False  # see Engine
 
-    def __init__(self, host: Host, plan: Any, reseed: Callable[[int], Any] | None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        dataset: Any,
+        *,
+        plan: Any,
+        reseed: Callable[[int], Any] | None,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Callable[[list[Any]], Any],
+    ) -> None:
         self.host, self.plan, self._reseed = host, plan, reseed
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.collate_fn = collate_fn
         self.workers = max(host.num_workers, 1)
         self._position = PlanCursor()
         self.complete = False
         self._history: deque[Any] = deque(maxlen=16)
         self._inner: DataLoader[Any] | None = None
         self._inner_next: int | None = None  # the epoch persistent workers would serve next
-        self.held_batches: Callable[[], int] | None = None  # else the host says
 
     @property
     def started(self) -> bool:
@@ -317,13 +328,21 @@ class WorkerStreams:
         assert self._reseed is not None
         self.plan = self._reseed(seed)
 
+    def identity(self) -> dict[str, Any]:
+        """What names the data in :meth:`fingerprint` (first, before the loader's settings)."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            **self.identity(),
+            "seed": self.host.seed,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
     def taken_back(self) -> list[Any]:
         """The last hand-outs, newest first, of the batches the consumer holds untrained."""
-        run = self.host.current
-        if self.held_batches is not None and not (run is not None and run.finished):
-            held = self.held_batches()
-        else:
-            held = self.host.held_of(run)
+        held = self.host.held_of(self.host.current)
         if held > len(self._history):
             raise LoaderkitError(
                 f"ResumableDataLoader: the consumer holds {held} batches but only "

@@ -320,20 +320,8 @@ class IterableEngine(WorkerStreams):
 
     one_iterator = False  # see Engine
 
-    def __init__(
-        self,
-        host: Host,
-        dataset: Any,
-        *,
-        plan: Any,
-        reseed: Callable[[int], Any] | None,
-        batch_size: int,
-        drop_last: bool,
-        collate_fn: Callable[[list[Any]], Any],
-    ) -> None:
-        super().__init__(host, plan, reseed)
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.collate_fn = collate_fn
+    def __init__(self, host: Host, dataset: Any, **engine: Any) -> None:
+        super().__init__(host, dataset, **engine)
         # Per worker, as of its last batch handed out in the current epoch.
         self.records: list[dict[str, Any]] = [fresh_record() for _ in range(self.workers)]
         self.state_seen = False  # a worker reported an iterator state
@@ -545,14 +533,9 @@ class IterableEngine(WorkerStreams):
             )
         return {"engine": "iterable", "resume": method, "resume_reason": reason}
 
-    def fingerprint(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         dataset = type(self.dataset)
-        return {
-            "dataset": f"{dataset.__module__}.{dataset.__qualname__}",
-            "seed": self.host.seed,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-        }
+        return {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
 
     def state(self) -> dict[str, Any]:
         records, complete = list(self.records), self.complete

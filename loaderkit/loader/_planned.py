@@ -65,9 +65,9 @@ class PlanEngine:
         self._inner: DataLoader[Any] | None = None  # persistent workers' loader
         self._rounds = Rounds()
 
-    def _fingerprint(self, plan: Any) -> dict[str, Any]:
-        """The plan's settings, and the shard files (in order) its indices name."""
-        fields = plan.fingerprint()
+    def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
+        """The plan's settings (and ``extra``), and the shard files (in order) it names."""
+        fields = {**plan.fingerprint(), **extra}
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
         return fields
@@ -287,17 +287,18 @@ class PlanEngine:
         adopt = ("seed",) if adopt_seed and self._reseed is not None else ()
         saved = state.get("plan") if isinstance(state, Mapping) else None
         listed = saved.get("listed_from") if isinstance(saved, Mapping) else None
-        plan: Any = self.plan
-        if isinstance(plan, SamplerPlan) and listed is not None:
-            plan = _Listed(plan, listed)
-        fingerprint = self._fingerprint(plan)
+        # A reseeded generator's epoch the saved state was listed from.
+        relisted = isinstance(self.plan, SamplerPlan) and listed is not None
+        fingerprint = self._fingerprint(self.plan, **({"listed_from": listed} if relisted else {}))
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
             # Before anything changes (a refusal leaves the loader as it was); a malformed
             # position is cursor.load's to name.
             epoch, position = state.get("epoch"), state.get("position")
             if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
                 self.plan.check_relisted(epoch, position, listed)
-        loaded = self.cursor.load(state, plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint)
+        loaded = self.cursor.load(
+            state, self.plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint
+        )
         saved_seed, adopted = loaded["plan"]["seed"], None
         if saved_seed != self.host.seed and self._reseed is not None:
             self.adopt_seed(saved_seed)
@@ -400,16 +401,3 @@ def describe_step(sched: Schedule, task: int, worker: int) -> tuple[str, Any]:
     indices = sched.indices(task).tolist()
     shown = indices if len(indices) <= 16 else [*indices[:16], "..."]
     return f"sample indices {shown} (epoch {sched.epoch}, batch {task})", indices
-
-
-class _Listed:
-    """A SamplerPlan fingerprinted with a saved ``listed_from`` (a reseeded generator's epoch)."""
-
-    def __init__(self, plan: SamplerPlan, listed: str) -> None:
-        self.plan, self.listed = plan, listed
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {**self.plan.fingerprint(), "listed_from": self.listed}
-
-    def epoch_length(self, epoch: int) -> int:
-        return self.plan.epoch_length(epoch)

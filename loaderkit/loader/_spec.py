@@ -67,8 +67,7 @@ class LoaderSpec:
     sampler: Any
     batch_sampler: Any
     seed: int
-    seed_explicit: bool
-    seed_drawn: bool  # provisional: settled when the topology is (the first batch)
+    seed_explicit: bool  # else drawn: provisional, settled when the topology is
     rank: int | None
     world_size: int | None
     workers: int  # worker processes to start with
@@ -160,7 +159,6 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         batch_sampler=args["batch_sampler"],
         seed=seeds["seed"],
         seed_explicit=seeds["explicit"],
-        seed_drawn=seeds["drawn"],
         rank=topology[0],
         world_size=topology[1],
         **_workers(kind, dataset, a),
@@ -245,9 +243,9 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         )
     if seed is None:
         seed = plan_seed
-    explicit = seed is not None  # the user's plan's seed too: a saved state's is not adopted
-    # Provisional: under DDP each rank would draw its own (settle_seed).
-    drawn = seed is None
+    # The user's plan's seed too: a saved state's is not adopted. A drawn one is provisional:
+    # under DDP each rank would draw its own (settle_seed).
+    explicit = seed is not None
     generator = a["generator"]
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(
@@ -259,7 +257,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     seed = check_int(
         "seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0", limit=2**128
     )
-    return {"seed": seed, "explicit": explicit, "drawn": drawn}
+    return {"seed": seed, "explicit": explicit}
 
 
 def _plan(

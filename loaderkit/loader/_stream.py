@@ -10,11 +10,11 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from functools import partial
 from typing import Any
 
-from torch.utils.data import DataLoader, default_collate, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
@@ -98,21 +98,17 @@ class StreamEngine(WorkerStreams):
 
     one_iterator = True  # the cursors are the loader's: a new iter() supersedes the old
 
+    dataset: StreamingShardedDataset
+
     def __init__(
         self,
         host: Host,
         dataset: StreamingShardedDataset,
         *,
-        plan: Any,
-        reseed: Callable[[int], Any] | None,
-        batch_size: int,
-        drop_last: bool,
-        collate_fn: Callable[[list[Any]], Any] | None,
         per_sample_seeding: bool,
+        **engine: Any,
     ) -> None:
-        super().__init__(host, plan, reseed)
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        super().__init__(host, dataset, **engine)
         self.per_sample_seeding = per_sample_seeding
         # Where in the shards this rank's slots are (None: start of the pass); whose turn is next.
         self.cursors: list[Cursor | None] = [None] * self.workers
@@ -303,13 +299,8 @@ class StreamEngine(WorkerStreams):
         reason += "world size and num_workers"
         return {"engine": "stream", "resume": "cursors", "resume_reason": reason}
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            **self.dataset.fingerprint(),
-            "seed": self.host.seed,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-        }
+    def identity(self) -> dict[str, Any]:
+        return self.dataset.fingerprint()
 
     def state(self) -> dict[str, Any]:
         epoch, _, saved_steps = self._position.saved(self)

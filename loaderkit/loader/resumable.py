@@ -362,21 +362,17 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         cores=cores,
     )
     host = Host(
-        loader, seed=spec.seed, seed_drawn=spec.seed_drawn, pool=pool, auto=auto, **topology
+        loader, seed=spec.seed, seed_drawn=not spec.seed_explicit, pool=pool, auto=auto, **topology
     )
     common: dict[str, Any] = {"plan": spec.plan, "reseed": spec.reseed}
-    common["batch_size"] = spec.step_size
-    common["drop_last"] = spec.drop_last
+    common |= {"batch_size": spec.step_size, "drop_last": spec.drop_last}
+    common["collate_fn"] = fetch.collate_fn
     engine: Engine
     if spec.kind == "iterable":
-        engine = IterableEngine(host, spec.dataset, collate_fn=fetch.collate_fn, **common)
+        engine = IterableEngine(host, spec.dataset, **common)
     elif spec.kind == "stream":
         engine = StreamEngine(
-            host,
-            spec.dataset,
-            collate_fn=spec.collate_fn,
-            per_sample_seeding=spec.stream_per_sample,
-            **common,
+            host, spec.dataset, per_sample_seeding=spec.stream_per_sample, **common
         )
     else:
         engine = PlanEngine(
