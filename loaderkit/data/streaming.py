@@ -111,6 +111,14 @@ class IterableReader:
         yield from samples
 
 
+def _reader_key(reader: Any) -> Any:
+    """What a cursor's offsets depend on in ``reader``: its ``spec()``, else its class."""
+    if callable(getattr(reader, "spec", None)):
+        return reader.spec()
+    kind = type(reader)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _past_end(shard: Any, offset: int, length: int) -> ShardError:
     return ShardError(
         f"shard {shard_name(shard)} holds {length} samples, but the cursor resumes it at "
@@ -305,6 +313,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
             "shard_names_crc32": names,
             "shard_bytes_crc32": _bytes_crc32(self.shards, self._stamps),
             **{name: getattr(self, name) for name in settings},
+            "reader": _reader_key(self.reader),  # a cursor's offsets count this reader's samples
         }
 
     def __repr__(self) -> str:

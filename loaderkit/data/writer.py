@@ -137,7 +137,11 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
         doc = job.marker_doc(i, fp, mtime_ns=st.st_mtime_ns, **info)
         atomic_write(root / job.marker(i), lambda f: f.write(doc))
     else:
-        storage.write_bytes(join_url(job.root, job.marker(i)), job.marker_doc(i, fp, **info))
+        # Each object's version as stored: one replaced at the same size is written again.
+        urls = {name: join_url(job.root, name) for name in [*sizes, path.name]}
+        versions = {name: storage.identity(url)[1] for name, url in urls.items()}
+        doc = job.marker_doc(i, fp, versions=versions, **info)
+        storage.write_bytes(join_url(job.root, job.marker(i)), doc)
     return i, path.name, samples, extras
 
 
@@ -181,7 +185,9 @@ class _RemoteDone:
     def __init__(self, job: _Job) -> None:
         assert job.storage is not None
         self.job, self.storage = job, job.storage
-        self.sizes = {e["name"]: e["size"] for e in _listing(job.storage, job.root)}
+        listed = _listing(job.storage, job.root)
+        self.sizes = {e["name"]: e["size"] for e in listed}
+        self.versions = {e["name"]: e["version"] for e in listed}
         self.markers = {e["name"] for e in _listing(job.storage, join_url(job.root, WORK_DIR))}
 
     def __call__(self, i: int, fp: str | None) -> Done | None:
@@ -190,6 +196,9 @@ class _RemoteDone:
             return None
         try:
             doc = json.loads(self.storage.read_bytes(join_url(job.root, job.marker(i))))
+            versions = doc["versions"]
+            if {name: self.versions.get(name) for name in versions} != versions:
+                return None
             return job.prior(doc, fp, self.sizes.get)
         except (ShardError, ValueError, KeyError, TypeError):
             return None

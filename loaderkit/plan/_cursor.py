@@ -133,7 +133,7 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
-_ADDED = frozenset({"shard_bytes_crc32"})
+_ADDED = frozenset({"shard_bytes_crc32", "reader"})
 
 
 def check_settings(

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
@@ -31,6 +32,8 @@ from loaderkit import (
     ShardError,
     StateMismatchError,
     StreamingShardedDataset,
+    TokenReader,
+    write_shards,
 )
 from loaderkit.data.streaming import EMPTY_PASSES
 from loaderkit.loader._stream import StreamEngine, _SlotBatches
@@ -542,6 +545,30 @@ def test_state_mismatch_and_malformed_states() -> None:
         loader(ds).load_state_dict(ResumableDataLoader(list(range(4))).state_dict())
     with pytest.raises(StateMismatchError, match="upgrade loaderkit"):
         loader(ds).load_state_dict({**state, "version": 99})
+
+
+def test_a_state_saved_with_another_reader_is_refused(tmp_path: Path) -> None:
+    # A cursor's offsets count the saved reader's samples: with seq_len=4, offset 2 skipped
+    # tokens 4-7 of the shard in silence.
+    paths = write_shards(tmp_path, [np.arange(16), np.arange(100, 116)], TokenReader(seq_len=2))
+
+    def stream(seq_len: int) -> ResumableDataLoader:
+        ds = StreamingShardedDataset(paths, TokenReader(seq_len=seq_len), shuffle_shards=False)
+        return ResumableDataLoader(ds, batch_size=2, seed=SEED)
+
+    dl = stream(2)
+    it = iter(dl)
+    next(it)
+    state, rest = dl.state_dict(), list(it)
+    with pytest.raises(StateMismatchError, match=r"field 'reader' differs: saved .*'seq_len': 2"):
+        stream(4).load_state_dict(state)
+    same = stream(2)
+    same.load_state_dict(state)
+    assert [b.tolist() for b in same] == [b.tolist() for b in rest]
+    older = copy.deepcopy(state)  # saved before the field existed: loaded as it was then
+    del older["stream"]["reader"]
+    seal(older)
+    stream(2).load_state_dict(older)
 
 
 def test_ddp_without_a_limit_is_refused_explaining_the_hang() -> None:

@@ -449,6 +449,30 @@ def test_to_s3_with_workers_and_resume(s3: Any, tmp_path: Path, compression: str
     assert int(ds[len(ds) - 1][0]) == 500 + 5 + 5 % 3 - 1
 
 
+def test_a_resume_at_a_url_writes_again_a_shard_replaced_at_the_same_size(tmp_path: Path) -> None:
+    import fsspec
+
+    url, log = f"memory://resume-replaced-{os.getpid()}/c", str(tmp_path / "calls.log")
+    with pytest.raises(ValueError, match="boom in shard input -1"):
+        write_shards(
+            url,
+            [(n if n != 3 else -1, log, 0.0) for n in range(5)],
+            READER,
+            fn=make_logged,
+            progress=False,
+        )
+    fs = fsspec.filesystem("memory")
+    (first,) = [p for p in fs.ls(url, detail=False) if p.endswith("-00000.npy")]
+    size = fs.size(first)
+    fs.pipe(first, fs.cat(first)[:-8] + b"\x07" * 8)  # another shard 0, the same size
+    assert fs.size(first) == size
+    Path(log).write_text("")
+    write_shards(url, [(n, log, 0.0) for n in range(5)], READER, fn=make_logged, progress=False)
+    assert sorted(int(x) for x in Path(log).read_text().split()) == [0, 3, 4]  # 1, 2 kept
+    assert ShardedDataset(url, READER)[4].tolist() == make(0)[16:20].tolist()
+    fs.rm(url.split("/c")[0].removeprefix("memory://"), recursive=True)
+
+
 # ------------------------------------------------------------------ start method and pool
 def new_children(before: set[Any]) -> set[Any]:
     """The child processes started since ``before`` that still run."""
