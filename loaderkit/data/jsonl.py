@@ -10,14 +10,13 @@ from typing import Any
 import numpy as np
 
 from loaderkit.data.readers import (
-    _CHUNK,
     MappedFiles,
     OpenShard,
     _map_raw,
     _missing,
     _offsets_path,
     _read_offsets,
-    _write_offsets,
+    count_cuts,
 )
 from loaderkit.errors import ShardError
 
@@ -61,16 +60,7 @@ class JsonlReader:
     def count(self, path: Path) -> int:
         """Lines in the shard; writes the line offsets sidecar."""
         path = Path(path)
-        data = self._bytes(path)
-        ends = [
-            np.flatnonzero(data[lo : lo + _CHUNK] == 10) + (lo + 1)
-            for lo in range(0, len(data), _CHUNK)
-        ]
-        offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
-        if offsets[-1] != len(data):  # a last line without a newline
-            offsets = np.append(offsets, len(data))
-        _write_offsets(path, "", offsets)
-        return len(offsets) - 1
+        return count_cuts(path, self._bytes(path), ord("\n"), "")
 
     def open(self, path: Path) -> OpenShard:
         """Memory-map the shard and its line offsets."""

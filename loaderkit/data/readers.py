@@ -118,6 +118,20 @@ def _offsets_path(path: Path, tag: str) -> Path:
     return path.with_name(f"{path.name}{tag}{OFFSETS_SUFFIX}")
 
 
+def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
+    """Pieces of ``data`` ending at each ``sep`` (and a last one without it), their offsets
+    written to the sidecar named by ``tag``."""
+    ends = [
+        np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
+        for lo in range(0, len(data), _CHUNK)
+    ]
+    offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
+    if offsets[-1] != len(data):  # a last piece without its separator
+        offsets = np.append(offsets, len(data))
+    _write_offsets(path, tag, offsets)
+    return len(offsets) - 1
+
+
 def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
     target = _offsets_path(path, tag)
     try:
@@ -182,24 +196,20 @@ def _opened(path: Path, exc: OSError) -> OSError | ShardError:
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only map (:mod:`mmap`, whose ``size()`` the read guard checks) of raw ``dtype``
     (``None``: ``.npy``); refuses a file changed meanwhile."""
+    shape: tuple[int, ...] | None = None
+    fortran = False
     try:
-        return _map_file(path, dtype)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if dtype is None:
+                read = np.lib.format.read_array_header_1_0
+                if np.lib.format.read_magic(f) != (1, 0):
+                    read = np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(f)
+            offset = f.tell()
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
         raise _opened(path, exc) from exc
-
-
-def _map_file(path: Path, dtype: np.dtype | None) -> np.ndarray:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        shape: tuple[int, ...] | None = None
-        fortran = False
-        if dtype is None:
-            read = np.lib.format.read_array_header_1_0
-            if np.lib.format.read_magic(f) != (1, 0):
-                read = np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(f)
-        offset = f.tell()
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if mm.size() != size:
         raise _changed(path, mm.size(), size)
     count = -1 if shape is None else math.prod(shape)
@@ -513,15 +523,7 @@ class TokenReader:
         tokens = self.tokens(path)
         if self.eos is not None:
             out_numpy_dtype(self, tokens.dtype, str(path))
-            ends = [
-                np.flatnonzero(tokens[lo : lo + _CHUNK] == self.eos) + (lo + 1)
-                for lo in range(0, len(tokens), _CHUNK)
-            ]
-            offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
-            if offsets[-1] != len(tokens):  # a final document without eos
-                offsets = np.append(offsets, len(tokens))
-            _write_offsets(path, f".eos{self.eos}", offsets)
-            return len(offsets) - 1
+            return count_cuts(path, tokens, self.eos, f".eos{self.eos}")
         assert self.seq_len is not None
         return max(len(tokens) - self.targets, 0) // self.seq_len
 
