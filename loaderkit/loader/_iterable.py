@@ -1,8 +1,7 @@
 """How ResumableDataLoader iterates an ``IterableDataset`` passed directly (private).
 
 As ``DataLoader`` does: each worker iterates its own copy, batches come from the workers in
-turn. Resume loads each worker's ``state_dict()`` if it has one, else replays its stream and
-checks the last skipped sample's digest (``docs/design.md``, "Host contracts").
+turn; each worker's stream, and how it resumes, is :mod:`loaderkit.loader._worker_stream`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ _DIFFERS = (
 _OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
 
 
-class _WorkerStreams(EngineSource):
+class _StreamsSource(EngineSource):
     """What the inner DataLoader's workers iterate: their own streams, batched, with records."""
 
     def __init__(
@@ -121,7 +120,7 @@ class IterableEngine(WorkerStreams):
             yield from self._in_process(run, epoch, primed if start == 0 else None, cut_short)
             return
         rank, _ = host.topology()
-        streams = _WorkerStreams(self, [dict(r) for r in records], epoch=epoch, rank=rank)
+        streams = _StreamsSource(self, [dict(r) for r in records], epoch=epoch, rank=rank)
         inner = self.workers_for(streams, epoch, fresh=start > 0)  # a resumed epoch: its own
         workers = iter(inner)
         try:
@@ -143,7 +142,7 @@ class IterableEngine(WorkerStreams):
         records, opened = self.records, None
         if primed is not None:
             opened, records[0] = primed[1], dict(primed[2])
-        streams = _WorkerStreams(self, records, epoch=epoch, rank=0)  # world_size is 1
+        streams = _StreamsSource(self, records, epoch=epoch, rank=0)  # world_size is 1
         opens = not records[0]["ended"]
         # There the object is where its carried end state says: that is for a saved state.
         first = {**records[0], "end_state": None} if cut_short else records[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import loaderkit.loader as loader_pkg
 
 LOADER = Path(loader_pkg.__file__).parent
-ENGINES = ("_planned.py", "_stream.py", "_iterable.py")
+ENGINES = ("_planned.py", "_stream.py", "_iterable.py", "_worker_stream.py")
 
 
 def _tree(name: str) -> ast.Module:
