@@ -43,15 +43,23 @@ def shard_names_crc32(dataset: object) -> int | None:
     found = _files(dataset)
     if found is None:
         return None
-    paths, shape = found  # one names_crc32 over all parts: swapped parts' folders differ
+    paths, shape, _ = found  # one names_crc32 over all parts: swapped parts' folders differ
     return zlib.crc32(repr((names_crc32(paths), shape)).encode())
 
 
-def _files(dataset: object) -> tuple[list[str], Any] | None:
-    """The shard paths ``dataset`` reads in order, and its shape, or None: none found."""
+def shard_counts_crc32(dataset: object) -> int | None:
+    """The samples of each shard file :func:`shard_names_crc32` finds, as a crc32 (None: no
+    shard files): a corpus re-cut with the same files and total holds other samples where."""
+    found = _files(dataset)
+    return None if found is None else zlib.crc32(repr(found[2]).encode())
+
+
+def _files(dataset: object) -> tuple[list[str], Any, list[int]] | None:
+    """The shard paths ``dataset`` reads in order, its shape and each shard's samples, or
+    None: none found."""
     if isinstance(dataset, ShardedDataset):
         paths = shard_paths(dataset.shards)
-        return None if paths is None else (paths, len(paths))
+        return None if paths is None else (paths, len(paths), list(dataset.sizes))
     if isinstance(dataset, Subset):
         inner = _files(dataset.dataset)
         if inner is None:
@@ -62,7 +70,7 @@ def _files(dataset: object) -> tuple[list[str], Any] | None:
         elif isinstance(rows, torch.Tensor):
             rows = rows.cpu()
         rows = np.asarray(rows, np.int64) % max(len(dataset.dataset), 1)  # type: ignore[arg-type]
-        return inner[0], (inner[1], zlib.crc32(rows.tobytes()))
+        return inner[0], (inner[1], zlib.crc32(rows.tobytes())), inner[2]
     if isinstance(dataset, MixedDataset | ConcatDataset):
         parts = dataset.sources if isinstance(dataset, MixedDataset) else _flat(dataset)
         found = [_files(part) for part in parts]
@@ -70,7 +78,7 @@ def _files(dataset: object) -> tuple[list[str], Any] | None:
             return None
         paths = [p for f in found if f is not None for p in f[0]]
         shape = [f[1] if f else ("len", len(part)) for part, f in zip(parts, found, strict=True)]
-        return paths, shape
+        return paths, shape, [n for f in found if f is not None for n in f[2]]
     return None
 
 
@@ -406,6 +414,7 @@ class MixedDataset(Dataset[Any]):
         ``ResumableDataLoader(ds, batch_sampler=...)``."""
         sampler = PlanBatchSampler(self.plan(batch_size, **plan), rank=rank, world_size=world_size)
         sampler.shard_names_crc32 = self.names_crc32
+        sampler.shard_counts_crc32 = shard_counts_crc32(self)
         return sampler
 
     def lengths(
@@ -443,4 +452,5 @@ class MixedDataset(Dataset[Any]):
             **options,
         )
         sampler.shard_names_crc32 = self.names_crc32
+        sampler.shard_counts_crc32 = shard_counts_crc32(self)
         return sampler

@@ -8,6 +8,7 @@ streaming datasets).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -112,11 +113,11 @@ class IterableReader:
 
 
 def _reader_key(reader: Any) -> Any:
-    """What a cursor's offsets depend on in ``reader``: its ``spec()``, else its class."""
+    """What a cursor's offsets depend on in ``reader``: its ``spec()`` as JSON reads it back
+    (a checkpoint may go through JSON, or load with ``weights_only``), else its class name."""
     if callable(getattr(reader, "spec", None)):
-        return reader.spec()
-    kind = type(reader)
-    return f"{kind.__module__}.{kind.__qualname__}"
+        return json.loads(json.dumps(reader.spec(), sort_keys=True, default=str))
+    return type(reader).__qualname__  # not its module: __main__ in a script, a name imported
 
 
 def _past_end(shard: Any, offset: int, length: int) -> ShardError:

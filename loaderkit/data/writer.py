@@ -138,8 +138,11 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
         atomic_write(root / job.marker(i), lambda f: f.write(doc))
     else:
         # Each object's version as stored: one replaced at the same size is written again.
-        urls = {name: join_url(job.root, name) for name in [*sizes, path.name]}
-        versions = {name: storage.identity(url)[1] for name, url in urls.items()}
+        versions: dict[str, str] = {}
+        for name in [*sizes, path.name]:
+            url = join_url(job.root, name)  # looked up with retries, as it was uploaded
+            look = functools.partial(storage.identity, url)
+            versions[name] = storage.call("looking up", url, look)[1]
         doc = job.marker_doc(i, fp, versions=versions, **info)
         storage.write_bytes(join_url(job.root, job.marker(i)), doc)
     return i, path.name, samples, extras

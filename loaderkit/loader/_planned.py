@@ -16,7 +16,7 @@ from zlib import crc32
 from torch.utils.data import DataLoader
 
 from loaderkit._callers import epoch_begun
-from loaderkit.data.mixing import MixedDataset, shard_names_crc32
+from loaderkit.data.mixing import MixedDataset, shard_counts_crc32, shard_names_crc32
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import Host, Run, ran_out, set_epoch_keeping, settle_seed
 from loaderkit.loader._fetch import (
@@ -57,7 +57,8 @@ class PlanEngine:
         self.host, self.dataset, self.fetch = host, dataset, fetch
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
-        self._names = shard_names_crc32(dataset)  # once: it lists the files
+        # Once: it lists the files.
+        self._shards = shard_names_crc32(dataset), shard_counts_crc32(dataset)
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
         self.cursor = PlanCursor()
@@ -68,8 +69,11 @@ class PlanEngine:
     def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
         """The plan's settings (and ``extra``), and the shard files (in order) it names."""
         fields = {**plan.fingerprint(), **extra}
-        if self._names is not None:
-            fields.setdefault("shard_names_crc32", self._names)
+        names, counts = self._shards
+        if names is not None:
+            fields.setdefault("shard_names_crc32", names)
+        if counts is not None and "shard_sizes_crc32" not in fields:  # a ShardPlan's own
+            fields.setdefault("shard_counts_crc32", counts)
         return fields
 
     def length(self) -> int:

@@ -133,7 +133,7 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
-_ADDED = frozenset({"shard_bytes_crc32", "reader"})
+_ADDED = frozenset({"shard_bytes_crc32", "reader", "shard_counts_crc32"})
 
 
 def check_settings(
@@ -187,6 +187,8 @@ def _check_plan(
     adopt: tuple[str, ...],
     world: int | None,
 ) -> None:
+    if isinstance(saved, Mapping):
+        fingerprint = {k: v for k, v in fingerprint.items() if k in saved or k not in _ADDED}
     names_only = {"shard_names_crc32"}  # a SamplePlan's fingerprint has no kind
     if (
         isinstance(saved, Mapping)
@@ -270,6 +272,12 @@ def _difference(
             "field 'shard_names_crc32' differs: the dataset reads other shard files than the "
             "saved run's, the same in another order or grouping, or a Subset of other indices; "
             "pass the saved run's dataset, or start without the state."
+        )
+    if key == "shard_counts_crc32":
+        return (
+            "field 'shard_counts_crc32' differs: the shard files hold other sample counts than "
+            "the saved run's (rewritten since); pass the saved run's shards, or start without "
+            "the state."
         )
     if key in adopt:
         return None

@@ -65,6 +65,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.shard_names_crc32: int | None = None
+        self.shard_counts_crc32: int | None = None  # where the plan holds no shard sizes
         self._cursor = PlanCursor()
         self._lent: tuple[PlanCursor, weakref.ref[Sized]] | None = None  # lend_batch_sampler
         self._len_watch = _LenWatch()
@@ -94,6 +95,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         fields = self.plan.fingerprint()
         if self.shard_names_crc32 is not None:
             fields.setdefault("shard_names_crc32", self.shard_names_crc32)
+        if self.shard_counts_crc32 is not None and "shard_sizes_crc32" not in fields:
+            fields.setdefault("shard_counts_crc32", self.shard_counts_crc32)
         return fields
 
     def _topology(self) -> tuple[int, int]:

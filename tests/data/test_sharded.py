@@ -502,6 +502,39 @@ def test_a_state_without_shard_names_says_an_older_loaderkit_saved_it(
         make().load_state_dict(seal(state))
 
 
+@pytest.mark.parametrize("via", ["shuffle", "subset", "concat", "mix", "mix sampler"])
+def test_shards_recut_with_the_same_files_and_total_are_refused(tmp_path: Path, via: str) -> None:
+    # Shard 0 and 2 swapped (6 <-> 9 samples): same names, same total. Plans that hold no
+    # shard sizes resumed at the saved position in other samples (4 lost, 4 twice).
+    from torch.utils.data import ConcatDataset, Subset
+
+    from loaderkit.plan._cursor import seal
+
+    parts = [[{"id": i} for i in range(a, a + n)] for a, n in ((0, 6), (100, 4), (200, 9))]
+    write_shards(tmp_path, parts, JsonlReader(), progress=False)
+
+    def make() -> ResumableDataLoader:
+        ds = ShardedDataset(tmp_path, JsonlReader())
+        if via.startswith("mix"):
+            mix = MixedDataset({"s": ds, "t": [{"id": 900}]})
+            if via == "mix sampler":
+                return ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(4, seed=0))
+            return ResumableDataLoader(mix, batch_size=4, seed=0)
+        data = {"shuffle": ds, "subset": Subset(ds, range(19)), "concat": ConcatDataset([ds])}
+        return ResumableDataLoader(data[via], batch_size=4, shuffle=True, seed=0)
+
+    run = make()
+    next(iter(run))
+    state = run.state_dict()
+    write_shards(tmp_path, parts[::-1], JsonlReader(), progress=False)
+    with pytest.raises(StateMismatchError, match="'shard_counts_crc32' differs: the shard files"):
+        make().load_state_dict(state)
+    older = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "shard_counts_crc32"}}
+    make().load_state_dict(seal(older))  # saved before the field: loaded as then
+    write_shards(tmp_path, parts, JsonlReader(), progress=False)
+    make().load_state_dict(state)  # the same counts again
+
+
 def test_plan_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="hold no sample"):
         ShardPlan(shard_sizes=(0, 0), batch_size=2)

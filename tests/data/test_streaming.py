@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -534,6 +535,7 @@ def test_state_mismatch_and_malformed_states() -> None:
     explicit = ResumableDataLoader(ds, batch_size=3, seed=SEED + 1)
     with pytest.raises(StateMismatchError, match="field 'seed' differs"):
         explicit.load_state_dict(state)
+    assert state["stream"]["reader"] == "IterableReader"  # no spec(): its class, not module
     adopting = ResumableDataLoader(ds, batch_size=3)
     adopting.load_state_dict(state)
     assert adopting.seed == adopting.plan.seed == SEED  # the plan reports the seed in use
@@ -565,6 +567,7 @@ def test_a_state_saved_with_another_reader_is_refused(tmp_path: Path) -> None:
     same = stream(2)
     same.load_state_dict(state)
     assert [b.tolist() for b in same] == [b.tolist() for b in rest]
+    stream(2).load_state_dict(json.loads(json.dumps(state)))  # a checkpoint kept as JSON
     older = copy.deepcopy(state)  # saved before the field existed: loaded as it was then
     del older["stream"]["reader"]
     seal(older)

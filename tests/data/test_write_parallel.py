@@ -473,6 +473,25 @@ def test_a_resume_at_a_url_writes_again_a_shard_replaced_at_the_same_size(tmp_pa
     fs.rm(url.split("/c")[0].removeprefix("memory://"), recursive=True)
 
 
+def test_a_transient_error_looking_up_an_uploaded_shard_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from loaderkit.data._fs import Storage
+
+    real, failed = Storage.identity, []
+
+    def flaky(self: Storage, url: str) -> tuple[int, str]:
+        if not failed:
+            failed.append(url)
+            raise ConnectionError("503 SlowDown")
+        return real(self, url)
+
+    monkeypatch.setattr(Storage, "identity", flaky)
+    url = f"memory://lookup-retried-{os.getpid()}/c"
+    write_shards(url, range(2), READER, fn=make, progress=False)
+    assert failed and ShardedDataset(url, READER).sizes == (5, 6)
+
+
 # ------------------------------------------------------------------ start method and pool
 def new_children(before: set[Any]) -> set[Any]:
     """The child processes started since ``before`` that still run."""
