@@ -571,7 +571,8 @@ class PadCollate:
     def _varies(self, key: Hashable, col: list[Any]) -> bool:
         if isinstance(col[0], list):
             return True  # default_collate would transpose lists, so they are always padded
-        if len({v.dtype for v in col}) > 1:  # default_collate would silently promote
+        # Another dtype (default_collate would silently promote), or a value with none.
+        if len({getattr(v, "dtype", None) for v in col}) > 1:
             _diagnose(_where(key), col, self.pad_dim % max(col[0].ndim, 1))
         return len({v.shape for v in col}) > 1
 

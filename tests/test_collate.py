@@ -462,6 +462,14 @@ def test_mixed_dtypes_under_a_dict_key() -> None:
         PadCollate()(samples)
 
 
+def test_a_field_mixing_tensors_and_ints_names_the_sample() -> None:
+    # Two sources of a mix: an HF dataset's tensor ids beside a JSONL source's ints (an
+    # AttributeError of int.dtype before).
+    samples = [{"id": torch.tensor(7)}, {"id": 3}]
+    with pytest.raises(TypeError, match=r"key 'id': sample 1 is a int but sample 0 is a Tensor"):
+        PadCollate()(samples)
+
+
 @pytest.mark.parametrize(
     ("meta", "where"),
     [
