@@ -57,8 +57,7 @@ class PlanEngine:
         self.host, self.dataset, self.fetch = host, dataset, fetch
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
-        # Once: it lists the files.
-        self._shards = shard_names_crc32(dataset), shard_counts_crc32(dataset)
+        self._names = shard_names_crc32(dataset)  # once: it lists the files
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
         self.cursor = PlanCursor()
@@ -69,11 +68,10 @@ class PlanEngine:
     def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
         """The plan's settings (and ``extra``), and the shard files (in order) it names."""
         fields = {**plan.fingerprint(), **extra}
-        names, counts = self._shards
-        if names is not None:
-            fields.setdefault("shard_names_crc32", names)
-        if counts is not None and "shard_sizes_crc32" not in fields:  # a ShardPlan's own
-            fields.setdefault("shard_counts_crc32", counts)
+        if self._names is not None:
+            fields.setdefault("shard_names_crc32", self._names)
+            if "shard_sizes_crc32" not in fields:  # a ShardPlan's own counts
+                fields.setdefault("shard_counts_crc32", shard_counts_crc32(self.dataset))
         return fields
 
     def length(self) -> int:
