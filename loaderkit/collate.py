@@ -55,14 +55,20 @@ def _is_flat_list(col: list[Any]) -> bool:
     return isinstance(col[0], list) and {type(v[0]) for v in col[:1] if v} <= _KINDS.keys()
 
 
-def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = None) -> NoReturn:
-    first, ref = col[0], None  # ref: (index, dtype) of the first sample with a dtype
+def _one_type(where: str, col: list[Any]) -> None:
+    """Raise TypeError naming the first sample whose value is of another type than sample 0's."""
     for i, v in enumerate(col):
-        if type(v) is not type(first):
+        if type(v) is not type(col[0]):
             raise TypeError(
                 f"{where}: sample {i} is a {type(v).__name__} but sample 0 is a "
-                f"{type(first).__name__}; return one type for this field from every sample"
+                f"{type(col[0]).__name__}; return one type for this field from every sample"
             )
+
+
+def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = None) -> NoReturn:
+    _one_type(where, col)
+    first, ref = col[0], None  # ref: (index, dtype) of the first sample with a dtype
+    for i, v in enumerate(col):
         if isinstance(v, list):
             if not v:
                 continue
@@ -534,6 +540,8 @@ class PadCollate:
                 columns[k] = col = [_nested_tensor(_where(k), i, v) for i, v in enumerate(col)]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
+            elif any(isinstance(v, (Tensor, np.ndarray)) for v in col):
+                _one_type(_where(k), col)  # a scalar beside a tensor: default_collate promotes
             elif k in named or k is _BARE:
                 raise TypeError(
                     f"{_where(k)}: sample 0 holds a {type(col[0]).__name__}, which cannot be "

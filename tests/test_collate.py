@@ -468,6 +468,8 @@ def test_a_field_mixing_tensors_and_ints_names_the_sample() -> None:
     samples = [{"id": torch.tensor(7)}, {"id": 3}]
     with pytest.raises(TypeError, match=r"key 'id': sample 1 is a int but sample 0 is a Tensor"):
         PadCollate()(samples)
+    with pytest.raises(TypeError, match=r"key 'id': sample 1 is a Tensor but sample 0 is a int"):
+        PadCollate()(samples[::-1])  # default_collate made tensor([3, 7]) of it (7.5: floats)
 
 
 @pytest.mark.parametrize(

@@ -50,20 +50,20 @@ def shard_names_crc32(dataset: object) -> int | None:
 def shard_counts_crc32(dataset: object) -> int | None:
     """The samples of each shard file :func:`shard_names_crc32` finds, as a crc32 (None: no
     shard files): a corpus re-cut with the same files and total holds other samples where."""
-    found = _files(dataset)
+    found = _files(dataset, shaped=False)
     return None if found is None else zlib.crc32(repr(found[2]).encode())
 
 
-def _files(dataset: object) -> tuple[list[str], Any, list[int]] | None:
-    """The shard paths ``dataset`` reads in order, its shape and each shard's samples, or
-    None: none found."""
+def _files(dataset: object, *, shaped: bool = True) -> tuple[list[str], Any, list[int]] | None:
+    """The shard paths ``dataset`` reads in order, its shape (``shaped``: else None; a
+    Subset's indices are hashed) and each shard's samples, or None: none found."""
     if isinstance(dataset, ShardedDataset):
         paths = shard_paths(dataset.shards)
         return None if paths is None else (paths, len(paths), list(dataset.sizes))
     if isinstance(dataset, Subset):
-        inner = _files(dataset.dataset)
-        if inner is None:
-            return None
+        inner = _files(dataset.dataset, shaped=shaped)
+        if inner is None or not shaped:
+            return inner
         rows: Any = dataset.indices
         if isinstance(rows, range):  # np.asarray(range) walks it in Python
             rows = np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
@@ -73,7 +73,7 @@ def _files(dataset: object) -> tuple[list[str], Any, list[int]] | None:
         return inner[0], (inner[1], zlib.crc32(rows.tobytes())), inner[2]
     if isinstance(dataset, MixedDataset | ConcatDataset):
         parts = dataset.sources if isinstance(dataset, MixedDataset) else _flat(dataset)
-        found = [_files(part) for part in parts]
+        found = [_files(part, shaped=shaped) for part in parts]
         if found.count(None) == len(found):
             return None
         paths = [p for f in found if f is not None for p in f[0]]

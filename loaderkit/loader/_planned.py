@@ -58,6 +58,7 @@ class PlanEngine:
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
         self._names = shard_names_crc32(dataset)  # once: it lists the files
+        self._counts: int | None = None  # the shards' samples, where the plan has no sizes
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
         self.cursor = PlanCursor()
@@ -71,7 +72,9 @@ class PlanEngine:
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
             if "shard_sizes_crc32" not in fields:  # a ShardPlan's own counts
-                fields.setdefault("shard_counts_crc32", shard_counts_crc32(self.dataset))
+                if self._counts is None:
+                    self._counts = shard_counts_crc32(self.dataset)
+                fields.setdefault("shard_counts_crc32", self._counts)
         return fields
 
     def length(self) -> int:

@@ -43,6 +43,7 @@ _DATA_FIELDS = (
     "num_shards",
     "shard_sizes_crc32",
     "shard_names_crc32",
+    "shard_counts_crc32",
     "lengths_crc32",
     "dataset_size",
 )

@@ -133,7 +133,8 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
-_ADDED = frozenset({"shard_bytes_crc32", "reader", "shard_counts_crc32"})
+_ADDED = frozenset({"shard_bytes_crc32", "reader"})  # a stream's
+_PLAN_ADDED = frozenset({"shard_counts_crc32"})  # a plan's (its fingerprint's)
 
 
 def check_settings(
@@ -188,7 +189,7 @@ def _check_plan(
     world: int | None,
 ) -> None:
     if isinstance(saved, Mapping):
-        fingerprint = {k: v for k, v in fingerprint.items() if k in saved or k not in _ADDED}
+        fingerprint = {k: v for k, v in fingerprint.items() if k in saved or k not in _PLAN_ADDED}
     names_only = {"shard_names_crc32"}  # a SamplePlan's fingerprint has no kind
     if (
         isinstance(saved, Mapping)
