@@ -27,6 +27,8 @@ _INSTALLED = tuple(
     {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
 _PACKAGES = tuple(f"{os.sep}{d}{os.sep}" for d in ("site-packages", "dist-packages"))
+# loaderkit's own code, installed editable or not: a library's, as the packages' is.
+_LOADERKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _PLAIN = (int, float, complex, str, bytes, type(None))
 _C_MEMBERS = (
     types.MethodDescriptorType,
@@ -240,7 +242,7 @@ def _plain_tree(value: Any, depth: int = 0) -> bool:
 def _edited(filename: str) -> bool:
     """Whether code from ``filename`` is the user's (not installed, not built in)."""
     # A packages folder outside this interpreter's: --user, a distro's, one a .pth names.
-    installed = filename.startswith(("<frozen", *_INSTALLED)) or any(
+    installed = filename.startswith(("<frozen", _LOADERKIT, *_INSTALLED)) or any(
         part in filename for part in _PACKAGES
     )
     return bool(filename) and not installed

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from loaderkit._checks import getitem_overridden
 from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
+from loaderkit.data.lengths import check_own_lengths
 from loaderkit.errors import MissingDependencyError
 
 __all__ = ["HFDataset"]
@@ -221,7 +222,11 @@ class HFDataset(Dataset[dict[str, Any]]):
         }
 
     def lengths(self) -> np.ndarray:
-        """Each row's token count from ``length_column``, that column read alone."""
+        """Each row's token count from ``length_column``, that column read alone.
+
+        A subclass overriding ``__getitem__`` gets its longest and shortest rows measured
+        against these figures (raises ``ValueError`` where they differ).
+        """
         pa = import_pyarrow("hf")
         name = self.length_column
         if name is None:
@@ -230,4 +235,7 @@ class HFDataset(Dataset[dict[str, Any]]):
                 "HFDataset(..., length_column='input_ids')."
             )
         col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
-        return length_values(pa, col, "HFDataset", name)
+        found = length_values(pa, col, "HFDataset", name)
+        if getitem_overridden(self, "lengths"):
+            check_own_lengths(self, found, name, "column", "pass compute_lengths(dataset, fn), or")
+        return found

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool
 from loaderkit.data._code import code_digest, pickle_digest
 from loaderkit.plan._bucket_order import as_lengths
 
-__all__ = ["compute_lengths"]
+__all__ = ["check_own_lengths", "compute_lengths"]
 
 
 def compute_lengths(
@@ -97,6 +98,27 @@ def compute_lengths(
     if path is not None:
         _save_cached_lengths(path, ident, out)
     return out
+
+
+def check_own_lengths(
+    dataset: Any, stored: np.ndarray, field: str | None, source: str, fix: str
+) -> None:
+    """A subclass's samples (a prompt added, a truncation) measured at the longest and
+    shortest against ``stored``, its source's figures: a token budget from them would be
+    wrong. ``field``: the dict key holding the tokens (None: the sample itself)."""
+    for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
+        sample = dataset[index]
+        if field is not None and isinstance(sample, dict):
+            sample = sample.get(field)
+        flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
+        ids = isinstance(sample, list) and all(isinstance(v, int) for v in sample[:8])
+        if not (flat or ids):
+            return  # a dict, a pair, a 2-D stack: where the tokens are is length_fn's to say
+        if len(sample) != stored[index]:
+            raise ValueError(
+                f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
+                f"its {source} says {int(stored[index])}; {fix} override lengths()."
+            )
 
 
 def _dataset_key(dataset: Any) -> str:

@@ -20,12 +20,13 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
 from loaderkit.data._arrow import Columns
+from loaderkit.data._code import class_digest, pickle_digest
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows
 from loaderkit.data._written import load_or_build_index
 from loaderkit.data.index import IndexEntry, checked_count
-from loaderkit.data.lengths import compute_lengths
+from loaderkit.data.lengths import check_own_lengths, compute_lengths
 from loaderkit.data.readers import OpenShard, ShardReader, out_of_files, sizes_now
 from loaderkit.data.remote import RemoteCache, remote_source, shard_paths
 from loaderkit.errors import (
@@ -126,6 +127,7 @@ class ShardedDataset(Dataset[Any]):
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1, owner="ShardedDataset")
         check_index_path(index, owner="ShardedDataset")
+        preset = set(vars(self))  # a subclass's settings key its cached lengths
         self.reader = reader
         suffixes = check_suffixes("reader.suffixes", reader.suffixes, owner="ShardedDataset")
         self._remote = remote_source(shards, suffixes, remote, "ShardedDataset")
@@ -159,6 +161,7 @@ class ShardedDataset(Dataset[Any]):
             fetch=None if self._remote is None else self._remote.local,
             ranged=None if self._remote is None else self._remote.open_ranged,
         )
+        self._base_fields = frozenset(vars(self)) - preset | {"_base_fields"}
         # Decided once for all files (ParquetReader: merged dtypes), not per worker.
         self.reader = self._files.reader = prepare_reader(
             reader,
@@ -569,7 +572,9 @@ class ShardedDataset(Dataset[Any]):
         no token read), else by reading every sample through
         :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
         A subclass overriding ``__getitem__`` gets its longest and shortest samples measured
-        against the shards' figures, where a sample is a 1-D tensor or array or a list of ints.
+        against the shards' figures, where a sample (or its reader's ``length_column`` in a
+        dict) is a 1-D tensor or array or a list of ints; its own attributes and code are part
+        of the ``cache`` key.
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
@@ -586,7 +591,8 @@ class ShardedDataset(Dataset[Any]):
             else:
                 found = np.concatenate(parts)
                 if getitem_overridden(self, "lengths"):
-                    self._check_own_lengths(found)
+                    field = getattr(self.reader, "length_column", None)
+                    check_own_lengths(self, found, field, "shard", "pass length_fn= or")
                 return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
@@ -600,23 +606,19 @@ class ShardedDataset(Dataset[Any]):
         else:
             content = ";".join(shard_name(shard) for shard in self.shards)
         key = f"{self!r}|{content}"
-        return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
-
-    def _check_own_lengths(self, stored: np.ndarray) -> None:
-        """A subclass's samples (a prompt added, a truncation) measured at the longest and
-        shortest: token budgets from the shards' figures would be wrong."""
-        for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
-            sample = self[index]
-            flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
-            ids = isinstance(sample, list) and all(isinstance(v, int) for v in sample[:8])
-            if not (flat or ids):
-                return  # a dict, a pair, a 2-D stack: where the tokens are is length_fn's to say
-            if len(sample) != stored[index]:
-                raise ValueError(
-                    f"{type(self).__name__}.lengths: sample {index} has {len(sample)} tokens, "
-                    f"its shard says {int(stored[index])}; pass length_fn= (a function returning "
-                    "a sample's token count), or override lengths()."
+        if type(self) is not ShardedDataset:  # a subclass's settings and code shape samples
+            own = {k: v for k, v in vars(self).items() if k not in self._base_fields}
+            code, settings = class_digest(type(self)), pickle_digest(own)
+            if cache is not None and (code is None or settings is None):
+                warnings.warn(
+                    f"{type(self).__name__}.lengths: its settings do not pickle, so they "
+                    f"cannot key the cache; computing without {str(cache)!r}.",
+                    UserWarning,
+                    stacklevel=2,
                 )
+                cache = None
+            key += f"|{code}|{settings}"
+        return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
 
     def bucket_batch_sampler(
         self,

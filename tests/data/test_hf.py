@@ -126,6 +126,27 @@ def test_token_budget_from_the_length_column() -> None:
     assert HFDataset(make_hf(), length_column="id").lengths().tolist() == list(range(N))
 
 
+def test_lengths_of_a_subclass_adding_tokens_are_refused() -> None:
+    """A subclass adding a prompt to the length column read the raw column's lengths: every
+    batch of a token budget went over it."""
+
+    class Prompted(HFDataset):
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            row = super().__getitem__(index)
+            return {**row, "tokens": torch.cat([torch.ones(10, dtype=torch.int64), row["tokens"]])}
+
+    class Renamed(HFDataset):  # the column is gone from the sample: nothing to measure
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return {"ids": super().__getitem__(index)["tokens"]}
+
+    with pytest.raises(
+        ValueError, match=r"Prompted.lengths: sample \d+ has \d+ tokens, its column"
+    ):
+        Prompted(make_hf(), length_column="tokens").lengths()
+    want = [1 + i % 4 for i in range(N)]
+    assert Renamed(make_hf(), length_column="tokens").lengths().tolist() == want
+
+
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"data must be a datasets\.Dataset or \.arrow file"):
         HFDataset([1, 2, 3])

@@ -244,6 +244,21 @@ def test_token_budget_from_the_length_column(shards: list[Path]) -> None:
     assert lengths_of_ints.tolist() == list(range(55))
 
 
+def test_lengths_of_a_subclass_adding_tokens_are_refused(shards: list[Path]) -> None:
+    """The length column's figures were given to a subclass adding a prompt to it."""
+
+    class Prompted(ShardedDataset):
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            row = super().__getitem__(index)
+            return {**row, "tokens": [1, 1, *row["tokens"].tolist()]}
+
+    with pytest.raises(ValueError, match=r"sample \d+ has \d+ tokens, its shard says"):
+        Prompted(shards, ParquetReader(length_column="tokens")).lengths()
+    assert Prompted(shards, ParquetReader(length_column="tokens")).lengths(
+        lambda row: len(row["tokens"])
+    ).tolist() == [3 + i % 5 for i in range(55)]
+
+
 def test_bad_arguments_are_named(shards: list[Path], tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="columns must be a list of column names"):
         ParquetReader(columns="id")  # type: ignore[arg-type]

@@ -437,6 +437,39 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
         assert kept(paths, reader).lengths().tolist() == [4, 2] * 4
 
 
+def test_cached_lengths_are_keyed_by_a_subclass_s_settings(tmp_path: Path) -> None:
+    """Lengths cached for a subclass with prefix=0 were read back for prefix=10: a token
+    budget from them was exceeded by every batch."""
+    reader = TokenReader(eos=0)
+    paths = write_shards(tmp_path / "s", [np.array([5, 5, 5, 0, 7, 0] * 4)], reader)
+
+    class Prompted(ShardedDataset):
+        def __init__(self, *args: Any, prefix: int = 0, **kwargs: Any) -> None:
+            self.prefix = prefix  # set before the base's own fields
+            super().__init__(*args, **kwargs)
+            self.handle: Any = None
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            ids = super().__getitem__(index)
+            return {"ids": torch.cat([torch.ones(self.prefix, dtype=torch.long), ids])}
+
+    def ntok(sample: dict[str, Any]) -> int:
+        return len(sample["ids"])
+
+    cache = tmp_path / "lengths.npy"
+    assert Prompted(paths, reader).lengths(ntok, cache=cache).tolist() == [4, 2] * 4
+    assert Prompted(paths, reader, prefix=10).lengths(ntok, cache=cache).tolist() == [14, 12] * 4
+    written = cache.stat()
+    assert Prompted(paths, reader, prefix=10).lengths(ntok, cache=cache).tolist() == [14, 12] * 4
+    now = cache.stat()  # the same settings: read from the cache, not written again
+    assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    unpicklable = Prompted(paths, reader, prefix=1)
+    unpicklable.handle = lambda: None
+    with pytest.warns(UserWarning, match="its settings do not pickle, so they cannot key"):
+        assert unpicklable.lengths(ntok, cache=cache).tolist() == [5, 3] * 4
+    assert cache.stat().st_ino == written.st_ino
+
+
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
     """A Subset's indices are part of what a position names; a path spelled relative (with
     ..) is the same file."""
