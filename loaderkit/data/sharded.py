@@ -605,19 +605,20 @@ class ShardedDataset(Dataset[Any]):
             content = ";".join(f"{e.path}:{e.size}:{e.mtime_ns}" for e in self.entries)
         else:
             content = ";".join(shard_name(shard) for shard in self.shards)
-        key = f"{self!r}|{content}"
-        if type(self) is not ShardedDataset:  # a subclass's settings and code shape samples
-            own = {k: v for k, v in vars(self).items() if k not in self._base_fields}
-            code, settings = class_digest(type(self)), pickle_digest(own)
-            if cache is not None and (code is None or settings is None):
-                warnings.warn(
-                    f"{type(self).__name__}.lengths: its settings do not pickle, so they "
-                    f"cannot key the cache; computing without {str(cache)!r}.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-                cache = None
-            key += f"|{code}|{settings}"
+        # The reader's and a subclass's code and settings shape the samples: they key it too.
+        own = {k: v for k, v in vars(self).items() if k not in self._base_fields}
+        shaped = [class_digest(type(self.reader)), pickle_digest(self.reader)]
+        if type(self) is not ShardedDataset:
+            shaped += [class_digest(type(self)), pickle_digest(own)]
+        if cache is not None and None in shaped:
+            warnings.warn(
+                f"{type(self).__name__}.lengths: its or its reader's settings do not pickle, "
+                f"so they cannot key the cache; computing without {str(cache)!r}.",
+                UserWarning,
+                stacklevel=2,
+            )
+            cache = None
+        key = f"{len(self.shards)}|{len(self)}|{shaped}|{content}"
         return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
 
     def bucket_batch_sampler(

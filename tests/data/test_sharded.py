@@ -465,9 +465,43 @@ def test_cached_lengths_are_keyed_by_a_subclass_s_settings(tmp_path: Path) -> No
     assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
     unpicklable = Prompted(paths, reader, prefix=1)
     unpicklable.handle = lambda: None
-    with pytest.warns(UserWarning, match="its settings do not pickle, so they cannot key"):
+    with pytest.warns(
+        UserWarning, match="its or its reader's settings do not pickle, so they cannot key"
+    ):
         assert unpicklable.lengths(ntok, cache=cache).tolist() == [5, 3] * 4
     assert cache.stat().st_ino == written.st_ino
+
+
+class Cut(TokenReader):
+    """Keeps a document's first ``keep`` tokens; its repr is TokenReader's."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(eos=0)
+        self.keep = keep
+
+    def open(self, path: Path) -> Any:
+        rows, keep = super().open(path), self.keep
+
+        class Kept:
+            def __len__(self) -> int:
+                return len(rows)
+
+            def read(self, index: int) -> Any:
+                return rows.read(index)[:keep]
+
+        return Kept()
+
+
+def test_cached_lengths_are_keyed_by_the_reader_s_settings(tmp_path: Path) -> None:
+    """A reader whose repr leaves out a setting that changes its samples (the cache was keyed
+    by the dataset's repr) read back the lengths cached under the other value."""
+
+    paths = write_shards(tmp_path / "s", [np.array([5, 5, 5, 0, 7, 0] * 4)], TokenReader(eos=0))
+    cache = tmp_path / "lengths.npy"
+    assert repr(Cut(1)) == repr(Cut(3))
+    assert ShardedDataset(paths, Cut(3)).lengths(len, cache=cache).tolist() == [3, 2] * 4
+    with pytest.warns(UserWarning, match="recomputing the lengths cached"):  # keyed apart
+        assert ShardedDataset(paths, Cut(1)).lengths(len, cache=cache).tolist() == [1] * 8
 
 
 def test_a_subset_of_other_indices_or_relative_paths(tmp_path: Path, monkeypatch: Any) -> None:
