@@ -90,13 +90,12 @@ class Storage:
         *,
         retries: int = 5,
         backoff_s: float = 0.5,
-        on_retry: Callable[[], None] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.protocol = url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
-        self.on_retry = on_retry
+        self.on_retry: Callable[[], None] | None = None  # the remote cache counts retries
         self._fs: Any = None
         self._pid = -1
 

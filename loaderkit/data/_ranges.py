@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit.data.readers import TokenReader, as_out, narrows, out_numpy_dtype
+from loaderkit.data.readers import TokenReader, as_out, narrows, npy_header, out_numpy_dtype
 from loaderkit.errors import ShardError
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
@@ -39,11 +39,7 @@ def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
     longer than ``head`` (the shard is fetched whole)."""
     f = io.BytesIO(head)
     try:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0
-        if version != (1, 0):
-            read = np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(f)
+        shape, _, dtype = npy_header(f)
     except (ValueError, EOFError, OSError):
         return None  # short or odd header: the whole-file path reads (and checks) it
     if len(shape) != 1 or dtype.kind not in "iu":

@@ -193,6 +193,14 @@ def _opened(path: Path, exc: OSError) -> OSError | ShardError:
     )
 
 
+def npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """A ``.npy`` file's shape, Fortran order and dtype; ``f`` is left at its data."""
+    read = np.lib.format.read_array_header_1_0
+    if np.lib.format.read_magic(f) != (1, 0):
+        read = np.lib.format.read_array_header_2_0
+    return read(f)
+
+
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only map (:mod:`mmap`, whose ``size()`` the read guard checks) of raw ``dtype``
     (``None``: ``.npy``); refuses a file changed meanwhile."""
@@ -202,10 +210,7 @@ def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if dtype is None:
-                read = np.lib.format.read_array_header_1_0
-                if np.lib.format.read_magic(f) != (1, 0):
-                    read = np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read(f)
+                shape, fortran, dtype = npy_header(f)
             offset = f.tell()
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:

@@ -231,9 +231,6 @@ class ShardedDataset(Dataset[Any]):
         shard = int(np.searchsorted(self._ends, index, side="right"))
         return shard, index - int(self._starts[shard])
 
-    def _name(self, shard: int) -> str:
-        return shard_name(self.shards[shard])
-
     def _handle(self, shard: int) -> OpenShard:
         handle = self._files.get(shard)
         if self._files.opens != self._sources.opens:  # one may have been closed for it
@@ -252,7 +249,7 @@ class ShardedDataset(Dataset[Any]):
 
     def _read_error(self, shard: int, local: int, exc: Exception) -> ShardError:
         return ShardError(
-            f"reading sample {local} of shard {self._name(shard)} failed with "
+            f"reading sample {local} of shard {shard_name(self.shards[shard])} failed with "
             f"{type(exc).__name__}: {exc}; rewrite the shard (and delete the shard index), "
             "or pass on_error='skip'.",
             path=self.shards[shard],
@@ -266,10 +263,11 @@ class ShardedDataset(Dataset[Any]):
         self._skips[slot] += count
         if shard not in self._files.warned:
             self._files.warned.add(shard)
+            name = shard_name(self.shards[shard])
             warnings.warn(
-                f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard "
-                f"{self._name(shard)} ({type(exc).__name__}: {exc}), each replaced by the next "
-                "readable sample; further skips here are only counted (ShardedDataset.skipped).",
+                f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard {name} "
+                f"({type(exc).__name__}: {exc}), each replaced by the next readable sample; "
+                "further skips here are only counted (ShardedDataset.skipped).",
                 RuntimeWarning,
                 stacklevel=2,
             )
