@@ -144,11 +144,12 @@ def check_index_path(value: object, *, owner: str) -> None:
         )
 
 
-def getitem_overridden(dataset: Any, batched: str) -> bool:
-    """Whether ``dataset``'s class overrides ``__getitem__`` below the one defining ``batched``."""
+def getitem_overridden(dataset: Any, batched: str, also: tuple[str, ...] = ()) -> bool:
+    """Whether ``dataset``'s class overrides ``__getitem__`` (or a method in ``also``) below
+    the one defining ``batched``."""
     for cls in type(dataset).__mro__:
         if batched in vars(cls):
             return False
-        if "__getitem__" in vars(cls):
+        if any(name in vars(cls) for name in ("__getitem__", *also)):
             return True
     return False

@@ -9,6 +9,7 @@ write files). The per-module test files do not run them again.
 from __future__ import annotations
 
 import doctest
+import importlib
 import inspect
 import os
 from types import ModuleType
@@ -30,6 +31,7 @@ def _public_modules() -> dict[str, ModuleType]:
 
 
 MODULES = _public_modules()
+MODULES["loaderkit.data._code"] = importlib.import_module("loaderkit.data._code")  # cache keys
 # Modules whose docstrings must show examples (a module-level example is their contract).
 WITH_EXAMPLES = {
     "loaderkit.data.memory",

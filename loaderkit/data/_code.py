@@ -83,10 +83,8 @@ def class_digest(cls: type) -> str | None:
     in user code as this, another value by pickle; None when one does not pickle.
 
     Example:
-        >>> class A:
-        ...     scale = 10
-        >>> class B:
-        ...     scale = 1000
+        >>> A = type("A", (), {"scale": 10, "__module__": "notebook"})
+        >>> B = type("A", (), {"scale": 1000, "__module__": "notebook"})
         >>> class_digest(A) != class_digest(B)
         True
     """
@@ -96,6 +94,35 @@ def class_digest(cls: type) -> str | None:
     except _Unseen:
         return None
     return digest.hexdigest()[:16]
+
+
+def settings_digest(obj: Any, skip: frozenset[str] = frozenset()) -> str | None:
+    """A digest of ``obj``'s class (as :func:`class_digest`) and of its attributes but
+    ``skip``, slots too: a function or object among them by its code, as
+    :func:`code_digest` reads a closure's; None when one does not pickle.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> settings_digest(SimpleNamespace(k=1)) != settings_digest(SimpleNamespace(k=2))
+        True
+    """
+    names = {n for c in type(obj).__mro__ for n in _slots(c)} | set(getattr(obj, "__dict__", {}))
+    digest = hashlib.sha256()
+    seen: set[int] = set()
+    try:
+        _class(digest, type(obj), seen)
+        for name in sorted(names - skip):
+            if hasattr(obj, name):  # a slot not yet set
+                _value(digest, name, getattr(obj, name), set(), seen)
+    except _Unseen:
+        return None
+    return digest.hexdigest()[:16]
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    slots = vars(cls).get("__slots__", ())
+    slots = (slots,) if isinstance(slots, str) else slots
+    return tuple(s for s in slots if s not in ("__dict__", "__weakref__"))
 
 
 class _Unseen(Exception):

@@ -236,6 +236,7 @@ class HFDataset(Dataset[dict[str, Any]]):
             )
         col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
         found = length_values(pa, col, "HFDataset", name)
-        if getitem_overridden(self, "lengths"):
-            check_own_lengths(self, found, name, "column", "pass compute_lengths(dataset, fn), or")
+        if getitem_overridden(self, "lengths", also=("__getitems__",)):
+            fix = "Pass loaderkit.compute_lengths(dataset, length_fn), or override lengths()."
+            check_own_lengths(self, found, name, fix)
         return found

@@ -20,7 +20,7 @@ from loaderkit._checks import check_bool
 from loaderkit.data._code import code_digest, pickle_digest
 from loaderkit.plan._bucket_order import as_lengths
 
-__all__ = ["check_own_lengths", "compute_lengths"]
+__all__ = ["compute_lengths"]
 
 
 def compute_lengths(
@@ -100,14 +100,13 @@ def compute_lengths(
     return out
 
 
-def check_own_lengths(
-    dataset: Any, stored: np.ndarray, field: str | None, source: str, fix: str
-) -> None:
+def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: str) -> None:
     """A subclass's samples (a prompt added, a truncation) measured at the longest and
-    shortest against ``stored``, its source's figures: a token budget from them would be
-    wrong. ``field``: the dict key holding the tokens (None: the sample itself)."""
+    shortest, read as the loader reads them, against ``stored``, its source's figures: a
+    token budget from them would be wrong. ``field``: the dict key holding the tokens
+    (None: the sample itself); ``fix``: the message's last sentence."""
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
-        sample = dataset[index]
+        sample = dataset.__getitems__([index])[0]
         if field is not None and isinstance(sample, dict):
             sample = sample.get(field)
         flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
@@ -117,7 +116,7 @@ def check_own_lengths(
         if len(sample) != stored[index]:
             raise ValueError(
                 f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
-                f"its {source} says {int(stored[index])}; {fix} override lengths()."
+                f"where its source counts {int(stored[index])}. {fix}"
             )
 
 

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
 from loaderkit.data._arrow import Columns
-from loaderkit.data._code import class_digest, pickle_digest
+from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows
@@ -60,6 +60,9 @@ class _PlanArgs(OrderArgs, total=False):
 
 _INT64 = np.dtype(np.int64)
 _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
+
+
+_OWN_LENGTHS = "Pass length_fn= (a sample's token count), or override lengths()."
 
 
 class ShardedDataset(Dataset[Any]):
@@ -161,7 +164,7 @@ class ShardedDataset(Dataset[Any]):
             fetch=None if self._remote is None else self._remote.local,
             ranged=None if self._remote is None else self._remote.open_ranged,
         )
-        self._base_fields = frozenset(vars(self)) - preset | {"_base_fields"}
+        self._base_fields = (frozenset(vars(self)) - preset) | {"_base_fields"}
         # Decided once for all files (ParquetReader: merged dtypes), not per worker.
         self.reader = self._files.reader = prepare_reader(
             reader,
@@ -588,9 +591,9 @@ class ShardedDataset(Dataset[Any]):
                 parts.append(np.asarray(per_sample(), dtype=np.int64))
             else:
                 found = np.concatenate(parts)
-                if getitem_overridden(self, "lengths"):
+                if getitem_overridden(self, "lengths", also=("__getitems__",)):
                     field = getattr(self.reader, "length_column", None)
-                    check_own_lengths(self, found, field, "shard", "pass length_fn= or")
+                    check_own_lengths(self, found, field, _OWN_LENGTHS)
                 return found
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
@@ -604,14 +607,11 @@ class ShardedDataset(Dataset[Any]):
         else:
             content = ";".join(shard_name(shard) for shard in self.shards)
         # The reader's and a subclass's code and settings shape the samples: they key it too.
-        own = {k: v for k, v in vars(self).items() if k not in self._base_fields}
-        shaped = [class_digest(type(self.reader)), pickle_digest(self.reader)]
-        if type(self) is not ShardedDataset:
-            shaped += [class_digest(type(self)), pickle_digest(own)]
+        shaped = [settings_digest(self.reader), settings_digest(self, self._base_fields)]
         if cache is not None and None in shaped:
             warnings.warn(
-                f"{type(self).__name__}.lengths: its or its reader's settings do not pickle, "
-                f"so they cannot key the cache; computing without {str(cache)!r}.",
+                f"{type(self).__name__}.lengths: a setting of it or its reader does not "
+                f"pickle, so it cannot key the cache; computing without {str(cache)!r}.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -140,7 +140,7 @@ def test_lengths_of_a_subclass_adding_tokens_are_refused() -> None:
             return {"ids": super().__getitem__(index)["tokens"]}
 
     with pytest.raises(
-        ValueError, match=r"Prompted.lengths: sample \d+ has \d+ tokens, its column"
+        ValueError, match=r"Prompted.lengths: sample \d+ has \d+ tokens, where its source counts"
     ):
         Prompted(make_hf(), length_column="tokens").lengths()
     want = [1 + i % 4 for i in range(N)]

@@ -252,7 +252,7 @@ def test_lengths_of_a_subclass_adding_tokens_are_refused(shards: list[Path]) -> 
             row = super().__getitem__(index)
             return {**row, "tokens": [1, 1, *row["tokens"].tolist()]}
 
-    with pytest.raises(ValueError, match=r"sample \d+ has \d+ tokens, its shard says"):
+    with pytest.raises(ValueError, match=r"sample \d+ has \d+ tokens, where its source counts"):
         Prompted(shards, ParquetReader(length_column="tokens")).lengths()
     assert Prompted(shards, ParquetReader(length_column="tokens")).lengths(
         lambda row: len(row["tokens"])

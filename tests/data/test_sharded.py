@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import doctest
 import errno
+import importlib
 import json
 import os
 import pickle
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Sequence
@@ -425,13 +427,13 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
 
     assert ShardedDataset(paths, reader).lengths().tolist() == [4, 2] * 4
     with pytest.raises(
-        ValueError, match=r"sample 0 has 10 tokens, its shard says 4; pass length_fn"
+        ValueError, match=r"sample 0 has 10 tokens, where its source counts 4. Pass length_fn"
     ):
         WithPrompt(paths, reader).lengths()
     assert WithPrompt(paths, reader).lengths(len).tolist() == [10, 8] * 4
-    with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, its shard says 4"):
+    with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, where its source counts 4"):
         Truncated(paths, reader).lengths()
-    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, its shard says 4"):
+    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts 4"):
         PromptList(paths, reader).lengths()
     for kept in (AsDict, Pairs, Stacked):  # not 1-D: the shards' lengths stand
         assert kept(paths, reader).lengths().tolist() == [4, 2] * 4
@@ -464,9 +466,9 @@ def test_cached_lengths_are_keyed_by_a_subclass_s_settings(tmp_path: Path) -> No
     now = cache.stat()  # the same settings: read from the cache, not written again
     assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
     unpicklable = Prompted(paths, reader, prefix=1)
-    unpicklable.handle = lambda: None
+    unpicklable.handle = threading.Lock()  # no digest stands for a lock
     with pytest.warns(
-        UserWarning, match="its or its reader's settings do not pickle, so they cannot key"
+        UserWarning, match="a setting of it or its reader does not pickle, so it cannot key"
     ):
         assert unpicklable.lengths(ntok, cache=cache).tolist() == [5, 3] * 4
     assert cache.stat().st_ino == written.st_ino
@@ -490,6 +492,52 @@ class Cut(TokenReader):
                 return rows.read(index)[:keep]
 
         return Kept()
+
+
+def test_cached_lengths_see_a_subclass_s_function_edited_slots_and_getitems(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A function held by a subclass was keyed by its name (pickle), so an edit of its code
+    read back the lengths of the old one; a setting in __slots__ was not keyed at all; a
+    subclass overriding only __getitems__ (what the loader calls) was never measured."""
+    reader = TokenReader(eos=0)
+    paths = write_shards(tmp_path / "s", [np.array([5, 5, 5, 0, 7, 0] * 4)], reader)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "user_fns.py").write_text("def transform(ids):\n    return ids\n")
+    import user_fns  # type: ignore[import-not-found]
+
+    class Mapped(ShardedDataset):
+        def __getitem__(self, index: int) -> Any:
+            return self.transform(super().__getitem__(index))
+
+    cache = tmp_path / "lengths.npy"
+    first = Mapped(paths, reader)
+    first.transform = user_fns.transform
+    assert first.lengths(len, cache=cache).tolist() == [4, 2] * 4
+    (tmp_path / "user_fns.py").write_text("def transform(ids):\n    return [1, *ids.tolist()]\n")
+    edited = Mapped(paths, reader)
+    edited.transform = importlib.reload(user_fns).transform
+    with pytest.warns(UserWarning, match="recomputing the lengths cached"):
+        assert edited.lengths(len, cache=cache).tolist() == [5, 3] * 4
+
+    class Slotted(ShardedDataset):
+        __slots__ = ("prefix",)
+
+        def __getitem__(self, index: int) -> Any:
+            return [1] * self.prefix + super().__getitem__(index).tolist()
+
+    for prefix in (0, 2):
+        slotted = Slotted(paths, reader)
+        slotted.prefix = prefix
+        lengths = slotted.lengths(len, cache=tmp_path / "slots.npy")
+        assert lengths.tolist() == [4 + prefix, 2 + prefix] * 4
+
+    class Batched(ShardedDataset):
+        def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+            return [[1, *s.tolist()] for s in super().__getitems__(indices)]
+
+    with pytest.raises(ValueError, match="sample 0 has 5 tokens, where its source counts 4"):
+        Batched(paths, reader).lengths()
 
 
 def test_cached_lengths_are_keyed_by_the_reader_s_settings(tmp_path: Path) -> None:

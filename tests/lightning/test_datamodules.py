@@ -24,6 +24,7 @@ import loaderkit.lightning.datamodules.base as base_module
 from loaderkit import (
     ElasticResume,
     JsonlReader,
+    ShardedDataset,
     StreamingShardedDataset,
     TokenReader,
     write_shards,
@@ -747,6 +748,24 @@ def test_a_subclass_only_builds_datasets() -> None:
     dm = Squares(batch_size=4, val_fraction=0.2)
     model, _ = fit_any(dm, max_epochs=1)
     assert model.rows == {0: 8} and model.val_batches == 1
+
+
+def test_a_subclass_source_is_measured_by_its_length_key(tmp_path: Path) -> None:
+    """A ShardedDataset subclass adding a prompt in dict samples got its shards' lengths, and
+    every batch went over max_tokens."""
+    reader = TokenReader(eos=0)
+    paths = write_shards(tmp_path / "s", [np.array([5, 5, 5, 0, 7, 0] * 8)], reader)
+
+    class Prompted(ShardedDataset):
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            ids = super().__getitem__(index)
+            return {"input_ids": torch.cat([torch.ones(10, dtype=ids.dtype), ids])}
+
+    dm = MixedDataModule([Prompted(paths, reader)], max_tokens=16, seed=0)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert sum(len(b["lengths"]) for b in batches) == 16
+    assert max(b["input_ids"].numel() for b in batches) <= 16
 
 
 # -------------------------------------------------------------------- bad input
