@@ -588,8 +588,9 @@ _NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorData
 
 
 def read_set_on_instance(dataset: Any) -> bool:
-    """Whether ``dataset`` has a ``__getitem__``/``__getitems__`` set on the instance."""
-    return bool({"__getitem__", "__getitems__"} & getattr(dataset, "__dict__", {}).keys())
+    """Whether ``dataset`` has a ``__getitems__`` set on the instance, which torch's fetcher
+    calls (``dataset[i]`` reads the class's ``__getitem__``, whatever the instance holds)."""
+    return "__getitems__" in getattr(dataset, "__dict__", {})
 
 
 def torchs_own_reads(cls: type) -> bool:

@@ -275,8 +275,8 @@ class BatchFetcher:
         samples: list[Any] = []
         if self.mode == "getitems":
             getitem: Callable[[int], Any] = functools.partial(_one_item, self.dataset.__getitems__)
-        else:
-            getitem = self.dataset.__getitem__
+        else:  # the class's, as dataset[i] (and torch) reads it, not one set on the instance
+            getitem = type(self.dataset).__getitem__.__get__(self.dataset)
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)

@@ -232,20 +232,20 @@ def test_rows_beyond_replaced_tensors_fail_as_torchs_read_does() -> None:
         list(batches)
 
 
-def test_a_read_set_on_the_instance_is_called_per_sample() -> None:
+def _minus_one(index: int) -> tuple[torch.Tensor, ...]:
+    return (torch.tensor(-1),) * 3
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"per_sample_seeding": True}])
+def test_a_getitem_set_on_the_instance_is_not_read_as_in_torch(kwargs: dict[str, Any]) -> None:
+    """dataset[i] (and torch's fetcher) reads the class's __getitem__; loaderkit read one set
+    on the instance, and yielded other values than torch."""
     dataset = _base()
-    calls: list[int] = []
-    seeds: set[int] = set()
-
-    def read(index: int) -> tuple[torch.Tensor, ...]:
-        calls.append(index)
-        seeds.add(torch.initial_seed())
-        return tuple(t[index] for t in dataset.tensors)
-
-    dataset.__getitem__ = read  # type: ignore[method-assign]
-    list(_loader(dataset, shuffle=True))
-    assert sorted(calls) == list(range(N))
-    assert len(seeds) == N  # user code: seeded per sample under per_sample_seeding="auto"
+    dataset.__getitem__ = _minus_one  # type: ignore[method-assign]
+    want = [b[1].tolist() for b in DataLoader(dataset, batch_size=4)]
+    for num_workers in (0, 2):
+        got = [b[1].tolist() for b in _loader(dataset, num_workers, batch_size=4, **kwargs)]
+        assert got == want == [list(range(i, i + 4)) for i in range(0, N, 4)]
 
 
 @pytest.mark.parametrize(
