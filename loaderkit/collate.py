@@ -354,6 +354,8 @@ class PadCollate:
             fields as long in every sample are padded in every batch (one where no field
             varies and none is named raises).
         truncate: Cut samples longer than ``max_length``.
+        pad_to_max_length: With ``max_length``, pad every batch to it; ``False`` pads to the
+            batch's longest sample, cut at ``max_length`` (under a token budget).
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
@@ -395,6 +397,7 @@ class PadCollate:
         pad_to_multiple_of: int | None = None,
         max_length: int | None = None,
         truncate: bool = False,
+        pad_to_max_length: bool = True,
         truncation_side: str = "right",
         pad_keys: Iterable[Hashable] = (),
         length_field: Hashable | None = None,
@@ -412,6 +415,7 @@ class PadCollate:
                 )
         _check_lengths(pad_to_multiple_of, max_length, truncate)
         check_bool("sort_by_length", sort_by_length, owner="PadCollate")
+        check_bool("pad_to_max_length", pad_to_max_length, owner="PadCollate")
         if isinstance(pad_keys, (str, bytes)) or not isinstance(pad_keys, Iterable):
             raise TypeError(f"pad_keys must be a list of keys, got {pad_keys!r}; pass e.g. ['ids']")
         _check_out_keys(
@@ -426,6 +430,7 @@ class PadCollate:
         self.pad_dim, self.padding_side = pad_dim, padding_side
         self.pad_to_multiple_of, self.max_length = pad_to_multiple_of, max_length
         self.truncate, self.truncation_side = truncate, truncation_side
+        self.pad_to_max_length = pad_to_max_length
         self.pad_keys, self.length_field = tuple(pad_keys), length_field
         self.lengths_key, self.mask_key = lengths_key, mask_key
         self.sort_by_length, self.sort_indices_key = sort_by_length, sort_indices_key
@@ -476,7 +481,7 @@ class PadCollate:
             flat = _concat_lists(where, col, value)
         else:
             flat = _concat(where, col, dim)
-        size = limit or max(lengths)
+        size = limit if limit and self.pad_to_max_length else max(lengths)
         if self.pad_to_multiple_of:
             size = -(-size // self.pad_to_multiple_of) * self.pad_to_multiple_of
         if flat.dtype == torch.bool and key not in self.pad_values and type(value) is not bool:

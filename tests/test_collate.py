@@ -683,6 +683,7 @@ def test_pad_dim_out_of_range() -> None:
             r"truncate=True needs max_length; pass e.g. max_length=512",
         ),
         ({"truncate": 1, "max_length": 4}, TypeError, r"truncate must be a bool, got 1"),
+        ({"pad_to_max_length": "no"}, TypeError, r"pad_to_max_length must be a bool"),
         ({"sort_by_length": "yes"}, TypeError, r"sort_by_length must be a bool, got 'yes'"),
         ({"pad_value": "0"}, TypeError, r"pad_value must be a bool, int or float, got '0'"),
         ({"pad_value": {"labels": None}}, TypeError, r"pad_value\['labels'\] must be .* got None"),

@@ -108,11 +108,19 @@ def engine_kind(dataset: Any) -> Kind:
 
 
 def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
-    """Refuse a token budget counted with a rounding that ``collate_fn`` pads past."""
+    """Refuse a token budget that ``collate_fn`` pads past: to a fixed length, or with a
+    rounding the budget was not counted with."""
     plan = getattr(batch_sampler, "plan", None)
     budget = getattr(plan, "max_tokens", None)
     pads = collate_fn.pad_to_multiple_of if isinstance(collate_fn, PadCollate) else None
     counted = getattr(plan, "pad_to_multiple_of", None) or 1
+    fixed = collate_fn.max_length if isinstance(collate_fn, PadCollate) else None
+    if budget is not None and fixed and collate_fn.pad_to_max_length:
+        raise ValueError(
+            f"ResumableDataLoader: collate_fn pads every batch to max_length={fixed}, so a "
+            f"batch of r rows holds r * {fixed} tokens, over max_tokens={budget}; pass "
+            "PadCollate(..., pad_to_max_length=False)."
+        )
     if budget is not None and pads and counted % pads:
         raise ValueError(
             f"ResumableDataLoader: collate_fn pads to a multiple of {pads}, but batch_sampler "

@@ -871,6 +871,23 @@ def test_compute_lengths_errors() -> None:
         compute_lengths(data, 3, progress=False)  # type: ignore[arg-type]
 
 
+def test_a_collate_padding_to_max_length_under_a_budget_is_refused() -> None:
+    """The guide's oversize='truncate' recipe padded every batch to max_length, so a batch
+    of 3 rows held 48 tokens under max_tokens=16; pad_to_max_length=False cuts only."""
+    lengths = [3, 5, 4, 6, 2, 7, 3, 40]
+    data = [{"input_ids": torch.arange(n)} for n in lengths]
+    sampler = BucketBatchSampler(lengths, max_tokens=16, oversize="truncate", seed=0)
+    padded = PadCollate(max_length=16, truncate=True, pad_keys=["input_ids"])
+    with pytest.raises(ValueError, match=r"pads every batch to max_length=16.*pad_to_max_leng"):
+        ResumableDataLoader(data, batch_sampler=sampler, collate_fn=padded)
+    cut = PadCollate(max_length=16, truncate=True, pad_to_max_length=False, pad_keys=["input_ids"])
+    batches = list(ResumableDataLoader(data, batch_sampler=sampler, collate_fn=cut))
+    assert max(b["input_ids"].numel() for b in batches) == 16  # the 40 cut, batched alone
+    assert sorted(n for b in batches for n in b["lengths"].tolist()) == sorted(
+        min(n, 16) for n in lengths
+    )
+
+
 def test_a_collate_rounding_past_the_budgets_is_refused() -> None:
     # Counted unrounded, padded to 8: 204 of the guide's batches went over max_tokens.
     lengths = [5, 9, 13, 3]
