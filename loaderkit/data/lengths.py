@@ -37,8 +37,10 @@ def compute_lengths(
         dataset: A map-style dataset (``len`` and ``[i]``).
         length_fn: Maps a sample to its token count; default ``len(sample)`` (an
             array's ``shape[0]``). Dict and tuple samples need one.
-        cache: A ``.npy`` path: lengths saved there for the same key are loaded,
-            else computed and saved (with a ``.json`` sidecar: key and checksum).
+        cache: A ``.npy`` path: lengths saved there for the same key are loaded (the
+            longest, the shortest and 8 drawn samples measured again: one that differs
+            recomputes them all), else computed and saved (with a ``.json`` sidecar: key
+            and checksum).
         key: Part of the cache key, with the dataset's type and length and
             ``length_fn``'s name, code and arguments (a ``partial``'s, by pickle): pass a
             data version when the data may change.
@@ -89,7 +91,7 @@ def compute_lengths(
         described = f"{_dataset_key(dataset)}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
     if path is not None:
-        cached = _load_cached_lengths(path, ident, size)
+        cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(dataset[i]), i))
         if cached is not None:
             return cached
     out = np.empty(size, dtype=np.int64)
@@ -176,7 +178,9 @@ def _progress(size: int, show: bool) -> Iterator[int]:
             bar.update()
 
 
-def _load_cached_lengths(path: Path, ident: str, size: int) -> np.ndarray | None:
+def _load_cached_lengths(
+    path: Path, ident: str, size: int, measure: Callable[[int], int]
+) -> np.ndarray | None:
     meta_path = path.with_name(path.name + ".json")
     if not path.exists() or not meta_path.exists():
         return None
@@ -193,6 +197,8 @@ def _load_cached_lengths(path: Path, ident: str, size: int) -> np.ndarray | None
             why = f"it holds {lengths.shape} {lengths.dtype}, not {size} int64 lengths"
         elif meta.get("crc32") != zlib.crc32(lengths.tobytes()):
             why = "its checksum does not match (a torn write?)"
+        elif (changed := _changed_sample(lengths, measure)) is not None:
+            why = f"sample {changed[0]} has {changed[1]} tokens now, {lengths[changed[0]]} there"
         else:
             return as_lengths(lengths)
     warnings.warn(
@@ -200,6 +206,19 @@ def _load_cached_lengths(path: Path, ident: str, size: int) -> np.ndarray | None
         UserWarning,
         stacklevel=3,
     )
+    return None
+
+
+def _changed_sample(lengths: np.ndarray, measure: Callable[[int], int]) -> tuple[int, int] | None:
+    """A sample measured again whose length is not the cached one (the dataset's settings
+    or code changed under one key), among the longest, the shortest and 8 drawn: its index
+    and length now."""
+    if not lengths.size:
+        return None
+    drawn = np.random.default_rng(lengths.size).integers(0, lengths.size, 8).tolist()
+    for index in dict.fromkeys([int(lengths.argmax()), int(lengths.argmin()), *drawn]):
+        if (now := measure(index)) != lengths[index]:
+            return index, now
     return None
 
 

@@ -728,27 +728,39 @@ def test_compute_lengths_with_progress_bar(capsys: pytest.CaptureFixture[str]) -
 
 def test_compute_lengths_cache_is_keyed_and_checked(tmp_path: Path) -> None:
     cache = tmp_path / "sub" / "lengths.npy"
-    data = Counting([4, 1, 7])
+    data = Counting([4, 1, 7] * 20)
     first = compute_lengths(data, ids_length, cache=cache, progress=False)
-    assert data.calls == 3 and cache.exists() and cache.with_name("lengths.npy.json").exists()
+    assert data.calls == 60 and cache.exists() and cache.with_name("lengths.npy.json").exists()
     again = compute_lengths(data, ids_length, cache=cache, progress=False)
-    assert data.calls == 3 and again.tolist() == first.tolist() == [4, 1, 7]
+    assert data.calls <= 70 and again.tolist() == first.tolist() == [4, 1, 7] * 20
     with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
         compute_lengths(data, ids_length, cache=cache, key="v2", progress=False)
-    assert data.calls == 6
+    data.calls = 0
     compute_lengths(data, ids_length, cache=cache, key="v2", progress=False)
-    assert data.calls == 6
-    np.save(cache, np.array([4, 1, 8]))
+    assert data.calls <= 10  # the longest, the shortest and 8 drawn measured again
+    np.save(cache, np.array([4, 1, 8] * 20))
     with pytest.warns(UserWarning, match=r"checksum does not match"):
-        assert compute_lengths(
-            data, ids_length, cache=cache, key="v2", progress=False
-        ).tolist() == [4, 1, 7]
+        assert (
+            compute_lengths(data, ids_length, cache=cache, key="v2", progress=False).tolist()
+            == [4, 1, 7] * 20
+        )
     cache.write_bytes(b"not an npy file")
     with pytest.warns(UserWarning, match=r"cannot be read"):
         compute_lengths(data, ids_length, cache=cache, key="v2", progress=False)
-    bigger = Counting([4, 1, 7, 2])
+    bigger = Counting([4, 1, 7] * 20 + [2])
     with pytest.warns(UserWarning, match=r"another dataset"):
-        assert compute_lengths(bigger, ids_length, cache=cache, key="v2", progress=False).size == 4
+        assert compute_lengths(bigger, ids_length, cache=cache, key="v2", progress=False).size == 61
+
+
+def test_compute_lengths_cache_measures_samples_again(tmp_path: Path) -> None:
+    """A dataset class built with other settings (max_len=16, then 64) under one key got
+    the lengths cached for the first, and every budget over it was exceeded."""
+    cache = tmp_path / "lengths.npy"
+    compute_lengths(Counting([4, 1, 7] * 20), ids_length, cache=cache, progress=False)
+    longer = Counting([4, 1, 9] * 20)  # its longest samples changed, its length did not
+    with pytest.warns(UserWarning, match=r"sample 2 has 9 tokens now, 7 there"):
+        got = compute_lengths(longer, ids_length, cache=cache, progress=False)
+    assert got.tolist() == [4, 1, 9] * 20 and longer.calls == 61
 
 
 @dataclass
