@@ -14,11 +14,6 @@ def _head(owner: str) -> str:
     return f"{owner}: " if owner else ""
 
 
-def pow2(limit: int) -> str:
-    """``2**k`` for a power of two ``limit``."""
-    return f"2**{limit.bit_length() - 1}"
-
-
 def check_int(
     name: str,
     value: object,
@@ -42,9 +37,10 @@ def check_int(
     if minimum is not None and value < minimum:
         raise ValueError(f"{head}{name} must be >= {minimum}, got {value}{tail}.")
     if limit is not None and value >= limit:
+        bound = f"2**{limit.bit_length() - 1}"
         raise ValueError(
-            f"{head}{name} must be < {pow2(limit)}, got {value}; pass a value in "
-            f"[{minimum if minimum is not None else '-inf'}, {pow2(limit)})."
+            f"{head}{name} must be < {bound}, got {value}; pass a value in "
+            f"[{minimum if minimum is not None else '-inf'}, {bound})."
         )
     return int(value)
 

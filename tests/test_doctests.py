@@ -31,7 +31,9 @@ def _public_modules() -> dict[str, ModuleType]:
 
 
 MODULES = _public_modules()
-MODULES["loaderkit.data._code"] = importlib.import_module("loaderkit.data._code")  # cache keys
+# Private modules whose examples are their contract.
+PRIVATE = ("data._code", "lightning._adapter", "lightning.datamodules._args")
+MODULES.update({f"loaderkit.{m}": importlib.import_module(f"loaderkit.{m}") for m in PRIVATE})
 # Modules whose docstrings must show examples (a module-level example is their contract).
 WITH_EXAMPLES = {
     "loaderkit.data.memory",

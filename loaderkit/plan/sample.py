@@ -177,12 +177,9 @@ class SamplePlan(OrderedPlan):
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
-        self._check_position(start, world_size)
+        steps_from(self, start, world_size)  # checks the position
         check_rank(rank, world_size)
         return _FixedSchedule(self, self.order_map(epoch), epoch, start, rank, world_size)
-
-    def _check_position(self, start: int, world_size: int) -> None:
-        steps_from(self, start, world_size)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""

@@ -21,6 +21,7 @@ from loaderkit.plan.sample import (
     SamplePlan,
     _FixedSchedule,
     _Identity,
+    steps_from,
 )
 from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 
@@ -222,7 +223,7 @@ class ShardPlan(OrderedPlan):
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from position ``start``."""
-        self._split._check_position(start, world_size)
+        steps_from(self._split, start, world_size)  # checks the position
         check_rank(rank, world_size)
         return _FixedSchedule(self._split, self.order_map(epoch), epoch, start, rank, world_size)
 

@@ -25,13 +25,9 @@ from collections.abc import Sequence
 from typing import Any, Unpack
 
 import numpy as np
-import torch
 
-from loaderkit._checks import check_int
-from loaderkit._tags import SeedTag
-from loaderkit.plan.bucket import BucketOptions, BucketPlan
+from loaderkit.plan.bucket import BucketOptions, BucketPlan, _int
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, BatchMix, ShardPlan, batch_mix
-from loaderkit.seeding import derive_seed
 
 __all__ = ["ShardBucketPlan"]
 
@@ -58,13 +54,11 @@ class ShardBucketPlan(BucketPlan):
         **options: Unpack[BucketOptions],
     ) -> None:
         super().__init__(lengths, **options)
-        check_int(
+        _int(
             "shard_window",
             shard_window,
             1,
-            owner="BucketBatchSampler",
-            fix=f"pass samples of a shard shuffled together, e.g. {DEFAULT_WINDOW}",
-            numpy_ok=True,
+            f"pass samples shuffled together, e.g. {DEFAULT_WINDOW}",
         )
         # batch_size=1: only the order is used; the batches are cut here.
         self.shards = ShardPlan(
@@ -87,18 +81,14 @@ class ShardBucketPlan(BucketPlan):
         return self._eligible_only(self.shards.order(epoch).numpy())
 
     def _sequence(self, epoch: int, starts: np.ndarray) -> np.ndarray:
-        count = starts.size
-        if not self.shuffle:
-            return np.arange(count)
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, SeedTag.BUCKET_BATCHES, epoch))
-        keys = torch.randperm(count, generator=gen).numpy()
+        keys = super()._sequence(epoch, starts)
         # Batches never cross a window: the window a batch starts in is its window.
-        return np.lexsort((keys, starts // self.window))
+        return np.lexsort((keys, starts // self.window)) if self.shuffle else keys
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
         """How many shards the batches of ``epoch`` draw from, over all ranks' batches as dealt
         (a padded last step's repeats included, a dropped remainder left out)."""
-        check_int("world_size", world_size, 1, owner="BucketBatchSampler", numpy_ok=True)
+        _int("world_size", world_size, 1, "pass an int >= 1")
         ep = self._epoch(epoch)
         ids = ep.sequence
         if ids.size:
