@@ -505,11 +505,7 @@ class LoaderDataModule(L.LightningDataModule):
             size: int | None = self.batch_size if split == "train" else self.eval_batch_size
             if getattr(loader.plan, "max_tokens", None) is not None:  # the budget decides
                 size = getattr(loader.plan, "batch_size", None)
-            splits[split] = {
-                "samples": samples,
-                "batch_size": size,
-                "batches_per_epoch": batches,
-            }
+            splits[split] = {"samples": samples, "batch_size": size, "batches_per_epoch": batches}
         resumable, reason = self.resume_info(world_size)
         mix = sources = None
         if "train" in splits and not isinstance(self._datasets["train"], StreamingShardedDataset):

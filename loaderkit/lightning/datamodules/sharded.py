@@ -87,13 +87,9 @@ class _ShardSources(LoaderDataModule):
         if collate is not None:
             fix = "has no effect with collate= (your collate pads); set it there and drop"
         multiple, budget = self.pad_to_multiple_of, self.max_tokens is not None
-        for name, value, unused in (
+        for name, value, unused in (  # a budget reads pad_to_multiple_of
             ("pad_value", pad_value, pad_value != 0),
-            (
-                "pad_to_multiple_of",
-                multiple,
-                multiple is not None and not budget,
-            ),  # budget reads it
+            ("pad_to_multiple_of", multiple, multiple is not None and not budget),
         ):
             if unused:
                 raise ValueError(f"{type(self).__name__}: {name}={value!r} {fix} {name}.")
