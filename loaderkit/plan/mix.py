@@ -34,6 +34,7 @@ from loaderkit.plan.sample import (
     SamplePlan,
     _FixedSchedule,
     _KeyedSchedule,
+    check_positions,
     materialize,
     occurrence_keys,
     steps_from,
@@ -348,15 +349,7 @@ class MixPlan:
 
     def locate(self, epoch: int, positions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(source, source_epoch, sample in source)`` at ``positions`` of ``epoch`` (flat)."""
-        pos = np.asarray(positions)
-        length = self.epoch_length(epoch)
-        if pos.dtype.kind not in "iu":
-            raise TypeError(f"MixPlan: positions must be integers, got dtype {pos.dtype}.")
-        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= length):
-            raise ValueError(
-                f"MixPlan: positions must lie in [0, {length}) (one epoch), got "
-                f"[{int(pos.min())}, {int(pos.max())}]."
-            )
+        pos = check_positions(positions, self.epoch_length(epoch), "epoch_length")
         return self.order_map(epoch).locate(pos)
 
     def source_epochs(self, epoch: int) -> tuple[tuple[int, int], ...]:

@@ -207,8 +207,9 @@ def materialize(mapping: PositionMap, n: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def check_positions(positions: np.ndarray, n: int) -> np.ndarray:
-    """``positions`` as an integer array inside ``[0, n)``, or a TypeError/ValueError naming it."""
+def check_positions(positions: np.ndarray, n: int, size: str = "num_samples") -> np.ndarray:
+    """``positions`` as an integer array inside ``[0, n)`` (``n`` named ``size``), or a
+    TypeError/ValueError naming it."""
     pos = np.asarray(positions)
     if pos.dtype.kind not in "iu":
         raise TypeError(
@@ -217,7 +218,7 @@ def check_positions(positions: np.ndarray, n: int) -> np.ndarray:
         )
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
         raise ValueError(
-            f"positions must lie in [0, num_samples={n}), got "
+            f"positions must lie in [0, {size}={n}), got "
             f"[{int(pos.min())}, {int(pos.max())}]; pass positions within one epoch."
         )
     return pos

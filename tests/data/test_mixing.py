@@ -335,7 +335,7 @@ def test_bad_sources_are_named() -> None:
         MixPlan(source_sizes=(3, 4), per_epoch=(1,), batch_size=2)
     with pytest.raises(ValueError, match="MixPlan: rank must be < world_size=2, got 2"):
         mixed().plan(2).schedule(0, start=0, rank=2, world_size=2)
-    with pytest.raises(ValueError, match=r"positions must lie in \[0, 45\)"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, epoch_length=45\)"):
         mixed().plan(2).locate(0, [45])
     with pytest.raises(ValueError, match="source_sizes and per_epoch go together"):
         from loaderkit import BucketBatchSampler
