@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from loaderkit._checks import getitem_overridden
+from loaderkit._checks import getitem_overridden, reads_overridden
 from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.data.lengths import check_own_lengths
@@ -236,7 +236,7 @@ class HFDataset(Dataset[dict[str, Any]]):
             )
         col = self.dataset.with_format("arrow", columns=[name])[:].column(0)
         found = length_values(pa, col, "HFDataset", name)
-        if getitem_overridden(self, "lengths", also=("__getitems__",)):
+        if reads_overridden(self, "lengths"):
             fix = "Pass loaderkit.compute_lengths(dataset, length_fn), or override lengths()."
             check_own_lengths(self, found, name, fix)
         return found

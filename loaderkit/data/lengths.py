@@ -22,6 +22,8 @@ from loaderkit.plan._bucket_order import as_lengths
 
 __all__ = ["compute_lengths"]
 
+_CHUNK = 256  # samples read in one __getitems__ call
+
 
 def compute_lengths(
     dataset: Any,
@@ -90,13 +92,22 @@ def compute_lengths(
         name += "" if state is None else f":{state}"
         described = f"{_dataset_key(dataset)}|{size}|{name}|{key}"
         ident = hashlib.sha256(described.encode()).hexdigest()[:16]
+    read = _reads(dataset)
     if path is not None:
-        cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(dataset[i]), i))
+        cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(read([i])[0]), i))
         if cached is not None:
             return cached
     out = np.empty(size, dtype=np.int64)
-    for i in _progress(size, progress):
-        out[i] = _checked(fn(dataset[i]), i)
+    for lo in _progress(size, progress):
+        rows = range(lo, min(lo + _CHUNK, size))
+        samples = read(list(rows))
+        if not isinstance(samples, list | tuple) or len(samples) != len(rows):
+            raise TypeError(
+                f"compute_lengths: {type(dataset).__name__}.__getitems__ returned "
+                f"{type(samples).__name__} for {len(rows)} indices; return one sample per index."
+            )
+        for i, sample in zip(rows, samples, strict=True):
+            out[i] = _checked(fn(sample), i)
     if path is not None:
         _save_cached_lengths(path, ident, out)
     return out
@@ -120,6 +131,15 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
                 f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
                 f"where its source counts {int(stored[index])}. {fix}"
             )
+
+
+def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
+    """Samples read as the loader reads them: through ``__getitems__`` where the dataset has
+    one (torch's fetcher calls it, a subclass may override only it), else ``dataset[i]``."""
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems is None:
+        return lambda indices: [dataset[i] for i in indices]
+    return getitems
 
 
 def _dataset_key(dataset: Any) -> str:
@@ -164,18 +184,20 @@ def _default_length(sample: Any) -> int:
 
 
 def _progress(size: int, show: bool) -> Iterator[int]:
+    """The first index of each chunk of ``_CHUNK`` samples, with a progress bar if ``show``."""
+    starts = range(0, size, _CHUNK)
     if not show:
-        yield from range(size)
+        yield from starts
         return
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm comes with lightning
-        yield from range(size)
+        yield from starts
         return
     with tqdm(total=size, desc="loaderkit: lengths", unit="sample", mininterval=0.5) as bar:
-        for i in range(size):
-            yield i
-            bar.update()
+        for lo in starts:
+            yield lo
+            bar.update(min(_CHUNK, size - lo))
 
 
 def _load_cached_lengths(

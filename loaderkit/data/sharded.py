@@ -18,7 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from loaderkit._checks import check_index_path, check_int, check_suffixes, getitem_overridden
+from loaderkit._checks import (
+    check_index_path,
+    check_int,
+    check_suffixes,
+    getitem_overridden,
+    reads_overridden,
+)
 from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
@@ -591,7 +597,7 @@ class ShardedDataset(Dataset[Any]):
                 parts.append(np.asarray(per_sample(), dtype=np.int64))
             else:
                 found = np.concatenate(parts)
-                if getitem_overridden(self, "lengths", also=("__getitems__",)):
+                if reads_overridden(self, "lengths"):
                     field = getattr(self.reader, "length_column", None)
                     check_own_lengths(self, found, field, _OWN_LENGTHS)
                 return found

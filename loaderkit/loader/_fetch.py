@@ -6,6 +6,7 @@ The same code builds a batch in any process, so ``num_workers`` does not change 
 from __future__ import annotations
 
 import functools
+import operator
 import pickle
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -275,8 +276,8 @@ class BatchFetcher:
         samples: list[Any] = []
         if self.mode == "getitems":
             getitem: Callable[[int], Any] = functools.partial(_one_item, self.dataset.__getitems__)
-        else:  # the class's, as dataset[i] (and torch) reads it, not one set on the instance
-            getitem = type(self.dataset).__getitem__.__get__(self.dataset)
+        else:  # dataset[i], as torch reads it (the class's, not one set on the instance)
+            getitem = functools.partial(operator.getitem, self.dataset)
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)

@@ -54,12 +54,8 @@ class ShardBucketPlan(BucketPlan):
         **options: Unpack[BucketOptions],
     ) -> None:
         super().__init__(lengths, **options)
-        _int(
-            "shard_window",
-            shard_window,
-            1,
-            f"pass samples shuffled together, e.g. {DEFAULT_WINDOW}",
-        )
+        fix = f"pass samples of a shard shuffled together, e.g. {DEFAULT_WINDOW}"
+        _int("shard_window", shard_window, 1, fix)
         # batch_size=1: only the order is used; the batches are cut here.
         self.shards = ShardPlan(
             shard_sizes=tuple(shard_sizes),
@@ -81,7 +77,7 @@ class ShardBucketPlan(BucketPlan):
         return self._eligible_only(self.shards.order(epoch).numpy())
 
     def _sequence(self, epoch: int, starts: np.ndarray) -> np.ndarray:
-        keys = super()._sequence(epoch, starts)
+        keys = super()._sequence(epoch, starts)  # unshuffled: arange, already in window order
         # Batches never cross a window: the window a batch starts in is its window.
         return np.lexsort((keys, starts // self.window)) if self.shuffle else keys
 

@@ -538,6 +538,7 @@ def test_cached_lengths_see_a_subclass_s_function_edited_slots_and_getitems(
 
     with pytest.raises(ValueError, match="sample 0 has 5 tokens, where its source counts 4"):
         Batched(paths, reader).lengths()
+    assert Batched(paths, reader).lengths(len).tolist() == [5, 3] * 4  # as the loader reads
 
 
 def test_cached_lengths_are_keyed_by_the_reader_s_settings(tmp_path: Path) -> None:

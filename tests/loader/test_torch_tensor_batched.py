@@ -232,6 +232,33 @@ def test_rows_beyond_replaced_tensors_fail_as_torchs_read_does() -> None:
         list(batches)
 
 
+class _Doubling:
+    def __call__(self, index: int) -> int:
+        return index * 2
+
+
+class _StaticRead(torch.utils.data.Dataset[int]):
+    __getitem__ = staticmethod(_Doubling())
+
+    def __len__(self) -> int:
+        return 8
+
+
+class _ObjectRead(torch.utils.data.Dataset[int]):
+    __getitem__ = _Doubling()  # a callable object: no method binding
+
+    def __len__(self) -> int:
+        return 8
+
+
+@pytest.mark.parametrize("cls", [_StaticRead, _ObjectRead])
+def test_a_getitem_that_is_no_plain_method_reads_as_in_torch(cls: type) -> None:
+    want = [b.tolist() for b in DataLoader(cls(), batch_size=4)]
+    for num_workers in (0, 2):
+        got = [b.tolist() for b in _loader(cls(), num_workers, batch_size=4)]
+        assert got == want == [[0, 2, 4, 6], [8, 10, 12, 14]]
+
+
 def _minus_one(index: int) -> tuple[torch.Tensor, ...]:
     return (torch.tensor(-1),) * 3
 

@@ -882,6 +882,13 @@ def test_compute_lengths_errors() -> None:
     with pytest.raises(TypeError, match=r"length_fn must be callable, got 3"):
         compute_lengths(data, 3, progress=False)  # type: ignore[arg-type]
 
+    class Columns(Counting):
+        def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+            return {"input_ids": [self[i]["input_ids"] for i in indices]}
+
+    with pytest.raises(TypeError, match=r"Columns.__getitems__ returned dict for 3 indices"):
+        compute_lengths(Columns([1, 2, 3]), ids_length, progress=False)
+
 
 def test_a_collate_padding_to_max_length_under_a_budget_is_refused() -> None:
     """The guide's oversize='truncate' recipe padded every batch to max_length, so a batch

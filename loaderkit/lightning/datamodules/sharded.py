@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
-from loaderkit._checks import getitem_overridden
+from loaderkit._checks import reads_overridden
 from loaderkit.collate import PadCollate
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.jsonl import JsonlReader
@@ -118,7 +118,7 @@ class _ShardSources(LoaderDataModule):
     def _measure(self, source: Any) -> np.ndarray:
         """One source's sample lengths: from offsets or a column where it can, else read."""
         key = KeyLength(self.length_key, owner=type(self).__name__)
-        own = getitem_overridden(source, "lengths", also=("__getitems__",))  # a subclass's
+        own = reads_overridden(source, "lengths")  # a subclass's
         if isinstance(source, ShardedDataset) and (own or isinstance(source.reader, JsonlReader)):
             return source.lengths(key)  # samples: each read once, by length_key
         if isinstance(source, ShardedDataset | HFDataset) and not own:
