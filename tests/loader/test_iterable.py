@@ -389,6 +389,71 @@ def test_persistent_workers_match_fresh_workers_and_resume() -> None:
     assert_resume_exact(make, [2, 10])
 
 
+class OwnShuffle(IterableDataset[int]):
+    """No state_dict: shuffles each pass from its own RNG, so its copy's earlier passes decide
+    the order (as uninterrupted, where an in-process or persistent worker's copy lives on)."""
+
+    def __init__(self, size: int = 11) -> None:
+        self.size, self.rng = size, random.Random(0)
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(range(self.size))
+        self.rng.shuffle(order)
+        info = get_worker_info()
+        return iter(order if info is None else order[info.id :: info.num_workers])
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_a_replayed_copy_that_lives_on_resumes_exactly_in_and_after_epoch_0(
+    num_workers: int, persistent: bool
+) -> None:
+    # Persistent workers served a resumed epoch 0 from copies they then dropped, and a state
+    # saved at epoch 0's end replayed nothing: either way epoch 1 was a fresh copy's first pass.
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            OwnShuffle(), batch_size=3, num_workers=num_workers, persistent_workers=persistent
+        )
+
+    assert make().describe()["resume"] == "replay"
+    per_epoch = len(list(make()))
+    assert_resume_exact(make, list(range(1, per_epoch + 1)))  # inside epoch 0, and at its end
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_a_replayed_copy_that_lives_on_is_refused_after_epoch_0(
+    num_workers: int, persistent: bool
+) -> None:
+    # A fresh copy cannot be brought to the uninterrupted copy's second pass by a replay of one
+    # pass; at epoch 1's end nothing was replayed, and epoch 2 silently repeated another order.
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            OwnShuffle(), batch_size=3, num_workers=num_workers, persistent_workers=persistent
+        )
+
+    for inside in (False, True):
+        loader = make()
+        list(loader)
+        it = iter(loader)
+        with_errors(it, 1 if inside else None)
+        state = loader.state_dict()
+        del it
+        fresh = make()
+        with pytest.raises(
+            StateMismatchError, match=r"different sample at position .*not of its earlier passes"
+        ):
+            fresh.load_state_dict(state)
+            list(fresh)
+
+
+def test_persistent_workers_resumed_at_epoch_0s_end_stay_exact_for_a_deterministic_stream() -> None:
+    def make() -> ResumableDataLoader:
+        return ResumableDataLoader(
+            Jittered(), batch_size=3, num_workers=2, seed=3, persistent_workers=True
+        )
+
+    assert_resume_exact(make, [8, 9])  # 8 batches an epoch: at its end, then inside epoch 1
+
+
 def test_a_stream_that_replays_differently_is_a_named_error() -> None:
     loader = ResumableDataLoader(Unseeded(), batch_size=4, seed=0)
     it = iter(loader)
