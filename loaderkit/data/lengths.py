@@ -73,27 +73,14 @@ def compute_lengths(
     size = len(dataset)
     fn = _default_length if length_fn is None else length_fn
     path = Path(cache) if cache is not None else None
-    if path is not None:
-        if path.suffix != ".npy":
-            raise ValueError(
-                f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
-                "cache='lengths.npy'."
-            )
-        name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
-        state = None if isinstance(fn, types.FunctionType) else pickle_digest(fn)
-        if not isinstance(fn, types.FunctionType) and state is None:
-            warnings.warn(
-                f"compute_lengths: length_fn {name.split(':')[0]} cannot be pickled, so its "
-                f"arguments cannot key the cache; computing without {str(cache)!r}.",
-                UserWarning,
-                stacklevel=2,
-            )
-            path = None
-        name += "" if state is None else f":{state}"
-        described = f"{_dataset_key(dataset)}|{size}|{name}|{key}"
-        ident = hashlib.sha256(described.encode()).hexdigest()[:16]
+    if path is not None and path.suffix != ".npy":
+        raise ValueError(
+            f"compute_lengths: cache must be a .npy path, got {str(cache)!r}; pass e.g. "
+            "cache='lengths.npy'."
+        )
+    ident = None if path is None else _cache_ident(dataset, fn, key, size, path)
     read = _reads(dataset)
-    if path is not None:
+    if path is not None and ident is not None:
         cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(read([i])[0]), i))
         if cached is not None:
             return cached
@@ -108,9 +95,27 @@ def compute_lengths(
             )
         for i, sample in zip(rows, samples, strict=True):
             out[i] = _checked(fn(sample), i)
-    if path is not None:
+    if path is not None and ident is not None:
         _save_cached_lengths(path, ident, out)
     return out
+
+
+def _cache_ident(dataset: Any, fn: Any, key: str, size: int, path: Path) -> str | None:
+    """The cache key of ``fn`` over ``dataset``: its type, size, ``fn``'s code and arguments
+    and ``key``; None (with a warning) where ``fn``'s arguments do not pickle."""
+    name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
+    state = None if isinstance(fn, types.FunctionType) else pickle_digest(fn)
+    if not isinstance(fn, types.FunctionType) and state is None:
+        warnings.warn(
+            f"compute_lengths: length_fn {name.split(':')[0]} cannot be pickled, so its "
+            f"arguments cannot key the cache; computing without {str(path)!r}.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return None
+    name += "" if state is None else f":{state}"
+    described = f"{_dataset_key(dataset)}|{size}|{name}|{key}"
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: str) -> None:
