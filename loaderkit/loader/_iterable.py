@@ -25,12 +25,11 @@ from loaderkit.loader._worker_stream import (
     fresh_record,
     is_stateful,
     open_stream,
-    run_through,
     worker_batches,
 )
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, check_settings
-from loaderkit.seeding import derive_seed, rngs_put_back, seed_global_rngs, worker_seed
+from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch, pin_now
 
 _MISSING = (
@@ -44,56 +43,33 @@ _DIFFERS = (
 _OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
 
 
-def _replayed_end(record: dict[str, Any]) -> bool:
-    """Whether ``record`` is a stream's end that a resume can only reach by replaying it."""
-    own = ("dataset_state", "iterator_state", "end_state")
-    return bool(record["ended"]) and all(record[k] is None for k in own)
-
-
 class _StreamsSource(EngineSource):
     """What the inner DataLoader's workers iterate: their own streams, batched, with records."""
 
     def __init__(
-        self,
-        engine: IterableEngine,
-        starts: list[dict[str, Any]],
-        *,
-        epoch: int,
-        rank: int,
-        behind: list[tuple[int, dict[str, Any]] | None] | None = None,
+        self, engine: IterableEngine, starts: list[dict[str, Any]], *, epoch: int, rank: int
     ) -> None:
         super().__init__(engine)
-        self.starts, self.behind = starts, behind
+        self.starts = starts
         self.seed, self.epoch, self.rank = engine.host.seed, epoch, rank
         self._passes = 0  # a persistent worker's copy counts its passes
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        # A persistent worker's later epochs start fresh (it serves whole epochs only), but
-        # after a resumed pass that had ended, where its saved end put the object (it ran none).
+        # A persistent worker's later epochs start fresh, but after a resumed stream that had
+        # ended where its saved end put the object (the worker ran no pass of it).
         start = self.starts[worker]
         later = fresh_record()
         if start["ended"]:
             later |= {"dataset_state": start["dataset_state"], "end_state": start["end_state"]}
         self.starts[worker] = later
-        ran = None if self._passes or self.behind is None else self.behind[worker]
-        if ran is not None:
-            ran_epoch, ended = ran
-            with rngs_put_back():  # this pass keeps what worker_init_fn seeded
-                if ran_epoch != self.epoch:
-                    self._seed(ran_epoch, worker)
-                run_through(self, worker, ended, in_process=False)
         if self._passes and info is not None:
-            self._seed(self.epoch + self._passes, worker)
+            # Seeded as a worker started for this epoch (worker_init_fn seeded the first pass).
+            epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
+            seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
         self._passes += 1
         return worker_batches(self, worker, start, in_process=info is None)
-
-    def _seed(self, epoch: int, worker: int) -> None:
-        """Seed the global RNGs as a worker started for ``epoch`` (worker_init_fn seeded the
-        first pass)."""
-        epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, epoch)
-        seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
 
 
 class IterableEngine(WorkerStreams):
@@ -110,8 +86,6 @@ class IterableEngine(WorkerStreams):
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
         self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
-        # Per worker, a loaded pass (epoch, record) its next copy runs through first (_Streams).
-        self._unrun: list[tuple[int, dict[str, Any]] | None] | None = None
 
     def method(self) -> str:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
@@ -151,10 +125,7 @@ class IterableEngine(WorkerStreams):
             yield from self._in_process(run, epoch, primed if start == 0 else None, cut_short)
             return
         rank, _ = host.topology()
-        behind, self._unrun = self._unrun, None
-        streams = _StreamsSource(
-            self, [dict(r) for r in records], epoch=epoch, rank=rank, behind=behind
-        )
+        streams = _StreamsSource(self, [dict(r) for r in records], epoch=epoch, rank=rank)
         # Persistent workers serve a resumed epoch too: their copies go on from the replay.
         inner = self.workers_for(streams, epoch, fresh=False)
         workers = iter(inner)
@@ -390,19 +361,4 @@ class IterableEngine(WorkerStreams):
             for r in records
         ]
         self._primed, self._ran_end = None, False
-        adopted = self.resume(state, adopted)
-        self._unrun = None
-        if self.objects_live_on:
-            # Objects that live on (in-process, persistent workers) iterate the next epoch after
-            # the passes the saved run's objects ended before the state was saved: they run those
-            # here too, checked as a replay is, so an order drawn anew each pass from the
-            # object's own RNG resumes exactly after epoch 0 and is refused after a later one.
-            epoch = int(state["epoch"])
-            ended = [(epoch, r) if _replayed_end(r) else None for r in self.records]
-            if workers > 0:
-                self._unrun = ended
-            elif ended[0] is not None:
-                with rngs_put_back():  # the saved run drew these before its state was saved
-                    source = _StreamsSource(self, [], epoch=epoch, rank=0)
-                    run_through(source, 0, self.records[0], in_process=True)
-        return adopted
+        return self.resume(state, adopted)

@@ -121,29 +121,6 @@ def open_stream(
     return it
 
 
-def run_through(
-    source: EngineSource, worker: int, record: dict[str, Any], *, in_process: bool
-) -> None:
-    """Replay the pass a worker's stream ended at ``record`` (with no state of its own) to its
-    end, as the saved run's object ran it: an object that lives on into the next epoch (in-process,
-    or in a persistent worker) then starts it where the saved run's did."""
-    start = {**record, "ended": False}
-    it = open_stream(source.user_dataset, start, worker, in_process=in_process, source=source)
-    extra: list[Any] = []
-    try:
-        take(it, source.batch_size, extra)
-    except Exception:
-        extra.append(None)  # a raise the saved run did not meet
-    # Only a short last batch that drop_last dropped may follow what was handed out.
-    if len(extra) >= source.batch_size or (extra and not source.drop_last):
-        raise StateMismatchError(
-            f"{OWNER}.load_state_dict: replaying worker {worker}'s stream of the IterableDataset "
-            f"gave more than the {record['yielded']} samples it ended with in the saved run. "
-            "Resume with the same data and num_workers, or give the dataset "
-            "state_dict()/load_state_dict()."
-        )
-
-
 def worker_batches(
     source: EngineSource,
     worker: int,
