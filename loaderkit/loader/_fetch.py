@@ -6,9 +6,11 @@ The same code builds a batch in any process, so ``num_workers`` does not change 
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import pickle
 import traceback
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -277,7 +279,7 @@ class BatchFetcher:
         if self.mode == "getitems":
             getitem: Callable[[int], Any] = functools.partial(_one_item, self.dataset.__getitems__)
         else:  # dataset[i], as torch reads it (the class's, not one set on the instance)
-            getitem = functools.partial(operator.getitem, self.dataset)
+            getitem = _class_getitem(self.dataset)
         try:
             if self.seeder is not None:
                 return self.seeder.load(self.seed, epoch, index_list, getitem, samples, keys)
@@ -299,6 +301,15 @@ class BatchFetcher:
             what = f"the batch of sample indices {shown}{more}"
             fix = "batch read (get_batch / __getitems__) for these indices"
             raise _load_error(what, epoch, exc, fix, shown) from exc
+
+
+def _class_getitem(dataset: Any) -> Callable[[int], Any]:
+    """``dataset[i]`` as a callable: the class's method bound (a plain function, the common
+    case, called without ``operator.getitem``'s extra step), else ``operator.getitem``."""
+    method = inspect.getattr_static(type(dataset), "__getitem__", None)
+    if isinstance(method, types.FunctionType):
+        return types.MethodType(method, dataset)
+    return functools.partial(operator.getitem, dataset)
 
 
 def per_sample_reads(dataset: Any) -> bool:
