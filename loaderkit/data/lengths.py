@@ -124,7 +124,7 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
     token budget from them would be wrong. ``field``: the dict key holding the tokens
     (None: the sample itself); ``fix``: the message's last sentence."""
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
-        sample = dataset.__getitems__([index])[0]
+        sample = _reads(dataset)([index])[0]
         if field is not None and isinstance(sample, dict):
             sample = sample.get(field)
         flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1

@@ -601,6 +601,8 @@ class ShardedDataset(Dataset[Any]):
                     field = getattr(self.reader, "length_column", None)
                     check_own_lengths(self, found, field, _OWN_LENGTHS)
                 return found
+        if cache is None:
+            return compute_lengths(self, length_fn, progress=progress)
         # The cache key names the shards' content, so equal counts never share lengths.
         if self._remote is not None:
             remote, shards = self._remote, self._remote.shards
@@ -614,14 +616,14 @@ class ShardedDataset(Dataset[Any]):
             content = ";".join(shard_name(shard) for shard in self.shards)
         # The reader's and a subclass's code and settings shape the samples: they key it too.
         shaped = [settings_digest(self.reader), settings_digest(self, self._base_fields)]
-        if cache is not None and None in shaped:
+        if None in shaped:
             warnings.warn(
                 f"{type(self).__name__}.lengths: a setting of it or its reader does not "
                 f"pickle, so it cannot key the cache; computing without {str(cache)!r}.",
                 UserWarning,
                 stacklevel=2,
             )
-            cache = None
+            return compute_lengths(self, length_fn, progress=progress)
         key = f"{len(self.shards)}|{len(self)}|{shaped}|{content}"
         return compute_lengths(self, length_fn, cache=cache, key=key, progress=progress)
 

@@ -7,6 +7,7 @@ loader resumed at k equal the uninterrupted run, over two epochs, num_workers 0 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterator
@@ -403,17 +404,19 @@ class OwnShuffle(IterableDataset[int]):
         return iter(order if info is None else order[info.id :: info.num_workers])
 
 
+def _own_shuffle_loader(num_workers: int, persistent: bool) -> ResumableDataLoader:
+    return ResumableDataLoader(
+        OwnShuffle(), batch_size=3, num_workers=num_workers, persistent_workers=persistent
+    )
+
+
 @pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
 def test_a_replayed_copy_that_lives_on_resumes_exactly_inside_epoch_0(
     num_workers: int, persistent: bool
 ) -> None:
     # Persistent workers served a resumed epoch 0 from copies they then dropped: epoch 1 was a
     # fresh copy's first pass, epoch 0's order again.
-    def make() -> ResumableDataLoader:
-        return ResumableDataLoader(
-            OwnShuffle(), batch_size=3, num_workers=num_workers, persistent_workers=persistent
-        )
-
+    make = functools.partial(_own_shuffle_loader, num_workers, persistent)
     assert make().describe()["resume"] == "replay"
     per_epoch = len(list(make()))
     assert_resume_exact(make, list(range(1, per_epoch)))
@@ -424,11 +427,7 @@ def test_a_replayed_copy_that_lives_on_is_refused_inside_a_later_epoch(
     num_workers: int, persistent: bool
 ) -> None:
     # A fresh copy cannot be brought to the uninterrupted copy's second pass by a replay.
-    def make() -> ResumableDataLoader:
-        return ResumableDataLoader(
-            OwnShuffle(), batch_size=3, num_workers=num_workers, persistent_workers=persistent
-        )
-
+    make = functools.partial(_own_shuffle_loader, num_workers, persistent)
     loader = make()
     list(loader)
     it = iter(loader)
