@@ -41,15 +41,13 @@ class Host(Protocol):
         """Whether the host, setting ``loader``'s epoch, restarts that epoch part-way."""
 
     def restored_past(self, loader: object) -> bool:
-        """Whether the host restored a checkpoint whose epoch it counts complete: the epoch
-        now set is a new one."""
+        """Whether the host restored a checkpoint of an epoch it counts complete."""
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
         """The epoch the host trains when it sets ``loader``'s epoch to ``epoch``."""
 
     def epoch_starting(self, loader: object) -> int | None:
-        """The epoch the host trains next, asked as ``loader`` begins an epoch no
-        ``set_epoch`` named."""
+        """The epoch the host trains next, as ``loader`` begins one no ``set_epoch`` named."""
 
     def ended(self) -> bool:
         """Whether the host's run is over (an entered host is then dropped)."""
@@ -58,26 +56,20 @@ class Host(Protocol):
         """Whether the host iterates ``loader`` again when it runs out inside an epoch."""
 
     def restored_ended(self, loader: object) -> bool:
-        """Whether the host restored a checkpoint saved after its epoch ended and runs that
-        epoch again (Lightning under ``max_steps``): a loaded rest of it is past the host's."""
+        """Whether the host restored a checkpoint saved as its epoch ended, and reruns it."""
 
     def epoch_after_restore(self, loader: object, *, counted: bool = False) -> int | None:
-        """Where the host restores a checkpoint saved on an epoch's last batch: the next
-        epoch, which it goes on to and every loader starts afresh; else None. ``counted``:
-        only where it counts that batch done as it restores (saved at the batch's end, not in
-        its step or the validation after it, where it first ends the saved epoch)."""
+        """After a restore on an epoch's last batch, the next epoch (every loader starts it
+        afresh); ``counted``: only where the host counts that batch done as it restores."""
 
     def counts_run_outs(self, loader: object) -> bool:
-        """Whether the host ends its epoch once each of several loaders ran out, and
-        iterates each one once as an epoch starts."""
+        """Whether the host's epoch ends once each of several loaders ran out."""
 
     def evaluating(self) -> str | None:
-        """``"predict"``, ``"validate"`` or ``"test"`` while the host runs that loop, else
-        None (Lightning predicts each sample once, and pads val/test by < world_size)."""
+        """``"predict"``, ``"validate"`` or ``"test"`` while the host runs that loop."""
 
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        """``loader``'s state in a checkpoint the host restored without loading it into
-        the loader (one saved at an epoch's end), as the epoch after it starts; else None."""
+        """``loader``'s state in a restored checkpoint the host did not load into it."""
 
 
 class _NoHost:
@@ -101,9 +93,7 @@ NO_HOST: Host = _NoHost()
 
 
 def epoch_begun(host: Host, obj: object) -> int | None:
-    """The epoch ``host`` trains as ``obj`` begins an iteration no ``set_epoch`` named: the
-    next one after a restore at an epoch's last batch, else its loop's own value mapped as
-    :meth:`Host.epoch_meant` maps the loop's ``set_epoch``."""
+    """The epoch ``host`` trains as ``obj`` begins an iteration no ``set_epoch`` named."""
     epoch = host.epoch_starting(obj)
     if epoch is None:
         return None

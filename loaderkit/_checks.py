@@ -115,20 +115,17 @@ def check_path(name: str, value: object, suffixes: Sequence[str], *, owner: str 
 
 def check_suffixes(name: str, value: object, *, owner: str) -> tuple[str, ...]:
     """``value`` as a tuple of file suffixes, each a str starting with ``"."``."""
-    items = None if isinstance(value, str | bytes) else _as_tuple(value)
+    items: tuple[Any, ...] | None
+    try:
+        items = None if isinstance(value, str | bytes) else tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        items = None
     if items is None or not all(isinstance(s, str) and s.startswith(".") for s in items):
         raise TypeError(
             f"{owner}: {name} must be a list of suffixes each starting with '.', got "
             f"{value!r}; pass e.g. {name}=('.jsonl.gz',)."
         )
     return items
-
-
-def _as_tuple(value: object) -> tuple[Any, ...] | None:
-    try:
-        return tuple(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 def check_index_path(value: object, *, owner: str) -> None:

@@ -88,15 +88,6 @@ def _unavailable(target: torch.device) -> str | None:
     return None
 
 
-def _check_available(func: str, target: torch.device) -> None:
-    why = _unavailable(target)
-    if why is not None:
-        raise ValueError(
-            f"{func}: device {str(target)!r} is not available ({why}); pass an available "
-            "device (select_device() picks the current accelerator, or 'cpu')."
-        )
-
-
 def select_device(device: DeviceLike | None = None) -> torch.device:
     """The device to put batches on, validated; an accelerator's always carries an index.
 
@@ -270,7 +261,12 @@ def move_to_device(batch: Batch, device: DeviceLike, non_blocking: bool | None =
         {'x': tensor([1., 1.]), 'n': 3}
     """
     target = _parse_device("move_to_device", device)
-    _check_available("move_to_device", target)
+    why = _unavailable(target)
+    if why is not None:
+        raise ValueError(
+            f"move_to_device: device {str(target)!r} is not available ({why}); pass an available "
+            "device (select_device() picks the current accelerator, or 'cpu')."
+        )
     if non_blocking is not None and not isinstance(non_blocking, bool):
         raise TypeError(
             f"move_to_device: non_blocking must be None, True or False, got {non_blocking!r}; "
@@ -430,8 +426,7 @@ class DevicePrefetcher:
         self._holder = _Held()
 
     def held_state(self) -> dict[str, Any] | None:
-        """The wrapped iterable's state as the consumer has seen it (excluding the batch
-        copied ahead), until the iterable runs out or moves on; else None."""
+        """The wrapped iterable's state as the consumer saw it (not the batch ahead), or None."""
         return self._holder.state
 
     def state_dict(self) -> dict[str, Any]:

@@ -193,11 +193,7 @@ def ratio_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-_MET, _MISSED, _NO_GOAL = "#2e7d32", "#c62828", "#90a4ae"
-
-
-def _color(ratio: Ratio) -> str:
-    return {True: _MET, False: _MISSED, None: _NO_GOAL}[ratio.met]
+_COLORS = {True: "#2e7d32", False: "#c62828", None: "#90a4ae"}  # goal met, missed, none
 
 
 def write_plot(results: Sequence[BenchResult], path: Path) -> Path:
@@ -240,7 +236,7 @@ def _panel(ax: Axes, result: BenchResult) -> None:
     ratios = result.ratios
     ys = list(range(len(ratios)))[::-1]  # first ratio on top
     values = [max(r.value, 1e-3) for r in ratios]  # a log axis cannot show 0
-    ax.barh(ys, values, color=[_color(r) for r in ratios], height=0.6)
+    ax.barh(ys, values, color=[_COLORS[r.met] for r in ratios], height=0.6)
     for y, r, v in zip(ys, ratios, values, strict=True):
         label = r.format() + (f"  (goal {r.goal_text()})" if r.goal is not None else "")
         # Right of both the bar and its goal tick.

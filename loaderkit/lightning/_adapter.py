@@ -44,9 +44,8 @@ def data_parallel_of(driver: Any) -> tuple[int, int] | None:
 
 
 def splits_loaders(driver: Any) -> bool:
-    """A Trainer's ``use_distributed_sampler`` (``_accelerator_connector``: no public
-    attribute keeps it). True for a Fabric: its ``setup_dataloaders(use_distributed_sampler=)``
-    is per call and never sees loaderkit's loaders, which split themselves."""
+    """A Trainer's ``use_distributed_sampler``; True for a Fabric (per ``setup_dataloaders``
+    call, never seeing loaderkit's loaders)."""
     if not isinstance(driver, Trainer):
         return True
     return bool(driver._accelerator_connector.use_distributed_sampler)
@@ -86,8 +85,7 @@ class LightningHost:
         return "test" if trainer.testing else None
 
     def _fitting(self, loader: object, *, failing: bool = False) -> Any | None:
-        """The Trainer, while its fit runs (or, with ``failing``, calls ``on_exception``)
-        with ``loader`` as a train loader; else None."""
+        """The Trainer while its fit (or, ``failing``, its ``on_exception``) runs ``loader``."""
         trainer = self._driver()
         if trainer is None or not hasattr(trainer, "fit_loop"):
             return None
@@ -104,9 +102,7 @@ class LightningHost:
         return self._fitting(loader) is not None
 
     def held_batches(self, loader: object) -> int | None:
-        """``fit_loop._data_fetcher.batches`` (taken ahead of training), and a batch taken
-        for a step that failed before it was processed (an ``OnExceptionCheckpoint``:
-        Lightning trains it again)."""
+        """``fit_loop._data_fetcher.batches``, plus a failed step's unprocessed batch."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
@@ -136,9 +132,7 @@ class LightningHost:
         return bool(loop.restarted_mid_epoch and progress.processed < progress.started)
 
     def restored_past(self, loader: object) -> bool:
-        """``fit_loop.restarting`` (or ``_loaded_from_state_dict``: an epoch-end restore, in
-        its first epoch), with ``epoch_progress.current`` completed as far as it was started
-        (a ``max_steps`` stop restores an epoch processed, not completed)."""
+        """A restore (``restarting`` or ``_loaded_from_state_dict``) of a completed epoch."""
         trainer = self._fitting(loader)
         loop = None if trainer is None else trainer.fit_loop
         if loop is None or not (loop.restarting or loop._loaded_from_state_dict):
@@ -147,9 +141,7 @@ class LightningHost:
         return bool(progress.completed == progress.processed == progress.started)
 
     def restored_ended(self, loader: object) -> bool:
-        """``fit_loop.restarted_on_epoch_end`` and ``batch_progress.is_last_batch``: under
-        ``max_steps`` Lightning restores a checkpoint saved as an epoch ended at its last
-        batch as that epoch again, its batches counted done (not as a ``max_steps`` stop)."""
+        """``fit_loop.restarted_on_epoch_end`` and ``batch_progress.is_last_batch``."""
         trainer = self._fitting(loader)
         loop = None if trainer is None else trainer.fit_loop
         return loop is not None and bool(
@@ -157,8 +149,7 @@ class LightningHost:
         )
 
     def epoch_starting(self, loader: object) -> int | None:
-        """``epoch_progress.current.processed``: the fit loop iterates an unsized train
-        loader (to prefetch a batch) before it sets the epoch."""
+        """``epoch_progress.current.processed`` (read before the loop sets the epoch)."""
         trainer = self._fitting(loader)
         return None if trainer is None else int(trainer.fit_loop.epoch_progress.current.processed)
 
@@ -170,11 +161,8 @@ class LightningHost:
         return getattr(trainer.fit_loop._combined_loader, "_mode", None) == "max_size_cycle"
 
     def epoch_after_restore(self, loader: object, *, counted: bool = False) -> int | None:
-        """With ``fit_loop.restarting`` and ``batch_progress.is_last_batch``: the next epoch,
-        ``processed`` plus one until the loop's ``reset()`` counts the saved one (an unsized
-        loader is iterated before it). ``counted``: only where the saved batch was processed,
-        not completed (``reset()`` completes it and starts the next epoch in the same run);
-        else the loop first ends the saved epoch where ``ready == num_training_batches``."""
+        """With ``restarting`` and ``is_last_batch``: the next epoch (``counted``: only where
+        ``batch_progress.total`` shows the saved batch processed, not completed)."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
@@ -189,9 +177,7 @@ class LightningHost:
         return int(progress.processed) + int(progress.processed < progress.started)
 
     def counts_run_outs(self, loader: object) -> bool:
-        """Mode ``"max_size_cycle"`` over several train loaders without a length (with one,
-        the epoch ends at its count), and without ``reload_dataloaders_every_n_epochs``
-        (which iterates each twice as an epoch starts, the second taken for a cycle)."""
+        """``"max_size_cycle"`` over several unsized train loaders, without reloading."""
         trainer = self._fitting(loader)
         if trainer is None or trainer.reload_dataloaders_every_n_epochs:
             return False
@@ -200,14 +186,9 @@ class LightningHost:
         return bool(self.cycles(loader)) and several and sized_len(combined) is None
 
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
-        """``fit_loop._combined_loader_states_to_load`` that ``FitLoop.setup_data`` left
-        unloaded (it loads them only while ``restarting``: not from an epoch-end
-        checkpoint), paired with the stateful train loaders as Lightning pairs them; only
-        while ``fit_loop._loaded_from_state_dict`` (the restored fit's first epoch) and without
-        ``reload_dataloaders_every_n_epochs`` (a loader made anew may start afresh). Asked of
-        a loader whose epochs go on from the last one's end: reloading it every n > 1 epochs
-        is refused, as a resume reloads it at other epochs (Lightning does not save when it
-        last did)."""
+        """``loader``'s part of ``fit_loop._combined_loader_states_to_load`` that
+        ``setup_data`` left unloaded (an epoch-end checkpoint, in the restored fit's first
+        epoch); reloading every n > 1 epochs is refused (a resume reloads at other epochs)."""
         trainer = self._fitting(loader)
         every = 0 if trainer is None else trainer.reload_dataloaders_every_n_epochs
         if every > 1:
@@ -235,8 +216,7 @@ class LightningHost:
         return state if isinstance(state, dict) else None
 
     def epoch_meant(self, loader: object, epoch: int) -> int | None:
-        """``epoch_progress.current.completed`` when ``epoch`` is the loop's own ``processed``
-        (they differ after a ``max_steps`` restart)."""
+        """``epoch_progress.current.completed`` when ``epoch`` is the loop's ``processed``."""
         trainer = self._fitting(loader)
         if trainer is None:
             return None
@@ -247,8 +227,7 @@ class LightningHost:
 
 
 def _failing(trainer: Any) -> bool:
-    """Whether Lightning handles a failed fit (``on_exception``): interrupted, and its
-    teardown (which drops the fit loop's data fetcher) not yet done."""
+    """Interrupted, and the teardown that drops the fit loop's data fetcher not yet done."""
     loop = getattr(trainer, "fit_loop", None)
     return (
         trainer.state.status == "interrupted" and getattr(loop, "_data_fetcher", None) is not None
@@ -257,9 +236,7 @@ def _failing(trainer: Any) -> bool:
 
 def _stateful(loader: Any) -> bool:
     """What Lightning's ``CombinedLoader`` saves a state of (its ``_Stateful`` protocol)."""
-    return callable(getattr(loader, "state_dict", None)) and callable(
-        getattr(loader, "load_state_dict", None)
-    )
+    return all(callable(getattr(loader, m, None)) for m in ("state_dict", "load_state_dict"))
 
 
 def train_loaders(trainer: Any) -> list[Any]:

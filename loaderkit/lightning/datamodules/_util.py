@@ -6,6 +6,7 @@ import itertools
 import os
 import time
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 import lightning as L
@@ -55,7 +56,8 @@ def stream_resume_reason(dataset: Any) -> str:
     """Why a Lightning resume of a train ``StreamingShardedDataset`` is exact, and when."""
     if dataset.limited:
         return STREAM_RESUME_REASON
-    if _entry_point_installed():
+    found = entry_points(group="lightning.pytorch.callbacks_factory")
+    if any(ep.value.startswith("loaderkit.") for ep in found):
         return (
             STREAM_RESUME_REASON + " (an epoch of unknown length: ElasticResume, on every Trainer)"
         )
@@ -64,13 +66,6 @@ def stream_resume_reason(dataset: Any) -> str:
         "samples_per_epoch) also needs loaderkit.ElasticResume() in the Trainer's callbacks "
         "(loaderkit is not installed, so its entry point does not add it)"
     )
-
-
-def _entry_point_installed() -> bool:
-    from importlib.metadata import entry_points
-
-    found = entry_points(group="lightning.pytorch.callbacks_factory")
-    return any(ep.value.startswith("loaderkit.") for ep in found)
 
 
 def split_indices(owner: str, size: int, fraction: float, seed: int) -> tuple[np.ndarray, ...]:

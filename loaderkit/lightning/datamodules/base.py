@@ -173,8 +173,7 @@ class LoaderDataModule(L.LightningDataModule):
         return None
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks, and
-        why."""
+        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks, why."""
         train = self._datasets.get("train")
         if train is None:
             return False, "no train split: there is no training position to resume"
@@ -227,8 +226,7 @@ class LoaderDataModule(L.LightningDataModule):
         return module
 
     def _refuse_lost(self, stage: str | None) -> None:
-        """Refuse the data lost by ``load_from_checkpoint`` that ``stage`` reads (None: the
-        data that is not a split, which every stage reads)."""
+        """Refuse the data lost by ``load_from_checkpoint`` that ``stage`` (None: any) reads."""
         reads = _STAGE_READS.get(stage or "", ())
         if self.val_fraction and "val" in reads:  # the val split is cut from train
             reads += ("train",)
@@ -250,8 +248,7 @@ class LoaderDataModule(L.LightningDataModule):
         return 1 if group is None else group[1]
 
     def _group(self) -> tuple[int, int] | None:
-        """The trainer's data-parallel ``(rank, world_size)``, which this module deals every
-        split across itself."""
+        """The trainer's data-parallel ``(rank, world_size)``, which every split is dealt over."""
         group = None if self.trainer is None else data_parallel_of(self.trainer)
         # Lightning's flag says the user split the data: whether this module's data is one
         # rank's part, or the flag was set out of habit, cannot be told, so neither is guessed.
@@ -259,9 +256,7 @@ class LoaderDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{type(self).__name__} deals each split across the {group[1]} data-parallel "
                 "ranks itself, but the Trainer has use_distributed_sampler=False. Drop that "
-                "argument (Lightning never wraps loaderkit's loaders), or, for data already "
-                "split per rank, return your own ResumableDataLoader(...) from the *_dataloader() "
-                "hooks."
+                "argument, or return your own ResumableDataLoader(...) for data split per rank."
             )
         return group
 
@@ -396,10 +391,9 @@ class LoaderDataModule(L.LightningDataModule):
     def _rank_part(
         self, split: str, dataset: Any, hosted: tuple[int, int] | None
     ) -> tuple[Any, dict[str, int]]:
-        """This rank's part of an eval split, dealt as Lightning deals it: predict each sample
-        once (``UnrepeatedDistributedSamplerWrapper``), val/test padded by at most
-        ``world_size - 1`` samples (``DistributedSampler``) where :meth:`eval_batches_by_rank`;
-        with the loader's topology then ``(0, 1)``. Elsewhere the loader deals the split."""
+        """This rank's part of an eval split as Lightning deals it (predict: each sample once;
+        val/test where :meth:`eval_batches_by_rank`, padded by < ``world_size``) and the
+        loader's topology then ``(0, 1)``."""
         if split != "predict" and not self.eval_batches_by_rank():
             return dataset, {}
         env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])

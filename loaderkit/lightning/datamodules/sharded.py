@@ -75,8 +75,8 @@ class _ShardSources(LoaderDataModule):
     def _set_collate(
         self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool = False
     ) -> None:
-        """``keyed``: dict samples, whose ``length_key`` field a length limit pads (also in a
-        batch where no length varies). Pad settings that no collate reads are refused."""
+        """Set the collate (``keyed``: dict samples, padded by ``length_key``); refuse pad
+        settings that no collate reads."""
         field = self.length_key if keyed and self.pad_to_multiple_of is not None else None
         pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=field)
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
@@ -243,16 +243,8 @@ class ShardedDataModule(_ShardSources):
         self.shards = _splits(owner, shards=shards, val_shards=val_shards, test_shards=test_shards)
         urls = any(is_remote_shards(s) for s in self.shards.values())
         self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
-        self.reader = make_reader(
-            owner,
-            reader,
-            columns=columns,
-            length_key=length_key,
-            seq_len=seq_len,
-            targets=targets,
-            eos=eos,
-            dtype=dtype,
-        )
+        token: dict[str, Any] = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets}
+        self.reader = make_reader(owner, reader, columns=columns, length_key=length_key, **token)
         keyed = isinstance(self.reader, JsonlReader | ParquetReader)
         self._set_collate(pad_value, varying=False, keyed=keyed)
 
