@@ -108,19 +108,10 @@ def bench_output_dir(
 def _bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from loaderkit.cli.bench import (
-        MARKDOWN_NAME,
-        PLOT_NAME,
-        discover,
-        find_benchmarks,
-        ratio_table,
-        run_bench,
-        write_markdown,
-        write_plot,
-    )
+    from loaderkit.cli import bench
 
-    bench_dir = find_benchmarks()
-    scripts = discover(bench_dir, args.only)
+    bench_dir = bench.find_benchmarks()
+    scripts = bench.discover(bench_dir, args.only)
     out = bench_output_dir(bench_dir, quick=args.quick, only=args.only, out=args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -128,12 +119,12 @@ def _bench(args: argparse.Namespace) -> int:
     bar = tqdm(scripts, desc="bench", unit="bench", disable=True if args.no_progress_bar else None)
     for script in bar:
         bar.set_postfix_str(script.parent.name)
-        result = run_bench(script, quick=args.quick)
+        result = bench.run_bench(script, quick=args.quick)
         results.append(result)
-        tqdm.write(f"\n## {result.name} ({result.seconds:.1f} s)\n\n{ratio_table(result)}")
-    written = [write_markdown(results, out / MARKDOWN_NAME, quick=args.quick)]
+        tqdm.write(f"\n## {result.name} ({result.seconds:.1f} s)\n\n{bench.ratio_table(result)}")
+    written = [bench.write_markdown(results, out / bench.MARKDOWN_NAME, quick=args.quick)]
     if not args.no_plot and any(r.ratios for r in results):
-        written.append(write_plot(results, out / PLOT_NAME))
+        written.append(bench.write_plot(results, out / bench.PLOT_NAME))
     print(f"\nwrote {', '.join(map(str, written))}")
     failed = [r.name for r in results if not r.ok]
     if failed:

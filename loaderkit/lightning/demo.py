@@ -118,27 +118,14 @@ def _input_length(sample: dict[str, Any]) -> int:
 
 
 class StdlibDataModule(L.LightningDataModule):
-    """:class:`StdlibBytes` in token-budget buckets; ``batch_size`` sizes the random batches
-    compared with."""
+    """:class:`StdlibBytes` in token-budget buckets; ``config.batch_size`` sizes the random
+    batches compared with."""
 
-    def __init__(
-        self,
-        dataset: StdlibBytes,
-        *,
-        lengths: Any,
-        max_tokens: int,
-        batch_size: int,
-        num_workers: int,
-        seed: int,
-    ):
+    def __init__(self, dataset: StdlibBytes, lengths: Any, max_tokens: int, config: DemoConfig):
         super().__init__()
-        self.dataset, self.lengths, self.max_tokens = dataset, lengths, max_tokens
-        self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
-        self.collate = PadCollate(
-            pad_value={"input_ids": PAD_ID, "labels": -100},
-            lengths_key="lengths",
-            mask_key="attention_mask",
-        )
+        self.dataset, self.lengths = dataset, lengths
+        self.max_tokens, self.config = max_tokens, config
+        self.collate = PadCollate(pad_value={"input_ids": PAD_ID, "labels": -100})
 
     def transfer_batch_to_device(
         self, batch: Any, device: torch.device, dataloader_idx: int
@@ -146,24 +133,27 @@ class StdlibDataModule(L.LightningDataModule):
         return move_to_device(batch, device)  # non_blocking where pinned
 
     def train_dataloader(self) -> ResumableDataLoader:
-        sampler = BucketBatchSampler(self.lengths, max_tokens=self.max_tokens, seed=self.seed)
+        workers = self.config.num_workers
+        sampler = BucketBatchSampler(
+            self.lengths, max_tokens=self.max_tokens, seed=self.config.seed
+        )
         loader = ResumableDataLoader(
             self.dataset,
             batch_sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=workers,
             collate_fn=self.collate,
             pin_memory="auto",
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=workers > 0,
         )
         return attach_host(loader, self.trainer)
 
     def random_dataloader(self) -> ResumableDataLoader:
         return ResumableDataLoader(
             self.dataset,
-            batch_size=self.batch_size,
+            batch_size=self.config.batch_size,
             shuffle=True,
             collate_fn=self.collate,
-            seed=self.seed,
+            seed=self.config.seed,
         )
 
 
@@ -280,15 +270,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     lengths = compute_lengths(dataset, _input_length, progress=False)
     max_tokens = config.max_tokens or config.batch_size * config.max_len
 
-    datamodule = partial(
-        StdlibDataModule,
-        dataset,
-        lengths=lengths,
-        max_tokens=max_tokens,
-        batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        seed=config.seed,
-    )
+    datamodule = partial(StdlibDataModule, dataset, lengths, max_tokens, config)
 
     plan = datamodule().train_dataloader().plan
     steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]

@@ -575,7 +575,7 @@ def test_use_distributed_sampler_false_on_several_ranks_is_refused_not_guessed()
     dm.trainer = L.Trainer(**kwargs, strategy=DataParallelOf(1, 2))
     refused = (
         r"TensorDataModule deals each split across the 2 .*use_distributed_sampler=False\. "
-        r"Drop that argument .*return your own ResumableDataLoader"
+        r"Drop that argument.*return your own ResumableDataLoader"
     )
     for ask in (dm.train_dataloader, dm.val_dataloader, dm.test_dataloader, dm.describe):
         with pytest.raises(ValueError, match=refused):
