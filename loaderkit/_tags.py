@@ -5,10 +5,17 @@ The values are part of the checkpoint format: never change one, add a new tag.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 
-class SeedTag:
+class _Tags:
+    @classmethod
+    def all(cls) -> dict[str, Any]:
+        """Every tag by its name."""
+        return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+
+class SeedTag(_Tags):
     ORDER: Final = "order"  # SamplePlan's permutation of an epoch
     SHARDS: Final = "shards"  # ShardPlan: the shard order
     WINDOW: Final = "window"  # ShardPlan: the shuffle windows inside shards
@@ -24,20 +31,10 @@ class SeedTag:
     BASE: Final = "base"  # the generator torch draws its workers' base seed from
     VAL_SPLIT: Final = "val_split"  # a DataModule's seeded train/val split
 
-    @classmethod
-    def all(cls) -> dict[str, str]:
-        """Every tag by its name."""
-        return {k: v for k, v in vars(cls).items() if k.isupper()}
 
-
-class StreamTag:
+class StreamTag(_Tags):
     """The integer tags XORed into a sample's key per generator (seeding.sample_stream_keys)."""
 
     TORCH: Final = 0x7430_7263_6800_0001
     NUMPY: Final = 0x6E75_6D70_7900_0002
     RANDOM: Final = 0x7261_6E64_6F6D_0003
-
-    @classmethod
-    def all(cls) -> dict[str, int]:
-        """Every tag by its name."""
-        return {k: v for k, v in vars(cls).items() if k.isupper()}

@@ -188,8 +188,7 @@ _CONTINUE = object()  # a leaf function's "look inside" answer
 
 
 def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``obj`` rebuilt with ``leaf`` applied, recursing (on ``_CONTINUE``) into mappings,
-    sequences and dataclasses."""
+    """``obj`` rebuilt with ``leaf`` applied, recursing into containers on ``_CONTINUE``."""
     result = leaf(obj)
     if result is not _CONTINUE:
         return result
@@ -388,11 +387,9 @@ class DevicePrefetcher:
     """Iterate ``iterable`` with every batch already on ``device``.
 
     On CUDA, batch ``n + 1`` is pinned and copied on a side stream while the consumer
-    computes on batch ``n`` (streams ordered both ways, tensors ``record_stream``-ed).
-    On the CPU it passes batches through; elsewhere it moves them synchronously. An
-    exception raised for a batch is raised in its place and iteration goes on. Being
-    one batch ahead, it snapshots a stateful iterable's state before each look-ahead:
-    :meth:`state_dict` (and a wrapped ``ResumableDataLoader``'s) stays exact.
+    computes on batch ``n``; on the CPU batches pass through; elsewhere they are moved
+    synchronously. An exception raised for a batch is raised in its place and iteration
+    goes on. :meth:`state_dict` (and a wrapped ``ResumableDataLoader``'s) stays exact.
 
     Args:
         iterable: Anything iterable yielding batches, typically a DataLoader.

@@ -158,8 +158,7 @@ def discover(bench_dir: Path, only: Sequence[str] | None = None) -> list[Path]:
 
 
 def run_bench(script: Path, *, quick: bool) -> BenchResult:
-    """Run one bench in a subprocess (its checkout first on ``PYTHONPATH``); collect its
-    ratios."""
+    """Run one bench in a subprocess (its checkout first on ``PYTHONPATH``), with its ratios."""
     name = script.parent.name
     root = script.parent.parent.parent
     args = QUICK_ARGS.get(name, []) if quick else []

@@ -108,7 +108,7 @@ def bench_output_dir(
 def _bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from loaderkit.cli import bench
+    import loaderkit.cli.bench as bench
 
     bench_dir = bench.find_benchmarks()
     scripts = bench.discover(bench_dir, args.only)

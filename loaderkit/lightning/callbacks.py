@@ -32,10 +32,11 @@ def attach_host(loader: LoaderT, host: Any) -> LoaderT:
         ...     return attach_host(ResumableDataLoader(data, batch_size=32), self.trainer)
     """
     sampler = getattr(loader, "batch_sampler", None)
-    targets: list[object] = [sampler] if isinstance(sampler, PlanBatchSampler) else []
     if isinstance(loader, ResumableDataLoader):
-        targets = [loader]
-    if not targets:
+        target: object = loader
+    elif isinstance(sampler, PlanBatchSampler):
+        target = sampler
+    else:
         raise TypeError(
             f"attach_host: loader is a {type(loader).__name__}, not a ResumableDataLoader nor "
             "a DataLoader with a loaderkit PlanBatchSampler; pass one of those."
@@ -45,10 +46,9 @@ def attach_host(loader: LoaderT, host: Any) -> LoaderT:
             f"attach_host: host must be a Lightning Trainer or Fabric, got "
             f"{type(host).__name__}; pass self.trainer (or the Fabric)."
         )
-    for target in targets:
-        attach(target, None if host is None else LightningHost(host))
-    if isinstance(sampler, PlanBatchSampler) and targets[0] is sampler:
-        sampler.prefetched_by = getattr(loader, "num_workers", 0)  # they draw batches ahead
+    attach(target, None if host is None else LightningHost(host))
+    if isinstance(target, PlanBatchSampler):
+        target.prefetched_by = getattr(loader, "num_workers", 0)  # they draw batches ahead
     return loader
 
 

@@ -1,10 +1,5 @@
-"""LightningDataModules built on loaderkit's resumable loaders.
-
-Every module shares the loader policy of :class:`LoaderDataModule` (batch
-sizes, workers, pinning, seed, a seeded val split) and returns
-:class:`~loaderkit.ResumableDataLoader` loaders hosted by its trainer, so a
-Lightning checkpoint resumes training at the exact next sample.
-"""
+"""LightningDataModules over loaderkit's resumable loaders, under :class:`LoaderDataModule`'s
+loader policy."""
 
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.lightning.datamodules.mixed import MixedDataModule
