@@ -63,7 +63,8 @@ class Host(Protocol):
         afresh); ``counted``: only where the host counts that batch done as it restores."""
 
     def counts_run_outs(self, loader: object) -> bool:
-        """Whether the host's epoch ends once each of several loaders ran out."""
+        """Whether the host's epoch ends once each of several loaders ran out (each iterated
+        once as an epoch starts)."""
 
     def evaluating(self) -> str | None:
         """``"predict"``, ``"validate"`` or ``"test"`` while the host runs that loop."""

@@ -173,7 +173,7 @@ class LoaderDataModule(L.LightningDataModule):
         return None
 
     def resume_info(self, world_size: int | None = None) -> tuple[bool, str]:
-        """Whether a Lightning resume of the train loader is exact on ``world_size`` ranks, why."""
+        """Whether (and why) a Lightning resume of the train loader is exact on ``world_size``."""
         train = self._datasets.get("train")
         if train is None:
             return False, "no train split: there is no training position to resume"
