@@ -32,10 +32,8 @@ class SequenceDataModule(LoaderDataModule):
 
     A sample is a 1-D sequence (tensor, array or list of numbers), or a dict whose
     ``length_key`` field is one; batches are a :class:`~loaderkit.PaddedBatch`, or a
-    dict with ``"lengths"`` and ``"attention_mask"`` added. ``bucket=True`` cuts
-    batches from length-sorted windows (:class:`~loaderkit.BucketBatchSampler`);
-    ``max_tokens`` fills train batches to a token budget (add
-    :class:`loaderkit.ElasticResume` to the Trainer: the epoch length then changes).
+    dict with ``"lengths"`` and ``"attention_mask"`` added. Under ``max_tokens`` epochs
+    differ in length: :class:`loaderkit.ElasticResume` has Lightning re-read it.
 
     Args:
         train: The train samples, or the path of a ``.jsonl`` (one sample per line),
@@ -43,7 +41,7 @@ class SequenceDataModule(LoaderDataModule):
         val: The val split, the same way (or use ``val_fraction``); ``test`` and
             ``predict`` likewise.
         length_key: The field of dict samples whose length counts (and is padded).
-        bucket: Batch samples of similar length together.
+        bucket: Batch samples of similar length together (:class:`~loaderkit.BucketBatchSampler`).
         max_tokens: Token budget per train batch (rows vary; ``batch_size`` is then the
             eval splits' only); implies ``bucket``.
         pad_to_multiple_of: Round each batch's padded length up to a multiple of this.

@@ -142,10 +142,9 @@ class ShardedDataModule(_ShardSources):
     samples (``(B, seq_len)`` int64 batches), or with ``eos`` one sample per document;
     ``"jsonl"``: one JSON value per line; ``"parquet"``: one row a sample.
     Variable-length samples are padded by :class:`~loaderkit.PadCollate`; shards at
-    URLs are cached (:class:`~loaderkit.RemoteCache`). ``streaming=True`` streams the
-    train shards (:class:`~loaderkit.StreamingShardedDataset`: exact resume under the
-    same world size and ``num_workers`` only). Token budgets and streams of unknown
-    length need :class:`loaderkit.ElasticResume`.
+    URLs are cached (:class:`~loaderkit.RemoteCache`). A stream resumes exactly under the
+    same world size and ``num_workers`` only; token budgets and streams of unknown length
+    need :class:`loaderkit.ElasticResume`.
 
     Args:
         shards: The train shards: a directory, a shard file, a URL, or a non-empty list.
@@ -166,7 +165,7 @@ class ShardedDataModule(_ShardSources):
             ``.jsonl`` or Parquet samples; ``batch_size`` is then the eval splits' only.
         length_key: With ``max_tokens``: the field or column whose length counts.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
-        streaming: Stream the train shards.
+        streaming: Stream the train shards (:class:`~loaderkit.StreamingShardedDataset`).
         steps_per_epoch: With ``streaming``: batches per rank per epoch.
         samples_per_epoch: With ``streaming``: samples per epoch over all ranks.
         storage_options: For shards at URLs: the fsspec filesystem's options.
