@@ -107,11 +107,8 @@ def detect(
     if rank is None:
         rank = dist.get_rank() if initialised else 0
     info = get_worker_info()
-    if info is None:
-        return WorkerEnv(rank=rank, world_size=world_size)
-    return WorkerEnv(
-        rank=rank, world_size=world_size, worker_id=info.id, num_workers=info.num_workers
-    )
+    workers = {} if info is None else {"worker_id": info.id, "num_workers": info.num_workers}
+    return WorkerEnv(rank=rank, world_size=world_size, **workers)
 
 
 def cpu_budget(processes: int = 1) -> int:
