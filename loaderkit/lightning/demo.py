@@ -133,10 +133,8 @@ class StdlibDataModule(L.LightningDataModule):
         return move_to_device(batch, device)  # non_blocking where pinned
 
     def train_dataloader(self) -> ResumableDataLoader:
-        workers = self.config.num_workers
-        sampler = BucketBatchSampler(
-            self.lengths, max_tokens=self.max_tokens, seed=self.config.seed
-        )
+        workers, seed = self.config.num_workers, self.config.seed
+        sampler = BucketBatchSampler(self.lengths, max_tokens=self.max_tokens, seed=seed)
         loader = ResumableDataLoader(
             self.dataset,
             batch_sampler=sampler,
