@@ -303,6 +303,37 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         ) from err
 
 
+def _one_dtype(samples: list[Any], where: str) -> None:
+    """Refuse arrays of different dtypes at one place of the samples: ``default_collate``
+    promotes them in the main process but casts to the first one's (wrapping) in a worker."""
+    first = samples[0]
+    if isinstance(first, Tensor | np.ndarray):
+        for i, sample in enumerate(samples):
+            if isinstance(sample, Tensor | np.ndarray) and sample.dtype != first.dtype:
+                raise CollateError(
+                    f"{where}: sample {i} has dtype {sample.dtype} but sample 0 has "
+                    f"{first.dtype}, which default_collate casts or promotes depending on "
+                    "num_workers; return one dtype (e.g. TokenReader(out_dtype=torch.int64))."
+                )
+    elif isinstance(first, Mapping):
+        for key in first:
+            if all(isinstance(s, Mapping) and key in s for s in samples):
+                _one_dtype([s[key] for s in samples], f"{where}[{key!r}]")
+    elif isinstance(first, tuple | list) and all(
+        isinstance(s, tuple | list) and len(s) == len(first) for s in samples
+    ):
+        for j, col in enumerate(zip(*samples, strict=True)):
+            _one_dtype(list(col), f"{where}[{j}]")
+
+
+def default_collate_checked(samples: list[Any]) -> Any:
+    """``default_collate``, the same for any ``num_workers``: samples holding arrays of
+    different dtypes at one place are refused (:class:`CollateError`)."""
+    if samples:
+        _one_dtype(samples, "batch")
+    return default_collate(samples)
+
+
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     """The batch's columns by field, every sample checked to have the same fields."""
     if isinstance(samples[0], (Tensor, np.ndarray, list)):

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from loaderkit._checks import (
     check_index_path,
@@ -25,6 +25,7 @@ from loaderkit._checks import (
     getitem_overridden,
     reads_overridden,
 )
+from loaderkit.collate import default_collate_checked
 from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
@@ -521,7 +522,7 @@ class ShardedDataset(Dataset[Any]):
                 return torch.from_numpy(rows)
         samples = self._samples(parts, where, indices)
         try:
-            return default_collate(samples)
+            return default_collate_checked(samples)
         except (RuntimeError, TypeError) as exc:
             raise CollateError(
                 f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); pass "

@@ -26,6 +26,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
+from loaderkit.collate import default_collate_checked
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
@@ -202,6 +203,8 @@ class BatchFetcher:
         seeded = self.seeder is not None and isinstance(dataset, _Subset)
         self.rows = dataset.seed_rows if seeded else None  # keys only where samples are seeded
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        # What the engines call: default_collate refusing dtypes it would cast in a worker.
+        self.collate = collate_fn if collate_fn is not None else default_collate_checked
         self.gather = (
             self.collate_fn is default_collate
             and not self.per_sample_seeding
@@ -249,7 +252,7 @@ class BatchFetcher:
             samples = self._parked_batch(epoch, index_list, keys)
         else:
             samples = self._samples(epoch, index_list, keys)
-        return self.collate_fn(samples)
+        return self.collate(samples)
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
         """A whole ``__getitems__`` read, refused if it drew from a global RNG; it reads

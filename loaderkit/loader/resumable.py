@@ -366,7 +366,7 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
     )
     common: dict[str, Any] = {"plan": spec.plan, "reseed": spec.reseed}
     common |= {"batch_size": spec.step_size, "drop_last": spec.drop_last}
-    common["collate_fn"] = fetch.collate_fn
+    common["collate_fn"] = fetch.collate
     engine: Engine
     if spec.kind == "iterable":
         engine = IterableEngine(host, spec.dataset, **common)

@@ -38,6 +38,7 @@ import loaderkit.data.readers
 import loaderkit.data.sharded
 import loaderkit.plan.shard
 from loaderkit import (
+    CollateError,
     JsonlReader,
     MixedDataset,
     PadCollate,
@@ -45,6 +46,7 @@ from loaderkit import (
     ResumableDataLoader,
     ShardPlan,
     StateMismatchError,
+    StreamingShardedDataset,
     TokenReader,
     WorkerError,
     write_shards,
@@ -1797,3 +1799,22 @@ def test_big_endian_npy_shards_read_as_their_values(tmp_path: Path, out_dtype: A
     assert ds[0].tolist() == [0, 1, 2, 3]
     doc = ShardedDataset(tmp_path, TokenReader(eos=3, out_dtype=out_dtype))
     assert [doc[i].tolist() for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_token_shards_of_two_dtypes_in_one_batch_are_refused(tmp_path: Path, stream: bool) -> None:
+    # out_dtype=None keeps each shard's dtype: default_collate promoted [200, 201] + [-300, -301]
+    # to int16 in the main process but wrapped -300 to 212 (uint8) in a worker (hunter 181).
+    reader = TokenReader(seq_len=2, out_dtype=None)
+    parts = [np.array([200, 201], np.uint8), np.array([-300, -301], np.int16)]
+    write_shards(tmp_path, parts, reader, progress=False)
+    if stream:
+        ds: Any = StreamingShardedDataset(tmp_path, reader, shuffle_shards=False, mix_shards=2)
+        loader = ResumableDataLoader(ds, batch_size=2, seed=0)
+    else:
+        loader = ResumableDataLoader(ShardedDataset(tmp_path, reader), batch_size=2, shuffle=False)
+    with pytest.raises(CollateError, match=r"int16 but sample 0 has torch\.uint8"):
+        list(loader)
+    # One dtype per shard and batch is read as stored.
+    same = ResumableDataLoader(ShardedDataset(tmp_path, reader), batch_size=1, shuffle=False)
+    assert [b.dtype for b in same] == [torch.uint8, torch.int16]
