@@ -67,7 +67,8 @@ class LoaderSpec:
     sampler: Any
     batch_sampler: Any
     seed: int
-    seed_explicit: bool  # else drawn: provisional, settled when the topology is
+    seed_explicit: bool  # else drawn: provisional, settled once the topology is known
+    seed_chosen: bool  # explicit, or drawn from a generator the user seeded
     rank: int | None
     world_size: int | None
     workers: int  # worker processes to start with
@@ -167,6 +168,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         batch_sampler=args["batch_sampler"],
         seed=seeds["seed"],
         seed_explicit=seeds["explicit"],
+        seed_chosen=seeds["chosen"],
         rank=topology[0],
         world_size=topology[1],
         **_workers(kind, dataset, a),
@@ -260,12 +262,15 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
             f"{OWNER}: generator must be a torch.Generator, got {generator!r}; pass "
             "torch.Generator().manual_seed(s), or seed=s."
         )
+    # A generator the user seeded chose the seed as seed= would: a saved state's other one is
+    # refused, not adopted (as for a sampler's own generator).
+    chosen = generator is not None and generator.initial_seed() != _TORCH_DEFAULT_SEED
     if seed is None:
         seed = draw_seed(generator)
     seed = check_int(
         "seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0", limit=2**128
     )
-    return {"seed": seed, "explicit": explicit}
+    return {"seed": seed, "explicit": explicit, "chosen": explicit or chosen}
 
 
 def _plan(

@@ -335,7 +335,9 @@ class ResumableDataLoader:
             StateMismatchError: the state was saved for a different dataset size,
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
-        adopted = self._engine.load(state_dict, adopt_seed=not self._spec.seed_explicit)
+        settle_seed(self._host, self._engine, final=False)  # a known DDP world settles first
+        chosen = self._spec.seed_explicit or (self._spec.seed_chosen and self._host.seed_drawn)
+        adopted = self._engine.load(state_dict, adopt_seed=not chosen)
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
             self._host.seed = adopted

@@ -58,6 +58,25 @@ def test_seed_none_draws_from_the_generator_given() -> None:
     assert seed_from(5) == seed_from(5) != seed_from(6)
 
 
+def test_a_state_of_another_seeded_generator_is_refused() -> None:
+    # generator=G(6) resumed from G(5)'s state took G(5)'s order on (hunter 182), where the
+    # same change as seed= or RandomSampler(generator=) was refused.
+    def make(gen: torch.Generator) -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(N)), batch_size=4, shuffle=True, generator=gen)
+
+    saved = make(torch.Generator().manual_seed(5))
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    with pytest.raises(StateMismatchError, match="field 'seed' differs"):
+        make(torch.Generator().manual_seed(6)).load_state_dict(state)
+    same = make(torch.Generator().manual_seed(5))
+    same.load_state_dict(state)
+    unseeded = make(torch.Generator())  # torch's default seed: no choice, the state's is kept
+    unseeded.load_state_dict(state)
+    assert same.seed == unseeded.seed == saved.seed
+
+
 def test_an_explicit_seed_is_kept_on_two_ranks() -> None:
     loader = ResumableDataLoader(
         list(range(N)), batch_size=10, shuffle=True, seed=42, rank=1, world_size=2
