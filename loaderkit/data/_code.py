@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
+import importlib.util
 import inspect
 import io
 import os
@@ -208,6 +210,30 @@ def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
     defaults = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
     for value in cells + defaults:
         _value(digest, "", value, names, seen)
+    for module in sorted(_imported(fn.__code__)):  # `from cfg import SCALE` in its body
+        _source(digest, module)
+
+
+def _imported(code: types.CodeType) -> set[str]:
+    """The modules ``code`` (and code nested in it) imports by absolute name."""
+    found = {i.argval for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _imported(const)
+    return {name for name in found if name}
+
+
+def _source(digest: Any, module: str) -> None:
+    """The file of user module ``module``, whole: imported when the function runs, maybe
+    in another process, so read as a file, the same whether imported here or not."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # it fails where the function runs, not here
+        return
+    origin = getattr(spec, "origin", None) or ""
+    if _edited(origin) and os.path.isfile(origin):
+        with open(origin, "rb") as file:
+            digest.update(module.encode() + hashlib.sha256(file.read()).digest())
 
 
 def _code(digest: Any, code: types.CodeType) -> set[str]:
@@ -239,6 +265,17 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
                 _value(digest, attr, vars(value)[attr], set(), seen)
     elif _plain_tree(value):  # numbers, strings, and dicts, lists, tuples of them (all
         digest.update(_canonical(value).encode())  # of a dict: a key may come at run time)
+    elif isinstance(value, functools.partial):  # pickle names its function only
+        for part in (value.func, value.args, value.keywords):
+            _value(digest, "", part, names, seen)
+    elif isinstance(value, dict | list | tuple):  # functions inside (a pipeline of steps)
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        digest.update(type(value).__name__.encode())
+        for key, item in sorted(items, key=lambda kv: repr(kv[0])):
+            _value(digest, repr(key), item, names, seen)
     elif (state := pickle_digest(value)) is not None:  # an object: its state is a setting,
         _class(digest, type(value), seen)  # its class's code (pickle names the class only)
         digest.update(state.encode())

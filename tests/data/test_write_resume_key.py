@@ -7,6 +7,7 @@ with the process rewrites every shard of a resume.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -245,6 +246,25 @@ EDITED_FN = {
         def FN(item):
             return [TOK.encode(v) for v in item]
     """,
+    # Steps in a list, and a partial: pickle names their functions, not their code.
+    "a list of steps": """
+        def scale(v):
+            return v * SCALE
+
+        PIPELINE = [scale]
+
+        def FN(item):
+            return [PIPELINE[0](v) for v in item]
+    """,
+    "a partial": """
+        def scale(v, by):
+            return v * by * SCALE
+
+        STEP = functools.partial(scale, by=1)
+
+        def FN(item):
+            return [STEP(v) for v in item]
+    """,
 }
 
 
@@ -281,6 +301,31 @@ def test_compute_lengths_after_an_edit_of_a_method_fn_reaches_recomputes(
     with pytest.warns(UserWarning, match="recomputing"):
         again = compute_lengths(items, first, cache=cache, progress=False)
     assert again.tolist() == [1000, 3000, 5000]
+
+
+def test_a_resume_after_an_edit_of_a_module_fn_imports_in_its_body_rewrites_every_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was [10, 20, 30, 40, 5000, 6000] (hunter 181): `from cfg import K` inside fn binds a
+    # local, so the edit of cfg.py was unseen; read as a file, imported here or not.
+    home = tmp_path / "src"
+    home.mkdir()
+    monkeypatch.syspath_prepend(str(home))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    (home / "body_import_fn.py").write_text(
+        "def FN(item):\n    from body_import_cfg import K\n    return [v * K for v in item]\n"
+    )
+    module = importlib.import_module("body_import_fn")
+    monkeypatch.setitem(sys.modules, "body_import_fn", module)
+
+    def written(scale: int) -> dict[str, Any]:
+        (home / "body_import_cfg.py").write_text(f"K = {scale}\n")
+        sys.modules.pop("body_import_cfg", None)  # as a new process imports the edited file
+        return {"reader": JsonlReader(), "fn": module.FN}
+
+    got = resumed(tmp_path / "out", written(10), lambda: written(1000))
+    sys.modules.pop("body_import_cfg", None)
+    assert got == [1000, 2000, 3000, 4000, 5000, 6000]
 
 
 class Make:
