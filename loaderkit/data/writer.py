@@ -464,16 +464,27 @@ def write_shards(
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     refuse_file_url("write_shards", "directory", directory)
+    work = None if is_url(directory) else Path(directory) / WORK_DIR
+    fresh = work is not None and not work.exists()
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
-    _refuse_index_over_a_shard(job, index)
-    with _writers(job, num_workers, mp_context) as pool:
-        bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
-        try:
-            results = _write_all(job, shards, done, pool, num_workers, bar)
-        finally:
-            bar.close()
-    if not results:
-        raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
+    started, results = False, None
+    try:
+        _refuse_index_over_a_shard(job, index)
+        with _writers(job, num_workers, mp_context) as pool:
+            bar = _Progress(progress, len(shards) if hasattr(shards, "__len__") else None)  # type: ignore[arg-type]
+            started = True
+            try:
+                results = _write_all(job, shards, done, pool, num_workers, bar)
+            finally:
+                bar.close()
+        if not results:
+            raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
+    except BaseException:
+        # A call refused before its first shard leaves no work folder (it would refuse a
+        # complete corpus there); one stopped while writing leaves it, to be resumed.
+        if fresh and work is not None and (not started or results == {}):
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     written = [results[i] for i in sorted(results)]
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
 

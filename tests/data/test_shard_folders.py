@@ -19,6 +19,7 @@ import pytest
 from loaderkit import (
     JsonlReader,
     RemoteCache,
+    ResumableDataLoader,
     ShardChangedError,
     ShardedDataset,
     ShardError,
@@ -347,3 +348,21 @@ def test_a_write_shards_index_holds_through_a_link_and_refuses_damage(tmp_path: 
 
 def _written(folder: Path) -> list[Path]:
     return [Path(p) for p in write_shards(folder, arrays((4, 4), 7), READER, progress=False)]
+
+
+@pytest.mark.parametrize("call", ["no shards", "fn that does not pickle"])
+def test_a_write_refused_before_its_first_shard_leaves_the_corpus_readable(
+    tmp_path: Path, call: str
+) -> None:
+    # Was a ShardError "holds an unfinished write_shards" over a complete corpus, and
+    # re-running the same call failed again (hunter 181).
+    write_shards(tmp_path, arrays((2, 3), 7), READER, progress=False)
+    if call == "no shards":
+        with pytest.raises(ValueError, match="shards is empty"):
+            write_shards(tmp_path, [], READER, progress=False)
+    else:
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            write_shards(tmp_path, [1], READER, fn=lambda i: i, num_workers=2, progress=False)
+    assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
+    stream = StreamingShardedDataset(tmp_path, READER)
+    assert sum(len(b) for b in ResumableDataLoader(stream, batch_size=2, seed=0)) == 5
