@@ -16,6 +16,7 @@ from typing import Any
 
 from loaderkit.data.index import (
     INDEX_PREFIX,
+    WORK_DIR,
     WRITER,
     IndexEntry,
     build_index,
@@ -26,6 +27,7 @@ from loaderkit.data.index import (
     read_index,
     remote_unchanged,
     unchanged,
+    unfinished_write_error,
 )
 from loaderkit.data.readers import ShardReader, _missing
 from loaderkit.errors import MissingShardError, ShardError
@@ -55,6 +57,9 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
     """Refuse a shard that no longer matches the ``write_shards`` index of its folder, or
     of its link's target (the truth for it, whatever the reader); each shard's hash there
     (None: none)."""
+    for folder in {path.parent for path in paths}:  # a path list or glob of the folder too
+        if (folder / WORK_DIR).exists():
+            raise unfinished_write_error(str(folder))
     written = _written_entries(paths)
     digests = []
     for path in paths:

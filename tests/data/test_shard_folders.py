@@ -366,3 +366,18 @@ def test_a_write_refused_before_its_first_shard_leaves_the_corpus_readable(
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
     stream = StreamingShardedDataset(tmp_path, READER)
     assert sum(len(b) for b in ResumableDataLoader(stream, batch_size=2, seed=0)) == 5
+
+
+def test_a_path_list_of_an_unfinished_first_write_is_refused(tmp_path: Path) -> None:
+    # The folder was refused, its paths or glob read 2 of the 4 shards with no error.
+    def stopped_after_two() -> Iterator[np.ndarray]:
+        yield from arrays((1, 1), 3)
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path, stopped_after_two(), READER, progress=False)
+    paths = sorted(tmp_path.glob("*.npy"))
+    assert len(paths) == 2
+    for make in (ShardedDataset, StreamingShardedDataset):
+        with pytest.raises(ShardError, match="unfinished write_shards"):
+            make(paths, READER)
