@@ -140,6 +140,8 @@ class ParquetReader:
         """The columns to read from the file ``where``, checked against the files before."""
         names = schema.names
         wanted = list(self.columns if self.columns is not None else names)
+        if not rows:  # adds no values of any type (write_shards writes [] with no columns)
+            return wanted
         missing = [c for c in wanted if c not in names]
         if missing:
             raise ShardError(
@@ -147,8 +149,6 @@ class ParquetReader:
                 "that every file has.",
                 path=where,
             )
-        if not rows:  # adds no values of any type
-            return wanted
         if self.columns is None:
             if self._names is None:
                 self._names = (sorted(names), where)
@@ -374,6 +374,8 @@ class _ParquetShard:
                 f"{self._where()}: ParquetReader has no length_column, so a row's token count "
                 "is unknown; pass ParquetReader(length_column='input_ids')."
             )
+        if not self.num_rows:
+            return np.empty(0, dtype=np.int64)
         if name not in self.names:
             msg = f"{self._where()} has no length_column {name!r} (it has {self.names}); pass "
             msg += "the column whose list lengths are the token counts."

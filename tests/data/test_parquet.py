@@ -435,3 +435,18 @@ def test_a_mixed_source_split_by_torch_is_checked_as_the_source(tmp_path: Path, 
     part = Subset(a, range(3)) if wrap == "subset" else ConcatDataset([a])
     with pytest.raises(ShardError, match=r"field 'x' is torch.float32 in source 'b' but"):
         MixedDataset({"a": part, "b": b})
+
+
+@pytest.mark.parametrize("columns", [None, ["input_ids", "id"]])
+def test_an_empty_shard_write_shards_wrote_is_read_with_the_others(
+    tmp_path: Path, columns: list[str] | None
+) -> None:
+    # write_shards writes [] as a file with no columns: its missing length_column refused a
+    # token budget, and columns= refused the whole folder (hunter 181).
+    rows = [{"input_ids": [7] * (1 + i % 5), "id": i} for i in range(10)]
+    write_shards(tmp_path, [rows[:6], [], rows[6:]], ParquetReader(), progress=False)
+    ds = ShardedDataset(tmp_path, ParquetReader(columns=columns, length_column="input_ids"))
+    assert ds.sizes == (6, 0, 4)
+    assert ds.lengths().tolist() == [len(r["input_ids"]) for r in rows]
+    batches = list(ResumableDataLoader(ds, batch_sampler=ds.bucket_batch_sampler(max_tokens=16)))
+    assert sorted(int(i) for b in batches for i in b["id"]) == list(range(10))
