@@ -89,8 +89,36 @@ class JsonlReader:
                         f"({exc}); convert it to dicts, lists, str, numbers, bools and None "
                         "first (e.g. tensor.tolist())."
                     ) from exc
+                if "{" in line and (key := _non_str_key(sample)) is not _NO_KEY:
+                    raise TypeError(
+                        f"JsonlReader.write: sample {i} for {str(path)!r} has the dict key "
+                        f"{key!r} ({type(key).__name__}), which JSON reads back as a str; use "
+                        "str keys."
+                    )
                 f.write(line + "\n")
         return path
+
+
+_NO_KEY = object()
+
+
+def _non_str_key(value: Any) -> Any:
+    """The first dict key in ``value`` that is not a str (JSON writes it as one), else
+    ``_NO_KEY``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return key
+            if (found := _non_str_key(item)) is not _NO_KEY:
+                return found
+    elif isinstance(value, list | tuple):
+        for item in value:
+            if (
+                isinstance(item, dict | list | tuple)
+                and (found := _non_str_key(item)) is not _NO_KEY
+            ):
+                return found
+    return _NO_KEY
 
 
 class _Lines:

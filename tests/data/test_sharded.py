@@ -1818,3 +1818,15 @@ def test_token_shards_of_two_dtypes_in_one_batch_are_refused(tmp_path: Path, str
     # One dtype per shard and batch is read as stored.
     same = ResumableDataLoader(ShardedDataset(tmp_path, reader), batch_size=1, shuffle=False)
     assert [b.dtype for b in same] == [torch.uint8, torch.int16]
+
+
+@pytest.mark.parametrize(
+    "sample", [{"label": 1, 1: "one"}, {"a": [{"b": 1}, {None: 2}]}, {"x": {True: "yes"}}]
+)
+def test_jsonl_write_refuses_a_key_json_would_read_back_as_a_str(
+    tmp_path: Path, sample: dict[Any, Any]
+) -> None:
+    # {0: 0.5, "0": 0.7} was read back as {"0": 0.7}; {1: ...} as {"1": ...} (hunter 181).
+    with pytest.raises(TypeError, match=r"dict key .* reads back as a str; use str keys"):
+        JsonlReader().write(tmp_path / "s.jsonl", [{"ok": [1, 2]}, sample])
+    JsonlReader().write(tmp_path / "t.jsonl", [{"ok": [1, (2, 3)], "n": {"m": None}}])
