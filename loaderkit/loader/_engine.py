@@ -1,7 +1,5 @@
-"""The engine interface of :class:`~loaderkit.ResumableDataLoader` (private).
-
-The front end builds one engine (planned, stream or iterable) and delegates to it; an
-engine sees the loader only through a :class:`Host`.
+"""The engine interface of :class:`~loaderkit.ResumableDataLoader` (private): the front end
+builds one engine (planned, stream or iterable), which sees the loader only through a Host.
 """
 
 from __future__ import annotations
@@ -63,8 +61,7 @@ class Engine(Protocol):
 def set_epoch_keeping(
     host: Host, cursor: PlanCursor, plan: Any, epoch: int, *, late: bool = False, sized: bool = True
 ) -> None:
-    """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one
-    (``sized``: ``plan`` knows its epochs' lengths)."""
+    """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one."""
     loaded = cursor.loaded(plan)
     if loaded is not None and epoch != loaded[0]:
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
@@ -155,9 +152,8 @@ class Host:
         return host_of(self.loader)
 
     def own_part(self) -> int | None:
-        """This process's rank where the loader reads as one rank of a larger data-parallel
-        group (``Trainer(use_distributed_sampler=False)``, or ``world_size=1`` given): its
-        data is that rank's own. None elsewhere."""
+        """This process's rank where the loader reads one rank's own data in a larger
+        data-parallel group (``use_distributed_sampler=False``, ``world_size=1``), else None."""
         if self.topology()[1] != 1:
             return None
         group = self.caller().data_parallel()
@@ -192,7 +188,7 @@ class Host:
         return 0
 
     def settle(self) -> None:
-        """A failed fit stops driving the current run: later states still leave out its held."""
+        """A failed fit stops driving the current run: later states leave out what it held."""
         run = self.current
         if run is None:
             return
@@ -275,7 +271,7 @@ class Host:
 
 class WorkerStreams:
     """The stream and iterable engines' shared part: a position in batches, persistent
-    workers, and the last hand-outs (to take back batches a consumer holds untrained)."""
+    workers, and the last hand-outs (to take back batches held untrained)."""
 
     carries_over = False  # see Engine
 
@@ -372,8 +368,7 @@ class WorkerStreams:
         return seal({name: state[name] for name in fields}, fields)
 
     def resume(self, state: Any, adopted: int | None) -> int | None:
-        """Take the position and the ``adopted`` seed (None: kept) of a checked ``state``;
-        workers start afresh. Returns ``adopted``."""
+        """Take a checked ``state``'s position and ``adopted`` seed (returned); workers restart."""
         if adopted is not None and self._reseed is not None:
             self.adopt_seed(adopted)  # the plan reports the seed the batches are drawn with
         steps_done = int(state["steps_done"])
@@ -384,8 +379,8 @@ class WorkerStreams:
         return adopted
 
     def workers_for(self, source: Any, epoch: int, *, fresh: bool) -> DataLoader[Any]:
-        """The persistent workers already at ``epoch``, else a new DataLoader over ``source``
-        (``fresh``: a resumed epoch gets non-persistent workers of its own)."""
+        """The persistent workers at ``epoch``, else a new DataLoader over ``source`` (``fresh``:
+        non-persistent)."""
         pool = self.host.pool
         persistent = pool.persistent and not fresh
         if persistent and self._inner is not None and self._inner_next == epoch:
@@ -419,8 +414,8 @@ class EngineSource(IterableDataset[Any]):
 
 
 def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
-    """Give ``engine`` the ranks' common seed where a drawn one gives way to it; before the
-    first batch (``final=False``) only a known ``world_size > 1`` settles it."""
+    """Give ``engine`` the ranks' common seed in place of a drawn one (``final=False``: only
+    where ``world_size > 1`` is known)."""
     if not host.seed_drawn:
         return
     _, world_size = host.topology()

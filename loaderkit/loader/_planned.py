@@ -1,7 +1,5 @@
-"""The engine of map-style data: a position in the sample plan (private).
-
-Hands out the plan's batches, in-process or from workers, counting each as consumed
-when the caller gets it, and saves and loads that position.
+"""The engine of map-style data: a position in the sample plan, a batch counted consumed when
+handed out, in-process or from workers (private).
 """
 
 from __future__ import annotations
@@ -156,8 +154,8 @@ class PlanEngine:
         self._check_counted(epoch, start, steps_done, world_size)
 
     def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
-        """Refuse an evaluation whose ranks, stepping equally, would repeat more samples than
-        Lightning's samplers do: none in a prediction, fewer than the ranks in val/test."""
+        """Refuse an evaluation repeating more samples than Lightning's samplers (predict: none,
+        val/test: fewer than the ranks)."""
         one = count_indices(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
         ranks = range(world_size)
         dealt = [
@@ -372,8 +370,7 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
 def _run_auto(
     engine: PlanEngine, sched: Schedule, consumed: Callable[[int], None]
 ) -> Generator[Any, None, None]:
-    """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch
-    boundary, resuming at the position reached (prefetched batches are dropped)."""
+    """One epoch under ``num_workers="auto"``: measure, and switch workers at a batch boundary."""
     auto = engine.host.auto
     assert auto is not None
     while True:

@@ -1,8 +1,4 @@
-"""``ResumableDataLoader``'s arguments, validated into one spec (private).
-
-:func:`make_spec` alone reads the constructor's arguments: it checks them, settles the
-seed, topology and batching, picks the engine's kind and builds the sample plan.
-"""
+"""``ResumableDataLoader``'s arguments, validated into one spec by :func:`make_spec` (private)."""
 
 from __future__ import annotations
 
@@ -109,8 +105,7 @@ def engine_kind(dataset: Any) -> Kind:
 
 
 def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
-    """Refuse a token budget that ``collate_fn`` pads past: to a fixed length, or with a
-    rounding the budget was not counted with."""
+    """Refuse a token budget that ``collate_fn`` pads past (a fixed length, another rounding)."""
     plan = getattr(batch_sampler, "plan", None)
     budget = getattr(plan, "max_tokens", None)
     pads = collate_fn.pad_to_multiple_of if isinstance(collate_fn, PadCollate) else None
@@ -206,10 +201,8 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _seeded_by_user(sampler: Any) -> int | None:
-    """The seed ``sampler``'s generator got from the user, which a loader ``seed`` would
-    replace (even the same: epoch 0 would not be the generator's order); None where a
-    sampler with ``set_epoch`` may reseed it there itself, or torch's default seed (no
-    choice) is all it has."""
+    """The seed the user gave ``sampler``'s generator (a loader ``seed`` would replace it); None
+    where its ``set_epoch`` reseeds it, or it has torch's default seed."""
     inner = wrapped_sampler(sampler)  # a DistributedSamplerWrapper's inner one
     inner = sampler if inner is None else inner
     # initial_seed(), not the state: a generator drawn from since (random_split) is still theirs.
@@ -308,8 +301,7 @@ def _plan(
             first_state=a["first_state"],
         )
     elif isinstance(dataset, MixedDataset) and dataset.per_epoch != dataset.sizes:
-        # A weighted mix's own plan, as for no sampler or a plain one (an unweighted mix is
-        # read as any dataset).
+        # A weighted mix's own plan (an unweighted mix is read as any dataset).
         options = {"shuffle": a["shuffle"], "drop_last": a["drop_last"]}
         reseed = partial(_mix_plan, dataset, batch_size, options)
         plan = reseed(seed)

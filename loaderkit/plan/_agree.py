@@ -1,8 +1,5 @@
-"""Ranks compare their plans once when an epoch starts (private).
-
-Each rank publishes a fingerprint of its plan through the process group's store (with
-a timeout) and any difference raises on every rank; the design: ``docs/design.md``
-("Host contracts", torch.distributed).
+"""Ranks compare their plans' fingerprints through the group's store as an epoch starts
+(private); any difference raises on every rank (``docs/design.md``, "Host contracts").
 """
 
 from __future__ import annotations
@@ -144,12 +141,9 @@ def agree_across_ranks(
     epoch: int,
     rounds: Rounds,
 ) -> int | None:
-    """Raise StateMismatchError on every rank if the ranks' JSON-able ``fields`` differ.
-
-    Returns this loader's round number (shared by every rank for the same epoch start;
-    a stream's peer cursors are keyed by it), or None outside a matching process group.
-    Raises LoaderkitError when a peer does not start the epoch within the timeout.
-    """
+    """Raise StateMismatchError on every rank if the ranks' JSON-able ``fields`` differ
+    (LoaderkitError: a peer did not start the epoch in time); returns this loader's round
+    number (the same on every rank), or None outside a matching process group."""
     if not _group_matches(rank, world_size):
         return None
     mine = json.dumps(dict(fields), sort_keys=True, default=repr)

@@ -61,8 +61,8 @@ def sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:
 def greedy_starts(
     rows_from: Callable[[np.ndarray], np.ndarray], order: np.ndarray, window: int
 ) -> np.ndarray:
-    """Batch starts in ``order`` when a batch holds ``rows_from(its first sample)`` samples,
-    cut front to back within each window (all windows walked at once)."""
+    """Batch starts in ``order``, a batch holding ``rows_from(its first sample)`` samples, cut
+    front to back within each window."""
     n = order.size
     pos = np.arange(0, n, window)
     end = np.minimum(pos + window, n)

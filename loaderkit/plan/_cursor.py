@@ -1,8 +1,6 @@
 """Building and checking the versioned, rank-symmetric state dicts of loaders and samplers.
 
-Every state carries a ``checksum`` (one CRC-32 per field), so an edited, truncated or
-corrupted state is refused naming the field instead of resumed at a position the plan
-never reached.
+Every state carries a ``checksum`` (one CRC-32 per field): an edited state is refused by field.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ ITERABLE_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "iterable", TOPOL
 
 
 def field_digest(name: str, value: Any) -> int:
-    """CRC-32 of one state field keyed by its name; nested values as canonical JSON
-    (so a state that went through JSON or YAML still matches)."""
+    """CRC-32 of one state field keyed by its name; nested values as canonical JSON."""
     if type(value) is int:
         return zlib.crc32(b"%s=%d" % (name.encode(), value))
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
@@ -69,7 +66,6 @@ def check_version(state: Mapping[str, Any], *, owner: str) -> None:
 
 
 def _fields(value: Any) -> str:
-    """A mapping's sorted keys, else the repr of what stood in its place."""
     return str(sorted(value)) if isinstance(value, Mapping) else repr(value)
 
 
@@ -87,8 +83,7 @@ def new_state(
     world_size: int,
     num_workers: int,
 ) -> dict[str, Any]:
-    """The state of a position in a plan: no rank in it, so rank 0's is right for all ranks
-    (the topology is recorded for messages, not enforced)."""
+    """The rank-free state of a plan position (the topology is for messages, not enforced)."""
     state = {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -101,9 +96,8 @@ def new_state(
 
 
 def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: str = "") -> None:
-    """Refuse what is not a whole, unedited state of this format with ``fields`` (its keys
-    but ``checksum``): TypeError for a non-dict, else StateMismatchError; ``hint`` is the
-    fix for missing or unknown keys."""
+    """Refuse (TypeError, StateMismatchError) what is not a whole, unedited state of ``fields``;
+    ``hint`` is the fix for missing or unknown keys."""
     where = f"{owner}.load_state_dict"
     if not isinstance(state, Mapping):
         raise TypeError(
@@ -140,8 +134,7 @@ _PLAN_ADDED = frozenset({"shard_counts_crc32"})  # a plan's (its fingerprint's)
 def check_settings(
     saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
 ) -> int | None:
-    """Refuse saved settings that differ from ``here`` (StateMismatchError); returns the saved
-    seed where it is adopted (``adopt_seed``) and differs."""
+    """Refuse saved settings that differ from ``here``; returns a differing seed it adopted."""
     here, adopted = dict(here), None
     if adopt_seed and saved.get("seed") != here["seed"]:
         adopted = here["seed"] = saved["seed"]
@@ -157,8 +150,7 @@ def check_settings(
 def check_state(
     state: object, fingerprint: Mapping[str, Any], *, owner: str, adopt: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Validate a plan position's state against ``fingerprint`` (the loader's plan settings);
-    the saved values of the ``adopt`` fields are accepted, not compared. See check_envelope."""
+    """Validate a plan position's state against ``fingerprint``, accepting saved ``adopt`` fields."""
     check_envelope(state, PLAN_FIELDS, owner=owner)
     assert isinstance(state, Mapping)
     where = f"{owner}.load_state_dict"
@@ -234,7 +226,6 @@ def _difference(
     adopt: tuple[str, ...],
     world: int | None,
 ) -> str | None:
-    """The message for a plan field saved as ``was``, here ``expected`` (None: adopted)."""
     # A SamplerPlan's; loaderkit's own names a DistributedSampler subclass it lists whole.
     listed = str(fingerprint.get("sampler", ""))
     sampler = (
@@ -290,8 +281,7 @@ def _difference(
 
 class PlanCursor:
     """Where a loader or sampler stands (``epoch, position, steps_done``) and what it iterates
-    next: the next epoch, the one :meth:`set_epoch` named, or after :meth:`load` the rest
-    of the saved epoch (the one after it, if complete)."""
+    next: the next epoch, the one :meth:`set_epoch` named, or a loaded epoch's rest."""
 
     __slots__ = (
         "_explicit",
@@ -316,24 +306,16 @@ class PlanCursor:
 
     @property
     def started(self) -> bool:
-        """Whether an iteration has begun since construction."""
         return self._started
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
     ) -> bool:
         """Before an iteration begins in the host's ``epoch`` (None: no host): make it that
-        epoch, unless a ``set_epoch`` or a loaded position names one, or an earlier
-        iteration began in the same host epoch (a loader cycled: it goes on to its next; one
-        the host named late, or any with ``restarts``, begun again before it ran out starts
-        over).
-
-        Returns True once where this iteration must be empty: a host that ``cycles``
-        several loaders (Lightning's ``"max_size_cycle"``) saves no record of which ran
-        out, so a loaded position that had run out in this host epoch first runs out
-        again; the next iteration resumes it. Run out is inferred: the position completed
-        the host's epoch, or is in a later one (the loader cycled: it holds only where the
-        host iterates each loader once as its epoch starts).
+        epoch unless ``set_epoch``, a loaded position or an earlier iteration in the same host
+        epoch names one. True where this iteration must be empty: a host that ``cycles``
+        loaders (``"max_size_cycle"``) records none that ran out, so one loaded as run out
+        (its position completes the host's epoch or is past it) runs out again first.
         """
         if epoch is None:
             return False
@@ -349,8 +331,7 @@ class PlanCursor:
         return False
 
     def _named(self, epoch: int, plan: Any, restarts: bool) -> int | None:
-        """The epoch the host's ``epoch`` names for the next iteration (:meth:`host_names`),
-        or None where it names none."""
+        """The epoch the host's ``epoch`` names for the next iteration, or None."""
         same = self._started and epoch == self._host_epoch
         again = self._named_late == epoch or (restarts and self._explicit is None)
         if same and again and self.position < plan.epoch_length(self.epoch):
@@ -362,26 +343,23 @@ class PlanCursor:
         return None
 
     def host_starts(self, epoch: int) -> bool:
-        """The host begins ``epoch`` afresh (it restored a checkpoint saved on its previous
-        epoch's last batch): a loaded position that cycled there (in ``epoch`` or later)
-        is dropped, as at any new host epoch. Returns whether one was."""
+        """The host begins ``epoch`` afresh (restored from its previous epoch's last batch): drop
+        a loaded position in ``epoch`` or later; returns whether one was."""
         if not self._resume or self.epoch < epoch:
             return False
         self._resume, self._explicit, self._host_epoch = False, epoch, epoch
         return True
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
-        """Make the next iteration ``epoch``; ``late``: the host set it after it took a batch
-        of this iteration (Lightning prefetches from an unsized loader first), so the host
-        epoch the iteration began in names nothing new."""
+        """Make the next iteration ``epoch``; ``late``: set after the host took this iteration's
+        first batch (Lightning prefetches an unsized loader), so it names nothing new."""
         if late and self._started and epoch == self._host_epoch:
             self._named_late = epoch
             return
         self._explicit = epoch
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
-        """``(epoch the loaded position resumes, whether it is part-way through it)``
-        while a loaded position awaits its iteration; else None."""
+        """``(epoch a pending loaded position resumes, whether part-way through)``, else None."""
         if not self._resume:
             return None
         length = plan.epoch_length(self.epoch)
@@ -394,8 +372,7 @@ class PlanCursor:
         self.position = plan.epoch_length(self.epoch)
 
     def _live(self) -> bool:
-        """Whether neither a loaded position nor a pending ``set_epoch`` of another epoch
-        replaces the epoch begun last."""
+        """Whether no loaded position or ``set_epoch`` of another epoch replaces the last one."""
         return not self._resume and self._explicit in (None, self.epoch)
 
     def iterating(self, plan: Any) -> bool:
@@ -409,10 +386,8 @@ class PlanCursor:
     def upcoming(
         self, plan: Any, host_epoch: int | None = None, *, restarts: bool = False
     ) -> tuple[int, int, int]:
-        """``(epoch, start, steps already done in it)`` of the next iteration; after a
-        loaded position, ``set_epoch`` of its own epoch is that epoch's rest (empty if the
-        position completed it: a loop resuming at the saved epoch must not replay it).
-        ``host_epoch``, ``restarts``: as the next :meth:`host_names` will be told."""
+        """``(epoch, start, steps done)`` of the next iteration. After a load, ``set_epoch`` of
+        its epoch is that epoch's rest (empty if complete: a resumed loop must not replay it)."""
         complete = self.position >= plan.epoch_length(self.epoch)
         resume_epoch = self.epoch + 1 if complete else self.epoch
         if self._resume and self._explicit in (None, resume_epoch, self.epoch):
@@ -439,11 +414,9 @@ class PlanCursor:
         self.steps_done += 1
 
     def saved(self, plan: Any) -> tuple[int, int, int]:
-        """``(epoch, position, steps_done)`` a state dict holds: where the last iteration got
-        to, or after ``set_epoch`` of another epoch (or of a finished one) the next one's start.
-
-        Lightning names the running epoch again after its first batch; that keeps the position.
-        """
+        """``(epoch, position, steps_done)`` a state holds: the last iteration's, or after
+        ``set_epoch`` of another (or a finished) epoch the next one's start."""
+        # Lightning names the running epoch again after its first batch: that keeps the position.
         explicit = self._explicit
         running = explicit == self.epoch and self.position < plan.epoch_length(self.epoch)
         if explicit is None or running:
@@ -473,8 +446,7 @@ class PlanCursor:
         adopt: tuple[str, ...] = (),
         fingerprint: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Validate ``state_dict`` against ``fingerprint`` (default: the plan's; see
-        :func:`check_state`), resume at its position and return it."""
+        """Validate ``state_dict`` against ``fingerprint`` (default: the plan's), resume there."""
         fields = plan.fingerprint() if fingerprint is None else fingerprint
         state = check_state(state_dict, fields, owner=owner, adopt=adopt)
         length = plan.epoch_length(state["epoch"])
@@ -488,6 +460,6 @@ class PlanCursor:
         return state
 
     def resume_at(self, epoch: int, position: int, steps_done: int) -> None:
-        """Resume at a validated position: the next iteration is the rest of its epoch."""
+        """Resume at a validated position: the next iteration is its epoch's rest."""
         self.epoch, self.position, self.steps_done = epoch, position, steps_done
         self._resume, self._explicit, self._ran_out = True, None, False

@@ -27,10 +27,8 @@ from loaderkit.seeding import GOLDEN, M64, mix64_array
 ROUNDS = 6
 _KEY_LIMIT = 2**64
 _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
-# Round tables (below): at most 2**14 entries a group (cache-resident), 2**17 a round in all
-# (6 rounds: 6 MiB at most; never pickled).
-# Built at once up to 2**11 entries (cheaper than one cycle-walked batch), else once as
-# many entries were evaluated as they hold.
+# Round tables: cache-resident groups, a few MiB in all, never pickled; small ones built at
+# once, larger ones once as many entries were evaluated as they hold.
 _TABLE_WIDTH, _TABLE_LIMIT, _TABLE_EAGER = 1 << 14, 1 << 17, 1 << 11
 
 
@@ -87,12 +85,7 @@ class GroupedPermutation:
 
     def _round_tables(self) -> list[np.ndarray] | None:
         """Each round's function over every value of a half, per group (None: not yet, or
-        too large).
-
-        A round function sees only ``2**half`` values, so for small halves a table lookup
-        replaces the splitmix64 finaliser (same values, a third of the array operations).
-        Small ones are built at once; larger ones once as many entries were evaluated as
-        they hold, so a resume that reads one batch does not pay for them.
+        too large): for small halves a lookup replaces the splitmix64 finaliser (same values).
         """
         size = self._width * self._sizes.size
         if (
@@ -156,8 +149,7 @@ def _feistel(
     shift: np.uint64 | np.ndarray,
     keys: list[np.uint64] | list[np.ndarray],
 ) -> np.ndarray:
-    """One pass of the Feistel network over ``[0, 4**half)``; parameters are scalars or, one
-    permutation per entry, arrays shaped like ``x``."""
+    """One pass of the Feistel network over ``[0, 4**half)``; parameters scalars or per entry."""
     left = x >> half
     right = x & mask
     for k in keys:
@@ -198,7 +190,6 @@ def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> 
 
 @functools.cache
 def permutation_digest() -> int:
-    """A checksum of a small :class:`KeyedPermutation`, stored in every shuffled plan's state
-    so another order from the same key is refused on resume."""
+    """A checksum of a small :class:`KeyedPermutation`, in shuffled plans' states (pins it)."""
     perm = KeyedPermutation(257, key=20240917).at(np.arange(257, dtype=np.uint64))
     return zlib.crc32(perm.tobytes())

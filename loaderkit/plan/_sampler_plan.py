@@ -1,8 +1,5 @@
-"""A torch ``Sampler``'s order as a plan (private): samplers passed to ResumableDataLoader.
-
-Each epoch's order is keyed to ``(seed, epoch)`` (``set_epoch``, a lent ``generator``),
-listed once and dealt like a :class:`~loaderkit.SamplePlan`'s; the design:
-``docs/design.md`` ("Host contracts", torch samplers).
+"""A torch ``Sampler``'s order as a plan (private): each epoch's order keyed to ``(seed, epoch)``,
+listed once and dealt like a :class:`~loaderkit.SamplePlan`'s (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -48,13 +45,10 @@ def keyed_order(
     """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
     reseeded generator state it was listed from (else None).
 
-    The ``generator`` slot is lent one for ``set_epoch`` and the listing, started from the
-    user's reseeded state (differing from ``seen``), else epoch 0 from ``first_state``,
-    else ``(seed, epoch)``; a ``set_epoch`` that reseeds or draws does so on it.
-    ``restored``: a resumed epoch's saved state, or ``_KEYED``; ``lend=False``: an empty
-    slot stays empty (the sampler seeds itself, :func:`seeds_itself`); ``advance``: the
-    user's generator ends where the lent one did, as torch's listing leaves it (so a
-    reseed to the state it had before is seen).
+    The ``generator`` slot is lent one started from ``restored`` (a saved state, or
+    ``_KEYED``), the user's reseeded state (differing from ``seen``), epoch 0's
+    ``first_state``, else ``(seed, epoch)``. ``lend=False``: an empty slot stays empty;
+    ``advance``: the user's generator ends where the lent one did, as torch leaves it.
     """
     own = getattr(sampler, "generator", _ABSENT)
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
@@ -114,8 +108,7 @@ def cpu_state(generator: Any) -> torch.Tensor | None:
 
 
 def _set_epoch(sampler: Any, epoch: int) -> None:
-    """Call ``sampler.set_epoch(epoch)`` when it has one (unhooked: listing an order must not
-    move the loader that hooked it)."""
+    """``sampler.set_epoch(epoch)`` if it has one, unhooked (listing must not move a loader)."""
     set_epoch = getattr(sampler, "set_epoch", None)
     set_epoch = getattr(set_epoch, UNHOOKED, set_epoch)
     if callable(set_epoch):
@@ -152,9 +145,8 @@ def wrapped_sampler(sampler: Any) -> Any:
 
 
 def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
-    """The seed and state of the CPU ``torch.Generator`` a user gave ``sampler`` (a
-    ``DistributedSamplerWrapper``'s inner one), else None; the seed is ``initial_seed()``,
-    or a digest of the state once drawn from."""
+    """The seed (``initial_seed()``, or a digest once drawn from) and state of the CPU
+    ``torch.Generator`` the user gave ``sampler`` (or its wrapped sampler), else None."""
     inner = wrapped_sampler(sampler)
     generator = getattr(sampler if inner is None else inner, "generator", None)
     if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
@@ -173,7 +165,7 @@ _PROBE_SEED = 0
 
 def seeds_itself(sampler: Any) -> bool:
     """Whether ``sampler`` with an empty ``generator`` slot lists epoch 0 alike under two
-    global torch RNG states (its own seed decides it: no generator is lent it)."""
+    global torch RNG states (then no generator is lent it)."""
     if getattr(sampler, "generator", _ABSENT) is not None or not callable(
         getattr(sampler, "set_epoch", None)
     ):
@@ -241,10 +233,8 @@ def check_reproducible(
 class SamplerPlan:
     """The plan of a torch sampler: its per-epoch order, dealt like a SamplePlan's.
 
-    ``first_state``: the user's generator's state, epoch 0 is listed from (as torch
-    does). ``strided``: deal as a ``DistributedSampler`` (rank ``r`` takes every
-    ``world_size``-th entry), so each rank yields torch's indices for it; ``drop_tail``: as
-    one with ``drop_last=True`` (a tail short of the ranks dropped, not padded).
+    ``first_state``: the user's generator state epoch 0 is listed from. ``strided``: deal as
+    a ``DistributedSampler``; ``drop_tail``: as one with ``drop_last=True``.
     """
 
     sampler: Any
@@ -362,8 +352,7 @@ class SamplerPlan:
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
     def check_relisted(self, epoch: int, position: int, listed_from: str | None) -> None:
-        """Refuse a sampler that lists ``epoch`` differently each time where a state resumes
-        it part-way (epoch 0 was checked at construction): its order would not come back."""
+        """Refuse a sampler that lists ``epoch`` (resumed part-way) differently each time."""
         if epoch == 0 or not 0 < position < self.num_samples:
             return
 
