@@ -41,8 +41,7 @@ def check_sources(
     if stream and (sampler is not None or batch_sampler is not None or shuffle):
         raise ValueError(
             "ResumableDataLoader: a StreamingShardedDataset takes no sampler, batch_sampler "
-            "or shuffle (its shards are shuffled per pass: shuffle_shards=True); leave "
-            "them unset."
+            "or shuffle; leave them unset (shuffle_shards=True shuffles its shards)."
         )
     if iterable:
         _check_iterable(dataset, sampler, batch_sampler, shuffle, drop_last)
@@ -228,9 +227,8 @@ def from_distributed_sampler(
 
 
 def whole_order_sampler(sampler: Any) -> Any:
-    """A copy of a ``DistributedSampler`` (or subclass) listing every rank's indices, so the
-    loader deals them to ranks once; a subclass with its own rank split is listed as
-    :class:`RankShares`. The user's sampler is left as it is."""
+    """A copy of a ``DistributedSampler`` (or subclass) listing every rank's indices, for the
+    loader to deal (:class:`RankShares` for a subclass with its own split)."""
     whole = _sampler_copy(sampler, 1, 0)
     whole.num_samples = whole.total_size = (
         sampler.total_size if sampler.drop_last else len(sampler.dataset)
@@ -342,8 +340,7 @@ def check_start_method(context: Any, workers: int) -> None:
 def check_auto_workers(
     dataset: Any, *, iterable: bool, per_sample_seeding: Any, timeout: Any
 ) -> None:
-    """Refuse ``num_workers="auto"`` where switching workers mid-epoch changes the data or
-    would not keep a ``timeout``."""
+    """Refuse ``num_workers="auto"`` where switching workers changes the data or the timeout."""
     if isinstance(timeout, int | float) and timeout > 0:
         raise ValueError(
             f"ResumableDataLoader: timeout={timeout} with num_workers='auto' would not hold: "

@@ -1,7 +1,5 @@
-"""``num_workers="auto"``: the worker count from the time the loop waits for data (private).
-
-Workers start at the current plan position when in-process loading is a real part of
-the step, and stay only if they shorten it by :data:`MIN_GAIN` (``docs/design.md``).
+"""``num_workers="auto"``: workers start where loading is a real part of the step, and stay
+only if they shorten it by :data:`MIN_GAIN` (private; ``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def local_processes(world_size: int) -> int:
 
 @dataclass
 class AutoWorkers:
-    """One loader's ``num_workers="auto"`` measurements and choice: fed ``(wait, step)``
-    per batch; :meth:`decide` returns a worker count to switch to now, else None."""
+    """One loader's ``num_workers="auto"`` measurements (``record``) and choice (``decide``)."""
 
     cap: int
     workers: int = 0

@@ -1,7 +1,4 @@
-"""One batch of planned indices to a collated batch, in a worker or in-process.
-
-The same code builds a batch in any process, so ``num_workers`` does not change the output.
-"""
+"""One batch of planned indices to a collated batch: the same code in any process (private)."""
 
 from __future__ import annotations
 
@@ -39,8 +36,8 @@ from loaderkit.seeding import (
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
-    """Whether no subclass overrides ``__getitem__`` (or, for ``get_batch``, ``__getitems__``)
-    below the class defining ``dataset.<method>``, so it reads what ``__getitem__`` would."""
+    """Whether no subclass overrides ``__getitem__`` (for ``get_batch``, also ``__getitems__``)
+    below the class defining ``dataset.<method>``."""
     if not callable(getattr(dataset, method, None)):
         return False
     own = getattr(dataset, "__dict__", {})
@@ -177,13 +174,9 @@ def identity(batch: Any) -> Any:
 
 
 class BatchFetcher:
-    """Fetch and collate one batch (picklable for worker processes).
-
-    Fastest faithful read first: ``get_batch`` (no ``collate_fn``, no per-sample
-    seeding) or :func:`torch_gather`; else ``__getitems__``; else ``__getitem__`` per
-    sample. With ``per_sample_seeding`` each sample reads under global RNG states keyed
-    by ``(seed, epoch, index)``; a ``__getitems__`` read that draws randomness is split
-    per index where it only gathers per-sample reads, and refused otherwise.
+    """Fetch and collate one batch (picklable), by the fastest faithful read: ``get_batch`` or
+    :func:`torch_gather`, else ``__getitems__``, else ``__getitem__`` per sample, each under
+    RNG states keyed by ``(seed, epoch, index)`` with ``per_sample_seeding``.
     """
 
     def __init__(
@@ -225,10 +218,7 @@ class BatchFetcher:
         )
 
     def __call__(
-        self,
-        epoch: int,
-        indices: np.ndarray | torch.Tensor,
-        seed_keys: np.ndarray | None = None,
+        self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None = None
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if seed_keys is None and self.rows is not None:
@@ -255,8 +245,7 @@ class BatchFetcher:
         return self.collate(samples)
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
-        """A whole ``__getitems__`` read, refused if it drew from a global RNG; it reads
-        ``torch.initial_seed()`` as the batch's seed."""
+        """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
         assert self.seeder is not None
         read = functools.partial(self._batched, self.dataset.__getitems__, epoch, index_list)
         torch_seed = batch_seed(self.seed, epoch, np.asarray(keys))
@@ -307,8 +296,7 @@ class BatchFetcher:
 
 
 def _class_getitem(dataset: Any) -> Callable[[int], Any]:
-    """``dataset[i]`` as a callable: the class's method bound (a plain function, the common
-    case, called without ``operator.getitem``'s extra step), else ``operator.getitem``."""
+    """``dataset[i]`` as a callable: the class's plain function bound, else ``operator.getitem``."""
     method = inspect.getattr_static(type(dataset), "__getitem__", None)
     if isinstance(method, types.FunctionType):
         return types.MethodType(method, dataset)
@@ -457,11 +445,7 @@ def _int64_copy(indices: Any) -> np.ndarray:
 def seed_keys(sched: Schedule) -> Callable[[int], np.ndarray | None]:
     """Each step's per-sample seeding keys (None: the indices)."""
     keys = getattr(sched, "seed_keys", None)
-    return _no_keys if keys is None else keys
-
-
-def _no_keys(step: int) -> None:
-    return None
+    return (lambda step: None) if keys is None else keys
 
 
 class KeySource:

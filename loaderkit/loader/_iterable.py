@@ -1,7 +1,5 @@
-"""How ResumableDataLoader iterates an ``IterableDataset`` passed directly (private).
-
-As ``DataLoader`` does: each worker iterates its own copy, batches come from the workers in
-turn; each worker's stream, and how it resumes, is :mod:`loaderkit.loader._worker_stream`'s.
+"""How ResumableDataLoader iterates an ``IterableDataset`` passed directly (private): as
+``DataLoader`` does, each worker its own copy, batches from the workers in turn.
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ class _StreamsSource(EngineSource):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        # A persistent worker's later epochs start fresh, but after a resumed stream that had
-        # ended where its saved end put the object (the worker ran no pass of it).
+        # A persistent worker's later epochs start fresh (after an ended one: at its saved end).
         start = self.starts[worker]
         later = fresh_record()
         if start["ended"]:
@@ -169,26 +166,23 @@ class IterableEngine(WorkerStreams):
     def _next_records(self) -> list[dict[str, Any]]:
         """Each worker's record to start a new epoch from."""
         fresh = [fresh_record() for _ in range(self.workers)]
-        # Objects that live on start where the complete epoch left them, as uninterrupted,
-        # unless this process's object ran that end: it is there already, and loading its end
-        # state again would put a stream that does not rewind at its end (a Hugging Face
-        # IterableDataset) past its last item, an empty epoch where DataLoader reads it all.
+        # Objects that live on start where the complete epoch left them, unless this process's
+        # object ran that end: loading it again would put a stream that does not rewind (a
+        # Hugging Face IterableDataset) past its last item.
         ran_end = self.host.num_workers == 0 and self._ran_end
         if self.complete and self.objects_live_on and not ran_end:
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["end_state"]
         elif not self.complete and self.host.num_workers == 0:
-            # An epoch cut short (limit_train_batches, a break): in-process the object lives on
-            # from it, so one that is its own iterator goes on where it stopped, as
-            # uninterrupted (loaded into iter(dataset): another iterator would drop it).
+            # An epoch cut short: in-process, an object that is its own iterator goes on where
+            # it stopped, as uninterrupted.
             for record, saved in zip(fresh, self.records, strict=True):
                 record["end_state"] = saved["iterator_state"]
         return fresh
 
     def _prime(self) -> None:
-        """Open the in-process stream now, as ``DataLoader`` does at ``iter()`` (a state saved
-        before the first batch holds the stream's start)."""
+        """Open the in-process stream now, as ``DataLoader`` does at ``iter()``."""
         epoch = self._position.upcoming(self)[0]
         it = open_stream(self.dataset, fresh_record(), 0, in_process=True)
         opened = Recorder(self.dataset, it, fresh_record(), in_process=True).after([])
@@ -205,8 +199,7 @@ class IterableEngine(WorkerStreams):
     def _hand_out(
         self, source: Iterator[Any], records: list[dict[str, Any]], run: Any, *, pin: bool
     ) -> Generator[Any, None, None]:
-        """Hand out in torch's order (a resumed epoch's batches arrive from worker 0 on, so up
-        to one round waits here)."""
+        """Hand out in torch's order (a resumed epoch's may wait up to one round here)."""
         host = self.host
         pending: list[deque[Any]] = [deque() for _ in range(self.workers)]
         flowing = {w for w in range(self.workers) if not records[w]["ended"]}
@@ -252,8 +245,7 @@ class IterableEngine(WorkerStreams):
     # ------------------------------------------------------------------ state
     @property
     def objects_live_on(self) -> bool:
-        """Whether the dataset objects of one epoch iterate the next (in-process, or in
-        persistent workers): their state at an epoch's end carries over."""
+        """Whether one epoch's dataset objects iterate the next (in-process, persistent workers)."""
         return self.host.num_workers == 0 or self.host.pool.persistent
 
     def part_entry(self) -> dict[str, int]:
@@ -262,8 +254,7 @@ class IterableEngine(WorkerStreams):
         return {} if rank is None else {_OWN_PART: rank}
 
     def check_part(self, saved: dict[str, Any], opaque: bool) -> None:
-        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state (one that
-        cannot be checked against this rank's data): Lightning restores rank 0's everywhere."""
+        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state."""
         saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
         if opaque and saved_rank != rank:
             raise StateMismatchError(
@@ -329,8 +320,7 @@ class IterableEngine(WorkerStreams):
         self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
-        # A dataset's own state is opaque (another rank's may point into other data), where it
-        # is loaded: mid-epoch, or carried into the next epoch. A replay has its digest.
+        # A dataset's own state, where loaded, is opaque (a replay has its digest).
         carried = state["complete"] is not True or self.objects_live_on
         kept = state["workers"] if carried and isinstance(state["workers"], list) else []
         own = ("dataset_state", "iterator_state", "end_state")

@@ -1,5 +1,4 @@
-"""The global RNGs' states, saved JSON-safe in an iterable stream's record (a worker's
-RNGs follow its position)."""
+"""The global RNGs' states, JSON-safe, in an iterable stream's record (private)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Batches from worker processes through reused shared-memory slots (private).
-
-A batch crosses as a small skeleton naming its worker's slot; the main process copies the
-tensors out and frees the slot. What does not fit goes through torch's own path, counted
-(``docs/design.md``, "Worker transport").
+"""Batches from worker processes through reused shared-memory slots (private): a skeleton
+names the slot; the rest goes through torch's own path, counted (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -81,8 +78,7 @@ class Transport:
         _LIVE[self.token] = self
 
     def close(self) -> None:
-        """Unmap the arenas once the workers are stopped (a worker error's traceback would keep
-        the iterator, and so the arenas, alive until the cycle collector runs)."""
+        """Unmap the arenas once the workers are stopped (a traceback may keep the iterator)."""
         self.arenas.clear()
         _LIVE.pop(self.token, None)
         if self.copier is not None:
@@ -137,9 +133,8 @@ class Transport:
 
 
 def copy_parts(pin: bool, num_workers: int, cores: int) -> int:
-    """Parts a large pinned tensor is copied out in: the ``cores`` (this rank's) that its
-    workers and training thread leave, at most MAX_PARTS (``docs/design.md``, "Worker
-    transport")."""
+    """Parts a large pinned tensor is copied out in: the cores its workers and training thread
+    leave, at most MAX_PARTS."""
     return max(1, min(MAX_PARTS, cores - num_workers - 1)) if pin else 1
 
 
@@ -232,11 +227,10 @@ class _SlotBatch:
 
 
 class _TorchPath:
-    """A batch sent by torch's own path; unpickled, it is the batch (and is counted).
+    """A batch sent by torch's own path; unpickled, it is the batch (and is counted)."""
 
-    Pickled here, in the worker's collate: a batch that does not pickle is the worker's
-    error (torch's queue thread would drop it, and the loader wait forever).
-    """
+    # Pickled in the worker's collate: an unpicklable batch is its error (torch's queue thread
+    # would drop it, and the loader wait forever).
 
     __slots__ = ("data", "reason", "token")
 
@@ -283,8 +277,7 @@ def _counted(token: int, data: bytes, reason: str) -> Any:
 
 
 def pack(writer: SlotWriter, batch: Any) -> Any:
-    """The worker's ``collate_fn``: ``batch`` into a free slot's descriptor, else wrapped for
-    torch's path (and counted)."""
+    """The worker's ``collate_fn``: ``batch`` into a free slot, else wrapped for torch's path."""
     info = get_worker_info()
     if info is None:  # not in a worker: nothing crosses a process
         return batch

@@ -267,12 +267,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
 
 
 def _plan(
-    kind: Kind,
-    dataset: Any,
-    a: dict[str, Any],
-    size: int,
-    batch_size: int,
-    seeds: dict[str, Any],
+    kind: Kind, dataset: Any, a: dict[str, Any], size: int, batch_size: int, seeds: dict[str, Any]
 ) -> tuple[Plan, Callable[[int], Plan] | None, tuple[int | None, int | None]]:
     """The plan, how to rebuild it with another seed (None: never), and the topology."""
     seed, sampler, batch_sampler = seeds["seed"], a["sampler"], a["batch_sampler"]

@@ -1,8 +1,5 @@
-"""How ResumableDataLoader iterates a :class:`StreamingShardedDataset` (private).
-
-Each worker plays one slot and sends every batch with the slot's cursor after it, recorded
-when the batch is handed out; workers take turns, and a resumed epoch starts at the slot
-whose turn was next. Under DDP the cursors go through the store (:mod:`._stream_ring`).
+"""How ResumableDataLoader iterates a :class:`StreamingShardedDataset` (private): each worker
+plays one slot, sending each batch with the slot's cursor after it; workers take turns.
 """
 
 from __future__ import annotations
@@ -235,7 +232,7 @@ class StreamEngine(WorkerStreams):
             self._inner_next = self.epoch + 1
 
     def _in_flight(self, source: _SlotBatches, rotation: int, task: int, worker: int) -> Any:
-        """What a dead worker was loading: the batch after its slot's last known cursor."""
+        """What a dead worker was loading: the batch after its slot's last cursor."""
         local = (worker + rotation) % self.workers
         slot = source.rank * self.workers + local
         cursor = self.cursors[local] or Cursor.start(self.epoch)

@@ -1,8 +1,5 @@
-"""Every rank's recent stream cursors, in the process group's store (private).
-
-Each rank publishes its cursors as it hands a batch out (a ring of the last
-:data:`DEFAULT_WINDOW` steps); ``state_dict()`` on any rank reads the peers' at its own
-step, never a collective (``docs/design.md``, "Host contracts").
+"""Every rank's recent stream cursors, in the process group's store (private): published per
+batch, read by ``state_dict()`` at its own step, never a collective.
 """
 
 from __future__ import annotations
@@ -41,13 +38,8 @@ def flush_retired(store: dist.Store) -> None:
 
 
 class PeerRing:
-    """One stream loader's ring: this rank publishes into it, any rank reads the peers'.
-
-    Keys ``loaderkit/stream/<namespace>/<rank>/<step % window>`` hold the JSON list
-    ``[round, epoch, step, entry]``, ``entry`` being the rank's part of the state after
-    ``step`` batches of ``epoch``. ``namespace`` names the loader on every rank; ``timeout``
-    is how long to wait for a late peer, in seconds.
-    """
+    """One stream loader's ring: keys ``loaderkit/stream/<namespace>/<rank>/<step % window>``
+    hold ``[round, epoch, step, entry]`` (JSON), the rank's state entry after ``step``."""
 
     def __init__(
         self,
@@ -85,12 +77,8 @@ class PeerRing:
                 self.store.delete_key(f"{self._prefix}/{self.rank}/{slot}")
 
     def read(self, round_: int, epoch: int, step: int, *, owner: str) -> list[Any]:
-        """Every peer's entry after ``step`` batches of ``epoch`` (None at this rank's place).
-
-        Raises:
-            LoaderkitError: a peer is more than the window ahead, dropped the
-                loader, or did not reach the step within the timeout.
-        """
+        """Every peer's entry after ``step`` batches of ``epoch`` (None at this rank's place);
+        LoaderkitError for a peer past the window, gone, or late past the timeout."""
         entries: list[Any] = [None] * self.world_size
         peers = [r for r in range(self.world_size) if r != self.rank]
         keys = [self._key(r, step) for r in peers]

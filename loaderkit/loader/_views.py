@@ -1,8 +1,5 @@
-"""``loader.sampler`` and ``loader.batch_sampler`` of a ResumableDataLoader (private).
-
-Views of the loader's plan: ``set_epoch`` drives the loader (Lightning calls it on
-``loader.sampler``), iterating lists this rank's next epoch. A user's sampler stays
-``loader.sampler``, its ``set_epoch`` hooked (:class:`SetEpochHook`).
+"""``loader.sampler`` and ``loader.batch_sampler`` (private): views of the loader's plan whose
+``set_epoch`` drives the loader; a user's sampler stays, its ``set_epoch`` hooked.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ class PlanOrder(Sampler[int]):
 
 
 def count_indices(sched: Any) -> int:
-    """Indices ``sched`` yields over its steps."""
-    # A sample plan counts its indices without mapping them; other plans' batches are counted.
+    """Indices ``sched`` yields over its steps (a sample plan's counted without mapping them)."""
     count = getattr(sched, "num_indices", None)
     if count is not None:
         return int(count())
@@ -82,8 +78,7 @@ class PlanBatches(Sampler[list[int]]):
 
 
 class IterableOrder(Sampler[None]):
-    """``loader.sampler`` over an ``IterableDataset``: endless ``None`` (as ``DataLoader``'s);
-    its ``set_epoch`` drives the loader."""
+    """``loader.sampler`` over an ``IterableDataset``: endless ``None``, as ``DataLoader``'s."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = weakref.ref(loader)  # weak, as PlanOrder's
@@ -98,8 +93,7 @@ class IterableOrder(Sampler[None]):
 
 
 class SetEpochHook:
-    """A user's sampler's ``set_epoch``, on the instance: calls the original, then sets the
-    epoch of every loader exposing the sampler (the plan lists through the original)."""
+    """A user's sampler's ``set_epoch``, on the instance: the original, then every loader's."""
 
     def __init__(self, original: Any) -> None:
         self._loaderkit_unhooked = original

@@ -1,6 +1,5 @@
-"""One worker's stream of an ``IterableDataset`` (private): opened at its saved record (the
-dataset's or iterator's own state, else a replay checked by the last skipped sample's
-digest), batched, and recorded after every batch for the loader's state."""
+"""One worker's stream of an ``IterableDataset`` (private): opened at its saved record (an own
+state, else a replay checked by digest), batched, and recorded after every batch."""
 
 from __future__ import annotations
 
@@ -96,8 +95,7 @@ def open_stream(
     in_process: bool,
     source: EngineSource | None = None,
 ) -> Any:
-    """``iter(dataset)`` placed after ``start`` (a worker's record); a replay batches as
-    ``source`` does."""
+    """``iter(dataset)`` placed after ``start`` (a worker's record)."""
     # The dataset's state before iter(), the iterator's after it (torchdata's order), then a
     # worker's RNGs; a dataset that is its own iterator first goes where its last epoch ended.
     if start["end_state"] is not None:
@@ -129,8 +127,7 @@ def worker_batches(
     in_process: bool,
     opened: Any = None,
 ) -> Iterator[tuple[str, int, dict[str, Any] | None, Any]]:
-    """One worker's ``(kind, worker, record after, batch)`` from ``start`` (``opened``: its stream
-    opened there), ending with an end mark holding the dataset's state."""
+    """One worker's ``(kind, worker, record after, batch)`` from ``start``, then an end mark."""
     dataset, batch_size, drop_last = source.user_dataset, source.batch_size, source.drop_last
     if start["ended"]:  # it had handed out everything before the state was saved
         yield END, worker, None, None
@@ -230,9 +227,8 @@ def _skip(
     batch_size: int,
     collate: Callable[[list[Any]], Any] | None,
 ) -> None:
-    """Replay a worker's stream past ``saved`` (samples, raising pulls) batch by batch, as
-    worker_batches pulled it, calling ``collate`` on each batch; the last sample is checked
-    against ``digest``."""
+    """Replay a worker's stream past ``saved`` (samples, raising pulls) as worker_batches pulled
+    it, collating each batch; the last sample is checked against ``digest``."""
     count, failures = saved
     seen, raised, last = 0, 0, None
     while seen < count or raised < failures:

@@ -1,7 +1,5 @@
-"""Worker processes: how they start, how they are seeded, how they stop (private).
-
-The one place that builds the engines' inner ``DataLoader`` (``docs/design.md``, "Worker
-transport").
+"""Worker processes: how they start, are seeded and stop; the engines' inner ``DataLoader``
+(private; ``docs/design.md``, "Worker transport").
 """
 
 from __future__ import annotations
@@ -100,8 +98,7 @@ class WorkerPool:
         return functools.partial(start_worker, os.getpid(), seeding)
 
     def base_seed(self, seed: int, epoch: int) -> torch.Generator:
-        """What the workers' ``get_worker_info().seed`` comes from: as in torch, new each epoch,
-        kept across epochs by persistent workers (ours: torch draws it from the global RNG)."""
+        """The workers' ``get_worker_info().seed`` source: new each epoch unless persistent."""
         keys = () if self.persistent else (epoch,)
         return torch.Generator().manual_seed(derive_seed(seed, SeedTag.BASE, *keys))
 
@@ -115,8 +112,7 @@ class WorkerPool:
         batch_sampler: Iterable[Any] | None = None,
         persistent: bool | None = None,
     ) -> DataLoader[Any]:
-        """A DataLoader of ``dataset``'s items, already batches (``batch_sampler`` None: an
-        iterable dataset; ``persistent`` overrides the pool's)."""
+        """A DataLoader of ``dataset``'s items, already batches (no ``batch_sampler``: iterable)."""
         if self.num_workers > 0 and self.method_name() != "fork":
             share_tensors(getattr(dataset, "user_dataset", dataset))
         return _WorkerLoader(
@@ -168,9 +164,8 @@ class _WorkerLoader(DataLoader[Any]):
                 workers: Any = super()._get_iterator()
             if transport is not None:
                 workers._loaderkit_transport = transport  # maps its arenas while it lives
-            # The index queues, held from outside any cycle until ``workers`` goes: collected
-            # with it, their feeder threads could stop before its shutdown sends each worker
-            # None, and torch waits 5 s per worker (docs/design.md, "Worker transport").
+            # Index queues held outside any cycle until ``workers`` goes, so its shutdown reaches
+            # each worker (docs/design.md, "Worker transport").
             queues = getattr(workers, "_index_queues", None)  # none without workers
             if queues is not None:
                 weakref.finalize(workers, _held, queues).atexit = False
@@ -240,8 +235,7 @@ def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerSta
 
 
 def share_tensors(dataset: Any) -> int:
-    """Move a (subset of a) tensor dataset's large CPU tensors to shared memory; returns how
-    many (pickled workers then get a handle each, never a copy)."""
+    """Move a (subset of a) tensor dataset's large CPU tensors to shared memory; count them."""
     for _ in range(8):  # a Subset of a Subset of ...: bounded, never a cycle
         if isinstance(dataset, TensorDataset | TorchTensorDataset):
             break
@@ -356,8 +350,7 @@ def _take_over_failure_checks(workers: Any) -> None:
 
 
 def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, None, None]:
-    """The batches of ``workers``; a dead worker or a timeout becomes a :class:`WorkerError`
-    naming the worker, how it ended and what it was loading (``describe(task, worker)``)."""
+    """The batches of ``workers``; a dead worker or a timeout becomes a :class:`WorkerError`."""
     _take_over_failure_checks(workers)
     while True:
         try:

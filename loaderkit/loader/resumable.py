@@ -1,7 +1,5 @@
-"""``ResumableDataLoader``: a DataLoader whose position is a point in the sample plan.
-
-The front end validates its arguments into one spec and builds one engine
-(``docs/design.md``, "The loader: one spec, one engine"); after that it delegates.
+"""``ResumableDataLoader``: a DataLoader whose position is a point in the sample plan; it
+validates its arguments into one spec and delegates to one engine (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -208,8 +206,7 @@ class ResumableDataLoader:
 
     @property
     def pin_memory(self) -> bool:
-        """Whether batches are pinned: ``"auto"`` resolved at construction, and confirmed by the
-        accelerator's runtime when batches start (unpinned if it refuses, as ``DataLoader``)."""
+        """Whether batches are pinned (``"auto"`` resolved at construction)."""
         return self._host.pin_memory
 
     @property
@@ -232,9 +229,8 @@ class ResumableDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``;
         a state saved before it begins holds that epoch's start."""
-        check_int(
-            "epoch", epoch, 0, owner="ResumableDataLoader", fix="pass the trainer's current epoch"
-        )
+        fix = "pass the trainer's current epoch"
+        check_int("epoch", epoch, 0, owner="ResumableDataLoader", fix=fix)
         host = host_of(self)
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
@@ -245,20 +241,14 @@ class ResumableDataLoader:
             self._drop_lookahead()  # another epoch's start is pending (the running one's is kept)
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch, counting a resumed epoch's steps already done.
-
-        After a resume on another world size, the larger of the resumed and a whole
-        epoch, unless :class:`~loaderkit.ElasticResume` re-reads it every epoch.
-        """
+        """Batches this rank yields per epoch, counting a resumed epoch's steps already done
+        (on another world size, the larger of that and a whole epoch)."""
         return self._engine.length()
 
     def __iter__(self) -> Iterator[Any]:
-        """A new iterator over the next epoch (see :meth:`set_epoch`).
-
-        Iterators are independent, and :meth:`state_dict` is the position of the
-        one that drew its first batch last; with ``persistent_workers=True`` or a
-        ``StreamingShardedDataset`` a new ``iter()`` supersedes the old one.
-        """
+        """A new iterator over the next epoch; :meth:`state_dict` is the position of the one
+        that drew its first batch last (under ``persistent_workers=True`` or a stream, a new
+        ``iter()`` supersedes the old one)."""
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
         if self._engine.carries_over:
             try:
@@ -301,25 +291,20 @@ class ResumableDataLoader:
         return {**info, **self._engine.describe()}
 
     def _register_lookahead(self, holder: Any) -> None:
-        """A consumer holding batches ahead answers ``state_dict()`` (``held_state()``),
-        also after it stopped early, until the next ``iter()``, a load or a ``set_epoch``
-        of another epoch."""
+        """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
+        load or ``set_epoch`` of another epoch."""
         self._lookahead = holder
 
     def _drop_lookahead(self) -> None:
-        """Stop asking the holder, and empty it: the consumer's own ``state_dict()`` follows
-        the loader again."""
+        """Stop asking the holder, and empty it."""
         if self._lookahead is not None:
             self._lookahead.drop()
             self._lookahead = None
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far (a
-        :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank.
-
-        Never a collective; a stream's state reads the other ranks' cursors from the
-        process group's store where one is reachable.
-        """
+        :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank, never a
+        collective."""
         held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None:
             return dict(held)

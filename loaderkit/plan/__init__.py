@@ -1,4 +1,2 @@
-"""The sample plan: which sample goes to which rank, worker and batch, as a pure function
-of a few integers (seed, epoch, sizes, topology, position). Import the public names from
-:mod:`loaderkit`.
-"""
+"""The sample plan: which sample goes to which rank and batch, as a pure function of a few
+integers. Import the public names from :mod:`loaderkit`."""

@@ -133,13 +133,7 @@ def _exchange(
 
 
 def agree_across_ranks(
-    owner: str,
-    fields: Mapping[str, Any],
-    *,
-    rank: int,
-    world_size: int,
-    epoch: int,
-    rounds: Rounds,
+    owner: str, fields: Mapping[str, Any], *, rank: int, world_size: int, epoch: int, rounds: Rounds
 ) -> int | None:
     """Raise StateMismatchError on every rank if the ranks' JSON-able ``fields`` differ
     (LoaderkitError: a peer did not start the epoch in time); returns this loader's round

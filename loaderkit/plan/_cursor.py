@@ -150,7 +150,7 @@ def check_settings(
 def check_state(
     state: object, fingerprint: Mapping[str, Any], *, owner: str, adopt: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Validate a plan position's state against ``fingerprint``, accepting saved ``adopt`` fields."""
+    """Validate a plan position's state against ``fingerprint`` (saved ``adopt`` fields kept)."""
     check_envelope(state, PLAN_FIELDS, owner=owner)
     assert isinstance(state, Mapping)
     where = f"{owner}.load_state_dict"

@@ -44,8 +44,8 @@ _CACHED_EPOCHS = 2  # a loader asks for the current epoch and, for len(), the ne
 
 
 class BucketOptions(TypedDict, total=False):
-    """:class:`~loaderkit.BucketBatchSampler`'s options (documented there), shared by every
-    bucketing plan and checked once, by :class:`BucketPlan`.
+    """:class:`~loaderkit.BucketBatchSampler`'s options (documented there), checked by
+    :class:`BucketPlan`.
 
     Example:
         >>> options: BucketOptions = {"max_tokens": 8, "shuffle": False}
@@ -90,8 +90,7 @@ class _Epoch(NamedTuple):
 
 
 class BucketPlan:
-    """Length-bucketed batches, fixed-size or under a token budget: ``sampler.plan`` of a
-    :class:`~loaderkit.BucketBatchSampler`, which documents the options.
+    """Length-bucketed batches: ``sampler.plan`` of a :class:`~loaderkit.BucketBatchSampler`.
 
     Attributes:
         num_samples: Dataset size (``len(lengths)``), skipped samples included.
@@ -292,8 +291,7 @@ class BucketPlan:
         return [torch.from_numpy(ep.order[ep.bounds[b] : ep.bounds[b + 1]]) for b in ep.sequence]
 
     def token_counts(self, epoch: int) -> tuple[int, int]:
-        """``(real, padded)`` tokens over the epoch's batches, as the budget counts them
-        (truncated samples at ``max_length``)."""
+        """``(real, padded)`` tokens over the epoch's batches, as the budget counts them."""
         ep = self._epoch(epoch)
         first, stop = ep.bounds[:-1], ep.bounds[1:]
         longest = self._padded(self._batch_len[ep.order[first]])  # windows sort longest first
@@ -374,8 +372,7 @@ class BucketPlan:
 
 
 class _BucketSchedule:
-    """One rank's rest-of-epoch under a :class:`BucketPlan`: a SamplePlan schedule over the
-    batch ids (one "sample" per batch), mapped to each batch's samples."""
+    """One rank's rest-of-epoch under a :class:`BucketPlan`: a schedule over the batch ids."""
 
     __slots__ = ("_bounds", "_dealt", "_order", "epoch", "num_steps", "start")
 

@@ -76,8 +76,7 @@ class OrderedPlan:
         return self.order_map(epoch).at(pos)
 
     def order(self: _Ordered, epoch: int) -> torch.Tensor:
-        """The whole epoch's order of indices (int64), materialized: O(num_samples), for
-        inspection and tests (schedules evaluate only the positions they deal)."""
+        """The whole epoch's order of indices (int64), materialized: O(num_samples)."""
         return materialize(self.order_map(epoch), self.num_samples)
 
 
@@ -168,8 +167,7 @@ class SamplePlan(OrderedPlan):
         return self.num_samples
 
     def order_map(self, epoch: int) -> PositionMap:
-        """The epoch's order as a map from positions to dataset indices (a keyed permutation,
-        or the identity), never materialized."""
+        """The epoch's order as a map from positions to dataset indices, never materialized."""
         check_int("epoch", epoch, 0)
         if not self.shuffle:
             return _Identity()
@@ -208,8 +206,7 @@ def materialize(mapping: PositionMap, n: int) -> torch.Tensor:
 
 
 def check_positions(positions: np.ndarray, n: int, size: str = "num_samples") -> np.ndarray:
-    """``positions`` as an integer array inside ``[0, n)`` (``n`` named ``size``), or a
-    TypeError/ValueError naming it."""
+    """``positions`` as an integer array inside ``[0, n)`` (``n`` named ``size``)."""
     pos = np.asarray(positions)
     if pos.dtype.kind not in "iu":
         raise TypeError(
@@ -225,8 +222,7 @@ def check_positions(positions: np.ndarray, n: int, size: str = "num_samples") ->
 
 
 def steps_from(plan: Dealt, start: int, world_size: int) -> int:
-    """Batches per rank from position ``start`` to the end of an epoch of ``plan``, counted
-    without the order; validates ``start`` and ``world_size``."""
+    """Batches per rank from position ``start`` to the end of an epoch (checks its arguments)."""
     check_int("world_size", world_size, 1)
     check_int("start", start, 0)
     if start > plan.num_samples:
@@ -240,9 +236,7 @@ def steps_from(plan: Dealt, start: int, world_size: int) -> int:
 
 def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
     """Each rank's last batch for a ``tail`` short of a global step: ``ceil(tail / world_size)``
-    entries (wrapped), or 0 under ``drop_last``. A ``strided`` plan deals as a
-    ``DistributedSampler``: the part short of the ranks is dropped under its ``drop_tail``
-    (the sampler's ``drop_last``), and ``drop_last`` drops only a short batch."""
+    entries (wrapped), or 0 under ``drop_last``; a ``strided`` plan as a DistributedSampler."""
     size = -(-tail // world_size)
     if not getattr(plan, "strided", False):
         return 0 if plan.drop_last else size
@@ -253,8 +247,7 @@ def tail_batch(plan: Dealt, tail: int, world_size: int) -> int:
 
 @functools.cache
 def permutation_check() -> int:
-    """A checksum of a small seeded ``torch.randperm``, in the states of plans shuffling with
-    it (BucketPlan), so a torch whose ``randperm`` differs is refused on resume."""
+    """A checksum of a small seeded ``torch.randperm``, in BucketPlan states (pins torch's)."""
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
 
@@ -273,10 +266,8 @@ class Dealt(Protocol):
 
 
 class _FixedSchedule:
-    """One rank's rest-of-epoch under a plan: ``order`` is a tensor or a :class:`PositionMap`
-    (of which only the positions dealt are evaluated, :data:`CHUNK` at a time). A
-    ``strided`` plan is dealt as a ``DistributedSampler`` deals: rank ``r`` takes every
-    ``world_size``-th entry of each global step from its ``r``-th."""
+    """One rank's rest-of-epoch under a plan: ``order`` a tensor or a :class:`PositionMap`
+    (evaluated only where dealt); a ``strided`` plan dealt as a ``DistributedSampler``."""
 
     __slots__ = (
         "_batch",
@@ -396,9 +387,8 @@ class _FixedSchedule:
 
 
 def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | None:
-    """Per-sample seeding keys of an order that may repeat an index: the ``k``-th draw of
-    ``i`` is keyed ``i + k * dataset_size``, so each draw gets its own randomness as under
-    torch's ``DataLoader``. None when no index repeats."""
+    """Per-sample seeding keys of an order that repeats an index (the ``k``-th draw of ``i``:
+    ``i + k * dataset_size``, its own randomness), else None."""
     values = order.numpy()
     if values.size == 0:
         return None
@@ -414,8 +404,7 @@ def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | No
 
 
 class _KeyedSchedule(_FixedSchedule):
-    """A :class:`_FixedSchedule` whose samples are seeded by their own keys, not their
-    indices (an order that repeats an index: :func:`occurrence_keys`)."""
+    """A :class:`_FixedSchedule` whose samples are seeded by their own keys, not indices."""
 
     __slots__ = ("_keys",)
 

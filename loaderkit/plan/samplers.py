@@ -1,8 +1,4 @@
-"""Resumable, distributed-aware batch samplers over a plan, and which user samplers resume.
-
-A :class:`PlanBatchSampler`'s state is the batches it *drew*; with workers, exact
-resume needs :class:`~loaderkit.ResumableDataLoader`, which counts consumed ones.
-"""
+"""Resumable, distributed-aware batch samplers over a plan, and which user samplers resume."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ class PlanBatchSampler(Sampler[list[int]]):
     """Yield this rank's batches of a plan; resumable with ``state_dict``.
 
     Its state counts the batches it handed out: under a ``DataLoader`` with workers, which
-    draw ahead, exact resume needs :class:`~loaderkit.ResumableDataLoader` (one given a
-    host by :func:`~loaderkit.attach_host` refuses such a state part-way through an epoch).
+    draw ahead, exact resume needs :class:`~loaderkit.ResumableDataLoader`.
 
     Args:
         plan: The sample plan, e.g. ``SamplePlan(num_samples=..., batch_size=...)``.
@@ -105,13 +100,8 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield ``epoch`` (from its start, unless resuming it)."""
-        check_int(
-            "epoch",
-            epoch,
-            0,
-            owner=f"{type(self).__name__}.set_epoch",
-            fix="pass the epoch about to start",
-        )
+        owner, fix = f"{type(self).__name__}.set_epoch", "pass the epoch about to start"
+        check_int("epoch", epoch, 0, owner=owner, fix=fix)
         self._cursor.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -123,13 +113,9 @@ class PlanBatchSampler(Sampler[list[int]]):
         epoch, start, steps_done = cursor.upcoming(self.plan)
         fields = {**self._fingerprint(), "world_size": world_size}
         fields |= {"epoch": epoch, "position": start, "steps_done": steps_done}
+        owner = type(self).__name__
         agree_across_ranks(
-            type(self).__name__,
-            fields,
-            rank=rank,
-            world_size=world_size,
-            epoch=epoch,
-            rounds=self._rounds,
+            owner, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
         )
         epoch, start, _ = cursor.begin(self.plan)
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
@@ -208,9 +194,8 @@ def check_lendable(sampler: PlanBatchSampler) -> None:
 
 
 def lend_batch_sampler(sampler: PlanBatchSampler, cursor: PlanCursor, loader: Sized) -> None:
-    """Hand ``sampler`` (checked by :func:`check_lendable`) to ``loader``, whose position is
-    ``cursor``: the sampler shows the loader's position and length, and refuses its own
-    iteration and state."""
+    """Hand ``sampler`` (checked) to ``loader`` at ``cursor``: it shows the loader's position and
+    length, and refuses its own iteration and state."""
     sampler._lent = (cursor, weakref.ref(loader))  # weak: no cycle through the loader
 
 
@@ -238,8 +223,7 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
 
 
 class _LenWatch:
-    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``
-    (``managed``: :class:`~loaderkit.ElasticResume` keeps it in sync)."""
+    """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``."""
 
     __slots__ = ("first", "managed")
 
@@ -317,13 +301,6 @@ class BucketBatchSampler(PlanBatchSampler):
         [[4], [0], [2, 5], [3, 1]]
         >>> len(s), s.plan.epoch_length(0)
         (4, 4)
-
-        With a loader and padding collate::
-
-            sampler = BucketBatchSampler(lengths, max_tokens=16384, pad_to_multiple_of=8)
-            loader = ResumableDataLoader(
-                dataset, batch_sampler=sampler, collate_fn=PadCollate(pad_to_multiple_of=8)
-            )
     """
 
     plan: BucketPlan
