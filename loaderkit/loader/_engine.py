@@ -68,12 +68,10 @@ def set_epoch_keeping(
             cursor.set_epoch(epoch, late=late)
         return
     if sized and loaded is not None and loaded[1] and host.caller().restored_ended(host.loader):
-        # The host ended that epoch at its last batch (limit_train_batches): its rest is
-        # empty, as a loaded position at the epoch's end is.
+        # The host ended that epoch at its last batch (limit_train_batches): its rest is empty.
         cursor.end_loaded(plan)
     elif loaded is not None and host.caller().restored_past(host.loader):
-        # The restored epoch ended at the saved batch: a loader that had cycled into this
-        # epoch starts it afresh, as the saved run went on to.
+        # The restored epoch ended at the saved batch: a loader cycled into this one starts it.
         dropped = cursor.host_starts(epoch)
         if dropped:
             return
@@ -176,8 +174,7 @@ class Host:
         if run is None or not run.finished:
             return held
         if caller.sole_loader(self.loader):
-            # It ran out, so the epoch ended with it: what the host holds is the batch of a
-            # failed last step (an OnExceptionCheckpoint), its own last.
+            # It ran out with the epoch: the host holds a failed last step's batch, its own last.
             return held
         if held and caller.cycles(self.loader) is False:
             raise LoaderkitError(
@@ -314,8 +311,7 @@ class WorkerStreams:
 
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
-            # No fit drives it: set_epoch names the epoch (a saved last batch may not be
-            # known complete, where the length is unknown).
+            # No fit drives it: set_epoch names the epoch (a last batch may not be known last).
             self._position.set_epoch(epoch, late=late)
         else:
             set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)

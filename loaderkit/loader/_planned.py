@@ -294,8 +294,7 @@ class PlanEngine:
         relisted = isinstance(self.plan, SamplerPlan) and listed is not None
         fingerprint = self._fingerprint(self.plan, **({"listed_from": listed} if relisted else {}))
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
-            # Before anything changes (a refusal leaves the loader as it was); a malformed
-            # position is cursor.load's to name.
+            # Before anything changes; a malformed position is cursor.load's to name.
             epoch, position = state.get("epoch"), state.get("position")
             if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
                 self.plan.check_relisted(epoch, position, listed)

@@ -256,8 +256,7 @@ def _same(value: Any) -> Any:
 
 
 def _receive(token: int, *args: Any) -> Any:
-    # Runs while torch unpickles a result: an error must come out of the loader, not kill
-    # torch's pin thread.
+    # Runs as torch unpickles a result: an error must reach the loader, not kill the pin thread.
     try:
         transport = _LIVE.get(token)
         if transport is None:

@@ -228,8 +228,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-    # A seed= given would key every epoch, the generator's own seed too (a saved state holds
-    # no mark that would tell that order from the generator's): refused.
+    # A seed= given would key every epoch, the generator's own too (a state cannot tell): refused.
     if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
@@ -246,8 +245,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         )
     if seed is None:
         seed = plan_seed
-    # The user's plan's seed too: a saved state's is not adopted. A drawn one is provisional:
-    # under DDP each rank would draw its own (settle_seed).
+    # A user's seed (a plan's too) is never replaced by a saved one; a drawn one is provisional.
     explicit = seed is not None
     generator = a["generator"]
     if generator is not None and not isinstance(generator, torch.Generator):

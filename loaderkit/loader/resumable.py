@@ -60,11 +60,9 @@ class ResumableDataLoader:
     :meth:`load_state_dict` the next ``iter()`` yields the rest of the saved epoch.
 
     Args:
-        dataset: Map-style (``__len__``, ``__getitem__``; ``get_batch`` or
-            ``__getitems__`` read a batch per call), a torch ``IterableDataset``
-            (resumed from its state or a checked replay, same ``num_workers``), or
-            a :class:`~loaderkit.StreamingShardedDataset` (a cursor per rank and
-            worker, same topology).
+        dataset: Map-style (``__len__``, ``__getitem__``, maybe ``get_batch`` or
+            ``__getitems__``), a torch ``IterableDataset`` (same ``num_workers`` on resume),
+            or a :class:`~loaderkit.StreamingShardedDataset` (same topology on resume).
         batch_size: Samples per batch on each rank; ``None`` yields single samples.
         shuffle: Shuffle per ``(seed, epoch)``.
         sampler: A sampler whose order is a function of ``(seed, epoch)`` (its
@@ -73,9 +71,8 @@ class ResumableDataLoader:
         batch_sampler: A loaderkit batch sampler with a plan (e.g.
             :class:`~loaderkit.PlanBatchSampler`), or a torch ``BatchSampler``
             (taken as its sampler, batch size and drop_last).
-        num_workers: Worker processes (0: in this process), or ``"auto"``
-            (map-style data): start workers mid-epoch only if measured to
-            shorten the step; it changes when batches load, never which.
+        num_workers: Worker processes (0: in this process), or ``"auto"`` (map-style
+            data): start workers mid-epoch only if measured to shorten the step.
         collate_fn: Merges samples into a batch (default ``default_collate``).
         pin_memory: ``True``, ``False`` or ``"auto"`` (pin on CUDA).
         drop_last: Drop the tail short of ``world_size * batch_size``; else the
@@ -94,12 +91,9 @@ class ResumableDataLoader:
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
         pin_memory_device: Accepted as ``DataLoader`` does (deprecated there).
         in_order: Must be ``True`` (a saved position needs ordered batches).
-        per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs
-            seeded from ``(seed, e, i)``, the same for any ``num_workers`` and
-            after a resume. ``"auto"``: only the generators the dataset draws
-            from, off for data that cannot draw; ``True``: all three always.
-            A ``__getitems__`` read that draws is refused unless it only gathers
-            per-sample reads.
+        per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs seeded
+            from ``(seed, e, i)``, for any ``num_workers`` and after a resume. ``"auto"``:
+            only the generators the dataset draws from; ``True``: all three always.
 
     Example:
         >>> import torch

@@ -335,8 +335,7 @@ class PlanCursor:
         same = self._started and epoch == self._host_epoch
         again = self._named_late == epoch or (restarts and self._explicit is None)
         if same and again and self.position < plan.epoch_length(self.epoch):
-            # The host prefetched, then began the epoch again before it ran out (Lightning's
-            # fit loop, on a reloaded loader): it starts over.
+            # The host prefetched, then began the epoch again before it ran out: it starts over.
             return self.epoch
         if self._explicit is None and not self._resume and not same:
             return epoch

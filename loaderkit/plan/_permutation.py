@@ -22,8 +22,7 @@ import numpy as np
 from loaderkit._checks import check_int
 from loaderkit.seeding import GOLDEN, M64, mix64_array
 
-# Luby-Rackoff: 4 rounds of independent random round functions give a strong
-# pseudorandom permutation; 6 leave a margin for the tiny halves of small n.
+# Luby-Rackoff: 4 rounds give a strong pseudorandom permutation; 6 leave a margin for small n.
 ROUNDS = 6
 _KEY_LIMIT = 2**64
 _MAX_N = 2**63  # entries are returned as int64, the dtype of torch indices
@@ -33,12 +32,7 @@ _TABLE_WIDTH, _TABLE_LIMIT, _TABLE_EAGER = 1 << 14, 1 << 17, 1 << 11
 
 
 class KeyedPermutation:
-    """A bijection of ``[0, n)`` chosen by a 64-bit ``key``, evaluated at any positions.
-
-    Args:
-        n: Size of the domain (>= 1, < 2**63).
-        key: The key (an int in ``[0, 2**64)``); distinct keys give unrelated orders.
-    """
+    """A bijection of ``[0, n)`` (``1 <= n < 2**63``) chosen by a key in ``[0, 2**64)``."""
 
     __slots__ = ("_group", "n")
 
@@ -53,13 +47,8 @@ class KeyedPermutation:
 
 
 class GroupedPermutation:
-    """``KeyedPermutation(sizes[g], keys[g])`` for every group ``g``, evaluated at
-    ``(group, position)`` pairs in one pass.
-
-    Args:
-        sizes: Domain size per group (ints in ``[1, 2**63)``, not checked).
-        keys: Key per group (uint64, or ints in ``[0, 2**64)``).
-    """
+    """``KeyedPermutation(sizes[g], keys[g])`` for every group ``g`` (unchecked), evaluated at
+    ``(group, position)`` pairs in one pass."""
 
     __slots__ = ("_half", "_rounds", "_seen", "_sizes", "_tables", "_width")
 
@@ -167,15 +156,8 @@ _ROUND_OFFSETS = np.array([(r + 1) * GOLDEN & M64 for r in range(ROUNDS)], dtype
 
 
 def permute_many(sizes: np.ndarray, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``KeyedPermutation(sizes[i], keys[i]).at(positions[i])`` for every ``i``, vectorized.
-
-    Args:
-        sizes: Domain size per entry (ints >= 1).
-        keys: Key per entry (uint64, or ints in ``[0, 2**64)``).
-        positions: Position per entry, in ``[0, sizes[i])`` (not range-checked).
-
-    Returns:
-        int64 array of the entries, shaped like ``positions``.
+    """``KeyedPermutation(sizes[i], keys[i]).at(positions[i])`` for every ``i`` (unchecked), as
+    int64 shaped like ``positions``.
 
     Example:
         >>> sizes, keys = np.array([10, 10, 3]), np.array([7, 7, 1], dtype=np.uint64)

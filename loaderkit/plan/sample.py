@@ -31,8 +31,7 @@ from loaderkit.seeding import derive_seed
 __all__ = ["Plan", "PositionMap", "SamplePlan", "Schedule"]
 
 _MAX_SAMPLES = 2**63
-# Positions a lazy schedule maps at once: amortizes numpy's per-call cost while the
-# arrays stay in cache (larger chunks cost more per position: benchmarks/RESULTS.md).
+# Positions a lazy schedule maps at once: numpy's per-call cost amortized, arrays in cache.
 CHUNK = 1 << 14
 # Steps mapped first, growing 16x up to CHUNK: the first batch waits only for its own.
 _GROWTH = 16
