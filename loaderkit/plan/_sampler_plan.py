@@ -52,11 +52,7 @@ def keyed_order(
     """
     own = getattr(sampler, "generator", _ABSENT)
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
-    if (
-        own is _ABSENT
-        or not (own is None or isinstance(own, torch.Generator))
-        or (own is None and not lend)
-    ):
+    if not (isinstance(own, torch.Generator) or (own is None and lend)):
         _set_epoch(sampler, epoch)
         return _listed(sampler), None
     current = cpu_state(own)
