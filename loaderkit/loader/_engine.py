@@ -267,8 +267,7 @@ class Host:
 
 
 class WorkerStreams:
-    """The stream and iterable engines' shared part: a position in batches, persistent
-    workers, and the last hand-outs (to take back batches held untrained)."""
+    """The stream and iterable engines' shared part: position, workers, the last hand-outs."""
 
     carries_over = False  # see Engine
 
@@ -375,8 +374,7 @@ class WorkerStreams:
         return adopted
 
     def workers_for(self, source: Any, epoch: int, *, fresh: bool) -> DataLoader[Any]:
-        """The persistent workers at ``epoch``, else a new DataLoader over ``source`` (``fresh``:
-        non-persistent)."""
+        """The persistent workers at ``epoch``, else a new DataLoader (``fresh``: not kept)."""
         pool = self.host.pool
         persistent = pool.persistent and not fresh
         if persistent and self._inner is not None and self._inner_next == epoch:

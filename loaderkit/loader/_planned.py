@@ -154,8 +154,7 @@ class PlanEngine:
         self._check_counted(epoch, start, steps_done, world_size)
 
     def _refuse_repeats(self, stage: str, epoch: int, start: int, world_size: int) -> None:
-        """Refuse an evaluation repeating more samples than Lightning's samplers (predict: none,
-        val/test: fewer than the ranks)."""
+        """Refuse an evaluation repeating more samples than Lightning's samplers would."""
         one = count_indices(self.plan.schedule(epoch, start=start, rank=0, world_size=1))
         ranks = range(world_size)
         dealt = [

@@ -133,8 +133,7 @@ class Transport:
 
 
 def copy_parts(pin: bool, num_workers: int, cores: int) -> int:
-    """Parts a large pinned tensor is copied out in: the cores its workers and training thread
-    leave, at most MAX_PARTS."""
+    """Parts a large pinned tensor is copied out in: the cores its workers and trainer leave."""
     return max(1, min(MAX_PARTS, cores - num_workers - 1)) if pin else 1
 
 

@@ -61,8 +61,7 @@ def sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:
 def greedy_starts(
     rows_from: Callable[[np.ndarray], np.ndarray], order: np.ndarray, window: int
 ) -> np.ndarray:
-    """Batch starts in ``order``, a batch holding ``rows_from(its first sample)`` samples, cut
-    front to back within each window."""
+    """Batch starts in ``order`` (``rows_from(first sample)`` rows each), cut within windows."""
     n = order.size
     pos = np.arange(0, n, window)
     end = np.minimum(pos + window, n)

@@ -47,8 +47,7 @@ class KeyedPermutation:
 
 
 class GroupedPermutation:
-    """``KeyedPermutation(sizes[g], keys[g])`` for every group ``g`` (unchecked), evaluated at
-    ``(group, position)`` pairs in one pass."""
+    """``KeyedPermutation(sizes[g], keys[g])`` for every group ``g``, at ``(group, position)``."""
 
     __slots__ = ("_half", "_rounds", "_seen", "_sizes", "_tables", "_width")
 

@@ -160,8 +160,7 @@ _PROBE_SEED = 0
 
 
 def seeds_itself(sampler: Any) -> bool:
-    """Whether ``sampler`` with an empty ``generator`` slot lists epoch 0 alike under two
-    global torch RNG states (then no generator is lent it)."""
+    """Whether ``sampler`` with an empty ``generator`` slot lists epoch 0 alike under any RNG."""
     if getattr(sampler, "generator", _ABSENT) is not None or not callable(
         getattr(sampler, "set_epoch", None)
     ):
@@ -178,8 +177,7 @@ def seeds_itself(sampler: Any) -> bool:
 
 
 def set_epoch_reseeds(sampler: Any) -> bool:
-    """Whether ``sampler.set_epoch`` seeds its ``generator`` slot (a state independent of
-    the one before): its order is then its own, whatever the loader's seed."""
+    """Whether ``sampler.set_epoch`` seeds its ``generator`` slot (its order is then its own)."""
     own = getattr(sampler, "generator", _ABSENT)
     if not callable(getattr(sampler, "set_epoch", None)) or not (
         own is None or isinstance(own, torch.Generator)
@@ -199,8 +197,7 @@ def set_epoch_reseeds(sampler: Any) -> bool:
 def check_reproducible(
     sampler: Any, *, owner: str, parameter: str, lend: bool = True
 ) -> torch.Tensor:
-    """Epoch 0's order under the probe seed; TypeError for a sampler that is not iterable or
-    does not list it twice alike."""
+    """Epoch 0's order under the probe seed; TypeError unless listed twice alike."""
     if not callable(getattr(sampler, "__iter__", None)):
         raise TypeError(
             f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
