@@ -136,15 +136,9 @@ def _by_weights(
 ) -> tuple[int, ...]:
     """``weights``' shares of ``epoch_size`` draws, by largest remainder (ties: earlier source)."""
     ws = _positive_numbers("weights", weights, len(sizes), owner)
-    total = check_int(
-        "epoch_size",
-        sum(sizes) if epoch_size is None else epoch_size,
-        1,
-        owner=owner,
-        fix="pass the samples per epoch, e.g. epoch_size=100_000, or None",
-        numpy_ok=True,
-        limit=_MAX,
-    )
+    size = sum(sizes) if epoch_size is None else epoch_size
+    fix = "pass the samples per epoch, e.g. epoch_size=100_000, or None"
+    total = check_int("epoch_size", size, 1, owner=owner, fix=fix, numpy_ok=True, limit=_MAX)
     scale = Fraction(total) / sum(ws)
     quotas = [w * scale for w in ws]
     out = [int(q) for q in quotas]  # floor: quotas are positive

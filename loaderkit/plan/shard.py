@@ -135,15 +135,11 @@ class ShardPlan(OrderedPlan):
                 f"ShardPlan: the {len(sizes)} shard(s) hold no sample; pass non-empty shards."
             )
         check_int("window", self.window, 1, owner="ShardPlan")
-        check_int(
-            "mix_shards",
-            self.mix_shards,
-            1,
-            owner="ShardPlan",
-            fix=f"pass the shards a batch draws from, e.g. {DEFAULT_MIX}, or 1 to read one "
-            "shard at a time",
-            numpy_ok=True,
+        fix = (
+            f"pass the shards a batch draws from, e.g. {DEFAULT_MIX}, or 1 to read one "
+            "shard at a time"
         )
+        check_int("mix_shards", self.mix_shards, 1, owner="ShardPlan", fix=fix, numpy_ok=True)
         object.__setattr__(self, "mix_shards", int(self.mix_shards))
         split = SamplePlan(
             num_samples=sum(sizes),
