@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -303,34 +304,53 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         ) from err
 
 
-def _one_dtype(samples: list[Any], where: str) -> None:
-    """Refuse arrays of different dtypes at one place of the samples: ``default_collate``
-    promotes them in the main process but casts to the first one's (wrapping) in a worker."""
-    first = samples[0]
+def _promoted(col: list[Any]) -> list[Any] | None:
+    """``col`` (one place of every sample) with its tensors and arrays in their promoted
+    dtype where they differ, as ``default_collate`` stacks them in the main process (in a
+    worker it casts to the first one's: int16 -300 became uint8 212); None if unchanged."""
+    first = col[0]
     if isinstance(first, Tensor | np.ndarray):
-        for i, sample in enumerate(samples):
-            if isinstance(sample, Tensor | np.ndarray) and sample.dtype != first.dtype:
-                raise CollateError(
-                    f"{where}: sample {i} has dtype {sample.dtype} but sample 0 has "
-                    f"{first.dtype}, which default_collate casts or promotes depending on "
-                    "num_workers; return one dtype (e.g. TokenReader(out_dtype=torch.int64))."
-                )
-    elif isinstance(first, Mapping):
-        for key in first:
-            if all(isinstance(s, Mapping) and key in s for s in samples):
-                _one_dtype([s[key] for s in samples], f"{where}[{key!r}]")
-    elif isinstance(first, tuple | list) and all(
-        isinstance(s, tuple | list) and len(s) == len(first) for s in samples
-    ):
-        for j, col in enumerate(zip(*samples, strict=True)):
-            _one_dtype(list(col), f"{where}[{j}]")
+        if len({s.dtype for s in col if isinstance(s, Tensor | np.ndarray)}) == 1:
+            return None
+        col = [torch.as_tensor(s) if isinstance(s, np.ndarray) else s for s in col]
+        dtypes = {t.dtype for t in col if isinstance(t, Tensor)}
+        dtype = functools.reduce(torch.promote_types, dtypes)
+        return [t.to(dtype) if isinstance(t, Tensor) else t for t in col]
+    keys: Iterable[Any]
+    if isinstance(first, Mapping):
+        keys = first
+        same = all(isinstance(s, Mapping) and s.keys() == first.keys() for s in col)
+    elif isinstance(first, tuple | list):
+        keys = range(len(first))
+        same = all(isinstance(s, tuple | list) and len(s) == len(first) for s in col)
+    else:
+        return None
+    out = None
+    for key in keys if same else ():  # else default_collate names the mismatch
+        rows = out or col
+        if (fixed := _promoted([s[key] for s in rows])) is not None:
+            out = [_with(s, key, v) for s, v in zip(rows, fixed, strict=True)]
+    return out
 
 
-def default_collate_checked(samples: list[Any]) -> Any:
-    """``default_collate``, the same for any ``num_workers``: samples holding arrays of
-    different dtypes at one place are refused (:class:`CollateError`)."""
+def _with(sample: Any, key: Any, value: Any) -> Any:
+    """``sample`` with ``sample[key]`` replaced, of its own type."""
+    if isinstance(sample, tuple):
+        items = [*sample[:key], value, *sample[key + 1 :]]
+        return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
+    try:
+        copied = copy.copy(sample)
+        copied[key] = value
+    except TypeError:  # a mapping that cannot be set
+        return {**sample, key: value}
+    return copied
+
+
+def promoting_collate(samples: list[Any]) -> Any:
+    """``default_collate``, the same for any ``num_workers``: tensors and arrays that
+    differ in dtype at one place of the samples are promoted as in the main process."""
     if samples:
-        _one_dtype(samples, "batch")
+        samples = _promoted(samples) or samples
     return default_collate(samples)
 
 

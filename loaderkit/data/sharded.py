@@ -25,7 +25,7 @@ from loaderkit._checks import (
     getitem_overridden,
     reads_overridden,
 )
-from loaderkit.collate import default_collate_checked
+from loaderkit.collate import promoting_collate
 from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
@@ -522,7 +522,7 @@ class ShardedDataset(Dataset[Any]):
                 return torch.from_numpy(rows)
         samples = self._samples(parts, where, indices)
         try:
-            return default_collate_checked(samples)
+            return promoting_collate(samples)
         except (RuntimeError, TypeError) as exc:
             raise CollateError(
                 f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); pass "

@@ -23,7 +23,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from loaderkit.collate import default_collate_checked
+from loaderkit.collate import promoting_collate
 from loaderkit.errors import ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
@@ -196,8 +196,8 @@ class BatchFetcher:
         seeded = self.seeder is not None and isinstance(dataset, _Subset)
         self.rows = dataset.seed_rows if seeded else None  # keys only where samples are seeded
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
-        # What the engines call: default_collate refusing dtypes it would cast in a worker.
-        self.collate = collate_fn if collate_fn is not None else default_collate_checked
+        # What the engines call: default_collate, promoting dtypes alike in every process.
+        self.collate = collate_fn if collate_fn is not None else promoting_collate
         self.gather = (
             self.collate_fn is default_collate
             and not self.per_sample_seeding
