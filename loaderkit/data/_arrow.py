@@ -46,8 +46,7 @@ def _digits(dtype: torch.dtype) -> int:
 
 
 def exact_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
-    """The dtype torch promotes ``a`` and ``b`` to (or ``float64``) where it holds every
-    value of both exactly, else None.
+    """The dtype torch promotes ``a`` and ``b`` to (or ``float64``) if it holds both exactly.
 
     Example:
         >>> exact_dtype(torch.int32, torch.int64), exact_dtype(torch.int32, torch.float32)
@@ -150,13 +149,8 @@ def _exact_or_none(a: torch.dtype | None, b: torch.dtype) -> torch.dtype | None:
 
 
 class Columns(Sequence[dict[str, Any]]):
-    """A batch of rows held by column: a sequence of row dicts, or the batch itself.
-
-    Args:
-        data: Column name -> a tensor (first dim the rows) or a list (one item per row).
-        rows: The number of rows.
-        source: Where the rows come from, for messages.
-    """
+    """``rows`` rows held by column (``data``: name -> tensor or list): a sequence of row
+    dicts, or the batch itself; ``source`` names them in messages."""
 
     __slots__ = ("data", "rows", "source")
 

@@ -43,14 +43,9 @@ _C_MEMBERS = (
 
 
 def code_digest(fn: Any) -> str | None:
-    """A digest of ``fn``'s code and of what it names in user code, recursively: the
-    functions and plain values (numbers, strings, and dicts, lists and tuples of them) it
-    reads from its globals, closure, defaults and the user modules it names, the classes
-    among them as :func:`class_digest` and other objects by :func:`pickle_digest`; None
-    when ``fn`` runs no Python code. When such an object does not pickle, the digest is one
-    of this call only: nothing keyed by it matches later.
-
-    A change in installed packages or data files is not seen.
+    """A digest of ``fn``'s code and, recursively, of the user code and values it reads
+    (globals, closure, defaults); None when ``fn`` runs no Python code. A value that does
+    not pickle makes it a digest of this call only; installed packages are not seen.
 
     Example:
         >>> code_digest(lambda s: len(s["a"])) != code_digest(lambda s: len(s["b"]))
@@ -80,9 +75,8 @@ def code_digest(fn: Any) -> str | None:
 
 
 def class_digest(cls: type) -> str | None:
-    """A digest of what ``cls`` and its bases in user code hold: each method's code (as
-    :func:`code_digest`) and each class attribute (a setting held on the class): a class
-    in user code as this, another value by pickle; None when one does not pickle.
+    """A digest of the methods' code and class attributes of ``cls`` and its bases in user
+    code; None when an attribute does not pickle.
 
     Example:
         >>> A = type("A", (), {"scale": 10, "__module__": "notebook"})
@@ -99,9 +93,8 @@ def class_digest(cls: type) -> str | None:
 
 
 def settings_digest(obj: Any, skip: frozenset[str] = frozenset()) -> str | None:
-    """A digest of ``obj``'s class (as :func:`class_digest`) and of its attributes but
-    ``skip``, slots too: a function or object among them by its code, as
-    :func:`code_digest` reads a closure's; None when one does not pickle.
+    """A digest of ``obj``'s class and of its attributes (slots too) but ``skip``; None
+    when one does not pickle.
 
     Example:
         >>> from types import SimpleNamespace
@@ -177,9 +170,8 @@ _WRAPPER_FIELDS = frozenset(
 
 
 def _unwrapped(fn: Any, digest: Any, seen: set[int]) -> Any:
-    """The function under wrapper objects. ``functools.cache``'s (which pickles by name
-    only) is pure and is skipped; any other wrapper (a decorator object, ``@scaled(k)``)
-    may hold a setting: its class's code and its own state go into ``digest`` first."""
+    """The function under wrapper objects, each wrapper's class and state (a setting, as
+    in ``@scaled(k)``) fed to ``digest``; ``functools.cache``'s holds none."""
     for _ in range(100):  # a cycle of __wrapped__ ends here
         if isinstance(fn, types.FunctionType | types.MethodType | type):
             return fn  # a function's own __wrapped__ is read by its code, as a closure
@@ -237,8 +229,7 @@ def _source(digest: Any, module: str) -> None:
 
 
 def _code(digest: Any, code: types.CodeType) -> set[str]:
-    """Feed ``code`` and its nested code objects (their repr holds an address), with the
-    names it reads (``s.a`` and ``s.b`` differ there only); the names."""
+    """Feed ``code``, its nested code and the names it reads to ``digest``; the names."""
     digest.update(code.co_code)
     digest.update(repr(code.co_names).encode())
     names = set(code.co_names)
@@ -331,8 +322,7 @@ class _DigestPickler(pickle.Pickler):
 
 
 class _SortedSetPickler(_DigestPickler):
-    """Also pickles a set in the order of its items' pickles: its own order follows the
-    hash seed, another in each process (the C pickler shows a set to persistent_id only)."""
+    """Also pickles a set in its items' pickles' order (its own follows the hash seed)."""
 
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) in (set, frozenset):
@@ -347,14 +337,9 @@ def _item_pickle(item: Any) -> bytes:
 
 
 def pickle_digest(item: Any, sorted_sets: bool = True) -> str | None:
-    """A digest of a setting (a reader, ``fn``'s state) or of a shard's input (``fn``'s,
-    else its data); None if it does not pickle.
-
-    Large buffers (arrays, tensors) are taken out of band and summed with crc32, about as
-    fast as a write into the page cache (sha256 is slower still): a resume compares data,
-    it guards no secret. ``sorted_sets=False`` pickles sets in their own order, a digest
-    of one process, for about a third of the time on many small objects.
-    """
+    """A digest of ``item``'s pickle; None if it does not pickle. ``sorted_sets=False``
+    pickles sets in their own order: a digest of this process only, but faster."""
+    # Large buffers out of band, summed with crc32: a resume compares data, guards no secret.
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
     pickler = _SortedSetPickler if sorted_sets else _DigestPickler

@@ -102,8 +102,7 @@ _OTHER_COMPRESSIONS = (".gz", ".bz2", ".xz", ".lz4", ".zip", ".br", ".zstd", ".7
 
 def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suffixes: Any) -> None:
     """Refuse a folder holding a shard no reader opens as named (compressed otherwise, or
-    its suffix in another case): a listing would leave it out, and the corpus be smaller
-    without a word."""
+    its suffix in another case): a listing would leave it out without a word."""
     read = tuple(suffixes)
     unread = [n for n in names if not is_shard_name(n, read) and not never_a_shard(n)]
     compressed = tuple((s + c).lower() for s in read for c in _OTHER_COMPRESSIONS)
@@ -126,9 +125,8 @@ def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suff
 
 
 def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixes: Any) -> None:
-    """Refuse a folder with shards in a subfolder (``lang=de/part-0.parquet``): its listing
-    is not recursive, and the corpus would be smaller without a word. ``nested``: the
-    paths of the files under its subfolders."""
+    """Refuse a folder with shards in a subfolder (``nested``: the files under them), which
+    its listing (not recursive) would leave out without a word."""
     read = tuple(suffixes)  # any case, any compression: each is left out as well
     like = tuple((s + c).lower() for s in read for c in ("", ZSTD_SUFFIX, *_OTHER_COMPRESSIONS))
     for rel in nested:
@@ -142,10 +140,8 @@ def refuse_nested_shards(owner: str, folder: str, nested: Iterable[str], suffixe
 
 
 def nested_files(root: Path) -> Iterator[str]:
-    """The files under ``root``'s subfolders (hidden ones left out), relative to it; a
-    linked subfolder is looked into too, once. A link to a folder holding ``root`` or the
-    folder it is in (``parent -> ..``, ``/``) is not: its files are not below ``root``, and
-    walking it would read siblings' shards as nested, or the whole disk."""
+    """The files under ``root``'s subfolders (hidden ones left out), relative to it; a linked
+    subfolder once, and never one holding ``root`` or the folder it is in (``..``, ``/``)."""
     top = Path(os.path.realpath(root))
     seen = {top}
     for folder, subfolders, files in os.walk(root, followlinks=True):
@@ -198,9 +194,8 @@ def read_docs(paths: Iterable[Path]) -> list[tuple[str, bytes]]:
 
 
 def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
-    """A path listed twice, a link to another listed file, or a file beside its zstd form
-    (``zstd x`` keeps ``x``) would read one file's samples twice. Links sharing a target
-    outside the list (a Hugging Face snapshot's blobs) are fine."""
+    """Refuse a path listed twice, a link to another listed file, or a file beside its zstd
+    form; links sharing a target outside the list (a Hugging Face snapshot's) are fine."""
     parents: dict[Path, Path] = {}  # one resolve() per folder, not per file
 
     def real(path: Path) -> Path:
@@ -227,9 +222,8 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
 
 
 def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
-    """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files (by
-    :func:`sorted_shards`), or the listed paths or objects, checked for emptiness,
-    duplicates and mixing."""
+    """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files, or the
+    listed paths or objects, checked."""
     if isinstance(shards, str | os.PathLike):
         refuse_file_url(owner, "shards", shards)
         root = Path(shards)
@@ -276,8 +270,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
 
 
 def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], Any]) -> Any:
-    """``reader.prepare([(str(shard), source(i)), ...])``, or ``reader`` if it has no
-    ``prepare`` (e.g. :meth:`~loaderkit.ParquetReader.prepare`)."""
+    """``reader.prepare([(str(shard), source(i)), ...])``, or ``reader`` without ``prepare``."""
     prepare = getattr(reader, "prepare", None)
     if not callable(prepare):
         return reader
@@ -285,12 +278,9 @@ def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], A
 
 
 class OpenShards:
-    """The shards this process holds open, at most ``max_open`` (least recently used closed).
-
-    ``sizes`` and ``entries`` (the index) check each shard as it opens; ``remember_failures``
-    keeps a shard that failed as failed. For shards at URLs, ``fetch(i)`` gives the local
-    file the reader opens, and ``ranged(i)`` the shard opened for range reads (or None).
-    """
+    """The shards this process holds open, at most ``max_open``, each checked against
+    ``sizes`` and ``entries`` as it opens; at URLs, ``fetch(i)`` gives the local file and
+    ``ranged(i)`` the shard opened for range reads (or None)."""
 
     def __init__(
         self,
@@ -335,10 +325,7 @@ class OpenShards:
         if shard in self.broken:
             raise self.broken[shard]
         if self.max_open is not None and len(self.open) >= self.max_open:
-            _, old = self.open.popitem(last=False)
-            close = getattr(old, "close", None)
-            if callable(close):
-                close()
+            self.close(next(iter(self.open)))  # the least recently used
         try:
             handle = self._open_checked(shard)
         except Exception as exc:

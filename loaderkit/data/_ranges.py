@@ -35,8 +35,7 @@ def npy_header_bytes(head: bytes) -> int | None:
 
 
 def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
-    """The layout of a ``.npy`` token shard from its first bytes; None if the header is
-    longer than ``head`` (the shard is fetched whole)."""
+    """The layout of a ``.npy`` token shard from its first bytes ``head``; None if too short."""
     f = io.BytesIO(head)
     try:
         shape, _, dtype = npy_header(f)
@@ -58,8 +57,8 @@ def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
 
 
 def parquet_footer(tail: bytes, size: int) -> bytes | None:
-    """A Parquet file's footer from its last bytes (``size``: the file's), as a file pyarrow
-    reads the metadata from; None if the footer is longer than ``tail`` (fetch more)."""
+    """A Parquet file's footer from its last bytes (``size``: the file's); None if ``tail``
+    is too short."""
     if len(tail) < 8 or tail[-4:] != b"PAR1":
         raise ValueError("the file does not end in the Parquet magic bytes PAR1")
     need = int.from_bytes(tail[-8:-4], "little") + 8

@@ -164,9 +164,7 @@ class Follower:
                 epoch, _, rank, world = pred.key
                 following = (epoch + 1, 0, rank, world)
                 if pred is self.current and pred.next >= len(pred.firsts):
-                    # Read to its end: persistent workers go on with the next epoch, which
-                    # may open with the same sample as this one, so it is tried first.
-                    candidates.insert(0, following)
+                    candidates.insert(0, following)  # read to its end: the next epoch first
                 else:
                     candidates.append(following)
         for key in candidates:

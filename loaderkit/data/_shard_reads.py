@@ -13,12 +13,9 @@ from loaderkit.data.readers import OpenShard, _Documents, _FixedTokens
 
 
 class RowSource(NamedTuple):
-    """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: it has
-    none, they may not be what its reads return (:func:`own_rows`), or it returns a narrower
-    dtype, whose tokens the shard's own read checks); ``kind``, their shape and returned dtype
-    (one object per kind); its guard's ``sizers`` (one ``fstat`` on each map) and the sizes
-    they expect; ``take``: ``rows`` are disjoint, so ``ndarray.take`` gathers them (it copies
-    overlapping rows whole first)."""
+    """An open shard as :meth:`ShardedDataset.get_batch` reads it: its ``rows`` (None: not
+    to be copied), their ``kind`` (shape and returned dtype, one object per kind), its guard's
+    ``sizers`` and their ``expected`` sizes; ``take``: the rows are disjoint."""
 
     handle: OpenShard
     rows: np.ndarray | None
@@ -41,16 +38,13 @@ def _own(handle: Any) -> dict[str, Any]:
 
 
 def _defined_at(mro: tuple[type, ...], name: str) -> int:
-    """Where in ``mro`` ``name`` is first defined (found statically, never through a
-    ``__getattr__``); ``len(mro)``: nowhere."""
+    """Where in ``mro`` ``name`` is first defined, statically; ``len(mro)``: nowhere."""
     return next((k for k, c in enumerate(mro) if name in vars(c)), len(mro))
 
 
 def batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
-    """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is: set
-    on the instance, or defined on a class at or below the one defining ``read``. Else None
-    (read one by one): a ``read`` overridden below it, or a wrapper passing it on through
-    ``__getattr__``, would be bypassed."""
+    """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is (else
+    None: an overridden ``read`` or a wrapper's ``__getattr__`` would be bypassed)."""
     own = _own(handle)
     if "read_batch" not in own:
         if "read" in own:
@@ -66,13 +60,8 @@ def batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
 
 
 def own_rows(handle: Any) -> Any:
-    """``handle.rows`` where copying them is what the shard's own reads return, else None.
-
-    That is loaderkit's token handle with no read set on the instance; any other handle, a
-    ``rows`` it or its class defines (never one a wrapper's ``__getattr__`` passes on) with
-    ``read``/``read_batch`` not redefined below it: a subclass's or wrapper's read is never
-    bypassed. An instance's ``rows`` counts as set by the base-most ``__init__``.
-    """
+    """``handle.rows`` where copying them is what the shard's own reads return (no read
+    redefined below where ``rows`` is; an instance's counts as the base-most ``__init__``'s)."""
     own = _own(handle)
     if any(name in own for name in _READS):
         return None

@@ -38,9 +38,8 @@ __all__: list[str] = []  # serves the sharded and streaming datasets and remote 
 def load_or_build_index(
     paths: Sequence[Path], reader: ShardReader, index: Path | None
 ) -> tuple[list[IndexEntry], Path]:
-    """The checked index of ``paths``: read from ``index`` (default path if None), else built.
-    Shards a ``write_shards`` index of their folder lists are checked against it whatever
-    the reader, and keep its hashes."""
+    """The checked index of ``paths``: read from ``index`` (default path if None), else built;
+    with the hashes of their folder's ``write_shards`` index (checked, whatever the reader)."""
     digests = check_written(paths)
     index = default_index_path(paths, reader) if index is None else index
     if index.exists():
@@ -54,8 +53,8 @@ def load_or_build_index(
 
 
 def check_written(paths: Sequence[Path]) -> list[str | None]:
-    """Refuse a shard that no longer matches the ``write_shards`` index of its folder, or
-    of its link's target (the truth for it, whatever the reader); each shard's hash there
+    """Refuse a shard that no longer matches the ``write_shards`` index of its folder (or its
+    link target's), or whose folder holds an unfinished write; each shard's hash there
     (None: none)."""
     for folder in {path.parent for path in paths}:  # a path list or glob of the folder too
         if (folder / WORK_DIR).exists():
@@ -64,7 +63,10 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
     digests = []
     for path in paths:
         row = written.get(path_key(path)) or written.get(path.resolve())
-        _check_written(path, row)
+        if row is not None:
+            where, entry = row
+            fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
+            unchanged(dataclasses.replace(entry, path=path), f"write_shards index {where!r}", fix)
         digests.append(None if row is None else row[1].digest)
     return digests
 
@@ -72,9 +74,8 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
 def written_digests(
     docs: dict[str, bytes], listed: Sequence[tuple[str, int, str]]
 ) -> list[str | None]:
-    """Refuse a shard at a URL (``(url, size, version)``) that differs from the
-    ``write_shards`` index among ``docs`` (``{url: document}``) of its folder, whatever the
-    reader; each shard's hash there (None: none)."""
+    """Refuse a shard at a URL (``(url, size, version)``) that differs from its folder's
+    ``write_shards`` index among ``docs`` (``{url: document}``); each one's hash (or None)."""
     rows: dict[str, tuple[str, list[Any]]] = {}
     for where, data in docs.items():
         for row in _writer_rows(data, where, remote=True):
@@ -100,10 +101,8 @@ def check_complete(
     accept: Callable[[str], bool],
     kept: Sequence[tuple[str, bytes]] = (),
 ) -> None:
-    """Refuse a folder whose listing lacks a shard (that ``accept`` takes) one of its
-    ``indexes`` (``(where, document)``) lists, or holds one a ``write_shards`` index does
-    not list, or holds two ``write_shards`` corpora. ``kept``: indexes kept elsewhere,
-    used unless ``write_shards`` wrote one."""
+    """Refuse a folder that lacks a shard one of its ``indexes`` (``(where, document)``;
+    ``kept``: kept elsewhere) lists, holds one its ``write_shards`` index does not, or two."""
     parsed = [(where, *(index_names(data) or ([], False))) for where, data in indexes]
     if not any(by_writer for _, _, by_writer in parsed):
         parsed += [(where, *(index_names(data) or ([], False))) for where, data in kept]
@@ -140,9 +139,8 @@ def check_complete(
 
 
 def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
-    """The rows of ``data`` at ``where`` if ``write_shards`` wrote it (for a URL with
-    ``remote``); else none (another index's checks are its own). A damaged or unreadable
-    index is refused."""
+    """The rows of the index ``data`` at ``where`` if ``write_shards`` wrote it (for a URL
+    with ``remote``), else none; a damaged index is refused."""
     try:
         doc = json.loads(data)
     except ValueError:
@@ -174,14 +172,6 @@ def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]
                     entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
                     found[path_key(folder / name)] = (str(where), entry)
     return found
-
-
-def _check_written(path: Path, written: tuple[str, IndexEntry] | None) -> None:
-    """Refuse ``path`` where it no longer matches its ``write_shards`` index row ``written``."""
-    if written is not None:
-        where, row = written
-        fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
-        unchanged(dataclasses.replace(row, path=path), f"write_shards index {where!r}", fix)
 
 
 def _with_hash(entry: IndexEntry, digest: str | None) -> IndexEntry:

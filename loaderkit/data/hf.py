@@ -85,8 +85,8 @@ def _pick_columns(data: Any, names: list[str], columns: Sequence[str] | None) ->
 
 
 def _torch_dtypes(data: Any, arrow: Any, columns: list[str]) -> dict[str, torch.dtype]:
-    """The dtypes datasets' torch format gives its numeric columns: int64, float32 (bool
-    kept), or its ``dtype=``; other columns keep their Arrow type, as without the format."""
+    """The dtypes datasets' torch format gives numeric columns: int64, float32 (bool kept), or
+    its ``dtype=``."""
     fmt = getattr(data, "format", None) or {}
     if fmt.get("type") != "torch":
         return {}
@@ -209,17 +209,14 @@ class HFDataset(Dataset[dict[str, Any]]):
 
     def kinds(self) -> dict[str, tuple[Any, ...]]:
         """What each column becomes in a batch (as :meth:`ParquetReader.kinds` says it)."""
-        schema = self._arrow[:0].schema
-        kinds = {
-            name: column_kind(import_pyarrow("hf"), schema.field(name).type)
-            for name in self.columns
-        }
-        return {
-            name: kind
-            if kind[0] == "python" or name not in self._dtypes
-            else (kind[0], self._dtypes[name], *kind[2:])
-            for name, kind in kinds.items()
-        }
+        pa, schema = import_pyarrow("hf"), self._arrow[:0].schema
+        kinds = {}
+        for name in self.columns:
+            kind = column_kind(pa, schema.field(name).type)
+            if kind[0] != "python" and name in self._dtypes:
+                kind = (kind[0], self._dtypes[name], *kind[2:])
+            kinds[name] = kind
+        return kinds
 
     def lengths(self) -> np.ndarray:
         """Each row's token count from ``length_column``, that column read alone.

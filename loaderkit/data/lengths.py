@@ -119,10 +119,8 @@ def _cache_ident(dataset: Any, fn: Any, key: str, size: int, path: Path) -> str 
 
 
 def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: str) -> None:
-    """A subclass's samples (a prompt added, a truncation) measured at the longest and
-    shortest, read as the loader reads them, against ``stored``, its source's figures: a
-    token budget from them would be wrong. ``field``: the dict key holding the tokens
-    (None: the sample itself); ``fix``: the message's last sentence."""
+    """Refuse a subclass whose longest and shortest samples (at dict key ``field``, or
+    whole) differ from its source's ``stored`` lengths; ``fix`` ends the message."""
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
         sample = _reads(dataset)([index])[0]
         if field is not None and isinstance(sample, dict):
@@ -139,8 +137,7 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
-    """Samples read as the loader reads them: through ``__getitems__`` where the dataset has
-    one (torch's fetcher calls it, a subclass may override only it), else ``dataset[i]``."""
+    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``."""
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is None:
         return lambda indices: [dataset[i] for i in indices]
@@ -148,9 +145,7 @@ def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
 
 
 def _dataset_key(dataset: Any) -> str:
-    """The dataset's type; for a subset (torch's ``Subset``, a DataModule's split), also a
-    digest of its indices and the key of the dataset under it, so two splits differ; for a
-    ``ConcatDataset``, its parts' keys and lengths in order."""
+    """The dataset's type, with a subset's indices and inner key or a ``ConcatDataset``'s parts."""
     name = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
     parts = getattr(dataset, "datasets", None)  # a ConcatDataset: its parts in order
     if isinstance(parts, list | tuple) and all(hasattr(p, "__len__") for p in parts):
@@ -237,9 +232,7 @@ def _load_cached_lengths(
 
 
 def _changed_sample(lengths: np.ndarray, measure: Callable[[int], int]) -> tuple[int, int] | None:
-    """A sample measured again whose length is not the cached one (the dataset's settings
-    or code changed under one key), among the longest, the shortest and 8 drawn: its index
-    and length now."""
+    """``(index, length now)`` of the longest, shortest or 8 drawn samples that differs."""
     if not lengths.size:
         return None
     drawn = np.random.default_rng(lengths.size).integers(0, lengths.size, 8).tolist()

@@ -32,12 +32,9 @@ __all__ = ["MixedDataset"]
 
 
 def shard_names_crc32(dataset: object) -> int | None:
-    """The shard files a dataset reads, as a crc32 a saved position is checked against
-    (None: no shard files found). A :class:`ShardedDataset`'s is its ``names_crc32``;
-    through a torch ``Subset`` or ``ConcatDataset`` or a :class:`MixedDataset`, one
-    ``names_crc32`` over all their paths, with each part's shard count (or its length where
-    it has none) and each Subset's indices.
-    Other wrapper classes are not looked into."""
+    """The shard files a dataset reads (also through a torch ``Subset``/``ConcatDataset`` or
+    a :class:`MixedDataset`, with their shapes), as the crc32 a saved position is checked
+    against; None: no shard files found."""
     if isinstance(dataset, ShardedDataset):
         return dataset.names_crc32
     found = _files(dataset)
@@ -144,8 +141,7 @@ def _check_source(name: str, ds: Any) -> None:
 
 
 def _check_columns(names: list[str], datasets: list[Any]) -> None:
-    """Refuse sources that type a number field so that a batch of both would round: torch's
-    promotion (what collate does) must be the dtype that holds both exactly."""
+    """Refuse sources whose number field a batch of both (torch's promotion) would round."""
     seen: dict[Any, tuple[tuple[Any, ...], str]] = {}
     for name, ds in zip(names, datasets, strict=True):
         for kinds, fix in _field_kinds(ds):
@@ -176,8 +172,7 @@ def _reads_as(ds: Any, base: type) -> bool:
 
 def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
     """What each field of ``ds``'s samples becomes in a batch where the data says so, and how
-    to change it: Parquet and Hugging Face columns, the tensors or arrays of a TensorDataset
-    or ArrayDataset, also through torch's ``Subset`` and ``ConcatDataset``."""
+    to change it (also through torch's ``Subset`` and ``ConcatDataset``)."""
     if isinstance(ds, Subset):
         return _field_kinds(ds.dataset)
     if isinstance(ds, ConcatDataset):
@@ -192,12 +187,8 @@ def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
         }
         return [(dtypes, cast)]
     if _reads_as(ds, HFDataset):
-        return [
-            (
-                ds.kinds(),
-                "cast the column (Dataset.cast_column), or leave it out: HFDataset(columns=)",
-            )
-        ]
+        fix = "cast the column (Dataset.cast_column), or leave it out: HFDataset(columns=)"
+        return [(ds.kinds(), fix)]
     reader = ds.reader if _reads_as(ds, ShardedDataset) else None
     fix = "write them with one type, or leave the column out: ParquetReader(columns=)"
     return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []

@@ -255,8 +255,7 @@ def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:
 
 
 def _num_rows(meta: Any, where: str) -> int:
-    """The file's rows, as its row groups hold them (what is read), if its footer's total agrees:
-    a footer saying fewer rows dropped the last ones without a word."""
+    """The file's rows as its row groups hold them, refused unless its footer's total agrees."""
     groups = sum(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     if groups != meta.num_rows:
         raise ShardError(
@@ -305,10 +304,8 @@ class _ParquetShard:
         return f"Parquet shard {str(self.path)!r}"
 
     def _handle(self) -> Any:
-        """The open file, checked before each decode: rewritten in place (its inode kept), it
-        would mix with rows read before; a forked worker reopens it by path, so there a
-        replaced or missing file is refused too. Elsewhere the open file reads the old inode
-        (a cache copy evicted and fetched again holds the same bytes)."""
+        """The open file, refused if rewritten in place (or, in a forked worker that reopens it
+        by path, replaced): its rows would mix with those read before."""
         now = _file_identity(self.path)
         forked = os.getpid() != self._pid
         same_inode = now is not None and self._identity is not None and now[0] == self._identity[0]

@@ -236,9 +236,7 @@ def _foreign(path: Path, size: int) -> str | None:
         if head.startswith(NPY_MAGIC):
             f.seek(0)
             try:
-                major, _ = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0
-                shape, _, dtype = (read if major == 1 else np.lib.format.read_array_header_2_0)(f)
+                shape, _, dtype = npy_header(f)
             except (ValueError, SyntaxError, EOFError):  # not a .npy header after all
                 return None
             if f.tell() + math.prod(shape) * dtype.itemsize == size:

@@ -259,8 +259,7 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
 
 def _keys_copy(version: str) -> bool:
     """Whether a copy keyed by ``version`` holds across listings: not a time in whole seconds
-    (HTTP's ``Last-Modified``, an SFTP ``mtime``), which the versions written within that
-    second share."""
+    (``Last-Modified``, an SFTP ``mtime``), which two versions may share."""
     return bool(version) and not (version.endswith(" GMT") or _WHOLE_SECONDS.fullmatch(version))
 
 
@@ -268,8 +267,7 @@ _WHOLE_SECONDS = re.compile(r"\d+(\.0)?")  # also an integer ETag or generation:
 
 
 def _local_footer(path: Path) -> bytes | None:
-    """The local Parquet file's footer, as :func:`parquet_footer` gives it; None if the
-    file does not end like a Parquet file."""
+    """The local Parquet file's footer, as :func:`parquet_footer` gives it, or None."""
     with open(path, "rb") as f:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(size - 8, 0))
@@ -436,9 +434,8 @@ class RemoteShards:
 
     # ----------------------------------------------------------------- index
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
-        """The sample count of every shard: from the folder's shard index, checked against
-        the listing; without one, each shard is counted once and the index written (to the
-        folder, else into the cache directory)."""
+        """Each shard's sample count, from the checked index; else counted and the index
+        written (to the folder, else into the cache directory)."""
         self.reader = reader
         name = remote_index_name([s.name for s in self.shards], reader)
         default = join_url(self.folder, name)
@@ -542,9 +539,8 @@ class RemoteShards:
         return None
 
     def footer_source(self, index: int) -> Any:
-        """Where a reader's ``prepare`` reads shard ``index``'s footer: its Parquet footer (a
-        ``pyarrow.BufferReader``) by a range read, else read from its local copy, fetched
-        whole; a copy that is no Parquet file is handed over as a path, kept leased."""
+        """Shard ``index``'s Parquet footer for a reader's ``prepare`` (a ``BufferReader``), by
+        a range read or from its fetched copy; else the copy's path, kept leased."""
         footer = self._parquet_footer(index)
         if footer is None:
             path = self.local(index)
@@ -587,9 +583,8 @@ class RemoteShards:
         return found
 
     def local(self, index: int, *, ahead: bool = False) -> Path:
-        """The local path of shard ``index`` (its decoded copy if compressed), leased and
-        fetched into the cache if needed; ``ahead``: for the prefetcher (:class:`NoRoom`,
-        :class:`Busy`). A hashed shard is checked after download and on first read."""
+        """The local path of shard ``index`` (decoded if compressed, hash checked), leased and
+        fetched if needed; ``ahead``: for the prefetcher (:class:`NoRoom`, :class:`Busy`)."""
         self._here()
         shard = self.shards[index]
         target, lease, dl_lock = self._paths(index)
@@ -674,8 +669,7 @@ class RemoteShards:
         self._verified.add(index)
 
     def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether shard ``index``'s cached copy passes its hash (once per process); one
-        that fails or is being replaced is fetched again under the download lock."""
+        """Whether shard ``index``'s cached copy passes its hash (checked once per process)."""
         digest = self._digest(index)
         if digest is None or index in self._verified:
             return True
@@ -690,9 +684,8 @@ class RemoteShards:
     def want(
         self, in_use: Sequence[int], upcoming: Sequence[int], blocks: Sequence[_BlockJob] = ()
     ) -> None:
-        """This process reads ``in_use`` now and ``upcoming`` next (in order): lease those,
-        release every other shard's lease, and fetch the missing ones in the background
-        (whole, or for a range-read shard the ``blocks`` its next batches read)."""
+        """Lease ``in_use`` and ``upcoming`` shards (release the others) and fetch the missing
+        ones (or a range-read shard's ``blocks``) in the background."""
         self._here()
         window = (tuple(in_use), tuple(upcoming))
         if window == self._window and self._planned and not blocks:
@@ -758,9 +751,8 @@ class RemoteShards:
         return WatchedPlan(plan, self.board)
 
     def note_batch(self, first: int, ends: np.ndarray) -> list[int] | None:
-        """Batch with first index ``first`` is being read: lease and prefetch the shards of
-        this process's next batches. Returns the shards it still needs (in use and next),
-        or None when no prediction matches (the read then fetches on demand)."""
+        """Lease and prefetch the shards of the batches after the one starting at ``first``;
+        the shards in use and next, or None when no prediction matches."""
         self._here()
         found = self._follow.locate(first, ends)
         if found is None:
@@ -862,8 +854,7 @@ class RemoteShards:
         return RangedTokens(self, index, layout, self.reader, self.shards[index].url)
 
     def read_spans(self, index: int, starts: np.ndarray, nbytes: int) -> np.ndarray:
-        """The ``nbytes`` bytes at each of ``starts`` in shard ``index``, as rows of a uint8
-        array, from its blocks in the cache (the missing ones fetched now)."""
+        """The ``nbytes`` bytes at each of ``starts`` in shard ``index`` (uint8 rows)."""
         self._here()
         entries = self._block_entries(index, self._blocks.of(starts, nbytes))
         return self._blocks.read(self.shards[index], entries, starts, nbytes)

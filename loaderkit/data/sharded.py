@@ -314,8 +314,7 @@ class ShardedDataset(Dataset[Any]):
     def _gather(
         self, indices: Any, *, rows: bool = False
     ) -> tuple[list[Any], list[np.ndarray | None]]:
-        """Per-shard reads of ``indices`` and their batch positions (``None``: all, in order);
-        with ``rows``, a batch across shards may come back as one array (:meth:`_rows_across`)."""
+        """Per-shard reads of ``indices`` and their batch positions (None: all, in order)."""
         idx = indices
         if type(idx) is not np.ndarray or idx.dtype is not _INT64 or idx.ndim != 1:
             if isinstance(idx, torch.Tensor):
@@ -366,9 +365,8 @@ class ShardedDataset(Dataset[Any]):
             self._prune()
 
     def _rows_in(self, shard: int, local: np.ndarray) -> np.ndarray | None:
-        """Rows ``local`` of shard ``shard`` gathered from its ``rows`` between two checks of
-        its files' sizes, as its own ``read_batch`` does; ``None`` where it has no ``rows``
-        or anything fails (the per-shard path then reads them)."""
+        """Rows ``local`` of shard ``shard`` from its ``rows``, between two checks of its files'
+        sizes; None where it has none or anything fails."""
         try:
             src = self._source(shard)
             rows, kind = src.rows, src.kind
@@ -382,8 +380,8 @@ class ShardedDataset(Dataset[Any]):
         return got if got.dtype == kind[1] else got.astype(kind[1])
 
     def _rows_across(self, values: list[int]) -> np.ndarray | None:
-        """The batch at ``values`` (in range) as one array of rows copied from the shards'
-        ``rows``; ``None`` when a shard has no ``rows``/``dtype`` or anything fails."""
+        """The batch at ``values`` (in range) as one array copied from the shards' ``rows``;
+        None when a shard has none or anything fails."""
         ends, starts = self._end_list, self._start_list
         used: dict[int, np.ndarray] = {}
         picks: list[tuple[np.ndarray, int]] = []
@@ -420,8 +418,7 @@ class ShardedDataset(Dataset[Any]):
         return out
 
     def _source(self, shard: int) -> RowSource:
-        """Shard ``shard``'s row source: the cached one while its handle is open (kept most
-        recently used, as :meth:`_handle` does), else :meth:`_row_source`."""
+        """Shard ``shard``'s row source: the cached one while its handle is open."""
         src, live = self._sources.get(shard), self._files.open
         if src is not None and live.get(shard) is src.handle:
             live.move_to_end(shard)
@@ -429,8 +426,7 @@ class ShardedDataset(Dataset[Any]):
         return self._row_source(shard)
 
     def _row_source(self, shard: int) -> RowSource:
-        """Shard ``shard`` opened (as :meth:`_handle`), with what :meth:`get_batch` reads of
-        it, worked out once per opened handle."""
+        """Shard ``shard``'s row source, worked out once per opened handle."""
         handle = self._handle(shard)
         src = self._sources.get(shard)
         if src is not None and src.handle is handle:
@@ -446,17 +442,11 @@ class ShardedDataset(Dataset[Any]):
         else:
             key = (rows.shape[1:], np.dtype(handle.dtype))
             kind = self._sources.kinds.setdefault(key, key)  # one object per kind: `is` compares
-        # The guard's own sizes: the map's size() is an fstat on the map's own descriptor, the
-        # file mapped (a file renamed over its path is not), and holds no descriptor more.
+        # The guard's own sizes: an fstat on the map's descriptor (the file mapped).
         guard = None if rows is None else getattr(handle, "guard", None)
-        src = RowSource(
-            handle,
-            rows,
-            kind,
-            [] if guard is None else list(guard.sizers),
-            [] if guard is None else list(guard.expected),
-            rows is not None and rows.flags.c_contiguous,
-        )
+        sizers, expected = ([], []) if guard is None else (guard.sizers, guard.expected)
+        take = rows is not None and rows.flags.c_contiguous
+        src = RowSource(handle, rows, kind, list(sizers), list(expected), take)
         self._sources[shard] = src
         return src
 
