@@ -1,9 +1,1 @@
-"""Datasets and the readers behind them.
-
-In-memory datasets (:mod:`.memory`), planned sharded datasets
-(:mod:`.sharded`), streams over shards or iterables (:mod:`.streaming`), shard
-readers (:mod:`.readers`, :mod:`.jsonl`), the shard index and writer
-(:mod:`.index`) and per-sample lengths for bucketing (:mod:`.lengths`).
-
-Public names are exported from :mod:`loaderkit`; import them from there.
-"""
+"""Datasets and the readers behind them; import the public names from :mod:`loaderkit`."""

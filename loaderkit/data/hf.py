@@ -1,8 +1,4 @@
-"""A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a batch-fetched dataset.
-
-A batch is one Arrow read converted as :class:`~loaderkit.ParquetReader` does
-(docs/design.md, Arrow columns).
-"""
+"""A Hugging Face ``datasets.Dataset`` (or its Arrow files) as a batch-fetched dataset."""
 
 from __future__ import annotations
 
@@ -219,11 +215,7 @@ class HFDataset(Dataset[dict[str, Any]]):
         return kinds
 
     def lengths(self) -> np.ndarray:
-        """Each row's token count from ``length_column``, that column read alone.
-
-        A subclass overriding ``__getitem__`` gets its longest and shortest rows measured
-        against these figures (raises ``ValueError`` where they differ).
-        """
+        """Each row's token count from ``length_column`` (a subclass's rows checked against it)."""
         pa = import_pyarrow("hf")
         name = self.length_column
         if name is None:

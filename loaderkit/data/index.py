@@ -1,9 +1,4 @@
-"""The shard index: each shard's sample count, counted once and checked on every use.
-
-A JSON file (default ``.loaderkit-index-<key>.json`` next to the first shard) lists per
-shard its relative path, size, mtime (remote: version) and sample count; one
-``write_shards`` wrote (``"written_by"``) lists exactly its folder's shards.
-"""
+"""The shard index: a JSON file of each shard's path, size, mtime (or version) and samples."""
 
 from __future__ import annotations
 
@@ -69,8 +64,7 @@ def remote_index_name(names: Sequence[str], reader: ShardReader) -> str:
 
 
 def default_index_path(paths: Sequence[Path], reader: ShardReader) -> Path:
-    """Where the index of these shards under this reader lives unless one is given: beside
-    the first, named by their paths from there (a folder's: their names)."""
+    """The default index path of these shards under ``reader``: beside the first."""
     base = paths[0].parent
     names = [p.name if p.parent == base else os.path.relpath(p, base) for p in paths]
     return base / remote_index_name(names, reader)
@@ -116,8 +110,7 @@ def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] |
 
 
 def path_key(path: Path) -> Path:
-    """``path`` with its folder's links resolved but not its own: two links to one blob (a
-    Hugging Face snapshot's) stay two shards."""
+    """``path`` with its folder's links resolved but not its own (two links stay two shards)."""
     return path.parent.resolve() / path.name
 
 
@@ -137,8 +130,8 @@ def build_index(
     known: dict[Path, tuple[int, dict[str, Any] | None]] | None = None,
     written_by: str | None = None,
 ) -> list[IndexEntry]:
-    """Count every shard (unless ``known``) and write the index atomically; with
-    ``exclusive``, an index another builder wrote meanwhile wins."""
+    """Count every shard (unless ``known``) and write the index atomically (``exclusive``: an
+    index another builder wrote meanwhile wins)."""
     entries = []
     for path in paths:
         try:
@@ -247,8 +240,7 @@ def read_remote_index(
     *,
     folder: bool = False,
 ) -> tuple[list[int], list[dict[str, Any] | None]]:
-    """The sample counts and extras of the shards ``listed`` (``(url, name, size, version)``)
-    from the index ``data`` at ``where``; ``folder``: ``listed`` is a whole folder."""
+    """The sample counts and extras of the ``listed`` shards from the index ``data``."""
     by_name = {str(r[0]): r for r in _rows(data, where, reader, remote=True)}
     names = [name for _, name, _, _ in listed]
     if sorted(by_name) != sorted(names):
@@ -274,8 +266,7 @@ def read_remote_index(
 
 
 def remote_unchanged(url: str, size: int, version: str, row: list[Any], fix: str) -> None:
-    """Refuse the object at ``url`` where its size or version differs from its index ``row``
-    (a version of "": indexed before loaderkit read one from this store, sizes only)."""
+    """Refuse the object at ``url`` where it differs from its index ``row`` (version "": size)."""
     if int(row[1]) != size or str(row[2]) not in ("", version):
         raise ShardChangedError(
             f"shard {url!r} changed after it was indexed (now {size} bytes, version "

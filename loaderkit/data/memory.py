@@ -1,8 +1,4 @@
-"""In-memory map-style datasets that fetch a whole batch in one indexing call.
-
-``get_batch(indices)``, called once per batch by :class:`~loaderkit.ResumableDataLoader`,
-is one ``index_select`` per tensor (one fancy-index per array).
-"""
+"""In-memory map-style datasets that fetch a whole batch in one indexing call."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Weighted mixing of map-style datasets under one :class:`~loaderkit.MixPlan`, resumed exactly.
-
-A saved position holds the mix's identity (source names, sizes, draws per epoch);
-docs/design.md, weighted mixing.
-"""
+"""Weighted mixing of map-style datasets under one :class:`~loaderkit.MixPlan`, resumed exactly."""
 
 from __future__ import annotations
 
@@ -45,15 +41,13 @@ def shard_names_crc32(dataset: object) -> int | None:
 
 
 def shard_counts_crc32(dataset: object) -> int | None:
-    """The samples of each shard file :func:`shard_names_crc32` finds, as a crc32 (None: no
-    shard files): a corpus re-cut with the same files and total holds other samples where."""
+    """crc32 of the samples of each shard file :func:`shard_names_crc32` finds (or None)."""
     found = _files(dataset, shaped=False)
     return None if found is None else zlib.crc32(repr(found[2]).encode())
 
 
 def _files(dataset: object, *, shaped: bool = True) -> tuple[list[str], Any, list[int]] | None:
-    """The shard paths ``dataset`` reads in order, its shape (``shaped``: else None; a
-    Subset's indices are hashed) and each shard's samples, or None: none found."""
+    """The shard paths ``dataset`` reads, its shape (if ``shaped``) and each shard's samples."""
     if isinstance(dataset, ShardedDataset):
         paths = shard_paths(dataset.shards)
         return None if paths is None else (paths, len(paths), list(dataset.sizes))
@@ -229,9 +223,8 @@ def _check_distinct(
 class MixedDataset(Dataset[Any]):
     """Several map-style datasets mixed by weights or repeats, with their own :class:`MixPlan`.
 
-    Global index ``offset[s] + i`` is sample ``i`` of source ``s``. Fetch through
-    :meth:`batch_sampler` or :meth:`bucket_batch_sampler`. Each source's samples are
-    drawn once per *source-epoch* (a permutation of the source that may span epochs).
+    Global index ``offset[s] + i`` is sample ``i`` of source ``s``; each source's samples are
+    drawn once per *source-epoch* (a permutation that may span epochs).
 
     Args:
         sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a
@@ -300,8 +293,7 @@ class MixedDataset(Dataset[Any]):
 
     @property
     def names_crc32(self) -> int | None:
-        """crc32 of the sources' shard files (:func:`shard_names_crc32`) in order (None: no
-        source reads shard files), which a saved position is checked against."""
+        """crc32 of the sources' shard files (:func:`shard_names_crc32`), or None."""
         return shard_names_crc32(self)
 
     def __len__(self) -> int:
@@ -357,8 +349,7 @@ class MixedDataset(Dataset[Any]):
         return self.sources[source][local]
 
     def describe(self, epoch: int = 0) -> dict[str, Any]:
-        """Per source its size, weight, draws and passes per epoch, and the first and last
-        source-epoch of ``epoch``'s draws."""
+        """Per source its size, weight, draws, passes per epoch, and ``epoch``'s source-epochs."""
         epoch = check_int("epoch", epoch, 0, owner=f"{_OWNER}.describe")
         plan = MixPlan(source_sizes=self.sizes, per_epoch=self.per_epoch, batch_size=1)
         spans = plan.source_epochs(epoch)
@@ -401,8 +392,7 @@ class MixedDataset(Dataset[Any]):
         world_size: int | None = None,
         **plan: Unpack[OrderArgs],
     ) -> PlanBatchSampler:
-        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments) for
-        ``ResumableDataLoader(ds, batch_sampler=...)``."""
+        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments)."""
         sampler = PlanBatchSampler(self.plan(batch_size, **plan), rank=rank, world_size=world_size)
         sampler.shard_names_crc32 = self.names_crc32
         sampler.shard_counts_crc32 = shard_counts_crc32(self)
@@ -411,8 +401,7 @@ class MixedDataset(Dataset[Any]):
     def lengths(
         self, length_fn: Callable[[Any], int] | None = None, *, progress: bool = False
     ) -> np.ndarray:
-        """Each sample's token count in global index order: a source's own ``lengths()``
-        where it has one, else :func:`~loaderkit.compute_lengths`."""
+        """Each sample's token count: a source's own ``lengths()``, else ``compute_lengths``."""
         parts = []
         for source in self.sources:
             own = getattr(source, "lengths", None)
@@ -431,8 +420,7 @@ class MixedDataset(Dataset[Any]):
         world_size: int | None = None,
         **options: Unpack[BucketOptions],
     ) -> BucketBatchSampler:
-        """A :class:`~loaderkit.BucketBatchSampler` over the mix (``lengths`` default to
-        :meth:`lengths`; the other arguments are its own); collate with ``PadCollate``."""
+        """A :class:`~loaderkit.BucketBatchSampler` over the mix (``lengths``: :meth:`lengths`)."""
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             source_sizes=self.sizes,

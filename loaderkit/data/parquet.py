@@ -1,8 +1,4 @@
-"""Parquet files as shards: one file a shard, one row a sample, one row group the unit of reading.
-
-A batch decodes each row group it touches once; column types must agree across files
-and are settled by :meth:`ParquetReader.prepare` (docs/design.md, Parquet and Arrow tables).
-"""
+"""Parquet files as shards: one file a shard, one row a sample, a row group the unit of reading."""
 
 from __future__ import annotations
 

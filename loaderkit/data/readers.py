@@ -1,9 +1,5 @@
-"""Shard readers: how one file becomes a sequence of samples.
-
-A reader counts a shard's samples once, opens it in each process (a memory
-map: no file position, safe across ``fork``) and writes shards for
-:func:`~loaderkit.write_shards`.
-"""
+"""Shard readers: how one file becomes a sequence of samples (counted once, memory-mapped
+in each process, written by :func:`~loaderkit.write_shards`)."""
 
 from __future__ import annotations
 
@@ -57,12 +53,9 @@ class OpenShard(Protocol):
 class ShardReader(Protocol):
     """What :class:`~loaderkit.data.sharded.ShardedDataset` needs to know about a format.
 
-    A reader is picklable (workers get a copy) and its methods pure: a read that draws
-    from a random generator is not seeded per sample (draw in a dataset wrapping it).
-    Optional: ``prepare(files) -> reader``, called once when a dataset is built
-    with ``(name, source)`` per shard (a local path, or for a URL a file object
-    holding its Parquet footer); it returns the reader the dataset and its
-    workers use, so what must hold across all files is decided once.
+    A reader is picklable and its methods pure (draw random numbers in a dataset wrapping
+    it). Optional: ``prepare(files) -> reader``, called once per dataset with ``(name,
+    source)`` per shard (a path, or a file object holding a URL's Parquet footer).
 
     Attributes:
         suffixes: File suffixes of the format, for listing a directory; the
@@ -119,8 +112,7 @@ def _offsets_path(path: Path, tag: str) -> Path:
 
 
 def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
-    """Pieces of ``data`` ending at each ``sep`` (and a last one without it), their offsets
-    written to the sidecar named by ``tag``."""
+    """Pieces of ``data`` ending at each ``sep`` (and a last one), offsets to sidecar ``tag``."""
     ends = [
         np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
         for lo in range(0, len(data), _CHUNK)
@@ -202,8 +194,7 @@ def npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
-    """A read-only map (:mod:`mmap`, whose ``size()`` the read guard checks) of raw ``dtype``
-    (``None``: ``.npy``); refuses a file changed meanwhile."""
+    """A read-only :mod:`mmap` of raw ``dtype`` (None: ``.npy``); refuses a file changed since."""
     shape: tuple[int, ...] | None = None
     fortran = False
     try:
@@ -229,8 +220,7 @@ _LITGPT_ITEMSIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # by its d
 
 
 def _foreign(path: Path, size: int) -> str | None:
-    """What other format the file at ``path`` (``size`` bytes) is, judged by its header and
-    size together (raw tokens may start with the same bytes); None: none."""
+    """What other format the file at ``path`` (``size`` bytes) is by header and size, or None."""
     with open(path, "rb") as f:
         head = f.read(24)
         if head.startswith(NPY_MAGIC):
@@ -262,8 +252,8 @@ def _changed(path: Path, now: int, size: int) -> ShardError:
 
 
 class MappedFiles:
-    """The memory maps an open shard reads, their sizes checked before and after every read:
-    a file truncated under a live map reads as zeros or raises SIGBUS."""
+    """The memory maps an open shard reads, their sizes checked around every read (a file
+    truncated under a map reads as zeros or raises SIGBUS)."""
 
     __slots__ = ("expected", "paths", "sizers")
 
@@ -333,8 +323,7 @@ def _read_dtype(path: Path) -> np.dtype | None:
 
 
 def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
-    """The numpy dtype ``reader`` returns tokens of ``shard`` (stored as ``stored``) in;
-    refuses an ``eos`` that no stored token can equal."""
+    """The numpy dtype ``reader`` returns ``shard``'s ``stored`` tokens in; checks ``eos``."""
     if reader.eos is not None and reader.eos > np.iinfo(stored).max:
         raise ReaderSettingError(
             f"TokenReader: eos={reader.eos} is above every {stored} token of shard "
@@ -354,8 +343,7 @@ def narrows(stored: np.dtype, out: np.dtype) -> bool:
 
 
 def as_out(values: np.ndarray, out: np.dtype, narrowing: bool) -> np.ndarray:
-    """``values`` copied as ``out``; where ``out`` is ``narrowing`` (not for the default
-    int64), a token it cannot hold is refused (it would wrap or round)."""
+    """``values`` copied as ``out``; if ``narrowing``, a token it cannot hold is refused."""
     result = np.array(values, dtype=out)
     if not narrowing or not values.size:
         return result
@@ -374,8 +362,7 @@ def as_out(values: np.ndarray, out: np.dtype, narrowing: bool) -> np.ndarray:
 class TokenReader:
     """Flat token shards (``.npy``, or raw ``.bin`` of a dtype) as fixed-length or document samples.
 
-    One 1-D array of token ids per file (nanoGPT's headerless layout), memory-mapped
-    once per process; a batch of fixed-length samples is one gather out of the map.
+    One 1-D array of token ids per file (nanoGPT's headerless layout), memory-mapped.
 
     Args:
         seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens
@@ -630,12 +617,9 @@ class _Documents:
         return torch.from_numpy(as_out(self.tokens[lo:hi], self.out, self.narrowing))
 
     def read(self, index: int) -> torch.Tensor:
-        self.guard.check()
-        doc = self._copy(index)
-        self.guard.check()
-        return doc
+        return self.read_batch([index])[0]
 
-    def read_batch(self, indices: np.ndarray) -> list[torch.Tensor]:
+    def read_batch(self, indices: Any) -> list[torch.Tensor]:
         self.guard.check()
         docs = [self._copy(int(i)) for i in indices]
         self.guard.check()

@@ -1,10 +1,5 @@
-"""Shards at URLs: a local cache with a byte budget, filled ahead of the plan.
-
-Each shard is downloaded whole into a shared local cache (:class:`RemoteCache`), or read
-by byte ranges, and read there as a local shard; a thread per reading process fetches
-the shards of its next batches (docs/design.md, shards in object storage). The cache on
-disk is in :mod:`._remote_cache`, the prediction of the next batches in :mod:`._remote_plan`.
-"""
+"""Shards at URLs: a local cache with a byte budget, filled ahead of the plan (docs/design.md,
+shards in object storage)."""
 
 from __future__ import annotations
 

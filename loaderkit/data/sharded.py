@@ -1,9 +1,4 @@
-"""Sharded datasets: many files, one plan, every sample exactly once across ranks and workers.
-
-:class:`ShardedDataset` is a map-style dataset over indexed shards; its
-:class:`ShardPlan` orders them and deals them to ranks as
-:class:`~loaderkit.SamplePlan` does (docs/design.md, sharded and streaming datasets).
-"""
+"""Sharded datasets: many files, one plan, every sample exactly once across ranks and workers."""
 
 from __future__ import annotations
 
@@ -75,9 +70,8 @@ _OWN_LENGTHS = "Pass length_fn= (a sample's token count), or override lengths().
 class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
-    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards in the given
-    order, or by name for a directory, ``write_shards`` numbers by value);
-    :meth:`batch_sampler` orders and splits them across ranks and workers.
+    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards as given, or by
+    name); :meth:`batch_sampler` orders and splits them across ranks and workers.
 
     Args:
         shards: A directory (its files with the reader's suffixes), a list of
@@ -202,8 +196,7 @@ class ShardedDataset(Dataset[Any]):
 
     @property
     def names_crc32(self) -> int | None:
-        """crc32 of the shard files' paths below their common folder, in order, which a saved
-        position is checked against (None: shards that are objects, not files)."""
+        """crc32 of the shard paths below their common folder (None: objects), for resumes."""
         paths = shard_paths(self.shards)
         return None if paths is None else names_crc32(paths)
 
@@ -219,8 +212,7 @@ class ShardedDataset(Dataset[Any]):
         return self._files.opens
 
     def describe(self) -> dict[str, Any]:
-        """Shards, samples and ``remote``: for shards at URLs the cache's counts over this
-        process and its workers (see :class:`~loaderkit.RemoteCache`), else None."""
+        """Shards, samples and ``remote``: the cache's counts for shards at URLs, else None."""
         return {
             "shards": len(self.shards),
             "samples": len(self),
@@ -550,11 +542,8 @@ class ShardedDataset(Dataset[Any]):
         world_size: int | None = None,
         **plan: Unpack[_PlanArgs],
     ) -> PlanBatchSampler:
-        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments) for
-        ``ResumableDataLoader(ds, batch_sampler=...)``.
-
-        ``rank``/``world_size`` default to ``torch.distributed``'s when the loader starts.
-        """
+        """A batch sampler over :meth:`plan` (``plan``: its keyword arguments); ``rank`` and
+        ``world_size`` default to ``torch.distributed``'s when the loader starts."""
         return PlanBatchSampler(self.plan(batch_size, **plan), rank=rank, world_size=world_size)
 
     def lengths(
@@ -566,13 +555,9 @@ class ShardedDataset(Dataset[Any]):
     ) -> np.ndarray:
         """Each sample's token count, in global index order (for token budgets).
 
-        From the open shards' ``lengths()`` where they have one (:class:`TokenReader`,
-        no token read), else by reading every sample through
+        From the open shards' ``lengths()`` where they have one, else through
         :func:`~loaderkit.compute_lengths` (``length_fn``, ``cache``, ``progress``: its own).
-        A subclass overriding ``__getitem__`` gets its longest and shortest samples measured
-        against the shards' figures, where a sample (or its reader's ``length_column`` in a
-        dict) is a 1-D tensor or array or a list of ints; its own attributes and code are part
-        of the ``cache`` key.
+        A subclass overriding ``__getitem__`` has its longest and shortest samples checked.
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
@@ -630,11 +615,8 @@ class ShardedDataset(Dataset[Any]):
     ) -> BucketBatchSampler:
         """Length-bucketed batches over these shards, fixed-size or under a token budget.
 
-        A :class:`~loaderkit.BucketBatchSampler` over a :class:`~loaderkit.ShardBucketPlan`
-        (the shard plan's order, windows of ``window`` samples sorted by length);
-        ``lengths`` default to :meth:`lengths`, the other arguments (``batch_size``,
-        ``max_tokens``, ``window``, ...) are ``BucketBatchSampler``'s. Give the loader a
-        padding ``collate_fn``.
+        A :class:`~loaderkit.BucketBatchSampler` over a :class:`~loaderkit.ShardBucketPlan`;
+        ``lengths`` default to :meth:`lengths`, the other arguments are the sampler's.
 
         Example:
             >>> import tempfile

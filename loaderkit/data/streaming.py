@@ -1,9 +1,5 @@
-"""Streaming sharded data: shards whose sample counts are not known in advance.
-
-Each (rank, worker) slot reads its own shards, ``mix_shards`` at a time, in an order
-drawn per pass, and keeps a cursor that resumes by seeking (docs/design.md, sharded and
-streaming datasets).
-"""
+"""Streaming sharded data: each (rank, worker) slot reads its own shards, ``mix_shards`` at
+a time, and keeps a cursor that resumes by seeking (docs/design.md, streaming datasets)."""
 
 from __future__ import annotations
 
@@ -51,9 +47,7 @@ _OWNER = "StreamingShardedDataset"
 class StreamReader(Protocol):
     """A format read front to back: what :class:`StreamingShardedDataset` needs.
 
-    ``iter_from(shard, offset)`` yields the samples of ``shard`` from sample ``offset``
-    on (seeking, or skipping the first ``offset``). Any :class:`ShardReader` works too
-    (it seeks by index). Readers must be picklable.
+    A picklable ``iter_from(shard, offset)``; any :class:`ShardReader` works too.
     """
 
     @property
@@ -69,8 +63,7 @@ class StreamReader(Protocol):
 class IterableReader:
     """A :class:`StreamReader` from a function ``shard -> iterable of samples``.
 
-    Resuming at ``offset`` reads and drops the shard's first ``offset`` samples. Use a
-    module-level function so spawned workers can unpickle it.
+    Resuming at ``offset`` drops the first ``offset`` samples; ``fn`` must pickle.
 
     Args:
         fn: Opens a shard and yields its samples.
@@ -114,7 +107,7 @@ class IterableReader:
 
 def _reader_key(reader: Any) -> Any:
     """What a cursor's offsets depend on in ``reader``: its ``spec()`` as JSON reads it back
-    (a checkpoint may go through JSON, or load with ``weights_only``), else its class name."""
+    (as a checkpoint stores it), else its class name."""
     if callable(getattr(reader, "spec", None)):
         return json.loads(json.dumps(reader.spec(), sort_keys=True, default=str))
     return type(reader).__qualname__  # not its module: __main__ in a script, a name imported
@@ -149,9 +142,8 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
 
 
 class Cursor(NamedTuple):
-    """Where one slot stands in pass ``pass_``: ``next`` the slot's next shard to start,
-    ``lanes`` the open lanes' ``(shard position, offset)``, ``turn`` the lane that reads
-    next, ``seen`` the samples of the pass read so far (for striding)."""
+    """Where one slot stands in pass ``pass_``: its ``next`` shard to start, open ``lanes``
+    ``(shard position, offset)``, the lane whose ``turn`` it is, samples ``seen``."""
 
     pass_: int
     next: int
@@ -220,8 +212,7 @@ def _check_args(
 
 
 def _bytes_crc32(shards: list[Any], stamps: list[tuple[int, int]] | None) -> int | None:
-    """crc32 of the shards' stored sizes (and versions at URLs), which a saved cursor's
-    offsets into them hold for (None: objects)."""
+    """crc32 of the shards' sizes (and versions at URLs) a cursor holds for (None: objects)."""
     if all(isinstance(s, RemoteShard) for s in shards):
         return zlib.crc32(repr([(s.size, s.version) for s in shards]).encode())
     if stamps is not None:
@@ -237,11 +228,9 @@ def _stamp(path: Path) -> tuple[int, int]:
 class StreamingShardedDataset(IterableDataset[Any]):
     """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
 
-    Iterate it through :class:`~loaderkit.ResumableDataLoader`, which deals shards to
-    its ranks and workers and keeps a cursor per slot in its state. By default an epoch
-    is one pass over all shards (one process only: ranks would step unequally). With
-    ``steps_per_epoch`` or ``samples_per_epoch`` every rank yields exactly that many
-    batches per epoch, each slot's stream going on across epochs, pass after pass.
+    Iterate it through :class:`~loaderkit.ResumableDataLoader`. An epoch is one pass over
+    all shards (one process only), or ``steps_per_epoch``/``samples_per_epoch`` exactly,
+    each slot's stream going on across epochs.
 
     Args:
         shards: A directory (its files with the reader's suffixes), a list of paths or
@@ -418,8 +407,8 @@ def slot_stream(
     cycle: bool,
     per_sample_seeding: bool,
 ) -> Iterator[tuple[Any, Cursor]]:
-    """The samples of one slot from ``cursor`` on, each with the cursor after it: one pass,
-    or (``cycle``) pass after pass, raising :class:`LoaderkitError` if passes stay empty."""
+    """The samples of one slot from ``cursor`` on, each with the cursor after it; ``cycle``:
+    pass after pass."""
     pass_, nxt, saved, turn, seen = cursor
     empty = 0
     took = cursor != Cursor.start(pass_)

@@ -1,8 +1,4 @@
-"""Writing shards in parallel processes, resumable after a crash, to a folder or a URL.
-
-Each shard is staged, moved into place (sidecars first) and recorded by a done marker
-in ``.loaderkit-write/``; the index is written last (docs/design.md, writing shards).
-"""
+"""Writing shards in parallel processes, resumable after a crash, to a folder or a URL."""
 
 from __future__ import annotations
 
@@ -301,8 +297,7 @@ def _run_pooled(i: int, blob: bytes, fp: str | None) -> tuple[int, str, int, Any
 
 @contextlib.contextmanager
 def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
-    """The writer processes of one call (None for ``num_workers=0``), started before the
-    progress bar's thread and stopped when the call ends."""
+    """The writer processes of one call (None for ``num_workers=0``)."""
     if num_workers == 0:
         yield None
         return
@@ -350,8 +345,7 @@ def _write_all(
 
     def todo() -> Iterator[tuple[int, Any, str | None]]:
         for i, item in enumerate(items):
-            # Sets in their own order: a Python call per object would triple the time on
-            # many small ones, and a set's other order under another hash seed only rewrites.
+            # Sets in their own order: another hash seed's order only rewrites.
             fp = pickle_digest(item, sorted_sets=False) if done is not None else None
             prior = done(i, fp) if done is not None else None
             if prior is None:
@@ -380,8 +374,8 @@ def _pool_write(
     num_workers: int,
     finished: Callable[..., None],
 ) -> None:
-    """Write ``todo`` in ``pool``, two items per process in flight; items are pickled here
-    (a pickling error in the pool's feeder thread would hang its shutdown)."""
+    """Write ``todo`` in ``pool``, two items per process in flight, pickled here (a pickling
+    error in the pool's feeder thread would hang its shutdown)."""
     pending: dict[cf.Future[tuple[int, str, int, Any]], int] = {}
     try:
         while True:
@@ -566,8 +560,7 @@ def _shard_name(job: _Job) -> re.Pattern[str]:
 
 
 def _refuse_index_over_a_shard(job: _Job, index: Any) -> None:
-    """An ``index=`` in the shard folder named like a shard (or its sidecar) would
-    overwrite it, or be deleted as stale."""
+    """Refuse an ``index=`` in the shard folder named like a shard or its sidecar."""
     if index is None:
         return
     refuse_file_url("write_shards", "index", index)
@@ -607,8 +600,7 @@ def _local_root(directory: Any, storage_options: Any) -> str:
 def _stale(
     job: _Job, names: list[str], read: Callable[[str], bytes | None], written: set[str]
 ) -> list[str]:
-    """The files among ``names`` an earlier write left that this one did not produce: shards and
-    sidecars of this prefix, and indexes listing shards of it (``read``: a file's bytes)."""
+    """The shards, sidecars and indexes among ``names`` an earlier write left (``read``: bytes)."""
     shard = _shard_name(job)
 
     def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
