@@ -1,8 +1,5 @@
-"""Arrow tables into tensors, a batch at a time (private to loaderkit.data).
-
-Per column: numbers -> a tensor; ``list<number>`` -> a list of 1-D tensors;
-``fixed_size_list<number>`` -> a ``(rows, size)`` tensor; anything else -> a list.
-"""
+"""Arrow tables into tensors, a batch at a time (private): numbers a tensor, ``list<number>``
+a list of 1-D tensors, ``fixed_size_list`` a 2-D tensor, anything else a list."""
 
 from __future__ import annotations
 

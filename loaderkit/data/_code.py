@@ -1,9 +1,5 @@
-"""Digests of a user's function, for caches keyed by it (private): the code it runs, and
-(by pickle) a ``partial``'s arguments or a callable object's state.
-
-``write_shards`` resumes and ``compute_lengths`` caches under them: a fixed helper that
-``fn`` calls must count as a new ``fn``, not only a change in ``fn``'s own lines.
-"""
+"""Digests of a user's function for caches keyed by it (private): the code it runs (with the
+helpers it calls), and by pickle a ``partial``'s arguments or a callable's state."""
 
 from __future__ import annotations
 
@@ -39,6 +35,10 @@ _C_MEMBERS = (
     types.MemberDescriptorType,
     types.WrapperDescriptorType,
     types.BuiltinFunctionType,
+)
+# What functools.update_wrapper copies onto a wrapper: the wrapped function's, no setting.
+_WRAPPER_FIELDS = frozenset(
+    {*functools.WRAPPER_ASSIGNMENTS, *functools.WRAPPER_UPDATES, "__wrapped__"}
 )
 
 
@@ -161,12 +161,6 @@ def _user_class(cls: type) -> bool:
         return False
     file = getattr(sys.modules.get(cls.__module__), "__file__", None)
     return file is None or _edited(file)
-
-
-# What functools.update_wrapper copies onto a wrapper: the wrapped function's, no setting.
-_WRAPPER_FIELDS = frozenset(
-    {*functools.WRAPPER_ASSIGNMENTS, *functools.WRAPPER_UPDATES, "__wrapped__"}
-)
 
 
 def _unwrapped(fn: Any, digest: Any, seen: set[int]) -> Any:

@@ -1,8 +1,4 @@
-"""Compressed shards and content hashes (private; docs/design.md, compressed shards).
-
-A ``.zst`` shard is decoded into a local folder under its plain name before it is opened;
-a content hash ``<algo>:<hex>`` is checked the first time a machine uses the file.
-"""
+"""Compressed shards and content hashes (private; docs/design.md, compressed shards)."""
 
 from __future__ import annotations
 
@@ -141,9 +137,8 @@ def digest_error(path: Any, expected: str, actual: str, fix: str) -> DigestMisma
 
 
 def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None = None) -> None:
-    """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless a marker vouches for its
-    size, mtime, inode and ctime (a copy keeping size and mtime is hashed again); write the
-    marker when it matches. Raises :class:`DigestMismatch` naming ``name`` (default: the path)."""
+    """Check ``path`` against ``expected`` (``<algo>:<hex>``) unless its ``marker`` vouches for
+    it (written when it matches); :class:`DigestMismatch` names ``name`` (default: the path)."""
     marker = path.with_name(f".{path.name}.lkverified") if marker is None else marker
     st = path.stat()
     stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}:{expected}"
@@ -160,8 +155,7 @@ def verify(path: Path, expected: str, *, name: Any = None, marker: Path | None =
 
 
 def verify_local(path: Path, expected: str, cache_root: Path) -> None:
-    """:func:`verify` a local shard, its marker in ``cache_root`` (not beside the shard,
-    whose folder may be read-only)."""
+    """:func:`verify` a local shard, its marker in ``cache_root`` (its folder may be read-only)."""
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
     verify(path, expected, marker=cache_root / "verified" / key)
 
@@ -245,8 +239,8 @@ def decoded_intact(target: Path) -> bool:
 
 
 def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
-    """The decoded copy of the compressed shard ``src`` in ``folder`` (sidecars copied
-    beside it), decoded once per machine under an ``flock``; ``check`` runs on ``src`` first."""
+    """The decoded copy (with sidecars) of the compressed shard ``src`` in ``folder``, decoded
+    once per machine; ``check`` runs on ``src`` first."""
     target = folder / decoded_name(src.name)
     if decoded_intact(target):
         return target
@@ -256,11 +250,10 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         fcntl.flock(fd, fcntl.LOCK_EX)
         if decoded_intact(target):
             return target
-        for stale in folder.glob(f".{target.name}.*.tmp"):  # left by a killed decode
+        # Left by a killed decode, and the damaged copy (readers holding it keep their bytes).
+        for stale in [*folder.glob(f".{target.name}.*.tmp"), target]:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            target.unlink()  # damaged: readers that hold it open keep their bytes
         if check is not None:
             check(src)
         # Sidecars of the shard (a.bin.zst.lkdtype) or, compressed outside loaderkit, of its
@@ -289,9 +282,8 @@ def decoded_local(path: Path) -> Path:
 
 
 def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
-    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, keyed by its
-    path, size, mtime, inode, ctime (a rewrite keeping size and mtime), ``digest`` and its
-    dtype headers' size and mtime (a header added or fixed later is copied anew)."""
+    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, keyed by its stat,
+    ``digest`` and its dtype headers' stat."""
     st = path.stat()
     headers = []
     for name in (decoded_name(path.name), path.name):  # the headers decode_into copies

@@ -1,7 +1,4 @@
-"""Object storage through fsspec: listing, atomic downloads, uploads, retries (private).
-
-Every remote call goes through :class:`Storage` (docs/design.md, shards in object storage).
-"""
+"""Object storage through fsspec: listing, atomic downloads, uploads, retries (private)."""
 
 from __future__ import annotations
 
@@ -137,8 +134,8 @@ class Storage:
         return self._fs
 
     def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
-        """``fn()`` in a helper thread, given up after ``timeout`` (default ``timeout_s``)
-        seconds with a :class:`TimeoutError` (a stuck client cannot be interrupted)."""
+        """``fn()`` in a helper thread (a stuck client cannot be interrupted), given up after
+        ``timeout`` (default ``timeout_s``) seconds with a :class:`TimeoutError`."""
         out: list[Any] = []
         done = threading.Event()
 
@@ -167,11 +164,8 @@ class Storage:
         bounded: bool = True,
         expect: tuple[int, str] | None = None,
     ) -> T:
-        """``fn()``, retried with backoff on transient errors; errors name ``url``.
-
-        ``bounded``: one ``timeout_s`` deadline for the call and its retries. ``expect``: the
-        listed ``(size, version)`` of the object; if it changed, a failure is not retried.
-        """
+        """``fn()``, retried with backoff on transient errors (``bounded``: within one
+        ``timeout_s``; not once the object is no longer ``expect``); errors name ``url``."""
         start, attempt = time.monotonic(), 0
         while True:
             try:
@@ -268,8 +262,7 @@ class Storage:
         return bool(self.call("looking up", url, lambda: self.fs.exists(url)))
 
     def read_bytes(self, url: str, expect: tuple[int, str] | None = None) -> bytes:
-        """The whole object at ``url``; with its listed ``expect`` (size, version), checked
-        to be still it."""
+        """The whole object at ``url``, checked to be still ``expect`` (size, version)."""
 
         def cat() -> bytes:
             data = bytes(self.fs.cat_file(url))
@@ -284,9 +277,8 @@ class Storage:
     def read_ranges(
         self, url: str, spans: list[tuple[int, int]], size: int, version: str | None = None
     ) -> list[bytes]:
-        """The bytes ``[start, end)`` of each span of the object at ``url`` (``size`` bytes),
-        in one ``cat_ranges`` call; :class:`RangesUnsupported` if the server ignores
-        ``Range:``. With the listed ``version``, the object is checked to be still it."""
+        """The bytes ``[start, end)`` of each span of ``url`` (``size`` bytes, still ``version``);
+        :class:`RangesUnsupported` if the server ignores ``Range:``."""
         expect = None if version is None else (size, version)
 
         def cat() -> list[bytes]:
@@ -323,8 +315,7 @@ class Storage:
         check: Callable[[Path], None] | None = None,
         version: str | None = None,
     ) -> None:
-        """Copy ``url`` to ``target`` (complete or not at all), checked by size, ``check``
-        and ``version``; retried."""
+        """Copy ``url`` to ``target`` (complete or not at all), checked; retried."""
         expect = None if version is None else (size, version)
 
         def get() -> None:

@@ -1,8 +1,4 @@
-"""Which shards a dataset has, and the shards one process holds open (private).
-
-:class:`OpenShards` is a least-recently-used table of open shards, each checked against
-the shard index when opened; it pickles empty (a pickled memory map would copy the data).
-"""
+"""Which shards a dataset has, and the shards one process holds open (private)."""
 
 from __future__ import annotations
 
@@ -44,6 +40,10 @@ from loaderkit.errors import (
     ShardError,
 )
 
+_WRITTEN = re.compile(r"(.+)-([0-9]{5,})(\..+)?")  # write_shards' {prefix}-{number}{suffix}
+# Compressions no reader opens (zstd is decoded): a shard so compressed is no shard name.
+_OTHER_COMPRESSIONS = (".gz", ".bz2", ".xz", ".lz4", ".zip", ".br", ".zstd", ".7z")
+
 
 def shard_name(shard: Any) -> str:
     """How messages name a shard: its path, or the repr of a shard object."""
@@ -51,8 +51,7 @@ def shard_name(shard: Any) -> str:
 
 
 def names_crc32(paths: Sequence[str]) -> int:
-    """crc32 of the paths below their common folder, in order, which a saved position is
-    checked against: a copied folder keeps them, swapped subfolders do not."""
+    """crc32 of the paths below their common folder, in order (a copied folder keeps it)."""
     parts = [p.split("/") for p in paths]
     common = 0  # folders all paths share
     for level in zip(*(p[:-1] for p in parts), strict=False):
@@ -80,12 +79,8 @@ def is_shard_name(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.endswith(with_compressed(suffixes)) and never_a_shard(name) is None
 
 
-_WRITTEN = re.compile(r"(.+)-([0-9]{5,})(\..+)?")  # write_shards' {prefix}-{number}{suffix}
-
-
 def sorted_shards(names: Iterable[str]) -> list[str]:
-    """A folder's shard names in order: by name, or by number where every name is one
-    ``write_shards`` gives (``shard-100000``, its 100,001st, after ``shard-99999``)."""
+    """A folder's shard names in order: by name, or by number where ``write_shards`` named all."""
     names = list(names)
     written = [_WRITTEN.fullmatch(name) for name in names]
     if not all(written):
@@ -94,10 +89,6 @@ def sorted_shards(names: Iterable[str]) -> list[str]:
         (m[1], int(m[2]), m[3] or "", name) for m, name in zip(written, names, strict=True) if m
     ]
     return [key[-1] for key in sorted(keys)]
-
-
-# Compressions no reader opens (zstd is decoded): a shard so compressed is no shard name.
-_OTHER_COMPRESSIONS = (".gz", ".bz2", ".xz", ".lz4", ".zip", ".br", ".zstd", ".7z")
 
 
 def refuse_unread_compressed(owner: str, folder: str, names: Iterable[str], suffixes: Any) -> None:
@@ -162,8 +153,7 @@ def nested_files(root: Path) -> Iterator[str]:
 
 
 def refuse_one_shard_twice(owner: str, names: Iterable[str]) -> None:
-    """Refuse a shard URL listed with its zstd form (``x`` and ``x.zst``): both hold its
-    samples (``zstd x`` keeps ``x``), which would be read twice."""
+    """Refuse a shard URL listed with its zstd form (``x`` and ``x.zst``): read twice."""
     seen: dict[str, str] = {}
     for name in names:
         first = seen.setdefault(decoded_name(name), name)

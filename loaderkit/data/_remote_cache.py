@@ -1,11 +1,7 @@
 """The local cache of shards at URLs (private): entries, leases, the byte budget, counts.
 
-All processes of a machine share one cache directory: ``objects/<key>/`` holds an entry
-(a shard with its sidecars, or one block of a shard), ``locks/<key>`` its lease (held
-shared while a process reads it, taken exclusive to evict it) and ``locks/<key>.dl`` its
-download lock (docs/design.md, shards in object storage). An evictor deletes an entry's
-lock files with it, holding both: whoever opened one before takes its lock again on the
-file the path names now (see :func:`flock`).
+``objects/<key>/`` holds an entry (a shard with its sidecars, or a block), ``locks/<key>``
+its lease and ``locks/<key>.dl`` its download lock (docs/design.md, shards in object storage).
 """
 
 from __future__ import annotations
@@ -87,9 +83,8 @@ class RemoteShard:
 
 
 class DiskCache:
-    """The cache directory ``root`` as one dataset's processes use it: their leases, room
-    made within ``max_bytes`` by evicting unleased entries (least recently used first),
-    and counts summed over the processes (names: ``STATS``)."""
+    """The cache directory ``root`` as one dataset's processes use it: leases, evictions
+    within ``max_bytes`` (least recently used first), and counts (``STATS``)."""
 
     def __init__(self, root: Path, max_bytes: int, owner: str) -> None:
         self.root, self.max_bytes, self.owner = root, max_bytes, owner
@@ -186,9 +181,8 @@ class DiskCache:
     def reserved(
         self, url: str, folders: list[Path], sizes: list[int], *, ahead: bool
     ) -> Iterator[None]:
-        """Make room for and reserve ``sizes`` bytes in ``folders`` while the body downloads
-        ``url``, under one machine-wide lock. With ``ahead`` a full budget raises
-        :class:`NoRoom`; otherwise the download goes over it, with a warning."""
+        """Reserve ``sizes`` bytes in ``folders`` while the body downloads ``url``; a full
+        budget raises :class:`NoRoom` if ``ahead``, else warns."""
         fd = flock(self.root / "locks" / ".budget", fcntl.LOCK_EX)
         assert fd is not None
         try:
@@ -259,11 +253,8 @@ class DiskCache:
 
 
 class Blocks:
-    """One process's blocks of range-read shards in the cache: leased, fetched, mapped.
-
-    A block ``b`` holds bytes ``[b * block_bytes, (b + 1) * block_bytes)`` of its shard;
-    ``entries`` map the blocks a call reads to their cache entries, in block order.
-    """
+    """One process's blocks of range-read shards in the cache (block ``b``: bytes from
+    ``b * block_bytes``): leased, fetched, mapped."""
 
     def __init__(self, disk: DiskCache, storage: Storage, block_bytes: int) -> None:
         self.disk, self.storage, self.size = disk, storage, block_bytes
@@ -289,8 +280,7 @@ class Blocks:
     def read(
         self, shard: RemoteShard, entries: dict[int, Entry], starts: np.ndarray, nbytes: int
     ) -> np.ndarray:
-        """The ``nbytes`` bytes at each of ``starts`` in ``shard``, as rows of a uint8 array
-        (the missing blocks fetched now)."""
+        """The ``nbytes`` bytes at each of ``starts`` in ``shard``, as uint8 rows."""
         bb = self.size
         maps = self.fetch(shard, entries, ahead=False)
         out = np.empty((len(starts), nbytes), dtype=np.uint8)
@@ -379,9 +369,7 @@ class Blocks:
 
 def flock(path: Path, flags: int) -> int | None:
     """A descriptor of ``path`` holding ``flock(flags)``; None if a non-blocking try failed.
-
-    An evictor deletes a lock file while holding it: a lock taken on the deleted file
-    guards nothing, so it is taken again on the file ``path`` names now."""
+    Retaken where an evictor deleted the file meanwhile (a lock on it guards nothing)."""
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -403,8 +391,7 @@ def flock(path: Path, flags: int) -> int | None:
 
 
 def _close_leases(leases: dict[str, int], pid: int) -> None:
-    """Close the lease descriptors of a dropped :class:`DiskCache` made in process ``pid``;
-    a forked child's copy leaves them to the parent they belong to."""
+    """Close the lease descriptors of a dropped :class:`DiskCache` made in process ``pid``."""
     if os.getpid() != pid:
         return
     fds = list(leases.values())

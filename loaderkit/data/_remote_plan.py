@@ -1,9 +1,5 @@
-"""Which shards a process reads next (private): its batches predicted from the plan.
-
-The loader's plan notes each schedule it starts on a :class:`Board` (sent to workers);
-a process finds the schedule whose batches it is reading by a batch's first sample, and
-from it the shards in use now and next (docs/design.md, shards in object storage).
-"""
+"""Which shards a process reads next (private): the schedule the loader noted on a
+:class:`Board` whose batches it is reading, found by a batch's first sample."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Which reads of an open shard :meth:`ShardedDataset.get_batch` may use (private): its
-``rows`` or its ``read_batch`` only where they are what its own ``read`` returns, so a
-subclass's or wrapper's read is never bypassed; and the per-shard row sources it caches."""
+"""Which reads of an open shard :meth:`ShardedDataset.get_batch` may use (private): never
+one that bypasses a subclass's or wrapper's ``read``."""
 
 from __future__ import annotations
 

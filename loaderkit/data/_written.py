@@ -1,9 +1,4 @@
-"""A folder's ``write_shards`` index is the truth for its shards, whatever reads them.
-
-Every reader, path list and stream checks a shard against the index ``write_shards`` left
-in its folder (or in its link target's): a shard that differs is refused, its hashes are
-kept; a folder is read as the whole corpus its index lists (:func:`check_complete`).
-"""
+"""A folder's ``write_shards`` index is the truth for its shards, whatever reads them."""
 
 from __future__ import annotations
 

@@ -109,15 +109,11 @@ class HFDataset(Dataset[dict[str, Any]]):
     """A ``datasets.Dataset`` or ``.arrow`` file(s), rows as dicts, fetched a batch at a time.
 
     Args:
-        data: A ``datasets.Dataset``, the path of an ``.arrow`` file, or a list of them
-            (concatenated in order).
-        columns: The columns to return, in this order (default: the dataset format's
-            columns, else all).
-        length_column: The column giving each row's token count (a list column, or an
-            integer column of lengths), for :meth:`lengths`.
+        data: A ``datasets.Dataset``, an ``.arrow`` file's path, or a list of them (concatenated).
+        columns: The columns to return, in order (default: the format's columns, else all).
+        length_column: The column of each row's token count (a list or integer column).
 
-    Numeric columns keep their Arrow dtype, or, under ``with_format("torch")``, take the
-    dtype ``datasets`` gives (integers int64, floats float32, or the format's ``dtype``).
+    Numeric columns keep their Arrow dtype, or take the one ``with_format("torch")`` gives.
 
     Example:
         >>> import datasets

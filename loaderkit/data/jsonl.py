@@ -26,9 +26,8 @@ __all__ = ["JsonlReader"]
 class JsonlReader:
     """``.jsonl`` shards: one JSON value per line, read by line offset without scanning.
 
-    Counting a shard writes its line offsets to ``<shard>.lkoffsets``; then sample ``i``
-    is one slice of the memory-mapped file. A line that is not valid JSON raises
-    :class:`ShardError` (or is skipped under ``on_error="skip"``).
+    Counting a shard writes its line offsets to ``<shard>.lkoffsets``; a line that is not
+    valid JSON raises :class:`ShardError`.
 
     Example:
         >>> import tempfile
@@ -67,9 +66,8 @@ class JsonlReader:
         path = Path(path)
         data = self._bytes(path)
         offsets = _read_offsets(path, "", len(data))
-        return _Lines(
-            path, data, offsets, MappedFiles((path, data), (_offsets_path(path, ""), offsets))
-        )
+        guard = MappedFiles((path, data), (_offsets_path(path, ""), offsets))
+        return _Lines(path, data, offsets, guard)
 
     def write(self, path: Path, samples: Iterable[Any]) -> Path:
         """Write one JSON line per sample to ``path``."""

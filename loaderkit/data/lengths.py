@@ -39,13 +39,10 @@ def compute_lengths(
         dataset: A map-style dataset (``len`` and ``[i]``).
         length_fn: Maps a sample to its token count; default ``len(sample)`` (an
             array's ``shape[0]``). Dict and tuple samples need one.
-        cache: A ``.npy`` path: lengths saved there for the same key are loaded (the
-            longest, the shortest and 8 drawn samples measured again: one that differs
-            recomputes them all), else computed and saved (with a ``.json`` sidecar: key
-            and checksum).
-        key: Part of the cache key, with the dataset's type and length and
-            ``length_fn``'s name, code and arguments (a ``partial``'s, by pickle): pass a
-            data version when the data may change.
+        cache: A ``.npy`` path: lengths saved there for the same key are loaded (checked
+            on 10 samples), else computed and saved (with a ``.json`` sidecar).
+        key: Part of the cache key (with the dataset's type and length and ``length_fn``'s
+            code and arguments): pass a data version when the data may change.
         progress: Show a tqdm progress bar while computing.
 
     Returns:

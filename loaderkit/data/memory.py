@@ -14,12 +14,8 @@ __all__ = ["ArrayDataset", "TensorDataset"]
 
 def _index_tensor(indices: Any) -> torch.Tensor:
     # The loader passes writable int64 arrays: wrapping one is cheaper than a copy.
-    if (
-        type(indices) is np.ndarray
-        and indices.dtype == np.int64
-        and indices.ndim == 1
-        and indices.flags.writeable
-    ):
+    flat = type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1
+    if flat and indices.flags.writeable:
         return torch.from_numpy(indices)
     return torch.as_tensor(indices, dtype=torch.long)
 

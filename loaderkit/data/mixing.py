@@ -26,6 +26,9 @@ from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 
 __all__ = ["MixedDataset"]
 
+_OWNER = "MixedDataset"
+_READS = ("__getitem__", "__getitems__", "get_batch")
+
 
 def shard_names_crc32(dataset: object) -> int | None:
     """The shard files a dataset reads (also through a torch ``Subset``/``ConcatDataset`` or
@@ -79,9 +82,6 @@ def _flat(dataset: ConcatDataset[Any]) -> list[Any]:
     for part in dataset.datasets:
         out.extend(_flat(part) if isinstance(part, ConcatDataset) else [part])
     return out
-
-
-_OWNER = "MixedDataset"
 
 
 def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
@@ -151,9 +151,6 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
                         f"{first[1]} in {other}, which a batch of both cannot hold exactly; "
                         f"{fix}."
                     )
-
-
-_READS = ("__getitem__", "__getitems__", "get_batch")
 
 
 def _reads_as(ds: Any, base: type) -> bool:
@@ -227,14 +224,12 @@ class MixedDataset(Dataset[Any]):
     drawn once per *source-epoch* (a permutation that may span epochs).
 
     Args:
-        sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a
-            sequence (named by their data where they have it, else by position).
-        weights: Proportions of an epoch, one per source (a list or a dict by name):
-            source ``s`` gets ``weights[s] / sum(weights) * epoch_size`` draws.
-        repeat: Passes over each source per epoch instead (``0.5``: half the source
-            per epoch): ``round(repeat[s] * len(source))`` draws. Not with ``weights``.
-        epoch_size: Samples per epoch with ``weights`` (default: ``len(self)``).
-            Neither ``weights`` nor ``repeat``: every source once per epoch.
+        sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a sequence.
+        weights: Proportions of an epoch, one per source (a list or a dict by name): source
+            ``s`` gets ``weights[s] / sum(weights) * epoch_size`` draws.
+        repeat: Passes over each source per epoch instead of ``weights`` (``0.5``: half).
+        epoch_size: Samples per epoch with ``weights`` (default: ``len(self)``); with
+            neither ``weights`` nor ``repeat``, every source once per epoch.
 
     Example:
         >>> import torch

@@ -31,13 +31,12 @@ class ParquetReader:
 
     Args:
         columns: The columns to read (default: all). Every file must have them.
-        length_column: The column giving each row's token count: a list column (its
-            lengths) or an integer column (its values).
+        length_column: The column of each row's token count (a list or integer column).
         cache_row_groups: Decoded row groups each process keeps per open file.
         row_group_size: Rows per row group when :meth:`write` writes a file.
 
-    Samples are dicts ``{column: value}``; a batch is a dict of column -> tensor, or
-    a list of 1-D tensors for ``list<number>`` (pad them with ``PadCollate()``).
+    Samples are dicts ``{column: value}``; a batch is a dict of column -> tensor, or a list of
+    1-D tensors for ``list<number>`` (pad them with ``PadCollate()``).
 
     Example:
         >>> import tempfile

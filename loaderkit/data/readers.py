@@ -26,18 +26,20 @@ _CHUNK = 1 << 26  # elements scanned per step when counting: bounded memory
 OFFSETS_SUFFIX = ".lkoffsets"
 DTYPE_SUFFIX = ".lkdtype"
 OWN_SUFFIXES = (OFFSETS_SUFFIX, DTYPE_SUFFIX)
+# A raw ``.bin`` (without loaderkit's dtype header) that is a whole file of another format:
+# read as tokens, its header would be the first ids of the shard.
+NPY_MAGIC, LITGPT_MAGIC = FOREIGN_MAGICS = (b"\x93NUMPY", b"LITPKDS")
+_LITGPT_ITEMSIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # by its dtype code
 
 
 @runtime_checkable
 class OpenShard(Protocol):
     """One shard opened for reading in one process (example: :class:`ShardReader`).
 
-    Optional members: ``read_batch(indices)`` returns a list of samples, or an
-    array / tensor whose first dimension is the samples; ``close()``;
-    ``rows``, a read-only array whose row ``i`` is sample ``i`` as stored, with
-    ``dtype``, the numpy dtype ``read_batch`` returns (a batch across shards is
-    then built by row copies); ``lengths()``, each sample's token count without
-    reading it (for :meth:`~loaderkit.ShardedDataset.lengths`).
+    Optional members: ``read_batch(indices)`` returns a list of samples, or an array /
+    tensor whose first dimension is the samples; ``close()``; ``rows``, a read-only array
+    whose row ``i`` is sample ``i`` as stored, with ``dtype``, the numpy dtype ``read_batch``
+    returns; ``lengths()``, each sample's token count without reading it.
     """
 
     def __len__(self) -> int:
@@ -213,12 +215,6 @@ def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
     return arr if shape is None else arr.reshape(shape, order="F" if fortran else "C")
 
 
-# A raw ``.bin`` (without loaderkit's dtype header) that is a whole file of another format:
-# read as tokens, its header would be the first ids of the shard.
-NPY_MAGIC, LITGPT_MAGIC = FOREIGN_MAGICS = (b"\x93NUMPY", b"LITPKDS")
-_LITGPT_ITEMSIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 4, 7: 8, 8: 2}  # by its dtype code
-
-
 def _foreign(path: Path, size: int) -> str | None:
     """What other format the file at ``path`` (``size`` bytes) is by header and size, or None."""
     with open(path, "rb") as f:
@@ -365,17 +361,14 @@ class TokenReader:
     One 1-D array of token ids per file (nanoGPT's headerless layout), memory-mapped.
 
     Args:
-        seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens
-            (the trailing ``len % seq_len`` tokens are not used).
-        targets: With ``seq_len``: add the next token to each sample
-            (``seq_len + 1`` tokens, ``x, y = s[:-1], s[1:]``).
-        eos: Instead of ``seq_len``: one sample per document, the tokens up to
-            and including each ``eos`` (a final document without one is kept);
-            give the loader a padding ``collate_fn`` such as :class:`~loaderkit.PadCollate`.
-        dtype: Token dtype. Required for ``.bin`` files without a ``.lkdtype``
-            header; for ``.npy`` files, checked against the header when given.
-        out_dtype: dtype of the returned tensors; ``None`` keeps the stored dtype. One that
-            cannot hold every stored value (int16 for uint16 shards) is refused.
+        seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens (the trailing
+            ``len % seq_len`` tokens are not used).
+        targets: With ``seq_len``: add the next token to each sample (``seq_len + 1`` tokens).
+        eos: Instead of ``seq_len``: one sample per document, up to and including each
+            ``eos`` (collate them with a padding ``collate_fn``, e.g. ``PadCollate``).
+        dtype: Token dtype; required for ``.bin`` files without a ``.lkdtype`` header.
+        out_dtype: dtype of the returned tensors (``None``: the stored one); one that cannot
+            hold every stored value is refused.
 
     Example:
         >>> import tempfile
@@ -406,9 +399,8 @@ class TokenReader:
             )
         owner = "TokenReader"
         if seq_len is not None:
-            check_int(
-                "seq_len", seq_len, 1, owner=owner, fix="pass the tokens per sample, e.g. 1024"
-            )
+            fix = "pass the tokens per sample, e.g. 1024"
+            check_int("seq_len", seq_len, 1, owner=owner, fix=fix)
         if eos is not None:
             check_int("eos", eos, 0, owner=owner, fix="pass the end-of-document token id")
         check_bool("targets", targets, owner=owner)

@@ -104,6 +104,7 @@ __all__ = ["RemoteCache"]
 DEFAULT_CACHE_BYTES = 32 << 30
 _MAX_UNPLANNED_LEASES = 16
 _BlockJob = tuple[int, tuple[int, ...]]  # (shard, blocks of it)
+_WHOLE_SECONDS = re.compile(r"\d+(\.0)?")  # also an integer ETag or generation: fetched again
 
 
 def _check_seconds(name: str, value: object, example: float, *, zero_ok: bool) -> None:
@@ -132,12 +133,10 @@ class RemoteCache:
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
         timeout_s: Deadline of one remote read with its retries (a listing, a lookup, a
-            batch of range reads, an 8 MiB piece of a download); past it a
-            :class:`ShardError` names the URL.
-        range_reads: Read plain (neither compressed nor hashed) ``.npy``/``.bin`` shards of
-            ``TokenReader(seq_len=...)`` by byte ranges, only the blocks each process reads:
-            ``True`` for all; ``"auto"`` for those over ``max_bytes / (prefetch + 1)`` or of
-            which the epoch reads at most half; ``False`` (default): whole files.
+            batch of range reads, an 8 MiB piece of a download).
+        range_reads: Read plain ``.npy``/``.bin`` shards of ``TokenReader(seq_len=...)`` by
+            byte ranges: ``True`` for all; ``"auto"`` for those over ``max_bytes / (prefetch
+            + 1)`` or read at most half per epoch; ``False`` (default): whole files.
         block_bytes: Size of the blocks a range-read shard is fetched and cached in.
 
     Example:
@@ -256,9 +255,6 @@ def _keys_copy(version: str) -> bool:
     """Whether a copy keyed by ``version`` holds across listings: not a time in whole seconds
     (``Last-Modified``, an SFTP ``mtime``), which two versions may share."""
     return bool(version) and not (version.endswith(" GMT") or _WHOLE_SECONDS.fullmatch(version))
-
-
-_WHOLE_SECONDS = re.compile(r"\d+(\.0)?")  # also an integer ETag or generation: fetched again
 
 
 def _local_footer(path: Path) -> bytes | None:

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from loaderkit._checks import (
+    check_choice,
     check_index_path,
     check_int,
     check_suffixes,
@@ -45,6 +46,9 @@ from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
 __all__ = ["ShardedDataset"]
 
 _SKIP_SLOTS = 257  # skip counters: the main process and 256 workers, one writer each
+_INT64 = np.dtype(np.int64)
+_SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
+_OWN_LENGTHS = "Pass length_fn= (a sample's token count), or override lengths()."
 
 
 class OrderArgs(TypedDict, total=False):
@@ -60,13 +64,6 @@ class _PlanArgs(OrderArgs, total=False):
     mix_shards: int
 
 
-_INT64 = np.dtype(np.int64)
-_SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sample)
-
-
-_OWN_LENGTHS = "Pass length_fn= (a sample's token count), or override lengths()."
-
-
 class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
@@ -74,20 +71,16 @@ class ShardedDataset(Dataset[Any]):
     name); :meth:`batch_sampler` orders and splits them across ranks and workers.
 
     Args:
-        shards: A directory (its files with the reader's suffixes), a list of
-            paths, a list of objects the reader's ``count``/``open`` accept
-            (counted here, no index), a folder URL, or a list of shard URLs
-            (anything fsspec resolves: :mod:`loaderkit.data.remote`).
+        shards: A directory (its files with the reader's suffixes), a list of paths, a list of
+            objects the reader's ``count``/``open`` accept (counted here, no index), a folder
+            URL, or a list of shard URLs (anything fsspec resolves).
         reader: The format, e.g. :class:`TokenReader`, or any :class:`ShardReader`.
-        index: The shard index file (default: next to the first shard). Written
-            when absent; checked against every shard's size and mtime when present.
-        on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is
-            counted in :attr:`skipped`, warned about, and replaced in its batch
-            by the next readable sample (a shard changed under the run, or a
-            reader setting that does not fit its data, raises all the same).
+        index: The shard index file (default: next to the first shard), written when absent.
+        on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is counted in
+            :attr:`skipped`, warned about, and replaced in its batch by the next readable
+            sample (a changed shard or a wrong reader setting raises all the same).
         max_open_shards: Shards each process keeps open (``None``: all).
-        remote: For shards at URLs: the cache and storage options (default
-            ``RemoteCache()``).
+        remote: For shards at URLs: a :class:`RemoteCache` (default ``RemoteCache()``).
 
     Example:
         >>> import tempfile
@@ -123,11 +116,7 @@ class ShardedDataset(Dataset[Any]):
                 f"ShardedDataset: shards must be a str path, URL or a list of them, got "
                 f"{shards!r}; decode it, e.g. shards=os.fsdecode(path)."
             )
-        if on_error not in ("raise", "skip"):
-            raise ValueError(
-                f"ShardedDataset: on_error must be 'raise' or 'skip', got {on_error!r}; pass one "
-                "of these."
-            )
+        check_choice("on_error", on_error, ("raise", "skip"), owner="ShardedDataset")
         if max_open_shards is not None:
             check_int("max_open_shards", max_open_shards, 1, owner="ShardedDataset")
         check_index_path(index, owner="ShardedDataset")

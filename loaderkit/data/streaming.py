@@ -233,16 +233,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
     each slot's stream going on across epochs.
 
     Args:
-        shards: A directory (its files with the reader's suffixes), a list of paths or
-            of objects the reader accepts, a folder URL or a list of shard URLs.
-        reader: A :class:`StreamReader` (``iter_from``) or a
-            :class:`~loaderkit.ShardReader` (``open``, seeks by index).
+        shards: A directory (its files with the reader's suffixes), a list of paths or of
+            objects the reader accepts, a folder URL or a list of shard URLs.
+        reader: A :class:`StreamReader` or a :class:`~loaderkit.ShardReader` (seeks by index).
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
         mix_shards: Shards each slot reads at once, interleaved; 1 reads one at a time.
         steps_per_epoch: Batches per rank per epoch.
         samples_per_epoch: Samples per epoch over all ranks.
-        transform: Applied to each sample, seeded per sample when the loader's
-            ``per_sample_seeding`` is on.
+        transform: Applied to each sample (seeded under the loader's ``per_sample_seeding``).
         remote: For shards at URLs: a :class:`~loaderkit.RemoteCache` (default one).
 
     Example:
@@ -287,11 +285,10 @@ class StreamingShardedDataset(IterableDataset[Any]):
         self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
         self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
         paths = shard_paths(self.shards)
-        names = (
-            names_crc32(paths)
-            if paths is not None
-            else zlib.crc32("\n".join(repr(s) for s in self.shards).encode())
-        )
+        if paths is None:  # objects: by their reprs
+            names = zlib.crc32("\n".join(repr(s) for s in self.shards).encode())
+        else:
+            names = names_crc32(paths)
         settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")
         # Local files as listed: one rewritten since (between epochs) is refused, not read anew.
         local = all(isinstance(s, Path) for s in self.shards)

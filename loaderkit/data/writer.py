@@ -422,12 +422,12 @@ def write_shards(
 ) -> list[Any]:
     """Write one file per item of ``shards`` with ``reader.write``, atomically, and index them.
 
-    Returns the shard paths (URLs for a URL), in order. An error in ``fn`` or the reader
-    propagates with a note naming the shard; a writer process that died is a ``ShardError``.
+    Returns the shard paths (URLs for a URL), in order; an error in ``fn`` or the reader
+    propagates with a note naming the shard.
 
     Args:
-        directory: A folder (created if needed) or a folder URL (``loaderkit[remote]``);
-            files named like this write's shards that it did not produce are removed.
+        directory: A folder (created if needed) or a folder URL; files named like this
+            write's shards that it did not produce are removed.
         shards: One item per shard (the reader's data, or ``fn``'s inputs), read lazily.
         reader: A :class:`ShardReader` with a ``write(path, data)`` method.
         suffix: File suffix (default: the reader's first).
