@@ -73,8 +73,7 @@ def _torch_dtype(t: Any) -> torch.dtype:
 
 
 def column_kind(pa: Any, t: Any) -> tuple[Any, ...]:
-    """What a column of Arrow type ``t`` becomes: ``("tensor", dtype)``, ``("tensors",
-    dtype)``, ``("fixed", dtype, size)`` or ``("python", type)``."""
+    """What a column of Arrow type ``t`` becomes: ``("tensor"|"tensors"|"fixed"|"python", ...)``."""
     if _numeric(pa, t):
         return ("tensor", _torch_dtype(t))
     if pa.types.is_fixed_size_list(t) and _numeric(pa, t.value_type):

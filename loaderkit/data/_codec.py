@@ -239,8 +239,7 @@ def decoded_intact(target: Path) -> bool:
 
 
 def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None = None) -> Path:
-    """The decoded copy (with sidecars) of the compressed shard ``src`` in ``folder``, decoded
-    once per machine; ``check`` runs on ``src`` first."""
+    """The decoded copy of ``src`` in ``folder``, made once per machine after ``check(src)``."""
     target = folder / decoded_name(src.name)
     if decoded_intact(target):
         return target
@@ -282,8 +281,7 @@ def decoded_local(path: Path) -> Path:
 
 
 def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
-    """Where a local compressed shard is decoded: ``<root>/decoded/<key>``, keyed by its stat,
-    ``digest`` and its dtype headers' stat."""
+    """``<root>/decoded/<key>``, keyed by the shard's and its headers' stat and ``digest``."""
     st = path.stat()
     headers = []
     for name in (decoded_name(path.name), path.name):  # the headers decode_into copies

@@ -277,8 +277,7 @@ class Storage:
     def read_ranges(
         self, url: str, spans: list[tuple[int, int]], size: int, version: str | None = None
     ) -> list[bytes]:
-        """The bytes ``[start, end)`` of each span of ``url`` (``size`` bytes, still ``version``);
-        :class:`RangesUnsupported` if the server ignores ``Range:``."""
+        """The bytes of each ``[start, end)`` span of ``url``; :class:`RangesUnsupported`."""
         expect = None if version is None else (size, version)
 
         def cat() -> list[bytes]:

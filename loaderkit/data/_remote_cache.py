@@ -181,8 +181,7 @@ class DiskCache:
     def reserved(
         self, url: str, folders: list[Path], sizes: list[int], *, ahead: bool
     ) -> Iterator[None]:
-        """Reserve ``sizes`` bytes in ``folders`` while the body downloads ``url``; a full
-        budget raises :class:`NoRoom` if ``ahead``, else warns."""
+        """Reserve ``sizes`` bytes in ``folders`` (full budget: NoRoom if ``ahead``, else warns)."""
         fd = flock(self.root / "locks" / ".budget", fcntl.LOCK_EX)
         assert fd is not None
         try:
@@ -253,8 +252,7 @@ class DiskCache:
 
 
 class Blocks:
-    """One process's blocks of range-read shards in the cache (block ``b``: bytes from
-    ``b * block_bytes``): leased, fetched, mapped."""
+    """One process's blocks of range-read shards in the cache: leased, fetched, mapped."""
 
     def __init__(self, disk: DiskCache, storage: Storage, block_bytes: int) -> None:
         self.disk, self.storage, self.size = disk, storage, block_bytes

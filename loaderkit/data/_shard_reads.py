@@ -88,8 +88,7 @@ def own_rows(handle: Any) -> Any:
 
 
 class Sources(dict[int, RowSource]):
-    """The row sources of this process's open shards, by shard; a pickled dataset leaves them
-    behind, as it leaves its maps. ``opens``: the shards opened when they were last pruned."""
+    """This process's row sources by shard (not pickled); ``opens``: as of the last prune."""
 
     def __init__(self) -> None:
         super().__init__()

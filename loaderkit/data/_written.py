@@ -153,8 +153,7 @@ def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
 
 
 def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
-    """The rows in the ``write_shards`` indexes of the folders of ``paths`` (and of their
-    links' targets), by :func:`path_key`, with where each index is."""
+    """``(index, row)`` of the ``write_shards`` indexes beside ``paths``, by :func:`path_key`."""
     found: dict[Path, tuple[str, IndexEntry]] = {}
     for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
         for where in folder.glob(f"{INDEX_PREFIX}*.json"):

@@ -104,8 +104,7 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
 
 
 def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
-    """Whether ``ds`` is a MixedDataset (with weights), or holds one through torch's
-    ``Subset`` or ``ConcatDataset``."""
+    """Whether ``ds`` is or holds (through ``Subset``, ``ConcatDataset``) a (weighted) mix."""
     if isinstance(ds, Subset):
         return holds_mix(ds.dataset, weighted=weighted)
     if isinstance(ds, ConcatDataset):

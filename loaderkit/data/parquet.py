@@ -209,8 +209,7 @@ class ParquetReader:
         return _ParquetShard(path, self, self._file(path), identity)
 
     def write(self, path: Path, data: Any) -> Path:
-        """Write ``data`` (a ``pyarrow.Table``, a dict of columns, a pandas DataFrame or a
-        list of row dicts) to ``path`` as Parquet."""
+        """Write ``data`` (a Table, dict of columns, DataFrame or row dicts) as Parquet."""
         pa = import_pyarrow()
         path = Path(path)
         if isinstance(data, pa.Table):

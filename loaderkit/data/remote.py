@@ -626,8 +626,7 @@ class RemoteShards:
         return final.exists() if final == target else decoded_intact(final)
 
     def versionless(self, index: int) -> bool:
-        """Whether shard ``index`` (or a sidecar) has neither a version to key a copy by nor
-        an index hash: its content is known within this listing only."""
+        """Whether shard ``index`` (or a sidecar) has no version or hash to key a copy by."""
         shard = self.shards[index]
         keys = [self._digest(index) or _keys_copy(shard.version)]
         return not all([*keys, *(_keys_copy(v) for *_, v in shard.sidecars)])

@@ -202,11 +202,8 @@ class ShardedDataset(Dataset[Any]):
 
     def describe(self) -> dict[str, Any]:
         """Shards, samples and ``remote``: the cache's counts for shards at URLs, else None."""
-        return {
-            "shards": len(self.shards),
-            "samples": len(self),
-            "remote": None if self._remote is None else self._remote.stats(),
-        }
+        remote = None if self._remote is None else self._remote.stats()
+        return {"shards": len(self.shards), "samples": len(self), "remote": remote}
 
     @property
     def skipped(self) -> int:

@@ -45,10 +45,7 @@ _OWNER = "StreamingShardedDataset"
 
 @runtime_checkable
 class StreamReader(Protocol):
-    """A format read front to back: what :class:`StreamingShardedDataset` needs.
-
-    A picklable ``iter_from(shard, offset)``; any :class:`ShardReader` works too.
-    """
+    """A picklable format read front to back (any :class:`ShardReader` works too)."""
 
     @property
     def suffixes(self) -> tuple[str, ...]:
