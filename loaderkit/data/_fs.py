@@ -77,8 +77,7 @@ def source_name(data: str | Sequence[str]) -> str:
 
 
 class Storage:
-    """One remote location (``url``'s protocol picks the fsspec filesystem) and the retries,
-    backoff and deadline of every call made to it; pickles without its filesystem."""
+    """One remote location (its fsspec filesystem) and the retries and deadline of each call."""
 
     def __init__(
         self,

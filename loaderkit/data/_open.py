@@ -346,8 +346,9 @@ class OpenShards:
         try:
             if self.fetch is None:
                 handle = self._open_local(shard, entry)
-            else:
-                handle = self._open_fetched(shard)
+            else:  # at a URL: opened for range reads, else its fetched copy
+                ranged = None if self.ranged is None else self.ranged(shard)
+                handle = ranged if ranged is not None else self._open_or_count(self.fetch(shard))
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
@@ -398,19 +399,13 @@ class OpenShards:
     def _verify(self, path: Path, digest: str) -> None:
         verify_local(path, digest, self.cache_root)
 
-    def _open_fetched(self, shard: int) -> OpenShard:
-        assert self.fetch is not None
-        handle = None if self.ranged is None else self.ranged(shard)
-        return handle if handle is not None else self._open_or_count(self.fetch(shard))
-
     def _open_or_count(self, local: Path) -> OpenShard:
         try:
             return self.reader.open(local)
         except (MissingShardError, ShardChangedError) as exc:
             if exc.path == local:
                 raise
-            # A sidecar missing or older than the copy (fetched or decoded after it): counting
-            # the cached or decoded copy writes it.
+            # A sidecar missing or older than the fetched or decoded copy: counting writes it.
             self.reader.count(local)
             return self.reader.open(local)
 

@@ -72,8 +72,7 @@ class _Spans(Protocol):
 
 
 class RangedTokens:
-    """Fixed-length token samples of one remote shard, read by byte ranges (an OpenShard):
-    those of :meth:`TokenReader.open`; no ``rows`` (a mixing batch is read per shard)."""
+    """The fixed-length token samples of one remote shard (an OpenShard), read by byte ranges."""
 
     def __init__(
         self, source: _Spans, index: int, layout: Layout, reader: TokenReader, url: str

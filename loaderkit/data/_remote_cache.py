@@ -110,7 +110,6 @@ class DiskCache:
         self.__dict__.update(state)
         self.reset()
 
-    # ---------------------------------------------------------------- counts
     def count(self, stat: str, value: int = 1) -> None:
         info = get_worker_info()
         slot = 0 if info is None else 1 + info.id % (_SLOTS - 1)
@@ -124,7 +123,6 @@ class DiskCache:
         """Each count of ``STATS``, summed over this process and its workers."""
         return dict(zip(STATS, (int(t) for t in self.table.sum(dim=0).tolist()), strict=True))
 
-    # ---------------------------------------------------------------- leases
     def entry(self, key: str, name: str) -> Entry:
         """The file ``name`` of entry ``key``, its lease lock and its download lock."""
         locks = self.root / "locks"
@@ -155,7 +153,6 @@ class DiskCache:
         for fd in fds:
             os.close(fd)  # closing the descriptor drops its lock
 
-    # ---------------------------------------------------------------- budget
     def used(self) -> tuple[int, list[tuple[float, str, int]]]:
         """Bytes in the cache, and ``(last use, key, bytes)`` of each entry."""
         entries, total = [], 0

@@ -98,8 +98,7 @@ def compute_lengths(
 
 
 def _cache_ident(dataset: Any, fn: Any, key: str, size: int, path: Path) -> str | None:
-    """The cache key of ``fn`` over ``dataset``: its type, size, ``fn``'s code and arguments
-    and ``key``; None (with a warning) where ``fn``'s arguments do not pickle."""
+    """The cache key of ``fn`` over ``dataset``; None (warned) where ``fn`` does not pickle."""
     name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}:{code_digest(fn)}"
     state = None if isinstance(fn, types.FunctionType) else pickle_digest(fn)
     if not isinstance(fn, types.FunctionType) and state is None:

@@ -192,13 +192,6 @@ def _promoted(a: Any, b: Any) -> Any:
         return None
 
 
-def _list_names(datasets: list[Any]) -> list[str]:
-    """Sources' names from their data, else their position; a shared name gets ``#i``."""
-    names = [getattr(ds, "_source_name", None) or str(i) for i, ds in enumerate(datasets)]
-    shared = {n for n in names if names.count(n) > 1}
-    return [f"{n}#{i}" if n in shared else n for i, n in enumerate(names)]
-
-
 def _check_distinct(
     datasets: list[Any], sizes: tuple[int, ...], per_epoch: tuple[int, ...]
 ) -> None:
@@ -261,7 +254,10 @@ class MixedDataset(Dataset[Any]):
             datasets = list(sources.values())
         elif isinstance(sources, Sequence) and not isinstance(sources, str | bytes):
             datasets = list(sources)
-            self.names = _list_names(datasets)
+            # Named by their data, else by position; a shared name gets ``#i``.
+            names = [getattr(ds, "_source_name", None) or str(i) for i, ds in enumerate(datasets)]
+            shared = {n for n in names if names.count(n) > 1}
+            self.names = [f"{n}#{i}" if n in shared else n for i, n in enumerate(names)]
         else:
             raise TypeError(
                 f"{_OWNER}: sources must be a dict of datasets by name or a list of datasets, "

@@ -122,11 +122,6 @@ def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
     offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
     if offsets[-1] != len(data):  # a last piece without its separator
         offsets = np.append(offsets, len(data))
-    _write_offsets(path, tag, offsets)
-    return len(offsets) - 1
-
-
-def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
     target = _offsets_path(path, tag)
     try:
         # Atomic: DDP ranks may count the same shard at once (same content).
@@ -137,6 +132,7 @@ def _write_offsets(path: Path, tag: str, offsets: np.ndarray) -> None:
             "where their directory is writable (e.g. write_shards), then copy them with mtimes.",
             path=target,
         ) from exc
+    return len(offsets) - 1
 
 
 def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
@@ -331,8 +327,8 @@ def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dty
 
 
 def narrows(stored: np.dtype, out: np.dtype) -> bool:
-    """Whether ``out`` may not hold every ``stored`` token: numpy's unsafe casts, and ints
-    wider than a float's mantissa (numpy calls int64 -> float64 safe; it rounds 2**53 + 1)."""
+    """Whether ``out`` may not hold every ``stored`` token (ints wider than a float's mantissa
+    too, which numpy calls safe)."""
     if not np.can_cast(stored, out, "safe"):
         return True
     return out.kind == "f" and stored.itemsize * 8 > np.finfo(out).nmant + 1

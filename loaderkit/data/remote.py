@@ -195,8 +195,7 @@ class RemoteCache:
 
 
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:
-    """The shards' local paths in their real folders (a file's own link kept, as in a
-    Hugging Face snapshot) or URLs, or None where one is an object."""
+    """The shards' paths in their real folders (links to files kept) or URLs; None: objects."""
     if not all(isinstance(s, Path | RemoteShard) for s in shards):
         return None
     real = lru_cache(None)(os.path.realpath)  # once per folder: shards share few
@@ -365,7 +364,6 @@ class RemoteShards:
         if self._pid != os.getpid():
             self._reset()
 
-    # --------------------------------------------------------------- listing
     def _list(self, source: str | list[str], suffixes: tuple[str, ...]) -> list[RemoteShard]:
         owner = self.owner
         if isinstance(source, str):
@@ -423,10 +421,8 @@ class RemoteShards:
         check_complete(folder, [s.name for s in found], list(self.index_docs.items()), accept, kept)
         return found
 
-    # ----------------------------------------------------------------- index
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
-        """Each shard's sample count, from the checked index; else counted and the index
-        written (to the folder, else into the cache directory)."""
+        """Each shard's sample count, from the checked index; else counted and indexed."""
         self.reader = reader
         name = remote_index_name([s.name for s in self.shards], reader)
         default = join_url(self.folder, name)
@@ -556,7 +552,6 @@ class RemoteShards:
             "shard_bytes": sum(s.total_bytes for s in self.shards),
         }
 
-    # ------------------------------------------------------------ whole files
     def _paths(self, index: int, block: int | None = None) -> Entry:
         """The cache file, lease lock and download lock of shard ``index`` (or its ``block``)."""
         found = self._entries.get((index, block))
@@ -670,12 +665,10 @@ class RemoteShards:
         self._verified.add(index)
         return True
 
-    # -------------------------------------------------------------- prefetch
     def want(
         self, in_use: Sequence[int], upcoming: Sequence[int], blocks: Sequence[_BlockJob] = ()
     ) -> None:
-        """Lease ``in_use`` and ``upcoming`` shards (release the others) and fetch the missing
-        ones (or a range-read shard's ``blocks``) in the background."""
+        """Lease ``in_use`` and ``upcoming`` shards, release the others, prefetch the missing."""
         self._here()
         window = (tuple(in_use), tuple(upcoming))
         if window == self._window and self._planned and not blocks:
@@ -698,8 +691,7 @@ class RemoteShards:
         with self._wake:
             self._queue[:] = [i for i in wanted if not self._paths(i)[0].exists()] + list(blocks)
             if self._queue and self._thread is None:
-                # The thread holds this object weakly: a dropped dataset is collected (its
-                # leases end) and its thread ends.
+                # Held weakly: a dropped dataset is collected (its leases end), its thread ends.
                 stop = threading.Event()
                 args = (weakref.ref(self), self._wake, self._queue, stop)
                 self._thread = threading.Thread(
@@ -756,7 +748,6 @@ class RemoteShards:
         self.want(in_use, upcoming, blocks)
         return [*in_use, *upcoming]
 
-    # ----------------------------------------------------------- range reads
     def _layout(self, index: int) -> Layout | None:
         """Shard ``index``'s layout if it is read by byte ranges (decided once), else None."""
         if index not in self._layouts:

@@ -380,9 +380,8 @@ class ShardedDataset(Dataset[Any]):
                     expected += src.expected
                 picks.append((rows, g - starts[shard]))
             assert kind is not None
-            # The files checked before the copy (a truncated map raises SIGBUS), as the shard's
-            # own read does, and after it (zeros); a change sends the batch to the per-shard
-            # path, which names the file.
+            # Sizes checked before the copy (a truncated map raises SIGBUS) and after it (zeros);
+            # a change sends the batch to the per-shard path, which names the file.
             if sizes_now(sizers) != expected:
                 return None
             out = np.empty((len(picks), *kind[0]), dtype=kind[1])

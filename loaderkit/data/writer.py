@@ -149,9 +149,8 @@ def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> st
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     fn_name = None if fn is None else f"{getattr(fn, '__module__', '')}.{name}"
     settings = {"reader": reader.spec(), "fn": fn_name, "fn_code": code_digest(fn)}
-    # What the reader writes may hang on settings its spec() leaves out (it lists the
-    # count's): on its instance, on its class, in a helper method, in write's own code
-    # (class_digest leaves an installed class out; an edit there must still count).
+    # What the reader writes may hang on settings its spec() (the count's) leaves out: on its
+    # instance, its class, a helper method, write's own code (even in an installed class).
     settings |= {"reader_class": class_digest(type(reader)), "reader_bound": pickle_digest(reader)}
     settings["write_code"] = code_digest(reader.write)
     if settings["reader_class"] is None or settings["reader_bound"] is None:
@@ -270,18 +269,6 @@ def _context(mp_context: Any) -> Any:
     return mp_context
 
 
-def _check_pickles(job: _Job) -> None:
-    for name, obj in (("fn", job.fn), ("reader", job.reader)):
-        try:
-            ForkingPickler.dumps(obj)
-        except Exception as exc:
-            raise TypeError(
-                f"write_shards: {name}={obj!r} cannot be pickled for the writer processes "
-                f"({type(exc).__name__}: {exc}); define it at module level, or pass "
-                "mp_context='fork'."
-            ) from exc
-
-
 _JOB: _Job | None = None
 
 
@@ -303,7 +290,15 @@ def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
         return
     ctx = _context(mp_context)
     if mp_context is None or ctx.get_start_method() != "fork":
-        _check_pickles(job)
+        for name, obj in (("fn", job.fn), ("reader", job.reader)):
+            try:
+                ForkingPickler.dumps(obj)
+            except Exception as exc:
+                raise TypeError(
+                    f"write_shards: {name}={obj!r} cannot be pickled for the writer processes "
+                    f"({type(exc).__name__}: {exc}); define it at module level, or pass "
+                    "mp_context='fork'."
+                ) from exc
     pool = cf.ProcessPoolExecutor(
         num_workers, mp_context=ctx, initializer=_start_writer, initargs=(job,)
     )
