@@ -223,12 +223,8 @@ class Storage:
             return None
         return None if now == expect else _changed_error(url, expect, now)
 
-    def listing(self, url: str) -> list[dict[str, Any]]:
-        """The files directly under folder ``url``: ``{"name", "size", "version"}`` each."""
-        return self.entries(url)[0]
-
     def entries(self, url: str) -> tuple[list[dict[str, Any]], set[str]]:
-        """The files directly under folder ``url`` (as :meth:`listing`), and its subfolders."""
+        """The files directly under folder ``url`` (``{"name", "size", "version"}``), subfolders."""
 
         def ls() -> list[dict[str, Any]]:
             self.fs.invalidate_cache()  # a listing must see what is there now

@@ -381,7 +381,7 @@ class OpenShards:
         if is_compressed(path.name):
             return self._open_or_count(self.local_file(shard))
         if entry is not None and entry.digest is not None:
-            self._verify(path, entry.digest)
+            verify_local(path, entry.digest, self.cache_root)
         return self.reader.open(path)
 
     def local_file(self, shard: int) -> Any:
@@ -390,14 +390,9 @@ class OpenShards:
         if not (isinstance(path, Path) and is_compressed(path.name)):
             return path
         digest = None if self.entries is None else self.entries[shard].digest
-        return decode_into(
-            path,
-            local_decode_dir(path, self.cache_root, digest),
-            check=None if digest is None else partial(self._verify, digest=digest),
-        )
-
-    def _verify(self, path: Path, digest: str) -> None:
-        verify_local(path, digest, self.cache_root)
+        root = self.cache_root
+        check = None if digest is None else partial(verify_local, expected=digest, cache_root=root)
+        return decode_into(path, local_decode_dir(path, root, digest), check=check)
 
     def _open_or_count(self, local: Path) -> OpenShard:
         try:

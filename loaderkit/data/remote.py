@@ -377,7 +377,7 @@ class RemoteShards:
             refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
-                entries = self.storage.listing(folder)
+                entries, _ = self.storage.entries(folder)
                 folders[folder] = _listed_shards(folder, entries)
                 names = (e["name"] for e in entries)
                 self._indexes_beside += [join_url(folder, n) for n in names if is_index_name(n)]

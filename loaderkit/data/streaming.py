@@ -158,9 +158,8 @@ class Cursor(NamedTuple):
     @classmethod
     def from_state(cls, saved: Any) -> Cursor:
         pass_, nxt, lanes, turn, seen = saved
-        return cls(
-            int(pass_), int(nxt), tuple((int(p), int(o)) for p, o in lanes), int(turn), int(seen)
-        )
+        lanes = tuple((int(p), int(o)) for p, o in lanes)
+        return cls(int(pass_), int(nxt), lanes, int(turn), int(seen))
 
 
 def _check_args(

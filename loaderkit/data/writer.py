@@ -204,7 +204,7 @@ class _RemoteDone:
 
 def _listing(storage: Storage, url: str) -> list[dict[str, Any]]:
     try:
-        return storage.listing(url)
+        return storage.entries(url)[0]
     except ShardError:  # MissingShardError: no such folder yet
         return []
 
@@ -641,7 +641,7 @@ def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
 def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
     storage = job.storage
     assert storage is not None
-    listed = {entry["name"]: entry for entry in storage.listing(job.root)}
+    listed = {entry["name"]: entry for entry in storage.entries(job.root)[0]}
 
     def read(name: str) -> bytes:
         return storage.read_bytes(join_url(job.root, name))
