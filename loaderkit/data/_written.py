@@ -81,9 +81,8 @@ def written_digests(
         if not row:
             digests.append(None)
             continue
-        remote_unchanged(
-            url, size, version, row, f"re-run write_shards, or delete the index {where!r}."
-        )
+        fix = f"re-run write_shards, or delete the index {where!r}."
+        remote_unchanged(url, size, version, row, fix)
         extras = row[4] if len(row) > 4 and isinstance(row[4], dict) else {}
         digests.append(extras.get("hash"))
     return digests

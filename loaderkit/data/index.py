@@ -257,10 +257,9 @@ def read_remote_index(
             f"in it: {extra[:3]}); delete it.",
             path=where,
         )
+    fix = f"delete the index {where!r} and restart the run."
     for url, name, size, version in listed:
-        remote_unchanged(
-            url, size, version, by_name[name], f"delete the index {where!r} and restart the run."
-        )
+        remote_unchanged(url, size, version, by_name[name], fix)
     rows = [by_name[name] for _, name, _, _ in listed]
     return [int(r[3]) for r in rows], [r[4] if len(r) > 4 else None for r in rows]
 
