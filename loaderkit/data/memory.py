@@ -80,9 +80,7 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
 
 
 class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
-    """Rows of one or more numpy arrays (``np.memmap`` too), returned as tensors.
-
-    Only the requested rows are read, so a memory-mapped array larger than RAM works.
+    """Rows of one or more numpy arrays (an ``np.memmap`` larger than RAM too), as tensors.
 
     Args:
         *arrays: Arrays with equal ``shape[0]``.

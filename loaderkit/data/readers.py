@@ -60,12 +60,12 @@ class ShardReader(Protocol):
     source)`` per shard (a path, or a file object holding a URL's Parquet footer).
 
     Attributes:
-        suffixes: File suffixes of the format, for listing a directory; the
-            first names the shards :func:`~loaderkit.write_shards` writes.
+        suffixes: File suffixes of the format, for listing a directory; the first names
+            the shards :func:`~loaderkit.write_shards` writes.
 
     Example:
-        A reader of text files, one sample per line (``open`` returns a list
-        with a ``read`` method: all :class:`OpenShard` asks for):
+        A reader of text files, one sample per line (``open`` returns a list with a ``read``
+        method: all :class:`OpenShard` asks for):
 
         >>> import tempfile
         >>> from loaderkit import ShardedDataset
