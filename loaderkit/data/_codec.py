@@ -71,6 +71,8 @@ def check_compression(compression: Any, level: Any, owner: str) -> tuple[str | N
             f"{owner}: compression must be None or one of {list(COMPRESSIONS)}, got "
             f"{compression!r}; pass compression='zstd' or leave it out."
         )
+    if compression == "zstd":
+        _zstd()  # missing: refused before a folder or a writer is made
     if level is None:
         return compression, DEFAULT_LEVEL
     if compression is None:
@@ -83,8 +85,6 @@ def check_compression(compression: Any, level: Any, owner: str) -> tuple[str | N
             f"{owner}: level must be an int in [-7, 22] (zstd's levels), got {level!r}; "
             "pass e.g. 3."
         )
-    if compression == "zstd":
-        _zstd()
     return compression, level
 
 

@@ -303,6 +303,7 @@ def test_without_zstandard_the_extra_is_named(
     monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard -> ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install '\.\[zstd\]'"):
         write_shards(tmp_path / "e", id_shards(), reader, compression="zstd")
+    assert not (tmp_path / "e").exists()  # refused before the folder (it left a work folder)
     ds = ShardedDataset(paths, reader)  # the index is there: nothing to decode yet
     with pytest.raises(MissingDependencyError, match=r"zstandard.*\.\[zstd\]"):
         ds[0]
