@@ -300,7 +300,8 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(
             f"{where}: its values differ in size between samples ({err}), and only top-level "
-            "fields are padded; return a top-level field, or collate it in your own collate_fn"
+            "tensors, arrays and number lists are padded; return one of those as a top-level "
+            "field, or collate it in your own collate_fn"
         ) from err
 
 

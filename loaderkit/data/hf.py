@@ -211,7 +211,8 @@ class HFDataset(Dataset[dict[str, Any]]):
         return kinds
 
     def lengths(self) -> np.ndarray:
-        """Each row's token count from ``length_column`` (a subclass's rows checked against it)."""
+        """Each row's token count from ``length_column``; a subclass's longest and shortest
+        rows are measured against it (``ValueError`` where they differ)."""
         pa = import_pyarrow("hf")
         name = self.length_column
         if name is None:

@@ -27,7 +27,7 @@ class JsonlReader:
     """``.jsonl`` shards: one JSON value per line, read by line offset without scanning.
 
     Counting a shard writes its line offsets to ``<shard>.lkoffsets``; a line that is not
-    valid JSON raises :class:`ShardError`.
+    valid JSON raises :class:`ShardError` (or is skipped under ``on_error="skip"``).
 
     Example:
         >>> import tempfile

@@ -216,10 +216,12 @@ class MixedDataset(Dataset[Any]):
     drawn once per *source-epoch* (a permutation that may span epochs).
 
     Args:
-        sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a sequence.
+        sources: The datasets (``len()`` >= 1 and ``[i]``), as a dict by name or a sequence
+            (named by their data where they have it, else by position).
         weights: Proportions of an epoch, one per source (a list or a dict by name): source
             ``s`` gets ``weights[s] / sum(weights) * epoch_size`` draws.
-        repeat: Passes over each source per epoch instead of ``weights`` (``0.5``: half).
+        repeat: Passes over each source per epoch instead of ``weights`` (``0.5``: half):
+            ``round(repeat[s] * len(source))`` draws.
         epoch_size: Samples per epoch with ``weights`` (default: ``len(self)``); with
             neither ``weights`` nor ``repeat``, every source once per epoch.
 

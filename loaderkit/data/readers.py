@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import math
 import mmap
+import operator
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -362,7 +363,8 @@ class TokenReader:
         targets: With ``seq_len``: add the next token to each sample (``seq_len + 1`` tokens).
         eos: Instead of ``seq_len``: one sample per document, up to and including each
             ``eos`` (collate them with a padding ``collate_fn``, e.g. ``PadCollate``).
-        dtype: Token dtype; required for ``.bin`` files without a ``.lkdtype`` header.
+        dtype: Token dtype; required for ``.bin`` files without a ``.lkdtype`` header,
+            checked against a ``.npy`` file's header when given.
         out_dtype: dtype of the returned tensors (``None``: the stored one); one that cannot
             hold every stored value is refused.
 
@@ -605,7 +607,7 @@ class _Documents:
         return torch.from_numpy(as_out(self.tokens[lo:hi], self.out, self.narrowing))
 
     def read(self, index: int) -> torch.Tensor:
-        return self.read_batch([index])[0]
+        return self.read_batch([operator.index(index)])[0]  # a float is no index
 
     def read_batch(self, indices: Any) -> list[torch.Tensor]:
         self.guard.check()

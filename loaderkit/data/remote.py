@@ -133,10 +133,12 @@ class RemoteCache:
         retries: Retries of a transient error (network, timeout, 5xx).
         backoff_s: Wait before the first retry; doubled for each next one.
         timeout_s: Deadline of one remote read with its retries (a listing, a lookup, a
-            batch of range reads, an 8 MiB piece of a download).
-        range_reads: Read plain ``.npy``/``.bin`` shards of ``TokenReader(seq_len=...)`` by
-            byte ranges: ``True`` for all; ``"auto"`` for those over ``max_bytes / (prefetch
-            + 1)`` or read at most half per epoch; ``False`` (default): whole files.
+            batch of range reads, an 8 MiB piece of a download); past it a
+            :class:`ShardError` names the URL.
+        range_reads: Read plain (neither compressed nor hashed) ``.npy``/``.bin`` shards of
+            ``TokenReader(seq_len=...)`` by byte ranges, only the blocks each process reads:
+            ``True`` for all; ``"auto"`` for those over ``max_bytes / (prefetch + 1)`` or
+            read at most half per epoch; ``False`` (default): whole files.
         block_bytes: Size of the blocks a range-read shard is fetched and cached in.
 
     Example:

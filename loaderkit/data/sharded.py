@@ -67,15 +67,17 @@ class _PlanArgs(OrderArgs, total=False):
 class ShardedDataset(Dataset[Any]):
     """A map-style dataset over shards of known sizes, with its own :class:`ShardPlan`.
 
-    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards as given, or by
-    name); :meth:`batch_sampler` orders and splits them across ranks and workers.
+    Global index ``i`` is sample ``i - offset[s]`` of shard ``s`` (shards as given, or a
+    directory's by name, ``write_shards``' numbered by value); :meth:`batch_sampler` orders
+    and splits them across ranks and workers.
 
     Args:
         shards: A directory (its files with the reader's suffixes), a list of paths, a list of
             objects the reader's ``count``/``open`` accept (counted here, no index), a folder
             URL, or a list of shard URLs (anything fsspec resolves).
         reader: The format, e.g. :class:`TokenReader`, or any :class:`ShardReader`.
-        index: The shard index file (default: next to the first shard), written when absent.
+        index: The shard index file (default: next to the first shard), written when absent,
+            checked against every shard's size and mtime when present.
         on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is counted in
             :attr:`skipped`, warned about, and replaced in its batch by the next readable
             sample (a changed shard or a wrong reader setting raises all the same).

@@ -72,7 +72,8 @@ class ResumableDataLoader:
             :class:`~loaderkit.PlanBatchSampler`), or a torch ``BatchSampler``
             (taken as its sampler, batch size and drop_last).
         num_workers: Worker processes (0: in this process), or ``"auto"`` (map-style
-            data): start workers mid-epoch only if measured to shorten the step.
+            data): start workers mid-epoch only if measured to shorten the step; it changes
+            when batches load, never which.
         collate_fn: Merges samples into a batch (default ``default_collate``).
         pin_memory: ``True``, ``False`` or ``"auto"`` (pin on CUDA).
         drop_last: Drop the tail short of ``world_size * batch_size``; else the
@@ -93,7 +94,9 @@ class ResumableDataLoader:
         in_order: Must be ``True`` (a saved position needs ordered batches).
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs seeded
             from ``(seed, e, i)``, for any ``num_workers`` and after a resume. ``"auto"``:
-            only the generators the dataset draws from; ``True``: all three always.
+            only the generators the dataset draws from, off for data that cannot draw;
+            ``True``: all three always. A ``__getitems__`` read that draws is refused
+            unless it only gathers per-sample reads.
 
     Example:
         >>> import torch
@@ -200,7 +203,8 @@ class ResumableDataLoader:
 
     @property
     def pin_memory(self) -> bool:
-        """Whether batches are pinned (``"auto"`` resolved at construction)."""
+        """Whether batches are pinned (``"auto"`` resolved at construction; unpinned if the
+        runtime refuses, as ``DataLoader``)."""
         return self._host.pin_memory
 
     @property
@@ -236,7 +240,8 @@ class ResumableDataLoader:
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done
-        (on another world size, the larger of that and a whole epoch)."""
+        (on another world size, the larger of that and a whole epoch, unless
+        :class:`~loaderkit.ElasticResume` re-reads it every epoch)."""
         return self._engine.length()
 
     def __iter__(self) -> Iterator[Any]:
@@ -298,7 +303,7 @@ class ResumableDataLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position of the batches handed out so far (a
         :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank, never a
-        collective."""
+        collective (a stream's reads the other ranks' cursors from the process group's store)."""
         held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None:
             return dict(held)

@@ -29,7 +29,8 @@ class PlanBatchSampler(Sampler[list[int]]):
     """Yield this rank's batches of a plan; resumable with ``state_dict``.
 
     Its state counts the batches it handed out: under a ``DataLoader`` with workers, which
-    draw ahead, exact resume needs :class:`~loaderkit.ResumableDataLoader`.
+    draw ahead, exact resume needs :class:`~loaderkit.ResumableDataLoader` (one given a host
+    by :func:`~loaderkit.attach_host` refuses such a state part-way through an epoch).
 
     Args:
         plan: The sample plan, e.g. ``SamplePlan(num_samples=..., batch_size=...)``.
