@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import CollateError
@@ -296,7 +296,7 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
     """``default_collate`` of a field that is not padded; nested ones checked and named."""
     _check_nested(where, col)
     try:
-        return default_collate(col)
+        return promoting_collate(col)
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(
             f"{where}: its values differ in size between samples ({err}), and only top-level "
@@ -311,12 +311,17 @@ def _promoted(col: list[Any]) -> list[Any] | None:
     worker it casts to the first one's: int16 -300 became uint8 212); None if unchanged."""
     first = col[0]
     if isinstance(first, Tensor | np.ndarray):
-        if len({s.dtype for s in col if isinstance(s, Tensor | np.ndarray)}) == 1:
+        if all(isinstance(s, Tensor) and s.dtype == first.dtype for s in col):
             return None
-        col = [torch.as_tensor(s) if isinstance(s, np.ndarray) else s for s in col]
-        dtypes = {t.dtype for t in col if isinstance(t, Tensor)}
+        try:  # as default_collate reads them: numbers and arrays as tensors
+            tensors = [torch.as_tensor(s) for s in col]
+        except (TypeError, RuntimeError, ValueError):
+            return None  # default_collate names what it cannot stack
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) == 1:
+            return None
         dtype = functools.reduce(torch.promote_types, dtypes)
-        return [t.to(dtype) if isinstance(t, Tensor) else t for t in col]
+        return [t.to(dtype) for t in tensors]
     keys: Iterable[Any]
     if isinstance(first, Mapping):
         keys = first
@@ -348,9 +353,10 @@ def _with(sample: Any, key: Any, value: Any) -> Any:
 
 
 def promoting_collate(samples: list[Any]) -> Any:
-    """``default_collate``, the same for any ``num_workers``: tensors and arrays that
-    differ in dtype at one place of the samples are promoted as in the main process."""
-    if samples:
+    """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
+    arrays that differ in dtype at one place of the samples are promoted as the main
+    process's ``torch.stack`` promotes them."""
+    if samples and get_worker_info() is not None:
         samples = _promoted(samples) or samples
     return default_collate(samples)
 

@@ -718,3 +718,61 @@ def test_empty_pad_value_mapping_uses_the_default() -> None:
         [1, 9],
         [1, 1],
     ]
+
+
+class _TwoDtypes(Dataset[Any]):
+    """Sample ``i``'s value in uint8 or int16 (``-300 + i``), or beside a Python number."""
+
+    def __init__(self, shape: str) -> None:
+        self.shape = shape
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        value = np.array([200], np.uint8) if i % 2 == 0 else np.array([-300], np.int16)
+        if self.shape == "number beside 0-d arrays":
+            return {"score": np.array(i, np.int16) if i % 2 == 0 else 70000 + i}
+        if self.shape == "padded beside a nested field":
+            return {"ids": np.arange(1 + i), "meta": {"t": value}}
+        return Pair(value, i)  # a namedtuple
+
+
+@pytest.mark.parametrize(
+    ("shape", "collate_fn"),
+    [
+        ("number beside 0-d arrays", None),
+        ("padded beside a nested field", PadCollate()),
+        ("namedtuple", default_collate),
+    ],
+)
+def test_fields_of_two_dtypes_collate_alike_for_any_num_workers(
+    shape: str, collate_fn: Any
+) -> None:
+    # In a worker torch's default_collate cast to the first sample's dtype (int16 -300 read as
+    # uint8 212, 70001 as 4465) where the main process promotes (hunter 181, review 186).
+    from loaderkit import ResumableDataLoader
+
+    def batch(num_workers: int) -> Any:
+        loader = ResumableDataLoader(
+            _TwoDtypes(shape),
+            batch_size=4,
+            shuffle=False,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+        )
+        return next(iter(loader))
+
+    flat = [torch.as_tensor(t) for t in _leaves(batch(0))]
+    assert [(t.dtype, t.tolist()) for t in flat] == [
+        (t.dtype, t.tolist()) for t in map(torch.as_tensor, _leaves(batch(2)))
+    ]
+    assert any(-300 in t.reshape(-1).tolist() or 70001 in t.reshape(-1).tolist() for t in flat)
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value) for leaf in _leaves(value[key])]
+    if isinstance(value, tuple | list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]

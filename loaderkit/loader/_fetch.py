@@ -197,7 +197,8 @@ class BatchFetcher:
         self.rows = dataset.seed_rows if seeded else None  # keys only where samples are seeded
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         # What the engines call: default_collate, promoting dtypes alike in every process.
-        self.collate = collate_fn if collate_fn is not None else promoting_collate
+        own = self.collate_fn is default_collate
+        self.collate = promoting_collate if own else self.collate_fn
         self.gather = (
             self.collate_fn is default_collate
             and not self.per_sample_seeding
