@@ -196,16 +196,30 @@ def _function(digest: Any, fn: types.FunctionType, seen: set[int]) -> None:
     defaults = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
     for value in cells + defaults:
         _value(digest, "", value, names, seen)
-    for module in sorted(_imported(fn.__code__)):  # `from cfg import SCALE` in its body
+    # `from cfg import SCALE` in its body: a module imported where fn runs.
+    for module in sorted(_imported(fn.__code__, fn.__globals__.get("__package__"))):
         _source(digest, module)
 
 
-def _imported(code: types.CodeType) -> set[str]:
-    """The modules ``code`` (and code nested in it) imports by absolute name."""
-    found = {i.argval for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"}
+def _imported(code: types.CodeType, package: str | None) -> set[str]:
+    """The modules ``code`` (and code nested in it) imports, relative ones resolved, with
+    each ``from m import x``'s ``m.x`` (a submodule, where it is one)."""
+    found: set[str] = set()
+    ins = list(dis.get_instructions(code))
+    for k, i in enumerate(ins):
+        if i.opname != "IMPORT_NAME" or k < 2:
+            continue
+        level, names = ins[k - 2].argval, ins[k - 1].argval  # the two constants it takes
+        try:
+            base = (
+                importlib.util.resolve_name("." * level + i.argval, package) if level else i.argval
+            )
+        except (ImportError, ValueError, TypeError):
+            continue
+        found |= {base, *(f"{base}.{n}" for n in names or () if n != "*")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            found |= _imported(const)
+            found |= _imported(const, package)
     return {name for name in found if name}
 
 
@@ -214,7 +228,7 @@ def _source(digest: Any, module: str) -> None:
     in another process, so read as a file, the same whether imported here or not."""
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # it fails where the function runs, not here
+    except Exception:  # not importable here: it fails where the function runs
         return
     origin = getattr(spec, "origin", None) or ""
     if _edited(origin) and os.path.isfile(origin):
@@ -253,19 +267,29 @@ def _value(digest: Any, name: str, value: Any, names: set[str], seen: set[int]) 
     elif isinstance(value, functools.partial):  # pickle names its function only
         for part in (value.func, value.args, value.keywords):
             _value(digest, "", part, names, seen)
-    elif isinstance(value, dict | list | tuple):  # functions inside (a pipeline of steps)
+    elif isinstance(value, dict | list | tuple) and _holds_code(value):  # pipeline steps
         if id(value) in seen:
             return
         seen.add(id(value))
         items = value.items() if isinstance(value, dict) else enumerate(value)
         digest.update(type(value).__name__.encode())
-        for key, item in sorted(items, key=lambda kv: repr(kv[0])):
-            _value(digest, repr(key), item, names, seen)
+        for key, item in items:  # in order: a pipeline's steps run in it
+            _value(digest, _canonical(key) if _plain_tree(key) else "", key, names, seen)
+            _value(digest, "", item, names, seen)
     elif (state := pickle_digest(value)) is not None:  # an object: its state is a setting,
         _class(digest, type(value), seen)  # its class's code (pickle names the class only)
         digest.update(state.encode())
     else:
         raise _Unseen
+
+
+_CODE = (types.FunctionType, types.MethodType, type, types.ModuleType, functools.partial)
+
+
+def _holds_code(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> bool:
+    """Whether a container holds code (or containers) that pickle would name only."""
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return any(isinstance(v, (*_CODE, dict, list, tuple)) for v in items)
 
 
 def _canonical(value: Any) -> str:

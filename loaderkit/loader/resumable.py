@@ -320,7 +320,12 @@ class ResumableDataLoader:
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
         settle_seed(self._host, self._engine, final=False)  # a known DDP world settles first
-        chosen = self._spec.seed_explicit or (self._spec.seed_chosen and self._host.seed_drawn)
+        # A state saved on several ranks holds their common seed, not the generator's draw.
+        topology = state_dict.get("topology") if isinstance(state_dict, dict) else None
+        shared = isinstance(topology, dict) and topology.get("world_size", 1) != 1
+        chosen = self._spec.seed_explicit or (
+            self._spec.seed_chosen and self._host.seed_drawn and not shared
+        )
         adopted = self._engine.load(state_dict, adopt_seed=not chosen)
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:

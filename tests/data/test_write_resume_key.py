@@ -422,3 +422,59 @@ def test_a_compiled_class_counted_as_the_users_still_gives_a_stable_digest(
 
     monkeypatch.setattr(_code, "_user_class", lambda cls: cls is not object)
     assert _code.code_digest(_reads_table) == _code.code_digest(_reads_table)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "from .cfg import K",
+        "from . import cfg\n    K = cfg.K",
+        "from {pkg} import cfg\n    K = cfg.K",
+    ],
+)
+def test_an_edit_of_a_module_imported_relatively_in_fn_changes_its_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str
+) -> None:
+    # Only `import pkg.cfg` was seen; a relative or `from pkg import sub` import was not
+    # (review 186).
+    name = "relpkg_" + "".join(c if c.isalnum() else "_" for c in tmp_path.name)
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    code = body.format(pkg=name)
+    (pkg / "steps.py").write_text(f"def FN(item):\n    {code}\n    return [v * K for v in item]\n")
+    (pkg / "cfg.py").write_text("K = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    try:
+        steps = importlib.import_module(f"{name}.steps")
+
+        def digest(k: int) -> str | None:
+            (pkg / "cfg.py").write_text(f"K = {k}\n")
+            return _code.code_digest(steps.FN)
+
+        assert digest(10) != digest(1000)
+    finally:
+        for module in [m for m in sys.modules if m.startswith(name)]:
+            del sys.modules[module]
+
+
+def test_steps_of_a_dict_in_another_order_are_another_digest() -> None:
+    # Sorting a dict's items by key made {"add", "dbl"} and {"dbl", "add"} one digest (review 186).
+    def add(v: int) -> int:
+        return v + 1
+
+    def dbl(v: int) -> int:
+        return v * 2
+
+    def made(steps: dict[str, Callable[[int], int]]) -> Callable[[int], int]:
+        def fn(x: int) -> int:
+            for step in steps.values():
+                x = step(x)
+            return x
+
+        return fn
+
+    assert _code.code_digest(made({"add": add, "dbl": dbl})) != _code.code_digest(
+        made({"dbl": dbl, "add": add})
+    )

@@ -77,6 +77,22 @@ def test_a_state_of_another_seeded_generator_is_refused() -> None:
     assert same.seed == unseeded.seed == saved.seed
 
 
+def test_a_seeded_generator_resumes_a_state_saved_on_two_ranks() -> None:
+    # On several ranks the seed is their common one, not the generator's draw: refusing it
+    # on one rank refused an exact resume (review 186).
+    def make(**topology: int) -> ResumableDataLoader:
+        gen = torch.Generator().manual_seed(5)
+        return ResumableDataLoader(list(range(N)), batch_size=4, generator=gen, **topology)
+
+    saved = make(rank=0, world_size=2)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.seed == saved.seed
+
+
 def test_an_explicit_seed_is_kept_on_two_ranks() -> None:
     loader = ResumableDataLoader(
         list(range(N)), batch_size=10, shuffle=True, seed=42, rank=1, world_size=2
