@@ -51,7 +51,8 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
     """Refuse a shard that no longer matches the ``write_shards`` index of its folder (or its
     link target's), or whose folder holds an unfinished write; each shard's hash there
     (None: none)."""
-    for folder in {path.parent for path in paths}:  # a path list or glob of the folder too
+    # A path list or glob of the folder too, and links to its shards.
+    for folder in {p.parent for p in paths} | {p.resolve().parent for p in paths}:
         if (folder / WORK_DIR).exists():
             raise unfinished_write_error(str(folder))
     written = _written_entries(paths)

@@ -98,6 +98,7 @@ class JsonlReader:
 
 
 _NO_KEY = object()
+_SCALARS = {int, float, str, bool, type(None)}  # a list of them holds no key: not walked
 
 
 def _non_str_key(value: Any) -> Any:
@@ -109,7 +110,7 @@ def _non_str_key(value: Any) -> Any:
                 return key
             if (found := _non_str_key(item)) is not _NO_KEY:
                 return found
-    elif isinstance(value, list | tuple):
+    elif isinstance(value, list | tuple) and not set(map(type, value)) <= _SCALARS:
         for item in value:
             if (
                 isinstance(item, dict | list | tuple)

@@ -379,7 +379,9 @@ class RemoteShards:
             refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
             if folder not in folders:
-                entries, _ = self.storage.entries(folder)
+                entries, subfolders = self.storage.entries(folder)
+                if WORK_DIR in subfolders:  # a URL list of the folder, as the folder
+                    raise unfinished_write_error(folder)
                 folders[folder] = _listed_shards(folder, entries)
                 names = (e["name"] for e in entries)
                 self._indexes_beside += [join_url(folder, n) for n in names if is_index_name(n)]

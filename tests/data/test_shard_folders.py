@@ -368,16 +368,28 @@ def test_a_write_refused_before_its_first_shard_leaves_the_corpus_readable(
     assert sum(len(b) for b in ResumableDataLoader(stream, batch_size=2, seed=0)) == 5
 
 
-def test_a_path_list_of_an_unfinished_first_write_is_refused(tmp_path: Path) -> None:
-    # The folder was refused, its paths or glob read 2 of the 4 shards with no error.
+def test_a_path_list_of_an_unfinished_first_write_is_refused(place: tuple[Any, Any]) -> None:
+    # The folder was refused, its paths, a glob, links to them or a URL list read 2 of the
+    # 4 shards with no error (hunter 181, review 186).
+    folder, remote = place
+
     def stopped_after_two() -> Iterator[np.ndarray]:
         yield from arrays((1, 1), 3)
         raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
-        write_shards(tmp_path, stopped_after_two(), READER, progress=False)
-    paths = sorted(tmp_path.glob("*.npy"))
-    assert len(paths) == 2
-    for make in (ShardedDataset, StreamingShardedDataset):
-        with pytest.raises(ShardError, match="unfinished write_shards"):
-            make(paths, READER)
+        write_shards(folder, stopped_after_two(), READER, progress=False)
+    shards = [n for n in names(folder) if n.endswith(".npy")]
+    assert len(shards) == 2
+    if remote is None:
+        links = folder.parent / "links"
+        links.mkdir()
+        for name in shards:
+            (links / name).symlink_to(folder / name)
+        lists = [[folder / n for n in shards], [links / n for n in shards], links]
+    else:
+        lists = [[f"{folder}/{n}" for n in shards]]
+    for listed in lists:
+        for make in (ShardedDataset, StreamingShardedDataset):
+            with pytest.raises(ShardError, match="unfinished write_shards"):
+                make(listed, READER, remote=remote)
