@@ -320,17 +320,21 @@ class ResumableDataLoader:
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
         settle_seed(self._host, self._engine, final=False)  # a known DDP world settles first
-        # A state saved on several ranks holds their common seed, not the generator's draw.
-        topology = state_dict.get("topology") if isinstance(state_dict, dict) else None
-        shared = isinstance(topology, dict) and topology.get("world_size", 1) != 1
         chosen = self._spec.seed_explicit or (
-            self._spec.seed_chosen and self._host.seed_drawn and not shared
+            self._spec.seed_chosen and self._host.seed_drawn and not _saved_on_ranks(state_dict)
         )
         adopted = self._engine.load(state_dict, adopt_seed=not chosen)
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
             self._host.seed = adopted
         self._host.seed_drawn = False  # the saved run's seed is the one to keep
+
+
+def _saved_on_ranks(state: Any) -> bool:
+    """Whether ``state`` was saved on several ranks: it holds their common seed, not the
+    draw of the generator a loader was given."""
+    topology = state.get("topology") if isinstance(state, dict) else None
+    return isinstance(topology, dict) and topology.get("world_size", 1) != 1
 
 
 def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
