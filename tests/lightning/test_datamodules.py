@@ -1110,3 +1110,27 @@ def test_a_datamodule_given_path_objects_resumes_from_its_checkpoint(tmp_path: P
     cut = fit_recording(tmp_path / "cut", make, fail_at=3)
     after = fit_recording(tmp_path / "after", make, resume=cut.ckpt(2))
     assert_resume_exact(full.records, cut.records[:2], after.records)
+
+
+def test_in_memory_dict_sources_pad_to_a_multiple_in_a_mix() -> None:
+    # A batch whose rows were all one length raised "name the fields in pad_keys", an
+    # argument MixedDataModule does not take (hunter 188).
+    a = [{"input_ids": torch.full((i % 4 + 1,), i)} for i in range(40)]
+    b = [{"input_ids": torch.full((i % 4 + 1,), 100 + i)} for i in range(40)]
+    dm = MixedDataModule({"a": a, "b": b}, max_tokens=16, pad_to_multiple_of=8, seed=0)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert all(batch["input_ids"].shape[1] % 8 == 0 for batch in batches)
+    seen = sorted(int(row[0]) for batch in batches for row in batch["input_ids"])
+    assert seen == [*range(40), *range(100, 140)]
+
+
+def test_jsonl_shards_of_bare_lists_pad_to_a_multiple(tmp_path: Path) -> None:
+    # 'input_ids' (the default length_key) was refused as a field of bare samples (hunter 188).
+    rows = [[i] * (i % 3 + 1) for i in range(20)]
+    write_shards(tmp_path, [rows[:10], rows[10:]], JsonlReader(), progress=False)
+    dm = ShardedDataModule(tmp_path, reader="jsonl", batch_size=4, pad_to_multiple_of=8)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert {tuple(b.values.shape) for b in batches} == {(4, 8)}
+    assert sorted(int(v) for b in batches for v in b.values[:, 0]) == list(range(20))

@@ -9,7 +9,6 @@ from typing import Any, Literal
 import numpy as np
 
 from loaderkit.data.hf import HFDataset
-from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader
@@ -135,8 +134,8 @@ class MixedDataModule(_ShardSources):
         self.reader = self._reader(reader, items, options)
         self._only_shards = all(_is_path(s) for s in self.splits["train"][1])
         varying = any(_is_table(s) for s in items) or max_tokens is not None
-        dicts = isinstance(self.reader, JsonlReader | ParquetReader)
-        keyed = all(_is_table(s) or (_is_path(s) and dicts) for s in items)
+        tables = isinstance(self.reader, ParquetReader)
+        keyed = True if all(_is_table(s) or (_is_path(s) and tables) for s in items) else None
         self._set_collate(pad_value, varying, collate, keyed=keyed)
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import IterableDataset
 
 from loaderkit._checks import reads_overridden
 from loaderkit.collate import PadCollate
@@ -34,6 +35,7 @@ from loaderkit.lightning.datamodules._util import (
 )
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
+from loaderkit.seeding import rngs_put_back
 
 __all__ = ["ShardedDataModule"]
 
@@ -73,12 +75,13 @@ class _ShardSources(LoaderDataModule):
                 )
 
     def _set_collate(
-        self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool = False
+        self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool | None = False
     ) -> None:
-        """Set the collate (``keyed``: dict samples, padded by ``length_key``); refuse pad
-        settings that no collate reads."""
+        """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as the
+        first sample is); refuse pad settings that no collate reads."""
         field = self.length_key if keyed and self.pad_to_multiple_of is not None else None
         pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=field)
+        self._pad, self._keyed, self._pad_value = pad, keyed, pad_value
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
         if self._collate is pad:
@@ -96,6 +99,18 @@ class _ShardSources(LoaderDataModule):
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
         """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
+        multiple = self.pad_to_multiple_of
+        if self._collate is self._pad and self._keyed is None and multiple is not None:
+            dataset = self._dataset(split)  # dicts pad by length_key, bare samples as they are
+            if isinstance(dataset, IterableDataset):  # a stream: as its reader's samples are
+                self._keyed = isinstance(self.reader, JsonlReader | ParquetReader)
+            else:
+                with rngs_put_back():  # a read that draws leaves the training loop's RNGs
+                    self._keyed = len(dataset) > 0 and isinstance(dataset[0], Mapping)
+            field = self.length_key if self._keyed else None
+            self._collate = self._pad = PadCollate(
+                self._pad_value, pad_to_multiple_of=multiple, length_field=field
+            )
         return self._collate
 
     def _budget(self, dataset: Any, **extra: Any) -> Any:
@@ -244,7 +259,7 @@ class ShardedDataModule(_ShardSources):
         self.remote = remote_cache(owner, "shards at URLs", urls, storage_options, cache_dir)
         token: dict[str, Any] = {"seq_len": seq_len, "eos": eos, "dtype": dtype, "targets": targets}
         self.reader = make_reader(owner, reader, columns=columns, length_key=length_key, **token)
-        keyed = isinstance(self.reader, JsonlReader | ParquetReader)
+        keyed = True if isinstance(self.reader, ParquetReader) else None  # JSON: lists too
         self._set_collate(pad_value, varying=False, keyed=keyed)
 
     def _check_combinations(self, reader: Any, columns: Any) -> None:
