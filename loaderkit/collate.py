@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn, TypeAlias
+from typing import Any, NamedTuple, NoReturn, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -311,8 +310,13 @@ def _promoted(col: list[Any]) -> list[Any] | None:
     worker it casts to the first one's: int16 -300 became uint8 212); None if unchanged."""
     first = col[0]
     if isinstance(first, Tensor | np.ndarray):
-        if all(isinstance(s, Tensor) and s.dtype == first.dtype for s in col):
-            return None
+        try:
+            if len({(type(s), s.dtype) for s in col}) == 1:
+                return None
+        except AttributeError:  # a number among them: as_tensor below
+            pass
+        if isinstance(first, Tensor) and not all(isinstance(s, Tensor) for s in col):
+            return None  # torch.stack refuses a number beside tensors: default_collate too
         try:  # as default_collate reads them: numbers and arrays as tensors
             tensors = [torch.as_tensor(s) for s in col]
         except (TypeError, RuntimeError, ValueError):
@@ -322,34 +326,42 @@ def _promoted(col: list[Any]) -> list[Any] | None:
             return None
         dtype = functools.reduce(torch.promote_types, dtypes)
         return [t.to(dtype) for t in tensors]
-    keys: Iterable[Any]
     if isinstance(first, Mapping):
-        keys = first
-        same = all(isinstance(s, Mapping) and s.keys() == first.keys() for s in col)
-    elif isinstance(first, tuple | list):
-        keys = range(len(first))
-        same = all(isinstance(s, tuple | list) and len(s) == len(first) for s in col)
-    else:
-        return None
-    out = None
-    for key in keys if same else ():  # else default_collate names the mismatch
-        rows = out or col
-        if (fixed := _promoted([s[key] for s in rows])) is not None:
-            out = [_with(s, key, v) for s, v in zip(rows, fixed, strict=True)]
-    return out
+        keys = first.keys()
+        if not all(isinstance(s, Mapping) and keys <= s.keys() for s in col):
+            return None  # default_collate names the mismatch
+        out = None
+        for key in keys:
+            rows = out or col
+            if (fixed := _promoted([s[key] for s in rows])) is not None:
+                out = [_with(s, key, v) for s, v in zip(rows, fixed, strict=True)]
+        return out
+    if isinstance(first, tuple | list):
+        if not {type(s) for s in col} <= {tuple, list, type(first)} or len(set(map(len, col))) > 1:
+            return None  # default_collate names the mismatch
+        fields = [_promoted(list(f)) for f in zip(*col, strict=True)]
+        if not any(fields):
+            return None
+        return [
+            _rebuilt(s, [f[i] if f else s[j] for j, f in enumerate(fields)])
+            for i, s in enumerate(col)
+        ]
+    return None
 
 
-def _with(sample: Any, key: Any, value: Any) -> Any:
-    """``sample`` with ``sample[key]`` replaced, of its own type."""
-    if isinstance(sample, tuple):
-        items = [*sample[:key], value, *sample[key + 1 :]]
-        return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
+def _rebuilt(sample: tuple[Any, ...] | list[Any], items: list[Any]) -> Any:
+    """A new tuple, namedtuple or list of ``sample``'s type holding ``items``."""
+    return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
+
+
+def _with(sample: Mapping[Any, Any], key: Any, value: Any) -> Any:
+    """A new mapping: ``sample`` with ``sample[key]`` replaced, of its own type where it is
+    built from a dict (the user's object is never written)."""
+    merged, kind = {**sample, key: value}, type(sample)
     try:
-        copied = copy.copy(sample)
-        copied[key] = value
-    except TypeError:  # a mapping that cannot be set
-        return {**sample, key: value}
-    return copied
+        return merged if kind is dict else cast(Any, kind)(merged)
+    except TypeError:  # a mapping type not built from a dict
+        return merged
 
 
 def promoting_collate(samples: list[Any]) -> Any:

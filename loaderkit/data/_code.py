@@ -287,9 +287,10 @@ _CODE = (types.FunctionType, types.MethodType, type, types.ModuleType, functools
 
 
 def _holds_code(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> bool:
-    """Whether a container holds code (or containers) that pickle would name only."""
+    """Whether a container holds code, user class instances or containers: pickle would
+    name their classes only."""
     items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-    return any(isinstance(v, (*_CODE, dict, list, tuple)) for v in items)
+    return any(isinstance(v, (*_CODE, dict, list, tuple)) or _user_class(type(v)) for v in items)
 
 
 def _canonical(value: Any) -> str:

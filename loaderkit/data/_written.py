@@ -52,7 +52,8 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
     link target's), or whose folder holds an unfinished write; each shard's hash there
     (None: none)."""
     # A path list or glob of the folder too, and links to its shards.
-    for folder in {p.parent for p in paths} | {p.resolve().parent for p in paths}:
+    links = {p.resolve().parent for p in paths if p.is_symlink()}
+    for folder in {p.parent for p in paths} | links:
         if (folder / WORK_DIR).exists():
             raise unfinished_write_error(str(folder))
     written = _written_entries(paths)

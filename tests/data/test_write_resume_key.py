@@ -256,6 +256,16 @@ EDITED_FN = {
         def FN(item):
             return [PIPELINE[0](v) for v in item]
     """,
+    "a list of instances": """
+        class Scale:
+            def __call__(self, v):
+                return v * SCALE
+
+        STEPS = [Scale()]
+
+        def FN(item):
+            return [STEPS[0](v) for v in item]
+    """,
     "a partial": """
         def scale(v, by):
             return v * by * SCALE
