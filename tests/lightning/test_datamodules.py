@@ -1125,11 +1125,15 @@ def test_in_memory_dict_sources_pad_to_a_multiple_in_a_mix() -> None:
     assert seen == [*range(40), *range(100, 140)]
 
 
-def test_jsonl_shards_of_bare_lists_pad_to_a_multiple(tmp_path: Path) -> None:
-    # 'input_ids' (the default length_key) was refused as a field of bare samples (hunter 188).
+@pytest.mark.parametrize("streaming", [False, True])
+def test_jsonl_shards_of_bare_lists_pad_to_a_multiple(tmp_path: Path, streaming: bool) -> None:
+    # 'input_ids' (the default length_key) was refused as a field of bare samples (hunter 188,
+    # review 189: streams too).
     rows = [[i] * (i % 3 + 1) for i in range(20)]
     write_shards(tmp_path, [rows[:10], rows[10:]], JsonlReader(), progress=False)
-    dm = ShardedDataModule(tmp_path, reader="jsonl", batch_size=4, pad_to_multiple_of=8)
+    dm = ShardedDataModule(
+        tmp_path, reader="jsonl", batch_size=4, pad_to_multiple_of=8, streaming=streaming
+    )
     dm.setup("fit")
     batches = list(dm.train_dataloader())
     assert {tuple(b.values.shape) for b in batches} == {(4, 8)}

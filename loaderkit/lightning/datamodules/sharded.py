@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import IterableDataset
 
 from loaderkit._checks import reads_overridden
 from loaderkit.collate import PadCollate
@@ -35,9 +34,26 @@ from loaderkit.lightning.datamodules._util import (
 )
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW
-from loaderkit.seeding import rngs_put_back
 
 __all__ = ["ShardedDataModule"]
+
+
+class _PadByKind(PadCollate):
+    """``PadCollate`` padding dict samples by ``length_field`` and bare ones as they are:
+    JSON lines and in-memory sources say which they hold only when read."""
+
+    def __init__(
+        self, pad_value: Any, *, pad_to_multiple_of: int | None, length_field: str | None
+    ) -> None:
+        super().__init__(
+            pad_value, pad_to_multiple_of=pad_to_multiple_of, length_field=length_field
+        )
+        self._bare = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+
+    def __call__(self, batch: Any) -> Any:
+        if batch and not isinstance(batch[0], Mapping):
+            return self._bare(batch)
+        return super().__call__(batch)
 
 
 class _ShardSources(LoaderDataModule):
@@ -77,11 +93,12 @@ class _ShardSources(LoaderDataModule):
     def _set_collate(
         self, pad_value: Any, varying: bool, collate: Any = None, *, keyed: bool | None = False
     ) -> None:
-        """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as the
-        first sample is); refuse pad settings that no collate reads."""
-        field = self.length_key if keyed and self.pad_to_multiple_of is not None else None
-        pad = PadCollate(pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=field)
-        self._pad, self._keyed, self._pad_value = pad, keyed, pad_value
+        """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as each
+        batch's samples are); refuse pad settings that no collate reads."""
+        multiple = self.pad_to_multiple_of
+        field = self.length_key if keyed is not False and multiple is not None else None
+        make = _PadByKind if keyed is None and field is not None else PadCollate
+        pad = make(pad_value, pad_to_multiple_of=multiple, length_field=field)
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
         if self._collate is pad:
@@ -99,18 +116,6 @@ class _ShardSources(LoaderDataModule):
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
         """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
-        multiple = self.pad_to_multiple_of
-        if self._collate is self._pad and self._keyed is None and multiple is not None:
-            dataset = self._dataset(split)  # dicts pad by length_key, bare samples as they are
-            if isinstance(dataset, IterableDataset):  # a stream: as its reader's samples are
-                self._keyed = isinstance(self.reader, JsonlReader | ParquetReader)
-            else:
-                with rngs_put_back():  # a read that draws leaves the training loop's RNGs
-                    self._keyed = len(dataset) > 0 and isinstance(dataset[0], Mapping)
-            field = self.length_key if self._keyed else None
-            self._collate = self._pad = PadCollate(
-                self._pad_value, pad_to_multiple_of=multiple, length_field=field
-            )
         return self._collate
 
     def _budget(self, dataset: Any, **extra: Any) -> Any:
