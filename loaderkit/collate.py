@@ -7,12 +7,13 @@ import functools
 import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn, TypeAlias, cast
+from typing import Any, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import CollateError
@@ -304,73 +305,28 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         ) from err
 
 
-def _promoted(col: list[Any]) -> list[Any] | None:
-    """``col`` (one place of every sample) with its tensors and arrays in their promoted
-    dtype where they differ, as ``default_collate`` stacks them in the main process (in a
-    worker it casts to the first one's: int16 -300 became uint8 212); None if unchanged."""
-    first = col[0]
-    if isinstance(first, Tensor | np.ndarray):
-        try:
-            if len({(type(s), s.dtype) for s in col}) == 1:
-                return None
-        except AttributeError:  # a number among them: as_tensor below
-            pass
-        if isinstance(first, Tensor) and not all(isinstance(s, Tensor) for s in col):
-            return None  # torch.stack refuses a number beside tensors: default_collate too
-        try:  # as default_collate reads them: numbers and arrays as tensors
-            tensors = [torch.as_tensor(s) for s in col]
-        except (TypeError, RuntimeError, ValueError):
-            return None  # default_collate names what it cannot stack
-        dtypes = {t.dtype for t in tensors}
-        if len(dtypes) == 1:
-            return None
-        dtype = functools.reduce(torch.promote_types, dtypes)
-        return [t.to(dtype) for t in tensors]
-    if isinstance(first, Mapping):
-        keys = first.keys()
-        if not all(isinstance(s, Mapping) and keys <= s.keys() for s in col):
-            return None  # default_collate names the mismatch
-        out = None
-        for key in keys:
-            rows = out or col
-            if (fixed := _promoted([s[key] for s in rows])) is not None:
-                out = [_with(s, key, v) for s, v in zip(rows, fixed, strict=True)]
-        return out
-    if isinstance(first, tuple | list):
-        if not {type(s) for s in col} <= {tuple, list, type(first)} or len(set(map(len, col))) > 1:
-            return None  # default_collate names the mismatch
-        fields = [_promoted(list(f)) for f in zip(*col, strict=True)]
-        if not any(fields):
-            return None
-        return [
-            _rebuilt(s, [f[i] if f else s[j] for j, f in enumerate(fields)])
-            for i, s in enumerate(col)
-        ]
-    return None
+def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tensor:
+    """torch's tensor collate after promoting the tensors to one dtype, as ``torch.stack``
+    does in the main process (in a worker torch stacks into the first one's: int16 -300
+    beside uint8 became 212)."""
+    if all(isinstance(t, Tensor) for t in batch) and len({t.dtype for t in batch}) > 1:
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in batch])
+        batch = [t.to(dtype) for t in batch]
+    return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def _rebuilt(sample: tuple[Any, ...] | list[Any], items: list[Any]) -> Any:
-    """A new tuple, namedtuple or list of ``sample``'s type holding ``items``."""
-    return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
-
-
-def _with(sample: Mapping[Any, Any], key: Any, value: Any) -> Any:
-    """A new mapping: ``sample`` with ``sample[key]`` replaced, of its own type where it is
-    built from a dict (the user's object is never written)."""
-    merged, kind = {**sample, key: value}, type(sample)
-    try:
-        return merged if kind is dict else cast(Any, kind)(merged)
-    except TypeError:  # a mapping type not built from a dict
-        return merged
+# torch's documented extension point (`collate(batch, collate_fn_map=...)`): its own walk of
+# containers, arrays and numbers, with the tensor stack swapped.
+_PROMOTING = {**default_collate_fn_map, Tensor: _stack_promoted}
 
 
 def promoting_collate(samples: list[Any]) -> Any:
     """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
     arrays that differ in dtype at one place of the samples are promoted as the main
     process's ``torch.stack`` promotes them."""
-    if samples and get_worker_info() is not None:
-        samples = _promoted(samples) or samples
-    return default_collate(samples)
+    if get_worker_info() is None:
+        return default_collate(samples)
+    return collate(samples, collate_fn_map=_PROMOTING)
 
 
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:

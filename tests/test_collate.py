@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import pickle
@@ -720,6 +721,14 @@ def test_empty_pad_value_mapping_uses_the_default() -> None:
     ]
 
 
+class _Frame(list[Any]):
+    """A list subclass whose constructor takes more than its items."""
+
+    def __init__(self, items: list[Any], fps: int = 30) -> None:
+        super().__init__(items)
+        self.fps = fps
+
+
 class _TwoDtypes(Dataset[Any]):
     """Sample ``i``'s value in uint8 or int16 (``-300 + i``), or beside a Python number."""
 
@@ -733,6 +742,12 @@ class _TwoDtypes(Dataset[Any]):
         value = np.array([200], np.uint8) if i % 2 == 0 else np.array([-300], np.int16)
         if self.shape == "number beside 0-d arrays":
             return {"score": np.array(i, np.int16) if i % 2 == 0 else 70000 + i}
+        if self.shape == "a list beside a list subclass":  # review 190
+            return [value] if i % 2 == 0 else _Frame([np.array([70000 + i], np.int32)])
+        if self.shape == "a defaultdict":
+            sample: Any = collections.defaultdict(list)
+            sample["x"] = value if i % 2 == 0 else np.array([70000 + i], np.int32)
+            return sample
         if self.shape == "an extra key later":  # default_collate reads sample 0's keys
             return {"x": value} if i % 2 == 0 else {"x": np.array([70000 + i], np.int32), "y": 1}
         if self.shape == "padded beside a nested field":
@@ -745,6 +760,8 @@ class _TwoDtypes(Dataset[Any]):
     [
         ("number beside 0-d arrays", None),
         ("an extra key later", None),
+        ("a list beside a list subclass", None),
+        ("a defaultdict", None),
         ("padded beside a nested field", PadCollate()),
         ("namedtuple", default_collate),
     ],
@@ -779,32 +796,3 @@ def _leaves(value: Any) -> list[Any]:
     if isinstance(value, tuple | list):
         return [leaf for item in value for leaf in _leaves(item)]
     return [value]
-
-
-def test_promoting_a_sample_never_writes_into_the_users_object() -> None:
-    # A mapping keeping its items in an attribute was promoted in place by a shallow copy
-    # (review 189).
-    from collections.abc import Mapping
-
-    from loaderkit.collate import _promoted
-
-    class Record(Mapping[str, Any]):
-        def __init__(self, items: dict[str, Any]) -> None:
-            self._items = items
-
-        def __getitem__(self, key: str) -> Any:
-            return self._items[key]
-
-        def __iter__(self) -> Any:
-            return iter(self._items)
-
-        def __len__(self) -> int:
-            return len(self._items)
-
-    small, big = (
-        Record({"x": torch.tensor([1], dtype=torch.int16)}),
-        Record({"x": torch.tensor([70000])}),
-    )
-    promoted = _promoted([small, big])
-    assert promoted is not None and promoted[0]["x"].dtype == torch.int64
-    assert type(promoted[0]) is Record and small["x"].dtype == torch.int16
