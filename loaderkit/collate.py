@@ -461,7 +461,8 @@ class PadCollate:
         self.sort_by_length, self.sort_indices_key = sort_by_length, sort_indices_key
 
     def __repr__(self) -> str:
-        return f"PadCollate({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+        shown = (f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     def _dim(self, where: str, first: Any) -> int:
         ndim = 1 if isinstance(first, list) else first.ndim
