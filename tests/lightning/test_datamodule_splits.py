@@ -111,6 +111,24 @@ def test_a_reader_object_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
         assert next(iter(restored.train_dataloader())).shape == (2, 9)
 
 
+def test_a_mix_given_lists_of_paths_restores_them(tmp_path: Path) -> None:
+    # Was: a top-level list of paths stayed out of hparams (it could have been data), so
+    # load_from_checkpoint failed with Python's "missing 1 required positional argument".
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_shards(a, [np.arange(32)], TokenReader(seq_len=4))
+    write_shards(b, [np.arange(100, 132)], TokenReader(seq_len=4))
+    dm = MixedDataModule([a, str(b)], val=[str(b), a], seq_len=4, batch_size=2, seed=3)
+    restored = MixedDataModule.load_from_checkpoint(_saved(tmp_path, dm), weights_only=True)
+    assert restored.hparams["sources"] == [str(a), str(b)]
+    assert restored.hparams["val"] == [str(b), str(a)]
+    restored.setup("fit")
+    for got, want in zip(restored.train_dataloader(), dm.train_dataloader(), strict=True):
+        assert torch.equal(got, want)
+    assert [v.tolist() for v in restored.val_dataloader()] == [
+        v.tolist() for v in dm.val_dataloader()
+    ]
+
+
 def test_the_datamodule_state_has_a_version_and_refuses_unknown_keys() -> None:
     dm = TensorDataModule(torch.arange(8.0), batch_size=4)
     state = dm.state_dict()

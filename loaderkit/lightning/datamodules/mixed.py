@@ -104,9 +104,10 @@ class MixedDataModule(_ShardSources):
         **kwargs: Any,
     ) -> None:
         named = isinstance(reader, str)  # a setting; a reader object is data hparams cannot hold
-        self.set_data_args(
-            sources=sources, val=val, test=test, reader=None if named else reader, collate=collate
-        )
+        # A list of paths is a setting here too (a source is never a sample): hparams keep it.
+        splits = (("sources", sources), ("val", val), ("test", test))
+        data = {k: v for k, v in splits if not (isinstance(v, list) and all(map(_is_path, v)))}
+        self.set_data_args(**data, reader=None if named else reader, collate=collate)
         super().__init__(**kwargs)
         owner = type(self).__name__
         self._check(
