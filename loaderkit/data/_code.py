@@ -141,18 +141,8 @@ def _class(digest: Any, cls: type, seen: set[int]) -> None:
                 continue  # the class's bookkeeping (its name, doc, line, ABC caches)
             if isinstance(value, _C_MEMBERS):
                 continue  # a compiled class's methods and fields: C code, not settings
-            digest.update(name.encode())
-            for part in parts:
-                part = _unwrapped(part, digest, seen)
-                if isinstance(part, types.FunctionType):
-                    _function(digest, part, seen)
-                elif isinstance(part, type) and _user_class(part):  # a nested `Opts`
-                    _class(digest, part, seen)
-                elif (state := pickle_digest(part)) is None:
-                    raise _Unseen
-                else:  # an instance of a user class: also its class's code (pickle names it)
-                    _class(digest, type(part), seen)
-                    digest.update(state.encode())
+            for part in parts:  # a method, a nested `Opts` class, a setting
+                _value(digest, name, part, set(), seen)
 
 
 def _user_class(cls: type) -> bool:
