@@ -10,8 +10,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from loaderkit.data.readers import TokenReader, as_out, narrows, npy_header, out_numpy_dtype
-from loaderkit.errors import ShardError
+from loaderkit.data.readers import (
+    TokenReader,
+    as_out,
+    check_npy_tokens,
+    narrows,
+    npy_header,
+    out_numpy_dtype,
+)
 
 HEAD_BYTES = 128  # first bytes fetched to read a .npy header (numpy writes 128 for 1-D)
 
@@ -41,18 +47,7 @@ def npy_layout(head: bytes, url: str, reader: TokenReader) -> Layout | None:
         shape, _, dtype = npy_header(f)
     except (ValueError, EOFError, OSError):
         return None  # short or odd header: the whole-file path reads (and checks) it
-    if len(shape) != 1 or dtype.kind not in "iu":
-        raise ShardError(
-            f"shard {url!r} holds a {dtype} array of shape {shape}; token shards are 1-D "
-            "integer arrays: flatten it (arr.reshape(-1)).",
-            path=url,
-        )
-    if reader.dtype is not None and dtype != reader.dtype:
-        raise ShardError(
-            f"shard {url!r} has dtype {dtype}, the reader expects {reader.dtype}; pass "
-            f"dtype={dtype.name!r} or rewrite the shard.",
-            path=url,
-        )
+    check_npy_tokens(url, shape, dtype, reader.dtype)
     return Layout(f.tell(), np.dtype(dtype), int(shape[0]))
 
 

@@ -192,6 +192,22 @@ def npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     return read(f)
 
 
+def check_npy_tokens(shard: Any, shape: tuple[int, ...], dtype: np.dtype, want: Any) -> None:
+    """Refuse a ``.npy`` token shard that is no 1-D integer array of dtype ``want`` (None: any)."""
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise ShardError(
+            f"shard {str(shard)!r} holds a {dtype} array of shape {shape}, not 1-D integer "
+            "tokens; flatten it (arr.reshape(-1)).",
+            path=shard,
+        )
+    if want is not None and dtype != want:
+        raise ShardError(
+            f"shard {str(shard)!r} has dtype {dtype}, the reader expects {want}; pass "
+            f"dtype={dtype.name!r} or rewrite the shard.",
+            path=shard,
+        )
+
+
 def _map_raw(path: Path, dtype: np.dtype | None = None) -> np.ndarray:
     """A read-only :mod:`mmap` of raw ``dtype`` (None: ``.npy``); refuses a file changed since."""
     shape: tuple[int, ...] | None = None
@@ -283,17 +299,13 @@ class MappedFiles:
 
 def sizes_now(sizers: list[Callable[[], int]]) -> list[int]:
     """Each file's size now, -1 for one that is gone or whose map is closed."""
-    try:
-        return [size() for size in sizers]
-    except (OSError, ValueError):
-        return [_size_or_gone(size) for size in sizers]
-
-
-def _size_or_gone(size: Callable[[], int]) -> int:
-    try:
-        return size()
-    except (OSError, ValueError):  # a closed map, or a file gone
-        return -1
+    out = []
+    for size in sizers:
+        try:
+            out.append(size())
+        except (OSError, ValueError):  # a closed map, or a file gone
+            out.append(-1)
+    return out
 
 
 def _read_dtype(path: Path) -> np.dtype | None:
@@ -456,18 +468,7 @@ class TokenReader:
                     "corrupt or truncated; rewrite it (and delete the shard index).",
                     path=path,
                 ) from exc
-            if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise ShardError(
-                    f"shard {str(path)!r} holds a {arr.dtype} array of shape {arr.shape}, not 1-D "
-                    "integer tokens; flatten it (arr.reshape(-1)).",
-                    path=path,
-                )
-            if self.dtype is not None and arr.dtype != self.dtype:
-                raise ShardError(
-                    f"shard {str(path)!r} has dtype {arr.dtype}, the reader expects "
-                    f"{self.dtype}; pass dtype={arr.dtype.name!r} or rewrite the shard.",
-                    path=path,
-                )
+            check_npy_tokens(path, arr.shape, arr.dtype, self.dtype)
             return arr
         header = _read_dtype(path)
         if self.dtype is not None and header is not None and header != self.dtype:

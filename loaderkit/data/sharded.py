@@ -397,14 +397,6 @@ class ShardedDataset(Dataset[Any]):
         return out
 
     def _source(self, shard: int) -> RowSource:
-        """Shard ``shard``'s row source: the cached one while its handle is open."""
-        src, live = self._sources.get(shard), self._files.open
-        if src is not None and live.get(shard) is src.handle:
-            live.move_to_end(shard)
-            return src
-        return self._row_source(shard)
-
-    def _row_source(self, shard: int) -> RowSource:
         """Shard ``shard``'s row source, worked out once per opened handle."""
         handle = self._handle(shard)
         src = self._sources.get(shard)
