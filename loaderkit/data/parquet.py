@@ -336,20 +336,15 @@ class _ParquetShard:
             raise IndexError(f"{self._where()}: rows {idx[:8]} out of range for {self.num_rows}.")
         group_of = np.searchsorted(self.ends, idx, side="right")
         groups = sorted(set(group_of.tolist()))
-        if len(groups) == 1:
-            table = self._row_group(groups[0])
-            local = idx - self.starts[groups[0]]
-        else:
-            # The row groups end to end (no copy); each row's position in that concatenation.
-            tables = [self._row_group(g) for g in groups]
-            base = np.zeros(int(group_of.max()) + 1, dtype=np.int64)
-            offset = 0
-            for g, t in zip(groups, tables, strict=True):
-                base[g] = offset - int(self.starts[g])
-                offset += t.num_rows
-            table = pa.concat_tables(tables)
-            local = idx + base[group_of]
-        taken = table.take(pa.array(local, type=pa.int64()))
+        # The row groups end to end (no copy); each row's position in that concatenation.
+        tables = [self._row_group(g) for g in groups]
+        base = np.zeros(int(group_of.max()) + 1, dtype=np.int64)
+        offset = 0
+        for g, t in zip(groups, tables, strict=True):
+            base[g] = offset - int(self.starts[g])
+            offset += t.num_rows
+        local = idx + base[group_of]
+        taken = pa.concat_tables(tables).take(pa.array(local, type=pa.int64()))
         columns = table_columns(taken, self._where(), self._dtypes)
         return Columns(columns, len(idx), self._where())
 
