@@ -24,7 +24,7 @@ from loaderkit.data.index import (
     unchanged,
     unfinished_write_error,
 )
-from loaderkit.data.readers import ShardReader, _missing
+from loaderkit.data.readers import ShardReader
 from loaderkit.errors import MissingShardError, ShardError
 
 __all__: list[str] = []  # serves the sharded and streaming datasets and remote shards
@@ -40,9 +40,6 @@ def load_or_build_index(
     if index.exists():
         entries = read_index(index, paths, reader)
     else:
-        for path in paths:
-            if not path.exists():
-                raise _missing(path)
         entries = build_index(paths, reader, index, exclusive=True)
     return [_with_hash(e, digest) for e, digest in zip(entries, digests, strict=True)], index
 

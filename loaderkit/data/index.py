@@ -132,12 +132,11 @@ def build_index(
 ) -> list[IndexEntry]:
     """Count every shard (unless ``known``) and write the index atomically (``exclusive``: an
     index another builder wrote meanwhile wins)."""
+    if (gone := next((p for p in paths if not p.exists()), None)) is not None:
+        raise _missing(gone)  # before any shard is counted
     entries = []
     for path in paths:
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            raise _missing(path) from None
+        st = path.stat()
         samples, extras = known[path] if known and path in known else _count_local(path, reader)
         samples = checked_count(reader, path, samples)
         entries.append(IndexEntry(path, st.st_size, st.st_mtime_ns, samples, extras))

@@ -112,10 +112,7 @@ def _non_str_key(value: Any) -> Any:
                 return found
     elif isinstance(value, list | tuple) and not set(map(type, value)) <= _SCALARS:
         for item in value:
-            if (
-                isinstance(item, dict | list | tuple)
-                and (found := _non_str_key(item)) is not _NO_KEY
-            ):
+            if (found := _non_str_key(item)) is not _NO_KEY:
                 return found
     return _NO_KEY
 
