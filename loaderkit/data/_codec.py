@@ -8,7 +8,7 @@ import glob
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,13 @@ COMPRESSIONS = ("zstd",)
 HASHES = ("sha256", "blake2b", "xxh64", "xxh3_64", "xxh3_128")
 _CHUNK = 1 << 20
 DEFAULT_LEVEL = 3
+
+
+def unlink(paths: Iterable[Path]) -> None:
+    """Remove each of ``paths`` that exists."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def _zstd() -> Any:
@@ -217,8 +224,7 @@ def _decompress(src: Path, dst: Path) -> None:
             path=src,
         ) from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        unlink([tmp])
 
 
 def _decoded_marker(target: Path) -> Path:
@@ -250,9 +256,7 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         if decoded_intact(target):
             return target
         # Left by a killed decode, and the damaged copy (readers holding it keep their bytes).
-        for stale in [*folder.glob(f".{target.name}.*.tmp"), target]:
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
+        unlink([*folder.glob(f".{target.name}.*.tmp"), target])
         if check is not None:
             check(src)
         # Sidecars of the shard (a.bin.zst.lkdtype) or, compressed outside loaderkit, of its

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from loaderkit._atomic import atomic_write
+from loaderkit.data._codec import unlink
 from loaderkit.data._fs import Storage
 from loaderkit.data._open import never_a_shard
 
@@ -367,22 +368,20 @@ def flock(path: Path, flags: int) -> int | None:
     Retaken where an evictor deleted the file meanwhile (a lock on it guards nothing)."""
     while True:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd, same = os.open(path, os.O_CREAT | os.O_RDWR, 0o644), False
         try:
             fcntl.flock(fd, flags)
             held, now = os.fstat(fd), os.stat(path)
+            same = (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
         except BlockingIOError:
-            os.close(fd)
             return None
         except FileNotFoundError:
-            os.close(fd)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            pass  # deleted meanwhile: taken again
+        finally:
+            if not same:
+                os.close(fd)
+        if same:
             return fd
-        os.close(fd)
 
 
 def _close_leases(leases: dict[str, int], pid: int) -> None:
@@ -394,9 +393,3 @@ def _close_leases(leases: dict[str, int], pid: int) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def unlink(paths: Iterable[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()

@@ -82,10 +82,8 @@ class Prediction:
 
     def find(self, first: int, reach: int = 8) -> int | None:
         """Where a batch starting at ``first`` is among the next ``reach`` expected ones."""
-        for j in range(self.next, min(self.next + reach, len(self.firsts))):
-            if self.firsts[j] == first:
-                return j
-        return None
+        ahead = range(self.next, min(self.next + reach, len(self.firsts)))
+        return next((j for j in ahead if self.firsts[j] == first), None)
 
     def window(self, step: int, prefetch: int) -> tuple[list[int], list[int]]:
         """The shards in use at batch ``step``, and the next ``prefetch`` first read after it."""

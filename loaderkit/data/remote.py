@@ -32,6 +32,7 @@ from loaderkit.data._codec import (
     digest_error,
     file_digest,
     is_compressed,
+    unlink,
     verify,
 )
 from loaderkit.data._fs import (
@@ -67,7 +68,6 @@ from loaderkit.data._remote_cache import (
     NoRoom,
     RemoteShard,
     flock,
-    unlink,
 )
 from loaderkit.data._remote_plan import (
     Board,

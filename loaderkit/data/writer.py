@@ -33,6 +33,7 @@ from loaderkit.data._codec import (
     check_hash,
     compress_file,
     file_digest,
+    unlink,
 )
 from loaderkit.data._fs import Storage, is_url, join_url, refuse_file_url, url_name
 from loaderkit.data.index import (
@@ -626,9 +627,7 @@ def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
             return None
 
     names = [p.name for p in root.iterdir()]
-    for stale in _stale(job, names, read, {name for name, _, _ in written}):
-        with contextlib.suppress(FileNotFoundError):
-            (root / stale).unlink()
+    unlink(root / stale for stale in _stale(job, names, read, {name for name, _, _ in written}))
     known = {root / name: (samples, extras) for name, samples, extras in written}
     paths = list(known)
     own = default_index_path(paths, job.reader)
