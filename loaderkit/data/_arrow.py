@@ -162,8 +162,7 @@ class Columns(Sequence[dict[str, Any]]):
         return {name: col[index] for name, col in self.data.items()}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(self.rows):
-            yield {name: col[i] for name, col in self.data.items()}
+        return (self[i] for i in range(self.rows))
 
     def as_batch(self) -> dict[str, Any]:
         return dict(self.data)

@@ -185,11 +185,8 @@ def _progress(size: int, show: bool) -> Iterator[int]:
     if not show:
         yield from starts
         return
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm comes with lightning
-        yield from starts
-        return
+    from tqdm.auto import tqdm  # installed with lightning
+
     with tqdm(total=size, desc="loaderkit: lengths", unit="sample", mininterval=0.5) as bar:
         for lo in starts:
             yield lo
