@@ -36,6 +36,7 @@ from loaderkit.data._codec import (
     unlink,
 )
 from loaderkit.data._fs import Storage, is_url, join_url, refuse_file_url, url_name
+from loaderkit.data._open import read_docs
 from loaderkit.data.index import (
     WORK_DIR,
     WRITER,
@@ -593,10 +594,8 @@ def _local_root(directory: Any, storage_options: Any) -> str:
     return str(root)
 
 
-def _stale(
-    job: _Job, names: list[str], read: Callable[[str], bytes | None], written: set[str]
-) -> list[str]:
-    """The shards, sidecars and indexes among ``names`` an earlier write left (``read``: bytes)."""
+def _stale(job: _Job, names: list[str], indexes: dict[str, bytes], written: set[str]) -> list[str]:
+    """The shards, sidecars and ``indexes`` (by name) among ``names`` an earlier write left."""
     shard = _shard_name(job)
 
     def stale(name: str) -> bool:  # a user's file beside them (shard-00000.npy.bak) stays
@@ -609,25 +608,17 @@ def _stale(
         return side and not any(name.startswith(w + ".") for w in written)
 
     files = [n for n in names if stale(n)]
-    for name in [n for n in names if is_index_name(n)]:
-        doc = read(name)
-        listed = (index_names(doc) or ([], False))[0] if doc is not None else []
-        if any(shard.fullmatch(n) for n in listed):
+    for name, doc in indexes.items():
+        if any(shard.fullmatch(n) for n in (index_names(doc) or ([], False))[0]):
             files.append(name)
     return files
 
 
 def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
     root = Path(job.root)
-
-    def read(name: str) -> bytes | None:
-        try:
-            return (root / name).read_bytes()
-        except OSError:
-            return None
-
     names = [p.name for p in root.iterdir()]
-    unlink(root / stale for stale in _stale(job, names, read, {name for name, _, _ in written}))
+    docs = {Path(p).name: doc for p, doc in read_docs(root / n for n in names if is_index_name(n))}
+    unlink(root / stale for stale in _stale(job, names, docs, {name for name, _, _ in written}))
     known = {root / name: (samples, extras) for name, samples, extras in written}
     paths = list(known)
     own = default_index_path(paths, job.reader)
@@ -641,11 +632,8 @@ def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
     storage = job.storage
     assert storage is not None
     listed = {entry["name"]: entry for entry in storage.entries(job.root)[0]}
-
-    def read(name: str) -> bytes:
-        return storage.read_bytes(join_url(job.root, name))
-
-    for stale in _stale(job, list(listed), read, {name for name, _, _ in written}):
+    docs = {n: storage.read_bytes(join_url(job.root, n)) for n in listed if is_index_name(n)}
+    for stale in _stale(job, list(listed), docs, {name for name, _, _ in written}):
         url = join_url(job.root, stale)
         storage.call("removing", url, functools.partial(storage.fs.rm, url))
     rows = [
