@@ -31,7 +31,7 @@ from loaderkit.data.index import (
     is_index_name,
     unfinished_write_error,
 )
-from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader, out_of_files
+from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader, _opened, out_of_files
 from loaderkit.errors import (
     MissingDependencyError,
     MissingShardError,
@@ -353,11 +353,7 @@ class OpenShards:
             raise
         except Exception as exc:
             if out_of_files(exc):  # no bad shard: on_error="skip" raises it too
-                raise ShardError(
-                    f"too many open files: shard {name} could not be opened; lower "
-                    "max_open_shards or raise `ulimit -n`.",
-                    path=self.shards[shard],
-                ) from exc
+                raise _opened(self.shards[shard], exc) from exc
             raise ShardError(
                 f"opening shard {name} failed with {type(exc).__name__}: {exc}; check that it "
                 "is a complete shard of this reader's format (rewrite it, and delete the shard "

@@ -173,7 +173,7 @@ def out_of_files(exc: BaseException | None) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
-def _opened(path: Path, exc: OSError) -> OSError | ShardError:
+def _opened(path: Any, exc: Exception) -> Exception:
     """``exc``, raised opening ``path``; out of descriptors, the error saying so."""
     if not out_of_files(exc):
         return exc
