@@ -631,8 +631,7 @@ class RemoteShards:
         return not all([*keys, *(_keys_copy(v) for *_, v in shard.sidecars)])
 
     def _digest(self, index: int) -> str | None:
-        extras = self.extras[index]
-        return self.written[index] if extras is None else extras.get("hash", self.written[index])
+        return (self.extras[index] or {}).get("hash", self.written[index])
 
     def _download_checked(self, index: int, target: Path) -> None:
         """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""
