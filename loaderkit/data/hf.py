@@ -172,8 +172,6 @@ class HFDataset(Dataset[dict[str, Any]]):
         return f"HFDataset({len(self)} rows, columns={self.columns})"
 
     def _columns(self, indices: Any) -> Columns:
-        if isinstance(indices, torch.Tensor):
-            indices = indices.numpy()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):

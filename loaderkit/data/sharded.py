@@ -297,8 +297,6 @@ class ShardedDataset(Dataset[Any]):
         """Per-shard reads of ``indices`` and their batch positions (None: all, in order)."""
         idx = indices
         if type(idx) is not np.ndarray or idx.dtype is not _INT64 or idx.ndim != 1:
-            if isinstance(idx, torch.Tensor):
-                idx = idx.numpy()
             idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         # Fast path (a batch inside one shard): a short Python list beats numpy here.
         values = idx.tolist()
