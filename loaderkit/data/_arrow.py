@@ -42,6 +42,15 @@ def _digits(dtype: torch.dtype) -> int:
     return info.bits - (1 if info.min < 0 else 0)
 
 
+def promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
+    """The dtype collate stacks ``a`` and ``b`` in (None: torch promotes no unsigned type
+    wider than uint8 with another)."""
+    try:
+        return torch.promote_types(a, b)
+    except RuntimeError:
+        return None
+
+
 def exact_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
     """The dtype torch promotes ``a`` and ``b`` to (or ``float64``) if it holds both exactly.
 
@@ -53,16 +62,13 @@ def exact_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype | None:
     """
     if a == b:
         return a
-    try:
-        promoted: torch.dtype | None = torch.promote_types(a, b)
-    except RuntimeError:  # torch promotes no unsigned type wider than uint8
-        promoted = None
+    common = promoted(a, b)
     need = max(_digits(a), _digits(b))
     if not (a.is_floating_point or b.is_floating_point):
-        if promoted is not None:
-            return promoted  # integer promotion keeps every value
+        if common is not None:
+            return common  # integer promotion keeps every value
         return next((t for t in (torch.int32, torch.int64) if _digits(t) >= need), None)
-    for target in (promoted, torch.float64):
+    for target in (common, torch.float64):
         if target is not None and target.is_floating_point and _digits(target) >= need:
             return target
     return None

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from loaderkit._checks import check_int
-from loaderkit.data._arrow import merge_kinds
+from loaderkit.data._arrow import merge_kinds, promoted
 from loaderkit.data._open import names_crc32
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
@@ -143,7 +143,7 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
                 if first[0] == kind[0] == "python" or first == kind:
                     continue  # Python objects (strings, ...) are listed, never cast
                 merged = merge_kinds(first, kind)
-                if merged is None or _promoted(first[1], kind[1]) != merged[1]:
+                if merged is None or promoted(first[1], kind[1]) != merged[1]:
                     other = "another part of it" if where == name else f"source {where!r}"
                     raise ShardError(
                         f"{_OWNER}: field {field!r} is {kind[1]} in source {name!r} but "
@@ -182,14 +182,6 @@ def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
     reader = ds.reader if _reads_as(ds, ShardedDataset) else None
     fix = "write them with one type, or leave the column out: ParquetReader(columns=)"
     return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []
-
-
-def _promoted(a: Any, b: Any) -> Any:
-    """The dtype collate stacks ``a`` and ``b`` in (None: torch does not promote them)."""
-    try:
-        return torch.promote_types(a, b)
-    except RuntimeError:  # e.g. uint16 with int32
-        return None
 
 
 def _check_distinct(
