@@ -3,8 +3,6 @@ built-in type code guarding ``torch.utils.data`` calls already catches."""
 
 from __future__ import annotations
 
-import re
-
 __all__ = [
     "CollateError",
     "LoaderkitError",
@@ -17,10 +15,6 @@ __all__ = [
     "WorkerError",
     "WorkerStartError",
 ]
-
-
-_INDEX_IN_MESSAGE = re.compile(r"loading sample index (\d+) ")
-_INDICES_IN_MESSAGE = re.compile(r"loading the batch of sample indices \[([\d, ]*)\]")
 
 
 class LoaderkitError(Exception):
@@ -40,13 +34,6 @@ class WorkerError(LoaderkitError, RuntimeError):
 
     def __init__(self, message: str, *, index: object = None) -> None:
         super().__init__(message)
-        if index is None:  # torch re-raises as type(exc)(message): read it back
-            found = _INDEX_IN_MESSAGE.search(message)
-            batch = _INDICES_IN_MESSAGE.search(message)
-            if found:
-                index = int(found.group(1))
-            elif batch:
-                index = [int(i) for i in batch.group(1).split(",") if i.strip()]
         self.index = index
 
 
