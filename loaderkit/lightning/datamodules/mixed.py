@@ -12,7 +12,6 @@ from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader
-from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import MAX_OPEN_DEFAULT, make_reader, remote_cache
 from loaderkit.lightning.datamodules._util import is_hf_dataset, is_remote_shards, shard_list
 from loaderkit.lightning.datamodules.sharded import _ShardSources
@@ -158,15 +157,7 @@ class MixedDataModule(_ShardSources):
         """The map-style dataset of one source."""
         if _is_table(item):
             return HFDataset(item, self.columns, length_column=self.length_key)
-        if _is_path(item):
-            assert self.reader is not None  # __init__ makes one whenever a shard path is given
-            return ShardedDataset(
-                item,
-                self.reader,
-                max_open_shards=self.max_open_shards,
-                remote=self.remote if is_remote_shards(item) else None,
-            )
-        return item
+        return self._shard_dataset(item) if _is_path(item) else item
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
         """The train :class:`~loaderkit.MixedDataset`; val/test laid end to end."""

@@ -15,6 +15,7 @@ from loaderkit.data.jsonl import JsonlReader
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.readers import ShardReader, TokenReader
+from loaderkit.data.remote import RemoteCache
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules._args import (
@@ -60,6 +61,7 @@ class _ShardSources(LoaderDataModule):
     """What ShardedDataModule and MixedDataModule share: checks, reader, cache, collate, lengths."""
 
     reader: ShardReader | None
+    remote: RemoteCache | None
     max_open_shards: int | None
     max_tokens: int | None
     length_key: str
@@ -113,6 +115,13 @@ class _ShardSources(LoaderDataModule):
         ):
             if unused:
                 raise ValueError(f"{type(self).__name__}: {name}={value!r} {fix} {name}.")
+
+    def _shard_dataset(self, paths: Shards, **extra: Any) -> ShardedDataset:
+        """A :class:`~loaderkit.ShardedDataset` of ``paths``, cached where they are URLs."""
+        assert self.reader is not None  # __init__ makes one whenever a shard path is given
+        remote = self.remote if is_remote_shards(paths) else None
+        limit = self.max_open_shards
+        return ShardedDataset(paths, self.reader, max_open_shards=limit, remote=remote, **extra)
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any] | None:
         """``collate``, else ``PadCollate`` for variable-length samples, else None (stacked)."""
@@ -323,13 +332,7 @@ class ShardedDataModule(_ShardSources):
                     samples_per_epoch=self.samples_per_epoch,
                 )
             else:
-                datasets[split] = ShardedDataset(
-                    paths,
-                    self.reader,
-                    on_error=self.on_error,
-                    max_open_shards=self.max_open_shards,
-                    remote=self.remote if is_remote_shards(paths) else None,
-                )
+                datasets[split] = self._shard_dataset(paths, on_error=self.on_error)
         return datasets
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
