@@ -134,11 +134,9 @@ class DataWaitMonitor(Callback):
 
     def summary(self) -> dict[str, float]:
         """Steps measured, the overall fraction spent waiting, and mean step and wait times."""
-        steps = self._steps
-        if steps == 0:
-            return {"steps": 0, self.name: 0.0, "step_ms": 0.0, "wait_ms": 0.0}
+        steps = max(self._steps, 1)  # no step: every total is 0
         return {
-            "steps": steps,
+            "steps": self._steps,
             self.name: self._total_wait / self._total_step if self._total_step else 0.0,
             "step_ms": 1e3 * self._total_step / steps,
             "wait_ms": 1e3 * self._total_wait / steps,
