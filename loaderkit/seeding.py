@@ -450,8 +450,7 @@ def rngs_put_back() -> Iterator[None]:
                 torch.cuda.set_rng_state_all(cuda)
 
 
-@contextmanager
-def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
+def seeded_sample(seed: int, epoch: int, index: int) -> AbstractContextManager[int]:
     """Seed torch's, numpy's and Python's global CPU generators for one sample; restore on exit.
 
     torch gets :func:`sample_seed` (``torch.initial_seed()`` returns it), numpy and
@@ -464,8 +463,7 @@ def seeded_sample(seed: int, epoch: int, index: int) -> Iterator[int]:
         ...     torch.initial_seed() == s == sample_seed(42, 0, 3)
         True
     """
-    with _seeded(sample_seed(seed, epoch, index)) as value:
-        yield value
+    return _seeded(sample_seed(seed, epoch, index))
 
 
 def batch_seed(seed: int, epoch: int, keys: np.ndarray) -> int:
@@ -525,7 +523,11 @@ class SampleSeeder:
                     else:
                         rng.park()
                         parked.append(slot)
-                _load(indices, getitem, out, seeded)
+                out.clear()
+                for pos, index in enumerate(indices):
+                    for seed_one, seeds in seeded:
+                        seed_one(seeds[pos])
+                    out.append(getitem(index))
                 moved = [slot for slot in parked if rngs[slot].moved()]
                 if not moved:
                     return out
@@ -569,19 +571,6 @@ class SampleSeeder:
             result = read()
             moved = not torch.equal(torch_rng.get_state(), seeded)
             return result, moved or any(rng.moved() for rng in rngs[1:])
-
-
-def _load(
-    indices: list[int],
-    getitem: Callable[[int], Any],
-    out: list[Any],
-    seeded: list[tuple[Callable[[int], Any], list[int]]],
-) -> None:
-    out.clear()
-    for pos, index in enumerate(indices):
-        for seed_one, seeds in seeded:
-            seed_one(seeds[pos])
-        out.append(getitem(index))
 
 
 _NO_RANDOMNESS = (list, tuple, range, dict, np.ndarray, torch.Tensor, TensorDataset)
