@@ -137,30 +137,21 @@ class ImageFolderDataModule(LoaderDataModule):
                     f"{owner}: {name} must be callable or None, got {fn!r}; pass a transform, "
                     "or None for the default."
                 )
-        self.train_transform = train_transform or self._default_train_transform()
-        self.eval_transform = eval_transform or self._default_eval_transform()
+        self.train_transform = train_transform or self._default_transform(train=True)
+        self.eval_transform = eval_transform or self._default_transform(train=False)
 
-    def _default_train_transform(self) -> Callable[[Any], Any]:
-        v2 = _torchvision()[1]
-        jitter = self.color_jitter
+    def _default_transform(self, train: bool) -> Callable[[Any], Any]:
+        v2, size, jitter = _torchvision()[1], self.image_size, self.color_jitter
+        if train:
+            steps = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+            steps += [v2.ColorJitter(jitter, jitter, jitter)] if jitter else []
+        else:
+            resize = v2.Resize(round(size / self.crop_fraction), antialias=True)
+            steps = [resize, v2.CenterCrop(size)]
         return v2.Compose(
             [
                 v2.ToImage(),
-                v2.RandomResizedCrop(self.image_size, antialias=True),
-                v2.RandomHorizontalFlip(),
-                *([v2.ColorJitter(jitter, jitter, jitter)] if jitter else []),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(self.mean, self.std),
-            ]
-        )
-
-    def _default_eval_transform(self) -> Callable[[Any], Any]:
-        v2 = _torchvision()[1]
-        return v2.Compose(
-            [
-                v2.ToImage(),
-                v2.Resize(round(self.image_size / self.crop_fraction), antialias=True),
-                v2.CenterCrop(self.image_size),
+                *steps,
                 v2.ToDtype(torch.float32, scale=True),
                 v2.Normalize(self.mean, self.std),
             ]
