@@ -149,19 +149,15 @@ def _concat(where: str, col: list[Any], dim: int) -> Tensor:
         _diagnose(where, col, dim, err)
 
 
-def _mask(lengths: np.ndarray, size: int, left: bool) -> np.ndarray:
-    """``(B, size)`` mask, True on real items: row ``r`` of the view is ``ramp[r : r + size]``."""
+def _scatter(flat: Tensor, lengths: list[int], size: int, value: PadScalar, left: bool) -> Any:
+    """``flat`` (the samples concatenated along dim 0) placed in a ``(B, size, ...)`` batch."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    # The (B, size) mask, True on real items: row r of the view is ramp[r : r + size].
     ramp = np.zeros(2 * size, dtype=bool)
     ramp[size:] = left
     ramp[:size] = not left
     rows = np.ndarray((size + 1, size), bool, ramp, 0, (1, 1))  # strides (1, 1)
-    return rows[lengths if left else size - lengths]
-
-
-def _scatter(flat: Tensor, lengths: list[int], size: int, value: PadScalar, left: bool) -> Any:
-    """``flat`` (the samples concatenated along dim 0) placed in a ``(B, size, ...)`` batch."""
-    lens = np.asarray(lengths, dtype=np.int64)
-    mask = _mask(lens, size, left)
+    mask = rows[lens if left else size - lens]
     shape = (len(lengths), size, *flat.shape[1:])
     if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
         src = flat.numpy()  # numpy's mask assignment beats index_put_ on CPU

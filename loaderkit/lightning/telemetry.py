@@ -18,16 +18,6 @@ __all__ = ["DataWaitMonitor"]
 _SUMMARY_KEYS = ("steps", "step_ms", "wait_ms")
 
 
-def _timed(loaders: Any) -> tuple[ResumableDataLoader, ...] | None:
-    if isinstance(loaders, Mapping):
-        loaders = list(loaders.values())
-    elif not isinstance(loaders, list | tuple):
-        loaders = [loaders]
-    if loaders and all(isinstance(x, ResumableDataLoader) for x in loaders):
-        return tuple(loaders)
-    return None
-
-
 class DataWaitMonitor(Callback):
     """Log the fraction of each training step spent waiting for the next batch.
 
@@ -80,7 +70,13 @@ class DataWaitMonitor(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Start the clock."""
-        self._loaders = _timed(trainer.train_dataloader)
+        loaders: Any = trainer.train_dataloader
+        if isinstance(loaders, Mapping):
+            loaders = list(loaders.values())
+        elif not isinstance(loaders, list | tuple):
+            loaders = [loaders]
+        timed = bool(loaders) and all(isinstance(x, ResumableDataLoader) for x in loaders)
+        self._loaders = tuple(loaders) if timed else None
         if self._loaders is not None:
             self._read = self._waited()
         self._last_end = time.perf_counter()
