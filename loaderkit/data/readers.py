@@ -410,9 +410,10 @@ class TokenReader:
         owner = "TokenReader"
         if seq_len is not None:
             fix = "pass the tokens per sample, e.g. 1024"
-            check_int("seq_len", seq_len, 1, owner=owner, fix=fix)
+            seq_len = check_int("seq_len", seq_len, 1, owner=owner, fix=fix, numpy_ok=True)
         if eos is not None:
-            check_int("eos", eos, 0, owner=owner, fix="pass the end-of-document token id")
+            fix = "pass the end-of-document token id"
+            eos = check_int("eos", eos, 0, owner=owner, fix=fix, numpy_ok=True)
         check_bool("targets", targets, owner=owner)
         if targets and seq_len is None:
             raise ValueError(

@@ -671,6 +671,18 @@ def test_a_setting_follows_one_rule_in_every_datamodule(
         make(**budget, **{name: True})
 
 
+def test_token_settings_take_numpy_ints(tmp_path: Path) -> None:
+    # Was: seq_len=np.int64(4) passed the DataModules' check and TokenReader refused it.
+    root = write_id_token_shards(tmp_path)
+    for make in (ShardedDataModule, lambda r, **kw: MixedDataModule({"a": r}, **kw)):
+        for name, value in (("seq_len", 4), ("eos", 3)):
+            got = make(str(root), batch_size=2, seed=0, **{name: np.int64(value)})
+            want = make(str(root), batch_size=2, seed=0, **{name: value})
+            assert repr(list(got.train_dataloader())) == repr(list(want.train_dataloader()))
+    reader = TokenReader(seq_len=np.int64(4), targets=True)
+    assert type(reader.seq_len) is int and reader.spec()["seq_len"] == 4
+
+
 def test_a_datamodule_decides_pinning_without_starting_cuda(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
