@@ -266,6 +266,18 @@ EDITED_FN = {
         def FN(item):
             return [STEPS[0](v) for v in item]
     """,
+    "a class's list of steps": """
+        def scale(v):
+            return v * SCALE
+
+        class Make:
+            steps = [scale]
+
+            def __call__(self, item):
+                return [self.steps[0](v) for v in item]
+
+        FN = Make()
+    """,
     "a partial": """
         def scale(v, by):
             return v * by * SCALE
