@@ -200,6 +200,11 @@ class Host:
         caller = self.caller()
         epoch = caller.epoch_starting(self.loader)
         if not caller.counts_run_outs(self.loader):
+            after = caller.epoch_after_restore(self.loader, counted=True)
+            loaded = cursor.loaded(plan)
+            if after is not None and loaded is not None and loaded < (after, False):
+                # The host ended the loaded epoch short (min_size) and begins the next afresh.
+                cursor.host_starts(after, ended=True)
             return cursor.host_names(epoch, plan)
         restored = caller.epoch_after_restore(self.loader)
         if restored is not None and cursor.host_starts(restored):

@@ -341,10 +341,11 @@ class PlanCursor:
             return epoch
         return None
 
-    def host_starts(self, epoch: int) -> bool:
+    def host_starts(self, epoch: int, *, ended: bool = False) -> bool:
         """The host begins ``epoch`` afresh (restored from its previous epoch's last batch): drop
-        a loaded position in ``epoch`` or later; returns whether one was."""
-        if not self._resume or self.epoch < epoch:
+        a loaded position in ``epoch`` or later (``ended``: or before, an epoch the host ended
+        short); returns whether one was."""
+        if not self._resume or (self.epoch < epoch and not ended):
             return False
         self._resume, self._explicit, self._host_epoch = False, epoch, epoch
         return True

@@ -102,26 +102,53 @@ class IdWalk(Walk):
         return {"id": i, "x": torch.full((4,), i / SIZE)}
 
 
+class IdPlace(IterableDataset[dict[str, Any]]):
+    """A generator that goes on from the object's place (its state, torchdata-style)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.i = size, 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while self.i < self.size:
+            self.i += 1
+            yield {"id": self.i - 1, "x": torch.full((4,), (self.i - 1) / SIZE)}
+        self.i = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.i = state["i"]
+
+
 class WalkModule(L.LightningDataModule):
+    def __init__(self, kind: type[IterableDataset[Any]] = IdWalk) -> None:
+        super().__init__()
+        self.kind = kind
+
     def train_dataloader(self) -> ResumableDataLoader:
-        return attach_host(ResumableDataLoader(IdWalk(SIZE), batch_size=BATCH), self.trainer)
+        data = self.kind(SIZE)  # type: ignore[call-arg]
+        return attach_host(ResumableDataLoader(data, batch_size=BATCH), self.trainer)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
 
+@pytest.mark.parametrize("kind", [IdWalk, IdPlace])
 @pytest.mark.parametrize("k", [2, 3])
-def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(tmp_path: Path, k: int) -> None:
+def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(
+    tmp_path: Path, k: int, kind: type[IterableDataset[Any]]
+) -> None:
     # In-process, the object goes on from the epoch limit_train_batches cut; the resumed one
     # started over (a fresh object, not put where the loaded state left it): epochs 1-2 read
-    # samples 0-15 again and never 24-31.
+    # samples 0-15 again and never 24-31. IdPlace's state is its own, not its iterator's.
     def fit_walk(root: Path, **kwargs: Any) -> Any:
         model = IdModule(fail_at=kwargs.pop("fail_at", None))
         callbacks = [step_checkpoints(root, 1)]
         options = trainer_kwargs(max_epochs=3, limit_train_batches=3, callbacks=callbacks)
         trainer = L.Trainer(**{**options, "enable_checkpointing": True})
         fit_or_interrupt(
-            trainer, model, WalkModule(), interrupted=model.fail_at is not None, **kwargs
+            trainer, model, WalkModule(kind), interrupted=model.fail_at is not None, **kwargs
         )
         return model.records
 
