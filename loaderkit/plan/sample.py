@@ -54,15 +54,42 @@ class _Identity:
         return np.asarray(positions).astype(np.int64)
 
 
-class _Ordered(Protocol):
+class Dealt(Protocol):
+    """What the dealing schedule needs of a plan: its size, batch size and tail policy."""
+
     @property
     def num_samples(self) -> int: ...
 
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def drop_last(self) -> bool: ...
+
+
+class _Ordered(Dealt, Protocol):
     def order_map(self, epoch: int) -> PositionMap: ...
 
 
 class OrderedPlan:
-    """``order_at`` and ``order`` of a plan whose epoch is an ``order_map`` of positions."""
+    """A plan whose every epoch is an ``order_map`` of ``num_samples`` positions, dealt in
+    fixed-size batches."""
+
+    def epoch_length(self: _Ordered, epoch: int) -> int:
+        """Position reached when an epoch is complete: ``num_samples``, in every epoch."""
+        return self.num_samples
+
+    def schedule(
+        self: _Ordered, epoch: int, *, start: int, rank: int, world_size: int
+    ) -> _FixedSchedule:
+        """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
+        steps_from(self, start, world_size)  # checks the position
+        check_rank(rank, world_size)
+        return _FixedSchedule(self, self.order_map(epoch), epoch, start, rank, world_size)
+
+    def num_steps(self: _Ordered, epoch: int, *, start: int, world_size: int) -> int:
+        """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""
+        return steps_from(self, start, world_size)
 
     def order_at(self: _Ordered, epoch: int, positions: np.ndarray) -> np.ndarray:
         """Indices at ``positions`` of the epoch's order (int64, same shape).
@@ -161,26 +188,12 @@ class SamplePlan(OrderedPlan):
         check_bool("shuffle", self.shuffle)
         check_bool("drop_last", self.drop_last)
 
-    def epoch_length(self, epoch: int) -> int:
-        """Position reached when an epoch is complete: ``num_samples``, in every epoch."""
-        return self.num_samples
-
     def order_map(self, epoch: int) -> PositionMap:
         """The epoch's order as a map from positions to dataset indices, never materialized."""
         check_int("epoch", epoch, 0)
         if not self.shuffle:
             return _Identity()
         return KeyedPermutation(self.num_samples, derive_seed(self.seed, SeedTag.ORDER, epoch))
-
-    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
-        """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
-        steps_from(self, start, world_size)  # checks the position
-        check_rank(rank, world_size)
-        return _FixedSchedule(self, self.order_map(epoch), epoch, start, rank, world_size)
-
-    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
-        """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""
-        return steps_from(self, start, world_size)
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a position is only meaningful for."""
@@ -249,19 +262,6 @@ def permutation_check() -> int:
     """A checksum of a small seeded ``torch.randperm``, in BucketPlan states (pins torch's)."""
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(20240917))
     return zlib.crc32(perm.numpy().tobytes())
-
-
-class Dealt(Protocol):
-    """What the dealing schedule needs of a plan: its size, batch size and tail policy."""
-
-    @property
-    def num_samples(self) -> int: ...
-
-    @property
-    def batch_size(self) -> int: ...
-
-    @property
-    def drop_last(self) -> bool: ...
 
 
 class _FixedSchedule:

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from loaderkit._checks import check_bool, check_int, check_rank
+from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import GroupedPermutation, KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
@@ -19,9 +19,7 @@ from loaderkit.plan.sample import (
     OrderedPlan,
     PositionMap,
     SamplePlan,
-    _FixedSchedule,
     _Identity,
-    steps_from,
 )
 from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
 
@@ -155,10 +153,6 @@ class ShardPlan(OrderedPlan):
         """Samples in all shards."""
         return self._split.num_samples
 
-    def epoch_length(self, epoch: int) -> int:
-        """Position reached when an epoch is complete: ``num_samples``."""
-        return self.num_samples
-
     def shard_order(self, epoch: int) -> np.ndarray:
         """The order the shards are laid out in ``epoch`` (a keyed permutation of the shards)."""
         check_int("epoch", epoch, 0)
@@ -216,16 +210,6 @@ class ShardPlan(OrderedPlan):
             self._cache.clear()  # one epoch at a time: loaders go forward
             self._cache[epoch] = cached
         return cached
-
-    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
-        """The batches ``rank`` of ``world_size`` yields in ``epoch`` from position ``start``."""
-        steps_from(self._split, start, world_size)  # checks the position
-        check_rank(rank, world_size)
-        return _FixedSchedule(self._split, self.order_map(epoch), epoch, start, rank, world_size)
-
-    def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
-        """Batches per rank from ``start`` to the end of an epoch (equal on every rank)."""
-        return self._split.num_steps(epoch, start=start, world_size=world_size)
 
     def batch_mix(self, epoch: int, *, world_size: int = 1) -> BatchMix:
         """How many shards the batches of ``epoch`` draw from, over all ranks' batches."""
