@@ -11,7 +11,7 @@ from collections.abc import Generator, Iterator
 from functools import partial
 from typing import Any
 
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import get_worker_info
 
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
@@ -212,7 +212,8 @@ class StreamEngine(WorkerStreams):
         if self.host.num_workers == 0:
             yield from self._hand_out(iter(source), pin=pin_now(self.host.pin_memory))
             return
-        inner = self._inner_loader(source, rotation)
+        # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
+        inner = self.workers_for(source, self.epoch, fresh=rotation != 0)
         workers = iter(inner)
         try:
             guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
@@ -279,10 +280,6 @@ class StreamEngine(WorkerStreams):
                 f"{', or lower batch_size or num_workers' * self.drop_last}."
             )
         self.complete = True
-
-    def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
-        # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
-        return self.workers_for(source, self.epoch, fresh=rotation != 0)
 
     def schedule(self) -> Any:
         raise TypeError(

@@ -137,14 +137,9 @@ class ResumableDataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
     ) -> None:
-        args = dict(batch_size=batch_size, shuffle=shuffle, sampler=sampler)
-        args |= dict(batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn)
-        args |= dict(pin_memory=pin_memory, drop_last=drop_last, timeout=timeout)
-        args |= dict(worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context)
-        args |= dict(generator=generator, prefetch_factor=prefetch_factor, seed=seed, rank=rank)
-        args |= dict(persistent_workers=persistent_workers, world_size=world_size)
-        args |= dict(per_sample_seeding=per_sample_seeding, pin_memory_device=pin_memory_device)
-        self._spec = spec = make_spec(dataset, args | dict(in_order=in_order))
+        args = dict(locals())  # the arguments by name: no other local is bound yet
+        del args["self"], args["dataset"]
+        self._spec = spec = make_spec(dataset, args)
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: Any = None  # a holder with held_state() and drop(): _register_lookahead
         self._skipped: Any = None  # the last state taken from an epoch-end checkpoint

@@ -74,27 +74,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def new_state(
-    *,
-    epoch: int,
-    position: int,
-    steps_done: int,
-    plan: Mapping[str, Any],
-    world_size: int,
-    num_workers: int,
-) -> dict[str, Any]:
-    """The rank-free state of a plan position (the topology is for messages, not enforced)."""
-    state = {
-        "version": STATE_VERSION,
-        "epoch": epoch,
-        "position": position,
-        "steps_done": steps_done,
-        "plan": dict(plan),
-        "topology": {"world_size": world_size, "num_workers": num_workers},
-    }
-    return seal(state, PLAN_FIELDS)
-
-
 def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: str = "") -> None:
     """Refuse (TypeError, StateMismatchError) what is not a whole, unedited state of ``fields``;
     ``hint`` is the fix for missing or unknown keys."""
@@ -426,16 +405,13 @@ class PlanCursor:
     def state(
         self, plan: Any, fingerprint: Mapping[str, Any], *, world_size: int, num_workers: int
     ) -> dict[str, Any]:
-        """The state dict of this position (see :func:`new_state`)."""
+        """The rank-free state dict of this position (the topology is for messages, not
+        enforced)."""
         epoch, position, steps_done = self.saved(plan)
-        return new_state(
-            epoch=epoch,
-            position=position,
-            steps_done=steps_done,
-            plan=fingerprint,
-            world_size=world_size,
-            num_workers=num_workers,
-        )
+        state: dict[str, Any] = {"version": STATE_VERSION, "epoch": epoch, "position": position}
+        state |= {"steps_done": steps_done, "plan": dict(fingerprint)}
+        state["topology"] = {"world_size": world_size, "num_workers": num_workers}
+        return seal(state, PLAN_FIELDS)
 
     def load(
         self,

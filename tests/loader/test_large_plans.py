@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 
 from loaderkit import ResumableDataLoader, SamplePlan
-from loaderkit.plan._cursor import new_state
+from loaderkit.plan._cursor import PlanCursor
 
 N = 10**10
 
@@ -41,14 +41,9 @@ def test_a_resume_at_90_percent_of_a_huge_epoch_yields_the_planned_batch() -> No
     plan = loader.plan
     assert isinstance(plan, SamplePlan)
     position = N // 10 * 9
-    state = new_state(
-        epoch=2,
-        position=position,
-        steps_done=position // 256,
-        plan=plan.fingerprint(),
-        world_size=1,
-        num_workers=0,
-    )
+    saved = PlanCursor()
+    saved.resume_at(2, position, position // 256)
+    state = saved.state(plan, plan.fingerprint(), world_size=1, num_workers=0)
     resumed = ResumableDataLoader(Huge(), batch_size=256, shuffle=True, seed=0)
     tracemalloc.start()
     try:
