@@ -7,7 +7,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DistributedSampler, IterableDataset
@@ -102,22 +102,13 @@ def _check_batch_sampler(
     check_lendable(batch_sampler)
 
 
-def check_worker_args(
-    *,
-    num_workers: Any,
-    timeout: Any,
-    prefetch_factor: Any,
-    persistent_workers: bool,
-    collate_fn: Callable[..., Any] | None,
-    worker_init_fn: Callable[..., Any] | None,
-    pin_memory: Any,
-    per_sample_seeding: Any,
-    multiprocessing_context: Any = None,
-) -> int:
-    """Validate the worker and transfer settings; returns ``num_workers``."""
+def check_worker_args(a: dict[str, Any], num_workers: Any) -> int:
+    """Validate the worker and transfer settings of the arguments ``a``, ``num_workers`` the
+    count to start with; returns it."""
     fix = "use 0 to load in-process, or 'auto' to choose from measurement"
     workers = check_int("num_workers", num_workers, 0, owner=OWNER, fix=fix)
-    _check_timeout(timeout, workers)
+    _check_timeout(a["timeout"], workers)
+    prefetch_factor, persistent_workers = a["prefetch_factor"], a["persistent_workers"]
     if prefetch_factor is not None:
         fix = "pass batches per worker, e.g. 2"
         check_int("prefetch_factor", prefetch_factor, 1, owner=OWNER, fix=fix)
@@ -132,8 +123,8 @@ def check_worker_args(
             "ResumableDataLoader: persistent_workers=True needs num_workers > 0, got "
             "num_workers=0; pass num_workers=1 (or more), or persistent_workers=False."
         )
-    _check_choices(collate_fn, worker_init_fn, pin_memory, per_sample_seeding)
-    check_start_method(multiprocessing_context, workers)
+    _check_choices(a)
+    check_start_method(a["multiprocessing_context"], workers)
     cores = cpu_budget()
     if workers > cores:
         # Said once here; torch's per-epoch copy is silenced in the workers' DataLoader.
@@ -147,9 +138,9 @@ def check_worker_args(
     return workers
 
 
-def _check_choices(
-    collate_fn: Any, worker_init_fn: Any, pin_memory: Any, per_sample_seeding: Any
-) -> None:
+def _check_choices(a: dict[str, Any]) -> None:
+    collate_fn, worker_init_fn = a["collate_fn"], a["worker_init_fn"]
+    pin_memory, per_sample_seeding = a["pin_memory"], a["per_sample_seeding"]
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
         if fn is not None and not callable(fn):
             raise TypeError(
@@ -337,10 +328,9 @@ def check_start_method(context: Any, workers: int) -> None:
         )
 
 
-def check_auto_workers(
-    dataset: Any, *, iterable: bool, per_sample_seeding: Any, timeout: Any
-) -> None:
+def check_auto_workers(dataset: Any, a: dict[str, Any], *, iterable: bool) -> None:
     """Refuse ``num_workers="auto"`` where switching workers changes the data or the timeout."""
+    timeout, per_sample_seeding = a["timeout"], a["per_sample_seeding"]
     if isinstance(timeout, int | float) and timeout > 0:
         raise ValueError(
             f"ResumableDataLoader: timeout={timeout} with num_workers='auto' would not hold: "

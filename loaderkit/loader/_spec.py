@@ -329,23 +329,8 @@ def _workers(kind: Kind, dataset: Any, a: dict[str, Any]) -> dict[str, Any]:
     num_workers, per_sample_seeding = a["num_workers"], a["per_sample_seeding"]
     auto = isinstance(num_workers, str) and num_workers == "auto"
     if auto:
-        check_auto_workers(
-            dataset,
-            iterable=kind != "plan",
-            per_sample_seeding=per_sample_seeding,
-            timeout=a["timeout"],
-        )
-    workers = check_worker_args(
-        num_workers=1 if auto else num_workers,
-        timeout=a["timeout"],
-        prefetch_factor=a["prefetch_factor"],
-        persistent_workers=a["persistent_workers"],
-        collate_fn=a["collate_fn"],
-        worker_init_fn=a["worker_init_fn"],
-        pin_memory=a["pin_memory"],
-        per_sample_seeding=per_sample_seeding,
-        multiprocessing_context=a["multiprocessing_context"],
-    )
+        check_auto_workers(dataset, a, iterable=kind != "plan")
+    workers = check_worker_args(a, 1 if auto else num_workers)
     pin = resolve_pin_memory(a["pin_memory"], default_device(), stacklevel=5)  # caller's line
     unseeded = loaderkit_batch_read(dataset) or draws_nothing(split_source(dataset))
     per_sample = not unseeded if per_sample_seeding == "auto" else per_sample_seeding
