@@ -298,10 +298,6 @@ class WorkerStreams:
         self._inner_next: int | None = None  # the epoch persistent workers would serve next
 
     @property
-    def started(self) -> bool:
-        return self._position.started
-
-    @property
     def epoch(self) -> int:
         return self._position.epoch
 

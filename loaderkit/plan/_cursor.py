@@ -268,9 +268,9 @@ class PlanCursor:
         "_named_late",
         "_ran_out",
         "_resume",
-        "_started",
         "epoch",
         "position",
+        "started",
         "steps_done",
     )
 
@@ -278,14 +278,10 @@ class PlanCursor:
         self.epoch = self.position = self.steps_done = 0
         self._explicit: int | None = None
         self._resume = False
-        self._started = False
+        self.started = False  # an iteration began
         self._host_epoch: int | None = None  # the host's epoch as the iteration began
         self._ran_out = False  # a loaded position's empty iteration was handed out
         self._named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
-
-    @property
-    def started(self) -> bool:
-        return self._started
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -311,7 +307,7 @@ class PlanCursor:
 
     def _named(self, epoch: int, plan: Any, restarts: bool) -> int | None:
         """The epoch the host's ``epoch`` names for the next iteration, or None."""
-        same = self._started and epoch == self._host_epoch
+        same = self.started and epoch == self._host_epoch
         again = self._named_late == epoch or (restarts and self._explicit is None)
         if same and again and self.position < plan.epoch_length(self.epoch):
             # The host prefetched, then began the epoch again before it ran out: it starts over.
@@ -332,7 +328,7 @@ class PlanCursor:
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         """Make the next iteration ``epoch``; ``late``: set after the host took this iteration's
         first batch (Lightning prefetches an unsized loader), so it names nothing new."""
-        if late and self._started and epoch == self._host_epoch:
+        if late and self.started and epoch == self._host_epoch:
             self._named_late = epoch
             return
         self._explicit = epoch
@@ -378,12 +374,12 @@ class PlanCursor:
         named = None if host_epoch is None else self._named(host_epoch, plan, restarts)
         if named is not None:
             return named, 0, 0
-        return (self.epoch + 1 if self._started else self.epoch), 0, 0
+        return (self.epoch + 1 if self.started else self.epoch), 0, 0
 
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
         epoch, start, steps_done = self.upcoming(plan)
-        self._resume, self._explicit, self._started, self._named_late = False, None, True, None
+        self._resume, self._explicit, self.started, self._named_late = False, None, True, None
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 
