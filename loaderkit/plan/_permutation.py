@@ -96,12 +96,20 @@ class GroupedPermutation:
         half = self._half[0] if one else self._half[group]
         mask = (np.uint64(1) << half) - np.uint64(1)
         tables = self._round_tables()
+        left, right = x >> half, x & mask
         if tables is None:
-            keys = [k[0] if one else k[group] for k in self._rounds]
-            return _feistel(x, half, mask, np.uint64(64) - half, keys)
+            shift = np.uint64(64) - half
+            for k in self._rounds:
+                f = mix64_array(right ^ (k[0] if one else k[group]))
+                f >>= shift
+                left ^= f
+                left, right = right, left
+            left <<= half
+            left |= right
+            return left
         # Halves fit in 32 bits here: int64 throughout, the dtype of table indices.
         base = None if group is None else group * self._width
-        left, right = (x >> half).view(np.int64), (x & mask).view(np.int64)
+        left, right = left.view(np.int64), right.view(np.int64)
         for table in tables:
             left ^= table[right if base is None else base + right]
             left, right = right, left
@@ -128,26 +136,6 @@ class GroupedPermutation:
             y[out] = again
             out = out[again >= (n if group is None else n[out])]
         return y.view(np.int64).reshape(given.shape)  # every entry < n <= 2**63
-
-
-def _feistel(
-    x: np.ndarray,
-    half: np.uint64 | np.ndarray,
-    mask: np.uint64 | np.ndarray,
-    shift: np.uint64 | np.ndarray,
-    keys: list[np.uint64] | list[np.ndarray],
-) -> np.ndarray:
-    """One pass of the Feistel network over ``[0, 4**half)``; parameters scalars or per entry."""
-    left = x >> half
-    right = x & mask
-    for k in keys:
-        f = mix64_array(right ^ k)
-        f >>= shift
-        left ^= f
-        left, right = right, left
-    left <<= half
-    left |= right
-    return left
 
 
 _POWERS = np.uint64(1) << np.arange(64, dtype=np.uint64)
