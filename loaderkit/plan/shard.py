@@ -1,5 +1,5 @@
 """The plan of sharded data (:class:`loaderkit.ShardPlan`): shuffled shard order, shards read
-``mix_shards`` at a time; dealt to ranks by :class:`~loaderkit.plan.sample.SamplePlan`'s schedule.
+``mix_shards`` at a time; dealt to ranks as :class:`~loaderkit.plan.sample.SamplePlan` deals.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import GroupedPermutation, KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
+    _MAX_SAMPLES,
     CHUNK,
     OrderedPlan,
     PositionMap,
-    SamplePlan,
     _Identity,
 )
 from loaderkit.seeding import GOLDEN, derive_seed, mix64_array
@@ -113,7 +113,6 @@ class ShardPlan(OrderedPlan):
     mix_shards: int = DEFAULT_MIX
     drop_last: bool = False
     shard_names_crc32: int | None = None
-    _split: SamplePlan = field(init=False, repr=False, compare=False)
     _cache: dict[int, PositionMap] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -139,19 +138,17 @@ class ShardPlan(OrderedPlan):
         )
         check_int("mix_shards", self.mix_shards, 1, owner="ShardPlan", fix=fix, numpy_ok=True)
         object.__setattr__(self, "mix_shards", int(self.mix_shards))
-        split = SamplePlan(
-            num_samples=sum(sizes),
-            batch_size=self.batch_size,
-            seed=self.seed,
-            drop_last=self.drop_last,
-        )
+        # As a SamplePlan of the shards' samples checks them.
+        check_int("num_samples", sum(sizes), 1, limit=_MAX_SAMPLES)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("seed", self.seed, 0)
+        check_bool("drop_last", self.drop_last)
         check_bool("shuffle", self.shuffle, owner="ShardPlan")
-        object.__setattr__(self, "_split", split)
 
-    @property
+    @functools.cached_property
     def num_samples(self) -> int:
         """Samples in all shards."""
-        return self._split.num_samples
+        return sum(self.shard_sizes)
 
     def shard_order(self, epoch: int) -> np.ndarray:
         """The order the shards are laid out in ``epoch`` (a keyed permutation of the shards)."""
