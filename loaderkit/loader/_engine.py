@@ -10,6 +10,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -28,17 +29,15 @@ from loaderkit.plan.samplers import _LenWatch
 DDP_DEFAULT_SEED = 0
 
 
+@dataclass(slots=True, eq=False)
 class Run:
     """One iteration's ticks on the loader's clock (no reference to its iterator)."""
 
-    __slots__ = ("began", "finished", "last", "schedule", "steps_before")
-
-    def __init__(self) -> None:
-        self.began = 0  # the tick of its first batch; 0: not begun
-        self.last = 0  # the tick of its latest batch
-        self.finished = False
-        self.schedule: Any = None
-        self.steps_before = 0
+    began: int = 0  # the tick of its first batch; 0: not begun
+    last: int = 0  # the tick of its latest batch
+    finished: bool = False
+    schedule: Any = None
+    steps_before: int = 0
 
 
 class Engine(Protocol):

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -61,14 +62,12 @@ def rank_check_timeout() -> float:
     return env_positive(_ENV_TIMEOUT, _DEFAULT_TIMEOUT_S, float)
 
 
+@dataclass(slots=True, eq=False)
 class Rounds:
     """One loader's comparison rounds: its channel (None until the first) and count."""
 
-    __slots__ = ("channel", "count")
-
-    def __init__(self) -> None:
-        self.channel: int | None = None
-        self.count = 0
+    channel: int | None = None
+    count: int = 0
 
 
 def _group_matches(rank: int, world_size: int) -> bool:

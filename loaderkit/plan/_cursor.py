@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from loaderkit.errors import StateMismatchError
@@ -258,30 +259,20 @@ def _difference(
     )
 
 
+@dataclass(slots=True, eq=False)
 class PlanCursor:
     """Where a loader or sampler stands (``epoch, position, steps_done``) and what it iterates
     next: the next epoch, the one :meth:`set_epoch` named, or a loaded epoch's rest."""
 
-    __slots__ = (
-        "_explicit",
-        "_host_epoch",
-        "_named_late",
-        "_ran_out",
-        "_resume",
-        "epoch",
-        "position",
-        "started",
-        "steps_done",
-    )
-
-    def __init__(self) -> None:
-        self.epoch = self.position = self.steps_done = 0
-        self._explicit: int | None = None
-        self._resume = False
-        self.started = False  # an iteration began
-        self._host_epoch: int | None = None  # the host's epoch as the iteration began
-        self._ran_out = False  # a loaded position's empty iteration was handed out
-        self._named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
+    epoch: int = 0
+    position: int = 0
+    steps_done: int = 0
+    started: bool = False  # an iteration began
+    _explicit: int | None = None
+    _resume: bool = False
+    _host_epoch: int | None = None  # the host's epoch as the iteration began
+    _ran_out: bool = False  # a loaded position's empty iteration was handed out
+    _named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False

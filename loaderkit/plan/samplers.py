@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence, Sized
+from dataclasses import dataclass
 from typing import Any, Unpack
 
 from torch.utils.data import DistributedSampler, Sampler, SequentialSampler
@@ -223,14 +224,12 @@ def check_resumable_sampler(sampler: object, *, parameter: str) -> None:
     check_reproducible(sampler, owner="check_resumable_sampler", parameter=parameter)
 
 
+@dataclass(slots=True, eq=False)
 class _LenWatch:
     """Refuses, under Lightning's loop, an epoch longer or shorter than the first ``len()``."""
 
-    __slots__ = ("first", "managed")
-
-    def __init__(self) -> None:
-        self.first: int | None = None
-        self.managed = False
+    first: int | None = None
+    managed: bool = False
 
     def answered(self, length: int) -> None:
         """``len()`` answered ``length`` batches (for a whole epoch)."""
