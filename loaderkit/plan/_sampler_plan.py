@@ -239,10 +239,8 @@ class SamplerPlan:
     strided: bool = False
     drop_tail: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
-    _cache: dict[int, torch.Tensor] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _keys: dict[int, torch.Tensor | None] = field(
+    # Epoch -> its order and seeding keys (None: no index repeats); one epoch at a time.
+    _cache: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     _length: int = field(default=0, init=False, repr=False, compare=False)
@@ -296,7 +294,7 @@ class SamplerPlan:
         check_int("epoch", epoch, 0)
         cached = self._cache.get(epoch)
         if cached is not None:
-            return cached
+            return cached[0]
         order, source = keyed_order(
             self.sampler,
             self.seed,
@@ -320,9 +318,7 @@ class SamplerPlan:
             )
         self._validate(order, epoch)
         self._cache.clear()  # a loader asks for one epoch at a time
-        self._cache[epoch] = order
-        self._keys.clear()
-        self._keys[epoch] = occurrence_keys(order, self.dataset_size)
+        self._cache[epoch] = (order, occurrence_keys(order, self.dataset_size))
         return order
 
     def order_check(self, epoch: int) -> int:
@@ -337,7 +333,6 @@ class SamplerPlan:
         """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed."""
         restored = _restored(listed_from)
         self._cache.clear()
-        self._keys.clear()
         self._restored.clear()
         self._restored[epoch] = restored
         self._sources.clear()
@@ -368,7 +363,7 @@ class SamplerPlan:
         check_rank(rank, world_size)
         steps_from(self, start, world_size)  # validates the position
         order = self.order(epoch)
-        keys = self._keys.get(epoch)
+        keys = self._cache[epoch][1]
         if keys is None:
             return _FixedSchedule(self, order, epoch, start, rank, world_size)
         # Each draw of a repeated index gets its own augmentation, as under DataLoader.
