@@ -211,14 +211,6 @@ class Host:
         # After an epoch's last batch the host goes on to a new epoch: nothing ran out in it.
         return cursor.host_names(epoch, plan, cycles=restored is None)
 
-    @property
-    def num_workers(self) -> int:
-        return self.pool.num_workers
-
-    @property
-    def pin_memory(self) -> bool:
-        return self.pool.pin_memory
-
     def topology(self) -> tuple[int, int]:
         """``(rank, world_size)``; fixed from the first batch on."""
         if self.topology_cache is not None:
@@ -289,7 +281,7 @@ class WorkerStreams:
         self.host, self.plan, self._reseed = host, plan, reseed
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.collate_fn = collate_fn
-        self.workers = max(host.num_workers, 1)
+        self.workers = max(host.pool.num_workers, 1)
         self._position = PlanCursor()
         self.complete = False
         self._history: deque[Any] = deque(maxlen=16)
@@ -358,7 +350,7 @@ class WorkerStreams:
         self, kind: str, fields: tuple[str, ...], world_size: int, **state: Any
     ) -> dict[str, Any]:
         """A checksummed state of ``kind`` holding ``fields``: ``state``'s and the common ones."""
-        topology = {"world_size": world_size, "num_workers": self.host.num_workers}
+        topology = {"world_size": world_size, "num_workers": self.host.pool.num_workers}
         state |= {"version": STATE_VERSION, "kind": kind, "topology": topology}
         return seal({name: state[name] for name in fields}, fields)
 

@@ -118,7 +118,7 @@ class IterableEngine(WorkerStreams):
         cut_short = loaded is None and not self.complete  # live: the object stopped in place
         records = self.records = self._starts(epoch, loaded)
         self._history.clear()
-        if host.num_workers == 0:
+        if host.pool.num_workers == 0:
             yield from self._in_process(run, epoch, primed if start == 0 else None, cut_short)
             return
         rank, _ = host.topology()
@@ -150,7 +150,7 @@ class IterableEngine(WorkerStreams):
         # There the object is where its carried end state says: that is for a saved state.
         first = {**records[0], "end_state": None} if cut_short else records[0]
         source = worker_batches(streams, 0, first, in_process=True, opened=opened)
-        yield from self._hand_out(source, records, run, pin=pin_now(self.host.pin_memory))
+        yield from self._hand_out(source, records, run, pin=pin_now(self.host.pool.pin_memory))
         self._ran_end = opens and self.complete
 
     def _starts(self, epoch: int, loaded: tuple[int, bool] | None) -> list[dict[str, Any]]:
@@ -169,12 +169,12 @@ class IterableEngine(WorkerStreams):
         # Objects that live on start where the complete epoch left them, unless this process's
         # object ran that end: loading it again would put a stream that does not rewind (a
         # Hugging Face IterableDataset) past its last item.
-        ran_end = self.host.num_workers == 0 and self._ran_end
+        ran_end = self.host.pool.num_workers == 0 and self._ran_end
         if self.complete and self.objects_live_on and not ran_end:
             for record, saved in zip(fresh, self.records, strict=True):
                 record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["end_state"]
-        elif not self.complete and self.host.num_workers == 0:
+        elif not self.complete and self.host.pool.num_workers == 0:
             # An epoch cut short: in-process, the object (or its own iterator) goes on where it
             # stopped, as uninterrupted.
             for record, saved in zip(fresh, self.records, strict=True):
@@ -247,7 +247,7 @@ class IterableEngine(WorkerStreams):
     @property
     def objects_live_on(self) -> bool:
         """Whether one epoch's dataset objects iterate the next (in-process, persistent workers)."""
-        return self.host.num_workers == 0 or self.host.pool.persistent
+        return self.host.pool.num_workers == 0 or self.host.pool.persistent
 
     def part_entry(self) -> dict[str, int]:
         """The fingerprint entry of a loader reading its rank's own part (see ``own_part``)."""
@@ -300,7 +300,7 @@ class IterableEngine(WorkerStreams):
             held = len(back)
             steps_done -= held
         host = self.host
-        if held == 0 and host.num_workers == 0 and self._position.loaded(self) is None:
+        if held == 0 and host.pool.num_workers == 0 and self._position.loaded(self) is None:
             if self._primed is None and host.awaiting_first_batch():
                 self._prime()
             if self._primed is not None:  # iter() was called: the state is the stream's start
@@ -332,7 +332,7 @@ class IterableEngine(WorkerStreams):
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )
         topo = state["topology"]
-        workers = self.host.num_workers
+        workers = self.host.pool.num_workers
         if topo.get("num_workers") != workers:
             raise StateMismatchError(
                 f"{owner}: the IterableDataset was saved with num_workers="

@@ -244,7 +244,7 @@ class PlanEngine:
                 self.plan,
                 self.fingerprint,
                 world_size=world_size,
-                num_workers=self.host.num_workers,
+                num_workers=self.host.pool.num_workers,
             )
             if self.host.topology_cache is not None:  # the topology is fixed from here on
                 self._skeleton = skeleton
@@ -338,8 +338,8 @@ def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, N
 def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
     """``(step, batch)`` of ``sched``, in this process or from the loader's workers."""
     host = engine.host
-    if host.num_workers == 0:
-        fetch, pin, keys = engine.fetch, pin_now(host.pin_memory), seed_keys(sched)
+    if host.pool.num_workers == 0:
+        fetch, pin, keys = engine.fetch, pin_now(host.pool.pin_memory), seed_keys(sched)
         indices = batch_indices(sched)
         for step in range(sched.num_steps):
             try:

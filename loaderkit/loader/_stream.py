@@ -11,7 +11,7 @@ from collections.abc import Generator, Iterator
 from functools import partial
 from typing import Any
 
-from torch.utils.data import get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
@@ -153,7 +153,7 @@ class StreamEngine(WorkerStreams):
         rank, world_size = self.host.topology()
         epoch, start, steps_done = self._position.upcoming(self)
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
-        fields |= {"steps_done": steps_done, "num_workers": self.host.num_workers}
+        fields |= {"steps_done": steps_done, "num_workers": self.host.pool.num_workers}
         round_ = agree_across_ranks(
             OWNER, fields, rank=rank, world_size=world_size, epoch=epoch, rounds=self._rounds
         )
@@ -209,11 +209,10 @@ class StreamEngine(WorkerStreams):
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self.host.num_workers == 0:
-            yield from self._hand_out(iter(source), pin=pin_now(self.host.pin_memory))
+        if self.host.pool.num_workers == 0:
+            yield from self._hand_out(iter(source), pin=pin_now(self.host.pool.pin_memory))
             return
-        # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
-        inner = self.workers_for(source, self.epoch, fresh=rotation != 0)
+        inner = self._inner_loader(source, rotation)
         workers = iter(inner)
         try:
             guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
@@ -280,6 +279,10 @@ class StreamEngine(WorkerStreams):
                 f"{', or lower batch_size or num_workers' * self.drop_last}."
             )
         self.complete = True
+
+    def _inner_loader(self, source: _SlotBatches, rotation: int) -> DataLoader[Any]:
+        # A resumed epoch starting mid-turn needs its own workers (persistent ones keep their slot).
+        return self.workers_for(source, self.epoch, fresh=rotation != 0)
 
     def schedule(self) -> Any:
         raise TypeError(
@@ -367,12 +370,12 @@ class StreamEngine(WorkerStreams):
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )
         rank, world_size = self.host.topology()
-        topo = state["topology"]
-        if topo != {"world_size": world_size, "num_workers": self.host.num_workers}:
+        topo, workers = state["topology"], self.host.pool.num_workers
+        if topo != {"world_size": world_size, "num_workers": workers}:
             raise StateMismatchError(
                 f"{owner}: the stream was saved with world_size={topo.get('world_size')}, "
                 f"num_workers={topo.get('num_workers')}; this loader has world_size="
-                f"{world_size}, num_workers={self.host.num_workers}, and per-slot cursors cannot "
+                f"{world_size}, num_workers={workers}, and per-slot cursors cannot "
                 "be re-split. Resume with the saved topology, or use ShardedDataset."
             )
         mine = state["ranks"][rank]

@@ -194,13 +194,13 @@ class ResumableDataLoader:
     @property
     def num_workers(self) -> int:
         """Worker processes loading now (0: in this process; under ``"auto"``, the choice)."""
-        return self._host.num_workers
+        return self._host.pool.num_workers
 
     @property
     def pin_memory(self) -> bool:
         """Whether batches are pinned (``"auto"`` resolved at construction; unpinned if the
         runtime refuses, as ``DataLoader``)."""
-        return self._host.pin_memory
+        return self._host.pool.pin_memory
 
     @property
     def seed(self) -> int:

@@ -161,7 +161,7 @@ class EmulatedWorkers:
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> None:
     def inner(self: StreamEngine, source: _SlotBatches, rotation: int) -> EmulatedWorkers:
-        return EmulatedWorkers(source, self.host.num_workers)
+        return EmulatedWorkers(source, self.host.pool.num_workers)
 
     monkeypatch.setattr(StreamEngine, "_inner_loader", inner)
 
