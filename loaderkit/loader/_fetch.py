@@ -327,7 +327,7 @@ def _load_error(what: str, epoch: int, exc: Exception, fix: str, index: Any) -> 
     )
 
 
-def worker_error(message: str, *, index: Any, cause: type[BaseException] | None) -> WorkerError:
+def worker_error(message: str, index: Any, cause: type[BaseException] | None) -> WorkerError:
     """A :class:`WorkerError` also caught as ``cause`` (the shard read error for a ShardError)."""
     if cause is None:
         return WorkerError(message, index=index)
@@ -368,11 +368,7 @@ def _caught_as(cause: type[BaseException]) -> type[WorkerError]:
 
 def _reduce_worker_error(self: WorkerError) -> tuple[Any, ...]:
     # By the cause's class: the combined class is made here, not importable by name.
-    return (_rebuilt, (str(self), self.index, type(self).caught_as))  # type: ignore[attr-defined]
-
-
-def _rebuilt(message: str, index: Any, cause: type[BaseException]) -> WorkerError:
-    return worker_error(message, index=index, cause=cause)
+    return (worker_error, (str(self), self.index, type(self).caught_as))  # type: ignore[attr-defined]
 
 
 class FailedBatch:
