@@ -148,7 +148,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
             f"IterableDataset {type(dataset).__name__} has none; leave it 'auto', or draw "
             "from the dataset's own generator."
         )
-    plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds)
+    plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds["seed"])
     _check_mix_weights(dataset, plan)
     return LoaderSpec(
         kind=kind,
@@ -161,11 +161,8 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         collate_fn=collate_fn,
         sampler=a["sampler"],
         batch_sampler=args["batch_sampler"],
-        seed=seeds["seed"],
-        seed_explicit=seeds["explicit"],
-        seed_chosen=seeds["chosen"],
-        rank=topology[0],
-        world_size=topology[1],
+        **seeds,
+        **topology,
         **_workers(kind, dataset, a),
         **{name: a[name] for name in _AS_GIVEN},
     )
@@ -261,14 +258,14 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     seed = check_int(
         "seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0", limit=2**128
     )
-    return {"seed": seed, "explicit": explicit, "chosen": explicit or chosen}
+    return {"seed": seed, "seed_explicit": explicit, "seed_chosen": explicit or chosen}
 
 
 def _plan(
-    kind: Kind, dataset: Any, a: dict[str, Any], size: int, batch_size: int, seeds: dict[str, Any]
-) -> tuple[Plan, Callable[[int], Plan] | None, tuple[int | None, int | None]]:
+    kind: Kind, dataset: Any, a: dict[str, Any], size: int, batch_size: int, seed: int
+) -> tuple[Plan, Callable[[int], Plan] | None, dict[str, Any]]:
     """The plan, how to rebuild it with another seed (None: never), and the topology."""
-    seed, sampler, batch_sampler = seeds["seed"], a["sampler"], a["batch_sampler"]
+    sampler, batch_sampler = a["sampler"], a["batch_sampler"]
     rank, world_size = a["rank"], a["world_size"]
     plan: Any
     reseed: Callable[[int], Plan] | None = None
@@ -313,7 +310,7 @@ def _plan(
             f"ResumableDataLoader: the batch sampler's plan covers {plan.num_samples} "
             f"samples but the dataset has {size}; build the plan with num_samples={size}."
         )
-    return plan, reseed, (rank, world_size)
+    return plan, reseed, {"rank": rank, "world_size": world_size}
 
 
 def _replace_seed(plan: Any, seed: int) -> Plan:
