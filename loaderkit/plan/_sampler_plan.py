@@ -20,7 +20,6 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import StateMismatchError
 from loaderkit.plan.sample import (
     _FixedSchedule,
-    _KeyedSchedule,
     occurrence_keys,
     plan_settings,
     steps_from,
@@ -363,11 +362,8 @@ class SamplerPlan:
         check_rank(rank, world_size)
         steps_from(self, start, world_size)  # validates the position
         order = self.order(epoch)
-        keys = self._cache[epoch][1]
-        if keys is None:
-            return _FixedSchedule(self, order, epoch, start, rank, world_size)
-        # Each draw of a repeated index gets its own augmentation, as under DataLoader.
-        return _KeyedSchedule(self, order, keys, epoch, start, rank, world_size)
+        # Each draw of a repeated index gets its own augmentation (keys), as under DataLoader.
+        return _FixedSchedule(self, order, epoch, start, rank, world_size, self._cache[epoch][1])
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of ``epoch``."""

@@ -33,7 +33,6 @@ from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _E
 from loaderkit.plan.sample import (
     SamplePlan,
     _FixedSchedule,
-    _KeyedSchedule,
     check_positions,
     materialize,
     occurrence_keys,
@@ -227,7 +226,7 @@ class _MixMap:
 
 
 class _MixKeys:
-    """An epoch's seeding keys as a position map (what :class:`_KeyedSchedule` deals)."""
+    """An epoch's seeding keys as a position map (what a keyed schedule deals)."""
 
     __slots__ = ("_map",)
 
@@ -359,11 +358,10 @@ class MixPlan:
         steps_from(self._dealing, start, world_size)
         check_rank(rank, world_size, owner="MixPlan")
         mapping = self.order_map(epoch)
-        if all(first == last for first, last in self.source_epochs(epoch)):
-            # No sample is drawn twice: the keys are the indices.
-            return _FixedSchedule(self._dealing, mapping, epoch, start, rank, world_size)
-        keys = _MixKeys(mapping)
-        return _KeyedSchedule(self._dealing, mapping, keys, epoch, start, rank, world_size)
+        # Where no sample is drawn twice, the keys are the indices.
+        once = all(first == last for first, last in self.source_epochs(epoch))
+        keys = None if once else _MixKeys(mapping)
+        return _FixedSchedule(self._dealing, mapping, epoch, start, rank, world_size, keys)
 
     def num_steps(self, epoch: int, *, start: int, world_size: int) -> int:
         """Batches per rank from ``start`` to the end of an epoch (the same every epoch)."""

@@ -266,7 +266,8 @@ def permutation_check() -> int:
 
 class _FixedSchedule:
     """One rank's rest-of-epoch under a plan: ``order`` a tensor or a :class:`PositionMap`
-    (evaluated only where dealt); a ``strided`` plan dealt as a ``DistributedSampler``."""
+    (evaluated only where dealt); a ``strided`` plan dealt as a ``DistributedSampler``; ``keys``
+    (laid out as ``order``) seed each sample in place of its index."""
 
     __slots__ = (
         "_batch",
@@ -274,6 +275,7 @@ class _FixedSchedule:
         "_chunk_lo",
         "_full",
         "_global",
+        "_keys",
         "_map",
         "_n",
         "_np_order",
@@ -297,9 +299,11 @@ class _FixedSchedule:
         start: int,
         rank: int,
         ws: int,
+        keys: torch.Tensor | PositionMap | None = None,
     ) -> None:
         self.epoch = epoch
         self.start = start
+        self._keys = None if keys is None else _FixedSchedule(plan, keys, epoch, start, rank, ws)
         if isinstance(order, torch.Tensor):
             # Slicing numpy and wrapping the slice is cheaper than slicing the tensor.
             self._np_order: np.ndarray | None = order.numpy()
@@ -384,6 +388,11 @@ class _FixedSchedule:
             return self._n  # the epoch is complete, whatever was dropped or wrapped
         return self.start + (step + 1) * self._global
 
+    def seed_keys(self, step: int) -> np.ndarray | None:
+        """The per-sample seeding keys of step ``step``'s batch (same layout as its indices;
+        None: the indices)."""
+        return None if self._keys is None else self._keys.indices_numpy(step)
+
 
 def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | None:
     """Per-sample seeding keys of an order that repeats an index (the ``k``-th draw of ``i``:
@@ -400,26 +409,3 @@ def occurrence_keys(order: torch.Tensor, dataset_size: int) -> torch.Tensor | No
     occurrence = np.empty_like(values)
     occurrence[by_index] = np.arange(values.size, dtype=np.int64) - run_start
     return torch.from_numpy(values + occurrence * np.int64(dataset_size))
-
-
-class _KeyedSchedule(_FixedSchedule):
-    """A :class:`_FixedSchedule` whose samples are seeded by their own keys, not indices."""
-
-    __slots__ = ("_keys",)
-
-    def __init__(
-        self,
-        plan: Dealt,
-        order: torch.Tensor | PositionMap,
-        keys: torch.Tensor | PositionMap,
-        epoch: int,
-        start: int,
-        rank: int,
-        ws: int,
-    ) -> None:
-        super().__init__(plan, order, epoch, start, rank, ws)
-        self._keys = _FixedSchedule(plan, keys, epoch, start, rank, ws)
-
-    def seed_keys(self, step: int) -> np.ndarray:
-        """The per-sample seeding keys of step ``step``'s batch (same layout as its indices)."""
-        return self._keys.indices_numpy(step)
