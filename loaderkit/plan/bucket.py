@@ -266,7 +266,12 @@ class BucketPlan:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         self._check_position(epoch, start, world_size)
         check_rank(rank, world_size, owner=_OWNER, fix="pass this process's rank", numpy_ok=True)
-        return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
+        ep, keys = self._epoch(epoch), self._seed_keys(epoch)
+        return _BucketSchedule(ep, epoch, start, rank, world_size, self.drop_last, keys)
+
+    def _seed_keys(self, epoch: int) -> np.ndarray | None:
+        """Each sample's seeding key, laid out as the epoch's order (None: its index)."""
+        return None
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a saved position is only meaningful for (lengths by checksum)."""
@@ -374,13 +379,20 @@ class BucketPlan:
 class _BucketSchedule:
     """One rank's rest-of-epoch under a :class:`BucketPlan`: a schedule over the batch ids."""
 
-    __slots__ = ("_bounds", "_dealt", "_order", "epoch", "num_steps", "start")
+    __slots__ = ("_bounds", "_dealt", "_keys", "_order", "epoch", "num_steps", "start")
 
     def __init__(
-        self, ep: _Epoch, epoch: int, start: int, rank: int, world_size: int, drop_last: bool
+        self,
+        ep: _Epoch,
+        epoch: int,
+        start: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+        keys: np.ndarray | None = None,
     ) -> None:
         self.epoch, self.start = epoch, start
-        self._order, self._bounds = ep.order, ep.bounds
+        self._order, self._bounds, self._keys = ep.order, ep.bounds, keys  # keys: as the order
         total = int(ep.sequence.size)
         self._dealt: _FixedSchedule | None = None
         self.num_steps = 0
@@ -399,6 +411,13 @@ class _BucketSchedule:
             raise IndexError(f"step must be in [0, 0), got {step}.")
         b = self._dealt.indices_numpy(step)[0]
         return self._order[self._bounds[b] : self._bounds[b + 1]]
+
+    def seed_keys(self, step: int) -> np.ndarray | None:
+        """The per-sample seeding keys of step ``step``'s batch (None: its indices)."""
+        if self._keys is None or self._dealt is None:
+            return None
+        b = self._dealt.indices_numpy(step)[0]
+        return self._keys[self._bounds[b] : self._bounds[b + 1]]
 
     def position_after(self, step: int) -> int:
         assert self._dealt is not None

@@ -29,7 +29,7 @@ import torch
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import KeyedPermutation, permutation_digest, permute_many
-from loaderkit.plan.bucket import BucketOptions, BucketPlan, _BucketSchedule, _Epoch
+from loaderkit.plan.bucket import BucketOptions, BucketPlan
 from loaderkit.plan.sample import (
     SamplePlan,
     _FixedSchedule,
@@ -421,17 +421,12 @@ class MixBucketPlan(BucketPlan):
     def _samples_per_epoch(self) -> int:
         return self.mix.epoch_length(0)
 
-    def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _BucketSchedule:
-        """:class:`~loaderkit.BucketPlan`'s schedule, each draw seeded apart."""
-        sched = super().schedule(epoch, start=start, rank=rank, world_size=world_size)
-        ep = self._epoch(epoch)
+    def _seed_keys(self, epoch: int) -> np.ndarray | None:
+        """One key per draw, so a sample drawn twice is seeded apart (None: none repeats)."""
         if self._draw_keys is None or self._draw_keys[0] != epoch:
-            keys = occurrence_keys(torch.from_numpy(ep.order), self.num_samples)
+            keys = occurrence_keys(torch.from_numpy(self._epoch(epoch).order), self.num_samples)
             self._draw_keys = (epoch, None if keys is None else keys.numpy())
-        keyed = self._draw_keys[1]
-        if keyed is None:
-            return sched
-        return _KeyedBucketSchedule(ep, keyed, epoch, start, rank, world_size, self.drop_last)
+        return self._draw_keys[1]
 
     def _unsorted(self, epoch: int) -> np.ndarray:
         order = self._eligible_only(self.mix.order(epoch).numpy())
@@ -455,31 +450,6 @@ class MixBucketPlan(BucketPlan):
             "mix_check": mix["order_check"],
             "repeat_seeding": mix["repeat_seeding"],
         }
-
-
-class _KeyedBucketSchedule(_BucketSchedule):
-    """A bucket schedule whose samples are seeded by their keys (one per draw)."""
-
-    __slots__ = ("_keys",)
-
-    def __init__(
-        self,
-        ep: _Epoch,
-        keys: np.ndarray,
-        epoch: int,
-        start: int,
-        rank: int,
-        world_size: int,
-        drop_last: bool,
-    ) -> None:
-        super().__init__(ep, epoch, start, rank, world_size, drop_last)
-        self._keys = keys  # aligned with ep.order
-
-    def seed_keys(self, step: int) -> np.ndarray:
-        """The per-sample seeding keys of step ``step``'s batch (same layout as its indices)."""
-        assert self._dealt is not None
-        b = self._dealt.indices_numpy(step)[0]
-        return self._keys[self._bounds[b] : self._bounds[b + 1]]
 
 
 @functools.cache
