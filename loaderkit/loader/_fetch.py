@@ -199,11 +199,7 @@ class BatchFetcher:
         # What the engines call: default_collate, promoting dtypes alike in every process.
         own = self.collate_fn is default_collate
         self.collate = promoting_collate if own else self.collate_fn
-        self.gather = (
-            self.collate_fn is default_collate
-            and not self.per_sample_seeding
-            and torch_gathered(dataset)
-        )
+        self.gather = own and not self.per_sample_seeding and torch_gathered(dataset)
         lazy = self.seeder is None or self.seeder.lazy
         if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
             self.mode = "get_batch"
