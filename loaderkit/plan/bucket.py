@@ -82,11 +82,12 @@ def _optional(options: BucketOptions, name: str) -> int | None:
 
 
 class _Epoch(NamedTuple):
-    """One epoch's global batch sequence, in three arrays (no Python list per batch)."""
+    """One epoch's global batch sequence, in arrays (no Python list per batch)."""
 
     order: np.ndarray  # dataset indices, length-sorted within windows (int64)
     bounds: np.ndarray  # batch b is order[bounds[b] : bounds[b + 1]]
     sequence: np.ndarray  # batch ids in training order: the global sequence
+    keys: np.ndarray | None  # each sample's seeding key, laid out as order (None: its index)
 
 
 class BucketPlan:
@@ -266,11 +267,10 @@ class BucketPlan:
         """The batches ``rank`` of ``world_size`` yields in ``epoch`` from ``start``."""
         self._check_position(epoch, start, world_size)
         check_rank(rank, world_size, owner=_OWNER, fix="pass this process's rank", numpy_ok=True)
-        ep, keys = self._epoch(epoch), self._seed_keys(epoch)
-        return _BucketSchedule(ep, epoch, start, rank, world_size, self.drop_last, keys)
+        return _BucketSchedule(self._epoch(epoch), epoch, start, rank, world_size, self.drop_last)
 
-    def _seed_keys(self, epoch: int) -> np.ndarray | None:
-        """Each sample's seeding key, laid out as the epoch's order (None: its index)."""
+    def _seed_keys(self, order: np.ndarray) -> np.ndarray | None:
+        """Each sample's seeding key in an epoch's ``order`` (None: its index)."""
         return None
 
     def fingerprint(self) -> dict[str, Any]:
@@ -354,7 +354,7 @@ class BucketPlan:
         else:
             starts = greedy_starts(self._rows_from, order, self.window)
         bounds = np.append(starts, n).astype(np.int64)
-        return _Epoch(order, bounds, self._sequence(epoch, starts))
+        return _Epoch(order, bounds, self._sequence(epoch, starts), self._seed_keys(order))
 
     def _unsorted(self, epoch: int) -> np.ndarray:
         """Step 1: the epoch's eligible indices, before the windows are sorted."""
@@ -382,17 +382,10 @@ class _BucketSchedule:
     __slots__ = ("_bounds", "_dealt", "_keys", "_order", "epoch", "num_steps", "start")
 
     def __init__(
-        self,
-        ep: _Epoch,
-        epoch: int,
-        start: int,
-        rank: int,
-        world_size: int,
-        drop_last: bool,
-        keys: np.ndarray | None = None,
+        self, ep: _Epoch, epoch: int, start: int, rank: int, world_size: int, drop_last: bool
     ) -> None:
         self.epoch, self.start = epoch, start
-        self._order, self._bounds, self._keys = ep.order, ep.bounds, keys  # keys: as the order
+        self._order, self._bounds, self._keys = ep.order, ep.bounds, ep.keys
         total = int(ep.sequence.size)
         self._dealt: _FixedSchedule | None = None
         self.num_steps = 0

@@ -416,17 +416,14 @@ class MixBucketPlan(BucketPlan):
             source_names=source_names,
         )
         self._check_total(self.mix.num_samples, "the sources", "MixedDataset.lengths()")
-        self._draw_keys: tuple[int, np.ndarray | None] | None = None  # (epoch, keys)
 
     def _samples_per_epoch(self) -> int:
         return self.mix.epoch_length(0)
 
-    def _seed_keys(self, epoch: int) -> np.ndarray | None:
+    def _seed_keys(self, order: np.ndarray) -> np.ndarray | None:
         """One key per draw, so a sample drawn twice is seeded apart (None: none repeats)."""
-        if self._draw_keys is None or self._draw_keys[0] != epoch:
-            keys = occurrence_keys(torch.from_numpy(self._epoch(epoch).order), self.num_samples)
-            self._draw_keys = (epoch, None if keys is None else keys.numpy())
-        return self._draw_keys[1]
+        keys = occurrence_keys(torch.from_numpy(order), self.num_samples)
+        return None if keys is None else keys.numpy()
 
     def _unsorted(self, epoch: int) -> np.ndarray:
         order = self._eligible_only(self.mix.order(epoch).numpy())
