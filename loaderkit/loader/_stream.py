@@ -341,11 +341,7 @@ class StreamEngine(WorkerStreams):
         if self._round is None:  # no epoch compared across ranks since construction or load
             if self._loaded_ranks is not None:  # nobody moved: the loaded state still holds
                 ranks = copy.deepcopy(self._loaded_ranks)
-            elif (
-                not self._position.started
-                and world_size > 1
-                and group_store(rank, world_size) is not None
-            ):
+            elif not self._position.started and group_store(rank, world_size) is not None:
                 # Not started: every rank is at the start of its streams, as this one is.
                 ranks = [copy.deepcopy(mine) for _ in range(world_size)]
         elif self._ring is not None:
