@@ -319,31 +319,51 @@ class BucketBatchSampler(PlanBatchSampler):
         world_size: int | None = None,
         **options: Unpack[BucketOptions],
     ) -> None:
-        plan = _bucket_plan(
-            lengths,
-            options,
-            shard_sizes=shard_sizes,
-            mix_shards=mix_shards,
-            shard_window=shard_window,
-            source_sizes=source_sizes,
-            per_epoch=per_epoch,
-            source_names=source_names,
-        )
+        if (
+            (source_sizes is None) != (per_epoch is None)
+            or (source_sizes is not None and shard_sizes is not None)
+            or (source_names is not None and source_sizes is None)
+        ):
+            raise ValueError(
+                "BucketBatchSampler: source_sizes and per_epoch go together (with source_names) "
+                f"and exclude shard_sizes, got source_sizes={source_sizes!r}, per_epoch="
+                f"{per_epoch!r}, shard_sizes={shard_sizes!r}; pass a mix's sizes and allotments, "
+                "shards or neither."
+            )
+        plan: BucketPlan
+        if shard_sizes is not None:
+            plan = ShardBucketPlan(
+                lengths,
+                shard_sizes=shard_sizes,
+                mix_shards=mix_shards,
+                shard_window=shard_window,
+                **options,
+            )
+        else:
+            for name, given, default in (
+                ("mix_shards", mix_shards, DEFAULT_MIX),
+                ("shard_window", shard_window, DEFAULT_WINDOW),
+            ):
+                if given != default:
+                    raise ValueError(
+                        f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
+                        "shard_sizes= (as ShardedDataset.bucket_batch_sampler() does) or drop "
+                        f"{name}."
+                    )
+            if source_sizes is None or per_epoch is None:  # neither (see the check above)
+                plan = BucketPlan(lengths, **options)
+            else:
+                plan = MixBucketPlan(
+                    lengths,
+                    source_sizes=source_sizes,
+                    per_epoch=per_epoch,
+                    source_names=source_names,
+                    **options,
+                )
         if rank is not None or world_size is not None:
             detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)
-        if plan.oversize_indices.size:
-            what = "skipped" if plan.oversize == "skip" else "batched alone, to be truncated to"
-            warnings.warn(
-                f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} samples "
-                f"are longer than max_length={plan.max_length} tokens (max_tokens="
-                f"{plan.max_tokens}) and are {what}"
-                + (f" {plan.max_length} tokens" if plan.oversize == "truncate" else "")
-                + f" (oversize={plan.oversize!r}); the first is sample "
-                f"{int(plan.oversize_indices[0])} with {plan.lengths[plan.oversize_indices[0]]}.",
-                UserWarning,
-                stacklevel=2,
-            )
+        _warn_oversize(plan)
 
     @property
     def num_skipped(self) -> int:
@@ -361,50 +381,17 @@ class BucketBatchSampler(PlanBatchSampler):
         return self.plan.max_length
 
 
-def _bucket_plan(
-    lengths: Any,
-    options: BucketOptions,
-    *,
-    shard_sizes: Sequence[int] | None,
-    mix_shards: int,
-    shard_window: int,
-    source_sizes: Sequence[int] | None,
-    per_epoch: Sequence[int] | None,
-    source_names: Sequence[str] | None,
-) -> BucketPlan:
-    if (
-        (source_sizes is None) != (per_epoch is None)
-        or (source_sizes is not None and shard_sizes is not None)
-        or (source_names is not None and source_sizes is None)
-    ):
-        raise ValueError(
-            "BucketBatchSampler: source_sizes and per_epoch go together (with source_names) and "
-            f"exclude shard_sizes, got source_sizes={source_sizes!r}, per_epoch={per_epoch!r}, "
-            f"shard_sizes={shard_sizes!r}; pass a mix's sizes and allotments, shards or neither."
+def _warn_oversize(plan: BucketPlan) -> None:
+    """Warn of the samples longer than ``max_length`` a BucketBatchSampler skips or cuts."""
+    if plan.oversize_indices.size:
+        what = "skipped" if plan.oversize == "skip" else "batched alone, to be truncated to"
+        warnings.warn(
+            f"BucketBatchSampler: {plan.oversize_indices.size} of {plan.num_samples} samples "
+            f"are longer than max_length={plan.max_length} tokens (max_tokens="
+            f"{plan.max_tokens}) and are {what}"
+            + (f" {plan.max_length} tokens" if plan.oversize == "truncate" else "")
+            + f" (oversize={plan.oversize!r}); the first is sample "
+            f"{int(plan.oversize_indices[0])} with {plan.lengths[plan.oversize_indices[0]]}.",
+            UserWarning,
+            stacklevel=3,  # the caller of BucketBatchSampler()
         )
-    if shard_sizes is not None:
-        return ShardBucketPlan(
-            lengths,
-            shard_sizes=shard_sizes,
-            mix_shards=mix_shards,
-            shard_window=shard_window,
-            **options,
-        )
-    for name, given, default in (
-        ("mix_shards", mix_shards, DEFAULT_MIX),
-        ("shard_window", shard_window, DEFAULT_WINDOW),
-    ):
-        if given != default:
-            raise ValueError(
-                f"BucketBatchSampler: {name}={given!r} applies to shards only; pass "
-                f"shard_sizes= (as ShardedDataset.bucket_batch_sampler() does) or drop {name}."
-            )
-    if source_sizes is not None and per_epoch is not None:
-        return MixBucketPlan(
-            lengths,
-            source_sizes=source_sizes,
-            per_epoch=per_epoch,
-            source_names=source_names,
-            **options,
-        )
-    return BucketPlan(lengths, **options)
