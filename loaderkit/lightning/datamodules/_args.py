@@ -166,6 +166,11 @@ def make_reader(
             f"{owner}: reader='tokens' needs exactly one of seq_len and eos, got "
             f"seq_len={seq_len!r}, eos={eos!r}; pass e.g. seq_len=1024."
         )
+    if seq_len is not None:
+        check_int("seq_len", seq_len, 1, owner=owner, fix="pass e.g. 1024", numpy_ok=True)
+    if eos is not None:
+        fix = "pass the end-of-document token id"
+        check_int("eos", eos, 0, owner=owner, fix=fix, numpy_ok=True)
     if dtype is not None:
         try:
             kind = np.dtype(dtype).kind
