@@ -136,7 +136,10 @@ def build_index(
         raise _missing(gone)  # before any shard is counted
     entries = []
     for path in paths:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # removed while the others were counted
+            raise _missing(path) from None
         samples, extras = known[path] if known and path in known else _count_local(path, reader)
         samples = checked_count(reader, path, samples)
         entries.append(IndexEntry(path, st.st_size, st.st_mtime_ns, samples, extras))

@@ -175,10 +175,10 @@ class IterableEngine(WorkerStreams):
                 record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["end_state"]
         elif not self.complete and self.host.pool.num_workers == 0:
-            # An epoch cut short: in-process, the object (or its own iterator) goes on where it
-            # stopped, as uninterrupted.
+            # An epoch cut short: in-process, an object that is its own iterator goes on where
+            # it stopped, as uninterrupted. (Its dataset state is not carried: a dataset that
+            # starts over at each iter() unless loaded would go on instead; design.md.)
             for record, saved in zip(fresh, self.records, strict=True):
-                record["dataset_state"] = saved["dataset_state"]
                 record["end_state"] = saved["iterator_state"]
         return fresh
 

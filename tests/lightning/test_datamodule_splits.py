@@ -117,10 +117,10 @@ def test_a_mix_given_lists_of_paths_restores_them(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     write_shards(a, [np.arange(32)], TokenReader(seq_len=4))
     write_shards(b, [np.arange(100, 132)], TokenReader(seq_len=4))
-    dm = MixedDataModule([a, str(b)], val=[str(b), a], seq_len=4, batch_size=2, seed=3)
+    dm = MixedDataModule([a, str(b)], val=(str(b), a), seq_len=4, batch_size=2, seed=3)
     restored = MixedDataModule.load_from_checkpoint(_saved(tmp_path, dm), weights_only=True)
     assert restored.hparams["sources"] == [str(a), str(b)]
-    assert restored.hparams["val"] == [str(b), str(a)]
+    assert restored.hparams["val"] == (str(b), str(a))
     restored.setup("fit")
     for got, want in zip(restored.train_dataloader(), dm.train_dataloader(), strict=True):
         assert torch.equal(got, want)

@@ -121,6 +121,21 @@ class IdPlace(IterableDataset[dict[str, Any]]):
         self.i = state["i"]
 
 
+class IdRewind(IdPlace):
+    """Starts over at each ``iter()`` unless a state was loaded (Hugging Face's pattern)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.i, self.start = self.start, 0
+        return super().__iter__()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start = state["i"]
+
+
 class WalkModule(L.LightningDataModule):
     def __init__(self, kind: type[IterableDataset[Any]] = IdWalk) -> None:
         super().__init__()
@@ -134,14 +149,22 @@ class WalkModule(L.LightningDataModule):
         return {}
 
 
-@pytest.mark.parametrize("kind", [IdWalk, IdPlace])
-@pytest.mark.parametrize("k", [2, 3])
+# IdPlace keeps its place on itself, not on an iterator: resumed at the cut, it starts over
+# where the live object goes on. Its state cannot tell it from IdRewind's (Hugging Face's
+# pattern), which starts over live too; loading it would make IdRewind go on (design.md).
+_PLACE_AT_CUT = pytest.mark.xfail(strict=True, reason="a dataset's own place is not carried")
+
+
+@pytest.mark.parametrize(
+    ("kind", "k"),
+    [(IdWalk, 2), (IdWalk, 3), (IdPlace, 2), pytest.param(IdPlace, 3, marks=_PLACE_AT_CUT)],
+)
 def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(
     tmp_path: Path, k: int, kind: type[IterableDataset[Any]]
 ) -> None:
     # In-process, the object goes on from the epoch limit_train_batches cut; the resumed one
     # started over (a fresh object, not put where the loaded state left it): epochs 1-2 read
-    # samples 0-15 again and never 24-31. IdPlace's state is its own, not its iterator's.
+    # samples 0-15 again and never 24-31.
     def fit_walk(root: Path, **kwargs: Any) -> Any:
         model = IdModule(fail_at=kwargs.pop("fail_at", None))
         callbacks = [step_checkpoints(root, 1)]
@@ -156,6 +179,30 @@ def test_a_walk_cut_by_limit_train_batches_goes_on_after_a_resume(
     assert [i for r in full for i in r["ids"]] == list(range(9 * BATCH))
     before = fit_walk(tmp_path / "cut", fail_at=k)
     after = fit_walk(tmp_path / "resumed", resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
+    assert_resume_exact(full, before, after)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_an_iterable_that_starts_over_at_each_iter_does_so_after_a_cut_epoch(
+    tmp_path: Path, k: int
+) -> None:
+    # Live, the object starts over at each epoch as under DataLoader (an intermediate version
+    # loaded it with its own state there: it went on, 0-35), and so does a resumed one.
+    def fit_rewind(root: Path, **kwargs: Any) -> Any:
+        model = IdModule(fail_at=kwargs.pop("fail_at", None))
+        options = trainer_kwargs(
+            max_epochs=3, limit_train_batches=3, callbacks=[step_checkpoints(root, 1)]
+        )
+        trainer = L.Trainer(**{**options, "enable_checkpointing": True})
+        fit_or_interrupt(
+            trainer, model, WalkModule(IdRewind), interrupted=model.fail_at is not None, **kwargs
+        )
+        return model.records
+
+    full = fit_rewind(tmp_path / "full")
+    assert [i for r in full for i in r["ids"]] == list(range(3 * BATCH)) * 3
+    before = fit_rewind(tmp_path / "cut", fail_at=k)
+    after = fit_rewind(tmp_path / "resumed", resume=tmp_path / "cut" / f"step{k:03d}.ckpt")
     assert_resume_exact(full, before, after)
 
 

@@ -105,7 +105,8 @@ class MixedDataModule(_ShardSources):
         named = isinstance(reader, str)  # a setting; a reader object is data hparams cannot hold
         # A list of paths is a setting here too (a source is never a sample): hparams keep it.
         splits = (("sources", sources), ("val", val), ("test", test))
-        data = {k: v for k, v in splits if not (isinstance(v, list) and all(map(_is_path, v)))}
+        paths = {k for k, v in splits if isinstance(v, list | tuple) and all(map(_is_path, v))}
+        data = {k: v for k, v in splits if k not in paths}
         self.set_data_args(**data, reader=None if named else reader, collate=collate)
         super().__init__(**kwargs)
         owner = type(self).__name__
