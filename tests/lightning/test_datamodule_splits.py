@@ -3,6 +3,7 @@ never silently other samples than the saved module's."""
 
 from __future__ import annotations
 
+import collections
 import warnings
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,18 @@ def test_a_mix_given_lists_of_paths_restores_them(tmp_path: Path) -> None:
     assert [v.tolist() for v in restored.val_dataloader()] == [
         v.tolist() for v in dm.val_dataloader()
     ]
+
+
+def test_a_namedtuple_setting_is_kept_as_given() -> None:
+    # An intermediate version rebuilt every tuple from a generator: a namedtuple refused it.
+    size = collections.namedtuple("Size", "h w")(4, 4)
+
+    class Sized(TensorDataModule):
+        def __init__(self, data: Any, size: Any, **kwargs: Any) -> None:
+            super().__init__(data, **kwargs)
+            self.size = size
+
+    assert Sized(torch.arange(8.0), size=size, batch_size=4).hparams["size"] == size
 
 
 def test_the_datamodule_state_has_a_version_and_refuses_unknown_keys() -> None:

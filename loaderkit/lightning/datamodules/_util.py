@@ -161,8 +161,10 @@ def path_text(value: Any) -> Any:
         return os.fspath(value)
     if isinstance(value, Mapping):
         return {key: path_text(v) for key, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(path_text(v) for v in value)
+    if isinstance(value, list):
+        return [path_text(v) for v in value]
+    if type(value) is tuple:  # not a namedtuple: its fields are the user's
+        return tuple(path_text(v) for v in value)
     return value
 
 
