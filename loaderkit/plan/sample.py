@@ -68,12 +68,21 @@ class Dealt(Protocol):
 
 
 class _Ordered(Dealt, Protocol):
+    @property
+    def seed(self) -> int: ...
+
     def order_map(self, epoch: int) -> PositionMap: ...
 
 
 class OrderedPlan:
     """A plan whose every epoch is an ``order_map`` of ``num_samples`` positions, dealt in
     fixed-size batches."""
+
+    def _check_dealing(self: _Ordered) -> None:
+        """Check the size, batch size and seed every such plan deals by."""
+        check_int("num_samples", self.num_samples, 1, limit=_MAX_SAMPLES)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("seed", self.seed, 0)
 
     def epoch_length(self: _Ordered, epoch: int) -> int:
         """Position reached when an epoch is complete: ``num_samples``, in every epoch."""
@@ -182,9 +191,7 @@ class SamplePlan(OrderedPlan):
     drop_last: bool = False
 
     def __post_init__(self) -> None:
-        check_int("num_samples", self.num_samples, 1, limit=_MAX_SAMPLES)
-        check_int("batch_size", self.batch_size, 1)
-        check_int("seed", self.seed, 0)
+        self._check_dealing()
         check_bool("shuffle", self.shuffle)
         check_bool("drop_last", self.drop_last)
 

@@ -15,7 +15,6 @@ from loaderkit._checks import check_bool, check_int
 from loaderkit._tags import SeedTag
 from loaderkit.plan._permutation import GroupedPermutation, KeyedPermutation, permute_many
 from loaderkit.plan.sample import (
-    _MAX_SAMPLES,
     CHUNK,
     OrderedPlan,
     PositionMap,
@@ -138,10 +137,7 @@ class ShardPlan(OrderedPlan):
         )
         check_int("mix_shards", self.mix_shards, 1, owner="ShardPlan", fix=fix, numpy_ok=True)
         object.__setattr__(self, "mix_shards", int(self.mix_shards))
-        # As a SamplePlan of the shards' samples checks them.
-        check_int("num_samples", sum(sizes), 1, limit=_MAX_SAMPLES)
-        check_int("batch_size", self.batch_size, 1)
-        check_int("seed", self.seed, 0)
+        self._check_dealing()  # as a SamplePlan of the shards' samples
         check_bool("drop_last", self.drop_last)
         check_bool("shuffle", self.shuffle, owner="ShardPlan")
 
