@@ -245,6 +245,15 @@ def train_loaders(trainer: Any) -> list[Any]:
     return [] if combined is None else list(combined.flattened)
 
 
+def held_loaders(trainer: Any) -> list[Any]:
+    """Every loader the Trainer's loops hold: train, validation (the fit's and
+    ``validate``'s), test and predict."""
+    fit = trainer.fit_loop
+    loops = [fit, fit.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop]
+    combined = [loop._combined_loader for loop in [*loops, trainer.predict_loop]]
+    return [dl for c in combined if c is not None for dl in c.flattened]
+
+
 def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
     """Redo what ``FitLoop.setup_data`` derived from the train loaders' lengths, with the
     ``managed`` loaders' ``len()`` now."""

@@ -10,7 +10,12 @@ from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import Callback
 
 from loaderkit._callers import attach, enter, leave
-from loaderkit.lightning._adapter import LightningHost, resize_train_epoch, train_loaders
+from loaderkit.lightning._adapter import (
+    LightningHost,
+    held_loaders,
+    resize_train_epoch,
+    train_loaders,
+)
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import PlanBatchSampler
 
@@ -54,7 +59,9 @@ def attach_host(loader: LoaderT, host: Any) -> LoaderT:
 
 class AttachLoaders(Callback):
     """Make the Trainer the host of every loaderkit loader without one, from ``setup`` (before
-    any ``*_dataloader()`` call) to ``teardown``.
+    any ``*_dataloader()`` call) to ``teardown``; then stop the workers of the Trainer's
+    :class:`~loaderkit.ResumableDataLoader` s (persistent ones too), as Lightning stops a
+    ``DataLoader``'s.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[AttachLoaders()])  # doctest: +SKIP
@@ -79,6 +86,8 @@ class AttachLoaders(Callback):
         # Not on_exception: Lightning calls checkpoint callbacks' on_exception last (an
         # OnExceptionCheckpoint saves the loaders there); a failed fit's host ends by itself.
         self._end()
+        if not self._idle:
+            _close(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         # Lightning drops its fetcher after this: a checkpoint saved after the failed fit
@@ -86,6 +95,8 @@ class AttachLoaders(Callback):
         for dl in train_loaders(trainer):
             if isinstance(dl, ResumableDataLoader):
                 dl._settle()
+        if not self._idle:
+            _close(trainer)  # a state saved later does not need them
 
     def _end(self) -> None:
         if self._host is not None:
@@ -121,6 +132,12 @@ def entry_point_callbacks() -> list[Callback]:
     callback = ElasticResume()
     callback._auto = True
     return [callback]
+
+
+def _close(trainer: L.Trainer) -> None:
+    for dl in held_loaders(trainer):
+        if isinstance(dl, ResumableDataLoader):
+            dl.close()
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

@@ -55,6 +55,7 @@ class Engine(Protocol):
     def load(self, state: Any, *, adopt_seed: bool) -> int | None: ...
     def adopt_seed(self, seed: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...  # stop persistent workers; the next iteration starts new ones
 
 
 def set_epoch_keeping(
@@ -238,11 +239,15 @@ class Host:
         self.current = iterator.run
         self.live = weakref.ref(iterator)
 
-    def supersede(self) -> None:
-        """Stop the workers of iterators that can no longer yield, now."""
+    def stop_iterators(self) -> None:
+        """Make every iterator refuse its next batch, and stop its workers now."""
         for old in list(self.iterators):
             old.superseded = True
             old.close()
+
+    def supersede(self) -> None:
+        """Stop iterators that can no longer yield; the position is the next one's."""
+        self.stop_iterators()
         self.iterators = weakref.WeakSet()
         self.live, self.current = None, None
 
@@ -430,8 +435,8 @@ class EpochIterator(Iterator[Any]):
         if self.superseded:
             raise RuntimeError(
                 "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict() (persistent_workers or a stream's cursors are the "
-                "loader's); iterate the loader again."
+                "load_state_dict(), or stopped by close() (persistent_workers or a stream's "
+                "cursors are the loader's); iterate the loader again."
             )
         if self._batches is None:
             self._batches = self.engine.iterate(self.run)

@@ -206,8 +206,7 @@ class PlanEngine:
 
     def use_workers(self, count: int) -> None:
         """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
-        inner, self._inner = self._inner, None
-        stop_inner(inner)
+        self.close()
         self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
 
     def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
@@ -316,7 +315,11 @@ class PlanEngine:
         self.fetch.seed = seed
         self.fingerprint = self._fingerprint(self.plan)
         self._skeleton = None
-        self._inner = None  # its KeyedDataset holds the fetcher; rebuild with the new seed
+        self.close()  # its KeyedDataset holds the fetcher; rebuild with the new seed
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        stop_inner(inner)
 
 
 def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:

@@ -284,6 +284,21 @@ class ResumableDataLoader:
             info["auto_workers"] = self._host.auto.describe()
         return {**info, **self._engine.describe()}
 
+    def close(self) -> None:
+        """Stop this loader's worker processes now, persistent ones included; the next
+        ``iter()`` starts new ones. Open iterators refuse their next batch; the position
+        (:meth:`state_dict`) stays. :class:`~loaderkit.AttachLoaders` calls it as a
+        Trainer's run ends, as Lightning stops a ``DataLoader``'s workers.
+
+        Example:
+            >>> loader = ResumableDataLoader(list(range(8)), batch_size=4)
+            >>> [batch.tolist() for batch in loader]
+            [[0, 1, 2, 3], [4, 5, 6, 7]]
+            >>> loader.close()  # a plain loop done with it; Lightning's runs need not
+        """
+        self._host.stop_iterators()
+        self._engine.close()
+
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
         load or ``set_epoch`` of another epoch."""

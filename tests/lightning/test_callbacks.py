@@ -90,3 +90,37 @@ def test_lightning_resume_with_more_ranks_trains_the_rest_of_the_epoch(tmp_path:
     expected += [next_epoch.indices(s).tolist() for s in range(next_epoch.num_steps)]
     assert next_epoch.num_steps == 4  # the epoch after the resume is whole again
     assert after.ids == expected
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("entry", ["fit", "validate", "failed fit"])
+def test_a_run_stops_the_persistent_workers_of_its_loaders(entry: str) -> None:
+    """As Lightning stops a DataLoader's: none are left to outlive the Trainer's run."""
+    import multiprocessing
+
+    import lightning as L
+
+    from loaderkit import TensorDataModule
+    from tests.support.datamodules import AnyBatchModule
+
+    class Failing(AnyBatchModule):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.global_step == 3:
+                raise _Stop("planned")
+            return super().training_step(batch, batch_idx)
+
+    dm = TensorDataModule(
+        torch.arange(24), batch_size=4, val_fraction=0.25, num_workers=2, persistent_workers=True
+    )
+    before = set(multiprocessing.active_children())
+    trainer = L.Trainer(
+        max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, num_sanity_val_steps=0, accelerator="cpu",
+    )  # fmt: skip
+    with pytest.raises(_Stop) if entry == "failed fit" else contextlib.nullcontext():
+        if entry == "validate":
+            trainer.validate(AnyBatchModule(), datamodule=dm)
+        else:
+            trainer.fit(Failing() if entry == "failed fit" else AnyBatchModule(), datamodule=dm)
+    left = [p for p in multiprocessing.active_children() if p not in before]
+    assert left == [], f"{len(left)} worker processes outlived trainer.{entry}"

@@ -114,3 +114,43 @@ def test_iterators_over_an_iterable_dataset_are_independent() -> None:
     # Not split by worker, so each worker yields all of it: DataLoader's result, twice over.
     want = ids(DataLoader(Numbers(), batch_size=B, num_workers=2))
     assert ids(p[0] for p in got) == ids(p[1] for p in got) == want
+
+
+
+def _closing_loader(kind: str, persistent: bool) -> ResumableDataLoader:
+    from loaderkit import IterableReader, StreamingShardedDataset
+    from tests.support.helpers import id_stream_shards, read_id_shard
+
+    if kind == "plan":
+        return make(2, persistent_workers=persistent)
+    data: Any = Numbers()
+    if kind == "stream":
+        data = StreamingShardedDataset(id_stream_shards(N), IterableReader(read_id_shard))
+    return ResumableDataLoader(
+        data, batch_size=B, seed=5, num_workers=2, persistent_workers=persistent
+    )
+
+
+@pytest.mark.parametrize("kind", ["plan", "iterable", "stream"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_stops_the_workers_and_keeps_the_position(kind: str, persistent: bool) -> None:
+    import multiprocessing
+
+    def run(close: bool) -> list[list[int]]:
+        loader = _closing_loader(kind, persistent)
+        first = iter(loader)
+        got = [next(first), next(first)]
+        state = loader.state_dict()
+        if close:
+            before = len(multiprocessing.active_children())
+            loader.close()
+            assert before >= 2 and multiprocessing.active_children() == []
+            with pytest.raises(RuntimeError, match=r"stopped by close\(\)"):
+                next(first)
+            assert loader.state_dict() == state
+        del first
+        resumed = _closing_loader(kind, persistent)
+        resumed.load_state_dict(state)
+        return [ids(b["id"] if isinstance(b, dict) else b) for b in [*got, *resumed, *loader]]
+
+    assert run(close=True) == run(close=False)
