@@ -52,8 +52,14 @@ def _check_pad_value(where: str, value: PadScalar, dtype: torch.dtype) -> None:
         )
 
 
+def _lead(col: list[Any]) -> Any:
+    """The first item of the first non-empty list in ``col`` (None: there is none)."""
+    return next((v[0] for v in col if isinstance(v, list) and v), None)
+
+
 def _is_flat_list(col: list[Any]) -> bool:
-    return isinstance(col[0], list) and {type(v[0]) for v in col[:1] if v} <= _KINDS.keys()
+    lead = _lead(col)
+    return isinstance(col[0], list) and (lead is None or type(lead) in _KINDS)
 
 
 def _one_type(where: str, col: list[Any]) -> None:
@@ -257,9 +263,19 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
     )
 
 
+def _nested_tensors(where: str, col: list[Any]) -> list[Tensor]:
+    """Nested lists (or lists of numpy scalars) as tensors; empty ones of the others' dtype."""
+    out = [_nested_tensor(where, i, v) for i, v in enumerate(col)]
+    like = next((t for t, v in zip(out, col, strict=True) if v), None)
+    return [t if v or like is None else t.to(like.dtype) for t, v in zip(out, col, strict=True)]
+
+
 def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
+    leaf: Any = value
+    while isinstance(leaf, list) and leaf:
+        leaf = leaf[0]
     try:
-        return torch.as_tensor(np.asarray(value))
+        tensor = torch.as_tensor(np.asarray(value))
     except (ValueError, TypeError) as exc:
         rows = [len(r) if isinstance(r, (list, tuple)) else type(r).__name__ for r in value[:8]]
         raise CollateError(
@@ -267,6 +283,8 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
             f"{rows}{'...' if len(value) > 8 else ''}), not rectangular. Pad its rows in the "
             "dataset, or flatten it."
         ) from exc
+    # Python floats in the default dtype, as torch.tensor (and a flat list) makes them.
+    return tensor.to(torch.get_default_dtype()) if type(leaf) is float else tensor
 
 
 def _check_nested(where: str, col: list[Any]) -> None:
@@ -283,6 +301,11 @@ def _check_nested(where: str, col: list[Any]) -> None:
                 f"{where}: holds a list of numbers, which default_collate would transpose, not "
                 "pad; return it as a tensor or array, or make it a top-level field"
             )
+        if isinstance(first, list) and any(isinstance(x, str) for v in lists for x in v):
+            raise CollateError(
+                f"{where}: holds a list of strings, which default_collate would transpose; "
+                "make it a top-level field (kept one list per sample), or join them"
+            )
         if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in col):
             for j in range(len(first)):
                 _check_nested(f"{where}[{j}]", [v[j] for v in col])
@@ -290,6 +313,8 @@ def _check_nested(where: str, col: list[Any]) -> None:
 
 def _collate_rest(where: str, col: list[Any]) -> Any:
     """``default_collate`` of a field that is not padded; nested ones checked and named."""
+    if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in col):
+        return [list(v) for v in col]  # strings: one list per sample, not transposed
     _check_nested(where, col)
     try:
         return promoting_collate(col)
@@ -360,7 +385,7 @@ class PadCollate:
     batch whose lists of a field are all empty is int64, or float/bool where that field's
     pad value is one; return arrays to choose the dtype. Nested
     values (a dict or list inside a field) are not padded: sizes that differ, or a list of
-    numbers, inside one raise.
+    numbers or strings, inside one raise; a field of string lists stays one list per sample.
 
     Args:
         pad_value: The pad value of every field, or one per key (the others get
@@ -563,8 +588,8 @@ class PadCollate:
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
             nested = isinstance(col[0], list) and not _is_flat_list(col)
-            if nested and isinstance(col[0][0], (list, np.generic)):  # or numpy scalars
-                columns[k] = col = [_nested_tensor(_where(k), i, v) for i, v in enumerate(col)]
+            if nested and isinstance(_lead(col), (list, np.generic)):  # or numpy scalars
+                columns[k] = col = _nested_tensors(_where(k), col)
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
             elif any(isinstance(v, (Tensor, np.ndarray)) for v in col):

@@ -493,10 +493,27 @@ def test_nested_values_of_different_sizes_name_the_field() -> None:
     samples = [{"a": {"t": [torch.ones(2), torch.ones(3)]}}, {"a": {"t": [torch.ones(1)] * 2}}]
     with pytest.raises(CollateError, match=r"key 'a': its values differ in size.*top-level"):
         PadCollate()(samples)
-    # A top-level list of strings is no number list: the fix is the user's collate_fn.
-    tags = [{"x": [1, 2], "tags": ["a", "b"]}, {"x": [3], "tags": ["c"]}]
-    with pytest.raises(CollateError, match=r"key 'tags': .*own collate_fn"):
-        PadCollate()(tags)
+
+
+@pytest.mark.parametrize("second", [["c"], ["c", "d"]])
+def test_a_field_of_string_lists_stays_one_list_per_sample(second: list[str]) -> None:
+    # default_collate transposed equal ones ([('a', 'c'), ('b', 'd')]) and refused others.
+    batch = PadCollate()([{"x": [1, 2], "tags": ["a", "b"]}, {"x": [3], "tags": second}])
+    assert batch["tags"] == [["a", "b"], second]
+    nested = [{"x": [1], "meta": {"tags": ["a", "b"]}}, {"x": [3], "meta": {"tags": second}}]
+    with pytest.raises(CollateError, match=r"key 'meta'\['tags'\]: holds a list of strings"):
+        PadCollate()(nested)
+
+
+def test_nested_float_lists_are_in_the_default_dtype_and_empty_ones_take_the_others() -> None:
+    batch = PadCollate()([[[1.5, 2.0]], [[3.0, 4.0], [5.0, 6.0]]])
+    assert batch.values.dtype == torch.tensor([[1.5]]).dtype == torch.float32
+    for samples in ([[], [np.float32(3)]], [[np.float32(3)], []]):
+        got = PadCollate()([{"x": s} for s in samples])["x"]
+        assert (
+            got.dtype == torch.float32
+            and got.tolist() == [[0.0], [3.0]][:: 1 if samples[1] else -1]
+        )
 
 
 def test_equal_nested_values_are_collated_as_default_collate_does() -> None:

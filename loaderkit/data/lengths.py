@@ -19,6 +19,7 @@ from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool
 from loaderkit.data._code import code_digest, pickle_digest
 from loaderkit.plan._bucket_order import as_lengths
+from loaderkit.seeding import rngs_put_back, seeded_sample
 
 __all__ = ["compute_lengths"]
 
@@ -47,6 +48,10 @@ def compute_lengths(
 
     Returns:
         int64 lengths, one per dataset index.
+
+    Raises:
+        ValueError: a sample's length follows its random draws (the longest is read
+            again under a seed; the caller's global RNGs are put back after every read).
 
     Example:
         >>> compute_lengths([[1, 2], [3], [4, 5, 6]], progress=False).tolist()
@@ -80,7 +85,7 @@ def compute_lengths(
     if path is not None and ident is not None:
         cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(read([i])[0]), i))
         if cached is not None:
-            return cached
+            return cached  # (a length that follows random draws fails the cache's check)
     out = np.empty(size, dtype=np.int64)
     for lo in _progress(size, progress):
         rows = range(lo, min(lo + _CHUNK, size))
@@ -92,6 +97,7 @@ def compute_lengths(
             )
         for i, sample in zip(rows, samples, strict=True):
             out[i] = _checked(fn(sample), i)
+    _check_undrawn(read, fn, out)
     if path is not None and ident is not None:
         _save_cached_lengths(path, ident, out)
     return out
@@ -133,11 +139,30 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
-    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``."""
+    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``;
+    the caller's global RNGs put back after (a cached run draws as an uncached one)."""
     getitems = getattr(dataset, "__getitems__", None)
-    if getitems is None:
-        return lambda indices: [dataset[i] for i in indices]
-    return getitems
+
+    def read(indices: list[int]) -> list[Any]:
+        with rngs_put_back():
+            return [dataset[i] for i in indices] if getitems is None else getitems(indices)
+
+    return read
+
+
+def _check_undrawn(read: Callable[[list[int]], list[Any]], fn: Any, lengths: np.ndarray) -> None:
+    """Refuse lengths that follow a sample's random draws (a random crop): measured at
+    draws the loader does not make, a token budget would not hold."""
+    if not lengths.size:
+        return
+    index = int(lengths.argmax())
+    with seeded_sample(0, 0, index):  # other draws than the measure's, under the caller's RNGs
+        again = _checked(fn(read([index])[0]), index)
+    if again != lengths[index]:
+        raise ValueError(
+            f"compute_lengths: sample {index} is {lengths[index]} then {again} long under other "
+            "random draws; measure the length before any random crop, or pass the lengths."
+        )
 
 
 def _dataset_key(dataset: Any) -> str:

@@ -116,7 +116,6 @@ def test_iterators_over_an_iterable_dataset_are_independent() -> None:
     assert ids(p[0] for p in got) == ids(p[1] for p in got) == want
 
 
-
 def _closing_loader(kind: str, persistent: bool) -> ResumableDataLoader:
     from loaderkit import IterableReader, StreamingShardedDataset
     from tests.support.helpers import id_stream_shards, read_id_shard

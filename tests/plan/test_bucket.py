@@ -730,9 +730,11 @@ def test_compute_lengths_cache_is_keyed_and_checked(tmp_path: Path) -> None:
     cache = tmp_path / "sub" / "lengths.npy"
     data = Counting([4, 1, 7] * 20)
     first = compute_lengths(data, ids_length, cache=cache, progress=False)
-    assert data.calls == 60 and cache.exists() and cache.with_name("lengths.npy.json").exists()
+    assert (
+        data.calls == 61 and cache.exists()
+    )  # the longest read again under a seed and cache.with_name("lengths.npy.json").exists()
     again = compute_lengths(data, ids_length, cache=cache, progress=False)
-    assert data.calls <= 70 and again.tolist() == first.tolist() == [4, 1, 7] * 20
+    assert data.calls <= 71 and again.tolist() == first.tolist() == [4, 1, 7] * 20
     with pytest.warns(UserWarning, match=r"saved for another dataset, length_fn or key"):
         compute_lengths(data, ids_length, cache=cache, key="v2", progress=False)
     data.calls = 0
@@ -760,7 +762,7 @@ def test_compute_lengths_cache_measures_samples_again(tmp_path: Path) -> None:
     longer = Counting([4, 1, 9] * 20)  # its longest samples changed, its length did not
     with pytest.warns(UserWarning, match=r"sample 2 has 9 tokens now, 7 there"):
         got = compute_lengths(longer, ids_length, cache=cache, progress=False)
-    assert got.tolist() == [4, 1, 9] * 20 and longer.calls == 61
+    assert got.tolist() == [4, 1, 9] * 20 and longer.calls == 62
 
 
 @dataclass
@@ -917,3 +919,33 @@ def test_a_collate_rounding_past_the_budgets_is_refused() -> None:
         )
     coarser = BucketBatchSampler(lengths, max_tokens=16, pad_to_multiple_of=16, seed=0)
     ResumableDataLoader(lengths, batch_sampler=coarser, collate_fn=PadCollate(pad_to_multiple_of=8))
+
+
+class _Noisy(Dataset[torch.Tensor]):
+    """Samples that draw from torch's global generator: their length too where ``crop``."""
+
+    def __init__(self, crop: bool) -> None:
+        self.crop = crop
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        noise = torch.rand(int(torch.randint(1, 40, ())) if self.crop else 1 + index % 5)
+        return noise + index
+
+
+def test_compute_lengths_leaves_the_callers_generators_as_they_were(tmp_path: Path) -> None:
+    cache = tmp_path / "lengths.npy"
+    draws = []
+    for _ in range(3):  # uncached, cached, cached
+        torch.manual_seed(0)
+        assert compute_lengths(_Noisy(False), cache=cache, progress=False).tolist()[:3] == [1, 2, 3]
+        draws.append(torch.rand(()).item())
+    torch.manual_seed(0)
+    assert draws == [torch.rand(()).item()] * 3
+
+
+def test_compute_lengths_refuses_a_length_that_follows_random_draws() -> None:
+    with pytest.raises(ValueError, match=r"sample \d+ is \d+ then \d+ long under other random"):
+        compute_lengths(_Noisy(True), progress=False)
