@@ -13,6 +13,8 @@ import torch
 
 from loaderkit.errors import MissingDependencyError
 
+_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
 
 def import_pyarrow(extra: str = "parquet") -> Any:
     """``pyarrow`` with its ``compute`` and ``parquet`` modules."""
@@ -198,8 +200,9 @@ class Columns(Sequence[dict[str, Any]]):
                         "exactly; write every file with one type for the column."
                     )
                 merged = torch.empty((total, *cols[0].shape[1:]), dtype=dtype)
+                bits = _SIGNED.get(dtype, dtype)  # torch cannot index_put these: their bits
                 for col, w in zip(cols, where, strict=True):
-                    merged[torch.from_numpy(np.asarray(w))] = col.to(dtype)
+                    merged.view(bits)[torch.from_numpy(np.asarray(w))] = col.to(dtype).view(bits)
                 out[name] = merged
             else:
                 items: list[Any] = [None] * total

@@ -36,7 +36,8 @@ _VERSION_KEYS = (
 _MAX_BACKOFF_S = 30.0
 # Errors that say the request itself is wrong: retrying cannot help.
 _PERMANENT: tuple[type[Exception], ...] = (ImportError, TypeError, NotImplementedError)
-_PERMANENT += (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_PERMANENT += (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)
+_PERMANENT += (NotADirectoryError,)
 
 T = TypeVar("T")
 

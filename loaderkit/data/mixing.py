@@ -17,6 +17,7 @@ from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
 from loaderkit.data.parquet import ParquetReader
+from loaderkit.data.readers import TokenReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
 from loaderkit.errors import ShardError, StateMismatchError
@@ -180,6 +181,9 @@ def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
         fix = "cast the column (Dataset.cast_column), or leave it out: HFDataset(columns=)"
         return [(ds.kinds(), fix)]
     reader = ds.reader if _reads_as(ds, ShardedDataset) else None
+    if isinstance(reader, TokenReader) and reader.out_dtype is not None:
+        fix = "give both readers one out_dtype, e.g. TokenReader(out_dtype=torch.int64)"
+        return [({"tokens": ("tensor", reader.out_dtype)}, fix)]
     fix = "write them with one type, or leave the column out: ParquetReader(columns=)"
     return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []
 

@@ -437,6 +437,13 @@ class TokenReader:
                 f"TokenReader: out_dtype must be a torch.dtype or None, got {out_dtype!r}; pass "
                 "e.g. torch.int64."
             )
+        try:  # tokens are cast in numpy
+            _ = out_dtype is None or torch.empty(0, dtype=out_dtype).numpy()
+        except TypeError as exc:
+            raise ValueError(
+                f"TokenReader: out_dtype={out_dtype} has no numpy dtype to read tokens into; "
+                "pass e.g. torch.int64, and cast in the model."
+            ) from exc
         self.out_dtype = out_dtype
 
     def __repr__(self) -> str:

@@ -403,6 +403,12 @@ class RemoteShards:
                 "under it); pass the folder URL that holds them, or a list of shard URLs.",
                 path=folder,
             )
+        one_file = len(entries) == 1 and not folders and entries[0]["name"] == url_name(folder)
+        if one_file and not self.storage.is_dir(folder):  # a file lists as itself
+            raise ValueError(
+                f"{self.owner}: shards={folder!r} is a file, not a folder; pass a list of "
+                f"shard URLs for single files, e.g. [{folder!r}]."
+            )
         if WORK_DIR in folders:
             raise unfinished_write_error(folder)
         listed = _listed_shards(folder, entries)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -229,7 +230,7 @@ class ShardedDataset(Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         """Sample ``index`` (read errors raise, whatever ``on_error`` says)."""
-        shard, local = self.locate(int(index))
+        shard, local = self.locate(operator.index(index))  # a float is no index
         try:
             return self._handle(shard).read(local)
         except (ShardError, MissingDependencyError, ReaderSettingError):

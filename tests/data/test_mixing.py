@@ -423,3 +423,23 @@ def test_a_sharded_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_
     floats = ShardedDataset(tmp_path / "b", ParquetReader())
     mix = MixedDataset({"a": AsFloat(tmp_path / "a", ParquetReader()), "b": floats})
     assert {mix[i]["x"].dtype for i in range(len(mix))} == {torch.float64}
+
+
+def test_token_sources_read_in_dtypes_apart_are_refused(tmp_path: Any) -> None:
+    # float32 tokens beside int64 ids: batches of both were float32 (16777217 -> 16777216).
+    from loaderkit import ShardedDataset, ShardError, TokenReader, write_shards
+
+    for name, values in (("a", [2**24 + 1, 2**24 + 3, 5, 7]), ("b", [1, 2, 3, 4])):
+        write_shards(tmp_path / name, [np.array(values)], TokenReader(seq_len=2), progress=False)
+    ids = ShardedDataset(tmp_path / "a", TokenReader(seq_len=2))
+    for out in (torch.float32, torch.float16):
+        floats = ShardedDataset(tmp_path / "b", TokenReader(seq_len=2, out_dtype=out))
+        with pytest.raises(ShardError, match=rf"field 'tokens' is {out} in source 'b'.*out_dtype"):
+            MixedDataset({"a": ids, "b": floats})
+    small = ShardedDataset(tmp_path / "b", TokenReader(seq_len=2, out_dtype=torch.int32))
+    mix = MixedDataset({"a": ids, "b": small})  # int32 fits in int64: exact
+    batch = next(iter(ResumableDataLoader(mix, batch_size=4)))
+    assert batch.dtype == torch.int64 and sorted(batch.flatten().tolist())[-2:] == [
+        2**24 + 1,
+        2**24 + 3,
+    ]

@@ -341,6 +341,23 @@ def test_a_column_typed_differently_across_files_gives_one_batch_structure(
     assert spanning.dtype == torch.int64  # promoted, whichever files a batch spans
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "dtype"),
+    [("uint16", "uint16", torch.uint16), ("uint32", "uint32", torch.uint32),
+     ("uint64", "uint64", torch.uint64), ("uint16", "uint32", torch.int64)],
+)  # fmt: skip
+def test_unsigned_columns_in_a_batch_across_files(
+    tmp_path: Path, first: str, second: str, dtype: torch.dtype
+) -> None:
+    # torch has no index_put for these dtypes: a batch spanning two files raised.
+    top = {"uint16": 2**16 - 1, "uint32": 2**32 - 1, "uint64": 2**64 - 1}[second]
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"u": pa.array([0, 1, 2], getattr(pa, first)())}), a)
+    pq.write_table(pa.table({"u": pa.array([3, 4, top], getattr(pa, second)())}), b)
+    got = ShardedDataset([a, b], ParquetReader()).get_batch([5, 0, 4])["u"]
+    assert got.dtype == dtype and got.numpy().tolist() == [top, 0, 4]
+
+
 def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> None:
     from loaderkit import MixedDataset
 

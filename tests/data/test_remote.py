@@ -383,6 +383,18 @@ def test_a_missing_object_names_its_url(s3: LocalS3, folder: str, tmp_path: Path
         ShardedDataset([f"{folder}/shard-00002.npy"], READER, remote=cache(s3, tmp_path))
 
 
+def test_a_file_url_given_as_the_folder_is_named(s3: LocalS3, folder: str, tmp_path: Path) -> None:
+    # It was listed as a folder holding itself: ".../shard-00000.npy/shard-00000.npy" was
+    # fetched, FileExistsError retried for 15 s, then "check the endpoint and the network".
+    from loaderkit import StreamingShardedDataset
+
+    url = f"{folder}/shard-00000.npy"
+    for make in (ShardedDataset, StreamingShardedDataset):
+        with pytest.raises(ValueError, match=r"is a file, not a folder; pass a list.*shard-00000"):
+            make(url, READER, remote=cache(s3, tmp_path))
+    assert ShardedDataset([url], READER, remote=cache(s3, tmp_path)).sizes == SIZES[:1]
+
+
 def test_an_object_changed_after_indexing_is_refused_by_url(
     s3: LocalS3, folder: str, tmp_path: Path
 ) -> None:

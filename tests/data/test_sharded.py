@@ -1195,6 +1195,10 @@ def test_bad_arguments_are_named(shards: list[Path]) -> None:
         ShardedDataset([shards[0], shards[0]], TokenReader(seq_len=SEQ))
     with pytest.raises(IndexError, match="out of range"):
         ShardedDataset(shards, TokenReader(seq_len=SEQ))[50]
+    ds = ShardedDataset(shards, TokenReader(seq_len=SEQ))
+    with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
+        ds[1.7]  # type: ignore[index]  # was sample 1
+    assert int(ds[np.int64(1)][0]) == int(ds[torch.tensor(1)][0]) == 1
 
 
 def test_a_link_to_a_shard_in_its_folder_is_refused_not_read_twice(shards: list[Path]) -> None:

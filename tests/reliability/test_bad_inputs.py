@@ -936,6 +936,14 @@ SHARDS = [
         "torch.int64",
     ),
     Bad(
+        "TokenReader out_dtype without a numpy dtype",
+        lambda tmp: TokenReader(4, out_dtype=torch.bfloat16),
+        ValueError,
+        "out_dtype=torch.bfloat16",
+        "no numpy dtype",
+        "torch.int64",
+    ),
+    Bad(
         ".bin without dtype or header",
         lambda tmp: TokenReader(4).open(raw_bin(tmp, None)),
         ValueError,
