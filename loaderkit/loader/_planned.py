@@ -133,9 +133,9 @@ class PlanEngine:
             self.cursor.position = self.plan.epoch_length(epoch)  # only a dropped tail left
         elif sched.num_steps == 0:
             raise ValueError(
-                f"ResumableDataLoader: an epoch of {self.plan.epoch_length(epoch)} samples "
-                f"yields no batch on {world_size} rank(s) with this batch size and drop_last=True; "
-                "lower batch_size or set drop_last=False."
+                f"ResumableDataLoader: epoch {epoch} yields no batch on {world_size} rank(s) "
+                "with this batch size and drop_last=True; lower batch_size or set "
+                "drop_last=False."
             )
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)

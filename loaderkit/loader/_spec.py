@@ -276,6 +276,13 @@ def _plan(
         plan = SamplePlan(num_samples=1, batch_size=batch_size, seed=seed)  # a stand-in
     elif batch_sampler is not None:
         plan = batch_sampler.plan
+        for name, given in (("rank", rank), ("world_size", world_size)):
+            its = getattr(batch_sampler, name)
+            if None not in (given, its) and given != its:
+                raise ValueError(
+                    f"{OWNER}: {name}={given} differs from the batch_sampler's {its}; leave "
+                    f"{name} unset to take the sampler's."
+                )
         rank = batch_sampler.rank if rank is None else rank
         world_size = batch_sampler.world_size if world_size is None else world_size
     elif sampler is not None and not plain_sampler(sampler, size):

@@ -263,7 +263,8 @@ class SamplerPlan:
         if first.numel() == 0:
             raise ValueError(
                 f"{owner}: sampler={type(self.sampler).__name__} yields no index; pass a "
-                "sampler over a non-empty dataset."
+                "sampler over a non-empty dataset (with drop_last=True, a DistributedSampler "
+                "needs at least one sample per rank)."
             )
         self._validate(first, 0)
         object.__setattr__(self, "_length", int(first.numel()))

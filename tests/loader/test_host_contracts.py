@@ -289,6 +289,24 @@ def test_distributed_sampler_settings_that_contradict_the_loader_are_refused() -
         ResumableDataLoader(list(range(8)), sampler=sampler, seed=3)
     with pytest.raises(ValueError, match=r"covers 8 samples but the dataset has 9"):
         ResumableDataLoader(list(range(9)), sampler=sampler)
+    dropped = DistributedSampler(range(3), num_replicas=4, rank=0, drop_last=True)
+    with pytest.raises(ValueError, match=r"yields no index.*needs at least one sample per rank"):
+        ResumableDataLoader(range(3), sampler=dropped)
+
+
+def test_a_batch_samplers_topology_that_contradicts_the_loader_is_refused() -> None:
+    # The loader's rank 1 of 2 was dealt silently; the sampler still said rank 0 of 3.
+    from loaderkit import PlanBatchSampler, SamplePlan
+
+    def sampler(**topology: int) -> PlanBatchSampler:
+        return PlanBatchSampler(SamplePlan(num_samples=12, batch_size=2), **topology)
+
+    with pytest.raises(ValueError, match=r"rank=1 differs from the batch_sampler's 0"):
+        ResumableDataLoader(range(12), batch_sampler=sampler(rank=0, world_size=3), rank=1)
+    with pytest.raises(ValueError, match=r"world_size=2 differs from the batch_sampler's 3"):
+        ResumableDataLoader(range(12), batch_sampler=sampler(rank=0, world_size=3), world_size=2)
+    agreed = ResumableDataLoader(range(12), batch_sampler=sampler(), rank=1, world_size=2)
+    assert epoch_ids(agreed) == [2, 3, 6, 7, 10, 11]
 
 
 def test_a_seed_contradicting_the_samplers_own_generator_is_refused() -> None:
