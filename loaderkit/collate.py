@@ -265,17 +265,24 @@ def _keys(sample: Any, index: int) -> tuple[type, tuple[Hashable, ...]]:
 
 def _nested_tensors(where: str, col: list[Any]) -> list[Tensor]:
     """Nested lists (or lists of numpy scalars) as tensors; empty ones of the others' dtype."""
-    out = [_nested_tensor(where, i, v) for i, v in enumerate(col)]
-    like = next((t for t, v in zip(out, col, strict=True) if v), None)
-    return [t if v or like is None else t.to(like.dtype) for t, v in zip(out, col, strict=True)]
+    out = [
+        _nested_tensor(where, i, v) if isinstance(v, list) else torch.as_tensor(v)
+        for i, v in enumerate(col)
+    ]
+    like = next((t for t, v in zip(out, col, strict=True) if not _empty(v)), None)
+    return [
+        t if like is None or not _empty(v) else t.to(like.dtype)
+        for t, v in zip(out, col, strict=True)
+    ]
+
+
+def _empty(value: Any) -> bool:
+    return isinstance(value, list) and not value
 
 
 def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
-    leaf: Any = value
-    while isinstance(leaf, list) and leaf:
-        leaf = leaf[0]
     try:
-        tensor = torch.as_tensor(np.asarray(value))
+        return torch.tensor(value)  # its dtypes: the default for Python floats
     except (ValueError, TypeError) as exc:
         rows = [len(r) if isinstance(r, (list, tuple)) else type(r).__name__ for r in value[:8]]
         raise CollateError(
@@ -283,8 +290,6 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
             f"{rows}{'...' if len(value) > 8 else ''}), not rectangular. Pad its rows in the "
             "dataset, or flatten it."
         ) from exc
-    # Python floats in the default dtype, as torch.tensor (and a flat list) makes them.
-    return tensor.to(torch.get_default_dtype()) if type(leaf) is float else tensor
 
 
 def _check_nested(where: str, col: list[Any]) -> None:
@@ -405,7 +410,8 @@ class PadCollate:
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
-            padded field, else the first tensor / array / list field).
+            padded field, else the first tensor / array / list field; one whose lists are
+            all empty in a batch only where no other is).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -604,7 +610,10 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        return padded, (padded + fits + [None])[0]  # padded here, else one that could be
+        # Padded here, else one that could be; one empty in every sample (numbers or strings?)
+        # measures nothing.
+        held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
+        return padded, (held + padded + fits + [None])[0]
 
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable

@@ -813,3 +813,22 @@ def _leaves(value: Any) -> list[Any]:
     if isinstance(value, tuple | list):
         return [leaf for item in value for leaf in _leaves(item)]
     return [value]
+
+
+def test_a_field_empty_in_every_sample_is_not_the_length_field_beside_one_that_is_not() -> None:
+    # Empty string lists first in the dict were padded as numbers and measured: lengths [0, 0].
+    samples = [
+        {"tags": [], "input_ids": torch.arange(2)},
+        {"tags": [], "input_ids": torch.arange(3)},
+    ]
+    batch = PadCollate()(samples)
+    assert batch["lengths"].tolist() == [2, 3] and batch["attention_mask"].shape == (2, 3)
+
+
+def test_nested_lists_are_typed_as_torch_tensor_types_them() -> None:
+    # Boxes from JSON whose first number is an int stayed float64 beside float32 ones.
+    boxes = PadCollate()([[[0, 12.5, 30, 40.2]], [[3.5, 1, 2, 3], [1, 2, 3, 4]]])
+    assert boxes.values.dtype == torch.float32
+    # A list of numpy scalars beside an array: a raw "truth value is ambiguous" error.
+    got = PadCollate()([{"x": list(np.arange(3.0))}, {"x": np.arange(2.0)}])["x"]
+    assert got.dtype == torch.float64 and got.tolist() == [[0, 1, 2], [0, 1, 0]]

@@ -50,8 +50,8 @@ def compute_lengths(
         int64 lengths, one per dataset index.
 
     Raises:
-        ValueError: a sample's length follows its random draws (the longest is read
-            again under a seed; the caller's global RNGs are put back after every read).
+        ValueError: a sample's length follows its random draws (the longest and 7 others
+            are read again under a seed). The caller's global RNGs are put back after.
 
     Example:
         >>> compute_lengths([[1, 2], [3], [4, 5, 6]], progress=False).tolist()
@@ -81,6 +81,13 @@ def compute_lengths(
             "cache='lengths.npy'."
         )
     ident = None if path is None else _cache_ident(dataset, fn, key, size, path)
+    with rngs_put_back():  # the caller's RNGs as they were, cached or not, whatever fn draws
+        return _lengths(dataset, fn, size, path, ident, progress)
+
+
+def _lengths(
+    dataset: Any, fn: Any, size: int, path: Path | None, ident: str | None, progress: bool
+) -> np.ndarray:
     read = _reads(dataset)
     if path is not None and ident is not None:
         cached = _load_cached_lengths(path, ident, size, lambda i: _checked(fn(read([i])[0]), i))
@@ -124,7 +131,8 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
     """Refuse a subclass whose longest and shortest samples (at dict key ``field``, or
     whole) differ from its source's ``stored`` lengths; ``fix`` ends the message."""
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
-        sample = _reads(dataset)([index])[0]
+        with rngs_put_back():
+            sample = _reads(dataset)([index])[0]
         if field is not None and isinstance(sample, dict):
             sample = sample.get(field)
         flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
@@ -139,30 +147,26 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
-    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``;
-    the caller's global RNGs put back after (a cached run draws as an uncached one)."""
+    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``."""
     getitems = getattr(dataset, "__getitems__", None)
-
-    def read(indices: list[int]) -> list[Any]:
-        with rngs_put_back():
-            return [dataset[i] for i in indices] if getitems is None else getitems(indices)
-
-    return read
+    if getitems is None:
+        return lambda indices: [dataset[i] for i in indices]
+    return getitems
 
 
 def _check_undrawn(read: Callable[[list[int]], list[Any]], fn: Any, lengths: np.ndarray) -> None:
     """Refuse lengths that follow a sample's random draws (a random crop): measured at
     draws the loader does not make, a token budget would not hold."""
-    if not lengths.size:
-        return
-    index = int(lengths.argmax())
-    with seeded_sample(0, 0, index):  # other draws than the measure's, under the caller's RNGs
-        again = _checked(fn(read([index])[0]), index)
-    if again != lengths[index]:
-        raise ValueError(
-            f"compute_lengths: sample {index} is {lengths[index]} then {again} long under other "
-            "random draws; measure the length before any random crop, or pass the lengths."
-        )
+    picks = [int(lengths.argmax()), *np.linspace(0, lengths.size - 1, 7).astype(int).tolist()]
+    for index in dict.fromkeys(picks) if lengths.size else ():  # the longest, and 7 spread
+        with seeded_sample(0, 0, index):  # other draws than the measure's
+            again = _checked(fn(read([index])[0]), index)
+        if again != lengths[index]:
+            raise ValueError(
+                f"compute_lengths: sample {index} is {lengths[index]} then {again} long under "
+                "other random draws; measure the length before any random crop, or pass the "
+                "lengths."
+            )
 
 
 def _dataset_key(dataset: Any) -> str:

@@ -18,6 +18,7 @@ from loaderkit.lightning._adapter import (
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import PlanBatchSampler
+from loaderkit.transfer import DevicePrefetcher
 
 __all__ = ["AttachLoaders", "ElasticResume", "attach_host"]
 
@@ -83,8 +84,9 @@ class AttachLoaders(Callback):
             enter(self._host)
 
     def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
-        # Not on_exception: Lightning calls checkpoint callbacks' on_exception last (an
-        # OnExceptionCheckpoint saves the loaders there); a failed fit's host ends by itself.
+        # The host does not end at on_exception: Lightning calls checkpoint callbacks'
+        # on_exception last (an OnExceptionCheckpoint saves the loaders there); a failed
+        # fit's host ends by itself.
         self._end()
         if not self._idle:
             _close(trainer)
@@ -136,8 +138,9 @@ def entry_point_callbacks() -> list[Callback]:
 
 def _close(trainer: L.Trainer) -> None:
     for dl in held_loaders(trainer):
-        if isinstance(dl, ResumableDataLoader):
-            dl.close()
+        inner = dl.iterable if isinstance(dl, DevicePrefetcher) else dl
+        if isinstance(inner, ResumableDataLoader):
+            inner.close()
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

@@ -242,7 +242,7 @@ class Host:
     def stop_iterators(self) -> None:
         """Make every iterator refuse its next batch, and stop its workers now."""
         for old in list(self.iterators):
-            old.superseded = True
+            old.stopped = True
             old.close()
 
     def supersede(self) -> None:
@@ -427,16 +427,16 @@ class EpochIterator(Iterator[Any]):
         self.host, self.engine = host, engine
         self.run = Run()
         _LIVE.add(self)
-        self.superseded = False
+        self.stopped = False  # superseded, or the loader closed
         self._batches: Generator[Any, None, None] | None = None
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
-        if self.superseded:
+        if self.stopped:
             raise RuntimeError(
-                "ResumableDataLoader: this iterator was superseded by a newer iter() or "
-                "load_state_dict(), or stopped by close() (persistent_workers or a stream's "
-                "cursors are the loader's); iterate the loader again."
+                "ResumableDataLoader: this iterator was stopped by close(), or superseded by "
+                "a newer iter() or load_state_dict() (under persistent_workers or a stream, "
+                "the workers and cursors are the loader's); iterate the loader again."
             )
         if self._batches is None:
             self._batches = self.engine.iterate(self.run)

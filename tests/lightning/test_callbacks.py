@@ -93,14 +93,14 @@ def test_lightning_resume_with_more_ranks_trains_the_rest_of_the_epoch(tmp_path:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("entry", ["fit", "validate", "failed fit"])
+@pytest.mark.parametrize("entry", ["fit", "validate", "failed fit", "prefetched fit"])
 def test_a_run_stops_the_persistent_workers_of_its_loaders(entry: str) -> None:
     """As Lightning stops a DataLoader's: none are left to outlive the Trainer's run."""
     import multiprocessing
 
     import lightning as L
 
-    from loaderkit import TensorDataModule
+    from loaderkit import DevicePrefetcher, TensorDataModule
     from tests.support.datamodules import AnyBatchModule
 
     class Failing(AnyBatchModule):
@@ -109,7 +109,12 @@ def test_a_run_stops_the_persistent_workers_of_its_loaders(entry: str) -> None:
                 raise _Stop("planned")
             return super().training_step(batch, batch_idx)
 
-    dm = TensorDataModule(
+    class Prefetched(TensorDataModule):
+        def train_dataloader(self) -> Any:
+            return DevicePrefetcher(super().train_dataloader(), "cpu")
+
+    kind = Prefetched if entry == "prefetched fit" else TensorDataModule
+    dm = kind(
         torch.arange(24), batch_size=4, val_fraction=0.25, num_workers=2, persistent_workers=True
     )
     before = set(multiprocessing.active_children())
