@@ -165,3 +165,49 @@ def test_a_failure_at_an_unsized_epochs_last_batch_trains_that_batch_again(
     resumed = _FailsOnce(num_workers)
     L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
     assert cut.records + resumed.records == full.records
+
+
+class _Passes(torch.utils.data.IterableDataset):
+    """0..4, plus 100 per pass it completed: its state (torchdata's pattern) says which."""
+
+    def __init__(self) -> None:
+        self.pos, self.passes = 0, 0
+
+    def __iter__(self) -> Any:
+        while self.pos < 5:
+            self.pos += 1
+            yield self.pos - 1 + 100 * self.passes
+        self.pos, self.passes = 0, self.passes + 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos, "passes": self.passes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos, self.passes = state["pos"], state["passes"]
+
+
+class _FailsOncePassing(_FailsOnce):
+    def train_dataloader(self) -> ResumableDataLoader:
+        workers = self.num_workers
+        return ResumableDataLoader(
+            _Passes(), batch_size=2, seed=0, num_workers=workers, persistent_workers=workers > 0
+        )
+
+
+@pytest.mark.parametrize(("num_workers", "fail_at"), [(0, 3), (2, 6)])  # epoch 1's first
+def test_a_failure_at_an_epochs_first_batch_resumes_a_stateful_dataset_where_it_lived_on(
+    tmp_path: Path, num_workers: int, fail_at: int
+) -> None:
+    # In-process, the failed first batch went back to a fresh record: the resumed epoch 1
+    # read pass 0 again ([0, 1] for [100, 101]).
+    kwargs = trainer_kwargs(max_epochs=2)
+    full = _FailsOncePassing(num_workers)
+    L.Trainer(**kwargs).fit(full)
+    cut = _FailsOncePassing(num_workers, fail_at=fail_at)
+    save = OnExceptionCheckpoint(tmp_path, "failed")
+    with pytest.raises(Interrupted):
+        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
+    resumed = _FailsOncePassing(num_workers)
+    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
+    assert cut.records + resumed.records == full.records
+    assert full.records[fail_at] == (1, [100, 101])  # each worker reads every item
