@@ -211,3 +211,36 @@ def test_a_failure_at_an_epochs_first_batch_resumes_a_stateful_dataset_where_it_
     L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
     assert cut.records + resumed.records == full.records
     assert full.records[fail_at] == (1, [100, 101])  # each worker reads every item
+
+
+class _FailsInValidation(_FailsOncePassing):
+    def __init__(self, num_workers: int, fail: bool = False) -> None:
+        super().__init__(num_workers)
+        self.fail = fail
+
+    def val_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(list(range(2)), batch_size=2)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.fail:
+            self.fail = False
+            raise Interrupted("planned failure in validation")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failure_in_the_validation_after_an_unsized_epoch_resumes_the_next_epoch_whole(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # Lightning ends the restored epoch without a batch, after its fetcher prefetched from the
+    # iterator made at the restore. Was: that iterator began epoch 1, so in-process the object
+    # kept its place (epoch 1's first batch lost), and new workers read pass 0 again.
+    kwargs = trainer_kwargs(max_epochs=2, limit_val_batches=1)
+    full = _FailsInValidation(num_workers)
+    L.Trainer(**kwargs).fit(full)
+    cut = _FailsInValidation(num_workers, fail=True)
+    save = OnExceptionCheckpoint(tmp_path, "failed")
+    with pytest.raises(Interrupted):
+        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
+    resumed = _FailsInValidation(num_workers)
+    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
+    assert cut.records + resumed.records == full.records
