@@ -642,6 +642,48 @@ def test_a_combined_loaders_mode_says_whether_it_cycles() -> None:
     )
 
 
+def test_a_trainers_loops_hold_each_runs_loaders_at_its_teardown() -> None:
+    train, val, test, predict, other = (
+        torch.utils.data.DataLoader(torch.ones(2, 4)) for _ in range(5)
+    )
+
+    class Loaders(_AnyBatch):
+        def val_dataloader(self) -> Any:
+            return val
+
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            pass
+
+        test_step = validation_step
+
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            return None
+
+    class Held(L.Callback):
+        def teardown(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+            held[stage] = _adapter.held_loaders(trainer)
+
+    held: dict[str, list[Any]] = {}
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=1, limit_val_batches=1, callbacks=[Held()]))
+    model = Loaders()
+    trainer.fit(model, train_dataloaders=train)
+    trainer.validate(model, dataloaders=[val, other])
+    trainer.test(model, dataloaders=test)
+    trainer.predict(model, dataloaders=predict)
+    # (Lightning rebuilds a predict DataLoader to record indices: a ResumableDataLoader is kept.)
+    want = {"fit": [train, val], "validate": [val, other], "test": [test], "predict": [predict]}
+    got = {
+        stage: [w for w in want[stage] if any(dl is w for dl in loaders)]
+        for stage, loaders in held.items()
+    }
+    got["predict"] = [predict] if len(held.get("predict", ())) == 1 else held.get("predict", [])
+    assert got == want, changed(
+        "the _combined_loader (flattened) of fit_loop, fit_loop.epoch_loop.val_loop, "
+        f"validate_loop, test_loop or predict_loop at a run's teardown (got {held})",
+        "held_loaders",
+    )
+
+
 class _Resize(L.Callback):
     """At epoch 1's start the probe grows to 6 batches and the adapter resizes the epoch."""
 
