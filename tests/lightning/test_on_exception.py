@@ -8,6 +8,7 @@ is over (Lightning calls checkpoint callbacks' ``on_exception`` last).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,21 @@ class _FailsOnce(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def _fail_then_resume(root: Path, make: Any, fail: dict[str, Any], **trainer: Any) -> list[Any]:
+    """The uninterrupted run's records, checked equal to a failed run's and its resume's."""
+    kwargs = trainer_kwargs(max_epochs=2, **trainer)
+    full = make()
+    L.Trainer(**kwargs).fit(full)
+    cut = make(**fail)
+    save = OnExceptionCheckpoint(root, "failed")
+    with pytest.raises(Interrupted):
+        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
+    resumed = make()
+    L.Trainer(**kwargs).fit(resumed, ckpt_path=root / "failed.ckpt")
+    assert cut.records + resumed.records == full.records
+    return full.records
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_failure_at_an_unsized_epochs_last_batch_trains_that_batch_again(
     tmp_path: Path, num_workers: int
@@ -155,16 +171,7 @@ def test_a_failure_at_an_unsized_epochs_last_batch_trains_that_batch_again(
     # Measured before: the loader had run out (Lightning's prefetch met its end), so the
     # failed batch [4] counted as trained: the resumed run trained epoch 1's batches as the
     # rest of epoch 0, then epoch 1 again (6 steps where the whole run has 4 after the cut).
-    kwargs = trainer_kwargs(max_epochs=2)
-    full = _FailsOnce(num_workers)
-    L.Trainer(**kwargs).fit(full)
-    cut = _FailsOnce(num_workers, fail_at=2)
-    save = OnExceptionCheckpoint(tmp_path, "failed")
-    with pytest.raises(Interrupted):
-        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
-    resumed = _FailsOnce(num_workers)
-    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
-    assert cut.records + resumed.records == full.records
+    _fail_then_resume(tmp_path, partial(_FailsOnce, num_workers), {"fail_at": 2})
 
 
 class _Passes(torch.utils.data.IterableDataset):
@@ -200,17 +207,9 @@ def test_a_failure_at_an_epochs_first_batch_resumes_a_stateful_dataset_where_it_
 ) -> None:
     # In-process, the failed first batch went back to a fresh record: the resumed epoch 1
     # read pass 0 again ([0, 1] for [100, 101]).
-    kwargs = trainer_kwargs(max_epochs=2)
-    full = _FailsOncePassing(num_workers)
-    L.Trainer(**kwargs).fit(full)
-    cut = _FailsOncePassing(num_workers, fail_at=fail_at)
-    save = OnExceptionCheckpoint(tmp_path, "failed")
-    with pytest.raises(Interrupted):
-        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
-    resumed = _FailsOncePassing(num_workers)
-    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
-    assert cut.records + resumed.records == full.records
-    assert full.records[fail_at] == (1, [100, 101])  # each worker reads every item
+    make = partial(_FailsOncePassing, num_workers)
+    full = _fail_then_resume(tmp_path, make, {"fail_at": fail_at})
+    assert full[fail_at] == (1, [100, 101])  # each worker reads every item
 
 
 class _FailsInValidation(_FailsOncePassing):
@@ -234,13 +233,5 @@ def test_a_failure_in_the_validation_after_an_unsized_epoch_resumes_the_next_epo
     # Lightning ends the restored epoch without a batch, after its fetcher prefetched from the
     # iterator made at the restore. Was: that iterator began epoch 1, so in-process the object
     # kept its place (epoch 1's first batch lost), and new workers read pass 0 again.
-    kwargs = trainer_kwargs(max_epochs=2, limit_val_batches=1)
-    full = _FailsInValidation(num_workers)
-    L.Trainer(**kwargs).fit(full)
-    cut = _FailsInValidation(num_workers, fail=True)
-    save = OnExceptionCheckpoint(tmp_path, "failed")
-    with pytest.raises(Interrupted):
-        L.Trainer(**{**kwargs, "enable_checkpointing": True}, callbacks=[save]).fit(cut)
-    resumed = _FailsInValidation(num_workers)
-    L.Trainer(**kwargs).fit(resumed, ckpt_path=tmp_path / "failed.ckpt")
-    assert cut.records + resumed.records == full.records
+    make = partial(_FailsInValidation, num_workers)
+    _fail_then_resume(tmp_path, make, {"fail": True}, limit_val_batches=1)
