@@ -1150,3 +1150,16 @@ def test_jsonl_shards_of_bare_lists_pad_to_a_multiple(tmp_path: Path, streaming:
     batches = list(dm.train_dataloader())
     assert {tuple(b.values.shape) for b in batches} == {(4, 8)}
     assert sorted(int(v) for b in batches for v in b.values[:, 0]) == list(range(20))
+
+
+def test_a_bucketed_sequence_module_predicts_in_order_and_skips_oversize_in_training_only() -> None:
+    # Predictions came in length-bucketed order ([3, 14, 6, ...]); oversize="skip" refused
+    # every eval split ("only applies with max_tokens": eval samplers have no budget).
+    seqs = sequence_samples(20)
+    dm = SequenceDataModule(seqs, predict=seqs, bucket=True, batch_size=4, seed=2)
+    dm.setup("predict")
+    assert [i for b in dm.predict_dataloader() for i in b["id"].tolist()] == list(range(20))
+    dm = SequenceDataModule(seqs, val_fraction=0.25, max_tokens=48, oversize="skip", seed=2)
+    dm.setup("fit")
+    val = [i for b in dm.val_dataloader() for i in b["id"].tolist()]
+    assert len(val) == 5 and len(dm.train_dataloader()) > 0

@@ -390,3 +390,12 @@ def test_a_token_budget_counts_tokens_not_fields() -> None:
     with pytest.raises(TypeError, match=r"samples are tuples of 2 fields.*'input_ids' field"):
         pairs.setup("fit")
         pairs.train_dataloader()
+
+
+def test_a_source_given_as_a_tuple_of_shard_files_reads_their_samples(tmp_path: Path) -> None:
+    # A tuple was taken as a dataset of its path strings: 26 samples for 48, str in batches.
+    files = sorted(str(p) for p in write_ids(tmp_path / "web", WEB, documents=False).glob("*.npy"))
+    dm = MixedDataModule({"a": files, "b": tuple(files)}, seq_len=4, batch_size=4)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 2 * len(WEB)
+    assert all(isinstance(b, torch.Tensor) for b in dm.train_dataloader())

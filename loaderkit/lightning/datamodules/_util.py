@@ -155,10 +155,15 @@ def plain(value: Any) -> bool:
 
 
 def path_text(value: Any) -> Any:
-    """``value`` (a :func:`plain` argument) with its paths as strings: a checkpoint that
-    ``torch.load(weights_only=True)`` reads holds no ``PathLike`` objects."""
+    """``value`` (a :func:`plain` argument) with its paths as strings, numpy scalars as Python
+    numbers and numpy dtypes as their strings (``'<i4'``: byte order kept): a checkpoint that
+    ``torch.load(weights_only=True)`` reads holds none of them."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return np.dtype(value).str
     if isinstance(value, Mapping):
         return {key: path_text(v) for key, v in value.items()}
     if isinstance(value, list):

@@ -207,8 +207,8 @@ def _is_table(item: Any) -> bool:
 
 
 def _is_path(item: Any) -> bool:
-    """A source given by path or URL (a str/PathLike, or a list of them: shard files)."""
-    if isinstance(item, list) and item:
+    """A source given by path or URL (a str/PathLike, or a list or tuple of them: shard files)."""
+    if isinstance(item, list | tuple) and item:
         return all(isinstance(p, str | os.PathLike) for p in item)
     return isinstance(item, str | os.PathLike)
 

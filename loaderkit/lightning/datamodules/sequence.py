@@ -213,8 +213,9 @@ class SequenceDataModule(LoaderDataModule):
         )
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
-        """A :class:`~loaderkit.BucketBatchSampler` when bucketing, else None."""
-        if not self.bucket:
+        """A :class:`~loaderkit.BucketBatchSampler` when bucketing (not for predict: its
+        outputs are in the samples' order), else None."""
+        if not self.bucket or split == "predict":
             return None
         train = split == "train"
         budget = self.max_tokens if train else None
@@ -227,7 +228,7 @@ class SequenceDataModule(LoaderDataModule):
             shuffle=self.shuffle and train,
             window=self.window,
             drop_last=self.drop_last and train,
-            oversize=self.oversize,
+            oversize=self.oversize if budget is not None else "error",  # eval: no budget
         )
 
     def eval_batches_by_rank(self) -> bool:
