@@ -466,6 +466,14 @@ def test_streamed_shards_describe_and_split_across_ranks(
             return {"train": StreamingShardedDataset(str(id_shards), TokenReader(seq_len=4))}
 
     assert len(list(Streamed(batch_size=BATCH).train_dataloader())) == SIZE // BATCH
+
+    class StreamedVal(LoaderDataModule):  # each validation read on where the last stopped
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            val = StreamingShardedDataset(id_shards, TokenReader(seq_len=4), steps_per_epoch=2)
+            return {"train": torch.utils.data.TensorDataset(torch.arange(8)), "val": val}
+
+    with pytest.raises(ValueError, match=r"val split's StreamingShardedDataset has steps_per"):
+        StreamedVal(shuffle=False).val_dataloader()
     with pytest.raises(ValueError, match=r"val_fraction=0.25 needs a train split of known size"):
         Streamed(val_fraction=0.25).setup("fit")
     # Simulated rank 1 of 2: the limit makes every rank step the same count; no limit refuses.

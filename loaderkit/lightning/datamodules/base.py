@@ -421,6 +421,12 @@ class LoaderDataModule(L.LightningDataModule):
                 f"{owner}: num_workers='auto' cannot serve a stream ({split} split); pass an "
                 "int, e.g. num_workers=2."
             )
+        if split != "train" and dataset.limited:
+            raise ValueError(
+                f"{owner}: the {split} split's StreamingShardedDataset has steps_per_epoch or "
+                "samples_per_epoch, so each run would read on where the last stopped (and a "
+                "resume other samples); build it without them (one pass), or use ShardedDataset."
+            )
         shuffle = self.shuffle and split == "train"
         if dataset.shuffle_shards != shuffle:
             raise ValueError(
