@@ -971,3 +971,27 @@ def test_a_set_epoch_of_the_running_epoch_inside_the_loop_keeps_the_consumers_vi
     resumed = loader()
     resumed.load_state_dict(state)
     assert state["position"] == 6 and seen + [b.tolist() for b in resumed] == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_going_on_across_epochs_keeps_the_batch_copied_ahead_of_a_stopped_loop(
+    stubbed_cuda: None, num_workers: int
+) -> None:
+    # The next epoch went on after the look-ahead batch: it was drawn, never handed out, and
+    # lost (the state saved at the break had it unconsumed, so a resume yielded it).
+    def loader() -> ResumableDataLoader:
+        shards = [(0, 8), (10, 10), (20, 8), (30, 10)]
+        data = StreamingShardedDataset(shards, IterableReader(read_range), steps_per_epoch=4)
+        return ResumableDataLoader(data, batch_size=2, seed=3, num_workers=num_workers)
+
+    def stopped(prefetch: bool) -> list[list[int]]:
+        source = loader()
+        batches = _cuda_prefetcher(source) if prefetch else source
+        seen = []
+        for batch in batches:
+            seen.append(batch.tolist())
+            if len(seen) == 2:
+                break
+        return seen + [b.tolist() for b in batches]
+
+    assert stopped(prefetch=True) == stopped(prefetch=False)

@@ -235,7 +235,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
         shuffle_shards: Shuffle the shard order per ``(seed, pass)``.
         mix_shards: Shards each slot reads at once, interleaved; 1 reads one at a time.
         steps_per_epoch: Batches per rank per epoch.
-        samples_per_epoch: Samples per epoch over all ranks.
+        samples_per_epoch: Samples per epoch over all ranks (rounded down to whole global
+            batches: ``samples_per_epoch // (world_size * batch_size)`` steps).
         transform: Applied to each sample (seeded under the loader's ``per_sample_seeding``).
         remote: For shards at URLs: a :class:`~loaderkit.RemoteCache` (default one).
 

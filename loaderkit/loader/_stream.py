@@ -60,8 +60,8 @@ class _SlotBatches(EngineSource):
             cursor = self.cursors[local] if self.steps is not None else None
         epoch = self.epoch + self._iterations
         self._iterations += 1
-        if cursor is None:
-            cursor = Cursor.start(epoch)
+        if cursor is None:  # a slot's first turn: streams going on across epochs begin at pass 0
+            cursor = Cursor.start(epoch if self.steps is None else 0)
         limit = None
         if self.steps is not None:  # this worker's turns among the epoch's remaining steps
             limit = len(range(worker, self.steps - steps_done, self.workers))
@@ -235,7 +235,7 @@ class StreamEngine(WorkerStreams):
         """What a dead worker was loading: the batch after its slot's last cursor."""
         local = (worker + rotation) % self.workers
         slot = source.rank * self.workers + local
-        cursor = self.cursors[local] or Cursor.start(self.epoch)
+        cursor = self.cursors[local] or Cursor.start(self.epoch if self.steps is None else 0)
         shards, _ = self.dataset.slot_shards(
             self.host.seed, cursor.pass_, slot, source.world_size * self.workers
         )

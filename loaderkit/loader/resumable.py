@@ -243,9 +243,13 @@ class ResumableDataLoader:
         """A new iterator over the next epoch; :meth:`state_dict` is the position of the one
         that drew its first batch last (under ``persistent_workers=True`` or a stream, a new
         ``iter()`` supersedes the old one)."""
+        held = self._lookahead.held_state() if self._lookahead is not None else None
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
         if self._engine.carries_over:
             try:
+                if held is not None:  # a stopped loop: the batch copied ahead is the next epoch's
+                    self.load_state_dict(held)
+                    self.set_epoch(int(held["epoch"]) + 1)
                 skipped = self._host.caller().skipped_state(self)
                 if skipped is not None and skipped is not self._skipped:  # once a restore
                     self._skipped = skipped
@@ -286,8 +290,9 @@ class ResumableDataLoader:
 
     def close(self) -> None:
         """Stop this loader's worker processes now, persistent ones included; the next
-        ``iter()`` starts new ones. Open iterators refuse their next batch; the position
-        (:meth:`state_dict`) stays. :class:`~loaderkit.AttachLoaders` calls it as a
+        ``iter()`` starts new ones. Open iterators refuse their next batch (a
+        :class:`~loaderkit.DevicePrefetcher` first hands over the one it copied ahead); the
+        position (:meth:`state_dict`) stays. :class:`~loaderkit.AttachLoaders` calls it as a
         Trainer's run ends, as Lightning stops a ``DataLoader``'s workers.
 
         Example:

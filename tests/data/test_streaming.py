@@ -676,6 +676,23 @@ def test_persistent_workers_survive_epochs_taken_to_their_length() -> None:
     assert got == epochs(loader(ds, 2, batch_size=2), 3)  # the same batches as fresh workers
 
 
+def test_a_slot_first_served_after_a_cut_epoch_begins_at_its_first_pass() -> None:
+    # Epoch 0 stopped after one batch, so slot 1 had no turn in it: it began at pass 1 while
+    # slot 0 was in pass 0 (both read one shard; 4 of its samples twice, 3 never).
+    ds = StreamingShardedDataset(
+        make_shards([8, 10, 8, 10]), IterableReader(read_range), steps_per_epoch=4
+    )
+    dl = loader(ds, 2, batch_size=2)
+    it = iter(dl)
+    head = ids(next(it))
+    del it
+    cut = head + [i for _ in range(3) for b in dl for i in ids(b)]
+    whole = [i for batches in epochs(loader(ds, 2, batch_size=2), 3) for b in batches for i in b]
+    # Slot 0 goes on ([8, 26] then [9, 27]); slot 1's first batch is its first pass's.
+    assert head == whole[:2] and cut[4:6] == whole[2:4]
+    assert len(set(cut[:18])) == len(set(whole[:18]))  # 14 of 18 were distinct, for 17
+
+
 def test_a_stream_resumes_after_its_shard_folder_moved(tmp_path: Path) -> None:
     """Checkpoints name shards by file name, not path: copied to local scratch, they resume."""
     import shutil
