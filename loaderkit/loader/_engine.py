@@ -205,10 +205,7 @@ class Host:
             if after is not None and loaded is not None and loaded < (after, False):
                 # The host ended the loaded epoch short (min_size) and begins the next afresh.
                 cursor.host_starts(after, ended=True)
-            # Restored in the validation after its epoch's last batch, the host ends that epoch
-            # without a batch: a loaded complete epoch runs out (not the next one prefetched).
-            at_last = after is None and caller.epoch_after_restore(self.loader) is not None
-            return cursor.host_names(epoch, plan, cycles=at_last)
+            return cursor.host_names(epoch, plan)
         restored = caller.epoch_after_restore(self.loader)
         if restored is not None and cursor.host_starts(restored):
             return False

@@ -143,10 +143,6 @@ class IterableEngine(WorkerStreams):
     ) -> Generator[Any, None, None]:
         """``iterate`` in-process (``primed``: its stream, opened at ``iter()``)."""
         records, opened = self.records, None
-        if primed is None and records[0] == fresh_record():
-            # Opened now, the first batch goes back (held by the host) to the object's state
-            # at its start, where it lives on from the last epoch (not a new object's).
-            primed = (epoch, *self._open())
         if primed is not None:
             opened, records[0] = primed[1], dict(primed[2])
         streams = _StreamsSource(self, records, epoch=epoch, rank=0)  # world_size is 1
@@ -188,13 +184,10 @@ class IterableEngine(WorkerStreams):
 
     def _prime(self) -> None:
         """Open the in-process stream now, as ``DataLoader`` does at ``iter()``."""
-        self._primed = (self._position.upcoming(self)[0], *self._open())
-
-    def _open(self) -> tuple[Any, dict[str, Any]]:
-        """The in-process stream opened afresh, and its record: the state at its start."""
+        epoch = self._position.upcoming(self)[0]
         it = open_stream(self.dataset, fresh_record(), 0, in_process=True)
         opened = Recorder(self.dataset, it, fresh_record(), in_process=True).after([])
-        return it, {**fresh_record(), **opened}
+        self._primed = (epoch, it, {**fresh_record(), **opened})
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
         record = self.records[worker] if worker < len(self.records) else fresh_record()

@@ -193,28 +193,68 @@ class _Passes(torch.utils.data.IterableDataset):
         self.pos, self.passes = state["pos"], state["passes"]
 
 
-class _FailsOncePassing(_FailsOnce):
+class _Rewinds(torch.utils.data.IterableDataset):
+    """0..4 from the start at each iter() unless a state was loaded (Hugging Face's pattern)."""
+
+    def __init__(self) -> None:
+        self.pos, self.loaded = 0, 0
+
+    def __iter__(self) -> Any:
+        self.pos, self.loaded = self.loaded, 0
+        while self.pos < 5:
+            self.pos += 1
+            yield self.pos - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded = state["pos"]
+
+
+class _FailsOnceOver(_FailsOnce):
+    def __init__(self, data: type, num_workers: int, fail_at: int | None = None) -> None:
+        super().__init__(num_workers, fail_at)
+        self.data = data
+
     def train_dataloader(self) -> ResumableDataLoader:
         workers = self.num_workers
         return ResumableDataLoader(
-            _Passes(), batch_size=2, seed=0, num_workers=workers, persistent_workers=workers > 0
+            self.data(), batch_size=2, seed=0, num_workers=workers, persistent_workers=workers > 0
         )
 
 
-@pytest.mark.parametrize(("num_workers", "fail_at"), [(0, 3), (2, 6)])  # epoch 1's first
-def test_a_failure_at_an_epochs_first_batch_resumes_a_stateful_dataset_where_it_lived_on(
-    tmp_path: Path, num_workers: int, fail_at: int
+# The two patterns save the same state, and the loader cannot tell "go on" from "rewind"
+# (docs/design.md): across an epoch's end it goes on where objects live on (persistent
+# workers), and rewinds in process. So each pattern resumes wrong at these points on one side.
+_PASSES_IN_PROCESS = pytest.mark.xfail(
+    strict=True, reason="a pass count kept in process is not carried (docs/design.md)"
+)
+_REWINDS_IN_WORKERS = pytest.mark.xfail(
+    strict=True, reason="persistent workers' objects live on: a loaded end is gone on from"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "num_workers", "fail_at"),
+    [
+        (_Rewinds, 0, 3),
+        pytest.param(_Rewinds, 2, 6, marks=_REWINDS_IN_WORKERS),
+        pytest.param(_Passes, 0, 3, marks=_PASSES_IN_PROCESS),
+        (_Passes, 2, 6),
+    ],
+)  # epoch 1's first batch
+def test_a_failure_at_an_epochs_first_batch_resumes_a_stateful_dataset(
+    tmp_path: Path, data: type, num_workers: int, fail_at: int
 ) -> None:
-    # In-process, the failed first batch went back to a fresh record: the resumed epoch 1
-    # read pass 0 again ([0, 1] for [100, 101]).
-    make = partial(_FailsOncePassing, num_workers)
+    make = partial(_FailsOnceOver, data, num_workers)
     full = _fail_then_resume(tmp_path, make, {"fail_at": fail_at})
-    assert full[fail_at] == (1, [100, 101])  # each worker reads every item
+    assert full[fail_at] == (1, [100, 101] if data is _Passes else [0, 1])
 
 
-class _FailsInValidation(_FailsOncePassing):
-    def __init__(self, num_workers: int, fail: bool = False) -> None:
-        super().__init__(num_workers)
+class _FailsInValidation(_FailsOnceOver):
+    def __init__(self, data: type, num_workers: int, fail: bool = False) -> None:
+        super().__init__(data, num_workers)
         self.fail = fail
 
     def val_dataloader(self) -> Any:
@@ -226,12 +266,24 @@ class _FailsInValidation(_FailsOncePassing):
             raise Interrupted("planned failure in validation")
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_failure_in_the_validation_after_an_unsized_epoch_resumes_the_next_epoch_whole(
-    tmp_path: Path, num_workers: int
+_LOSES_FIRST = pytest.mark.xfail(
+    strict=True,
+    reason="the iterator Lightning makes at this restore begins the next epoch, and its "
+    "fetcher draws from it (docs/design.md)",
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "num_workers"),
+    [
+        (_Rewinds, 0),
+        pytest.param(_Rewinds, 2, marks=_REWINDS_IN_WORKERS),
+        pytest.param(_Passes, 0, marks=_LOSES_FIRST),
+        pytest.param(_Passes, 2, marks=_LOSES_FIRST),
+    ],
+)
+def test_a_failure_in_the_validation_after_an_unsized_epoch_resumes_the_next_epoch(
+    tmp_path: Path, data: type, num_workers: int
 ) -> None:
-    # Lightning ends the restored epoch without a batch, after its fetcher prefetched from the
-    # iterator made at the restore. Was: that iterator began epoch 1, so in-process the object
-    # kept its place (epoch 1's first batch lost), and new workers read pass 0 again.
-    make = partial(_FailsInValidation, num_workers)
+    make = partial(_FailsInValidation, data, num_workers)
     _fail_then_resume(tmp_path, make, {"fail": True}, limit_val_batches=1)
