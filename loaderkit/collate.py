@@ -283,7 +283,7 @@ def _empty(value: Any) -> bool:
 def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
     try:
         return torch.tensor(value)  # its dtypes: the default for Python floats
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:
         rows = [len(r) if isinstance(r, (list, tuple)) else type(r).__name__ for r in value[:8]]
         raise CollateError(
             f"PadCollate: {where}: sample {index} is a ragged nested list (row lengths "
@@ -410,8 +410,8 @@ class PadCollate:
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
-            padded field, else the first tensor / array / list field; one whose lists are
-            all empty in a batch only where no other is).
+            padded field, else the first tensor / array / list field; refused where its
+            lists are all empty in a batch and another field's are not: name it then).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -610,10 +610,14 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        # Padded here, else one that could be; one empty in every sample (numbers or strings?)
-        # measures nothing.
+        key = (padded + fits + [None])[0]  # padded here, else one that could be
         held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
-        return padded, (held + padded + fits + [None])[0]
+        if key is not None and held and key not in held:  # numbers or strings? measures nothing
+            raise CollateError(
+                f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
+                f"lengths and mask would measure nothing; pass length_field={held[0]!r}."
+            )
+        return padded, key
 
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable

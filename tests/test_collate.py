@@ -815,14 +815,18 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-def test_a_field_empty_in_every_sample_is_not_the_length_field_beside_one_that_is_not() -> None:
-    # Empty string lists first in the dict were padded as numbers and measured: lengths [0, 0].
+def test_a_default_length_field_empty_in_every_sample_is_refused_naming_one_that_is_not() -> None:
+    # Empty string lists first in the dict were padded as numbers and measured: lengths [0, 0],
+    # where batches holding tags measure input_ids. The field to measure is the user's to say.
     samples = [
         {"tags": [], "input_ids": torch.arange(2)},
         {"tags": [], "input_ids": torch.arange(3)},
     ]
-    batch = PadCollate()(samples)
+    with pytest.raises(CollateError, match=r"key 'tags' is empty in every sample.*length_field="):
+        PadCollate()(samples)
+    batch = PadCollate(length_field="input_ids")(samples)
     assert batch["lengths"].tolist() == [2, 3] and batch["attention_mask"].shape == (2, 3)
+    assert PadCollate()([{"tags": []}, {"tags": []}])["lengths"].tolist() == [0, 0]
 
 
 def test_nested_lists_are_typed_as_torch_tensor_types_them() -> None:

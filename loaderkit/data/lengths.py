@@ -157,8 +157,10 @@ def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
 def _check_undrawn(read: Callable[[list[int]], list[Any]], fn: Any, lengths: np.ndarray) -> None:
     """Refuse lengths that follow a sample's random draws (a random crop): measured at
     draws the loader does not make, a token budget would not hold."""
+    if not lengths.size:
+        return
     picks = [int(lengths.argmax()), *np.linspace(0, lengths.size - 1, 7).astype(int).tolist()]
-    for index in dict.fromkeys(picks) if lengths.size else ():  # the longest, and 7 spread
+    for index in dict.fromkeys(picks):  # the longest, and 7 spread
         with seeded_sample(0, 0, index):  # other draws than the measure's
             again = _checked(fn(read([index])[0]), index)
         if again != lengths[index]:

@@ -722,6 +722,7 @@ def test_compute_lengths_with_progress_bar(capsys: pytest.CaptureFixture[str]) -
     assert compute_lengths(data, ids_length).tolist() == [3, 0, 5]
     assert "loaderkit: lengths" in capsys.readouterr().err
     assert compute_lengths([np.zeros(4), torch.zeros(2)], progress=False).tolist() == [4, 2]
+    assert compute_lengths([], progress=False).tolist() == []  # (argmax of nothing raised)
     sampler = BucketBatchSampler(compute_lengths(data, ids_length, progress=False), batch_size=2)
     assert sorted(i for b in sampler for i in b) == [0, 1, 2]
 
