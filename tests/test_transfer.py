@@ -973,9 +973,10 @@ def test_a_set_epoch_of_the_running_epoch_inside_the_loop_keeps_the_consumers_vi
     assert state["position"] == 6 and seen + [b.tolist() for b in resumed] == reference
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["iter", "set_epoch"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_stream_going_on_across_epochs_keeps_the_batch_copied_ahead_of_a_stopped_loop(
-    stubbed_cuda: None, num_workers: int
+    stubbed_cuda: None, num_workers: int, named: bool
 ) -> None:
     # The next epoch went on after the look-ahead batch: it was drawn, never handed out, and
     # lost (the state saved at the break had it unconsumed, so a resume yielded it).
@@ -992,6 +993,24 @@ def test_a_stream_going_on_across_epochs_keeps_the_batch_copied_ahead_of_a_stopp
             seen.append(batch.tolist())
             if len(seen) == 2:
                 break
+        if named:  # as a loop over a DistributedSampler names each epoch
+            source.set_epoch(1)
         return seen + [b.tolist() for b in batches]
 
     assert stopped(prefetch=True) == stopped(prefetch=False)
+
+
+def test_persistent_workers_behind_a_prefetcher_stopped_at_len_are_kept(
+    stubbed_cuda: None,
+) -> None:
+    # As Lightning stops: at len(), the look-ahead having met the epoch's end, nothing to take
+    # back; taking it back anyway restarted the workers every epoch.
+    shards = [(0, 8), (10, 10), (20, 8), (30, 10)]
+    data = StreamingShardedDataset(shards, IterableReader(read_range), steps_per_epoch=4)
+    source = ResumableDataLoader(data, batch_size=2, seed=1, num_workers=2, persistent_workers=True)
+    prefetcher, inners = _cuda_prefetcher(source), []
+    for _ in range(3):
+        for _, _batch in zip(range(len(source)), prefetcher, strict=False):
+            pass
+        inners.append(source._engine._inner)
+    assert inners[0] is not None and all(inner is inners[0] for inner in inners)

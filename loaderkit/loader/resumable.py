@@ -228,10 +228,11 @@ class ResumableDataLoader:
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         target = epoch if meant is None else meant
-        self._engine.set_epoch(target, late=late)
         held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None and held.get("epoch") != target:
             self._drop_lookahead()  # another epoch's start is pending (the running one's is kept)
+            self._take_back(held)
+        self._engine.set_epoch(target, late=late)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch, counting a resumed epoch's steps already done
@@ -245,11 +246,10 @@ class ResumableDataLoader:
         ``iter()`` supersedes the old one)."""
         held = self._lookahead.held_state() if self._lookahead is not None else None
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
+        if held is not None and self._take_back(held):
+            self.set_epoch(int(held["epoch"]) + 1)
         if self._engine.carries_over:
             try:
-                if held is not None:  # a stopped loop: the batch copied ahead is the next epoch's
-                    self.load_state_dict(held)
-                    self.set_epoch(int(held["epoch"]) + 1)
                 skipped = self._host.caller().skipped_state(self)
                 if skipped is not None and skipped is not self._skipped:  # once a restore
                     self._skipped = skipped
@@ -308,6 +308,18 @@ class ResumableDataLoader:
         """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
         load or ``set_epoch`` of another epoch."""
         self._lookahead = holder
+
+    def _take_back(self, held: dict[str, Any]) -> bool:
+        """Go back to a dropped holder's ``held`` state where batches were drawn past it (a
+        prefetcher's look-ahead of a stopped loop) and a stream goes on across epochs from
+        there; returns whether it did."""
+        if not self._engine.carries_over:
+            return False
+        own = self._engine.state()
+        if (held["epoch"], held["steps_done"]) >= (own["epoch"], own["steps_done"]):
+            return False  # nothing drawn past the consumer (its epoch ran to the end)
+        self.load_state_dict(held)
+        return True
 
     def _drop_lookahead(self) -> None:
         """Stop asking the holder, and empty it."""

