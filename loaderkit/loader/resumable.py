@@ -246,10 +246,10 @@ class ResumableDataLoader:
         ``iter()`` supersedes the old one)."""
         held = self._lookahead.held_state() if self._lookahead is not None else None
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
-        if held is not None and self._take_back(held):
-            self.set_epoch(int(held["epoch"]) + 1)
         if self._engine.carries_over:
             try:
+                if held is not None and self._take_back(held):
+                    self.set_epoch(int(held["epoch"]) + 1)
                 skipped = self._host.caller().skipped_state(self)
                 if skipped is not None and skipped is not self._skipped:  # once a restore
                     self._skipped = skipped
