@@ -58,8 +58,7 @@ def _lead(col: list[Any]) -> Any:
 
 
 def _is_flat_list(col: list[Any]) -> bool:
-    lead = _lead(col)
-    return isinstance(col[0], list) and (lead is None or type(lead) in _KINDS)
+    return isinstance(col[0], list) and type(_lead(col)) in {*_KINDS, type(None)}
 
 
 def _one_type(where: str, col: list[Any]) -> None:
@@ -611,12 +610,13 @@ class PadCollate:
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
         key = (padded + fits + [None])[0]  # padded here, else one that could be
-        held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
-        if key is not None and held and key not in held:  # numbers or strings? measures nothing
-            raise CollateError(
-                f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
-                f"lengths and mask would measure nothing; pass length_field={held[0]!r}."
-            )
+        if key is not None and all(map(_empty, columns[key])):  # numbers or strings?
+            held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
+            if held:
+                raise CollateError(
+                    f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
+                    f"lengths and mask would measure nothing; pass length_field={held[0]!r}."
+                )
         return padded, key
 
     def _aligned(

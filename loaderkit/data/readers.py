@@ -438,7 +438,8 @@ class TokenReader:
                 "e.g. torch.int64."
             )
         try:  # tokens are cast in numpy
-            _ = out_dtype is None or torch.empty(0, dtype=out_dtype).numpy()
+            if out_dtype is not None:
+                torch.empty(0, dtype=out_dtype).numpy()
         except TypeError as exc:
             raise ValueError(
                 f"TokenReader: out_dtype={out_dtype} has no numpy dtype to read tokens into; "
