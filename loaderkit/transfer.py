@@ -8,12 +8,13 @@ import dataclasses
 import functools
 import inspect
 import warnings
-from collections import UserDict, UserList
+from collections import UserDict, UserList, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any, Literal, TypeAlias
 
 import torch
 
+from loaderkit.errors import LoaderkitError
 from loaderkit.types import Batch
 
 __all__ = [
@@ -371,16 +372,26 @@ class _Raising(Iterator[Batch]):
 
 
 class _Held:
-    """What a consumer has seen of a loader's state (None: ask the loader)."""
+    """A loader's state as of each of the last batches handed to the consumer, newest last
+    (empty: ask the loader). A host holding batches untrained (Lightning's fetcher, without
+    a length) takes an older one."""
 
     def __init__(self) -> None:
-        self.state: dict[str, Any] | None = None
+        self.states: deque[dict[str, Any]] = deque(maxlen=4)
 
-    def held_state(self) -> dict[str, Any] | None:
-        return self.state
+    def held_state(self, back: int = 0) -> dict[str, Any] | None:
+        """The state ``back`` batches before the last one handed over, or None."""
+        if not self.states:
+            return None
+        if back >= len(self.states):
+            raise LoaderkitError(
+                f"DevicePrefetcher: the consumer holds {back} batches untrained but only "
+                f"{len(self.states) - 1} are remembered; save the state while it holds fewer."
+            )
+        return self.states[-1 - back]
 
     def drop(self) -> None:
-        self.state = None
+        self.states.clear()
 
 
 class DevicePrefetcher:
@@ -424,18 +435,19 @@ class DevicePrefetcher:
 
     def held_state(self) -> dict[str, Any] | None:
         """The wrapped iterable's state as the consumer saw it (not the batch ahead), or None."""
-        return self._holder.state
+        return self._holder.held_state()
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped iterable's state as of the last batch handed over (TypeError if none)."""
-        if self._holder.state is not None:
-            return self._holder.state
+        held = self._holder.held_state()
+        if held is not None and not callable(getattr(self.iterable, "_register_lookahead", None)):
+            return held  # a loaderkit loader answers itself (less what its host holds)
         return dict(self._stateful("state_dict").state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the wrapped iterable at ``state_dict`` (from :meth:`state_dict`)."""
         self._stateful("load_state_dict").load_state_dict(state_dict)
-        self._holder.state = None
+        self._holder.drop()
 
     def _stateful(self, method: str) -> Any:
         if not callable(getattr(self.iterable, method, None)):
@@ -479,16 +491,16 @@ class DevicePrefetcher:
         iterator = iter(self.iterable)
         stateful = callable(getattr(self.iterable, "state_dict", None))
         register = getattr(self.iterable, "_register_lookahead", None)
-        self._holder.state = None
+        self._holder.drop()
         if callable(register):
             register(self._holder)  # the loader's state_dict() answers with held_state()
         if stateful:  # the start, should the first copy fail
-            self._holder.state = self._own_state()
+            self._holder.states.append(self._own_state())
         upcoming = self._copy_next(iterator, side)
         while upcoming is not _END:
             if isinstance(upcoming, _Failed):
                 # No look-ahead until the consumer asks again, as without the prefetcher.
-                self._holder.state = None
+                self._holder.drop()
                 yield upcoming
                 upcoming = self._copy_next(iterator, side)
                 continue
@@ -498,20 +510,22 @@ class DevicePrefetcher:
             batch = upcoming
             state = self._own_state() if stateful else None  # once `batch` is consumed
             upcoming = self._copy_next(iterator, side)  # overlaps the consumer's work
-            self._holder.state = state
+            if state is not None:
+                self._holder.states.append(state)
             yield batch
         # Kept while the consumer stops early (a break, an exception): the look-ahead is
         # not its; once the iterable ran out, its own state is.
-        self._holder.state = None
+        self._holder.drop()
 
     def _own_state(self) -> dict[str, Any]:
         """The wrapped iterable's own state: a registering loader answers with the holder's
         while it holds one, so the holder is emptied for the call."""
-        held, self._holder.state = self._holder.state, None
+        held = list(self._holder.states)
+        self._holder.drop()
         try:
             return dict(self.iterable.state_dict())  # type: ignore[attr-defined]
         finally:
-            self._holder.state = held
+            self._holder.states.extend(held)
 
     def _copy_next(self, iterator: Iterator[Batch], side: torch.cuda.Stream) -> Any:
         batch = _next_or_failure(iterator)

@@ -26,6 +26,7 @@ from loaderkit.transfer import (
     should_pin_memory,
 )
 from tests.reliability._cases import read_range
+from tests.support.cuda_stub import cuda_prefetcher, stub_cuda
 
 CUDA = torch.cuda.is_available()
 META = torch.device("meta")
@@ -546,38 +547,9 @@ def test_prefetcher_state_needs_a_stateful_iterable(no_accelerator: None) -> Non
     assert repr(prefetcher) == "DevicePrefetcher(CountingIterable, device='cpu', pin_memory=False)"
 
 
-class _NoopStream:
-    """Stands in for torch.cuda.Stream: the look-ahead logic runs, the copies are no-ops."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_stream(self, other: Any) -> None:
-        pass
-
-    def __enter__(self) -> _NoopStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def stubbed_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DevicePrefetcher's CUDA path on a CPU machine: streams and copies stubbed."""
-    import loaderkit.transfer as transfer
-
-    monkeypatch.setattr(torch.cuda, "Stream", _NoopStream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _NoopStream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: _NoopStream())
-    monkeypatch.setattr(transfer, "_record_stream", lambda batch, stream: None)
-    monkeypatch.setattr(transfer, "move_to_device", lambda batch, device: batch)
-
-
-def _cuda_prefetcher(iterable: Any) -> DevicePrefetcher:
-    prefetcher = DevicePrefetcher(iterable, "cpu")
-    prefetcher.device = torch.device("cuda", 0)  # takes the look-ahead path
-    return prefetcher
+    stub_cuda(monkeypatch)
 
 
 @pytest.mark.parametrize("save", ["loader", "prefetcher"])
@@ -591,7 +563,7 @@ def test_prefetcher_look_ahead_does_not_leak_into_the_saved_state(
 
     reference = [b.tolist() for b in loader()]
     source = loader()
-    prefetcher = _cuda_prefetcher(source)
+    prefetcher = cuda_prefetcher(source)
     seen = []
     for batch in prefetcher:
         seen.append(batch.tolist())
@@ -614,7 +586,7 @@ def test_a_loop_that_stops_early_saves_what_it_consumed(stubbed_cuda: None, stop
     reference = [b.tolist() for b in loader()]
     source, seen = loader(), []
     with contextlib.suppress(RuntimeError):
-        for batch in _cuda_prefetcher(source):
+        for batch in cuda_prefetcher(source):
             seen.append(batch.tolist())
             if len(seen) == 3 and stop == "break":
                 break
@@ -631,7 +603,7 @@ def test_a_finished_prefetcher_no_longer_answers_for_the_loader(stubbed_cuda: No
     from loaderkit import ResumableDataLoader
 
     source = ResumableDataLoader(list(range(8)), batch_size=4)
-    prefetcher = _cuda_prefetcher(source)
+    prefetcher = cuda_prefetcher(source)
     assert len(list(prefetcher)) == 2
     assert prefetcher.held_state() is None
     it = iter(source)  # a plain iteration after it: the loader's own state
@@ -927,7 +899,7 @@ def test_a_stopped_prefetchers_state_follows_the_loader_once_it_moves_on(
     stubbed_cuda: None,
 ) -> None:
     source = ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
-    prefetcher = _cuda_prefetcher(source)
+    prefetcher = cuda_prefetcher(source)
     for seen, _ in enumerate(prefetcher, 1):
         if seen == 3:
             break
@@ -949,7 +921,7 @@ def test_a_first_copy_that_fails_loses_no_batch(
     monkeypatch.setattr(transfer, "move_to_device", failing)
     source = ResumableDataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1)
     with pytest.raises(RuntimeError, match="out of memory"):
-        next(iter(_cuda_prefetcher(source)))
+        next(iter(cuda_prefetcher(source)))
     assert source.state_dict()["position"] == 0
 
 
@@ -962,7 +934,7 @@ def test_a_set_epoch_of_the_running_epoch_inside_the_loop_keeps_the_consumers_vi
 
     reference = [b.tolist() for b in loader()]
     source, seen = loader(), []
-    for batch in _cuda_prefetcher(source):
+    for batch in cuda_prefetcher(source):
         source.set_epoch(0)
         seen.append(batch.tolist())
         if len(seen) == 3:
@@ -987,7 +959,7 @@ def test_a_stream_going_on_across_epochs_keeps_the_batch_copied_ahead_of_a_stopp
 
     def stopped(prefetch: bool) -> list[list[int]]:
         source = loader()
-        batches = _cuda_prefetcher(source) if prefetch else source
+        batches = cuda_prefetcher(source) if prefetch else source
         seen = []
         for batch in batches:
             seen.append(batch.tolist())
@@ -1008,7 +980,7 @@ def test_persistent_workers_behind_a_prefetcher_stopped_at_len_are_kept(
     shards = [(0, 8), (10, 10), (20, 8), (30, 10)]
     data = StreamingShardedDataset(shards, IterableReader(read_range), steps_per_epoch=4)
     source = ResumableDataLoader(data, batch_size=2, seed=1, num_workers=2, persistent_workers=True)
-    prefetcher, inners = _cuda_prefetcher(source), []
+    prefetcher, inners = cuda_prefetcher(source), []
     for _ in range(3):
         for _, _batch in zip(range(len(source)), prefetcher, strict=False):
             pass

@@ -22,6 +22,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 
 from loaderkit.errors import LoaderkitError, StateMismatchError
+from loaderkit.transfer import DevicePrefetcher
 
 #: Lightning's guard that keeps ``load_from_checkpoint`` a class call (an instance call would
 #: return a new module and leave the instance as it was), for a DataModule that wraps it.
@@ -239,10 +240,16 @@ def _stateful(loader: Any) -> bool:
     return all(callable(getattr(loader, m, None)) for m in ("state_dict", "load_state_dict"))
 
 
+def unwrapped(loader: Any) -> Any:
+    """The loader a :class:`~loaderkit.DevicePrefetcher` wraps (Lightning holds the
+    prefetcher), else ``loader``."""
+    return loader.iterable if isinstance(loader, DevicePrefetcher) else loader
+
+
 def train_loaders(trainer: Any) -> list[Any]:
     """The train loaders of the running fit (empty before they are set up)."""
     combined = trainer.fit_loop._combined_loader
-    return [] if combined is None else list(combined.flattened)
+    return [] if combined is None else [unwrapped(dl) for dl in combined.flattened]
 
 
 def held_loaders(trainer: Any) -> list[Any]:
@@ -251,7 +258,7 @@ def held_loaders(trainer: Any) -> list[Any]:
     fit = trainer.fit_loop
     loops = [fit, fit.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop]
     combined = [loop._combined_loader for loop in [*loops, trainer.predict_loop]]
-    return [dl for c in combined if c is not None for dl in c.flattened]
+    return [unwrapped(dl) for c in combined if c is not None for dl in c.flattened]
 
 
 def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
@@ -263,7 +270,7 @@ def resize_train_epoch(trainer: Any, managed: Callable[[Any], bool]) -> None:
         return
     combined.limits = [
         _parse_num_batches(RunningStage.TRAINING, len(dl), trainer.limit_train_batches)
-        if managed(dl)
+        if managed(unwrapped(dl))
         else limit
         for dl, limit in zip(combined.flattened, combined.limits or [], strict=False)
     ]

@@ -18,7 +18,6 @@ from loaderkit.lightning._adapter import (
 )
 from loaderkit.loader.resumable import ResumableDataLoader
 from loaderkit.plan.samplers import PlanBatchSampler
-from loaderkit.transfer import DevicePrefetcher
 
 __all__ = ["AttachLoaders", "ElasticResume", "attach_host"]
 
@@ -138,9 +137,8 @@ def entry_point_callbacks() -> list[Callback]:
 
 def _close(trainer: L.Trainer) -> None:
     for dl in held_loaders(trainer):
-        inner = dl.iterable if isinstance(dl, DevicePrefetcher) else dl
-        if isinstance(inner, ResumableDataLoader):
-            inner.close()
+        if isinstance(dl, ResumableDataLoader):
+            dl.close()
 
 
 def _sync_lengths(trainer: L.Trainer) -> None:

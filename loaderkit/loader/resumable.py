@@ -331,9 +331,9 @@ class ResumableDataLoader:
         """The position of the batches handed out so far (a
         :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank, never a
         collective (a stream's reads the other ranks' cursors from the process group's store)."""
-        held = self._lookahead.held_state() if self._lookahead is not None else None
-        if held is not None:
-            return dict(held)
+        if self._lookahead is not None and self._lookahead.held_state() is not None:
+            # As of the last batch the host trained: it may hold some untrained (Lightning).
+            return dict(self._lookahead.held_state(self._host.held_of(self._host.current)))
         # A state must not carry a provisional seed that the first batch replaces under DDP.
         settle_seed(self._host, self._engine, final=False)
         self._host.check_one_position()

@@ -23,7 +23,8 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from loaderkit import ElasticResume, StateMismatchError
+from loaderkit import DevicePrefetcher, ElasticResume, StateMismatchError
+from tests.support.cuda_stub import cuda_prefetcher, stub_cuda
 from tests.support.helpers import (
     SUPPORT_DIR,
     IdDataModule,
@@ -47,6 +48,19 @@ pytestmark = [
 SIZE, BATCH = 64, 8
 
 
+class _Prefetched(IdDataModule):
+    """The train loader behind a DevicePrefetcher: a pass-through on the CPU, or (``cuda``)
+    its look-ahead path with the copies stubbed."""
+
+    def __init__(self, *, cuda: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cuda = cuda
+
+    def train_dataloader(self) -> Any:
+        loader = super().train_dataloader()
+        return cuda_prefetcher(loader) if self.cuda else DevicePrefetcher(loader, "cpu")
+
+
 def fit(
     root: Path,
     *,
@@ -55,11 +69,14 @@ def fit(
     resume: Path | None = None,
     steps_per_epoch: int | None = None,
     elastic: bool = True,
+    prefetched: str | None = None,
 ) -> list[dict[str, Any]]:
     model = IdModule(fail_at=fail_at)
-    dm = IdDataModule(
-        size=SIZE, batch_size=BATCH, num_workers=nw, stream=True, steps_per_epoch=steps_per_epoch
-    )
+    data = {"size": SIZE, "batch_size": BATCH, "num_workers": nw, "stream": True}
+    if prefetched is None:
+        dm = IdDataModule(**data, steps_per_epoch=steps_per_epoch)
+    else:
+        dm = _Prefetched(**data, steps_per_epoch=steps_per_epoch, cuda=prefetched == "cuda")
     callbacks: list[Callback] = [ElasticResume()] if elastic else []
     if fail_at is not None:
         callbacks.append(step_checkpoints(root, fail_at))
@@ -95,6 +112,23 @@ def test_unsized_stream_resume_after_exception_is_exact(root: Path, nw: int, whe
     after = fit(root / f"resumed-{nw}-{k}", nw=nw, resume=cut_dir / f"step{k:03d}.ckpt")
     assert_resume_exact(full, before, after)
     assert_epochs_exactly_once(by_epoch(full), SIZE, 2)
+
+
+@pytest.mark.parametrize("prefetched", ["cpu", "cuda"])
+def test_an_unsized_stream_behind_a_prefetcher_resumes_exactly(
+    root: Path, monkeypatch: pytest.MonkeyPatch, prefetched: str
+) -> None:
+    """Lightning holds the prefetcher; the loader behind it still leaves the fetcher's batch
+    out of its state (it was one batch ahead: a batch lost on resume)."""
+    stub_cuda(monkeypatch)
+    full = list(_full(root, 0, None))
+    first_epoch1 = next(i for i, r in enumerate(full) if r["epoch"] == 1)
+    for k in (3, first_epoch1 + 2):
+        cut_dir = root / f"prefetched-{prefetched}-{k}"
+        before = fit(cut_dir, nw=0, fail_at=k, prefetched=prefetched)
+        ckpt = cut_dir / f"step{k:03d}.ckpt"
+        after = fit(root / f"{cut_dir.name}-resumed", nw=0, resume=ckpt, prefetched=prefetched)
+        assert_resume_exact(full, before, after)
 
 
 def test_unsized_stream_resumed_from_an_epoch_end_checkpoint_trains_the_next_epoch(
