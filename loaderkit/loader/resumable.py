@@ -139,6 +139,8 @@ class ResumableDataLoader:
     ) -> None:
         args = dict(locals())  # the arguments by name: no other local is bound yet
         del args["self"], args["dataset"]
+        self._args = args  # what __reduce__ rebuilds from
+        self._moved = False  # iterated, loaded or set_epoch: __reduce__ keeps the position
         self._spec = spec = make_spec(dataset, args)
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: Any = None  # a holder with held_state() and drop(): _register_lookahead
@@ -228,6 +230,7 @@ class ResumableDataLoader:
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         target = epoch if meant is None else meant
+        self._moved = True
         held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None and held.get("epoch") != target:
             self._drop_lookahead()  # another epoch's start is pending (the running one's is kept)
@@ -244,6 +247,7 @@ class ResumableDataLoader:
         """A new iterator over the next epoch; :meth:`state_dict` is the position of the one
         that drew its first batch last (under ``persistent_workers=True`` or a stream, a new
         ``iter()`` supersedes the old one)."""
+        self._moved = True
         held = self._lookahead.held_state() if self._lookahead is not None else None
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
         if self._engine.carries_over:
@@ -304,6 +308,17 @@ class ResumableDataLoader:
         self._host.stop_iterators()
         self._engine.close()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its constructor's arguments, a subclass's attributes and (once it was
+        iterated, loaded or given an epoch) its position: a spawned process (Lightning's
+        ``ddp_spawn``) rebuilds it on its own rank, as a ``DataLoader`` built there."""
+        args = {**self._args, "worker_init_fn": self._host.pool.user_init}
+        state = self.state_dict() if self._moved else None
+        host = self._host
+        drawn = None if self._spec.seed_explicit else (host.seed, host.seed_drawn)
+        extra = {k: v for k, v in vars(self).items() if k not in _OWN_ATTRIBUTES}
+        return _rebuilt, (type(self), self.dataset, args, state, drawn, extra)
+
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
         load or ``set_epoch`` of another epoch."""
@@ -351,10 +366,47 @@ class ResumableDataLoader:
             self._spec.seed_chosen and self._host.seed_drawn and not _saved_on_ranks(state_dict)
         )
         adopted = self._engine.load(state_dict, adopt_seed=not chosen)
+        self._moved = True
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
             self._host.seed = adopted
         self._host.seed_drawn = False  # the saved run's seed is the one to keep
+
+
+# Set by ResumableDataLoader itself (or a host attached to it), never pickled as they are.
+_OWN_ATTRIBUTES = _FIXED_AFTER_INIT | {
+    "_args",
+    "_moved",
+    "_spec",
+    "_host",
+    "_engine",
+    "_lookahead",
+    "_skipped",
+    "_built",
+    "worker_init_fn",
+    "_loaderkit_host",
+}
+
+
+def _rebuilt(
+    cls: type[ResumableDataLoader],
+    dataset: Any,
+    args: dict[str, Any],
+    state: dict[str, Any] | None,
+    drawn: tuple[int, bool] | None,
+    extra: dict[str, Any],
+) -> ResumableDataLoader:
+    """Unpickle a loader (:meth:`ResumableDataLoader.__reduce__`)."""
+    loader = cls.__new__(cls)
+    ResumableDataLoader.__init__(loader, dataset, **args)
+    host = loader._host
+    if drawn is not None and host.seed != drawn[0]:  # the same draw (ranks may replace it)
+        loader._engine.adopt_seed(drawn[0])
+        host.seed, host.seed_drawn = drawn
+    loader.__dict__.update(extra)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
 
 
 def _saved_on_ranks(state: Any) -> bool:

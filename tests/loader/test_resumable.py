@@ -877,7 +877,8 @@ def test_a_lent_batch_sampler_shows_the_loaders_position() -> None:
     # A copy (Lightning's SWA deep-copies a module holding it) is lent to no loader.
     for copied in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
         assert copied.state_dict()["position"] == 0
-    assert copy.deepcopy(again).batch_sampler.state_dict()["position"] == 0
+    copied_loader = copy.deepcopy(again)  # lent to the copy, at the copy's position
+    assert (copied_loader.batch_sampler.epoch, copied_loader.batch_sampler.position) == (1, 3 * B)
 
 
 def fresh_sampler(moved: bool = False) -> PlanBatchSampler:
@@ -994,3 +995,47 @@ def test_an_epoch_too_small_for_a_batch_names_its_own_size() -> None:
     sampler = mix.batch_sampler(2, rank=0, world_size=2, drop_last=True)
     with pytest.raises(ValueError, match="epoch 0 yields no batch on 2 rank"):
         next(iter(ResumableDataLoader(mix, batch_sampler=sampler)))
+
+
+class _Tagged(ResumableDataLoader):
+    """A subclass with an attribute of its own."""
+
+    def __init__(self, *args: Any, tag: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tag = tag
+
+
+def _note_worker(worker_id: int) -> None:
+    pass
+
+
+@pytest.mark.parametrize("copier", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("moved", ["fresh", "iterated", "loaded", "set_epoch"])
+def test_a_pickled_loader_resumes_where_the_original_is(copier: str, moved: str) -> None:
+    """Rebuilt from its constructor's arguments plus, once it moved, its ``state_dict()``
+    (the next iteration is the rest of a begun epoch); a drawn seed, a subclass's
+    attributes and a worker_init_fn set afterwards are kept (a process spawned by
+    Lightning's ddp_spawn gets the loader it was given)."""
+
+    def make() -> _Tagged:
+        generator = torch.Generator().manual_seed(5)
+        return _Tagged(list(range(30)), batch_size=4, shuffle=True, tag="t", generator=generator)
+
+    loader = make()
+    loader.worker_init_fn = _note_worker  # as Lightning's seed_everything(workers=True) does
+    if moved == "iterated":
+        it = iter(loader)
+        [next(it) for _ in range(3)]
+    elif moved == "loaded":
+        source = make()
+        it = iter(source)
+        [next(it) for _ in range(2)]
+        loader.load_state_dict(source.state_dict())
+    elif moved == "set_epoch":
+        loader.set_epoch(2)
+    copied = pickle.loads(pickle.dumps(loader)) if copier == "pickle" else copy.deepcopy(loader)
+    assert (copied.tag, copied.worker_init_fn, copied.seed) == ("t", _note_worker, loader.seed)
+    if moved == "iterated":
+        assert [b.tolist() for b in copied] == [b.tolist() for b in it]
+    for _ in range(2):  # the rest of this epoch (or the next), then the one after
+        assert [b.tolist() for b in copied] == [b.tolist() for b in loader]
