@@ -132,7 +132,7 @@ def find_benchmarks(start: Path | None = None, *, installed_checkout: bool = Tru
     start = (start or Path.cwd()).resolve()
     candidates = [start, *start.parents]
     if installed_checkout:
-        candidates.append(Path(__file__).resolve().parent.parent)
+        candidates.append(Path(__file__).resolve().parents[2])  # the checkout above loaderkit/
     for folder in candidates:
         bench_dir = folder / "benchmarks"
         if any(bench_dir.glob("*/bench.py")):

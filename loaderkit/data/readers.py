@@ -93,11 +93,11 @@ class ShardReader(Protocol):
         """JSON-able settings that change a shard's sample count (stored in the index)."""
         ...
 
-    def count(self, shard: Any) -> int:
+    def count(self, shard: Any, /) -> int:
         """Samples in ``shard`` (a ``Path``, or the object given), once per shard when indexing."""
         ...
 
-    def open(self, shard: Any) -> OpenShard:
+    def open(self, shard: Any, /) -> OpenShard:
         """Open ``shard`` for reading in this process."""
         ...
 

@@ -80,6 +80,8 @@ def test_find_benchmarks_outside_a_checkout_names_the_fix(tmp_path: Path) -> Non
     with pytest.raises(FileNotFoundError, match=r"no benchmarks/<name>/bench.py in .* run"):
         find_benchmarks(tmp_path, installed_checkout=False)
     assert find_benchmarks(REPO_ROOT / "loaderkit") == REPO_ROOT / "benchmarks"
+    # Outside it, the editable checkout's (it looked in loaderkit/benchmarks, never there).
+    assert find_benchmarks(tmp_path) == REPO_ROOT / "benchmarks"
 
 
 def test_every_bench_has_quick_args_and_reports() -> None:

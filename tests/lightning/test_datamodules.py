@@ -899,6 +899,23 @@ def test_bad_input_needing_files(tmp_path: Path) -> None:
             TypeError,
             r"train_transform must be callable",
         ),
+        (  # the given transforms replace the defaults: it was silently ignored
+            lambda: ImageFolderDataModule(
+                str(root), train_transform=abs, eval_transform=abs, image_size=32
+            ),
+            ValueError,
+            r"image_size=32 has no effect.*apply it in your transform",
+        ),
+        (
+            lambda: ImageFolderDataModule(str(root), train_transform=abs, color_jitter=0.9),
+            ValueError,
+            r"color_jitter=0.9 has no effect",
+        ),
+        (
+            lambda: ImageFolderDataModule(str(root), eval_transform=abs, crop_fraction=0.5),
+            ValueError,
+            r"crop_fraction=0.5 has no effect",
+        ),
         (
             lambda: ShardedDataModule(str(tmp_path / "tok"), seq_len=4, val_fraction=0.1),
             ValueError,

@@ -180,6 +180,11 @@ def test_sharded_datamodule(tmp_path: Path) -> None:
     )
     assert isinstance(dm.reader, JsonlReader)
     assert first_batch(dm)["input_ids"].shape[0] == 2
+    # A reader object: jsonargparse checks it against the ShardReader protocol, whose
+    # parameter names the readers did not share (it exited: "does not implement protocol").
+    reader = {"class_path": "loaderkit.TokenReader", "init_args": {"seq_len": 4}}
+    dm = from_yaml(ShardedDataModule, tmp_path, {"shards": str(tmp_path / "tok"), "reader": reader})
+    assert isinstance(dm.reader, TokenReader) and first_batch(dm).shape[1] == 4
 
 
 def test_short_class_names_resolve_after_import_loaderkit() -> None:

@@ -137,8 +137,28 @@ class ImageFolderDataModule(LoaderDataModule):
                     f"{owner}: {name} must be callable or None, got {fn!r}; pass a transform, "
                     "or None for the default."
                 )
+        self._refuse_replaced(train_transform, eval_transform)
         self.train_transform = train_transform or self._default_transform(train=True)
         self.eval_transform = eval_transform or self._default_transform(train=False)
+
+    def _refuse_replaced(self, train: Any, evaluate: Any) -> None:
+        """A default transform's setting is refused where a given transform replaces every
+        default that would use it."""
+        own_train, own_eval = train is not None, evaluate is not None
+        settings = {
+            "image_size": (self.image_size, 224, own_train and own_eval),
+            "mean": (self.mean, IMAGENET_MEAN, own_train and own_eval),
+            "std": (self.std, IMAGENET_STD, own_train and own_eval),
+            "color_jitter": (self.color_jitter, 0.4, own_train),
+            "crop_fraction": (self.crop_fraction, 0.875, own_eval),
+        }
+        for name, (value, default, replaced) in settings.items():
+            if replaced and value != default:
+                raise ValueError(
+                    f"{type(self).__name__}: {name}={value!r} has no effect, since the given "
+                    f"transforms replace the defaults that use it; apply it in your transform, "
+                    f"or leave {name} at its default."
+                )
 
     def _default_transform(self, train: bool) -> Callable[[Any], Any]:
         v2, size, jitter = _torchvision()[1], self.image_size, self.color_jitter
