@@ -205,6 +205,10 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         info["stream"] = _engine_kind(loader) == "stream"
         if info["stream"]:
             info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size)
+            try:  # under the module's own num_workers, as fit builds it
+                dm.loader(split, pin_memory=False)
+            except ValueError as exc:
+                info["refusal"] = info["refusal"] or str(exc)
     # Judged for the world size asked about, not the one of this process.
     facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
     facts.setdefault("mix", None)
@@ -215,10 +219,8 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
 
 
 def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
+    from loaderkit.lightning.datamodules._util import epoch_samples
     from loaderkit.loader.resumable import ResumableDataLoader
-    from loaderkit.plan._sampler_plan import SamplerPlan
-    from loaderkit.plan.bucket import BucketPlan
-    from loaderkit.plan.mix import MixPlan
 
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -246,13 +248,7 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
                 f"an IterableDataset passed directly runs on one process, not {world_size} ranks "
                 "(the loader raises): wrap it in StreamingShardedDataset with steps_per_epoch"
             )
-    samples = len(dataset) if isinstance(dataset, Sized) else None
-    plan = getattr(loader, "plan", None)  # a sampler, a mix, a bucket plan read part, or more
-    if isinstance(plan, SamplerPlan | MixPlan):
-        samples = plan.epoch_length(0)
-    elif isinstance(plan, BucketPlan):  # its positions count batches: count the samples
-        sched = plan.schedule(0, start=0, rank=0, world_size=1)
-        samples = sum(len(sched.indices(step)) for step in range(sched.num_steps))
+    samples = epoch_samples(loader, dataset) if isinstance(dataset, Sized) else None
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
     return {
         "datamodule": type(dm).__name__,

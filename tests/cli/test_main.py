@@ -283,6 +283,11 @@ def stream_project(tmp_path: Path) -> Path:
                     "shards", seq_len=4, batch_size=8, streaming=True, samples_per_epoch=160
                 )
 
+            def auto_workers():  # refused by train_dataloader(): inspect says so too
+                return ShardedDataModule(
+                    "shards", seq_len=4, batch_size=8, streaming=True, num_workers="auto"
+                )
+
             def planned(mix_shards=2):
                 return ShardedDataModule("shards", seq_len=4, batch_size=8, mix_shards=mix_shards)
 
@@ -306,6 +311,12 @@ def stream_project(tmp_path: Path) -> Path:
         ("streams.py:Plain", [], "train 20 (epoch 0)", False),
         ("streams.py:one_pass", [], "train unknown (one pass, length unknown) (epoch 0)", True),
         ("streams.py:limited", ["--world-size", "2"], "world size 2: train 10 (epoch 0)", False),
+        (
+            "streams.py:auto_workers",
+            [],
+            "train refused (ShardedDataModule: num_workers='auto'",
+            True,
+        ),
     ],
 )
 def test_inspect_streams_reports_their_epoch_and_resume_topology(

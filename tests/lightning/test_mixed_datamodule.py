@@ -186,7 +186,8 @@ def test_describe_reports_the_mix_per_source(runs: Runs) -> None:
         "source_epochs": [0, 0],
     }
     assert mix["sources"]["books"]["source_epochs"] == [0, 1]
-    assert facts["splits"]["train"] == {"samples": 56, "batch_size": 8, "batches_per_epoch": 6}
+    # The epoch's samples (inspect's data wait divides by them), not the sources' 56.
+    assert facts["splits"]["train"] == {"samples": 48, "batch_size": 8, "batches_per_epoch": 6}
     assert facts["padding_fraction"] == 0.0
     assert "source-epochs resume" in facts["resumable_reason"]
     # The loader's own report follows its epoch.

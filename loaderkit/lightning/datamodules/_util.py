@@ -17,6 +17,9 @@ from torch.utils.data import ConcatDataset, Subset
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
 from loaderkit.loader._fetch import _Subset
+from loaderkit.plan._sampler_plan import SamplerPlan
+from loaderkit.plan.bucket import BucketPlan
+from loaderkit.plan.mix import MixPlan
 from loaderkit.seeding import derive_seed
 
 Shards = str | list[str]  # a folder, a file or a URL, or a list of files or URLs
@@ -98,6 +101,18 @@ def batch_rows(batch: Any) -> int:
         if rows:
             return rows
     return 0
+
+
+def epoch_samples(loader: Any, dataset: Any) -> int:
+    """The samples ``loader`` draws in epoch 0 over all ranks: a mix's or a sampler's epoch,
+    a bucket plan's batches, else ``len(dataset)``."""
+    plan = getattr(loader, "plan", None)
+    if isinstance(plan, SamplerPlan | MixPlan):
+        return int(plan.epoch_length(0))
+    if isinstance(plan, BucketPlan):  # its positions count batches: count the samples
+        sched = plan.schedule(0, start=0, rank=0, world_size=1)
+        return sum(len(sched.indices(step)) for step in range(sched.num_steps))
+    return len(dataset)
 
 
 def time_loader(

@@ -19,6 +19,7 @@ from loaderkit.lightning._adapter import data_parallel_of, restricted_classmetho
 from loaderkit.lightning.callbacks import attach_host
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules._util import (
+    epoch_samples,
     path_text,
     plain,
     probe_workers,
@@ -498,7 +499,7 @@ class LoaderDataModule(L.LightningDataModule):
             elif isinstance(dataset, IterableDataset):  # of unknown length
                 samples = batches = None
             else:
-                samples = len(dataset)
+                samples = epoch_samples(loader, dataset) if split == "train" else len(dataset)
                 part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
                 dealt = 1 if part else world_size
                 batches = loader.plan.num_steps(0, start=0, world_size=dealt)
