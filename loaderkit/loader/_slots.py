@@ -21,6 +21,9 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils import ExceptionWrapper
 
+from loaderkit.errors import WorkerError
+from loaderkit.loader._fetch import FailedBatch
+
 ENABLED = True  # whether new worker iterators use slots (benchmarks and tests switch it)
 EXTRA_SLOTS = 2  # slots per worker beyond its prefetch_factor: the batch being copied out, slack
 ALIGN = 64  # byte alignment of each tensor in an arena (any dtype's view is aligned)
@@ -241,6 +244,21 @@ class _TorchPath:
         return (_counted, (self.token, self.data, self.reason))
 
 
+def _torch_path(token: int, batch: Any, reason: str) -> Any:
+    """``batch`` for torch's path, or in its place the error that it does not pickle (raised
+    from the worker's collate, it ended the epoch)."""
+    try:
+        return _TorchPath(token, batch, reason)
+    except Exception as exc:
+        error = WorkerError(
+            f"ResumableDataLoader: a batch cannot leave its worker process, it does not pickle "
+            f"({type(exc).__name__}: {exc}); return picklable data from the dataset and "
+            "collate_fn, or load with num_workers=0."
+        )
+        error.__cause__ = exc
+        return FailedBatch(error)
+
+
 class _ResolvingPickler(ForkingPickler):
     """torch's own pickling, conj and neg views sent by value (torch's drops their bit)."""
 
@@ -285,15 +303,15 @@ def pack(writer: SlotWriter, batch: Any) -> Any:
         if flags[base + slot] == 0:
             break
     else:
-        return _TorchPath(writer.token, batch, "no free slot")
+        return _torch_path(writer.token, batch, "no free slot")
     tensors: list[torch.Tensor] = []
     buffer = io.BytesIO()
     try:
         _SkeletonPickler(buffer, tensors).dump(batch)
     except _Unsupported as why:
-        return _TorchPath(writer.token, batch, f"{why}")
+        return _torch_path(writer.token, batch, f"{why}")
     except Exception as exc:  # torch's path pickles differently: let it succeed or say why
-        return _TorchPath(writer.token, batch, f"did not pickle ({type(exc).__name__})")
+        return _torch_path(writer.token, batch, f"did not pickle ({type(exc).__name__})")
     metas = []
     end = 0
     for tensor in tensors:

@@ -49,7 +49,8 @@ _announced_forkserver = False
 FORKSERVER_NOTICE = (
     "ResumableDataLoader: inside a torch.distributed process group, worker processes start "
     "by 'forkserver' (fork can deadlock on gloo/NCCL threads), so the dataset, collate_fn and "
-    "worker_init_fn must pickle. Pass multiprocessing_context= to choose the start method."
+    "worker_init_fn must pickle, and a script's top-level code needs an `if __name__ == "
+    "'__main__':` guard. Pass multiprocessing_context= to choose the start method."
 )
 
 
@@ -417,7 +418,8 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
     if exitcode == 1:  # Python's status for an exception no one caught
         return (
             "exited with code 1: an uncaught exception outside the batch loading (its "
-            "traceback is on stderr), or sys.exit(1)"
+            "traceback is on stderr; under 'spawn' or 'forkserver', a script's top-level code "
+            "without an `if __name__ == '__main__':` guard runs again there), or sys.exit(1)"
         )
     return (
         f"exited with code {exitcode} without raising an error (os._exit() or sys.exit() "
