@@ -450,7 +450,9 @@ class LoaderDataModule(L.LightningDataModule):
         """Time the train loader with 0..``max_workers`` workers; samples/s per count.
 
         Records the rates in :attr:`num_workers_probe` and the fewest workers within
-        10% of the best in :attr:`num_workers_best`.
+        10% of the best in :attr:`num_workers_best`. It reads the train split in this
+        process: a dataset that opens a file at its first read must reopen it in workers
+        forked later (``docs/troubleshooting.md``).
 
         Args:
             max_workers: The most workers tried (default: this process's share of the
