@@ -207,7 +207,7 @@ class PlanEngine:
     def use_workers(self, count: int) -> None:
         """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
         self.close()
-        self.host.pool = dataclasses.replace(self.host.pool, num_workers=count, read_here=True)
+        self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
 
     def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
         """The worker DataLoader of ``sched``: the persistent one, else a new one per iteration."""

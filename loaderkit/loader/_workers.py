@@ -66,26 +66,21 @@ class WorkerPool:
     user_init: Callable[[int], None] | None  # runs after loaderkit seeds the worker
     start_method: Any
     cores: int = 1  # this rank's share of the node's cores
-    # This process read the dataset first (num_workers="auto"): a forked worker would share
-    # the files it opened lazily (one offset for all: other samples' bytes).
-    read_here: bool = False
     stats: _slots.TransportStats = field(
         default_factory=_slots.TransportStats, compare=False, repr=False
     )
 
     def context(self) -> Any:
-        """How worker processes start: the user's choice, else ``forkserver`` under DDP or
-        once this process read the dataset (where the default is ``fork``)."""
+        """How worker processes start: the user's choice, else ``forkserver`` under DDP."""
         if self.start_method is not None or self.num_workers == 0:
             return self.start_method
-        ddp = dist.is_available() and dist.is_initialized()
-        if not ddp and not (self.read_here and multiprocessing.get_start_method() == "fork"):
+        if not (dist.is_available() and dist.is_initialized()):
             return None
         ctx = multiprocessing.get_context("forkserver")
         # Heavy imports once in the server; "__main__" lets workers unpickle the script's classes.
         ctx.set_forkserver_preload(["__main__", "torch", "loaderkit"])
         global _announced_forkserver
-        if ddp and not _announced_forkserver:
+        if not _announced_forkserver:
             _announced_forkserver = True
             warnings.warn(FORKSERVER_NOTICE, RuntimeWarning, stacklevel=2)
         return ctx
@@ -218,15 +213,8 @@ def _first_unpicklable(obj: Any, name: str, depth: int = 0) -> tuple[str, Any, E
 def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerStartError:
     """The :class:`WorkerStartError` naming what did not pickle, and the fixes."""
     method = pool.method_name()
-    fix = (
-        "Define it at module level (not a lambda or a local class or function), or pass "
-        "multiprocessing_context='fork' or num_workers=0."
-    )
     if pool.start_method is not None:
         why = f"multiprocessing_context={pool.start_method!r}"
-    elif method == "forkserver" and pool.read_here and pool.context() is not None:
-        why = "num_workers='auto' starts them after this process read the dataset"
-        fix = "Drop its open files in __getstate__ (reopen them lazily), or pass num_workers=2."
     elif method == "forkserver" and pool.context() is not None:
         why = "loaderkit's choice inside a torch.distributed process group"
     else:
@@ -241,7 +229,9 @@ def unpicklable(pool: WorkerPool, dataset: Any, exc: BaseException) -> WorkerSta
         what, detail = f"{name} ({label})", f"{type(error).__name__}: {error}"
     return WorkerStartError(
         f"ResumableDataLoader: worker processes start by {method!r} ({why}), which pickles "
-        f"what they run, and {what} cannot be pickled ({detail}). {fix}"
+        f"what they run, and {what} cannot be pickled ({detail}). Define it at module level "
+        "(not a lambda or a local class or function), or pass multiprocessing_context='fork' "
+        "or num_workers=0."
     )
 
 

@@ -8,15 +8,13 @@ chosen batches, which is what makes the data identical for any decision.
 from __future__ import annotations
 
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from loaderkit import ResumableDataLoader, WorkerStartError
+from loaderkit import ResumableDataLoader
 from loaderkit.loader._auto import (
     MAX_IDLE_WAIT,
     MIN_PROBE_BATCHES,
@@ -265,45 +263,3 @@ def test_a_timeout_with_auto_is_refused_since_the_epoch_starts_in_process() -> N
     ):
         ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=2)
     ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=0)  # no timeout: fine
-
-
-class LazyFile(Dataset[Any]):
-    """torch's per-worker idiom: the file opens at the first read, in whichever process."""
-
-    def __init__(self, path: str, n: int, drops_file: bool) -> None:
-        self.path, self.n, self.drops_file = path, n, drops_file
-        self.file: Any = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.file is None:
-            self.file = open(self.path, "rb", buffering=0)  # noqa: SIM115
-        self.file.seek(8 * i)
-        time.sleep(0.001)  # another worker's seek, on a shared offset, lands here
-        return torch.tensor([i, int.from_bytes(self.file.read(8), "little")])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**vars(self), "file": None} if self.drops_file else vars(self)
-
-
-@pytest.mark.parametrize("drops_file", [True, False])
-def test_workers_started_after_reading_here_share_no_open_file(
-    tmp_path: Path, drops_file: bool
-) -> None:
-    """Forked after this process opened the file, 2 workers read each other's offsets (2309
-    of 4000 samples held another's value); they start by pickling now, refused where the
-    open file would go along."""
-    path = tmp_path / "ids.bin"
-    path.write_bytes(b"".join(i.to_bytes(8, "little") for i in range(200)))
-    loader = ResumableDataLoader(
-        LazyFile(str(path), 200, drops_file), batch_size=8, shuffle=True, seed=0, num_workers="auto"
-    )
-    loader._host.auto = Scripted({2: 2})
-    if not drops_file:
-        with pytest.raises(WorkerStartError, match=r"after this process read.*__getstate__"):
-            list(loader)
-        return
-    pairs = torch.cat(list(loader))
-    assert len(pairs) == 200 and torch.equal(pairs[:, 0], pairs[:, 1])
