@@ -244,9 +244,10 @@ class _TorchPath:
         return (_counted, (self.token, self.data, self.reason))
 
 
-def _torch_path(token: int, batch: Any, reason: str) -> Any:
+def _torch_path(token: int, batch: Any, reason: str, stream: bool) -> Any:
     """``batch`` for torch's path, or in its place the error that it does not pickle (raised
-    from the worker's collate, it ended the epoch)."""
+    from the worker's collate, it ended the epoch); a ``stream``'s item (a tuple, the batch
+    last) keeps the rest."""
     try:
         return _TorchPath(token, batch, reason)
     except Exception as exc:
@@ -256,6 +257,8 @@ def _torch_path(token: int, batch: Any, reason: str) -> Any:
             "collate_fn, or load with num_workers=0."
         )
         error.__cause__ = exc
+        if stream:
+            return _torch_path(token, (*batch[:-1], FailedBatch(error)), reason, stream=False)
         return FailedBatch(error)
 
 
@@ -292,8 +295,9 @@ def _counted(token: int, data: bytes, reason: str) -> Any:
     return pickle.loads(data)
 
 
-def pack(writer: SlotWriter, batch: Any) -> Any:
-    """The worker's ``collate_fn``: ``batch`` into a free slot, else wrapped for torch's path."""
+def pack(writer: SlotWriter, batch: Any, *, stream: bool = False) -> Any:
+    """The worker's ``collate_fn``: ``batch`` into a free slot, else wrapped for torch's path
+    (``stream``: a stream engine's item, a tuple with the batch last)."""
     info = get_worker_info()
     if info is None:  # not in a worker: nothing crosses a process
         return batch
@@ -303,15 +307,15 @@ def pack(writer: SlotWriter, batch: Any) -> Any:
         if flags[base + slot] == 0:
             break
     else:
-        return _torch_path(writer.token, batch, "no free slot")
+        return _torch_path(writer.token, batch, "no free slot", stream)
     tensors: list[torch.Tensor] = []
     buffer = io.BytesIO()
     try:
         _SkeletonPickler(buffer, tensors).dump(batch)
     except _Unsupported as why:
-        return _torch_path(writer.token, batch, f"{why}")
+        return _torch_path(writer.token, batch, f"{why}", stream)
     except Exception as exc:  # torch's path pickles differently: let it succeed or say why
-        return _torch_path(writer.token, batch, f"did not pickle ({type(exc).__name__})")
+        return _torch_path(writer.token, batch, f"did not pickle ({type(exc).__name__})", stream)
     metas = []
     end = 0
     for tensor in tensors:

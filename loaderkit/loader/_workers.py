@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data import TensorDataset as TorchTensorDataset
 
 from loaderkit._tags import SeedTag
@@ -154,7 +154,8 @@ class _WorkerLoader(DataLoader[Any]):
                 stats=self._loaderkit_pool.stats,
                 cores=self._loaderkit_pool.cores,
             )
-            self.collate_fn = functools.partial(_slots.pack, transport.writer())
+            stream = isinstance(self.dataset, IterableDataset)  # an engine's stream of items
+            self.collate_fn = functools.partial(_slots.pack, transport.writer(), stream=stream)
         else:
             self.collate_fn = identity
         try:

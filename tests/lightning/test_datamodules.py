@@ -325,6 +325,19 @@ def test_image_augmentation_is_bit_identical_across_workers_and_resume(tmp_path:
     assert not torch.equal(e0, e1)
 
 
+def test_a_subclass_default_is_no_setting_its_given_transforms_replace(tmp_path: Path) -> None:
+    """The refusal of a replaced setting compares with the built class's own default."""
+
+    class Small(ImageFolderDataModule):
+        def __init__(self, root: str, *, image_size: int = 32, **kwargs: Any) -> None:
+            super().__init__(root, image_size=image_size, **kwargs)
+
+    root = str(make_image_tree(tmp_path / "train"))
+    assert Small(root, train_transform=abs, eval_transform=abs).image_size == 32
+    with pytest.raises(ValueError, match=r"image_size=64 has no effect"):
+        Small(root, train_transform=abs, eval_transform=abs, image_size=64)
+
+
 def test_image_val_fraction_uses_the_eval_transform(tmp_path: Path) -> None:
     root = str(make_image_tree(tmp_path / "imgs"))
     dm = ImageFolderDataModule(root, image_size=8, batch_size=3, val_fraction=0.25, seed=0)

@@ -27,7 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset
 
-from loaderkit import ResumableDataLoader, TensorDataset, WorkerError
+from loaderkit import (
+    IterableReader,
+    ResumableDataLoader,
+    StreamingShardedDataset,
+    TensorDataset,
+    WorkerError,
+)
 from loaderkit.loader import _slots, resumable
 from tests.support.proptest import examples
 
@@ -325,7 +331,7 @@ def test_a_worker_dying_mid_batch_is_named_with_its_sample_indices(how: str) -> 
     traceback.clear_frames(info.value.__traceback__)
 
 
-def dying_pack(writer: Any, batch: Any) -> Any:
+def dying_pack(writer: Any, batch: Any, *, stream: bool = False) -> Any:
     # Claims a slot and dies while writing it: the slot is lost with the worker.
     if isinstance(batch, torch.Tensor) and int(batch[0]) == 4:
         flags, _ = writer.local()
@@ -333,7 +339,7 @@ def dying_pack(writer: Any, batch: Any) -> Any:
         assert info is not None
         flags[info.id * writer.slots] = 1
         os.kill(os.getpid(), signal.SIGKILL)
-    return REAL_PACK(writer, batch)
+    return REAL_PACK(writer, batch, stream=stream)
 
 
 REAL_PACK = _slots.pack
@@ -651,12 +657,29 @@ def unpicklable_at(rows: list[int]) -> Any:
     return unpicklable(rows) if 3 in rows else torch.tensor(rows)
 
 
-def test_a_batch_that_does_not_pickle_is_the_workers_error_not_a_hang() -> None:
+class _Six(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(6))
+
+
+def _read_ids(shard: list[int]) -> Any:
+    return iter(shard)
+
+
+@pytest.mark.parametrize("kind", ["map-style", "iterable", "stream"])
+def test_a_batch_that_does_not_pickle_is_the_workers_error_not_a_hang(kind: str) -> None:
     """torch's queue thread drops a batch it cannot pickle, and the loader waited forever.
     The error stands in the batch's place and the epoch goes on (it ended the epoch: 4 of
-    6 batches lost, while the state counted them)."""
+    6 batches lost, while the state counted them; a stream's item lost its record)."""
+    data: Any = {
+        "map-style": lambda: list(range(6)),
+        "iterable": _Six,
+        "stream": lambda: StreamingShardedDataset(
+            [[0, 1, 2, 3, 4, 5]], IterableReader(_read_ids), shuffle_shards=False
+        ),
+    }[kind]()
     loader = ResumableDataLoader(
-        list(range(6)), batch_size=1, collate_fn=unpicklable_at, num_workers=1, timeout=120
+        data, batch_size=1, collate_fn=unpicklable_at, num_workers=1, timeout=120, seed=0
     )
     got: list[Any] = []
     it = iter(loader)

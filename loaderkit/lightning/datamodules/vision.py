@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -145,15 +146,20 @@ class ImageFolderDataModule(LoaderDataModule):
         """A default transform's setting is refused where a given transform replaces every
         default that would use it."""
         own_train, own_eval = train is not None, evaluate is not None
-        settings = {
-            "image_size": (self.image_size, 224, own_train and own_eval),
-            "mean": (self.mean, IMAGENET_MEAN, own_train and own_eval),
-            "std": (self.std, IMAGENET_STD, own_train and own_eval),
-            "color_jitter": (self.color_jitter, 0.4, own_train),
-            "crop_fraction": (self.crop_fraction, 0.875, own_eval),
+        replaced = {
+            "image_size": own_train and own_eval,
+            "mean": own_train and own_eval,
+            "std": own_train and own_eval,
+            "color_jitter": own_train,
+            "crop_fraction": own_eval,
         }
-        for name, (value, default, replaced) in settings.items():
-            if replaced and value != default:
+        # The defaults of the class built (a subclass may have its own).
+        signature = inspect.signature(type(self).__init__).parameters
+        base = inspect.signature(ImageFolderDataModule.__init__).parameters
+        for name, unused in replaced.items():
+            default = (signature[name] if name in signature else base[name]).default
+            value = getattr(self, name)
+            if unused and value != (tuple(default) if name in ("mean", "std") else default):
                 raise ValueError(
                     f"{type(self).__name__}: {name}={value!r} has no effect, since the given "
                     f"transforms replace the defaults that use it; apply it in your transform, "
