@@ -408,9 +408,9 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
         return f"was killed by {name}" + (f" ({why})" if why else "")
     if exitcode == 1:  # Python's status for an exception no one caught
         return (
-            "exited with code 1: an uncaught exception outside the batch loading (its "
-            "traceback is on stderr; under 'spawn' or 'forkserver', a script's top-level code "
-            "without an `if __name__ == '__main__':` guard runs again there), or sys.exit(1)"
+            "exited with code 1: an uncaught exception outside the batch loading (traceback "
+            "on stderr; under spawn or forkserver, a script's unguarded top-level code runs "
+            "again there), or sys.exit(1)"
         )
     return (
         f"exited with code {exitcode} without raising an error (os._exit() or sys.exit() "
