@@ -399,8 +399,9 @@ class DevicePrefetcher:
 
     On CUDA, batch ``n + 1`` is pinned and copied on a side stream while the consumer
     computes on batch ``n``; on the CPU batches pass through; elsewhere they are moved
-    synchronously. An exception raised for a batch is raised in its place and iteration
-    goes on. :meth:`state_dict` (and a wrapped ``ResumableDataLoader``'s) stays exact.
+    synchronously. An exception the iterable raises for a batch is raised in its place and
+    iteration goes on (a failed copy ends it). :meth:`state_dict` (and a wrapped
+    ``ResumableDataLoader``'s) stays exact.
 
     Args:
         iterable: Anything iterable yielding batches, typically a DataLoader.
@@ -433,12 +434,24 @@ class DevicePrefetcher:
         # that stopped early (a break, an exception) still saves what it consumed.
         self._holder = _Held()
 
+    @property
+    def sampler(self) -> Any:
+        """The wrapped loader's ``sampler``: Lightning sets the epoch through it."""
+        return getattr(self.iterable, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The wrapped loader's ``batch_sampler``."""
+        return getattr(self.iterable, "batch_sampler", None)
+
     def held_state(self) -> dict[str, Any] | None:
-        """The wrapped iterable's state as the consumer saw it (not the batch ahead), or None."""
+        """The wrapped iterable's state as of the last batch handed over (not the batch
+        ahead), or None."""
         return self._holder.held_state()
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped iterable's state as of the last batch handed over (TypeError if none)."""
+        """The wrapped iterable's state as of the last batch handed over, less the batches its
+        host holds untrained for a loaderkit loader (TypeError if it has none)."""
         held = self._holder.held_state()
         if held is not None and not callable(getattr(self.iterable, "_register_lookahead", None)):
             return held  # a loaderkit loader answers itself (less what its host holds)

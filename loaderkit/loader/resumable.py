@@ -4,6 +4,7 @@ validates its arguments into one spec and delegates to one engine (``docs/design
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, Literal
@@ -139,8 +140,9 @@ class ResumableDataLoader:
     ) -> None:
         args = dict(locals())  # the arguments by name: no other local is bound yet
         del args["self"], args["dataset"]
-        self._args = args  # what __reduce__ rebuilds from
-        self._moved = False  # iterated, loaded or set_epoch: __reduce__ keeps the position
+        self._args = args  # what __reduce__ rebuilds from, the sampler's generator as given
+        self._sampler_rng = _own_generator_state(sampler)
+        self._positioned = False  # loaded or given an epoch: __reduce__ keeps the position
         self._spec = spec = make_spec(dataset, args)
         self._host, self._engine, fetch = build_engine(self, spec)
         self._lookahead: Any = None  # a holder with held_state() and drop(): _register_lookahead
@@ -230,7 +232,7 @@ class ResumableDataLoader:
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         target = epoch if meant is None else meant
-        self._moved = True
+        self._positioned = True
         held = self._lookahead.held_state() if self._lookahead is not None else None
         if held is not None and held.get("epoch") != target:
             self._drop_lookahead()  # another epoch's start is pending (the running one's is kept)
@@ -247,7 +249,6 @@ class ResumableDataLoader:
         """A new iterator over the next epoch; :meth:`state_dict` is the position of the one
         that drew its first batch last (under ``persistent_workers=True`` or a stream, a new
         ``iter()`` supersedes the old one)."""
-        self._moved = True
         held = self._lookahead.held_state() if self._lookahead is not None else None
         self._drop_lookahead()  # a prefetcher iterating this registers after iter()
         if self._engine.carries_over:
@@ -309,15 +310,18 @@ class ResumableDataLoader:
         self._engine.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its constructor's arguments, a subclass's attributes and (once it was
-        iterated, loaded or given an epoch) its position: a spawned process (Lightning's
-        ``ddp_spawn``) rebuilds it on its own rank, as a ``DataLoader`` built there."""
+        """Pickled as its constructor's arguments, a subclass's attributes, its seed and (once
+        loaded or given an epoch) its position: a spawned process (Lightning's ``ddp_spawn``)
+        rebuilds it on its own rank, as a ``DataLoader`` built there. A loader only iterated
+        is copied afresh, as a ``DataLoader`` is."""
         args = {**self._args, "worker_init_fn": self._host.pool.user_init}
-        state = self.state_dict() if self._moved else None
+        if self._sampler_rng is not None:
+            args["sampler"] = _with_generator_at(args["sampler"], self._sampler_rng)
+        state = self.state_dict() if self._positioned else None
         host = self._host
-        drawn = None if self._spec.seed_explicit else (host.seed, host.seed_drawn)
+        seed = None if self._spec.seed_explicit else (host.seed, host.seed_drawn)
         extra = {k: v for k, v in vars(self).items() if k not in _OWN_ATTRIBUTES}
-        return _rebuilt, (type(self), self.dataset, args, state, drawn, extra)
+        return _rebuilt, (type(self), self.dataset, args, state, seed, extra)
 
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
@@ -346,7 +350,8 @@ class ResumableDataLoader:
         """The position of the batches handed out so far (a
         :class:`~loaderkit.DevicePrefetcher`'s consumer view); the same on every rank, never a
         collective (a stream's reads the other ranks' cursors from the process group's store)."""
-        if self._lookahead is not None and self._lookahead.held_state() is not None:
+        held = self._lookahead.held_state() if self._lookahead is not None else None
+        if held is not None:
             # As of the last batch the host trained: it may hold some untrained (Lightning).
             return dict(self._lookahead.held_state(self._host.held_of(self._host.current)))
         # A state must not carry a provisional seed that the first batch replaces under DDP.
@@ -366,7 +371,7 @@ class ResumableDataLoader:
             self._spec.seed_chosen and self._host.seed_drawn and not _saved_on_ranks(state_dict)
         )
         adopted = self._engine.load(state_dict, adopt_seed=not chosen)
-        self._moved = True
+        self._positioned = True
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
             self._host.seed = adopted
@@ -376,7 +381,8 @@ class ResumableDataLoader:
 # Set by ResumableDataLoader itself (or a host attached to it), never pickled as they are.
 _OWN_ATTRIBUTES = _FIXED_AFTER_INIT | {
     "_args",
-    "_moved",
+    "_sampler_rng",
+    "_positioned",
     "_spec",
     "_host",
     "_engine",
@@ -393,20 +399,39 @@ def _rebuilt(
     dataset: Any,
     args: dict[str, Any],
     state: dict[str, Any] | None,
-    drawn: tuple[int, bool] | None,
+    seed: tuple[int, bool] | None,
     extra: dict[str, Any],
 ) -> ResumableDataLoader:
-    """Unpickle a loader (:meth:`ResumableDataLoader.__reduce__`)."""
+    """Unpickle a loader (:meth:`ResumableDataLoader.__reduce__`); ``seed`` is a seed not
+    given, and whether it is still provisional."""
     loader = cls.__new__(cls)
-    ResumableDataLoader.__init__(loader, dataset, **args)
+    with torch.random.fork_rng(devices=[]):  # a seed drawn here must not move torch's RNG
+        ResumableDataLoader.__init__(loader, dataset, **args)
     host = loader._host
-    if drawn is not None and host.seed != drawn[0]:  # the same draw (ranks may replace it)
-        loader._engine.adopt_seed(drawn[0])
-        host.seed, host.seed_drawn = drawn
+    if seed is not None and host.seed != seed[0]:  # the same draw (ranks may replace it)
+        loader._engine.adopt_seed(seed[0])
+        host.seed, host.seed_drawn = seed
     loader.__dict__.update(extra)
     if state is not None:
         loader.load_state_dict(state)
     return loader
+
+
+def _own_generator_state(sampler: Any) -> torch.Tensor | None:
+    """The state of the CPU ``torch.Generator`` a user's sampler holds as ``generator``."""
+    generator = getattr(sampler, "generator", None)
+    if isinstance(generator, torch.Generator) and generator.device.type == "cpu":
+        return generator.get_state()
+    return None
+
+
+def _with_generator_at(sampler: Any, state: torch.Tensor) -> Any:
+    """A copy of ``sampler`` whose generator is back at ``state`` (the loader's listings drew
+    from it since, and a drawn generator would give another seed)."""
+    copied = copy.copy(sampler)
+    copied.__dict__.pop("set_epoch", None)  # the loader's hook on the original (views.py)
+    copied.generator = torch.Generator().set_state(state)
+    return copied
 
 
 def _saved_on_ranks(state: Any) -> bool:

@@ -70,6 +70,7 @@ def fit(
     steps_per_epoch: int | None = None,
     elastic: bool = True,
     prefetched: str | None = None,
+    **options: Any,
 ) -> list[dict[str, Any]]:
     model = IdModule(fail_at=fail_at)
     data = {"size": SIZE, "batch_size": BATCH, "num_workers": nw, "stream": True}
@@ -81,7 +82,8 @@ def fit(
     if fail_at is not None:
         callbacks.append(step_checkpoints(root, fail_at))
     trainer = L.Trainer(
-        **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks)
+        **trainer_kwargs(enable_checkpointing=fail_at is not None, callbacks=callbacks),
+        **options,
     )
     fit_or_interrupt(trainer, model, dm, interrupted=fail_at is not None, resume=resume)
     return model.records
@@ -114,20 +116,27 @@ def test_unsized_stream_resume_after_exception_is_exact(root: Path, nw: int, whe
     assert_epochs_exactly_once(by_epoch(full), SIZE, 2)
 
 
+@pytest.mark.parametrize("limit", [None, 5])
 @pytest.mark.parametrize("prefetched", ["cpu", "cuda"])
 def test_an_unsized_stream_behind_a_prefetcher_resumes_exactly(
-    root: Path, monkeypatch: pytest.MonkeyPatch, prefetched: str
+    root: Path, monkeypatch: pytest.MonkeyPatch, prefetched: str, limit: int | None
 ) -> None:
     """Lightning holds the prefetcher; the loader behind it still leaves the fetcher's batch
-    out of its state (it was one batch ahead: a batch lost on resume)."""
+    out of its state (it was one batch ahead: a batch lost on resume), and hears the epoch
+    Lightning sets through the prefetcher's sampler (limit_train_batches: resumed at a cut
+    epoch's last step, it trained the rest of epoch 0 as epoch 1)."""
     stub_cuda(monkeypatch)
-    full = list(_full(root, 0, None))
+    options = {} if limit is None else {"limit_train_batches": limit}
+    tag = f"prefetched-{prefetched}-{limit}"
+    full = fit(root / f"{tag}-full", nw=0, **options)
     first_epoch1 = next(i for i, r in enumerate(full) if r["epoch"] == 1)
-    for k in (3, first_epoch1 + 2):
-        cut_dir = root / f"prefetched-{prefetched}-{k}"
-        before = fit(cut_dir, nw=0, fail_at=k, prefetched=prefetched)
+    for k in (3, first_epoch1, first_epoch1 + 2):
+        cut_dir = root / f"{tag}-{k}"
+        before = fit(cut_dir, nw=0, fail_at=k, prefetched=prefetched, **options)
         ckpt = cut_dir / f"step{k:03d}.ckpt"
-        after = fit(root / f"{cut_dir.name}-resumed", nw=0, resume=ckpt, prefetched=prefetched)
+        after = fit(
+            root / f"{cut_dir.name}-resumed", nw=0, resume=ckpt, prefetched=prefetched, **options
+        )
         assert_resume_exact(full, before, after)
 
 
