@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
@@ -393,9 +394,11 @@ class MixedDataset(Dataset[Any]):
         parts = []
         for source in self.sources:
             own = getattr(source, "lengths", None)
-            if callable(own):
-                got = own() if length_fn is None else own(length_fn)
-            else:
+            if callable(own) and length_fn is None:
+                got = own()
+            elif callable(own) and _positional(own):
+                got = own(length_fn)
+            else:  # no lengths() of its own, or one that cannot take length_fn (a column's)
                 got = compute_lengths(source, length_fn, progress=progress)
             parts.append(np.asarray(got, dtype=np.int64).reshape(-1))
         return np.concatenate(parts)
@@ -421,3 +424,9 @@ class MixedDataset(Dataset[Any]):
         sampler.shard_names_crc32 = self.names_crc32
         sampler.shard_counts_crc32 = shard_counts_crc32(self)
         return sampler
+
+
+def _positional(method: Callable[..., Any]) -> bool:
+    """Whether ``method`` takes a positional argument."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in kinds for p in inspect.signature(method).parameters.values())

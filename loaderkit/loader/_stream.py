@@ -137,6 +137,14 @@ class StreamEngine(WorkerStreams):
                 "steps_per_epoch= (batches per rank) or samples_per_epoch= to the dataset, or use "
                 "ShardedDataset."
             )
+        steps = self.steps
+        if steps is not None and steps < self.workers:
+            # Each epoch deals its steps from the first slot on: the others would never read.
+            raise LoaderkitError(
+                f"ResumableDataLoader: {steps} steps per epoch on this rank are fewer than its "
+                f"{self.workers} workers, whose slots from {steps} on would never be read; pass "
+                f"num_workers={steps} or fewer, or more steps_per_epoch/samples_per_epoch."
+            )
 
     def length(self) -> int:
         self.check_world()

@@ -309,6 +309,7 @@ def test_steps_per_epoch_equal_steps_slot_streams_and_resume(
         shuffle_shards=shuffle,
         mix_shards=mix,
     )
+    nw = min(nw, steps)  # fewer steps than workers is refused (its own test)
     workers = max(nw, 1)
     slots = world * workers
     # A slot with no sample in EMPTY_PASSES passes can never fill its turns (worker w has
@@ -581,6 +582,17 @@ def test_ddp_without_a_limit_is_refused_explaining_the_hang() -> None:
         next(iter(dl))
     with pytest.raises(LoaderkitError, match="hang DDP"):
         len(dl)
+
+
+def test_fewer_steps_per_epoch_than_workers_is_refused(emulate: None) -> None:
+    """Each epoch deals its steps from the first slot on: 18 of 36 samples were ever read
+    with one step an epoch and two workers (shards 1, 3, 5 never)."""
+    ds = StreamingShardedDataset(
+        make_shards([6] * 6), IterableReader(read_range), steps_per_epoch=1
+    )
+    with pytest.raises(LoaderkitError, match=r"1 steps per epoch.*fewer than its 2 workers"):
+        next(iter(loader(ds, nw=2)))
+    assert len(take(loader(ds, nw=1), 1)) == 1
 
 
 def test_length() -> None:

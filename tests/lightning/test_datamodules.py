@@ -338,6 +338,21 @@ def test_a_subclass_default_is_no_setting_its_given_transforms_replace(tmp_path:
         Small(root, train_transform=abs, eval_transform=abs, image_size=64)
 
 
+@pytest.mark.parametrize("multiple", [None, 1])
+def test_a_token_budget_pads_and_masks_by_length_key(tmp_path: Path, multiple: int | None) -> None:
+    """A field that varies ahead of ``length_key`` gave the mask and lengths without
+    ``pad_to_multiple_of``: lengths [4, 2, 3, ...] for input_ids of 1 token."""
+    rows = [{"prompt": [1] * (2 + i % 3), "input_ids": [1] * (1 + i % 7)} for i in range(40)]
+    write_shards(tmp_path / "js", [rows], JsonlReader())
+    dm = ShardedDataModule(
+        str(tmp_path / "js"), reader="jsonl", max_tokens=64, pad_to_multiple_of=multiple, seed=0
+    )
+    dm.setup("fit")
+    for batch in dm.loader("train", num_workers=0):
+        assert batch["lengths"].tolist() == (batch["input_ids"] != 0).sum(1).tolist()
+        assert batch["attention_mask"].shape == batch["input_ids"].shape
+
+
 def test_image_val_fraction_uses_the_eval_transform(tmp_path: Path) -> None:
     root = str(make_image_tree(tmp_path / "imgs"))
     dm = ImageFolderDataModule(root, image_size=8, batch_size=3, val_fraction=0.25, seed=0)

@@ -98,7 +98,10 @@ class _ShardSources(LoaderDataModule):
         """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as each
         batch's samples are); refuse pad settings that no collate reads."""
         multiple = self.pad_to_multiple_of
-        field = self.length_key if keyed is not False and multiple is not None else None
+        # length_key is the length where it sizes something (a budget, a multiple): else the
+        # first field that varies (the mask and lengths of a budget followed another field).
+        used = multiple is not None or self.max_tokens is not None
+        field = self.length_key if keyed is not False and used else None
         make = _PadByKind if keyed is None and field is not None else PadCollate
         pad = make(pad_value, pad_to_multiple_of=multiple, length_field=field)
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
