@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
-from loaderkit.plan._sampler_plan import wrapped_sampler
+from loaderkit.plan._sampler_plan import _listed, raise_endless, wrapped_sampler
 from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
@@ -230,7 +230,7 @@ def whole_order_sampler(sampler: Any) -> Any:
     if inner is not None:
         return WrapperWhole(whole, inner)
     shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
-    listed = [_listing(share) for share in shares]
+    listed = [_listing(share, len(whole)) for share in shares]  # no share holds more
     order = _listing(whole)
     ranks = len(shares)
     if _listing(whole) != order:
@@ -246,6 +246,8 @@ def whole_order_sampler(sampler: Any) -> Any:
             f"{[len(share) for share in listed]} indices, not equal shares; pad its per-rank "
             "shares to equal length, as DistributedSampler does."
         )
+    if len(listed[0]) > len(shares[0]):
+        raise_endless(type(sampler).__name__, len(shares[0]), len(shares[0]))
     return RankShares(shares)
 
 
@@ -256,9 +258,9 @@ def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
     return copied
 
 
-def _listing(sampler: Any) -> list[int]:
+def _listing(sampler: Any, limit: int | None = None) -> list[int]:
     sampler.set_epoch(0)
-    return [int(i) for i in sampler]
+    return [int(i) for i in _listed(sampler, limit)]  # bounded: an endless one is refused
 
 
 class WrapperWhole:

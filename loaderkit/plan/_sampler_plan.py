@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import operator
 import sys
 import zlib
@@ -113,8 +114,41 @@ def _set_epoch(sampler: Any, epoch: int) -> None:
 _ABSENT = object()
 
 
-def _listed(sampler: Any) -> torch.Tensor:
-    return torch.as_tensor(np.fromiter((_index(i, sampler) for i in sampler), dtype=np.int64))
+def _listed(sampler: Any, limit: int | None = None) -> torch.Tensor:
+    """``sampler``'s indices, refused past ``limit`` (its ``len()``): at most ``limit + 1``
+    are drawn, so an endless sampler is refused, not listed."""
+    length = len(sampler)
+    limit = length if limit is None else limit
+    items = itertools.islice(sampler, limit + 1)
+    order = torch.as_tensor(np.fromiter((_index(i, sampler) for i in items), dtype=np.int64))
+    if order.numel() > limit:
+        raise_endless(type(sampler).__name__, limit, length)
+    return order
+
+
+def raise_endless(name: str, limit: int, length: int) -> None:
+    """Refuse a sampler of ``len() == length`` yielding more than ``limit`` indices an epoch."""
+    raise ValueError(
+        f"ResumableDataLoader: sampler={name} yields more than {limit} indices, past its "
+        f"len() of {length} (an endless sampler has no epoch to resume in); stop its __iter__ "
+        "after len() indices, or make __len__ count them all."
+    )
+
+
+def check_sized(sampler: Any, *, owner: str, parameter: str) -> None:
+    """TypeError unless ``sampler`` is an iterable with ``__len__`` (checked before listing)."""
+    if not callable(getattr(sampler, "__iter__", None)):
+        raise TypeError(
+            f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
+            f"Sampler), got {type(sampler).__name__}."
+        )
+    if not callable(getattr(sampler, "__len__", None)):
+        name = type(sampler).__name__
+        raise TypeError(
+            f"{owner}: {parameter}={name} has no __len__, so its epochs have no end to resume "
+            f"from (an endless sampler is never listed). Give {name} a __len__ (indices per "
+            "epoch) and end its __iter__ there, or pass shuffle=True instead."
+        )
 
 
 def _index(item: Any, sampler: Any) -> int:
@@ -197,11 +231,7 @@ def check_reproducible(
     sampler: Any, *, owner: str, parameter: str, lend: bool = True
 ) -> torch.Tensor:
     """Epoch 0's order under the probe seed; TypeError unless listed twice alike."""
-    if not callable(getattr(sampler, "__iter__", None)):
-        raise TypeError(
-            f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
-            f"Sampler), got {type(sampler).__name__}."
-        )
+    check_sized(sampler, owner=owner, parameter=parameter)
     first = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
     second = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
     if not torch.equal(first, second):
@@ -258,6 +288,7 @@ class SamplerPlan:
         check_int("batch_size", self.batch_size, 1, owner=owner)
         check_int("seed", self.seed, 0, owner=owner)
         check_bool("drop_last", self.drop_last, owner=owner)
+        check_sized(self.sampler, owner=owner, parameter="sampler")
         object.__setattr__(self, "_lend", not seeds_itself(self.sampler))
         first = check_reproducible(self.sampler, owner=owner, parameter="sampler", lend=self._lend)
         if first.numel() == 0:

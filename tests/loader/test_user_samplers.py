@@ -485,3 +485,52 @@ def test_a_sampler_whose_epochs_change_length_is_refused_by_name() -> None:
     assert len(list(loader)) == 5  # epoch 0: 10 indices
     with pytest.raises(ValueError, match=r"sampler=_Shrinking yielded 9 indices in epoch 1 but 10"):
         list(loader)
+
+
+class _Endless(Sampler[int]):
+    """detectron2's TrainingSampler pattern: endless shuffled passes (torch iterates it lazily).
+    Drawing far past one pass fails the test instead of hanging it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.drawn = n, 0
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(0)
+        while self.drawn < 100 * self.n:
+            for i in torch.randperm(self.n, generator=g).tolist():
+                self.drawn += 1
+                yield i
+        raise AssertionError("the loader listed an endless sampler")
+
+
+class _EndlessSized(_Endless):
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("sized", [False, True])
+def test_an_endless_sampler_is_refused_by_name_without_listing_it(sized: bool) -> None:
+    # Listing it whole hung at construction, its memory growing.
+    sampler = (_EndlessSized if sized else _Endless)(10)
+    error, match = (
+        (ValueError, r"sampler=_EndlessSized yields more than 10 indices, past its len\(\) of 10")
+        if sized
+        else (TypeError, r"sampler=_Endless has no __len__.*Give _Endless a __len__")
+    )
+    with pytest.raises(error, match=match):
+        ResumableDataLoader(list(range(10)), batch_size=4, sampler=sampler)
+    assert sampler.drawn <= (11 if sized else 0)  # at most len() + 1 drawn, none without len()
+
+
+def test_an_endless_distributed_sampler_subclass_is_refused_by_name() -> None:
+    class EndlessShares(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            for k in range(1000 * self.num_samples):
+                yield k % self.num_samples
+
+    sampler = EndlessShares(list(range(10)), num_replicas=2, rank=0)
+    with pytest.raises(
+        ValueError,
+        match=r"sampler=EndlessShares yields more than \d+ indices, past its len\(\) of 5",
+    ):
+        ResumableDataLoader(list(range(10)), batch_size=4, sampler=sampler)
