@@ -73,7 +73,7 @@ def keyed_order(
         keyed.set_state(first_state)
     else:
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
-    sampler.generator = keyed
+    _lend_generator(sampler, keyed)
     try:
         _set_epoch(sampler, epoch)
         order = _listed(sampler)
@@ -83,6 +83,19 @@ def keyed_order(
         return order, reseeded
     finally:
         sampler.generator = own
+
+
+def _lend_generator(sampler: Any, generator: Any) -> None:
+    """``sampler.generator = generator``; a named TypeError where it cannot be set."""
+    try:
+        sampler.generator = generator
+    except (AttributeError, TypeError) as exc:  # a read-only property, or __slots__
+        name = type(sampler).__name__
+        raise TypeError(
+            f"ResumableDataLoader: sampler={name} has a `generator` loaderkit cannot set to key "
+            f"each epoch's order ({exc}). Make {name}.generator a plain attribute, or give "
+            "its property a setter."
+        ) from exc
 
 
 # ``restored`` for an epoch the saved run keyed to (seed, epoch), not to a reseed.
@@ -217,6 +230,7 @@ def set_epoch_reseeds(sampler: Any) -> bool:
     ):
         return False
     after = []
+    _lend_generator(sampler, own)  # refused by name where it cannot be set
     try:
         for start in (1, 2):
             sampler.generator = torch.Generator().manual_seed(start)

@@ -534,3 +534,30 @@ def test_an_endless_distributed_sampler_subclass_is_refused_by_name() -> None:
         match=r"sampler=EndlessShares yields more than \d+ indices, past its len\(\) of 5",
     ):
         ResumableDataLoader(list(range(10)), batch_size=4, sampler=sampler)
+
+
+class _ReadOnlyGenerator(Sampler[int]):
+    """Its ``generator`` a read-only property (torch's DataLoader iterates it as it is)."""
+
+    def __init__(self) -> None:
+        self._g, self.epoch = torch.Generator().manual_seed(0), 0
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._g
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        return iter(torch.randperm(5, generator=self._g).tolist())
+
+    def __len__(self) -> int:
+        return 5
+
+
+@pytest.mark.parametrize("seed", [None, 3])  # 3: probed by set_epoch_reseeds first
+def test_a_read_only_generator_is_refused_by_name(seed: int | None) -> None:
+    # A bare AttributeError ("property 'generator' ... has no setter") named no parameter or fix.
+    with pytest.raises(TypeError, match=r"sampler=_ReadOnlyGenerator has a `generator`.*setter"):
+        ResumableDataLoader(list(range(5)), batch_size=2, sampler=_ReadOnlyGenerator(), seed=seed)
