@@ -561,3 +561,60 @@ def test_a_read_only_generator_is_refused_by_name(seed: int | None) -> None:
     # A bare AttributeError ("property 'generator' ... has no setter") named no parameter or fix.
     with pytest.raises(TypeError, match=r"sampler=_ReadOnlyGenerator has a `generator`.*setter"):
         ResumableDataLoader(list(range(5)), batch_size=2, sampler=_ReadOnlyGenerator(), seed=seed)
+
+
+class _EpochSeeded(Sampler[int]):
+    """Its order a function of its ``epoch`` alone (no generator slot)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _distributed(data: list[int]) -> Any:
+    return torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+
+
+@pytest.mark.parametrize("make", [_distributed, lambda data: _EpochSeeded(len(data))])
+def test_a_sampler_set_to_an_epoch_before_the_loader_starts_it_there(make: Any) -> None:
+    # sampler.set_epoch(3), then the loader: torch yields epoch 3's order, loaderkit yielded
+    # epoch 0's, and building the loader reset sampler.epoch to 0.
+    data = list(range(8))
+
+    def run(cls: Any) -> tuple[list[list[int]], int]:
+        sampler = make(data)
+        sampler.set_epoch(3)  # e.g. a resumed script's own epoch counter
+        loader = cls(data, batch_size=4, sampler=sampler)
+        built_at = sampler.epoch
+        epochs = []
+        for epoch in (3, 4):
+            epochs.append(epoch_ids(loader))
+            sampler.set_epoch(epoch + 1)
+        return epochs, built_at
+
+    torch_epochs, _ = run(torch.utils.data.DataLoader)
+    epochs, built_at = run(ResumableDataLoader)
+    assert built_at == 3
+    assert epochs == torch_epochs and epochs[0] != epochs[1]
+
+
+def test_a_loader_rebuilt_each_epoch_around_one_sampler_follows_its_epoch() -> None:
+    data = list(range(8))
+
+    def run(cls: Any) -> list[list[int]]:
+        sampler, epochs = _distributed(data), []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            epochs.append(epoch_ids(cls(data, batch_size=4, sampler=sampler)))
+        return epochs
+
+    assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
