@@ -618,3 +618,50 @@ def test_a_loader_rebuilt_each_epoch_around_one_sampler_follows_its_epoch() -> N
         return epochs
 
     assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
+
+
+class _WeightedShares(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+    """Weighted draws split like DistributedSampler (hard-example mining updates ``weights``)."""
+
+    def __init__(self, dataset: Any, weights: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.weights = weights
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.multinomial(self.weights, self.total_size, replacement=True, generator=g)
+        return iter(drawn.tolist()[self.rank : self.total_size : self.num_replicas])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_distributed_samplers_attributes_changed_after_the_loader_are_used(world: int) -> None:
+    # The plan listed from a copy taken once: new weights, or a new seed, were ignored.
+    data = list(range(8))
+
+    def run(cls: Any, rank: int) -> list[list[int]]:
+        sampler = _WeightedShares(data, torch.ones(8), num_replicas=world, rank=rank, seed=0)
+        loader = cls(data, batch_size=2, sampler=sampler)
+        epochs = []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            epochs.append(epoch_ids(loader))
+            sampler.weights = torch.tensor([1.0, 1.0] + [0.0] * 6)  # only 0 and 1 from now
+            sampler.seed = 5 + epoch
+        return epochs
+
+    for rank in range(world):
+        want = run(torch.utils.data.DataLoader, rank)
+        assert set(want[1] + want[2]) <= {0, 1}
+        assert run(ResumableDataLoader, rank) == want
+
+
+def test_a_distributed_samplers_seed_set_after_the_loader_is_used() -> None:
+    data = list(range(8))
+
+    def run(cls: Any) -> list[int]:
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+        loader = cls(data, batch_size=8, sampler=sampler)
+        sampler.seed = 123  # e.g. from a config, after the loader
+        return epoch_ids(loader)
+
+    assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
