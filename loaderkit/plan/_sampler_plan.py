@@ -366,6 +366,14 @@ class SamplerPlan:
         self._cache[epoch] = (order, occurrence_keys(order, self.dataset_size))
         return order
 
+    def relist_if_reseeded(self, epoch: int) -> None:
+        """Drop ``epoch``'s listed order (not begun) where the user's generator moved since:
+        as under torch's ``DataLoader``, a reseed before the epoch begins decides it."""
+        current, seen = cpu_state(getattr(self.sampler, "generator", None)), self._seen
+        moved = current is not None and seen is not None and not torch.equal(current, seen)
+        if moved and epoch in self._cache:
+            self._cache.clear()
+
     def order_check(self, epoch: int) -> int:
         """A checksum of the order in ``epoch`` (ranks compare it as the epoch starts)."""
         return zlib.crc32(self.order(epoch).numpy().tobytes())

@@ -665,3 +665,31 @@ def test_a_distributed_samplers_seed_set_after_the_loader_is_used() -> None:
         return epoch_ids(loader)
 
     assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
+
+
+def _reseeded_epochs(cls: Any, read: Any) -> list[list[int]]:
+    """Three epochs of a RandomSampler whose generator the user reseeds before each, after
+    ``read(loader)``."""
+    data = list(range(10))
+    g = torch.Generator().manual_seed(1)
+    loader = cls(data, batch_size=3, sampler=torch.utils.data.RandomSampler(data, generator=g))
+    epochs = []
+    for epoch in range(3):
+        read(loader)
+        g.manual_seed(100 + epoch)  # reseeded for this epoch
+        epochs.append(epoch_ids(loader))
+    return epochs
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda loader: len(loader.batch_sampler),  # steps per epoch, for an LR schedule
+        lambda loader: list(loader.batch_sampler),
+    ],
+    ids=["len", "iter"],
+)
+def test_a_reseed_after_reading_the_batch_sampler_applies_to_that_epoch(read: Any) -> None:
+    # len(loader.batch_sampler) listed and cached the epoch: the reseed applied one epoch late.
+    want = _reseeded_epochs(torch.utils.data.DataLoader, read)
+    assert _reseeded_epochs(ResumableDataLoader, read) == want
