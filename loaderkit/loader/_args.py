@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
-from loaderkit.plan._sampler_plan import _listed, raise_endless, wrapped_sampler
+from loaderkit.plan._sampler_plan import list_order, raise_endless, wrapped_sampler
 from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
@@ -279,7 +279,7 @@ class _Refresh:
 
 def _listing(sampler: Any, limit: int | None = None) -> list[int]:
     sampler.set_epoch(0)
-    return [int(i) for i in _listed(sampler, limit)]  # bounded: an endless one is refused
+    return [int(i) for i in list_order(sampler, limit)]  # bounded: an endless one is refused
 
 
 class WrapperWhole:

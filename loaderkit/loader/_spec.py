@@ -183,6 +183,7 @@ def _own_epoch(sampler: Any) -> int | None:
 
 
 def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
+    """Set ``sampler.epoch`` back to ``epoch`` (the construction's probes set it to 0)."""
     if epoch is not None and getattr(sampler, "epoch", None) != epoch:
         with contextlib.suppress(AttributeError, TypeError):  # read-only: nothing to restore
             sampler.epoch = epoch

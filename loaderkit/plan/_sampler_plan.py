@@ -54,7 +54,7 @@ def keyed_order(
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
     if not (isinstance(own, torch.Generator) or (own is None and lend)):
         _set_epoch(sampler, epoch)
-        return _listed(sampler), None
+        return list_order(sampler), None
     current = cpu_state(own)
     reseeded = None
     keyed = torch.Generator()
@@ -76,7 +76,7 @@ def keyed_order(
     _lend_generator(sampler, keyed)
     try:
         _set_epoch(sampler, epoch)
-        order = _listed(sampler)
+        order = list_order(sampler)
         end = cpu_state(sampler.generator)
         if advance and isinstance(own, torch.Generator) and current is not None and end is not None:
             own.set_state(end)
@@ -127,7 +127,7 @@ def _set_epoch(sampler: Any, epoch: int) -> None:
 _ABSENT = object()
 
 
-def _listed(sampler: Any, limit: int | None = None) -> torch.Tensor:
+def list_order(sampler: Any, limit: int | None = None) -> torch.Tensor:
     """``sampler``'s indices, refused past ``limit`` (its ``len()``): at most ``limit + 1``
     are drawn, so an endless sampler is refused, not listed."""
     length = len(sampler)
