@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
-from loaderkit.plan._sampler_plan import wrapped_sampler
+from loaderkit.plan._sampler_plan import list_order, raise_endless, wrapped_sampler
 from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
@@ -230,7 +230,7 @@ def whole_order_sampler(sampler: Any) -> Any:
     if inner is not None:
         return WrapperWhole(whole, inner)
     shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
-    listed = [_listing(share) for share in shares]
+    listed = [_listing(share, len(whole)) for share in shares]  # no share holds more
     order = _listing(whole)
     ranks = len(shares)
     if _listing(whole) != order:
@@ -246,19 +246,40 @@ def whole_order_sampler(sampler: Any) -> Any:
             f"{[len(share) for share in listed]} indices, not equal shares; pad its per-rank "
             "shares to equal length, as DistributedSampler does."
         )
+    if len(listed[0]) > len(shares[0]):
+        raise_endless(type(sampler).__name__, len(shares[0]), len(shares[0]))
     return RankShares(shares)
 
 
 def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
     copied = copy.copy(sampler)
-    copied.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
     copied.num_replicas, copied.rank = num_replicas, rank
+    copied.set_epoch = _Refresh(sampler, copied)  # not the loader's hook (views.py)
     return copied
 
 
-def _listing(sampler: Any) -> list[int]:
+# A copy's own attributes, kept when it takes the user's sampler's others.
+_KEPT = ("num_replicas", "rank", "num_samples", "total_size", "generator", "set_epoch")
+
+
+class _Refresh:
+    """A sampler copy's ``set_epoch``: it first takes the user's sampler's current attributes
+    (a seed or weights set after the loader was built apply, as under torch's DataLoader)."""
+
+    def __init__(self, sampler: Any, copied: Any) -> None:
+        self.sampler, self.copied = sampler, copied
+
+    def __call__(self, epoch: int) -> None:
+        own = self.copied.__dict__
+        kept = {name: own[name] for name in _KEPT if name in own}
+        own.update(self.sampler.__dict__)
+        own.update(kept)
+        type(self.copied).set_epoch(self.copied, epoch)
+
+
+def _listing(sampler: Any, limit: int | None = None) -> list[int]:
     sampler.set_epoch(0)
-    return [int(i) for i in sampler]
+    return [int(i) for i in list_order(sampler, limit)]  # bounded: an endless one is refused
 
 
 class WrapperWhole:

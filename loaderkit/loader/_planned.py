@@ -112,6 +112,12 @@ class PlanEngine:
         epoch, start, _ = self.cursor.upcoming(self.plan)
         return self.rest_of_epoch(epoch, start)
 
+    def upcoming_steps(self) -> int:
+        """Batches of this rank's next iteration (``schedule().num_steps``, nothing listed)."""
+        epoch, start, _ = self.cursor.upcoming(self.plan)
+        _, world_size = self.host.topology()
+        return self.plan.num_steps(epoch, start=start, world_size=world_size)
+
     def iterate(self, run: Run) -> Generator[Any, None, None]:
         """Begin the next iteration (its epoch fixed now) and return its batches."""
         settle_seed(self.host, self)
@@ -119,6 +125,9 @@ class PlanEngine:
         rank, world_size = self.host.topology()
         if self.host.name_epoch(self.cursor, self.plan):
             return ran_out()
+        epoch, start, _ = self.cursor.upcoming(self.plan)
+        if start == 0 and isinstance(self.plan, SamplerPlan):
+            self.plan.relist_if_reseeded(epoch)  # read (batch_sampler) before a reseed
         self._check_start(rank, world_size)
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True

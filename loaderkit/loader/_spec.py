@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from functools import partial
@@ -80,6 +81,7 @@ class LoaderSpec:
     persistent_workers: bool
     pin_memory_device: str
     in_order: bool
+    start_epoch: int  # the epoch the user set the sampler to before the loader (0: none)
 
 
 def draw_seed(generator: torch.Generator | None) -> int:
@@ -141,14 +143,18 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     )
     _check_rounding(a["batch_sampler"], a["collate_fn"])
     step_size = 1 if a["batch_size"] is None else a["batch_size"]
-    seeds = _seed(a, size)
-    if kind == "iterable" and a["per_sample_seeding"] is True:
-        raise ValueError(
-            "ResumableDataLoader: per_sample_seeding=True needs sample indices, and the "
-            f"IterableDataset {type(dataset).__name__} has none; leave it 'auto', or draw "
-            "from the dataset's own generator."
-        )
-    plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds["seed"])
+    own_epoch = _own_epoch(a["sampler"])
+    try:
+        seeds = _seed(a, size)
+        if kind == "iterable" and a["per_sample_seeding"] is True:
+            raise ValueError(
+                "ResumableDataLoader: per_sample_seeding=True needs sample indices, and the "
+                f"IterableDataset {type(dataset).__name__} has none; leave it 'auto', or draw "
+                "from the dataset's own generator."
+            )
+        plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds["seed"])
+    finally:
+        _put_epoch_back(a["sampler"], own_epoch)  # the probes listed epoch 0
     _check_mix_weights(dataset, plan)
     return LoaderSpec(
         kind=kind,
@@ -165,7 +171,22 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         **topology,
         **_workers(kind, dataset, a),
         **{name: a[name] for name in _AS_GIVEN},
+        start_epoch=own_epoch if own_epoch is not None and kind == "plan" else 0,
     )
+
+
+def _own_epoch(sampler: Any) -> int | None:
+    """The int ``epoch`` the user set ``sampler`` to, if any (torch's DataLoader lists that
+    epoch's order)."""
+    epoch = getattr(sampler, "epoch", None)
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
+    """Set ``sampler.epoch`` back to ``epoch`` (the construction's probes set it to 0)."""
+    if epoch is not None and getattr(sampler, "epoch", None) != epoch:
+        with contextlib.suppress(AttributeError, TypeError):  # read-only: nothing to restore
+            sampler.epoch = epoch
 
 
 def _check_mix_weights(dataset: Any, plan: Plan) -> None:

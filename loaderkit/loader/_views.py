@@ -33,6 +33,13 @@ class PlanOrder(Sampler[int]):
         _alive(self._loader)
         return self._engine().schedule()  # type: ignore[union-attr]
 
+    def _num_steps(self) -> int:
+        # Counted without listing the order: a reseed of the user's generator after len()
+        # still applies to that epoch.
+        _alive(self._loader)
+        count = getattr(self._engine(), "upcoming_steps", None)
+        return int(count()) if count is not None else int(self._schedule().num_steps)
+
     def _batches(self) -> Iterator[list[int]]:
         # One batch at a time: a plan's order may be too large to list whole.
         sched = self._schedule()
@@ -74,7 +81,7 @@ class PlanBatches(Sampler[list[int]]):
         return self.sampler._batches()
 
     def __len__(self) -> int:
-        return int(self.sampler._schedule().num_steps)
+        return self.sampler._num_steps()
 
 
 class IterableOrder(Sampler[None]):

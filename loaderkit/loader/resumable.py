@@ -149,6 +149,8 @@ class ResumableDataLoader:
         self._skipped: Any = None  # the last state taken from an epoch-end checkpoint
         self._expose(spec, fetch)
         settle_seed(self._host, self._engine, final=False)
+        if spec.start_epoch > 0:  # sampler.set_epoch(e) before the loader: epoch e is next
+            self.set_epoch(spec.start_epoch)
         self._built = True
 
     def _expose(self, spec: LoaderSpec, fetch: BatchFetcher) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import operator
 import sys
 import zlib
@@ -53,7 +54,7 @@ def keyed_order(
     # Only torch's slot (None or a torch.Generator); check_reproducible refuses any other.
     if not (isinstance(own, torch.Generator) or (own is None and lend)):
         _set_epoch(sampler, epoch)
-        return _listed(sampler), None
+        return list_order(sampler), None
     current = cpu_state(own)
     reseeded = None
     keyed = torch.Generator()
@@ -72,16 +73,29 @@ def keyed_order(
         keyed.set_state(first_state)
     else:
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
-    sampler.generator = keyed
+    _lend_generator(sampler, keyed)
     try:
         _set_epoch(sampler, epoch)
-        order = _listed(sampler)
+        order = list_order(sampler)
         end = cpu_state(sampler.generator)
         if advance and isinstance(own, torch.Generator) and current is not None and end is not None:
             own.set_state(end)
         return order, reseeded
     finally:
         sampler.generator = own
+
+
+def _lend_generator(sampler: Any, generator: Any) -> None:
+    """``sampler.generator = generator``; a named TypeError where it cannot be set."""
+    try:
+        sampler.generator = generator
+    except (AttributeError, TypeError) as exc:  # a read-only property, or __slots__
+        name = type(sampler).__name__
+        raise TypeError(
+            f"ResumableDataLoader: sampler={name} has a `generator` loaderkit cannot set to key "
+            f"each epoch's order ({exc}). Make {name}.generator a plain attribute, or give "
+            "its property a setter."
+        ) from exc
 
 
 # ``restored`` for an epoch the saved run keyed to (seed, epoch), not to a reseed.
@@ -113,8 +127,41 @@ def _set_epoch(sampler: Any, epoch: int) -> None:
 _ABSENT = object()
 
 
-def _listed(sampler: Any) -> torch.Tensor:
-    return torch.as_tensor(np.fromiter((_index(i, sampler) for i in sampler), dtype=np.int64))
+def list_order(sampler: Any, limit: int | None = None) -> torch.Tensor:
+    """``sampler``'s indices, refused past ``limit`` (its ``len()``): at most ``limit + 1``
+    are drawn, so an endless sampler is refused, not listed."""
+    length = len(sampler)
+    limit = length if limit is None else limit
+    items = itertools.islice(sampler, limit + 1)
+    order = torch.as_tensor(np.fromiter((_index(i, sampler) for i in items), dtype=np.int64))
+    if order.numel() > limit:
+        raise_endless(type(sampler).__name__, limit, length)
+    return order
+
+
+def raise_endless(name: str, limit: int, length: int) -> None:
+    """Refuse a sampler of ``len() == length`` yielding more than ``limit`` indices an epoch."""
+    raise ValueError(
+        f"ResumableDataLoader: sampler={name} yields more than {limit} indices, past its "
+        f"len() of {length} (an endless sampler has no epoch to resume in); stop its __iter__ "
+        "after len() indices, or make __len__ count them all."
+    )
+
+
+def check_sized(sampler: Any, *, owner: str, parameter: str) -> None:
+    """TypeError unless ``sampler`` is an iterable with ``__len__`` (checked before listing)."""
+    if not callable(getattr(sampler, "__iter__", None)):
+        raise TypeError(
+            f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
+            f"Sampler), got {type(sampler).__name__}."
+        )
+    if not callable(getattr(sampler, "__len__", None)):
+        name = type(sampler).__name__
+        raise TypeError(
+            f"{owner}: {parameter}={name} has no __len__, so its epochs have no end to resume "
+            f"from (an endless sampler is never listed). Give {name} a __len__ (indices per "
+            "epoch) and end its __iter__ there, or pass shuffle=True instead."
+        )
 
 
 def _index(item: Any, sampler: Any) -> int:
@@ -183,6 +230,7 @@ def set_epoch_reseeds(sampler: Any) -> bool:
     ):
         return False
     after = []
+    _lend_generator(sampler, own)  # refused by name where it cannot be set
     try:
         for start in (1, 2):
             sampler.generator = torch.Generator().manual_seed(start)
@@ -197,11 +245,7 @@ def check_reproducible(
     sampler: Any, *, owner: str, parameter: str, lend: bool = True
 ) -> torch.Tensor:
     """Epoch 0's order under the probe seed; TypeError unless listed twice alike."""
-    if not callable(getattr(sampler, "__iter__", None)):
-        raise TypeError(
-            f"{owner}: {parameter} must be an iterable of dataset indices (a torch "
-            f"Sampler), got {type(sampler).__name__}."
-        )
+    check_sized(sampler, owner=owner, parameter=parameter)
     first = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
     second = keyed_order(sampler, _PROBE_SEED, 0, lend=lend)[0]
     if not torch.equal(first, second):
@@ -258,6 +302,7 @@ class SamplerPlan:
         check_int("batch_size", self.batch_size, 1, owner=owner)
         check_int("seed", self.seed, 0, owner=owner)
         check_bool("drop_last", self.drop_last, owner=owner)
+        check_sized(self.sampler, owner=owner, parameter="sampler")
         object.__setattr__(self, "_lend", not seeds_itself(self.sampler))
         first = check_reproducible(self.sampler, owner=owner, parameter="sampler", lend=self._lend)
         if first.numel() == 0:
@@ -320,6 +365,14 @@ class SamplerPlan:
         self._cache.clear()  # a loader asks for one epoch at a time
         self._cache[epoch] = (order, occurrence_keys(order, self.dataset_size))
         return order
+
+    def relist_if_reseeded(self, epoch: int) -> None:
+        """Drop ``epoch``'s listed order (not begun) where the user's generator moved since:
+        as under torch's ``DataLoader``, a reseed before the epoch begins decides it."""
+        current, seen = cpu_state(getattr(self.sampler, "generator", None)), self._seen
+        moved = current is not None and seen is not None and not torch.equal(current, seen)
+        if moved and epoch in self._cache:
+            self._cache.clear()
 
     def order_check(self, epoch: int) -> int:
         """A checksum of the order in ``epoch`` (ranks compare it as the epoch starts)."""

@@ -485,3 +485,211 @@ def test_a_sampler_whose_epochs_change_length_is_refused_by_name() -> None:
     assert len(list(loader)) == 5  # epoch 0: 10 indices
     with pytest.raises(ValueError, match=r"sampler=_Shrinking yielded 9 indices in epoch 1 but 10"):
         list(loader)
+
+
+class _Endless(Sampler[int]):
+    """detectron2's TrainingSampler pattern: endless shuffled passes (torch iterates it lazily).
+    Drawing far past one pass fails the test instead of hanging it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.drawn = n, 0
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(0)
+        while self.drawn < 100 * self.n:
+            for i in torch.randperm(self.n, generator=g).tolist():
+                self.drawn += 1
+                yield i
+        raise AssertionError("the loader listed an endless sampler")
+
+
+class _EndlessSized(_Endless):
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("sized", [False, True])
+def test_an_endless_sampler_is_refused_by_name_without_listing_it(sized: bool) -> None:
+    # Listing it whole hung at construction, its memory growing.
+    sampler = (_EndlessSized if sized else _Endless)(10)
+    error, match = (
+        (ValueError, r"sampler=_EndlessSized yields more than 10 indices, past its len\(\) of 10")
+        if sized
+        else (TypeError, r"sampler=_Endless has no __len__.*Give _Endless a __len__")
+    )
+    with pytest.raises(error, match=match):
+        ResumableDataLoader(list(range(10)), batch_size=4, sampler=sampler)
+    assert sampler.drawn <= (11 if sized else 0)  # at most len() + 1 drawn, none without len()
+
+
+def test_an_endless_distributed_sampler_subclass_is_refused_by_name() -> None:
+    class EndlessShares(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            for k in range(1000 * self.num_samples):
+                yield k % self.num_samples
+
+    sampler = EndlessShares(list(range(10)), num_replicas=2, rank=0)
+    with pytest.raises(
+        ValueError,
+        match=r"sampler=EndlessShares yields more than \d+ indices, past its len\(\) of 5",
+    ):
+        ResumableDataLoader(list(range(10)), batch_size=4, sampler=sampler)
+
+
+class _ReadOnlyGenerator(Sampler[int]):
+    """Its ``generator`` a read-only property (torch's DataLoader iterates it as it is)."""
+
+    def __init__(self) -> None:
+        self._g, self.epoch = torch.Generator().manual_seed(0), 0
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._g
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        return iter(torch.randperm(5, generator=self._g).tolist())
+
+    def __len__(self) -> int:
+        return 5
+
+
+@pytest.mark.parametrize("seed", [None, 3])  # 3: probed by set_epoch_reseeds first
+def test_a_read_only_generator_is_refused_by_name(seed: int | None) -> None:
+    # A bare AttributeError ("property 'generator' ... has no setter") named no parameter or fix.
+    with pytest.raises(TypeError, match=r"sampler=_ReadOnlyGenerator has a `generator`.*setter"):
+        ResumableDataLoader(list(range(5)), batch_size=2, sampler=_ReadOnlyGenerator(), seed=seed)
+
+
+class _EpochSeeded(Sampler[int]):
+    """Its order a function of its ``epoch`` alone (no generator slot)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _distributed(data: list[int]) -> Any:
+    return torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+
+
+@pytest.mark.parametrize("make", [_distributed, lambda data: _EpochSeeded(len(data))])
+def test_a_sampler_set_to_an_epoch_before_the_loader_starts_it_there(make: Any) -> None:
+    # sampler.set_epoch(3), then the loader: torch yields epoch 3's order, loaderkit yielded
+    # epoch 0's, and building the loader reset sampler.epoch to 0.
+    data = list(range(8))
+
+    def run(cls: Any) -> tuple[list[list[int]], int]:
+        sampler = make(data)
+        sampler.set_epoch(3)  # e.g. a resumed script's own epoch counter
+        loader = cls(data, batch_size=4, sampler=sampler)
+        built_at = sampler.epoch
+        epochs = []
+        for epoch in (3, 4):
+            epochs.append(epoch_ids(loader))
+            sampler.set_epoch(epoch + 1)
+        return epochs, built_at
+
+    torch_epochs, _ = run(torch.utils.data.DataLoader)
+    epochs, built_at = run(ResumableDataLoader)
+    assert built_at == 3
+    assert epochs == torch_epochs and epochs[0] != epochs[1]
+
+
+def test_a_loader_rebuilt_each_epoch_around_one_sampler_follows_its_epoch() -> None:
+    data = list(range(8))
+
+    def run(cls: Any) -> list[list[int]]:
+        sampler, epochs = _distributed(data), []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            epochs.append(epoch_ids(cls(data, batch_size=4, sampler=sampler)))
+        return epochs
+
+    assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
+
+
+class _WeightedShares(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+    """Weighted draws split like DistributedSampler (hard-example mining updates ``weights``)."""
+
+    def __init__(self, dataset: Any, weights: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.weights = weights
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.multinomial(self.weights, self.total_size, replacement=True, generator=g)
+        return iter(drawn.tolist()[self.rank : self.total_size : self.num_replicas])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_distributed_samplers_attributes_changed_after_the_loader_are_used(world: int) -> None:
+    # The plan listed from a copy taken once: new weights, or a new seed, were ignored.
+    data = list(range(8))
+
+    def run(cls: Any, rank: int) -> list[list[int]]:
+        sampler = _WeightedShares(data, torch.ones(8), num_replicas=world, rank=rank, seed=0)
+        loader = cls(data, batch_size=2, sampler=sampler)
+        epochs = []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            epochs.append(epoch_ids(loader))
+            sampler.weights = torch.tensor([1.0, 1.0] + [0.0] * 6)  # only 0 and 1 from now
+            sampler.seed = 5 + epoch
+        return epochs
+
+    for rank in range(world):
+        want = run(torch.utils.data.DataLoader, rank)
+        assert set(want[1] + want[2]) <= {0, 1}
+        assert run(ResumableDataLoader, rank) == want
+
+
+def test_a_distributed_samplers_seed_set_after_the_loader_is_used() -> None:
+    data = list(range(8))
+
+    def run(cls: Any) -> list[int]:
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, seed=0)
+        loader = cls(data, batch_size=8, sampler=sampler)
+        sampler.seed = 123  # e.g. from a config, after the loader
+        return epoch_ids(loader)
+
+    assert run(ResumableDataLoader) == run(torch.utils.data.DataLoader)
+
+
+def _reseeded_epochs(cls: Any, read: Any) -> list[list[int]]:
+    """Three epochs of a RandomSampler whose generator the user reseeds before each, after
+    ``read(loader)``."""
+    data = list(range(10))
+    g = torch.Generator().manual_seed(1)
+    loader = cls(data, batch_size=3, sampler=torch.utils.data.RandomSampler(data, generator=g))
+    epochs = []
+    for epoch in range(3):
+        read(loader)
+        g.manual_seed(100 + epoch)  # reseeded for this epoch
+        epochs.append(epoch_ids(loader))
+    return epochs
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda loader: len(loader.batch_sampler),  # steps per epoch, for an LR schedule
+        lambda loader: list(loader.batch_sampler),
+    ],
+    ids=["len", "iter"],
+)
+def test_a_reseed_after_reading_the_batch_sampler_applies_to_that_epoch(read: Any) -> None:
+    # len(loader.batch_sampler) listed and cached the epoch: the reseed applied one epoch late.
+    want = _reseeded_epochs(torch.utils.data.DataLoader, read)
+    assert _reseeded_epochs(ResumableDataLoader, read) == want
