@@ -15,7 +15,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
-from loaderkit.plan._sampler_plan import list_order, raise_endless, wrapped_sampler
+from loaderkit.plan._sampler_plan import list_order, wrapped_sampler
 from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
@@ -230,11 +230,19 @@ def whole_order_sampler(sampler: Any) -> Any:
     if inner is not None:
         return WrapperWhole(whole, inner)
     shares = [_sampler_copy(sampler, sampler.num_replicas, r) for r in range(sampler.num_replicas)]
-    listed = [_listing(share, len(whole)) for share in shares]  # no share holds more
+    listed = [_listing(share, len(whole)) for share in shares]  # uneven ones named below
     order = _listing(whole)
     ranks = len(shares)
     if _listing(whole) != order:
         return whole  # not reproducible: refused by name (check_reproducible)
+    type(whole).set_epoch(whole, 0)  # again, on its own state: one updating it (w = w ** 2)
+    if [int(i) for i in list_order(whole)] != order:  # would apply twice after a refresh
+        raise TypeError(
+            f"ResumableDataLoader: sampler={type(sampler).__name__}'s set_epoch changes its "
+            "order from its own state (called twice for one epoch, it lists another order). "
+            "Compute the order from (seed, epoch) and attributes you set, as DistributedSampler "
+            "does."
+        )
     if order and listed == [
         [order[i % len(order)] for i in range(r, len(listed[0]) * ranks, ranks)]
         for r in range(ranks)
@@ -246,8 +254,6 @@ def whole_order_sampler(sampler: Any) -> Any:
             f"{[len(share) for share in listed]} indices, not equal shares; pad its per-rank "
             "shares to equal length, as DistributedSampler does."
         )
-    if len(listed[0]) > len(shares[0]):
-        raise_endless(type(sampler).__name__, len(shares[0]), len(shares[0]))
     return RankShares(shares)
 
 
@@ -258,7 +264,8 @@ def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
     return copied
 
 
-# A copy's own attributes, kept when it takes the user's sampler's others.
+# A copy's own attributes, kept when it takes the user's sampler's others: its share, and
+# the generator a listing lends it (a generator the user replaces later is not seen).
 _KEPT = ("num_replicas", "rank", "num_samples", "total_size", "generator", "set_epoch")
 
 
@@ -277,9 +284,9 @@ class _Refresh:
         type(self.copied).set_epoch(self.copied, epoch)
 
 
-def _listing(sampler: Any, limit: int | None = None) -> list[int]:
+def _listing(sampler: Any, at_least: int = 0) -> list[int]:
     sampler.set_epoch(0)
-    return [int(i) for i in list_order(sampler, limit)]  # bounded: an endless one is refused
+    return [int(i) for i in list_order(sampler, at_least)]  # bounded: endless ones refused
 
 
 class WrapperWhole:

@@ -127,25 +127,27 @@ def _set_epoch(sampler: Any, epoch: int) -> None:
 _ABSENT = object()
 
 
-def list_order(sampler: Any, limit: int | None = None) -> torch.Tensor:
-    """``sampler``'s indices, refused past ``limit`` (its ``len()``): at most ``limit + 1``
-    are drawn, so an endless sampler is refused, not listed."""
-    length = len(sampler)
-    limit = length if limit is None else limit
+def list_order(sampler: Any, at_least: int = 0) -> torch.Tensor:
+    """``sampler``'s indices: at most ``max(len(sampler), at_least) + 1`` are drawn, so an
+    endless sampler is refused, not listed."""
+    name = type(sampler).__name__
+    try:
+        length = len(sampler)
+    except TypeError as exc:  # a __len__ that refuses: no end to resume from
+        raise TypeError(
+            f"ResumableDataLoader: sampler={name}'s len() raised ({exc}); give it a __len__ "
+            "that counts its indices per epoch, or pass shuffle=True instead."
+        ) from exc
+    limit = max(length, at_least)
     items = itertools.islice(sampler, limit + 1)
     order = torch.as_tensor(np.fromiter((_index(i, sampler) for i in items), dtype=np.int64))
     if order.numel() > limit:
-        raise_endless(type(sampler).__name__, limit, length)
+        raise ValueError(
+            f"ResumableDataLoader: sampler={name} yields more than {limit} indices, past its "
+            f"len() of {length} (an endless sampler has no epoch to resume in); stop its "
+            "__iter__ after len() indices, or make __len__ count them all."
+        )
     return order
-
-
-def raise_endless(name: str, limit: int, length: int) -> None:
-    """Refuse a sampler of ``len() == length`` yielding more than ``limit`` indices an epoch."""
-    raise ValueError(
-        f"ResumableDataLoader: sampler={name} yields more than {limit} indices, past its "
-        f"len() of {length} (an endless sampler has no epoch to resume in); stop its __iter__ "
-        "after len() indices, or make __len__ count them all."
-    )
 
 
 def check_sized(sampler: Any, *, owner: str, parameter: str) -> None:

@@ -288,6 +288,15 @@ def stream_project(tmp_path: Path) -> Path:
                     "shards", seq_len=4, batch_size=8, streaming=True, num_workers="auto"
                 )
 
+            def two_steps(num_workers=0):
+                return ShardedDataModule(
+                    "shards", seq_len=4, batch_size=8, streaming=True, steps_per_epoch=2,
+                    num_workers=num_workers,
+                )
+
+            def two_steps_three_workers():
+                return two_steps(num_workers=3)
+
             def planned(mix_shards=2):
                 return ShardedDataModule("shards", seq_len=4, batch_size=8, mix_shards=mix_shards)
 
@@ -303,6 +312,21 @@ def stream_project(tmp_path: Path) -> Path:
         )
     )
     return tmp_path
+
+
+def test_inspect_probes_a_stream_with_no_more_workers_than_steps(
+    stream_project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """More workers than steps per epoch is refused at the first batch: the probe stops at
+    the steps (it raised at 3 workers), and a module asking for more is reported refused."""
+    monkeypatch.chdir(stream_project)
+    assert main(["inspect", "streams.py:two_steps", "--max-workers", "3", "--no-progress-bar"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert "by num_workers: 0:" in out and "2:" in out and " 3:" not in out, out
+    target = "streams.py:two_steps_three_workers"
+    assert main(["inspect", target, "--max-workers", "0", "--no-progress-bar"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert "train refused (2 steps per epoch are fewer than num_workers=3" in out, out
 
 
 @pytest.mark.parametrize(

@@ -655,6 +655,50 @@ def test_a_distributed_samplers_attributes_changed_after_the_loader_are_used(wor
         assert run(ResumableDataLoader, rank) == want
 
 
+class _Squaring(_WeightedShares):
+    """Its set_epoch updates the weights from their previous value."""
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.weights = self.weights**2
+
+
+class _Oversampling(torch.utils.data.DistributedSampler):  # type: ignore[type-arg]
+    """Each rank draws its own share of 18 from 12 samples (with replacement)."""
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(self.seed + 1000 * self.epoch + self.rank)
+        return iter(torch.randint(0, 12, (18,), generator=g).tolist())
+
+    def __len__(self) -> int:
+        return 18
+
+
+def test_a_set_epoch_updating_its_own_state_is_refused_and_oversampled_shares_taken() -> None:
+    """Taking the user's attributes before each listing applied a squaring set_epoch twice
+    (wrong weights, where it was refused before); shares larger than the dataset were
+    refused as endless."""
+    data = list(range(12))
+    with pytest.raises(TypeError, match=r"sampler=_Squaring's set_epoch changes its order"):
+        squaring = _Squaring(data, torch.linspace(1, 3, 12), num_replicas=1, rank=0, seed=0)
+        ResumableDataLoader(data, sampler=squaring)
+    sampler = _Oversampling(data, num_replicas=2, rank=0, seed=0)
+    assert epoch_ids(ResumableDataLoader(data, batch_size=6, sampler=sampler)) == list(sampler)
+
+
+class _LengthRefused(Sampler[int]):
+    def __iter__(self) -> Any:
+        return iter(range(6))
+
+    def __len__(self) -> int:
+        raise TypeError("length unknown")
+
+
+def test_a_sampler_whose_len_raises_is_named() -> None:
+    with pytest.raises(TypeError, match=r"sampler=_LengthRefused's len\(\) raised"):
+        ResumableDataLoader(list(range(6)), sampler=_LengthRefused(), batch_size=2)
+
+
 def test_a_distributed_samplers_seed_set_after_the_loader_is_used() -> None:
     data = list(range(8))
 

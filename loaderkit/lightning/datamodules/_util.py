@@ -16,6 +16,7 @@ from torch.utils.data import ConcatDataset, Subset
 
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
+from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.loader._fetch import _Subset
 from loaderkit.plan._sampler_plan import SamplerPlan
 from loaderkit.plan.bucket import BucketPlan
@@ -41,17 +42,25 @@ def stream_epoch_steps(loader: Any, world_size: int) -> int | None:
     return steps
 
 
-def stream_refusal(dataset: Any, batch_size: int, world_size: int) -> str | None:
-    """Why a ``StreamingShardedDataset`` cannot train on ``world_size`` ranks (None: it can)."""
+def stream_refusal(
+    dataset: Any, batch_size: int, world_size: int, num_workers: int = 0
+) -> str | None:
+    """Why a ``StreamingShardedDataset`` cannot train on ``world_size`` ranks with
+    ``num_workers`` (None: it can)."""
     if world_size > 1 and not dataset.limited:
         return (
             f"a stream without steps_per_epoch or samples_per_epoch is refused on {world_size} "
             "ranks: ranks would step different numbers of times and hang DDP; set one of them"
         )
     try:
-        dataset.epoch_steps(batch_size, world_size)
+        steps = dataset.epoch_steps(batch_size, world_size)
     except ValueError as exc:
         return str(exc)
+    if steps is not None and steps < num_workers:
+        return (
+            f"{steps} steps per epoch are fewer than num_workers={num_workers}: some workers' "
+            "shards would never be read; use fewer workers or more steps"
+        )
     return None
 
 
@@ -147,6 +156,10 @@ def probe_workers(
     fewest workers within 10% of the best rate."""
     rates: dict[int, float] = {}
     startup: dict[int, float] = {}
+    dataset = dm._dataset("train")
+    if isinstance(dataset, StreamingShardedDataset):  # no more workers than steps
+        steps = dataset.epoch_steps(dm.batch_size, dm._world_size())
+        max_workers = max_workers if steps is None else min(max_workers, steps)
     for workers in range(max_workers + 1):
         loader = dm.loader("train", num_workers=workers, pin_memory=False)
         startup[workers], rates[workers] = time_loader(
