@@ -298,6 +298,8 @@ class StreamEngine(WorkerStreams):
             "to list (its sizes are unknown); only set_epoch() applies to it."
         )
 
+    upcoming_steps = schedule  # the sampler views' len(): refused alike
+
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
         reason = "a cursor per (rank, worker) slot and open shard: exact under the same "

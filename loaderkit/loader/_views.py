@@ -37,8 +37,7 @@ class PlanOrder(Sampler[int]):
         # Counted without listing the order: a reseed of the user's generator after len()
         # still applies to that epoch.
         _alive(self._loader)
-        count = getattr(self._engine(), "upcoming_steps", None)
-        return int(count()) if count is not None else int(self._schedule().num_steps)
+        return int(self._engine().upcoming_steps())  # type: ignore[union-attr]
 
     def _batches(self) -> Iterator[list[int]]:
         # One batch at a time: a plan's order may be too large to list whole.
