@@ -431,7 +431,8 @@ def _with_generator_at(sampler: Any, state: torch.Tensor) -> Any:
     """A copy of ``sampler`` whose generator is back at ``state`` (the loader's listings drew
     from it since, and a drawn generator would give another seed)."""
     copied = copy.copy(sampler)
-    copied.__dict__.pop("set_epoch", None)  # the loader's hook on the original (views.py)
+    if hasattr(copied, "__dict__"):  # __slots__: no hook of the loader's on it
+        copied.__dict__.pop("set_epoch", None)  # the loader's hook on the original (views.py)
     copied.generator = torch.Generator().set_state(state)
     return copied
 
