@@ -235,14 +235,6 @@ def whole_order_sampler(sampler: Any) -> Any:
     ranks = len(shares)
     if _listing(whole) != order:
         return whole  # not reproducible: refused by name (check_reproducible)
-    type(whole).set_epoch(whole, 0)  # again, on its own state: one updating it (w = w ** 2)
-    if [int(i) for i in list_order(whole)] != order:  # would apply twice after a refresh
-        raise TypeError(
-            f"ResumableDataLoader: sampler={type(sampler).__name__}'s set_epoch changes its "
-            "order from its own state (called twice for one epoch, it lists another order). "
-            "Compute the order from (seed, epoch) and attributes you set, as DistributedSampler "
-            "does."
-        )
     if order and listed == [
         [order[i % len(order)] for i in range(r, len(listed[0]) * ranks, ranks)]
         for r in range(ranks)
@@ -259,29 +251,9 @@ def whole_order_sampler(sampler: Any) -> Any:
 
 def _sampler_copy(sampler: Any, num_replicas: int, rank: int) -> Any:
     copied = copy.copy(sampler)
+    copied.__dict__.pop("set_epoch", None)  # a loader's hook on the original (views.py)
     copied.num_replicas, copied.rank = num_replicas, rank
-    copied.set_epoch = _Refresh(sampler, copied)  # not the loader's hook (views.py)
     return copied
-
-
-# A copy's own attributes, kept when it takes the user's sampler's others: its share, and
-# the generator a listing lends it (a generator the user replaces later is not seen).
-_KEPT = ("num_replicas", "rank", "num_samples", "total_size", "generator", "set_epoch")
-
-
-class _Refresh:
-    """A sampler copy's ``set_epoch``: it first takes the user's sampler's current attributes
-    (a seed or weights set after the loader was built apply, as under torch's DataLoader)."""
-
-    def __init__(self, sampler: Any, copied: Any) -> None:
-        self.sampler, self.copied = sampler, copied
-
-    def __call__(self, epoch: int) -> None:
-        own = self.copied.__dict__
-        kept = {name: own[name] for name in _KEPT if name in own}
-        own.update(self.sampler.__dict__)
-        own.update(kept)
-        type(self.copied).set_epoch(self.copied, epoch)
 
 
 def _listing(sampler: Any, at_least: int = 0) -> list[int]:
