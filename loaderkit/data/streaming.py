@@ -191,7 +191,7 @@ def _check_args(
     ]:
         if value is not None:
             fix = f"pass {what}, or None for one pass"
-            check_int(name, value, 1, owner=_OWNER, fix=fix)
+            check_int(name, value, 1, owner=_OWNER, fix=fix, numpy_ok=True)
     if transform is not None and not callable(transform):
         raise TypeError(
             f"StreamingShardedDataset: transform must be callable, got {transform!r}; pass a "
@@ -280,7 +280,9 @@ class StreamingShardedDataset(IterableDataset[Any]):
             reader, self.shards, self._local if self._remote is None else self._remote.footer_source
         )
         self.shuffle_shards, self.mix_shards, self.transform = shuffle_shards, mix_shards, transform
-        self.steps_per_epoch, self.samples_per_epoch = steps_per_epoch, samples_per_epoch
+        # Plain ints: they go into every state (a numpy int does not unpickle under weights_only).
+        self.steps_per_epoch = None if steps_per_epoch is None else int(steps_per_epoch)
+        self.samples_per_epoch = None if samples_per_epoch is None else int(samples_per_epoch)
         paths = shard_paths(self.shards)
         if paths is None:  # objects: by their reprs
             names = zlib.crc32("\n".join(repr(s) for s in self.shards).encode())

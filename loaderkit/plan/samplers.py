@@ -59,8 +59,18 @@ class PlanBatchSampler(Sampler[list[int]]):
                 "a ShardPlan (ShardedDataset.plan()) or a BucketPlan."
             )
         self.plan = plan
-        self.rank = rank
-        self.world_size = world_size
+        owner = type(self).__name__  # numpy ints taken as plain ones, as torch's samplers take them
+        fix = "pass the process's rank and the number of ranks, or None"
+        self.rank = (
+            None
+            if rank is None
+            else check_int("rank", rank, 0, owner=owner, fix=fix, numpy_ok=True)
+        )
+        self.world_size = (
+            None
+            if world_size is None
+            else check_int("world_size", world_size, 1, owner=owner, fix=fix, numpy_ok=True)
+        )
         self.shard_names_crc32: int | None = None
         self.shard_counts_crc32: int | None = None  # where the plan holds no shard sizes
         self._cursor = PlanCursor()
@@ -360,9 +370,9 @@ class BucketBatchSampler(PlanBatchSampler):
                     source_names=source_names,
                     **options,
                 )
-        if rank is not None or world_size is not None:
-            detect(rank=rank, world_size=world_size)  # validates now, not at the first batch
         super().__init__(plan, rank=rank, world_size=world_size)
+        if rank is not None or world_size is not None:  # validates now, not at the first batch
+            detect(rank=self.rank, world_size=self.world_size)
         _warn_oversize(plan)
 
     @property

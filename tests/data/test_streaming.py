@@ -595,6 +595,18 @@ def test_fewer_steps_per_epoch_than_workers_is_refused(emulate: None) -> None:
     assert len(take(loader(ds, nw=1), 1)) == 1
 
 
+def test_numpy_epoch_limits_are_taken_as_plain_ints() -> None:
+    """As ``mix_shards`` is: they were refused (a numpy int from a config or a computation)."""
+    steps = StreamingShardedDataset(
+        make_shards([8]), IterableReader(read_range), steps_per_epoch=np.int64(2)
+    )
+    assert type(steps.steps_per_epoch) is int and len(loader(steps)) == 2
+    samples = StreamingShardedDataset(
+        make_shards([8]), IterableReader(read_range), samples_per_epoch=np.int32(6)
+    )
+    assert type(samples.samples_per_epoch) is int and len(loader(samples)) == 2
+
+
 def test_length() -> None:
     unsized = loader(StreamingShardedDataset(make_shards([5]), IterableReader(read_range)))
     with pytest.raises(TypeError, match=r"has no length.*steps_per_epoch"):

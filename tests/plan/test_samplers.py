@@ -200,3 +200,20 @@ def test_check_resumable_sampler_accepts_samplers_with_a_reproducible_order(
 def test_check_resumable_sampler_accepts_sequential_and_plan_samplers() -> None:
     check_resumable_sampler(SequentialSampler(range(10)), parameter="sampler")
     check_resumable_sampler(PlanBatchSampler(plan()), parameter="batch_sampler")
+
+
+def test_numpy_rank_and_world_size_are_plain_ints_and_a_bad_one_is_named() -> None:
+    """BucketBatchSampler refused np.int64 ranks, naming WorkerEnv (every other option
+    takes numpy ints)."""
+    import numpy as np
+
+    from loaderkit import BucketBatchSampler
+
+    bucketed = BucketBatchSampler(
+        [3, 1, 4, 1, 5, 9, 2, 6], batch_size=2, rank=np.int64(1), world_size=np.int64(2)
+    )
+    planned = PlanBatchSampler(SamplePlan(num_samples=8, batch_size=2), rank=np.int32(0))
+    assert (type(bucketed.rank), type(bucketed.world_size), type(planned.rank)) == (int, int, int)
+    assert [len(b) for b in bucketed] == [2, 2]
+    with pytest.raises(ValueError, match=r"PlanBatchSampler: rank must be >= 0, got -1"):
+        PlanBatchSampler(SamplePlan(num_samples=8, batch_size=2), rank=-1, world_size=2)
