@@ -204,10 +204,9 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
         info["batches_per_rank"] = _steps(loader, world_size)
         info["stream"] = _engine_kind(loader) == "stream"
         if info["stream"]:
-            workers = dm.num_workers if split == "train" else 0
+            nw = dm.num_workers if split == "train" and isinstance(dm.num_workers, int) else 0
             try:  # under the module's own num_workers, as fit builds it
                 dm.loader(split, pin_memory=False)
-                nw = workers if isinstance(workers, int) else 0
                 info["refusal"] = stream_refusal(loader.dataset, loader.batch_size, world_size, nw)
             except ValueError as exc:
                 info["refusal"] = str(exc)

@@ -125,9 +125,10 @@ class PlanEngine:
         rank, world_size = self.host.topology()
         if self.host.name_epoch(self.cursor, self.plan):
             return ran_out()
-        epoch, start, _ = self.cursor.upcoming(self.plan)
-        if start == 0 and isinstance(self.plan, SamplerPlan):
-            self.plan.relist_if_reseeded(epoch)  # read (batch_sampler) before a reseed
+        if isinstance(self.plan, SamplerPlan):  # listed early (batch_sampler) before a reseed
+            epoch, start, _ = self.cursor.upcoming(self.plan)
+            if start == 0:
+                self.plan.relist_if_reseeded(epoch)
         self._check_start(rank, world_size)
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True

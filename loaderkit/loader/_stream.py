@@ -142,7 +142,7 @@ class StreamEngine(WorkerStreams):
             # Each epoch deals its steps from the first slot on: the others would never read.
             raise LoaderkitError(
                 f"ResumableDataLoader: {steps} steps per epoch on this rank are fewer than its "
-                f"{self.workers} workers, whose slots from {steps} on would never be read; pass "
+                f"{self.workers} workers, so the later workers' shards would never be read; pass "
                 f"num_workers={steps} or fewer, or more steps_per_epoch/samples_per_epoch."
             )
 

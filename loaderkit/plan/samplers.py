@@ -59,17 +59,13 @@ class PlanBatchSampler(Sampler[list[int]]):
                 "a ShardPlan (ShardedDataset.plan()) or a BucketPlan."
             )
         self.plan = plan
-        owner = type(self).__name__  # numpy ints taken as plain ones, as torch's samplers take them
-        fix = "pass the process's rank and the number of ranks, or None"
-        self.rank = (
+        # numpy ints taken as plain ones, as torch's samplers take them
+        owner, fix = type(self).__name__, "pass the process's rank and the number of ranks, or None"
+        self.rank, self.world_size = (
             None
-            if rank is None
-            else check_int("rank", rank, 0, owner=owner, fix=fix, numpy_ok=True)
-        )
-        self.world_size = (
-            None
-            if world_size is None
-            else check_int("world_size", world_size, 1, owner=owner, fix=fix, numpy_ok=True)
+            if value is None
+            else check_int(name, value, low, owner=owner, fix=fix, numpy_ok=True)
+            for name, value, low in (("rank", rank, 0), ("world_size", world_size, 1))
         )
         self.shard_names_crc32: int | None = None
         self.shard_counts_crc32: int | None = None  # where the plan holds no shard sizes
