@@ -102,14 +102,28 @@ class LightningHost:
     def drives(self, loader: object) -> bool:
         return self._fitting(loader) is not None
 
-    def held_batches(self, loader: object) -> int | None:
-        """``fit_loop._data_fetcher.batches``, plus a failed step's unprocessed batch."""
+    def held_batches(
+        self, loader: object, failed: tuple[int, bool] | None = None
+    ) -> int | None:
+        """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
+        unprocessed batch, and after a failed draw (``failed``) the failed batch and the one
+        the prefetcher popped before its refill raised."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
+        fetcher = trainer.fit_loop._data_fetcher
+        listed = len(getattr(fetcher, "batches", ()) or ())
+        if not _failing(trainer):
+            return listed
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
-        failed = max(int(batch.ready) - int(batch.processed), 0) if _failing(trainer) else 0
-        return len(getattr(trainer.fit_loop._data_fetcher, "batches", ()) or ()) + failed
+        held = listed + max(int(batch.ready) - int(batch.processed), 0)
+        if failed is not None and len(train_loaders(trainer)) == 1:
+            handed, counted = failed
+            # Ahead of an unsized loader, a refill that raised had popped the list's first
+            # batch: neither listed nor counted ready.
+            popped = getattr(fetcher, "length", 0) is None and handed - counted > listed
+            held += int(popped) + int(counted)
+        return held
 
     def sole_loader(self, loader: object) -> bool:
         """Whether ``loader`` is the fit's only train loader (also while ``on_exception`` runs)."""

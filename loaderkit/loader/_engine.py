@@ -38,6 +38,9 @@ class Run:
     finished: bool = False
     schedule: Any = None
     steps_before: int = 0
+    handed: int = 0  # batches handed out (a counted failure included)
+    # The latest draw failed: "counted" (its batch counts as handed out) or "raised" (not).
+    failure: str = ""
 
 
 class Engine(Protocol):
@@ -163,7 +166,10 @@ class Host:
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
         caller = self.caller()
-        held = caller.held_batches(self.loader)
+        failed = None
+        if run is not None and run.failure:
+            failed = (run.handed, run.failure == "counted")
+        held = caller.held_batches(self.loader, failed)
         if held is None and self.settled is not None:
             settled_run, last, kept = self.settled
             if settled_run is run and run.last == last:  # no batch drawn since
@@ -446,8 +452,13 @@ class EpochIterator(Iterator[Any]):
         except StopIteration:
             self.run.finished = True
             raise
+        except Exception:
+            self.run.failure = "raised"
+            raise
         self.run.last = next(self.host.ticks)
+        self.run.handed += 1
         self.host.waited += time.perf_counter() - asked
+        self.run.failure = "counted" if type(batch) is FailedBatch else ""
         if type(batch) is FailedBatch:
             # The traceback must not hold this iterator, or a kept error keeps its workers.
             error = batch.error

@@ -515,6 +515,32 @@ def test_a_failed_step_is_started_not_processed_while_the_trainer_is_interrupted
     )
 
 
+class _FailsAtThird:
+    """An unsized train loader whose third batch fails to load."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        yield from (torch.zeros(1, 4), torch.ones(1, 4))
+        raise ValueError("the third batch fails")
+
+
+class _FetcherOnException(L.Callback):
+    def on_exception(self, trainer: L.Trainer, *args: Any) -> None:
+        fetcher, batch = trainer.fit_loop._data_fetcher, trainer.fit_loop.epoch_loop.batch_progress
+        self.seen = (len(fetcher.batches), fetcher.length, batch.current.ready)
+
+
+def test_a_failed_refill_leaves_the_popped_batch_neither_listed_nor_ready() -> None:
+    seen = _FetcherOnException()
+    trainer = L.Trainer(**trainer_kwargs(max_epochs=1, callbacks=[seen]))
+    with pytest.raises(ValueError, match="third batch"):
+        trainer.fit(_Linear(), train_dataloaders=_FailsAtThird())
+    # Two batches handed out, one trained; the second was popped as the third's draw raised.
+    assert seen.seen == (0, None, 1), changed(
+        f"_PrefetchDataFetcher.__next__ (pop, then refill) or its length (got {seen.seen})",
+        "LightningHost.held_batches",
+    )
+
+
 class _RestoredEpochs(_UnsizedEpochs):
     """Records, at each ``iter()``, the epoch the host goes on to after a restore."""
 
