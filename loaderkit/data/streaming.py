@@ -393,6 +393,13 @@ class StreamingShardedDataset(IterableDataset[Any]):
             ) from exc
 
 
+class TransformFailed(NamedTuple):
+    """In a sample's place: the dataset's ``transform`` raised ``error`` on it."""
+
+    error: Exception
+    where: str
+
+
 def slot_stream(
     ds: StreamingShardedDataset,
     *,
@@ -439,8 +446,14 @@ def slot_stream(
             took = True
             after = Cursor(pass_, nxt, tuple((p, o) for p, o in lanes), turn, seen)
             if ds.transform is not None:
-                with seeded_sample(seed, pass_, key) if per_sample_seeding else nullcontext():
-                    sample = ds.transform(sample)
+                try:
+                    with seeded_sample(seed, pass_, key) if per_sample_seeding else nullcontext():
+                        sample = ds.transform(sample)
+                except Exception as exc:  # the stream goes on, as a map-style epoch does
+                    where = (
+                        f"sample {lane[1] - 1} of shard {shard_name(ds.shards[shards[lane[0]]])}"
+                    )
+                    sample = TransformFailed(exc, where)
             yield sample, after
         if not cycle:
             return

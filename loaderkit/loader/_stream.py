@@ -14,9 +14,15 @@ from typing import Any
 from torch.utils.data import DataLoader, get_worker_info
 
 from loaderkit.data._open import shard_name
-from loaderkit.data.streaming import Cursor, StreamingShardedDataset, slot_stream
+from loaderkit.data.streaming import (
+    Cursor,
+    StreamingShardedDataset,
+    TransformFailed,
+    slot_stream,
+)
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
+from loaderkit.loader._fetch import FailedBatch, worker_error
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
@@ -85,9 +91,26 @@ class _SlotBatches(EngineSource):
                 return
             self.cursors[local] = cursor
             made += 1
-            yield local, cursor, self.collate(samples)
+            yield local, cursor, self._batch(samples)
             if len(samples) < self.batch_size:
                 return
+
+    def _batch(self, samples: list[Any]) -> Any:
+        """The collated batch, or a failed one in its place (the epoch goes on)."""
+        failed = next((s for s in samples if type(s) is TransformFailed), None)
+        if failed is not None:
+            error = worker_error(
+                f"the transform of {failed.where} failed with {type(failed.error).__name__}: "
+                f"{failed.error}; fix the transform (traceback chained above).",
+                index=None,
+                cause=type(failed.error),
+            )
+            error.__cause__ = failed.error
+            return FailedBatch(error)
+        try:
+            return self.collate(samples)
+        except Exception as exc:
+            return FailedBatch(exc)
 
 
 class StreamEngine(WorkerStreams):

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from loaderkit import ResumableDataLoader, WorkerError
+from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, WorkerError
 from loaderkit.env import cpu_budget
 from tests.support.helpers import REPO_ROOT, run_script
 
@@ -90,6 +90,51 @@ def test_the_batch_that_failed_counts_as_handed_out(num_workers: int) -> None:
     resumed = ResumableDataLoader(MissingKey(), batch_size=2, num_workers=num_workers, seed=0)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == [[4, 5], [6, 7], [8, 9]]
+
+
+def _missing_three(sample: int) -> int:
+    if sample == 3:
+        raise KeyError(f"record {sample}")
+    return sample
+
+
+def _read_range(shard: tuple[int, int]) -> Any:
+    yield from range(*shard)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_in_a_streams_transform_is_raised_and_its_epoch_goes_on(
+    num_workers: int,
+) -> None:
+    # Was: the transform's raise closed the slot's generator, so the epoch ended there (a
+    # catching loop lost the 6 samples after it) and a state saved then retried the batch.
+    def loader() -> ResumableDataLoader:
+        dataset = StreamingShardedDataset(
+            [(0, 5), (5, 10)], IterableReader(_read_range), transform=_missing_three
+        )
+        return ResumableDataLoader(
+            dataset, batch_size=2, num_workers=num_workers, seed=0, shuffle=False
+        )
+
+    first = loader()
+    seen, errors = catching_loop(first)
+    ids = [i for batch in seen if batch != "KeyError" for i in batch]
+    (error,) = errors
+    assert isinstance(error, WorkerError) and "sample 3 of shard" in str(error)
+    assert len(set(ids)) == len(ids) == 8 and 3 not in ids  # only the failed batch is missing
+    at = seen.index("KeyError")
+    # A state saved just after the error goes on after the failed batch, as map-style does.
+    second = loader()
+    it = iter(second)
+    for _ in range(at):
+        next(it)
+    with pytest.raises(KeyError, match="record 3"):
+        next(it)
+    state = second.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == seen[at + 1 :]
 
 
 # -------------------------------------- point 12: attributes fixed after construction
