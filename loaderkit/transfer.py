@@ -536,7 +536,12 @@ class DevicePrefetcher:
         held = list(self._holder.states)
         self._holder.drop()
         try:
-            return dict(self.iterable.state_dict())  # type: ignore[attr-defined]
+            state = self.iterable.state_dict()  # type: ignore[attr-defined]
+            if callable(getattr(self.iterable, "_register_lookahead", None)):
+                return dict(state)  # loaderkit's: a new dict whose parts are never changed
+            # Another loader's (torchdata's) may hold its dataset's live objects, which the
+            # look-ahead moves on.
+            return copy.deepcopy(state)  # type: ignore[no-any-return]
         finally:
             self._holder.states.extend(held)
 

@@ -576,6 +576,37 @@ def test_prefetcher_look_ahead_does_not_leak_into_the_saved_state(
     assert seen + [b.tolist() for b in resumed] == reference
 
 
+class _LiveState(torch.utils.data.IterableDataset):
+    """Counts in a dict and hands that very dict out as its state."""
+
+    def __init__(self) -> None:
+        self.state = {"i": 0}
+
+    def __iter__(self) -> Iterator[int]:
+        while self.state["i"] < 12:
+            self.state["i"] += 1
+            yield self.state["i"] - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.state = dict(state)
+
+
+def test_a_state_the_look_ahead_moves_on_is_held_as_it_was(stubbed_cuda: None) -> None:
+    # Measured: torchdata passes the dataset's state object through, and the held copy was
+    # shallow, so the look-ahead advanced it: the resume skipped [6, 7].
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    prefetcher = cuda_prefetcher(StatefulDataLoader(_LiveState(), batch_size=2))
+    it = iter(prefetcher)
+    seen = [next(it).tolist() for _ in range(3)]
+    resumed = StatefulDataLoader(_LiveState(), batch_size=2)
+    resumed.load_state_dict(prefetcher.state_dict())
+    assert seen + [b.tolist() for b in resumed] == [[i, i + 1] for i in range(0, 12, 2)]
+
+
 @pytest.mark.parametrize("stop", ["break", "raise"])
 def test_a_loop_that_stops_early_saves_what_it_consumed(stubbed_cuda: None, stop: str) -> None:
     # The held state was dropped with the loop's iterator (a prefetcher made in the for
