@@ -28,9 +28,7 @@ class Host(Protocol):
     def drives(self, loader: object) -> bool:
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
 
-    def held_batches(
-        self, loader: object, failed: tuple[int, bool] | None = None
-    ) -> int | None:
+    def held_batches(self, loader: object, failed: tuple[int, bool] | None = None) -> int | None:
         """Batches ``loader`` handed out that the host holds untrained (prefetched);
         ``failed``: its latest draw failed after this many hand-outs, and whether that
         failure counts as one."""

@@ -541,7 +541,7 @@ class DevicePrefetcher:
                 return dict(state)  # loaderkit's: a new dict whose parts are never changed
             # Another loader's (torchdata's) may hold its dataset's live objects, which the
             # look-ahead moves on.
-            return copy.deepcopy(state)  # type: ignore[no-any-return]
+            return copy.deepcopy(state)
         finally:
             self._holder.states.extend(held)
 

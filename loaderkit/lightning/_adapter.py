@@ -102,9 +102,7 @@ class LightningHost:
     def drives(self, loader: object) -> bool:
         return self._fitting(loader) is not None
 
-    def held_batches(
-        self, loader: object, failed: tuple[int, bool] | None = None
-    ) -> int | None:
+    def held_batches(self, loader: object, failed: tuple[int, bool] | None = None) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
         unprocessed batch, and after a failed draw (``failed``) the failed batch and the one
         the prefetcher popped before its refill raised."""

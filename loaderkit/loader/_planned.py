@@ -267,11 +267,16 @@ class PlanEngine:
         checksum["position"] = crc32(b"position=%d" % position)
         checksum["steps_done"] = crc32(b"steps_done=%d" % steps_done)
         state["checksum"] = checksum
-        listed = self.plan.listed_from(epoch) if isinstance(self.plan, SamplerPlan) else None
-        if listed is not None:
-            # The epoch came from the user's reseeded generator, not (seed, epoch).
-            state["plan"] = {**state["plan"], "listed_from": listed}
-            checksum["plan"] = field_digest("plan", state["plan"])
+        if isinstance(self.plan, SamplerPlan):
+            # The user's reseeded generator the epoch came from, and its order's checksum.
+            extra = {
+                "listed_from": self.plan.listed_from(epoch),
+                "epoch_check": self.plan.epoch_check(epoch, position),
+            }
+            extra = {key: value for key, value in extra.items() if value is not None}
+            if extra:
+                state["plan"] = {**state["plan"], **extra}
+                checksum["plan"] = field_digest("plan", state["plan"])
         return state
 
     def _unheld(self, epoch: int, position: int, steps_done: int) -> tuple[int, int, int]:
@@ -296,16 +301,28 @@ class PlanEngine:
         """Resume at ``state``; returns the saved seed when it is adopted."""
         # Only a plan the loader built takes the saved seed; a user's plan's seed must match.
         adopt = ("seed",) if adopt_seed and self._reseed is not None else ()
-        saved = state.get("plan") if isinstance(state, Mapping) else None
-        listed = saved.get("listed_from") if isinstance(saved, Mapping) else None
-        # A reseeded generator's epoch the saved state was listed from.
-        relisted = isinstance(self.plan, SamplerPlan) and listed is not None
-        fingerprint = self._fingerprint(self.plan, **({"listed_from": listed} if relisted else {}))
+        saved = state.get("plan") if isinstance(state, Mapping) else {}
+        saved = saved if isinstance(saved, Mapping) else {}
+        # A reseeded generator's epoch the saved state was listed from; its order's checksum.
+        extra = {}
+        if isinstance(self.plan, SamplerPlan):
+            extra = {k: saved[k] for k in ("listed_from", "epoch_check") if k in saved}
+        fingerprint = self._fingerprint(self.plan, **extra)
+        listed = extra.get("listed_from")
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
             # Before anything changes; a malformed position is cursor.load's to name.
-            epoch, position = state.get("epoch"), state.get("position")
+            epoch, position, seed = state.get("epoch"), state.get("position"), saved.get("seed")
             if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
-                self.plan.check_relisted(epoch, position, listed)
+                # Under another seed that stays, cursor.load names the seed.
+                same = isinstance(seed, int) and (bool(adopt) or seed == self.plan.seed)
+                check = extra.get("epoch_check")
+                self.plan.check_relisted(
+                    epoch,
+                    position,
+                    listed,
+                    seed=seed if same else self.plan.seed,  # type: ignore[arg-type]
+                    saved_check=check if same and isinstance(check, int) else None,
+                )
         loaded = self.cursor.load(
             state, self.plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint
         )

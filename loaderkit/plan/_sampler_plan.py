@@ -208,20 +208,24 @@ _PROBE_SEED = 0
 
 
 def seeds_itself(sampler: Any) -> bool:
-    """Whether ``sampler`` with an empty ``generator`` slot lists epoch 0 alike under any RNG."""
+    """Whether ``sampler`` with an empty ``generator`` slot lists epochs 0 and 1 alike under
+    any RNG (an epoch 0 sorted by length may draw only from epoch 1 on)."""
     if getattr(sampler, "generator", _ABSENT) is not None or not callable(
         getattr(sampler, "set_epoch", None)
     ):
         return False
     state = torch.random.get_rng_state()
     try:
-        orders = []
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            orders.append(keyed_order(sampler, _PROBE_SEED, 0, lend=False)[0])
+        for epoch in (0, 1):
+            orders = []
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                orders.append(keyed_order(sampler, _PROBE_SEED, epoch, lend=False)[0])
+            if not torch.equal(*orders):
+                return False
     finally:
         torch.random.set_rng_state(state)
-    return torch.equal(*orders)
+    return True
 
 
 def set_epoch_reseeds(sampler: Any) -> bool:
@@ -394,23 +398,49 @@ class SamplerPlan:
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
 
-    def check_relisted(self, epoch: int, position: int, listed_from: str | None) -> None:
-        """Refuse a sampler that lists ``epoch`` (resumed part-way) differently each time."""
-        if epoch == 0 or not 0 < position < self.num_samples:
+    def part_way(self, epoch: int, position: int) -> bool:
+        """Whether a position is inside an epoch after the first (epoch 0's order is in the
+        fingerprint; a later one must be listed again to resume)."""
+        return epoch > 0 and 0 < position < self.num_samples
+
+    def epoch_check(self, epoch: int, position: int) -> int | None:
+        """A checksum of the order a state saved at ``position`` of ``epoch`` goes on in."""
+        return self.order_check(epoch) if self.part_way(epoch, position) else None
+
+    def check_relisted(
+        self,
+        epoch: int,
+        position: int,
+        listed_from: str | None,
+        *,
+        seed: int,
+        saved_check: int | None,
+    ) -> None:
+        """Refuse a sampler that lists ``epoch`` (resumed part-way, under the saved ``seed``)
+        differently each time, or otherwise than the saved run (``saved_check``)."""
+        if not self.part_way(epoch, position):
             return
 
-        args = (self.seed, epoch, self.first_state, self._seen, _restored(listed_from))
+        args = (seed, epoch, self.first_state, self._seen, _restored(listed_from))
 
         def listing() -> torch.Tensor:
             return keyed_order(self.sampler, *args, lend=self._lend)[0]
 
+        name = type(self.sampler).__name__
         with rngs_put_back():  # it may draw from them (what this refuses)
-            alike = torch.equal(listing(), listing())
+            order = listing()
+            alike = torch.equal(order, listing())
         if not alike:
             raise StateMismatchError(
-                f"ResumableDataLoader.load_state_dict: sampler={type(self.sampler).__name__} "
+                f"ResumableDataLoader.load_state_dict: sampler={name} "
                 f"lists epoch {epoch} differently each time, so the saved order cannot come "
                 "back. Draw each epoch from a generator seeded by (seed, epoch), not a global RNG."
+            )
+        if saved_check is not None and zlib.crc32(order.numpy().tobytes()) != saved_check:
+            raise StateMismatchError(
+                f"ResumableDataLoader.load_state_dict: sampler={name} lists epoch {epoch} "
+                "otherwise than the run that saved the state, so its rest would mix two orders. "
+                "Build the sampler with the saved run's settings, or start without the state."
             )
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:

@@ -704,3 +704,69 @@ def test_a_reseed_after_reading_the_batch_sampler_applies_to_that_epoch(read: An
     # len(loader.batch_sampler) listed and cached the epoch: the reseed applied one epoch late.
     want = _reseeded_epochs(torch.utils.data.DataLoader, read)
     assert _reseeded_epochs(ResumableDataLoader, read) == want
+
+
+class _SortaGrad(Sampler[int]):
+    """Epoch 0 sorted by length; later epochs drawn from the ``generator`` slot (None here)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.generator, self.epoch = n, None, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        if self.epoch == 0:
+            return iter(sorted(range(self.n), key=lambda i: (i * 7 % 13, i)))
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+
+def test_a_sampler_that_draws_only_from_epoch_1_on_is_lent_a_keyed_generator() -> None:
+    # Was: judged to seed itself from epoch 0 alone, it drew epoch 1 from torch's global
+    # RNG: seed=7 gave another order each run, and a resume in epoch 1 was refused.
+    def epoch_1(global_seed: int) -> list[list[int]]:
+        torch.manual_seed(global_seed)
+        loader = ResumableDataLoader(list(range(24)), batch_size=4, seed=7, sampler=_SortaGrad(24))
+        list(loader)
+        return [b.tolist() for b in loader]
+
+    assert epoch_1(1) == epoch_1(2)
+
+
+class _Annealed(Sampler[int]):
+    """Epoch ``e`` draws with weights ``w ** (1 - e / anneal)`` (epoch 0: the weights)."""
+
+    def __init__(self, anneal: int) -> None:
+        self.weights = torch.tensor([31.0 if i % 4 == 0 else 1.0 for i in range(24)])
+        self.anneal, self.generator, self.epoch = anneal, None, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return 24
+
+    def __iter__(self) -> Any:
+        p = self.weights ** (1 - min(self.epoch, self.anneal) / self.anneal)
+        return iter(torch.multinomial(p, 24, replacement=True, generator=self.generator).tolist())
+
+
+def test_a_state_inside_a_later_epoch_is_refused_by_a_sampler_listing_it_otherwise() -> None:
+    # Was: only epoch 0's order was checked, so a state saved in epoch 1 under anneal=4 went
+    # on under anneal=2 with the rest of another order (repeats and losses).
+    def loader(anneal: int) -> ResumableDataLoader:
+        return ResumableDataLoader(list(range(24)), batch_size=4, seed=7, sampler=_Annealed(anneal))
+
+    saved = loader(4)
+    list(saved)
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.state_dict()
+    same = loader(4)
+    same.load_state_dict(state)
+    assert len(list(same)) == 4
+    with pytest.raises(StateMismatchError, match="sampler=_Annealed lists epoch 1 otherwise"):
+        loader(2).load_state_dict(state)
