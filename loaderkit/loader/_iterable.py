@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections import deque
 from collections.abc import Generator, Iterator
@@ -346,10 +347,13 @@ class IterableEngine(WorkerStreams):
                 f"{owner}: field 'workers' holds {held} records for num_workers={workers}; pass "
                 "what state_dict() returned, unmodified."
             )
-        # "rng", "failed" and "end_state" are absent from states saved before they were kept.
-        self.records = [
-            {k: r.get(k) if k in ("rng", "failed", "end_state") else r[k] for k in RECORD}
-            for r in records
-        ]
+        # "rng", "failed" and "end_state" are absent from states saved before they were kept;
+        # copied, as a dataset may keep (and move on) what its load_state_dict is given.
+        self.records = copy.deepcopy(
+            [
+                {k: r.get(k) if k in ("rng", "failed", "end_state") else r[k] for k in RECORD}
+                for r in records
+            ]
+        )
         self._primed, self._ran_end = None, False
         return self.resume(state, adopted)
