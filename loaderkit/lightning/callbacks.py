@@ -90,12 +90,13 @@ class AttachLoaders(Callback):
         if not self._idle:
             _close(trainer)
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # Lightning drops its fetcher after this: a checkpoint saved after the fit (stopped
+        # by max_steps) must still leave out the batch the fetcher held.
+        _settle(trainer)
+
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
-        # Lightning drops its fetcher after this: a checkpoint saved after the failed fit
-        # must still leave out the batches the fetcher held.
-        for dl in train_loaders(trainer):
-            if isinstance(dl, ResumableDataLoader):
-                dl._settle()
+        _settle(trainer)  # as on_train_end, for a fit that failed
         if not self._idle:
             _close(trainer)  # a state saved later does not need them
 
@@ -133,6 +134,12 @@ def entry_point_callbacks() -> list[Callback]:
     callback = ElasticResume()
     callback._auto = True
     return [callback]
+
+
+def _settle(trainer: L.Trainer) -> None:
+    for dl in train_loaders(trainer):
+        if isinstance(dl, ResumableDataLoader):
+            dl._settle()
 
 
 def _close(trainer: L.Trainer) -> None:

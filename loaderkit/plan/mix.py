@@ -70,7 +70,9 @@ def _positive_numbers(name: str, values: Sequence[Any], count: int, owner: str) 
                 f"{owner}: {name}[{i}] must be a finite number > 0, got {v!r}; pass a positive "
                 "value (leave a source you do not want out of sources)."
             )
-        out.append(Fraction(float(v)))
+        # The decimal typed, not its binary neighbour: 0.35 * 10 is a half, rounded to even.
+        exact = int(v) if isinstance(v, int | np.integer) else repr(float(v))
+        out.append(Fraction(exact))
     return out
 
 

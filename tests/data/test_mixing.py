@@ -443,3 +443,11 @@ def test_token_sources_read_in_dtypes_apart_are_refused(tmp_path: Any) -> None:
         2**24 + 1,
         2**24 + 3,
     ]
+
+
+def test_shares_round_the_decimal_given_not_its_binary_neighbour() -> None:
+    # Was: Fraction(float(v)) rounded 0.15 * 10 (a half) down, as 0.1499...; and a tie of
+    # weights went to the source whose binary value was a hair larger.
+    assert mix_allotments((10, 10), repeat=(0.15, 0.35)) == (2, 4)  # round(1.5), round(3.5)
+    assert mix_allotments((100005, 1), weights=(0.7, 0.3), epoch_size=100005) == (70004, 30001)
+    assert mix_allotments((10, 10), weights=(0.35, 0.65), epoch_size=10) == (4, 6)

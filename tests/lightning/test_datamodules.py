@@ -466,6 +466,20 @@ def test_streamed_shards_train_and_resume_exactly(
         assert_resume_exact(full.records, cut.records[:k], after.records)
 
 
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_stream_with_steps_per_epoch_is_not_reloaded(
+    tmp_path: Path, id_shards: Path, every: int
+) -> None:
+    # Was (1): each epoch's new loader started the streams over, so every epoch trained
+    # epoch 0's batches (15 of 23 samples ever seen).
+    with pytest.raises(ValueError, match=f"reload_dataloaders_every_n_epochs={every}\\); leave"):
+        fit_recording(
+            tmp_path,
+            lambda: stream_dm(id_shards, steps_per_epoch=5),
+            reload_dataloaders_every_n_epochs=every,
+        )
+
+
 def test_streamed_shards_describe_and_split_across_ranks(
     id_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

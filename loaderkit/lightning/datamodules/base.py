@@ -428,6 +428,14 @@ class LoaderDataModule(L.LightningDataModule):
                 "samples_per_epoch, so each run would read on where the last stopped (and a "
                 "resume other samples); build it without them (one pass), or use ShardedDataset."
             )
+        reload = getattr(self.trainer, "reload_dataloaders_every_n_epochs", 0)
+        if split == "train" and dataset.limited and reload:
+            # A loader made anew starts its streams over: every epoch would repeat the first.
+            raise ValueError(
+                f"{owner}: a train StreamingShardedDataset with steps_per_epoch or "
+                f"samples_per_epoch cannot be reloaded, got Trainer(reload_dataloaders_every_"
+                f"n_epochs={reload}); leave it 0 (the stream goes on across epochs)."
+            )
         shuffle = self.shuffle and split == "train"
         if dataset.shuffle_shards != shuffle:
             raise ValueError(
