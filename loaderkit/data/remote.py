@@ -370,10 +370,9 @@ class RemoteShards:
         owner = self.owner
         if isinstance(source, str):
             return self._list_folder(source.rstrip("/"), suffixes)
-        if len(set(source)) != len(source):
-            raise ValueError(f"{owner}: a shard URL is listed twice; list each once.")
         folders: dict[str, dict[str, RemoteShard]] = {}
         out = []
+        seen: dict[str, str] = {}  # the listed spelling of each object (url/x/, url//x: url/x)
         for url in source:
             name = url_name(url)
             refuse_own_file(owner, url, name, "folder")
@@ -391,7 +390,14 @@ class RemoteShards:
                     "the URL, or upload it.",
                     path=url,
                 )
-            out.append(folders[folder][name])
+            shard = folders[folder][name]
+            if shard.url in seen:
+                raise ValueError(
+                    f"{owner}: shards {seen[shard.url]!r} and {url!r} are one object (listed "
+                    "twice); its samples would be read twice. List each shard once."
+                )
+            seen[shard.url] = url
+            out.append(shard)
         return out
 
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
