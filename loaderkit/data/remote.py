@@ -440,7 +440,11 @@ class RemoteShards:
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
         """Each shard's sample count, from the checked index; else counted and indexed."""
         self.reader = reader
-        name = remote_index_name([s.name for s in self.shards], reader)
+        # Rows name the first shard's folder's shards bare (as write_shards' index there) and
+        # others by URL: a list across folders never takes a folder's index, nor one of its
+        # folders' names for its own.
+        keys = [s.name if s.folder == self.folder else s.url for s in self.shards]
+        name = remote_index_name(keys, reader)
         default = join_url(self.folder, name)
         local = self.root_dir / "indexes" / f"{_folder_key(self.folder)}-{name.lstrip('.')}"
         found = self._find_index(index, default, local)
@@ -450,14 +454,14 @@ class RemoteShards:
         if found is not None and versionless and not (index_names(found[0]) or ((), 0))[1]:
             found = None
         if found is not None:
-            listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
+            listed = [(s.url, k, s.size, s.version) for s, k in zip(self.shards, keys, strict=True)]
             counts, self.extras = read_remote_index(
                 found[0], found[1], reader, listed, folder=self.index_docs is not None
             )
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            row: list[Any] = [shard.name, shard.size, shard.version, self._count_one(i, reader)]
+            row: list[Any] = [keys[i], shard.size, shard.version, self._count_one(i, reader)]
             if is_compressed(shard.name):
                 raw = self._paths(i)[0].with_name(decoded_name(shard.name))
                 self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
