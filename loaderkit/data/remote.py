@@ -412,8 +412,9 @@ class RemoteShards:
         one_file = len(entries) == 1 and not folders and entries[0]["name"] == url_name(folder)
         if one_file and not self.storage.is_dir(folder):  # a file lists as itself
             raise ValueError(
-                f"{self.owner}: shards={folder!r} is a file, not a folder; pass a list of "
-                f"shard URLs for single files, e.g. [{folder!r}]."
+                f"{self.owner}: shards={folder!r} is a file, not a folder (a URL given as "
+                "shards=, to a DataModule too, names a folder); pass single files in a list: "
+                f"shards=[{folder!r}]."
             )
         if WORK_DIR in folders:
             raise unfinished_write_error(folder)
