@@ -45,6 +45,7 @@ from loaderkit.data._fs import (
 )
 from loaderkit.data._open import (
     is_shard_name,
+    named_by_url,
     read_docs,
     refuse_nested_shards,
     refuse_one_shard_twice,
@@ -496,7 +497,9 @@ class RemoteShards:
         elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
-            samples = reader.count(self.local(i))  # leased until count() is done with it
+            local = self.local(i)  # leased until count() is done with it
+            with named_by_url(local, self.shards[i].url):
+                samples = reader.count(local)
         return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
@@ -593,6 +596,10 @@ class RemoteShards:
         """The local path of shard ``index`` (decoded if compressed, hash checked), leased and
         fetched if needed; ``ahead``: for the prefetcher (:class:`NoRoom`, :class:`Busy`)."""
         self._here()
+        with named_by_url(self._paths(index)[0], self.shards[index].url):
+            return self._local(index, ahead=ahead)
+
+    def _local(self, index: int, *, ahead: bool) -> Path:
         shard = self.shards[index]
         target, lease, dl_lock = self._paths(index)
         final = target.with_name(decoded_name(target.name))
