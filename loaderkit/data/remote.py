@@ -124,8 +124,8 @@ class RemoteCache:
     """Where and how shards at URLs are cached on local disk.
 
     Args:
-        cache_dir: The cache directory, shared by all processes of a machine
-            (default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
+        cache_dir: The cache directory, shared by all processes of a machine (``~``
+            expanded; default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
         max_bytes: Bytes of shards the cache may hold (default: ``$LOADERKIT_CACHE_BYTES``,
             else 32 GiB); at least what the processes of a machine read at once.
         storage_options: fsspec filesystem options (s3fs: ``{"endpoint_url": ..., "key": ...,
@@ -194,7 +194,7 @@ class RemoteCache:
     @property
     def directory(self) -> Path:
         """The cache directory."""
-        return default_cache_root() if self.cache_dir is None else Path(self.cache_dir)
+        return default_cache_root() if self.cache_dir is None else Path(self.cache_dir).expanduser()
 
 
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:

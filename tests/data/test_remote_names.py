@@ -1,5 +1,7 @@
 """Errors about a shard at a URL name the URL (the object the user can fix), never its
-cached copy. Shards live on fsspec's ``memory://`` filesystem."""
+cached copy; a cache directory given as ``~/...`` is in the home directory.
+
+Shards live on fsspec's ``memory://`` filesystem."""
 
 from __future__ import annotations
 
@@ -65,3 +67,18 @@ def test_a_shard_the_reader_cannot_open_is_named_by_url(
     with pytest.raises(ShardError, match=rf"^shard '{url}' is not a readable \.npy") as info:
         ds[0]
     assert info.value.path == url
+
+
+def test_a_cache_directory_under_the_home_directory_is_expanded(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    write_shards(folder, [np.arange(8, dtype=np.uint16)], READER, progress=False)
+    remote = RemoteCache(cache_dir="~/given", prefetch=0)
+    ShardedDataset(folder, READER, remote=remote)[0]
+    assert remote.directory == tmp_path / "given"
+    assert list((tmp_path / "given" / "objects").glob("*/shard-00000.npy"))
+    assert not (tmp_path / "~").exists()
+    monkeypatch.setenv("LOADERKIT_CACHE_DIR", "~/from-env")
+    assert RemoteCache().directory == tmp_path / "from-env"
