@@ -302,4 +302,4 @@ def local_decode_dir(path: Path, root: Path, digest: str | None = None) -> Path:
 def default_cache_root() -> Path:
     """The cache directory: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``."""
     env = os.environ.get("LOADERKIT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "loaderkit" / "shards"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "loaderkit" / "shards"

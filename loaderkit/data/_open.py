@@ -152,6 +152,20 @@ def nested_files(root: Path) -> Iterator[str]:
             yield from (f"{rel}/{name}" for name in files)
 
 
+@contextlib.contextmanager
+def named_by_url(copy: Path, url: str) -> Iterator[None]:
+    """Let a :class:`ShardError` about the cached ``copy`` of the object at ``url`` (or a file
+    beside it: its decoded form, a sidecar) name ``url``, the object the user can fix."""
+    try:
+        yield
+    except ShardError as exc:
+        local = exc.path
+        if isinstance(local, str | os.PathLike) and Path(local).parent == copy.parent:
+            exc.args = (str(exc).replace(str(local), url), *exc.args[1:])
+            exc.path = url
+        raise
+
+
 def refuse_one_shard_twice(owner: str, names: Iterable[str]) -> None:
     """Refuse a shard URL listed with its zstd form (``x`` and ``x.zst``): read twice."""
     seen: dict[str, str] = {}
@@ -348,7 +362,7 @@ class OpenShards:
                 handle = self._open_local(shard, entry)
             else:  # at a URL: opened for range reads, else its fetched copy
                 ranged = None if self.ranged is None else self.ranged(shard)
-                handle = ranged if ranged is not None else self._open_or_count(self.fetch(shard))
+                handle = ranged if ranged is not None else self._open_copy(shard)
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
@@ -389,6 +403,13 @@ class OpenShards:
         root = self.cache_root
         check = None if digest is None else partial(verify_local, expected=digest, cache_root=root)
         return decode_into(path, local_decode_dir(path, root, digest), check=check)
+
+    def _open_copy(self, shard: int) -> OpenShard:
+        """Open the fetched copy of shard ``shard`` (at a URL); its errors name the URL."""
+        assert self.fetch is not None
+        local = self.fetch(shard)
+        with named_by_url(local, str(self.shards[shard])):
+            return self._open_or_count(local)
 
     def _open_or_count(self, local: Path) -> OpenShard:
         try:

@@ -45,6 +45,7 @@ from loaderkit.data._fs import (
 )
 from loaderkit.data._open import (
     is_shard_name,
+    named_by_url,
     read_docs,
     refuse_nested_shards,
     refuse_one_shard_twice,
@@ -123,8 +124,8 @@ class RemoteCache:
     """Where and how shards at URLs are cached on local disk.
 
     Args:
-        cache_dir: The cache directory, shared by all processes of a machine
-            (default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
+        cache_dir: The cache directory, shared by all processes of a machine (``~``
+            expanded; default: ``$LOADERKIT_CACHE_DIR``, else ``~/.cache/loaderkit/shards``).
         max_bytes: Bytes of shards the cache may hold (default: ``$LOADERKIT_CACHE_BYTES``,
             else 32 GiB); at least what the processes of a machine read at once.
         storage_options: fsspec filesystem options (s3fs: ``{"endpoint_url": ..., "key": ...,
@@ -193,7 +194,7 @@ class RemoteCache:
     @property
     def directory(self) -> Path:
         """The cache directory."""
-        return default_cache_root() if self.cache_dir is None else Path(self.cache_dir)
+        return default_cache_root() if self.cache_dir is None else Path(self.cache_dir).expanduser()
 
 
 def shard_paths(shards: Sequence[Any]) -> list[str] | None:
@@ -370,10 +371,9 @@ class RemoteShards:
         owner = self.owner
         if isinstance(source, str):
             return self._list_folder(source.rstrip("/"), suffixes)
-        if len(set(source)) != len(source):
-            raise ValueError(f"{owner}: a shard URL is listed twice; list each once.")
         folders: dict[str, dict[str, RemoteShard]] = {}
         out = []
+        seen: dict[str, str] = {}  # the listed spelling of each object (url/x/, url//x: url/x)
         for url in source:
             name = url_name(url)
             refuse_own_file(owner, url, name, "folder")
@@ -391,7 +391,14 @@ class RemoteShards:
                     "the URL, or upload it.",
                     path=url,
                 )
-            out.append(folders[folder][name])
+            shard = folders[folder][name]
+            if shard.url in seen:
+                raise ValueError(
+                    f"{owner}: shards {seen[shard.url]!r} and {url!r} are one object (listed "
+                    "twice); its samples would be read twice. List each shard once."
+                )
+            seen[shard.url] = url
+            out.append(shard)
         return out
 
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
@@ -406,8 +413,9 @@ class RemoteShards:
         one_file = len(entries) == 1 and not folders and entries[0]["name"] == url_name(folder)
         if one_file and not self.storage.is_dir(folder):  # a file lists as itself
             raise ValueError(
-                f"{self.owner}: shards={folder!r} is a file, not a folder; pass a list of "
-                f"shard URLs for single files, e.g. [{folder!r}]."
+                f"{self.owner}: shards={folder!r} is a file, not a folder (a URL given as "
+                "shards=, to a DataModule too, names a folder); pass single files in a list: "
+                f"shards=[{folder!r}]."
             )
         if WORK_DIR in folders:
             raise unfinished_write_error(folder)
@@ -434,7 +442,11 @@ class RemoteShards:
     def count(self, reader: ShardReader, index: str | os.PathLike[str] | None) -> list[int]:
         """Each shard's sample count, from the checked index; else counted and indexed."""
         self.reader = reader
-        name = remote_index_name([s.name for s in self.shards], reader)
+        # Rows name the first shard's folder's shards bare (as write_shards' index there) and
+        # others by URL: a list across folders never takes a folder's index, nor one of its
+        # folders' names for its own.
+        keys = [s.name if s.folder == self.folder else s.url for s in self.shards]
+        name = remote_index_name(keys, reader)
         default = join_url(self.folder, name)
         local = self.root_dir / "indexes" / f"{_folder_key(self.folder)}-{name.lstrip('.')}"
         found = self._find_index(index, default, local)
@@ -444,14 +456,14 @@ class RemoteShards:
         if found is not None and versionless and not (index_names(found[0]) or ((), 0))[1]:
             found = None
         if found is not None:
-            listed = [(s.url, s.name, s.size, s.version) for s in self.shards]
+            listed = [(s.url, k, s.size, s.version) for s, k in zip(self.shards, keys, strict=True)]
             counts, self.extras = read_remote_index(
                 found[0], found[1], reader, listed, folder=self.index_docs is not None
             )
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            row: list[Any] = [shard.name, shard.size, shard.version, self._count_one(i, reader)]
+            row: list[Any] = [keys[i], shard.size, shard.version, self._count_one(i, reader)]
             if is_compressed(shard.name):
                 raw = self._paths(i)[0].with_name(decoded_name(shard.name))
                 self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
@@ -485,7 +497,9 @@ class RemoteShards:
         elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
         else:
-            samples = reader.count(self.local(i))  # leased until count() is done with it
+            local = self.local(i)  # leased until count() is done with it
+            with named_by_url(local, self.shards[i].url):
+                samples = reader.count(local)
         return checked_count(reader, self.shards[i].url, samples)
 
     def _find_index(
@@ -582,6 +596,10 @@ class RemoteShards:
         """The local path of shard ``index`` (decoded if compressed, hash checked), leased and
         fetched if needed; ``ahead``: for the prefetcher (:class:`NoRoom`, :class:`Busy`)."""
         self._here()
+        with named_by_url(self._paths(index)[0], self.shards[index].url):
+            return self._local(index, ahead=ahead)
+
+    def _local(self, index: int, *, ahead: bool) -> Path:
         shard = self.shards[index]
         target, lease, dl_lock = self._paths(index)
         final = target.with_name(decoded_name(target.name))

@@ -392,6 +392,20 @@ def test_sharded_datamodule_trains_on_tokens_and_jsonl(tmp_path: Path) -> None:
     assert set(model.last_batch) >= {"input_ids", "label", "lengths", "attention_mask"}
 
 
+def test_a_shard_file_url_names_the_list_a_datamodule_takes(tmp_path: Path) -> None:
+    # A local shard file is read as one shard; a URL is a folder unless listed.
+    pytest.importorskip("fsspec")
+    url = f"memory://dm-file-{tmp_path.name}"
+    (first, _) = write_shards(url, [np.arange(64), np.arange(40)], TokenReader(seq_len=8))
+    cache = str(tmp_path / "cache")
+    dm = ShardedDataModule(first, seq_len=8, batch_size=2, cache_dir=cache)
+    with pytest.raises(ValueError, match=rf"to a DataModule too.*: shards=\['{first}'\]\."):
+        dm.setup("fit")
+    dm = ShardedDataModule([first], seq_len=8, batch_size=2, cache_dir=cache)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 4
+
+
 def test_sharded_datamodule_splits_across_ranks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

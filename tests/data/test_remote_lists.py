@@ -1,0 +1,114 @@
+"""Lists of shard URLs: each object read once, their count index named by the whole list.
+
+Shards live on fsspec's ``memory://`` filesystem.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loaderkit import (
+    RemoteCache,
+    ShardedDataset,
+    StreamingShardedDataset,
+    TokenReader,
+    write_shards,
+)
+from loaderkit.data.index import checksum, remote_index_name
+
+fsspec = pytest.importorskip("fsspec")
+
+READER = TokenReader(seq_len=4, dtype=np.uint16)
+
+
+@pytest.fixture
+def base() -> Iterator[str]:
+    url = f"memory://lists-{uuid.uuid4().hex[:8]}"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+def cache(tmp_path: Path) -> RemoteCache:
+    return RemoteCache(cache_dir=tmp_path / "cache", prefetch=0)
+
+
+@pytest.mark.parametrize("kind", [ShardedDataset, StreamingShardedDataset])
+@pytest.mark.parametrize("spelling", ["{}/shard-00000.npy/", "{}//shard-00000.npy"])
+def test_one_object_listed_in_two_spellings_is_refused(
+    base: str, tmp_path: Path, kind: type, spelling: str
+) -> None:
+    write_shards(base, [np.arange(8, dtype=np.uint16), np.arange(100, 108, dtype=np.uint16)],
+                 READER, progress=False)  # fmt: skip
+    urls = [f"{base}/shard-00000.npy", spelling.format(base), f"{base}/shard-00001.npy"]
+    with pytest.raises(ValueError, match=r"shard-00000\.npy/?' are one object \(listed twice\)"):
+        kind(urls, READER, remote=cache(tmp_path))
+
+
+def two_folders(base: str) -> None:
+    """``en/`` (shards of 2 and 3 samples) and ``de/`` (1 and 5), written by write_shards."""
+    for lang, tokens in (("en", (8, 12)), ("de", (4, 20))):
+        shards = [np.arange(n, dtype=np.uint16) for n in tokens]
+        write_shards(f"{base}/{lang}", shards, READER, progress=False)
+
+
+def npy(tokens: int) -> bytes:
+    out = io.BytesIO()
+    np.save(out, np.arange(tokens, dtype=np.uint16))
+    return out.getvalue()
+
+
+def test_a_list_across_folders_never_takes_a_folders_write_shards_index(
+    base: str, tmp_path: Path
+) -> None:
+    two_folders(base)  # en/'s index is named by the same file names as this list
+    urls = [f"{base}/en/shard-00000.npy", f"{base}/de/shard-00001.npy"]
+    assert ShardedDataset(urls, READER, remote=cache(tmp_path)).sizes == (2, 5)
+
+
+def test_lists_of_same_named_files_in_other_folders_are_counted_apart(
+    base: str, tmp_path: Path
+) -> None:
+    two_folders(base)
+    de = [f"{base}/en/shard-00000.npy", f"{base}/de/shard-00000.npy"]
+    en = [f"{base}/en/shard-00000.npy", f"{base}/en/shard-00001.npy"]
+    for urls, sizes in [(de, (2, 1)), (en, (2, 3)), (de, (2, 1))]:
+        ds = ShardedDataset(urls, READER, remote=cache(tmp_path))
+        assert (ds.sizes, len(ds)) == (sizes, sum(sizes))
+
+
+def test_reading_a_list_across_folders_leaves_its_first_folder_readable(
+    base: str, tmp_path: Path
+) -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{base}/en/part.npy", npy(8))
+    fs.pipe_file(f"{base}/de/data.npy", npy(4))
+    urls = [f"{base}/en/part.npy", f"{base}/de/data.npy"]
+    assert ShardedDataset(urls, READER, remote=cache(tmp_path)).sizes == (2, 1)
+    assert ShardedDataset(f"{base}/en", READER, remote=cache(tmp_path)).sizes == (2,)
+
+
+def test_a_list_index_named_by_bare_names_before_is_not_read(base: str, tmp_path: Path) -> None:
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{base}/en/part.npy", npy(8))
+    fs.pipe_file(f"{base}/de/data.npy", npy(4))
+    urls = [f"{base}/en/part.npy", f"{base}/de/data.npy"]
+    ShardedDataset(urls, READER, remote=cache(tmp_path))
+    (new,) = fs.glob(f"{base}/en/.loaderkit-index-*")
+    doc = json.loads(fs.cat_file(new))
+    fs.rm(new)
+    # loaderkit <= 0.2.0 named such an index, and its rows, by the bare file names.
+    rows = [[url.rsplit("/", 1)[-1], size, version, 7] for url, size, version, _ in doc["shards"]]
+    old = remote_index_name([r[0] for r in rows], READER)
+    fs.pipe_file(
+        f"{base}/en/{old}", json.dumps(doc | {"shards": rows, "checksum": checksum(rows)}).encode()
+    )
+    assert ShardedDataset(urls, READER, remote=cache(tmp_path)).sizes == (2, 1)
