@@ -81,7 +81,10 @@ class ShardedDataset(Dataset[Any]):
             checked against every shard's size and mtime when present.
         on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is counted in
             :attr:`skipped`, warned about, and replaced in its batch by the next readable
-            sample (a changed shard or a wrong reader setting raises all the same).
+            sample (a changed shard or a wrong reader setting raises all the same); under
+            a token budget (``bucket_batch_sampler(max_tokens=...)``) it is left out of its
+            batch instead, so the budget holds (a batch of skipped samples only: the next
+            readable sample alone).
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: a :class:`RemoteCache` (default ``RemoteCache()``).
 
@@ -143,6 +146,7 @@ class ShardedDataset(Dataset[Any]):
         self._start_list: list[int] = self._starts.tolist()
         self.on_error, self.max_open_shards = on_error, max_open_shards
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
+        self._drop_skipped = False  # set by a token-budget sampler (see _samples)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it
         self._sources = Sources()
@@ -257,7 +261,8 @@ class ShardedDataset(Dataset[Any]):
             name = shard_name(self.shards[shard])
             warnings.warn(
                 f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard {name} "
-                f"({type(exc).__name__}: {exc}), each replaced by the next readable sample; "
+                f"({type(exc).__name__}: {exc}), each replaced by the next readable sample "
+                "(left out under a token budget); "
                 "further skips here are only counted (ShardedDataset.skipped).",
                 RuntimeWarning,
                 stacklevel=2,
@@ -436,9 +441,14 @@ class ShardedDataset(Dataset[Any]):
             positions = range(len(flat)) if w is None else w.tolist()
             for pos, sample in zip(positions, rows, strict=True):
                 out[pos] = sample
+        # Under a token budget batch sizes vary anyway, and a substitute may be longer than
+        # the skipped sample the budget counted: leave it out (unless the batch would be empty).
+        kept = [s for s in out if s is not _SKIPPED] if self._drop_skipped else []
+        if kept:
+            return kept
         return [
             self._substitute(int(flat[pos])) if s is _SKIPPED else s for pos, s in enumerate(out)
-        ]
+        ][: 1 if self._drop_skipped else None]
 
     def _substitute(self, index: int) -> Any:
         """The next readable sample after a skipped ``index`` (global order, wrapping)."""
@@ -609,6 +619,7 @@ class ShardedDataset(Dataset[Any]):
             >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
             ([1, 2, 2], 1.6666666666666667)
         """
+        self._drop_skipped = options.get("max_tokens") is not None
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             shard_sizes=self.sizes,

@@ -467,3 +467,20 @@ def test_an_empty_shard_write_shards_wrote_is_read_with_the_others(
     assert ds.lengths().tolist() == [len(r["input_ids"]) for r in rows]
     batches = list(ResumableDataLoader(ds, batch_sampler=ds.bucket_batch_sampler(max_tokens=16)))
     assert sorted(int(i) for b in batches for i in b["id"]) == list(range(10))
+
+
+@pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_under_a_token_budget_leaves_the_row_out(tmp_path: Path, num_workers: int) -> None:
+    # Row 0 (1 token) does not read (a null in an int column): its place went to row 1
+    # (60 tokens), a 480-token batch under max_tokens=64, and row 1 came twice.
+    ids = [[0], [1] * 60] + [[i] for i in range(2, 9)]
+    y = pa.array([None, *range(1, 9)], pa.int64())
+    pq.write_table(pa.table({"input_ids": ids, "y": y}), tmp_path / "a.parquet")
+    ds = ShardedDataset(tmp_path, ParquetReader(length_column="input_ids"), on_error="skip")
+    sampler = ds.bucket_batch_sampler(max_tokens=64, seed=0, shuffle=False, world_size=1, rank=0)
+    pad = PadCollate(length_field="input_ids")
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=pad, num_workers=num_workers)
+    batches = list(loader)
+    assert max(b["input_ids"].numel() for b in batches) <= 64
+    assert sorted(int(y) for b in batches for y in b["y"]) == list(range(1, 9))
