@@ -432,8 +432,11 @@ class ShardedDataset(Dataset[Any]):
             del sources[shard]
         sources.opens = self._files.opens
 
-    def _samples(self, parts: list[Any], where: list[np.ndarray | None], indices: Any) -> list[Any]:
-        """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`)."""
+    def _samples(
+        self, parts: list[Any], where: list[np.ndarray | None], indices: Any
+    ) -> tuple[list[Any], list[int] | None]:
+        """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`),
+        and the global indices they came from where one was skipped (else None)."""
         flat = np.asarray(indices, dtype=np.int64).reshape(-1) % max(len(self), 1)
         out: list[Any] = [_SKIPPED] * len(flat)
         for part, w in zip(parts, where, strict=True):
@@ -441,17 +444,24 @@ class ShardedDataset(Dataset[Any]):
             positions = range(len(flat)) if w is None else w.tolist()
             for pos, sample in zip(positions, rows, strict=True):
                 out[pos] = sample
+        holes = [pos for pos, sample in enumerate(out) if sample is _SKIPPED]
+        if not holes:
+            return out, None
+        taken = flat.tolist()
         # Under a token budget batch sizes vary anyway, and a substitute may be longer than
         # the skipped sample the budget counted: leave it out (unless the batch would be empty).
-        kept = [s for s in out if s is not _SKIPPED] if self._drop_skipped else []
-        if kept:
-            return kept
-        return [
-            self._substitute(int(flat[pos])) if s is _SKIPPED else s for pos, s in enumerate(out)
-        ][: 1 if self._drop_skipped else None]
+        if self._drop_skipped and len(holes) < len(out):
+            kept = [pos for pos in range(len(out)) if out[pos] is not _SKIPPED]
+            return [out[pos] for pos in kept], [taken[pos] for pos in kept]
+        for pos in holes[:1] if self._drop_skipped else holes:
+            taken[pos], out[pos] = self._substitute(taken[pos])
+        if self._drop_skipped:
+            return out[holes[0] : holes[0] + 1], taken[holes[0] : holes[0] + 1]
+        return out, taken
 
-    def _substitute(self, index: int) -> Any:
-        """The next readable sample after a skipped ``index`` (global order, wrapping)."""
+    def _substitute(self, index: int) -> tuple[int, Any]:
+        """The next readable sample after a skipped ``index`` (global order, wrapping), and
+        its index."""
         n = len(self)
         g = (index + 1) % n
         for _ in range(n):
@@ -460,7 +470,7 @@ class ShardedDataset(Dataset[Any]):
                 g = int(self._ends[shard]) % n  # a shard that failed to open: jump past it
                 continue
             try:
-                return self._handle(shard).read(local)
+                return g, self._handle(shard).read(local)
             except Exception:
                 g = (g + 1) % n  # counted (and warned) when its own turn comes
         raise ShardError(
@@ -473,7 +483,7 @@ class ShardedDataset(Dataset[Any]):
         if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
-        return self._samples(parts, where, indices)
+        return self._samples(parts, where, indices)[0]
 
     def get_batch(self, indices: Any) -> Any:
         """The batch at ``indices``: stacked rows, a dict of columns, or default-collated."""
@@ -490,7 +500,12 @@ class ShardedDataset(Dataset[Any]):
                 for part, w in zip(parts, where, strict=True):
                     rows[w] = part  # scattered straight to its batch positions
                 return torch.from_numpy(rows)
-        samples = self._samples(parts, where, indices)
+        samples, taken = self._samples(parts, where, indices)
+        if taken is not None and isinstance(samples[0], dict):
+            # Read the batch's rows again, by column where they are, as a batch without skips.
+            parts, where = self._gather(taken, rows=True)
+            if all(isinstance(p, Columns) for p in parts):
+                return Columns.scatter(parts, where)
         try:
             return promoting_collate(samples)
         except (RuntimeError, TypeError) as exc:

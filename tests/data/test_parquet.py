@@ -484,3 +484,19 @@ def test_skip_under_a_token_budget_leaves_the_row_out(tmp_path: Path, num_worker
     batches = list(loader)
     assert max(b["input_ids"].numel() for b in batches) <= 64
     assert sorted(int(y) for b in batches for y in b["y"]) == list(range(1, 9))
+
+
+@pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
+@pytest.mark.parametrize("lists", [[[1], [2, 2], [3, 3, 3], [4]], [[1, 1], [2, 2], [3, 3], [4, 4]]])
+def test_a_batch_with_a_skipped_row_comes_by_column(tmp_path: Path, lists: list[Any]) -> None:
+    # It was default-collated from row dicts: uneven lists raised CollateError, even ones
+    # came as one 2-D tensor where every other batch holds a list of 1-D tensors.
+    y = pa.array([0, None, 2, 3], pa.int64())
+    pq.write_table(
+        pa.table({"ids": pa.array(lists, pa.list_(pa.int64())), "y": y}), tmp_path / "a.parquet"
+    )
+    ds = ShardedDataset(tmp_path, ParquetReader(), on_error="skip")
+    first, second = ResumableDataLoader(ds, batch_size=2)
+    assert first["y"].tolist() == [0, 2] and second["y"].tolist() == [2, 3]
+    assert [t.tolist() for t in first["ids"]] == [lists[0], lists[2]]
+    assert isinstance(first["ids"], list) and isinstance(second["ids"], list)
