@@ -17,7 +17,7 @@ from loaderkit.data._arrow import (
     column_kind,
     import_pyarrow,
     length_values,
-    merge_kinds,
+    merge_file_kinds,
     table_columns,
 )
 from loaderkit.data.readers import OpenShard, _missing
@@ -166,7 +166,7 @@ class ParquetReader:
         if seen is None:
             self._kinds[name] = (kind, [(str(t), where)])
             return
-        merged = merge_kinds(seen[0], kind)
+        merged = merge_file_kinds(seen[0], kind)
         if merged is None:
             raise ShardError(
                 f"ParquetReader: column {name!r} is {t} in {where!r} but {_merged_text(seen)}, "

@@ -500,3 +500,28 @@ def test_a_batch_with_a_skipped_row_comes_by_column(tmp_path: Path, lists: list[
     assert first["y"].tolist() == [0, 2] and second["y"].tolist() == [2, 3]
     assert [t.tolist() for t in first["ids"]] == [lists[0], lists[2]]
     assert isinstance(first["ids"], list) and isinstance(second["ids"], list)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ([["a"]], pa.array([["b"]], pa.list_(pa.field("item", pa.string(), nullable=False)))),
+        (pa.array(["a"]).dictionary_encode(), ["b"]),
+        (["a"], [None]),
+        ([[1, 2]], pa.array([[]], pa.list_(pa.null()))),
+        ([["a"]], pa.array([[]], pa.list_(pa.null()))),
+    ],
+    ids=["not-null-items", "dictionary", "nulls", "empty-int-lists", "empty-str-lists"],
+)
+def test_files_whose_columns_read_alike_are_read_together(tmp_path: Path, a: Any, b: Any) -> None:
+    # They were refused by their type's text: item nullability, a dictionary, all nulls.
+    for name, values in (("a", a), ("b", b)):
+        pq.write_table(pa.table({"c": values}), tmp_path / f"{name}.parquet")
+    expected = [
+        row["c"] for f in ("a", "b") for row in pq.read_table(tmp_path / f"{f}.parquet").to_pylist()
+    ]
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    got = [ds[i]["c"] for i in range(len(ds))]
+    assert [x.tolist() if isinstance(x, torch.Tensor) else x for x in got] == expected
+    batch = ds.get_batch([0, 1])["c"]
+    assert len(batch) == 2 and isinstance(batch, list)
