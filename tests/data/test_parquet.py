@@ -525,3 +525,17 @@ def test_files_whose_columns_read_alike_are_read_together(tmp_path: Path, a: Any
     assert [x.tolist() if isinstance(x, torch.Tensor) else x for x in got] == expected
     batch = ds.get_batch([0, 1])["c"]
     assert len(batch) == 2 and isinstance(batch, list)
+
+
+def test_write_shards_casts_to_the_readers_schema(tmp_path: Path) -> None:
+    # Each shard's types were inferred from its own rows: 'score' int64 in one, double in
+    # the other, and the folder write_shards wrote was refused by ShardedDataset.
+    shards = [[{"ids": [1, 2], "score": 1}], [{"ids": [3], "score": 0.5}]]
+    with pytest.raises(ShardError, match=r"'score'.*ParquetReader\(schema=\.\.\.\)"):
+        ShardedDataset(write_shards(tmp_path / "a", shards, ParquetReader()), ParquetReader())
+    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})  # note: none has it
+    ds = ShardedDataset(write_shards(tmp_path / "b", shards, typed), ParquetReader())
+    batch = ds.get_batch([0, 1])
+    assert batch["score"].tolist() == [1.0, 0.5] and batch["note"] == [None, None]
+    with pytest.raises(TypeError, match=r"schema must be a pyarrow\.Schema"):
+        ParquetReader(schema=3)
