@@ -450,13 +450,12 @@ class ShardedDataset(Dataset[Any]):
         taken = flat.tolist()
         # Under a token budget batch sizes vary anyway, and a substitute may be longer than
         # the skipped sample the budget counted: leave it out (unless the batch would be empty).
-        if self._drop_skipped and len(holes) < len(out):
-            kept = [pos for pos in range(len(out)) if out[pos] is not _SKIPPED]
-            return [out[pos] for pos in kept], [taken[pos] for pos in kept]
-        for pos in holes[:1] if self._drop_skipped else holes:
-            taken[pos], out[pos] = self._substitute(taken[pos])
         if self._drop_skipped:
-            return out[holes[0] : holes[0] + 1], taken[holes[0] : holes[0] + 1]
+            kept = [pos for pos, sample in enumerate(out) if sample is not _SKIPPED] or holes[:1]
+            out, taken = [out[pos] for pos in kept], [taken[pos] for pos in kept]
+            holes = [0] if out[0] is _SKIPPED else []
+        for pos in holes:
+            taken[pos], out[pos] = self._substitute(taken[pos])
         return out, taken
 
     def _substitute(self, index: int) -> tuple[int, Any]:
