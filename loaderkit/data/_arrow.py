@@ -88,7 +88,22 @@ def column_kind(pa: Any, t: Any) -> tuple[Any, ...]:
         return ("fixed", _torch_dtype(t.value_type), t.list_size)
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _numeric(pa, t.value_type):
         return ("tensors", _torch_dtype(t.value_type))
-    return ("python", str(t).replace("large_", ""))
+    return ("python", str(_plain(pa, t)))
+
+
+def _plain(pa: Any, t: Any) -> Any:
+    """``t`` as its values read: no nullability, item names, dictionaries or large offsets."""
+    if pa.types.is_dictionary(t):
+        return _plain(pa, t.value_type)
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return pa.string() if pa.types.is_large_string(t) else pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_plain(pa, t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_plain(pa, t.value_type), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(pa, f.type)) for f in t])
+    return t
 
 
 def merge_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -101,6 +116,21 @@ def merge_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] | Non
     return None if dtype is None else (a[0], dtype, *a[2:])
 
 
+_NULL, _EMPTY_LISTS = ("python", "null"), ("python", "list<item: null>")
+
+
+def merge_file_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """:func:`merge_kinds`, where a column of nulls only fits any Python kind (its values
+    are None) and one of empty lists (``list<null>``) any list kind."""
+    for null, other in ((a, b), (b, a)):
+        if null == _NULL and other[0] == "python":
+            return other
+        lists = other[0] == "tensors" or str(other[1]).startswith("list<")
+        if null == _EMPTY_LISTS and lists:
+            return other
+    return merge_kinds(a, b)
+
+
 def _to_tensor(values: Any, dtype: torch.dtype | None) -> torch.Tensor:
     # A writable copy: torch warns on (and must not write into) Arrow's read-only buffers.
     out = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))
@@ -111,6 +141,11 @@ def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None)
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     t = col.type
+    if dtype is not None and pa.types.is_list(t) and pa.types.is_null(t.value_type):
+        # Empty lists where other files hold numbers (see merge_file_kinds): read as those.
+        item = pa.from_numpy_dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+        col = col.cast(pa.list_(item))
+        t = col.type
     numeric = _numeric(pa, t)
     is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
     fixed = pa.types.is_fixed_size_list(t)

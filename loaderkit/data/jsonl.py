@@ -24,7 +24,8 @@ __all__ = ["JsonlReader"]
 
 
 class JsonlReader:
-    """``.jsonl`` shards: one JSON value per line, read by line offset without scanning.
+    """``.jsonl`` shards: one JSON value per line, read by line offset without scanning;
+    a blank line (JSON whitespace only) is no sample.
 
     Counting a shard writes its line offsets to ``<shard>.lkoffsets``; a line that is not
     valid JSON raises :class:`ShardError` (or is skipped under ``on_error="skip"``).
@@ -57,9 +58,9 @@ class JsonlReader:
         return _map_raw(path, np.dtype(np.uint8))
 
     def count(self, path: Path) -> int:
-        """Lines in the shard; writes the line offsets sidecar."""
+        """Lines in the shard but blank ones; writes the line offsets sidecar."""
         path = Path(path)
-        return count_cuts(path, self._bytes(path), ord("\n"), "")
+        return count_cuts(path, self._bytes(path), ord("\n"), "", join_blank=True)
 
     def open(self, path: Path) -> OpenShard:
         """Memory-map the shard and its line offsets."""
@@ -134,9 +135,13 @@ class _Lines:
         try:
             return json.loads(raw)
         except ValueError as exc:
+            # The file's line: blank lines joined a sample (count_cuts), so it is not index + 1.
+            blank = raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))].count(b"\n")
+            line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + blank + 1
             raise ShardError(
-                f"shard {str(self.path)!r} line {index + 1} is not valid JSON ({exc}): "
-                f"{raw[:80]!r}; fix the line, or pass on_error='skip' to drop such samples.",
+                f"shard {str(self.path)!r} line {line} is not valid JSON ({exc}): "
+                f"{raw.strip()[:80]!r}; fix the line, or pass on_error='skip' to drop such "
+                "samples.",
                 path=self.path,
             ) from exc
 

@@ -17,7 +17,7 @@ from loaderkit.data._arrow import (
     column_kind,
     import_pyarrow,
     length_values,
-    merge_kinds,
+    merge_file_kinds,
     table_columns,
 )
 from loaderkit.data.readers import OpenShard, _missing
@@ -34,6 +34,11 @@ class ParquetReader:
         length_column: The column of each row's token count (a list or integer column).
         cache_row_groups: Decoded row groups each process keeps per open file.
         row_group_size: Rows per row group when :meth:`write` writes a file.
+        schema: Column types :meth:`write` casts to (a ``pyarrow.Schema`` or a dict of
+            column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a column a
+            file lacks is written as nulls):
+            else each file's types are inferred from its own rows, e.g. ``int64`` for a
+            float column whose values in that file are all whole numbers.
 
     Samples are dicts ``{column: value}``; a batch is a dict of column -> tensor, or a list of
     1-D tensors for ``list<number>`` (pad them with ``PadCollate()``).
@@ -61,6 +66,7 @@ class ParquetReader:
         length_column: str | None = None,
         cache_row_groups: int = 4,
         row_group_size: int | None = None,
+        schema: Any = None,
     ) -> None:
         if columns is not None:
             if isinstance(columns, str) or not isinstance(columns, list | tuple):
@@ -87,6 +93,16 @@ class ParquetReader:
         self.length_column = length_column
         self.cache_row_groups = cache_row_groups
         self.row_group_size = row_group_size
+        if schema is not None:
+            pa = import_pyarrow()
+            try:
+                schema = schema if isinstance(schema, pa.Schema) else pa.schema(schema)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise TypeError(
+                    f"ParquetReader: schema must be a pyarrow.Schema or a dict of column -> "
+                    f"pyarrow type, got {schema!r}; pass e.g. schema={{'score': 'float64'}}."
+                ) from exc
+        self.schema = schema
         # Column -> (batch kind, [(Arrow type, its first file)]), and the first file's names.
         self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
         self._names: tuple[list[str], str] | None = None
@@ -96,7 +112,7 @@ class ParquetReader:
         return f"ParquetReader(columns={self.columns!r}, length_column={self.length_column!r})"
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "parquet"}
+        return {"kind": "parquet"}  # schema only shapes writes: any ParquetReader reads them
 
     def _file(self, source: Any, name: str | None = None) -> Any:
         """``source`` (a path, or a file object holding the footer) as a ``ParquetFile``."""
@@ -166,12 +182,13 @@ class ParquetReader:
         if seen is None:
             self._kinds[name] = (kind, [(str(t), where)])
             return
-        merged = merge_kinds(seen[0], kind)
+        merged = merge_file_kinds(seen[0], kind)
         if merged is None:
             raise ShardError(
                 f"ParquetReader: column {name!r} is {t} in {where!r} but {_merged_text(seen)}, "
                 f"and no type holds the values of both exactly; write every file with one type "
-                f"for {name!r}, or leave it out with columns=[...].",
+                f"for {name!r} (write_shards: ParquetReader(schema=...)), or leave it out "
+                "with columns=[...].",
                 path=where,
             )
         if merged != seen[0] and self._prepared:
@@ -234,6 +251,12 @@ class ParquetReader:
                 f"ParquetReader.write: data must be a pyarrow.Table, a dict of columns, a "
                 f"pandas DataFrame or a list of row dicts, got {type(data).__name__}."
             )
+        for field in self.schema or ():
+            if field.name not in table.column_names:
+                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+            else:
+                i = table.column_names.index(field.name)
+                table = table.set_column(i, field.name, table.column(i).cast(field.type))
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
 

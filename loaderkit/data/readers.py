@@ -114,8 +114,11 @@ def _offsets_path(path: Path, tag: str) -> Path:
     return path.with_name(f"{path.name}{tag}{OFFSETS_SUFFIX}")
 
 
-def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
-    """Pieces of ``data`` ending at each ``sep`` (and a last one), offsets to sidecar ``tag``."""
+def count_cuts(
+    path: Path, data: np.ndarray, sep: int, tag: str, *, join_blank: bool = False
+) -> int:
+    """Pieces of ``data`` ending at each ``sep`` (and a last one), offsets to sidecar ``tag``;
+    ``join_blank``: a piece of JSON whitespace only joins the piece before it (or after)."""
     ends = [
         np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
         for lo in range(0, len(data), _CHUNK)
@@ -123,6 +126,8 @@ def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
     offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
     if offsets[-1] != len(data):  # a last piece without its separator
         offsets = np.append(offsets, len(data))
+    if join_blank and len(offsets) > 1:
+        offsets = _join_blank(data, offsets)
     target = _offsets_path(path, tag)
     try:
         # Atomic: DDP ranks may count the same shard at once (same content).
@@ -134,6 +139,29 @@ def count_cuts(path: Path, data: np.ndarray, sep: int, tag: str) -> int:
             path=target,
         ) from exc
     return len(offsets) - 1
+
+
+_JSON_SPACE = np.zeros(256, dtype=bool)
+_JSON_SPACE[[9, 10, 13, 32]] = True
+
+
+def _join_blank(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``offsets`` without the pieces of JSON whitespace only: JSON reads a value with
+    whitespace around it, so each such piece joins its neighbour instead of being one."""
+    filled = np.zeros(len(offsets) - 1, dtype=bool)
+    for lo in range(0, len(data), _CHUNK):
+        hi = min(lo + _CHUNK, len(data))
+        first = int(np.searchsorted(offsets, lo, side="right")) - 1
+        last = int(np.searchsorted(offsets, hi, side="left"))  # pieces first..last-1 meet it
+        starts = np.maximum(offsets[first:last], lo) - lo
+        filled[first:last] |= np.logical_or.reduceat(~_JSON_SPACE[data[lo:hi]], starts)
+    if filled.all():
+        return offsets
+    starts = offsets[:-1][filled]
+    if not starts.size:
+        return offsets[-1:]  # no sample (the pieces end where the data ends)
+    starts[0] = 0  # blank pieces before the first value join it
+    return np.append(starts, offsets[-1])
 
 
 def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:

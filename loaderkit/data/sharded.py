@@ -81,7 +81,10 @@ class ShardedDataset(Dataset[Any]):
             checked against every shard's size and mtime when present.
         on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is counted in
             :attr:`skipped`, warned about, and replaced in its batch by the next readable
-            sample (a changed shard or a wrong reader setting raises all the same).
+            sample (a changed shard or a wrong reader setting raises all the same); under
+            a token budget (``bucket_batch_sampler(max_tokens=...)``) it is left out of its
+            batch instead, so the budget holds (a batch of skipped samples only: the next
+            readable sample alone).
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: a :class:`RemoteCache` (default ``RemoteCache()``).
 
@@ -143,6 +146,7 @@ class ShardedDataset(Dataset[Any]):
         self._start_list: list[int] = self._starts.tolist()
         self.on_error, self.max_open_shards = on_error, max_open_shards
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
+        self._drop_skipped = False  # set by a token-budget sampler (see _samples)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it
         self._sources = Sources()
@@ -257,7 +261,8 @@ class ShardedDataset(Dataset[Any]):
             name = shard_name(self.shards[shard])
             warnings.warn(
                 f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard {name} "
-                f"({type(exc).__name__}: {exc}), each replaced by the next readable sample; "
+                f"({type(exc).__name__}: {exc}), each replaced by the next readable sample "
+                "(left out under a token budget); "
                 "further skips here are only counted (ShardedDataset.skipped).",
                 RuntimeWarning,
                 stacklevel=2,
@@ -427,8 +432,11 @@ class ShardedDataset(Dataset[Any]):
             del sources[shard]
         sources.opens = self._files.opens
 
-    def _samples(self, parts: list[Any], where: list[np.ndarray | None], indices: Any) -> list[Any]:
-        """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`)."""
+    def _samples(
+        self, parts: list[Any], where: list[np.ndarray | None], indices: Any
+    ) -> tuple[list[Any], list[int] | None]:
+        """The batch's samples in order, each skipped one replaced (see :meth:`_substitute`),
+        and the global indices they came from where one was skipped (else None)."""
         flat = np.asarray(indices, dtype=np.int64).reshape(-1) % max(len(self), 1)
         out: list[Any] = [_SKIPPED] * len(flat)
         for part, w in zip(parts, where, strict=True):
@@ -436,12 +444,23 @@ class ShardedDataset(Dataset[Any]):
             positions = range(len(flat)) if w is None else w.tolist()
             for pos, sample in zip(positions, rows, strict=True):
                 out[pos] = sample
-        return [
-            self._substitute(int(flat[pos])) if s is _SKIPPED else s for pos, s in enumerate(out)
-        ]
+        holes = [pos for pos, sample in enumerate(out) if sample is _SKIPPED]
+        if not holes:
+            return out, None
+        taken = flat.tolist()
+        # Under a token budget batch sizes vary anyway, and a substitute may be longer than
+        # the skipped sample the budget counted: leave it out (unless the batch would be empty).
+        if self._drop_skipped:
+            kept = [pos for pos, sample in enumerate(out) if sample is not _SKIPPED] or holes[:1]
+            out, taken = [out[pos] for pos in kept], [taken[pos] for pos in kept]
+            holes = [0] if out[0] is _SKIPPED else []
+        for pos in holes:
+            taken[pos], out[pos] = self._substitute(taken[pos])
+        return out, taken
 
-    def _substitute(self, index: int) -> Any:
-        """The next readable sample after a skipped ``index`` (global order, wrapping)."""
+    def _substitute(self, index: int) -> tuple[int, Any]:
+        """The next readable sample after a skipped ``index`` (global order, wrapping), and
+        its index."""
         n = len(self)
         g = (index + 1) % n
         for _ in range(n):
@@ -450,7 +469,7 @@ class ShardedDataset(Dataset[Any]):
                 g = int(self._ends[shard]) % n  # a shard that failed to open: jump past it
                 continue
             try:
-                return self._handle(shard).read(local)
+                return g, self._handle(shard).read(local)
             except Exception:
                 g = (g + 1) % n  # counted (and warned) when its own turn comes
         raise ShardError(
@@ -463,7 +482,7 @@ class ShardedDataset(Dataset[Any]):
         if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
-        return self._samples(parts, where, indices)
+        return self._samples(parts, where, indices)[0]
 
     def get_batch(self, indices: Any) -> Any:
         """The batch at ``indices``: stacked rows, a dict of columns, or default-collated."""
@@ -480,7 +499,12 @@ class ShardedDataset(Dataset[Any]):
                 for part, w in zip(parts, where, strict=True):
                     rows[w] = part  # scattered straight to its batch positions
                 return torch.from_numpy(rows)
-        samples = self._samples(parts, where, indices)
+        samples, taken = self._samples(parts, where, indices)
+        if taken is not None and isinstance(samples[0], dict):
+            # Read the batch's rows again, by column where they are, as a batch without skips.
+            parts, where = self._gather(taken, rows=True)
+            if all(isinstance(p, Columns) for p in parts):
+                return Columns.scatter(parts, where)
         try:
             return promoting_collate(samples)
         except (RuntimeError, TypeError) as exc:
@@ -609,6 +633,7 @@ class ShardedDataset(Dataset[Any]):
             >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
             ([1, 2, 2], 1.6666666666666667)
         """
+        self._drop_skipped = options.get("max_tokens") is not None
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             shard_sizes=self.sizes,

@@ -467,3 +467,75 @@ def test_an_empty_shard_write_shards_wrote_is_read_with_the_others(
     assert ds.lengths().tolist() == [len(r["input_ids"]) for r in rows]
     batches = list(ResumableDataLoader(ds, batch_sampler=ds.bucket_batch_sampler(max_tokens=16)))
     assert sorted(int(i) for b in batches for i in b["id"]) == list(range(10))
+
+
+@pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_under_a_token_budget_leaves_the_row_out(tmp_path: Path, num_workers: int) -> None:
+    # Row 0 (1 token) does not read (a null in an int column): its place went to row 1
+    # (60 tokens), a 480-token batch under max_tokens=64, and row 1 came twice.
+    ids = [[0], [1] * 60] + [[i] for i in range(2, 9)]
+    y = pa.array([None, *range(1, 9)], pa.int64())
+    pq.write_table(pa.table({"input_ids": ids, "y": y}), tmp_path / "a.parquet")
+    ds = ShardedDataset(tmp_path, ParquetReader(length_column="input_ids"), on_error="skip")
+    sampler = ds.bucket_batch_sampler(max_tokens=64, seed=0, shuffle=False, world_size=1, rank=0)
+    pad = PadCollate(length_field="input_ids")
+    loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=pad, num_workers=num_workers)
+    batches = list(loader)
+    assert max(b["input_ids"].numel() for b in batches) <= 64
+    assert sorted(int(y) for b in batches for y in b["y"]) == list(range(1, 9))
+
+
+@pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
+@pytest.mark.parametrize("lists", [[[1], [2, 2], [3, 3, 3], [4]], [[1, 1], [2, 2], [3, 3], [4, 4]]])
+def test_a_batch_with_a_skipped_row_comes_by_column(tmp_path: Path, lists: list[Any]) -> None:
+    # It was default-collated from row dicts: uneven lists raised CollateError, even ones
+    # came as one 2-D tensor where every other batch holds a list of 1-D tensors.
+    y = pa.array([0, None, 2, 3], pa.int64())
+    pq.write_table(
+        pa.table({"ids": pa.array(lists, pa.list_(pa.int64())), "y": y}), tmp_path / "a.parquet"
+    )
+    ds = ShardedDataset(tmp_path, ParquetReader(), on_error="skip")
+    first, second = ResumableDataLoader(ds, batch_size=2)
+    assert first["y"].tolist() == [0, 2] and second["y"].tolist() == [2, 3]
+    assert [t.tolist() for t in first["ids"]] == [lists[0], lists[2]]
+    assert isinstance(first["ids"], list) and isinstance(second["ids"], list)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ([["a"]], pa.array([["b"]], pa.list_(pa.field("item", pa.string(), nullable=False)))),
+        (pa.array(["a"]).dictionary_encode(), ["b"]),
+        (["a"], [None]),
+        ([[1, 2]], pa.array([[]], pa.list_(pa.null()))),
+        ([["a"]], pa.array([[]], pa.list_(pa.null()))),
+    ],
+    ids=["not-null-items", "dictionary", "nulls", "empty-int-lists", "empty-str-lists"],
+)
+def test_files_whose_columns_read_alike_are_read_together(tmp_path: Path, a: Any, b: Any) -> None:
+    # They were refused by their type's text: item nullability, a dictionary, all nulls.
+    for name, values in (("a", a), ("b", b)):
+        pq.write_table(pa.table({"c": values}), tmp_path / f"{name}.parquet")
+    expected = [
+        row["c"] for f in ("a", "b") for row in pq.read_table(tmp_path / f"{f}.parquet").to_pylist()
+    ]
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    got = [ds[i]["c"] for i in range(len(ds))]
+    assert [x.tolist() if isinstance(x, torch.Tensor) else x for x in got] == expected
+    batch = ds.get_batch([0, 1])["c"]
+    assert len(batch) == 2 and isinstance(batch, list)
+
+
+def test_write_shards_casts_to_the_readers_schema(tmp_path: Path) -> None:
+    # Each shard's types were inferred from its own rows: 'score' int64 in one, double in
+    # the other, and the folder write_shards wrote was refused by ShardedDataset.
+    shards = [[{"ids": [1, 2], "score": 1}], [{"ids": [3], "score": 0.5}]]
+    with pytest.raises(ShardError, match=r"'score'.*ParquetReader\(schema=\.\.\.\)"):
+        ShardedDataset(write_shards(tmp_path / "a", shards, ParquetReader()), ParquetReader())
+    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})  # note: none has it
+    ds = ShardedDataset(write_shards(tmp_path / "b", shards, typed), ParquetReader())
+    batch = ds.get_batch([0, 1])
+    assert batch["score"].tolist() == [1.0, 0.5] and batch["note"] == [None, None]
+    with pytest.raises(TypeError, match=r"schema must be a pyarrow\.Schema"):
+        ParquetReader(schema=3)

@@ -1184,6 +1184,20 @@ def test_skip_substitutes_only_the_bad_lines_of_a_jsonl_shard(tmp_path: Path) ->
         hopeless.get_batch([0])
 
 
+def test_a_blank_jsonl_line_is_no_sample(tmp_path: Path) -> None:
+    # Each blank line was a sample that failed to read mid-epoch (SequenceDataModule and
+    # JSON itself skip whitespace).
+    (tmp_path / "a.jsonl").write_text('\n {"i": 0}\r\n\n  \t\n{"i": 1}\n\n')
+    (tmp_path / "b.jsonl").write_text("\n \n")
+    (tmp_path / "c.jsonl").write_text('{"i": 2}')
+    ds = ShardedDataset(tmp_path, JsonlReader())
+    assert ds.sizes == (2, 0, 1)
+    assert [ds[i] for i in range(len(ds))] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    (tmp_path / "d.jsonl").write_text('\n{"i": 3}\n\n{broken\n')
+    with pytest.raises(ShardError, match=r"d\.jsonl' line 4 is not valid JSON"):
+        ShardedDataset([tmp_path / "d.jsonl"], JsonlReader())[1]
+
+
 def test_bad_arguments_are_named(shards: list[Path]) -> None:
     with pytest.raises(ValueError, match="exactly one of seq_len"):
         TokenReader()

@@ -282,6 +282,15 @@ def test_sequence_datamodule_reads_jsonl_and_bare_samples(tmp_path: Path) -> Non
     assert len(both.val_dataset) == 3
 
 
+def test_sequence_datamodule_reads_a_jsonl_file_with_a_bom(tmp_path: Path) -> None:
+    # Refused as invalid JSON on line 1, while JsonlReader read the same file.
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf[1, 2]\n[3]\n")
+    dm = SequenceDataModule(str(path), batch_size=2, shuffle=False)
+    dm.setup("fit")
+    assert [len(s) for s in dm.train_dataset] == [2, 1]
+
+
 def test_image_folder_datamodule_trains(tmp_path: Path) -> None:
     root = make_image_tree(tmp_path / "train")
     val = make_image_tree(tmp_path / "val", per_class=2)

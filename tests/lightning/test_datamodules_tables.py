@@ -55,6 +55,30 @@ def test_sharded_datamodule_reads_parquet(parquet_dir: Path) -> None:
     assert budget.describe()["padding_fraction"] is not None
 
 
+@pytest.mark.parametrize("column", ["labels", None])
+def test_a_token_budget_counts_length_key_not_the_readers_length_column(
+    tmp_path: Path, column: str | None
+) -> None:
+    # The batches were planned by the reader's length_column ('labels', 1 token a row) and
+    # padded by length_key: 20x over max_tokens. Without a length_column: refused.
+    from loaderkit import HFDataset, MixedDataModule
+
+    datasets = pytest.importorskip("datasets")
+    ids = [[1] * (1 + i % 20) for i in range(N)]
+    table = {"input_ids": ids, "labels": [[0]] * N}
+    samples = [{"input_ids": i, "labels": [0]} for i in ids]
+    write_shards(tmp_path / "pq", [samples], ParquetReader())
+    reader = ParquetReader(length_column=column)
+    hf = HFDataset(datasets.Dataset.from_dict(table), length_column=column)
+    for dm in (
+        ShardedDataModule(str(tmp_path / "pq"), reader=reader, max_tokens=24, seed=0),
+        MixedDataModule({"a": hf}, max_tokens=24, seed=0),
+    ):
+        dm.setup("fit")
+        shapes = [b["input_ids"].shape for b in dm.train_dataloader()]
+        assert max(r * n for r, n in shapes) <= 24 and sum(r for r, _ in shapes) == N
+
+
 def test_pad_to_multiple_of_pads_a_batch_of_equal_lengths(tmp_path: Path) -> None:
     # Rows 0, 6, 12, ... all hold one token: such a batch was left at length 1.
     write_shards(tmp_path / "pq", [rows(0, 40)], ParquetReader(row_group_size=4))

@@ -284,7 +284,7 @@ def _is_table_path(source: Any) -> bool:
 
 def _read_jsonl(owner: str, path: str) -> list[Any]:
     samples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a BOM, as JsonlReader reads it
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue

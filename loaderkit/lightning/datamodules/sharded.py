@@ -151,9 +151,13 @@ class _ShardSources(LoaderDataModule):
         """One source's sample lengths: from offsets or a column where it can, else read."""
         key = KeyLength(self.length_key, owner=type(self).__name__)
         own = reads_overridden(source, "lengths")  # a subclass's
-        if isinstance(source, ShardedDataset) and (own or isinstance(source.reader, JsonlReader)):
+        sharded = isinstance(source, ShardedDataset)
+        # A length column other than length_key counts other tokens than the collate pads.
+        column = getattr(source.reader if sharded else source, "length_column", self.length_key)
+        by_key = own or column != self.length_key
+        if sharded and (by_key or isinstance(source.reader, JsonlReader)):
             return source.lengths(key)  # samples: each read once, by length_key
-        if isinstance(source, ShardedDataset | HFDataset) and not own:
+        if sharded or (isinstance(source, HFDataset) and not by_key):
             return source.lengths()  # offsets, a column: no sample is read
         return compute_lengths(source, key)
 
