@@ -175,7 +175,7 @@ class MixedDataModule(_ShardSources):
             elif len(datasets) == 1 and not named:
                 out[split] = datasets[0]
             else:  # named, as sources of one size alike are refused unnamed (read once here)
-                out[split] = MixedDataset(given if named else dict(zip(names, datasets)))
+                out[split] = MixedDataset(dict(zip(names, datasets, strict=True)))
         return out
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
