@@ -115,7 +115,15 @@ class LightningHost:
             return listed
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
         held = listed + max(int(batch.ready) - int(batch.processed), 0)
-        if failed is not None and len(train_loaders(trainer)) == 1:
+        # A draw that raised, seen by the fetcher of batches (dataloader_iter steps draw
+        # after the loop counts a batch ready: ready - processed holds theirs).
+        if failed is not None and hasattr(fetcher, "batches"):
+            if len(train_loaders(trainer)) > 1:
+                raise LoaderkitError(
+                    "ResumableDataLoader: a batch of a combined train loader failed to load, "
+                    "so no state says which batches the other loaders handed out for it. "
+                    "Resume from a step checkpoint saved before the failure."
+                )
             handed, counted = failed
             # Ahead of an unsized loader, a refill that raised had popped the list's first
             # batch: neither listed nor counted ready.
