@@ -331,7 +331,8 @@ class PlanEngine:
             self.adopt_seed(saved_seed)
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
-            self.plan.restore(loaded["epoch"], listed)
+            check = extra.get("epoch_check")
+            self.plan.restore(loaded["epoch"], listed, check if isinstance(check, int) else None)
         self.host.supersede()
         return adopted
 

@@ -207,16 +207,16 @@ def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
 _PROBE_SEED = 0
 
 
-def seeds_itself(sampler: Any) -> bool:
-    """Whether ``sampler`` with an empty ``generator`` slot lists epochs 0 and 1 alike under
-    any RNG (an epoch 0 sorted by length may draw only from epoch 1 on)."""
+def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
+    """Whether ``sampler`` with an empty ``generator`` slot lists ``epochs`` alike under any
+    RNG (an epoch sorted by length, a warm-up, draws nothing)."""
     if getattr(sampler, "generator", _ABSENT) is not None or not callable(
         getattr(sampler, "set_epoch", None)
     ):
         return False
     state = torch.random.get_rng_state()
     try:
-        for epoch in (0, 1):
+        for epoch in epochs:
             orders = []
             for seed in (1, 2):
                 torch.manual_seed(seed)
@@ -302,6 +302,13 @@ class SamplerPlan:
         default_factory=dict, init=False, repr=False, compare=False
     )
     _restored: dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lend_at: dict[int, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _checked: tuple[torch.Tensor, int] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _loaded_check: dict[int, int] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         owner = "ResumableDataLoader"
@@ -340,6 +347,19 @@ class SamplerPlan:
         """Position reached when an epoch is complete."""
         return self.num_samples
 
+    def lends(self, epoch: int) -> bool:
+        """Whether an empty ``generator`` slot is lent a keyed generator in ``epoch``: always,
+        unless the sampler seeds itself (probed per epoch after the first two: a warm-up may
+        end later)."""
+        if self._lend or epoch < 2:
+            return self._lend
+        lend = self._lend_at.get(epoch)
+        if lend is None:
+            lend = not seeds_itself(self.sampler, (epoch,))
+            self._lend_at.clear()  # a loader asks for one epoch at a time
+            self._lend_at[epoch] = lend
+        return lend
+
     def order(self, epoch: int) -> torch.Tensor:
         """The sampler's order in ``epoch``, keyed to ``(seed, epoch)``."""
         check_int("epoch", epoch, 0)
@@ -353,7 +373,7 @@ class SamplerPlan:
             self.first_state,
             self._seen,
             self._restored.pop(epoch, None),
-            lend=self._lend,
+            lend=self.lends(epoch),
             advance=True,
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
@@ -382,18 +402,27 @@ class SamplerPlan:
 
     def order_check(self, epoch: int) -> int:
         """A checksum of the order in ``epoch`` (ranks compare it as the epoch starts)."""
-        return zlib.crc32(self.order(epoch).numpy().tobytes())
+        order = self.order(epoch)
+        memo = self._checked
+        if memo is None or memo[0] is not order:  # once per listing: O(epoch) bytes
+            memo = (order, zlib.crc32(order.numpy().tobytes()))
+            object.__setattr__(self, "_checked", memo)
+        return memo[1]
 
     def listed_from(self, epoch: int) -> str | None:
         """The reseeded generator state (base64) ``epoch`` was listed from, else None."""
         return self._sources.get(epoch)
 
-    def restore(self, epoch: int, listed_from: str | None) -> None:
-        """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed."""
+    def restore(self, epoch: int, listed_from: str | None, check: int | None = None) -> None:
+        """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed;
+        ``check``: its order's checksum in the state."""
         restored = _restored(listed_from)
         self._cache.clear()
         self._restored.clear()
         self._restored[epoch] = restored
+        self._loaded_check.clear()
+        if check is not None:
+            self._loaded_check[epoch] = check
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
@@ -404,8 +433,13 @@ class SamplerPlan:
         return epoch > 0 and 0 < position < self.num_samples
 
     def epoch_check(self, epoch: int, position: int) -> int | None:
-        """A checksum of the order a state saved at ``position`` of ``epoch`` goes on in."""
-        return self.order_check(epoch) if self.part_way(epoch, position) else None
+        """A checksum of the order a state saved at ``position`` of ``epoch`` goes on in (one
+        loaded and not listed since keeps the loaded one: a state never lists an epoch)."""
+        if not self.part_way(epoch, position):
+            return None
+        if epoch in self._cache:
+            return self.order_check(epoch)
+        return self._loaded_check.get(epoch)
 
     def check_relisted(
         self,
@@ -424,7 +458,7 @@ class SamplerPlan:
         args = (seed, epoch, self.first_state, self._seen, _restored(listed_from))
 
         def listing() -> torch.Tensor:
-            return keyed_order(self.sampler, *args, lend=self._lend)[0]
+            return keyed_order(self.sampler, *args, lend=self.lends(epoch))[0]
 
         name = type(self.sampler).__name__
         with rngs_put_back():  # it may draw from them (what this refuses)
