@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import (
     ConcatDataset,
     Dataset,
+    StackDataset,
     Subset,
     TensorDataset,
     default_collate,
@@ -44,12 +45,38 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
     if "__getitems__" in own:  # set on the instance: torch's fetcher calls it, so we do
         return method == "__getitems__" or method in own
     overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
-    for cls in type(dataset).__mro__:
-        if method in vars(cls):
-            return True  # reached the class that defines it: no override before it
-        if any(name in vars(cls) for name in overrides):
+    mro = type(dataset).__mro__
+    owner = next((cls for cls in mro if method in vars(cls)), None)
+    if owner is None:
+        return False
+    for cls in mro[: mro.index(owner)]:
+        # Only a subclass of the owner overrides it; a mixin's method sits beside it.
+        if issubclass(cls, owner) and any(name in vars(cls) for name in overrides):
             return False
-    return False
+    if method == "__getitems__" and _torchs_wrapper(dataset):
+        # torch's Subset/StackDataset call their datasets' batch reads: faithful if theirs are.
+        return all(
+            not callable(getattr(d, method, None)) or batch_fetch_is_faithful(d, method)
+            for d in _wrapped(dataset)
+        )
+    return True
+
+
+def _torchs_wrapper(dataset: Any) -> bool:
+    """Whether ``dataset`` is a torch ``Subset`` or ``StackDataset`` reading as torch's do."""
+    cls = type(dataset)
+    if not isinstance(dataset, Subset | StackDataset) or read_set_on_instance(dataset):
+        return False
+    base = Subset if isinstance(dataset, Subset) else StackDataset
+    names = ("__getitem__", "__getitems__")
+    return all(inspect.getattr_static(cls, n) is vars(base)[n] for n in names)
+
+
+def _wrapped(dataset: Subset[Any] | StackDataset[Any]) -> list[Any]:
+    if isinstance(dataset, Subset):
+        return [dataset.dataset]
+    parts = dataset.datasets
+    return list(parts.values() if isinstance(parts, dict) else parts)
 
 
 def loaderkit_batch_read(dataset: Any) -> bool:
@@ -308,7 +335,9 @@ def per_sample_reads(dataset: Any) -> bool:
         return False  # the user's own batch read
     if type(dataset) is ConcatDataset:
         return all(per_sample_reads(part) for part in dataset.datasets)
-    if type(dataset) is Subset or isinstance(dataset, _Subset):
+    if _torchs_wrapper(dataset):
+        return all(per_sample_reads(part) for part in _wrapped(dataset))
+    if isinstance(dataset, _Subset):
         return per_sample_reads(dataset.dataset)
     return False
 

@@ -718,3 +718,94 @@ def test_a_getitems_read_is_refused_where_numpy_cannot_be_checked() -> None:
     finally:
         np.random.set_bit_generator(np.random.MT19937(0))
         np.random.set_state(saved)
+
+
+class _Rows(Dataset[dict[str, Any]]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.tensor(float(i))}
+
+
+class _VectorReads:
+    """A mixin: the batch in one read (what a vectorised store does)."""
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        return {"x": torch.tensor(indices, dtype=torch.float32), "batched": True}
+
+
+class _Mixed(_Rows, _VectorReads):
+    pass
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_mixins_getitems_beside_the_getitem_is_read_as_torch_reads_it(num_workers: int) -> None:
+    # Hunter 229: _Rows.__getitem__ earlier in the MRO counted as an override of the mixin's
+    # batch read (no subclass of it), so the batch was read per sample: no "batched".
+    def same(batch: Any) -> Any:
+        return batch
+
+    want = next(iter(DataLoader(_Mixed(), batch_size=4, collate_fn=same)))
+    loader = ResumableDataLoader(
+        _Mixed(), batch_size=4, collate_fn=same, num_workers=num_workers, seed=0
+    )
+    got = next(iter(loader))
+    assert got["batched"] and got["x"].tolist() == want["x"].tolist()
+
+
+class _Batched(_Rows):
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        return [{"x": torch.tensor(float(i))} for i in indices]
+
+
+class _Scaled(_Batched):
+    """Overrides the per-sample read below the batch read: loaderkit never bypasses it."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.tensor(10.0 * i)}
+
+
+class _Augmenting(_Rows):
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.tensor(float(i)) + torch.rand(())}
+
+
+class _NamedSubset(Subset[Any]):
+    name = "named"
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda d: d,
+        lambda d: Subset(d, range(8)),
+        lambda d: torch.utils.data.StackDataset(d),
+    ],
+    ids=["alone", "Subset", "StackDataset"],
+)
+def test_a_subclass_getitem_is_read_inside_torchs_wrappers_too(wrap: Any) -> None:
+    # Hunter 229: Subset/StackDataset called the base's batch read: [0, 1, 2, 3].
+    loader = ResumableDataLoader(wrap(_Scaled()), batch_size=4, seed=0)
+    batch = next(iter(loader))
+    x = batch[0]["x"] if isinstance(batch, list | tuple) else batch["x"]
+    assert x.tolist() == [0.0, 10.0, 20.0, 30.0]
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda d: _NamedSubset(d, range(8)), lambda d: torch.utils.data.StackDataset(d)],
+    ids=["Subset-subclass", "StackDataset"],
+)
+def test_torchs_wrappers_over_an_augmenting_dataset_are_seeded_per_sample(wrap: Any) -> None:
+    # Hunter 229: refused as a batch read that draws (per_sample_seeding would be lost).
+    def first(num_workers: int) -> Any:
+        loader = ResumableDataLoader(
+            wrap(_Augmenting()), batch_size=4, seed=0, num_workers=num_workers
+        )
+        return next(iter(loader))
+
+    a, b = first(0), first(2)
+    xa = a[0]["x"] if isinstance(a, list | tuple) else a["x"]
+    xb = b[0]["x"] if isinstance(b, list | tuple) else b["x"]
+    assert torch.equal(xa, xb)
