@@ -1184,6 +1184,17 @@ def test_skip_substitutes_only_the_bad_lines_of_a_jsonl_shard(tmp_path: Path) ->
         hopeless.get_batch([0])
 
 
+def test_a_token_budget_over_a_jsonl_shard_with_a_bad_line(tmp_path: Path) -> None:
+    # bucket_batch_sampler(max_tokens=) set a drop flag first, so computing lengths() got
+    # fewer samples than it asked for and raised TypeError.
+    (tmp_path / "a.jsonl").write_text("[1,2,3]\n{bad\n[4]\n[5,6]\n")
+    ds = ShardedDataset(tmp_path, JsonlReader(), on_error="skip")
+    with pytest.warns(RuntimeWarning, match=r"a\.jsonl"):
+        sampler = ds.bucket_batch_sampler(max_tokens=8, seed=0, rank=0, world_size=1)
+    assert sorted(i for b in sampler for i in b) == [0, 1, 2, 3]
+    assert ds.lengths().tolist() == [3, 1, 1, 2]  # line 2's place: line 3, its substitute
+
+
 def test_a_blank_jsonl_line_is_no_sample(tmp_path: Path) -> None:
     # Each blank line was a sample that failed to read mid-epoch (SequenceDataModule and
     # JSON itself skip whitespace).
