@@ -376,9 +376,12 @@ class OpenShards:
             ) from exc
         self.opens += 1
         if len(handle) != self.sizes[shard]:
-            raise ShardError(
+            # Never skipped: no sample is bad, the count is stale (an older loaderkit's
+            # JsonlReader counted blank lines), so every position after it is off.
+            raise ShardChangedError(
                 f"shard {name} has {len(handle)} samples, the index says {self.sizes[shard]}: "
-                f"it changed after it was counted; delete the index {index} and restart.",
+                f"it changed after it was counted, or an older loaderkit counted it; delete "
+                f"the index {index} and restart.",
                 path=self.shards[shard],
             )
         return handle
