@@ -551,9 +551,22 @@ def test_write_shards_casts_to_the_readers_schema(tmp_path: Path) -> None:
     shards = [[{"ids": [1, 2], "score": 1}], [{"ids": [3], "score": 0.5}]]
     with pytest.raises(ShardError, match=r"'score'.*ParquetReader\(schema=\.\.\.\)"):
         ShardedDataset(write_shards(tmp_path / "a", shards, ParquetReader()), ParquetReader())
-    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})  # note: none has it
+    for shard in shards:
+        shard[0]["note"] = None  # nulls in a column the schema types (no row has a note)
+    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})
     ds = ShardedDataset(write_shards(tmp_path / "b", shards, typed), ParquetReader())
     batch = ds.get_batch([0, 1])
     assert batch["score"].tolist() == [1.0, 0.5] and batch["note"] == [None, None]
     with pytest.raises(TypeError, match=r"schema must be a pyarrow\.Schema"):
         ParquetReader(schema=3)
+
+
+def test_a_schema_cast_or_column_that_fails_is_named(tmp_path: Path) -> None:
+    # A cast raised a bare ArrowInvalid; a misspelt column was written as nulls in every file.
+    rows = [{"score": 1.0}, {"score": 1.5}]
+    cast = r"cannot cast column 'score' of 'a\.parquet' to int64 \(.*truncated.*\); pass a schema="
+    with pytest.raises(ValueError, match=cast):
+        ParquetReader(schema={"score": "int64"}).write(tmp_path / "a.parquet", rows)
+    typo = r"names column 'scroe', which no row of 'a\.parquet' has \(it has \['score'\]\)"
+    with pytest.raises(ValueError, match=typo):
+        ParquetReader(schema={"scroe": "float64"}).write(tmp_path / "a.parquet", rows)
