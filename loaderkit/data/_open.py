@@ -154,13 +154,15 @@ def nested_files(root: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def named_by_url(copy: Path, url: str) -> Iterator[None]:
-    """Let a :class:`ShardError` about the cached ``copy`` of the object at ``url`` (or a file
-    beside it: its decoded form, a sidecar) name ``url``, the object the user can fix."""
+    """Let a :class:`ShardError` about the cached ``copy`` of the object at ``url`` (or its
+    decoded form) name ``url``, the object the user can fix; one about a sidecar beside it
+    keeps the cached file's name, which the advice to delete it is about."""
+    own = (copy, copy.with_name(decoded_name(copy.name)))
     try:
         yield
     except ShardError as exc:
         local = exc.path
-        if isinstance(local, str | os.PathLike) and Path(local).parent == copy.parent:
+        if isinstance(local, str | os.PathLike) and Path(local) in own:
             exc.args = (str(exc).replace(str(local), url), *exc.args[1:])
             exc.path = url
         raise
@@ -376,9 +378,12 @@ class OpenShards:
             ) from exc
         self.opens += 1
         if len(handle) != self.sizes[shard]:
-            raise ShardError(
+            # Never skipped: no sample is bad, the count is stale (an older loaderkit's
+            # JsonlReader counted blank lines), so every position after it is off.
+            raise ShardChangedError(
                 f"shard {name} has {len(handle)} samples, the index says {self.sizes[shard]}: "
-                f"it changed after it was counted; delete the index {index} and restart.",
+                f"it changed after it was counted, or an older loaderkit counted it; delete "
+                f"the index {index} and restart.",
                 path=self.shards[shard],
             )
         return handle

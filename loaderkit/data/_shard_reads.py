@@ -93,6 +93,7 @@ class Sources(dict[int, RowSource]):
     def __init__(self) -> None:
         super().__init__()
         self.kinds: dict[Any, Any] = {}
+        self.lengths: dict[int, tuple[Any, Any]] = {}  # shard: (handle, its lengths or None)
         self.opens = 0
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -87,6 +87,9 @@ def written_digests(
     return digests
 
 
+_OLD_LIST = " (it may be an older loaderkit's index of a list of shards in several folders)"
+
+
 def check_complete(
     folder: str,
     listed: Sequence[str],
@@ -103,10 +106,14 @@ def check_complete(
     gone = {n for _, names, _ in parsed for n in names if accept(n) and n not in have}
     if gone:
         missing = sorted(gone)
-        where = [w for w, names, _ in parsed if set(names) & gone]
+        where = [(w, by_writer) for w, names, by_writer in parsed if set(names) & gone]
+        # An older loaderkit wrote the index of a list of shards across folders into the
+        # first folder: one write_shards did not write may be that.
+        old = "" if any(b for _, b in where) else _OLD_LIST
         raise MissingShardError(
             f"shard folder {folder!r} lacks {len(missing)} shard(s) that its index "
-            f"{', '.join(map(repr, where))} lists: {missing}; restore them, or delete the index.",
+            f"{', '.join(repr(w) for w, _ in where)} lists: {missing}; restore them, or delete "
+            f"the index{old}.",
             path=f"{folder.rstrip('/')}/{missing[0]}",
         )
     # A corpus this reader cannot open (another suffix) lays no claim to the folder; two that

@@ -18,14 +18,14 @@ from loaderkit.data.readers import (
     _read_offsets,
     count_cuts,
 )
-from loaderkit.errors import ShardError
+from loaderkit.errors import ShardChangedError, ShardError
 
 __all__ = ["JsonlReader"]
 
 
 class JsonlReader:
     """``.jsonl`` shards: one JSON value per line, read by line offset without scanning;
-    a blank line (JSON whitespace only) is no sample.
+    a blank line (JSON whitespace only) is no sample, nor is a leading UTF-8 BOM.
 
     Counting a shard writes its line offsets to ``<shard>.lkoffsets``; a line that is not
     valid JSON raises :class:`ShardError` (or is skipped under ``on_error="skip"``).
@@ -60,7 +60,7 @@ class JsonlReader:
     def count(self, path: Path) -> int:
         """Lines in the shard but blank ones; writes the line offsets sidecar."""
         path = Path(path)
-        return count_cuts(path, self._bytes(path), ord("\n"), "", join_blank=True)
+        return count_cuts(path, self._bytes(path), ord("\n"), "", join_blank=True, bom=_BOM)
 
     def open(self, path: Path) -> OpenShard:
         """Memory-map the shard and its line offsets."""
@@ -98,6 +98,7 @@ class JsonlReader:
         return path
 
 
+_BOM = b"\xef\xbb\xbf"  # json.loads reads it at the start of bytes (SequenceDataModule too)
 _NO_KEY = object()
 _SCALARS = {int, float, str, bool, type(None)}  # a list of them holds no key: not walked
 
@@ -135,6 +136,15 @@ class _Lines:
         try:
             return json.loads(raw)
         except ValueError as exc:
+            text = raw[len(_BOM) :] if lo == 0 and raw.startswith(_BOM) else raw
+            if not text.strip(b" \t\r\n"):  # counted by an older loaderkit: one sample a line
+                line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + 1
+                side = str(_offsets_path(self.path, ""))
+                raise ShardChangedError(
+                    f"shard {str(self.path)!r} line {line} is blank, yet an older loaderkit "
+                    f"counted it as a sample; delete the shard index and {side!r}.",
+                    path=self.path,
+                ) from exc
             # The file's line: blank lines joined a sample (count_cuts), so it is not index + 1.
             blank = raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))].count(b"\n")
             line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + blank + 1

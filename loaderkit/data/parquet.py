@@ -35,8 +35,9 @@ class ParquetReader:
         cache_row_groups: Decoded row groups each process keeps per open file.
         row_group_size: Rows per row group when :meth:`write` writes a file.
         schema: Column types :meth:`write` casts to (a ``pyarrow.Schema`` or a dict of
-            column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a column a
-            file lacks is written as nulls):
+            column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a row
+            without a column holds a null there, a file none of whose rows has it is
+            refused, as a misspelt name):
             else each file's types are inferred from its own rows, e.g. ``int64`` for a
             float column whose values in that file are all whole numbers.
 
@@ -253,10 +254,20 @@ class ParquetReader:
             )
         for field in self.schema or ():
             if field.name not in table.column_names:
-                table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
-            else:
-                i = table.column_names.index(field.name)
+                raise ValueError(
+                    f"ParquetReader(schema=...) names column {field.name!r}, which no row of "
+                    f"{path.name!r} has (it has {table.column_names}); fix the name, or give "
+                    "the rows that column (None where a row has no value)."
+                )
+            i = table.column_names.index(field.name)
+            try:
                 table = table.set_column(i, field.name, table.column(i).cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(
+                    f"ParquetReader(schema=...) cannot cast column {field.name!r} of "
+                    f"{path.name!r} to {field.type} ({exc}); pass a schema= type that holds "
+                    "its values, e.g. float64."
+                ) from exc
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
 

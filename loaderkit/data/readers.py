@@ -115,10 +115,11 @@ def _offsets_path(path: Path, tag: str) -> Path:
 
 
 def count_cuts(
-    path: Path, data: np.ndarray, sep: int, tag: str, *, join_blank: bool = False
+    path: Path, data: np.ndarray, sep: int, tag: str, *, join_blank: bool = False, bom: bytes = b""
 ) -> int:
     """Pieces of ``data`` ending at each ``sep`` (and a last one), offsets to sidecar ``tag``;
-    ``join_blank``: a piece of JSON whitespace only joins the piece before it (or after)."""
+    ``join_blank``: a piece of JSON whitespace only (after ``bom`` at the start) joins the
+    piece before it (or after)."""
     ends = [
         np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
         for lo in range(0, len(data), _CHUNK)
@@ -127,7 +128,7 @@ def count_cuts(
     if offsets[-1] != len(data):  # a last piece without its separator
         offsets = np.append(offsets, len(data))
     if join_blank and len(offsets) > 1:
-        offsets = _join_blank(data, offsets)
+        offsets = _join_blank(data, offsets, bom)
     target = _offsets_path(path, tag)
     try:
         # Atomic: DDP ranks may count the same shard at once (same content).
@@ -145,7 +146,7 @@ _JSON_SPACE = np.zeros(256, dtype=bool)
 _JSON_SPACE[[9, 10, 13, 32]] = True
 
 
-def _join_blank(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _join_blank(data: np.ndarray, offsets: np.ndarray, bom: bytes) -> np.ndarray:
     """``offsets`` without the pieces of JSON whitespace only: JSON reads a value with
     whitespace around it, so each such piece joins its neighbour instead of being one."""
     filled = np.zeros(len(offsets) - 1, dtype=bool)
@@ -155,6 +156,9 @@ def _join_blank(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         last = int(np.searchsorted(offsets, hi, side="left"))  # pieces first..last-1 meet it
         starts = np.maximum(offsets[first:last], lo) - lo
         filled[first:last] |= np.logical_or.reduceat(~_JSON_SPACE[data[lo:hi]], starts)
+    if bom and filled[0] and data[: len(bom)].tobytes() == bom:
+        head = data[len(bom) : offsets[1]]
+        filled[0] = bool((~_JSON_SPACE[head]).any())
     if filled.all():
         return offsets
     starts = offsets[:-1][filled]

@@ -81,10 +81,10 @@ class ShardedDataset(Dataset[Any]):
             checked against every shard's size and mtime when present.
         on_error: ``"raise"``, or ``"skip"``: a sample that fails to read is counted in
             :attr:`skipped`, warned about, and replaced in its batch by the next readable
-            sample (a changed shard or a wrong reader setting raises all the same); under
-            a token budget (``bucket_batch_sampler(max_tokens=...)``) it is left out of its
-            batch instead, so the budget holds (a batch of skipped samples only: the next
-            readable sample alone).
+            sample no longer than it (by the shards' own lengths, which :meth:`lengths`
+            gives a token budget; any length where none is), so batches keep their size
+            and a budget holds (a changed shard or a wrong reader setting raises all the
+            same).
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: a :class:`RemoteCache` (default ``RemoteCache()``).
 
@@ -146,7 +146,6 @@ class ShardedDataset(Dataset[Any]):
         self._start_list: list[int] = self._starts.tolist()
         self.on_error, self.max_open_shards = on_error, max_open_shards
         self._skips = torch.zeros(_SKIP_SLOTS, dtype=torch.int64)
-        self._drop_skipped = False  # set by a token-budget sampler (see _samples)
         if on_error == "skip":
             self._skips.share_memory_()  # workers count into it; the main process reads it
         self._sources = Sources()
@@ -262,8 +261,7 @@ class ShardedDataset(Dataset[Any]):
             warnings.warn(
                 f"ShardedDataset(on_error='skip'): skipped {count} sample(s) of shard {name} "
                 f"({type(exc).__name__}: {exc}), each replaced by the next readable sample "
-                "(left out under a token budget); "
-                "further skips here are only counted (ShardedDataset.skipped).",
+                "no longer than it; further skips here are only counted (ShardedDataset.skipped).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -448,34 +446,70 @@ class ShardedDataset(Dataset[Any]):
         if not holes:
             return out, None
         taken = flat.tolist()
-        # Under a token budget batch sizes vary anyway, and a substitute may be longer than
-        # the skipped sample the budget counted: leave it out (unless the batch would be empty).
-        if self._drop_skipped:
-            kept = [pos for pos, sample in enumerate(out) if sample is not _SKIPPED] or holes[:1]
-            out, taken = [out[pos] for pos in kept], [taken[pos] for pos in kept]
-            holes = [0] if out[0] is _SKIPPED else []
         for pos in holes:
             taken[pos], out[pos] = self._substitute(taken[pos])
         return out, taken
 
     def _substitute(self, index: int) -> tuple[int, Any]:
-        """The next readable sample after a skipped ``index`` (global order, wrapping), and
-        its index."""
-        n = len(self)
-        g = (index + 1) % n
-        for _ in range(n):
+        """The next readable sample after a skipped ``index`` (global order, wrapping) and its
+        index: the first no longer than it where the shards know their samples' lengths.
+
+        Any sampler then keeps its batch size and a token budget planned on :meth:`lengths`
+        holds: those are the shards' lengths, or else were read through this same choice.
+        Where none that short reads, the next readable one of any length.
+        """
+        shard, local = self.locate(index)
+        lengths = self._known_lengths(shard)
+        found = None if lengths is None else self._next_readable(index, int(lengths[local]))
+        found = found or self._next_readable(index, None)
+        if found is None:
+            raise ShardError(
+                f"sample {index} was skipped and no readable sample is left to take its place; "
+                "restore the shards the warnings name."
+            )
+        return found
+
+    def _next_readable(self, index: int, limit: int | None) -> tuple[int, Any] | None:
+        """The first sample after ``index`` (wrapping) that reads and, with ``limit``, is
+        known to be no longer; None if none."""
+        n, step = len(self), 1
+        while step < n:
+            g = (index + step) % n
             shard, local = self.locate(g)
-            if shard in self._files.broken:
-                g = int(self._ends[shard]) % n  # a shard that failed to open: jump past it
+            end = int(self._ends[shard])
+            lengths = None if limit is None else self._known_lengths(shard)
+            if shard in self._files.broken or (limit is not None and lengths is None):
+                step += end - g  # a shard that failed to open (or of unknown lengths): past it
                 continue
+            if lengths is not None:
+                short = np.flatnonzero(lengths[local:] <= limit)
+                if not len(short):
+                    step += end - g
+                    continue
+                step, local = step + int(short[0]), local + int(short[0])
+                if step >= n:
+                    break
             try:
-                return g, self._handle(shard).read(local)
+                return (index + step) % n, self._handle(shard).read(local)
             except Exception:
-                g = (g + 1) % n  # counted (and warned) when its own turn comes
-        raise ShardError(
-            f"sample {index} was skipped and no readable sample is left to take its place; "
-            "restore the shards the warnings name."
-        )
+                step += 1  # counted (and warned) when its own turn comes
+        return None
+
+    def _known_lengths(self, shard: int) -> np.ndarray | None:
+        """Shard ``shard``'s samples' lengths from its open handle's ``lengths()`` (once per
+        handle); None where it has none or it fails."""
+        try:
+            handle = self._handle(shard)
+        except Exception:
+            return None
+        known = self._sources.lengths.get(shard)
+        if known is None or known[0] is not handle:
+            try:
+                got = np.asarray(handle.lengths(), dtype=np.int64)  # type: ignore[attr-defined]
+            except Exception:
+                got = None
+            known = self._sources.lengths[shard] = (handle, got)
+        return known[1]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""
@@ -633,7 +667,6 @@ class ShardedDataset(Dataset[Any]):
             >>> sorted(len(b.lengths) for b in loader), sampler.plan.batch_mix(0).mean
             ([1, 2, 2], 1.6666666666666667)
         """
-        self._drop_skipped = options.get("max_tokens") is not None
         sampler = BucketBatchSampler(
             self.lengths() if lengths is None else lengths,
             shard_sizes=self.sizes,

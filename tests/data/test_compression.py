@@ -23,6 +23,7 @@ from loaderkit import (
     JsonlReader,
     MissingDependencyError,
     ResumableDataLoader,
+    ShardChangedError,
     ShardedDataset,
     ShardError,
     StreamingShardedDataset,
@@ -309,3 +310,26 @@ def test_without_zstandard_the_extra_is_named(
         ds[0]
     with pytest.raises(MissingDependencyError, match=r"\.\[zstd\]"):
         list(ResumableDataLoader(StreamingShardedDataset(tmp_path / "d", reader), batch_size=4))
+
+
+def test_an_index_counting_blank_lines_is_refused_never_skipped(tmp_path: Path) -> None:
+    # An older loaderkit's JsonlReader counted a blank line as a sample: the count's
+    # mismatch was a plain ShardError, which on_error="skip" took for a bad shard.
+    import zstandard
+
+    from loaderkit.data.index import checksum
+
+    text = b'{"i": 0}\n\n{"i": 1}\n{"i": 2}\n'
+    tmp_path /= "d"  # the decode cache is in the test's own folder
+    tmp_path.mkdir()
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(text))
+    assert ShardedDataset(tmp_path, JsonlReader()).sizes == (3,)
+    index = next(tmp_path.glob(".loaderkit-index-*"))
+    doc = json.loads(index.read_text())
+    doc["shards"][0][3] = 4  # as the older count wrote it
+    doc["checksum"] = checksum(doc["shards"])
+    index.write_text(json.dumps(doc))
+    for on_error in ("raise", "skip"):
+        ds = ShardedDataset(tmp_path, JsonlReader(), on_error=on_error)  # type: ignore[arg-type]
+        with pytest.raises(ShardChangedError, match=r"an older loaderkit counted it; delete"):
+            ds.__getitems__([0, 1, 2, 3])

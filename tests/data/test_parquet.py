@@ -21,6 +21,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from loaderkit import (  # noqa: E402
+    BucketBatchSampler,
     MissingDependencyError,
     PadCollate,
     ParquetReader,
@@ -471,19 +472,36 @@ def test_an_empty_shard_write_shards_wrote_is_read_with_the_others(
 
 @pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_skip_under_a_token_budget_leaves_the_row_out(tmp_path: Path, num_workers: int) -> None:
-    # Row 0 (1 token) does not read (a null in an int column): its place went to row 1
-    # (60 tokens), a 480-token batch under max_tokens=64, and row 1 came twice.
+@pytest.mark.parametrize("built", ["alone", "before-eval", "by-hand", "fixed-after"])
+def test_a_skipped_row_takes_a_substitute_no_longer_than_it(
+    tmp_path: Path, num_workers: int, built: str
+) -> None:
+    # Row 0 (1 token) does not read (a null in an int column): its place went to row 1 (60
+    # tokens), 480 tokens under max_tokens=64. A flag the last bucket_batch_sampler() set on
+    # the dataset left it out instead: undone by a later eval sampler, never set by a
+    # BucketBatchSampler built by hand, and short batches for a fixed-size loader after one.
     ids = [[0], [1] * 60] + [[i] for i in range(2, 9)]
     y = pa.array([None, *range(1, 9)], pa.int64())
     pq.write_table(pa.table({"input_ids": ids, "y": y}), tmp_path / "a.parquet")
     ds = ShardedDataset(tmp_path, ParquetReader(length_column="input_ids"), on_error="skip")
-    sampler = ds.bucket_batch_sampler(max_tokens=64, seed=0, shuffle=False, world_size=1, rank=0)
+    order = {"seed": 0, "shuffle": False, "world_size": 1, "rank": 0}
+    if built == "by-hand":
+        sampler: Any = BucketBatchSampler(ds.lengths(), max_tokens=64, **order)
+    else:
+        sampler = ds.bucket_batch_sampler(max_tokens=64, **order)
+    if built == "before-eval":
+        ds.bucket_batch_sampler(batch_size=4, **order)
+    if built == "fixed-after":
+        sampler = ds.batch_sampler(4, seed=0, shuffle=False, world_size=1, rank=0)
     pad = PadCollate(length_field="input_ids")
     loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=pad, num_workers=num_workers)
     batches = list(loader)
-    assert max(b["input_ids"].numel() for b in batches) <= 64
-    assert sorted(int(y) for b in batches for y in b["y"]) == list(range(1, 9))
+    if built == "fixed-after":
+        assert [len(b["y"]) for b in batches] == [4, 4, 1]
+    else:
+        assert max(b["input_ids"].numel() for b in batches) <= 64
+    # Row 2, the next row no longer than row 0, took its place.
+    assert sorted(int(y) for b in batches for y in b["y"]) == [1, 2, 2, 3, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.filterwarnings("ignore:ShardedDataset.on_error='skip'.:RuntimeWarning")
@@ -533,9 +551,22 @@ def test_write_shards_casts_to_the_readers_schema(tmp_path: Path) -> None:
     shards = [[{"ids": [1, 2], "score": 1}], [{"ids": [3], "score": 0.5}]]
     with pytest.raises(ShardError, match=r"'score'.*ParquetReader\(schema=\.\.\.\)"):
         ShardedDataset(write_shards(tmp_path / "a", shards, ParquetReader()), ParquetReader())
-    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})  # note: none has it
+    for shard in shards:
+        shard[0]["note"] = None  # nulls in a column the schema types (no row has a note)
+    typed = ParquetReader(schema={"score": "float64", "note": pa.string()})
     ds = ShardedDataset(write_shards(tmp_path / "b", shards, typed), ParquetReader())
     batch = ds.get_batch([0, 1])
     assert batch["score"].tolist() == [1.0, 0.5] and batch["note"] == [None, None]
     with pytest.raises(TypeError, match=r"schema must be a pyarrow\.Schema"):
         ParquetReader(schema=3)
+
+
+def test_a_schema_cast_or_column_that_fails_is_named(tmp_path: Path) -> None:
+    # A cast raised a bare ArrowInvalid; a misspelt column was written as nulls in every file.
+    rows = [{"score": 1.0}, {"score": 1.5}]
+    cast = r"cannot cast column 'score' of 'a\.parquet' to int64 \(.*truncated.*\); pass a schema="
+    with pytest.raises(ValueError, match=cast):
+        ParquetReader(schema={"score": "int64"}).write(tmp_path / "a.parquet", rows)
+    typo = r"names column 'scroe', which no row of 'a\.parquet' has \(it has \['score'\]\)"
+    with pytest.raises(ValueError, match=typo):
+        ParquetReader(schema={"scroe": "float64"}).write(tmp_path / "a.parquet", rows)

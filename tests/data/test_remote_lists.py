@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from loaderkit import (
+    MissingShardError,
     RemoteCache,
     ShardedDataset,
     StreamingShardedDataset,
@@ -112,3 +113,8 @@ def test_a_list_index_named_by_bare_names_before_is_not_read(base: str, tmp_path
         f"{base}/en/{old}", json.dumps(doc | {"shards": rows, "checksum": checksum(rows)}).encode()
     )
     assert ShardedDataset(urls, READER, remote=cache(tmp_path)).sizes == (2, 1)
+    # Reading its first folder alone refuses it (data.npy is not there): that said "restore
+    # them, or delete the index" without a word of where the index came from.
+    old_list = r"delete the index \(it may be an older loaderkit's index of a list of shards in"
+    with pytest.raises(MissingShardError, match=r"lists: \['data\.npy'\]; restore .*" + old_list):
+        ShardedDataset(f"{base}/en", READER, remote=cache(tmp_path))

@@ -69,6 +69,19 @@ def test_a_shard_the_reader_cannot_open_is_named_by_url(
     assert info.value.path == url
 
 
+def test_a_corrupt_cached_sidecar_is_named_by_its_own_path(folder: str, tmp_path: Path) -> None:
+    # It was named by the shard's URL: "delete it and the shard index" then meant the user's
+    # remote shard, not the cache's file.
+    fsspec.filesystem("memory").pipe_file(f"{folder}/a.jsonl", b'{"i": 0}\n{"i": 1}\n')
+    assert ShardedDataset(folder, JsonlReader(), remote=cache(tmp_path))[1] == {"i": 1}
+    (side,) = (tmp_path / "cache").rglob("*.lkoffsets")
+    side.write_bytes(b"garbage, not an npy file")
+    ds = ShardedDataset(folder, JsonlReader(), remote=cache(tmp_path))
+    with pytest.raises(ShardError, match=rf"^offsets sidecar '{side}' is unreadable") as info:
+        ds[0]
+    assert info.value.path == side
+
+
 def test_a_cache_directory_under_the_home_directory_is_expanded(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

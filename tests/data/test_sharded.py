@@ -51,7 +51,7 @@ from loaderkit import (
     write_shards,
 )
 from loaderkit.data.sharded import ShardedDataset
-from loaderkit.errors import MissingShardError, ShardError
+from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 from loaderkit.plan._cursor import check_state
 from tests.support.proptest import examples
 
@@ -1182,6 +1182,39 @@ def test_skip_substitutes_only_the_bad_lines_of_a_jsonl_shard(tmp_path: Path) ->
     hopeless = ShardedDataset([bad], JsonlReader(), on_error="skip")
     with pytest.warns(RuntimeWarning), pytest.raises(ShardError, match="no readable sample"):
         hopeless.get_batch([0])
+
+
+def test_a_jsonl_bom_then_a_blank_line_is_no_sample(tmp_path: Path) -> None:
+    # The BOM and the blank line were one piece, counted as a sample that failed to read.
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf\n{"i": 0}\n{"i": 1}\n')
+    reader = JsonlReader()
+    assert reader.count(path) == 2
+    assert [reader.open(path).read(i) for i in range(2)] == [{"i": 0}, {"i": 1}]
+
+
+def test_an_older_sidecar_counting_a_blank_line_names_it_and_the_fix(tmp_path: Path) -> None:
+    # It named line 3 (not valid JSON: b''), and no index or sidecar to delete.
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i":0}\n\n{"i":1}\n')
+    with open(tmp_path / "a.jsonl.lkoffsets", "wb") as f:
+        np.save(f, np.array([0, 8, 9, 17]))  # as an older loaderkit counted it
+    handle = JsonlReader().open(path)
+    fix = r"line 2 is blank, yet an older loaderkit counted it as a sample; delete the shard "
+    with pytest.raises(ShardChangedError, match=fix + r"index and '.*a\.jsonl\.lkoffsets'"):
+        handle.read(1)
+    assert handle.read(2) == {"i": 1}
+
+
+def test_a_token_budget_over_a_jsonl_shard_with_a_bad_line(tmp_path: Path) -> None:
+    # bucket_batch_sampler(max_tokens=) set a drop flag first, so computing lengths() got
+    # fewer samples than it asked for and raised TypeError.
+    (tmp_path / "a.jsonl").write_text("[1,2,3]\n{bad\n[4]\n[5,6]\n")
+    ds = ShardedDataset(tmp_path, JsonlReader(), on_error="skip")
+    with pytest.warns(RuntimeWarning, match=r"a\.jsonl"):
+        sampler = ds.bucket_batch_sampler(max_tokens=8, seed=0, rank=0, world_size=1)
+    assert sorted(i for b in sampler for i in b) == [0, 1, 2, 3]
+    assert ds.lengths().tolist() == [3, 1, 1, 2]  # line 2's place: line 3, its substitute
 
 
 def test_a_blank_jsonl_line_is_no_sample(tmp_path: Path) -> None:
