@@ -117,6 +117,7 @@ class Host:
         *,
         seed: int,
         seed_drawn: bool,
+        seed_chosen: bool = False,
         rank: int | None,
         world_size: int | None,
         pool: WorkerPool,
@@ -124,6 +125,7 @@ class Host:
     ) -> None:
         self._loader = weakref.ref(loader)
         self.seed, self.seed_drawn = seed, seed_drawn
+        self.seed_chosen = seed_chosen  # drawn from a generator the user seeded: kept on ranks
         self.rank, self.world_size = rank, world_size
         self.pool, self.auto = pool, auto
         self.started = False  # an iteration began: the topology is fixed from then on
@@ -418,7 +420,8 @@ def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
     _, world_size = host.topology()
     if world_size > 1 or host.own_part() is not None:  # rank 0's seed is every rank's
         host.seed_drawn = False
-        if host.seed != DDP_DEFAULT_SEED:
+        # The draw of the user's seeded generator is every rank's too (ranks compare orders).
+        if host.seed != DDP_DEFAULT_SEED and not host.seed_chosen:
             host.seed = DDP_DEFAULT_SEED
             engine.adopt_seed(DDP_DEFAULT_SEED)
     elif final:

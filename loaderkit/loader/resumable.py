@@ -17,7 +17,7 @@ from loaderkit._checks import check_int
 from loaderkit.env import cpu_budget, detect
 from loaderkit.errors import LoaderkitError
 from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
-from loaderkit.loader._engine import Engine, EpochIterator, Host, settle_seed
+from loaderkit.loader._engine import DDP_DEFAULT_SEED, Engine, EpochIterator, Host, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, Unbatched
 from loaderkit.loader._iterable import IterableEngine
 from loaderkit.loader._planned import PlanEngine
@@ -370,7 +370,7 @@ class ResumableDataLoader:
         """
         settle_seed(self._host, self._engine, final=False)  # a known DDP world settles first
         chosen = self._spec.seed_explicit or (
-            self._spec.seed_chosen and self._host.seed_drawn and not _saved_on_ranks(state_dict)
+            self._spec.seed_chosen and not _saved_on_ranks(state_dict)
         )
         adopted = self._engine.load(state_dict, adopt_seed=not chosen)
         self._positioned = True
@@ -438,10 +438,14 @@ def _with_generator_at(sampler: Any, state: torch.Tensor) -> Any:
 
 
 def _saved_on_ranks(state: Any) -> bool:
-    """Whether ``state`` was saved on several ranks: it holds their common seed, not the
-    draw of the generator a loader was given."""
-    topology = state.get("topology") if isinstance(state, dict) else None
-    return isinstance(topology, dict) and topology.get("world_size", 1) != 1
+    """Whether ``state`` was saved on several ranks with their default seed (0), not the
+    draw of the generator a loader was given (kept on ranks since 0.2.0)."""
+    if not isinstance(state, dict):
+        return False
+    topology = state.get("topology")
+    seeds = [v["seed"] for v in state.values() if isinstance(v, dict) and "seed" in v]
+    ranks = isinstance(topology, dict) and topology.get("world_size", 1) != 1
+    return ranks and seeds[:1] == [DDP_DEFAULT_SEED]
 
 
 def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
@@ -464,7 +468,13 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         cores=cores,
     )
     host = Host(
-        loader, seed=spec.seed, seed_drawn=not spec.seed_explicit, pool=pool, auto=auto, **topology
+        loader,
+        seed=spec.seed,
+        seed_drawn=not spec.seed_explicit,
+        seed_chosen=spec.seed_chosen and not spec.seed_explicit,
+        pool=pool,
+        auto=auto,
+        **topology,
     )
     common: dict[str, Any] = {"plan": spec.plan, "reseed": spec.reseed}
     common |= {"batch_size": spec.step_size, "drop_last": spec.drop_last}

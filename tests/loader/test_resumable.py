@@ -1056,3 +1056,39 @@ def test_a_pickled_loader_resumes_where_the_original_is(
         )
     for _ in range(2):  # the rest of this epoch (or the next), then the one after
         assert [b.tolist() for b in copied] == [b.tolist() for b in reference]
+
+
+def _on_rank_0_of_2(generator_seed: int) -> ResumableDataLoader:
+    generator = torch.Generator().manual_seed(generator_seed)
+    return ResumableDataLoader(
+        list(range(16)), batch_size=4, shuffle=True, generator=generator, rank=0, world_size=2
+    )
+
+
+def test_a_seeded_generator_decides_the_order_on_several_ranks_too() -> None:
+    # Hunter 228: on several ranks the generator's draw was replaced by the ranks' default
+    # seed 0, so every generator seed gave one order (and one augmentation).
+    first, second = _on_rank_0_of_2(1234), _on_rank_0_of_2(99)
+    orders = [[b.tolist() for b in loader] for loader in (first, second)]
+    assert orders[0] != orders[1]
+    seed = first.state_dict()["plan"]["seed"]
+    assert (
+        seed
+        == ResumableDataLoader(
+            list(range(16)),
+            batch_size=4,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(1234),
+        ).state_dict()["plan"]["seed"]
+    )
+    # A state of another generator seed is refused; one saved on ranks before (seed 0) resumes.
+    with pytest.raises(StateMismatchError, match="seed"):
+        _on_rank_0_of_2(1234).load_state_dict(second.state_dict())
+    old = ResumableDataLoader(
+        list(range(16)), batch_size=4, shuffle=True, seed=0, rank=0, world_size=2
+    )
+    it = iter(old)
+    next(it)
+    resumed = _on_rank_0_of_2(1234)
+    resumed.load_state_dict(old.state_dict())
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in it]
