@@ -28,10 +28,9 @@ class Host(Protocol):
     def drives(self, loader: object) -> bool:
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
 
-    def held_batches(self, loader: object, failed: tuple[int, bool] | None = None) -> int | None:
+    def held_batches(self, loader: object, drawn: tuple[int, str] | None = None) -> int | None:
         """Batches ``loader`` handed out that the host holds untrained (prefetched);
-        ``failed``: its latest draw failed after this many hand-outs, and whether that
-        failure counts as one."""
+        ``drawn``: the iteration's hand-outs and how its last draw failed (``Run.failure``)."""
 
     def batches_done(self, loader: object) -> int | None:
         """Batches of the current epoch the host counts as done."""

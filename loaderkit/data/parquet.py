@@ -35,9 +35,8 @@ class ParquetReader:
         cache_row_groups: Decoded row groups each process keeps per open file.
         row_group_size: Rows per row group when :meth:`write` writes a file.
         schema: Column types :meth:`write` casts to (a ``pyarrow.Schema`` or a dict of
-            column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a row
-            without a column holds a null there, a file none of whose rows has it is
-            refused, as a misspelt name):
+            column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a row or a
+            file without a column holds nulls there):
             else each file's types are inferred from its own rows, e.g. ``int64`` for a
             float column whose values in that file are all whole numbers.
 
@@ -254,11 +253,10 @@ class ParquetReader:
             )
         for field in self.schema or ():
             if field.name not in table.column_names:
-                raise ValueError(
-                    f"ParquetReader(schema=...) names column {field.name!r}, which no row of "
-                    f"{path.name!r} has (it has {table.column_names}); fix the name, or give "
-                    "the rows that column (None where a row has no value)."
-                )
+                # A column this file's rows lack (a sparse one) is nulls, as a row without it
+                # is; a misspelt name then fails by name at read time.
+                table = table.append_column(field, pa.nulls(len(table), field.type))
+                continue
             i = table.column_names.index(field.name)
             try:
                 table = table.set_column(i, field.name, table.column(i).cast(field.type))

@@ -428,6 +428,8 @@ class ShardedDataset(Dataset[Any]):
         live, sources = self._files.open, self._sources
         for shard in [s for s, src in sources.items() if live.get(s) is not src.handle]:
             del sources[shard]
+        for shard in [s for s, (h, _) in sources.lengths.items() if live.get(s) is not h]:
+            del sources.lengths[shard]
         sources.opens = self._files.opens
 
     def _samples(
@@ -451,17 +453,18 @@ class ShardedDataset(Dataset[Any]):
         return out, taken
 
     def _substitute(self, index: int) -> tuple[int, Any]:
-        """The next readable sample after a skipped ``index`` (global order, wrapping) and its
-        index: the first no longer than it where the shards know their samples' lengths.
+        """A readable sample in a skipped ``index``'s place, and its index.
 
-        Any sampler then keeps its batch size and a token budget planned on :meth:`lengths`
-        holds: those are the shards' lengths, or else were read through this same choice.
-        Where none that short reads, the next readable one of any length.
+        Where its shard knows its samples' lengths: the first after it in that shard
+        (wrapping) no longer than it, else that shard's shortest readable one, so a token
+        budget planned on :meth:`lengths` holds (unless every readable sample of the shard is
+        longer). Otherwise the next readable sample (global order, wrapping); :meth:`lengths`
+        then reads through this same choice. Any sampler keeps its batch size.
         """
         shard, local = self.locate(index)
         lengths = self._known_lengths(shard)
-        found = None if lengths is None else self._next_readable(index, int(lengths[local]))
-        found = found or self._next_readable(index, None)
+        found = None if lengths is None else self._shortest_beside(shard, local, lengths)
+        found = found or self._next_readable(index)
         if found is None:
             raise ShardError(
                 f"sample {index} was skipped and no readable sample is left to take its place; "
@@ -469,28 +472,37 @@ class ShardedDataset(Dataset[Any]):
             )
         return found
 
-    def _next_readable(self, index: int, limit: int | None) -> tuple[int, Any] | None:
-        """The first sample after ``index`` (wrapping) that reads and, with ``limit``, is
-        known to be no longer; None if none."""
+    def _shortest_beside(
+        self, shard: int, local: int, lengths: np.ndarray
+    ) -> tuple[int, Any] | None:
+        """In ``shard``: the first readable sample after ``local`` (wrapping) no longer than
+        it, else the shortest readable one; None if none reads."""
+        count = len(lengths)
+        order = (local + 1 + np.arange(count - 1)) % count  # the others, after it first
+        longer = lengths[order] > lengths[local]
+        # Those no longer than it in order, then the rest by length (stable: in order).
+        order = np.concatenate(
+            [order[~longer], order[longer][np.argsort(lengths[order][longer], kind="stable")]]
+        )
+        start, handle = int(self._ends[shard]) - count, self._handle(shard)
+        for i in order.tolist():
+            try:
+                return start + i, handle.read(i)
+            except Exception:
+                continue  # counted (and warned) when its own turn comes
+        return None
+
+    def _next_readable(self, index: int) -> tuple[int, Any] | None:
+        """The first sample after ``index`` (wrapping) that reads; None if none."""
         n, step = len(self), 1
         while step < n:
             g = (index + step) % n
             shard, local = self.locate(g)
-            end = int(self._ends[shard])
-            lengths = None if limit is None else self._known_lengths(shard)
-            if shard in self._files.broken or (limit is not None and lengths is None):
-                step += end - g  # a shard that failed to open (or of unknown lengths): past it
+            if shard in self._files.broken:
+                step += int(self._ends[shard]) - g  # a shard that failed to open: past it
                 continue
-            if lengths is not None:
-                short = np.flatnonzero(lengths[local:] <= limit)
-                if not len(short):
-                    step += end - g
-                    continue
-                step, local = step + int(short[0]), local + int(short[0])
-                if step >= n:
-                    break
             try:
-                return (index + step) % n, self._handle(shard).read(local)
+                return g, self._handle(shard).read(local)
             except Exception:
                 step += 1  # counted (and warned) when its own turn comes
         return None

@@ -102,10 +102,11 @@ class LightningHost:
     def drives(self, loader: object) -> bool:
         return self._fitting(loader) is not None
 
-    def held_batches(self, loader: object, failed: tuple[int, bool] | None = None) -> int | None:
+    def held_batches(self, loader: object, drawn: tuple[int, str] | None = None) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
-        unprocessed batch, and after a failed draw (``failed``) the failed batch and the one
-        the prefetcher popped before its refill raised."""
+        unprocessed batch, and after a failed draw (``drawn``: the iteration's hand-outs and
+        its last draw's failure) the failed batch and the one the prefetcher popped before
+        its refill raised."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
@@ -117,14 +118,20 @@ class LightningHost:
         held = listed + max(int(batch.ready) - int(batch.processed), 0)
         # A draw that raised, seen by the fetcher of batches (dataloader_iter steps draw
         # after the loop counts a batch ready: ready - processed holds theirs).
-        if failed is not None and hasattr(fetcher, "batches"):
-            if len(train_loaders(trainer)) > 1:
+        if drawn is None or not hasattr(fetcher, "batches"):
+            return held
+        handed, failure = drawn
+        counted = failure == "counted"
+        if len(train_loaders(trainer)) > 1:
+            # More hand-outs than combined batches fetched: one went into a fetch that raised.
+            if handed > getattr(fetcher, "fetched", handed):
                 raise LoaderkitError(
                     "ResumableDataLoader: a batch of a combined train loader failed to load, "
-                    "so no state says which batches the other loaders handed out for it. "
+                    "so this loader's batch of that step was handed out but never trained. "
                     "Resume from a step checkpoint saved before the failure."
                 )
-            handed, counted = failed
+            return held
+        if failure:
             # Ahead of an unsized loader, a refill that raised had popped the list's first
             # batch: neither listed nor counted ready.
             popped = getattr(fetcher, "length", 0) is None and handed - counted > listed

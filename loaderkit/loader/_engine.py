@@ -168,10 +168,8 @@ class Host:
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
         caller = self.caller()
-        failed = None
-        if run is not None and run.failure:
-            failed = (run.handed, run.failure == "counted")
-        held = caller.held_batches(self.loader, failed)
+        drawn = None if run is None else (run.handed, run.failure)
+        held = caller.held_batches(self.loader, drawn)
         if held is None and self.settled is not None:
             settled_run, last, kept = self.settled
             if settled_run is run and run.last == last:  # no batch drawn since

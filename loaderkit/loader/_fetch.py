@@ -50,8 +50,10 @@ def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
     if owner is None:
         return False
     for cls in mro[: mro.index(owner)]:
-        # Only a subclass of the owner overrides it; a mixin's method sits beside it.
-        if issubclass(cls, owner) and any(name in vars(cls) for name in overrides):
+        # torch calls __getitems__ whatever __getitem__ a mixin beside it defines; loaderkit's
+        # get_batch is faithful only with no __getitem__ before it at all.
+        beside = method == "__getitems__" and not issubclass(cls, owner)
+        if not beside and any(name in vars(cls) for name in overrides):
             return False
     if method == "__getitems__" and _torchs_wrapper(dataset):
         # torch's Subset/StackDataset call their datasets' batch reads: faithful if theirs are.

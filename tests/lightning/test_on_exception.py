@@ -385,11 +385,15 @@ def test_a_batch_that_fails_to_load_is_trained_after_the_resume(
 
 
 class _TwoLoaders(IdModule):
-    def __init__(self, fail_id: int | None = None) -> None:
+    def __init__(self, fail_id: int | None = None, torch_second: bool = False) -> None:
         super().__init__()
-        self.fail_id = fail_id
+        self.fail_id, self.torch_second = fail_id, torch_second
 
-    def train_dataloader(self) -> list[ResumableDataLoader]:
+    def train_dataloader(self) -> list[Any]:
+        if self.torch_second:  # a plain DataLoader whose draw fails after ours handed out
+            ours = ResumableDataLoader(IdDataset(48), batch_size=8, seed=0)
+            theirs = torch.utils.data.DataLoader(_Fails(48, self.fail_id), batch_size=8)
+            return [attach_host(ours, self.trainer), theirs]
         loaders = [
             ResumableDataLoader(_Fails(48, self.fail_id), batch_size=8, seed=s) for s in (0, 1)
         ]
@@ -399,12 +403,19 @@ class _TwoLoaders(IdModule):
         return super().training_step(batch[0], batch_idx)
 
 
-def test_a_combined_loaders_failed_batch_is_no_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("torch_second", [False, True], ids=["loaderkit", "torch"])
+def test_a_combined_loaders_failed_batch_is_no_checkpoint(
+    tmp_path: Path, torch_second: bool
+) -> None:
     # The other loader handed out its batch of the failed step: a state would lose it (8 ids
     # lost or repeated per resume, as measured), so the checkpoint is refused by name.
-    fail_id = next(iter(ResumableDataLoader(IdDataset(48), batch_size=8, seed=1)))["id"][-1]
+    fail_id = 16 if torch_second else 0
+    if not torch_second:
+        fail_id = int(
+            next(iter(ResumableDataLoader(IdDataset(48), batch_size=8, seed=1)))["id"][-1]
+        )
     save = OnExceptionCheckpoint(tmp_path)
     trainer = L.Trainer(**trainer_kwargs(enable_checkpointing=True, callbacks=[save]))
     with pytest.raises(LoaderkitError, match="combined train loader failed to load"):
-        trainer.fit(_TwoLoaders(int(fail_id)))
+        trainer.fit(_TwoLoaders(fail_id, torch_second))
     assert not (tmp_path / "on_exception.ckpt").exists()

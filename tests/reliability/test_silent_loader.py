@@ -809,3 +809,22 @@ def test_torchs_wrappers_over_an_augmenting_dataset_are_seeded_per_sample(wrap: 
     xa = a[0]["x"] if isinstance(a, list | tuple) else a["x"]
     xb = b[0]["x"] if isinstance(b, list | tuple) else b["x"]
     assert torch.equal(xa, xb)
+
+
+class _AddTen:
+    """A mixin augmenting the per-sample read of the class beside it."""
+
+    def __getitem__(self, i: int) -> Any:
+        return super().__getitem__(i)[0] + 10  # type: ignore[misc]
+
+
+class _Augmented(_AddTen, loaderkit.TensorDataset):
+    pass
+
+
+def test_a_mixins_getitem_before_a_batch_read_is_not_bypassed() -> None:
+    # Review 232: the first fix for mixins let loaderkit's get_batch skip a __getitem__ a
+    # mixin puts before it ([0, 1, 2, 3] for torch's [10, 11, 12, 13]).
+    dataset = _Augmented(torch.arange(8))
+    want = [b.tolist() for b in DataLoader(dataset, batch_size=4)]
+    assert [b.tolist() for b in ResumableDataLoader(dataset, batch_size=4, seed=0)] == want
