@@ -28,9 +28,15 @@ class Host(Protocol):
     def drives(self, loader: object) -> bool:
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
 
-    def held_batches(self, loader: object, drawn: tuple[int, str] | None = None) -> int | None:
+    def held_batches(
+        self, loader: object, drawn: tuple[int, str, int | None] | None = None
+    ) -> int | None:
         """Batches ``loader`` handed out that the host holds untrained (prefetched);
-        ``drawn``: the iteration's hand-outs and how its last draw failed (``Run.failure``)."""
+        ``drawn``: the iteration's hand-outs, how its last draw failed (``Run.failure``) and
+        :meth:`batches_taken` as it began."""
+
+    def batches_taken(self, loader: object) -> int | None:
+        """Batches of the current epoch the host took from its loaders (the train loop's)."""
 
     def batches_done(self, loader: object) -> int | None:
         """Batches of the current epoch the host counts as done."""
@@ -87,6 +93,7 @@ class _NoHost:
         return True  # over torch.distributed's group, where one is initialised
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
+    batches_taken = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none
     drives = restored_past = restored_ended = ended = counts_run_outs = sole_loader = _false
 

@@ -36,7 +36,8 @@ class ParquetReader:
         row_group_size: Rows per row group when :meth:`write` writes a file.
         schema: Column types :meth:`write` casts to (a ``pyarrow.Schema`` or a dict of
             column -> pyarrow type or its name, e.g. ``{"score": "float64"}``; a row or a
-            file without a column holds nulls there):
+            file without a string column holds nulls there, a file without a number or list
+            column is refused):
             else each file's types are inferred from its own rows, e.g. ``int64`` for a
             float column whose values in that file are all whole numbers.
 
@@ -253,9 +254,17 @@ class ParquetReader:
             )
         for field in self.schema or ():
             if field.name not in table.column_names:
-                # A column this file's rows lack (a sparse one) is nulls, as a row without it
-                # is; a misspelt name then fails by name at read time.
-                table = table.append_column(field, pa.nulls(len(table), field.type))
+                t = field.type
+                # A sparse column this file's rows lack is nulls, as a row without it is; a
+                # number or list column cannot read a null back (nor can a misspelt name).
+                kinds = ("is_integer", "is_floating", "is_boolean", "is_list", "is_large_list")
+                if any(getattr(pa.types, kind)(t) for kind in kinds):
+                    raise ValueError(
+                        f"ParquetReader(schema=...) names {t} column {field.name!r}, which no "
+                        f"row of {path.name!r} has (it has {table.column_names}); fix the name, "
+                        "or give every row a value."
+                    )
+                table = table.append_column(field, pa.nulls(len(table), t))
                 continue
             i = table.column_names.index(field.name)
             try:

@@ -102,11 +102,13 @@ class LightningHost:
     def drives(self, loader: object) -> bool:
         return self._fitting(loader) is not None
 
-    def held_batches(self, loader: object, drawn: tuple[int, str] | None = None) -> int | None:
+    def held_batches(
+        self, loader: object, drawn: tuple[int, str, int | None] | None = None
+    ) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
-        unprocessed batch, and after a failed draw (``drawn``: the iteration's hand-outs and
-        its last draw's failure) the failed batch and the one the prefetcher popped before
-        its refill raised."""
+        unprocessed batch, and after a failed draw of ``loader`` (``drawn``, see
+        :class:`~loaderkit._callers.Host`) the failed batch and the one the prefetcher popped
+        before its refill raised."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
@@ -116,15 +118,16 @@ class LightningHost:
             return listed
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
         held = listed + max(int(batch.ready) - int(batch.processed), 0)
-        # A draw that raised, seen by the fetcher of batches (dataloader_iter steps draw
-        # after the loop counts a batch ready: ready - processed holds theirs).
+        # Draws seen by the fetcher of batches (dataloader_iter steps draw after the loop
+        # counts a batch ready: ready - processed holds theirs).
         if drawn is None or not hasattr(fetcher, "batches"):
             return held
-        handed, failure = drawn
-        counted = failure == "counted"
+        handed, failure, taken_before = drawn
         if len(train_loaders(trainer)) > 1:
-            # More hand-outs than combined batches fetched: one went into a fetch that raised.
-            if handed > getattr(fetcher, "fetched", handed):
+            # A hand-out neither taken by the loop nor listed went into a fetch that raised
+            # (not one that ran out: min_size ends the epoch there).
+            taken = int(batch.ready) - (taken_before or 0)
+            if handed > taken + listed and not getattr(fetcher, "done", False):
                 raise LoaderkitError(
                     "ResumableDataLoader: a batch of a combined train loader failed to load, "
                     "so this loader's batch of that step was handed out but never trained. "
@@ -132,11 +135,21 @@ class LightningHost:
                 )
             return held
         if failure:
+            counted = failure == "counted"
             # Ahead of an unsized loader, a refill that raised had popped the list's first
             # batch: neither listed nor counted ready.
             popped = getattr(fetcher, "length", 0) is None and handed - counted > listed
             held += int(popped) + int(counted)
         return held
+
+    def batches_taken(self, loader: object) -> int | None:
+        """``epoch_loop.batch_progress.current.ready`` while the fit runs ``loader``."""
+        trainer = self._fitting(loader)
+        return (
+            None
+            if trainer is None
+            else int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        )
 
     def sole_loader(self, loader: object) -> bool:
         """Whether ``loader`` is the fit's only train loader (also while ``on_exception`` runs)."""

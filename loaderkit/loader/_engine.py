@@ -39,6 +39,7 @@ class Run:
     schedule: Any = None
     steps_before: int = 0
     handed: int = 0  # batches handed out (a counted failure included)
+    taken_before: int | None = None  # the host's count of batches taken as it began
     # The latest draw failed: "counted" (its batch counts as handed out) or "raised" (not).
     failure: str = ""
 
@@ -168,7 +169,7 @@ class Host:
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
         caller = self.caller()
-        drawn = None if run is None else (run.handed, run.failure)
+        drawn = None if run is None else (run.handed, run.failure, run.taken_before)
         held = caller.held_batches(self.loader, drawn)
         if held is None and self.settled is not None:
             settled_run, last, kept = self.settled
@@ -242,6 +243,7 @@ class Host:
     def began(self, iterator: EpochIterator) -> None:
         """``iterator`` drew its first batch: its position is the loader's."""
         iterator.run.began = next(self.ticks)
+        iterator.run.taken_before = self.caller().batches_taken(self.loader)
         self.current = iterator.run
         self.live = weakref.ref(iterator)
 

@@ -87,8 +87,9 @@ class ResumableDataLoader:
         prefetch_factor: Batches loaded ahead per worker.
         persistent_workers: Keep workers alive across epochs.
         seed: Seed of the order and per-sample randomness. ``None``: drawn from
-            ``generator`` (else torch's) in one process, ``0`` across ranks.
-            A loaded state's seed replaces it.
+            ``generator`` (else torch's) in one process, ``0`` across ranks unless you
+            seeded ``generator`` (alike on every rank). A loaded state's seed replaces a
+            drawn one; another than yours or your generator's is refused.
         rank: This process's rank (default: ``torch.distributed``, else 0).
         world_size: Number of ranks (default: ``torch.distributed``, else 1).
         pin_memory_device: Accepted as ``DataLoader`` does (deprecated there).
@@ -443,9 +444,10 @@ def _saved_on_ranks(state: Any) -> bool:
     if not isinstance(state, dict):
         return False
     topology = state.get("topology")
-    seeds = [v["seed"] for v in state.values() if isinstance(v, dict) and "seed" in v]
     ranks = isinstance(topology, dict) and topology.get("world_size", 1) != 1
-    return ranks and seeds[:1] == [DDP_DEFAULT_SEED]
+    # The settings field that holds the seed, by engine kind: "plan", "stream", "iterable".
+    settings = state.get("plan", state.get(str(state.get("kind")), {}))
+    return ranks and isinstance(settings, dict) and settings.get("seed") == DDP_DEFAULT_SEED
 
 
 def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:

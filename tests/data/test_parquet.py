@@ -567,10 +567,14 @@ def test_a_schema_cast_or_column_that_fails_is_named(tmp_path: Path) -> None:
     cast = r"cannot cast column 'score' of 'a\.parquet' to int64 \(.*truncated.*\); pass a schema="
     with pytest.raises(ValueError, match=cast):
         ParquetReader(schema={"score": "int64"}).write(tmp_path / "a.parquet", rows)
-    # A column a file's rows lack is nulls (a sparse column; review 232: refusing it refused a
-    # shard without an optional label); a misspelt one then fails by name when read.
+    # A string column a file's rows lack is nulls (review 232: refusing it refused a shard
+    # without an optional label); a number column is refused (review 233: its nulls never
+    # read back), as a misspelt name is.
     ParquetReader(schema={"label": "string"}).write(tmp_path / "b.parquet", rows)
     assert pq.read_table(tmp_path / "b.parquet").column("label").to_pylist() == [None, None]
+    typo = r"names double column 'scroe', which no row of 'c\.parquet' has"
+    with pytest.raises(ValueError, match=typo):
+        ParquetReader(schema={"scroe": "float64"}).write(tmp_path / "c.parquet", rows)
 
 
 def test_a_skipped_row_shorter_than_every_other_takes_its_shards_shortest(tmp_path: Path) -> None:

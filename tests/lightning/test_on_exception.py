@@ -15,7 +15,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.utilities import CombinedLoader
 
 from loaderkit import (
     AttachLoaders,
@@ -419,3 +420,58 @@ def test_a_combined_loaders_failed_batch_is_no_checkpoint(
     with pytest.raises(LoaderkitError, match="combined train loader failed to load"):
         trainer.fit(_TwoLoaders(fail_id, torch_second))
     assert not (tmp_path / "on_exception.ckpt").exists()
+
+
+def test_a_combined_loaders_failed_batch_after_a_restore_is_no_checkpoint(tmp_path: Path) -> None:
+    # Review 233: Lightning adds the restored batches to its fetch count, so counting against
+    # it missed our batch of a fetch that raised after a mid-epoch restore (8 ids lost).
+    steps = ModelCheckpoint(tmp_path, filename="cut", every_n_train_steps=2)
+    L.Trainer(**trainer_kwargs(max_steps=3, enable_checkpointing=True, callbacks=[steps])).fit(
+        _TwoLoaders(torch_second=True)
+    )
+    save = OnExceptionCheckpoint(tmp_path)
+    trainer = L.Trainer(**trainer_kwargs(enable_checkpointing=True, callbacks=[save]))
+    with pytest.raises(LoaderkitError, match="combined train loader failed to load"):
+        trainer.fit(_TwoLoaders(24, torch_second=True), ckpt_path=tmp_path / "cut.ckpt")
+    assert not (tmp_path / "on_exception.ckpt").exists()
+
+
+class _Ids(torch.utils.data.IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(32))
+
+
+class _MinSize(IdModule):
+    """Ours (6 batches) beside an unsized loader of 4 in min_size mode; the first epoch's
+    end raises."""
+
+    def __init__(self, boom: bool = False) -> None:
+        super().__init__()
+        self.boom = boom
+
+    def train_dataloader(self) -> Any:
+        ours = ResumableDataLoader(IdDataset(48), batch_size=8, seed=0)
+        theirs = torch.utils.data.DataLoader(_Ids(), batch_size=8)
+        return CombinedLoader([attach_host(ours, self.trainer), theirs], mode="min_size")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch[0], batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        if self.boom:
+            self.boom = False
+            raise Interrupted("planned failure at the epoch's end")
+
+
+def test_a_combined_epoch_that_ran_out_is_a_checkpoint_that_resumes(tmp_path: Path) -> None:
+    # Review 233: the batch Lightning's prefetcher drew from ours as the other loader ran out
+    # read as one of a fetch that raised: the on-exception checkpoint was refused.
+    full = _MinSize()
+    L.Trainer(**trainer_kwargs()).fit(full)
+    cut = _MinSize(boom=True)
+    save = OnExceptionCheckpoint(tmp_path)
+    with pytest.raises(Interrupted):
+        L.Trainer(**trainer_kwargs(enable_checkpointing=True, callbacks=[save])).fit(cut)
+    after = _MinSize()
+    L.Trainer(**trainer_kwargs()).fit(after, ckpt_path=tmp_path / "on_exception.ckpt")
+    assert_resume_exact(full.records, cut.records, after.records)
