@@ -8,6 +8,7 @@ import multiprocessing
 import multiprocessing.context
 import warnings
 from collections.abc import Iterator
+from numbers import Integral
 from typing import Any
 
 from torch.utils.data import DistributedSampler, IterableDataset
@@ -214,7 +215,12 @@ def from_distributed_sampler(
                 f"{OWNER}: {name}={given} differs from the DistributedSampler's {its}; leave "
                 f"{name} unset to take the sampler's."
             )
-    return sampler.seed, sampler.rank, sampler.num_replicas
+    if isinstance(sampler.seed, bool) or not isinstance(sampler.seed, Integral) or sampler.seed < 0:
+        raise ValueError(
+            f"{OWNER}: the DistributedSampler's seed must be an int >= 0 (it keys the order "
+            f"and each sample's randomness), got seed={sampler.seed!r}; build it with seed=0."
+        )
+    return int(sampler.seed), sampler.rank, sampler.num_replicas
 
 
 def whole_order_sampler(sampler: Any) -> Any:

@@ -775,3 +775,12 @@ def test_a_state_inside_a_later_epoch_is_refused_by_a_sampler_listing_it_otherwi
     assert len(list(same)) == 4
     with pytest.raises(StateMismatchError, match="sampler=_Annealed lists epoch 1 otherwise"):
         loader(2).load_state_dict(state)
+
+
+def test_a_distributed_samplers_negative_seed_is_named_as_its_own() -> None:
+    # Hunter 234: the refusal named the loader's seed=, which the user never passed.
+    sampler = torch.utils.data.DistributedSampler(list(range(8)), num_replicas=1, rank=0, seed=-1)
+    with pytest.raises(
+        ValueError, match=r"the DistributedSampler's seed must be an int >= 0.*got seed=-1"
+    ):
+        ResumableDataLoader(list(range(8)), batch_size=2, sampler=sampler)
