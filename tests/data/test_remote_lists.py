@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,13 +15,13 @@ import pytest
 
 from loaderkit import (
     MissingShardError,
-    RemoteCache,
     ShardedDataset,
     StreamingShardedDataset,
     TokenReader,
     write_shards,
 )
 from loaderkit.data.index import checksum, remote_index_name
+from tests.support.memory_fs import cache, memory_folder
 
 fsspec = pytest.importorskip("fsspec")
 
@@ -31,15 +30,7 @@ READER = TokenReader(seq_len=4, dtype=np.uint16)
 
 @pytest.fixture
 def base() -> Iterator[str]:
-    url = f"memory://lists-{uuid.uuid4().hex[:8]}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
-
-
-def cache(tmp_path: Path) -> RemoteCache:
-    return RemoteCache(cache_dir=tmp_path / "cache", prefetch=0)
+    yield from memory_folder("lists")
 
 
 @pytest.mark.parametrize("kind", [ShardedDataset, StreamingShardedDataset])

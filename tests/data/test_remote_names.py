@@ -6,7 +6,6 @@ Shards live on fsspec's ``memory://`` filesystem."""
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from loaderkit import JsonlReader, RemoteCache, ShardedDataset, TokenReader, write_shards
 from loaderkit.data import _fs
 from loaderkit.errors import ShardError
+from tests.support.memory_fs import cache, memory_folder
 
 fsspec = pytest.importorskip("fsspec")
 zstandard = pytest.importorskip("zstandard")
@@ -25,15 +25,7 @@ READER = TokenReader(seq_len=4, dtype=np.uint16)
 
 @pytest.fixture
 def folder() -> Iterator[str]:
-    url = f"memory://names-{uuid.uuid4().hex[:8]}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
-
-
-def cache(tmp_path: Path) -> RemoteCache:
-    return RemoteCache(cache_dir=tmp_path / "cache", prefetch=0)
+    yield from memory_folder("names")
 
 
 def test_a_truncated_compressed_shard_is_named_by_url(folder: str, tmp_path: Path) -> None:
