@@ -257,8 +257,9 @@ class ParquetReader:
                 t = field.type
                 # A sparse column this file's rows lack is nulls, as a row without it is; a
                 # number or list column cannot read a null back (nor can a misspelt name).
-                kinds = ("is_integer", "is_floating", "is_boolean", "is_list", "is_large_list")
-                if any(getattr(pa.types, kind)(t) for kind in kinds):
+                # What _arrow refuses a null in.
+                kinds = "is_integer is_floating is_boolean is_list is_large_list is_fixed_size_list"
+                if any(getattr(pa.types, kind)(t) for kind in kinds.split()):
                     raise ValueError(
                         f"ParquetReader(schema=...) names {t} column {field.name!r}, which no "
                         f"row of {path.name!r} has (it has {table.column_names}); fix the name, "

@@ -123,16 +123,22 @@ class LightningHost:
         if drawn is None or not hasattr(fetcher, "batches"):
             return held
         handed, failure, taken_before = drawn
-        if len(train_loaders(trainer)) > 1:
-            # A hand-out neither taken by the loop nor listed went into a fetch that raised
-            # (not one that ran out: min_size ends the epoch there).
+        combined = trainer.fit_loop._combined_loader.flattened
+        if len(combined) > 1:
+            # Hand-outs neither taken by the loop nor listed went into a fetch that raised
+            # (not one that ran out: min_size ends the epoch there): the popped batch, this
+            # loader's failed one, or its batch beside another loader's failure. A CUDA
+            # DevicePrefetcher draws one ahead of what it hands over.
+            ahead = any(
+                isinstance(dl, DevicePrefetcher)
+                and dl.iterable is loader
+                and dl.device.type == "cuda"
+                for dl in combined
+            )
             taken = int(batch.ready) - (taken_before or 0)
-            if handed > taken + listed and not getattr(fetcher, "done", False):
-                raise LoaderkitError(
-                    "ResumableDataLoader: a batch of a combined train loader failed to load, "
-                    "so this loader's batch of that step was handed out but never trained. "
-                    "Resume from a step checkpoint saved before the failure."
-                )
+            unaccounted = handed - taken - listed - int(ahead)
+            if unaccounted > 0 and not getattr(fetcher, "done", False):
+                held += unaccounted
             return held
         if failure:
             counted = failure == "counted"

@@ -575,6 +575,9 @@ def test_a_schema_cast_or_column_that_fails_is_named(tmp_path: Path) -> None:
     typo = r"names double column 'scroe', which no row of 'c\.parquet' has"
     with pytest.raises(ValueError, match=typo):
         ParquetReader(schema={"scroe": "float64"}).write(tmp_path / "c.parquet", rows)
+    pa = pytest.importorskip("pyarrow")
+    with pytest.raises(ValueError, match=r"names fixed_size_list.* column 'emb'"):
+        ParquetReader(schema={"emb": pa.list_(pa.float32(), 4)}).write(tmp_path / "d.parquet", rows)
 
 
 def test_a_skipped_row_shorter_than_every_other_takes_its_shards_shortest(tmp_path: Path) -> None:
