@@ -106,9 +106,9 @@ class LightningHost:
         self, loader: object, drawn: tuple[int, str, int | None] | None = None
     ) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
-        unprocessed batch, and after a failed draw of ``loader`` (``drawn``, see
-        :class:`~loaderkit._callers.Host`) the failed batch and the one the prefetcher popped
-        before its refill raised."""
+        unprocessed batch and what a fetch that raised left untrained of ``loader``'s draws
+        (``drawn``, see :class:`~loaderkit._callers.Host`): its failed batch, the batch the
+        prefetcher popped before that refill, its batch beside another loader's failure."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None

@@ -473,7 +473,7 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         loader,
         seed=spec.seed,
         seed_drawn=not spec.seed_explicit,
-        seed_chosen=spec.seed_chosen and not spec.seed_explicit,
+        seed_chosen=spec.seed_chosen,
         pool=pool,
         auto=auto,
         **topology,
