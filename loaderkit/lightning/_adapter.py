@@ -106,9 +106,9 @@ class LightningHost:
         self, loader: object, drawn: tuple[int, str, int | None] | None = None
     ) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
-        unprocessed batch and what a fetch that raised left untrained of ``loader``'s draws
-        (``drawn``, see :class:`~loaderkit._callers.Host`): its failed batch, the batch the
-        prefetcher popped before that refill, its batch beside another loader's failure."""
+        unprocessed batch, and after a failed draw of ``loader`` (``drawn``, see
+        :class:`~loaderkit._callers.Host`) the failed batch and the one the prefetcher popped
+        before its refill raised."""
         trainer = self._fitting(loader, failing=True)
         if trainer is None:
             return None
@@ -123,22 +123,16 @@ class LightningHost:
         if drawn is None or not hasattr(fetcher, "batches"):
             return held
         handed, failure, taken_before = drawn
-        combined = trainer.fit_loop._combined_loader.flattened
-        if len(combined) > 1:
-            # Hand-outs neither taken by the loop nor listed went into a fetch that raised
-            # (not one that ran out: min_size ends the epoch there): the popped batch, this
-            # loader's failed one, or its batch beside another loader's failure. A CUDA
-            # DevicePrefetcher draws one ahead of what it hands over.
-            ahead = any(
-                isinstance(dl, DevicePrefetcher)
-                and dl.iterable is loader
-                and dl.device.type == "cuda"
-                for dl in combined
-            )
+        if len(train_loaders(trainer)) > 1:
+            # A hand-out neither taken by the loop nor listed went into a fetch that raised
+            # (not one that ran out: min_size ends the epoch there).
             taken = int(batch.ready) - (taken_before or 0)
-            unaccounted = handed - taken - listed - int(ahead)
-            if unaccounted > 0 and not getattr(fetcher, "done", False):
-                held += unaccounted
+            if handed > taken + listed and not getattr(fetcher, "done", False):
+                raise LoaderkitError(
+                    "ResumableDataLoader: a batch of a combined train loader failed to load, "
+                    "so this loader's batch of that step was handed out but never trained. "
+                    "Resume from a step checkpoint saved before the failure."
+                )
             return held
         if failure:
             counted = failure == "counted"
