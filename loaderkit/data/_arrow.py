@@ -131,6 +131,12 @@ def merge_file_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] 
     return merge_kinds(a, b)
 
 
+def refuses_nulls(pa: Any, t: Any) -> bool:
+    """Whether a column of type ``t`` is read as tensors, which hold no null."""
+    lists = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return _numeric(pa, t) or lists
+
+
 def _to_tensor(values: Any, dtype: torch.dtype | None) -> torch.Tensor:
     # A writable copy: torch warns on (and must not write into) Arrow's read-only buffers.
     out = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))
@@ -149,7 +155,7 @@ def _column(pa: Any, name: str, col: Any, where: str, dtype: torch.dtype | None)
     numeric = _numeric(pa, t)
     is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
     fixed = pa.types.is_fixed_size_list(t)
-    if (numeric or is_list or fixed) and col.null_count:
+    if refuses_nulls(pa, t) and col.null_count:
         raise ValueError(
             f"{where}: column {name!r} has {col.null_count} null value(s) in this batch; fill "
             "them in the data (e.g. pyarrow.compute.fill_null), or leave the column out."

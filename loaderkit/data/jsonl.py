@@ -137,8 +137,8 @@ class _Lines:
             return json.loads(raw)
         except ValueError as exc:
             text = raw[len(_BOM) :] if lo == 0 and raw.startswith(_BOM) else raw
+            line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + 1  # the sample's first
             if not text.strip(b" \t\r\n"):  # counted by an older loaderkit: one sample a line
-                line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + 1
                 side = str(_offsets_path(self.path, ""))
                 raise ShardChangedError(
                     f"shard {str(self.path)!r} line {line} is blank, yet an older loaderkit "
@@ -146,8 +146,7 @@ class _Lines:
                     path=self.path,
                 ) from exc
             # The file's line: blank lines joined a sample (count_cuts), so it is not index + 1.
-            blank = raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))].count(b"\n")
-            line = int(np.count_nonzero(self.data[:lo] == ord("\n"))) + blank + 1
+            line += raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))].count(b"\n")
             raise ShardError(
                 f"shard {str(self.path)!r} line {line} is not valid JSON ({exc}): "
                 f"{raw.strip()[:80]!r}; fix the line, or pass on_error='skip' to drop such "

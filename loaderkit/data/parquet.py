@@ -18,6 +18,7 @@ from loaderkit.data._arrow import (
     import_pyarrow,
     length_values,
     merge_file_kinds,
+    refuses_nulls,
     table_columns,
 )
 from loaderkit.data.readers import OpenShard, _missing
@@ -257,9 +258,7 @@ class ParquetReader:
                 t = field.type
                 # A sparse column this file's rows lack is nulls, as a row without it is; a
                 # number or list column cannot read a null back (nor can a misspelt name).
-                # What _arrow refuses a null in.
-                kinds = "is_integer is_floating is_boolean is_list is_large_list is_fixed_size_list"
-                if any(getattr(pa.types, kind)(t) for kind in kinds.split()):
+                if refuses_nulls(pa, t):
                     raise ValueError(
                         f"ParquetReader(schema=...) names {t} column {field.name!r}, which no "
                         f"row of {path.name!r} has (it has {table.column_names}); fix the name, "

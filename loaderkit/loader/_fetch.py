@@ -366,6 +366,13 @@ def worker_error(message: str, index: Any, cause: type[BaseException] | None) ->
         return WorkerError(message, index=index)
 
 
+def worker_error_from(message: str, exc: Exception) -> WorkerError:
+    """:func:`worker_error` for ``exc`` (no sample index), chained to it."""
+    error = worker_error(message, index=None, cause=type(exc))
+    error.__cause__ = exc
+    return error
+
+
 # One combined class per exception type, so isinstance agrees across batches.
 _COMBINED: dict[type[BaseException], type[WorkerError]] = {}
 

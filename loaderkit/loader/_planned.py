@@ -308,20 +308,20 @@ class PlanEngine:
         if isinstance(self.plan, SamplerPlan):
             extra = {k: saved[k] for k in ("listed_from", "epoch_check") if k in saved}
         fingerprint = self._fingerprint(self.plan, **extra)
-        listed = extra.get("listed_from")
+        listed, check = extra.get("listed_from"), extra.get("epoch_check")
+        check = check if isinstance(check, int) else None
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
             # Before anything changes; a malformed position is cursor.load's to name.
             epoch, position, seed = state.get("epoch"), state.get("position"), saved.get("seed")
             if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
                 # Under another seed that stays, cursor.load names the seed.
                 same = isinstance(seed, int) and (bool(adopt) or seed == self.plan.seed)
-                check = extra.get("epoch_check")
                 self.plan.check_relisted(
                     epoch,
                     position,
                     listed,
                     seed=seed if same else self.plan.seed,  # type: ignore[arg-type]
-                    saved_check=check if same and isinstance(check, int) else None,
+                    saved_check=check if same else None,
                 )
         loaded = self.cursor.load(
             state, self.plan, owner=OWNER, adopt=adopt, fingerprint=fingerprint
@@ -331,8 +331,7 @@ class PlanEngine:
             self.adopt_seed(saved_seed)
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
-            check = extra.get("epoch_check")
-            self.plan.restore(loaded["epoch"], listed, check if isinstance(check, int) else None)
+            self.plan.restore(loaded["epoch"], listed, check)
         self.host.supersede()
         return adopted
 

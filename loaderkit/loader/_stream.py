@@ -22,7 +22,7 @@ from loaderkit.data.streaming import (
 )
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
-from loaderkit.loader._fetch import FailedBatch, worker_error
+from loaderkit.loader._fetch import FailedBatch, worker_error_from
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
@@ -99,14 +99,14 @@ class _SlotBatches(EngineSource):
         """The collated batch, or a failed one in its place (the epoch goes on)."""
         failed = next((s for s in samples if type(s) is TransformFailed), None)
         if failed is not None:
-            error = worker_error(
-                f"the transform of {failed.where} failed with {type(failed.error).__name__}: "
-                f"{failed.error}; fix the transform (traceback chained above).",
-                index=None,
-                cause=type(failed.error),
+            exc = failed.error
+            return FailedBatch(
+                worker_error_from(
+                    f"the transform of {failed.where} failed with {type(exc).__name__}: {exc}; "
+                    "fix the transform (traceback chained above).",
+                    exc,
+                )
             )
-            error.__cause__ = failed.error
-            return FailedBatch(error)
         try:
             return self.collate(samples)
         except Exception as exc:

@@ -16,7 +16,7 @@ import torch
 
 from loaderkit.errors import StateMismatchError
 from loaderkit.loader._engine import EngineSource
-from loaderkit.loader._fetch import FailedBatch, worker_error
+from loaderkit.loader._fetch import FailedBatch, worker_error_from
 from loaderkit.loader._rng_state import rng_state, set_rng_state
 from loaderkit.seeding import rngs_put_back
 
@@ -208,15 +208,12 @@ class Recorder:
 
 def _stream_error(exc: Exception, worker: int, yielded: int) -> Exception:
     """The error of a stream that raised, still caught by ``except`` of its type."""
-    error = worker_error(
+    return worker_error_from(
         f"reading worker {worker}'s stream of the IterableDataset after its {yielded} samples "
         f"failed with {type(exc).__name__}: {exc}; fix the dataset's __iter__ (traceback "
         "chained above).",
-        index=None,
-        cause=type(exc),
+        exc,
     )
-    error.__cause__ = exc
-    return error
 
 
 def _skip(
