@@ -242,7 +242,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
             sampler, size, seed, a["rank"], a["world_size"]
         )
     # A seed the user gave the sampler's own generator decides, as under DataLoader.
-    a["first_state"] = None
+    a["first_state"] = a["generator_seed"] = None
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
@@ -250,6 +250,8 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
+        # Beside a DistributedSampler's seed, the generator's keys the later epochs too.
+        a["generator_seed"] = user_generator[0] if distributed else None
     elif user_generator is not None and (own := _seeded_by_user(sampler)) is not None:
         raise ValueError(
             f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "
@@ -317,6 +319,7 @@ def _plan(
             seed=seed,
             drop_last=a["drop_last"],
             first_state=a["first_state"],
+            generator_seed=a["generator_seed"],
         )
     elif isinstance(dataset, MixedDataset) and dataset.per_epoch != dataset.sizes:
         # A weighted mix's own plan (an unweighted mix is read as any dataset).

@@ -41,13 +41,15 @@ def keyed_order(
     *,
     lend: bool = True,
     advance: bool = False,
+    generator_seed: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sampler``'s order in ``epoch`` (int64) keyed to ``(seed, epoch)``, and the user's
     reseeded generator state it was listed from (else None).
 
     The ``generator`` slot is lent one started from ``restored`` (a saved state, or
     ``_KEYED``), the user's reseeded state (differing from ``seen``), epoch 0's
-    ``first_state``, else ``(seed, epoch)``. ``lend=False``: an empty slot stays empty;
+    ``first_state``, else ``(seed, epoch)`` (and ``generator_seed``, the user's generator's
+    where ``seed`` is another's). ``lend=False``: an empty slot stays empty;
     ``advance``: the user's generator ends where the lent one did, as torch leaves it.
     """
     own = getattr(sampler, "generator", _ABSENT)
@@ -72,7 +74,8 @@ def keyed_order(
     elif epoch == 0 and first_state is not None:
         keyed.set_state(first_state)
     else:
-        keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, epoch))
+        keys = (epoch,) if generator_seed is None else (epoch, generator_seed)
+        keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, *keys))
     _lend_generator(sampler, keyed)
     try:
         _set_epoch(sampler, epoch)
@@ -275,7 +278,8 @@ def check_reproducible(
 class SamplerPlan:
     """The plan of a torch sampler: its per-epoch order, dealt like a SamplePlan's.
 
-    ``first_state``: the user's generator state epoch 0 is listed from. ``strided``: deal as
+    ``first_state``: the user's generator state epoch 0 is listed from; ``generator_seed``: its
+    seed, where ``seed`` is another's (a ``DistributedSamplerWrapper``'s). ``strided``: deal as
     a ``DistributedSampler``; ``drop_tail``: as one with ``drop_last=True``.
     """
 
@@ -285,6 +289,7 @@ class SamplerPlan:
     seed: int
     drop_last: bool = False
     first_state: torch.Tensor | None = field(default=None, repr=False)
+    generator_seed: int | None = None
     strided: bool = False
     drop_tail: bool = False
     shuffle: bool = field(default=True, init=False)  # an unknown order counts as shuffled
@@ -375,6 +380,7 @@ class SamplerPlan:
             self._restored.pop(epoch, None),
             lend=self.lends(epoch),
             advance=True,
+            generator_seed=self.generator_seed,
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()
@@ -458,7 +464,10 @@ class SamplerPlan:
         args = (seed, epoch, self.first_state, self._seen, _restored(listed_from))
 
         def listing() -> torch.Tensor:
-            return keyed_order(self.sampler, *args, lend=self.lends(epoch))[0]
+            lend = self.lends(epoch)
+            return keyed_order(self.sampler, *args, lend=lend, generator_seed=self.generator_seed)[
+                0
+            ]
 
         name = type(self.sampler).__name__
         with rngs_put_back():  # it may draw from them (what this refuses)

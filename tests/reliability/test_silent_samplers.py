@@ -129,6 +129,32 @@ def test_wrapper_inner_generator_seed_is_torchs_epoch_0(kind: str, rank: int) ->
     assert orders[3] != orders[4]
 
 
+@pytest.mark.parametrize("kind", ["random", "weighted"])
+def test_wrapper_inner_generator_seed_keys_every_epoch(kind: str) -> None:
+    # 0ad19c7: epochs >= 1 were keyed to the wrapper's seed alone: inner seeds 3 and 4 gave one
+    # order there. Each seed's run also resumes inside epoch 1 exactly.
+    def loader(seed: int) -> ResumableDataLoader:
+        g = torch.Generator().manual_seed(seed)
+        inner: Any = RandomSampler(DATA, generator=g)
+        if kind == "weighted":
+            inner = WeightedRandomSampler([1.0] * 12, 12, generator=g)
+        return ResumableDataLoader(DATA, batch_size=2, sampler=_wrapper(inner, 0))
+
+    runs = {}
+    for seed in (3, 4):
+        whole = loader(seed)
+        runs[seed] = [ids_of(whole) for _ in range(3)]
+        cut = loader(seed)
+        before = ids_of(cut)
+        it = iter(cut)
+        before += [[int(i) for i in next(it)]]
+        resumed = loader(seed)
+        resumed.load_state_dict(cut.state_dict())
+        assert [*before, *ids_of(resumed)] == [*runs[seed][0], *runs[seed][1]]
+    for epoch in (1, 2):
+        assert runs[3][epoch] != runs[4][epoch], f"epoch {epoch}"
+
+
 def test_other_weights_error_names_the_sampler_and_causes() -> None:
     # 84cc6ec: "torch or loaderkit version changed?" for a sampler built with other weights.
     loader = ResumableDataLoader(
