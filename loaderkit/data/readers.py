@@ -283,8 +283,8 @@ def _foreign(path: Path, size: int) -> str | None:
     return None
 
 
-def _changed(path: Path, now: int, size: int) -> ShardError:
-    return ShardError(
+def _changed(path: Path, now: int, size: int) -> ShardChangedError:
+    return ShardChangedError(
         f"file {str(path)!r} changed while it was memory-mapped: it is {now} bytes now, "
         f"{size} when it was mapped; restore the file (or rewrite the shards and delete "
         "their index), then restart the run.",

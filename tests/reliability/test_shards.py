@@ -26,6 +26,7 @@ import pytest
 from loaderkit import (
     JsonlReader,
     ResumableDataLoader,
+    ShardChangedError,
     ShardedDataset,
     ShardError,
     ShardReadError,
@@ -241,6 +242,22 @@ def test_jsonl_and_document_shards_are_guarded_too(tmp_path: Path) -> None:
     os.truncate(doc.with_name(doc.name + ".eos0.lkoffsets"), 64)  # the sidecar, this time
     with pytest.raises(ShardError, match=r"eos0.lkoffsets' changed while"):
         docs.read(2000)
+
+
+@pytest.mark.parametrize("how", ["append", "truncate"])
+def test_a_shard_changed_under_its_map_is_raised_under_skip_too(tmp_path: Path, how: str) -> None:
+    # 0ad19c7: a plain ShardError, so on_error="skip" replaced samples 8..19 by sample 20.
+    reader = TokenReader(seq_len=1, dtype=np.uint16)
+    data = [np.arange(0, 20), np.arange(20, 40)]
+    paths = write_shards(tmp_path, data, reader, suffix=".bin", progress=False)
+    ds = ShardedDataset(tmp_path, reader, on_error="skip")
+    it = iter(ResumableDataLoader(ds, batch_sampler=ds.batch_sampler(4, seed=0, shuffle=False)))
+    assert [int(x) for _ in range(2) for x in next(it)[:, 0]] == list(range(8))
+    with open(paths[0], "ab" if how == "append" else "r+b") as f:
+        f.write(b"\0" * 8) if how == "append" else f.truncate(30)
+    with pytest.raises(ShardChangedError, match=r"shard-00000.bin' changed while it was memory"):
+        next(it)
+    assert ds.skipped == 0
 
 
 def test_a_truncated_shard_in_a_worker_is_a_shard_error_naming_it(tmp_path: Path) -> None:
