@@ -624,8 +624,18 @@ def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
     own = default_index_path(paths, job.reader)
     for target in [own] if index is None or Path(index) == own else [Path(index), own]:
         build_index(paths, job.reader, target, known=known, written_by=WRITER)
-    shutil.rmtree(root / WORK_DIR, ignore_errors=True)
+    work = root / WORK_DIR
+    shutil.rmtree(work / "staging", ignore_errors=True)
+    unlink(work / name for name in _own_markers(job, [p.name for p in work.glob("*.json")]))
+    with contextlib.suppress(OSError):  # another write's markers stay: it is unfinished
+        work.rmdir()
     return paths
+
+
+def _own_markers(job: _Job, names: list[str]) -> list[str]:
+    """This write's markers among ``names`` (another prefix's or suffix's are not ours)."""
+    shard = _shard_name(job)
+    return [n for n in names if n.endswith(".json") and shard.fullmatch(n[: -len(".json")])]
 
 
 def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
@@ -648,6 +658,11 @@ def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
         atomic_write(Path(index), lambda f: f.write(doc))
     storage.write_bytes(own, doc)
     work = join_url(job.root, WORK_DIR)
-    if _listing(storage, work):
+    markers = [e["name"] for e in _listing(storage, work)]
+    own = _own_markers(job, markers)
+    if len(own) < len(markers):  # another write's markers stay: it is unfinished
+        for url in [join_url(work, name) for name in own]:
+            storage.call("removing", url, functools.partial(storage.fs.rm, url))
+    elif markers:
         storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
     return [join_url(job.root, r[0]) for r in rows]

@@ -393,3 +393,28 @@ def test_a_path_list_of_an_unfinished_first_write_is_refused(place: tuple[Any, A
         for make in (ShardedDataset, StreamingShardedDataset):
             with pytest.raises(ShardError, match="unfinished write_shards"):
                 make(listed, READER, remote=remote)
+
+
+def test_a_write_of_another_prefix_leaves_an_unfinished_write_unfinished(
+    place: tuple[Any, Any],
+) -> None:
+    # 0ad19c7: a completed write of prefix "b" removed prefix "a"'s markers with the whole work
+    # folder, so "a"'s 2 shards of 4 read as a complete corpus (hunter 243).
+    folder, remote = place
+
+    def stopped_after_two() -> Iterator[np.ndarray]:
+        yield from arrays((1, 1), 3)
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(folder, stopped_after_two(), READER, prefix="a", progress=False)
+    write_shards(folder, arrays((2,), 5), READER, prefix="b", progress=False)
+    first = [n for n in names(folder) if n.startswith("a-") and n.endswith(".npy")]
+    listed = [folder / n for n in first] if remote is None else [f"{folder}/{n}" for n in first]
+    for make in (ShardedDataset, StreamingShardedDataset):
+        with pytest.raises(ShardError, match="unfinished write_shards"):
+            make(listed, READER, remote=remote)
+    # Finishing "a" (resumed) leaves the folder with both corpora and no work folder.
+    write_shards(folder, arrays((1, 1, 1, 1), 3), READER, prefix="a", progress=False)
+    assert ".loaderkit-write" not in names(folder)
+    assert ShardedDataset(listed, READER, remote=remote).sizes == (1, 1)
