@@ -96,7 +96,8 @@ class WorkerPool:
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
-        return functools.partial(start_worker, os.getpid(), seeding)
+        # A worker not forked starts in float32: floats are made as in this process.
+        return functools.partial(start_worker, os.getpid(), seeding, torch.get_default_dtype())
 
     def base_seed(self, seed: int, epoch: int) -> torch.Generator:
         """The workers' ``get_worker_info().seed`` source: new each epoch unless persistent."""
@@ -285,9 +286,13 @@ def stop_inner(inner: DataLoader[Any] | None) -> None:
 
 
 # ------------------------------------------------------------------ in the worker
-def start_worker(parent: int, init: Callable[[int], None], worker_id: int) -> None:
-    """Every worker's ``worker_init_fn``: watch the parent, then seed (and the user's init)."""
+def start_worker(
+    parent: int, init: Callable[[int], None], dtype: torch.dtype, worker_id: int
+) -> None:
+    """Every worker's ``worker_init_fn``: watch the parent, take its default dtype, then seed
+    (and the user's init)."""
     watch_parent(parent)
+    torch.set_default_dtype(dtype)
     show_user_dataset()  # before the user's worker_init_fn (called by ``init``) runs
     init(worker_id)
 

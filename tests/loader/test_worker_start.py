@@ -125,3 +125,27 @@ def test_pickled_workers_get_shared_tensors_fork_does_not_need_them() -> None:
         loader._engine.inner_loader(loader.plan.schedule(0, start=0, rank=0, world_size=1))
         assert x.is_shared() is shared, method
         assert torch.equal(x, expected)  # moved, values kept
+
+
+class _Thirds(Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([i / 3])  # the process's default dtype
+
+
+def test_a_worker_makes_floats_in_the_main_process_default_dtype() -> None:
+    # 0ad19c7: a forkserver worker (loaderkit's choice under DDP) made them float32 while the
+    # main process made float64 (hunter 242): values differed with num_workers.
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        batches = [
+            next(iter(ResumableDataLoader(_Thirds(), batch_size=4, **kw)))
+            for kw in ({}, {"num_workers": 1, "multiprocessing_context": "forkserver"})
+        ]
+    finally:
+        torch.set_default_dtype(before)
+    assert [b.dtype for b in batches] == [torch.float64] * 2
+    assert torch.equal(*batches)
