@@ -250,8 +250,11 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     if user_generator is not None and (seed is None or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
-        # Beside a DistributedSampler's seed, the generator's keys the later epochs too.
-        a["generator_seed"] = user_generator[0] if distributed else None
+        # Beside a DistributedSampler's seed, the generator's keys the later epochs too: its
+        # initial_seed(), which a loader built after another drew from it still reads.
+        inner = wrapped_sampler(sampler)
+        own = (sampler if inner is None else inner).generator
+        a["generator_seed"] = own.initial_seed() if distributed else None
     elif user_generator is not None and (own := _seeded_by_user(sampler)) is not None:
         raise ValueError(
             f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "

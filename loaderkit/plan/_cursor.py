@@ -226,6 +226,11 @@ def _difference(
             "loaderkit compute another order than the saved run's. Resume with the torch and "
             "loaderkit versions that saved it."
         )
+    if key == "generator_seed":
+        return (
+            f"the sampler's generator was seeded {was} in the saved run and {expected} here; "
+            f"seed it with torch.Generator().manual_seed({was}), or start without the state."
+        )
     if key == "num_samples" and fingerprint.get("split") == "strided":
         if sampler == "sampler=DistributedSampler":  # its length changes only when trimmed
             return (

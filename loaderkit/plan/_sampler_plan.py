@@ -76,6 +76,8 @@ def keyed_order(
     else:
         keys = (epoch,) if generator_seed is None else (epoch, generator_seed)
         keyed.manual_seed(derive_seed(seed, SeedTag.SAMPLER, *keys))
+        # Keyed by the user's seed itself: their generator stays, so a later loader keys alike.
+        advance = advance and generator_seed is None
     _lend_generator(sampler, keyed)
     try:
         _set_epoch(sampler, epoch)
@@ -508,4 +510,5 @@ class SamplerPlan:
             # Older states, whose draws of an index shared one seed, lack it and are refused.
             "repeat_seeding": "per_draw",
             **({"split": "strided"} if self.strided else {}),
+            **({"generator_seed": self.generator_seed} if self.generator_seed is not None else {}),
         }

@@ -155,6 +155,42 @@ def test_wrapper_inner_generator_seed_keys_every_epoch(kind: str) -> None:
         assert runs[3][epoch] != runs[4][epoch], f"epoch {epoch}"
 
 
+def test_wrapper_loaders_rebuilt_over_one_inner_sampler_resume_exactly() -> None:
+    # Review 245: a loader built after another had drawn from the inner generator keyed its
+    # later epochs to a digest of the moved state; a resumed process keyed them to the seed.
+    def loader_over(inner: Any, epoch: int) -> ResumableDataLoader:
+        sampler = _wrapper(inner, 0)
+        sampler.set_epoch(epoch)
+        return ResumableDataLoader(DATA, batch_size=2, sampler=sampler)
+
+    def inner() -> Any:
+        return RandomSampler(DATA, generator=torch.Generator().manual_seed(3))
+
+    kept = inner()
+    full = [ids_of(loader_over(kept, epoch)) for epoch in range(3)]
+    kept = inner()
+    ids_of(loader_over(kept, 0))
+    cut = loader_over(kept, 1)
+    head = [[int(i) for i in next(iter(cut))]]
+    resumed = loader_over(inner(), 1)  # a new process: the generator as seeded
+    resumed.load_state_dict(cut.state_dict())
+    assert head + ids_of(resumed) == full[1]
+    assert ids_of(loader_over(inner(), 0)) == full[0]
+
+
+def test_a_wrapper_state_of_another_inner_seed_is_refused() -> None:
+    # Review 245: a state saved inside epoch 0 with inner seed 3 went on with seed 4's order
+    # (samples 2 and 11 twice, 4 and 9 never).
+    def loader(seed: int) -> ResumableDataLoader:
+        inner = RandomSampler(DATA, generator=torch.Generator().manual_seed(seed))
+        return ResumableDataLoader(DATA, batch_size=2, sampler=_wrapper(inner, 0))
+
+    cut = loader(3)
+    next(iter(cut))
+    with pytest.raises(StateMismatchError, match=r"seeded 3 .* and 4 here.*manual_seed\(3\)"):
+        loader(4).load_state_dict(cut.state_dict())
+
+
 def test_other_weights_error_names_the_sampler_and_causes() -> None:
     # 84cc6ec: "torch or loaderkit version changed?" for a sampler built with other weights.
     loader = ResumableDataLoader(
