@@ -275,6 +275,31 @@ def _failing(trainer: Any) -> bool:
     )
 
 
+# The keys every loaderkit loader state has (a plan's and a stream's).
+_LOADERKIT_STATE = frozenset({"checksum", "epoch", "steps_done", "topology", "version"})
+
+
+def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
+    """Refuse a fit checkpoint with loaderkit loader states whose ``epoch_progress`` reads as
+    finished while a batch was training (a fit resumed from an epoch's last batch counts its
+    next epochs one short): Lightning would start that epoch over, not load the states."""
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    epoch = fit.get("epoch_progress", {}).get("current", {})
+    batch = fit.get("epoch_loop.batch_progress", {}).get("current", {})
+    states = fit.get("state_dict", {}).get("combined_loader", [])
+    ours = any(isinstance(s, dict) and _LOADERKIT_STATE <= set(s) for s in states)
+    if not ours or not epoch or not batch:
+        return
+    if epoch["ready"] == epoch["processed"] and batch["completed"] < batch["ready"]:
+        raise StateMismatchError(
+            f"this checkpoint's epoch progress says epoch {epoch['processed'] - 1} ended while "
+            f"batch {batch['ready'] - 1} of the next one was training (Lightning counts one "
+            "epoch short in a fit resumed from an epoch's last-batch checkpoint), so the fit "
+            "would train that epoch's batches again. Resume from a checkpoint saved before that "
+            "resume."
+        )
+
+
 def _stateful(loader: Any) -> bool:
     """What Lightning's ``CombinedLoader`` saves a state of (its ``_Stateful`` protocol)."""
     return all(callable(getattr(loader, m, None)) for m in ("state_dict", "load_state_dict"))

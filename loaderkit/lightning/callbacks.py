@@ -13,6 +13,7 @@ from loaderkit._callers import attach, enter, leave
 from loaderkit.lightning._adapter import (
     LightningHost,
     held_loaders,
+    refuse_restarted_epoch,
     resize_train_epoch,
     train_loaders,
 )
@@ -94,6 +95,11 @@ class AttachLoaders(Callback):
         # Lightning drops its fetcher after this: a checkpoint saved after the fit (stopped
         # by max_steps) must still leave out the batch the fetcher held.
         _settle(trainer)
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]
+    ) -> None:
+        refuse_restarted_epoch(checkpoint)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         _settle(trainer)  # as on_train_end, for a fit that failed

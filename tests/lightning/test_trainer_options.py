@@ -26,6 +26,7 @@ from tests.support.helpers import (
     IdDataModule,
     IdDataset,
     IdModule,
+    Interrupted,
     assert_resume_exact,
     by_epoch,
     fit_or_interrupt,
@@ -498,3 +499,33 @@ def test_a_batch_sampler_in_a_torch_loader_draws_each_epoch_after_a_max_steps_re
     resumed = fit(55, tmp_path / "resumed", tmp_path / "cut" / "last.ckpt")
     later = [record for record in full if record[0] >= 2]
     assert [record for record in resumed if record[0] >= 2] == later
+
+
+def test_a_checkpoint_of_a_fit_resumed_from_an_epochs_last_batch_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Hunter 241: Lightning counts the epochs of a fit resumed from an epoch's last-batch
+    # checkpoint one short, so its later step checkpoints read as "epoch ended" and the next
+    # resume started that epoch over without the loader state (its batches trained twice).
+    per_epoch = SIZE // BATCH
+
+    def run(root: Path, fail_at: int, resume: Path | None = None) -> None:
+        trainer = L.Trainer(
+            **trainer_kwargs(enable_checkpointing=True, callbacks=[step_checkpoints(root, 1)])
+        )
+        dm = IdDataModule(size=SIZE, batch_size=BATCH)
+        with pytest.raises(Interrupted):
+            trainer.fit(IdModule(fail_at=fail_at), datamodule=dm, ckpt_path=resume)
+
+    run(tmp_path / "a", per_epoch)
+    last = tmp_path / "a" / f"step{per_epoch:03d}.ckpt"  # epoch 0's last batch
+    run(tmp_path / "b", per_epoch + 3, resume=last)
+    saved = tmp_path / "b" / f"step{per_epoch + 3:03d}.ckpt"
+    # The Lightning internal this guards against: a batch training in an epoch counted as done.
+    progress = torch.load(saved, weights_only=False)["loops"]["fit_loop"]["epoch_progress"]
+    assert progress["current"]["ready"] == progress["current"]["processed"] == 1
+    trainer = L.Trainer(**trainer_kwargs())
+    with pytest.raises(StateMismatchError, match="epoch 0 ended while batch 2 of the next"):
+        trainer.fit(
+            IdModule(), datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=saved
+        )
