@@ -287,7 +287,7 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
     epoch = fit.get("epoch_progress", {}).get("current", {})
     batch = fit.get("epoch_loop.batch_progress", {}).get("current", {})
     states = fit.get("state_dict", {}).get("combined_loader", [])
-    ours = any(isinstance(s, dict) and _LOADERKIT_STATE <= set(s) for s in states)
+    ours = any(isinstance(s, dict) and set(s) >= _LOADERKIT_STATE for s in states)
     if not ours or not epoch or not batch:
         return
     if epoch["ready"] == epoch["processed"] and batch["completed"] < batch["ready"]:
