@@ -659,9 +659,9 @@ def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
     storage.write_bytes(own, doc)
     work = join_url(job.root, WORK_DIR)
     markers = [e["name"] for e in _listing(storage, work)]
-    own = _own_markers(job, markers)
-    if len(own) < len(markers):  # another write's markers stay: it is unfinished
-        for url in [join_url(work, name) for name in own]:
+    ours = _own_markers(job, markers)
+    if len(ours) < len(markers):  # another write's markers stay: it is unfinished
+        for url in [join_url(work, name) for name in ours]:
             storage.call("removing", url, functools.partial(storage.fs.rm, url))
     elif markers:
         storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
