@@ -121,6 +121,7 @@ def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
 def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
     """Flat lists of Python numbers, concatenated by one numpy call; lists that are all
     empty take their type from ``pad`` (int64 unless it is a float or bool)."""
+    _one_type(where, col)  # a tensor or array beside lists: named, not "truth value ambiguous"
     kinds = {type(v[0]) for v in col if v} or {type(pad) if type(pad) in (float, bool) else int}
     if not kinds <= _KINDS.keys():
         _not_flat(where, col)

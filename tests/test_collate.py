@@ -836,3 +836,11 @@ def test_nested_lists_are_typed_as_torch_tensor_types_them() -> None:
     # A list of numpy scalars beside an array: a raw "truth value is ambiguous" error.
     got = PadCollate()([{"x": list(np.arange(3.0))}, {"x": np.arange(2.0)}])["x"]
     assert got.dtype == torch.float64 and got.tolist() == [[0, 1, 2], [0, 1, 0]]
+
+
+@pytest.mark.parametrize("other", [torch.tensor([3, 4]), np.array([3, 4, 5])])
+def test_a_list_beside_a_tensor_or_array_names_the_sample(other: Any) -> None:
+    # A raw "Boolean value of Tensor ... is ambiguous" (or numpy's truth value error) before.
+    name = type(other).__name__
+    with pytest.raises(TypeError, match=rf"key 'ids': sample 1 is a {name} but sample 0 is a list"):
+        PadCollate()([{"ids": [1, 2]}, {"ids": other}])
