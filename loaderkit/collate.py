@@ -601,9 +601,12 @@ class PadCollate:
             elif any(isinstance(v, (Tensor, np.ndarray)) for v in col):
                 _one_type(_where(k), col)  # a scalar beside a tensor: default_collate promotes
             elif k in named or k is _BARE:
+                fix = (
+                    "drop it from pad_keys" if k in named else "return a tuple (or dict) of fields"
+                )
                 raise TypeError(
                     f"{_where(k)}: sample 0 holds a {type(col[0]).__name__}, which cannot be "
-                    "padded; return a tensor, array or list of numbers, or drop it from pad_keys"
+                    f"padded; return a tensor, array or list of numbers, or {fix}"
                 )
         padded = [k for k in seqs if k is _BARE or k in named or self._varies(k, columns[k])]
         if self.length_field is not None:

@@ -650,6 +650,9 @@ def test_named_key_that_cannot_be_padded(kwargs: dict[str, Any]) -> None:
 def test_bare_samples_that_cannot_be_padded() -> None:
     with pytest.raises(TypeError, match=r"samples: sample 0 holds a list, which cannot be"):
         PadCollate()([["a", "b"], ["c"]])
+    # List samples [x, y] (what default_collate takes): the fix named pad_keys, never passed.
+    with pytest.raises(TypeError, match=r"or return a tuple \(or dict\) of fields$"):
+        PadCollate()([[torch.ones(3), 1], [torch.ones(2), 0]])
 
 
 def test_output_key_collides_with_a_sample_key() -> None:
