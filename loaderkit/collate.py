@@ -132,6 +132,8 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if flat.ndim != 1:
         _not_flat(where, col)
+    if flat.size and flat.dtype.kind == "f" and kinds <= {int, float}:
+        kinds = {float}  # ints among floats (JSON's 0 for 0.0) are floats, as torch.tensor has it
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
     if kinds == {float}:

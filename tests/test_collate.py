@@ -446,9 +446,9 @@ def test_empty_batch() -> None:
             r"samples: sample 1 has dtype torch.int32 but sample 0 has torch.int64; cast",
         ),
         ([np.ones(2, np.int64), np.ones(1, np.float32)], r"samples: sample 1 has dtype float32"),
-        ([[1, 2], [3], [1.5]], r"samples: sample 2 has dtype float64 but sample 0 has int64"),
         ([[1, 2], [True]], r"samples: sample 1 has dtype bool"),
-        ([[1, 2], [3, 2.5]], r"samples: sample 1 mixes int items"),
+        ([[1.5, 2], [True]], r"samples: sample 1 has dtype bool"),
+        ([[1, 2], [True, 2]], r"samples: sample 1 mixes bool items"),
     ],
 )
 def test_mixed_dtypes(samples: list, pattern: str) -> None:
@@ -847,3 +847,11 @@ def test_a_list_beside_a_tensor_or_array_names_the_sample(other: Any) -> None:
     name = type(other).__name__
     with pytest.raises(TypeError, match=rf"key 'ids': sample 1 is a {name} but sample 0 is a list"):
         PadCollate()([{"ids": [1, 2]}, {"ids": other}])
+
+
+def test_ints_among_floats_are_floats_in_any_order() -> None:
+    # [0, 0.5] (JSON's 0 for 0.0) was refused as mixing int items, while [0.5, 0] was accepted.
+    for samples in ([[0, 0.5], [1.0]], [[0.5, 0], [1.0]], [[1, 2], [3], [1.5]]):
+        got = PadCollate()([{"s": v} for v in samples])["s"]
+        want = torch.tensor([v + [0] * (2 - len(v)) for v in samples], dtype=torch.float32)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
