@@ -389,8 +389,10 @@ class PadCollate:
     A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
     ``pad_value`` or ``length_field`` names it; others go to ``default_collate``. Lists of
     numbers become tensors as ``torch.tensor`` makes them (floats in the default dtype); a
-    batch whose lists of a field are all empty is int64, or float/bool where that field's
-    pad value is one; return arrays to choose the dtype. Nested
+    field whose lists are all empty in a batch stays one list per sample (numbers or
+    strings: nothing tells), unless ``pad_keys``, ``pad_value`` or ``length_field`` names
+    it: then int64, or float/bool where its pad value is one; return arrays to choose the
+    dtype. Nested
     values (a dict or list inside a field) are not padded: sizes that differ, or a list of
     numbers or strings, inside one raise; a field of string lists stays one list per sample.
 
@@ -595,6 +597,8 @@ class PadCollate:
         """The keys to pad, and the key whose lengths and mask are returned."""
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
+            if k not in named and k is not _BARE and all(map(_empty, col)):
+                continue  # numbers or strings? Unknown: kept one list per sample, not measured
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             if nested and isinstance(_lead(col), (list, np.generic)):  # or numpy scalars
                 columns[k] = col = _nested_tensors(_where(k), col)

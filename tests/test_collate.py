@@ -818,18 +818,27 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-def test_a_default_length_field_empty_in_every_sample_is_refused_naming_one_that_is_not() -> None:
-    # Empty string lists first in the dict were padded as numbers and measured: lengths [0, 0],
-    # where batches holding tags measure input_ids. The field to measure is the user's to say.
+def test_a_named_field_empty_in_every_sample_is_refused_as_length_field() -> None:
     samples = [
         {"tags": [], "input_ids": torch.arange(2)},
         {"tags": [], "input_ids": torch.arange(3)},
     ]
     with pytest.raises(CollateError, match=r"key 'tags' is empty in every sample.*length_field="):
-        PadCollate()(samples)
-    batch = PadCollate(length_field="input_ids")(samples)
-    assert batch["lengths"].tolist() == [2, 3] and batch["attention_mask"].shape == (2, 3)
-    assert PadCollate()([{"tags": []}, {"tags": []}])["lengths"].tolist() == [0, 0]
+        PadCollate(pad_keys=["tags"])(samples)
+    batch = PadCollate(pad_keys=["tags"], length_field="input_ids")(samples)
+    assert batch["lengths"].tolist() == [2, 3] and batch["tags"].shape == (2, 0)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"max_length": 8}, {"length_field": "input_ids"}])
+def test_a_list_field_empty_in_every_sample_stays_lists(kwargs: dict[str, Any]) -> None:
+    # String lists all empty in a batch were padded as int64 (8 pad ids under max_length), and
+    # refused ahead of the tokens; numbers or strings, nothing tells: one list per sample.
+    for first in (True, False):
+        samples = [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]
+        samples = [{"tags": [], **s} if first else {**s, "tags": []} for s in samples]
+        batch = PadCollate(**kwargs)(samples)
+        assert batch["tags"] == [[], []] and batch["lengths"].tolist() == [3, 1]
+    assert PadCollate()([{"tags": []}, {"tags": []}]) == {"tags": [[], []]}
 
 
 def test_nested_lists_are_typed_as_torch_tensor_types_them() -> None:
