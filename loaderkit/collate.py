@@ -414,8 +414,8 @@ class PadCollate:
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
-            padded field, else the first tensor / array / list field; refused where its
-            lists are all empty in a batch and another field's are not: name it then).
+            tensor / array / list-of-numbers field, in key order, that has ``pad_dim``: the
+            same field in every batch; name it where an image or other field comes first).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -619,9 +619,10 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        key = (padded + fits + [None])[0]  # padded here, else one that could be
-        if key is not None and all(map(_empty, columns[key])):  # numbers or strings?
-            held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
+        # In key order, not the first padded: bucketing leaves input_ids unpadded in a batch.
+        key = (fits + [None])[0]
+        if key is not None and all(map(_empty, columns[key])):  # a named field, all empty
+            held = [k for k in fits if not all(map(_empty, columns[k]))]
             if held:
                 raise CollateError(
                     f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
