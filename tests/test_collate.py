@@ -880,3 +880,45 @@ def test_ints_among_floats_are_floats_in_any_order() -> None:
         got = PadCollate()([{"s": v} for v in samples])["s"]
         want = torch.tensor([v + [0] * (2 - len(v)) for v in samples], dtype=torch.float32)
         assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_the_samples_own_attention_mask_is_padded_with_zero_and_is_the_mask(
+    as_tensor: bool,
+) -> None:
+    # A tokenizer's output was refused ("already have a key 'attention_mask'"); pad_value=1
+    # padded its mask with 1.
+    def sample(n: int) -> dict[str, Any]:
+        ids, mask = [7] * n, [1] * n
+        if as_tensor:
+            ids, mask = torch.tensor(ids), torch.tensor(mask, dtype=torch.bool)
+        return {"attention_mask": mask, "input_ids": ids, "label": n % 2}
+
+    for pad_value in (0, 1):
+        batch = PadCollate(pad_value=pad_value)([sample(3), sample(1)])
+        assert batch["input_ids"].tolist() == [[7, 7, 7], [7, pad_value, pad_value]]
+        assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+        assert batch["lengths"].tolist() == [3, 1] and sorted(batch) == sorted(
+            ["attention_mask", "input_ids", "label", "lengths"]
+        )
+    batch = PadCollate(max_length=4)([sample(2), sample(1)])
+    assert batch["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+    batch = PadCollate()([sample(2), sample(2)])  # nothing padded: stacked
+    assert batch["attention_mask"].tolist() == [[1, 1]] * 2 and "lengths" in batch
+
+
+@pytest.mark.parametrize(
+    "mask", [[1, 1], [1, 1, 2], [1.0, 1.0, 1.0], torch.ones(3), torch.ones(3, 1, dtype=torch.int)]
+)
+def test_an_own_attention_mask_that_is_not_a_mask_is_refused(mask: Any) -> None:
+    samples = [
+        {"input_ids": [1, 2, 3], "attention_mask": mask},
+        {"input_ids": [4], "attention_mask": mask[:1]},
+    ]
+    with pytest.raises(
+        CollateError,
+        match=r"'attention_mask'.* is not a 0/1 mask as long as key 'input_ids' "
+        r"\(sample 0\); drop that column \(columns=\) or pass another mask_key",
+    ):
+        PadCollate()(samples)
+    assert "mask" in PadCollate(mask_key="mask")(samples)
