@@ -428,8 +428,8 @@ class PadCollate:
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
-            tensor / array / list-of-numbers field, in key order, that has ``pad_dim``: the
-            same field in every batch; name it where an image or other field comes first).
+            padded field, else the first tensor / array / list field; refused where its
+            lists are all empty in a batch and another field's are not: name it then).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted). Where the
             samples hold this key as a 0/1 (or bool) mask as long as the length field (a
@@ -643,10 +643,9 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if k != mine and -ndims[k] <= self.pad_dim < ndims[k]]
-        # In key order, not the first padded: bucketing leaves input_ids unpadded in a batch.
-        key = fits[0] if fits else None
-        if key is not None and all(map(_empty, columns[key])):  # a named field, all empty
-            held = [k for k in fits if not all(map(_empty, columns[k]))]
+        key = ([k for k in padded if k != mine] + fits + [None])[0]  # padded, else could be
+        if key is not None and all(map(_empty, columns[key])):  # numbers or strings?
+            held = [k for k in padded + fits if k != mine and not all(map(_empty, columns[k]))]
             if held:
                 raise CollateError(
                     f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "

@@ -224,28 +224,13 @@ def test_dict_output_key_names_and_omission() -> None:
 
 def test_length_field_picks_the_field() -> None:
     samples = [{"a": torch.ones(2), "b": torch.ones(n)} for n in (4, 1)]
-    assert PadCollate()(samples)["lengths"].tolist() == [2, 2]  # the first in key order: a
-    assert PadCollate(length_field="b")(samples)["lengths"].tolist() == [4, 1]
-
-
-def test_the_default_length_field_is_the_same_in_every_batch() -> None:
-    # It was the first padded field: in a bucketed batch whose input_ids are equally long,
-    # the lengths and mask described entity_ids.
-    collate = PadCollate()
-    for ids, ents in [((5, 3), (1, 2)), ((4, 4), (0, 2)), ((4, 4), (1, 1))]:
-        samples = [
-            {"input_ids": torch.ones(n, dtype=torch.long), "entity_ids": torch.zeros(e)}
-            for n, e in zip(ids, ents, strict=True)
-        ]
-        batch = collate(samples)
-        assert batch["lengths"].tolist() == list(ids)
-        assert batch["attention_mask"].shape == batch["input_ids"].shape
+    assert PadCollate()(samples)["lengths"].tolist() == [4, 1]  # first padded field: b
+    assert PadCollate(length_field="a")(samples)["lengths"].tolist() == [2, 2]
 
 
 def test_equal_shapes_are_stacked_unless_named() -> None:
     samples = [{"image": torch.ones(3, 2), "ids": torch.ones(n)} for n in (2, 4)]
-    # The image comes first in key order, so the length field is named.
-    batch = PadCollate(max_length=6, length_field="ids")(samples)
+    batch = PadCollate(max_length=6)(samples)
     assert batch["image"].shape == (2, 3, 2) and batch["ids"].shape == (2, 6)
     same = [{"ids": torch.ones(3), "x": torch.zeros(2)} for _ in range(2)]
     # Which fields max_length applies to is unknown where none varies: refused, not (2, 3).
@@ -298,11 +283,10 @@ def test_nothing_to_pad_still_returns_lengths_and_mask() -> None:
 
 
 def test_plain_tuples_use_positions() -> None:
-    collate = PadCollate(pad_value={1: -1}, length_field=1)
-    batch = collate([(torch.ones(2), [1]), (torch.ones(2), [2, 3])])
+    batch = PadCollate(pad_value={1: -1})([(torch.ones(2), [1]), (torch.ones(2), [2, 3])])
     assert isinstance(batch, PaddedBatch) and isinstance(batch.values, tuple)
     assert batch.values[0].shape == (2, 2) and batch.values[1].tolist() == [[1, -1], [2, 3]]
-    assert batch.lengths.tolist() == [1, 2]
+    assert batch.lengths.tolist() == [1, 2]  # first padded field: position 1
 
 
 def test_namedtuples_keep_their_type() -> None:
