@@ -225,7 +225,8 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
         # Not replace(): works for frozen and init=False fields, skips __post_init__.
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):
-            object.__setattr__(new, field.name, _apply(getattr(obj, field.name), leaf))
+            if hasattr(obj, field.name):  # an init=False field may be unset
+                object.__setattr__(new, field.name, _apply(getattr(obj, field.name), leaf))
         return new
     return obj
 

@@ -403,6 +403,17 @@ def test_move_dataclass_keeps_init_false_fields() -> None:
     assert move_to_device(sample, META).derived == 5
 
 
+@dataclass
+class Lazy:
+    x: torch.Tensor
+    cache: torch.Tensor = field(init=False, repr=False)  # filled later, may be unset
+
+
+def test_move_skips_an_unset_init_false_field() -> None:
+    moved = move_to_device(Lazy(torch.ones(2)), META)
+    assert moved.x.device == META and not hasattr(moved, "cache")
+
+
 def test_move_leaves_non_tensors_alone() -> None:
     for leaf in [1, 2.5, "s", b"b", None, np.ones(2), {1, 2}, Sample]:
         assert move_to_device(leaf, META) is leaf

@@ -282,6 +282,14 @@ def test_sequence_datamodule_reads_jsonl_and_bare_samples(tmp_path: Path) -> Non
     assert len(both.val_dataset) == 3
 
 
+def test_sequence_datamodule_refuses_tuple_samples() -> None:
+    # A tuple's len() counted its fields: a 2-token length for every sample, the budget 50x over.
+    samples = [(torch.ones(9 + i, dtype=torch.long), i % 2) for i in range(6)]
+    dm = SequenceDataModule(samples, max_tokens=32, seed=0)
+    with pytest.raises(TypeError, match=r"samples are tuples of 2 fields.*'input_ids' field"):
+        dm.setup("fit")
+
+
 def test_sequence_datamodule_reads_a_jsonl_file_with_a_bom(tmp_path: Path) -> None:
     # Refused as invalid JSON on line 1, while JsonlReader read the same file.
     path = tmp_path / "bom.jsonl"

@@ -17,7 +17,7 @@ from loaderkit.data.hf import HFDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import check_settings, remote_cache
-from loaderkit.lightning.datamodules._util import is_hf_dataset
+from loaderkit.lightning.datamodules._util import is_hf_dataset, tuple_refusal
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
 
@@ -181,6 +181,8 @@ class SequenceDataModule(LoaderDataModule):
                         "length_key= to the sequence field."
                     )
                 seq = sample[self.length_key]
+            elif isinstance(sample, tuple):
+                raise tuple_refusal(owner, sample, self.length_key)
             if isinstance(seq, (torch.Tensor, np.ndarray)) and seq.ndim >= 1:
                 lengths[i] = seq.shape[0]
             elif isinstance(seq, (list, tuple)):
