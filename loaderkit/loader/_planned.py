@@ -331,7 +331,8 @@ class PlanEngine:
             self.adopt_seed(saved_seed)
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
-            self.plan.restore(loaded["epoch"], listed, check)
+            ended = self.cursor.upcoming(self.plan)[0] > loaded["epoch"]
+            self.plan.restore(loaded["epoch"], listed, check, ended=ended)
         self.host.supersede()
         return adopted
 

@@ -418,12 +418,21 @@ class SamplerPlan:
         return memo[1]
 
     def listed_from(self, epoch: int) -> str | None:
-        """The reseeded generator state (base64) ``epoch`` was listed from, else None."""
-        return self._sources.get(epoch)
+        """The reseeded generator state (base64) ``epoch`` was listed from (not listed yet: the
+        user's generator, where it moved since), else None."""
+        if epoch in self._sources:
+            return self._sources[epoch]
+        current, seen = cpu_state(getattr(self.sampler, "generator", None)), self._seen
+        if current is None or seen is None or torch.equal(current, seen):
+            return None
+        return base64.b64encode(current.numpy().tobytes()).decode()
 
-    def restore(self, epoch: int, listed_from: str | None, check: int | None = None) -> None:
+    def restore(
+        self, epoch: int, listed_from: str | None, check: int | None = None, *, ended: bool = False
+    ) -> None:
         """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed;
-        ``check``: its order's checksum in the state."""
+        ``check``: its order's checksum in the state; ``ended``: the epoch is complete (it is
+        listed now, so the user's generator ends where the saved run's listing left it)."""
         restored = _restored(listed_from)
         self._cache.clear()
         self._restored.clear()
@@ -434,6 +443,8 @@ class SamplerPlan:
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
+        if ended and isinstance(getattr(self.sampler, "generator", None), torch.Generator):
+            self.order(epoch)
 
     def part_way(self, epoch: int, position: int) -> bool:
         """Whether a position is inside an epoch after the first (epoch 0's order is in the

@@ -73,6 +73,71 @@ def test_reseeded_generator_resumes_exactly(
     assert sorted(epoch) == DATA
 
 
+def _reseeding(epochs: range, loader: Any, g: torch.Generator, set_epoch: bool) -> Any:
+    out = []
+    for epoch in epochs:
+        g.manual_seed(100 + epoch)  # the user's reseed before each epoch
+        if set_epoch:
+            loader.set_epoch(epoch)
+        out.append(ids_of(loader))
+    return out
+
+
+def test_a_state_saved_before_a_reseeded_epoch_is_listed_resumes_its_order() -> None:
+    # Hunter 244: a state at position 0 of an epoch not listed yet resumed it keyed to (seed,
+    # epoch) or the build-time state, not the user's reseed (another permutation than torch's).
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(0)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    g, torch_loader = make()
+    torch_loader = DataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+    full = _reseeding(range(2), torch_loader, g, False)
+    g, cut = make()
+    g.manual_seed(100)
+    state = cut.state_dict()  # epoch 0, before its first batch
+    g, resumed = make()
+    resumed.load_state_dict(state)
+    assert _reseeding(range(2), resumed, g, False) == full
+    g, cut = make()
+    head = _reseeding(range(1), cut, g, True)
+    g.manual_seed(101)
+    cut.set_epoch(1)
+    state = cut.state_dict()  # epoch 1, before its first batch
+    g, resumed = make()
+    resumed.load_state_dict(state)
+    assert head + _reseeding(range(1, 2), resumed, g, True) == full
+
+
+@pytest.mark.parametrize("where", ["after_the_epoch", "at_its_last_batch"])
+def test_a_state_at_an_epochs_end_leaves_the_samplers_generator_where_the_run_did(
+    where: str,
+) -> None:
+    # Hunter 244: the loop draws from the sampler's generator between epochs; resumed from an
+    # epoch's end, the generator was where it was built, and epoch 2 repeated epoch 0's order.
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(0)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    def epoch(g: torch.Generator, loader: Any) -> Any:
+        torch.rand(1, generator=g)
+        return ids_of(loader)
+
+    g, whole = make()
+    full = [epoch(g, whole) for _ in range(3)]
+    g, cut = make()
+    head = [epoch(g, cut)]
+    torch.rand(1, generator=g)
+    batches = []
+    for batch in cut:
+        batches.append([int(i) for i in batch])
+        if where == "at_its_last_batch" and len(batches) == len(DATA) // 4:
+            break
+    g, resumed = make()
+    resumed.load_state_dict(cut.state_dict())
+    assert [*head, batches, epoch(g, resumed)] == full
+
+
 def test_reseed_to_the_same_value_each_epoch_lists_one_order_as_torch() -> None:
     # Was a known difference: the lent generator left the user's where it was, so a reseed
     # to the same state was not seen and epochs differed. The user's now advances as torch's.
