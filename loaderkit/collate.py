@@ -132,8 +132,6 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if flat.ndim != 1:
         _not_flat(where, col)
-    if flat.size and flat.dtype.kind == "f" and kinds <= {int, float}:
-        kinds = {float}  # ints among floats (JSON's 0 for 0.0) are floats, as torch.tensor has it
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
     if kinds == {float}:
@@ -294,20 +292,6 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
         ) from exc
 
 
-def _is_mask(value: Any, length: int) -> bool:
-    """Whether ``value`` is a 1-D 0/1 (or bool) mask of ``length`` items."""
-    if isinstance(value, list):
-        if len(value) != length or not set(map(type, value)) <= {int, bool}:
-            return False
-        return set(value) <= {0, 1}
-    if not isinstance(value, (Tensor, np.ndarray)):
-        return False
-    t = torch.as_tensor(value)
-    if t.ndim != 1 or len(t) != length or t.is_floating_point() or t.is_complex():
-        return False
-    return bool(((t == 0) | (t == 1)).all())
-
-
 def _check_nested(where: str, col: list[Any]) -> None:
     """Refuse a list of numbers inside a field: ``default_collate`` would transpose it."""
     first = col[0]
@@ -403,10 +387,8 @@ class PadCollate:
     A field is padded when its shapes differ, it holds lists of numbers, or ``pad_keys``,
     ``pad_value`` or ``length_field`` names it; others go to ``default_collate``. Lists of
     numbers become tensors as ``torch.tensor`` makes them (floats in the default dtype); a
-    field whose lists are all empty in a batch stays one list per sample (numbers or
-    strings: nothing tells), unless ``pad_keys``, ``pad_value`` or ``length_field`` names
-    it: then int64, or float/bool where its pad value is one; return arrays to choose the
-    dtype. Nested
+    batch whose lists of a field are all empty is int64, or float/bool where that field's
+    pad value is one; return arrays to choose the dtype. Nested
     values (a dict or list inside a field) are not padded: sizes that differ, or a list of
     numbers or strings, inside one raise; a field of string lists stays one list per sample.
 
@@ -431,10 +413,7 @@ class PadCollate:
             padded field, else the first tensor / array / list field; refused where its
             lists are all empty in a batch and another field's are not: name it then).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
-        mask_key: Output key of the mask in a dict batch (``None``: omitted). Where the
-            samples hold this key as a 0/1 (or bool) mask as long as the length field (a
-            tokenizer's ``attention_mask``), it is padded with 0 and is the mask, keeping
-            its dtype; another value under this key is refused.
+        mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
         sort_indices_key: Output key of the permutation in a dict batch (``None``: omitted).
 
@@ -532,9 +511,7 @@ class PadCollate:
         except (AttributeError, IndexError, TypeError) as err:
             _diagnose(where, col, dim, err)
 
-    def _pad(
-        self, key: Hashable, col: list[Any], pad: PadScalar | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _pad(self, key: Hashable, col: list[Any]) -> tuple[Tensor, Tensor, Tensor]:
         where = _where(key)
         dim, lengths = self._sizes(where, col)
         limit = self.max_length
@@ -552,7 +529,7 @@ class PadCollate:
             ]
             col = [v[k] if not dim else v[(*cut, k)] for v, k in zip(col, keep, strict=True)]
             lengths = [min(n, limit) for n in lengths]
-        value = self.pad_values.get(key, self.default_pad_value if pad is None else pad)
+        value = self.pad_values.get(key, self.default_pad_value)
         if isinstance(col[0], list):
             flat = _concat_lists(where, col, value)
         else:
@@ -584,13 +561,9 @@ class PadCollate:
                     f"PadCollate: {k!r} is named in pad_keys, pad_value or length_field but "
                     f"sample 0 has {have}; fix the name or drop it"
                 )
-        mine = self.mask_key if isinstance(samples[0], Mapping) else None
-        mine = mine if mine in columns else None  # the samples' own mask, as a tokenizer's
-        padded, length_key = self._classify(columns, named, mine)
+        padded, length_key = self._classify(columns, named)
         if self.max_length is not None or self.pad_to_multiple_of is not None:
             padded = self._aligned(columns, padded, length_key)
-        if mine is not None and length_key is not None:
-            self._own_mask(columns, length_key, padded)
         order = None
         if self.sort_by_length and length_key is not None:
             sizes = self._sizes(_where(length_key), columns[length_key])[1]
@@ -602,7 +575,7 @@ class PadCollate:
         lengths = mask = None
         for k, col in columns.items():
             if k in padded:
-                out[k], lens, m = self._pad(k, col, 0 if k == mine else None)
+                out[k], lens, m = self._pad(k, col)
                 lengths, mask = (lens, m) if k == length_key else (lengths, mask)
             else:
                 out[k] = _collate_rest(_where(k), col)
@@ -610,19 +583,16 @@ class PadCollate:
             sizes = self._sizes(_where(length_key), columns[length_key])[1]
             lengths, mask = torch.tensor(sizes), torch.ones(len(sizes), sizes[0], dtype=torch.bool)
         lengths = None if self.lengths_key is None else lengths
-        mask = None if self.mask_key is None or mine is not None else mask
+        mask = None if self.mask_key is None else mask
         sort_indices = None if order is None else torch.tensor(order)
         return self._pack(samples[0], out, (lengths, mask, sort_indices))
 
     def _classify(
-        self, columns: dict[Hashable, list[Any]], named: list[Hashable], mine: Hashable | None
+        self, columns: dict[Hashable, list[Any]], named: list[Hashable]
     ) -> tuple[list[Hashable], Hashable | None]:
-        """The keys to pad, and the key whose lengths and mask are returned (not ``mine``,
-        the samples' own mask)."""
+        """The keys to pad, and the key whose lengths and mask are returned."""
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
-            if k not in named and k is not _BARE and all(map(_empty, col)):
-                continue  # numbers or strings? Unknown: kept one list per sample, not measured
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             if nested and isinstance(_lead(col), (list, np.generic)):  # or numpy scalars
                 columns[k] = col = _nested_tensors(_where(k), col)
@@ -642,33 +612,16 @@ class PadCollate:
         if self.length_field is not None:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
-        fits = [k for k in seqs if k != mine and -ndims[k] <= self.pad_dim < ndims[k]]
-        key = ([k for k in padded if k != mine] + fits + [None])[0]  # padded, else could be
+        fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
+        key = (padded + fits + [None])[0]  # padded here, else one that could be
         if key is not None and all(map(_empty, columns[key])):  # numbers or strings?
-            held = [k for k in padded + fits if k != mine and not all(map(_empty, columns[k]))]
+            held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
             if held:
                 raise CollateError(
                     f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
                     f"lengths and mask would measure nothing; pass length_field={held[0]!r}."
                 )
         return padded, key
-
-    def _own_mask(
-        self, columns: dict[Hashable, list[Any]], key: Hashable, padded: list[Hashable]
-    ) -> None:
-        """Check the samples' own ``mask_key`` field is a 0/1 mask as long as ``key`` in every
-        sample, and pad it where ``key`` is padded; it is then the batch's mask."""
-        name = self.mask_key
-        sizes = self._sizes(_where(key), columns[key])[1]
-        for i, (v, n) in enumerate(zip(columns[name], sizes, strict=True)):
-            if not _is_mask(v, n):
-                raise CollateError(
-                    f"PadCollate: the samples' key {name!r}, the name of the mask output, is not "
-                    f"a 0/1 mask as long as {_where(key)} (sample {i}); drop that column "
-                    "(columns=) or pass another mask_key (or None)"
-                )
-        if key in padded and name not in padded:
-            padded.append(name)
 
     def _aligned(
         self, columns: dict[Hashable, list[Any]], padded: list[Hashable], length_key: Hashable

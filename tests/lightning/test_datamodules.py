@@ -282,12 +282,14 @@ def test_sequence_datamodule_reads_jsonl_and_bare_samples(tmp_path: Path) -> Non
     assert len(both.val_dataset) == 3
 
 
-def test_sequence_datamodule_refuses_tuple_samples() -> None:
+def test_sequence_datamodule_measures_a_tuple_samples_first_field() -> None:
     # A tuple's len() counted its fields: a 2-token length for every sample, the budget 50x over.
     samples = [(torch.ones(9 + i, dtype=torch.long), i % 2) for i in range(6)]
     dm = SequenceDataModule(samples, max_tokens=32, seed=0)
-    with pytest.raises(TypeError, match=r"samples are tuples of 2 fields.*'input_ids' field"):
-        dm.setup("fit")
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert sorted(n for b in batches for n in b.lengths.tolist()) == list(range(9, 15))
+    assert all(b.values[0].numel() <= 32 for b in batches)
 
 
 def test_sequence_datamodule_reads_a_jsonl_file_with_a_bom(tmp_path: Path) -> None:

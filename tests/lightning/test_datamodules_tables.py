@@ -147,20 +147,6 @@ def test_sequence_datamodule_reads_parquet_arrow_and_datasets(
     assert sorted(epoch_ids(dm)) == list(range(N))
 
 
-def test_sequence_datamodule_takes_a_tokenized_datasets_attention_mask() -> None:
-    # A tokenizer's attention_mask column was refused by PadCollate ("already have a key").
-    datasets = pytest.importorskip("datasets")
-    n = [1 + i % 9 for i in range(32)]
-    table = {"input_ids": [[7] * k for k in n], "attention_mask": [[1] * k for k in n]}
-    hf = datasets.Dataset.from_dict({**table, "label": [k % 2 for k in n]})
-    dm = SequenceDataModule(hf, batch_size=8, pad_value=3, seed=0)
-    dm.setup("fit")
-    for batch in dm.train_dataloader():
-        real = batch["input_ids"] != 3
-        assert batch["attention_mask"].tolist() == real.long().tolist()
-        assert batch["lengths"].tolist() == real.sum(1).tolist()
-
-
 def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
     path = str(next(parquet_dir.glob("*.parquet")))
     with pytest.raises(ValueError, match="leaves out length_key='input_ids'"):

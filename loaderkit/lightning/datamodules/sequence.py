@@ -17,7 +17,7 @@ from loaderkit.data.hf import HFDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import check_settings, remote_cache
-from loaderkit.lightning.datamodules._util import is_hf_dataset, tuple_refusal
+from loaderkit.lightning.datamodules._util import is_hf_dataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
 
@@ -118,6 +118,7 @@ class SequenceDataModule(LoaderDataModule):
             )
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
+        self._tuples = False  # (tokens, label, ...) samples: field 0 is measured and padded
         if columns is not None:
             if not any(is_hf_dataset(s) or _is_table_path(s) for s in self._sources.values()):
                 raise ValueError(
@@ -171,6 +172,7 @@ class SequenceDataModule(LoaderDataModule):
         if self._keyed is not None and keyed != self._keyed:
             self._mixed_kinds(split)
         self._keyed = keyed
+        self._tuples = isinstance(samples[0], tuple)
         lengths = np.empty(len(samples), dtype=np.int64)
         for i, sample in enumerate(samples):
             seq = sample
@@ -181,8 +183,8 @@ class SequenceDataModule(LoaderDataModule):
                         "length_key= to the sequence field."
                     )
                 seq = sample[self.length_key]
-            elif isinstance(sample, tuple):
-                raise tuple_refusal(owner, sample, self.length_key)
+            elif isinstance(sample, tuple):  # (tokens, label, ...): field 0, as collate_fn pads
+                seq = sample[0] if sample else None
             if isinstance(seq, (torch.Tensor, np.ndarray)) and seq.ndim >= 1:
                 lengths[i] = seq.shape[0]
             elif isinstance(seq, (list, tuple)):
@@ -209,7 +211,7 @@ class SequenceDataModule(LoaderDataModule):
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
         """A :class:`~loaderkit.PadCollate` with this module's padding."""
-        length_field = self.length_key if self._keyed else None
+        length_field = self.length_key if self._keyed else (0 if self._tuples else None)
         return PadCollate(
             self.pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
         )
