@@ -382,7 +382,7 @@ class SamplerPlan:
             self._restored.pop(epoch, None),
             lend=self.lends(epoch),
             advance=True,
-            generator_seed=self.generator_seed,
+            generator_seed=self._keying_seed(),
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()
@@ -399,6 +399,14 @@ class SamplerPlan:
         self._cache.clear()  # a loader asks for one epoch at a time
         self._cache[epoch] = (order, occurrence_keys(order, self.dataset_size))
         return order
+
+    def _keying_seed(self) -> int | None:
+        """``generator_seed`` as the user's generator has it now (reseeded after the loader
+        was built, its seed keys the later epochs)."""
+        own = getattr(self.sampler, "generator", None)
+        if self.generator_seed is None or not isinstance(own, torch.Generator):
+            return self.generator_seed
+        return int(own.initial_seed())
 
     def relist_if_reseeded(self, epoch: int) -> None:
         """Drop ``epoch``'s listed order (not begun) where the user's generator moved since:
@@ -478,7 +486,7 @@ class SamplerPlan:
 
         def listing() -> torch.Tensor:
             lend = self.lends(epoch)
-            return keyed_order(self.sampler, *args, lend=lend, generator_seed=self.generator_seed)[
+            return keyed_order(self.sampler, *args, lend=lend, generator_seed=self._keying_seed())[
                 0
             ]
 

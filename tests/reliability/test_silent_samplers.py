@@ -243,6 +243,22 @@ def test_wrapper_loaders_rebuilt_over_one_inner_sampler_resume_exactly() -> None
     assert ids_of(loader_over(inner(), 0)) == full[0]
 
 
+def test_a_wrapped_generator_seeded_after_the_loader_was_built_keys_every_epoch() -> None:
+    # Review 246: epochs >= 1 were keyed to the seed the generator had when the loader was
+    # built: seeds 7 and 8 given after it gave one order there, builds 3 and 4 two.
+    def epochs(build: int, seed: int) -> list[Any]:
+        g = torch.Generator().manual_seed(build)
+        loader = ResumableDataLoader(
+            DATA, batch_size=2, sampler=_wrapper(RandomSampler(DATA, generator=g), 0)
+        )
+        g.manual_seed(seed)
+        return [ids_of(loader) for _ in range(3)]
+
+    seven, eight, other_build = epochs(3, 7), epochs(3, 8), epochs(4, 7)
+    assert all(seven[e] != eight[e] for e in range(3))
+    assert seven == other_build
+
+
 def test_a_wrapper_state_of_another_inner_seed_is_refused() -> None:
     # Review 245: a state saved inside epoch 0 with inner seed 3 went on with seed 4's order
     # (samples 2 and 11 twice, 4 and 9 never).
