@@ -626,16 +626,17 @@ def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
         build_index(paths, job.reader, target, known=known, written_by=WRITER)
     work = root / WORK_DIR
     shutil.rmtree(work / "staging", ignore_errors=True)
-    unlink(work / name for name in _own_markers(job, [p.name for p in work.glob("*.json")]))
+    unlink(work / name for name in _own_markers(job, [p.name for p in work.glob("*")]))
     with contextlib.suppress(OSError):  # another write's markers stay: it is unfinished
         work.rmdir()
     return paths
 
 
 def _own_markers(job: _Job, names: list[str]) -> list[str]:
-    """This write's markers among ``names`` (another prefix's or suffix's are not ours)."""
-    shard = _shard_name(job)
-    return [n for n in names if n.endswith(".json") and shard.fullmatch(n[: -len(".json")])]
+    """This write's markers among ``names``, and their temporary files a killed write left
+    (``.{marker}.{tag}.tmp``); another prefix's or suffix's are not ours."""
+    own = re.compile(rf"(\.)?({_shard_name(job).pattern})\.json(?(1)\.[^/]+\.tmp)")
+    return [n for n in names if own.fullmatch(n)]
 
 
 def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:

@@ -418,3 +418,19 @@ def test_a_write_of_another_prefix_leaves_an_unfinished_write_unfinished(
     write_shards(folder, arrays((1, 1, 1, 1), 3), READER, prefix="a", progress=False)
     assert ".loaderkit-write" not in names(folder)
     assert ShardedDataset(listed, READER, remote=remote).sizes == (1, 1)
+
+
+def test_a_marker_left_half_written_by_a_killed_write_goes_with_its_rerun(tmp_path: Path) -> None:
+    # Review 246: a SIGKILL while a marker was written left `.{marker}.{tag}.tmp`; the rerun
+    # completed but kept the work folder, so the folder read as unfinished for good.
+    def stopped_after_two() -> Iterator[np.ndarray]:
+        yield from arrays((1, 1), 3)
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(tmp_path, stopped_after_two(), READER, progress=False)
+    work = tmp_path / ".loaderkit-write"
+    (work / ".shard-00002.npy.json.4242-1-abcdef.tmp").write_bytes(b'{"vers')
+    write_shards(tmp_path, arrays((1, 1, 1), 3), READER, progress=False)
+    assert not work.exists()
+    assert ShardedDataset(tmp_path, READER).sizes == (1, 1, 1)
