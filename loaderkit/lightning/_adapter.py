@@ -287,10 +287,13 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
     epoch = fit.get("epoch_progress", {}).get("current", {})
     batch = fit.get("epoch_loop.batch_progress", {}).get("current", {})
     states = fit.get("state_dict", {}).get("combined_loader", [])
-    ours = any(isinstance(s, dict) and set(s) >= _LOADERKIT_STATE for s in states)
+    ours = [s for s in states if isinstance(s, dict) and set(s) >= _LOADERKIT_STATE]
     if not ours or not epoch or not batch:
         return
-    if epoch["ready"] == epoch["processed"] and batch["completed"] < batch["ready"]:
+    # A loader inside the epoch the loop counts as done (an epoch ended early, or by a stream's
+    # StopIteration in training_step, leaves a batch uncompleted too: its loader is behind).
+    inside = any(s["epoch"] >= epoch["processed"] for s in ours)
+    if inside and epoch["ready"] == epoch["processed"] and batch["completed"] < batch["ready"]:
         raise StateMismatchError(
             f"this checkpoint's epoch progress says epoch {epoch['processed'] - 1} ended while "
             f"batch {batch['ready'] - 1} of the next one was training (Lightning counts one "

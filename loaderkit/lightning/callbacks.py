@@ -99,7 +99,9 @@ class AttachLoaders(Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]
     ) -> None:
-        refuse_restarted_epoch(checkpoint)
+        # By steps (max_steps), Lightning loads the loader states: their own checks hold.
+        if trainer.state.fn == "fit" and trainer.max_steps == -1:
+            refuse_restarted_epoch(checkpoint)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         _settle(trainer)  # as on_train_end, for a fit that failed

@@ -529,3 +529,33 @@ def test_a_checkpoint_of_a_fit_resumed_from_an_epochs_last_batch_is_refused(
         trainer.fit(
             IdModule(), datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=saved
         )
+
+
+class _EndsEpochsEarly(IdModule):
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        return -1 if batch_idx == 2 else None  # Lightning's documented early epoch end
+
+
+def test_a_checkpoint_of_an_epoch_ended_early_is_no_miscount(tmp_path: Path) -> None:
+    # Review 247: an epoch ended by on_train_batch_start leaves a batch uncompleted too; its
+    # epoch-end checkpoints were refused (and trainer.validate with one).
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    every_epoch = ModelCheckpoint(
+        dirpath=tmp_path,
+        filename="ep{epoch}",
+        every_n_epochs=1,
+        save_top_k=-1,
+        auto_insert_metric_name=False,
+    )
+    trainer = L.Trainer(**trainer_kwargs(enable_checkpointing=True, callbacks=[every_epoch]))
+    trainer.fit(_EndsEpochsEarly(), datamodule=IdDataModule(size=SIZE, batch_size=BATCH))
+    saved = tmp_path / "ep0.ckpt"
+    trainer = L.Trainer(**trainer_kwargs())
+    trainer.validate(
+        _ValidatingModule(), datamodule=_WithVal(size=SIZE, batch_size=BATCH), ckpt_path=saved
+    )
+    resumed = _EndsEpochsEarly()
+    trainer = L.Trainer(**trainer_kwargs())
+    trainer.fit(resumed, datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=saved)
+    assert [r["epoch"] for r in resumed.records] == [1, 1]
