@@ -331,8 +331,8 @@ class PlanEngine:
             self.adopt_seed(saved_seed)
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
-            ended = self.cursor.upcoming(self.plan)[0] > loaded["epoch"]
-            self.plan.restore(loaded["epoch"], listed, check, ended=ended)
+            at_start = loaded["position"] == 0
+            self.plan.restore(loaded["epoch"], listed, check, at_start=at_start)
         self.host.supersede()
         return adopted
 

@@ -436,23 +436,22 @@ class SamplerPlan:
         return base64.b64encode(current.numpy().tobytes()).decode()
 
     def restore(
-        self, epoch: int, listed_from: str | None, check: int | None = None, *, ended: bool = False
+        self, epoch: int, listed_from: str | None, check: int | None = None, *, at_start: bool
     ) -> None:
-        """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed;
-        ``check``: its order's checksum in the state; ``ended``: the epoch is complete (it is
-        listed now, so the user's generator ends where the saved run's listing left it)."""
+        """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed
+        (``at_start``, not begun: as a reseed before it begins decides); ``check``: its order's
+        checksum in the state."""
         restored = _restored(listed_from)
         self._cache.clear()
         self._restored.clear()
-        self._restored[epoch] = restored
+        if not (at_start and listed_from is None):
+            self._restored[epoch] = restored
         self._loaded_check.clear()
         if check is not None:
             self._loaded_check[epoch] = check
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
-        if ended and isinstance(getattr(self.sampler, "generator", None), torch.Generator):
-            self.order(epoch)
 
     def part_way(self, epoch: int, position: int) -> bool:
         """Whether a position is inside an epoch after the first (epoch 0's order is in the

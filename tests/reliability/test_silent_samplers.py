@@ -109,33 +109,58 @@ def test_a_state_saved_before_a_reseeded_epoch_is_listed_resumes_its_order() -> 
     assert head + _reseeding(range(1, 2), resumed, g, True) == full
 
 
-@pytest.mark.parametrize("where", ["after_the_epoch", "at_its_last_batch"])
-def test_a_state_at_an_epochs_end_leaves_the_samplers_generator_where_the_run_did(
-    where: str,
-) -> None:
-    # Hunter 244: the loop draws from the sampler's generator between epochs; resumed from an
-    # epoch's end, the generator was where it was built, and epoch 2 repeated epoch 0's order.
+def test_a_reseed_after_loading_a_state_at_an_epochs_start_decides_it() -> None:
+    # Review 249: a state at position 0 pinned its epoch to (seed, epoch), so the loop's
+    # reseed after load_state_dict (as torch, a reseed before the epoch begins) was ignored.
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(0)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    def loop(g: torch.Generator, loader: Any, epochs: range, state: Any = None) -> Any:
+        out = []
+        for epoch in epochs:
+            loader.set_epoch(epoch)
+            if state is not None:
+                loader.load_state_dict(state)
+                state = None
+            g.manual_seed(100 + epoch)
+            out.append(ids_of(loader))
+        return out
+
+    g, whole = make()
+    full = loop(g, whole, range(2))
+    _, cut = make()
+    g, resumed = make()
+    assert loop(g, resumed, range(2), cut.state_dict()) == full
+    g, cut = make()
+    head = loop(g, cut, range(1))
+    cut.set_epoch(1)
+    g, resumed = make()
+    assert head + loop(g, resumed, range(1, 2), cut.state_dict()) == full
+
+
+def test_a_generator_restored_before_the_load_is_kept() -> None:
+    # Review 249: relisting an ended epoch on load put back the generator the user had
+    # restored (and drew from since) before load_state_dict; that relisting was taken back.
     def make() -> tuple[torch.Generator, ResumableDataLoader]:
         g = torch.Generator().manual_seed(0)
         return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
 
     def epoch(g: torch.Generator, loader: Any) -> Any:
         torch.rand(1, generator=g)
-        return ids_of(loader)
+        out = ids_of(loader)
+        torch.rand(1, generator=g)
+        return out
 
     g, whole = make()
     full = [epoch(g, whole) for _ in range(3)]
     g, cut = make()
     head = [epoch(g, cut)]
-    torch.rand(1, generator=g)
-    batches = []
-    for batch in cut:
-        batches.append([int(i) for i in batch])
-        if where == "at_its_last_batch" and len(batches) == len(DATA) // 4:
-            break
+    saved, state = g.get_state(), cut.state_dict()
     g, resumed = make()
-    resumed.load_state_dict(cut.state_dict())
-    assert [*head, batches, epoch(g, resumed)] == full
+    g.set_state(saved)
+    resumed.load_state_dict(state)
+    assert head + [epoch(g, resumed) for _ in range(2)] == full
 
 
 def test_reseed_to_the_same_value_each_epoch_lists_one_order_as_torch() -> None:
