@@ -235,14 +235,6 @@ def require_datamodule(obj: Any, target: str) -> Any:
     return obj
 
 
-def tuple_refusal(owner: str, sample: tuple[Any, ...], key: str) -> TypeError:
-    """The error for a tuple sample measured as a sequence: its ``len`` counts its fields."""
-    return TypeError(
-        f"{owner}: samples are tuples of {len(sample)} fields, whose len() is not "
-        f"a token count; return dict samples with a {key!r} field (length_key=)."
-    )
-
-
 class KeyLength:
     """A sample's token count: ``len(sample[key])`` for a mapping, else the length of a
     bare sequence (picklable); a tuple's ``len`` counts its fields and is refused."""
@@ -259,7 +251,10 @@ class KeyLength:
                 )
             return len(sample[self.key])
         if isinstance(sample, tuple):
-            raise tuple_refusal(self.owner, sample, self.key)
+            raise TypeError(
+                f"{self.owner}: samples are tuples of {len(sample)} fields, whose len() is not "
+                f"a token count; return dict samples with a {self.key!r} field (length_key=)."
+            )
         shape = getattr(sample, "shape", None)
         return int(shape[0]) if shape else len(sample)
 
