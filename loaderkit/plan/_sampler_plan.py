@@ -107,6 +107,11 @@ def _lend_generator(sampler: Any, generator: Any) -> None:
 _KEYED = object()
 
 
+def _encoded(state: torch.Tensor | None) -> str | None:
+    """A generator state as a state dict carries it (base64), or None."""
+    return None if state is None else base64.b64encode(state.numpy().tobytes()).decode()
+
+
 def _restored(listed_from: str | None) -> Any:
     """``restored`` for a saved ``listed_from`` (a reseeded generator's state, base64)."""
     if listed_from is None:
@@ -386,9 +391,7 @@ class SamplerPlan:
         )
         object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()
-        self._sources[epoch] = (
-            None if source is None else base64.b64encode(source.numpy().tobytes()).decode()
-        )
+        self._sources[epoch] = _encoded(source)
         if order.numel() != self.num_samples:
             raise ValueError(
                 f"ResumableDataLoader: sampler={type(self.sampler).__name__} yielded "
@@ -411,10 +414,14 @@ class SamplerPlan:
     def relist_if_reseeded(self, epoch: int) -> None:
         """Drop ``epoch``'s listed order (not begun) where the user's generator moved since:
         as under torch's ``DataLoader``, a reseed before the epoch begins decides it."""
+        if self._moved() is not None and epoch in self._cache:
+            self._cache.clear()
+
+    def _moved(self) -> torch.Tensor | None:
+        """The user's generator's state where it moved since the last listing, else None."""
         current, seen = cpu_state(getattr(self.sampler, "generator", None)), self._seen
         moved = current is not None and seen is not None and not torch.equal(current, seen)
-        if moved and epoch in self._cache:
-            self._cache.clear()
+        return current if moved else None
 
     def order_check(self, epoch: int) -> int:
         """A checksum of the order in ``epoch`` (ranks compare it as the epoch starts)."""
@@ -430,10 +437,7 @@ class SamplerPlan:
         user's generator, where it moved since), else None."""
         if epoch in self._sources:
             return self._sources[epoch]
-        current, seen = cpu_state(getattr(self.sampler, "generator", None)), self._seen
-        if current is None or seen is None or torch.equal(current, seen):
-            return None
-        return base64.b64encode(current.numpy().tobytes()).decode()
+        return _encoded(self._moved())
 
     def restore(
         self, epoch: int, listed_from: str | None, check: int | None = None, *, at_start: bool
@@ -485,9 +489,8 @@ class SamplerPlan:
 
         def listing() -> torch.Tensor:
             lend = self.lends(epoch)
-            return keyed_order(self.sampler, *args, lend=lend, generator_seed=self._keying_seed())[
-                0
-            ]
+            seed_of_generator = self._keying_seed()
+            return keyed_order(self.sampler, *args, lend=lend, generator_seed=seed_of_generator)[0]
 
         name = type(self.sampler).__name__
         with rngs_put_back():  # it may draw from them (what this refuses)
