@@ -397,7 +397,7 @@ class OpenShards:
             return self._open_or_count(self.local_file(shard))
         if entry is not None and entry.digest is not None:
             verify_local(path, entry.digest, self.cache_root)
-        return self.reader.open(path)
+        return self._open_or_count(path)
 
     def local_file(self, shard: int) -> Any:
         """The file the reader opens for local shard ``shard`` (a compressed one's decoded copy)."""
@@ -422,7 +422,8 @@ class OpenShards:
         except (MissingShardError, ShardChangedError) as exc:
             if exc.path == local:
                 raise
-            # A sidecar missing or older than the fetched or decoded copy: counting writes it.
+            # A sidecar missing or not stamped with this file's mtime: counting writes it (the
+            # shard itself is the listed or indexed one; a count that differs is refused after).
             self.reader.count(local)
             return self.reader.open(local)
 

@@ -10,7 +10,7 @@ import operator
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -120,6 +120,7 @@ def count_cuts(
     """Pieces of ``data`` ending at each ``sep`` (and a last one), offsets to sidecar ``tag``;
     ``join_blank``: a piece of JSON whitespace only (after ``bom`` at the start) joins the
     piece before it (or after)."""
+    shard = path.stat()  # before the count: a write during it leaves a later mtime
     ends = [
         np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
         for lo in range(0, len(data), _CHUNK)
@@ -130,9 +131,17 @@ def count_cuts(
     if join_blank and len(offsets) > 1:
         offsets = _join_blank(data, offsets, bom)
     target = _offsets_path(path, tag)
+
+    def write(f: IO[bytes]) -> None:
+        np.save(f, offsets.astype(np.int64, copy=False))
+        f.flush()
+        # Stamped with the counted shard's mtime, which copies keep (cp -p, rsync -a) and a
+        # replaced shard does not: the one rule that finds a same-length rewrite either way.
+        os.utime(f.name, ns=(shard.st_atime_ns, shard.st_mtime_ns))
+
     try:
         # Atomic: DDP ranks may count the same shard at once (same content).
-        atomic_write(target, lambda f: np.save(f, offsets.astype(np.int64, copy=False)))
+        atomic_write(target, write)
     except OSError as exc:
         raise ShardError(
             f"cannot write the offsets sidecar {str(target)!r} ({exc}); count the shards once "
@@ -190,11 +199,13 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             f"the shard has length {length}); delete the sidecar and the shard index.",
             path=side,
         )
-    # Counted before the shard's last write (as many tokens): its cuts may be another's.
-    if side.stat().st_mtime_ns < path.stat().st_mtime_ns:
+    # Not stamped with the shard's mtime (count_cuts): counted from another version of it,
+    # perhaps with as many tokens and other cuts, or by a loaderkit before the stamp.
+    if side.stat().st_mtime_ns != path.stat().st_mtime_ns:
         raise ShardChangedError(
-            f"offsets sidecar {str(side)!r} is older than shard {str(path)!r}, which changed "
-            "after it was counted; delete the sidecar and the shard index so it is counted again.",
+            f"offsets sidecar {str(side)!r} was not counted from shard {str(path)!r} as it is "
+            "now (their mtimes differ); delete the sidecar and the shard index so it is counted "
+            "again.",
             path=side,
         )
     return offsets

@@ -1199,6 +1199,8 @@ def test_an_older_sidecar_counting_a_blank_line_names_it_and_the_fix(tmp_path: P
     path.write_bytes(b'{"i":0}\n\n{"i":1}\n')
     with open(tmp_path / "a.jsonl.lkoffsets", "wb") as f:
         np.save(f, np.array([0, 8, 9, 17]))  # as an older loaderkit counted it
+    stat = path.stat()  # and stamped with the shard's mtime (else it is recounted)
+    os.utime(tmp_path / "a.jsonl.lkoffsets", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     handle = JsonlReader().open(path)
     fix = r"line 2 is blank, yet an older loaderkit counted it as a sample; delete the shard "
     with pytest.raises(ShardChangedError, match=fix + r"index and '.*a\.jsonl\.lkoffsets'"):

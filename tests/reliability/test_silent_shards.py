@@ -441,6 +441,47 @@ def test_a_local_stream_recounts_a_shard_rewritten_after_its_sidecar(tmp_path: P
     assert _documents(stream) == CUT
 
 
+def _synced(shard: Path, content: list[int], mtime_ns: int) -> None:
+    """``shard`` replaced by ``content`` written elsewhere at ``mtime_ns`` (cp -p, rsync -a)."""
+    np.save(shard, np.array(content))
+    os.utime(shard, ns=(mtime_ns, mtime_ns))
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_shard_synced_with_an_older_mtime_is_recounted(tmp_path: Path, indexed: bool) -> None:
+    # The sidecar was newer than the synced shard, which passed "no older than its shard":
+    # the stream cut REORDERED at DOCS's documents ([2, 2, 2], [0, 1, 1, 0], [3, 0]).
+    folder = tmp_path / "c"
+    if indexed:
+        write_shards(folder, [DOCS], EOS, progress=False)
+        shard = folder / "shard-00000.npy"
+    else:  # a plain folder a stream counted once
+        folder.mkdir()
+        shard = folder / "a.npy"
+        np.save(shard, np.array(DOCS))
+        stream = StreamingShardedDataset(folder, EOS, shuffle_shards=False, mix_shards=1)
+        assert _documents(stream) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    _synced(shard, REORDERED, shard.stat().st_mtime_ns - 60 * 10**9)
+    for index in folder.glob(".loaderkit-index-*"):
+        index.unlink()  # as the ShardChangedError says
+    stream = StreamingShardedDataset(folder, EOS, shuffle_shards=False, mix_shards=1)
+    assert _documents(stream) == CUT
+    assert _documents(ShardedDataset(folder, EOS)) == CUT
+
+
+def test_a_folder_copied_with_its_mtimes_is_not_recounted(tmp_path: Path) -> None:
+    import shutil
+
+    write_shards(tmp_path / "c", [DOCS], EOS, progress=False)
+    shutil.copytree(tmp_path / "c", tmp_path / "copy")  # copy2: mtimes kept, as cp -p
+    (side,) = (tmp_path / "copy").glob("*.lkoffsets")
+    before = side.stat().st_ino  # a recount renames a new sidecar into place
+    stream = StreamingShardedDataset(tmp_path / "copy", EOS, shuffle_shards=False, mix_shards=1)
+    for ds in (stream, ShardedDataset(tmp_path / "copy", EOS)):
+        assert _documents(ds) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    assert side.stat().st_ino == before
+
+
 def test_a_stale_remote_sidecar_is_recounted_on_every_machine(tmp_path: Path) -> None:
     import fsspec
 
