@@ -22,7 +22,8 @@ __all__ = ["build_datamodule", "inspect_target", "load_object"]
 WIDTH = 100  # columns of the report
 _FIX_TARGET = (
     "pass a LightningCLI YAML config (data: {class_path: ..., init_args: {...}}) or "
-    "module.path:factory, e.g. loaderkit inspect my_project.data:make_datamodule"
+    "module.path:factory (or file.py:factory), e.g. loaderkit inspect "
+    "my_project.data:make_datamodule"
 )
 _WRITE_DATA = "write data: {class_path: loaderkit.lightning.datamodules.X, init_args: {...}}"
 

@@ -239,6 +239,9 @@ def test_tensor_datamodule_reads_pt_files(tmp_path: Path) -> None:
     assert len(dm.train_dataset) == SIZE
     (xb,) = next(iter(dm.test_dataloader()))
     assert torch.equal(xb, FEATURES[:7])
+    torch.save({"x": FEATURES}, tmp_path / "dict.pt")  # named the path it was given
+    with pytest.raises(TypeError, match=r"train file '.*dict\.pt' holds a dict, not a tensor"):
+        TensorDataModule(train=str(tmp_path / "dict.pt")).setup("fit")
 
 
 @pytest.mark.parametrize("bucket", [False, True])
@@ -290,6 +293,11 @@ def test_sequence_datamodule_measures_a_tuple_samples_first_field() -> None:
     batches = list(dm.train_dataloader())
     assert sorted(n for b in batches for n in b.lengths.tolist()) == list(range(9, 15))
     assert all(b.values[0].numel() <= 32 for b in batches)
+    # Bare train samples beside tuple predict ones failed in collate, naming field 0.
+    bare = SequenceDataModule([s for s, _ in samples], predict=samples)
+    with pytest.raises(TypeError, match=r"predict samples are not of the other splits' kind"):
+        bare.setup("predict")
+        bare.setup("fit")
 
 
 def test_sequence_datamodule_reads_a_jsonl_file_with_a_bom(tmp_path: Path) -> None:

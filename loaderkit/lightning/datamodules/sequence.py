@@ -168,11 +168,11 @@ class SequenceDataModule(LoaderDataModule):
 
     def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
         owner = type(self).__name__
-        keyed = isinstance(samples[0], Mapping)
-        if self._keyed is not None and keyed != self._keyed:
+        keyed, tuples = isinstance(samples[0], Mapping), isinstance(samples[0], tuple)
+        # One collate for every split: its length field follows the samples' kind.
+        if self._keyed is not None and (keyed, tuples) != (self._keyed, self._tuples):
             self._mixed_kinds(split)
-        self._keyed = keyed
-        self._tuples = isinstance(samples[0], tuple)
+        self._keyed, self._tuples = keyed, tuples
         lengths = np.empty(len(samples), dtype=np.int64)
         for i, sample in enumerate(samples):
             seq = sample
@@ -198,8 +198,8 @@ class SequenceDataModule(LoaderDataModule):
 
     def _mixed_kinds(self, split: str) -> NoReturn:
         raise TypeError(
-            f"{type(self).__name__}: {split} mixes dict and bare samples with other splits; "
-            "give every split the same kind."
+            f"{type(self).__name__}: {split} samples are not of the other splits' kind (dict, "
+            "tuple or bare); give every split the same kind."
         )
 
     def setup(self, stage: str) -> None:

@@ -119,7 +119,13 @@ class TensorDataModule(_ColumnsDataModule):
         self._set_sources(tensors, splits)
 
     def _read(self, split: str, path: str) -> TensorDataset:
-        return self._columns(split, torch.load(path, mmap=True, weights_only=True))
+        held = torch.load(path, mmap=True, weights_only=True)
+        if not isinstance(held, torch.Tensor | tuple | list):
+            raise TypeError(
+                f"TensorDataModule: {split} file {path!r} holds a {type(held).__name__}, not a "
+                "tensor or a tuple of tensors; save one, e.g. torch.save((x, y), path)."
+            )
+        return self._columns(split, held)
 
 
 class ArrayDataModule(_ColumnsDataModule):
