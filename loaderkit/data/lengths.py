@@ -135,15 +135,22 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
             sample = _reads(dataset)([index])[0]
         if field is not None and isinstance(sample, dict):
             sample = sample.get(field)
-        flat = isinstance(sample, torch.Tensor | np.ndarray) and sample.ndim == 1
-        ids = isinstance(sample, list) and all(isinstance(v, int) for v in sample[:8])
-        if not (flat or ids):
-            return  # a dict, a pair, a 2-D stack: where the tokens are is length_fn's to say
-        if len(sample) != stored[index]:
+        parts = sample.values() if isinstance(sample, dict) else sample
+        seqs = [s for s in (parts if isinstance(sample, dict | tuple) else [sample]) if _seq(s)]
+        # A 2-D stack, scalars: where the tokens are is length_fn's to say. A dict or a pair
+        # of which no 1-D field has the stored length: its tokens changed (a prompt added).
+        if seqs and all(len(s) != stored[index] for s in seqs):
             raise ValueError(
-                f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
+                f"{type(dataset).__name__}.lengths: sample {index} has {len(seqs[0])} tokens, "
                 f"where its source counts {int(stored[index])}. {fix}"
             )
+
+
+def _seq(value: Any) -> bool:
+    """Whether ``value`` is a 1-D tensor or array, or a list of ints."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, list) and all(isinstance(v, int) for v in value[:8])
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:

@@ -342,7 +342,8 @@ def _plan(
     if plan.num_samples != size and kind == "plan" and not isinstance(plan, SamplerPlan):
         raise ValueError(
             f"ResumableDataLoader: the batch sampler's plan covers {plan.num_samples} "
-            f"samples but the dataset has {size}; build the plan with num_samples={size}."
+            f"samples but the dataset has {size}; build it over this dataset (one length per "
+            "index where it takes lengths)."
         )
     return plan, reseed, {"rank": rank, "world_size": world_size}
 

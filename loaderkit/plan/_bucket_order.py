@@ -13,7 +13,9 @@ def as_lengths(lengths: object) -> np.ndarray:
     """``lengths`` as a 1-D int64 array of non-negative token counts, or a clear error."""
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.detach().cpu().numpy()
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
+    if isinstance(lengths, (str, bytes)) or not (
+        isinstance(lengths, (Sequence, np.ndarray)) or hasattr(lengths, "__array__")
+    ):
         raise TypeError(
             f"BucketBatchSampler: lengths must be a sequence or array of ints (one token count "
             f"per dataset index), got {type(lengths).__name__}; compute them with "

@@ -258,6 +258,12 @@ def _difference(
         )
     if key in adopt:
         return None
+    if key.endswith("_crc32"):  # a checksum of what the object was built from
+        what = key[: -len("_crc32")].replace("_", " ")
+        return (
+            f"field {key!r} differs: this object was built from other {what} than the saved "
+            "run's; pass the saved run's, or start without the state."
+        )
     return (
         f"field {key!r} differs: the state was saved with {key}={was!r}, this object has "
         f"{key}={expected!r}; build it with {key}={was!r} or start without the state."

@@ -436,8 +436,16 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
         Truncated(paths, reader).lengths()
     with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts 4"):
         PromptList(paths, reader).lengths()
-    for kept in (AsDict, Pairs, Stacked):  # not 1-D: the shards' lengths stand
+    for kept in (AsDict, Pairs, Stacked):  # a field as long, or not 1-D: the lengths stand
         assert kept(paths, reader).lengths().tolist() == [4, 2] * 4
+
+    class DictWithPrompt(ShardedDataset):  # was not checked: budgets were exceeded
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            prompt = torch.ones(6, dtype=torch.long)
+            return {"input_ids": torch.cat([prompt, super().__getitem__(index)])}
+
+    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts 4"):
+        DictWithPrompt(paths, reader).lengths()
 
 
 def test_cached_lengths_are_keyed_by_a_subclass_s_settings(tmp_path: Path) -> None:

@@ -949,3 +949,12 @@ def test_compute_lengths_leaves_the_callers_generators_as_they_were(tmp_path: Pa
 def test_compute_lengths_refuses_a_length_that_follows_random_draws() -> None:
     with pytest.raises(ValueError, match=r"sample \d+ is \d+ then \d+ long under other random"):
         compute_lengths(_Noisy(True), progress=False)
+
+
+def test_lengths_given_as_a_pandas_series_are_taken() -> None:
+    # Refused as "got Series; compute them with compute_lengths", which the user had done.
+    pd = pytest.importorskip("pandas")
+    given = [3, 5, 2, 7, 4, 4]
+    series = BucketBatchSampler(pd.Series(given), max_tokens=8, seed=0, rank=0, world_size=1)
+    listed = BucketBatchSampler(given, max_tokens=8, seed=0, rank=0, world_size=1)
+    assert list(series) == list(listed)

@@ -764,6 +764,35 @@ STATES = [
         "num_samples=20",
         "build it with num_samples=20",
     ),
+    Bad(  # was "build it with lengths_crc32=...", a value nobody can pass
+        "state other lengths",
+        lambda tmp: ResumableDataLoader(
+            [torch.ones(n) for n in (3, 4, 5, 6)],
+            batch_sampler=BucketBatchSampler([3, 4, 5, 7], batch_size=2, seed=0),
+            collate_fn=PadCollate(),
+        ).load_state_dict(
+            ResumableDataLoader(
+                [torch.ones(n) for n in (3, 4, 5, 6)],
+                batch_sampler=BucketBatchSampler([3, 4, 5, 6], batch_size=2, seed=0),
+                collate_fn=PadCollate(),
+            ).state_dict()
+        ),
+        StateMismatchError,
+        "field 'lengths_crc32' differs",
+        "built from other lengths",
+        "pass the saved run's, or start without the state",
+    ),
+    Bad(  # was "build the plan with num_samples=3", which BucketBatchSampler does not take
+        "bucket lengths of another size",
+        lambda tmp: ResumableDataLoader(
+            [torch.ones(n) for n in (3, 4, 5, 6)],
+            batch_sampler=BucketBatchSampler([3, 4, 5], batch_size=2, seed=0),
+        ),
+        ValueError,
+        "batch sampler's plan",
+        "covers 3 samples but the dataset has 4",
+        "one length per index",
+    ),
     Bad(
         "state order check (resealed)",
         lambda tmp: load(resealed(plan={**state()["plan"], "order_check": 1})),
