@@ -142,10 +142,11 @@ class PlanEngine:
         if sched.num_steps == 0 and start > 0:
             self.cursor.position = self.plan.epoch_length(epoch)  # only a dropped tail left
         elif sched.num_steps == 0:
+            size = getattr(self.plan, "batch_size", None)
             raise ValueError(
                 f"ResumableDataLoader: epoch {epoch} yields no batch on {world_size} rank(s) "
-                "with this batch size and drop_last=True; lower batch_size or set "
-                "drop_last=False."
+                f"({self.plan.epoch_length(epoch)} samples, batch_size={size}, drop_last=True); "
+                "lower batch_size, use fewer ranks or set drop_last=False."
             )
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)
