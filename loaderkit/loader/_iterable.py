@@ -102,7 +102,8 @@ class IterableEngine(WorkerStreams):
             raise LoaderkitError(
                 f"ResumableDataLoader: an IterableDataset passed directly runs on one process, "
                 f"got world_size={world_size}. Wrap it in StreamingShardedDataset(shards, "
-                "IterableReader(fn), steps_per_epoch=...), or use ShardedDataset."
+                "IterableReader(fn), steps_per_epoch=...), or, where it splits itself by rank, "
+                "pass neither rank nor world_size (Trainer(use_distributed_sampler=False))."
             )
 
     def iterate(self, run: Run) -> Generator[Any, None, None]:

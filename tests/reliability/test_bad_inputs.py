@@ -346,7 +346,7 @@ ARGUMENTS = [
         LoaderkitError,
         "runs on one process",
         "world_size=2",
-        "StreamingShardedDataset",
+        "StreamingShardedDataset.*use_distributed_sampler=False",
     ),
     Bad("dataset int", lambda tmp: loader_of(5), TypeError, "dataset", "got int", "wrap streams"),
     Bad(
