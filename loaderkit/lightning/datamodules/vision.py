@@ -229,12 +229,12 @@ class ImageFolderDataModule(LoaderDataModule):
             )
 
     def _images_crc32(self) -> int | None:
-        """crc32 of the train images' paths (below the root) and labels; None: no listing."""
+        """crc32 of the train images' paths (below the root) and labels; None: not built."""
         dataset: Any = self._datasets.get("train")
         while hasattr(dataset, "dataset"):  # a val_fraction subset
             dataset = dataset.dataset
-        if not (hasattr(dataset, "samples") and hasattr(dataset, "root")):
-            return None  # not built, or a build_datasets of the user's (no listing)
+        if dataset is None:
+            return None
         if getattr(self, "_crc_of", (None,))[0] is not dataset:
             root, crc = str(dataset.root), 0
             for path, label in dataset.samples:
