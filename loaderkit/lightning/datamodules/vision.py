@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import inspect
 import os
-import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from loaderkit.errors import MissingDependencyError, StateMismatchError
+from loaderkit.errors import MissingDependencyError
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 
@@ -207,40 +206,6 @@ class ImageFolderDataModule(LoaderDataModule):
     def val_view(self, train: Any) -> Any:
         """The train images under the eval transform, for a ``val_fraction`` split."""
         return self._images(self.roots["train"], self.eval_transform)
-
-    def state_dict(self) -> dict[str, Any]:
-        """As the base, with a checksum of the train folder's images (a resume reads them by
-        index, so a folder changed at the same count would go on over other images)."""
-        return {**super().state_dict(), "images_crc32": self._images_crc32()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As the base; a fit resumed over a train folder with other images is refused."""
-        state = dict(state_dict)
-        saved = state.pop("images_crc32", None)  # None: saved before the checksum was kept
-        super().load_state_dict(state)
-        trainer = self.trainer
-        fit = trainer is not None and trainer.state.fn == "fit"
-        now = self._images_crc32() if fit and saved is not None else None
-        if now is not None and now != saved:
-            raise StateMismatchError(
-                f"{type(self).__name__}: the train folder {self.roots['train']!r} holds other "
-                "images than when the checkpoint was saved, so its position would resume over "
-                "other images; restore the folder, or start without the checkpoint."
-            )
-
-    def _images_crc32(self) -> int | None:
-        """crc32 of the train images' paths (below the root) and labels; None: not built."""
-        dataset: Any = self._datasets.get("train")
-        while hasattr(dataset, "dataset"):  # a val_fraction subset
-            dataset = dataset.dataset
-        if dataset is None:
-            return None
-        if getattr(self, "_crc_of", (None,))[0] is not dataset:
-            root, crc = str(dataset.root), 0
-            for path, label in dataset.samples:
-                crc = zlib.crc32(f"{os.path.relpath(path, root)}\0{label}\n".encode(), crc)
-            self._crc_of = (dataset, crc)
-        return self._crc_of[1]
 
     @property
     def classes(self) -> list[str]:
