@@ -135,21 +135,30 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
             sample = _reads(dataset)([index])[0]
         if field is not None and isinstance(sample, dict):
             sample = sample.get(field)
-        parts = sample.values() if isinstance(sample, dict) else sample
-        seqs = [s for s in (parts if isinstance(sample, dict | tuple) else [sample]) if _seq(s)]
-        # A 2-D stack, scalars: where the tokens are is length_fn's to say. A dict or a pair
-        # of which no 1-D field has the stored length: its tokens changed (a prompt added).
-        if seqs and all(len(s) != stored[index] for s in seqs):
+        if isinstance(sample, dict | tuple):
+            # Fields of token ids longer than the source counts: a budget from it would not
+            # hold (a prompt added). Shorter ones keep it (a shifted pair: t[:-1], t[1:]).
+            parts = sample.values() if isinstance(sample, dict) else sample
+            found = max((len(p) for p in parts if _seq(p, ints=True)), default=0)
+            if found > stored[index]:
+                raise ValueError(
+                    f"{type(dataset).__name__}.lengths: sample {index} has a field of {found} "
+                    f"tokens, where its source counts {int(stored[index])}. {fix}"
+                )
+        elif _seq(sample) and len(sample) != stored[index]:
             raise ValueError(
-                f"{type(dataset).__name__}.lengths: sample {index} has {len(seqs[0])} tokens, "
+                f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
                 f"where its source counts {int(stored[index])}. {fix}"
             )
+        # Else (a 2-D stack, a scalar): where the tokens are is length_fn's to say.
 
 
-def _seq(value: Any) -> bool:
-    """Whether ``value`` is a 1-D tensor or array, or a list of ints."""
-    if isinstance(value, torch.Tensor | np.ndarray):
-        return value.ndim == 1
+def _seq(value: Any, *, ints: bool = False) -> bool:
+    """Whether ``value`` is a 1-D tensor or array (``ints``: of integers), or a list of ints."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 1 and not (ints and (value.is_floating_point() or value.is_complex()))
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and not (ints and value.dtype.kind not in "iub")
     return isinstance(value, list) and all(isinstance(v, int) for v in value[:8])
 
 

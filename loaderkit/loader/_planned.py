@@ -142,11 +142,11 @@ class PlanEngine:
         if sched.num_steps == 0 and start > 0:
             self.cursor.position = self.plan.epoch_length(epoch)  # only a dropped tail left
         elif sched.num_steps == 0:
-            size = getattr(self.plan, "batch_size", None)
+            name = "batch_size" if getattr(self.plan, "max_tokens", None) is None else "max_tokens"
             raise ValueError(
                 f"ResumableDataLoader: epoch {epoch} yields no batch on {world_size} rank(s) "
-                f"({self.plan.epoch_length(epoch)} samples, batch_size={size}, drop_last=True); "
-                "lower batch_size, use fewer ranks or set drop_last=False."
+                f"with {name}={getattr(self.plan, name, None)} and drop_last=True; lower {name}, "
+                "use fewer ranks or set drop_last=False."
             )
         run.schedule, run.steps_before = sched, steps_done
         return run_epoch(self, sched, run)

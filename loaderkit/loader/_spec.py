@@ -342,8 +342,12 @@ def _plan(
     if plan.num_samples != size and kind == "plan" and not isinstance(plan, SamplerPlan):
         raise ValueError(
             f"ResumableDataLoader: the batch sampler's plan covers {plan.num_samples} "
-            f"samples but the dataset has {size}; build it over this dataset (one length per "
-            "index where it takes lengths)."
+            f"samples but the dataset has {size}; "
+            + (
+                "pass one length per dataset index."
+                if hasattr(plan, "lengths")
+                else f"build the plan with num_samples={size}."
+            )
         )
     return plan, reseed, {"rank": rank, "world_size": world_size}
 

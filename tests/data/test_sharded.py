@@ -444,8 +444,20 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
             prompt = torch.ones(6, dtype=torch.long)
             return {"input_ids": torch.cat([prompt, super().__getitem__(index)])}
 
-    with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts 4"):
-        DictWithPrompt(paths, reader).lengths()
+    class PromptPlusTarget(ShardedDataset):  # the source's tokens kept as the target
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            tokens = super().__getitem__(index)
+            return {"input_ids": torch.cat([torch.ones(6, dtype=torch.long), tokens]), "y": tokens}
+
+    class Shifted(ShardedDataset):  # shorter fields: a budget from the source holds
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            tokens = super().__getitem__(index)
+            return tokens[:-1], tokens[1:]
+
+    for changed in (DictWithPrompt, PromptPlusTarget):
+        with pytest.raises(ValueError, match=r"sample 0 has a field of 10 tokens, where its "):
+            changed(paths, reader).lengths()
+    assert Shifted(paths, reader).lengths().tolist() == [4, 2] * 4
 
 
 def test_cached_lengths_are_keyed_by_a_subclass_s_settings(tmp_path: Path) -> None:

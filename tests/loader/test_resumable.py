@@ -330,7 +330,7 @@ def test_drop_last_resume_into_a_dropped_tail_ends_the_epoch() -> None:
 
 def test_drop_last_with_too_little_data_says_so() -> None:
     loader = make(dataset=AugDataset(3), drop_last=True)
-    with pytest.raises(ValueError, match=r"yields no batch.*batch_size=\d+, drop_last=True.*lower"):
+    with pytest.raises(ValueError, match=r"no batch.*batch_size=\d+ and drop_last=True.*lower"):
         next(iter(loader))
 
 
