@@ -7,6 +7,7 @@ Tiny data throughout: 64 samples, two epochs, a few batches each.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import json
@@ -293,6 +294,11 @@ def test_sequence_datamodule_measures_a_tuple_samples_first_field() -> None:
     batches = list(dm.train_dataloader())
     assert sorted(n for b in batches for n in b.lengths.tolist()) == list(range(9, 15))
     assert all(b.values[0].numel() <= 32 for b in batches)
+    # A namedtuple's field 0 is padded by its name (PadCollate keys it by its fields).
+    named = collections.namedtuple("named", "ids y")
+    dm = SequenceDataModule([named(s, y) for s, y in samples], max_tokens=32, seed=0)
+    dm.setup("fit")
+    assert sorted(n for b in dm.train_dataloader() for n in b.lengths.tolist()) == [*range(9, 15)]
     # Bare train samples beside tuple predict ones failed in collate, naming field 0.
     bare = SequenceDataModule([s for s, _ in samples], predict=samples)
     with pytest.raises(TypeError, match=r"predict samples are not of the other splits' kind"):

@@ -118,7 +118,8 @@ class SequenceDataModule(LoaderDataModule):
             )
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
-        self._tuples = False  # (tokens, label, ...) samples: field 0 is measured and padded
+        # (tokens, label, ...) samples: field 0 is measured and padded (a namedtuple's by name).
+        self._tuples: int | str | None = None
         if columns is not None:
             if not any(is_hf_dataset(s) or _is_table_path(s) for s in self._sources.values()):
                 raise ValueError(
@@ -168,7 +169,11 @@ class SequenceDataModule(LoaderDataModule):
 
     def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
         owner = type(self).__name__
-        keyed, tuples = isinstance(samples[0], Mapping), isinstance(samples[0], tuple)
+        first = samples[0]
+        keyed = isinstance(first, Mapping)
+        tuples = (
+            (getattr(type(first), "_fields", ()) or (0,))[0] if isinstance(first, tuple) else None
+        )
         # One collate for every split: its length field follows the samples' kind.
         if self._keyed is not None and (keyed, tuples) != (self._keyed, self._tuples):
             self._mixed_kinds(split)
@@ -211,7 +216,7 @@ class SequenceDataModule(LoaderDataModule):
 
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
         """A :class:`~loaderkit.PadCollate` with this module's padding."""
-        length_field = self.length_key if self._keyed else (0 if self._tuples else None)
+        length_field = self.length_key if self._keyed else self._tuples
         return PadCollate(
             self.pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
         )
