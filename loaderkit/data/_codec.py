@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit._atomic import atomic_write, temp_path
-from loaderkit.data.readers import DTYPE_SUFFIX, OWN_SUFFIXES
+from loaderkit.data.readers import DTYPE_SUFFIX
 from loaderkit.errors import MissingDependencyError, ShardError
 
 ZSTD_SUFFIX = ".zst"
@@ -262,7 +262,9 @@ def decode_into(src: Path, folder: Path, *, check: Callable[[Path], None] | None
         # Sidecars of the shard (a.bin.zst.lkdtype) or, compressed outside loaderkit, of its
         # plain name (a.bin.lkdtype): without its dtype header, a.bin is read in any dtype.
         near = src.parent.glob(glob.escape(target.name) + "*")
-        sides = [s for s in near if s.name.endswith(OWN_SUFFIXES)]
+        # Not an offsets sidecar: counted again beside the copy (the source's may be stale,
+        # and a copy landing in its shard's mtime tick would pass as stamped).
+        sides = [s for s in near if s.name.endswith(DTYPE_SUFFIX)]
         # The shard's own sidecars are copied last, so they win over the plain name's.
         for side in sorted(sides, key=lambda s: s.name.startswith(src.name)):
             stem = src.name if side.name.startswith(src.name) else target.name

@@ -200,8 +200,11 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             path=side,
         )
     # Not stamped with the shard's mtime (count_cuts): counted from another version of it,
-    # perhaps with as many tokens and other cuts, or by a loaderkit before the stamp.
-    if side.stat().st_mtime_ns != path.stat().st_mtime_ns:
+    # perhaps with as many tokens and other cuts, or by a loaderkit before the stamp. One
+    # newer than its shard where it cannot be counted again (a read-only folder) is trusted,
+    # as before the stamp: refusing would stop every such folder an older loaderkit wrote.
+    side_ns, shard_ns = side.stat().st_mtime_ns, path.stat().st_mtime_ns
+    if side_ns != shard_ns and (side_ns < shard_ns or os.access(side.parent, os.W_OK)):
         raise ShardChangedError(
             f"offsets sidecar {str(side)!r} was not counted from shard {str(path)!r} as it is "
             "now (their mtimes differ); delete the sidecar and the shard index so it is counted "

@@ -93,6 +93,7 @@ from loaderkit.data.index import (
 from loaderkit.data.readers import (
     DTYPE_SUFFIX,
     FOREIGN_MAGICS,
+    OFFSETS_SUFFIX,
     OWN_SUFFIXES,
     OpenShard,
     ShardReader,
@@ -629,7 +630,8 @@ class RemoteShards:
                 unlink(target.parent.glob(".*.tmp"))  # left by a killed download
                 for name, size, version in shard.sidecars:
                     side = target.parent / name
-                    if not side.exists():
+                    # Offsets are counted here, as for a decoded copy (_codec.decode_into).
+                    if not (side.exists() or name.endswith(OFFSETS_SUFFIX)):
                         url = join_url(shard.folder, name)
                         self.storage.download(url, side, size, version=version)
                 self._download_checked(index, target)

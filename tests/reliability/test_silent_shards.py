@@ -482,6 +482,26 @@ def test_a_folder_copied_with_its_mtimes_is_not_recounted(tmp_path: Path) -> Non
     assert side.stat().st_ino == before
 
 
+def test_an_unstamped_sidecar_is_counted_again_where_it_can_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An older loaderkit's sidecar (newer than its shard) in a read-only folder was refused:
+    # its recount could not be written. There it is trusted, as before the stamp.
+    write_shards(tmp_path / "c", [DOCS], EOS, progress=False)
+    (side,) = (tmp_path / "c").glob("*.lkoffsets")
+    stat = side.stat()
+    os.utime(side, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # as it was written then
+    inode = side.stat().st_ino
+    monkeypatch.setattr("loaderkit.data.readers.os.access", lambda path, mode: False)
+    stream = StreamingShardedDataset(tmp_path / "c", EOS, shuffle_shards=False, mix_shards=1)
+    for ds in (stream, ShardedDataset(tmp_path / "c", EOS)):
+        assert _documents(ds) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    assert side.stat().st_ino == inode
+    monkeypatch.undo()  # writable: counted again, stamped
+    assert _documents(ShardedDataset(tmp_path / "c", EOS)) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    assert side.stat().st_mtime_ns == (tmp_path / "c" / "shard-00000.npy").stat().st_mtime_ns
+
+
 def test_a_stale_remote_sidecar_is_recounted_on_every_machine(tmp_path: Path) -> None:
     import fsspec
 
