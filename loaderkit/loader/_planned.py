@@ -35,6 +35,9 @@ from loaderkit.plan.sample import Plan, Schedule
 from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
+# A user's sampler's state beside its plan: the reseeded generator an epoch was listed from,
+# its order's checksum, and the generator now and at the last listing.
+_SAMPLER_EXTRA = ("listed_from", "epoch_check", "generator_now", "generator_seen")
 
 
 class PlanEngine:
@@ -273,6 +276,7 @@ class PlanEngine:
             extra = {
                 "listed_from": self.plan.listed_from(epoch),
                 "epoch_check": self.plan.epoch_check(epoch, position),
+                **self.plan.generator_states(),
             }
             extra = {key: value for key, value in extra.items() if value is not None}
             if extra:
@@ -307,7 +311,7 @@ class PlanEngine:
         # A reseeded generator's epoch the saved state was listed from; its order's checksum.
         extra = {}
         if isinstance(self.plan, SamplerPlan):
-            extra = {k: saved[k] for k in ("listed_from", "epoch_check") if k in saved}
+            extra = {k: saved[k] for k in _SAMPLER_EXTRA if k in saved}
         fingerprint = self._fingerprint(self.plan, **extra)
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None
@@ -333,7 +337,10 @@ class PlanEngine:
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
             at_start = loaded["position"] == 0
-            self.plan.restore(loaded["epoch"], listed, check, at_start=at_start)
+            generator = {k: v for k, v in extra.items() if k.startswith("generator_")}
+            self.plan.restore(
+                loaded["epoch"], listed, check, at_start=at_start, generator=generator
+            )
         self.host.supersede()
         return adopted
 

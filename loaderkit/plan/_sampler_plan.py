@@ -10,6 +10,7 @@ import itertools
 import operator
 import sys
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +322,8 @@ class SamplerPlan:
     _loaded_check: dict[int, int] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # Epochs relisted after a load that put the user's generator back: it stays where it was.
+    _held: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = "ResumableDataLoader"
@@ -386,10 +389,13 @@ class SamplerPlan:
             self._seen,
             self._restored.pop(epoch, None),
             lend=self.lends(epoch),
-            advance=True,
+            advance=epoch not in self._held,
             generator_seed=self._keying_seed(),
         )
-        object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
+        if epoch in self._held:  # the saved run listed it: its _seen came back with the load
+            self._held.discard(epoch)
+        else:
+            object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
         self._sources.clear()
         self._sources[epoch] = _encoded(source)
         if order.numel() != self.num_samples:
@@ -439,12 +445,26 @@ class SamplerPlan:
             return self._sources[epoch]
         return _encoded(self._moved())
 
+    def generator_states(self) -> dict[str, str]:
+        """The user's generator's state now and at the last listing (base64), for a state:
+        draws and reseeds since the listing decide the next epoch, after a resume too."""
+        now = cpu_state(getattr(self.sampler, "generator", None))
+        if now is None or self._seen is None:
+            return {}
+        return {"generator_now": str(_encoded(now)), "generator_seen": str(_encoded(self._seen))}
+
     def restore(
-        self, epoch: int, listed_from: str | None, check: int | None = None, *, at_start: bool
+        self,
+        epoch: int,
+        listed_from: str | None,
+        check: int | None = None,
+        *,
+        at_start: bool,
+        generator: Mapping[str, Any] | None = None,
     ) -> None:
         """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed
         (``at_start``, not begun: as a reseed before it begins decides); ``check``: its order's
-        checksum in the state."""
+        checksum in the state; ``generator``: :meth:`generator_states` saved, put back."""
         restored = _restored(listed_from)
         self._cache.clear()
         self._restored.clear()
@@ -455,7 +475,14 @@ class SamplerPlan:
             self._loaded_check[epoch] = check
         self._sources.clear()
         self._sources[epoch] = listed_from  # a state saved before it is listed again
-        object.__setattr__(self, "_seen", cpu_state(getattr(self.sampler, "generator", None)))
+        self._held.clear()
+        own = getattr(self.sampler, "generator", None)
+        if generator and isinstance(own, torch.Generator) and cpu_state(own) is not None:
+            own.set_state(_restored(generator["generator_now"]))
+            object.__setattr__(self, "_seen", _restored(generator["generator_seen"]))
+            self._held.add(epoch)
+        else:
+            object.__setattr__(self, "_seen", cpu_state(own))
 
     def part_way(self, epoch: int, position: int) -> bool:
         """Whether a position is inside an epoch after the first (epoch 0's order is in the

@@ -163,6 +163,52 @@ def test_a_generator_restored_before_the_load_is_kept() -> None:
     assert head + [epoch(g, resumed) for _ in range(2)] == full
 
 
+@pytest.mark.parametrize("where", ["epoch end", "mid-epoch"])
+@pytest.mark.parametrize("user", ["draws each step", "draws between epochs", "reseeds to one seed"])
+def test_the_samplers_generator_resumes_where_the_saved_run_left_it(where: str, user: str) -> None:
+    # The state did not carry the user's generator: a resume from an epoch's end listed the
+    # next epoch from the generator as built (epoch 2 was epoch 0's order; a reseed to one
+    # seed went unseen), and a mid-epoch one put it back where the listing had left it
+    # (the user's draws since were drawn again, and the next epoch differed).
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(7)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    def run(g: torch.Generator, loader: Any, epochs: int, stop: int | None = None) -> list[Any]:
+        out: list[Any] = []
+        for _ in range(epochs):
+            if user == "reseeds to one seed":
+                g.manual_seed(7)
+            for batch in loader:
+                noise = torch.rand(1, generator=g) if user == "draws each step" else None
+                out.append((ids_of([batch]), noise))
+                if len(out) == stop:
+                    return out
+            if user == "draws between epochs":
+                torch.rand(1, generator=g)
+        return out
+
+    g, whole = make()
+    full = run(g, whole, 3)
+    g, cut = make()
+    stop = 3 if where == "epoch end" else 4
+    head = run(g, cut, 2, stop=stop)
+    state = cut.state_dict()
+    g, resumed = make()
+    resumed.load_state_dict(state)
+    rest: list[Any] = []
+    if where == "mid-epoch":
+        for batch in resumed:  # the rest of epoch 1, then the loop's own epoch end
+            noise = torch.rand(1, generator=g) if user == "draws each step" else None
+            rest.append((ids_of([batch]), noise))
+    if user == "draws between epochs":  # the loop's own epoch end, after the saved batch
+        torch.rand(1, generator=g)
+    rest += run(g, resumed, 1 if where == "mid-epoch" else 2)
+    assert [(i, None if n is None else n.item()) for i, n in head + rest] == [
+        (i, None if n is None else n.item()) for i, n in full
+    ]
+
+
 def test_reseed_to_the_same_value_each_epoch_lists_one_order_as_torch() -> None:
     # Was a known difference: the lent generator left the user's where it was, so a reseed
     # to the same state was not seen and epochs differed. The user's now advances as torch's.
