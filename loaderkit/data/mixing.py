@@ -189,20 +189,18 @@ def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
     return [(reader.kinds(), fix)] if isinstance(reader, ParquetReader) else []
 
 
-def _check_distinct(
-    datasets: list[Any], sizes: tuple[int, ...], per_epoch: tuple[int, ...]
-) -> None:
+def _check_distinct(datasets: list[Any], sizes: tuple[int, ...]) -> None:
     """Refuse two listed sources a saved position could not tell apart."""
-    seen: dict[tuple[Any, int, int], int] = {}
+    seen: dict[tuple[Any, int], int] = {}
     for j, ds in enumerate(datasets):
-        key = (getattr(ds, "_source_name", None), sizes[j], per_epoch[j])
+        # Not by draws per epoch: swapped, two such sources' states are alike, their mixes not.
+        key = (getattr(ds, "_source_name", None), sizes[j])
         i = seen.setdefault(key, j)
         if i != j:
             raise ValueError(
-                f"{_OWNER}: sources[{i}] and sources[{j}] have no name, the same size "
-                f"({sizes[j]}) and the same draws per epoch ({per_epoch[j]}), so a resume "
-                f"cannot tell them apart; pass the sources as a dict by name, e.g. "
-                f"{{'a': sources[{i}], 'b': sources[{j}]}}."
+                f"{_OWNER}: sources[{i}] and sources[{j}] have no name and the same size "
+                f"({sizes[j]}), so a resume cannot tell them apart; pass the sources as a dict "
+                f"by name, e.g. {{'a': sources[{i}], 'b': sources[{j}]}}."
             )
 
 
@@ -276,7 +274,7 @@ class MixedDataset(Dataset[Any]):
             epoch_size=epoch_size,
         )
         if not named:
-            _check_distinct(datasets, self.sizes, self.per_epoch)
+            _check_distinct(datasets, self.sizes)
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
 

@@ -70,6 +70,9 @@ class PlanEngine:
     def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
         """The plan's settings (and ``extra``), and the shard files (in order) it names."""
         fields = {**plan.fingerprint(), **extra}
+        mix = self.dataset
+        if isinstance(mix, MixedDataset) and "source_names" not in fields:  # a plain plan
+            fields["mix_sources_crc32"] = crc32(repr((mix.names, mix.sizes)).encode())
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
             if "shard_sizes_crc32" not in fields:  # a ShardPlan's own counts

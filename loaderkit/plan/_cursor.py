@@ -108,7 +108,7 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
 _ADDED = frozenset({"shard_bytes_crc32", "reader"})  # a stream's
-_PLAN_ADDED = frozenset({"shard_counts_crc32"})  # a plan's (its fingerprint's)
+_PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32"})  # a plan's (fingerprint's)
 
 
 def check_settings(
@@ -258,6 +258,15 @@ def _difference(
         )
     if key in adopt:
         return None
+    if key in ("per_epoch", "source_names"):
+        what = "source names"
+        if key == "per_epoch":
+            what = "draws per source (weights=, repeat= or epoch_size=)"
+        return (
+            f"field {key!r} differs: the mix has other {what} than the saved run's "
+            f"({was!r}, here {expected!r}); build the MixedDataset as it was, or start without "
+            "the state."
+        )
     if key.endswith("_crc32"):  # a checksum of what the object was built from
         what = key[: -len("_crc32")].replace("_", " ")
         return (

@@ -791,7 +791,7 @@ STATES = [
         ValueError,
         "batch sampler's plan",
         "covers 3 samples but the dataset has 4",
-        "one length per index",
+        "one length per dataset index",
     ),
     Bad(
         "state order check (resealed)",

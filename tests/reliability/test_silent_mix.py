@@ -64,8 +64,8 @@ def test_a_mix_resumed_with_its_sources_in_another_order_is_refused(bucket: bool
     swapped = _loader(MixedDataset({"b": b, "a": a}, weights={"b": 1, "a": 1}), bucket=bucket)
     with pytest.raises(
         StateMismatchError,
-        match=r"field 'source_names' differs: the state was saved with "
-        r"source_names=\['a', 'b'\], this object has source_names=\['b', 'a'\]",
+        match=r"field 'source_names' differs: the mix has other source names than the saved "
+        r"run's \(\['a', 'b'\], here \['b', 'a'\]\); build the MixedDataset as it was",
     ):
         swapped.load_state_dict(state)
     same = _loader(MixedDataset({"a": a, "b": b}, weights={"a": 1, "b": 1}), bucket=bucket)
@@ -177,14 +177,15 @@ def test_a_list_of_sources_a_state_cannot_tell_apart_is_refused_at_construction(
     a, b = Source(10, 0), Source(10, 100)
     with pytest.raises(
         ValueError,
-        match=r"sources\[0\] and sources\[1\] have no name, the same size \(10\) and the same "
-        r"draws per epoch \(10\), so a resume cannot tell them apart.*pass the sources as a "
-        r"dict by name",
+        match=r"sources\[0\] and sources\[1\] have no name and the same size \(10\), so a "
+        r"resume cannot tell them apart.*pass the sources as a dict by name",
     ):
         MixedDataset([a, b], weights=[1, 1])
-    # Told apart by size or by weight: the state's sizes and draws check their order.
+    # Told apart by size: the state's sizes check their order. Not by weight: swapped with
+    # the weights as listed ([1, 3]), the state was alike and the mix 17:3, not 5:15.
     assert MixedDataset([a, Source(12, 100)]).names == ["0", "1"]
-    assert MixedDataset([a, b], weights=[1, 2]).per_epoch == (7, 13)
+    with pytest.raises(ValueError, match=r"have no name and the same size \(10\)"):
+        MixedDataset([a, b], weights=[1, 3])
 
 
 # ---------------------------------------------------- a mix inside a torch wrapper
@@ -225,3 +226,21 @@ def test_a_mix_state_saved_without_the_mix_identity_is_refused_in_two_clear_sent
         r"state\.",
         message,
     ), message
+
+
+def test_an_unweighted_mix_under_a_plain_loader_resumed_reordered_is_refused() -> None:
+    # A plain plan's state held only the sample count: {"b", "a"} resumed a state of
+    # {"a", "b"}, drawing samples 5 and 102 twice and 2 and 4 never in epoch 0.
+    def loader(sources: dict[str, Any]) -> ResumableDataLoader:
+        return ResumableDataLoader(MixedDataset(sources), batch_size=4, shuffle=True, seed=0)
+
+    a, b = Source(7, 0), Source(5, 100)
+    first = loader({"a": a, "b": b})
+    next(iter(first))
+    state = first.state_dict()
+    for other in ({"b": b, "a": a}, {"x": a, "b": b}):
+        with pytest.raises(StateMismatchError, match=r"'mix_sources_crc32' differs"):
+            loader(other).load_state_dict(state)
+    loader({"a": a, "b": b}).load_state_dict(state)  # the same mix resumes
+    older = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "mix_sources_crc32"}}
+    loader({"a": a, "b": b}).load_state_dict(seal(older))  # saved before the field: checked without
