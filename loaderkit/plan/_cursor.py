@@ -217,8 +217,8 @@ def _difference(
         return (
             f"field 'order_check' differs ({was} saved, {expected} here): {sampler} lists "
             "another order than the saved run's (other weights or indices, another world size, "
-            f"or another torch version). Build it as the saved run did (world size {world}), or "
-            "start without the state."
+            f"or another torch version). Build it as the saved run built it (world size {world}; "
+            "weights changed since: set them after building), or start without the state."
         )
     if key == "order_check":
         return (

@@ -533,7 +533,8 @@ class SamplerPlan:
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: sampler={name} lists epoch {epoch} "
                 "otherwise than the run that saved the state, so its rest would mix two orders. "
-                "Build the sampler with the saved run's settings, or start without the state."
+                "Set its settings (weights) as they were in that epoch before the load, or start "
+                "without the state."
             )
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:
