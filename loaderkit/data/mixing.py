@@ -95,14 +95,15 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
             f"{_OWNER}: {name} is a mapping but the sources are a sequence (no names); pass "
             f"{name} as a list in source order, or the sources as a dict."
         )
-    if set(value) != set(names):
-        missing = sorted(set(names) - set(value))
-        unknown = sorted(set(value) - set(names), key=str)
+    by_name = {str(k): v for k, v in value.items()}  # as the sources' keys became names
+    if len(by_name) != len(value) or set(by_name) != set(names):
+        missing = sorted(set(names) - set(by_name))
+        unknown = sorted(set(by_name) - set(names))
         raise ValueError(
             f"{_OWNER}: {name} must name every source once; missing {missing}, unknown "
             f"{unknown}; pass one value per source name in {names}."
         )
-    return [value[n] for n in names]
+    return [by_name[n] for n in names]
 
 
 def holds_mix(ds: Any, *, weighted: bool = False) -> bool:

@@ -244,3 +244,9 @@ def test_an_unweighted_mix_under_a_plain_loader_resumed_reordered_is_refused() -
     loader({"a": a, "b": b}).load_state_dict(state)  # the same mix resumes
     older = {**state, "plan": {k: v for k, v in state["plan"].items() if k != "mix_sources_crc32"}}
     loader({"a": a, "b": b}).load_state_dict(seal(older))  # saved before the field: checked without
+
+
+def test_weights_keyed_like_the_sources_are_taken() -> None:
+    # Int keys: the sources were named "0", "1" and the weights refused as unknown [0, 1].
+    mix = MixedDataset({0: Source(10, 0), 1: Source(5, 100)}, weights={0: 1, 1: 3}, epoch_size=8)
+    assert mix.per_epoch == (2, 6)
