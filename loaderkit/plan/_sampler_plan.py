@@ -480,7 +480,8 @@ class SamplerPlan:
         if generator and isinstance(own, torch.Generator) and cpu_state(own) is not None:
             own.set_state(_restored(generator["generator_now"]))
             object.__setattr__(self, "_seen", _restored(generator["generator_seen"]))
-            self._held.add(epoch)
+            if not at_start:  # listed before the save (at 0 perhaps not): it moved g then
+                self._held.add(epoch)
         else:
             object.__setattr__(self, "_seen", cpu_state(own))
 
