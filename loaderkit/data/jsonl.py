@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from loaderkit.data.readers import (
     _offsets_path,
     _read_offsets,
     count_cuts,
+    cuts,
 )
 from loaderkit.errors import ShardChangedError, ShardError
 
@@ -66,7 +68,8 @@ class JsonlReader:
         """Memory-map the shard and its line offsets."""
         path = Path(path)
         data = self._bytes(path)
-        offsets = _read_offsets(path, "", len(data))
+        recount = partial(cuts, data, ord("\n"), join_blank=True, bom=_BOM)
+        offsets = _read_offsets(path, "", len(data), recount)
         guard = MappedFiles((path, data), (_offsets_path(path, ""), offsets))
         return _Lines(path, data, offsets, guard)
 

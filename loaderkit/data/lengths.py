@@ -133,24 +133,20 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
         with rngs_put_back():
             sample = _reads(dataset)([index])[0]
-        if field is not None and isinstance(sample, dict):
-            sample = sample.get(field)
-        if isinstance(sample, dict | tuple):
-            # Fields of token ids longer than the source counts: a budget from it would not
-            # hold (a prompt added). Shorter ones keep it (a shifted pair: t[:-1], t[1:]).
-            parts = sample.values() if isinstance(sample, dict) else sample
-            found = max((len(p) for p in parts if _seq(p, ints=True)), default=0)
-            if found > stored[index]:
-                raise ValueError(
-                    f"{type(dataset).__name__}.lengths: sample {index} has a field of {found} "
-                    f"tokens, where its source counts {int(stored[index])}. {fix}"
-                )
-        elif _seq(sample) and len(sample) != stored[index]:
+        if field is not None and isinstance(sample, dict) and field in sample:
+            sample = sample[field]
+        # Tokens longer than the source counts: a budget from it would not hold (a prompt
+        # added). Shorter ones keep it (truncated, a shifted pair t[:-1], t[1:]). A 2-D stack,
+        # a scalar: where the tokens are is length_fn's to say.
+        bare = _seq(sample)
+        parts = [sample] if bare else list(sample.values()) if isinstance(sample, dict) else []
+        parts = list(sample) if isinstance(sample, tuple) else parts
+        found = max((len(p) for p in parts if _seq(p, ints=not bare)), default=0)
+        if found > stored[index]:
             raise ValueError(
-                f"{type(dataset).__name__}.lengths: sample {index} has {len(sample)} tokens, "
-                f"where its source counts {int(stored[index])}. {fix}"
+                f"{type(dataset).__name__}.lengths: sample {index} has {found} tokens, where "
+                f"its source counts {int(stored[index])}. {fix}"
             )
-        # Else (a 2-D stack, a scalar): where the tokens are is length_fn's to say.
 
 
 def _seq(value: Any, *, ints: bool = False) -> bool:

@@ -45,6 +45,24 @@ def shard_names_crc32(dataset: object) -> int | None:
     return zlib.crc32(repr((names_crc32(paths), shape)).encode())
 
 
+def mix_sources_crc32(dataset: object) -> int | None:
+    """crc32 of the source names and sizes of the mixes ``dataset`` is or holds (through a
+    torch ``Subset``/``ConcatDataset``, by place); None: no mix."""
+    shape = _mix_shape(dataset)
+    return None if shape is None else zlib.crc32(repr(shape).encode())
+
+
+def _mix_shape(ds: object) -> Any:
+    if isinstance(ds, MixedDataset):
+        return tuple(ds.names), tuple(ds.sizes)
+    if isinstance(ds, Subset):
+        return _mix_shape(ds.dataset)
+    if isinstance(ds, ConcatDataset):
+        parts = [_mix_shape(d) for d in ds.datasets]
+        return None if parts.count(None) == len(parts) else tuple(parts)
+    return None
+
+
 def shard_counts_crc32(dataset: object) -> int | None:
     """crc32 of the samples of each shard file :func:`shard_names_crc32` finds (or None)."""
     found = _files(dataset, shaped=False)
@@ -249,6 +267,11 @@ class MixedDataset(Dataset[Any]):
         named = isinstance(sources, Mapping)
         if isinstance(sources, Mapping):
             self.names = [str(k) for k in sources]
+            if len(set(self.names)) < len(self.names):  # {1: a, "1": b}: one name, two sources
+                raise ValueError(
+                    f"{_OWNER}: the source keys {list(sources)} name two sources alike as str; "
+                    "give every source its own name."
+                )
             datasets = list(sources.values())
         elif isinstance(sources, Sequence) and not isinstance(sources, str | bytes):
             datasets = list(sources)

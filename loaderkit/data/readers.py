@@ -8,7 +8,9 @@ import math
 import mmap
 import operator
 import os
+import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -121,15 +123,7 @@ def count_cuts(
     ``join_blank``: a piece of JSON whitespace only (after ``bom`` at the start) joins the
     piece before it (or after)."""
     shard = path.stat()  # before the count: a write during it leaves a later mtime
-    ends = [
-        np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
-        for lo in range(0, len(data), _CHUNK)
-    ]
-    offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
-    if offsets[-1] != len(data):  # a last piece without its separator
-        offsets = np.append(offsets, len(data))
-    if join_blank and len(offsets) > 1:
-        offsets = _join_blank(data, offsets, bom)
+    offsets = cuts(data, sep, join_blank=join_blank, bom=bom)
     target = _offsets_path(path, tag)
 
     def write(f: IO[bytes]) -> None:
@@ -149,6 +143,20 @@ def count_cuts(
             path=target,
         ) from exc
     return len(offsets) - 1
+
+
+def cuts(data: np.ndarray, sep: int, *, join_blank: bool = False, bom: bytes = b"") -> np.ndarray:
+    """The offsets :func:`count_cuts` writes, computed only."""
+    ends = [
+        np.flatnonzero(data[lo : lo + _CHUNK] == sep) + (lo + 1)
+        for lo in range(0, len(data), _CHUNK)
+    ]
+    offsets = np.concatenate([np.zeros(1, np.int64), *ends]).astype(np.int64)
+    if offsets[-1] != len(data):  # a last piece without its separator
+        offsets = np.append(offsets, len(data))
+    if join_blank and len(offsets) > 1:
+        offsets = _join_blank(data, offsets, bom)
+    return offsets
 
 
 _JSON_SPACE = np.zeros(256, dtype=bool)
@@ -177,7 +185,11 @@ def _join_blank(data: np.ndarray, offsets: np.ndarray, bom: bytes) -> np.ndarray
     return np.append(starts, offsets[-1])
 
 
-def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
+def _read_offsets(
+    path: Path, tag: str, length: int, counted: Callable[[], np.ndarray]
+) -> np.ndarray:
+    """The offsets sidecar ``tag`` of ``path`` if it is the shard's (``counted``: the offsets
+    computed, where a stale one cannot be replaced)."""
     side = _offsets_path(path, tag)
     try:
         offsets: np.ndarray = _map_raw(side)
@@ -200,18 +212,24 @@ def _read_offsets(path: Path, tag: str, length: int) -> np.ndarray:
             path=side,
         )
     # Not stamped with the shard's mtime (count_cuts): counted from another version of it,
-    # perhaps with as many tokens and other cuts, or by a loaderkit before the stamp. One
-    # newer than its shard where it cannot be counted again (a read-only folder) is trusted,
-    # as before the stamp: refusing would stop every such folder an older loaderkit wrote.
-    side_ns, shard_ns = side.stat().st_mtime_ns, path.stat().st_mtime_ns
-    if side_ns != shard_ns and (side_ns < shard_ns or os.access(side.parent, os.W_OK)):
-        raise ShardChangedError(
-            f"offsets sidecar {str(side)!r} was not counted from shard {str(path)!r} as it is "
-            "now (their mtimes differ); delete the sidecar and the shard index so it is counted "
-            "again.",
-            path=side,
+    # perhaps with as many tokens and other cuts, or by a loaderkit before the stamp. Where
+    # it cannot be replaced (a read-only folder an older loaderkit wrote), counted here.
+    if side.stat().st_mtime_ns == path.stat().st_mtime_ns:
+        return offsets
+    if not os.access(side.parent, os.W_OK):
+        warnings.warn(
+            f"offsets sidecar {str(side)!r} is not stamped with its shard's mtime and its folder "
+            "is read-only, so the shard is counted on every open; count it once where it is "
+            "writable (open it there), then copy the folder with mtimes (cp -a).",
+            RuntimeWarning,
+            stacklevel=2,
         )
-    return offsets
+        return counted()
+    raise ShardChangedError(
+        f"offsets sidecar {str(side)!r} was not counted from shard {str(path)!r} as it is now "
+        "(their mtimes differ); delete the sidecar and the shard index so it is counted again.",
+        path=side,
+    )
 
 
 def out_of_files(exc: BaseException | None) -> bool:
@@ -570,7 +588,7 @@ class TokenReader:
         out = out_numpy_dtype(self, tokens.dtype, str(path))
         if self.eos is not None:
             tag = f".eos{self.eos}"
-            offsets = _read_offsets(path, tag, len(tokens))
+            offsets = _read_offsets(path, tag, len(tokens), partial(cuts, tokens, self.eos))
             guard = MappedFiles((path, tokens), (_offsets_path(path, tag), offsets))
             return _Documents(tokens, offsets, out, guard)
         assert self.seq_len is not None

@@ -609,7 +609,7 @@ class ShardedDataset(Dataset[Any]):
 
         Raises:
             TypeError: samples whose ``len()`` is no token count, without ``length_fn``.
-            ValueError: a subclass's samples are not as long as its shards say; pass
+            ValueError: a subclass's samples are longer than its shards say; pass
                 ``length_fn`` or override ``lengths()``.
         """
         if length_fn is None:

@@ -14,7 +14,12 @@ from zlib import crc32
 from torch.utils.data import DataLoader
 
 from loaderkit._callers import epoch_begun
-from loaderkit.data.mixing import MixedDataset, shard_counts_crc32, shard_names_crc32
+from loaderkit.data.mixing import (
+    MixedDataset,
+    mix_sources_crc32,
+    shard_counts_crc32,
+    shard_names_crc32,
+)
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import Host, Run, ran_out, set_epoch_keeping, settle_seed
 from loaderkit.loader._fetch import (
@@ -29,7 +34,7 @@ from loaderkit.loader._views import count_indices
 from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, field_digest
-from loaderkit.plan._sampler_plan import SamplerPlan
+from loaderkit.plan._sampler_plan import SamplerPlan, generator_states_ok
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
 from loaderkit.transfer import pin_batch, pin_now
@@ -59,6 +64,7 @@ class PlanEngine:
         self.plan = plan
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
         self._names = shard_names_crc32(dataset)  # once: it lists the files
+        self._mix = mix_sources_crc32(dataset)
         self._counts: int | None = None  # the shards' samples, where the plan has no sizes
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
@@ -70,9 +76,8 @@ class PlanEngine:
     def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
         """The plan's settings (and ``extra``), and the shard files (in order) it names."""
         fields = {**plan.fingerprint(), **extra}
-        mix = self.dataset
-        if isinstance(mix, MixedDataset) and "source_names" not in fields:  # a plain plan
-            fields["mix_sources_crc32"] = crc32(repr((mix.names, mix.sizes)).encode())
+        if self._mix is not None and "source_names" not in fields:  # a plain plan over a mix
+            fields["mix_sources_crc32"] = self._mix
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
             if "shard_sizes_crc32" not in fields:  # a ShardPlan's own counts
@@ -315,6 +320,12 @@ class PlanEngine:
         extra = {}
         if isinstance(self.plan, SamplerPlan):
             extra = {k: saved[k] for k in _SAMPLER_EXTRA if k in saved}
+        generator = {k: v for k, v in extra.items() if k.startswith("generator_")}
+        if generator and not generator_states_ok(generator):
+            raise StateMismatchError(
+                f"{OWNER}.load_state_dict: field 'plan' holds {sorted(generator)}, which are not "
+                "a CPU torch.Generator's states; pass the state as state_dict() returned it."
+            )
         fingerprint = self._fingerprint(self.plan, **extra)
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None
@@ -340,7 +351,6 @@ class PlanEngine:
             adopted = saved_seed
         if isinstance(self.plan, SamplerPlan):
             at_start = loaded["position"] == 0
-            generator = {k: v for k, v in extra.items() if k.startswith("generator_")}
             self.plan.restore(
                 loaded["epoch"], listed, check, at_start=at_start, generator=generator
             )

@@ -120,6 +120,16 @@ def _restored(listed_from: str | None) -> Any:
     return torch.frombuffer(bytearray(base64.b64decode(listed_from)), dtype=torch.uint8)
 
 
+def generator_states_ok(states: Mapping[str, Any]) -> bool:
+    """Whether saved ``generator_now``/``generator_seen`` are CPU generator states (base64)."""
+    size = torch.Generator().get_state().numel()
+    try:
+        decoded = [base64.b64decode(v, validate=True) for v in states.values()]
+    except (TypeError, ValueError):
+        return False
+    return "generator_now" in states and all(len(d) == size for d in decoded)
+
+
 def cpu_state(generator: Any) -> torch.Tensor | None:
     """The state of a CPU ``torch.Generator``, else None."""
     if isinstance(generator, torch.Generator) and generator.device.type == "cpu":
@@ -451,7 +461,10 @@ class SamplerPlan:
         now = cpu_state(getattr(self.sampler, "generator", None))
         if now is None or self._seen is None:
             return {}
-        return {"generator_now": str(_encoded(now)), "generator_seen": str(_encoded(self._seen))}
+        states = {"generator_now": str(_encoded(now))}
+        if not torch.equal(now, self._seen):  # else the one state stands for both
+            states["generator_seen"] = str(_encoded(self._seen))
+        return states
 
     def restore(
         self,
@@ -468,7 +481,10 @@ class SamplerPlan:
         restored = _restored(listed_from)
         self._cache.clear()
         self._restored.clear()
-        if not (at_start and listed_from is None):
+        now = (generator or {}).get("generator_now")
+        # At an epoch's start, not listed before the save (nothing, or the moved generator it
+        # would be listed from): the generator put back decides it, or a reseed after the load.
+        if not (at_start and listed_from in (None, now)):
             self._restored[epoch] = restored
         self._loaded_check.clear()
         if check is not None:
@@ -477,9 +493,10 @@ class SamplerPlan:
         self._sources[epoch] = listed_from  # a state saved before it is listed again
         self._held.clear()
         own = getattr(self.sampler, "generator", None)
-        if generator and isinstance(own, torch.Generator) and cpu_state(own) is not None:
-            own.set_state(_restored(generator["generator_now"]))
-            object.__setattr__(self, "_seen", _restored(generator["generator_seen"]))
+        if now is not None and isinstance(own, torch.Generator) and cpu_state(own) is not None:
+            own.set_state(_restored(now))
+            seen = generator.get("generator_seen", now) if generator else now
+            object.__setattr__(self, "_seen", _restored(seen))
             if not at_start:  # listed before the save (at 0 perhaps not): it moved g then
                 self._held.add(epoch)
         else:

@@ -146,6 +146,20 @@ def test_lengths_of_a_subclass_adding_tokens_are_refused() -> None:
     want = [1 + i % 4 for i in range(N)]
     assert Renamed(make_hf(), length_column="tokens").lengths().tolist() == want
 
+    class Shifted(HFDataset):  # shorter: a budget from the column holds (was refused)
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            tokens = super().__getitem__(index)["tokens"]
+            return {"tokens": tokens[:-1], "labels": tokens[1:]}
+
+    class RenamedPrompted(HFDataset):  # the column gone and a prompt added (was not checked)
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            tokens = super().__getitem__(index)["tokens"]
+            return {"ids": torch.cat([torch.ones(10, dtype=torch.int64), tokens])}
+
+    assert Shifted(make_hf(), length_column="tokens").lengths().tolist() == want
+    with pytest.raises(ValueError, match=r"RenamedPrompted.lengths: sample \d+ has \d+ tokens"):
+        RenamedPrompted(make_hf(), length_column="tokens").lengths()
+
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"data must be a datasets\.Dataset or \.arrow file"):

@@ -339,7 +339,9 @@ def test_swapped_sources_of_equal_names_are_refused(tmp_path: Path, via: str) ->
     run = make([en, de])
     next(iter(run))
     state = run.state_dict()
-    with pytest.raises(StateMismatchError, match=r"shard_names_crc32.*other shard files"):
+    # A mix names its sources too (by their folders): the first field checked names them.
+    other = r"shard_names_crc32.*other shard files|mix_sources_crc32.*other mix sources"
+    with pytest.raises(StateMismatchError, match=other):
         make([de, en]).load_state_dict(state)
     make([en, de]).load_state_dict(state)
 
@@ -432,8 +434,7 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
     ):
         WithPrompt(paths, reader).lengths()
     assert WithPrompt(paths, reader).lengths(len).tolist() == [10, 8] * 4
-    with pytest.raises(ValueError, match=r"sample 0 has 3 tokens, where its source counts 4"):
-        Truncated(paths, reader).lengths()
+    assert Truncated(paths, reader).lengths().tolist() == [4, 2] * 4  # shorter: budgets hold
     with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts 4"):
         PromptList(paths, reader).lengths()
     for kept in (AsDict, Pairs, Stacked):  # a field as long, or not 1-D: the lengths stand
@@ -455,7 +456,7 @@ def test_lengths_of_a_subclass_changing_its_samples_are_refused(tmp_path: Path) 
             return tokens[:-1], tokens[1:]
 
     for changed in (DictWithPrompt, PromptPlusTarget):
-        with pytest.raises(ValueError, match=r"sample 0 has a field of 10 tokens, where its "):
+        with pytest.raises(ValueError, match=r"sample 0 has 10 tokens, where its source counts"):
             changed(paths, reader).lengths()
     assert Shifted(paths, reader).lengths().tolist() == [4, 2] * 4
 

@@ -250,3 +250,28 @@ def test_weights_keyed_like_the_sources_are_taken() -> None:
     # Int keys: the sources were named "0", "1" and the weights refused as unknown [0, 1].
     mix = MixedDataset({0: Source(10, 0), 1: Source(5, 100)}, weights={0: 1, 1: 3}, epoch_size=8)
     assert mix.per_epoch == (2, 6)
+
+
+@pytest.mark.parametrize("wrap", ["subset", "concat"])
+def test_a_reordered_unweighted_mix_inside_a_torch_wrapper_is_refused(wrap: str) -> None:
+    # Only a bare mix was checked: through a Subset (a val_fraction split) or a ConcatDataset,
+    # the swapped mix resumed (5 samples twice, 5 never).
+    def loader(sources: dict[str, Any]) -> ResumableDataLoader:
+        mix = MixedDataset(sources)
+        ds: Any = (
+            Subset(mix, range(12)) if wrap == "subset" else ConcatDataset([mix, Source(4, 500)])
+        )
+        return ResumableDataLoader(ds, batch_size=4, shuffle=True, seed=0)
+
+    a, b = Source(6, 0), Source(10, 100)
+    first = loader({"a": a, "b": b})
+    next(iter(first))
+    state = first.state_dict()
+    with pytest.raises(StateMismatchError, match=r"'mix_sources_crc32' differs"):
+        loader({"b": b, "a": a}).load_state_dict(state)
+    loader({"a": a, "b": b}).load_state_dict(state)
+
+
+def test_source_keys_alike_as_str_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"source keys \[1, '1'\] name two sources alike"):
+        MixedDataset({1: Source(4, 0), "1": Source(4, 100)})

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Weig
 
 from loaderkit import ResumableDataLoader
 from loaderkit.errors import StateMismatchError
+from loaderkit.plan._cursor import seal
 
 DATA = list(range(12))
 
@@ -207,6 +208,47 @@ def test_the_samplers_generator_resumes_where_the_saved_run_left_it(where: str, 
     assert [(i, None if n is None else n.item()) for i, n in head + rest] == [
         (i, None if n is None else n.item()) for i, n in full
     ]
+
+
+@pytest.mark.parametrize("save", ["before the first batch", "after set_epoch(1)"])
+@pytest.mark.parametrize("reseed", [False, True], ids=["draws", "reseeds after the load"])
+def test_a_state_at_an_epochs_start_lists_it_as_the_saved_run_would(
+    save: str, reseed: bool
+) -> None:
+    # Review 258: held there, the generator did not move with the epoch's listing (other
+    # draws and a later epoch's order); a reseed after the load was overridden by the
+    # generator state the epoch would have been listed from.
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(7)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    def epoch(g: torch.Generator, loader: Any, e: int) -> list[Any]:
+        if reseed:
+            g.manual_seed(100 + e)
+        return [(ids_of([b]), torch.rand(1, generator=g).item()) for b in loader]
+
+    g, whole = make()
+    full = [epoch(g, whole, e) for e in range(3)]
+    g, cut = make()
+    first = 0 if save == "before the first batch" else 1
+    head = [epoch(g, cut, 0)] if first else []
+    if first:
+        cut.set_epoch(1)
+    state = cut.state_dict()
+    g, resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [epoch(g, resumed, e) for e in range(first, 3)] == full
+
+
+def test_a_state_with_generator_states_that_are_not_is_refused_by_name() -> None:
+    g = torch.Generator().manual_seed(7)
+    loader = ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+    next(iter(loader))
+    torch.rand(1, generator=g)
+    state = loader.state_dict()
+    state["plan"] = {**state["plan"], "generator_now": state["plan"]["generator_now"][:-8]}
+    with pytest.raises(StateMismatchError, match=r"'generator_now'.*not a CPU torch.Generator"):
+        loader.load_state_dict(seal(state))
 
 
 def test_reseed_to_the_same_value_each_epoch_lists_one_order_as_torch() -> None:

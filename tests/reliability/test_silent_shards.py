@@ -482,24 +482,36 @@ def test_a_folder_copied_with_its_mtimes_is_not_recounted(tmp_path: Path) -> Non
     assert side.stat().st_ino == before
 
 
-def test_an_unstamped_sidecar_is_counted_again_where_it_can_be(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("sidecar", ["unstamped", "of another version"])
+def test_a_sidecar_not_stamped_for_its_shard_in_a_read_only_folder_is_counted_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sidecar: str
 ) -> None:
-    # An older loaderkit's sidecar (newer than its shard) in a read-only folder was refused:
-    # its recount could not be written. There it is trusted, as before the stamp.
-    write_shards(tmp_path / "c", [DOCS], EOS, progress=False)
-    (side,) = (tmp_path / "c").glob("*.lkoffsets")
-    stat = side.stat()
-    os.utime(side, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # as it was written then
+    # An older loaderkit's sidecar (newer than its shard) in a read-only folder was refused
+    # (its recount could not be written); trusting it there let a shard synced with an
+    # older mtime be cut at the old documents. Counted in memory there, the sidecar kept.
+    shard = tmp_path / "a.npy"
+    np.save(shard, np.array(DOCS))
+    EOS.count(shard)  # its sidecar, stamped
+    (side,) = tmp_path.glob("*.lkoffsets")
+    expected = [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    if sidecar == "unstamped":
+        stat = side.stat()
+        os.utime(side, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # as it was written
+    else:
+        _synced(shard, REORDERED, shard.stat().st_mtime_ns - 60 * 10**9)
+        expected = CUT
     inode = side.stat().st_ino
     monkeypatch.setattr("loaderkit.data.readers.os.access", lambda path, mode: False)
-    stream = StreamingShardedDataset(tmp_path / "c", EOS, shuffle_shards=False, mix_shards=1)
-    for ds in (stream, ShardedDataset(tmp_path / "c", EOS)):
-        assert _documents(ds) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
+    with pytest.warns(RuntimeWarning, match=r"its folder is read-only, so the shard is counted"):
+        handle = EOS.open(shard)
+        assert [handle.read(i).tolist() for i in range(len(handle))] == expected
+    stream = StreamingShardedDataset([shard], EOS, shuffle_shards=False, mix_shards=1)
+    with pytest.warns(RuntimeWarning, match=r"counted on every open"):
+        assert _documents(stream) == expected
     assert side.stat().st_ino == inode
     monkeypatch.undo()  # writable: counted again, stamped
-    assert _documents(ShardedDataset(tmp_path / "c", EOS)) == [[1, 1, 0], [2, 2, 2, 0], [3, 0]]
-    assert side.stat().st_mtime_ns == (tmp_path / "c" / "shard-00000.npy").stat().st_mtime_ns
+    assert _documents(ShardedDataset(tmp_path, EOS)) == expected
+    assert side.stat().st_mtime_ns == shard.stat().st_mtime_ns
 
 
 def test_a_stale_remote_sidecar_is_recounted_on_every_machine(tmp_path: Path) -> None:

@@ -204,7 +204,7 @@ class SequenceDataModule(LoaderDataModule):
     def _mixed_kinds(self, split: str) -> NoReturn:
         raise TypeError(
             f"{type(self).__name__}: {split} samples are not of the other splits' kind (dict, "
-            "tuple or bare); give every split the same kind."
+            "tuple, namedtuple of the same first field, or bare); give every split the same kind."
         )
 
     def setup(self, stage: str) -> None:
