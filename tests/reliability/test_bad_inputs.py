@@ -76,6 +76,13 @@ from tests.reliability._cases import (
 DATA = list(range(20))
 
 
+def bucketed(lengths: list[int]) -> ResumableDataLoader:
+    """A loader over 4 samples of lengths 3..6, bucketed by ``lengths``."""
+    sampler = BucketBatchSampler(lengths, batch_size=2, seed=0)
+    data = [torch.ones(n) for n in (3, 4, 5, 6)]
+    return ResumableDataLoader(data, batch_sampler=sampler, collate_fn=PadCollate())
+
+
 @dataclass(frozen=True)
 class Bad:
     id: str
@@ -766,17 +773,7 @@ STATES = [
     ),
     Bad(  # was "build it with lengths_crc32=...", a value nobody can pass
         "state other lengths",
-        lambda tmp: ResumableDataLoader(
-            [torch.ones(n) for n in (3, 4, 5, 6)],
-            batch_sampler=BucketBatchSampler([3, 4, 5, 7], batch_size=2, seed=0),
-            collate_fn=PadCollate(),
-        ).load_state_dict(
-            ResumableDataLoader(
-                [torch.ones(n) for n in (3, 4, 5, 6)],
-                batch_sampler=BucketBatchSampler([3, 4, 5, 6], batch_size=2, seed=0),
-                collate_fn=PadCollate(),
-            ).state_dict()
-        ),
+        lambda tmp: bucketed([3, 4, 5, 7]).load_state_dict(bucketed([3, 4, 5, 6]).state_dict()),
         StateMismatchError,
         "field 'lengths_crc32' differs",
         "built from other lengths",
@@ -784,10 +781,7 @@ STATES = [
     ),
     Bad(  # was "build the plan with num_samples=3", which BucketBatchSampler does not take
         "bucket lengths of another size",
-        lambda tmp: ResumableDataLoader(
-            [torch.ones(n) for n in (3, 4, 5, 6)],
-            batch_sampler=BucketBatchSampler([3, 4, 5], batch_size=2, seed=0),
-        ),
+        lambda tmp: bucketed([3, 4, 5]),
         ValueError,
         "batch sampler's plan",
         "covers 3 samples but the dataset has 4",
