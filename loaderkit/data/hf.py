@@ -210,7 +210,7 @@ class HFDataset(Dataset[dict[str, Any]]):
 
     def lengths(self) -> np.ndarray:
         """Each row's token count from ``length_column``; a subclass's longest and shortest
-        rows are measured against it (``ValueError`` where they differ)."""
+        rows are measured against it (``ValueError`` where they are longer)."""
         pa = import_pyarrow("hf")
         name = self.length_column
         if name is None:

@@ -482,15 +482,18 @@ class SamplerPlan:
         self._cache.clear()
         self._restored.clear()
         now = (generator or {}).get("generator_now")
-        # At an epoch's start, not listed before the save (nothing, or the moved generator it
-        # would be listed from): the generator put back decides it, or a reseed after the load.
-        if not (at_start and listed_from in (None, now)):
+        moved = "generator_seen" in (generator or {})
+        # At an epoch's start its listing stands only while the generator has not moved since
+        # (else it is listed again from it, as relist_if_reseeded does uninterrupted).
+        kept = not at_start or (listed_from is not None and not moved and listed_from != now)
+        if kept:
             self._restored[epoch] = restored
         self._loaded_check.clear()
         if check is not None:
             self._loaded_check[epoch] = check
         self._sources.clear()
-        self._sources[epoch] = listed_from  # a state saved before it is listed again
+        if kept or now is None:
+            self._sources[epoch] = listed_from  # a state saved before it is listed again
         self._held.clear()
         own = getattr(self.sampler, "generator", None)
         if now is not None and isinstance(own, torch.Generator) and cpu_state(own) is not None:

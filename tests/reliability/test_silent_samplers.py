@@ -240,6 +240,35 @@ def test_a_state_at_an_epochs_start_lists_it_as_the_saved_run_would(
     assert head + [epoch(g, resumed, e) for e in range(first, 3)] == full
 
 
+@pytest.mark.parametrize("how", ["listed early, then drawn", "drawn, handed on"])
+def test_a_state_at_an_epochs_start_after_the_generator_moved_lists_it_from_there(how: str) -> None:
+    # Review 260: the state kept the listing (or the state before the draw) it was saved
+    # with, so the resumed epoch came from a generator the user had moved on from.
+    def make() -> tuple[torch.Generator, ResumableDataLoader]:
+        g = torch.Generator().manual_seed(7)
+        return g, ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
+
+    def run(cut: bool) -> list[Any]:
+        g, loader = make()
+        out: list[Any] = ids_of(loader)
+        g.manual_seed(100)
+        loader.set_epoch(1)
+        if how == "listed early, then drawn":
+            list(loader.batch_sampler)  # epoch 1 listed before it begins
+        elif cut:
+            state = loader.state_dict()
+            g, loader = make()
+            loader.load_state_dict(state)
+        torch.rand(1, generator=g)
+        if cut:
+            state = loader.state_dict()
+            g, loader = make()
+            loader.load_state_dict(state)
+        return [*out, *ids_of(loader), torch.rand(1, generator=g).item(), *ids_of(loader)]
+
+    assert run(cut=True) == run(cut=False)
+
+
 def test_a_state_with_generator_states_that_are_not_is_refused_by_name() -> None:
     g = torch.Generator().manual_seed(7)
     loader = ResumableDataLoader(DATA, batch_size=4, sampler=RandomSampler(DATA, generator=g))
