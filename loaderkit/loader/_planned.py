@@ -68,6 +68,7 @@ class PlanEngine:
         self._counts: int | None = None  # the shards' samples, where the plan has no sizes
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
+        self._sampler_plan: tuple[Any, dict[str, Any], dict[str, Any], int] | None = None
         self.cursor = PlanCursor()
         self._keys = KeySource()
         self._inner: DataLoader[Any] | None = None  # persistent workers' loader
@@ -288,8 +289,12 @@ class PlanEngine:
             }
             extra = {key: value for key, value in extra.items() if value is not None}
             if extra:
-                state["plan"] = {**state["plan"], **extra}
-                checksum["plan"] = field_digest("plan", state["plan"])
+                # Digested once while it stays (its generator states are 13 KB of JSON).
+                memo, base = self._sampler_plan, state["plan"]
+                if memo is None or memo[0] is not base or memo[1] != extra:
+                    plan = {**base, **extra}
+                    memo = self._sampler_plan = (base, extra, plan, field_digest("plan", plan))
+                state["plan"], checksum["plan"] = memo[2], memo[3]
         return state
 
     def _unheld(self, epoch: int, position: int, steps_done: int) -> tuple[int, int, int]:

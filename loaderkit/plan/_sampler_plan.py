@@ -334,6 +334,10 @@ class SamplerPlan:
     )
     # Epochs relisted after a load that put the user's generator back: it stays where it was.
     _held: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    # The last generator states encoded: a state_dict() a step (a look-ahead) re-encodes none.
+    _encodings: list[tuple[torch.Tensor, str]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         owner = "ResumableDataLoader"
@@ -461,10 +465,18 @@ class SamplerPlan:
         now = cpu_state(getattr(self.sampler, "generator", None))
         if now is None or self._seen is None:
             return {}
-        states = {"generator_now": str(_encoded(now))}
+        states = {"generator_now": self._encode(now)}
         if not torch.equal(now, self._seen):  # else the one state stands for both
-            states["generator_seen"] = str(_encoded(self._seen))
+            states["generator_seen"] = self._encode(self._seen)
         return states
+
+    def _encode(self, state: torch.Tensor) -> str:
+        for known, text in self._encodings:
+            if torch.equal(known, state):
+                return text
+        text = str(_encoded(state))
+        self._encodings[:] = [*self._encodings[-1:], (state, text)]  # now and seen
+        return text
 
     def restore(
         self,
@@ -478,14 +490,13 @@ class SamplerPlan:
         """List the resumed ``epoch`` as the saved run did: from ``listed_from``, else keyed
         (``at_start``, not begun: as a reseed before it begins decides); ``check``: its order's
         checksum in the state; ``generator``: :meth:`generator_states` saved, put back."""
-        restored = _restored(listed_from)
+        restored, generator = _restored(listed_from), generator or {}
         self._cache.clear()
         self._restored.clear()
-        now = (generator or {}).get("generator_now")
-        moved = "generator_seen" in (generator or {})
+        now = generator.get("generator_now")
         # At an epoch's start its listing stands only while the generator has not moved since
         # (else it is listed again from it, as relist_if_reseeded does uninterrupted).
-        kept = not at_start or (listed_from is not None and not moved and listed_from != now)
+        kept = not at_start or (listed_from is not None and "generator_seen" not in generator)
         if kept:
             self._restored[epoch] = restored
         self._loaded_check.clear()
@@ -498,8 +509,7 @@ class SamplerPlan:
         own = getattr(self.sampler, "generator", None)
         if now is not None and isinstance(own, torch.Generator) and cpu_state(own) is not None:
             own.set_state(_restored(now))
-            seen = generator.get("generator_seen", now) if generator else now
-            object.__setattr__(self, "_seen", _restored(seen))
+            object.__setattr__(self, "_seen", _restored(generator.get("generator_seen", now)))
             if not at_start:  # listed before the save (at 0 perhaps not): it moved g then
                 self._held.add(epoch)
         else:
