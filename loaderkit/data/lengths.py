@@ -128,8 +128,8 @@ def _cache_ident(dataset: Any, fn: Any, key: str, size: int, path: Path) -> str 
 
 
 def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: str) -> None:
-    """Refuse a subclass whose longest and shortest samples (at dict key ``field``, or
-    whole) differ from its source's ``stored`` lengths; ``fix`` ends the message."""
+    """Refuse a subclass whose longest or shortest sample (at dict key ``field``, or
+    whole) is longer than its source's ``stored`` length; ``fix`` ends the message."""
     for index in sorted({int(stored.argmax()), int(stored.argmin())} if stored.size else ()):
         with rngs_put_back():
             sample = _reads(dataset)([index])[0]
@@ -139,8 +139,10 @@ def check_own_lengths(dataset: Any, stored: np.ndarray, field: str | None, fix: 
         # added). Shorter ones keep it (truncated, a shifted pair t[:-1], t[1:]). A 2-D stack,
         # a scalar: where the tokens are is length_fn's to say.
         bare = _seq(sample)
-        parts = [sample] if bare else list(sample.values()) if isinstance(sample, dict) else []
-        parts = list(sample) if isinstance(sample, tuple) else parts
+        if bare or not isinstance(sample, dict | tuple):
+            parts = [sample] if bare else []
+        else:
+            parts = list(sample.values() if isinstance(sample, dict) else sample)
         found = max((len(p) for p in parts if _seq(p, ints=not bare)), default=0)
         if found > stored[index]:
             raise ValueError(
