@@ -63,6 +63,45 @@ def _mix_shape(ds: object) -> Any:
     return None
 
 
+def listing_crc32(dataset: object) -> int | None:
+    """crc32 of which samples a dataset holds where its length alone does not say: a torch
+    ``Subset``'s indices (``random_split`` without ``generator=`` draws others each run) and
+    a torchvision ``DatasetFolder``'s file names, through ``ConcatDataset``."""
+    shape = _listing(dataset)
+    return None if shape is None else zlib.crc32(repr(shape).encode())
+
+
+def _listing(ds: object) -> Any:
+    if isinstance(ds, Subset):
+        return _rows_crc32(ds), _listing(ds.dataset)
+    if isinstance(ds, ConcatDataset):
+        parts = [_listing(d) for d in ds.datasets]
+        return None if parts.count(None) == len(parts) else tuple(parts)
+    if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
+        return None
+    crc, samples = 0, getattr(ds, "samples", [])  # torchvision's: (path, class) pairs
+    for lo in range(0, len(samples), 4096):
+        names = "\0".join(str(s[0]) for s in samples[lo : lo + 4096])
+        crc = zlib.crc32(names.encode("utf-8", "surrogateescape") + b"\0", crc)
+    return "files", crc
+
+
+def _rows_crc32(subset: Subset[Any]) -> int:
+    """crc32 of a ``Subset``'s indices (taken modulo its dataset's length, as indexing does)."""
+    rows: Any = subset.indices
+    if isinstance(rows, range):  # np.asarray(range) walks it in Python
+        rows = np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
+    elif isinstance(rows, torch.Tensor):
+        rows = rows.cpu()
+    try:
+        rows = np.asarray(rows, np.int64)
+    except (TypeError, ValueError):  # keys of a dataset indexed by other than ints
+        return zlib.crc32(repr(list(rows)).encode())
+    if hasattr(subset.dataset, "__len__"):  # a Subset needs none of its dataset
+        rows = rows % max(len(subset.dataset), 1)
+    return zlib.crc32(rows.tobytes())
+
+
 def shard_counts_crc32(dataset: object) -> int | None:
     """crc32 of the samples of each shard file :func:`shard_names_crc32` finds (or None)."""
     found = _files(dataset, shaped=False)
@@ -78,13 +117,7 @@ def _files(dataset: object, *, shaped: bool = True) -> tuple[list[str], Any, lis
         inner = _files(dataset.dataset, shaped=shaped)
         if inner is None or not shaped:
             return inner
-        rows: Any = dataset.indices
-        if isinstance(rows, range):  # np.asarray(range) walks it in Python
-            rows = np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
-        elif isinstance(rows, torch.Tensor):
-            rows = rows.cpu()
-        rows = np.asarray(rows, np.int64) % max(len(dataset.dataset), 1)  # type: ignore[arg-type]
-        return inner[0], (inner[1], zlib.crc32(rows.tobytes())), inner[2]
+        return inner[0], (inner[1], _rows_crc32(dataset)), inner[2]
     if isinstance(dataset, MixedDataset | ConcatDataset):
         parts = dataset.sources if isinstance(dataset, MixedDataset) else _flat(dataset)
         found = [_files(part, shaped=shaped) for part in parts]

@@ -267,7 +267,7 @@ def check_npy_tokens(shard: Any, shape: tuple[int, ...], dtype: np.dtype, want: 
     if want is not None and dtype != want:
         raise ShardError(
             f"shard {str(shard)!r} has dtype {dtype}, the reader expects {want}; pass "
-            f"dtype={dtype.name!r} or rewrite the shard.",
+            f"dtype={dtype.str if dtype.byteorder == '>' else dtype.name!r} or rewrite the shard.",
             path=shard,
         )
 

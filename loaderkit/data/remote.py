@@ -683,12 +683,21 @@ class RemoteShards:
         self._verified.add(index)
 
     def _cached_ok(self, index: int, target: Path) -> bool:
-        """Whether shard ``index``'s cached copy passes its hash (checked once per process)."""
-        digest = self._digest(index)
-        if digest is None or index in self._verified:
+        """Whether shard ``index``'s cached copy has the listed sizes and passes its hash
+        (checked once per process); one cut short (a crash, a full disk) is fetched again."""
+        if index in self._verified:
             return True
+        shard, digest = self.shards[index], self._digest(index)
+        files = [(target.parent / n, size) for n, size, _ in shard.sidecars]
+        files = [
+            (target, shard.size),
+            *(f for f in files if not f[0].name.endswith(OFFSETS_SUFFIX)),
+        ]
         try:
-            verify(target, digest, name=self.shards[index].url)
+            if any(path.stat().st_size != size for path, size in files):
+                return False
+            if digest is not None:
+                verify(target, digest, name=shard.url)
         except (FileNotFoundError, DigestMismatch):
             return False
         self._verified.add(index)

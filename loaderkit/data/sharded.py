@@ -232,8 +232,12 @@ class ShardedDataset(Dataset[Any]):
         return handle
 
     def __getitem__(self, index: int) -> Any:
-        """Sample ``index`` (read errors raise, whatever ``on_error`` says)."""
+        """Sample ``index``; under ``on_error="skip"`` one that fails to read is replaced as in
+        a batch (a subclass's ``__getitem__`` reading through this one, ``batch_size=None``)."""
         shard, local = self.locate(operator.index(index))  # a float is no index
+        if self.on_error == "skip":
+            parts, where = self._gather([index])
+            return self._samples(parts, where, [index])[0][0]
         try:
             return self._handle(shard).read(local)
         except (ShardError, MissingDependencyError, ReaderSettingError):

@@ -450,12 +450,18 @@ class EpochIterator(Iterator[Any]):
         if self._batches is None:
             self._batches = self.engine.iterate(self.run)
             self.host.began(self)
+        elif self.run.failure == "raised":  # a StopIteration would end the epoch unread
+            raise LoaderkitError(
+                "ResumableDataLoader: this iteration stopped at the error it raised, before the "
+                "end of its epoch; to read the rest, call loader.load_state_dict("
+                "loader.state_dict()) and iterate again (a new iter() begins the next epoch)."
+            )
         try:
             batch = next(self._batches)
         except StopIteration:
             self.run.finished = True
             raise
-        except Exception:
+        except BaseException:  # the generator is done: a Ctrl-C too
             self.run.failure = "raised"
             raise
         self.run.last = next(self.host.ticks)

@@ -268,7 +268,17 @@ class BatchFetcher:
             samples = self._parked_batch(epoch, index_list, keys)
         else:
             samples = self._samples(epoch, index_list, keys)
-        return self.collate(samples)
+        try:
+            return self.collate(samples)
+        except Exception as exc:  # named with its batch, as in a worker
+            said = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+            raise worker_error(
+                f"collate_fn failed on the batch of sample indices {_shown(index_list)} (epoch "
+                f"{epoch}) with {said}. The original traceback is chained above; fix collate_fn "
+                "for these samples.",
+                index=index_list,
+                cause=type(exc),
+            ) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
         """A whole ``__getitems__`` read, refused if it drew from a global RNG."""
@@ -313,12 +323,15 @@ class BatchFetcher:
         try:
             return fetch(indices)
         except Exception as exc:
-            head = indices[:8]
-            shown = head if isinstance(head, list) else head.tolist()
-            more = "" if len(indices) <= 8 else f" (+{len(indices) - 8} more)"
-            what = f"the batch of sample indices {shown}{more}"
+            listed = indices if isinstance(indices, list) else indices.tolist()
+            what = f"the batch of sample indices {_shown(listed)}"
             fix = "batch read (get_batch / __getitems__) for these indices"
-            raise _load_error(what, epoch, exc, fix, shown) from exc
+            raise _load_error(what, epoch, exc, fix, listed) from exc
+
+
+def _shown(indices: list[int]) -> str:
+    """The first 8 of a batch's indices, for a message."""
+    return f"{indices[:8]}" + ("" if len(indices) <= 8 else f" (+{len(indices) - 8} more)")
 
 
 def _class_getitem(dataset: Any) -> Callable[[int], Any]:

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from loaderkit._callers import epoch_begun
 from loaderkit.data.mixing import (
     MixedDataset,
+    listing_crc32,
     mix_sources_crc32,
     shard_counts_crc32,
     shard_names_crc32,
@@ -65,6 +66,7 @@ class PlanEngine:
         self._reseed = reseed  # None: the plan's seed is the user's, never adopted
         self._names = shard_names_crc32(dataset)  # once: it lists the files
         self._mix = mix_sources_crc32(dataset)
+        self._listing = listing_crc32(dataset)
         self._counts: int | None = None  # the shards' samples, where the plan has no sizes
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
@@ -79,6 +81,8 @@ class PlanEngine:
         fields = {**plan.fingerprint(), **extra}
         if self._mix is not None and "source_names" not in fields:  # a plain plan over a mix
             fields["mix_sources_crc32"] = self._mix
+        if self._listing is not None:
+            fields["listing_crc32"] = self._listing
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
             if "shard_sizes_crc32" not in fields:  # a ShardPlan's own counts

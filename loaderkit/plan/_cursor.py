@@ -108,7 +108,7 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
 _ADDED = frozenset({"shard_bytes_crc32", "reader"})  # a stream's
-_PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32"})  # a plan's (fingerprint's)
+_PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32", "listing_crc32"})  # a plan's
 
 
 def check_settings(
@@ -198,6 +198,17 @@ def _check_plan(
                 raise StateMismatchError(f"{where}: {message}")
 
 
+# What a checksum of the data differs by, in a refusal.
+_HELD = {
+    "shard_names_crc32": "the dataset reads other shard files than the saved run's, the same in "
+    "another order or grouping, or a Subset of other indices",
+    "shard_counts_crc32": "the shard files hold other sample counts than the saved run's "
+    "(rewritten since)",
+    "listing_crc32": "the dataset holds other samples than the saved run's at the same length: "
+    "a Subset of other indices (random_split without a seeded generator=) or other files",
+}
+
+
 def _difference(
     key: str,
     was: Any,
@@ -244,18 +255,9 @@ def _difference(
             f"size of {world} and {expected} under this one. Resume on the saved world size of "
             f"{world}."
         )
-    if key == "shard_names_crc32":
-        return (
-            "field 'shard_names_crc32' differs: the dataset reads other shard files than the "
-            "saved run's, the same in another order or grouping, or a Subset of other indices; "
-            "pass the saved run's dataset, or start without the state."
-        )
-    if key == "shard_counts_crc32":
-        return (
-            "field 'shard_counts_crc32' differs: the shard files hold other sample counts than "
-            "the saved run's (rewritten since); pass the saved run's shards, or start without "
-            "the state."
-        )
+    if key in _HELD:
+        fix = "pass the saved run's, or start without the state"
+        return f"field {key!r} differs: {_HELD[key]}; {fix}."
     if key in adopt:
         return None
     if key in ("per_epoch", "source_names"):

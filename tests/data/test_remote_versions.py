@@ -167,3 +167,30 @@ def test_lengths_of_a_hashed_versionless_object_are_reused_across_listings(
 
 def _first_token(sample: Any) -> int:
     return int(sample[0]) + 1
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_cached_copy_cut_short_is_fetched_again(
+    folder: str, tmp_path: Path, indexed: bool
+) -> None:
+    # Hunter 261: a copy truncated under its final name (a crash after the rename, a full
+    # disk) was trusted: refused forever with an index, else counted short (2 of 5 samples
+    # lost) and that count written to the remote folder as its index.
+    import fsspec
+
+    rows = [[{"i": j} for j in range(5)], [{"i": 9}] * 3]
+    if indexed:
+        write_shards(folder, rows, JsonlReader(), progress=False)
+    else:
+        for k, part in enumerate(rows):
+            text = "".join(f'{{"i": {r["i"]}}}\n' for r in part)
+            fsspec.filesystem("memory").pipe_file(f"{folder}/s{k}.jsonl", text.encode())
+    cache = RemoteCache(cache_dir=tmp_path / "c", prefetch=0)
+    first = ShardedDataset(folder, JsonlReader(), remote=cache)
+    assert [first[i]["i"] for i in range(8)] == [0, 1, 2, 3, 4, 9, 9, 9]
+    copy = max((tmp_path / "c").rglob("*.jsonl"), key=lambda p: p.stat().st_size)  # shard 0
+    with open(copy, "r+b") as f:
+        f.truncate(copy.stat().st_size - 16)
+    again = ShardedDataset(folder, JsonlReader(), remote=cache)
+    assert [again[i]["i"] for i in range(len(again))] == [0, 1, 2, 3, 4, 9, 9, 9]
+    assert again.describe()["remote"]["corrupt"] == 1

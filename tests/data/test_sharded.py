@@ -1187,6 +1187,32 @@ def test_on_error_skip_counts_warns_and_substitutes_the_next_readable_sample(
     assert all(torch.equal(a, b) for a, b in zip(batches, same, strict=True))
 
 
+class _Tagged(ShardedDataset):
+    def __getitem__(self, index: int) -> Any:
+        return {**super().__getitem__(index), "tag": 1}
+
+
+@pytest.mark.parametrize("how", ["subclass", "unbatched"])
+def test_skip_applies_to_reads_through_getitem_too(tmp_path: Path, how: str) -> None:
+    # Hunter 265: a subclass's __getitem__ reading through the base one, and batch_size=None,
+    # raised at the bad line under on_error="skip" (and the message said to pass it).
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"i": 0}\n{"i": 1}\n{broken\n{"i": 3}\n')
+    kind = _Tagged if how == "subclass" else ShardedDataset
+    ds = kind([path], JsonlReader(), on_error="skip")
+    batched = how == "subclass"
+    with pytest.warns(RuntimeWarning, match=r"a\.jsonl"):
+        batches = list(
+            ResumableDataLoader(ds, batch_size=2 if batched else None, collate_fn=list)
+            if batched
+            else ResumableDataLoader(ds, batch_size=None)
+        )
+    got = [int(s["i"]) for b in batches for s in (b if batched else [b])]
+    assert got == [0, 1, 3, 3] and ds.skipped == 1
+    with pytest.raises(IndexError):
+        ds[4]
+
+
 def test_skip_substitutes_only_the_bad_lines_of_a_jsonl_shard(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     path.write_text('{"i": 0}\n{"i": 1}\n{broken\n{"i": 3}\n')

@@ -42,6 +42,7 @@ from loaderkit import (
     PlanBatchSampler,
     ResumableDataLoader,
     SamplePlan,
+    SequenceDataModule,
     ShardedDataModule,
     ShardedDataset,
     ShardError,
@@ -1811,6 +1812,16 @@ TRANSFER_AND_MORE = [
         "pass e.g. 'uint16'",
     ),
     Bad(
+        "SequenceDataModule sample over max_tokens",
+        lambda tmp: _first_train_batch(
+            SequenceDataModule([torch.arange(n) for n in (3, 40, 5, 2)], max_tokens=16)
+        ),
+        ValueError,
+        "SequenceDataModule: train sample 1 has 40 tokens",
+        "max_tokens=16",
+        "raise max_tokens to >= 40, or pass oversize='skip'.$",
+    ),
+    Bad(
         "ShardedDataModule missing shard",
         lambda tmp: ShardedDataModule([str(tmp / "nope.npy")], seq_len=4),
         FileNotFoundError,
@@ -1819,6 +1830,11 @@ TRANSFER_AND_MORE = [
         "check the path",
     ),
 ]
+
+
+def _first_train_batch(module: Any) -> Any:
+    module.setup("fit")
+    return next(iter(module.train_dataloader()))
 
 
 def pin_without_accelerator() -> None:

@@ -32,6 +32,7 @@ from torch.utils.data import (
 import loaderkit
 from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
 from loaderkit.loader._fetch import index_subset
+from loaderkit.plan._cursor import field_digest
 from tests.support.loops import check_resume_oracle
 
 
@@ -828,3 +829,68 @@ def test_a_mixins_getitem_before_a_batch_read_is_not_bypassed() -> None:
     dataset = _Augmented(torch.arange(8))
     want = [b.tolist() for b in DataLoader(dataset, batch_size=4)]
     assert [b.tolist() for b in ResumableDataLoader(dataset, batch_size=4, seed=0)] == want
+
+
+class _Index(Dataset[int]):
+    def __init__(self, n: int = 100) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def _mid_epoch_state(dataset: Any) -> dict[str, Any]:
+    loader = ResumableDataLoader(dataset, batch_size=4, shuffle=True, seed=1)
+    it = iter(loader)
+    next(it)
+    return loader.state_dict()
+
+
+def test_a_random_split_drawn_again_on_resume_is_refused_by_name() -> None:
+    # random_split without generator= draws another split in each process: the resumed run
+    # trained on other samples (validation ones among them) at the same length, silently.
+    train, _ = random_split(_Index(), [0.8, 0.2], generator=torch.Generator().manual_seed(1))
+    state = _mid_epoch_state(train)
+    other, _ = random_split(_Index(), [0.8, 0.2], generator=torch.Generator().manual_seed(2))
+    resumed = ResumableDataLoader(other, batch_size=4, shuffle=True, seed=1)
+    with pytest.raises(loaderkit.StateMismatchError, match=r"listing_crc32.*random_split"):
+        resumed.load_state_dict(state)
+    again, _ = random_split(_Index(), [0.8, 0.2], generator=torch.Generator().manual_seed(1))
+    check_resume_oracle(
+        lambda w: ResumableDataLoader(again, batch_size=4, shuffle=True, seed=1, num_workers=w),
+        lambda batch: [int(i) for i in batch],
+        (3, 25),
+        0,
+    )
+
+
+def test_a_state_saved_before_the_listing_checksum_loads() -> None:
+    train = Subset(_Index(), list(range(0, 100, 2)))
+    state = _mid_epoch_state(train)
+    del state["plan"]["listing_crc32"]
+    state["checksum"]["plan"] = field_digest("plan", state["plan"])
+    resumed = ResumableDataLoader(train, batch_size=4, shuffle=True, seed=1)
+    resumed.load_state_dict(state)
+    assert sum(len(b) for b in resumed) == 46
+
+
+def test_an_image_folder_listing_other_files_at_its_length_is_refused(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("torchvision.datasets")
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        (tmp_path / "cls").mkdir(exist_ok=True)
+        (tmp_path / "cls" / name).write_bytes(b"")
+    state = _mid_epoch_state(datasets.ImageFolder(tmp_path, loader=str))
+    (tmp_path / "cls" / "d.png").rename(tmp_path / "cls" / "e.png")  # one file for another
+    resumed = ResumableDataLoader(
+        datasets.ImageFolder(tmp_path, loader=str), batch_size=4, shuffle=True, seed=1
+    )
+    with pytest.raises(loaderkit.StateMismatchError, match="listing_crc32"):
+        resumed.load_state_dict(state)
+    (tmp_path / "cls" / "e.png").rename(tmp_path / "cls" / "d.png")
+    same = ResumableDataLoader(
+        datasets.ImageFolder(tmp_path, loader=str), batch_size=4, shuffle=True, seed=1
+    )
+    same.load_state_dict(state)

@@ -29,6 +29,7 @@ import pytest
 
 from loaderkit import (
     IterableReader,
+    LoaderkitError,
     MissingShardError,
     ResumableDataLoader,
     ShardedDataset,
@@ -216,3 +217,24 @@ def test_workers_of_a_loader_collected_in_a_cycle_exit_cleanly(
     gc.collect()
     assert time.monotonic() - start < 15.0  # no join ran out
     assert no_children_left()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iteration_caught_going_on_past_a_dead_worker_is_refused_not_ended(
+    persistent: bool,
+) -> None:
+    # Hunter 265: the next() after the WorkerError raised StopIteration, so a loop that
+    # caught the error and went on ended the epoch there, its other batches never read.
+    loader = ResumableDataLoader(
+        Faulty("exit", 17), batch_size=4, num_workers=2, persistent_workers=persistent, seed=0
+    )
+    it, got = iter(loader), []
+    with pytest.raises(WorkerError):
+        for batch in it:
+            got += batch.tolist()
+    with pytest.raises(LoaderkitError, match=r"stopped at the error it raised.*load_state_dict"):
+        next(it)
+    state = loader.state_dict()
+    resumed = ResumableDataLoader(range(40), batch_size=4, seed=0)  # the rest, read
+    resumed.load_state_dict(state)
+    assert got + [i for batch in resumed for i in batch.tolist()] == list(range(40))

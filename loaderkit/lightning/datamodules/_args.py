@@ -106,6 +106,23 @@ def check_settings(module: Any, **settings: Any) -> None:
             )
 
 
+def check_fits(module: Any, lengths: np.ndarray) -> None:
+    """Refuse train samples over ``module.max_tokens`` under ``oversize="error"``, in the
+    module's own terms (the plan's message names its sampler and options)."""
+    step, oversize = module.pad_to_multiple_of or 1, getattr(module, "oversize", None)
+    if module.max_tokens is None or oversize == "skip" or not lengths.size:
+        return
+    fits = module.max_tokens // step * step
+    longest = int(lengths.argmax())
+    if lengths[longest] > fits:
+        skip = "" if oversize is None else ", or pass oversize='skip'"
+        raise ValueError(
+            f"{type(module).__name__}: train sample {longest} has {int(lengths[longest])} tokens, "
+            f"above max_tokens={module.max_tokens} ({int((lengths > fits).sum())} sample(s) "
+            f"are); raise max_tokens to >= {-(-int(lengths[longest]) // step) * step}{skip}."
+        )
+
+
 def remote_cache(
     owner: str, what: str, urls: bool, storage_options: Any, cache_dir: Any
 ) -> RemoteCache | None:

@@ -16,7 +16,7 @@ from loaderkit.data._fs import is_url
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.sharded import ShardedDataset
-from loaderkit.lightning.datamodules._args import check_settings, remote_cache
+from loaderkit.lightning.datamodules._args import check_fits, check_settings, remote_cache
 from loaderkit.lightning.datamodules._util import is_hf_dataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
@@ -228,6 +228,8 @@ class SequenceDataModule(LoaderDataModule):
             return None
         train = split == "train"
         budget = self.max_tokens if train else None
+        if train:
+            check_fits(self, self._lengths["train"])  # the split's index, on every rank
         return BucketBatchSampler(
             self._lengths_of(split, dataset),
             batch_size=None if budget is not None else batch_size,

@@ -20,6 +20,7 @@ from loaderkit.data.sharded import ShardedDataset
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.lightning.datamodules._args import (
     MAX_OPEN_DEFAULT,
+    check_fits,
     check_settings,
     collate_of,
     make_reader,
@@ -136,8 +137,10 @@ class _ShardSources(LoaderDataModule):
             name: getattr(self, name)
             for name in ("max_tokens", "pad_to_multiple_of", "seed", "shuffle", "drop_last")
         }
+        lengths = self._lengths(dataset)
+        check_fits(self, lengths)
         return dataset.bucket_batch_sampler(
-            lengths=self._lengths(dataset), window=self.bucket_window, **settings, **extra
+            lengths=lengths, window=self.bucket_window, **settings, **extra
         )
 
     def _lengths(self, dataset: Any) -> np.ndarray:
