@@ -72,8 +72,8 @@ def mix64_array(z: np.ndarray) -> np.ndarray:
 
 
 def _check(owner: str, name: str, value: object, limit: int | None = _KEY_LIMIT) -> int:
-    fix = f"pass a non-negative Python int such as {name}=0"
-    return check_int(name, value, owner=owner, fix=fix, limit=limit)
+    fix = f"pass a non-negative int such as {name}=0"
+    return check_int(name, value, owner=owner, fix=fix, limit=limit, numpy_ok=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,6 +88,8 @@ def _key_words(func: str, position: int, key: object) -> tuple[int, ...]:
     # Prefix-free: a small int is one word; else a header word (bit 30: str) and the payload.
     if isinstance(key, str):
         return _str_words(key)
+    if isinstance(key, np.integer):
+        key = int(key)
     if not isinstance(key, int) or isinstance(key, bool):
         raise TypeError(
             f"{func}: keys[{position}] must be a non-negative int or a str, got {key!r} "
@@ -130,8 +132,8 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 def worker_seed(seed: int, rank: int, worker_id: int) -> int:
     """``derive_seed(seed, "worker", rank, worker_id)``: the seed of a DataLoader worker."""
-    _check("worker_seed", "rank", rank, None)
-    _check("worker_seed", "worker_id", worker_id, None)
+    rank = _check("worker_seed", "rank", rank, None)
+    worker_id = _check("worker_seed", "worker_id", worker_id, None)
     return _seed_from(_seed_sequence("worker_seed", seed, (SeedTag.WORKER, rank, worker_id)))
 
 
@@ -255,7 +257,7 @@ def sample_numpy_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 def seed_global_rngs(seed: int) -> None:
     """Seed :mod:`random`, numpy's global ``RandomState`` (``seed % 2**32``) and torch's
     generators (CPU and accelerators) with ``seed``, an int in ``[0, 2**64)``."""
-    _check("seed_global_rngs", "seed", seed)
+    seed = _check("seed_global_rngs", "seed", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -294,12 +296,12 @@ def worker_init_fn(
         ...     range(8), num_workers=2, worker_init_fn=worker_init_fn(42, rank=0)
         ... )
     """
-    _check("worker_init_fn", "seed", seed, _SEED_LIMIT)
+    seed = _check("worker_init_fn", "seed", seed, _SEED_LIMIT)
     if rank is None:
         from loaderkit.env import detect
 
         rank = detect().rank
-    _check("worker_init_fn", "rank", rank, None)
+    rank = _check("worker_init_fn", "rank", rank, None)
     if user_fn is not None and not callable(user_fn):
         raise TypeError(
             f"worker_init_fn: user_fn must be callable as user_fn(worker_id), got {user_fn!r} "
@@ -487,6 +489,13 @@ def _seeded(value: int) -> Iterator[int]:
         yield value
 
 
+_KEPT = (
+    "per-sample seeding: the batch drew from numpy's or Python's global generator when first "
+    "read and not when read again under each sample's seed, so the dataset keeps what it drew "
+    "(a cached crop) or changes as it is read; pass per_sample_seeding=True."
+)
+
+
 class SampleSeeder:
     """Loads a batch's samples, each under the global generators seeded for it, and puts the
     caller's states back. torch's is seeded for every sample; with ``lazy=True`` numpy's and
@@ -515,6 +524,7 @@ class SampleSeeder:
             keys = sample_keys(seed, epoch, np.asarray(indices if seed_keys is None else seed_keys))
             if not self.probed:
                 return self._probe(rngs, keys, indices, getitem, out)
+            moved: list[int] = []
             while True:
                 seeded, parked = [], []
                 for slot, rng in enumerate(rngs):
@@ -524,10 +534,16 @@ class SampleSeeder:
                         rng.park()
                         parked.append(slot)
                 out.clear()
+                drew: set[int] = set()
                 for pos, index in enumerate(indices):
                     for seed_one, seeds in seeded:
                         seed_one(seeds[pos])
+                    marks = [(slot, rngs[slot].save()) for slot in moved]  # a read again only
                     out.append(getitem(index))
+                    drew.update(slot for slot, mark in marks if rngs[slot].save() != mark)
+                if moved and not drew:
+                    out.clear()  # named by the batch's first sample
+                    raise ValueError(_KEPT)
                 moved = [slot for slot in parked if rngs[slot].moved()]
                 if not moved:
                     return out

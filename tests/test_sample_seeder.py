@@ -208,6 +208,28 @@ def test_the_first_batch_is_read_once_each_sample_seeded() -> None:
     assert other.load(7, 1, [6, 5], cached([]), []) == _eager([6, 5], cached([]))
 
 
+def test_a_dataset_keeping_a_draw_made_after_the_first_batch_is_refused() -> None:
+    # Hunter 262: one that draws for some samples only, first read after the first batch,
+    # kept the parked draw (the same for every such sample; which ones got it followed
+    # num_workers and the resume point). Read again seeded, it draws nothing: refused.
+    cache: dict[int, int] = {}
+
+    def load(index: int) -> int | None:
+        if index % 5 == 4 and index not in cache:
+            cache[index] = int(np.random.randint(1000))
+        return cache.get(index)
+
+    seeder = SampleSeeder(lazy=True)
+    assert seeder.load(0, 0, [0, 1], load, []) == [None, None]
+    with pytest.raises(ValueError, match=r"keeps what it drew.*per_sample_seeding=True"):
+        seeder.load(0, 0, [2, 4], load, [])
+    cache.clear()
+    eager = SampleSeeder(lazy=False)  # the fix the message names
+    with seeded_sample(0, 0, 4):
+        keyed = int(np.random.randint(1000))
+    assert eager.load(0, 0, [0, 4], load, []) == [None, keyed]
+
+
 def test_the_callers_generators_are_restored_after_a_batch() -> None:
     torch.manual_seed(5)
     np.random.seed(5)

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from loaderkit import seeding
+from loaderkit import ResumableDataLoader, seeding
 from loaderkit.errors import LoaderkitError
 from loaderkit.loader._fetch import index_subset, split_source
 from loaderkit.seeding import (
@@ -450,3 +450,17 @@ def test_draws_nothing_sees_through_loaderkit_splits() -> None:
             return torch.rand(1)
 
     assert not seeding.draws_nothing(split_source(index_subset(Drawing(tensors), np.arange(2))))
+
+
+def test_numpy_ints_are_taken_as_seeds_and_keys() -> None:
+    # Hunter 262: Subset(ds, np.arange(...)) hands __getitem__ np.int64 indices, which the
+    # documented sample_generator(seed, epoch, index) recipe refused; seed=np.int64 too.
+    n = np.int64
+    assert sample_generator(n(1), n(0), n(5)).initial_seed() == (
+        sample_generator(1, 0, 5).initial_seed()
+    )
+    assert derive_seed(n(1), "worker", n(0)) == derive_seed(1, "worker", 0)
+    assert worker_seed(n(1), n(0), n(2)) == worker_seed(1, 0, 2)
+    seed_global_rngs(n(3))
+    loader = ResumableDataLoader(list(range(8)), batch_size=2, shuffle=True, seed=n(4))
+    assert type(loader.state_dict()["plan"]["seed"]) is int

@@ -282,7 +282,13 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     if seed is None:
         seed = draw_seed(generator)
     seed = check_int(
-        "seed", seed, 0, owner=OWNER, fix="pass a non-negative int such as seed=0", limit=2**128
+        "seed",
+        seed,
+        0,
+        owner=OWNER,
+        fix="pass a non-negative int such as seed=0",
+        limit=2**128,
+        numpy_ok=True,
     )
     return {"seed": seed, "seed_explicit": explicit, "seed_chosen": explicit or chosen}
 
