@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
@@ -66,27 +67,32 @@ def _mix_shape(ds: object) -> Any:
 def listing_crc32(dataset: object) -> int | None:
     """crc32 of which samples a dataset holds where its length alone does not say: a torch
     ``Subset``'s indices (``random_split`` without ``generator=`` draws others each run) and
-    a torchvision ``DatasetFolder``'s file names, through ``ConcatDataset``."""
+    a torchvision ``DatasetFolder``'s file names below its root, through ``ConcatDataset``
+    and a mix's sources."""
     shape = _listing(dataset)
     return None if shape is None else zlib.crc32(repr(shape).encode())
 
 
 def _listing(ds: object) -> Any:
-    if isinstance(ds, Subset):
-        return _rows_crc32(ds), _listing(ds.dataset)
-    if isinstance(ds, ConcatDataset):
-        parts = [_listing(d) for d in ds.datasets]
+    if isinstance(ds, Subset) or hasattr(ds, "seed_rows"):
+        # loaderkit's split of a DataModule too (index_subset); a rank's own part is not all's
+        inner = _listing(ds.dataset)  # type: ignore[attr-defined]
+        return inner if getattr(ds, "seed_rows", None) is not None else (_rows_crc32(ds), inner)
+    if isinstance(ds, ConcatDataset | MixedDataset):
+        parts = [_listing(d) for d in (ds.sources if isinstance(ds, MixedDataset) else ds.datasets)]
         return None if parts.count(None) == len(parts) else tuple(parts)
     if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
         return None
-    crc, samples = 0, getattr(ds, "samples", [])  # torchvision's: (path, class) pairs
+    # Below the root: a folder copied or moved elsewhere (a job's scratch) keeps it.
+    root, crc, samples = os.fspath(getattr(ds, "root", "")), 0, getattr(ds, "samples", [])
     for lo in range(0, len(samples), 4096):
-        names = "\0".join(str(s[0]) for s in samples[lo : lo + 4096])
-        crc = zlib.crc32(names.encode("utf-8", "surrogateescape") + b"\0", crc)
+        names = (str(s[0] if isinstance(s, tuple | list) else s) for s in samples[lo : lo + 4096])
+        text = "\0".join(n[len(root) :] if n.startswith(root) else n for n in names)
+        crc = zlib.crc32(text.encode("utf-8", "surrogateescape") + b"\0", crc)
     return "files", crc
 
 
-def _rows_crc32(subset: Subset[Any]) -> int:
+def _rows_crc32(subset: Any) -> int:
     """crc32 of a ``Subset``'s indices (taken modulo its dataset's length, as indexing does)."""
     rows: Any = subset.indices
     if isinstance(rows, range):  # np.asarray(range) walks it in Python

@@ -107,7 +107,7 @@ class ParquetReader:
         self.schema = schema
         # Column -> (batch kind, [(Arrow type, its first file)]), and the first file's names.
         self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
-        self._names: tuple[list[str], str] | None = None
+        self._names: tuple[list[str], str, list[str]] | None = None  # sorted, file, order
         self._prepared = False
 
     def __repr__(self) -> str:
@@ -164,7 +164,7 @@ class ParquetReader:
             )
         if self.columns is None:
             if self._names is None:
-                self._names = (sorted(names), where)
+                self._names = (sorted(names), where, list(names))
             if self._names[0] != sorted(names):
                 raise ShardError(
                     f"ParquetReader: {where!r} has columns {sorted(names)} but "
@@ -173,6 +173,7 @@ class ParquetReader:
                     "with the same columns.",
                     path=where,
                 )
+            wanted = list(self._names[2])  # the first file's order: every batch's keys alike
         for name in wanted:
             self._merge(where, name, schema.field(name).type)
         return wanted
@@ -247,7 +248,9 @@ class ParquetReader:
             keys = list(dict.fromkeys(key for row in data for key in row))
             table = pa.table({key: [row.get(key) for row in data] for key in keys})
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
-            table = pa.Table.from_pandas(data, preserve_index=False)
+            # A named index is data (pandas' to_parquet keeps it); a default or filtered one is not.
+            named = any(name is not None for name in data.index.names)
+            table = pa.Table.from_pandas(data, preserve_index=named)
         else:
             raise TypeError(
                 f"ParquetReader.write: data must be a pyarrow.Table, a dict of columns, a "

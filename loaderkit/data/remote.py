@@ -305,6 +305,13 @@ def _stop_prefetch(wake: threading.Condition, stop: threading.Event, pid: int) -
         wake.notify_all()
 
 
+def _downloaded(side: str, shard: str) -> bool:
+    """Whether sidecar ``side`` of ``shard`` stays as downloaded in the cache."""
+    return not side.endswith(OFFSETS_SUFFIX) and (
+        side.startswith(shard) or decoded_name(shard) == shard
+    )
+
+
 class RemoteShards:
     """The shards of one dataset at URLs, their cache, and this process's prefetcher."""
 
@@ -688,11 +695,9 @@ class RemoteShards:
         if index in self._verified:
             return True
         shard, digest = self.shards[index], self._digest(index)
+        # Offsets are counted here; a decoded copy's plain-name sidecars are the shard's own.
         files = [(target.parent / n, size) for n, size, _ in shard.sidecars]
-        files = [
-            (target, shard.size),
-            *(f for f in files if not f[0].name.endswith(OFFSETS_SUFFIX)),
-        ]
+        files = [(target, shard.size), *(f for f in files if _downloaded(f[0].name, target.name))]
         try:
             if any(path.stat().st_size != size for path, size in files):
                 return False

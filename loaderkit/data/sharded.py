@@ -286,9 +286,10 @@ class ShardedDataset(Dataset[Any]):
             return [handle.read(i) for i in local.tolist()]
         except Exception as exc:
             if self.on_error == "raise":
+                bad, exc = self._first_failing(handle, local, exc)
                 if isinstance(exc, ShardError | MissingDependencyError | ReaderSettingError):
-                    raise  # as __getitem__ raises it
-                raise self._read_error(shard, int(local[0]), exc) from exc
+                    raise exc  # as __getitem__ raises it
+                raise self._read_error(shard, bad, exc) from exc
         # Under "skip", a batched read failed: read one by one to leave out only the bad samples.
         out: list[Any] = []
         for i in local.tolist():
@@ -298,6 +299,17 @@ class ShardedDataset(Dataset[Any]):
                 self._skip(shard, 1, exc)
                 out.append(_SKIPPED)
         return out
+
+    @staticmethod
+    def _first_failing(handle: Any, local: np.ndarray, exc: Exception) -> tuple[int, Exception]:
+        """The first of ``local`` that fails to read alone, and its error (a batched read
+        names none); else the first and ``exc``."""
+        for i in local.tolist():
+            try:
+                handle.read(i)
+            except Exception as one:
+                return i, one
+        return int(local[0]), exc
 
     def _gather(
         self, indices: Any, *, rows: bool = False

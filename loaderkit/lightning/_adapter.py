@@ -118,11 +118,14 @@ class LightningHost:
             return listed
         batch = trainer.fit_loop.epoch_loop.batch_progress.current
         held = listed + max(int(batch.ready) - int(batch.processed), 0)
-        # Draws seen by the fetcher of batches (dataloader_iter steps draw after the loop
-        # counts a batch ready: ready - processed holds theirs).
-        if drawn is None or not hasattr(fetcher, "batches"):
+        if drawn is None:
             return held
         handed, failure, taken_before = drawn
+        if not hasattr(fetcher, "batches"):
+            # A dataloader_iter step is counted ready before it draws (the first draw's step
+            # too): its batch is held only if drawn, beyond the batches the loop processed.
+            before = max((taken_before or 1) - 1, 0)
+            return min(held, max(handed - (int(batch.processed) - before), 0))
         if len(train_loaders(trainer)) > 1:
             # A hand-out neither taken by the loop nor listed went into a fetch that raised
             # (not one that ran out: min_size ends the epoch there).

@@ -40,7 +40,8 @@ class Run:
     steps_before: int = 0
     handed: int = 0  # batches handed out (a counted failure included)
     taken_before: int | None = None  # the host's count of batches taken as it began
-    # The latest draw failed: "counted" (its batch counts as handed out) or "raised" (not).
+    # The latest draw failed: "counted" (its batch counts as handed out) or "raised" (not;
+    # "told" once the next draw said the iteration is over).
     failure: str = ""
 
 
@@ -451,6 +452,7 @@ class EpochIterator(Iterator[Any]):
             self._batches = self.engine.iterate(self.run)
             self.host.began(self)
         elif self.run.failure == "raised":  # a StopIteration would end the epoch unread
+            self.run.failure = "told"  # once: a loop going on past errors then ends
             raise LoaderkitError(
                 "ResumableDataLoader: this iteration stopped at the error it raised, before the "
                 "end of its epoch; to read the rest, call loader.load_state_dict("

@@ -25,7 +25,7 @@ from torch.utils.data import (
 )
 
 from loaderkit.collate import promoting_collate
-from loaderkit.errors import ShardError, WorkerError, read_error_type
+from loaderkit.errors import LoaderkitError, ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
     SampleSeeder,
@@ -271,14 +271,11 @@ class BatchFetcher:
         try:
             return self.collate(samples)
         except Exception as exc:  # named with its batch, as in a worker
-            said = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
-            raise worker_error(
-                f"collate_fn failed on the batch of sample indices {_shown(index_list)} (epoch "
-                f"{epoch}) with {said}. The original traceback is chained above; fix collate_fn "
-                "for these samples.",
-                index=index_list,
-                cause=type(exc),
-            ) from exc
+            where = f"collate_fn failed on the batch of sample indices {_shown(index_list)} "
+            said = f"(epoch {epoch}): {exc}"  # loaderkit's own names its fix
+            if not isinstance(exc, LoaderkitError):
+                said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; fix collate_fn."
+            raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
         """A whole ``__getitems__`` read, refused if it drew from a global RNG."""

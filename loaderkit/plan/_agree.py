@@ -34,6 +34,8 @@ _FIXES = {
     "num_workers": "pass the same num_workers on every rank",
     "epoch_order": "give the sampler the same seed on every rank (its generator, or the seed "
     "its set_epoch uses), not one drawn from each rank's global RNG",
+    "listing_crc32": "every rank must read the same samples: seed random_split's generator= "
+    "alike on every rank, and give each the same files below the folder's root",
 }
 _DATA_FIX = "every rank must read the same dataset: build it from the same files in the same order"
 _DATA_FIELDS = (

@@ -593,3 +593,36 @@ def test_a_skipped_row_shorter_than_every_other_takes_its_shards_shortest(tmp_pa
     with pytest.warns(RuntimeWarning, match="skipped 1 sample"):
         loader = ResumableDataLoader(ds, batch_sampler=sampler, collate_fn=collate)
         assert max(b["input_ids"].numel() for b in loader) <= 20
+
+
+def test_every_batch_keeps_the_first_files_column_order(tmp_path: Path) -> None:
+    # Hunter 264: keys followed each file's own column order, so a batch unpacked by
+    # position (x, y = batch.values()) swapped them from one file to the next.
+    pq.write_table(pa.table({"x": [1.0, 2.0], "y": [0, 1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"y": [2, 3], "x": [3.0, 4.0]}), tmp_path / "b.parquet")
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    assert [list(ds[i]) for i in range(4)] == [["x", "y"]] * 4
+    batch = ds.get_batch([3, 2])
+    assert list(batch) == ["x", "y"] and batch["x"].tolist() == [4.0, 3.0]
+
+
+def test_a_dataframes_named_index_is_written_as_a_column(tmp_path: Path) -> None:
+    # Hunter 264: preserve_index=False dropped it (pandas' own to_parquet keeps it).
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"doc_id": [101, 205], "label": [0, 1]}).set_index("doc_id")
+    write_shards(tmp_path, [frame, frame[frame["label"] > 0]], ParquetReader(), progress=False)
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    assert [(int(ds[i]["doc_id"]), int(ds[i]["label"])) for i in range(3)] == [
+        (101, 0), (205, 1), (205, 1)
+    ]  # fmt: skip
+    unnamed = pd.DataFrame({"label": [0, 1, 2]})
+    write_shards(tmp_path / "u", [unnamed[unnamed["label"] > 0]], ParquetReader(), progress=False)
+    assert list(ShardedDataset(tmp_path / "u", ParquetReader())[0]) == ["label"]  # filtered
+
+
+def test_a_failed_batch_read_names_the_sample_that_fails(tmp_path: Path) -> None:
+    # Hunter 264: the batch's first sample was named, not the one holding the null.
+    pq.write_table(pa.table({"label": [0, 1, None, 3]}), tmp_path / "a.parquet")
+    ds = ShardedDataset(tmp_path, ParquetReader())
+    with pytest.raises(ShardError, match=r"reading sample 2 of shard .*a\.parquet.*null"):
+        ds.get_batch([0, 1, 2, 3])

@@ -194,3 +194,24 @@ def test_a_cached_copy_cut_short_is_fetched_again(
     again = ShardedDataset(folder, JsonlReader(), remote=cache)
     assert [again[i]["i"] for i in range(len(again))] == [0, 1, 2, 3, 4, 9, 9, 9]
     assert again.describe()["remote"]["corrupt"] == 1
+
+
+def test_a_decoded_shard_listed_with_both_dtype_sidecars_is_a_cache_hit(
+    folder: str, tmp_path: Path
+) -> None:
+    # Review 266: decoding copies a.bin.zst.lkdtype over a.bin.lkdtype, so that sidecar no
+    # longer had its listed size, and every dataset fetched the shard again.
+    import fsspec
+
+    zstandard = pytest.importorskip("zstandard")
+    fs = fsspec.filesystem("memory")
+    raw = zstandard.ZstdCompressor().compress(np.arange(64, dtype=np.uint16).tobytes())
+    fs.pipe_file(f"{folder}/a.bin.zst", raw)
+    fs.pipe_file(f"{folder}/a.bin.lkdtype", b"<i4")  # the plain name's, stale
+    fs.pipe_file(f"{folder}/a.bin.zst.lkdtype", b"uint16")  # the shard's own wins
+    cache = RemoteCache(cache_dir=tmp_path / "c", prefetch=0)
+    for run in range(2):
+        ds = ShardedDataset(folder, TokenReader(seq_len=8, dtype=None), remote=cache)
+        assert ds[0].tolist() == list(range(8))
+        info = ds.describe()["remote"]
+        assert (info["fetched"], info["hits"]) == ((1, 1) if run == 0 else (0, 1)), info

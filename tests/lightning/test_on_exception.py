@@ -475,3 +475,52 @@ def test_a_combined_epoch_that_ran_out_is_a_checkpoint_that_resumes(tmp_path: Pa
     after = _MinSize()
     L.Trainer(**trainer_kwargs()).fit(after, ckpt_path=tmp_path / "on_exception.ckpt")
     assert_resume_exact(full.records, cut.records, after.records)
+
+
+class _DrawsLate(L.LightningModule):
+    """``training_step(dataloader_iter)`` failing at step ``fail_at`` before or after its draw."""
+
+    def __init__(self, loaders: int, fail_at: int | None = None, draw_first: bool = False) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.loaders, self.fail_at, self.draw_first = loaders, fail_at, draw_first
+        self.seen: list[Any] = []
+
+    def train_dataloader(self) -> Any:
+        make = partial(ResumableDataLoader, list(range(20)), batch_size=4, shuffle=True)
+        return make(seed=0) if self.loaders == 1 else {"a": make(seed=0), "b": make(seed=1)}
+
+    def training_step(self, dataloader_iter: Any) -> torch.Tensor:  # type: ignore[override]
+        batch = next(dataloader_iter)[0] if self.draw_first else None
+        if len(self.seen) == self.fail_at:
+            raise Interrupted("a failure in the step's own code")
+        batch = next(dataloader_iter)[0] if batch is None else batch
+        parts = [batch] if self.loaders == 1 else [batch["a"], batch["b"]]
+        self.seen.append([p.tolist() for p in parts])
+        return self.layer(parts[0].float()[:, None]).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("loaders", [1, 2])
+@pytest.mark.parametrize("draw_first", [False, True], ids=["before-draw", "after-draw"])
+def test_a_dataloader_iter_step_failing_before_its_draw_resumes_exactly(
+    tmp_path: Path, loaders: int, draw_first: bool
+) -> None:
+    # Hunter 263: the step's batch was counted held though never drawn: one loader's resume
+    # was refused (its position one batch behind the loop's count), two loaders trained
+    # one batch twice and lost another, silently.
+    def run(model: _DrawsLate, ckpt: str | None = None, save: bool = False) -> None:
+        callbacks = [OnExceptionCheckpoint(tmp_path)] if save else []
+        trainer = L.Trainer(
+            **trainer_kwargs(max_epochs=2, enable_checkpointing=save, callbacks=callbacks)
+        )
+        fit_or_interrupt(trainer, model, None, interrupted=save, resume=ckpt)  # type: ignore[arg-type]
+
+    full, cut, resumed = (_DrawsLate(loaders, draw_first=draw_first) for _ in range(3))
+    run(full)
+    cut.fail_at = 3
+    run(cut, save=True)
+    run(resumed, str(tmp_path / "on_exception.ckpt"))
+    assert cut.seen + resumed.seen == full.seen

@@ -1617,7 +1617,7 @@ TRANSFER_AND_MORE = [
         TypeError,
         "seed",
         "'0'",
-        "pass a non-negative Python int",
+        "pass a non-negative int",
     ),
     Bad(
         "worker_init_fn user_fn",

@@ -890,7 +890,16 @@ def test_an_image_folder_listing_other_files_at_its_length_is_refused(tmp_path: 
     with pytest.raises(loaderkit.StateMismatchError, match="listing_crc32"):
         resumed.load_state_dict(state)
     (tmp_path / "cls" / "e.png").rename(tmp_path / "cls" / "d.png")
+    moved = tmp_path.rename(tmp_path.with_name(tmp_path.name + "-moved"))  # a job's scratch
     same = ResumableDataLoader(
-        datasets.ImageFolder(tmp_path, loader=str), batch_size=4, shuffle=True, seed=1
+        datasets.ImageFolder(moved, loader=str), batch_size=4, shuffle=True, seed=1
     )
-    same.load_state_dict(state)
+    same.load_state_dict(state)  # review 266: the folder is known below its root
+
+
+def test_a_state_over_a_subset_resumes_over_the_same_samples_bare() -> None:
+    evens = Subset(_Index(), list(range(0, 100, 2)))
+    state = _mid_epoch_state(evens)
+    bare = ResumableDataLoader([2 * i for i in range(50)], batch_size=4, shuffle=True, seed=1)
+    bare.load_state_dict(state)  # review 266: named "another kind of plan" before
+    assert sum(len(b) for b in bare) == 46

@@ -234,6 +234,8 @@ def test_an_iteration_caught_going_on_past_a_dead_worker_is_refused_not_ended(
             got += batch.tolist()
     with pytest.raises(LoaderkitError, match=r"stopped at the error it raised.*load_state_dict"):
         next(it)
+    with pytest.raises(StopIteration):  # said once: a loop going on past errors ends
+        next(it)
     state = loader.state_dict()
     resumed = ResumableDataLoader(range(40), batch_size=4, seed=0)  # the rest, read
     resumed.load_state_dict(state)

@@ -116,10 +116,13 @@ def check_fits(module: Any, lengths: np.ndarray) -> None:
     longest = int(lengths.argmax())
     if lengths[longest] > fits:
         skip = "" if oversize is None else ", or pass oversize='skip'"
+        limit = f"max_tokens={module.max_tokens}"
+        if fits != module.max_tokens:
+            limit = f"the {fits} a row holds under {limit} and pad_to_multiple_of={step}"
         raise ValueError(
             f"{type(module).__name__}: train sample {longest} has {int(lengths[longest])} tokens, "
-            f"above max_tokens={module.max_tokens} ({int((lengths > fits).sum())} sample(s) "
-            f"are); raise max_tokens to >= {-(-int(lengths[longest]) // step) * step}{skip}."
+            f"above {limit} ({int((lengths > fits).sum())} sample(s) are); raise max_tokens "
+            f"to >= {-(-int(lengths[longest]) // step) * step}{skip}."
         )
 
 
