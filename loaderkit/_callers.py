@@ -29,11 +29,11 @@ class Host(Protocol):
         """Whether the training loop iterates ``loader`` (or the loader of this batch sampler)."""
 
     def held_batches(
-        self, loader: object, drawn: tuple[int, str, int | None] | None = None
+        self, loader: object, drawn: tuple[int, str, int | None, int | None] | None = None
     ) -> int | None:
         """Batches ``loader`` handed out that the host holds untrained (prefetched);
         ``drawn``: the iteration's hand-outs, how its last draw failed (``Run.failure``) and
-        :meth:`batches_taken` as it began."""
+        :meth:`batches_taken` as it began and at its latest hand-out."""
 
     def batches_taken(self, loader: object) -> int | None:
         """Batches of the current epoch the host took from its loaders (the train loop's)."""

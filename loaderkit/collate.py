@@ -57,6 +57,15 @@ def _lead(col: list[Any]) -> Any:
     return next((v[0] for v in col if isinstance(v, list) and v), None)
 
 
+def _kind(t: type) -> type:
+    """The Python number type of a numpy scalar type: ``list(tokens) + [eos]`` holds both."""
+    if t in _KINDS or not issubclass(t, np.generic):
+        return t
+    if issubclass(t, np.bool_):
+        return bool
+    return int if issubclass(t, np.integer) else float if issubclass(t, np.floating) else t
+
+
 def _is_flat_list(col: list[Any]) -> bool:
     return isinstance(col[0], list) and type(_lead(col)) in {*_KINDS, type(None)}
 
@@ -109,7 +118,7 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
 def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
     for i, v in enumerate(col):
         for j, item in enumerate(v):
-            if type(item) not in _KINDS:
+            if _kind(type(item)) not in _KINDS:
                 raise CollateError(
                     f"{where}: sample {i} holds a {type(item).__name__} at item {j} "
                     f"({item!r:.40}), not a number; return a tensor or array for a nested "
@@ -122,7 +131,8 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
     """Flat lists of Python numbers, concatenated by one numpy call; lists that are all
     empty take their type from ``pad`` (int64 unless it is a float or bool)."""
     _one_type(where, col)  # a tensor or array beside lists: named, not "truth value ambiguous"
-    kinds = {type(v[0]) for v in col if v} or {type(pad) if type(pad) in (float, bool) else int}
+    kinds = {_kind(type(v[0])) for v in col if v}
+    kinds = kinds or {type(pad) if type(pad) in (float, bool) else int}
     if not kinds <= _KINDS.keys():
         _not_flat(where, col)
     # np.array infers one dtype over all items: a float among ints shows, unchecked per item.
@@ -321,6 +331,11 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
     if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in col):
         return [list(v) for v in col]  # strings: one list per sample, not transposed
     _check_nested(where, col)
+    none = next((i for i, v in enumerate(col) if v is None), None)
+    if none is not None:  # an unlabelled row: default_collate says neither key nor sample
+        raise CollateError(
+            f"{where}: sample {none} is None; give every sample a value, or drop the field"
+        )
     try:
         return promoting_collate(col)
     except RuntimeError as err:  # sizes that differ inside a nested value

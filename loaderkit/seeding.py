@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -490,9 +491,10 @@ def _seeded(value: int) -> Iterator[int]:
 
 
 _KEPT = (
-    "per-sample seeding: the batch drew from numpy's or Python's global generator when first "
-    "read and not when read again under each sample's seed, so the dataset keeps what it drew "
-    "(a cached crop) or changes as it is read; pass per_sample_seeding=True."
+    "per-sample seeding: a batch drew from numpy's or Python's global generator when first read "
+    "(parked at a fixed state) and not when read again under each sample's seed, so the dataset "
+    "may keep that fixed draw (a cached crop). If it keeps what it draws, pass "
+    "per_sample_seeding=True; a draw that shapes no sample (retry jitter) is harmless."
 )
 
 
@@ -502,12 +504,13 @@ class SampleSeeder:
     Python's only once a sample drew from them (the first batch seeds and watches all; later
     ones park the unused, and load again if a sample moved one)."""
 
-    __slots__ = ("in_use", "lazy", "probed")
+    __slots__ = ("in_use", "lazy", "probed", "warned")
 
     def __init__(self, *, lazy: bool) -> None:
         self.lazy = lazy
         self.in_use = [not lazy] * 3  # global_rngs() order; torch's is seeded regardless
         self.probed = not lazy
+        self.warned = False
 
     def load(
         self,
@@ -534,21 +537,40 @@ class SampleSeeder:
                         rng.park()
                         parked.append(slot)
                 out.clear()
-                drew: set[int] = set()
-                for pos, index in enumerate(indices):
-                    for seed_one, seeds in seeded:
-                        seed_one(seeds[pos])
-                    marks = [(slot, rngs[slot].save()) for slot in moved]  # a read again only
-                    out.append(getitem(index))
-                    drew.update(slot for slot, mark in marks if rngs[slot].save() != mark)
-                if moved and not drew:
-                    out.clear()  # named by the batch's first sample
-                    raise ValueError(_KEPT)
+                if moved:
+                    self._read_again(rngs, moved, seeded, indices, getitem, out)
+                else:
+                    for pos, index in enumerate(indices):
+                        for seed_one, seeds in seeded:
+                            seed_one(seeds[pos])
+                        out.append(getitem(index))
                 moved = [slot for slot in parked if rngs[slot].moved()]
                 if not moved:
                     return out
                 for slot in moved:  # a sample drew from it unseeded: load the batch again
                     self.in_use[slot] = True
+
+    def _read_again(
+        self,
+        rngs: tuple[_Rng, ...],
+        moved: list[int],
+        seeded: list[tuple[Callable[[int], Any], list[int]]],
+        indices: list[int],
+        getitem: Callable[[int], Any],
+        out: list[Any],
+    ) -> None:
+        """The batch read again seeded; warned (once) where the generators it first drew from
+        parked are not drawn from now: the dataset may have kept that fixed draw."""
+        drew = False
+        for pos, index in enumerate(indices):
+            for seed_one, seeds in seeded:
+                seed_one(seeds[pos])
+            marks = [rngs[slot].save() for slot in moved]
+            out.append(getitem(index))
+            drew = drew or any(rngs[s].save() != m for s, m in zip(moved, marks, strict=True))
+        if not drew and not self.warned:
+            self.warned = True
+            warnings.warn(_KEPT, RuntimeWarning, stacklevel=4)
 
     def _probe(
         self,

@@ -847,3 +847,20 @@ def test_a_list_beside_a_tensor_or_array_names_the_sample(other: Any) -> None:
     name = type(other).__name__
     with pytest.raises(TypeError, match=rf"key 'ids': sample 1 is a {name} but sample 0 is a list"):
         PadCollate()([{"ids": [1, 2]}, {"ids": other}])
+
+
+def test_python_ints_beside_numpy_ints_collate_in_either_order() -> None:
+    # Hunter 268: list(tokens) + [eos] holds numpy ints and a Python int; with an empty
+    # document ([eos] alone) first, the others' numpy items were "not a number".
+    doc, empty = [*list(np.array([5, 6])), 2], [2]
+    for batch in ([doc, empty], [empty, doc]):
+        got = PadCollate()(batch).values.tolist()
+        assert sorted(got) == [[2, 0, 0], [5, 6, 2]]
+
+
+@pytest.mark.parametrize("labels", [[None, None], [1, None]])
+def test_a_none_field_is_named_with_its_sample(labels: list[Any]) -> None:
+    # Hunter 268: a raw TypeError naming no key, or "values differ in size".
+    batch = [{"ids": [1, 2], "label": labels[0]}, {"ids": [3], "label": labels[1]}]
+    with pytest.raises(CollateError, match=r"key 'label': sample \d is None; give every sample"):
+        PadCollate()(batch)

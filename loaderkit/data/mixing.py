@@ -74,6 +74,8 @@ def listing_crc32(dataset: object) -> int | None:
 
 
 def _listing(ds: object) -> Any:
+    if isinstance(ds, ShardedDataset) or (isinstance(ds, Subset) and _files(ds) is not None):
+        return None  # its shard names hold its files and a Subset's rows
     if isinstance(ds, Subset) or hasattr(ds, "seed_rows"):
         # loaderkit's split of a DataModule too (index_subset); a rank's own part is not all's
         inner = _listing(ds.dataset)  # type: ignore[attr-defined]
@@ -84,11 +86,13 @@ def _listing(ds: object) -> Any:
     if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
         return None
     # Below the root: a folder copied or moved elsewhere (a job's scratch) keeps it.
-    root, crc, samples = os.fspath(getattr(ds, "root", "")), 0, getattr(ds, "samples", [])
-    for lo in range(0, len(samples), 4096):
-        names = (str(s[0] if isinstance(s, tuple | list) else s) for s in samples[lo : lo + 4096])
-        text = "\0".join(n[len(root) :] if n.startswith(root) else n for n in names)
-        crc = zlib.crc32(text.encode("utf-8", "surrogateescape") + b"\0", crc)
+    root = os.path.join(os.fspath(getattr(ds, "root", "")), "")
+    crc, samples = 0, getattr(ds, "samples", [])
+    for lo in range(0, len(samples), 65536):
+        chunk = samples[lo : lo + 65536]
+        names = [s[0] if isinstance(s, tuple | list) else s for s in chunk]
+        text = ("\0" + "\0".join(map(str, names))).replace("\0" + root, "\0")
+        crc = zlib.crc32(text.encode("utf-8", "surrogateescape"), crc)
     return "files", crc
 
 

@@ -248,7 +248,7 @@ class ParquetReader:
             keys = list(dict.fromkeys(key for row in data for key in row))
             table = pa.table({key: [row.get(key) for row in data] for key in keys})
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
-            # A named index is data (pandas' to_parquet keeps it); a default or filtered one is not.
+            # A named index is data (set_index("doc_id")); an unnamed one (filtered rows) not.
             named = any(name is not None for name in data.index.names)
             table = pa.Table.from_pandas(data, preserve_index=named)
         else:

@@ -286,10 +286,17 @@ class ShardedDataset(Dataset[Any]):
             return [handle.read(i) for i in local.tolist()]
         except Exception as exc:
             if self.on_error == "raise":
-                bad, exc = self._first_failing(handle, local, exc)
-                if isinstance(exc, ShardError | MissingDependencyError | ReaderSettingError):
-                    raise exc  # as __getitem__ raises it
-                raise self._read_error(shard, bad, exc) from exc
+                bad, one = self._first_failing(handle, local)
+                if bad is None or one is None:  # not a sample's: the batch read itself failed
+                    raise ShardError(
+                        f"reading {len(local)} samples of shard {shard_name(self.shards[shard])} "
+                        f"in one batch failed with {type(exc).__name__}: {exc}, though each "
+                        "reads alone; lower batch_size (or free memory).",
+                        path=self.shards[shard],
+                    ) from exc
+                if isinstance(one, ShardError | MissingDependencyError | ReaderSettingError):
+                    raise one from None  # as __getitem__ raises it
+                raise self._read_error(shard, bad, one) from one
         # Under "skip", a batched read failed: read one by one to leave out only the bad samples.
         out: list[Any] = []
         for i in local.tolist():
@@ -301,15 +308,15 @@ class ShardedDataset(Dataset[Any]):
         return out
 
     @staticmethod
-    def _first_failing(handle: Any, local: np.ndarray, exc: Exception) -> tuple[int, Exception]:
+    def _first_failing(handle: Any, local: np.ndarray) -> tuple[int | None, Exception | None]:
         """The first of ``local`` that fails to read alone, and its error (a batched read
-        names none); else the first and ``exc``."""
+        names none); ``(None, None)`` where each reads."""
         for i in local.tolist():
             try:
                 handle.read(i)
             except Exception as one:
                 return i, one
-        return int(local[0]), exc
+        return None, None
 
     def _gather(
         self, indices: Any, *, rows: bool = False

@@ -103,7 +103,7 @@ class LightningHost:
         return self._fitting(loader) is not None
 
     def held_batches(
-        self, loader: object, drawn: tuple[int, str, int | None] | None = None
+        self, loader: object, drawn: tuple[int, str, int | None, int | None] | None = None
     ) -> int | None:
         """``fit_loop._data_fetcher.batches``; while the fit fails, also a failed step's
         unprocessed batch, and after a failed draw of ``loader`` (``drawn``, see
@@ -120,12 +120,11 @@ class LightningHost:
         held = listed + max(int(batch.ready) - int(batch.processed), 0)
         if drawn is None:
             return held
-        handed, failure, taken_before = drawn
+        handed, failure, taken_before, taken_last = drawn
         if not hasattr(fetcher, "batches"):
-            # A dataloader_iter step is counted ready before it draws (the first draw's step
-            # too): its batch is held only if drawn, beyond the batches the loop processed.
-            before = max((taken_before or 1) - 1, 0)
-            return min(held, max(handed - (int(batch.processed) - before), 0))
+            # A dataloader_iter step is counted ready before it draws: the failed step holds a
+            # batch only if it drew one (the latest hand-out came after the loop counted it).
+            return listed + int(taken_last == int(batch.ready))
         if len(train_loaders(trainer)) > 1:
             # A hand-out neither taken by the loop nor listed went into a fetch that raised
             # (not one that ran out: min_size ends the epoch there).

@@ -40,6 +40,7 @@ class Run:
     steps_before: int = 0
     handed: int = 0  # batches handed out (a counted failure included)
     taken_before: int | None = None  # the host's count of batches taken as it began
+    taken_last: int | None = None  # and as the latest batch was handed out
     # The latest draw failed: "counted" (its batch counts as handed out) or "raised" (not;
     # "told" once the next draw said the iteration is over).
     failure: str = ""
@@ -170,7 +171,7 @@ class Host:
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""
         caller = self.caller()
-        drawn = None if run is None else (run.handed, run.failure, run.taken_before)
+        drawn = None if run is None else (run.handed, run.failure, run.taken_before, run.taken_last)
         held = caller.held_batches(self.loader, drawn)
         if held is None and self.settled is not None:
             settled_run, last, kept = self.settled
@@ -468,6 +469,8 @@ class EpochIterator(Iterator[Any]):
             raise
         self.run.last = next(self.host.ticks)
         self.run.handed += 1
+        if self.run.taken_before is not None:  # a host counting batches (Lightning's loop)
+            self.run.taken_last = self.host.caller().batches_taken(self.loader)
         self.host.waited += time.perf_counter() - asked
         self.run.failure = "counted" if type(batch) is FailedBatch else ""
         if type(batch) is FailedBatch:

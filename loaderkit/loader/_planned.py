@@ -81,7 +81,7 @@ class PlanEngine:
         fields = {**plan.fingerprint(), **extra}
         if self._mix is not None and "source_names" not in fields:  # a plain plan over a mix
             fields["mix_sources_crc32"] = self._mix
-        if self._listing is not None and self._names is None:  # shard names hold a Subset's
+        if self._listing is not None:
             fields["listing_crc32"] = self._listing
         if self._names is not None:
             fields.setdefault("shard_names_crc32", self._names)
@@ -336,7 +336,7 @@ class PlanEngine:
                 "a CPU torch.Generator's states; pass the state as state_dict() returned it."
             )
         fingerprint = self._fingerprint(self.plan, **extra)
-        if self.host.own_part() is not None:  # each rank's own Subset; the state is rank 0's
+        if self.host.own_part() not in (None, 0):  # each rank's own part; the state rank 0's
             fingerprint.pop("listing_crc32", None)
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None

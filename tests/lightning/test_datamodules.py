@@ -386,6 +386,19 @@ def test_a_token_budget_pads_and_masks_by_length_key(tmp_path: Path, multiple: i
         assert batch["attention_mask"].shape == batch["input_ids"].shape
 
 
+def test_without_a_budget_dict_rows_pad_and_mask_by_length_key_too(tmp_path: Path) -> None:
+    # Hunter 268: length_key went unread without max_tokens or pad_to_multiple_of: lengths and
+    # mask followed a list field before it (or a batch where it was empty was refused,
+    # naming length_field=, which the DataModules do not take).
+    rows = [{"tags": [1] * (i % 2), "input_ids": [1] * (3 + i % 3)} for i in range(8)]
+    write_shards(tmp_path / "js", [rows], JsonlReader())
+    dm = ShardedDataModule(str(tmp_path / "js"), reader="jsonl", batch_size=2, shuffle=False)
+    dm.setup("fit")
+    for batch in dm.loader("train", num_workers=0):
+        assert batch["lengths"].tolist() == (batch["input_ids"] != 0).sum(1).tolist()
+        assert batch["attention_mask"].shape == batch["input_ids"].shape
+
+
 def test_image_val_fraction_uses_the_eval_transform(tmp_path: Path) -> None:
     root = str(make_image_tree(tmp_path / "imgs"))
     dm = ImageFolderDataModule(root, image_size=8, batch_size=3, val_fraction=0.25, seed=0)

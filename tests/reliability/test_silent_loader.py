@@ -892,9 +892,29 @@ def test_an_image_folder_listing_other_files_at_its_length_is_refused(tmp_path: 
     (tmp_path / "cls" / "e.png").rename(tmp_path / "cls" / "d.png")
     moved = tmp_path.rename(tmp_path.with_name(tmp_path.name + "-moved"))  # a job's scratch
     same = ResumableDataLoader(
-        datasets.ImageFolder(moved, loader=str), batch_size=4, shuffle=True, seed=1
+        datasets.ImageFolder(f"{moved}/", loader=str), batch_size=4, shuffle=True, seed=1
     )
-    same.load_state_dict(state)  # review 266: the folder is known below its root
+    same.load_state_dict(state)  # reviews 266/270: known below its root, however spelt
+
+
+def test_a_random_split_beside_shards_is_checked_too(tmp_path: Path) -> None:
+    # Review 270: with shard files in the dataset, only they were compared.
+    write_shards(tmp_path, [np.arange(40, dtype=np.uint16)], TokenReader(seq_len=4))
+    shards = ShardedDataset(tmp_path, TokenReader(seq_len=4))
+
+    def both(seed: int) -> Any:
+        part, _ = random_split(_Index(), [0.5, 0.5], generator=torch.Generator().manual_seed(seed))
+        return torch.utils.data.ConcatDataset([shards, part])
+
+    def loader(seed: int) -> ResumableDataLoader:
+        return ResumableDataLoader(both(seed), batch_size=4, shuffle=True, seed=1, collate_fn=list)
+
+    saved = loader(1)
+    next(iter(saved))
+    state = saved.state_dict()
+    with pytest.raises(loaderkit.StateMismatchError, match="listing_crc32"):
+        loader(2).load_state_dict(state)
+    loader(1).load_state_dict(state)
 
 
 def test_a_state_over_a_subset_resumes_over_the_same_samples_bare() -> None:

@@ -41,19 +41,23 @@ __all__ = ["ShardedDataModule"]
 
 
 class _PadByKind(PadCollate):
-    """``PadCollate`` padding dict samples by ``length_field`` and bare ones as they are:
-    JSON lines and in-memory sources say which they hold only when read."""
+    """``PadCollate`` padding dict samples by ``length_field`` where they hold it (else, unless
+    ``required``, by their first varying field) and bare ones as they are: JSON lines and
+    in-memory sources say which they hold only when read."""
 
     def __init__(
-        self, pad_value: Any, *, pad_to_multiple_of: int | None, length_field: str | None
+        self, pad_value: Any, *, pad_to_multiple_of: int | None, length_field: str, required: bool
     ) -> None:
         super().__init__(
             pad_value, pad_to_multiple_of=pad_to_multiple_of, length_field=length_field
         )
         self._bare = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+        self._required = required
 
     def __call__(self, batch: Any) -> Any:
         if batch and not isinstance(batch[0], Mapping):
+            return self._bare(batch)
+        if not self._required and self.length_field not in batch[0]:
             return self._bare(batch)
         return super().__call__(batch)
 
@@ -99,12 +103,15 @@ class _ShardSources(LoaderDataModule):
         """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as each
         batch's samples are); refuse pad settings that no collate reads."""
         multiple = self.pad_to_multiple_of
-        # length_key is the length where it sizes something (a budget, a multiple): else the
-        # first field that varies (the mask and lengths of a budget followed another field).
+        # Dict samples' mask and lengths follow length_key (a budget's or a multiple's must:
+        # they size by it); where samples lack it and nothing sizes by it, the first that varies.
         used = multiple is not None or self.max_tokens is not None
-        field = self.length_key if keyed is not False and used else None
-        make = _PadByKind if keyed is None and field is not None else PadCollate
-        pad = make(pad_value, pad_to_multiple_of=multiple, length_field=field)
+        pad: PadCollate = PadCollate(pad_value, pad_to_multiple_of=multiple)
+        if keyed is not False:
+            key = self.length_key
+            pad = _PadByKind(
+                pad_value, pad_to_multiple_of=multiple, length_field=key, required=used
+            )
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
         if self._collate is pad:
