@@ -74,8 +74,10 @@ def listing_crc32(dataset: object) -> int | None:
 
 
 def _listing(ds: object) -> Any:
-    if isinstance(ds, ShardedDataset) or (isinstance(ds, Subset) and _files(ds) is not None):
-        return None  # its shard names hold its files and a Subset's rows
+    if isinstance(ds, ShardedDataset):
+        return None  # its shard names hold its files
+    if isinstance(ds, Subset) and _files(ds) is not None:
+        return _listing(ds.dataset)  # the shard names hold its rows; not its other parts
     if isinstance(ds, Subset) or hasattr(ds, "seed_rows"):
         # loaderkit's split of a DataModule too (index_subset); a rank's own part is not all's
         inner = _listing(ds.dataset)  # type: ignore[attr-defined]

@@ -122,9 +122,9 @@ class LightningHost:
             return held
         handed, failure, taken_before, taken_last = drawn
         if not hasattr(fetcher, "batches"):
-            # A dataloader_iter step is counted ready before it draws: the failed step holds a
-            # batch only if it drew one (the latest hand-out came after the loop counted it).
-            return listed + int(taken_last == int(batch.ready))
+            # A dataloader_iter step is counted ready before it draws: an unprocessed failed step
+            # holds a batch only if it drew one (the latest hand-out came after it was counted).
+            return listed + int(taken_last == int(batch.ready) > int(batch.processed))
         if len(train_loaders(trainer)) > 1:
             # A hand-out neither taken by the loop nor listed went into a fetch that raised
             # (not one that ran out: min_size ends the epoch there).

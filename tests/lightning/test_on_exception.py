@@ -480,7 +480,9 @@ def test_a_combined_epoch_that_ran_out_is_a_checkpoint_that_resumes(tmp_path: Pa
 class _DrawsLate(L.LightningModule):
     """``training_step(dataloader_iter)`` failing at step ``fail_at`` before or after its draw."""
 
-    def __init__(self, loaders: int, fail_at: int | None = None, draw_first: bool = False) -> None:
+    def __init__(
+        self, loaders: int, fail_at: int | None = None, draw_first: bool | None = False
+    ) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.loaders, self.fail_at, self.draw_first = loaders, fail_at, draw_first
@@ -490,9 +492,13 @@ class _DrawsLate(L.LightningModule):
         make = partial(ResumableDataLoader, list(range(20)), batch_size=4, shuffle=True)
         return make(seed=0) if self.loaders == 1 else {"a": make(seed=0), "b": make(seed=1)}
 
+    def on_train_batch_end(self, *args: Any) -> None:
+        if self.draw_first is None and len(self.seen) - 1 == self.fail_at:
+            raise Interrupted("a failure after the step")
+
     def training_step(self, dataloader_iter: Any) -> torch.Tensor:  # type: ignore[override]
         batch = next(dataloader_iter)[0] if self.draw_first else None
-        if len(self.seen) == self.fail_at:
+        if self.draw_first is not None and len(self.seen) == self.fail_at:
             raise Interrupted("a failure in the step's own code")
         batch = next(dataloader_iter)[0] if batch is None else batch
         parts = [batch] if self.loaders == 1 else [batch["a"], batch["b"]]
@@ -504,13 +510,16 @@ class _DrawsLate(L.LightningModule):
 
 
 @pytest.mark.parametrize("loaders", [1, 2])
-@pytest.mark.parametrize("draw_first", [False, True], ids=["before-draw", "after-draw"])
+@pytest.mark.parametrize(
+    "draw_first", [False, True, None], ids=["before-draw", "after-draw", "after-step"]
+)
 def test_a_dataloader_iter_step_failing_before_its_draw_resumes_exactly(
-    tmp_path: Path, loaders: int, draw_first: bool
+    tmp_path: Path, loaders: int, draw_first: bool | None
 ) -> None:
     # Hunter 263: the step's batch was counted held though never drawn: one loader's resume
     # was refused (its position one batch behind the loop's count), two loaders trained
-    # one batch twice and lost another, silently.
+    # one batch twice and lost another, silently. Review 271: failing after the step
+    # (on_train_batch_end), the processed batch was counted held and trained twice.
     def run(model: _DrawsLate, ckpt: str | None = None, save: bool = False) -> None:
         callbacks = [OnExceptionCheckpoint(tmp_path)] if save else []
         trainer = L.Trainer(

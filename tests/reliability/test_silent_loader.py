@@ -897,14 +897,17 @@ def test_an_image_folder_listing_other_files_at_its_length_is_refused(tmp_path: 
     same.load_state_dict(state)  # reviews 266/270: known below its root, however spelt
 
 
-def test_a_random_split_beside_shards_is_checked_too(tmp_path: Path) -> None:
-    # Review 270: with shard files in the dataset, only they were compared.
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_random_split_beside_shards_is_checked_too(tmp_path: Path, wrapped: bool) -> None:
+    # Review 270: with shard files in the dataset, only they were compared (review 271: and
+    # inside a Subset of the whole).
     write_shards(tmp_path, [np.arange(40, dtype=np.uint16)], TokenReader(seq_len=4))
     shards = ShardedDataset(tmp_path, TokenReader(seq_len=4))
 
     def both(seed: int) -> Any:
         part, _ = random_split(_Index(), [0.5, 0.5], generator=torch.Generator().manual_seed(seed))
-        return torch.utils.data.ConcatDataset([shards, part])
+        whole = torch.utils.data.ConcatDataset([shards, part])
+        return Subset(whole, range(len(whole) - 1)) if wrapped else whole
 
     def loader(seed: int) -> ResumableDataLoader:
         return ResumableDataLoader(both(seed), batch_size=4, shuffle=True, seed=1, collate_fn=list)

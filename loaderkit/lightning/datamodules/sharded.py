@@ -57,7 +57,7 @@ class _PadByKind(PadCollate):
     def __call__(self, batch: Any) -> Any:
         if batch and not isinstance(batch[0], Mapping):
             return self._bare(batch)
-        if not self._required and self.length_field not in batch[0]:
+        if batch and not self._required and self.length_field not in batch[0]:
             return self._bare(batch)
         return super().__call__(batch)
 
@@ -103,14 +103,14 @@ class _ShardSources(LoaderDataModule):
         """Set the collate (``keyed``: dict samples, padded by ``length_key``; None: as each
         batch's samples are); refuse pad settings that no collate reads."""
         multiple = self.pad_to_multiple_of
-        # Dict samples' mask and lengths follow length_key (a budget's or a multiple's must:
-        # they size by it); where samples lack it and nothing sizes by it, the first that varies.
-        used = multiple is not None or self.max_tokens is not None
+        # Dict samples' mask and lengths follow length_key (a budget's must: it sizes by it);
+        # where samples lack it and no budget sizes by it, the first field that varies.
+        budget = self.max_tokens is not None
         pad: PadCollate = PadCollate(pad_value, pad_to_multiple_of=multiple)
         if keyed is not False:
             key = self.length_key
             pad = _PadByKind(
-                pad_value, pad_to_multiple_of=multiple, length_field=key, required=used
+                pad_value, pad_to_multiple_of=multiple, length_field=key, required=budget
             )
         self._collate = collate if collate is not None else collate_of(self.reader, pad, varying)
         self._length_cache: tuple[Any, np.ndarray] | None = None
