@@ -212,7 +212,12 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size."""
     a, given = dict(args), args["batch_sampler"]
     defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
-    if type(given) is BatchSampler and defaults == (1, False, None, False):
+    # A subclass that batches as BatchSampler does (its own __iter__/__len__ would not) too.
+    torchs = isinstance(given, BatchSampler) and all(
+        getattr(type(given), name) is getattr(BatchSampler, name)
+        for name in ("__iter__", "__len__")
+    )
+    if torchs and defaults == (1, False, None, False):
         a.update(sampler=given.sampler, batch_size=given.batch_size, drop_last=given.drop_last)
         a["batch_sampler"] = None
     return a

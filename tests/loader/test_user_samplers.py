@@ -784,3 +784,13 @@ def test_a_distributed_samplers_negative_seed_is_named_as_its_own() -> None:
         ValueError, match=r"the DistributedSampler's seed must be an int >= 0.*got seed=-1"
     ):
         ResumableDataLoader(list(range(8)), batch_size=2, sampler=sampler)
+
+
+def test_a_batch_sampler_subclass_batching_as_torchs_is_taken_as_it() -> None:
+    # Hunter 269: `class MyBS(BatchSampler): pass` was refused as a custom batch sampler.
+    class MyBS(torch.utils.data.BatchSampler):
+        pass
+
+    batches = MyBS(torch.utils.data.SequentialSampler(range(10)), 3, False)
+    got = [b.tolist() for b in ResumableDataLoader(range(10), batch_sampler=batches)]
+    assert got == [list(range(i, min(i + 3, 10))) for i in range(0, 10, 3)]
