@@ -107,7 +107,7 @@ class ParquetReader:
         self.schema = schema
         # Column -> (batch kind, [(Arrow type, its first file)]), and the first file's names.
         self._kinds: dict[str, tuple[tuple[Any, ...], list[tuple[str, str]]]] = {}
-        self._names: tuple[list[str], str, list[str]] | None = None  # sorted, file, order
+        self._names: tuple[list[str], str] | None = None
         self._prepared = False
 
     def __repr__(self) -> str:
@@ -164,16 +164,16 @@ class ParquetReader:
             )
         if self.columns is None:
             if self._names is None:
-                self._names = (sorted(names), where, list(names))
-            if self._names[0] != sorted(names):
+                self._names = (list(names), where)
+            if sorted(self._names[0]) != sorted(names):
                 raise ShardError(
                     f"ParquetReader: {where!r} has columns {sorted(names)} but "
-                    f"{self._names[1]!r} has {self._names[0]}, so batches would differ in "
+                    f"{self._names[1]!r} has {sorted(self._names[0])}, so batches would differ in "
                     "their columns; pass columns= that every file has, or write every file "
                     "with the same columns.",
                     path=where,
                 )
-            wanted = list(self._names[2])  # the first file's order: every batch's keys alike
+            wanted = list(self._names[0])  # the first file's order: every batch's keys alike
         for name in wanted:
             self._merge(where, name, schema.field(name).type)
         return wanted

@@ -55,9 +55,8 @@ class _PadByKind(PadCollate):
         self._required = required
 
     def __call__(self, batch: Any) -> Any:
-        if batch and not isinstance(batch[0], Mapping):
-            return self._bare(batch)
-        if batch and not self._required and self.length_field not in batch[0]:
+        bare = batch and not isinstance(batch[0], Mapping)
+        if bare or (batch and not self._required and self.length_field not in batch[0]):
             return self._bare(batch)
         return super().__call__(batch)
 
