@@ -135,6 +135,11 @@ def check_index_path(value: object, *, owner: str) -> None:
             f"{owner}: index must be a path or URL of the shard index file, got {value!r} "
             f"({type(value).__name__}); pass e.g. index='shards/index.json', or leave it out."
         )
+    if value is not None and os.path.isdir(value):
+        raise ValueError(
+            f"{owner}: index={str(value)!r} is a directory, not the index file; pass e.g. "
+            "index='shards/index.json', or leave it out."
+        )
 
 
 def reads_overridden(dataset: Any, batched: str) -> bool:

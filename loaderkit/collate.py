@@ -488,6 +488,11 @@ class PadCollate:
         _check_out_keys(
             {"lengths_key": lengths_key, "mask_key": mask_key, "sort_indices_key": sort_indices_key}
         )
+        if not isinstance(length_field, Hashable):
+            raise TypeError(
+                f"PadCollate: length_field must be one key, got {length_field!r}; pass e.g. "
+                "length_field='input_ids'."
+            )
         self.pad_values: dict[Hashable, PadScalar] = {}
         self.default_pad_value: PadScalar = default_pad_value
         if isinstance(pad_value, Mapping):

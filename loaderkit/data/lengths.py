@@ -221,6 +221,11 @@ def _default_length(sample: Any) -> int:
     shape = getattr(sample, "shape", None)
     if shape is not None and len(shape) > 0:
         return int(shape[0])
+    if not hasattr(sample, "__len__"):
+        raise TypeError(
+            f"compute_lengths: a sample is a {type(sample).__name__}, which has no len(); "
+            "pass length_fn, e.g. length_fn=lambda s: len(s['input_ids'])."
+        )
     return len(sample)
 
 

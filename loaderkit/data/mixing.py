@@ -261,8 +261,9 @@ def _check_distinct(datasets: list[Any], sizes: tuple[int, ...]) -> None:
         key = (getattr(ds, "_source_name", None), sizes[j])
         i = seen.setdefault(key, j)
         if i != j:
+            named = "no name" if key[0] is None else f"the name {key[0]!r}"
             raise ValueError(
-                f"{_OWNER}: sources[{i}] and sources[{j}] have no name and the same size "
+                f"{_OWNER}: sources[{i}] and sources[{j}] have {named} and the same size "
                 f"({sizes[j]}), so a resume cannot tell them apart; pass the sources as a dict "
                 f"by name, e.g. {{'a': sources[{i}], 'b': sources[{j}]}}."
             )

@@ -601,7 +601,12 @@ class TokenReader:
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
             raise ValueError(
                 f"TokenReader.write: {str(path)!r} got dtype {arr.dtype} and shape {arr.shape}, "
-                "not 1-D integer token ids; flatten them (arr.reshape(-1))."
+                "not 1-D integer token ids; "
+                + (
+                    "write_shards takes one array per shard: pass [arr], not arr."
+                    if arr.ndim == 0
+                    else "flatten them (arr.reshape(-1))."
+                )
             )
         default = arr.dtype if arr.dtype.kind in "iu" else np.dtype(np.int64)  # []: float64
         dtype = self.dtype if self.dtype is not None else default

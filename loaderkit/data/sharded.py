@@ -112,15 +112,22 @@ class ShardedDataset(Dataset[Any]):
         max_open_shards: int | None = 128,
         remote: RemoteCache | None = None,
     ) -> None:
+        if isinstance(reader, type):
+            raise TypeError(
+                f"ShardedDataset: reader is the class {reader.__name__}, not a reader; pass an "
+                f"instance, e.g. reader={reader.__name__}(...)."
+            )
         if not all(callable(getattr(reader, a, None)) for a in ("spec", "count", "open")):
             raise TypeError(
                 f"ShardedDataset: reader must have spec(), count() and open(), got "
                 f"{type(reader).__name__}; pass a ShardReader such as TokenReader."
             )
-        if isinstance(shards, bytes | bytearray):
+        if isinstance(shards, bytes | bytearray) or not isinstance(
+            shards, str | os.PathLike | Iterable
+        ):
             raise TypeError(
                 f"ShardedDataset: shards must be a str path, URL or a list of them, got "
-                f"{shards!r}; decode it, e.g. shards=os.fsdecode(path)."
+                f"{shards!r}; pass e.g. shards='data/shards' (bytes: os.fsdecode(path))."
             )
         check_choice("on_error", on_error, ("raise", "skip"), owner="ShardedDataset")
         if max_open_shards is not None:

@@ -349,6 +349,12 @@ def check_auto_workers(dataset: Any, a: dict[str, Any], *, iterable: bool) -> No
             f"{type(dataset).__name__} (its worker count must stay fixed); pass an int "
             "num_workers, e.g. num_workers=2."
         )
+    if a["worker_init_fn"] is not None:
+        raise ValueError(
+            "ResumableDataLoader: num_workers='auto' loads batches in this process until it "
+            "starts workers, so worker_init_fn would miss them; pass an int num_workers, or "
+            "worker_init_fn=None."
+        )
     if per_sample_seeding is False:
         raise ValueError(
             "ResumableDataLoader: num_workers='auto' with per_sample_seeding=False makes "

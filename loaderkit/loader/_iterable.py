@@ -287,7 +287,11 @@ class IterableEngine(WorkerStreams):
 
     def identity(self) -> dict[str, Any]:
         dataset = type(self.dataset)
-        return {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+        named = {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+        try:  # a sized one is known by its length too (hunter 272)
+            return {**named, "num_samples": len(self.dataset)}
+        except (TypeError, NotImplementedError):
+            return named
 
     def state(self) -> dict[str, Any]:
         records, complete = list(self.records), self.complete

@@ -34,7 +34,7 @@ from loaderkit.loader._fetch import (
 from loaderkit.loader._views import count_indices
 from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
-from loaderkit.plan._cursor import PlanCursor, field_digest
+from loaderkit.plan._cursor import PlanCursor, check_state, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_states_ok
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
@@ -341,7 +341,8 @@ class PlanEngine:
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
-            # Before anything changes; a malformed position is cursor.load's to name.
+            # Before anything changes; the settings first, which name what differs.
+            check_state(state, fingerprint, owner=OWNER, adopt=adopt)
             epoch, position, seed = state.get("epoch"), state.get("position"), saved.get("seed")
             if isinstance(epoch, int) and isinstance(position, int) and epoch >= 0:
                 # Under another seed that stays, cursor.load names the seed.

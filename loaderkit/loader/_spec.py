@@ -155,7 +155,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds["seed"])
     finally:
         _put_epoch_back(a["sampler"], own_epoch)  # the probes listed epoch 0
-    _check_mix_weights(dataset, plan)
+    _check_mix_weights(dataset, plan, a["sampler"])
     return LoaderSpec(
         kind=kind,
         dataset=dataset,
@@ -189,8 +189,9 @@ def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
             sampler.epoch = epoch
 
 
-def _check_mix_weights(dataset: Any, plan: Plan) -> None:
-    """Refuse a weighted MixedDataset that ``plan`` would read unweighted."""
+def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any) -> None:
+    """Refuse a weighted MixedDataset that ``plan`` (or ``sampler``, even a plain one) would
+    read unweighted."""
     inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
     if not holds_mix(inner, weighted=True):
         return
@@ -200,10 +201,11 @@ def _check_mix_weights(dataset: Any, plan: Plan) -> None:
             "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
             "split it, mix each source's split)."
         )
-    if not isinstance(plan, MixPlan | MixBucketPlan):
+    if sampler is not None or not isinstance(plan, MixPlan | MixBucketPlan):
+        given = type(sampler if sampler is not None else plan).__name__
         raise ValueError(
             f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
-            f"{type(plan).__name__} of the sampler given; pass no sampler, "
+            f"{given} given; pass no sampler, "
             "batch_sampler=mix.batch_sampler(...), or no weights."
         )
 
@@ -211,6 +213,7 @@ def _check_mix_weights(dataset: Any, plan: Plan) -> None:
 def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size."""
     a, given = dict(args), args["batch_sampler"]
+    a["shuffle"] = False if a["shuffle"] is None else a["shuffle"]  # torch's default is None
     defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
     # A subclass that batches as BatchSampler does (its own __iter__/__len__ would not) too.
     torchs = isinstance(given, BatchSampler) and all(
@@ -283,7 +286,13 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         )
     # A generator the user seeded chose the seed as seed= would: a saved state's other one is
     # refused, not adopted (as for a sampler's own generator).
-    chosen = generator is not None and generator.initial_seed() != _TORCH_DEFAULT_SEED
+    own = None if generator is None else generator.initial_seed()
+    chosen = own not in (None, _TORCH_DEFAULT_SEED)
+    if chosen and a["seed"] is not None:
+        raise ValueError(
+            f"{OWNER}: seed={a['seed']} would replace the order of generator= (seeded "
+            f"{own}); pass one of them."
+        )
     if seed is None:
         seed = draw_seed(generator)
     seed = check_int(

@@ -415,7 +415,8 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
         return (
             "exited with code 1: an uncaught exception outside the batch loading (traceback "
             "on stderr; under spawn or forkserver, a script's unguarded top-level code runs "
-            "again there), or sys.exit(1)"
+            "again there, and a class or function defined under `if __name__ == '__main__':` "
+            "cannot be loaded: define it at top level), or sys.exit(1)"
         )
     return (
         f"exited with code {exitcode} without raising an error (os._exit() or sys.exit() "

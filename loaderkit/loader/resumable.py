@@ -65,7 +65,7 @@ class ResumableDataLoader:
             ``__getitems__``), a torch ``IterableDataset`` (same ``num_workers`` on resume),
             or a :class:`~loaderkit.StreamingShardedDataset` (same topology on resume).
         batch_size: Samples per batch on each rank; ``None`` yields single samples.
-        shuffle: Shuffle per ``(seed, epoch)``.
+        shuffle: Shuffle per ``(seed, epoch)`` (None: False, as torch takes it).
         sampler: A sampler whose order is a function of ``(seed, epoch)`` (its
             ``generator`` seeded per epoch, ``set_epoch``, or a
             ``DistributedSampler``, dealt as it deals). It stays ``loader.sampler``.
@@ -118,7 +118,7 @@ class ResumableDataLoader:
         self,
         dataset: Any,
         batch_size: int | None = 1,
-        shuffle: bool = False,
+        shuffle: bool | None = False,
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int | Literal["auto"] = 0,

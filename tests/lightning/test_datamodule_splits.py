@@ -18,6 +18,7 @@ from loaderkit import ShardedDataset, TokenReader, write_shards
 from loaderkit.errors import StateMismatchError
 from loaderkit.lightning.datamodules import (
     ArrayDataModule,
+    LoaderDataModule,
     MixedDataModule,
     SequenceDataModule,
     ShardedDataModule,
@@ -298,3 +299,24 @@ def test_numpy_settings_are_kept_as_python_values_a_checkpoint_loads() -> None:
     loaded = torch.load(saved, weights_only=True)
     assert (loaded["batch_size"], loaded["seed"], loaded["val_fraction"]) == (4, 3, 0.25)
     assert type(loaded["batch_size"]) is int and np.dtype(loaded["dtype"]) == np.dtype(">u2")
+
+
+class _Endless(torch.utils.data.Dataset[int]):
+    """Computed samples: ``__getitem__`` never raises IndexError, so dict() over it never ends."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i * i
+
+
+@pytest.mark.parametrize("returned", [_Endless(), [_Endless()], None])
+def test_build_datasets_returning_no_dict_is_refused_by_name(returned: Any) -> None:
+    # A dataset returned bare was walked by dict() for ever (hunter 275).
+    class Bare(LoaderDataModule):
+        def build_datasets(self, stage: str) -> Any:
+            return returned
+
+    with pytest.raises(TypeError, match=r"Bare.build_datasets must return a dict of splits"):
+        Bare(batch_size=2).setup("fit")

@@ -263,3 +263,10 @@ def test_a_timeout_with_auto_is_refused_since_the_epoch_starts_in_process() -> N
     ):
         ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=2)
     ResumableDataLoader(Hangs(), batch_size=2, num_workers="auto", timeout=0)  # no timeout: fine
+
+
+def test_a_worker_init_fn_with_auto_is_refused_since_the_epoch_starts_in_process() -> None:
+    # A worker_init_fn setting up the worker's dataset copy missed the in-process batches:
+    # which batches differed followed the timing (hunter 277).
+    with pytest.raises(ValueError, match=r"num_workers='auto' .* worker_init_fn would miss"):
+        ResumableDataLoader(list(range(8)), batch_size=2, num_workers="auto", worker_init_fn=print)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import (
+    BatchSampler,
     ConcatDataset,
     RandomSampler,
     SequentialSampler,
@@ -56,12 +57,16 @@ def test_a_mix_drawn_by_default_resumes_exactly_with_a_drawn_seed() -> None:
 def test_a_sampler_that_would_ignore_a_mixs_weights_is_refused() -> None:
     mix = _mix()
     plain = PlanBatchSampler(SamplePlan(num_samples=len(mix), batch_size=10))
-    for args in ({"sampler": RandomSampler(mix)}, {"batch_sampler": plain}):
+    # A SequentialSampler too: DataLoader would read each sample once (hunter 275).
+    batched = BatchSampler(SequentialSampler(mix), 10, False)
+    for args in (
+        {"sampler": RandomSampler(mix)},
+        {"batch_sampler": plain},
+        {"sampler": SequentialSampler(mix)},
+        {"batch_sampler": batched},
+    ):
         with pytest.raises(ValueError, match="MixedDataset's weights would be ignored"):
             ResumableDataLoader(mix, batch_size=10 if "sampler" in args else 1, **args)
-    # A plain SequentialSampler is no sampler, as for any dataset: the weights are drawn.
-    sequential = ResumableDataLoader(mix, batch_size=10, sampler=SequentialSampler(mix))
-    assert _ids(sequential) == _ids(ResumableDataLoader(mix, batch_size=10))
     unweighted = MixedDataset([TensorDataset(torch.arange(3)), TensorDataset(torch.arange(5))])
     kept = ResumableDataLoader(unweighted, batch_size=4, sampler=SequentialSampler(unweighted))
     assert len(_ids(kept)) == 8

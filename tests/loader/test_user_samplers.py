@@ -400,6 +400,16 @@ def test_a_drawn_generator_seeded_otherwise_conflicts_with_seed() -> None:
         ResumableDataLoader(list(range(8)), batch_size=4, sampler=sampler, seed=3)
 
 
+def test_a_seeded_loader_generator_conflicts_with_seed_too() -> None:
+    # generator= had no effect beside seed=, with no error (hunter 275).
+    seeded = torch.Generator().manual_seed(5)
+    with pytest.raises(ValueError, match=r"seed=1 would replace the order of generator="):
+        ResumableDataLoader(list(range(8)), batch_size=4, shuffle=True, generator=seeded, seed=1)
+    data = list(range(8))
+    bare = ResumableDataLoader(data, 4, shuffle=True, generator=torch.Generator(), seed=1)
+    assert epoch_ids(bare) == epoch_ids(ResumableDataLoader(data, 4, shuffle=True, seed=1))
+
+
 # ------------------------------------------ later epochs from a global RNG
 class CurriculumSampler(Sampler[int]):
     """In order in epoch 0; later epochs shuffled from torch's global RNG (or, with

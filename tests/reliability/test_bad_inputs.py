@@ -1934,6 +1934,54 @@ MORE = [
         "arr.reshape",
     ),
     Bad(
+        "TokenReader.write 0-d (a bare array as shards)",  # was: "flatten them"
+        lambda tmp: write_shards(tmp, np.arange(8), TokenReader(2), progress=False),
+        ValueError,
+        "TokenReader.write",
+        r"shape \(\)",
+        r"pass \[arr\], not arr",
+    ),
+    Bad(
+        "compute_lengths samples without len",  # was: object of type 'int' has no len()
+        lambda tmp: compute_lengths([3, 4], progress=False),
+        TypeError,
+        "compute_lengths",
+        "a sample is a int",
+        "pass length_fn",
+    ),
+    Bad(
+        "ShardedDataset reader class",  # was: spec() missing 1 required positional argument
+        lambda tmp: ShardedDataset(tmp, TokenReader),
+        TypeError,
+        "reader is the class TokenReader",
+        "not a reader",
+        r"reader=TokenReader\(...\)",
+    ),
+    Bad(
+        "ShardedDataset shards an int",  # was: 'int' object is not iterable
+        lambda tmp: ShardedDataset(3, TokenReader(seq_len=2)),  # type: ignore[arg-type]
+        TypeError,
+        "shards must be a str path",
+        "got 3",
+        "shards='data/shards'",
+    ),
+    Bad(
+        "ShardedDataset index a folder",  # was: a raw IsADirectoryError
+        lambda tmp: ShardedDataset(tmp, TokenReader(seq_len=2), index=tmp),
+        ValueError,
+        "index=",
+        "is a directory",
+        "index='shards/index.json'",
+    ),
+    Bad(
+        "PadCollate length_field a list",  # was: unhashable type: 'list'
+        lambda tmp: PadCollate(length_field=["ids"]),  # type: ignore[arg-type]
+        TypeError,
+        "length_field must be one key",
+        r"got \['ids'\]",
+        "length_field='input_ids'",
+    ),
+    Bad(
         "pin_batch without an accelerator",  # was torch's "Found no NVIDIA driver"
         lambda tmp: pin_without_accelerator(),
         ValueError,

@@ -186,6 +186,9 @@ def test_a_list_of_sources_a_state_cannot_tell_apart_is_refused_at_construction(
     assert MixedDataset([a, Source(12, 100)]).names == ["0", "1"]
     with pytest.raises(ValueError, match=r"have no name and the same size \(10\)"):
         MixedDataset([a, b], weights=[1, 3])
+    a._source_name = b._source_name = "web"  # type: ignore[attr-defined]  # one folder twice
+    with pytest.raises(ValueError, match=r"have the name 'web' and the same size \(10\)"):
+        MixedDataset([a, b], weights=[1, 3])
 
 
 # ---------------------------------------------------- a mix inside a torch wrapper

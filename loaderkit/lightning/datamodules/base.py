@@ -270,7 +270,13 @@ class LoaderDataModule(L.LightningDataModule):
         self._refuse_lost(stage)
         if stage in self._stages:
             return
-        built = dict(self.build_datasets(stage))
+        built = self.build_datasets(stage)
+        if not isinstance(built, Mapping):
+            raise TypeError(
+                f"{owner}.build_datasets must return a dict of splits, got "
+                f"{type(built).__name__}; return e.g. {{'train': dataset}}."
+            )
+        built = dict(built)
         unknown = sorted(set(built) - set(SPLITS))
         if unknown:
             raise ValueError(

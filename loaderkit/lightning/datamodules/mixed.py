@@ -34,7 +34,8 @@ class MixedDataModule(_ShardSources):
 
     Args:
         sources: The train sources, a dict by name (the names key ``weights``,
-            ``repeat`` and the report) or a list (named ``"0"``, ``"1"``, ...).
+            ``repeat`` and the report) or a list (named by their data where they have
+            it, else by position; ``weights`` then a list).
         weights: Each source's share of an epoch (any positive scale).
         repeat: Instead of ``weights``: passes over each source per epoch.
         epoch_size: Samples per epoch with ``weights`` (default: the sources' total).
