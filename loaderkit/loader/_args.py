@@ -296,6 +296,7 @@ class RankShares:
 
     def __init__(self, shares: list[Any]) -> None:
         self.shares = shares
+        self.shown_name = type(shares[0]).__name__  # what errors call it
 
     def set_epoch(self, epoch: int) -> None:
         for share in self.shares:

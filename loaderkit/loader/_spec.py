@@ -155,7 +155,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         plan, reseed, topology = _plan(kind, dataset, a, size, step_size, seeds["seed"])
     finally:
         _put_epoch_back(a["sampler"], own_epoch)  # the probes listed epoch 0
-    _check_mix_weights(dataset, plan, a["sampler"])
+    _check_mix_weights(dataset, plan, a["sampler"], args["batch_sampler"])
     return LoaderSpec(
         kind=kind,
         dataset=dataset,
@@ -189,7 +189,7 @@ def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
             sampler.epoch = epoch
 
 
-def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any) -> None:
+def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: Any) -> None:
     """Refuse a weighted MixedDataset that ``plan`` (or ``sampler``, even a plain one) would
     read unweighted."""
     inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
@@ -202,11 +202,13 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any) -> None:
             "split it, mix each source's split)."
         )
     if sampler is not None or not isinstance(plan, MixPlan | MixBucketPlan):
-        given = type(sampler if sampler is not None else plan).__name__
+        name, given = (
+            ("batch_sampler", batch_sampler) if batch_sampler is not None else ("sampler", sampler)
+        )
         raise ValueError(
-            f"ResumableDataLoader: the MixedDataset's weights would be ignored by the "
-            f"{given} given; pass no sampler, "
-            "batch_sampler=mix.batch_sampler(...), or no weights."
+            f"ResumableDataLoader: the MixedDataset's weights would be ignored by {name}="
+            f"{type(given).__name__}; pass no {name}, batch_sampler=mix.batch_sampler(...), or "
+            "no weights."
         )
 
 

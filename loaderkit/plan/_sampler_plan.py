@@ -550,8 +550,8 @@ class SamplerPlan:
             seed_of_generator = self._keying_seed()
             return keyed_order(self.sampler, *args, lend=lend, generator_seed=seed_of_generator)[0]
 
-        shares = getattr(self.sampler, "shares", None)  # a subclass's ranks (RankShares)
-        name = type(shares[0] if shares else self.sampler).__name__
+        name = getattr(self.sampler, "shown_name", None)  # the user's class under RankShares
+        name = name if isinstance(name, str) else type(self.sampler).__name__
         with rngs_put_back():  # it may draw from them (what this refuses)
             order = listing()
             alike = torch.equal(order, listing())

@@ -597,3 +597,23 @@ def test_a_sized_iterable_resumed_at_another_length_is_refused_by_name(dataset: 
     resumed = ResumableDataLoader(make(12), batch_size=2, seed=1)
     resumed.load_state_dict(seal({**state, "iterable": older}))
     assert [int(x) for b in resumed for x in b] == [int(x) for b in it for x in b]
+
+
+class Remaining(Positioned):
+    """``len()`` moving with the stream: the samples left."""
+
+    def __len__(self) -> int:
+        return self.size - self.pos
+
+
+class LengthAfterIter(Positioned):
+    def __len__(self) -> int:
+        raise ValueError("length unknown until iterated")
+
+
+def test_a_len_that_raises_or_moves_is_taken_once_as_built() -> None:
+    # Review 278: len() read at each save crashed state_dict() or refused a valid resume.
+    assert_resume_exact(lambda: ResumableDataLoader(Remaining(12), batch_size=2, seed=1), [1, 3])
+    state = ResumableDataLoader(LengthAfterIter(12), batch_size=2, seed=1).state_dict()
+    assert "num_samples" not in state["iterable"]  # unsized, as built
+    ResumableDataLoader(LengthAfterIter(12), batch_size=2, seed=1).load_state_dict(state)

@@ -6,6 +6,7 @@ error from inside the sampler with no hint why).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -804,3 +805,33 @@ def test_a_batch_sampler_subclass_batching_as_torchs_is_taken_as_it() -> None:
     batches = MyBS(torch.utils.data.SequentialSampler(range(10)), 3, False)
     got = [b.tolist() for b in ResumableDataLoader(range(10), batch_sampler=batches)]
     assert got == [list(range(i, min(i + 3, 10))) for i in range(0, 10, 3)]
+
+
+class _WithShares(Sampler[int]):
+    """Keyed by epoch, with a ``shares`` attribute of its own (a mixing sampler's)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch, self.shares = n, 0, torch.tensor([0.7, 0.3])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(1000 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+
+def test_a_sampler_with_its_own_shares_attribute_resumes_in_a_later_epoch() -> None:
+    # Review 278: the check naming a split sampler's class read the user's `shares`.
+    data = list(range(16))
+    saver = ResumableDataLoader(data, batch_size=4, sampler=_WithShares(16))
+    epoch_ids(saver)
+    it = iter(saver)
+    next(it)
+    state = saver.state_dict()
+    resumed = ResumableDataLoader(data, batch_size=4, sampler=_WithShares(16))
+    resumed.load_state_dict(state)
+    assert [x for b in resumed for x in b.tolist()] == [x for b in it for x in b.tolist()]
