@@ -275,6 +275,7 @@ class BatchFetcher:
             said = f"(epoch {epoch}): {exc}"  # loaderkit's own names its fix
             if not isinstance(exc, LoaderkitError):
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; fix collate_fn."
+            said += _mixed_sources(self.dataset, index_list)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
@@ -324,6 +325,20 @@ class BatchFetcher:
             what = f"the batch of sample indices {_shown(listed)}"
             fix = "batch read (get_batch / __getitems__) for these indices"
             raise _load_error(what, epoch, exc, fix, listed) from exc
+
+
+def _mixed_sources(dataset: Any, indices: list[int]) -> str:
+    """What a failed collate of a batch spanning a mix's sources adds to its error."""
+    source_of = getattr(dataset, "source_of", None)  # a MixedDataset
+    if source_of is None:
+        return ""
+    names = sorted({dataset.names[s] for s in source_of(indices).tolist()})
+    if len(names) < 2:
+        return ""
+    return (
+        f" The batch mixes sources {names}, whose samples may differ in type (JSONL gives "
+        "lists, Parquet tensors): write them in one format, or convert in collate_fn."
+    )
 
 
 def _shown(indices: list[int]) -> str:

@@ -15,7 +15,14 @@ from torch.utils.data import (
     random_split,
 )
 
-from loaderkit import MixedDataset, PlanBatchSampler, ResumableDataLoader, SamplePlan
+from loaderkit import (
+    MixedDataset,
+    PadCollate,
+    PlanBatchSampler,
+    ResumableDataLoader,
+    SamplePlan,
+    WorkerError,
+)
 from loaderkit.loader._fetch import index_subset
 
 
@@ -89,3 +96,28 @@ def test_a_weighted_mix_inside_a_subset_or_concat_is_refused() -> None:
 def test_a_mix_without_weights_is_read_once_in_order() -> None:
     laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
     assert _ids(ResumableDataLoader(laid, batch_size=4)) == [0, 1, 2, 3, 4, 5, 10, 11, 12]
+
+
+class _Listed(torch.utils.data.Dataset[dict[str, object]]):
+    """Rows as JSONL gives them: Python lists."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {"label": i}
+
+
+class _Tensored(_Listed):
+    """The same rows as Parquet gives them: tensors."""
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {"label": torch.tensor(i)}
+
+
+def test_a_collate_failing_on_a_batch_of_two_sources_names_them() -> None:
+    # The error said only "fix collate_fn" for a JSONL source beside a Parquet one (hunter 273).
+    mix = MixedDataset({"j": _Listed(), "p": _Tensored()}, weights=[1, 1])
+    loader = ResumableDataLoader(mix, batch_size=16, shuffle=True, seed=0, collate_fn=PadCollate())
+    with pytest.raises(WorkerError, match=r"The batch mixes sources \['j', 'p'\]"):
+        next(iter(loader))
