@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from loaderkit._checks import check_bool, check_int
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.env import cpu_budget
-from loaderkit.plan._sampler_plan import list_order, wrapped_sampler
+from loaderkit.plan._sampler_plan import RankShares, list_order, wrapped_sampler
 from loaderkit.plan.samplers import check_lendable, check_resumable_sampler
 
 OWNER = "ResumableDataLoader"
@@ -289,25 +289,6 @@ class WrapperWhole:
 
     def __len__(self) -> int:
         return len(self.whole)
-
-
-class RankShares:
-    """The ranks' shares interleaved: entry ``k * world_size + r`` is rank ``r``'s ``k``-th."""
-
-    def __init__(self, shares: list[Any]) -> None:
-        self.shares = shares
-        self.shown_name = type(shares[0]).__name__  # what errors call it
-
-    def set_epoch(self, epoch: int) -> None:
-        for share in self.shares:
-            share.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        for row in zip(*self.shares, strict=True):
-            yield from row
-
-    def __len__(self) -> int:
-        return len(self.shares) * len(self.shares[0])
 
 
 def check_start_method(context: Any, workers: int) -> None:

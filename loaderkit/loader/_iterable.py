@@ -36,8 +36,8 @@ _MISSING = (
     "state_dict() returned by a loader over the same dataset."
 )
 _DIFFERS = (
-    "An IterableDataset resumes exactly only with the same dataset (num_samples: its len()) "
-    "and settings; build the loader with the saved values or start without the state."
+    "An IterableDataset resumes exactly only with the same dataset and settings; "
+    "build the loader with the saved value or start without the state."
 )
 _OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
 
@@ -77,12 +77,6 @@ class IterableEngine(WorkerStreams):
 
     def __init__(self, host: Host, dataset: Any, **engine: Any) -> None:
         super().__init__(host, dataset, **engine)
-        # A sized one is known by its len() as built (one that moves with its epoch or stream
-        # position is compared as built; one that raises is unsized).
-        try:
-            self._size: int | None = len(dataset)
-        except Exception:
-            self._size = None
         # Per worker, as of its last batch handed out in the current epoch.
         self.records: list[dict[str, Any]] = [fresh_record() for _ in range(self.workers)]
         self.state_seen = False  # a worker reported an iterator state
@@ -293,8 +287,7 @@ class IterableEngine(WorkerStreams):
 
     def identity(self) -> dict[str, Any]:
         dataset = type(self.dataset)
-        named = {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
-        return named if self._size is None else {**named, "num_samples": self._size}
+        return {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
 
     def state(self) -> dict[str, Any]:
         records, complete = list(self.records), self.complete

@@ -205,10 +205,10 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: An
         name, given = (
             ("batch_sampler", batch_sampler) if batch_sampler is not None else ("sampler", sampler)
         )
+        shown = f"{name}={type(given).__name__}" if given is not None else type(plan).__name__
         raise ValueError(
-            f"ResumableDataLoader: the MixedDataset's weights would be ignored by {name}="
-            f"{type(given).__name__}; pass no {name}, batch_sampler=mix.batch_sampler(...), or "
-            "no weights."
+            f"ResumableDataLoader: the MixedDataset's weights would be ignored by {shown}; pass "
+            "no sampler or batch_sampler (or batch_sampler=mix.batch_sampler(...)), or no weights."
         )
 
 

@@ -10,7 +10,7 @@ import itertools
 import operator
 import sys
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -550,8 +550,8 @@ class SamplerPlan:
             seed_of_generator = self._keying_seed()
             return keyed_order(self.sampler, *args, lend=lend, generator_seed=seed_of_generator)[0]
 
-        name = getattr(self.sampler, "shown_name", None)  # the user's class under RankShares
-        name = name if isinstance(name, str) else type(self.sampler).__name__
+        named = self.sampler.shares[0] if isinstance(self.sampler, RankShares) else self.sampler
+        name = type(named).__name__  # the user's class, not the split's
         with rngs_put_back():  # it may draw from them (what this refuses)
             order = listing()
             alike = torch.equal(order, listing())
@@ -593,3 +593,21 @@ class SamplerPlan:
             **({"split": "strided"} if self.strided else {}),
             **({"generator_seed": self.generator_seed} if self.generator_seed is not None else {}),
         }
+
+
+class RankShares:
+    """The ranks' shares interleaved: entry ``k * world_size + r`` is rank ``r``'s ``k``-th."""
+
+    def __init__(self, shares: list[Any]) -> None:
+        self.shares = shares
+
+    def set_epoch(self, epoch: int) -> None:
+        for share in self.shares:
+            share.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for row in zip(*self.shares, strict=True):
+            yield from row
+
+    def __len__(self) -> int:
+        return len(self.shares) * len(self.shares[0])
