@@ -145,15 +145,9 @@ def check_index_path(value: object, *, owner: str) -> None:
 def reads_overridden(dataset: Any, batched: str) -> bool:
     """Whether ``dataset``'s class overrides ``__getitem__`` or ``__getitems__`` (what the
     loader reads) below the one defining ``batched``."""
-    return getitem_overridden(dataset, batched, also=("__getitems__",))
-
-
-def getitem_overridden(dataset: Any, batched: str, also: tuple[str, ...] = ()) -> bool:
-    """Whether ``dataset``'s class overrides ``__getitem__`` (or a method in ``also``) below
-    the one defining ``batched``."""
     for cls in type(dataset).__mro__:
         if batched in vars(cls):
             return False
-        if any(name in vars(cls) for name in ("__getitem__", *also)):
+        if any(name in vars(cls) for name in ("__getitem__", "__getitems__")):
             return True
     return False

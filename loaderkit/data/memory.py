@@ -64,6 +64,11 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
         for i, t in enumerate(tensors):
             names = ("a torch.Tensor", "ArrayDataset for numpy arrays", "tensor", "t.reshape(1)")
             _check_rows("TensorDataset", i, t, torch.Tensor, names)
+            if type(t).__getitem__ is not torch.Tensor.__getitem__:  # get_batch would skip it
+                raise TypeError(
+                    f"TensorDataset: argument {i} is a {type(t).__name__} with its own "
+                    "__getitem__; pass torch.utils.data.TensorDataset, which indexes each row."
+                )
         self.size = _common_length("TensorDataset", [t.size(0) for t in tensors])
         self.tensors = tensors
 
@@ -96,6 +101,11 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
         for i, a in enumerate(arrays):
             names = ("a numpy array", "TensorDataset for tensors", "array", "a.reshape(1)")
             _check_rows("ArrayDataset", i, a, np.ndarray, names)
+            if not isinstance(a, np.memmap) and type(a) is not np.ndarray:  # rows read otherwise
+                raise TypeError(
+                    f"ArrayDataset: argument {i} is a {type(a).__name__}, whose rows do not "
+                    "index as an ndarray's; pass np.asarray(a) (a masked array: a.filled(v))."
+                )
             try:  # fail here, not at the first batch
                 torch.from_numpy(np.empty(0, dtype=a.dtype))
             except TypeError as exc:

@@ -19,7 +19,6 @@ from loaderkit._checks import (
     check_index_path,
     check_int,
     check_suffixes,
-    getitem_overridden,
     reads_overridden,
 )
 from loaderkit.collate import promoting_collate
@@ -553,9 +552,18 @@ class ShardedDataset(Dataset[Any]):
             known = self._sources.lengths[shard] = (handle, got)
         return known[1]
 
+    def _reads_per_sample(self) -> bool:
+        """Whether ``__getitems__`` reads through a subclass's (or mixin's) ``__getitem__``:
+        not under a subclass's own ``__getitems__``, whose ``super()`` call gets the rows."""
+        cls = type(self)
+        return (
+            cls.__getitems__ is ShardedDataset.__getitems__
+            and cls.__getitem__ is not ShardedDataset.__getitem__
+        )
+
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""
-        if getitem_overridden(self, "__getitems__"):
+        if self._reads_per_sample():
             return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
         return self._samples(parts, where, indices)[0]

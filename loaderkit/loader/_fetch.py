@@ -356,6 +356,9 @@ def _class_getitem(dataset: Any) -> Callable[[int], Any]:
 
 def per_sample_reads(dataset: Any) -> bool:
     """Whether ``dataset``'s ``__getitems__`` only gathers ``__getitem__`` reads."""
+    own = getattr(dataset, "_reads_per_sample", None)  # ShardedDataset's, HFDataset's
+    if callable(own) and own():
+        return True  # through a subclass's (or a mixin's) __getitem__
     if not batch_fetch_is_faithful(dataset, "__getitems__"):
         return True  # read through __getitem__
     if read_set_on_instance(dataset):

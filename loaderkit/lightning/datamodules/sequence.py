@@ -179,8 +179,8 @@ class SequenceDataModule(LoaderDataModule):
             self._mixed_kinds(split)
         self._keyed, self._tuples = keyed, tuples
         lengths = np.empty(len(samples), dtype=np.int64)
-        for i, sample in enumerate(samples):
-            seq = sample
+        for i in range(len(samples)):
+            seq = sample = samples[i]  # as the loader reads it (a list subclass's __getitem__)
             if keyed:
                 if not isinstance(sample, Mapping) or self.length_key not in sample:
                     raise ValueError(
