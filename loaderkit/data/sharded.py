@@ -20,6 +20,7 @@ from loaderkit._checks import (
     check_int,
     check_suffixes,
     reads_overridden,
+    reads_through_getitem,
 )
 from loaderkit.collate import promoting_collate
 from loaderkit.data._arrow import Columns
@@ -552,14 +553,8 @@ class ShardedDataset(Dataset[Any]):
             known = self._sources.lengths[shard] = (handle, got)
         return known[1]
 
-    def _reads_per_sample(self) -> bool:
-        """Whether ``__getitems__`` reads through a subclass's (or mixin's) ``__getitem__``:
-        not under a subclass's own ``__getitems__``, whose ``super()`` call gets the rows."""
-        cls = type(self)
-        return (
-            cls.__getitems__ is ShardedDataset.__getitems__
-            and cls.__getitem__ is not ShardedDataset.__getitem__
-        )
+    def _reads_per_sample(self) -> bool:  # what the loader's fetcher asks
+        return reads_through_getitem(self, ShardedDataset)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""
