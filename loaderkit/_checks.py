@@ -155,9 +155,15 @@ def reads_through_getitem(dataset: Any, owner: type) -> bool:
 def reads_overridden(dataset: Any, batched: str) -> bool:
     """Whether ``dataset``'s class overrides ``__getitem__`` or ``__getitems__`` (what the
     loader reads) below the one defining ``batched``."""
+    return getitem_overridden(dataset, batched, also=("__getitems__",))
+
+
+def getitem_overridden(dataset: Any, batched: str, also: tuple[str, ...] = ()) -> bool:
+    """Whether ``dataset``'s class overrides ``__getitem__`` (or a method in ``also``) below
+    the one defining ``batched`` (the nearer of the two decides)."""
     for cls in type(dataset).__mro__:
         if batched in vars(cls):
             return False
-        if any(name in vars(cls) for name in ("__getitem__", "__getitems__")):
+        if any(name in vars(cls) for name in ("__getitem__", *also)):
             return True
     return False

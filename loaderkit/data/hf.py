@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from loaderkit._checks import reads_overridden, reads_through_getitem
+from loaderkit._checks import getitem_overridden, reads_overridden, reads_through_getitem
 from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.data.lengths import check_own_lengths
@@ -192,7 +192,7 @@ class HFDataset(Dataset[dict[str, Any]]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The rows at ``indices`` as dicts, fetched in one call."""
-        if self._reads_per_sample():
+        if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         return list(self._columns(indices))
 

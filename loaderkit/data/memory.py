@@ -101,11 +101,6 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
         for i, a in enumerate(arrays):
             names = ("a numpy array", "TensorDataset for tensors", "array", "a.reshape(1)")
             _check_rows("ArrayDataset", i, a, np.ndarray, names)
-            if not isinstance(a, np.memmap) and type(a) is not np.ndarray:  # rows read otherwise
-                raise TypeError(
-                    f"ArrayDataset: argument {i} is a {type(a).__name__}, whose rows do not "
-                    "index as an ndarray's; pass np.asarray(a) (a masked array: a.filled(v))."
-                )
             try:  # fail here, not at the first batch
                 torch.from_numpy(np.empty(0, dtype=a.dtype))
             except TypeError as exc:
@@ -113,6 +108,11 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
                     f"ArrayDataset: argument {i} has dtype {a.dtype}, which torch cannot hold "
                     f"({exc}); convert it to a numeric dtype first."
                 ) from exc
+            if not isinstance(a, np.memmap | np.recarray) and type(a) is not np.ndarray:
+                raise TypeError(  # its rows index otherwise: get_batch would differ
+                    f"ArrayDataset: argument {i} is a {type(a).__name__}, whose rows do not "
+                    "index as an ndarray's; pass np.asarray(a) (a masked array: a.filled(v))."
+                )
         self.size = _common_length("ArrayDataset", [a.shape[0] for a in arrays])
         self.arrays = arrays
 

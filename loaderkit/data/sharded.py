@@ -19,6 +19,7 @@ from loaderkit._checks import (
     check_index_path,
     check_int,
     check_suffixes,
+    getitem_overridden,
     reads_overridden,
     reads_through_getitem,
 )
@@ -558,7 +559,7 @@ class ShardedDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""
-        if self._reads_per_sample():
+        if getitem_overridden(self, "__getitems__"):
             return [self[int(i)] for i in indices]
         parts, where = self._gather(indices)
         return self._samples(parts, where, indices)[0]

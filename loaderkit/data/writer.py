@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import functools
+import glob
 import hashlib
 import itertools
 import json
@@ -67,7 +69,7 @@ def _write_one(
         packed = path.with_name(path.name + ZSTD_SUFFIX)
         compress_file(path, packed, level)
         extras.update(compression=compression, raw_size=path.stat().st_size)
-        for side in sorted(path.parent.glob(f"{path.name}*")):
+        for side in sorted(path.parent.glob(f"{glob.escape(path.name)}*")):  # a prefix's "["
             if side.name != path.name and side.name.endswith(OWN_SUFFIXES):
                 side.replace(packed.with_name(packed.name + side.name[len(path.name) :]))
         path.unlink()
@@ -89,6 +91,7 @@ class _Job:
     key: str
     root: str  # a local folder or a URL
     storage: Storage | None
+    caller: int = dataclasses.field(default_factory=os.getpid)  # the write_shards process
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-{i:05d}{self.ext}"
@@ -123,6 +126,7 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
         st = path.stat()  # a rename keeps size and mtime
         sides = sorted(p for p in stage.iterdir() if p != path)
         sizes = {p.name: p.stat().st_size for p in sides}
+        _exit_if_orphaned(job.caller)  # a killed call's writers must not rename into a rerun's
         for src in [*sides, path]:  # sidecars first: a shard in place has them
             if storage is None:
                 os.replace(src, root / src.name)
@@ -144,6 +148,18 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
         doc = job.marker_doc(i, fp, versions=versions, **info)
         storage.write_bytes(join_url(job.root, job.marker(i)), doc)
     return i, path.name, samples, extras
+
+
+def _exit_if_orphaned(caller: int) -> None:
+    """End this writer process if the ``write_shards`` call it serves is gone (killed)."""
+    if os.getpid() == caller:
+        return
+    try:
+        os.kill(caller, 0)
+    except ProcessLookupError:
+        os._exit(1)
+    except PermissionError:  # alive, as another user
+        pass
 
 
 def _settings_key(reader: Any, fn: Any, prefix: str, ext: str, codec: Any) -> str | None:
@@ -547,6 +563,11 @@ def _check_names(prefix: Any, suffix: Any) -> str:
         raise ValueError(
             f"write_shards: suffix must be a str starting with '.' and without '/', got "
             f"{suffix!r}; pass e.g. suffix='.npy', or leave it out (the reader's first)."
+        )
+    if suffix.endswith((ZSTD_SUFFIX, *OWN_SUFFIXES)):  # read as compressed, or as a sidecar
+        raise ValueError(
+            f"write_shards: suffix={suffix!r} names a compressed file or a loaderkit sidecar; "
+            "pass the plain suffix (with compression='zstd' to compress)."
         )
     return suffix
 

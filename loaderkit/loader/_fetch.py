@@ -25,6 +25,7 @@ from torch.utils.data import (
 )
 
 from loaderkit.collate import promoting_collate
+from loaderkit.data.mixing import MixedDataset
 from loaderkit.errors import LoaderkitError, ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
@@ -275,7 +276,7 @@ class BatchFetcher:
             said = f"(epoch {epoch}): {exc}"  # loaderkit's own names its fix
             if not isinstance(exc, LoaderkitError):
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; fix collate_fn."
-            said += _mixed_sources(self.dataset, index_list)
+            said += _mixed_sources(self.dataset, index_list, samples)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
@@ -327,18 +328,20 @@ class BatchFetcher:
             raise _load_error(what, epoch, exc, fix, listed) from exc
 
 
-def _mixed_sources(dataset: Any, indices: list[int]) -> str:
-    """What a failed collate of a batch spanning a mix's sources adds to its error."""
-    source_of = getattr(dataset, "source_of", None)  # a MixedDataset
-    if source_of is None:
+def _mixed_sources(dataset: Any, indices: list[int], samples: list[Any]) -> str:
+    """What a failed collate of a batch whose mixed sources' samples differ in type adds."""
+
+    def kinds(sample: Any) -> Any:
+        if isinstance(sample, dict):
+            return tuple(sorted((str(k), type(v).__name__) for k, v in sample.items()))
+        return type(sample).__name__
+
+    if not isinstance(dataset, MixedDataset) or len({kinds(s) for s in samples}) < 2:
         return ""
-    names = sorted({dataset.names[s] for s in source_of(indices).tolist()})
+    names = sorted({dataset.names[s] for s in dataset.source_of(indices).tolist()})
     if len(names) < 2:
         return ""
-    return (
-        f" The batch mixes sources {names}, whose samples may differ in type (JSONL gives "
-        "lists, Parquet tensors): write them in one format, or convert in collate_fn."
-    )
+    return f" (The batch mixes sources {names}: JSONL gives lists where Parquet gives tensors.)"
 
 
 def _shown(indices: list[int]) -> str:
@@ -356,13 +359,13 @@ def _class_getitem(dataset: Any) -> Callable[[int], Any]:
 
 def per_sample_reads(dataset: Any) -> bool:
     """Whether ``dataset``'s ``__getitems__`` only gathers ``__getitem__`` reads."""
-    own = getattr(dataset, "_reads_per_sample", None)  # ShardedDataset's, HFDataset's
-    if callable(own) and own():
-        return True  # through a subclass's (or a mixin's) __getitem__
     if not batch_fetch_is_faithful(dataset, "__getitems__"):
         return True  # read through __getitem__
     if read_set_on_instance(dataset):
         return False  # the user's own batch read
+    own = inspect.getattr_static(type(dataset), "_reads_per_sample", None)  # not forwarded
+    if callable(own) and own(dataset):  # ShardedDataset's, HFDataset's
+        return True  # through a subclass's (or a mixin's) __getitem__
     if type(dataset) is ConcatDataset:
         return all(per_sample_reads(part) for part in dataset.datasets)
     if _torchs_wrapper(dataset):

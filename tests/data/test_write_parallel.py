@@ -597,3 +597,20 @@ def test_writers_that_cannot_start_are_named(tmp_path: Path) -> None:
     finally:
         del sys.modules[ghost.__name__]
     assert not new_children(before)
+
+
+def test_a_writer_whose_call_was_killed_exits_before_renaming() -> None:
+    # Hunter 280: a killed call's forkserver writers renamed their shards into a rerun's folder.
+    import subprocess
+    import sys
+
+    from loaderkit.data.writer import _exit_if_orphaned
+
+    _exit_if_orphaned(os.getpid())  # the call itself: goes on
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = (
+        "import sys; from loaderkit.data.writer import _exit_if_orphaned as f; f(int(sys.argv[1]))"
+    )
+    ended = subprocess.run([sys.executable, "-c", code, str(gone.pid)], check=False)
+    assert ended.returncode == 1

@@ -1982,6 +1982,14 @@ MORE = [
         "length_field='input_ids'",
     ),
     Bad(
+        "write_shards suffix .zst",  # was: written plain, then read as a corrupt zstd stream
+        lambda tmp: write_shards(tmp, [[{"a": 1}]], JsonlReader(), suffix=".jsonl.zst"),
+        ValueError,
+        "suffix='.jsonl.zst'",
+        "compressed file or a loaderkit sidecar",
+        "compression='zstd'",
+    ),
+    Bad(
         "pin_batch without an accelerator",  # was torch's "Found no NVIDIA driver"
         lambda tmp: pin_without_accelerator(),
         ValueError,

@@ -77,3 +77,26 @@ def test_sequence_lengths_are_measured_through_a_list_subclass() -> None:
     for batch in dm.train_dataloader():
         ids = batch["input_ids"] if isinstance(batch, dict) else batch[0]
         assert ids.numel() <= 16
+
+
+class _Logged(ShardedDataset):
+    def __getitems__(self, indices: list[int]) -> list[Any]:  # a pass-through (logging)
+        return super().__getitems__(indices)
+
+
+class _Scaled(_Logged):
+    def __getitem__(self, i: int) -> Any:
+        return super().__getitem__(i) * 10
+
+
+def test_a_getitem_below_a_pass_through_getitems_is_kept(tmp_path: Path) -> None:
+    # Review 282: the nearer of __getitems__ and __getitem__ decides, as before.
+    data = _Scaled(_shards(tmp_path), TokenReader(2))
+    assert [s.tolist() for s in data.__getitems__([1])] == [data[1].tolist()] == [[10, 10]]
+    got = next(iter(ResumableDataLoader(data, batch_size=2, num_workers=0)))
+    assert got.tolist() == [[0, 0], [10, 10]]
+
+
+def test_a_plain_recarray_is_an_array() -> None:
+    rows = ArrayDataset(np.arange(6.0).reshape(3, 2).view(np.recarray))
+    assert rows.get_batch([1])[0].tolist() == [[2.0, 3.0]] == [rows[1][0].tolist()]

@@ -179,8 +179,14 @@ class SequenceDataModule(LoaderDataModule):
             self._mixed_kinds(split)
         self._keyed, self._tuples = keyed, tuples
         lengths = np.empty(len(samples), dtype=np.int64)
-        for i in range(len(samples)):
-            seq = sample = samples[i]  # as the loader reads it (a list subclass's __getitem__)
+        # As the loader reads them: a list subclass's __getitem__ (else iterated: faster).
+        own = isinstance(samples, list | tuple) and type(samples).__getitem__ not in (
+            list.__getitem__,
+            tuple.__getitem__,
+        )
+        reads = (samples[i] for i in range(len(samples))) if own else iter(samples)
+        for i, sample in enumerate(reads):
+            seq = sample
             if keyed:
                 if not isinstance(sample, Mapping) or self.length_key not in sample:
                     raise ValueError(
