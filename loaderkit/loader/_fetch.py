@@ -334,6 +334,8 @@ def _mixed_sources(dataset: Any, indices: list[int], samples: list[Any]) -> str:
     def kinds(sample: Any) -> Any:
         if isinstance(sample, dict):
             return tuple(sorted((str(k), type(v).__name__) for k, v in sample.items()))
+        if isinstance(sample, tuple | list):
+            return tuple(type(v).__name__ for v in sample)
         return type(sample).__name__
 
     if not isinstance(dataset, MixedDataset) or len({kinds(s) for s in samples}) < 2:

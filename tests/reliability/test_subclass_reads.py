@@ -100,3 +100,20 @@ def test_a_getitem_below_a_pass_through_getitems_is_kept(tmp_path: Path) -> None
 def test_a_plain_recarray_is_an_array() -> None:
     rows = ArrayDataset(np.arange(6.0).reshape(3, 2).view(np.recarray))
     assert rows.get_batch([1])[0].tolist() == [[2.0, 3.0]] == [rows[1][0].tolist()]
+
+
+class _Reversed(list):  # type: ignore[type-arg]
+    """Iterates backwards; indexes as a list."""
+
+    def __iter__(self) -> Any:
+        return reversed(list(super().__iter__()))
+
+
+def test_sequence_lengths_follow_indices_not_a_list_subclass_iter() -> None:
+    # Review 283: measured by iter(samples), each index got another sample's length.
+    samples = _Reversed([[1]] * 3 + [list(range(9))] * 3)
+    dm = SequenceDataModule(samples, max_tokens=9, batch_size=8, shuffle=False)
+    dm.setup("fit")
+    for batch in dm.train_dataloader():
+        ids = batch["input_ids"] if isinstance(batch, dict) else batch[0]
+        assert ids.numel() <= 9

@@ -179,11 +179,9 @@ class SequenceDataModule(LoaderDataModule):
             self._mixed_kinds(split)
         self._keyed, self._tuples = keyed, tuples
         lengths = np.empty(len(samples), dtype=np.int64)
-        # As the loader reads them: a list subclass's __getitem__ (else iterated: faster).
-        own = isinstance(samples, list | tuple) and type(samples).__getitem__ not in (
-            list.__getitem__,
-            tuple.__getitem__,
-        )
+        # As the loader reads them: a list subclass by index (its __getitem__, never its
+        # __iter__); anything else iterated (faster).
+        own = isinstance(samples, list | tuple) and type(samples) not in (list, tuple)
         reads = (samples[i] for i in range(len(samples))) if own else iter(samples)
         for i, sample in enumerate(reads):
             seq = sample
