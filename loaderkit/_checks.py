@@ -142,16 +142,6 @@ def check_index_path(value: object, *, owner: str) -> None:
         )
 
 
-def reads_through_getitem(dataset: Any, owner: type) -> bool:
-    """Whether ``owner.__getitems__`` runs for ``dataset`` and reads through a subclass's (or a
-    mixin's) ``__getitem__``; a subclass's own ``__getitems__`` gets the rows from ``super()``."""
-    cls: Any = type(dataset)
-    return bool(
-        cls.__getitems__ is vars(owner)["__getitems__"]
-        and cls.__getitem__ is not vars(owner)["__getitem__"]
-    )
-
-
 def reads_overridden(dataset: Any, batched: str) -> bool:
     """Whether ``dataset``'s class overrides ``__getitem__`` or ``__getitems__`` (what the
     loader reads) below the one defining ``batched``."""

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from loaderkit._checks import getitem_overridden, reads_overridden, reads_through_getitem
+from loaderkit._checks import getitem_overridden, reads_overridden
 from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.data.lengths import check_own_lengths
@@ -186,9 +186,6 @@ class HFDataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self._columns([int(index)])[0]
-
-    def _reads_per_sample(self) -> bool:  # what the loader's fetcher asks
-        return reads_through_getitem(self, HFDataset)
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The rows at ``indices`` as dicts, fetched in one call."""

@@ -21,7 +21,6 @@ from loaderkit._checks import (
     check_suffixes,
     getitem_overridden,
     reads_overridden,
-    reads_through_getitem,
 )
 from loaderkit.collate import promoting_collate
 from loaderkit.data._arrow import Columns
@@ -553,9 +552,6 @@ class ShardedDataset(Dataset[Any]):
                 got = None
             known = self._sources.lengths[shard] = (handle, got)
         return known[1]
-
-    def _reads_per_sample(self) -> bool:  # what the loader's fetcher asks
-        return reads_through_getitem(self, ShardedDataset)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, in order (through a subclass's own ``__getitem__``)."""

@@ -25,7 +25,9 @@ from torch.utils.data import (
 )
 
 from loaderkit.collate import promoting_collate
+from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import LoaderkitError, ShardError, WorkerError, read_error_type
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
@@ -365,9 +367,11 @@ def per_sample_reads(dataset: Any) -> bool:
         return True  # read through __getitem__
     if read_set_on_instance(dataset):
         return False  # the user's own batch read
-    own = inspect.getattr_static(type(dataset), "_reads_per_sample", None)  # not forwarded
-    if callable(own) and own(dataset):  # ShardedDataset's, HFDataset's
-        return True  # through a subclass's (or a mixin's) __getitem__
+    owner = next((c for c in (ShardedDataset, HFDataset) if isinstance(dataset, c)), None)
+    cls: Any = type(dataset)
+    if owner is not None and cls.__getitems__ is vars(owner)["__getitems__"]:
+        # Its own batch read goes through a subclass's (or a mixin's) __getitem__.
+        return cls.__getitem__ is not vars(owner)["__getitem__"]
     if type(dataset) is ConcatDataset:
         return all(per_sample_reads(part) for part in dataset.datasets)
     if _torchs_wrapper(dataset):
