@@ -4,6 +4,7 @@ handed out, in-process or from workers (private).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Generator, Mapping
@@ -394,9 +395,11 @@ def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, N
     if host.auto is not None and not host.auto.settled:
         yield from _run_auto(engine, sched, consumed)
         return
-    for step, batch in _batches(engine, sched):
-        consumed(sched.position_after(step))
-        yield batch
+    # Closed explicitly: Python 3.12 keeps the abandoned generator (and its workers) alive.
+    with contextlib.closing(_batches(engine, sched)) as batches:
+        for step, batch in batches:
+            consumed(sched.position_after(step))
+            yield batch
 
 
 def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
@@ -436,24 +439,23 @@ def _run_auto(
     auto = engine.host.auto
     assert auto is not None
     while True:
-        source = _batches(engine, sched)
         switch_to: int | None = None
         asked = time.perf_counter()
-        for step, batch in source:
-            got = time.perf_counter()
-            consumed(sched.position_after(step))
-            yield batch
-            back = time.perf_counter()
-            auto.record(got - asked, back - got)
-            asked = back
-            switch_to = auto.decide()
-            if switch_to is not None and step + 1 < sched.num_steps:
-                position = sched.position_after(step)
-                break
-            switch_to = None
-        else:
-            return
-        source.close()
+        with contextlib.closing(_batches(engine, sched)) as source:
+            for step, batch in source:
+                got = time.perf_counter()
+                consumed(sched.position_after(step))
+                yield batch
+                back = time.perf_counter()
+                auto.record(got - asked, back - got)
+                asked = back
+                switch_to = auto.decide()
+                if switch_to is not None and step + 1 < sched.num_steps:
+                    position = sched.position_after(step)
+                    break
+                switch_to = None
+            else:
+                return
         engine.use_workers(switch_to)
         sched = engine.rest_of_epoch(sched.epoch, position)
 
