@@ -25,6 +25,7 @@ from torch.utils.data import (
 )
 
 from loaderkit.collate import promoting_collate
+from loaderkit.data._open import process_generation, recheck_open_shards
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.sharded import ShardedDataset
@@ -241,6 +242,7 @@ class BatchFetcher:
             self.mode = "getitems"
         else:
             self.mode = "single"
+        self.checked: tuple[int, int] | None = None  # (epoch, process) whose shards were checked
         # Split from the start: a sample may read torch.initial_seed() unseen by a parked read.
         self.split = (
             self.mode == "getitems" and self.seeder is not None and per_sample_reads(dataset)
@@ -250,6 +252,9 @@ class BatchFetcher:
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None = None
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
+        if self.checked != (epoch, process_generation()):  # this epoch's first batch here
+            self.checked = (epoch, process_generation())
+            recheck_open_shards()
         if seed_keys is None and self.rows is not None:
             seed_keys = self.rows[np.asarray(indices)]
         if self.mode == "get_batch" and self.seeder is None:

@@ -764,3 +764,33 @@ def test_a_stream_cursor_into_an_object_replaced_since_is_refused(tmp_path: Path
     write_shards(url, [np.arange(500, 520), np.arange(1000, 1040)], TokenReader(seq_len=4))
     with pytest.raises(StateMismatchError, match=r"field 'shard_bytes_crc32' differs"):
         stream().load_state_dict(state)
+
+
+def _rewrite_in_place(path: Path, plus: int) -> None:
+    """Same size, other tokens, a later mtime: what ``np.save`` over the same path does."""
+    stat = path.stat()
+    tokens = np.fromfile(path, np.uint16) + plus
+    with path.open("r+b") as f:  # the same inode: a map over it sees the new bytes
+        f.write(tokens.tobytes())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_a_shard_rewritten_in_place_between_epochs_is_refused_where_it_stays_open(
+    tmp_path: Path, num_workers: int, persistent: bool
+) -> None:
+    # Hunter 289: a shard kept open (num_workers=0, persistent workers) read the rewrite as
+    # the next epoch, with no error; fresh workers reopened it and refused it.
+    paths = [tmp_path / f"s{i}.bin" for i in range(len(SIZES))]
+    for path, tokens in zip(paths, id_shards(), strict=True):
+        tokens.tofile(path)
+    ds = ShardedDataset(paths, READER)
+    loader = ResumableDataLoader(
+        ds, batch_size=6, num_workers=num_workers, persistent_workers=persistent
+    )
+    assert sorted(int(i) for b in loader for i in b[:, 0]) == list(range(sum(SIZES)))
+    _rewrite_in_place(paths[1], plus=1000)
+    with pytest.raises(ShardError, match=r"s1\.bin"):
+        list(loader)
+    with pytest.raises(ShardError, match=r"s1\.bin"):  # a new loader over the same dataset
+        list(ResumableDataLoader(ds, batch_size=6))
