@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,10 +142,15 @@ class HFDataset(Dataset[dict[str, Any]]):
             and callable(getattr(data, "__getitems__", None))
             and hasattr(data, "column_names")
         ):
+            fix = (
+                f"pass one split, e.g. data[{next(iter(data))!r}]"
+                if isinstance(data, Mapping) and data
+                else "load an IterableDataset (streaming=True) without streaming, or use "
+                "loaderkit's streaming datasets"
+            )
             raise TypeError(
                 f"HFDataset: data must be a datasets.Dataset or .arrow file path(s), got "
-                f"{type(data).__name__}; load an IterableDataset (streaming=True) without "
-                "streaming, or use loaderkit's streaming datasets."
+                f"{type(data).__name__}; {fix}."
             )
         import_pyarrow("hf")
         names = list(data.column_names)

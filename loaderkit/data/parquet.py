@@ -187,9 +187,12 @@ class ParquetReader:
             return
         merged = merge_file_kinds(seen[0], kind)
         if merged is None:
+            why = "no type holds the values of both exactly"
+            if "fixed" in (kind[0], seen[0][0]) and {kind[0], seen[0][0]} <= {"fixed", "tensors"}:
+                why = "loaderkit does not merge fixed-size lists with lists of another size"
             raise ShardError(
                 f"ParquetReader: column {name!r} is {t} in {where!r} but {_merged_text(seen)}, "
-                f"and no type holds the values of both exactly; write every file with one type "
+                f"and {why}; write every file with one type "
                 f"for {name!r} (write_shards: ParquetReader(schema=...)), or leave it out "
                 "with columns=[...].",
                 path=where,

@@ -166,6 +166,9 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         HFDataset([1, 2, 3])
     with pytest.raises(TypeError, match="IterableDataset"):
         HFDataset(make_hf().to_iterable_dataset())
+    splits = datasets.DatasetDict({"train": make_hf()})
+    with pytest.raises(TypeError, match=r"got DatasetDict; pass one split, e\.g\. data\['train'\]"):
+        HFDataset(splits)
     with pytest.raises(ValueError, match=r"data must be \.arrow file paths"):
         HFDataset(str(tmp_path / "x.parquet"))
     with pytest.raises(FileNotFoundError, match="does not exist"):

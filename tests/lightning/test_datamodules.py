@@ -943,6 +943,12 @@ BAD_INPUT: list[tuple[str, Any, type[Exception], str]] = [
     ("keys", lambda: ArrayDataModule(np.ones(2), keys="x"), TypeError, r"keys must be a non-empty"),
     ("seq empty", lambda: SequenceDataModule([]), ValueError, r"train is empty"),
     ("seq type", lambda: SequenceDataModule(5), TypeError, r"train must be a list of samples"),
+    (
+        "seq splits",
+        lambda: SequenceDataModule({"train": [[1]], "test": [[2]]}),
+        TypeError,
+        r"got dict; pass one split, e\.g\. train=data\['train'\]",
+    ),
     ("max_tokens", lambda: sequence_dm(max_tokens=0), ValueError, r"max_tokens must be >= 1"),
     ("pad multiple", lambda: sequence_dm(pad_to_multiple_of=0), ValueError, r"pad_to_multiple_of"),
     ("oversize", lambda: sequence_dm(oversize="cut"), ValueError, r"oversize must be one of"),

@@ -265,3 +265,14 @@ def test_a_subset_of_an_hf_dataset_subclass_reads_through_its_getitem() -> None:
         batches = list(ResumableDataLoader(wrapped, batch_size=2, seed=0))
         assert [int(y) for b in batches for y in b["y"]] == [-1] * len(wrapped)
     assert [row["y"] for row in ds.__getitems__([3, 0])] == [-1, -1]
+
+
+def test_fixed_size_and_variable_lists_across_files_are_refused_with_that_reason(
+    tmp_path: Path,
+) -> None:
+    # Hunter 289: the refusal said "no type holds the values of both exactly", untrue here.
+    pq.write_table(pa.table({"v": pa.array([[1, 2]], pa.list_(pa.int64(), 2))}), tmp_path / "a.pq")
+    pq.write_table(pa.table({"v": pa.array([[1, 2, 3]], pa.list_(pa.int64()))}), tmp_path / "b.pq")
+    with pytest.raises(ShardError, match=r"does not merge fixed-size lists with lists of another"):
+        ds = ShardedDataset([tmp_path / "a.pq", tmp_path / "b.pq"], ParquetReader())
+        [ds[i] for i in range(len(ds))]

@@ -287,9 +287,12 @@ def _source(owner: str, split: str, source: Any) -> Any:
         if not len(source):
             raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
         return source
+    fix = ""
+    if isinstance(source, Mapping) and source:  # a DatasetDict: one split is a Dataset
+        fix = f"; pass one split, e.g. {split}=data[{next(iter(source))!r}]"
     raise TypeError(
         f"{owner}: {split} must be a list of samples, a .jsonl, .parquet or .arrow path, or "
-        f"a datasets.Dataset, got {type(source).__name__}."
+        f"a datasets.Dataset, got {type(source).__name__}{fix}."
     )
 
 
