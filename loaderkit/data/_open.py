@@ -364,8 +364,10 @@ class OpenShards:
         """Reopen (and so check, raising its error) each open shard changed since it opened."""
         if self.entries is None:
             return
-        for shard in [i for i in self.open if self.entries[i].changed() is not None]:
+        changed = [i for i in list(self.open) if self.entries[i].changed() is not None]
+        for shard in changed:  # all closed first: a caller going on past the error reopens each
             self.close(shard)
+        for shard in changed:
             self.get(shard)
 
     def _open_checked(self, shard: int) -> OpenShard:
