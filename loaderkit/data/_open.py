@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -284,7 +283,6 @@ def prepare_reader(reader: Any, shards: Sequence[Any], source: Callable[[int], A
     return prepare([(str(shard), source(i)) for i, shard in enumerate(shards)])
 
 
-_HOLDING: weakref.WeakSet[OpenShards] = weakref.WeakSet()  # this process's open shard sets
 _forks = [0]  # a forked child counts one more: the handles it inherited are checked again
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
@@ -292,13 +290,6 @@ os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 def process_generation() -> int:
     """Changes in a forked child, so a check done once per process is done again there."""
     return _forks[0]
-
-
-def recheck_open_shards() -> None:
-    """Check the shards this process holds open against their index entries again (at an
-    epoch's first batch): a map reads a file rewritten in place at its size until reopened."""
-    for files in list(_HOLDING):
-        files.recheck()
 
 
 class OpenShards:
@@ -331,7 +322,6 @@ class OpenShards:
         self.broken: dict[int, Exception] = {}
         self.warned: set[int] = set()
         self.opens = 0
-        _HOLDING.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         drop = ("open", "broken", "warned", "opens")  # per process
@@ -361,7 +351,8 @@ class OpenShards:
         return handle
 
     def recheck(self) -> None:
-        """Reopen (and so check, raising its error) each open shard changed since it opened."""
+        """Reopen (and so check, raising its error) each open shard changed since it opened: a
+        map reads a file rewritten in place at its size until it is reopened."""
         if self.entries is None:
             return
         changed = [i for i in list(self.open) if self.entries[i].changed() is not None]

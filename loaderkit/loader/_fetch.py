@@ -25,7 +25,7 @@ from torch.utils.data import (
 )
 
 from loaderkit.collate import promoting_collate
-from loaderkit.data._open import process_generation, recheck_open_shards
+from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.sharded import ShardedDataset
@@ -254,7 +254,8 @@ class BatchFetcher:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.checked != (epoch, process_generation()):  # this epoch's first batch here
             self.checked = (epoch, process_generation())
-            recheck_open_shards()
+            for files in _shard_sets(self.dataset):
+                files.recheck()
         if seed_keys is None and self.rows is not None:
             seed_keys = self.rows[np.asarray(indices)]
         if self.mode == "get_batch" and self.seeder is None:
@@ -384,6 +385,18 @@ def per_sample_reads(dataset: Any) -> bool:
     if isinstance(dataset, _Subset):
         return per_sample_reads(dataset.dataset)
     return False
+
+
+def _shard_sets(dataset: Any) -> list[OpenShards]:
+    """The open shards ``dataset`` reads through: a ShardedDataset's, in mixes, subsets, concats."""
+    if isinstance(dataset, ShardedDataset):
+        return [dataset._files]
+    inner = getattr(dataset, "datasets", None) if isinstance(dataset, ConcatDataset) else None
+    if isinstance(dataset, MixedDataset):
+        inner = dataset.sources
+    elif isinstance(dataset, _Subset | Subset):
+        inner = [dataset.dataset]
+    return [files for part in inner or () for files in _shard_sets(part)]
 
 
 def _load_error(what: str, epoch: int, exc: Exception, fix: str, index: Any) -> WorkerError:

@@ -794,3 +794,18 @@ def test_a_shard_rewritten_in_place_between_epochs_is_refused_where_it_stays_ope
         list(loader)
     with pytest.raises(ShardError, match=r"s1\.bin"):  # a new loader over the same dataset
         list(ResumableDataLoader(ds, batch_size=6))
+
+
+def test_a_changed_shard_of_another_dataset_does_not_stop_this_loader(tmp_path: Path) -> None:
+    # Review: a check of every shard the process held open refused unrelated loaders.
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+        for i, tokens in enumerate(id_shards()):
+            tokens.tofile(folder / f"s{i}.bin")
+    first = ShardedDataset(sorted(folders[0].iterdir()), READER)
+    assert len([b for b in ResumableDataLoader(first, batch_size=6)]) == 7  # its shards open
+    _rewrite_in_place(folders[0] / "s1.bin", plus=1000)
+    other = ShardedDataset(sorted(folders[1].iterdir()), READER)
+    got = [int(i) for b in ResumableDataLoader(other, batch_size=6) for i in b[:, 0]]
+    assert sorted(got) == list(range(sum(SIZES)))
