@@ -252,8 +252,9 @@ class BatchFetcher:
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None = None
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
-        if self.checked != (epoch, process_generation()):  # this epoch's first batch here
-            self.checked = (epoch, process_generation())
+        here = (epoch, process_generation())
+        if self.checked != here:  # this epoch's first batch in this process
+            self.checked = here
             for files in _shard_sets(self.dataset):
                 files.recheck()
         if seed_keys is None and self.rows is not None:
@@ -391,7 +392,7 @@ def _shard_sets(dataset: Any) -> list[OpenShards]:
     """The open shards ``dataset`` reads through: a ShardedDataset's, in mixes, subsets, concats."""
     if isinstance(dataset, ShardedDataset):
         return [dataset._files]
-    inner = getattr(dataset, "datasets", None) if isinstance(dataset, ConcatDataset) else None
+    inner = dataset.datasets if isinstance(dataset, ConcatDataset) else None
     if isinstance(dataset, MixedDataset):
         inner = dataset.sources
     elif isinstance(dataset, _Subset | Subset):
