@@ -133,6 +133,19 @@ class Storage:
             self._pid = os.getpid()
         return self._fs
 
+    def key(self, url: str) -> str | None:
+        """``url``'s object on this store whatever its spelling (``s3a://``, ``memory:///``);
+        None for a URL on another store."""
+        import fsspec.core
+
+        try:
+            cls = fsspec.get_filesystem_class(url.split("://", 1)[0].lower())
+        except (ValueError, ImportError):
+            return None
+        if cls is not type(self.fs):
+            return None
+        return str(fsspec.core.strip_protocol(url)).lstrip("/")
+
     def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """``fn()`` in a helper thread (a stuck client cannot be interrupted), given up after
         ``timeout`` (default ``timeout_s``) seconds with a :class:`TimeoutError`."""
@@ -339,6 +352,12 @@ class Storage:
 
 def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
     """The error for a failure that retrying cannot help, or None for a transient one."""
+    if isinstance(exc, FileNotFoundError) and what in ("writing", "uploading to"):
+        return ShardError(
+            f"{what} {url!r}: its folder does not exist ({exc}); create it, or pass "
+            "storage_options={'auto_mkdir': True} where the filesystem takes it.",
+            path=url,
+        )
     if isinstance(exc, FileNotFoundError):
         return MissingShardError(
             f"{what} {url!r}: the object does not exist ({exc}); check the URL, or "

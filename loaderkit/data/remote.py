@@ -379,27 +379,28 @@ class RemoteShards:
         owner = self.owner
         if isinstance(source, str):
             return self._list_folder(source.rstrip("/"), suffixes)
-        folders: dict[str, dict[str, RemoteShard]] = {}
+        folders: dict[str, dict[str, RemoteShard]] = {}  # by the store's own key
         out = []
-        seen: dict[str, str] = {}  # the listed spelling of each object (url/x/, url//x: url/x)
+        seen: dict[str, str] = {}  # the listed spelling of each object (url/x/, s3a://: s3://)
         for url in source:
             name = url_name(url)
             refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
-            if folder not in folders:
-                entries, subfolders = self.storage.entries(folder)
+            where = self.store_key("shards", url, source[0]).rstrip("/").rsplit("/", 1)[0]
+            if where not in folders:
+                entries, subfolders = self._entries_of(folder, url)
                 if WORK_DIR in subfolders:  # a URL list of the folder, as the folder
                     raise unfinished_write_error(folder)
-                folders[folder] = _listed_shards(folder, entries)
+                folders[where] = _listed_shards(folder, entries)
                 names = (e["name"] for e in entries)
                 self._indexes_beside += [join_url(folder, n) for n in names if is_index_name(n)]
-            if name not in folders[folder]:
+            if name not in folders[where]:
                 raise MissingShardError(
                     f"{owner}: shard {url!r} does not exist (not listed in {folder!r}); check "
                     "the URL, or upload it.",
                     path=url,
                 )
-            shard = folders[folder][name]
+            shard = folders[where][name]
             if shard.url in seen:
                 raise ValueError(
                     f"{owner}: shards {seen[shard.url]!r} and {url!r} are one object (listed "
@@ -408,6 +409,29 @@ class RemoteShards:
             seen[shard.url] = url
             out.append(shard)
         return out
+
+    def store_key(self, name: str, url: str, first: str) -> str:
+        """``url``'s object on the store of ``first`` (the dataset's first shard), whatever its
+        spelling; a URL on another store is refused (one fsspec filesystem reads them all)."""
+        key = self.storage.key(url)
+        if key is None:
+            raise ValueError(
+                f"{self.owner}: {name}={url!r} is on another store than the shard {first!r}; "
+                "keep a dataset's shards and index on one store (mix stores with MixedDataset)."
+            )
+        return key
+
+    def _entries_of(self, folder: str, url: str) -> tuple[list[dict[str, Any]], set[str]]:
+        """The listing of shard ``url``'s folder: its sizes, versions and index are read there."""
+        try:
+            return self.storage.entries(folder)
+        except ShardError as exc:
+            kind = MissingShardError if isinstance(exc, MissingShardError) else ShardError
+            raise kind(
+                f"{self.owner}: shard {url!r} is checked against its folder's listing: {exc} "
+                "(without a listing: copy the shards to local disk)",
+                path=folder,
+            ) from exc
 
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
         """The shards of a folder URL, checked complete against its indexes."""
@@ -516,6 +540,8 @@ class RemoteShards:
         """``(document, where)`` of ``index``, else ``default``, else ``local``; None if none."""
         if index is not None:
             where = str(index)
+            if is_url(where):
+                self.store_key("index", where, self.shards[0].url)
             if not is_url(where):
                 return (Path(where).read_bytes(), where) if Path(where).exists() else None
             return (self.storage.read_bytes(where), where) if self.storage.exists(where) else None

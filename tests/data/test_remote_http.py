@@ -23,6 +23,7 @@ from loaderkit import (
     ResumableDataLoader,
     ShardChangedError,
     ShardedDataset,
+    ShardError,
     TokenReader,
     write_shards,
 )
@@ -106,6 +107,20 @@ def test_a_404_on_download_names_the_url(http: LocalHTTP, served: Path, tmp_path
             ds[len(ds) - 1]
     finally:
         gone.write_bytes(data)
+
+
+def test_a_list_in_a_folder_the_server_will_not_list_says_so(
+    http: LocalHTTP, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support import http_server
+
+    def refuse(handler: Any, path: str) -> None:
+        handler.send_error(403, "Directory listing forbidden")  # nginx's, a CDN's default
+
+    monkeypatch.setattr(http_server._Handler, "list_directory", refuse)
+    urls = [f"{http.url}/corpus/shard-00000.npy"]
+    with pytest.raises(ShardError, match=r"checked against its folder's listing.*403.*local disk"):
+        ShardedDataset(urls, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
 
 
 def test_a_missing_http_folder_names_its_url(http: LocalHTTP, tmp_path: Path) -> None:

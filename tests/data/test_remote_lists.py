@@ -16,6 +16,7 @@ import pytest
 from loaderkit import (
     MissingShardError,
     ShardedDataset,
+    ShardError,
     StreamingShardedDataset,
     TokenReader,
     write_shards,
@@ -34,15 +35,34 @@ def base() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("kind", [ShardedDataset, StreamingShardedDataset])
-@pytest.mark.parametrize("spelling", ["{}/shard-00000.npy/", "{}//shard-00000.npy"])
+@pytest.mark.parametrize(
+    "spelling", ["{}/shard-00000.npy/", "{}//shard-00000.npy", "memory:///{bare}/shard-00000.npy"]
+)
 def test_one_object_listed_in_two_spellings_is_refused(
     base: str, tmp_path: Path, kind: type, spelling: str
 ) -> None:
     write_shards(base, [np.arange(8, dtype=np.uint16), np.arange(100, 108, dtype=np.uint16)],
                  READER, progress=False)  # fmt: skip
-    urls = [f"{base}/shard-00000.npy", spelling.format(base), f"{base}/shard-00001.npy"]
+    other = spelling.format(base, bare=base.split("://", 1)[1])
+    urls = [f"{base}/shard-00000.npy", other, f"{base}/shard-00001.npy"]
     with pytest.raises(ValueError, match=r"shard-00000\.npy/?' are one object \(listed twice\)"):
         kind(urls, READER, remote=cache(tmp_path))
+
+
+def test_a_list_or_index_on_another_store_is_refused(base: str, tmp_path: Path) -> None:
+    write_shards(base, [np.arange(8, dtype=np.uint16)], READER, progress=False)
+    urls = [f"{base}/shard-00000.npy", f"local://{tmp_path}/shard-00000.npy"]
+    with pytest.raises(ValueError, match=r"shards='local://.*' is on another store than"):
+        ShardedDataset(urls, READER, remote=cache(tmp_path))
+    index = f"local://{tmp_path}/index.json"  # was written into memory:// under that key
+    with pytest.raises(ValueError, match=r"index='local://.*' is on another store than"):
+        ShardedDataset(base, READER, remote=cache(tmp_path), index=index)
+
+
+def test_an_upload_into_a_missing_folder_names_the_fix(tmp_path: Path) -> None:
+    url = f"local://{tmp_path}/not-made/corpus"
+    with pytest.raises(ShardError, match=r"folder does not exist.*auto_mkdir"):
+        write_shards(url, [np.arange(8, dtype=np.uint16)], READER, progress=False)
 
 
 def two_folders(base: str) -> None:
