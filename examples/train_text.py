@@ -105,7 +105,9 @@ class LastAtEnd(L.Callback):
             trainer.save_checkpoint(self.path)
 
     def on_train_epoch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs:
+        stopped = 0 < trainer.max_steps <= trainer.global_step  # the step's checkpoint stays
+        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        if last and not stopped:
             trainer.save_checkpoint(self.path)
 
 

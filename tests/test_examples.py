@@ -101,6 +101,23 @@ def test_train_text_after_a_finished_run_has_nothing_left_and_reruns_afresh(
     assert f"train_text: {steps} steps in total" in out, out
 
 
+@pytest.mark.parametrize("example", ["train_text"], indirect=True)
+def test_train_text_cut_by_max_steps_in_its_last_epoch_resumes_the_rest(
+    example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # last.ckpt was rewritten at the cut epoch's end, which Lightning restores as done:
+    # "nothing left to train", and the epoch's other batches never trained (hunter 293).
+    common = ["--max-samples", "100", "--max-len", "32", "--max-tokens", "256", "--epochs", "1"]
+    common += ["--num-workers", "0", "--ckpt-every", "50", "--no-progress-bar"]
+    assert example.main([*common, "--out", str(tmp_path / "whole")]) == 0
+    steps = int(re.search(r"(\d+) steps in total", capsys.readouterr().out).group(1))  # type: ignore[union-attr]
+    cut = [*common, "--out", str(tmp_path / "cut")]
+    assert example.main([*cut, "--max-steps", "3"]) == 0
+    assert example.main([*cut, "--resume", "last"]) == 0
+    out = capsys.readouterr().out
+    assert f"{steps} steps in total, " in out and "nothing left" not in out, out
+
+
 def test_train_text_resume_without_checkpoint_is_one_line(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, "train_text.py", "--resume", "last", "--out", str(tmp_path))
     assert rc == 1
@@ -162,7 +179,7 @@ def test_cli_configs_run_twice_and_one_after_the_other(
     monkeypatch.chdir(tmp_path)
     example.main(["make-data"])
     example.main(["make-mix"])
-    quick = ["--trainer.max_steps=2", "--trainer.accelerator=cpu"]
+    quick = ["--trainer.max_steps=10", "--trainer.accelerator=cpu"]  # a step checkpoint
     quick += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     for config in ("parquet_cli", "mix_cli", "parquet_cli"):
         example.main(["fit", f"--config={EXAMPLES / config}.yaml", *quick])

@@ -303,6 +303,23 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
             "would train that epoch's batches again. Resume from a checkpoint saved before that "
             "resume."
         )
+    # Stopped early (max_steps, max_time, should_stop) with the epoch counted as processed:
+    # Lightning starts the next one, and the rest of the loader's epoch would go untrained.
+    # (An epoch that ran out beside an unsized loader has is_last_batch False too, but its
+    # loader handed out one more batch than was trained.)
+    behind = any(s["epoch"] == epoch["processed"] - 1 for s in ours)
+    stopped = (
+        batch["completed"] == batch["ready"]
+        and fit["epoch_loop.batch_progress"].get("is_last_batch") is False
+        and all(s["steps_done"] == batch["completed"] for s in ours)
+    )
+    if behind and epoch["ready"] == epoch["processed"] and stopped:
+        raise StateMismatchError(
+            f"this checkpoint's fit stopped early in epoch {epoch['processed'] - 1} (max_steps, "
+            "max_time or trainer.should_stop), and Lightning resumes it at the next epoch, so "
+            "the rest of that epoch would never train. Resume from a step checkpoint "
+            "(ModelCheckpoint(every_n_train_steps=...)) saved before the stop."
+        )
 
 
 def _stateful(loader: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sysconfig
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -272,9 +273,25 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
     plan = datamodule().train_dataloader().plan
     steps = [plan.epoch_length(epoch) for epoch in range(config.epochs)]
-    interrupt_at = sum(steps[:-1]) + max(1, steps[-1] // 2)
-    ckpt_dir = config.workdir / "checkpoints"
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if steps[-1] < 2:
+        raise ValueError(
+            f"demo: the last epoch has {steps[-1]} batch, too few to interrupt it mid-epoch; "
+            "raise --max-samples, or lower --batch-size or --max-tokens."
+        )
+    interrupt_at = sum(steps[:-1]) + steps[-1] // 2
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    # Its own fresh folder: the user's files in workdir are never touched.
+    ckpt_dir = Path(tempfile.mkdtemp(prefix="demo-checkpoints-", dir=config.workdir))
+    try:
+        return _interrupted_run(config, datamodule, interrupt_at, ckpt_dir, max_tokens)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def _interrupted_run(
+    config: DemoConfig, datamodule: Any, interrupt_at: int, ckpt_dir: Path, max_tokens: int
+) -> DemoResult:
+    """Train until ``interrupt_at``, resume from the checkpoint in ``ckpt_dir``, compare."""
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir, every_n_train_steps=interrupt_at, save_top_k=-1, save_last=True
     )

@@ -273,7 +273,8 @@ class Host:
             raise LoaderkitError(
                 "ResumableDataLoader.state_dict: two live iterators over this loader are both "
                 "part-way through an epoch, and a state holds one position. Finish or drop (del) "
-                "the older one before saving, or use one loader per iterator."
+                "the older one before saving, or use one loader per iterator (a Trainer's train "
+                "and val loaders too)."
             )
 
 
@@ -447,7 +448,8 @@ class EpochIterator(Iterator[Any]):
             raise RuntimeError(
                 "ResumableDataLoader: this iterator was stopped by close(), or superseded by "
                 "a newer iter() or load_state_dict() (under persistent_workers or a stream, "
-                "the workers and cursors are the loader's); iterate the loader again."
+                "the workers and cursors are the loader's); iterate the loader again, or give "
+                "each iterator its own loader (a Trainer's train and val loaders too)."
             )
         if self._batches is None:
             self._batches = self.engine.iterate(self.run)

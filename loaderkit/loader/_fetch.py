@@ -304,9 +304,10 @@ class BatchFetcher:
             )
         raise ValueError(
             f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
-            "global RNG while reading a batch. Pass per_sample_seeding=False (in a "
-            "LoaderDataModule: override per_sample_seeding(split) to return False), or draw "
-            "from loaderkit.sample_generator(seed, epoch, index) per sample."
+            "global RNG while reading a batch, which cannot be seeded per sample. Draw in "
+            "__getitem__ only (wrap the dataset in a class without __getitems__) or from "
+            "loaderkit.sample_generator(seed, epoch, index), or pass per_sample_seeding=False "
+            "with a fixed num_workers."
         )
 
     def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:

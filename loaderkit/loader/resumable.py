@@ -15,7 +15,7 @@ from torch.utils.data import BatchSampler
 from loaderkit._callers import host_of
 from loaderkit._checks import check_int
 from loaderkit.env import cpu_budget, detect
-from loaderkit.errors import LoaderkitError
+from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import MAX_AUTO_WORKERS, AutoWorkers, local_processes
 from loaderkit.loader._engine import DDP_DEFAULT_SEED, Engine, EpochIterator, Host, settle_seed
 from loaderkit.loader._fetch import BatchFetcher, Unbatched
@@ -97,8 +97,8 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs seeded
             from ``(seed, e, i)``, for any ``num_workers`` and after a resume. ``"auto"``:
             only the generators the dataset draws from, off for data that cannot draw;
-            ``True``: all three always. A ``__getitems__`` read that draws is refused
-            unless it only gathers per-sample reads.
+            ``True``: all three always. Your own ``__getitems__`` that draws is refused
+            (a batch read cannot be split into samples); loaderkit's read per sample.
 
     Example:
         >>> import torch
@@ -191,11 +191,8 @@ class ResumableDataLoader:
                 f"{value!r:.60}; pass a function taking the worker id."
             )
         pool = self._host.pool
-        if self._host.started and pool.persistent and pool.num_workers > 0:
-            raise ValueError(
-                "ResumableDataLoader: worker_init_fn cannot be set once persistent workers "
-                "started; pass worker_init_fn= to the constructor."
-            )
+        if value is not pool.user_init and pool.persistent and self._host.started:
+            self.close()  # its workers ran the old one: the next iter() starts new ones
         self._host.pool = dataclasses.replace(pool, user_init=value)
 
     @property
@@ -264,11 +261,26 @@ class ResumableDataLoader:
                     self.load_state_dict(skipped)
             except LoaderkitError as exc:  # at next(): Lightning's teardown masks one from iter()
                 return _raising(exc)
+        elif self._host.seed_drawn:
+            self._adopt_skipped_seed()
         if self._engine.one_iterator or self._host.pool.persistent:
             self._host.supersede()
         live = EpochIterator(self, self._host, self._engine)
         self._host.iterators.add(live)
         return live
+
+    def _adopt_skipped_seed(self) -> None:
+        """Take the seed of the epoch-end state Lightning leaves unloaded (a fit resumed from
+        an epoch-end checkpoint) in place of a drawn one; the epoch is Lightning's."""
+        try:
+            skipped = self._host.caller().skipped_state(self)
+        except StateMismatchError:
+            return  # reloaded every n > 1 epochs: each reload draws anew, resumed or not
+        seed = _settings(skipped).get("seed")
+        chosen = self._spec.seed_chosen and not _saved_on_ranks(skipped)
+        if isinstance(seed, int) and seed >= 0 and seed != self._host.seed and not chosen:
+            self._engine.adopt_seed(seed)
+            self._host.seed, self._host.seed_drawn = seed, False
 
     @property
     def wait_seconds(self) -> float:
@@ -441,13 +453,18 @@ def _with_generator_at(sampler: Any, state: torch.Tensor) -> Any:
 def _saved_on_ranks(state: Any) -> bool:
     """Whether ``state`` was saved on several ranks with their default seed (0), not the
     draw of the generator a loader was given (kept on ranks since 0.2.0)."""
-    if not isinstance(state, dict):
-        return False
-    topology = state.get("topology")
+    topology = state.get("topology") if isinstance(state, dict) else None
     ranks = isinstance(topology, dict) and topology.get("world_size", 1) != 1
-    # The settings field that holds the seed, by engine kind: "plan", "stream", "iterable".
+    return ranks and _settings(state).get("seed") == DDP_DEFAULT_SEED
+
+
+def _settings(state: Any) -> dict[str, Any]:
+    """The settings field of ``state`` that holds the seed, by engine kind: "plan",
+    "stream", "iterable" (empty if none)."""
+    if not isinstance(state, dict):
+        return {}
     settings = state.get("plan", state.get(str(state.get("kind")), {}))
-    return ranks and isinstance(settings, dict) and settings.get("seed") == DDP_DEFAULT_SEED
+    return settings if isinstance(settings, dict) else {}
 
 
 def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:

@@ -30,6 +30,9 @@ def test_stdlib_bad_arguments() -> None:
 
 
 def test_demo_resumes_exactly(tmp_path: Path) -> None:
+    mine = tmp_path / "checkpoints" / "my-model.ckpt"  # the user's: the demo removed it
+    mine.parent.mkdir()
+    mine.write_text("keep")
     config = DemoConfig(
         max_samples=160,
         max_len=64,
@@ -40,6 +43,8 @@ def test_demo_resumes_exactly(tmp_path: Path) -> None:
     )
     result = run_demo(config)
     assert result.resume_exact and result.repeated == 0 and result.skipped == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # its own: gone
+    assert mine.read_text() == "keep"
     # The demo trains on token-budget buckets: batch counts come from the bucketing plan.
     lengths = [len(s) - 1 for s in StdlibBytes(160, max_len=65).samples]
     plan = BucketBatchSampler(lengths, max_tokens=16 * 64, seed=0).plan
@@ -87,3 +92,10 @@ def test_cli_rejects_bad_arguments_with_one_line() -> None:
     with pytest.raises(SystemExit) as info:
         main(["demo", "--max-samples", "0"])
     assert info.value.code == 2
+
+
+def test_a_last_epoch_too_short_to_interrupt_names_the_flags(tmp_path: Path) -> None:
+    # It trained the whole run, then said "the demo's interruption did not happen" (hunter 293).
+    config = DemoConfig(max_samples=20, num_workers=0, progress_bar=False, workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"last epoch has 1 batch.*--max-samples"):
+        run_demo(config)

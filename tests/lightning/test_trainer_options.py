@@ -559,3 +559,62 @@ def test_a_checkpoint_of_an_epoch_ended_early_is_no_miscount(tmp_path: Path) -> 
     trainer = L.Trainer(**trainer_kwargs())
     trainer.fit(resumed, datamodule=IdDataModule(size=SIZE, batch_size=BATCH), ckpt_path=saved)
     assert [r["epoch"] for r in resumed.records] == [1, 1]
+
+
+def test_a_drawn_seed_is_kept_by_a_fit_resumed_from_an_epoch_end_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # seed=None: Lightning loads no loader state at an epoch end, and the resumed process drew
+    # another seed; epochs 1-2 were another order with other augmentations (hunter 294).
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    runs = []
+    for draw, ckpt in ((1, None), (2, tmp_path / "epoch=0.ckpt")):
+        torch.manual_seed(draw)
+        loader = ResumableDataLoader(IdDataset(16), batch_size=BATCH, shuffle=True)
+        module = IdModule(keep_x=True)
+        save = ModelCheckpoint(tmp_path, "{epoch}", save_top_k=-1)
+        kwargs = trainer_kwargs(max_epochs=EPOCHS, enable_checkpointing=True)
+        L.Trainer(**kwargs, callbacks=[save]).fit(module, loader, ckpt_path=ckpt)
+        runs.append(module)
+    full, resumed = runs
+    later = [k for k, r in enumerate(full.records) if r["epoch"] >= 1]
+    assert [r["ids"] for r in resumed.records] == [full.records[k]["ids"] for k in later]
+    assert all(torch.equal(resumed.features[j], full.features[k]) for j, k in enumerate(later))
+
+
+class _StopAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True  # as EarlyStopping, max_time or a preemption handler
+
+
+@pytest.mark.parametrize("how", ["should_stop", "limit_train_batches"])
+def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
+    how: str, tmp_path: Path
+) -> None:
+    # Lightning counts the stopped epoch as processed and starts the next: 6 of 10 batches of
+    # epoch 0 were never trained, with no error (hunter 295). A limited epoch ends as meant.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def loader() -> ResumableDataLoader:
+        return ResumableDataLoader(IdDataset(SIZE), batch_size=BATCH, shuffle=True, seed=0)
+
+    stop = {"should_stop": {"callbacks": [_StopAt(4)]}, "limit_train_batches": {}}[how]
+    limit = {"limit_train_batches": 4} if how == "limit_train_batches" else {}
+    kwargs = trainer_kwargs(max_epochs=EPOCHS, enable_checkpointing=True, **limit)
+    save = ModelCheckpoint(tmp_path, save_last=True)
+    callbacks = [save, *stop.get("callbacks", [])]
+    L.Trainer(**{**kwargs, "max_epochs": 1 if limit else EPOCHS}, callbacks=callbacks).fit(
+        IdModule(), loader()
+    )
+    resumed = IdModule()
+    if how == "should_stop":
+        with pytest.raises(StateMismatchError, match=r"stopped early in epoch 0 .*every_n_train"):
+            L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
+        return
+    L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
+    assert [r["epoch"] for r in resumed.records] == [1] * 4 + [2] * 4

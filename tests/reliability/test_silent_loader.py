@@ -597,8 +597,8 @@ def test_a_batch_level_getitems_is_read_a_whole_batch_per_call(num_workers: int)
 
 def test_a_getitems_drawing_randomness_per_batch_is_refused_naming_the_fix() -> None:
     loader = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0)
-    with pytest.raises(ValueError, match=r"NoisyBatch.__getitems__ draws from a global RNG .*"
-                       r"Pass per_sample_seeding=False.*sample_generator"):  # fmt: skip
+    refused = r"NoisyBatch.__getitems__ draws from a global RNG .*without __getitems__.*"
+    with pytest.raises(ValueError, match=refused + r"sample_generator.*per_sample_seeding=False"):
         next(iter(loader))
     unseeded = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0, per_sample_seeding=False)
     assert len(next(iter(unseeded))) == 4

@@ -325,13 +325,20 @@ def test_a_worker_init_fn_assigned_later_runs_in_the_workers(tmp_path: Path) -> 
         loader.worker_init_fn = 3
 
 
-def test_a_worker_init_fn_for_running_persistent_workers_is_refused(tmp_path: Path) -> None:
+def test_a_worker_init_fn_for_running_persistent_workers_restarts_them(tmp_path: Path) -> None:
+    # Lightning's seed_everything(workers=True) assigns it to a loader iterated before (a
+    # peek at one batch): refusing it stopped the fit (hunter 294).
     loader = ResumableDataLoader(
         list(range(4)), batch_size=2, num_workers=1, persistent_workers=True
     )
-    loader.worker_init_fn = functools.partial(_touch, str(tmp_path))  # before: taken
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir(), later.mkdir()
+    loader.worker_init_fn = functools.partial(_touch, str(first))  # before: taken
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
-    assert [p.name for p in tmp_path.iterdir()] == ["worker0"]
-    with pytest.raises(ValueError, match=r"worker_init_fn cannot be set once persistent "
-                       r"workers started; pass worker_init_fn= to the constructor"):  # fmt: skip
-        loader.worker_init_fn = None
+    running = iter(loader)
+    assert next(running).tolist() == [0, 1]
+    loader.worker_init_fn = functools.partial(_touch, str(later))
+    with pytest.raises(RuntimeError, match="close"):
+        next(running)  # its workers were stopped: refused, never a batch lost
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert [p.name for p in first.iterdir()] == [p.name for p in later.iterdir()] == ["worker0"]
