@@ -42,6 +42,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from loaderkit import LoaderDataModule
 
+# Its own folder under --out, removed between runs: never a folder of the user's.
+CHECKPOINTS = "resume_mid_epoch-checkpoints"
+
 
 def _positive(text: str) -> int:
     value = int(text)
@@ -152,7 +155,7 @@ def train(args: argparse.Namespace) -> None:
         default_root_dir=args.out,
         callbacks=[
             ModelCheckpoint(
-                dirpath=args.out / "checkpoints",
+                dirpath=args.out / CHECKPOINTS,
                 every_n_train_steps=every,
                 save_top_k=-1,
                 save_last=True,
@@ -202,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         train(args)
         return 0
     steps_per_epoch = -(-args.samples // args.batch_size)
+    if steps_per_epoch * args.epochs < 2:
+        raise SystemExit(
+            f"the run has {steps_per_epoch * args.epochs} step, too few to kill mid-run; raise "
+            "--samples or --epochs"
+        )
     if args.kill_at is None:
         args.kill_at = steps_per_epoch * (args.epochs - 1) + steps_per_epoch // 2
     if not 1 <= args.kill_at < steps_per_epoch * args.epochs:
@@ -211,15 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "checkpoint-written").unlink(missing_ok=True)
-    shutil.rmtree(args.out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(args.out / CHECKPOINTS, ignore_errors=True)
     full, before, after = (args.out / f"{n}.jsonl" for n in ("full", "before", "after"))
 
     print("[resume_mid_epoch] 1/3 uninterrupted run (the reference)")
     run_child(args, full)
-    shutil.rmtree(args.out / "checkpoints")  # run 2 must resume from its own checkpoint
+    shutil.rmtree(args.out / CHECKPOINTS)  # run 2 must resume from its own checkpoint
     print(f"[resume_mid_epoch] 2/3 run to step {args.kill_at}, killed after its checkpoint")
     run_child(args, before, "--pause-at", str(args.kill_at), kill=True)
-    checkpoint = args.out / "checkpoints" / "last.ckpt"
+    checkpoint = args.out / CHECKPOINTS / "last.ckpt"
     print(f"[resume_mid_epoch] 3/3 resume from {checkpoint}")
     run_child(args, after, "--resume", str(checkpoint))
 

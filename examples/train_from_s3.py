@@ -33,6 +33,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import warnings
@@ -155,10 +156,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the folder everything is written under (default: runs/train_from_s3)",
     )
     args = parser.parse_args(argv)
+    if args.shards < 1 or args.num_workers < 0 or args.cache_mb <= 0:
+        parser.error(
+            f"--shards must be >= 1, --num-workers >= 0 and --cache-mb > 0, got "
+            f"{args.shards}, {args.num_workers} and {args.cache_mb}"
+        )
     warnings.filterwarnings("ignore")
-    shutil.rmtree(args.out, ignore_errors=True)  # a cold cache and fresh checkpoints
-    args.out.mkdir(parents=True)
-    return run(args, args.out)
+    args.out.mkdir(parents=True, exist_ok=True)
+    # A fresh folder of its own (a cold cache, fresh checkpoints): nothing else in --out is
+    # touched; removed once the run succeeds.
+    work = Path(tempfile.mkdtemp(prefix="train_from_s3-", dir=args.out))
+    rc = run(args, work)
+    if rc == 0:
+        shutil.rmtree(work, ignore_errors=True)
+    return rc
 
 
 def run(args: argparse.Namespace, work: Path) -> int:

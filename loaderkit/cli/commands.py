@@ -15,9 +15,12 @@ DESCRIPTION = "The loaderkit command line: demo, bench and inspect."
 
 def _count(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        fix = "a positive integer" if minimum else "0 or a positive integer"
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; pass {fix}") from None
         if value < minimum:
-            fix = "a positive integer" if minimum else "0 or a positive integer"
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}; pass {fix}")
         return value
 

@@ -12,7 +12,7 @@ import importlib.util
 import itertools
 import sys
 import textwrap
-from collections.abc import Sized
+from collections.abc import Mapping, Sized
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -226,6 +226,15 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
 
     dm.setup("fit")
     loader = dm.train_dataloader()
+    if isinstance(loader, Mapping | list | tuple):  # Lightning combines them: not counted here
+        members = list(loader.values() if isinstance(loader, Mapping) else loader)
+        every = bool(members) and all(isinstance(m, ResumableDataLoader) for m in members)
+        reason = f"train_dataloader() returns a {type(loader).__name__} of {len(members)} "
+        reason += "loaders, which Lightning combines: " + (
+            "each resumes at its own position" if every else "return a ResumableDataLoader in each"
+        )
+        unknown = {"samples": None, "batches_per_rank": None, "stream": False}
+        return _plain_report(dm, unknown, every, reason, None)
     dataset = getattr(loader, "dataset", None)
     resumable = isinstance(loader, ResumableDataLoader)
     stream = _engine_kind(loader) == "stream"
@@ -252,12 +261,19 @@ def _plain_facts(dm: Any, world_size: int) -> dict[str, Any]:
             )
     samples = epoch_samples(loader, dataset) if isinstance(dataset, Sized) else None
     train = {"samples": samples, "batches_per_rank": _steps(loader, world_size), "stream": stream}
+    mix = loader.describe().get("mix") if resumable else None
+    return _plain_report(dm, train, resumable, reason, mix)
+
+
+def _plain_report(
+    dm: Any, train: dict[str, Any], resumable: bool, reason: str, mix: Any
+) -> dict[str, Any]:
     return {
         "datamodule": type(dm).__name__,
         "splits": {"train": train},
         "padding_fraction": None,
         "shards_per_batch": None,
-        "mix": loader.describe().get("mix") if resumable else None,
+        "mix": mix,
         "probe": None,
         "best": None,
         "resumable_exactly": resumable,

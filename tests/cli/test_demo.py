@@ -86,12 +86,15 @@ def test_cli_demo_runs_as_a_user_would(tmp_path: Path) -> None:
     assert "max_tokens=600" in done.stdout
 
 
-def test_cli_rejects_bad_arguments_with_one_line() -> None:
+def test_cli_rejects_bad_arguments_with_one_line(capsys: pytest.CaptureFixture) -> None:
     from loaderkit.cli.commands import main
 
-    with pytest.raises(SystemExit) as info:
-        main(["demo", "--max-samples", "0"])
-    assert info.value.code == 2
+    for value, said in (("0", "must be >= 1, got 0"), ("abc", "got 'abc'")):
+        with pytest.raises(SystemExit) as info:
+            main(["demo", "--max-samples", value])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --max-samples: {said}; pass a positive integer" in err, err
 
 
 def test_a_last_epoch_too_short_to_interrupt_names_the_flags(tmp_path: Path) -> None:

@@ -141,6 +141,13 @@ def project(tmp_path: Path) -> Path:
             class Plain(L.LightningDataModule):
                 def train_dataloader(self):
                     return torch.utils.data.DataLoader(list(range(100)), batch_size=10)
+
+            class Two(L.LightningDataModule):
+                def train_dataloader(self):
+                    from loaderkit import ResumableDataLoader
+                    a, b = list(range(1000)), list(range(300))
+                    return {"a": ResumableDataLoader(a, batch_size=10),
+                            "b": ResumableDataLoader(b, batch_size=10)}
             """
         )
     )
@@ -223,6 +230,18 @@ def test_inspect_plain_lightning_module_is_not_resumable(
     assert "samples          train 100" in out and "train 10 (epoch 0)" in out
     assert "num_workers      not probed" in out
     assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
+
+
+def test_inspect_does_not_count_a_dict_of_loaders_as_its_length(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # "train 2" batches (the dict's len) and "NO: returns a dict"; Lightning combines them
+    # (max_size_cycle: 100 batches), each resuming at its own position (hunter 293).
+    monkeypatch.chdir(project)
+    assert main(["inspect", "mydata.py:Two", "--no-progress-bar"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert "samples          train unknown" in out and "train unknown (epoch 0)" in out, out
+    assert "exact resume     yes: train_dataloader() returns a dict of 2 loaders" in out, out
 
 
 def test_inspect_counts_the_samples_a_sampler_draws(

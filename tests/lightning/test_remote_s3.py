@@ -92,9 +92,13 @@ def test_kill_9_while_training_from_s3_resumes_exactly(
 
 def test_the_example_trains_from_s3_and_resumes_exactly(tmp_path: Path) -> None:
     log = tmp_path / "example.log"
+    mine = tmp_path / "run" / "notes.txt"  # the user's: --out was deleted whole (hunter 293)
+    mine.parent.mkdir()
+    mine.write_text("keep")
     args = ["--out", str(tmp_path / "run")]
     rc = run_script(REPO_ROOT / "examples" / "train_from_s3.py", args, log, phase="s3 example")
     text = log.read_text()
     assert rc == 0, log_tail(log)
+    assert [p.name for p in mine.parent.iterdir()] == ["notes.txt"]  # its own run folder: gone
     assert "resumed from its checkpoint with a cold cache: exact" in text, log_tail(log)
     assert "unplanned 0" in text, log_tail(log)
