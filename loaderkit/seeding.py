@@ -466,7 +466,7 @@ def seeded_sample(seed: int, epoch: int, index: int) -> AbstractContextManager[i
         ...     torch.initial_seed() == s == sample_seed(42, 0, 3)
         True
     """
-    return _seeded(sample_seed(seed, epoch, index))
+    return _seeded(_sample_key("seeded_sample", seed, epoch, index))
 
 
 def batch_seed(seed: int, epoch: int, keys: np.ndarray) -> int:

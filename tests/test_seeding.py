@@ -152,6 +152,7 @@ def test_worker_and_sample_seeds_are_separate_families() -> None:
             r"sample_numpy_rng: index must be",
         ),
         (lambda: sample_generator(-1, 0, 0), r"sample_generator: seed must be >= 0, got -1"),
+        (lambda: seeded_sample(0, 0, -1).__enter__(), r"seeded_sample: index must be >= 0"),
         (lambda: seed_global_rngs(2**64), r"seed_global_rngs: seed must be < 2\*\*64"),
         (lambda: worker_init_fn(-5), r"worker_init_fn: seed must be >= 0, got -5"),
         (lambda: worker_init_fn(1, rank=-1), r"worker_init_fn: rank must be >= 0, got -1"),

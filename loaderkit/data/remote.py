@@ -180,6 +180,11 @@ class RemoteCache:
                 f"{owner}: cache_dir must be a path, got {self.cache_dir!r}; pass a folder "
                 "path, or None for the default."
             )
+        if self.cache_dir is not None and not os.fspath(self.cache_dir):
+            raise ValueError(
+                f"{owner}: cache_dir='' would put the cache in the working directory; pass a "
+                "folder path, or None for the default."
+            )
         if not (isinstance(self.range_reads, bool) or self.range_reads == "auto"):
             raise ValueError(
                 f"{owner}: range_reads must be True, False or 'auto', got "

@@ -459,6 +459,7 @@ def _installed(name: str) -> bool:
         ({"timeout_s": float("inf")}, ValueError, r"timeout_s must be a finite .*got inf"),
         ({"timeout_s": 0}, ValueError, r"timeout_s must be .* > 0, got 0; pass e.g. 120"),
         ({"cache_dir": 123}, TypeError, r"cache_dir must be a path, got 123"),
+        ({"cache_dir": ""}, ValueError, r"cache_dir=.. would put the cache in the working"),
         ({"storage_options": "x"}, TypeError, r"storage_options must be a dict"),
     ],
 )
