@@ -265,6 +265,8 @@ def _trainer(config: DemoConfig, callbacks: list[Callback]) -> L.Trainer:
 
 def run_demo(config: DemoConfig) -> DemoResult:
     """Train, interrupt, resume, and check the resumed sample stream."""
+    if config.max_len < 15:  # StdlibBytes' blocks are at least 16 bytes: 15 inputs
+        raise ValueError(f"demo: --max-len must be >= 15, got {config.max_len}; pass e.g. 64.")
     dataset = StdlibBytes(config.max_samples, max_len=config.max_len + 1)
     lengths = compute_lengths(dataset, _input_length, progress=False)
     max_tokens = config.max_tokens or config.batch_size * config.max_len

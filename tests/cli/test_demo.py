@@ -102,3 +102,6 @@ def test_a_last_epoch_too_short_to_interrupt_names_the_flags(tmp_path: Path) -> 
     config = DemoConfig(max_samples=20, num_workers=0, progress_bar=False, workdir=tmp_path)
     with pytest.raises(ValueError, match=r"last epoch has 1 batch.*--max-samples"):
         run_demo(config)
+    short = DemoConfig(max_len=10, num_workers=0, progress_bar=False, workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"--max-len must be >= 15, got 10"):  # was min_len=
+        run_demo(short)
