@@ -221,27 +221,28 @@ def test_inspect_module_factory(project: Path) -> None:
     assert re.search(r"padding          \d+\.\d% of train tokens", done.stdout), done.stdout
 
 
-def test_inspect_plain_lightning_module_is_not_resumable(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+@pytest.mark.parametrize(
+    ("module", "said"),
+    [
+        ("Plain", ["samples          train 100", "train 10 (epoch 0)", "num_workers      not "
+                   "probed", "exact resume     NO: train_dataloader() returns a DataLoader"]),
+        # A dict of loaders read as "train 2" batches (its len) and "NO: returns a dict";
+        # Lightning combines them, each resuming at its own position (hunter 293).
+        ("Two", ["samples          train unknown", "train unknown (epoch 0)",
+                 "exact resume     yes: train_dataloader() returns a dict of 2 loaders"]),
+    ],
+)  # fmt: skip
+def test_inspect_a_plain_lightning_module(
+    module: str,
+    said: list[str],
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     monkeypatch.chdir(project)
-    assert main(["inspect", "mydata.py:Plain", "--no-progress-bar"]) == 0
+    assert main(["inspect", f"mydata.py:{module}", "--no-progress-bar"]) == 0
     out = flat(capsys.readouterr().out)
-    assert "samples          train 100" in out and "train 10 (epoch 0)" in out
-    assert "num_workers      not probed" in out
-    assert "exact resume     NO: train_dataloader() returns a DataLoader" in out
-
-
-def test_inspect_does_not_count_a_dict_of_loaders_as_its_length(
-    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    # "train 2" batches (the dict's len) and "NO: returns a dict"; Lightning combines them
-    # (max_size_cycle: 100 batches), each resuming at its own position (hunter 293).
-    monkeypatch.chdir(project)
-    assert main(["inspect", "mydata.py:Two", "--no-progress-bar"]) == 0
-    out = flat(capsys.readouterr().out)
-    assert "samples          train unknown" in out and "train unknown (epoch 0)" in out, out
-    assert "exact resume     yes: train_dataloader() returns a dict of 2 loaders" in out, out
+    assert all(part in out for part in said), out
 
 
 def test_inspect_counts_the_samples_a_sampler_draws(
