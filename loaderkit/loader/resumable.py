@@ -191,7 +191,12 @@ class ResumableDataLoader:
                 f"{value!r:.60}; pass a function taking the worker id."
             )
         pool = self._host.pool
-        if value is not pool.user_init and pool.persistent and self._host.started:
+        if (
+            value is not pool.user_init
+            and pool.persistent
+            and pool.num_workers
+            and self._host.started
+        ):
             self.close()  # its workers ran the old one: the next iter() starts new ones
         self._host.pool = dataclasses.replace(pool, user_init=value)
 
