@@ -138,13 +138,17 @@ class Storage:
         None for a URL on another store."""
         import fsspec.core
 
-        try:
-            cls = fsspec.get_filesystem_class(url.split("://", 1)[0].lower())
-        except (ValueError, ImportError):
-            return None
-        if cls is not type(self.fs):
-            return None
-        return str(fsspec.core.strip_protocol(url)).lstrip("/")
+        protocol, rest = url.split("://", 1)
+        protocol = protocol.lower()
+        if protocol != self.protocol:
+            try:
+                if fsspec.get_filesystem_class(protocol) is not type(self.fs):
+                    return None
+            except (ValueError, ImportError):  # unknown, or its package is missing: another
+                return None
+        else:
+            self.fs  # noqa: B018 - names a missing package for this store's own protocol
+        return str(fsspec.core.strip_protocol(f"{protocol}://{rest}")).lstrip("/")
 
     def bounded(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """``fn()`` in a helper thread (a stuck client cannot be interrupted), given up after
@@ -354,8 +358,8 @@ def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
     """The error for a failure that retrying cannot help, or None for a transient one."""
     if isinstance(exc, FileNotFoundError) and what in ("writing", "uploading to"):
         return ShardError(
-            f"{what} {url!r}: its folder does not exist ({exc}); create it, or pass "
-            "storage_options={'auto_mkdir': True} where the filesystem takes it.",
+            f"{what} {url!r}: its folder or bucket does not exist ({exc}); create it (on a "
+            "local or sftp filesystem, storage_options={'auto_mkdir': True} does).",
             path=url,
         )
     if isinstance(exc, FileNotFoundError):

@@ -430,11 +430,12 @@ class RemoteShards:
         """The listing of shard ``url``'s folder: its sizes, versions and index are read there."""
         try:
             return self.storage.entries(folder)
-        except ShardError as exc:
-            kind = MissingShardError if isinstance(exc, MissingShardError) else ShardError
-            raise kind(
-                f"{self.owner}: shard {url!r} is checked against its folder's listing: {exc} "
-                "(without a listing: copy the shards to local disk)",
+        except MissingShardError:
+            raise
+        except ShardError as exc:  # refused: a server that lists no folder
+            raise ShardError(
+                f"{self.owner}: shard {url!r} is read with its folder's listing, which failed "
+                f"({exc}); serve the folder's listing, or copy the shards to local disk.",
                 path=folder,
             ) from exc
 

@@ -305,15 +305,17 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
         )
     # Stopped early (max_steps, max_time, should_stop) with the epoch counted as processed:
     # Lightning starts the next one, and the rest of the loader's epoch would go untrained.
-    # (An epoch that ran out beside an unsized loader has is_last_batch False too, but its
-    # loader handed out one more batch than was trained.)
-    behind = any(s["epoch"] == epoch["processed"] - 1 for s in ours)
+    # (An epoch that ran out beside an unsized loader has is_last_batch False too, but one of
+    # its loaders handed out one more batch than was trained; a shorter one may have cycled.)
+    done = batch["completed"]
+    last = [s["steps_done"] for s in ours if s["epoch"] == epoch["processed"] - 1]
     stopped = (
-        batch["completed"] == batch["ready"]
+        done == batch["ready"]
         and fit["epoch_loop.batch_progress"].get("is_last_batch") is False
-        and all(s["steps_done"] == batch["completed"] for s in ours)
+        and done in last
+        and max(last) <= done
     )
-    if behind and epoch["ready"] == epoch["processed"] and stopped:
+    if epoch["ready"] == epoch["processed"] and stopped:
         raise StateMismatchError(
             f"this checkpoint's fit stopped early in epoch {epoch['processed'] - 1} (max_steps, "
             "max_time or trainer.should_stop), and Lightning resumes it at the next epoch, so "

@@ -307,7 +307,7 @@ class BatchFetcher:
             "global RNG while reading a batch, which cannot be seeded per sample. Draw in "
             "__getitem__ only (wrap the dataset in a class without __getitems__) or from "
             "loaderkit.sample_generator(seed, epoch, index), or pass per_sample_seeding=False "
-            "with a fixed num_workers."
+            "with a fixed num_workers (in a LoaderDataModule: override per_sample_seeding(split))."
         )
 
     def _samples(self, epoch: int, index_list: list[int], keys: list[int]) -> list[Any]:

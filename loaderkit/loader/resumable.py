@@ -97,8 +97,9 @@ class ResumableDataLoader:
         per_sample_seeding: Load sample ``i`` of epoch ``e`` under global RNGs seeded
             from ``(seed, e, i)``, for any ``num_workers`` and after a resume. ``"auto"``:
             only the generators the dataset draws from, off for data that cannot draw;
-            ``True``: all three always. Your own ``__getitems__`` that draws is refused
-            (a batch read cannot be split into samples); loaderkit's read per sample.
+            ``True``: all three always. A ``__getitems__`` of your own that draws is
+            refused (a batch read cannot be split into samples); loaderkit's datasets and
+            torch's wrappers read through ``__getitem__`` where a subclass defines one.
 
     Example:
         >>> import torch
@@ -266,7 +267,7 @@ class ResumableDataLoader:
                     self.load_state_dict(skipped)
             except LoaderkitError as exc:  # at next(): Lightning's teardown masks one from iter()
                 return _raising(exc)
-        elif self._host.seed_drawn:
+        elif not self._spec.seed_explicit:  # drawn, even if a first batch settled it
             self._adopt_skipped_seed()
         if self._engine.one_iterator or self._host.pool.persistent:
             self._host.supersede()
@@ -281,9 +282,11 @@ class ResumableDataLoader:
             skipped = self._host.caller().skipped_state(self)
         except StateMismatchError:
             return  # reloaded every n > 1 epochs: each reload draws anew, resumed or not
-        seed = _settings(skipped).get("seed")
-        chosen = self._spec.seed_chosen and not _saved_on_ranks(skipped)
-        if isinstance(seed, int) and seed >= 0 and seed != self._host.seed and not chosen:
+        if skipped is None or skipped is self._skipped:
+            return
+        self._skipped = skipped  # once per restore
+        seed = _adoptable_seed(skipped, self._spec.seed_chosen)
+        if seed is not None and seed != self._host.seed:
             self._engine.adopt_seed(seed)
             self._host.seed, self._host.seed_drawn = seed, False
 
@@ -461,6 +464,15 @@ def _saved_on_ranks(state: Any) -> bool:
     topology = state.get("topology") if isinstance(state, dict) else None
     ranks = isinstance(topology, dict) and topology.get("world_size", 1) != 1
     return ranks and _settings(state).get("seed") == DDP_DEFAULT_SEED
+
+
+def _adoptable_seed(state: Any, chosen: bool) -> int | None:
+    """The seed of ``state`` that a loader whose seed was drawn takes (``chosen``: drawn from
+    the user's seeded generator, kept unless the state was saved on ranks); None if none."""
+    seed = _settings(state).get("seed")
+    if chosen and not _saved_on_ranks(state):
+        return None
+    return seed if isinstance(seed, int) and seed >= 0 else None
 
 
 def _settings(state: Any) -> dict[str, Any]:

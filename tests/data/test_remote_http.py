@@ -119,7 +119,7 @@ def test_a_list_in_a_folder_the_server_will_not_list_says_so(
 
     monkeypatch.setattr(http_server._Handler, "list_directory", refuse)
     urls = [f"{http.url}/corpus/shard-00000.npy"]
-    with pytest.raises(ShardError, match=r"checked against its folder's listing.*403.*local disk"):
+    with pytest.raises(ShardError, match=r"its folder's listing, which failed.*403.*local disk"):
         ShardedDataset(urls, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from loaderkit import (
+    MissingDependencyError,
     MissingShardError,
     ShardedDataset,
     ShardError,
@@ -59,9 +60,19 @@ def test_a_list_or_index_on_another_store_is_refused(base: str, tmp_path: Path) 
         ShardedDataset(base, READER, remote=cache(tmp_path), index=index)
 
 
+def test_a_list_on_a_store_without_its_package_names_the_package(tmp_path: Path) -> None:
+    # Review 297: it said the shard was "on another store than" itself.
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(MissingDependencyError, match=r"gs:// URLs need gcsfs"):
+        ShardedDataset(["gs://bucket/corpus/shard-00000.npy"], READER, remote=cache(tmp_path))
+
+
 def test_an_upload_into_a_missing_folder_names_the_fix(tmp_path: Path) -> None:
     url = f"local://{tmp_path}/not-made/corpus"
-    with pytest.raises(ShardError, match=r"folder does not exist.*auto_mkdir"):
+    with pytest.raises(ShardError, match=r"folder or bucket does not exist.*auto_mkdir"):
         write_shards(url, [np.arange(8, dtype=np.uint16)], READER, progress=False)
 
 

@@ -20,6 +20,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import CombinedLoader
 
 from loaderkit import ElasticResume, ResumableDataLoader, StateMismatchError, attach_host
 from tests.support.helpers import (
@@ -561,17 +562,21 @@ def test_a_checkpoint_of_an_epoch_ended_early_is_no_miscount(tmp_path: Path) -> 
     assert [r["epoch"] for r in resumed.records] == [1, 1]
 
 
+@pytest.mark.parametrize("peek", [False, True])
 def test_a_drawn_seed_is_kept_by_a_fit_resumed_from_an_epoch_end_checkpoint(
-    tmp_path: Path,
+    peek: bool, tmp_path: Path
 ) -> None:
     # seed=None: Lightning loads no loader state at an epoch end, and the resumed process drew
-    # another seed; epochs 1-2 were another order with other augmentations (hunter 294).
+    # another seed; epochs 1-2 were another order with other augmentations (hunter 294). A
+    # batch read before the fit (a peek at its shapes) settles the drawn seed (review 297).
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     runs = []
     for draw, ckpt in ((1, None), (2, tmp_path / "epoch=0.ckpt")):
         torch.manual_seed(draw)
         loader = ResumableDataLoader(IdDataset(16), batch_size=BATCH, shuffle=True)
+        if peek and ckpt is not None:
+            next(iter(loader))
         module = IdModule(keep_x=True)
         save = ModelCheckpoint(tmp_path, "{epoch}", save_top_k=-1)
         kwargs = trainer_kwargs(max_epochs=EPOCHS, enable_checkpointing=True)
@@ -592,7 +597,12 @@ class _StopAt(Callback):
             trainer.should_stop = True  # as EarlyStopping, max_time or a preemption handler
 
 
-@pytest.mark.parametrize("how", ["should_stop", "limit_train_batches"])
+class _FirstOfTwo(IdModule):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch.get("a", batch), batch_idx)
+
+
+@pytest.mark.parametrize("how", ["should_stop", "combined", "limit_train_batches"])
 def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
     how: str, tmp_path: Path
 ) -> None:
@@ -600,19 +610,24 @@ def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
     # epoch 0 were never trained, with no error (hunter 295). A limited epoch ends as meant.
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    def loader() -> ResumableDataLoader:
-        return ResumableDataLoader(IdDataset(SIZE), batch_size=BATCH, shuffle=True, seed=0)
+    def loader() -> Any:
+        one = ResumableDataLoader(IdDataset(SIZE), batch_size=BATCH, shuffle=True, seed=0)
+        if how != "combined":
+            return one
+        # max_size_cycle: the shorter loader has cycled by step 7 (review 297: not refused).
+        short = ResumableDataLoader(IdDataset(SIZE // 2), batch_size=BATCH, seed=1)
+        return CombinedLoader({"a": one, "b": short}, mode="max_size_cycle")
 
-    stop = {"should_stop": {"callbacks": [_StopAt(4)]}, "limit_train_batches": {}}[how]
+    stop = {"limit_train_batches": {}}.get(how, {"callbacks": [_StopAt(7)]})
     limit = {"limit_train_batches": 4} if how == "limit_train_batches" else {}
     kwargs = trainer_kwargs(max_epochs=EPOCHS, enable_checkpointing=True, **limit)
     save = ModelCheckpoint(tmp_path, save_last=True)
     callbacks = [save, *stop.get("callbacks", [])]
     L.Trainer(**{**kwargs, "max_epochs": 1 if limit else EPOCHS}, callbacks=callbacks).fit(
-        IdModule(), loader()
+        _FirstOfTwo(), loader()
     )
-    resumed = IdModule()
-    if how == "should_stop":
+    resumed = _FirstOfTwo()
+    if how != "limit_train_batches":
         with pytest.raises(StateMismatchError, match=r"stopped early in epoch 0 .*every_n_train"):
             L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
         return
