@@ -70,6 +70,31 @@ def test_a_list_on_a_store_without_its_package_names_the_package(tmp_path: Path)
         ShardedDataset(["gs://bucket/corpus/shard-00000.npy"], READER, remote=cache(tmp_path))
 
 
+def test_a_hashed_folder_copied_elsewhere_reads_and_a_rewrite_there_is_refused(
+    base: str, tmp_path: Path
+) -> None:
+    # A copy gets new versions (ETags): it was refused as "changed after it was indexed",
+    # whose fix (delete the index) dropped the hashes (hunter 296).
+    fs = fsspec.filesystem("memory")
+    shards = [np.arange(8, dtype=np.uint16), np.arange(100, 112, dtype=np.uint16)]
+    write_shards(f"{base}/a", shards, READER, progress=False, hash="sha256")
+    for path in fs.ls(f"{base}/a", detail=False):
+        fs.pipe_file(f"{base}/b/{path.rsplit('/', 1)[1]}", fs.cat_file(path))
+    copy = ShardedDataset(f"{base}/b", READER, remote=cache(tmp_path / "1"))
+    want = [list(range(k, k + 4)) for k in (0, 4, 100, 104, 108)]
+    assert sorted(copy[i].tolist() for i in range(len(copy))) == want
+    first = f"{base}/b/shard-00000.npy"
+    fs.pipe_file(first, _same_size_other(fs.cat_file(first)))  # same size, other bytes
+    rewritten = ShardedDataset(f"{base}/b", READER, remote=cache(tmp_path / "2"))
+    with pytest.raises(ShardError, match=r"shard-00000\.npy.* fails its content hash"):
+        rewritten[0]
+
+
+def _same_size_other(data: bytes) -> bytes:
+    """``data`` with its last byte changed (a token, not the header)."""
+    return data[:-1] + bytes([data[-1] ^ 0x01])
+
+
 def test_an_upload_into_a_missing_folder_names_the_fix(tmp_path: Path) -> None:
     url = f"local://{tmp_path}/not-made/corpus"
     with pytest.raises(ShardError, match=r"folder or bucket does not exist.*auto_mkdir"):
