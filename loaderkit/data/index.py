@@ -269,7 +269,7 @@ def read_remote_index(
 def remote_unchanged(url: str, size: int, version: str, row: list[Any], fix: str) -> None:
     """Refuse the object at ``url`` where it differs from its index ``row`` (version "": size).
     A row with a content hash holds at its size under any version (a copy of the folder gets
-    new ETags): the hash is checked on each download, and such a shard is never range-read."""
+    new ETags): the hash is checked on each download, and its rows are never range-read."""
     hashed = len(row) > 4 and isinstance(row[4], dict) and bool(row[4].get("hash"))
     if int(row[1]) != size or (str(row[2]) not in ("", version) and not hashed):
         raise ShardChangedError(

@@ -626,6 +626,9 @@ class RemoteShards:
             # of an earlier listing; a shard with a hash has its copy checked instead.
             if self.versionless(index):
                 key = hashlib.sha256(f"{key}\n{self.listing}".encode()).hexdigest()[:24]
+            digest = self._digest(index)
+            if digest:  # two index generations of one object never share a copy (review 298)
+                key = hashlib.sha256(f"{key}\n{digest}".encode()).hexdigest()[:24]
             if block is not None:
                 blob = f"{key}\n{self.cache.block_bytes}\n{block}".encode()
                 key, name = "b" + hashlib.sha256(blob).hexdigest()[:23], "block"

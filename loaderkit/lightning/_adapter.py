@@ -281,17 +281,19 @@ def _failing(trainer: Any) -> bool:
 _LOADERKIT_STATE = frozenset({"checksum", "epoch", "steps_done", "topology", "version"})
 
 
-def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
+def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> str | None:
     """Refuse a fit checkpoint with loaderkit loader states whose ``epoch_progress`` reads as
     finished while a batch was training (a fit resumed from an epoch's last batch counts its
-    next epochs one short): Lightning would start that epoch over, not load the states."""
+    next epochs one short): Lightning would start that epoch over, not load the states.
+    Returns why a fit that stopped early would not train the rest of its epoch (refused by
+    :func:`refuse_early_stop` once the train loaders are known), else None."""
     fit = checkpoint.get("loops", {}).get("fit_loop", {})
     epoch = fit.get("epoch_progress", {}).get("current", {})
     batch = fit.get("epoch_loop.batch_progress", {}).get("current", {})
     states = fit.get("state_dict", {}).get("combined_loader", [])
     ours = [s for s in states if isinstance(s, dict) and set(s) >= _LOADERKIT_STATE]
     if not ours or not epoch or not batch:
-        return
+        return None
     # A loader inside the epoch the loop counts as done (an epoch ended early, or by a stream's
     # StopIteration in training_step, leaves a batch uncompleted too: its loader is behind).
     inside = any(s["epoch"] >= epoch["processed"] for s in ours)
@@ -315,13 +317,24 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
         and done in last
         and max(last) <= done
     )
-    if epoch["ready"] == epoch["processed"] and stopped:
-        raise StateMismatchError(
-            f"this checkpoint's fit stopped early in epoch {epoch['processed'] - 1} (max_steps, "
-            "max_time or trainer.should_stop), and Lightning resumes it at the next epoch, so "
-            "the rest of that epoch would never train. Resume from a step checkpoint "
-            "(ModelCheckpoint(every_n_train_steps=...)) saved before the stop."
-        )
+    if epoch["ready"] != epoch["processed"] or not stopped:
+        return None
+    return (
+        f"this checkpoint's fit stopped early in epoch {epoch['processed'] - 1} (max_steps, "
+        "max_time or trainer.should_stop), and Lightning resumes it at the next epoch, so "
+        "the rest of that epoch would never train. Resume from a step checkpoint "
+        "(ModelCheckpoint(every_n_train_steps=...)) saved before the stop."
+    )
+
+
+def refuse_early_stop(trainer: Any, why: str) -> None:
+    """Refuse a fit resumed from an early stop (``why``, from :func:`refuse_restarted_epoch`),
+    unless its train loaders can end an epoch as it reads: several, one without a length
+    (``min_size`` running out of an unsized loader leaves ``is_last_batch`` False too)."""
+    loaders = train_loaders(trainer)
+    if len(loaders) > 1 and any(sized_len(dl) is None for dl in loaders):
+        return
+    raise StateMismatchError(why)
 
 
 def _stateful(loader: Any) -> bool:

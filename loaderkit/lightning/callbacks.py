@@ -13,6 +13,7 @@ from loaderkit._callers import attach, enter, leave
 from loaderkit.lightning._adapter import (
     LightningHost,
     held_loaders,
+    refuse_early_stop,
     refuse_restarted_epoch,
     resize_train_epoch,
     train_loaders,
@@ -72,6 +73,7 @@ class AttachLoaders(Callback):
         self._host: LightningHost | None = None
         self._auto = False  # added by the entry point, not by the user
         self._idle = False  # an auto instance where the user gave one of its kind
+        self._stopped: str | None = None  # why a restored early stop would skip batches
 
     def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
         self._end()
@@ -101,7 +103,12 @@ class AttachLoaders(Callback):
     ) -> None:
         # By steps (max_steps), Lightning loads the loader states: their own checks hold.
         if trainer.state.fn == "fit" and trainer.max_steps == -1:
-            refuse_restarted_epoch(checkpoint)
+            self._stopped = refuse_restarted_epoch(checkpoint)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        why, self._stopped = self._stopped, None
+        if why is not None:  # the train loaders are known now
+            refuse_early_stop(trainer, why)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         _settle(trainer)  # as on_train_end, for a fit that failed
@@ -109,6 +116,7 @@ class AttachLoaders(Callback):
             _close(trainer)  # a state saved later does not need them
 
     def _end(self) -> None:
+        self._stopped = None
         if self._host is not None:
             leave(self._host)
             self._host = None
@@ -125,10 +133,13 @@ class ElasticResume(AttachLoaders):
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         """Sync the lengths after a restore (Lightning skips ``on_train_epoch_start`` mid-epoch)
         and at each epoch's start (a whole epoch again under the current world size)."""
+        super().on_train_start(trainer, pl_module)
         if not self._idle:
             _sync_lengths(trainer)
 
-    on_train_epoch_start = on_train_start
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if not self._idle:
+            _sync_lengths(trainer)
 
 
 def entry_point_callbacks() -> list[Callback]:

@@ -90,6 +90,26 @@ def test_a_hashed_folder_copied_elsewhere_reads_and_a_rewrite_there_is_refused(
         rewritten[0]
 
 
+def test_runs_sharing_a_cache_on_a_versionless_store_keep_their_own_hashed_copies(
+    base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No version (an HTTP server without ETag or Last-Modified): a rewrite's copy went to the
+    # same cache path, and the first run, its hash checked once, read the new bytes against
+    # its old index (review 298).
+    from loaderkit.data import _fs
+
+    monkeypatch.setattr(_fs, "version_of", lambda entry: "")
+    shards = [np.arange(8, dtype=np.uint16), np.arange(100, 108, dtype=np.uint16)]
+    write_shards(base, shards, READER, progress=False, hash="sha256")
+    first = ShardedDataset(base, READER, remote=cache(tmp_path), max_open_shards=1)
+    before = [first[i].tolist() for i in range(len(first))]
+    shards[0] = shards[0] + 50  # same size, new hash
+    write_shards(base, shards, READER, progress=False, hash="sha256", resume=False)
+    second = ShardedDataset(base, READER, remote=cache(tmp_path), max_open_shards=1)
+    assert second[0].tolist() == [50, 51, 52, 53]
+    assert [first[i].tolist() for i in range(len(first))] == before
+
+
 def _same_size_other(data: bytes) -> bytes:
     """``data`` with its last byte changed (a token, not the header)."""
     return data[:-1] + bytes([data[-1] ^ 0x01])

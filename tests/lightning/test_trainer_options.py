@@ -22,7 +22,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import CombinedLoader
 
-from loaderkit import ElasticResume, ResumableDataLoader, StateMismatchError, attach_host
+from loaderkit import (
+    ElasticResume,
+    IterableReader,
+    ResumableDataLoader,
+    StateMismatchError,
+    StreamingShardedDataset,
+    attach_host,
+)
 from tests.support.helpers import (
     IdDataModule,
     IdDataset,
@@ -31,7 +38,9 @@ from tests.support.helpers import (
     assert_resume_exact,
     by_epoch,
     fit_or_interrupt,
+    id_stream_shards,
     no_entry_point_callbacks,
+    read_id_shard,
     step_checkpoints,
     trainer_kwargs,
 )
@@ -602,7 +611,9 @@ class _FirstOfTwo(IdModule):
         return super().training_step(batch.get("a", batch), batch_idx)
 
 
-@pytest.mark.parametrize("how", ["should_stop", "combined", "limit_train_batches"])
+@pytest.mark.parametrize(
+    "how", ["should_stop", "combined", "limit_train_batches", "min_size_beside_a_stream"]
+)
 def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
     how: str, tmp_path: Path
 ) -> None:
@@ -612,24 +623,33 @@ def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
 
     def loader() -> Any:
         one = ResumableDataLoader(IdDataset(SIZE), batch_size=BATCH, shuffle=True, seed=0)
+        if how == "min_size_beside_a_stream":
+            # An unsized stream first runs out at 8 batches with is_last_batch False and
+            # both loaders 8 in: an epoch's end, refused as an early stop (review 298).
+            reader = IterableReader(read_id_shard)
+            stream = StreamingShardedDataset(id_stream_shards(32), reader)
+            first = ResumableDataLoader(stream, batch_size=BATCH, seed=0)
+            return CombinedLoader({"a": first, "b": one}, mode="min_size")
         if how != "combined":
             return one
         # max_size_cycle: the shorter loader has cycled by step 7 (review 297: not refused).
         short = ResumableDataLoader(IdDataset(SIZE // 2), batch_size=BATCH, seed=1)
         return CombinedLoader({"a": one, "b": short}, mode="max_size_cycle")
 
-    stop = {"limit_train_batches": {}}.get(how, {"callbacks": [_StopAt(7)]})
+    ends = how in ("limit_train_batches", "min_size_beside_a_stream")
+    stop = {} if ends else {"callbacks": [_StopAt(7)]}
     limit = {"limit_train_batches": 4} if how == "limit_train_batches" else {}
     kwargs = trainer_kwargs(max_epochs=EPOCHS, enable_checkpointing=True, **limit)
     save = ModelCheckpoint(tmp_path, save_last=True)
     callbacks = [save, *stop.get("callbacks", [])]
-    L.Trainer(**{**kwargs, "max_epochs": 1 if limit else EPOCHS}, callbacks=callbacks).fit(
+    L.Trainer(**{**kwargs, "max_epochs": 1 if ends else EPOCHS}, callbacks=callbacks).fit(
         _FirstOfTwo(), loader()
     )
     resumed = _FirstOfTwo()
-    if how != "limit_train_batches":
+    if not ends:
         with pytest.raises(StateMismatchError, match=r"stopped early in epoch 0 .*every_n_train"):
             L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
         return
     L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
-    assert [r["epoch"] for r in resumed.records] == [1] * 4 + [2] * 4
+    per_epoch = 4 if limit else 8
+    assert [r["epoch"] for r in resumed.records] == [1] * per_epoch + [2] * per_epoch
