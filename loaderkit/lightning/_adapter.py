@@ -281,19 +281,25 @@ def _failing(trainer: Any) -> bool:
 _LOADERKIT_STATE = frozenset({"checksum", "epoch", "steps_done", "topology", "version"})
 
 
-def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> str | None:
-    """Refuse a fit checkpoint with loaderkit loader states whose ``epoch_progress`` reads as
-    finished while a batch was training (a fit resumed from an epoch's last batch counts its
-    next epochs one short): Lightning would start that epoch over, not load the states.
-    Returns why a fit that stopped early would not train the rest of its epoch (refused by
-    :func:`refuse_early_stop` once the train loaders are known), else None."""
+def _fit_progress(checkpoint: dict[str, Any]) -> tuple[Any, Any, Any, list[Any]] | None:
+    """The fit loop's state, epoch and batch progress and loaderkit loader states in
+    ``checkpoint``; None where it holds none of ours."""
     fit = checkpoint.get("loops", {}).get("fit_loop", {})
     epoch = fit.get("epoch_progress", {}).get("current", {})
     batch = fit.get("epoch_loop.batch_progress", {}).get("current", {})
     states = fit.get("state_dict", {}).get("combined_loader", [])
     ours = [s for s in states if isinstance(s, dict) and set(s) >= _LOADERKIT_STATE]
-    if not ours or not epoch or not batch:
-        return None
+    return (fit, epoch, batch, ours) if ours and epoch and batch else None
+
+
+def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> None:
+    """Refuse a fit checkpoint with loaderkit loader states whose ``epoch_progress`` reads as
+    finished while a batch was training (a fit resumed from an epoch's last batch counts its
+    next epochs one short): Lightning would start that epoch over, not load the states."""
+    progress = _fit_progress(checkpoint)
+    if progress is None:
+        return
+    _, epoch, batch, ours = progress
     # A loader inside the epoch the loop counts as done (an epoch ended early, or by a stream's
     # StopIteration in training_step, leaves a batch uncompleted too: its loader is behind).
     inside = any(s["epoch"] >= epoch["processed"] for s in ours)
@@ -305,10 +311,18 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> str | None:
             "would train that epoch's batches again. Resume from a checkpoint saved before that "
             "resume."
         )
-    # Stopped early (max_steps, max_time, should_stop) with the epoch counted as processed:
-    # Lightning starts the next one, and the rest of the loader's epoch would go untrained.
-    # (An epoch that ran out beside an unsized loader has is_last_batch False too, but one of
-    # its loaders handed out one more batch than was trained; a shorter one may have cycled.)
+
+
+def early_stop(checkpoint: dict[str, Any]) -> str | None:
+    """Why a fit that stopped early (max_steps, max_time, should_stop) and saved
+    ``checkpoint`` would not train the rest of its epoch, else None: Lightning counts that
+    epoch processed and starts the next (:func:`refuse_early_stop` refuses it)."""
+    progress = _fit_progress(checkpoint)
+    if progress is None:
+        return None
+    fit, epoch, batch, ours = progress
+    # An epoch that ran out beside an unsized loader has is_last_batch False too, but one of
+    # its loaders handed out one more batch than was trained; a shorter one may have cycled.
     done = batch["completed"]
     last = [s["steps_done"] for s in ours if s["epoch"] == epoch["processed"] - 1]
     stopped = (
@@ -328,7 +342,7 @@ def refuse_restarted_epoch(checkpoint: dict[str, Any]) -> str | None:
 
 
 def refuse_early_stop(trainer: Any, why: str) -> None:
-    """Refuse a fit resumed from an early stop (``why``, from :func:`refuse_restarted_epoch`),
+    """Refuse a fit resumed from an early stop (``why``, from :func:`early_stop`),
     unless its train loaders can end an epoch as it reads: several, one without a length
     (``min_size`` running out of an unsized loader leaves ``is_last_batch`` False too)."""
     loaders = train_loaders(trainer)

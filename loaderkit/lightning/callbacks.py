@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from loaderkit._callers import attach, enter, leave
 from loaderkit.lightning._adapter import (
     LightningHost,
+    early_stop,
     held_loaders,
     refuse_early_stop,
     refuse_restarted_epoch,
@@ -103,7 +104,8 @@ class AttachLoaders(Callback):
     ) -> None:
         # By steps (max_steps), Lightning loads the loader states: their own checks hold.
         if trainer.state.fn == "fit" and trainer.max_steps == -1:
-            self._stopped = refuse_restarted_epoch(checkpoint)
+            refuse_restarted_epoch(checkpoint)
+            self._stopped = early_stop(checkpoint)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         why, self._stopped = self._stopped, None

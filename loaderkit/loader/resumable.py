@@ -285,7 +285,7 @@ class ResumableDataLoader:
         if skipped is None or skipped is self._skipped:
             return
         self._skipped = skipped  # once per restore
-        seed = _adoptable_seed(skipped, self._spec.seed_chosen)
+        seed = _adoptable_seed(skipped, self._spec)
         if seed is not None and seed != self._host.seed:
             self._engine.adopt_seed(seed)
             self._host.seed, self._host.seed_drawn = seed, False
@@ -390,10 +390,7 @@ class ResumableDataLoader:
                 seed, batch size, shuffle or drop_last setting, or is malformed.
         """
         settle_seed(self._host, self._engine, final=False)  # a known DDP world settles first
-        chosen = self._spec.seed_explicit or (
-            self._spec.seed_chosen and not _saved_on_ranks(state_dict)
-        )
-        adopted = self._engine.load(state_dict, adopt_seed=not chosen)
+        adopted = self._engine.load(state_dict, adopt_seed=not _keeps_seed(self._spec, state_dict))
         self._positioned = True
         self._drop_lookahead()  # loaded (a refused state leaves the consumer's view)
         if adopted is not None:
@@ -466,11 +463,16 @@ def _saved_on_ranks(state: Any) -> bool:
     return ranks and _settings(state).get("seed") == DDP_DEFAULT_SEED
 
 
-def _adoptable_seed(state: Any, chosen: bool) -> int | None:
-    """The seed of ``state`` that a loader whose seed was drawn takes (``chosen``: drawn from
-    the user's seeded generator, kept unless the state was saved on ranks); None if none."""
+def _keeps_seed(spec: LoaderSpec, state: Any) -> bool:
+    """Whether a loader keeps its own seed over ``state``'s: the user's, or drawn from the
+    user's seeded generator (unless ``state`` was saved on ranks)."""
+    return spec.seed_explicit or (spec.seed_chosen and not _saved_on_ranks(state))
+
+
+def _adoptable_seed(state: Any, spec: LoaderSpec) -> int | None:
+    """The seed of ``state`` that a loader without a seed of its own takes; None if none."""
     seed = _settings(state).get("seed")
-    if chosen and not _saved_on_ranks(state):
+    if _keeps_seed(spec, state):
         return None
     return seed if isinstance(seed, int) and seed >= 0 else None
 
