@@ -391,7 +391,7 @@ class RemoteShards:
             name = url_name(url)
             refuse_own_file(owner, url, name, "folder")
             folder = url.rstrip("/").rsplit("/", 1)[0]
-            where = self.store_key("shards", url, source[0]).rstrip("/").rsplit("/", 1)[0]
+            where = self._store_key("shards", url, source[0]).rstrip("/").rsplit("/", 1)[0]
             if where not in folders:
                 entries, subfolders = self._entries_of(folder, url)
                 if WORK_DIR in subfolders:  # a URL list of the folder, as the folder
@@ -415,7 +415,7 @@ class RemoteShards:
             out.append(shard)
         return out
 
-    def store_key(self, name: str, url: str, first: str) -> str:
+    def _store_key(self, name: str, url: str, first: str) -> str:
         """``url``'s object on the store of ``first`` (the dataset's first shard), whatever its
         spelling; a URL on another store is refused (one fsspec filesystem reads them all)."""
         key = self.storage.key(url)
@@ -546,10 +546,9 @@ class RemoteShards:
         """``(document, where)`` of ``index``, else ``default``, else ``local``; None if none."""
         if index is not None:
             where = str(index)
-            if is_url(where):
-                self.store_key("index", where, self.shards[0].url)
             if not is_url(where):
                 return (Path(where).read_bytes(), where) if Path(where).exists() else None
+            self._store_key("index", where, self.shards[0].url)
             return (self.storage.read_bytes(where), where) if self.storage.exists(where) else None
         if self.index_docs is not None:  # a folder: its listing named its index files
             if default in self.index_docs:
