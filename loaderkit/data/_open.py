@@ -31,7 +31,14 @@ from loaderkit.data.index import (
     is_index_name,
     unfinished_write_error,
 )
-from loaderkit.data.readers import OWN_SUFFIXES, OpenShard, ShardReader, _opened, out_of_files
+from loaderkit.data.readers import (
+    DTYPE_SUFFIX,
+    OWN_SUFFIXES,
+    OpenShard,
+    ShardReader,
+    _opened,
+    out_of_files,
+)
 from loaderkit.errors import (
     MissingDependencyError,
     MissingShardError,
@@ -294,8 +301,8 @@ def process_generation() -> int:
 
 class OpenShards:
     """The shards this process holds open, at most ``max_open``, each checked against
-    ``sizes`` and ``entries`` as it opens; at URLs, ``fetch(i)`` gives the local file and
-    ``ranged(i)`` the shard opened for range reads (or None)."""
+    ``sizes``, ``entries`` and the ``pinned`` token dtypes as it opens; at URLs, ``fetch(i)``
+    gives the local file and ``ranged(i)`` the shard opened for range reads (or None)."""
 
     def __init__(
         self,
@@ -309,8 +316,9 @@ class OpenShards:
         remember_failures: bool,
         fetch: Callable[[int], Path] | None = None,
         ranged: Callable[[int], OpenShard | None] | None = None,
+        pinned: Sequence[str | None] = (),
     ) -> None:
-        self.shards, self.reader, self.sizes = shards, reader, sizes
+        self.shards, self.reader, self.sizes, self.pinned = shards, reader, sizes, pinned
         self.fetch, self.ranged = fetch, ranged
         self.entries, self.index_path = entries, index_path
         self.max_open, self.remember_failures = max_open, remember_failures
@@ -404,6 +412,14 @@ class OpenShards:
                 f"shard {name} has {len(handle)} samples, the index says {self.sizes[shard]}: "
                 f"it changed after it was counted, or an older loaderkit counted it; delete "
                 f"the index {index} and restart.",
+                path=self.shards[shard],
+            )
+        want, got = self.pinned[shard] if self.pinned else None, getattr(handle, "stored", None)
+        if want is not None and got is not None and got.str != want:
+            raise ShardChangedError(
+                f"shard {name} now reads as {got.str} tokens, the index says {want}: its "
+                f"{DTYPE_SUFFIX} header changed after it was counted; restore the header, or "
+                f"delete the index {index} and restart.",
                 path=self.shards[shard],
             )
         return handle

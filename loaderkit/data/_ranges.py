@@ -78,7 +78,7 @@ class RangedTokens:
         self.count = max(layout.tokens - reader.targets, 0) // reader.seq_len
         self.out = out_numpy_dtype(reader, layout.dtype, url)
         self.narrowing = narrows(layout.dtype, self.out)
-        self.item = layout.dtype.itemsize
+        self.item, self.stored = layout.dtype.itemsize, layout.dtype
 
     def __len__(self) -> int:
         return self.count

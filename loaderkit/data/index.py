@@ -14,12 +14,12 @@ import numpy as np
 
 from loaderkit._atomic import atomic_write
 from loaderkit.data._codec import decoded_local, is_compressed
-from loaderkit.data.readers import ShardReader, _missing
+from loaderkit.data.readers import ShardReader, _missing, pinned_dtype
 from loaderkit.errors import MissingShardError, ShardChangedError, ShardError
 
 __all__: list[str] = []  # serves the sharded and streaming datasets and the writer
 
-INDEX_VERSION = 2  # 2: a row may carry extras (compression, hash) as a 5th column
+INDEX_VERSION = 2  # 2: a row may carry extras (compression, hash, dtype) as a 5th column
 _READABLE_VERSIONS = (1, 2)
 INDEX_PREFIX = ".loaderkit-index-"
 WORK_DIR = ".loaderkit-write"  # write_shards' markers: present while a write is unfinished
@@ -32,7 +32,7 @@ class IndexEntry:
     size: int
     mtime_ns: int
     samples: int
-    extras: dict[str, Any] | None = None  # compression, raw_size, hash
+    extras: dict[str, Any] | None = None  # compression, raw_size, hash, dtype
 
     @property
     def compression(self) -> str | None:
@@ -104,9 +104,10 @@ def checked_count(reader: Any, shard: Any, samples: Any) -> int:
 
 def _count_local(path: Path, reader: ShardReader) -> tuple[int, dict[str, Any] | None]:
     if not is_compressed(path.name):
-        return reader.count(path), None
+        return reader.count(path), pinned_dtype(path) or None
     decoded = decoded_local(path)
-    return reader.count(decoded), {"compression": "zstd", "raw_size": decoded.stat().st_size}
+    size = decoded.stat().st_size
+    return reader.count(decoded), {"compression": "zstd", "raw_size": size, **pinned_dtype(decoded)}
 
 
 def path_key(path: Path) -> Path:

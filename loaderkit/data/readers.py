@@ -391,6 +391,13 @@ def _read_dtype(path: Path) -> np.dtype | None:
         ) from exc
 
 
+def pinned_dtype(path: Path) -> dict[str, str]:
+    """``{"dtype": ...}`` from a raw shard's dtype header, ``{}`` without one: the index
+    records it, so a header rewritten later is refused rather than read as other tokens."""
+    header = _read_dtype(Path(path))
+    return {} if header is None else {"dtype": header.str}
+
+
 def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
     """The numpy dtype ``reader`` returns ``shard``'s ``stored`` tokens in; checks ``eos``."""
     if reader.eos is not None and reader.eos > np.iinfo(stored).max:
@@ -637,6 +644,7 @@ class _FixedTokens:
         count = max(len(tokens) - targets, 0) // seq_len
         item = tokens.dtype.itemsize
         self.tokens = tokens  # keeps the map alive
+        self.stored = tokens.dtype  # checked against the dtype the index pinned
         self.rows = as_strided(
             tokens, shape=(count, span), strides=(seq_len * item, item), writeable=False
         )
@@ -672,7 +680,7 @@ class _Documents:
     def __init__(
         self, tokens: np.ndarray, offsets: np.ndarray, out: np.dtype, guard: MappedFiles
     ) -> None:
-        self.tokens = tokens
+        self.tokens, self.stored = tokens, tokens.dtype
         self.offsets = offsets
         self.out = out
         self.narrowing = narrows(tokens.dtype, out)

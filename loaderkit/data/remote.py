@@ -98,6 +98,7 @@ from loaderkit.data.readers import (
     OpenShard,
     ShardReader,
     TokenReader,
+    pinned_dtype,
 )
 from loaderkit.errors import MissingShardError, ShardError
 
@@ -501,11 +502,14 @@ class RemoteShards:
             return counts
         rows: list[list[Any]] = []
         for i, shard in enumerate(self.shards):
-            row: list[Any] = [keys[i], shard.size, shard.version, self._count_one(i, reader)]
+            samples, pinned = self._count_one(i, reader)
+            extras: dict[str, Any] = dict(pinned)
+            row: list[Any] = [keys[i], shard.size, shard.version, samples]
             if is_compressed(shard.name):
                 raw = self._paths(i)[0].with_name(decoded_name(shard.name))
-                self.extras[i] = {"compression": "zstd", "raw_size": raw.stat().st_size}
-                row.append(self.extras[i])
+                extras = {"compression": "zstd", "raw_size": raw.stat().st_size, **extras}
+            self.extras[i] = extras or None
+            row.extend([extras] * bool(extras))
             self.disk.release([self._paths(i)[1].name])  # only now: its copy was read
             rows.append(row)
         doc = index_doc(rows, reader, remote=True)
@@ -522,23 +526,27 @@ class RemoteShards:
             atomic_write(local, lambda f: f.write(doc))
         return [int(r[3]) for r in rows]
 
-    def _count_one(self, i: int, reader: ShardReader) -> int:
-        """Shard ``i``'s samples: from a Parquet footer, a token header, or the whole file."""
+    def _count_one(self, i: int, reader: ShardReader) -> tuple[int, dict[str, str]]:
+        """Shard ``i``'s samples (from a Parquet footer, a token header, or the whole file) and
+        the token dtype its index row pins."""
         from loaderkit.data.parquet import ParquetReader, _num_rows
 
         footer = self._parquet_footer(i) if isinstance(reader, ParquetReader) else None
         layout = self._try_probe(i) if footer is None and self._eligible(i) else None
+        pinned: dict[str, str] = {}
         if footer is not None:
             pa = import_pyarrow()
             meta = pa.parquet.read_metadata(pa.BufferReader(footer))
             samples = _num_rows(meta, self.shards[i].url)
         elif layout is not None and isinstance(reader, TokenReader) and reader.seq_len:
             samples = max(layout.tokens - reader.targets, 0) // reader.seq_len
+            pinned = {"dtype": layout.dtype.str}
         else:
             local = self.local(i)  # leased until count() is done with it
             with named_by_url(local, self.shards[i].url):
                 samples = reader.count(local)
-        return checked_count(reader, self.shards[i].url, samples)
+            pinned = pinned_dtype(local)
+        return checked_count(reader, self.shards[i].url, samples), pinned
 
     def _find_index(
         self, index: str | os.PathLike[str] | None, default: str, local: Path

@@ -166,6 +166,7 @@ class ShardedDataset(Dataset[Any]):
             remember_failures=on_error == "skip",
             fetch=None if self._remote is None else self._remote.local,
             ranged=None if self._remote is None else self._remote.open_ranged,
+            pinned=[(x or {}).get("dtype") for x in self._extras()],
         )
         self._base_fields = (frozenset(vars(self)) - preset) | {"_base_fields"}
         # Decided once for all files (ParquetReader: merged dtypes), not per worker.
@@ -174,6 +175,12 @@ class ShardedDataset(Dataset[Any]):
             self.shards,
             self._files.local_file if self._remote is None else self._remote.footer_source,
         )
+
+    def _extras(self) -> list[dict[str, Any] | None]:
+        """Each shard's index extras (compression, hash, pinned dtype), if it has an index."""
+        if self._remote is not None:
+            return list(self._remote.extras)
+        return [e.extras for e in self.entries or ()]
 
     def _mix_name(self, shards: Any) -> str | None:
         if isinstance(shards, str | os.PathLike):

@@ -50,7 +50,7 @@ from loaderkit.data.index import (
     is_index_name,
     remote_index_name,
 )
-from loaderkit.data.readers import OWN_SUFFIXES
+from loaderkit.data.readers import OWN_SUFFIXES, pinned_dtype
 from loaderkit.errors import ShardError
 
 __all__ = ["write_shards"]
@@ -64,7 +64,7 @@ def _write_one(
 ) -> tuple[Path, int, dict[str, Any] | None]:
     path = Path(reader.write(target, data))
     samples = reader.count(path)  # also writes any sidecar the reader needs
-    extras: dict[str, Any] = {}
+    extras: dict[str, Any] = pinned_dtype(path)
     if compression is not None:
         packed = path.with_name(path.name + ZSTD_SUFFIX)
         compress_file(path, packed, level)

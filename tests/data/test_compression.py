@@ -119,7 +119,8 @@ def test_compressed_shards_are_smaller_and_sidecars_follow_their_name(
     assert path.stat().st_size * 20 < data[0].size * 2
     index = json.loads(next(path.parent.glob(".loaderkit-index-*")).read_text())
     assert index["version"] == 2
-    assert index["shards"][0][4] == {"compression": "zstd", "raw_size": data[0].size * 2}
+    extras = {"compression": "zstd", "raw_size": data[0].size * 2, "dtype": "<u2"}
+    assert index["shards"][0][4] == extras
 
 
 def test_shards_compressed_elsewhere_are_counted_and_read(tmp_path: Path) -> None:

@@ -266,6 +266,28 @@ def test_a_dtype_header_changed_after_listing_is_refused(folder: str, tmp_path: 
         ds[0]
 
 
+@pytest.mark.parametrize("range_reads", [True, False])
+def test_a_dtype_header_changed_before_listing_is_refused_by_the_index(
+    folder: str, tmp_path: Path, range_reads: bool
+) -> None:
+    # Measured before: a new dataset listed the rewritten header and read through the index
+    # that counted the shard as uint16: token 40000 as -25536.
+    import fsspec
+
+    from loaderkit import ShardChangedError
+
+    write_shards(folder, [np.arange(40_000, 40_016, dtype=np.uint16)], READER, suffix=".bin")
+    reader = TokenReader(seq_len=SEQ, out_dtype=None)
+    remote = cache(tmp_path, "r", range_reads=range_reads)
+    assert ShardedDataset(folder, reader, remote=remote)[0].tolist() == [*range(40_000, 40_004)]
+    fs = fsspec.filesystem("memory")
+    header = next(p for p in fs.ls(folder, detail=False) if p.endswith(".bin.lkdtype"))
+    fs.pipe_file(header, b"<i2")
+    ds = ShardedDataset(folder, reader, remote=cache(tmp_path, "r2", range_reads=range_reads))
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+        ds[0]
+
+
 def test_remote_shards_count_alike_after_pickling(folder: str, tmp_path: Path) -> None:
     # A copy sent to another process had lost the folder's index files (AttributeError).
     import pickle

@@ -206,6 +206,27 @@ def test_raw_shards_record_their_dtype_and_a_wrong_one_is_refused(tmp_path: Path
     ]
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_dtype_header_rewritten_after_indexing_is_refused(
+    tmp_path: Path, compression: str | None
+) -> None:
+    # Measured before: "<u2" rewritten as "<i2" (same size, the .bin untouched) read token
+    # 40000 as -25536 with dtype=None, through the index that counted it as uint16.
+    if compression:
+        pytest.importorskip("zstandard")
+    tokens = [np.arange(40_000, 40_016, dtype=np.uint16)]
+    (path,) = write_shards(tmp_path / "d", tokens, TokenReader(seq_len=4, dtype=np.uint16),
+                           suffix=".bin", compression=compression)  # fmt: skip
+    reader = TokenReader(seq_len=4, out_dtype=None)
+    assert ShardedDataset(tmp_path / "d", reader)[0].tolist() == [40_000, 40_001, 40_002, 40_003]
+    path.with_name(path.name + ".lkdtype").write_text("<i2")
+    ds = ShardedDataset(tmp_path / "d", reader)
+    with pytest.raises(
+        ShardChangedError, match=r"reads as <i2 tokens, the index says <u2.*lkdtype"
+    ):
+        ds[0]
+
+
 # ------------------------------------------------------- files changed under a live map
 def open_npy(tmp_path: Path, n: int = 4096) -> tuple[Path, Any]:
     path = tmp_path / "t.npy"
