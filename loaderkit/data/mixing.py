@@ -190,6 +190,11 @@ def _check_source(name: str, ds: Any) -> None:
             "pass its sources to this mix directly, each weighted by its share of the inner "
             "mix times the inner mix's weight."
         )
+    if isinstance(ds, str | bytes | os.PathLike):  # a str has len() and [i]: its characters
+        raise TypeError(
+            f"{_OWNER}: source {name!r} is a path ({ds!r}), not a dataset; pass "
+            "ShardedDataset(path, reader), or give the paths to MixedDataModule."
+        )
     if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
         raise TypeError(
             f"{_OWNER}: source {name!r} must be a map-style dataset (len() and [i]), "

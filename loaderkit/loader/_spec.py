@@ -122,8 +122,9 @@ def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
     if budget is not None and pads and counted % pads:
         raise ValueError(
             f"ResumableDataLoader: collate_fn pads to a multiple of {pads}, but batch_sampler "
-            f"counts max_tokens={budget} rounded to {counted}, so batches exceed the budget; "
-            f"build the sampler with pad_to_multiple_of={pads}."
+            f"counts max_tokens={budget} with lengths rounded to a multiple of {counted}, so "
+            f"batches exceed the budget; pass pad_to_multiple_of={pads} to the sampler (or to "
+            "the DataModule, not to its collate)."
         )
 
 
@@ -192,6 +193,9 @@ def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
 def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: Any) -> None:
     """Refuse a weighted MixedDataset that ``plan`` (or ``sampler``, even a plain one) would
     read unweighted."""
+    mix = plan.mix if isinstance(plan, MixBucketPlan) else plan
+    if isinstance(dataset, MixedDataset) and isinstance(mix, MixPlan):
+        _check_same_mix(dataset, mix)
     inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
     if not holds_mix(inner, weighted=True):
         return
@@ -210,6 +214,22 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: An
             f"ResumableDataLoader: the MixedDataset's weights would be ignored by {shown}; pass "
             "no sampler or batch_sampler (or batch_sampler=mix.batch_sampler(...)), or no weights."
         )
+
+
+def _check_same_mix(dataset: MixedDataset, mix: MixPlan) -> None:
+    """Refuse a mix plan built for another MixedDataset (its weights would be read)."""
+    fields = {
+        "source sizes": (tuple(dataset.sizes), mix.source_sizes),
+        "draws per epoch (per_epoch)": (tuple(dataset.per_epoch), mix.per_epoch),
+        "source names": (tuple(dataset.names), mix.source_names),
+    }
+    for field, (ours, plans) in fields.items():
+        if ours != plans:
+            raise ValueError(
+                f"ResumableDataLoader: the batch_sampler's mix has {field} {list(plans)}, the "
+                f"MixedDataset {list(ours)}: it was built for another mix; pass "
+                "batch_sampler=dataset.batch_sampler(...) of this dataset."
+            )
 
 
 def _unwrap(args: dict[str, Any]) -> dict[str, Any]:

@@ -47,6 +47,8 @@ _OWNER = "MixedDataset"
 
 
 def _positive_numbers(name: str, values: Sequence[Any], count: int, owner: str) -> list[Fraction]:
+    if isinstance(values, np.ndarray | torch.Tensor) and values.ndim == 1:
+        values = values.tolist()  # e.g. sizes / sizes.sum(), as WeightedRandomSampler takes
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise TypeError(
             f"{owner}: {name} must be a sequence of {count} positive numbers (one per source) "
@@ -285,10 +287,12 @@ class MixPlan:
     ) -> None:
         owner = "MixPlan"
         self.source_sizes = tuple(
-            check_int("source_sizes[]", n, 1, owner=owner, numpy_ok=True) for n in source_sizes
+            check_int(f"source_sizes[{i}]", n, 1, owner=owner, numpy_ok=True)
+            for i, n in enumerate(source_sizes)
         )
         self.per_epoch = tuple(
-            check_int("per_epoch[]", a, 1, owner=owner, numpy_ok=True) for a in per_epoch
+            check_int(f"per_epoch[{i}]", a, 1, owner=owner, numpy_ok=True)
+            for i, a in enumerate(per_epoch)
         )
         if not self.source_sizes or len(self.per_epoch) != len(self.source_sizes):
             raise ValueError(
@@ -303,7 +307,10 @@ class MixPlan:
         self.num_samples = sum(self.source_sizes)
         length = sum(self.per_epoch)
         if self.num_samples >= _MAX or length >= _MAX:
-            raise ValueError(f"{owner}: sources and epoch must hold < 2**63 samples.")
+            raise ValueError(
+                f"{owner}: sources and epoch must hold < 2**63 samples, got {self.num_samples} "
+                f"and {length}; pass smaller source_sizes or per_epoch."
+            )
         # A draw's seeding key is below num_samples * (source-epochs an epoch spans).
         pairs = zip(self.per_epoch, self.source_sizes, strict=True)
         spans = max((a - 1) // n + 2 for a, n in pairs)

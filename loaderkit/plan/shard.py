@@ -138,7 +138,7 @@ class ShardPlan(OrderedPlan):
         check_int("mix_shards", self.mix_shards, 1, owner="ShardPlan", fix=fix, numpy_ok=True)
         object.__setattr__(self, "mix_shards", int(self.mix_shards))
         self._check_dealing()  # as a SamplePlan of the shards' samples
-        check_bool("drop_last", self.drop_last)
+        check_bool("drop_last", self.drop_last, owner="ShardPlan")
         check_bool("shuffle", self.shuffle, owner="ShardPlan")
 
     @functools.cached_property

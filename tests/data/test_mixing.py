@@ -331,6 +331,10 @@ def test_bad_sources_are_named() -> None:
         MixedDataset("abc")
     with pytest.raises(TypeError, match="weights is a mapping but the sources are a sequence"):
         MixedDataset([[1], [2]], weights={"0": 1, "1": 1})
+    with pytest.raises(ValueError, match=r"MixPlan: source_sizes\[1\] must be >= 1, got 0"):
+        MixPlan(source_sizes=(3, 0), per_epoch=(1, 1), batch_size=2)
+    with pytest.raises(ValueError, match=r"< 2\*\*63 samples, got 9223372036854775808 and 2;"):
+        MixPlan(source_sizes=(2**62, 2**62), per_epoch=(1, 1), batch_size=2)
     with pytest.raises(ValueError, match="MixPlan: per_epoch must hold one count per source"):
         MixPlan(source_sizes=(3, 4), per_epoch=(1,), batch_size=2)
     with pytest.raises(ValueError, match="MixPlan: rank must be < world_size=2, got 2"):
@@ -341,6 +345,37 @@ def test_bad_sources_are_named() -> None:
         from loaderkit import BucketBatchSampler
 
         BucketBatchSampler([1, 2, 3], batch_size=2, source_sizes=(3,))
+    # A str has len() and [i]: a folder path was mixed as its characters (hunter 300).
+    with pytest.raises(TypeError, match=r"source 'web' is a path \('/data/web'\), not a data"):
+        MixedDataset({"web": "/data/web", "books": [1, 2]}, weights=[1, 1])
+
+
+def test_weights_as_an_array_or_tensor_are_taken() -> None:
+    sizes = np.array([70.0, 30.0])
+    for weights in (sizes / sizes.sum(), torch.tensor([0.7, 0.3]), [0.7, 0.3]):
+        mix = MixedDataset([Source(70, 0), Source(30, 1000)], weights=weights, epoch_size=100)
+        assert mix.per_epoch == (70, 30)
+
+
+@pytest.mark.parametrize("bucket", [False, True])
+def test_a_sampler_built_for_another_mix_is_refused(bucket: bool) -> None:
+    # Measured before (hunter 300): a 1:1 mix's sampler over a 3:1 mix drew 20 of 40 from b
+    # (10 by its weights) while describe() reported the dataset's weights as applied.
+    sources = {"a": Source(100, 0), "b": Source(10, 1000)}
+    mix_31 = MixedDataset(sources, weights={"a": 3, "b": 1}, epoch_size=40)
+    mix_11 = MixedDataset(sources, weights={"a": 1, "b": 1}, epoch_size=40)
+    sampler = (
+        mix_11.bucket_batch_sampler(lengths=np.ones(110, dtype=np.int64), max_tokens=8)
+        if bucket
+        else mix_11.batch_sampler(8, seed=0)
+    )
+    with pytest.raises(ValueError, match=r"mix has draws per epoch .* \[20, 20\], the Mixed"):
+        ResumableDataLoader(mix_31, batch_sampler=sampler)
+    renamed = MixedDataset({"x": Source(100, 0), "b": Source(10, 1000)}, weights=[3, 1],
+                           epoch_size=40)  # fmt: skip
+    with pytest.raises(ValueError, match=r"mix has source names \['a', 'b'\], the MixedData"):
+        ResumableDataLoader(renamed, batch_sampler=mix_31.batch_sampler(8))
+    assert len(list(ResumableDataLoader(mix_31, batch_sampler=mix_31.batch_sampler(8)))) == 5
 
 
 class _TorchTensors(torch.utils.data.TensorDataset):

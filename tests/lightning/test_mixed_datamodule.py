@@ -349,6 +349,24 @@ def test_mixed_datamodule_refuses_pad_settings_that_no_collate_reads(runs: Runs)
     assert dm.pad_to_multiple_of == 8  # the token budget counts it
 
 
+def test_in_memory_sources_are_padded_where_a_pad_setting_asks() -> None:
+    # pad_value was refused as "stacked, not padded" for variable-length lists (hunter 300).
+    def source(n: int, base: int) -> list[dict[str, Any]]:
+        return [{"input_ids": torch.arange(1 + i % 5), "id": base + i} for i in range(n)]
+
+    sources = {"a": source(12, 0), "b": source(8, 100)}
+    dm = MixedDataModule(sources, batch_size=4, pad_value=-1)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert sum(len(b["id"]) for b in batches) == 20
+    for b in batches:
+        assert b["input_ids"].shape[1] == int(b["lengths"].max())
+        assert (b["input_ids"][~b["attention_mask"]] == -1).all()
+    dm = MixedDataModule({"a": [torch.ones(2)] * 4}, batch_size=2)  # no pad setting: stacked
+    dm.setup("fit")
+    assert next(iter(dm.train_dataloader())).shape == (2, 2)
+
+
 def test_sharded_datamodule_refuses_a_datasets_dataset(runs: Runs) -> None:
     datasets = pytest.importorskip("datasets")
     hf = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]})
