@@ -14,7 +14,7 @@ from typing import Any
 
 from loaderkit._atomic import atomic_write, temp_path
 from loaderkit.data.readers import DTYPE_SUFFIX
-from loaderkit.errors import MissingDependencyError, ShardError
+from loaderkit.errors import MissingDependencyError, ShardChangedError, ShardError
 
 ZSTD_SUFFIX = ".zst"
 ZSTD_EXTRA = ".[zstd]"  # from the loaderkit clone: not on PyPI
@@ -130,8 +130,9 @@ def compress_file(src: Path, dst: Path, level: int) -> None:
         )
 
 
-class DigestMismatch(ShardError):
-    """A file's bytes do not hash to the digest in the shard index (a ShardError)."""
+class DigestMismatch(ShardChangedError):
+    """A file's bytes do not hash to the digest in the shard index: it changed since it was
+    written (so ``on_error="skip"`` raises it too)."""
 
 
 def digest_error(path: Any, expected: str, actual: str, fix: str) -> DigestMismatch:

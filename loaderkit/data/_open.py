@@ -363,11 +363,23 @@ class OpenShards:
         map reads a file rewritten in place at its size until it is reopened."""
         if self.entries is None:
             return
-        changed = [i for i in list(self.open) if self.entries[i].changed() is not None]
+        changed = [i for i in list(self.open) if self._stale(self.entries[i])]
         for shard in changed:  # all closed first: a caller going on past the error reopens each
             self.close(shard)
         for shard in changed:
             self.get(shard)
+
+    def _stale(self, entry: IndexEntry) -> bool:
+        """Whether ``entry``'s file changed: its size or mtime, or (hashed) its bytes, as a
+        ``cp -p`` over it keeps the first two."""
+        if entry.changed() is not None:
+            return True
+        try:
+            if entry.digest is not None:
+                verify_local(entry.path, entry.digest, self.cache_root)  # a stat if unchanged
+        except ShardError:
+            return True
+        return False
 
     def _open_checked(self, shard: int) -> OpenShard:
         entry = None if self.entries is None else self.entries[shard]

@@ -83,8 +83,8 @@ class ShardedDataset(Dataset[Any]):
             :attr:`skipped`, warned about, and replaced in its batch by the next readable
             sample no longer than it (by the shards' own lengths, which :meth:`lengths`
             gives a token budget; any length where none is), so batches keep their size
-            and a budget holds (a changed shard or a wrong reader setting raises all the
-            same).
+            and a budget holds (a changed shard, by its size, mtime or content hash, or a
+            wrong reader setting raises all the same).
         max_open_shards: Shards each process keeps open (``None``: all).
         remote: For shards at URLs: a :class:`RemoteCache` (default ``RemoteCache()``).
 

@@ -390,13 +390,16 @@ def per_sample_reads(dataset: Any) -> bool:
 
 
 def _shard_sets(dataset: Any) -> list[OpenShards]:
-    """The open shards ``dataset`` reads through: a ShardedDataset's, in mixes, subsets, concats."""
+    """The open shards ``dataset`` reads through: a ShardedDataset's, in mixes and torch's
+    wrappers (Subset, ConcatDataset, StackDataset)."""
     if isinstance(dataset, ShardedDataset):
         return [dataset._files]
     inner = dataset.datasets if isinstance(dataset, ConcatDataset) else None
     if isinstance(dataset, MixedDataset):
         inner = dataset.sources
-    elif isinstance(dataset, _Subset | Subset):
+    elif isinstance(dataset, Subset | StackDataset):
+        inner = _wrapped(dataset)
+    elif isinstance(dataset, _Subset):
         inner = [dataset.dataset]
     return [files for part in inner or () for files in _shard_sets(part)]
 

@@ -796,6 +796,52 @@ def test_a_shard_rewritten_in_place_between_epochs_is_refused_where_it_stays_ope
         list(ResumableDataLoader(ds, batch_size=6))
 
 
+@pytest.mark.parametrize("wrap", ["stack", "stack-dict", "concat", "subset"])
+def test_a_shard_rewritten_between_epochs_is_refused_through_torchs_wrappers(
+    tmp_path: Path, wrap: str
+) -> None:
+    # Hunter 299: behind torch's StackDataset the epoch-start recheck never ran, and the
+    # rewrite was read as epoch 1.
+    from torch.utils.data import ConcatDataset, StackDataset, Subset
+
+    paths = [tmp_path / f"s{i}.bin" for i in range(len(SIZES))]
+    for path, tokens in zip(paths, id_shards(), strict=True):
+        tokens.tofile(path)
+    ds = ShardedDataset(paths, READER)
+    wrapped = {
+        "stack": lambda: StackDataset(ds, ds),
+        "stack-dict": lambda: StackDataset(a=ds),
+        "concat": lambda: ConcatDataset([ds]),
+        "subset": lambda: Subset(ds, range(len(ds))),
+    }[wrap]()
+    loader = ResumableDataLoader(wrapped, batch_size=6)
+    assert len(list(loader)) == 7
+    _rewrite_in_place(paths[1], plus=1000)
+    with pytest.raises(ShardError, match=r"s1\.bin"):
+        list(loader)
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, True)])
+def test_a_hashed_shard_copied_over_with_its_mtime_kept_is_refused_at_the_next_epoch(
+    tmp_path: Path, num_workers: int, persistent: bool
+) -> None:
+    # Hunter 299: `cp -p` over an open hashed shard (same size and mtime) was read as epoch
+    # 1 (the recheck compared size and mtime only); a new dataset refused it by its hash.
+    (path,) = write_shards(tmp_path / "d", [np.arange(8)], TokenReader(seq_len=2), hash="sha256")
+    ds = ShardedDataset(tmp_path / "d", TokenReader(seq_len=2), on_error="skip")
+    loader = ResumableDataLoader(
+        ds, batch_size=2, num_workers=num_workers, persistent_workers=persistent
+    )
+    assert sorted(int(i) for b in loader for i in b[:, 0]) == [0, 2, 4, 6]
+    stat = path.stat()
+    with path.open("r+b") as f:  # other bytes at the same size, mtime put back
+        f.seek(-16, 2)
+        f.write(np.arange(100, 102, dtype=np.int64).tobytes())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ShardChangedError, match=r"fails its content hash"):  # skip raises it
+        list(loader)
+
+
 def test_a_changed_shard_of_another_dataset_does_not_stop_this_loader(tmp_path: Path) -> None:
     # Review: a check of every shard the process held open refused unrelated loaders.
     folders = [tmp_path / "a", tmp_path / "b"]
