@@ -231,9 +231,7 @@ _PROBE_SEED = 0
 def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
     """Whether ``sampler`` with an empty ``generator`` slot lists ``epochs`` alike under any
     RNG (an epoch sorted by length, a warm-up, draws nothing)."""
-    if getattr(sampler, "generator", _ABSENT) is not None or not callable(
-        getattr(sampler, "set_epoch", None)
-    ):
+    if getattr(sampler, "generator", _ABSENT) is not None:
         return False
     state = torch.random.get_rng_state()
     try:
@@ -242,6 +240,14 @@ def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
             for seed in (1, 2):
                 torch.manual_seed(seed)
                 orders.append(keyed_order(sampler, _PROBE_SEED, epoch, lend=False)[0])
+                if getattr(sampler, "generator", None) is not None:
+                    sampler.generator = None  # as given
+                    raise ValueError(
+                        f"ResumableDataLoader: sampler={type(sampler).__name__} sets its "
+                        "generator as it lists, so its order depends on how often it was "
+                        "listed; create it in __init__ (generator=torch.Generator()"
+                        ".manual_seed(seed))."
+                    )
             if not torch.equal(*orders):
                 return False
     finally:

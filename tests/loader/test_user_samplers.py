@@ -352,6 +352,42 @@ def test_a_sampler_seeding_itself_keeps_its_empty_generator_slot() -> None:
         assert got == want
 
 
+class SeedsItselfOnce(Sampler[int]):
+    """As SeedsItself without set_epoch: the same order every epoch, as torch lists it."""
+
+    def __init__(self, n: int, seed: int, generator: torch.Generator | None = None) -> None:
+        self.n, self.seed, self.generator = n, seed, generator
+
+    def __iter__(self) -> Any:
+        generator = self.generator or torch.Generator().manual_seed(self.seed)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SeedsItselfLazily(SeedsItselfOnce):
+    """Fills its own slot on its first listing: each order depends on the listings before."""
+
+    def __iter__(self) -> Any:
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.seed)
+        return super().__iter__()
+
+
+def test_a_sampler_seeding_itself_without_set_epoch_keeps_its_order() -> None:
+    # Hunter 301: without set_epoch it was lent a generator: with seed=None two fresh runs
+    # listed two orders, and with seed=0 the loader's order replaced the sampler's own.
+    want = torch.randperm(8, generator=torch.Generator().manual_seed(4)).tolist()
+    for run, seed in ((0, None), (1, None), (0, 0)):
+        torch.manual_seed(run)
+        loader = ResumableDataLoader(range(8), batch_size=8, sampler=SeedsItselfOnce(8, 4),
+                                     seed=seed)  # fmt: skip
+        assert [next(iter(loader)).tolist() for _ in range(2)] == [want, want]
+    with pytest.raises(ValueError, match=r"sampler=SeedsItselfLazily sets its generator as it"):
+        ResumableDataLoader(range(8), batch_size=8, sampler=SeedsItselfLazily(8, 4))
+
+
 class KeepsEpoch(torch.utils.data.RandomSampler):
     def set_epoch(self, epoch: int) -> None:  # does not reseed its generator
         self.epoch = epoch
