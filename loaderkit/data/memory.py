@@ -101,6 +101,11 @@ class ArrayDataset(Dataset[tuple[torch.Tensor, ...]]):
         for i, a in enumerate(arrays):
             names = ("a numpy array", "TensorDataset for tensors", "array", "a.reshape(1)")
             _check_rows("ArrayDataset", i, a, np.ndarray, names)
+            if not a.dtype.isnative:  # torch.from_numpy refuses it at the first batch
+                raise TypeError(
+                    f"ArrayDataset: argument {i} has byte order {a.dtype.byteorder!r}, not the "
+                    "machine's; pass a.astype(a.dtype.newbyteorder('=')) (a copy)."
+                )
             try:  # fail here, not at the first batch
                 torch.from_numpy(np.empty(0, dtype=a.dtype))
             except TypeError as exc:

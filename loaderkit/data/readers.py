@@ -261,7 +261,8 @@ def check_npy_tokens(shard: Any, shape: tuple[int, ...], dtype: np.dtype, want: 
     if len(shape) != 1 or dtype.kind not in "iu":
         raise ShardError(
             f"shard {str(shard)!r} holds a {dtype} array of shape {shape}, not 1-D integer "
-            "tokens; flatten it (arr.reshape(-1)).",
+            "tokens; "
+            + ("flatten it (arr.reshape(-1))." if len(shape) != 1 else "save integer token ids."),
             path=shard,
         )
     if want is not None and dtype != want:
@@ -613,6 +614,8 @@ class TokenReader:
                     "write_shards takes one array per shard: pass [arr], not arr."
                     if arr.ndim == 0
                     else "flatten them (arr.reshape(-1))."
+                    if arr.ndim != 1
+                    else "pass integer token ids (arr.astype(np.int64) if they are whole)."
                 )
             )
         default = arr.dtype if arr.dtype.kind in "iu" else np.dtype(np.int64)  # []: float64

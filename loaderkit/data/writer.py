@@ -326,8 +326,9 @@ def _writers(job: _Job, num_workers: int, mp_context: Any) -> Iterator[Any]:
         except BrokenProcessPool as exc:
             raise ShardError(
                 f"write_shards: the {ctx.get_start_method()!r} writer processes could not "
-                f"start ({exc}; their error is on stderr); make fn and the reader importable "
-                "by module and name, or pass num_workers=0.",
+                f"start ({exc}; their error is on stderr); call write_shards under `if "
+                "__name__ == '__main__':` in a script, make fn and the reader importable by "
+                "module and name, or pass num_workers=0.",
                 path=job.root,
             ) from exc
         yield pool
@@ -487,9 +488,9 @@ def write_shards(
         if not results:
             raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     except BaseException:
-        # A call refused before its first shard leaves no work folder (it would refuse a
-        # complete corpus there); one stopped while writing leaves it, to be resumed.
-        if fresh and work is not None and (not started or results == {}):
+        # A call that put no shard in place leaves no work folder (it would refuse a
+        # complete corpus there); one stopped after some leaves it, to be resumed.
+        if fresh and work is not None and (not started or not any(work.glob("*.json"))):
             shutil.rmtree(work, ignore_errors=True)
         raise
     written = [results[i] for i in sorted(results)]

@@ -31,11 +31,13 @@ from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
 _MISSING = (
-    "a state saved for map-style data cannot resume a stream. Pass what state_dict() returned."
+    "the state was not saved by a loader over a StreamingShardedDataset. Pass what "
+    "state_dict() returned by a loader over the same stream."
 )
 _DIFFERS = (
-    "A stream resumes exactly only with the same shards and settings; build the "
-    "loader with the saved value or start without the state."
+    "A stream resumes exactly only with the same shards (names, sizes, order) and settings; "
+    "build the loader with the saved value (the same shards, in the same order) or start "
+    "without the state."
 )
 
 

@@ -118,7 +118,9 @@ def check_settings(
     here, adopted = dict(here), None
     if adopt_seed and saved.get("seed") != here["seed"]:
         adopted = here["seed"] = saved["seed"]
-    for key in sorted(set(saved) | (set(here) - (_ADDED - set(saved)))):
+    keys = sorted(set(saved) | (set(here) - (_ADDED - set(saved))))
+    # Count, then names, before bytes: a shard list reordered or renamed is told as such.
+    for key in sorted(keys, key=lambda k: {"num_shards": 0, "shard_names_crc32": 1}.get(k, 2)):
         if saved.get(key) != here.get(key):
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field {key!r} differs: saved {saved.get(key)!r}, "

@@ -192,6 +192,13 @@ def _index(item: Any, sampler: Any) -> int:
     try:
         return operator.index(item)
     except TypeError:
+        batches = hasattr(sampler, "batch_size") or hasattr(sampler, "plan")  # torch's, ours
+        if batches and isinstance(item, list | tuple | torch.Tensor):
+            name = type(sampler).__name__
+            raise TypeError(
+                f"ResumableDataLoader: sampler={name} yields batches of indices ({item!r}); "
+                f"pass it as batch_sampler= (and drop batch_size)."
+            ) from None
         raise TypeError(
             f"ResumableDataLoader: sampler={type(sampler).__name__} yielded {item!r} "
             f"({type(item).__name__}), not an integer index. Index the dataset by position "

@@ -127,6 +127,11 @@ def test_per_item_samples_do_not_alias_the_arrays() -> None:
             TypeError,
             r"argument 1 has dtype <U1, which torch cannot hold",
         ),
+        (  # a big-endian memmap: torch's own error named no argument and no fix (hunter 301)
+            lambda: ArrayDataset(np.arange(8, dtype=">f4").reshape(4, 2)),
+            TypeError,
+            r"argument 0 has byte order '>', not the machine's; pass a.astype",
+        ),
     ],
 )
 def test_bad_inputs_are_named(make: object, error: type, match: str) -> None:

@@ -420,6 +420,23 @@ def test_a_write_of_another_prefix_leaves_an_unfinished_write_unfinished(
     assert ShardedDataset(listed, READER, remote=remote).sizes == (1, 1)
 
 
+def _fails(item: Any) -> Any:
+    raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_write_whose_fn_fails_before_any_shard_keeps_the_corpus_readable(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # Hunter 299: fn raising on the first item left a work folder, so the complete corpus
+    # already there was refused as an unfinished write (and the rerun failed alike).
+    write_shards(tmp_path, arrays((1, 1, 1), 3), READER, progress=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        write_shards(tmp_path, [1, 2], READER, fn=_fails, num_workers=num_workers, progress=False)
+    assert ".loaderkit-write" not in names(tmp_path)
+    assert ShardedDataset(tmp_path, READER).sizes == (1, 1, 1)
+
+
 def test_a_marker_left_half_written_by_a_killed_write_goes_with_its_rerun(tmp_path: Path) -> None:
     # Review 246: a SIGKILL while a marker was written left `.{marker}.{tag}.tmp`; the rerun
     # completed but kept the work folder, so the folder read as unfinished for good.

@@ -544,7 +544,7 @@ def test_state_mismatch_and_malformed_states() -> None:
         loader(ds).load_state_dict([])  # type: ignore[arg-type]
     with pytest.raises(StateMismatchError, match=r"missing keys \['ranks'\]"):
         loader(ds).load_state_dict({k: v for k, v in state.items() if k != "ranks"})
-    with pytest.raises(StateMismatchError, match="map-style data cannot resume a stream"):
+    with pytest.raises(StateMismatchError, match="not saved by a loader over a Streaming"):
         loader(ds).load_state_dict(ResumableDataLoader(list(range(4))).state_dict())
     with pytest.raises(StateMismatchError, match="upgrade loaderkit"):
         loader(ds).load_state_dict({**state, "version": 99})
@@ -754,6 +754,11 @@ def test_a_stream_state_over_shards_rewritten_since_is_refused(tmp_path: Path) -
     again = loader(StreamingShardedDataset(tmp_path, reader, shuffle_shards=False), batch_size=2)
     with pytest.raises(StateMismatchError, match=r"field 'shard_bytes_crc32' differs"):
         again.load_state_dict(state)
+    # The same files listed in another order: named by their names, with the fix (hunter 302).
+    files = sorted(tmp_path.glob("*.npy"))[::-1]
+    turned = loader(StreamingShardedDataset(files, reader, shuffle_shards=False), batch_size=2)
+    with pytest.raises(StateMismatchError, match=r"'shard_names_crc32' differs.*same order"):
+        turned.load_state_dict(state)
     older = copy.deepcopy(state)  # saved before the field existed: loaded as it was then
     del older["stream"]["shard_bytes_crc32"]
     seal(older)

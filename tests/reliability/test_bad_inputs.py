@@ -846,7 +846,7 @@ STATES = [
         StateMismatchError,
         "missing keys",
         "kind",
-        "map-style data cannot resume a stream",
+        "not saved by a loader over a StreamingShardedDataset",
     ),
     Bad(
         "stream state other workers",
@@ -1023,6 +1023,25 @@ SHARDS = [
         "d.npy",
         r"shape \(2, 4\)",
         "flatten it",
+    ),
+    Bad(  # 1-D floats were told to flatten (hunter 299)
+        ".npy 1-D float",
+        lambda tmp: (
+            np.save(tmp / "f.npy", np.zeros(8, dtype=np.float32)),
+            TokenReader(4).open(tmp / "f.npy"),
+        ),
+        ShardError,
+        "f.npy",
+        "float32",
+        "save integer token ids",
+    ),
+    Bad(
+        "TokenReader.write 1-D float",
+        lambda tmp: TokenReader(4).write(tmp / "g.npy", np.linspace(0, 1, 8)),
+        ValueError,
+        "g.npy",
+        "float64",
+        r"pass integer token ids \(arr.astype\(np.int64\)",
     ),
     Bad(
         ".npy corrupt",

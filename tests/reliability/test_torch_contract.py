@@ -21,9 +21,16 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, TensorDataset
 
-from loaderkit import IterableReader, ResumableDataLoader, StreamingShardedDataset, WorkerError
+from loaderkit import (
+    IterableReader,
+    PlanBatchSampler,
+    ResumableDataLoader,
+    SamplePlan,
+    StreamingShardedDataset,
+    WorkerError,
+)
 from loaderkit.env import cpu_budget
 from tests.support.helpers import REPO_ROOT, run_script
 
@@ -263,6 +270,13 @@ def test_index_lists_as_an_unbatched_sampler_are_refused_by_name_with_the_fix() 
         match=r"yielded \[0, 1, 2\] \(list\), not an integer index.*__getitems__\(indices\)",
     ):
         ResumableDataLoader(data, batch_size=None, sampler=[[0, 1, 2], [3, 4]])
+    # A batch sampler given as sampler= (hunter 301: the fix named no batch_sampler=).
+    for sampler in (
+        BatchSampler(range(10), 4, False),
+        PlanBatchSampler(SamplePlan(num_samples=10, batch_size=4)),
+    ):
+        with pytest.raises(TypeError, match=r"yields batches of indices .* as batch_sampler="):
+            ResumableDataLoader(data, batch_size=None, sampler=sampler)
 
 
 # ------------------------------------------------------------- point 15: warnings
