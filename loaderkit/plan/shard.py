@@ -128,7 +128,8 @@ class ShardPlan(OrderedPlan):
         object.__setattr__(self, "shard_sizes", sizes)
         if sum(sizes) == 0:
             raise ValueError(
-                f"ShardPlan: the {len(sizes)} shard(s) hold no sample; pass non-empty shards."
+                f"ShardPlan: the {len(sizes)} shard(s) hold no sample; pass non-empty shards "
+                "(a TokenReader's seq_len no longer than a shard's tokens)."
             )
         check_int("window", self.window, 1, owner="ShardPlan")
         fix = (
