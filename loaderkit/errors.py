@@ -3,6 +3,9 @@ built-in type code guarding ``torch.utils.data`` calls already catches."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __all__ = [
     "CollateError",
     "LoaderkitError",
@@ -76,6 +79,19 @@ class MissingShardReadError(ShardReadError, MissingShardError):
 
 class ShardChangedReadError(ShardReadError, ShardChangedError):
     """A :class:`ShardReadError` caused by a changed shard."""
+
+
+def require(module: str, need: str, extra: str, fix: str = "") -> Any:
+    """``module`` imported, else a :class:`MissingDependencyError`: ``need`` (what needs it)
+    and the loaderkit ``extra`` that installs it."""
+    try:  # the package first: a submodule imported earlier stays in sys.modules without it
+        importlib.import_module(module.split(".")[0])
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{need} {module.split('.')[0]}, which is not installed; install the extra in the "
+            f"loaderkit clone: pip install '.[{extra}]'{fix}."
+        ) from exc
 
 
 def read_error_type(cause: type[BaseException]) -> type[WorkerError]:

@@ -11,22 +11,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit.errors import MissingDependencyError
+from loaderkit.errors import require
 
 _SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
 def import_pyarrow(extra: str = "parquet") -> Any:
     """``pyarrow`` with its ``compute`` and ``parquet`` modules."""
-    try:
-        import pyarrow
-        import pyarrow.compute
-        import pyarrow.parquet
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"reading Parquet or Arrow data needs pyarrow, which is not installed; install "
-            f"the extra: pip install '.[{extra}]' in the loaderkit clone."
-        ) from exc
+    for module in ("pyarrow.compute", "pyarrow.parquet", "pyarrow"):
+        pyarrow = require(module, "reading Parquet or Arrow data needs", extra)
     return pyarrow
 
 

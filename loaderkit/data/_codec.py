@@ -14,10 +14,9 @@ from typing import Any
 
 from loaderkit._atomic import atomic_write, temp_path
 from loaderkit.data.readers import DTYPE_SUFFIX
-from loaderkit.errors import MissingDependencyError, ShardChangedError, ShardError
+from loaderkit.errors import ShardChangedError, ShardError, require
 
 ZSTD_SUFFIX = ".zst"
-ZSTD_EXTRA = ".[zstd]"  # from the loaderkit clone: not on PyPI
 COMPRESSIONS = ("zstd",)
 # hashlib's, and xxhash's (faster than disk; in the [zstd] extra).
 HASHES = ("sha256", "blake2b", "xxh64", "xxh3_64", "xxh3_128")
@@ -33,26 +32,13 @@ def unlink(paths: Iterable[Path]) -> None:
 
 
 def _zstd() -> Any:
-    try:
-        import zstandard
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "zstd-compressed shards need the zstandard package, which is not installed; "
-            f"install the extra in the loaderkit clone: pip install '{ZSTD_EXTRA}'."
-        ) from exc
-    return zstandard
+    return require("zstandard", "zstd-compressed shards need", "zstd")
 
 
 def _new_hasher(algo: str) -> Any:
     if algo.startswith("xxh"):
-        try:
-            import xxhash
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"hash={algo!r} needs the xxhash package, which is not installed; install the "
-                f"extra in the loaderkit clone: pip install '{ZSTD_EXTRA}', or pass hash='sha256'."
-            ) from exc
-        return getattr(xxhash, algo)()
+        need = f"hash={algo!r} needs"
+        return getattr(require("xxhash", need, "zstd", ", or pass hash='sha256'"), algo)()
     return hashlib.new(algo)
 
 

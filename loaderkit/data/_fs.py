@@ -19,6 +19,7 @@ from loaderkit.errors import (
     MissingShardError,
     ShardChangedError,
     ShardError,
+    require,
 )
 
 REMOTE_EXTRA = ".[remote]"  # from the loaderkit clone: not on PyPI
@@ -105,14 +106,7 @@ class Storage:
     def fs(self) -> Any:
         """This process's fsspec filesystem (made on first use, again after a fork)."""
         if self._fs is None or self._pid != os.getpid():
-            try:
-                import fsspec
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    "reading or writing shards at a URL needs fsspec, which is not installed; "
-                    f"install the extra in the loaderkit clone: pip install '{REMOTE_EXTRA}' "
-                    "(fsspec, s3fs, gcsfs)."
-                ) from exc
+            fsspec = require("fsspec", "reading or writing shards at a URL needs", "remote")
             try:
                 # A cached instance may be the parent process's, with its event loop.
                 self._fs = fsspec.filesystem(

@@ -14,22 +14,13 @@ from loaderkit._checks import getitem_overridden, reads_overridden
 from loaderkit.data._arrow import Columns, column_kind, import_pyarrow, length_values, table_columns
 from loaderkit.data._fs import source_name
 from loaderkit.data.lengths import check_own_lengths
-from loaderkit.errors import MissingDependencyError
+from loaderkit.errors import require
 
 __all__ = ["HFDataset"]
 
-HF_EXTRA = ".[hf]"  # from the loaderkit clone: not on PyPI
-
 
 def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "HFDataset needs the Hugging Face datasets library, which is not installed; "
-            f"install the extra in the loaderkit clone: pip install '{HF_EXTRA}'."
-        ) from exc
-    return datasets
+    return require("datasets", "HFDataset needs the Hugging Face library", "hf")
 
 
 def _to_decode(features: Any, columns: list[str]) -> list[str]:

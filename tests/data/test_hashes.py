@@ -160,7 +160,7 @@ def test_workers_verify_and_read_hashed_compressed_shards(tmp_path: Path) -> Non
 
 def test_without_xxhash_the_extra_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "xxhash", None)
-    with pytest.raises(MissingDependencyError, match=r"hash='xxh3_64' needs the xxhash.*zstd"):
+    with pytest.raises(MissingDependencyError, match=r"hash='xxh3_64' needs xxhash.*zstd"):
         write_shards(tmp_path, id_shards(), READER, hash="xxh3_64")
     write_shards(tmp_path, id_shards(), READER, hash="sha256")  # hashlib's need nothing
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from loaderkit.errors import MissingDependencyError
+from loaderkit.errors import require
 from loaderkit.lightning.datamodules._args import check_settings
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 
@@ -20,15 +20,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _torchvision() -> tuple[Any, Any]:
-    try:
-        from torchvision import datasets
-        from torchvision.transforms import v2
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"ImageFolderDataModule needs torchvision ({exc}); pip install '.[vision]' in the "
-            "loaderkit clone."
-        ) from exc
-    return datasets, v2
+    need = "ImageFolderDataModule needs"
+    return require("torchvision.datasets", need, "vision"), require(
+        "torchvision.transforms.v2", need, "vision"
+    )
 
 
 def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float, float, float]:
