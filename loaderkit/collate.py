@@ -67,7 +67,11 @@ def _kind(t: type) -> type:
 
 
 def _is_flat_list(col: list[Any]) -> bool:
-    return isinstance(col[0], list) and type(_lead(col)) in {*_KINDS, type(None)}
+    lead = type(_lead(col))
+    if lead in {*_KINDS, type(None)}:
+        return isinstance(col[0], list)
+    # Numpy scalars too (``list(tokens) + [eos]``), unless beside arrays (converted each).
+    return _kind(lead) in _KINDS and all(isinstance(v, list) for v in col)
 
 
 def _one_type(where: str, col: list[Any]) -> None:
@@ -88,7 +92,7 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
             if not v:
                 continue
             dtype = np.asarray(v).dtype
-            if dtype.kind != _KINDS.get(type(v[0])):
+            if dtype.kind != _KINDS.get(_kind(type(v[0]))):
                 raise CollateError(
                     f"{where}: sample {i} mixes {type(v[0]).__name__} items with others "
                     f"({dtype}); make every item of this field one kind"
@@ -128,8 +132,9 @@ def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
 
 
 def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
-    """Flat lists of Python numbers, concatenated by one numpy call; lists that are all
-    empty take their type from ``pad`` (int64 unless it is a float or bool)."""
+    """Flat lists of numbers, concatenated by one numpy call (Python numbers as int64 or the
+    default float; with numpy scalars, numpy's dtype); lists that are all empty take their
+    type from ``pad`` (int64 unless it is a float or bool)."""
     _one_type(where, col)  # a tensor or array beside lists: named, not "truth value ambiguous"
     kinds = {_kind(type(v[0])) for v in col if v}
     kinds = kinds or {type(pad) if type(pad) in (float, bool) else int}
@@ -144,9 +149,30 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
         _diagnose(where, col, 0)
+    if any(isinstance(x, np.generic) for v in col if v for x in (v[0], v[-1])):
+        return torch.from_numpy(flat)  # numpy's one dtype for the batch: list(int32s) stays
     if kinds == {float}:
         return torch.from_numpy(flat).to(torch.get_default_dtype())
     return torch.from_numpy(flat.astype(bool if kinds == {bool} else np.int64, copy=False))
+
+
+def _widened(col: list[Any]) -> list[Any] | None:
+    """``col`` in one dtype that holds each of theirs exactly (int32 beside int64, as sources
+    of a mix type a column), else None: only ints, or only floats, of one library."""
+    kinds = {(type(v), v.dtype.kind if isinstance(v, np.ndarray) else v.dtype.is_floating_point)
+             for v in col if isinstance(v, np.ndarray | Tensor)}  # fmt: skip
+    if len(kinds) != 1 or len(col) != sum(isinstance(v, np.ndarray | Tensor) for v in col):
+        return None
+    if isinstance(col[0], np.ndarray):
+        common = np.result_type(*(v.dtype for v in col))
+        return [v.astype(common) for v in col] if common.kind == col[0].dtype.kind else None
+    if any(v.dtype in (torch.bool, torch.uint64) or v.is_complex() for v in col):
+        return None
+    try:
+        wide = functools.reduce(torch.promote_types, (v.dtype for v in col))
+    except (RuntimeError, TypeError):  # uint16 and others torch does not promote
+        return None
+    return [v.to(wide) for v in col]
 
 
 def _concat(where: str, col: list[Any], dim: int) -> Tensor:
@@ -156,7 +182,7 @@ def _concat(where: str, col: list[Any], dim: int) -> Tensor:
     except AttributeError:
         same = False
     if not same:
-        _diagnose(where, col, dim)
+        col = _widened(col) or _diagnose(where, col, dim)
     try:
         if isinstance(col[0], np.ndarray):
             return torch.from_numpy(np.concatenate(col, axis=dim)).movedim(dim, 0)
@@ -670,7 +696,9 @@ class PadCollate:
             return True  # default_collate would transpose lists, so they are always padded
         # Another dtype (default_collate would silently promote), or a value with none.
         if len({getattr(v, "dtype", None) for v in col}) > 1:
-            _diagnose(_where(key), col, self.pad_dim % max(col[0].ndim, 1))
+            col[:] = _widened(col) or _diagnose(
+                _where(key), col, self.pad_dim % max(col[0].ndim, 1)
+            )
         return len({v.shape for v in col}) > 1
 
     def _pack(self, first: Any, out: dict[Hashable, Any], extra: tuple[Any, ...]) -> Any:

@@ -442,8 +442,8 @@ def test_empty_batch() -> None:
     ("samples", "pattern"),
     [
         (
-            [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.int32)],
-            r"samples: sample 1 has dtype torch.int32 but sample 0 has torch.int64; cast",
+            [torch.ones(2, dtype=torch.int64), torch.ones(3, dtype=torch.float32)],
+            r"samples: sample 1 has dtype torch.float32 but sample 0 has torch.int64; cast",
         ),
         ([np.ones(2, np.int64), np.ones(1, np.float32)], r"samples: sample 1 has dtype float32"),
         ([[1, 2], [3], [1.5]], r"samples: sample 2 has dtype float64 but sample 0 has int64"),
@@ -454,6 +454,20 @@ def test_empty_batch() -> None:
 def test_mixed_dtypes(samples: list, pattern: str) -> None:
     with pytest.raises(CollateError, match=pattern):
         PadCollate()(samples)
+
+
+def test_ints_or_floats_of_two_widths_are_widened_exactly() -> None:
+    # Hunter 306: a mix of a Parquet source (int64) and an HF one (int32) failed every batch
+    # holding both, though the mix accepts the pair as promotable.
+    mixed = [{"ids": torch.arange(2, dtype=torch.int32), "uid": torch.tensor(7, dtype=torch.int32)},
+             {"ids": torch.arange(3), "uid": torch.tensor(2**40)}]  # fmt: skip
+    batch = PadCollate()(mixed)
+    assert batch["ids"].dtype == batch["uid"].dtype == torch.int64
+    assert batch["ids"].tolist() == [[0, 1, 0], [0, 1, 2]] and batch["uid"][1] == 2**40
+    halves = PadCollate()([torch.ones(1, dtype=torch.float16), torch.ones(2)]).values
+    assert halves.dtype == torch.float32
+    arrays = PadCollate()([np.arange(2, dtype=np.int16), np.arange(1, dtype=np.int32)]).values
+    assert arrays.dtype == torch.int32
 
 
 def test_mixed_dtypes_under_a_dict_key() -> None:
@@ -856,6 +870,16 @@ def test_python_ints_beside_numpy_ints_collate_in_either_order() -> None:
     for batch in ([doc, empty], [empty, doc]):
         got = PadCollate()(batch).values.tolist()
         assert sorted(got) == [[2, 0, 0], [5, 6, 2]]
+    # Hunter 307: uint16/uint32 tokens first were refused as a "ragged nested list", and
+    # numpy floats first collated as float64 beside float32.
+    for dtype in (np.uint16, np.uint32, np.int64):
+        doc = [*list(np.array([5, 6], dtype=dtype)), 2]
+        for batch in ([doc, empty], [empty, doc]):
+            padded = PadCollate()([{"input_ids": d} for d in batch])["input_ids"]
+            assert padded.dtype == torch.int64
+            assert sorted(padded.tolist()) == [[2, 0, 0], [5, 6, 2]]
+    floats = [[np.float64(0.5), 1.0], [2.0]]
+    assert PadCollate()(floats).values.dtype == PadCollate()(floats[::-1]).values.dtype
 
 
 @pytest.mark.parametrize("labels", [[None, None], [1, None]])

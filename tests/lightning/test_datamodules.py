@@ -1296,3 +1296,21 @@ def test_a_bucketed_sequence_module_predicts_in_order_and_skips_oversize_in_trai
     dm.setup("fit")
     val = [i for b in dm.val_dataloader() for i in b["id"].tolist()]
     assert len(val) == 5 and len(dm.train_dataloader()) > 0
+
+
+class _TrainAtFitOnly(LoaderDataModule):
+    """Builds train at stage "fit" only, as Lightning's docs show build-by-stage."""
+
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        return {"train": list(range(20))} if stage == "fit" else {}
+
+
+def test_val_fraction_is_cut_for_validate_from_a_train_built_at_fit_only() -> None:
+    # Hunter 307: trainer.validate() got no val split (validated nothing, no error).
+    dm = _TrainAtFitOnly(batch_size=4, val_fraction=0.25)
+    dm.setup("validate")
+    val = sorted(int(i) for b in dm.val_dataloader() for i in b)
+    assert len(val) == 5
+    other = _TrainAtFitOnly(batch_size=4, val_fraction=0.25)
+    other.setup("fit")
+    assert sorted(int(i) for b in other.val_dataloader() for i in b) == val

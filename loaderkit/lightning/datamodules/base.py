@@ -307,6 +307,8 @@ class LoaderDataModule(L.LightningDataModule):
             self.split = (train_idx, val_idx)
         self._datasets.update(fresh)
         self._stages.add(stage)
+        if self.val_fraction and stage == "validate" and "val" not in self._datasets:
+            self.setup("fit")  # a build_datasets(stage) that builds train at "fit" only
 
     def _dataset(self, split: str) -> Any:
         # A missing split's own stage, once: a predict-only module may lack train, and a
@@ -318,7 +320,11 @@ class LoaderDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{type(self).__name__} has no {split} data (it has {sorted(self._datasets)}); "
                 f"pass {split} data when building it"
-                + (", or set val_fraction to hold out train samples" if split == "val" else "")
+                + (
+                    ", or set val_fraction to hold out train samples"
+                    if split == "val" and not self.val_fraction
+                    else ""
+                )
                 + "."
             )
         return self._datasets[split]
