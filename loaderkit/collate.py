@@ -576,6 +576,8 @@ class PadCollate:
             col = [v[k] if not dim else v[(*cut, k)] for v, k in zip(col, keep, strict=True)]
             lengths = [min(n, limit) for n in lengths]
         value = self.pad_values.get(key, self.default_pad_value)
+        if key == self.mask_key and key not in self.pad_values:
+            value = 0  # the samples' own mask (a tokenizer's attention_mask): pads are absent
         if isinstance(col[0], list):
             flat = _concat_lists(where, col, value)
         else:
@@ -707,6 +709,8 @@ class PadCollate:
             for name, value in zip(names, extra, strict=True):
                 if name is None or value is None:
                     continue
+                if name == self.mask_key and name in out:
+                    continue  # the samples' own mask, padded with 0: kept as they typed it
                 if name in out:
                     raise CollateError(
                         f"PadCollate: the samples already have a key {name!r}, the name of an "

@@ -888,3 +888,15 @@ def test_a_none_field_is_named_with_its_sample(labels: list[Any]) -> None:
     batch = [{"ids": [1, 2], "label": labels[0]}, {"ids": [3], "label": labels[1]}]
     with pytest.raises(CollateError, match=r"key 'label': sample \d is None; give every sample"):
         PadCollate()(batch)
+
+
+def test_a_samples_own_attention_mask_is_padded_as_absent() -> None:
+    # Hunter 306: tokenizer output ({"input_ids", "attention_mask"}) failed every batch as a
+    # key clash with the computed mask; the samples' own one is padded with 0 and kept.
+    samples = [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1]},
+               {"input_ids": [8], "attention_mask": [1]}]  # fmt: skip
+    batch = PadCollate(pad_value=-1)(samples)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, -1, -1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    with pytest.raises(CollateError, match=r"already have a key 'lengths'"):
+        PadCollate()([{"input_ids": [1], "lengths": 1}, {"input_ids": [2, 3], "lengths": 2}])

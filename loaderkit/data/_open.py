@@ -430,8 +430,8 @@ class OpenShards:
         if want is not None and got is not None and got.str != want:
             raise ShardChangedError(
                 f"shard {name} now reads as {got.str} tokens, the index says {want}: its "
-                f"{DTYPE_SUFFIX} header changed after it was counted; restore the header, or "
-                f"delete the index {index} and restart.",
+                f"{DTYPE_SUFFIX} header changed or went, or dtype= differs; restore the header "
+                f"or pass dtype=np.dtype({want!r}) (the index: {index}).",
                 path=self.shards[shard],
             )
         return handle

@@ -35,19 +35,19 @@ def load_or_build_index(
 ) -> tuple[list[IndexEntry], Path]:
     """The checked index of ``paths``: read from ``index`` (default path if None), else built;
     with the hashes of their folder's ``write_shards`` index (checked, whatever the reader)."""
-    digests = check_written(paths)
+    written = check_written(paths)
     index = default_index_path(paths, reader) if index is None else index
     if index.exists():
         entries = read_index(index, paths, reader)
     else:
         entries = build_index(paths, reader, index, exclusive=True)
-    return [_with_hash(e, digest) for e, digest in zip(entries, digests, strict=True)], index
+    return [_with_written(e, w) for e, w in zip(entries, written, strict=True)], index
 
 
-def check_written(paths: Sequence[Path]) -> list[str | None]:
+def check_written(paths: Sequence[Path]) -> list[dict[str, Any] | None]:
     """Refuse a shard that no longer matches the ``write_shards`` index of its folder (or its
-    link target's), or whose folder holds an unfinished write; each shard's hash there
-    (None: none)."""
+    link target's), or whose folder holds an unfinished write; each shard's index extras
+    there (hash, dtype; None: none)."""
     # A path list or glob of the folder too, and links to its shards.
     links = {p.resolve().parent for p in paths if p.is_symlink()}
     for folder in {p.parent for p in paths} | links:
@@ -61,7 +61,7 @@ def check_written(paths: Sequence[Path]) -> list[str | None]:
             where, entry = row
             fix = "re-run write_shards (copy a folder with cp -a or rsync -a), or delete the index."
             unchanged(dataclasses.replace(entry, path=path), f"write_shards index {where!r}", fix)
-        digests.append(None if row is None else row[1].digest)
+        digests.append(None if row is None else row[1].extras)
     return digests
 
 
@@ -173,8 +173,10 @@ def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]
     return found
 
 
-def _with_hash(entry: IndexEntry, digest: str | None) -> IndexEntry:
-    """``entry`` with the hash ``write_shards`` recorded for it where it has none."""
-    if digest is None or entry.digest is not None:
+def _with_written(entry: IndexEntry, written: dict[str, Any] | None) -> IndexEntry:
+    """``entry`` with the hash and token dtype ``write_shards`` recorded for it where it has
+    none (another reader's index of the folder)."""
+    pins = {k: v for k, v in (written or {}).items() if k in ("hash", "dtype")}
+    if not pins.keys() - (entry.extras or {}).keys():
         return entry
-    return dataclasses.replace(entry, extras={**(entry.extras or {}), "hash": digest})
+    return dataclasses.replace(entry, extras={**pins, **(entry.extras or {})})

@@ -22,7 +22,7 @@ from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decoded_local, default_cache_root, is_compressed, verify_local
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._written import check_written
-from loaderkit.data.readers import ShardReader
+from loaderkit.data.readers import DTYPE_SUFFIX, ShardReader
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import (
     LoaderkitError,
@@ -118,8 +118,11 @@ def _past_end(shard: Any, offset: int, length: int) -> ShardError:
     )
 
 
-def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
-    """``iter_from`` for a :class:`ShardReader` (counting once if it needs a sidecar)."""
+def _seek_by_index(
+    reader: Any, shard: Any, offset: int, pinned: str | None = None
+) -> Iterator[Any]:
+    """``iter_from`` for a :class:`ShardReader` (counting once if it needs a sidecar);
+    ``pinned``: the token dtype the folder's index recorded for it."""
     try:
         handle = reader.open(shard)
     except Exception:
@@ -128,6 +131,14 @@ def _seek_by_index(reader: Any, shard: Any, offset: int) -> Iterator[Any]:
         reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
         handle = reader.open(shard)
     try:
+        stored = getattr(handle, "stored", None)
+        if pinned is not None and stored is not None and stored.str != pinned:
+            raise ShardChangedError(
+                f"shard {shard_name(shard)} now reads as {stored.str} tokens, the index says "
+                f"{pinned}: its {DTYPE_SUFFIX} header changed or went, or dtype= differs; "
+                f"restore the header or pass dtype=np.dtype({pinned!r}).",
+                path=shard,
+            )
         if offset > len(handle):
             raise _past_end(shard, offset, len(handle))
         for i in range(offset, len(handle)):
@@ -293,7 +304,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         local = all(isinstance(s, Path) for s in self.shards)
         self._stamps = [_stamp(s) for s in self.shards] if local else None
         # A stream keeps no index, but the one write_shards left in a folder holds for it.
-        self._digests = check_written(self.shards) if local else None
+        self._written = check_written(self.shards) if local else None
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
@@ -375,14 +386,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
                     "restart the run with the dataset made again.",
                     path=path,
                 )
-            digest = None if self._digests is None else self._digests[shard]
-            if digest is not None:
-                verify_local(path, digest, default_cache_root())
+            written = (None if self._written is None else self._written[shard]) or {}
+            if written.get("hash") is not None:
+                verify_local(path, written["hash"], default_cache_root())
             local = self._local(shard) if self._remote is None else self._remote.local(shard)
             if callable(iter_from):
                 yield from iter_from(local, offset)
             else:
-                yield from _seek_by_index(self.reader, local, offset)
+                yield from _seek_by_index(self.reader, local, offset, written.get("dtype"))
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:

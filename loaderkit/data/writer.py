@@ -474,6 +474,7 @@ def write_shards(
     refuse_file_url("write_shards", "directory", directory)
     work = None if is_url(directory) else Path(directory) / WORK_DIR
     fresh = work is not None and not work.exists()
+    before = _files_now(work.parent) if fresh and work is not None else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
     started, results = False, None
     try:
@@ -488,13 +489,24 @@ def write_shards(
         if not results:
             raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     except BaseException:
-        # A call that put no shard in place leaves no work folder (it would refuse a
-        # complete corpus there); one stopped after some leaves it, to be resumed.
-        if fresh and work is not None and (not started or not any(work.glob("*.json"))):
+        # A call that put no file in place leaves no work folder (it would refuse a complete
+        # corpus there); one stopped after a rename (its marker written or not) leaves it.
+        if fresh and work is not None and (not started or _files_now(work.parent) == before):
             shutil.rmtree(work, ignore_errors=True)
         raise
     written = [results[i] for i in sorted(results)]
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
+
+
+def _files_now(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Each file in ``folder`` by name: inode, size, mtime (a rename into it changes them)."""
+    out = {}
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:  # no folder yet
+        for e in entries:
+            if e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                out[e.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
 
 
 def _make_job(

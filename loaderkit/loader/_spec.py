@@ -223,6 +223,8 @@ def _check_same_mix(dataset: MixedDataset, mix: MixPlan) -> None:
         "draws per epoch (per_epoch)": (tuple(dataset.per_epoch), mix.per_epoch),
         "source names": (tuple(dataset.names), mix.source_names),
     }
+    if mix.source_names == tuple(map(str, range(len(mix.source_names)))):
+        del fields["source names"]  # a plan built by hand, unnamed
     for field, (ours, plans) in fields.items():
         if ours != plans:
             raise ValueError(

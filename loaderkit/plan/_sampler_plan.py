@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
@@ -233,21 +234,27 @@ def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
 
 # The checksum's order is keyed to this seed, so a loader adopting a saved seed still matches.
 _PROBE_SEED = 0
+# torch's samplers that draw from the global RNG when their generator slot is empty.
+_DRAWERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
     """Whether ``sampler`` with an empty ``generator`` slot lists ``epochs`` alike under any
     RNG (an epoch sorted by length, a warm-up, draws nothing)."""
-    if getattr(sampler, "generator", _ABSENT) is not None:
+    if getattr(sampler, "generator", _ABSENT) is not None or isinstance(sampler, _DRAWERS):
         return False
+    # Without set_epoch both epochs list alike: more global seeds, as a small permutation
+    # drawn from the global RNG repeats by chance (1 in 2 for two items, twice).
+    own_epochs = callable(getattr(sampler, "set_epoch", None))  # may fill the slot itself
+    seeds = range(1, 3) if own_epochs else range(1, 17)
     state = torch.random.get_rng_state()
     try:
         for epoch in epochs:
             orders = []
-            for seed in (1, 2):
+            for seed in seeds:
                 torch.manual_seed(seed)
                 orders.append(keyed_order(sampler, _PROBE_SEED, epoch, lend=False)[0])
-                if getattr(sampler, "generator", None) is not None:
+                if not own_epochs and getattr(sampler, "generator", None) is not None:
                     sampler.generator = None  # as given
                     raise ValueError(
                         f"ResumableDataLoader: sampler={type(sampler).__name__} sets its "
@@ -255,8 +262,8 @@ def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
                         "listed; create it in __init__ (generator=torch.Generator()"
                         ".manual_seed(seed))."
                     )
-            if not torch.equal(*orders):
-                return False
+                if not torch.equal(orders[0], orders[-1]):
+                    return False
     finally:
         torch.random.set_rng_state(state)
     return True

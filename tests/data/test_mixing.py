@@ -15,6 +15,7 @@ from loaderkit import (
     MixedDataset,
     MixPlan,
     PadCollate,
+    PlanBatchSampler,
     ResumableDataLoader,
     StateMismatchError,
 )
@@ -376,6 +377,10 @@ def test_a_sampler_built_for_another_mix_is_refused(bucket: bool) -> None:
     with pytest.raises(ValueError, match=r"mix has source names \['a', 'b'\], the MixedData"):
         ResumableDataLoader(renamed, batch_sampler=mix_31.batch_sampler(8))
     assert len(list(ResumableDataLoader(mix_31, batch_sampler=mix_31.batch_sampler(8)))) == 5
+    # A plan built by hand names no source: its sizes and draws decide (review 305).
+    plan = MixPlan(source_sizes=mix_31.sizes, per_epoch=mix_31.per_epoch, batch_size=8)
+    by_hand = ResumableDataLoader(mix_31, batch_sampler=PlanBatchSampler(plan))
+    assert len(list(by_hand)) == 5
 
 
 class _TorchTensors(torch.utils.data.TensorDataset):

@@ -437,6 +437,30 @@ def test_a_write_whose_fn_fails_before_any_shard_keeps_the_corpus_readable(
     assert ShardedDataset(tmp_path, READER).sizes == (1, 1, 1)
 
 
+def test_a_write_failing_after_a_shard_was_renamed_stays_unfinished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review 305: a disk full while shard 0's marker was written (after its rename) removed
+    # the work folder, and the one shard of three read as a complete corpus.
+    import errno
+
+    from loaderkit.data import writer
+
+    real = writer.atomic_write
+
+    def full(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(".json"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "atomic_write", full)
+    with pytest.raises(OSError, match="No space"):
+        write_shards(tmp_path, arrays((1, 1, 1), 3), READER, progress=False)
+    monkeypatch.setattr(writer, "atomic_write", real)
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(tmp_path, READER)
+
+
 def test_a_marker_left_half_written_by_a_killed_write_goes_with_its_rerun(tmp_path: Path) -> None:
     # Review 246: a SIGKILL while a marker was written left `.{marker}.{tag}.tmp`; the rerun
     # completed but kept the work folder, so the folder read as unfinished for good.

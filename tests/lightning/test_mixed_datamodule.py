@@ -355,13 +355,14 @@ def test_in_memory_sources_are_padded_where_a_pad_setting_asks() -> None:
         return [{"input_ids": torch.arange(1 + i % 5), "id": base + i} for i in range(n)]
 
     sources = {"a": source(12, 0), "b": source(8, 100)}
-    dm = MixedDataModule(sources, batch_size=4, pad_value=-1)
-    dm.setup("fit")
-    batches = list(dm.train_dataloader())
-    assert sum(len(b["id"]) for b in batches) == 20
-    for b in batches:
-        assert b["input_ids"].shape[1] == int(b["lengths"].max())
-        assert (b["input_ids"][~b["attention_mask"]] == -1).all()
+    for pad in (-1, 0):  # an explicit 0 too (review 305: it stacked, and failed)
+        dm = MixedDataModule(sources, batch_size=4, pad_value=pad)
+        dm.setup("fit")
+        batches = list(dm.train_dataloader())
+        assert sum(len(b["id"]) for b in batches) == 20
+        for b in batches:
+            assert b["input_ids"].shape[1] == int(b["lengths"].max())
+            assert (b["input_ids"][~b["attention_mask"]] == pad).all()
     dm = MixedDataModule({"a": [torch.ones(2)] * 4}, batch_size=2)  # no pad setting: stacked
     dm.setup("fit")
     assert next(iter(dm.train_dataloader())).shape == (2, 2)

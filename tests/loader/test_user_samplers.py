@@ -871,3 +871,16 @@ def test_a_sampler_with_its_own_shares_attribute_resumes_in_a_later_epoch() -> N
     resumed = ResumableDataLoader(data, batch_size=4, sampler=_WithShares(16))
     resumed.load_state_dict(state)
     assert [x for b in resumed for x in b.tolist()] == [x for b in it for x in b.tolist()]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_small_random_sampler_is_keyed_whatever_the_global_rng(n: int) -> None:
+    # Review 305: without the set_epoch gate, two global seeds listing a 2-item permutation
+    # alike made torch's RandomSampler "seed itself": its order followed the global RNG.
+    orders = []
+    for g in range(6):
+        torch.manual_seed(g)
+        sampler = torch.utils.data.RandomSampler(range(n))
+        loader = ResumableDataLoader(list(range(n)), batch_size=n, sampler=sampler, seed=0)
+        orders.append([next(iter(loader)).tolist() for _ in range(4)])
+    assert all(o == orders[0] for o in orders)

@@ -30,6 +30,7 @@ from loaderkit import (
     ShardedDataset,
     ShardError,
     ShardReadError,
+    StreamingShardedDataset,
     TokenReader,
     WorkerError,
     write_shards,
@@ -225,6 +226,14 @@ def test_a_dtype_header_rewritten_after_indexing_is_refused(
         ShardChangedError, match=r"reads as <i2 tokens, the index says <u2.*lkdtype"
     ):
         ds[0]
+    stream = StreamingShardedDataset(tmp_path / "d", reader)  # review 305: streams read it
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+        list(ResumableDataLoader(stream, batch_size=2))
+    # The header gone and another dtype= given (hunter 299): write_shards' pin holds for it.
+    path.with_name(path.name + ".lkdtype").unlink()
+    other = ShardedDataset(tmp_path / "d", TokenReader(seq_len=4, dtype=np.uint8))
+    with pytest.raises(ShardChangedError, match=r"reads as \|u1 tokens, the index says <u2"):
+        other[0]
 
 
 # ------------------------------------------------------- files changed under a live map

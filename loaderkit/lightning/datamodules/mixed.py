@@ -52,8 +52,9 @@ class MixedDataModule(_ShardSources):
         length_key: The field or column whose length is a sample's token count.
         bucket_window: With ``max_tokens``: samples per length-sorted window.
         oversize: With ``max_tokens``: a sample over the budget, ``"error"`` or ``"skip"``.
-        pad_value: Pad value of variable-length samples (in-memory sources are padded only
-            when it or ``pad_to_multiple_of`` is given, or under ``max_tokens``; else stacked).
+        pad_value: Pad value of variable-length samples (default 0; in-memory sources are
+            padded only when it or ``pad_to_multiple_of`` is given, or under ``max_tokens``;
+            else stacked).
         pad_to_multiple_of: Round their padded length up to a multiple of this.
         collate: The loaders' ``collate_fn`` instead of the default above (it pads: pass
             ``pad_value`` and ``pad_to_multiple_of`` to it, not here).
@@ -97,7 +98,7 @@ class MixedDataModule(_ShardSources):
         length_key: str = "input_ids",
         bucket_window: int | None = None,
         oversize: Literal["error", "skip"] = "error",
-        pad_value: int | float = 0,
+        pad_value: int | float | None = None,
         pad_to_multiple_of: int | None = None,
         collate: Callable[[list[Any]], Any] | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -137,12 +138,12 @@ class MixedDataModule(_ShardSources):
         self.reader = self._reader(reader, items, options)
         self._only_shards = all(_is_path(s) for s in self.splits["train"][1])
         # In-memory samples' shapes are unknown here: padded where a pad setting asks for it.
-        asked = pad_value != 0 or pad_to_multiple_of is not None
+        asked = pad_value is not None or pad_to_multiple_of is not None
         objects = asked and any(not (_is_path(s) or _is_table(s)) for s in items)
         varying = any(_is_table(s) for s in items) or max_tokens is not None or objects
         tables = isinstance(self.reader, ParquetReader)
         keyed = True if all(_is_table(s) or (_is_path(s) and tables) for s in items) else None
-        self._set_collate(pad_value, varying, collate, keyed=keyed)
+        self._set_collate(pad_value or 0, varying, collate, keyed=keyed)
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
         """The one reader of the path sources (None without any)."""
