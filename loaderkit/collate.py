@@ -66,6 +66,12 @@ def _kind(t: type) -> type:
     return int if issubclass(t, np.integer) else float if issubclass(t, np.floating) else t
 
 
+def _same_kind(dtype: np.dtype, kind: type) -> bool:
+    """Whether numpy ``dtype`` holds Python numbers of ``kind`` (unsigned ints are ints)."""
+    want = _KINDS.get(kind)
+    return dtype.kind == want or (want == "i" and dtype.kind == "u")
+
+
 def _is_flat_list(col: list[Any]) -> bool:
     lead = type(_lead(col))
     if lead in {*_KINDS, type(None)}:
@@ -92,7 +98,7 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
             if not v:
                 continue
             dtype = np.asarray(v).dtype
-            if dtype.kind != _KINDS.get(_kind(type(v[0]))):
+            if not _same_kind(dtype, _kind(type(v[0]))):
                 raise CollateError(
                     f"{where}: sample {i} mixes {type(v[0]).__name__} items with others "
                     f"({dtype}); make every item of this field one kind"
@@ -147,10 +153,13 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if flat.ndim != 1:
         _not_flat(where, col)
-    if len(kinds) > 1 or (flat.size and flat.dtype.kind != _KINDS[next(iter(kinds))]):
+    if len(kinds) > 1 or (flat.size and not _same_kind(flat.dtype, next(iter(kinds)))):
         _diagnose(where, col, 0)
-    if any(isinstance(x, np.generic) for v in col if v for x in (v[0], v[-1])):
-        return torch.from_numpy(flat)  # numpy's one dtype for the batch: list(int32s) stays
+    scalars = [x.dtype for v in col if v for x in (v[0], v[-1]) if isinstance(x, np.generic)]
+    if scalars:  # their own dtype (list(int32s) stays int32), where it holds every item
+        common = np.result_type(*scalars)
+        held = flat.astype(common)
+        return torch.from_numpy(held if np.array_equal(held, flat) else flat)
     if kinds == {float}:
         return torch.from_numpy(flat).to(torch.get_default_dtype())
     return torch.from_numpy(flat.astype(bool if kinds == {bool} else np.int64, copy=False))

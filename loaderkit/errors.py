@@ -3,7 +3,9 @@ built-in type code guarding ``torch.utils.data`` calls already catches."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 from typing import Any
 
 __all__ = [
@@ -88,9 +90,17 @@ def require(module: str, need: str, extra: str, fix: str = "") -> Any:
         importlib.import_module(module.split(".")[0])
         return importlib.import_module(module)
     except ImportError as exc:
+        top, installed = module.split(".")[0], False
+        with contextlib.suppress(ImportError, ValueError):  # None in sys.modules: absent
+            installed = importlib.util.find_spec(top) is not None
+        if installed:  # but broken (a missing shared library, a version clash)
+            raise MissingDependencyError(
+                f"{need} {top}, which is installed but failed to import ({exc}); reinstall "
+                f"it: pip install --force-reinstall '.[{extra}]'."
+            ) from exc
         raise MissingDependencyError(
-            f"{need} {module.split('.')[0]}, which is not installed; install the extra in the "
-            f"loaderkit clone: pip install '.[{extra}]'{fix}."
+            f"{need} {top}, which is not installed; install the extra in the loaderkit "
+            f"clone: pip install '.[{extra}]'{fix}."
         ) from exc
 
 

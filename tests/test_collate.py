@@ -872,14 +872,19 @@ def test_python_ints_beside_numpy_ints_collate_in_either_order() -> None:
         assert sorted(got) == [[2, 0, 0], [5, 6, 2]]
     # Hunter 307: uint16/uint32 tokens first were refused as a "ragged nested list", and
     # numpy floats first collated as float64 beside float32.
-    for dtype in (np.uint16, np.uint32, np.int64):
+    # Review 308: the numpy scalars' own dtype, whatever Python numbers stand beside them.
+    for dtype in (np.uint16, np.uint32, np.int32, np.int64):
+        want = torch.from_numpy(np.zeros(1, dtype)).dtype
         doc = [*list(np.array([5, 6], dtype=dtype)), 2]
-        for batch in ([doc, empty], [empty, doc]):
+        for batch in ([doc, empty], [empty, doc], [list(np.array([5, 6, 2], dtype)), empty]):
             padded = PadCollate()([{"input_ids": d} for d in batch])["input_ids"]
-            assert padded.dtype == torch.int64
+            assert padded.dtype == want
             assert sorted(padded.tolist()) == [[2, 0, 0], [5, 6, 2]]
-    floats = [[np.float64(0.5), 1.0], [2.0]]
+    floats = [[np.float32(0.5), 1.0], [2.0]]
     assert PadCollate()(floats).values.dtype == PadCollate()(floats[::-1]).values.dtype
+    assert PadCollate()(floats).values.dtype == torch.float32
+    big = [[np.uint8(5), 300], [2]]  # 300 does not fit uint8: numpy's wider dtype, exact
+    assert PadCollate()(big).values.tolist() == [[5, 300], [2, 0]]
 
 
 @pytest.mark.parametrize("labels", [[None, None], [1, None]])

@@ -177,6 +177,7 @@ def _with_written(entry: IndexEntry, written: dict[str, Any] | None) -> IndexEnt
     """``entry`` with the hash and token dtype ``write_shards`` recorded for it where it has
     none (another reader's index of the folder)."""
     pins = {k: v for k, v in (written or {}).items() if k in ("hash", "dtype")}
-    if not pins.keys() - (entry.extras or {}).keys():
+    if not pins or all((entry.extras or {}).get(k) == v for k, v in pins.items()):
         return entry
-    return dataclasses.replace(entry, extras={**pins, **(entry.extras or {})})
+    # write_shards' win: this reader's index recorded the header as it was when it counted.
+    return dataclasses.replace(entry, extras={**(entry.extras or {}), **pins})

@@ -243,17 +243,17 @@ def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
     RNG (an epoch sorted by length, a warm-up, draws nothing)."""
     if getattr(sampler, "generator", _ABSENT) is not None or isinstance(sampler, _DRAWERS):
         return False
-    # Without set_epoch both epochs list alike: more global seeds, as a small permutation
-    # drawn from the global RNG repeats by chance (1 in 2 for two items, twice).
     own_epochs = callable(getattr(sampler, "set_epoch", None))  # may fill the slot itself
-    seeds = range(1, 3) if own_epochs else range(1, 17)
     state = torch.random.get_rng_state()
     try:
         for epoch in epochs:
             orders = []
-            for seed in seeds:
+            for seed in (1, 2):
                 torch.manual_seed(seed)
+                before = torch.random.get_rng_state()
                 orders.append(keyed_order(sampler, _PROBE_SEED, epoch, lend=False)[0])
+                if not torch.equal(before, torch.random.get_rng_state()):
+                    return False  # it draws from the global RNG: a small draw may repeat
                 if not own_epochs and getattr(sampler, "generator", None) is not None:
                     sampler.generator = None  # as given
                     raise ValueError(

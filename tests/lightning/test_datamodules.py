@@ -1314,3 +1314,18 @@ def test_val_fraction_is_cut_for_validate_from_a_train_built_at_fit_only() -> No
     other = _TrainAtFitOnly(batch_size=4, val_fraction=0.25)
     other.setup("fit")
     assert sorted(int(i) for b in other.val_dataloader() for i in b) == val
+
+
+class _ValAtValidate(_TrainAtFitOnly):
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        return {"val": [100, 101, 102]} if stage == "validate" else super().build_datasets(stage)
+
+
+@pytest.mark.parametrize("first", ["fit", "validate"])
+def test_val_data_beside_val_fraction_is_refused_at_any_stage(first: str) -> None:
+    # Review 308: given at "validate" and cut at "fit", one val split replaced the other
+    # silently, by which stage ran first.
+    dm = _ValAtValidate(batch_size=4, val_fraction=0.25)
+    with pytest.raises(ValueError, match=r"val data was given too; pass one or the other"):
+        dm.setup(first)
+        dm.setup("validate" if first == "fit" else "fit")

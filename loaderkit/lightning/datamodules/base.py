@@ -283,12 +283,12 @@ class LoaderDataModule(L.LightningDataModule):
                 f"{owner}.build_datasets returned unknown splits {unknown}; use {SPLITS}."
             )
         fresh = {k: v for k, v in built.items() if k not in self._datasets}
+        if self.val_fraction and "val" in built:  # at any stage: one would replace the other
+            raise ValueError(
+                f"{owner}: val_fraction={self.val_fraction} splits the train data, but "
+                "val data was given too; pass one or the other."
+            )
         if self.val_fraction and "train" in fresh:
-            if "val" in built:
-                raise ValueError(
-                    f"{owner}: val_fraction={self.val_fraction} splits the train data, but "
-                    "val data was given too; pass one or the other."
-                )
             train = fresh["train"]
             if holds_mix(train, weighted=True):
                 raise ValueError(

@@ -143,7 +143,7 @@ class MixedDataModule(_ShardSources):
         varying = any(_is_table(s) for s in items) or max_tokens is not None or objects
         tables = isinstance(self.reader, ParquetReader)
         keyed = True if all(_is_table(s) or (_is_path(s) and tables) for s in items) else None
-        self._set_collate(pad_value or 0, varying, collate, keyed=keyed)
+        self._set_collate(0 if pad_value is None else pad_value, varying, collate, keyed=keyed)
 
     def _reader(self, reader: Any, items: list[Any], options: dict[str, Any]) -> ShardReader | None:
         """The one reader of the path sources (None without any)."""
