@@ -34,7 +34,8 @@ def load_or_build_index(
     paths: Sequence[Path], reader: ShardReader, index: Path | None
 ) -> tuple[list[IndexEntry], Path]:
     """The checked index of ``paths``: read from ``index`` (default path if None), else built;
-    with the hashes of their folder's ``write_shards`` index (checked, whatever the reader)."""
+    with the hashes and dtypes of their folder's ``write_shards`` index (checked, whatever
+    the reader)."""
     written = check_written(paths)
     index = default_index_path(paths, reader) if index is None else index
     if index.exists():
@@ -174,10 +175,10 @@ def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]
 
 
 def _with_written(entry: IndexEntry, written: dict[str, Any] | None) -> IndexEntry:
-    """``entry`` with the hash and token dtype ``write_shards`` recorded for it where it has
-    none (another reader's index of the folder)."""
+    """``entry`` (another reader's index of the folder) with the hash and token dtype
+    ``write_shards`` recorded for its shard, which win over its own."""
     pins = {k: v for k, v in (written or {}).items() if k in ("hash", "dtype")}
     if not pins or all((entry.extras or {}).get(k) == v for k, v in pins.items()):
         return entry
-    # write_shards' win: this reader's index recorded the header as it was when it counted.
+    # This reader's index recorded the header as it was when it counted.
     return dataclasses.replace(entry, extras={**(entry.extras or {}), **pins})
