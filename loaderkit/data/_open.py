@@ -32,11 +32,11 @@ from loaderkit.data.index import (
     unfinished_write_error,
 )
 from loaderkit.data.readers import (
-    DTYPE_SUFFIX,
     OWN_SUFFIXES,
     OpenShard,
     ShardReader,
     _opened,
+    check_pinned,
     out_of_files,
 )
 from loaderkit.errors import (
@@ -426,14 +426,7 @@ class OpenShards:
                 f"the index {index} and restart.",
                 path=self.shards[shard],
             )
-        want, got = self.pinned[shard] if self.pinned else None, getattr(handle, "stored", None)
-        if want is not None and got is not None and got.str != want:
-            raise ShardChangedError(
-                f"shard {name} now reads as {got.str} tokens, the index says {want}: its "
-                f"{DTYPE_SUFFIX} header changed or went, or dtype= differs; restore the header "
-                f"or pass dtype=np.dtype({want!r}) (the index: {index}).",
-                path=self.shards[shard],
-            )
+        check_pinned(handle, self.pinned[shard] if self.pinned else None, name, self.shards[shard])
         return handle
 
     def _open_local(self, shard: int, entry: IndexEntry | None) -> OpenShard:

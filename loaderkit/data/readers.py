@@ -399,6 +399,18 @@ def pinned_dtype(path: Path) -> dict[str, str]:
     return {} if header is None else {"dtype": header.str}
 
 
+def check_pinned(handle: Any, pinned: str | None, name: str, path: Any) -> None:
+    """Refuse an open token shard whose stored dtype is not the one its index ``pinned``."""
+    got = getattr(handle, "stored", None)
+    if pinned is not None and got is not None and got.str != pinned:
+        raise ShardChangedError(
+            f"shard {name} now reads as {got.str} tokens, the index says {pinned}: its "
+            f"{DTYPE_SUFFIX} header changed or went, or dtype= differs; restore the header or "
+            f"pass dtype=np.dtype({pinned!r}).",
+            path=path,
+        )
+
+
 def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
     """The numpy dtype ``reader`` returns ``shard``'s ``stored`` tokens in; checks ``eos``."""
     if reader.eos is not None and reader.eos > np.iinfo(stored).max:

@@ -22,7 +22,7 @@ from loaderkit._worker_info import as_one_worker
 from loaderkit.data._codec import decoded_local, default_cache_root, is_compressed, verify_local
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._written import check_written
-from loaderkit.data.readers import DTYPE_SUFFIX, ShardReader
+from loaderkit.data.readers import ShardReader, check_pinned
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import (
     LoaderkitError,
@@ -131,14 +131,7 @@ def _seek_by_index(
         reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
         handle = reader.open(shard)
     try:
-        stored = getattr(handle, "stored", None)
-        if pinned is not None and stored is not None and stored.str != pinned:
-            raise ShardChangedError(
-                f"shard {shard_name(shard)} now reads as {stored.str} tokens, the index says "
-                f"{pinned}: its {DTYPE_SUFFIX} header changed or went, or dtype= differs; "
-                f"restore the header or pass dtype=np.dtype({pinned!r}).",
-                path=shard,
-            )
+        check_pinned(handle, pinned, shard_name(shard), shard)
         if offset > len(handle):
             raise _past_end(shard, offset, len(handle))
         for i in range(offset, len(handle)):
