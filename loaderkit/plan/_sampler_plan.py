@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from loaderkit._checks import check_bool, check_int, check_rank
 from loaderkit._tags import SeedTag
@@ -234,14 +233,12 @@ def generator_seed(sampler: Any) -> tuple[int, torch.Tensor] | None:
 
 # The checksum's order is keyed to this seed, so a loader adopting a saved seed still matches.
 _PROBE_SEED = 0
-# torch's samplers that draw from the global RNG when their generator slot is empty.
-_DRAWERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 def seeds_itself(sampler: Any, epochs: tuple[int, ...] = (0, 1)) -> bool:
     """Whether ``sampler`` with an empty ``generator`` slot lists ``epochs`` alike under any
     RNG (an epoch sorted by length, a warm-up, draws nothing)."""
-    if getattr(sampler, "generator", _ABSENT) is not None or isinstance(sampler, _DRAWERS):
+    if getattr(sampler, "generator", _ABSENT) is not None:
         return False
     own_epochs = callable(getattr(sampler, "set_epoch", None))  # may fill the slot itself
     state = torch.random.get_rng_state()
