@@ -19,10 +19,16 @@ from torch.utils.data import IterableDataset
 from loaderkit._checks import check_bool, check_int, check_suffixes
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import as_one_worker
-from loaderkit.data._codec import decoded_local, default_cache_root, is_compressed, verify_local
+from loaderkit.data._codec import (
+    decoded_local,
+    decoded_name,
+    default_cache_root,
+    is_compressed,
+    verify_local,
+)
 from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
 from loaderkit.data._written import check_written
-from loaderkit.data.readers import ShardReader, check_pinned
+from loaderkit.data.readers import DTYPE_SUFFIX, ShardReader, check_pinned, pinned_dtype
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
 from loaderkit.errors import (
     LoaderkitError,
@@ -220,6 +226,25 @@ def _bytes_crc32(shards: list[Any], stamps: list[tuple[int, int]] | None) -> int
     return None
 
 
+def _header_dtype(path: Path) -> str | None:
+    """The dtype a raw token shard's header holds now (a compressed one's own header wins over
+    its plain name's, as when it is decoded); None without one."""
+    found = pinned_dtype(path)
+    if not found and is_compressed(path.name):
+        found = pinned_dtype(path.with_name(decoded_name(path.name)))
+    return found.get("dtype")
+
+
+def _headers_crc32(shards: list[Any], dtypes: list[str | None] | None) -> int | None:
+    """crc32 of the token dtype headers a cursor's offsets count in (at URLs: their versions)."""
+    if all(isinstance(s, RemoteShard) for s in shards):
+        sides = [[x for x in s.sidecars if x[0].endswith(DTYPE_SUFFIX)] for s in shards]
+        return zlib.crc32(repr(sides).encode()) if any(sides) else None
+    if dtypes is None or not any(dtypes):
+        return None
+    return zlib.crc32(repr(dtypes).encode())
+
+
 def _stamp(path: Path) -> tuple[int, int]:
     st = path.stat()
     return st.st_size, st.st_mtime_ns
@@ -298,10 +323,17 @@ class StreamingShardedDataset(IterableDataset[Any]):
         self._stamps = [_stamp(s) for s in self.shards] if local else None
         # A stream keeps no index, but the one write_shards left in a folder holds for it.
         self._written = check_written(self.shards) if local else None
+        # The dtype each raw shard's header held when listed: a header rewritten later would
+        # read other tokens at the cursor's offsets, so it is refused instead.
+        self._dtypes: list[str | None] | None = None
+        if self._written is not None:
+            pins = zip(self.shards, self._written, strict=True)
+            self._dtypes = [(w or {}).get("dtype") or _header_dtype(s) for s, w in pins]
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
             "shard_bytes_crc32": _bytes_crc32(self.shards, self._stamps),
+            "dtype_headers_crc32": _headers_crc32(self.shards, self._dtypes),
             **{name: getattr(self, name) for name in settings},
             "reader": _reader_key(self.reader),  # a cursor's offsets count this reader's samples
         }
@@ -386,7 +418,8 @@ class StreamingShardedDataset(IterableDataset[Any]):
             if callable(iter_from):
                 yield from iter_from(local, offset)
             else:
-                yield from _seek_by_index(self.reader, local, offset, written.get("dtype"))
+                pinned = None if self._dtypes is None else self._dtypes[shard]
+                yield from _seek_by_index(self.reader, local, offset, pinned)
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:

@@ -107,7 +107,7 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
-_ADDED = frozenset({"shard_bytes_crc32", "reader"})  # a stream's
+_ADDED = frozenset({"shard_bytes_crc32", "reader", "dtype_headers_crc32"})  # a stream's
 _PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32", "listing_crc32"})  # a plan's
 
 

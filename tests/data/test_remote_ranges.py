@@ -288,6 +288,37 @@ def test_a_dtype_header_changed_before_listing_is_refused_by_the_index(
         ds[0]
 
 
+def test_a_dtype_header_rewritten_before_a_stream_resumes_is_refused(
+    folder: str, tmp_path: Path
+) -> None:
+    # Measured before: the resumed stream listed the new "<i2" header and went on at the
+    # cursor's offsets in other tokens (40004 read as -25532).
+    import fsspec
+
+    from loaderkit import StateMismatchError, StreamingShardedDataset
+
+    fs = fsspec.filesystem("memory")
+    for k in range(2):
+        tokens = np.arange(40_000 + 100 * k, 40_016 + 100 * k, dtype=np.uint16)
+        fs.pipe_file(f"{folder}/s{k}.bin", tokens.tobytes())
+        fs.pipe_file(f"{folder}/s{k}.bin.lkdtype", b"<u2")
+    reader = TokenReader(seq_len=SEQ, out_dtype=None)
+
+    def make(name: str) -> ResumableDataLoader:
+        remote = cache(tmp_path, name)
+        ds = StreamingShardedDataset(folder, reader, shuffle_shards=False, remote=remote)
+        return ResumableDataLoader(ds, batch_size=2)
+
+    dl = make("a")
+    assert next(iter(dl))[:, 0].tolist() == [40_000, 40_100]
+    state = dl.state_dict()
+    make("b").load_state_dict(state)  # the same headers: resumed
+    for k in range(2):
+        fs.pipe_file(f"{folder}/s{k}.bin.lkdtype", b"<i2")
+    with pytest.raises(StateMismatchError, match=r"field 'dtype_headers_crc32' differs"):
+        make("c").load_state_dict(state)
+
+
 def test_remote_shards_count_alike_after_pickling(folder: str, tmp_path: Path) -> None:
     # A copy sent to another process had lost the folder's index files (AttributeError).
     import pickle

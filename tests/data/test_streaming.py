@@ -789,6 +789,42 @@ def test_a_shard_rewritten_between_epochs_is_refused_not_read_anew(
         list(dl)
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_dtype_header_rewritten_under_a_stream_is_refused(
+    tmp_path: Path, compression: str | None
+) -> None:
+    """Measured before: shards with a hand-written ``<u2`` header, rewritten as ``<i2``,
+    resumed reading token 40004 as -25532 (the stream kept no pin of the header)."""
+    from loaderkit import ShardChangedError
+
+    if compression:
+        zstd = pytest.importorskip("zstandard")
+    for k in range(2):
+        raw = np.arange(40_000 + 100 * k, 40_016 + 100 * k, dtype=np.uint16).tobytes()
+        name = f"s{k}.bin"
+        if compression:
+            (tmp_path / (name + ".zst")).write_bytes(zstd.ZstdCompressor().compress(raw))
+        else:
+            (tmp_path / name).write_bytes(raw)
+        (tmp_path / (name + ".lkdtype")).write_text("<u2")
+    reader = TokenReader(seq_len=4, out_dtype=None)
+
+    def make() -> ResumableDataLoader:
+        ds = StreamingShardedDataset(tmp_path, reader, samples_per_epoch=4, shuffle_shards=False)
+        return loader(ds, batch_size=2)
+
+    dl = make()
+    assert next(iter(dl))[:, 0].tolist() == [40_000, 40_100]
+    state = dl.state_dict()
+    for k in range(2):
+        (tmp_path / f"s{k}.bin.lkdtype").write_text("<i2")
+    with pytest.raises(StateMismatchError, match=r"field 'dtype_headers_crc32' differs"):
+        make().load_state_dict(state)
+    if not compression:  # a decoded copy keeps the header it was decoded with
+        with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+            list(itertools.islice(iter(dl), 4))  # the next epoch opens the shards again
+
+
 @pytest.mark.parametrize("suffixes", [".gz", b".gz", ["gz"], [".gz", 3], 5])
 def test_iterable_reader_suffixes_must_be_a_list_of_dot_suffixes(suffixes: Any) -> None:
     """A str would be split into its letters and list every file ending in "g" or "z"."""
