@@ -400,11 +400,11 @@ def pinned_dtype(path: Path) -> dict[str, str]:
 
 
 def check_pinned(handle: Any, pinned: str | None, name: str, path: Any) -> None:
-    """Refuse an open token shard whose stored dtype is not the one its index ``pinned``."""
+    """Refuse an open token shard whose stored dtype is not the one it was listed with (``pinned``: by an index, or a stream)."""
     got = getattr(handle, "stored", None)
     if pinned is not None and got is not None and got.str != pinned:
         raise ShardChangedError(
-            f"shard {name} now reads as {got.str} tokens, the index says {pinned}: its "
+            f"shard {name} now reads as {got.str} tokens, listed as {pinned}: its "
             f"{DTYPE_SUFFIX} header changed or went, or dtype= differs; restore the header or "
             f"pass dtype=np.dtype({pinned!r}).",
             path=path,

@@ -284,7 +284,7 @@ def test_a_dtype_header_changed_before_listing_is_refused_by_the_index(
     header = next(p for p in fs.ls(folder, detail=False) if p.endswith(".bin.lkdtype"))
     fs.pipe_file(header, b"<i2")
     ds = ShardedDataset(folder, reader, remote=cache(tmp_path, "r2", range_reads=range_reads))
-    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
         ds[0]
 
 

@@ -223,20 +223,20 @@ def test_a_dtype_header_rewritten_after_indexing_is_refused(
     path.with_name(path.name + ".lkdtype").write_text("<i2")
     ds = ShardedDataset(tmp_path / "d", reader)
     with pytest.raises(
-        ShardChangedError, match=r"reads as <i2 tokens, the index says <u2.*lkdtype"
+        ShardChangedError, match=r"reads as <i2 tokens, listed as <u2.*lkdtype"
     ):
         ds[0]
     stream = StreamingShardedDataset(tmp_path / "d", reader)  # review 305: streams read it
-    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
         list(ResumableDataLoader(stream, batch_size=2))
     # Another reader indexed after the rewrite: write_shards' pin still wins (review 308).
     later = ShardedDataset(tmp_path / "d", TokenReader(seq_len=2, out_dtype=None))
-    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, the index says <u2"):
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
         later[0]
     # The header gone and another dtype= given (hunter 299): write_shards' pin holds for it.
     path.with_name(path.name + ".lkdtype").unlink()
     other = ShardedDataset(tmp_path / "d", TokenReader(seq_len=4, dtype=np.uint8))
-    with pytest.raises(ShardChangedError, match=r"reads as \|u1 tokens, the index says <u2"):
+    with pytest.raises(ShardChangedError, match=r"reads as \|u1 tokens, listed as <u2"):
         other[0]
 
 
