@@ -400,7 +400,8 @@ def pinned_dtype(path: Path) -> dict[str, str]:
 
 
 def check_pinned(handle: Any, pinned: str | None, name: str, path: Any) -> None:
-    """Refuse an open token shard whose stored dtype is not the one it was listed with (``pinned``: by an index, or a stream)."""
+    """Refuse an open token shard whose stored dtype is not the ``pinned`` one it was listed
+    with (by an index, or by a stream)."""
     got = getattr(handle, "stored", None)
     if pinned is not None and got is not None and got.str != pinned:
         raise ShardChangedError(

@@ -222,9 +222,7 @@ def test_a_dtype_header_rewritten_after_indexing_is_refused(
     assert ShardedDataset(tmp_path / "d", reader)[0].tolist() == [40_000, 40_001, 40_002, 40_003]
     path.with_name(path.name + ".lkdtype").write_text("<i2")
     ds = ShardedDataset(tmp_path / "d", reader)
-    with pytest.raises(
-        ShardChangedError, match=r"reads as <i2 tokens, listed as <u2.*lkdtype"
-    ):
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2.*lkdtype"):
         ds[0]
     stream = StreamingShardedDataset(tmp_path / "d", reader)  # review 305: streams read it
     with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
