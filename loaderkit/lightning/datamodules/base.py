@@ -46,6 +46,12 @@ _SPLIT_OF = {"sources": "train"}  # the data arguments named for a split otherwi
 _STATE_VERSION = 1  # of state_dict()
 
 
+def _kept_out(name: str, value: Any) -> bool:
+    """Whether a data argument stays out of ``hparams``: data given as objects, and fsspec
+    options (they may hold credentials, and checkpoints and loggers' files are shared)."""
+    return (name == "storage_options" and value is not None) or not plain(value)
+
+
 def _split_view(split: str) -> Any:
     return property(lambda self: self._datasets.get(split), doc=f"The {split} split, or None.")
 
@@ -121,7 +127,7 @@ class LoaderDataModule(L.LightningDataModule):
         )
         self.eval_batch_size = self.eval_batch_size or self.batch_size
         data = getattr(self, "_data_args", {})
-        self.save_hyperparameters(ignore=[name for name, v in data.items() if not plain(v)])
+        self.save_hyperparameters(ignore=[name for name, v in data.items() if _kept_out(name, v)])
         for name, value in self.hparams.items():
             self.hparams[name] = path_text(value)
         #: Samples/s per ``num_workers`` measured by :meth:`probe_num_workers`.
@@ -199,7 +205,7 @@ class LoaderDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The names of the data arguments given as objects, which ``hparams`` leave out."""
-        kept = [k for k, v in getattr(self, "_data_args", {}).items() if not plain(v)]
+        kept = [k for k, v in getattr(self, "_data_args", {}).items() if _kept_out(k, v)]
         return {"version": _STATE_VERSION, "data_not_in_hparams": kept}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -237,8 +243,8 @@ class LoaderDataModule(L.LightningDataModule):
             what = f"setup({stage!r}) reads" if stage else "every split reads"
             drop = " (None: go without it)" if splits[lost[0]] in SPLITS else ""
             raise ValueError(
-                f"{type(self).__name__}: the checkpoint's module was given {lost} as objects, "
-                f"which the checkpoint does not hold, and {what} them; pass them to "
+                f"{type(self).__name__}: the checkpoint's module was given {lost} as objects or "
+                f"credentials, which the checkpoint does not hold, and {what} them; pass them to "
                 f"load_from_checkpoint, e.g. load_from_checkpoint(path, {lost[0]}=...){drop}."
             )
 

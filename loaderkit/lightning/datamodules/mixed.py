@@ -110,7 +110,10 @@ class MixedDataModule(_ShardSources):
         splits = (("sources", sources), ("val", val), ("test", test))
         paths = {k for k, v in splits if isinstance(v, list | tuple) and all(map(_is_path, v))}
         data = {k: v for k, v in splits if k not in paths}
-        self.set_data_args(**data, reader=None if named else reader, collate=collate)
+        reader_arg = None if named else reader
+        self.set_data_args(
+            **data, reader=reader_arg, collate=collate, storage_options=storage_options
+        )
         super().__init__(**kwargs)
         owner = type(self).__name__
         self._check(

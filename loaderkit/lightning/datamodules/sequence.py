@@ -96,7 +96,7 @@ class SequenceDataModule(LoaderDataModule):
         **kwargs: Any,
     ) -> None:
         splits = {"train": train, "val": val, "test": test, "predict": predict}
-        self.set_data_args(**splits)
+        self.set_data_args(**splits, storage_options=storage_options)
         super().__init__(**kwargs)
         owner = type(self).__name__
         check_settings(

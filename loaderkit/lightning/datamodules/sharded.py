@@ -266,7 +266,8 @@ class ShardedDataModule(_ShardSources):
         **kwargs: Any,
     ) -> None:
         # A reader named by a string is a setting; an object is data hparams cannot hold.
-        self.set_data_args(reader=None if isinstance(reader, str) else reader)
+        reader_arg = None if isinstance(reader, str) else reader
+        self.set_data_args(reader=reader_arg, storage_options=storage_options)
         super().__init__(**kwargs)
         owner = type(self).__name__
         self._check(
