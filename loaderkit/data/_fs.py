@@ -326,7 +326,10 @@ class Storage:
 
         def get() -> None:
             tmp = temp_path(target)
-            src = self.bounded(lambda: self.fs.open(url, "rb"))
+            # One streamed GET over http(s): fsspec's blocks are ranged GETs, which a server
+            # that ignores Range (python's http.server) answers whole, and fsspec refuses.
+            stream = {"block_size": 0} if self.protocol in ("http", "https") else {}
+            src = self.bounded(lambda: self.fs.open(url, "rb", **stream))
             try:
                 with open(tmp, "wb") as dst:
                     while chunk := self.bounded(partial(src.read, _CHUNK)):

@@ -129,6 +129,22 @@ def test_a_missing_http_folder_names_its_url(http: LocalHTTP, tmp_path: Path) ->
         ShardedDataset(url, READER, remote=RemoteCache(cache_dir=tmp_path / "c"))
 
 
+def test_a_shard_bigger_than_a_block_downloads_from_a_server_without_ranges(
+    tmp_path: Path,
+) -> None:
+    # Hunter 312: fsspec read past its first block with a ranged GET, which such a server
+    # answers whole; fsspec refused it, so every shard over ~8 MiB failed (as a network error).
+    www = tmp_path / "www"
+    tokens = np.arange(6 << 20, dtype=np.uint16)  # 12 MiB
+    (www / "c").mkdir(parents=True)
+    READER.write(www / "c" / "a.npy", tokens)
+    with LocalHTTP(www, ranges=False) as http:
+        cache = RemoteCache(cache_dir=tmp_path / "c", retries=0)
+        ds = ShardedDataset(f"{http.url}/c/", READER, remote=cache)
+        last = len(ds) - 1
+        assert ds[last].tolist() == tokens[last * SEQ : (last + 1) * SEQ + 1].tolist()
+
+
 def test_a_same_size_rewrite_without_an_etag_is_refused_by_its_last_modified(
     tmp_path: Path,
 ) -> None:
