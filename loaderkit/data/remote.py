@@ -489,9 +489,10 @@ class RemoteShards:
         default = join_url(self.folder, name)
         local = self.root_dir / "indexes" / f"{_folder_key(self.folder)}-{name.lstrip('.')}"
         found = self._find_index(index, default, local)
-        # loaderkit's own counts of a shard without a version vouch for its size alone (a
-        # same-size rewrite may hold other samples): counted again; write_shards' are the truth.
-        versionless = not all(s.version for s in self.shards)
+        # loaderkit's own counts of a shard without a version that tells writes apart (none,
+        # or a time in whole seconds) vouch for its size alone (a same-size rewrite may hold
+        # other samples): counted again; write_shards' are the truth.
+        versionless = not all(_keys_copy(s.version) for s in self.shards)
         if found is not None and versionless and not (index_names(found[0]) or ((), 0))[1]:
             found = None
         if found is not None:
