@@ -252,7 +252,14 @@ class Storage:
                 name = str(entry["name"])
                 info: dict[str, Any] = self.call("looking up", name, partial(self.fs.info, name))
                 entry = {**entry, **info}
-            name, size = url_name(str(entry["name"])), int(entry.get("size") or 0)
+            if entry.get("size") is None:  # a dynamic server's chunked answer
+                raise ShardError(
+                    f"the server gives no size (Content-Length) for {str(entry['name'])!r}, "
+                    "which loaderkit needs to check its downloads; serve the files with one "
+                    "(any static file server does).",
+                    path=str(entry["name"]),
+                )
+            name, size = url_name(str(entry["name"])), int(entry["size"])
             out.append({"name": name, "size": size, "version": version_of(entry)})
         return out, folders
 

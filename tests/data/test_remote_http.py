@@ -144,6 +144,26 @@ def test_a_shard_bigger_than_a_block_downloads_from_a_server_without_ranges(
         assert ds[last].tolist() == tokens[last * SEQ : (last + 1) * SEQ + 1].tolist()
 
 
+def test_a_server_that_gives_no_sizes_is_refused_at_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hunter 312: a dynamic server's chunked answers (no Content-Length) were listed as 0
+    # bytes, and each download failed its size check, retried and told as a network error.
+    from fsspec.implementations.http import HTTPFileSystem
+
+    looked_up = HTTPFileSystem._info
+
+    async def chunked(self: Any, url: str, **kwargs: Any) -> dict[str, Any]:
+        return {**(await looked_up(self, url, **kwargs)), "size": None}
+
+    monkeypatch.setattr(HTTPFileSystem, "_info", chunked)
+    write_shards(tmp_path / "www" / "c", arrays(), READER)
+    cache = RemoteCache(cache_dir=tmp_path / "k")
+    no_size = r"gives no size \(Content-Length\) for .*shard-0"
+    with LocalHTTP(tmp_path / "www") as http, pytest.raises(ShardError, match=no_size):
+        ShardedDataset(f"{http.url}/c/", READER, remote=cache)
+
+
 def test_a_same_size_rewrite_within_its_last_modified_second_is_counted_again(
     tmp_path: Path,
 ) -> None:
