@@ -99,6 +99,10 @@ class _Job:
     def marker(self, i: int) -> str:
         return f"{WORK_DIR}/{self.name(i)}.json"
 
+    def started(self) -> str:
+        """At a URL, the marker put before the first upload (a local write has its staging)."""
+        return f"{WORK_DIR}/{self.prefix}-started{self.ext}.json"
+
     def marker_doc(self, i: int, fp: str | None, **fields: Any) -> bytes:
         doc = {"version": MARKER_VERSION, "shard": i, "key": self.key, "input": fp, **fields}
         return json.dumps(doc, sort_keys=True).encode()
@@ -477,6 +481,7 @@ def write_shards(
     before = _files_now(work.parent) if fresh and work is not None else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
     started, results = False, None
+    listed = None if job.storage is None else _mark_started(job)
     try:
         _refuse_index_over_a_shard(job, index)
         with _writers(job, num_workers, mp_context) as pool:
@@ -493,9 +498,36 @@ def write_shards(
         # corpus there); one stopped after a rename (its marker written or not) leaves it.
         if fresh and work is not None and (not started or _files_now(work.parent) == before):
             shutil.rmtree(work, ignore_errors=True)
+        if job.storage is not None and listed is not None:
+            _unmark_started(job, listed, started)
         raise
     written = [results[i] for i in sorted(results)]
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
+
+
+def _remote_files(job: _Job) -> dict[str, tuple[int, str]]:
+    assert job.storage is not None
+    return {e["name"]: (e["size"], e["version"]) for e in _listing(job.storage, job.root)}
+
+
+def _mark_started(job: _Job) -> dict[str, tuple[int, str]] | None:
+    """Put the start marker in a URL folder before anything is uploaded, so a reader listing
+    it meanwhile refuses an unfinished write; the folder's files if it held no other write."""
+    assert job.storage is not None
+    fresh = not _listing(job.storage, join_url(job.root, WORK_DIR))
+    listed = _remote_files(job) if fresh else None
+    job.storage.write_bytes(join_url(job.root, job.started()), b"{}")
+    return listed
+
+
+def _unmark_started(job: _Job, listed: dict[str, tuple[int, str]], started: bool) -> None:
+    """After a failed write into a URL folder that held no other: its start marker goes if
+    nothing was uploaded (a folder left as it was is no unfinished write)."""
+    storage = job.storage
+    assert storage is not None
+    if not started or _remote_files(job) == listed:
+        url = join_url(job.root, WORK_DIR)
+        storage.call("removing", url, lambda: storage.fs.rm(url, recursive=True))
 
 
 def _files_now(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -669,7 +701,8 @@ def _index_local(job: _Job, written: list[Done], index: Any) -> list[Path]:
 def _own_markers(job: _Job, names: list[str]) -> list[str]:
     """This write's markers among ``names``, and their temporary files a killed write left
     (``.{marker}.{tag}.tmp``); another prefix's or suffix's are not ours."""
-    own = re.compile(rf"(\.)?({_shard_name(job).pattern})\.json(?(1)\.[^/]+\.tmp)")
+    start = re.escape(job.started().rsplit("/", 1)[1][: -len(".json")])
+    own = re.compile(rf"(\.)?({_shard_name(job).pattern}|{start})\.json(?(1)\.[^/]+\.tmp)")
     return [n for n in names if own.fullmatch(n)]
 
 

@@ -492,6 +492,34 @@ def test_a_transient_error_looking_up_an_uploaded_shard_is_retried(
     assert failed and ShardedDataset(url, READER).sizes == (5, 6)
 
 
+def test_a_url_folder_being_written_is_unfinished_from_its_first_upload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hunter 312: the first shard was uploaded before any marker, so a reader listing the
+    # folder then (another job, a rank started early) read a 1-shard corpus without error.
+    from loaderkit.data._fs import Storage
+
+    url = f"memory://write-window-{os.getpid()}/c"
+    real, seen = Storage.upload, []
+
+    def upload(self: Storage, local: Path, target: str) -> None:
+        real(self, local, target)
+        try:
+            seen.append(ShardedDataset(url, READER).sizes)
+        except ShardError as exc:
+            seen.append(str(exc))
+
+    monkeypatch.setattr(Storage, "upload", upload)
+    write_shards(url, range(3), READER, fn=make, progress=False)
+    assert len(seen) == 3 and all("unfinished write_shards" in str(s) for s in seen)
+    assert ShardedDataset(url, READER).sizes == (5, 6, 7)  # the marker went at the end
+    # A write that fails before its first upload leaves the complete corpus as it was.
+    monkeypatch.setattr(Storage, "upload", real)
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, [0], READER, fn=lambda n: 1 / 0, progress=False, resume=False)
+    assert ShardedDataset(url, READER).sizes == (5, 6, 7)
+
+
 # ------------------------------------------------------------------ start method and pool
 def new_children(before: set[Any]) -> set[Any]:
     """The child processes started since ``before`` that still run."""
