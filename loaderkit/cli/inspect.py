@@ -125,7 +125,10 @@ def _instantiate(node: Any, where: str) -> Any:
             f"{where}.init_args must be a mapping, got {type(args).__name__}; write "
             "init_args: {name: value, ...}"
         )
-    return cls(**{k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()})
+    try:
+        return cls(**{k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()})
+    except TypeError as exc:  # a misspelt argument names the base class's __init__
+        raise TypeError(f"{where} ({path}): {exc}; check the names in {where}.init_args.") from exc
 
 
 def build_datamodule(target: str) -> Any:
@@ -142,7 +145,13 @@ def build_datamodule(target: str) -> Any:
         path = Path(target)
         if not path.is_file():
             raise FileNotFoundError(f"no config file {target!r}; {_FIX_TARGET}")
-        config = yaml.safe_load(path.read_text()) or {}
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = "" if mark is None else f" at line {mark.line + 1}"
+            what = getattr(exc, "problem", None) or type(exc).__name__
+            raise ValueError(f"{target}: not valid YAML{at} ({what}); fix the file.") from exc
         if not isinstance(config, dict):
             raise ValueError(
                 f"{target}: expected a mapping at the top, got {type(config).__name__}; "

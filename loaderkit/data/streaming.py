@@ -498,9 +498,13 @@ def slot_stream(
         # Only reshuffled passes can deal this slot non-empty shards.
         if empty >= (EMPTY_PASSES if ds.shuffle_shards else 1):
             names = [shard_name(ds.shards[s]) for s in shards]
+            fix = (
+                f"use more non-empty shards than ranks x workers ({slots}), or fewer workers"
+                if ds.shuffle_shards
+                else "remove the empty shards, or pass shuffle_shards=True"
+            )
             raise LoaderkitError(
                 f"StreamingShardedDataset: slot {slot} of {slots} read no sample in {empty} "
-                f"whole pass(es) over its shards (last: {names}); use more (non-empty) shards "
-                "than ranks x workers, or fewer workers."
+                f"whole pass(es) over its shards (last: {names}); {fix}."
             )
         pass_, nxt, saved, turn, seen, took = pass_ + 1, 0, (), 0, 0, False

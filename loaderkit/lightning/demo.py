@@ -270,6 +270,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
     dataset = StdlibBytes(config.max_samples, max_len=config.max_len + 1)
     lengths = compute_lengths(dataset, _input_length, progress=False)
     max_tokens = config.max_tokens or config.batch_size * config.max_len
+    if max_tokens < config.max_len:
+        raise ValueError(
+            f"demo: --max-tokens must be >= --max-len ({config.max_len}) to fit the longest "
+            f"sample, got {max_tokens}; raise --max-tokens or lower --max-len."
+        )
 
     datamodule = partial(StdlibDataModule, dataset, lengths, max_tokens, config)
 

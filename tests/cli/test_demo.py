@@ -105,3 +105,6 @@ def test_a_last_epoch_too_short_to_interrupt_names_the_flags(tmp_path: Path) -> 
     short = DemoConfig(max_len=10, num_workers=0, progress_bar=False, workdir=tmp_path)
     with pytest.raises(ValueError, match=r"--max-len must be >= 15, got 10"):  # was min_len=
         run_demo(short)
+    tight = DemoConfig(max_len=16, max_tokens=4, num_workers=0, workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"--max-tokens must be >= --max-len \(16\).*got 4"):
+        run_demo(tight)  # it told oversize=, which the command has no flag for (hunter 314)

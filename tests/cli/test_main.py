@@ -517,6 +517,13 @@ def test_inspect_reports_shards_per_batch_next_to_padding(
     ("config", "error", "message"),
     [
         ("- a\n- b\n", ValueError, r"expected a mapping at the top, got list; write data:"),
+        # Hunter 314: neither named the file, the second the module's class nor the key path.
+        ("data: [1, 2\n", ValueError, r"bad\.yaml: not valid YAML at line 2 \(expected .*\); fix"),
+        (
+            "data:\n  class_path: loaderkit.SequenceDataModule\n  init_args: {batch_sizee: 4}\n",
+            TypeError,
+            r"data \(loaderkit\.SequenceDataModule\): .*'batch_sizee'; check the names in data",
+        ),
         (
             "data:\n  class_path: mydata.make\n  init_args: [1, 2]\n",
             ValueError,
