@@ -525,9 +525,13 @@ def _unmark_started(job: _Job, listed: dict[str, tuple[int, str]], started: bool
     nothing was uploaded (a folder left as it was is no unfinished write)."""
     storage = job.storage
     assert storage is not None
-    if not started or _remote_files(job) == listed:
-        url = join_url(job.root, WORK_DIR)
-        storage.call("removing", url, lambda: storage.fs.rm(url, recursive=True))
+    if started and _remote_files(job) != listed:
+        return
+    mark, work = join_url(job.root, job.started()), join_url(job.root, WORK_DIR)
+    storage.call("removing", mark, lambda: storage.fs.rm(mark))
+    if not _listing(storage, work):  # a write started since keeps its markers
+        with contextlib.suppress(ShardError):  # gone with its last object on object stores
+            storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
 
 
 def _files_now(folder: Path) -> dict[str, tuple[int, int, int]]:

@@ -518,6 +518,22 @@ def test_a_url_folder_being_written_is_unfinished_from_its_first_upload(
     with pytest.raises(ZeroDivisionError):
         write_shards(url, [0], READER, fn=lambda n: 1 / 0, progress=False, resume=False)
     assert ShardedDataset(url, READER).sizes == (5, 6, 7)
+    # One that fails while another write (another prefix) has started keeps that one's marker.
+    import fsspec
+
+    other = f"{url}/{WORK_DIR}/part-started.npy.json"
+
+    def start_another(n: int) -> None:
+        fsspec.filesystem("memory").pipe_file(other, b"{}")
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, [0], READER, fn=start_another, progress=False, resume=False)
+    assert fsspec.filesystem("memory").ls(f"{url}/{WORK_DIR}", detail=False) == [
+        other.removeprefix("memory:/")
+    ]
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(url, READER)
 
 
 # ------------------------------------------------------------------ start method and pool
