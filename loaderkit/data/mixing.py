@@ -342,11 +342,14 @@ class MixedDataset(Dataset[Any]):
         _check_columns(self.names, datasets)
         self.sources = datasets
         self.sizes: tuple[int, ...] = tuple(len(ds) for ds in datasets)
+        by = weights if weights is not None else repeat
         self.per_epoch: tuple[int, ...] = mix_allotments(
             self.sizes,
             weights=_by_source("weights", weights, self.names, named),
             repeat=_by_source("repeat", repeat, self.names, named),
             epoch_size=epoch_size,
+            # Errors name a source as the user did: by key in a dict, else by position.
+            labels=[repr(n) for n in self.names] if isinstance(by, Mapping) else None,
         )
         if not named:
             _check_distinct(datasets, self.sizes)

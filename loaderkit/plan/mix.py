@@ -85,10 +85,12 @@ def mix_allotments(
     repeat: Sequence[float] | None = None,
     epoch_size: int | None = None,
     owner: str = _OWNER,
+    labels: Sequence[str] | None = None,
 ) -> tuple[int, ...]:
     """Draws per epoch from each source: ``weights``' largest-remainder shares of
     ``epoch_size`` (default: the sources' total), ``round(repeat[s] * size[s])``, or
-    (neither) every source once.
+    (neither) every source once. ``labels``: how errors name each source (default: its
+    position).
 
     Example:
         >>> mix_allotments((100, 10), weights=(0.5, 0.5))
@@ -114,12 +116,15 @@ def mix_allotments(
             f"{owner}: epoch_size={epoch_size!r} applies to weights= only (with repeat= the "
             "epoch is the sources' passes); pass weights= or drop epoch_size."
         )
+    at = [str(i) for i in range(len(sizes))] if labels is None else list(labels)
     if weights is None:
-        return _by_repeat(sizes, repeat, owner)
-    return _by_weights(sizes, weights, epoch_size, owner)
+        return _by_repeat(sizes, repeat, owner, at)
+    return _by_weights(sizes, weights, epoch_size, owner, at)
 
 
-def _by_repeat(sizes: list[int], repeat: Sequence[float] | None, owner: str) -> tuple[int, ...]:
+def _by_repeat(
+    sizes: list[int], repeat: Sequence[float] | None, owner: str, at: list[str]
+) -> tuple[int, ...]:
     """``round(repeat[s] * sizes[s])`` draws from each source (``None``: every source once)."""
     if repeat is None:
         return tuple(sizes)
@@ -128,14 +133,15 @@ def _by_repeat(sizes: list[int], repeat: Sequence[float] | None, owner: str) -> 
     for i, a in enumerate(out):
         if a == 0:
             raise ValueError(
-                f"{owner}: repeat[{i}]={float(passes[i])} of a source of {sizes[i]} samples "
-                f"rounds to 0 draws per epoch; pass repeat[{i}] >= {1 / sizes[i]:.3g} (one draw)."
+                f"{owner}: repeat[{at[i]}]={float(passes[i])} of a source of {sizes[i]} samples "
+                f"rounds to 0 draws per epoch; pass repeat[{at[i]}] >= {1 / sizes[i]:.3g} (one "
+                "draw)."
             )
     return tuple(out)
 
 
 def _by_weights(
-    sizes: list[int], weights: Sequence[float], epoch_size: int | None, owner: str
+    sizes: list[int], weights: Sequence[float], epoch_size: int | None, owner: str, at: list[str]
 ) -> tuple[int, ...]:
     """``weights``' shares of ``epoch_size`` draws, by largest remainder (ties: earlier source)."""
     ws = _positive_numbers("weights", weights, len(sizes), owner)
@@ -151,9 +157,9 @@ def _by_weights(
     for i, a in enumerate(out):
         if a == 0:
             raise ValueError(
-                f"{owner}: weights[{i}]={float(ws[i])} gets 0 of epoch_size={total} samples "
-                f"per epoch; raise epoch_size to at least {int(-(-sum(ws) // ws[i]))} or the "
-                "weight."
+                f"{owner}: weights[{at[i]}]={float(ws[i])} gets 0 of epoch_size={total} samples "
+                f"per epoch; raise the weight or epoch_size (epoch_size="
+                f"{int(-(-sum(ws) // ws[i]))} gives it a draw)."
             )
     return tuple(out)
 

@@ -302,6 +302,12 @@ def test_describe_counts_weights_and_source_epochs() -> None:
         ({"weights": [1, 1, 1], "epoch_size": 0}, ValueError, "epoch_size must be >= 1, got 0"),
         ({"weights": [100, 1, 1], "epoch_size": 10}, ValueError, r"weights\[1\]=1.0 gets 0 of"),
         ({"weights": {"a": 1, "b": 1}}, ValueError, r"missing \['c'\]"),
+        # Hunter 311: named by position, and "at least 4" where 2 gives every source a draw.
+        (
+            {"weights": {"a": 0.7, "b": 0.3, "c": 0.7}, "epoch_size": 2},
+            ValueError,
+            r"weights\['b'\]=0.3 gets 0 of epoch_size=2 .*\(epoch_size=6 gives it a draw\)",
+        ),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str) -> None:
