@@ -505,31 +505,36 @@ def write_shards(
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
 
 
-def _remote_files(job: _Job) -> dict[str, tuple[int, str]]:
+def _own_files(job: _Job) -> dict[str, tuple[int, str]]:
+    """This write's shards and sidecars in its URL folder, with their sizes and versions."""
     assert job.storage is not None
-    return {e["name"]: (e["size"], e["version"]) for e in _listing(job.storage, job.root)}
+    own = _shard_name(job)
+    listed = _listing(job.storage, job.root)
+    return {e["name"]: (e["size"], e["version"]) for e in listed if own.match(e["name"])}
 
 
 def _mark_started(job: _Job) -> dict[str, tuple[int, str]] | None:
     """Put the start marker in a URL folder before anything is uploaded, so a reader listing
-    it meanwhile refuses an unfinished write; the folder's files if it held no other write."""
-    assert job.storage is not None
-    fresh = not _listing(job.storage, join_url(job.root, WORK_DIR))
-    listed = _remote_files(job) if fresh else None
-    job.storage.write_bytes(join_url(job.root, job.started()), b"{}")
+    it meanwhile refuses an unfinished write; this write's files before it, or None where an
+    earlier write of the same shards left its marker (unfinished: it stays)."""
+    storage = job.storage
+    assert storage is not None
+    names = {e["name"] for e in _listing(storage, join_url(job.root, WORK_DIR))}
+    listed = None if url_name(job.started()) in names else _own_files(job)
+    storage.write_bytes(join_url(job.root, job.started()), b"{}")
     return listed
 
 
 def _unmark_started(job: _Job, listed: dict[str, tuple[int, str]], started: bool) -> None:
-    """After a failed write into a URL folder that held no other: its start marker goes if
-    nothing was uploaded (a folder left as it was is no unfinished write)."""
+    """After a failed write into a URL folder: its start marker goes if none of its files
+    changed (the folder is as it was), and the work folder with it if nothing else is there."""
     storage = job.storage
     assert storage is not None
-    if started and _remote_files(job) != listed:
+    if started and _own_files(job) != listed:
         return
     mark, work = join_url(job.root, job.started()), join_url(job.root, WORK_DIR)
     storage.call("removing", mark, lambda: storage.fs.rm(mark))
-    if not _listing(storage, work):  # a write started since keeps its markers
+    if not _listing(storage, work):  # another write's markers stay
         with contextlib.suppress(ShardError):  # gone with its last object on object stores
             storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
 
