@@ -252,14 +252,8 @@ class Storage:
                 name = str(entry["name"])
                 info: dict[str, Any] = self.call("looking up", name, partial(self.fs.info, name))
                 entry = {**entry, **info}
-            if entry.get("size") is None:  # a dynamic server's chunked answer
-                raise ShardError(
-                    f"the server gives no size (Content-Length) for {str(entry['name'])!r}, "
-                    "which loaderkit needs to check its downloads; serve the files with one "
-                    "(any static file server does).",
-                    path=str(entry["name"]),
-                )
-            name, size = url_name(str(entry["name"])), int(entry["size"])
+            size = entry.get("size")  # None: a dynamic server's chunked answer
+            name, size = url_name(str(entry["name"])), None if size is None else int(size)
             out.append({"name": name, "size": size, "version": version_of(entry)})
         return out, folders
 

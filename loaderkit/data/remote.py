@@ -248,9 +248,23 @@ def _folder_key(folder: str) -> str:
     return hashlib.sha256(folder.encode()).hexdigest()[:16]
 
 
+def _sized(shard: RemoteShard) -> RemoteShard:
+    """``shard``, refused if the server gave no size for it or a sidecar (downloads are checked
+    by size); a file that is not read may have none."""
+    for name, size in [(shard.name, shard.size), *((n, s) for n, s, _ in shard.sidecars)]:
+        if size is None:
+            raise ShardError(
+                f"the server gives no size (Content-Length) for {join_url(shard.folder, name)!r}, "
+                "which loaderkit needs to check its download; serve the files with one (any "
+                "static file server does).",
+                path=shard.url,
+            )
+    return shard
+
+
 def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, RemoteShard]:
     """Each listed file of ``folder`` by name, with its sidecars attached."""
-    by_name = {e["name"]: (int(e["size"]), str(e["version"])) for e in entries}
+    by_name = {e["name"]: (e["size"], str(e["version"])) for e in entries}
     out = {}
     for name, (size, version) in by_name.items():
         stems = (name, decoded_name(name))  # a.bin.lkdtype is a.bin.zst's too (see decode_into)
@@ -406,7 +420,7 @@ class RemoteShards:
                     "the URL, or upload it.",
                     path=url,
                 )
-            shard = folders[where][name]
+            shard = _sized(folders[where][name])
             if shard.url in seen:
                 raise ValueError(
                     f"{owner}: shards {seen[shard.url]!r} and {url!r} are one object (listed "
@@ -464,7 +478,7 @@ class RemoteShards:
             nested = self.storage.files_under(join_url(folder, sub))
             refuse_nested_shards(self.owner, folder, nested, suffixes)
         accept = partial(is_shard_name, suffixes=suffixes)
-        found = [listed[name] for name in sorted_shards(n for n in listed if accept(n))]
+        found = [_sized(listed[name]) for name in sorted_shards(n for n in listed if accept(n))]
         if not found:
             raise ValueError(
                 f"{self.owner}: no file ending in {list(suffixes)} in {folder!r} (hidden and "

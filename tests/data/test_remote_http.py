@@ -151,17 +151,25 @@ def test_a_server_that_gives_no_sizes_is_refused_at_listing(
     # bytes, and each download failed its size check, retried and told as a network error.
     from fsspec.implementations.http import HTTPFileSystem
 
-    looked_up = HTTPFileSystem._info
+    looked_up, unsized = HTTPFileSystem._info, [".npy", ".md"]
 
     async def chunked(self: Any, url: str, **kwargs: Any) -> dict[str, Any]:
-        return {**(await looked_up(self, url, **kwargs)), "size": None}
+        info = await looked_up(self, url, **kwargs)
+        return {**info, "size": None} if url.endswith(tuple(unsized)) else info
 
     monkeypatch.setattr(HTTPFileSystem, "_info", chunked)
     write_shards(tmp_path / "www" / "c", arrays(), READER)
+    for index in (tmp_path / "www" / "c").glob(".loaderkit-index-*"):
+        index.unlink()  # written for a local folder
+    (tmp_path / "www" / "c" / "README.md").write_text("not read")
     cache = RemoteCache(cache_dir=tmp_path / "k")
     no_size = r"gives no size \(Content-Length\) for .*shard-0"
-    with LocalHTTP(tmp_path / "www") as http, pytest.raises(ShardError, match=no_size):
-        ShardedDataset(f"{http.url}/c/", READER, remote=cache)
+    with LocalHTTP(tmp_path / "www") as http:
+        with pytest.raises(ShardError, match=no_size):
+            ShardedDataset(f"{http.url}/c/", READER, remote=cache)
+        unsized.remove(".npy")  # a file that is not read may have none (review 315)
+        listed = ShardedDataset(f"{http.url}/c/", READER, remote=cache)
+        assert listed.sizes == ShardedDataset(tmp_path / "www" / "c", READER).sizes
 
 
 def test_a_same_size_rewrite_within_its_last_modified_second_is_counted_again(
