@@ -48,7 +48,8 @@ _STATE_VERSION = 1  # of state_dict()
 
 def _kept_out(name: str, value: Any) -> bool:
     """Whether a data argument stays out of ``hparams``: data given as objects, and fsspec
-    options (they may hold credentials, and checkpoints and loggers' files are shared)."""
+    options (they may hold credentials, and checkpoints and loggers' files are shared; they
+    change no sample, so a module rebuilt without them is not refused)."""
     return (name == "storage_options" and value is not None) or not plain(value)
 
 
@@ -205,7 +206,8 @@ class LoaderDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """The names of the data arguments given as objects, which ``hparams`` leave out."""
-        kept = [k for k, v in getattr(self, "_data_args", {}).items() if _kept_out(k, v)]
+        data = getattr(self, "_data_args", {}).items()
+        kept = [k for k, v in data if not plain(v) and k != "storage_options"]
         return {"version": _STATE_VERSION, "data_not_in_hparams": kept}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -243,8 +245,8 @@ class LoaderDataModule(L.LightningDataModule):
             what = f"setup({stage!r}) reads" if stage else "every split reads"
             drop = " (None: go without it)" if splits[lost[0]] in SPLITS else ""
             raise ValueError(
-                f"{type(self).__name__}: the checkpoint's module was given {lost} as objects or "
-                f"credentials, which the checkpoint does not hold, and {what} them; pass them to "
+                f"{type(self).__name__}: the checkpoint's module was given {lost} as objects, "
+                f"which the checkpoint does not hold, and {what} them; pass them to "
                 f"load_from_checkpoint, e.g. load_from_checkpoint(path, {lost[0]}=...){drop}."
             )
 
