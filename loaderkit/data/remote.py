@@ -720,6 +720,24 @@ class RemoteShards:
         keys = [self._digest(index) or _keys_copy(shard.version)]
         return not all([*keys, *(_keys_copy(v) for *_, v in shard.sidecars)])
 
+    def header_dtypes(self) -> list[str | None]:
+        """Each raw shard's dtype header as it reads now where its version cannot tell a
+        rewrite (none, or whole seconds); else None (the version pins it)."""
+        out: list[str | None] = []
+        for shard in self.shards:
+            sides = [s for s in shard.sidecars if s[0].endswith(DTYPE_SUFFIX)]
+            own = [s for s in sides if s[0] == shard.name + DTYPE_SUFFIX] or sides
+            if not own or _keys_copy(own[0][2]):
+                out.append(None)
+                continue
+            name, size, version = own[0]
+            text = self.storage.read_bytes(join_url(shard.folder, name), (size, version))
+            try:
+                out.append(np.dtype(text.decode().strip()).str)
+            except (TypeError, ValueError):  # the reader names a bad header when it opens one
+                out.append(None)
+        return out
+
     def _digest(self, index: int) -> str | None:
         return (self.extras[index] or {}).get("hash", self.written[index])
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
@@ -125,10 +126,11 @@ def _past_end(shard: Any, offset: int, length: int) -> ShardError:
 
 
 def _seek_by_index(
-    reader: Any, shard: Any, offset: int, pinned: str | None = None
+    reader: Any, shard: Any, offset: int, pinned: str | None = None, listed: Any = None
 ) -> Iterator[Any]:
     """``iter_from`` for a :class:`ShardReader` (counting once if it needs a sidecar);
-    ``pinned``: the token dtype the folder's index recorded for it."""
+    ``pinned``: the token dtype it was listed with; ``listed``: the shard as listed, for
+    errors (``shard`` may be its decoded or downloaded copy)."""
     try:
         handle = reader.open(shard)
     except Exception:
@@ -137,7 +139,7 @@ def _seek_by_index(
         reader.count(shard)  # e.g. JsonlReader's line offsets, written on first count
         handle = reader.open(shard)
     try:
-        check_pinned(handle, pinned, shard_name(shard), shard)
+        check_pinned(handle, pinned, shard_name(listed or shard), listed or shard)
         if offset > len(handle):
             raise _past_end(shard, offset, len(handle))
         for i in range(offset, len(handle)):
@@ -239,7 +241,8 @@ def _headers_crc32(shards: list[Any], dtypes: list[str | None] | None) -> int | 
     """crc32 of the token dtype headers a cursor's offsets count in (at URLs: their versions)."""
     if all(isinstance(s, RemoteShard) for s in shards):
         sides = [[x for x in s.sidecars if x[0].endswith(DTYPE_SUFFIX)] for s in shards]
-        return zlib.crc32(repr(sides).encode()) if any(sides) else None
+        # Versions, and what a header holds where its version cannot tell a rewrite.
+        return zlib.crc32(repr([sides, dtypes]).encode()) if any(sides) else None
     if dtypes is None or not any(dtypes):
         return None
     return zlib.crc32(repr(dtypes).encode())
@@ -327,8 +330,14 @@ class StreamingShardedDataset(IterableDataset[Any]):
         # read other tokens at the cursor's offsets, so it is refused instead.
         self._dtypes: list[str | None] | None = None
         if self._written is not None:
+            # A shard without a header reads in the reader's dtype=: pinned too, so adding a
+            # header that agrees with it changes nothing.
+            given = getattr(self.reader, "dtype", None)
+            given = given.str if isinstance(given, np.dtype) else None
             pins = zip(self.shards, self._written, strict=True)
-            self._dtypes = [(w or {}).get("dtype") or _header_dtype(s) for s, w in pins]
+            self._dtypes = [(w or {}).get("dtype") or _header_dtype(s) or given for s, w in pins]
+        elif self._remote is not None:
+            self._dtypes = self._remote.header_dtypes()
         self._fingerprint = {
             "num_shards": len(self.shards),
             "shard_names_crc32": names,
@@ -419,7 +428,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 yield from iter_from(local, offset)
             else:
                 pinned = None if self._dtypes is None else self._dtypes[shard]
-                yield from _seek_by_index(self.reader, local, offset, pinned)
+                yield from _seek_by_index(self.reader, local, offset, pinned, path)
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:

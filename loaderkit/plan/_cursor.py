@@ -111,6 +111,12 @@ _ADDED = frozenset({"shard_bytes_crc32", "reader", "dtype_headers_crc32"})  # a 
 _PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32", "listing_crc32"})  # a plan's
 
 
+_FIXES = {  # where the loader's general fix does not say it
+    "dtype_headers_crc32": "The shards' .lkdtype headers changed since the save; restore "
+    "them, or start without the state."
+}
+
+
 def check_settings(
     saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
 ) -> int | None:
@@ -124,7 +130,7 @@ def check_settings(
         if saved.get(key) != here.get(key):
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field {key!r} differs: saved {saved.get(key)!r}, "
-                f"here {here.get(key)!r}. {fix}"
+                f"here {here.get(key)!r}. {_FIXES.get(key, fix)}"
             )
     return adopted
 

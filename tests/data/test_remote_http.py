@@ -195,6 +195,46 @@ def test_a_same_size_rewrite_within_its_last_modified_second_is_counted_again(
         assert [again[i]["v"] for i in range(len(again))] == [6, 7, 8, 99, 5]
 
 
+def test_a_stream_pins_headers_a_whole_second_version_cannot_tell_apart(
+    tmp_path: Path,
+) -> None:
+    # Review 315: a "<u2" header rewritten as "<i2" within its Last-Modified second (cp -p)
+    # kept its listing, so a resume, or the next pass after an eviction, read other tokens.
+    from loaderkit import ShardChangedError, StateMismatchError, StreamingShardedDataset
+
+    folder = tmp_path / "www" / "c"
+    folder.mkdir(parents=True)
+    for k in range(3):
+        tokens = np.arange(40_000 + 100 * k, 40_008 + 100 * k, dtype=np.uint16)
+        (folder / f"s{k}.bin").write_bytes(tokens.tobytes())
+        (folder / f"s{k}.bin.lkdtype").write_text("<u2")
+    reader = TokenReader(seq_len=4, out_dtype=None)
+    with LocalHTTP(tmp_path / "www") as http:
+
+        def make(name: str) -> ResumableDataLoader:
+            # A 40-byte cache holds one shard: each pass fetches them again.
+            cache = RemoteCache(cache_dir=tmp_path / name, max_bytes=40, prefetch=0)
+            ds = StreamingShardedDataset(f"{http.url}/c/", reader, shuffle_shards=False,
+                                         mix_shards=1, remote=cache)  # fmt: skip
+            return ResumableDataLoader(ds, batch_size=2)
+
+        dl = make("a")
+        assert [b[:, 0].tolist() for b in dl] == [[40_000, 40_004], [40_100, 40_104],
+                                                  [40_200, 40_204]]  # fmt: skip
+        resumed = make("b")
+        next(iter(resumed))
+        state = resumed.state_dict()
+        for k in range(3):
+            header = folder / f"s{k}.bin.lkdtype"
+            stat = header.stat()
+            header.write_text("<i2")
+            os.utime(header, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        with pytest.raises(StateMismatchError, match=r"'dtype_headers_crc32'.*restore them"):
+            make("c").load_state_dict(state)
+        with pytest.raises(ShardChangedError, match=r"s0\.bin' now reads as <i2 tokens"):
+            list(dl)
+
+
 def test_a_same_size_rewrite_without_an_etag_is_counted_and_read_anew(
     tmp_path: Path,
 ) -> None:

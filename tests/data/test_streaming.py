@@ -820,6 +820,15 @@ def test_a_dtype_header_rewritten_under_a_stream_is_refused(
         (tmp_path / f"s{k}.bin.lkdtype").write_text("<i2")
     with pytest.raises(StateMismatchError, match=r"field 'dtype_headers_crc32' differs"):
         make().load_state_dict(state)
+    # Headers added that agree with the dtype= it was read in change no token (review 315).
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    np.arange(16, dtype=np.uint16).tofile(bare / "s.bin")
+    typed = TokenReader(seq_len=4, dtype=np.uint16)
+    saved = loader(StreamingShardedDataset(bare, typed), batch_size=1)
+    next(iter(saved))
+    (bare / "s.bin.lkdtype").write_text("<u2")
+    loader(StreamingShardedDataset(bare, typed), batch_size=1).load_state_dict(saved.state_dict())
     if not compression:  # a decoded copy keeps the header it was decoded with
         with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
             list(itertools.islice(iter(dl), 4))  # the next epoch opens the shards again
