@@ -125,9 +125,13 @@ def _instantiate(node: Any, where: str) -> Any:
             f"{where}.init_args must be a mapping, got {type(args).__name__}; write "
             "init_args: {name: value, ...}"
         )
+    built = {k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()}
     try:
-        return cls(**{k: _instantiate(v, f"{where}.init_args.{k}") for k, v in args.items()})
-    except TypeError as exc:  # a misspelt argument names the base class's __init__
+        return cls(**built)
+    except TypeError as exc:
+        if "keyword argument" not in str(exc):  # a value's own error names itself
+            raise
+        # A misspelt argument's error names the base class's __init__, not the config key.
         raise TypeError(f"{where} ({path}): {exc}; check the names in {where}.init_args.") from exc
 
 
