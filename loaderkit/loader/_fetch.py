@@ -284,7 +284,10 @@ class BatchFetcher:
             where = f"collate_fn failed on the batch of sample indices {_shown(index_list)} "
             said = f"(epoch {epoch}): {exc}"  # loaderkit's own names its fix
             if not isinstance(exc, LoaderkitError):
-                said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; fix collate_fn."
+                fix = "fix collate_fn"
+                if self.collate_fn is default_collate:  # none was passed: the samples are at fault
+                    fix = "fix what the dataset returns for them, or pass a collate_fn"
+                said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
             said += _mixed_sources(self.dataset, index_list, samples)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 

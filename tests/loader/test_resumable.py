@@ -610,6 +610,22 @@ def test_a_failing_get_batch_names_its_indices_as_plain_ints() -> None:
     assert info.value.index == [0, 1, 2, 3]
 
 
+def test_the_default_collate_failing_points_at_the_samples() -> None:
+    # Hunter 313: it said "fix collate_fn" to a user who passed none (a sample was None).
+    class Holes(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> Any:
+            return None if i == 2 else torch.tensor(i)
+
+    fix = r"fix what the dataset returns for them, or pass a collate_fn"
+    with pytest.raises(WorkerError, match=fix):
+        list(ResumableDataLoader(Holes(), batch_size=4))
+    with pytest.raises(WorkerError, match=r"; fix collate_fn\."):
+        list(ResumableDataLoader(Holes(), batch_size=4, collate_fn=torch.stack))
+
+
 # ------------------------------------------------------------------- state
 def test_state_mismatch_names_the_field_and_both_values() -> None:
     state = make().state_dict()
