@@ -477,8 +477,7 @@ def write_shards(
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     refuse_file_url("write_shards", "directory", directory)
     work = None if is_url(directory) else Path(directory) / WORK_DIR
-    fresh = work is not None and not work.exists()
-    before = _files_now(work.parent) if fresh and work is not None else None
+    before = _files_now(work.parent) if work is not None and not work.exists() else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
     started, results = False, None
     listed = None if job.storage is None else _mark_started(job)
@@ -494,15 +493,27 @@ def write_shards(
         if not results:
             raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     except BaseException:
-        # A call that put no file in place leaves no work folder (it would refuse a complete
-        # corpus there); one stopped after a rename (its marker written or not) leaves it.
-        if fresh and work is not None and (not started or _files_now(work.parent) == before):
-            shutil.rmtree(work, ignore_errors=True)
-        if job.storage is not None and listed is not None:
-            _unmark_started(job, listed, started)
+        _undo_start(job, work, before, listed, started)
         raise
     written = [results[i] for i in sorted(results)]
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
+
+
+def _undo_start(
+    job: _Job,
+    work: Path | None,
+    before: dict[str, tuple[int, int, int]] | None,
+    listed: dict[str, tuple[int, str]] | None,
+    started: bool,
+) -> None:
+    """After a failed write: one that put no file in place leaves no work folder or start
+    marker (they would refuse a complete corpus there); one stopped after a rename (its
+    marker written or not) leaves them. ``before``: a fresh local folder's files."""
+    unchanged = work is not None and (not started or _files_now(work.parent) == before)
+    if work is not None and before is not None and unchanged:
+        shutil.rmtree(work, ignore_errors=True)
+    if listed is not None:
+        _unmark_started(job, listed, started)
 
 
 def _own_files(job: _Job) -> dict[str, tuple[int, str]]:
