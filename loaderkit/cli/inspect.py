@@ -129,7 +129,7 @@ def _instantiate(node: Any, where: str) -> Any:
     try:
         return cls(**built)
     except TypeError as exc:
-        if "keyword argument" not in str(exc):  # a value's own error names itself
+        if "argument" not in str(exc):  # a value's own error names itself
             raise
         # A misspelt argument's error names the base class's __init__, not the config key.
         raise TypeError(f"{where} ({path}): {exc}; check the names in {where}.init_args.") from exc

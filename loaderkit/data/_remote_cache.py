@@ -75,7 +75,7 @@ class RemoteShard:
     @property
     def total_bytes(self) -> int:
         """The shard's bytes with its sidecars'."""
-        return self.size + sum(size for _, size, _ in self.sidecars)
+        return self.size + sum(size or 0 for _, size, _ in self.sidecars)  # None: offsets
 
     @property
     def folder(self) -> str:

@@ -66,26 +66,26 @@ def check_written(paths: Sequence[Path]) -> list[dict[str, Any] | None]:
     return digests
 
 
-def written_digests(
+def written_extras(
     docs: dict[str, bytes], listed: Sequence[tuple[str, int, str]]
-) -> list[str | None]:
+) -> list[dict[str, Any] | None]:
     """Refuse a shard at a URL (``(url, size, version)``) that differs from its folder's
-    ``write_shards`` index among ``docs`` (``{url: document}``); each one's hash (or None)."""
+    ``write_shards`` index among ``docs`` (``{url: document}``); each one's index extras
+    there (hash, dtype; None: not in one)."""
     rows: dict[str, tuple[str, list[Any]]] = {}
     for where, data in docs.items():
         for row in _writer_rows(data, where, remote=True):
             rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
-    digests: list[str | None] = []
+    out: list[dict[str, Any] | None] = []
     for url, size, version in listed:
         where, row = rows.get(url, ("", []))
         if not row:
-            digests.append(None)
+            out.append(None)
             continue
         fix = f"re-run write_shards, or delete the index {where!r}."
         remote_unchanged(url, size, version, row, fix)
-        extras = row[4] if len(row) > 4 and isinstance(row[4], dict) else {}
-        digests.append(extras.get("hash"))
-    return digests
+        out.append(row[4] if len(row) > 4 and isinstance(row[4], dict) else {})
+    return out
 
 
 _OLD_LIST = " (it may be an older loaderkit's index of a list of shards in several folders)"

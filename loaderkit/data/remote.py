@@ -79,7 +79,7 @@ from loaderkit.data._remote_plan import (
     shard_of,
     shard_start,
 )
-from loaderkit.data._written import check_complete, written_digests
+from loaderkit.data._written import check_complete, written_extras
 from loaderkit.data.index import (
     WORK_DIR,
     checked_count,
@@ -252,7 +252,7 @@ def _sized(shard: RemoteShard) -> RemoteShard:
     """``shard``, refused if the server gave no size for it or a sidecar (downloads are checked
     by size); a file that is not read may have none."""
     for name, size in [(shard.name, shard.size), *((n, s) for n, s, _ in shard.sidecars)]:
-        if size is None:
+        if size is None and not name.endswith(OFFSETS_SUFFIX):  # offsets: counted here
             raise ShardError(
                 f"the server gives no size (Content-Length) for {join_url(shard.folder, name)!r}, "
                 "which loaderkit needs to check its download; serve the files with one (any "
@@ -359,7 +359,7 @@ class RemoteShards:
         if docs is None:
             docs = {url: self.storage.read_bytes(url) for url in self._indexes_beside}
         # The index write_shards wrote holds for its shards whatever the reader (its hashes too).
-        self.written = written_digests(docs, [(s.url, s.size, s.version) for s in self.shards])
+        self.written = written_extras(docs, [(s.url, s.size, s.version) for s in self.shards])
         self.folder = self.shards[0].folder
         self.reader: ShardReader | None = None  # set by count()
         self.ranged_ok = False  # set by a ShardedDataset: it opens shards with open_ranged
@@ -721,14 +721,15 @@ class RemoteShards:
         return not all([*keys, *(_keys_copy(v) for *_, v in shard.sidecars)])
 
     def header_dtypes(self) -> list[str | None]:
-        """Each raw shard's dtype header as it reads now where its version cannot tell a
-        rewrite (none, or whole seconds); else None (the version pins it)."""
+        """Each raw shard's token dtype as its folder's ``write_shards`` index pinned it, else
+        its header as it reads now where its version cannot tell a rewrite (none, or whole
+        seconds); else None (the version pins it)."""
         out: list[str | None] = []
-        for shard in self.shards:
+        for shard, written in zip(self.shards, self.written, strict=True):
             sides = [s for s in shard.sidecars if s[0].endswith(DTYPE_SUFFIX)]
             own = [s for s in sides if s[0] == shard.name + DTYPE_SUFFIX] or sides
-            if not own or _keys_copy(own[0][2]):
-                out.append(None)
+            if (written or {}).get("dtype") or not own or _keys_copy(own[0][2]):
+                out.append((written or {}).get("dtype"))
                 continue
             name, size, version = own[0]
             text = self.storage.read_bytes(join_url(shard.folder, name), (size, version))
@@ -739,7 +740,7 @@ class RemoteShards:
         return out
 
     def _digest(self, index: int) -> str | None:
-        return (self.extras[index] or {}).get("hash", self.written[index])
+        return (self.extras[index] or {}).get("hash", (self.written[index] or {}).get("hash"))
 
     def _download_checked(self, index: int, target: Path) -> None:
         """Download shard ``index`` to ``target``; one that fails its hash is fetched again once."""

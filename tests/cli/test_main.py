@@ -525,6 +525,11 @@ def test_inspect_reports_shards_per_batch_next_to_padding(
             r"data \(loaderkit\.SequenceDataModule\): .*'batch_sizee'; check the names in data",
         ),
         (
+            "data:\n  class_path: loaderkit.ShardedDataModule\n  init_args: {shard: x}\n",
+            TypeError,
+            r"data \(loaderkit\.ShardedDataModule\): .*missing .*'shards'; check the names in",
+        ),
+        (
             "data:\n  class_path: mydata.make\n  init_args: [1, 2]\n",
             ValueError,
             r"init_args must be a mapping, got list; write init_args: \{name: value",

@@ -319,6 +319,23 @@ def test_a_dtype_header_rewritten_before_a_stream_resumes_is_refused(
         make("c").load_state_dict(state)
 
 
+def test_a_stream_at_a_url_keeps_the_dtype_write_shards_pinned(folder: str, tmp_path: Path) -> None:
+    # Review 316: a new stream over the folder read the rewritten "<i2" header (a new
+    # version, so nothing told it apart) where ShardedDataset refused it by the index's pin.
+    import fsspec
+
+    from loaderkit import ShardChangedError, StreamingShardedDataset
+
+    write_shards(folder, [np.arange(40_000, 40_016, dtype=np.uint16)], READER, suffix=".bin")
+    fs = fsspec.filesystem("memory")
+    header = next(p for p in fs.ls(folder, detail=False) if p.endswith(".bin.lkdtype"))
+    fs.pipe_file(header, b"<i2")
+    reader = TokenReader(seq_len=SEQ, out_dtype=None)
+    ds = StreamingShardedDataset(folder, reader, remote=cache(tmp_path, "s"))
+    with pytest.raises(ShardChangedError, match=r"reads as <i2 tokens, listed as <u2"):
+        list(ResumableDataLoader(ds, batch_size=2))
+
+
 def test_remote_shards_count_alike_after_pickling(folder: str, tmp_path: Path) -> None:
     # A copy sent to another process had lost the folder's index files (AttributeError).
     import pickle

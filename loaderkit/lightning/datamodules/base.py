@@ -223,7 +223,8 @@ class LoaderDataModule(L.LightningDataModule):
             )
         if self.trainer is None:  # a Trainer restores into the module its user built
             data = getattr(self, "_data_args", {})
-            self._lost = [k for k in state_dict["data_not_in_hparams"] if data.get(k) is None]
+            lost = [k for k in state_dict["data_not_in_hparams"] if data.get(k) is None]
+            self._lost = [k for k in lost if k != "storage_options"]  # saved so before 0.2.0
 
     @restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Self:
