@@ -728,8 +728,9 @@ class RemoteShards:
         for shard, written in zip(self.shards, self.written, strict=True):
             sides = [s for s in shard.sidecars if s[0].endswith(DTYPE_SUFFIX)]
             own = [s for s in sides if s[0] == shard.name + DTYPE_SUFFIX] or sides
-            if (written or {}).get("dtype") or not own or _keys_copy(own[0][2]):
-                out.append((written or {}).get("dtype"))
+            pinned = (written or {}).get("dtype")
+            if pinned or not own or _keys_copy(own[0][2]):
+                out.append(pinned)
                 continue
             name, size, version = own[0]
             text = self.storage.read_bytes(join_url(shard.folder, name), (size, version))
