@@ -131,6 +131,8 @@ def _run_shard(job: _Job, i: int, item: Any, fp: str | None) -> tuple[int, str, 
         sides = sorted(p for p in stage.iterdir() if p != path)
         sizes = {p.name: p.stat().st_size for p in sides}
         _exit_if_orphaned(job.caller)  # a killed call's writers must not rename into a rerun's
+        if storage is not None:  # a marker without versions: a failed upload left the folder
+            storage.write_bytes(join_url(job.root, job.marker(i)), job.marker_doc(i, fp))
         for src in [*sides, path]:  # sidecars first: a shard in place has them
             if storage is None:
                 os.replace(src, root / src.name)
@@ -480,7 +482,7 @@ def write_shards(
     before = _files_now(work.parent) if work is not None and not work.exists() else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
     started, results = False, None
-    listed = None if job.storage is None else _mark_started(job)
+    own_mark = job.storage is not None and _mark_started(job)
     try:
         _refuse_index_over_a_shard(job, index)
         with _writers(job, num_workers, mp_context) as pool:
@@ -493,7 +495,7 @@ def write_shards(
         if not results:
             raise ValueError("write_shards: shards is empty; pass at least one shard's data.")
     except BaseException:
-        _undo_start(job, work, before, listed, started)
+        _undo_start(job, work, before, own_mark, started)
         raise
     written = [results[i] for i in sorted(results)]
     return (_index_local if job.storage is None else _index_remote)(job, written, index)
@@ -503,47 +505,38 @@ def _undo_start(
     job: _Job,
     work: Path | None,
     before: dict[str, tuple[int, int, int]] | None,
-    listed: dict[str, tuple[int, str]] | None,
+    own_mark: bool,
     started: bool,
 ) -> None:
     """After a failed write: one that put no file in place leaves no work folder or start
-    marker (they would refuse a complete corpus there); one stopped after a rename (its
-    marker written or not) leaves them. ``before``: a fresh local folder's files."""
+    marker (they would refuse a complete corpus there); one stopped after a rename or once an
+    upload began leaves them. ``before``: a fresh local folder's files."""
     unchanged = work is not None and (not started or _files_now(work.parent) == before)
     if work is not None and before is not None and unchanged:
         shutil.rmtree(work, ignore_errors=True)
-    if listed is not None:
-        _unmark_started(job, listed, started)
+    if own_mark:
+        _unmark_started(job)
 
 
-def _own_files(job: _Job) -> dict[str, tuple[int, str]]:
-    """This write's shards and sidecars in its URL folder, with their sizes and versions."""
-    assert job.storage is not None
-    own = _shard_name(job)
-    listed = _listing(job.storage, job.root)
-    return {e["name"]: (e["size"], e["version"]) for e in listed if own.match(e["name"])}
-
-
-def _mark_started(job: _Job) -> dict[str, tuple[int, str]] | None:
+def _mark_started(job: _Job) -> bool:
     """Put the start marker in a URL folder before anything is uploaded, so a reader listing
-    it meanwhile refuses an unfinished write; this write's files before it, or None where an
-    earlier write of the same shards left its marker (unfinished: it stays)."""
+    it meanwhile refuses an unfinished write; False where an earlier write of the same shards
+    left it (unfinished: it stays)."""
     storage = job.storage
     assert storage is not None
     names = {e["name"] for e in _listing(storage, join_url(job.root, WORK_DIR))}
-    listed = None if url_name(job.started()) in names else _own_files(job)
     storage.write_bytes(join_url(job.root, job.started()), b"{}")
-    return listed
+    return url_name(job.started()) not in names
 
 
-def _unmark_started(job: _Job, listed: dict[str, tuple[int, str]], started: bool) -> None:
-    """After a failed write into a URL folder: its start marker goes if none of its files
-    changed (the folder is as it was), and the work folder with it if nothing else is there."""
+def _unmark_started(job: _Job) -> None:
+    """After a failed write into a URL folder: its start marker goes if no shard's upload
+    began (each first puts its marker), and the work folder with it if nothing else is there."""
     storage = job.storage
     assert storage is not None
-    if started and _own_files(job) != listed:
-        return
     mark, work = join_url(job.root, job.started()), join_url(job.root, WORK_DIR)
+    if set(_own_markers(job, [e["name"] for e in _listing(storage, work)])) - {url_name(mark)}:
+        return
     storage.call("removing", mark, lambda: storage.fs.rm(mark))
     if not _listing(storage, work):  # another write's markers stay
         with contextlib.suppress(ShardError):  # gone with its last object on object stores

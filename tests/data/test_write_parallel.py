@@ -542,6 +542,37 @@ def test_a_url_folder_being_written_is_unfinished_from_its_first_upload(
     assert ShardedDataset(url, READER).sizes == (5, 6, 7)
 
 
+def test_a_failed_rewrite_on_a_store_without_versions_keeps_its_start_marker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Review 316: a store that lists no versions (ftp://) hid a same-size rewrite of shard 0
+    # that failed before its marker, so the failed write took its start marker away and the
+    # old index vouched for the new bytes.
+    from loaderkit.data import _fs
+
+    url = f"memory://write-versionless-{os.getpid()}/c"
+    monkeypatch.setattr(_fs, "version_of", lambda entry: "")
+    write_shards(url, range(3), READER, fn=make, progress=False)
+    real = _fs.Storage.upload
+
+    def upload_then_fail(self: _fs.Storage, local: Path, target: str) -> None:
+        real(self, local, target)
+        raise ZeroDivisionError  # the connection drops after shard 0 went up
+
+    monkeypatch.setattr(_fs.Storage, "upload", upload_then_fail)
+    plus_one = functools.partial(make_plus, plus=2)  # the same sizes as make
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, range(3), READER, fn=plus_one, progress=False, resume=False)
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(url, READER)
+    # Run again, it finishes; one failing before any upload leaves the corpus readable.
+    monkeypatch.setattr(_fs.Storage, "upload", real)
+    write_shards(url, range(3), READER, fn=make, progress=False)
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, [0], READER, fn=lambda n: 1 / 0, progress=False, resume=False)
+    assert ShardedDataset(url, READER).sizes == (5, 6, 7)
+
+
 # ------------------------------------------------------------------ start method and pool
 def new_children(before: set[Any]) -> set[Any]:
     """The child processes started since ``before`` that still run."""
