@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import zlib
@@ -57,15 +58,34 @@ def shard_name(shard: Any) -> str:
     return repr(str(shard)) if isinstance(shard, Path) else repr(shard)
 
 
-def names_crc32(paths: Sequence[str]) -> int:
-    """crc32 of the paths below their common folder, in order (a copied folder keeps it)."""
-    parts = [p.split("/") for p in paths]
-    common = 0  # folders all paths share
-    for level in zip(*(p[:-1] for p in parts), strict=False):
+def names_crc32(paths: Sequence[str], parts: Sequence[int] = ()) -> int:
+    """crc32 of the paths below their common folder, in order (a copied folder keeps it).
+
+    Paths that share no folder (a local folder and a URL) are taken per part (``parts``: the
+    path count of each, in order) below the part's own folder, named by the shortest end of
+    that folder that tells the parts apart: moving one of them keeps it too.
+    """
+    split = [p.split("/") for p in paths]
+    common = _common(split)
+    if common or len(parts) < 2:
+        return zlib.crc32("\n".join("/".join(p[common:]) for p in split).encode())
+    groups = [split[sum(parts[:i]) : sum(parts[: i + 1])] for i in range(len(parts))]
+    folders = [tuple(g[0][: _common(g)]) if g else () for g in groups]
+    k = next(k for k in itertools.count(1) if len({f[-k:] for f in folders}) == len(set(folders)))
+    lines = [
+        "/".join([*f[-k:], *p[len(f) :]]) for f, g in zip(folders, groups, strict=True) for p in g
+    ]
+    return zlib.crc32("\n".join(lines).encode())
+
+
+def _common(split: list[list[str]]) -> int:
+    """How many folders all of these split paths share."""
+    common = 0
+    for level in zip(*(p[:-1] for p in split), strict=False):
         if len(set(level)) > 1:
             break
         common += 1
-    return zlib.crc32("\n".join("/".join(p[common:]) for p in parts).encode())
+    return common
 
 
 def never_a_shard(name: str) -> str | None:

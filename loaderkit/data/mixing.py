@@ -42,8 +42,9 @@ def shard_names_crc32(dataset: object) -> int | None:
     found = _files(dataset)
     if found is None:
         return None
-    paths, shape, _ = found  # one names_crc32 over all parts: swapped parts' folders differ
-    return zlib.crc32(repr((names_crc32(paths), shape)).encode())
+    groups, shape, _ = found  # one names_crc32 over all parts: swapped parts' folders differ
+    names = names_crc32([p for g in groups for p in g], [len(g) for g in groups])
+    return zlib.crc32(repr((names, shape)).encode())
 
 
 def mix_sources_crc32(dataset: object) -> int | None:
@@ -120,11 +121,14 @@ def shard_counts_crc32(dataset: object) -> int | None:
     return None if found is None else zlib.crc32(repr(found[2]).encode())
 
 
-def _files(dataset: object, *, shaped: bool = True) -> tuple[list[str], Any, list[int]] | None:
-    """The shard paths ``dataset`` reads, its shape (if ``shaped``) and each shard's samples."""
+def _files(
+    dataset: object, *, shaped: bool = True
+) -> tuple[list[list[str]], Any, list[int]] | None:
+    """The shard paths ``dataset`` reads (per sharded part), its shape (if ``shaped``) and
+    each shard's samples."""
     if isinstance(dataset, ShardedDataset):
         paths = shard_paths(dataset.shards)
-        return None if paths is None else (paths, len(paths), list(dataset.sizes))
+        return None if paths is None else ([paths], len(paths), list(dataset.sizes))
     if isinstance(dataset, Subset):
         inner = _files(dataset.dataset, shaped=shaped)
         if inner is None or not shaped:
@@ -135,9 +139,9 @@ def _files(dataset: object, *, shaped: bool = True) -> tuple[list[str], Any, lis
         found = [_files(part, shaped=shaped) for part in parts]
         if found.count(None) == len(found):
             return None
-        paths = [p for f in found if f is not None for p in f[0]]
+        groups = [g for f in found if f is not None for g in f[0]]
         shape = [f[1] if f else ("len", len(part)) for part, f in zip(parts, found, strict=True)]
-        return paths, shape, [n for f in found if f is not None for n in f[2]]
+        return groups, shape, [n for f in found if f is not None for n in f[2]]
     return None
 
 

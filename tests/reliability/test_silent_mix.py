@@ -278,3 +278,34 @@ def test_a_reordered_unweighted_mix_inside_a_torch_wrapper_is_refused(wrap: str)
 def test_source_keys_alike_as_str_are_refused() -> None:
     with pytest.raises(ValueError, match=r"source keys \[1, '1'\] name two sources alike"):
         MixedDataset({1: Source(4, 0), "1": Source(4, 100)})
+
+
+def test_a_mix_across_stores_resumes_after_a_source_moved(tmp_path: Path) -> None:
+    # Hunter 318: a local folder beside a URL share no folder, so their whole paths (the
+    # local folder's place, the server's port) were compared, and a moved source refused.
+    import os
+    import shutil
+
+    reader = TokenReader(seq_len=2)
+    url = f"memory://across-{os.getpid()}/data"
+    write_shards(url, [np.repeat(np.arange(100, 110), 2)], reader, progress=False)
+    local = _id_shards(tmp_path / "web", 0)
+    moved = tmp_path / "moved" / "web"
+    shutil.copytree(tmp_path / "web", moved)
+
+    def run(web: Any, at: str = url) -> ResumableDataLoader:
+        mix = MixedDataset({"web": web, "code": ShardedDataset(at, reader)})
+        return ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(4, seed=3))
+
+    first = run(local)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(2)]
+    state = first.state_dict()
+    again = run(ShardedDataset(moved, reader))
+    again.load_state_dict(state)
+    assert head + [b.tolist() for b in again] == [b.tolist() for b in run(local)]
+    # Parts are still told apart: another URL folder in the place of one is refused.
+    other = f"memory://across-{os.getpid()}/other"
+    write_shards(other, [np.repeat(np.arange(100, 110), 2)], reader, progress=False)
+    with pytest.raises(StateMismatchError, match="shard_names_crc32"):
+        run(local, other).load_state_dict(state)
