@@ -478,6 +478,11 @@ def write_shards(
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
     refuse_file_url("write_shards", "directory", directory)
+    if num_workers and str(directory).startswith("memory://"):
+        raise ValueError(
+            f"write_shards: num_workers={num_workers} with a memory:// folder: each writer "
+            "process has its own memory filesystem, unseen here; pass num_workers=0."
+        )
     work = None if is_url(directory) else Path(directory) / WORK_DIR
     before = _files_now(work.parent) if work is not None and not work.exists() else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
@@ -723,6 +728,12 @@ def _index_remote(job: _Job, written: list[Done], index: Any) -> list[str]:
     storage = job.storage
     assert storage is not None
     listed = {entry["name"]: entry for entry in storage.entries(job.root)[0]}
+    unlisted = [join_url(job.root, name) for name, _, _ in written if name not in listed]
+    if unlisted:
+        raise ShardError(
+            f"write_shards: {unlisted[:3]} (of {len(unlisted)}) went up but the folder's "
+            "listing lacks them; re-run the same write_shards call once the store lists them."
+        )
     docs = {n: storage.read_bytes(join_url(job.root, n)) for n in listed if is_index_name(n)}
     for stale in _stale(job, list(listed), docs, {name for name, _, _ in written}):
         url = join_url(job.root, stale)

@@ -46,7 +46,10 @@ _MAX = 2**63
 _OWNER = "MixedDataset"
 
 
-def _positive_numbers(name: str, values: Sequence[Any], count: int, owner: str) -> list[Fraction]:
+def _positive_numbers(
+    name: str, values: Sequence[Any], owner: str, at: list[str]
+) -> list[Fraction]:
+    count = len(at)
     if isinstance(values, np.ndarray | torch.Tensor) and values.ndim == 1:
         values = values.tolist()  # e.g. sizes / sizes.sum(), as WeightedRandomSampler takes
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
@@ -64,12 +67,12 @@ def _positive_numbers(name: str, values: Sequence[Any], count: int, owner: str) 
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
             raise TypeError(
-                f"{owner}: {name}[{i}] must be a number, got {v!r} ({type(v).__name__}); pass "
+                f"{owner}: {name}[{at[i]}] must be a number, got {v!r} ({type(v).__name__}); pass "
                 "a positive int or float."
             )
         if not np.isfinite(v) or v <= 0:
             raise ValueError(
-                f"{owner}: {name}[{i}] must be a finite number > 0, got {v!r}; pass a positive "
+                f"{owner}: {name}[{at[i]}] must be a finite number > 0, got {v!r}; pass a positive "
                 "value (leave a source you do not want out of sources)."
             )
         # The decimal typed, not its binary neighbour: 0.35 * 10 is a half, rounded to even.
@@ -128,7 +131,7 @@ def _by_repeat(
     """``round(repeat[s] * sizes[s])`` draws from each source (``None``: every source once)."""
     if repeat is None:
         return tuple(sizes)
-    passes = _positive_numbers("repeat", repeat, len(sizes), owner)
+    passes = _positive_numbers("repeat", repeat, owner, at)
     out = [round(p * n) for p, n in zip(passes, sizes, strict=True)]
     for i, a in enumerate(out):
         if a == 0:
@@ -144,7 +147,7 @@ def _by_weights(
     sizes: list[int], weights: Sequence[float], epoch_size: int | None, owner: str, at: list[str]
 ) -> tuple[int, ...]:
     """``weights``' shares of ``epoch_size`` draws, by largest remainder (ties: earlier source)."""
-    ws = _positive_numbers("weights", weights, len(sizes), owner)
+    ws = _positive_numbers("weights", weights, owner, at)
     size = sum(sizes) if epoch_size is None else epoch_size
     fix = "pass the samples per epoch, e.g. epoch_size=100_000, or None"
     total = check_int("epoch_size", size, 1, owner=owner, fix=fix, numpy_ok=True, limit=_MAX)

@@ -71,10 +71,13 @@ def test_allotments_add_up_and_follow_weights_repeat_and_defaults() -> None:
     assert ds.per_epoch == (15, 18, 12) and ds.epoch_size == 45 and len(ds) == sum(SIZES)
 
 
-def test_weights_are_respected_within_one_percent_over_1e5_samples() -> None:
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_weights_are_respected_within_half_a_point_over_1e5_samples(seed: int) -> None:
+    # Hunter 318: "within 1% of each weight" does not hold for a weight of 0.1 (its share's
+    # standard deviation over 10^5 random draws is 0.95% of it); half a point is 3 sigma.
     weights = {"a": 0.5, "b": 0.3, "c": 0.2}
     ds = mixed(weights=weights, epoch_size=250_000)
-    plan = ds.plan(500, seed=11)
+    plan = ds.plan(500, seed=seed)
     drawn: list[np.ndarray] = []
     sched = [plan.schedule(0, start=0, rank=r, world_size=2) for r in range(2)]
     for step in range(100):  # 100 steps x 2 ranks x 500 = 10^5 samples, a partial epoch
@@ -82,7 +85,7 @@ def test_weights_are_respected_within_one_percent_over_1e5_samples() -> None:
     counts = np.bincount(ds.source_of(np.concatenate(drawn)), minlength=3)
     assert counts.sum() == 10**5
     for share, want in zip(counts / 10**5, weights.values(), strict=True):
-        assert abs(share - want) < 0.01 * want, (counts, weights)
+        assert abs(share - want) < 0.005, (counts, weights)
     # Over a whole epoch the allotment is exact.
     whole = np.bincount(ds.source_of(plan.order(0).numpy()), minlength=3)
     assert whole.tolist() == [125_000, 75_000, 50_000] == list(ds.per_epoch)
@@ -308,6 +311,9 @@ def test_describe_counts_weights_and_source_epochs() -> None:
             ValueError,
             r"weights\['b'\]=0.3 gets 0 of epoch_size=2 .*\(epoch_size=6 gives it a draw\)",
         ),
+        # Hunter 318: a bad value given by name was named by its position.
+        ({"weights": {"a": 1, "b": -1, "c": 1}}, ValueError, r"weights\['b'\] must be a finite"),
+        ({"weights": {"a": 1, "b": 1, "c": "2"}}, TypeError, r"weights\['c'\] must be a number"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, match: str) -> None:

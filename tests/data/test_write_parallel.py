@@ -573,6 +573,27 @@ def test_a_failed_rewrite_on_a_store_without_versions_keeps_its_start_marker(
     assert ShardedDataset(url, READER).sizes == (5, 6, 7)
 
 
+def test_a_memory_folder_with_writer_processes_or_a_lagging_listing_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hunter 318: each writer process uploaded into its own memory://, and indexing the
+    # folder here failed with a bare KeyError: 'shard-00000.npy'.
+    url = f"memory://write-lagging-{os.getpid()}/c"
+    with pytest.raises(ValueError, match=r"num_workers=2 with a memory:// folder.*num_workers=0"):
+        write_shards(url, range(2), READER, fn=make, num_workers=2, progress=False)
+    from loaderkit.data._fs import Storage
+
+    real = Storage.entries
+
+    def lagging(self: Storage, folder: str) -> Any:
+        files, folders = real(self, folder)
+        return [e for e in files if e["name"] != "shard-00001.npy"], folders
+
+    monkeypatch.setattr(Storage, "entries", lagging)
+    with pytest.raises(ShardError, match=r"shard-00001.npy'\] \(of 1\) went up but.*re-run"):
+        write_shards(url, range(2), READER, fn=make, progress=False)
+
+
 # ------------------------------------------------------------------ start method and pool
 def new_children(before: set[Any]) -> set[Any]:
     """The child processes started since ``before`` that still run."""
