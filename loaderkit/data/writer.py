@@ -477,12 +477,7 @@ def write_shards(
     ext = _check_names(prefix, suffix if suffix is not None else reader.suffixes[0])
     comp, lvl = check_compression(compression, level, "write_shards")
     codec = (comp, lvl, check_hash(hash, "write_shards"))
-    refuse_file_url("write_shards", "directory", directory)
-    if num_workers and str(directory).startswith("memory://"):
-        raise ValueError(
-            f"write_shards: num_workers={num_workers} with a memory:// folder: each writer "
-            "process has its own memory filesystem, unseen here; pass num_workers=0."
-        )
+    _check_folder(directory, num_workers)
     work = None if is_url(directory) else Path(directory) / WORK_DIR
     before = _files_now(work.parent) if work is not None and not work.exists() else None
     job, done = _make_job(directory, storage_options, reader, fn, prefix, ext, codec, resume)
@@ -607,6 +602,15 @@ def _check_args(
             "num_workers=, or leave mp_context out."
         )
     return progress, resume
+
+
+def _check_folder(directory: Any, num_workers: int) -> None:
+    refuse_file_url("write_shards", "directory", directory)
+    if num_workers and str(directory).startswith("memory://"):
+        raise ValueError(
+            f"write_shards: num_workers={num_workers} with a memory:// folder: each writer "
+            "process has its own memory filesystem, unseen here; pass num_workers=0."
+        )
 
 
 def _check_names(prefix: Any, suffix: Any) -> str:
