@@ -26,7 +26,7 @@ from loaderkit.loader._worker_stream import (
     open_stream,
     worker_batches,
 )
-from loaderkit.loader._workers import guard_workers, start_workers
+from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._cursor import ITERABLE_FIELDS, check_settings
 from loaderkit.seeding import derive_seed, seed_global_rngs, worker_seed
 from loaderkit.transfer import pin_batch, pin_now
@@ -127,7 +127,7 @@ class IterableEngine(WorkerStreams):
         streams = _StreamsSource(self, [dict(r) for r in records], epoch=epoch, rank=rank)
         # Persistent workers serve a resumed epoch too: their copies go on from the replay.
         inner = self.workers_for(streams, epoch, fresh=False)
-        workers = start_workers(inner, self._in_flight)
+        workers = iter(inner)
         try:
             guarded = guard_workers(workers, self._in_flight)
             yield from self._hand_out(guarded, records, run, pin=False)

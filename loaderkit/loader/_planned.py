@@ -33,7 +33,7 @@ from loaderkit.loader._fetch import (
     seed_keys,
 )
 from loaderkit.loader._views import count_indices
-from loaderkit.loader._workers import guard_workers, start_workers, stop_inner, stop_workers
+from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, check_state, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_states_ok
@@ -418,7 +418,7 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
             yield step, batch
         return
     inner = engine.inner_loader(sched)
-    workers = start_workers(inner, partial(describe_step, sched))
+    workers = iter(inner)
     try:
         # Task k of torch's worker iterator is step k of the schedule (keys in order).
         yield from enumerate(guard_workers(workers, partial(describe_step, sched)))

@@ -24,7 +24,7 @@ from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch, worker_error_from
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
-from loaderkit.loader._workers import guard_workers, start_workers
+from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
 from loaderkit.plan._cursor import STREAM_FIELDS, check_settings
 from loaderkit.transfer import pin_batch, pin_now
@@ -246,7 +246,7 @@ class StreamEngine(WorkerStreams):
             yield from self._hand_out(iter(source), pin=pin_now(self.host.pool.pin_memory))
             return
         inner = self._inner_loader(source, rotation)
-        workers = start_workers(inner, partial(self._in_flight, source, rotation))
+        workers = iter(inner)
         try:
             guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
             yield from self._hand_out(guarded, pin=False)

@@ -22,13 +22,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from loaderkit import (
     IterableReader,
@@ -101,38 +98,6 @@ def test_a_persistent_worker_that_dies_in_a_later_epoch_is_named() -> None:
     with pytest.raises(WorkerError, match=r"exited with code 3.*sample indices \[36, 37, 38, 39\]"):
         list(loader)
     assert no_children_left()
-
-
-class Counting(torch.utils.data.IterableDataset[int]):
-    def __iter__(self) -> Iterator[int]:
-        info = torch.utils.data.get_worker_info()
-        return iter(range(info.id if info else 0, 16, info.num_workers if info else 1))
-
-
-@pytest.mark.parametrize("engine", ["planned", "stream", "iterable"])
-def test_a_persistent_worker_killed_while_idle_is_named_at_the_next_epoch(engine: str) -> None:
-    # torch's RuntimeError was raised from iter(), where no batch had been asked for yet.
-    dataset: Any = {
-        "planned": list(range(16)),
-        "stream": StreamingShardedDataset([(0, 8), (8, 8)], IterableReader(spans), mix_shards=1),
-        "iterable": Counting(),
-    }[engine]
-    loader = ResumableDataLoader(
-        dataset, batch_size=4, num_workers=2, persistent_workers=True, seed=0
-    )
-    first = [x for batch in loader for x in batch.tolist()]
-    for child in multiprocessing.active_children():
-        os.kill(child.pid, signal.SIGKILL)
-    with pytest.raises(
-        WorkerError, match=r"worker \d \(pid \d+\) was killed by SIGKILL.*no batch \(it was idle\)"
-    ):
-        iter(loader).__next__()
-    assert no_children_left()
-    assert sorted(x for batch in loader for x in batch.tolist()) == sorted(first)  # new workers
-
-
-def spans(shard: tuple[int, int]) -> Iterator[int]:
-    return iter(range(shard[0], shard[0] + shard[1]))
 
 
 def boom_at(shard: tuple[int, int]) -> object:
