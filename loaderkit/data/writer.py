@@ -535,7 +535,11 @@ def _unmark_started(job: _Job) -> None:
     storage = job.storage
     assert storage is not None
     mark, work = join_url(job.root, job.started()), join_url(job.root, WORK_DIR)
-    if set(_own_markers(job, [e["name"] for e in _listing(storage, work)])) - {url_name(mark)}:
+    try:
+        names = [e["name"] for e in storage.entries(work)[0]]
+    except ShardError:  # unlisted, a shard's marker may be there: the start marker stays
+        return
+    if set(_own_markers(job, names)) - {url_name(mark)}:
         return
     storage.call("removing", mark, lambda: storage.fs.rm(mark))
     if not _listing(storage, work):  # another write's markers stay

@@ -565,6 +565,25 @@ def test_a_failed_rewrite_on_a_store_without_versions_keeps_its_start_marker(
         write_shards(url, range(3), READER, fn=plus_one, progress=False, resume=False)
     with pytest.raises(ShardError, match="unfinished write_shards"):
         ShardedDataset(url, READER)
+    # Review 326: a listing failing in the cleanup too must not count as no markers.
+    monkeypatch.setattr(_fs.Storage, "upload", real)
+    write_shards(url, range(3), READER, fn=make, progress=False)  # done: no start marker
+    monkeypatch.setattr(_fs.Storage, "upload", upload_then_fail)
+    real_entries = _fs.Storage.entries
+
+    def entries(self: _fs.Storage, folder: str) -> Any:
+        if folder.endswith(WORK_DIR) and calls.append(folder) is None and len(calls) > 1:
+            raise ShardError("gave up listing after retries")
+        return real_entries(self, folder)
+
+    calls: list[str] = []
+    monkeypatch.setattr(_fs.Storage, "entries", entries)
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, range(3), READER, fn=plus_one, progress=False, resume=False)
+    monkeypatch.setattr(_fs.Storage, "entries", real_entries)
+    assert len(calls) > 1  # the cleanup's listing failed
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(url, READER)
     # Run again, it finishes; one failing before any upload leaves the corpus readable.
     monkeypatch.setattr(_fs.Storage, "upload", real)
     write_shards(url, range(3), READER, fn=make, progress=False)
