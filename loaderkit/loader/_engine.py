@@ -5,6 +5,8 @@ builds one engine (planned, stream or iterable), which sees the loader only thro
 from __future__ import annotations
 
 import atexit
+import copy
+import dataclasses
 import itertools
 import time
 import weakref
@@ -21,7 +23,7 @@ from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._workers import WorkerPool, stop_inner, stop_workers
+from loaderkit.loader._workers import Describe, WorkerPool, start_workers, stop_inner, stop_workers
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_envelope, seal
 from loaderkit.plan.samplers import _LenWatch
 
@@ -282,6 +284,7 @@ class WorkerStreams:
     """The stream and iterable engines' shared part: position, workers, the last hand-outs."""
 
     carries_over = False  # see Engine
+    begun_fields: tuple[str, ...] = ("complete",)  # what beginning an iteration sets
 
     def __init__(
         self,
@@ -395,6 +398,31 @@ class WorkerStreams:
         if persistent:
             self._inner, self._inner_next = inner, None
         return inner
+
+    def kept(self) -> tuple[PlanCursor, list[Any], tuple[Any, ...]]:
+        """What beginning an iteration changes, for :meth:`start` to put back."""
+        fields = tuple(copy.copy(getattr(self, name)) for name in self.begun_fields)
+        return dataclasses.replace(self._position), list(self._history), fields
+
+    def start(
+        self,
+        inner: DataLoader[Any],
+        describe: Describe,
+        kept: tuple[PlanCursor, list[Any], tuple[Any, ...]],
+    ) -> Iterator[Any]:
+        """The workers of ``inner``. Where they fail to start (one died while idle), the
+        iteration did not begin: the next one serves its epoch, with new workers."""
+        try:
+            return start_workers(inner, describe)
+        except Exception:
+            self.close()
+            position, history, fields = kept
+            self._position.restore(position)
+            self._history.clear()
+            self._history.extend(history)
+            for name, value in zip(self.begun_fields, fields, strict=True):
+                setattr(self, name, value)
+            raise
 
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         stop_workers(inner, workers)

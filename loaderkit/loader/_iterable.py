@@ -73,6 +73,8 @@ class _StreamsSource(EngineSource):
 class IterableEngine(WorkerStreams):
     """Epochs, per-worker positions and state of a loader over a plain ``IterableDataset``."""
 
+    begun_fields = ("complete", "records", "_primed")
+
     one_iterator = False  # see Engine
 
     def __init__(self, host: Host, dataset: Any, **engine: Any) -> None:
@@ -113,6 +115,7 @@ class IterableEngine(WorkerStreams):
         self.check_world()
         if host.name_epoch(self._position, self):
             return
+        kept = self.kept()
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, _ = self._position.begin(self)
@@ -127,7 +130,7 @@ class IterableEngine(WorkerStreams):
         streams = _StreamsSource(self, [dict(r) for r in records], epoch=epoch, rank=rank)
         # Persistent workers serve a resumed epoch too: their copies go on from the replay.
         inner = self.workers_for(streams, epoch, fresh=False)
-        workers = iter(inner)
+        workers = self.start(inner, self._in_flight, kept)
         try:
             guarded = guard_workers(workers, self._in_flight)
             yield from self._hand_out(guarded, records, run, pin=False)

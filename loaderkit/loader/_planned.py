@@ -33,7 +33,7 @@ from loaderkit.loader._fetch import (
     seed_keys,
 )
 from loaderkit.loader._views import count_indices
-from loaderkit.loader._workers import guard_workers, stop_inner, stop_workers
+from loaderkit.loader._workers import guard_workers, start_workers, stop_inner, stop_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, check_state, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_states_ok
@@ -147,6 +147,7 @@ class PlanEngine:
             if start == 0:
                 self.plan.relist_if_reseeded(epoch)
         self._check_start(rank, world_size)
+        before = dataclasses.replace(self.cursor)
         epoch, start, steps_done = self.cursor.begin(self.plan)
         self.host.started = True
         sched = self.plan.schedule(epoch, start=start, rank=rank, world_size=world_size)
@@ -166,7 +167,7 @@ class PlanEngine:
                 "use fewer ranks or set drop_last=False."
             )
         run.schedule, run.steps_before = sched, steps_done
-        return run_epoch(self, sched, run)
+        return run_epoch(self, sched, run, before)
 
     def _check_start(self, rank: int, world_size: int) -> None:
         """Refuse the next epoch start where the ranks or the host count it differently."""
@@ -384,7 +385,9 @@ class PlanEngine:
         stop_inner(inner)
 
 
-def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, None, None]:
+def run_epoch(
+    engine: PlanEngine, sched: Schedule, run: Run, before: PlanCursor
+) -> Generator[Any, None, None]:
     # A function: the generator must not reference the iterator that owns it (Host.live).
     cursor, host = engine.cursor, engine.host
 
@@ -392,14 +395,21 @@ def run_epoch(engine: PlanEngine, sched: Schedule, run: Run) -> Generator[Any, N
         if host.current is run:  # only the current run moves the loader's position
             cursor.consumed(position)
 
-    if host.auto is not None and not host.auto.settled:
-        yield from _run_auto(engine, sched, consumed)
-        return
-    # Closed explicitly: Python 3.12 keeps the abandoned generator (and its workers) alive.
-    with contextlib.closing(_batches(engine, sched)) as batches:
-        for step, batch in batches:
-            consumed(sched.position_after(step))
-            yield batch
+    try:
+        if host.auto is not None and not host.auto.settled:
+            yield from _run_auto(engine, sched, consumed)
+            return
+        # Closed explicitly: Python 3.12 keeps the abandoned generator (and its workers) alive.
+        with contextlib.closing(_batches(engine, sched)) as batches:
+            for step, batch in batches:
+                consumed(sched.position_after(step))
+                yield batch
+    except Exception:
+        # Nothing handed out (the workers failed to start): the next iter() serves this epoch,
+        # as its state says, not the one after.
+        if run.handed == 0 and host.current is run:
+            cursor.restore(before)
+        raise
 
 
 def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], None, None]:
@@ -418,7 +428,7 @@ def _batches(engine: PlanEngine, sched: Schedule) -> Generator[tuple[int, Any], 
             yield step, batch
         return
     inner = engine.inner_loader(sched)
-    workers = iter(inner)
+    workers = start_workers(inner, partial(describe_step, sched))
     try:
         # Task k of torch's worker iterator is step k of the schedule (keys in order).
         yield from enumerate(guard_workers(workers, partial(describe_step, sched)))

@@ -118,6 +118,8 @@ class _SlotBatches(EngineSource):
 class StreamEngine(WorkerStreams):
     """Epochs, cursors and state of a loader over a :class:`StreamingShardedDataset`."""
 
+    begun_fields = ("complete", "cursors", "next_local", "_round", "_loaded_ranks")
+
     one_iterator = True  # the cursors are the loader's: a new iter() supersedes the old
 
     dataset: StreamingShardedDataset
@@ -230,6 +232,7 @@ class StreamEngine(WorkerStreams):
         self.check_world()
         if self.host.name_epoch(self._position, self):
             return
+        kept = self.kept()
         rotation = self._begin()
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size
@@ -246,7 +249,7 @@ class StreamEngine(WorkerStreams):
             yield from self._hand_out(iter(source), pin=pin_now(self.host.pool.pin_memory))
             return
         inner = self._inner_loader(source, rotation)
-        workers = iter(inner)
+        workers = self.start(inner, partial(self._in_flight, source, rotation), kept)
         try:
             guarded = guard_workers(workers, partial(self._in_flight, source, rotation))
             yield from self._hand_out(guarded, pin=False)

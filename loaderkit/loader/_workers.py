@@ -376,6 +376,20 @@ def guard_workers(workers: Iterator[Any], describe: Describe) -> Generator[Any, 
         yield batch
 
 
+def start_workers(inner: DataLoader[Any], describe: Describe) -> Iterator[Any]:
+    """``iter(inner)``; a persistent worker that died while idle is a :class:`WorkerError`,
+    and its workers stop, so the next iteration starts new ones."""
+    try:
+        return iter(inner)
+    except RuntimeError as exc:
+        workers = inner._iterator
+        if workers is None or isinstance(exc, WorkerError) or not _TORCH_FAILURE.search(str(exc)):
+            raise
+        error = worker_failure(workers, exc, describe)
+        stop_workers(inner, workers)
+        raise error from exc
+
+
 def _any_dead(workers: Any, wait: float = 2.0) -> bool:
     """Whether a worker ended (within ``wait`` s: the error can arrive before the exit status)."""
     procs = list(getattr(workers, "_workers", []))

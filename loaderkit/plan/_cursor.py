@@ -406,6 +406,12 @@ class PlanCursor:
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 
+    def restore(self, before: PlanCursor) -> None:
+        """Go back to ``before``, a copy taken as an iteration began that handed out nothing
+        (its workers failed to start): the next iteration is that one again."""
+        for name in self.__slots__:
+            setattr(self, name, getattr(before, name))
+
     def consumed(self, position: int) -> None:
         """One more batch of this rank was handed out; the plan is now at ``position``."""
         self.position = position
