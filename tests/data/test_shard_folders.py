@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from loaderkit import (
     JsonlReader,
@@ -203,21 +204,35 @@ def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Pa
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
 
 
-def test_a_folder_uploaded_with_its_index_names_that_index(tmp_path: Path) -> None:
-    # Said as a checksum failure whose fix, deleting the index, drops write_shards' hashes.
+@pytest.mark.parametrize("hashed", [False, True])
+def test_a_folder_uploaded_with_its_index_reads_by_its_hashes_or_names_that_index(
+    tmp_path: Path, hashed: bool
+) -> None:
+    # Without hashes: said as a checksum failure whose fix, deleting the index, drops
+    # write_shards' hashes. With them it was refused too, though a copy between buckets read.
     import fsspec
 
-    write_shards(tmp_path, arrays((2, 3), 1), READER, hash="sha256")
+    shards = [np.arange(SEQ * n, dtype=np.uint16) + 1000 * n for n in (2, 3)]
+    write_shards(tmp_path, shards, READER, hash="sha256" if hashed else None)
     url = f"memory://uploaded-{uuid.uuid4().hex[:8]}"
     fs = fsspec.filesystem("memory")
     for path in tmp_path.iterdir():
         fs.pipe_file(f"{url}/{path.name}", path.read_bytes())
     remote = RemoteCache(cache_dir=tmp_path / "cache")
-    match = r"was written for a local folder, and the shards are read from a URL\. Re-run "
-    with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
-        ShardedDataset(url, READER, remote=remote)
-    write_shards(url, arrays((2, 3), 1), READER, hash="sha256")
-    assert ShardedDataset(url, READER, remote=remote).sizes == (2, 3)
+    if not hashed:
+        match = r"was written for a local folder, and the shards are read from a URL\. Re-run "
+        with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
+            ShardedDataset(url, READER, remote=remote)
+        return
+    local, uploaded = ShardedDataset(tmp_path, READER), ShardedDataset(url, READER, remote=remote)
+    assert uploaded.sizes == (2, 3)
+    assert all(torch.equal(uploaded[i], local[i]) for i in range(5))
+    # Each download is checked against the hash: a same-size change is refused, not read.
+    name = f"{url}/{local.shards[1].name}"
+    fs.pipe_file(name, fs.cat_file(name)[:-2] + b"\x00\x00")
+    other = RemoteCache(cache_dir=tmp_path / "cache2")
+    with pytest.raises(ShardError, match="fails its content hash"):
+        ShardedDataset(url, READER, remote=other)[4]
 
 
 def test_shards_in_a_linked_subfolder_are_refused_as_in_a_real_one(tmp_path: Path) -> None:
