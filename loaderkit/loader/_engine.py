@@ -410,19 +410,24 @@ class WorkerStreams:
         describe: Describe,
         kept: tuple[PlanCursor, list[Any], tuple[Any, ...]],
     ) -> Iterator[Any]:
-        """The workers of ``inner``. Where they fail to start (one died while idle), the
-        iteration did not begin: the next one serves its epoch, with new workers."""
+        """The workers of ``inner``; where they fail to start (one died while idle), the
+        iteration did not begin (:meth:`undo`)."""
         try:
             return start_workers(inner, describe)
         except Exception:
             self.close()
-            position, history, fields = kept
-            self._position.restore(position)
-            self._history.clear()
-            self._history.extend(history)
-            for name, value in zip(self.begun_fields, fields, strict=True):
-                setattr(self, name, value)
+            self.undo(kept)
             raise
+
+    def undo(self, kept: tuple[PlanCursor, list[Any], tuple[Any, ...]]) -> None:
+        """Put back what beginning an iteration changed (``kept`` before it): it failed before
+        its first batch, so the next iteration serves its epoch, as its state says."""
+        position, history, fields = kept
+        self._position.restore(position)
+        self._history.clear()
+        self._history.extend(history)
+        for name, value in zip(self.begun_fields, fields, strict=True):
+            setattr(self, name, value)
 
     def _drop_inner(self, inner: DataLoader[Any], workers: Iterator[Any]) -> None:
         stop_workers(inner, workers)

@@ -118,7 +118,7 @@ class IterableEngine(WorkerStreams):
         kept = self.kept()
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
-        epoch, start, _ = self._position.begin(self)
+        epoch, start, began = self._position.begin(self)
         host.started = True
         cut_short = loaded is None and not self.complete  # live: the object stopped in place
         records = self.records = self._starts(epoch, loaded)
@@ -139,6 +139,8 @@ class IterableEngine(WorkerStreams):
                     raise RuntimeError("ResumableDataLoader: a worker sent a batch after its end")
         except BaseException:  # its workers ran ahead of what was handed out
             self._drop_inner(inner, workers)
+            if self.steps_done == began:
+                self.undo(kept)
             raise
         if self._inner is inner:
             self._inner_next = epoch + 1

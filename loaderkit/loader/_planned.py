@@ -404,9 +404,9 @@ def run_epoch(
             for step, batch in batches:
                 consumed(sched.position_after(step))
                 yield batch
-    except Exception:
-        # Nothing handed out (the workers failed to start): the next iter() serves this epoch,
-        # as its state says, not the one after.
+    except BaseException:
+        # Nothing handed out (its workers failed to start, or died): the next iter() serves
+        # this epoch, as its state says, not the one after.
         if run.handed == 0 and host.current is run:
             cursor.restore(before)
         raise

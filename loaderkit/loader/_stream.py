@@ -234,6 +234,7 @@ class StreamEngine(WorkerStreams):
             return
         kept = self.kept()
         rotation = self._begin()
+        began = self.steps_done
         source = _SlotBatches(self, rotation)
         slots = self.workers * source.world_size
         if len(self.dataset.shards) < slots and not self._warned:
@@ -263,6 +264,8 @@ class StreamEngine(WorkerStreams):
             raise
         except BaseException:
             self._drop_inner(inner, workers)
+            if self.steps_done == began:
+                self.undo(kept)
             raise
         if self._inner is inner:
             self._inner_next = self.epoch + 1

@@ -15,6 +15,7 @@ which is tested here, and the message's OOM wording follows the cgroup's
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -103,42 +104,54 @@ def test_a_persistent_worker_that_dies_in_a_later_epoch_is_named() -> None:
     assert no_children_left()
 
 
-def draw(i: int) -> torch.Tensor:
+def draw(flag: Path, i: int) -> torch.Tensor:
+    if flag.exists() and torch.utils.data.get_worker_info() is not None:
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker dies loading its first batch
     return torch.tensor([i, int(torch.randint(0, 10**6, ()))])  # keyed by the sample
 
 
 class Drawing(torch.utils.data.Dataset[torch.Tensor]):
+    def __init__(self, flag: Path) -> None:
+        self.flag = flag
+
     def __len__(self) -> int:
         return 16
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return draw(i)
+        return draw(self.flag, i)
 
 
-class DrawingStream(torch.utils.data.IterableDataset[torch.Tensor]):
+class DrawingStream(Drawing, torch.utils.data.IterableDataset[torch.Tensor]):
     def __iter__(self) -> Iterator[torch.Tensor]:
         info = torch.utils.data.get_worker_info()
         assert info is not None
-        return map(draw, range(info.id, 16, info.num_workers))
+        return map(functools.partial(draw, self.flag), range(info.id, 16, info.num_workers))
 
 
 def spans(shard: tuple[int, int]) -> Iterator[int]:
     return iter(range(shard[0], shard[0] + shard[1]))
 
 
+@pytest.mark.parametrize("when", ["idle", "loading"])
 @pytest.mark.parametrize("engine", ["planned", "stream", "iterable"])
-def test_a_persistent_worker_killed_while_idle_is_named_and_its_epoch_served_next(
-    engine: str,
+def test_workers_dead_before_an_epochs_first_batch_are_named_and_the_epoch_served_next(
+    tmp_path: Path, engine: str, when: str
 ) -> None:
-    # torch's RuntimeError came from iter(), outside the guard; the first WorkerError for it
-    # let the next iter() skip an epoch (review 324): that iteration had begun it.
+    # Persistent workers killed while idle: torch's RuntimeError came from iter(), outside the
+    # guard. The first WorkerError for it, and one for workers dying on the first batch, let
+    # the next iter() skip that epoch (review 324): the failed iteration had begun it.
+    flag = tmp_path / "kill"
+
     def make() -> ResumableDataLoader:
         dataset: Any = {
-            "planned": Drawing(),
+            "planned": Drawing(flag),
             "stream": StreamingShardedDataset(
-                [(0, 8), (8, 8)], IterableReader(spans), mix_shards=1, transform=draw
+                [(0, 8), (8, 8)],
+                IterableReader(spans),
+                mix_shards=1,
+                transform=functools.partial(draw, flag),
             ),
-            "iterable": DrawingStream(),
+            "iterable": DrawingStream(flag),
         }[engine]
         shuffle = engine == "planned"
         return ResumableDataLoader(
@@ -155,12 +168,15 @@ def test_a_persistent_worker_killed_while_idle_is_named_and_its_epoch_served_nex
     loader = make()
     assert epoch(loader) == expected[0]
     state = loader.state_dict()
-    for child in multiprocessing.active_children():
-        os.kill(child.pid, signal.SIGKILL)
-    with pytest.raises(
-        WorkerError, match=r"worker \d \(pid \d+\) was killed by SIGKILL.*no batch \(it was idle\)"
-    ):
+    if when == "idle":
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+    else:
+        flag.touch()
+    held = "no batch \\(it was idle\\)" if when == "idle" else "batches it had not delivered"
+    with pytest.raises(WorkerError, match=rf"worker \d \(pid \d+\) was killed by SIGKILL.*{held}"):
         next(iter(loader))
+    flag.unlink(missing_ok=True)
     assert no_children_left()
     assert loader.state_dict() == state
     assert [epoch(loader), epoch(loader)] == expected[1:]
