@@ -492,7 +492,7 @@ class EpochIterator(Iterator[Any]):
             raise LoaderkitError(
                 "ResumableDataLoader: this iteration stopped at the error it raised, before the "
                 "end of its epoch; to read the rest, call loader.load_state_dict("
-                "loader.state_dict()) and iterate again (a new iter() begins the next epoch)."
+                "loader.state_dict()) and iterate again."
             )
         try:
             batch = next(self._batches)
