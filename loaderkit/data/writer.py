@@ -51,7 +51,7 @@ from loaderkit.data.index import (
     remote_index_name,
 )
 from loaderkit.data.readers import OWN_SUFFIXES, pinned_dtype
-from loaderkit.errors import ShardError
+from loaderkit.errors import MissingShardError, ShardError
 
 __all__ = ["write_shards"]
 
@@ -227,9 +227,11 @@ class _RemoteDone:
 
 
 def _listing(storage: Storage, url: str) -> list[dict[str, Any]]:
+    """The files in folder ``url``; none where it does not exist. A listing that fails is an
+    error: taken as empty, it would drop another write's markers (or this one's)."""
     try:
         return storage.entries(url)[0]
-    except ShardError:  # MissingShardError: no such folder yet
+    except MissingShardError:
         return []
 
 
@@ -535,15 +537,12 @@ def _unmark_started(job: _Job) -> None:
     storage = job.storage
     assert storage is not None
     mark, work = join_url(job.root, job.started()), join_url(job.root, WORK_DIR)
-    try:
-        names = [e["name"] for e in storage.entries(work)[0]]
-    except ShardError:  # unlisted, a shard's marker may be there: the start marker stays
-        return
-    if set(_own_markers(job, names)) - {url_name(mark)}:
-        return
-    storage.call("removing", mark, lambda: storage.fs.rm(mark))
-    if not _listing(storage, work):  # another write's markers stay
-        with contextlib.suppress(ShardError):  # gone with its last object on object stores
+    with contextlib.suppress(ShardError):  # unlisted, a shard's marker may be there: it stays
+        if set(_own_markers(job, [e["name"] for e in _listing(storage, work)])) - {url_name(mark)}:
+            return
+        storage.call("removing", mark, lambda: storage.fs.rm(mark))
+        if not _listing(storage, work):  # another write's markers stay
+            # Gone with its last object on object stores.
             storage.call("removing", work, lambda: storage.fs.rm(work, recursive=True))
 
 

@@ -542,6 +542,48 @@ def test_a_url_folder_being_written_is_unfinished_from_its_first_upload(
     assert ShardedDataset(url, READER).sizes == (5, 6, 7)
 
 
+def test_a_work_folder_listing_that_fails_is_not_taken_for_an_empty_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Taken as empty, a failed cleanup's listing removed the work folder with another write's
+    # marker in it, and a finished write's returned with its markers left (refused later).
+    import fsspec
+
+    from loaderkit.data import _fs
+
+    url = f"memory://write-listing-{os.getpid()}/c"
+    write_shards(url, range(3), READER, fn=make, progress=False)
+    other = f"{url}/{WORK_DIR}/part-started.npy.json"
+    fsspec.filesystem("memory").pipe_file(other, b"{}")  # another write, unfinished
+    real_entries, calls = _fs.Storage.entries, []
+
+    def entries(self: _fs.Storage, folder: str) -> Any:
+        if folder.endswith(WORK_DIR):
+            calls.append(folder)
+            if len(calls) > fail_after:
+                raise ShardError("gave up listing after retries")
+        return real_entries(self, folder)
+
+    monkeypatch.setattr(_fs.Storage, "entries", entries)
+    fail_after = 2  # this write's start, then the cleanup's first look
+    with pytest.raises(ZeroDivisionError):
+        write_shards(url, [0], READER, fn=lambda n: 1 / 0, progress=False, resume=False)
+    assert len(calls) == 3
+    assert fsspec.filesystem("memory").exists(other)
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(url, READER)
+    fsspec.filesystem("memory").rm(other)
+    calls.clear()
+    fail_after = 2  # this write's start and its resume look, then the end's
+    with pytest.raises(ShardError, match="gave up listing"):
+        write_shards(url, range(3), READER, fn=make, progress=False)
+    with pytest.raises(ShardError, match="unfinished write_shards"):
+        ShardedDataset(url, READER)
+    monkeypatch.setattr(_fs.Storage, "entries", real_entries)
+    write_shards(url, range(3), READER, fn=make, progress=False)
+    assert ShardedDataset(url, READER).sizes == (5, 6, 7)
+
+
 def test_a_failed_rewrite_on_a_store_without_versions_keeps_its_start_marker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
