@@ -17,6 +17,7 @@ from loaderkit.data.index import (
     build_index,
     checksum,
     default_index_path,
+    hashed_row,
     index_names,
     path_key,
     read_index,
@@ -153,9 +154,11 @@ def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
     if not isinstance(rows, list) or (rows and doc.get("checksum") != checksum(rows)):
         msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
         raise ShardError(msg, path=where)
-    if (doc.get("remote") is True) != remote:
+    rows = [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
+    # Uploaded, a local folder's index holds by its content hashes (checked on download).
+    if (doc.get("remote") is True) != remote and not (remote and all(map(hashed_row, rows))):
         return []
-    return [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
+    return rows
 
 
 def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:

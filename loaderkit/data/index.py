@@ -174,7 +174,7 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
     # Its rows hold object versions (for a URL) or file mtimes (for a local folder), which
     # the other place's files do not match: a copied or uploaded folder takes its index along.
     # An uploaded folder's content hashes hold (checked on each download, as for a copy).
-    if (doc.get("remote") is True) != remote and not (remote and all(map(_hashed, rows))):
+    if (doc.get("remote") is True) != remote and not (remote and all(map(hashed_row, rows))):
         written, here = ("a local folder", "a URL") if remote else ("a URL", "a local folder")
         raise ShardError(
             f"shard index {where!r} was written for {written}, and the shards are read from "
@@ -268,7 +268,8 @@ def read_remote_index(
     return [int(r[3]) for r in rows], [r[4] if len(r) > 4 else None for r in rows]
 
 
-def _hashed(row: list[Any]) -> bool:
+def hashed_row(row: list[Any]) -> bool:
+    """Whether an index row holds its shard's content hash."""
     return len(row) > 4 and isinstance(row[4], dict) and bool(row[4].get("hash"))
 
 
@@ -276,7 +277,7 @@ def remote_unchanged(url: str, size: int, version: str, row: list[Any], fix: str
     """Refuse the object at ``url`` where it differs from its index ``row`` (version "": size).
     A row with a content hash holds at its size under any version (a copy of the folder gets
     new ETags): the hash is checked on each download, and its rows are never range-read."""
-    if int(row[1]) != size or (str(row[2]) not in ("", version) and not _hashed(row)):
+    if int(row[1]) != size or (str(row[2]) not in ("", version) and not hashed_row(row)):
         raise ShardChangedError(
             f"shard {url!r} changed after it was indexed (now {size} bytes, version "
             f"{version!r}; indexed: {row[1]} bytes, {row[2]!r}); {fix}",

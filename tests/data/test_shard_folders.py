@@ -233,6 +233,10 @@ def test_a_folder_uploaded_with_its_index_reads_by_its_hashes_or_names_that_inde
     other = RemoteCache(cache_dir=tmp_path / "cache2")
     with pytest.raises(ShardError, match="fails its content hash"):
         ShardedDataset(url, READER, remote=other)[4]
+    # A stream took that index for none of its folder: it read the changed shard unchecked.
+    stream = StreamingShardedDataset(url, READER, remote=RemoteCache(cache_dir=tmp_path / "c3"))
+    with pytest.raises(ShardError, match="fails its content hash"):
+        list(ResumableDataLoader(stream, batch_size=1))
 
 
 def test_shards_in_a_linked_subfolder_are_refused_as_in_a_real_one(tmp_path: Path) -> None:
