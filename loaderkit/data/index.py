@@ -171,9 +171,21 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
         msg = f"shard index {where!r} fails its checksum or is of another loaderkit version; "
         msg += "delete it so the shards are counted again."
         raise ShardError(msg, path=where)
+    check_place(doc, rows, where, remote)
+    if doc["reader"] != reader.spec():
+        raise ShardError(
+            f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
+            f"reader has {reader.spec()}; pass another index=, or delete it.",
+            path=where,
+        )
+    return list(rows)
+
+
+def check_place(doc: dict[str, Any], rows: list[Any], where: str, remote: bool) -> None:
+    """Refuse the index ``doc`` at ``where`` if written for the other place (a URL, a local
+    folder), unless read at a URL with every row's content hash (checked on download)."""
     # Its rows hold object versions (for a URL) or file mtimes (for a local folder), which
     # the other place's files do not match: a copied or uploaded folder takes its index along.
-    # An uploaded folder's content hashes hold (checked on each download, as for a copy).
     if (doc.get("remote") is True) != remote and not (remote and all(map(hashed_row, rows))):
         written, here = ("a local folder", "a URL") if remote else ("a URL", "a local folder")
         raise ShardError(
@@ -182,13 +194,6 @@ def _rows(data: bytes, where: str, reader: ShardReader, remote: bool) -> list[li
             "count the shards there.",
             path=where,
         )
-    if doc["reader"] != reader.spec():
-        raise ShardError(
-            f"shard index {where!r} was counted with reader settings {doc['reader']}, this "
-            f"reader has {reader.spec()}; pass another index=, or delete it.",
-            path=where,
-        )
-    return list(rows)
 
 
 def read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[IndexEntry]:

@@ -200,6 +200,8 @@ def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Pa
     match = r"was written for a URL, and the shards are read from a local folder\. Re-run "
     with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
         ShardedDataset(tmp_path, READER)
+    with pytest.raises(ShardError, match=match):  # a stream read it as no index, unchecked
+        StreamingShardedDataset(tmp_path, READER)
     index.unlink()
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
 
@@ -223,6 +225,8 @@ def test_a_folder_uploaded_with_its_index_reads_by_its_hashes_or_names_that_inde
         match = r"was written for a local folder, and the shards are read from a URL\. Re-run "
         with pytest.raises(ShardError, match=match + r"write_shards .* or delete the index"):
             ShardedDataset(url, READER, remote=remote)
+        with pytest.raises(ShardError, match=match):
+            StreamingShardedDataset(url, READER, remote=remote)
         return
     local, uploaded = ShardedDataset(tmp_path, READER), ShardedDataset(url, READER, remote=remote)
     assert uploaded.sizes == (2, 3)
