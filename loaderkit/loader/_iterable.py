@@ -139,7 +139,7 @@ class IterableEngine(WorkerStreams):
                     raise RuntimeError("ResumableDataLoader: a worker sent a batch after its end")
         except BaseException:  # its workers ran ahead of what was handed out
             self._drop_inner(inner, workers)
-            if self.steps_done == began:
+            if self.steps_done == began and host.current is run:  # not if a later one began
                 self.undo(kept)
             raise
         if self._inner is inner:
