@@ -29,7 +29,13 @@ from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.sharded import ShardedDataset
-from loaderkit.errors import LoaderkitError, ShardError, WorkerError, read_error_type
+from loaderkit.errors import (
+    CollateError,
+    LoaderkitError,
+    ShardError,
+    WorkerError,
+    read_error_type,
+)
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
     SampleSeeder,
@@ -279,6 +285,8 @@ class BatchFetcher:
         else:
             samples = self._samples(epoch, index_list, keys)
         try:
+            if self.collate is promoting_collate and isinstance(self.dataset, MixedDataset):
+                _check_mixed(self.dataset, index_list, samples)
             return self.collate(samples)
         except Exception as exc:  # named with its batch, as in a worker
             where = f"collate_fn failed on the batch of sample indices {_shown(index_list)} "
@@ -288,7 +296,8 @@ class BatchFetcher:
                 if self.collate_fn is default_collate:  # none was passed: the samples are at fault
                     fix = "fix what the dataset returns for them, or pass a collate_fn"
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
-            said += _mixed_sources(self.dataset, index_list, samples)
+            if not isinstance(exc, CollateError):
+                said += _mixed_sources(self.dataset, index_list, samples)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
@@ -356,7 +365,43 @@ def _mixed_sources(dataset: Any, indices: list[int], samples: list[Any]) -> str:
     names = sorted({dataset.names[s] for s in dataset.source_of(indices).tolist()})
     if len(names) < 2:
         return ""
-    return f" (The batch mixes sources {names}: JSONL gives lists where Parquet gives tensors.)"
+    return f" (The batch mixes sources {names}, whose samples differ in type.)"
+
+
+def _check_mixed(dataset: MixedDataset, indices: list[int], samples: list[Any]) -> None:
+    """Refuse a batch whose sources' samples ``default_collate`` would merge wrongly: dicts
+    with other keys (it keeps the first sample's), or a field that is a tensor in one source
+    and a Python number in another (rounded to the first's dtype, or refused by chance)."""
+    sources = dataset.source_of(indices).tolist()
+    if len(set(sources)) < 2:
+        return
+    first = samples[0]
+    if isinstance(first, dict):
+        keys = set(first)
+        for src, sample in zip(sources, samples, strict=True):
+            if isinstance(sample, dict) and set(sample) != keys:
+                a, b = dataset.names[sources[0]], dataset.names[src]
+                raise CollateError(
+                    f"MixedDataset: source {b!r} gives fields {sorted(map(str, sample))}, source "
+                    f"{a!r} {sorted(map(str, keys))}, so default_collate would drop or refuse "
+                    "some; read the same fields from every source, or pass a collate_fn."
+                )
+        fields = {k: [sample.get(k) for sample in samples] for k in keys}
+    elif isinstance(first, tuple | list):
+        fields = dict(enumerate(map(list, zip(*samples, strict=False))))
+    else:
+        fields = {"the sample": samples}
+    for field, column in fields.items():
+        tensor = [torch.is_tensor(v) for v in column]
+        number = [isinstance(v, int | float) for v in column]
+        if any(tensor) and any(number):
+            t, n = tensor.index(True), number.index(True)
+            raise CollateError(
+                f"MixedDataset: field {field!r} is a {column[t].dtype} tensor in source "
+                f"{dataset.names[sources[t]]!r} and a Python {type(column[n]).__name__} in "
+                f"source {dataset.names[sources[n]]!r}, which default_collate rounds to one "
+                "dtype or refuses; give both sources one type, or pass a collate_fn."
+            )
 
 
 def _shown(indices: list[int]) -> str:

@@ -247,7 +247,12 @@ class StreamEngine(WorkerStreams):
                 stacklevel=3,
             )
         if self.host.pool.num_workers == 0:
-            yield from self._hand_out(iter(source), pin=pin_now(self.host.pool.pin_memory))
+            try:
+                yield from self._hand_out(iter(source), pin=pin_now(self.host.pool.pin_memory))
+            except BaseException:
+                if self.steps_done == began:  # nothing handed out: this epoch has not begun
+                    self.undo(kept)
+                raise
             return
         inner = self._inner_loader(source, rotation)
         workers = self.start(inner, partial(self._in_flight, source, rotation), kept)

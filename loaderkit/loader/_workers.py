@@ -385,7 +385,7 @@ def start_workers(inner: DataLoader[Any], describe: Describe) -> Iterator[Any]:
         workers = inner._iterator
         if workers is None or isinstance(exc, WorkerError) or not _TORCH_FAILURE.search(str(exc)):
             raise
-        error = worker_failure(workers, exc, describe)
+        error = worker_failure(workers, exc, describe, starting=True)
         stop_workers(inner, workers)
         raise error from exc
 
@@ -438,8 +438,11 @@ def _how_it_ended(exitcode: int | None, oom: bool) -> str:
     )
 
 
-def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> WorkerError:
-    """The :class:`WorkerError` for torch's report ``exc`` of a dead worker or a timeout."""
+def worker_failure(
+    workers: Any, exc: BaseException, describe: Describe, *, starting: bool = False
+) -> WorkerError:
+    """The :class:`WorkerError` for torch's report ``exc`` of a dead worker or a timeout
+    (``starting``: as the epoch's workers were started)."""
     procs = list(getattr(workers, "_workers", []))
     dead = [w for w, p in enumerate(procs) if not p.is_alive()]
     timed_out = "timed out" in str(exc)
@@ -481,6 +484,8 @@ def worker_failure(workers: Any, exc: BaseException, describe: Describe) -> Work
             else "Load those samples with num_workers=0 to reproduce the failure here (or give "
             "the workers more memory if the kernel killed them for it)"
         )
+        if starting and not oom:  # died idle: nothing of the epoch was loaded
+            fix = "The epoch has not begun: iterate the loader again for new workers"
         message = "DataLoader " + "; ".join(parts) + f". {fix}."
     return WorkerError(message, index=indices[0] if len(indices) == 1 else indices or None)
 

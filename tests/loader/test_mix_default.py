@@ -121,3 +121,32 @@ def test_a_collate_failing_on_a_batch_of_two_sources_names_them() -> None:
     loader = ResumableDataLoader(mix, batch_size=16, shuffle=True, seed=0, collate_fn=PadCollate())
     with pytest.raises(WorkerError, match=r"The batch mixes sources \['j', 'p'\]"):
         next(iter(loader))
+
+
+class _Extra(_Tensored):
+    """Rows with a field the other source lacks."""
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {"label": torch.tensor(i), "extra": torch.tensor(-i)}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_default_collate_refuses_every_batch_of_two_sources_it_would_merge_wrongly(
+    seed: int,
+) -> None:
+    # Hunter 328: default_collate rounded a JSONL int beside a Parquet float64 (or refused,
+    # by which source came first), and dropped a field the first sample lacked.
+    for other, match in (
+        (_Listed(), r"field 'label' is a torch.int64 tensor in source 'p' and a Python int in "),
+        (_Extra(), r"source '[pe]' gives fields \[.*\], source '[pe]' \[.*\], so default_collate"),
+    ):
+        mix = MixedDataset({"p": _Tensored(), "e": other}, weights=[1, 1])
+        loader = ResumableDataLoader(mix, batch_size=4, shuffle=True, seed=seed)
+        planned, it = list(loader.batch_sampler), iter(loader)
+        assert any(len(set(mix.source_of(b).tolist())) > 1 for b in planned)
+        for indices in planned:  # an error is raised in its batch's place; the epoch goes on
+            if len(set(mix.source_of(indices).tolist())) > 1:
+                with pytest.raises(WorkerError, match=match):
+                    next(it)
+            else:
+                assert len(next(it)["label"]) == 4

@@ -37,6 +37,7 @@ from loaderkit import (
     MissingShardError,
     ResumableDataLoader,
     ShardedDataset,
+    ShardError,
     StreamingShardedDataset,
     TokenReader,
     WorkerError,
@@ -173,7 +174,7 @@ def test_workers_dead_before_an_epochs_first_batch_are_named_and_the_epoch_serve
             os.kill(child.pid, signal.SIGKILL)
     else:
         flag.touch()
-    held = "no batch \\(it was idle\\)" if when == "idle" else "batches it had not delivered"
+    held = "no batch \\(it was idle\\).* has not begun" if when == "idle" else "not delivered"
     with pytest.raises(WorkerError, match=rf"worker \d \(pid \d+\) was killed by SIGKILL.*{held}"):
         next(iter(loader))
     flag.unlink(missing_ok=True)
@@ -323,3 +324,41 @@ def test_an_iteration_caught_going_on_past_a_dead_worker_is_refused_not_ended(
     resumed = ResumableDataLoader(range(40), batch_size=4, seed=0)  # the rest, read
     resumed.load_state_dict(state)
     assert got + [i for batch in resumed for i in batch.tolist()] == list(range(40))
+
+
+class _FlakyOnce:
+    """A stream reader whose next open fails once (``fail`` set), as a dropped read does."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self, shard: tuple[int, int]) -> Iterator[int]:
+        if self.fail:
+            self.fail = False
+            raise OSError("flaky read")
+        return spans(shard)
+
+
+def test_a_stream_in_process_failing_before_an_epochs_first_batch_serves_that_epoch_next() -> None:
+    # Review 329: with num_workers=0 the epoch had begun, so the next iter() served the one
+    # after it while state_dict() still held its start.
+    reader = _FlakyOnce()
+
+    def make() -> ResumableDataLoader:
+        shards = [(0, 8), (8, 8), (16, 6), (22, 10)]
+        ds = StreamingShardedDataset(shards, IterableReader(reader), mix_shards=2)
+        return ResumableDataLoader(ds, batch_size=4, seed=0)
+
+    def epoch(loader: ResumableDataLoader) -> list[list[int]]:
+        return [batch.tolist() for batch in loader]
+
+    uninterrupted = make()
+    expected = [epoch(uninterrupted) for _ in range(3)]
+    assert expected[1] != expected[2]
+    loader = make()
+    assert epoch(loader) == expected[0]
+    state, reader.fail = loader.state_dict(), True
+    with pytest.raises(ShardError, match="flaky read"):
+        next(iter(loader))
+    assert loader.state_dict() == state
+    assert [epoch(loader), epoch(loader)] == expected[1:]
