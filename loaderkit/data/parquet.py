@@ -274,15 +274,50 @@ class ParquetReader:
                 continue
             i = table.column_names.index(field.name)
             try:
-                table = table.set_column(i, field.name, table.column(i).cast(field.type))
+                cast = table.column(i).cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ValueError(
                     f"ParquetReader(schema=...) cannot cast column {field.name!r} of "
                     f"{path.name!r} to {field.type} ({exc}); pass a schema= type that holds "
                     "its values, e.g. float64."
                 ) from exc
+            changed = _changed_value(pa, table.column(i), cast)
+            if changed is not None:
+                raise ValueError(
+                    f"ParquetReader(schema=...) cannot hold value {changed!r} of column "
+                    f"{field.name!r} in {path.name!r} as {field.type} (it would change); pass "
+                    "a schema= type that holds its values, e.g. float64."
+                )
+            table = table.set_column(i, field.name, cast)
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
+
+
+def _changed_value(pa: Any, before: Any, after: Any) -> Any:
+    """The first value Arrow's checked cast changed anyway (an int a float16 cannot hold, a
+    finite float cast to inf, a number other than 0 or 1 cast to bool), else None."""
+    import pyarrow.compute as pc
+
+    while (
+        pa.types.is_list(before.type)
+        or pa.types.is_large_list(before.type)
+        or (pa.types.is_fixed_size_list(before.type))
+    ):
+        before, after = pc.list_flatten(before), pc.list_flatten(after)
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    if not any(t(before.type) for t in numeric) or not any(t(after.type) for t in numeric[1:]):
+        return None
+    valid = pc.is_valid(before)
+    was = before.filter(valid).to_numpy(zero_copy_only=False)
+    now = after.filter(valid).to_numpy(zero_copy_only=False).astype(np.float64)
+    if pa.types.is_boolean(after.type):
+        bad = (was != 0) & (was != 1)
+    elif pa.types.is_floating(before.type):
+        bad = np.isfinite(was) & ~np.isfinite(now)
+    else:
+        bad = was != now
+    where = np.flatnonzero(bad)
+    return was[where[0]].item() if where.size else None
 
 
 def _merged_text(seen: tuple[tuple[Any, ...], list[tuple[str, str]]]) -> str:

@@ -8,6 +8,7 @@ batch says which samples it holds and how long each is.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -582,6 +583,25 @@ def test_a_schema_cast_or_column_that_fails_is_named(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     with pytest.raises(ValueError, match=r"names fixed_size_list.* column 'emb'"):
         ParquetReader(schema={"emb": pa.list_(pa.float32(), 4)}).write(tmp_path / "d.parquet", rows)
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [("float16", 2049), ("float16", 70000.0), ("float32", 1e40), ("bool", 2)],
+)
+def test_a_schema_type_that_would_change_a_value_is_refused(
+    tmp_path: Path, schema: str, value: object
+) -> None:
+    # Hunter 328: Arrow's checked cast wrote 2049 as 2048, 70000 and 1e40 as inf, 2 as True.
+    rows = [{"x": 1}, {"x": value}]
+    held = rf"cannot hold value {re.escape(repr(value))} of column 'x' in 'a\.parquet' as \w+ "
+    with pytest.raises(ValueError, match=held + r"\(it would change\)"):
+        ParquetReader(schema={"x": schema}).write(tmp_path / "a.parquet", rows)
+    listed = ParquetReader(schema={"x": pa.list_(pa.type_for_alias(schema))})
+    with pytest.raises(ValueError, match="it would change"):
+        listed.write(tmp_path / "b.parquet", [{"x": [1, value]}])
+    # Rounding a float to a narrower float is what the type means: written.
+    ParquetReader(schema={"x": "float32"}).write(tmp_path / "c.parquet", [{"x": 0.1}])
 
 
 def test_a_skipped_row_shorter_than_every_other_takes_its_shards_shortest(tmp_path: Path) -> None:
