@@ -149,7 +149,7 @@ class _Lines:
                     path=self.path,
                 ) from exc
             # The file's line: blank lines joined a sample (count_cuts), so it is not index + 1.
-            line += raw[: len(raw) - len(raw.lstrip(b" \t\r\n"))].count(b"\n")
+            line += text[: len(text) - len(text.lstrip(b" \t\r\n"))].count(b"\n")
             raise ShardError(
                 f"shard {str(self.path)!r} line {line} is not valid JSON ({exc}): "
                 f"{raw.strip()[:80]!r}; fix the line, or pass on_error='skip' to drop such "

@@ -404,6 +404,8 @@ class _ParquetShard:
             self._cache.move_to_end(group)
             return cached
         table = self._handle().read_row_group(group, columns=self.columns, use_threads=False)
+        if self.columns is not None:  # "a.b" also names field b of a struct column "a"
+            table = table.select(self.columns)
         self.decoded += 1
         self._cache[group] = table
         while len(self._cache) > self.reader.cache_row_groups:
@@ -448,5 +450,5 @@ class _ParquetShard:
             msg = f"{self._where()} has no length_column {name!r} (it has {self.names}); pass "
             msg += "the column whose list lengths are the token counts."
             raise ShardError(msg, path=self.path)
-        col = self._handle().read(columns=[name], use_threads=False).column(0)
+        col = self._handle().read(columns=[name], use_threads=False).column(name)
         return length_values(pa, col, self._where(), name)

@@ -609,7 +609,7 @@ def _check_args(
 
 def _check_folder(directory: Any, num_workers: int) -> None:
     refuse_file_url("write_shards", "directory", directory)
-    if num_workers and str(directory).startswith("memory://"):
+    if num_workers and str(directory).lower().startswith("memory://"):
         raise ValueError(
             f"write_shards: num_workers={num_workers} with a memory:// folder: each writer "
             "process has its own memory filesystem, unseen here; pass num_workers=0."

@@ -650,3 +650,15 @@ def test_a_failed_batch_read_names_the_sample_that_fails(tmp_path: Path) -> None
     ds = ShardedDataset(tmp_path, ParquetReader())
     with pytest.raises(ShardError, match=r"reading sample 2 of shard .*a\.parquet.*null"):
         ds.get_batch([0, 1, 2, 3])
+
+
+def test_a_dotted_column_name_is_read_as_that_column_not_a_struct_field(tmp_path: Path) -> None:
+    # Hunter 328: pyarrow's columns=["a.b"] also selects field b of a struct column "a", so
+    # rows gained a column not asked for, and lengths were taken from the struct.
+    table = pa.table(
+        {"a": pa.array([{"b": [7] * 9}] * 4), "a.b": pa.array([[1] * (i + 1) for i in range(4)])}
+    )
+    pq.write_table(table, tmp_path / "x.parquet")
+    ds = ShardedDataset(tmp_path, ParquetReader(columns=["a.b"], length_column="a.b"))
+    assert {k: v.tolist() for k, v in ds[2].items()} == {"a.b": [1, 1, 1]}
+    assert ds.lengths().tolist() == [1, 2, 3, 4]

@@ -1278,6 +1278,10 @@ def test_a_blank_jsonl_line_is_no_sample(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text('\n{"i": 3}\n\n{broken\n')
     with pytest.raises(ShardError, match=r"d\.jsonl' line 4 is not valid JSON"):
         ShardedDataset([tmp_path / "d.jsonl"], JsonlReader())[1]
+    # Behind a BOM the blank line was not counted (hunter 328: line 1 for line 2).
+    (tmp_path / "e.jsonl").write_bytes('\ufeff\n{bad}\n{"i": 4}\n'.encode())
+    with pytest.raises(ShardError, match=r"e\.jsonl' line 2 is not valid JSON"):
+        ShardedDataset([tmp_path / "e.jsonl"], JsonlReader())[0]
 
 
 def test_bad_arguments_are_named(shards: list[Path]) -> None:
