@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from collections import OrderedDict
@@ -153,6 +154,12 @@ class ParquetReader:
         """The columns to read from the file ``where``, checked against the files before."""
         names = schema.names
         wanted = list(self.columns if self.columns is not None else names)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # pyarrow cannot tell them apart
+            raise ShardError(
+                f"shard {where!r} has column(s) {twice} twice; write it with unique column names.",
+                path=where,
+            )
         if not rows:  # adds no values of any type (write_shards writes [] with no columns)
             return wanted
         missing = [c for c in wanted if c not in names]
@@ -231,6 +238,23 @@ class ParquetReader:
         identity = _file_identity(path)  # before opening: a file replaced meanwhile is refused
         return _ParquetShard(path, self, self._file(path), identity)
 
+    def _column(self, pa: Any, key: Any, rows: Sequence[Any], path: Path) -> Any:
+        """Column ``key`` of row dicts ``rows``, typed as ``schema=`` says where it names it."""
+        values = [row.get(key) for row in rows]
+        try:
+            return pa.array(values)  # inferred, then cast (checked) to schema=
+        except (pa.ArrowException, OverflowError) as exc:
+            named = self.schema is not None and key in self.schema.names
+            t = self.schema.field(key).type if named else None
+            if isinstance(exc, OverflowError) and t is not None and pa.types.is_integer(t):
+                with contextlib.suppress(pa.ArrowException, OverflowError):
+                    return pa.array(values, type=t)  # beyond int64: exact, or it raises
+            raise TypeError(
+                f"ParquetReader.write: column {key!r} of {path.name!r} holds values of no one "
+                f"Arrow type ({type(exc).__name__}: {exc}); give its rows one type, or name "
+                "it in schema=, e.g. schema={'hash': 'uint64'}."
+            ) from exc
+
     def write(self, path: Path, data: Any) -> Path:
         """Write ``data`` (a Table, dict of columns, DataFrame or row dicts) as Parquet."""
         pa = import_pyarrow()
@@ -249,7 +273,7 @@ class ParquetReader:
                     f"{type(data[odd]).__name__}, not a dict; pass a list of row dicts."
                 )
             keys = list(dict.fromkeys(key for row in data for key in row))
-            table = pa.table({key: [row.get(key) for row in data] for key in keys})
+            table = pa.table({key: self._column(pa, key, data, path) for key in keys})
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
             # A named index is data (set_index("doc_id")); an unnamed one (filtered rows) not.
             named = any(name is not None for name in data.index.names)

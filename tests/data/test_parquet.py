@@ -662,3 +662,21 @@ def test_a_dotted_column_name_is_read_as_that_column_not_a_struct_field(tmp_path
     ds = ShardedDataset(tmp_path, ParquetReader(columns=["a.b"], length_column="a.b"))
     assert {k: v.tolist() for k, v in ds[2].items()} == {"a.b": [1, 1, 1]}
     assert ds.lengths().tolist() == [1, 2, 3, 4]
+
+
+def test_rows_of_no_one_type_or_a_doubled_column_are_named(tmp_path: Path) -> None:
+    # Hunter 328: pyarrow's bare ArrowTypeError / OverflowError named no column or shard, and
+    # a file with a column twice was a KeyError saying the column did not exist.
+    mixed = r"column 'label' of 'a\.parquet' holds values of no one Arrow type .*schema="
+    with pytest.raises(TypeError, match=mixed):
+        ParquetReader().write(tmp_path / "a.parquet", [{"label": 1}, {"label": "one"}])
+    with pytest.raises(TypeError, match=r"column 'h' of 'b\.parquet' holds values of no one"):
+        ParquetReader().write(tmp_path / "b.parquet", [{"h": 2**63 + 5}])
+    typed = ParquetReader(schema={"h": "uint64"})  # beyond int64, named: written exactly
+    typed.write(tmp_path / "c.parquet", [{"h": 2**63 + 5}, {"h": 1}])
+    assert pq.read_table(tmp_path / "c.parquet").column("h").to_pylist() == [2**63 + 5, 1]
+    doubled = pa.Table.from_arrays([pa.array([1, 2]), pa.array(["a", "b"])], names=["x", "x"])
+    (tmp_path / "d").mkdir()
+    pq.write_table(doubled, tmp_path / "d" / "d.parquet")
+    with pytest.raises(ShardError, match=r"d\.parquet' has column\(s\) \['x'\] twice"):
+        ShardedDataset(tmp_path / "d", ParquetReader())
