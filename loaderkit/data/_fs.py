@@ -89,8 +89,10 @@ class Storage:
         retries: int = 5,
         backoff_s: float = 0.5,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        again: str = "",
     ) -> None:
         self.protocol = url.split("://", 1)[0].lower()
+        self.again = again  # the fix once retries gave up (default: RemoteCache's knob)
         self.storage_options = dict(storage_options or {})
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.on_retry: Callable[[], None] | None = None  # the remote cache counts retries
@@ -209,9 +211,10 @@ class Storage:
         else:
             how = f"failed {attempt + 1} time(s), the last with {type(exc).__name__}: {exc}"
         knob = "timeout_s" if isinstance(exc, _NoAnswer) else "retries"
+        again = self.again or f"raise RemoteCache({knob}=...)"
         return ShardError(
             f"{what} {url!r} {how}; check the endpoint and the network (storage_options=), or "
-            f"raise RemoteCache({knob}=...).",
+            f"{again}.",
             path=url,
         )
 

@@ -53,6 +53,8 @@ from loaderkit.data.index import (
 from loaderkit.data.readers import OWN_SUFFIXES, pinned_dtype
 from loaderkit.errors import MissingShardError, ShardError
 
+_AGAIN = "re-run the same write_shards call (it keeps the shards it finished)"
+
 __all__ = ["write_shards"]
 
 MARKER_VERSION = 1
@@ -572,7 +574,8 @@ def _make_job(
         key, resume = os.urandom(8).hex(), False
     if is_url(directory):
         url = str(directory).rstrip("/")
-        job = _Job(reader, fn, prefix, ext, codec, key, url, Storage(url, storage_options))
+        storage = Storage(url, storage_options, again=_AGAIN)
+        job = _Job(reader, fn, prefix, ext, codec, key, url, storage)
         return job, _RemoteDone(job) if resume else None
     root = _local_root(directory, storage_options)
     job = _Job(reader, fn, prefix, ext, codec, key, root, None)

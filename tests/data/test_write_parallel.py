@@ -584,6 +584,28 @@ def test_a_work_folder_listing_that_fails_is_not_taken_for_an_empty_one(
     assert ShardedDataset(url, READER).sizes == (5, 6, 7)
 
 
+def test_a_store_that_keeps_failing_names_the_fix_write_shards_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Review 327: it said to raise RemoteCache(retries=...), which write_shards does not take.
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from loaderkit.data import _fs
+
+    real_ls = MemoryFileSystem.ls
+
+    def ls(self: Any, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        if WORK_DIR in path:
+            raise ConnectionResetError("connection reset by peer")
+        return real_ls(self, path, detail=detail, **kwargs)
+
+    monkeypatch.setattr(_fs.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(MemoryFileSystem, "ls", ls)
+    again = r"failed 6 time\(s\).*re-run the same write_shards call \(it keeps the shards it"
+    with pytest.raises(ShardError, match=again):
+        write_shards(f"memory://write-again-{os.getpid()}", range(2), READER, fn=make)
+
+
 def test_a_failed_rewrite_on_a_store_without_versions_keeps_its_start_marker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
