@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,9 +75,12 @@ def written_extras(
     ``write_shards`` index among ``docs`` (``{url: document}``); each one's index extras
     there (hash, dtype; None: not in one)."""
     rows: dict[str, tuple[str, list[Any]]] = {}
+    read = {url for url, _, _ in listed}
     for where, data in docs.items():
-        for row in _writer_rows(data, where, remote=True):
-            rows[f"{where.rsplit('/', 1)[0]}/{row[0]}"] = (where, row)
+        folder = where.rsplit("/", 1)[0]
+        reads = functools.partial(_listed_in, folder, read)
+        for row in _writer_rows(data, where, True, reads):
+            rows[f"{folder}/{row[0]}"] = (where, row)
     out: list[dict[str, Any] | None] = []
     for url, size, version in listed:
         where, row = rows.get(url, ("", []))
@@ -140,9 +144,20 @@ def check_complete(
         )
 
 
-def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
+def _listed_in(folder: str, urls: set[str], name: str) -> bool:
+    return f"{folder}/{name}" in urls
+
+
+def _beside(folder: Path, paths: set[Path], name: str) -> bool:
+    return folder / name in paths
+
+
+def _writer_rows(
+    data: bytes, where: str, remote: bool, reads: Callable[[str], bool]
+) -> list[list[Any]]:
     """The rows of the index ``data`` at ``where`` if ``write_shards`` wrote it (for a URL
-    with ``remote``), else none; a damaged index is refused."""
+    with ``remote``), else none; a damaged index is refused, as is one written for the other
+    place that lists a shard this dataset ``reads`` (by name)."""
     try:
         doc = json.loads(data)
     except ValueError:
@@ -155,7 +170,11 @@ def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
         msg = f"shard index {where!r} fails its checksum; delete it, or re-run write_shards."
         raise ShardError(msg, path=where)
     rows = [list(row) for row in rows if isinstance(row, list) and len(row) >= 4]
-    if rows:  # a stream took another place's index for none, reading changed shards unchecked
+    if (doc.get("remote") is True) != remote:
+        # Taken for none, it let a stream read changed shards unchecked; another corpus's
+        # in the folder is not this dataset's to judge.
+        if not any(reads(str(row[0])) for row in rows):
+            return []
         check_place(doc, rows, where, remote)
     return rows
 
@@ -163,13 +182,15 @@ def _writer_rows(data: bytes, where: str, *, remote: bool) -> list[list[Any]]:
 def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]]:
     """``(index, row)`` of the ``write_shards`` indexes beside ``paths``, by :func:`path_key`."""
     found: dict[Path, tuple[str, IndexEntry]] = {}
+    wanted = set(paths) | {path.resolve() for path in paths}
     for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
         for where in folder.glob(f"{INDEX_PREFIX}*.json"):
             try:
                 data = where.read_bytes()
             except OSError:
                 continue
-            for name, size, mtime, samples, *extras in _writer_rows(data, str(where), remote=False):
+            rows = _writer_rows(data, str(where), False, functools.partial(_beside, folder, wanted))
+            for name, size, mtime, samples, *extras in rows:
                 with contextlib.suppress(TypeError, ValueError):
                     entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
                     found[path_key(folder / name)] = (str(where), entry)

@@ -285,7 +285,7 @@ class BatchFetcher:
         else:
             samples = self._samples(epoch, index_list, keys)
         try:
-            if self.collate is promoting_collate and isinstance(self.dataset, MixedDataset):
+            if self.collate is promoting_collate:
                 _check_mixed(self.dataset, index_list, samples)
             return self.collate(samples)
         except Exception as exc:  # named with its batch, as in a worker
@@ -368,40 +368,67 @@ def _mixed_sources(dataset: Any, indices: list[int], samples: list[Any]) -> str:
     return f" (The batch mixes sources {names}, whose samples differ in type.)"
 
 
-def _check_mixed(dataset: MixedDataset, indices: list[int], samples: list[Any]) -> None:
-    """Refuse a batch whose sources' samples ``default_collate`` would merge wrongly: dicts
-    with other keys (it keeps the first sample's), or a field that is a tensor in one source
-    and a Python number in another (rounded to the first's dtype, or refused by chance)."""
-    sources = dataset.source_of(indices).tolist()
-    if len(set(sources)) < 2:
+def _check_mixed(dataset: Any, indices: list[int], samples: list[Any]) -> None:
+    """Refuse a batch of a :class:`MixedDataset` (or a split of one) whose sources' samples
+    ``default_collate`` would merge wrongly: other sample types or dict keys (it keeps the
+    first sample's), or a field that is a tensor in one source and a number in another
+    (rounded to the first's dtype, or refused by chance)."""
+    while isinstance(dataset, _Subset | Subset):
+        indices, dataset = [int(dataset.indices[i]) for i in indices], dataset.dataset
+    if not isinstance(dataset, MixedDataset):
         return
-    first = samples[0]
-    if isinstance(first, dict):
-        keys = set(first)
-        for src, sample in zip(sources, samples, strict=True):
-            if isinstance(sample, dict) and set(sample) != keys:
-                a, b = dataset.names[sources[0]], dataset.names[src]
-                raise CollateError(
-                    f"MixedDataset: source {b!r} gives fields {sorted(map(str, sample))}, source "
-                    f"{a!r} {sorted(map(str, keys))}, so default_collate would drop or refuse "
-                    "some; read the same fields from every source, or pass a collate_fn."
-                )
-        fields = {k: [sample.get(k) for sample in samples] for k in keys}
-    elif isinstance(first, tuple | list):
-        fields = dict(enumerate(map(list, zip(*samples, strict=False))))
-    else:
-        fields = {"the sample": samples}
-    for field, column in fields.items():
-        tensor = [torch.is_tensor(v) for v in column]
-        number = [isinstance(v, int | float) for v in column]
-        if any(tensor) and any(number):
-            t, n = tensor.index(True), number.index(True)
+    sources = dataset.source_of(indices).tolist()
+    if len(set(sources)) > 1:
+        _check_fields("the sample", samples, [dataset.names[s] for s in sources])
+
+
+def _check_fields(field: Any, column: list[Any], names: list[str]) -> None:
+    """:func:`_check_mixed` of one field's values (``names``: each one's source), nested."""
+    first = column[0]
+    for value, name in zip(column, names, strict=True):
+        if _shape(value) != _shape(first):
             raise CollateError(
-                f"MixedDataset: field {field!r} is a {column[t].dtype} tensor in source "
-                f"{dataset.names[sources[t]]!r} and a Python {type(column[n]).__name__} in "
-                f"source {dataset.names[sources[n]]!r}, which default_collate rounds to one "
-                "dtype or refuses; give both sources one type, or pass a collate_fn."
+                f"MixedDataset: {field} is a {type(value).__name__} in source {name!r} and a "
+                f"{type(first).__name__} in source {names[0]!r}, which default_collate merges "
+                "by the first one; give both sources one type, or pass a collate_fn."
             )
+        if isinstance(first, dict) and set(value) != set(first):
+            raise CollateError(
+                f"MixedDataset: source {name!r} gives fields {sorted(map(str, value))}, source "
+                f"{names[0]!r} {sorted(map(str, first))}, so default_collate would drop or "
+                "refuse some; read the same fields from every source, or pass a collate_fn."
+            )
+    if isinstance(first, dict):
+        for key in first:
+            _check_fields(f"field {key!r}", [v[key] for v in column], names)
+    elif isinstance(first, tuple | list) and all(isinstance(v, tuple | list) for v in column):
+        for i, values in enumerate(zip(*column, strict=False)):
+            _check_fields(f"item {i}", list(values), names)
+    elif any(isinstance(v, torch.Tensor) for v in column) and any(map(_number, column)):
+        t = next(i for i, v in enumerate(column) if isinstance(v, torch.Tensor))
+        n = next(i for i, v in enumerate(column) if _number(v))
+        raise CollateError(
+            f"MixedDataset: {field} is a {column[t].dtype} tensor in source {names[t]!r} and "
+            f"a {_kind(column[n])} in source {names[n]!r}, which default_collate rounds "
+            "to one dtype or refuses; give both sources one type, or pass a collate_fn."
+        )
+
+
+def _shape(value: Any) -> type:
+    """What ``default_collate`` walks into: a dict, a sequence, or a leaf."""
+    return dict if isinstance(value, dict) else tuple if isinstance(value, tuple | list) else object
+
+
+def _kind(value: Any) -> str:
+    where = "Python" if type(value).__module__ == "builtins" else "numpy"
+    return f"{where} {type(value).__name__}"
+
+
+def _number(value: Any) -> bool:
+    """A Python or numpy number (``default_collate`` makes a tensor of it)."""
+    return isinstance(value, int | float | np.number) or (
+        isinstance(value, np.ndarray) and value.ndim == 0
+    )
 
 
 def _shown(indices: list[int]) -> str:

@@ -206,6 +206,25 @@ def test_a_folder_copied_from_a_url_with_its_index_names_that_index(tmp_path: Pa
     assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
 
 
+def test_another_corpus_index_written_for_a_url_leaves_a_local_corpus_readable(
+    tmp_path: Path,
+) -> None:
+    # Review 331: refusing an index written for the other place refused a corpus beside it.
+    import fsspec
+
+    from loaderkit import JsonlReader
+
+    write_shards(tmp_path, arrays((2, 3), 1), READER)
+    url = f"memory://beside-{uuid.uuid4().hex[:8]}"
+    write_shards(url, [[{"x": 1}], [{"x": 2}]], JsonlReader(), prefix="other")
+    fs = fsspec.filesystem("memory")
+    for name in fs.ls(url, detail=False):
+        (tmp_path / name.rsplit("/", 1)[-1]).write_bytes(fs.cat_file(name))
+    assert ShardedDataset(tmp_path, READER).sizes == (2, 3)
+    stream = StreamingShardedDataset(tmp_path, READER)
+    assert sum(len(b) for b in ResumableDataLoader(stream, batch_size=1)) == 5
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 def test_a_folder_uploaded_with_its_index_reads_by_its_hashes_or_names_that_index(
     tmp_path: Path, hashed: bool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -150,3 +152,50 @@ def test_default_collate_refuses_every_batch_of_two_sources_it_would_merge_wrong
                     next(it)
             else:
                 assert len(next(it)["label"]) == 4
+
+
+class _Rows(torch.utils.data.Dataset[object]):
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> object:
+        return self.make(i)
+
+
+def _nested_tensor(i: int) -> object:
+    return {"x": {"v": torch.tensor(i)}}
+
+
+@pytest.mark.parametrize(
+    ("other", "match"),
+    [
+        (
+            lambda i: {"x": {"v": i, "w": i}},
+            r"source '[po]' gives fields \[.*\], source '[po]' \[.*\], so default",
+        ),
+        (lambda i: {"x": {"v": np.int64(i)}}, r"field 'v' is a torch.int64 tensor .*numpy int64"),
+        (
+            lambda i: (i,),
+            r"the sample is a (tuple|dict) in source '[op]' and a (dict|tuple) in source",
+        ),
+    ],
+)
+def test_nested_fields_numpy_numbers_and_sample_types_are_checked_too(
+    other: Any, match: str
+) -> None:
+    # Review 331: only top-level fields and Python numbers were compared; a tuple beside a dict
+    # failed inside the check with an AttributeError.
+    mix = MixedDataset({"p": _Rows(_nested_tensor), "o": _Rows(other)}, weights=[1, 1])
+    loader = ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(16, seed=0))
+    with pytest.raises(WorkerError, match=match):
+        next(iter(loader))
+
+
+def test_a_split_of_a_mix_is_checked_as_the_mix() -> None:
+    # Review 331: a Subset (or a DataModule's val_fraction split) of a mix was not checked.
+    mix = MixedDataset({"p": _Rows(_nested_tensor), "o": _Rows(lambda i: {"x": {"v": i}})})
+    with pytest.raises(WorkerError, match=r"field 'v' is a torch.int64 tensor .*Python int"):
+        list(ResumableDataLoader(Subset(mix, [0, 1, 8, 9]), batch_size=4))
