@@ -373,10 +373,14 @@ def _check_mixed(dataset: Any, indices: list[int], samples: list[Any]) -> None:
     ``default_collate`` would merge wrongly: other sample types or dict keys (it keeps the
     first sample's), or a field that is a tensor in one source and a number in another
     (rounded to the first's dtype, or refused by chance)."""
+    splits = []
     while isinstance(dataset, _Subset | Subset):
-        indices, dataset = [int(dataset.indices[i]) for i in indices], dataset.dataset
+        splits.append(dataset.indices)
+        dataset = dataset.dataset
     if not isinstance(dataset, MixedDataset):
         return
+    for rows in splits:  # outermost first
+        indices = [int(rows[i]) for i in indices]
     sources = dataset.source_of(indices).tolist()
     if len(set(sources)) > 1:
         _check_fields("the sample", samples, [dataset.names[s] for s in sources])
