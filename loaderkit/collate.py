@@ -385,7 +385,12 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
     """torch's tensor collate after promoting the tensors to one dtype, as ``torch.stack``
     does in the main process (in a worker torch stacks into the first one's: int16 -300
     beside uint8 became 212)."""
-    if all(isinstance(t, Tensor) for t in batch) and len({t.dtype for t in batch}) > 1:
+    odd = next((i for i, t in enumerate(batch) if not isinstance(t, Tensor)), None)
+    if odd is not None:  # torch.stack's error, not the worker path's AttributeError on numel
+        raise TypeError(
+            f"expected Tensor as element {odd} in argument 0, but got {type(batch[odd]).__name__}"
+        )
+    if len({t.dtype for t in batch}) > 1:
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in batch])
         batch = [t.to(dtype) for t in batch]
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)

@@ -905,3 +905,19 @@ def test_a_samples_own_attention_mask_is_padded_as_absent() -> None:
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     with pytest.raises(CollateError, match=r"already have a key 'lengths'"):
         PadCollate()([{"input_ids": [1], "lengths": 1}, {"input_ids": [2, 3], "lengths": 2}])
+
+
+_TENSOR_THEN_INT = [torch.tensor(0), 1, torch.tensor(2), 3]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_tensor_beside_a_number_fails_alike_for_any_num_workers(num_workers: int) -> None:
+    # Review 331: in a worker it was "'int' object has no attribute 'numel'" (torch's
+    # collate_tensor_fn), in the main process torch.stack's message.
+    from loaderkit import ResumableDataLoader, WorkerError
+
+    loader = ResumableDataLoader(_TENSOR_THEN_INT, batch_size=4, num_workers=num_workers)
+    with pytest.raises(
+        WorkerError, match=r"expected Tensor as element 1 in argument 0, but got int"
+    ):
+        next(iter(loader))
