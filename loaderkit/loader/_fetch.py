@@ -36,6 +36,7 @@ from loaderkit.errors import (
     WorkerError,
     read_error_type,
 )
+from loaderkit.loader._mixed_batch import check_mixed_batch, mixed_sources
 from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
     SampleSeeder,
@@ -239,6 +240,7 @@ class BatchFetcher:
         own = self.collate_fn is default_collate
         self.collate = promoting_collate if own else self.collate_fn
         self.gather = own and not self.per_sample_seeding and torch_gathered(dataset)
+        self.mix = _mix_under(dataset) if own else None  # its batches checked before collate
         lazy = self.seeder is None or self.seeder.lazy
         if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
             self.mode = "get_batch"
@@ -285,8 +287,8 @@ class BatchFetcher:
         else:
             samples = self._samples(epoch, index_list, keys)
         try:
-            if self.collate is promoting_collate:
-                _check_mixed(self.dataset, index_list, samples)
+            if self.mix is not None:
+                check_mixed_batch(*self.mix, index_list, samples)
             return self.collate(samples)
         except Exception as exc:  # named with its batch, as in a worker
             where = f"collate_fn failed on the batch of sample indices {_shown(index_list)} "
@@ -297,7 +299,7 @@ class BatchFetcher:
                     fix = "fix what the dataset returns for them, or pass a collate_fn"
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
             if not isinstance(exc, CollateError):
-                said += _mixed_sources(self.dataset, index_list, samples)
+                said += mixed_sources(self.dataset, index_list, samples)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
 
     def _parked_batch(self, epoch: int, index_list: list[int], keys: list[int]) -> Any:
@@ -348,91 +350,6 @@ class BatchFetcher:
             what = f"the batch of sample indices {_shown(listed)}"
             fix = "batch read (get_batch / __getitems__) for these indices"
             raise _load_error(what, epoch, exc, fix, listed) from exc
-
-
-def _mixed_sources(dataset: Any, indices: list[int], samples: list[Any]) -> str:
-    """What a failed collate of a batch whose mixed sources' samples differ in type adds."""
-
-    def kinds(sample: Any) -> Any:
-        if isinstance(sample, dict):
-            return tuple(sorted((str(k), type(v).__name__) for k, v in sample.items()))
-        if isinstance(sample, tuple | list):
-            return tuple(type(v).__name__ for v in sample)
-        return type(sample).__name__
-
-    if not isinstance(dataset, MixedDataset) or len({kinds(s) for s in samples}) < 2:
-        return ""
-    names = sorted({dataset.names[s] for s in dataset.source_of(indices).tolist()})
-    if len(names) < 2:
-        return ""
-    return f" (The batch mixes sources {names}, whose samples differ in type.)"
-
-
-def _check_mixed(dataset: Any, indices: list[int], samples: list[Any]) -> None:
-    """Refuse a batch of a :class:`MixedDataset` (or a split of one) whose sources' samples
-    ``default_collate`` would merge wrongly: other sample types or dict keys (it keeps the
-    first sample's), or a field that is a tensor in one source and a number in another
-    (rounded to the first's dtype, or refused by chance)."""
-    splits = []
-    while isinstance(dataset, _Subset | Subset):
-        splits.append(dataset.indices)
-        dataset = dataset.dataset
-    if not isinstance(dataset, MixedDataset):
-        return
-    for rows in splits:  # outermost first
-        indices = [int(rows[i]) for i in indices]
-    sources = dataset.source_of(indices).tolist()
-    if len(set(sources)) > 1:
-        _check_fields("the sample", samples, [dataset.names[s] for s in sources])
-
-
-def _check_fields(field: Any, column: list[Any], names: list[str]) -> None:
-    """:func:`_check_mixed` of one field's values (``names``: each one's source), nested."""
-    first = column[0]
-    for value, name in zip(column, names, strict=True):
-        if _shape(value) != _shape(first):
-            raise CollateError(
-                f"MixedDataset: {field} is a {type(value).__name__} in source {name!r} and a "
-                f"{type(first).__name__} in source {names[0]!r}, which default_collate merges "
-                "by the first one; give both sources one type, or pass a collate_fn."
-            )
-        if isinstance(first, dict) and set(value) != set(first):
-            raise CollateError(
-                f"MixedDataset: source {name!r} gives fields {sorted(map(str, value))}, source "
-                f"{names[0]!r} {sorted(map(str, first))}, so default_collate would drop or "
-                "refuse some; read the same fields from every source, or pass a collate_fn."
-            )
-    if isinstance(first, dict):
-        for key in first:
-            _check_fields(f"field {key!r}", [v[key] for v in column], names)
-    elif isinstance(first, tuple | list) and all(isinstance(v, tuple | list) for v in column):
-        for i, values in enumerate(zip(*column, strict=False)):
-            _check_fields(f"item {i}", list(values), names)
-    elif any(isinstance(v, torch.Tensor) for v in column) and any(map(_number, column)):
-        t = next(i for i, v in enumerate(column) if isinstance(v, torch.Tensor))
-        n = next(i for i, v in enumerate(column) if _number(v))
-        raise CollateError(
-            f"MixedDataset: {field} is a {column[t].dtype} tensor in source {names[t]!r} and "
-            f"a {_kind(column[n])} in source {names[n]!r}, which default_collate rounds "
-            "to one dtype or refuses; give both sources one type, or pass a collate_fn."
-        )
-
-
-def _shape(value: Any) -> type:
-    """What ``default_collate`` walks into: a dict, a sequence, or a leaf."""
-    return dict if isinstance(value, dict) else tuple if isinstance(value, tuple | list) else object
-
-
-def _kind(value: Any) -> str:
-    where = "Python" if type(value).__module__ == "builtins" else "numpy"
-    return f"{where} {type(value).__name__}"
-
-
-def _number(value: Any) -> bool:
-    """A Python or numpy number (``default_collate`` makes a tensor of it)."""
-    return isinstance(value, int | float | np.number) or (
-        isinstance(value, np.ndarray) and value.ndim == 0
-    )
 
 
 def _shown(indices: list[int]) -> str:
@@ -635,6 +552,16 @@ class KeySource:
 
 
 # Here, not in lightning/: workers unpickle a DataModule's val split without Lightning.
+def _mix_under(dataset: Any) -> tuple[MixedDataset, list[Any]] | None:
+    """The :class:`MixedDataset` ``dataset`` is, or is a split of (``Subset``, a DataModule's
+    split), with the splits' indices outermost first; else None."""
+    splits = []
+    while isinstance(dataset, _Subset | Subset):
+        splits.append(dataset.indices)
+        dataset = dataset.dataset
+    return (dataset, splits) if isinstance(dataset, MixedDataset) else None
+
+
 class _Subset(Dataset[Any]):
     """``dataset`` at ``indices``, with only the batched reads ``dataset`` has."""
 
