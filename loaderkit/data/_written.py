@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,10 +74,9 @@ def written_extras(
     ``write_shards`` index among ``docs`` (``{url: document}``); each one's index extras
     there (hash, dtype; None: not in one)."""
     rows: dict[str, tuple[str, list[Any]]] = {}
-    read = {url for url, _, _ in listed}
     for where, data in docs.items():
         folder = where.rsplit("/", 1)[0]
-        reads = functools.partial(_listed_in, folder, read)
+        reads = {url.rsplit("/", 1)[1] for url, _, _ in listed if url.startswith(f"{folder}/")}
         for row in _writer_rows(data, where, True, reads):
             rows[f"{folder}/{row[0]}"] = (where, row)
     out: list[dict[str, Any] | None] = []
@@ -144,17 +142,7 @@ def check_complete(
         )
 
 
-def _listed_in(folder: str, urls: set[str], name: str) -> bool:
-    return f"{folder}/{name}" in urls
-
-
-def _beside(folder: Path, paths: set[Path], name: str) -> bool:
-    return folder / name in paths
-
-
-def _writer_rows(
-    data: bytes, where: str, remote: bool, reads: Callable[[str], bool]
-) -> list[list[Any]]:
+def _writer_rows(data: bytes, where: str, remote: bool, reads: set[str]) -> list[list[Any]]:
     """The rows of the index ``data`` at ``where`` if ``write_shards`` wrote it (for a URL
     with ``remote``), else none; a damaged index is refused, as is one written for the other
     place that lists a shard this dataset ``reads`` (by name)."""
@@ -173,7 +161,7 @@ def _writer_rows(
     if (doc.get("remote") is True) != remote:
         # Taken for none, it let a stream read changed shards unchecked; another corpus's
         # in the folder is not this dataset's to judge.
-        if not any(reads(str(row[0])) for row in rows):
+        if reads.isdisjoint(str(row[0]) for row in rows):
             return []
         check_place(doc, rows, where, remote)
     return rows
@@ -183,14 +171,14 @@ def _written_entries(paths: Sequence[Path]) -> dict[Path, tuple[str, IndexEntry]
     """``(index, row)`` of the ``write_shards`` indexes beside ``paths``, by :func:`path_key`."""
     found: dict[Path, tuple[str, IndexEntry]] = {}
     wanted = set(paths) | {path.resolve() for path in paths}
-    for folder in {path.parent for path in paths} | {path.resolve().parent for path in paths}:
+    for folder in {path.parent for path in wanted}:
+        reads = {path.name for path in wanted if path.parent == folder}
         for where in folder.glob(f"{INDEX_PREFIX}*.json"):
             try:
                 data = where.read_bytes()
             except OSError:
                 continue
-            rows = _writer_rows(data, str(where), False, functools.partial(_beside, folder, wanted))
-            for name, size, mtime, samples, *extras in rows:
+            for name, size, mtime, samples, *extras in _writer_rows(data, str(where), False, reads):
                 with contextlib.suppress(TypeError, ValueError):
                     entry = IndexEntry(folder / name, int(size), int(mtime), samples, *extras[:1])
                     found[path_key(folder / name)] = (str(where), entry)
