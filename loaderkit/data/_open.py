@@ -30,6 +30,7 @@ from loaderkit.data.index import (
     WORK_DIR,
     IndexEntry,
     is_index_name,
+    local_markers,
     unfinished_write_error,
 )
 from loaderkit.data.readers import (
@@ -266,7 +267,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
                 "of shards or a list of shard paths."
             )
         if (root / WORK_DIR).exists():
-            raise unfinished_write_error(str(root))
+            raise unfinished_write_error(str(root), local_markers(root))
         entries = list(root.iterdir())
         refuse_unread_compressed(owner, str(root), (p.name for p in entries), reader.suffixes)
         refuse_nested_shards(owner, str(root), nested_files(root), reader.suffixes)

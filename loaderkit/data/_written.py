@@ -19,6 +19,7 @@ from loaderkit.data.index import (
     checksum,
     default_index_path,
     index_names,
+    local_markers,
     path_key,
     read_index,
     remote_unchanged,
@@ -54,7 +55,7 @@ def check_written(paths: Sequence[Path]) -> list[dict[str, Any] | None]:
     links = {p.resolve().parent for p in paths if p.is_symlink()}
     for folder in {p.parent for p in paths} | links:
         if (folder / WORK_DIR).exists():
-            raise unfinished_write_error(str(folder))
+            raise unfinished_write_error(str(folder), local_markers(folder))
     written = _written_entries(paths)
     digests = []
     for path in paths:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,9 +306,22 @@ def index_names(data: bytes) -> tuple[list[str], bool] | None:
         return None
 
 
-def unfinished_write_error(folder: str) -> ShardError:
+def unfinished_write_error(folder: str, markers: Sequence[str] = ()) -> ShardError:
+    """``folder``'s unfinished write, named by the shards its ``markers`` (the file names in
+    its ``WORK_DIR``) are for: ``part-*.npy`` where ``part-00001.npy.json`` is there."""
+    own = (re.fullmatch(r"(.+)-(?:started|\d{5,})(\.[^/]*)?\.json", m) for m in markers)
+    writes = sorted({f"{m[1]}-*{m[2] or ''}" for m in own if m})
+    which = f" of shards {', '.join(map(repr, writes))}" if writes else ""
     return ShardError(
-        f"shard folder {folder!r} holds an unfinished write_shards ({WORK_DIR}/ is there); "
-        "re-run the same write_shards call to finish it.",
+        f"shard folder {folder!r} holds an unfinished write_shards{which} ({WORK_DIR}/ is "
+        "there); re-run the same write_shards call to finish it.",
         path=folder,
     )
+
+
+def local_markers(folder: Path) -> list[str]:
+    """The file names in ``folder``'s ``WORK_DIR`` (none where it cannot be listed)."""
+    try:
+        return os.listdir(folder / WORK_DIR)
+    except OSError:
+        return []

@@ -410,7 +410,7 @@ class RemoteShards:
             if where not in folders:
                 entries, subfolders = self._entries_of(folder, url)
                 if WORK_DIR in subfolders:  # a URL list of the folder, as the folder
-                    raise unfinished_write_error(folder)
+                    raise unfinished_write_error(folder, self._markers(folder))
                 folders[where] = _listed_shards(folder, entries)
                 names = (e["name"] for e in entries)
                 self._indexes_beside += [join_url(folder, n) for n in names if is_index_name(n)]
@@ -454,6 +454,12 @@ class RemoteShards:
                 path=folder,
             ) from exc
 
+    def _markers(self, folder: str) -> list[str]:
+        """The file names in ``folder``'s ``WORK_DIR`` (none where it cannot be listed)."""
+        with contextlib.suppress(ShardError):
+            return [e["name"] for e in self.storage.entries(join_url(folder, WORK_DIR))[0]]
+        return []
+
     def _list_folder(self, folder: str, suffixes: tuple[str, ...]) -> list[RemoteShard]:
         """The shards of a folder URL, checked complete against its indexes."""
         entries, folders = self.storage.entries(folder)
@@ -471,7 +477,7 @@ class RemoteShards:
                 f"shards=[{folder!r}]."
             )
         if WORK_DIR in folders:
-            raise unfinished_write_error(folder)
+            raise unfinished_write_error(folder, self._markers(folder))
         listed = _listed_shards(folder, entries)
         refuse_unread_compressed(self.owner, folder, listed, suffixes)
         for sub in sorted(f for f in folders if not f.startswith(".")):

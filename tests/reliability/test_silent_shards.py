@@ -333,7 +333,8 @@ def test_a_folder_whose_write_was_killed_is_refused_until_the_write_is_rerun(
     assert child.exitcode == -signal.SIGKILL
     assert len(list(folder.glob("shard-*.npy"))) == 8
     with pytest.raises(
-        ShardError, match=r"holds an unfinished write_shards .*re-run the same write_shards call"
+        ShardError,
+        match=r"unfinished write_shards of shards 'shard-\*\.npy' .*re-run the same write_shards",
     ):
         ShardedDataset(folder, READER)
     with pytest.raises(ShardError, match=r"unfinished write_shards"):
@@ -355,7 +356,7 @@ def test_a_remote_folder_whose_write_stopped_is_refused(
 
     with pytest.raises(KeyboardInterrupt):
         write_shards(place.url, shards(), READER, storage_options=place.options, progress=False)
-    with pytest.raises(ShardError, match=r"silent-.*holds an unfinished write_shards"):
+    with pytest.raises(ShardError, match=r"silent-.*unfinished write_shards of shards 'shard-\*"):
         ShardedDataset(place.url, READER, remote=place.remote())
     write_shards(place.url, id_shards((50,) * 6), READER, storage_options=s3.options)
     assert len(ShardedDataset(place.url, READER, remote=place.remote())) == 300
