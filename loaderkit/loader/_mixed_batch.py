@@ -74,6 +74,24 @@ def _check_fields(field: Any, column: list[Any], names: list[str]) -> None:
             f"a {_kind(column[n])} in source {names[n]!r}, which default_collate rounds "
             "to one dtype or refuses; give both sources one type, or pass a collate_fn."
         )
+    elif all(map(_number, column)):
+        _check_floats(field, column, names)
+
+
+def _check_floats(field: Any, column: list[Any], names: list[str]) -> None:
+    """Refuse a Python float beside another number of another source: ``default_collate``
+    makes float64 of a batch that begins with the float, float32 (rounding) otherwise."""
+    floats = [i for i, v in enumerate(column) if type(v) is float]
+    others = [i for i, v in enumerate(column) if type(v) is not float]
+    pair = next(((f, o) for f in floats[:1] for o in others if names[o] != names[f]), None)
+    pair = pair or next(((f, o) for o in others[:1] for f in floats if names[o] != names[f]), None)
+    if pair:
+        f, o = pair
+        raise CollateError(
+            f"MixedDataset: {field} is a Python float in source {names[f]!r} and a "
+            f"{_kind(column[o])} in source {names[o]!r}, which default_collate makes float64 "
+            "or float32 by which comes first; give both sources one type, or pass a collate_fn."
+        )
 
 
 def _shape(value: Any) -> type:

@@ -199,3 +199,19 @@ def test_a_split_of_a_mix_is_checked_as_the_mix() -> None:
     mix = MixedDataset({"p": _Rows(_nested_tensor), "o": _Rows(lambda i: {"x": {"v": i}})})
     with pytest.raises(WorkerError, match=r"field 'v' is a torch.int64 tensor .*Python int"):
         list(ResumableDataLoader(Subset(mix, [0, 1, 8, 9]), batch_size=4))
+
+
+@pytest.mark.parametrize(
+    ("other", "kind"),
+    [(lambda i: 16777217 + i, "Python int"), (np.float32, "numpy float32"), (bool, "Python bool")],
+)
+def test_a_python_float_beside_another_number_of_another_source_is_refused(
+    other: Any, kind: str
+) -> None:
+    # Review 331: default_collate made the batch float64 when the float came first and float32
+    # otherwise (16777217 read as 16777216).
+    f, o = _Rows(lambda i: {"y": i + 0.5}), _Rows(lambda i: {"y": other(i)})
+    for mix in (MixedDataset({"f": f, "o": o}), MixedDataset({"o": o, "f": f})):
+        with pytest.raises(WorkerError, match=rf"'y' is a Python float in source 'f' .*{kind}"):
+            next(iter(ResumableDataLoader(mix, batch_size=16)))
+        assert len(next(iter(ResumableDataLoader(mix, batch_size=8)))["y"]) == 8  # one source
