@@ -241,10 +241,14 @@ class ParquetReader:
     def _column(self, pa: Any, key: Any, rows: Sequence[Any], path: Path) -> Any:
         """Column ``key`` of row dicts ``rows``, typed as ``schema=`` says where it names it."""
         values = [row.get(key) for row in rows]
+        named = self.schema is not None and key in self.schema.names
         try:
-            return pa.array(values)  # inferred, then cast (checked) to schema=
+            column = pa.array(values)  # inferred, then cast (checked) to schema=
+            strings = pa.types.is_binary(column.type) and any(isinstance(v, str) for v in values)
+            if strings and not named:
+                raise pa.ArrowTypeError("str beside bytes, read back as bytes")
+            return column
         except (pa.ArrowException, OverflowError) as exc:
-            named = self.schema is not None and key in self.schema.names
             t = self.schema.field(key).type if named else None
             if isinstance(exc, OverflowError) and t is not None and pa.types.is_integer(t):
                 with contextlib.suppress(pa.ArrowException, OverflowError):

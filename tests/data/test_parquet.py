@@ -672,6 +672,9 @@ def test_rows_of_no_one_type_or_a_doubled_column_are_named(tmp_path: Path) -> No
         ParquetReader().write(tmp_path / "a.parquet", [{"label": 1}, {"label": "one"}])
     with pytest.raises(TypeError, match=r"column 'h' of 'b\.parquet' holds values of no one"):
         ParquetReader().write(tmp_path / "b.parquet", [{"h": 2**63 + 5}])
+    with pytest.raises(TypeError, match=r"column 't' of 'e\.parquet' .*str beside bytes"):
+        ParquetReader().write(tmp_path / "e.parquet", [{"t": "a"}, {"t": b"b"}])  # "a" -> b"a"
+    ParquetReader(schema={"t": "binary"}).write(tmp_path / "f.parquet", [{"t": "a"}, {"t": b"b"}])
     typed = ParquetReader(schema={"h": "uint64"})  # beyond int64, named: written exactly
     typed.write(tmp_path / "c.parquet", [{"h": 2**63 + 5}, {"h": 1}])
     assert pq.read_table(tmp_path / "c.parquet").column("h").to_pylist() == [2**63 + 5, 1]
