@@ -398,6 +398,30 @@ class _NumpyRng:
         )
 
 
+def numpy_bit_generator() -> str:
+    """The name of numpy's global bit generator (``"MT19937"`` unless the user set another)."""
+    return str(np.random.get_state(legacy=False)["bit_generator"])
+
+
+def take_bit_generator(name: str) -> None:
+    """Give this (worker) process numpy's global bit generator ``name``, where numpy has it:
+    ``np.random.seed(k)`` draws other numbers under another one."""
+    made = getattr(np.random, name, None)
+    if numpy_bit_generator() != name and made is not None:
+        np.random.mtrand.set_bit_generator(made())
+
+
+def check_bit_generator(name: str) -> None:
+    """Refuse a worker whose numpy bit generator is not the main process's ``name``."""
+    here = numpy_bit_generator()
+    if here != name:
+        raise ValueError(
+            f"numpy's global bit generator is {here} in a worker but {name} in the main process "
+            "(set by worker_init_fn), so a sample's numpy draws would depend on num_workers; "
+            "set it in the main process only (np.random.set_bit_generator)."
+        )
+
+
 class _PythonRng:
     """Python's :mod:`random`, seeded with its 64-bit stream key."""
 

@@ -32,7 +32,13 @@ from loaderkit.data.memory import TensorDataset
 from loaderkit.errors import WorkerError, WorkerStartError
 from loaderkit.loader import _slots
 from loaderkit.loader._fetch import identity
-from loaderkit.seeding import derive_seed, epoch_worker_init_fn
+from loaderkit.seeding import (
+    check_bit_generator,
+    derive_seed,
+    epoch_worker_init_fn,
+    numpy_bit_generator,
+    take_bit_generator,
+)
 from loaderkit.transfer import pin_now
 
 PARENT_POLL_S = 0.25  # how often a worker looks for its parent
@@ -96,8 +102,9 @@ class WorkerPool:
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
-        # A worker not forked starts in float32: floats are made as in this process.
-        return functools.partial(start_worker, os.getpid(), seeding, torch.get_default_dtype())
+        # A worker not forked starts in float32 and MT19937: numbers are made as in this process.
+        here = (torch.get_default_dtype(), numpy_bit_generator())
+        return functools.partial(start_worker, os.getpid(), seeding, here)
 
     def base_seed(self, seed: int, epoch: int) -> torch.Generator:
         """The workers' ``get_worker_info().seed`` source: new each epoch unless persistent."""
@@ -287,14 +294,16 @@ def stop_inner(inner: DataLoader[Any] | None) -> None:
 
 # ------------------------------------------------------------------ in the worker
 def start_worker(
-    parent: int, init: Callable[[int], None], dtype: torch.dtype, worker_id: int
+    parent: int, init: Callable[[int], None], here: tuple[torch.dtype, str], worker_id: int
 ) -> None:
-    """Every worker's ``worker_init_fn``: watch the parent, take its default dtype, then seed
-    (and the user's init)."""
+    """Every worker's ``worker_init_fn``: watch the parent, take its default dtype and numpy
+    bit generator, then seed (and the user's init)."""
     watch_parent(parent)
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(here[0])
+    take_bit_generator(here[1])
     show_user_dataset()  # before the user's worker_init_fn (called by ``init``) runs
     init(worker_id)
+    check_bit_generator(here[1])
 
 
 def watch_parent(parent: int, interval: float = PARENT_POLL_S) -> threading.Thread:

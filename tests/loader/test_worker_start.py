@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -149,3 +150,35 @@ def test_a_worker_makes_floats_in_the_main_process_default_dtype() -> None:
         torch.set_default_dtype(before)
     assert [b.dtype for b in batches] == [torch.float64] * 2
     assert torch.equal(*batches)
+
+
+class _Noisy(Dataset[Any]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor(np.random.rand())  # keyed per sample: the same for any num_workers
+
+
+def _pcg64(worker_id: int) -> None:
+    np.random.mtrand.set_bit_generator(np.random.PCG64(worker_id))
+
+
+def test_a_worker_draws_with_the_main_process_numpy_bit_generator() -> None:
+    # Hunter 333: np.random.seed(k) draws other numbers under PCG64 than under MT19937, and a
+    # forkserver worker (loaderkit's choice under DDP) started with MT19937 whatever the main
+    # process had: a sample's numpy draws differed with num_workers, silently.
+    before = np.random.mtrand.get_bit_generator()
+    np.random.mtrand.set_bit_generator(np.random.PCG64(0))
+    try:
+        batches = [
+            next(iter(ResumableDataLoader(_Noisy(), batch_size=4, seed=3, **kw)))
+            for kw in ({}, {"num_workers": 1, "multiprocessing_context": "forkserver"})
+        ]
+    finally:
+        np.random.mtrand.set_bit_generator(before)
+    assert torch.equal(*batches)
+    with pytest.raises(ValueError, match=r"bit generator is PCG64 in a worker but MT19937 .*main"):
+        next(
+            iter(ResumableDataLoader(_Noisy(), batch_size=4, num_workers=1, worker_init_fn=_pcg64))
+        )
