@@ -104,7 +104,7 @@ def _lengths(
             )
         for i, sample in zip(rows, samples, strict=True):
             out[i] = _checked(fn(sample), i)
-    _check_undrawn(read, fn, out)
+    check_undrawn(read, fn, out)
     if path is not None and ident is not None:
         _save_cached_lengths(path, ident, out)
     return out
@@ -168,7 +168,13 @@ def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
     return getitems
 
 
-def _check_undrawn(read: Callable[[list[int]], list[Any]], fn: Any, lengths: np.ndarray) -> None:
+def check_undrawn(
+    read: Callable[[list[int]], list[Any]],
+    fn: Any,
+    lengths: np.ndarray,
+    owner: str = "compute_lengths",
+    fix: str = "measure the length before any random crop, or pass the lengths.",
+) -> None:
     """Refuse lengths that follow a sample's random draws (a random crop): measured at
     draws the loader does not make, a token budget would not hold."""
     if not lengths.size:
@@ -179,9 +185,8 @@ def _check_undrawn(read: Callable[[list[int]], list[Any]], fn: Any, lengths: np.
             again = _checked(fn(read([index])[0]), index)
         if again != lengths[index]:
             raise ValueError(
-                f"compute_lengths: sample {index} is {lengths[index]} then {again} long under "
-                "other random draws; measure the length before any random crop, or pass the "
-                "lengths."
+                f"{owner}: sample {index} is {lengths[index]} then {again} long under "
+                f"other random draws; {fix}"
             )
 
 

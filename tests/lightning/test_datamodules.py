@@ -1329,3 +1329,34 @@ def test_val_data_beside_val_fraction_is_refused_at_any_stage(first: str) -> Non
     with pytest.raises(ValueError, match=r"val data was given too; pass one or the other"):
         dm.setup(first)
         dm.setup("validate" if first == "fit" else "fit")
+
+
+class _Cropped(list):
+    """A random crop in ``__getitem__``: the length follows the draw."""
+
+    def __getitem__(self, i: Any) -> Any:
+        full = list.__getitem__(self, i)
+        return full[: int(torch.randint(1, len(full) + 1, ()))]
+
+
+class _Masked(list):
+    """Random masking in ``__getitem__``: the length does not follow the draw."""
+
+    def __getitem__(self, i: Any) -> Any:
+        t = list.__getitem__(self, i).clone()
+        t[torch.rand(t.shape) < 0.15] = 0
+        return t
+
+
+def test_sequence_lengths_that_follow_random_draws_are_refused_and_rngs_put_back() -> None:
+    # Hunter 332: setup measured a list subclass once, unseeded, through the caller's RNGs:
+    # a random crop's token-budget batches went over max_tokens (16 of them), silently.
+    seqs = [torch.full(((i * 7) % 31 + 2,), i) for i in range(200)]
+    with pytest.raises(ValueError, match=r"SequenceDataModule: sample \d+ is \d+ then \d+ long"):
+        SequenceDataModule(_Cropped(seqs), max_tokens=64, seed=0).setup("fit")
+    SequenceDataModule(_Cropped(seqs), batch_size=4).setup("fit")  # no buckets: lengths unused
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    SequenceDataModule(_Masked(seqs), bucket=True, seed=0).setup("fit")
+    assert torch.equal(torch.rand(2), expected)

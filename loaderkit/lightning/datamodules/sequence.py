@@ -14,12 +14,14 @@ from loaderkit._checks import check_path
 from loaderkit.collate import PadCollate
 from loaderkit.data._fs import is_url
 from loaderkit.data.hf import HFDataset
+from loaderkit.data.lengths import check_undrawn
 from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import check_fits, check_settings, remote_cache
 from loaderkit.lightning.datamodules._util import is_hf_dataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule
 from loaderkit.plan.samplers import BucketBatchSampler
+from loaderkit.seeding import rngs_put_back
 
 __all__ = ["SequenceDataModule"]
 
@@ -151,7 +153,8 @@ class SequenceDataModule(LoaderDataModule):
             samples: Sequence[Any] = (
                 _read_jsonl(type(self).__name__, source) if isinstance(source, str) else source
             )
-            self._lengths[split] = self._measure(split, samples)
+            with rngs_put_back():
+                self._lengths[split] = self._measure(split, samples)
             out[split] = samples
         return out
 
@@ -179,11 +182,8 @@ class SequenceDataModule(LoaderDataModule):
             self._mixed_kinds(split)
         self._keyed, self._tuples = keyed, tuples
         lengths = np.empty(len(samples), dtype=np.int64)
-        # As the loader reads them: a list subclass by index (its __getitem__, never its
-        # __iter__); anything else iterated (faster).
-        own = isinstance(samples, list | tuple) and type(samples) not in (list, tuple)
-        reads = (samples[i] for i in range(len(samples))) if own else iter(samples)
-        for i, sample in enumerate(reads):
+
+        def length(i: int, sample: Any) -> int:
             seq = sample
             if keyed:
                 if not isinstance(sample, Mapping) or self.length_key not in sample:
@@ -195,14 +195,26 @@ class SequenceDataModule(LoaderDataModule):
             elif isinstance(sample, tuple):  # (tokens, label, ...): field 0, as collate_fn pads
                 seq = sample[0] if sample else None
             if isinstance(seq, (torch.Tensor, np.ndarray)) and seq.ndim >= 1:
-                lengths[i] = seq.shape[0]
-            elif isinstance(seq, (list, tuple)):
-                lengths[i] = len(seq)
-            else:
-                raise TypeError(
-                    f"{owner}: {split} sample {i} is a {type(seq).__name__}; pass 1-D tensors, "
-                    "numpy arrays or lists of numbers."
-                )
+                return int(seq.shape[0])
+            if isinstance(seq, (list, tuple)):
+                return len(seq)
+            raise TypeError(
+                f"{owner}: {split} sample {i} is a {type(seq).__name__}; pass 1-D tensors, "
+                "numpy arrays or lists of numbers."
+            )
+
+        # As the loader reads them: a list subclass by index (its __getitem__, never its
+        # __iter__); anything else iterated (faster). What is not a plain list or tuple may draw:
+        # buckets need lengths that do not follow the draws (as compute_lengths checks).
+        plain = type(samples) in (list, tuple)
+        own = isinstance(samples, list | tuple) and not plain
+        reads = (samples[i] for i in range(len(samples))) if own else iter(samples)
+        for i, sample in enumerate(reads):
+            lengths[i] = length(i, sample)
+        if self.bucket and not plain:
+            read = lambda rows: [samples[i] for i in rows]  # noqa: E731
+            fix = "crop after the batch is made, or pass bucket=False without max_tokens."
+            check_undrawn(read, lambda s: length(0, s), lengths, owner, fix)
         return lengths
 
     def _mixed_kinds(self, split: str) -> NoReturn:
