@@ -611,7 +611,7 @@ class TokenReader:
             tag = f".eos{self.eos}"
             offsets = _read_offsets(path, tag, len(tokens), partial(cuts, tokens, self.eos))
             guard = MappedFiles((path, tokens), (_offsets_path(path, tag), offsets))
-            return _Documents(tokens, offsets, out, guard)
+            return _Documents(tokens, offsets, out, guard, self.eos)
         assert self.seq_len is not None
         return _FixedTokens(tokens, self.seq_len, self.targets, out, MappedFiles((path, tokens)))
 
@@ -694,19 +694,28 @@ class _Documents:
     """Variable-length samples at the offsets of the sidecar."""
 
     def __init__(
-        self, tokens: np.ndarray, offsets: np.ndarray, out: np.dtype, guard: MappedFiles
+        self, tokens: np.ndarray, offsets: np.ndarray, out: np.dtype, guard: MappedFiles, eos: int
     ) -> None:
         self.tokens, self.stored = tokens, tokens.dtype
         self.offsets = offsets
         self.out = out
         self.narrowing = narrows(tokens.dtype, out)
-        self.guard = guard
+        self.guard, self.eos = guard, eos
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
+        # A shard rewritten at its size and mtime keeps its sidecar: its cuts fall elsewhere.
+        if hi < len(self.tokens) and self.tokens[hi - 1] != self.eos:
+            shard, side = self.guard.paths
+            raise ShardChangedError(
+                f"offsets sidecar {str(side)!r} does not match shard {str(shard)!r} (document "
+                f"{index} does not end with eos={self.eos}); delete the sidecar and the shard "
+                "index.",
+                path=side,
+            )
         return torch.from_numpy(as_out(self.tokens[lo:hi], self.out, self.narrowing))
 
     def read(self, index: int) -> torch.Tensor:

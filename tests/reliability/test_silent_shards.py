@@ -483,6 +483,20 @@ def test_a_folder_copied_with_its_mtimes_is_not_recounted(tmp_path: Path) -> Non
     assert side.stat().st_ino == before
 
 
+def test_a_shard_rewritten_at_its_size_and_mtime_is_refused_where_a_document_is_cut_wrong(
+    tmp_path: Path,
+) -> None:
+    # Hunter 332: its sidecar and index held (same size, same mtime), and the documents were
+    # cut at the old places: [[2, 2, 2], [0, 1, 1, 0], [3, 0]], an eos inside a sample.
+    write_shards(tmp_path, [DOCS], EOS, progress=False)
+    shard = tmp_path / "shard-00000.npy"
+    _synced(shard, REORDERED, shard.stat().st_mtime_ns)
+    stream = StreamingShardedDataset(tmp_path, EOS, shuffle_shards=False, mix_shards=1)
+    for ds in (ShardedDataset(tmp_path, EOS), stream):
+        with pytest.raises(ShardChangedError, match=r"document 0 does not end with eos=0"):
+            _documents(ds)
+
+
 @pytest.mark.parametrize("sidecar", ["unstamped", "of another version"])
 def test_a_sidecar_not_stamped_for_its_shard_in_a_read_only_folder_is_counted_in_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sidecar: str
