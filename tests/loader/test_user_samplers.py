@@ -6,6 +6,7 @@ error from inside the sampler with no hint why).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -445,6 +446,38 @@ def test_a_seeded_loader_generator_conflicts_with_seed_too() -> None:
     data = list(range(8))
     bare = ResumableDataLoader(data, 4, shuffle=True, generator=torch.Generator(), seed=1)
     assert epoch_ids(bare) == epoch_ids(ResumableDataLoader(data, 4, shuffle=True, seed=1))
+
+
+def test_a_seed_from_a_generator_in_another_state_is_refused_with_a_fix_that_works() -> None:
+    # Hunter 333: the refusal said "build it with seed=S", which these loaders refuse beside
+    # their seeded generator (for a sampler's: back to "leave seed=None", a loop).
+    data = list(range(12))
+
+    def saved(loader: ResumableDataLoader) -> dict[str, Any]:
+        it = iter(loader)
+        next(it)
+        return loader.state_dict()
+
+    state = saved(ResumableDataLoader(data, 3, sampler=seeded_random_sampler(data, drawn=True)))
+    undrawn = ResumableDataLoader(data, 3, sampler=seeded_random_sampler(data, drawn=False))
+    with pytest.raises(StateMismatchError, match=r"RandomSampler's generator gave seed .*drawn"):
+        undrawn.load_state_dict(state)
+    ResumableDataLoader(data, 3, sampler=seeded_random_sampler(data, drawn=True)).load_state_dict(
+        state
+    )
+
+    def drawn(draws: int) -> torch.Generator:
+        generator = torch.Generator().manual_seed(8)
+        torch.rand(draws, generator=generator)
+        return generator
+
+    state = saved(ResumableDataLoader(data, 3, shuffle=True, generator=drawn(5)))
+    with pytest.raises(
+        StateMismatchError, match=r"build it with seed=(\d+) and no generator="
+    ) as e:
+        ResumableDataLoader(data, 3, shuffle=True, generator=drawn(0)).load_state_dict(state)
+    seed = int(re.search(r"seed=(\d+) and no", str(e.value))[1])  # type: ignore[index]
+    ResumableDataLoader(data, 3, shuffle=True, seed=seed).load_state_dict(state)
 
 
 # ------------------------------------------ later epochs from a global RNG
