@@ -316,10 +316,13 @@ class BatchFetcher:
                 f"{type(self.dataset).__name__}.__getitems__ cannot be checked for draws. "
                 "Pass per_sample_seeding=False, or keep numpy's default bit generator."
             )
+        whole = _batch_readers(self.dataset)
+        why = f" (read whole for {', '.join(whole)})" if whole else ""
+        wrap = " or ".join(n.split(".")[0] for n in whole) if whole else "the dataset"
         raise ValueError(
-            f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__ draws from a "
+            f"ResumableDataLoader: {type(self.dataset).__name__}.__getitems__{why} draws from a "
             "global RNG while reading a batch, which cannot be seeded per sample. Draw in "
-            "__getitem__ only (wrap the dataset in a class without __getitems__) or from "
+            f"__getitem__ only (wrap {wrap} in a class without __getitems__) or from "
             "loaderkit.sample_generator(seed, epoch, index), or pass per_sample_seeding=False "
             "with a fixed num_workers (in a LoaderDataModule: override per_sample_seeding(split))."
         )
@@ -383,6 +386,23 @@ def per_sample_reads(dataset: Any) -> bool:
     if isinstance(dataset, _Subset):
         return per_sample_reads(dataset.dataset)
     return False
+
+
+def _batch_readers(dataset: Any) -> list[str]:
+    """The parts of torch's wrappers in ``dataset`` whose own ``__getitems__`` make it read
+    a batch whole (none: ``dataset`` is not such a wrapper)."""
+    if type(dataset) is ConcatDataset:
+        parts = list(dataset.datasets)
+    elif _torchs_wrapper(dataset):
+        parts = _wrapped(dataset)
+    elif isinstance(dataset, _Subset):
+        parts = [dataset.dataset]
+    else:
+        return []
+    named = [_batch_readers(p) or [f"{type(p).__name__}.__getitems__"] for p in parts]
+    return [
+        n for p, names in zip(parts, named, strict=True) if not per_sample_reads(p) for n in names
+    ]
 
 
 def _shard_sets(dataset: Any) -> list[OpenShards]:

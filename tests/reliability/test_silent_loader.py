@@ -22,6 +22,7 @@ from torch.utils.data import (
     DistributedSampler,
     RandomSampler,
     Sampler,
+    StackDataset,
     Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
@@ -178,7 +179,10 @@ def test_a_resume_with_another_sampler_seed_is_refused_by_name() -> None:
 
     cut = make(1)
     next(iter(cut))
-    with pytest.raises(StateMismatchError, match=r"field 'seed' differs: the state was saved with"):
+    with pytest.raises(
+        StateMismatchError,
+        match=r"'seed' differs: sampler=RandomSampler's generator gave seed 1 in the saved run",
+    ):
         make(2).load_state_dict(cut.state_dict())
 
 
@@ -602,6 +606,36 @@ def test_a_getitems_drawing_randomness_per_batch_is_refused_naming_the_fix() -> 
         next(iter(loader))
     unseeded = ResumableDataLoader(NoisyBatch(), batch_size=4, seed=0, per_sample_seeding=False)
     assert len(next(iter(unseeded))) == 4
+
+
+class _Jittered(Dataset[float]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> float:
+        return i + float(torch.rand(()))
+
+
+class _Parity(Dataset[int]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return i % 2
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return [i % 2 for i in indices]
+
+
+def test_a_torch_wrapper_read_whole_for_one_part_names_that_part() -> None:
+    # Hunter 333: StackDataset(an augmenting dataset, one with a batch read) was refused as
+    # "StackDataset.__getitems__ draws", naming neither part.
+    stacked = StackDataset(_Jittered(), _Parity())
+    refused = (
+        r"StackDataset.__getitems__ \(read whole for _Parity.__getitems__\) draws .*wrap _Parity"
+    )
+    with pytest.raises(ValueError, match=refused):
+        next(iter(ResumableDataLoader(stacked, batch_size=4, seed=0)))
 
 
 class InitialSeedReader(Dataset[float]):
