@@ -102,6 +102,11 @@ def detect(
             rank = hosted[0] if rank is None else rank
             world_size = hosted[1] if world_size is None else world_size
     initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None and not initialised and rank not in (None, 0):
+        raise ValueError(
+            f"rank={rank} was given without world_size=, and no Trainer or torch.distributed "
+            "group gives one; pass world_size=, the number of data-parallel ranks."
+        )
     if world_size is None:
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:

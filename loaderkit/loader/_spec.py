@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
 
-from loaderkit._checks import check_int
+from loaderkit._checks import check_int, check_rank
 from loaderkit.collate import PadCollate
 from loaderkit.data.mixing import MixedDataset, holds_mix
 from loaderkit.data.streaming import StreamingShardedDataset
@@ -132,6 +132,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
     kind, a = engine_kind(dataset), _unwrap(args)
     check_torch_only_args(pin_memory_device=a["pin_memory_device"], in_order=a["in_order"])
+    _check_topology(a)
     unbatched = a["batch_size"] is None and a["batch_sampler"] is None
     collate_fn = Unbatched(a["collate_fn"]) if unbatched else a["collate_fn"]
     size = check_sources(
@@ -232,6 +233,21 @@ def _check_same_mix(dataset: MixedDataset, mix: MixPlan) -> None:
                 f"MixedDataset {list(ours)}: it was built for another mix; pass "
                 "batch_sampler=dataset.batch_sampler(...) of this dataset."
             )
+
+
+def _check_topology(a: dict[str, Any]) -> None:
+    """``rank=`` and ``world_size=`` as ints where given (numpy's too, as torch's
+    ``DistributedSampler`` takes them)."""
+    if a["world_size"] is not None:
+        fix = "pass the number of data-parallel ranks"
+        a["world_size"] = check_int(
+            "world_size", a["world_size"], 1, owner=OWNER, fix=fix, numpy_ok=True
+        )
+    if a["rank"] is not None:
+        fix = "pass this process's data-parallel rank"
+        a["rank"] = check_int("rank", a["rank"], 0, owner=OWNER, fix=fix, numpy_ok=True)
+        if a["world_size"] is not None:
+            check_rank(a["rank"], a["world_size"], owner=OWNER)
 
 
 def _unwrap(args: dict[str, Any]) -> dict[str, Any]:

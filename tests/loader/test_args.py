@@ -60,3 +60,22 @@ def test_good_worker_args_still_load() -> None:
     loader = ResumableDataLoader(DATA, batch_size=4, num_workers=1, timeout=30.0, seed=0)
     assert torch.cat(list(loader)).tolist() == DATA
     ResumableDataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=1, timeout=30)
+
+
+def test_rank_and_world_size_are_checked_by_the_loader_and_take_numpy_ints() -> None:
+    # Hunter 334: the errors named WorkerEnv, and rank=1 alone said to pass a rank; numpy ints
+    # (which torch's DistributedSampler takes) were refused.
+    import numpy as np
+
+    data = list(range(10))
+    with pytest.raises(ValueError, match=r"rank=1 was given without world_size=.*pass world_size="):
+        list(ResumableDataLoader(data, batch_size=2, rank=1))
+    with pytest.raises(
+        ValueError, match=r"ResumableDataLoader: rank must be < world_size=2, got 5"
+    ):
+        ResumableDataLoader(data, batch_size=2, rank=5, world_size=2)
+    with pytest.raises(TypeError, match=r"ResumableDataLoader: world_size must be an int"):
+        ResumableDataLoader(data, batch_size=2, world_size=2.0)
+    given = ResumableDataLoader(data, batch_size=2, rank=np.int64(1), world_size=np.int64(2))
+    plain = ResumableDataLoader(data, batch_size=2, rank=1, world_size=2)
+    assert [b.tolist() for b in given] == [b.tolist() for b in plain] == [[2, 3], [6, 7], [9]]
