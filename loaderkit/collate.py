@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -635,12 +636,19 @@ class PadCollate:
             columns = {k: [col[i] for i in order] for k, col in columns.items()}
         out: dict[Hashable, Any] = {}
         lengths = mask = None
-        for k, col in columns.items():
-            if k in padded:
-                out[k], lens, m = self._pad(k, col)
-                lengths, mask = (lens, m) if k == length_key else (lengths, mask)
-            else:
-                out[k] = _collate_rest(_where(k), col)
+        try:
+            for k, col in columns.items():
+                if k in padded:
+                    out[k], lens, m = self._pad(k, col)
+                    lengths, mask = (lens, m) if k == length_key else (lengths, mask)
+                else:
+                    out[k] = _collate_rest(_where(k), col)
+        except (CollateError, TypeError):
+            if order is not None:  # its "sample i" would count the sorted rows: the batch's own
+                unsorted = copy.copy(self)
+                unsorted.sort_by_length = False
+                unsorted(samples)
+            raise
         if length_key is not None and lengths is None:  # nothing padded: every item is real
             sizes = self._sizes(_where(length_key), columns[length_key])[1]
             lengths, mask = torch.tensor(sizes), torch.ones(len(sizes), sizes[0], dtype=torch.bool)

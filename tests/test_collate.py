@@ -921,3 +921,13 @@ def test_a_tensor_beside_a_number_fails_alike_for_any_num_workers(num_workers: i
         WorkerError, match=r"expected Tensor as element 1 in argument 0, but got int"
     ):
         next(iter(loader))
+
+
+def test_an_error_under_sort_by_length_names_the_batchs_own_position() -> None:
+    # Hunter 332: it counted the sorted rows ("sample 0" for the input's third).
+    batch = [torch.ones(2, dtype=torch.long), torch.ones(1, dtype=torch.float32), torch.ones(5)]
+    with pytest.raises(CollateError, match=r"sample 2 has length 5 along dim 0, above max_length"):
+        PadCollate(max_length=3, sort_by_length=True)(batch)
+    mixed = [torch.ones(1, dtype=torch.long), torch.ones(3, dtype=torch.float32)]
+    with pytest.raises(CollateError, match=r"sample 1 has dtype torch.float32 but sample 0 has"):
+        PadCollate(sort_by_length=True)(mixed)
