@@ -242,14 +242,17 @@ class PlanEngine:
         """The worker DataLoader of ``sched``: the persistent one, else a new one per iteration."""
         rank, _ = self.host.topology()
         pool, seed = self.host.pool, self.host.seed
+        keyed = self.fetch.seeder is not None  # per-sample seeds: numpy's bit generator counts
         keys = self._keys if pool.persistent else KeySource()
         keys.schedule = sched
         if pool.persistent and self._inner is not None:
             # Workers stopped since (a failure, a dropped iterator) restart keyed to this epoch.
-            self._inner.worker_init_fn = pool.init_fn(seed, sched.epoch, rank)
+            self._inner.worker_init_fn = pool.init_fn(seed, sched.epoch, rank, keyed)
             return self._inner
         source = KeyedDataset(self.fetch, self.plan.num_samples)
-        inner = pool.build(source, seed=seed, epoch=sched.epoch, rank=rank, batch_sampler=keys)
+        inner = pool.build(
+            source, seed=seed, epoch=sched.epoch, rank=rank, batch_sampler=keys, keyed=keyed
+        )
         if pool.persistent:
             self._inner = inner
         return inner

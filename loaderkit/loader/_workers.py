@@ -97,13 +97,16 @@ class WorkerPool:
             return str(multiprocessing.get_start_method())
         return ctx if isinstance(ctx, str) else str(ctx.get_start_method())
 
-    def init_fn(self, seed: int, epoch: int, rank: int) -> Callable[[int], None]:
-        """``epoch``'s ``worker_init_fn`` (restarted workers must not replay an earlier epoch)."""
+    def init_fn(
+        self, seed: int, epoch: int, rank: int, keyed: bool = False
+    ) -> Callable[[int], None]:
+        """``epoch``'s ``worker_init_fn`` (restarted workers must not replay an earlier epoch);
+        ``keyed``: its samples draw under per-sample seeds, as in this process."""
         seeding = epoch_worker_init_fn(
             derive_seed(seed, SeedTag.WORKERS, epoch), rank, self.user_init
         )
         # A worker not forked starts in float32 and MT19937: numbers are made as in this process.
-        here = (torch.get_default_dtype(), numpy_bit_generator())
+        here = (torch.get_default_dtype(), numpy_bit_generator() if keyed else None)
         return functools.partial(start_worker, os.getpid(), seeding, here)
 
     def base_seed(self, seed: int, epoch: int) -> torch.Generator:
@@ -120,8 +123,10 @@ class WorkerPool:
         rank: int,
         batch_sampler: Iterable[Any] | None = None,
         persistent: bool | None = None,
+        keyed: bool = False,
     ) -> DataLoader[Any]:
-        """A DataLoader of ``dataset``'s items, already batches (no ``batch_sampler``: iterable)."""
+        """A DataLoader of ``dataset``'s items, already batches (no ``batch_sampler``: iterable);
+        ``keyed`` as :meth:`init_fn`'s."""
         if self.num_workers > 0 and self.method_name() != "fork":
             share_tensors(getattr(dataset, "user_dataset", dataset))
         return _WorkerLoader(
@@ -133,7 +138,7 @@ class WorkerPool:
             collate_fn=identity,
             pin_memory=pin_now(self.pin_memory),
             timeout=self.timeout,
-            worker_init_fn=self.init_fn(seed, epoch, rank),
+            worker_init_fn=self.init_fn(seed, epoch, rank, keyed),
             multiprocessing_context=self.context(),
             generator=self.base_seed(seed, epoch),
             prefetch_factor=self.prefetch_factor,
@@ -294,16 +299,18 @@ def stop_inner(inner: DataLoader[Any] | None) -> None:
 
 # ------------------------------------------------------------------ in the worker
 def start_worker(
-    parent: int, init: Callable[[int], None], here: tuple[torch.dtype, str], worker_id: int
+    parent: int, init: Callable[[int], None], here: tuple[torch.dtype, str | None], worker_id: int
 ) -> None:
-    """Every worker's ``worker_init_fn``: watch the parent, take its default dtype and numpy
-    bit generator, then seed (and the user's init)."""
+    """Every worker's ``worker_init_fn``: watch the parent, take its default dtype (and numpy
+    bit generator, for keyed draws), then seed (and the user's init)."""
     watch_parent(parent)
     torch.set_default_dtype(here[0])
-    take_bit_generator(here[1])
+    if here[1] is not None:
+        take_bit_generator(here[1])
     show_user_dataset()  # before the user's worker_init_fn (called by ``init``) runs
     init(worker_id)
-    check_bit_generator(here[1])
+    if here[1] is not None:
+        check_bit_generator(here[1])
 
 
 def watch_parent(parent: int, interval: float = PARENT_POLL_S) -> threading.Thread:

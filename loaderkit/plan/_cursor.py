@@ -285,17 +285,13 @@ def _difference(
             f"field {key!r} differs: this object was built from other {what} than the saved "
             "run's; pass the saved run's, or start without the state."
         )
-    if key == "seed" and "generator_now" in fingerprint:  # drawn from the sampler's generator
-        return (
-            f"field 'seed' differs: {sampler}'s generator gave seed {was} in the saved run and "
-            f"{expected} here; build that generator in the saved run's state (seeded, and drawn "
-            "from, as then), or start without the state."
-        )
-    if key == "seed":
+    if key == "seed":  # from a seeded generator beside no seed= (then seed= is refused)
+        fix = f"build it with seed={was!r} and no generator="
+        if "generator_now" in fingerprint:  # drawn from the sampler's generator
+            fix = f"build {sampler}'s generator in the saved run's state (seeded, drawn from)"
         return (
             f"field 'seed' differs: the state was saved with seed={was!r}, this object has "
-            f"seed={expected!r}; build it with seed={was!r} and no generator=, or start without "
-            "the state."
+            f"seed={expected!r}; {fix}, or start without the state."
         )
     return (
         f"field {key!r} differs: the state was saved with {key}={was!r}, this object has "

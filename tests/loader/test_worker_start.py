@@ -182,3 +182,5 @@ def test_a_worker_draws_with_the_main_process_numpy_bit_generator() -> None:
         next(
             iter(ResumableDataLoader(_Noisy(), batch_size=4, num_workers=1, worker_init_fn=_pcg64))
         )
+    unkeyed = {"per_sample_seeding": False, "worker_init_fn": _pcg64}  # its draws: the worker's
+    assert len(next(iter(ResumableDataLoader(_Noisy(), batch_size=4, num_workers=1, **unkeyed))))

@@ -181,7 +181,7 @@ def test_a_resume_with_another_sampler_seed_is_refused_by_name() -> None:
     next(iter(cut))
     with pytest.raises(
         StateMismatchError,
-        match=r"'seed' differs: sampler=RandomSampler's generator gave seed 1 in the saved run",
+        match=r"seed=1, this object has seed=2; build sampler=RandomSampler's generator",
     ):
         make(2).load_state_dict(cut.state_dict())
 
