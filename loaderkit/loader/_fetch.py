@@ -41,6 +41,7 @@ from loaderkit.plan.sample import Schedule
 from loaderkit.seeding import (
     SampleSeeder,
     batch_seed,
+    draws_nothing,
     read_set_on_instance,
     seeded_batch,
     torchs_own_reads,
@@ -100,6 +101,18 @@ def loaderkit_batch_read(dataset: Any) -> bool:
         return False  # one set on the instance is the user's
     owner = next(cls for cls in type(dataset).__mro__ if "get_batch" in vars(cls))
     return owner.__module__.startswith("loaderkit.")
+
+
+def _quiet(dataset: Any) -> bool:
+    """Whether reading ``dataset`` cannot draw: plain containers and loaderkit's own batch
+    reads (not a Hugging Face dataset's: its transform may), through torch's wrappers."""
+    if draws_nothing(dataset):
+        return True
+    if type(dataset) is ConcatDataset:
+        return all(map(_quiet, dataset.datasets))
+    if _torchs_wrapper(dataset):
+        return all(map(_quiet, _wrapped(dataset)))
+    return loaderkit_batch_read(dataset) and not isinstance(dataset, HFDataset)
 
 
 def torch_gathered(dataset: Any) -> bool:
@@ -250,6 +263,8 @@ class BatchFetcher:
             self.mode = "getitems"
         else:
             self.mode = "single"
+        # Nothing to seed or watch (a Subset of a ShardedDataset): read whole, as unseeded.
+        self.quiet = self.mode == "getitems" and _quiet(dataset)
         self.checked: tuple[int, int] | None = None  # (epoch, process) whose shards were checked
         # Split from the start: a sample may read torch.initial_seed() unseen by a parked read.
         self.split = (
@@ -280,7 +295,7 @@ class BatchFetcher:
                 return batch
         index_list: list[int] = indices.tolist()
         keys = index_list if seed_keys is None else seed_keys.tolist()
-        if self.mode == "getitems" and self.seeder is None:
+        if self.mode == "getitems" and (self.seeder is None or self.quiet):
             samples = self._batched(self.dataset.__getitems__, epoch, index_list)
         elif self.mode == "getitems" and not self.split:
             samples = self._parked_batch(epoch, index_list, keys)

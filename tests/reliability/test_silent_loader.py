@@ -638,6 +638,21 @@ def test_a_torch_wrapper_read_whole_for_one_part_names_that_part() -> None:
         next(iter(ResumableDataLoader(stacked, batch_size=4, seed=0)))
 
 
+def test_torch_wrappers_of_datasets_that_cannot_draw_read_under_any_numpy_bit_generator(
+    tmp_path: Path,
+) -> None:
+    # Review 335: under PCG64 a Subset or StackDataset of a ShardedDataset was refused ("cannot
+    # be checked for draws"), where the bare ShardedDataset read.
+    sharded = _tokens(tmp_path, ShardedDataset)
+    kept = np.random.mtrand.get_bit_generator()
+    np.random.mtrand.set_bit_generator(np.random.PCG64(0))
+    try:
+        for ds in (Subset(sharded, [3, 1, 2, 0]), StackDataset(sharded, sharded)):
+            assert len(list(ResumableDataLoader(ds, batch_size=2, seed=0))) == -(-len(ds) // 2)
+    finally:
+        np.random.mtrand.set_bit_generator(kept)
+
+
 class InitialSeedReader(Dataset[float]):
     """Draws nothing from a global generator: reads ``torch.initial_seed()`` (issue 21.5)."""
 
