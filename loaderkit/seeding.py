@@ -20,7 +20,7 @@ import hashlib
 import random
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, Protocol
 
 import numpy as np
@@ -398,27 +398,29 @@ class _NumpyRng:
         )
 
 
-def numpy_bit_generator() -> str:
-    """The name of numpy's global bit generator (``"MT19937"`` unless the user set another)."""
-    return str(np.random.get_state(legacy=False)["bit_generator"])
+def numpy_bit_generator() -> type:
+    """The class of numpy's global bit generator (``MT19937`` unless the user set another)."""
+    get = getattr(np.random.mtrand, "get_bit_generator", None)  # numpy >= 1.25
+    return np.random.MT19937 if get is None else type(get())
 
 
-def take_bit_generator(name: str) -> None:
-    """Give this (worker) process numpy's global bit generator ``name``, where numpy has it:
+def take_bit_generator(made: type) -> None:
+    """Give this (worker) process numpy's global bit generator ``made`` (a class): the same
     ``np.random.seed(k)`` draws other numbers under another one."""
-    made = getattr(np.random, name, None)
-    if numpy_bit_generator() != name and made is not None:
-        np.random.mtrand.set_bit_generator(made())
+    if numpy_bit_generator() is not made:
+        with suppress(TypeError):  # one that needs arguments: refused after
+            np.random.mtrand.set_bit_generator(made())
 
 
-def check_bit_generator(name: str) -> None:
-    """Refuse a worker whose numpy bit generator is not the main process's ``name``."""
+def check_bit_generator(made: type) -> None:
+    """Refuse a worker whose numpy bit generator is not the main process's ``made``."""
     here = numpy_bit_generator()
-    if here != name:
+    if here is not made:
         raise ValueError(
-            f"numpy's global bit generator is {here} in a worker but {name} in the main process "
-            "(set by worker_init_fn), so a sample's numpy draws would depend on num_workers; "
-            "set it in the main process only (np.random.set_bit_generator)."
+            f"numpy's global bit generator is {here.__name__} in a worker but {made.__name__} in "
+            "the main process (set by worker_init_fn, or one a worker cannot make), so a "
+            "sample's numpy draws would depend on num_workers; set one that takes no arguments, "
+            "in the main process only."
         )
 
 

@@ -299,7 +299,7 @@ def stop_inner(inner: DataLoader[Any] | None) -> None:
 
 # ------------------------------------------------------------------ in the worker
 def start_worker(
-    parent: int, init: Callable[[int], None], here: tuple[torch.dtype, str | None], worker_id: int
+    parent: int, init: Callable[[int], None], here: tuple[torch.dtype, type | None], worker_id: int
 ) -> None:
     """Every worker's ``worker_init_fn``: watch the parent, take its default dtype (and numpy
     bit generator, for keyed draws), then seed (and the user's init)."""

@@ -164,12 +164,17 @@ def _pcg64(worker_id: int) -> None:
     np.random.mtrand.set_bit_generator(np.random.PCG64(worker_id))
 
 
-def test_a_worker_draws_with_the_main_process_numpy_bit_generator() -> None:
+class _OwnPCG64(np.random.PCG64):
+    """A user's bit generator class (review 335: looked up by name, a worker stayed MT19937)."""
+
+
+@pytest.mark.parametrize("made", [np.random.PCG64, _OwnPCG64])
+def test_a_worker_draws_with_the_main_process_numpy_bit_generator(made: type) -> None:
     # Hunter 333: np.random.seed(k) draws other numbers under PCG64 than under MT19937, and a
     # forkserver worker (loaderkit's choice under DDP) started with MT19937 whatever the main
     # process had: a sample's numpy draws differed with num_workers, silently.
     before = np.random.mtrand.get_bit_generator()
-    np.random.mtrand.set_bit_generator(np.random.PCG64(0))
+    np.random.mtrand.set_bit_generator(made(0))
     try:
         batches = [
             next(iter(ResumableDataLoader(_Noisy(), batch_size=4, seed=3, **kw)))
