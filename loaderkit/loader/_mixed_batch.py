@@ -3,11 +3,13 @@ sources' samples would be merged wrongly (docs/guide/mixing.md)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import torch
 
+from loaderkit.data._arrow import exact_dtype, promoted
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.errors import CollateError
 
@@ -74,24 +76,42 @@ def _check_fields(field: Any, column: list[Any], names: list[str]) -> None:
             f"a {_kind(column[n])} in source {names[n]!r}, which default_collate rounds "
             "to one dtype or refuses; give both sources one type, or pass a collate_fn."
         )
-    elif all(map(_number, column)):
-        _check_floats(field, column, names)
+    elif all(isinstance(v, torch.Tensor) or _number(v) for v in column):
+        _check_dtypes(field, column, names)
 
 
-def _check_floats(field: Any, column: list[Any], names: list[str]) -> None:
-    """Refuse a Python float beside another number of another source: ``default_collate``
-    makes float64 of a batch that begins with the float, float32 (rounding) otherwise."""
-    floats = [i for i, v in enumerate(column) if type(v) is float]
-    others = [i for i, v in enumerate(column) if type(v) is not float]
-    pair = next(((f, o) for f in floats[:1] for o in others if names[o] != names[f]), None)
-    pair = pair or next(((f, o) for o in others[:1] for f in floats if names[o] != names[f]), None)
-    if pair:
-        f, o = pair
-        raise CollateError(
-            f"MixedDataset: {field} is a Python float in source {names[f]!r} and a "
-            f"{_kind(column[o])} in source {names[o]!r}, which default_collate makes float64 "
-            "or float32 by which comes first; give both sources one type, or pass a collate_fn."
-        )
+def _check_dtypes(field: Any, column: list[Any], names: list[str]) -> None:
+    """Refuse numbers (or tensors) of two sources that ``default_collate`` rounds: to a dtype
+    that cannot hold both (int64 ids beside float32 values), or by which comes first (a Python
+    float makes float64 first, float32 after an int)."""
+    firsts: dict[tuple[torch.dtype, bool, str], int] = {}  # (dtype, Python float, source)
+    for i, (v, name) in enumerate(zip(column, names, strict=True)):
+        firsts.setdefault((_dtype(v), type(v) is float, name), i)
+    kinds = list(firsts.items())
+    for (a, i), (b, j) in ((x, y) for n, x in enumerate(kinds) for y in kinds[n + 1 :]):
+        if a[2] == b[2] or a[0] == b[0]:
+            continue
+        exact = exact_dtype(a[0], b[0])
+        if a[1] or b[1] or exact is None or promoted(a[0], b[0]) != exact:
+            raise CollateError(
+                f"MixedDataset: {field} is a {_kind(column[i])} in source {names[i]!r} and a "
+                f"{_kind(column[j])} in source {names[j]!r}, which default_collate rounds; give "
+                "both sources one type, or pass a collate_fn."
+            )
+
+
+def _dtype(value: Any) -> torch.dtype:
+    """The dtype ``default_collate`` gives ``value`` alone (a Python float: float64)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    if isinstance(value, bool | int | float):
+        return {bool: torch.bool, int: torch.int64}.get(type(value), torch.float64)
+    return _numpy_dtype(value.dtype)
+
+
+@functools.cache
+def _numpy_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def _shape(value: Any) -> type:
@@ -100,6 +120,8 @@ def _shape(value: Any) -> type:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor"
     where = "Python" if type(value).__module__ == "builtins" else "numpy"
     return f"{where} {type(value).__name__}"
 

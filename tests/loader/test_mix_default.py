@@ -201,17 +201,53 @@ def test_a_split_of_a_mix_is_checked_as_the_mix() -> None:
         list(ResumableDataLoader(Subset(mix, [0, 1, 8, 9]), batch_size=4))
 
 
+_ID = 2**40 + 1  # float32 holds 2**40 + 1, + 3, + 5 ... all as 2**40
+
+
 @pytest.mark.parametrize(
-    ("other", "kind"),
-    [(lambda i: 16777217 + i, "Python int"), (np.float32, "numpy float32"), (bool, "Python bool")],
+    ("first", "other", "kinds"),
+    [
+        (lambda i: i + 0.5, lambda i: 16777217 + i, "Python (float|int)"),
+        (lambda i: i + 0.5, np.float32, "(Python float|numpy float32)"),
+        (lambda i: i + 0.5, bool, "Python (float|bool)"),
+        (lambda i: _ID + 2 * i, np.float32, "(Python int|numpy float32)"),
+        (lambda i: np.int64(_ID + 2 * i), np.float32, "numpy (int64|float32)"),
+        (
+            lambda i: torch.tensor(_ID + 2 * i),
+            lambda i: torch.tensor(i / 2),
+            "torch.(int64|float32)",
+        ),
+    ],
 )
-def test_a_python_float_beside_another_number_of_another_source_is_refused(
-    other: Any, kind: str
+def test_numbers_of_two_sources_that_default_collate_would_round_are_refused(
+    first: Any, other: Any, kinds: str
 ) -> None:
-    # Review 331: default_collate made the batch float64 when the float came first and float32
-    # otherwise (16777217 read as 16777216).
-    f, o = _Rows(lambda i: {"y": i + 0.5}), _Rows(lambda i: {"y": other(i)})
+    # Review 331 and 335: default_collate made a Python float beside an int float64 when the
+    # float came first and float32 otherwise (16777217 read as 16777216), and int64 ids beside
+    # float32 values float32 in any order (2**40 + 1, + 3 and + 5 all read as 2**40).
+    f, o = _Rows(lambda i: {"y": first(i)}), _Rows(lambda i: {"y": other(i)})
     for mix in (MixedDataset({"f": f, "o": o}), MixedDataset({"o": o, "f": f})):
-        with pytest.raises(WorkerError, match=rf"'y' is a Python float in source 'f' .*{kind}"):
+        match = (
+            rf"'y' is a {kinds} .*in source '[fo]' and a {kinds} .*, which default_collate rounds"
+        )
+        with pytest.raises(WorkerError, match=match):
             next(iter(ResumableDataLoader(mix, batch_size=16)))
         assert len(next(iter(ResumableDataLoader(mix, batch_size=8)))["y"]) == 8  # one source
+
+
+@pytest.mark.parametrize(
+    ("first", "other", "dtype"),
+    [
+        (lambda i: i + 0.5, np.float64, torch.float64),
+        (lambda i: i, np.int32, torch.int64),
+        (lambda i: i, bool, torch.int64),
+    ],
+)
+def test_numbers_of_two_sources_that_default_collate_holds_exactly_are_read(
+    first: Any, other: Any, dtype: torch.dtype
+) -> None:
+    # Review 335: a Python float beside a numpy float64 was refused, though float64 either way.
+    mix = MixedDataset(
+        {"f": _Rows(lambda i: {"y": first(i)}), "o": _Rows(lambda i: {"y": other(i)})}
+    )
+    assert next(iter(ResumableDataLoader(mix, batch_size=16)))["y"].dtype == dtype
