@@ -238,14 +238,12 @@ class ParquetReader:
         identity = _file_identity(path)  # before opening: a file replaced meanwhile is refused
         return _ParquetShard(path, self, self._file(path), identity)
 
-    def _column(self, pa: Any, key: Any, rows: Sequence[Any], path: Path) -> Any:
-        """Column ``key`` of row dicts ``rows``, typed as ``schema=`` says where it names it."""
-        values = [row.get(key) for row in rows]
+    def _column(self, pa: Any, key: Any, values: Sequence[Any], path: Path) -> Any:
+        """Column ``key`` of Python ``values``, typed as ``schema=`` says where it names it."""
         named = self.schema is not None and key in self.schema.names
         try:
             column = pa.array(values)  # inferred, then cast (checked) to schema=
-            strings = pa.types.is_binary(column.type) and any(isinstance(v, str) for v in values)
-            if strings and not named:
+            if not named and _str_as_bytes(pa, column.type, values):
                 raise pa.ArrowTypeError("str beside bytes, read back as bytes")
             return column
         except (pa.ArrowException, OverflowError) as exc:
@@ -253,10 +251,11 @@ class ParquetReader:
             if isinstance(exc, OverflowError) and t is not None and pa.types.is_integer(t):
                 with contextlib.suppress(pa.ArrowException, OverflowError):
                     return pa.array(values, type=t)  # beyond int64: exact, or it raises
+            example = {key: "uint64" if isinstance(exc, OverflowError) else "string"}
             raise TypeError(
                 f"ParquetReader.write: column {key!r} of {path.name!r} holds values of no one "
                 f"Arrow type ({type(exc).__name__}: {exc}); give its rows one type, or name "
-                "it in schema=, e.g. schema={'hash': 'uint64'}."
+                f"its type in schema=, e.g. schema={example!r}."
             ) from exc
 
     def write(self, path: Path, data: Any) -> Path:
@@ -265,8 +264,13 @@ class ParquetReader:
         path = Path(path)
         if isinstance(data, pa.Table):
             table = data
-        elif isinstance(data, dict):
-            table = pa.table(data)
+        elif isinstance(data, dict):  # Python lists as rows' columns are; arrays as they are
+            table = pa.table(
+                {
+                    k: self._column(pa, k, v, path) if isinstance(v, list) else v
+                    for k, v in data.items()
+                }
+            )
         elif isinstance(data, list | tuple):
             # Columns from every row's keys (from_pylist takes row 0's and drops the others);
             # a row without a key holds a null there.
@@ -277,7 +281,7 @@ class ParquetReader:
                     f"{type(data[odd]).__name__}, not a dict; pass a list of row dicts."
                 )
             keys = list(dict.fromkeys(key for row in data for key in row))
-            table = pa.table({key: self._column(pa, key, data, path) for key in keys})
+            table = pa.table({k: self._column(pa, k, [r.get(k) for r in data], path) for k in keys})
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
             # A named index is data (set_index("doc_id")); an unnamed one (filtered rows) not.
             named = any(name is not None for name in data.index.names)
@@ -319,6 +323,21 @@ class ParquetReader:
             table = table.set_column(i, field.name, cast)
         pa.parquet.write_table(table, path, row_group_size=self.row_group_size)
         return path
+
+
+def _str_as_bytes(pa: Any, t: Any, values: Sequence[Any]) -> bool:
+    """Whether a ``str`` among Python ``values`` lands in a binary field of their inferred
+    type ``t`` (Arrow's choice for str beside bytes), at any depth of lists and structs."""
+    if "binary" not in str(t):
+        return False
+    if pa.types.is_binary(t):
+        return any(isinstance(v, str) for v in values)
+    if pa.types.is_list(t):
+        return _str_as_bytes(pa, t.value_type, [x for v in values if v is not None for x in v])
+    if pa.types.is_struct(t):
+        rows = [v for v in values if isinstance(v, dict)]
+        return any(_str_as_bytes(pa, f.type, [r.get(f.name) for r in rows]) for f in t)
+    return False
 
 
 def _changed_value(pa: Any, before: Any, after: Any) -> Any:

@@ -675,6 +675,13 @@ def test_rows_of_no_one_type_or_a_doubled_column_are_named(tmp_path: Path) -> No
     with pytest.raises(TypeError, match=r"column 't' of 'e\.parquet' .*str beside bytes"):
         ParquetReader().write(tmp_path / "e.parquet", [{"t": "a"}, {"t": b"b"}])  # "a" -> b"a"
     ParquetReader(schema={"t": "binary"}).write(tmp_path / "f.parquet", [{"t": "a"}, {"t": b"b"}])
+    for nested in ([{"t": ["a"]}, {"t": [b"b"]}], [{"t": {"s": "a"}}, {"t": {"s": b"b"}}]):
+        with pytest.raises(
+            TypeError, match=r"column 't' .*str beside bytes.*schema=\{'t': 'string'"
+        ):
+            ParquetReader().write(tmp_path / "g.parquet", nested)  # review 335: [b"a"], {"s": b"a"}
+    with pytest.raises(TypeError, match=r"column 't' of 'h\.parquet' .*str beside bytes"):
+        ParquetReader().write(tmp_path / "h.parquet", {"t": ["a", b"b"]})  # a dict of columns
     typed = ParquetReader(schema={"h": "uint64"})  # beyond int64, named: written exactly
     typed.write(tmp_path / "c.parquet", [{"h": 2**63 + 5}, {"h": 1}])
     assert pq.read_table(tmp_path / "c.parquet").column("h").to_pylist() == [2**63 + 5, 1]
