@@ -9,7 +9,7 @@ import functools
 import inspect
 import warnings
 from collections import UserDict, UserList, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, TypeAlias
 
 import torch
@@ -188,6 +188,17 @@ def non_blocking_for(
 _CONTINUE = object()  # a leaf function's "look inside" answer
 
 
+def _rebuilt(obj: Any, items: Any) -> Any:
+    """A ``type(obj)`` of ``items``: never another container type, silently."""
+    try:
+        return type(obj)(items)
+    except TypeError as exc:
+        raise TypeError(
+            f"move_to_device: a {type(obj).__name__} cannot be rebuilt from its moved items "
+            f"({exc}); return a dict, list, tuple or dataclass from collate_fn."
+        ) from exc
+
+
 def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     """``obj`` rebuilt with ``leaf`` applied, recursing into containers on ``_CONTINUE``."""
     result = leaf(obj)
@@ -205,10 +216,8 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
                 return clone
             except TypeError:
                 pass  # a frozen mapping: built anew
-        try:
-            return type(obj)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
+        kept = all(items[key] is value for key, value in obj.items())
+        return obj if kept else _rebuilt(obj, items)
     if isinstance(obj, UserList) or (isinstance(obj, list) and type(obj) is not list):
         moved = copy.copy(obj)  # keeps subclass attributes; the copy owns its items
         moved[:] = [_apply(value, leaf) for value in obj]
@@ -221,6 +230,12 @@ def _apply(obj: Any, leaf: Callable[[Any], Any]) -> Any:
             return type(obj)(values)
         except TypeError:
             return values if isinstance(obj, list) else tuple(values)
+    if isinstance(obj, deque):
+        return type(obj)((_apply(value, leaf) for value in obj), maxlen=obj.maxlen)
+    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes | bytearray | range):
+        values = [_apply(value, leaf) for value in obj]
+        kept = all(new is old for new, old in zip(values, obj, strict=True))
+        return obj if kept else _rebuilt(obj, values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         # Not replace(): works for frozen and init=False fields, skips __post_init__.
         new = copy.copy(obj)

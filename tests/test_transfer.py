@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections import Counter, OrderedDict, UserList, defaultdict
-from collections.abc import Iterator, MutableMapping
+from collections import Counter, OrderedDict, UserList, defaultdict, deque
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -388,6 +388,9 @@ def test_move_recurses_through_every_container_kind() -> None:
     shared = _Store({"t": torch.ones(1)})  # copy.copy would share its storage
     assert move_to_device(shared, META)["t"].device == META and shared["t"].device != META
     assert move_to_device(UserList([torch.ones(1)]), META)[0].device == META
+    # Hunter 336: a deque's tensors stayed put; a Mapping that cannot be rebuilt became a dict.
+    queued = move_to_device(deque([torch.ones(1)], maxlen=3), META)
+    assert type(queued) is deque and queued.maxlen == 3 and queued[0].device == META
     assert moved["size"] == torch.Size([2, 3])
     assert moved["array"] is array
     assert moved["custom"].x.device == META
@@ -395,6 +398,27 @@ def test_move_recurses_through_every_container_kind() -> None:
     # The input is not modified.
     assert batch["tensor"].device.type == "cpu" and inner["t"].device.type == "cpu"
     assert batch["sample"].x.device.type == "cpu"
+
+
+class _Keywords(Mapping[str, Any]):
+    def __init__(self, **kw: Any) -> None:
+        self._d = kw
+
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def test_a_container_that_cannot_be_rebuilt_is_refused_not_replaced() -> None:
+    with pytest.raises(TypeError, match=r"a _Keywords cannot be rebuilt from its moved items"):
+        move_to_device(_Keywords(t=torch.ones(1)), META)
+    untouched = _Keywords(name="x")  # nothing moved: kept as it is
+    assert move_to_device(untouched, META) is untouched
 
 
 def test_move_dataclass_keeps_init_false_fields() -> None:
