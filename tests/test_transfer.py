@@ -1052,3 +1052,54 @@ def test_persistent_workers_behind_a_prefetcher_stopped_at_len_are_kept(
             pass
         inners.append(source._engine._inner)
     assert inners[0] is not None and all(inner is inners[0] for inner in inners)
+
+
+class _Numbers(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        yield from range(100, 108)
+
+
+def _read_range(shard: tuple[int, int]) -> Iterator[int]:
+    yield from range(shard[0], shard[0] + shard[1])
+
+
+@pytest.mark.parametrize("kind", ["plan", "stream", "iterable"])
+def test_a_batch_whose_pinning_fails_is_not_counted_as_handed_out(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hunter 336: the stream and iterable engines moved their position before pinning, so a
+    # pin that failed (pinned memory exhausted) lost that batch from the saved state.
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: cuda)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    failing = [True]
+
+    def pin(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if failing[0] and self.numel() and int(self.flatten()[0]) == 100:
+            raise RuntimeError("CUDA error: out of memory (pinning, simulated)")
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: False)
+
+    def loader() -> ResumableDataLoader:
+        data: Any = list(range(100, 108))
+        if kind == "stream":
+            shards = [(100, 4), (200, 4)]
+            data = StreamingShardedDataset(
+                shards, IterableReader(_read_range), shuffle_shards=False
+            )
+        elif kind == "iterable":
+            data = _Numbers()
+        return ResumableDataLoader(data, batch_size=2, seed=0, pin_memory=True)
+
+    cut = loader()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(iter(cut))
+    state = cut.state_dict()
+    failing[0] = False
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in loader()]

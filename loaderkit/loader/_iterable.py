@@ -227,6 +227,8 @@ class IterableEngine(WorkerStreams):
                 flowing.discard(worker)
                 continue
             assert after is not None
+            if pin and type(batch) is not FailedBatch:  # a pin that fails counts no step
+                batch = pin_batch(batch)
             self.state_seen = self.state_seen or after["iterator_state"] is not None
             before = records[worker]
             records[worker] = {"ended": False, **after, "batches": before["batches"] + 1}
@@ -234,7 +236,7 @@ class IterableEngine(WorkerStreams):
                 self._history.append((worker, before, self.complete))
                 self._position.consumed(self._position.position + 1)
                 self._check_length()
-            yield pin_batch(batch) if pin and type(batch) is not FailedBatch else batch
+            yield batch
         if host.current is run:
             self.complete = True
 

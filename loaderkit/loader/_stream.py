@@ -302,7 +302,8 @@ class StreamEngine(WorkerStreams):
 
     def _hand_out(self, batches: Iterator[Any], *, pin: bool) -> Generator[Any, None, None]:
         fresh = self.steps_done == 0
-        for local, after, batch in batches:
+        for local, after, raw in batches:
+            batch = pin_batch(raw) if pin else raw  # a pin that fails counts no step
             self._history.append((local, self.cursors[local], self.next_local, self.complete))
             self.cursors[local] = after
             self._position.consumed(self._position.position + 1)
@@ -310,7 +311,7 @@ class StreamEngine(WorkerStreams):
             if self._ring is not None and self._round is not None:
                 entry = self._entry(self.cursors)
                 self._ring.publish(self._round, self.epoch, self.steps_done, entry)
-            yield pin_batch(batch) if pin else batch
+            yield batch
         if fresh and self.steps_done == 0:  # (with steps=, empty passes raise in slot_stream)
             shards = self.dataset.shards
             names = ", ".join(map(shard_name, shards[:3])) + (", ..." if len(shards) > 3 else "")
