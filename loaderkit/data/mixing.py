@@ -221,10 +221,19 @@ def _check_columns(names: list[str], datasets: list[Any]) -> None:
                 if merged is None or promoted(first[1], kind[1]) != merged[1]:
                     other = "another part of it" if where == name else f"source {where!r}"
                     raise ShardError(
-                        f"{_OWNER}: field {field!r} is {kind[1]} in source {name!r} but "
-                        f"{first[1]} in {other}, which a batch of both cannot hold exactly; "
-                        f"{fix}."
+                        f"{_OWNER}: field {field!r} is {_kind_text(kind)} in source {name!r} but "
+                        f"{_kind_text(first)} in {other}, which a batch of both cannot hold "
+                        f"exactly; {fix}."
                     )
+
+
+def _kind_text(kind: tuple[Any, ...]) -> str:
+    """A field's kind as a message says it: ``torch.int64``, ``lists of torch.int64``, ..."""
+    if kind[0] == "tensors":
+        return f"lists of {kind[1]}"
+    if kind[0] == "fixed":
+        return f"lists of {kind[2]} {kind[1]}"
+    return str(kind[1])
 
 
 def _reads_as(ds: Any, base: type) -> bool:

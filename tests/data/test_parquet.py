@@ -388,6 +388,15 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
     assert sorted(texts[i]["x"] for i in range(4)) == ["u", "v", "w", "z"]
     with pytest.raises(ShardError, match=r"field 'x' is string in source 's' but torch.int64"):
         MixedDataset([a, ShardedDataset(tmp_path / "s", ParquetReader())])  # ids beside words
+    (tmp_path / "l").mkdir()  # hunter 337: said "torch.int64 ... but torch.int64"
+    pq.write_table(
+        pa.table({"x": pa.array([[1], [2]], pa.list_(pa.int64()))}), tmp_path / "l" / "l"
+    )
+    lists = ShardedDataset(tmp_path / "l", ParquetReader())
+    with pytest.raises(
+        ShardError, match=r"'x' is lists of torch.int64 in source 'l' but torch.int64"
+    ):
+        MixedDataset({"a": a, "l": lists})
 
 
 def _footer_says(path: Path, rows: int) -> None:
