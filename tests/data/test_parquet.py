@@ -390,7 +390,7 @@ def test_mixed_sources_that_type_a_column_apart_are_refused(tmp_path: Path) -> N
         MixedDataset([a, ShardedDataset(tmp_path / "s", ParquetReader())])  # ids beside words
     (tmp_path / "l").mkdir()  # hunter 337: said "torch.int64 ... but torch.int64"
     pq.write_table(
-        pa.table({"x": pa.array([[1], [2]], pa.list_(pa.int64()))}), tmp_path / "l" / "l"
+        pa.table({"x": pa.array([[1], [2]], pa.list_(pa.int64()))}), tmp_path / "l" / "l.parquet"
     )
     lists = ShardedDataset(tmp_path / "l", ParquetReader())
     with pytest.raises(
