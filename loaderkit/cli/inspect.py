@@ -226,6 +226,10 @@ def _facts(dm: Any, world_size: int, max_workers: int | None) -> dict[str, Any]:
                 info["refusal"] = str(exc)
     # Judged for the world size asked about, not the one of this process.
     facts["resumable_exactly"], facts["resumable_reason"] = dm.resume_info(world_size)
+    if facts.get("shards_per_batch") is not None and world_size != facts["world_size"]:
+        plan = dm.loader("train", num_workers=0, pin_memory=False).plan
+        mix = plan.batch_mix(0, world_size=world_size)
+        facts["shards_per_batch"], facts["single_shard_batches"] = mix.mean, mix.single
     facts.setdefault("mix", None)
     if max_workers is None:  # probe_num_workers' default
         max_workers = min(cpu_budget(1), 8)

@@ -565,3 +565,29 @@ def test_inspect_world_size_and_step_arguments_name_the_fix(
     with pytest.raises(SystemExit):
         main(["inspect", "config.yaml", "--world-size", "0"])
     assert "must be >= 1, got 0; pass a positive integer" in capsys.readouterr().err
+
+
+def test_inspect_counts_shards_per_batch_over_the_ranks_asked_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Hunter 337: --world-size 3 printed one rank's shards per batch (2.40, 10.0%), beside
+    # batches per rank counted for 3.
+    import numpy as np
+
+    from loaderkit import ShardedDataset, TokenReader, write_shards
+
+    sizes = (800, 88, 0, 333)
+    shards = [np.arange(n, dtype=np.uint16) for n in sizes]
+    write_shards(tmp_path / "npy", shards, TokenReader(seq_len=16), progress=False)
+    make = f"def dm():\n    return ShardedDataModule({str(tmp_path / 'npy')!r}, seq_len=16, "
+    make += "batch_size=8, num_workers=0, seed=0)\n"
+    (tmp_path / "fac.py").write_text("from loaderkit import ShardedDataModule\n" + make)
+    args = ["--max-workers", "0", "--world-size", "3", "--no-progress-bar"]
+    assert main(["inspect", f"{tmp_path / 'fac.py'}:dm", *args]) == 0
+    ds = ShardedDataset(tmp_path / "npy", TokenReader(seq_len=16))
+    ends, kinds = np.cumsum(ds.sizes), []
+    for rank in range(3):
+        for batch in ds.batch_sampler(8, seed=0, rank=rank, world_size=3):
+            kinds.append(len(set(np.searchsorted(ends, batch, side="right").tolist())))
+    mean, single = sum(kinds) / len(kinds), kinds.count(1) / len(kinds)
+    assert f"shards / batch   {mean:.2f} on average, {single:.1%}" in capsys.readouterr().out
