@@ -76,7 +76,8 @@ class TensorDataset(Dataset[tuple[torch.Tensor, ...]]):
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
-        return tuple(t[index] for t in self.tensors)
+        # A copy, as get_batch and workers make: an in-place step must not write into the data.
+        return tuple(t[index].clone() for t in self.tensors)
 
     def get_batch(self, indices: Any) -> tuple[torch.Tensor, ...]:
         """The rows at ``indices`` (a 1-D int sequence, array or tensor), already batched."""

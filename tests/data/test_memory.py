@@ -92,6 +92,10 @@ def test_per_item_samples_do_not_alias_the_arrays() -> None:
     (batch,) = ds.get_batch([0, 1])
     batch.add_(1)
     assert x.sum() == 0
+    t = torch.zeros(4, 2)  # hunter 336: a TensorDataset row was a view, rewritten by an in-place
+    (row,) = TensorDataset(t)[1]  # step with num_workers=0 (a worker's copy was not)
+    row.add_(1)
+    assert t.sum() == 0
 
 
 @pytest.mark.parametrize(
