@@ -708,7 +708,7 @@ class _Documents:
     def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         # A shard rewritten at its size and mtime keeps its sidecar: its cuts fall elsewhere.
-        if hi < len(self.tokens) and self.tokens[hi - 1] != self.eos:
+        if hi < len(self.tokens) and self.tokens.item(hi - 1) != self.eos:
             shard, side = self.guard.paths
             raise ShardChangedError(
                 f"offsets sidecar {str(side)!r} does not match shard {str(shard)!r} (document "
