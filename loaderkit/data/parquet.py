@@ -258,19 +258,22 @@ class ParquetReader:
                 f"its type in schema=, e.g. schema={example!r}."
             ) from exc
 
+    def _given(self, pa: Any, key: Any, values: Any, path: Path) -> Any:
+        """A dict of columns' column: an Arrow or typed numpy array as it is, else Python
+        values (a list, tuple, object array) as :meth:`_column`."""
+        typed = isinstance(values, np.ndarray) and values.dtype != object
+        if typed or isinstance(values, pa.Array | pa.ChunkedArray):
+            return values
+        return self._column(pa, key, list(values), path)
+
     def write(self, path: Path, data: Any) -> Path:
         """Write ``data`` (a Table, dict of columns, DataFrame or row dicts) as Parquet."""
         pa = import_pyarrow()
         path = Path(path)
         if isinstance(data, pa.Table):
             table = data
-        elif isinstance(data, dict):  # Python lists as rows' columns are; arrays as they are
-            table = pa.table(
-                {
-                    k: self._column(pa, k, v, path) if isinstance(v, list) else v
-                    for k, v in data.items()
-                }
-            )
+        elif isinstance(data, dict):  # Python values as rows' columns are; typed arrays as they are
+            table = pa.table({k: self._given(pa, k, v, path) for k, v in data.items()})
         elif isinstance(data, list | tuple):
             # Columns from every row's keys (from_pylist takes row 0's and drops the others);
             # a row without a key holds a null there.

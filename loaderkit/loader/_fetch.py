@@ -110,9 +110,14 @@ def _quiet(dataset: Any) -> bool:
         return True
     if type(dataset) is ConcatDataset:
         return all(map(_quiet, dataset.datasets))
+    if isinstance(dataset, Subset) and type(dataset.indices) not in _PLAIN_INDICES:
+        return False  # its indices' [i] runs a user's code
     if _torchs_wrapper(dataset):
         return all(map(_quiet, _wrapped(dataset)))
     return loaderkit_batch_read(dataset) and not isinstance(dataset, HFDataset)
+
+
+_PLAIN_INDICES = (list, tuple, range, np.ndarray, torch.Tensor)
 
 
 def torch_gathered(dataset: Any) -> bool:

@@ -133,7 +133,7 @@ class StreamEngine(WorkerStreams):
         **engine: Any,
     ) -> None:
         super().__init__(host, dataset, **engine)
-        self.per_sample_seeding = per_sample_seeding
+        self.per_sample_seeding = self.keyed = per_sample_seeding
         # Where in the shards this rank's slots are (None: start of the pass); whose turn is next.
         self.cursors: list[Cursor | None] = [None] * self.workers
         self.next_local = 0

@@ -689,8 +689,9 @@ def test_rows_of_no_one_type_or_a_doubled_column_are_named(tmp_path: Path) -> No
             TypeError, match=r"column 't' .*str beside bytes.*schema=\{'t': 'string'"
         ):
             ParquetReader().write(tmp_path / "g.parquet", nested)  # review 335: [b"a"], {"s": b"a"}
-    with pytest.raises(TypeError, match=r"column 't' of 'h\.parquet' .*str beside bytes"):
-        ParquetReader().write(tmp_path / "h.parquet", {"t": ["a", b"b"]})  # a dict of columns
+    for given in (["a", b"b"], ("a", b"b"), np.array(["a", b"b"], dtype=object)):  # review 338
+        with pytest.raises(TypeError, match=r"column 't' of 'h\.parquet' .*str beside bytes"):
+            ParquetReader().write(tmp_path / "h.parquet", {"t": given})  # a dict of columns
     typed = ParquetReader(schema={"h": "uint64"})  # beyond int64, named: written exactly
     typed.write(tmp_path / "c.parquet", [{"h": 2**63 + 5}, {"h": 1}])
     assert pq.read_table(tmp_path / "c.parquet").column("h").to_pylist() == [2**63 + 5, 1]

@@ -189,3 +189,45 @@ def test_a_worker_draws_with_the_main_process_numpy_bit_generator(made: type) ->
         )
     unkeyed = {"per_sample_seeding": False, "worker_init_fn": _pcg64}  # its draws: the worker's
     assert len(next(iter(ResumableDataLoader(_Noisy(), batch_size=4, num_workers=1, **unkeyed))))
+
+
+def _noisy_transform(sample: Any) -> float:
+    return float(np.random.rand())
+
+
+def test_stream_workers_and_persistent_workers_follow_numpys_bit_generator(tmp_path: Any) -> None:
+    # Review 338: a stream's workers (transform= seeded per sample) no longer took the main
+    # process's bit generator under forkserver; persistent workers kept the one they started with
+    # when the main process switched between epochs.
+    from loaderkit import StreamingShardedDataset, TokenReader, write_shards
+
+    write_shards(tmp_path, [np.arange(8), np.arange(8, 16)], TokenReader(seq_len=2), progress=False)
+
+    def stream(**kw: Any) -> list[float]:
+        ds = StreamingShardedDataset(
+            tmp_path, TokenReader(seq_len=2), transform=_noisy_transform, shuffle_shards=False
+        )
+        loader = ResumableDataLoader(ds, batch_size=2, seed=0, per_sample_seeding=True, **kw)
+        return sorted(x for b in loader for x in b.tolist())
+
+    kept = np.random.mtrand.get_bit_generator()
+    np.random.mtrand.set_bit_generator(np.random.PCG64(0))
+    try:
+        assert stream() == stream(num_workers=1, multiprocessing_context="forkserver")
+    finally:
+        np.random.mtrand.set_bit_generator(kept)
+    loaders = [
+        ResumableDataLoader(_Noisy(), batch_size=4, seed=3, **kw)
+        for kw in ({}, {"num_workers": 1, "persistent_workers": True})
+    ]
+    epochs: list[list[torch.Tensor]] = [[], []]
+    try:
+        for epoch in range(2):
+            if epoch == 1:
+                np.random.mtrand.set_bit_generator(np.random.PCG64(0))
+            for out, loader in zip(epochs, loaders, strict=True):
+                loader.set_epoch(epoch)
+                out.append(next(iter(loader)))
+    finally:
+        np.random.mtrand.set_bit_generator(kept)
+    assert all(torch.equal(a, b) for a, b in zip(*epochs, strict=True))

@@ -9,7 +9,7 @@ from ``torch.initial_seed()``, and ``__getitems__`` datasets seeded per batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from torch.utils.data import (
 )
 
 import loaderkit
-from loaderkit import ResumableDataLoader, ShardedDataset, TokenReader, write_shards
+from loaderkit import ArrayDataset, ResumableDataLoader, ShardedDataset, TokenReader, write_shards
 from loaderkit.loader._fetch import index_subset
 from loaderkit.plan._cursor import field_digest
 from tests.support.loops import check_resume_oracle
@@ -651,6 +651,31 @@ def test_torch_wrappers_of_datasets_that_cannot_draw_read_under_any_numpy_bit_ge
             assert len(list(ResumableDataLoader(ds, batch_size=2, seed=0))) == -(-len(ds) // 2)
     finally:
         np.random.mtrand.set_bit_generator(kept)
+
+
+class _RandomCopy(Sequence[int]):
+    """Indices whose ``[i]`` draws: one of 4 stored copies of row ``i``."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: Any) -> Any:
+        if not -16 <= int(i) < 16:
+            raise IndexError(i)
+        return 4 * int(i) + int(np.random.randint(4))
+
+
+def test_a_subset_whose_indices_draw_is_seeded_per_sample() -> None:
+    # Review 338: a Subset of an ArrayDataset was read whole, unseeded, whatever its indices
+    # did: two identical runs differed.
+    def run(num_workers: int) -> list[list[int]]:
+        subset = Subset(ArrayDataset(np.arange(64)), _RandomCopy())  # type: ignore[arg-type]
+        loader = ResumableDataLoader(
+            subset, batch_size=4, seed=1, num_workers=num_workers, per_sample_seeding=True
+        )
+        return [b[0].tolist() for b in loader]
+
+    assert run(0) == run(0) == run(2)
 
 
 class InitialSeedReader(Dataset[float]):
