@@ -701,6 +701,7 @@ class _Documents:
         self.out = out
         self.narrowing = narrows(tokens.dtype, out)
         self.guard, self.eos = guard, eos
+        self._token, self._end = tokens.item, len(tokens)  # the check of each document's end
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -708,7 +709,7 @@ class _Documents:
     def _copy(self, index: int) -> torch.Tensor:
         lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
         # A shard rewritten at its size and mtime keeps its sidecar: its cuts fall elsewhere.
-        if hi < len(self.tokens) and self.tokens.item(hi - 1) != self.eos:
+        if self._token(hi - 1) != self.eos and hi < self._end:
             shard, side = self.guard.paths
             raise ShardChangedError(
                 f"offsets sidecar {str(side)!r} does not match shard {str(shard)!r} (document "
