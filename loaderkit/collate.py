@@ -342,6 +342,15 @@ def _check_nested(where: str, col: list[Any]) -> None:
     """Refuse a list of numbers inside a field: ``default_collate`` would transpose it."""
     first = col[0]
     if isinstance(first, Mapping):
+        odd = next(
+            (i for i, v in enumerate(col) if isinstance(v, Mapping) and v.keys() != first.keys()),
+            None,
+        )
+        if odd is not None:  # default_collate keeps sample 0's keys: one drops, or it fails
+            raise CollateError(
+                f"{where}: sample {odd} has keys {sorted(map(str, col[odd]))}, sample 0 "
+                f"{sorted(map(str, first))}; give every sample the same keys"
+            )
         for key in first:
             if all(isinstance(v, Mapping) and key in v for v in col):
                 _check_nested(f"{where}[{key!r}]", [v[key] for v in col])
@@ -374,6 +383,11 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         )
     try:
         return promoting_collate(col)
+    except TypeError as err:  # a number beside a list, a dict beside a number, nested
+        raise CollateError(
+            f"{where}: its values are of other kinds in different samples ({err}); return one "
+            "kind for this field from every sample"
+        ) from err
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(
             f"{where}: its values differ in size between samples ({err}), and only top-level "

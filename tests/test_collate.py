@@ -931,3 +931,18 @@ def test_an_error_under_sort_by_length_names_the_batchs_own_position() -> None:
     mixed = [torch.ones(1, dtype=torch.long), torch.ones(3, dtype=torch.float32)]
     with pytest.raises(CollateError, match=r"sample 1 has dtype torch.float32 but sample 0 has"):
         PadCollate(sort_by_length=True)(mixed)
+
+
+@pytest.mark.parametrize("sort", [False, True])
+def test_a_nested_field_of_other_keys_or_kinds_is_named(sort: bool) -> None:
+    # Review 339: default_collate kept sample 0's keys (sample 1's meta["b"] dropped) or raised
+    # a bare KeyError by the order; a number beside a list raised a bare TypeError.
+    ids = [torch.ones(2, dtype=torch.long), torch.ones(3, dtype=torch.long)]
+    metas = [{"a": 1}, {"a": 2, "b": 5}]
+    for order in (metas, metas[::-1]):
+        batch = [{"ids": t, "meta": m} for t, m in zip(ids, order, strict=True)]
+        with pytest.raises(CollateError, match=r"key 'meta': sample 1 has keys \[.*\], sample 0"):
+            PadCollate(sort_by_length=sort)(batch)
+    mixed = [{"ids": ids[0], "n": 1}, {"ids": ids[1], "n": [1, 2]}]
+    with pytest.raises(CollateError, match=r"key 'n': its values are of other kinds"):
+        PadCollate(sort_by_length=sort)(mixed)

@@ -259,9 +259,10 @@ class ParquetReader:
             ) from exc
 
     def _given(self, pa: Any, key: Any, values: Any, path: Path) -> Any:
-        """A dict of columns' column: an Arrow or typed numpy array as it is, else Python
-        values (a list, tuple, object array) as :meth:`_column`."""
-        typed = isinstance(values, np.ndarray) and values.dtype != object
+        """A dict of columns' column: an Arrow array or one with a dtype (numpy, pandas) as it
+        is, else Python values (a list, tuple, object array) as :meth:`_column`."""
+        dtype = getattr(values, "dtype", None)  # numpy's, pandas' (nulls, categories) as given
+        typed = dtype is not None and dtype != np.dtype(object)
         if typed or isinstance(values, pa.Array | pa.ChunkedArray):
             return values
         return self._column(pa, key, list(values), path)

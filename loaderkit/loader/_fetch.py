@@ -110,14 +110,19 @@ def _quiet(dataset: Any) -> bool:
         return True
     if type(dataset) is ConcatDataset:
         return all(map(_quiet, dataset.datasets))
-    if isinstance(dataset, Subset) and type(dataset.indices) not in _PLAIN_INDICES:
+    if isinstance(dataset, Subset) and not _plain_indices(dataset.indices):
         return False  # its indices' [i] runs a user's code
     if _torchs_wrapper(dataset):
         return all(map(_quiet, _wrapped(dataset)))
     return loaderkit_batch_read(dataset) and not isinstance(dataset, HFDataset)
 
 
-_PLAIN_INDICES = (list, tuple, range, np.ndarray, torch.Tensor)
+def _plain_indices(indices: Any) -> bool:
+    """Whether ``indices[i]`` is a container's own (an array's or tensor's, a list's)."""
+    if isinstance(indices, range | np.ndarray | torch.Tensor):
+        return True
+    own = type(indices).__getitem__
+    return isinstance(indices, list | tuple) and own in (list.__getitem__, tuple.__getitem__)
 
 
 def torch_gathered(dataset: Any) -> bool:

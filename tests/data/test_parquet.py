@@ -689,6 +689,10 @@ def test_rows_of_no_one_type_or_a_doubled_column_are_named(tmp_path: Path) -> No
             TypeError, match=r"column 't' .*str beside bytes.*schema=\{'t': 'string'"
         ):
             ParquetReader().write(tmp_path / "g.parquet", nested)  # review 335: [b"a"], {"s": b"a"}
+    pd = pytest.importorskip("pandas")  # review 339: a Series' dtype was lost (float64, int64)
+    typed = {"x": pd.Series([0.5, 1.5], dtype="float32"), "n": pd.Series([1, None], dtype="Int8")}
+    ParquetReader().write(tmp_path / "i.parquet", typed)
+    assert [f.type for f in pq.read_schema(tmp_path / "i.parquet")] == [pa.float32(), pa.int8()]
     for given in (["a", b"b"], ("a", b"b"), np.array(["a", b"b"], dtype=object)):  # review 338
         with pytest.raises(TypeError, match=r"column 't' of 'h\.parquet' .*str beside bytes"):
             ParquetReader().write(tmp_path / "h.parquet", {"t": given})  # a dict of columns
