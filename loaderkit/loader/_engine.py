@@ -23,10 +23,16 @@ from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._workers import Describe, WorkerPool, start_workers, stop_inner, stop_workers
+from loaderkit.loader._workers import (
+    Describe,
+    WorkerPool,
+    outdated,
+    start_workers,
+    stop_inner,
+    stop_workers,
+)
 from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_envelope, seal
 from loaderkit.plan.samplers import _LenWatch
-from loaderkit.seeding import numpy_bit_generator
 
 # seed=None across ranks: DistributedSampler's default, so a script moved from it keeps its order.
 DDP_DEFAULT_SEED = 0
@@ -307,7 +313,6 @@ class WorkerStreams:
         self._history: deque[Any] = deque(maxlen=16)
         self._inner: DataLoader[Any] | None = None
         self._inner_next: int | None = None  # the epoch persistent workers would serve next
-        self._inner_made: type | None = None  # numpy's bit generator they started with
         self.keyed = False  # whether samples draw under per-sample seeds (a stream's transform)
 
     @property
@@ -391,8 +396,7 @@ class WorkerStreams:
         """The persistent workers at ``epoch``, else a new DataLoader (``fresh``: not kept)."""
         pool = self.host.pool
         persistent = pool.persistent and not fresh
-        made = numpy_bit_generator()
-        kept = not self.keyed or self._inner_made is made  # else numpy's changed since
+        kept = not outdated(self._inner)  # else numpy's bit generator changed since
         if persistent and self._inner is not None and self._inner_next == epoch and kept:
             return self._inner
         self.close()
@@ -406,7 +410,7 @@ class WorkerStreams:
             keyed=self.keyed,
         )
         if persistent:
-            self._inner, self._inner_next, self._inner_made = inner, None, made
+            self._inner, self._inner_next = inner, None
         return inner
 
     def kept(self) -> tuple[PlanCursor, list[Any], tuple[Any, ...]]:

@@ -108,12 +108,11 @@ def _quiet(dataset: Any) -> bool:
     reads (not a Hugging Face dataset's: its transform may), through torch's wrappers."""
     if draws_nothing(dataset):
         return True
-    if type(dataset) is ConcatDataset:
-        return all(map(_quiet, dataset.datasets))
     if isinstance(dataset, Subset) and not _plain_indices(dataset.indices):
         return False  # its indices' [i] runs a user's code
-    if _torchs_wrapper(dataset):
-        return all(map(_quiet, _wrapped(dataset)))
+    parts = _parts(dataset)
+    if parts is not None:
+        return all(map(_quiet, parts))
     return loaderkit_batch_read(dataset) and not isinstance(dataset, HFDataset)
 
 
@@ -404,26 +403,24 @@ def per_sample_reads(dataset: Any) -> bool:
     if owner is not None and cls.__getitems__ is vars(owner)["__getitems__"]:
         # Its own batch read goes through a subclass's (or a mixin's) __getitem__.
         return cls.__getitem__ is not vars(owner)["__getitem__"]
+    parts = _parts(dataset)
+    return parts is not None and all(map(per_sample_reads, parts))
+
+
+def _parts(dataset: Any) -> list[Any] | None:
+    """The datasets a torch wrapper (``ConcatDataset``, ``Subset``, ``StackDataset``) or a
+    split reads through; None for any other dataset."""
     if type(dataset) is ConcatDataset:
-        return all(per_sample_reads(part) for part in dataset.datasets)
+        return list(dataset.datasets)
     if _torchs_wrapper(dataset):
-        return all(per_sample_reads(part) for part in _wrapped(dataset))
-    if isinstance(dataset, _Subset):
-        return per_sample_reads(dataset.dataset)
-    return False
+        return _wrapped(dataset)
+    return [dataset.dataset] if isinstance(dataset, _Subset) else None
 
 
 def _batch_readers(dataset: Any) -> list[str]:
     """The parts of torch's wrappers in ``dataset`` whose own ``__getitems__`` make it read
     a batch whole (none: ``dataset`` is not such a wrapper)."""
-    if type(dataset) is ConcatDataset:
-        parts = list(dataset.datasets)
-    elif _torchs_wrapper(dataset):
-        parts = _wrapped(dataset)
-    elif isinstance(dataset, _Subset):
-        parts = [dataset.dataset]
-    else:
-        return []
+    parts = _parts(dataset) or []
     named = [_batch_readers(p) or [f"{type(p).__name__}.__getitems__"] for p in parts]
     return [
         n for p, names in zip(parts, named, strict=True) if not per_sample_reads(p) for n in names

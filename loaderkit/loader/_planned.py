@@ -33,13 +33,18 @@ from loaderkit.loader._fetch import (
     seed_keys,
 )
 from loaderkit.loader._views import count_indices
-from loaderkit.loader._workers import guard_workers, start_workers, stop_inner, stop_workers
+from loaderkit.loader._workers import (
+    guard_workers,
+    outdated,
+    start_workers,
+    stop_inner,
+    stop_workers,
+)
 from loaderkit.plan._agree import Rounds, agree_across_ranks
 from loaderkit.plan._cursor import PlanCursor, check_state, field_digest
 from loaderkit.plan._sampler_plan import SamplerPlan, generator_states_ok
 from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan, Schedule
-from loaderkit.seeding import numpy_bit_generator
 from loaderkit.transfer import pin_batch, pin_now
 
 OWNER = "ResumableDataLoader"
@@ -76,7 +81,6 @@ class PlanEngine:
         self.cursor = PlanCursor()
         self._keys = KeySource()
         self._inner: DataLoader[Any] | None = None  # persistent workers' loader
-        self._inner_made: type | None = None  # numpy's bit generator they started with
         self._rounds = Rounds()
 
     def _fingerprint(self, plan: Any, **extra: Any) -> dict[str, Any]:
@@ -247,8 +251,7 @@ class PlanEngine:
         keyed = self.fetch.seeder is not None  # per-sample seeds: numpy's bit generator counts
         keys = self._keys if pool.persistent else KeySource()
         keys.schedule = sched
-        made = numpy_bit_generator()
-        if keyed and self._inner is not None and self._inner_made is not made:
+        if outdated(self._inner):
             self.close()  # numpy's bit generator changed here since the workers took it
         if pool.persistent and self._inner is not None:
             # Workers stopped since (a failure, a dropped iterator) restart keyed to this epoch.
@@ -259,7 +262,7 @@ class PlanEngine:
             source, seed=seed, epoch=sched.epoch, rank=rank, batch_sampler=keys, keyed=keyed
         )
         if pool.persistent:
-            self._inner, self._inner_made = inner, made
+            self._inner = inner
         return inner
 
     def describe(self) -> dict[str, Any]:

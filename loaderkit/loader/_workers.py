@@ -129,7 +129,7 @@ class WorkerPool:
         ``keyed`` as :meth:`init_fn`'s."""
         if self.num_workers > 0 and self.method_name() != "fork":
             share_tensors(getattr(dataset, "user_dataset", dataset))
-        return _WorkerLoader(
+        inner = _WorkerLoader(
             self,
             dataset,
             batch_size=None if batch_sampler is None else 1,
@@ -144,6 +144,8 @@ class WorkerPool:
             prefetch_factor=self.prefetch_factor,
             persistent_workers=self.persistent if persistent is None else persistent,
         )
+        inner.numpy_made = numpy_bit_generator() if keyed else None
+        return inner
 
 
 class _WorkerLoader(DataLoader[Any]):
@@ -155,6 +157,7 @@ class _WorkerLoader(DataLoader[Any]):
             warnings.filterwarnings("ignore", message=_TOO_MANY_WORKERS, category=UserWarning)
             super().__init__(*args, **kwargs)
         self._loaderkit_pool = pool
+        self.numpy_made: type | None = None  # numpy's bit generator keyed workers start with
 
     def _get_iterator(self) -> Any:
         transport = None
@@ -289,6 +292,13 @@ def stop_workers(inner: DataLoader[Any], workers: Iterator[Any]) -> None:
 
 def _held(*_: Any) -> None:
     """What :func:`weakref.finalize` calls once the objects it held may go."""
+
+
+def outdated(inner: DataLoader[Any] | None) -> bool:
+    """Whether ``inner``'s workers draw keyed samples under a numpy bit generator this process
+    no longer has (set here since they started)."""
+    made = inner.numpy_made if isinstance(inner, _WorkerLoader) else None
+    return made is not None and made is not numpy_bit_generator()
 
 
 def stop_inner(inner: DataLoader[Any] | None) -> None:
