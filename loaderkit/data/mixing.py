@@ -10,7 +10,7 @@ from typing import Any, Unpack
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, Dataset, Subset
+from torch.utils.data import ConcatDataset, Dataset, StackDataset, Subset
 
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import merge_kinds, promoted
@@ -54,15 +54,33 @@ def mix_sources_crc32(dataset: object) -> int | None:
     return None if shape is None else zlib.crc32(repr(shape).encode())
 
 
+def _parts(ds: object) -> tuple[Any, list[Any]] | None:
+    """The parts a torch ``ConcatDataset`` or ``StackDataset`` reads, with a tag telling a
+    stack apart (None for a concatenation); None for any other dataset."""
+    if isinstance(ds, ConcatDataset):
+        return None, list(ds.datasets)
+    if not isinstance(ds, StackDataset):
+        return None
+    parts = ds.datasets
+    if isinstance(parts, dict):
+        return ("stack", tuple(parts)), list(parts.values())
+    return ("stack", len(parts)), list(parts)
+
+
+def _joined(tag: Any, shapes: list[Any]) -> Any:
+    """The parts' ``shapes`` as one (None where none has one), tagged as :func:`_parts` says."""
+    if shapes.count(None) == len(shapes):
+        return None
+    return tuple(shapes) if tag is None else (tag, tuple(shapes))
+
+
 def _mix_shape(ds: object) -> Any:
     if isinstance(ds, MixedDataset):
         return tuple(ds.names), tuple(ds.sizes)
     if isinstance(ds, Subset):
         return _mix_shape(ds.dataset)
-    if isinstance(ds, ConcatDataset):
-        parts = [_mix_shape(d) for d in ds.datasets]
-        return None if parts.count(None) == len(parts) else tuple(parts)
-    return None
+    found = _parts(ds)
+    return None if found is None else _joined(found[0], [_mix_shape(d) for d in found[1]])
 
 
 def listing_crc32(dataset: object) -> int | None:
@@ -83,9 +101,9 @@ def _listing(ds: object) -> Any:
         # loaderkit's split of a DataModule too (index_subset); a rank's own part is not all's
         inner = _listing(ds.dataset)  # type: ignore[attr-defined]
         return inner if getattr(ds, "seed_rows", None) is not None else (_rows_crc32(ds), inner)
-    if isinstance(ds, ConcatDataset | MixedDataset):
-        parts = [_listing(d) for d in (ds.sources if isinstance(ds, MixedDataset) else ds.datasets)]
-        return None if parts.count(None) == len(parts) else tuple(parts)
+    found = (None, ds.sources) if isinstance(ds, MixedDataset) else _parts(ds)
+    if found is not None:
+        return _joined(found[0], [_listing(d) for d in found[1]])
     if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
         return None
     # Below the root: a folder copied or moved elsewhere (a job's scratch) keeps it.
@@ -134,15 +152,19 @@ def _files(
         if inner is None or not shaped:
             return inner
         return inner[0], (inner[1], _rows_crc32(dataset)), inner[2]
-    if isinstance(dataset, MixedDataset | ConcatDataset):
-        parts = dataset.sources if isinstance(dataset, MixedDataset) else _flat(dataset)
-        found = [_files(part, shaped=shaped) for part in parts]
-        if found.count(None) == len(found):
-            return None
-        groups = [g for f in found if f is not None for g in f[0]]
-        shape = [f[1] if f else ("len", len(part)) for part, f in zip(parts, found, strict=True)]
-        return groups, shape, [n for f in found if f is not None for n in f[2]]
-    return None
+    if isinstance(dataset, MixedDataset):
+        tag, parts = None, list(dataset.sources)
+    elif isinstance(dataset, ConcatDataset):
+        tag, parts = None, _flat(dataset)
+    else:
+        tag, parts = _parts(dataset) or (None, [])
+    found = [_files(part, shaped=shaped) for part in parts]
+    if found.count(None) == len(found):
+        return None
+    groups = [g for f in found if f is not None for g in f[0]]
+    shape = [f[1] if f else ("len", len(part)) for part, f in zip(parts, found, strict=True)]
+    counts = [n for f in found if f is not None for n in f[2]]
+    return groups, shape if tag is None else (tag, shape), counts
 
 
 def _flat(dataset: ConcatDataset[Any]) -> list[Any]:
@@ -174,11 +196,13 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
 
 
 def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
-    """Whether ``ds`` is or holds (through ``Subset``, ``ConcatDataset``) a (weighted) mix."""
+    """Whether ``ds`` is or holds (through torch's ``Subset``, ``ConcatDataset``,
+    ``StackDataset``) a (weighted) mix."""
     if isinstance(ds, Subset):
         return holds_mix(ds.dataset, weighted=weighted)
-    if isinstance(ds, ConcatDataset):
-        return any(holds_mix(d, weighted=weighted) for d in ds.datasets)
+    found = _parts(ds)
+    if found is not None:
+        return any(holds_mix(d, weighted=weighted) for d in found[1])
     return isinstance(ds, MixedDataset) and not (weighted and ds.per_epoch == ds.sizes)
 
 
@@ -187,7 +211,7 @@ def _check_source(name: str, ds: Any) -> None:
         what = (
             "is itself a MixedDataset"
             if isinstance(ds, MixedDataset)
-            else "holds a MixedDataset (through a torch Subset or ConcatDataset)"
+            else "holds a MixedDataset (through a torch Subset, ConcatDataset or StackDataset)"
         )
         raise TypeError(
             f"{_OWNER}: source {name!r} {what}, whose weights a mix of mixes would ignore; "

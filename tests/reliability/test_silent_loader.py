@@ -951,6 +951,35 @@ def test_a_random_split_drawn_again_on_resume_is_refused_by_name() -> None:
     )
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_what_a_stack_dataset_reads_is_compared_on_resume(tmp_path: Path, keyed: bool) -> None:
+    # Hunter 341: a random_split drawn again inside a torch StackDataset was resumed over other
+    # samples (4 repeated, 4 lost of 10); its shards were not compared either.
+    def stack(*parts: Any) -> StackDataset[Any]:
+        return (
+            StackDataset(**dict(zip("ab", parts, strict=False))) if keyed else StackDataset(*parts)
+        )
+
+    labels = list(range(80))
+    split = [
+        random_split(_Index(), [0.8, 0.2], torch.Generator().manual_seed(s))[0] for s in (1, 2)
+    ]
+    state = _mid_epoch_state(stack(split[0], labels))
+    with pytest.raises(loaderkit.StateMismatchError, match=r"listing_crc32.*random_split"):
+        ResumableDataLoader(
+            stack(split[1], labels), batch_size=4, shuffle=True, seed=1
+        ).load_state_dict(state)
+    for name, shards in (("a", 1), ("b", 2)):  # 12 samples each, in other shard files
+        parts = np.array_split(np.arange(48, dtype=np.uint16), shards)
+        write_shards(tmp_path / name, parts, TokenReader(seq_len=4))
+    sharded = [ShardedDataset(tmp_path / name, TokenReader(seq_len=4)) for name in "ab"]
+    state = _mid_epoch_state(stack(sharded[0], labels[:12]))
+    with pytest.raises(loaderkit.StateMismatchError, match="shard_names_crc32"):
+        ResumableDataLoader(
+            stack(sharded[1], labels[:12]), batch_size=4, shuffle=True, seed=1
+        ).load_state_dict(state)
+
+
 def test_a_state_saved_before_the_listing_checksum_loads() -> None:
     train = Subset(_Index(), list(range(0, 100, 2)))
     state = _mid_epoch_state(train)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import ConcatDataset, Dataset, Subset
+from torch.utils.data import ConcatDataset, Dataset, StackDataset, Subset
 
 from loaderkit import (
     BucketBatchSampler,
@@ -192,19 +192,20 @@ def test_a_list_of_sources_a_state_cannot_tell_apart_is_refused_at_construction(
 
 
 # ---------------------------------------------------- a mix inside a torch wrapper
-@pytest.mark.parametrize("wrap", ["subset", "concat", "subset-of-concat"])
+@pytest.mark.parametrize("wrap", ["subset", "concat", "subset-of-concat", "stack"])
 def test_a_mix_inside_a_torch_wrapper_is_refused_like_a_mix_of_mixes(wrap: str) -> None:
     inner = MixedDataset({"a": Source(90, 0), "b": Source(10, 100)}, weights=[1, 1])
     wrapped: Any = {
         "subset": Subset(inner, range(len(inner))),
         "concat": ConcatDataset([Source(3, 500), inner]),
         "subset-of-concat": Subset(ConcatDataset([inner]), [0, 1]),
+        "stack": StackDataset(inner, list(range(len(inner)))),  # hunter 341
     }[wrap]
     with pytest.raises(
         TypeError,
-        match=r"source 'inner' holds a MixedDataset \(through a torch Subset or "
-        r"ConcatDataset\), whose weights a mix of mixes would ignore.*pass its sources to this "
-        r"mix directly",
+        match=r"source 'inner' holds a MixedDataset \(through a torch Subset, "
+        r"ConcatDataset or StackDataset\), whose weights a mix of mixes would ignore.*pass its "
+        r"sources to this mix directly",
     ):
         MixedDataset({"inner": wrapped, "c": Source(100, 200)}, weights=[1, 1])
 

@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, Subset
+from torch.utils.data import ConcatDataset, StackDataset, Subset
 
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
@@ -203,13 +203,15 @@ def path_text(value: Any) -> Any:
 
 def shard_files(dataset: Any, *, views: bool = False) -> set[str]:
     """The shard files (real paths) and URLs that ``dataset``'s samples come from, through a
-    mix's sources and, with ``views``, subsets and concatenations; empty for data that is not
-    shards. (A train subset shares files, not samples, with a subset of the rest.)"""
+    mix's sources and, with ``views``, torch's subsets, concatenations and stacks; empty for
+    data that is not shards. (A train subset shares files, not samples, with a subset of the
+    rest.)"""
     sources = getattr(dataset, "sources", None)
     if views and isinstance(dataset, Subset | _Subset):
         sources = [dataset.dataset]
-    elif views and isinstance(dataset, ConcatDataset):
-        sources = list(dataset.datasets)
+    elif views and isinstance(dataset, ConcatDataset | StackDataset):
+        parts = dataset.datasets
+        sources = list(parts.values() if isinstance(parts, dict) else parts)
     if isinstance(sources, list):
         return set().union(*(shard_files(s, views=views) for s in sources))
     shards = getattr(dataset, "shards", None)
