@@ -353,6 +353,10 @@ class PlanEngine:
             fingerprint.pop("listing_crc32", None)
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None
+        if check is not None and self._part_way(state) and "order_check" in saved:
+            # That epoch's own order is checked (check_relisted), so epoch 0's may differ: a
+            # sampler's weights may change between epochs and be built as they are now.
+            fingerprint["order_check"] = saved["order_check"]
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
             # Before anything changes; the settings first, which name what differs.
             check_state(state, fingerprint, owner=OWNER, adopt=adopt)
@@ -381,6 +385,16 @@ class PlanEngine:
             )
         self.host.supersede()
         return adopted
+
+    def _part_way(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` is inside an epoch after the first of a user's sampler."""
+        epoch, position = state.get("epoch"), state.get("position")
+        return (
+            isinstance(self.plan, SamplerPlan)
+            and isinstance(epoch, int)
+            and isinstance(position, int)
+            and self.plan.part_way(epoch, position)
+        )
 
     def adopt_seed(self, seed: int) -> None:
         assert self._reseed is not None

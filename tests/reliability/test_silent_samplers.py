@@ -432,6 +432,32 @@ def test_other_weights_error_names_the_sampler_and_causes() -> None:
         other.load_state_dict(state)
 
 
+def test_a_sampler_rebuilt_with_its_weights_of_the_saved_epoch_resumes_it() -> None:
+    # Hunter 341: weights mined between epochs, rebuilt as they were at a checkpoint inside
+    # epoch 1, were refused by epoch 0's order; that epoch's own order is what is checked.
+    weights = [torch.ones(12, dtype=torch.double), torch.tensor([5.0] * 2 + [1.0] * 10)]
+
+    def loader(w: torch.Tensor) -> ResumableDataLoader:
+        g = torch.Generator().manual_seed(1)
+        return ResumableDataLoader(
+            DATA, batch_size=3, sampler=WeightedRandomSampler(w, 12, generator=g)
+        )
+
+    run = loader(weights[0])
+    list(run)
+    run.sampler.weights = weights[1]
+    it = iter(run)
+    next(it)
+    state = run.state_dict()
+    rest = [b.tolist() for b in it]
+    resumed = loader(weights[1])
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    other = loader(torch.tensor([1.0] * 10 + [5.0] * 2))  # not that epoch's weights
+    with pytest.raises(StateMismatchError, match="lists epoch 1 otherwise than the run"):
+        other.load_state_dict(state)
+
+
 class Contiguous(DistributedSampler):
     """Splits ranks itself: contiguous blocks of one shuffled order, padded."""
 
