@@ -79,6 +79,10 @@ class Host(Protocol):
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
         """``loader``'s state in a restored checkpoint the host did not load into it."""
 
+    def fit_seed(self, loader: object, seed: int, *, drawn: bool) -> int | None:
+        """The seed ``loader``'s place in the fit keeps where the host rebuilds its loaders:
+        a ``drawn`` seed is replaced by it, another becomes it; None where not rebuilt."""
+
 
 class _NoHost:
     """A plain loop: no data-parallel group, and nothing known about any loader."""
@@ -94,7 +98,7 @@ class _NoHost:
 
     data_parallel = held_batches = batches_done = restarting_mid_epoch = epoch_meant = _none
     batches_taken = _none
-    epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = _none
+    epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = fit_seed = _none
     drives = restored_past = restored_ended = ended = counts_run_outs = sole_loader = _false
 
 

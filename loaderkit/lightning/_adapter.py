@@ -52,6 +52,10 @@ def splits_loaders(driver: Any) -> bool:
     return bool(driver._accelerator_connector.use_distributed_sampler)
 
 
+#: Per Trainer, the seed of each of its fit's train loaders by place (``fit_seed``).
+_FIT_SEEDS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
 class LightningHost:
     """The host a ``Trainer`` or ``Fabric`` is, held weakly; only a Trainer's running fit
     answers about its train loaders."""
@@ -227,6 +231,20 @@ class LightningHost:
         combined = trainer.fit_loop._combined_loader
         several = len(train_loaders(trainer)) > 1
         return bool(self.cycles(loader)) and several and sized_len(combined) is None
+
+    def fit_seed(self, loader: object, seed: int, *, drawn: bool) -> int | None:
+        """Under ``reload_dataloaders_every_n_epochs``, the seed of ``loader``'s place among
+        the fit's train loaders: each reload would draw another from torch's global RNG,
+        which a resumed fit has moved otherwise."""
+        trainer = self._fitting(loader)
+        if trainer is None or not trainer.reload_dataloaders_every_n_epochs:
+            return None
+        loaders = train_loaders(trainer)
+        place = next(i for i, dl in enumerate(loaders) if dl is loader)
+        seeds = _FIT_SEEDS.setdefault(trainer, {})
+        if not drawn:  # the user's, or a loaded state's
+            seeds[place] = seed
+        return seeds.setdefault(place, seed)
 
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
         """``loader``'s part of ``fit_loop._combined_loader_states_to_load`` that

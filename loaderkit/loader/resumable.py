@@ -269,6 +269,8 @@ class ResumableDataLoader:
                 return _raising(exc)
         elif not self._spec.seed_explicit:  # drawn, even if a first batch settled it
             self._adopt_skipped_seed()
+        if not (self._spec.seed_explicit or self._spec.seed_chosen):
+            self._adopt_fit_seed()
         if self._engine.one_iterator or self._host.pool.persistent:
             self._host.supersede()
         live = EpochIterator(self, self._host, self._engine)
@@ -289,6 +291,15 @@ class ResumableDataLoader:
         if seed is not None and seed != self._host.seed:
             self._engine.adopt_seed(seed)
             self._host.seed, self._host.seed_drawn = seed, False
+
+    def _adopt_fit_seed(self) -> None:
+        """Under Lightning's reloads, take the seed of the loader this one replaces in place
+        of a drawn one, so that a resumed fit's reloads draw what the saved run's did."""
+        host = self._host
+        seed = host.caller().fit_seed(self, host.seed, drawn=host.seed_drawn)
+        if seed is not None and seed != host.seed:
+            self._engine.adopt_seed(seed)
+            host.seed, host.seed_drawn = seed, False
 
     @property
     def wait_seconds(self) -> float:

@@ -597,6 +597,31 @@ def test_a_drawn_seed_is_kept_by_a_fit_resumed_from_an_epoch_end_checkpoint(
     assert all(torch.equal(resumed.features[j], full.features[k]) for j, k in enumerate(later))
 
 
+class _DrawnSeedData(L.LightningDataModule):
+    def train_dataloader(self) -> ResumableDataLoader:
+        return ResumableDataLoader(IdDataset(16), batch_size=BATCH, shuffle=True)  # seed drawn
+
+
+@pytest.mark.parametrize("k", [2, 4, 6, 9])
+def test_loaders_reloaded_with_a_drawn_seed_resume_exactly(tmp_path: Path, k: int) -> None:
+    # Hunter 340: each loader Lightning rebuilt drew a seed from torch's global RNG, which a
+    # resumed fit has moved otherwise: the epochs after the resumed one had another order and
+    # other augmentations. The fit's loaders keep their first (or loaded) seed.
+    runs = []
+    for ckpt in (None, tmp_path / f"step{k:03d}.ckpt"):
+        module = IdModule(keep_x=True)  # seeds torch's RNG, as seed_everything would
+        kwargs = trainer_kwargs(
+            max_epochs=3, enable_checkpointing=True, reload_dataloaders_every_n_epochs=1
+        )
+        trainer = L.Trainer(**kwargs, callbacks=[step_checkpoints(tmp_path, 1)])
+        trainer.fit(module, datamodule=_DrawnSeedData(), ckpt_path=ckpt)
+        runs.append(module)
+    full, resumed = runs
+    assert len(full.records) == 3 * 16 // BATCH
+    assert [r["ids"] for r in resumed.records] == [r["ids"] for r in full.records[k:]]
+    assert all(torch.equal(x, y) for x, y in zip(resumed.features, full.features[k:], strict=True))
+
+
 class _StopAt(Callback):
     def __init__(self, step: int) -> None:
         self.step = step
