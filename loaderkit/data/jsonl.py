@@ -150,10 +150,10 @@ class _Lines:
                 ) from exc
             # The file's line: blank lines joined a sample (count_cuts), so it is not index + 1.
             line += text[: len(text) - len(text.lstrip(b" \t\r\n"))].count(b"\n")
+            shown = text.strip(b" \t\r\n")[:80]  # JSON's whitespace: a form feed is shown
             raise ShardError(
                 f"shard {str(self.path)!r} line {line} is not valid JSON ({exc}): "
-                f"{raw.strip()[:80]!r}; fix the line, or pass on_error='skip' to drop such "
-                "samples.",
+                f"{shown!r}; fix the line, or pass on_error='skip' to drop such samples.",
                 path=self.path,
             ) from exc
 

@@ -130,7 +130,8 @@ def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
 
 def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     """Validate ``ResumableDataLoader(dataset, **args)`` into its spec."""
-    kind, a = engine_kind(dataset), _unwrap(args)
+    kind = engine_kind(dataset)
+    a = _unwrap(args, kind)
     check_torch_only_args(pin_memory_device=a["pin_memory_device"], in_order=a["in_order"])
     _check_topology(a)
     unbatched = a["batch_size"] is None and a["batch_sampler"] is None
@@ -250,8 +251,9 @@ def _check_topology(a: dict[str, Any]) -> None:
             check_rank(a["rank"], a["world_size"], owner=OWNER)
 
 
-def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
-    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size."""
+def _unwrap(args: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """The arguments, with a torch ``BatchSampler`` taken as its sampler and batch size (for
+    map-style data: a stream refuses it by its name)."""
     a, given = dict(args), args["batch_sampler"]
     a["shuffle"] = False if a["shuffle"] is None else a["shuffle"]  # torch's default is None
     defaults = (a["batch_size"], a["shuffle"], a["sampler"], a["drop_last"])
@@ -260,7 +262,7 @@ def _unwrap(args: dict[str, Any]) -> dict[str, Any]:
         getattr(type(given), name) is getattr(BatchSampler, name)
         for name in ("__iter__", "__len__")
     )
-    if torchs and defaults == (1, False, None, False):
+    if torchs and defaults == (1, False, None, False) and kind == "plan":
         a.update(sampler=given.sampler, batch_size=given.batch_size, drop_last=given.drop_last)
         a["batch_sampler"] = None
     return a
@@ -407,6 +409,10 @@ def _plan(
                 "pass one length per dataset index."
                 if hasattr(plan, "lengths")
                 else f"build the plan with num_samples={size}."
+                if isinstance(plan, SamplePlan)
+                else "the dataset's own plans cover all of its samples: drop the len() "
+                "override, or read a part as torch.utils.data.Subset(dataset, indices) with "
+                "shuffle=True in place of the batch sampler."
             )
         )
     return plan, reseed, {"rank": rank, "world_size": world_size}

@@ -1282,6 +1282,10 @@ def test_a_blank_jsonl_line_is_no_sample(tmp_path: Path) -> None:
     (tmp_path / "e.jsonl").write_bytes('\ufeff\n{bad}\n{"i": 4}\n'.encode())
     with pytest.raises(ShardError, match=r"e\.jsonl' line 2 is not valid JSON"):
         ShardedDataset([tmp_path / "e.jsonl"], JsonlReader())[0]
+    # A form feed is no JSON whitespace: shown, not stripped to b'' (hunter 342).
+    (tmp_path / "f.jsonl").write_bytes(b'{"i": 5}\n\x0c\n')
+    with pytest.raises(ShardError, match=r"f\.jsonl' line 2 .*: b'\\x0c'; fix the line"):
+        ShardedDataset([tmp_path / "f.jsonl"], JsonlReader())[1]
 
 
 def test_bad_arguments_are_named(shards: list[Path]) -> None:

@@ -78,6 +78,19 @@ def test_a_restore_is_refused_only_for_the_splits_its_stage_reads(tmp_path: Path
         restored.setup("fit")
 
 
+@pytest.mark.parametrize("cls", [TensorDataModule, SequenceDataModule])
+def test_a_restore_that_lost_every_split_names_them(tmp_path: Path, cls: Any) -> None:
+    # Hunter 342: the constructor's "no data; pass tensors" came first, naming no split.
+    train = [torch.arange(3 + i % 4) for i in range(20)]
+    data = (torch.arange(20.0),) if cls is TensorDataModule else train
+    path = _saved(tmp_path, cls(train=data, val=data[:5], batch_size=4))
+    restored = cls.load_from_checkpoint(path, weights_only=False)
+    with pytest.raises(ValueError, match=r"given \['train', 'val'\] as objects.*\(path, train="):
+        restored.setup("fit")
+    with pytest.raises(ValueError, match="no data; pass"):  # passed None on purpose
+        cls.load_from_checkpoint(path, train=None, val=None, weights_only=False)
+
+
 def test_positional_train_data_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
     # Was: positional tensors/arrays stayed out of the saved state, so a module restored
     # without them had no train data (train_dataset None), without a word.

@@ -299,6 +299,11 @@ def test_sequence_datamodule_measures_a_tuple_samples_first_field() -> None:
     dm = SequenceDataModule([named(s, y) for s, y in samples], max_tokens=32, seed=0)
     dm.setup("fit")
     assert sorted(n for b in dm.train_dataloader() for n in b.lengths.tolist()) == [*range(9, 15)]
+    # A label first was "train sample 0 is a int" (hunter 342): the field is named.
+    flipped = collections.namedtuple("flipped", "y ids")
+    dm = SequenceDataModule([flipped(y, s) for s, y in samples], max_tokens=32, seed=0)
+    with pytest.raises(TypeError, match=r"sample 0's first field \('y', .* put the sequence first"):
+        dm.setup("fit")
     # Bare train samples beside tuple predict ones failed in collate, naming field 0.
     bare = SequenceDataModule([s for s, _ in samples], predict=samples)
     with pytest.raises(TypeError, match=r"predict samples are not of the other splits' kind"):

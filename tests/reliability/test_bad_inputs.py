@@ -153,6 +153,11 @@ def edit_cursor(st: dict[str, Any], offset: int) -> dict[str, Any]:
     return {**st, "ranks": ranks}
 
 
+class _Shorter(ShardedDataset):
+    def __len__(self) -> int:
+        return 3
+
+
 def sharded(tmp: Path, **kwargs: Any) -> ShardedDataset:
     reader = TokenReader(seq_len=4, dtype=np.uint16)
     return ShardedDataset(token_shards(tmp / "tok"), reader, **kwargs)
@@ -801,6 +806,17 @@ STATES = [
         "batch sampler's plan",
         "covers 3 samples but the dataset has 4",
         "one length per dataset index",
+    ),
+    Bad(  # hunter 341: was "build the plan with num_samples=8", which plan() does not take
+        "sharded len of its own",
+        lambda tmp: ResumableDataLoader(
+            _Shorter(token_shards(tmp / "tok"), TokenReader(4)),
+            batch_sampler=_Shorter(token_shards(tmp / "tok"), TokenReader(4)).batch_sampler(2),
+        ),
+        ValueError,
+        "but the dataset has 3",
+        r"drop the len\(\) override",
+        r"Subset\(dataset, indices\) with shuffle=True",
     ),
     Bad(
         "state order check (resealed)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal, Self
 
 import lightning as L
@@ -55,6 +56,16 @@ def _kept_out(name: str, value: Any) -> bool:
 
 def _split_view(split: str) -> Any:
     return property(lambda self: self._datasets.get(split), doc=f"The {split} split, or None.")
+
+
+#: Set while ``load_from_checkpoint`` builds a module, whose splits given as objects the
+#: checkpoint names as lost: its constructor leaves refusing "no data" to it.
+_LOADING: ContextVar[bool] = ContextVar("loaderkit_loading", default=False)
+
+
+def loading_checkpoint() -> bool:
+    """Whether ``load_from_checkpoint`` is building the module (see :data:`_LOADING`)."""
+    return _LOADING.get()
 
 
 class LoaderDataModule(L.LightningDataModule):
@@ -230,10 +241,19 @@ class LoaderDataModule(L.LightningDataModule):
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Self:
         """As Lightning's; a data argument passed here, even None, is the caller's choice, and
         one that is not a split (a reader, a collate, a transform) is refused when lost."""
-        module = super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        token = _LOADING.set(True)
+        try:
+            module = super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        finally:
+            _LOADING.reset(token)
         module._lost = [k for k in module._lost if k not in kwargs]
         module._refuse_lost(None)
+        if not module._lost:  # else setup() names the splits to pass
+            module.refuse_no_data()
         return module
+
+    def refuse_no_data(self) -> None:
+        """Raise where no split was given (a module of in-memory data)."""
 
     def _refuse_lost(self, stage: str | None) -> None:
         """Refuse the data lost by ``load_from_checkpoint`` that ``stage`` (None: any) reads."""

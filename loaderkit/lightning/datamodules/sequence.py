@@ -19,7 +19,7 @@ from loaderkit.data.parquet import ParquetReader
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import check_fits, check_settings, remote_cache
 from loaderkit.lightning.datamodules._util import is_hf_dataset
-from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.lightning.datamodules.base import LoaderDataModule, loading_checkpoint
 from loaderkit.plan.samplers import BucketBatchSampler
 from loaderkit.seeding import rngs_put_back
 
@@ -113,11 +113,8 @@ class SequenceDataModule(LoaderDataModule):
         )
         self.bucket = bucket or max_tokens is not None
         self._sources = {k: _source(owner, k, v) for k, v in splits.items() if v is not None}
-        if not self._sources:
-            raise ValueError(
-                f"{owner}: no data; pass train= (samples or a .jsonl, .parquet or .arrow path), "
-                "val=, test= or predict=."
-            )
+        if not loading_checkpoint():
+            self.refuse_no_data()
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
         # (tokens, label, ...) samples: field 0 is measured and padded (a namedtuple's by name).
@@ -170,6 +167,13 @@ class SequenceDataModule(LoaderDataModule):
         remote = self.remote if is_url(source) else None
         return ShardedDataset([source], self.reader, remote=remote)
 
+    def refuse_no_data(self) -> None:
+        if not self._sources:
+            raise ValueError(
+                f"{type(self).__name__}: no data; pass train= (samples or a .jsonl, .parquet "
+                "or .arrow path), val=, test= or predict=."
+            )
+
     def _measure(self, split: str, samples: Sequence[Any]) -> np.ndarray:
         owner = type(self).__name__
         first = samples[0]
@@ -198,6 +202,13 @@ class SequenceDataModule(LoaderDataModule):
                 return int(seq.shape[0])
             if isinstance(seq, (list, tuple)):
                 return len(seq)
+            if isinstance(sample, tuple) and sample:
+                name = (getattr(type(sample), "_fields", ()) or ("0",))[0]
+                raise TypeError(
+                    f"{owner}: {split} sample {i}'s first field ({name!r}, the one padded and "
+                    f"measured) is of type {type(seq).__name__}; put the sequence first in each "
+                    "tuple, or pass dicts and length_key=."
+                )
             raise TypeError(
                 f"{owner}: {split} sample {i} is a {type(seq).__name__}; pass 1-D tensors, "
                 "numpy arrays or lists of numbers."

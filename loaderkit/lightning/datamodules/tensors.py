@@ -12,7 +12,7 @@ import torch
 from loaderkit._checks import check_path
 from loaderkit.data.memory import ArrayDataset, TensorDataset
 from loaderkit.lightning.datamodules._args import check_settings
-from loaderkit.lightning.datamodules.base import LoaderDataModule
+from loaderkit.lightning.datamodules.base import LoaderDataModule, loading_checkpoint
 
 __all__ = ["ArrayDataModule", "TensorDataModule"]
 
@@ -45,7 +45,12 @@ class _ColumnsDataModule(LoaderDataModule):
                 self._sources[split] = check_path(split, source, self.suffixes, owner=owner)
             else:
                 self._sources[split] = self._columns(split, source)
+        if not loading_checkpoint():
+            self.refuse_no_data()
+
+    def refuse_no_data(self) -> None:
         if not self._sources:
+            owner = type(self).__name__
             raise ValueError(
                 f"{owner}: no data; pass {self.kind}s, e.g. {owner}(x, y), or train=, val=, "
                 f"test=, predict= ({self.kind}s or a {'/'.join(self.suffixes)} path)."
