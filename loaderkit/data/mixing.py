@@ -62,8 +62,9 @@ def _parts(ds: object) -> tuple[Any, list[Any]] | None:
     if not isinstance(ds, StackDataset):
         return None
     parts = ds.datasets
-    if isinstance(parts, dict):
-        return ("stack", tuple(parts)), list(parts.values())
+    if isinstance(parts, dict):  # by key: the keyword order does not change a sample
+        keys = sorted(parts, key=str)
+        return ("stack", tuple(keys)), [parts[k] for k in keys]
     return ("stack", len(parts)), list(parts)
 
 

@@ -568,7 +568,7 @@ class SamplerPlan:
             return keyed_order(self.sampler, *args, lend=lend, generator_seed=seed_of_generator)[0]
 
         named = self.sampler.shares[0] if isinstance(self.sampler, RankShares) else self.sampler
-        name = type(named).__name__  # the user's class, not the split's
+        name = type(getattr(named, "whole", named)).__name__  # the user's class, not a split's
         with rngs_put_back():  # it may draw from them (what this refuses)
             order = listing()
             alike = torch.equal(order, listing())
@@ -581,9 +581,9 @@ class SamplerPlan:
         if saved_check is not None and zlib.crc32(order.numpy().tobytes()) != saved_check:
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: sampler={name} lists epoch {epoch} "
-                "otherwise than the run that saved the state, so its rest would mix two orders. "
-                "Set its settings (weights) as they were in that epoch before the load, or start "
-                "without the state."
+                "otherwise than the run that saved the state (other weights or indices, or "
+                "another world size), so its rest would mix two orders. Build it as it was in "
+                "that epoch, on the saved world size, or start without the state."
             )
 
     def schedule(self, epoch: int, *, start: int, rank: int, world_size: int) -> _FixedSchedule:

@@ -978,6 +978,9 @@ def test_what_a_stack_dataset_reads_is_compared_on_resume(tmp_path: Path, keyed:
         ResumableDataLoader(
             stack(sharded[1], labels[:12]), batch_size=4, shuffle=True, seed=1
         ).load_state_dict(state)
+    if keyed:  # the same samples by key, the keywords in another order (review 343)
+        swapped = StackDataset(b=labels[:12], a=sharded[0])
+        ResumableDataLoader(swapped, batch_size=4, shuffle=True, seed=1).load_state_dict(state)
 
 
 def test_a_state_saved_before_the_listing_checksum_loads() -> None:

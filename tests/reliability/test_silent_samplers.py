@@ -485,6 +485,17 @@ def test_self_splitting_sampler_on_another_world_size_names_the_world_size() -> 
         match=r"DistributedSampler subclass lists another order.*another world size",
     ):
         ResumableDataLoader(data, batch_size=2, sampler=sampler).load_state_dict(state)
+    # Saved inside epoch 1, that epoch's order is checked (review 343: it blamed weights).
+    loader = ResumableDataLoader(data, batch_size=2, sampler=Contiguous(data, 2, 0, seed=0))
+    list(loader)
+    next(iter(loader))
+    sampler = Contiguous(data, num_replicas=3, rank=0, seed=0)
+    with pytest.raises(
+        StateMismatchError, match=r"sampler=Contiguous lists epoch 1 .*another world size"
+    ):
+        ResumableDataLoader(data, batch_size=2, sampler=sampler).load_state_dict(
+            loader.state_dict()
+        )
 
 
 def test_padding_error_does_not_tell_a_drop_last_false_user_to_pass_it() -> None:
