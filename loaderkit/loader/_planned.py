@@ -200,7 +200,9 @@ class PlanEngine:
             raise ValueError(
                 f"ResumableDataLoader: trainer.{stage} on {world_size} ranks would repeat "
                 f"{extra} sample(s) (its ranks step equally). Pass the DataModule as "
-                "datamodule=, or give each rank its own part with world_size=1."
+                "datamodule= (a loaderkit one whose batch_sampler() hook buckets: return True "
+                "from its eval_batches_by_rank()), or give each rank its own part with "
+                "world_size=1."
             )
 
     def _check_size(self) -> None:

@@ -91,6 +91,26 @@ def test_a_restore_that_lost_every_split_names_them(tmp_path: Path, cls: Any) ->
         cls.load_from_checkpoint(path, train=None, val=None, weights_only=False)
 
 
+class _Stream(torch.utils.data.IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Any:
+        return (torch.tensor([float(i)]) for i in range(10))
+
+
+class _StreamSplits(LoaderDataModule):
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        return {"val": _Stream(), "predict": _Stream()}
+
+
+def test_an_iterable_predict_split_is_read_on_one_process() -> None:
+    # Hunter 345: a bare "object of type '_Stream' has no len()" (val and test read it).
+    class Predicts(AnyBatchModule):
+        def predict_step(self, batch: Any, batch_idx: int) -> Any:
+            return batch
+
+    out = L.Trainer(**trainer_kwargs()).predict(Predicts(), datamodule=_StreamSplits(batch_size=4))
+    assert torch.cat(out).flatten().tolist() == [float(i) for i in range(10)]  # type: ignore[arg-type]
+
+
 def test_positional_train_data_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
     # Was: positional tensors/arrays stayed out of the saved state, so a module restored
     # without them had no train data (train_dataset None), without a word.

@@ -622,6 +622,37 @@ def test_loaders_reloaded_with_a_drawn_seed_resume_exactly(tmp_path: Path, k: in
     assert all(torch.equal(x, y) for x, y in zip(resumed.features, full.features[k:], strict=True))
 
 
+class _ValDraws(IdModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_x: list[torch.Tensor] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.val_x.append(batch["x"])
+
+
+def test_every_evaluation_of_a_checkpoint_reads_the_same_draws(tmp_path: Path) -> None:
+    # Hunter 345: Lightning sets an eval loader's epoch to its fit epoch count (0 outside a
+    # fit), so trainer.validate(ckpt_path=...) drew other augmentation than the fit's
+    # validation of that checkpoint: another metric for the same model.
+    class Noisy(L.LightningDataModule):
+        def train_dataloader(self) -> ResumableDataLoader:
+            return ResumableDataLoader(IdDataset(8, noise=False), batch_size=4, seed=0)
+
+        def val_dataloader(self) -> ResumableDataLoader:
+            return ResumableDataLoader(IdDataset(8), batch_size=4, seed=0)  # draws torch.rand
+
+    module = _ValDraws()
+    kwargs = trainer_kwargs(max_epochs=3, enable_checkpointing=True)
+    trainer = L.Trainer(**kwargs, callbacks=[step_checkpoints(tmp_path, 2)])
+    trainer.fit(module, datamodule=Noisy())
+    per_epoch = [torch.cat(module.val_x[k : k + 2]) for k in range(0, 6, 2)]
+    assert all(torch.equal(x, per_epoch[0]) for x in per_epoch)
+    again = _ValDraws()
+    L.Trainer(**trainer_kwargs()).validate(again, Noisy(), ckpt_path=tmp_path / "step004.ckpt")
+    assert torch.equal(torch.cat(again.val_x), per_epoch[1])
+
+
 class _StopAt(Callback):
     def __init__(self, step: int) -> None:
         self.step = step

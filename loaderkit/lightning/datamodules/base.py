@@ -438,6 +438,8 @@ class LoaderDataModule(L.LightningDataModule):
         loader's topology then ``(0, 1)``."""
         if split != "predict" and not self.eval_batches_by_rank():
             return dataset, {}
+        if isinstance(dataset, IterableDataset):  # no len(): the loader splits it, or refuses
+            return dataset, {}
         env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])
         rank, world_size, n = env.rank, env.world_size, len(dataset)
         if world_size == 1:
