@@ -79,6 +79,9 @@ class Host(Protocol):
     def skipped_state(self, loader: object) -> dict[str, Any] | None:
         """``loader``'s state in a restored checkpoint the host did not load into it."""
 
+    def sets_eval_epoch(self, loader: object, epoch: int) -> bool:
+        """Whether the host's evaluation sets ``epoch`` (its own count) on ``loader``."""
+
     def fit_seed(self, loader: object, seed: int, *, drawn: bool) -> int | None:
         """The seed ``loader``'s place in the fit keeps where the host rebuilds its loaders:
         a ``drawn`` seed is replaced by it, another becomes it; None where not rebuilt."""
@@ -100,6 +103,7 @@ class _NoHost:
     batches_taken = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = fit_seed = _none
     drives = restored_past = restored_ended = ended = counts_run_outs = sole_loader = _false
+    sets_eval_epoch = _false
 
 
 NO_HOST: Host = _NoHost()

@@ -411,6 +411,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         """The samples of shard id ``shard`` from ``offset`` on; errors name the file."""
         path = self.shards[shard]
         iter_from = getattr(self.reader, "iter_from", None)
+        at = offset  # the sample read next: where a failure is
         try:
             listed = None if self._stamps is None else self._stamps[shard]
             if listed is not None and (now := _stamp(path)) != listed:
@@ -425,15 +426,18 @@ class StreamingShardedDataset(IterableDataset[Any]):
                 verify_local(path, written["hash"], default_cache_root())
             local = self._local(shard) if self._remote is None else self._remote.local(shard)
             if callable(iter_from):
-                yield from iter_from(local, offset)
+                samples = iter_from(local, offset)
             else:
                 pinned = None if self._dtypes is None else self._dtypes[shard]
-                yield from _seek_by_index(self.reader, local, offset, pinned, path)
+                samples = _seek_by_index(self.reader, local, offset, pinned, path)
+            for sample in samples:
+                yield sample
+                at += 1
         except (ShardError, MissingDependencyError, ReaderSettingError):
             raise
         except Exception as exc:
             raise ShardError(
-                f"reading shard {shard_name(path)} from sample {offset} on failed with "
+                f"reading sample {at} of shard {shard_name(path)} failed with "
                 f"{type(exc).__name__}: {exc}; fix or remove the shard.",
                 path=path,
             ) from exc

@@ -232,6 +232,20 @@ class LightningHost:
         several = len(train_loaders(trainer)) > 1
         return bool(self.cycles(loader)) and several and sized_len(combined) is None
 
+    def sets_eval_epoch(self, loader: object, epoch: int) -> bool:
+        """Whether an evaluation sets its fit epoch count ``epoch`` on ``loader``, no train
+        loader (``_set_sampler_epoch``, also as ``_process_dataloader`` readies a loader not
+        yet in the loop's ``_combined_loader``)."""
+        trainer: Any = self._driver()
+        if trainer is None or self.evaluating() is None:
+            return False
+        if epoch != trainer.fit_loop.epoch_progress.current.processed:
+            return False  # the user's own epoch
+        trains = train_loaders(trainer)
+        return not any(
+            dl is loader or getattr(dl, "batch_sampler", None) is loader for dl in trains
+        )
+
     def fit_seed(self, loader: object, seed: int, *, drawn: bool) -> int | None:
         """Under ``reload_dataloaders_every_n_epochs``, the seed of ``loader``'s place among
         the fit's train loaders: each reload would draw another from torch's global RNG,

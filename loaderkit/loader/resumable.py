@@ -238,9 +238,9 @@ class ResumableDataLoader:
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         target = epoch if meant is None else meant
-        if meant is None and host.evaluating() is not None:
-            # Lightning's fit epoch, or 0 outside a fit: evaluation keeps epoch 0's draws, so
-            # a checkpoint validated again gives the metric its fit logged.
+        if meant is None and host.sets_eval_epoch(self, epoch):
+            # Lightning's fit epoch count, 0 outside a fit: evaluation keeps epoch 0's draws,
+            # so a checkpoint validated again gives the metric its fit logged.
             target = 0
         self._positioned = True
         held = self._lookahead.held_state() if self._lookahead is not None else None

@@ -635,8 +635,8 @@ def test_read_error_names_the_shard() -> None:
         raise OSError("truncated gzip stream")
 
     ds = StreamingShardedDataset(make_shards([3]), IterableReader(broken))
-    with pytest.raises(
-        ShardError, match=r"reading shard \(0, 3\) from sample 0 on failed with OSError: truncated"
+    with pytest.raises(  # the sample that failed, not where the read began (hunter 344)
+        ShardError, match=r"reading sample 1 of shard \(0, 3\) failed with OSError: truncated"
     ):
         list(loader(ds))
 

@@ -25,7 +25,7 @@ from loaderkit.lightning.datamodules import (
     TensorDataModule,
 )
 from tests.support.datamodules import AnyBatchModule
-from tests.support.helpers import trainer_kwargs
+from tests.support.helpers import DataParallelOf, trainer_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -109,6 +109,10 @@ def test_an_iterable_predict_split_is_read_on_one_process() -> None:
 
     out = L.Trainer(**trainer_kwargs()).predict(Predicts(), datamodule=_StreamSplits(batch_size=4))
     assert torch.cat(out).flatten().tolist() == [float(i) for i in range(10)]  # type: ignore[arg-type]
+    # On 2 ranks each fix the loader named was refused by the module (review 346).
+    trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(0, 2)))
+    with pytest.raises(ValueError, match=r"predict split is a _Stream, which 2 ranks .*map-style"):
+        trainer.predict(Predicts(), datamodule=_StreamSplits(batch_size=4))
 
 
 def test_positional_train_data_lost_by_a_restore_is_refused(tmp_path: Path) -> None:

@@ -651,6 +651,9 @@ def test_every_evaluation_of_a_checkpoint_reads_the_same_draws(tmp_path: Path) -
     again = _ValDraws()
     L.Trainer(**trainer_kwargs()).validate(again, Noisy(), ckpt_path=tmp_path / "step004.ckpt")
     assert torch.equal(torch.cat(again.val_x), per_epoch[1])
+    after = _ValDraws()  # the fit's Trainer, its epoch count at 3 (review 346)
+    trainer.validate(after, Noisy())
+    assert torch.equal(torch.cat(after.val_x), per_epoch[0])
 
 
 class _StopAt(Callback):

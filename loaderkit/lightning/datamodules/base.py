@@ -58,14 +58,18 @@ def _split_view(split: str) -> Any:
     return property(lambda self: self._datasets.get(split), doc=f"The {split} split, or None.")
 
 
-#: Set while ``load_from_checkpoint`` builds a module, whose splits given as objects the
-#: checkpoint names as lost: its constructor leaves refusing "no data" to it.
-_LOADING: ContextVar[bool] = ContextVar("loaderkit_loading", default=False)
+#: The class ``load_from_checkpoint`` builds, whose splits given as objects the checkpoint
+#: names as lost: that module's constructor leaves refusing "no data" to it.
+_LOADING: ContextVar[type | None] = ContextVar("loaderkit_loading", default=None)
 
 
-def loading_checkpoint() -> bool:
-    """Whether ``load_from_checkpoint`` is building the module (see :data:`_LOADING`)."""
-    return _LOADING.get()
+def loading_checkpoint(module: object) -> bool:
+    """Whether ``load_from_checkpoint`` builds ``module`` (once: a module its constructor
+    builds is checked as any other)."""
+    if _LOADING.get() is not type(module):
+        return False
+    _LOADING.set(None)
+    return True
 
 
 class LoaderDataModule(L.LightningDataModule):
@@ -241,7 +245,7 @@ class LoaderDataModule(L.LightningDataModule):
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Self:
         """As Lightning's; a data argument passed here, even None, is the caller's choice, and
         one that is not a split (a reader, a collate, a transform) is refused when lost."""
-        token = _LOADING.set(True)
+        token = _LOADING.set(cls)
         try:
             module = super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
         finally:
@@ -408,6 +412,14 @@ class LoaderDataModule(L.LightningDataModule):
             "seed": self.seed,
             "per_sample_seeding": seeding,
         }
+        if split != "train" and isinstance(dataset, IterableDataset):
+            ranks = detect().world_size if group is None else group[1]
+            if ranks > 1:  # a stream's ranks would step differently (or need a cut it refuses)
+                raise ValueError(
+                    f"{type(self).__name__}: the {split} split is a {type(dataset).__name__}, "
+                    f"which {ranks} ranks cannot evaluate in equal parts; make it a map-style "
+                    "dataset (e.g. ShardedDataset), or evaluate on one device."
+                )
         if split != "train" and not isinstance(dataset, StreamingShardedDataset):
             dataset, topology = self._rank_part(split, dataset, group)
             common |= topology

@@ -113,7 +113,7 @@ class SequenceDataModule(LoaderDataModule):
         )
         self.bucket = bucket or max_tokens is not None
         self._sources = {k: _source(owner, k, v) for k, v in splits.items() if v is not None}
-        if not loading_checkpoint():
+        if not loading_checkpoint(self):
             self.refuse_no_data()
         self._lengths: dict[str, np.ndarray] = {}
         self._keyed: bool | None = None
@@ -202,12 +202,13 @@ class SequenceDataModule(LoaderDataModule):
                 return int(seq.shape[0])
             if isinstance(seq, (list, tuple)):
                 return len(seq)
-            if isinstance(sample, tuple) and sample:
+            if isinstance(sample, tuple):
                 name = (getattr(type(sample), "_fields", ()) or ("0",))[0]
+                what = f"first field ({name!r}, the one padded and measured) is of type "
                 raise TypeError(
-                    f"{owner}: {split} sample {i}'s first field ({name!r}, the one padded and "
-                    f"measured) is of type {type(seq).__name__}; put the sequence first in each "
-                    "tuple, or pass dicts and length_key=."
+                    f"{owner}: {split} sample {i}'s "
+                    + (what + type(seq).__name__ if sample else "tuple is empty")
+                    + "; put the sequence first in each tuple, or pass dicts and length_key=."
                 )
             raise TypeError(
                 f"{owner}: {split} sample {i} is a {type(seq).__name__}; pass 1-D tensors, "

@@ -45,7 +45,7 @@ class _ColumnsDataModule(LoaderDataModule):
                 self._sources[split] = check_path(split, source, self.suffixes, owner=owner)
             else:
                 self._sources[split] = self._columns(split, source)
-        if not loading_checkpoint():
+        if not loading_checkpoint(self):
             self.refuse_no_data()
 
     def refuse_no_data(self) -> None:
