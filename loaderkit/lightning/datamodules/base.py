@@ -450,12 +450,11 @@ class LoaderDataModule(L.LightningDataModule):
         loader's topology then ``(0, 1)``."""
         if split != "predict" and not self.eval_batches_by_rank():
             return dataset, {}
-        if isinstance(dataset, IterableDataset):  # no len(): the loader splits it, or refuses
-            return dataset, {}
         env = detect() if hosted is None else detect(rank=hosted[0], world_size=hosted[1])
-        rank, world_size, n = env.rank, env.world_size, len(dataset)
-        if world_size == 1:
+        rank, world_size = env.rank, env.world_size
+        if world_size == 1:  # an IterableDataset has no len() (on several ranks: refused)
             return dataset, {}
+        n = len(dataset)
         if split == "predict" and n < world_size:
             raise ValueError(
                 f"{type(self).__name__}: the predict split has {n} samples, fewer than the "
