@@ -27,7 +27,7 @@ class PlanOrder(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the loader's next iteration ``epoch``, as ``DistributedSampler.set_epoch`` does."""
-        _alive(self._loader).set_epoch(epoch)
+        _alive(self._loader)._set_epoch(epoch)
 
     def _schedule(self) -> Any:
         _alive(self._loader)
@@ -91,7 +91,7 @@ class IterableOrder(Sampler[None]):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the loader's next iteration ``epoch``."""
-        _alive(self._loader).set_epoch(epoch)
+        _alive(self._loader)._set_epoch(epoch)
 
     def __iter__(self) -> Iterator[None]:
         while True:
@@ -108,7 +108,7 @@ class SetEpochHook:
     def __call__(self, epoch: int) -> Any:
         result = self._loaderkit_unhooked(epoch)
         for loader in list(self._loaders):
-            loader.set_epoch(epoch)
+            loader._set_epoch(epoch)
         return result
 
     def __reduce__(self) -> Any:

@@ -232,13 +232,18 @@ class ResumableDataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration (or the current one, if no batch was drawn yet) ``epoch``;
         a state saved before it begins holds that epoch's start."""
+        self._set_epoch(epoch, sampler=False)
+
+    def _set_epoch(self, epoch: int, *, sampler: bool = True) -> None:
+        """:meth:`set_epoch`, from ``loader.sampler.set_epoch`` where ``sampler`` (the call
+        Lightning makes): an evaluation's own epoch count is then kept at 0."""
         fix = "pass the trainer's current epoch"
         check_int("epoch", epoch, 0, owner="ResumableDataLoader", fix=fix)
         host = host_of(self)
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first
         target = epoch if meant is None else meant
-        if meant is None and host.sets_eval_epoch(self, epoch):
+        if sampler and meant is None and host.sets_eval_epoch(self, epoch):
             # Lightning's fit epoch count, 0 outside a fit: evaluation keeps epoch 0's draws,
             # so a checkpoint validated again gives the metric its fit logged.
             target = 0

@@ -115,6 +115,23 @@ def test_an_iterable_predict_split_is_read_on_one_process() -> None:
         trainer.predict(Predicts(), datamodule=_StreamSplits(batch_size=4))
 
 
+def test_a_subclass_built_by_a_base_class_restore_leaves_no_data_to_it() -> None:
+    # Review 347: LightningCLI's checkpoints build the subclass they name when loaded through
+    # the base class; its constructor refused "no data" before the lost splits were named.
+    import loaderkit.lightning.datamodules.base as base
+
+    class Sub(SequenceDataModule):
+        pass
+
+    token = base._LOADING.set(SequenceDataModule)
+    try:
+        Sub(batch_size=2)  # as load_from_checkpoint builds it: the check is left to it
+        with pytest.raises(ValueError, match="no data"):
+            Sub(batch_size=2)  # once: a module built inside it is checked
+    finally:
+        base._LOADING.reset(token)
+
+
 def test_positional_train_data_lost_by_a_restore_is_refused(tmp_path: Path) -> None:
     # Was: positional tensors/arrays stayed out of the saved state, so a module restored
     # without them had no train data (train_dataset None), without a word.

@@ -655,6 +655,15 @@ def test_every_evaluation_of_a_checkpoint_reads_the_same_draws(tmp_path: Path) -
     trainer.validate(after, Noisy())
     assert torch.equal(torch.cat(after.val_x), per_epoch[0])
 
+    class OwnEpochs(_ValDraws):  # an epoch set on the loader stands, even the fit's (review 347)
+        def on_validation_epoch_start(self) -> None:
+            self.trainer.val_dataloaders.set_epoch(self.current_epoch)
+
+    own = OwnEpochs()
+    L.Trainer(**trainer_kwargs(max_epochs=3)).fit(own, datamodule=Noisy())
+    drawn = [torch.cat(own.val_x[k : k + 2]) for k in range(0, 6, 2)]
+    assert torch.equal(drawn[0], per_epoch[0]) and not torch.equal(drawn[1], drawn[0])
+
 
 class _StopAt(Callback):
     def __init__(self, step: int) -> None:

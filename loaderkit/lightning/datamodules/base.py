@@ -66,7 +66,8 @@ _LOADING: ContextVar[type | None] = ContextVar("loaderkit_loading", default=None
 def loading_checkpoint(module: object) -> bool:
     """Whether ``load_from_checkpoint`` builds ``module`` (once: a module its constructor
     builds is checked as any other)."""
-    if _LOADING.get() is not type(module):
+    loading = _LOADING.get()
+    if loading is None or not isinstance(module, loading):  # a subclass too (LightningCLI's)
         return False
     _LOADING.set(None)
     return True
