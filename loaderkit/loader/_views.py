@@ -26,7 +26,9 @@ class PlanOrder(Sampler[int]):
         self._loader, self._engine = weakref.ref(loader), weakref.ref(engine)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the loader's next iteration ``epoch``, as ``DistributedSampler.set_epoch`` does."""
+        """Make the loader's next iteration ``epoch``, as ``DistributedSampler.set_epoch`` does;
+        while Lightning evaluates, its own epoch count is kept at 0 (``loader.set_epoch`` is
+        not)."""
         _alive(self._loader)._set_epoch(epoch)
 
     def _schedule(self) -> Any:
@@ -90,7 +92,7 @@ class IterableOrder(Sampler[None]):
         self._loader = weakref.ref(loader)  # weak, as PlanOrder's
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the loader's next iteration ``epoch``."""
+        """Make the loader's next iteration ``epoch`` (kept at 0 as :class:`PlanOrder`'s)."""
         _alive(self._loader)._set_epoch(epoch)
 
     def __iter__(self) -> Iterator[None]:
