@@ -54,7 +54,7 @@ def mix_sources_crc32(dataset: object) -> int | None:
     return None if shape is None else zlib.crc32(repr(shape).encode())
 
 
-def _parts(ds: object) -> tuple[Any, list[Any]] | None:
+def torch_parts(ds: object) -> tuple[Any, list[Any]] | None:
     """The parts a torch ``ConcatDataset`` or ``StackDataset`` reads, with a tag telling a
     stack apart (None for a concatenation); None for any other dataset."""
     if isinstance(ds, ConcatDataset):
@@ -69,7 +69,7 @@ def _parts(ds: object) -> tuple[Any, list[Any]] | None:
 
 
 def _joined(tag: Any, shapes: list[Any]) -> Any:
-    """The parts' ``shapes`` as one (None where none has one), tagged as :func:`_parts` says."""
+    """The parts' ``shapes`` as one (None where none has one), tagged as :func:`torch_parts`."""
     if shapes.count(None) == len(shapes):
         return None
     return tuple(shapes) if tag is None else (tag, tuple(shapes))
@@ -80,7 +80,7 @@ def _mix_shape(ds: object) -> Any:
         return tuple(ds.names), tuple(ds.sizes)
     if isinstance(ds, Subset):
         return _mix_shape(ds.dataset)
-    found = _parts(ds)
+    found = torch_parts(ds)
     return None if found is None else _joined(found[0], [_mix_shape(d) for d in found[1]])
 
 
@@ -102,7 +102,7 @@ def _listing(ds: object) -> Any:
         # loaderkit's split of a DataModule too (index_subset); a rank's own part is not all's
         inner = _listing(ds.dataset)  # type: ignore[attr-defined]
         return inner if getattr(ds, "seed_rows", None) is not None else (_rows_crc32(ds), inner)
-    found = (None, ds.sources) if isinstance(ds, MixedDataset) else _parts(ds)
+    found = (None, ds.sources) if isinstance(ds, MixedDataset) else torch_parts(ds)
     if found is not None:
         return _joined(found[0], [_listing(d) for d in found[1]])
     if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
@@ -158,7 +158,7 @@ def _files(
     elif isinstance(dataset, ConcatDataset):
         tag, parts = None, _flat(dataset)
     else:
-        tag, parts = _parts(dataset) or (None, [])
+        tag, parts = torch_parts(dataset) or (None, [])
     found = [_files(part, shaped=shaped) for part in parts]
     if found.count(None) == len(found):
         return None
@@ -201,7 +201,7 @@ def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
     ``StackDataset``) a (weighted) mix."""
     if isinstance(ds, Subset):
         return holds_mix(ds.dataset, weighted=weighted)
-    found = _parts(ds)
+    found = torch_parts(ds)
     if found is not None:
         return any(holds_mix(d, weighted=weighted) for d in found[1])
     return isinstance(ds, MixedDataset) and not (weighted and ds.per_epoch == ds.sizes)

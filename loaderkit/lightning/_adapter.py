@@ -253,8 +253,9 @@ class LightningHost:
         trainer = self._fitting(loader)
         if trainer is None or not trainer.reload_dataloaders_every_n_epochs:
             return None
-        loaders = train_loaders(trainer)
-        place = next(i for i, dl in enumerate(loaders) if dl is loader)
+        place = next((i for i, dl in enumerate(train_loaders(trainer)) if dl is loader), None)
+        if place is None:  # driven through its batch sampler: no loader of its own to reseed
+            return None
         seeds = _FIT_SEEDS.setdefault(trainer, {})
         if not drawn:  # the user's, or a loaded state's
             seeds[place] = seed

@@ -12,10 +12,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, StackDataset, Subset
+from torch.utils.data import Subset
 
 from loaderkit._tags import SeedTag
 from loaderkit.data._fs import is_url
+from loaderkit.data.mixing import torch_parts
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.loader._fetch import _Subset
 from loaderkit.plan._sampler_plan import SamplerPlan
@@ -209,9 +210,8 @@ def shard_files(dataset: Any, *, views: bool = False) -> set[str]:
     sources = getattr(dataset, "sources", None)
     if views and isinstance(dataset, Subset | _Subset):
         sources = [dataset.dataset]
-    elif views and isinstance(dataset, ConcatDataset | StackDataset):
-        parts = dataset.datasets
-        sources = list(parts.values() if isinstance(parts, dict) else parts)
+    elif views and (wrapped := torch_parts(dataset)) is not None:
+        sources = wrapped[1]
     if isinstance(sources, list):
         return set().union(*(shard_files(s, views=views) for s in sources))
     shards = getattr(dataset, "shards", None)
