@@ -115,6 +115,19 @@ def test_an_iterable_predict_split_is_read_on_one_process() -> None:
         trainer.predict(Predicts(), datamodule=_StreamSplits(batch_size=4))
 
 
+def test_trainer_validate_without_a_val_split_is_refused_and_a_fit_without_one_runs() -> None:
+    # Lightning validates an empty list in 0 batches with a warning only (review 346 F5b).
+    dm = TensorDataModule(torch.arange(16.0), batch_size=4)
+    module = AnyBatchModule()
+    L.Trainer(**trainer_kwargs(max_epochs=1)).fit(module, datamodule=dm)
+    assert module.rows == {0: 16} and module.val_batches == 0
+    with pytest.raises(ValueError, match=r"has no val data \(it has \['train'\]\).*val_fraction"):
+        L.Trainer(**trainer_kwargs()).validate(module, datamodule=dm)
+    held_out = TensorDataModule(torch.arange(16.0), batch_size=4, val_fraction=0.25)
+    L.Trainer(**trainer_kwargs()).validate(module, datamodule=held_out)
+    assert module.val_batches == 1
+
+
 def test_a_subclass_built_by_a_base_class_restore_leaves_no_data_to_it() -> None:
     # Review 347: LightningCLI's checkpoints build the subclass they name when loaded through
     # the base class; its constructor refused "no data" before the lost splits were named.
@@ -218,8 +231,12 @@ def test_a_trainer_resume_with_the_users_own_module_is_never_refused(tmp_path: P
         assert model.rows == {1: 20} and model.val_batches == (2 if given else 0)
         model = AnyBatchModule()
         dm = TensorDataModule(train=str(tmp_path / "x.pt"), batch_size=4, **given)
+        if not given:  # refused for lack of val data, not for the restore
+            with pytest.raises(ValueError, match=r"has no val data \(it has \['train'\]\)"):
+                L.Trainer(**trainer_kwargs()).validate(model, datamodule=dm, ckpt_path=path)
+            continue
         L.Trainer(**trainer_kwargs()).validate(model, datamodule=dm, ckpt_path=path)
-        assert model.val_batches == (2 if given else 0)
+        assert model.val_batches == 2
 
 
 class _Masked(list):  # type: ignore[type-arg]

@@ -377,10 +377,16 @@ class LoaderDataModule(L.LightningDataModule):
         return self.loader("train")
 
     def val_dataloader(self) -> ResumableDataLoader | list[Any]:
-        """In order; ``[]`` (no validation) when there is no val split."""
+        """In order; ``[]`` (a fit without validation) when there is no val split.
+
+        Raises:
+            ValueError: ``trainer.validate`` on a module without a val split.
+        """
         if not self._stages:
             self.setup("validate")
-        return self.loader("val") if "val" in self._datasets else []
+        # Lightning validates nothing, with a warning only, for an empty list.
+        validating = self.trainer is not None and self.trainer.state.fn == "validate"
+        return self.loader("val") if "val" in self._datasets or validating else []
 
     def test_dataloader(self) -> ResumableDataLoader:
         """In order."""
