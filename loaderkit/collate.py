@@ -416,6 +416,12 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
 _PROMOTING = {**default_collate_fn_map, Tensor: _stack_promoted}
 
 
+STACK_FIX = (
+    "pass collate_fn=loaderkit.PadCollate() for samples of different lengths, or read one "
+    "dtype (a reader's out_dtype=) for samples of different dtypes"
+)
+
+
 def promoting_collate(samples: list[Any]) -> Any:
     """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
     arrays that differ in dtype at one place of the samples are promoted as the main
@@ -750,7 +756,8 @@ class PadCollate:
                 if name in out:
                     raise CollateError(
                         f"PadCollate: the samples already have a key {name!r}, the name of an "
-                        f"output entry; pass another lengths_key / mask_key / sort_indices_key"
+                        "output entry; pass PadCollate another lengths_key / mask_key / "
+                        "sort_indices_key, or leave that field out (a reader's columns=)."
                     )
                 out[name] = value
             return out

@@ -125,9 +125,10 @@ def merge_file_kinds(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...] 
 
 
 def refuses_nulls(pa: Any, t: Any) -> bool:
-    """Whether a column of type ``t`` is read as tensors, which hold no null."""
+    """Whether a column of type ``t`` is read as tensors (numbers, lists of numbers), which
+    hold no null; other columns read a null as None."""
     lists = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    return _numeric(pa, t) or lists
+    return _numeric(pa, t) or (lists and _numeric(pa, t.value_type))
 
 
 def _to_tensor(values: Any, dtype: torch.dtype | None) -> torch.Tensor:

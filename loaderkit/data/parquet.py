@@ -251,6 +251,13 @@ class ParquetReader:
             if isinstance(exc, OverflowError) and t is not None and pa.types.is_integer(t):
                 with contextlib.suppress(pa.ArrowException, OverflowError):
                     return pa.array(values, type=t)  # beyond int64: exact, or it raises
+            array = next((v for v in values if hasattr(v, "tolist") and not np.isscalar(v)), None)
+            if array is not None:  # a tensor or ndarray, which Arrow's inference does not take
+                raise TypeError(
+                    f"ParquetReader.write: column {key!r} of {path.name!r} holds "
+                    f"{type(array).__name__} values; convert them to Python values "
+                    "(value.tolist())."
+                ) from exc
             example = {key: "uint64" if isinstance(exc, OverflowError) else "string"}
             raise TypeError(
                 f"ParquetReader.write: column {key!r} of {path.name!r} holds values of no one "
@@ -299,7 +306,7 @@ class ParquetReader:
             if field.name not in table.column_names:
                 t = field.type
                 # A sparse column this file's rows lack is nulls, as a row without it is; a
-                # number or list column cannot read a null back (nor can a misspelt name).
+                # column read as tensors cannot read a null back (nor can a misspelt name).
                 if refuses_nulls(pa, t):
                     raise ValueError(
                         f"ParquetReader(schema=...) names {t} column {field.name!r}, which no "

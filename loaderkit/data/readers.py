@@ -619,7 +619,13 @@ class TokenReader:
         """Write 1-D token ids to ``path`` (``.npy``, else raw bytes of ``dtype``)."""
         path = Path(path)
         arr = np.asarray(data)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        if (  # Python ints past int64, which numpy rounds to float64
+            arr.dtype.kind in "fO"
+            and isinstance(data, list | tuple)
+            and all(type(v) is int for v in data)
+        ):
+            arr = np.array(data, dtype=object)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iuO"):
             raise ValueError(
                 f"TokenReader.write: {str(path)!r} got dtype {arr.dtype} and shape {arr.shape}, "
                 "not 1-D integer token ids; "

@@ -22,7 +22,7 @@ from loaderkit._checks import (
     getitem_overridden,
     reads_overridden,
 )
-from loaderkit.collate import promoting_collate
+from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
@@ -592,8 +592,7 @@ class ShardedDataset(Dataset[Any]):
             return promoting_collate(samples)
         except (RuntimeError, TypeError) as exc:
             raise CollateError(
-                f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); pass "
-                "collate_fn=loaderkit.PadCollate() to the loader for samples of different lengths.",
+                f"ShardedDataset: the samples of a batch cannot be stacked ({exc}); {STACK_FIX}.",
             ) from exc
 
     def plan(

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, get_worker_info
 
+from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import (
     Cursor,
@@ -111,8 +112,17 @@ class _SlotBatches(EngineSource):
             )
         try:
             return self.collate(samples)
-        except Exception as exc:
-            return FailedBatch(exc)
+        except Exception as exc:  # named as a planned loader's collate failure is
+            if isinstance(exc, LoaderkitError):
+                return FailedBatch(exc)
+            fix = STACK_FIX if self.collate is promoting_collate else "fix collate_fn"
+            return FailedBatch(
+                worker_error_from(
+                    f"collate_fn failed on a stream batch of {len(samples)} samples with "
+                    f"{type(exc).__name__}: {exc}; {fix} (traceback chained above).",
+                    exc,
+                )
+            )
 
 
 class StreamEngine(WorkerStreams):

@@ -452,6 +452,19 @@ def test_rows_with_other_keys_are_written_not_dropped(tmp_path: Path) -> None:
         ParquetReader().write(tmp_path / "x.parquet", [{"id": 0}, [1]])
 
 
+def test_a_null_in_a_column_not_read_as_tensors_reads_as_none(tmp_path: Path) -> None:
+    # Hunter 350: a list<string> or list<list<int>> row left out was written, then every batch
+    # holding it was refused (only numbers and lists of numbers become tensors).
+    rows: list[dict[str, Any]] = [{"tags": ["a"], "nested": [[1]], "y": i} for i in range(6)]
+    rows[3] = {"y": 3}
+    write_shards(tmp_path, [rows], ParquetReader(), progress=False)
+    loader = ResumableDataLoader(
+        ShardedDataset(tmp_path, ParquetReader()), batch_size=2, collate_fn=list
+    )
+    got = {int(s["y"]): (s["tags"], s["nested"]) for batch in loader for s in batch}
+    assert got == {i: (None, None) if i == 3 else (["a"], [[1]]) for i in range(6)}
+
+
 @pytest.mark.parametrize("wrap", ["subset", "concat"])
 def test_a_mixed_source_split_by_torch_is_checked_as_the_source(tmp_path: Path, wrap: str) -> None:
     # Through a Subset (a train split) the check was skipped: ids 2**24 + 1.. came as float32.

@@ -880,6 +880,18 @@ def test_drop_last_drops_less_than_a_global_step(shards: list[Path]) -> None:
 
 
 # -------------------------------------------------------------------- readers
+def test_python_token_ids_past_int64_are_written_exactly(tmp_path: Path) -> None:
+    # Hunter 350: numpy reads [2**63 + 1, 1] as float64; they were refused with a fix
+    # (astype(np.int64)) that would wrap them.
+    reader = TokenReader(seq_len=2, dtype=np.uint64, out_dtype=None)
+    (path,) = write_shards(tmp_path / "u", [[2**63 + 1, 1]], reader, progress=False)
+    assert np.load(path).tolist() == [2**63 + 1, 1]
+    with pytest.raises(ValueError, match=r"\[1, 9223372036854775809\] do not fit int64"):
+        TokenReader(seq_len=2).write(tmp_path / "x.npy", [2**63 + 1, 1])
+    with pytest.raises(ValueError, match="got dtype float64"):  # floats stay refused
+        TokenReader(seq_len=2).write(tmp_path / "x.npy", [1.0, 2])
+
+
 def test_token_reader_npy_and_bin_fixed_length_and_targets(tmp_path: Path) -> None:
     tokens = [np.arange(10), np.arange(10, 23)]
     for suffix in (".npy", ".bin"):

@@ -39,6 +39,7 @@ from loaderkit import (
     MissingShardError,
     MixedDataset,
     PadCollate,
+    ParquetReader,
     PlanBatchSampler,
     ResumableDataLoader,
     SamplePlan,
@@ -138,6 +139,19 @@ def stream_ds(**kwargs: Any) -> StreamingShardedDataset:
     return StreamingShardedDataset(
         [(0, 5), (5, 7), (12, 4)], IterableReader(read_range), shuffle_shards=False, **kwargs
     )
+
+
+def parquet_of_tensors(path: Path) -> Any:
+    pytest.importorskip("pyarrow")
+    return ParquetReader().write(path, [{"x": torch.ones(2)}, {"x": torch.ones(1)}])
+
+
+def _ragged(shard: tuple[int, int]) -> Any:
+    yield from (torch.ones(1 + i) for i in range(shard[1]))
+
+
+def ragged_stream() -> StreamingShardedDataset:
+    return StreamingShardedDataset([(0, 2)], IterableReader(_ragged), shuffle_shards=False)
 
 
 def stream_state(**edits: Any) -> dict[str, Any]:
@@ -1266,6 +1280,14 @@ SHARDS = [
         "no write",
         "write\\(path, data\\)",
     ),
+    Bad(  # hunter 350: "values of no one Arrow type; name its type in schema=" (no help)
+        "ParquetReader.write tensor values",
+        lambda tmp: parquet_of_tensors(tmp / "t.parquet"),
+        TypeError,
+        "column 'x' of 't.parquet'",
+        "Tensor values",
+        "value\\.tolist\\(\\)",
+    ),
     Bad(
         "TokenReader.write out of range",
         lambda tmp: TokenReader(4, dtype=np.uint8).write(tmp / "w.bin", [1, 300]),
@@ -1389,6 +1411,22 @@ class IterableNoSuffix:
 
 
 COLLATE = [
+    Bad(  # hunter 350: it said "pass another lengths_key", which a DataModule does not take
+        "PadCollate output key in the samples",
+        lambda tmp: PadCollate()([{"x": [1], "lengths": 1}, {"x": [1, 2], "lengths": 2}]),
+        CollateError,
+        "PadCollate",
+        "key 'lengths'",
+        "another lengths_key.*or leave that field out \\(a reader's columns=\\)",
+    ),
+    Bad(  # hunter 350: torch's bare promotion error, with no loaderkit name or fix
+        "stream samples the default collate cannot stack",
+        lambda tmp: first_batch(loader_of(ragged_stream(), batch_size=2)),
+        RuntimeError,
+        "collate_fn failed on a stream batch of 2 samples",
+        "stack expects each tensor to be equal size",
+        "PadCollate\\(\\) for samples of different lengths.*out_dtype=",
+    ),
     Bad(
         "padding_side",
         lambda tmp: PadCollate(padding_side="up"),
