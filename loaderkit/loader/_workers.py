@@ -511,7 +511,10 @@ def worker_failure(
             "the workers more memory if the kernel killed them for it)"
         )
         if starting and not oom:  # died idle: nothing of the epoch was loaded
-            fix = "The epoch has not begun: iterate the loader again for new workers"
+            fix = (
+                "The epoch has not begun: iterate the loader again for new workers (under a "
+                "Trainer, resume the fit from its last checkpoint)"
+            )
         message = "DataLoader " + "; ".join(parts) + f". {fix}."
     return WorkerError(message, index=indices[0] if len(indices) == 1 else indices or None)
 
