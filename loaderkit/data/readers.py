@@ -412,6 +412,11 @@ def check_pinned(handle: Any, pinned: str | None, name: str, path: Any) -> None:
         )
 
 
+def _is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python's or numpy's), not a bool."""
+    return (type(value) is int) or isinstance(value, np.integer)
+
+
 def out_numpy_dtype(reader: TokenReader, stored: np.dtype, shard: str) -> np.dtype:
     """The numpy dtype ``reader`` returns ``shard``'s ``stored`` tokens in; checks ``eos``."""
     if reader.eos is not None and reader.eos > np.iinfo(stored).max:
@@ -619,13 +624,10 @@ class TokenReader:
         """Write 1-D token ids to ``path`` (``.npy``, else raw bytes of ``dtype``)."""
         path = Path(path)
         arr = np.asarray(data)
-        if (  # Python ints past int64, which numpy rounds to float64
-            arr.dtype.kind in "fO"
-            and isinstance(data, list | tuple)
-            and all(type(v) is int for v in data)
-        ):
-            arr = np.array(data, dtype=object)
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iuO"):
+        ints = arr.dtype.kind in "iu"
+        if arr.dtype.kind in "fO" and isinstance(data, list | tuple) and all(map(_is_int, data)):
+            arr, ints = np.array([int(v) for v in data], dtype=object), True  # past int64
+        if arr.ndim != 1 or (arr.size and not ints):
             raise ValueError(
                 f"TokenReader.write: {str(path)!r} got dtype {arr.dtype} and shape {arr.shape}, "
                 "not 1-D integer token ids; "

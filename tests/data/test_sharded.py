@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -884,12 +885,15 @@ def test_python_token_ids_past_int64_are_written_exactly(tmp_path: Path) -> None
     # Hunter 350: numpy reads [2**63 + 1, 1] as float64; they were refused with a fix
     # (astype(np.int64)) that would wrap them.
     reader = TokenReader(seq_len=2, dtype=np.uint64, out_dtype=None)
-    (path,) = write_shards(tmp_path / "u", [[2**63 + 1, 1]], reader, progress=False)
-    assert np.load(path).tolist() == [2**63 + 1, 1]
+    (path,) = write_shards(tmp_path / "u", [[2**63 + 1, np.int64(1)]], reader, progress=False)
+    assert np.load(path).tolist() == [2**63 + 1, 1] and np.load(path).dtype == np.uint64
     with pytest.raises(ValueError, match=r"\[1, 9223372036854775809\] do not fit int64"):
         TokenReader(seq_len=2).write(tmp_path / "x.npy", [2**63 + 1, 1])
     with pytest.raises(ValueError, match="got dtype float64"):  # floats stay refused
         TokenReader(seq_len=2).write(tmp_path / "x.npy", [1.0, 2])
+    for other in ([Decimal("1.5"), 2], np.array([1.5, 2], dtype=object), [None, 5]):
+        with pytest.raises(ValueError, match="not 1-D integer token ids"):  # review 353: not cut
+            TokenReader(seq_len=2, dtype=np.uint64).write(tmp_path / "x.npy", other)
 
 
 def test_token_reader_npy_and_bin_fixed_length_and_targets(tmp_path: Path) -> None:

@@ -126,6 +126,11 @@ def test_trainer_validate_without_a_val_split_is_refused_and_a_fit_without_one_r
     held_out = TensorDataModule(torch.arange(16.0), batch_size=4, val_fraction=0.25)
     L.Trainer(**trainer_kwargs()).validate(module, datamodule=held_out)
     assert module.val_batches == 1
+    # A subclass whose build_datasets("validate") returns no val is told so (review 353).
+    fit_only = _StageAware(torch.arange(8.0), val=(torch.arange(4.0),), batch_size=4)
+    fix = r"has no val data \(it has \[\]\); return it from build_datasets\('validate'\)"
+    with pytest.raises(ValueError, match=fix):
+        L.Trainer(**trainer_kwargs()).validate(module, datamodule=fit_only)
 
 
 def test_a_subclass_built_by_a_base_class_restore_leaves_no_data_to_it() -> None:

@@ -351,9 +351,12 @@ class LoaderDataModule(L.LightningDataModule):
         if split not in self._datasets and stage not in self._stages:
             self.setup(stage)
         if split not in self._datasets:
+            fix = f"pass {split} data when building it"
+            if not type(self).build_datasets.__module__.startswith("loaderkit."):
+                fix = f"return it from build_datasets({stage!r})"  # a user's subclass builds it
             raise ValueError(
                 f"{type(self).__name__} has no {split} data (it has {sorted(self._datasets)}); "
-                f"pass {split} data when building it"
+                + fix
                 + (
                     ", or set val_fraction to hold out train samples"
                     if split == "val" and not self.val_fraction
