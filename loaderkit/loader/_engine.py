@@ -78,6 +78,8 @@ def set_epoch_keeping(
 ) -> None:
     """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one."""
     loaded = cursor.loaded(plan)
+    if loaded is None and not late and _names_the_iteration(host, cursor, plan, epoch):
+        return
     if loaded is not None and epoch != loaded[0]:
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
             cursor.set_epoch(epoch, late=late)
@@ -91,6 +93,25 @@ def set_epoch_keeping(
         if dropped:
             return
     cursor.set_epoch(epoch, late=late)
+
+
+def _names_the_iteration(host: Host, cursor: PlanCursor, plan: Any, epoch: int) -> bool:
+    """Whether a loop's ``set_epoch(epoch)`` names the iteration of ``epoch`` under way (a
+    call repeated inside the epoch): it then changes nothing. Refuses one after an iteration
+    that resumed a loaded position was dropped part-way (a peek), whose rest is not known."""
+    if host.caller().restarting_mid_epoch(host.loader) is not None or cursor.epoch != epoch:
+        return False  # a fit loop's own calls are handled as it makes them
+    run = host.live_run()
+    if run is not None and not run.finished:
+        return cursor.names_running(epoch)
+    if cursor.from_load and cursor.iterating(plan):
+        raise StateMismatchError(
+            f"ResumableDataLoader.set_epoch({epoch}): the iteration that resumed the loaded "
+            "state was dropped part-way through that epoch, so what the loop trained of it is "
+            "unknown. Peek at a batch before load_state_dict, or load the state again after "
+            "the peek."
+        )
+    return False
 
 
 def _replaces_loaded(
@@ -330,7 +351,8 @@ class WorkerStreams:
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a last batch may not be known last).
-            self._position.set_epoch(epoch, late=late)
+            if late or not _names_the_iteration(self.host, self._position, self, epoch):
+                self._position.set_epoch(epoch, late=late)
         else:
             set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)
 

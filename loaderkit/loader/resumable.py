@@ -237,8 +237,8 @@ class ResumableDataLoader:
     def _set_epoch(self, epoch: int, *, sampler: bool = True) -> None:
         """:meth:`set_epoch`, from ``loader.sampler.set_epoch`` where ``sampler`` (the call
         Lightning makes): an evaluation's own epoch count is then kept at 0."""
-        fix = "pass the trainer's current epoch"
-        check_int("epoch", epoch, 0, owner="ResumableDataLoader", fix=fix)
+        fix = "pass the epoch your loop (or the trainer) counts"
+        epoch = check_int("epoch", epoch, 0, owner="ResumableDataLoader", fix=fix, numpy_ok=True)
         host = host_of(self)
         meant = host.epoch_meant(self, epoch)  # None: not the host's fit loop
         late = meant is not None and bool(host.held_batches(self))  # it prefetched first

@@ -215,7 +215,8 @@ _HELD = {
     "shard_counts_crc32": "the shard files hold other sample counts than the saved run's "
     "(rewritten since)",
     "listing_crc32": "the dataset holds other samples than the saved run's at the same length: "
-    "a Subset of other indices (random_split without a seeded generator=) or other files",
+    "a Subset of other indices (random_split without a seeded generator=), other files, or "
+    "an image folder's other classes",
 }
 
 
@@ -313,6 +314,7 @@ class PlanCursor:
     _host_epoch: int | None = None  # the host's epoch as the iteration began
     _ran_out: bool = False  # a loaded position's empty iteration was handed out
     _named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
+    from_load: bool = False  # the last iteration began at a loaded position part-way
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -381,6 +383,10 @@ class PlanCursor:
         """Whether no loaded position or ``set_epoch`` of another epoch replaces the last one."""
         return not self._resume and self._explicit in (None, self.epoch)
 
+    def names_running(self, epoch: int) -> bool:
+        """Whether ``epoch`` is the live iteration's, and nothing named another since."""
+        return self._live() and self.epoch == epoch
+
     def iterating(self, plan: Any) -> bool:
         """Whether the next iteration goes on in the epoch begun last (live, not complete)."""
         return self._live() and self.position < plan.epoch_length(self.epoch)
@@ -410,6 +416,7 @@ class PlanCursor:
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
         epoch, start, steps_done = self.upcoming(plan)
+        self.from_load = self._resume and start > 0
         self._resume, self._explicit, self.started, self._named_late = False, None, True, None
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done

@@ -109,8 +109,7 @@ class PlanBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield ``epoch`` (from its start, unless resuming it)."""
         owner, fix = f"{type(self).__name__}.set_epoch", "pass the epoch about to start"
-        check_int("epoch", epoch, 0, owner=owner, fix=fix)
-        self._cursor.set_epoch(epoch)
+        self._cursor.set_epoch(check_int("epoch", epoch, 0, owner=owner, fix=fix, numpy_ok=True))
 
     def __iter__(self) -> Iterator[list[int]]:
         self._not_lent("__iter__", "iterate the loader")

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -22,6 +23,7 @@ from loaderkit import (
     SamplePlan,
     StreamingShardedDataset,
 )
+from loaderkit.errors import StateMismatchError
 
 N, BATCH = 23, 4
 
@@ -167,3 +169,62 @@ def test_set_epoch_after_a_save_on_an_iterables_last_batch_starts_that_epoch() -
     again.load_state_dict(first.state_dict())
     again.set_epoch(1)
     assert [b.tolist() for b in again] == [b.tolist() for b in head]
+
+
+@pytest.mark.parametrize("name", ["planned", "stream", "iterable"])
+def test_set_epoch_repeated_inside_the_epoch_names_the_running_one(name: str) -> None:
+    # Hunter 354: a loop naming its epoch again mid-epoch (a per-step hook) saved, at the
+    # epoch's last batch, that epoch's start: the resumed loop trained it twice.
+    make = LOADERS[name]
+    reference, full = make(), []
+    for e in range(2):
+        set_epoch(reference, e)
+        full += values(reference)
+    first, head = make(), []
+    set_epoch(first, 0)
+    for batch in first:
+        set_epoch(first, 0)
+        head.append(torch.as_tensor(batch).tolist())
+    again, rest = make(), []
+    load(again, save(first))
+    for e in range(save(first)["epoch"], 2):
+        set_epoch(again, e)
+        rest += values(again)
+    assert head + rest == full
+
+
+@pytest.mark.parametrize("name", ["planned", "stream", "iterable"])
+def test_a_peek_after_loading_a_part_way_state_is_refused_by_set_epoch(name: str) -> None:
+    # Hunter 354: the peek took the loaded epoch's next batch and set_epoch(0) then began the
+    # epoch afresh: the resumed loop trained the saved batches twice.
+    make = LOADERS[name]
+    epoch0, first = values(make()), make()
+    set_epoch(first, 0)
+    batches = iter(first)
+    head = [torch.as_tensor(next(batches)).tolist() for _ in range(2)]
+    state = save(first)
+    del batches
+    again = make()
+    load(again, state)
+    next(iter(again))  # a look at the shapes
+    with pytest.raises(StateMismatchError, match=r"set_epoch\(0\): the iteration that resumed"):
+        set_epoch(again, 0)
+    again = make()
+    next(iter(again))  # before loading: the state decides
+    load(again, state)
+    set_epoch(again, 0)
+    assert head + values(again) == epoch0
+
+
+def test_a_numpy_epoch_is_taken_as_torch_samplers_take_it() -> None:
+    # Hunter 354: `for epoch in np.arange(E)` was refused (DistributedSampler takes it).
+    def order(epoch: Any) -> list[Any]:
+        loader = LOADERS["planned"]()
+        set_epoch(loader, epoch)
+        return values(loader)
+
+    assert order(np.int64(1)) == order(1) != order(0)
+    plan = SamplePlan(num_samples=N, batch_size=BATCH, shuffle=True, seed=5)
+    sampler = PlanBatchSampler(plan, world_size=1)
+    sampler.set_epoch(np.int32(1))
+    assert [list(b) for b in sampler] == order(1)

@@ -455,7 +455,7 @@ ARGUMENTS = [
         ValueError,
         "epoch",
         "got -1",
-        "pass the trainer's current epoch",
+        "pass the epoch your loop \\(or the trainer\\) counts",
     ),
     Bad(
         "set_epoch str",
@@ -463,7 +463,7 @@ ARGUMENTS = [
         TypeError,
         "epoch",
         "'1'",
-        "pass the trainer's current epoch",
+        "pass the epoch your loop \\(or the trainer\\) counts",
     ),
 ]
 
