@@ -115,7 +115,20 @@ def _listing(ds: object) -> Any:
         names = [s[0] if isinstance(s, tuple | list) else s for s in chunk]
         text = ("\0" + "\0".join(map(str, names))).replace("\0" + root, "\0")
         crc = zlib.crc32(text.encode("utf-8", "surrogateescape"), crc)
-    return "files", crc
+    classes = _classes(ds)
+    return ("files", crc) if classes is None else ("files", crc, classes)
+
+
+def _classes(folder: Any) -> Any:
+    """A folder dataset's class list where its files do not imply it (an empty class folder,
+    a ``find_classes`` of its own), else None: the labels then follow the file names."""
+    classes = getattr(folder, "class_to_idx", None)
+    if not isinstance(classes, dict):
+        return None
+    implied = {name: i for i, name in enumerate(sorted(classes))}
+    if classes == implied and len(set(getattr(folder, "targets", ()))) == len(classes):
+        return None
+    return zlib.crc32(repr(sorted(classes.items(), key=str)).encode())
 
 
 def _rows_crc32(subset: Any) -> int:

@@ -366,8 +366,8 @@ class BatchFetcher:
         except Exception as exc:
             index = index_list[len(samples)]
             method = "__getitems__" if self.mode == "getitems" else "__getitem__"
-            what, fix = f"sample index {index}", f"{method} for index {index}"
-            raise _load_error(what, epoch, exc, fix, index) from exc
+            what = f"sample index {index}{_file_of(self.dataset, index)}"
+            raise _load_error(what, epoch, exc, f"{method} for index {index}", index) from exc
 
     def _batched(self, fetch: Callable[[Any], Any], epoch: int, indices: Any) -> Any:
         try:
@@ -591,6 +591,18 @@ class KeySource:
 
     def __len__(self) -> int:
         return 0 if self.schedule is None else self.schedule.num_steps
+
+
+def _file_of(dataset: Any, index: int) -> str:
+    """`` (file '...')`` of a folder dataset's sample (``samples`` of ``(path, target)``, as
+    torchvision's), through splits; else ''."""
+    try:
+        while isinstance(dataset, _Subset | Subset):
+            index, dataset = int(dataset.indices[index]), dataset.dataset
+        path = dataset.samples[index][0] if hasattr(dataset, "samples") else None
+    except Exception:  # a name for the message only, never a second failure
+        return ""
+    return f" (file {path!r})" if isinstance(path, str) else ""
 
 
 # Here, not in lightning/: workers unpickle a DataModule's val split without Lightning.

@@ -245,6 +245,7 @@ class PlanEngine:
         """Load with ``count`` workers from the next batch on (``num_workers="auto"``)."""
         self.close()
         self.host.pool = dataclasses.replace(self.host.pool, num_workers=count)
+        self._skeleton = None  # the state's topology names the count
 
     def inner_loader(self, sched: Schedule) -> DataLoader[Any]:
         """The worker DataLoader of ``sched``: the persistent one, else a new one per iteration."""
@@ -477,6 +478,7 @@ def _run_auto(
     assert auto is not None
     while True:
         switch_to: int | None = None
+        position: int | None = None
         asked = time.perf_counter()
         with contextlib.closing(_batches(engine, sched)) as source:
             for step, batch in source:
@@ -490,10 +492,10 @@ def _run_auto(
                 if switch_to is not None and step + 1 < sched.num_steps:
                     position = sched.position_after(step)
                     break
-                switch_to = None
-            else:
-                return
-        engine.use_workers(switch_to)
+        if switch_to is not None:  # decided at the epoch's last batch: the next epoch's count
+            engine.use_workers(switch_to)
+        if position is None:
+            return
         sched = engine.rest_of_epoch(sched.epoch, position)
 
 

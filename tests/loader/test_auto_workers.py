@@ -172,6 +172,21 @@ def test_switching_workers_mid_epoch_yields_the_fixed_count_data(
     assert loader.num_workers == scripted.workers
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_switch_decided_at_an_epochs_last_batch_loads_the_next_epoch(persistent: bool) -> None:
+    # Hunter 356: dropped, while describe() named it (workers kept running after a verdict
+    # to stop them, or a verdict on workers drawn from in-process batches).
+    loader = make("auto", persistent_workers=persistent)
+    loader._host.auto = Scripted({15: 2, 30: 0})  # 15 batches an epoch
+    seen = []
+    for _ in range(3):
+        seen.append(run(loader, epochs=1)[0])
+        seen.append(loader.num_workers)
+        seen.append(loader.state_dict()["topology"]["num_workers"])
+    fixed = run(make(0), epochs=3)
+    assert seen == [fixed[0], 2, 2, fixed[1], 0, 0, fixed[2], 0, 0]
+
+
 def test_switching_on_one_rank_of_two_keeps_that_rank_s_batches() -> None:
     fixed = run(make(0, rank=1, world_size=2), epochs=2)
     loader = make("auto", rank=1, world_size=2)

@@ -1013,6 +1013,54 @@ def test_an_image_folder_listing_other_files_at_its_length_is_refused(tmp_path: 
     same.load_state_dict(state)  # reviews 266/270: known below its root, however spelt
 
 
+def test_an_image_folder_whose_classes_changed_without_its_files_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Hunter 355: an empty class folder added under ImageFolder(allow_empty=True) moved every
+    # label after it ([0, 0, 0, 1] read as [1, 1, 1, 2]); the files alone were compared.
+    datasets = pytest.importorskip("torchvision.datasets")
+    from loaderkit.data.mixing import listing_crc32
+
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        (tmp_path / "cls").mkdir(exist_ok=True)
+        (tmp_path / "cls" / name).write_bytes(b"")
+
+    def folder() -> Any:
+        return datasets.ImageFolder(tmp_path, loader=str, allow_empty=True)
+
+    assert listing_crc32(folder()) == 3407660005  # an earlier version's: its states load
+    state = _mid_epoch_state(folder())
+    (tmp_path / "bird").mkdir()
+    resumed = ResumableDataLoader(folder(), batch_size=4, shuffle=True, seed=1)
+    with pytest.raises(loaderkit.StateMismatchError, match=r"listing_crc32.*other classes"):
+        resumed.load_state_dict(state)
+    state = _mid_epoch_state(folder())  # saved with the empty class: removing it is refused
+    (tmp_path / "bird").rmdir()
+    with pytest.raises(loaderkit.StateMismatchError, match="listing_crc32"):
+        ResumableDataLoader(folder(), batch_size=4, shuffle=True, seed=1).load_state_dict(state)
+
+
+def _refuse_c(path: str) -> str:
+    if path.endswith("c.png"):
+        raise OSError("image file is truncated")
+    return path
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_folder_sample_that_fails_to_load_names_its_file(
+    tmp_path: Path, num_workers: int
+) -> None:
+    # Hunter 355: the index alone, which under a split is not the folder's own.
+    datasets = pytest.importorskip("torchvision.datasets")
+    (tmp_path / "cls").mkdir()
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        (tmp_path / "cls" / name).write_bytes(b"")
+    split = Subset(datasets.ImageFolder(tmp_path, loader=_refuse_c), [3, 2])
+    loader = ResumableDataLoader(split, batch_size=2, num_workers=num_workers, collate_fn=list)
+    with pytest.raises(loaderkit.WorkerError, match=r"sample index 1 \(file '.*cls/c\.png'\)"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_random_split_beside_shards_is_checked_too(tmp_path: Path, wrapped: bool) -> None:
     # Review 270: with shard files in the dataset, only they were compared (review 271: and
