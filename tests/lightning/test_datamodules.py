@@ -332,6 +332,22 @@ def test_image_folder_datamodule_trains(tmp_path: Path) -> None:
     assert dm.classes == ["cat", "dog"] and set(labels.tolist()) <= {0, 1}
 
 
+def test_image_settings_take_numpy_numbers_and_keep_python_ones(tmp_path: Path) -> None:
+    # Hunter 355: np.float32 refused as "must be a number"; numpy's float64 was taken.
+    import io
+
+    root = make_image_tree(tmp_path / "train")
+    mean = (np.float32(0.5), np.float32(0.5), np.float32(0.5))
+    dm = ImageFolderDataModule(str(root), image_size=8, mean=mean, color_jitter=np.float32(0.2))
+    saved = io.BytesIO()
+    torch.save(dict(dm.hparams), saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=True)
+    assert loaded["mean"] == (0.5, 0.5, 0.5) and type(loaded["color_jitter"]) is float
+    with pytest.raises(ValueError, match=r"mean must be a tuple of 3 numbers.*got array"):
+        ImageFolderDataModule(str(root), mean=np.array([0.5, 0.5, 0.5]))
+
+
 def test_image_augmentation_is_bit_identical_across_workers_and_resume(tmp_path: Path) -> None:
     root = str(make_image_tree(tmp_path / "imgs"))
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -26,26 +27,26 @@ def _torchvision() -> tuple[Any, Any]:
     )
 
 
+def _real(value: object) -> TypeGuard[float]:
+    """A number (Python's or numpy's scalar), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _triple(owner: str, name: str, value: object, positive: bool) -> tuple[float, float, float]:
-    numbers = (
-        list(value)
-        if isinstance(value, (tuple, list))
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        else []
-    )
-    if len(numbers) != 3 or (positive and min(numbers) <= 0):
-        rule = "3 numbers > 0" if positive else "3 numbers"
+    given = list(value) if isinstance(value, (tuple, list)) and all(map(_real, value)) else []
+    if len(given) != 3 or (positive and min(given) <= 0):
+        rule = "a tuple of 3 numbers > 0" if positive else "a tuple of 3 numbers"
         raise ValueError(
             f"{owner}: {name} must be {rule}, one per RGB channel, got {value!r}; "
             f"pass e.g. {name}={IMAGENET_STD if positive else IMAGENET_MEAN}."
         )
-    return (float(numbers[0]), float(numbers[1]), float(numbers[2]))
+    return (float(given[0]), float(given[1]), float(given[2]))
 
 
 def _number(
     owner: str, name: str, value: object, rule: str, ok: Callable[[float], bool], example: str
 ) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not _real(value):
         raise TypeError(
             f"{owner}: {name} must be a number {rule}, got {value!r} ({type(value).__name__}); "
             f"pass {example}."
