@@ -300,6 +300,15 @@ def _difference(
     )
 
 
+def left_resume(epoch: int) -> StateMismatchError:
+    """A loop's ``set_epoch(epoch)`` after it left the iteration that resumed a loaded state."""
+    return StateMismatchError(
+        f"ResumableDataLoader.set_epoch({epoch}): the iteration that resumed the loaded state "
+        "was left part-way through that epoch, so what the loop trained of it is unknown. "
+        "Peek at a batch before load_state_dict, or load the state again after the peek."
+    )
+
+
 @dataclass(slots=True, eq=False)
 class PlanCursor:
     """Where a loader or sampler stands (``epoch, position, steps_done``) and what it iterates
@@ -315,6 +324,7 @@ class PlanCursor:
     _ran_out: bool = False  # a loaded position's empty iteration was handed out
     _named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
     from_load: bool = False  # the last iteration began at a loaded position part-way
+    _named_running: int | None = None  # a loop's set_epoch of the epoch its iteration runs
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -384,8 +394,18 @@ class PlanCursor:
         return not self._resume and self._explicit in (None, self.epoch)
 
     def names_running(self, epoch: int) -> bool:
-        """Whether ``epoch`` is the live iteration's, and nothing named another since."""
-        return self._live() and self.epoch == epoch
+        """Whether ``epoch`` is the live iteration's (nothing named another since): then a
+        new iteration begun before that one ends starts ``epoch`` afresh."""
+        if not (self._live() and self.epoch == epoch):
+            return False
+        self._named_running = epoch
+        return True
+
+    def _restarts_named(self, plan: Any) -> bool:
+        """Whether the next iteration begins again the running epoch a loop named (its
+        iteration left before its end)."""
+        unfinished = self.position < plan.epoch_length(self.epoch)
+        return self._named_running == self.epoch and unfinished and not self._resume
 
     def iterating(self, plan: Any) -> bool:
         """Whether the next iteration goes on in the epoch begun last (live, not complete)."""
@@ -408,6 +428,8 @@ class PlanCursor:
             return self.epoch, self.position, self.steps_done
         if self._explicit is not None:
             return self._explicit, 0, 0
+        if self._restarts_named(plan):
+            return self.epoch, 0, 0
         named = None if host_epoch is None else self._named(host_epoch, plan, restarts)
         if named is not None:
             return named, 0, 0
@@ -415,9 +437,12 @@ class PlanCursor:
 
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
+        if self.from_load and self._explicit is None and self._restarts_named(plan):
+            raise left_resume(self.epoch)
         epoch, start, steps_done = self.upcoming(plan)
         self.from_load = self._resume and start > 0
         self._resume, self._explicit, self.started, self._named_late = False, None, True, None
+        self._named_running = None
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 

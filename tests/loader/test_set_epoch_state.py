@@ -228,3 +228,33 @@ def test_a_numpy_epoch_is_taken_as_torch_samplers_take_it() -> None:
     sampler = PlanBatchSampler(plan, world_size=1)
     sampler.set_epoch(np.int32(1))
     assert [list(b) for b in sampler] == order(1)
+
+
+@pytest.mark.parametrize("name", ["planned", "stream", "iterable"])
+def test_set_epoch_beside_a_held_peek_begins_that_epoch_again(name: str) -> None:
+    # Review 357: with the peek's iterator held (live), set_epoch(0) named it and changed
+    # nothing, so the loop's new iter() began epoch 1: epoch 0's order was never trained.
+    make = LOADERS[name]
+    reference = make()
+    expected = []
+    for e in range(2):
+        set_epoch(reference, e)
+        expected += values(reference)
+    loader, got = make(), []
+    peek = iter(loader)
+    next(peek)
+    for e in range(2):
+        set_epoch(loader, e)
+        got += values(loader)
+    assert got == expected
+    first = make()
+    batches = iter(first)
+    next(batches)
+    state = save(first)
+    again = make()
+    load(again, state)
+    held = iter(again)
+    next(held)  # a peek after loading, held
+    set_epoch(again, 0)
+    with pytest.raises(StateMismatchError, match=r"set_epoch\(0\): the iteration that resumed"):
+        values(again)
