@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import threading
 import time
@@ -373,6 +374,12 @@ def _permanent(what: str, url: str, exc: Exception) -> ShardError | None:
         return ShardError(
             f"{what} {url!r}: permission denied ({exc}); check the credentials "
             "(storage_options=, or the provider's environment variables).",
+            path=url,
+        )
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return ShardError(
+            f"{what} {url!r}: the disk it is written to is full or read-only ({exc}); free "
+            "space there (a download's: RemoteCache(cache_dir=), or max_bytes= below its room).",
             path=url,
         )
     if isinstance(exc, _PERMANENT):

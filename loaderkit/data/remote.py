@@ -108,6 +108,9 @@ DEFAULT_CACHE_BYTES = 32 << 30
 _MAX_UNPLANNED_LEASES = 16
 _BlockJob = tuple[int, tuple[int, ...]]  # (shard, blocks of it)
 _WHOLE_SECONDS = re.compile(r"\d+(\.0)?")  # also an integer ETag or generation: fetched again
+# nginx's default ETag: its mtime in whole seconds and its size, in hex (an S3 multipart
+# ETag's 32-digit MD5 is longer).
+_MTIME_ETAG = re.compile(r'(W/)?"?[0-9a-f]{1,12}-[0-9a-f]{1,16}"?')
 
 
 def _check_seconds(name: str, value: object, example: float, *, zero_ok: bool) -> None:
@@ -277,7 +280,8 @@ def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, Remo
 def _keys_copy(version: str) -> bool:
     """Whether a copy keyed by ``version`` holds across listings: not a time in whole seconds
     (``Last-Modified``, an SFTP ``mtime``), which two versions may share."""
-    return bool(version) and not (version.endswith(" GMT") or _WHOLE_SECONDS.fullmatch(version))
+    seconds = version.endswith(" GMT") or _WHOLE_SECONDS.fullmatch(version)
+    return bool(version) and not (seconds or _MTIME_ETAG.fullmatch(version))
 
 
 def _local_footer(path: Path) -> bytes | None:
@@ -893,6 +897,8 @@ class RemoteShards:
         if self.cache.range_reads is False or not self.ranged_ok or self._no_ranges:
             return False
         if not isinstance(reader, TokenReader) or reader.seq_len is None or self._digest(index):
+            return False
+        if self.versionless(index):  # blocks fetched apart could hold two versions
             return False
         return shard.name.endswith((".npy", ".bin")) and shard.size > 0  # not .zst
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import operator
@@ -597,8 +598,13 @@ def _file_of(dataset: Any, index: int) -> str:
     """`` (file '...')`` of a folder dataset's sample (``samples`` of ``(path, target)``, as
     torchvision's), through splits; else ''."""
     try:
-        while isinstance(dataset, _Subset | Subset):
-            index, dataset = int(dataset.indices[index]), dataset.dataset
+        while isinstance(dataset, _Subset | Subset | ConcatDataset):
+            if isinstance(dataset, ConcatDataset):
+                part = bisect.bisect_right(dataset.cumulative_sizes, index)
+                index -= dataset.cumulative_sizes[part - 1] if part else 0
+                dataset = dataset.datasets[part]
+            else:
+                index, dataset = int(dataset.indices[index]), dataset.dataset
         path = dataset.samples[index][0] if hasattr(dataset, "samples") else None
     except Exception:  # a name for the message only, never a second failure
         return ""

@@ -51,7 +51,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(params=[True, False], ids=["ranges", "no-ranges"])
 def http(served: Path, request: pytest.FixtureRequest) -> Any:
-    with LocalHTTP(served, ranges=request.param) as server:
+    with LocalHTTP(served, ranges=request.param, etags=True) as server:
         yield server
 
 
@@ -83,6 +83,20 @@ def test_http_shards_give_the_batches_of_local_files(
         assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
     else:  # whole files (fsspec may still ask for a file's bytes with a Range header)
         assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
+
+
+def test_shards_versioned_by_whole_seconds_are_fetched_whole(served: Path, tmp_path: Path) -> None:
+    # Hunter 359: blocks fetched apart held two versions of a shard rewritten at its size in
+    # the second its Last-Modified names (888 samples of one, 3208 of the other).
+    with LocalHTTP(served) as http:  # Last-Modified alone, as Python's http.server
+        ds = ShardedDataset(
+            f"{http.url}/corpus/",
+            READER,
+            remote=RemoteCache(cache_dir=tmp_path / "c", range_reads=True, block_bytes=32),
+        )
+        epochs(ds)
+    info = ds.describe()["remote"]
+    assert info["fetched"] == len(SIZES) and info["blocks_fetched"] == 0, info
 
 
 def test_a_missing_http_shard_names_its_url(http: LocalHTTP, tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ by a listing that reads none. Two datasets on one cache directory stand in for t
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
+import re
 import uuid
 import warnings
 from pathlib import Path
@@ -74,7 +77,10 @@ def test_a_same_size_replacement_of_a_versionless_object_is_read_anew(
     assert first[0].tolist() == [1] * SEQ  # its own listing's copy: still 1
 
 
-@pytest.mark.parametrize("version", ["1700000000", "1700000000.0"])
+@pytest.mark.parametrize(
+    "version",
+    ["1700000000", "1700000000.0", '"6553f100-38"', 'W/"6553f100-38"'],  # nginx's ETag: hunter 359
+)
 def test_a_version_in_whole_seconds_keys_a_copy_within_its_listing_only(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
@@ -87,13 +93,15 @@ def test_a_version_in_whole_seconds_keys_a_copy_within_its_listing_only(
     assert make(folder, tmp_path)[0].tolist() == [99] * SEQ
 
 
-@pytest.mark.parametrize("store", ["versioned", "versionless-hashed"])
+@pytest.mark.parametrize("store", ["versioned", "versionless-hashed", "s3-multipart"])
 def test_a_versioned_or_hashed_object_is_reused_across_listings(
     folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str
 ) -> None:
     hashed = store == "versionless-hashed"
     if hashed:
         monkeypatch.setattr(_fs, "version_of", lambda entry: "")
+    if store == "s3-multipart":  # an MD5 and a part count: not nginx's time and size
+        monkeypatch.setattr(_fs, "version_of", lambda e: '"d41d8cd98f00b204e9800998ecf8427e-3"')
     arrays = [np.full(3 * SEQ, 1, dtype=np.uint16), np.zeros(SEQ, np.uint16)]
     write_shards(folder, arrays, READER, hash="sha256" if hashed else None)
     assert make(folder, tmp_path)[0].tolist() == [1] * SEQ
@@ -215,3 +223,14 @@ def test_a_decoded_shard_listed_with_both_dtype_sidecars_is_a_cache_hit(
         assert ds[0].tolist() == list(range(8))
         info = ds.describe()["remote"]
         assert (info["fetched"], info["hits"]) == ((1, 1) if run == 0 else (0, 1)), info
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_or_read_only_disk_is_named_and_not_retried(code: int) -> None:
+    # Hunter 359: retried 4 times, then told to check the network and raise retries=.
+    from loaderkit import ShardError
+
+    error = _fs._permanent("downloading", "memory://c/s.npy", OSError(code, os.strerror(code)))
+    assert isinstance(error, ShardError)
+    assert re.search(r"'memory://c/s\.npy': the disk .* full or read-only.*max_bytes=", str(error))
+    assert _fs._permanent("downloading", "memory://c/s.npy", OSError(errno.ECONNRESET, "")) is None

@@ -1055,7 +1055,8 @@ def test_a_folder_sample_that_fails_to_load_names_its_file(
     (tmp_path / "cls").mkdir()
     for name in ("a.png", "b.png", "c.png", "d.png"):
         (tmp_path / "cls" / name).write_bytes(b"")
-    split = Subset(datasets.ImageFolder(tmp_path, loader=_refuse_c), [3, 2])
+    folder = datasets.ImageFolder(tmp_path, loader=_refuse_c)
+    split = Subset(torch.utils.data.ConcatDataset([folder, folder]), [3, 6])
     loader = ResumableDataLoader(split, batch_size=2, num_workers=num_workers, collate_fn=list)
     with pytest.raises(loaderkit.WorkerError, match=r"sample index 1 \(file '.*cls/c\.png'\)"):
         next(iter(loader))

@@ -32,6 +32,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def send_head(self) -> Any:
         self.server.requests.append((self.command, self.path, self.headers.get("Range")))
         path = Path(self.translate_path(self.path))
+        self._served = path if path.is_file() else None
         spec = self.headers.get("Range")
         if not self.server.ranges or spec is None or not path.is_file():
             return super().send_head()
@@ -61,6 +62,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         return _Limited(f, end - start + 1)
 
+    def end_headers(self) -> None:
+        served = getattr(self, "_served", None)
+        if self.server.etags and served is not None:
+            stat = served.stat()  # a strong ETag, as object stores give: versions ranged reads
+            self.send_header("ETag", f'"v{stat.st_mtime_ns}-{stat.st_size}"')
+        super().end_headers()
+
 
 class _Limited:
     """A file object that reads at most ``left`` bytes (what copyfile sends)."""
@@ -81,11 +89,14 @@ class _Limited:
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     ranges: bool
+    etags: bool
     requests: list[tuple[str, str, str | None]]
 
 
 class LocalHTTP:
-    """Serve ``root`` on ``http://127.0.0.1:<free port>`` from a background thread.
+    """Serve ``root`` on ``http://127.0.0.1:<free port>`` from a background thread; with
+    ``etags``, every file answer has a strong ETag (as object stores give), else only the
+    ``Last-Modified`` of Python's ``http.server`` (whole seconds).
 
     Example::
 
@@ -93,14 +104,16 @@ class LocalHTTP:
             url = http.url + "/shards/"
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, ranges: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, ranges: bool = True, etags: bool = False
+    ) -> None:
         root = str(root)
 
         def handler(*args: Any, **kwargs: Any) -> _Handler:
             return _Handler(*args, directory=root, **kwargs)
 
         self.server = _Server(("127.0.0.1", 0), handler)
-        self.server.ranges = ranges
+        self.server.ranges, self.server.etags = ranges, etags
         self.server.requests = []
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
