@@ -105,6 +105,9 @@ def _listing(ds: object) -> Any:
     found = (None, ds.sources) if isinstance(ds, MixedDataset) else torch_parts(ds)
     if found is not None:
         return _joined(found[0], [_listing(d) for d in found[1]])
+    arrow = _arrow_files(ds.dataset if isinstance(ds, HFDataset) else ds)
+    if arrow is not None:
+        return "arrow", arrow
     if not any(c.__name__ == "DatasetFolder" for c in type(ds).__mro__):
         return None
     # Below the root: a folder copied or moved elsewhere (a job's scratch) keeps it.
@@ -117,6 +120,26 @@ def _listing(ds: object) -> Any:
         crc = zlib.crc32(text.encode("utf-8", "surrogateescape"), crc)
     classes = _classes(ds)
     return ("files", crc) if classes is None else ("files", crc, classes)
+
+
+def _arrow_files(data: Any) -> int | None:
+    """crc32 of the names and sizes of a ``datasets.Dataset``'s Arrow files (``cache_files``;
+    a ``map`` names its file by its function), else None. Not their times: each node of a
+    run, or the one it resumes on, has its own copies."""
+    files = getattr(data, "cache_files", None)
+    if not isinstance(files, list) or not files:
+        return None
+    stamps = []
+    for entry in files:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            return None
+        try:
+            size = os.path.getsize(name)
+        except OSError:  # removed since it was mapped: its name alone
+            size = -1
+        stamps.append((os.path.basename(name), size))
+    return zlib.crc32(repr(stamps).encode())
 
 
 def _classes(folder: Any) -> Any:

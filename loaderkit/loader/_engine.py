@@ -99,8 +99,11 @@ def _names_the_iteration(host: Host, cursor: PlanCursor, plan: Any, epoch: int) 
     """Whether a loop's ``set_epoch(epoch)`` names the iteration of ``epoch`` under way (a
     call repeated inside the epoch): it then changes nothing. Refuses one after an iteration
     that resumed a loaded position was dropped part-way (a peek), whose rest is not known."""
-    if host.caller().restarting_mid_epoch(host.loader) is not None or cursor.epoch != epoch:
-        return False  # a fit loop's own calls are handled as it makes them
+    caller = host.caller()
+    if caller.restarting_mid_epoch(host.loader) is not None or caller.evaluating() is not None:
+        return False  # a Trainer's own calls are handled as it makes them
+    if cursor.epoch != epoch:
+        return False
     run = host.live_run()
     if run is not None and not run.finished:
         return cursor.names_running(epoch)

@@ -119,6 +119,7 @@ class IterableEngine(WorkerStreams):
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, began = self._position.begin(self)
+        _tell_epoch(self.dataset, epoch)
         host.started = True
         cut_short = loaded is None and not self.complete  # live: the object stopped in place
         records = self.records = self._starts(epoch, loaded)
@@ -192,6 +193,7 @@ class IterableEngine(WorkerStreams):
     def _prime(self) -> None:
         """Open the in-process stream now, as ``DataLoader`` does at ``iter()``."""
         epoch = self._position.upcoming(self)[0]
+        _tell_epoch(self.dataset, epoch)
         it = open_stream(self.dataset, fresh_record(), 0, in_process=True)
         opened = Recorder(self.dataset, it, fresh_record(), in_process=True).after([])
         self._primed = (epoch, it, {**fresh_record(), **opened})
@@ -294,7 +296,11 @@ class IterableEngine(WorkerStreams):
 
     def identity(self) -> dict[str, Any]:
         dataset = type(self.dataset)
-        return {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+        out: dict[str, Any] = {"dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+        shards = getattr(self.dataset, "num_shards", None)  # its state is per shard (datasets)
+        if isinstance(shards, int) and not isinstance(shards, bool):
+            out["num_shards"] = shards
+        return out
 
     def state(self) -> dict[str, Any]:
         records, complete = list(self.records), self.complete
@@ -365,3 +371,12 @@ class IterableEngine(WorkerStreams):
         )
         self._primed, self._ran_end = None, False
         return self.resume(state, adopted)
+
+
+def _tell_epoch(dataset: Any, epoch: int) -> None:
+    """``dataset.set_epoch(epoch)`` where it has one, as accelerate's loaders call it: a
+    ``datasets.IterableDataset`` reshuffles by it, and applies a loaded state to the saved
+    epoch only (else again at every later one)."""
+    set_epoch = getattr(dataset, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)

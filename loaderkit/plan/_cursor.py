@@ -215,8 +215,8 @@ _HELD = {
     "shard_counts_crc32": "the shard files hold other sample counts than the saved run's "
     "(rewritten since)",
     "listing_crc32": "the dataset holds other samples than the saved run's at the same length: "
-    "a Subset of other indices (random_split without a seeded generator=), other files, or "
-    "an image folder's other classes",
+    "a Subset of other indices (random_split without a seeded generator=), other files (an "
+    "Arrow file of another map), or an image folder's other classes",
 }
 
 

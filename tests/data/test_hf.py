@@ -22,6 +22,7 @@ from loaderkit import (  # noqa: E402
     MissingDependencyError,
     PadCollate,
     ResumableDataLoader,
+    StateMismatchError,
 )
 from loaderkit.data import hf as hf_module  # noqa: E402
 from tests.support.loops import check_resume_oracle  # noqa: E402
@@ -275,3 +276,77 @@ def test_null_lengths_are_refused(column: list[Any]) -> None:
     data = datasets.Dataset.from_dict({"tok": column})
     with pytest.raises(ValueError, match=r"length_column 'tok' has 1 null value"):
         HFDataset(data, length_column="tok").lengths()
+
+
+def _xs(rows: list[dict[str, Any]]) -> list[int]:
+    return [int(r["x"]) for r in rows]
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_an_iterable_dataset_resumed_in_one_epoch_reads_the_later_ones_whole(
+    num_workers: int, persistent: bool
+) -> None:
+    # Hunter 358: its loaded state was applied again at every later iter() (datasets applies
+    # it while its epoch is the saved one): epoch 1 read [8..23], or nothing after a save at
+    # the epoch's last batch. The loader now tells the dataset its epoch (set_epoch).
+    def make() -> ResumableDataLoader:
+        rows = datasets.Dataset.from_dict({"x": list(range(24))})
+        stream = rows.to_iterable_dataset(num_shards=2)
+        kwargs = {"num_workers": num_workers, "persistent_workers": persistent}
+        return ResumableDataLoader(stream, batch_size=4, seed=1, collate_fn=_xs, **kwargs)
+
+    loader = make()
+    full = [b for _ in range(3) for b in loader]
+    assert sorted(x for b in full[6:12] for x in b) == list(range(24))
+    for k in (2, 6):
+        first = make()
+        batches = iter(first)
+        head = [next(batches) for _ in range(k)]
+        state = first.state_dict()
+        del batches
+        again, rest = make(), []
+        again.load_state_dict(state)
+        for _ in range(4):  # after a save at an epoch's last batch, its empty rest first
+            if len(head) + len(rest) < len(full):
+                rest += list(again)
+        assert head + rest == full
+
+
+def test_an_iterable_dataset_of_other_shards_is_refused_on_resume() -> None:
+    # Hunter 358: 4 shards saved, 2 resumed: accepted, 4 samples lost and 4 repeated.
+    def make(shards: int) -> ResumableDataLoader:
+        stream = datasets.Dataset.from_dict({"x": list(range(40))}).to_iterable_dataset(shards)
+        return ResumableDataLoader(stream, batch_size=4, seed=1, collate_fn=_xs)
+
+    first = make(4)
+    next(iter(first))
+    with pytest.raises(StateMismatchError, match="field 'num_shards' differs: saved 4, here 2"):
+        make(2).load_state_dict(first.state_dict())
+    make(4).load_state_dict(first.state_dict())
+
+
+def _same(row: dict[str, Any]) -> dict[str, Any]:
+    return {"x": row["x"]}
+
+
+def _reversed(row: dict[str, Any]) -> dict[str, Any]:
+    return {"x": 39 - row["x"]}
+
+
+def test_arrow_files_of_another_map_are_refused_on_resume(tmp_path: Path) -> None:
+    # Hunter 358: a dataset mapped again by another function (its rows in another order) was
+    # resumed: 10 of 40 rows repeated, 10 lost. Its Arrow files' names and sizes are compared.
+    datasets.Dataset.from_dict({"x": list(range(40))}).save_to_disk(tmp_path / "a")
+
+    def loader(fn: Any, wrap: bool) -> ResumableDataLoader:
+        data = datasets.load_from_disk(tmp_path / "a").map(fn)
+        source = HFDataset(data) if wrap else data
+        return ResumableDataLoader(source, batch_size=4, shuffle=True, seed=0, collate_fn=_xs)
+
+    for wrap in (True, False):
+        first = loader(_same, wrap)
+        next(iter(first))
+        state = first.state_dict()
+        loader(_same, wrap).load_state_dict(state)  # the same files
+        with pytest.raises(StateMismatchError, match=r"listing_crc32.*Arrow file of another map"):
+            loader(_reversed, wrap).load_state_dict(state)
