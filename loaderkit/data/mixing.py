@@ -123,9 +123,9 @@ def _listing(ds: object) -> Any:
 
 
 def _arrow_files(data: Any) -> int | None:
-    """crc32 of the names and sizes of a ``datasets.Dataset``'s Arrow files (``cache_files``;
-    a ``map`` names its file by its function), else None. Not their times: each node of a
-    run, or the one it resumes on, has its own copies."""
+    """crc32 of the sizes of a ``datasets.Dataset``'s Arrow files (``cache_files``), else
+    None. Not their times (each node of a run, or the one it resumes on, has its own
+    copies) nor names (random where ``datasets`` cannot hash a ``map``)."""
     files = getattr(data, "cache_files", None)
     if not isinstance(files, list) or not files:
         return None
@@ -136,9 +136,9 @@ def _arrow_files(data: Any) -> int | None:
             return None
         try:
             size = os.path.getsize(name)
-        except OSError:  # removed since it was mapped: its name alone
+        except OSError:  # removed since it was mapped
             size = -1
-        stamps.append((os.path.basename(name), size))
+        stamps.append(size)
     return zlib.crc32(repr(stamps).encode())
 
 

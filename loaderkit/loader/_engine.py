@@ -31,7 +31,7 @@ from loaderkit.loader._workers import (
     stop_inner,
     stop_workers,
 )
-from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_envelope, left_resume, seal
+from loaderkit.plan._cursor import STATE_VERSION, PlanCursor, check_envelope, seal
 from loaderkit.plan.samplers import _LenWatch
 
 # seed=None across ranks: DistributedSampler's default, so a script moved from it keeps its order.
@@ -108,7 +108,12 @@ def _names_the_iteration(host: Host, cursor: PlanCursor, plan: Any, epoch: int) 
     if run is not None and not run.finished:
         return cursor.names_running(epoch)
     if cursor.from_load and cursor.iterating(plan):
-        raise left_resume(epoch)
+        raise StateMismatchError(
+            f"ResumableDataLoader.set_epoch({epoch}): the iteration that resumed the loaded "
+            "state was left part-way through that epoch, so what the loop trained of it is "
+            "unknown. Peek at a batch before load_state_dict, or load the state again after "
+            "the peek."
+        )
     return False
 
 

@@ -66,6 +66,7 @@ class _StreamsSource(EngineSource):
             # Seeded as a worker started for this epoch (worker_init_fn seeded the first pass).
             epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
             seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
+            _tell_epoch(self.user_dataset, self.epoch + self._passes)  # its copy, kept
         self._passes += 1
         return worker_batches(self, worker, start, in_process=info is None)
 

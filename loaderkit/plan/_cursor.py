@@ -215,8 +215,8 @@ _HELD = {
     "shard_counts_crc32": "the shard files hold other sample counts than the saved run's "
     "(rewritten since)",
     "listing_crc32": "the dataset holds other samples than the saved run's at the same length: "
-    "a Subset of other indices (random_split without a seeded generator=), other files (an "
-    "Arrow file of another map), or an image folder's other classes",
+    "a Subset of other indices (random_split without a seeded generator=), other files (Arrow "
+    "files of other sizes), or an image folder's other classes",
 }
 
 
@@ -297,15 +297,6 @@ def _difference(
     return (
         f"field {key!r} differs: the state was saved with {key}={was!r}, this object has "
         f"{key}={expected!r}; build it with {key}={was!r} or start without the state."
-    )
-
-
-def left_resume(epoch: int) -> StateMismatchError:
-    """A loop's ``set_epoch(epoch)`` after it left the iteration that resumed a loaded state."""
-    return StateMismatchError(
-        f"ResumableDataLoader.set_epoch({epoch}): the iteration that resumed the loaded state "
-        "was left part-way through that epoch, so what the loop trained of it is unknown. "
-        "Peek at a batch before load_state_dict, or load the state again after the peek."
     )
 
 
@@ -394,18 +385,19 @@ class PlanCursor:
         return not self._resume and self._explicit in (None, self.epoch)
 
     def names_running(self, epoch: int) -> bool:
-        """Whether ``epoch`` is the live iteration's (nothing named another since): then a
-        new iteration begun before that one ends starts ``epoch`` afresh."""
+        """Whether ``epoch`` is the live iteration's (nothing named another since): a new
+        iteration begun before that one ends is then refused (:meth:`begin`)."""
         if not (self._live() and self.epoch == epoch):
             return False
         self._named_running = epoch
         return True
 
-    def _restarts_named(self, plan: Any) -> bool:
-        """Whether the next iteration begins again the running epoch a loop named (its
-        iteration left before its end)."""
+    def _left_named(self, plan: Any) -> bool:
+        """Whether the running epoch a loop named was left before its end, and nothing
+        named the next: a held iterator (a peek) and a loop stopped early look alike."""
         unfinished = self.position < plan.epoch_length(self.epoch)
-        return self._named_running == self.epoch and unfinished and not self._resume
+        named = self._named_running == self.epoch and self._explicit is None
+        return named and unfinished and not self._resume
 
     def iterating(self, plan: Any) -> bool:
         """Whether the next iteration goes on in the epoch begun last (live, not complete)."""
@@ -428,8 +420,6 @@ class PlanCursor:
             return self.epoch, self.position, self.steps_done
         if self._explicit is not None:
             return self._explicit, 0, 0
-        if self._restarts_named(plan):
-            return self.epoch, 0, 0
         named = None if host_epoch is None else self._named(host_epoch, plan, restarts)
         if named is not None:
             return named, 0, 0
@@ -437,8 +427,14 @@ class PlanCursor:
 
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
-        if self.from_load and self._explicit is None and self._restarts_named(plan):
-            raise left_resume(self.epoch)
+        if self._left_named(plan):
+            e = self.epoch
+            raise StateMismatchError(
+                f"ResumableDataLoader: iter() began a new iteration while epoch {e}'s, which "
+                f"set_epoch({e}) named as it ran, was left part-way: the next epoch is not "
+                f"known. Drop (del) a held iterator before set_epoch({e}), or call "
+                f"set_epoch({e + 1}) at the last step of an epoch you stop early."
+            )
         epoch, start, steps_done = self.upcoming(plan)
         self.from_load = self._resume and start > 0
         self._resume, self._explicit, self.started, self._named_late = False, None, True, None

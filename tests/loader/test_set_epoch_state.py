@@ -231,22 +231,37 @@ def test_a_numpy_epoch_is_taken_as_torch_samplers_take_it() -> None:
 
 
 @pytest.mark.parametrize("name", ["planned", "stream", "iterable"])
-def test_set_epoch_beside_a_held_peek_begins_that_epoch_again(name: str) -> None:
-    # Review 357: with the peek's iterator held (live), set_epoch(0) named it and changed
-    # nothing, so the loop's new iter() began epoch 1: epoch 0's order was never trained.
+def test_a_new_iteration_after_a_named_running_one_was_left_is_refused(name: str) -> None:
+    # Review 357: with a peek's iterator held, set_epoch(0) named it and the loop's iter()
+    # began epoch 1 (epoch 0 never trained). Review 360: a loop naming its epoch at each
+    # step and stopping early looks the same, and beginning that epoch again repeated it.
     make = LOADERS[name]
-    reference = make()
-    expected = []
-    for e in range(2):
-        set_epoch(reference, e)
-        expected += values(reference)
-    loader, got = make(), []
+    epoch0 = values(make())
+    left = r"iter\(\) began a new iteration while epoch 0's, which set_epoch\(0\) named"
+    loader = make()
     peek = iter(loader)
     next(peek)
-    for e in range(2):
-        set_epoch(loader, e)
-        got += values(loader)
-    assert got == expected
+    set_epoch(loader, 0)
+    with pytest.raises(StateMismatchError, match=left):
+        values(loader)
+    del peek
+    set_epoch(loader, 0)  # the fix the message names
+    assert values(loader) == epoch0
+    for stop_early in (True, False):
+        loader = make()
+        for step, _ in enumerate(loader):
+            set_epoch(loader, 0)
+            if step == 1:
+                if not stop_early:
+                    set_epoch(loader, 1)  # the documented last step of an early stop
+                break
+        if stop_early:
+            with pytest.raises(StateMismatchError, match=left):
+                values(loader)
+        else:
+            reference = make()
+            set_epoch(reference, 1)
+            assert values(loader) == values(reference)
     first = make()
     batches = iter(first)
     next(batches)
@@ -256,5 +271,41 @@ def test_set_epoch_beside_a_held_peek_begins_that_epoch_again(name: str) -> None
     held = iter(again)
     next(held)  # a peek after loading, held
     set_epoch(again, 0)
-    with pytest.raises(StateMismatchError, match=r"set_epoch\(0\): the iteration that resumed"):
+    with pytest.raises(StateMismatchError, match=left):
         values(again)
+
+
+class _EpochShuffled(IterableDataset[int]):
+    """Reshuffles by the epoch ``set_epoch`` gives, as a datasets.IterableDataset does."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(12, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        info = torch.utils.data.get_worker_info()
+        return iter(order if info is None else order[info.id :: info.num_workers])
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_the_loader_tells_an_iterable_dataset_its_epoch_in_every_worker(
+    num_workers: int, persistent: bool
+) -> None:
+    # Review 360: persistent workers kept the copy they started with at epoch 0.
+    def expected(epoch: int) -> set[tuple[int, ...]]:
+        order = torch.randperm(12, generator=torch.Generator().manual_seed(epoch)).tolist()
+        streams = [order[w::num_workers] for w in range(num_workers)] if num_workers else [order]
+        return {tuple(s[k : k + 3]) for s in streams for k in range(0, len(s), 3)}
+
+    loader = ResumableDataLoader(
+        _EpochShuffled(),
+        batch_size=3,
+        seed=0,
+        num_workers=num_workers,
+        persistent_workers=persistent,
+    )
+    for epoch in range(3):
+        assert {tuple(b.tolist()) for b in loader} == expected(epoch)
