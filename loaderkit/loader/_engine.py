@@ -78,8 +78,6 @@ def set_epoch_keeping(
 ) -> None:
     """``set_epoch(epoch)``, unless the host only replays an earlier epoch over a loaded one."""
     loaded = cursor.loaded(plan)
-    if loaded is None and not late and _names_the_iteration(host, cursor, plan, epoch):
-        return
     if loaded is not None and epoch != loaded[0]:
         if _replaces_loaded(host, cursor, plan, epoch, *loaded):
             cursor.set_epoch(epoch, late=late)
@@ -92,29 +90,17 @@ def set_epoch_keeping(
         dropped = cursor.host_starts(epoch)
         if dropped:
             return
-    cursor.set_epoch(epoch, late=late)
+    cursor.set_epoch(epoch, late=late, in_run=loaded is None and not late and _in_run(host))
 
 
-def _names_the_iteration(host: Host, cursor: PlanCursor, plan: Any, epoch: int) -> bool:
-    """Whether a loop's ``set_epoch(epoch)`` names the iteration of ``epoch`` under way (a
-    call repeated inside the epoch): it then changes nothing. Refuses one after an iteration
-    that resumed a loaded position was dropped part-way (a peek), whose rest is not known."""
+def _in_run(host: Host) -> bool:
+    """Whether a loop's ``set_epoch(epoch)`` comes while an iteration of it runs (a step
+    hook): a state saved at its last batch then keeps that epoch's end."""
     caller = host.caller()
     if caller.restarting_mid_epoch(host.loader) is not None or caller.evaluating() is not None:
         return False  # a Trainer's own calls are handled as it makes them
-    if cursor.epoch != epoch:
-        return False
     run = host.live_run()
-    if run is not None and not run.finished:
-        return cursor.names_running(epoch)
-    if cursor.from_load and cursor.iterating(plan):
-        raise StateMismatchError(
-            f"ResumableDataLoader.set_epoch({epoch}): the iteration that resumed the loaded "
-            "state was left part-way through that epoch, so what the loop trained of it is "
-            "unknown. Peek at a batch before load_state_dict, or load the state again after "
-            "the peek."
-        )
-    return False
+    return run is not None and not run.finished
 
 
 def _replaces_loaded(
@@ -354,8 +340,8 @@ class WorkerStreams:
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a last batch may not be known last).
-            if late or not _names_the_iteration(self.host, self._position, self, epoch):
-                self._position.set_epoch(epoch, late=late)
+            in_run = not late and _in_run(self.host)
+            self._position.set_epoch(epoch, late=late, in_run=in_run)
         else:
             set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)
 

@@ -315,7 +315,7 @@ class PlanCursor:
     _ran_out: bool = False  # a loaded position's empty iteration was handed out
     _named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
     from_load: bool = False  # the last iteration began at a loaded position part-way
-    _named_running: int | None = None  # a loop's set_epoch of the epoch its iteration runs
+    named_in_run: bool = False  # set_epoch named the epoch of the iteration running then
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -359,12 +359,14 @@ class PlanCursor:
         self._resume, self._explicit, self._host_epoch = False, epoch, epoch
         return True
 
-    def set_epoch(self, epoch: int, *, late: bool = False) -> None:
+    def set_epoch(self, epoch: int, *, late: bool = False, in_run: bool = False) -> None:
         """Make the next iteration ``epoch``; ``late``: set after the host took this iteration's
-        first batch (Lightning prefetches an unsized loader), so it names nothing new."""
+        first batch (Lightning prefetches an unsized loader), so it names nothing new;
+        ``in_run``: while an iteration of ``epoch`` runs (a state there keeps its position)."""
         if late and self.started and epoch == self._host_epoch:
             self._named_late = epoch
             return
+        self.named_in_run = in_run and self._live() and self.epoch == epoch
         self._explicit = epoch
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
@@ -383,21 +385,6 @@ class PlanCursor:
     def _live(self) -> bool:
         """Whether no loaded position or ``set_epoch`` of another epoch replaces the last one."""
         return not self._resume and self._explicit in (None, self.epoch)
-
-    def names_running(self, epoch: int) -> bool:
-        """Whether ``epoch`` is the live iteration's (nothing named another since): a new
-        iteration begun before that one ends is then refused (:meth:`begin`)."""
-        if not (self._live() and self.epoch == epoch):
-            return False
-        self._named_running = epoch
-        return True
-
-    def _left_named(self, plan: Any) -> bool:
-        """Whether the running epoch a loop named was left before its end, and nothing
-        named the next: a held iterator (a peek) and a loop stopped early look alike."""
-        unfinished = self.position < plan.epoch_length(self.epoch)
-        named = self._named_running == self.epoch and self._explicit is None
-        return named and unfinished and not self._resume
 
     def iterating(self, plan: Any) -> bool:
         """Whether the next iteration goes on in the epoch begun last (live, not complete)."""
@@ -427,18 +414,17 @@ class PlanCursor:
 
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
-        if self._left_named(plan):
-            e = self.epoch
+        if self.from_load and self._explicit == self.epoch and self.iterating(plan):
             raise StateMismatchError(
-                f"ResumableDataLoader: iter() began a new iteration while epoch {e}'s, which "
-                f"set_epoch({e}) named as it ran, was left part-way: the next epoch is not "
-                f"known. Drop (del) a held iterator before set_epoch({e}), or call "
-                f"set_epoch({e + 1}) at the last step of an epoch you stop early."
+                f"ResumableDataLoader: iter() begins epoch {self.epoch} afresh, but the iteration "
+                "that resumed the loaded state in it was left part-way (a peek, or an epoch "
+                f"stopped early without set_epoch({self.epoch + 1})), so what the loop trained of "
+                "it is unknown. Peek before load_state_dict, or load the state again."
             )
         epoch, start, steps_done = self.upcoming(plan)
         self.from_load = self._resume and start > 0
         self._resume, self._explicit, self.started, self._named_late = False, None, True, None
-        self._named_running = None
+        self.named_in_run = False
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 
@@ -456,9 +442,10 @@ class PlanCursor:
     def saved(self, plan: Any) -> tuple[int, int, int]:
         """``(epoch, position, steps_done)`` a state holds: the last iteration's, or after
         ``set_epoch`` of another (or a finished) epoch the next one's start."""
-        # Lightning names the running epoch again after its first batch: that keeps the position.
-        explicit = self._explicit
-        running = explicit == self.epoch and self.position < plan.epoch_length(self.epoch)
+        # Lightning names the running epoch again after its first batch, a loop's step hook at
+        # any batch (its last too): that keeps the position.
+        explicit, length = self._explicit, plan.epoch_length(self.epoch)
+        running = explicit == self.epoch and (self.position < length or self.named_in_run)
         if explicit is None or running:
             return self.epoch, self.position, self.steps_done
         return self.upcoming(plan)
