@@ -90,15 +90,20 @@ def set_epoch_keeping(
         dropped = cursor.host_starts(epoch)
         if dropped:
             return
-    cursor.set_epoch(epoch, late=late, in_run=loaded is None and not late and _in_run(host))
+    loop = _by_loop(host)
+    in_run = loop and loaded is None and not late and _running(host)
+    cursor.set_epoch(epoch, late=late, in_run=in_run, by_loop=loop)
 
 
-def _in_run(host: Host) -> bool:
-    """Whether a loop's ``set_epoch(epoch)`` comes while an iteration of it runs (a step
-    hook): a state saved at its last batch then keeps that epoch's end."""
+def _by_loop(host: Host) -> bool:
+    """Whether ``set_epoch`` comes from a loop: a Trainer's calls are handled as it makes them."""
     caller = host.caller()
-    if caller.restarting_mid_epoch(host.loader) is not None or caller.evaluating() is not None:
-        return False  # a Trainer's own calls are handled as it makes them
+    return caller.restarting_mid_epoch(host.loader) is None and caller.evaluating() is None
+
+
+def _running(host: Host) -> bool:
+    """Whether an iteration runs (a loop's step hook named its epoch): a state saved at its
+    last batch then keeps that epoch's end."""
     run = host.live_run()
     return run is not None and not run.finished
 
@@ -340,8 +345,9 @@ class WorkerStreams:
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a last batch may not be known last).
-            in_run = not late and _in_run(self.host)
-            self._position.set_epoch(epoch, late=late, in_run=in_run)
+            loop = _by_loop(self.host)
+            in_run = loop and not late and _running(self.host)
+            self._position.set_epoch(epoch, late=late, in_run=in_run, by_loop=loop)
         else:
             set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)
 

@@ -316,6 +316,7 @@ class PlanCursor:
     _named_late: int | None = None  # set_epoch(late=True) of the iteration's epoch
     from_load: bool = False  # the last iteration began at a loaded position part-way
     named_in_run: bool = False  # set_epoch named the epoch of the iteration running then
+    by_loop: bool = False  # the last set_epoch came from a loop, not a Trainer
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -359,15 +360,18 @@ class PlanCursor:
         self._resume, self._explicit, self._host_epoch = False, epoch, epoch
         return True
 
-    def set_epoch(self, epoch: int, *, late: bool = False, in_run: bool = False) -> None:
+    def set_epoch(
+        self, epoch: int, *, late: bool = False, in_run: bool = False, by_loop: bool = False
+    ) -> None:
         """Make the next iteration ``epoch``; ``late``: set after the host took this iteration's
         first batch (Lightning prefetches an unsized loader), so it names nothing new;
-        ``in_run``: while an iteration of ``epoch`` runs (a state there keeps its position)."""
+        ``in_run``: while an iteration of ``epoch`` runs (a state there keeps its position);
+        ``by_loop``: a loop's call, not a Trainer's."""
         if late and self.started and epoch == self._host_epoch:
             self._named_late = epoch
             return
         self.named_in_run = in_run and self._live() and self.epoch == epoch
-        self._explicit = epoch
+        self._explicit, self.by_loop = epoch, by_loop
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
         """``(epoch a pending loaded position resumes, whether part-way through)``, else None."""
@@ -414,7 +418,8 @@ class PlanCursor:
 
     def begin(self, plan: Any) -> tuple[int, int, int]:
         """Start the next iteration; returns what :meth:`upcoming` said."""
-        if self.from_load and self._explicit == self.epoch and self.iterating(plan):
+        again = self.by_loop and self._explicit == self.epoch  # a loop's set_epoch of it
+        if again and self.from_load and self.iterating(plan):
             raise StateMismatchError(
                 f"ResumableDataLoader: iter() begins epoch {self.epoch} afresh, but the iteration "
                 "that resumed the loaded state in it was left part-way (a peek, or an epoch "
