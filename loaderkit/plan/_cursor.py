@@ -317,6 +317,7 @@ class PlanCursor:
     from_load: bool = False  # the last iteration began at a loaded position part-way
     named_in_run: bool = False  # set_epoch named the epoch of the iteration running then
     by_loop: bool = False  # the last set_epoch came from a loop, not a Trainer
+    afresh: bool = False  # a loop's set_epoch of the epoch it left part-way: a retry
 
     def host_names(
         self, epoch: int | None, plan: Any, *, cycles: bool = False, restarts: bool = False
@@ -371,6 +372,7 @@ class PlanCursor:
             self._named_late = epoch
             return
         self.named_in_run = in_run and self._live() and self.epoch == epoch
+        self.afresh = by_loop and not in_run and self.epoch == epoch
         self._explicit, self.by_loop = epoch, by_loop
 
     def loaded(self, plan: Any) -> tuple[int, bool] | None:
@@ -429,7 +431,7 @@ class PlanCursor:
         epoch, start, steps_done = self.upcoming(plan)
         self.from_load = self._resume and start > 0
         self._resume, self._explicit, self.started, self._named_late = False, None, True, None
-        self.named_in_run = False
+        self.named_in_run = self.afresh = False
         self.epoch, self.position, self.steps_done = epoch, start, steps_done
         return epoch, start, steps_done
 
@@ -450,7 +452,8 @@ class PlanCursor:
         # Lightning names the running epoch again after its first batch, a loop's step hook at
         # any batch (its last too): that keeps the position.
         explicit, length = self._explicit, plan.epoch_length(self.epoch)
-        running = explicit == self.epoch and (self.position < length or self.named_in_run)
+        kept = (self.position < length and not self.afresh) or self.named_in_run
+        running = explicit == self.epoch and kept
         if explicit is None or running:
             return self.epoch, self.position, self.steps_done
         return self.upcoming(plan)

@@ -293,3 +293,21 @@ def test_the_loader_tells_an_iterable_dataset_its_epoch_in_every_worker(
     )
     for epoch in range(3):
         assert {tuple(b.tolist()) for b in loader} == expected(epoch)
+
+
+@pytest.mark.parametrize("name", ["planned", "stream", "iterable"])
+def test_a_state_saved_for_a_retry_of_an_epoch_left_part_way_holds_its_start(name: str) -> None:
+    # Review 362: break after 2 batches, set_epoch(0) to run epoch 0 again, save: the state
+    # held the left iteration's place and the resumed loader skipped the retry's first batches.
+    make = LOADERS[name]
+    live = make()
+    set_epoch(live, 0)
+    for step, _ in enumerate(live):
+        if step == 1:
+            break
+    set_epoch(live, 0)
+    state = save(live)
+    again = make()
+    load(again, state)
+    set_epoch(again, 0)
+    assert values(again) == values(live) == values(make())
