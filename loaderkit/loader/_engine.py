@@ -90,22 +90,20 @@ def set_epoch_keeping(
         dropped = cursor.host_starts(epoch)
         if dropped:
             return
-    loop = _by_loop(host)
-    in_run = loop and loaded is None and not late and _running(host)
-    cursor.set_epoch(epoch, late=late, in_run=in_run, by_loop=loop)
+    _told_epoch(host, cursor, epoch, late=late, loaded=loaded is not None)
 
 
-def _by_loop(host: Host) -> bool:
-    """Whether ``set_epoch`` comes from a loop: a Trainer's calls are handled as it makes them."""
+def _told_epoch(
+    host: Host, cursor: PlanCursor, epoch: int, *, late: bool, loaded: bool = False
+) -> None:
+    """``cursor.set_epoch(epoch)``, told whether a loop calls it (a Trainer's calls are handled
+    as it makes them) and whether an iteration runs (a step hook: a state saved at its last
+    batch then keeps that epoch's end)."""
     caller = host.caller()
-    return caller.restarting_mid_epoch(host.loader) is None and caller.evaluating() is None
-
-
-def _running(host: Host) -> bool:
-    """Whether an iteration runs (a loop's step hook named its epoch): a state saved at its
-    last batch then keeps that epoch's end."""
+    loop = caller.restarting_mid_epoch(host.loader) is None and caller.evaluating() is None
     run = host.live_run()
-    return run is not None and not run.finished
+    in_run = loop and not (late or loaded) and run is not None and not run.finished
+    cursor.set_epoch(epoch, late=late, in_run=in_run, by_loop=loop)
 
 
 def _replaces_loaded(
@@ -345,9 +343,7 @@ class WorkerStreams:
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a last batch may not be known last).
-            loop = _by_loop(self.host)
-            in_run = loop and not late and _running(self.host)
-            self._position.set_epoch(epoch, late=late, in_run=in_run, by_loop=loop)
+            _told_epoch(self.host, self._position, epoch, late=late)
         else:
             set_epoch_keeping(self.host, self._position, self, epoch, late=late, sized=False)
 
