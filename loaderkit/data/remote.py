@@ -702,22 +702,30 @@ class RemoteShards:
             need = shard.total_bytes + int((self.extras[index] or {}).get("raw_size", 0))
             with self.disk.reserved(shard.url, [target.parent], [need], ahead=ahead):
                 unlink(target.parent.glob(".*.tmp"))  # left by a killed download
-                for name, size, version in shard.sidecars:
-                    side = target.parent / name
-                    # Offsets are counted here, as for a decoded copy (_codec.decode_into).
-                    if not (side.exists() or name.endswith(OFFSETS_SUFFIX)):
-                        url = join_url(shard.folder, name)
-                        self.storage.download(url, side, size, version=version)
-                self._download_checked(index, target)
-                if final != target:
-                    decode_into(target, target.parent)
-            self.disk.count("fetched")
-            self.disk.count("fetched_bytes", shard.total_bytes)
-            if ahead:
-                self.disk.count("prefetched")
+                # Counted before the copy shows: a reader finding it must find it counted.
+                self._count_fetch(index, ahead, 1)
+                try:
+                    for name, size, version in shard.sidecars:
+                        side = target.parent / name
+                        # Offsets are counted here, as for a decoded copy (_codec.decode_into).
+                        if not (side.exists() or name.endswith(OFFSETS_SUFFIX)):
+                            url = join_url(shard.folder, name)
+                            self.storage.download(url, side, size, version=version)
+                    self._download_checked(index, target)
+                    if final != target:
+                        decode_into(target, target.parent)
+                except BaseException:
+                    self._count_fetch(index, ahead, -1)
+                    raise
             return final
         finally:
             os.close(fd)
+
+    def _count_fetch(self, index: int, ahead: bool, sign: int) -> None:
+        self.disk.count("fetched", sign)
+        self.disk.count("fetched_bytes", sign * self.shards[index].total_bytes)
+        if ahead:
+            self.disk.count("prefetched", sign)
 
     @staticmethod
     def _ready(target: Path, final: Path) -> bool:

@@ -188,3 +188,34 @@ def test_a_copy_failing_its_hash_is_removed_without_another_process_download(
         k: a.describe()["remote"][k] + b.describe()["remote"][k] for k in ("corrupt", "fetched")
     }
     assert total == {"corrupt": 1, "fetched": 1}, total
+
+
+def test_a_prefetched_copy_is_counted_before_a_reader_can_find_it(
+    folder: str, tmp_path: Path
+) -> None:
+    # The prefetch thread counted "fetched" after the copy was in place: a reader that found
+    # it meanwhile saw describe() one short (a flaky count under load).
+    write_shards(folder, [np.full(8 * SEQ, 1, dtype=np.uint16)], READER)
+    shards = ShardedDataset(folder, READER, remote=RemoteCache(cache_dir=tmp_path, prefetch=0))
+    ours = shards._remote
+    assert ours is not None
+    placed, resume = threading.Event(), threading.Event()
+    download = ours.storage.download
+
+    def slow_download(*args: Any, **kwargs: Any) -> Any:
+        out = download(*args, **kwargs)
+        placed.set()  # the copy is in place; hold the fetching thread here
+        assert resume.wait(60)
+        return out
+
+    ours.storage.download = slow_download  # type: ignore[method-assign]
+    thread = threading.Thread(target=ours.local, args=(0,), kwargs={"ahead": True})
+    thread.start()
+    assert placed.wait(60)
+    ours.storage.download = download  # type: ignore[method-assign]
+    ours.local(0)  # found in place: a hit
+    counted = ours.disk.totals()
+    resume.set()
+    thread.join()
+    assert (counted["fetched"], counted["prefetched"], counted["hits"]) == (1, 1, 1), counted
+    assert ours.disk.totals()["fetched"] == 1
