@@ -147,6 +147,20 @@ def test_sequence_datamodule_reads_parquet_arrow_and_datasets(
     assert sorted(epoch_ids(dm)) == list(range(N))
 
 
+def test_sequence_datamodule_reads_a_list_of_parquet_paths(parquet_dir: Path) -> None:
+    # A list of paths was taken for a list of samples: "train sample 0 is a str".
+    paths = [str(p) for p in sorted(parquet_dir.glob("*.parquet"))]
+    dm = SequenceDataModule(paths, batch_size=6, val_fraction=0.25, columns=["id", "input_ids"])
+    dm.setup("fit")
+    assert sorted(epoch_ids(dm) + epoch_ids(dm, "val")) == list(range(N))
+    arrow = parquet_dir / "x.arrow"
+    arrow.touch()
+    with pytest.raises(ValueError, match="list of paths that are not all Parquet files"):
+        SequenceDataModule([paths[0], str(arrow)])
+    with pytest.raises(FileNotFoundError, match=r"train\[1\]='.*nope.parquet' does not exist"):
+        SequenceDataModule([paths[0], str(parquet_dir / "nope.parquet")])
+
+
 def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
     path = str(next(parquet_dir.glob("*.parquet")))
     with pytest.raises(ValueError, match="leaves out length_key='input_ids'"):

@@ -39,7 +39,8 @@ class SequenceDataModule(LoaderDataModule):
 
     Args:
         train: The train samples, or the path of a ``.jsonl`` (one sample per line),
-            ``.parquet`` (or its URL) or ``.arrow`` file, or a ``datasets.Dataset``.
+            ``.parquet`` (or its URL) or ``.arrow`` file, a list of ``.parquet`` paths
+            (one dataset), or a ``datasets.Dataset``.
         val: The val split, the same way (or use ``val_fraction``); ``test`` and
             ``predict`` likewise.
         length_key: The field of dict samples whose length counts (and is padded).
@@ -132,7 +133,7 @@ class SequenceDataModule(LoaderDataModule):
                 )
         self.columns = columns
         self.reader = ParquetReader(columns, length_column=length_key)
-        urls = any(is_url(s) for s in self._sources.values())
+        urls = any(is_url(p) for s in self._sources.values() for p in _table_paths(s))
         self.remote = remote_cache(owner, "a Parquet URL", urls, storage_options, cache_dir)
 
     def build_datasets(self, stage: str) -> Mapping[str, Any]:
@@ -164,8 +165,9 @@ class SequenceDataModule(LoaderDataModule):
             self._mixed_kinds(split)
         if table:
             return HFDataset(source, self.columns, length_column=self.length_key)
-        remote = self.remote if is_url(source) else None
-        return ShardedDataset([source], self.reader, remote=remote)
+        paths = _table_paths(source)
+        remote = self.remote if any(is_url(p) for p in paths) else None
+        return ShardedDataset(paths, self.reader, remote=remote)
 
     def refuse_no_data(self) -> None:
         if not self._sources:
@@ -307,9 +309,17 @@ def _source(owner: str, split: str, source: Any) -> Any:
     if isinstance(source, (str, os.PathLike)):
         suffixes = (".jsonl", ".arrow", *ParquetReader.suffixes)
         return check_path(split, source, suffixes, owner=owner)
-    if isinstance(source, Sequence) and not isinstance(source, bytes):
+    if isinstance(source, Sequence) and not isinstance(source, (bytes, str)):
         if not len(source):
             raise ValueError(f"{owner}: {split} is empty; pass at least one sample.")
+        if all(isinstance(s, (str, os.PathLike)) for s in source):  # paths: never samples
+            paths = _Parquet(_source(owner, f"{split}[{i}]", s) for i, s in enumerate(source))
+            if not all(p.endswith(ParquetReader.suffixes) for p in paths):
+                raise ValueError(
+                    f"{owner}: {split} is a list of paths that are not all Parquet files; pass "
+                    "one .jsonl or .arrow path, or join the Arrow datasets first."
+                )
+            return paths
         return source
     fix = ""
     if isinstance(source, Mapping) and source:  # a DatasetDict: one split is a Dataset
@@ -320,8 +330,21 @@ def _source(owner: str, split: str, source: Any) -> Any:
     )
 
 
+class _Parquet(tuple[str, ...]):
+    """A split's list of Parquet paths (a plain tuple is samples)."""
+
+
 def _is_table_path(source: Any) -> bool:
+    if isinstance(source, _Parquet):
+        return True
     return isinstance(source, str) and source.endswith((".arrow", *ParquetReader.suffixes))
+
+
+def _table_paths(source: Any) -> list[str]:
+    """The Parquet paths or URLs of a table source (none for the others)."""
+    if isinstance(source, _Parquet):
+        return list(source)
+    return [source] if _is_table_path(source) else []
 
 
 def _read_jsonl(owner: str, path: str) -> list[Any]:
