@@ -18,6 +18,7 @@ import torch
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool
 from loaderkit.data._code import code_digest, pickle_digest
+from loaderkit.data._reads import batch_fetch_is_faithful
 from loaderkit.plan._bucket_order import as_lengths
 from loaderkit.seeding import rngs_put_back, seeded_sample
 
@@ -161,11 +162,11 @@ def _seq(value: Any, *, ints: bool = False) -> bool:
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:
-    """Samples read as the loader reads them: ``__getitems__`` where there is one, else ``[i]``."""
-    getitems = getattr(dataset, "__getitems__", None)
-    if getitems is None:
-        return lambda indices: [dataset[i] for i in indices]
-    return getitems
+    """Samples read as the loader reads them: ``__getitems__`` where no subclass bypasses
+    ``__getitem__`` with it, else ``[i]``."""
+    if batch_fetch_is_faithful(dataset, "__getitems__"):
+        return dataset.__getitems__
+    return lambda indices: [dataset[i] for i in indices]
 
 
 def check_undrawn(

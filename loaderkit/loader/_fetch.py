@@ -27,6 +27,7 @@ from torch.utils.data import (
 
 from loaderkit.collate import promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
+from loaderkit.data._reads import batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset
 from loaderkit.data.sharded import ShardedDataset
@@ -47,51 +48,6 @@ from loaderkit.seeding import (
     seeded_batch,
     torchs_own_reads,
 )
-
-
-def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
-    """Whether no subclass overrides ``__getitem__`` (for ``get_batch``, also ``__getitems__``)
-    below the class defining ``dataset.<method>``."""
-    if not callable(getattr(dataset, method, None)):
-        return False
-    own = getattr(dataset, "__dict__", {})
-    if "__getitems__" in own:  # set on the instance: torch's fetcher calls it, so we do
-        return method == "__getitems__" or method in own
-    overrides = ("__getitem__", "__getitems__") if method == "get_batch" else ("__getitem__",)
-    mro = type(dataset).__mro__
-    owner = next((cls for cls in mro if method in vars(cls)), None)
-    if owner is None:
-        return False
-    for cls in mro[: mro.index(owner)]:
-        # torch calls __getitems__ whatever __getitem__ a mixin beside it defines; loaderkit's
-        # get_batch is faithful only with no __getitem__ before it at all.
-        beside = method == "__getitems__" and not issubclass(cls, owner)
-        if not beside and any(name in vars(cls) for name in overrides):
-            return False
-    if method == "__getitems__" and _torchs_wrapper(dataset):
-        # torch's Subset/StackDataset call their datasets' batch reads: faithful if theirs are.
-        return all(
-            not callable(getattr(d, method, None)) or batch_fetch_is_faithful(d, method)
-            for d in _wrapped(dataset)
-        )
-    return True
-
-
-def _torchs_wrapper(dataset: Any) -> bool:
-    """Whether ``dataset`` is a torch ``Subset`` or ``StackDataset`` reading as torch's do."""
-    cls = type(dataset)
-    if not isinstance(dataset, Subset | StackDataset) or read_set_on_instance(dataset):
-        return False
-    base = Subset if isinstance(dataset, Subset) else StackDataset
-    names = ("__getitem__", "__getitems__")
-    return all(inspect.getattr_static(cls, n) is vars(base)[n] for n in names)
-
-
-def _wrapped(dataset: Subset[Any] | StackDataset[Any]) -> list[Any]:
-    if isinstance(dataset, Subset):
-        return [dataset.dataset]
-    parts = dataset.datasets
-    return list(parts.values() if isinstance(parts, dict) else parts)
 
 
 def loaderkit_batch_read(dataset: Any) -> bool:
@@ -413,8 +369,8 @@ def _parts(dataset: Any) -> list[Any] | None:
     split reads through; None for any other dataset."""
     if type(dataset) is ConcatDataset:
         return list(dataset.datasets)
-    if _torchs_wrapper(dataset):
-        return _wrapped(dataset)
+    if torchs_wrapper(dataset):
+        return wrapped(dataset)
     return [dataset.dataset] if isinstance(dataset, _Subset) else None
 
 
@@ -437,7 +393,7 @@ def _shard_sets(dataset: Any) -> list[OpenShards]:
     if isinstance(dataset, MixedDataset):
         inner = dataset.sources
     elif isinstance(dataset, Subset | StackDataset):
-        inner = _wrapped(dataset)
+        inner = wrapped(dataset)
     elif isinstance(dataset, _Subset):
         inner = [dataset.dataset]
     return [files for part in inner or () for files in _shard_sets(part)]

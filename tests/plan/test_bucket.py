@@ -727,6 +727,24 @@ def test_compute_lengths_with_progress_bar(capsys: pytest.CaptureFixture[str]) -
     assert sorted(i for b in sampler for i in b) == [0, 1, 2]
 
 
+class _Prompted(torch.utils.data.StackDataset):  # type: ignore[type-arg]
+    """A torch StackDataset subclass prepending a 4-token prompt in __getitem__ only."""
+
+    def __getitem__(self, index: int) -> Any:
+        return {"ids": torch.cat([torch.full((4,), -1), super().__getitem__(index)["ids"]])}
+
+
+def test_compute_lengths_reads_a_subclass_as_the_loader_does() -> None:
+    # Lengths were read through torch's inherited __getitems__, past the subclass's
+    # __getitem__ the loader reads: [3, 1] for [7, 5], batches 3x over max_tokens.
+    data = _Prompted(ids=[torch.arange(n) for n in (3, 1, 6, 2)])
+    lengths = compute_lengths(data, lambda s: len(s["ids"]), progress=False)
+    assert lengths.tolist() == [7, 5, 10, 6]
+    sampler = BucketBatchSampler(lengths, max_tokens=12, shuffle=False)
+    loader = ResumableDataLoader(data, batch_sampler=sampler, collate_fn=PadCollate())
+    assert max(batch["ids"].numel() for batch in loader) <= 12
+
+
 def test_compute_lengths_cache_is_keyed_and_checked(tmp_path: Path) -> None:
     cache = tmp_path / "sub" / "lengths.npy"
     data = Counting([4, 1, 7] * 20)
