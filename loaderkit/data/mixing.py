@@ -308,9 +308,9 @@ def _reads_as(ds: Any, base: type) -> bool:
 def _field_kinds(ds: Any) -> list[tuple[dict[Any, tuple[Any, ...]], str]]:
     """What each field of ``ds``'s samples becomes in a batch where the data says so, and how
     to change it (also through torch's ``Subset`` and ``ConcatDataset``)."""
-    if isinstance(ds, Subset):
+    if _reads_as(ds, Subset):  # a subclass's reads may change the types: its batches tell
         return _field_kinds(ds.dataset)
-    if isinstance(ds, ConcatDataset):
+    if _reads_as(ds, ConcatDataset):
         return [kinds for inner in ds.datasets for kinds in _field_kinds(inner)]
     cast = "give both sources' tensors one dtype (e.g. t.to(torch.int64))"
     if _reads_as(ds, TensorDataset) or _reads_as(ds, torch.utils.data.TensorDataset):

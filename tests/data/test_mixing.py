@@ -458,6 +458,30 @@ def test_a_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_tensors(
     assert {mix[i][0].dtype for i in range(len(mix))} == {torch.float64, torch.int64}
 
 
+class _FloatSubset(torch.utils.data.Subset):  # type: ignore[type-arg]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.float() for t in self.dataset[self.indices[i]])
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:  # torch asks for both
+        return [self[i] for i in indices]
+
+
+class _FloatConcat(torch.utils.data.ConcatDataset):  # type: ignore[type-arg]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.float() for t in super().__getitem__(i))
+
+
+def test_a_subset_or_concat_subclass_is_judged_by_its_own_reads() -> None:
+    # A subclass casting int64 to float32 was judged by the tensors below it and refused
+    # ("field 0 is torch.int64 in source 'b'") beside a float32 source.
+    floats = torch.utils.data.TensorDataset(torch.rand(4))
+    ids = torch.utils.data.TensorDataset(torch.arange(4))
+    for cast in (_FloatSubset(ids, range(4)), _FloatConcat([ids, ids])):
+        mix = MixedDataset({"a": floats, "b": cast})
+        batch = next(iter(ResumableDataLoader(mix, batch_size=len(mix))))[0]
+        assert batch.dtype == torch.float32 and len(batch) == len(mix)
+
+
 def test_a_sharded_source_whose_own_read_decides_its_dtype_is_not_judged_by_its_reader(
     tmp_path: Any,
 ) -> None:
