@@ -925,6 +925,12 @@ def test_a_collate_padding_to_max_length_under_a_budget_is_refused() -> None:
     assert sorted(n for b in batches for n in b["lengths"].tolist()) == sorted(
         min(n, 16) for n in lengths
     )
+    # Cut at the model's 512 above the budget's 16: the 40 was batched whole, 40 > 16.
+    wide = PadCollate(max_length=512, truncate=True, pad_to_max_length=False)
+    with pytest.raises(
+        ValueError, match=r"cut to max_length=16, but collate_fn cuts them at max_length=512"
+    ):
+        ResumableDataLoader(data, batch_sampler=sampler, collate_fn=wide)
 
 
 def test_a_collate_rounding_past_the_budgets_is_refused() -> None:
