@@ -23,6 +23,7 @@ from loaderkit.data.readers import TokenReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
 from loaderkit.errors import ShardError, StateMismatchError
+from loaderkit.plan._bucket_order import as_lengths
 from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.mix import MixPlan, mix_allotments
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -550,8 +551,8 @@ class MixedDataset(Dataset[Any]):
                 got = own(length_fn)
             else:  # no lengths() of its own, or one that cannot take length_fn (a column's)
                 got = compute_lengths(source, length_fn, progress=progress)
-            parts.append(np.asarray(got, dtype=np.int64).reshape(-1))
-        return np.concatenate(parts)
+            parts.append(np.asarray(got).reshape(-1))
+        return as_lengths(np.concatenate(parts), "MixedDataset.lengths")  # floats refused, not cut
 
     def bucket_batch_sampler(
         self,

@@ -119,8 +119,8 @@ def _check_rounding(batch_sampler: Any, collate_fn: Any) -> None:
             f"batch of r rows holds r * {fixed} tokens, over max_tokens={budget}; pass "
             "PadCollate(..., pad_to_max_length=False)."
         )
-    cut = getattr(plan, "max_length", None)
-    if budget is not None and fixed and fixed > cut and getattr(plan, "num_truncated", 0):
+    cut: int = getattr(plan, "max_length", None) or 0
+    if budget is not None and fixed and getattr(plan, "num_truncated", 0) and fixed > cut:
         raise ValueError(
             f"ResumableDataLoader: batch_sampler counts its over-long samples cut to "
             f"max_length={cut}, but collate_fn cuts them at max_length={fixed}, over "

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 
-def as_lengths(lengths: object) -> np.ndarray:
+def as_lengths(lengths: object, owner: str = "BucketBatchSampler") -> np.ndarray:
     """``lengths`` as a 1-D int64 array of non-negative token counts, or a clear error."""
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.detach().cpu().numpy()
@@ -17,19 +17,19 @@ def as_lengths(lengths: object) -> np.ndarray:
         isinstance(lengths, (Sequence, np.ndarray)) or hasattr(lengths, "__array__")
     ):
         raise TypeError(
-            f"BucketBatchSampler: lengths must be a sequence or array of ints (one token count "
+            f"{owner}: lengths must be a sequence or array of ints (one token count "
             f"per dataset index), got {type(lengths).__name__}; compute them with "
             "loaderkit.compute_lengths(dataset, length_fn)."
         )
     array = np.asarray(lengths)
     if array.ndim != 1 or array.size == 0:
         raise ValueError(
-            f"BucketBatchSampler: lengths must be 1-D and non-empty, got shape {array.shape}; "
+            f"{owner}: lengths must be 1-D and non-empty, got shape {array.shape}; "
             "pass one length per dataset index."
         )
     if array.dtype.kind not in "iu":
         raise TypeError(
-            f"BucketBatchSampler: lengths must hold ints, got dtype {array.dtype} (e.g. "
+            f"{owner}: lengths must hold ints, got dtype {array.dtype} (e.g. "
             f"{array[0]!r} at index 0); pass token counts as ints, e.g. "
             "np.asarray(lengths, dtype=np.int64)."
         )
@@ -38,7 +38,7 @@ def as_lengths(lengths: object) -> np.ndarray:
     if negative.size:
         i = int(negative[0])
         raise ValueError(
-            f"BucketBatchSampler: lengths must be >= 0, got lengths[{i}] = {array[i]}; "
+            f"{owner}: lengths must be >= 0, got lengths[{i}] = {array[i]}; "
             "pass each sample's token count."
         )
     return array

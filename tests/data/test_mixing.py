@@ -527,3 +527,28 @@ def test_shares_round_the_decimal_given_not_its_binary_neighbour() -> None:
     assert mix_allotments((10, 10), repeat=(0.15, 0.35)) == (2, 4)  # round(1.5), round(3.5)
     assert mix_allotments((100005, 1), weights=(0.7, 0.3), epoch_size=100005) == (70004, 30001)
     assert mix_allotments((10, 10), weights=(0.35, 0.65), epoch_size=10) == (4, 6)
+
+
+class _Timed(Dataset[torch.Tensor]):
+    """Samples with their own lengths() in fractional units (seconds x rate)."""
+
+    def __init__(self, lengths: list[float]) -> None:
+        self.n = lengths
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.ones(int(np.ceil(self.n[i])))
+
+    def lengths(self) -> np.ndarray:
+        return np.asarray(self.n)
+
+
+def test_a_source_s_fractional_lengths_are_refused_not_cut() -> None:
+    # 39.9 became 39: a budget of 117 held three rows of 40 (10 of 11 batches over it).
+    mix = MixedDataset({"a": _Timed([39.9] * 4), "b": _Timed([19.0] * 4)})
+    with pytest.raises(TypeError, match=r"MixedDataset.lengths: lengths must hold ints.*39.9"):
+        mix.lengths()
+    ints = MixedDataset({"a": _Timed([40] * 4), "b": _Timed([19] * 4)})
+    assert ints.lengths().tolist() == [40] * 4 + [19] * 4
