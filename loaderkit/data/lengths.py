@@ -104,7 +104,12 @@ def _lengths(
                 f"{type(samples).__name__} for {len(rows)} indices; return one sample per index."
             )
         for i, sample in zip(rows, samples, strict=True):
-            out[i] = _checked(fn(sample), i)
+            try:
+                got = fn(sample)
+            except Exception as exc:
+                exc.add_note(f"compute_lengths: raised measuring sample {i}{_where(dataset, i)}")
+                raise
+            out[i] = _checked(got, i)
     check_undrawn(read, fn, out)
     if path is not None and ident is not None:
         _save_cached_lengths(path, ident, out)
@@ -159,6 +164,15 @@ def _seq(value: Any, *, ints: bool = False) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 1 and not (ints and value.dtype.kind not in "iub")
     return isinstance(value, list) and all(isinstance(v, int) for v in value[:8])
+
+
+def _where(dataset: Any, index: int) -> str:
+    """Where sample ``index`` of a sharded dataset is stored (else nothing)."""
+    locate = getattr(dataset, "locate", None)
+    if not callable(locate):
+        return ""
+    shard, row = locate(index)
+    return f" (row {row} of {dataset.shards[shard]})"
 
 
 def _reads(dataset: Any) -> Callable[[list[int]], list[Any]]:

@@ -745,6 +745,21 @@ def test_compute_lengths_reads_a_subclass_as_the_loader_does() -> None:
     assert max(batch["ids"].numel() for batch in loader) <= 12
 
 
+def test_a_length_fn_error_names_the_sample_and_its_shard(tmp_path: Path) -> None:
+    # A KeyError 'input_ids' named neither the sample nor the file it is in.
+    from loaderkit import JsonlReader, ShardedDataset, write_shards
+
+    rows = [{"input_ids": [1, 2]}] * 5 + [{"ids": [3]}]
+    with pytest.raises(KeyError) as raised:
+        compute_lengths(rows, ids_length, progress=False)
+    assert raised.value.__notes__ == ["compute_lengths: raised measuring sample 5"]
+    write_shards(tmp_path / "j", [rows[:3], rows[3:]], JsonlReader())
+    shards = ShardedDataset(tmp_path / "j", JsonlReader())
+    with pytest.raises(KeyError) as raised:
+        shards.lengths(ids_length)
+    assert raised.value.__notes__[0].endswith(f"sample 5 (row 2 of {shards.shards[1]})")
+
+
 def test_compute_lengths_cache_is_keyed_and_checked(tmp_path: Path) -> None:
     cache = tmp_path / "sub" / "lengths.npy"
     data = Counting([4, 1, 7] * 20)
