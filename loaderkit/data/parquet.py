@@ -33,7 +33,8 @@ class ParquetReader:
 
     Args:
         columns: The columns to read (default: all). Every file must have them.
-        length_column: The column of each row's token count (a list or integer column).
+        length_column: The column of each row's token count: a list column's lengths, or
+            an integer column's values as given (they must count every padded field).
         cache_row_groups: Decoded row groups each process keeps per open file.
         row_group_size: Rows per row group when :meth:`write` writes a file.
         schema: Column types :meth:`write` casts to (a ``pyarrow.Schema`` or a dict of
