@@ -179,16 +179,16 @@ class Host:
         """The host that drives the loader (Lightning), or ``NO_HOST``."""
         return host_of(self.loader)
 
-    def own_part(self) -> int | None:
-        """This process's rank where the loader reads one rank's own data in a larger
-        data-parallel group (``use_distributed_sampler=False``, ``world_size=1``), else None."""
+    def own_part(self) -> tuple[int, int] | None:
+        """This process's ``(rank, world_size)`` where the loader reads one rank's own data in
+        a larger data-parallel group (``use_distributed_sampler=False``, ``world_size=1``)."""
         if self.topology()[1] != 1:
             return None
         group = self.caller().data_parallel()
         if group is None:
             env = detect()  # torch.distributed's group, else (0, 1)
             group = (env.rank, env.world_size)
-        return group[0] if group[1] > 1 else None
+        return (group[0], group[1]) if group[1] > 1 else None
 
     def held_of(self, run: Run | None) -> int:
         """Batches of ``run`` the host holds untrained (Lightning prefetches without a length)."""

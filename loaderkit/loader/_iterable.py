@@ -40,6 +40,7 @@ _DIFFERS = (
     "build the loader with the saved value or start without the state."
 )
 _OWN_PART = "own_part"  # the fingerprint's rank, where each rank's data is its own
+_OWN_PARTS = "own_parts"  # and the number of ranks its data was split by
 
 
 class _StreamsSource(EngineSource):
@@ -262,19 +263,24 @@ class IterableEngine(WorkerStreams):
         return self.host.pool.num_workers == 0 or self.host.pool.persistent
 
     def part_entry(self) -> dict[str, int]:
-        """The fingerprint entry of a loader reading its rank's own part (see ``own_part``)."""
-        rank = self.host.own_part()
-        return {} if rank is None else {_OWN_PART: rank}
+        """The fingerprint entries of a loader reading its rank's own part (see ``own_part``)."""
+        part = self.host.own_part()
+        return {} if part is None else {_OWN_PART: part[0], _OWN_PARTS: part[1]}
 
-    def check_part(self, saved: dict[str, Any], opaque: bool) -> None:
-        """Pop the saved fingerprint's part; refuse another rank's ``opaque`` state."""
-        saved_rank, rank = saved.pop(_OWN_PART, 0), self.host.own_part() or 0
-        if opaque and saved_rank != rank:
+    def check_part(self, saved: dict[str, Any], placed: bool) -> None:
+        """Pop the saved fingerprint's part; refuse a state ``placed`` in another rank's part
+        or in parts of another number of ranks (an epoch's start fits every part)."""
+        rank, size = self.host.own_part() or (0, 1)
+        # States from before own_parts was saved: their part's size is unknown.
+        saved_size = saved.pop(_OWN_PARTS, size if _OWN_PART in saved else 1)
+        saved_rank = saved.pop(_OWN_PART, 0)
+        if placed and (saved_rank, saved_size) != (rank, size):
             raise StateMismatchError(
                 f"ResumableDataLoader.load_state_dict: the state is rank {saved_rank}'s place "
-                f"in its own data, this is rank {rank}. Load each rank the state it saved, or let "
-                "loaderkit split one dataset (ShardedDataset, StreamingShardedDataset) without "
-                "use_distributed_sampler=False or world_size=1."
+                f"in its own data, this is rank {rank} (saved under {saved_size} ranks, now "
+                f"{size}). Load each rank the state it saved, or let loaderkit split one dataset "
+                "(ShardedDataset, StreamingShardedDataset) without use_distributed_sampler=False "
+                "or world_size=1."
             )
 
     def describe(self) -> dict[str, Any]:
@@ -340,10 +346,8 @@ class IterableEngine(WorkerStreams):
         # A dataset's own state, where loaded, is opaque (a replay has its digest).
         carried = state["complete"] is not True or self.objects_live_on
         kept = state["workers"] if carried and isinstance(state["workers"], list) else []
-        own = ("dataset_state", "iterator_state", "end_state")
-        self.check_part(
-            saved, any(isinstance(r, dict) and r.get(k) is not None for r in kept for k in own)
-        )
+        own = ("dataset_state", "iterator_state", "end_state", "yielded", "failed")
+        self.check_part(saved, any(isinstance(r, dict) and r.get(k) for r in kept for k in own))
         adopted = check_settings(
             saved, self.fingerprint(), owner=OWNER, adopt_seed=adopt_seed, fix=_DIFFERS
         )

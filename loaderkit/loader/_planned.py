@@ -352,7 +352,7 @@ class PlanEngine:
                 "a CPU torch.Generator's states; pass the state as state_dict() returned it."
             )
         fingerprint = self._fingerprint(self.plan, **extra)
-        if self.host.own_part() not in (None, 0):  # each rank's own part; the state rank 0's
+        if (self.host.own_part() or (0, 1))[0] != 0:  # each rank's own part; the state rank 0's
             fingerprint.pop("listing_crc32", None)
         listed, check = extra.get("listed_from"), extra.get("epoch_check")
         check = check if isinstance(check, int) else None

@@ -353,6 +353,41 @@ def test_rank_0s_state_of_its_own_data_is_refused_on_another_rank(kind: str, fla
         assert list(other) == list(_own_part_loader(1, kind, flag))
 
 
+class _Replayed(torch.utils.data.IterableDataset):
+    """A rank's own records with no state of its own: resumed by replay."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(f"r{self.rank}-{i}" for i in range(12))
+
+
+@pytest.mark.parametrize("stateful", [True, False], ids=["state", "replay"])
+def test_a_place_in_its_own_part_is_refused_under_another_rank_or_group_size(
+    stateful: bool,
+) -> None:
+    # Saved by rank 0 of 2 and resumed on one process, the dataset read its part of one
+    # (all the data) from rank 0's place: 8 samples trained twice, no error. A replay on
+    # rank 1 was refused as a nondeterministic stream.
+    def loader(rank: int, world_size: int) -> ResumableDataLoader:
+        data = _Lines(rank) if stateful else _Replayed(rank)
+        trainer = L.Trainer(**trainer_kwargs(strategy=DataParallelOf(rank, world_size)))
+        return attach_host(ResumableDataLoader(data, batch_size=2, rank=0, world_size=1), trainer)
+
+    saver = loader(0, 2)
+    it = iter(saver)
+    next(it), next(it)
+    state = saver.state_dict()
+    with pytest.raises(StateMismatchError, match=r"this is rank 0 \(saved under 2 ranks, now 1\)"):
+        loader(0, 1).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"rank 0's place in its own data, this is rank 1"):
+        loader(1, 2).load_state_dict(state)
+    again = loader(0, 2)
+    again.load_state_dict(state)
+    assert list(again) == [["r0-4", "r0-5"], *(list(loader(0, 2)))[3:]]
+
+
 def test_a_drawn_seed_is_the_ranks_common_one_where_each_reads_its_own_part() -> None:
     # seed_everything(base + rank) drew a seed per rank; rank 1 then resumed mid-epoch in
     # rank 0's permutation (15 of 20 samples).
