@@ -69,6 +69,10 @@ class Host(Protocol):
         """After a restore on an epoch's last batch, the next epoch (every loader starts it
         afresh); ``counted``: only where the host counts that batch done as it restores."""
 
+    def sized_epoch(self, loader: object) -> bool:
+        """Whether the host knows its epoch's length (each of its train loaders has one),
+        also while its run fails."""
+
     def counts_run_outs(self, loader: object) -> bool:
         """Whether the host's epoch ends once each of several loaders ran out (each iterated
         once as an epoch starts)."""
@@ -103,7 +107,7 @@ class _NoHost:
     batches_taken = _none
     epoch_starting = cycles = epoch_after_restore = skipped_state = evaluating = fit_seed = _none
     drives = restored_past = restored_ended = ended = counts_run_outs = sole_loader = _false
-    sets_eval_epoch = _false
+    sets_eval_epoch = sized_epoch = _false
 
 
 NO_HOST: Host = _NoHost()

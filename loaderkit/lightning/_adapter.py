@@ -223,6 +223,10 @@ class LightningHost:
         progress = loop.epoch_progress.current
         return int(progress.processed) + int(progress.processed < progress.started)
 
+    def sized_epoch(self, loader: object) -> bool:
+        trainer = self._fitting(loader, failing=True)
+        return trainer is not None and sized_len(trainer.fit_loop._combined_loader) is not None
+
     def counts_run_outs(self, loader: object) -> bool:
         """``"max_size_cycle"`` over several unsized train loaders, without reloading."""
         trainer = self._fitting(loader)

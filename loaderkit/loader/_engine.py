@@ -207,11 +207,19 @@ class Host:
         if caller.sole_loader(self.loader):
             # It ran out with the epoch: the host holds a failed last step's batch, its own last.
             return held
-        if held and caller.cycles(self.loader) is False:
+        cycles = caller.cycles(self.loader)
+        if held and cycles is False:
             raise LoaderkitError(
                 "ResumableDataLoader: this loader ran out inside a CombinedLoader('max_size') "
                 "epoch that holds batches ahead, so a resume would start its next epoch there. "
                 "Give every combined loader a length (steps_per_epoch= for a stream)."
+            )
+        if held and cycles is None and not caller.sized_epoch(self.loader):
+            # Failing, with no epoch length: which held steps hold its batches is unknown.
+            raise LoaderkitError(
+                "ResumableDataLoader: a step failed as this combined train loader ran out, so "
+                "whether that step held its batch is unknown. Resume from a step checkpoint "
+                "saved before the failure."
             )
         return 0
 

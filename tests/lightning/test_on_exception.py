@@ -533,3 +533,37 @@ def test_a_dataloader_iter_step_failing_before_its_draw_resumes_exactly(
     run(cut, save=True)
     run(resumed, str(tmp_path / "on_exception.ckpt"))
     assert cut.seen + resumed.seen == full.seen
+
+
+class _CombinedFails(L.LightningModule):
+    """A sized loader of 10 batches beside an unsized one of 3 (``mode``); fails at ``fail_at``."""
+
+    def __init__(self, mode: str, fail_at: int) -> None:
+        super().__init__()
+        self.layer, self.mode, self.fail_at = torch.nn.Linear(1, 1), mode, fail_at
+
+    def train_dataloader(self) -> Any:
+        sized = ResumableDataLoader(list(range(40)), batch_size=4, shuffle=True, seed=1)
+        unsized = ResumableDataLoader(_Ids(), batch_size=12)  # 32 ids: 3 batches
+        return CombinedLoader({"a": sized, "b": unsized}, mode=self.mode)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.global_step == self.fail_at:
+            raise Interrupted("planned failure")
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(("mode", "fail_at"), [("max_size_cycle", 9), ("max_size", 4)])
+def test_a_failure_as_a_combined_loader_ran_out_without_an_epoch_length_is_refused(
+    tmp_path: Path, mode: str, fail_at: int
+) -> None:
+    # max_size_cycle, failing at the epoch's last step: the sized loader's failed batch was
+    # counted trained, and the resumed fit cycled it two steps past its epoch (hunt 365).
+    module = _CombinedFails(mode, fail_at)
+    save = OnExceptionCheckpoint(tmp_path)
+    kwargs = trainer_kwargs(max_epochs=2, enable_checkpointing=True, callbacks=[save])
+    with pytest.raises(LoaderkitError, match="a step failed as this combined train loader ran out"):
+        L.Trainer(**kwargs).fit(module)
