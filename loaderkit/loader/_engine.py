@@ -348,6 +348,19 @@ class WorkerStreams:
         """The batches so far, plus one while the epoch goes on (its length is unknown)."""
         return self.steps_done + (not self.complete)
 
+    def iterate(self, run: Run) -> Generator[Any, None, None]:
+        """One epoch's batches (``epoch_batches``). A loaded pass the host was first given an
+        empty iteration of (``PlanCursor.host_names``) and whose rest is empty ended where it
+        was saved: that empty iteration stood for its end, so the next pass follows."""
+        ended_once = self._position.ran_out and self._position.loaded(self) is not None
+        handed = run.handed
+        yield from self.epoch_batches(run)
+        if ended_once and run.handed == handed:
+            yield from self.epoch_batches(run)
+
+    def epoch_batches(self, run: Run) -> Generator[Any, None, None]:
+        raise NotImplementedError
+
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         if self.host.caller().restarting_mid_epoch(self.host.loader) is None:
             # No fit drives it: set_epoch names the epoch (a last batch may not be known last).

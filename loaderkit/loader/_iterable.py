@@ -110,7 +110,7 @@ class IterableEngine(WorkerStreams):
                 "pass neither rank nor world_size (Trainer(use_distributed_sampler=False))."
             )
 
-    def iterate(self, run: Run) -> Generator[Any, None, None]:
+    def epoch_batches(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches; ``run`` is the iteration's place among the loader's."""
         host = self.host
         settle_seed(host, self)

@@ -236,7 +236,7 @@ class StreamEngine(WorkerStreams):
             weakref.finalize(self, self._ring.retire)
         self._ring.publish(round_, self.epoch, steps_done, self._entry(self.cursors))
 
-    def iterate(self, run: Run) -> Generator[Any, None, None]:
+    def epoch_batches(self, run: Run) -> Generator[Any, None, None]:
         """One epoch's batches (``run`` unused: a new iteration supersedes the old)."""
         settle_seed(self.host, self)
         self.check_world()

@@ -330,10 +330,14 @@ class PlanCursor:
         """
         if epoch is None:
             return False
+        if self._resume and self._ran_out and epoch != self._host_epoch:
+            # The host epoch that gave it an empty iteration ended without another: a cycled
+            # loader's place lasts its host epoch, the next begins it afresh.
+            self.host_starts(epoch, ended=True)
         if cycles and self._resume and not self._ran_out:
             done = self.position >= plan.epoch_length(self.epoch)
             if self.epoch > epoch or (self.epoch == epoch and done):
-                self._ran_out = True
+                self._ran_out, self._host_epoch = True, epoch
                 return True
         named = self._named(epoch, plan, restarts)
         self._host_epoch = epoch
@@ -351,6 +355,11 @@ class PlanCursor:
         if self._explicit is None and not self._resume and not same:
             return epoch
         return None
+
+    @property
+    def ran_out(self) -> bool:
+        """Whether :meth:`host_names` gave a loaded position an empty iteration."""
+        return self._ran_out
 
     def host_starts(self, epoch: int, *, ended: bool = False) -> bool:
         """The host begins ``epoch`` afresh (restored from its previous epoch's last batch): drop

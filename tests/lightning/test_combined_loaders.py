@@ -113,6 +113,9 @@ class _TwoLoaders(L.LightningDataModule):
             loaders["a"] = ResumableDataLoader(list(range(20)), batch_size=4, shuffle=True,
                                                seed=1, num_workers=workers)  # fmt: skip
             loaders["b"] = _stream(3, workers)
+        if self.kind == "unsized_stream":  # b: a stream of 6 batches a pass, no length
+            shards = StreamingShardedDataset(id_stream_shards(24), IterableReader(read_id_shard))
+            loaders["b"] = ResumableDataLoader(shards, batch_size=4, seed=0)
         if self.kind == "min_size":  # 5 steps an epoch: a's last 7 ids are never trained
             loaders = {
                 "a": ResumableDataLoader(_Ids(0, 27), batch_size=4),
@@ -126,15 +129,16 @@ class _TwoLoaders(L.LightningDataModule):
 
 
 def _fit_cut_resume(
-    tmp_path: Path, k: int, kind: str, **options: Any
+    tmp_path: Path, k: int, kind: str, recorder: type[_Recorder] | None = None, **options: Any
 ) -> tuple[list[Any], list[Any]]:
     """The uninterrupted run's batches; the run cut at step ``k``'s plus the resumed run's."""
-    full = _Recorder()
+    recorder = recorder or _Recorder
+    full = recorder()
     # AttachLoaders hands both loaders the trainer, whose restart bookkeeping they follow.
     L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()], **options)).fit(
         full, datamodule=_TwoLoaders(kind)
     )
-    cut = _Recorder(stop_at=k)
+    cut = recorder(stop_at=k)
     trainer = L.Trainer(
         **trainer_kwargs(
             max_epochs=2,
@@ -145,7 +149,7 @@ def _fit_cut_resume(
     )
     with pytest.raises(_Stop):
         trainer.fit(cut, datamodule=_TwoLoaders(kind))
-    resumed = _Recorder()
+    resumed = recorder()
     L.Trainer(**trainer_kwargs(max_epochs=2, callbacks=[AttachLoaders()], **options)).fit(
         resumed, datamodule=_TwoLoaders(kind), ckpt_path=tmp_path / f"step{k:03d}.ckpt"
     )
@@ -185,6 +189,26 @@ def test_combined_loaders_resume_each_at_its_own_position(
     assert joined == full
     if kind.startswith("max_size"):
         assert [s.get("b") for s in full[3:10]] == [None] * 7
+
+
+class _DrawsItsBatch(_Recorder):
+    """training_step(dataloader_iter): Lightning fetches no batch ahead."""
+
+    def training_step(self, dataloader_iter: Any) -> Any:  # type: ignore[override]
+        batch, _, _ = next(dataloader_iter)
+        return super().training_step(batch, 0)
+
+
+@pytest.mark.parametrize("kind", ["unsized", "unsized_stream"])
+@pytest.mark.parametrize("k", [6, 10])
+def test_a_loader_without_a_length_saved_at_a_pass_end_resumes_without_a_prefetch(
+    tmp_path: Path, kind: str, k: int
+) -> None:
+    # Drawn by training_step(dataloader_iter), b was saved at its pass's end unseen to end:
+    # resumed, it ran out twice and ended the epoch 4 steps short (k=6). The stream saved at
+    # the epoch's last step in its pass 1 went on mid-pass in the next epoch, 1 (k=10).
+    full, joined = _fit_cut_resume(tmp_path, k, kind, _DrawsItsBatch)
+    assert joined == full and len(full) == 20
 
 
 @pytest.mark.parametrize("kind", ["cycle", "unsized"])
