@@ -389,9 +389,10 @@ class WorkerStreams:
         held = self.host.held_of(self.host.current)
         if held > len(self._history):
             raise LoaderkitError(
-                f"ResumableDataLoader: the consumer holds {held} batches but only "
-                f"{len(self._history)} hand-outs are remembered; save the state while the "
-                "consumer holds at most that many batches."
+                f"ResumableDataLoader: the consumer holds {held} batches, but this iteration's "
+                f"last {len(self._history)} hand-outs are all that is known (an iteration "
+                "begun since, as a cycled loader ran out, holds the rest). Save the state at "
+                "another step."
             )
         return list(self._history)[::-1][:held]
 
