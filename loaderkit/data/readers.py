@@ -461,10 +461,12 @@ class TokenReader:
 
     Args:
         seq_len: Cut each shard into consecutive samples of ``seq_len`` tokens (the trailing
-            ``len % seq_len`` tokens are not used).
+            ``len % seq_len`` tokens are not used; with ``targets``, ``(len - 1) % seq_len``:
+            write shards of ``k * seq_len + 1`` tokens to use them all).
         targets: With ``seq_len``: add the next token to each sample (``seq_len + 1`` tokens).
         eos: Instead of ``seq_len``: one sample per document, up to and including each
-            ``eos`` (collate them with a padding ``collate_fn``, e.g. ``PadCollate``).
+            ``eos`` (collate them with a padding ``collate_fn``, e.g. ``PadCollate``). A
+            shard's end also ends a document: one cut across two shards is two samples.
         dtype: Token dtype; required for ``.bin`` files without a ``.lkdtype`` header,
             checked against a ``.npy`` file's header when given.
         out_dtype: dtype of the returned tensors (``None``: the stored one); one that cannot

@@ -34,6 +34,7 @@ from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import (
     CollateError,
     LoaderkitError,
+    ReaderSettingError,
     ShardError,
     WorkerError,
     read_error_type,
@@ -401,9 +402,11 @@ def _shard_sets(dataset: Any) -> list[OpenShards]:
 
 def _load_error(what: str, epoch: int, exc: Exception, fix: str, index: Any) -> WorkerError:
     said = f"{type(exc).__name__}: {str(exc).rstrip('.')}"
+    # loaderkit's own errors (a changed shard, a reader setting) name their fix already.
+    tail = "" if isinstance(exc, (ShardError, ReaderSettingError)) else f"; fix the dataset's {fix}"
     return worker_error(
         f"loading {what} (epoch {epoch}) failed with {said}. The original traceback is chained "
-        f"above; fix the dataset's {fix}.",
+        f"above{tail}.",
         index=index,
         cause=type(exc),
     )

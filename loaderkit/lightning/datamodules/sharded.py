@@ -118,10 +118,12 @@ class _ShardSources(LoaderDataModule):
         fix = "has no effect: these samples are stacked, not padded; drop"
         if collate is not None:
             fix = "has no effect with collate= (your collate pads); set it there and drop"
-        multiple, budget = self.pad_to_multiple_of, self.max_tokens is not None
-        for name, value, unused in (  # a budget reads pad_to_multiple_of
+        # A budget counts pad_to_multiple_of for a collate of the user's; stacked rows keep
+        # their length whatever it counts.
+        counted = budget and collate is not None
+        for name, value, unused in (
             ("pad_value", pad_value, pad_value != 0),
-            ("pad_to_multiple_of", multiple, multiple is not None and not budget),
+            ("pad_to_multiple_of", multiple, multiple is not None and not counted),
         ):
             if unused:
                 raise ValueError(f"{type(self).__name__}: {name}={value!r} {fix} {name}.")
