@@ -23,7 +23,7 @@ from loaderkit.data.readers import TokenReader
 from loaderkit.data.remote import shard_paths
 from loaderkit.data.sharded import OrderArgs, ShardedDataset
 from loaderkit.errors import ShardError, StateMismatchError
-from loaderkit.plan._bucket_order import as_lengths
+from loaderkit.plan._bucket_order import int_lengths
 from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.mix import MixPlan, mix_allotments
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
@@ -542,17 +542,23 @@ class MixedDataset(Dataset[Any]):
         self, length_fn: Callable[[Any], int] | None = None, *, progress: bool = False
     ) -> np.ndarray:
         """Each sample's token count: a source's own ``lengths()``, else ``compute_lengths``."""
-        parts = []
-        for source in self.sources:
+        parts, first = [], 0
+        for name, source in zip(self.names, self.sources, strict=True):
             own = getattr(source, "lengths", None)
-            if callable(own) and length_fn is None:
-                got = own()
-            elif callable(own) and _positional(own):
-                got = own(length_fn)
-            else:  # no lengths() of its own, or one that cannot take length_fn (a column's)
-                got = compute_lengths(source, length_fn, progress=progress)
-            parts.append(np.asarray(got).reshape(-1))
-        return as_lengths(np.concatenate(parts), "MixedDataset.lengths")  # floats refused, not cut
+            try:
+                if callable(own) and length_fn is None:
+                    got = own()
+                elif callable(own) and _positional(own):
+                    got = own(length_fn)
+                else:  # no lengths() of its own, or one that cannot take length_fn (a column's)
+                    got = compute_lengths(source, length_fn, progress=progress)
+            except Exception as exc:
+                where = f"in source {name!r}, sample i is mix sample {first} + i"
+                exc.add_note(f"MixedDataset.lengths: {where}")
+                raise
+            parts.append(got)
+            first += len(source)
+        return int_lengths(parts, "MixedDataset.lengths")  # floats refused, not cut
 
     def bucket_batch_sampler(
         self,

@@ -40,7 +40,7 @@ from loaderkit.errors import (
     ShardChangedError,
     ShardError,
 )
-from loaderkit.plan._bucket_order import as_lengths
+from loaderkit.plan._bucket_order import int_lengths
 from loaderkit.plan.bucket import BucketOptions
 from loaderkit.plan.samplers import BucketBatchSampler, PlanBatchSampler
 from loaderkit.plan.shard import DEFAULT_MIX, DEFAULT_WINDOW, ShardPlan
@@ -655,9 +655,9 @@ class ShardedDataset(Dataset[Any]):
                 per_sample = getattr(self._handle(shard), "lengths", None)
                 if not callable(per_sample):
                     break
-                parts.append(np.asarray(per_sample()).reshape(-1))
+                parts.append(per_sample())
             else:
-                found = as_lengths(np.concatenate(parts), "ShardedDataset.lengths")
+                found = int_lengths(parts, "ShardedDataset.lengths")
                 if reads_overridden(self, "lengths"):
                     field = getattr(self.reader, "length_column", None)
                     check_own_lengths(self, found, field, _OWN_LENGTHS)

@@ -4,6 +4,7 @@ checking lengths, sorting windows by length, cutting them into batches."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,17 @@ def as_lengths(lengths: object, owner: str = "BucketBatchSampler") -> np.ndarray
             "pass each sample's token count."
         )
     return array
+
+
+def int_lengths(parts: list[Any], owner: str) -> np.ndarray:
+    """Parts' lengths (lists, arrays, tensors) as one int64 array, each checked as
+    :func:`as_lengths` does (an empty part, whatever its dtype, adds nothing)."""
+    checked = [as_lengths(p, owner) if _size(p) else np.empty(0, np.int64) for p in parts]
+    return np.concatenate(checked) if checked else np.empty(0, np.int64)
+
+
+def _size(values: Any) -> int:
+    return int(values.numel() if isinstance(values, torch.Tensor) else np.asarray(values).size)
 
 
 def sort_windows(lengths: np.ndarray, window: int) -> np.ndarray:

@@ -552,3 +552,19 @@ def test_a_source_s_fractional_lengths_are_refused_not_cut() -> None:
         mix.lengths()
     ints = MixedDataset({"a": _Timed([40] * 4), "b": _Timed([19] * 4)})
     assert ints.lengths().tolist() == [40] * 4 + [19] * 4
+    # Each part is checked alone: uint64 beside int64 made float64, refused (review 367).
+    wide = _Timed([3] * 2)
+    wide.lengths = lambda: np.asarray([3, 3], dtype=np.uint64)  # type: ignore[method-assign]
+    measured = [torch.ones(2), torch.ones(5)]
+    assert MixedDataset({"a": wide, "b": measured}).lengths().tolist() == [3, 3, 2, 5]
+
+
+def test_a_length_fn_error_in_a_source_names_it_and_its_place_in_the_mix() -> None:
+    # The note named the source's own index ("sample 2"), another sample of the mix.
+    mix = MixedDataset({"a": [{"ids": [1]}] * 4, "b": [{"ids": [1]}] * 2 + [{"x": [2]}]})
+    with pytest.raises(KeyError) as raised:
+        mix.lengths(lambda s: len(s["ids"]))
+    assert raised.value.__notes__ == [
+        "compute_lengths: raised measuring sample 2",
+        "MixedDataset.lengths: in source 'b', sample i is mix sample 4 + i",
+    ]

@@ -1955,3 +1955,31 @@ def test_jsonl_write_refuses_a_key_json_would_read_back_as_a_str(
     with pytest.raises(TypeError, match=r"dict key .* reads back as a str; use str keys"):
         JsonlReader().write(tmp_path / "s.jsonl", [{"ok": [1, 2]}, sample])
     JsonlReader().write(tmp_path / "t.jsonl", [{"ok": [1, (2, 3)], "n": {"m": None}}])
+
+
+class _Lines(list):  # type: ignore[type-arg]
+    def read(self, i: int) -> list[int]:
+        return [0] * len(self[i])
+
+    def lengths(self) -> np.ndarray:
+        return np.array([len(line) for line in self])  # an empty shard's: float64
+
+
+class _LinesReader:
+    suffixes = (".txt",)
+
+    def spec(self) -> dict[str, str]:
+        return {"kind": "lines"}
+
+    def count(self, path: Path) -> int:
+        return len(path.read_text().splitlines())
+
+    def open(self, path: Path) -> _Lines:
+        return _Lines(path.read_text().splitlines())
+
+
+def test_a_readers_lengths_with_an_empty_shard_are_ints(tmp_path: Path) -> None:
+    # The empty shard's float64 [] made the whole float64, refused (review 367).
+    for name, text in (("a", "xx\nyyy\n"), ("b", ""), ("c", "z\n")):
+        (tmp_path / f"{name}.txt").write_text(text)
+    assert ShardedDataset(tmp_path, _LinesReader()).lengths().tolist() == [2, 3, 1]
