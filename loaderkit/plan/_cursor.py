@@ -11,6 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+
 from loaderkit.errors import StateMismatchError
 
 # Bumped when a saved position would mean other data; _OLDER says what each older one lacks.
@@ -30,12 +33,66 @@ STREAM_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "stream", TOPOLOGY,
 ITERABLE_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "iterable", TOPOLOGY, "workers")
 
 
-def field_digest(name: str, value: Any) -> int:
-    """CRC-32 of one state field keyed by its name; nested values as canonical JSON."""
+def field_digest(name: str, value: Any, *, legacy: bool = False) -> int:
+    """CRC-32 of one state field keyed by its name; nested values as canonical JSON (JSON's
+    own values as JSON writes them; ``legacy``: the others by ``repr``, as before 0.2)."""
     if type(value) is int:
         return zlib.crc32(b"%s=%d" % (name.encode(), value))
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    shown = value if legacy else _canonical(value)
+    text = json.dumps(shown, sort_keys=True, separators=(",", ":"), default=repr)
     return zlib.crc32(f"{name}={text}".encode())
+
+
+def _canonical(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON whose text follows its value, never an object's address: a dataset's
+    own state may hold int or tuple keys (JSON would make them strings), sets, tensors,
+    arrays or generators."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    deeper = depth + 1
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: _canonical(v, deeper) for k, v in value.items()}
+        pairs = [[_canonical(k, deeper), _canonical(v, deeper)] for k, v in value.items()]
+        return {"<dict>": sorted(pairs, key=_text)}
+    if isinstance(value, list | tuple):
+        return [_canonical(v, deeper) for v in value]
+    if isinstance(value, set | frozenset):
+        return {"<set>": sorted((_canonical(v, deeper) for v in value), key=_text)}
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return _array_form(value, deeper)
+    name = f"<{type(value).__module__}.{type(value).__qualname__}>"
+    if isinstance(value, type) or depth > 32:
+        return f"<{getattr(value, '__qualname__', name)}>"
+    try:  # as pickle takes it apart, without its bytes (a tensor's hold addresses)
+        parts = value.__reduce_ex__(4)
+    except Exception:
+        return name
+    if isinstance(parts, str):  # a global: a function, an enum member
+        return f"{name}{parts}"
+    maker = getattr(parts[0], "__qualname__", type(parts[0]).__qualname__)
+    return {name: [maker, _canonical(list(parts[1:3]), deeper)]}
+
+
+def _array_form(value: torch.Tensor | np.ndarray, depth: int) -> Any:
+    """A tensor's or array's dtype, shape and a CRC-32 of its bytes."""
+    try:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous().reshape(-1)
+            data = t.view(torch.uint8).numpy().tobytes()
+            dtype = str(value.dtype)
+        elif value.dtype.hasobject:  # its bytes are addresses
+            items = _canonical(value.tolist(), depth)
+            return {"<array>": [value.dtype.str, list(value.shape), items]}
+        else:
+            data, dtype = np.ascontiguousarray(value).tobytes(), value.dtype.str
+    except (RuntimeError, TypeError, ValueError):  # sparse, meta
+        return f"<{type(value).__qualname__}>"
+    return {"<array>": [dtype, list(value.shape), zlib.crc32(data)]}
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def seal(state: dict[str, Any], fields: Iterable[str] | None = None) -> dict[str, Any]:
@@ -98,12 +155,21 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
             "state_dict() returned, unmodified."
         )
     for name in fields:  # the first field that differs is named
-        if checksum[name] != field_digest(name, state[name]):
+        value, want = state[name], checksum[name]
+        if want != field_digest(name, value) and want != _legacy_digest(name, value):
             raise StateMismatchError(
                 f"{where}: field {name!r} does not match the state's checksum (value "
                 f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
                 "set_epoch() to restart an epoch."
             )
+
+
+def _legacy_digest(name: str, value: Any) -> int | None:
+    """``field_digest`` as states saved before 0.2 hold it (None where it cannot be made)."""
+    try:
+        return field_digest(name, value, legacy=True)
+    except (TypeError, ValueError):
+        return None
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.

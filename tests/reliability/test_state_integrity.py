@@ -176,3 +176,92 @@ def test_a_stream_shard_that_shrank_since_the_save_is_refused_at_the_load(tmp_pa
     )
     with pytest.raises(StateMismatchError, match=r"field 'shard_bytes_crc32' differs"):
         resumed.load_state_dict(st)  # refused at the load: the shard's size changed
+
+
+class _OwnState(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Shards of 4 ids whose state is ``{shard: offset}`` plus whatever ``extra`` holds."""
+
+    def __init__(self, extra: Any = None) -> None:
+        self.offsets: dict[int, int] = {}
+        self.extra = extra
+
+    def __iter__(self) -> Any:
+        for shard in range(3):
+            for i in range(self.offsets.get(shard, 0), 4):
+                self.offsets[shard] = i + 1
+                yield shard * 100 + i
+        self.offsets = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"offsets": dict(self.offsets), "extra": self.extra}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.offsets = dict(state["offsets"])
+
+
+def _own_state_after(batches: int, extra: Any = None) -> dict[str, Any]:
+    loader = ResumableDataLoader(_OwnState(extra), batch_size=2, seed=0)
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    return loader.state_dict()
+
+
+def test_a_datasets_state_json_changed_is_refused() -> None:
+    # JSON made its int keys strings and the checksum (JSON text) did not see it: the
+    # dataset restarted its shards, 3 batches trained twice (hunt 368).
+    state = json.loads(json.dumps(_own_state_after(3)))
+    with pytest.raises(StateMismatchError, match="field 'workers' does not match"):
+        ResumableDataLoader(_OwnState(), batch_size=2, seed=0).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"b", "a", "c"},  # its order follows the process's string hashing
+        torch.Generator().manual_seed(1),  # its repr and pickle held addresses
+        {(0, 1): 2, "epoch": 1, 3: 4},  # tuple and mixed keys crashed state_dict()
+    ],
+    ids=["set", "generator", "keys"],
+)
+def test_a_datasets_own_state_checks_by_value_through_copies(extra: Any, tmp_path: Path) -> None:
+    state = _own_state_after(3, extra)
+    torch.save(state, tmp_path / "s.pt")
+    for copied in (copy.deepcopy(state), torch.load(tmp_path / "s.pt", weights_only=False)):
+        resumed = ResumableDataLoader(_OwnState(), batch_size=2, seed=0)
+        resumed.load_state_dict(copied)
+        assert [b.tolist() for b in resumed] == [[102, 103], [200, 201], [202, 203]]
+    edited = copy.deepcopy(state)
+    edited["workers"][0]["dataset_state"]["extra"] = None
+    with pytest.raises(StateMismatchError, match="field 'workers' does not match"):
+        ResumableDataLoader(_OwnState(), batch_size=2, seed=0).load_state_dict(edited)
+
+
+def test_a_set_digests_alike_under_any_string_hashing() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from loaderkit.plan._cursor import field_digest; print(field_digest('f', {'b','a','c'}))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(outs) == 1
+
+
+def test_a_state_sealed_before_the_value_checksum_still_loads() -> None:
+    # States of 0.1 digested a dataset's state as JSON with repr() for the rest.
+    state = _own_state_after(3, {0: 1})
+    state["checksum"]["workers"] = field_digest("workers", state["workers"], legacy=True)
+    assert state["checksum"]["workers"] != field_digest("workers", state["workers"])
+    resumed = ResumableDataLoader(_OwnState(), batch_size=2, seed=0)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[102, 103], [200, 201], [202, 203]]
