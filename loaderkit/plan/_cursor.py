@@ -183,6 +183,17 @@ _FIXES = {  # where the loader's general fix does not say it
 }
 
 
+_CLASS_KEYS = frozenset({"dataset", "sampler"})  # "module.Class" fields
+
+
+def _same_class(key: str, saved: Any, here: Any) -> bool:
+    """Whether ``key`` names one class in both: a script's module is ``__main__`` when run
+    and its file's name when imported, so the module is not compared (as a stream's reader)."""
+    if key not in _CLASS_KEYS or not (isinstance(saved, str) and isinstance(here, str)):
+        return False
+    return saved.rsplit(".", 1)[-1] == here.rsplit(".", 1)[-1]
+
+
 def check_settings(
     saved: Mapping[str, Any], here: Mapping[str, Any], *, owner: str, adopt_seed: bool, fix: str
 ) -> int | None:
@@ -193,7 +204,7 @@ def check_settings(
     keys = sorted(set(saved) | (set(here) - (_ADDED - set(saved))))
     # Count, then names, before bytes: a shard list reordered or renamed is told as such.
     for key in sorted(keys, key=lambda k: {"num_shards": 0, "shard_names_crc32": 1}.get(k, 2)):
-        if saved.get(key) != here.get(key):
+        if saved.get(key) != here.get(key) and not _same_class(key, saved.get(key), here.get(key)):
             raise StateMismatchError(
                 f"{owner}.load_state_dict: field {key!r} differs: saved {saved.get(key)!r}, "
                 f"here {here.get(key)!r}. {_FIXES.get(key, fix)}"
@@ -268,7 +279,7 @@ def _check_plan(
             "that saved it, or start without the state."
         )
     for key, expected in fingerprint.items():
-        if saved[key] != expected:
+        if saved[key] != expected and not _same_class(key, saved[key], expected):
             message = _difference(key, saved[key], expected, fingerprint, adopt, world)
             if message is not None:
                 raise StateMismatchError(f"{where}: {message}")

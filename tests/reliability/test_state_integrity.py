@@ -265,3 +265,28 @@ def test_a_state_sealed_before_the_value_checksum_still_loads() -> None:
     resumed = ResumableDataLoader(_OwnState(), batch_size=2, seed=0)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == [[102, 103], [200, 201], [202, 203]]
+
+
+def test_a_class_saved_under_its_scripts_module_name_loads_where_imported() -> None:
+    # Saved by `python train.py` ("__main__.X"), resumed by a script importing train
+    # ("train.X"): refused as another dataset or sampler (hunt 368).
+    state = _own_state_after(3)
+    state["iterable"]["dataset"] = state["iterable"]["dataset"].replace(__name__, "__main__")
+    resumed = ResumableDataLoader(_OwnState(), batch_size=2, seed=0)
+    resumed.load_state_dict(seal(state))
+    assert [b.tolist() for b in resumed] == [[102, 103], [200, 201], [202, 203]]
+    state["iterable"]["dataset"] = "__main__.Other"
+    with pytest.raises(StateMismatchError, match="field 'dataset' differs"):
+        resumed.load_state_dict(seal(state))
+
+    def sampler() -> Any:
+        return torch.utils.data.RandomSampler(range(8), generator=torch.Generator().manual_seed(0))
+
+    loader = ResumableDataLoader(list(range(8)), sampler=sampler(), batch_size=2)
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()
+    assert saved["plan"]["sampler"] == "torch.utils.data.sampler.RandomSampler"
+    saved["plan"]["sampler"] = "__main__.RandomSampler"
+    again = ResumableDataLoader(list(range(8)), sampler=sampler(), batch_size=2)
+    again.load_state_dict(seal(saved))
