@@ -611,7 +611,7 @@ class ShardedDataset(Dataset[Any]):
             shard_sizes=self.sizes,
             batch_size=batch_size,
             shuffle=shuffle,
-            seed=seed,
+            seed=check_int("seed", seed, 0, owner="ShardedDataset.plan", numpy_ok=True),
             window=window,
             mix_shards=mix_shards,
             drop_last=drop_last,

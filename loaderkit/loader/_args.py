@@ -220,7 +220,7 @@ def from_distributed_sampler(
             f"{OWNER}: the DistributedSampler's seed must be an int >= 0 (it keys the order "
             f"and each sample's randomness), got seed={sampler.seed!r}; build it with seed=0."
         )
-    return int(sampler.seed), sampler.rank, sampler.num_replicas
+    return int(sampler.seed), int(sampler.rank), int(sampler.num_replicas)  # numpy ints too
 
 
 def whole_order_sampler(sampler: Any) -> Any:

@@ -310,7 +310,7 @@ class MixPlan:
             )
         self.batch_size = check_int("batch_size", batch_size, 1, owner=owner)
         self.shuffle = check_bool("shuffle", shuffle, owner=owner)
-        self.seed = check_int("seed", seed, 0, owner=owner)
+        self.seed = check_int("seed", seed, 0, owner=owner, numpy_ok=True)
         self.drop_last = check_bool("drop_last", drop_last, owner=owner)
         self.source_names = _check_names(source_names, len(self.source_sizes), owner)
         self.num_samples = sum(self.source_sizes)

@@ -920,3 +920,24 @@ def test_a_small_random_sampler_is_keyed_whatever_the_global_rng(n: int) -> None
         loader = ResumableDataLoader(list(range(n)), batch_size=n, sampler=sampler, seed=0)
         orders.append([next(iter(loader)).tolist() for _ in range(4)])
     assert all(o == orders[0] for o in orders)
+
+
+def test_numpy_ints_are_taken_where_torch_takes_them(tmp_path: Any) -> None:
+    # A DistributedSampler of numpy rank and num_replicas was refused naming WorkerEnv; a
+    # ShardedDataset's batch_sampler refused a numpy seed its bucket sampler takes (hunt 368).
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from loaderkit import ShardedDataset, TokenReader, write_shards
+
+    def sampler() -> DistributedSampler[int]:
+        return DistributedSampler(range(10), num_replicas=np.int64(1), rank=np.int64(0), seed=3)
+
+    ours = [
+        b.tolist() for b in ResumableDataLoader(list(range(10)), sampler=sampler(), batch_size=4)
+    ]
+    assert ours == [
+        b.tolist() for b in DataLoader(list(range(10)), sampler=sampler(), batch_size=4)
+    ]
+    reader = TokenReader(seq_len=2)
+    data = ShardedDataset(write_shards(tmp_path, [np.arange(8)], reader), reader)
+    assert data.batch_sampler(2, seed=np.int64(1)).plan.seed == 1
