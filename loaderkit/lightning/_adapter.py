@@ -225,16 +225,15 @@ class LightningHost:
 
     def sized_epoch(self, loader: object) -> bool:
         trainer = self._fitting(loader, failing=True)
-        return trainer is not None and sized_len(trainer.fit_loop._combined_loader) is not None
+        return trainer is not None and _members_sized(trainer)
 
     def counts_run_outs(self, loader: object) -> bool:
         """``"max_size_cycle"`` over several unsized train loaders, without reloading."""
         trainer = self._fitting(loader)
         if trainer is None or trainer.reload_dataloaders_every_n_epochs:
             return False
-        combined = trainer.fit_loop._combined_loader
         several = len(train_loaders(trainer)) > 1
-        return bool(self.cycles(loader)) and several and sized_len(combined) is None
+        return bool(self.cycles(loader)) and several and not _members_sized(trainer)
 
     def sets_eval_epoch(self, loader: object, epoch: int) -> bool:
         """Whether an evaluation sets its fit epoch count ``epoch`` on ``loader``, no train
@@ -397,6 +396,13 @@ def unwrapped(loader: Any) -> Any:
     """The loader a :class:`~loaderkit.DevicePrefetcher` wraps (Lightning holds the
     prefetcher), else ``loader``."""
     return loader.iterable if isinstance(loader, DevicePrefetcher) else loader
+
+
+def _members_sized(trainer: Any) -> bool:
+    """Whether every train loader has a length (the combined loader's is the
+    ``limit_train_batches`` under one, whatever its members end at)."""
+    combined = trainer.fit_loop._combined_loader
+    return combined is not None and all(sized_len(dl) is not None for dl in combined.flattened)
 
 
 def train_loaders(trainer: Any) -> list[Any]:

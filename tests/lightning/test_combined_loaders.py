@@ -211,6 +211,14 @@ def test_a_loader_without_a_length_saved_at_a_pass_end_resumes_without_a_prefetc
     assert joined == full and len(full) == 20
 
 
+@pytest.mark.parametrize("k", [9, 10])
+def test_a_limit_past_the_epoch_keeps_the_run_out_rule(tmp_path: Path, k: int) -> None:
+    # limit_train_batches=100 gave the combined loader a length, which turned off "a restored
+    # loader that cycled runs out once more first": 0-7 trained twice in epoch 0 (review 367).
+    full, joined = _fit_cut_resume(tmp_path, k, "unsized", limit_train_batches=100)
+    assert joined == full
+
+
 @pytest.mark.parametrize("kind", ["cycle", "unsized"])
 def test_a_loader_cycled_into_the_next_epoch_starts_it_afresh_after_a_limited_epoch(
     tmp_path: Path, kind: str
