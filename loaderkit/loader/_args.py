@@ -8,7 +8,6 @@ import multiprocessing
 import multiprocessing.context
 import warnings
 from collections.abc import Iterator
-from numbers import Integral
 from typing import Any
 
 from torch.utils.data import DistributedSampler, IterableDataset
@@ -215,7 +214,8 @@ def from_distributed_sampler(
                 f"{OWNER}: {name}={given} differs from the DistributedSampler's {its}; leave "
                 f"{name} unset to take the sampler's."
             )
-    if isinstance(sampler.seed, bool) or not isinstance(sampler.seed, Integral) or sampler.seed < 0:
+    if isinstance(sampler.seed, bool) or not isinstance(sampler.seed, int) or sampler.seed < 0:
+        # A numpy int passes Integral, then torch's own manual_seed refuses it.
         raise ValueError(
             f"{OWNER}: the DistributedSampler's seed must be an int >= 0 (it keys the order "
             f"and each sample's randomness), got seed={sampler.seed!r}; build it with seed=0."

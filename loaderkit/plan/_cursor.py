@@ -38,32 +38,42 @@ def field_digest(name: str, value: Any, *, legacy: bool = False) -> int:
     own values as JSON writes them; ``legacy``: the others by ``repr``, as before 0.2)."""
     if type(value) is int:
         return zlib.crc32(b"%s=%d" % (name.encode(), value))
-    shown = value if legacy else _canonical(value)
+    try:
+        shown = value if legacy else _canonical(value, ())
+    except RecursionError:  # not a cycle (those are named), but too deep for Python
+        shown = "<too deep>"
     text = json.dumps(shown, sort_keys=True, separators=(",", ":"), default=repr)
     return zlib.crc32(f"{name}={text}".encode())
 
 
-def _canonical(value: Any, depth: int = 0) -> Any:
+def _canonical(value: Any, path: tuple[int, ...]) -> Any:
     """``value`` as JSON whose text follows its value, never an object's address: a dataset's
-    own state may hold int or tuple keys (JSON would make them strings), sets, tensors,
-    arrays or generators."""
+    own state may hold int or tuple keys (JSON would make them strings), sets, bytes,
+    tensors, arrays or generators. ``path``: the ids of the values holding it."""
     if value is None or isinstance(value, str | bool | int | float):
         return value
-    deeper = depth + 1
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {f"<{type(value).__name__}>": zlib.crc32(bytes(value))}
+    if isinstance(value, torch.Tensor | np.ndarray | np.generic):
+        return _array_form(value, path)
+    if id(value) in path:
+        raise ValueError(
+            f"a loader state holds a {type(value).__name__} that holds itself; return a state "
+            "without cycles from the dataset's state_dict()."
+        )
+    inner = (*path, id(value))
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
-            return {k: _canonical(v, deeper) for k, v in value.items()}
-        pairs = [[_canonical(k, deeper), _canonical(v, deeper)] for k, v in value.items()]
+            return {k: _canonical(v, inner) for k, v in value.items()}
+        pairs = [[_canonical(k, inner), _canonical(v, inner)] for k, v in value.items()]
         return {"<dict>": sorted(pairs, key=_text)}
     if isinstance(value, list | tuple):
-        return [_canonical(v, deeper) for v in value]
+        return [_canonical(v, inner) for v in value]
     if isinstance(value, set | frozenset):
-        return {"<set>": sorted((_canonical(v, deeper) for v in value), key=_text)}
-    if isinstance(value, torch.Tensor | np.ndarray):
-        return _array_form(value, deeper)
+        return {"<set>": sorted((_canonical(v, inner) for v in value), key=_text)}
     name = f"<{type(value).__module__}.{type(value).__qualname__}>"
-    if isinstance(value, type) or depth > 32:
-        return f"<{getattr(value, '__qualname__', name)}>"
+    if isinstance(value, type):
+        return f"<{value.__module__}.{value.__qualname__}>"
     try:  # as pickle takes it apart, without its bytes (a tensor's hold addresses)
         parts = value.__reduce_ex__(4)
     except Exception:
@@ -71,18 +81,19 @@ def _canonical(value: Any, depth: int = 0) -> Any:
     if isinstance(parts, str):  # a global: a function, an enum member
         return f"{name}{parts}"
     maker = getattr(parts[0], "__qualname__", type(parts[0]).__qualname__)
-    return {name: [maker, _canonical(list(parts[1:3]), deeper)]}
+    items = [list(p) if p is not None and not isinstance(p, list) else p for p in parts[3:5]]
+    return {name: [maker, _canonical([*parts[1:3], *items], inner)]}
 
 
-def _array_form(value: torch.Tensor | np.ndarray, depth: int) -> Any:
-    """A tensor's or array's dtype, shape and a CRC-32 of its bytes."""
+def _array_form(value: torch.Tensor | np.ndarray | np.generic, path: tuple[int, ...]) -> Any:
+    """A tensor's, array's or numpy scalar's dtype, shape and a CRC-32 of its bytes."""
     try:
         if isinstance(value, torch.Tensor):
             t = value.detach().cpu().contiguous().reshape(-1)
             data = t.view(torch.uint8).numpy().tobytes()
             dtype = str(value.dtype)
         elif value.dtype.hasobject:  # its bytes are addresses
-            items = _canonical(value.tolist(), depth)
+            items = _canonical(np.asarray(value).tolist(), path)
             return {"<array>": [value.dtype.str, list(value.shape), items]}
         else:
             data, dtype = np.ascontiguousarray(value).tobytes(), value.dtype.str

@@ -9,11 +9,13 @@ silently dropped 100 of 177 samples. Each is shown here to have been silent
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,3 +292,28 @@ def test_a_class_saved_under_its_scripts_module_name_loads_where_imported() -> N
     saved["plan"]["sampler"] = "__main__.RandomSampler"
     again = ResumableDataLoader(list(range(8)), sampler=sampler(), batch_size=2)
     again.load_state_dict(seal(saved))
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(b"rng-A", b"rng-B"), (np.int64(12), np.int64(99)), (collections.deque([1]), [2])],
+    ids=["bytes", "numpy", "deque"],
+)
+def test_an_edit_inside_a_datasets_own_state_is_refused(before: Any, after: Any) -> None:
+    # Review 370: bytes (and numpy scalars, kept as bytes) unpacked into themselves until a
+    # depth cut, so every value digested alike; a deque's items were left out.
+    state = _own_state_after(3, before)
+    if isinstance(before, collections.deque):
+        after = collections.deque(after)
+    state["workers"][0]["dataset_state"]["extra"] = after
+    with pytest.raises(StateMismatchError, match="field 'workers' does not match"):
+        ResumableDataLoader(_OwnState(), batch_size=2, seed=0).load_state_dict(state)
+
+
+def test_a_datasets_state_holding_itself_is_named() -> None:
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    loader = ResumableDataLoader(_OwnState(looped), batch_size=2, seed=0)
+    next(iter(loader))
+    with pytest.raises(ValueError, match="holds a dict that holds itself; return a state"):
+        loader.state_dict()
