@@ -102,6 +102,14 @@ def engine_kind(dataset: Any) -> Kind:
                 "loader never calls; pass transform=, or filter in the reader's function "
                 "(IterableReader(fn))."
             )
+        if type(dataset).read_from is not StreamingShardedDataset.read_from:
+            # A resume reads from a saved offset: one counting what an override yielded
+            # (some samples filtered out) points elsewhere in the shard.
+            raise TypeError(
+                f"ResumableDataLoader: {type(dataset).__name__} overrides read_from, whose "
+                "offsets count the shard's samples; pass transform=, or filter in the reader's "
+                "function (IterableReader(fn))."
+            )
         return "stream"
     return "iterable" if isinstance(dataset, IterableDataset) else "plan"
 

@@ -870,3 +870,15 @@ def test_a_subclass_overriding_iter_is_refused_by_the_loader() -> None:
         TypeError, match=r"_OwnIter overrides __iter__.*pass transform=, or filter in the reader"
     ):
         ResumableDataLoader(ds, batch_size=2)
+
+
+class _OwnReadFrom(StreamingShardedDataset):
+    def read_from(self, shard: int, offset: int) -> Iterator[Any]:  # filtered: offsets shift
+        return (s for s in super().read_from(shard, offset) if int(s) % 2)
+
+
+def test_a_subclass_overriding_read_from_is_refused_by_the_loader() -> None:
+    # Hunt 371: a resume read the saved count of filtered samples as a raw offset: repeated.
+    ds = _OwnReadFrom(make_shards([4, 4]), IterableReader(read_range))
+    with pytest.raises(TypeError, match=r"_OwnReadFrom overrides read_from, whose offsets count"):
+        ResumableDataLoader(ds, batch_size=2)
