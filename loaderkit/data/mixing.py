@@ -235,13 +235,20 @@ def _by_source(name: str, value: Any, names: list[str], named: bool) -> Any:
 
 def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
     """Whether ``ds`` is or holds (through torch's ``Subset``, ``ConcatDataset``,
-    ``StackDataset``) a (weighted) mix."""
+    ``StackDataset``, or as an attribute of a wrapper of the user's) a (weighted) mix."""
     if isinstance(ds, Subset):
         return holds_mix(ds.dataset, weighted=weighted)
     found = torch_parts(ds)
     if found is not None:
         return any(holds_mix(d, weighted=weighted) for d in found[1])
-    return isinstance(ds, MixedDataset) and not (weighted and ds.per_epoch == ds.sizes)
+    if not isinstance(ds, MixedDataset):  # a transform wrapper: one level of attributes
+        held = getattr(ds, "__dict__", {}).values()
+        return any(_is_mix(v, weighted) for v in held if isinstance(v, MixedDataset))
+    return _is_mix(ds, weighted)
+
+
+def _is_mix(ds: MixedDataset, weighted: bool) -> bool:
+    return not (weighted and ds.per_epoch == ds.sizes)
 
 
 def _check_source(name: str, ds: Any) -> None:
@@ -249,7 +256,8 @@ def _check_source(name: str, ds: Any) -> None:
         what = (
             "is itself a MixedDataset"
             if isinstance(ds, MixedDataset)
-            else "holds a MixedDataset (through a torch Subset, ConcatDataset or StackDataset)"
+            else "holds a MixedDataset (through a torch Subset, ConcatDataset, StackDataset or "
+            "an attribute)"
         )
         raise TypeError(
             f"{_OWNER}: source {name!r} {what}, whose weights a mix of mixes would ignore; "

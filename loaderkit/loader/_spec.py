@@ -220,7 +220,7 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: An
         raise ValueError(
             f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
             "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
-            "split it, mix each source's split)."
+            "split or transform it, mix each source's split or transformed source)."
         )
     if sampler is not None or not isinstance(plan, MixPlan | MixBucketPlan):
         name, given = (

@@ -95,6 +95,28 @@ def test_a_weighted_mix_inside_a_subset_or_concat_is_refused() -> None:
     assert len(_ids(ResumableDataLoader(Subset(laid, range(9)), batch_size=4))) == 9
 
 
+class _Augment(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A user's transform over a dataset it holds as an attribute."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.data[i]
+
+
+def test_a_weighted_mix_inside_a_users_wrapper_is_refused() -> None:
+    # Hunt 371: read as a plain dataset, the mix gave its 110 samples once each, not its
+    # 40 weighted draws.
+    with pytest.raises(ValueError, match=r"Augment holding a weighted MixedDataset"):
+        ResumableDataLoader(_Augment(_mix()), batch_size=10, shuffle=True)
+    laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
+    assert len(_ids(ResumableDataLoader(_Augment(laid), batch_size=4))) == 9
+
+
 def test_a_mix_without_weights_is_read_once_in_order() -> None:
     laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
     assert _ids(ResumableDataLoader(laid, batch_size=4)) == [0, 1, 2, 3, 4, 5, 10, 11, 12]
