@@ -44,18 +44,28 @@ def _defined_at(mro: tuple[type, ...], name: str) -> int:
 def batch_read(handle: Any) -> Callable[[np.ndarray], Any] | None:
     """``handle.read_batch`` where it is at least as much the handle's own as ``read`` is (else
     None: an overridden ``read`` or a wrapper's ``__getattr__`` would be bypassed)."""
+    return _beside_read(handle, "read_batch")
+
+
+def shard_lengths(handle: Any) -> Callable[[], Any] | None:
+    """``handle.lengths`` where it is at least as much the handle's own as ``read`` is (else
+    None: a wrapper adding tokens in ``read`` forwards the inner shard's)."""
+    return _beside_read(handle, "lengths")
+
+
+def _beside_read(handle: Any, name: str) -> Any:
     own = _own(handle)
-    if "read_batch" not in own:
+    if name not in own:
         if "read" in own:
             return None
         cls = type(handle)
-        if cls is not _FixedTokens and cls is not _Documents:  # both define both reads
+        if cls is not _FixedTokens and cls is not _Documents:  # both define all three
             mro = cls.__mro__
-            at = _defined_at(mro, "read_batch")
+            at = _defined_at(mro, name)
             if at == len(mro) or at > _defined_at(mro, "read"):
                 return None
-    read_batch = getattr(handle, "read_batch", None)
-    return read_batch if callable(read_batch) else None
+    found = getattr(handle, name, None)
+    return found if callable(found) else None
 
 
 def own_rows(handle: Any) -> Any:

@@ -27,7 +27,7 @@ from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
 from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
-from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows
+from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows, shard_lengths
 from loaderkit.data._written import load_or_build_index
 from loaderkit.data.index import IndexEntry, checked_count
 from loaderkit.data.lengths import check_own_lengths, compute_lengths
@@ -652,8 +652,8 @@ class ShardedDataset(Dataset[Any]):
         if length_fn is None:
             parts = []
             for shard in range(len(self.shards)):
-                per_sample = getattr(self._handle(shard), "lengths", None)
-                if not callable(per_sample):
+                per_sample = shard_lengths(self._handle(shard))
+                if per_sample is None:
                     break
                 parts.append(per_sample())
             else:

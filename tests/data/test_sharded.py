@@ -1983,3 +1983,32 @@ def test_a_readers_lengths_with_an_empty_shard_are_ints(tmp_path: Path) -> None:
     for name, text in (("a", "xx\nyyy\n"), ("b", ""), ("c", "z\n")):
         (tmp_path / f"{name}.txt").write_text(text)
     assert ShardedDataset(tmp_path, _LinesReader()).lengths().tolist() == [2, 3, 1]
+
+
+class _Prompted:
+    """An open shard's wrapper forwarding all but ``read``, which adds 4 tokens."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def __len__(self) -> int:
+        return len(self._handle)
+
+    def read(self, index: int) -> torch.Tensor:
+        return torch.cat([torch.full((4,), 1), self._handle.read(index)])
+
+
+class _PromptedReader(TokenReader):
+    def open(self, path: Any) -> Any:
+        return _Prompted(super().open(path))
+
+
+def test_a_reader_wrapping_its_shards_reads_gives_their_lengths(tmp_path: Path) -> None:
+    # The wrapper forwarded lengths() of the shard it wraps: 4 tokens short a sample, so
+    # every token-budget batch went over it (hunt 371).
+    write_shards(tmp_path, [np.array([5, 5, 0, 5, 0], dtype=np.int32)], TokenReader(eos=0))
+    data = ShardedDataset(tmp_path, _PromptedReader(eos=0))
+    assert data.lengths().tolist() == [len(data[0]), len(data[1])] == [7, 6]
