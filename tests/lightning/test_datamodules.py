@@ -1383,3 +1383,39 @@ def test_sequence_lengths_that_follow_random_draws_are_refused_and_rngs_put_back
     torch.manual_seed(0)
     SequenceDataModule(_Masked(seqs), bucket=True, seed=0).setup("fit")
     assert torch.equal(torch.rand(2), expected)
+
+
+class _WithPrompt(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples of ``data`` with 6 prompt tokens before them; ``keep`` filters first."""
+
+    def __init__(self, data: Any, keep: int = 1) -> None:
+        self.data = [s for i, s in enumerate(data) if i % keep == 0]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.cat([torch.full((6,), 9), torch.as_tensor(self.data[i])])
+
+
+class _Prompted(SequenceDataModule):
+    keep = 1
+
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        return {k: _WithPrompt(v, self.keep) for k, v in super().build_datasets(stage).items()}
+
+
+class _Filtered(_Prompted):
+    keep = 2
+
+
+@pytest.mark.parametrize("module", [_Prompted, _Filtered])
+def test_a_subclass_wrapping_its_splits_is_measured_as_it_reads(module: Any) -> None:
+    # Hunt 371: lengths were the samples' before the subclass's prompt (every batch over
+    # max_tokens), or one per sample it had filtered out (refused with a misleading fix).
+    samples = [[1] * n for n in range(1, 41)]
+    dm = module(samples, max_tokens=64, val_fraction=0.25, seed=0)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert max(b.values.numel() for b in batches) <= 64
+    assert sum(len(b.lengths) for b in batches) == len(dm._datasets["train"])

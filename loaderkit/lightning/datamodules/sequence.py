@@ -20,6 +20,7 @@ from loaderkit.data.sharded import ShardedDataset
 from loaderkit.lightning.datamodules._args import check_fits, check_settings, remote_cache
 from loaderkit.lightning.datamodules._util import is_hf_dataset
 from loaderkit.lightning.datamodules.base import LoaderDataModule, loading_checkpoint
+from loaderkit.loader._fetch import split_source
 from loaderkit.plan.samplers import BucketBatchSampler
 from loaderkit.seeding import rngs_put_back
 
@@ -117,6 +118,7 @@ class SequenceDataModule(LoaderDataModule):
         if not loading_checkpoint(self):
             self.refuse_no_data()
         self._lengths: dict[str, np.ndarray] = {}
+        self._measured: dict[str, Any] = {}  # per split, the object its lengths are of
         self._keyed: bool | None = None
         # (tokens, label, ...) samples: field 0 is measured and padded (a namedtuple's by name).
         self._tuples: int | str | None = None
@@ -146,6 +148,7 @@ class SequenceDataModule(LoaderDataModule):
             if table is not None:  # lengths from the length column alone
                 self._keyed = True
                 self._lengths[split] = table.lengths()
+                self._measured[split] = table
                 out[split] = table
                 continue
             samples: Sequence[Any] = (
@@ -153,7 +156,7 @@ class SequenceDataModule(LoaderDataModule):
             )
             with rngs_put_back():
                 self._lengths[split] = self._measure(split, samples)
-            out[split] = samples
+            out[split] = self._measured[split] = samples
         return out
 
     def _table(self, split: str, source: Any) -> HFDataset | ShardedDataset | None:
@@ -240,6 +243,12 @@ class SequenceDataModule(LoaderDataModule):
     def setup(self, stage: str) -> None:
         """As the base, with the lengths split too."""
         super().setup(stage)
+        for split, measured in list(self._measured.items()):
+            source = split_source(self._datasets.get(split, measured))
+            if source is not measured:  # a subclass's build_datasets wrapped or filtered it
+                self._measured[split] = source
+                with rngs_put_back():
+                    self._lengths[split] = self._measure(split, source)
         if self.split is not None and "val" not in self._lengths:
             full = self._lengths["train"]
             self._lengths["train"], self._lengths["val"] = full[self.split[0]], full[self.split[1]]
