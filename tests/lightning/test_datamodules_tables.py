@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pa = pytest.importorskip("pyarrow")
 
@@ -173,3 +174,25 @@ def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) ->
         SequenceDataModule(path, storage_options={})
     with pytest.raises(ValueError, match=r"must end with \.jsonl or \.arrow or \.parquet or \.pq"):
         SequenceDataModule(str(tmp_path / "x.csv"))
+
+
+def test_a_split_wrapped_by_a_subclass_is_refused_by_name(parquet_dir: Path) -> None:
+    # Hunt 371: AttributeError: 'Wrapped' object has no attribute 'batch_sampler'.
+    class Wrapped(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self, data: Any) -> None:
+            self.data = data
+
+        def __len__(self) -> int:
+            return len(self.data)
+
+        def __getitem__(self, i: int) -> Any:
+            return self.data[i]
+
+    class Module(ShardedDataModule):
+        def build_datasets(self, stage: str) -> dict[str, Any]:
+            return {k: Wrapped(v) for k, v in super().build_datasets(stage).items()}
+
+    dm = Module(parquet_dir, reader=ParquetReader(), batch_size=4)
+    dm.setup("fit")
+    with pytest.raises(TypeError, match=r"the train split is a Wrapped, which has no batch_sa"):
+        dm.train_dataloader()

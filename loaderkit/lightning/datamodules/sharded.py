@@ -356,6 +356,12 @@ class ShardedDataModule(_ShardSources):
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any:
         """The dataset's own plan (shuffled for train only)."""
+        if not callable(getattr(dataset, "batch_sampler", None)):  # a user's wrapper
+            raise TypeError(
+                f"{type(self).__name__}: the {split} split is a {type(dataset).__name__}, "
+                "which has no batch_sampler(); return the ShardedDataset (or a subclass of it "
+                "overriding __getitem__) from build_datasets."
+            )
         train = split == "train"
         if train and self.max_tokens is not None:
             return self._budget(dataset, shard_window=self.window, mix_shards=self.mix_shards)
