@@ -5,16 +5,12 @@ Every state carries a ``checksum`` (one CRC-32 per field): an edited state is re
 
 from __future__ import annotations
 
-import json
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
 from loaderkit.errors import StateMismatchError
+from loaderkit.plan._digest import field_digest, legacy_digest
 
 # Bumped when a saved position would mean other data; _OLDER says what each older one lacks.
 STATE_VERSION = 5
@@ -31,79 +27,6 @@ PLAN, TOPOLOGY, COMPLETE, CHECKSUM = "plan", "topology", "complete", "checksum"
 PLAN_FIELDS = (VERSION, EPOCH, POSITION, STEPS_DONE, PLAN, TOPOLOGY)
 STREAM_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "stream", TOPOLOGY, "ranks")
 ITERABLE_FIELDS = (VERSION, KIND, EPOCH, STEPS_DONE, COMPLETE, "iterable", TOPOLOGY, "workers")
-
-
-def field_digest(name: str, value: Any, *, legacy: bool = False) -> int:
-    """CRC-32 of one state field keyed by its name; nested values as canonical JSON (JSON's
-    own values as JSON writes them; ``legacy``: the others by ``repr``, as before 0.2)."""
-    if type(value) is int:
-        return zlib.crc32(b"%s=%d" % (name.encode(), value))
-    try:
-        shown = value if legacy else _canonical(value, ())
-    except RecursionError:  # not a cycle (those are named), but too deep for Python
-        shown = "<too deep>"
-    text = json.dumps(shown, sort_keys=True, separators=(",", ":"), default=repr)
-    return zlib.crc32(f"{name}={text}".encode())
-
-
-def _canonical(value: Any, path: tuple[int, ...]) -> Any:
-    """``value`` as JSON whose text follows its value, never an object's address: a dataset's
-    own state may hold int or tuple keys (JSON would make them strings), sets, bytes,
-    tensors, arrays or generators. ``path``: the ids of the values holding it."""
-    if value is None or isinstance(value, str | bool | int | float):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {f"<{type(value).__name__}>": zlib.crc32(bytes(value))}
-    if isinstance(value, torch.Tensor | np.ndarray | np.generic):
-        return _array_form(value, path)
-    if id(value) in path:
-        raise ValueError(
-            f"a loader state holds a {type(value).__name__} that holds itself; return a state "
-            "without cycles from the dataset's state_dict()."
-        )
-    inner = (*path, id(value))
-    if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value):
-            return {k: _canonical(v, inner) for k, v in value.items()}
-        pairs = [[_canonical(k, inner), _canonical(v, inner)] for k, v in value.items()]
-        return {"<dict>": sorted(pairs, key=_text)}
-    if isinstance(value, list | tuple):
-        return [_canonical(v, inner) for v in value]
-    if isinstance(value, set | frozenset):
-        return {"<set>": sorted((_canonical(v, inner) for v in value), key=_text)}
-    name = f"<{type(value).__module__}.{type(value).__qualname__}>"
-    if isinstance(value, type):
-        return f"<{value.__module__}.{value.__qualname__}>"
-    try:  # as pickle takes it apart, without its bytes (a tensor's hold addresses)
-        parts = value.__reduce_ex__(4)
-    except Exception:
-        return name
-    if isinstance(parts, str):  # a global: a function, an enum member
-        return f"{name}{parts}"
-    maker = getattr(parts[0], "__qualname__", type(parts[0]).__qualname__)
-    items = [list(p) if p is not None and not isinstance(p, list) else p for p in parts[3:5]]
-    return {name: [maker, _canonical([*parts[1:3], *items], inner)]}
-
-
-def _array_form(value: torch.Tensor | np.ndarray | np.generic, path: tuple[int, ...]) -> Any:
-    """A tensor's, array's or numpy scalar's dtype, shape and a CRC-32 of its bytes."""
-    try:
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous().reshape(-1)
-            data = t.view(torch.uint8).numpy().tobytes()
-            dtype = str(value.dtype)
-        elif value.dtype.hasobject:  # its bytes are addresses
-            items = _canonical(np.asarray(value).tolist(), path)
-            return {"<array>": [value.dtype.str, list(value.shape), items]}
-        else:
-            data, dtype = np.ascontiguousarray(value).tobytes(), value.dtype.str
-    except (RuntimeError, TypeError, ValueError):  # sparse, meta
-        return f"<{type(value).__qualname__}>"
-    return {"<array>": [dtype, list(value.shape), zlib.crc32(data)]}
-
-
-def _text(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def seal(state: dict[str, Any], fields: Iterable[str] | None = None) -> dict[str, Any]:
@@ -167,20 +90,12 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
         )
     for name in fields:  # the first field that differs is named
         value, want = state[name], checksum[name]
-        if want != field_digest(name, value) and want != _legacy_digest(name, value):
+        if want != field_digest(name, value) and want != legacy_digest(name, value):
             raise StateMismatchError(
                 f"{where}: field {name!r} does not match the state's checksum (value "
                 f"{_short(state[name])}). Load the checkpoint's state unmodified, or call "
                 "set_epoch() to restart an epoch."
             )
-
-
-def _legacy_digest(name: str, value: Any) -> int | None:
-    """``field_digest`` as states saved before 0.2 hold it (None where it cannot be made)."""
-    try:
-        return field_digest(name, value, legacy=True)
-    except (TypeError, ValueError):
-        return None
 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
