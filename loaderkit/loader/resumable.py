@@ -364,7 +364,22 @@ class ResumableDataLoader:
         host = self._host
         seed = None if self._spec.seed_explicit else (host.seed, host.seed_drawn)
         extra = {k: v for k, v in vars(self).items() if k not in _OWN_ATTRIBUTES}
-        return _rebuilt, (type(self), self.dataset, args, state, seed, extra)
+        # Made first, then built from its arguments (__setstate__): arguments that refer to
+        # the loader (a subclass's bound method as collate_fn) are pickled as references.
+        return _blank, (type(self),), (self.dataset, args, state, seed, extra)
+
+    def __setstate__(self, built: tuple[Any, ...]) -> None:
+        """Build an unpickled loader (:meth:`__reduce__`) from its arguments."""
+        dataset, args, state, seed, extra = built
+        with torch.random.fork_rng(devices=[]):  # a seed drawn here must not move torch's RNG
+            ResumableDataLoader.__init__(self, dataset, **args)
+        host = self._host
+        if seed is not None and host.seed != seed[0]:  # the same draw (ranks may replace it)
+            self._engine.adopt_seed(seed[0])
+            host.seed, host.seed_drawn = seed
+        self.__dict__.update(extra)
+        if state is not None:
+            self.load_state_dict(state)
 
     def _register_lookahead(self, holder: Any) -> None:
         """A consumer holding batches ahead answers ``state_dict()`` until the next ``iter()``,
@@ -434,27 +449,9 @@ _OWN_ATTRIBUTES = _FIXED_AFTER_INIT | {
 }
 
 
-def _rebuilt(
-    cls: type[ResumableDataLoader],
-    dataset: Any,
-    args: dict[str, Any],
-    state: dict[str, Any] | None,
-    seed: tuple[int, bool] | None,
-    extra: dict[str, Any],
-) -> ResumableDataLoader:
-    """Unpickle a loader (:meth:`ResumableDataLoader.__reduce__`); ``seed`` is a seed not
-    given, and whether it is still provisional."""
-    loader = cls.__new__(cls)
-    with torch.random.fork_rng(devices=[]):  # a seed drawn here must not move torch's RNG
-        ResumableDataLoader.__init__(loader, dataset, **args)
-    host = loader._host
-    if seed is not None and host.seed != seed[0]:  # the same draw (ranks may replace it)
-        loader._engine.adopt_seed(seed[0])
-        host.seed, host.seed_drawn = seed
-    loader.__dict__.update(extra)
-    if state is not None:
-        loader.load_state_dict(state)
-    return loader
+def _blank(cls: type[ResumableDataLoader]) -> ResumableDataLoader:
+    """An unpickled loader before :meth:`ResumableDataLoader.__setstate__` builds it."""
+    return cls.__new__(cls)
 
 
 def _own_generator_state(sampler: Any) -> torch.Tensor | None:

@@ -1108,3 +1108,21 @@ def test_a_seeded_generator_decides_the_order_on_several_ranks_too() -> None:
     resumed = _on_rank_0_of_2(1234)
     resumed.load_state_dict(old.state_dict())
     assert [b.tolist() for b in resumed] == [b.tolist() for b in it]
+
+
+class _OwnCollate(ResumableDataLoader):
+    """A subclass collating with its own method (the loader among its arguments)."""
+
+    def __init__(self, dataset: Any, **kwargs: Any) -> None:
+        super().__init__(dataset, collate_fn=self.collate, **kwargs)
+
+    def collate(self, samples: list[Any]) -> Any:
+        return torch.utils.data.default_collate(samples) * 10
+
+
+def test_a_loader_whose_arguments_refer_to_it_pickles() -> None:
+    # Hunt 371: RecursionError (pickle, deepcopy, spawn/forkserver workers).
+    loader = _OwnCollate(list(range(6)), batch_size=4)
+    for copied in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert [b.tolist() for b in copied] == [[0, 10, 20, 30], [40, 50]]
+        assert copied.collate_fn.__self__ is copied
