@@ -241,10 +241,28 @@ def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
     found = torch_parts(ds)
     if found is not None:
         return any(holds_mix(d, weighted=weighted) for d in found[1])
-    if not isinstance(ds, MixedDataset):  # a transform wrapper: one level of attributes
-        held = getattr(ds, "__dict__", {}).values()
-        return any(_is_mix(v, weighted) for v in held if isinstance(v, MixedDataset))
+    if not isinstance(ds, MixedDataset):  # a user's transform wrapper
+        return any(_is_mix(m, weighted) for m in held_mixes(ds))
     return _is_mix(ds, weighted)
+
+
+def held_mixes(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[MixedDataset]:
+    """The mixes ``obj`` holds in its attributes (and their lists, tuples and dicts), ``depth``
+    levels down: a wrapper of the user's reads a mix's samples, never its weights."""
+    seen = set() if seen is None else seen
+    if depth < 0 or id(obj) in seen or isinstance(obj, str | bytes | np.ndarray | torch.Tensor):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, MixedDataset):
+        return [obj]
+    if isinstance(obj, dict):
+        values: list[Any] = list(obj.values())
+    elif isinstance(obj, list | tuple):
+        values = list(obj)
+    else:
+        slots = [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())]
+        values = [*getattr(obj, "__dict__", {}).values(), *(getattr(obj, n, None) for n in slots)]
+    return [m for v in values for m in held_mixes(v, depth - 1, seen)]
 
 
 def _is_mix(ds: MixedDataset, weighted: bool) -> bool:

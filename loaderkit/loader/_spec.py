@@ -9,11 +9,17 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    IterableDataset,
+    SequentialSampler,
+    Subset,
+)
 
 from loaderkit._checks import check_int, check_rank
 from loaderkit.collate import PadCollate
-from loaderkit.data.mixing import MixedDataset, holds_mix
+from loaderkit.data.mixing import MixedDataset, held_mixes, holds_mix, torch_parts
 from loaderkit.data.streaming import StreamingShardedDataset
 from loaderkit.loader._args import (
     check_auto_workers,
@@ -216,11 +222,14 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: An
     inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
     if not holds_mix(inner, weighted=True):
         return
+    if _read_by_its_mix(dataset, mix, sampler):
+        return
     if not isinstance(dataset, MixedDataset):
         raise ValueError(
             f"ResumableDataLoader: dataset is a {type(dataset).__name__} holding a weighted "
             "MixedDataset, whose weights it would ignore; pass the MixedDataset itself (to "
-            "split or transform it, mix each source's split or transformed source)."
+            "split it, mix each source's split), or read a transform wrapping it with "
+            "batch_sampler=mix.batch_sampler(...)."
         )
     if sampler is not None or not isinstance(plan, MixPlan | MixBucketPlan):
         name, given = (
@@ -231,6 +240,20 @@ def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: An
             f"ResumableDataLoader: the MixedDataset's weights would be ignored by {shown}; pass "
             "no sampler or batch_sampler (or batch_sampler=mix.batch_sampler(...)), or no weights."
         )
+
+
+def _read_by_its_mix(dataset: Any, mix: Any, sampler: Any) -> bool:
+    """Whether ``dataset``, a user's wrapper of one weighted mix (an augmentation), is read by
+    that mix's own plan: its indices are the mix's, its weights kept."""
+    if sampler is not None or not isinstance(mix, MixPlan) or isinstance(dataset, MixedDataset):
+        return False
+    if torch_parts(dataset) is not None or isinstance(dataset, Subset | _Subset):
+        return False  # indices of its own
+    held = [m for m in held_mixes(dataset) if m.per_epoch != m.sizes]
+    if len(held) != 1 or len(dataset) != len(held[0]):
+        return False
+    _check_same_mix(held[0], mix)
+    return True
 
 
 def _check_same_mix(dataset: MixedDataset, mix: MixPlan) -> None:

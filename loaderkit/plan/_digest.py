@@ -39,11 +39,8 @@ def _canonical(value: Any, path: tuple[int, ...]) -> Any:
         return {f"<{type(value).__name__}>": zlib.crc32(bytes(value))}
     if isinstance(value, torch.Tensor | np.ndarray | np.generic):
         return _array_form(value, path)
-    if id(value) in path:
-        raise ValueError(
-            f"a loader state holds a {type(value).__name__} that holds itself; return a state "
-            "without cycles from the dataset's state_dict()."
-        )
+    if id(value) in path:  # a cycle (a tree's parent links): which holder it points back to
+        return {"<ref>": len(path) - path.index(id(value))}
     inner = (*path, id(value))
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):

@@ -111,8 +111,12 @@ class _Augment(torch.utils.data.Dataset):  # type: ignore[type-arg]
 def test_a_weighted_mix_inside_a_users_wrapper_is_refused() -> None:
     # Hunt 371: read as a plain dataset, the mix gave its 110 samples once each, not its
     # 40 weighted draws.
-    with pytest.raises(ValueError, match=r"Augment holding a weighted MixedDataset"):
-        ResumableDataLoader(_Augment(_mix()), batch_size=10, shuffle=True)
+    for wrapped in (_Augment(_mix()), _Augment(_Augment(_mix())), _Augment([_mix()])):
+        with pytest.raises(ValueError, match=r"Augment holding a weighted MixedDataset"):
+            ResumableDataLoader(wrapped, batch_size=10, shuffle=True)
+    mix = _mix()  # read by the mix's own plan, the wrapper keeps the weights (review 372)
+    own = ResumableDataLoader(_Augment(mix), batch_sampler=mix.batch_sampler(10, seed=0))
+    assert _ids(own) == _ids(ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0)))
     laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
     assert len(_ids(ResumableDataLoader(_Augment(laid), batch_size=4))) == 9
 

@@ -204,7 +204,8 @@ def test_a_mix_inside_a_torch_wrapper_is_refused_like_a_mix_of_mixes(wrap: str) 
     with pytest.raises(
         TypeError,
         match=r"source 'inner' holds a MixedDataset \(through a torch Subset, "
-        r"ConcatDataset or StackDataset\), whose weights a mix of mixes would ignore.*pass its "
+        r"ConcatDataset, StackDataset or an attribute\), whose weights a mix of mixes would "
+        r"ignore.*pass its "
         r"sources to this mix directly",
     ):
         MixedDataset({"inner": wrapped, "c": Source(100, 200)}, weights=[1, 1])

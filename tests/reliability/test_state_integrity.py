@@ -310,10 +310,15 @@ def test_an_edit_inside_a_datasets_own_state_is_refused(before: Any, after: Any)
         ResumableDataLoader(_OwnState(), batch_size=2, seed=0).load_state_dict(state)
 
 
-def test_a_datasets_state_holding_itself_is_named() -> None:
-    looped: dict[str, Any] = {}
+def test_a_datasets_state_holding_itself_round_trips() -> None:
+    # Review 372: a cycle (a tree's parent links) is digested as a reference back, as
+    # pickle keeps it, not refused; an edit inside is still seen.
+    looped: dict[str, Any] = {"n": 1}
     looped["self"] = looped
-    loader = ResumableDataLoader(_OwnState(looped), batch_size=2, seed=0)
-    next(iter(loader))
-    with pytest.raises(ValueError, match="holds a dict that holds itself; return a state"):
-        loader.state_dict()
+    state = _own_state_after(3, looped)
+    resumed = ResumableDataLoader(_OwnState(), batch_size=2, seed=0)
+    resumed.load_state_dict(copy.deepcopy(state))
+    assert [b.tolist() for b in resumed] == [[102, 103], [200, 201], [202, 203]]
+    state["workers"][0]["dataset_state"]["extra"]["n"] = 2
+    with pytest.raises(StateMismatchError, match="field 'workers' does not match"):
+        ResumableDataLoader(_OwnState(), batch_size=2, seed=0).load_state_dict(state)
