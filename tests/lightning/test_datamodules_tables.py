@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 pa = pytest.importorskip("pyarrow")
 
 from loaderkit import ParquetReader, SequenceDataModule, ShardedDataModule, write_shards  # noqa: E402
+from tests.support.helpers import PassThrough  # noqa: E402
 
 N = 40
 
@@ -178,15 +178,8 @@ def test_sequence_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) ->
 
 def test_a_split_wrapped_by_a_subclass_is_refused_by_name(parquet_dir: Path) -> None:
     # Hunt 371: AttributeError: 'Wrapped' object has no attribute 'batch_sampler'.
-    class Wrapped(torch.utils.data.Dataset):  # type: ignore[type-arg]
-        def __init__(self, data: Any) -> None:
-            self.data = data
-
-        def __len__(self) -> int:
-            return len(self.data)
-
-        def __getitem__(self, i: int) -> Any:
-            return self.data[i]
+    class Wrapped(PassThrough):
+        pass
 
     class Module(ShardedDataModule):
         def build_datasets(self, stage: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from loaderkit import (
     WorkerError,
 )
 from loaderkit.loader._fetch import index_subset
+from tests.support.helpers import PassThrough
 
 
 def _mix() -> MixedDataset:
@@ -95,17 +96,8 @@ def test_a_weighted_mix_inside_a_subset_or_concat_is_refused() -> None:
     assert len(_ids(ResumableDataLoader(Subset(laid, range(9)), batch_size=4))) == 9
 
 
-class _Augment(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class _Augment(PassThrough):
     """A user's transform over a dataset it holds as an attribute."""
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.data[i]
 
 
 def test_a_weighted_mix_inside_a_users_wrapper_is_refused() -> None:
