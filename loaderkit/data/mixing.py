@@ -247,14 +247,16 @@ def holds_mix(ds: Any, *, weighted: bool = False) -> bool:
 
 
 def held_mixes(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[MixedDataset]:
-    """The mixes ``obj`` holds in its attributes (and their lists, tuples and dicts), ``depth``
-    levels down: a wrapper of the user's reads a mix's samples, never its weights."""
+    """The mixes ``obj`` holds in its attributes (and their small lists, tuples and dicts),
+    ``depth`` levels down: a wrapper of the user's reads a mix's samples, never its weights."""
     seen = set() if seen is None else seen
     if depth < 0 or id(obj) in seen or isinstance(obj, str | bytes | np.ndarray | torch.Tensor):
         return []
     seen.add(id(obj))
     if isinstance(obj, MixedDataset):
         return [obj]
+    if isinstance(obj, dict | list | tuple) and len(obj) > _HELD_AT_MOST:
+        return []  # a dataset's samples, not its parts: walking them would slow every build
     if isinstance(obj, dict):
         values: list[Any] = list(obj.values())
     elif isinstance(obj, list | tuple):
@@ -263,6 +265,9 @@ def held_mixes(obj: Any, depth: int = 4, seen: set[int] | None = None) -> list[M
         slots = [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())]
         values = [*getattr(obj, "__dict__", {}).values(), *(getattr(obj, n, None) for n in slots)]
     return [m for v in values for m in held_mixes(v, depth - 1, seen)]
+
+
+_HELD_AT_MOST = 16  # items of a container held_mixes looks into
 
 
 def _is_mix(ds: MixedDataset, weighted: bool) -> bool:
