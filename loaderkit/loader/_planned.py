@@ -360,6 +360,8 @@ class PlanEngine:
             # That epoch's own order is checked (check_relisted), so epoch 0's may differ: a
             # sampler's weights may change between epochs and be built as they are now.
             fingerprint["order_check"] = saved["order_check"]
+        if "epoch0_from" in saved and not self._in_epoch0(state):  # it lists epoch 0 only
+            fingerprint["epoch0_from"] = saved["epoch0_from"]
         if isinstance(self.plan, SamplerPlan) and isinstance(state, Mapping):
             # Before anything changes; the settings first, which name what differs.
             check_state(state, fingerprint, owner=OWNER, adopt=adopt)
@@ -388,6 +390,15 @@ class PlanEngine:
             )
         self.host.supersede()
         return adopted
+
+    def _in_epoch0(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` is inside epoch 0 (begun, not finished)."""
+        position = state.get("position")
+        return (
+            state.get("epoch") == 0
+            and isinstance(position, int)
+            and 0 < position < self.plan.epoch_length(0)
+        )
 
     def _part_way(self, state: Mapping[str, Any]) -> bool:
         """Whether ``state`` is inside an epoch after the first of a user's sampler."""

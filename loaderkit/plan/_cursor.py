@@ -61,6 +61,18 @@ def _fields(value: Any) -> str:
     return str(sorted(value)) if isinstance(value, Mapping) else repr(value)
 
 
+def _plan_name(plan: Any) -> str:
+    """What chose a saved or built plan, as a refusal names it."""
+    if not isinstance(plan, Mapping):
+        return _short(plan)
+    if "sampler" in plan:
+        return f"sampler={str(plan['sampler']).rsplit('.', 1)[-1]}"
+    if "kind" not in plan:
+        return "a plan of the loader's own (no sampler=)"
+    budget = f" under max_tokens={plan['max_tokens']!r}" if "max_tokens" in plan else ""
+    return f"a {plan['kind']!r} plan{budget}"
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -100,7 +112,9 @@ def check_envelope(state: object, fields: tuple[str, ...], *, owner: str, hint: 
 
 # Settings a saved state holds since a later release: one saved before is checked without.
 _ADDED = frozenset({"shard_bytes_crc32", "reader", "dtype_headers_crc32"})  # a stream's
-_PLAN_ADDED = frozenset({"shard_counts_crc32", "mix_sources_crc32", "listing_crc32"})  # a plan's
+_PLAN_ADDED = frozenset(  # a plan's
+    {"shard_counts_crc32", "mix_sources_crc32", "listing_crc32", "epoch0_from"}
+)
 
 
 _FIXES = {  # where the loader's general fix does not say it
@@ -199,10 +213,12 @@ def _check_plan(
             "that run with the loaderkit that saved it, or start without the state."
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
+        was, here = _plan_name(saved), _plan_name(fingerprint)
+        what = f"{was}, here {here}" if was != here else f"fields {_fields(saved)}"
         raise StateMismatchError(
-            f"{where}: field 'plan' has fields {_fields(saved)}, expected {sorted(fingerprint)}: "
-            "saved by a different kind of plan; load it into the kind of loader or sampler "
-            "that saved it, or start without the state."
+            f"{where}: field 'plan' was saved by a different kind of plan ({what}); build the "
+            "loader or sampler as the saved run did (sampler=, max_tokens=, bucketing), or "
+            "start without the state."
         )
     for key, expected in fingerprint.items():
         if saved[key] != expected and not _same_class(key, saved[key], expected):
@@ -250,6 +266,11 @@ def _difference(
             f"field 'order_check' differs ({was} saved, {expected} here): this torch and "
             "loaderkit compute another order than the saved run's. Resume with the torch and "
             "loaderkit versions that saved it."
+        )
+    if key == "epoch0_from":
+        return (
+            f"epoch 0 was listed from {was!r} in the saved run and from {expected!r} here; give "
+            f"{sampler} the generator the saved run gave it (or none), or start without the state."
         )
     if key == "generator_seed":
         return (

@@ -604,6 +604,8 @@ class SamplerPlan:
         return {
             **plan_settings(self),
             "order_check": self._check,
+            # Epoch 0 from the sampler's own generator or keyed to the seed: alike in order_check.
+            "epoch0_from": "own generator" if self.first_state is not None else "seed",
             "sampler": f"{cls.__module__}.{cls.__qualname__}",
             # Older states, whose draws of an index shared one seed, lack it and are refused.
             "repeat_seeding": "per_draw",

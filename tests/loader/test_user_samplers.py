@@ -428,6 +428,35 @@ def test_seed_none_lists_epoch_0_from_the_generator_and_a_seed_given_is_refused(
         ResumableDataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn), seed=5)
 
 
+@pytest.mark.parametrize("saved_with_generator", [True, False])
+def test_a_sampler_generator_added_or_removed_mid_epoch_0_is_refused(
+    saved_with_generator: bool,
+) -> None:
+    # Hunter 373: epoch 0 is listed from the sampler's own generator, else keyed to the seed;
+    # the state could not tell the two, so the rest of epoch 0 went on in another order (76
+    # unique samples of 100). Later epochs are keyed alike either way and resume.
+    data = list(range(20))
+
+    def build(own: bool) -> ResumableDataLoader:
+        if own:
+            return ResumableDataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=False))
+        return ResumableDataLoader(data, 4, sampler=torch.utils.data.RandomSampler(data), seed=5)
+
+    for epoch in (0, 1):
+        saver = build(saved_with_generator)
+        saver.set_epoch(epoch)
+        it = iter(saver)
+        head = [int(i) for _ in range(2) for i in next(it)]
+        state = saver.state_dict()
+        resumed = build(not saved_with_generator)
+        if epoch == 0:
+            with pytest.raises(StateMismatchError, match=r"epoch 0 was listed from '(own gen|se)"):
+                resumed.load_state_dict(state)
+            continue
+        resumed.load_state_dict(state)
+        assert sorted(head + epoch_ids(resumed)) == data
+
+
 def test_a_drawn_generator_seeded_otherwise_conflicts_with_seed() -> None:
     # Its state was silently replaced by seed=3's order.
     sampler = seeded_random_sampler(list(range(8)), drawn=True)
