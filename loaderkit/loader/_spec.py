@@ -63,7 +63,7 @@ class LoaderSpec:
     dataset: Any
     plan: Plan  # a stand-in for a stream or an IterableDataset: never iterated
     reseed: Callable[[int], Plan] | None  # rebuilds the plan with an adopted seed
-    batch_size: int | None  # the public value (None: unbatched)
+    batch_size: int | None  # the public value (None: unbatched, or a batch_sampler given)
     step_size: int  # samples per batch (1 when unbatched)
     drop_last: bool  # the plan's where it has one; as given for a stream or an IterableDataset
     collate_fn: Any  # as given (wrapped when unbatched)
@@ -185,7 +185,8 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         dataset=dataset,
         plan=plan,
         reseed=reseed,
-        batch_size=None if unbatched else step_size,
+        # torch's: None beside a batch_sampler (its batches are its own size).
+        batch_size=None if unbatched or args["batch_sampler"] is not None else step_size,
         step_size=step_size,
         drop_last=getattr(plan, "drop_last", a["drop_last"]) if kind == "plan" else a["drop_last"],
         collate_fn=collate_fn,

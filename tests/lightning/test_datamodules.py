@@ -23,10 +23,13 @@ import torch
 
 import loaderkit.lightning.datamodules.base as base_module
 from loaderkit import (
+    BucketBatchSampler,
     ElasticResume,
     JsonlReader,
+    MixedDataset,
     ShardedDataset,
     StreamingShardedDataset,
+    TensorDataset,
     TokenReader,
     write_shards,
 )
@@ -1242,6 +1245,39 @@ def test_describe_says_a_token_budget_sizes_the_train_batches() -> None:
     splits = dm.describe()["splits"]
     assert splits["train"]["batch_size"] is None and splits["val"]["batch_size"] == 8
     assert max(len(b.values) for b in dm.train_dataloader()) > 8
+
+
+class _HookedBatches(LoaderDataModule):
+    """A weighted val mix, and train batches from a batch_sampler() hook (8, not 32)."""
+
+    def build_datasets(self, stage: str) -> dict[str, Any]:
+        a, b = TensorDataset(torch.arange(50.0)), TensorDataset(torch.arange(1000.0, 1013.0))
+        weights = {"a": 0.7, "b": 0.3}
+        return {
+            "train": TensorDataset(torch.arange(200.0)),
+            "val": MixedDataset({"a": a, "b": b}, weights=weights, epoch_size=23),
+        }
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
+        if split != "train":
+            return None
+        return BucketBatchSampler([i % 30 + 1 for i in range(200)], batch_size=8, seed=0)
+
+
+def test_describe_counts_what_the_loaders_yield() -> None:
+    # Hunter 375: a val mix's samples were the sources' total (63, not the 23 drawn), and the
+    # train batch size the module's setting (32) beside a hook's sampler of 8.
+    dm = _HookedBatches(batch_size=32, eval_batch_size=3, seed=0)
+    dm.setup("fit")
+    splits = dm.describe()["splits"]
+    yielded = {
+        split: [len(batch[0]) for batch in dm.loader(split, num_workers=0)]
+        for split in ("train", "val")
+    }
+    assert splits["val"]["samples"] == sum(yielded["val"]) == 23
+    assert splits["train"]["samples"] == sum(yielded["train"]) == 200
+    assert splits["train"]["batch_size"] == max(yielded["train"]) == 8
+    assert splits["train"]["batches_per_epoch"] == len(yielded["train"])
 
 
 class _Counting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

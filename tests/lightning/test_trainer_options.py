@@ -721,3 +721,40 @@ def test_a_fit_stopped_early_is_refused_from_its_epoch_end_checkpoint(
     L.Trainer(**kwargs).fit(resumed, loader(), ckpt_path=tmp_path / "last.ckpt")
     per_epoch = 4 if limit else 8
     assert [r["epoch"] for r in resumed.records] == [1] * per_epoch + [2] * per_epoch
+
+
+class _FirstRows(L.LightningModule):
+    """Records each train batch's first value per epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.firsts: dict[int, list[int]] = {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        rows = batch[0] if isinstance(batch, (tuple, list)) else batch.values
+        self.firsts.setdefault(self.current_epoch, []).append(
+            int(rows.reshape(len(rows), -1)[0, 0])
+        )
+        return self.weight.sum() * 0
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("module", ["tensors", "sequences under max_tokens"])
+def test_overfit_batches_gets_the_same_unshuffled_batches_every_epoch(module: str) -> None:
+    # Hunter 375: Lightning turns a shuffled loader's shuffle off by rebuilding it as a
+    # DataLoader, which a ResumableDataLoader is not ("needs to subclass DataLoader").
+    from loaderkit.lightning.datamodules import SequenceDataModule, TensorDataModule
+
+    ids = torch.arange(1, 41)
+    dm: L.LightningDataModule = TensorDataModule(ids, batch_size=4, seed=0)
+    if module != "tensors":
+        seqs = [torch.full((int(i) % 7 + 1,), int(i)) for i in ids]
+        dm = SequenceDataModule(seqs, batch_size=4, max_tokens=16, seed=0)
+    model = _FirstRows()
+    L.Trainer(**trainer_kwargs(overfit_batches=2)).fit(model, datamodule=dm)
+    assert model.firsts[0] == model.firsts[1] and len(model.firsts[0]) == 2
+    if module == "tensors":
+        assert model.firsts[0] == [1, 5]  # unshuffled, as Lightning makes a DataLoader's

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from loaderkit import ResumableDataLoader, StateMismatchError, TensorDataset
+from loaderkit import (
+    MixedDataset,
+    PlanBatchSampler,
+    ResumableDataLoader,
+    SamplePlan,
+    StateMismatchError,
+    TensorDataset,
+)
 
 N = 1000
 
@@ -406,6 +413,22 @@ def test_batch_size_none_yields_single_samples_like_dataloader() -> None:
     rest = list(resumed)
     assert sorted(int(x[0]) for x in first + rest) == list(range(6))
     assert loader.batch_size is None and loader.collate_fn is torch.utils.data.default_convert
+
+
+def test_batch_size_is_none_beside_a_batch_sampler_as_torch_has_it() -> None:
+    # Hunter 375: it read 1 (the default) beside a batch sampler of 7, so len * batch_size
+    # undercounted an epoch's samples 7x.
+    data = list(range(30))
+    mix = MixedDataset({"a": TensorDataset(torch.arange(20)), "b": TensorDataset(torch.arange(9))})
+    batch_samplers = [
+        PlanBatchSampler(SamplePlan(num_samples=30, batch_size=5)),
+        torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(data), 7, False),
+    ]
+    for given in batch_samplers:
+        assert torch.utils.data.DataLoader(data, batch_sampler=given).batch_size is None
+        assert ResumableDataLoader(data, batch_sampler=given, seed=0).batch_size is None
+    assert ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(7, seed=0)).batch_size is None
+    assert ResumableDataLoader(data, batch_size=7).batch_size == 7
 
 
 def test_batch_size_none_calls_collate_fn_on_each_sample() -> None:

@@ -442,15 +442,24 @@ class LoaderDataModule(L.LightningDataModule):
             if sampler is None and train and isinstance(dataset, MixedDataset):
                 # Plain batches would read each sample once per epoch, weights ignored.
                 sampler = dataset.batch_sampler(
-                    batch_size, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last
+                    batch_size,
+                    seed=self.seed,
+                    shuffle=self._shuffles(split),
+                    drop_last=self.drop_last,
                 )
             batching = (
                 {"batch_sampler": sampler}
                 if sampler is not None
-                else {**batching, "shuffle": self.shuffle and train}
+                else {**batching, "shuffle": self._shuffles(split)}
             )
         built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
+
+    def _shuffles(self, split: str) -> bool:
+        """Whether ``split`` is shuffled: train only, and not under ``Trainer(overfit_batches)``
+        (Lightning turns a DataLoader's shuffle off there, and cannot rebuild a loaderkit one)."""
+        overfit = getattr(self.trainer, "overfit_batches", 0)
+        return self.shuffle and split == "train" and not overfit
 
     def _rank_part(
         self, split: str, dataset: Any, hosted: tuple[int, int] | None
@@ -573,13 +582,12 @@ class LoaderDataModule(L.LightningDataModule):
             elif isinstance(dataset, IterableDataset):  # of unknown length
                 samples = batches = None
             else:
-                samples = epoch_samples(loader, dataset) if split == "train" else len(dataset)
+                samples = epoch_samples(loader, dataset)
                 part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
                 dealt = 1 if part else world_size
                 batches = loader.plan.num_steps(0, start=0, world_size=dealt)
-            size: int | None = self.batch_size if split == "train" else self.eval_batch_size
-            if getattr(loader.plan, "max_tokens", None) is not None:  # the budget decides
-                size = getattr(loader.plan, "batch_size", None)
+            # The plan's: a budget or a batch_sampler() hook's sampler decides, not the setting.
+            size = getattr(loader.plan, "batch_size", None)
             splits[split] = {"samples": samples, "batch_size": size, "batches_per_epoch": batches}
         resumable, reason = self.resume_info(world_size)
         mix = sources = None

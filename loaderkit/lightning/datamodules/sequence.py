@@ -275,7 +275,7 @@ class SequenceDataModule(LoaderDataModule):
             max_tokens=budget,
             pad_to_multiple_of=self.pad_to_multiple_of,
             seed=self.seed,
-            shuffle=self.shuffle and train,
+            shuffle=self._shuffles(split),
             window=self.window,
             drop_last=self.drop_last and train,
             oversize=self.oversize if budget is not None else "error",  # eval: no budget

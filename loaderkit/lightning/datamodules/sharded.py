@@ -143,8 +143,9 @@ class _ShardSources(LoaderDataModule):
         """``dataset``'s token-budget train batch sampler under this module's settings."""
         settings = {
             name: getattr(self, name)
-            for name in ("max_tokens", "pad_to_multiple_of", "seed", "shuffle", "drop_last")
+            for name in ("max_tokens", "pad_to_multiple_of", "seed", "drop_last")
         }
+        settings["shuffle"] = self._shuffles("train")
         lengths = self._lengths(dataset)
         check_fits(self, lengths)
         return dataset.bucket_batch_sampler(
@@ -368,7 +369,7 @@ class ShardedDataModule(_ShardSources):
         return dataset.batch_sampler(
             batch_size,
             seed=self.seed,
-            shuffle=self.shuffle and train,
+            shuffle=self._shuffles(split),
             window=self.window,
             mix_shards=self.mix_shards,
             drop_last=self.drop_last and train,
