@@ -260,7 +260,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     listed paths or objects, checked."""
     if isinstance(shards, str | os.PathLike):
         refuse_file_url(owner, "shards", shards)
-        root = Path(shards)
+        root = Path(shards).absolute()  # read where it was built, whatever the cwd is later
         if not root.is_dir():
             raise ValueError(
                 f"{owner}: shards={str(root)!r} is not a directory; pass a directory "
@@ -290,7 +290,7 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
     if all(isinstance(s, str | os.PathLike) for s in items):
         for item in items:
             refuse_file_url(owner, "shards", item)
-        paths = [Path(s) for s in items]
+        paths = [Path(s).absolute() for s in items]
         for path in paths:
             refuse_own_file(owner, str(path), path.name, "directory")
         _refuse_links_to_one_file(owner, paths)

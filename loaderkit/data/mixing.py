@@ -6,6 +6,7 @@ import inspect
 import os
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, Unpack
 
 import numpy as np
@@ -32,6 +33,12 @@ __all__ = ["MixedDataset"]
 
 _OWNER = "MixedDataset"
 _READS = ("__getitem__", "__getitems__", "get_batch")
+
+# Set by a loaderkit loader around its reads: its mix plan's (per_epoch, source_sizes), or None
+# under another plan. A weighted mix read under another reads each sample once, weights lost.
+READ_UNDER: ContextVar[tuple[tuple[int, ...], tuple[int, ...]] | None] = ContextVar(
+    "loaderkit_read_under"
+)
 
 
 def shard_names_crc32(dataset: object) -> int | None:
@@ -461,6 +468,8 @@ class MixedDataset(Dataset[Any]):
             _check_distinct(datasets, self.sizes)
         self._ends = np.cumsum(np.asarray(self.sizes, dtype=np.int64))
         self._starts = self._ends - np.asarray(self.sizes, dtype=np.int64)
+        weighted = self.per_epoch != self.sizes
+        self._plan_key = (self.per_epoch, self.sizes) if weighted else None
 
     @property
     def names_crc32(self) -> int | None:
@@ -516,6 +525,13 @@ class MixedDataset(Dataset[Any]):
         return np.searchsorted(self._ends, where, side="right").astype(np.int64)
 
     def __getitem__(self, index: int) -> Any:
+        key = getattr(self, "_plan_key", None)
+        if key is not None and READ_UNDER.get(key) != key:  # outside a loader: key
+            raise ValueError(
+                f"{_OWNER}: a weighted mix read by a loader under a plan that is not its own, "
+                "so its weights would be ignored (a wrapper holding it out of loaderkit's "
+                "sight); read the wrapper with batch_sampler=mix.batch_sampler(...)."
+            )
         source, local = self.locate(int(index))
         return self.sources[source][local]
 

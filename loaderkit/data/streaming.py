@@ -253,6 +253,15 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def _object_name(shard: Any) -> str:
+    """A shard object's repr, or its class where the repr is the default (an address that
+    differs in every process)."""
+    cls = type(shard)
+    return (
+        f"{cls.__module__}.{cls.__qualname__}" if cls.__repr__ is object.__repr__ else repr(shard)
+    )
+
+
 class StreamingShardedDataset(IterableDataset[Any]):
     """Shards of unknown length, read as per-(rank, worker) streams that resume exactly.
 
@@ -317,7 +326,7 @@ class StreamingShardedDataset(IterableDataset[Any]):
         self.samples_per_epoch = None if samples_per_epoch is None else int(samples_per_epoch)
         paths = shard_paths(self.shards)
         if paths is None:  # objects: by their reprs
-            names = zlib.crc32("\n".join(repr(s) for s in self.shards).encode())
+            names = zlib.crc32("\n".join(map(_object_name, self.shards)).encode())
         else:
             names = names_crc32(paths)
         settings = ("shuffle_shards", "mix_shards", "steps_per_epoch", "samples_per_epoch")

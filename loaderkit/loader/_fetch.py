@@ -29,7 +29,7 @@ from loaderkit.collate import promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data._reads import batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
-from loaderkit.data.mixing import MixedDataset
+from loaderkit.data.mixing import READ_UNDER, MixedDataset, held_mixes
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import (
     CollateError,
@@ -206,6 +206,7 @@ class BatchFetcher:
         *,
         seed: int,
         per_sample_seeding: bool | Literal["auto"],
+        read_under: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ) -> None:
         self.dataset = dataset
         self.seed = seed
@@ -220,7 +221,10 @@ class BatchFetcher:
         own = self.collate_fn is default_collate
         self.collate = promoting_collate if own else self.collate_fn
         self.gather = own and not self.per_sample_seeding and torch_gathered(dataset)
-        self.mix = _mix_under(dataset) if own else None  # its batches checked before collate
+        # A mix's batches are checked before collate (also one a wrapper of the user's reads).
+        self.mix = (_mix_under(dataset) or _held_mix(dataset)) if own else None
+        # Its plan's mix, which a weighted MixedDataset read through __getitem__ must be.
+        self.read_under = read_under
         lazy = self.seeder is None or self.seeder.lazy
         if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
             self.mode = "get_batch"
@@ -237,11 +241,24 @@ class BatchFetcher:
         self.split = (
             self.mode == "getitems" and self.seeder is not None and per_sample_reads(dataset)
         )
+        own_class = type(dataset).__module__.startswith("loaderkit.")
+        self.own_reads = self.gather or (self.mode == "get_batch" and own_class)
 
     def __call__(
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None = None
     ) -> Any:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
+        if self.own_reads:  # loaderkit's or torch's own: no user code holding a mix
+            return self._read(epoch, indices, seed_keys)
+        token = READ_UNDER.set(self.read_under)
+        try:
+            return self._read(epoch, indices, seed_keys)
+        finally:
+            READ_UNDER.reset(token)
+
+    def _read(
+        self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None
+    ) -> Any:
         here = (epoch, process_generation())
         if self.checked != here:  # this epoch's first batch in this process
             self.checked = here
@@ -579,6 +596,14 @@ def _mix_under(dataset: Any) -> tuple[MixedDataset, list[Any]] | None:
         splits.append(dataset.indices)
         dataset = dataset.dataset
     return (dataset, splits) if isinstance(dataset, MixedDataset) else None
+
+
+def _held_mix(dataset: Any) -> tuple[MixedDataset, list[Any]] | None:
+    """The one mix a wrapper of the user's holds, read index for index; else None."""
+    held = [] if isinstance(dataset, MixedDataset) else held_mixes(dataset)
+    if len(held) != 1 or len(held[0]) != len(dataset):
+        return None
+    return held[0], []
 
 
 class _Subset(Dataset[Any]):

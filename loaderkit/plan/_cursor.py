@@ -69,7 +69,7 @@ def _plan_name(plan: Any) -> str:
         return f"sampler={str(plan['sampler']).rsplit('.', 1)[-1]}"
     if "kind" not in plan:
         return "a plan of the loader's own (no sampler=)"
-    budget = f" under max_tokens={plan['max_tokens']!r}" if "max_tokens" in plan else ""
+    budget = f" under max_tokens={plan['max_tokens']!r}" if plan.get("max_tokens") else ""
     return f"a {plan['kind']!r} plan{budget}"
 
 
@@ -214,7 +214,11 @@ def _check_plan(
         )
     if not isinstance(saved, Mapping) or set(saved) != set(fingerprint):
         was, here = _plan_name(saved), _plan_name(fingerprint)
-        what = f"{was}, here {here}" if was != here else f"fields {_fields(saved)}"
+        what = (
+            f"{was}, here {here}"
+            if was != here
+            else f"fields {_fields(saved)}, here {sorted(fingerprint)}"
+        )
         raise StateMismatchError(
             f"{where}: field 'plan' was saved by a different kind of plan ({what}); build the "
             "loader or sampler as the saved run did (sampler=, max_tokens=, bucketing), or "

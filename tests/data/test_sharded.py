@@ -2012,3 +2012,21 @@ def test_a_reader_wrapping_its_shards_reads_gives_their_lengths(tmp_path: Path) 
     write_shards(tmp_path, [np.array([5, 5, 0, 5, 0], dtype=np.int32)], TokenReader(eos=0))
     data = ShardedDataset(tmp_path, _PromptedReader(eos=0))
     assert data.lengths().tolist() == [len(data[0]), len(data[1])] == [7, 6]
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_relative_folder_is_read_where_it_was_built_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listed: bool
+) -> None:
+    # Hunt 376: the relative path was looked up again at the first read, so after a chdir
+    # another run's folder of the same name was read (same sizes and times: silently).
+    for run, value in (("a", 1), ("b", 2)):
+        shards = [np.full(12, value, dtype=np.int64)] * 2
+        write_shards(tmp_path / run / "tok", shards, TokenReader(seq_len=4))
+    monkeypatch.chdir(tmp_path / "a")
+    given: Any = "tok"
+    if listed:
+        given = sorted(str(p) for p in Path("tok").glob("*.npy"))
+    ds = ShardedDataset(given, TokenReader(seq_len=4))
+    monkeypatch.chdir(tmp_path / "b")
+    assert all(int(ds[i].max()) == 1 for i in range(len(ds)))

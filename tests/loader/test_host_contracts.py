@@ -429,6 +429,8 @@ def test_batch_size_is_none_beside_a_batch_sampler_as_torch_has_it() -> None:
         assert ResumableDataLoader(data, batch_sampler=given, seed=0).batch_size is None
     assert ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(7, seed=0)).batch_size is None
     assert ResumableDataLoader(data, batch_size=7).batch_size == 7
+    # describe() says what the batches hold (review 377): the batch sampler's size.
+    assert ResumableDataLoader(data, batch_sampler=batch_samplers[1]).describe()["batch_size"] == 7
 
 
 def test_batch_size_none_calls_collate_fn_on_each_sample() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,57 @@ def test_a_weighted_mix_inside_a_users_wrapper_is_refused() -> None:
     assert _ids(own) == _ids(ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0)))
     laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
     assert len(_ids(ResumableDataLoader(_Augment(laid), batch_size=4))) == 9
+
+
+class _ByMethod(torch.utils.data.Dataset[object]):
+    """A transform holding only the mix's bound __getitem__, out of a walk of its attributes."""
+
+    def __init__(self, mix: MixedDataset, depth: int) -> None:
+        self.read, self.size = mix.__getitem__, len(mix)
+        for _ in range(depth):  # or a mix deeper than any walk looks
+            self.read = functools.partial(lambda read, i: read(i), self.read)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> object:
+        return self.read(i)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_weighted_mix_read_out_of_sight_under_another_plan_is_refused(num_workers: int) -> None:
+    # Hunt 374: a mix reached through a bound method, a partial or five wrappers was not found
+    # by the build's walk, and the loader read its 110 samples once each (weights lost).
+    for hidden in (_ByMethod(_mix(), 0), _ByMethod(_mix(), 6)):
+        loader = ResumableDataLoader(hidden, batch_size=10, shuffle=True, num_workers=num_workers)
+        with pytest.raises(WorkerError, match=r"a weighted mix read by a loader under a plan"):
+            next(iter(loader))
+    mix = _mix()  # read by its own plan, it keeps the weights; outside a loader, it reads
+    own = ResumableDataLoader(_ByMethod(mix, 6), batch_sampler=mix.batch_sampler(10, seed=0))
+    assert _ids(own) == _ids(ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0)))
+    assert _ByMethod(mix, 6)[3] == mix[3]
+
+
+class _Ids(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, values: torch.Tensor) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"v": self.values[i]}
+
+
+def test_a_wrapper_of_a_mix_gets_the_mixed_batch_checks() -> None:
+    # Hunt 374: through a transform, int64 ids beside float32 values were rounded to float32
+    # (2**40 + 1 read as 2**40) with no error; the mix read directly refused the batch.
+    ids, vals = _Ids(torch.arange(8) + 2**40 + 1), _Ids(torch.arange(8, dtype=torch.float32))
+    mix = MixedDataset({"ids": ids, "vals": vals}, weights=[1, 1])
+    for read in (mix, _Augment(mix)):
+        loader = ResumableDataLoader(read, batch_sampler=mix.batch_sampler(16, seed=0))
+        with pytest.raises(WorkerError, match=r"field 'v' is a torch.(float32|int64) tensor in"):
+            next(iter(loader))
 
 
 def test_a_mix_without_weights_is_read_once_in_order() -> None:

@@ -761,9 +761,9 @@ STATES = [
         "state plan kind (resealed)",
         lambda tmp: load(resealed(plan={"kind": "bucket"})),
         StateMismatchError,
-        "field 'plan' has fields",
-        r"\['kind'\]",
-        "load it into the kind of loader",
+        "field 'plan' was saved by a different kind of plan",
+        r"a 'bucket' plan, here a plan of the loader's own",
+        "build the loader or sampler as the saved run did",
     ),
     Bad(
         "state other seed",

@@ -447,11 +447,10 @@ class LoaderDataModule(L.LightningDataModule):
                     shuffle=self._shuffles(split),
                     drop_last=self.drop_last,
                 )
-            batching = (
-                {"batch_sampler": sampler}
-                if sampler is not None
-                else {**batching, "shuffle": self._shuffles(split)}
-            )
+            if sampler is not None:
+                batching = {"batch_sampler": sampler}
+            elif not isinstance(dataset, IterableDataset):  # one orders itself
+                batching["shuffle"] = self._shuffles(split)
         built = ResumableDataLoader(dataset, **batching, **common)
         return attach_host(built, self.trainer)
 
@@ -582,8 +581,8 @@ class LoaderDataModule(L.LightningDataModule):
             elif isinstance(dataset, IterableDataset):  # of unknown length
                 samples = batches = None
             else:
-                samples = epoch_samples(loader, dataset)
                 part = getattr(loader.dataset, "seed_rows", None) is not None  # _rank_part's
+                samples = len(dataset) if part else epoch_samples(loader, dataset)
                 dealt = 1 if part else world_size
                 batches = loader.plan.num_steps(0, start=0, world_size=dealt)
             # The plan's: a budget or a batch_sampler() hook's sampler decides, not the setting.

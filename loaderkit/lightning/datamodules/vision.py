@@ -62,7 +62,7 @@ def _folder(owner: str, name: str, value: object) -> str:
         raise TypeError(f"{owner}: {name} must be a directory path, got {value!r}; {fix}")
     if not os.path.isdir(value):
         raise ValueError(f"{owner}: {name}={os.fspath(value)!r} is not a directory; {fix}")
-    return os.fspath(value)
+    return os.path.abspath(value)  # the images of the folder given, whatever the cwd is later
 
 
 class ImageFolderDataModule(LoaderDataModule):
