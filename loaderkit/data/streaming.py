@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
@@ -253,13 +254,25 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def _object_name(shard: Any) -> str:
-    """A shard object's repr, or its class where the repr is the default (an address that
-    differs in every process)."""
-    cls = type(shard)
-    return (
-        f"{cls.__module__}.{cls.__qualname__}" if cls.__repr__ is object.__repr__ else repr(shard)
-    )
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _object_name(shard: Any, depth: int = 3) -> str:
+    """A shard object's repr; where it holds an address (other in every process), the class
+    and state of each object without a repr of its own instead."""
+    text = repr(shard)
+    if depth == 0 or not _ADDRESS.search(text):
+        return _ADDRESS.sub("", text)
+    if isinstance(shard, tuple | list):
+        return f"{type(shard).__name__}({', '.join(_object_name(s, depth - 1) for s in shard)})"
+    if isinstance(shard, dict):
+        inner = ", ".join(f"{k!r}: {_object_name(v, depth - 1)}" for k, v in shard.items())
+        return f"dict({inner})"
+    state, cls = getattr(shard, "__dict__", None), type(shard)
+    if cls.__repr__ is not object.__repr__ or not isinstance(state, dict):
+        return _ADDRESS.sub("", text)
+    items = ", ".join(f"{k}={_object_name(v, depth - 1)}" for k, v in sorted(state.items()))
+    return f"{cls.__module__}.{cls.__qualname__}({items})"
 
 
 class StreamingShardedDataset(IterableDataset[Any]):

@@ -65,6 +65,7 @@ class LoaderSpec:
     reseed: Callable[[int], Plan] | None  # rebuilds the plan with an adopted seed
     batch_size: int | None  # the public value (None: unbatched, or a batch_sampler given)
     step_size: int  # samples per batch (1 when unbatched)
+    shown_batch_size: int | None  # describe()'s: beside a batch_sampler, its plan's
     drop_last: bool  # the plan's where it has one; as given for a stream or an IterableDataset
     collate_fn: Any  # as given (wrapped when unbatched)
     sampler: Any
@@ -78,6 +79,7 @@ class LoaderSpec:
     auto: bool  # num_workers="auto"
     pin: bool
     per_sample: bool | Literal["auto"]  # for the fetcher of map-style data
+    read_under: tuple[tuple[int, ...], tuple[int, ...]] | None  # a mix plan's (see READ_UNDER)
     stream_per_sample: bool
     timeout: float
     worker_init_fn: Any
@@ -180,7 +182,9 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     finally:
         _put_epoch_back(a["sampler"], own_epoch)  # the probes listed epoch 0
     _check_mix_weights(dataset, plan, a["sampler"], args["batch_sampler"])
+    mix = plan.mix if isinstance(plan, MixBucketPlan) else plan
     return LoaderSpec(
+        read_under=(mix.per_epoch, mix.source_sizes) if isinstance(mix, MixPlan) else None,
         kind=kind,
         dataset=dataset,
         plan=plan,
@@ -188,6 +192,11 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         # torch's: None beside a batch_sampler (its batches are its own size).
         batch_size=None if unbatched or args["batch_sampler"] is not None else step_size,
         step_size=step_size,
+        shown_batch_size=(
+            getattr(plan, "batch_size", None) if args["batch_sampler"] is not None else step_size
+        )
+        if not unbatched
+        else None,
         drop_last=getattr(plan, "drop_last", a["drop_last"]) if kind == "plan" else a["drop_last"],
         collate_fn=collate_fn,
         sampler=a["sampler"],

@@ -25,7 +25,6 @@ from loaderkit.loader._spec import LoaderSpec, make_spec
 from loaderkit.loader._stream import StreamEngine
 from loaderkit.loader._views import IterableOrder, PlanBatches, hook_set_epoch, plan_order
 from loaderkit.loader._workers import WorkerPool
-from loaderkit.plan.mix import MixBucketPlan, MixPlan
 from loaderkit.plan.sample import Plan
 from loaderkit.plan.samplers import PlanBatchSampler, _LenWatch, lend_batch_sampler
 
@@ -328,12 +327,9 @@ class ResumableDataLoader:
             (its :meth:`~loaderkit.MixedDataset.describe` plus ``epoch``,
             ``applied`` and, where not applied, ``reason``).
         """
-        size = self.batch_size  # None beside a batch_sampler, as torch has it: the plan's then
-        if size is None and not isinstance(self.batch_sampler, PlanBatches | None):
-            size = getattr(self._engine.plan, "batch_size", None)
         info: dict[str, Any] = {
             "num_workers": self.num_workers,
-            "batch_size": size,
+            "batch_size": self._spec.shown_batch_size,
             "transport": self._host.pool.stats.describe(),
         }
         if self._host.auto is not None:
@@ -509,13 +505,12 @@ def _settings(state: Any) -> dict[str, Any]:
 
 def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFetcher]:
     """The loader's host and its one engine, chosen by ``spec.kind`` (the only place)."""
-    mix = spec.plan.mix if isinstance(spec.plan, MixBucketPlan) else spec.plan
     fetch = BatchFetcher(
         spec.dataset,
         spec.collate_fn,
         seed=spec.seed,
         per_sample_seeding=spec.per_sample,
-        read_under=(mix.per_epoch, mix.source_sizes) if isinstance(mix, MixPlan) else None,
+        read_under=spec.read_under,
     )
     topology = {"rank": spec.rank, "world_size": spec.world_size}
     # Validates a given topology now, not at the first batch; this rank's share of the cores.

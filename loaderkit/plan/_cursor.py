@@ -237,6 +237,8 @@ _HELD = {
     "another order or grouping, or a Subset of other indices",
     "shard_counts_crc32": "the shard files hold other sample counts than the saved run's "
     "(rewritten since)",
+    "epoch0_from": "epoch 0 was listed from the sampler's own generator in one run and keyed to "
+    "the seed in the other (a generator= given or removed since)",
     "listing_crc32": "the dataset holds other samples than the saved run's at the same length: "
     "a Subset of other indices (random_split without a seeded generator=), other files (Arrow "
     "files of other sizes), or an image folder's other classes",
@@ -270,11 +272,6 @@ def _difference(
             f"field 'order_check' differs ({was} saved, {expected} here): this torch and "
             "loaderkit compute another order than the saved run's. Resume with the torch and "
             "loaderkit versions that saved it."
-        )
-    if key == "epoch0_from":
-        return (
-            f"epoch 0 was listed from {was!r} in the saved run and from {expected!r} here; give "
-            f"{sampler} the generator the saved run gave it (or none), or start without the state."
         )
     if key == "generator_seed":
         return (

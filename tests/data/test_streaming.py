@@ -898,8 +898,8 @@ def _read_part(part: _Part) -> Iterator[int]:
 def test_a_stream_over_objects_with_the_default_repr_resumes_over_equal_ones() -> None:
     # Hunt 376: their names were checked by repr, an address, so no new process (nor fresh
     # objects here) could resume the state: "'shard_names_crc32' differs".
-    def build() -> ResumableDataLoader:
-        parts = [_Part(0, 5), _Part(5, 4), _Part(9, 6)]
+    def build(first: int = 0) -> ResumableDataLoader:
+        parts = [_Part(first, 5), _Part(5, 4), _Part(9, 6)]
         stream = StreamingShardedDataset(parts, IterableReader(_read_part), shuffle_shards=False)
         return ResumableDataLoader(stream, batch_size=2)
 
@@ -909,3 +909,5 @@ def test_a_stream_over_objects_with_the_default_repr_resumes_over_equal_ones() -
     resumed = build()
     resumed.load_state_dict(saver.state_dict())
     assert head + [int(x) for b in resumed for x in b] == whole
+    with pytest.raises(StateMismatchError, match=r"'shard_names_crc32' differs"):
+        build(first=100).load_state_dict(saver.state_dict())  # other shards (review 378)

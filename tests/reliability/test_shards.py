@@ -165,7 +165,7 @@ def test_a_shard_beside_its_zstd_form_is_refused(
     if listing == "list":  # the same file spelled otherwise
         (tmp_path / "sub").mkdir()
         monkeypatch.chdir(tmp_path)
-        with pytest.raises(ValueError, match=r"'a\.jsonl' and 'sub/\.\./a\.jsonl\.zst' are one"):
+        with pytest.raises(ValueError, match=r"jsonl' and '[^']*sub/\.\./a\.jsonl\.zst' are one"):
             make(["a.jsonl", "b.jsonl", "sub/../a.jsonl.zst"], JsonlReader())
     (tmp_path / "a.jsonl").unlink()
     shards = tmp_path if listing != "list" else shards[1:]
