@@ -182,9 +182,10 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
     finally:
         _put_epoch_back(a["sampler"], own_epoch)  # the probes listed epoch 0
     _check_mix_weights(dataset, plan, a["sampler"], args["batch_sampler"])
-    mix = plan.mix if isinstance(plan, MixBucketPlan) else plan
+    mix = _mix_of(plan)
+    shown = getattr(plan, "batch_size", None) if args["batch_sampler"] is not None else step_size
     return LoaderSpec(
-        read_under=(mix.per_epoch, mix.source_sizes) if isinstance(mix, MixPlan) else None,
+        read_under=None if mix is None else (mix.per_epoch, mix.source_sizes),
         kind=kind,
         dataset=dataset,
         plan=plan,
@@ -192,11 +193,7 @@ def make_spec(dataset: Any, args: dict[str, Any]) -> LoaderSpec:
         # torch's: None beside a batch_sampler (its batches are its own size).
         batch_size=None if unbatched or args["batch_sampler"] is not None else step_size,
         step_size=step_size,
-        shown_batch_size=(
-            getattr(plan, "batch_size", None) if args["batch_sampler"] is not None else step_size
-        )
-        if not unbatched
-        else None,
+        shown_batch_size=None if unbatched else shown,
         drop_last=getattr(plan, "drop_last", a["drop_last"]) if kind == "plan" else a["drop_last"],
         collate_fn=collate_fn,
         sampler=a["sampler"],
@@ -223,11 +220,17 @@ def _put_epoch_back(sampler: Any, epoch: int | None) -> None:
             sampler.epoch = epoch
 
 
+def _mix_of(plan: Plan) -> MixPlan | None:
+    """The mix plan ``plan`` is or buckets, else None."""
+    mix = plan.mix if isinstance(plan, MixBucketPlan) else plan
+    return mix if isinstance(mix, MixPlan) else None
+
+
 def _check_mix_weights(dataset: Any, plan: Plan, sampler: Any, batch_sampler: Any) -> None:
     """Refuse a weighted MixedDataset that ``plan`` (or ``sampler``, even a plain one) would
     read unweighted."""
-    mix = plan.mix if isinstance(plan, MixBucketPlan) else plan
-    if isinstance(dataset, MixedDataset) and isinstance(mix, MixPlan):
+    mix = _mix_of(plan)
+    if isinstance(dataset, MixedDataset) and mix is not None:
         _check_same_mix(dataset, mix)
     inner = dataset.dataset if isinstance(dataset, _Subset) else dataset  # a DataModule's split
     if not holds_mix(inner, weighted=True):
