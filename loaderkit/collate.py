@@ -102,7 +102,8 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
             if not _same_kind(dtype, _kind(type(v[0]))):
                 raise CollateError(
                     f"{where}: sample {i} mixes {type(v[0]).__name__} items with others "
-                    f"({dtype}); make every item of this field one kind"
+                    f"({dtype}); make every item of this field one kind (floats as 1.0), or "
+                    "return an array"
                 )
         else:
             dtype, shape, shape0 = v.dtype, tuple(v.shape), tuple(first.shape)
@@ -338,6 +339,18 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
         ) from exc
 
 
+_RECORDS = (str, bytes, tuple, Mapping)  # a list of these is kept one list per sample
+
+
+def _number_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(x, _NUMBERS) for x in value)
+
+
+def _unviewable(array: np.ndarray) -> bool:
+    """Whether torch cannot view ``array`` (negative strides, another byte order)."""
+    return not array.dtype.isnative or any(step < 0 for step in array.strides)
+
+
 def _check_nested(where: str, col: list[Any]) -> None:
     """Refuse a list of numbers inside a field: ``default_collate`` would transpose it."""
     first = col[0]
@@ -361,10 +374,10 @@ def _check_nested(where: str, col: list[Any]) -> None:
                 f"{where}: holds a list of numbers, which default_collate would transpose, not "
                 "pad; return it as a tensor or array, or make it a top-level field"
             )
-        if isinstance(first, list) and any(isinstance(x, str) for v in lists for x in v):
+        if isinstance(first, list) and any(isinstance(x, _RECORDS) for v in lists for x in v):
             raise CollateError(
-                f"{where}: holds a list of strings, which default_collate would transpose; "
-                "make it a top-level field (kept one list per sample), or join them"
+                f"{where}: holds a list of strings or records, which default_collate would "
+                "transpose; make it a top-level field (kept one list per sample)"
             )
         if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in col):
             for j in range(len(first)):
@@ -373,9 +386,14 @@ def _check_nested(where: str, col: list[Any]) -> None:
 
 def _collate_rest(where: str, col: list[Any]) -> Any:
     """``default_collate`` of a field that is not padded; nested ones checked and named."""
-    if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in col):
-        return [list(v) for v in col]  # strings: one list per sample, not transposed
+    if all(isinstance(v, list) and all(isinstance(x, _RECORDS) for x in v) for v in col):
+        return [list(v) for v in col]  # strings, records: one list per sample, not transposed
     _check_nested(where, col)
+    if any(isinstance(v, np.ndarray) and _unviewable(v) for v in col):  # x[::-1], ">i4"
+        col = [
+            np.ascontiguousarray(v, v.dtype.newbyteorder("=")) if isinstance(v, np.ndarray) else v
+            for v in col
+        ]
     none = next((i for i, v in enumerate(col) if v is None), None)
     if none is not None:  # an unlabelled row: default_collate says neither key nor sample
         raise CollateError(
@@ -425,7 +443,16 @@ STACK_FIX = (
 def promoting_collate(samples: list[Any]) -> Any:
     """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
     arrays that differ in dtype at one place of the samples are promoted as the main
-    process's ``torch.stack`` promotes them."""
+    process's ``torch.stack`` promotes them. Dict samples must share their keys (torch keeps
+    sample 0's, dropping the others' silently)."""
+    first: Any = samples[0] if samples else None
+    for i, sample in enumerate(samples if isinstance(first, Mapping) else ()):
+        if not isinstance(sample, Mapping) or sample.keys() != first.keys():
+            have = sorted(map(str, sample)) if isinstance(sample, Mapping) else sample
+            raise CollateError(
+                f"sample {i} has keys {have}, sample 0 {sorted(map(str, first))}; give every "
+                "sample the same keys"
+            )
     if get_worker_info() is None:
         return default_collate(samples)
     return collate(samples, collate_fn_map=_PROMOTING)
@@ -486,8 +513,8 @@ class PadCollate:
         truncation_side: Keep the first (``"right"``) or the last (``"left"``) items.
         pad_keys: Keys to pad even when their shapes are all equal.
         length_field: The key whose lengths and mask are returned (default: the first
-            padded field, else the first tensor / array / list field; refused where its
-            lists are all empty in a batch and another field's are not: name it then).
+            tensor / array / list field that ``pad_dim`` fits; refused in a batch where
+            another such field differs in length from it: name one then).
         lengths_key: Output key of the lengths in a dict batch (``None``: omitted).
         mask_key: Output key of the mask in a dict batch (``None``: omitted).
         sort_by_length: Sort the batch longest first (stable) and return the permutation.
@@ -611,7 +638,7 @@ class PadCollate:
             col = [v[k] if not dim else v[(*cut, k)] for v, k in zip(col, keep, strict=True)]
             lengths = [min(n, limit) for n in lengths]
         value = self.pad_values.get(key, self.default_pad_value)
-        if key == self.mask_key and key not in self.pad_values:
+        if key in (self.mask_key, "attention_mask") and key not in self.pad_values:
             value = 0  # the samples' own mask (a tokenizer's attention_mask): pads are absent
         if isinstance(col[0], list):
             flat = _concat_lists(where, col, value)
@@ -684,8 +711,12 @@ class PadCollate:
         seqs: list[Hashable] = []  # fields that have a length
         for k, col in columns.items():
             nested = isinstance(col[0], list) and not _is_flat_list(col)
-            if nested and isinstance(_lead(col), (list, np.generic)):  # or numpy scalars
+            # Lists of lists, of numpy scalars or of number tuples (spans): each a tensor.
+            lead = _lead(col) if nested else None
+            if isinstance(lead, list | np.generic) or _number_tuple(lead):
                 columns[k] = col = _nested_tensors(_where(k), col)
+            elif k in named and all(_number_tuple(v) for v in col):  # token ids as a tuple
+                columns[k] = col = [list(v) for v in col]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
             elif any(isinstance(v, (Tensor, np.ndarray)) for v in col):
@@ -703,13 +734,17 @@ class PadCollate:
             return padded, self.length_field
         ndims = {k: 1 if isinstance(columns[k][0], list) else columns[k][0].ndim for k in seqs}
         fits = [k for k in seqs if -ndims[k] <= self.pad_dim < ndims[k]]
-        key = (padded + fits + [None])[0]  # padded here, else one that could be
-        if key is not None and all(map(_empty, columns[key])):  # numbers or strings?
-            held = [k for k in padded + fits if not all(map(_empty, columns[k]))]
-            if held:
+        if not fits:
+            return padded, None
+        # The first field that could be padded, whichever varies in this batch (src one batch,
+        # tgt the next); another of other lengths makes the choice the user's.
+        key, sizes = fits[0], self._sizes(_where(fits[0]), columns[fits[0]])[1]
+        for other in fits[1:]:
+            if self._sizes(_where(other), columns[other])[1] != sizes:
                 raise CollateError(
-                    f"PadCollate: {_where(key)} is empty in every sample of this batch, so its "
-                    f"lengths and mask would measure nothing; pass length_field={held[0]!r}."
+                    f"PadCollate: {_where(key)} and {_where(other)} differ in length in this "
+                    f"batch, so which one lengths and the mask measure is unclear; pass "
+                    f"length_field= one of {key!r}, {other!r}."
                 )
         return padded, key
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from loaderkit import ResumableDataLoader, WorkerError
 from loaderkit.collate import PadCollate, PaddedBatch
 from loaderkit.errors import CollateError, LoaderkitError
 from tests.support.proptest import examples
@@ -224,15 +225,19 @@ def test_dict_output_key_names_and_omission() -> None:
 
 def test_length_field_picks_the_field() -> None:
     samples = [{"a": torch.ones(2), "b": torch.ones(n)} for n in (4, 1)]
-    assert PadCollate()(samples)["lengths"].tolist() == [4, 1]  # first padded field: b
+    # Hunter 379: it was the first padded field, b here, but a in a batch where b's lengths
+    # were equal (src one batch, tgt the next): two fields of other lengths are refused.
+    with pytest.raises(CollateError, match=r"key 'a' and key 'b' differ in length.*'a', 'b'"):
+        PadCollate()(samples)
+    assert PadCollate(length_field="b")(samples)["lengths"].tolist() == [4, 1]
     assert PadCollate(length_field="a")(samples)["lengths"].tolist() == [2, 2]
 
 
 def test_equal_shapes_are_stacked_unless_named() -> None:
     samples = [{"image": torch.ones(3, 2), "ids": torch.ones(n)} for n in (2, 4)]
-    batch = PadCollate(max_length=6)(samples)
+    batch = PadCollate(max_length=6, length_field="ids")(samples)
     assert batch["image"].shape == (2, 3, 2) and batch["ids"].shape == (2, 6)
-    same = [{"ids": torch.ones(3), "x": torch.zeros(2)} for _ in range(2)]
+    same = [{"ids": torch.ones(3), "x": torch.zeros(3)} for _ in range(2)]
     # Which fields max_length applies to is unknown where none varies: refused, not (2, 3).
     with pytest.raises(CollateError, match=r"no field's length varies.*pad_keys=\[\.\.\.\]"):
         PadCollate(max_length=6)(same)
@@ -245,7 +250,7 @@ def test_equal_shapes_are_stacked_unless_named() -> None:
 
 def test_a_length_limit_gives_every_batch_one_shape() -> None:
     # Was: a batch whose lengths were all equal kept them (5), the next was padded to 8.
-    collate = PadCollate(max_length=8, pad_keys=["ids"])
+    collate = PadCollate(max_length=8, pad_keys=["ids"], length_field="ids")
     ids = torch.ones(5, dtype=torch.long)
     for n in (5, 3):
         # A loss mask and labels beside the ids are padded with them; an image is not.
@@ -283,10 +288,12 @@ def test_nothing_to_pad_still_returns_lengths_and_mask() -> None:
 
 
 def test_plain_tuples_use_positions() -> None:
-    batch = PadCollate(pad_value={1: -1})([(torch.ones(2), [1]), (torch.ones(2), [2, 3])])
+    batch = PadCollate(pad_value={1: -1}, length_field=1)(
+        [(torch.ones(2), [1]), (torch.ones(2), [2, 3])]
+    )
     assert isinstance(batch, PaddedBatch) and isinstance(batch.values, tuple)
     assert batch.values[0].shape == (2, 2) and batch.values[1].tolist() == [[1, -1], [2, 3]]
-    assert batch.lengths.tolist() == [1, 2]  # first padded field: position 1
+    assert batch.lengths.tolist() == [1, 2]
 
 
 def test_namedtuples_keep_their_type() -> None:
@@ -492,7 +499,7 @@ def test_a_field_mixing_tensors_and_ints_names_the_sample() -> None:
     [
         (lambda i: {"x": [i, i + 1]}, r"key 'meta'\['x'\]"),
         (lambda i: ([i, i + 1], i), r"key 'meta'\[0\]"),
-        (lambda i: [{"x": [float(i)]}], r"key 'meta'\[0\]\['x'\]"),
+        (lambda i: ({"x": [float(i)]}, 0), r"key 'meta'\[0\]\['x'\]"),
     ],
 )
 def test_a_nested_number_list_is_refused_not_transposed(meta: Any, where: str) -> None:
@@ -500,7 +507,23 @@ def test_a_nested_number_list_is_refused_not_transposed(meta: Any, where: str) -
     # the same list at the top level is one (B, 2) tensor.
     samples = [{"ids": [1, 2], "meta": meta(1)}, {"ids": [3], "meta": meta(3)}]
     with pytest.raises(CollateError, match=where + r": holds a list of numbers.*top-level field"):
-        PadCollate()(samples)
+        PadCollate(length_field="ids")(samples)
+
+
+def test_lists_of_records_are_kept_per_sample_and_number_tuples_padded() -> None:
+    # Hunter 379: a list of tuples, dicts or bytes was transposed across samples where the
+    # counts matched (sample 0's first span read [0, 5]); token ids as a tuple were refused.
+    spans = [{"spans": [(0, 1), (2, 3)]}, {"spans": [(5, 6), (7, 8)]}]
+    assert PadCollate()(spans)["spans"].tolist() == [[[0, 1], [2, 3]], [[5, 6], [7, 8]]]
+    for records in ([{"s": 0}, {"s": 9}], [b"a", b"b"], [("PER", 0)]):
+        batch = PadCollate(length_field="ids")(
+            [{"ids": [1], "r": records}, {"ids": [2, 3], "r": records[::-1]}]
+        )
+        assert batch["r"] == [records, records[::-1]]
+    with pytest.raises(CollateError, match=r"key 'm'\['r'\]: holds a list of strings or records"):
+        PadCollate(length_field="ids")([{"ids": [1], "m": {"r": [b"a"]}}] * 2)
+    ids = PadCollate(length_field="ids")([{"ids": (1, 2, 3)}, {"ids": (4,)}])
+    assert ids["ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and ids["lengths"].tolist() == [3, 1]
 
 
 def test_nested_values_of_different_sizes_name_the_field() -> None:
@@ -782,8 +805,6 @@ class _TwoDtypes(Dataset[Any]):
             sample: Any = collections.defaultdict(list)
             sample["x"] = value if i % 2 == 0 else np.array([70000 + i], np.int32)
             return sample
-        if self.shape == "an extra key later":  # default_collate reads sample 0's keys
-            return {"x": value} if i % 2 == 0 else {"x": np.array([70000 + i], np.int32), "y": 1}
         if self.shape == "padded beside a nested field":
             return {"ids": np.arange(1 + i), "meta": {"t": value}}
         return Pair(value, i)  # a namedtuple
@@ -793,7 +814,6 @@ class _TwoDtypes(Dataset[Any]):
     ("shape", "collate_fn"),
     [
         ("number beside 0-d arrays", None),
-        ("an extra key later", None),
         ("a list beside a list subclass", None),
         ("a defaultdict", None),
         ("padded beside a nested field", PadCollate()),
@@ -805,8 +825,6 @@ def test_fields_of_two_dtypes_collate_alike_for_any_num_workers(
 ) -> None:
     # In a worker torch's default_collate cast to the first sample's dtype (int16 -300 read as
     # uint8 212, 70001 as 4465) where the main process promotes (hunter 181, review 186).
-    from loaderkit import ResumableDataLoader
-
     def batch(num_workers: int) -> Any:
         loader = ResumableDataLoader(
             _TwoDtypes(shape),
@@ -839,7 +857,7 @@ def test_a_default_length_field_empty_in_every_sample_is_refused_naming_one_that
         {"tags": [], "input_ids": torch.arange(2)},
         {"tags": [], "input_ids": torch.arange(3)},
     ]
-    with pytest.raises(CollateError, match=r"key 'tags' is empty in every sample.*length_field="):
+    with pytest.raises(CollateError, match=r"key 'tags' and key 'input_ids' differ in length"):
         PadCollate()(samples)
     batch = PadCollate(length_field="input_ids")(samples)
     assert batch["lengths"].tolist() == [2, 3] and batch["attention_mask"].shape == (2, 3)
@@ -914,8 +932,6 @@ _TENSOR_THEN_INT = [torch.tensor(0), 1, torch.tensor(2), 3]
 def test_a_tensor_beside_a_number_fails_alike_for_any_num_workers(num_workers: int) -> None:
     # Review 331: in a worker it was "'int' object has no attribute 'numel'" (torch's
     # collate_tensor_fn), in the main process torch.stack's message.
-    from loaderkit import ResumableDataLoader, WorkerError
-
     loader = ResumableDataLoader(_TENSOR_THEN_INT, batch_size=4, num_workers=num_workers)
     with pytest.raises(
         WorkerError, match=r"expected Tensor as element 1 in argument 0, but got int"
@@ -946,3 +962,51 @@ def test_a_nested_field_of_other_keys_or_kinds_is_named(sort: bool) -> None:
     mixed = [{"ids": ids[0], "n": 1}, {"ids": ids[1], "n": [1, 2]}]
     with pytest.raises(CollateError, match=r"key 'n': its values are of other kinds"):
         PadCollate(sort_by_length=sort)(mixed)
+
+
+def test_the_default_length_field_does_not_follow_which_field_varies() -> None:
+    # Hunter 379: lengths followed src in one batch and tgt in the next (src's lengths equal),
+    # so pack_padded_sequence(src, lengths) dropped real tokens; an image's channels became
+    # lengths where the ids were equal. Fields of other lengths are refused, not guessed.
+    for src in ([5, 3], [4, 4]):
+        batch = [
+            {"src": torch.ones(n), "tgt": torch.ones(m)} for n, m in zip(src, [3, 1], strict=True)
+        ]
+        with pytest.raises(CollateError, match=r"key 'src' and key 'tgt' differ in length"):
+            PadCollate()(batch)
+        assert PadCollate(length_field="src")(batch)["lengths"].tolist() == src
+    image = [{"pixels": torch.ones(3, 2, 2), "ids": torch.ones(6)}] * 2
+    with pytest.raises(CollateError, match=r"length_field= one of 'pixels', 'ids'"):
+        PadCollate()(image)
+    same = [{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3], "labels": [3]}]
+    assert PadCollate()(same)["lengths"].tolist() == [2, 1]  # as long in every sample: fine
+    empty = PadCollate()([{"input_ids": [], "labels": []}] * 2)  # every candidate empty
+    assert empty["lengths"].tolist() == [0, 0] and empty["input_ids"].shape == (2, 0)
+
+
+@pytest.mark.parametrize("mask_key", [None, "mask"])
+def test_the_samples_own_attention_mask_pads_with_0_whatever_mask_key(mask_key: Any) -> None:
+    # Hunter 379: renamed or dropped, the output mask no longer matched the field's name, and
+    # the samples' own attention_mask was padded with the token pad id (50256: attended).
+    samples = [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1]}]
+    samples.append({"input_ids": [8], "attention_mask": [1]})
+    batch = PadCollate(50256, mask_key=mask_key)(samples)
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 50256, 50256]]
+
+
+def test_numpy_arrays_torch_cannot_view_collate_in_a_batch_of_equal_shapes() -> None:
+    # Hunter 379: reversed views and big-endian arrays were padded, but a batch of equal
+    # shapes reached default_collate, which raised on negative strides and byte order.
+    for array in (np.arange(3)[::-1], np.arange(3, dtype=">i4")):
+        batch = PadCollate(length_field="ids")([{"ids": [1], "x": array}, {"ids": [2], "x": array}])
+        assert batch["x"].tolist() == [array.tolist()] * 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_default_collate_refuses_dict_samples_with_other_keys(num_workers: int) -> None:
+    # Hunter 379: default_collate keeps sample 0's keys, so 'weight' was dropped silently.
+    data = [{"x": torch.tensor(0)}, {"x": torch.tensor(1), "weight": torch.tensor(0.5)}]
+    loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
+    with pytest.raises(WorkerError, match=r"sample 1 has keys \['weight', 'x'\], sample 0 \['x'\]"):
+        next(iter(loader))

@@ -526,11 +526,14 @@ class MixedDataset(Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         key = getattr(self, "_plan_key", None)
-        if key is not None and READ_UNDER.get(key) != key:  # outside a loader: key
+        # Unset outside a loaderkit loader: torch's DataLoader or a stream reads every sample
+        # once, weights lost, so only a read under the mix's own plan is let through.
+        if key is not None and READ_UNDER.get(None) != key:
             raise ValueError(
-                f"{_OWNER}: a weighted mix read by a loader under a plan that is not its own, "
-                "so its weights would be ignored (a wrapper holding it out of loaderkit's "
-                "sight); read the wrapper with batch_sampler=mix.batch_sampler(...)."
+                f"{_OWNER}: a weighted mix read by index {index!r} outside its own plan, which "
+                "would ignore its weights (torch's DataLoader, a stream, another sampler); read "
+                "it (or a wrapper) with ResumableDataLoader(..., batch_sampler=mix.batch_sampler"
+                "(...)), and one sample with mix.sources[s][j] where s, j = mix.locate(i)."
             )
         source, local = self.locate(int(index))
         return self.sources[source][local]

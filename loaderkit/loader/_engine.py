@@ -22,7 +22,7 @@ from loaderkit._callers import host_of
 from loaderkit.env import detect
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
-from loaderkit.loader._fetch import FailedBatch
+from loaderkit.loader._fetch import FailedBatch, Unbatched
 from loaderkit.loader._workers import (
     Describe,
     WorkerPool,
@@ -380,7 +380,8 @@ class WorkerStreams:
         return {
             **self.identity(),
             "seed": self.host.seed,
-            "batch_size": self.batch_size,
+            # batch_size=None (samples as they come) is not batches of 1.
+            "batch_size": None if isinstance(self.collate_fn, Unbatched) else self.batch_size,
             "drop_last": self.drop_last,
         }
 

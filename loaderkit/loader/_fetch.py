@@ -25,7 +25,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from loaderkit.collate import promoting_collate
+from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data._reads import batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
@@ -295,7 +295,7 @@ class BatchFetcher:
             if not isinstance(exc, LoaderkitError):
                 fix = "fix collate_fn"
                 if self.collate_fn is default_collate:  # none was passed: the samples are at fault
-                    fix = "fix what the dataset returns for them, or pass a collate_fn"
+                    fix = f"fix what the dataset returns for them, or {STACK_FIX}"
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
             if not isinstance(exc, CollateError):
                 said += mixed_sources(self.dataset, index_list, samples)

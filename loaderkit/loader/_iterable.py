@@ -16,6 +16,7 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch
+from loaderkit.loader._views import takes_epoch
 from loaderkit.loader._worker_stream import (
     END,
     OWNER,
@@ -88,6 +89,9 @@ class IterableEngine(WorkerStreams):
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
         self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
+        # Whether the loader's epoch was named (set_epoch, a load, a later epoch): a fresh
+        # loader's epoch 0 keeps the epoch the user gave the dataset (as under DataLoader).
+        self._named = False
 
     def method(self) -> str:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
@@ -107,7 +111,7 @@ class IterableEngine(WorkerStreams):
                 f"ResumableDataLoader: an IterableDataset passed directly runs on one process, "
                 f"got world_size={world_size}. Wrap it in StreamingShardedDataset(shards, "
                 "IterableReader(fn), steps_per_epoch=...), or, where it splits itself by rank, "
-                "pass neither rank nor world_size (Trainer(use_distributed_sampler=False))."
+                "pass rank=0, world_size=1 (under a Trainer: use_distributed_sampler=False)."
             )
 
     def epoch_batches(self, run: Run) -> Generator[Any, None, None]:
@@ -121,7 +125,7 @@ class IterableEngine(WorkerStreams):
         loaded = self._position.loaded(self)
         primed, self._primed = self._primed, None
         epoch, start, began = self._position.begin(self)
-        _tell_epoch(self.dataset, epoch)
+        self._tell(epoch)
         host.started = True
         cut_short = loaded is None and not self.complete  # live: the object stopped in place
         records = self.records = self._starts(epoch, loaded)
@@ -195,10 +199,19 @@ class IterableEngine(WorkerStreams):
     def _prime(self) -> None:
         """Open the in-process stream now, as ``DataLoader`` does at ``iter()``."""
         epoch = self._position.upcoming(self)[0]
-        _tell_epoch(self.dataset, epoch)
+        self._tell(epoch)
         it = open_stream(self.dataset, fresh_record(), 0, in_process=True)
         opened = Recorder(self.dataset, it, fresh_record(), in_process=True).after([])
         self._primed = (epoch, it, {**fresh_record(), **opened})
+
+    def _tell(self, epoch: int) -> None:
+        if epoch or self._named:
+            _tell_epoch(self.dataset, epoch)
+        self._named = self._named or epoch > 0
+
+    def set_epoch(self, epoch: int, *, late: bool = False) -> None:
+        self._named = True
+        super().set_epoch(epoch, late=late)
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
         record = self.records[worker] if worker < len(self.records) else fresh_record()
@@ -341,6 +354,7 @@ class IterableEngine(WorkerStreams):
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
         self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
+        self._named = True
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
         # A dataset's own state, where loaded, is opaque (a replay has its digest).
@@ -383,5 +397,6 @@ def _tell_epoch(dataset: Any, epoch: int) -> None:
     ``datasets.IterableDataset`` reshuffles by it, and applies a loaded state to the saved
     epoch only (else again at every later one)."""
     set_epoch = getattr(dataset, "set_epoch", None)
-    if callable(set_epoch):
+    set_epoch = getattr(set_epoch, "_loaderkit_unhooked", set_epoch)  # not back to the loader
+    if callable(set_epoch) and takes_epoch(set_epoch):  # torch never calls another signature
         set_epoch(epoch)

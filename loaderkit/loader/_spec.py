@@ -347,8 +347,9 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     user_generator = None
     if sampler is not None and not plain_sampler(sampler, size):
         user_generator = generator_seed(sampler)
-    # A seed= given would key every epoch, the generator's own too (a state cannot tell): refused.
-    if user_generator is not None and (seed is None or distributed):
+    # A seed= given would key every epoch, the generator's own too (a state cannot tell): refused,
+    # unless it is the one the generator gives (a DataModule's hook seeded from self.seed).
+    if user_generator is not None and (seed in (None, user_generator[0]) or distributed):
         seed = user_generator[0] if seed is None else seed
         a["first_state"] = user_generator[1]
         # Beside a DistributedSampler's seed, the generator's keys the later epochs too: its
@@ -359,7 +360,7 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
     elif user_generator is not None and (own := _seeded_by_user(sampler)) is not None:
         raise ValueError(
             f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "
-            f"(seeded {own}); leave seed=None to use it."
+            f"(seeded {own}); leave seed=None to use it, or give both the same seed."
         )
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -107,8 +108,8 @@ class SetEpochHook:
         self._loaderkit_unhooked = original
         self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def __call__(self, epoch: int) -> Any:
-        result = self._loaderkit_unhooked(epoch)
+    def __call__(self, epoch: int, *args: Any, **kwargs: Any) -> Any:
+        result = self._loaderkit_unhooked(epoch, *args, **kwargs)
         for loader in list(self._loaders):
             loader._set_epoch(epoch)
         return result
@@ -118,10 +119,22 @@ class SetEpochHook:
         return self._loaderkit_unhooked.__reduce__()
 
 
-def hook_set_epoch(sampler: Any, loader: Any) -> None:
-    """Make ``sampler.set_epoch(e)`` also set ``loader``'s epoch (a sampler without one: no-op)."""
+def takes_epoch(set_epoch: Any) -> bool:
+    """Whether ``set_epoch`` can be called with the epoch alone (torch's samplers' form)."""
+    try:
+        inspect.signature(set_epoch).bind(0)
+    except TypeError:  # set_epoch(self), set_epoch(self, epoch, num_epochs)
+        return False
+    except ValueError:  # no signature to read (a C function)
+        pass
+    return True
+
+
+def hook_set_epoch(sampler: Any, loader: Any, *, what: str = "sampler") -> None:
+    """Make ``sampler.set_epoch(e)`` (also an iterable dataset's) set ``loader``'s epoch too
+    (one without it, or with another signature: no-op)."""
     current = getattr(sampler, "set_epoch", None)
-    if not callable(current):
+    if not callable(current) or not takes_epoch(current):
         return
     if not isinstance(current, SetEpochHook):
         hook = SetEpochHook(current)
@@ -130,7 +143,7 @@ def hook_set_epoch(sampler: Any, loader: Any) -> None:
         except (AttributeError, TypeError) as exc:  # __slots__ or a read-only attribute
             name = type(sampler).__name__
             raise TypeError(
-                f"ResumableDataLoader: sampler={name} has set_epoch(), but loaderkit cannot "
+                f"ResumableDataLoader: {what}={name} has set_epoch(), but loaderkit cannot "
                 f"hook it to set the loader's epoch ({exc}). Give {name} a __dict__ (no "
                 "__slots__), or wrap it in a Sampler that forwards __iter__, __len__, set_epoch."
             ) from exc

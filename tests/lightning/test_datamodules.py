@@ -958,6 +958,12 @@ BAD_INPUT: list[tuple[str, Any, type[Exception], str]] = [
         r"ArrayDataModule: train: .*must be a numpy array",
     ),
     ("path suffix", lambda: TensorDataModule(train="x.csv"), ValueError, r"must end with \.pt"),
+    (  # hunter 380: it said "use ArrayDataset for numpy arrays"
+        "positional path",
+        lambda: ArrayDataModule("x.npy"),
+        TypeError,
+        r"got the path 'x.npy' positionally, where numpy arrays go; pass it as train='x.npy'",
+    ),
     (
         "missing path",
         lambda: ArrayDataModule(val="/nonexistent/x.npy"),
@@ -1278,6 +1284,34 @@ def test_describe_counts_what_the_loaders_yield() -> None:
     assert splits["train"]["samples"] == sum(yielded["train"]) == 200
     assert splits["train"]["batch_size"] == max(yielded["train"]) == 8
     assert splits["train"]["batches_per_epoch"] == len(yielded["train"])
+
+
+class _OwnGeneratorHook(TensorDataModule):
+    """A batch_sampler() hook whose sampler has a generator seeded from the module's seed."""
+
+    def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:
+        if split != "train":
+            return None
+        generator = torch.Generator().manual_seed(self.seed)
+        sampler = torch.utils.data.RandomSampler(dataset, generator=generator)
+        return torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False)
+
+
+def test_a_hook_sampler_seeded_from_the_module_seed_trains_and_resumes(tmp_path: Path) -> None:
+    # Session 36: the module's seed= beside the sampler's own generator was refused even when
+    # the two agreed, and the module refuses seed=None: no such hook could be built.
+    def fit(name: str, **kwargs: Any) -> FitRun:
+        make = functools.partial(_OwnGeneratorHook, torch.arange(SIZE), FEATURES, seed=SEED)
+        return fit_recording(tmp_path / name, lambda: make(batch_size=BATCH), **kwargs)
+
+    full, cut = fit("full", max_epochs=2), fit("cut", max_epochs=2, fail_at=11)
+    for k in (3, 10):  # inside epoch 0, inside epoch 1
+        assert_resume_exact(
+            full.records, cut.records[:k], fit(f"at{k}", max_epochs=2, resume=cut.ckpt(k)).records
+        )
+    epochs = by_epoch(full.records)
+    own = torch.utils.data.RandomSampler(range(SIZE), generator=torch.Generator().manual_seed(SEED))
+    assert epochs[0] == list(own) and sorted(epochs[1]) == list(range(SIZE)) != epochs[1]
 
 
 class _Counting(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

@@ -574,3 +574,62 @@ def test_loading_a_state_leaves_the_callers_dict_as_it_was() -> None:
         resumed = ResumableDataLoader(_KeepsGivenState(), batch_size=4, seed=0)
         resumed.load_state_dict(state)
         assert [b.tolist() for b in resumed] == [[4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+class _EpochOrdered(IterableDataset[int]):
+    """Ordered by the epoch its set_epoch was given (the Hugging Face / webdataset form)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        order = torch.randperm(8, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter(order if info is None else order[info.id :: info.num_workers])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_users_dataset_set_epoch_is_not_overridden(num_workers: int) -> None:
+    # Hunter 381: a new loader told the dataset its own epoch 0 at iter(), so a loop calling
+    # dataset.set_epoch(e) (before or after building the loader) read epoch 0's order each time.
+    def torch_order(epoch: int) -> list[int]:
+        ds = _EpochOrdered()
+        ds.set_epoch(epoch)
+        return torch.cat(list(DataLoader(ds, batch_size=4, num_workers=num_workers))).tolist()
+
+    for epoch in range(3):
+        ds = _EpochOrdered()
+        ds.set_epoch(epoch)  # then a new loader, as code written for DataLoader does
+        loader = ResumableDataLoader(ds, batch_size=4, seed=0, num_workers=num_workers)
+        assert torch.cat(list(loader)).tolist() == torch_order(epoch)
+    ds = _EpochOrdered()
+    loader = ResumableDataLoader(ds, batch_size=4, seed=0, num_workers=num_workers)
+    ds.set_epoch(2)  # a loop restarting at epoch 2: the loader's epoch follows
+    assert torch.cat(list(loader)).tolist() == torch_order(2) != torch_order(0)
+    assert ds.epoch == 2 and torch.cat(list(loader)).tolist() == torch_order(3)
+
+
+class _TwoArgEpochs(Sharded):
+    def set_epoch(self, epoch: int, num_epochs: int) -> None:
+        raise AssertionError("torch never calls it, nor may loaderkit")
+
+
+def test_a_dataset_set_epoch_of_another_signature_is_not_called() -> None:
+    # Hunter 381: loaderkit called it with the epoch alone: a bare TypeError at iter().
+    loader = ResumableDataLoader(_TwoArgEpochs(0, 4), batch_size=2, seed=0)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_batch_size_none_and_1_are_told_apart_on_resume() -> None:
+    # Hunter 381: a state saved unbatched loaded into batch_size=1 (samples became batches
+    # of one mid-run), and the message showed None as 1.
+    unbatched = ResumableDataLoader(Sharded(0, 6), batch_size=None, seed=0)
+    it = iter(unbatched)
+    next(it)
+    with pytest.raises(StateMismatchError, match=r"'batch_size' differs: saved None, here 1"):
+        ResumableDataLoader(Sharded(0, 6), batch_size=1, seed=0).load_state_dict(
+            unbatched.state_dict()
+        )

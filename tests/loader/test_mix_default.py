@@ -135,12 +135,45 @@ def test_a_weighted_mix_read_out_of_sight_under_another_plan_is_refused(num_work
     # by the build's walk, and the loader read its 110 samples once each (weights lost).
     for hidden in (_ByMethod(_mix(), 0), _ByMethod(_mix(), 6)):
         loader = ResumableDataLoader(hidden, batch_size=10, shuffle=True, num_workers=num_workers)
-        with pytest.raises(WorkerError, match=r"a weighted mix read by a loader under a plan"):
+        with pytest.raises(WorkerError, match=r"a weighted mix read by index \d+ outside its own"):
             next(iter(loader))
     mix = _mix()  # read by its own plan, it keeps the weights; outside a loader, it reads
     own = ResumableDataLoader(_ByMethod(mix, 6), batch_sampler=mix.batch_sampler(10, seed=0))
     assert _ids(own) == _ids(ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0)))
-    assert _ByMethod(mix, 6)[3] == mix[3]
+
+
+class _Feed(torch.utils.data.IterableDataset[object]):
+    """A user's stream reading the mix by index through a closure."""
+
+    def __init__(self, mix: MixedDataset) -> None:
+        self.read, self.size = mix.__getitem__, len(mix)
+
+    def __iter__(self) -> Any:
+        return (self.read(i) for i in range(self.size))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_weighted_mix_read_by_index_outside_a_loaderkit_plan_is_refused(
+    num_workers: int,
+) -> None:
+    # A weighted mix read by torch's DataLoader or a user's stream gave its 110 samples once
+    # each, not its weighted draws (the weights silently lost).
+    mix = _mix()
+    readers = [
+        torch.utils.data.DataLoader(mix, batch_size=10, shuffle=True, num_workers=num_workers),
+        torch.utils.data.DataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0)),
+        ResumableDataLoader(_Feed(mix), batch_size=10, num_workers=num_workers),
+    ]
+    for reader in readers:
+        with pytest.raises((ValueError, WorkerError), match=r"outside its own plan"):
+            next(iter(reader))
+    with pytest.raises(ValueError, match=r"read by index 3 outside its own plan.*mix.locate"):
+        mix[3]
+    source, j = mix.locate(103)  # one sample, by the way the message names
+    assert int(mix.sources[source][j][0]) == 1003
+    laid = MixedDataset([TensorDataset(torch.arange(6)), TensorDataset(torch.arange(10, 13))])
+    read = torch.utils.data.DataLoader(laid, batch_size=4, num_workers=num_workers)
+    assert sorted(int(i) for b in read for i in b[0]) == [0, 1, 2, 3, 4, 5, 10, 11, 12]
 
 
 class _Ids(torch.utils.data.Dataset[dict[str, torch.Tensor]]):

@@ -619,7 +619,7 @@ def test_the_default_collate_failing_points_at_the_samples() -> None:
         def __getitem__(self, i: int) -> Any:
             return None if i == 2 else torch.tensor(i)
 
-    fix = r"fix what the dataset returns for them, or pass a collate_fn"
+    fix = r"fix what the dataset returns for them, or pass collate_fn=loaderkit.PadCollate\(\)"
     with pytest.raises(WorkerError, match=fix):
         list(ResumableDataLoader(Holes(), batch_size=4))
     with pytest.raises(WorkerError, match=r"; fix collate_fn\."):

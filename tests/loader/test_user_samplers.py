@@ -413,9 +413,10 @@ def seeded_random_sampler(data: list[int], *, drawn: bool) -> torch.utils.data.R
 def test_seed_none_lists_epoch_0_from_the_generator_and_a_seed_given_is_refused(
     drawn: bool,
 ) -> None:
-    # seed=None follows DataLoader's epoch 0 and resumes it. seed= (even the generator's own)
-    # keyed it to (seed, 0), silently not the generator's order (hunter 161); a state saved
-    # mid-epoch 0 cannot tell the two (review 128: 33 unique samples of 40), so it is refused.
+    # seed=None follows DataLoader's epoch 0 and resumes it. Another seed= keyed it to (seed, 0),
+    # silently not the generator's order (hunter 161); a state saved mid-epoch 0 cannot tell the
+    # two (review 128: 33 unique samples of 40), so it is refused. The generator's own seed is
+    # seed=None (a DataModule hook seeding it from self.seed could not be built).
     data = list(range(20))
     want = epoch_ids(
         torch.utils.data.DataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn))
@@ -426,8 +427,14 @@ def test_seed_none_lists_epoch_0_from_the_generator_and_a_seed_given_is_refused(
     resumed = ResumableDataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn))
     resumed.load_state_dict(saver.state_dict())
     assert [x for b in head for x in b] + epoch_ids(resumed) == want
-    with pytest.raises(ValueError, match=r"seed=5 would replace the order of the sampler's own"):
-        ResumableDataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn), seed=5)
+    with pytest.raises(ValueError, match=r"seed=4 would replace the order of the sampler's own"):
+        ResumableDataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=drawn), seed=4)
+    own_seed = ResumableDataLoader(
+        data, 4, sampler=seeded_random_sampler(data, drawn=False), seed=5
+    )
+    assert epoch_ids(own_seed) == epoch_ids(
+        torch.utils.data.DataLoader(data, 4, sampler=seeded_random_sampler(data, drawn=False))
+    )
 
 
 @pytest.mark.parametrize("saved_with_generator", [True, False])

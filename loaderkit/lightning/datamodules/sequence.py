@@ -256,8 +256,15 @@ class SequenceDataModule(LoaderDataModule):
     def collate_fn(self, split: str) -> Callable[[list[Any]], Any]:
         """A :class:`~loaderkit.PadCollate` with this module's padding."""
         length_field = self.length_key if self._keyed else self._tuples
+        pad_value = self.pad_value
+        data = self._datasets.get(split) if split == "predict" else None
+        if isinstance(pad_value, Mapping) and data is not None and len(data):
+            # Unlabelled samples: the pad values of fields they lack (labels) go.
+            first = data[0]
+            if isinstance(first, Mapping):
+                pad_value = {k: v for k, v in pad_value.items() if k in first}
         return PadCollate(
-            self.pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
+            pad_value, pad_to_multiple_of=self.pad_to_multiple_of, length_field=length_field
         )
 
     def batch_sampler(self, split: str, dataset: Any, batch_size: int) -> Any | None:

@@ -31,6 +31,12 @@ class _ColumnsDataModule(LoaderDataModule):
     def _set_sources(self, columns: tuple[Any, ...], splits: dict[str, Any]) -> None:
         owner = type(self).__name__
         if columns:
+            path = next((c for c in columns if isinstance(c, str | os.PathLike)), None)
+            if path is not None:
+                raise TypeError(
+                    f"{owner}: got the path {str(path)!r} positionally, where {self.kind}s go; "
+                    f"pass it as train={str(path)!r}."
+                )
             if splits["train"] is not None:
                 raise ValueError(
                     f"{owner}: train data was passed both positionally ({len(columns)} "
