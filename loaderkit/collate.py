@@ -343,7 +343,8 @@ _RECORDS = (str, bytes, tuple, Mapping)  # a list of these is kept one list per 
 
 
 def _number_tuple(value: Any) -> bool:
-    return isinstance(value, tuple) and all(isinstance(x, _NUMBERS) for x in value)
+    """A plain tuple of numbers (not a namedtuple, whose fields torch collates by name)."""
+    return type(value) is tuple and all(isinstance(x, _NUMBERS) for x in value)
 
 
 def _unviewable(array: np.ndarray) -> bool:
@@ -440,19 +441,39 @@ STACK_FIX = (
 )
 
 
+def _same_keys(col: list[Any], where: str) -> None:
+    """Refuse dicts (at any depth) whose keys differ between samples."""
+    first = col[0]
+    if isinstance(first, Mapping):
+        for i, value in enumerate(col):
+            if not isinstance(value, Mapping) or value.keys() != first.keys():
+                have = sorted(map(str, value)) if isinstance(value, Mapping) else "no dict"
+                raise CollateError(
+                    f"sample {i}{where} has keys {have}, sample 0 {sorted(map(str, first))}; "
+                    "give every sample the same keys"
+                )
+        items: Iterable[tuple[Any, Any]] = first.items()
+    elif isinstance(first, tuple | list) and all(
+        isinstance(v, list | tuple) and len(v) == len(first) for v in col
+    ):  # a list's items are looked into where its first one is a container (not token ids)
+        nested = isinstance(first, tuple) or (
+            bool(first) and isinstance(first[0], Mapping | list | tuple)
+        )
+        items = enumerate(first) if nested else ()
+    else:
+        return
+    for key, value in items:
+        if isinstance(value, Mapping | list | tuple):
+            _same_keys([v[key] for v in col], f"{where}[{key!r}]")
+
+
 def promoting_collate(samples: list[Any]) -> Any:
     """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
     arrays that differ in dtype at one place of the samples are promoted as the main
     process's ``torch.stack`` promotes them. Dict samples must share their keys (torch keeps
     sample 0's, dropping the others' silently)."""
-    first: Any = samples[0] if samples else None
-    for i, sample in enumerate(samples if isinstance(first, Mapping) else ()):
-        if not isinstance(sample, Mapping) or sample.keys() != first.keys():
-            have = sorted(map(str, sample)) if isinstance(sample, Mapping) else sample
-            raise CollateError(
-                f"sample {i} has keys {have}, sample 0 {sorted(map(str, first))}; give every "
-                "sample the same keys"
-            )
+    if samples:
+        _same_keys(samples, "")
     if get_worker_info() is None:
         return default_collate(samples)
     return collate(samples, collate_fn_map=_PROMOTING)
@@ -541,6 +562,8 @@ class PadCollate:
         tensor([[1., 1.],
                 [0., 1.]])
     """
+
+    length_arg = "length_field"  # what the ambiguous-length error tells to pass
 
     def __init__(
         self,
@@ -715,7 +738,7 @@ class PadCollate:
             lead = _lead(col) if nested else None
             if isinstance(lead, list | np.generic) or _number_tuple(lead):
                 columns[k] = col = _nested_tensors(_where(k), col)
-            elif k in named and all(_number_tuple(v) for v in col):  # token ids as a tuple
+            elif all(_number_tuple(v) for v in col):  # token ids as a tuple: as a list
                 columns[k] = col = [list(v) for v in col]
             if isinstance(col[0], (Tensor, np.ndarray)) or _is_flat_list(col):
                 seqs.append(k)
@@ -744,7 +767,7 @@ class PadCollate:
                 raise CollateError(
                     f"PadCollate: {_where(key)} and {_where(other)} differ in length in this "
                     f"batch, so which one lengths and the mask measure is unclear; pass "
-                    f"length_field= one of {key!r}, {other!r}."
+                    f"{self.length_arg}= one of {key!r}, {other!r}."
                 )
         return padded, key
 

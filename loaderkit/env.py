@@ -96,6 +96,8 @@ def detect(
     unnamed = rank is None and world_size is None and loader is not None
     if unnamed and not host_of(loader).splits_loaders():
         rank, world_size = 0, 1
+    if world_size == 1 and rank is None:  # one part: this process reads its own data whole
+        rank = 0
     if rank is None or world_size is None:
         hosted = host_of(loader).data_parallel()
         if hosted is not None:
@@ -107,6 +109,16 @@ def detect(
             f"rank={rank} was given without world_size=, and no Trainer or torch.distributed "
             "group gives one; pass world_size=, the number of data-parallel ranks."
         )
+    if rank is None and not initialised and world_size not in (None, 1):
+        raise ValueError(  # every process would read rank 0's part
+            f"world_size={world_size} was given without rank=, and no Trainer or "
+            "torch.distributed group gives one; pass rank=, this process's data-parallel rank."
+        )
+    if world_size is not None and initialised and world_size > dist.get_world_size():
+        raise ValueError(  # the parts of the ranks past the group's would be read by none
+            f"world_size={world_size} is larger than the torch.distributed group "
+            f"({dist.get_world_size()} processes); pass the number of data-parallel ranks."
+        )
     if world_size is None:
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:
@@ -114,6 +126,13 @@ def detect(
     info = get_worker_info()
     workers = {} if info is None else {"worker_id": info.id, "num_workers": info.num_workers}
     return WorkerEnv(rank=rank, world_size=world_size, **workers)
+
+
+def topology_known(loader: object = None) -> bool:
+    """Whether a host of ``loader`` (or the running fit) or a torch.distributed group tells
+    the topology: without either, ``(0, 1)`` stands until one appears."""
+    initialised = dist.is_available() and dist.is_initialized()
+    return initialised or host_of(loader).data_parallel() is not None
 
 
 def cpu_budget(processes: int = 1) -> int:

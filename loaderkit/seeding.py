@@ -268,11 +268,14 @@ def _init_worker(
     worker_id: int,
     *,
     seed: int,
-    rank: int,
+    rank: int | None,
     user_fn: Callable[[int], Any] | None,
     per_iterator: bool = True,
 ) -> None:
     # Module-level (not a closure): worker_init_fn's partial pickles under spawn.
+    if rank is None:  # a forked worker still sees its parent's group
+        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = torch.distributed.get_rank() if initialised else 0
     info = torch.utils.data.get_worker_info()
     if per_iterator and info is not None:
         # torch gives worker i the seed base + i, base drawn anew for each iterator.
@@ -290,7 +293,8 @@ def worker_init_fn(
     """A picklable DataLoader ``worker_init_fn``: seeds worker ``worker_id``'s global generators
     from ``derive_seed(seed, "worker", rank, worker_id, base)`` (``base``: torch's per-iterator
     base seed), then calls ``user_fn(worker_id)``. ``rank=None`` reads the rank from
-    ``torch.distributed``.
+    ``torch.distributed`` (where no group exists yet, as each worker starts: a forked worker
+    sees its parent's group, a spawned one none, so pass ``rank=`` there).
 
     Example:
         >>> loader = torch.utils.data.DataLoader(
@@ -298,11 +302,11 @@ def worker_init_fn(
         ... )
     """
     seed = _check("worker_init_fn", "seed", seed, _SEED_LIMIT)
-    if rank is None:
-        from loaderkit.env import detect
-
-        rank = detect().rank
-    rank = _check("worker_init_fn", "rank", rank, None)
+    if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+    # Else read as each worker starts: built before init_process_group, every rank's forked
+    # workers would otherwise be seeded as rank 0's.
+    rank = None if rank is None else _check("worker_init_fn", "rank", rank, None)
     if user_fn is not None and not callable(user_fn):
         raise TypeError(
             f"worker_init_fn: user_fn must be callable as user_fn(worker_id), got {user_fn!r} "

@@ -1010,3 +1010,30 @@ def test_the_default_collate_refuses_dict_samples_with_other_keys(num_workers: i
     loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
     with pytest.raises(WorkerError, match=r"sample 1 has keys \['weight', 'x'\], sample 0 \['x'\]"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dicts_nested_in_samples_with_other_keys_are_refused(num_workers: int) -> None:
+    # Review 382: only top-level keys were compared; a dict inside a tuple or a dict field
+    # still lost a later sample's extra key.
+    cases = {
+        r"sample 1\[1\] has keys \['extra', 'x'\]": [(1, {"x": 1}), (2, {"x": 2, "extra": 0})],
+        r"sample 1\['meta'\] has keys": [{"meta": {"x": 1}}, {"meta": {"x": 2, "extra": 0}}],
+        r"sample 1\['meta'\] has keys no dict": [{"meta": {"x": 1}}, {"meta": [2]}],
+    }
+    for match, data in cases.items():
+        loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
+        with pytest.raises(WorkerError, match=match):
+            next(iter(loader))
+
+
+def test_a_tuple_of_numbers_is_padded_in_every_batch() -> None:
+    # Review 382: a batch of equally long tuples was transposed by default_collate, another
+    # refused (sizes differ): a field's form flipped with the batch.
+    collate = PadCollate()
+    equal = collate([{"input_ids": (1, 2)}, {"input_ids": (3, 4)}])["input_ids"]
+    unequal = collate([{"input_ids": (1, 2, 3)}, {"input_ids": (4,)}])["input_ids"]
+    assert equal.tolist() == [[1, 2], [3, 4]] and unequal.tolist() == [[1, 2, 3], [4, 0, 0]]
+    point = collections.namedtuple("point", "x y")  # fields by name, as torch collates them
+    batch = PadCollate(length_field="ids")([{"ids": [1], "p": point(1, 2)}] * 2)
+    assert batch["p"].x.tolist() == [1, 1] and batch["p"].y.tolist() == [2, 2]

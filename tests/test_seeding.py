@@ -303,7 +303,14 @@ def test_worker_init_fn_is_a_picklable_partial() -> None:
 
 
 def test_worker_init_fn_detects_rank_when_not_given() -> None:
-    assert worker_init_fn(3).keywords["rank"] == 0
+    # Hunter 384: built before init_process_group it kept rank 0, so every rank's forked
+    # workers drew alike; without a group the rank is read as each worker starts.
+    init = worker_init_fn(3)
+    assert init.keywords["rank"] is None
+    init(0)
+    drawn = torch.rand(1).item()
+    seed_global_rngs(worker_seed(3, 0, 0))  # in-process: rank 0, no per-iterator base
+    assert drawn == torch.rand(1).item()
 
 
 def test_worker_init_fn_in_process_seeds_and_calls_user_fn() -> None:

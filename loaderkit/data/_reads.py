@@ -10,6 +10,23 @@ from torch.utils.data import StackDataset, Subset
 
 from loaderkit.seeding import read_set_on_instance
 
+# The mix plan, ``(per_epoch, source_sizes)``, a loaderkit read runs under (None: another plan),
+# per process, not per context: a user's read may fan out to a thread pool. A weighted mix
+# read outside its own plan reads each sample once, its weights lost.
+_UNSET: Any = object()
+_READ_UNDER: list[Any] = [_UNSET]
+
+
+def read_under() -> Any:
+    """The plan key reads run under now (an object equal to no key outside loaderkit's reads)."""
+    return _READ_UNDER[0]
+
+
+def set_read_under(key: Any) -> Any:
+    """Make ``key`` the plan reads run under; returns the one before, to set back."""
+    before, _READ_UNDER[0] = _READ_UNDER[0], key
+    return before
+
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:
     """Whether no subclass overrides ``__getitem__`` (for ``get_batch``, also ``__getitems__``)

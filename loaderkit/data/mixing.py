@@ -6,7 +6,6 @@ import inspect
 import os
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from typing import Any, Unpack
 
 import numpy as np
@@ -16,6 +15,7 @@ from torch.utils.data import ConcatDataset, Dataset, StackDataset, Subset
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import merge_kinds, promoted
 from loaderkit.data._open import names_crc32
+from loaderkit.data._reads import read_under
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
@@ -33,12 +33,6 @@ __all__ = ["MixedDataset"]
 
 _OWNER = "MixedDataset"
 _READS = ("__getitem__", "__getitems__", "get_batch")
-
-# Set by a loaderkit loader around its reads: its mix plan's (per_epoch, source_sizes), or None
-# under another plan. A weighted mix read under another reads each sample once, weights lost.
-READ_UNDER: ContextVar[tuple[tuple[int, ...], tuple[int, ...]] | None] = ContextVar(
-    "loaderkit_read_under"
-)
 
 
 def shard_names_crc32(dataset: object) -> int | None:
@@ -526,14 +520,14 @@ class MixedDataset(Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         key = getattr(self, "_plan_key", None)
-        # Unset outside a loaderkit loader: torch's DataLoader or a stream reads every sample
-        # once, weights lost, so only a read under the mix's own plan is let through.
-        if key is not None and READ_UNDER.get(None) != key:
+        # Only a read under the mix's own plan: torch's DataLoader, a stream or another
+        # sampler reads every sample once, weights lost.
+        if key is not None and read_under() != key:
             raise ValueError(
                 f"{_OWNER}: a weighted mix read by index {index!r} outside its own plan, which "
-                "would ignore its weights (torch's DataLoader, a stream, another sampler); read "
-                "it (or a wrapper) with ResumableDataLoader(..., batch_sampler=mix.batch_sampler"
-                "(...)), and one sample with mix.sources[s][j] where s, j = mix.locate(i)."
+                "would ignore its weights; read it (or a wrapper) with ResumableDataLoader(..., "
+                "batch_sampler=mix.batch_sampler(...)), and one sample with mix.sources[s][j] "
+                "where s, j = mix.locate(i)."
             )
         source, local = self.locate(int(index))
         return self.sources[source][local]

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
-from loaderkit.env import detect
+from loaderkit.env import detect, topology_known
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch, Unbatched
@@ -256,7 +256,10 @@ class Host:
         if self.topology_cache is not None:
             return self.topology_cache
         env = detect(rank=self.rank, world_size=self.world_size, loader=self.loader)
-        if self.started:
+        # (0, 1) by default is not fixed: a loader read before a group or Trainer exists
+        # (a notebook's smoke run) reads its part once one does, not everything on each rank.
+        given = self.rank is not None or self.world_size is not None
+        if self.started and (given or topology_known(self.loader)):
             self.topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 

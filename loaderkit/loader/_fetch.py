@@ -27,9 +27,14 @@ from torch.utils.data import (
 
 from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
-from loaderkit.data._reads import batch_fetch_is_faithful, torchs_wrapper, wrapped
+from loaderkit.data._reads import (
+    batch_fetch_is_faithful,
+    set_read_under,
+    torchs_wrapper,
+    wrapped,
+)
 from loaderkit.data.hf import HFDataset
-from loaderkit.data.mixing import READ_UNDER, MixedDataset, held_mixes
+from loaderkit.data.mixing import MixedDataset, held_mixes
 from loaderkit.data.sharded import ShardedDataset
 from loaderkit.errors import (
     CollateError,
@@ -250,11 +255,11 @@ class BatchFetcher:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.own_reads:  # loaderkit's or torch's own: no user code holding a mix
             return self._read(epoch, indices, seed_keys)
-        token = READ_UNDER.set(self.read_under)
+        before = set_read_under(self.read_under)
         try:
             return self._read(epoch, indices, seed_keys)
         finally:
-            READ_UNDER.reset(token)
+            set_read_under(before)
 
     def _read(
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None
@@ -295,7 +300,9 @@ class BatchFetcher:
             if not isinstance(exc, LoaderkitError):
                 fix = "fix collate_fn"
                 if self.collate_fn is default_collate:  # none was passed: the samples are at fault
-                    fix = f"fix what the dataset returns for them, or {STACK_FIX}"
+                    fix = "fix what the dataset returns for them, or pass a collate_fn"
+                    if isinstance(exc, RuntimeError):  # torch.stack's sizes or dtypes
+                        fix = f"fix what the dataset returns for them, or {STACK_FIX}"
                 said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
             if not isinstance(exc, CollateError):
                 said += mixed_sources(self.dataset, index_list, samples)

@@ -89,8 +89,8 @@ class IterableEngine(WorkerStreams):
         # The in-process stream opened before its first batch: (epoch, iterator, record).
         self._primed: tuple[int, Any, dict[str, Any]] | None = None
         self._ran_end = False  # the in-process dataset ran its last complete epoch to the end
-        # Whether the loader's epoch was named (set_epoch, a load, a later epoch): a fresh
-        # loader's epoch 0 keeps the epoch the user gave the dataset (as under DataLoader).
+        # Whether the loader's epoch was named (set_epoch, a later epoch): its epoch 0, fresh or
+        # loaded, keeps the epoch the user gave the dataset (as under DataLoader).
         self._named = False
 
     def method(self) -> str:
@@ -212,6 +212,13 @@ class IterableEngine(WorkerStreams):
     def set_epoch(self, epoch: int, *, late: bool = False) -> None:
         self._named = True
         super().set_epoch(epoch, late=late)
+
+    def _set_epoch(self, epoch: int) -> None:
+        """The user's ``dataset.set_epoch(epoch)`` (hooked): the loader's epoch too, unless a
+        loaded position waits (its epoch is the loader's count, the dataset's the user's)."""
+        loader: Any = self.host.loader
+        if self._position.loaded(self) is None:
+            loader.set_epoch(epoch)
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:
         record = self.records[worker] if worker < len(self.records) else fresh_record()
@@ -354,7 +361,6 @@ class IterableEngine(WorkerStreams):
     def load(self, state: Any, *, adopt_seed: bool) -> int | None:
         """Resume at ``state``; returns the saved seed when it is adopted."""
         self.open_state(state, "iterable", ITERABLE_FIELDS, "an IterableDataset", _MISSING)
-        self._named = True
         owner = "ResumableDataLoader.load_state_dict"
         saved = {k: v for k, v in state["iterable"].items() if k != "resume"}
         # A dataset's own state, where loaded, is opaque (a replay has its digest).

@@ -79,7 +79,7 @@ class LoaderSpec:
     auto: bool  # num_workers="auto"
     pin: bool
     per_sample: bool | Literal["auto"]  # for the fetcher of map-style data
-    read_under: tuple[tuple[int, ...], tuple[int, ...]] | None  # a mix plan's (see READ_UNDER)
+    read_under: tuple[tuple[int, ...], tuple[int, ...]] | None  # a mix plan's (see data/_reads.py)
     stream_per_sample: bool
     timeout: float
     worker_init_fn: Any
@@ -358,9 +358,10 @@ def _seed(a: dict[str, Any], size: int) -> dict[str, Any]:
         own = (sampler if inner is None else inner).generator
         a["generator_seed"] = own.initial_seed() if distributed else None
     elif user_generator is not None and (own := _seeded_by_user(sampler)) is not None:
+        drawn = " and drawn from since" if own == seed else ""  # seed=own lists another order
         raise ValueError(
             f"{OWNER}: seed={seed} would replace the order of the sampler's own generator "
-            f"(seeded {own}); leave seed=None to use it, or give both the same seed."
+            f"(seeded {own}{drawn}); leave seed=None to use it, or give both the same seed."
         )
     plan_seed = getattr(getattr(a["batch_sampler"], "plan", None), "seed", None)
     if plan_seed is not None and seed is not None and seed != plan_seed:

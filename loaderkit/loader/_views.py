@@ -102,7 +102,8 @@ class IterableOrder(Sampler[None]):
 
 
 class SetEpochHook:
-    """A user's sampler's ``set_epoch``, on the instance: the original, then every loader's."""
+    """A user's sampler's ``set_epoch``, on the instance: the original, then every loader's
+    (an iterable dataset's: its engine's) ``_set_epoch``."""
 
     def __init__(self, original: Any) -> None:
         self._loaderkit_unhooked = original
@@ -130,9 +131,10 @@ def takes_epoch(set_epoch: Any) -> bool:
     return True
 
 
-def hook_set_epoch(sampler: Any, loader: Any, *, what: str = "sampler") -> None:
+def hook_set_epoch(sampler: Any, loader: Any, *, required: bool = True) -> None:
     """Make ``sampler.set_epoch(e)`` (also an iterable dataset's) set ``loader``'s epoch too
-    (one without it, or with another signature: no-op)."""
+    (one without it, or with another signature: no-op; one that cannot be hooked: refused
+    where ``required``, else left as it is)."""
     current = getattr(sampler, "set_epoch", None)
     if not callable(current) or not takes_epoch(current):
         return
@@ -141,9 +143,11 @@ def hook_set_epoch(sampler: Any, loader: Any, *, what: str = "sampler") -> None:
         try:
             sampler.set_epoch = hook
         except (AttributeError, TypeError) as exc:  # __slots__ or a read-only attribute
+            if not required:
+                return
             name = type(sampler).__name__
             raise TypeError(
-                f"ResumableDataLoader: {what}={name} has set_epoch(), but loaderkit cannot "
+                f"ResumableDataLoader: sampler={name} has set_epoch(), but loaderkit cannot "
                 f"hook it to set the loader's epoch ({exc}). Give {name} a __dict__ (no "
                 "__slots__), or wrap it in a Sampler that forwards __iter__, __len__, set_epoch."
             ) from exc

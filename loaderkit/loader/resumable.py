@@ -559,7 +559,7 @@ def views(loader: object, spec: LoaderSpec, engine: Engine) -> tuple[Any, Any]:
     if spec.kind == "iterable":
         # Its set_epoch(e), called by the user as under DataLoader, sets the loader's epoch
         # (which the loader tells it at each epoch): not overridden by the loader's own count.
-        hook_set_epoch(spec.dataset, loader, what="dataset")
+        hook_set_epoch(spec.dataset, engine, required=False)  # a frozen one: as DataLoader
         # As DataLoader's: an endless constant sampler and a BatchSampler over it.
         order: Any = IterableOrder(loader)
         if spec.batch_size is None:

@@ -12,13 +12,14 @@ import os
 import sys
 from pathlib import Path
 
-from tests.distributed import _agree_per_loader, _disagree, _stream_rank0
+from tests.distributed import _agree_per_loader, _disagree, _stream_rank0, _topology
 from tests.support.helpers import spawn_gloo_ranks
 
 SCENARIOS = {
     "agree_per_loader": _agree_per_loader.run,
     "disagree": _disagree.run,
     "stream_rank0": _stream_rank0.run,
+    "topology": _topology.run,
 }
 
 

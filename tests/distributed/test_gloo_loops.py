@@ -52,6 +52,7 @@ pytestmark = [
 
 SCRIPT = Path(__file__).resolve().parent / "_gloo_loops.py"
 AGREE_SIZE, DISAGREE_SIZE = 40, 290
+TOPOLOGY_SIZE = 20  # _topology.SIZE
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,11 @@ def disagree(launch: tuple[Path, int | str]) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def stream_rank0(launch: tuple[Path, int | str]) -> list[dict[str, Any]]:
     return scenario(launch, "stream_rank0")
+
+
+@pytest.fixture(scope="module")
+def topology(launch: tuple[Path, int | str]) -> list[dict[str, Any]]:
+    return scenario(launch, "topology")
 
 
 def test_the_launch_exits_cleanly(launch: tuple[Path, int | str]) -> None:
@@ -188,3 +194,24 @@ def test_rank0_alone_saves_and_every_rank_resumes_exactly(
     # Two ranks, two streams: no sample twice in an epoch across ranks.
     epoch0 = [i for r in stream_rank0 for b in r[num_workers]["full"][: TOTAL // 2] for i in b]
     assert len(epoch0) == len(set(epoch0))
+
+
+# ------------------------------------------------------------------- topology
+def test_a_loader_peeked_at_before_the_group_reads_its_part_under_it(
+    topology: list[dict[str, Any]],
+) -> None:
+    # Hunter 384: the (0, 1) read at the peek's first batch was kept, so each rank read all 20.
+    for epoch in range(2):
+        parts = [r["epochs"][epoch] for r in topology]
+        assert [len(p) for p in parts] == [TOPOLOGY_SIZE // 2] * 2
+        assert sorted(parts[0] + parts[1]) == list(range(TOPOLOGY_SIZE))
+
+
+def test_a_world_size_past_the_group_is_refused_and_1_alone_reads_all(
+    topology: list[dict[str, Any]],
+) -> None:
+    # Hunter 384: world_size=4 on 2 processes left half the data unread; world_size=1 alone
+    # took rank 1 from the group and raised WorkerEnv's "rank must be in [0, 1)".
+    for r in topology:
+        assert "larger than the torch.distributed group (2 processes)" in r["larger"]["error"]
+        assert sorted(r["one"]["ids"]) == list(range(TOPOLOGY_SIZE))

@@ -91,6 +91,30 @@ def test_pad_to_multiple_of_pads_a_batch_of_equal_lengths(tmp_path: Path) -> Non
     assert shapes == {(1, 8)}
 
 
+def test_rows_of_two_sequences_of_other_lengths_are_refused_naming_length_key(
+    tmp_path: Path,
+) -> None:
+    # Hunter 379: the lengths and mask followed src in one batch and tgt in the next; review
+    # 382: the refusal named PadCollate's length_field, which the module does not take.
+    (tmp_path / "s2s").mkdir()
+    (tmp_path / "s2s" / "a.jsonl").write_text(
+        "".join(f'{{"src": {list(range(i % 5 + 1))}, "tgt": [1, 2]}}\n' for i in range(8))
+    )
+    dm = ShardedDataModule(str(tmp_path / "s2s"), reader="jsonl", batch_size=4, seed=0)
+    dm.setup("fit")
+    with pytest.raises(Exception, match=r"pass the module's length_key= one of 'src', 'tgt'"):
+        next(iter(dm.train_dataloader()))
+    dm = ShardedDataModule(
+        str(tmp_path / "s2s"), reader="jsonl", batch_size=4, seed=0, length_key="src"
+    )
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    lengths = batch["lengths"]
+    assert lengths.max() == batch["src"].shape[1] and lengths.tolist() == (
+        batch["attention_mask"].sum(1).tolist()
+    )
+
+
 def test_sharded_datamodule_bad_arguments(parquet_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="columns=\\['id'\\] applies to reader='parquet' only"):
         ShardedDataModule(str(parquet_dir), columns=["id"], seq_len=4)

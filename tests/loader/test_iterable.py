@@ -7,6 +7,7 @@ loader resumed at k equal the uninterrupted run, over two epochs, num_workers 0 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -633,3 +634,62 @@ def test_batch_size_none_and_1_are_told_apart_on_resume() -> None:
         ResumableDataLoader(Sharded(0, 6), batch_size=1, seed=0).load_state_dict(
             unbatched.state_dict()
         )
+
+
+class _PositionedEpochs(_EpochOrdered):
+    """_EpochOrdered that keeps its place in state_dict() (as a datasets.IterableDataset)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(8, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        start, self.pos = self.pos, 0
+        for i in range(start, 8):
+            self.pos = i + 1
+            yield order[i]
+
+
+@pytest.mark.parametrize("after_load", [False, True])
+def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch(after_load: bool) -> None:
+    # Review 382: resumed, the loader told the dataset its own epoch 0 (the rest of epoch 1
+    # read in epoch 0's order: 9 distinct samples of 12); and a set_epoch(1) after the load
+    # moved the loader off the loaded position (its first batch read twice).
+    def build(set_before: bool) -> tuple[_PositionedEpochs, ResumableDataLoader]:
+        ds = _PositionedEpochs()
+        if set_before:
+            ds.set_epoch(1)
+        return ds, ResumableDataLoader(ds, batch_size=2, seed=0)
+
+    _, saver = build(True)
+    whole = [b.tolist() for b in build(True)[1]]
+    it = iter(saver)
+    head = [next(it).tolist()]
+    ds, resumed = build(not after_load)
+    resumed.load_state_dict(saver.state_dict())
+    if after_load:
+        ds.set_epoch(1)
+    assert head + [b.tolist() for b in resumed] == whole
+
+
+def test_a_frozen_dataset_with_set_epoch_is_read_as_dataloader_reads_it() -> None:
+    # Review 382: hooking its set_epoch failed, and the dataset was refused at construction.
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(IterableDataset[int]):
+        size: int
+
+        def set_epoch(self, epoch: int) -> None:
+            pass
+
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(self.size))
+
+    loader = ResumableDataLoader(Frozen(4), batch_size=2, seed=0)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]

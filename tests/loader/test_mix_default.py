@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from loaderkit import (
     ResumableDataLoader,
     SamplePlan,
     WorkerError,
+    compute_lengths,
 )
 from loaderkit.loader._fetch import index_subset
 from tests.support.helpers import PassThrough
@@ -354,3 +356,34 @@ def test_numbers_of_two_sources_that_default_collate_holds_exactly_are_read(
         {"f": _Rows(lambda i: {"y": first(i)}), "o": _Rows(lambda i: {"y": other(i)})}
     )
     assert next(iter(ResumableDataLoader(mix, batch_size=16)))["y"].dtype == dtype
+
+
+class _Threaded(torch.utils.data.Dataset[object]):
+    """A wrapper reading its batch with a thread pool (remote sources read concurrently)."""
+
+    def __init__(self, mix: MixedDataset) -> None:
+        self.mix = mix
+
+    def __len__(self) -> int:
+        return len(self.mix)
+
+    def __getitem__(self, i: int) -> object:
+        return self.mix[i]
+
+    def __getitems__(self, indices: list[int]) -> list[object]:
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(self.__getitem__, indices))
+
+
+def test_a_weighted_mix_is_read_under_its_plan_from_threads_and_by_compute_lengths() -> None:
+    # Review 382: the plan was a context variable, which a thread pool's threads lack, and
+    # compute_lengths (the documented bucketing hook) read the mix outside any loader.
+    mix = _mix()
+    threaded = ResumableDataLoader(_Threaded(mix), batch_sampler=mix.batch_sampler(10, seed=0))
+    assert _ids(threaded) == _ids(
+        ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0))
+    )
+    lengths = compute_lengths(mix, lambda s: int(s[0]) % 7 + 1, progress=False)
+    assert lengths.tolist() == [i % 7 + 1 for i in [*range(100), *range(1000, 1010)]]
+    with pytest.raises(ValueError, match=r"outside its own plan"):
+        mix[0]  # the plan is set back after

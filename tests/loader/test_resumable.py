@@ -619,9 +619,12 @@ def test_the_default_collate_failing_points_at_the_samples() -> None:
         def __getitem__(self, i: int) -> Any:
             return None if i == 2 else torch.tensor(i)
 
-    fix = r"fix what the dataset returns for them, or pass collate_fn=loaderkit.PadCollate\(\)"
+    fix = r"fix what the dataset returns for them, or pass a collate_fn\."
     with pytest.raises(WorkerError, match=fix):
         list(ResumableDataLoader(Holes(), batch_size=4))
+    # Hunter 379: samples of other sizes are told of PadCollate.
+    with pytest.raises(WorkerError, match=r"or pass collate_fn=loaderkit.PadCollate\(\) for"):
+        list(ResumableDataLoader([torch.ones(n) for n in (1, 2)], batch_size=2))
     with pytest.raises(WorkerError, match=r"; fix collate_fn\."):
         list(ResumableDataLoader(Holes(), batch_size=4, collate_fn=torch.stack))
 

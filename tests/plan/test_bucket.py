@@ -478,7 +478,9 @@ def bucket_loader(
     return ResumableDataLoader(
         Tokens(LENGTHS),
         batch_sampler=sampler,
-        collate_fn=PadCollate(pad_to_multiple_of=MULTIPLE, pad_keys=["tokens"]),
+        collate_fn=PadCollate(
+            pad_to_multiple_of=MULTIPLE, pad_keys=["tokens"], length_field="tokens"
+        ),
         num_workers=num_workers,
     )
 
@@ -530,7 +532,8 @@ def test_loader_elastic_resume_two_ranks_to_three_covers_the_rest_exactly_once()
 @pytest.mark.filterwarnings("ignore:PlanBatchSampler. epoch 2 yields")  # see the next test
 def test_torch_dataloader_len_follows_each_epoch() -> None:
     sampler = BucketBatchSampler(LENGTHS, max_tokens=BUDGET, window=WINDOW, seed=2)
-    loader = DataLoader(Tokens(LENGTHS), batch_sampler=sampler, collate_fn=PadCollate())
+    collate = PadCollate(length_field="tokens")
+    loader = DataLoader(Tokens(LENGTHS), batch_sampler=sampler, collate_fn=collate)
     for epoch in range(3):
         length = len(loader)
         assert length == sampler.plan.epoch_length(epoch)

@@ -52,6 +52,7 @@ class _PadByKind(PadCollate):
             pad_value, pad_to_multiple_of=pad_to_multiple_of, length_field=length_field
         )
         self._bare = PadCollate(pad_value, pad_to_multiple_of=pad_to_multiple_of)
+        self._bare.length_arg = "the module's length_key"  # its samples lack length_field
         self._required = required
 
     def __call__(self, batch: Any) -> Any:

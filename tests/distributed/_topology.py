@@ -1,0 +1,44 @@
+"""Where two gloo ranks learn their topology; a scenario of ``_gloo_loops.py``.
+
+``run(rank, world, port, OUT)``: each rank peeks at a loader (a batch, ``len()``,
+``state_dict()``) before ``init_process_group``, then reads two epochs under the group;
+it also builds loaders with a ``world_size=`` larger than the group and with
+``world_size=1`` alone. Each rank writes ``OUT/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from loaderkit import ResumableDataLoader
+from tests.support.helpers import mark_phase
+
+SIZE, BATCH = 20, 2
+
+
+def run(rank: int, world: int, port: int, out: str) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    results: dict[str, Any] = {}
+    mark_phase(f"rank {rank}: a peek before init_process_group")
+    peeked = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0)
+    next(iter(peeked))
+    len(peeked), peeked.state_dict()
+    peeked.set_epoch(0)  # the peek is not the run: epoch 0 from its start
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results["epochs"] = [[int(i) for b in peeked for i in b] for _ in range(2)]
+    cases = {"larger": {"rank": rank, "world_size": 4}, "one": {"world_size": 1}}
+    for name, kwargs in cases.items():
+        try:
+            loader = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0, **kwargs)
+            results[name] = {"ids": [int(i) for b in loader for i in b]}
+        except ValueError as exc:
+            results[name] = {"error": str(exc)}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    mark_phase(f"rank {rank}: done")
+    dist.barrier()
+    dist.destroy_process_group()
