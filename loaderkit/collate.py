@@ -402,10 +402,21 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         )
     try:
         return promoting_collate(col)
-    except TypeError as err:  # a number beside a list, a dict beside a number, nested
+    except TypeError as err:  # a number beside a list, a dataclass or set, nested
+        kinds = ", ".join(sorted({type(v).__name__ for v in col}))
+        what = (
+            "its values are of other kinds in different samples"
+            if "," in kinds
+            else ("default_collate cannot collate its values")
+        )
         raise CollateError(
-            f"{where}: its values are of other kinds in different samples ({err}); return one "
-            "kind for this field from every sample"
+            f"{where}: {what} ({kinds}: {err}); return tensors, arrays or numbers of one kind "
+            "from every sample, or collate it in your own collate_fn"
+        ) from err
+    except (ValueError, OverflowError) as err:  # an int past int64 (a hash)
+        raise CollateError(
+            f"{where}: its values cannot be made a tensor ({err}); return them as a tensor or "
+            "array of a dtype that holds them (np.uint64), or as strings"
         ) from err
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(

@@ -960,8 +960,15 @@ def test_a_nested_field_of_other_keys_or_kinds_is_named(sort: bool) -> None:
         with pytest.raises(CollateError, match=r"key 'meta': sample 1 has keys \[.*\], sample 0"):
             PadCollate(sort_by_length=sort)(batch)
     mixed = [{"ids": ids[0], "n": 1}, {"ids": ids[1], "n": [1, 2]}]
-    with pytest.raises(CollateError, match=r"key 'n': its values are of other kinds"):
+    with pytest.raises(CollateError, match=r"key 'n': its values are of other kinds.*\(int, list"):
         PadCollate(sort_by_length=sort)(mixed)
+    # Hunter 379: one kind default_collate cannot take, or an int past int64, named so.
+    sets = [{"ids": ids[0], "s": {1}}, {"ids": ids[1], "s": {2}}]
+    with pytest.raises(CollateError, match=r"key 's': default_collate cannot collate its values"):
+        PadCollate(sort_by_length=sort)(sets)
+    big = [{"ids": ids[0], "h": 2**63 + 1}, {"ids": ids[1], "h": 2}]
+    with pytest.raises(CollateError, match=r"key 'h': its values cannot be made a tensor"):
+        PadCollate(sort_by_length=sort)(big)
 
 
 def test_the_default_length_field_does_not_follow_which_field_varies() -> None:

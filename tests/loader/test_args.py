@@ -70,6 +70,11 @@ def test_rank_and_world_size_are_checked_by_the_loader_and_take_numpy_ints() -> 
     data = list(range(10))
     with pytest.raises(ValueError, match=r"rank=1 was given without world_size=.*pass world_size="):
         list(ResumableDataLoader(data, batch_size=2, rank=1))
+    # Hunter 384: world_size=2 alone made every process rank 0 (each read the same half).
+    with pytest.raises(ValueError, match=r"world_size=2 was given without rank=.*pass rank="):
+        list(ResumableDataLoader(data, batch_size=2, world_size=2))
+    whole = ResumableDataLoader(data, batch_size=2, world_size=1)  # one part: the process's own
+    assert sorted(int(i) for b in whole for i in b) == data
     with pytest.raises(
         ValueError, match=r"ResumableDataLoader: rank must be < world_size=2, got 5"
     ):
