@@ -414,9 +414,10 @@ class OpenShards:
                 )
             if why is not None:
                 raise ShardChangedError(
-                    f"shard {str(entry.path)!r} changed after it was indexed ({why}); the "
-                    f"index {index} and every saved position are stale: delete the index "
-                    "and restart.",
+                    f"shard {str(entry.path)!r} changed after it was indexed ({why}). If "
+                    "write_shards rewrote the folder since this dataset was built, build it (or "
+                    f"the DataModule) again; else the index {index} and every saved position "
+                    "are stale: delete the index and restart.",
                     path=entry.path,
                 )
         name = shard_name(self.shards[shard])

@@ -14,6 +14,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
+from multiprocessing.util import Finalize
 from typing import Any
 
 import numpy as np
@@ -155,6 +156,10 @@ class SlotWriter:
         pid = os.getpid()
         if self._local is None or self._local[0] != pid:
             self._local = (pid, self.flags.numpy(), [None] * self.slots)
+            if get_worker_info() is not None:
+                # A worker leaves by os._exit: its arenas are let go as multiprocessing's exit
+                # runs finalizers, or file_system sharing keeps their /dev/shm files for good.
+                Finalize(None, self._local[2].clear, exitpriority=0)
         return self._local[1], self._local[2]
 
 

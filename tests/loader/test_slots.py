@@ -392,21 +392,33 @@ def big_batches(samples: list[int]) -> torch.Tensor:
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
 @pytest.mark.parametrize("persistent", [False, True])
-def test_no_shared_memory_left_after_the_loader_is_closed(persistent: bool) -> None:
-    gc.collect()
-    entries, mapped = shm_entries(), mapped_segments()
-    loader = ResumableDataLoader(
-        Ids(), batch_size=B, num_workers=2, collate_fn=big_batches, persistent_workers=persistent
-    )
-    it = iter(loader)
-    next(it)
-    assert mapped_segments() - mapped  # the arenas are mapped here while the loader runs
-    rest = list(it)
-    assert len(rest) == N // B - 1
-    assert loader.describe()["transport"]["slot_batches"] == N // B
-    del it, rest, loader
-    gc.collect()
-    assert_nothing_left(entries, mapped)
+@pytest.mark.parametrize("sharing", ["file_descriptor", "file_system"])
+def test_no_shared_memory_left_after_the_loader_is_closed(persistent: bool, sharing: str) -> None:
+    # Hunter 383: under file_system sharing each worker's arenas stayed in /dev/shm until this
+    # process exited (a worker leaves by os._exit): ~5 MiB per loader, ENOSPC in a long run.
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy(sharing)
+    try:
+        gc.collect()
+        entries, mapped = shm_entries(), mapped_segments()
+        loader = ResumableDataLoader(
+            Ids(),
+            batch_size=B,
+            num_workers=2,
+            collate_fn=big_batches,
+            persistent_workers=persistent,
+        )
+        it = iter(loader)
+        next(it)
+        assert mapped_segments() - mapped  # the arenas are mapped here while the loader runs
+        rest = list(it)
+        assert len(rest) == N // B - 1
+        assert loader.describe()["transport"]["slot_batches"] == N // B
+        del it, rest, loader
+        gc.collect()
+        assert_nothing_left(entries, mapped)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")

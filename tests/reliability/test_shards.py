@@ -321,6 +321,10 @@ def test_a_shard_changed_after_indexing_is_refused_before_it_is_mapped(tmp_path:
     os.utime(paths[1], ns=(1, 1))
     with pytest.raises(ShardError, match=r"shard-00001.bin' changed after it was indexed"):
         ds[15]
+    # Hunter 383: after a rewrite by write_shards the index on disk is the new one; the
+    # message only said to delete it (the good index), not to build the dataset again.
+    with pytest.raises(ShardError, match=r"since this dataset was built, build it .* again; else"):
+        ds[15]
 
 
 # ------------------------------------------------------------------ temp files
