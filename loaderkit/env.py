@@ -114,7 +114,8 @@ def detect(
             f"world_size={world_size} was given without rank=, and no Trainer or "
             "torch.distributed group gives one; pass rank=, this process's data-parallel rank."
         )
-    if world_size is not None and initialised and world_size > dist.get_world_size():
+    group = dist.get_world_size() if initialised else 1
+    if world_size is not None and 1 < group < world_size:  # 1: each job of an array its own
         raise ValueError(  # the parts of the ranks past the group's would be read by none
             f"world_size={world_size} is larger than the torch.distributed group "
             f"({dist.get_world_size()} processes); pass the number of data-parallel ranks."
@@ -128,11 +129,15 @@ def detect(
     return WorkerEnv(rank=rank, world_size=world_size, **workers)
 
 
+def group_exists() -> bool:
+    """Whether a torch.distributed default group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def topology_known(loader: object = None) -> bool:
     """Whether a host of ``loader`` (or the running fit) or a torch.distributed group tells
     the topology: without either, ``(0, 1)`` stands until one appears."""
-    initialised = dist.is_available() and dist.is_initialized()
-    return initialised or host_of(loader).data_parallel() is not None
+    return group_exists() or host_of(loader).data_parallel() is not None
 
 
 def cpu_budget(processes: int = 1) -> int:

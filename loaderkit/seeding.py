@@ -29,6 +29,7 @@ from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
 from loaderkit._checks import check_int
 from loaderkit._tags import SeedTag, StreamTag
+from loaderkit.env import detect, topology_known
 from loaderkit.errors import LoaderkitError
 
 __all__ = [
@@ -302,8 +303,8 @@ def worker_init_fn(
         ... )
     """
     seed = _check("worker_init_fn", "seed", seed, _SEED_LIMIT)
-    if rank is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank = torch.distributed.get_rank()
+    if rank is None and topology_known():  # the host's data-parallel rank, else the group's
+        rank = detect().rank
     # Else read as each worker starts: built before init_process_group, every rank's forked
     # workers would otherwise be seeded as rank 0's.
     rank = None if rank is None else _check("worker_init_fn", "rank", rank, None)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar, Token
 from typing import Any
 
 from torch.utils.data import StackDataset, Subset
@@ -11,21 +12,23 @@ from torch.utils.data import StackDataset, Subset
 from loaderkit.seeding import read_set_on_instance
 
 # The mix plan, ``(per_epoch, source_sizes)``, a loaderkit read runs under (None: another plan),
-# per process, not per context: a user's read may fan out to a thread pool. A weighted mix
-# read outside its own plan reads each sample once, its weights lost.
-_UNSET: Any = object()
-_READ_UNDER: list[Any] = [_UNSET]
+# per context: a thread of another reader (torch's DataLoader) must not borrow it, so a thread
+# the user's read starts has none. A weighted mix read outside its plan loses its weights.
+_READ_UNDER: ContextVar[Any] = ContextVar("loaderkit_read_under")
 
 
 def read_under() -> Any:
-    """The plan key reads run under now (an object equal to no key outside loaderkit's reads)."""
-    return _READ_UNDER[0]
+    """The plan key reads run under here (an object equal to no key outside loaderkit's reads)."""
+    return _READ_UNDER.get(_READ_UNDER)
 
 
-def set_read_under(key: Any) -> Any:
-    """Make ``key`` the plan reads run under; returns the one before, to set back."""
-    before, _READ_UNDER[0] = _READ_UNDER[0], key
-    return before
+def set_read_under(key: Any) -> Token[Any]:
+    """Make ``key`` the plan reads run under; returns the token to set it back with."""
+    return _READ_UNDER.set(key)
+
+
+def reset_read_under(token: Token[Any]) -> None:
+    _READ_UNDER.reset(token)
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:

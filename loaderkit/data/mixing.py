@@ -524,10 +524,10 @@ class MixedDataset(Dataset[Any]):
         # sampler reads every sample once, weights lost.
         if key is not None and read_under() != key:
             raise ValueError(
-                f"{_OWNER}: a weighted mix read by index {index!r} outside its own plan, which "
-                "would ignore its weights; read it (or a wrapper) with ResumableDataLoader(..., "
-                "batch_sampler=mix.batch_sampler(...)), and one sample with mix.sources[s][j] "
-                "where s, j = mix.locate(i)."
+                f"{_OWNER}: a weighted mix read by index {index!r} outside its own plan (or in "
+                "a thread of your own), which would ignore its weights; read it (or a wrapper) "
+                "with ResumableDataLoader(..., batch_sampler=mix.batch_sampler(...)), and one "
+                "sample with mix.sources[s][j] where s, j = mix.locate(i)."
             )
         source, local = self.locate(int(index))
         return self.sources[source][local]

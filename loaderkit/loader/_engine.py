@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loaderkit._callers import Host as Caller
 from loaderkit._callers import host_of
-from loaderkit.env import detect, topology_known
+from loaderkit.env import detect, group_exists, topology_known
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._auto import AutoWorkers
 from loaderkit.loader._fetch import FailedBatch, Unbatched
@@ -155,6 +155,7 @@ class Host:
         self.pool, self.auto = pool, auto
         self.started = False  # an iteration began: the topology is fixed from then on
         self.topology_cache: tuple[int, int] | None = None
+        self._defaulted = False  # the cache is (0, 1) for want of a host or group
         self.len_watch = _LenWatch()
         # Weak: a strong reference would make a cycle that leaves workers to a slow join.
         self.live: weakref.ref[EpochIterator] | None = None
@@ -252,14 +253,16 @@ class Host:
         return cursor.host_names(epoch, plan, cycles=restored is None)
 
     def topology(self) -> tuple[int, int]:
-        """``(rank, world_size)``; fixed from the first batch on."""
-        if self.topology_cache is not None:
-            return self.topology_cache
+        """``(rank, world_size)``; fixed from the first batch on, but a default ``(0, 1)``
+        only until a group exists (a loader peeked at before ``init_process_group`` would
+        read everything on each rank)."""
+        cached = self.topology_cache
+        if cached is not None and not (self._defaulted and group_exists()):
+            return cached
         env = detect(rank=self.rank, world_size=self.world_size, loader=self.loader)
-        # (0, 1) by default is not fixed: a loader read before a group or Trainer exists
-        # (a notebook's smoke run) reads its part once one does, not everything on each rank.
-        given = self.rank is not None or self.world_size is not None
-        if self.started and (given or topology_known(self.loader)):
+        if self.started:
+            given = self.rank is not None or self.world_size is not None
+            self._defaulted = not (given or topology_known(self.loader))
             self.topology_cache = (env.rank, env.world_size)
         return env.rank, env.world_size
 
@@ -506,7 +509,8 @@ def settle_seed(host: Host, engine: Engine, *, final: bool = True) -> None:
     where ``world_size > 1`` is known)."""
     if not host.seed_drawn:
         return
-    _, world_size = host.topology()
+    # A world_size given is checked at the first batch (its group may come after the loader).
+    world_size = host.world_size if host.world_size is not None else host.topology()[1]
     if world_size > 1 or host.own_part() is not None:  # rank 0's seed is every rank's
         host.seed_drawn = False
         # The draw of the user's seeded generator is every rank's too (ranks compare orders).

@@ -29,6 +29,7 @@ from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data._reads import (
     batch_fetch_is_faithful,
+    reset_read_under,
     set_read_under,
     torchs_wrapper,
     wrapped,
@@ -255,11 +256,11 @@ class BatchFetcher:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.own_reads:  # loaderkit's or torch's own: no user code holding a mix
             return self._read(epoch, indices, seed_keys)
-        before = set_read_under(self.read_under)
+        token = set_read_under(self.read_under)
         try:
             return self._read(epoch, indices, seed_keys)
         finally:
-            set_read_under(before)
+            reset_read_under(token)
 
     def _read(
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None

@@ -16,7 +16,7 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._views import takes_epoch
+from loaderkit.loader._views import hook_set_epoch, takes_epoch
 from loaderkit.loader._worker_stream import (
     END,
     OWNER,
@@ -53,6 +53,7 @@ class _StreamsSource(EngineSource):
         super().__init__(engine)
         self.starts = starts
         self.seed, self.epoch, self.rank = engine.host.seed, epoch, rank
+        self.tells = engine._tells  # whether the dataset is told the loader's epochs
         self._passes = 0  # a persistent worker's copy counts its passes
 
     def __iter__(self) -> Iterator[Any]:
@@ -68,7 +69,8 @@ class _StreamsSource(EngineSource):
             # Seeded as a worker started for this epoch (worker_init_fn seeded the first pass).
             epoch_seed = derive_seed(self.seed, SeedTag.WORKERS, self.epoch + self._passes)
             seed_global_rngs(worker_seed(epoch_seed, self.rank, worker))
-            _tell_epoch(self.user_dataset, self.epoch + self._passes)  # its copy, kept
+            if self.tells:
+                _tell_epoch(self.user_dataset, self.epoch + self._passes)  # its copy, kept
         self._passes += 1
         return worker_batches(self, worker, start, in_process=info is None)
 
@@ -92,6 +94,9 @@ class IterableEngine(WorkerStreams):
         # Whether the loader's epoch was named (set_epoch, a later epoch): its epoch 0, fresh or
         # loaded, keeps the epoch the user gave the dataset (as under DataLoader).
         self._named = False
+        # The user's dataset.set_epoch(e) sets the loader's epoch too; one that cannot be
+        # hooked (a frozen dataclass) is never told the loader's count, as under DataLoader.
+        self._tells = hook_set_epoch(dataset, self, required=False)
 
     def method(self) -> str:
         """``"state"`` or ``"replay"``: how a resume finds each worker's place."""
@@ -205,7 +210,7 @@ class IterableEngine(WorkerStreams):
         self._primed = (epoch, it, {**fresh_record(), **opened})
 
     def _tell(self, epoch: int) -> None:
-        if epoch or self._named:
+        if self._tells and (epoch or self._named):
             _tell_epoch(self.dataset, epoch)
         self._named = self._named or epoch > 0
 
@@ -214,10 +219,18 @@ class IterableEngine(WorkerStreams):
         super().set_epoch(epoch, late=late)
 
     def _set_epoch(self, epoch: int) -> None:
-        """The user's ``dataset.set_epoch(epoch)`` (hooked): the loader's epoch too, unless a
-        loaded position waits (its epoch is the loader's count, the dataset's the user's)."""
+        """The user's ``dataset.set_epoch(epoch)`` (hooked): the loader's epoch too; refused
+        for another epoch than a loaded position's, part-way (the rest would mix two orders)."""
         loader: Any = self.host.loader
-        if self._position.loaded(self) is None:
+        loaded = self._position.loaded(self)
+        if loaded is not None and loaded[1] and epoch != loaded[0]:
+            raise StateMismatchError(
+                f"{OWNER}: dataset.set_epoch({epoch}) after load_state_dict() of a position "
+                f"part-way through the loader's epoch {loaded[0]}: the rest would mix two "
+                "epochs' orders. Call dataset.set_epoch before building the loader, as the saved "
+                f"run did, or load no state to start epoch {epoch} afresh."
+            )
+        if loaded is None or epoch != loaded[0]:
             loader.set_epoch(epoch)
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:

@@ -279,16 +279,16 @@ class PlanEngine:
         return {**info, "engine": "plan", "resume": "position", "resume_reason": reason}
 
     def state(self) -> dict[str, Any]:
+        _, world_size = self.host.topology()
         skeleton = self._skeleton
-        if skeleton is None:
-            _, world_size = self.host.topology()
+        if skeleton is None or skeleton["topology"]["world_size"] != world_size:
             skeleton = self.cursor.state(
                 self.plan,
                 self.fingerprint,
                 world_size=world_size,
                 num_workers=self.host.pool.num_workers,
             )
-            if self.host.topology_cache is not None:  # the topology is fixed from here on
+            if self.host.topology_cache is not None:  # fixed from here on (or until a group)
                 self._skeleton = skeleton
         # Shallow: nested dicts are shared read-only, like a torch state_dict's tensors.
         state = skeleton.copy()

@@ -131,20 +131,20 @@ def takes_epoch(set_epoch: Any) -> bool:
     return True
 
 
-def hook_set_epoch(sampler: Any, loader: Any, *, required: bool = True) -> None:
-    """Make ``sampler.set_epoch(e)`` (also an iterable dataset's) set ``loader``'s epoch too
-    (one without it, or with another signature: no-op; one that cannot be hooked: refused
-    where ``required``, else left as it is)."""
+def hook_set_epoch(sampler: Any, loader: Any, *, required: bool = True) -> bool:
+    """Make ``sampler.set_epoch(e)`` (also an iterable dataset's) set ``loader``'s epoch too;
+    whether it does (one without it, or with another signature: no-op; one that cannot be
+    hooked: refused where ``required``, else left as it is)."""
     current = getattr(sampler, "set_epoch", None)
     if not callable(current) or not takes_epoch(current):
-        return
+        return False
     if not isinstance(current, SetEpochHook):
         hook = SetEpochHook(current)
         try:
             sampler.set_epoch = hook
         except (AttributeError, TypeError) as exc:  # __slots__ or a read-only attribute
             if not required:
-                return
+                return False
             name = type(sampler).__name__
             raise TypeError(
                 f"ResumableDataLoader: sampler={name} has set_epoch(), but loaderkit cannot "
@@ -153,3 +153,4 @@ def hook_set_epoch(sampler: Any, loader: Any, *, required: bool = True) -> None:
             ) from exc
         current = hook
     current._loaders.add(loader)
+    return True

@@ -513,8 +513,10 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
         read_under=spec.read_under,
     )
     topology = {"rank": spec.rank, "world_size": spec.world_size}
-    # Validates a given topology now, not at the first batch; this rank's share of the cores.
-    cores = cpu_budget(local_processes(detect(**topology).world_size))
+    # This rank's share of the cores; a world_size given alone is checked at the first batch
+    # (the group that gives its rank may come after this loader).
+    world = spec.world_size if spec.world_size is not None else detect(rank=spec.rank).world_size
+    cores = cpu_budget(local_processes(world))
     auto = AutoWorkers(cap=min(cores, MAX_AUTO_WORKERS)) if spec.auto else None
     pool = WorkerPool(
         num_workers=spec.workers,
@@ -557,9 +559,6 @@ def build_engine(loader: Sized, spec: LoaderSpec) -> tuple[Host, Engine, BatchFe
 def views(loader: object, spec: LoaderSpec, engine: Engine) -> tuple[Any, Any]:
     """``loader.sampler`` and ``loader.batch_sampler``, as ``DataLoader`` has them."""
     if spec.kind == "iterable":
-        # Its set_epoch(e), called by the user as under DataLoader, sets the loader's epoch
-        # (which the loader tells it at each epoch): not overridden by the loader's own count.
-        hook_set_epoch(spec.dataset, engine, required=False)  # a frozen one: as DataLoader
         # As DataLoader's: an endless constant sampler and a BatchSampler over it.
         order: Any = IterableOrder(loader)
         if spec.batch_size is None:

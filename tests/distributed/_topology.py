@@ -1,7 +1,8 @@
 """Where two gloo ranks learn their topology; a scenario of ``_gloo_loops.py``.
 
 ``run(rank, world, port, OUT)``: each rank peeks at a loader (a batch, ``len()``,
-``state_dict()``) before ``init_process_group``, then reads two epochs under the group;
+``state_dict()``) before ``init_process_group``, then reads two epochs under the group, as
+does a loader built before it with ``world_size=`` alone;
 it also builds loaders with a ``world_size=`` larger than the group and with
 ``world_size=1`` alone. Each rank writes ``OUT/rank<r>.json``.
 """
@@ -29,8 +30,10 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     next(iter(peeked))
     len(peeked), peeked.state_dict()
     peeked.set_epoch(0)  # the peek is not the run: epoch 0 from its start
+    early = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0, world_size=world)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results["epochs"] = [[int(i) for b in peeked for i in b] for _ in range(2)]
+    results["early"] = [int(i) for b in early for i in b]  # its rank from the group
     cases = {"larger": {"rank": rank, "world_size": 4}, "one": {"world_size": 1}}
     for name, kwargs in cases.items():
         try:

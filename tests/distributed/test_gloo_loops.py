@@ -205,6 +205,9 @@ def test_a_loader_peeked_at_before_the_group_reads_its_part_under_it(
         parts = [r["epochs"][epoch] for r in topology]
         assert [len(p) for p in parts] == [TOPOLOGY_SIZE // 2] * 2
         assert sorted(parts[0] + parts[1]) == list(range(TOPOLOGY_SIZE))
+    # Review 385: world_size=2 alone was refused at construction, before the group existed.
+    early = [r["early"] for r in topology]
+    assert sorted(early[0] + early[1]) == list(range(TOPOLOGY_SIZE)) and early[0] != early[1]
 
 
 def test_a_world_size_past_the_group_is_refused_and_1_alone_reads_all(

@@ -657,11 +657,11 @@ class _PositionedEpochs(_EpochOrdered):
             yield order[i]
 
 
-@pytest.mark.parametrize("after_load", [False, True])
-def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch(after_load: bool) -> None:
+def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch() -> None:
     # Review 382: resumed, the loader told the dataset its own epoch 0 (the rest of epoch 1
-    # read in epoch 0's order: 9 distinct samples of 12); and a set_epoch(1) after the load
-    # moved the loader off the loaded position (its first batch read twice).
+    # read in epoch 0's order: 9 distinct samples of 12). Reviews 382 and 385: a set_epoch(1)
+    # after the load read a batch twice, or (saved in epoch 0) mixed two epochs' orders; the
+    # loader cannot tell which epoch the saved run's dataset was in, so it is refused.
     def build(set_before: bool) -> tuple[_PositionedEpochs, ResumableDataLoader]:
         ds = _PositionedEpochs()
         if set_before:
@@ -672,11 +672,13 @@ def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch(after_load:
     whole = [b.tolist() for b in build(True)[1]]
     it = iter(saver)
     head = [next(it).tolist()]
-    ds, resumed = build(not after_load)
+    _, resumed = build(True)
     resumed.load_state_dict(saver.state_dict())
-    if after_load:
-        ds.set_epoch(1)
     assert head + [b.tolist() for b in resumed] == whole
+    ds, late = build(False)
+    late.load_state_dict(saver.state_dict())
+    with pytest.raises(StateMismatchError, match=r"dataset.set_epoch\(1\) after load_state_dict"):
+        ds.set_epoch(1)
 
 
 def test_a_frozen_dataset_with_set_epoch_is_read_as_dataloader_reads_it() -> None:
@@ -693,3 +695,15 @@ def test_a_frozen_dataset_with_set_epoch_is_read_as_dataloader_reads_it() -> Non
 
     loader = ResumableDataLoader(Frozen(4), batch_size=2, seed=0)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    # Review 385: unhooked, it was told the loader's epochs (1, 2, ...) over the user's own.
+    told: list[int] = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Told(Frozen):
+        def set_epoch(self, epoch: int) -> None:
+            told.append(epoch)
+
+    loader = ResumableDataLoader(Told(4), batch_size=2, seed=0)
+    for _ in range(3):
+        list(loader)
+    assert told == []

@@ -28,6 +28,7 @@ from loaderkit import (
     WorkerError,
     compute_lengths,
 )
+from loaderkit.data._reads import reset_read_under, set_read_under
 from loaderkit.loader._fetch import index_subset
 from tests.support.helpers import PassThrough
 
@@ -375,15 +376,29 @@ class _Threaded(torch.utils.data.Dataset[object]):
             return list(pool.map(self.__getitem__, indices))
 
 
-def test_a_weighted_mix_is_read_under_its_plan_from_threads_and_by_compute_lengths() -> None:
-    # Review 382: the plan was a context variable, which a thread pool's threads lack, and
-    # compute_lengths (the documented bucketing hook) read the mix outside any loader.
+def test_a_weighted_mix_is_read_under_its_plan_by_compute_lengths_not_from_threads() -> None:
+    # Review 382: compute_lengths (the documented bucketing hook) read the mix outside any
+    # loader. Review 385: a plan shared by the process let torch's DataLoader read the mix in
+    # another thread while a loader fetched; a thread the user's read starts has none.
     mix = _mix()
     threaded = ResumableDataLoader(_Threaded(mix), batch_sampler=mix.batch_sampler(10, seed=0))
-    assert _ids(threaded) == _ids(
-        ResumableDataLoader(mix, batch_sampler=mix.batch_sampler(10, seed=0))
-    )
+    with pytest.raises(WorkerError, match=r"outside its own plan \(or in a thread of your own\)"):
+        next(iter(threaded))
     lengths = compute_lengths(mix, lambda s: int(s[0]) % 7 + 1, progress=False)
     assert lengths.tolist() == [i % 7 + 1 for i in [*range(100), *range(1000, 1010)]]
     with pytest.raises(ValueError, match=r"outside its own plan"):
         mix[0]  # the plan is set back after
+
+
+def test_a_plan_set_in_one_thread_lets_no_other_thread_read() -> None:
+    # Review 385: a plan shared by the process let torch's DataLoader read the mix in another
+    # thread (110 samples, weights lost) while a loader fetched, and two loaders in two
+    # threads reset each other's plan (both refused).
+    mix = _mix()
+    token = set_read_under(mix._plan_key)
+    try:
+        assert int(mix[3][0]) == 3  # under its own plan, in this thread
+        with ThreadPoolExecutor(1) as pool, pytest.raises(ValueError, match="outside its own"):
+            pool.submit(mix.__getitem__, 3).result()
+    finally:
+        reset_read_under(token)
