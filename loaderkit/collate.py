@@ -404,11 +404,9 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         return promoting_collate(col)
     except TypeError as err:  # a number beside a list, a dataclass or set, nested
         kinds = ", ".join(sorted({type(v).__name__ for v in col}))
-        what = (
-            "its values are of other kinds in different samples"
-            if "," in kinds
-            else ("default_collate cannot collate its values")
-        )
+        what = "default_collate cannot collate its values"
+        if "," in kinds:
+            what = "its values are of other kinds in different samples"
         raise CollateError(
             f"{where}: {what} ({kinds}: {err}); return tensors, arrays or numbers of one kind "
             "from every sample, or collate it in your own collate_fn"

@@ -103,7 +103,7 @@ def detect(
         if hosted is not None:
             rank = hosted[0] if rank is None else rank
             world_size = hosted[1] if world_size is None else world_size
-    initialised = dist.is_available() and dist.is_initialized()
+    initialised = group_exists()
     if world_size is None and not initialised and rank not in (None, 0):
         raise ValueError(
             f"rank={rank} was given without world_size=, and no Trainer or torch.distributed "
@@ -117,11 +117,11 @@ def detect(
     group = dist.get_world_size() if initialised else 1
     if world_size is not None and 1 < group < world_size:  # 1: each job of an array its own
         raise ValueError(  # the parts of the ranks past the group's would be read by none
-            f"world_size={world_size} is larger than the torch.distributed group "
-            f"({dist.get_world_size()} processes); pass the number of data-parallel ranks."
+            f"world_size={world_size} is larger than the torch.distributed group ({group} "
+            "processes); pass the number of data-parallel ranks."
         )
     if world_size is None:
-        world_size = dist.get_world_size() if initialised else 1
+        world_size = group
     if rank is None:
         rank = dist.get_rank() if initialised else 0
     info = get_worker_info()

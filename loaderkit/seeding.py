@@ -275,8 +275,7 @@ def _init_worker(
 ) -> None:
     # Module-level (not a closure): worker_init_fn's partial pickles under spawn.
     if rank is None:  # a forked worker still sees its parent's group
-        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
-        rank = torch.distributed.get_rank() if initialised else 0
+        rank = detect().rank
     info = torch.utils.data.get_worker_info()
     if per_iterator and info is not None:
         # torch gives worker i the seed base + i, base drawn anew for each iterator.
