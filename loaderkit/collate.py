@@ -413,8 +413,8 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
         ) from err
     except (ValueError, OverflowError) as err:  # an int past int64 (a hash)
         raise CollateError(
-            f"{where}: its values cannot be made a tensor ({err}); return them as a tensor or "
-            "array of a dtype that holds them (np.uint64), or as strings"
+            f"{where}: its values cannot be made a tensor ({err}); return each as a 0-d "
+            "tensor or array of a dtype that holds it (torch.uint64), or as a string"
         ) from err
     except RuntimeError as err:  # sizes that differ inside a nested value
         raise CollateError(

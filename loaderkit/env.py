@@ -109,12 +109,12 @@ def detect(
             f"rank={rank} was given without world_size=, and no Trainer or torch.distributed "
             "group gives one; pass world_size=, the number of data-parallel ranks."
         )
-    if rank is None and not initialised and world_size not in (None, 1):
-        raise ValueError(  # every process would read rank 0's part
+    group = dist.get_world_size() if initialised else 1
+    if rank is None and world_size is not None and world_size > group:
+        raise ValueError(  # every process would read rank 0's part (a job array's group of 1)
             f"world_size={world_size} was given without rank=, and no Trainer or "
             "torch.distributed group gives one; pass rank=, this process's data-parallel rank."
         )
-    group = dist.get_world_size() if initialised else 1
     if world_size is not None and 1 < group < world_size:  # 1: each job of an array its own
         raise ValueError(  # the parts of the ranks past the group's would be read by none
             f"world_size={world_size} is larger than the torch.distributed group ({group} "

@@ -219,18 +219,11 @@ class IterableEngine(WorkerStreams):
         super().set_epoch(epoch, late=late)
 
     def _set_epoch(self, epoch: int) -> None:
-        """The user's ``dataset.set_epoch(epoch)`` (hooked): the loader's epoch too; refused
-        for another epoch than a loaded position's, part-way (the rest would mix two orders)."""
-        loader: Any = self.host.loader
+        """The user's ``dataset.set_epoch(epoch)`` (hooked): ``loader.set_epoch(epoch)``, but
+        a loaded position's own epoch keeps it (the loop names the epoch it resumes)."""
         loaded = self._position.loaded(self)
-        if loaded is not None and loaded[1] and epoch != loaded[0]:
-            raise StateMismatchError(
-                f"{OWNER}: dataset.set_epoch({epoch}) after load_state_dict() of a position "
-                f"part-way through the loader's epoch {loaded[0]}: the rest would mix two "
-                "epochs' orders. Call dataset.set_epoch before building the loader, as the saved "
-                f"run did, or load no state to start epoch {epoch} afresh."
-            )
         if loaded is None or epoch != loaded[0]:
+            loader: Any = self.host.loader
             loader.set_epoch(epoch)
 
     def _in_flight(self, task: int, worker: int) -> tuple[str, Any]:

@@ -77,6 +77,7 @@ class PlanEngine:
         self._counts: int | None = None  # the shards' samples, where the plan has no sizes
         self.fingerprint = self._fingerprint(plan)  # cached: state() runs every step
         self._skeleton: dict[str, Any] | None = None  # state()'s constant part
+        self._skeleton_topology: tuple[int, int] | None = None  # the topology it was made for
         self._sampler_plan: tuple[Any, dict[str, Any], dict[str, Any], int] | None = None
         self.cursor = PlanCursor()
         self._keys = KeySource()
@@ -279,9 +280,10 @@ class PlanEngine:
         return {**info, "engine": "plan", "resume": "position", "resume_reason": reason}
 
     def state(self) -> dict[str, Any]:
-        _, world_size = self.host.topology()
-        skeleton = self._skeleton
-        if skeleton is None or skeleton["topology"]["world_size"] != world_size:
+        skeleton, cached = self._skeleton, self.host.topology_cache
+        # Rebuilt where the topology the epoch began with changed (a group came after a peek).
+        if skeleton is None or cached != self._skeleton_topology:
+            _, world_size = self.host.topology()
             skeleton = self.cursor.state(
                 self.plan,
                 self.fingerprint,
@@ -289,7 +291,7 @@ class PlanEngine:
                 num_workers=self.host.pool.num_workers,
             )
             if self.host.topology_cache is not None:  # fixed from here on (or until a group)
-                self._skeleton = skeleton
+                self._skeleton, self._skeleton_topology = skeleton, self.host.topology_cache
         # Shallow: nested dicts are shared read-only, like a torch state_dict's tensors.
         state = skeleton.copy()
         epoch, position, steps_done = self._unheld(*self.cursor.saved(self.plan))

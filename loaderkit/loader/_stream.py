@@ -153,6 +153,7 @@ class StreamEngine(WorkerStreams):
         self._round: int | None = None  # of this epoch start (None: not compared since load)
         self._loaded_ranks: list[Any] | None = None  # a loaded state's, until the next epoch
         self.carries_over = dataset.limited  # each slot's stream goes on across epochs
+        self._dealt_to: int | None = None  # the world size the cursors' slots were dealt for
 
     def epoch_length(self, epoch: int) -> int:
         """The limit, or for one pass of unknown length the batches so far (+1 while it goes on)."""
@@ -197,6 +198,15 @@ class StreamEngine(WorkerStreams):
         """Fix the epoch of a new iteration; returns the worker rotation."""
         rank, world_size = self.host.topology()
         epoch, start, steps_done = self._position.upcoming(self)
+        dealt = any(cursor is not None for cursor in self.cursors)
+        going_on = start > 0 or (self.steps is not None and dealt)
+        if going_on and self._dealt_to not in (None, world_size):
+            raise LoaderkitError(
+                f"{OWNER}: this stream was read on {self._dealt_to} rank(s) (before "
+                f"init_process_group?), now on {world_size}: its slots' places cannot be split "
+                "again. Build the loader once the group exists."
+            )
+        self._dealt_to = world_size
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}
         fields |= {"steps_done": steps_done, "num_workers": self.host.pool.num_workers}
         round_ = agree_across_ranks(

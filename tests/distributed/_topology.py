@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from loaderkit import ResumableDataLoader
+from loaderkit import IterableReader, LoaderkitError, ResumableDataLoader, StreamingShardedDataset
 from tests.support.helpers import mark_phase
 
 SIZE, BATCH = 20, 2
+
+
+def read(shard: tuple[int, int]) -> Iterator[int]:
+    yield from range(shard[0], shard[0] + shard[1])
 
 
 def run(rank: int, world: int, port: int, out: str) -> None:
@@ -31,9 +36,19 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     len(peeked), peeked.state_dict()
     peeked.set_epoch(0)  # the peek is not the run: epoch 0 from its start
     early = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0, world_size=world)
+    stream = ResumableDataLoader(
+        StreamingShardedDataset([(0, 6), (6, 6)], IterableReader(read), steps_per_epoch=2),
+        batch_size=BATCH,
+        seed=0,
+    )
+    next(iter(stream))  # its slots dealt for one process
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results["epochs"] = [[int(i) for b in peeked for i in b] for _ in range(2)]
     results["early"] = [int(i) for b in early for i in b]  # its rank from the group
+    try:
+        results["stream"] = {"ids": [int(i) for b in stream for i in b]}
+    except LoaderkitError as exc:
+        results["stream"] = {"error": str(exc)}
     cases = {"larger": {"rank": rank, "world_size": 4}, "one": {"world_size": 1}}
     for name, kwargs in cases.items():
         try:

@@ -208,6 +208,13 @@ def test_a_loader_peeked_at_before_the_group_reads_its_part_under_it(
     # Review 385: world_size=2 alone was refused at construction, before the group existed.
     early = [r["early"] for r in topology]
     assert sorted(early[0] + early[1]) == list(range(TOPOLOGY_SIZE)) and early[0] != early[1]
+    # Review 386: a stream's slots dealt for one process were applied to each rank's shards
+    # (samples never read, or an IndexError).
+    for r in topology:
+        assert (
+            "this stream was read on 1 rank(s) (before init_process_group?)"
+            in (r["stream"]["error"])
+        )
 
 
 def test_a_world_size_past_the_group_is_refused_and_1_alone_reads_all(

@@ -655,13 +655,14 @@ class _PositionedEpochs(_EpochOrdered):
         for i in range(start, 8):
             self.pos = i + 1
             yield order[i]
+        self.pos = 0  # the next pass starts over
 
 
 def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch() -> None:
     # Review 382: resumed, the loader told the dataset its own epoch 0 (the rest of epoch 1
-    # read in epoch 0's order: 9 distinct samples of 12). Reviews 382 and 385: a set_epoch(1)
-    # after the load read a batch twice, or (saved in epoch 0) mixed two epochs' orders; the
-    # loader cannot tell which epoch the saved run's dataset was in, so it is refused.
+    # read in epoch 0's order: 9 distinct samples of 12). Review 385: a set_epoch(1) after the
+    # load was ignored while the position waited, mixing two epochs' orders; it is now
+    # loader.set_epoch(1) (epoch 1 from its start), as the loader's own call is.
     def build(set_before: bool) -> tuple[_PositionedEpochs, ResumableDataLoader]:
         ds = _PositionedEpochs()
         if set_before:
@@ -677,8 +678,30 @@ def test_a_dataset_epoch_set_before_the_loader_resumes_in_that_epoch() -> None:
     assert head + [b.tolist() for b in resumed] == whole
     ds, late = build(False)
     late.load_state_dict(saver.state_dict())
-    with pytest.raises(StateMismatchError, match=r"dataset.set_epoch\(1\) after load_state_dict"):
-        ds.set_epoch(1)
+    ds.set_epoch(1)
+    assert [b.tolist() for b in late] == whole
+
+
+def test_dataset_set_epoch_after_loading_a_state_at_an_epochs_last_batch_resumes() -> None:
+    # Review 386: the Hugging Face loop (ds.set_epoch(e) at each epoch's top), saved after
+    # epoch 0's last batch and resumed at epoch 1, was refused as "part-way".
+    def run(ds: _PositionedEpochs, loader: ResumableDataLoader, epochs: range) -> list[Any]:
+        out = []
+        for epoch in epochs:
+            ds.set_epoch(epoch)
+            out += [b.tolist() for b in loader]
+        return out
+
+    ds = _PositionedEpochs()
+    whole = run(ds, ResumableDataLoader(ds, batch_size=2, seed=0), range(2))
+    ds = _PositionedEpochs()
+    saver = ResumableDataLoader(ds, batch_size=2, seed=0)
+    it = iter(saver)
+    head = [next(it).tolist() for _ in range(4)]  # epoch 0's last batch, not yet ended
+    ds = _PositionedEpochs()
+    resumed = ResumableDataLoader(ds, batch_size=2, seed=0)
+    resumed.load_state_dict(saver.state_dict())
+    assert head + run(ds, resumed, range(1, 2)) == whole
 
 
 def test_a_frozen_dataset_with_set_epoch_is_read_as_dataloader_reads_it() -> None:
