@@ -100,8 +100,9 @@ def detect(
         rank = 0
     if rank is None or world_size is None:
         hosted = host_of(loader).data_parallel()
-        if hosted is not None:
-            rank = hosted[0] if rank is None else rank
+        if hosted is not None:  # its rank counts only among as many ranks as it has
+            if rank is None and world_size in (None, hosted[1]):
+                rank = hosted[0]
             world_size = hosted[1] if world_size is None else world_size
     initialised = group_exists()
     if world_size is None and not initialised and rank not in (None, 0):
@@ -113,7 +114,8 @@ def detect(
     if rank is None and world_size is not None and world_size > group:
         raise ValueError(  # every process would read rank 0's part (a job array's group of 1)
             f"world_size={world_size} was given without rank=, and no Trainer or "
-            "torch.distributed group gives one; pass rank=, this process's data-parallel rank."
+            "torch.distributed group of that size gives one; pass rank=, this process's "
+            "data-parallel rank."
         )
     if world_size is not None and 1 < group < world_size:  # 1: each job of an array its own
         raise ValueError(  # the parts of the ranks past the group's would be read by none

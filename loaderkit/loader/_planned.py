@@ -281,7 +281,8 @@ class PlanEngine:
 
     def state(self) -> dict[str, Any]:
         skeleton, cached = self._skeleton, self.host.topology_cache
-        # Rebuilt where the topology the epoch began with changed (a group came after a peek).
+        # Rebuilt where the epoch began under another topology (a group came after a peek);
+        # not re-read per call (a state saved before that epoch begins keeps the old one).
         if skeleton is None or cached != self._skeleton_topology:
             _, world_size = self.host.topology()
             skeleton = self.cursor.state(

@@ -450,6 +450,7 @@ class StreamEngine(WorkerStreams):
                 "the state_dict() it saved, or save under an initialized process group."
             )
         self.cursors = [None if c is None else Cursor.from_state(c) for c in mine["cursors"]]
+        self._dealt_to = world_size  # checked above: dealt for this world size
         self.next_local = int(mine["next"])
         self._round, self._loaded_ranks = None, list(state["ranks"])
         return self.resume(state, adopted)

@@ -27,6 +27,11 @@ def read(shard: tuple[int, int]) -> Iterator[int]:
     yield from range(shard[0], shard[0] + shard[1])
 
 
+def streamed() -> ResumableDataLoader:
+    shards = StreamingShardedDataset([(0, 6), (6, 6)], IterableReader(read), steps_per_epoch=2)
+    return ResumableDataLoader(shards, batch_size=BATCH, seed=0)
+
+
 def run(rank: int, world: int, port: int, out: str) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     results: dict[str, Any] = {}
@@ -36,12 +41,9 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     len(peeked), peeked.state_dict()
     peeked.set_epoch(0)  # the peek is not the run: epoch 0 from its start
     early = ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0, world_size=world)
-    stream = ResumableDataLoader(
-        StreamingShardedDataset([(0, 6), (6, 6)], IterableReader(read), steps_per_epoch=2),
-        batch_size=BATCH,
-        seed=0,
-    )
+    stream, loaded = streamed(), streamed()
     next(iter(stream))  # its slots dealt for one process
+    next(iter(loaded))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results["epochs"] = [[int(i) for b in peeked for i in b] for _ in range(2)]
     results["early"] = [int(i) for b in early for i in b]  # its rank from the group
@@ -49,6 +51,12 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         results["stream"] = {"ids": [int(i) for b in stream for i in b]}
     except LoaderkitError as exc:
         results["stream"] = {"error": str(exc)}
+    # A state saved under the group puts the peeked one's slots back in its world (review 387).
+    saver = streamed()
+    it = iter(saver)
+    next(it)
+    loaded.load_state_dict(saver.state_dict())
+    results["stream_loaded"] = [[int(i) for b in rest for i in b] for rest in (it, loaded)]
     cases = {"larger": {"rank": rank, "world_size": 4}, "one": {"world_size": 1}}
     for name, kwargs in cases.items():
         try:

@@ -211,10 +211,11 @@ def test_a_loader_peeked_at_before_the_group_reads_its_part_under_it(
     # Review 386: a stream's slots dealt for one process were applied to each rank's shards
     # (samples never read, or an IndexError).
     for r in topology:
-        assert (
-            "this stream was read on 1 rank(s) (before init_process_group?)"
-            in (r["stream"]["error"])
-        )
+        error = r["stream"]["error"]
+        assert "this stream was read on 1 rank(s) (before init_process_group?)" in error
+        # Review 387: one loaded from a state saved under the group was refused too.
+        saver, loaded = r["stream_loaded"]
+        assert loaded == saver and saver
 
 
 def test_a_world_size_past_the_group_is_refused_and_1_alone_reads_all(
