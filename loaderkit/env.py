@@ -101,8 +101,13 @@ def detect(
     if rank is None or world_size is None:
         hosted = host_of(loader).data_parallel()
         if hosted is not None:  # its rank counts only among as many ranks as it has
-            if rank is None and world_size in (None, hosted[1]):
-                rank = hosted[0]
+            if rank is None and world_size not in (None, hosted[1]):
+                raise ValueError(  # the global rank would split tensor-parallel peers
+                    f"world_size={world_size} was given without rank=, and the Trainer's "
+                    f"data-parallel group has {hosted[1]} rank(s); pass rank= too, or leave "
+                    "world_size unset."
+                )
+            rank = hosted[0] if rank is None else rank
             world_size = hosted[1] if world_size is None else world_size
     initialised = group_exists()
     if world_size is None and not initialised and rank not in (None, 0):

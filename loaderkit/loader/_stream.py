@@ -201,10 +201,11 @@ class StreamEngine(WorkerStreams):
         dealt = any(cursor is not None for cursor in self.cursors)
         going_on = start > 0 or (self.steps is not None and dealt)
         if going_on and self._dealt_to not in (None, world_size):
+            how = "loaded from a state saved" if self._loaded_ranks else "read"
             raise LoaderkitError(
-                f"{OWNER}: this stream was read on {self._dealt_to} rank(s) (before "
+                f"{OWNER}: this stream was {how} on {self._dealt_to} rank(s) (before "
                 f"init_process_group?), now on {world_size}: its slots' places cannot be split "
-                "again. Build the loader once the group exists."
+                "again. Build the loader (and load a state saved) once the group exists."
             )
         self._dealt_to = world_size
         fields = {**self.fingerprint(), "world_size": world_size, "epoch": epoch}

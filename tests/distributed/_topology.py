@@ -13,11 +13,17 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.distributed as dist
 
-from loaderkit import IterableReader, LoaderkitError, ResumableDataLoader, StreamingShardedDataset
+from loaderkit import (
+    IterableReader,
+    LoaderkitError,
+    ResumableDataLoader,
+    StreamingShardedDataset,
+    attach_host,
+)
 from tests.support.helpers import mark_phase
 
 SIZE, BATCH = 20, 2
@@ -25,6 +31,14 @@ SIZE, BATCH = 20, 2
 
 def read(shard: tuple[int, int]) -> Iterator[int]:
     yield from range(shard[0], shard[0] + shard[1])
+
+
+class _Strategy:  # as ModelParallelStrategy reports tensor-parallel peers of one replica
+    distributed_sampler_kwargs: ClassVar[dict[str, int]] = {"rank": 0, "num_replicas": 1}
+
+
+class _Host:  # a Fabric-like host
+    strategy = _Strategy()
 
 
 def streamed() -> ResumableDataLoader:
@@ -44,6 +58,8 @@ def run(rank: int, world: int, port: int, out: str) -> None:
     stream, loaded = streamed(), streamed()
     next(iter(stream))  # its slots dealt for one process
     next(iter(loaded))
+    one_rank = streamed()  # loaded before the group from a state saved on one process
+    one_rank.load_state_dict(stream.state_dict())
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results["epochs"] = [[int(i) for b in peeked for i in b] for _ in range(2)]
     results["early"] = [int(i) for b in early for i in b]  # its rank from the group
@@ -51,6 +67,18 @@ def run(rank: int, world: int, port: int, out: str) -> None:
         results["stream"] = {"ids": [int(i) for b in stream for i in b]}
     except LoaderkitError as exc:
         results["stream"] = {"error": str(exc)}
+    try:
+        results["one_rank"] = {"ids": [int(i) for b in one_rank for i in b]}
+    except LoaderkitError as exc:
+        results["one_rank"] = {"error": str(exc)}
+    # A model-parallel host naming one data-parallel rank, and world_size=2 alone (review 388).
+    host = _Host()  # held: a loader keeps its host weakly
+    try:
+        hosted = attach_host(ResumableDataLoader(list(range(SIZE)), batch_size=BATCH, seed=0,
+                                                 world_size=2), host)  # fmt: skip
+        results["hosted"] = {"ids": [int(i) for b in hosted for i in b]}
+    except ValueError as exc:
+        results["hosted"] = {"error": str(exc)}
     # A state saved under the group puts the peeked one's slots back in its world (review 387).
     saver = streamed()
     it = iter(saver)

@@ -216,6 +216,10 @@ def test_a_loader_peeked_at_before_the_group_reads_its_part_under_it(
         # Review 387: one loaded from a state saved under the group was refused too.
         saver, loaded = r["stream_loaded"]
         assert loaded == saver and saver
+        # Review 388: a state saved on one process is named as what was loaded; a host's one
+        # data-parallel rank beside world_size=2 alone split tensor-parallel peers.
+        assert "loaded from a state saved on 1 rank(s)" in r["one_rank"]["error"]
+        assert "the Trainer's data-parallel group has 1 rank(s)" in r["hosted"]["error"]
 
 
 def test_a_world_size_past_the_group_is_refused_and_1_alone_reads_all(
