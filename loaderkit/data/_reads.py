@@ -4,31 +4,20 @@
 from __future__ import annotations
 
 import inspect
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any
 
 from torch.utils.data import StackDataset, Subset
 
 from loaderkit.seeding import read_set_on_instance
 
-# The mix plan, ``(per_epoch, source_sizes)``, a loaderkit read runs under (None: another plan),
-# per context: a thread of another reader (torch's DataLoader) must not borrow it, so a thread
-# the user's read starts has none. A weighted mix read outside its plan loses its weights.
-_READ_UNDER: ContextVar[Any] = ContextVar("loaderkit_read_under")
-
-
-def read_under() -> Any:
-    """The plan key reads run under here (an object equal to no key outside loaderkit's reads)."""
-    return _READ_UNDER.get(_READ_UNDER)
-
-
-def set_read_under(key: Any) -> Token[Any]:
-    """Make ``key`` the plan reads run under; returns the token to set it back with."""
-    return _READ_UNDER.set(key)
-
-
-def reset_read_under(token: Token[Any]) -> None:
-    _READ_UNDER.reset(token)
+# The mix plan, ``(per_epoch, source_sizes)``, a loaderkit read runs under (None: another plan;
+# unset outside loaderkit's reads), per context: a thread of another reader (torch's
+# DataLoader) must not borrow it, so a thread the user's read starts has none. A weighted mix
+# read outside its plan loses its weights.
+READ_UNDER: ContextVar[tuple[tuple[int, ...], tuple[int, ...]] | None] = ContextVar(
+    "loaderkit_read_under"
+)
 
 
 def batch_fetch_is_faithful(dataset: Any, method: str = "get_batch") -> bool:

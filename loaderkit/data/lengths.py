@@ -18,7 +18,7 @@ import torch
 from loaderkit._atomic import atomic_write
 from loaderkit._checks import check_bool
 from loaderkit.data._code import code_digest, pickle_digest
-from loaderkit.data._reads import batch_fetch_is_faithful, reset_read_under, set_read_under
+from loaderkit.data._reads import READ_UNDER, batch_fetch_is_faithful
 from loaderkit.plan._bucket_order import as_lengths
 from loaderkit.seeding import rngs_put_back, seeded_sample
 
@@ -83,12 +83,12 @@ def compute_lengths(
         )
     ident = None if path is None else _cache_ident(dataset, fn, key, size, path)
     # A weighted mix is read once per index here, as its lengths are (under its own plan).
-    token = set_read_under(getattr(dataset, "_plan_key", None))
+    token = READ_UNDER.set(getattr(dataset, "_plan_key", None))
     try:
         with rngs_put_back():  # the caller's RNGs as they were, cached or not, whatever fn draws
             return _lengths(dataset, fn, size, path, ident, progress)
     finally:
-        reset_read_under(token)
+        READ_UNDER.reset(token)
 
 
 def _lengths(

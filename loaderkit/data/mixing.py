@@ -15,7 +15,7 @@ from torch.utils.data import ConcatDataset, Dataset, StackDataset, Subset
 from loaderkit._checks import check_int
 from loaderkit.data._arrow import merge_kinds, promoted
 from loaderkit.data._open import names_crc32
-from loaderkit.data._reads import read_under
+from loaderkit.data._reads import READ_UNDER
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.lengths import compute_lengths
 from loaderkit.data.memory import ArrayDataset, TensorDataset
@@ -522,7 +522,7 @@ class MixedDataset(Dataset[Any]):
         key = getattr(self, "_plan_key", None)
         # Only a read under the mix's own plan: torch's DataLoader, a stream or another
         # sampler reads every sample once, weights lost.
-        if key is not None and read_under() != key:
+        if key is not None and READ_UNDER.get(None) != key:
             raise ValueError(
                 f"{_OWNER}: a weighted mix read by index {index!r} outside its own plan (or in "
                 "a thread of your own), which would ignore its weights; read it (or a wrapper) "

@@ -27,13 +27,7 @@ from torch.utils.data import (
 
 from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._open import OpenShards, process_generation
-from loaderkit.data._reads import (
-    batch_fetch_is_faithful,
-    reset_read_under,
-    set_read_under,
-    torchs_wrapper,
-    wrapped,
-)
+from loaderkit.data._reads import READ_UNDER, batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
 from loaderkit.data.mixing import MixedDataset, held_mixes
 from loaderkit.data.sharded import ShardedDataset
@@ -256,11 +250,11 @@ class BatchFetcher:
         """The collated batch of ``indices``; ``seed_keys`` (if given) seed in their place."""
         if self.own_reads:  # loaderkit's or torch's own: no user code holding a mix
             return self._read(epoch, indices, seed_keys)
-        token = set_read_under(self.read_under)
+        token = READ_UNDER.set(self.read_under)
         try:
             return self._read(epoch, indices, seed_keys)
         finally:
-            reset_read_under(token)
+            READ_UNDER.reset(token)
 
     def _read(
         self, epoch: int, indices: np.ndarray | torch.Tensor, seed_keys: np.ndarray | None

@@ -16,7 +16,7 @@ from loaderkit._tags import SeedTag
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
 from loaderkit.loader._fetch import FailedBatch
-from loaderkit.loader._views import hook_set_epoch, takes_epoch
+from loaderkit.loader._views import hook_set_epoch
 from loaderkit.loader._worker_stream import (
     END,
     OWNER,
@@ -405,10 +405,8 @@ class IterableEngine(WorkerStreams):
 
 
 def _tell_epoch(dataset: Any, epoch: int) -> None:
-    """``dataset.set_epoch(epoch)`` where it has one, as accelerate's loaders call it: a
+    """``dataset.set_epoch(epoch)`` (one the engine hooked), as accelerate's loaders call it: a
     ``datasets.IterableDataset`` reshuffles by it, and applies a loaded state to the saved
     epoch only (else again at every later one)."""
-    set_epoch = getattr(dataset, "set_epoch", None)
-    set_epoch = getattr(set_epoch, "_loaderkit_unhooked", set_epoch)  # not back to the loader
-    if callable(set_epoch) and takes_epoch(set_epoch):  # torch never calls another signature
-        set_epoch(epoch)
+    set_epoch = dataset.set_epoch
+    getattr(set_epoch, "_loaderkit_unhooked", set_epoch)(epoch)  # not back to the loader

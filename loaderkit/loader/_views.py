@@ -120,7 +120,7 @@ class SetEpochHook:
         return self._loaderkit_unhooked.__reduce__()
 
 
-def takes_epoch(set_epoch: Any) -> bool:
+def _takes_epoch(set_epoch: Any) -> bool:
     """Whether ``set_epoch`` can be called with the epoch alone (torch's samplers' form)."""
     try:
         inspect.signature(set_epoch).bind(0)
@@ -136,7 +136,7 @@ def hook_set_epoch(sampler: Any, loader: Any, *, required: bool = True) -> bool:
     whether it does (one without it, or with another signature: no-op; one that cannot be
     hooked: refused where ``required``, else left as it is)."""
     current = getattr(sampler, "set_epoch", None)
-    if not callable(current) or not takes_epoch(current):
+    if not callable(current) or not _takes_epoch(current):
         return False
     if not isinstance(current, SetEpochHook):
         hook = SetEpochHook(current)

@@ -28,7 +28,7 @@ from loaderkit import (
     WorkerError,
     compute_lengths,
 )
-from loaderkit.data._reads import reset_read_under, set_read_under
+from loaderkit.data._reads import READ_UNDER
 from loaderkit.loader._fetch import index_subset
 from tests.support.helpers import PassThrough
 
@@ -395,10 +395,10 @@ def test_a_plan_set_in_one_thread_lets_no_other_thread_read() -> None:
     # thread (110 samples, weights lost) while a loader fetched, and two loaders in two
     # threads reset each other's plan (both refused).
     mix = _mix()
-    token = set_read_under(mix._plan_key)
+    token = READ_UNDER.set(mix._plan_key)
     try:
         assert int(mix[3][0]) == 3  # under its own plan, in this thread
         with ThreadPoolExecutor(1) as pool, pytest.raises(ValueError, match="outside its own"):
             pool.submit(mix.__getitem__, 3).result()
     finally:
-        reset_read_under(token)
+        READ_UNDER.reset(token)
