@@ -359,17 +359,8 @@ def test_numbers_of_two_sources_that_default_collate_holds_exactly_are_read(
     assert next(iter(ResumableDataLoader(mix, batch_size=16)))["y"].dtype == dtype
 
 
-class _Threaded(torch.utils.data.Dataset[object]):
+class _Threaded(PassThrough):
     """A wrapper reading its batch with a thread pool (remote sources read concurrently)."""
-
-    def __init__(self, mix: MixedDataset) -> None:
-        self.mix = mix
-
-    def __len__(self) -> int:
-        return len(self.mix)
-
-    def __getitem__(self, i: int) -> object:
-        return self.mix[i]
 
     def __getitems__(self, indices: list[int]) -> list[object]:
         with ThreadPoolExecutor(2) as pool:
