@@ -98,6 +98,8 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
         if isinstance(v, list):
             if not v:
                 continue
+            if None in v:
+                _not_flat(where, col)
             dtype = np.asarray(v).dtype
             if not _same_kind(dtype, _kind(type(v[0]))):
                 raise CollateError(
@@ -110,9 +112,13 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
             if len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != (
                 shape0[:dim] + shape0[dim + 1 :]
             ):
+                other = [d for d, (a, b) in enumerate(zip(shape, shape0)) if a != b]
+                fix = "fix the other dims"
+                if len(shape) == len(shape0) and len(other) == 1:  # (choices, T): T differs
+                    fix = f"pass pad_dim={other[0] - len(shape)} to pad that dim"
                 raise CollateError(
                     f"{where}: sample {i} has shape {shape} but sample 0 has {shape0}; only "
-                    f"dim {dim} (pad_dim) may differ, so fix the other dims"
+                    f"dim {dim} (pad_dim) may differ, so {fix}"
                 )
         if ref is None:
             ref = (i, dtype)
@@ -130,6 +136,11 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
 def _not_flat(where: str, col: list[list[Any]]) -> NoReturn:
     for i, v in enumerate(col):
         for j, item in enumerate(v):
+            if item is None:  # a tokenizer's word_ids: None marks a special token
+                raise CollateError(
+                    f"{where}: sample {i} holds None at item {j}; map None to a number "
+                    "(e.g. -100) in the dataset, or drop the field"
+                )
             if _kind(type(item)) not in _KINDS:
                 raise CollateError(
                     f"{where}: sample {i} holds a {type(item).__name__} at item {j} "
@@ -352,44 +363,12 @@ def _unviewable(array: np.ndarray) -> bool:
     return not array.dtype.isnative or any(step < 0 for step in array.strides)
 
 
-def _check_nested(where: str, col: list[Any]) -> None:
-    """Refuse a list of numbers inside a field: ``default_collate`` would transpose it."""
-    first = col[0]
-    if isinstance(first, Mapping):
-        odd = next(
-            (i for i, v in enumerate(col) if isinstance(v, Mapping) and v.keys() != first.keys()),
-            None,
-        )
-        if odd is not None:  # default_collate keeps sample 0's keys: one drops, or it fails
-            raise CollateError(
-                f"{where}: sample {odd} has keys {sorted(map(str, col[odd]))}, sample 0 "
-                f"{sorted(map(str, first))}; give every sample the same keys"
-            )
-        for key in first:
-            if all(isinstance(v, Mapping) and key in v for v in col):
-                _check_nested(f"{where}[{key!r}]", [v[key] for v in col])
-    elif isinstance(first, (list, tuple)):
-        lists = [v for v in col if isinstance(v, list)]
-        if isinstance(first, list) and any(isinstance(x, _NUMBERS) for v in lists for x in v):
-            raise CollateError(
-                f"{where}: holds a list of numbers, which default_collate would transpose, not "
-                "pad; return it as a tensor or array, or make it a top-level field"
-            )
-        if isinstance(first, list) and any(isinstance(x, _RECORDS) for v in lists for x in v):
-            raise CollateError(
-                f"{where}: holds a list of strings or records, which default_collate would "
-                "transpose; make it a top-level field (kept one list per sample)"
-            )
-        if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in col):
-            for j in range(len(first)):
-                _check_nested(f"{where}[{j}]", [v[j] for v in col])
-
-
-def _collate_rest(where: str, col: list[Any]) -> Any:
+def _collate_rest(key: Hashable, col: list[Any]) -> Any:
     """``default_collate`` of a field that is not padded; nested ones checked and named."""
     if all(isinstance(v, list) and all(isinstance(x, _RECORDS) for x in v) for v in col):
         return [list(v) for v in col]  # strings, records: one list per sample, not transposed
-    _check_nested(where, col)
+    where = _where(key)
+    _check_tree(col, f"[{key!r}]")
     if any(isinstance(v, np.ndarray) and _unviewable(v) for v in col):  # x[::-1], ">i4"
         col = [
             np.ascontiguousarray(v, v.dtype.newbyteorder("=")) if isinstance(v, np.ndarray) else v
@@ -401,7 +380,7 @@ def _collate_rest(where: str, col: list[Any]) -> Any:
             f"{where}: sample {none} is None; give every sample a value, or drop the field"
         )
     try:
-        return promoting_collate(col)
+        return _collate(col)
     except TypeError as err:  # a number beside a list, a dataclass or set, nested
         kinds = ", ".join(sorted({type(v).__name__ for v in col}))
         what = "default_collate cannot collate its values"
@@ -450,30 +429,42 @@ STACK_FIX = (
 )
 
 
-def _same_keys(col: list[Any], where: str) -> None:
-    """Refuse dicts (at any depth) whose keys differ between samples."""
+def _check_tree(col: list[Any], path: str = "") -> None:
+    """Refuse what ``default_collate`` gets silently wrong inside samples: dicts whose keys
+    differ (it keeps sample 0's) and lists of numbers or records below the top level (it
+    transposes them: one entry per position, not per sample). ``path`` names ``col``."""
     first = col[0]
     if isinstance(first, Mapping):
         for i, value in enumerate(col):
             if not isinstance(value, Mapping) or value.keys() != first.keys():
                 have = sorted(map(str, value)) if isinstance(value, Mapping) else "no dict"
                 raise CollateError(
-                    f"sample {i}{where} has keys {have}, sample 0 {sorted(map(str, first))}; "
+                    f"sample {i}{path} has keys {have}, sample 0 {sorted(map(str, first))}; "
                     "give every sample the same keys"
                 )
-        items: Iterable[tuple[Any, Any]] = first.items()
+        keys: Iterable[Any] = first
     elif isinstance(first, tuple | list) and all(
         isinstance(v, list | tuple) and len(v) == len(first) for v in col
-    ):  # a list's items are looked into where its first one is a container (not token ids)
-        nested = isinstance(first, tuple) or (
-            bool(first) and isinstance(first[0], Mapping | list | tuple)
-        )
-        items = enumerate(first) if nested else ()
+    ):
+        keys = range(len(first))
     else:
         return
-    for key, value in items:
-        if isinstance(value, Mapping | list | tuple):
-            _same_keys([v[key] for v in col], f"{where}[{key!r}]")
+    for key in keys:
+        child = [v[key] for v in col]
+        if isinstance(child[0], Mapping | list | tuple):
+            _check_tree(child, f"{path}[{key!r}]")
+        for i, value in enumerate(child):
+            item = None
+            if isinstance(value, list):
+                item = next((x for x in value if isinstance(x, _NUMBERS + _RECORDS)), None)
+            if item is not None:
+                kind = "numbers" if isinstance(item, _NUMBERS) else "strings or records"
+                raise CollateError(
+                    f"sample {i}{path}[{key!r}] is a list of {kind}, which default_collate "
+                    "would transpose across samples; return a tensor or array, or collate it "
+                    "with loaderkit.PadCollate() as a top-level field (number lists padded, "
+                    "others kept per sample)"
+                )
 
 
 def promoting_collate(samples: list[Any]) -> Any:
@@ -482,7 +473,37 @@ def promoting_collate(samples: list[Any]) -> Any:
     process's ``torch.stack`` promotes them. Dict samples must share their keys (torch keeps
     sample 0's, dropping the others' silently)."""
     if samples:
-        _same_keys(samples, "")
+        _check_tree(samples)
+    try:
+        return _collate(samples)
+    except (RuntimeError, TypeError) as err:  # torch names no field: the first that fails alone
+        path = _failing(samples)
+        if path and err.args and isinstance(err.args[0], str):
+            err.args = (f"sample{path}: {err.args[0]}", *err.args[1:])
+        raise
+
+
+def _failing(samples: list[Any]) -> str:
+    """The path of the first field whose values cannot be collated on their own ('': none)."""
+    first = samples[0]
+    if isinstance(first, Mapping):
+        keys: Iterable[Any] = first
+    elif isinstance(first, tuple | list) and all(
+        isinstance(v, tuple | list) and len(v) == len(first) for v in samples
+    ):
+        keys = range(len(first))
+    else:
+        return ""
+    for key in keys:
+        child = [v[key] for v in samples]
+        try:
+            _collate(child)
+        except (RuntimeError, TypeError):
+            return f"[{key!r}]{_failing(child)}"
+    return ""
+
+
+def _collate(samples: list[Any]) -> Any:
     if get_worker_info() is None:
         return default_collate(samples)
     return collate(samples, collate_fn_map=_PROMOTING)
@@ -492,6 +513,11 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
     """The batch's columns by field, every sample checked to have the same fields."""
     if isinstance(samples[0], (Tensor, np.ndarray, list)):
         return {_BARE: samples}
+    if _number_tuple(samples[0]):  # torch reads it as fields: (1, 2, 3) is three of them
+        raise CollateError(
+            f"PadCollate: sample 0 is a tuple of numbers {samples[0]!r:.40}, read as fields "
+            "(as torch does), not a sequence to pad; return token ids as a list or tensor"
+        )
     kind, keys = _keys(samples[0], 0)
     for i, sample in enumerate(samples):
         kind_i, keys_i = _keys(sample, i)
@@ -721,7 +747,7 @@ class PadCollate:
                     out[k], lens, m = self._pad(k, col)
                     lengths, mask = (lens, m) if k == length_key else (lengths, mask)
                 else:
-                    out[k] = _collate_rest(_where(k), col)
+                    out[k] = _collate_rest(k, col)
         except (CollateError, TypeError):
             if order is not None:  # its "sample i" would count the sorted rows: the batch's own
                 unsorted = copy.copy(self)

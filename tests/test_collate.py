@@ -497,16 +497,16 @@ def test_a_field_mixing_tensors_and_ints_names_the_sample() -> None:
 @pytest.mark.parametrize(
     ("meta", "where"),
     [
-        (lambda i: {"x": [i, i + 1]}, r"key 'meta'\['x'\]"),
-        (lambda i: ([i, i + 1], i), r"key 'meta'\[0\]"),
-        (lambda i: ({"x": [float(i)]}, 0), r"key 'meta'\[0\]\['x'\]"),
+        (lambda i: {"x": [i, i + 1]}, r"sample 0\['meta'\]\['x'\]"),
+        (lambda i: ([i, i + 1], i), r"sample 0\['meta'\]\[0\]"),
+        (lambda i: ({"x": [float(i)]}, 0), r"sample 0\['meta'\]\[0\]\['x'\]"),
     ],
 )
 def test_a_nested_number_list_is_refused_not_transposed(meta: Any, where: str) -> None:
     # {"x": [1, 2]} inside a dict came out [tensor([1, 3]), tensor([2, 4])]: by position, where
     # the same list at the top level is one (B, 2) tensor.
     samples = [{"ids": [1, 2], "meta": meta(1)}, {"ids": [3], "meta": meta(3)}]
-    with pytest.raises(CollateError, match=where + r": holds a list of numbers.*top-level field"):
+    with pytest.raises(CollateError, match=where + r" is a list of numbers.*top-level field"):
         PadCollate(length_field="ids")(samples)
 
 
@@ -520,7 +520,9 @@ def test_lists_of_records_are_kept_per_sample_and_number_tuples_padded() -> None
             [{"ids": [1], "r": records}, {"ids": [2, 3], "r": records[::-1]}]
         )
         assert batch["r"] == [records, records[::-1]]
-    with pytest.raises(CollateError, match=r"key 'm'\['r'\]: holds a list of strings or records"):
+    with pytest.raises(
+        CollateError, match=r"sample 0\['m'\]\['r'\] is a list of strings or records"
+    ):
         PadCollate(length_field="ids")([{"ids": [1], "m": {"r": [b"a"]}}] * 2)
     ids = PadCollate(length_field="ids")([{"ids": (1, 2, 3)}, {"ids": (4,)}])
     assert ids["ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and ids["lengths"].tolist() == [3, 1]
@@ -538,7 +540,7 @@ def test_a_field_of_string_lists_stays_one_list_per_sample(second: list[str]) ->
     batch = PadCollate()([{"x": [1, 2], "tags": ["a", "b"]}, {"x": [3], "tags": second}])
     assert batch["tags"] == [["a", "b"], second]
     nested = [{"x": [1], "meta": {"tags": ["a", "b"]}}, {"x": [3], "meta": {"tags": second}}]
-    with pytest.raises(CollateError, match=r"key 'meta'\['tags'\]: holds a list of strings"):
+    with pytest.raises(CollateError, match=r"sample 0\['meta'\]\['tags'\] is a list of strings"):
         PadCollate()(nested)
 
 
@@ -957,7 +959,7 @@ def test_a_nested_field_of_other_keys_or_kinds_is_named(sort: bool) -> None:
     metas = [{"a": 1}, {"a": 2, "b": 5}]
     for order in (metas, metas[::-1]):
         batch = [{"ids": t, "meta": m} for t, m in zip(ids, order, strict=True)]
-        with pytest.raises(CollateError, match=r"key 'meta': sample 1 has keys \[.*\], sample 0"):
+        with pytest.raises(CollateError, match=r"sample 1\['meta'\] has keys \[.*\], sample 0"):
             PadCollate(sort_by_length=sort)(batch)
     mixed = [{"ids": ids[0], "n": 1}, {"ids": ids[1], "n": [1, 2]}]
     with pytest.raises(CollateError, match=r"key 'n': its values are of other kinds.*\(int, list"):
@@ -1032,6 +1034,74 @@ def test_dicts_nested_in_samples_with_other_keys_are_refused(num_workers: int) -
         loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
         with pytest.raises(WorkerError, match=match):
             next(iter(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_default_collate_refuses_lists_of_numbers_or_strings_inside_samples(
+    num_workers: int,
+) -> None:
+    # Hunter 389: a tokenizer's lists (a `datasets` row without set_format) came out by position:
+    # input_ids a list of 4 tensors of 2 samples each, tokens [('[CLS]', '[CLS]'), ...].
+    cases = {
+        r"sample 0\['input_ids'\] is a list of numbers": {"input_ids": [101, 7, 102]},
+        r"sample 0\['tokens'\] is a list of strings": {"x": torch.ones(1), "tokens": ["a", "b"]},
+        r"sample 0\[0\] is a list of numbers": ([1, 2, 3], 0),
+        r"sample 0\['meta'\]\['spans'\] is a list of strings or records": {
+            "meta": {"spans": [(0, 1), (2, 3)]}
+        },
+    }
+    for match, sample in cases.items():
+        loader = ResumableDataLoader([sample] * 2, batch_size=2, num_workers=num_workers)
+        with pytest.raises(WorkerError, match=match + ".*loaderkit.PadCollate"):
+            next(iter(loader))
+    # What torch collates by position on purpose stays so: a sample's fields, a list of crops.
+    crops = [{"crops": [torch.full((2,), float(i)), torch.ones(2)]} for i in range(2)]
+    batch = next(iter(ResumableDataLoader(crops, batch_size=2, num_workers=num_workers)))
+    assert [t.tolist() for t in batch["crops"]] == [[[0.0] * 2, [1.0] * 2], [[1.0] * 2] * 2]
+    fields = next(iter(ResumableDataLoader([[1, 2.0], [3, 4.0]], batch_size=2)))
+    assert [t.tolist() for t in fields] == [[1, 3], [2.0, 4.0]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_default_collate_errors_name_the_field(num_workers: int) -> None:
+    # Hunter 389: torch's "stack expects each tensor to be equal size" named no key.
+    cases = {
+        r"RuntimeError: sample\['input_ids'\]: stack expects": [
+            {"input_ids": torch.ones(n), "label": 0} for n in (2, 3)
+        ],
+        r"TypeError: sample\['label'\]: default_collate: batch must": [
+            {"input_ids": torch.ones(2), "label": None}
+        ]
+        * 2,
+        r"RuntimeError: sample\[1\]\['boxes'\]: stack expects": [
+            (torch.ones(3), {"boxes": torch.ones(n, 4)}) for n in (1, 2)
+        ],
+    }
+    for match, data in cases.items():
+        loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
+        with pytest.raises(WorkerError, match=match):
+            next(iter(loader))
+
+
+def test_a_none_in_a_list_and_a_second_dim_that_differs_name_their_fix() -> None:
+    # Hunter 389: a tokenizer's word_ids ([None, 0, None]) were told to "return a tensor", and
+    # multiple-choice (choices, T) samples to "fix the other dims", not pad_dim=-1.
+    for second in ([None, None], [0, None]):
+        batch = [{"ids": [1, 2, 3], "word_ids": [None, 0, None]}, {"ids": [1], "word_ids": second}]
+        for order in (batch, batch[::-1]):
+            with pytest.raises(CollateError, match=r"'word_ids': sample 0 holds None at item"):
+                PadCollate(length_field="ids")(order)
+    choices = [{"input_ids": torch.ones(2, n, dtype=torch.long)} for n in (3, 5)]
+    with pytest.raises(CollateError, match=r"\(2, 5\) but sample 0 has \(2, 3\).*pad_dim=-1"):
+        PadCollate()(choices)
+    assert PadCollate(pad_dim=-1)(choices)["input_ids"].shape == (2, 2, 5)
+
+
+def test_a_sample_that_is_a_tuple_of_numbers_is_refused_not_read_as_fields() -> None:
+    # Hunter 389: (1, 2, 3) token ids came out three fields of shape (2,), with no lengths.
+    for batch in ([(1, 2, 3), (4, 5, 6)], [(1, 2, 3), (4, 5)]):
+        with pytest.raises(CollateError, match=r"sample 0 is a tuple of numbers.*list or tensor"):
+            PadCollate()(batch)
 
 
 def test_a_tuple_of_numbers_is_padded_in_every_batch() -> None:
