@@ -450,9 +450,10 @@ def _check_tree(col: list[Any], path: str = "") -> None:
     else:
         return
     for key in keys:
+        if not isinstance(first[key], Mapping | list | tuple):
+            continue  # a tensor or number here: torch names one of another kind itself
         child = [v[key] for v in col]
-        if isinstance(child[0], Mapping | list | tuple):
-            _check_tree(child, f"{path}[{key!r}]")
+        _check_tree(child, f"{path}[{key!r}]")
         for i, value in enumerate(child):
             item = None
             if isinstance(value, list):
