@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import decimal
 import functools
 import itertools
 import math
@@ -13,7 +15,6 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from loaderkit._checks import check_bool, check_int
@@ -25,6 +26,7 @@ PadScalar: TypeAlias = bool | int | float
 
 _KINDS = {bool: "b", int: "i", float: "f"}  # numpy dtype kind of each Python number type
 _NUMBERS = (bool, int, float, np.number, np.bool_)
+_PLAIN = (*_NUMBERS, str, bytes)  # what a list of is transposed by default_collate
 _BARE = object()  # column key of bare samples; lives only inside one call, never pickled
 _NUMPY_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16}
@@ -112,10 +114,13 @@ def _diagnose(where: str, col: list[Any], dim: int, cause: Exception | None = No
             if len(shape) != len(shape0) or shape[:dim] + shape[dim + 1 :] != (
                 shape0[:dim] + shape0[dim + 1 :]
             ):
-                other = [d for d, (a, b) in enumerate(zip(shape, shape0)) if a != b]
                 fix = "fix the other dims"
-                if len(shape) == len(shape0) and len(other) == 1:  # (choices, T): T differs
-                    fix = f"pass pad_dim={other[0] - len(shape)} to pad that dim"
+                if len(shape) == len(shape0):  # (choices, T) where T differs: pad dim -1
+                    other = [
+                        d for d, (a, b) in enumerate(zip(shape, shape0, strict=True)) if a != b
+                    ]
+                    if len(other) == 1:
+                        fix = f"pass PadCollate(pad_dim={other[0] - len(shape)}) to pad that dim"
                 raise CollateError(
                     f"{where}: sample {i} has shape {shape} but sample 0 has {shape0}; only "
                     f"dim {dim} (pad_dim) may differ, so {fix}"
@@ -166,6 +171,13 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if flat.ndim != 1:
         _not_flat(where, col)
+    items = itertools.chain.from_iterable(col)
+    if flat.dtype.kind in "ufO" and flat.size and all(type(x) is int for x in items):
+        big = max(itertools.chain.from_iterable(col), key=abs)  # past int64 (hashes): wraps
+        raise CollateError(
+            f"{where}: holds {big}, past int64; return it as an array of dtype uint64, or as "
+            "a string"
+        )
     if len(kinds) > 1 or (flat.size and not _same_kind(flat.dtype, next(iter(kinds)))):
         _diagnose(where, col, 0)
     scalars = [x.dtype for v in col if v for x in (v[0], v[-1]) if isinstance(x, np.generic)]
@@ -351,6 +363,7 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
 
 
 _RECORDS = (str, bytes, tuple, Mapping)  # a list of these is kept one list per sample
+_OPAQUE = (datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)  # kept as a list
 
 
 def _number_tuple(value: Any) -> bool:
@@ -363,15 +376,27 @@ def _unviewable(array: np.ndarray) -> bool:
     return not array.dtype.isnative or any(step < 0 for step in array.strides)
 
 
+def _record(value: Any) -> bool:
+    """A string, bytes, tuple or dict, or a list of them (word lists): kept per sample."""
+    if isinstance(value, list):
+        return all(_record(x) for x in value)
+    return isinstance(value, _RECORDS)
+
+
 def _collate_rest(key: Hashable, col: list[Any]) -> Any:
     """``default_collate`` of a field that is not padded; nested ones checked and named."""
-    if all(isinstance(v, list) and all(isinstance(x, _RECORDS) for x in v) for v in col):
+    if all(isinstance(v, list) and _record(v) for v in col):
         return [list(v) for v in col]  # strings, records: one list per sample, not transposed
+    if all(isinstance(v, _OPAQUE) for v in col):  # a Parquet date or decimal column
+        return list(col)
     where = _where(key)
     _check_tree(col, f"[{key!r}]")
+    _refuse_by_position(col, f"[{key!r}]")
     if any(isinstance(v, np.ndarray) and _unviewable(v) for v in col):  # x[::-1], ">i4"
         col = [
-            np.ascontiguousarray(v, v.dtype.newbyteorder("=")) if isinstance(v, np.ndarray) else v
+            np.ascontiguousarray(v, v.dtype.newbyteorder("=")).reshape(v.shape)  # 0-d stays
+            if isinstance(v, np.ndarray)
+            else v
             for v in col
         ]
     none = next((i for i, v in enumerate(col) if v is None), None)
@@ -418,9 +443,16 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
+def _numbers(batch: list[Any], *, collate_fn_map: Any = None) -> Tensor:
+    """Python numbers: float64 where one is a float, as torch makes a float-first batch."""
+    if any(isinstance(x, float) for x in batch):
+        return torch.tensor(batch, dtype=torch.float64)
+    return torch.tensor(batch)
+
+
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its own walk of
-# containers, arrays and numbers, with the tensor stack swapped.
-_PROMOTING = {**default_collate_fn_map, Tensor: _stack_promoted}
+# containers, arrays and numbers, with the tensor stack and Python numbers swapped.
+_PROMOTING = {**default_collate_fn_map, Tensor: _stack_promoted, int: _numbers, float: _numbers}
 
 
 STACK_FIX = (
@@ -429,10 +461,43 @@ STACK_FIX = (
 )
 
 
+def _positional(value: Any) -> bool:
+    """A sequence ``default_collate`` collates position by position (a tuple is fields)."""
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes | tuple)
+
+
+def _holds_array(value: Any) -> bool:
+    if isinstance(value, Tensor | np.ndarray):
+        return True
+    items = value.values() if isinstance(value, Mapping) else value
+    return isinstance(value, Mapping | list | tuple) and any(_holds_array(v) for v in items)
+
+
+def _refuse_by_position(col: list[Any], path: str) -> None:
+    """Refuse a list in ``col`` that is not views of a sample (arrays, or containers of
+    them): ``default_collate`` would pair up its items across samples by position. A column
+    mixing sequences with other values is left to torch's error, which names the kinds."""
+    if not all(isinstance(v, Sequence) and not isinstance(v, str | bytes) for v in col):
+        return
+    for i, value in enumerate(col):
+        if not _positional(value) or (value and all(_holds_array(x) for x in value)):
+            continue
+        item = next((x for x in value if not _holds_array(x)), None)
+        what = "an empty list" if not value else "a list of records"
+        if isinstance(item, _PLAIN):
+            what = "a list of numbers" if isinstance(item, _NUMBERS) else "a list of strings"
+        raise CollateError(
+            f"sample {i}{path} is {what}, which default_collate would collate by position "
+            "across samples; return a tensor or array, or collate it with "
+            "loaderkit.PadCollate() as a top-level field (number lists padded, others kept "
+            "per sample)"
+        )
+
+
 def _check_tree(col: list[Any], path: str = "") -> None:
     """Refuse what ``default_collate`` gets silently wrong inside samples: dicts whose keys
-    differ (it keeps sample 0's) and lists of numbers or records below the top level (it
-    transposes them: one entry per position, not per sample). ``path`` names ``col``."""
+    differ (it keeps sample 0's) and lists of numbers or records (it transposes them: one
+    entry per position, not per sample). ``path`` names ``col``."""
     first = col[0]
     if isinstance(first, Mapping):
         for i, value in enumerate(col):
@@ -443,44 +508,36 @@ def _check_tree(col: list[Any], path: str = "") -> None:
                     "give every sample the same keys"
                 )
         keys: Iterable[Any] = first
-    elif isinstance(first, tuple | list) and all(
-        isinstance(v, list | tuple) and len(v) == len(first) for v in col
+    elif isinstance(first, Sequence) and all(
+        isinstance(v, Sequence) and len(v) == len(first) for v in col
     ):
         keys = range(len(first))
     else:
         return
     for key in keys:
-        if not isinstance(first[key], Mapping | list | tuple):
-            continue  # a tensor or number here: torch names one of another kind itself
-        child = [v[key] for v in col]
-        _check_tree(child, f"{path}[{key!r}]")
-        for i, value in enumerate(child):
-            item = None
-            if isinstance(value, list):
-                item = next((x for x in value if isinstance(x, _NUMBERS + _RECORDS)), None)
-            if item is not None:
-                kind = "numbers" if isinstance(item, _NUMBERS) else "strings or records"
-                raise CollateError(
-                    f"sample {i}{path}[{key!r}] is a list of {kind}, which default_collate "
-                    "would transpose across samples; return a tensor or array, or collate it "
-                    "with loaderkit.PadCollate() as a top-level field (number lists padded, "
-                    "others kept per sample)"
-                )
+        if isinstance(first[key], Mapping | Sequence) and not isinstance(first[key], str | bytes):
+            child = [v[key] for v in col]
+            _check_tree(child, f"{path}[{key!r}]")
+            _refuse_by_position(child, f"{path}[{key!r}]")
 
 
 def promoting_collate(samples: list[Any]) -> Any:
     """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
     arrays that differ in dtype at one place of the samples are promoted as the main
-    process's ``torch.stack`` promotes them. Dict samples must share their keys (torch keeps
-    sample 0's, dropping the others' silently)."""
+    process's ``torch.stack`` promotes them, and Python ints beside floats are float64 (torch
+    typed them by the first: 3 beside 0.1 became float32). Samples are checked first
+    (:func:`_check_tree`); a sample that is a list of numbers or strings is refused (torch
+    reads it as fields, so token ids came out one tensor per position)."""
     if samples:
+        if _positional(samples[0]) and all(isinstance(x, _PLAIN) for x in samples[0]):
+            _refuse_by_position(samples[:1], "")
         _check_tree(samples)
     try:
         return _collate(samples)
     except (RuntimeError, TypeError) as err:  # torch names no field: the first that fails alone
         path = _failing(samples)
         if path and err.args and isinstance(err.args[0], str):
-            err.args = (f"sample{path}: {err.args[0]}", *err.args[1:])
+            err.args = (f"in field {path}: {err.args[0]}", *err.args[1:])
         raise
 
 
@@ -505,8 +562,6 @@ def _failing(samples: list[Any]) -> str:
 
 
 def _collate(samples: list[Any]) -> Any:
-    if get_worker_info() is None:
-        return default_collate(samples)
     return collate(samples, collate_fn_map=_PROMOTING)
 
 
@@ -516,8 +571,9 @@ def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
         return {_BARE: samples}
     if _number_tuple(samples[0]):  # torch reads it as fields: (1, 2, 3) is three of them
         raise CollateError(
-            f"PadCollate: sample 0 is a tuple of numbers {samples[0]!r:.40}, read as fields "
-            "(as torch does), not a sequence to pad; return token ids as a list or tensor"
+            f"PadCollate: sample 0 is a tuple of numbers {samples[0]!r:.40}: fields to torch, "
+            "maybe token ids; return token ids as a list or tensor, or collate fields of "
+            "numbers without PadCollate (the default collate)"
         )
     kind, keys = _keys(samples[0], 0)
     for i, sample in enumerate(samples):
@@ -772,7 +828,8 @@ class PadCollate:
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             # Lists of lists, of numpy scalars or of number tuples (spans): each a tensor.
             lead = _lead(col) if nested else None
-            if isinstance(lead, list | np.generic) or _number_tuple(lead):
+            text = isinstance(lead, list) and _record(lead) and bool(lead)  # word lists
+            if (isinstance(lead, list | np.generic) and not text) or _number_tuple(lead):
                 columns[k] = col = _nested_tensors(_where(k), col)
             elif all(_number_tuple(v) for v in col):  # token ids as a tuple: as a list
                 columns[k] = col = [list(v) for v in col]

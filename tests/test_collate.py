@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
+import decimal
 import math
 import pickle
 from collections import namedtuple
@@ -520,9 +522,7 @@ def test_lists_of_records_are_kept_per_sample_and_number_tuples_padded() -> None
             [{"ids": [1], "r": records}, {"ids": [2, 3], "r": records[::-1]}]
         )
         assert batch["r"] == [records, records[::-1]]
-    with pytest.raises(
-        CollateError, match=r"sample 0\['m'\]\['r'\] is a list of strings or records"
-    ):
+    with pytest.raises(CollateError, match=r"sample 0\['m'\]\['r'\] is a list of strings"):
         PadCollate(length_field="ids")([{"ids": [1], "m": {"r": [b"a"]}}] * 2)
     ids = PadCollate(length_field="ids")([{"ids": (1, 2, 3)}, {"ids": (4,)}])
     assert ids["ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and ids["lengths"].tolist() == [3, 1]
@@ -1046,7 +1046,11 @@ def test_the_default_collate_refuses_lists_of_numbers_or_strings_inside_samples(
         r"sample 0\['input_ids'\] is a list of numbers": {"input_ids": [101, 7, 102]},
         r"sample 0\['tokens'\] is a list of strings": {"x": torch.ones(1), "tokens": ["a", "b"]},
         r"sample 0\[0\] is a list of numbers": ([1, 2, 3], 0),
-        r"sample 0\['meta'\]\['spans'\] is a list of strings or records": {
+        r"sample 0 is a list of numbers": [101, 7, 102],  # a JSONL line of token ids
+        r"sample 0 is a list of strings": ["a", "b"],
+        r"sample 0\['ids'\] is an empty list": {"ids": []},  # torch: [], no entry per sample
+        r"sample 0\['pred'\] is a list of strings": {"pred": ["pos", 0.9]},
+        r"sample 0\['meta'\]\['spans'\] is a list of records": {
             "meta": {"spans": [(0, 1), (2, 3)]}
         },
     }
@@ -1058,22 +1062,25 @@ def test_the_default_collate_refuses_lists_of_numbers_or_strings_inside_samples(
     crops = [{"crops": [torch.full((2,), float(i)), torch.ones(2)]} for i in range(2)]
     batch = next(iter(ResumableDataLoader(crops, batch_size=2, num_workers=num_workers)))
     assert [t.tolist() for t in batch["crops"]] == [[[0.0] * 2, [1.0] * 2], [[1.0] * 2] * 2]
-    fields = next(iter(ResumableDataLoader([[1, 2.0], [3, 4.0]], batch_size=2)))
+    fields = next(iter(ResumableDataLoader([(1, 2.0), (3, 4.0)], batch_size=2)))
     assert [t.tolist() for t in fields] == [[1, 3], [2.0, 4.0]]
+    views = [{"views": [{"image": torch.full((2,), float(i))}] * 2} for i in range(2)]
+    batch = next(iter(ResumableDataLoader(views, batch_size=2, num_workers=num_workers)))
+    assert [v["image"].tolist() for v in batch["views"]] == [[[0.0] * 2, [1.0] * 2]] * 2
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_default_collate_errors_name_the_field(num_workers: int) -> None:
     # Hunter 389: torch's "stack expects each tensor to be equal size" named no key.
     cases = {
-        r"RuntimeError: sample\['input_ids'\]: stack expects": [
+        r"RuntimeError: in field \['input_ids'\]: stack expects": [
             {"input_ids": torch.ones(n), "label": 0} for n in (2, 3)
         ],
-        r"TypeError: sample\['label'\]: default_collate: batch must": [
+        r"TypeError: in field \['label'\]: default_collate: batch must": [
             {"input_ids": torch.ones(2), "label": None}
         ]
         * 2,
-        r"RuntimeError: sample\[1\]\['boxes'\]: stack expects": [
+        r"RuntimeError: in field \[1\]\['boxes'\]: stack expects": [
             (torch.ones(3), {"boxes": torch.ones(n, 4)}) for n in (1, 2)
         ],
     }
@@ -1095,6 +1102,42 @@ def test_a_none_in_a_list_and_a_second_dim_that_differs_name_their_fix() -> None
     with pytest.raises(CollateError, match=r"\(2, 5\) but sample 0 has \(2, 3\).*pad_dim=-1"):
         PadCollate()(choices)
     assert PadCollate(pad_dim=-1)(choices)["input_ids"].shape == (2, 2, 5)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_python_ints_beside_floats_are_float64_whichever_comes_first(num_workers: int) -> None:
+    # Hunter 391: torch types a batch of Python numbers by its first: 3 beside 0.1 became
+    # float32 (16777217 rounded to 16777216), 0.1 beside 3 float64.
+    rows = [{"score": 3}, {"score": 0.1}, {"score": 0.1}, {"score": 3}, {"score": 16777217}]
+    rows.append({"score": 0.5})
+    for collate_fn in (None, PadCollate(length_field="ids")):
+        data = [{**r, "ids": [1]} for r in rows] if collate_fn else rows
+        loader = ResumableDataLoader(
+            data, batch_size=2, num_workers=num_workers, collate_fn=collate_fn
+        )
+        got = [(b["score"].dtype, b["score"].tolist()) for b in loader]
+        want = [[3, 0.1], [0.1, 3], [16777217, 0.5]]
+        assert got == [(torch.float64, w) for w in want]
+    assert next(iter(ResumableDataLoader([1, 2], batch_size=2))).dtype == torch.int64
+
+
+def test_padcollate_keeps_word_lists_dates_and_refuses_what_would_change() -> None:
+    # Hunter 391: word lists were "a ragged nested list"; a Parquet date column was refused;
+    # ["pos", 0.9] was transposed; an int past int64 wrapped to a negative; a big-endian
+    # 0-d target came out (B, 1).
+    words = [{"ids": [1], "w": [["New", "York"], ["is"]]}, {"ids": [2, 3], "w": [["ok"]]}]
+    assert PadCollate()(words)["w"] == [w["w"] for w in words]
+    day, price = datetime.date(2020, 1, 1), decimal.Decimal("1.10")
+    got = PadCollate()([{"ids": [1], "day": day, "p": price}] * 2)
+    assert got["day"] == [day, day] and got["p"] == [price, price]
+    with pytest.raises(CollateError, match=r"sample 0\['pred'\] is a list of strings"):
+        PadCollate()([{"ids": [1], "pred": ["pos", 0.9]}, {"ids": [2], "pred": ["neg", 0.2]}])
+    with pytest.raises(CollateError, match=r"key 'h': holds 18446744073709551615, past int64"):
+        PadCollate(length_field="ids")([{"ids": [1], "h": [2**64 - 1, 2**63]}] * 2)
+    with pytest.raises(CollateError, match=r"key 'h': holds -9223372036854775809, past int64"):
+        PadCollate(length_field="ids")([{"ids": [1], "h": [-(2**63) - 1, 5]}] * 2)
+    target = np.array(0.5, dtype=">f4")
+    assert PadCollate()([{"ids": [1], "y": target}] * 2)["y"].shape == (2,)
 
 
 def test_a_sample_that_is_a_tuple_of_numbers_is_refused_not_read_as_fields() -> None:

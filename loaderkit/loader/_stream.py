@@ -113,14 +113,13 @@ class _SlotBatches(EngineSource):
         try:
             return self.collate(samples)
         except Exception as exc:  # named as a planned loader's collate failure is
-            if isinstance(exc, LoaderkitError):
-                return FailedBatch(exc)
-            fix = STACK_FIX if self.collate is promoting_collate else "fix collate_fn"
+            said = f"{exc}"  # loaderkit's own names its fix
+            if not isinstance(exc, LoaderkitError):
+                fix = STACK_FIX if self.collate is promoting_collate else "fix collate_fn"
+                said = f"{type(exc).__name__}: {exc}; {fix} (traceback chained above)."
             return FailedBatch(
                 worker_error_from(
-                    f"collate_fn failed on a stream batch of {len(samples)} samples with "
-                    f"{type(exc).__name__}: {exc}; {fix} (traceback chained above).",
-                    exc,
+                    f"collate_fn failed on a stream batch of {len(samples)} samples: {said}", exc
                 )
             )
 

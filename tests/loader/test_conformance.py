@@ -1431,7 +1431,9 @@ class Rows(torch.utils.data.Dataset[dict[str, Any]]):
 
     def __init__(self, size: int, shuffle: bool = False) -> None:
         self.size, self.shuffle = size, shuffle
-        self.rows = [{"id": i, "name": f"row_{i}", "ids": [i, i + 1, i + 2]} for i in range(size)]
+        # "ids" a tuple (fields): the default collate refuses a list of numbers in a sample,
+        # which torch transposes (torchdata's own test rows hold one).
+        self.rows = [{"id": i, "name": f"row_{i}", "ids": (i, i + 1, i + 2)} for i in range(size)]
 
     def __len__(self) -> int:
         return self.size

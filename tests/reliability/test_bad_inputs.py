@@ -150,6 +150,14 @@ def _ragged(shard: tuple[int, int]) -> Any:
     yield from (torch.ones(1 + i) for i in range(shard[1]))
 
 
+def _listed(shard: tuple[int, int]) -> Any:
+    yield from ({"ids": [i, i + 1]} for i in range(shard[1]))
+
+
+def listed_stream() -> StreamingShardedDataset:
+    return StreamingShardedDataset([(0, 2)], IterableReader(_listed), shuffle_shards=False)
+
+
 def ragged_stream() -> StreamingShardedDataset:
     return StreamingShardedDataset([(0, 2)], IterableReader(_ragged), shuffle_shards=False)
 
@@ -1426,6 +1434,14 @@ COLLATE = [
         "collate_fn failed on a stream batch of 2 samples",
         "stack expects each tensor to be equal size",
         "PadCollate\\(\\) for samples of different lengths.*out_dtype=",
+    ),
+    Bad(  # review 392: loaderkit's own collate error came bare, naming no stream batch
+        "stream samples with a list of numbers under the default collate",
+        lambda tmp: first_batch(loader_of(listed_stream(), batch_size=2)),
+        CollateError,
+        "collate_fn failed on a stream batch of 2 samples",
+        "sample 0\\['ids'\\] is a list of numbers",
+        "PadCollate\\(\\) as a top-level field",
     ),
     Bad(
         "padding_side",
