@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import errno
 import os
+import re
 import threading
 import time
 import zlib
@@ -50,12 +51,18 @@ def is_url(value: Any) -> bool:
 
 
 def refuse_file_url(owner: str, name: str, value: Any) -> None:
-    """Refuse a ``file://`` URL, which would be taken for a local path starting ``file:``."""
-    if isinstance(value, str) and value.startswith("file://"):
-        raise ValueError(
-            f"{owner}: {name}={value!r} is a file:// URL, which would be taken for a path "
-            f"starting 'file:'; pass the local path {value[len('file://') :]!r}."
-        )
+    """Refuse a local path that names another place than meant: a ``file://`` URL, one
+    starting ``~`` or a URL that pathlib collapsed (``Path("s3://b") / "x"``)."""
+    text = os.fspath(value) if isinstance(value, str | os.PathLike) else ""
+    if text.startswith("file://"):
+        why, fix = "is a file:// URL", f"pass the local path {text[len('file://') :]!r}"
+    elif text.startswith("~"):
+        why, fix = "starts with '~', not expanded", f"pass os.path.expanduser({text!r})"
+    elif isinstance(value, os.PathLike) and re.match(r"[A-Za-z][\w+.-]+:/[^/]", text):
+        why, fix = "is a URL that pathlib collapsed ('://' became ':/')", "pass the URL as a str"
+    else:
+        return
+    raise ValueError(f"{owner}: {name}={text!r} {why}; {fix}.")
 
 
 def join_url(root: str, name: str) -> str:
@@ -123,9 +130,11 @@ class Storage:
                     f"pip install {package}."
                 ) from exc
             except ValueError as exc:
+                fix = "an s3://, gs://, https://, hf:// ... URL that fsspec knows, or a local path"
+                if "::" in self.protocol:  # filecache::s3://...: loaderkit caches itself
+                    fix = "the URL after the last '::' (loaderkit caches what it reads)"
                 raise ValueError(
-                    f"no filesystem for {self.protocol}:// URLs ({exc}); pass an s3://, gs://, "
-                    "https://, hf:// ... URL that fsspec knows, or a local path."
+                    f"no filesystem for {self.protocol}:// URLs ({exc}); pass {fix}."
                 ) from exc
             self._pid = os.getpid()
         return self._fs
@@ -180,6 +189,7 @@ class Storage:
     ) -> T:
         """``fn()``, retried with backoff on transient errors (``bounded``: within one
         ``timeout_s``; not once the object is no longer ``expect``); errors name ``url``."""
+        _ = self.fs  # an unknown protocol is refused at once, not retried as the network
         start, attempt = time.monotonic(), 0
         while True:
             try:

@@ -291,8 +291,13 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         for item in items:
             refuse_file_url(owner, "shards", item)
         paths = [Path(s).absolute() for s in items]
-        for path in paths:
+        for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
+            if path.is_dir():
+                raise ValueError(
+                    f"{owner}: shards[{i}]={str(path)!r} is a directory; a list holds shard "
+                    "files: list them, or read several folders with MixedDataset."
+                )
         _refuse_links_to_one_file(owner, paths)
         return paths
     if any(isinstance(s, str | os.PathLike) for s in items):

@@ -225,7 +225,11 @@ def read_index(index: Path, paths: Sequence[Path], reader: ShardReader) -> list[
         _, size, mtime, samples, *extras = by_path[resolved]
         entry = IndexEntry(path, int(size), int(mtime), int(samples), *extras[:1])
         where = f"shard index {str(index)!r}"
-        entries.append(unchanged(entry, where, "delete the index and restart the run."))
+        fix = (
+            "in a copy made without its times (cp -r; cp -a keeps them), delete the index (or "
+            "pass index=) and resume; if the shard itself changed, restart the run."
+        )
+        entries.append(unchanged(entry, where, fix))
     return entries
 
 

@@ -517,3 +517,43 @@ def test_a_marker_left_half_written_by_a_killed_write_goes_with_its_rerun(tmp_pa
     write_shards(tmp_path, arrays((1, 1, 1), 3), READER, progress=False)
     assert not work.exists()
     assert ShardedDataset(tmp_path, READER).sizes == (1, 1, 1)
+
+
+def test_paths_that_name_another_place_are_refused(tmp_path: Path) -> None:
+    # Hunter 390: "~/corpus" was written to a folder "~" in the cwd; Path("memory://b") / "x"
+    # (memory:/b/x) was "not a directory"; a list of folders raised numpy's IsADirectoryError;
+    # an unknown or chained protocol (filecache::memory://) was retried for 15 s as the network.
+    with pytest.raises(ValueError, match=r"directory='~/corpus' starts with '~'.*expanduser"):
+        write_shards("~/corpus", arrays((2,), 1), READER, progress=False)
+    collapsed = Path("memory://bucket") / "train"
+    with pytest.raises(ValueError, match=r"'memory:/bucket/train' is a URL that pathlib collapsed"):
+        ShardedDataset(collapsed, READER)
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        write_shards(folder, arrays((2,), 1), READER, progress=False)
+    for owner in (ShardedDataset, StreamingShardedDataset):
+        with pytest.raises(ValueError, match=r"shards\[0\]=.* is a directory.*MixedDataset"):
+            owner([a, b], READER)
+    for url in ("filecache::memory://corpus", "s4://bucket/corpus"):
+        with pytest.raises(ValueError, match=r"no filesystem for .*:// URLs.*; pass") as caught:
+            ShardedDataset(url, READER)
+        assert "time(s)" not in str(caught.value)  # refused at once, not retried
+
+
+def test_a_copy_without_its_times_names_cp_a_and_resumes_without_its_index(
+    tmp_path: Path,
+) -> None:
+    # Hunter 390: a plain folder copied by cp -r was told to "restart the run".
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    np.save(src / "part0.npy", np.arange(4 * SEQ, dtype=np.uint16))
+    ShardedDataset(src, READER)  # writes the folder's index
+    dst.mkdir()
+    for path in src.iterdir():
+        (dst / path.name).write_bytes(path.read_bytes())  # times not kept
+    os.utime(dst / "part0.npy", ns=(1, 1))
+    with pytest.raises(ShardChangedError, match=r"cp -a keeps them\), delete the index"):
+        ShardedDataset(dst, READER)
+    for index in dst.glob(".loaderkit-index-*"):
+        index.unlink()
+    assert len(ShardedDataset(dst, READER)) == 4
