@@ -36,7 +36,8 @@ _MISSING = (
     "state_dict() returned by a loader over the same stream."
 )
 _DIFFERS = (
-    "A stream resumes exactly only with the same shards (names, sizes, dtype headers, order) "
+    "A stream resumes exactly only with the same shards (names, sizes, dtypes, object "
+    "versions, order) "
     "and settings; build the loader with the saved value (the same shards, in the same order) "
     "or start without the state."
 )

@@ -911,3 +911,15 @@ def test_a_stream_over_objects_with_the_default_repr_resumes_over_equal_ones() -
     assert head + [int(x) for b in resumed for x in b] == whole
     with pytest.raises(StateMismatchError, match=r"'shard_names_crc32' differs"):
         build(first=100).load_state_dict(saver.state_dict())  # other shards (review 378)
+
+
+def test_a_dtype_given_on_resume_over_npy_shards_is_named_as_the_readers(tmp_path: Path) -> None:
+    # Hunter 390: the refusal blamed ".lkdtype headers changed since the save" where the
+    # folder has none: the reader's dtype= was spelled out on resume.
+    write_shards(tmp_path, [np.arange(n * 4, dtype=np.int32) for n in (5, 3)], TokenReader(4))
+    first = ResumableDataLoader(StreamingShardedDataset(tmp_path, TokenReader(4)), batch_size=4)
+    next(iter(first))
+    state = first.state_dict()
+    again = StreamingShardedDataset(tmp_path, TokenReader(4, dtype=np.int32))
+    with pytest.raises(StateMismatchError, match=r"\.lkdtype headers, or the reader's dtype="):
+        ResumableDataLoader(again, batch_size=4).load_state_dict(state)
