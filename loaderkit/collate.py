@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from loaderkit._checks import check_bool, check_int
@@ -451,8 +452,9 @@ def _numbers(batch: list[Any], *, collate_fn_map: Any = None) -> Tensor:
 
 
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its own walk of
-# containers, arrays and numbers, with the tensor stack and Python numbers swapped.
-_PROMOTING = {**default_collate_fn_map, Tensor: _stack_promoted, int: _numbers, float: _numbers}
+# containers, arrays and numbers, with Python numbers (and in a worker, the stack) swapped.
+_MAIN = {**default_collate_fn_map, int: _numbers, float: _numbers}
+_PROMOTING = {**_MAIN, Tensor: _stack_promoted}
 
 
 STACK_FIX = (
@@ -461,13 +463,24 @@ STACK_FIX = (
 )
 
 
+def _sequence(value: Any) -> bool:
+    """A sequence ``default_collate`` walks (not a string); lists and tuples checked first,
+    as ``isinstance`` on the ABC costs a microsecond."""
+    return isinstance(value, list | tuple) or (
+        isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    )
+
+
 def _positional(value: Any) -> bool:
     """A sequence ``default_collate`` collates position by position (a tuple is fields)."""
-    return isinstance(value, Sequence) and not isinstance(value, str | bytes | tuple)
+    return _sequence(value) and not isinstance(value, tuple)
+
+
+_ARRAYS = (Tensor, np.ndarray)
 
 
 def _holds_array(value: Any) -> bool:
-    if isinstance(value, Tensor | np.ndarray):
+    if isinstance(value, _ARRAYS):
         return True
     items = value.values() if isinstance(value, Mapping) else value
     return isinstance(value, Mapping | list | tuple) and any(_holds_array(v) for v in items)
@@ -477,10 +490,12 @@ def _refuse_by_position(col: list[Any], path: str) -> None:
     """Refuse a list in ``col`` that is not views of a sample (arrays, or containers of
     them): ``default_collate`` would pair up its items across samples by position. A column
     mixing sequences with other values is left to torch's error, which names the kinds."""
-    if not all(isinstance(v, Sequence) and not isinstance(v, str | bytes) for v in col):
+    if not all(_sequence(v) for v in col):
         return
     for i, value in enumerate(col):
-        if not _positional(value) or (value and all(_holds_array(x) for x in value)):
+        if not _positional(value) or (value and all(isinstance(x, _ARRAYS) for x in value)):
+            continue  # views of a sample (crops): batched per view, as torch does
+        if value and all(_holds_array(x) for x in value):
             continue
         item = next((x for x in value if not _holds_array(x)), None)
         what = "an empty list" if not value else "a list of records"
@@ -507,15 +522,8 @@ def _check_tree(col: list[Any], path: str = "") -> None:
                     f"sample {i}{path} has keys {have}, sample 0 {sorted(map(str, first))}; "
                     "give every sample the same keys"
                 )
-        keys: Iterable[Any] = first
-    elif isinstance(first, Sequence) and all(
-        isinstance(v, Sequence) and len(v) == len(first) for v in col
-    ):
-        keys = range(len(first))
-    else:
-        return
-    for key in keys:
-        if isinstance(first[key], Mapping | Sequence) and not isinstance(first[key], str | bytes):
+    for key in _fields(col):
+        if isinstance(first[key], Mapping) or _sequence(first[key]):
             child = [v[key] for v in col]
             _check_tree(child, f"{path}[{key!r}]")
             _refuse_by_position(child, f"{path}[{key!r}]")
@@ -541,18 +549,19 @@ def promoting_collate(samples: list[Any]) -> Any:
         raise
 
 
+def _fields(col: list[Any]) -> Iterable[Any]:
+    """The keys of the values' fields: a dict's keys, a sequence's positions; none: a leaf."""
+    first = col[0]
+    if isinstance(first, Mapping):
+        return first
+    if _sequence(first) and all(_sequence(v) and len(v) == len(first) for v in col):
+        return range(len(first))
+    return ()
+
+
 def _failing(samples: list[Any]) -> str:
     """The path of the first field whose values cannot be collated on their own ('': none)."""
-    first = samples[0]
-    if isinstance(first, Mapping):
-        keys: Iterable[Any] = first
-    elif isinstance(first, tuple | list) and all(
-        isinstance(v, tuple | list) and len(v) == len(first) for v in samples
-    ):
-        keys = range(len(first))
-    else:
-        return ""
-    for key in keys:
+    for key in _fields(samples):
         child = [v[key] for v in samples]
         try:
             _collate(child)
@@ -562,7 +571,7 @@ def _failing(samples: list[Any]) -> str:
 
 
 def _collate(samples: list[Any]) -> Any:
-    return collate(samples, collate_fn_map=_PROMOTING)
+    return collate(samples, collate_fn_map=_MAIN if get_worker_info() is None else _PROMOTING)
 
 
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
