@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import get_worker_info
+from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
 from loaderkit._checks import check_bool, check_int
@@ -27,7 +27,6 @@ PadScalar: TypeAlias = bool | int | float
 
 _KINDS = {bool: "b", int: "i", float: "f"}  # numpy dtype kind of each Python number type
 _NUMBERS = (bool, int, float, np.number, np.bool_)
-_PLAIN = (*_NUMBERS, str, bytes)  # what a list of is transposed by default_collate
 _BARE = object()  # column key of bare samples; lives only inside one call, never pickled
 _NUMPY_DTYPES = frozenset(
     {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16}
@@ -364,6 +363,11 @@ def _nested_tensor(where: str, index: int, value: list[Any]) -> Tensor:
 
 
 _RECORDS = (str, bytes, tuple, Mapping)  # a list of these is kept one list per sample
+_NESTED_FIX = (
+    "return a tensor or array, or make it a top-level field (number lists padded, others kept "
+    "per sample)"
+)
+_FIELD_FIX = "make its items one kind (numbers are padded, strings kept per sample)"
 _OPAQUE = (datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)  # kept as a list
 
 
@@ -372,9 +376,20 @@ def _number_tuple(value: Any) -> bool:
     return type(value) is tuple and all(isinstance(x, _NUMBERS) for x in value)
 
 
+def _viewable(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("=")).reshape(array.shape)
+
+
 def _unviewable(array: np.ndarray) -> bool:
     """Whether torch cannot view ``array`` (negative strides, another byte order)."""
     return not array.dtype.isnative or any(step < 0 for step in array.strides)
+
+
+def _leaf(value: Any) -> Any:
+    """The first item at any depth of nested lists that is not a list (``_BARE``: none)."""
+    if not isinstance(value, list):
+        return value
+    return next((leaf for leaf in map(_leaf, value) if leaf is not _BARE), _BARE)
 
 
 def _record(value: Any) -> bool:
@@ -391,15 +406,8 @@ def _collate_rest(key: Hashable, col: list[Any]) -> Any:
     if all(isinstance(v, _OPAQUE) for v in col):  # a Parquet date or decimal column
         return list(col)
     where = _where(key)
-    _check_tree(col, f"[{key!r}]")
-    _refuse_by_position(col, f"[{key!r}]")
-    if any(isinstance(v, np.ndarray) and _unviewable(v) for v in col):  # x[::-1], ">i4"
-        col = [
-            np.ascontiguousarray(v, v.dtype.newbyteorder("=")).reshape(v.shape)  # 0-d stays
-            if isinstance(v, np.ndarray)
-            else v
-            for v in col
-        ]
+    _check_tree(col, f"[{key!r}]", _NESTED_FIX)
+    _refuse_by_position(col, f"[{key!r}]", _FIELD_FIX)
     none = next((i for i, v in enumerate(col) if v is None), None)
     if none is not None:  # an unlabelled row: default_collate says neither key nor sample
         raise CollateError(
@@ -445,15 +453,29 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
 
 
 def _numbers(batch: list[Any], *, collate_fn_map: Any = None) -> Tensor:
-    """Python numbers: float64 where one is a float, as torch makes a float-first batch."""
-    if any(isinstance(x, float) for x in batch):
-        return torch.tensor(batch, dtype=torch.float64)
-    return torch.tensor(batch)
+    """Numbers, Python or numpy: float64 where floats sit beside ints (torch typed the batch
+    by its first: 3 beside 0.1 became float32, 16777217 rounded); else as torch makes them."""
+    floats = sum(isinstance(x, float | np.floating) for x in batch)
+    if 0 < floats < len(batch):
+        return torch.tensor([float(x) for x in batch], dtype=torch.float64)
+    return default_collate(batch)
+
+
+def _arrays(batch: list[np.ndarray], *, collate_fn_map: Any = None) -> Any:
+    """numpy arrays, copied first where torch cannot view them (reversed, big-endian)."""
+    if any(isinstance(a, np.ndarray) and _unviewable(a) for a in batch):
+        batch = [_viewable(a) if isinstance(a, np.ndarray) else a for a in batch]
+    return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
 
 
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its own walk of
-# containers, arrays and numbers, with Python numbers (and in a worker, the stack) swapped.
-_MAIN = {**default_collate_fn_map, int: _numbers, float: _numbers}
+# containers, arrays and numbers, with numbers, arrays (and in a worker, the stack) swapped.
+_NP_SCALARS = next(k for k in default_collate_fn_map if isinstance(k, tuple))
+_MAIN = {
+    **default_collate_fn_map,
+    np.ndarray: _arrays,
+    **dict.fromkeys([int, float, _NP_SCALARS], _numbers),
+}
 _PROMOTING = {**_MAIN, Tensor: _stack_promoted}
 
 
@@ -480,36 +502,47 @@ _ARRAYS = (Tensor, np.ndarray)
 
 
 def _holds_array(value: Any) -> bool:
+    """Whether ``value`` is, or holds, an array of at least one dim (a 0-d one is a number)."""
     if isinstance(value, _ARRAYS):
-        return True
+        return value.ndim > 0
     items = value.values() if isinstance(value, Mapping) else value
     return isinstance(value, Mapping | list | tuple) and any(_holds_array(v) for v in items)
 
 
-def _refuse_by_position(col: list[Any], path: str) -> None:
-    """Refuse a list in ``col`` that is not views of a sample (arrays, or containers of
-    them): ``default_collate`` would pair up its items across samples by position. A column
-    mixing sequences with other values is left to torch's error, which names the kinds."""
-    if not all(_sequence(v) for v in col):
-        return
+DEFAULT_FIX = (
+    "return a tensor or array, or make it a field of a dict sample and pass "
+    "collate_fn=loaderkit.PadCollate() (number lists padded, others kept per sample)"
+)
+
+
+def _refuse_by_position(col: list[Any], path: str, fix: str = DEFAULT_FIX) -> None:
+    """Refuse a list in ``col`` that holds no array (numbers, strings, records, 0-d arrays):
+    ``default_collate`` would pair up its items across samples by position. One that holds
+    arrays (views of a sample, ``[image, label]``) is batched per position, as torch does."""
+    if not _positional(col[0]) and not all(_sequence(v) for v in col):
+        return  # sample 0 a number or tensor: torch's error names the other kinds
     for i, value in enumerate(col):
-        if not _positional(value) or (value and all(isinstance(x, _ARRAYS) for x in value)):
-            continue  # views of a sample (crops): batched per view, as torch does
-        if value and all(_holds_array(x) for x in value):
+        if isinstance(value, tuple):
+            continue  # fields, walked by _check_tree
+        if not _positional(value):
+            what = f"a {type(value).__name__} where sample 0 holds a list"
+        elif value and any(_holds_array(x) for x in value):
             continue
-        item = next((x for x in value if not _holds_array(x)), None)
-        what = "an empty list" if not value else "a list of records"
-        if isinstance(item, _PLAIN):
-            what = "a list of numbers" if isinstance(item, _NUMBERS) else "a list of strings"
+        elif not value:
+            what = "an empty list"
+        elif isinstance(value[0], str | bytes):
+            what = "a list of strings"
+        elif isinstance(value[0], (*_NUMBERS, *_ARRAYS)):
+            what = "a list of numbers"
+        else:
+            what = "a list of records"
         raise CollateError(
             f"sample {i}{path} is {what}, which default_collate would collate by position "
-            "across samples; return a tensor or array, or collate it with "
-            "loaderkit.PadCollate() as a top-level field (number lists padded, others kept "
-            "per sample)"
+            f"across samples; {fix}"
         )
 
 
-def _check_tree(col: list[Any], path: str = "") -> None:
+def _check_tree(col: list[Any], path: str = "", fix: str = DEFAULT_FIX) -> None:
     """Refuse what ``default_collate`` gets silently wrong inside samples: dicts whose keys
     differ (it keeps sample 0's) and lists of numbers or records (it transposes them: one
     entry per position, not per sample). ``path`` names ``col``."""
@@ -525,20 +558,16 @@ def _check_tree(col: list[Any], path: str = "") -> None:
     for key in _fields(col):
         if isinstance(first[key], Mapping) or _sequence(first[key]):
             child = [v[key] for v in col]
-            _check_tree(child, f"{path}[{key!r}]")
-            _refuse_by_position(child, f"{path}[{key!r}]")
+            _check_tree(child, f"{path}[{key!r}]", fix)
+            _refuse_by_position(child, f"{path}[{key!r}]", fix)
 
 
 def promoting_collate(samples: list[Any]) -> Any:
-    """``default_collate``, the same for any ``num_workers``: in a worker, tensors and
-    arrays that differ in dtype at one place of the samples are promoted as the main
-    process's ``torch.stack`` promotes them, and Python ints beside floats are float64 (torch
-    typed them by the first: 3 beside 0.1 became float32). Samples are checked first
-    (:func:`_check_tree`); a sample that is a list of numbers or strings is refused (torch
-    reads it as fields, so token ids came out one tensor per position)."""
+    """``default_collate``, the same for any ``num_workers`` (a worker promotes dtypes as the
+    main process's ``torch.stack`` does) and for any order of the samples (numbers are
+    float64 where floats sit beside ints), after :func:`_check_tree`. A sample that is a list
+    is its fields, as torch reads it."""
     if samples:
-        if _positional(samples[0]) and all(isinstance(x, _PLAIN) for x in samples[0]):
-            _refuse_by_position(samples[:1], "")
         _check_tree(samples)
     try:
         return _collate(samples)
@@ -837,7 +866,7 @@ class PadCollate:
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             # Lists of lists, of numpy scalars or of number tuples (spans): each a tensor.
             lead = _lead(col) if nested else None
-            text = isinstance(lead, list) and _record(lead) and bool(lead)  # word lists
+            text = nested and isinstance(_leaf(col), str | bytes)  # word lists: per sample
             if (isinstance(lead, list | np.generic) and not text) or _number_tuple(lead):
                 columns[k] = col = _nested_tensors(_where(k), col)
             elif all(_number_tuple(v) for v in col):  # token ids as a tuple: as a list

@@ -1046,8 +1046,6 @@ def test_the_default_collate_refuses_lists_of_numbers_or_strings_inside_samples(
         r"sample 0\['input_ids'\] is a list of numbers": {"input_ids": [101, 7, 102]},
         r"sample 0\['tokens'\] is a list of strings": {"x": torch.ones(1), "tokens": ["a", "b"]},
         r"sample 0\[0\] is a list of numbers": ([1, 2, 3], 0),
-        r"sample 0 is a list of numbers": [101, 7, 102],  # a JSONL line of token ids
-        r"sample 0 is a list of strings": ["a", "b"],
         r"sample 0\['ids'\] is an empty list": {"ids": []},  # torch: [], no entry per sample
         r"sample 0\['pred'\] is a list of strings": {"pred": ["pos", 0.9]},
         r"sample 0\['meta'\]\['spans'\] is a list of records": {
@@ -1062,8 +1060,9 @@ def test_the_default_collate_refuses_lists_of_numbers_or_strings_inside_samples(
     crops = [{"crops": [torch.full((2,), float(i)), torch.ones(2)]} for i in range(2)]
     batch = next(iter(ResumableDataLoader(crops, batch_size=2, num_workers=num_workers)))
     assert [t.tolist() for t in batch["crops"]] == [[[0.0] * 2, [1.0] * 2], [[1.0] * 2] * 2]
-    fields = next(iter(ResumableDataLoader([(1, 2.0), (3, 4.0)], batch_size=2)))
-    assert [t.tolist() for t in fields] == [[1, 3], [2.0, 4.0]]
+    for rows in ([(1, 2.0), (3, 4.0)], [[1, 2.0], [3, 4.0]]):  # a sample's fields, as torch's
+        fields = next(iter(ResumableDataLoader(rows, batch_size=2)))
+        assert [t.tolist() for t in fields] == [[1, 3], [2.0, 4.0]]
     views = [{"views": [{"image": torch.full((2,), float(i))}] * 2} for i in range(2)]
     batch = next(iter(ResumableDataLoader(views, batch_size=2, num_workers=num_workers)))
     assert [v["image"].tolist() for v in batch["views"]] == [[[0.0] * 2, [1.0] * 2]] * 2
@@ -1138,6 +1137,45 @@ def test_padcollate_keeps_word_lists_dates_and_refuses_what_would_change() -> No
         PadCollate(length_field="ids")([{"ids": [1], "h": [-(2**63) - 1, 5]}] * 2)
     target = np.array(0.5, dtype=">f4")
     assert PadCollate()([{"ids": [1], "y": target}] * 2)["y"].shape == (2,)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_default_collate_edges_of_review_393(num_workers: int) -> None:
+    # A list of 0-d tensors, or a list beside a tensor of its length, came out by position;
+    # a numpy int beside a Python float was float32 first; a big-endian array was refused;
+    # [tensor, label] in a dict (fields, as torch reads them) was refused by the first rule.
+    def first(data: list[Any]) -> Any:
+        loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
+        return next(iter(loader))
+
+    cases = {
+        r"sample 0\['zero_d'\] is a list of numbers": [{"zero_d": list(torch.arange(3))}] * 2,
+        r"sample 0\['ids'\] is a list of numbers": [{"ids": [1, 2]}, {"ids": torch.ones(2)}],
+        r"sample 1\['p'\] is a Tensor where sample 0 holds a list": [
+            {"p": [torch.ones(2), 1]},
+            {"p": torch.ones(2, 2)},
+        ],
+    }
+    for match, data in cases.items():
+        with pytest.raises(WorkerError, match=match):
+            first(data)
+    got = first([{"w": np.int64(16777217)}, {"w": 0.5}])["w"]
+    assert got.dtype == torch.float64 and got.tolist() == [16777217, 0.5]
+    big = first([{"y": np.array([i, 1.0], dtype=">f4")} for i in range(2)])["y"]
+    assert big.tolist() == [[0.0, 1.0], [1.0, 1.0]]
+    pair = first([{"pair": [torch.ones(2), i]} for i in range(2)])["pair"]
+    assert pair[0].shape == (2, 2) and pair[1].tolist() == [0, 1]
+
+
+def test_padcollate_tells_word_lists_from_number_tuples_at_any_depth() -> None:
+    # Review 393: per-token offset tuples were kept as lists (not padded), and word lists
+    # whose first inner list was empty were "a ragged nested list".
+    offsets = [{"ids": [5, 6], "o": [[(0, 1), (1, 3)]] * 2}, {"ids": [7], "o": [[(0, 2)] * 2]}]
+    assert PadCollate()(offsets)["o"].shape == (2, 2, 2, 2)
+    words = [{"ids": [1], "w": [[], ["Paris"]]}, {"ids": [2], "w": [["Rome"]]}]
+    assert PadCollate()(words)["w"] == [[[], ["Paris"]], [["Rome"]]]
+    with pytest.raises(CollateError, match=r"sample 0\['z'\] is a list of numbers"):
+        PadCollate()([{"ids": [1], "z": list(torch.arange(2))}] * 2)
 
 
 def test_a_sample_that_is_a_tuple_of_numbers_is_refused_not_read_as_fields() -> None:
