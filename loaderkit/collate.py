@@ -544,8 +544,8 @@ def _refuse_by_position(col: list[Any], path: str, fix: str = DEFAULT_FIX) -> No
 
 def _check_tree(col: list[Any], path: str = "", fix: str = DEFAULT_FIX) -> None:
     """Refuse what ``default_collate`` gets silently wrong inside samples: dicts whose keys
-    differ (it keeps sample 0's) and lists of numbers or records (it transposes them: one
-    entry per position, not per sample). ``path`` names ``col``."""
+    differ (it keeps sample 0's) and lists that hold no array (:func:`_refuse_by_position`).
+    ``path`` names ``col``; ``fix`` ends the list's error."""
     first = col[0]
     if isinstance(first, Mapping):
         for i, value in enumerate(col):
