@@ -123,6 +123,9 @@ def predict(plan: Any, key: Key, ends: np.ndarray) -> Prediction:
     return Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)
 
 
+_KEPT = 4  # predictions a Follower keeps: this epoch's, the next, and ones tried beside
+
+
 class Follower:
     """This process's place in the schedules on ``board``: the batch it reads now."""
 
@@ -164,6 +167,8 @@ class Follower:
         for key in candidates:
             if key not in self.predictions:
                 self.predictions[key] = predict(plan, key, ends)
+                if len(self.predictions) > _KEPT:  # an epoch's is as big as its steps: drop old
+                    del self.predictions[next(iter(self.predictions))]
             pred = self.predictions[key]
             if pred.firsts and pred.firsts[0] == first:
                 self.last = pred

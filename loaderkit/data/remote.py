@@ -3,6 +3,7 @@ shards in object storage)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import hashlib
@@ -268,11 +269,18 @@ def _sized(shard: RemoteShard) -> RemoteShard:
 def _listed_shards(folder: str, entries: list[dict[str, Any]]) -> dict[str, RemoteShard]:
     """Each listed file of ``folder`` by name, with its sidecars attached."""
     by_name = {e["name"]: (e["size"], str(e["version"])) for e in entries}
+    names = sorted(by_name)  # names starting with a stem sit together, from the stem on
     out = {}
     for name, (size, version) in by_name.items():
-        stems = (name, decoded_name(name))  # a.bin.lkdtype is a.bin.zst's too (see decode_into)
-        own = (o for o in sorted(by_name) if o != name and o.startswith(stems))
-        sides = tuple((o, *by_name[o]) for o in own if o.endswith(OWN_SUFFIXES))
+        own = set()
+        for stem in {name, decoded_name(name)}:  # a.bin.lkdtype is a.bin.zst's too (decode_into)
+            i = bisect.bisect_left(names, stem)
+            while i < len(names) and names[i].startswith(stem):
+                own.add(names[i])
+                i += 1
+        sides = tuple(
+            (o, *by_name[o]) for o in sorted(own) if o != name and o.endswith(OWN_SUFFIXES)
+        )
         out[name] = RemoteShard(join_url(folder, name), name, size, version, sides)
     return out
 

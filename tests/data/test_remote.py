@@ -531,3 +531,19 @@ def test_an_index_that_recorded_no_version_is_read_by_sizes() -> None:
     assert counts == [9]
     with pytest.raises(ShardChangedError, match="changed after it was indexed"):
         read_remote_index(doc, "hf://d/i.json", reader, [(*listed[0][:2], 168, "9f86d08")])
+
+
+def test_the_prefetch_keeps_a_few_epoch_predictions_not_every_epochs(tmp_path: Path) -> None:
+    # Hunter 394: every epoch's whole prediction (a list as long as its steps) was kept, so
+    # a reading process grew by an epoch's plan per epoch.
+    reader = TokenReader(seq_len=1, dtype=np.uint16)
+    url = f"memory://kept-{os.getpid()}-{id(tmp_path)}"
+    write_shards(url, [np.full(40, s, dtype=np.uint16) for s in range(6)], reader, progress=False)
+    cache = RemoteCache(cache_dir=tmp_path / "c", prefetch=2)
+    dataset = ShardedDataset(url, reader, remote=cache)
+    loader = ResumableDataLoader(dataset, batch_sampler=dataset.batch_sampler(4, seed=0))
+    assert dataset._remote is not None
+    for _ in range(7):
+        got = sorted(torch.cat([batch.flatten() for batch in loader]).tolist())
+        assert got == np.repeat(np.arange(6), 40).tolist()
+    assert 1 <= len(dataset._remote._follow.predictions) <= 4

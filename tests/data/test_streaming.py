@@ -923,3 +923,17 @@ def test_a_dtype_given_on_resume_over_npy_shards_is_named_as_the_readers(tmp_pat
     again = StreamingShardedDataset(tmp_path, TokenReader(4, dtype=np.int32))
     with pytest.raises(StateMismatchError, match=r"\.lkdtype headers, or the reader's dtype="):
         ResumableDataLoader(again, batch_size=4).load_state_dict(state)
+
+
+def test_a_shard_past_the_seeding_keys_offset_bits_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hunter 394: at 2**40 samples a shard's key spilled into the next shard's bits, so two
+    # samples drew the same augmentation. The bound is lowered here to read past it cheaply.
+    import loaderkit.data.streaming as streaming
+
+    monkeypatch.setattr(streaming, "_OFFSET_BITS", 3)
+    write_shards(tmp_path, [np.arange(12, dtype=np.int32)], TokenReader(1))
+    loader = ResumableDataLoader(StreamingShardedDataset(tmp_path, TokenReader(1)), batch_size=4)
+    with pytest.raises(ShardError, match=r"holds more than 2\*\*3 samples.*split it"):
+        list(loader)
