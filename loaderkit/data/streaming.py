@@ -511,8 +511,9 @@ def slot_stream(
                 continue
             if lane[1] >> _OFFSET_BITS:  # its seeding key would be the next shard's
                 raise ShardError(
-                    f"shard {ds.shards[shards[lane[0]]]!s:.200} holds more than 2**{_OFFSET_BITS} samples, "
-                    "past what a stream's per-sample seeding tells apart; split it."
+                    f"shard {ds.shards[shards[lane[0]]]!s:.200} holds more than "
+                    f"2**{_OFFSET_BITS} samples, past what a stream's per-sample seeding tells "
+                    "apart; split it."
                 )
             key = (shards[lane[0]] << _OFFSET_BITS) | lane[1]
             lane[1] += 1
