@@ -385,11 +385,14 @@ def _unviewable(array: np.ndarray) -> bool:
     return not array.dtype.isnative or any(step < 0 for step in array.strides)
 
 
+_NO_LEAF = object()
+
+
 def _leaf(value: Any) -> Any:
-    """The first item at any depth of nested lists that is not a list (``_BARE``: none)."""
+    """The first item at any depth of nested lists that is not a list (``_NO_LEAF``: none)."""
     if not isinstance(value, list):
         return value
-    return next((leaf for leaf in map(_leaf, value) if leaf is not _BARE), _BARE)
+    return next((leaf for leaf in map(_leaf, value) if leaf is not _NO_LEAF), _NO_LEAF)
 
 
 def _record(value: Any) -> bool:
@@ -452,11 +455,17 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
     return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
+_REAL = (bool, int, float, np.bool_, np.integer, np.floating)
+_FLOATS = (float, np.floating)
+
+
 def _numbers(batch: list[Any], *, collate_fn_map: Any = None) -> Tensor:
-    """Numbers, Python or numpy: float64 where floats sit beside ints (torch typed the batch
-    by its first: 3 beside 0.1 became float32, 16777217 rounded); else as torch makes them."""
-    floats = sum(isinstance(x, float | np.floating) for x in batch)
-    if 0 < floats < len(batch):
+    """Real numbers of more than one type (3 beside 0.1, np.float32 beside a Python float):
+    float64 where one is a float, whichever comes first (torch typed the batch by its first:
+    3 beside 0.1 became float32, 16777217 rounded); anything else as torch makes it."""
+    types = set(map(type, batch))
+    mixed = len(types) > 1 and all(issubclass(t, _REAL) for t in types)
+    if mixed and any(issubclass(t, _FLOATS) for t in types):
         return torch.tensor([float(x) for x in batch], dtype=torch.float64)
     return default_collate(batch)
 
@@ -465,18 +474,22 @@ def _arrays(batch: list[np.ndarray], *, collate_fn_map: Any = None) -> Any:
     """numpy arrays, copied first where torch cannot view them (reversed, big-endian)."""
     if any(isinstance(a, np.ndarray) and _unviewable(a) for a in batch):
         batch = [_viewable(a) if isinstance(a, np.ndarray) else a for a in batch]
-    return default_collate_fn_map[np.ndarray](batch, collate_fn_map=collate_fn_map)
+    return _TORCH[np.ndarray](batch, collate_fn_map=collate_fn_map)
 
 
-# torch's documented extension point (`collate(batch, collate_fn_map=...)`): its own walk of
-# containers, arrays and numbers, with numbers, arrays (and in a worker, the stack) swapped.
-_NP_SCALARS = next(k for k in default_collate_fn_map if isinstance(k, tuple))
-_MAIN = {
-    **default_collate_fn_map,
-    np.ndarray: _arrays,
-    **dict.fromkeys([int, float, _NP_SCALARS], _numbers),
-}
-_PROMOTING = {**_MAIN, Tensor: _stack_promoted}
+# torch's documented extension point (`collate(batch, collate_fn_map=...)`): its walk of
+# containers, arrays and numbers with numbers and arrays (and in a worker, the stack) swapped,
+# where torch's own handler is still in place (a user may register theirs, as torch documents).
+_TORCH = dict(default_collate_fn_map)
+_NP_SCALARS = next(k for k in _TORCH if isinstance(k, tuple))
+_OWN = {np.ndarray: _arrays, **dict.fromkeys([int, float, _NP_SCALARS], _numbers)}
+
+
+def _fn_map() -> dict[Any, Any]:
+    live = dict(default_collate_fn_map)
+    own = {**_OWN, Tensor: _stack_promoted} if get_worker_info() is not None else _OWN
+    live.update({k: fn for k, fn in own.items() if live.get(k) is _TORCH.get(k)})
+    return live
 
 
 STACK_FIX = (
@@ -488,8 +501,8 @@ STACK_FIX = (
 def _sequence(value: Any) -> bool:
     """A sequence ``default_collate`` walks (not a string); lists and tuples checked first,
     as ``isinstance`` on the ABC costs a microsecond."""
-    return isinstance(value, list | tuple) or (
-        isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    return isinstance(value, (list, tuple)) or (
+        isinstance(value, Sequence) and not isinstance(value, (str, bytes))
     )
 
 
@@ -505,13 +518,14 @@ def _holds_array(value: Any) -> bool:
     """Whether ``value`` is, or holds, an array of at least one dim (a 0-d one is a number)."""
     if isinstance(value, _ARRAYS):
         return value.ndim > 0
-    items = value.values() if isinstance(value, Mapping) else value
-    return isinstance(value, Mapping | list | tuple) and any(_holds_array(v) for v in items)
+    if isinstance(value, Mapping):
+        return any(_holds_array(v) for v in value.values())
+    return isinstance(value, (list, tuple)) and any(_holds_array(v) for v in value)
 
 
 DEFAULT_FIX = (
-    "return a tensor or array, or make it a field of a dict sample and pass "
-    "collate_fn=loaderkit.PadCollate() (number lists padded, others kept per sample)"
+    "return a tensor or array, or pass collate_fn=loaderkit.PadCollate() with it as a field "
+    "of the sample (number lists padded, others kept per sample)"
 )
 
 
@@ -520,22 +534,23 @@ def _refuse_by_position(col: list[Any], path: str, fix: str = DEFAULT_FIX) -> No
     ``default_collate`` would pair up its items across samples by position. One that holds
     arrays (views of a sample, ``[image, label]``) is batched per position, as torch does."""
     if not _positional(col[0]) and not all(_sequence(v) for v in col):
-        return  # sample 0 a number or tensor: torch's error names the other kinds
+        return  # torch collates by sample 0's kind, and refuses the others' itself
     for i, value in enumerate(col):
         if isinstance(value, tuple):
             continue  # fields, walked by _check_tree
+        kind = type(value).__name__
         if not _positional(value):
-            what = f"a {type(value).__name__} where sample 0 holds a list"
+            what = f"a {kind} where sample 0 holds a list"
         elif value and any(_holds_array(x) for x in value):
             continue
         elif not value:
-            what = "an empty list"
-        elif isinstance(value[0], str | bytes):
-            what = "a list of strings"
+            what = f"an empty {kind}"
+        elif isinstance(value[0], (str, bytes)):
+            what = f"a {kind} of strings"
         elif isinstance(value[0], (*_NUMBERS, *_ARRAYS)):
-            what = "a list of numbers"
+            what = f"a {kind} of numbers"
         else:
-            what = "a list of records"
+            what = f"a {kind} of records"
         raise CollateError(
             f"sample {i}{path} is {what}, which default_collate would collate by position "
             f"across samples; {fix}"
@@ -600,7 +615,7 @@ def _failing(samples: list[Any]) -> str:
 
 
 def _collate(samples: list[Any]) -> Any:
-    return collate(samples, collate_fn_map=_MAIN if get_worker_info() is None else _PROMOTING)
+    return collate(samples, collate_fn_map=_fn_map())
 
 
 def _split(samples: list[Any]) -> dict[Hashable, list[Any]]:
@@ -866,7 +881,8 @@ class PadCollate:
             nested = isinstance(col[0], list) and not _is_flat_list(col)
             # Lists of lists, of numpy scalars or of number tuples (spans): each a tensor.
             lead = _lead(col) if nested else None
-            text = nested and isinstance(_leaf(col), str | bytes)  # word lists: per sample
+            leaf = _leaf(col) if nested else None  # words, (token, tag) pairs: per sample
+            text = _record(leaf) and not _number_tuple(leaf)
             if (isinstance(lead, list | np.generic) and not text) or _number_tuple(lead):
                 columns[k] = col = _nested_tensors(_where(k), col)
             elif all(_number_tuple(v) for v in col):  # token ids as a tuple: as a list

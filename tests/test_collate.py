@@ -1174,8 +1174,44 @@ def test_padcollate_tells_word_lists_from_number_tuples_at_any_depth() -> None:
     assert PadCollate()(offsets)["o"].shape == (2, 2, 2, 2)
     words = [{"ids": [1], "w": [[], ["Paris"]]}, {"ids": [2], "w": [["Rome"]]}]
     assert PadCollate()(words)["w"] == [[[], ["Paris"]], [["Rome"]]]
+    tags = [{"ids": [1], "t": [[("The", "DT"), ("cat", "NN")], [("sat", "VBD")]]}] * 2
+    assert PadCollate()(tags)["t"] == [tags[0]["t"]] * 2
     with pytest.raises(CollateError, match=r"sample 0\['z'\] is a list of numbers"):
         PadCollate()([{"ids": [1], "z": list(torch.arange(2))}] * 2)
+
+
+class _Graph:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def _collate_graphs(batch: list[_Graph], *, collate_fn_map: Any = None) -> Any:
+    return torch.tensor([g.n for g in batch])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_default_collate_keeps_torchs_values_and_extension_point(num_workers: int) -> None:
+    # Review 395: complex numbers beside floats lost their imaginary part, numeric strings
+    # were parsed as floats, a type registered in torch's default_collate_fn_map (its
+    # documented extension point) was refused, np.float32 first made float32.
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    def first(data: list[Any]) -> Any:
+        loader = ResumableDataLoader(data, batch_size=2, num_workers=num_workers)
+        return next(iter(loader))
+
+    got = first([{"z": np.complex64(1 + 2j)}, {"z": 0.5}])["z"]
+    assert got.is_complex() and got.tolist() == [1 + 2j, 0.5 + 0j]
+    with pytest.raises(WorkerError, match=r"in field \['s'\]"):
+        first([{"s": 0.5}, {"s": "2.5"}])
+    for pair in ([np.float32(0.1), 16777217.0], [16777217.0, np.float32(0.1)]):
+        got = first([{"w": w} for w in pair])["w"]
+        assert got.dtype == torch.float64 and got[pair.index(16777217.0)] == 16777217
+    default_collate_fn_map[_Graph] = _collate_graphs
+    try:
+        assert first([{"g": _Graph(3)}, {"g": _Graph(4)}])["g"].tolist() == [3, 4]
+    finally:
+        del default_collate_fn_map[_Graph]
 
 
 def test_a_sample_that_is_a_tuple_of_numbers_is_refused_not_read_as_fields() -> None:

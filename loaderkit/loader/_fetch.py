@@ -291,14 +291,7 @@ class BatchFetcher:
             return self.collate(samples)
         except Exception as exc:  # named with its batch, as in a worker
             where = f"collate_fn failed on the batch of sample indices {_shown(index_list)} "
-            said = f"(epoch {epoch}): {exc}"  # loaderkit's own names its fix
-            if not isinstance(exc, LoaderkitError):
-                fix = "fix collate_fn"
-                if self.collate_fn is default_collate:  # none was passed: the samples are at fault
-                    fix = "fix what the dataset returns for them, or pass a collate_fn"
-                    if isinstance(exc, RuntimeError):  # torch.stack's sizes or dtypes
-                        fix = f"fix what the dataset returns for them, or {STACK_FIX}"
-                said = f"(epoch {epoch}) with {type(exc).__name__}: {exc}; {fix}."
+            said = f"(epoch {epoch})" + collate_said(exc, own=self.collate_fn is default_collate)
             if not isinstance(exc, CollateError):
                 said += mixed_sources(self.dataset, index_list, samples)
             raise worker_error(where + said, index=index_list, cause=type(exc)) from exc
@@ -441,6 +434,19 @@ def worker_error(message: str, index: Any, cause: type[BaseException] | None) ->
         return _caught_as(cause)(message, index=index)
     except TypeError:  # a type that cannot be combined (instance layout, metaclass, ...)
         return WorkerError(message, index=index)
+
+
+def collate_said(exc: Exception, *, own: bool) -> str:
+    """The end of a collate failure's message: loaderkit's own error names its fix; another
+    gets its type and one (``own``: no collate_fn was passed, so the samples are at fault)."""
+    if isinstance(exc, LoaderkitError):
+        return f": {exc}"
+    fix = "fix collate_fn"
+    if own:
+        fix = "fix what the dataset returns for them, or pass a collate_fn"
+        if isinstance(exc, RuntimeError):  # torch.stack's sizes or dtypes
+            fix = f"fix what the dataset returns for them, or {STACK_FIX}"
+    return f" with {type(exc).__name__}: {exc}; {fix}."
 
 
 def worker_error_from(message: str, exc: Exception) -> WorkerError:

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, get_worker_info
 
-from loaderkit.collate import STACK_FIX, promoting_collate
+from loaderkit.collate import promoting_collate
 from loaderkit.data._open import shard_name
 from loaderkit.data.streaming import (
     Cursor,
@@ -23,7 +23,7 @@ from loaderkit.data.streaming import (
 )
 from loaderkit.errors import LoaderkitError, StateMismatchError
 from loaderkit.loader._engine import EngineSource, Host, Run, WorkerStreams, settle_seed
-from loaderkit.loader._fetch import FailedBatch, worker_error_from
+from loaderkit.loader._fetch import FailedBatch, collate_said, worker_error_from
 from loaderkit.loader._stream_ring import PeerRing, flush_retired, ring_window
 from loaderkit.loader._workers import guard_workers
 from loaderkit.plan._agree import Rounds, agree_across_ranks, group_store, rank_check_timeout
@@ -114,15 +114,9 @@ class _SlotBatches(EngineSource):
         try:
             return self.collate(samples)
         except Exception as exc:  # named as a planned loader's collate failure is
-            said = f"{exc}"  # loaderkit's own names its fix
-            if not isinstance(exc, LoaderkitError):
-                fix = STACK_FIX if self.collate is promoting_collate else "fix collate_fn"
-                said = f"{type(exc).__name__}: {exc}; {fix} (traceback chained above)."
-            return FailedBatch(
-                worker_error_from(
-                    f"collate_fn failed on a stream batch of {len(samples)} samples: {said}", exc
-                )
-            )
+            said = collate_said(exc, own=self.collate is promoting_collate)
+            where = f"collate_fn failed on a stream batch of {len(samples)} samples"
+            return FailedBatch(worker_error_from(where + said, exc))
 
 
 class StreamEngine(WorkerStreams):

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from loaderkit.collate import promoting_collate
 from loaderkit.errors import StateMismatchError
 from loaderkit.loader._engine import EngineSource
-from loaderkit.loader._fetch import FailedBatch, worker_error_from
+from loaderkit.loader._fetch import FailedBatch, collate_said, worker_error_from
 from loaderkit.loader._rng_state import rng_state, set_rng_state
 from loaderkit.seeding import rngs_put_back
 
@@ -156,7 +157,9 @@ def worker_batches(
         try:
             batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
-            batch = FailedBatch(exc)
+            where = f"collate_fn failed on worker {worker}'s batch of {len(samples)} samples"
+            said = collate_said(exc, own=source.collate is promoting_collate)
+            batch = FailedBatch(worker_error_from(where + said, exc))
         # A short batch: the stream ran out; a position saved here must not replay it.
         ended = len(samples) < batch_size
         yield BATCH, worker, rec.after(samples, ended=ended), batch

@@ -119,7 +119,7 @@ _PLAN_ADDED = frozenset(  # a plan's
 
 _FIXES = {  # where the loader's general fix does not say it
     "dtype_headers_crc32": "The shards' dtypes (.lkdtype headers, or the reader's dtype=) "
-    "differ from the saved run's; read them as it did, or start without the state."
+    "differ from the saved run's; restore them, or start without the state."
 }
 
 

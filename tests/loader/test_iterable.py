@@ -730,3 +730,16 @@ def test_a_frozen_dataset_with_set_epoch_is_read_as_dataloader_reads_it() -> Non
     for _ in range(3):
         list(loader)
     assert told == []
+
+
+class _Ragged(IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (torch.ones(1 + i % 2) for i in range(4))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_collate_failure_over_an_iterable_names_its_worker_and_batch(num_workers: int) -> None:
+    # Review 395: torch's bare "stack expects ..." came with no batch or worker named.
+    loader = ResumableDataLoader(_Ragged(), batch_size=2, num_workers=num_workers)
+    with pytest.raises(RuntimeError, match=r"collate_fn failed on worker 0's batch of 2 samples"):
+        next(iter(loader))

@@ -1441,7 +1441,7 @@ COLLATE = [
         CollateError,
         "collate_fn failed on a stream batch of 2 samples",
         "sample 0\\['ids'\\] is a list of numbers",
-        "PadCollate\\(\\) as a top-level field",
+        "collate_fn=loaderkit.PadCollate\\(\\) with it as a field",
     ),
     Bad(
         "padding_side",
