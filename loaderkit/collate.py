@@ -480,13 +480,13 @@ def _arrays(batch: list[np.ndarray], *, collate_fn_map: Any = None) -> Any:
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its walk of
 # containers, arrays and numbers with numbers and arrays (and in a worker, the stack) swapped,
 # where torch's own handler is still in place (a user may register theirs, as torch documents).
-_TORCH = dict(default_collate_fn_map)
+_TORCH: dict[Any, Any] = dict(default_collate_fn_map)
 _NP_SCALARS = next(k for k in _TORCH if isinstance(k, tuple))
-_OWN = {np.ndarray: _arrays, **dict.fromkeys([int, float, _NP_SCALARS], _numbers)}
+_OWN: dict[Any, Any] = {np.ndarray: _arrays, **dict.fromkeys([int, float, _NP_SCALARS], _numbers)}
 
 
 def _fn_map() -> dict[Any, Any]:
-    live = dict(default_collate_fn_map)
+    live: dict[Any, Any] = dict(default_collate_fn_map)
     own = {**_OWN, Tensor: _stack_promoted} if get_worker_info() is not None else _OWN
     live.update({k: fn for k, fn in own.items() if live.get(k) is _TORCH.get(k)})
     return live

@@ -107,20 +107,27 @@ def predict(plan: Any, key: Key, ends: np.ndarray) -> Prediction:
     first_step = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     last_step = np.full(n, -1, dtype=np.int64)
     reads = np.zeros(n, dtype=np.int64)
-    firsts = []
+    firsts: list[int] = []
     steps = range(worker, sched.num_steps, workers)
+    ofs: list[np.ndarray] = []  # shard of each read, by steps of a chunk
     for j, step in enumerate(steps):
         idx = indices(sched, step)
-        if idx.size == 0:
-            firsts.append(-1)
-            continue
-        firsts.append(int(idx[0]))
-        of = shard_of(ends, idx)
-        reads += np.bincount(of, minlength=n)
-        shards = np.unique(of)
-        first_step[shards] = np.minimum(first_step[shards], j)
-        last_step[shards] = j
+        firsts.append(int(idx[0]) if idx.size else -1)
+        ofs.append(shard_of(ends, idx))
+        if len(ofs) == _CHUNK or j == len(steps) - 1:  # counted per chunk, not per step:
+            # a per-step bincount over every shard cost O(steps x shards)
+            of = np.concatenate(ofs)
+            at = np.repeat(np.arange(j + 1 - len(ofs), j + 1), [len(o) for o in ofs])
+            reads += np.bincount(of, minlength=n)
+            shards, first = np.unique(of, return_index=True)  # `at` ascends: the earliest
+            first_step[shards] = np.minimum(first_step[shards], at[first])
+            shards, last = np.unique(of[::-1], return_index=True)
+            last_step[shards] = at[::-1][last]
+            ofs = []
     return Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)
+
+
+_CHUNK = 256  # steps whose reads are counted together
 
 
 _KEPT = 4  # predictions a Follower keeps: this epoch's, the next, and ones tried beside

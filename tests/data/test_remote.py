@@ -547,3 +547,27 @@ def test_the_prefetch_keeps_a_few_epoch_predictions_not_every_epochs(tmp_path: P
         got = sorted(torch.cat([batch.flatten() for batch in loader]).tolist())
         assert got == np.repeat(np.arange(6), 40).tolist()
     assert 1 <= len(dataset._remote._follow.predictions) <= 4
+
+
+@pytest.mark.parametrize("mix_shards", [1, 3])
+def test_the_prefetch_prediction_counts_each_shards_reads_and_steps(mix_shards: int) -> None:
+    # The counts are made per chunk of steps (a per-step count over every shard cost
+    # O(steps x shards)); they must equal a count step by step.
+    from loaderkit.data._remote_plan import _CHUNK, indices, predict, shard_of
+    from loaderkit.plan.shard import ShardPlan
+
+    sizes = [int(n) for n in np.random.default_rng(mix_shards).integers(1, 40, 23)]
+    plan = ShardPlan(shard_sizes=tuple(sizes), batch_size=1, seed=5, mix_shards=mix_shards)
+    ends = np.cumsum(sizes)
+    got = predict(plan, (1, 0, 0, 1), ends)
+    assert len(got.firsts) > _CHUNK  # more than one chunk
+    reads, first, last = np.zeros(23, int), {}, {}
+    for j in got.steps:
+        of = shard_of(ends, indices(got.sched, j))
+        reads += np.bincount(of, minlength=23)
+        for shard in of.tolist():
+            first.setdefault(shard, j)
+            last[shard] = j
+    assert got.reads.tolist() == reads.tolist()
+    assert {s: int(got.first_step[s]) for s in first} == first
+    assert {s: int(got.last_step[s]) for s in last} == last
