@@ -16,7 +16,15 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
-from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+from torch.utils.data._utils.collate import (
+    collate,
+    collate_float_fn,
+    collate_int_fn,
+    collate_numpy_array_fn,
+    collate_numpy_scalar_fn,
+    collate_tensor_fn,
+    default_collate_fn_map,
+)
 
 from loaderkit._checks import check_bool, check_int
 from loaderkit.errors import CollateError
@@ -474,22 +482,22 @@ def _arrays(batch: list[np.ndarray], *, collate_fn_map: Any = None) -> Any:
     """numpy arrays, copied first where torch cannot view them (reversed, big-endian)."""
     if any(isinstance(a, np.ndarray) and _unviewable(a) for a in batch):
         batch = [_viewable(a) if isinstance(a, np.ndarray) else a for a in batch]
-    return _TORCH[np.ndarray](batch, collate_fn_map=collate_fn_map)
+    return collate_numpy_array_fn(batch, collate_fn_map=collate_fn_map)
 
 
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its walk of
-# containers, arrays and numbers with numbers and arrays (and in a worker, the stack) swapped,
-# where torch's own handler is still in place (a user may register theirs, as torch documents).
-_TORCH: dict[Any, Any] = dict(default_collate_fn_map)
-_NP_SCALARS = next(k for k in _TORCH if isinstance(k, tuple))
-_OWN: dict[Any, Any] = {np.ndarray: _arrays, **dict.fromkeys([int, float, _NP_SCALARS], _numbers)}
+# containers, arrays and numbers, with loaderkit's handler (right) where torch's own (left)
+# is still registered: a user's, registered before or after this import, stays theirs.
+_SWAPS: dict[Any, Any] = {
+    collate_numpy_array_fn: _arrays,
+    **dict.fromkeys([collate_int_fn, collate_float_fn, collate_numpy_scalar_fn], _numbers),
+}
+_WORKER_SWAPS = {**_SWAPS, collate_tensor_fn: _stack_promoted}
 
 
 def _fn_map() -> dict[Any, Any]:
-    live: dict[Any, Any] = dict(default_collate_fn_map)
-    own = {**_OWN, Tensor: _stack_promoted} if get_worker_info() is not None else _OWN
-    live.update({k: fn for k, fn in own.items() if live.get(k) is _TORCH.get(k)})
-    return live
+    swaps = _SWAPS if get_worker_info() is None else _WORKER_SWAPS
+    return {key: swaps.get(fn, fn) for key, fn in default_collate_fn_map.items()}
 
 
 STACK_FIX = (

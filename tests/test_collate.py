@@ -1214,6 +1214,31 @@ def test_the_default_collate_keeps_torchs_values_and_extension_point(num_workers
         del default_collate_fn_map[_Graph]
 
 
+def _half_tensors(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+    return torch.stack([t.to(torch.float16) for t in batch])
+
+
+def _f32(batch: list[float], *, collate_fn_map: Any = None) -> Any:
+    return torch.tensor(batch, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_handlers_a_user_registered_for_tensors_and_floats_stay_theirs(num_workers: int) -> None:
+    # Review 396: loaderkit's own stack (in workers) and number rule replaced the user's
+    # handlers for Tensor and float in torch's default_collate_fn_map.
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    saved = dict(default_collate_fn_map)
+    default_collate_fn_map[torch.Tensor], default_collate_fn_map[float] = _half_tensors, _f32
+    try:
+        data = [{"x": torch.arange(3.0), "y": 0.5}, {"x": torch.ones(3), "y": 3}]
+        got = next(iter(ResumableDataLoader(data, batch_size=2, num_workers=num_workers)))
+        assert got["x"].dtype == torch.float16 and got["y"].dtype == torch.float32
+    finally:
+        default_collate_fn_map.clear()
+        default_collate_fn_map.update(saved)
+
+
 def test_a_sample_that_is_a_tuple_of_numbers_is_refused_not_read_as_fields() -> None:
     # Hunter 389: (1, 2, 3) token ids came out three fields of shape (2,), with no lengths.
     for batch in ([(1, 2, 3), (4, 5, 6)], [(1, 2, 3), (4, 5)]):

@@ -752,8 +752,12 @@ class RemoteShards:
         seconds); else None (the version pins it)."""
         out: list[str | None] = []
         for shard, written in zip(self.shards, self.written, strict=True):
-            sides = [s for s in shard.sidecars if s[0].endswith(DTYPE_SUFFIX)]
-            own = [s for s in sides if s[0] == shard.name + DTYPE_SUFFIX] or sides
+            # Its own header, else its plain name's (a.bin.zst reads a.bin.lkdtype); never
+            # another shard's whose name starts like it (c.bin-x.bin.lkdtype).
+            names = [shard.name + DTYPE_SUFFIX, decoded_name(shard.name) + DTYPE_SUFFIX]
+            own = sorted(
+                (s for s in shard.sidecars if s[0] in names), key=lambda s: names.index(s[0])
+            )
             pinned = (written or {}).get("dtype")
             if pinned or not own or _keys_copy(own[0][2]):
                 out.append(pinned)

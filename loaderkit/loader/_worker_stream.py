@@ -157,7 +157,11 @@ def worker_batches(
         try:
             batch = source.collate(samples)  # before the RNGs are read: a collate_fn may draw too
         except Exception as exc:
-            where = f"collate_fn failed on worker {worker}'s batch of {len(samples)} samples"
+            who = "the main process" if in_process else f"worker {worker}"
+            where = (
+                f"collate_fn failed on the batch of {len(samples)} samples {who} read after "
+                f"{rec.yielded - len(samples)} of its stream"
+            )
             said = collate_said(exc, own=source.collate is promoting_collate)
             batch = FailedBatch(worker_error_from(where + said, exc))
         # A short batch: the stream ran out; a position saved here must not replay it.

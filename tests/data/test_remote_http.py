@@ -298,3 +298,27 @@ def test_shards_swapped_within_their_last_modified_second_are_not_read_from_the_
         second.rename(first)
         (www / "c" / "tmp").rename(second)
         assert firsts(f"{http.url}/c/") == [100, 104, 0, 4]
+
+
+def test_a_stream_reads_a_compressed_shards_own_header_not_a_neighbours(tmp_path: Path) -> None:
+    # Review 396: c.bin.zst took the header of c.bin-x.bin (its name starts alike and sorts
+    # first), read as int32 and refused its own uint16 header.
+    zstandard = pytest.importorskip("zstandard")
+    from loaderkit import StreamingShardedDataset
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    plain = np.arange(8, dtype=np.uint16) + 200
+    (folder / "c.bin.zst").write_bytes(zstandard.ZstdCompressor().compress(plain.tobytes()))
+    (folder / "c.bin.lkdtype").write_text("<u2")
+    (np.arange(8, dtype=np.int32) + 90_000).tofile(folder / "c.bin-x.bin")
+    (folder / "c.bin-x.bin.lkdtype").write_text("<i4")
+    with LocalHTTP(tmp_path) as http:
+        ds = StreamingShardedDataset(
+            f"{http.url}/c/",
+            TokenReader(seq_len=4),
+            shuffle_shards=False,
+            remote=RemoteCache(cache_dir=tmp_path / "cache"),
+        )
+        got = sorted(int(v) for b in ResumableDataLoader(ds, batch_size=2, seed=0) for v in b[:, 0])
+    assert got == [200, 204, 90_000, 90_004]

@@ -534,6 +534,14 @@ def test_paths_that_name_another_place_are_refused(tmp_path: Path) -> None:
     for owner in (ShardedDataset, StreamingShardedDataset):
         with pytest.raises(ValueError, match=r"shards\[0\]=.* is a directory.*MixedDataset"):
             owner([a, b], READER)
+    # Review 396: a relative folder named "~scratch" ("~" not a home) reads as it is.
+    write_shards(tmp_path / "~scratch", arrays((2,), 1), READER, progress=False)
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert len(ShardedDataset("~scratch", READER)) == 2
+    finally:
+        os.chdir(cwd)
     for url in ("filecache::memory://corpus", "s4://bucket/corpus"):
         with pytest.raises(ValueError, match=r"no filesystem for .*:// URLs.*; pass") as caught:
             ShardedDataset(url, READER)
@@ -557,3 +565,36 @@ def test_a_copy_without_its_times_names_cp_a_and_resumes_without_its_index(
     for index in dst.glob(".loaderkit-index-*"):
         index.unlink()
     assert len(ShardedDataset(dst, READER)) == 4
+
+
+class _Files(list):  # type: ignore[type-arg]
+    def read(self, i: int) -> str:
+        return str(self[i])
+
+
+class _FolderReader:
+    """A user format whose shards are folders (as Arrow's save_to_disk writes them)."""
+
+    suffixes = (".shard",)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "folder-of-files"}
+
+    def count(self, path: Path) -> int:
+        return len(list(Path(path).iterdir()))
+
+    def open(self, path: Path) -> _Files:
+        return _Files(sorted(p.read_text() for p in Path(path).iterdir()))
+
+
+def test_a_list_of_folders_that_are_a_readers_shards_is_read(tmp_path: Path) -> None:
+    # Review 396: the refusal of shard folders in a list refused shards that are folders.
+    parts = [tmp_path / f"part{i}.shard" for i in range(2)]
+    for i, part in enumerate(parts):
+        part.mkdir()
+        for j in range(3):
+            (part / f"{j}.txt").write_text(f"s{i}-{j}")
+    dataset = ShardedDataset(parts, _FolderReader())
+    assert sorted(dataset[i] for i in range(len(dataset))) == [
+        f"s{i}-{j}" for i in range(2) for j in range(3)
+    ]
