@@ -325,8 +325,9 @@ class MixPlan:
         spans = max((a - 1) // n + 2 for a, n in pairs)
         if self.num_samples * spans >= _MAX:
             raise ValueError(
-                f"{owner}: a source drawn {spans - 1}x its size per epoch among "
-                f"{self.num_samples} samples needs seeding keys >= 2**63; lower its weight."
+                f"{owner}: {self.num_samples} samples x {spans} (the source-epochs one epoch "
+                "spans, 2 without upsampling) needs seeding keys >= 2**63; pass smaller "
+                "sources, or lower the most upsampled source's weight."
             )
         self.offsets = tuple(np.cumsum((0, *self.source_sizes[:-1])).tolist())
         self._dealing = SamplePlan(
