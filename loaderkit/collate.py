@@ -488,16 +488,26 @@ def _arrays(batch: list[np.ndarray], *, collate_fn_map: Any = None) -> Any:
 # torch's documented extension point (`collate(batch, collate_fn_map=...)`): its walk of
 # containers, arrays and numbers, with loaderkit's handler (right) where torch's own (left)
 # is still registered: a user's, registered before or after this import, stays theirs.
-_SWAPS: dict[Any, Any] = {
-    collate_numpy_array_fn: _arrays,
-    **dict.fromkeys([collate_int_fn, collate_float_fn, collate_numpy_scalar_fn], _numbers),
+# Keyed by identity: a user's handler may not hash (a dataclass) or may compare equal.
+_SWAPS: dict[int, Any] = {
+    id(collate_numpy_array_fn): _arrays,
+    **dict.fromkeys(map(id, [collate_int_fn, collate_float_fn, collate_numpy_scalar_fn]), _numbers),
 }
-_WORKER_SWAPS = {**_SWAPS, collate_tensor_fn: _stack_promoted}
+_WORKER_SWAPS = {**_SWAPS, id(collate_tensor_fn): _stack_promoted}
 
 
 def _fn_map() -> dict[Any, Any]:
     swaps = _SWAPS if get_worker_info() is None else _WORKER_SWAPS
-    return {key: swaps.get(fn, fn) for key, fn in default_collate_fn_map.items()}
+    return {key: swaps.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
+
+
+def torch_collates_arrays() -> bool:
+    """Whether torch's own tensor and array handlers are registered: a batched read (one
+    gather, a dataset's ``get_batch``) gives what their collate would, not a user's."""
+    return (
+        default_collate_fn_map.get(Tensor) is collate_tensor_fn
+        and default_collate_fn_map.get(np.ndarray) is collate_numpy_array_fn
+    )
 
 
 STACK_FIX = (

@@ -1222,6 +1222,12 @@ def _f32(batch: list[float], *, collate_fn_map: Any = None) -> Any:
     return torch.tensor(batch, dtype=torch.float32)
 
 
+@dataclasses.dataclass
+class _Unhashable:  # eq=True: no __hash__
+    def __call__(self, batch: list[str], *, collate_fn_map: Any = None) -> list[str]:
+        return batch
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_handlers_a_user_registered_for_tensors_and_floats_stay_theirs(num_workers: int) -> None:
     # Review 396: loaderkit's own stack (in workers) and number rule replaced the user's
@@ -1230,10 +1236,15 @@ def test_handlers_a_user_registered_for_tensors_and_floats_stay_theirs(num_worke
 
     saved = dict(default_collate_fn_map)
     default_collate_fn_map[torch.Tensor], default_collate_fn_map[float] = _half_tensors, _f32
+    default_collate_fn_map[str] = _Unhashable()  # review 397: one that does not hash
     try:
         data = [{"x": torch.arange(3.0), "y": 0.5}, {"x": torch.ones(3), "y": 3}]
         got = next(iter(ResumableDataLoader(data, batch_size=2, num_workers=num_workers)))
         assert got["x"].dtype == torch.float16 and got["y"].dtype == torch.float32
+        # Review 397: torch's TensorDataset was gathered in one read, past the handler.
+        tensors = torch.utils.data.TensorDataset(torch.arange(4.0))
+        batch = next(iter(ResumableDataLoader(tensors, batch_size=2, num_workers=num_workers)))
+        assert batch[0].dtype == torch.float16
     finally:
         default_collate_fn_map.clear()
         default_collate_fn_map.update(saved)

@@ -58,6 +58,7 @@ def refuse_file_url(owner: str, name: str, value: Any) -> None:
         why, fix = "is a file:// URL", f"pass the local path {text[len('file://') :]!r}"
     elif text != os.path.expanduser(text) and not os.path.exists(text):  # "~/x", not "./~x"
         why, fix = "starts with '~', not expanded", f"pass os.path.expanduser({text!r})"
+        fix += f", or './{text}' for the folder '~' here" if os.path.isdir("~") else ""
     elif isinstance(value, os.PathLike) and re.match(r"[A-Za-z][\w+.-]+:/[^/]", text):
         why, fix = "is a URL that pathlib collapsed ('://' became ':/')", "pass the URL as a str"
     else:

@@ -293,8 +293,8 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s).absolute() for s in items]
         for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
-            accept = partial(is_shard_name, suffixes=tuple(reader.suffixes))
-            if path.is_dir() and any(accept(p.name) for p in path.iterdir()):  # a shard folder
+            # A folder named as a shard is one (Arrow's save_to_disk); another is a corpus.
+            if path.is_dir() and not is_shard_name(path.name, tuple(reader.suffixes)):
                 raise ValueError(
                     f"{owner}: shards[{i}]={str(path)!r} is a directory; a list holds shard "
                     "files: list them, or read several folders with MixedDataset."

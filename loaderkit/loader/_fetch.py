@@ -25,7 +25,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from loaderkit.collate import STACK_FIX, promoting_collate
+from loaderkit.collate import STACK_FIX, promoting_collate, torch_collates_arrays
 from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data._reads import READ_UNDER, batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
@@ -220,13 +220,14 @@ class BatchFetcher:
         # What the engines call: default_collate, promoting dtypes alike in every process.
         own = self.collate_fn is default_collate
         self.collate = promoting_collate if own else self.collate_fn
-        self.gather = own and not self.per_sample_seeding and torch_gathered(dataset)
+        batched = own and torch_collates_arrays()  # not a user's tensor handler
+        self.gather = batched and not self.per_sample_seeding and torch_gathered(dataset)
         # A mix's batches are checked before collate (also one a wrapper of the user's reads).
         self.mix = (_mix_under(dataset) or _held_mix(dataset)) if own else None
         # Its plan's mix, which a weighted MixedDataset read through __getitem__ must be.
         self.read_under = read_under
         lazy = self.seeder is None or self.seeder.lazy
-        if collate_fn is None and batch_fetch_is_faithful(dataset) and lazy:
+        if collate_fn is None and batched and batch_fetch_is_faithful(dataset) and lazy:
             self.mode = "get_batch"
         elif type(self.collate_fn) is not Unbatched and batch_fetch_is_faithful(
             dataset, "__getitems__"

@@ -592,9 +592,31 @@ def test_a_list_of_folders_that_are_a_readers_shards_is_read(tmp_path: Path) -> 
     parts = [tmp_path / f"part{i}.shard" for i in range(2)]
     for i, part in enumerate(parts):
         part.mkdir()
-        for j in range(3):
-            (part / f"{j}.txt").write_text(f"s{i}-{j}")
+        for j in range(3):  # files named as the reader's shards too (review 397)
+            (part / f"{j}.shard").write_text(f"s{i}-{j}")
     dataset = ShardedDataset(parts, _FolderReader())
     assert sorted(dataset[i] for i in range(len(dataset))) == [
         f"s{i}-{j}" for i in range(2) for j in range(3)
     ]
+
+
+def _int32(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
+    return torch.stack(batch).to(torch.int32)
+
+
+def test_a_users_tensor_handler_collates_a_sharded_datasets_batches(tmp_path: Path) -> None:
+    # Review 397: a ShardedDataset's batches were read whole (get_batch), past the handler
+    # a user registered in torch's default_collate_fn_map.
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    write_shards(tmp_path / "c", arrays((2, 2), 1), READER, progress=False)
+    saved = dict(default_collate_fn_map)
+    default_collate_fn_map[torch.Tensor] = _int32
+    try:
+        batch = next(
+            iter(ResumableDataLoader(ShardedDataset(tmp_path / "c", READER), batch_size=2))
+        )
+    finally:
+        default_collate_fn_map.clear()
+        default_collate_fn_map.update(saved)
+    assert batch.dtype == torch.int32
