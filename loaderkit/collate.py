@@ -22,6 +22,7 @@ from torch.utils.data._utils.collate import (
     collate_int_fn,
     collate_numpy_array_fn,
     collate_numpy_scalar_fn,
+    collate_str_fn,
     collate_tensor_fn,
     default_collate_fn_map,
 )
@@ -501,13 +502,22 @@ def _fn_map() -> dict[Any, Any]:
     return {key: swaps.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
 
 
-def torch_collates_arrays() -> bool:
-    """Whether torch's own tensor and array handlers are registered: a batched read (one
+_TORCH_FNS: dict[Any, Any] = {  # torch's own handlers, each under its key
+    Tensor: collate_tensor_fn,
+    np.ndarray: collate_numpy_array_fn,
+    next(k for k in default_collate_fn_map if isinstance(k, tuple)): collate_numpy_scalar_fn,
+    float: collate_float_fn,
+    int: collate_int_fn,
+    str: collate_str_fn,
+    bytes: collate_str_fn,
+}
+
+
+def torch_collates() -> bool:
+    """Whether ``default_collate_fn_map`` holds torch's own handlers only: a batched read (one
     gather, a dataset's ``get_batch``) gives what their collate would, not a user's."""
-    return (
-        default_collate_fn_map.get(Tensor) is collate_tensor_fn
-        and default_collate_fn_map.get(np.ndarray) is collate_numpy_array_fn
-    )
+    live: dict[Any, Any] = default_collate_fn_map
+    return live.keys() == _TORCH_FNS.keys() and all(live[k] is fn for k, fn in _TORCH_FNS.items())
 
 
 STACK_FIX = (

@@ -25,7 +25,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from loaderkit.collate import STACK_FIX, promoting_collate, torch_collates_arrays
+from loaderkit.collate import STACK_FIX, promoting_collate, torch_collates
 from loaderkit.data._open import OpenShards, process_generation
 from loaderkit.data._reads import READ_UNDER, batch_fetch_is_faithful, torchs_wrapper, wrapped
 from loaderkit.data.hf import HFDataset
@@ -220,7 +220,7 @@ class BatchFetcher:
         # What the engines call: default_collate, promoting dtypes alike in every process.
         own = self.collate_fn is default_collate
         self.collate = promoting_collate if own else self.collate_fn
-        batched = own and torch_collates_arrays()  # not a user's tensor handler
+        batched = own and torch_collates()  # not a user's handler (torch's extension point)
         self.gather = batched and not self.per_sample_seeding and torch_gathered(dataset)
         # A mix's batches are checked before collate (also one a wrapper of the user's reads).
         self.mix = (_mix_under(dataset) or _held_mix(dataset)) if own else None

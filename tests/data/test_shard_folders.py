@@ -620,3 +620,31 @@ def test_a_users_tensor_handler_collates_a_sharded_datasets_batches(tmp_path: Pa
         default_collate_fn_map.clear()
         default_collate_fn_map.update(saved)
     assert batch.dtype == torch.int32
+
+
+def _joined(batch: list[str], *, collate_fn_map: Any = None) -> str:
+    return "|".join(batch)
+
+
+def test_a_users_str_handler_collates_a_parquet_datasets_batches(tmp_path: Path) -> None:
+    # Review 398: a Parquet dataset's batches were read whole (get_batch), past a handler the
+    # user registered for str; and a folder named like a shard in a list crashed the reader.
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    from loaderkit import ParquetReader
+
+    pq.write_table(pa.table({"t": [f"w{i}" for i in range(4)]}), tmp_path / "a.parquet")
+    dataset = ShardedDataset([tmp_path / "a.parquet"], ParquetReader())
+    saved = dict(default_collate_fn_map)
+    default_collate_fn_map[str] = _joined
+    try:
+        batch = next(iter(ResumableDataLoader(dataset, batch_size=4)))
+    finally:
+        default_collate_fn_map.clear()
+        default_collate_fn_map.update(saved)
+    assert batch["t"] == "w0|w1|w2|w3"
+    (tmp_path / "x.parquet").mkdir()
+    with pytest.raises(ValueError, match=r"shards\[1\]=.*x\.parquet' is a directory.*itself"):
+        ShardedDataset([tmp_path / "a.parquet", tmp_path / "x.parquet"], ParquetReader())
