@@ -514,10 +514,11 @@ _TORCH_FNS: dict[Any, Any] = {  # torch's own handlers, each under its key
 
 
 def torch_collates() -> bool:
-    """Whether ``default_collate_fn_map`` holds torch's own handlers only: a batched read (one
-    gather, a dataset's ``get_batch``) gives what their collate would, not a user's."""
+    """Whether torch's own handlers are registered for tensors, arrays, numbers and strings
+    (a user's for their own class aside): a batched read (one gather, a dataset's
+    ``get_batch``) gives what their collate would then, not what a user's would."""
     live: dict[Any, Any] = default_collate_fn_map
-    return live.keys() == _TORCH_FNS.keys() and all(live[k] is fn for k, fn in _TORCH_FNS.items())
+    return all(live.get(k) is fn for k, fn in _TORCH_FNS.items())
 
 
 STACK_FIX = (

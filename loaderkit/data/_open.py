@@ -255,12 +255,10 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
             )
 
 
-def resolve_shards(
-    shards: Any, reader: ShardReader, owner: str = "ShardedDataset", folders: bool = False
-) -> list[Any]:
+def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files, or the
-    listed paths or objects, checked (``folders``: a listed folder named as a shard is one,
-    for a user's reader that opens folders, as Arrow's ``save_to_disk`` writes them)."""
+    listed paths or objects, checked (a listed folder is a shard where its name is one, as
+    Arrow's ``save_to_disk`` writes them; another is a corpus of shards, refused)."""
     if isinstance(shards, str | os.PathLike):
         refuse_file_url(owner, "shards", shards)
         root = Path(shards).absolute()  # read where it was built, whatever the cwd is later
@@ -296,8 +294,7 @@ def resolve_shards(
         paths = [Path(s).absolute() for s in items]
         for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
-            named = folders and is_shard_name(path.name, tuple(reader.suffixes))
-            if path.is_dir() and not named:
+            if path.is_dir() and not is_shard_name(path.name, tuple(reader.suffixes)):
                 raise ValueError(
                     f"{owner}: shards[{i}]={str(path)!r} is a directory; a list holds shard "
                     "files: list them, pass the folder itself, or read several folders with "

@@ -53,11 +53,6 @@ _SKIPPED = object()  # a sample left out under on_error="skip" (None may be a sa
 _OWN_LENGTHS = "Pass length_fn= (a sample's token count), or override lengths()."
 
 
-def _own_reader(reader: Any) -> bool:
-    """One of loaderkit's readers, which open files (a user's may open folders)."""
-    return type(reader).__module__.startswith("loaderkit.")
-
-
 class OrderArgs(TypedDict, total=False):
     """A dataset's ``plan()`` keyword arguments, passed on by its ``batch_sampler``."""
 
@@ -146,9 +141,7 @@ class ShardedDataset(Dataset[Any]):
         if self._remote is not None:
             self._remote.ranged_ok = True
         self.shards: list[Any] = (
-            resolve_shards(shards, reader, folders=not _own_reader(reader))
-            if self._remote is None
-            else list(self._remote.shards)
+            resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
         )
         self._source_name = self._mix_name(shards)  # how a mix of datasets names this one
         self.entries: list[IndexEntry] | None = None
