@@ -513,12 +513,24 @@ _TORCH_FNS: dict[Any, Any] = {  # torch's own handlers, each under its key
 }
 
 
+_READ = (Tensor, np.ndarray, np.generic, int, float, str, bytes)  # what a batched read holds
+
+
 def torch_collates() -> bool:
-    """Whether torch's own handlers are registered for tensors, arrays, numbers and strings
-    (a user's for their own class aside): a batched read (one gather, a dataset's
-    ``get_batch``) gives what their collate would then, not what a user's would."""
+    """Whether a batched read (one gather, a dataset's ``get_batch``) gives what the collate
+    would: torch's own handlers for its types, and no user's handler that could meet what it
+    reads (a Tensor subclass, ``dict``, ``tuple``, ``object``); one for a class of the
+    user's own that no batched read holds leaves it on."""
     live: dict[Any, Any] = default_collate_fn_map
-    return all(live.get(k) is fn for k, fn in _TORCH_FNS.items())
+    if not all(live.get(k) is fn for k, fn in _TORCH_FNS.items()):
+        return False
+    extra = [t for k in live if k not in _TORCH_FNS for t in (k if isinstance(k, tuple) else [k])]
+    return not any(
+        not isinstance(t, type)
+        or issubclass(t, _READ)
+        or any(issubclass(c, t) for c in (dict, list, tuple))
+        for t in extra
+    )
 
 
 STACK_FIX = (

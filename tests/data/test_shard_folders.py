@@ -626,6 +626,10 @@ def _joined(batch: list[str], *, collate_fn_map: Any = None) -> str:
     return "|".join(batch)
 
 
+def _marked(batch: list[Any], *, collate_fn_map: Any = None) -> str:
+    return "dict handler"
+
+
 def test_a_users_str_handler_collates_a_parquet_datasets_batches(tmp_path: Path) -> None:
     # Review 398: a Parquet dataset's batches were read whole (get_batch), past a handler the
     # user registered for str; and a folder named like a shard in a list crashed the reader.
@@ -653,3 +657,9 @@ def test_a_users_str_handler_collates_a_parquet_datasets_batches(tmp_path: Path)
         assert loader._engine.fetch.mode == "get_batch"
     finally:
         del default_collate_fn_map[_Files]
+    # Review 400: one for dict (torch tries it before its own) reaches the samples.
+    default_collate_fn_map[dict] = _marked
+    try:
+        assert next(iter(ResumableDataLoader(dataset, batch_size=4))) == "dict handler"
+    finally:
+        del default_collate_fn_map[dict]
