@@ -294,7 +294,11 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s).absolute() for s in items]
         for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
-            if path.is_dir() and not is_shard_name(path.name, tuple(reader.suffixes)):
+            # A folder named like a shard is one for a user's reader (Arrow's save_to_disk);
+            # loaderkit's readers open files (out.parquet/ crashed in them).
+            files = type(reader).__module__.startswith("loaderkit.")
+            named = is_shard_name(path.name, tuple(reader.suffixes))
+            if path.is_dir() and (files or not named):
                 raise ValueError(
                     f"{owner}: shards[{i}]={str(path)!r} is a directory; a list holds shard "
                     "files: list them, pass the folder itself, or read several folders with "

@@ -657,6 +657,9 @@ def test_a_users_str_handler_collates_a_parquet_datasets_batches(tmp_path: Path)
         assert loader._engine.fetch.mode == "get_batch"
     finally:
         del default_collate_fn_map[_Files]
+    (tmp_path / "x.parquet").mkdir()  # a Spark-style folder: loaderkit's readers open files
+    with pytest.raises(ValueError, match=r"shards\[1\]=.*x\.parquet' is a directory.*itself"):
+        ShardedDataset([tmp_path / "a.parquet", tmp_path / "x.parquet"], ParquetReader())
     # Review 400: one for dict (torch tries it before its own) reaches the samples.
     default_collate_fn_map[dict] = _marked
     try:
