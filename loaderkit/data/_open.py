@@ -255,10 +255,19 @@ def _refuse_links_to_one_file(owner: str, paths: list[Path]) -> None:
             )
 
 
-def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDataset") -> list[Any]:
+def loaderkit_reads(reader: Any, method: str) -> bool:
+    """Whether ``reader``'s ``method`` (``open``, ``iter_from``) is loaderkit's own code,
+    which opens files; a user's may open folders."""
+    fn = getattr(type(reader), method, None)
+    return str(getattr(fn, "__module__", "")).startswith("loaderkit.")
+
+
+def resolve_shards(
+    shards: Any, reader: ShardReader, owner: str = "ShardedDataset", files: bool = False
+) -> list[Any]:
     """The shard list of ``ShardedDataset(shards, ...)``: a directory's shard files, or the
-    listed paths or objects, checked (a listed folder is a shard where its name is one, as
-    Arrow's ``save_to_disk`` writes them; another is a corpus of shards, refused)."""
+    listed paths or objects, checked (a listed folder is a shard where its name is one and
+    the reader may open folders, ``files`` False: Arrow's ``save_to_disk`` writes them)."""
     if isinstance(shards, str | os.PathLike):
         refuse_file_url(owner, "shards", shards)
         root = Path(shards).absolute()  # read where it was built, whatever the cwd is later
@@ -294,9 +303,6 @@ def resolve_shards(shards: Any, reader: ShardReader, owner: str = "ShardedDatase
         paths = [Path(s).absolute() for s in items]
         for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
-            # A folder named like a shard is one for a user's reader (Arrow's save_to_disk);
-            # loaderkit's readers open files (out.parquet/ crashed in them).
-            files = type(reader).__module__.startswith("loaderkit.")
             named = is_shard_name(path.name, tuple(reader.suffixes))
             if path.is_dir() and (files or not named):
                 raise ValueError(

@@ -26,7 +26,14 @@ from loaderkit.collate import STACK_FIX, promoting_collate
 from loaderkit.data._arrow import Columns
 from loaderkit.data._code import settings_digest
 from loaderkit.data._fs import is_url, source_name
-from loaderkit.data._open import OpenShards, names_crc32, prepare_reader, resolve_shards, shard_name
+from loaderkit.data._open import (
+    OpenShards,
+    loaderkit_reads,
+    names_crc32,
+    prepare_reader,
+    resolve_shards,
+    shard_name,
+)
 from loaderkit.data._shard_reads import RowSource, Sources, batch_read, own_rows, shard_lengths
 from loaderkit.data._written import load_or_build_index
 from loaderkit.data.index import IndexEntry, checked_count
@@ -141,7 +148,9 @@ class ShardedDataset(Dataset[Any]):
         if self._remote is not None:
             self._remote.ranged_ok = True
         self.shards: list[Any] = (
-            resolve_shards(shards, reader) if self._remote is None else list(self._remote.shards)
+            resolve_shards(shards, reader, files=loaderkit_reads(reader, "open"))
+            if self._remote is None
+            else list(self._remote.shards)
         )
         self._source_name = self._mix_name(shards)  # how a mix of datasets names this one
         self.entries: list[IndexEntry] | None = None

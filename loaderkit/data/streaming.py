@@ -28,7 +28,13 @@ from loaderkit.data._codec import (
     is_compressed,
     verify_local,
 )
-from loaderkit.data._open import names_crc32, prepare_reader, resolve_shards, shard_name
+from loaderkit.data._open import (
+    loaderkit_reads,
+    names_crc32,
+    prepare_reader,
+    resolve_shards,
+    shard_name,
+)
 from loaderkit.data._written import check_written
 from loaderkit.data.readers import DTYPE_SUFFIX, ShardReader, check_pinned, pinned_dtype
 from loaderkit.data.remote import RemoteCache, RemoteShard, remote_source, shard_paths
@@ -328,7 +334,10 @@ class StreamingShardedDataset(IterableDataset[Any]):
             self.shards: list[Any] = list(self._remote.shards)
         else:
             suffixes = cast("ShardReader", SimpleNamespace(suffixes=reader_suffixes))
-            self.shards = resolve_shards(shards, suffixes, owner=_OWNER)
+            # An IterableReader reads with the user's function: it may open folders.
+            method = "iter_from" if hasattr(reader, "iter_from") else "open"
+            files = loaderkit_reads(reader, method) and not isinstance(reader, IterableReader)
+            self.shards = resolve_shards(shards, suffixes, owner=_OWNER, files=files)
         # As ShardedDataset: decided once for all files, and the reader the workers get.
         self.reader = prepare_reader(
             reader, self.shards, self._local if self._remote is None else self._remote.footer_source

@@ -666,3 +666,32 @@ def test_a_users_str_handler_collates_a_parquet_datasets_batches(tmp_path: Path)
         assert next(iter(ResumableDataLoader(dataset, batch_size=4))) == "dict handler"
     finally:
         del default_collate_fn_map[dict]
+
+
+class _MyJsonl(JsonlReader):
+    """A user's subclass that keeps loaderkit's reading code (which opens files)."""
+
+
+def _read_folder(path: Any) -> Any:
+    return sorted(p.read_text() for p in Path(path).iterdir())
+
+
+def test_folders_named_like_shards_go_to_readers_that_open_folders(tmp_path: Path) -> None:
+    # Review 402: streams and subclasses of loaderkit's readers crashed in the reader
+    # ("corrupt or truncated; rewrite it"); a stream of a user's folder shards reads them.
+    from loaderkit import IterableReader
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "x.jsonl").mkdir()
+    (tmp_path / "x.jsonl" / "part.jsonl").write_text('{"x": 2}\n')
+    listed = [tmp_path / "a.jsonl", tmp_path / "x.jsonl"]
+    for make in (ShardedDataset, StreamingShardedDataset):
+        for reader in (JsonlReader(), _MyJsonl()):
+            with pytest.raises(ValueError, match=r"shards\[1\]=.*x\.jsonl' is a directory"):
+                make(listed, reader)
+    folders = [tmp_path / f"{i}.shard" for i in range(2)]
+    for i, folder in enumerate(folders):
+        folder.mkdir()
+        (folder / "s.txt").write_text(f"s{i}")
+    stream = StreamingShardedDataset(folders, IterableReader(_read_folder, suffixes=(".shard",)))
+    assert sorted(s for b in ResumableDataLoader(stream, batch_size=1) for s in b) == ["s0", "s1"]
