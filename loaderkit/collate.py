@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import (
     collate,
     collate_float_fn,
@@ -494,12 +494,19 @@ _SWAPS: dict[int, Any] = {
     id(collate_numpy_array_fn): _arrays,
     **dict.fromkeys(map(id, [collate_int_fn, collate_float_fn, collate_numpy_scalar_fn]), _numbers),
 }
-_WORKER_SWAPS = {**_SWAPS, id(collate_tensor_fn): _stack_promoted}
 
 
 def _fn_map() -> dict[Any, Any]:
-    swaps = _SWAPS if get_worker_info() is None else _WORKER_SWAPS
-    return {key: swaps.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
+    return {key: _SWAPS.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
+
+
+def promote_in_worker() -> None:
+    """In a worker, torch's tensor handler stacks into storage typed like the first tensor
+    (int16 -300 beside uint8 became 212): register the promoting one there (torch's extension
+    point), so any collate calling ``default_collate`` gives what the main process's does.
+    A user's own tensor handler stays."""
+    if default_collate_fn_map.get(Tensor) is collate_tensor_fn:
+        default_collate_fn_map[Tensor] = _stack_promoted
 
 
 _TORCH_FNS: dict[Any, Any] = {  # torch's own handlers, each under its key

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import datetime
 import decimal
+import functools
 import math
 import pickle
 from collections import namedtuple
@@ -1267,3 +1268,19 @@ def test_a_tuple_of_numbers_is_padded_in_every_batch() -> None:
     point = collections.namedtuple("point", "x y")  # fields by name, as torch collates them
     batch = PadCollate(length_field="ids")([{"ids": [1], "p": point(1, 2)}] * 2)
     assert batch["p"].x.tolist() == [1, 1] and batch["p"].y.tolist() == [2, 2]
+
+
+def _wrapped_default(batch: list[Any]) -> Any:
+    return default_collate(batch)
+
+
+@pytest.mark.parametrize("collate_fn", [_wrapped_default, functools.partial(default_collate)])
+def test_a_collate_fn_calling_default_collate_promotes_in_workers_too(collate_fn: Any) -> None:
+    # Hunter 401: uint8 7 beside int16 -300 gave int16 [7, -300] in the main process and
+    # uint8 [7, 212] in a worker (torch stacks into storage typed like the first tensor).
+    data = [torch.tensor(7, dtype=torch.uint8), torch.tensor(-300, dtype=torch.int16)]
+    got = {
+        n: next(iter(ResumableDataLoader(data, batch_size=2, num_workers=n, collate_fn=collate_fn)))
+        for n in (0, 2)
+    }
+    assert got[0].dtype == got[2].dtype == torch.int16 and got[2].tolist() == [7, -300]

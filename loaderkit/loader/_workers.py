@@ -28,6 +28,7 @@ from torch.utils.data import TensorDataset as TorchTensorDataset
 
 from loaderkit._tags import SeedTag
 from loaderkit._worker_info import show_user_dataset
+from loaderkit.collate import promote_in_worker
 from loaderkit.data.memory import TensorDataset
 from loaderkit.errors import WorkerError, WorkerStartError
 from loaderkit.loader import _slots
@@ -314,6 +315,7 @@ def start_worker(
     """Every worker's ``worker_init_fn``: watch the parent, take its default dtype (and numpy
     bit generator, for keyed draws), then seed (and the user's init)."""
     watch_parent(parent)
+    promote_in_worker()  # a user's collate_fn calling default_collate: as in the main process
     torch.set_default_dtype(here[0])
     if here[1] is not None:
         take_bit_generator(here[1])
