@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, NoReturn, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import (
     collate,
     collate_float_fn,
@@ -455,9 +455,11 @@ def _stack_promoted(batch: list[Tensor], *, collate_fn_map: Any = None) -> Tenso
     beside uint8 became 212)."""
     odd = next((i for i, t in enumerate(batch) if not isinstance(t, Tensor)), None)
     if odd is not None:  # torch.stack's error, not the worker path's AttributeError on numel
-        raise TypeError(
-            f"expected Tensor as element {odd} in argument 0, but got {type(batch[odd]).__name__}"
-        )
+        kind = type(batch[odd])
+        name = kind.__qualname__  # as torch.stack names it: numpy.ndarray, float
+        if kind.__module__ != "builtins":
+            name = f"{kind.__module__}.{name}"
+        raise TypeError(f"expected Tensor as element {odd} in argument 0, but got {name}")
     if len({t.dtype for t in batch}) > 1:
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in batch])
         batch = [t.to(dtype) for t in batch]
@@ -494,10 +496,12 @@ _SWAPS: dict[int, Any] = {
     id(collate_numpy_array_fn): _arrays,
     **dict.fromkeys(map(id, [collate_int_fn, collate_float_fn, collate_numpy_scalar_fn]), _numbers),
 }
+_WORKER_SWAPS = {**_SWAPS, id(collate_tensor_fn): _stack_promoted}  # any worker's, torch's too
 
 
 def _fn_map() -> dict[Any, Any]:
-    return {key: _SWAPS.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
+    swaps = _SWAPS if get_worker_info() is None else _WORKER_SWAPS
+    return {key: swaps.get(id(fn), fn) for key, fn in default_collate_fn_map.items()}
 
 
 def promote_in_worker() -> None:

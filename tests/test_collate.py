@@ -1284,3 +1284,17 @@ def test_a_collate_fn_calling_default_collate_promotes_in_workers_too(collate_fn
         for n in (0, 2)
     }
     assert got[0].dtype == got[2].dtype == torch.int16 and got[2].tolist() == [7, -300]
+
+
+def test_padcollate_in_a_plain_torch_dataloader_promotes_in_workers() -> None:
+    # Review 403: PadCollate's unpadded fields in torch's own DataLoader workers (not
+    # loaderkit's) stacked into the first tensor's dtype: int16 -300 beside uint8 became 212.
+    data = [
+        {"ids": [1, 2], "meta": {"v": torch.tensor(7, dtype=torch.uint8)}},
+        {"ids": [3], "meta": {"v": torch.tensor(-300, dtype=torch.int16)}},
+    ]
+    for workers in (0, 2):
+        batch = next(
+            iter(DataLoader(data, batch_size=2, num_workers=workers, collate_fn=PadCollate()))
+        )
+        assert batch["meta"]["v"].dtype == torch.int16 and batch["meta"]["v"].tolist() == [7, -300]
