@@ -180,7 +180,7 @@ def _concat_lists(where: str, col: list[list[Any]], pad: PadScalar) -> Tensor:
         _not_flat(where, col)
     if flat.ndim != 1:
         _not_flat(where, col)
-    items = itertools.chain.from_iterable(col)
+    items = itertools.chain.from_iterable(col)  # lazily: a float list stops at its first
     if flat.dtype.kind in "ufO" and flat.size and all(type(x) is int for x in items):
         big = max(itertools.chain.from_iterable(col), key=abs)  # past int64 (hashes): wraps
         raise CollateError(
@@ -496,7 +496,8 @@ _SWAPS: dict[int, Any] = {
     id(collate_numpy_array_fn): _arrays,
     **dict.fromkeys(map(id, [collate_int_fn, collate_float_fn, collate_numpy_scalar_fn]), _numbers),
 }
-_WORKER_SWAPS = {**_SWAPS, id(collate_tensor_fn): _stack_promoted}  # any worker's, torch's too
+# In torch's own DataLoader workers too, where promote_in_worker() has not run.
+_WORKER_SWAPS = {**_SWAPS, id(collate_tensor_fn): _stack_promoted}
 
 
 def _fn_map() -> dict[Any, Any]:

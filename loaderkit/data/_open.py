@@ -303,8 +303,7 @@ def resolve_shards(
         paths = [Path(s).absolute() for s in items]
         for i, path in enumerate(paths):
             refuse_own_file(owner, str(path), path.name, "directory")
-            named = is_shard_name(path.name, tuple(reader.suffixes))
-            if path.is_dir() and (files or not named):
+            if path.is_dir() and (files or not is_shard_name(path.name, tuple(reader.suffixes))):
                 raise ValueError(
                     f"{owner}: shards[{i}]={str(path)!r} is a directory; a list holds shard "
                     "files: list them, pass the folder itself, or read several folders with "

@@ -97,6 +97,9 @@ class Prediction:
         return self._last[1]
 
 
+_CHUNK = 256  # steps whose reads are counted together
+
+
 def predict(plan: Any, key: Key, ends: np.ndarray) -> Prediction:
     """This process's share of schedule ``key`` of ``plan`` (shard ``i`` ends at ``ends[i]``)."""
     epoch, start, rank, world_size = key
@@ -125,9 +128,6 @@ def predict(plan: Any, key: Key, ends: np.ndarray) -> Prediction:
             last_step[shards] = at[::-1][last]
             ofs = []
     return Prediction(key, firsts, first_step, last_step, sched, steps, reads, workers)
-
-
-_CHUNK = 256  # steps whose reads are counted together
 
 
 _KEPT = 4  # predictions a Follower keeps: this epoch's, the next, and ones tried beside

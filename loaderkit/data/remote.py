@@ -754,10 +754,8 @@ class RemoteShards:
         for shard, written in zip(self.shards, self.written, strict=True):
             # Its own header, else its plain name's (a.bin.zst reads a.bin.lkdtype); never
             # another shard's whose name starts like it (c.bin-x.bin.lkdtype).
-            names = [shard.name + DTYPE_SUFFIX, decoded_name(shard.name) + DTYPE_SUFFIX]
-            own = sorted(
-                (s for s in shard.sidecars if s[0] in names), key=lambda s: names.index(s[0])
-            )
+            names = (shard.name + DTYPE_SUFFIX, decoded_name(shard.name) + DTYPE_SUFFIX)
+            own = [s for name in names for s in shard.sidecars if s[0] == name]
             pinned = (written or {}).get("dtype")
             if pinned or not own or _keys_copy(own[0][2]):
                 out.append(pinned)
